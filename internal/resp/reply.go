@@ -1,0 +1,194 @@
+// Package resp frames and parses the Redis serialization protocol (RESP2 and
+// RESP3) on byte buffers without copying.
+//
+// The proxy forwards raw bytes in both directions, so it never decodes a
+// reply into values: it only needs to know where one reply ends. The reply
+// scanner does exactly that, and can resume where it stopped so that a very
+// large aggregate reply arriving in many reads is scanned once, not once per
+// read. The request parser (request.go) turns client bytes into argument
+// slices that point into the read buffer, with a cap on every size a client
+// can declare.
+package resp
+
+import (
+	"bytes"
+	"errors"
+)
+
+// ErrProtocol is returned for bytes that are not valid RESP. The stream
+// cannot be resynchronised after it, so the connection must be closed.
+var ErrProtocol = errors.New("protocol error")
+
+// MaxReplyDepth bounds the nesting of aggregate replies. Redis itself never
+// nests deeper than a Lua script can build (a few hundred levels); the bound
+// keeps the scanner's state fixed-size.
+const MaxReplyDepth = 1024
+
+// ReplyScanner finds the end of one complete reply in a buffer that may hold
+// only a prefix of it. Scan can be called again with the same bytes plus more
+// appended; it continues where it stopped. The buffer may be moved between
+// calls as long as the reply's first byte stays at index 0.
+type ReplyScanner struct {
+	pos   int // bytes of the reply consumed so far
+	depth int
+	// remaining[i] is how many elements the aggregate at depth i still needs.
+	remaining [MaxReplyDepth + 1]int64
+}
+
+// Reset prepares the scanner for a new reply.
+func (s *ReplyScanner) Reset() {
+	s.pos = 0
+	s.depth = 0
+}
+
+// Scan returns the length of the complete reply at b[0:], or 0 if b holds
+// only part of it (call again with more bytes). A push frame ('>') is framed
+// like any aggregate; callers inspect b[0] to route it.
+func (s *ReplyScanner) Scan(b []byte) (int, error) {
+	if s.depth == 0 && s.pos == 0 {
+		s.remaining[0] = 1
+	}
+	for {
+		// Parse one element header starting at s.pos.
+		if s.pos >= len(b) {
+			return 0, nil
+		}
+		nl := indexCRLF(b, s.pos+1)
+		if nl == -2 {
+			return 0, ErrProtocol
+		}
+		if nl < 0 {
+			return 0, nil
+		}
+		typ := b[s.pos]
+		line := b[s.pos+1 : nl]
+		next := nl + 2
+		var children int64
+		switch typ {
+		case '+', '-', ':', '_', ',', '#', '(':
+			if typ == '_' && len(line) != 0 {
+				return 0, ErrProtocol
+			}
+		case '$', '!', '=':
+			n, ok := parseInt(line)
+			if !ok || n < -1 || (n == -1 && typ != '$') {
+				return 0, ErrProtocol
+			}
+			if n >= 0 {
+				end := int64(next) + n + 2
+				if end > int64(len(b)) {
+					return 0, nil
+				}
+				if b[end-2] != '\r' || b[end-1] != '\n' {
+					return 0, ErrProtocol
+				}
+				next = int(end)
+			}
+		case '*', '~', '>', '%', '|':
+			n, ok := parseInt(line)
+			if !ok || n < -1 || (n == -1 && typ != '*') {
+				return 0, ErrProtocol
+			}
+			if n > 0 {
+				children = n
+				if typ == '%' || typ == '|' {
+					children = 2 * n
+				}
+			}
+			if typ == '|' {
+				// An attribute describes the reply that follows it and is
+				// not an element on its own: the enclosing level still needs
+				// the element the attribute is attached to.
+				s.remaining[s.depth]++
+			}
+		default:
+			return 0, ErrProtocol
+		}
+		s.pos = next
+		if children > 0 {
+			if s.depth == MaxReplyDepth {
+				return 0, ErrProtocol
+			}
+			s.remaining[s.depth]--
+			s.depth++
+			s.remaining[s.depth] = children
+			continue
+		}
+		s.remaining[s.depth]--
+		for s.remaining[s.depth] == 0 {
+			if s.depth == 0 {
+				n := s.pos
+				s.Reset()
+				return n, nil
+			}
+			s.depth--
+		}
+	}
+}
+
+// ScanReply is the one-shot form of ReplyScanner.Scan for callers that hold
+// the whole buffer. It returns 0 when b holds only part of a reply.
+func ScanReply(b []byte) (int, error) {
+	var s ReplyScanner
+	return s.Scan(b)
+}
+
+// IsError reports whether a framed reply is an error (simple or RESP3 bulk).
+func IsError(reply []byte) bool {
+	return len(reply) > 0 && (reply[0] == '-' || reply[0] == '!')
+}
+
+// IsPush reports whether a framed reply is a RESP3 out-of-band push.
+func IsPush(reply []byte) bool {
+	return len(reply) > 0 && reply[0] == '>'
+}
+
+// indexCRLF returns the index of the '\r' of the first "\r\n" at or after
+// from, -1 if the line is not complete yet, or -2 if a '\r' is followed by
+// anything but '\n' (no RESP line may contain a bare '\r').
+func indexCRLF(b []byte, from int) int {
+	if from > len(b) {
+		return -1
+	}
+	i := bytes.IndexByte(b[from:], '\r')
+	if i < 0 {
+		return -1
+	}
+	i += from
+	if i+1 >= len(b) {
+		return -1
+	}
+	if b[i+1] != '\n' {
+		return -2
+	}
+	return i
+}
+
+// parseInt parses a decimal integer as RESP writes it: optional '-', digits,
+// nothing else, at most 18 digits so it cannot overflow.
+func parseInt(b []byte) (int64, bool) {
+	if len(b) == 0 || len(b) > 19 {
+		return 0, false
+	}
+	neg := false
+	if b[0] == '-' {
+		neg = true
+		b = b[1:]
+		if len(b) == 0 || len(b) > 18 {
+			return 0, false
+		}
+	} else if len(b) > 18 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if neg {
+		n = -n
+	}
+	return n, true
+}

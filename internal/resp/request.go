@@ -1,0 +1,287 @@
+package resp
+
+import (
+	"io"
+	"strconv"
+
+	"github.com/tidwall/redcon"
+)
+
+// Limits caps what one client may declare or send. Every cap is checked on
+// the declared size, before any memory is committed to it, and the read
+// buffer only grows as bytes actually arrive.
+type Limits struct {
+	MaxArgs    int   // arguments in one multibulk request
+	MaxBulk    int64 // bytes in one argument (Redis: proto-max-bulk-len)
+	MaxRequest int64 // bytes in one whole request, headers included
+	MaxInline  int   // bytes in one inline (telnet-style) request line
+}
+
+// DefaultLimits mirror Redis's own defaults.
+var DefaultLimits = Limits{
+	MaxArgs:    1024 * 1024,
+	MaxBulk:    512 << 20,
+	MaxRequest: 512 << 20,
+	MaxInline:  64 << 10,
+}
+
+// ProtocolError is a request the proxy cannot frame. As in Redis, the client
+// gets "-ERR Protocol error: ..." and the connection is closed, because the
+// rest of the stream can no longer be split into requests reliably.
+type ProtocolError struct{ Msg string }
+
+func (e *ProtocolError) Error() string { return "Protocol error: " + e.Msg }
+
+// Is lets errors.Is(err, ErrProtocol) match every ProtocolError.
+func (e *ProtocolError) Is(target error) bool { return target == ErrProtocol }
+
+var (
+	errMultibulkLen = &ProtocolError{"invalid multibulk length"}
+	errBulkLen      = &ProtocolError{"invalid bulk length"}
+	errInlineLen    = &ProtocolError{"too big inline request"}
+	errQuotes       = &ProtocolError{"unbalanced quotes in request"}
+)
+
+// Request is one client command. Args and Raw point into the Reader's
+// buffers and stay valid only until the next ReadBatch.
+type Request struct {
+	Args [][]byte
+	// Raw is the request as RESP multibulk bytes, ready to forward. For a
+	// multibulk request these are the client's own bytes; an inline request
+	// is re-encoded.
+	Raw []byte
+}
+
+// headerWindow bounds how far we look for the end of a "*N" or "$N" line: a
+// longer line cannot hold a valid length, so waiting for more would only let
+// a client grow the buffer without limit.
+const headerWindow = 32
+
+const minBuffer = 16 << 10
+
+// Reader splits a client's byte stream into requests. It parses on its read
+// buffer without copying; a request cut by a read boundary is resumed from
+// the last complete argument, so a request with many arguments arriving in
+// many reads is parsed once.
+type Reader struct {
+	rd   io.Reader
+	lim  Limits
+	buf  []byte
+	r, w int // unread bytes are buf[r:w]
+
+	// State of a multibulk request whose arguments are not all buffered yet.
+	// Offsets are relative to the request's first byte, so they survive the
+	// buffer being compacted or grown.
+	partial bool
+	nargs   int
+	pos     int
+	offs    []int
+
+	args      [][]byte
+	reqs      []Request
+	inlineRaw []byte
+}
+
+// NewReader returns a Reader with the given limits.
+func NewReader(rd io.Reader, lim Limits) *Reader {
+	return &Reader{rd: rd, lim: lim, buf: make([]byte, minBuffer)}
+}
+
+// Buffered reports how many unread bytes are buffered.
+func (r *Reader) Buffered() int { return r.w - r.r }
+
+// ReadBatch returns every complete request that is buffered, reading from the
+// connection first if there is none. All returned slices are invalidated by
+// the next call. On a ProtocolError the requests parsed before the bad one
+// are returned with it, so their replies can still be sent in order.
+func (r *Reader) ReadBatch() ([]Request, error) {
+	r.reqs = r.reqs[:0]
+	r.args = r.args[:0]
+	r.inlineRaw = r.inlineRaw[:0]
+	r.compact()
+	for {
+		err := r.parseAll()
+		if len(r.reqs) > 0 || err != nil {
+			return r.reqs, err
+		}
+		if r.w == len(r.buf) {
+			r.grow()
+		}
+		n, err := r.rd.Read(r.buf[r.w:])
+		r.w += n
+		if n == 0 && err != nil {
+			return nil, err
+		}
+	}
+}
+
+// compact moves unread bytes to the front, and gives back a buffer that a
+// large request grew once it is no longer needed, so an idle client holds
+// only minBuffer.
+func (r *Reader) compact() {
+	if r.r == 0 {
+		return
+	}
+	n := copy(r.buf, r.buf[r.r:r.w])
+	r.r, r.w = 0, n
+	if len(r.buf) > 4*minBuffer && n <= minBuffer {
+		small := make([]byte, minBuffer)
+		copy(small, r.buf[:n])
+		r.buf = small
+	}
+}
+
+// grow makes room to read more of a request that fills the buffer. The
+// parser has already checked the request's declared sizes against the
+// limits, so this growth is bounded by MaxRequest (or MaxInline).
+func (r *Reader) grow() {
+	if r.r > 0 {
+		r.compact()
+		if r.w < len(r.buf) {
+			return
+		}
+	}
+	nb := make([]byte, 2*len(r.buf))
+	copy(nb, r.buf[:r.w])
+	r.buf = nb
+}
+
+func (r *Reader) parseAll() error {
+	for r.r < r.w {
+		b := r.buf[r.r:r.w]
+		var n int
+		var err error
+		if b[0] == '*' || r.partial {
+			n, err = r.parseMultibulk(b)
+		} else {
+			n, err = r.parseInline(b)
+		}
+		if err != nil || n == 0 {
+			return err
+		}
+		r.r += n
+	}
+	return nil
+}
+
+// parseMultibulk parses "*N\r\n" followed by N "$len\r\ndata\r\n" arguments.
+// It returns the number of bytes consumed, or 0 when more bytes are needed.
+func (r *Reader) parseMultibulk(b []byte) (int, error) {
+	if !r.partial {
+		nl := indexCRLF(b, 1)
+		if nl < 0 {
+			if nl == -2 || len(b) > headerWindow {
+				return 0, errMultibulkLen
+			}
+			return 0, nil
+		}
+		n, ok := parseInt(b[1:nl])
+		if !ok || n > int64(r.lim.MaxArgs) {
+			return 0, errMultibulkLen
+		}
+		if n <= 0 {
+			// Redis treats "*0" and "*-1" as an empty request and ignores it.
+			return nl + 2, nil
+		}
+		r.partial = true
+		r.nargs = int(n)
+		r.pos = nl + 2
+		r.offs = r.offs[:0]
+	}
+	for len(r.offs) < 2*r.nargs {
+		if r.pos >= len(b) {
+			return 0, nil
+		}
+		if b[r.pos] != '$' {
+			r.partial = false
+			return 0, &ProtocolError{"expected '$', got '" + printable(b[r.pos]) + "'"}
+		}
+		nl := indexCRLF(b, r.pos+1)
+		if nl < 0 {
+			if nl == -2 || len(b)-r.pos > headerWindow {
+				r.partial = false
+				return 0, errBulkLen
+			}
+			return 0, nil
+		}
+		size, ok := parseInt(b[r.pos+1 : nl])
+		if !ok || size < 0 || size > r.lim.MaxBulk {
+			r.partial = false
+			return 0, errBulkLen
+		}
+		start := nl + 2
+		end := int64(start) + size
+		if end+2 > r.lim.MaxRequest {
+			r.partial = false
+			return 0, &ProtocolError{"request exceeds " + strconv.FormatInt(r.lim.MaxRequest, 10) + " bytes (server.max_request_bytes)"}
+		}
+		if end+2 > int64(len(b)) {
+			return 0, nil
+		}
+		if b[end] != '\r' || b[end+1] != '\n' {
+			r.partial = false
+			return 0, errBulkLen
+		}
+		r.offs = append(r.offs, start, int(end))
+		r.pos = int(end) + 2
+	}
+	r.partial = false
+	first := len(r.args)
+	for i := 0; i < len(r.offs); i += 2 {
+		r.args = append(r.args, b[r.offs[i]:r.offs[i+1]:r.offs[i+1]])
+	}
+	r.reqs = append(r.reqs, Request{Args: r.args[first:len(r.args):len(r.args)], Raw: b[:r.pos:r.pos]})
+	return r.pos, nil
+}
+
+// parseInline parses a telnet-style line such as `SET k "v 1"`, following
+// the quoting rules of redis-cli and Redis's own inline parser.
+func (r *Reader) parseInline(b []byte) (int, error) {
+	nl := -1
+	limit := len(b)
+	if limit > r.lim.MaxInline {
+		limit = r.lim.MaxInline
+	}
+	for i := 0; i < limit; i++ {
+		if b[i] == '\n' {
+			nl = i
+			break
+		}
+	}
+	if nl < 0 {
+		if len(b) >= r.lim.MaxInline {
+			return 0, errInlineLen
+		}
+		return 0, nil
+	}
+	line := b[:nl]
+	if len(line) > 0 && line[len(line)-1] == '\r' {
+		line = line[:len(line)-1]
+	}
+	words, ok := splitInline(line)
+	if !ok {
+		return 0, errQuotes
+	}
+	if len(words) == 0 {
+		return nl + 1, nil
+	}
+	start := len(r.inlineRaw)
+	r.inlineRaw = redcon.AppendArray(r.inlineRaw, len(words))
+	for _, w := range words {
+		r.inlineRaw = redcon.AppendBulk(r.inlineRaw, w)
+	}
+	raw := r.inlineRaw[start:]
+	// The words were copied by splitInline into memory of their own, so the
+	// arguments need not point into the re-encoded bytes.
+	first := len(r.args)
+	r.args = append(r.args, words...)
+	r.reqs = append(r.reqs, Request{Args: r.args[first:len(r.args):len(r.args)], Raw: raw[:len(raw):len(raw)]})
+	return nl + 1, nil
+}
+
+func printable(c byte) string {
+	if c < 32 || c > 126 {
+		return "\\x" + strconv.FormatUint(uint64(c), 16)
+	}
+	return string(c)
+}

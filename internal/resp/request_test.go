@@ -1,0 +1,190 @@
+package resp
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+func args(r Request) []string {
+	var out []string
+	for _, a := range r.Args {
+		out = append(out, string(a))
+	}
+	return out
+}
+
+// chunkReader returns its data in reads of at most n bytes.
+type chunkReader struct {
+	data []byte
+	n    int
+}
+
+func (c *chunkReader) Read(p []byte) (int, error) {
+	if len(c.data) == 0 {
+		return 0, io.EOF
+	}
+	k := c.n
+	if k > len(p) {
+		k = len(p)
+	}
+	if k > len(c.data) {
+		k = len(c.data)
+	}
+	copy(p, c.data[:k])
+	c.data = c.data[k:]
+	return k, nil
+}
+
+// readAll collects every request with its raw bytes copied out, since a
+// batch is only valid until the next ReadBatch.
+func readAll(t *testing.T, rd *Reader) (got [][]string, raws []string, err error) {
+	for {
+		reqs, e := rd.ReadBatch()
+		for _, r := range reqs {
+			got = append(got, args(r))
+			raws = append(raws, string(r.Raw))
+		}
+		if e != nil {
+			if e == io.EOF {
+				return got, raws, nil
+			}
+			return got, raws, e
+		}
+	}
+}
+
+func TestReaderPipelineAnySplit(t *testing.T) {
+	stream := "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nv\r\nxy\r\n" +
+		"PING\r\n" +
+		"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n" +
+		"*0\r\n" +
+		"\r\n" +
+		"set \"a b\" 'c\\'d' \"\\x41\\n\"\n" +
+		"*1\r\n$0\r\n\r\n"
+	want := [][]string{{"SET", "k", "v\r\nxy"}, {"PING"}, {"GET", "k"}, {"set", "a b", "c'd", "A\n"}, {""}}
+	for chunk := 1; chunk <= len(stream); chunk++ {
+		rd := NewReader(&chunkReader{data: []byte(stream), n: chunk}, DefaultLimits)
+		got, raws, err := readAll(t, rd)
+		if err != nil {
+			t.Fatalf("chunk %d: %v", chunk, err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("chunk %d: got %q", chunk, got)
+		}
+		for i := range want {
+			if strings.Join(got[i], "|") != strings.Join(want[i], "|") {
+				t.Fatalf("chunk %d req %d: got %q want %q", chunk, i, got[i], want[i])
+			}
+			// Raw must be the multibulk encoding of the arguments.
+			rr := NewReader(strings.NewReader(raws[i]), DefaultLimits)
+			back, _, err := readAll(t, rr)
+			if err != nil || len(back) != 1 || strings.Join(back[0], "|") != strings.Join(want[i], "|") {
+				t.Fatalf("raw %q does not re-parse to %q: %q %v", raws[i], want[i], back, err)
+			}
+		}
+	}
+}
+
+func TestReaderErrors(t *testing.T) {
+	lim := Limits{MaxArgs: 4, MaxBulk: 10, MaxRequest: 64, MaxInline: 16}
+	cases := []struct{ in, want string }{
+		{"*5\r\n", "invalid multibulk length"},
+		{"*x\r\n", "invalid multibulk length"},
+		{"*1\r\n$11\r\n", "invalid bulk length"},
+		{"*1\r\n$-1\r\n", "invalid bulk length"},
+		{"*1\r\n+PING\r\n", "expected '$', got '+'"},
+		{"*1\r\n$4\r\nPINGxx", "invalid bulk length"},
+		{"*4\r\n$10\r\n0123456789\r\n$10\r\n0123456789\r\n$10\r\n0123456789\r\n$10\r\n", "request exceeds 64 bytes"},
+		{"0123456789012345678", "too big inline request"},
+		{"set \"abc\n", "unbalanced quotes"},
+		{"set 'a'b\n", "unbalanced quotes"},
+		{"*" + strings.Repeat("1", 40), "invalid multibulk length"},
+		{"*1\r\n$" + strings.Repeat("1", 40), "invalid bulk length"},
+	}
+	for _, c := range cases {
+		rd := NewReader(strings.NewReader(c.in), lim)
+		_, _, err := readAll(t, rd)
+		var pe *ProtocolError
+		if !errors.As(err, &pe) || !strings.Contains(err.Error(), c.want) || !errors.Is(err, ErrProtocol) {
+			t.Errorf("%q: err %v, want protocol error containing %q", c.in, err, c.want)
+		}
+	}
+}
+
+// Requests parsed before a protocol error are still delivered, so the
+// proxy can answer them before closing the connection.
+func TestReaderDeliversRequestsBeforeError(t *testing.T) {
+	rd := NewReader(strings.NewReader("PING\r\n*1\r\n+X\r\n"), DefaultLimits)
+	reqs, err := rd.ReadBatch()
+	if err == nil || len(reqs) != 1 || string(reqs[0].Args[0]) != "PING" {
+		t.Fatalf("got %d reqs, err %v", len(reqs), err)
+	}
+}
+
+// A client declaring a huge argument and then sending it slowly must not make
+// the reader allocate for the declaration, and the buffer never exceeds what
+// has actually arrived (rounded up to a power of two).
+func TestReaderHugeDeclaredLengthDoesNotPreallocate(t *testing.T) {
+	lim := DefaultLimits
+	hdr := "*2\r\n$3\r\nSET\r\n$500000000\r\n"
+	rd := NewReader(iotest.OneByteReader(strings.NewReader(hdr+strings.Repeat("x", 100000))), lim)
+	_, err := rd.ReadBatch()
+	if err != io.EOF {
+		t.Fatalf("want EOF on truncated request, got %v", err)
+	}
+	if len(rd.buf) > 256<<10 {
+		t.Fatalf("buffer grew to %d bytes for 100 kB received", len(rd.buf))
+	}
+}
+
+// After a large request the reader gives its big buffer back.
+func TestReaderShrinksAfterLargeRequest(t *testing.T) {
+	big := bytes.Repeat([]byte("v"), 4<<20)
+	var in bytes.Buffer
+	in.WriteString("*2\r\n$4\r\nECHO\r\n$4194304\r\n")
+	in.Write(big)
+	in.WriteString("\r\nPING\r\n")
+	rd := NewReader(&chunkReader{data: in.Bytes(), n: 64 << 10}, DefaultLimits)
+	reqs, err := rd.ReadBatch()
+	if err != nil || len(reqs) < 1 || len(reqs[0].Args[1]) != len(big) {
+		t.Fatalf("big request: %v", err)
+	}
+	for err == nil {
+		_, err = rd.ReadBatch()
+	}
+	if len(rd.buf) > 4*minBuffer {
+		t.Fatalf("buffer still %d bytes after the large request", len(rd.buf))
+	}
+}
+
+func FuzzReader(f *testing.F) {
+	f.Add([]byte("*2\r\n$3\r\nGET\r\n$1\r\nk\r\nPING\r\n"), uint8(5))
+	f.Add([]byte("set \"a\\x41\" 'b'\r\n*1\r\n$4\r\nPING\r\n"), uint8(1))
+	f.Add([]byte("*1\r\n$99999999999\r\n"), uint8(7))
+	f.Fuzz(func(t *testing.T, data []byte, chunk uint8) {
+		lim := Limits{MaxArgs: 64, MaxBulk: 1 << 12, MaxRequest: 1 << 14, MaxInline: 1 << 10}
+		one := NewReader(bytes.NewReader(data), lim)
+		wantArgs, wantRaw, wantErr := readAll(t, one)
+		n := int(chunk)%17 + 1
+		split := NewReader(&chunkReader{data: data, n: n}, lim)
+		gotArgs, gotRaw, gotErr := readAll(t, split)
+		if (wantErr == nil) != (gotErr == nil) {
+			t.Fatalf("split reads change the error: %v vs %v", wantErr, gotErr)
+		}
+		if len(wantArgs) != len(gotArgs) {
+			t.Fatalf("split reads change request count: %d vs %d", len(wantArgs), len(gotArgs))
+		}
+		for i := range wantArgs {
+			if strings.Join(wantArgs[i], "\x00") != strings.Join(gotArgs[i], "\x00") || wantRaw[i] != gotRaw[i] {
+				t.Fatalf("request %d differs across split reads", i)
+			}
+		}
+		if len(split.buf) > 2*(1<<14)+minBuffer {
+			t.Fatalf("buffer %d exceeds limits", len(split.buf))
+		}
+	})
+}
