@@ -1,0 +1,254 @@
+// Package redistest starts real redis-server processes for tests.
+//
+// Behaviour tests in this project must talk to a real Redis, never a mock, so
+// this package owns the fiddly parts: free ports, temp dirs, readiness, crash
+// simulation (Kill) and recovery (Restart). Every server is killed by
+// t.Cleanup, so tests cannot leak processes.
+package redistest
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	// startAttempts bounds retries when the port we picked was grabbed by
+	// someone else between FreePort closing it and redis binding it.
+	startAttempts = 5
+	readyTimeout  = 10 * time.Second
+	pollInterval  = 5 * time.Millisecond
+	// logTail is how much of redis-server's output goes into failure messages.
+	logTail = 2048
+)
+
+// Server is one redis-server process owned by a test.
+type Server struct {
+	bin   string
+	dir   string
+	extra []string
+
+	mu   sync.Mutex
+	port int
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the current process has exited
+	out  *syncBuffer
+}
+
+// Start launches redis-server on a free 127.0.0.1 port with a temp dir;
+// t.Cleanup kills it. extra are additional redis-server arguments appended
+// after the defaults (so they can override them), e.g.
+// "--enable-debug-command", "local". Fails the test if redis-server is missing.
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redistest: redis-server not found in PATH: %v", err)
+	}
+	s := &Server{bin: bin, dir: t.TempDir(), extra: extra}
+	t.Cleanup(s.stop)
+
+	var lastErr error
+	for range startAttempts {
+		s.port = FreePort(t)
+		if lastErr = s.launch(); lastErr == nil {
+			return s
+		}
+	}
+	t.Fatalf("redistest: could not start redis-server after %d attempts: %v", startAttempts, lastErr)
+	return nil
+}
+
+// Addr is the server's "127.0.0.1:PORT".
+func (s *Server) Addr() string {
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port()))
+}
+
+// Port is the server's TCP port; it stays the same across Restart.
+func (s *Server) Port() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.port
+}
+
+// Client returns a go-redis client connected straight to this Redis (not
+// through the proxy); it is closed on cleanup.
+func (s *Server) Client(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Kill simulates a crash: SIGKILL, then wait for the process to exit so the
+// port is free and connections are reset when Kill returns. Killing an already
+// dead server is a no-op.
+func (s *Server) Kill(t testing.TB) {
+	t.Helper()
+	s.stop()
+}
+
+// Restart starts redis-server again on the same port with the same arguments
+// (after Kill) and waits until it answers PING. The dataset starts empty
+// because persistence is disabled.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.stop() // tolerate a Restart without a prior Kill
+	var lastErr error
+	for i := range startAttempts {
+		if lastErr = s.launch(); lastErr == nil {
+			return
+		}
+		// The port is fixed here, so give whoever holds it a moment to let go
+		// rather than spinning through all attempts at once.
+		time.Sleep(time.Duration(i+1) * 50 * time.Millisecond)
+	}
+	t.Fatalf("redistest: could not restart redis-server on port %d: %v", s.Port(), lastErr)
+}
+
+// launch starts the process on s.port and waits for PING. On failure the
+// process is gone and the error carries the tail of its output.
+func (s *Server) launch() error {
+	s.mu.Lock()
+	port := s.port
+	args := append([]string{
+		"--port", strconv.Itoa(port),
+		"--bind", "127.0.0.1",
+		"--save", "",
+		"--appendonly", "no",
+		"--dir", s.dir,
+		"--daemonize", "no",
+		"--protected-mode", "no",
+	}, s.extra...)
+	out := &syncBuffer{}
+	cmd := exec.Command(s.bin, args...)
+	cmd.Stdout = out
+	cmd.Stderr = out
+	// A process group lets us kill any fork child too (BGSAVE, BGREWRITEAOF
+	// issued by a test); otherwise it could keep the output pipe open.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("exec %s: %w", s.bin, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	s.cmd, s.done, s.out = cmd, done, out
+	s.mu.Unlock()
+
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		select {
+		case <-done:
+			return fmt.Errorf("redis-server on port %d exited before answering PING; output tail:\n%s", port, out.tail(logTail))
+		default:
+		}
+		if ping(addr) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return fmt.Errorf("redis-server on port %d did not answer PING within %v; output tail:\n%s", port, readyTimeout, out.tail(logTail))
+		}
+		time.Sleep(pollInterval)
+	}
+}
+
+// stop SIGKILLs the current process group and waits for it to exit.
+func (s *Server) stop() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.cmd, s.done = nil, nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	<-done
+}
+
+// ping reports whether addr answers a RESP PING with +PONG. It speaks raw RESP
+// so readiness does not depend on client retry/backoff behaviour.
+func ping(addr string) bool {
+	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(time.Second))
+	if _, err := conn.Write([]byte("*1\r\n$4\r\nPING\r\n")); err != nil {
+		return false
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	return err == nil && strings.TrimSpace(line) == "+PONG"
+}
+
+// Eventually polls cond every 5ms until it returns true; if timeout passes
+// first it fails the test with the formatted message. Use it instead of sleeps.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: condition not met within %v: %s", timeout, fmt.Sprintf(format, args...))
+			return
+		}
+		time.Sleep(pollInterval)
+	}
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago. Another
+// process can still take it before use, which is why Start retries. It never
+// returns 6379 so tests cannot touch a developer's real Redis.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("redistest: no free port: %v", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		if port != 6379 {
+			return port
+		}
+	}
+}
+
+// syncBuffer collects process output; the exec copier goroutine writes while
+// failure paths read.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) tail(n int) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	data := b.buf.Bytes()
+	if len(data) > n {
+		data = data[len(data)-n:]
+	}
+	return string(data)
+}
