@@ -1,0 +1,252 @@
+// Package config loads redproxy's TOML configuration.
+//
+// A *Config is an immutable snapshot: Load, Parse and Default return a fresh
+// value that callers read but never modify, so it can be shared between
+// goroutines without locks. Changing settings (e.g. command-line overrides via
+// Apply) produces a new snapshot.
+//
+// Every error names the file, the line when known and the dotted key, so an
+// operator can fix a bad config without reading Go code. Unknown keys are
+// errors because a misspelt setting would otherwise be silently ignored.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+
+	"github.com/redproxy/redproxy/internal/config/units"
+)
+
+// Config is the whole proxy configuration. See config.example.toml at the
+// repository root for what each setting means.
+type Config struct {
+	Server   Server   `toml:"server"`
+	Upstream Upstream `toml:"upstream"`
+
+	// Sections owned by other packages ([policy], [stampede], [localcache])
+	// are added here as fields whose types live in those packages, e.g.
+	//	Policy policy.Config `toml:"policy"`
+	// together with their defaults in Default and their checks in Validate.
+	// Until a field exists, its section is rejected as unknown.
+}
+
+// Server configures the client-facing side of the proxy.
+type Server struct {
+	Listen            string         `toml:"listen"`
+	Admin             string         `toml:"admin"` // "" disables the admin HTTP server
+	LogLevel          string         `toml:"log_level"`
+	LogFormat         string         `toml:"log_format"`
+	MaxClients        int            `toml:"max_clients"`
+	MaxRequestBytes   units.ByteSize `toml:"max_request_bytes"`
+	MaxBulkBytes      units.ByteSize `toml:"max_bulk_bytes"`
+	MaxArgs           int            `toml:"max_args"`
+	MaxInlineBytes    units.ByteSize `toml:"max_inline_bytes"`
+	ClientOutputLimit units.ByteSize `toml:"client_output_limit"`
+	PubSubOutputLimit units.ByteSize `toml:"pubsub_output_limit"`
+	IdleTimeout       units.Duration `toml:"idle_timeout"` // 0 = never close idle clients
+	ShutdownTimeout   units.Duration `toml:"shutdown_timeout"`
+}
+
+// Upstream configures the connections to the real Redis.
+type Upstream struct {
+	Address      string         `toml:"address"` // host:port, or EmbeddedAddress
+	Username     string         `toml:"username"`
+	Password     string         `toml:"password"`
+	Connections  int            `toml:"connections"`
+	MaxPinned    int            `toml:"max_pinned"`
+	DialTimeout  units.Duration `toml:"dial_timeout"`
+	ReplyTimeout units.Duration `toml:"reply_timeout"`
+	ReconnectMin units.Duration `toml:"reconnect_min"`
+	ReconnectMax units.Duration `toml:"reconnect_max"`
+	Databases    int            `toml:"databases"`
+}
+
+// EmbeddedAddress as upstream.address selects the in-process demo store
+// instead of a real Redis.
+const EmbeddedAddress = "embedded"
+
+func dur(d time.Duration) units.Duration { return units.Duration{Duration: d} }
+
+// Default returns the built-in configuration, used for every key a file does
+// not set.
+func Default() *Config {
+	return &Config{
+		Server: Server{
+			Listen:            "127.0.0.1:6380",
+			Admin:             "127.0.0.1:9121",
+			LogLevel:          "info",
+			LogFormat:         "text",
+			MaxClients:        10000,
+			MaxRequestBytes:   512 * units.MB,
+			MaxBulkBytes:      512 * units.MB,
+			MaxArgs:           1 << 20,
+			MaxInlineBytes:    64 * units.KB,
+			ClientOutputLimit: 64 * units.MB,
+			PubSubOutputLimit: 32 * units.MB,
+			IdleTimeout:       dur(0),
+			ShutdownTimeout:   dur(10 * time.Second),
+		},
+		Upstream: Upstream{
+			Address:      "127.0.0.1:6379",
+			Connections:  4,
+			MaxPinned:    256,
+			DialTimeout:  dur(2 * time.Second),
+			ReplyTimeout: dur(5 * time.Second),
+			ReconnectMin: dur(50 * time.Millisecond),
+			ReconnectMax: dur(2 * time.Second),
+			Databases:    16,
+		},
+	}
+}
+
+// Error is one problem with a configuration. Parse, Load, Validate and Apply
+// return one *Error, or several joined with errors.Join, so callers can
+// errors.As to inspect them and tests can check the key and line.
+type Error struct {
+	File string // "" when the config did not come from a file
+	Line int    // 0 when unknown
+	Key  string // dotted key such as "upstream.dial_timeout"; "" for syntax errors
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File)
+		if e.Line > 0 {
+			fmt.Fprintf(&b, ":%d", e.Line)
+		}
+		b.WriteString(": ")
+	}
+	if e.Key != "" {
+		b.WriteString(e.Key + ": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// Load reads and parses the TOML file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return Parse(data, path)
+}
+
+// Parse decodes a TOML document over the defaults and validates the result.
+// name labels errors, normally the file path.
+func Parse(data []byte, name string) (*Config, error) {
+	lines, errs := scan(data)
+	if len(errs) == 0 {
+		cfg := Default()
+		dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
+		if err := dec.Decode(cfg); err != nil {
+			return nil, decodeError(err, name)
+		}
+		if errs = cfg.check(); len(errs) == 0 {
+			return cfg, nil
+		}
+	}
+	for _, e := range errs {
+		e.File = name
+		if e.Line == 0 {
+			e.Line = lines.find(e.Key)
+		}
+	}
+	return nil, join(errs)
+}
+
+// decodeError converts go-toml's errors into *Error values. The decoder stops
+// at the first type or syntax error, but reports all unknown keys at once.
+func decodeError(err error, name string) error {
+	var strict *toml.StrictMissingError
+	if errors.As(err, &strict) {
+		errs := make([]*Error, len(strict.Errors))
+		for i := range strict.Errors {
+			errs[i] = fromDecodeError(&strict.Errors[i], name)
+			errs[i].Msg = "unknown key"
+		}
+		return join(errs)
+	}
+	var de *toml.DecodeError
+	if errors.As(err, &de) {
+		return fromDecodeError(de, name)
+	}
+	return &Error{File: name, Msg: err.Error()}
+}
+
+func fromDecodeError(de *toml.DecodeError, name string) *Error {
+	line, _ := de.Position()
+	return &Error{
+		File: name,
+		Line: line,
+		Key:  strings.Join(de.Key(), "."),
+		Msg:  strings.TrimPrefix(de.Error(), "toml: "),
+	}
+}
+
+// join orders errors by line so they read like the file, then combines them.
+func join(errs []*Error) error {
+	slices.SortStableFunc(errs, func(a, b *Error) int { return a.Line - b.Line })
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	list := make([]error, len(errs))
+	for i, e := range errs {
+		list[i] = e
+	}
+	return errors.Join(list...)
+}
+
+// Overrides are the command-line flags that take precedence over the file.
+// An empty string means the flag was not given.
+type Overrides struct {
+	Listen   string // --listen   -> server.listen
+	Upstream string // --upstream -> upstream.address
+	Admin    string // --admin    -> server.admin (the file must be used to disable it)
+	LogLevel string // --log-level -> server.log_level
+}
+
+// Apply returns a new snapshot with the overrides applied and validated; c is
+// left untouched. Errors name the flag as well as the key.
+func (c *Config) Apply(o Overrides) (*Config, error) {
+	// A plain copy is a deep copy while every field is a value type; a section
+	// added later with slices or maps must be copied explicitly here.
+	n := *c
+	flags := map[string]string{}
+	set := func(dst *string, val, key, flag string) {
+		if val != "" {
+			*dst = val
+			flags[key] = flag
+		}
+	}
+	set(&n.Server.Listen, o.Listen, "server.listen", "--listen")
+	set(&n.Upstream.Address, o.Upstream, "upstream.address", "--upstream")
+	set(&n.Server.Admin, o.Admin, "server.admin", "--admin")
+	set(&n.Server.LogLevel, o.LogLevel, "server.log_level", "--log-level")
+	if errs := n.check(); len(errs) > 0 {
+		for _, e := range errs {
+			if flag, ok := flags[e.Key]; ok {
+				e.Key += " (" + flag + ")"
+			}
+		}
+		return nil, join(errs)
+	}
+	return &n, nil
+}
+
+// Validate reports every invalid setting at once, joined with errors.Join.
+func (c *Config) Validate() error {
+	if errs := c.check(); len(errs) > 0 {
+		return join(errs)
+	}
+	return nil
+}

@@ -1,0 +1,379 @@
+package config
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/config/units"
+)
+
+// configErrors flattens what Parse/Validate/Apply return into *Error values.
+func configErrors(t *testing.T, err error) []*Error {
+	t.Helper()
+	var list []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	} else {
+		list = []error{err}
+	}
+	out := make([]*Error, 0, len(list))
+	for _, e := range list {
+		var ce *Error
+		if !errors.As(e, &ce) {
+			t.Fatalf("error %q (%T) is not a *config.Error", e, e)
+		}
+		out = append(out, ce)
+	}
+	return out
+}
+
+// leaves maps every dotted setting key to its value, so tests can cover the
+// whole schema without listing it by hand.
+func leaves(v reflect.Value, prefix string, out map[string]any) map[string]any {
+	for i := range v.NumField() {
+		f := v.Type().Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+		fv := v.Field(i)
+		if fv.Kind() == reflect.Struct && f.Type != reflect.TypeFor[units.Duration]() {
+			leaves(fv, prefix+name+".", out)
+			continue
+		}
+		out[prefix+name] = fv.Interface()
+	}
+	return out
+}
+
+func settings(c *Config) map[string]any { return leaves(reflect.ValueOf(*c), "", map[string]any{}) }
+
+func TestDefaults(t *testing.T) {
+	d := Default()
+	if err := d.Validate(); err != nil {
+		t.Fatalf("Default() is invalid: %v", err)
+	}
+	if d.Server.Listen != "127.0.0.1:6380" || d.Server.MaxRequestBytes != 512<<20 ||
+		d.Server.MaxInlineBytes != 64<<10 || d.Upstream.ReconnectMin.Duration != 50*time.Millisecond ||
+		d.Upstream.Databases != 16 {
+		t.Fatalf("unexpected defaults: %+v", d)
+	}
+	for _, doc := range []string{"", "# only a comment\n", "[server]\n[upstream]\n"} {
+		c, err := Parse([]byte(doc), "empty.toml")
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", doc, err)
+		}
+		if !reflect.DeepEqual(c, Default()) {
+			t.Fatalf("Parse(%q) = %+v, want defaults", doc, c)
+		}
+	}
+	if Default() == Default() {
+		t.Fatal("Default must return a fresh snapshot each time")
+	}
+}
+
+func TestParseEveryKey(t *testing.T) {
+	doc := `
+[server]
+listen = "0.0.0.0:7000"
+admin = ""
+log_level = "debug"
+log_format = "json"
+max_clients = 5
+max_request_bytes = "1GiB"
+max_bulk_bytes = "256mb"
+max_args = 1000
+max_inline_bytes = 4096
+client_output_limit = "1GB"
+pubsub_output_limit = "8 MB"
+idle_timeout = "5m"
+shutdown_timeout = "1s"
+
+[upstream]
+address = "redis.internal:6390"
+username = "proxy"
+password = "s3cret"
+connections = 8
+max_pinned = 10
+dial_timeout = "100ms"
+reply_timeout = "1m30s"
+reconnect_min = "10ms"
+reconnect_max = "10s"
+databases = 1
+`
+	want := &Config{
+		Server: Server{
+			Listen:            "0.0.0.0:7000",
+			Admin:             "",
+			LogLevel:          "debug",
+			LogFormat:         "json",
+			MaxClients:        5,
+			MaxRequestBytes:   1 << 30,
+			MaxBulkBytes:      256 << 20,
+			MaxArgs:           1000,
+			MaxInlineBytes:    4096,
+			ClientOutputLimit: 1 << 30,
+			PubSubOutputLimit: 8 << 20,
+			IdleTimeout:       dur(5 * time.Minute),
+			ShutdownTimeout:   dur(time.Second),
+		},
+		Upstream: Upstream{
+			Address:      "redis.internal:6390",
+			Username:     "proxy",
+			Password:     "s3cret",
+			Connections:  8,
+			MaxPinned:    10,
+			DialTimeout:  dur(100 * time.Millisecond),
+			ReplyTimeout: dur(90 * time.Second),
+			ReconnectMin: dur(10 * time.Millisecond),
+			ReconnectMax: dur(10 * time.Second),
+			Databases:    1,
+		},
+	}
+	got, err := Parse([]byte(doc), "all.toml")
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got  %+v\nwant %+v", got, want)
+	}
+	// Every setting must differ from its default here; otherwise a key that is
+	// silently ignored would still pass the comparison above.
+	def := settings(Default())
+	for key, v := range settings(got) {
+		if reflect.DeepEqual(v, def[key]) {
+			t.Errorf("%s: test document does not change the default %v", key, v)
+		}
+	}
+}
+
+func TestEmbeddedUpstream(t *testing.T) {
+	c, err := Parse([]byte("[upstream]\naddress = \"embedded\"\n"), "e.toml")
+	if err != nil || c.Upstream.Address != EmbeddedAddress {
+		t.Fatalf("got %v, %v", c, err)
+	}
+}
+
+type wantErr struct {
+	line int
+	key  string
+	msg  string // substring
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		doc  string
+		want []wantErr
+	}{
+		{"unknown key", "[server]\nlisten = \"127.0.0.1:1\"\nlisen = \"x\"\n",
+			[]wantErr{{3, "server.lisen", "unknown key"}}},
+		{"unknown section", "[server]\n\n[policy]\nttl = \"1s\"\n",
+			[]wantErr{{3, "policy", "unknown key"}}},
+		{"unknown keys all reported", "typo = 1\n[upstream]\nadress = \"x:1\"\npasword = \"p\"\n",
+			[]wantErr{{1, "typo", "unknown key"}, {3, "upstream.adress", "unknown key"}, {4, "upstream.pasword", "unknown key"}}},
+		{"bad duration", "[upstream]\n\ndial_timeout = \"2x\"\n",
+			[]wantErr{{3, "upstream.dial_timeout", `invalid duration "2x" (use e.g. "500ms", "2s")`}}},
+		{"integer duration", "[upstream]\nreply_timeout = 5\n",
+			[]wantErr{{2, "upstream.reply_timeout", "invalid value 5: write it as a string with a unit"}}},
+		{"dotted integer duration", "server.idle_timeout = 30\n",
+			[]wantErr{{1, "server.idle_timeout", "invalid value 30: write it as a string with a unit"}}},
+		{"negative duration", "[server]\nshutdown_timeout = \"-1s\"\n",
+			[]wantErr{{2, "server.shutdown_timeout", "must not be negative"}}},
+		{"zero dial timeout", "[upstream]\ndial_timeout = \"0s\"\n",
+			[]wantErr{{2, "upstream.dial_timeout", "must be > 0"}}},
+		{"bad size unit", "[server]\nmax_bulk_bytes = \"5QB\"\n",
+			[]wantErr{{2, "server.max_bulk_bytes", `invalid size "5QB"`}}},
+		{"fractional size", "[server]\nclient_output_limit = \"1.5GB\"\n",
+			[]wantErr{{2, "server.client_output_limit", "invalid size"}}},
+		{"float size", "[server]\nclient_output_limit = 1.5\n",
+			[]wantErr{{2, "server.client_output_limit", "invalid value 1.5: use a whole number of bytes"}}},
+		{"bool size", "[server]\nclient_output_limit = true\n",
+			[]wantErr{{2, "server.client_output_limit", "invalid value true"}}},
+		{"redis 1000-based suffix rejected", "[server]\nmax_inline_bytes = \"64k\"\n",
+			[]wantErr{{2, "server.max_inline_bytes", "invalid size"}}},
+		{"wrong type", "[server]\nmax_clients = \"many\"\n",
+			[]wantErr{{2, "server.max_clients", "cannot decode TOML string"}}},
+		{"syntax error", "[server\nlisten = 1\n",
+			[]wantErr{{1, "", "expected ']'"}}},
+		{"max_clients zero", "[server]\nmax_clients = 0\n",
+			[]wantErr{{2, "server.max_clients", "must be > 0"}}},
+		{"request too small", "[server]\nmax_request_bytes = 512\nmax_bulk_bytes = 100\nmax_inline_bytes = 100\n",
+			[]wantErr{{2, "server.max_request_bytes", "between 1KB and 4GB"}}},
+		{"request too large", "[server]\nmax_request_bytes = \"5GB\"\n",
+			[]wantErr{{2, "server.max_request_bytes", "got 5GB"}}},
+		{"bulk above request", "[server]\nmax_request_bytes = \"1MB\"\nmax_inline_bytes = \"1KB\"\n",
+			// max_bulk_bytes keeps its default, so the error points at the
+			// section header where the operator would add it.
+			[]wantErr{{1, "server.max_bulk_bytes", "<= server.max_request_bytes (1MB), got 512MB"}}},
+		{"max_args zero", "[server]\nmax_args = 0\n",
+			[]wantErr{{2, "server.max_args", "must be between 1"}}},
+		{"inline zero", "[server]\nmax_inline_bytes = 0\n",
+			[]wantErr{{2, "server.max_inline_bytes", "must be > 0"}}},
+		{"output limits", "[server]\nclient_output_limit = 0\npubsub_output_limit = -1\n",
+			[]wantErr{{2, "server.client_output_limit", "must be > 0"}, {3, "server.pubsub_output_limit", "must be > 0"}}},
+		{"log level", "[server]\nlog_level = \"verbose\"\n",
+			[]wantErr{{2, "server.log_level", `invalid level "verbose"`}}},
+		{"log format", "[server]\nlog_format = \"xml\"\n",
+			[]wantErr{{2, "server.log_format", `invalid format "xml"`}}},
+		{"listen not host:port", "[server]\nlisten = \"6380\"\n",
+			[]wantErr{{2, "server.listen", `invalid address "6380"`}}},
+		{"admin bad port", "[server]\nadmin = \"127.0.0.1:99999\"\n",
+			[]wantErr{{2, "server.admin", "invalid port"}}},
+		{"upstream port zero", "[upstream]\naddress = \"127.0.0.1:0\"\n",
+			[]wantErr{{2, "upstream.address", "invalid port"}}},
+		{"username without password", "[upstream]\nusername = \"u\"\n",
+			[]wantErr{{2, "upstream.username", "password is empty"}}},
+		{"connections range", "[upstream]\nconnections = 65\n",
+			[]wantErr{{2, "upstream.connections", "between 1 and 64, got 65"}}},
+		{"max_pinned zero", "[upstream]\nmax_pinned = 0\n",
+			[]wantErr{{2, "upstream.max_pinned", "must be > 0"}}},
+		{"reconnect order", "[upstream]\nreconnect_min = \"3s\"\n",
+			[]wantErr{{1, "upstream.reconnect_max", ">= upstream.reconnect_min (3s), got 2s"}}},
+		{"databases zero", "[upstream]\ndatabases = 0\n",
+			[]wantErr{{2, "upstream.databases", "must be > 0"}}},
+		{"inline table falls back to its line", "\nupstream = { connections = 0 }\n",
+			[]wantErr{{2, "upstream.connections", "between 1 and 64"}}},
+		{"multiple errors reported together, in file order", `
+[server]
+max_clients = -1
+log_level = "loud"
+
+[upstream]
+connections = 0
+databases = 0
+`, []wantErr{
+			{3, "server.max_clients", "must be > 0"},
+			{4, "server.log_level", "invalid level"},
+			{7, "upstream.connections", "between 1 and 64"},
+			{8, "upstream.databases", "must be > 0"},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte(tt.doc), "config.toml")
+			if err == nil {
+				t.Fatalf("Parse succeeded: %+v", c)
+			}
+			if c != nil {
+				t.Fatal("Parse returned a config along with an error")
+			}
+			got := configErrors(t, err)
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %d errors, want %d:\n%v", len(got), len(tt.want), err)
+			}
+			for i, w := range tt.want {
+				g := got[i]
+				if g.File != "config.toml" || g.Line != w.line || g.Key != w.key || !strings.Contains(g.Msg, w.msg) {
+					t.Errorf("error %d = {%s %d %q %q}, want {config.toml %d %q containing %q}",
+						i, g.File, g.Line, g.Key, g.Msg, w.line, w.key, w.msg)
+				}
+			}
+		})
+	}
+}
+
+func TestErrorFormat(t *testing.T) {
+	_, err := Parse([]byte("[upstream]\nread = 1\n\n\n\n\n\n\n\n\n\n\n"+
+		"[server]\nidle_timeout = \"2x\"\n"), "config.toml")
+	// The decoder stops at the first type error, so only that one is reported.
+	const want = `config.toml:14: server.idle_timeout: invalid duration "2x" (use e.g. "500ms", "2s")`
+	if err == nil || err.Error() != want {
+		t.Fatalf("got  %v\nwant %s", err, want)
+	}
+
+	c := Default()
+	c.Server.MaxClients = 0
+	c.Upstream.Connections = 0
+	err = c.Validate()
+	const want2 = "server.max_clients: must be > 0, got 0\nupstream.connections: must be between 1 and 64, got 0"
+	if err == nil || err.Error() != want2 {
+		t.Fatalf("Validate() =\n%v\nwant\n%s", err, want2)
+	}
+}
+
+func TestOverrides(t *testing.T) {
+	base, err := Parse([]byte("[server]\nlisten = \"127.0.0.1:7000\"\nlog_level = \"warn\"\n"), "c.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := *base
+
+	same, err := base.Apply(Overrides{})
+	if err != nil || !reflect.DeepEqual(same, base) {
+		t.Fatalf("empty overrides changed the config: %+v, %v", same, err)
+	}
+
+	got, err := base.Apply(Overrides{Listen: ":0", Upstream: "10.0.0.1:6379", Admin: "127.0.0.1:0", LogLevel: "debug"})
+	if err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	want := before
+	want.Server.Listen, want.Upstream.Address, want.Server.Admin, want.Server.LogLevel = ":0", "10.0.0.1:6379", "127.0.0.1:0", "debug"
+	if !reflect.DeepEqual(*got, want) {
+		t.Fatalf("got %+v\nwant %+v", *got, want)
+	}
+	if !reflect.DeepEqual(*base, before) {
+		t.Fatal("Apply mutated the original snapshot")
+	}
+
+	_, err = base.Apply(Overrides{Upstream: "nohost", LogLevel: "chatty"})
+	errs := configErrors(t, err)
+	if len(errs) != 2 || errs[0].Key != "server.log_level (--log-level)" || errs[1].Key != "upstream.address (--upstream)" {
+		t.Fatalf("Apply errors = %v", err)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "redproxy.toml")
+	if err := os.WriteFile(path, []byte("[upstream]\nconnections = 2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(path)
+	if err != nil || c.Upstream.Connections != 2 {
+		t.Fatalf("Load = %+v, %v", c, err)
+	}
+
+	if err := os.WriteFile(path, []byte("[upstream]\nconnections = 99\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(path)
+	if err == nil || !strings.HasPrefix(err.Error(), path+":2: upstream.connections:") {
+		t.Fatalf("Load error = %v, want it to start with %s:2", err, path)
+	}
+
+	if _, err := Load(filepath.Join(dir, "missing.toml")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Load(missing) = %v, want fs.ErrNotExist", err)
+	}
+}
+
+// The example file documents every setting with its default; this keeps it
+// from drifting from the code in either direction.
+func TestExampleFileMatchesDefaults(t *testing.T) {
+	const path = "../../config.example.toml"
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Parse(data, path)
+	if err != nil {
+		t.Fatalf("example does not parse: %v", err)
+	}
+	def := settings(Default())
+	got := settings(c)
+	for key, v := range def {
+		if !reflect.DeepEqual(got[key], v) {
+			t.Errorf("%s: example sets %v, default is %v", key, got[key], v)
+		}
+	}
+	lines, _ := scan(data)
+	for key := range def {
+		if _, ok := lines[key]; !ok {
+			t.Errorf("%s is not documented in %s", key, path)
+		}
+	}
+}

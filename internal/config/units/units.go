@@ -1,0 +1,102 @@
+// Package units holds the value types used in redproxy's TOML configuration.
+//
+// It is separate from package config so that packages owning a config
+// section (policy, stampede, localcache) can use these types in their own
+// section structs while config imports those packages, without an import
+// cycle.
+package units
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Duration is a time.Duration written in TOML as a string such as "500ms" or
+// "2s". It is a struct, not a named int64, on purpose: the TOML decoder would
+// store a bare integer (timeout = 5) straight into an integer type as 5ns; as a
+// struct, integers reach UnmarshalText and are rejected for lacking a unit.
+// (package config also catches that case before decoding, to report the line.)
+type Duration struct{ time.Duration }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(text []byte) error {
+	v, err := time.ParseDuration(string(text))
+	if err != nil {
+		return fmt.Errorf("invalid duration %q (use e.g. \"500ms\", \"2s\")", text)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText implements encoding.TextMarshaler so a Config can be written
+// back out (e.g. to show the effective configuration).
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// ByteSize is a size in bytes, written in TOML either as an integer (bytes)
+// or as a string with a unit: "512", "100KB", "64MB", "1GiB".
+//
+// KB, MB, GB and TB are 1024-based, exactly like their KiB/MiB/GiB/TiB
+// spellings, following Redis's own config file where "1mb" means 1048576;
+// operators copy limits from redis.conf and must get the same numbers. Redis's
+// bare "k"/"m"/"g" suffixes mean powers of 1000 there, so they are rejected
+// here rather than silently given either meaning. Units are case-insensitive.
+type ByteSize int64
+
+// Common sizes, for defaults and range checks.
+const (
+	KB ByteSize = 1 << 10
+	MB ByteSize = 1 << 20
+	GB ByteSize = 1 << 30
+)
+
+var byteUnits = map[string]ByteSize{
+	"": 1, "b": 1,
+	"kb": KB, "kib": KB,
+	"mb": MB, "mib": MB,
+	"gb": GB, "gib": GB,
+	"tb": 1 << 40, "tib": 1 << 40,
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler; TOML integers bypass it
+// and are taken as a plain byte count.
+func (b *ByteSize) UnmarshalText(text []byte) error {
+	bad := fmt.Errorf("invalid size %q (use e.g. 65536, \"64KB\", \"512MB\", \"1GiB\")", text)
+	s := strings.TrimSpace(string(text))
+	i := strings.IndexFunc(s, func(r rune) bool { return r < '0' || r > '9' })
+	if i < 0 {
+		i = len(s)
+	}
+	if i == 0 {
+		return bad
+	}
+	n, err := strconv.ParseInt(s[:i], 10, 64)
+	if err != nil {
+		return bad
+	}
+	unit, ok := byteUnits[strings.ToLower(strings.TrimSpace(s[i:]))]
+	if !ok {
+		return bad
+	}
+	if n > math.MaxInt64/int64(unit) {
+		return fmt.Errorf("size %q is too large", text)
+	}
+	*b = ByteSize(n) * unit
+	return nil
+}
+
+// String renders the size with the largest unit that divides it exactly, so
+// that error messages echo what the operator would write.
+func (b ByteSize) String() string {
+	for _, u := range []struct {
+		name string
+		size ByteSize
+	}{{"GB", GB}, {"MB", MB}, {"KB", KB}} {
+		if b != 0 && b%u.size == 0 {
+			return strconv.FormatInt(int64(b/u.size), 10) + u.name
+		}
+	}
+	return strconv.FormatInt(int64(b), 10)
+}

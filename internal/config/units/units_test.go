@@ -1,0 +1,45 @@
+package units
+
+import (
+	"testing"
+	"time"
+)
+
+func TestByteSizeText(t *testing.T) {
+	good := map[string]ByteSize{
+		"512": 512, "0": 0, "10B": 10, "100KB": 100 << 10, "100kib": 100 << 10,
+		"64MB": 64 << 20, "64 MB": 64 << 20, "1GiB": 1 << 30, "1gb": 1 << 30, "2TB": 2 << 40,
+	}
+	for in, want := range good {
+		var b ByteSize
+		if err := b.UnmarshalText([]byte(in)); err != nil || b != want {
+			t.Errorf("%q -> %d, %v; want %d", in, b, err, want)
+		}
+	}
+	for _, in := range []string{"", "KB", "-1KB", "1.5GB", "64k", "64m", "1 0KB", "9999999999TB", "99999999999999999999"} {
+		var b ByteSize
+		if err := b.UnmarshalText([]byte(in)); err == nil {
+			t.Errorf("%q accepted as %d", in, b)
+		}
+	}
+	for b, want := range map[ByteSize]string{0: "0", 512: "512", 1536: "1536", 64 << 10: "64KB", 512 << 20: "512MB", 4 << 30: "4GB"} {
+		if b.String() != want {
+			t.Errorf("ByteSize(%d).String() = %q, want %q", int64(b), b.String(), want)
+		}
+	}
+}
+
+func TestDurationText(t *testing.T) {
+	var d Duration
+	if err := d.UnmarshalText([]byte("1m30s")); err != nil || d.Duration != 90*time.Second {
+		t.Fatalf("1m30s -> %v, %v", d, err)
+	}
+	for _, in := range []string{"", "5", "2x", "1.5"} {
+		if err := d.UnmarshalText([]byte(in)); err == nil {
+			t.Errorf("%q accepted as %v", in, d)
+		}
+	}
+	if b, _ := (Duration{Duration: 1500 * time.Millisecond}).MarshalText(); string(b) != "1.5s" {
+		t.Fatalf("MarshalText = %q", b)
+	}
+}
