@@ -1,0 +1,103 @@
+// Package upstream owns the proxy's connections to Redis.
+//
+// A Pipe is one shared, pipelined connection: any number of clients hand it
+// Calls (one client's batch of commands), a single writer goroutine writes
+// whatever is queued and flushes when the queue drains, and a single reader
+// goroutine frames replies and hands them to Calls strictly in the order the
+// commands were written. Redis answers a connection's commands in order, so
+// FIFO matching is exact; a reply with no Call waiting for it is a bug, and
+// the connection is closed rather than guessing.
+//
+// Only the reader completes Calls. When a connection fails for any reason
+// (read or write error, reply timeout, mismatch) the socket is closed, the
+// writer is waited for, and the reader fails every Call still pending, so a
+// reply can never reach a Call other than the one whose command produced it,
+// and a client's buffers are never read after its Call has returned.
+package upstream
+
+import (
+	"errors"
+	"strconv"
+)
+
+// Errors a Call can end with. Their text goes to clients after "-ERR ", so
+// it says what happened in Redis's own style.
+var (
+	// ErrUnavailable: no connection to Redis is up right now; nothing was sent.
+	ErrUnavailable = errors.New("redproxy: upstream unavailable")
+	// ErrConnLost: the connection failed after the command was sent; it may or
+	// may not have been executed.
+	ErrConnLost = errors.New("redproxy: upstream connection lost")
+	// ErrTimeout: no reply within the reply timeout; the connection was closed
+	// because its reply order could no longer be trusted.
+	ErrTimeout = errors.New("redproxy: upstream reply timeout")
+	// ErrClosed: the proxy is shutting down.
+	ErrClosed = errors.New("redproxy: upstream closed")
+	// errMismatch: Redis sent a reply nobody was waiting for.
+	errMismatch = errors.New("redproxy: upstream sent an unexpected reply")
+)
+
+// Call is a batch of commands from one client, written as one unit and
+// answered in order. A Call is reused by its owner: Reset, Add, Send, Wait,
+// read the replies, repeat.
+type Call struct {
+	parts [][]byte // raw RESP commands; they may point into the client's read buffer
+	// out holds the replies back to back; ends[i] is where reply i ends.
+	out  []byte
+	ends []int
+	err  error
+	sent int64 // monotonic nanoseconds when queued, for the reply timeout
+	done chan struct{}
+}
+
+// NewCall returns an empty Call.
+func NewCall() *Call {
+	return &Call{done: make(chan struct{}, 1)}
+}
+
+// Reset empties the Call for reuse.
+func (c *Call) Reset() {
+	clear(c.parts)
+	c.parts = c.parts[:0]
+	c.out = c.out[:0]
+	c.ends = c.ends[:0]
+	c.err = nil
+	if cap(c.out) > 1<<20 {
+		// Do not keep a huge reply buffer alive for an idle client.
+		c.out = nil
+	}
+}
+
+// Add appends one raw RESP command. The bytes must stay unchanged until Wait
+// returns.
+func (c *Call) Add(raw []byte) { c.parts = append(c.parts, raw) }
+
+// Len is the number of commands in the Call.
+func (c *Call) Len() int { return len(c.parts) }
+
+// Wait blocks until every reply has arrived or the Call failed.
+func (c *Call) Wait() { <-c.done }
+
+// Reply returns reply i, or the error that ended the Call before reply i
+// arrived. The bytes are valid until Reset.
+func (c *Call) Reply(i int) ([]byte, error) {
+	if i < len(c.ends) {
+		start := 0
+		if i > 0 {
+			start = c.ends[i-1]
+		}
+		return c.out[start:c.ends[i]], nil
+	}
+	if c.err != nil {
+		return nil, c.err
+	}
+	return nil, errors.New("redproxy: reply " + strconv.Itoa(i) + " missing")
+}
+
+// Err is the error that ended the Call early, or nil if all replies came.
+func (c *Call) Err() error { return c.err }
+
+func (c *Call) complete(err error) {
+	c.err = err
+	c.done <- struct{}{}
+}

@@ -1,0 +1,116 @@
+package upstream
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/tidwall/redcon"
+)
+
+// Dial opens a connection to Redis and runs the handshake: HELLO (with AUTH
+// for RESP3) or AUTH, SELECT, CLIENT SETNAME, then opt.Handshake. The whole
+// handshake is one write and must finish within DialTimeout.
+func Dial(opt Options) (net.Conn, error) {
+	opt.defaults()
+	nc, err := net.DialTimeout("tcp", opt.Addr, opt.DialTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+		tc.SetKeepAlivePeriod(15 * time.Second)
+	}
+	if err := handshake(nc, opt); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return nc, nil
+}
+
+func handshake(nc net.Conn, opt Options) error {
+	var cmds [][]string
+	if opt.RESP3 {
+		hello := []string{"HELLO", "3"}
+		if opt.Password != "" {
+			user := opt.Username
+			if user == "" {
+				user = "default"
+			}
+			hello = append(hello, "AUTH", user, opt.Password)
+		}
+		cmds = append(cmds, hello)
+	} else if opt.Password != "" {
+		if opt.Username != "" {
+			cmds = append(cmds, []string{"AUTH", opt.Username, opt.Password})
+		} else {
+			cmds = append(cmds, []string{"AUTH", opt.Password})
+		}
+	}
+	if opt.DB != 0 {
+		cmds = append(cmds, []string{"SELECT", strconv.Itoa(opt.DB)})
+	}
+	if opt.Name != "" {
+		cmds = append(cmds, []string{"CLIENT", "SETNAME", opt.Name})
+	}
+	cmds = append(cmds, opt.Handshake...)
+	if len(cmds) == 0 {
+		return nil
+	}
+	var out []byte
+	for _, c := range cmds {
+		out = redcon.AppendArray(out, len(c))
+		for _, a := range c {
+			out = redcon.AppendBulkString(out, a)
+		}
+	}
+	nc.SetDeadline(time.Now().Add(opt.DialTimeout))
+	defer nc.SetDeadline(time.Time{})
+	if _, err := nc.Write(out); err != nil {
+		return err
+	}
+	buf := make([]byte, 0, 4096)
+	tmp := make([]byte, 4096)
+	for i := 0; i < len(cmds); {
+		n, err := resp.ScanReply(buf)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			k, err := nc.Read(tmp)
+			if k == 0 && err != nil {
+				return err
+			}
+			buf = append(buf, tmp[:k]...)
+			continue
+		}
+		reply := buf[:n]
+		if resp.IsPush(reply) {
+			buf = buf[n:]
+			continue
+		}
+		if resp.IsError(reply) {
+			return fmt.Errorf("%s: %w: %s", cmds[i][0], ErrHandshake, trimReply(reply))
+		}
+		buf = buf[n:]
+		i++
+	}
+	return nil
+}
+
+// ErrHandshake wraps an error reply to a handshake command (bad password,
+// unknown DB, ...). It is not retried faster than the reconnect backoff.
+var ErrHandshake = errors.New("handshake refused")
+
+func trimReply(b []byte) string {
+	if len(b) > 200 {
+		b = b[:200]
+	}
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return string(b)
+}

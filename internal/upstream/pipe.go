@@ -1,0 +1,439 @@
+package upstream
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/resp"
+)
+
+// Options describe how to reach Redis and how patient to be with it.
+type Options struct {
+	Addr     string
+	Username string
+	Password string
+	DB       int
+	RESP3    bool // speak RESP3 (HELLO 3) on this connection
+
+	DialTimeout  time.Duration
+	ReplyTimeout time.Duration // oldest pending reply older than this closes the connection
+	ReconnectMin time.Duration
+	ReconnectMax time.Duration
+
+	// Name is set with CLIENT SETNAME so operators can tell the proxy's
+	// connections apart in CLIENT LIST.
+	Name string
+	// Handshake holds extra commands sent after AUTH/HELLO/SELECT, each of
+	// which must not answer with an error (e.g. CLIENT TRACKING ON OPTIN).
+	Handshake [][]string
+	// OnPush receives RESP3 push frames (invalidations). It runs on the
+	// reader goroutine, in order with replies; the frame is only valid
+	// during the call. Nil drops pushes.
+	OnPush func(frame []byte)
+	// OnUp runs (on a pipe goroutine) each time a connection is established,
+	// and OnDown each time one is lost, before its Calls are failed.
+	OnUp   func()
+	OnDown func(err error)
+
+	Logger *slog.Logger
+}
+
+func (o *Options) defaults() {
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 2 * time.Second
+	}
+	if o.ReplyTimeout <= 0 {
+		o.ReplyTimeout = 5 * time.Second
+	}
+	if o.ReconnectMin <= 0 {
+		o.ReconnectMin = 50 * time.Millisecond
+	}
+	if o.ReconnectMax < o.ReconnectMin {
+		o.ReconnectMax = 2 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// PipeStats are counters for metrics; all are cumulative except Up and
+// Pending.
+type PipeStats struct {
+	Up       bool
+	Pending  int
+	Dials    uint64
+	Failures uint64
+	Timeouts uint64
+	Commands uint64
+}
+
+// Pipe is one shared pipelined connection to Redis that reconnects by
+// itself. See the package documentation for its ordering guarantees.
+type Pipe struct {
+	opt Options
+
+	mu      sync.Mutex
+	live    *liveConn // nil while disconnected
+	pending []*Call   // sent or queued, awaiting replies, oldest first
+	head    int       // pending[head] is the oldest
+	wq      []*Call   // queued, not yet written
+	closed  bool
+	// redialing is true while a reconnect loop runs, so only one does.
+	redialing bool
+
+	wake    chan struct{}
+	stop    chan struct{}
+	workers sync.WaitGroup
+
+	dials, failures, timeouts, commands atomic.Uint64
+}
+
+// liveConn is one established socket and the goroutines serving it.
+type liveConn struct {
+	nc         net.Conn
+	done       chan struct{} // closed when the reader exits
+	writerDone chan struct{}
+	reason     atomic.Pointer[error] // why it was closed, if by us
+}
+
+func (lc *liveConn) closeWith(err error) {
+	lc.reason.CompareAndSwap(nil, &err)
+	lc.nc.Close()
+}
+
+// NewPipe starts connecting in the background and returns at once. Calls
+// sent before the first connection is up fail with ErrUnavailable.
+func NewPipe(opt Options) *Pipe {
+	opt.defaults()
+	p := &Pipe{opt: opt, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	p.redialing = true
+	p.workers.Add(2)
+	go p.redial()
+	go p.watchdog()
+	return p
+}
+
+// Send queues c on the connection. It fails at once with ErrUnavailable if
+// the connection is down, so clients get a prompt error instead of waiting
+// for a reconnect.
+func (p *Pipe) Send(c *Call) error {
+	if len(c.parts) == 0 {
+		c.complete(nil)
+		return nil
+	}
+	now := nanotime()
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return ErrClosed
+	}
+	if p.live == nil {
+		p.mu.Unlock()
+		return ErrUnavailable
+	}
+	c.sent = now
+	p.pending = append(p.pending, c)
+	p.wq = append(p.wq, c)
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// Up reports whether the connection is established.
+func (p *Pipe) Up() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.live != nil
+}
+
+// Stats returns a snapshot for metrics.
+func (p *Pipe) Stats() PipeStats {
+	p.mu.Lock()
+	s := PipeStats{Up: p.live != nil, Pending: len(p.pending) - p.head}
+	p.mu.Unlock()
+	s.Dials = p.dials.Load()
+	s.Failures = p.failures.Load()
+	s.Timeouts = p.timeouts.Load()
+	s.Commands = p.commands.Load()
+	return s
+}
+
+// Close fails pending Calls with ErrClosed and waits for every goroutine of
+// the pipe to exit.
+func (p *Pipe) Close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	lc := p.live
+	p.mu.Unlock()
+	close(p.stop)
+	if lc != nil {
+		lc.closeWith(ErrClosed)
+	}
+	p.workers.Wait()
+}
+
+// redial connects with exponential backoff until it succeeds or the pipe is
+// closed.
+func (p *Pipe) redial() {
+	defer p.workers.Done()
+	backoff := p.opt.ReconnectMin
+	for {
+		p.dials.Add(1)
+		nc, err := Dial(p.opt)
+		if err == nil {
+			p.mu.Lock()
+			if p.closed {
+				p.mu.Unlock()
+				nc.Close()
+				return
+			}
+			lc := &liveConn{nc: nc, done: make(chan struct{}), writerDone: make(chan struct{})}
+			p.live = lc
+			p.redialing = false
+			p.workers.Add(2)
+			p.mu.Unlock()
+			go p.writer(lc)
+			go p.reader(lc)
+			if p.opt.OnUp != nil {
+				p.opt.OnUp()
+			}
+			return
+		}
+		p.opt.Logger.Warn("upstream dial failed", "addr", p.opt.Addr, "db", p.opt.DB, "err", err, "retry_in", backoff)
+		select {
+		case <-p.stop:
+			p.mu.Lock()
+			p.redialing = false
+			p.mu.Unlock()
+			return
+		case <-time.After(backoff):
+		}
+		backoff *= 2
+		if backoff > p.opt.ReconnectMax {
+			backoff = p.opt.ReconnectMax
+		}
+	}
+}
+
+// writer writes queued Calls, as many as are queued per write, and goes back
+// to sleep when the queue is empty.
+func (p *Pipe) writer(lc *liveConn) {
+	defer p.workers.Done()
+	defer close(lc.writerDone)
+	var spare []*Call
+	var buf []byte
+	for {
+		select {
+		case <-p.wake:
+		case <-lc.done:
+			return
+		}
+		for {
+			p.mu.Lock()
+			batch := p.wq
+			p.wq = spare
+			p.mu.Unlock()
+			if len(batch) == 0 {
+				spare = batch
+				break
+			}
+			buf = buf[:0]
+			cmds := 0
+			for _, c := range batch {
+				for _, part := range c.parts {
+					buf = append(buf, part...)
+				}
+				cmds += len(c.parts)
+				if len(buf) >= 1<<20 {
+					if _, err := lc.nc.Write(buf); err != nil {
+						lc.closeWith(ErrConnLost)
+						return
+					}
+					buf = buf[:0]
+				}
+			}
+			if len(buf) > 0 {
+				if _, err := lc.nc.Write(buf); err != nil {
+					lc.closeWith(ErrConnLost)
+					return
+				}
+			}
+			p.commands.Add(uint64(cmds))
+			clear(batch)
+			spare = batch[:0]
+			if cap(buf) > 4<<20 {
+				buf = nil
+			}
+		}
+	}
+}
+
+// reader frames replies and completes Calls in FIFO order. When the
+// connection ends it fails whatever is still pending and starts redialing.
+func (p *Pipe) reader(lc *liveConn) {
+	defer p.workers.Done()
+	err := p.readLoop(lc)
+	if r := lc.reason.Load(); r != nil {
+		err = *r
+	} else {
+		err = ErrConnLost
+	}
+	close(lc.done)
+	lc.nc.Close()
+	<-lc.writerDone
+
+	p.mu.Lock()
+	p.live = nil
+	failed := p.pending[p.head:]
+	p.pending, p.head = nil, 0
+	p.wq = nil
+	closed := p.closed
+	if !closed {
+		p.redialing = true
+	}
+	p.mu.Unlock()
+
+	if err == ErrTimeout {
+		p.timeouts.Add(1)
+	}
+	p.failures.Add(1)
+	if !closed {
+		p.opt.Logger.Warn("upstream connection lost", "addr", p.opt.Addr, "db", p.opt.DB, "err", err, "failed_calls", len(failed))
+	}
+	if p.opt.OnDown != nil {
+		p.opt.OnDown(err)
+	}
+	if closed {
+		err = ErrClosed
+	}
+	for _, c := range failed {
+		c.complete(err)
+	}
+	if !closed {
+		p.workers.Add(1)
+		go p.redial()
+	}
+}
+
+func (p *Pipe) readLoop(lc *liveConn) error {
+	buf := make([]byte, 32<<10)
+	r, w := 0, 0 // unread bytes are buf[r:w]
+	var scan resp.ReplyScanner
+	var cur *Call
+	for {
+		// Frame and dispatch every complete reply in the buffer.
+		for r < w {
+			n, err := scan.Scan(buf[r:w])
+			if err != nil {
+				lc.closeWith(err)
+				return err
+			}
+			if n == 0 {
+				break
+			}
+			frame := buf[r : r+n]
+			r += n
+			if p.opt.RESP3 && resp.IsPush(frame) {
+				if p.opt.OnPush != nil {
+					p.opt.OnPush(frame)
+				}
+				continue
+			}
+			if cur == nil {
+				p.mu.Lock()
+				if p.head < len(p.pending) {
+					cur = p.pending[p.head]
+				}
+				p.mu.Unlock()
+				if cur == nil {
+					p.opt.Logger.Error("BUG: upstream reply with no request waiting", "addr", p.opt.Addr, "reply_prefix", string(frame[:min(len(frame), 64)]))
+					lc.closeWith(errMismatch)
+					return errMismatch
+				}
+			}
+			cur.out = append(cur.out, frame...)
+			cur.ends = append(cur.ends, len(cur.out))
+			if len(cur.ends) == len(cur.parts) {
+				p.mu.Lock()
+				p.pending[p.head] = nil
+				p.head++
+				if p.head == len(p.pending) {
+					p.pending, p.head = p.pending[:0], 0
+				}
+				p.mu.Unlock()
+				cur.complete(nil)
+				cur = nil
+			}
+		}
+		// Make room: move a partial reply to the front, or grow for a big one.
+		if r == w {
+			r, w = 0, 0
+			if len(buf) > 1<<20 {
+				buf = make([]byte, 32<<10)
+			}
+		} else if w == len(buf) {
+			if r > 0 {
+				w = copy(buf, buf[r:w])
+				r = 0
+			} else {
+				nb := make([]byte, 2*len(buf))
+				copy(nb, buf[:w])
+				buf = nb
+			}
+		}
+		n, err := lc.nc.Read(buf[w:])
+		w += n
+		if err != nil && n == 0 {
+			if err == io.EOF {
+				return ErrConnLost
+			}
+			return err
+		}
+	}
+}
+
+// watchdog closes a connection whose oldest pending Call has waited longer
+// than the reply timeout. After that, later replies could belong to
+// anything, so failing all pending Calls is the only safe answer.
+func (p *Pipe) watchdog() {
+	defer p.workers.Done()
+	tick := p.opt.ReplyTimeout / 8
+	if tick < time.Millisecond {
+		tick = time.Millisecond
+	}
+	if tick > 100*time.Millisecond {
+		tick = 100 * time.Millisecond
+	}
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	limit := int64(p.opt.ReplyTimeout)
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+		now := nanotime()
+		p.mu.Lock()
+		if p.live != nil && p.head < len(p.pending) && now-p.pending[p.head].sent > limit {
+			p.live.closeWith(ErrTimeout)
+		}
+		p.mu.Unlock()
+	}
+}
+
+var clockBase = time.Now()
+
+// nanotime is a monotonic clock reading.
+func nanotime() int64 { return int64(time.Since(clockBase)) }

@@ -1,0 +1,98 @@
+package upstream
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Pool is a fixed set of Pipes to one Redis database with one protocol.
+// Consecutive Sends go to different pipes so that many clients' batches are
+// spread out, while each pipe's writer still merges what queues up on it.
+type Pool struct {
+	pipes []*Pipe
+	next  atomic.Uint32
+}
+
+// NewPool starts n pipes with the same options.
+func NewPool(n int, opt Options) *Pool {
+	if n < 1 {
+		n = 1
+	}
+	p := &Pool{pipes: make([]*Pipe, n)}
+	for i := range p.pipes {
+		p.pipes[i] = NewPipe(opt)
+	}
+	return p
+}
+
+// Send hands c to the next pipe that is up. It returns ErrUnavailable only
+// when no pipe is up.
+func (p *Pool) Send(c *Call) error {
+	n := uint32(len(p.pipes))
+	start := p.next.Add(1)
+	for i := uint32(0); i < n; i++ {
+		err := p.pipes[(start+i)%n].Send(c)
+		if err != ErrUnavailable {
+			return err
+		}
+	}
+	return ErrUnavailable
+}
+
+// Do sends c and waits for it. A Send that fails completes nothing, so the
+// error is recorded on the Call for the caller to read as usual.
+func (p *Pool) Do(c *Call) {
+	if err := p.Send(c); err != nil {
+		c.err = err
+		return
+	}
+	c.Wait()
+}
+
+// WaitUp waits until at least one pipe is up or the timeout passes.
+func (p *Pool) WaitUp(timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if p.Up() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Up reports whether any pipe is connected.
+func (p *Pool) Up() bool {
+	for _, pp := range p.pipes {
+		if pp.Up() {
+			return true
+		}
+	}
+	return false
+}
+
+// Stats sums the pipes' counters.
+func (p *Pool) Stats() (s PipeStats, up int) {
+	for _, pp := range p.pipes {
+		ps := pp.Stats()
+		if ps.Up {
+			up++
+		}
+		s.Pending += ps.Pending
+		s.Dials += ps.Dials
+		s.Failures += ps.Failures
+		s.Timeouts += ps.Timeouts
+		s.Commands += ps.Commands
+	}
+	s.Up = up > 0
+	return s, up
+}
+
+// Close closes every pipe and waits for their goroutines.
+func (p *Pool) Close() {
+	for _, pp := range p.pipes {
+		pp.Close()
+	}
+}
