@@ -1,0 +1,327 @@
+package commands
+
+import "strings"
+
+// KeySpecFlags are the flags of one Redis 7 key specification.
+type KeySpecFlags uint16
+
+const (
+	KeyRO            KeySpecFlags = 1 << iota // "RO": read only
+	KeyRW                                     // "RW": read-write
+	KeyOW                                     // "OW": overwrite, the old value is not read
+	KeyRM                                     // "RM": remove
+	KeyAccess                                 // "access": the value is returned or used
+	KeyUpdate                                 // "update"
+	KeyInsert                                 // "insert"
+	KeyDelete                                 // "delete"
+	KeyNotKey                                 // "not_key": a name hashed like a key (shard channels); not a key
+	KeyIncomplete                             // "incomplete": the spec may miss keys
+	KeyVariableFlags                          // "variable_flags": real flags depend on arguments
+)
+
+var keySpecFlagNames = [...]struct {
+	f      KeySpecFlags
+	redis  string
+	goName string
+}{
+	{KeyRO, "RO", "KeyRO"},
+	{KeyRW, "RW", "KeyRW"},
+	{KeyOW, "OW", "KeyOW"},
+	{KeyRM, "RM", "KeyRM"},
+	{KeyAccess, "access", "KeyAccess"},
+	{KeyUpdate, "update", "KeyUpdate"},
+	{KeyInsert, "insert", "KeyInsert"},
+	{KeyDelete, "delete", "KeyDelete"},
+	{KeyNotKey, "not_key", "KeyNotKey"},
+	{KeyIncomplete, "incomplete", "KeyIncomplete"},
+	{KeyVariableFlags, "variable_flags", "KeyVariableFlags"},
+}
+
+func keySpecFlagByName(s string) KeySpecFlags {
+	for _, n := range keySpecFlagNames {
+		if strings.EqualFold(n.redis, s) {
+			return n.f
+		}
+	}
+	return 0
+}
+
+// String renders f as a Go expression, like Flags.String.
+func (f KeySpecFlags) String() string {
+	if f == 0 {
+		return "0"
+	}
+	var parts []string
+	for _, n := range keySpecFlagNames {
+		if f&n.f != 0 {
+			parts = append(parts, n.goName)
+		}
+	}
+	return strings.Join(parts, " | ")
+}
+
+// BeginKind says how a key spec finds the first key.
+type BeginKind uint8
+
+const (
+	BeginUnknown BeginKind = iota // keys cannot be found from the arguments alone
+	BeginIndex                    // at a fixed argument index
+	BeginKeyword                  // right after a keyword
+)
+
+// FindKind says how a key spec finds the remaining keys from the first.
+type FindKind uint8
+
+const (
+	FindUnknown FindKind = iota
+	FindRange            // a range relative to the first key
+	FindKeynum           // an argument says how many keys follow
+)
+
+// KeySpec is one Redis 7 key specification (COMMAND reply element 9).
+type KeySpec struct {
+	Flags KeySpecFlags
+	Begin BeginSearch
+	Find  FindKeys
+}
+
+// BeginSearch is a key spec's begin_search part.
+type BeginSearch struct {
+	Kind BeginKind
+	// Index is the argument position of the first key (BeginIndex).
+	Index int
+	// Keyword is searched case-insensitively starting at StartFrom; a
+	// negative StartFrom counts from the end and searches backwards
+	// (BeginKeyword).
+	Keyword   string
+	StartFrom int
+}
+
+// FindKeys is a key spec's find_keys part, relative to the first key found
+// by BeginSearch.
+type FindKeys struct {
+	Kind FindKind
+	// FindRange: LastKey is the last key's offset from the first (negative:
+	// from the end of the arguments); when Limit > 1 and LastKey is -1, only
+	// 1/Limit of the remaining arguments are keys (XREAD's key/ID halves).
+	LastKey int
+	KeyStep int
+	Limit   int
+	// FindKeynum: the argument at KeyNumIdx (offset from the first key
+	// position) holds the key count; the keys start at offset FirstKey.
+	KeyNumIdx int
+	FirstKey  int
+}
+
+// Keys appends to dst the indices into args of the key arguments, in the
+// order Redis reports them, and returns the extended slice. It interprets the
+// Redis 7 key specs (plus the two cases Redis itself cannot describe with
+// specs: SORT ... STORE and MIGRATE ... KEYS), falling back to legacy
+// first/last/step positions for tables loaded from older servers.
+//
+// Malformed arguments never panic: a key count larger than the arguments, a
+// missing keyword or a non-numeric count yields only the indices that exist.
+// Every returned index i satisfies 1 <= i < len(args). Keys does not allocate
+// as long as dst has room.
+func (c *Command) Keys(args [][]byte, dst []int) []int {
+	if c == nil {
+		return dst
+	}
+	switch c.keysProc {
+	case procMigrate:
+		return migrateKeys(args, dst)
+	case procSort:
+		dst = c.specKeys(args, dst)
+		return sortStoreKey(args, dst)
+	}
+	if len(c.KeySpecs) > 0 {
+		return c.specKeys(args, dst)
+	}
+	return c.legacyKeys(args, dst)
+}
+
+func (c *Command) legacyKeys(args [][]byte, dst []int) []int {
+	if c.FirstKey <= 0 {
+		return dst
+	}
+	last := c.LastKey
+	if last < 0 {
+		last += len(args)
+	}
+	step := max(c.KeyStep, 1)
+	for i := c.FirstKey; i <= last && i < len(args); i += step {
+		dst = append(dst, i)
+	}
+	return dst
+}
+
+func (c *Command) specKeys(args [][]byte, dst []int) []int {
+	for i := range c.KeySpecs {
+		dst = c.KeySpecs[i].appendKeys(args, dst)
+	}
+	return dst
+}
+
+// appendKeys applies one key spec. Specs that do not match the arguments are
+// skipped while earlier and later specs still contribute, because a proxy
+// would rather know some keys of a malformed call than none (Redis will
+// reject the call anyway).
+func (s *KeySpec) appendKeys(args [][]byte, dst []int) []int {
+	if s.Flags&KeyNotKey != 0 {
+		return dst
+	}
+	n := len(args)
+	var first int
+	switch s.Begin.Kind {
+	case BeginIndex:
+		first = s.Begin.Index
+	case BeginKeyword:
+		first = findKeyword(args, s.Begin.Keyword, s.Begin.StartFrom)
+	}
+	if first < 1 || first >= n {
+		return dst
+	}
+	step := max(s.Find.KeyStep, 1)
+	switch s.Find.Kind {
+	case FindRange:
+		var last int
+		switch {
+		case s.Find.LastKey >= 0:
+			last = first + s.Find.LastKey
+		case s.Find.Limit > 1:
+			last = first + (n-first)/s.Find.Limit + s.Find.LastKey
+		default:
+			last = n + s.Find.LastKey
+		}
+		for i := first; i <= last && i < n; i += step {
+			dst = append(dst, i)
+		}
+	case FindKeynum:
+		at := first + s.Find.KeyNumIdx
+		if at < 1 || at >= n {
+			return dst
+		}
+		count, ok := parseCount(args[at])
+		if !ok {
+			return dst
+		}
+		i := first + s.Find.FirstKey
+		if i < 1 {
+			return dst
+		}
+		// Counting rather than computing the last index keeps a huge count
+		// from overflowing.
+		for ; count > 0 && i < n; count-- {
+			dst = append(dst, i)
+			i += step
+		}
+	}
+	return dst
+}
+
+// findKeyword returns the index after the keyword, or 0 if absent. Like Redis,
+// a positive startFrom searches forwards and never matches the last argument
+// (no key could follow it); a negative one searches backwards from
+// len(args)+startFrom down to index 2.
+func findKeyword(args [][]byte, keyword string, startFrom int) int {
+	n := len(args)
+	if startFrom > 0 {
+		for i := startFrom; i < n-1; i++ {
+			if equalFoldUpper(keyword, args[i]) {
+				return i + 1
+			}
+		}
+		return 0
+	}
+	for i := n + startFrom; i > 1; i-- {
+		if i < n && equalFoldUpper(keyword, args[i]) {
+			return i + 1
+		}
+	}
+	return 0
+}
+
+// equalFoldUpper compares case-insensitively when the keyword may be in any
+// case (Redis reports keywords in upper case).
+func equalFoldUpper(keyword string, b []byte) bool {
+	if len(keyword) != len(b) {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		if lower(b[i]) != lower(keyword[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// parseCount parses a non-negative decimal key count. Values beyond any
+// possible argument count saturate, which the caller clips anyway.
+func parseCount(b []byte) (int, bool) {
+	if len(b) == 0 {
+		return 0, false
+	}
+	v := 0
+	for _, ch := range b {
+		if ch < '0' || ch > '9' {
+			return 0, false
+		}
+		if v < 1<<40 {
+			v = v*10 + int(ch-'0')
+		}
+	}
+	return v, true
+}
+
+// sortStoreKey adds SORT's STORE destination, which Redis's key specs mark as
+// unknown because the option may appear anywhere. Option values are skipped so
+// that e.g. "BY store" does not count; the last STORE wins, as in Redis.
+func sortStoreKey(args [][]byte, dst []int) []int {
+	store := 0
+	for i := 2; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case equalFold("limit", a):
+			i += 2
+		case equalFold("by", a), equalFold("get", a):
+			i++
+		case equalFold("store", a):
+			if i+1 < len(args) {
+				store = i + 1
+			}
+			i++
+		}
+	}
+	if store > 0 {
+		dst = append(dst, store)
+	}
+	return dst
+}
+
+// migrateKeys handles MIGRATE host port key|"" db timeout [COPY] [REPLACE]
+// [AUTH pw] [AUTH2 user pw] [KEYS key ...]. Redis's KEYS key spec searches
+// backwards for the keyword and can be fooled by a password spelled "keys";
+// walking the options forwards cannot. The key argument is a key unless it is
+// empty and a KEYS option follows, mirroring Redis.
+func migrateKeys(args [][]byte, dst []int) []int {
+	if len(args) <= 3 {
+		return dst
+	}
+	if len(args[3]) == 0 {
+		for i := 6; i < len(args); i++ {
+			a := args[i]
+			switch {
+			case equalFold("auth", a):
+				i++
+			case equalFold("auth2", a):
+				i += 2
+			case equalFold("keys", a):
+				for j := i + 1; j < len(args); j++ {
+					dst = append(dst, j)
+				}
+				return dst
+			}
+		}
+	}
+	return append(dst, 3)
+}
