@@ -1,0 +1,27 @@
+package policy
+
+import "testing"
+
+func BenchmarkCheckBatchClean(b *testing.B) {
+	p := compileDoc(b, ttlDoc+`
+[policy.names]
+namespaces = ["session", "s"]
+[policy.values]
+`)
+	reqs := batch("GET session:1", "SET session:1 v EX 100", "HSET s:x f v", "EXPIRE s:x 100")
+	var out []Decision
+	b.ReportAllocs()
+	for b.Loop() {
+		out = p.CheckBatch(reqs, out)
+	}
+}
+
+func BenchmarkCheckBatchDefault(b *testing.B) {
+	p := compileDoc(b, "")
+	reqs := batch("GET session:1", "SET session:1 v EX 100", "HSET s:x f v", "EXPIRE s:x 100")
+	var out []Decision
+	b.ReportAllocs()
+	for b.Loop() {
+		out = p.CheckBatch(reqs, out)
+	}
+}

@@ -1,0 +1,412 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/redproxy/redproxy/internal/commands"
+)
+
+// CheckBatch decides every request of one batch: a pipeline read in one go,
+// or a MULTI ... EXEC block. It looks ahead within the batch, so a write
+// followed later by an EXPIRE (or SET ... EX) of the same key needs no fix.
+// It appends exactly one Decision per request to out[:0], reusing out's
+// storage (including the slices inside its Decisions): callers that keep a
+// Decision beyond the next call must copy it. It does not allocate unless it
+// finds a violation (or a batch has more than a few TTL writes).
+func (p *Policy) CheckBatch(reqs []Request, out []Decision) []Decision {
+	out = resetDecisions(out, len(reqs))
+	if p == nil || p.ceiling == Off {
+		return out
+	}
+	c := checkers.Get().(*checker)
+	c.p, c.reqs, c.out = p, reqs, out
+	c.pending = c.pendingBuf[:0]
+	c.setters = c.setterBuf[:0]
+	for i := range reqs {
+		c.checkOne(i)
+	}
+	c.resolvePending()
+	c.release()
+	return out
+}
+
+// checkers recycles checker state: it holds buffers that would otherwise be
+// allocated on every batch (the classifiers are called through a map of
+// functions, so escape analysis cannot keep the buffers on the stack).
+var checkers = sync.Pool{New: func() any { return new(checker) }}
+
+func (c *checker) release() {
+	c.p, c.reqs, c.out = nil, nil, nil
+	clear(c.pending) // drop pointers into the policy, so a replaced one can be freed
+	clear(c.pendingBuf[:])
+	c.pending, c.setters = nil, nil
+	c.mapBuilt = false
+	if len(c.setterMap) > 1024 {
+		c.setterMap = nil // do not keep a huge batch's map alive
+	}
+	clear(c.setterMap)
+	checkers.Put(c)
+}
+
+func resetDecisions(out []Decision, n int) []Decision {
+	if cap(out) < n {
+		out = slices.Grow(out[:0], n)
+	}
+	out = out[:n]
+	for i := range out {
+		d := &out[i]
+		d.Refuse = nil
+		d.Violations = d.Violations[:0]
+		d.Args = nil
+		d.Expires = d.Expires[:0]
+	}
+	return out
+}
+
+// checker is the state of one CheckBatch call.
+type checker struct {
+	p    *Policy
+	reqs []Request
+	out  []Decision
+
+	// pending are keys that would be left without a required TTL unless a
+	// later request of the batch sets one.
+	pending    []pendingTTL
+	pendingBuf [16]pendingTTL
+	// setters are keys given a TTL by some request, for that look-ahead.
+	setters   []keyRef
+	setterBuf [16]keyRef
+	setterMap map[string]int // key -> last request setting it; built for big batches
+	mapBuilt  bool
+
+	effBuf [8]keyEffect
+	keyBuf [8]int
+}
+
+type keyRef struct{ req, arg int }
+
+type pendingTTL struct {
+	req  int
+	eff  keyEffect
+	rule *ttlRule
+	rs   *ruleset
+}
+
+func (c *checker) act(a Action) Action { return min(a, c.p.ceiling) }
+
+func (c *checker) checkOne(i int) {
+	req := &c.reqs[i]
+	d := &c.out[i]
+	if len(req.Args) == 0 {
+		return
+	}
+	rs := c.p.global
+	if len(c.p.scopes) > 0 {
+		rs = c.p.rulesFor(req.User, req.Listener)
+	}
+
+	if a := c.act(rs.cmdAction); a != Off {
+		if denied, hint := rs.denied(req); denied {
+			name := commandName(req)
+			msg := fmt.Sprintf("%s%s is disabled", msgPrefix, displayName(name))
+			if hint != "" {
+				msg += "; " + hint
+			}
+			if c.violate(d, a, false, Violation{Rule: RuleCommand, Scope: rs.scope, Command: name, Msg: msg}) {
+				return
+			}
+		}
+	}
+	if req.Cmd == nil {
+		return // unknown to the table: no key positions, Redis will answer
+	}
+
+	if a := c.act(rs.values.action); a != Off && req.Cmd.Is(commands.Write) {
+		if idx := c.oversizeArg(req, rs.values.max); idx > 0 {
+			msg := fmt.Sprintf("%svalue of %d bytes exceeds %d (rule %q); store large objects elsewhere and keep a reference in Redis",
+				msgPrefix, len(req.Args[idx]), rs.values.max, RuleValueSize)
+			if c.violate(d, a, false, Violation{Rule: RuleValueSize, Scope: rs.scope, Command: req.Cmd.Name, Msg: msg}) {
+				return
+			}
+		}
+	}
+
+	if !rs.keyRules {
+		return
+	}
+	nameAction := c.act(rs.names.action)
+	checkNames := rs.names.on() && nameAction != Off
+	if f := effectTable[req.Cmd.Name]; f != nil {
+		for _, e := range f(req.Args, c.effBuf[:0]) {
+			key := req.Args[e.key]
+			if e.creates && checkNames && c.checkName(d, rs, nameAction, req, key) {
+				return
+			}
+			rule := rs.ttlFor(key)
+			switch {
+			case e.kind == effSetTTL:
+				if rule != nil && rule.max > 0 && c.act(rule.action) != Off && c.checkMax(d, i, rs, rule, e) {
+					return
+				}
+				if !e.conditional {
+					c.setters = append(c.setters, keyRef{req: i, arg: e.key})
+				}
+			case rule != nil && rule.required && c.act(rule.action) != Off:
+				c.pending = append(c.pending, pendingTTL{req: i, eff: e, rule: rule, rs: rs})
+			}
+		}
+	} else if checkNames && scriptCommands[req.Cmd.Name] {
+		for _, k := range c.keys(req) {
+			if c.checkName(d, rs, nameAction, req, req.Args[k]) {
+				return
+			}
+		}
+	}
+}
+
+// violate records v on d with action a. fixable says the caller can apply a
+// fix under enforce (it does so only if violate returns false). It returns
+// true when the request is refused.
+func (c *checker) violate(d *Decision, a Action, fixable bool, v Violation) bool {
+	v.Action = a
+	switch {
+	case a == Report:
+		v.Outcome = Reported
+	case fixable:
+		v.Outcome = Fixed
+	default:
+		v.Outcome = Refused
+	}
+	d.Violations = append(d.Violations, v)
+	if v.Outcome == Refused {
+		d.Refuse = &v
+		d.Args = nil
+		d.Expires = d.Expires[:0]
+		return true
+	}
+	return false
+}
+
+// denied applies the command lists: the exact name first, then for a
+// subcommand its container ("config" covers "config|set").
+func (rs *ruleset) denied(req *Request) (bool, string) {
+	var name string
+	if req.Cmd != nil {
+		name = req.Cmd.Name
+		if d, ok := rs.cmd[name]; ok {
+			return d, denyHints[name]
+		}
+		if req.Cmd.Parent != nil {
+			if d, ok := rs.cmd[req.Cmd.Parent.Name]; ok {
+				return d, denyHints[name]
+			}
+		}
+		return false, ""
+	}
+	// Unknown to the table (a module command, or a newer Redis): match the
+	// name as sent. The buffer keeps this allocation-free.
+	var buf [32]byte
+	arg := req.Args[0]
+	if len(arg) > len(buf) {
+		return false, ""
+	}
+	for i, ch := range arg {
+		if 'A' <= ch && ch <= 'Z' {
+			ch += 'a' - 'A'
+		}
+		buf[i] = ch
+	}
+	d := rs.cmd[string(buf[:len(arg)])]
+	return d, ""
+}
+
+// denyHints name the safe alternative for each command commonly denied.
+var denyHints = map[string]string{
+	"keys":           "use SCAN 0 MATCH pattern COUNT 100",
+	"flushall":       "delete by pattern with SCAN 0 MATCH prefix:* COUNT 100 and UNLINK",
+	"flushdb":        "delete by pattern with SCAN 0 MATCH prefix:* COUNT 100 and UNLINK",
+	"debug":          "run it with redis-cli against the server itself",
+	"shutdown":       "stop Redis through its service manager",
+	"config|set":     "change the Redis configuration through your operators, not the application",
+	"monitor":        "use SLOWLOG GET or the proxy's metrics; MONITOR slows Redis down",
+	"swapdb":         "use separate key prefixes instead of swapping databases",
+	"replicaof":      "replication is changed by operators, not through the proxy",
+	"slaveof":        "replication is changed by operators, not through the proxy",
+	"cluster|reset":  "reset cluster nodes with redis-cli against the node itself",
+	"script|flush":   "loaded scripts cost little; load once with SCRIPT LOAD and call EVALSHA",
+	"function|flush": "remove one library with FUNCTION DELETE",
+}
+
+// commandName is the lower-case name for violations.
+func commandName(req *Request) string {
+	if req.Cmd != nil {
+		return req.Cmd.Name
+	}
+	return strings.ToLower(string(req.Args[0]))
+}
+
+// displayName writes "config|set" as "CONFIG SET" for messages.
+func displayName(name string) string {
+	return strings.ToUpper(strings.ReplaceAll(name, "|", " "))
+}
+
+func (c *checker) keys(req *Request) []int {
+	if req.Keys != nil {
+		return req.Keys
+	}
+	return req.Cmd.Keys(req.Args, c.keyBuf[:0])
+}
+
+// oversizeArg returns the index of the first non-key argument longer than
+// max, or 0. Every non-key argument of a write counts as a value: it is the
+// simplest rule that cannot be dodged by argument position, and the other
+// arguments (options, scores, field names) are never that large.
+func (c *checker) oversizeArg(req *Request, max int) int {
+	var keys []int
+	for i := 1; i < len(req.Args); i++ {
+		if len(req.Args[i]) <= max {
+			continue
+		}
+		if keys == nil {
+			keys = c.keys(req)
+		}
+		if !slices.Contains(keys, i) {
+			return i
+		}
+	}
+	return 0
+}
+
+func (c *checker) checkName(d *Decision, rs *ruleset, a Action, req *Request, key []byte) bool {
+	rule, pattern, msg := rs.names.check(key)
+	if rule == "" {
+		return false
+	}
+	return c.violate(d, a, false, Violation{Rule: rule, Pattern: pattern, Scope: rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg})
+}
+
+// checkMax applies a rule's max to an explicit TTL. It returns true when the
+// request is refused.
+func (c *checker) checkMax(d *Decision, i int, rs *ruleset, rule *ttlRule, e keyEffect) bool {
+	req := &c.reqs[i]
+	n, ok := parseInt(req.Args[e.ttl])
+	if !ok || n <= 0 {
+		return false // Redis rejects it or deletes the key: no long TTL either way
+	}
+	// Compare in the command's own unit: converting n to a Duration could
+	// overflow. secs is only for the message.
+	var over bool
+	var secs, clamped int64
+	switch e.unit {
+	case unitSec:
+		over, secs, clamped = n > rule.max, n, rule.max
+	case unitMs:
+		over, secs, clamped = n > rule.max*1000, n/1000, rule.max*1000
+	case unitUnixSec:
+		now := c.p.now().Unix()
+		over, secs, clamped = n-now > rule.max, n-now, now+rule.max
+	case unitUnixMs:
+		now := c.p.now().UnixMilli()
+		over, secs, clamped = n-now > rule.max*1000, (n-now)/1000, now+rule.max*1000
+	}
+	if !over {
+		return false
+	}
+	key := req.Args[e.key]
+	msg := fmt.Sprintf("%sTTL of %ds for key %s exceeds the maximum of %ds (rule %q)", msgPrefix, secs, quoteKey(key), rule.max, rule.src)
+	a := c.act(rule.action)
+	v := Violation{Rule: RuleTTLMax, Pattern: rule.src, Scope: rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg}
+	if c.violate(d, a, !rule.maxRefuse, v) {
+		return true
+	}
+	if a == Enforce {
+		c.setArg(d, req, e.ttl, strconv.AppendInt(nil, clamped, 10))
+	}
+	return false
+}
+
+// setArg rewrites one argument, copying the args on the first change.
+func (c *checker) setArg(d *Decision, req *Request, i int, val []byte) {
+	if d.Args == nil {
+		d.Args = slices.Clone(req.Args)
+	}
+	d.Args[i] = val
+}
+
+// resolvePending decides, once the whole batch is known, the keys that would
+// be left without a required TTL.
+func (c *checker) resolvePending() {
+	for _, pt := range c.pending {
+		d := &c.out[pt.req]
+		if d.Refuse != nil {
+			continue
+		}
+		req := &c.reqs[pt.req]
+		key := req.Args[pt.eff.key]
+		if c.ttlSetLater(pt.req, key) {
+			continue
+		}
+		rule := pt.rule
+		a := c.act(rule.action)
+		var msg string
+		fixable := false
+		if pt.eff.kind == effPersist {
+			msg = fmt.Sprintf("%skey %s must keep its TTL (rule %q); %s would remove it", msgPrefix, quoteKey(key), rule.src, displayName(req.Cmd.Name))
+		} else {
+			msg = fmt.Sprintf("%skey %s needs a TTL (rule %q); set EX on the write or EXPIRE the key in the same MULTI or pipeline", msgPrefix, quoteKey(key), rule.src)
+			fixable = rule.def > 0
+		}
+		v := Violation{Rule: RuleTTL, Pattern: rule.src, Scope: pt.rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg}
+		if c.violate(d, a, fixable, v) || a != Enforce {
+			continue
+		}
+		switch pt.eff.fix {
+		case fixExpire:
+			d.Expires = append(d.Expires, Expire{Key: key, Seconds: rule.def})
+		case fixAppendEX:
+			if d.Args == nil {
+				d.Args = slices.Clone(req.Args)
+			}
+			d.Args = append(d.Args, []byte("EX"), strconv.AppendInt(nil, rule.def, 10))
+		case fixRestoreTTL:
+			ms := rule.def * 1000
+			if pt.eff.unit == unitUnixMs {
+				ms += c.p.now().UnixMilli()
+			}
+			c.setArg(d, req, pt.eff.ttl, strconv.AppendInt(nil, ms, 10))
+		}
+	}
+}
+
+// ttlSetLater reports whether a request after req, not refused, gives key a
+// TTL unconditionally.
+func (c *checker) ttlSetLater(req int, key []byte) bool {
+	const linearLimit = 32
+	if len(c.setters) <= linearLimit {
+		for _, s := range c.setters {
+			if s.req > req && c.out[s.req].Refuse == nil && string(c.reqs[s.req].Args[s.arg]) == string(key) {
+				return true
+			}
+		}
+		return false
+	}
+	if !c.mapBuilt {
+		// Setters are never refused after the first pass, so the map can be
+		// built once per batch.
+		c.mapBuilt = true
+		if c.setterMap == nil {
+			c.setterMap = make(map[string]int, len(c.setters))
+		}
+		for _, s := range c.setters {
+			if c.out[s.req].Refuse == nil {
+				c.setterMap[string(c.reqs[s.req].Args[s.arg])] = s.req
+			}
+		}
+	}
+	last, ok := c.setterMap[string(key)]
+	return ok && last > req
+}

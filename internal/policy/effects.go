@@ -1,0 +1,420 @@
+package policy
+
+import "math"
+
+// effKind is what a command does to one key's TTL.
+type effKind uint8
+
+const (
+	// effCreate: the command may create the key or replace its value, and
+	// either way can leave it without a TTL (HSET on a new key, SET without
+	// EX on any key, MSET, *STORE destinations, ...).
+	effCreate effKind = iota + 1
+	// effSetTTL: the command gives the key the TTL found in args[ttl].
+	effSetTTL
+	// effPersist: the command removes the key's TTL on purpose (PERSIST,
+	// GETEX PERSIST).
+	effPersist
+)
+
+// fixKind is how enforce mode gives an effCreate key its default TTL.
+type fixKind uint8
+
+const (
+	fixExpire     fixKind = iota // send EXPIRE key <default> NX after the command
+	fixAppendEX                  // SET: append EX <default> to the command
+	fixRestoreTTL                // RESTORE: replace the ttl argument (0 = none)
+)
+
+type ttlUnit uint8
+
+const (
+	unitSec     ttlUnit = iota // EX, SETEX, EXPIRE
+	unitMs                     // PX, PSETEX, PEXPIRE, RESTORE
+	unitUnixSec                // EXAT, EXPIREAT
+	unitUnixMs                 // PXAT, PEXPIREAT, RESTORE ... ABSTTL
+)
+
+// keyEffect is one key argument of one command and what the command does to
+// its TTL. Indices are into the command's args (args[0] is the name).
+type keyEffect struct {
+	key  int
+	kind effKind
+	// creates: the command may create this key, so naming rules apply to it.
+	creates bool
+	fix     fixKind // effCreate
+	ttl     int     // effSetTTL, and fixRestoreTTL: index of the TTL argument
+	unit    ttlUnit
+	// conditional: an effSetTTL that does nothing to a key without a TTL
+	// (EXPIRE ... XX or GT), so it does not count as setting one.
+	conditional bool
+}
+
+// classifier appends the effects of one call to dst. It must tolerate any
+// arguments: arity is checked by Redis, not here.
+type classifier func(args [][]byte, dst []keyEffect) []keyEffect
+
+// effectTable maps every command (Redis 7 names, subcommands "a|b") that can
+// create a key or change a TTL to its classifier. Every other write command
+// in the builtin table is listed in noTTLEffect; a test keeps the two lists
+// complete.
+var effectTable = map[string]classifier{
+	// strings
+	"set":         classifySet,
+	"setex":       setTTLAt(1, 2, unitSec, true),
+	"psetex":      setTTLAt(1, 2, unitMs, true),
+	"setnx":       createAt(1),
+	"getset":      createAt(1),
+	"getex":       classifyGetex,
+	"mset":        createPairs,
+	"msetnx":      createPairs,
+	"incr":        createAt(1),
+	"incrby":      createAt(1),
+	"incrbyfloat": createAt(1),
+	"decr":        createAt(1),
+	"decrby":      createAt(1),
+	"append":      createAt(1),
+	"setrange":    createAt(1),
+	"setbit":      createAt(1),
+	"bitfield":    classifyBitfield,
+	"bitop":       createAt(2),
+	// hashes
+	"hset":         createAt(1),
+	"hsetnx":       createAt(1),
+	"hmset":        createAt(1),
+	"hincrby":      createAt(1),
+	"hincrbyfloat": createAt(1),
+	// lists (LPUSHX/RPUSHX/LINSERT/LSET need an existing key)
+	"lpush":      createAt(1),
+	"rpush":      createAt(1),
+	"lmove":      createAt(2),
+	"blmove":     createAt(2),
+	"rpoplpush":  createAt(2),
+	"brpoplpush": createAt(2),
+	// sets
+	"sadd":        createAt(1),
+	"smove":       createAt(2),
+	"sunionstore": createAt(1),
+	"sinterstore": createAt(1),
+	"sdiffstore":  createAt(1),
+	// sorted sets
+	"zadd":        createUnlessXX(1),
+	"zincrby":     createAt(1),
+	"zunionstore": createAt(1),
+	"zinterstore": createAt(1),
+	"zdiffstore":  createAt(1),
+	"zrangestore": createAt(1),
+	// geo
+	"geoadd":            createUnlessXX(1),
+	"georadius":         classifyGeoStore(6),
+	"georadiusbymember": classifyGeoStore(5),
+	"geosearchstore":    createAt(1),
+	// streams
+	"xadd":          classifyXadd,
+	"xgroup|create": classifyXgroupCreate,
+	// hyperloglog
+	"pfadd":   createAt(1),
+	"pfmerge": createAt(1),
+	// keyspace: the destination of COPY and RENAME takes the source's TTL,
+	// which may be none.
+	"copy":           createAt(2),
+	"rename":         createAt(2),
+	"renamenx":       createAt(2),
+	"restore":        classifyRestore,
+	"restore-asking": classifyRestore,
+	"sort":           classifySort,
+	"persist":        persistAt(1),
+	"expire":         classifyExpire(unitSec),
+	"pexpire":        classifyExpire(unitMs),
+	"expireat":       classifyExpire(unitUnixSec),
+	"pexpireat":      classifyExpire(unitUnixMs),
+}
+
+// noTTLEffect lists the write commands that neither create a key nor change
+// a TTL, so that a new write command added to the command table fails a test
+// until someone decides where it belongs.
+var noTTLEffect = []string{
+	"blmpop", "blpop", "brpop", "bzmpop", "bzpopmax", "bzpopmin", "lmpop", "lpop", "rpop",
+	"spop", "zmpop", "zpopmax", "zpopmin", "getdel",
+	"del", "unlink", "hdel", "lrem", "ltrim", "srem", "zrem", "zremrangebylex",
+	"zremrangebyrank", "zremrangebyscore", "xdel", "xtrim",
+	"linsert", "lpushx", "rpushx", "lset", // need an existing key, keep its TTL
+	"move",    // the key keeps its TTL in the other database
+	"migrate", // the key leaves this server
+	"pfdebug", "swapdb", "flushall", "flushdb",
+	"xack", "xautoclaim", "xclaim", "xsetid", "xreadgroup",
+	"xgroup|setid", "xgroup|createconsumer", "xgroup|delconsumer", "xgroup|destroy",
+	"function|flush", "function|delete", "function|restore", "function|load",
+}
+
+// scriptCommands declare keys that the script may create; only their names
+// can be checked (see the package documentation).
+var scriptCommands = map[string]bool{"eval": true, "evalsha": true, "fcall": true}
+
+func createAt(i int) classifier {
+	return func(args [][]byte, dst []keyEffect) []keyEffect { return appendCreate(args, dst, i) }
+}
+
+func appendCreate(args [][]byte, dst []keyEffect, i int) []keyEffect {
+	if i < len(args) {
+		dst = append(dst, keyEffect{key: i, kind: effCreate, creates: true})
+	}
+	return dst
+}
+
+func persistAt(i int) classifier {
+	return func(args [][]byte, dst []keyEffect) []keyEffect {
+		if i < len(args) {
+			dst = append(dst, keyEffect{key: i, kind: effPersist})
+		}
+		return dst
+	}
+}
+
+func setTTLAt(key, ttl int, unit ttlUnit, creates bool) classifier {
+	return func(args [][]byte, dst []keyEffect) []keyEffect {
+		if ttl < len(args) {
+			dst = append(dst, keyEffect{key: key, kind: effSetTTL, creates: creates, ttl: ttl, unit: unit})
+		}
+		return dst
+	}
+}
+
+func createPairs(args [][]byte, dst []keyEffect) []keyEffect {
+	for i := 1; i+1 < len(args); i += 2 {
+		dst = append(dst, keyEffect{key: i, kind: effCreate, creates: true})
+	}
+	return dst
+}
+
+// ttlOption recognises the TTL options shared by SET and GETEX.
+func ttlOption(a []byte) (ttlUnit, bool) {
+	switch {
+	case eqFold(a, "ex"):
+		return unitSec, true
+	case eqFold(a, "px"):
+		return unitMs, true
+	case eqFold(a, "exat"):
+		return unitUnixSec, true
+	case eqFold(a, "pxat"):
+		return unitUnixMs, true
+	}
+	return 0, false
+}
+
+// classifySet: SET key value [NX|XX] [GET] [EX|PX|EXAT|PXAT n|KEEPTTL].
+// Without a TTL option SET discards the key's TTL, with KEEPTTL it keeps an
+// existing one but still creates a new key without.
+func classifySet(args [][]byte, dst []keyEffect) []keyEffect {
+	if len(args) < 3 {
+		return dst
+	}
+	keep := false
+	for i := 3; i < len(args); i++ {
+		if u, ok := ttlOption(args[i]); ok && i+1 < len(args) {
+			return append(dst, keyEffect{key: 1, kind: effSetTTL, creates: true, ttl: i + 1, unit: u})
+		}
+		if eqFold(args[i], "keepttl") {
+			keep = true
+		}
+	}
+	fix := fixAppendEX
+	if keep {
+		fix = fixExpire
+	}
+	return append(dst, keyEffect{key: 1, kind: effCreate, creates: true, fix: fix})
+}
+
+// classifyGetex: GETEX key [EX|PX|EXAT|PXAT n|PERSIST]; it never creates.
+func classifyGetex(args [][]byte, dst []keyEffect) []keyEffect {
+	for i := 2; i < len(args); i++ {
+		if u, ok := ttlOption(args[i]); ok && i+1 < len(args) {
+			return append(dst, keyEffect{key: 1, kind: effSetTTL, ttl: i + 1, unit: u})
+		}
+		if eqFold(args[i], "persist") {
+			return append(dst, keyEffect{key: 1, kind: effPersist})
+		}
+	}
+	return dst
+}
+
+// classifyBitfield: only SET and INCRBY operations create the key; a
+// BITFIELD of GETs is a read. No type, offset or value token can be spelt
+// "set" or "incrby", so scanning every token is safe.
+func classifyBitfield(args [][]byte, dst []keyEffect) []keyEffect {
+	for i := 2; i < len(args); i++ {
+		if eqFold(args[i], "set") || eqFold(args[i], "incrby") {
+			return appendCreate(args, dst, 1)
+		}
+	}
+	return dst
+}
+
+// createUnlessXX: ZADD/GEOADD key [NX|XX] [GT|LT] [CH] [INCR] ...; XX only
+// updates existing members of an existing key.
+func createUnlessXX(i int) classifier {
+	return func(args [][]byte, dst []keyEffect) []keyEffect {
+		for j := i + 1; j < len(args); j++ {
+			a := args[j]
+			switch {
+			case eqFold(a, "xx"):
+				return dst
+			case eqFold(a, "nx"), eqFold(a, "gt"), eqFold(a, "lt"), eqFold(a, "ch"), eqFold(a, "incr"):
+			default:
+				return appendCreate(args, dst, i) // first score or longitude: options are over
+			}
+		}
+		return appendCreate(args, dst, i)
+	}
+}
+
+// classifyGeoStore: GEORADIUS[BYMEMBER] ... [STORE key] [STOREDIST key],
+// options starting at index from.
+func classifyGeoStore(from int) classifier {
+	return func(args [][]byte, dst []keyEffect) []keyEffect {
+		for i := from; i+1 < len(args); i++ {
+			switch {
+			case eqFold(args[i], "store"), eqFold(args[i], "storedist"):
+				dst = append(dst, keyEffect{key: i + 1, kind: effCreate, creates: true})
+				i++
+			case eqFold(args[i], "count"):
+				i++
+			}
+		}
+		return dst
+	}
+}
+
+// classifyXadd: XADD key [NOMKSTREAM] [MAXLEN|MINID [=|~] n [LIMIT c]] id ...
+func classifyXadd(args [][]byte, dst []keyEffect) []keyEffect {
+	for i := 2; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case eqFold(a, "nomkstream"):
+			return dst
+		case eqFold(a, "maxlen"), eqFold(a, "minid"):
+			if i+1 < len(args) && (string(args[i+1]) == "=" || string(args[i+1]) == "~") {
+				i++
+			}
+			i++
+		case eqFold(a, "limit"):
+			i++
+		default:
+			return appendCreate(args, dst, 1) // the entry ID: options are over
+		}
+	}
+	return dst
+}
+
+// classifyXgroupCreate: XGROUP CREATE key group id [MKSTREAM] [ENTRIESREAD n].
+func classifyXgroupCreate(args [][]byte, dst []keyEffect) []keyEffect {
+	for i := 5; i < len(args); i++ {
+		if eqFold(args[i], "mkstream") {
+			return append(dst, keyEffect{key: 2, kind: effCreate, creates: true})
+		}
+	}
+	return dst
+}
+
+// classifyRestore: RESTORE key ttl payload [REPLACE] [ABSTTL] ...; ttl 0
+// means no TTL.
+func classifyRestore(args [][]byte, dst []keyEffect) []keyEffect {
+	if len(args) < 4 {
+		return dst
+	}
+	unit := unitMs
+	for i := 4; i < len(args); i++ {
+		if eqFold(args[i], "absttl") {
+			unit = unitUnixMs
+		}
+	}
+	if string(args[2]) == "0" {
+		return append(dst, keyEffect{key: 1, kind: effCreate, creates: true, fix: fixRestoreTTL, ttl: 2, unit: unit})
+	}
+	return append(dst, keyEffect{key: 1, kind: effSetTTL, creates: true, ttl: 2, unit: unit})
+}
+
+// classifySort: SORT key [BY p] [LIMIT o c] [GET p ...] [ASC|DESC] [ALPHA]
+// [STORE dest]. Option values are skipped so a pattern spelt "store" is not
+// taken for the option.
+func classifySort(args [][]byte, dst []keyEffect) []keyEffect {
+	store := 0
+	for i := 2; i < len(args); i++ {
+		switch a := args[i]; {
+		case eqFold(a, "by"), eqFold(a, "get"):
+			i++
+		case eqFold(a, "limit"):
+			i += 2
+		case eqFold(a, "store"):
+			if i+1 < len(args) {
+				store = i + 1
+			}
+			i++
+		}
+	}
+	if store > 0 {
+		dst = append(dst, keyEffect{key: store, kind: effCreate, creates: true})
+	}
+	return dst
+}
+
+// classifyExpire: EXPIRE key n [NX|XX|GT|LT]. XX and GT never act on a key
+// without a TTL (GT treats "no TTL" as infinite).
+func classifyExpire(unit ttlUnit) classifier {
+	return func(args [][]byte, dst []keyEffect) []keyEffect {
+		if len(args) < 3 {
+			return dst
+		}
+		cond := false
+		for i := 3; i < len(args); i++ {
+			if eqFold(args[i], "xx") || eqFold(args[i], "gt") {
+				cond = true
+			}
+		}
+		return append(dst, keyEffect{key: 1, kind: effSetTTL, ttl: 2, unit: unit, conditional: cond})
+	}
+}
+
+// eqFold reports whether a equals the lower-case ASCII word w, ignoring case.
+func eqFold(a []byte, w string) bool {
+	if len(a) != len(w) {
+		return false
+	}
+	for i := range len(a) {
+		c := a[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != w[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// parseInt parses a decimal integer argument the way Redis does (optional
+// '-', no '+', no spaces) without allocating.
+func parseInt(b []byte) (int64, bool) {
+	neg := len(b) > 0 && b[0] == '-'
+	if neg {
+		b = b[1:]
+	}
+	if len(b) == 0 || len(b) > 19 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		d := int64(c - '0')
+		if n > (math.MaxInt64-d)/10 {
+			return 0, false
+		}
+		n = n*10 + d
+	}
+	if neg {
+		n = -n
+	}
+	return n, true
+}

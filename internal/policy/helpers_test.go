@@ -1,0 +1,118 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+
+	"github.com/redproxy/redproxy/internal/commands"
+)
+
+var table = commands.Builtin()
+
+// testNow is the clock of every compiled test policy, so EXAT/PXAT cases
+// are exact.
+var testNow = time.Unix(1_700_000_000, 0)
+
+// parseConfig decodes a TOML document holding a [policy] section the way
+// the config package does: over the defaults, rejecting unknown keys.
+func parseConfig(t testing.TB, doc string) Config {
+	t.Helper()
+	var file struct {
+		Policy Config `toml:"policy"`
+	}
+	file.Policy = DefaultConfig()
+	if err := toml.NewDecoder(strings.NewReader(doc)).DisallowUnknownFields().Decode(&file); err != nil {
+		t.Fatalf("decode policy: %v\n%s", err, doc)
+	}
+	return file.Policy
+}
+
+func compileDoc(t testing.TB, doc string) *Policy {
+	t.Helper()
+	p, err := Compile(parseConfig(t, doc))
+	if err != nil {
+		t.Fatalf("compile: %v\n%s", err, doc)
+	}
+	p.now = func() time.Time { return testNow }
+	return p
+}
+
+// cmd builds a request from words; "<N>" stands for an N-byte value.
+func cmd(words ...string) Request {
+	args := make([][]byte, len(words))
+	for i, w := range words {
+		var n int
+		if _, err := fmt.Sscanf(w, "<%d>", &n); err == nil && strings.HasPrefix(w, "<") && strings.HasSuffix(w, ">") {
+			args[i] = []byte(strings.Repeat("x", n))
+			continue
+		}
+		args[i] = []byte(w)
+	}
+	return Request{Cmd: table.Lookup(args), Args: args}
+}
+
+// line splits a command line on spaces.
+func line(s string) Request { return cmd(strings.Fields(s)...) }
+
+func batch(lines ...string) []Request {
+	reqs := make([]Request, len(lines))
+	for i, l := range lines {
+		reqs[i] = line(l)
+	}
+	return reqs
+}
+
+// summary renders a decision compactly: "" when clean, else the outcomes
+// and rules of its violations, then any rewrite and fix-ups, e.g.
+// "fixed:ttl expire=[s:k 86400]" or "refused:command".
+func summary(d Decision) string {
+	var parts []string
+	for _, v := range d.Violations {
+		parts = append(parts, v.Outcome.String()+":"+v.Rule)
+	}
+	if d.Args != nil {
+		parts = append(parts, "args=["+joinArgs(d.Args)+"]")
+	}
+	for _, e := range d.Expires {
+		parts = append(parts, fmt.Sprintf("expire=[%s %d]", e.Key, e.Seconds))
+	}
+	return strings.Join(parts, " ")
+}
+
+func joinArgs(args [][]byte) string {
+	s := make([]string, len(args))
+	for i, a := range args {
+		s[i] = string(a)
+	}
+	return strings.Join(s, " ")
+}
+
+// checkBatch runs CheckBatch and checks invariants every decision must
+// keep, whatever the rules.
+func checkBatch(t testing.TB, p *Policy, reqs []Request) []Decision {
+	t.Helper()
+	out := p.CheckBatch(reqs, nil)
+	if len(out) != len(reqs) {
+		t.Fatalf("got %d decisions for %d requests", len(out), len(reqs))
+	}
+	for i, d := range out {
+		if d.Refuse != nil {
+			if d.Args != nil || len(d.Expires) > 0 {
+				t.Errorf("request %d refused but has fixes: %s", i, summary(d))
+			}
+			if d.Refuse.Outcome != Refused || !strings.HasPrefix(d.Refuse.Msg, "ERR redproxy policy: ") {
+				t.Errorf("request %d: bad refusal %+v", i, *d.Refuse)
+			}
+		}
+		for _, v := range d.Violations {
+			if !strings.HasPrefix(v.Msg, "ERR redproxy policy: ") {
+				t.Errorf("request %d: message without prefix: %q", i, v.Msg)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,484 @@
+package policy
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/commands"
+)
+
+// Action is what a rule does with a violation. Actions are ordered: a mode
+// or --policy-mode caps every rule at its own level.
+type Action uint8
+
+const (
+	Off     Action = iota // the rule is not checked
+	Report                // log and count, forward unchanged
+	Enforce               // refuse, rewrite or add the TTL fix-up
+)
+
+// inherit marks an empty action in the config: use the scope's mode.
+const inherit Action = 255
+
+func (a Action) String() string {
+	switch a {
+	case Off:
+		return "off"
+	case Report:
+		return "report"
+	case Enforce:
+		return "enforce"
+	}
+	return "Action(" + strconv.Itoa(int(a)) + ")"
+}
+
+// ParseAction parses "enforce", "report" or "off" (for --policy-mode).
+func ParseAction(s string) (Action, error) {
+	a, err := parseAction(s)
+	if err == nil && a == inherit {
+		err = fmt.Errorf("empty action (use enforce, report or off)")
+	}
+	return a, err
+}
+
+func parseAction(s string) (Action, error) {
+	switch s {
+	case "":
+		return inherit, nil
+	case "enforce":
+		return Enforce, nil
+	case "report":
+		return Report, nil
+	case "off":
+		return Off, nil
+	}
+	return Off, fmt.Errorf("invalid action %q (use enforce, report or off)", s)
+}
+
+// Outcome is what happened to a command because of one violation.
+type Outcome uint8
+
+const (
+	Reported Outcome = iota + 1 // forwarded unchanged (report mode)
+	Refused                     // answered with Violation.Msg, not forwarded
+	Fixed                       // forwarded with a fix (rewritten args or an EXPIRE fix-up)
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Reported:
+		return "reported"
+	case Refused:
+		return "refused"
+	case Fixed:
+		return "fixed"
+	}
+	return "Outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Rule names, as they appear in Violation.Rule, in messages and in metrics.
+// The set is fixed, so they are safe as metric label values.
+const (
+	RuleCommand     = "command"
+	RuleTTL         = "ttl"     // a key left without a required TTL
+	RuleTTLMax      = "ttl_max" // a TTL longer than the rule's max
+	RuleNamespaces  = "namespaces"
+	RuleRegex       = "regex"
+	RuleKeyLength   = "max_key_length"
+	RuleVersion     = "require_version"
+	RuleValueSize   = "value_size"
+	msgPrefix       = "ERR redproxy policy: "
+	maxKeyInMessage = 100
+)
+
+// Request is one command as the guard sees it.
+type Request struct {
+	Cmd  *commands.Command // nil for commands the table does not know
+	Args [][]byte          // Args[0] is the command name
+	// Keys are the indices of the key arguments (Cmd.Keys). When nil the
+	// policy computes them itself.
+	Keys     []int
+	User     string // authenticated user, "" before AUTH ("default" after AUTH without a user name)
+	Listener string // listener name
+}
+
+// Violation is one broken rule. Values are never included.
+type Violation struct {
+	Rule    string // one of the Rule constants
+	Pattern string // the TTL rule or require_version pattern involved, else ""
+	Scope   string // the scope whose rules applied, "" for the global rules
+	Action  Action // Report or Enforce
+	Outcome Outcome
+	Command string // lower-case command name, subcommands as "config|set"
+	Key     []byte // a copy of the key involved, nil for command and value rules
+	// Msg is the client-facing error text without the leading '-', starting
+	// with "ERR redproxy policy: ". For reported and fixed violations it is
+	// what enforce mode without a fix would have answered.
+	Msg string
+}
+
+// Expire is a TTL fix-up: after forwarding the command, the guard sends
+// EXPIRE Key Seconds NX on the same upstream connection and keeps its reply
+// from the client. NX leaves a TTL the key already had alone.
+type Expire struct {
+	Key     []byte // aliases the request's Args
+	Seconds int64
+}
+
+// Args returns the fix-up command.
+func (e Expire) Args() [][]byte {
+	return [][]byte{[]byte("EXPIRE"), e.Key, strconv.AppendInt(nil, e.Seconds, 10), []byte("NX")}
+}
+
+// Decision is the verdict on one request.
+type Decision struct {
+	// Refuse, when not nil, is the violation to answer with (as an error
+	// reply with Refuse.Msg); the command must not be forwarded, and Args
+	// and Expires are empty.
+	Refuse *Violation
+	// Violations lists every violation found, whatever its outcome, for
+	// logging and metrics.
+	Violations []Violation
+	// Args, when not nil, replaces the request's args (a TTL added or
+	// clamped). Unchanged arguments alias the request's.
+	Args [][]byte
+	// Expires are fix-ups to send after the command.
+	Expires []Expire
+}
+
+// Policy is a compiled, immutable policy, safe for concurrent use. Reload
+// builds a new one and swaps the pointer. A nil *Policy allows everything.
+type Policy struct {
+	global  *ruleset
+	scopes  []scopeRules
+	ceiling Action
+	now     func() time.Time // for EXAT/PXAT/EXPIREAT; replaced in tests
+}
+
+type scopeRules struct {
+	users, listeners []string
+	rs               *ruleset
+}
+
+// ruleset is the rules that apply to one scope, with every action resolved
+// against that scope's mode.
+type ruleset struct {
+	scope     string
+	cmdAction Action
+	cmd       map[string]bool // command name -> denied
+	ttl       []ttlRule
+	names     nameRules
+	values    valueRules
+	keyRules  bool // any TTL or naming rule is on: classify keys
+}
+
+type ttlRule struct {
+	glob
+	required  bool
+	def, max  int64 // seconds; 0 = none
+	maxRefuse bool
+	action    Action
+}
+
+type nameRules struct {
+	action     Action
+	namespaces map[string]bool
+	nsList     string // for messages
+	re         *regexp.Regexp
+	maxLen     int
+	version    []glob
+}
+
+func (n *nameRules) on() bool {
+	return n.action != Off && (len(n.namespaces) > 0 || n.re != nil || n.maxLen > 0 || len(n.version) > 0)
+}
+
+type valueRules struct {
+	action Action
+	max    int
+}
+
+// builtinDeny are refused unless allowed: the seeds' KEYS * and FLUSHALL
+// anti-patterns, and FLUSHDB which does the same to one database.
+var builtinDeny = []string{"keys", "flushall", "flushdb"}
+
+// Compile validates c and builds the policy.
+func Compile(c Config) (*Policy, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	mode := resolve(mustAction(c.Mode), Enforce)
+	p := &Policy{ceiling: Enforce, now: time.Now}
+	p.global = compileRules("", mode, &c.Commands, nil, c.TTL, &c.Names, c.Values)
+	for i, s := range c.Scopes {
+		name := s.Name
+		if name == "" {
+			name = fmt.Sprintf("scope[%d]", i)
+		}
+		smode := mode
+		if s.Mode != "" {
+			smode = mustAction(s.Mode)
+		}
+		ttl := c.TTL
+		if s.TTL != nil {
+			ttl = s.TTL
+		}
+		names := &c.Names
+		if s.Names != nil {
+			names = s.Names
+		}
+		values := c.Values
+		if s.Values != nil {
+			values = s.Values
+		}
+		p.scopes = append(p.scopes, scopeRules{
+			users:     s.Users,
+			listeners: s.Listeners,
+			rs:        compileRules(name, smode, &c.Commands, s.Commands, ttl, names, values),
+		})
+	}
+	return p, nil
+}
+
+func mustAction(s string) Action {
+	a, err := parseAction(s)
+	if err != nil {
+		panic(err) // Validate ran first
+	}
+	return a
+}
+
+// resolve applies a mode to a rule's action: empty means the mode, and the
+// mode is a ceiling.
+func resolve(a, mode Action) Action {
+	if a == inherit || a > mode {
+		return mode
+	}
+	return a
+}
+
+func compileRules(scope string, mode Action, global, local *CommandRules, ttl []TTLRule, names *NameRules, values *ValueRules) *ruleset {
+	rs := &ruleset{scope: scope, cmd: map[string]bool{}}
+	for _, n := range builtinDeny {
+		rs.cmd[n] = true
+	}
+	cmdAction := mustAction(global.Action)
+	for _, layer := range []*CommandRules{global, local} {
+		if layer == nil {
+			continue
+		}
+		for _, n := range layer.Deny {
+			rs.cmd[normalizeCommand(n)] = true
+		}
+		for _, n := range layer.Allow {
+			rs.cmd[normalizeCommand(n)] = false
+		}
+		if layer.Action != "" {
+			cmdAction = mustAction(layer.Action)
+		}
+	}
+	rs.cmdAction = resolve(cmdAction, mode)
+
+	for _, r := range ttl {
+		rs.ttl = append(rs.ttl, ttlRule{
+			glob:      compileGlob(r.Pattern),
+			required:  r.Required,
+			def:       int64(r.Default.Duration / time.Second),
+			max:       int64(r.Max.Duration / time.Second),
+			maxRefuse: r.MaxAction == "refuse",
+			action:    resolve(mustAction(r.Action), mode),
+		})
+	}
+
+	n := &rs.names
+	n.action = resolve(mustAction(names.Action), mode)
+	if len(names.Namespaces) > 0 {
+		n.namespaces = map[string]bool{}
+		for _, ns := range names.Namespaces {
+			n.namespaces[ns] = true
+		}
+		n.nsList = strings.Join(names.Namespaces, ", ")
+	}
+	if names.Regex != "" {
+		n.re = regexp.MustCompile(`^(?:` + names.Regex + `)$`)
+	}
+	n.maxLen = names.MaxKeyLength
+	for _, g := range names.RequireVersion {
+		n.version = append(n.version, compileGlob(g))
+	}
+
+	if values != nil {
+		rs.values.action = resolve(mustAction(values.Action), mode)
+		rs.values.max = int(values.MaxValueBytes)
+		if rs.values.max == 0 {
+			rs.values.max = int(DefaultMaxValueBytes)
+		}
+	}
+
+	rs.keyRules = n.on()
+	for _, r := range rs.ttl {
+		if r.action != Off && (r.required || r.max > 0) {
+			rs.keyRules = true
+		}
+	}
+	return rs
+}
+
+// ForcedMode returns a copy of p in which no rule acts above a: with Report,
+// every enforce becomes report (--policy-mode=report); with Off nothing is
+// checked.
+func (p *Policy) ForcedMode(a Action) *Policy {
+	if p == nil {
+		return nil
+	}
+	q := *p
+	q.ceiling = min(p.ceiling, a)
+	return &q
+}
+
+// MaxValueBytes is the global value-size limit, 0 when that rule is off.
+func (p *Policy) MaxValueBytes() int64 {
+	if p == nil || p.global.values.action == Off {
+		return 0
+	}
+	return int64(p.global.values.max)
+}
+
+// TTLInfo describes the TTL rule that applies to a key.
+type TTLInfo struct {
+	Pattern  string
+	Required bool
+	Default  time.Duration // 0 = none
+	Max      time.Duration // 0 = none
+	Action   Action
+}
+
+// TTLRule returns the first global TTL rule matching key, if any (for the
+// keyspace audit).
+func (p *Policy) TTLRule(key []byte) (TTLInfo, bool) {
+	if p == nil {
+		return TTLInfo{}, false
+	}
+	r := p.global.ttlFor(key)
+	if r == nil {
+		return TTLInfo{}, false
+	}
+	return TTLInfo{
+		Pattern:  r.src,
+		Required: r.required,
+		Default:  time.Duration(r.def) * time.Second,
+		Max:      time.Duration(r.max) * time.Second,
+		Action:   min(r.action, p.ceiling),
+	}, true
+}
+
+// CheckKeyName checks key against the global naming rules, as if a command
+// were creating it; nil when it passes or the rules are off.
+func (p *Policy) CheckKeyName(key []byte) *Violation {
+	if p == nil {
+		return nil
+	}
+	a := min(p.global.names.action, p.ceiling)
+	if a == Off {
+		return nil
+	}
+	rule, pattern, msg := p.global.names.check(key)
+	if rule == "" {
+		return nil
+	}
+	return &Violation{Rule: rule, Pattern: pattern, Action: a, Outcome: Reported, Key: slices.Clone(key), Msg: msg}
+}
+
+func (rs *ruleset) ttlFor(key []byte) *ttlRule {
+	for i := range rs.ttl {
+		if rs.ttl[i].match(key) {
+			return &rs.ttl[i]
+		}
+	}
+	return nil
+}
+
+// rulesFor picks the first scope matching the request, else the global
+// rules.
+func (p *Policy) rulesFor(user, listener string) *ruleset {
+	for i := range p.scopes {
+		s := &p.scopes[i]
+		if (len(s.users) == 0 || slices.Contains(s.users, user)) &&
+			(len(s.listeners) == 0 || slices.Contains(s.listeners, listener)) {
+			return s.rs
+		}
+	}
+	return p.global
+}
+
+// check returns the first naming rule key breaks, with its message, or "".
+func (n *nameRules) check(key []byte) (rule, pattern, msg string) {
+	if n.maxLen > 0 && len(key) > n.maxLen {
+		return RuleKeyLength, "", fmt.Sprintf("%skey %s is %d bytes, longer than %d (naming rule %q)",
+			msgPrefix, quoteKey(key), len(key), n.maxLen, RuleKeyLength)
+	}
+	if len(n.namespaces) > 0 {
+		ns, _, found := strings.Cut(string(key), ":")
+		if !found || !n.namespaces[ns] {
+			return RuleNamespaces, "", fmt.Sprintf("%skey %s does not match naming rule %q; start it with one of: %s, followed by ':'",
+				msgPrefix, quoteKey(key), RuleNamespaces, n.nsList)
+		}
+	}
+	if n.re != nil && !n.re.Match(key) {
+		return RuleRegex, "", fmt.Sprintf("%skey %s does not match naming rule %q (%s)",
+			msgPrefix, quoteKey(key), RuleRegex, n.re.String())
+	}
+	for i := range n.version {
+		if n.version[i].match(key) && !hasVersionSegment(key) {
+			return RuleVersion, n.version[i].src, fmt.Sprintf("%skey %s does not match naming rule %q; keys matching %q need a version segment, as in {module}:{scope}:v1",
+				msgPrefix, quoteKey(key), RuleVersion, n.version[i].src)
+		}
+	}
+	return "", "", ""
+}
+
+// hasVersionSegment reports whether some ':'-separated segment is v<digits>.
+func hasVersionSegment(key []byte) bool {
+	for len(key) > 0 {
+		seg := key
+		if i := indexByte(key, ':'); i >= 0 {
+			seg, key = key[:i], key[i+1:]
+		} else {
+			key = nil
+		}
+		if len(seg) >= 2 && (seg[0] == 'v' || seg[0] == 'V') {
+			ok := true
+			for _, c := range seg[1:] {
+				if c < '0' || c > '9' {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func indexByte(b []byte, c byte) int {
+	for i, x := range b {
+		if x == c {
+			return i
+		}
+	}
+	return -1
+}
+
+// quoteKey quotes a key for a message, cut to a readable length.
+func quoteKey(key []byte) string {
+	if len(key) > maxKeyInMessage {
+		return strconv.Quote(string(key[:maxKeyInMessage])) + "..."
+	}
+	return strconv.Quote(string(key))
+}
