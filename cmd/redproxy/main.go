@@ -1,0 +1,210 @@
+// Command redproxy is a Redis-protocol caching proxy: clients point at it
+// instead of Redis and nothing changes but the port.
+//
+//	redproxy [--config FILE] [--listen ADDR] [--upstream ADDR|embedded] [--admin ADDR] [--log-level LEVEL]
+package main
+
+import (
+	"context"
+
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/admin"
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/proxy"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+// run is main without os.Exit, so tests can drive it.
+func run(argv []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("redproxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("config", "", "TOML configuration file (see config.example.toml)")
+	var ov config.Overrides
+	fs.StringVar(&ov.Listen, "listen", "", "client address to listen on (default from config: 127.0.0.1:6380)")
+	fs.StringVar(&ov.Upstream, "upstream", "", `Redis address host:port, or "embedded" for the in-process demo store`)
+	fs.StringVar(&ov.Admin, "admin", "", "admin HTTP address for /metrics, /healthz, /readyz (default 127.0.0.1:9121)")
+	fs.StringVar(&ov.LogLevel, "log-level", "", "debug, info, warn or error")
+	if err := fs.Parse(argv); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "redproxy: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+
+	cfg := config.Default()
+	if *configPath != "" {
+		var err error
+		if cfg, err = config.Load(*configPath); err != nil {
+			fmt.Fprintf(stderr, "redproxy: bad configuration:\n%v\n", err)
+			return 2
+		}
+	}
+	cfg, err := cfg.Apply(ov)
+	if err != nil {
+		fmt.Fprintf(stderr, "redproxy: bad configuration:\n%v\n", err)
+		return 2
+	}
+	log := newLogger(cfg, stderr)
+	slog.SetDefault(log)
+
+	// With neither a config file nor --upstream, the quick start should just
+	// work: use a local Redis if one answers, else the embedded store. An
+	// address the operator chose is never silently replaced.
+	upstreamAddr := cfg.Upstream.Address
+	if *configPath == "" && ov.Upstream == "" && !redisAnswers(upstreamAddr) {
+		log.Warn("no Redis answers at the default address; using the embedded store", "address", upstreamAddr)
+		upstreamAddr = config.EmbeddedAddress
+	}
+	if upstreamAddr == config.EmbeddedAddress {
+		mr := miniredis.NewMiniRedis()
+		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
+			fmt.Fprintf(stderr, "redproxy: cannot start the embedded store: %v\n", err)
+			return 1
+		}
+		defer mr.Close()
+		upstreamAddr = mr.Addr()
+		log.Warn("EMBEDDED UPSTREAM: an in-process store for trying redproxy out; data is lost on exit and it is not Redis. Set --upstream to a real Redis for anything else.", "address", upstreamAddr)
+	}
+
+	reg := metrics.New()
+	table := loadCommandTable(cfg, upstreamAddr, log)
+	srv := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr})
+	if v := upstreamVersion(cfg, upstreamAddr); v != "" {
+		srv.SetUpstreamVersion(v)
+	}
+
+	ln, err := net.Listen("tcp", cfg.Server.Listen)
+	if err != nil {
+		fmt.Fprintf(stderr, "redproxy: cannot listen on %s (server.listen): %v\n", cfg.Server.Listen, err)
+		return 1
+	}
+	var adm *admin.Server
+	if cfg.Server.Admin != "" {
+		aln, err := net.Listen("tcp", cfg.Server.Admin)
+		if err != nil {
+			fmt.Fprintf(stderr, "redproxy: cannot listen on %s (server.admin): %v\n", cfg.Server.Admin, err)
+			return 1
+		}
+		adm = admin.New(reg.Registry, srv.Ready, log)
+		go adm.Serve(aln)
+		log.Info("admin listening", "addr", aln.Addr().String())
+	}
+	log.Info("redproxy listening", "addr", ln.Addr().String(), "upstream", upstreamAddr, "commands", table.Len())
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case sig := <-sigs:
+		log.Info("shutting down", "signal", sig.String(), "timeout", cfg.Server.ShutdownTimeout.Duration)
+	case err := <-served:
+		log.Error("listener failed", "err", err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout.Duration)
+	defer cancel()
+	if adm != nil {
+		adm.Shutdown(ctx)
+	}
+	if err := srv.Shutdown(ctx); err != nil {
+		log.Warn("clients still busy at the shutdown timeout were closed", "err", err)
+	}
+	log.Info("stopped")
+	return 0
+}
+
+func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	switch strings.ToLower(cfg.Server.LogLevel) {
+	case "debug":
+		level = slog.LevelDebug
+	case "warn":
+		level = slog.LevelWarn
+	case "error":
+		level = slog.LevelError
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.Server.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func controlClient(cfg *config.Config, addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr: addr, Username: cfg.Upstream.Username, Password: cfg.Upstream.Password,
+		DialTimeout: cfg.Upstream.DialTimeout.Duration, MaxRetries: -1, PoolSize: 1,
+		Protocol: 2, DisableIdentity: true,
+	})
+}
+
+func redisAnswers(addr string) bool {
+	nc, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	if _, err := nc.Write([]byte("*1\r\n$4\r\nPING\r\n")); err != nil {
+		return false
+	}
+	buf := make([]byte, 64)
+	n, _ := nc.Read(buf)
+	// Any RESP reply (even -NOAUTH) means a Redis is there.
+	return n > 0 && (buf[0] == '+' || buf[0] == '-')
+}
+
+// loadCommandTable asks the upstream for its command table, so commands of
+// a newer Redis or of modules are classified correctly, and falls back to
+// the built-in table when that fails.
+func loadCommandTable(cfg *config.Config, addr string, log *slog.Logger) *commands.Table {
+	c := controlClient(cfg, addr)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*cfg.Upstream.DialTimeout.Duration)
+	defer cancel()
+	t, err := commands.Load(ctx, c)
+	if err != nil {
+		log.Warn("using the built-in command table", "reason", err, "builtin_version", commands.BuiltinRedisVersion)
+		return commands.Builtin()
+	}
+	return t
+}
+
+func upstreamVersion(cfg *config.Config, addr string) string {
+	c := controlClient(cfg, addr)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Upstream.DialTimeout.Duration)
+	defer cancel()
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+

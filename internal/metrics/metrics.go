@@ -1,0 +1,103 @@
+// Package metrics holds the proxy's Prometheus metrics. Per-command metric
+// handles are resolved once per command name and cached, so the hot path
+// does no label hashing.
+package metrics
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics is one registry and the metrics the data path updates directly.
+// Gauges that mirror other packages' state are registered as collectors by
+// their owners through Registry.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	commands *prometheus.CounterVec
+	errors   *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+
+	ClientsConnected prometheus.Gauge
+	ClientsTotal     prometheus.Counter
+	ClientsRejected  prometheus.Counter
+	ProtocolErrors   prometheus.Counter
+	SlowConsumers    prometheus.Counter
+
+	mu     sync.Mutex
+	byName atomic.Pointer[map[string]*Command] // copy-on-write: reads take no lock
+}
+
+// Command holds the metrics of one command name.
+type Command struct {
+	Calls   prometheus.Counter
+	Errors  prometheus.Counter
+	Latency prometheus.Observer
+}
+
+// New registers the data-path metrics and the Go runtime collectors.
+func New() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redproxy_commands_total", Help: "Commands received from clients, by command name.",
+		}, []string{"command"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redproxy_command_errors_total", Help: "Commands answered with an error reply (from Redis or the proxy), by command name.",
+		}, []string{"command"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "redproxy_command_duration_seconds",
+			Help:    "Time from reading a command's batch to having its reply, by command name.",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5},
+		}, []string{"command"}),
+		ClientsConnected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "redproxy_client_connections", Help: "Client connections currently open.",
+		}),
+		ClientsTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "redproxy_client_connections_total", Help: "Client connections accepted.",
+		}),
+		ClientsRejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "redproxy_client_connections_rejected_total", Help: "Client connections refused because server.max_clients was reached.",
+		}),
+		ProtocolErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "redproxy_client_protocol_errors_total", Help: "Client connections closed for malformed or oversized requests.",
+		}),
+		SlowConsumers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "redproxy_client_slow_consumers_total", Help: "Client connections closed because their output exceeded the output limit.",
+		}),
+	}
+	m.byName.Store(&map[string]*Command{})
+	m.Registry.MustRegister(m.commands, m.errors, m.latency, m.ClientsConnected, m.ClientsTotal,
+		m.ClientsRejected, m.ProtocolErrors, m.SlowConsumers,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Command returns the cached metrics of a command name. name must be a
+// bounded set (the command table's names, or "unknown"), never client input.
+func (m *Metrics) Command(name string) *Command {
+	if c := (*m.byName.Load())[name]; c != nil {
+		return c
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := *m.byName.Load()
+	if c := old[name]; c != nil {
+		return c
+	}
+	c := &Command{
+		Calls:   m.commands.WithLabelValues(name),
+		Errors:  m.errors.WithLabelValues(name),
+		Latency: m.latency.WithLabelValues(name),
+	}
+	next := make(map[string]*Command, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[name] = c
+	m.byName.Store(&next)
+	return c
+}

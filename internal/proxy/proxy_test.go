@@ -1,0 +1,451 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+
+	"fmt"
+	"io"
+	"math/rand"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+func TestDataTypesThroughProxy(t *testing.T) {
+	p := startProxy(t, nil, nil)
+	c := p.client(t)
+
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Strings
+	must(c.Set(ctx, "s", "hello", time.Minute).Err())
+	if v, err := c.Get(ctx, "s").Result(); err != nil || v != "hello" {
+		t.Fatalf("GET: %q %v", v, err)
+	}
+	if _, err := c.Get(ctx, "missing").Result(); err != redis.Nil {
+		t.Fatalf("GET missing: %v", err)
+	}
+	if n, _ := c.Incr(ctx, "n").Result(); n != 1 {
+		t.Fatalf("INCR: %d", n)
+	}
+	if v, _ := c.IncrByFloat(ctx, "f", 1.5).Result(); v != 1.5 {
+		t.Fatalf("INCRBYFLOAT: %v", v)
+	}
+	// Hashes
+	must(c.HSet(ctx, "h", "a", "1", "b", "2").Err())
+	if m, _ := c.HGetAll(ctx, "h").Result(); m["a"] != "1" || m["b"] != "2" {
+		t.Fatalf("HGETALL: %v", m)
+	}
+	// Lists
+	must(c.RPush(ctx, "l", "x", "y", "z").Err())
+	if l, _ := c.LRange(ctx, "l", 0, -1).Result(); strings.Join(l, ",") != "x,y,z" {
+		t.Fatalf("LRANGE: %v", l)
+	}
+	// Sets
+	must(c.SAdd(ctx, "set", "a", "b").Err())
+	if n, _ := c.SCard(ctx, "set").Result(); n != 2 {
+		t.Fatalf("SCARD: %d", n)
+	}
+	// Sorted sets
+	must(c.ZAdd(ctx, "z", redis.Z{Score: 2, Member: "two"}, redis.Z{Score: 1, Member: "one"}).Err())
+	if z, _ := c.ZRangeWithScores(ctx, "z", 0, -1).Result(); len(z) != 2 || z[0].Member != "one" || z[1].Score != 2 {
+		t.Fatalf("ZRANGE: %v", z)
+	}
+	// Streams (non-blocking)
+	id, err := c.XAdd(ctx, &redis.XAddArgs{Stream: "st", Values: map[string]any{"k": "v"}}).Result()
+	must(err)
+	if msgs, _ := c.XRange(ctx, "st", "-", "+").Result(); len(msgs) != 1 || msgs[0].ID != id {
+		t.Fatalf("XRANGE: %v", msgs)
+	}
+	// HyperLogLog, bitmaps, geo
+	must(c.PFAdd(ctx, "hll", "a", "b", "c").Err())
+	if n, _ := c.PFCount(ctx, "hll").Result(); n != 3 {
+		t.Fatalf("PFCOUNT: %d", n)
+	}
+	must(c.SetBit(ctx, "bits", 7, 1).Err())
+	if n, _ := c.BitCount(ctx, "bits", nil).Result(); n != 1 {
+		t.Fatalf("BITCOUNT: %d", n)
+	}
+	must(c.GeoAdd(ctx, "geo", &redis.GeoLocation{Name: "p", Longitude: 13.36, Latitude: 38.11}).Err())
+	if pos, _ := c.GeoPos(ctx, "geo", "p").Result(); len(pos) != 1 || pos[0] == nil {
+		t.Fatalf("GEOPOS: %v", pos)
+	}
+	// Errors from Redis come through unchanged.
+	if err := c.LPush(ctx, "s", "x").Err(); err == nil || !strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		t.Fatalf("WRONGTYPE: %v", err)
+	}
+	if err := c.Do(ctx, "NOSUCHCOMMAND").Err(); err == nil || !strings.Contains(err.Error(), "unknown command") {
+		t.Fatalf("unknown command: %v", err)
+	}
+	// A big value crosses many reads both ways.
+	big := strings.Repeat("0123456789", 300_000)
+	must(c.Set(ctx, "big", big, 0).Err())
+	if v, _ := c.Get(ctx, "big").Result(); v != big {
+		t.Fatalf("big value mangled: %d bytes", len(v))
+	}
+}
+
+func TestPipelineOf1000(t *testing.T) {
+	p := startProxy(t, nil, nil)
+	c := p.client(t)
+	pipe := c.Pipeline()
+	for i := 0; i < 1000; i++ {
+		pipe.Set(ctx, "k"+strconv.Itoa(i), i, 0)
+		pipe.Get(ctx, "k"+strconv.Itoa(i))
+		pipe.Incr(ctx, "counter")
+	}
+	cmds, err := pipe.Exec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 1000; i++ {
+		if v := cmds[3*i+1].(*redis.StringCmd).Val(); v != strconv.Itoa(i) {
+			t.Fatalf("GET k%d = %q", i, v)
+		}
+		if n := cmds[3*i+2].(*redis.IntCmd).Val(); n != int64(i+1) {
+			t.Fatalf("INCR #%d = %d: reordered", i, n)
+		}
+	}
+}
+
+// 200 clients at once, each checking that every reply answers its own
+// request: a reply handed to the wrong client shows up as a foreign value.
+func TestNoCrossTalk200Clients(t *testing.T) {
+	p := startProxy(t, nil, nil)
+	const clients, rounds = 200, 30
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for i := 0; i < clients; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			c := redis.NewClient(&redis.Options{Addr: p.addr, PoolSize: 1, MaxRetries: -1})
+			defer c.Close()
+			key := fmt.Sprintf("client:%d", i)
+			for r := 0; r < rounds; r++ {
+				val := fmt.Sprintf("%d-%d", i, r)
+				pipe := c.Pipeline()
+				set := pipe.Set(ctx, key, val, 0)
+				get := pipe.Get(ctx, key)
+				echo := pipe.Echo(ctx, val)
+				if _, err := pipe.Exec(ctx); err != nil {
+					errs <- err
+					return
+				}
+				if set.Val() != "OK" || get.Val() != val || echo.Val() != val {
+					errs <- fmt.Errorf("client %d round %d: set=%q get=%q echo=%q", i, r, set.Val(), get.Val(), echo.Val())
+					return
+				}
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// A deep pipeline written in one go, larger than any read buffer, must be
+// answered in exactly the order it was sent.
+func TestDeepPipelineOrderAcrossReadBoundaries(t *testing.T) {
+	p := startProxy(t, nil, nil)
+	nc := p.dial(t)
+	const n = 20000
+	var req bytes.Buffer
+	for i := 0; i < n; i++ {
+		v := strconv.Itoa(i) + strings.Repeat("x", rand.Intn(200))
+		fmt.Fprintf(&req, "*2\r\n$4\r\nECHO\r\n$%d\r\n%s\r\n", len(v), v)
+		if i%7 == 0 {
+			req.WriteString("*2\r\n$4\r\nINCR\r\n$3\r\nseq\r\n")
+		}
+	}
+	go func() { nc.Write(req.Bytes()) }()
+	rd := bufio.NewReader(nc)
+	seq := 0
+	for i := 0; i < n; i++ {
+		hdr, _ := rd.ReadString('\n')
+		if !strings.HasPrefix(hdr, "$") {
+			t.Fatalf("reply %d: %q", i, hdr)
+		}
+		body, _ := rd.ReadString('\n')
+		if !strings.HasPrefix(body, strconv.Itoa(i)+"x") && strings.TrimRight(body, "\r\n") != strconv.Itoa(i) {
+			t.Fatalf("reply %d out of order: %q", i, body)
+		}
+		if i%7 == 0 {
+			seq++
+			line, _ := rd.ReadString('\n')
+			if line != ":"+strconv.Itoa(seq)+"\r\n" {
+				t.Fatalf("INCR after %d: %q want %d", i, line, seq)
+			}
+		}
+	}
+}
+
+// Redis dies mid-run: clients get prompt errors, never a hang; when Redis
+// comes back the proxy recovers on its own and no goroutine leaks.
+func TestRedisKilledAndRestarted(t *testing.T) {
+	rs := redistest.Start(t)
+	p := startProxy(t, rs, func(c *config.Config) {
+		c.Upstream.DialTimeout.Duration = 500 * time.Millisecond
+	})
+	before := runtime.NumGoroutine()
+	c := p.client(t, func(o *redis.Options) { o.ReadTimeout = 3 * time.Second })
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rs.Kill(t)
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		start := time.Now()
+		err := c.Get(ctx, "k").Err()
+		if time.Since(start) > 2*time.Second {
+			t.Fatalf("error took %v: clients must not hang", time.Since(start))
+		}
+		return err != nil && strings.Contains(err.Error(), "redproxy: upstream")
+	}, "no upstream error while Redis is down")
+	if p.Ready() {
+		t.Fatal("proxy says ready while Redis is down")
+	}
+	rs.Restart(t)
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return c.Set(ctx, "k", "again", 0).Err() == nil
+	}, "proxy did not recover after Redis restarted")
+	if v, _ := c.Get(ctx, "k").Result(); v != "again" {
+		t.Fatalf("after restart: %q", v)
+	}
+	c.Close()
+	redistest.Eventually(t, 5*time.Second, func() bool { return runtime.NumGoroutine() <= before+2 },
+		"goroutines grew from %d to %d", before, runtime.NumGoroutine())
+}
+
+// Malformed and oversized input gets a protocol error and its connection is
+// closed; the proxy and other clients carry on.
+func TestBadInputIsContained(t *testing.T) {
+	p := startProxy(t, nil, func(c *config.Config) {
+		c.Server.MaxBulkBytes = 2 << 20
+		c.Server.MaxRequestBytes = 4 << 20
+	})
+	good := p.client(t)
+	if err := good.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct{ in, want string }{
+		{"*1\r\n$999999999999\r\n", "-ERR Protocol error: invalid bulk length"},
+		{"*1\r\n$3000000\r\n", "-ERR Protocol error: invalid bulk length"},
+		{"*4\r\n$3\r\nSET\r\n$2000000\r\n" + strings.Repeat("k", 2000000) + "\r\n$2000000\r\n" + strings.Repeat("v", 2000000) + "\r\n$2000000\r\n", "-ERR Protocol error: request exceeds 4194304 bytes"},
+		{"*99999999\r\n", "-ERR Protocol error: invalid multibulk length"},
+		{"*1\r\n+PING\r\n", "-ERR Protocol error: expected '$', got '+'"},
+		{"*2\r\n$3\r\nGET\r\n$1\r\nkXX", "-ERR Protocol error: invalid bulk length"},
+		{"SET a \"unbalanced\n", "-ERR Protocol error: unbalanced quotes in request"},
+		{"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1500000\r\n" + strings.Repeat("v", 1500000) + "\r\n*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1500000\r\n", "+OK"},
+	}
+	for _, c := range cases {
+		nc := p.dial(t)
+		nc.SetDeadline(time.Now().Add(5 * time.Second))
+		go nc.Write([]byte(c.in))
+		line, err := bufio.NewReader(nc).ReadString('\n')
+		if !strings.HasPrefix(line, c.want) {
+			t.Fatalf("%.40q: got %q %v, want %q", c.in, line, err, c.want)
+		}
+	}
+	// The last case sent a valid 1.5 MB SET, then started a second one and
+	// stopped: the proxy answers the first and waits for the rest of the
+	// second, while other clients are unaffected.
+	if v, err := good.Get(ctx, "k").Result(); err != nil || v != strings.Repeat("v", 1500000) {
+		t.Fatalf("good client after bad input: %d bytes, %v", len(v), err)
+	}
+	// Unknown commands and wrong arity are Redis errors, not disconnects.
+	if err := good.Do(ctx, "FOO", "bar").Err(); err == nil || !strings.Contains(err.Error(), "unknown command") {
+		t.Fatalf("unknown: %v", err)
+	}
+	if err := good.Do(ctx, "ECHO").Err(); err == nil || !strings.Contains(err.Error(), "wrong number of arguments") {
+		t.Fatalf("arity: %v", err)
+	}
+	if err := good.Ping(ctx).Err(); err != nil {
+		t.Fatalf("client broken after errors: %v", err)
+	}
+}
+
+// A client that never finishes a huge request holds no more memory than it
+// sent, and one that is over the cap is refused before sending it.
+func TestSlowHugeRequestDoesNotHarmOthers(t *testing.T) {
+	p := startProxy(t, nil, nil)
+	slow := p.dial(t)
+	slow.Write([]byte("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$400000000\r\n" + strings.Repeat("x", 1<<16)))
+	good := p.client(t)
+	for i := 0; i < 100; i++ {
+		if err := good.Incr(ctx, "ctr").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestInlineCommands(t *testing.T) {
+	p := startProxy(t, nil, nil)
+	nc := p.dial(t)
+	nc.Write([]byte("PING\r\nSET greeting \"hello world\"\r\nGET greeting\r\nECHO 'it\\'s'\r\n"))
+	rd := bufio.NewReader(nc)
+	want := []string{"+PONG\r\n", "+OK\r\n", "$11\r\n", "hello world\r\n", "$4\r\n", "it's\r\n"}
+	for _, w := range want {
+		line, err := rd.ReadString('\n')
+		if err != nil || line != w {
+			t.Fatalf("got %q %v, want %q", line, err, w)
+		}
+	}
+}
+
+func TestSelectRoutesToDatabase(t *testing.T) {
+	p := startProxy(t, nil, nil)
+	direct := p.redis.Client(t)
+	c := p.client(t, func(o *redis.Options) { o.DB = 5 })
+	if err := c.Set(ctx, "where", "five", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d5 := direct.Conn()
+	defer d5.Close()
+	if err := d5.Select(ctx, 5).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := d5.Get(ctx, "where").Result(); v != "five" {
+		t.Fatalf("key not in DB 5: %q", v)
+	}
+	if n, _ := direct.Exists(ctx, "where").Result(); n != 0 {
+		t.Fatal("key leaked into DB 0")
+	}
+	// SELECT in the middle of a pipeline applies from that point on.
+	nc := p.dial(t)
+	nc.Write([]byte("SET x zero\r\nSELECT 3\r\nSET x three\r\nSELECT 99\r\nGET x\r\n"))
+	rd := bufio.NewReader(nc)
+	for _, w := range []string{"+OK\r\n", "+OK\r\n", "+OK\r\n", "-ERR DB index is out of range\r\n", "$5\r\n", "three\r\n"} {
+		if line, _ := rd.ReadString('\n'); line != w {
+			t.Fatalf("got %q want %q", line, w)
+		}
+	}
+	if v, _ := direct.Get(ctx, "x").Result(); v != "zero" {
+		t.Fatalf("DB 0 x = %q", v)
+	}
+}
+
+func TestConnectionCommandsAnsweredByProxy(t *testing.T) {
+	p := startProxy(t, nil, nil)
+	c := p.client(t, func(o *redis.Options) { o.PoolSize = 1 })
+	if err := c.Do(ctx, "CLIENT", "SETNAME", "worker-1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := c.Do(ctx, "CLIENT", "GETNAME").Text(); n != "worker-1" {
+		t.Fatalf("GETNAME %q", n)
+	}
+	id, err := c.ClientID(ctx).Result()
+	if err != nil || id <= 0 {
+		t.Fatalf("CLIENT ID %d %v", id, err)
+	}
+	list, _ := c.ClientList(ctx).Result()
+	if !strings.Contains(list, "name=worker-1") || !strings.Contains(list, "id="+strconv.FormatInt(id, 10)) {
+		t.Fatalf("CLIENT LIST does not show this client: %q", list)
+	}
+	// Setting a name on one client must not rename the shared connections.
+	names, _ := p.redis.Client(t).ClientList(ctx).Result()
+	if strings.Contains(names, "worker-1") {
+		t.Fatal("client name leaked to a shared upstream connection")
+	}
+	if err := c.Do(ctx, "CLIENT", "SETNAME", "bad name").Err(); err == nil {
+		t.Fatal("name with a space accepted")
+	}
+	if err := c.Do(ctx, "AUTH", "x").Err(); err == nil || !strings.Contains(err.Error(), "without any password configured") {
+		t.Fatalf("AUTH without password: %v", err)
+	}
+	nc := p.dial(t)
+	nc.Write([]byte("PING hi\r\nQUIT\r\nPING\r\n"))
+	got, _ := io.ReadAll(nc)
+	if string(got) != "$2\r\nhi\r\n+OK\r\n" {
+		t.Fatalf("QUIT: %q", got)
+	}
+}
+
+func TestUpstreamPasswordRequiresClientAuth(t *testing.T) {
+	rs := redistest.Start(t)
+	if err := rs.Client(t).ConfigSet(ctx, "requirepass", "pw").Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, rs, func(c *config.Config) { c.Upstream.Password = "pw" })
+	anon := p.client(t)
+	if err := anon.Get(ctx, "k").Err(); err == nil || !strings.HasPrefix(err.Error(), "NOAUTH") {
+		t.Fatalf("unauthenticated GET: %v", err)
+	}
+	wrong := p.client(t, func(o *redis.Options) { o.Password = "nope" })
+	if err := wrong.Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+		t.Fatalf("wrong password: %v", err)
+	}
+	right := p.client(t, func(o *redis.Options) { o.Password = "pw" })
+	if err := right.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("right password: %v", err)
+	}
+}
+
+func TestRedisBenchmarkDefaultSuite(t *testing.T) {
+	if _, err := exec.LookPath("redis-benchmark"); err != nil {
+		t.Fatal("redis-benchmark not installed (the README's test command installs redis-tools)")
+	}
+	p := startProxy(t, nil, nil)
+	host, port, _ := strings.Cut(p.addr, ":")
+	out, err := exec.Command("redis-benchmark", "-h", host, "-p", port, "-q", "-n", "20000", "-r", "100000").CombinedOutput()
+	if err != nil {
+		t.Fatalf("redis-benchmark: %v\n%s", err, out)
+	}
+	// Every test of the default suite must report a rate; an error reply
+	// or a missing line means the proxy broke that command.
+	want := []string{"PING_INLINE", "PING_MBULK", "SET", "GET", "INCR", "LPUSH", "RPUSH", "LPOP", "RPOP", "SADD", "HSET", "SPOP", "ZADD", "ZPOPMIN", "LPUSH (needed to benchmark LRANGE)", "LRANGE_100 (first 100 elements)", "LRANGE_300 (first 300 elements)", "LRANGE_500 (first 500 elements)", "LRANGE_600 (first 600 elements)", "MSET (10 keys)"}
+	text := string(out)
+	for _, w := range want {
+		if !strings.Contains(text, w+": ") {
+			t.Errorf("redis-benchmark did not complete %s\n%s", w, text)
+		}
+	}
+	if strings.Contains(strings.ToLower(text), "error") {
+		t.Errorf("redis-benchmark reported errors:\n%s", text)
+	}
+}
+
+func TestGracefulShutdownFinishesInFlight(t *testing.T) {
+	rs := redistest.Start(t, "--enable-debug-command", "local")
+	p := startProxy(t, rs, nil)
+	c := p.client(t)
+	idle := p.client(t)
+	if err := idle.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan error, 1)
+	go func() { res <- c.Do(ctx, "DEBUG", "SLEEP", "0.3").Err() }()
+	redistest.Eventually(t, 2*time.Second, func() bool {
+		s2, _ := p.backend.Pool(0, false).Stats()
+		s3, _ := p.backend.Pool(0, true).Stats()
+		return s2.Pending+s3.Pending > 0
+	}, "DEBUG SLEEP never reached Redis")
+	sctx, cancel := contextWithTimeout(3 * time.Second)
+	defer cancel()
+	if err := p.Shutdown(sctx); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if err := <-res; err != nil {
+		t.Fatalf("request in flight at shutdown failed: %v", err)
+	}
+	if err := idle.Ping(ctx).Err(); err == nil {
+		t.Fatal("proxy still answering after shutdown")
+	}
+}
+
+

@@ -1,0 +1,225 @@
+// Package proxy is the data path: it accepts client connections, reads
+// their commands in batches, decides for each command where it goes, and
+// writes the replies back in order with one write per batch.
+//
+// One command's trip (see docs/ARCHITECTURE.md):
+//
+//	client socket -> resp.Reader (frame, cap sizes) -> Session.serveBatch
+//	  -> commands.Table (what is it) -> proxy-answered / guard / forward
+//	  -> upstream.Call on a shared upstream.Pipe -> Redis
+//	  -> reply framed by the pipe's reader -> Session writes replies in order
+package proxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/resp"
+)
+
+// ErrServerClosed is returned by Serve after Shutdown.
+var ErrServerClosed = errors.New("redproxy: server closed")
+
+// Server is the client-facing side of the proxy.
+type Server struct {
+	cfg     *config.Config
+	table   *commands.Table
+	log     *slog.Logger
+	metrics *metrics.Metrics
+	limits  resp.Limits
+	backend *Backend
+
+	mu       sync.Mutex
+	ln       net.Listener
+	sessions map[*Session]struct{}
+	closing  bool
+	active   sync.WaitGroup
+	nextID   atomic.Int64
+	clients  atomic.Int64
+	version  atomic.Pointer[string]
+}
+
+// SetUpstreamVersion records the Redis version HELLO reports, so clients
+// that check it see the server they really talk to.
+func (s *Server) SetUpstreamVersion(v string) { s.version.Store(&v) }
+
+// UpstreamVersion is the version HELLO reports.
+func (s *Server) UpstreamVersion() string {
+	if v := s.version.Load(); v != nil {
+		return *v
+	}
+	return "7.0.0"
+}
+
+// Options are what a Server needs beyond its configuration.
+type Options struct {
+	Config  *config.Config
+	Table   *commands.Table
+	Logger  *slog.Logger
+	Metrics *metrics.Metrics
+	// UpstreamAddr overrides cfg.Upstream.Address (used for the embedded
+	// store, whose address is only known once it runs).
+	UpstreamAddr string
+}
+
+// NewServer builds a server and its upstream connection pools.
+func NewServer(o Options) *Server {
+	cfg := o.Config
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.New()
+	}
+	addr := cfg.Upstream.Address
+	if o.UpstreamAddr != "" {
+		addr = o.UpstreamAddr
+	}
+	s := &Server{
+		cfg:     cfg,
+		table:   o.Table,
+		log:     o.Logger,
+		metrics: o.Metrics,
+		limits: resp.Limits{
+			MaxArgs:    cfg.Server.MaxArgs,
+			MaxBulk:    int64(cfg.Server.MaxBulkBytes),
+			MaxRequest: int64(cfg.Server.MaxRequestBytes),
+			MaxInline:  int(cfg.Server.MaxInlineBytes),
+		},
+		sessions: make(map[*Session]struct{}),
+	}
+	s.backend = NewBackend(BackendOptions{
+		Addr:         addr,
+		Username:     cfg.Upstream.Username,
+		Password:     cfg.Upstream.Password,
+		Connections:  cfg.Upstream.Connections,
+		Databases:    cfg.Upstream.Databases,
+		DialTimeout:  cfg.Upstream.DialTimeout.Duration,
+		ReplyTimeout: cfg.Upstream.ReplyTimeout.Duration,
+		ReconnectMin: cfg.Upstream.ReconnectMin.Duration,
+		ReconnectMax: cfg.Upstream.ReconnectMax.Duration,
+		Logger:       o.Logger,
+	})
+	s.backend.RegisterMetrics(o.Metrics.Registry)
+	return s
+}
+
+// Backend returns the upstream connection pools.
+func (s *Server) Backend() *Backend { return s.backend }
+
+// Ready reports whether Redis is reachable (DB 0 has a connection up).
+func (s *Server) Ready() bool { return s.backend.Ready() }
+
+// Serve accepts clients on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		ln.Close()
+		return ErrServerClosed
+	}
+	s.ln = ln
+	s.mu.Unlock()
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTooManyFiles) {
+				// Out of file descriptors or a transient error: back off
+				// rather than spin, as net/http does.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.log.Warn("accept failed; retrying", "err", err, "in", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		s.accept(nc)
+	}
+}
+
+func (s *Server) accept(nc net.Conn) {
+	s.metrics.ClientsTotal.Inc()
+	if s.clients.Load() >= int64(s.cfg.Server.MaxClients) {
+		s.metrics.ClientsRejected.Inc()
+		nc.Write([]byte("-ERR max number of clients reached\r\n"))
+		nc.Close()
+		return
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	sess := newSession(s, nc)
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		nc.Close()
+		return
+	}
+	s.sessions[sess] = struct{}{}
+	s.active.Add(1)
+	s.mu.Unlock()
+	s.clients.Add(1)
+	s.metrics.ClientsConnected.Inc()
+	go func() {
+		defer func() {
+			s.mu.Lock()
+			delete(s.sessions, sess)
+			s.mu.Unlock()
+			s.clients.Add(-1)
+			s.metrics.ClientsConnected.Dec()
+			s.active.Done()
+		}()
+		sess.serve()
+	}()
+}
+
+// Shutdown stops accepting, lets every client finish the batch it is in
+// (bounded by ctx), closes idle clients, then closes upstream connections.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	for sess := range s.sessions {
+		sess.interrupt()
+	}
+	s.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() { s.active.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+		s.mu.Lock()
+		for sess := range s.sessions {
+			sess.nc.Close()
+		}
+		s.mu.Unlock()
+		<-done
+	}
+	s.backend.Close()
+	return err
+}
+
+// Clients returns the number of connected clients.
+func (s *Server) Clients() int64 { return s.clients.Load() }

@@ -1,0 +1,250 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/upstream"
+	"github.com/tidwall/redcon"
+)
+
+// Session is one client connection. Its goroutine reads a batch of
+// requests (everything the client has pipelined so far), answers it, and
+// writes all replies with one write before reading again; so a client's
+// commands are answered in the order it sent them, and a batch's forwarded
+// commands travel to Redis together, in order, on one shared connection.
+type Session struct {
+	srv *Server
+	nc  net.Conn
+	rd  *resp.Reader
+	id  int64
+
+	// Connection state the shared upstream connections cannot carry. Only
+	// the session goroutine writes it, holding mu, so CLIENT LIST from
+	// another session can read it under mu.
+	mu        sync.Mutex
+	db        int
+	resp3     bool
+	name      string
+	libName   string
+	libVer    string
+	authed    bool
+	createdAt time.Time
+	lastCmd   atomic.Pointer[commands.Command] // for CLIENT INFO/LIST
+
+	// The batch being answered: forwarded commands are collected into one
+	// Call; slots remember, for every command, where its reply comes from.
+	call     *upstream.Call
+	slots    []slot
+	local    []byte // replies the proxy built itself, back to back
+	out      []byte // what goes to the client at the end of the batch
+	quitting bool
+
+	interrupted atomic.Bool
+}
+
+// slot says where one command's reply comes from.
+type slot struct {
+	kind   slotKind
+	i      int // upstream reply index, or start of a local reply
+	end    int // end of a local reply
+	metric *metrics.Command
+}
+
+type slotKind uint8
+
+const (
+	slotUpstream slotKind = iota // reply i of the batch's Call
+	slotLocal                    // local[i:end]
+)
+
+func newSession(s *Server, nc net.Conn) *Session {
+	sess := &Session{
+		srv:       s,
+		nc:        nc,
+		rd:        resp.NewReader(nc, s.limits),
+		id:        s.nextID.Add(1),
+		call:      upstream.NewCall(),
+		createdAt: time.Now(),
+		authed:    s.cfg.Upstream.Password == "",
+	}
+	return sess
+}
+
+// interrupt asks the session to stop after the batch it is answering; an
+// idle session blocked in a read is woken at once.
+func (sess *Session) interrupt() {
+	sess.interrupted.Store(true)
+	sess.nc.SetReadDeadline(time.Now())
+}
+
+func (sess *Session) serve() {
+	defer sess.nc.Close()
+	idle := sess.srv.cfg.Server.IdleTimeout.Duration
+	for {
+		if sess.interrupted.Load() {
+			return
+		}
+		if idle > 0 {
+			sess.nc.SetReadDeadline(time.Now().Add(idle))
+		}
+		reqs, err := sess.rd.ReadBatch()
+		if len(reqs) > 0 {
+			sess.serveBatch(reqs)
+		}
+		if err != nil {
+			var pe *resp.ProtocolError
+			if errors.As(err, &pe) {
+				// As Redis does: say why, then close, because the rest of
+				// the stream can no longer be framed.
+				sess.srv.metrics.ProtocolErrors.Inc()
+				sess.out = redcon.AppendError(sess.out, "ERR "+pe.Error())
+				sess.srv.log.Debug("closing client after protocol error", "client", sess.nc.RemoteAddr().String(), "err", pe.Msg)
+			} else if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, net.ErrClosed) {
+				sess.srv.log.Debug("client read failed", "client", sess.nc.RemoteAddr().String(), "err", err)
+			}
+		}
+		if len(sess.out) > 0 {
+			if _, werr := sess.nc.Write(sess.out); werr != nil {
+				return
+			}
+			sess.out = sess.out[:0]
+			if cap(sess.out) > 1<<20 {
+				sess.out = nil
+			}
+		}
+		if err != nil || sess.quitting {
+			return
+		}
+	}
+}
+
+// serveBatch answers every request of one batch and appends the replies to
+// sess.out in request order.
+func (sess *Session) serveBatch(reqs []resp.Request) {
+	start := time.Now()
+	for i := range reqs {
+		if sess.quitting {
+			break
+		}
+		sess.dispatch(&reqs[i])
+	}
+	sess.flush(start)
+}
+
+// dispatch decides where one command goes. It is the seam where the guard,
+// policy, stampede and local-tier steps sit between client and Redis.
+func (sess *Session) dispatch(req *resp.Request) {
+	args := req.Args
+	cmd := sess.srv.table.Lookup(args)
+	sess.lastCmd.Store(cmd)
+	m := sess.metricFor(cmd)
+	m.Calls.Inc()
+	if !sess.authed && !isAuthExempt(cmd) {
+		sess.replyLocal(m, errNoAuth)
+		return
+	}
+	// Subcommands (CLIENT ..., CONFIG ...) are rare enough to always take
+	// the slow path, which sorts out the few the proxy must answer.
+	if cmd != nil && (cmd.Flags&(commands.ConnState|commands.PubSub|commands.Blocking) != 0 || cmd.Parent != nil || isProxyAnswered(cmd)) {
+		if sess.special(cmd, req, m) {
+			return
+		}
+	}
+	sess.forward(req.Raw, m)
+}
+
+// forward adds a command to the batch's upstream Call.
+func (sess *Session) forward(raw []byte, m *metrics.Command) {
+	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m})
+	sess.call.Add(raw)
+}
+
+// replyLocal records a reply built by the proxy.
+func (sess *Session) replyLocal(m *metrics.Command, reply []byte) {
+	start := len(sess.local)
+	sess.local = append(sess.local, reply...)
+	sess.slots = append(sess.slots, slot{kind: slotLocal, i: start, end: len(sess.local), metric: m})
+}
+
+// localBuf returns the buffer to build a local reply in; finishLocal then
+// records it. This avoids a copy for replies built piecewise.
+func (sess *Session) localBuf() ([]byte, int) { return sess.local, len(sess.local) }
+
+func (sess *Session) finishLocal(m *metrics.Command, buf []byte, start int) {
+	sess.local = buf
+	sess.slots = append(sess.slots, slot{kind: slotLocal, i: start, end: len(buf), metric: m})
+}
+
+// flush sends the batch's forwarded commands, waits for their replies and
+// appends every reply, local or upstream, to the output in request order.
+// Commands that change how later commands are routed (SELECT, HELLO, ...)
+// call flush before taking effect.
+func (sess *Session) flush(start time.Time) {
+	if len(sess.slots) == 0 {
+		return
+	}
+	call := sess.call
+	if call.Len() > 0 {
+		sess.srv.backend.Pool(sess.db, sess.resp3).Do(call)
+	}
+	elapsed := time.Since(start).Seconds()
+	for _, sl := range sess.slots {
+		var reply []byte
+		switch sl.kind {
+		case slotLocal:
+			reply = sess.local[sl.i:sl.end]
+		case slotUpstream:
+			r, err := call.Reply(sl.i)
+			if err != nil {
+				sess.out = redcon.AppendError(sess.out, "ERR "+err.Error())
+				sl.metric.Errors.Inc()
+				sl.metric.Latency.Observe(elapsed)
+				continue
+			}
+			reply = r
+		}
+		if resp.IsError(reply) {
+			sl.metric.Errors.Inc()
+		}
+		sl.metric.Latency.Observe(elapsed)
+		sess.out = append(sess.out, reply...)
+	}
+	clear(sess.slots)
+	sess.slots = sess.slots[:0]
+	sess.local = sess.local[:0]
+	call.Reset()
+}
+
+func (sess *Session) metricFor(cmd *commands.Command) *metrics.Command {
+	if cmd == nil {
+		return sess.srv.metrics.Command("unknown")
+	}
+	return sess.srv.metrics.Command(cmd.Name)
+}
+
+var (
+	errNoAuth = []byte("-NOAUTH Authentication required.\r\n")
+)
+
+func isAuthExempt(cmd *commands.Command) bool {
+	if cmd == nil {
+		return false
+	}
+	switch cmd.Name {
+	case "auth", "hello", "quit", "reset":
+		return true
+	}
+	return false
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }

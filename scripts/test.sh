@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs every test of redproxy: go vet, the whole suite under the race
+# detector, and a short run of each fuzz target. Behaviour tests start real
+# redis-server processes on free loopback ports, so this installs Debian's
+# redis-server and redis-tools first when they are missing.
+#
+# Environment: FUZZTIME (default 10s per fuzz target; 0 skips fuzzing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
+if [ ${#need[@]} -gt 0 ]; then
+	echo "installing ${need[*]} from Debian's packages"
+	sudo=""
+	[ "$(id -u)" -eq 0 ] || sudo="sudo"
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# Debian's package may start a service on 6379; the tests never use it, but
+# stop it so nothing outside the tests answers there.
+if command -v service >/dev/null 2>&1 && pgrep -x redis-server >/dev/null 2>&1; then
+	service redis-server stop >/dev/null 2>&1 || true
+fi
+
+echo "== go vet"
+go vet ./...
+echo "== go test -race"
+go test -race -count=1 -timeout 20m ./...
+
+fuzztime="${FUZZTIME:-10s}"
+if [ "$fuzztime" != "0" ]; then
+	echo "== fuzz ($fuzztime each)"
+	for pkg in $(go list ./...); do
+		dir=$(go list -f '{{.Dir}}' "$pkg")
+		for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //' | sort -u); do
+			echo "-- $pkg $target"
+			go test -run='^$' -fuzz="^${target}\$" -fuzztime="$fuzztime" "$pkg" >/tmp/redproxy-fuzz.log 2>&1 || { cat /tmp/redproxy-fuzz.log; exit 1; }
+			tail -n 1 /tmp/redproxy-fuzz.log
+		done
+	done
+fi
+echo "all tests passed"
