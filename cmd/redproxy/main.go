@@ -206,5 +206,3 @@ func upstreamVersion(cfg *config.Config, addr string) string {
 	}
 	return ""
 }
-
-

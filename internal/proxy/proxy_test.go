@@ -447,5 +447,3 @@ func TestGracefulShutdownFinishesInFlight(t *testing.T) {
 		t.Fatal("proxy still answering after shutdown")
 	}
 }
-
-
