@@ -87,7 +87,11 @@ func run(argv []string, stderr io.Writer) int {
 
 	reg := metrics.New()
 	table := loadCommandTable(cfg, upstreamAddr, log)
-	srv := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr})
+	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr})
+	if err != nil {
+		fmt.Fprintf(stderr, "redproxy: %v\n", err)
+		return 2
+	}
 	if v := upstreamVersion(cfg, upstreamAddr); v != "" {
 		srv.SetUpstreamVersion(v)
 	}

@@ -1,6 +1,7 @@
-package proxy
+package proxy_test
 
 import (
+	"context"
 	"bufio"
 	"bytes"
 
@@ -18,12 +19,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
 func TestDataTypesThroughProxy(t *testing.T) {
-	p := startProxy(t, nil, nil)
-	c := p.client(t)
+	p := proxytest.Start(t, nil, nil)
+	c := p.Client(t)
 
 	must := func(err error) {
 		t.Helper()
@@ -100,8 +102,8 @@ func TestDataTypesThroughProxy(t *testing.T) {
 }
 
 func TestPipelineOf1000(t *testing.T) {
-	p := startProxy(t, nil, nil)
-	c := p.client(t)
+	p := proxytest.Start(t, nil, nil)
+	c := p.Client(t)
 	pipe := c.Pipeline()
 	for i := 0; i < 1000; i++ {
 		pipe.Set(ctx, "k"+strconv.Itoa(i), i, 0)
@@ -125,7 +127,7 @@ func TestPipelineOf1000(t *testing.T) {
 // 200 clients at once, each checking that every reply answers its own
 // request: a reply handed to the wrong client shows up as a foreign value.
 func TestNoCrossTalk200Clients(t *testing.T) {
-	p := startProxy(t, nil, nil)
+	p := proxytest.Start(t, nil, nil)
 	const clients, rounds = 200, 30
 	var wg sync.WaitGroup
 	errs := make(chan error, clients)
@@ -133,7 +135,7 @@ func TestNoCrossTalk200Clients(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			c := redis.NewClient(&redis.Options{Addr: p.addr, PoolSize: 1, MaxRetries: -1})
+			c := redis.NewClient(&redis.Options{Addr: p.Addr, PoolSize: 1, MaxRetries: -1})
 			defer c.Close()
 			key := fmt.Sprintf("client:%d", i)
 			for r := 0; r < rounds; r++ {
@@ -163,8 +165,8 @@ func TestNoCrossTalk200Clients(t *testing.T) {
 // A deep pipeline written in one go, larger than any read buffer, must be
 // answered in exactly the order it was sent.
 func TestDeepPipelineOrderAcrossReadBoundaries(t *testing.T) {
-	p := startProxy(t, nil, nil)
-	nc := p.dial(t)
+	p := proxytest.Start(t, nil, nil)
+	nc := p.Dial(t)
 	const n = 20000
 	var req bytes.Buffer
 	for i := 0; i < n; i++ {
@@ -200,11 +202,11 @@ func TestDeepPipelineOrderAcrossReadBoundaries(t *testing.T) {
 // comes back the proxy recovers on its own and no goroutine leaks.
 func TestRedisKilledAndRestarted(t *testing.T) {
 	rs := redistest.Start(t)
-	p := startProxy(t, rs, func(c *config.Config) {
+	p := proxytest.Start(t, rs, func(c *config.Config) {
 		c.Upstream.DialTimeout.Duration = 500 * time.Millisecond
 	})
 	before := runtime.NumGoroutine()
-	c := p.client(t, func(o *redis.Options) { o.ReadTimeout = 3 * time.Second })
+	c := p.Client(t, func(o *redis.Options) { o.ReadTimeout = 3 * time.Second })
 	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -235,11 +237,11 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 // Malformed and oversized input gets a protocol error and its connection is
 // closed; the proxy and other clients carry on.
 func TestBadInputIsContained(t *testing.T) {
-	p := startProxy(t, nil, func(c *config.Config) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
 		c.Server.MaxBulkBytes = 2 << 20
 		c.Server.MaxRequestBytes = 4 << 20
 	})
-	good := p.client(t)
+	good := p.Client(t)
 	if err := good.Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +256,7 @@ func TestBadInputIsContained(t *testing.T) {
 		{"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1500000\r\n" + strings.Repeat("v", 1500000) + "\r\n*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1500000\r\n", "+OK"},
 	}
 	for _, c := range cases {
-		nc := p.dial(t)
+		nc := p.Dial(t)
 		nc.SetDeadline(time.Now().Add(5 * time.Second))
 		go nc.Write([]byte(c.in))
 		line, err := bufio.NewReader(nc).ReadString('\n')
@@ -283,10 +285,10 @@ func TestBadInputIsContained(t *testing.T) {
 // A client that never finishes a huge request holds no more memory than it
 // sent, and one that is over the cap is refused before sending it.
 func TestSlowHugeRequestDoesNotHarmOthers(t *testing.T) {
-	p := startProxy(t, nil, nil)
-	slow := p.dial(t)
+	p := proxytest.Start(t, nil, nil)
+	slow := p.Dial(t)
 	slow.Write([]byte("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$400000000\r\n" + strings.Repeat("x", 1<<16)))
-	good := p.client(t)
+	good := p.Client(t)
 	for i := 0; i < 100; i++ {
 		if err := good.Incr(ctx, "ctr").Err(); err != nil {
 			t.Fatal(err)
@@ -295,8 +297,8 @@ func TestSlowHugeRequestDoesNotHarmOthers(t *testing.T) {
 }
 
 func TestInlineCommands(t *testing.T) {
-	p := startProxy(t, nil, nil)
-	nc := p.dial(t)
+	p := proxytest.Start(t, nil, nil)
+	nc := p.Dial(t)
 	nc.Write([]byte("PING\r\nSET greeting \"hello world\"\r\nGET greeting\r\nECHO 'it\\'s'\r\n"))
 	rd := bufio.NewReader(nc)
 	want := []string{"+PONG\r\n", "+OK\r\n", "$11\r\n", "hello world\r\n", "$4\r\n", "it's\r\n"}
@@ -309,9 +311,9 @@ func TestInlineCommands(t *testing.T) {
 }
 
 func TestSelectRoutesToDatabase(t *testing.T) {
-	p := startProxy(t, nil, nil)
-	direct := p.redis.Client(t)
-	c := p.client(t, func(o *redis.Options) { o.DB = 5 })
+	p := proxytest.Start(t, nil, nil)
+	direct := p.Redis.Client(t)
+	c := p.Client(t, func(o *redis.Options) { o.DB = 5 })
 	if err := c.Set(ctx, "where", "five", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +329,7 @@ func TestSelectRoutesToDatabase(t *testing.T) {
 		t.Fatal("key leaked into DB 0")
 	}
 	// SELECT in the middle of a pipeline applies from that point on.
-	nc := p.dial(t)
+	nc := p.Dial(t)
 	nc.Write([]byte("SET x zero\r\nSELECT 3\r\nSET x three\r\nSELECT 99\r\nGET x\r\n"))
 	rd := bufio.NewReader(nc)
 	for _, w := range []string{"+OK\r\n", "+OK\r\n", "+OK\r\n", "-ERR DB index is out of range\r\n", "$5\r\n", "three\r\n"} {
@@ -341,8 +343,8 @@ func TestSelectRoutesToDatabase(t *testing.T) {
 }
 
 func TestConnectionCommandsAnsweredByProxy(t *testing.T) {
-	p := startProxy(t, nil, nil)
-	c := p.client(t, func(o *redis.Options) { o.PoolSize = 1 })
+	p := proxytest.Start(t, nil, nil)
+	c := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
 	if err := c.Do(ctx, "CLIENT", "SETNAME", "worker-1").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +360,7 @@ func TestConnectionCommandsAnsweredByProxy(t *testing.T) {
 		t.Fatalf("CLIENT LIST does not show this client: %q", list)
 	}
 	// Setting a name on one client must not rename the shared connections.
-	names, _ := p.redis.Client(t).ClientList(ctx).Result()
+	names, _ := p.Redis.Client(t).ClientList(ctx).Result()
 	if strings.Contains(names, "worker-1") {
 		t.Fatal("client name leaked to a shared upstream connection")
 	}
@@ -368,7 +370,7 @@ func TestConnectionCommandsAnsweredByProxy(t *testing.T) {
 	if err := c.Do(ctx, "AUTH", "x").Err(); err == nil || !strings.Contains(err.Error(), "without any password configured") {
 		t.Fatalf("AUTH without password: %v", err)
 	}
-	nc := p.dial(t)
+	nc := p.Dial(t)
 	nc.Write([]byte("PING hi\r\nQUIT\r\nPING\r\n"))
 	got, _ := io.ReadAll(nc)
 	if string(got) != "$2\r\nhi\r\n+OK\r\n" {
@@ -381,16 +383,16 @@ func TestUpstreamPasswordRequiresClientAuth(t *testing.T) {
 	if err := rs.Client(t).ConfigSet(ctx, "requirepass", "pw").Err(); err != nil {
 		t.Fatal(err)
 	}
-	p := startProxy(t, rs, func(c *config.Config) { c.Upstream.Password = "pw" })
-	anon := p.client(t)
+	p := proxytest.Start(t, rs, func(c *config.Config) { c.Upstream.Password = "pw" })
+	anon := p.Client(t)
 	if err := anon.Get(ctx, "k").Err(); err == nil || !strings.HasPrefix(err.Error(), "NOAUTH") {
 		t.Fatalf("unauthenticated GET: %v", err)
 	}
-	wrong := p.client(t, func(o *redis.Options) { o.Password = "nope" })
+	wrong := p.Client(t, func(o *redis.Options) { o.Password = "nope" })
 	if err := wrong.Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
 		t.Fatalf("wrong password: %v", err)
 	}
-	right := p.client(t, func(o *redis.Options) { o.Password = "pw" })
+	right := p.Client(t, func(o *redis.Options) { o.Password = "pw" })
 	if err := right.Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatalf("right password: %v", err)
 	}
@@ -400,8 +402,8 @@ func TestRedisBenchmarkDefaultSuite(t *testing.T) {
 	if _, err := exec.LookPath("redis-benchmark"); err != nil {
 		t.Fatal("redis-benchmark not installed (the README's test command installs redis-tools)")
 	}
-	p := startProxy(t, nil, nil)
-	host, port, _ := strings.Cut(p.addr, ":")
+	p := proxytest.Start(t, nil, nil)
+	host, port, _ := strings.Cut(p.Addr, ":")
 	out, err := exec.Command("redis-benchmark", "-h", host, "-p", port, "-q", "-n", "20000", "-r", "100000").CombinedOutput()
 	if err != nil {
 		t.Fatalf("redis-benchmark: %v\n%s", err, out)
@@ -422,20 +424,20 @@ func TestRedisBenchmarkDefaultSuite(t *testing.T) {
 
 func TestGracefulShutdownFinishesInFlight(t *testing.T) {
 	rs := redistest.Start(t, "--enable-debug-command", "local")
-	p := startProxy(t, rs, nil)
-	c := p.client(t)
-	idle := p.client(t)
+	p := proxytest.Start(t, rs, nil)
+	c := p.Client(t)
+	idle := p.Client(t)
 	if err := idle.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
 	res := make(chan error, 1)
 	go func() { res <- c.Do(ctx, "DEBUG", "SLEEP", "0.3").Err() }()
 	redistest.Eventually(t, 2*time.Second, func() bool {
-		s2, _ := p.backend.Pool(0, false).Stats()
-		s3, _ := p.backend.Pool(0, true).Stats()
+		s2, _ := p.Backend().Pool(0, false).Stats()
+		s3, _ := p.Backend().Pool(0, true).Stats()
 		return s2.Pending+s3.Pending > 0
 	}, "DEBUG SLEEP never reached Redis")
-	sctx, cancel := contextWithTimeout(3 * time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	if err := p.Shutdown(sctx); err != nil {
 		t.Fatalf("shutdown: %v", err)
@@ -447,3 +449,5 @@ func TestGracefulShutdownFinishesInFlight(t *testing.T) {
 		t.Fatal("proxy still answering after shutdown")
 	}
 }
+
+var ctx = context.Background()

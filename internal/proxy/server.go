@@ -71,7 +71,7 @@ type Options struct {
 }
 
 // NewServer builds a server and its upstream connection pools.
-func NewServer(o Options) *Server {
+func NewServer(o Options) (*Server, error) {
 	cfg := o.Config
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -109,7 +109,11 @@ func NewServer(o Options) *Server {
 		Logger:       o.Logger,
 	})
 	s.backend.RegisterMetrics(o.Metrics.Registry)
-	return s
+	if err := s.initFeatures(); err != nil {
+		s.backend.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // Backend returns the upstream connection pools.

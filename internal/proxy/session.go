@@ -47,7 +47,8 @@ type Session struct {
 	slots    []slot
 	local    []byte // replies the proxy built itself, back to back
 	out      []byte // what goes to the client at the end of the batch
-	quitting bool
+	quitting  bool
+	batchReqs []resp.Request
 
 	interrupted atomic.Bool
 }
@@ -57,6 +58,7 @@ type slot struct {
 	kind   slotKind
 	i      int // upstream reply index, or start of a local reply
 	end    int // end of a local reply
+	wait   Waiter
 	metric *metrics.Command
 }
 
@@ -65,7 +67,16 @@ type slotKind uint8
 const (
 	slotUpstream slotKind = iota // reply i of the batch's Call
 	slotLocal                    // local[i:end]
+	slotHidden                   // reply i of the Call, which the client must not see (a policy fix-up)
+	slotWait                     // a reply another goroutine produces (a shared fetch)
 )
+
+// Waiter is a reply produced elsewhere, e.g. by a coalesced fetch that
+// another client's session sends. Wait is called after the batch's own Call
+// has completed, and returns bytes valid until the batch is written.
+type Waiter interface {
+	Wait() ([]byte, error)
+}
 
 func newSession(s *Server, nc net.Conn) *Session {
 	sess := &Session{
@@ -132,18 +143,20 @@ func (sess *Session) serve() {
 // sess.out in request order.
 func (sess *Session) serveBatch(reqs []resp.Request) {
 	start := time.Now()
+	sess.batchReqs = reqs
+	sess.prepareBatch(reqs)
 	for i := range reqs {
 		if sess.quitting {
 			break
 		}
-		sess.dispatch(&reqs[i])
+		sess.dispatch(i, &reqs[i])
 	}
 	sess.flush(start)
 }
 
 // dispatch decides where one command goes. It is the seam where the guard,
 // policy, stampede and local-tier steps sit between client and Redis.
-func (sess *Session) dispatch(req *resp.Request) {
+func (sess *Session) dispatch(i int, req *resp.Request) {
 	args := req.Args
 	cmd := sess.srv.table.Lookup(args)
 	sess.lastCmd.Store(cmd)
@@ -160,6 +173,18 @@ func (sess *Session) dispatch(req *resp.Request) {
 			return
 		}
 	}
+	if sess.guardStep(i, cmd, req, m) {
+		return
+	}
+	if sess.tierStep(cmd, req, m) {
+		return
+	}
+	if sess.flightStep(cmd, req, m, len(sess.batchReqs) == 1) {
+		return
+	}
+	if cmd.Is(commands.Write) {
+		sess.writeForwarded(cmd, req.Args)
+	}
 	sess.forward(req.Raw, m)
 }
 
@@ -168,6 +193,23 @@ func (sess *Session) forward(raw []byte, m *metrics.Command) {
 	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m})
 	sess.call.Add(raw)
 }
+
+// forwardHidden adds a command whose reply is dropped: a fix-up the proxy
+// adds after a client's command, on the same connection, right behind it.
+func (sess *Session) forwardHidden(raw []byte) {
+	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
+	sess.call.Add(raw)
+}
+
+// replyWait records a reply that w produces.
+func (sess *Session) replyWait(m *metrics.Command, w Waiter) {
+	sess.slots = append(sess.slots, slot{kind: slotWait, wait: w, metric: m})
+}
+
+// pendingUpstream reports whether this batch has commands waiting to be
+// sent. A reply served without Redis (a local-tier hit) is only correct if
+// nothing of this client's is still to run before it.
+func (sess *Session) pendingUpstream() bool { return sess.call.Len() > 0 }
 
 // replyLocal records a reply built by the proxy.
 func (sess *Session) replyLocal(m *metrics.Command, reply []byte) {
@@ -201,6 +243,20 @@ func (sess *Session) flush(start time.Time) {
 	for _, sl := range sess.slots {
 		var reply []byte
 		switch sl.kind {
+		case slotHidden:
+			if r, err := call.Reply(sl.i); err != nil || resp.IsError(r) {
+				sess.hiddenFailed(r, err)
+			}
+			continue
+		case slotWait:
+			r, err := sl.wait.Wait()
+			if err != nil {
+				sess.out = redcon.AppendError(sess.out, "ERR "+err.Error())
+				sl.metric.Errors.Inc()
+				sl.metric.Latency.Observe(elapsed)
+				continue
+			}
+			reply = r
 		case slotLocal:
 			reply = sess.local[sl.i:sl.end]
 		case slotUpstream:
@@ -223,6 +279,7 @@ func (sess *Session) flush(start time.Time) {
 	sess.slots = sess.slots[:0]
 	sess.local = sess.local[:0]
 	call.Reset()
+	sess.batchFlushed()
 }
 
 func (sess *Session) metricFor(cmd *commands.Command) *metrics.Command {

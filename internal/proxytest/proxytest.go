@@ -1,0 +1,105 @@
+// Package proxytest runs a real proxy in the test process, in front of a
+// real redis-server, for behaviour tests of any package.
+package proxytest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/proxy"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// Proxy is a proxy server listening on a free loopback port.
+type Proxy struct {
+	*proxy.Server
+	Addr    string
+	Redis   *redistest.Server
+	Metrics *metrics.Metrics
+}
+
+// Start starts redis-server (unless rs is given) and a proxy in front of it.
+// mutate may change the configuration first. The proxy is shut down when
+// the test ends.
+func Start(t testing.TB, rs *redistest.Server, mutate func(*config.Config)) *Proxy {
+	t.Helper()
+	if rs == nil {
+		rs = redistest.Start(t)
+	}
+	cfg := config.Default()
+	cfg.Server.Listen = "127.0.0.1:0"
+	cfg.Server.Admin = ""
+	cfg.Upstream.Address = rs.Addr()
+	cfg.Upstream.ReconnectMin = units.Duration{Duration: 10 * time.Millisecond}
+	cfg.Upstream.ReconnectMax = units.Duration{Duration: 100 * time.Millisecond}
+	cfg.Upstream.Connections = 2
+	if mutate != nil {
+		mutate(cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("proxytest: invalid config: %v", err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	reg := metrics.New()
+	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: commands.Builtin(), Logger: log, Metrics: reg})
+	if err != nil {
+		t.Fatalf("proxytest: %v", err)
+	}
+	ln, err := net.Listen("tcp", cfg.Server.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	p := &Proxy{Server: srv, Addr: ln.Addr().String(), Redis: rs, Metrics: reg}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	redistest.Eventually(t, 5*time.Second, srv.Ready, "proxy never connected to redis at %s", rs.Addr())
+	return p
+}
+
+// Client returns a go-redis client connected to the proxy, closed when the
+// test ends. It does not retry, so errors surface as they happen.
+func (p *Proxy) Client(t testing.TB, mutate ...func(*redis.Options)) *redis.Client {
+	t.Helper()
+	opt := &redis.Options{Addr: p.Addr, MaxRetries: -1, DialTimeout: 2 * time.Second, ReadTimeout: 10 * time.Second, PoolSize: 4}
+	for _, f := range mutate {
+		f(opt)
+	}
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Dial opens a raw TCP connection to the proxy.
+func (p *Proxy) Dial(t testing.TB) net.Conn {
+	t.Helper()
+	nc, err := net.DialTimeout("tcp", p.Addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	return nc
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(string(b))
+	return len(b), nil
+}
