@@ -1,9 +1,9 @@
 package proxy_test
 
 import (
-	"context"
 	"bufio"
 	"bytes"
+	"context"
 
 	"fmt"
 	"io"

@@ -43,10 +43,10 @@ type Session struct {
 
 	// The batch being answered: forwarded commands are collected into one
 	// Call; slots remember, for every command, where its reply comes from.
-	call     *upstream.Call
-	slots    []slot
-	local    []byte // replies the proxy built itself, back to back
-	out      []byte // what goes to the client at the end of the batch
+	call      *upstream.Call
+	slots     []slot
+	local     []byte // replies the proxy built itself, back to back
+	out       []byte // what goes to the client at the end of the batch
 	quitting  bool
 	batchReqs []resp.Request
 
