@@ -17,3 +17,6 @@ func (sess *Session) writeForwarded(cmd *commands.Command, args [][]byte) {}
 
 // batchFlushed is called when every reply of the batch has arrived.
 func (sess *Session) batchFlushed() {}
+
+// sessionClosed is called once when the client's connection ends.
+func (sess *Session) sessionClosed() {}

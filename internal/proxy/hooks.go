@@ -9,6 +9,7 @@ package proxy
 //	flightStep    join a coalesced fetch                   (flight.go)
 //	writeForwarded a write is about to be sent upstream   (tier.go, flight.go)
 //	batchFlushed  the batch's replies are all in           (tier.go, flight.go)
+//	sessionClosed the client's connection has ended        (flight.go)
 //
 // A step returns true when it has recorded the command's reply slot itself.
 

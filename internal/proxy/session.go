@@ -100,6 +100,7 @@ func (sess *Session) interrupt() {
 
 func (sess *Session) serve() {
 	defer sess.nc.Close()
+	defer sess.sessionClosed()
 	idle := sess.srv.cfg.Server.IdleTimeout.Duration
 	for {
 		if sess.interrupted.Load() {
@@ -199,6 +200,18 @@ func (sess *Session) forward(raw []byte, m *metrics.Command) {
 func (sess *Session) forwardHidden(raw []byte) {
 	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
 	sess.call.Add(raw)
+}
+
+// forwardWithFixups sends a client's command followed by fix-ups (policy's
+// EXPIRE ... NX) whose replies the client never sees. Outside a
+// transaction the three travel as MULTI/command/fix-ups/EXEC in one Call on
+// one shared connection, so they run atomically; the client gets its
+// command's own reply (its queue-time error, or the first element of EXEC).
+func (sess *Session) forwardWithFixups(raw []byte, fixups [][]byte, m *metrics.Command) {
+	sess.forward(raw, m)
+	for _, f := range fixups {
+		sess.forwardHidden(f)
+	}
 }
 
 // replyWait records a reply that w produces.
