@@ -1,7 +1,10 @@
 package proxy
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -17,6 +20,7 @@ var errTooManyFiles = syscall.EMFILE
 type BackendOptions struct {
 	Addr, Username, Password string
 	Connections, Databases   int
+	MaxPinned                int
 	DialTimeout              time.Duration
 	ReplyTimeout             time.Duration
 	ReconnectMin             time.Duration
@@ -31,6 +35,100 @@ type Backend struct {
 	opt   BackendOptions
 	mu    sync.Mutex
 	pools []atomic.Pointer[upstream.Pool] // index db*2 + resp3
+
+	// Dedicated connections: pinned to one client for a transaction or a
+	// blocking command, or relayed raw for pub/sub and MONITOR. pinned
+	// counts those in use; idle keeps clean ones for reuse per DB and
+	// protocol, so a transaction does not pay a dial.
+	pinned    atomic.Int64
+	idleMu    sync.Mutex
+	idle      map[int][]*upstream.Pipe
+	closedDed bool
+}
+
+// ErrTooManyPinned is returned when upstream.max_pinned dedicated
+// connections are already in use.
+var ErrTooManyPinned = errors.New("redproxy: too many dedicated upstream connections in use (upstream.max_pinned)")
+
+const maxIdlePerKey = 16
+
+// AcquirePipe returns a dedicated pipelined connection for one client.
+func (b *Backend) AcquirePipe(db int, resp3 bool) (*upstream.Pipe, error) {
+	if b.pinned.Add(1) > int64(b.opt.MaxPinned) {
+		b.pinned.Add(-1)
+		return nil, ErrTooManyPinned
+	}
+	key := db*2 + btoi(resp3)
+	b.idleMu.Lock()
+	for n := len(b.idle[key]); n > 0; n = len(b.idle[key]) {
+		p := b.idle[key][n-1]
+		b.idle[key] = b.idle[key][:n-1]
+		if p.Up() {
+			b.idleMu.Unlock()
+			return p, nil
+		}
+		go p.Close()
+	}
+	b.idleMu.Unlock()
+	o := b.Options(db, resp3)
+	o.Name = "redproxy-pinned"
+	p, err := upstream.DialPipe(o)
+	if err != nil {
+		b.pinned.Add(-1)
+		return nil, fmt.Errorf("%w: %v", upstream.ErrUnavailable, err)
+	}
+	return p, nil
+}
+
+// ReleasePipe gives a dedicated connection back. Only a connection whose
+// state the caller knows to be clean (no MULTI, no WATCH, the DB and
+// protocol it was dialled with) may be reused; anything else is closed.
+func (b *Backend) ReleasePipe(p *upstream.Pipe, db int, resp3, clean bool) {
+	b.pinned.Add(-1)
+	if clean && p.Up() {
+		key := db*2 + btoi(resp3)
+		b.idleMu.Lock()
+		if !b.closedDed && len(b.idle[key]) < maxIdlePerKey {
+			if b.idle == nil {
+				b.idle = make(map[int][]*upstream.Pipe)
+			}
+			b.idle[key] = append(b.idle[key], p)
+			b.idleMu.Unlock()
+			return
+		}
+		b.idleMu.Unlock()
+	}
+	go p.Close()
+}
+
+// AcquireConn dials a raw dedicated connection for relaying (pub/sub,
+// MONITOR, client-side tracking). It is never reused.
+func (b *Backend) AcquireConn(db int, resp3 bool) (net.Conn, error) {
+	if b.pinned.Add(1) > int64(b.opt.MaxPinned) {
+		b.pinned.Add(-1)
+		return nil, ErrTooManyPinned
+	}
+	o := b.Options(db, resp3)
+	o.Name = "redproxy-relay"
+	nc, err := upstream.Dial(o)
+	if err != nil {
+		b.pinned.Add(-1)
+		return nil, fmt.Errorf("%w: %v", upstream.ErrUnavailable, err)
+	}
+	return nc, nil
+}
+
+// ReleaseConn closes a relayed connection.
+func (b *Backend) ReleaseConn(nc net.Conn) {
+	nc.Close()
+	b.pinned.Add(-1)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // NewBackend creates the pools for DB 0 eagerly (RESP2 and RESP3), so
@@ -85,6 +183,15 @@ func (b *Backend) Ready() bool { return b.Pool(0, false).Up() }
 
 // Close closes every pool and waits for their goroutines.
 func (b *Backend) Close() {
+	b.idleMu.Lock()
+	b.closedDed = true
+	for _, ps := range b.idle {
+		for _, p := range ps {
+			p.Close()
+		}
+	}
+	b.idle = nil
+	b.idleMu.Unlock()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for i := range b.pools {
@@ -107,16 +214,19 @@ var (
 	descFailures = prometheus.NewDesc("redproxy_upstream_connection_failures_total", "Shared upstream connections lost (errors, timeouts, Redis going away).", []string{"db", "protocol"}, nil)
 	descTimeouts = prometheus.NewDesc("redproxy_upstream_timeouts_total", "Shared upstream connections closed because a reply took longer than upstream.reply_timeout.", []string{"db", "protocol"}, nil)
 	descDials    = prometheus.NewDesc("redproxy_upstream_dials_total", "Connection attempts to Redis.", []string{"db", "protocol"}, nil)
+	descPinned   = prometheus.NewDesc("redproxy_upstream_dedicated_connections", "Dedicated upstream connections in use (transactions, blocking commands, pub/sub, MONITOR).", nil, nil)
 	descCommands = prometheus.NewDesc("redproxy_upstream_commands_total", "Commands written to Redis on shared connections.", []string{"db", "protocol"}, nil)
 )
 
 func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descPinned
 	for _, d := range []*prometheus.Desc{descUp, descPending, descFailures, descTimeouts, descDials, descCommands} {
 		ch <- d
 	}
 }
 
 func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(descPinned, prometheus.GaugeValue, float64(c.b.pinned.Load()))
 	for i := range c.b.pools {
 		p := c.b.pools[i].Load()
 		if p == nil {

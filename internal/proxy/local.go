@@ -27,7 +27,7 @@ func isProxyAnswered(cmd *commands.Command) bool {
 // should simply be forwarded.
 func (sess *Session) special(cmd *commands.Command, req *resp.Request, m *metrics.Command) bool {
 	args := req.Args
-	if !cmd.ArityOK(len(args)) && cmd.Parent == nil && cmd.Subcommands == nil {
+	if !cmd.ArityOK(len(args)) && cmd.Subcommands == nil {
 		// Same words as Redis, so client libraries that match them work.
 		sess.replyLocal(m, errArity(cmd.Name))
 		return true
@@ -123,11 +123,74 @@ func (sess *Session) special(cmd *commands.Command, req *resp.Request, m *metric
 		sess.replyLocal(m, ok)
 	case "readonly", "readwrite", "asking":
 		return false // answered by Redis; harmless on a standalone server
+	case "multi", "watch":
+		sess.pinFor(cmd, req, m)
+	case "unwatch":
+		sess.replyLocal(m, ok) // nothing is watched outside a pinned connection
+	case "exec", "discard":
+		return false // Redis answers "... without MULTI"; no state is touched
+	case "subscribe", "psubscribe", "ssubscribe":
+		return sess.startRelay(relayPubSub, sess.batchReqs[sess.curIndex:], m)
+	case "unsubscribe", "punsubscribe", "sunsubscribe":
+		sess.unsubscribeNone(m, cmd.Name, args[1:])
+	case "monitor":
+		return sess.startRelay(relayMonitor, sess.batchReqs[sess.curIndex:], m)
+	case "client|tracking":
+		if strings.EqualFold(string(args[2]), "on") {
+			// The client keeps its own cache coherent with Redis's pushes:
+			// give it a connection of its own and relay them.
+			return sess.startRelay(relayTracking, sess.batchReqs[sess.curIndex:], m)
+		}
+		sess.replyLocal(m, ok)
+	case "client|no-touch":
+		if strings.EqualFold(string(args[2]), "on") {
+			return sess.startRelay(relayTracking, sess.batchReqs[sess.curIndex:], m)
+		}
+		sess.replyLocal(m, ok)
+	case "client|caching":
+		sess.replyLocal(m, []byte("-ERR CLIENT CACHING can be called only when the client is in tracking mode with OPTIN or OPTOUT mode enabled\r\n"))
+	case "client|trackinginfo":
+		b, start := sess.localBuf()
+		if sess.resp3 {
+			b = append(b, "%3\r\n"...)
+		} else {
+			b = redcon.AppendArray(b, 6)
+		}
+		b = redcon.AppendBulkString(b, "flags")
+		b = redcon.AppendArray(b, 1)
+		b = redcon.AppendBulkString(b, "off")
+		b = redcon.AppendBulkString(b, "redirect")
+		b = redcon.AppendInt(b, -1)
+		b = redcon.AppendBulkString(b, "prefixes")
+		b = redcon.AppendArray(b, 0)
+		sess.finishLocal(m, b, start)
+	case "client|reply":
+		switch strings.ToLower(string(args[2])) {
+		case "on":
+			sess.replyOff, sess.curMute = false, false
+			sess.replyLocal(m, ok)
+		case "off":
+			sess.replyOff, sess.curMute = true, true
+			sess.replyLocal(m, ok)
+		case "skip":
+			sess.replySkip, sess.curMute = true, true
+			sess.replyLocal(m, ok)
+		default:
+			sess.replyLocal(m, []byte("-ERR syntax error\r\n"))
+		}
+	case "client|kill":
+		sess.replyLocal(m, sess.srv.clientKill(sess, args[2:]))
+	case "client|unblock":
+		sess.replyLocal(m, []byte("-ERR redproxy: CLIENT UNBLOCK is not supported; proxy client IDs are not Redis connection IDs\r\n"))
 	default:
 		if cmd.Is(commands.PubSub) && !isSubscribe(cmd.Name) {
 			return false // PUBLISH, PUBSUB ...: ordinary request/reply commands
 		}
-		if cmd.Flags&(commands.ConnState) == 0 && !cmd.IsBlocking(args) {
+		if cmd.IsBlocking(args) {
+			sess.blocking(cmd, req, m)
+			return true
+		}
+		if cmd.Flags&(commands.ConnState) == 0 {
 			return false
 		}
 		sess.replyLocal(m, []byte("-ERR redproxy: '"+strings.ToUpper(strings.ReplaceAll(cmd.Name, "|", " "))+"' is not supported by this proxy yet\r\n"))
@@ -153,7 +216,7 @@ var (
 )
 
 func errArity(name string) []byte {
-	return []byte("-ERR wrong number of arguments for '" + strings.ReplaceAll(name, "|", " ") + "' command\r\n")
+	return []byte("-ERR wrong number of arguments for '" + name + "' command\r\n")
 }
 
 // appendNull appends the null of the session's protocol.
@@ -321,16 +384,140 @@ func (sess *Session) infoLine() string {
 // clientList lists the proxy's own clients, not its upstream connections:
 // those are shared and belong to no client.
 func (s *Server) clientList() string {
-	s.mu.Lock()
-	sessions := make([]*Session, 0, len(s.sessions))
-	for sess := range s.sessions {
-		sessions = append(sessions, sess)
-	}
-	s.mu.Unlock()
 	var b strings.Builder
-	for _, sess := range sessions {
+	for _, sess := range s.sessionList() {
 		b.WriteString(sess.infoLine())
 		b.WriteByte('\n')
 	}
 	return b.String()
+}
+
+// unsubscribeNone answers an UNSUBSCRIBE family command from a client that
+// is not subscribed, as Redis does: one confirmation per channel (or one
+// with a null channel), each with a subscription count of 0.
+func (sess *Session) unsubscribeNone(m *metrics.Command, name string, channels [][]byte) {
+	b, start := sess.localBuf()
+	emit := func(ch []byte) {
+		if sess.resp3 {
+			b = append(b, ">3\r\n"...)
+		} else {
+			b = redcon.AppendArray(b, 3)
+		}
+		b = redcon.AppendBulkString(b, name)
+		if ch == nil {
+			b = sess.appendNull(b)
+		} else {
+			b = redcon.AppendBulk(b, ch)
+		}
+		b = redcon.AppendInt(b, 0)
+	}
+	if len(channels) == 0 {
+		emit(nil)
+	}
+	for _, ch := range channels {
+		emit(ch)
+	}
+	sess.finishLocal(m, b, start)
+}
+
+// clientKill implements CLIENT KILL for the proxy's own clients: the old
+// "CLIENT KILL addr" form and the filters ID, ADDR, LADDR, USER, SKIPME,
+// TYPE and MAXAGE.
+func (s *Server) clientKill(self *Session, args [][]byte) []byte {
+	if len(args) == 1 {
+		addr := string(args[0])
+		for _, sess := range s.sessionList() {
+			if sess.nc.RemoteAddr().String() == addr {
+				sess.kill()
+				return ok
+			}
+		}
+		return []byte("-ERR No such client\r\n")
+	}
+	if len(args)%2 != 0 {
+		return []byte("-ERR syntax error\r\n")
+	}
+	var id int64 = -1
+	var addr, laddr, user, typ string
+	var maxAge int64 = -1
+	skipMe := true
+	for i := 0; i < len(args); i += 2 {
+		v := string(args[i+1])
+		switch strings.ToLower(string(args[i])) {
+		case "id":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n <= 0 {
+				return []byte("-ERR client-id should be greater than 0\r\n")
+			}
+			id = n
+		case "addr":
+			addr = v
+		case "laddr":
+			laddr = v
+		case "user":
+			user = v
+		case "type":
+			typ = strings.ToLower(v)
+			if typ != "normal" && typ != "pubsub" && typ != "master" && typ != "replica" && typ != "slave" {
+				return []byte("-ERR Unknown client type '" + v + "'\r\n")
+			}
+		case "skipme":
+			switch strings.ToLower(v) {
+			case "yes":
+				skipMe = true
+			case "no":
+				skipMe = false
+			default:
+				return []byte("-ERR syntax error\r\n")
+			}
+		case "maxage":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return errNotInteger
+			}
+			maxAge = n
+		default:
+			return []byte("-ERR syntax error\r\n")
+		}
+	}
+	killed := 0
+	for _, sess := range s.sessionList() {
+		switch {
+		case skipMe && sess == self,
+			id >= 0 && sess.id != id,
+			addr != "" && sess.nc.RemoteAddr().String() != addr,
+			laddr != "" && sess.nc.LocalAddr().String() != laddr,
+			user != "" && user != s.userName(),
+			typ == "master" || typ == "replica" || typ == "slave",
+			maxAge >= 0 && time.Since(sess.createdAt) < time.Duration(maxAge)*time.Second:
+			continue
+		}
+		sess.kill()
+		killed++
+	}
+	return redcon.AppendInt(nil, int64(killed))
+}
+
+// userName is the user every client of the proxy acts as upstream.
+func (s *Server) userName() string {
+	if s.cfg.Upstream.Username != "" {
+		return s.cfg.Upstream.Username
+	}
+	return "default"
+}
+
+func (s *Server) sessionList() []*Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Session, 0, len(s.sessions))
+	for sess := range s.sessions {
+		out = append(out, sess)
+	}
+	return out
+}
+
+// kill closes the client's connection; its goroutine notices and cleans up.
+func (sess *Session) kill() {
+	sess.interrupted.Store(true)
+	sess.nc.Close()
 }

@@ -219,9 +219,7 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 		}
 		return err != nil && strings.Contains(err.Error(), "redproxy: upstream")
 	}, "no upstream error while Redis is down")
-	if p.Ready() {
-		t.Fatal("proxy says ready while Redis is down")
-	}
+	redistest.Eventually(t, 2*time.Second, func() bool { return !p.Ready() }, "proxy still says ready while Redis is down")
 	rs.Restart(t)
 	redistest.Eventually(t, 5*time.Second, func() bool {
 		return c.Set(ctx, "k", "again", 0).Err() == nil

@@ -101,6 +101,7 @@ func NewServer(o Options) (*Server, error) {
 		Username:     cfg.Upstream.Username,
 		Password:     cfg.Upstream.Password,
 		Connections:  cfg.Upstream.Connections,
+		MaxPinned:    cfg.Upstream.MaxPinned,
 		Databases:    cfg.Upstream.Databases,
 		DialTimeout:  cfg.Upstream.DialTimeout.Duration,
 		ReplyTimeout: cfg.Upstream.ReplyTimeout.Duration,

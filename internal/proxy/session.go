@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -50,6 +52,12 @@ type Session struct {
 	quitting  bool
 	batchReqs []resp.Request
 
+	pin       pinState
+	replyOff  bool // CLIENT REPLY OFF
+	replySkip bool // CLIENT REPLY SKIP: mute the next command
+	curMute   bool // the command being dispatched gets no reply
+	curIndex  int  // index in batchReqs of the command being dispatched
+
 	interrupted atomic.Bool
 }
 
@@ -60,6 +68,9 @@ type slot struct {
 	end    int // end of a local reply
 	wait   Waiter
 	metric *metrics.Command
+	tx     bool // sent inside MULTI: its reply is +QUEUED or a queue-time error
+	exec   bool // EXEC of a transaction: strip the proxy's own commands' results
+	mute   bool // CLIENT REPLY OFF/SKIP: consume the reply, do not send it
 }
 
 type slotKind uint8
@@ -69,6 +80,7 @@ const (
 	slotLocal                    // local[i:end]
 	slotHidden                   // reply i of the Call, which the client must not see (a policy fix-up)
 	slotWait                     // a reply another goroutine produces (a shared fetch)
+	slotWrapped                  // a command wrapped in MULTI/EXEC with fix-ups: i is its queue reply, end is EXEC's
 )
 
 // Waiter is a reply produced elsewhere, e.g. by a coalesced fetch that
@@ -99,8 +111,16 @@ func (sess *Session) interrupt() {
 }
 
 func (sess *Session) serve() {
+	defer func() {
+		// A bug handling one client must not take the proxy and every
+		// other client down with it.
+		if r := recover(); r != nil {
+			sess.srv.log.Error("BUG: panic while serving a client; connection closed", "client", sess.nc.RemoteAddr().String(), "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
 	defer sess.nc.Close()
 	defer sess.sessionClosed()
+	defer sess.unpin(false)
 	idle := sess.srv.cfg.Server.IdleTimeout.Duration
 	for {
 		if sess.interrupted.Load() {
@@ -163,8 +183,14 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	sess.lastCmd.Store(cmd)
 	m := sess.metricFor(cmd)
 	m.Calls.Inc()
+	sess.curIndex = i
+	sess.curMute = sess.replyOff || sess.replySkip
+	sess.replySkip = false
 	if !sess.authed && !isAuthExempt(cmd) {
 		sess.replyLocal(m, errNoAuth)
+		return
+	}
+	if sess.pin.pipe != nil && sess.dispatchPinned(i, cmd, req, m) {
 		return
 	}
 	// Subcommands (CLIENT ..., CONFIG ...) are rare enough to always take
@@ -177,11 +203,13 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	if sess.guardStep(i, cmd, req, m) {
 		return
 	}
-	if sess.tierStep(cmd, req, m) {
-		return
-	}
-	if sess.flightStep(cmd, req, m, len(sess.batchReqs) == 1) {
-		return
+	if sess.pin.pipe == nil {
+		if sess.tierStep(cmd, req, m) {
+			return
+		}
+		if sess.flightStep(cmd, req, m, len(sess.batchReqs) == 1) {
+			return
+		}
 	}
 	if cmd.Is(commands.Write) {
 		sess.writeForwarded(cmd, req.Args)
@@ -191,14 +219,14 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 
 // forward adds a command to the batch's upstream Call.
 func (sess *Session) forward(raw []byte, m *metrics.Command) {
-	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m})
+	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, mute: sess.curMute, tx: sess.pin.inMulti})
 	sess.call.Add(raw)
 }
 
 // forwardHidden adds a command whose reply is dropped: a fix-up the proxy
 // adds after a client's command, on the same connection, right behind it.
 func (sess *Session) forwardHidden(raw []byte) {
-	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
+	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len(), tx: sess.pin.inMulti})
 	sess.call.Add(raw)
 }
 
@@ -208,15 +236,35 @@ func (sess *Session) forwardHidden(raw []byte) {
 // one shared connection, so they run atomically; the client gets its
 // command's own reply (its queue-time error, or the first element of EXEC).
 func (sess *Session) forwardWithFixups(raw []byte, fixups [][]byte, m *metrics.Command) {
-	sess.forward(raw, m)
+	if sess.pin.pipe != nil {
+		// Inside the client's MULTI the fix-ups are queued right behind the
+		// command and their results are cut from EXEC's reply; under WATCH
+		// a MULTI of our own would consume the client's WATCH, so they just
+		// follow the command on the same connection.
+		sess.forward(raw, m)
+		for _, f := range fixups {
+			sess.forwardHidden(f)
+		}
+		return
+	}
+	sess.forwardHidden(cmdMulti)
+	first := sess.call.Len()
+	sess.call.Add(raw)
 	for _, f := range fixups {
 		sess.forwardHidden(f)
 	}
+	sess.slots = append(sess.slots, slot{kind: slotWrapped, i: first, end: sess.call.Len(), metric: m, mute: sess.curMute})
+	sess.call.Add(cmdExec)
 }
+
+var (
+	cmdMulti = []byte("*1\r\n$5\r\nMULTI\r\n")
+	cmdExec  = []byte("*1\r\n$4\r\nEXEC\r\n")
+)
 
 // replyWait records a reply that w produces.
 func (sess *Session) replyWait(m *metrics.Command, w Waiter) {
-	sess.slots = append(sess.slots, slot{kind: slotWait, wait: w, metric: m})
+	sess.slots = append(sess.slots, slot{kind: slotWait, wait: w, metric: m, mute: sess.curMute})
 }
 
 // pendingUpstream reports whether this batch has commands waiting to be
@@ -228,7 +276,7 @@ func (sess *Session) pendingUpstream() bool { return sess.call.Len() > 0 }
 func (sess *Session) replyLocal(m *metrics.Command, reply []byte) {
 	start := len(sess.local)
 	sess.local = append(sess.local, reply...)
-	sess.slots = append(sess.slots, slot{kind: slotLocal, i: start, end: len(sess.local), metric: m})
+	sess.slots = append(sess.slots, slot{kind: slotLocal, i: start, end: len(sess.local), metric: m, mute: sess.curMute})
 }
 
 // localBuf returns the buffer to build a local reply in; finishLocal then
@@ -237,7 +285,7 @@ func (sess *Session) localBuf() ([]byte, int) { return sess.local, len(sess.loca
 
 func (sess *Session) finishLocal(m *metrics.Command, buf []byte, start int) {
 	sess.local = buf
-	sess.slots = append(sess.slots, slot{kind: slotLocal, i: start, end: len(buf), metric: m})
+	sess.slots = append(sess.slots, slot{kind: slotLocal, i: start, end: len(buf), metric: m, mute: sess.curMute})
 }
 
 // flush sends the batch's forwarded commands, waits for their replies and
@@ -250,17 +298,40 @@ func (sess *Session) flush(start time.Time) {
 	}
 	call := sess.call
 	if call.Len() > 0 {
-		sess.srv.backend.Pool(sess.db, sess.resp3).Do(call)
+		if sess.pin.pipe != nil {
+			if err := sess.pin.pipe.Send(call); err != nil {
+				call.Fail(err)
+			} else {
+				call.Wait()
+			}
+		} else {
+			sess.srv.backend.Pool(sess.db, sess.resp3).Do(call)
+		}
 	}
 	elapsed := time.Since(start).Seconds()
 	for _, sl := range sess.slots {
 		var reply []byte
 		switch sl.kind {
 		case slotHidden:
-			if r, err := call.Reply(sl.i); err != nil || resp.IsError(r) {
+			r, err := call.Reply(sl.i)
+			if sl.tx && err == nil {
+				sess.noteQueued(r, true)
+			} else if err != nil || resp.IsError(r) {
 				sess.hiddenFailed(r, err)
 			}
 			continue
+		case slotWrapped:
+			r, err := call.Reply(sl.i)
+			if err == nil && !resp.IsError(r) {
+				var ex []byte
+				if ex, err = call.Reply(sl.end); err == nil {
+					r = firstElement(ex)
+				}
+			}
+			if err != nil {
+				r = errorReply(err)
+			}
+			reply = r
 		case slotWait:
 			r, err := sl.wait.Wait()
 			if err != nil {
@@ -275,18 +346,29 @@ func (sess *Session) flush(start time.Time) {
 		case slotUpstream:
 			r, err := call.Reply(sl.i)
 			if err != nil {
-				sess.out = redcon.AppendError(sess.out, "ERR "+err.Error())
+				if !sl.mute {
+					sess.out = redcon.AppendError(sess.out, "ERR "+err.Error())
+				}
 				sl.metric.Errors.Inc()
 				sl.metric.Latency.Observe(elapsed)
 				continue
 			}
 			reply = r
+			if sl.tx {
+				sess.noteQueued(r, false)
+			}
 		}
 		if resp.IsError(reply) {
 			sl.metric.Errors.Inc()
 		}
 		sl.metric.Latency.Observe(elapsed)
-		sess.out = append(sess.out, reply...)
+		switch {
+		case sl.mute:
+		case sl.exec:
+			sess.out = stripExec(reply, sess.pin.txHidden, sess.out)
+		default:
+			sess.out = append(sess.out, reply...)
+		}
 	}
 	clear(sess.slots)
 	sess.slots = sess.slots[:0]
@@ -318,3 +400,20 @@ func isAuthExempt(cmd *commands.Command) bool {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// firstElement returns the first element of an array reply, or the reply
+// itself when it is not a non-empty array (an error, a null).
+func firstElement(reply []byte) []byte {
+	if len(reply) < 4 || reply[0] != '*' || reply[1] == '0' || reply[1] == '-' {
+		return reply
+	}
+	nl := bytes.IndexByte(reply, '\n')
+	if nl < 0 {
+		return reply
+	}
+	n, err := resp.ScanReply(reply[nl+1:])
+	if err != nil || n == 0 {
+		return reply
+	}
+	return reply[nl+1 : nl+1+n]
+}

@@ -48,6 +48,10 @@ type Call struct {
 	err  error
 	sent int64 // monotonic nanoseconds when queued, for the reply timeout
 	done chan struct{}
+
+	// NoTimeout exempts the Call from the reply timeout: a blocking command
+	// (BLPOP 0) may legitimately wait forever, on a connection of its own.
+	NoTimeout bool
 }
 
 // NewCall returns an empty Call.
@@ -62,6 +66,7 @@ func (c *Call) Reset() {
 	c.out = c.out[:0]
 	c.ends = c.ends[:0]
 	c.err = nil
+	c.NoTimeout = false
 	if cap(c.out) > 1<<20 {
 		// Do not keep a huge reply buffer alive for an idle client.
 		c.out = nil
@@ -77,6 +82,10 @@ func (c *Call) Len() int { return len(c.parts) }
 
 // Wait blocks until every reply has arrived or the Call failed.
 func (c *Call) Wait() { <-c.done }
+
+// Done is signalled (once) when the Call completes; receiving from it takes
+// the place of Wait.
+func (c *Call) Done() <-chan struct{} { return c.done }
 
 // Reply returns reply i, or the error that ended the Call before reply i
 // arrived. The bytes are valid until Reset.
@@ -96,6 +105,9 @@ func (c *Call) Reply(i int) ([]byte, error) {
 
 // Err is the error that ended the Call early, or nil if all replies came.
 func (c *Call) Err() error { return c.err }
+
+// Fail ends a Call that could not be sent, as if it had failed in flight.
+func (c *Call) Fail(err error) { c.err = err }
 
 func (c *Call) complete(err error) {
 	c.err = err

@@ -40,6 +40,11 @@ type Options struct {
 	OnDown func(err error)
 
 	Logger *slog.Logger
+
+	// noReconnect is set for dedicated connections (DialPipe): a pinned
+	// transaction must never silently continue on a fresh connection that
+	// has no MULTI or WATCH state, so once lost, the pipe stays down.
+	noReconnect bool
 }
 
 func (o *Options) defaults() {
@@ -133,6 +138,9 @@ func (p *Pipe) Send(c *Call) error {
 	}
 	if p.live == nil {
 		p.mu.Unlock()
+		if p.opt.noReconnect {
+			return ErrConnLost
+		}
 		return ErrUnavailable
 	}
 	c.sent = now
@@ -181,6 +189,29 @@ func (p *Pipe) Close() {
 		lc.closeWith(ErrClosed)
 	}
 	p.workers.Wait()
+}
+
+// DialPipe connects synchronously and returns a Pipe for one client's
+// exclusive use (a transaction, a blocking command). Unlike NewPipe it
+// never reconnects: once the connection is lost every Send fails with
+// ErrConnLost, so no command meant for the old connection's state can run
+// on a new one.
+func DialPipe(opt Options) (*Pipe, error) {
+	opt.defaults()
+	opt.noReconnect = true
+	nc, err := Dial(opt)
+	if err != nil {
+		return nil, err
+	}
+	p := &Pipe{opt: opt, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	lc := &liveConn{nc: nc, done: make(chan struct{}), writerDone: make(chan struct{})}
+	p.live = lc
+	p.dials.Add(1)
+	p.workers.Add(3)
+	go p.watchdog()
+	go p.writer(lc)
+	go p.reader(lc)
+	return p, nil
 }
 
 // redial connects with exponential backoff until it succeeds or the pipe is
@@ -299,9 +330,8 @@ func (p *Pipe) reader(lc *liveConn) {
 	p.pending, p.head = nil, 0
 	p.wq = nil
 	closed := p.closed
-	if !closed {
-		p.redialing = true
-	}
+	redial := !closed && !p.opt.noReconnect
+	p.redialing = redial
 	p.mu.Unlock()
 
 	if err == ErrTimeout {
@@ -320,7 +350,7 @@ func (p *Pipe) reader(lc *liveConn) {
 	for _, c := range failed {
 		c.complete(err)
 	}
-	if !closed {
+	if redial {
 		p.workers.Add(1)
 		go p.redial()
 	}
@@ -426,7 +456,7 @@ func (p *Pipe) watchdog() {
 		}
 		now := nanotime()
 		p.mu.Lock()
-		if p.live != nil && p.head < len(p.pending) && now-p.pending[p.head].sent > limit {
+		if p.live != nil && p.head < len(p.pending) && !p.pending[p.head].NoTimeout && now-p.pending[p.head].sent > limit {
 			p.live.closeWith(ErrTimeout)
 		}
 		p.mu.Unlock()

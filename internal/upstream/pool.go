@@ -43,7 +43,7 @@ func (p *Pool) Send(c *Call) error {
 // error is recorded on the Call for the caller to read as usual.
 func (p *Pool) Do(c *Call) {
 	if err := p.Send(c); err != nil {
-		c.err = err
+		c.Fail(err)
 		return
 	}
 	c.Wait()
