@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"io"
+	"runtime"
 	"log/slog"
 	"net"
 	"sync"
@@ -270,6 +271,11 @@ func (p *Pipe) writer(lc *liveConn) {
 		case <-lc.done:
 			return
 		}
+		// Let the other clients the poller just woke queue their commands
+		// before writing, so that one write carries many clients' batches
+		// instead of one each: with 50 clients at -P 1 this is what keeps
+		// the proxy from spending a write syscall per request.
+		runtime.Gosched()
 		for {
 			p.mu.Lock()
 			batch := p.wq

@@ -1,0 +1,88 @@
+package proxy_test
+
+import (
+	"bufio"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// Transactions behave as on Redis: queued replies, queue-time errors abort
+// with EXECABORT, a touched WATCH aborts EXEC with a null, DISCARD drops.
+func TestTransactionSemantics(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	nc := p.Dial(t)
+	nc.SetDeadline(time.Now().Add(5 * time.Second))
+	rd := bufio.NewReader(nc)
+	expect := func(send string, want ...string) {
+		t.Helper()
+		nc.Write([]byte(send))
+		for _, w := range want {
+			line, err := rd.ReadString('\n')
+			if err != nil || line != w {
+				t.Fatalf("after %q: got %q %v, want %q", send, line, err, w)
+			}
+		}
+	}
+	expect("MULTI\r\nSET a 1\r\nINCR a\r\nPING\r\nEXEC\r\n",
+		"+OK\r\n", "+QUEUED\r\n", "+QUEUED\r\n", "+QUEUED\r\n", "*3\r\n", "+OK\r\n", ":2\r\n", "+PONG\r\n")
+	expect("MULTI\r\nSET a\r\nEXEC\r\n",
+		"+OK\r\n", "-ERR wrong number of arguments for 'set' command\r\n", "-EXECABORT Transaction discarded because of previous errors.\r\n")
+	expect("MULTI\r\nSET a 5\r\nDISCARD\r\nGET a\r\n", "+OK\r\n", "+QUEUED\r\n", "+OK\r\n", "$1\r\n", "2\r\n")
+	expect("WATCH a\r\n", "+OK\r\n")
+	if err := p.Redis.Client(t).Set(ctx, "a", "changed", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	expect("MULTI\r\nSET a mine\r\nEXEC\r\nGET a\r\n", "+OK\r\n", "+QUEUED\r\n", "*-1\r\n", "$7\r\n", "changed\r\n")
+	expect("EXEC\r\n", "-ERR EXEC without MULTI\r\n")
+	expect("UNWATCH\r\nDISCARD\r\n", "+OK\r\n", "-ERR DISCARD without MULTI\r\n")
+}
+
+// A blocking pop waits as long as the command says, with no proxy timeout
+// cutting it short, and other clients are not held up meanwhile.
+func TestBlockingCommandWaitsOnItsOwnConnection(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Upstream.ReplyTimeout.Duration = 200 * time.Millisecond })
+	blocker := p.Client(t)
+	other := p.Client(t)
+	got := make(chan []string, 1)
+	go func() {
+		v, _ := blocker.BLPop(ctx, 0, "queue").Result()
+		got <- v
+	}()
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		n, _ := p.Redis.Client(t).Do(ctx, "INFO", "clients").Text()
+		return strings.Contains(n, "blocked_clients:1")
+	}, "BLPOP never blocked in Redis")
+	// Past the reply timeout the blocked client must still be waiting, and
+	// others are served normally.
+	for i := 0; i < 5; i++ {
+		if err := other.Incr(ctx, "n").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case v := <-got:
+		t.Fatalf("BLPOP returned early: %v", v)
+	case <-time.After(400 * time.Millisecond):
+	}
+	if err := other.RPush(ctx, "queue", "job").Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case v := <-got:
+		if len(v) != 2 || v[1] != "job" {
+			t.Fatalf("BLPOP got %v", v)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("BLPOP never returned after the push")
+	}
+	if err := blocker.BLPop(ctx, 100*time.Millisecond, "empty").Err(); err != redis.Nil {
+		t.Fatalf("BLPOP with timeout on empty list: %v", err)
+	}
+}
