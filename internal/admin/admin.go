@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,6 +38,13 @@ func New(reg *prometheus.Registry, ready func() bool, log *slog.Logger) *Server 
 		}
 		w.Write([]byte("ok\n"))
 	})
+	// Profiles are how a CPU-per-request regression is explained; the admin
+	// address is loopback by default, so exposing them is safe.
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return &Server{mux: mux, log: log, http: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
 }
 
