@@ -1,11 +1,16 @@
 // Command redproxy is a Redis-protocol caching proxy: clients point at it
 // instead of Redis and nothing changes but the port.
 //
-//	redproxy [--config FILE] [--listen ADDR] [--upstream ADDR|embedded] [--admin ADDR] [--log-level LEVEL]
+//	redproxy [--config FILE] [--listen ADDR] [--upstream ADDR|embedded] [--admin ADDR] [--log-level LEVEL] [--policy-mode MODE] [--local-tier on|off]
+//	redproxy audit --upstream ADDR [--config FILE] [--json] ...   (see audit.go)
+//
+// SIGHUP re-reads the [policy] section of --config; an invalid file keeps
+// the policy in force.
 package main
 
 import (
 	"context"
+	"errors"
 
 	"flag"
 	"fmt"
@@ -24,7 +29,9 @@ import (
 	"github.com/redproxy/redproxy/internal/admin"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxy"
 )
 
@@ -34,6 +41,9 @@ func main() {
 
 // run is main without os.Exit, so tests can drive it.
 func run(argv []string, stderr io.Writer) int {
+	if len(argv) > 0 && argv[0] == "audit" {
+		return runAudit(argv[1:], os.Stdout, stderr)
+	}
 	fs := flag.NewFlagSet("redproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	configPath := fs.String("config", "", "TOML configuration file (see config.example.toml)")
@@ -42,7 +52,14 @@ func run(argv []string, stderr io.Writer) int {
 	fs.StringVar(&ov.Upstream, "upstream", "", `Redis address host:port, or "embedded" for the in-process demo store`)
 	fs.StringVar(&ov.Admin, "admin", "", "admin HTTP address for /metrics, /healthz, /readyz (default 127.0.0.1:9121)")
 	fs.StringVar(&ov.LogLevel, "log-level", "", "debug, info, warn or error")
+	fs.StringVar(&ov.LocalTier, "local-tier", "", "on or off: override localcache.enabled (the local tier of hot keys)")
+	policyMode := fs.String("policy-mode", "enforce", "cap every policy rule: enforce (rules act as configured), report (log and count, refuse nothing) or off")
 	if err := fs.Parse(argv); err != nil {
+		return 2
+	}
+	forced, err := policy.ParseAction(*policyMode)
+	if err != nil {
+		fmt.Fprintf(stderr, "redproxy: --policy-mode: %v\n", err)
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -52,13 +69,12 @@ func run(argv []string, stderr io.Writer) int {
 
 	cfg := config.Default()
 	if *configPath != "" {
-		var err error
 		if cfg, err = config.Load(*configPath); err != nil {
 			fmt.Fprintf(stderr, "redproxy: bad configuration:\n%v\n", err)
 			return 2
 		}
 	}
-	cfg, err := cfg.Apply(ov)
+	cfg, err = cfg.Apply(ov)
 	if err != nil {
 		fmt.Fprintf(stderr, "redproxy: bad configuration:\n%v\n", err)
 		return 2
@@ -95,6 +111,26 @@ func run(argv []string, stderr io.Writer) int {
 	if v := upstreamVersion(cfg, upstreamAddr); v != "" {
 		srv.SetUpstreamVersion(v)
 	}
+	g := srv.Guard()
+	g.SetForcedMode(forced)
+	if *configPath != "" {
+		path := *configPath
+		g.SetSource(func() (policy.Config, error) {
+			c, err := config.Load(path)
+			if err != nil {
+				return policy.Config{}, err
+			}
+			return c.Policy, nil
+		})
+	}
+	if forced != policy.Enforce {
+		log.Warn("--policy-mode caps every policy rule", "policy_mode", forced.String())
+	}
+	// Registered before anything listens, so a SIGHUP sent once the proxy
+	// answers never hits the default action (exit).
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	defer signal.Stop(hups)
 
 	ln, err := net.Listen("tcp", cfg.Server.Listen)
 	if err != nil {
@@ -109,6 +145,9 @@ func run(argv []string, stderr io.Writer) int {
 			return 1
 		}
 		adm = admin.New(reg.Registry, srv.Ready, log)
+		adm.Handle("GET /policy/report", g.ReportHandler())
+		adm.Handle("POST /policy/reload", g.ReloadHandler())
+		adm.Handle("GET /debug/hotkeys", srv.HotKeysHandler())
 		go adm.Serve(aln)
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}
@@ -118,12 +157,21 @@ func run(argv []string, stderr io.Writer) int {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	select {
-	case sig := <-sigs:
-		log.Info("shutting down", "signal", sig.String(), "timeout", cfg.Server.ShutdownTimeout.Duration)
-	case err := <-served:
-		log.Error("listener failed", "err", err)
-		return 1
+wait:
+	for {
+		select {
+		case <-hups:
+			// The guard logs the outcome, and keeps the old policy on error.
+			if err := g.Reload(); errors.Is(err, guard.ErrNoSource) {
+				log.Warn("SIGHUP ignored: no --config file to reload the policy from")
+			}
+		case sig := <-sigs:
+			log.Info("shutting down", "signal", sig.String(), "timeout", cfg.Server.ShutdownTimeout.Duration)
+			break wait
+		case err := <-served:
+			log.Error("listener failed", "err", err)
+			return 1
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout.Duration)
 	defer cancel()

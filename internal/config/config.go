@@ -22,6 +22,9 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/localcache"
+	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/stampede"
 )
 
 // Config is the whole proxy configuration. See config.example.toml at the
@@ -29,12 +32,19 @@ import (
 type Config struct {
 	Server   Server   `toml:"server"`
 	Upstream Upstream `toml:"upstream"`
+	// Policy is the guard's rules; package policy documents and checks them.
+	Policy policy.Config `toml:"policy"`
+	// Stampede is coalescing, miss holds and early refresh; package
+	// stampede documents and checks it.
+	Stampede stampede.Config `toml:"stampede"`
+	// LocalCache is the local tier; package localcache documents its
+	// contract and checks the section.
+	LocalCache localcache.Config `toml:"localcache"`
 
-	// Sections owned by other packages ([policy], [stampede], [localcache])
-	// are added here as fields whose types live in those packages, e.g.
-	//	Policy policy.Config `toml:"policy"`
-	// together with their defaults in Default and their checks in Validate.
-	// Until a field exists, its section is rejected as unknown.
+	// Sections owned by other packages ([localcache]) are added
+	// here as fields whose types live in those packages, together with their
+	// defaults in Default and their checks in Validate. Until a field exists,
+	// its section is rejected as unknown.
 }
 
 // Server configures the client-facing side of the proxy.
@@ -103,6 +113,9 @@ func Default() *Config {
 			ReconnectMax: dur(2 * time.Second),
 			Databases:    16,
 		},
+		Policy:     policy.DefaultConfig(),
+		Stampede:   stampede.DefaultConfig(),
+		LocalCache: localcache.DefaultConfig(),
 	}
 }
 
@@ -213,14 +226,19 @@ type Overrides struct {
 	Upstream string // --upstream -> upstream.address
 	Admin    string // --admin    -> server.admin (the file must be used to disable it)
 	LogLevel string // --log-level -> server.log_level
+	// LocalTier is --local-tier: "on" or "off" -> localcache.enabled.
+	LocalTier string
 }
 
 // Apply returns a new snapshot with the overrides applied and validated; c is
 // left untouched. Errors name the flag as well as the key.
 func (c *Config) Apply(o Overrides) (*Config, error) {
 	// A plain copy is a deep copy while every field is a value type; a section
-	// added later with slices or maps must be copied explicitly here.
+	// added later with slices or maps must be copied explicitly here. Policy's
+	// slices are shared, which is safe because no override changes them and
+	// snapshots are never modified.
 	n := *c
+	n.Stampede = c.Stampede.Clone()
 	flags := map[string]string{}
 	set := func(dst *string, val, key, flag string) {
 		if val != "" {
@@ -232,7 +250,18 @@ func (c *Config) Apply(o Overrides) (*Config, error) {
 	set(&n.Upstream.Address, o.Upstream, "upstream.address", "--upstream")
 	set(&n.Server.Admin, o.Admin, "server.admin", "--admin")
 	set(&n.Server.LogLevel, o.LogLevel, "server.log_level", "--log-level")
-	if errs := n.check(); len(errs) > 0 {
+	var tierErr *Error
+	switch o.LocalTier {
+	case "":
+	case "on", "off":
+		n.LocalCache.Enabled = o.LocalTier == "on"
+	default:
+		tierErr = &Error{Key: "localcache.enabled (--local-tier)", Msg: fmt.Sprintf("invalid value %q (use on or off)", o.LocalTier)}
+	}
+	if errs := n.check(); len(errs) > 0 || tierErr != nil {
+		if tierErr != nil {
+			errs = append(errs, tierErr)
+		}
 		for _, e := range errs {
 			if flag, ok := flags[e.Key]; ok {
 				e.Key += " (" + flag + ")"
@@ -241,6 +270,81 @@ func (c *Config) Apply(o Overrides) (*Config, error) {
 		return nil, join(errs)
 	}
 	return &n, nil
+}
+
+// localcacheErrors converts package localcache's validation errors, whose
+// keys ("localcache.stale_if_error[0].max_age") the line index resolves.
+func localcacheErrors(c localcache.Config) []*Error {
+	err := c.Validate()
+	if err == nil {
+		return nil
+	}
+	var list []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	} else {
+		list = []error{err}
+	}
+	errs := make([]*Error, 0, len(list))
+	for _, e := range list {
+		var le *localcache.Error
+		if errors.As(e, &le) {
+			errs = append(errs, &Error{Key: le.Key, Msg: le.Msg})
+		} else {
+			errs = append(errs, &Error{Key: "localcache", Msg: e.Error()})
+		}
+	}
+	return errs
+}
+
+// policyErrors converts package policy's validation errors, whose keys
+// ("policy.ttl[2].max") the line index resolves like any other key.
+func policyErrors(p policy.Config) []*Error {
+	err := p.Validate()
+	if err == nil {
+		return nil
+	}
+	var list []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	} else {
+		list = []error{err}
+	}
+	errs := make([]*Error, 0, len(list))
+	for _, e := range list {
+		var pe *policy.Error
+		if errors.As(e, &pe) {
+			errs = append(errs, &Error{Key: pe.Key, Msg: pe.Msg})
+		} else {
+			errs = append(errs, &Error{Key: "policy", Msg: e.Error()})
+		}
+	}
+	return errs
+}
+
+// stampedeErrors converts package stampede's validation errors, whose keys
+// ("stampede.hold[1].timeout") the line index resolves like any other key.
+func stampedeErrors(c stampede.Config) []*Error {
+	err := c.Validate()
+	if err == nil {
+		return nil
+	}
+	var list []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	} else {
+		list = []error{err}
+	}
+	errs := make([]*Error, 0, len(list))
+	for _, e := range list {
+		var se *stampede.Error
+		if errors.As(e, &se) {
+			errs = append(errs, &Error{Key: se.Key, Msg: se.Msg})
+		} else {
+			errs = append(errs, &Error{Key: "stampede", Msg: e.Error()})
+		}
+	}
+	return errs
 }
 
 // Validate reports every invalid setting at once, joined with errors.Join.

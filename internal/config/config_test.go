@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/localcache"
+	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/stampede"
 )
 
 // configErrors flattens what Parse/Validate/Apply return into *Error values.
@@ -103,6 +106,34 @@ reply_timeout = "1m30s"
 reconnect_min = "10ms"
 reconnect_max = "10s"
 databases = 1
+
+[stampede]
+coalesce = false
+max_waiters = 7
+
+[[stampede.hold]]
+pattern = "cache:*"
+timeout = "3s"
+
+[[stampede.early_refresh]]
+pattern = "page:*"
+beta = 2.5
+
+[localcache]
+enabled = true
+max_bytes = "8MB"
+staleness = "250ms"
+max_ttl = "30s"
+admit_min_reads = 3
+admit_window = "2s"
+write_ratio = 0.5
+include = ["product:*"]
+exclude = ["product:secret:*"]
+negative_caching = true
+
+[[localcache.stale_if_error]]
+pattern = "product:*"
+max_age = "20s"
 `
 	want := &Config{
 		Server: Server{
@@ -132,6 +163,26 @@ databases = 1
 			ReconnectMax: dur(10 * time.Second),
 			Databases:    1,
 		},
+		Policy: policy.DefaultConfig(),
+		Stampede: stampede.Config{
+			Coalesce:     false,
+			MaxWaiters:   7,
+			Hold:         []stampede.HoldRule{{Pattern: "cache:*", Timeout: dur(3 * time.Second)}},
+			EarlyRefresh: []stampede.RefreshRule{{Pattern: "page:*", Beta: 2.5}},
+		},
+		LocalCache: localcache.Config{
+			Enabled:         true,
+			MaxBytes:        8 << 20,
+			Staleness:       dur(250 * time.Millisecond),
+			MaxTTL:          dur(30 * time.Second),
+			AdmitMinReads:   3,
+			AdmitWindow:     dur(2 * time.Second),
+			WriteRatio:      0.5,
+			Include:         []string{"product:*"},
+			Exclude:         []string{"product:secret:*"},
+			NegativeCaching: true,
+			StaleIfError:    []localcache.StaleRule{{Pattern: "product:*", MaxAge: dur(20 * time.Second)}},
+		},
 	}
 	got, err := Parse([]byte(doc), "all.toml")
 	if err != nil {
@@ -144,6 +195,9 @@ databases = 1
 	// silently ignored would still pass the comparison above.
 	def := settings(Default())
 	for key, v := range settings(got) {
+		if strings.HasPrefix(key, "policy.") {
+			continue // package policy tests its own keys; TestPolicySection covers the plumbing
+		}
 		if reflect.DeepEqual(v, def[key]) {
 			t.Errorf("%s: test document does not change the default %v", key, v)
 		}
@@ -171,14 +225,16 @@ func TestParseErrors(t *testing.T) {
 	}{
 		{"unknown key", "[server]\nlisten = \"127.0.0.1:1\"\nlisen = \"x\"\n",
 			[]wantErr{{3, "server.lisen", "unknown key"}}},
-		{"unknown section", "[server]\n\n[policy]\nttl = \"1s\"\n",
-			[]wantErr{{3, "policy", "unknown key"}}},
+		{"unknown section", "[server]\n\n[polcy]\nttl = \"1s\"\n",
+			[]wantErr{{3, "polcy", "unknown key"}}},
 		{"unknown keys all reported", "typo = 1\n[upstream]\nadress = \"x:1\"\npasword = \"p\"\n",
 			[]wantErr{{1, "typo", "unknown key"}, {3, "upstream.adress", "unknown key"}, {4, "upstream.pasword", "unknown key"}}},
 		{"bad duration", "[upstream]\n\ndial_timeout = \"2x\"\n",
 			[]wantErr{{3, "upstream.dial_timeout", `invalid duration "2x" (use e.g. "500ms", "2s")`}}},
 		{"integer duration", "[upstream]\nreply_timeout = 5\n",
 			[]wantErr{{2, "upstream.reply_timeout", "invalid value 5: write it as a string with a unit"}}},
+		{"integer policy duration", "[[policy.ttl]]\npattern = \"a:*\"\nrequired = true\ndefault = 5\n",
+			[]wantErr{{4, "policy.ttl.default", "invalid value 5: write it as a string with a unit"}}},
 		{"dotted integer duration", "server.idle_timeout = 30\n",
 			[]wantErr{{1, "server.idle_timeout", "invalid value 30: write it as a string with a unit"}}},
 		{"negative duration", "[server]\nshutdown_timeout = \"-1s\"\n",
@@ -352,7 +408,10 @@ func TestLoad(t *testing.T) {
 }
 
 // The example file documents every setting with its default; this keeps it
-// from drifting from the code in either direction.
+// from drifting from the code in either direction. The [policy] section is
+// the exception: it ships the seeds' policy rather than the default (which
+// only refuses KEYS, FLUSHALL and FLUSHDB), and must be exactly the policy
+// package's tested example.
 func TestExampleFileMatchesDefaults(t *testing.T) {
 	const path = "../../config.example.toml"
 	data, err := os.ReadFile(path)
@@ -366,14 +425,158 @@ func TestExampleFileMatchesDefaults(t *testing.T) {
 	def := settings(Default())
 	got := settings(c)
 	for key, v := range def {
+		if strings.HasPrefix(key, "policy.") {
+			continue
+		}
+		// The example turns the local tier on; everything else in its
+		// section is the default.
+		if key == "localcache.enabled" {
+			continue
+		}
 		if !reflect.DeepEqual(got[key], v) {
 			t.Errorf("%s: example sets %v, default is %v", key, got[key], v)
 		}
 	}
 	lines, _ := scan(data)
 	for key := range def {
+		// Scopes are documented in comments: an empty "scope = []" would
+		// stop users from adding [[policy.scope]] tables below it.
+		// The same holds for the stampede rule lists.
+		if key == "policy.scope" || key == "stampede.hold" || key == "stampede.early_refresh" || key == "localcache.stale_if_error" {
+			continue
+		}
 		if _, ok := lines[key]; !ok {
 			t.Errorf("%s is not documented in %s", key, path)
 		}
+	}
+
+	if _, err := policy.Compile(c.Policy); err != nil {
+		t.Fatalf("example policy does not compile: %v", err)
+	}
+	seedDoc, err := os.ReadFile("../policy/testdata/policy.example.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seeds, err := Parse(seedDoc, "policy.example.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c.Policy, seeds.Policy) {
+		t.Errorf("the example's [policy] differs from internal/policy/testdata/policy.example.toml:\n got %+v\nwant %+v", c.Policy, seeds.Policy)
+	}
+}
+
+// TestPolicySection: policy errors come back as *Error with the line of the
+// array-table entry they are in, and a valid section is decoded.
+func TestPolicySection(t *testing.T) {
+	doc := `[policy]
+mode = "report"
+
+[[policy.ttl]]
+pattern = "session:*"
+required = true
+default = "24h"
+
+[[policy.ttl]]
+pattern = "cache:*"
+max = "1.5s"
+
+[policy.commands]
+deny = ["debug", "flushal"]
+
+[[policy.scope]]
+name = "admin"
+users = ["admin"]
+
+[[policy.scope]]
+name = "batch"
+listeners = ["127.0.0.1:6381"]
+[[policy.scope.ttl]]
+pattern = "x"
+max = "1m"
+max_action = "sometimes"
+`
+	_, err := Parse([]byte(doc), "p.toml")
+	if err == nil {
+		t.Fatal("invalid policy accepted")
+	}
+	got := configErrors(t, err)
+	want := []wantErr{
+		{11, "policy.ttl[1].max", "whole number of seconds"},
+		{14, "policy.commands.deny[1]", `unknown command "flushal"`},
+		{26, "policy.scope[1].ttl[0].max_action", `invalid value "sometimes"`},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d errors, want %d: %v", len(got), len(want), err)
+	}
+	for i, w := range want {
+		if g := got[i]; g.Line != w.line || g.Key != w.key || !strings.Contains(g.Msg, w.msg) || g.File != "p.toml" {
+			t.Errorf("error %d = %+v, want %+v", i, *g, w)
+		}
+	}
+
+	good := strings.NewReplacer(`max = "1.5s"`, `max = "15m"`, `, "flushal"`, "", `"sometimes"`, `"refuse"`).Replace(doc)
+	c, err := Parse([]byte(good), "p.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Policy.Mode != "report" || len(c.Policy.TTL) != 2 || c.Policy.TTL[0].Default.Duration != 24*time.Hour ||
+		len(c.Policy.Scopes) != 2 || c.Policy.Scopes[1].TTL[0].Max.Duration != time.Minute {
+		t.Fatalf("decoded %+v", c.Policy)
+	}
+}
+
+// TestStampedeSection: stampede errors come back as *Error with the line of
+// the array-table entry they are in.
+func TestStampedeSection(t *testing.T) {
+	doc := `[stampede]
+max_waiters = 0
+
+[[stampede.hold]]
+pattern = "cache:*"
+timeout = "2s"
+
+[[stampede.hold]]
+pattern = "page:["
+timeout = "0s"
+
+[[stampede.early_refresh]]
+pattern = "cache:*"
+beta = -1.0
+`
+	_, err := Parse([]byte(doc), "s.toml")
+	if err == nil {
+		t.Fatal("invalid stampede section accepted")
+	}
+	got := configErrors(t, err)
+	want := []wantErr{
+		{2, "stampede.max_waiters", "must be > 0"},
+		{9, "stampede.hold[1].pattern", "unclosed '['"},
+		{10, "stampede.hold[1].timeout", "must be between"},
+		{14, "stampede.early_refresh[0].beta", "positive number"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d errors, want %d: %v", len(got), len(want), err)
+	}
+	for i, w := range want {
+		if g := got[i]; g.Line != w.line || g.Key != w.key || !strings.Contains(g.Msg, w.msg) || g.File != "s.toml" {
+			t.Errorf("error %d = %+v, want %+v", i, *g, w)
+		}
+	}
+	c, err := Parse([]byte("[[stampede.hold]]\npattern = \"cache:*\"\ntimeout = \"2s\"\n"), "s.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Stampede.Coalesce || c.Stampede.MaxWaiters != 1000 || len(c.Stampede.Hold) != 1 || c.Stampede.Hold[0].Timeout.Duration != 2*time.Second {
+		t.Fatalf("decoded %+v", c.Stampede)
+	}
+	// Apply copies the rule lists, so snapshots never share them.
+	n, err := c.Apply(Overrides{LogLevel: "debug"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Stampede.Hold[0].Pattern = "changed"
+	if c.Stampede.Hold[0].Pattern != "cache:*" {
+		t.Fatal("Apply shares stampede.hold with the original snapshot")
 	}
 }

@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/pelletier/go-toml/v2/unstable"
 
 	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/policy"
 )
 
 // lineIndex maps dotted keys to the line that sets them, so errors found
@@ -16,11 +18,18 @@ import (
 type lineIndex map[string]int
 
 // find returns the line of key, or of its nearest enclosing table (keys set
-// inside an inline table are not indexed individually), or 0.
+// inside an inline table are not indexed individually), or 0. An array
+// element ("deny[3]") is found at the line of its array.
 func (idx lineIndex) find(key string) int {
 	for key != "" {
 		if line, ok := idx[key]; ok {
 			return line
+		}
+		if strings.HasSuffix(key, "]") {
+			if i := strings.LastIndexByte(key, '['); i > 0 {
+				key = key[:i]
+				continue
+			}
 		}
 		i := strings.LastIndexByte(key, '.')
 		if i < 0 {
@@ -29,6 +38,29 @@ func (idx lineIndex) find(key string) int {
 		key = key[:i]
 	}
 	return 0
+}
+
+// indexedTable names a table header with the position of every array table
+// in its path: the second [[policy.scope]] is "policy.scope[1]", and a
+// [[policy.scope.ttl]] after it "policy.scope[1].ttl[0]". arrays counts the
+// elements seen per indexed array path.
+func indexedTable(parts []string, arrays map[string]int, isArray bool) string {
+	path := ""
+	for i, part := range parts {
+		if path != "" {
+			path += "."
+		}
+		path += part
+		if i == len(parts)-1 && isArray {
+			n := arrays[path]
+			arrays[path] = n + 1
+			return path + "[" + strconv.Itoa(n) + "]"
+		}
+		if n, ok := arrays[path]; ok {
+			path += "[" + strconv.Itoa(n-1) + "]"
+		}
+	}
+	return path
 }
 
 // valueRule says which TOML value kinds a field of a units type accepts.
@@ -42,6 +74,8 @@ var unitRules = map[reflect.Type]valueRule{
 		`write it as a string with a unit (e.g. "500ms", "2s")`},
 	reflect.TypeFor[units.ByteSize](): {[]unstable.Kind{unstable.String, unstable.Integer},
 		`use a whole number of bytes or a string with a unit (e.g. 65536, "64KB", "512MB", "1GiB")`},
+	reflect.TypeFor[policy.Duration](): {[]unstable.Kind{unstable.String},
+		`write it as a string with a unit (e.g. "90s", "15m", "24h", "7d")`},
 }
 
 // unitKeys maps dotted keys to the rule for their field, found by reflection
@@ -56,10 +90,19 @@ var unitKeys = func() map[string]valueRule {
 			if name == "" || name == "-" {
 				continue // untagged fields are not part of the documented schema
 			}
-			if rule, ok := unitRules[f.Type]; ok {
+			ft := f.Type
+			if rule, ok := unitRules[ft]; ok {
 				keys[prefix+name] = rule
-			} else if f.Type.Kind() == reflect.Struct {
-				walk(f.Type, prefix+name+".")
+				continue
+			}
+			// Elements of arrays of tables ([[policy.ttl]]) and optional
+			// tables (pointers) are indexed without a position, as scan
+			// names their keys.
+			if ft.Kind() == reflect.Slice || ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct {
+				walk(ft, prefix+name+".")
 			}
 		}
 	}
@@ -79,6 +122,10 @@ func scan(data []byte) (lineIndex, []*Error) {
 	var p unstable.Parser
 	p.Reset(data)
 	var table []string
+	// Array tables ([[policy.ttl]]) are also indexed by position, as
+	// "policy.ttl[2].max", the form validation errors name them in.
+	arrays := map[string]int{}
+	var itable string
 	for p.NextExpression() {
 		expr := p.Expression()
 		var parts []string
@@ -90,10 +137,17 @@ func scan(data []byte) (lineIndex, []*Error) {
 			}
 			parts = append(parts, string(n.Data))
 		}
+		var ikey string
 		switch expr.Kind {
 		case unstable.Table, unstable.ArrayTable:
+			itable = indexedTable(parts, arrays, expr.Kind == unstable.ArrayTable)
+			ikey = itable
 			table = parts
 		case unstable.KeyValue:
+			ikey = strings.Join(parts, ".")
+			if itable != "" {
+				ikey = itable + "." + ikey
+			}
 			parts = append(append([]string(nil), table...), parts...)
 		default:
 			continue
@@ -101,6 +155,9 @@ func scan(data []byte) (lineIndex, []*Error) {
 		key := strings.Join(parts, ".")
 		if _, seen := idx[key]; !seen {
 			idx[key] = line
+		}
+		if _, seen := idx[ikey]; !seen && ikey != key {
+			idx[ikey] = line
 		}
 		if rule, ok := unitKeys[key]; ok && expr.Kind == unstable.KeyValue {
 			if v := expr.Value(); !slices.Contains(rule.kinds, v.Kind) {

@@ -96,6 +96,9 @@ func (c *Config) check() []*Error {
 	if u.Databases < 1 {
 		bad("upstream.databases", "must be > 0, got %d", u.Databases)
 	}
+	errs = append(errs, policyErrors(c.Policy)...)
+	errs = append(errs, stampedeErrors(c.Stampede)...)
+	errs = append(errs, localcacheErrors(c.LocalCache)...)
 	return errs
 }
 

@@ -36,6 +36,9 @@ type Server struct {
 	metrics *metrics.Metrics
 	limits  resp.Limits
 	backend *Backend
+	guard   *serverGuard // the policy guard (guard.go)
+	flight  *flightState // stampede protection (flight.go)
+	tier    *tierState   // the local tier (tier.go)
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -222,6 +225,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.mu.Unlock()
 		<-done
 	}
+	s.closeTier()
 	s.backend.Close()
 	return err
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
@@ -53,10 +54,11 @@ type Session struct {
 	batchReqs []resp.Request
 
 	pin       pinState
-	replyOff  bool // CLIENT REPLY OFF
-	replySkip bool // CLIENT REPLY SKIP: mute the next command
-	curMute   bool // the command being dispatched gets no reply
-	curIndex  int  // index in batchReqs of the command being dispatched
+	guard     guard.Batch // the guard's decisions for the batch (guard.go)
+	replyOff  bool        // CLIENT REPLY OFF
+	replySkip bool        // CLIENT REPLY SKIP: mute the next command
+	curMute   bool        // the command being dispatched gets no reply
+	curIndex  int         // index in batchReqs of the command being dispatched
 
 	interrupted atomic.Bool
 }
@@ -188,6 +190,12 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	sess.replySkip = false
 	if !sess.authed && !isAuthExempt(cmd) {
 		sess.replyLocal(m, errNoAuth)
+		return
+	}
+	// A refusal comes first, so that commands the proxy handles itself
+	// (MONITOR, SUBSCRIBE, blocking commands, transactions) are refused
+	// like any other.
+	if sess.guardRefused(i, m) {
 		return
 	}
 	if sess.pin.pipe != nil && sess.dispatchPinned(i, cmd, req, m) {

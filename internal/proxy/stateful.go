@@ -200,6 +200,9 @@ func (sess *Session) unpin(clean bool) {
 // MULTI, in order, to track positions in the transaction's queue.
 func (sess *Session) noteQueued(reply []byte, hidden bool) {
 	if !bytes.Equal(reply, queued) {
+		if hidden {
+			sess.hiddenFailed(reply, nil)
+		}
 		return // refused at queue time; not part of the transaction
 	}
 	if hidden {
@@ -270,10 +273,23 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 		}
 		pipe, borrowed = p, true
 	}
+	// The guard's rewrite and TTL fix-ups apply to blocking writes too
+	// (BLMOVE's destination); fix-ups follow on the same connection.
+	raw := req.Raw
+	var fixups [][]byte
+	if d := sess.guard.Decision(sess.curIndex); d != nil {
+		sess.recordViolations(d)
+		if d.Args != nil {
+			raw = sess.guard.Encode(d.Args)
+		}
+		if len(d.Expires) > 0 {
+			fixups = sess.guard.Fixups(d.Expires)
+		}
+	}
 	call := sess.call
 	call.Reset()
 	call.NoTimeout = true
-	call.Add(req.Raw)
+	call.Add(raw)
 	if err := pipe.Send(call); err != nil {
 		if borrowed {
 			sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, false)
@@ -311,6 +327,20 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 	}
 	sess.replyLocal(m, reply)
 	call.Reset()
+	if err == nil && len(fixups) > 0 {
+		for _, f := range fixups {
+			call.Add(f)
+		}
+		if serr := pipe.Send(call); serr == nil {
+			call.Wait()
+		}
+		for i := range fixups {
+			if r, ferr := call.Reply(i); ferr != nil || resp.IsError(r) {
+				sess.hiddenFailed(r, ferr)
+			}
+		}
+		call.Reset()
+	}
 	if borrowed {
 		sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, err == nil)
 	}

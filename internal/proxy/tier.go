@@ -1,12 +1,253 @@
 package proxy
 
 import (
+	"errors"
+	"net/http"
+	"sync"
+	"sync/atomic"
+
 	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/stampede"
+	"github.com/redproxy/redproxy/internal/upstream"
 )
 
+func init() { featureInits = append(featureInits, initTier) }
+
+// tierState is the local tier's part of a Server: the cache, and each
+// session's writes in flight (from writeForwarded to batchFlushed).
+type tierState struct {
+	cache *localcache.Cache
+
+	mu      sync.Mutex
+	writes  map[*Session]*localcache.Writes
+	nwrites atomic.Int32 // sessions in writes, so batchFlushed is free when 0
+	spare   []*localcache.Writes
+}
+
+func initTier(s *Server) error {
+	cfg := s.cfg.LocalCache
+	if !cfg.Enabled {
+		return nil
+	}
+	c, err := localcache.New(cfg, localcache.Options{
+		Upstream:  func(db int) upstream.Options { return s.backend.Options(db, true) },
+		Databases: s.cfg.Upstream.Databases,
+		Logger:    s.log,
+		Registry:  s.metrics.Registry,
+	})
+	if err != nil {
+		return err
+	}
+	c.Connect(0) // most clients use DB 0: have it live before they come
+	s.tier = &tierState{cache: c, writes: map[*Session]*localcache.Writes{}}
+	return nil
+}
+
+// LocalTier returns the local tier, or nil when it is off.
+func (s *Server) LocalTier() *localcache.Cache {
+	if s.tier == nil {
+		return nil
+	}
+	return s.tier.cache
+}
+
+// HotKeysHandler serves /debug/hotkeys for the admin server.
+func (s *Server) HotKeysHandler() http.Handler {
+	if s.tier == nil {
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "the local tier is off (localcache.enabled, --local-tier)", http.StatusNotFound)
+		})
+	}
+	return s.tier.cache.HotKeysHandler()
+}
+
+// closeTier stops the tier's connections; called by Shutdown.
+func (s *Server) closeTier() {
+	if s.tier != nil {
+		s.tier.cache.Close()
+	}
+}
+
 // tierStep answers a read from the local tier when it may.
+//
+// Order: a hit is served only when nothing of this client's batch is still
+// to be sent to Redis ahead of it; otherwise the read is forwarded behind
+// it, because answering it now would reorder this client's commands in a
+// way other clients can observe. (A coalesced read, which runs on another
+// connection, is only ever the sole command of its batch, so it never
+// precedes this one.) For the same reason an admitted miss is filled right
+// here, before any later command of the batch is sent.
 func (sess *Session) tierStep(cmd *commands.Command, req *resp.Request, m *metrics.Command) bool {
+	t := sess.srv.tier
+	// The session does not call this in MULTI, under WATCH or when relayed;
+	// the pin check is a second line of defence.
+	if t == nil || cmd == nil || sess.pin.pipe != nil {
+		return false
+	}
+	if cmd.Flags&commands.CatScripting != 0 && cmd.Flags&(commands.ReadOnly|commands.Write) == 0 {
+		// EVAL, EVALSHA and FCALL carry no "write" flag, yet may write any
+		// key: they are writes to the tier.
+		sess.tierWriteForwarded(cmd, req.Args)
+		return false
+	}
+	if sess.pendingUpstream() {
+		return false
+	}
+	key, ok := localcache.Cacheable(cmd, req.Args)
+	if !ok {
+		return false
+	}
+	db, resp3 := sess.db, sess.resp3
+	reply, st := t.cache.Get(db, resp3, req.Raw, key)
+	switch st {
+	case localcache.Hit:
+		sess.replyLocal(m, reply)
+		return true
+	case localcache.Fill:
+		reply, err := sess.tierFill(t, cmd, req.Raw, key)
+		if err != nil {
+			return false // forwarded like any read; Redis answers or the error shows
+		}
+		sess.replyLocal(m, reply)
+		return true
+	case localcache.Stale:
+		return sess.tierStale(t, req.Raw, key, m)
+	}
 	return false
 }
+
+// tierFill fills an admitted miss through the flight group, under the same
+// key coalesced reads use, so concurrent misses of a hot key make one
+// request, shared with any coalesced read of the same command. Whoever
+// leads the fetch, its reply is a read Redis ran after every waiter asked.
+// If the tier cannot fill (a write is in flight, no fill connection, a
+// reply with no RESP2 form), the fetch reads through the shared pool as
+// coalescing does, so waiters always get an answer.
+func (sess *Session) tierFill(t *tierState, cmd *commands.Command, raw, key []byte) ([]byte, error) {
+	fs := sess.srv.flight
+	db, resp3 := sess.db, sess.resp3
+	pool := sess.srv.backend.Pool(db, resp3)
+	fetch := func() ([]byte, error) {
+		reply, err := t.cache.Fill(db, resp3, cmd, raw, key)
+		if err == nil {
+			return reply, nil
+		}
+		if fs == nil {
+			return nil, err
+		}
+		return fs.fetch(pool, raw)
+	}
+	if fs == nil {
+		return fetch()
+	}
+	reply, _, err := fs.group.Do(flightKey('r', db, resp3, raw), fetch)
+	if errors.Is(err, stampede.ErrTooManyWaiters) {
+		return nil, err
+	}
+	return reply, err
+}
+
+// tierStale handles a read the tier holds a stale-if-error value for while
+// it cannot serve: Redis is asked first (nothing of the batch is pending,
+// so asking now keeps the client's order), and the stale value answers
+// only a connection failure.
+func (sess *Session) tierStale(t *tierState, raw, key []byte, m *metrics.Command) bool {
+	db, resp3 := sess.db, sess.resp3
+	call := upstream.NewCall()
+	call.Add(raw)
+	sess.srv.backend.Pool(db, resp3).Do(call)
+	reply, err := call.Reply(0)
+	if err == nil {
+		t.cache.Refreshed(db, key)
+		sess.replyLocal(m, reply)
+		return true
+	}
+	if errors.Is(err, upstream.ErrUnavailable) || errors.Is(err, upstream.ErrConnLost) || errors.Is(err, upstream.ErrTimeout) {
+		if v, ok := t.cache.StaleValue(db, resp3, raw, key); ok {
+			sess.replyLocal(m, v)
+			return true
+		}
+	}
+	sess.replyLocal(m, errorReply(err))
+	return true
+}
+
+// tierWriteForwarded tells the tier about a write before it is sent: its
+// keys are dropped and neither served nor filled until tierBatchFlushed.
+func (sess *Session) tierWriteForwarded(cmd *commands.Command, args [][]byte) {
+	t := sess.srv.tier
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	w := t.writes[sess]
+	if w == nil {
+		if n := len(t.spare); n > 0 {
+			w, t.spare = t.spare[n-1], t.spare[:n-1]
+		} else {
+			w = &localcache.Writes{}
+		}
+		t.writes[sess] = w
+		t.nwrites.Add(1)
+	}
+	t.mu.Unlock()
+	// Writes replayed at EXEC arrive while the transaction is still open.
+	inTx := sess.pin.pipe != nil && sess.pin.inMulti
+	t.cache.WriteStart(w, sess.db, cmd, args, inTx)
+}
+
+// tierBatchFlushed: the replies of the session's writes are in, so their
+// keys may be filled again (and a fence raised if one is due).
+func (sess *Session) tierBatchFlushed() {
+	t := sess.srv.tier
+	if t == nil {
+		return
+	}
+	if sess.pin.pipe != nil && sess.tierPinnedScripts() {
+		t.cache.Fence()
+	}
+	if t.nwrites.Load() == 0 {
+		return
+	}
+	t.mu.Lock()
+	w := t.writes[sess]
+	if w != nil {
+		delete(t.writes, sess)
+		t.nwrites.Add(-1)
+	}
+	t.mu.Unlock()
+	if w == nil {
+		return
+	}
+	t.cache.WriteDone(w)
+	t.mu.Lock()
+	if len(t.spare) < 64 {
+		t.spare = append(t.spare, w)
+	}
+	t.mu.Unlock()
+}
+
+// tierPinnedScripts reports whether a pinned session's flush may have run a
+// script, which the write hooks do not hear of: EXEC runs whatever was
+// queued (scripts included), and under WATCH scripts go straight to the
+// pinned connection. Pinned sessions are rare, so a fence after such a
+// flush costs little, and it makes whatever the scripts wrote visible
+// before the client gets the reply.
+func (sess *Session) tierPinnedScripts() bool {
+	if sess.pin.inMulti {
+		return true
+	}
+	for i := range sess.batchReqs {
+		cmd := sess.srv.table.Lookup(sess.batchReqs[i].Args)
+		if cmd != nil && cmd.Flags&commands.CatScripting != 0 && cmd.Flags&commands.ReadOnly == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// tierSessionClosed releases anything a session that ended mid-batch held.
+func (sess *Session) tierSessionClosed() { sess.tierBatchFlushed() }

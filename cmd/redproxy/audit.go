@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/audit"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/policy"
+)
+
+// Exit codes of redproxy audit, for scripts and CI.
+const (
+	auditClean      = 0 // no finding
+	auditViolations = 1 // keys break a TTL or naming rule, or are big
+	auditFailed     = 2 // bad usage, bad config, Redis unreachable, or the walk stopped early
+)
+
+const auditUsage = `usage: redproxy audit --upstream ADDR [--config FILE] [--db N] [--json]
+                      [--count N] [--pause D] [--skip-memory] [--big-bytes N]
+
+Walks a Redis keyspace with SCAN (never KEYS), a bounded COUNT per batch and a
+pause between batches, and reports keys without a TTL, keys breaking the
+[policy] rules of --config (a TTL rule requiring a TTL, a TTL above a rule's
+max, the naming rules) and big keys (MEMORY USAGE above --big-bytes).
+
+Exit status: 0 no findings; 1 findings (keys without TTL count only where a
+TTL rule requires one); 2 usage, configuration or connection error, or the
+walk stopped early (the partial report is still printed).
+
+`
+
+// runAudit implements "redproxy audit". The report goes to stdout; progress
+// goes to stderr only when it is a terminal, so piped output stays clean.
+func runAudit(argv []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("redproxy audit", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, auditUsage)
+		fs.PrintDefaults()
+	}
+	upstream := fs.String("upstream", "", "Redis address host:port (default: upstream.address of --config)")
+	configPath := fs.String("config", "", "redproxy TOML configuration: its [policy] rules and upstream credentials")
+	db := fs.Int("db", 0, "database to audit")
+	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
+	count := fs.Int("count", audit.DefaultCount, "SCAN COUNT hint per batch; smaller batches hold Redis for less time")
+	pause := fs.Duration("pause", audit.DefaultPause, "pause between batches (0 for none)")
+	skipMemory := fs.Bool("skip-memory", false, "skip MEMORY USAGE (no big-key detection), e.g. when an ACL forbids it")
+	var bigBytes units.ByteSize
+	fs.Func("big-bytes", `big-key threshold, bytes or with a unit ("100KB"); default: the policy's max_value_bytes, else 100KB`,
+		func(s string) error { return bigBytes.UnmarshalText([]byte(s)) })
+	if err := fs.Parse(argv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return auditClean
+		}
+		return auditFailed
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "redproxy audit: unexpected argument %q\n", fs.Arg(0))
+		return auditFailed
+	}
+	if *count <= 0 || *pause < 0 || bigBytes < 0 || *db < 0 {
+		fmt.Fprintln(stderr, "redproxy audit: --count must be > 0, --pause, --big-bytes and --db must not be negative")
+		return auditFailed
+	}
+
+	cfg := config.Default()
+	if *configPath != "" {
+		var err error
+		if cfg, err = config.Load(*configPath); err != nil {
+			fmt.Fprintf(stderr, "redproxy audit: bad configuration:\n%v\n", err)
+			return auditFailed
+		}
+	}
+	addr := *upstream
+	if addr == "" && *configPath != "" {
+		addr = cfg.Upstream.Address
+	}
+	if addr == "" || addr == config.EmbeddedAddress {
+		fmt.Fprintln(stderr, "redproxy audit: --upstream ADDR is required (the Redis to audit)")
+		return auditFailed
+	}
+	p, err := policy.Compile(cfg.Policy)
+	if err != nil {
+		fmt.Fprintf(stderr, "redproxy audit: bad policy:\n%v\n", err)
+		return auditFailed
+	}
+
+	// go-redis logs dial retries itself; the audit reports the error once.
+	redis.SetLogger(quietLogger{})
+	rdb := redis.NewClient(&redis.Options{
+		Addr: addr, Username: cfg.Upstream.Username, Password: cfg.Upstream.Password, DB: *db,
+		DialTimeout: cfg.Upstream.DialTimeout.Duration, ReadTimeout: 30 * time.Second,
+		MaxRetries: 2, PoolSize: 1, Protocol: 2, DisableIdentity: true,
+	})
+	defer rdb.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	pingCtx, cancel := context.WithTimeout(ctx, cfg.Upstream.DialTimeout.Duration+time.Second)
+	err = rdb.Ping(pingCtx).Err()
+	cancel()
+	if err != nil {
+		fmt.Fprintf(stderr, "redproxy audit: cannot reach Redis at %s: %v\n", addr, err)
+		return auditFailed
+	}
+
+	opts := audit.Options{Count: *count, Pause: *pause, SkipMemory: *skipMemory, BigKeyBytes: int64(bigBytes)}
+	if opts.Pause == 0 {
+		opts.Pause = -1 // audit.Options: negative means no pause, zero the default
+	}
+	var progress io.Writer
+	if isTerminal(stderr) {
+		progress = stderr
+	}
+	rep, walkErr := audit.Run(ctx, rdb, p, opts, progress)
+	if *asJSON {
+		b, err := rep.JSON()
+		if err != nil {
+			fmt.Fprintf(stderr, "redproxy audit: %v\n", err)
+			return auditFailed
+		}
+		stdout.Write(append(b, '\n'))
+	} else {
+		rep.WriteText(stdout)
+	}
+	if walkErr != nil {
+		fmt.Fprintf(stderr, "redproxy audit: the walk stopped early: %v\n", walkErr)
+		return auditFailed
+	}
+	if hasFindings(rep) {
+		return auditViolations
+	}
+	return auditClean
+}
+
+// hasFindings: keys without any TTL alone are not findings, because
+// without a rule nothing says they need one (streams, for example).
+func hasFindings(r *audit.Report) bool {
+	for _, f := range r.TTL {
+		if f.Count > 0 {
+			return true
+		}
+	}
+	for _, f := range r.Names {
+		if f.Count > 0 {
+			return true
+		}
+	}
+	return r.BigKeys.Count > 0
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}

@@ -1,0 +1,292 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/audit"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+var ctx = context.Background()
+
+const examplePath = "../../config.example.toml"
+
+// seedAudit writes a keyspace with known violations of config.example.toml's
+// policy among keys that follow it.
+func seedAudit(t *testing.T, c *redis.Client) {
+	t.Helper()
+	pipe := c.Pipeline()
+	for i := range 300 {
+		pipe.Set(ctx, fmt.Sprintf("product:%d", i), "{}", time.Hour)
+		pipe.Set(ctx, fmt.Sprintf("session:ok%d", i), "{}", 24*time.Hour)
+	}
+	pipe.XAdd(ctx, &redis.XAddArgs{Stream: "events:orders", Values: []any{"a", "1"}}) // exempt from TTLs
+	for i := range 5 {
+		pipe.HSet(ctx, fmt.Sprintf("session:lost%d", i), "f", "v") // no TTL: rule session:*
+	}
+	for i := range 2 {
+		pipe.Set(ctx, fmt.Sprintf("cache:app:v1:%d", i), "v", 2*time.Hour) // over cache:* max 15m
+	}
+	for i := range 3 {
+		pipe.Set(ctx, fmt.Sprintf("legacy%d", i), "v", time.Hour) // no namespace
+	}
+	pipe.Set(ctx, "cache:product:1", "v", time.Minute)                    // no version segment
+	pipe.Set(ctx, "product:big", strings.Repeat("x", 300<<10), time.Hour) // big
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAuditCommand(t *testing.T) {
+	rs := redistest.Start(t)
+	direct := rs.Client(t)
+	seedAudit(t, direct)
+
+	var stdout, stderr bytes.Buffer
+	code := runAudit([]string{"--upstream", rs.Addr(), "--config", examplePath, "--json", "--count", "50", "--pause", "0"}, &stdout, &stderr)
+	if code != auditViolations {
+		t.Fatalf("exit %d, stderr %s", code, stderr.String())
+	}
+	if stderr.Len() != 0 {
+		t.Errorf("progress written to a non-terminal: %q", stderr.String())
+	}
+	var rep audit.Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, stdout.String())
+	}
+	if rep.Keys != 613 || !rep.Complete || rep.NoTTL.Count != 6 {
+		t.Errorf("keys %d complete %v no-TTL %d", rep.Keys, rep.Complete, rep.NoTTL.Count)
+	}
+	got := map[string]int64{}
+	for _, f := range append(rep.TTL, rep.Names...) {
+		got[f.Rule+" "+f.Pattern] = f.Count
+	}
+	want := map[string]int64{"ttl session:*": 5, "ttl_max cache:*": 2, "namespaces ": 3, "require_version cache:*": 1}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("findings %v, want %v", got, want)
+	}
+	if rep.BigKeys.Count != 1 || rep.BigKeys.Examples[0].Key != "product:big" {
+		t.Errorf("big keys %+v", rep.BigKeys)
+	}
+
+	// The text table, big-key detection off.
+	stdout.Reset()
+	code = runAudit([]string{"--upstream", rs.Addr(), "--config", examplePath, "--skip-memory"}, &stdout, &stderr)
+	if code != auditViolations || !strings.Contains(stdout.String(), "redproxy audit: 613 keys scanned") ||
+		!strings.Contains(stdout.String(), "ttl session:*") || !strings.Contains(stdout.String(), "not checked") {
+		t.Errorf("text: exit %d\n%s", code, stdout.String())
+	}
+
+	// Without --config there are no rules: keys without TTL are listed but
+	// are not findings; a lower big-key threshold is.
+	stdout.Reset()
+	if code := runAudit([]string{"--upstream", rs.Addr()}, &stdout, &stderr); code != auditViolations {
+		t.Errorf("no config, big key: exit %d\n%s", code, stdout.String())
+	}
+	check(t, direct.Del(ctx, "product:big").Err())
+	if code := runAudit([]string{"--upstream", rs.Addr(), "--json"}, io.Discard, &stderr); code != auditClean {
+		t.Errorf("no config, no big key: exit %d", code)
+	}
+	if code := runAudit([]string{"--upstream", rs.Addr(), "--big-bytes", "1KB"}, io.Discard, &stderr); code != auditViolations {
+		t.Errorf("--big-bytes 1KB: exit %d", code)
+	}
+
+	// A clean keyspace under the example policy.
+	check(t, direct.FlushAll(ctx).Err())
+	check(t, direct.Set(ctx, "session:1", "v", time.Hour).Err())
+	if code := runAudit([]string{"--upstream", rs.Addr(), "--config", examplePath}, io.Discard, &stderr); code != auditClean {
+		t.Errorf("clean keyspace: exit %d, %s", code, stderr.String())
+	}
+
+	// Usage and connection errors.
+	for _, args := range [][]string{
+		{},
+		{"--upstream", "127.0.0.1:1"},
+		{"--upstream", rs.Addr(), "--big-bytes", "lots"},
+		{"--upstream", rs.Addr(), "--count", "0"},
+		{"--upstream", rs.Addr(), "extra"},
+		{"--upstream", rs.Addr(), "--config", "/nonexistent.toml"},
+	} {
+		stderr.Reset()
+		if code := runAudit(args, io.Discard, &stderr); code != auditFailed || stderr.Len() == 0 {
+			t.Errorf("%q: exit %d, stderr %q", args, code, stderr.String())
+		}
+	}
+	// Dispatched from run().
+	if code := run([]string{"audit", "--upstream", rs.Addr(), "--count", "0"}, io.Discard); code != auditFailed {
+		t.Errorf("run audit: exit %d", code)
+	}
+	if code := run([]string{"--policy-mode", "sometimes"}, io.Discard); code != 2 {
+		t.Errorf("bad --policy-mode: exit %d", code)
+	}
+}
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// binary builds redproxy once for the tests that run it as a process.
+func binary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "redproxy-bin")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "redproxy")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
+// TestAuditBinaryExitCodes: the exit status scripts rely on.
+func TestAuditBinaryExitCodes(t *testing.T) {
+	rs := redistest.Start(t)
+	seedAudit(t, rs.Client(t))
+	bin := binary(t)
+	cmd := exec.Command(bin, "audit", "--upstream", rs.Addr(), "--config", examplePath, "--json")
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !json.Valid(out) {
+		t.Fatalf("violations: %v, output %.200s", err, out)
+	}
+	cmd = exec.Command(bin, "audit", "--upstream", "127.0.0.1:1")
+	if err := cmd.Run(); !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("unreachable: %v", err)
+	}
+}
+
+// syncBuffer collects a child's stderr while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestSIGHUPReloadsPolicy runs the proxy binary with the example config,
+// then changes the file and sends SIGHUP: a valid file takes effect, an
+// invalid one is logged and the policy stays. --policy-mode=report caps it.
+func TestSIGHUPReloadsPolicy(t *testing.T) {
+	rs := redistest.Start(t)
+	bin := binary(t)
+	example, err := os.ReadFile(examplePath)
+	check(t, err)
+	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	doc := strings.NewReplacer(
+		`listen = "127.0.0.1:6380"`, `listen = "`+listen+`"`,
+		`admin = "127.0.0.1:9121"`, `admin = "`+adminAddr+`"`,
+		`address = "127.0.0.1:6379"`, `address = "`+rs.Addr()+`"`,
+	).Replace(string(example))
+	path := filepath.Join(t.TempDir(), "redproxy.toml")
+	check(t, os.WriteFile(path, []byte(doc), 0o600))
+
+	var logs syncBuffer
+	cmd := exec.Command(bin, "--config", path)
+	cmd.Stderr = &logs
+	check(t, cmd.Start())
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	c := redis.NewClient(&redis.Options{Addr: listen, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered; log:\n%s", logs.String())
+
+	keysMsg := "ERR redproxy policy: KEYS is disabled; use SCAN 0 MATCH pattern COUNT 100"
+	if err := c.Keys(ctx, "*").Err(); err == nil || err.Error() != keysMsg {
+		t.Fatalf("KEYS: %v", err)
+	}
+	res, err := http.Get("http://" + adminAddr + "/policy/report")
+	check(t, err)
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if !strings.Contains(string(body), "1 violations") || !strings.Contains(string(body), "refused=1") {
+		t.Fatalf("report:\n%s", body)
+	}
+
+	check(t, os.WriteFile(path, []byte(strings.Replace(doc, "allow = []", `allow = ["keys"]`, 1)), 0o600))
+	check(t, cmd.Process.Signal(syscall.SIGHUP))
+	redistest.Eventually(t, 5*time.Second, func() bool { return c.Keys(ctx, "*").Err() == nil }, "SIGHUP did not reload; log:\n%s", logs.String())
+
+	check(t, os.WriteFile(path, []byte(doc+"\n[policy.bogus]\n"), 0o600))
+	check(t, cmd.Process.Signal(syscall.SIGHUP))
+	redistest.Eventually(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), "policy not reloaded") },
+		"bad file not reported; log:\n%s", logs.String())
+	if !strings.Contains(logs.String(), path+":") || !strings.Contains(logs.String(), "policy.bogus") {
+		t.Errorf("log does not say where:\n%s", logs.String())
+	}
+	if err := c.Keys(ctx, "*").Err(); err != nil {
+		t.Fatalf("a bad file replaced the policy: %v", err)
+	}
+
+	check(t, cmd.Process.Signal(syscall.SIGTERM))
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit: %v\n%s", err, logs.String())
+	}
+
+	// --policy-mode=report: the same file refuses nothing.
+	check(t, os.WriteFile(path, []byte(doc), 0o600))
+	cmd = exec.Command(bin, "--config", path, "--policy-mode=report")
+	cmd.Stderr = &logs
+	check(t, cmd.Start())
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered")
+	if err := c.Keys(ctx, "*").Err(); err != nil {
+		t.Fatalf("KEYS under --policy-mode=report: %v", err)
+	}
+}
+
+func check(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,144 @@
+package guard
+
+import (
+	"strconv"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/resp"
+)
+
+// Batch is one client connection's guard state: the decisions for the batch
+// of requests it is answering, and the buffers reused from batch to batch so
+// that a connection whose commands break no rule allocates nothing. It is
+// not safe for concurrent use.
+type Batch struct {
+	reqs []policy.Request
+	keys []int
+	dec  []policy.Decision
+
+	// scratch holds re-encoded commands and fix-ups. They are queued for
+	// Redis by slices until the batch is flushed, so a full chunk is
+	// replaced, never grown in place under them.
+	scratch []byte
+	fixups  [][]byte
+}
+
+// Batches larger than this do not keep their buffers for the next one.
+const keepRequests = 4096
+
+// Prepare decides reqs under p (nil p allows everything). user and listener
+// select the policy's scope. The requests' bytes must stay valid while the
+// decisions are used.
+func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Request, user, listener string) {
+	if cap(b.reqs) > keepRequests && len(reqs) <= keepRequests {
+		b.reqs, b.keys, b.dec = nil, nil, nil
+	}
+	if cap(b.scratch) > 1<<20 {
+		b.scratch = nil
+	}
+	b.scratch = b.scratch[:0]
+	clear(b.fixups)
+	b.fixups = b.fixups[:0]
+	b.reqs = b.reqs[:0]
+	if b.keys == nil {
+		b.keys = make([]int, 0, 64) // non-nil: an empty Keys means "no keys", nil "compute them"
+	}
+	b.keys = b.keys[:0]
+	for i := range reqs {
+		args := reqs[i].Args
+		cmd := table.Lookup(args)
+		var keys []int
+		if cmd != nil {
+			start := len(b.keys)
+			b.keys = cmd.Keys(args, b.keys)
+			keys = b.keys[start:len(b.keys):len(b.keys)]
+		}
+		b.reqs = append(b.reqs, policy.Request{Cmd: cmd, Args: args, Keys: keys, User: user, Listener: listener})
+	}
+	b.dec = p.CheckBatch(b.reqs, b.dec)
+	clear(b.reqs) // keep no references to the client's buffer past its use
+}
+
+// Decision returns the decision on request i, or nil when it broke no rule.
+func (b *Batch) Decision(i int) *policy.Decision {
+	if i >= len(b.dec) || len(b.dec[i].Violations) == 0 {
+		return nil
+	}
+	return &b.dec[i]
+}
+
+// Encode returns args as a RESP command, valid until the next Prepare.
+func (b *Batch) Encode(args [][]byte) []byte {
+	n := 16
+	for _, a := range args {
+		n += len(a) + 16
+	}
+	b.reserve(n)
+	start := len(b.scratch)
+	b.scratch = appendCommand(b.scratch, args...)
+	return b.scratch[start:len(b.scratch):len(b.scratch)]
+}
+
+// Fixups returns the RESP encodings of EXPIRE key seconds NX for each of
+// exps, valid until the next Prepare.
+func (b *Batch) Fixups(exps []policy.Expire) [][]byte {
+	start := len(b.fixups)
+	for _, e := range exps {
+		var num [20]byte
+		secs := strconv.AppendInt(num[:0], e.Seconds, 10)
+		b.reserve(len(e.Key) + 64)
+		s := len(b.scratch)
+		b.scratch = appendCommand(b.scratch, expireName, e.Key, secs, nxName)
+		b.fixups = append(b.fixups, b.scratch[s:len(b.scratch):len(b.scratch)])
+	}
+	return b.fixups[start:len(b.fixups):len(b.fixups)]
+}
+
+var (
+	expireName = []byte("EXPIRE")
+	nxName     = []byte("NX")
+)
+
+func (b *Batch) reserve(n int) {
+	if cap(b.scratch)-len(b.scratch) < n {
+		b.scratch = make([]byte, 0, max(2*cap(b.scratch), n, 512))
+	}
+}
+
+func appendCommand(dst []byte, args ...[]byte) []byte {
+	dst = append(dst, '*')
+	dst = strconv.AppendInt(dst, int64(len(args)), 10)
+	dst = append(dst, '\r', '\n')
+	for _, a := range args {
+		dst = append(dst, '$')
+		dst = strconv.AppendInt(dst, int64(len(a)), 10)
+		dst = append(dst, '\r', '\n')
+		dst = append(dst, a...)
+		dst = append(dst, '\r', '\n')
+	}
+	return dst
+}
+
+// AppendRefusal appends the error reply for a refused command: "-" and the
+// violation's message (which starts with "ERR redproxy policy: "). Line
+// breaks, which would end the reply early, cannot come from a client's key
+// (keys are quoted) but are replaced to be sure.
+func AppendRefusal(dst []byte, v *policy.Violation) []byte {
+	dst = append(dst, '-')
+	start := len(dst)
+	dst = append(dst, v.Msg...)
+	for i := start; i < len(dst); i++ {
+		if dst[i] == '\r' || dst[i] == '\n' {
+			dst[i] = ' '
+		}
+	}
+	return append(dst, '\r', '\n')
+}
+
+// RefusedInMulti is forwarded in place of a command refused inside a
+// client's MULTI. Redis rejects it at queue time like any unknown command,
+// which makes the client's EXEC fail with EXECABORT, as it would if Redis
+// itself had rejected the refused command: a transaction runs whole or not
+// at all. Its reply is hidden from the client.
+var RefusedInMulti = appendCommand(nil, []byte("redproxy-policy-refused"))

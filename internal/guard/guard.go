@@ -1,0 +1,308 @@
+// Package guard applies the policy (package policy) to the commands passing
+// through the proxy, and keeps the record of what it found: a rate-limited
+// structured log line per violation, the Prometheus counter
+// redproxy_policy_violations_total{rule,action}, and the table behind the
+// admin endpoint GET /policy/report.
+//
+// The compiled policy is an immutable snapshot behind an atomic pointer:
+// every batch of commands loads it once, and a reload (SIGHUP or POST
+// /policy/reload) swaps it without stopping traffic. An invalid file keeps
+// the old policy.
+//
+// Log lines name the rule, action, outcome, command, the rule's pattern, the
+// key's pattern (its variable segments as "*"), the client address and the
+// user, and never a value or a whole key; the report keeps one example key
+// per row for the operator.
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/redproxy/redproxy/internal/policy"
+)
+
+// ErrNoSource is returned by Reload when the guard has no configuration
+// file to re-read (the proxy was started without --config).
+var ErrNoSource = errors.New("guard: no configuration file to reload (start redproxy with --config)")
+
+// Options tune a Guard; zero values mean the defaults.
+type Options struct {
+	Logger *slog.Logger
+	// Registerer receives the guard's metrics; nil keeps them private.
+	Registerer prometheus.Registerer
+	// Source re-reads the [policy] section for Reload; nil disables reload.
+	Source func() (policy.Config, error)
+	// LogRate and LogBurst bound violation log lines (default 10 per second,
+	// bursts of 20); fix-up failures have their own bucket of the same size.
+	LogRate  float64
+	LogBurst int
+	// MaxRows bounds the report table (default 1000 rows).
+	MaxRows int
+	// Now is the clock, for tests.
+	Now func() time.Time
+}
+
+// Guard holds the policy in force and records violations. It is safe for
+// concurrent use.
+type Guard struct {
+	log    *slog.Logger
+	now    func() time.Time
+	cur    atomic.Pointer[policy.Policy] // what CheckBatch runs: the loaded policy capped by forced
+	source func() (policy.Config, error)
+
+	mu         sync.Mutex // serializes loads, reloads and forced-mode changes
+	loaded     *policy.Policy
+	forced     policy.Action
+	loadedAt   time.Time
+	lastErr    string
+	violations map[counterKey]prometheus.Counter
+	vec        *prometheus.CounterVec
+	fixFails   prometheus.Counter
+	reloads    *prometheus.CounterVec
+	suppressed prometheus.Counter
+
+	logLimit *limiter
+	fixLimit *limiter
+	table    *table
+}
+
+type counterKey struct {
+	rule   string
+	action policy.Action
+}
+
+// allRules are the policy's rule names, whose counters exist from the start
+// so that rate() works from the first violation.
+var allRules = []string{policy.RuleCommand, policy.RuleTTL, policy.RuleTTLMax, policy.RuleNamespaces,
+	policy.RuleRegex, policy.RuleKeyLength, policy.RuleVersion, policy.RuleValueSize}
+
+// New compiles c and builds a guard. Errors are c's validation errors, or a
+// metrics registration conflict.
+func New(c policy.Config, o Options) (*Guard, error) {
+	p, err := policy.Compile(c)
+	if err != nil {
+		return nil, err
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.LogRate <= 0 {
+		o.LogRate = 10
+	}
+	if o.LogBurst <= 0 {
+		o.LogBurst = 20
+	}
+	if o.MaxRows <= 0 {
+		o.MaxRows = 1000
+	}
+	now := o.Now()
+	g := &Guard{
+		log:      o.Logger,
+		now:      o.Now,
+		source:   o.Source,
+		loaded:   p,
+		forced:   policy.Enforce,
+		loadedAt: now,
+		logLimit: newLimiter(o.LogRate, o.LogBurst),
+		fixLimit: newLimiter(o.LogRate, o.LogBurst),
+		table:    newTable(o.MaxRows, now),
+		vec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redproxy_policy_violations_total",
+			Help: "Policy violations, by rule and by the action the rule had (enforce: refused or fixed; report: forwarded unchanged).",
+		}, []string{"rule", "action"}),
+		fixFails: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "redproxy_policy_fixup_failures_total",
+			Help: "TTL fix-ups (EXPIRE key ttl NX after a write) that Redis answered with an error or never answered.",
+		}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redproxy_policy_reloads_total",
+			Help: "Policy reloads (SIGHUP, POST /policy/reload), by result: ok, or error (the old policy stayed).",
+		}, []string{"result"}),
+		suppressed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "redproxy_policy_log_lines_suppressed_total",
+			Help: "Violation and fix-up log lines dropped by the log rate limit (the violations are still counted).",
+		}),
+		violations: map[counterKey]prometheus.Counter{},
+	}
+	for _, r := range allRules {
+		for _, a := range []policy.Action{policy.Enforce, policy.Report} {
+			g.violations[counterKey{r, a}] = g.vec.WithLabelValues(r, a.String())
+		}
+	}
+	g.reloads.WithLabelValues("ok")
+	g.reloads.WithLabelValues("error")
+	g.cur.Store(p)
+	if o.Registerer != nil {
+		for _, c := range []prometheus.Collector{g.vec, g.fixFails, g.reloads, g.suppressed} {
+			if err := o.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("guard: registering metrics: %w", err)
+			}
+		}
+	}
+	return g, nil
+}
+
+// Policy is the policy in force, with --policy-mode applied. Callers load
+// it once per batch, so a batch is decided by one policy even during a
+// reload.
+func (g *Guard) Policy() *policy.Policy { return g.cur.Load() }
+
+// SetForcedMode caps every rule at a (--policy-mode): Report turns every
+// enforce into report, Off checks nothing, Enforce leaves the configured
+// actions alone. It applies to reloaded policies too.
+func (g *Guard) SetForcedMode(a policy.Action) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.forced = a
+	g.cur.Store(g.loaded.ForcedMode(a))
+}
+
+// ForcedMode is the --policy-mode cap.
+func (g *Guard) ForcedMode() policy.Action {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.forced
+}
+
+// SetSource sets where Reload reads the policy from.
+func (g *Guard) SetSource(src func() (policy.Config, error)) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.source = src
+}
+
+// Load compiles c and puts it in force. On error the current policy stays.
+func (g *Guard) Load(c policy.Config) error {
+	p, err := policy.Compile(c)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.swapLocked(p, err)
+}
+
+// Reload re-reads the policy from the source and puts it in force. When the
+// source fails (a missing or invalid file) the current policy stays, and
+// the error says why; it is also logged and shown in the report.
+func (g *Guard) Reload() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.source == nil {
+		return ErrNoSource
+	}
+	c, err := g.source()
+	var p *policy.Policy
+	if err == nil {
+		p, err = policy.Compile(c)
+	}
+	return g.swapLocked(p, err)
+}
+
+func (g *Guard) swapLocked(p *policy.Policy, err error) error {
+	if err != nil {
+		g.lastErr = oneLine(err.Error())
+		g.reloads.WithLabelValues("error").Inc()
+		g.log.Error("policy not reloaded; the previous policy stays in force", "err", g.lastErr)
+		return err
+	}
+	g.loaded, g.loadedAt, g.lastErr = p, g.now(), ""
+	g.cur.Store(p.ForcedMode(g.forced))
+	g.reloads.WithLabelValues("ok").Inc()
+	g.log.Info("policy loaded", "policy_mode", g.forced.String())
+	return nil
+}
+
+// oneLine joins a multi-line error (errors.Join) for a log attribute.
+func oneLine(s string) string { return strings.ReplaceAll(s, "\n", "; ") }
+
+// Record counts one violation, adds it to the report and logs it, subject
+// to the log rate limit. client and user identify who sent the command.
+func (g *Guard) Record(v *policy.Violation, client net.Addr, user string) {
+	c := g.violations[counterKey{v.Rule, v.Action}]
+	if c == nil {
+		c = g.vec.WithLabelValues(v.Rule, v.Action.String())
+	}
+	c.Inc()
+	now := g.now()
+	g.table.add(v, now)
+	ok, suppressed := g.logLimit.allow(now)
+	if !ok {
+		g.suppressed.Inc()
+		return
+	}
+	level := slog.LevelInfo
+	if v.Outcome == policy.Refused {
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{
+		slog.String("rule", v.Rule),
+		slog.String("action", v.Action.String()),
+		slog.String("outcome", v.Outcome.String()),
+		slog.String("command", v.Command),
+	}
+	if v.Pattern != "" {
+		attrs = append(attrs, slog.String("pattern", v.Pattern))
+	}
+	if v.Key != nil {
+		attrs = append(attrs, slog.String("key_pattern", string(appendKeyPattern(nil, v.Key))))
+	}
+	if v.Scope != "" {
+		attrs = append(attrs, slog.String("scope", v.Scope))
+	}
+	attrs = append(attrs, slog.String("client", addrString(client)), slog.String("user", user))
+	if suppressed > 0 {
+		attrs = append(attrs, slog.Int64("suppressed", suppressed))
+	}
+	g.log.LogAttrs(context.Background(), level, "policy violation", attrs...)
+}
+
+// FixupFailed records a TTL fix-up that failed: Redis answered it with an
+// error (reply) or the connection failed before it did (err). The key may
+// then have been left without its TTL, which the keyspace audit will find.
+func (g *Guard) FixupFailed(reply []byte, err error, client net.Addr) {
+	g.fixFails.Inc()
+	ok, suppressed := g.fixLimit.allow(g.now())
+	if !ok {
+		g.suppressed.Inc()
+		return
+	}
+	reason := ""
+	if err != nil {
+		reason = err.Error()
+	} else {
+		// An error reply: "-ERR ...\r\n". Error replies carry no values.
+		reason = strings.TrimSpace(strings.TrimPrefix(string(reply[:min(len(reply), 200)]), "-"))
+	}
+	attrs := []slog.Attr{slog.String("reason", reason), slog.String("client", addrString(client))}
+	if suppressed > 0 {
+		attrs = append(attrs, slog.Int64("suppressed", suppressed))
+	}
+	g.log.LogAttrs(context.Background(), slog.LevelWarn, "policy TTL fix-up failed; the key may have no TTL", attrs...)
+}
+
+func addrString(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
+}
+
+// Report returns the violations recorded since start, most frequent first.
+func (g *Guard) Report() Report {
+	r := g.table.snapshot()
+	g.mu.Lock()
+	r.Policy = PolicyInfo{ForcedMode: g.forced.String(), LoadedAt: g.loadedAt, LastReloadError: g.lastErr}
+	g.mu.Unlock()
+	return r
+}

@@ -1,0 +1,491 @@
+package guard
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/resp"
+)
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func TestLimiter(t *testing.T) {
+	l := newLimiter(1, 3) // 1 line/s, bursts of 3
+	type step struct {
+		at         time.Duration
+		ok         bool
+		suppressed int64
+	}
+	steps := []step{
+		{0, true, 0}, {0, true, 0}, {0, true, 0}, // the burst
+		{0, false, 0}, {500 * time.Millisecond, false, 0}, // empty: half a token
+		{time.Second, true, 2}, // one token back; says two were dropped
+		{time.Second, false, 0},
+		{time.Hour, true, 1}, // refills, but only up to the burst
+		{time.Hour, true, 0}, {time.Hour, true, 0},
+		{time.Hour, false, 0},
+		{time.Hour - time.Minute, false, 0}, // a clock going back earns nothing
+	}
+	for i, s := range steps {
+		ok, sup := l.allow(t0.Add(s.at))
+		if ok != s.ok || sup != s.suppressed {
+			t.Fatalf("step %d (+%v): allow = %v, %d; want %v, %d", i, s.at, ok, sup, s.ok, s.suppressed)
+		}
+	}
+}
+
+func TestKeyPattern(t *testing.T) {
+	cases := map[string]string{
+		"":    "",
+		"foo": "foo",
+		"session:4f9c2d1e-8a7b-4c3d-9e2f-1a2b3c4d5e6f": "session:*",
+		"user:123:profile":                      "user:*:profile",
+		"cache:product:v2:789":                  "cache:product:*:*",
+		"a::b:":                                 "a::b:",
+		"tag:category:seven":                    "tag:category:seven",
+		"bin:\x00\xff":                          "bin:*",
+		"star:*":                                "star:*",
+		"long:" + strings.Repeat("abcdefgh", 5): "long:*",
+	}
+	for key, want := range cases {
+		if got := string(appendKeyPattern(nil, []byte(key))); got != want {
+			t.Errorf("pattern(%q) = %q, want %q", key, got, want)
+		}
+	}
+	long := strings.Repeat("seg:", 100)
+	if got := appendKeyPattern(nil, []byte(long)); len(got) != maxKeyPattern+3 || !bytes.HasSuffix(got, []byte("...")) {
+		t.Errorf("long key pattern is %d bytes: %q", len(got), got)
+	}
+}
+
+func violation(rule, command, key string, o policy.Outcome) *policy.Violation {
+	v := &policy.Violation{Rule: rule, Command: command, Action: policy.Enforce, Outcome: o, Msg: "ERR redproxy policy: " + rule}
+	if key != "" {
+		v.Key = []byte(key)
+	}
+	if o == policy.Reported {
+		v.Action = policy.Report
+	}
+	return v
+}
+
+// TestTableBounds: the table never holds more than max rows; frequent rows
+// survive a stream of one-off keys; every violation is either in a row or
+// in Untracked.
+func TestTableBounds(t *testing.T) {
+	tb := newTable(3, t0)
+	for i := range 50 {
+		tb.add(violation(policy.RuleTTL, "hset", "session:"+strconv.Itoa(i), policy.Fixed), t0.Add(time.Duration(i)*time.Second))
+		tb.add(violation(policy.RuleCommand, "keys", "", policy.Refused), t0)
+		// One-off shapes: each a new row that must not push the two above out.
+		tb.add(violation(policy.RuleNamespaces, "set", fmt.Sprintf("odd%c", 'a'+i%26)+strings.Repeat("z", i), policy.Reported), t0)
+		if len(tb.rows) > 3 {
+			t.Fatalf("%d rows after %d rounds", len(tb.rows), i)
+		}
+	}
+	r := tb.snapshot()
+	if r.Total != 150 || len(r.Rows) != 3 {
+		t.Fatalf("total %d, %d rows", r.Total, len(r.Rows))
+	}
+	var inRows int64
+	for _, row := range r.Rows {
+		inRows += row.Count
+	}
+	if inRows+r.Untracked != r.Total {
+		t.Fatalf("rows %d + untracked %d != total %d", inRows, r.Untracked, r.Total)
+	}
+	top := r.Rows[0]
+	if top.Count != 50 || r.Rows[1].Count != 50 {
+		t.Fatalf("frequent rows lost: %+v", r.Rows)
+	}
+	for _, row := range r.Rows[:2] {
+		switch row.Rule {
+		case policy.RuleTTL:
+			if row.KeyPattern != "session:*" || row.ExampleKey != "session:0" || row.Fixed != 50 || row.Command != "hset" ||
+				!row.First.Equal(t0) || !row.Last.Equal(t0.Add(49*time.Second)) {
+				t.Errorf("ttl row: %+v", row)
+			}
+		case policy.RuleCommand:
+			if row.KeyPattern != "" || row.Refused != 50 || row.Command != "keys" {
+				t.Errorf("command row: %+v", row)
+			}
+		default:
+			t.Errorf("unexpected frequent row %+v", row)
+		}
+	}
+}
+
+// exampleConfig is the seeds' policy the proxy ships in config.example.toml.
+func exampleConfig(t testing.TB) policy.Config {
+	t.Helper()
+	var file struct {
+		Policy policy.Config `toml:"policy"`
+	}
+	file.Policy = policy.DefaultConfig()
+	data := readFile(t, "../policy/testdata/policy.example.toml")
+	if err := toml.Unmarshal(data, &file); err != nil {
+		t.Fatal(err)
+	}
+	return file.Policy
+}
+
+type logSink struct{ bytes.Buffer }
+
+func newTestGuard(t *testing.T, c policy.Config, o Options) (*Guard, *prometheus.Registry, *logSink) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	sink := &logSink{}
+	o.Registerer = reg
+	o.Logger = slog.New(slog.NewJSONHandler(&sink.Buffer, nil))
+	g, err := New(c, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g, reg, sink
+}
+
+// TestRecord: every violation is counted by rule and action and reported;
+// log lines are rate-limited and say how many were dropped; values and
+// whole keys never reach the log.
+func TestRecord(t *testing.T) {
+	now := t0
+	g, reg, sink := newTestGuard(t, policy.DefaultConfig(), Options{LogRate: 1, LogBurst: 2, Now: func() time.Time { return now }})
+	client := &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5555}
+	for range 5 {
+		g.Record(violation(policy.RuleTTL, "hset", "session:secret-token-9", policy.Fixed), client, "app")
+	}
+	now = now.Add(time.Second)
+	g.Record(violation(policy.RuleCommand, "keys", "", policy.Refused), client, "app")
+	g.Record(violation(policy.RuleValueSize, "set", "", policy.Reported), client, "app")
+
+	// Read from the registry the proxy exposes on /metrics.
+	if n := metricValue(t, reg, "redproxy_policy_violations_total", "rule", "ttl", "action", "enforce"); n != 5 {
+		t.Errorf("ttl/enforce counter = %v", n)
+	}
+	if n := metricValue(t, reg, "redproxy_policy_violations_total", "rule", "value_size", "action", "report"); n != 1 {
+		t.Errorf("value_size/report counter = %v", n)
+	}
+	if n := seriesCount(t, reg, "redproxy_policy_violations_total"); n != 2*len(allRules) {
+		t.Errorf("violation series = %d; want every rule x {enforce, report}", n)
+	}
+	lines := strings.Split(strings.TrimSpace(sink.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("want 2 burst lines + 1 after refill, got %d:\n%s", len(lines), sink.String())
+	}
+	var third map[string]any
+	if err := json.Unmarshal([]byte(lines[2]), &third); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"msg": "policy violation", "level": "WARN", "rule": "command", "action": "enforce",
+		"outcome": "refused", "command": "keys", "client": "10.1.2.3:5555", "user": "app", "suppressed": 3.0}
+	for k, v := range want {
+		if third[k] != v {
+			t.Errorf("log %s = %v, want %v (line %s)", k, third[k], v, lines[2])
+		}
+	}
+	if !strings.Contains(lines[0], `"key_pattern":"session:*"`) {
+		t.Errorf("first line lacks the key pattern: %s", lines[0])
+	}
+	if strings.Contains(sink.String(), "secret") {
+		t.Errorf("a key reached the log:\n%s", sink.String())
+	}
+	if n := metricValue(t, reg, "redproxy_policy_log_lines_suppressed_total"); n != 4 {
+		t.Errorf("suppressed counter = %v, want 4", n)
+	}
+	rep := g.Report()
+	if rep.Total != 7 || len(rep.Rows) != 3 || rep.Rows[0].Count != 5 || rep.Rows[0].ExampleKey != "session:secret-token-9" {
+		t.Errorf("report %+v", rep)
+	}
+
+	g.FixupFailed([]byte("-ERR syntax error\r\n"), nil, client)
+	g.FixupFailed(nil, errors.New("connection reset"), client)
+	if n := metricValue(t, reg, "redproxy_policy_fixup_failures_total"); n != 2 {
+		t.Errorf("fix-up failures = %v", n)
+	}
+	if !strings.Contains(sink.String(), `"reason":"ERR syntax error"`) || !strings.Contains(sink.String(), `"reason":"connection reset"`) {
+		t.Errorf("fix-up failures not logged:\n%s", sink.String())
+	}
+}
+
+func keysRefused(g *Guard) bool {
+	args := [][]byte{[]byte("KEYS"), []byte("*")}
+	d := g.Policy().CheckBatch([]policy.Request{{Cmd: commands.Builtin().Lookup(args), Args: args}}, nil)
+	return d[0].Refuse != nil
+}
+
+// TestReload: a bad source keeps the policy in force and says why; a good
+// one replaces it; --policy-mode applies to what is loaded later.
+func TestReload(t *testing.T) {
+	var src func() (policy.Config, error)
+	g, reg, _ := newTestGuard(t, policy.DefaultConfig(), Options{})
+	if err := g.Reload(); !errors.Is(err, ErrNoSource) {
+		t.Fatalf("reload without source: %v", err)
+	}
+	g.SetSource(func() (policy.Config, error) { return src() })
+	before := g.Policy()
+	if !keysRefused(g) {
+		t.Fatal("default policy allows KEYS")
+	}
+
+	src = func() (policy.Config, error) {
+		return policy.Config{Commands: policy.CommandRules{Deny: []string{"no-such-command"}}}, nil
+	}
+	err := g.Reload()
+	if err == nil || !strings.Contains(err.Error(), `unknown command "no-such-command"`) {
+		t.Fatalf("bad policy: %v", err)
+	}
+	src = func() (policy.Config, error) { return policy.Config{}, errors.New("p.toml:3: syntax error") }
+	if err := g.Reload(); err == nil {
+		t.Fatal("failing source accepted")
+	}
+	if g.Policy() != before || !keysRefused(g) {
+		t.Fatal("a failed reload changed the policy")
+	}
+	if rep := g.Report(); rep.Policy.LastReloadError != "p.toml:3: syntax error" {
+		t.Fatalf("report does not say why: %+v", rep.Policy)
+	}
+
+	src = func() (policy.Config, error) {
+		return policy.Config{Commands: policy.CommandRules{Allow: []string{"keys"}}}, nil
+	}
+	if err := g.Reload(); err != nil || keysRefused(g) || g.Report().Policy.LastReloadError != "" {
+		t.Fatalf("good reload: %v, keys refused %v", err, keysRefused(g))
+	}
+	if e, ok := metricValue(t, reg, "redproxy_policy_reloads_total", "result", "error"), metricValue(t, reg, "redproxy_policy_reloads_total", "result", "ok"); e != 2 || ok != 1 {
+		t.Fatalf("reloads: %v errors, %v ok", e, ok)
+	}
+
+	// --policy-mode=report survives a reload.
+	src = func() (policy.Config, error) { return policy.DefaultConfig(), nil }
+	g.SetForcedMode(policy.Report)
+	if keysRefused(g) {
+		t.Fatal("report mode refuses")
+	}
+	if err := g.Reload(); err != nil || keysRefused(g) {
+		t.Fatalf("forced mode lost on reload: %v", err)
+	}
+	g.SetForcedMode(policy.Enforce)
+	if !keysRefused(g) {
+		t.Fatal("enforce did not come back")
+	}
+}
+
+func TestHandlers(t *testing.T) {
+	now := t0
+	var srcErr error
+	g, _, _ := newTestGuard(t, policy.DefaultConfig(), Options{Now: func() time.Time { return now },
+		Source: func() (policy.Config, error) { return policy.DefaultConfig(), srcErr }})
+	g.Record(violation(policy.RuleCommand, "flushall", "", policy.Refused), nil, "default")
+	for range 3 {
+		g.Record(violation(policy.RuleTTL, "hset", "session:1", policy.Reported), nil, "default")
+	}
+	now = now.Add(90 * time.Second)
+
+	rec := httptest.NewRecorder()
+	g.ReportHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/policy/report", nil))
+	text := rec.Body.String()
+	for _, want := range []string{
+		"redproxy policy report: 4 violations since 2026-01-02T03:04:05Z (1m30s ago)",
+		"COUNT  RULE",
+		"    3  ttl      reported=3  hset      session:*    session:1    1m30s ago\n",
+		"    1  command  refused=1   flushall  -            -            1m30s ago\n",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("text report lacks %q:\n%s", want, text)
+		}
+	}
+
+	rec = httptest.NewRecorder()
+	g.ReportHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/policy/report?format=json", nil))
+	var rep Report
+	if err := json.Unmarshal(rec.Body.Bytes(), &rep); err != nil || rec.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("json: %v %s", err, rec.Body.String())
+	}
+	if rep.Total != 4 || len(rep.Rows) != 2 || rep.Rows[0].Rule != "ttl" || rep.Rows[0].Reported != 3 || rep.Policy.ForcedMode != "enforce" {
+		t.Fatalf("json report %+v", rep)
+	}
+
+	rec = httptest.NewRecorder()
+	g.ReloadHandler().ServeHTTP(rec, httptest.NewRequest("POST", "/policy/reload", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("reload: %d %s", rec.Code, rec.Body.String())
+	}
+	srcErr = errors.New("p.toml:9: policy.ttl[0].max: must be >= default")
+	rec = httptest.NewRecorder()
+	g.ReloadHandler().ServeHTTP(rec, httptest.NewRequest("POST", "/policy/reload", nil))
+	if rec.Code != http.StatusUnprocessableEntity || !strings.Contains(rec.Body.String(), "previous policy stays in force") ||
+		!strings.Contains(rec.Body.String(), "policy.ttl[0].max") {
+		t.Fatalf("bad reload: %d %s", rec.Code, rec.Body.String())
+	}
+}
+
+// request builds a resp.Request as the reader would.
+func request(words ...string) resp.Request {
+	args := make([][]byte, len(words))
+	for i, w := range words {
+		args[i] = []byte(w)
+	}
+	return resp.Request{Args: args, Raw: appendCommand(nil, args...)}
+}
+
+// typicalBatch breaks no rule of the example policy.
+func typicalBatch() []resp.Request {
+	return []resp.Request{
+		request("GET", "product:123"),
+		request("SETEX", "product:123", "3600", `{"id":123}`),
+		request("MULTI"),
+		request("HSET", "session:abc", "user_id", "42"),
+		request("EXPIRE", "session:abc", "86400"),
+		request("EXEC"),
+		request("MGET", "product:1", "product:2", "product:3"),
+		request("EVALSHA", "2b0b4bb0d5c2e1a8c7e3f0d9a6b5c4d3e2f1a0b9", "1", "ratelimit:sliding:1", "1", "2", "3"),
+		request("PING"),
+	}
+}
+
+// TestBatchSteadyStateAllocs: deciding a batch that breaks no rule
+// allocates nothing once the connection's buffers have grown.
+func TestBatchSteadyStateAllocs(t *testing.T) {
+	tbl := commands.Builtin()
+	reqs := typicalBatch()
+	for name, c := range map[string]policy.Config{"default": policy.DefaultConfig(), "example": exampleConfig(t)} {
+		p, err := policy.Compile(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b Batch
+		b.Prepare(p, tbl, reqs, "default", "127.0.0.1:6380")
+		for i := range reqs {
+			if d := b.Decision(i); d != nil {
+				t.Fatalf("%s: request %d broke a rule: %+v", name, i, d.Violations)
+			}
+		}
+		allocs := testing.AllocsPerRun(100, func() {
+			b.Prepare(p, tbl, reqs, "default", "127.0.0.1:6380")
+		})
+		if allocs != 0 {
+			t.Errorf("%s: %v allocations per batch", name, allocs)
+		}
+	}
+}
+
+func BenchmarkBatchPrepare(b *testing.B) {
+	tbl := commands.Builtin()
+	reqs := typicalBatch()
+	p, err := policy.Compile(exampleConfig(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var bt Batch
+	b.ReportAllocs()
+	for b.Loop() {
+		bt.Prepare(p, tbl, reqs, "default", "127.0.0.1:6380")
+	}
+}
+
+// TestBatchEncode: rewrites and fix-ups are valid RESP, and those handed out
+// earlier in the batch stay intact when the scratch space runs out.
+func TestBatchEncode(t *testing.T) {
+	var b Batch
+	b.Prepare(nil, commands.Builtin(), nil, "", "")
+	var got [][]byte
+	var want []string
+	for i := range 200 {
+		v := strings.Repeat("v", i*7)
+		got = append(got, b.Encode([][]byte{[]byte("SET"), []byte("k" + strconv.Itoa(i)), []byte(v), []byte("EX"), []byte("60")}))
+		want = append(want, fmt.Sprintf("*5\r\n$3\r\nSET\r\n$%d\r\nk%d\r\n$%d\r\n%s\r\n$2\r\nEX\r\n$2\r\n60\r\n", len(strconv.Itoa(i))+1, i, len(v), v))
+		fx := b.Fixups([]policy.Expire{{Key: []byte("session:" + strconv.Itoa(i)), Seconds: 86400}, {Key: []byte("h"), Seconds: 5}})
+		if len(fx) != 2 {
+			t.Fatalf("%d fix-ups", len(fx))
+		}
+		got = append(got, fx...)
+		key := "session:" + strconv.Itoa(i)
+		want = append(want, fmt.Sprintf("*4\r\n$6\r\nEXPIRE\r\n$%d\r\n%s\r\n$5\r\n86400\r\n$2\r\nNX\r\n", len(key), key),
+			"*4\r\n$6\r\nEXPIRE\r\n$1\r\nh\r\n$1\r\n5\r\n$2\r\nNX\r\n")
+	}
+	for i := range got {
+		if string(got[i]) != want[i] {
+			t.Fatalf("encoding %d = %q, want %q", i, got[i], want[i])
+		}
+	}
+	// Appending to a handed-out slice must not write into the next one.
+	a := b.Encode([][]byte{[]byte("PING")})
+	next := b.Encode([][]byte{[]byte("ECHO"), []byte("x")})
+	_ = append(a, "garbage"...)
+	if string(next) != "*2\r\n$4\r\nECHO\r\n$1\r\nx\r\n" {
+		t.Fatalf("slice capacity not capped: %q", next)
+	}
+
+	v := &policy.Violation{Msg: "ERR redproxy policy: key \"a\r\nb\" bad"}
+	if r := string(AppendRefusal([]byte("+OK\r\n"), v)); r != "+OK\r\n-ERR redproxy policy: key \"a  b\" bad\r\n" {
+		t.Fatalf("refusal %q", r)
+	}
+}
+
+func readFile(t testing.TB, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// metricValue returns the value of the counter series name{labels...} in
+// reg (labels as name, value pairs), or -1 when there is none.
+func metricValue(t testing.TB, reg prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					found = found || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
+				}
+				if !found {
+					continue next
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return -1
+}
+
+func seriesCount(t testing.TB, reg prometheus.Gatherer, name string) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return len(mf.GetMetric())
+		}
+	}
+	return 0
+}

@@ -1,0 +1,285 @@
+package guard
+
+import (
+	"bytes"
+	"cmp"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/policy"
+)
+
+// table counts violations by rule, command and key pattern since start, for
+// GET /policy/report. Its memory is bounded: past max rows, the row with the
+// lowest count is evicted to make room (its count moves to Untracked), so
+// the frequent violations an operator needs to see stay while one-off keys
+// come and go.
+type table struct {
+	mu        sync.Mutex
+	max       int
+	rows      map[string]*Row
+	total     int64
+	untracked int64
+	since     time.Time
+	buf       []byte // row key scratch, under mu
+}
+
+// Row is one line of the report: the violations of one rule by one command
+// on keys of one shape.
+type Row struct {
+	Rule       string `json:"rule"`
+	Pattern    string `json:"pattern,omitempty"` // the TTL rule or require_version glob involved
+	Scope      string `json:"scope,omitempty"`
+	Command    string `json:"command"`
+	KeyPattern string `json:"key_pattern,omitempty"` // the key with its variable segments as "*"
+	ExampleKey string `json:"example_key,omitempty"`
+	// Message is what the client got (refused), or would get under enforce.
+	Message  string    `json:"message"`
+	Count    int64     `json:"count"`
+	Refused  int64     `json:"refused"`
+	Fixed    int64     `json:"fixed"`
+	Reported int64     `json:"reported"`
+	First    time.Time `json:"first_seen"`
+	Last     time.Time `json:"last_seen"`
+}
+
+func newTable(max int, now time.Time) *table {
+	return &table{max: max, rows: map[string]*Row{}, since: now}
+}
+
+func (t *table) add(v *policy.Violation, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.total++
+	b := append(t.buf[:0], v.Rule...)
+	b = append(b, 0)
+	b = append(b, v.Command...)
+	b = append(b, 0)
+	b = append(b, v.Scope...)
+	b = append(b, 0)
+	kp := len(b)
+	b = appendKeyPattern(b, v.Key)
+	t.buf = b
+	r := t.rows[string(b)] // no allocation for the lookup
+	if r == nil {
+		if len(t.rows) >= t.max {
+			t.evictSmallest()
+		}
+		r = &Row{
+			Rule: v.Rule, Pattern: v.Pattern, Scope: v.Scope, Command: v.Command,
+			KeyPattern: string(b[kp:]), ExampleKey: exampleKey(v.Key), Message: v.Msg, First: now,
+		}
+		t.rows[string(b)] = r
+	}
+	r.Count++
+	switch v.Outcome {
+	case policy.Refused:
+		r.Refused++
+	case policy.Fixed:
+		r.Fixed++
+	default:
+		r.Reported++
+	}
+	r.Last = now
+}
+
+func (t *table) evictSmallest() {
+	var minKey string
+	var minRow *Row
+	for k, r := range t.rows {
+		if minRow == nil || r.Count < minRow.Count || (r.Count == minRow.Count && r.Last.Before(minRow.Last)) {
+			minKey, minRow = k, r
+		}
+	}
+	if minRow != nil {
+		t.untracked += minRow.Count
+		delete(t.rows, minKey)
+	}
+}
+
+// Report is the body of GET /policy/report.
+type Report struct {
+	Since time.Time `json:"since"`
+	// Total counts every violation; Untracked those in rows evicted to keep
+	// the table bounded.
+	Total     int64      `json:"total"`
+	Untracked int64      `json:"untracked"`
+	Policy    PolicyInfo `json:"policy"`
+	Rows      []Row      `json:"rows"` // most frequent first
+}
+
+// PolicyInfo says which policy is in force.
+type PolicyInfo struct {
+	// ForcedMode is --policy-mode ("enforce" means as configured).
+	ForcedMode      string    `json:"forced_mode"`
+	LoadedAt        time.Time `json:"loaded_at"`
+	LastReloadError string    `json:"last_reload_error,omitempty"`
+}
+
+func (t *table) snapshot() Report {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := Report{Since: t.since, Total: t.total, Untracked: t.untracked, Rows: make([]Row, 0, len(t.rows))}
+	for _, row := range t.rows {
+		r.Rows = append(r.Rows, *row)
+	}
+	slices.SortFunc(r.Rows, func(a, b Row) int {
+		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Rule, b.Rule),
+			cmp.Compare(a.Command, b.Command), cmp.Compare(a.KeyPattern, b.KeyPattern), cmp.Compare(a.Scope, b.Scope))
+	})
+	return r
+}
+
+// WriteText writes the report as a fixed-width table for terminals.
+func (r *Report) WriteText(w io.Writer, now time.Time) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "redproxy policy report: %d violations since %s (%s ago)", r.Total,
+		r.Since.UTC().Format(time.RFC3339), age(now, r.Since))
+	if r.Policy.ForcedMode != "" && r.Policy.ForcedMode != policy.Enforce.String() {
+		fmt.Fprintf(&b, "; --policy-mode=%s", r.Policy.ForcedMode)
+	}
+	b.WriteString("\n")
+	if r.Policy.LastReloadError != "" {
+		fmt.Fprintf(&b, "last reload failed, previous policy kept: %s\n", r.Policy.LastReloadError)
+	}
+	if r.Untracked > 0 {
+		fmt.Fprintf(&b, "%d violations were in rows dropped to bound memory\n", r.Untracked)
+	}
+	if len(r.Rows) == 0 {
+		b.WriteString("no violations\n")
+		_, err := io.WriteString(w, b.String())
+		return err
+	}
+	b.WriteString("\n")
+	lines := [][]string{{"COUNT", "RULE", "OUTCOMES", "COMMAND", "KEY PATTERN", "EXAMPLE KEY", "LAST SEEN"}}
+	for _, row := range r.Rows {
+		rule := row.Rule
+		if row.Pattern != "" {
+			rule += " " + row.Pattern
+		}
+		if row.Scope != "" {
+			rule += " (" + row.Scope + ")"
+		}
+		lines = append(lines, []string{
+			strconv.FormatInt(row.Count, 10), rule, outcomes(&row), row.Command,
+			dash(row.KeyPattern), dash(quoteIfNeeded(row.ExampleKey)), age(now, row.Last) + " ago",
+		})
+	}
+	widths := make([]int, len(lines[0]))
+	for _, l := range lines {
+		for i, c := range l {
+			widths[i] = max(widths[i], len(c))
+		}
+	}
+	for _, l := range lines {
+		for i, c := range l {
+			switch {
+			case i == 0:
+				fmt.Fprintf(&b, "%*s", widths[i], c)
+			case i == len(l)-1:
+				b.WriteString("  " + c)
+			default:
+				fmt.Fprintf(&b, "  %-*s", widths[i], c)
+			}
+		}
+		b.WriteString("\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func outcomes(r *Row) string {
+	var parts []string
+	for _, o := range []struct {
+		name string
+		n    int64
+	}{{"refused", r.Refused}, {"fixed", r.Fixed}, {"reported", r.Reported}} {
+		if o.n > 0 {
+			parts = append(parts, o.name+"="+strconv.FormatInt(o.n, 10))
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func age(now, t time.Time) string {
+	d := now.Sub(t)
+	if d < time.Second {
+		return "0s"
+	}
+	return d.Truncate(time.Second).String()
+}
+
+// maxKeyPattern and maxExampleKey bound what one row keeps of a key.
+const (
+	maxKeyPattern = 128
+	maxExampleKey = 128
+)
+
+// appendKeyPattern appends key with every ':'-separated segment that looks
+// like an identifier (has a digit, '@', '.' or a non-printable byte, or is
+// long)
+// replaced by "*", so "session:4f9c..." and "session:8a7b..." share the
+// pattern "session:*" and one row of the report.
+func appendKeyPattern(dst, key []byte) []byte {
+	if len(key) == 0 {
+		return dst
+	}
+	start := len(dst)
+	for {
+		seg, rest, more := bytes.Cut(key, colon)
+		dst = appendSegment(dst, seg)
+		if len(dst)-start > maxKeyPattern {
+			return append(dst[:start+maxKeyPattern], "..."...)
+		}
+		if !more {
+			return dst
+		}
+		dst = append(dst, ':')
+		key = rest
+	}
+}
+
+var colon = []byte(":")
+
+func appendSegment(dst, seg []byte) []byte {
+	if len(seg) > 32 {
+		return append(dst, '*')
+	}
+	for _, c := range seg {
+		// '@' and '.': e-mail addresses and host names are identifiers too.
+		if c >= '0' && c <= '9' || c < ' ' || c > '~' || c == '*' || c == '@' || c == '.' {
+			return append(dst, '*')
+		}
+	}
+	return append(dst, seg...)
+}
+
+func exampleKey(key []byte) string {
+	if len(key) > maxExampleKey {
+		return string(key[:maxExampleKey]) + "..."
+	}
+	return string(key)
+}
+
+// quoteIfNeeded keeps ordinary keys readable and makes odd ones (spaces,
+// binary) unambiguous in the text table.
+func quoteIfNeeded(s string) string {
+	for _, c := range s {
+		if c <= ' ' || c == '"' || c > '~' {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}

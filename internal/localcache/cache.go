@@ -1,0 +1,723 @@
+package localcache
+
+import (
+	"errors"
+	"hash/maphash"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/upstream"
+)
+
+// Errors Fill returns besides upstream's. The caller forwards the read as
+// if the tier did not exist.
+var (
+	// ErrNotNow: the key cannot be filled right now (a write to it is in
+	// flight through the proxy, or the fill connection is not live).
+	ErrNotNow = errors.New("localcache: key cannot be filled now")
+	// ErrNoRESP2: the reply has no exact RESP2 form (see resp2.go); the
+	// command is no longer filled for RESP2 clients.
+	ErrNoRESP2 = errors.New("localcache: reply has no exact RESP2 form")
+)
+
+// Status is what Get decided for a read.
+type Status uint8
+
+const (
+	// Pass: forward the read to Redis as if the tier did not exist.
+	Pass Status = iota
+	// Hit: the reply returned by Get is the answer.
+	Hit
+	// Fill: an admitted miss; call Fill (through the flight group).
+	Fill
+	// Stale: the tier cannot serve (its connection is down) but holds a
+	// value allowed by stale_if_error. Send the read to Redis; only if that
+	// fails with a connection error, answer StaleValue.
+	Stale
+)
+
+// Options are what the cache needs besides its configuration.
+type Options struct {
+	// Upstream returns the connection options for database db; the cache
+	// turns on RESP3 and tracking itself.
+	Upstream  func(db int) upstream.Options
+	Databases int
+	Logger    *slog.Logger
+	// Registry may be nil (no metrics).
+	Registry prometheus.Registerer
+}
+
+const (
+	numShards = 16
+	// Fixed charges per entry and per key, on top of the bytes stored, so
+	// that many tiny entries cannot exceed the budget through overhead.
+	entryOverhead = 96
+	keyOverhead   = 160
+)
+
+// Cache is the local tier. See the package documentation for its contract.
+type Cache struct {
+	cfg  Config
+	opt  Options
+	log  *slog.Logger
+	m    *cacheMetrics
+	seed maphash.Seed
+
+	shards    [numShards]shard
+	used      atomic.Int64 // bytes charged against cfg.MaxBytes
+	nentries  atomic.Int64
+	evictNext atomic.Uint32
+	maxEntry  int64
+
+	reads, writes *sketch
+	include       patterns
+	exclude       patterns
+
+	connMu  sync.Mutex
+	conns   []atomic.Pointer[fillConn] // one per database, created on first use
+	fenceAt atomic.Int64               // hits need a heartbeat sent at or after this
+
+	noRESP2 sync.Map // *commands.Command -> struct{}: replies with no RESP2 form
+
+	hotMu  sync.Mutex
+	recent [256]hotCandidate // keys seen on misses, for /debug/hotkeys
+	hotPos int
+
+	stop    chan struct{}
+	workers sync.WaitGroup
+	closed  atomic.Bool
+}
+
+type shard struct {
+	mu sync.Mutex
+	// recs holds every key the tier knows: with entries, with fills in
+	// flight, with writes in flight, or with stale-if-error values.
+	recs map[uint64]*keyRec
+	// lru orders the keys that hold entries; only they can be evicted, so
+	// a fill in flight is never evicted (C5).
+	lru *simplelru.LRU[uint64, *keyRec]
+	_   [64]byte
+}
+
+// keyRec is one key of one database, identified by a 64-bit hash of both.
+// Two keys with the same hash cannot both be in the tier: the second is
+// simply not cached (or, for a write, fenced), which keeps every decision
+// exact at the cost of a cache miss once in 2^64.
+type keyRec struct {
+	h   uint64
+	db  int
+	key string
+	// gen changes whenever the key may have changed (invalidation, flush,
+	// write through the proxy); a fill stores only if it did not change
+	// between sending and storing.
+	gen      uint64
+	pending  int32 // fills in flight
+	inflight int32 // writes in flight through the proxy
+	// entries by protocol (0 RESP2, 1 RESP3), then the exact command bytes.
+	entries [2]map[string]*entry
+	n       int   // number of entries
+	size    int64 // bytes charged: entries plus keyOverhead while n > 0
+	inLRU   bool
+	since   int64        // when the key got its first entry
+	hits    atomic.Int64 // served from the tier (sampled, scaled)
+	aside   *aside       // last values kept for stale-if-error
+}
+
+type entry struct {
+	val    []byte
+	expire int64  // nanotime
+	epoch  uint64 // fill connection epoch when filled
+	size   int64
+}
+
+// New builds the tier. It opens no connection until a database is used.
+func New(cfg Config, opt Options) (*Cache, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	if opt.Databases < 1 {
+		opt.Databases = 16
+	}
+	c := &Cache{
+		cfg:     cfg,
+		opt:     opt,
+		log:     opt.Logger,
+		m:       newMetrics(),
+		seed:    maphash.MakeSeed(),
+		include: patterns(cfg.Include),
+		exclude: patterns(cfg.Exclude),
+		conns:   make([]atomic.Pointer[fillConn], opt.Databases),
+		stop:    make(chan struct{}),
+		// One value may take at most an eighth of the budget, so a single
+		// huge reply cannot flush everything hot.
+		maxEntry: int64(cfg.MaxBytes) / 8,
+	}
+	// Sketch width: about the number of distinct keys read per window worth
+	// telling apart; bounded so the sketch stays small (<= 256KB + bits).
+	width := min(max(int(cfg.MaxBytes)/1024, 4096), 1<<16)
+	c.reads, c.writes = newSketch(width), newSketch(width)
+	for i := range c.shards {
+		l, _ := simplelru.NewLRU[uint64, *keyRec](1<<31-1, nil)
+		c.shards[i] = shard{recs: map[uint64]*keyRec{}, lru: l}
+	}
+	if opt.Registry != nil {
+		c.register(opt.Registry)
+	}
+	c.workers.Add(1)
+	go c.maintain()
+	return c, nil
+}
+
+// Close stops every fill connection and goroutine.
+func (c *Cache) Close() {
+	if !c.closed.CompareAndSwap(false, true) {
+		return
+	}
+	close(c.stop)
+	for i := range c.conns {
+		if fc := c.conns[i].Load(); fc != nil {
+			fc.pipe.Close()
+		}
+	}
+	c.workers.Wait()
+}
+
+// Config returns the configuration the cache was built with.
+func (c *Cache) Config() Config { return c.cfg }
+
+var clockBase = time.Now()
+
+// nanotime is a monotonic clock reading.
+func nanotime() int64 { return int64(time.Since(clockBase)) }
+
+func (c *Cache) hash(db int, key []byte) uint64 {
+	h := maphash.Bytes(c.seed, key)
+	h ^= uint64(db+1) * 0x9E3779B97F4A7C15
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	return h
+}
+
+func (c *Cache) shardOf(h uint64) *shard { return &c.shards[h%numShards] }
+
+func proto(resp3 bool) int {
+	if resp3 {
+		return 1
+	}
+	return 0
+}
+
+// same reports whether rec is the record of db/key (and not of another
+// key with the same hash).
+func (r *keyRec) same(db int, key []byte) bool { return r.db == db && r.key == string(key) }
+
+// Get looks a read up. raw is the client's command exactly as sent (the
+// cache key together with db and protocol), key its key argument. A Hit's
+// reply is shared and must not be modified.
+func (c *Cache) Get(db int, resp3 bool, raw, key []byte) ([]byte, Status) {
+	fc := c.conn(db)
+	if fc == nil {
+		return nil, Pass
+	}
+	h := c.hash(db, key)
+	s := c.shardOf(h)
+	now := nanotime()
+	live := fc.live(now, c.fenceAt.Load())
+	p := proto(resp3)
+	s.mu.Lock()
+	var rec *keyRec
+	if live {
+		rec, _ = s.lru.Get(h)
+		if rec == nil {
+			rec = s.recs[h]
+		}
+	} else {
+		rec = s.recs[h]
+	}
+	if rec != nil {
+		if !rec.same(db, key) {
+			s.mu.Unlock()
+			c.m.miss(missOther)
+			return nil, Pass
+		}
+		if rec.inflight > 0 {
+			s.mu.Unlock()
+			c.m.miss(missInFlight)
+			return nil, Pass
+		}
+		if e := rec.entries[p][string(raw)]; e != nil {
+			if live && e.epoch == fc.epoch.Load() && now < e.expire {
+				val := e.val
+				s.mu.Unlock()
+				c.m.hits.Inc()
+				// Count hits in the sketch too, or a cached key would look
+				// cold next to keys still missing; sampling keeps the hit
+				// path free of contended writes.
+				if rand.Uint32()&7 == 0 {
+					c.reads.add(h, 8)
+					rec.hits.Add(8)
+				}
+				return val, Hit
+			}
+			if now >= e.expire {
+				c.removeEntry(s, rec, p, string(raw))
+			}
+		}
+		if !live && rec.aside != nil && rec.aside.has(p, raw, now) {
+			s.mu.Unlock()
+			return nil, Stale
+		}
+	}
+	s.mu.Unlock()
+	if !live {
+		c.m.miss(missNotLive)
+		return nil, Pass
+	}
+	if reason := c.admit(h, db, key); reason != "" {
+		c.m.miss(reason)
+		c.m.reject(reason)
+		return nil, Pass
+	}
+	c.m.miss(missFill)
+	return nil, Fill
+}
+
+// admit decides whether a missed key should be filled through the tier; it
+// returns "" to admit, or the reason not to. It also counts the read.
+func (c *Cache) admit(h uint64, db int, key []byte) string {
+	if (len(c.include) > 0 && !c.include.match(key)) || c.exclude.match(key) {
+		return missPattern
+	}
+	c.reads.add(h, 1)
+	reads := c.reads.estimate(h)
+	if reads >= 2 {
+		c.noteCandidate(db, key)
+	}
+	if reads <= uint64(c.cfg.AdmitMinReads) && c.cfg.AdmitMinReads > 0 {
+		return missCold
+	}
+	if w := c.writes.estimate(h); w > 0 && float64(w) > c.cfg.WriteRatio*float64(reads) {
+		return missWrites
+	}
+	return ""
+}
+
+// Fill reads cmd through db's tracking connection, keeps the reply if no
+// invalidation, flush or write touched the key meanwhile, and returns the
+// reply in the client's protocol. It must run at most once at a time per
+// command (the flight group sees to that), and the caller forwards the read
+// itself on any error.
+func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte) ([]byte, error) {
+	if !resp3 {
+		if _, no := c.noRESP2.Load(cmd); no {
+			return nil, ErrNoRESP2
+		}
+	}
+	fc := c.conn(db)
+	if fc == nil {
+		return nil, ErrNotNow
+	}
+	h := c.hash(db, key)
+	s := c.shardOf(h)
+
+	// Register the fill before sending it, so that anything that touches
+	// the key from now on changes the generation we compare at the end.
+	s.mu.Lock()
+	rec := s.recs[h]
+	if rec == nil {
+		rec = &keyRec{h: h, db: db, key: string(key)}
+		s.recs[h] = rec
+	} else if !rec.same(db, key) || rec.inflight > 0 {
+		s.mu.Unlock()
+		return nil, ErrNotNow
+	}
+	rec.pending++
+	gen := rec.gen
+	s.mu.Unlock()
+	epoch := fc.epoch.Load()
+
+	call := upstream.NewCall()
+	call.Add(cmdCachingYes)
+	call.Add(raw)
+	pttl := appendCommand(nil, "PTTL", key)
+	call.Add(pttl)
+	sent := nanotime()
+	err := fc.pipe.Send(call)
+	if err == nil {
+		call.Wait()
+		err = call.Err()
+	}
+	if h := hooks.Load(); h != nil && h.AfterFill != nil {
+		h.AfterFill(key)
+	}
+	filledAt := nanotime()
+	var val, ttlReply []byte
+	if err == nil {
+		var ack []byte
+		ack, _ = call.Reply(0)
+		val, _ = call.Reply(1)
+		ttlReply, _ = call.Reply(2)
+		if resp.IsError(ack) {
+			err = errors.New("localcache: CLIENT CACHING refused: " + string(ack))
+		}
+	}
+	if err != nil {
+		c.unpend(s, rec)
+		c.m.fill(fillError)
+		return nil, err
+	}
+	// The Call's buffer is ours; still copy, so the kept value is exactly
+	// as large as the reply.
+	val = append([]byte(nil), val...)
+	out := val
+	if !resp3 {
+		var ok bool
+		if out, ok = toRESP2(val); !ok {
+			c.noRESP2.Store(cmd, struct{}{})
+			c.unpend(s, rec)
+			c.m.fill(fillSkipped)
+			return nil, ErrNoRESP2
+		}
+	}
+
+	// Decide how long the reply may live: never past the key's expiry in
+	// Redis (measured from when we sent, before Redis read it), never
+	// longer than max_ttl.
+	ttl, _ := parseInteger(ttlReply)
+	expire := filledAt + int64(c.cfg.MaxTTL.Duration)
+	keep := !resp.IsError(val)
+	switch {
+	case ttl == -2:
+		keep = keep && c.cfg.NegativeCaching && isEmptyReply(val)
+	case ttl >= 0:
+		expire = min(expire, sent+ttl*int64(time.Millisecond))
+		keep = keep && expire > filledAt
+	case ttl != -1:
+		keep = false
+	}
+	if keep {
+		c.store(s, rec, gen, epoch, fc, proto(resp3), raw, out, expire)
+	} else {
+		c.unpend(s, rec)
+		c.m.fill(fillSkipped)
+	}
+	return out, nil
+}
+
+// unpend ends a fill that stores nothing.
+func (c *Cache) unpend(s *shard, rec *keyRec) {
+	s.mu.Lock()
+	rec.pending--
+	c.maybeForget(s, rec)
+	s.mu.Unlock()
+}
+
+// store keeps a filled reply if the key's generation and the connection's
+// epoch are what they were when the fill was sent, and no write is in
+// flight. It ends the fill in every case.
+func (c *Cache) store(s *shard, rec *keyRec, gen, epoch uint64, fc *fillConn, p int, raw, val []byte, expire int64) {
+	size := int64(len(raw)+len(val)) + entryOverhead
+	if size > c.maxEntry {
+		c.unpend(s, rec)
+		c.m.fill(fillSkipped)
+		c.m.reject("too_big")
+		return
+	}
+	// Reserve before locking the shard: eviction locks other shards. The
+	// key's own charge is reserved too and given back if already held.
+	charge := size + rec.keyCharge()
+	if !c.reserve(charge, c.reads.estimate(rec.h)) {
+		c.unpend(s, rec)
+		c.m.fill(fillSkipped)
+		c.m.reject("victim_hotter")
+		return
+	}
+	s.mu.Lock()
+	rec.pending--
+	ok := rec.gen == gen && rec.inflight == 0 && fc.epoch.Load() == epoch
+	if h := hooks.Load(); h != nil && h.SkipGenerationCheck {
+		ok = rec.inflight == 0
+	}
+	if !ok {
+		c.maybeForget(s, rec)
+		s.mu.Unlock()
+		c.used.Add(-charge)
+		c.m.fill(fillDiscarded)
+		return
+	}
+	if rec.n > 0 {
+		c.used.Add(-rec.keyCharge())
+	} else {
+		rec.since = nanotime()
+		c.m.admissions.Inc()
+	}
+	if old := rec.entries[p][string(raw)]; old != nil {
+		rec.n--
+		rec.size -= old.size
+		c.used.Add(-old.size)
+		c.nentries.Add(-1)
+	}
+	if rec.entries[p] == nil {
+		rec.entries[p] = map[string]*entry{}
+	}
+	rec.entries[p][string(raw)] = &entry{val: val, expire: expire, epoch: epoch, size: size}
+	rec.n++
+	rec.size += size
+	c.nentries.Add(1)
+	c.dropAside(rec) // a fresh value supersedes a stale one
+	if !rec.inLRU {
+		s.lru.Add(rec.h, rec)
+		rec.inLRU = true
+	}
+	s.mu.Unlock()
+	c.m.fill(fillStored)
+}
+
+// keyCharge is what a key costs the budget while it has entries.
+func (r *keyRec) keyCharge() int64 { return int64(len(r.key)) + keyOverhead }
+
+// removeEntry drops one entry; s.mu is held.
+func (c *Cache) removeEntry(s *shard, rec *keyRec, p int, raw string) {
+	e := rec.entries[p][raw]
+	if e == nil {
+		return
+	}
+	delete(rec.entries[p], raw)
+	rec.n--
+	rec.size -= e.size
+	c.used.Add(-e.size)
+	c.nentries.Add(-1)
+	if rec.n == 0 {
+		c.dropEntries(s, rec)
+	}
+	c.maybeForget(s, rec)
+}
+
+// dropEntries drops all of a key's entries and its charge; s.mu is held.
+func (c *Cache) dropEntries(s *shard, rec *keyRec) {
+	if rec.n > 0 || rec.inLRU {
+		c.used.Add(-rec.size - rec.keyCharge())
+		c.nentries.Add(-int64(rec.n))
+		rec.entries = [2]map[string]*entry{}
+		rec.n, rec.size = 0, 0
+		rec.hits.Store(0)
+	}
+	if rec.inLRU {
+		s.lru.Remove(rec.h)
+		rec.inLRU = false
+	}
+}
+
+// maybeForget deletes a record nothing refers to any more; s.mu is held.
+func (c *Cache) maybeForget(s *shard, rec *keyRec) {
+	if rec.n == 0 && rec.pending == 0 && rec.inflight == 0 && rec.aside == nil && s.recs[rec.h] == rec {
+		delete(s.recs, rec.h)
+	}
+}
+
+// reserve charges n bytes against the budget, evicting least recently used
+// keys as needed. A key at least as hot (by the sketch) as the one being
+// stored is not evicted for it, unless admission is off (admit_min_reads 0).
+func (c *Cache) reserve(n int64, est uint64) bool {
+	max := int64(c.cfg.MaxBytes)
+	for evictions := 0; ; {
+		cur := c.used.Load()
+		if cur+n <= max {
+			if c.used.CompareAndSwap(cur, cur+n) {
+				return true
+			}
+			continue
+		}
+		if evictions >= 64 || !c.evictOne(est) {
+			return false
+		}
+		evictions++
+	}
+}
+
+// evictOne evicts the least recently used key of the next shard that has
+// one.
+func (c *Cache) evictOne(est uint64) bool {
+	for range numShards {
+		s := &c.shards[c.evictNext.Add(1)%numShards]
+		s.mu.Lock()
+		h, rec, ok := s.lru.GetOldest()
+		if !ok {
+			s.mu.Unlock()
+			continue
+		}
+		if c.cfg.AdmitMinReads > 0 && c.reads.estimate(h) >= est {
+			s.mu.Unlock()
+			return false
+		}
+		c.dropEntries(s, rec)
+		c.maybeForget(s, rec)
+		s.mu.Unlock()
+		c.m.evictions.Inc()
+		return true
+	}
+	return false
+}
+
+// invalidate drops db/key because Redis said it changed.
+func (c *Cache) invalidate(db int, key []byte) {
+	h := c.hash(db, key)
+	s := c.shardOf(h)
+	s.mu.Lock()
+	if rec := s.recs[h]; rec != nil && rec.same(db, key) {
+		rec.gen++
+		c.dropEntries(s, rec)
+		c.dropAside(rec)
+		c.maybeForget(s, rec)
+	}
+	s.mu.Unlock()
+	c.m.invalidated.Inc()
+}
+
+// flush drops every key of db (all databases when db < 0). Entries of keys
+// with a stale_if_error rule are moved aside when the flush is caused by a
+// lost connection, and kept from then on for the rule's max_age.
+func (c *Cache) flush(db int, reason string) {
+	c.m.flushes.WithLabelValues(reason).Inc()
+	lost := reason == FlushDisconnect
+	now := nanotime()
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		for _, rec := range s.recs {
+			if db >= 0 && rec.db != db {
+				continue
+			}
+			rec.gen++
+			var keep *aside
+			if lost && rec.n > 0 {
+				if rule := c.staleRule([]byte(rec.key)); rule != nil {
+					keep = newAside(rec, now+int64(rule.MaxAge.Duration))
+				}
+			}
+			c.dropEntries(s, rec)
+			if keep != nil || !lost {
+				c.dropAside(rec)
+			}
+			if keep != nil {
+				// The same bytes stay in memory, so they stay charged.
+				rec.aside = keep
+				c.used.Add(keep.size)
+			}
+			c.maybeForget(s, rec)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// Fence makes the tier serve no hit until every fill connection has
+// answered a PING sent after this call. Redis sends a connection the
+// invalidations caused by a write before any reply it sends after the
+// write, so once those PINGs are answered, whatever a write the proxy could
+// not name the keys of had changed has been dropped.
+func (c *Cache) Fence() {
+	if h := hooks.Load(); h != nil && h.SkipFences {
+		return
+	}
+	now := nanotime()
+	for {
+		cur := c.fenceAt.Load()
+		if cur >= now || c.fenceAt.CompareAndSwap(cur, now) {
+			break
+		}
+	}
+	c.m.fences.Inc()
+	for i := range c.conns {
+		if fc := c.conns[i].Load(); fc != nil {
+			fc.wake()
+		}
+	}
+}
+
+// maintain ages the frequency sketches every admission window and drops
+// expired entries and stale-if-error values a shard at a time.
+func (c *Cache) maintain() {
+	defer c.workers.Done()
+	t := time.NewTicker(c.cfg.AdmitWindow.Duration)
+	defer t.Stop()
+	next := 0
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		c.reads.halve()
+		c.writes.halve()
+		for range numShards / 4 {
+			c.sweep(&c.shards[next%numShards])
+			next++
+		}
+	}
+}
+
+func (c *Cache) sweep(s *shard) {
+	now := nanotime()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, rec := range s.recs {
+		for p := range rec.entries {
+			for raw, e := range rec.entries[p] {
+				if now >= e.expire {
+					c.removeEntry(s, rec, p, raw)
+				}
+			}
+		}
+		if rec.aside != nil && now >= rec.aside.until {
+			c.dropAside(rec)
+			c.maybeForget(s, rec)
+		}
+	}
+}
+
+var cmdCachingYes = appendCommand(nil, "CLIENT", []byte("CACHING"), []byte("YES"))
+
+// appendCommand encodes a command as a RESP array of bulk strings.
+func appendCommand(dst []byte, name string, args ...[]byte) []byte {
+	dst = append(dst, '*')
+	dst = appendUint(dst, len(args)+1)
+	dst = append(dst, "\r\n$"...)
+	dst = appendUint(dst, len(name))
+	dst = append(dst, "\r\n"...)
+	dst = append(dst, name...)
+	dst = append(dst, "\r\n"...)
+	for _, a := range args {
+		dst = append(dst, '$')
+		dst = appendUint(dst, len(a))
+		dst = append(dst, "\r\n"...)
+		dst = append(dst, a...)
+		dst = append(dst, "\r\n"...)
+	}
+	return dst
+}
+
+func appendUint(dst []byte, n int) []byte {
+	var b [20]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+		if n == 0 {
+			break
+		}
+	}
+	return append(dst, b[i:]...)
+}

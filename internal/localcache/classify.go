@@ -1,0 +1,86 @@
+package localcache
+
+import (
+	"github.com/redproxy/redproxy/internal/commands"
+)
+
+// notCached lists read-only single-key commands whose reply must not be
+// reused even though the command table calls them deterministic: their
+// reply depends on time or on server bookkeeping rather than on the key's
+// value (TTL, OBJECT, MEMORY USAGE), they read keys they do not declare
+// (SORT_RO's BY and GET patterns), or they exist for their side effect
+// (TOUCH updates the access time).
+var notCached = map[string]bool{
+	"ttl": true, "pttl": true, "expiretime": true, "pexpiretime": true,
+	"randomkey": true, "srandmember": true, "hrandfield": true, "zrandmember": true,
+	"scan": true, "sscan": true, "hscan": true, "zscan": true,
+	"sort": true, "sort_ro": true, "touch": true, "memory|usage": true,
+	"object|encoding": true, "object|freq": true, "object|idletime": true, "object|refcount": true,
+	"dump": true, "debug": true,
+}
+
+// uncacheableFlags mark commands whose reply may not be reused: anything
+// that writes, may write or replicate (PFCOUNT updates its cached
+// cardinality), runs a script (which may read undeclared keys), blocks,
+// belongs to pub/sub or connection state, or is nondeterministic.
+const uncacheableFlags = commands.Write | commands.MayReplicate | commands.CatScripting |
+	commands.Blocking | commands.PubSub | commands.ConnState | commands.Nondeterministic |
+	commands.NoMandatoryKeys | commands.MovableKeys
+
+// Cacheable reports whether a reply to cmd with args may be kept, and if so
+// which argument is its key: read-only, deterministic commands with exactly
+// one key (GET, HGET, HGETALL, HMGET, SMEMBERS, the ZRANGE family, LRANGE,
+// EXISTS of one key, STRLEN, ...).
+func Cacheable(cmd *commands.Command, args [][]byte) (key []byte, ok bool) {
+	if cmd == nil || cmd.Flags&commands.ReadOnly == 0 || cmd.Flags&uncacheableFlags != 0 ||
+		cmd.Subcommands != nil || notCached[cmd.Name] || cmd.IsBlocking(args) {
+		return nil, false
+	}
+	var buf [2]int
+	idx := cmd.Keys(args, buf[:0])
+	if len(idx) != 1 {
+		return nil, false
+	}
+	return args[idx[0]], true
+}
+
+// unknownKeys reports whether a write may touch keys the proxy cannot name
+// from its arguments: scripts and functions (which may write undeclared
+// keys, or SELECT another database), commands whose key specs Redis itself
+// calls incomplete or cannot locate, and writes reaching into another
+// database (MOVE, COPY ... DB).
+func unknownKeys(cmd *commands.Command, args [][]byte) bool {
+	if cmd.Flags&commands.CatScripting != 0 {
+		return true
+	}
+	switch cmd.Name {
+	case "move":
+		return true
+	case "copy":
+		for i := 3; i < len(args); i++ {
+			a := args[i]
+			if len(a) == 2 && (a[0]|0x20) == 'd' && (a[1]|0x20) == 'b' {
+				return true
+			}
+		}
+	}
+	if len(cmd.KeySpecs) == 0 {
+		return cmd.Flags&commands.MovableKeys != 0
+	}
+	for _, ks := range cmd.KeySpecs {
+		if ks.Flags&commands.KeyIncomplete != 0 || ks.Begin.Kind == commands.BeginUnknown ||
+			ks.Find.Kind == commands.FindUnknown && ks.Flags&commands.KeyNotKey == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// flushKind says whether a write empties whole databases.
+func flushKind(cmd *commands.Command) string {
+	switch cmd.Name {
+	case "flushall", "flushdb", "swapdb":
+		return cmd.Name
+	}
+	return ""
+}

@@ -1,0 +1,252 @@
+package localcache
+
+import (
+	"bytes"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/upstream"
+)
+
+// ConnName is the CLIENT SETNAME of fill connections, so operators (and
+// tests, with CLIENT KILL) can tell them apart.
+const ConnName = "redproxy-tier"
+
+// fillConn is one database's tracking connection: every fill of that
+// database is read on it, and Redis sends it the invalidations for what it
+// read, in order with its replies.
+type fillConn struct {
+	c    *Cache
+	db   int
+	pipe *upstream.Pipe
+
+	// epoch changes whenever the connection goes down or comes up; an entry
+	// or a fill from another epoch is never used.
+	epoch atomic.Uint64
+	// ackSent is the send time of the latest heartbeat whose reply has
+	// arrived on the current connection, 0 if none yet. mu orders its
+	// updates with epoch changes; readers only Load.
+	ackSent atomic.Int64
+	mu      sync.Mutex
+
+	kick chan struct{}
+}
+
+// conn returns db's fill connection, starting it on first use. It returns
+// nil for a database out of range.
+func (c *Cache) conn(db int) *fillConn {
+	if db < 0 || db >= len(c.conns) {
+		return nil
+	}
+	if fc := c.conns[db].Load(); fc != nil {
+		return fc
+	}
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
+	if fc := c.conns[db].Load(); fc != nil || c.closed.Load() {
+		return fc
+	}
+	fc := &fillConn{c: c, db: db, kick: make(chan struct{}, 1)}
+	opt := c.opt.Upstream(db)
+	opt.DB = db
+	opt.RESP3 = true
+	opt.Name = ConnName
+	// OPTIN: only reads preceded by CLIENT CACHING YES are tracked, so the
+	// heartbeats and PTTLs add nothing to Redis's tracking table. No
+	// NOLOOP, which silently skips invalidations, and no REDIRECT: with
+	// invalidations on another connection there is no order between a
+	// fill's reply and the invalidation of what it read.
+	opt.Handshake = [][]string{{"CLIENT", "TRACKING", "ON", "OPTIN"}}
+	opt.OnPush = fc.onPush
+	opt.OnUp = fc.onUp
+	opt.OnDown = fc.onDown
+	if opt.Logger == nil {
+		opt.Logger = c.log
+	}
+	fc.pipe = upstream.NewPipe(opt)
+	c.conns[db].Store(fc)
+	c.workers.Add(1)
+	go fc.heartbeat()
+	return fc
+}
+
+// live reports whether hits from this connection may be served: it has
+// answered a heartbeat sent within the last S, and after the latest fence.
+func (fc *fillConn) live(now, fenceAt int64) bool {
+	a := fc.ackSent.Load()
+	return a != 0 && a >= fenceAt && now-a <= int64(fc.c.cfg.Staleness.Duration)
+}
+
+func (fc *fillConn) wake() {
+	select {
+	case fc.kick <- struct{}{}:
+	default:
+	}
+}
+
+// newEpoch starts a new epoch with no heartbeat answered yet.
+func (fc *fillConn) newEpoch() {
+	fc.mu.Lock()
+	fc.epoch.Add(1)
+	fc.ackSent.Store(0)
+	fc.mu.Unlock()
+}
+
+// onDown runs when the connection is lost, before its Calls fail: from now
+// on nothing filled on it is served, and it is all dropped (C4).
+func (fc *fillConn) onDown(err error) {
+	fc.newEpoch()
+	fc.c.flush(fc.db, FlushDisconnect)
+	if fc.c.closed.Load() {
+		return
+	}
+	fc.c.log.Warn("local tier: tracking connection lost; its entries were dropped", "db", fc.db, "err", err)
+}
+
+// onUp runs when a connection is established. Nothing from before can be
+// trusted, so it starts a new epoch and flushes again; a heartbeat at once
+// makes the tier live again within one round trip.
+func (fc *fillConn) onUp() {
+	fc.newEpoch()
+	fc.c.flush(fc.db, FlushReconnect)
+	fc.wake()
+}
+
+var cmdPing = []byte("*1\r\n$4\r\nPING\r\n")
+
+// heartbeat sends a PING every S/4, and at once when woken by a fence or a
+// reconnection, waiting for each reply before sending the next, so fence
+// requests arriving meanwhile share the next PING. A PING's reply arrives
+// after every invalidation Redis sent before executing it, so once it is in,
+// everything written before it was sent has been invalidated here.
+func (fc *fillConn) heartbeat() {
+	defer fc.c.workers.Done()
+	t := time.NewTicker(max(fc.c.cfg.Staleness.Duration/4, time.Millisecond))
+	defer t.Stop()
+	call := upstream.NewCall()
+	for {
+		select {
+		case <-fc.c.stop:
+			return
+		case <-t.C:
+		case <-fc.kick:
+		}
+		call.Reset()
+		call.Add(cmdPing)
+		epoch := fc.epoch.Load()
+		sent := nanotime()
+		if err := fc.pipe.Send(call); err != nil {
+			continue
+		}
+		call.Wait()
+		if call.Err() != nil {
+			continue
+		}
+		if h := hooks.Load(); h != nil && h.DropHeartbeats {
+			continue
+		}
+		fc.mu.Lock()
+		if fc.epoch.Load() == epoch && sent > fc.ackSent.Load() {
+			fc.ackSent.Store(sent)
+		}
+		fc.mu.Unlock()
+	}
+}
+
+// onPush handles a RESP3 push on the reader goroutine, in order with the
+// replies. Invalidation pushes are ">2 $10 invalidate" followed by an array
+// of keys, or by a null when Redis flushed (FLUSHALL/FLUSHDB): Redis then
+// invalidates everything, in every database.
+func (fc *fillConn) onPush(frame []byte) {
+	if h := hooks.Load(); h != nil {
+		if h.BeforePush != nil {
+			h.BeforePush()
+		}
+		if h.IgnorePushes {
+			return
+		}
+	}
+	kind, rest, ok := pushKind(frame)
+	if !ok {
+		return
+	}
+	switch kind {
+	case "invalidate":
+		if len(rest) > 0 && (rest[0] == '_' || bytes.HasPrefix(rest, []byte("*-1"))) {
+			fc.c.flush(fc.db, FlushRedis)
+			return
+		}
+		eachBulk(rest, func(key []byte) { fc.c.invalidate(fc.db, key) })
+	case "tracking-redir-broken":
+		fc.c.flush(fc.db, FlushRedirBroke)
+	}
+}
+
+// pushKind parses ">N\r\n$len\r\nkind\r\n" and returns kind and the bytes
+// after it.
+func pushKind(frame []byte) (string, []byte, bool) {
+	nl := bytes.IndexByte(frame, '\n')
+	if nl < 0 || len(frame) < nl+2 || frame[nl+1] != '$' {
+		return "", nil, false
+	}
+	rest := frame[nl+1:]
+	s, next, ok := bulk(rest)
+	if !ok {
+		return "", nil, false
+	}
+	return string(s), rest[next:], true
+}
+
+// bulk parses one "$len\r\nbytes\r\n" at b[0:].
+func bulk(b []byte) ([]byte, int, bool) {
+	if len(b) < 4 || b[0] != '$' {
+		return nil, 0, false
+	}
+	nl := bytes.IndexByte(b, '\n')
+	if nl < 2 {
+		return nil, 0, false
+	}
+	n, err := strconv.Atoi(string(b[1 : nl-1]))
+	if err != nil || n < 0 || nl+1+n+2 > len(b) {
+		return nil, 0, false
+	}
+	return b[nl+1 : nl+1+n], nl + 1 + n + 2, true
+}
+
+// eachBulk calls f for every bulk string of the array at b[0:].
+func eachBulk(b []byte, f func([]byte)) {
+	if len(b) < 4 || b[0] != '*' {
+		return
+	}
+	nl := bytes.IndexByte(b, '\n')
+	if nl < 2 {
+		return
+	}
+	n, err := strconv.Atoi(string(b[1 : nl-1]))
+	if err != nil {
+		return
+	}
+	pos := nl + 1
+	for range n {
+		s, k, ok := bulk(b[pos:])
+		if !ok {
+			return
+		}
+		f(s)
+		pos += k
+	}
+}
+
+// Connect starts db's fill connection now rather than on its first read.
+func (c *Cache) Connect(db int) { c.conn(db) }
+
+// Live reports whether hits on db may be served right now.
+func (c *Cache) Live(db int) bool {
+	if db < 0 || db >= len(c.conns) {
+		return false
+	}
+	fc := c.conns[db].Load()
+	return fc != nil && fc.live(nanotime(), c.fenceAt.Load())
+}

@@ -1,0 +1,89 @@
+// Package localcache is redproxy's local tier: it answers reads of hot keys
+// from process memory, kept coherent with Redis by Redis's own
+// server-assisted invalidation (CLIENT TRACKING).
+//
+// # Contract
+//
+// With S the configured staleness bound (localcache.staleness, default 1s):
+//
+//   - C1 If every write to key K goes through one redproxy instance P, the
+//     history of reads and writes of K through P is linearizable.
+//   - C2 For writes that reach Redis another way (another instance, a direct
+//     client, a script), a read through P that starts at time t returns no
+//     value older than any write of K acknowledged before t − S.
+//   - C3 A client that received OK for a write of K through P never
+//     afterwards reads an older value of K through P.
+//   - C4 If P loses its invalidation stream (connection drop, half-open
+//     connection, Redis restart, failover), it stops serving hits within S
+//     and never serves an entry filled before the loss.
+//   - C5 Memory stays within the configured byte budget; entries in the
+//     middle of a fill are never evicted.
+//
+// stale_if_error rules relax C4, and only C4, for the keys they match: see
+// stale.go.
+//
+// # How
+//
+// Fill connections. Each database has one RESP3 connection with CLIENT
+// TRACKING ON OPTIN. A fill is one unit written contiguously on it: CLIENT
+// CACHING YES, the client's read, PTTL key. So the read is tracked, and any
+// later change of the key makes Redis push an invalidation on the same
+// connection, after the fill's reply. The entry expires at min(send time +
+// PTTL, fill time + max_ttl), so a key that expires in Redis without an
+// invalidation (lazy expiry) is not served after it expired.
+//
+// Generations. Every key the tier knows has a generation; a fill records it
+// before it is sent, and an invalidation, a flush or a write through the
+// proxy changes it. A fill whose key's generation changed hands its reply to
+// the clients waiting for it (their reads overlapped it) but does not keep
+// it. Keys with fills in flight are kept outside the LRU and are never
+// evicted (C5).
+//
+// Writes through the proxy (C1, C3). Before a write is sent, its keys are
+// dropped and marked "write in flight"; until its reply has arrived they
+// are neither served nor filled. A fill sent after the reply reaches Redis
+// after the write, so it reads the write's result. Writes whose keys the
+// proxy cannot name (scripts, MOVE, COPY ... DB, transactions, FLUSH*,
+// SWAPDB) are followed by a fence: after their reply no hit is served until
+// every fill connection has answered a PING sent after it, which Redis
+// answers only after delivering the invalidations the write caused.
+//
+// Liveness (C2, C4). Each fill connection sends a heartbeat PING every S/4.
+// A hit is served only if the latest heartbeat whose reply has arrived was
+// sent less than S ago (and after the latest fence): every write
+// acknowledged before then has had its invalidation read. A half-open
+// connection stops answering, so hits stop within S.
+//
+// # Cache interface contract
+//
+//   - Disconnect: when a fill connection is lost, its epoch changes before
+//     anything else, so no entry it filled is served again; the entries are
+//     then dropped (stale_if_error values are moved aside), and fills in
+//     flight on it are discarded.
+//   - Reconnect: a new connection starts a new epoch with no heartbeat
+//     answered; the tier serves again once a heartbeat on it is answered,
+//     and only entries filled on it.
+//   - Flush: a null invalidation (FLUSHALL or FLUSHDB anywhere on the server),
+//     a forwarded FLUSHALL, FLUSHDB or SWAPDB, or tracking-redir-broken drop
+//     everything the affected connections filled and discard their fills in
+//     flight.
+//
+// # What is cached
+//
+// Read-only deterministic commands with exactly one key (Cacheable), keyed by
+// database, protocol and the exact command bytes; all commands of a key are
+// dropped together. Never error replies, never replies for a key that does
+// not exist unless negative_caching is on, never for clients in MULTI,
+// holding a WATCH or subscribed (the proxy does not ask), and a hit is served
+// only if nothing of the client's batch is still to be sent to Redis ahead
+// of it.
+//
+// # Admission
+//
+// Only hot keys: a count-min sketch with a doorkeeper (TinyLFU) counts
+// reads and writes per key, halved every admit_window. A missed key is
+// filled through the tier once its reads exceed admit_min_reads, unless it
+// is written more than write_ratio times as often as read, or excluded by
+// pattern; it is kept only if it is hotter than the least recently used key
+// it would evict.
+package localcache

@@ -1,0 +1,122 @@
+package localcache
+
+import (
+	"strconv"
+
+	"github.com/redproxy/redproxy/internal/commands"
+)
+
+// Writes is one client's writes in flight through the proxy: the keys it
+// marked, and whether a fence is due once the replies are in. The session
+// owns it; the zero value is ready.
+type Writes struct {
+	marks []mark
+	fence bool
+}
+
+type mark struct {
+	h  uint64
+	db int
+}
+
+// Pending reports whether there is anything for WriteDone to do.
+func (w *Writes) Pending() bool { return len(w.marks) > 0 || w.fence }
+
+// WriteStart is called for every write before it is sent to Redis (for a
+// transaction, for each queued write before EXEC is sent). It drops the
+// keys the write names, makes every fill of them in flight discard its
+// reply, and marks them "write in flight": until WriteDone, they are
+// neither served nor filled. A write whose keys cannot all be named (a
+// script, MOVE, COPY ... DB, an incomplete key spec) also asks for a fence
+// after its reply; FLUSHALL, FLUSHDB and SWAPDB flush what they empty and
+// fence too. inTx says the write is part of a transaction, which may have
+// changed database with a queued SELECT, so it is fenced as well.
+func (c *Cache) WriteStart(w *Writes, db int, cmd *commands.Command, args [][]byte, inTx bool) {
+	if cmd == nil {
+		return
+	}
+	switch flushKind(cmd) {
+	case "flushall":
+		c.flush(-1, FlushForwarded)
+		w.fence = true
+		return
+	case "flushdb":
+		c.flush(db, FlushForwarded)
+		w.fence = true
+		return
+	case "swapdb":
+		for _, a := range args[1:] {
+			if n, err := strconv.Atoi(string(a)); err == nil {
+				c.flush(n, FlushForwarded)
+			}
+		}
+		w.fence = true
+		return
+	}
+	if inTx || unknownKeys(cmd, args) {
+		w.fence = true
+	}
+	var buf [8]int
+	for _, i := range cmd.Keys(args, buf[:0]) {
+		c.markWrite(w, db, args[i])
+	}
+	if mode := hooks.Load(); mode != nil && mode.FenceWrites {
+		w.fence = true
+	}
+}
+
+// markWrite drops db/key and counts a write in flight for it.
+func (c *Cache) markWrite(w *Writes, db int, key []byte) {
+	h := c.hash(db, key)
+	s := c.shardOf(h)
+	c.writes.add(h, 1)
+	fenceOnly := false
+	if hk := hooks.Load(); hk != nil && hk.FenceWrites {
+		fenceOnly = true
+	}
+	s.mu.Lock()
+	rec := s.recs[h]
+	if rec == nil {
+		rec = &keyRec{h: h, db: db, key: string(key)}
+		s.recs[h] = rec
+	} else if !rec.same(db, key) {
+		// Another key holds this hash, so this one is not in the tier and
+		// cannot be marked; a fence covers it instead.
+		s.mu.Unlock()
+		w.fence = true
+		return
+	}
+	rec.gen++
+	c.dropEntries(s, rec)
+	c.dropAside(rec)
+	if fenceOnly {
+		c.maybeForget(s, rec)
+		s.mu.Unlock()
+		return
+	}
+	rec.inflight++
+	s.mu.Unlock()
+	w.marks = append(w.marks, mark{h: h, db: db})
+}
+
+// WriteDone is called once the replies of the writes started since the last
+// WriteDone have arrived (or failed): the keys may be filled again, and a
+// fence is raised if one is due. A fill sent from now on reaches Redis after
+// the writes ran, so it reads their result.
+func (c *Cache) WriteDone(w *Writes) {
+	for _, m := range w.marks {
+		s := c.shardOf(m.h)
+		s.mu.Lock()
+		if rec := s.recs[m.h]; rec != nil {
+			rec.inflight--
+			c.maybeForget(s, rec)
+		}
+		s.mu.Unlock()
+	}
+	clear(w.marks)
+	w.marks = w.marks[:0]
+	if w.fence {
+		w.fence = false
+		c.Fence()
+	}
+}

@@ -1,0 +1,156 @@
+package stampede
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+)
+
+var (
+	// ErrTooManyWaiters: the fetch this read would join already has
+	// Options.MaxWaiters waiters. The caller should send its read upstream
+	// alone, which is always correct.
+	ErrTooManyWaiters = errors.New("stampede: too many waiters for one fetch")
+	// ErrFetchPanicked is handed to the waiters of a fetch whose function
+	// panicked; the leader's goroutine goes on panicking.
+	ErrFetchPanicked = errors.New("stampede: shared fetch failed")
+)
+
+// Options configure a Group.
+type Options struct {
+	// MaxWaiters caps the callers that may join one fetch (besides its
+	// leader); 0 means no cap.
+	MaxWaiters int
+	// Metrics may be nil.
+	Metrics *Metrics
+
+	// unsafeJoinInFlight breaks the join rule on purpose: callers join a
+	// fetch that is already in flight. Tests use it to show that the
+	// linearizability checks can fail.
+	unsafeJoinInFlight bool
+}
+
+// Group coalesces identical reads; see the package documentation for the
+// join rule. It is safe for concurrent use. It keeps nothing once a key's
+// fetches have returned.
+type Group struct {
+	mu      sync.Mutex
+	keys    map[string]*entry
+	max     int
+	metrics *Metrics
+	unsafe  bool
+}
+
+// entry is one key's fetches: at most one in flight and one collecting.
+type entry struct {
+	inflight *fetchCall
+	next     *fetchCall
+}
+
+type fetchCall struct {
+	done    chan struct{}
+	reply   []byte
+	err     error
+	waiters int // callers that joined, not counting the leader
+}
+
+// NewGroup returns an empty Group.
+func NewGroup(o Options) *Group {
+	unsafe := o.unsafeJoinInFlight
+	if h := hooks.Load(); h != nil && h.unsafeJoinInFlight {
+		unsafe = true
+	}
+	return &Group{keys: map[string]*entry{}, max: o.MaxWaiters, metrics: o.Metrics, unsafe: unsafe}
+}
+
+// Do returns the reply of a fetch of key that was sent after Do was called.
+// If such a fetch is collecting waiters, Do joins it; otherwise this caller
+// becomes the leader of the next fetch and runs fetch() itself once the
+// fetch in flight (if any) has returned. shared reports whether the reply
+// came from another caller's fetch. The returned bytes are shared: callers
+// must not modify them. It returns ErrTooManyWaiters when the cap is hit
+// (the caller should go upstream alone), ErrFetchPanicked to the waiters of
+// a fetch that panicked, and otherwise whatever fetch returned.
+//
+// fetch must not depend on the calling goroutine or its client connection:
+// waiters rely on it running to the end even if the leader's client is gone.
+func (g *Group) Do(key string, fetch func() ([]byte, error)) (reply []byte, shared bool, err error) {
+	g.metrics.read()
+	g.mu.Lock()
+	e := g.keys[key]
+	if e == nil {
+		e = &entry{}
+		g.keys[key] = e
+	}
+	if g.unsafe && e.inflight != nil {
+		return g.join(e.inflight)
+	}
+	if e.next != nil {
+		if g.max > 0 && e.next.waiters >= g.max {
+			g.mu.Unlock()
+			g.metrics.overflow()
+			return nil, false, ErrTooManyWaiters
+		}
+		return g.join(e.next)
+	}
+	c := &fetchCall{done: make(chan struct{})}
+	if prev := e.inflight; prev != nil {
+		// Collect until the fetch in flight returns, then send ours: every
+		// caller that joins meanwhile arrived before our fetch is sent.
+		e.next = c
+		g.mu.Unlock()
+		<-prev.done
+		g.mu.Lock()
+		e.inflight, e.next = c, nil
+	} else {
+		e.inflight = c
+	}
+	g.mu.Unlock()
+	g.run(key, e, c, fetch)
+	return c.reply, false, c.err
+}
+
+// join waits for c; g.mu is held on entry.
+func (g *Group) join(c *fetchCall) ([]byte, bool, error) {
+	c.waiters++
+	g.mu.Unlock()
+	g.metrics.saved()
+	<-c.done
+	return c.reply, true, c.err
+}
+
+// run executes the leader's fetch. The deferred part also runs when fetch
+// panics, so waiters are never stranded and the key never stays blocked.
+func (g *Group) run(key string, e *entry, c *fetchCall, fetch func() ([]byte, error)) {
+	finished := false
+	defer func() {
+		if !finished {
+			c.reply, c.err = nil, ErrFetchPanicked
+		}
+		g.mu.Lock()
+		if e.inflight == c {
+			e.inflight = nil
+		}
+		if e.inflight == nil && e.next == nil && g.keys[key] == e {
+			delete(g.keys, key)
+		}
+		g.mu.Unlock()
+		close(c.done)
+	}()
+	c.reply, c.err = fetch()
+	if h := hooks.Load(); h != nil && h.afterFetch != nil {
+		h.afterFetch(key)
+	}
+	finished = true
+}
+
+// testHooks let tests in this and other packages (through export_test.go)
+// break the join rule or hold a fetch's reply, in a proxy they start.
+type testHooks struct {
+	unsafeJoinInFlight bool
+	// afterFetch runs on the leader's goroutine after fetch returned and
+	// before the waiters are woken: a reply "still on its way".
+	afterFetch func(key string)
+}
+
+var hooks atomic.Pointer[testHooks]

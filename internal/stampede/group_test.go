@@ -1,0 +1,421 @@
+package stampede
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// state reports a key's fetches, for tests to wait for a caller to be
+// parked where they expect it.
+func (g *Group) state(key string) (inflight, next bool, inflightWaiters, nextWaiters int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.keys[key]
+	if e == nil {
+		return
+	}
+	if e.inflight != nil {
+		inflight, inflightWaiters = true, e.inflight.waiters
+	}
+	if e.next != nil {
+		next, nextWaiters = true, e.next.waiters
+	}
+	return
+}
+
+func (g *Group) size() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.keys)
+}
+
+func counter(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// gates numbers the fetches a test's fetch function runs and holds each one
+// until the test opens it, after the fetch has "executed" (body ran): its
+// reply is on the way but not yet delivered.
+type gates struct {
+	mu      sync.Mutex
+	n       int
+	started chan int
+	open    map[int]chan struct{}
+}
+
+func newGates() *gates {
+	return &gates{started: make(chan int, 100), open: map[int]chan struct{}{}}
+}
+
+func (g *gates) ch(n int) chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c := g.open[n]
+	if c == nil {
+		c = make(chan struct{})
+		g.open[n] = c
+	}
+	return c
+}
+
+func (g *gates) fetch(body func(n int) ([]byte, error)) func() ([]byte, error) {
+	return func() ([]byte, error) {
+		g.mu.Lock()
+		g.n++
+		n := g.n
+		g.mu.Unlock()
+		reply, err := body(n)
+		g.started <- n
+		<-g.ch(n)
+		return reply, err
+	}
+}
+
+func (g *gates) release(n int) { close(g.ch(n)) }
+
+func (g *gates) waitStarted(t *testing.T, want int) {
+	t.Helper()
+	select {
+	case n := <-g.started:
+		if n != want {
+			t.Fatalf("fetch %d started, want %d", n, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("fetch %d never started", want)
+	}
+}
+
+type result struct {
+	reply  string
+	shared bool
+	err    error
+}
+
+func doAsync(g *Group, key string, fetch func() ([]byte, error)) chan result {
+	ch := make(chan result, 1)
+	go func() {
+		r, shared, err := g.Do(key, fetch)
+		ch <- result{string(r), shared, err}
+	}()
+	return ch
+}
+
+func numbered(n int) ([]byte, error) { return []byte(strconv.Itoa(n)), nil }
+
+// A read that arrives while a fetch is in flight does not join it: it leads
+// the next fetch, which later readers join; that fetch is sent only when the
+// first has returned.
+func TestJoinRule(t *testing.T) {
+	m := NewMetrics(nil)
+	g := NewGroup(Options{Metrics: m})
+	gt := newGates()
+	f := gt.fetch(numbered)
+
+	a := doAsync(g, "k", f)
+	gt.waitStarted(t, 1)
+	b := doAsync(g, "k", f)
+	redistest.Eventually(t, 5*time.Second, func() bool { _, next, _, _ := g.state("k"); return next }, "B never became the next leader")
+	c := doAsync(g, "k", f)
+	redistest.Eventually(t, 5*time.Second, func() bool { _, _, _, w := g.state("k"); return w == 1 }, "C never joined the next fetch")
+	if _, _, w, _ := g.state("k"); w != 0 {
+		t.Fatalf("%d callers joined the fetch in flight", w)
+	}
+
+	gt.release(1)
+	if r := <-a; r.reply != "1" || r.shared || r.err != nil {
+		t.Fatalf("A = %+v, want its own fetch 1", r)
+	}
+	gt.waitStarted(t, 2)
+	gt.release(2)
+	if r := <-b; r.reply != "2" || r.shared || r.err != nil {
+		t.Fatalf("B = %+v, want its own fetch 2", r)
+	}
+	if r := <-c; r.reply != "2" || !r.shared || r.err != nil {
+		t.Fatalf("C = %+v, want B's fetch 2, shared", r)
+	}
+	if g.size() != 0 {
+		t.Fatal("the group keeps state after its fetches returned")
+	}
+	if counter(m.Coalesced) != 3 || counter(m.FetchesSaved) != 1 {
+		t.Fatalf("metrics: coalesced %v saved %v, want 3 and 1", counter(m.Coalesced), counter(m.FetchesSaved))
+	}
+}
+
+// Under heavy concurrency every reply comes from a fetch that started after
+// its caller called Do, and at most one fetch per key runs at a time.
+func TestEveryReplyStartedAfterItsCall(t *testing.T) {
+	g := NewGroup(Options{})
+	var started, running, maxRunning atomic.Int64
+	fetch := func() ([]byte, error) {
+		n := started.Add(1)
+		r := running.Add(1)
+		for {
+			m := maxRunning.Load()
+			if r <= m || maxRunning.CompareAndSwap(m, r) {
+				break
+			}
+		}
+		for range 50 {
+			// Take a little time so that many callers arrive while the
+			// fetch is running, without sleeping.
+			_ = strconv.Itoa(int(n))
+		}
+		running.Add(-1)
+		return []byte(strconv.FormatInt(n, 10)), nil
+	}
+	var stale atomic.Int64
+	var wg sync.WaitGroup
+	const workers, calls = 32, 300
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range calls {
+				before := started.Load()
+				r, _, err := g.Do("k", fetch)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if n, _ := strconv.ParseInt(string(r), 10, 64); n <= before {
+					stale.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if maxRunning.Load() != 1 {
+		t.Fatalf("%d fetches of one key ran at once, want 1", maxRunning.Load())
+	}
+	if started.Load() >= workers*calls {
+		t.Fatalf("%d fetches for %d calls: nothing was coalesced", started.Load(), workers*calls)
+	}
+	if stale.Load() != 0 {
+		t.Fatalf("%d replies came from fetches started before the call", stale.Load())
+	}
+	t.Logf("%d calls, %d fetches", workers*calls, started.Load())
+}
+
+func TestWaiterCap(t *testing.T) {
+	m := NewMetrics(nil)
+	g := NewGroup(Options{MaxWaiters: 2, Metrics: m})
+	gt := newGates()
+	f := gt.fetch(numbered)
+	a := doAsync(g, "k", f)
+	gt.waitStarted(t, 1)
+	b := doAsync(g, "k", f)
+	redistest.Eventually(t, 5*time.Second, func() bool { _, next, _, _ := g.state("k"); return next }, "B never became the next leader")
+	c := doAsync(g, "k", f)
+	d := doAsync(g, "k", f)
+	redistest.Eventually(t, 5*time.Second, func() bool { _, _, _, w := g.state("k"); return w == 2 }, "C and D never joined")
+	if _, _, err := g.Do("k", f); !errors.Is(err, ErrTooManyWaiters) {
+		t.Fatalf("third waiter: err = %v, want ErrTooManyWaiters", err)
+	}
+	if counter(m.Overflows) != 1 {
+		t.Fatalf("overflows = %v, want 1", counter(m.Overflows))
+	}
+	// Another key is not affected by k's waiters.
+	if r, _, err := g.Do("other", numbered0); err != nil || string(r) != "0" {
+		t.Fatalf("other key: %q, %v", r, err)
+	}
+	gt.release(1)
+	gt.waitStarted(t, 2)
+	gt.release(2)
+	for i, ch := range []chan result{a, b, c, d} {
+		if r := <-ch; r.err != nil {
+			t.Fatalf("caller %d: %v", i, r.err)
+		}
+	}
+}
+
+func numbered0() ([]byte, error) { return []byte("0"), nil }
+
+// An error goes to the callers of the fetch that produced it and is not
+// kept: the next call fetches again.
+func TestErrorsNotKept(t *testing.T) {
+	g := NewGroup(Options{})
+	boom := errors.New("boom")
+	gt := newGates()
+	f := gt.fetch(func(n int) ([]byte, error) {
+		if n == 2 {
+			return []byte("-ERR wrong\r\n"), boom
+		}
+		return numbered(n)
+	})
+	a := doAsync(g, "k", f)
+	gt.waitStarted(t, 1)
+	b := doAsync(g, "k", f)
+	redistest.Eventually(t, 5*time.Second, func() bool { _, next, _, _ := g.state("k"); return next }, "B never became the next leader")
+	c := doAsync(g, "k", f)
+	redistest.Eventually(t, 5*time.Second, func() bool { _, _, _, w := g.state("k"); return w == 1 }, "C never joined")
+	gt.release(1)
+	if r := <-a; r.err != nil || r.reply != "1" {
+		t.Fatalf("A got %+v, want fetch 1", r)
+	}
+	gt.waitStarted(t, 2)
+	gt.release(2)
+	for _, ch := range []chan result{b, c} {
+		if r := <-ch; !errors.Is(r.err, boom) {
+			t.Fatalf("got %+v, want fetch 2's error", r)
+		}
+	}
+	gt.release(3)
+	if r, shared, err := g.Do("k", f); err != nil || string(r) != "3" || shared {
+		t.Fatalf("after the error: %q shared=%v err=%v, want a fresh fetch 3", r, shared, err)
+	}
+}
+
+// A fetch that panics wakes its waiters with ErrFetchPanicked, panics in
+// its leader, and leaves the key usable.
+func TestLeaderPanics(t *testing.T) {
+	g := NewGroup(Options{})
+	gt := newGates()
+	f := gt.fetch(func(n int) ([]byte, error) {
+		if n == 2 {
+			panic("fetch bug")
+		}
+		return numbered(n)
+	})
+	a := doAsync(g, "k", f)
+	gt.waitStarted(t, 1)
+	leaderPanic := make(chan any, 1)
+	go func() {
+		defer func() { leaderPanic <- recover() }()
+		g.Do("k", f)
+	}()
+	redistest.Eventually(t, 5*time.Second, func() bool { _, next, _, _ := g.state("k"); return next }, "B never became the next leader")
+	c := doAsync(g, "k", f)
+	redistest.Eventually(t, 5*time.Second, func() bool { _, _, _, w := g.state("k"); return w == 1 }, "C never joined")
+	gt.release(1)
+	<-a
+	// Fetch 2 panics before reaching its gate.
+	if p := <-leaderPanic; p != "fetch bug" {
+		t.Fatalf("leader recovered %v, want the fetch's panic", p)
+	}
+	if r := <-c; !errors.Is(r.err, ErrFetchPanicked) {
+		t.Fatalf("waiter got %+v, want ErrFetchPanicked", r)
+	}
+	if g.size() != 0 {
+		t.Fatal("a panicking fetch left its key behind")
+	}
+	go gt.release(3)
+	if r, _, err := g.Do("k", f); err != nil || string(r) != "3" {
+		t.Fatalf("after the panic: %q, %v", r, err)
+	}
+}
+
+// registerModel is a per-key register: get returns the last value set, or
+// "" when none. Inputs and outputs are regOp and string.
+type regOp struct {
+	get bool
+	key string
+	val string
+}
+
+var registerModel = porcupine.Model{
+	Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
+		byKey := map[string][]porcupine.Operation{}
+		var keys []string
+		for _, op := range history {
+			k := op.Input.(regOp).key
+			if _, ok := byKey[k]; !ok {
+				keys = append(keys, k)
+			}
+			byKey[k] = append(byKey[k], op)
+		}
+		out := make([][]porcupine.Operation, 0, len(keys))
+		for _, k := range keys {
+			out = append(out, byKey[k])
+		}
+		return out
+	},
+	Init: func() any { return "" },
+	Step: func(state, input, output any) (bool, any) {
+		in := input.(regOp)
+		if in.get {
+			return output.(string) == state.(string), state
+		}
+		return true, in.val
+	},
+}
+
+// The join rule is what makes coalesced reads linearizable: with it the
+// history below is linearizable, and with readers allowed to join a fetch
+// already in flight it is not. The interleaving is forced step by step, so
+// the broken mode fails every time.
+func TestJoinRuleLinearizable(t *testing.T) {
+	for _, unsafe := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unsafe=%v", unsafe), func(t *testing.T) {
+			g := NewGroup(Options{unsafeJoinInFlight: unsafe})
+			var mu sync.Mutex
+			reg := "v1"
+			clock := atomic.Int64{}
+			tick := func() int64 { return clock.Add(1) }
+			read := func(int) ([]byte, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				return []byte(reg), nil
+			}
+			gt := newGates()
+			f := gt.fetch(read)
+			var ops []porcupine.Operation
+			var opsMu sync.Mutex
+			record := func(client int, in regOp, call int64, out string) {
+				opsMu.Lock()
+				ops = append(ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: tick()})
+				opsMu.Unlock()
+			}
+			record(0, regOp{key: "k", val: "v1"}, tick(), "")
+
+			// Reader A's fetch reads v1; its reply is still on the way.
+			aCall := tick()
+			a := doAsync(g, "k", f)
+			gt.waitStarted(t, 1)
+			// Writer W sets v2 and is acknowledged.
+			wCall := tick()
+			mu.Lock()
+			reg = "v2"
+			mu.Unlock()
+			record(1, regOp{key: "k", val: "v2"}, wCall, "")
+			// Reader B starts after W's acknowledgement.
+			bCall := tick()
+			b := doAsync(g, "k", f)
+			redistest.Eventually(t, 5*time.Second, func() bool {
+				_, next, iw, _ := g.state("k")
+				return next || iw == 1
+			}, "B never reached the group")
+			gt.release(1)
+			ra := <-a
+			record(2, regOp{get: true, key: "k"}, aCall, ra.reply)
+			if !unsafe {
+				gt.waitStarted(t, 2)
+				gt.release(2)
+			}
+			rb := <-b
+			record(3, regOp{get: true, key: "k"}, bCall, rb.reply)
+
+			ok := porcupine.CheckOperations(registerModel, ops)
+			if unsafe && ok {
+				t.Fatalf("broken join rule: B read %q after W's ack, yet the check passed", rb.reply)
+			}
+			if !unsafe && !ok {
+				t.Fatalf("join rule: history not linearizable (A=%q B=%q)", ra.reply, rb.reply)
+			}
+		})
+	}
+}

@@ -1,0 +1,340 @@
+package stampede
+
+import (
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Misses coordinates GET misses on the key patterns of Config.Hold (miss
+// hold) and Config.EarlyRefresh (XFetch); see the package documentation.
+// Keys are a DB number and the key's bytes; owners are client connection
+// ids, so that a filler's own reads are never held and its disconnect ends
+// its holds. It is safe for concurrent use.
+type Misses struct {
+	holdRules    []holdRule
+	refreshRules []*refreshRule
+	metrics      *Metrics
+	now          func() time.Time
+	rand         func() float64 // uniform in (0, 1]
+
+	mu         sync.Mutex
+	holds      map[string]*Hold
+	refreshing map[string]refreshState
+	missed     map[string]missMark // misses handed out, for measuring δ
+}
+
+type holdRule struct {
+	pat     pattern
+	timeout time.Duration
+}
+
+type refreshRule struct {
+	pat   pattern
+	beta  float64
+	delta atomic.Int64 // EWMA of recompute times in nanoseconds; 0 until measured
+}
+
+type refreshState struct {
+	owner int64
+	until time.Time // after this the key has expired anyway; allow another filler
+}
+
+type missMark struct {
+	at   time.Time
+	rule int
+}
+
+// Bounds on the δ bookkeeping: a miss that is not followed by a write within
+// missMaxAge was not a recompute, and a flood of misses on distinct keys must
+// not grow memory without bound.
+const (
+	missMaxAge  = time.Minute
+	missMaxKeys = 10000
+	// deltaWeight is the EWMA weight of a new δ sample.
+	deltaWeight = 0.3
+)
+
+// Match says which rules apply to a key. The zero value is "none".
+type Match struct {
+	hold, refresh int // index+1 of the first matching rule, 0 for none
+}
+
+// Any reports whether some rule applies.
+func (r Match) Any() bool { return r.hold > 0 || r.refresh > 0 }
+
+// Hold reports whether a miss hold applies.
+func (r Match) Hold() bool { return r.hold > 0 }
+
+// Refresh reports whether early refresh applies.
+func (r Match) Refresh() bool { return r.refresh > 0 }
+
+// NewMisses compiles the rules of c, or returns nil when c has none.
+func NewMisses(c Config, m *Metrics) *Misses {
+	if len(c.Hold) == 0 && len(c.EarlyRefresh) == 0 {
+		return nil
+	}
+	ms := &Misses{
+		metrics:    m,
+		now:        time.Now,
+		rand:       func() float64 { return 1 - rand.Float64() },
+		holds:      map[string]*Hold{},
+		refreshing: map[string]refreshState{},
+		missed:     map[string]missMark{},
+	}
+	for _, r := range c.Hold {
+		ms.holdRules = append(ms.holdRules, holdRule{pat: compilePattern(r.Pattern), timeout: r.Timeout.Duration})
+	}
+	for _, r := range c.EarlyRefresh {
+		beta := r.Beta
+		if beta == 0 {
+			beta = DefaultBeta
+		}
+		ms.refreshRules = append(ms.refreshRules, &refreshRule{pat: compilePattern(r.Pattern), beta: beta})
+	}
+	return ms
+}
+
+// Match finds the first hold rule and the first early refresh rule whose
+// pattern matches key.
+func (m *Misses) Match(key []byte) Match {
+	var r Match
+	for i := range m.holdRules {
+		if m.holdRules[i].pat.match(key) {
+			r.hold = i + 1
+			break
+		}
+	}
+	for i, rr := range m.refreshRules {
+		if rr.pat.match(key) {
+			r.refresh = i + 1
+			break
+		}
+	}
+	return r
+}
+
+func missKey(db int, key []byte) string {
+	return strconv.Itoa(db) + ":" + string(key)
+}
+
+// Hold is one key's miss hold. Held reads Wait for it and then Fetch.
+type Hold struct {
+	filler   int64
+	done     chan struct{}
+	released bool // guarded by Misses.mu
+	timer    *time.Timer
+	fetches  [2]holdFetch // one per protocol (RESP2, RESP3)
+}
+
+type holdFetch struct {
+	once  sync.Once
+	reply []byte
+	err   error
+	used  atomic.Int32
+}
+
+// Wait blocks until the hold ends: a write of the key came back, the
+// filler's connection closed, or the timeout ran out.
+func (h *Hold) Wait() { <-h.done }
+
+// Fetch returns the reply of the one fetch that all reads held by h make
+// after it ended (per protocol). Every held read arrived before the end and
+// the fetch is sent after it, so the reply is from inside each reader's
+// window. Call it only after Wait.
+func (h *Hold) Fetch(resp3 bool, m *Metrics, fetch func() ([]byte, error)) ([]byte, error) {
+	f := &h.fetches[0]
+	if resp3 {
+		f = &h.fetches[1]
+	}
+	if f.used.Add(1) > 1 {
+		m.saved()
+	}
+	f.once.Do(func() {
+		f.err = ErrFetchPanicked // replaced unless fetch panics
+		f.reply, f.err = fetch()
+	})
+	return f.reply, f.err
+}
+
+// Held returns the hold on key that the read of owner must wait for, or
+// nil when there is none (or owner is its filler). A non-nil result counts
+// as a held read.
+func (m *Misses) Held(db int, key []byte, r Match, owner int64) *Hold {
+	if !r.Hold() {
+		return nil
+	}
+	k := missKey(db, key)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if h := m.holds[k]; h != nil && h.filler != owner {
+		m.metrics.held()
+		return h
+	}
+	return nil
+}
+
+// Missed is told that owner's GET of key returned nil and is about to be
+// answered. When a hold rule applies and another client already fills the
+// key, it returns that hold (if mayHold) and owner must wait and fetch
+// again; otherwise owner gets the nil and, if no hold is active, becomes the
+// filler of a new one. mayHold is false for a read that has already been
+// held once, so that no client waits longer than one hold timeout.
+func (m *Misses) Missed(db int, key []byte, r Match, owner int64, mayHold bool) *Hold {
+	if !r.Any() {
+		return nil
+	}
+	k := missKey(db, key)
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r.Hold() {
+		if h := m.holds[k]; h != nil {
+			if h.filler != owner && mayHold {
+				m.metrics.held()
+				return h
+			}
+		} else {
+			h := &Hold{filler: owner, done: make(chan struct{})}
+			m.holds[k] = h
+			h.timer = time.AfterFunc(m.holdRules[r.hold-1].timeout, func() { m.release(k, h, true) })
+		}
+	}
+	if r.Refresh() {
+		m.markMiss(k, r.refresh-1, now, false)
+	}
+	return nil
+}
+
+// markMiss remembers when a miss of k was handed out, to measure δ when k is
+// written. The first miss counts unless overwrite (an early refresh, whose
+// filler is the one recomputing).
+func (m *Misses) markMiss(k string, rule int, now time.Time, overwrite bool) {
+	if _, ok := m.missed[k]; ok && !overwrite {
+		return
+	}
+	if len(m.missed) >= missMaxKeys {
+		for mk, v := range m.missed {
+			if now.Sub(v.at) > missMaxAge {
+				delete(m.missed, mk)
+			}
+		}
+		if len(m.missed) >= missMaxKeys {
+			return
+		}
+	}
+	m.missed[k] = missMark{at: now, rule: rule}
+}
+
+// release ends h if it is still k's hold; m.mu must not be held.
+func (m *Misses) release(k string, h *Hold, timeout bool) {
+	m.mu.Lock()
+	m.releaseLocked(k, h, timeout)
+	m.mu.Unlock()
+}
+
+func (m *Misses) releaseLocked(k string, h *Hold, timeout bool) {
+	if m.holds[k] == h {
+		delete(m.holds, k)
+	}
+	if h.released {
+		return
+	}
+	h.released = true
+	h.timer.Stop()
+	if timeout {
+		m.metrics.holdTimeout() // before waking the held reads, so they see it counted
+	}
+	close(h.done)
+}
+
+// Early decides whether owner's GET of key, which found a value with ttl to
+// live, is answered with a miss so that owner refreshes it (XFetch). It is
+// true for at most one reader per key until the key is written, the key's
+// ttl has run out, or that reader's connection closes.
+func (m *Misses) Early(db int, key []byte, r Match, owner int64, ttl time.Duration) bool {
+	if !r.Refresh() || ttl <= 0 {
+		return false
+	}
+	rule := m.refreshRules[r.refresh-1]
+	delta := time.Duration(rule.delta.Load())
+	if delta <= 0 || !xfetch(delta, rule.beta, ttl, m.rand()) {
+		return false
+	}
+	k := missKey(db, key)
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if st, ok := m.refreshing[k]; ok && now.Before(st.until) {
+		return false
+	}
+	m.refreshing[k] = refreshState{owner: owner, until: now.Add(ttl)}
+	m.markMiss(k, r.refresh-1, now, true)
+	m.metrics.earlyRefresh()
+	return true
+}
+
+// xfetch is the XFetch test: refresh when now − δ·β·ln(u) ≥ expiry, i.e.
+// when −δ·β·ln(u) ≥ ttl, for u uniform in (0, 1]. It happens with
+// probability exp(−ttl/(β·δ)).
+func xfetch(delta time.Duration, beta float64, ttl time.Duration, u float64) bool {
+	return -float64(delta)*beta*math.Log(u) >= float64(ttl)
+}
+
+// Written is told that a write of key passed through the proxy and its
+// reply has come back: the key's hold ends, its early refresh is done, and
+// the time since its miss is a δ sample.
+func (m *Misses) Written(db int, key []byte, r Match) {
+	if !r.Any() {
+		return
+	}
+	k := missKey(db, key)
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if h := m.holds[k]; h != nil {
+		m.releaseLocked(k, h, false)
+	}
+	delete(m.refreshing, k)
+	if mk, ok := m.missed[k]; ok {
+		delete(m.missed, k)
+		if d := now.Sub(mk.at); d > 0 && d <= missMaxAge {
+			m.refreshRules[mk.rule].sample(d)
+		}
+	}
+}
+
+// sample folds one recompute time into δ. Only Written calls it, under
+// Misses.mu, so the load and store do not race with each other.
+func (r *refreshRule) sample(d time.Duration) {
+	old := time.Duration(r.delta.Load())
+	if old <= 0 {
+		r.delta.Store(int64(d))
+		return
+	}
+	r.delta.Store(int64(float64(old) + deltaWeight*float64(d-old)))
+}
+
+// Delta is the current recompute-time estimate of early refresh rule i (0
+// until measured).
+func (m *Misses) Delta(i int) time.Duration { return time.Duration(m.refreshRules[i].delta.Load()) }
+
+// OwnerClosed ends the holds and early refreshes that owner was filling:
+// its client is gone and will not write.
+func (m *Misses) OwnerClosed(owner int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, h := range m.holds {
+		if h.filler == owner {
+			m.releaseLocked(k, h, false)
+		}
+	}
+	for k, st := range m.refreshing {
+		if st.owner == owner {
+			delete(m.refreshing, k)
+		}
+	}
+}

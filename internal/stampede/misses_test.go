@@ -1,0 +1,394 @@
+package stampede
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/config/units"
+)
+
+func dur(d time.Duration) units.Duration { return units.Duration{Duration: d} }
+
+// fakeClock is a manual clock for the δ measurements; hold timeouts use
+// real timers.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func newMisses(t *testing.T, c Config) (*Misses, *Metrics, *fakeClock) {
+	t.Helper()
+	m := NewMetrics(nil)
+	ms := NewMisses(c, m)
+	if ms == nil {
+		t.Fatal("NewMisses returned nil for a config with rules")
+	}
+	clk := &fakeClock{now: time.Unix(1000, 0)}
+	ms.now = clk.Now
+	return ms, m, clk
+}
+
+func closed(h *Hold) bool {
+	select {
+	case <-h.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func TestNewMissesWithoutRules(t *testing.T) {
+	if NewMisses(DefaultConfig(), nil) != nil {
+		t.Fatal("no rules should mean no Misses")
+	}
+	if (Match{}).Any() {
+		t.Fatal("the zero Match applies a rule")
+	}
+}
+
+func TestMatchFirstRuleWins(t *testing.T) {
+	ms, _, _ := newMisses(t, Config{
+		Hold:         []HoldRule{{Pattern: "cache:*", Timeout: dur(time.Second)}, {Pattern: "*", Timeout: dur(2 * time.Second)}},
+		EarlyRefresh: []RefreshRule{{Pattern: "page:?"}},
+	})
+	for _, tc := range []struct {
+		key           string
+		hold, refresh int
+	}{
+		{"cache:x", 1, 0},
+		{"page:1", 2, 1},
+		{"page:12", 2, 0},
+	} {
+		r := ms.Match([]byte(tc.key))
+		if r.hold != tc.hold || r.refresh != tc.refresh {
+			t.Errorf("%s: got %+v, want hold rule %d refresh rule %d (1-based, 0 = none)", tc.key, r, tc.hold, tc.refresh)
+		}
+	}
+	if ms.refreshRules[0].beta != DefaultBeta {
+		t.Fatalf("unset beta = %v, want %v", ms.refreshRules[0].beta, DefaultBeta)
+	}
+}
+
+func TestHoldLifecycle(t *testing.T) {
+	ms, m, _ := newMisses(t, Config{Hold: []HoldRule{{Pattern: "cache:*", Timeout: dur(time.Hour)}}})
+	key := []byte("cache:k")
+	r := ms.Match(key)
+
+	if h := ms.Held(0, key, r, 2); h != nil {
+		t.Fatal("held before any miss")
+	}
+	// Owner 1 gets the first nil: it becomes the filler and is not held.
+	if h := ms.Missed(0, key, r, 1, true); h != nil {
+		t.Fatal("the first client to miss was held")
+	}
+	if h := ms.Held(0, key, r, 1); h != nil {
+		t.Fatal("the filler's own read was held")
+	}
+	if h := ms.Held(1, key, r, 2); h != nil {
+		t.Fatal("a hold in DB 0 held a read in DB 1")
+	}
+	h := ms.Held(0, key, r, 2)
+	if h == nil {
+		t.Fatal("another client's read was not held")
+	}
+	// A client that shared the filler's nil reply is held too, unless it
+	// was held already.
+	if h2 := ms.Missed(0, key, r, 3, true); h2 != h {
+		t.Fatal("a second client missing during the hold was not held")
+	}
+	if h3 := ms.Missed(0, key, r, 4, false); h3 != nil {
+		t.Fatal("a read that was held once was held again")
+	}
+	if closed(h) {
+		t.Fatal("hold ended early")
+	}
+	ms.Written(0, []byte("cache:other"), ms.Match([]byte("cache:other")))
+	if closed(h) {
+		t.Fatal("a write of another key ended the hold")
+	}
+	ms.Written(0, key, r)
+	if !closed(h) {
+		t.Fatal("a write of the key did not end the hold")
+	}
+	if got := counter(m.Held); got != 2 {
+		t.Fatalf("held reads = %v, want 2", got)
+	}
+	if counter(m.HoldTimeouts) != 0 {
+		t.Fatal("a released hold counted as a timeout")
+	}
+	// The next miss starts a new hold.
+	if ms.Missed(0, key, r, 5, true) != nil || ms.Held(0, key, r, 6) == nil {
+		t.Fatal("no new hold after the first ended")
+	}
+}
+
+func TestHoldEndsWhenFillerCloses(t *testing.T) {
+	ms, _, _ := newMisses(t, Config{Hold: []HoldRule{{Pattern: "*", Timeout: dur(time.Hour)}}})
+	key := []byte("k")
+	r := ms.Match(key)
+	ms.Missed(0, key, r, 1, true)
+	h := ms.Held(0, key, r, 2)
+	ms.OwnerClosed(2)
+	if closed(h) {
+		t.Fatal("a held client closing ended the hold")
+	}
+	ms.OwnerClosed(1)
+	if !closed(h) {
+		t.Fatal("the filler closing did not end the hold")
+	}
+	if ms.Held(0, key, r, 3) != nil {
+		t.Fatal("the hold is still active after its filler left")
+	}
+}
+
+func TestHoldTimeout(t *testing.T) {
+	ms, m, _ := newMisses(t, Config{Hold: []HoldRule{{Pattern: "*", Timeout: dur(time.Millisecond)}}})
+	key := []byte("k")
+	ms.Missed(0, key, ms.Match(key), 1, true)
+	ms.mu.Lock()
+	h := ms.holds["0:k"]
+	ms.mu.Unlock()
+	if h != nil {
+		h.Wait()
+	} // else the timer has already ended it
+	if got := counter(m.HoldTimeouts); got != 1 {
+		t.Fatalf("hold timeouts = %v, want 1", got)
+	}
+	if ms.Held(0, key, ms.Match(key), 2) != nil {
+		t.Fatal("a timed-out hold still holds reads")
+	}
+}
+
+// All reads held by one hold share one fetch per protocol.
+func TestHoldFetchOncePerProtocol(t *testing.T) {
+	m := NewMetrics(nil)
+	h := &Hold{done: make(chan struct{})}
+	close(h.done)
+	var fetches atomic.Int32
+	fetch := func() ([]byte, error) {
+		fetches.Add(1)
+		return []byte("$1\r\nv\r\n"), nil
+	}
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.Wait()
+			if r, err := h.Fetch(i%2 == 0, m, fetch); err != nil || string(r) != "$1\r\nv\r\n" {
+				t.Errorf("got %q, %v", r, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if fetches.Load() != 2 {
+		t.Fatalf("%d fetches, want one per protocol", fetches.Load())
+	}
+	if counter(m.FetchesSaved) != 18 {
+		t.Fatalf("fetches saved = %v, want 18", counter(m.FetchesSaved))
+	}
+}
+
+func TestHoldFetchPanics(t *testing.T) {
+	h := &Hold{done: make(chan struct{})}
+	close(h.done)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the fetch's panic was swallowed")
+			}
+		}()
+		h.Fetch(false, nil, func() ([]byte, error) { panic("bug") })
+	}()
+	if _, err := h.Fetch(false, nil, nil); !errors.Is(err, ErrFetchPanicked) {
+		t.Fatalf("later reader got %v, want ErrFetchPanicked", err)
+	}
+}
+
+func TestXFetch(t *testing.T) {
+	const delta, ttl = 100 * time.Millisecond, 300 * time.Millisecond
+	for _, beta := range []float64{0.5, 1, 2} {
+		// Refresh exactly when u <= exp(-ttl/(beta*delta)).
+		p := math.Exp(-float64(ttl) / (beta * float64(delta)))
+		if !xfetch(delta, beta, ttl, p*0.999) {
+			t.Errorf("beta %v: u just under exp(-τ/βδ) did not refresh", beta)
+		}
+		if xfetch(delta, beta, ttl, p*1.001) {
+			t.Errorf("beta %v: u just over exp(-τ/βδ) refreshed", beta)
+		}
+	}
+	if xfetch(delta, 1, ttl, 1) {
+		t.Error("u = 1 (ln u = 0) refreshed a key with time to live")
+	}
+	if !xfetch(delta, 1, time.Nanosecond, 0.5) {
+		t.Error("a key about to expire was not refreshed")
+	}
+}
+
+func TestEarlyRefresh(t *testing.T) {
+	ms, m, clk := newMisses(t, Config{EarlyRefresh: []RefreshRule{{Pattern: "cache:*"}}})
+	key := []byte("cache:e")
+	r := ms.Match(key)
+	u := 1e-9 // a roll that always refreshes once δ is known
+	ms.rand = func() float64 { return u }
+
+	if ms.Early(0, key, r, 1, time.Second) {
+		t.Fatal("refreshed early before δ was measured")
+	}
+	// δ: a miss handed out, then the key written 50ms later.
+	ms.Missed(0, key, r, 1, true)
+	clk.Add(50 * time.Millisecond)
+	ms.Written(0, key, r)
+	if d := ms.Delta(0); d != 50*time.Millisecond {
+		t.Fatalf("δ = %v, want 50ms", d)
+	}
+	// A write with no miss before it is not a sample.
+	clk.Add(time.Second)
+	ms.Written(0, key, r)
+	if d := ms.Delta(0); d != 50*time.Millisecond {
+		t.Fatalf("δ = %v after a write without a miss, want 50ms", d)
+	}
+
+	if ms.Early(0, key, r, 1, 0) {
+		t.Fatal("refreshed a key without a TTL")
+	}
+	if !ms.Early(0, key, r, 2, time.Second) {
+		t.Fatal("did not refresh early with a winning roll")
+	}
+	if ms.Early(0, key, r, 3, time.Second) {
+		t.Fatal("a second reader was handed an early miss while the first refreshes")
+	}
+	// The filler writes 150ms later: δ moves toward 150ms, and the key may
+	// be refreshed again.
+	clk.Add(150 * time.Millisecond)
+	ms.Written(0, key, r)
+	if d, want := ms.Delta(0), 80*time.Millisecond; d != want {
+		t.Fatalf("δ = %v, want %v (EWMA)", d, want)
+	}
+	u = 1
+	if ms.Early(0, key, r, 3, time.Second) {
+		t.Fatal("refreshed with a losing roll")
+	}
+	u = 1e-9
+	if !ms.Early(0, key, r, 3, time.Second) {
+		t.Fatal("no refresh after the previous one completed")
+	}
+	// The filler leaving frees the key for another reader.
+	ms.OwnerClosed(3)
+	if !ms.Early(0, key, r, 4, time.Second) {
+		t.Fatal("no refresh after the filler closed")
+	}
+	// A refresh whose filler never writes stops blocking others once the
+	// key's TTL has run out.
+	clk.Add(time.Second + time.Millisecond)
+	if !ms.Early(0, key, r, 5, time.Second) {
+		t.Fatal("an abandoned refresh blocks the key forever")
+	}
+	if got := counter(m.EarlyRefreshes); got != 4 {
+		t.Fatalf("early refreshes = %v, want 4", got)
+	}
+}
+
+func TestMissedBookkeepingIsBounded(t *testing.T) {
+	ms, _, clk := newMisses(t, Config{EarlyRefresh: []RefreshRule{{Pattern: "*"}}})
+	for i := range missMaxKeys + 10 {
+		k := []byte("k" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + itoa(i))
+		ms.Missed(0, k, ms.Match(k), 1, true)
+	}
+	if len(ms.missed) > missMaxKeys {
+		t.Fatalf("%d miss marks kept, bound is %d", len(ms.missed), missMaxKeys)
+	}
+	clk.Add(missMaxAge + time.Second)
+	k := []byte("late")
+	ms.Missed(0, k, ms.Match(k), 1, true)
+	if _, ok := ms.missed["0:late"]; !ok || len(ms.missed) != 1 {
+		t.Fatalf("stale marks not swept: %d kept", len(ms.missed))
+	}
+}
+
+func itoa(i int) string {
+	const digits = "0123456789"
+	if i == 0 {
+		return "0"
+	}
+	var b []byte
+	for ; i > 0; i /= 10 {
+		b = append([]byte{digits[i%10]}, b...)
+	}
+	return string(b)
+}
+
+func TestGlob(t *testing.T) {
+	for _, tc := range []struct {
+		pat, key string
+		want     bool
+	}{
+		{"cache:*", "cache:", true},
+		{"cache:*", "cache:user:1", true},
+		{"cache:*", "cach", false},
+		{"*", "", true},
+		{"user:?", "user:1", true},
+		{"user:?", "user:12", false},
+		{"*:v[0-9]:*", "cache:v3:x", true},
+		{"*:v[0-9]:*", "cache:vx:x", false},
+		{"a[^b]c", "abc", false},
+		{"a[^b]c", "axc", true},
+		{"a[bc]d", "acd", true},
+		{`a\*b`, "a*b", true},
+		{`a\*b`, "axb", false},
+		{"a*b*c", "aXXbYYc", true},
+		{"a*b*c", "aXXbYY", false},
+		{"exact", "exact", true},
+		{"exact", "exactly", false},
+		{"[z-a]", "m", true},
+	} {
+		p := compilePattern(tc.pat)
+		if got := p.match([]byte(tc.key)); got != tc.want {
+			t.Errorf("%q ~ %q = %v, want %v", tc.pat, tc.key, got, tc.want)
+		}
+		if got := globMatch(tc.pat, []byte(tc.key)); got != tc.want {
+			t.Errorf("globMatch(%q, %q) = %v, want %v", tc.pat, tc.key, got, tc.want)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatalf("default config invalid: %v", err)
+	}
+	c := Config{
+		MaxWaiters:   0,
+		Hold:         []HoldRule{{Pattern: "ok:*", Timeout: dur(time.Second)}, {Pattern: "", Timeout: dur(2 * time.Minute)}},
+		EarlyRefresh: []RefreshRule{{Pattern: `bad\`, Beta: math.NaN()}},
+	}
+	err := c.Validate()
+	var keys []string
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		var se *Error
+		if !errors.As(e, &se) {
+			t.Fatalf("%v is not a *stampede.Error", e)
+		}
+		keys = append(keys, se.Key)
+	}
+	want := "stampede.max_waiters stampede.hold[1].pattern stampede.hold[1].timeout stampede.early_refresh[0].pattern stampede.early_refresh[0].beta"
+	if got := strings.Join(keys, " "); got != want {
+		t.Fatalf("error keys:\n got %s\nwant %s", got, want)
+	}
+}
