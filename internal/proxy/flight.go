@@ -19,8 +19,8 @@ import (
 func init() { featureInits = append(featureInits, initFlight) }
 
 // flightState is stampede protection's part of a Server: the coalescing
-// group, the miss hold and early refresh rules, and the writes whose replies
-// those rules wait for.
+// group (which the local tier's fills share: one mechanism), the miss hold
+// and early refresh rules, and the writes whose replies those rules wait for.
 type flightState struct {
 	group    *stampede.Group
 	metrics  *stampede.Metrics
@@ -80,13 +80,6 @@ func coalescable(cmd *commands.Command) bool {
 	}
 	return true
 }
-
-// Group is the coalescing group, shared with the local tier ("one
-// mechanism"): its fills call Group().Do with their own keys.
-func (s *Server) Group() *stampede.Group { return s.flight.group }
-
-// StampedeMetrics are the counters the group reports to.
-func (s *Server) StampedeMetrics() *stampede.Metrics { return s.flight.metrics }
 
 // flightStep lets a read join a coalesced fetch. alone is true when the
 // command is the only one in its batch: a coalesced read runs at the

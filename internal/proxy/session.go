@@ -373,6 +373,7 @@ func (sess *Session) flush(start time.Time) {
 		switch {
 		case sl.mute:
 		case sl.exec:
+			sess.pin.execRan = len(reply) > 1 && reply[0] == '*' && reply[1] != '-'
 			sess.out = stripExec(reply, sess.pin.txHidden, sess.out)
 		default:
 			sess.out = append(sess.out, reply...)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
@@ -49,6 +50,8 @@ type pinState struct {
 	// Writes queued in MULTI take effect at EXEC; the write hooks hear of
 	// them then, not when they are queued.
 	txWrites []txWrite
+	txSelect int  // a SELECT queued in MULTI, applied when EXEC runs (-1: none)
+	execRan  bool // the last EXEC ran its commands (not aborted)
 }
 
 type txWrite struct {
@@ -83,6 +86,11 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 			sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, exec: true})
 			sess.call.Add(req.Raw)
 			sess.flush(time.Now())
+			if pin.txSelect >= 0 && pin.execRan {
+				sess.mu.Lock()
+				sess.db = pin.txSelect
+				sess.mu.Unlock()
+			}
 			sess.unpin(true)
 			return true
 		}
@@ -96,7 +104,7 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 	case "multi":
 		if !pin.inMulti {
 			pin.inMulti = true
-			pin.txPos, pin.txHidden, pin.txWrites = 0, pin.txHidden[:0], pin.txWrites[:0]
+			pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect = 0, pin.txHidden[:0], pin.txWrites[:0], -1
 		}
 		sess.forward(req.Raw, m)
 		return true
@@ -116,7 +124,19 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 		sess.unpin(false)
 		return false // the ordinary RESET handling finishes the job
 	case "select":
-		if !pin.inMulti {
+		if len(req.Args) != 2 {
+			break // Redis answers the arity error
+		}
+		if pin.inMulti {
+			// Takes effect at EXEC, on this connection, which is then no
+			// longer a clean DB-0 connection for the pool.
+			if db, err := strconv.Atoi(string(req.Args[1])); err == nil && db >= 0 && db < sess.srv.cfg.Upstream.Databases {
+				pin.txSelect = db
+			}
+			pin.dirty = true
+			break
+		}
+		{
 			pin.dirty = true
 			db, err := strconv.Atoi(string(req.Args[1]))
 			if err == nil && db >= 0 && db < sess.srv.cfg.Upstream.Databases {
@@ -138,7 +158,13 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 			sess.blocking(cmd, req, m)
 			return true
 		}
-		if cmd != nil && (isProxyAnswered(cmd) || cmd.Parent != nil && cmd.Parent.Name == "client") {
+		if name == "hello" {
+			// Switching protocol would leave the pinned connection speaking
+			// the old one; refusing keeps the WATCH intact.
+			sess.replyLocal(m, []byte("-ERR redproxy: HELLO while WATCH is active is not supported; UNWATCH first\r\n"))
+			return true
+		}
+		if cmd != nil && name != "watch" && (isProxyAnswered(cmd) || cmd.Parent != nil || cmd.Flags&(commands.ConnState|commands.PubSub) != 0) {
 			if sess.special(cmd, req, m) {
 				return true
 			}
@@ -156,6 +182,21 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 		return true
 	}
 	// Inside MULTI everything is queued by Redis, PING and ECHO included.
+	if cmd != nil && cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && !cmd.Is(commands.Write) {
+		switch name {
+		case "watch", "select", "client|setname", "client|setinfo", "readonly", "readwrite", "asking", "publish", "spublish", "pubsub":
+			pin.dirty = pin.dirty || name != "watch"
+		default:
+			if cmd.Flags&commands.ConnState != 0 || isSubscribe(name) {
+				// Run at EXEC, these would change the connection under the
+				// proxy's feet (protocol, subscriptions, reply mode); refuse
+				// and make EXEC fail, as a queue-time error would.
+				sess.forwardHidden(guard.RefusedInMulti)
+				sess.replyLocal(m, []byte("-ERR redproxy: '"+strings.ToUpper(strings.ReplaceAll(name, "|", " "))+"' inside MULTI is not supported\r\n"))
+				return true
+			}
+		}
+	}
 	if sess.guardStep(i, cmd, req, m) {
 		return true
 	}
@@ -175,7 +216,7 @@ func (sess *Session) pinFor(cmd *commands.Command, req *resp.Request, m *metrics
 		sess.replyLocal(m, errorReply(err))
 		return
 	}
-	sess.pin = pinState{pipe: p, db: sess.db, resp3: sess.resp3, txHidden: sess.pin.txHidden[:0], txWrites: sess.pin.txWrites[:0]}
+	sess.pin = pinState{pipe: p, db: sess.db, resp3: sess.resp3, txHidden: sess.pin.txHidden[:0], txWrites: sess.pin.txWrites[:0], txSelect: -1}
 	if cmd.Name == "multi" {
 		sess.pin.inMulti = true
 	} else {
@@ -297,6 +338,13 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 		sess.replyLocal(m, errorReply(err))
 		call.Reset()
 		return
+	}
+	// Replies to what came before the blocking command go out now, as
+	// Redis would send them, not when the block ends.
+	if len(sess.out) > 0 {
+		if _, err := sess.nc.Write(sess.out); err == nil {
+			sess.out = sess.out[:0]
+		}
 	}
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -424,10 +472,12 @@ func (sess *Session) relay(up net.Conn, first []byte, limit int64) {
 	go func() { // Redis -> queue
 		defer wg.Done()
 		defer q.close()
+		buf := make([]byte, 32<<10)
 		for {
-			buf := make([]byte, 32<<10)
 			n, err := up.Read(buf)
-			if n > 0 && !q.push(buf[:n]) {
+			// Copy: queueing buf[:n] of a fresh 32 KB buffer per read would
+			// keep 32 KB alive per small message, far beyond the limit.
+			if n > 0 && !q.push(append([]byte(nil), buf[:n]...)) {
 				sess.srv.metrics.SlowConsumers.Inc()
 				sess.srv.log.Warn("closing a client that stopped reading its relayed output", "client", sess.nc.RemoteAddr().String(), "limit_bytes", limit)
 				sess.nc.Close()

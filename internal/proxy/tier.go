@@ -20,6 +20,9 @@ func init() { featureInits = append(featureInits, initTier) }
 // session's writes in flight (from writeForwarded to batchFlushed).
 type tierState struct {
 	cache *localcache.Cache
+	// cacheable holds localcache.CacheableCommand for every command of the
+	// table, so the hot path does a pointer lookup instead of a name lookup.
+	cacheable map[*commands.Command]bool
 
 	mu      sync.Mutex
 	writes  map[*Session]*localcache.Writes
@@ -42,7 +45,18 @@ func initTier(s *Server) error {
 		return err
 	}
 	c.Connect(0) // most clients use DB 0: have it live before they come
-	s.tier = &tierState{cache: c, writes: map[*Session]*localcache.Writes{}}
+	t := &tierState{cache: c, writes: map[*Session]*localcache.Writes{}, cacheable: map[*commands.Command]bool{}}
+	for _, cmd := range s.table.Commands() {
+		if localcache.CacheableCommand(cmd) {
+			t.cacheable[cmd] = true
+		}
+		for _, sub := range cmd.Subcommands {
+			if localcache.CacheableCommand(sub) {
+				t.cacheable[sub] = true
+			}
+		}
+	}
+	s.tier = t
 	return nil
 }
 
@@ -93,10 +107,10 @@ func (sess *Session) tierStep(cmd *commands.Command, req *resp.Request, m *metri
 		sess.tierWriteForwarded(cmd, req.Args)
 		return false
 	}
-	if sess.pendingUpstream() {
+	if !t.cacheable[cmd] || sess.pendingUpstream() {
 		return false
 	}
-	key, ok := localcache.Cacheable(cmd, req.Args)
+	key, ok := localcache.CacheableKey(cmd, req.Args)
 	if !ok {
 		return false
 	}
