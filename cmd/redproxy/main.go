@@ -90,7 +90,8 @@ func run(argv []string, stderr io.Writer) int {
 		log.Warn("no Redis answers at the default address; using the embedded store", "address", upstreamAddr)
 		upstreamAddr = config.EmbeddedAddress
 	}
-	if upstreamAddr == config.EmbeddedAddress {
+	embedded := upstreamAddr == config.EmbeddedAddress
+	if embedded {
 		mr := miniredis.NewMiniRedis()
 		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
 			fmt.Fprintf(stderr, "redproxy: cannot start the embedded store: %v\n", err)
@@ -102,7 +103,12 @@ func run(argv []string, stderr io.Writer) int {
 	}
 
 	reg := metrics.New()
-	table := loadCommandTable(cfg, upstreamAddr, log)
+	// The embedded store's COMMAND reply is its own approximation; the
+	// built-in table describes the Redis it stands in for.
+	table := commands.Builtin()
+	if !embedded {
+		table = loadCommandTable(cfg, upstreamAddr, log)
+	}
 	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr})
 	if err != nil {
 		fmt.Fprintf(stderr, "redproxy: %v\n", err)
