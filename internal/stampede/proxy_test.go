@@ -75,9 +75,9 @@ func cmdCalls(t testing.TB, rdb *redis.Client, cmd string) int {
 
 // conns opens n dedicated connections to the proxy, each alone in its
 // batches (one command at a time).
-func conns(t testing.TB, p *proxytest.Proxy, n int) []*redis.Conn {
+func conns(t testing.TB, p *proxytest.Proxy, n int, mutate ...func(*redis.Options)) []*redis.Conn {
 	t.Helper()
-	rdb := p.Client(t, func(o *redis.Options) { o.PoolSize = n; o.MaxIdleConns = n })
+	rdb := p.Client(t, append([]func(*redis.Options){func(o *redis.Options) { o.PoolSize = n; o.MaxIdleConns = n }}, mutate...)...)
 	cs := make([]*redis.Conn, n)
 	for i := range cs {
 		cs[i] = rdb.Conn()
@@ -106,8 +106,30 @@ func holdRule(pattern string, timeout time.Duration) func(*config.Config) {
 	}
 }
 
+// getsArrived is how many GETs the proxy has read from clients.
+func getsArrived(t testing.TB, p *proxytest.Proxy) float64 {
+	t.Helper()
+	mfs, err := p.Metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "redproxy_commands_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "command" && l.GetValue() == "get" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
 // 1,000 clients, each on its own connection, GET one key together while
-// Redis is busy (DEBUG SLEEP), so all of them arrive during the first
+// Redis is busy (DEBUG SLEEP), so that all of them arrive during the first
 // fetch: Redis executes at most two GETs per wave (the one in flight and
 // the one that collected everyone else).
 func TestThousandConcurrentGets(t *testing.T) {
@@ -120,50 +142,64 @@ func TestThousandConcurrentGets(t *testing.T) {
 	const clients = 1000
 	cs := conns(t, p, clients)
 	for wave := 1; wave <= 3; wave++ {
-		before := cmdCalls(t, direct, "get")
-		arrivedBefore := metric(t, p, mCoalesced)
-
-		// Make Redis busy, and make sure it is before releasing the wave.
-		sleeper := redis.NewClient(&redis.Options{Addr: rs.Addr(), MaxRetries: -1})
-		asleep := make(chan float64, 1)
-		go func() {
-			sleeper.Do(ctx, "DEBUG", "SLEEP", "1.5")
-			asleep <- metric(t, p, mCoalesced) // how many had arrived when Redis woke
-			sleeper.Close()
-		}()
-		probe := redis.NewClient(&redis.Options{Addr: rs.Addr(), MaxRetries: -1, ReadTimeout: 50 * time.Millisecond})
-		redistest.Eventually(t, 5*time.Second, func() bool {
-			return isTimeout(probe.Ping(ctx).Err())
-		}, "Redis never went to sleep")
-		probe.Close()
-
-		start := make(chan struct{})
-		var wg sync.WaitGroup
-		var bad atomic.Int64
-		for _, c := range cs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				if v, err := c.Get(ctx, "hot").Result(); err != nil || v != "value" {
-					bad.Add(1)
+		// A wave counts only if every read reached the proxy while Redis
+		// slept; on a loaded machine it may not, and is run again.
+		for attempt := 1; ; attempt++ {
+			gets, inSleep := thousandWave(t, p, rs, direct, cs)
+			if !inSleep {
+				if attempt == 3 {
+					t.Fatalf("wave %d: the reads never all arrived while Redis slept; the machine is too slow for this test", wave)
 				}
-			}()
-		}
-		close(start)
-		wg.Wait()
-		if bad.Load() > 0 {
-			t.Fatalf("wave %d: %d clients got a wrong reply", wave, bad.Load())
-		}
-		if woke := <-asleep; woke-arrivedBefore < clients {
-			t.Fatalf("wave %d: only %v of %d reads reached the proxy while Redis slept; the machine is too slow for this test", wave, woke-arrivedBefore, clients)
-		}
-		gets := cmdCalls(t, direct, "get") - before
-		t.Logf("wave %d: %d clients, %d GETs reached Redis", wave, clients, gets)
-		if gets > 2 {
-			t.Fatalf("wave %d: %d GETs reached Redis, want at most 2", wave, gets)
+				t.Logf("wave %d: not all reads arrived during the sleep; again", wave)
+				continue
+			}
+			t.Logf("wave %d: %d clients, %d GETs reached Redis", wave, clients, gets)
+			if gets > 2 {
+				t.Fatalf("wave %d: %d GETs reached Redis, want at most 2", wave, gets)
+			}
+			break
 		}
 	}
+}
+
+// thousandWave releases one GET per connection while Redis sleeps and
+// returns how many GETs Redis executed, and whether all the reads reached
+// the proxy before Redis woke.
+func thousandWave(t *testing.T, p *proxytest.Proxy, rs *redistest.Server, direct *redis.Client, cs []*redis.Conn) (int, bool) {
+	before := cmdCalls(t, direct, "get")
+	arrivedBefore := getsArrived(t, p)
+	sleeper := redis.NewClient(&redis.Options{Addr: rs.Addr(), MaxRetries: -1, ReadTimeout: 10 * time.Second})
+	defer sleeper.Close()
+	woke := make(chan float64, 1)
+	go func() {
+		sleeper.Do(ctx, "DEBUG", "SLEEP", "2")
+		woke <- getsArrived(t, p) // how many had arrived when Redis woke
+	}()
+	// Redis is asleep once a PING goes unanswered for a while.
+	probe := redis.NewClient(&redis.Options{Addr: rs.Addr(), MaxRetries: -1, ReadTimeout: 300 * time.Millisecond})
+	redistest.Eventually(t, 5*time.Second, func() bool { return isTimeout(probe.Ping(ctx).Err()) }, "Redis never went to sleep")
+	probe.Close()
+
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	for _, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			if v, err := c.Get(ctx, "hot").Result(); err != nil || v != "value" {
+				bad.Add(1)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if bad.Load() > 0 {
+		t.Fatalf("%d clients got a wrong reply", bad.Load())
+	}
+	inSleep := <-woke-arrivedBefore >= float64(len(cs))
+	return cmdCalls(t, direct, "get") - before, inSleep
 }
 
 func isTimeout(err error) bool {
@@ -365,6 +401,8 @@ func TestBrokenJoinRuleIsCaught(t *testing.T) {
 				}
 			})
 			p := proxytest.Start(t, nil, nil)
+			openGate := sync.OnceFunc(func() { close(gate) })
+			t.Cleanup(openGate)
 			cs := conns(t, p, 3)
 			rec := &recorder{base: time.Now()}
 			rec.do(t, cs[0], 0, kvOp{kind: "set", key: "lin", val: "v1"})
@@ -385,7 +423,7 @@ func TestBrokenJoinRuleIsCaught(t *testing.T) {
 				b <- kvOut{val: v, exists: v != ""}
 			}()
 			redistest.Eventually(t, 5*time.Second, func() bool { return metric(t, p, mCoalesced)-coalesced == 2 }, "B never reached the group")
-			close(gate)
+			openGate()
 			rec.add(1, kvOp{kind: "get", key: "lin"}, aCall, <-a)
 			rec.add(2, kvOp{kind: "get", key: "lin"}, bCall, <-b)
 
@@ -413,7 +451,11 @@ func TestLeaderDisconnectDoesNotFailWaiters(t *testing.T) {
 		}
 	})
 	p := proxytest.Start(t, nil, nil)
-	cs := conns(t, p, 11)
+	openGate := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(openGate) // before the proxy shuts down, should the test fail early
+	// RESP2 like the raw connection below: the protocol is part of what
+	// makes reads identical.
+	cs := conns(t, p, 11, func(o *redis.Options) { o.Protocol = 2 })
 	if err := cs[0].Set(ctx, "lead", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -422,9 +464,10 @@ func TestLeaderDisconnectDoesNotFailWaiters(t *testing.T) {
 	go func() { first1 <- cs[0].Get(ctx, "lead").Err() }()
 	<-held // fetch 1 is in flight
 
-	// X leads the next fetch, then 10 clients join it.
+	// X leads the next fetch, then 10 clients join it. The command bytes
+	// must be exactly those go-redis sends.
 	x := p.Dial(t)
-	fmt.Fprintf(x, "*2\r\n$3\r\nGET\r\n$4\r\nlead\r\n")
+	fmt.Fprintf(x, "*2\r\n$3\r\nget\r\n$4\r\nlead\r\n")
 	redistest.Eventually(t, 5*time.Second, func() bool { return metric(t, p, mCoalesced)-coalesced == 2 }, "X never reached the group")
 	saved := metric(t, p, mSaved)
 	results := make(chan error, 10)
@@ -439,7 +482,7 @@ func TestLeaderDisconnectDoesNotFailWaiters(t *testing.T) {
 	}
 	redistest.Eventually(t, 5*time.Second, func() bool { return metric(t, p, mSaved)-saved == 10 }, "the 10 clients never joined X's fetch")
 	x.Close()
-	close(gate)
+	openGate()
 	if err := <-first1; err != nil {
 		t.Fatal(err)
 	}
@@ -594,7 +637,7 @@ func TestMissHoldTimeout(t *testing.T) {
 // (30 ms "database") on a miss. The key is refreshed before it expires:
 // Redis never sees it missing after the first fill, and clients see about
 // one miss per TTL period instead of one per reader.
-func TestEarlyRefresh(t *testing.T) {
+func TestEarlyRefreshThroughProxy(t *testing.T) {
 	rs := redistest.Start(t)
 	p := proxytest.Start(t, rs, func(c *config.Config) {
 		c.Stampede.EarlyRefresh = []stampede.RefreshRule{{Pattern: "cache:*", Beta: 1}}
