@@ -104,7 +104,10 @@ type shard struct {
 	// lru orders the keys that hold entries; only they can be evicted, so
 	// a fill in flight is never evicted (C5).
 	lru *simplelru.LRU[uint64, *keyRec]
-	_   [64]byte
+	// hits is counted here, under the lock the hit already holds, rather
+	// than in one counter every core would write.
+	hits atomic.Uint64
+	_    [64]byte
 }
 
 // keyRec is one key of one database, identified by a 64-bit hash of both.
@@ -123,12 +126,18 @@ type keyRec struct {
 	inflight int32 // writes in flight through the proxy
 	// entries by protocol (0 RESP2, 1 RESP3), then the exact command bytes.
 	entries [2]map[string]*entry
-	n       int   // number of entries
-	size    int64 // bytes charged: entries plus keyOverhead while n > 0
-	inLRU   bool
-	since   int64        // when the key got its first entry
-	hits    atomic.Int64 // served from the tier (sampled, scaled)
-	aside   *aside       // last values kept for stale-if-error
+	// last is the entry served last, looked up by comparing its command
+	// bytes, which is cheaper than hashing them: most keys are read with
+	// one command.
+	last      *entry
+	lastRaw   string
+	lastProto int
+	n         int   // number of entries
+	size      int64 // bytes charged: entries plus keyOverhead while n > 0
+	inLRU     bool
+	since     int64        // when the key got its first entry
+	hits      atomic.Int64 // served from the tier (sampled, scaled)
+	aside     *aside       // last values kept for stale-if-error
 }
 
 type entry struct {
@@ -257,11 +266,17 @@ func (c *Cache) Get(db int, resp3 bool, raw, key []byte) ([]byte, Status) {
 			c.m.miss(missInFlight)
 			return nil, Pass
 		}
-		if e := rec.entries[p][string(raw)]; e != nil {
+		e := rec.last
+		if e == nil || rec.lastProto != p || rec.lastRaw != string(raw) {
+			if e = rec.entries[p][string(raw)]; e != nil {
+				rec.last, rec.lastRaw, rec.lastProto = e, string(raw), p
+			}
+		}
+		if e != nil {
 			if live && e.epoch == fc.epoch.Load() && now < e.expire {
 				val := e.val
+				s.hits.Add(1)
 				s.mu.Unlock()
-				c.m.hits.Inc()
 				// Count hits in the sketch too, or a cached key would look
 				// cold next to keys still missing; sampling keeps the hit
 				// path free of contended writes.
@@ -464,6 +479,9 @@ func (c *Cache) store(s *shard, rec *keyRec, gen, epoch uint64, fc *fillConn, p 
 		c.m.admissions.Inc()
 	}
 	if old := rec.entries[p][string(raw)]; old != nil {
+		if rec.last == old {
+			rec.last, rec.lastRaw = nil, ""
+		}
 		rec.n--
 		rec.size -= old.size
 		c.used.Add(-old.size)
@@ -495,6 +513,9 @@ func (c *Cache) removeEntry(s *shard, rec *keyRec, p int, raw string) {
 		return
 	}
 	delete(rec.entries[p], raw)
+	if rec.last == e {
+		rec.last, rec.lastRaw = nil, ""
+	}
 	rec.n--
 	rec.size -= e.size
 	c.used.Add(-e.size)
@@ -511,6 +532,7 @@ func (c *Cache) dropEntries(s *shard, rec *keyRec) {
 		c.used.Add(-rec.size - rec.keyCharge())
 		c.nentries.Add(-int64(rec.n))
 		rec.entries = [2]map[string]*entry{}
+		rec.last, rec.lastRaw = nil, ""
 		rec.n, rec.size = 0, 0
 		rec.hits.Store(0)
 	}

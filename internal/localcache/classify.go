@@ -27,13 +27,29 @@ const uncacheableFlags = commands.Write | commands.MayReplicate | commands.CatSc
 	commands.Blocking | commands.PubSub | commands.ConnState | commands.Nondeterministic |
 	commands.NoMandatoryKeys | commands.MovableKeys
 
+// CacheableCommand reports whether replies to cmd may be kept at all:
+// read-only, deterministic commands (GET, HGET, HGETALL, HMGET, SMEMBERS,
+// the ZRANGE family, LRANGE, EXISTS, STRLEN, ...). Callers on the hot path
+// evaluate it once per command and keep the answer.
+func CacheableCommand(cmd *commands.Command) bool {
+	return cmd != nil && cmd.Flags&commands.ReadOnly != 0 && cmd.Flags&uncacheableFlags == 0 &&
+		cmd.Subcommands == nil && !notCached[cmd.Name]
+}
+
 // Cacheable reports whether a reply to cmd with args may be kept, and if so
-// which argument is its key: read-only, deterministic commands with exactly
-// one key (GET, HGET, HGETALL, HMGET, SMEMBERS, the ZRANGE family, LRANGE,
-// EXISTS of one key, STRLEN, ...).
+// which argument is its key: a CacheableCommand called with exactly one key
+// and no blocking option.
 func Cacheable(cmd *commands.Command, args [][]byte) (key []byte, ok bool) {
-	if cmd == nil || cmd.Flags&commands.ReadOnly == 0 || cmd.Flags&uncacheableFlags != 0 ||
-		cmd.Subcommands != nil || notCached[cmd.Name] || cmd.IsBlocking(args) {
+	if !CacheableCommand(cmd) {
+		return nil, false
+	}
+	return CacheableKey(cmd, args)
+}
+
+// CacheableKey is Cacheable for a command already known to be a
+// CacheableCommand.
+func CacheableKey(cmd *commands.Command, args [][]byte) (key []byte, ok bool) {
+	if cmd.IsBlocking(args) {
 		return nil, false
 	}
 	var buf [2]int
@@ -63,11 +79,16 @@ func unknownKeys(cmd *commands.Command, args [][]byte) bool {
 				return true
 			}
 		}
+	case "sort", "migrate":
+		return false // Keys resolves SORT ... STORE and MIGRATE ... KEYS itself
 	}
 	if len(cmd.KeySpecs) == 0 {
 		return cmd.Flags&commands.MovableKeys != 0
 	}
 	for _, ks := range cmd.KeySpecs {
+		if ks.Flags&commands.KeyRO != 0 && ks.Flags&commands.KeyVariableFlags == 0 {
+			continue // keys it only reads do not matter here
+		}
 		if ks.Flags&commands.KeyIncomplete != 0 || ks.Begin.Kind == commands.BeginUnknown ||
 			ks.Find.Kind == commands.FindUnknown && ks.Flags&commands.KeyNotKey == 0 {
 			return true

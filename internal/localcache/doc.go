@@ -68,6 +68,11 @@
 //     everything the affected connections filled and discard their fills in
 //     flight.
 //
+// Limits: Redis 7 sends no invalidation for SWAPDB, so a SWAPDB that does not
+// pass through the proxy (which flushes on one that does) is outside C2; a
+// reply with no exact RESP2 form (resp2.go) is forwarded to RESP2 clients
+// instead of cached.
+//
 // # What is cached
 //
 // Read-only deterministic commands with exactly one key (Cacheable), keyed by

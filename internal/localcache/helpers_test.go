@@ -177,3 +177,10 @@ func (w *staleWatch) record(start, deadline time.Time, got string, isBad func(st
 		w.bad = append(w.bad, got)
 	}
 }
+
+// redistestClient is a direct client to rs that survives its restarts.
+func redistestClient(t testing.TB, rs *redistest.Server) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: rs.Addr()})
+	t.Cleanup(func() { c.Close() })
+	return c
+}

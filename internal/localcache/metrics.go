@@ -32,7 +32,6 @@ const (
 )
 
 type cacheMetrics struct {
-	hits         prometheus.Counter
 	misses       *prometheus.CounterVec
 	fills        *prometheus.CounterVec
 	invalidated  prometheus.Counter
@@ -49,9 +48,6 @@ type cacheMetrics struct {
 
 func newMetrics() *cacheMetrics {
 	m := &cacheMetrics{
-		hits: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "redproxy_localcache_hits_total", Help: "Reads answered from the local tier.",
-		}),
 		misses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "redproxy_localcache_misses_total", Help: "Cacheable reads not answered from the local tier, by reason.",
 		}, []string{"reason"}),
@@ -106,8 +102,11 @@ func (m *cacheMetrics) reject(reason string) {
 // at scrape time.
 func (c *Cache) register(reg prometheus.Registerer) {
 	m := c.m
-	reg.MustRegister(m.hits, m.misses, m.fills, m.invalidated, m.flushes, m.admissions,
+	reg.MustRegister(m.misses, m.fills, m.invalidated, m.flushes, m.admissions,
 		m.rejections, m.evictions, m.staleServes, m.fences,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "redproxy_localcache_hits_total", Help: "Reads answered from the local tier.",
+		}, func() float64 { return float64(c.Hits()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "redproxy_localcache_bytes", Help: "Bytes charged against localcache.max_bytes.",
 		}, func() float64 { return float64(c.used.Load()) }),
@@ -153,4 +152,13 @@ func (t *tierCollector) Collect(ch chan<- prometheus.Metric) {
 	for i, hk := range t.c.HotKeys(10) {
 		ch <- prometheus.MustNewConstMetric(descHot, prometheus.GaugeValue, float64(hk.Reads), strconv.Itoa(i+1))
 	}
+}
+
+// Hits is the number of reads answered from the tier.
+func (c *Cache) Hits() uint64 {
+	var n uint64
+	for i := range c.shards {
+		n += c.shards[i].hits.Load()
+	}
+	return n
 }

@@ -1,0 +1,249 @@
+package localcache
+
+import (
+	"bufio"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/resp"
+)
+
+// rawConn sends commands on a raw connection and returns raw replies.
+type rawConn struct {
+	t  *testing.T
+	nc net.Conn
+	rd *bufio.Reader
+}
+
+func dialRaw(t *testing.T, addr string, hello3 bool) *rawConn {
+	t.Helper()
+	nc, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	c := &rawConn{t: t, nc: nc, rd: bufio.NewReader(nc)}
+	if hello3 {
+		c.do("HELLO", "3")
+	}
+	return c
+}
+
+func (c *rawConn) do(args ...string) []byte {
+	c.t.Helper()
+	var raw []byte
+	bs := make([][]byte, len(args)-1)
+	for i, a := range args[1:] {
+		bs[i] = []byte(a)
+	}
+	raw = appendCommand(raw, args[0], bs...)
+	c.nc.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.nc.Write(raw); err != nil {
+		c.t.Fatal(err)
+	}
+	var buf []byte
+	for {
+		if n, err := resp.ScanReply(buf); err != nil {
+			c.t.Fatal(err)
+		} else if n > 0 {
+			return buf[:n]
+		}
+		b, err := c.rd.ReadByte()
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		buf = append(buf, b)
+	}
+}
+
+// The RESP2 form the tier derives from a RESP3 reply is exactly what Redis
+// sends a RESP2 client, or the conversion is refused.
+func TestRESP2ConversionMatchesRedis(t *testing.T) {
+	rs := redistest.Start(t)
+	r2, r3 := dialRaw(t, rs.Addr(), false), dialRaw(t, rs.Addr(), true)
+	for _, c := range [][]string{
+		{"SET", "s", "hello"},
+		{"HSET", "h", "a", "1", "b", "2"},
+		{"RPUSH", "l", "x", "y", "z"},
+		{"SADD", "set", "m1", "m2", "m3"},
+		{"ZADD", "z", "1", "one", "2.5", "two"},
+		{"GEOADD", "geo", "13.361389", "38.115556", "Palermo"},
+		{"XADD", "st", "1-1", "f", "v"},
+		{"SETBIT", "bits", "7", "1"},
+	} {
+		r2.do(c...)
+	}
+	mustConvert := map[string]bool{"GET": true, "HGETALL": true, "SMEMBERS": true, "LRANGE": true, "HMGET": true, "EXISTS": true, "XRANGE": true}
+	converted := map[string]bool{}
+	for _, c := range [][]string{
+		{"GET", "s"}, {"GET", "missing"}, {"STRLEN", "s"}, {"GETRANGE", "s", "0", "2"},
+		{"HGET", "h", "a"}, {"HGET", "h", "nope"}, {"HGETALL", "h"}, {"HGETALL", "missing"},
+		{"HMGET", "h", "a", "nope"}, {"HKEYS", "h"}, {"HVALS", "h"}, {"HLEN", "h"}, {"HEXISTS", "h", "a"}, {"HSTRLEN", "h", "a"},
+		{"LRANGE", "l", "0", "-1"}, {"LRANGE", "missing", "0", "-1"}, {"LINDEX", "l", "9"}, {"LLEN", "l"}, {"LPOS", "l", "nope"},
+		{"SMEMBERS", "set"}, {"SISMEMBER", "set", "m1"}, {"SMISMEMBER", "set", "m1", "zz"}, {"SCARD", "set"},
+		{"ZRANGE", "z", "0", "-1"}, {"ZRANGE", "z", "0", "-1", "WITHSCORES"}, {"ZSCORE", "z", "two"}, {"ZSCORE", "z", "nope"},
+		{"ZRANK", "z", "nope"}, {"ZMSCORE", "z", "one", "nope"}, {"ZCARD", "z"}, {"ZCOUNT", "z", "-inf", "+inf"},
+		{"ZRANGEBYSCORE", "z", "-inf", "+inf", "WITHSCORES"}, {"ZREVRANGE", "z", "0", "-1"},
+		{"GEOPOS", "geo", "Palermo", "Nowhere"}, {"GEOHASH", "geo", "Palermo"}, {"GEODIST", "geo", "Palermo", "Palermo"},
+		{"XRANGE", "st", "-", "+"}, {"XLEN", "st"}, {"XINFO", "STREAM", "st"},
+		{"EXISTS", "s"}, {"EXISTS", "missing"}, {"TYPE", "h"}, {"BITCOUNT", "bits"}, {"GETBIT", "bits", "7"}, {"BITPOS", "bits", "1"},
+	} {
+		want := r2.do(c...)
+		got3 := r3.do(c...)
+		out, ok := toRESP2(got3)
+		name := strings.Join(c, " ")
+		if !ok {
+			if mustConvert[c[0]] {
+				t.Errorf("%s: conversion of %q refused", name, got3)
+			}
+			continue
+		}
+		converted[c[0]] = true
+		if string(out) != string(want) {
+			t.Errorf("%s: converted %q, Redis sends RESP2 clients %q", name, out, want)
+		}
+	}
+	for name := range mustConvert {
+		if !converted[name] {
+			t.Errorf("%s was never converted", name)
+		}
+	}
+}
+
+func TestCacheable(t *testing.T) {
+	tbl := commands.Builtin()
+	args := func(s string) [][]byte {
+		var out [][]byte
+		for _, f := range strings.Fields(s) {
+			out = append(out, []byte(f))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		cmd string
+		key string // "" = not cacheable
+	}{
+		{"GET k", "k"}, {"HGETALL h", "h"}, {"HMGET h a b", "h"}, {"SMEMBERS s", "s"},
+		{"ZRANGE z 0 -1 WITHSCORES", "z"}, {"LRANGE l 0 -1", "l"}, {"EXISTS k", "k"}, {"STRLEN k", "k"},
+		{"XRANGE st - +", "st"}, {"MGET k", "k"},
+		{"EXISTS a b", ""}, {"MGET a b", ""}, {"TTL k", ""}, {"PTTL k", ""}, {"EXPIRETIME k", ""},
+		{"OBJECT ENCODING k", ""}, {"RANDOMKEY", ""}, {"SRANDMEMBER s", ""}, {"HRANDFIELD h", ""},
+		{"ZRANDMEMBER z", ""}, {"SCAN 0", ""}, {"SSCAN s 0", ""}, {"SORT_RO l BY w*", ""}, {"TOUCH k", ""},
+		{"SET k v", ""}, {"GETEX k", ""}, {"GETDEL k", ""}, {"EVAL_RO x 1 k", ""}, {"FCALL_RO f 1 k", ""},
+		{"PFCOUNT h", "h"}, {"XREAD STREAMS st 0", ""}, {"BLPOP l 0", ""}, {"XINFO CONSUMERS st g", ""},
+		{"MEMORY USAGE k", ""}, {"DUMP k", ""}, {"PING", ""},
+	} {
+		a := args(tc.cmd)
+		key, ok := Cacheable(tbl.Lookup(a), a)
+		if got := string(key); ok != (tc.key != "") || got != tc.key {
+			t.Errorf("Cacheable(%s) = %q, %v; want %q", tc.cmd, got, ok, tc.key)
+		}
+	}
+	for _, tc := range []struct {
+		cmd     string
+		unknown bool
+	}{
+		{"SET k v", false}, {"DEL a b", false}, {"ZUNIONSTORE d 2 a b", false}, {"SORT l STORE d", false},
+		{"EVAL x 1 k", true}, {"EVALSHA x 0", true}, {"FCALL f 0", true}, {"MOVE k 1", true},
+		{"COPY a b", false}, {"COPY a b DB 2", true}, {"COPY a b db 2 REPLACE", true},
+		{"MIGRATE h 1 \"\" 0 5 KEYS a b", false}, {"GEORADIUS g 0 0 1 km STORE d", false}, {"XREADGROUP GROUP g c STREAMS s >", false},
+	} {
+		a := args(tc.cmd)
+		if got := unknownKeys(tbl.Lookup(a), a); got != tc.unknown {
+			t.Errorf("unknownKeys(%s) = %v, want %v", tc.cmd, got, tc.unknown)
+		}
+	}
+}
+
+func TestGlob(t *testing.T) {
+	for _, tc := range []struct {
+		pat, key string
+		want     bool
+	}{
+		{"*", "", true}, {"*", "abc", true}, {"user:*", "user:1", true}, {"user:*", "users", false},
+		{"a?c", "abc", true}, {"a?c", "ac", false}, {"h[ae]llo", "hallo", true}, {"h[ae]llo", "hillo", false},
+		{"h[^e]llo", "hallo", true}, {"h[^e]llo", "hello", false}, {"h[a-c]llo", "hbllo", true}, {"h[c-a]llo", "hbllo", true},
+		{`h\*llo`, "h*llo", true}, {`h\*llo`, "hallo", false}, {"*a*b*c", "xxaxxbxxc", true}, {"*a*b*c", "xxaxxcxxb", false},
+		{"a*", "a", true}, {"**", "x", true}, {`[\]]`, "]", true}, {"[abc", "b", true},
+	} {
+		if got := matchGlob(tc.pat, []byte(tc.key)); got != tc.want {
+			t.Errorf("matchGlob(%q, %q) = %v, want %v", tc.pat, tc.key, got, tc.want)
+		}
+	}
+	for _, p := range []string{"[abc", `abc\`} {
+		if checkGlob(p) == nil {
+			t.Errorf("checkGlob(%q) accepted it", p)
+		}
+	}
+	if err := checkGlob(`user:[0-9]*\*`); err != nil {
+		t.Errorf("checkGlob rejected a valid pattern: %v", err)
+	}
+}
+
+func TestSketch(t *testing.T) {
+	s := newSketch(4096)
+	hot, cold := uint64(0xabcdef12345), uint64(0x1234567)
+	for range 50 {
+		s.add(hot, 1)
+	}
+	s.add(cold, 1)
+	if e := s.estimate(hot); e < 50 {
+		t.Fatalf("estimate(hot) = %d, want >= 50 (count-min never underestimates)", e)
+	}
+	if e := s.estimate(cold); e != 1 {
+		t.Fatalf("estimate(cold) = %d after one sighting, want 1 (doorkeeper only)", e)
+	}
+	for range 1000 {
+		s.add(hot, 1)
+	}
+	if e := s.estimate(hot); e != counterMax+1 {
+		t.Fatalf("estimate saturates at %d, got %d", counterMax+1, e)
+	}
+	s.halve()
+	if e := s.estimate(hot); e != counterMax/2 {
+		t.Fatalf("after halving, estimate = %d, want %d", e, counterMax/2)
+	}
+	if e := s.estimate(cold); e != 0 {
+		t.Fatalf("after halving, a key seen once is forgotten; estimate = %d", e)
+	}
+	// Many distinct keys: few collide into a high estimate.
+	s = newSketch(4096)
+	for i := range uint64(4096) {
+		s.add(i*0x9E3779B97F4A7C15, 3)
+	}
+	high := 0
+	for i := range uint64(4096) {
+		if s.estimate((i+1<<32)*0x9E3779B97F4A7C15) > 3 {
+			high++
+		}
+	}
+	if high > 4096/20 {
+		t.Fatalf("%d of 4096 unseen keys estimated above 3", high)
+	}
+}
+
+func TestRESP2Helpers(t *testing.T) {
+	for in, want := range map[string]string{
+		"_\r\n":                         "$-1\r\n",
+		"%1\r\n$1\r\na\r\n:1\r\n":       "*2\r\n$1\r\na\r\n:1\r\n",
+		"~2\r\n$1\r\na\r\n$1\r\nb\r\n":  "*2\r\n$1\r\na\r\n$1\r\nb\r\n",
+		"*2\r\n_\r\n%0\r\n":             "*2\r\n$-1\r\n*0\r\n",
+		"$5\r\nhello\r\n":               "$5\r\nhello\r\n",
+		"*1\r\n%1\r\n$1\r\nk\r\n~0\r\n": "*1\r\n*2\r\n$1\r\nk\r\n*0\r\n",
+		"+OK\r\n":                       "+OK\r\n",
+	} {
+		out, ok := toRESP2([]byte(in))
+		if !ok || string(out) != want {
+			t.Errorf("toRESP2(%q) = %q, %v; want %q", in, out, ok, want)
+		}
+	}
+	for _, in := range []string{",1.5\r\n", "#t\r\n", "(123\r\n", "=8\r\ntxt:abcd\r\n", "*1\r\n,1\r\n", "*2\r\n:1\r\n"} {
+		if out, ok := toRESP2([]byte(in)); ok {
+			t.Errorf("toRESP2(%q) = %q, want it refused", in, out)
+		}
+	}
+}
