@@ -86,6 +86,11 @@ func (p *Proxy) Client(t testing.TB, mutate ...func(*redis.Options)) *redis.Clie
 	return c
 }
 
+// DialErr opens a raw TCP connection to the proxy; the caller closes it.
+func (p *Proxy) DialErr() (net.Conn, error) {
+	return net.DialTimeout("tcp", p.Addr, 2*time.Second)
+}
+
 // Dial opens a raw TCP connection to the proxy.
 func (p *Proxy) Dial(t testing.TB) net.Conn {
 	t.Helper()

@@ -136,7 +136,9 @@ func (s *Server) launch() error {
 	cmd.Stderr = out
 	// A process group lets us kill any fork child too (BGSAVE, BGREWRITEAOF
 	// issued by a test); otherwise it could keep the output pipe open.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: a test binary that dies (a fuzz worker killed by its
+	// coordinator, a panic) must not leave redis-server behind.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {
 		s.mu.Unlock()

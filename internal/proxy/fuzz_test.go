@@ -1,0 +1,78 @@
+package proxy_test
+
+import (
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/proxytest"
+)
+
+var (
+	fuzzOnce  sync.Once
+	fuzzProxy *proxytest.Proxy
+)
+
+// FuzzRequestPath sends arbitrary bytes to a running proxy, as a client
+// would, and checks that the proxy answers or closes that connection
+// without hanging, and that another client is still served afterwards.
+// Commands that could stop or reconfigure Redis are denied by policy so the
+// fuzzer explores the proxy, not ways to shut down its upstream.
+func FuzzRequestPath(f *testing.F) {
+	for _, s := range []string{
+		"*1\r\n$4\r\nPING\r\n",
+		"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n",
+		"MULTI\r\nSET a 1\r\nEXEC\r\n",
+		"WATCH k\r\nMULTI\r\nINCR k\r\nEXEC\r\nUNWATCH\r\n",
+		"SELECT 3\r\nHELLO 3\r\nHGETALL h\r\nRESET\r\n",
+		"CLIENT REPLY SKIP\r\nPING\r\nCLIENT SETNAME x\r\nCLIENT INFO\r\n",
+		"BLPOP q 0.01\r\nSUBSCRIBE c\r\nPING\r\n",
+		"*1\r\n$99999999999\r\n",
+		"set \"a\\x41 'b\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fuzzOnce.Do(func() {
+			// One proxy for the whole fuzzing run; it is cleaned up with the
+			// process.
+			fuzzProxy = proxytest.Start(&cleanupFreeTB{T: t}, nil, func(c *config.Config) {
+				c.Policy.Commands.Deny = []string{"shutdown", "debug", "config", "replicaof", "slaveof", "client|kill", "client|pause", "swapdb", "monitor", "script|kill", "function|kill", "failover", "save", "bgsave", "bgrewriteaof", "acl", "module", "quit"}
+				c.Upstream.ReplyTimeout.Duration = 2 * time.Second
+			})
+		})
+		p := fuzzProxy
+		nc, err := p.DialErr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.SetDeadline(time.Now().Add(3 * time.Second))
+		nc.Write(data)
+		// Whatever comes back, the proxy must not hang the connection
+		// forever: a short read window, then we close.
+		nc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		io.Copy(io.Discard, nc)
+		nc.Close()
+
+		ctl, err := p.DialErr()
+		if err != nil {
+			t.Fatalf("proxy stopped accepting after input %q: %v", data, err)
+		}
+		defer ctl.Close()
+		ctl.SetDeadline(time.Now().Add(5 * time.Second))
+		ctl.Write([]byte("*1\r\n$4\r\nPING\r\n"))
+		buf := make([]byte, 7)
+		if _, err := io.ReadFull(ctl, buf); err != nil || string(buf) != "+PONG\r\n" {
+			t.Fatalf("proxy unhealthy after input %q: %q %v", data, buf, err)
+		}
+	})
+}
+
+// cleanupFreeTB lets the shared fuzz proxy outlive the first input's test:
+// its cleanups are dropped, so the proxy and redis-server live until the
+// process exits (redistest kills redis-server with the process group).
+type cleanupFreeTB struct{ *testing.T }
+
+func (c *cleanupFreeTB) Cleanup(func()) {}
