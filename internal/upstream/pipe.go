@@ -2,9 +2,9 @@ package upstream
 
 import (
 	"io"
-	"runtime"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
