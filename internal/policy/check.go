@@ -317,9 +317,9 @@ func (c *checker) checkMax(d *Decision, i int, rs *ruleset, rule *ttlRule, e key
 		return false
 	}
 	key := req.Args[e.key]
-	msg := fmt.Sprintf("%sTTL of %ds for key %s exceeds the maximum of %ds (rule %q)", msgPrefix, secs, quoteKey(key), rule.max, rule.src)
+	msg := fmt.Sprintf("%sTTL of %ds for key %s exceeds the maximum of %ds (rule %q)", msgPrefix, secs, quoteKey(key), rule.max, rule.String())
 	a := c.act(rule.action)
-	v := Violation{Rule: RuleTTLMax, Pattern: rule.src, Scope: rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg}
+	v := Violation{Rule: RuleTTLMax, Pattern: rule.String(), Scope: rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg}
 	if c.violate(d, a, !rule.maxRefuse, v) {
 		return true
 	}
@@ -355,12 +355,12 @@ func (c *checker) resolvePending() {
 		var msg string
 		fixable := false
 		if pt.eff.kind == effPersist {
-			msg = fmt.Sprintf("%skey %s must keep its TTL (rule %q); %s would remove it", msgPrefix, quoteKey(key), rule.src, displayName(req.Cmd.Name))
+			msg = fmt.Sprintf("%skey %s must keep its TTL (rule %q); %s would remove it", msgPrefix, quoteKey(key), rule.String(), displayName(req.Cmd.Name))
 		} else {
-			msg = fmt.Sprintf("%skey %s needs a TTL (rule %q); set EX on the write or EXPIRE the key in the same MULTI or pipeline", msgPrefix, quoteKey(key), rule.src)
+			msg = fmt.Sprintf("%skey %s needs a TTL (rule %q); set EX on the write or EXPIRE the key in the same MULTI or pipeline", msgPrefix, quoteKey(key), rule.String())
 			fixable = rule.def > 0
 		}
-		v := Violation{Rule: RuleTTL, Pattern: rule.src, Scope: pt.rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg}
+		v := Violation{Rule: RuleTTL, Pattern: rule.String(), Scope: pt.rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg}
 		if c.violate(d, a, fixable, v) || a != Enforce {
 			continue
 		}

@@ -368,7 +368,7 @@ func (p *Policy) TTLRule(key []byte) (TTLInfo, bool) {
 		return TTLInfo{}, false
 	}
 	return TTLInfo{
-		Pattern:  r.src,
+		Pattern:  r.String(),
 		Required: r.required,
 		Default:  time.Duration(r.def) * time.Second,
 		Max:      time.Duration(r.max) * time.Second,
@@ -395,7 +395,7 @@ func (p *Policy) CheckKeyName(key []byte) *Violation {
 
 func (rs *ruleset) ttlFor(key []byte) *ttlRule {
 	for i := range rs.ttl {
-		if rs.ttl[i].match(key) {
+		if rs.ttl[i].Match(key) {
 			return &rs.ttl[i]
 		}
 	}
@@ -433,9 +433,9 @@ func (n *nameRules) check(key []byte) (rule, pattern, msg string) {
 			msgPrefix, quoteKey(key), RuleRegex, n.re.String())
 	}
 	for i := range n.version {
-		if n.version[i].match(key) && !hasVersionSegment(key) {
-			return RuleVersion, n.version[i].src, fmt.Sprintf("%skey %s does not match naming rule %q; keys matching %q need a version segment, as in {module}:{scope}:v1",
-				msgPrefix, quoteKey(key), RuleVersion, n.version[i].src)
+		if n.version[i].Match(key) && !hasVersionSegment(key) {
+			return RuleVersion, n.version[i].String(), fmt.Sprintf("%skey %s does not match naming rule %q; keys matching %q need a version segment, as in {module}:{scope}:v1",
+				msgPrefix, quoteKey(key), RuleVersion, n.version[i].String())
 		}
 	}
 	return "", "", ""

@@ -103,13 +103,13 @@ func NewMisses(c Config, m *Metrics) *Misses {
 func (m *Misses) Match(key []byte) Match {
 	var r Match
 	for i := range m.holdRules {
-		if m.holdRules[i].pat.match(key) {
+		if m.holdRules[i].pat.Match(key) {
 			r.hold = i + 1
 			break
 		}
 	}
 	for i, rr := range m.refreshRules {
-		if rr.pat.match(key) {
+		if rr.pat.Match(key) {
 			r.refresh = i + 1
 			break
 		}

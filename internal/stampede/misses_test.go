@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/config/units"
+	rglob "github.com/redproxy/redproxy/internal/glob"
 )
 
 func dur(d time.Duration) units.Duration { return units.Duration{Duration: d} }
@@ -360,10 +361,10 @@ func TestGlob(t *testing.T) {
 		{"[z-a]", "m", true},
 	} {
 		p := compilePattern(tc.pat)
-		if got := p.match([]byte(tc.key)); got != tc.want {
+		if got := p.Match([]byte(tc.key)); got != tc.want {
 			t.Errorf("%q ~ %q = %v, want %v", tc.pat, tc.key, got, tc.want)
 		}
-		if got := globMatch(tc.pat, []byte(tc.key)); got != tc.want {
+		if got := rglob.Match(tc.pat, []byte(tc.key)); got != tc.want {
 			t.Errorf("globMatch(%q, %q) = %v, want %v", tc.pat, tc.key, got, tc.want)
 		}
 	}

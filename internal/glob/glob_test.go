@@ -1,4 +1,4 @@
-package policy
+package glob
 
 import (
 	"context"
@@ -44,18 +44,18 @@ var globCases = []struct {
 
 func TestGlob(t *testing.T) {
 	for _, c := range globCases {
-		g := compileGlob(c.pattern)
-		if got := g.match([]byte(c.key)); got != c.want {
+		g := Compile(c.pattern)
+		if got := g.Match([]byte(c.key)); got != c.want {
 			t.Errorf("%q ~ %q: got %v, want %v", c.pattern, c.key, got, c.want)
 		}
-		if got := globMatch(c.pattern, []byte(c.key)); got != c.want {
+		if got := Match(c.pattern, []byte(c.key)); got != c.want {
 			t.Errorf("general matcher %q ~ %q: got %v, want %v", c.pattern, c.key, got, c.want)
 		}
 	}
-	if k := compileGlob("session:*").kind; k != globPrefix {
+	if k := Compile("session:*").kind; k != globPrefix {
 		t.Errorf("session:* compiled to kind %d, want prefix", k)
 	}
-	if k := compileGlob(`a\*`).kind; k != globFull {
+	if k := Compile(`a\*`).kind; k != globFull {
 		t.Errorf(`a\* must not be a prefix pattern`)
 	}
 }
@@ -86,9 +86,9 @@ func TestGlobMatchesRedis(t *testing.T) {
 		if err := iter.Err(); err != nil {
 			t.Fatal(err)
 		}
-		g := compileGlob(c.pattern)
+		g := Compile(c.pattern)
 		for _, k := range keys {
-			if ours, theirs := g.match([]byte(k)), slices.Contains(redisMatches, k); ours != theirs {
+			if ours, theirs := g.Match([]byte(k)), slices.Contains(redisMatches, k); ours != theirs {
 				t.Errorf("pattern %q key %q: we say %v, Redis says %v", c.pattern, k, ours, theirs)
 			}
 		}
