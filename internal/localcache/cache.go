@@ -78,6 +78,7 @@ type Cache struct {
 	maxEntry  int64
 
 	reads, writes *sketch
+	halveNow      chan struct{} // a sketch filled up before its window ended
 	include       patterns
 	exclude       patterns
 
@@ -88,7 +89,7 @@ type Cache struct {
 	noRESP2 sync.Map // *commands.Command -> struct{}: replies with no RESP2 form
 
 	hotMu  sync.Mutex
-	recent [256]hotCandidate // keys seen on misses, for /debug/hotkeys
+	recent [512]hotCandidate // keys seen on warm misses and sampled hits, for /debug/hotkeys
 	hotPos int
 
 	stop    chan struct{}
@@ -172,10 +173,12 @@ func New(cfg Config, opt Options) (*Cache, error) {
 		// huge reply cannot flush everything hot.
 		maxEntry: int64(cfg.MaxBytes) / 8,
 	}
-	// Sketch width: about the number of distinct keys read per window worth
-	// telling apart; bounded so the sketch stays small (<= 256KB + bits).
-	width := min(max(int(cfg.MaxBytes)/1024, 4096), 1<<16)
+	// Sketch width: the sightings between halvings (see sketch); a key must
+	// be among the hottest few thousandths of a percent of that traffic to
+	// be admitted under load. Bounded: at most 1MB of counters per sketch.
+	width := min(max(int(cfg.MaxBytes)/256, 4096), 1<<18)
 	c.reads, c.writes = newSketch(width), newSketch(width)
+	c.halveNow = make(chan struct{}, 1)
 	for i := range c.shards {
 		l, _ := simplelru.NewLRU[uint64, *keyRec](1<<31-1, nil)
 		c.shards[i] = shard{recs: map[uint64]*keyRec{}, lru: l}
@@ -280,9 +283,16 @@ func (c *Cache) Get(db int, resp3 bool, raw, key []byte) ([]byte, Status) {
 				// Count hits in the sketch too, or a cached key would look
 				// cold next to keys still missing; sampling keeps the hit
 				// path free of contended writes.
-				if rand.Uint32()&7 == 0 {
-					c.reads.add(h, 8)
+				if r := rand.Uint32(); r&7 == 0 {
+					if c.reads.add(h, 8) {
+						c.wantHalve()
+					}
 					rec.hits.Add(8)
+					if r&1023 == 0 {
+						// Hot cached keys dominate hits, so a rare sample
+						// is enough to keep them on /debug/hotkeys.
+						c.noteCandidate(db, key)
+					}
 				}
 				return val, Hit
 			}
@@ -309,13 +319,24 @@ func (c *Cache) Get(db int, resp3 bool, raw, key []byte) ([]byte, Status) {
 	return nil, Fill
 }
 
+// CountRead counts a read the tier was not asked to answer (it came behind
+// commands of its batch still to be sent to Redis), so pipelined clients'
+// reads count towards admission like any other.
+func (c *Cache) CountRead(db int, key []byte) {
+	if c.reads.add(c.hash(db, key), 1) {
+		c.wantHalve()
+	}
+}
+
 // admit decides whether a missed key should be filled through the tier; it
 // returns "" to admit, or the reason not to. It also counts the read.
 func (c *Cache) admit(h uint64, db int, key []byte) string {
 	if (len(c.include) > 0 && !c.include.match(key)) || c.exclude.match(key) {
 		return missPattern
 	}
-	c.reads.add(h, 1)
+	if c.reads.add(h, 1) {
+		c.wantHalve()
+	}
 	reads := c.reads.estimate(h)
 	if reads >= 2 {
 		c.noteCandidate(db, key)
@@ -679,6 +700,15 @@ func (c *Cache) maintain() {
 		select {
 		case <-c.stop:
 			return
+		case <-c.halveNow:
+			// Only the sketch that filled up; the other keeps its window.
+			if c.reads.adds.Load() >= c.reads.limit {
+				c.reads.halve()
+			}
+			if c.writes.adds.Load() >= c.writes.limit {
+				c.writes.halve()
+			}
+			continue
 		case <-t.C:
 		}
 		c.reads.halve()
@@ -687,6 +717,14 @@ func (c *Cache) maintain() {
 			c.sweep(&c.shards[next%numShards])
 			next++
 		}
+	}
+}
+
+// wantHalve asks the maintenance goroutine to halve a full sketch.
+func (c *Cache) wantHalve() {
+	select {
+	case c.halveNow <- struct{}{}:
+	default:
 	}
 }
 

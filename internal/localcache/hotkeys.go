@@ -29,37 +29,43 @@ type hotCandidate struct {
 	key string
 }
 
-// noteCandidate remembers a key read on a miss that is no longer cold, so
-// /debug/hotkeys can list hot keys the tier does not hold (cold keys never
-// get here, so the lock is off the pass-through path).
+// noteCandidate remembers a key for /debug/hotkeys: one read on a miss that
+// is no longer cold, or one of a sample of hits. Cold keys never get here,
+// so the lock is off the pass-through path, and HotKeys looks only at these
+// candidates instead of every cached key.
 func (c *Cache) noteCandidate(db int, key []byte) {
 	c.hotMu.Lock()
-	slot := &c.recent[c.hotPos%len(c.recent)]
-	if slot.db != db || slot.key != string(key) {
-		*slot = hotCandidate{db: db, key: string(key)}
+	last := &c.recent[(c.hotPos+len(c.recent)-1)%len(c.recent)]
+	if last.db != db || last.key != string(key) {
+		c.recent[c.hotPos%len(c.recent)] = hotCandidate{db: db, key: string(key)}
 		c.hotPos++
 	}
 	c.hotMu.Unlock()
 }
 
-// HotKeys returns up to n of the hottest keys, cached or not, hottest first.
+// HotKeys returns up to n of the hottest recently seen keys, cached or not,
+// hottest first.
 func (c *Cache) HotKeys(n int) []HotKey {
 	now := nanotime()
 	window := c.cfg.AdmitWindow.Duration.Seconds()
+	c.hotMu.Lock()
+	recent := c.recent
+	c.hotMu.Unlock()
 	seen := map[hotCandidate]bool{}
 	var out []HotKey
-	add := func(db int, key string, rec *keyRec) {
-		hc := hotCandidate{db, key}
-		if seen[hc] {
-			return
+	for _, hc := range recent {
+		if hc.key == "" || seen[hc] {
+			continue
 		}
 		seen[hc] = true
-		h := c.hash(db, []byte(key))
-		hk := HotKey{DB: db, Key: key, Reads: c.reads.estimate(h), Writes: c.writes.estimate(h)}
+		h := c.hash(hc.db, []byte(hc.key))
+		hk := HotKey{DB: hc.db, Key: hc.key, Reads: c.reads.estimate(h), Writes: c.writes.estimate(h)}
 		// In steady state the decaying count sits between one and two
 		// windows' worth of reads.
 		hk.ReadsPerSec = float64(hk.Reads) / (1.5 * window)
-		if rec != nil {
+		s := c.shardOf(h)
+		s.mu.Lock()
+		if rec := s.recs[h]; rec != nil && rec.key == hc.key && rec.db == hc.db && rec.n > 0 {
 			hk.Cached = true
 			hk.Hits = rec.hits.Load()
 			hk.Bytes = rec.size + rec.keyCharge()
@@ -67,23 +73,8 @@ func (c *Cache) HotKeys(n int) []HotKey {
 				hk.ReadsPerSec = max(hk.ReadsPerSec, float64(hk.Hits)/age)
 			}
 		}
-		out = append(out, hk)
-	}
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.Lock()
-		for _, rec := range s.lru.Values() {
-			add(rec.db, rec.key, rec)
-		}
 		s.mu.Unlock()
-	}
-	c.hotMu.Lock()
-	recent := c.recent
-	c.hotMu.Unlock()
-	for _, hc := range recent {
-		if hc.key != "" {
-			add(hc.db, hc.key, nil)
-		}
+		out = append(out, hk)
 	}
 	slices.SortFunc(out, func(a, b HotKey) int {
 		switch {

@@ -2,12 +2,14 @@ package localcache_test
 
 import (
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
@@ -101,4 +103,43 @@ func TestAdmission(t *testing.T) {
 	if n := metric(t, p.Metrics.Registry, "redproxy_localcache_entries"); n != 1 {
 		t.Fatalf("%v entries, want 1", n)
 	}
+}
+
+// Under traffic spread over many keys, the sketch is aged by volume as well
+// as by time, so keys read twice among 40,000 reads are not admitted while a
+// key read throughout is.
+func TestAdmissionUnderColdTraffic(t *testing.T) {
+	p := startTier(t, nil, func(c *config.Config) {
+		c.LocalCache.AdmitMinReads = 8
+		c.LocalCache.MaxBytes = 64 * units.KB // the smallest sketch: 4096 counters a row
+		c.LocalCache.AdmitWindow = units.Duration{Duration: time.Hour}
+	})
+	p.Redis.Client(t).Set(ctx, "hot", "x", 0)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		c := p.Client(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 2500 {
+				key := "cold:" + strconv.Itoa(w*2500+i)
+				for range 2 {
+					if err := c.Get(ctx, key).Err(); err != redis.Nil {
+						t.Errorf("GET %s: %v", key, err)
+						return
+					}
+				}
+				if i%50 == 0 {
+					c.Get(ctx, "hot")
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	n := metric(t, p.Metrics.Registry, "redproxy_localcache_fills_total")
+	t.Logf("%v fills", n)
+	if n > 100 {
+		t.Fatalf("%v fills for 20,000 keys read twice each: the sketch saturated", n)
+	}
+	cacheIt(t, p, p.Client(t), "hot")
 }

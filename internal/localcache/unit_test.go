@@ -74,6 +74,8 @@ func TestRESP2ConversionMatchesRedis(t *testing.T) {
 		{"GEOADD", "geo", "13.361389", "38.115556", "Palermo"},
 		{"XADD", "st", "1-1", "f", "v"},
 		{"SETBIT", "bits", "7", "1"},
+		{"XADD", "empty", "1-1", "f", "v"}, {"XDEL", "empty", "1-1"},
+		{"XGROUP", "CREATE", "st", "g", "0"},
 	} {
 		r2.do(c...)
 	}
@@ -89,7 +91,10 @@ func TestRESP2ConversionMatchesRedis(t *testing.T) {
 		{"ZRANK", "z", "nope"}, {"ZMSCORE", "z", "one", "nope"}, {"ZCARD", "z"}, {"ZCOUNT", "z", "-inf", "+inf"},
 		{"ZRANGEBYSCORE", "z", "-inf", "+inf", "WITHSCORES"}, {"ZREVRANGE", "z", "0", "-1"},
 		{"GEOPOS", "geo", "Palermo", "Nowhere"}, {"GEOHASH", "geo", "Palermo"}, {"GEODIST", "geo", "Palermo", "Palermo"},
-		{"XRANGE", "st", "-", "+"}, {"XLEN", "st"}, {"XINFO", "STREAM", "st"},
+		{"XRANGE", "st", "-", "+"}, {"XLEN", "st"}, {"XINFO", "STREAM", "st"}, {"XINFO", "STREAM", "empty"},
+		{"XINFO", "STREAM", "st", "FULL"}, {"XINFO", "STREAM", "empty", "FULL"}, {"XINFO", "GROUPS", "st"},
+		{"LPOS", "l", "x", "COUNT", "0"}, {"GEOSEARCH", "geo", "FROMLONLAT", "0", "0", "BYRADIUS", "1", "km"},
+		{"BITFIELD_RO", "bits", "GET", "u8", "0"}, {"SUBSTR", "s", "0", "1"}, {"XREVRANGE", "st", "+", "-", "COUNT", "1"},
 		{"EXISTS", "s"}, {"EXISTS", "missing"}, {"TYPE", "h"}, {"BITCOUNT", "bits"}, {"GETBIT", "bits", "7"}, {"BITPOS", "bits", "1"},
 	} {
 		want := r2.do(c...)
@@ -223,6 +228,23 @@ func TestSketch(t *testing.T) {
 	}
 	if high > 4096/20 {
 		t.Fatalf("%d of 4096 unseen keys estimated above 3", high)
+	}
+
+	// As many sightings as a row has counters make a halving due, so
+	// heavy traffic cannot saturate the counters within one window.
+	s = newSketch(4096)
+	due := 0
+	for i := range uint64(4096) {
+		if s.add(i, 1) {
+			due++
+		}
+	}
+	if due != 1 {
+		t.Fatalf("halving due %d times after 4096 sightings, want once (at the 4096th)", due)
+	}
+	s.halve()
+	if s.add(1, 1) {
+		t.Fatal("halving due right after halving")
 	}
 }
 

@@ -69,7 +69,9 @@ func (c *Cache) WriteStart(w *Writes, db int, cmd *commands.Command, args [][]by
 func (c *Cache) markWrite(w *Writes, db int, key []byte) {
 	h := c.hash(db, key)
 	s := c.shardOf(h)
-	c.writes.add(h, 1)
+	if c.writes.add(h, 1) {
+		c.wantHalve()
+	}
 	fenceOnly := false
 	if hk := hooks.Load(); hk != nil && hk.FenceWrites {
 		fenceOnly = true

@@ -107,11 +107,15 @@ func (sess *Session) tierStep(cmd *commands.Command, req *resp.Request, m *metri
 		sess.tierWriteForwarded(cmd, req.Args)
 		return false
 	}
-	if !t.cacheable[cmd] || sess.pendingUpstream() {
+	if !t.cacheable[cmd] {
 		return false
 	}
 	key, ok := localcache.CacheableKey(cmd, req.Args)
 	if !ok {
+		return false
+	}
+	if sess.pendingUpstream() {
+		t.cache.CountRead(sess.db, key)
 		return false
 	}
 	db, resp3 := sess.db, sess.resp3
