@@ -459,6 +459,144 @@ scenario_passthrough() {
 	report
 }
 
+# stampede: many clients, one cache key that keeps expiring, a slow fill,
+# with each stampede mode off and on (issue 5). It is not a redis-benchmark
+# run, so it lives in its own script, bench/stampede.sh, and writes its own
+# table (bench/results/stampede.md); rounds and the CPU layout carry over.
+scenario_stampede() {
+	local args=(--rounds "$ROUNDS")
+	((KEEP)) && args+=(--keep)
+	export CPU_REDIS CPU_CLIENT CPU_PROXY REDPROXY_GOMAXPROCS REDPROXY_BIN
+	run_fg "$BENCH_DIR/stampede.sh" "${args[@]}"
+}
+
+# hotkeys: the local tier (issue 6). GET on a hot keyspace (-r 100, preloaded)
+# through redproxy with the tier on, against redproxy's own PING (answered by
+# the proxy itself: the ceiling of its front end) and twemproxy; then GET on a
+# keyspace that is not hot (-r 1000000) with the tier on and off. After the
+# interleaved rounds, one more hot GET run per target counts the GETs that
+# reached Redis with INFO commandstats, and redproxy's memory is read.
+scenario_hotkeys() {
+	local hot=100 cold=1000000
+	KEYSPACE=$cold
+	[[ $OUT == "$BENCH_DIR/results/latest.md" ]] && OUT=$BENCH_DIR/results/hotkeys.md
+	start_redis
+	log "redis-server pid $REDIS_PID port $REDIS_PORT (cpu $CPU_REDIS); preloading $KEYSPACE keys"
+	preload
+	if selected "$ONLY_TARGETS" direct; then add_target direct "$REDIS_PORT"; fi
+	if selected "$ONLY_TARGETS" twemproxy; then
+		start_twemproxy
+		add_target twemproxy "$TWEM_PORT" "$TWEM_PID"
+	fi
+	local tier_admin="" tier_pid="" notier_pid="" saved_args=$REDPROXY_ARGS
+	if selected "$ONLY_TARGETS" redproxy; then
+		tier_admin=127.0.0.1:$(freeport)
+		REDPROXY_ARGS="$saved_args --local-tier=on --admin $tier_admin"
+		start_redproxy
+		tier_pid=$REDPROXY_PID
+		log "redproxy (tier on) pid $tier_pid port $REDPROXY_PORT admin $tier_admin"
+		add_target redproxy "$REDPROXY_PORT" "$REDPROXY_PID"
+	fi
+	if selected "$ONLY_TARGETS" redproxy-notier; then
+		REDPROXY_ARGS="$saved_args --local-tier=off"
+		start_redproxy
+		notier_pid=$REDPROXY_PID
+		log "redproxy (tier off) pid $notier_pid port $REDPROXY_PORT"
+		add_target redproxy-notier "$REDPROXY_PORT" "$REDPROXY_PID"
+	fi
+	REDPROXY_ARGS=$saved_args
+	((${#TARGETS[@]})) || die "no targets selected"
+
+	# Test names avoid the _p1/_p16 suffixes that report() checks against
+	# the foundation's goals; this scenario has its own checks below.
+	local spec name label n args
+	for spec in "hot_get|GET -P 16, -r $hot|$N_P16|-t get -P 16 -r $hot" \
+		"ping|PING -P 16|$N_P16|-t ping_mbulk -P 16" \
+		"cold_get|GET -P 16, -r $cold|$N_P16|-t get -P 16 -r $cold" \
+		"cold_get_nopipe|GET -P 1, -r $cold|$N_P1|-t get -P 1 -r $cold"; do
+		IFS='|' read -r name label n args <<<"$spec"
+		# shellcheck disable=SC2086
+		if selected "$ONLY_TESTS" "$name"; then add_test "$name" "$label" "$n" $args; fi
+	done
+	((${#TESTS[@]})) || die "no tests selected"
+
+	run_matrix
+	report
+
+	# Counting runs: GETs that reached Redis per hot GET, by commandstats.
+	local target port gets hits_before hits_after extra=$TMP/tier.md
+	{
+		echo
+		echo "## Local tier"
+		echo
+		echo "One more hot GET run per target ($N_P16 requests, -P 16, -r $hot) after the rounds and a warm-up"
+		echo "of a tenth of that, with Redis's \`INFO commandstats\` reset in between:"
+		echo
+		echo "| Target | GETs reaching Redis | per request | served without Redis |"
+		echo "|---|---:|---:|---:|"
+	} >"$extra"
+	for target in "${TARGETS[@]}"; do
+		[[ $target == redproxy-notier ]] && continue
+		port=${TARGET_PORT[$target]}
+		# The cold runs before moved the tier's attention elsewhere: warm
+		# it up on the hot keys again (a tenth of a run), then count.
+		run_fg taskset -c "$CPU_CLIENT" redis-benchmark -p "$port" -c "$CLIENTS" -n $((N_P16 / 10)) -r "$hot" -d "$DATASIZE" \
+			-P 16 -t get -q >/dev/null 2>&1 || die "warm-up failed against $target"
+		redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
+		run_fg taskset -c "$CPU_CLIENT" redis-benchmark -p "$port" -c "$CLIENTS" -n "$N_P16" -r "$hot" -d "$DATASIZE" \
+			-P 16 -t get -q >/dev/null 2>&1 || die "counting run failed against $target"
+		gets=$(redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[=,:]' '/^cmdstat_get:/ {print $3}')
+		gets=${gets:-0}
+		awk -v t="$target" -v g="$gets" -v n="$N_P16" 'BEGIN { printf "| %s | %d | %.5f | %.2f %% |\n", t, g, g / n, 100 * (1 - g / n) }' >>"$extra"
+	done
+	if [[ -n $tier_pid ]]; then
+		local metrics rss_on rss_off="–"
+		metrics=$(curl -s "http://$tier_admin/metrics" 2>/dev/null || true)
+		rss_on=$(awk '/^VmRSS:/ {printf "%.1f MiB", $2 / 1024}' "/proc/$tier_pid/status")
+		[[ -n $notier_pid ]] && rss_off=$(awk '/^VmRSS:/ {printf "%.1f MiB", $2 / 1024}' "/proc/$notier_pid/status")
+		{
+			echo
+			echo "Memory after all runs: redproxy with the tier $rss_on RSS (tier off: $rss_off);" \
+				"$(awk '/^redproxy_localcache_bytes / {printf "%d", $2}' <<<"$metrics") bytes charged to the tier for" \
+				"$(awk '/^redproxy_localcache_entries / {printf "%d", $2}' <<<"$metrics") entries" \
+				"(budget $(awk '/^redproxy_localcache_max_bytes / {printf "%d", $2}' <<<"$metrics")); hits" \
+				"$(awk '/^redproxy_localcache_hits_total / {printf "%d", $2}' <<<"$metrics"), fills" \
+				"$(awk '/^redproxy_localcache_fills_total\{result="stored"\}/ {printf "%d", $2}' <<<"$metrics")."
+		} >>"$extra"
+	fi
+	# Checks against issue 6's goals, from the medians over rounds.
+	awk -F'\t' '
+	function median(key,   n, i, j, a, tmp) {
+		n = split(vals[key], a, " ")
+		for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { tmp = a[j]; a[j] = a[j-1]; a[j-1] = tmp }
+		return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+	}
+	{ k = $2 SUBSEP $3; seen[k] = 1; vals[k SUBSEP "rps"] = vals[k SUBSEP "rps"] " " $5; vals[k SUBSEP "p99"] = vals[k SUBSEP "p99"] " " $7 }
+	function have(t, g) { return (t SUBSEP g) in seen }
+	function m(t, g, c) { return median(t SUBSEP g SUBSEP c) }
+	function check(ok, text) { print "- " (ok ? "PASS" : "FAIL") " " text }
+	END {
+		print ""; print "Checks (issue 6, Done when):"; print ""
+		if (have("hot_get", "redproxy") && have("ping", "redproxy")) {
+			r = m("hot_get", "redproxy", "rps") / m("ping", "redproxy", "rps")
+			check(r >= 0.9, sprintf("hot GET through the tier: %.2f× redproxy'"'"'s own PING throughput (goal ≥ 0.90×)", r))
+		}
+		if (have("hot_get", "redproxy") && have("hot_get", "twemproxy")) {
+			r = m("hot_get", "redproxy", "rps") / m("hot_get", "twemproxy", "rps")
+			check(r >= 2, sprintf("hot GET: redproxy %.2f× twemproxy throughput (goal ≥ 2×)", r))
+			a = m("hot_get", "redproxy", "p99"); b = m("hot_get", "twemproxy", "p99")
+			check(a < b, sprintf("hot GET p99: redproxy %.3f ms, twemproxy %.3f ms (goal: below)", a, b))
+		}
+		split("cold_get cold_get_nopipe", cold, " ")
+		for (i = 1; i <= 2; i++) if (have(cold[i], "redproxy") && have(cold[i], "redproxy-notier")) {
+			r = m(cold[i], "redproxy", "rps") / m(cold[i], "redproxy-notier", "rps")
+			check(r >= 0.9, sprintf("%s (not hot): tier on %.2f× tier off (goal: not worse; runs vary ±10 %%, so ≥ 0.90×)", cold[i], r))
+		}
+	}' "$RECORDS" >>"$extra"
+	cat "$extra" >>"$OUT"
+	cat "$extra"
+}
+
 # ---- main ------------------------------------------------------------------
 while (($#)); do
 	case $1 in
