@@ -70,7 +70,7 @@ func (sess *Session) guardStep(i int, cmd *commands.Command, req *resp.Request, 
 		args = d.Args
 		raw = b.Encode(args)
 	}
-	if cmd.Is(commands.Write) {
+	if mayWrite(cmd) {
 		if sess.pin.inMulti {
 			// Queued: it takes effect at EXEC, where the write hooks hear
 			// of it (dispatchPinned).

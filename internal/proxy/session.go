@@ -219,7 +219,7 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 			return
 		}
 	}
-	if cmd.Is(commands.Write) {
+	if mayWrite(cmd) {
 		sess.writeForwarded(cmd, req.Args)
 	}
 	sess.forward(req.Raw, m)
@@ -425,4 +425,18 @@ func firstElement(reply []byte) []byte {
 		return reply
 	}
 	return reply[nl+1 : nl+1+n]
+}
+
+// mayWrite reports whether cmd may write keys, for the write hooks (local
+// tier invalidation, stampede hold release). Redis flags scripts and
+// functions (EVAL, EVALSHA, FCALL) as neither read-only nor write, yet they
+// may write any key, so they count as writes.
+func mayWrite(cmd *commands.Command) bool {
+	if cmd == nil {
+		return false
+	}
+	if cmd.Flags&commands.Write != 0 {
+		return true
+	}
+	return cmd.Parent == nil && cmd.Flags&commands.CatScripting != 0 && cmd.Flags&commands.ReadOnly == 0
 }

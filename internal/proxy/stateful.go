@@ -175,7 +175,7 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 		if sess.guardStep(i, cmd, req, m) {
 			return true
 		}
-		if cmd.Is(commands.Write) {
+		if mayWrite(cmd) {
 			sess.writeForwarded(cmd, req.Args)
 		}
 		sess.forward(req.Raw, m)
@@ -200,7 +200,7 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 	if sess.guardStep(i, cmd, req, m) {
 		return true
 	}
-	if cmd.Is(commands.Write) {
+	if mayWrite(cmd) {
 		pin.txWrites = append(pin.txWrites, txWrite{cmd: cmd, args: copyArgs(req.Args)})
 	}
 	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, tx: true})
@@ -301,7 +301,7 @@ func errorReply(err error) []byte {
 // everything the client sent before it has been answered.
 func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metrics.Command) {
 	sess.flush(time.Now())
-	if cmd.Is(commands.Write) {
+	if mayWrite(cmd) {
 		sess.writeForwarded(cmd, req.Args)
 	}
 	pipe := sess.pin.pipe

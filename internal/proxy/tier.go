@@ -101,12 +101,6 @@ func (sess *Session) tierStep(cmd *commands.Command, req *resp.Request, m *metri
 	if t == nil || cmd == nil || sess.pin.pipe != nil {
 		return false
 	}
-	if cmd.Flags&commands.CatScripting != 0 && cmd.Flags&(commands.ReadOnly|commands.Write) == 0 {
-		// EVAL, EVALSHA and FCALL carry no "write" flag, yet may write any
-		// key: they are writes to the tier.
-		sess.tierWriteForwarded(cmd, req.Args)
-		return false
-	}
 	if !t.cacheable[cmd] {
 		return false
 	}
