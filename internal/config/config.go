@@ -272,79 +272,57 @@ func (c *Config) Apply(o Overrides) (*Config, error) {
 	return &n, nil
 }
 
-// localcacheErrors converts package localcache's validation errors, whose
-// keys ("localcache.stale_if_error[0].max_age") the line index resolves.
-func localcacheErrors(c localcache.Config) []*Error {
-	err := c.Validate()
+// sectionErrors turns a feature section's joined validation errors into
+// Errors whose dotted keys ("policy.ttl[2].max") the line index resolves
+// like any other key. keyed extracts the key and message from the
+// section's own error type; other errors are reported against the section.
+func sectionErrors(section string, err error, keyed func(error) (key, msg string, ok bool)) []*Error {
 	if err == nil {
 		return nil
 	}
-	var list []error
+	list := []error{err}
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		list = j.Unwrap()
-	} else {
-		list = []error{err}
 	}
 	errs := make([]*Error, 0, len(list))
 	for _, e := range list {
+		if key, msg, ok := keyed(e); ok {
+			errs = append(errs, &Error{Key: key, Msg: msg})
+		} else {
+			errs = append(errs, &Error{Key: section, Msg: e.Error()})
+		}
+	}
+	return errs
+}
+
+func localcacheErrors(c localcache.Config) []*Error {
+	return sectionErrors("localcache", c.Validate(), func(e error) (string, string, bool) {
 		var le *localcache.Error
 		if errors.As(e, &le) {
-			errs = append(errs, &Error{Key: le.Key, Msg: le.Msg})
-		} else {
-			errs = append(errs, &Error{Key: "localcache", Msg: e.Error()})
+			return le.Key, le.Msg, true
 		}
-	}
-	return errs
+		return "", "", false
+	})
 }
 
-// policyErrors converts package policy's validation errors, whose keys
-// ("policy.ttl[2].max") the line index resolves like any other key.
-func policyErrors(p policy.Config) []*Error {
-	err := p.Validate()
-	if err == nil {
-		return nil
-	}
-	var list []error
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		list = j.Unwrap()
-	} else {
-		list = []error{err}
-	}
-	errs := make([]*Error, 0, len(list))
-	for _, e := range list {
+func policyErrors(c policy.Config) []*Error {
+	return sectionErrors("policy", c.Validate(), func(e error) (string, string, bool) {
 		var pe *policy.Error
 		if errors.As(e, &pe) {
-			errs = append(errs, &Error{Key: pe.Key, Msg: pe.Msg})
-		} else {
-			errs = append(errs, &Error{Key: "policy", Msg: e.Error()})
+			return pe.Key, pe.Msg, true
 		}
-	}
-	return errs
+		return "", "", false
+	})
 }
 
-// stampedeErrors converts package stampede's validation errors, whose keys
-// ("stampede.hold[1].timeout") the line index resolves like any other key.
 func stampedeErrors(c stampede.Config) []*Error {
-	err := c.Validate()
-	if err == nil {
-		return nil
-	}
-	var list []error
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		list = j.Unwrap()
-	} else {
-		list = []error{err}
-	}
-	errs := make([]*Error, 0, len(list))
-	for _, e := range list {
+	return sectionErrors("stampede", c.Validate(), func(e error) (string, string, bool) {
 		var se *stampede.Error
 		if errors.As(e, &se) {
-			errs = append(errs, &Error{Key: se.Key, Msg: se.Msg})
-		} else {
-			errs = append(errs, &Error{Key: "stampede", Msg: e.Error()})
+			return se.Key, se.Msg, true
 		}
-	}
-	return errs
+		return "", "", false
+	})
 }
 
 // Validate reports every invalid setting at once, joined with errors.Join.
