@@ -1398,37 +1398,7 @@ func TestNoCrossTalkUnderMixedLoad(t *testing.T) {
 		}
 	}()
 
-	const clients, rounds = 100, 20
-	var wg sync.WaitGroup
-	errs := make(chan error, clients)
-	for i := 0; i < clients; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			c := redis.NewClient(&redis.Options{Addr: p.Addr, PoolSize: 1, MaxRetries: -1})
-			defer c.Close()
-			key := fmt.Sprintf("mix:client:%d", i)
-			for r := 0; r < rounds; r++ {
-				val := fmt.Sprintf("%d-%d", i, r)
-				pipe := c.Pipeline()
-				set := pipe.Set(ctx, key, val, 0)
-				get := pipe.Get(ctx, key)
-				echo := pipe.Echo(ctx, val)
-				incr := pipe.Incr(ctx, key+":n")
-				if _, err := pipe.Exec(ctx); err != nil {
-					errs <- err
-					return
-				}
-				if set.Val() != "OK" || get.Val() != val || echo.Val() != val || incr.Val() != int64(r+1) {
-					errs <- fmt.Errorf("client %d round %d: set=%q get=%q echo=%q incr=%d", i, r, set.Val(), get.Val(), echo.Val(), incr.Val())
-					return
-				}
-			}
-		}(i)
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	for _, err := range crossTalkClients(p.Addr, "mix:client", 100, 20) {
 		t.Error(err)
 	}
 	// Let the background work show it made progress during the run.

@@ -128,28 +128,38 @@ func TestPipelineOf1000(t *testing.T) {
 // request: a reply handed to the wrong client shows up as a foreign value.
 func TestNoCrossTalk200Clients(t *testing.T) {
 	p := proxytest.Start(t, nil, nil)
-	const clients, rounds = 200, 30
+	for _, err := range crossTalkClients(p.Addr, "client", 200, 30) {
+		t.Fatal(err)
+	}
+}
+
+// crossTalkClients runs clients concurrently, each pipelining SET, GET,
+// ECHO and INCR of its own key for rounds, and returns every reply that
+// does not answer its own request (another client's value, a reordered
+// INCR).
+func crossTalkClients(addr, prefix string, clients, rounds int) []error {
 	var wg sync.WaitGroup
 	errs := make(chan error, clients)
 	for i := 0; i < clients; i++ {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			c := redis.NewClient(&redis.Options{Addr: p.Addr, PoolSize: 1, MaxRetries: -1})
+			c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1, MaxRetries: -1})
 			defer c.Close()
-			key := fmt.Sprintf("client:%d", i)
+			key := fmt.Sprintf("%s:%d", prefix, i)
 			for r := 0; r < rounds; r++ {
 				val := fmt.Sprintf("%d-%d", i, r)
 				pipe := c.Pipeline()
 				set := pipe.Set(ctx, key, val, 0)
 				get := pipe.Get(ctx, key)
 				echo := pipe.Echo(ctx, val)
+				incr := pipe.Incr(ctx, key+":n")
 				if _, err := pipe.Exec(ctx); err != nil {
 					errs <- err
 					return
 				}
-				if set.Val() != "OK" || get.Val() != val || echo.Val() != val {
-					errs <- fmt.Errorf("client %d round %d: set=%q get=%q echo=%q", i, r, set.Val(), get.Val(), echo.Val())
+				if set.Val() != "OK" || get.Val() != val || echo.Val() != val || incr.Val() != int64(r+1) {
+					errs <- fmt.Errorf("client %d round %d: set=%q get=%q echo=%q incr=%d", i, r, set.Val(), get.Val(), echo.Val(), incr.Val())
 					return
 				}
 			}
@@ -157,9 +167,11 @@ func TestNoCrossTalk200Clients(t *testing.T) {
 	}
 	wg.Wait()
 	close(errs)
+	var out []error
 	for err := range errs {
-		t.Fatal(err)
+		out = append(out, err)
 	}
+	return out
 }
 
 // A deep pipeline written in one go, larger than any read buffer, must be
