@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/redproxy/redproxy/internal/seeds"
 	"io"
 	"net"
 	"net/http"
@@ -47,30 +48,6 @@ func setup(t *testing.T, pol policy.Config) (*proxytest.Proxy, *redis.Client, *r
 	p := proxytest.Start(t, nil, func(c *config.Config) { c.Policy = pol })
 	return p, p.Client(t), p.Redis.Client(t)
 }
-
-// The seeds' scripts: the sliding-window limiter and the lock release.
-const (
-	slidingWindowScript = `local key = KEYS[1]
-local now = tonumber(ARGV[1])
-local window = tonumber(ARGV[2])
-local limit = tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', key, 0, now - window)
-local count = redis.call('ZCARD', key)
-if count < limit then
-local seq_key = key .. ':seq'
-local seq = redis.call('INCR', seq_key)
-redis.call('EXPIRE', seq_key, math.ceil(window / 1000))
-redis.call('ZADD', key, now, now .. '-' .. seq)
-redis.call('EXPIRE', key, math.ceil(window / 1000))
-return 1
-end
-return 0`
-	releaseLockScript = `if redis.call('get', KEYS[1]) == ARGV[1] then
-return redis.call('del', KEYS[1])
-else
-return 0
-end`
-)
 
 // ttlNear checks that key's TTL, read straight from Redis, is in
 // (want-slack, want].
@@ -162,9 +139,9 @@ func TestSeedPatternsPassUntouched(t *testing.T) {
 	})
 	t.Run("sliding window rate limit", func(t *testing.T) {
 		now := time.Now().UnixMilli()
-		allowed, err := c.Eval(ctx, slidingWindowScript, []string{"ratelimit:sliding:123"}, now, 60000, 100).Int()
+		allowed, err := c.Eval(ctx, seeds.SlidingWindowScript, []string{"ratelimit:sliding:123"}, now, 60000, 100).Int()
 		check(t, "EVAL", err)
-		sha, err := c.ScriptLoad(ctx, slidingWindowScript).Result()
+		sha, err := c.ScriptLoad(ctx, seeds.SlidingWindowScript).Result()
 		check(t, "SCRIPT LOAD", err)
 		again, err := c.EvalSha(ctx, sha, []string{"ratelimit:sliding:123"}, now+1, 60000, 100).Int()
 		check(t, "EVALSHA", err)
@@ -186,10 +163,10 @@ func TestSeedPatternsPassUntouched(t *testing.T) {
 			t.Fatal("lock acquired twice")
 		}
 		ttlNear(t, direct, key, 5*time.Second)
-		if n, err := c.Eval(ctx, releaseLockScript, []string{key}, "wrong-token").Int(); err != nil || n != 0 {
+		if n, err := c.Eval(ctx, seeds.ReleaseLockScript, []string{key}, "wrong-token").Int(); err != nil || n != 0 {
 			t.Fatalf("release with the wrong token: %d %v", n, err)
 		}
-		if n, err := c.Eval(ctx, releaseLockScript, []string{key}, token).Int(); err != nil || n != 1 {
+		if n, err := c.Eval(ctx, seeds.ReleaseLockScript, []string{key}, token).Int(); err != nil || n != 1 {
 			t.Fatalf("release: %d %v", n, err)
 		}
 	})

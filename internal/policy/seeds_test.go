@@ -1,34 +1,11 @@
 package policy
 
 import (
+	"github.com/redproxy/redproxy/internal/seeds"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
-)
-
-// The scripts of the seeds' sliding-window limiter and lock release.
-const (
-	slidingWindowScript = `local key = KEYS[1]
-local now = tonumber(ARGV[1])
-local window = tonumber(ARGV[2])
-local limit = tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', key, 0, now - window)
-local count = redis.call('ZCARD', key)
-if count < limit then
-local seq_key = key .. ':seq'
-local seq = redis.call('INCR', seq_key)
-redis.call('EXPIRE', seq_key, math.ceil(window / 1000))
-redis.call('ZADD', key, now, now .. '-' .. seq)
-redis.call('EXPIRE', key, math.ceil(window / 1000))
-return 1
-end
-return 0`
-	releaseLockScript = `if redis.call('get', KEYS[1]) == ARGV[1] then
-return redis.call('del', KEYS[1])
-else
-return 0
-end`
 )
 
 func examplePolicy(t *testing.T) *Policy {
@@ -80,12 +57,12 @@ var seedPatterns = []struct {
 		{"EXEC"},
 	}},
 	{"sliding window rate limit", [][]string{
-		{"EVAL", slidingWindowScript, "1", "ratelimit:sliding:123", "1700000000000", "60000", "100"},
+		{"EVAL", seeds.SlidingWindowScript, "1", "ratelimit:sliding:123", "1700000000000", "60000", "100"},
 		{"EVALSHA", "2b0b4bb0d5c2e1a8c7e3f0d9a6b5c4d3e2f1a0b9", "1", "ratelimit:sliding:123", "1700000000000", "60000", "100"},
 	}},
 	{"distributed lock", [][]string{
 		{"SET", "lock:order:payment:123", "9b2c7e4a-1d3f-4e5a-8b6c-7d8e9f0a1b2c", "NX", "PX", "5000"},
-		{"EVAL", releaseLockScript, "1", "lock:order:payment:123", "9b2c7e4a-1d3f-4e5a-8b6c-7d8e9f0a1b2c"},
+		{"EVAL", seeds.ReleaseLockScript, "1", "lock:order:payment:123", "9b2c7e4a-1d3f-4e5a-8b6c-7d8e9f0a1b2c"},
 	}},
 	{"stampede-safe fill", [][]string{
 		{"GET", "product:9"},

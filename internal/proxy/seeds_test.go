@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/redproxy/redproxy/internal/seeds"
 	"math"
 	"slices"
 	"strconv"
@@ -322,33 +323,13 @@ func (e *seedEnv) fixedWindow(t *testing.T) {
 	}
 }
 
-// slidingWindowLua is the seed's script, unchanged.
-const slidingWindowLua = `-- sliding_window.lua
-local key = KEYS[1]
-local now = tonumber(ARGV[1])
-local window = tonumber(ARGV[2])
-local limit = tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', key, 0, now - window)
-local count = redis.call('ZCARD', key)
-if count < limit then
--- Use unique member (now + sequence) to avoid collisions within the same millisecond
-local seq_key = key .. ':seq'
-local seq = redis.call('INCR', seq_key)
-redis.call('EXPIRE', seq_key, math.ceil(window / 1000))
-redis.call('ZADD', key, now, now .. '-' .. seq)
-redis.call('EXPIRE', key, math.ceil(window / 1000))
-return 1
-end
-return 0
-`
-
 // Sliding window: the registered script runs as EVALSHA and falls back to
 // EVAL on NOSCRIPT; 100 requests in the window pass, the rest are denied.
 func (e *seedEnv) slidingWindow(t *testing.T) {
 	if err := e.direct.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	script := redis.NewScript(slidingWindowLua)
+	script := redis.NewScript(seeds.SlidingWindowScript)
 	allowRequest := func(userID int) bool {
 		key := fmt.Sprintf("ratelimit:sliding:%d", userID)
 		now := time.Now().UnixMilli()
@@ -386,14 +367,6 @@ func (e *seedEnv) slidingWindow(t *testing.T) {
 	wantTTL(t, e.direct, "ratelimit:sliding:5:seq", time.Minute)
 }
 
-const releaseLockLua = `
-if redis.call('get', KEYS[1]) == ARGV[1] then
-return redis.call('del', KEYS[1])
-else
-return 0
-end
-`
-
 // Lock: SET NX PX acquires; the Lua release deletes only with the owner's token.
 func (e *seedEnv) lock(t *testing.T) {
 	acquire := func(resource string, ttl time.Duration) string {
@@ -408,7 +381,7 @@ func (e *seedEnv) lock(t *testing.T) {
 		return token
 	}
 	release := func(resource, token string) int64 {
-		n, err := e.c.Eval(ctx, releaseLockLua, []string{"lock:" + resource}, token).Int64()
+		n, err := e.c.Eval(ctx, seeds.ReleaseLockScript, []string{"lock:" + resource}, token).Int64()
 		if err != nil {
 			t.Fatalf("release: %v", err)
 		}
