@@ -13,6 +13,7 @@ import (
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
 	"github.com/tidwall/redcon"
@@ -451,9 +452,11 @@ func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.
 		}
 		sess.out = sess.out[:0]
 	}
-	var first []byte
-	for _, r := range reqs {
-		first = append(first, r.Raw...)
+	// The starting command was checked already; the rest of its batch has
+	// its guard decisions at the following indices.
+	first := append([]byte(nil), reqs[0].Raw...)
+	for k := 1; k < len(reqs); k++ {
+		first = sess.appendRelayed(first, &reqs[k], sess.guard.Decision(sess.curIndex+k))
 	}
 	sess.relay(up, first, limit)
 	sess.srv.backend.ReleaseConn(up)
@@ -512,8 +515,11 @@ func (sess *Session) relay(up net.Conn, first []byte, limit int64) {
 	for {
 		reqs, err := sess.rd.ReadBatch()
 		var out []byte
-		for _, r := range reqs {
-			out = append(out, r.Raw...)
+		if len(reqs) > 0 {
+			sess.prepareBatch(reqs)
+		}
+		for k := range reqs {
+			out = sess.appendRelayed(out, &reqs[k], sess.guard.Decision(k))
 		}
 		if len(out) > 0 {
 			if _, werr := up.Write(out); werr != nil {
@@ -526,6 +532,30 @@ func (sess *Session) relay(up net.Conn, first []byte, limit int64) {
 	}
 	up.Close()
 	wg.Wait()
+}
+
+// appendRelayed appends what to send upstream for one request of a relayed
+// client: the request, the guard's rewrite of it, or, for a refusal, a
+// script that makes Redis answer with the refusal's text, so the error
+// reaches the client in order with every other reply on the raw stream.
+// TTL fix-ups are not added on a relay: their replies would reach the
+// client; the keyspace audit finds keys left without a TTL.
+func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decision) []byte {
+	if d == nil || len(d.Violations) == 0 && d.Args == nil {
+		return append(out, r.Raw...)
+	}
+	sess.recordViolations(d)
+	switch {
+	case d.Refuse != nil:
+		out = redcon.AppendArray(out, 4)
+		out = redcon.AppendBulkString(out, "EVAL")
+		out = redcon.AppendBulkString(out, "return redis.error_reply(ARGV[1])")
+		out = redcon.AppendBulkString(out, "0")
+		return redcon.AppendBulkString(out, d.Refuse.Msg)
+	case d.Args != nil:
+		return append(out, sess.guard.Encode(d.Args)...)
+	}
+	return append(out, r.Raw...)
 }
 
 // outQueue is a byte queue with a hard cap.

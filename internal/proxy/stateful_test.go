@@ -86,3 +86,30 @@ func TestBlockingCommandWaitsOnItsOwnConnection(t *testing.T) {
 		t.Fatalf("BLPOP with timeout on empty list: %v", err)
 	}
 }
+
+// A client that became a relay (here by CLIENT TRACKING ON, as rueidis
+// does) is still guarded: refusals come back in order on the raw stream,
+// in the batch that started the relay and in later ones, and nothing
+// refused reaches Redis.
+func TestRelayedClientIsStillGuarded(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	nc := p.Dial(t)
+	nc.SetDeadline(time.Now().Add(5 * time.Second))
+	rd := bufio.NewReader(nc)
+	expect := func(send string, want ...string) {
+		t.Helper()
+		nc.Write([]byte(send))
+		for _, w := range want {
+			line, err := rd.ReadString('\n')
+			if err != nil || !strings.HasPrefix(line, w) {
+				t.Fatalf("after %q: got %q %v, want prefix %q", send, line, err, w)
+			}
+		}
+	}
+	expect("CLIENT TRACKING ON\r\nKEYS *\r\nSET a 1\r\nFLUSHALL\r\nGET a\r\n",
+		"+OK", "-ERR redproxy policy: KEYS is disabled", "+OK", "-ERR redproxy policy: FLUSHALL is disabled", "$1", "1")
+	expect("FLUSHDB\r\nGET a\r\n", "-ERR redproxy policy: FLUSHDB is disabled", "$1", "1")
+	if n, err := p.Redis.Client(t).Exists(ctx, "a").Result(); err != nil || n != 1 {
+		t.Fatalf("a refused flush reached Redis: exists=%d %v", n, err)
+	}
+}
