@@ -100,6 +100,16 @@ func run(argv []string, stderr io.Writer) int {
 		defer mr.Close()
 		upstreamAddr = mr.Addr()
 		log.Warn("EMBEDDED UPSTREAM: an in-process store for trying redproxy out; data is lost on exit and it is not Redis. Set --upstream to a real Redis for anything else.", "address", upstreamAddr)
+		if cfg.LocalCache.Enabled {
+			// The tier is kept coherent by CLIENT TRACKING, which the
+			// embedded store lacks; without it the tier would never serve
+			// and its connections would retry forever.
+			log.Warn("local tier disabled: the embedded store has no CLIENT TRACKING")
+			if cfg, err = cfg.Apply(config.Overrides{LocalTier: "off"}); err != nil {
+				fmt.Fprintf(stderr, "redproxy: %v\n", err)
+				return 2
+			}
+		}
 	}
 
 	reg := metrics.New()
