@@ -1371,7 +1371,11 @@ func TestNoCrossTalkUnderMixedLoad(t *testing.T) {
 			defer ps.Close()
 			next := 0
 			for running() {
-				msg, err := ps.ReceiveTimeout(ctx, 100*time.Millisecond)
+				// A short read timeout can cut a message in half under load;
+				// go-redis then reconnects and resubscribes, and the
+				// publisher briefly sees one subscriber less. One second is
+				// short enough to notice stop and long enough not to.
+				msg, err := ps.ReceiveTimeout(ctx, time.Second)
 				var ne net.Error
 				if errors.As(err, &ne) && ne.Timeout() {
 					continue
