@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"io"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,6 +37,13 @@ func FuzzRequestPath(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fuzzOnce.Do(func() {
+			// A fuzz worker talks to its coordinator over inherited pipes
+			// (fds 3 and 4) that are not close-on-exec; redis-server must
+			// not inherit them, or the coordinator waits for it to exit
+			// before it can finish.
+			for fd := 3; fd < 16; fd++ {
+				syscall.CloseOnExec(fd)
+			}
 			// One proxy for the whole fuzzing run; it is cleaned up with the
 			// process.
 			fuzzProxy = proxytest.Start(&cleanupFreeTB{T: t}, nil, func(c *config.Config) {
