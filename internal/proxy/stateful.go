@@ -62,6 +62,10 @@ type txWrite struct {
 
 var queued = []byte("+QUEUED\r\n")
 
+// cmdWaitMarker is the write that WAIT and WAITAOF wait for on a dedicated
+// connection (see blocking).
+var cmdWaitMarker = []byte("*3\r\n$7\r\nPUBLISH\r\n$22\r\n__redproxy__:wait-mark\r\n$0\r\n\r\n")
+
 // dispatchPinned handles a command while the client holds a pinned
 // connection. It reports true when it handled the command.
 func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Request, m *metrics.Command) bool {
@@ -331,6 +335,15 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 	call := sess.call
 	call.Reset()
 	call.NoTimeout = true
+	first := 0
+	if cmd.Name == "wait" || cmd.Name == "waitaof" {
+		// Redis waits for the calling connection's last write to reach the
+		// replicas (or the AOF). The client's writes went over other
+		// connections, so first make this connection's last write one that
+		// Redis propagates after all of them: a PUBLISH to a proxy channel.
+		call.Add(cmdWaitMarker)
+		first = 1
+	}
 	call.Add(raw)
 	if err := pipe.Send(call); err != nil {
 		if borrowed {
@@ -370,7 +383,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 			}
 		}
 	}
-	reply, err := call.Reply(0)
+	reply, err := call.Reply(first)
 	if err != nil {
 		reply = errorReply(err)
 	}

@@ -98,6 +98,26 @@ func (s *Server) Kill(t testing.TB) {
 	s.stop()
 }
 
+// Freeze stops the process with SIGSTOP, as a hung or partitioned server
+// would be: connections stay open but nothing is answered. Thaw resumes it.
+func (s *Server) Freeze(t testing.TB) { s.signal(t, syscall.SIGSTOP) }
+
+// Thaw resumes a frozen server with SIGCONT.
+func (s *Server) Thaw(t testing.TB) { s.signal(t, syscall.SIGCONT) }
+
+func (s *Server) signal(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		t.Fatalf("redistest: no redis-server process to signal")
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("redistest: signal %v: %v", sig, err)
+	}
+}
+
 // Restart starts redis-server again on the same port with the same arguments
 // (after Kill) and waits until it answers PING. The dataset starts empty
 // because persistence is disabled.
