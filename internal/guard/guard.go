@@ -170,26 +170,11 @@ func (g *Guard) SetForcedMode(a policy.Action) {
 	g.cur.Store(g.loaded.ForcedMode(a))
 }
 
-// ForcedMode is the --policy-mode cap.
-func (g *Guard) ForcedMode() policy.Action {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.forced
-}
-
 // SetSource sets where Reload reads the policy from.
 func (g *Guard) SetSource(src func() (policy.Config, error)) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.source = src
-}
-
-// Load compiles c and puts it in force. On error the current policy stays.
-func (g *Guard) Load(c policy.Config) error {
-	p, err := policy.Compile(c)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.swapLocked(p, err)
 }
 
 // Reload re-reads the policy from the source and puts it in force. When the

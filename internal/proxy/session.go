@@ -68,7 +68,6 @@ type slot struct {
 	kind   slotKind
 	i      int // upstream reply index, or start of a local reply
 	end    int // end of a local reply
-	wait   Waiter
 	metric *metrics.Command
 	tx     bool // sent inside MULTI: its reply is +QUEUED or a queue-time error
 	exec   bool // EXEC of a transaction: strip the proxy's own commands' results
@@ -81,16 +80,9 @@ const (
 	slotUpstream slotKind = iota // reply i of the batch's Call
 	slotLocal                    // local[i:end]
 	slotHidden                   // reply i of the Call, which the client must not see (a policy fix-up)
-	slotWait                     // a reply another goroutine produces (a shared fetch)
 	slotWrapped                  // a command wrapped in MULTI/EXEC with fix-ups: i is its queue reply, end is EXEC's
 )
 
-// Waiter is a reply produced elsewhere, e.g. by a coalesced fetch that
-// another client's session sends. Wait is called after the batch's own Call
-// has completed, and returns bytes valid until the batch is written.
-type Waiter interface {
-	Wait() ([]byte, error)
-}
 
 func newSession(s *Server, nc net.Conn) *Session {
 	sess := &Session{
@@ -270,11 +262,6 @@ var (
 	cmdExec  = []byte("*1\r\n$4\r\nEXEC\r\n")
 )
 
-// replyWait records a reply that w produces.
-func (sess *Session) replyWait(m *metrics.Command, w Waiter) {
-	sess.slots = append(sess.slots, slot{kind: slotWait, wait: w, metric: m, mute: sess.curMute})
-}
-
 // pendingUpstream reports whether this batch has commands waiting to be
 // sent. A reply served without Redis (a local-tier hit) is only correct if
 // nothing of this client's is still to run before it.
@@ -338,15 +325,6 @@ func (sess *Session) flush(start time.Time) {
 			}
 			if err != nil {
 				r = errorReply(err)
-			}
-			reply = r
-		case slotWait:
-			r, err := sl.wait.Wait()
-			if err != nil {
-				sess.out = redcon.AppendError(sess.out, "ERR "+err.Error())
-				sl.metric.Errors.Inc()
-				sl.metric.Latency.Observe(elapsed)
-				continue
 			}
 			reply = r
 		case slotLocal:

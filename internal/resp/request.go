@@ -87,9 +87,6 @@ func NewReader(rd io.Reader, lim Limits) *Reader {
 	return &Reader{rd: rd, lim: lim, buf: make([]byte, minBuffer)}
 }
 
-// Buffered reports how many unread bytes are buffered.
-func (r *Reader) Buffered() int { return r.w - r.r }
-
 // ReadBatch returns every complete request that is buffered, reading from the
 // connection first if there is none. All returned slices are invalidated by
 // the next call. On a ProtocolError the requests parsed before the bad one
