@@ -83,7 +83,6 @@ const (
 	slotWrapped                  // a command wrapped in MULTI/EXEC with fix-ups: i is its queue reply, end is EXEC's
 )
 
-
 func newSession(s *Server, nc net.Conn) *Session {
 	sess := &Session{
 		srv:       s,
