@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/redproxy/redproxy/internal/metrics"
 	"log/slog"
 	"net"
 	"net/http"
@@ -451,29 +452,14 @@ func readFile(t testing.TB, path string) []byte {
 // reg (labels as name, value pairs), or -1 when there is none.
 func metricValue(t testing.TB, reg prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
+	v, found, err := metrics.CounterSum(reg, name, labels...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					found = found || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
-				}
-				if !found {
-					continue next
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
+	if !found {
+		return -1
 	}
-	return -1
+	return v
 }
 
 func seriesCount(t testing.TB, reg prometheus.Gatherer, name string) int {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/seeds"
 	"io"
 	"net"
@@ -729,27 +730,12 @@ func findRow(rep guard.Report, rule, command string) *guard.Row {
 // reg (labels as name, value pairs), or -1 when there is none.
 func metricValue(t testing.TB, reg prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
+	v, found, err := metrics.CounterSum(reg, name, labels...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					found = found || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
-				}
-				if !found {
-					continue next
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
+	if !found {
+		return -1
 	}
-	return -1
+	return v
 }

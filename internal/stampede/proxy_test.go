@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/redproxy/redproxy/internal/metrics"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -32,21 +33,14 @@ var ctx = context.Background()
 // metric reads a counter of the proxy's registry by name.
 func metric(t testing.TB, p *proxytest.Proxy, name string) float64 {
 	t.Helper()
-	mfs, err := p.Metrics.Registry.Gather()
+	v, found, err := metrics.CounterSum(p.Metrics.Registry, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			var sum float64
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-			return sum
-		}
+	if !found {
+		t.Fatalf("metric %s not registered", name)
 	}
-	t.Fatalf("metric %s not registered", name)
-	return 0
+	return v
 }
 
 const (
@@ -109,23 +103,11 @@ func holdRule(pattern string, timeout time.Duration) func(*config.Config) {
 // getsArrived is how many GETs the proxy has read from clients.
 func getsArrived(t testing.TB, p *proxytest.Proxy) float64 {
 	t.Helper()
-	mfs, err := p.Metrics.Registry.Gather()
+	v, _, err := metrics.CounterSum(p.Metrics.Registry, "redproxy_commands_total", "command", "get")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != "redproxy_commands_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "command" && l.GetValue() == "get" {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return v
 }
 
 // 1,000 clients, each on its own connection, GET one key together while

@@ -1,0 +1,34 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// CounterSum adds up the counter series called name whose labels include
+// every given (name, value) pair, as read from g. found is false when no
+// series matched. Tests and operators' tools read counters this way without
+// parsing the text exposition.
+func CounterSum(g prometheus.Gatherer, name string, labels ...string) (sum float64, found bool, err error) {
+	mfs, err := g.Gather()
+	if err != nil {
+		return 0, false, err
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				has := false
+				for _, lp := range m.GetLabel() {
+					has = has || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
+				}
+				if !has {
+					continue series
+				}
+			}
+			sum += m.GetCounter().GetValue()
+			found = true
+		}
+	}
+	return sum, found, nil
+}
