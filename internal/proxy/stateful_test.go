@@ -18,19 +18,7 @@ import (
 // with EXECABORT, a touched WATCH aborts EXEC with a null, DISCARD drops.
 func TestTransactionSemantics(t *testing.T) {
 	p := proxytest.Start(t, nil, nil)
-	nc := p.Dial(t)
-	nc.SetDeadline(time.Now().Add(5 * time.Second))
-	rd := bufio.NewReader(nc)
-	expect := func(send string, want ...string) {
-		t.Helper()
-		nc.Write([]byte(send))
-		for _, w := range want {
-			line, err := rd.ReadString('\n')
-			if err != nil || line != w {
-				t.Fatalf("after %q: got %q %v, want %q", send, line, err, w)
-			}
-		}
-	}
+	expect := lineExpecter(t, p, func(line, want string) bool { return line == want })
 	expect("MULTI\r\nSET a 1\r\nINCR a\r\nPING\r\nEXEC\r\n",
 		"+OK\r\n", "+QUEUED\r\n", "+QUEUED\r\n", "+QUEUED\r\n", "*3\r\n", "+OK\r\n", ":2\r\n", "+PONG\r\n")
 	expect("MULTI\r\nSET a\r\nEXEC\r\n",
@@ -94,19 +82,7 @@ func TestBlockingCommandWaitsOnItsOwnConnection(t *testing.T) {
 // refused reaches Redis.
 func TestRelayedClientIsStillGuarded(t *testing.T) {
 	p := proxytest.Start(t, nil, nil)
-	nc := p.Dial(t)
-	nc.SetDeadline(time.Now().Add(5 * time.Second))
-	rd := bufio.NewReader(nc)
-	expect := func(send string, want ...string) {
-		t.Helper()
-		nc.Write([]byte(send))
-		for _, w := range want {
-			line, err := rd.ReadString('\n')
-			if err != nil || !strings.HasPrefix(line, w) {
-				t.Fatalf("after %q: got %q %v, want prefix %q", send, line, err, w)
-			}
-		}
-	}
+	expect := lineExpecter(t, p, strings.HasPrefix)
 	expect("CLIENT TRACKING ON\r\nKEYS *\r\nSET a 1\r\nFLUSHALL\r\nGET a\r\n",
 		"+OK", "-ERR redproxy policy: KEYS is disabled", "+OK", "-ERR redproxy policy: FLUSHALL is disabled", "$1", "1")
 	expect("FLUSHDB\r\nGET a\r\n", "-ERR redproxy policy: FLUSHDB is disabled", "$1", "1")
@@ -142,5 +118,24 @@ func TestWaitCoversWritesOnSharedConnections(t *testing.T) {
 	}
 	if n, err := c.Wait(ctx, 1, 300*time.Millisecond).Result(); err != nil || n != 0 {
 		t.Fatalf("WAIT with a frozen replica: %d %v, want 0", n, err)
+	}
+}
+
+// lineExpecter opens a raw connection to p and returns a function that
+// sends raw requests and checks each reply line that comes back against
+// want with match (exact, or a prefix for long error texts).
+func lineExpecter(t *testing.T, p *proxytest.Proxy, match func(line, want string) bool) func(send string, want ...string) {
+	nc := p.Dial(t)
+	nc.SetDeadline(time.Now().Add(5 * time.Second))
+	rd := bufio.NewReader(nc)
+	return func(send string, want ...string) {
+		t.Helper()
+		nc.Write([]byte(send))
+		for _, w := range want {
+			line, err := rd.ReadString('\n')
+			if err != nil || !match(line, w) {
+				t.Fatalf("after %q: got %q %v, want %q", send, line, err, w)
+			}
+		}
 	}
 }
