@@ -14,6 +14,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/guard"
+	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
@@ -53,12 +54,15 @@ type Session struct {
 	quitting  bool
 	batchReqs []resp.Request
 
-	pin       pinState
-	guard     guard.Batch // the guard's decisions for the batch (guard.go)
-	replyOff  bool        // CLIENT REPLY OFF
-	replySkip bool        // CLIENT REPLY SKIP: mute the next command
-	curMute   bool        // the command being dispatched gets no reply
-	curIndex  int         // index in batchReqs of the command being dispatched
+	pin   pinState
+	guard guard.Batch // the guard's decisions for the batch (guard.go)
+	// tierWrites are this client's writes whose replies are not in yet; the
+	// local tier neither serves nor fills their keys meanwhile (tier.go).
+	tierWrites localcache.Writes
+	replyOff   bool // CLIENT REPLY OFF
+	replySkip  bool // CLIENT REPLY SKIP: mute the next command
+	curMute    bool // the command being dispatched gets no reply
+	curIndex   int  // index in batchReqs of the command being dispatched
 
 	interrupted atomic.Bool
 }

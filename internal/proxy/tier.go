@@ -3,8 +3,6 @@ package proxy
 import (
 	"errors"
 	"net/http"
-	"sync"
-	"sync/atomic"
 
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/localcache"
@@ -16,18 +14,13 @@ import (
 
 func init() { featureInits = append(featureInits, initTier) }
 
-// tierState is the local tier's part of a Server: the cache, and each
-// session's writes in flight (from writeForwarded to batchFlushed).
+// tierState is the local tier's part of a Server. Each session keeps its
+// own writes in flight (Session.tierWrites).
 type tierState struct {
 	cache *localcache.Cache
 	// cacheable holds localcache.CacheableCommand for every command of the
 	// table, so the hot path does a pointer lookup instead of a name lookup.
 	cacheable map[*commands.Command]bool
-
-	mu      sync.Mutex
-	writes  map[*Session]*localcache.Writes
-	nwrites atomic.Int32 // sessions in writes, so batchFlushed is free when 0
-	spare   []*localcache.Writes
 }
 
 func initTier(s *Server) error {
@@ -45,7 +38,7 @@ func initTier(s *Server) error {
 		return err
 	}
 	c.Connect(0) // most clients use DB 0: have it live before they come
-	t := &tierState{cache: c, writes: map[*Session]*localcache.Writes{}, cacheable: map[*commands.Command]bool{}}
+	t := &tierState{cache: c, cacheable: map[*commands.Command]bool{}}
 	for _, cmd := range s.table.Commands() {
 		if localcache.CacheableCommand(cmd) {
 			t.cacheable[cmd] = true
@@ -194,71 +187,19 @@ func (sess *Session) tierWriteForwarded(cmd *commands.Command, args [][]byte) {
 	if t == nil {
 		return
 	}
-	t.mu.Lock()
-	w := t.writes[sess]
-	if w == nil {
-		if n := len(t.spare); n > 0 {
-			w, t.spare = t.spare[n-1], t.spare[:n-1]
-		} else {
-			w = &localcache.Writes{}
-		}
-		t.writes[sess] = w
-		t.nwrites.Add(1)
-	}
-	t.mu.Unlock()
 	// Writes replayed at EXEC arrive while the transaction is still open.
 	inTx := sess.pin.pipe != nil && sess.pin.inMulti
-	t.cache.WriteStart(w, sess.db, cmd, args, inTx)
+	t.cache.WriteStart(&sess.tierWrites, sess.db, cmd, args, inTx)
 }
 
 // tierBatchFlushed: the replies of the session's writes are in, so their
 // keys may be filled again (and a fence raised if one is due).
 func (sess *Session) tierBatchFlushed() {
 	t := sess.srv.tier
-	if t == nil {
+	if t == nil || !sess.tierWrites.Pending() {
 		return
 	}
-	if sess.pin.pipe != nil && sess.tierPinnedScripts() {
-		t.cache.Fence()
-	}
-	if t.nwrites.Load() == 0 {
-		return
-	}
-	t.mu.Lock()
-	w := t.writes[sess]
-	if w != nil {
-		delete(t.writes, sess)
-		t.nwrites.Add(-1)
-	}
-	t.mu.Unlock()
-	if w == nil {
-		return
-	}
-	t.cache.WriteDone(w)
-	t.mu.Lock()
-	if len(t.spare) < 64 {
-		t.spare = append(t.spare, w)
-	}
-	t.mu.Unlock()
-}
-
-// tierPinnedScripts reports whether a pinned session's flush may have run a
-// script, which the write hooks do not hear of: EXEC runs whatever was
-// queued (scripts included), and under WATCH scripts go straight to the
-// pinned connection. Pinned sessions are rare, so a fence after such a
-// flush costs little, and it makes whatever the scripts wrote visible
-// before the client gets the reply.
-func (sess *Session) tierPinnedScripts() bool {
-	if sess.pin.inMulti {
-		return true
-	}
-	for i := range sess.batchReqs {
-		cmd := sess.srv.table.Lookup(sess.batchReqs[i].Args)
-		if cmd != nil && cmd.Flags&commands.CatScripting != 0 && cmd.Flags&commands.ReadOnly == 0 {
-			return true
-		}
-	}
-	return false
+	t.cache.WriteDone(&sess.tierWrites)
 }
 
 // tierSessionClosed releases anything a session that ended mid-batch held.
