@@ -62,6 +62,10 @@ type Server struct {
 	PubSubOutputLimit units.ByteSize `toml:"pubsub_output_limit"`
 	IdleTimeout       units.Duration `toml:"idle_timeout"` // 0 = never close idle clients
 	ShutdownTimeout   units.Duration `toml:"shutdown_timeout"`
+
+	// ClientWriteTimeout closes a client that takes none of its replies
+	// for this long; 0 waits forever.
+	ClientWriteTimeout units.Duration `toml:"client_write_timeout"`
 }
 
 // Upstream configures the connections to the real Redis.
@@ -102,6 +106,8 @@ func Default() *Config {
 			PubSubOutputLimit: 32 * units.MB,
 			IdleTimeout:       dur(0),
 			ShutdownTimeout:   dur(10 * time.Second),
+
+			ClientWriteTimeout: dur(10 * time.Second),
 		},
 		Upstream: Upstream{
 			Address:      "127.0.0.1:6379",

@@ -94,6 +94,7 @@ client_output_limit = "1GB"
 pubsub_output_limit = "8 MB"
 idle_timeout = "5m"
 shutdown_timeout = "1s"
+client_write_timeout = "7s"
 
 [upstream]
 address = "redis.internal:6390"
@@ -150,6 +151,8 @@ max_age = "20s"
 			PubSubOutputLimit: 8 << 20,
 			IdleTimeout:       dur(5 * time.Minute),
 			ShutdownTimeout:   dur(time.Second),
+
+			ClientWriteTimeout: dur(7 * time.Second),
 		},
 		Upstream: Upstream{
 			Address:      "redis.internal:6390",

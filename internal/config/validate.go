@@ -68,6 +68,7 @@ func (c *Config) check() []*Error {
 		}
 	}
 	nonNegative("server.idle_timeout", s.IdleTimeout)
+	nonNegative("server.client_write_timeout", s.ClientWriteTimeout)
 	nonNegative("server.shutdown_timeout", s.ShutdownTimeout)
 
 	u := &c.Upstream

@@ -26,10 +26,26 @@ type Metrics struct {
 	ClientsRejected  prometheus.Counter
 	ProtocolErrors   prometheus.Counter
 	SlowConsumers    prometheus.Counter
+	// ClientsClosed counts clients the proxy closed, by reason
+	// (ReasonOutputLimit, ReasonWriteTimeout, ...).
+	ClientsClosed *prometheus.CounterVec
+	// BatchRequests is the number of requests per batch a client's
+	// pipeline was split into.
+	BatchRequests prometheus.Histogram
 
 	mu     sync.Mutex
 	byName atomic.Pointer[map[string]*Command] // copy-on-write: reads take no lock
 }
+
+// Reasons for redproxy_clients_closed_total.
+const (
+	// ReasonOutputLimit: replies waiting for the client exceeded
+	// server.client_output_limit (or pubsub_output_limit on a relay).
+	ReasonOutputLimit = "output_limit"
+	// ReasonWriteTimeout: the client did not take its replies within
+	// server.client_write_timeout.
+	ReasonWriteTimeout = "write_timeout"
+)
 
 // Command holds the metrics of one command name.
 type Command struct {
@@ -68,10 +84,21 @@ func New() *Metrics {
 		SlowConsumers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "redproxy_client_slow_consumers_total", Help: "Client connections closed because their output exceeded the output limit.",
 		}),
+		ClientsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redproxy_clients_closed_total", Help: "Client connections the proxy closed, by reason.",
+		}, []string{"reason"}),
+		BatchRequests: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "redproxy_client_batch_requests",
+			Help:    "Requests per batch read from a client's pipeline (capped, so a deep pipeline is split).",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 6), // 1 .. 1024
+		}),
+	}
+	for _, r := range []string{ReasonOutputLimit, ReasonWriteTimeout} {
+		m.ClientsClosed.WithLabelValues(r) // present at 0 from the start
 	}
 	m.byName.Store(&map[string]*Command{})
 	m.Registry.MustRegister(m.commands, m.errors, m.latency, m.ClientsConnected, m.ClientsTotal,
-		m.ClientsRejected, m.ProtocolErrors, m.SlowConsumers,
+		m.ClientsRejected, m.ProtocolErrors, m.SlowConsumers, m.ClientsClosed, m.BatchRequests,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -96,6 +96,7 @@ func NewServer(o Options) (*Server, error) {
 			MaxBulk:    int64(cfg.Server.MaxBulkBytes),
 			MaxRequest: int64(cfg.Server.MaxRequestBytes),
 			MaxInline:  int(cfg.Server.MaxInlineBytes),
+			MaxBatch:   resp.DefaultMaxBatch,
 		},
 		sessions: make(map[*Session]struct{}),
 	}

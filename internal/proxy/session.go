@@ -54,6 +54,11 @@ type Session struct {
 	quitting  bool
 	batchReqs []resp.Request
 
+	// Output limits (limits.go).
+	outLimit  int64 // server.client_output_limit
+	replySize int64 // recent bytes per upstream reply, to split batches
+	outDead   bool  // the client is being closed: produce no more output
+
 	pin   pinState
 	guard guard.Batch // the guard's decisions for the batch (guard.go)
 	// tierWrites are this client's writes whose replies are not in yet; the
@@ -88,14 +93,17 @@ const (
 )
 
 func newSession(s *Server, nc net.Conn) *Session {
+	cc := &clientConn{Conn: nc, timeout: s.cfg.Server.ClientWriteTimeout.Duration, srv: s}
 	sess := &Session{
 		srv:       s,
-		nc:        nc,
-		rd:        resp.NewReader(nc, s.limits),
+		nc:        cc,
+		rd:        resp.NewReader(cc, s.limits),
 		id:        s.nextID.Add(1),
 		call:      upstream.NewCall(),
 		createdAt: time.Now(),
 		authed:    s.cfg.Upstream.Password == "",
+		outLimit:  int64(s.cfg.Server.ClientOutputLimit),
+		replySize: unknownReplySize,
 	}
 	return sess
 }
@@ -128,6 +136,7 @@ func (sess *Session) serve() {
 		}
 		reqs, err := sess.rd.ReadBatch()
 		if len(reqs) > 0 {
+			sess.srv.metrics.BatchRequests.Observe(float64(len(reqs)))
 			sess.serveBatch(reqs)
 		}
 		if err != nil {
@@ -142,11 +151,10 @@ func (sess *Session) serve() {
 				sess.srv.log.Debug("client read failed", "client", sess.nc.RemoteAddr().String(), "err", err)
 			}
 		}
-		if len(sess.out) > 0 {
-			if _, werr := sess.nc.Write(sess.out); werr != nil {
+		if len(sess.out) > 0 && !sess.outDead {
+			if !sess.writeOut(sess.out) {
 				return
 			}
-			sess.out = sess.out[:0]
 			if cap(sess.out) > 1<<20 {
 				sess.out = nil
 			}
@@ -164,6 +172,10 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 	sess.batchReqs = reqs
 	sess.prepareBatch(reqs)
 	for i := range reqs {
+		if i > 0 && sess.outputDue() {
+			// Answer what the batch owes before forwarding more of it.
+			sess.flush(start)
+		}
 		if sess.quitting {
 			break
 		}
@@ -296,6 +308,7 @@ func (sess *Session) flush(start time.Time) {
 	}
 	call := sess.call
 	if call.Len() > 0 {
+		call.SetReplyLimit(sess.replyLimit())
 		if sess.pin.pipe != nil {
 			if err := sess.pin.pipe.Send(call); err != nil {
 				call.Fail(err)
@@ -304,6 +317,11 @@ func (sess *Session) flush(start time.Time) {
 			}
 		} else {
 			sess.srv.backend.Pool(sess.db, sess.resp3).Do(call)
+		}
+		if call.Overflowed() {
+			sess.overLimit()
+		} else {
+			sess.noteReplySize(call)
 		}
 	}
 	elapsed := time.Since(start).Seconds()
@@ -314,7 +332,8 @@ func (sess *Session) flush(start time.Time) {
 			r, err := call.Reply(sl.i)
 			if sl.tx && err == nil {
 				sess.noteQueued(r, true)
-			} else if err != nil || resp.IsError(r) {
+			} else if (err != nil || resp.IsError(r)) && !errors.Is(err, upstream.ErrOutputLimit) {
+				// (A fix-up whose reply was dropped with the client's ran.)
 				sess.hiddenFailed(r, err)
 			}
 			continue
@@ -335,7 +354,7 @@ func (sess *Session) flush(start time.Time) {
 		case slotUpstream:
 			r, err := call.Reply(sl.i)
 			if err != nil {
-				if !sl.mute {
+				if !sl.mute && !sess.outDead {
 					sess.out = redcon.AppendError(sess.out, "ERR "+err.Error())
 				}
 				sl.metric.Errors.Inc()
@@ -355,9 +374,11 @@ func (sess *Session) flush(start time.Time) {
 		case sl.mute:
 		case sl.exec:
 			sess.pin.execRan = len(reply) > 1 && reply[0] == '*' && reply[1] != '-'
-			sess.out = stripExec(reply, sess.pin.txHidden, sess.out)
+			if !sess.outDead {
+				sess.out = stripExec(reply, sess.pin.txHidden, sess.out)
+			}
 		default:
-			sess.out = append(sess.out, reply...)
+			sess.emit(reply)
 		}
 	}
 	clear(sess.slots)

@@ -494,8 +494,7 @@ func (sess *Session) relay(up net.Conn, first []byte, limit int64) {
 			// Copy: queueing buf[:n] of a fresh 32 KB buffer per read would
 			// keep 32 KB alive per small message, far beyond the limit.
 			if n > 0 && !q.push(append([]byte(nil), buf[:n]...)) {
-				sess.srv.metrics.SlowConsumers.Inc()
-				sess.srv.log.Warn("closing a client that stopped reading its relayed output", "client", sess.nc.RemoteAddr().String(), "limit_bytes", limit)
+				sess.srv.clientClosed(metrics.ReasonOutputLimit, sess.nc.RemoteAddr(), "relayed output exceeds its limit", "limit_bytes", limit)
 				sess.nc.Close()
 				up.Close()
 				return

@@ -15,6 +15,10 @@ type Limits struct {
 	MaxBulk    int64 // bytes in one argument (Redis: proto-max-bulk-len)
 	MaxRequest int64 // bytes in one whole request, headers included
 	MaxInline  int   // bytes in one inline (telnet-style) request line
+	// MaxBatch caps the requests one ReadBatch returns (0: no cap). The
+	// rest stay buffered for the next batch, so a client cannot make the
+	// proxy keep bookkeeping for millions of requests at once.
+	MaxBatch int
 }
 
 // DefaultLimits mirror Redis's own defaults.
@@ -23,7 +27,12 @@ var DefaultLimits = Limits{
 	MaxBulk:    512 << 20,
 	MaxRequest: 512 << 20,
 	MaxInline:  64 << 10,
+	MaxBatch:   DefaultMaxBatch,
 }
+
+// DefaultMaxBatch is enough to keep the round trips of a deep pipeline
+// amortised; beyond it a batch only costs memory.
+const DefaultMaxBatch = 1024
 
 // ProtocolError is a request the proxy cannot frame. As in Redis, the client
 // gets "-ERR Protocol error: ..." and the connection is closed, because the
@@ -87,14 +96,20 @@ func NewReader(rd io.Reader, lim Limits) *Reader {
 	return &Reader{rd: rd, lim: lim, buf: make([]byte, minBuffer)}
 }
 
-// ReadBatch returns every complete request that is buffered, reading from the
-// connection first if there is none. All returned slices are invalidated by
-// the next call. On a ProtocolError the requests parsed before the bad one
-// are returned with it, so their replies can still be sent in order.
+// ReadBatch returns the complete requests that are buffered, at most
+// MaxBatch of them, reading from the connection first if there is none. All
+// returned slices are invalidated by the next call. On a ProtocolError the
+// requests parsed before the bad one are returned with it, so their replies
+// can still be sent in order.
 func (r *Reader) ReadBatch() ([]Request, error) {
 	r.reqs = r.reqs[:0]
 	r.args = r.args[:0]
 	r.inlineRaw = r.inlineRaw[:0]
+	// Compact only when more must be read: a buffer holding many batches
+	// would otherwise be copied once per batch.
+	if err := r.parseAll(); len(r.reqs) > 0 || err != nil {
+		return r.reqs, err
+	}
 	r.compact()
 	for {
 		err := r.parseAll()
@@ -144,7 +159,7 @@ func (r *Reader) grow() {
 }
 
 func (r *Reader) parseAll() error {
-	for r.r < r.w {
+	for r.r < r.w && (r.lim.MaxBatch <= 0 || len(r.reqs) < r.lim.MaxBatch) {
 		b := r.buf[r.r:r.w]
 		var n int
 		var err error

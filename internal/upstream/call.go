@@ -33,6 +33,9 @@ var (
 	ErrTimeout = errors.New("redproxy: upstream reply timeout")
 	// ErrClosed: the proxy is shutting down.
 	ErrClosed = errors.New("redproxy: upstream closed")
+	// ErrOutputLimit: the Call's replies exceeded its reply limit; this
+	// reply and every later one were dropped as they arrived.
+	ErrOutputLimit = errors.New("redproxy: replies exceed the client output limit")
 	// errMismatch: Redis sent a reply nobody was waiting for.
 	errMismatch = errors.New("redproxy: upstream sent an unexpected reply")
 )
@@ -52,6 +55,13 @@ type Call struct {
 	// NoTimeout exempts the Call from the reply timeout: a blocking command
 	// (BLPOP 0) may legitimately wait forever, on a connection of its own.
 	NoTimeout bool
+
+	// limit caps the bytes of replies the Call keeps (0: no cap). Replies
+	// beyond it are dropped as they arrive, from dropped on: the reader of
+	// a shared connection must keep reading, whoever the replies are for.
+	limit    int
+	dropped  int // index of the first dropped reply, if overflow
+	overflow bool
 }
 
 // NewCall returns an empty Call.
@@ -67,6 +77,7 @@ func (c *Call) Reset() {
 	c.ends = c.ends[:0]
 	c.err = nil
 	c.NoTimeout = false
+	c.limit, c.dropped, c.overflow = 0, 0, false
 	if cap(c.out) > 1<<20 {
 		// Do not keep a huge reply buffer alive for an idle client.
 		c.out = nil
@@ -87,9 +98,42 @@ func (c *Call) Wait() { <-c.done }
 // the place of Wait.
 func (c *Call) Done() <-chan struct{} { return c.done }
 
+// SetReplyLimit caps the bytes of replies the Call keeps; set it before
+// Send. A client's replies are held here until the whole Call is answered,
+// so this is what bounds the memory one client's pipeline can take.
+func (c *Call) SetReplyLimit(n int) { c.limit = max(n, 1) }
+
+// Overflowed reports whether replies were dropped for the reply limit.
+func (c *Call) Overflowed() bool { return c.overflow }
+
+// MaxReply is the size of the largest reply the Call holds.
+func (c *Call) MaxReply() int {
+	largest, start := 0, 0
+	for _, end := range c.ends {
+		largest = max(largest, end-start)
+		start = end
+	}
+	return largest
+}
+
+// addReply stores one framed reply, unless the reply limit has been
+// reached.
+func (c *Call) addReply(frame []byte) {
+	if !c.overflow && c.limit > 0 && len(c.out)+len(frame) > c.limit {
+		c.overflow, c.dropped = true, len(c.ends)
+	}
+	if !c.overflow {
+		c.out = append(c.out, frame...)
+	}
+	c.ends = append(c.ends, len(c.out))
+}
+
 // Reply returns reply i, or the error that ended the Call before reply i
 // arrived. The bytes are valid until Reset.
 func (c *Call) Reply(i int) ([]byte, error) {
+	if c.overflow && i >= c.dropped && i < len(c.ends) {
+		return nil, ErrOutputLimit
+	}
 	if i < len(c.ends) {
 		start := 0
 		if i > 0 {

@@ -398,8 +398,7 @@ func (p *Pipe) readLoop(lc *liveConn) error {
 					return errMismatch
 				}
 			}
-			cur.out = append(cur.out, frame...)
-			cur.ends = append(cur.ends, len(cur.out))
+			cur.addReply(frame)
 			if len(cur.ends) == len(cur.parts) {
 				p.mu.Lock()
 				p.pending[p.head] = nil

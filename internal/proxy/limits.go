@@ -1,0 +1,171 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/upstream"
+)
+
+// What one client can make the proxy hold for it is bounded here:
+//
+//   - Replies. A batch's upstream replies are held in its Call until the
+//     whole Call is answered; the Call keeps at most client_output_limit
+//     minus what is already waiting for the client, and drops the rest as
+//     it arrives (the shared connection's reader cannot stop). A client
+//     whose replies overflow is closed (reason output_limit) without
+//     anything more being sent to Redis for it.
+//   - Replies are not held twice: the output buffer is written out as it
+//     passes outSpill, and a reply larger than that is written straight
+//     from the Call.
+//   - Commands in flight. Redis computes every reply of what it is sent,
+//     whether or not the client will ever take it, and a pipeline of big
+//     replies stalls Redis for everyone (16 KB of GETs of a 1 MB value
+//     keep Redis 7 busy for seconds). So before each command of a batch the
+//     session estimates the output the batch already owes (replies built
+//     locally, replies not yet written, and the forwarded commands at the
+//     client's recent largest reply size, assumed large until seen); past
+//     callOutput (or half the limit) it answers what it has before
+//     forwarding more. A client that reads its replies is served in several
+//     round trips instead of being cut off; one that does not read stops
+//     being forwarded anything once its socket is full.
+//   - Writes. Every write to a client has client_write_timeout per
+//     writeChunk; a client that takes none of its replies for that long
+//     is closed (reason write_timeout), so a stalled reader holds neither
+//     memory nor a session forever, while a slow but reading one is not.
+
+// outSpill is how much output a session gathers before writing it, when a
+// batch's replies are large: small batches still go out in one write.
+const outSpill = 256 << 10
+
+// writeChunk is the unit of progress the write timeout applies to.
+const writeChunk = 256 << 10
+
+// callOutput is the output a batch may owe before the session answers it
+// and forwards the rest: replies of a few MB per round trip keep a
+// client's throughput while the proxy holds little for it.
+const callOutput = 4 << 20
+
+// unknownReplySize is the reply size assumed for a client whose replies
+// have not been seen yet: a new client's first deep pipeline is forwarded
+// in parts (4, 16, 64, ... commands) as its replies prove small, rather
+// than all at once.
+const unknownReplySize = 1 << 20
+
+// clientConn is a client's connection with a deadline on every write.
+type clientConn struct {
+	net.Conn
+	timeout time.Duration
+	srv     *Server
+	// timedOut makes a client counted once, whichever of its writers
+	// (session, relay) hit the deadline.
+	timedOut atomic.Bool
+}
+
+func (c *clientConn) Write(b []byte) (int, error) {
+	if c.timeout <= 0 {
+		return c.Conn.Write(b)
+	}
+	written := 0
+	for written < len(b) {
+		c.Conn.SetWriteDeadline(time.Now().Add(c.timeout))
+		n, err := c.Conn.Write(b[written:min(len(b), written+writeChunk)])
+		written += n
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && c.timedOut.CompareAndSwap(false, true) {
+				c.srv.clientClosed(metrics.ReasonWriteTimeout, c.RemoteAddr(), "client took none of its replies within server.client_write_timeout", "timeout", c.timeout)
+			}
+			return written, err
+		}
+	}
+	return written, nil
+}
+
+// SyscallConn lets clientGone peek at the socket.
+func (c *clientConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return sc.SyscallConn()
+}
+
+// clientClosed counts and logs a client the proxy closes for reason.
+func (s *Server) clientClosed(reason string, addr net.Addr, msg string, attrs ...any) {
+	s.metrics.ClientsClosed.WithLabelValues(reason).Inc()
+	if reason == metrics.ReasonOutputLimit {
+		s.metrics.SlowConsumers.Inc()
+	}
+	s.log.Warn("closing client: "+msg, append([]any{"client", addr.String(), "reason", reason}, attrs...)...)
+}
+
+// emit appends one reply to the client's output, writing the output out
+// once it passes outSpill; a large reply is written from where it is
+// rather than copied.
+func (sess *Session) emit(reply []byte) {
+	if sess.outDead {
+		return
+	}
+	if len(sess.out)+len(reply) < outSpill {
+		sess.out = append(sess.out, reply...)
+		return
+	}
+	if len(reply) < outSpill {
+		sess.out = append(sess.out, reply...)
+		sess.writeOut(sess.out)
+		return
+	}
+	if len(sess.out) > 0 && !sess.writeOut(sess.out) {
+		return
+	}
+	sess.writeOut(reply)
+}
+
+// writeOut writes b to the client and empties the output; a failed write
+// ends the session after the batch, and nothing more is produced for it.
+func (sess *Session) writeOut(b []byte) bool {
+	_, err := sess.nc.Write(b)
+	sess.out = sess.out[:0]
+	if err != nil {
+		sess.outDead = true
+		sess.quitting = true
+		return false
+	}
+	return true
+}
+
+// outputDue reports whether the batch dispatched so far should be answered
+// before more of it is: the output it already owes nears the limit.
+func (sess *Session) outputDue() bool {
+	if len(sess.slots) == 0 {
+		return false
+	}
+	owed := int64(len(sess.out)+len(sess.local)) + int64(sess.call.Len())*sess.replySize
+	return owed >= min(sess.outLimit/2, callOutput)
+}
+
+// replyLimit is what the batch's Call may hold: the output limit less what
+// is already waiting for the client.
+func (sess *Session) replyLimit() int {
+	return int(sess.outLimit - int64(len(sess.out)+len(sess.local)))
+}
+
+// overLimit closes the client whose replies did not fit its output limit.
+func (sess *Session) overLimit() {
+	sess.outDead = true
+	sess.quitting = true
+	sess.out = sess.out[:0]
+	sess.srv.clientClosed(metrics.ReasonOutputLimit, sess.nc.RemoteAddr(), "replies exceed server.client_output_limit", "limit_bytes", sess.outLimit)
+}
+
+// noteReplySize updates the client's recent reply size from a Call that
+// completed: its largest reply, or a quarter of the previous size if
+// larger.
+func (sess *Session) noteReplySize(c *upstream.Call) {
+	sess.replySize = max(int64(c.MaxReply()), sess.replySize/4)
+}

@@ -1,0 +1,348 @@
+package proxy_test
+
+// Limits one client cannot blow through (issue 9, items 8 and 9): the
+// output it makes the proxy hold, the time it may leave replies unread,
+// and the number of requests the proxy keeps bookkeeping for at once.
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"runtime"
+	rtmetrics "runtime/metrics"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// dialSmallBuffer connects to the proxy with a tiny receive buffer, so the
+// kernel absorbs little of what the proxy writes to a client that does not
+// read.
+func dialSmallBuffer(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{Timeout: 2 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	nc, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	return nc
+}
+
+// liveHeap is the heap the last garbage collection found reachable: what
+// the proxy holds, without the garbage a collection has yet to free.
+func liveHeap() int64 {
+	s := []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	rtmetrics.Read(s)
+	return int64(s[0].Value.Uint64())
+}
+
+// memPeak samples the process's RSS and live Go heap until finish.
+type memPeak struct {
+	rss0, heap0 int64
+	rss, heap   atomic.Int64
+	stop        chan struct{}
+	done        chan struct{}
+}
+
+func sampleMemory(t *testing.T) *memPeak {
+	runtime.GC()
+	m := &memPeak{rss0: vmRSS(t), heap0: liveHeap(), stop: make(chan struct{}), done: make(chan struct{})}
+	m.rss.Store(m.rss0)
+	m.heap.Store(m.heap0)
+	go func() {
+		defer close(m.done)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-m.stop:
+				return
+			case <-tick.C:
+				m.rss.Store(max(m.rss.Load(), vmRSS(t)))
+				m.heap.Store(max(m.heap.Load(), liveHeap()))
+			}
+		}
+	}()
+	return m
+}
+
+func (m *memPeak) finish() (rssGrowth, heapGrowth int64) {
+	close(m.stop)
+	<-m.done
+	return m.rss.Load() - m.rss0, m.heap.Load() - m.heap0
+}
+
+func closedFor(p *proxytest.Proxy, reason string) float64 {
+	return testutil.ToFloat64(p.Metrics.ClientsClosed.WithLabelValues(reason))
+}
+
+// connClosed reports whether the proxy closed nc: a read ends in EOF or a
+// reset rather than waiting.
+func connClosed(nc net.Conn) bool {
+	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := io.Copy(io.Discard, nc)
+	var ne net.Error
+	return !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// A client that pipelines GET of a 1 MB value for 10 s and never reads
+// (the issue's measurement, with the default limits) is forwarded only what
+// fits under its output limit and is closed once it has taken nothing for
+// the write timeout; the proxy's memory stays within the limit (two copies
+// of 16 KB worth of GETs' replies took ~1.4 GB), and another client on the
+// same shared connections is served throughout.
+func TestPipelinedBigGetsWithoutReadingAreCutOff(t *testing.T) {
+	var cfg config.Server
+	p := proxytest.Start(t, nil, func(c *config.Config) { cfg = c.Server }) // the defaults
+	limit := int64(cfg.ClientOutputLimit)
+	direct := p.Redis.Client(t)
+	big := strings.Repeat("b", 1<<20)
+	if err := direct.Set(ctx, "big", big, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	good := p.Client(t)
+	stopGood := make(chan struct{})
+	goodDone := make(chan error, 1)
+	var goodRounds atomic.Int64
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stopGood:
+				goodDone <- nil
+				return
+			default:
+			}
+			k, v := "good:"+strconv.Itoa(i%10), strconv.Itoa(i)
+			if err := good.Set(ctx, k, v, 0).Err(); err != nil {
+				goodDone <- err
+				return
+			}
+			if got, err := good.Get(ctx, k).Result(); err != nil || got != v {
+				goodDone <- errors.New("GET " + k + " = " + got + ", want " + v)
+				return
+			}
+			goodRounds.Add(1)
+		}
+	}()
+
+	mem := sampleMemory(t)
+	bad := dialSmallBuffer(t, p.Addr)
+	get := []byte("*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n")
+	chunk := bytes.Repeat(get, (16<<10)/len(get))
+	var sent int64
+	closed := false
+	start := time.Now()
+	// Pipelining for 10 s, and for as long again as the write timeout
+	// takes to notice.
+	for time.Since(start) < 10*time.Second+2*cfg.ClientWriteTimeout.Duration {
+		if time.Since(start) > 10*time.Second {
+			chunk = get[:0] // only wait now
+		}
+		bad.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		n, err := bad.Write(chunk)
+		sent += int64(n)
+		var ne net.Error
+		if err != nil && !(errors.As(err, &ne) && ne.Timeout()) {
+			closed = true // reset by the proxy
+			break
+		}
+		if closedFor(p, metrics.ReasonOutputLimit)+closedFor(p, metrics.ReasonWriteTimeout) > 0 {
+			closed = connClosed(bad)
+			break
+		}
+		if err == nil && len(chunk) == 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	took := time.Since(start)
+	rssGrowth, heapGrowth := mem.finish()
+	close(stopGood)
+	if err := <-goodDone; err != nil {
+		t.Fatalf("a well-behaved client failed while another overran its output: %v", err)
+	}
+	t.Logf("pipelined %d GETs of a 1 MB value; closed after %v: %v (output_limit %v, write_timeout %v); proxy RSS +%d MB (peak %d MB), live Go heap +%d MB; limit %d MB, write timeout %v, race detector %v; good client rounds meanwhile: %d",
+		sent/int64(len(get)), took.Round(time.Millisecond), closed, closedFor(p, metrics.ReasonOutputLimit), closedFor(p, metrics.ReasonWriteTimeout),
+		rssGrowth>>20, mem.rss.Load()>>20, heapGrowth>>20, limit>>20, cfg.ClientWriteTimeout, raceEnabled(), goodRounds.Load())
+	if !closed {
+		t.Fatal("the client that never reads was not closed")
+	}
+	if n := closedFor(p, metrics.ReasonOutputLimit) + closedFor(p, metrics.ReasonWriteTimeout); n != 1 {
+		t.Fatalf("clients closed for output = %v, want 1", n)
+	}
+	bound := limit + 32<<20
+	if heapGrowth > bound {
+		t.Fatalf("live Go heap grew by %d MB for one client; want at most the %d MB limit + 32 MB", heapGrowth>>20, limit>>20)
+	}
+	if !raceEnabled() && rssGrowth > bound+32<<20 {
+		t.Fatalf("RSS grew by %d MB for one client; want at most the %d MB limit + 64 MB", rssGrowth>>20, limit>>20)
+	}
+	if v, err := p.Client(t).Get(ctx, "big").Result(); err != nil || len(v) != len(big) {
+		t.Fatalf("GET big after the cut-off: %d bytes, %v", len(v), err)
+	}
+}
+
+// When a client's replies turn out far larger than its recent ones, the
+// Call holding them keeps no more than the output limit: the rest is
+// dropped as it arrives and the client is closed (output_limit), while the
+// shared connection it used goes on serving others.
+func TestRepliesBeyondOutputLimitCloseClient(t *testing.T) {
+	const limit = 8 << 20
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Server.ClientOutputLimit = limit })
+	direct := p.Redis.Client(t)
+	if err := direct.Set(ctx, "big", strings.Repeat("b", 1<<20), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, p.Addr)
+	// Small replies for a while (two per batch, so they go through the
+	// batch's Call): the proxy expects small ones next.
+	for i := 0; i < 30; i++ {
+		c.send([]string{"GET", "small"}, []string{"GET", "small"})
+		for range 2 {
+			if v, _ := c.readReply(); v != nil {
+				t.Fatalf("GET small = %v", v)
+			}
+		}
+	}
+	mem := sampleMemory(t)
+	cmds := make([][]string, 64) // 64 MB of replies
+	for i := range cmds {
+		cmds[i] = []string{"GET", "big"}
+	}
+	c.send(cmds...)
+	redistest.Eventually(t, 10*time.Second, func() bool { return closedFor(p, metrics.ReasonOutputLimit) == 1 },
+		"the client was never closed for its output limit")
+	_, heapGrowth := mem.finish()
+	if !connClosed(c.nc) {
+		t.Fatal("the output limit was counted but the connection stayed open")
+	}
+	t.Logf("live Go heap +%d MB for a client limited to %d MB", heapGrowth>>20, limit>>20)
+	if heapGrowth > limit+32<<20 {
+		t.Fatalf("live Go heap grew by %d MB for one client limited to %d MB", heapGrowth>>20, limit>>20)
+	}
+	for i := 0; i < 10; i++ {
+		if err := p.Client(t).Set(ctx, "after", i, 0).Err(); err != nil {
+			t.Fatalf("another client after the cut-off: %v", err)
+		}
+	}
+}
+
+// A client that sends one GET at a time and never reads stays under the
+// output limit, but the proxy stops writing to it at the write timeout and
+// closes it, rather than blocking on it forever.
+func TestClientThatStopsReadingIsClosedAtWriteTimeout(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Server.ClientWriteTimeout = units.Duration{Duration: 300 * time.Millisecond}
+	})
+	if err := p.Redis.Client(t).Set(ctx, "big", strings.Repeat("b", 256<<10), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	bad := dialSmallBuffer(t, p.Addr)
+	get := []byte("*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n")
+	redistest.Eventually(t, 30*time.Second, func() bool {
+		bad.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+		bad.Write(get)
+		return closedFor(p, metrics.ReasonWriteTimeout) == 1
+	}, "a client that never reads was never closed at the write timeout")
+	if !connClosed(bad) {
+		t.Fatal("the write timeout was counted but the connection stayed open")
+	}
+	if n := closedFor(p, metrics.ReasonOutputLimit); n != 0 {
+		t.Fatalf("output_limit closes = %v; one GET at a time never exceeds the limit", n)
+	}
+	waitClients(t, p, 0)
+}
+
+// A client that reads its replies is not cut off when a pipeline's
+// replies add up to more than the output limit: the proxy answers the
+// pipeline in parts below the limit.
+func TestBigPipelineOfReadingClientIsSplit(t *testing.T) {
+	const limit = 8 << 20
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Server.ClientOutputLimit = limit })
+	val := strings.Repeat("v", 512<<10)
+	if err := p.Redis.Client(t).Set(ctx, "big", val, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, p.Addr)
+	const n = 64 // 32 MB of replies, four times the limit
+	cmds := make([][]string, 0, 2*n)
+	for i := 0; i < n; i++ {
+		cmds = append(cmds, []string{"GET", "big"}, []string{"ECHO", strconv.Itoa(i)})
+	}
+	c.send(cmds...)
+	for i := 0; i < n; i++ {
+		if v, _ := c.readReply(); v != val {
+			t.Fatalf("reply %d: not the value", 2*i)
+		}
+		if v, _ := c.readReply(); v != strconv.Itoa(i) {
+			t.Fatalf("reply %d: %v, want %d", 2*i+1, v, i)
+		}
+	}
+	if n := closedFor(p, metrics.ReasonOutputLimit); n != 0 {
+		t.Fatalf("a client reading its replies was closed for its output limit")
+	}
+}
+
+// After a large request grows the read buffer, a deep pipeline of small
+// requests behind it is answered completely and in order, in batches of
+// at most 1024 requests.
+func TestDeepPipelineAfterLargeRequestIsSplit(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	nc := p.Dial(t)
+	const n = 200_000
+	go func() {
+		var b bytes.Buffer
+		v := strings.Repeat("x", 8<<20)
+		b.WriteString("*3\r\n$3\r\nSET\r\n$5\r\nlarge\r\n$" + strconv.Itoa(len(v)) + "\r\n" + v + "\r\n")
+		for i := 0; i < n; i++ {
+			s := strconv.Itoa(i)
+			b.WriteString("*2\r\n$4\r\nPING\r\n$" + strconv.Itoa(len(s)) + "\r\n" + s + "\r\n")
+		}
+		nc.Write(b.Bytes())
+	}()
+	rd := bufio.NewReader(nc)
+	nc.SetReadDeadline(time.Now().Add(60 * time.Second))
+	if line, err := rd.ReadString('\n'); err != nil || line != "+OK\r\n" {
+		t.Fatalf("SET: %q %v", line, err)
+	}
+	for i := 0; i < n; i++ {
+		s := strconv.Itoa(i)
+		want := "$" + strconv.Itoa(len(s)) + "\r\n" + s + "\r\n"
+		got := make([]byte, len(want))
+		if _, err := io.ReadFull(rd, got); err != nil || string(got) != want {
+			t.Fatalf("reply %d: %q %v, want %q", i, got, err, want)
+		}
+	}
+	var h dto.Metric
+	if err := p.Metrics.BatchRequests.Write(&h); err != nil {
+		t.Fatal(err)
+	}
+	hist := h.GetHistogram()
+	var capped uint64
+	for _, b := range hist.GetBucket() {
+		if b.GetUpperBound() == 1024 {
+			capped = b.GetCumulativeCount()
+		}
+	}
+	if hist.GetSampleCount() == 0 || capped != hist.GetSampleCount() {
+		t.Fatalf("%d of %d batches held more than 1024 requests", hist.GetSampleCount()-capped, hist.GetSampleCount())
+	}
+	t.Logf("%d requests in %d batches", n+1, hist.GetSampleCount())
+}
