@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -471,7 +472,7 @@ func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.
 	for k := 1; k < len(reqs); k++ {
 		first = sess.appendRelayed(first, &reqs[k], sess.guard.Decision(sess.curIndex+k))
 	}
-	sess.relay(up, first, limit)
+	sess.relay(kind, up, reqs, first, limit)
 	sess.srv.backend.ReleaseConn(up)
 	sess.quitting = true
 	return true
@@ -480,8 +481,42 @@ func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.
 // relay copies bytes both ways until either side closes. Upstream bytes
 // are queued for the client in a bounded queue: a client that stops
 // reading while Redis keeps publishing is cut off at limit, so the proxy's
-// memory stays bounded and other clients are unaffected.
-func (sess *Session) relay(up net.Conn, first []byte, limit int64) {
+// memory stays bounded and other clients are unaffected. reqs are the
+// requests first holds (the one that started the relay and the rest of
+// its batch).
+//
+// server.idle_timeout: as in Redis, pub/sub and MONITOR clients are never
+// closed for idleness; a tracking client is idle only when nothing moves
+// in either direction.
+func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, first []byte, limit int64) {
+	rw := newRelayWrites(sess)
+	defer rw.end()
+	for k := range reqs {
+		d := sess.guard.Decision(sess.curIndex + k)
+		args := reqs[k].Args
+		if d != nil && d.Args != nil {
+			args = d.Args
+		}
+		rw.note(sess.srv.table.Lookup(reqs[k].Args), args, d != nil && d.Refuse != nil)
+	}
+	rw.sending()
+	idle := sess.srv.cfg.Server.IdleTimeout.Duration
+	var ending atomic.Bool
+	wake := func() {
+		if ending.Load() || sess.interrupted.Load() {
+			sess.nc.SetReadDeadline(time.Now())
+		}
+	}
+	active := func() {
+		if idle > 0 && kind == relayTracking {
+			sess.nc.SetReadDeadline(time.Now().Add(idle))
+			wake() // an end or interrupt that raced the refresh is not lost
+		}
+	}
+	if idle > 0 && kind != relayTracking {
+		sess.nc.SetReadDeadline(time.Time{})
+		wake()
+	}
 	q := newOutQueue(limit)
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -491,6 +526,11 @@ func (sess *Session) relay(up net.Conn, first []byte, limit int64) {
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := up.Read(buf)
+			if n > 0 {
+				// Writes whose replies this completes are released before
+				// the client can see the replies.
+				rw.received(buf[:n])
+			}
 			// Copy: queueing buf[:n] of a fresh 32 KB buffer per read would
 			// keep 32 KB alive per small message, far beyond the limit.
 			if n > 0 && !q.push(append([]byte(nil), buf[:n]...)) {
@@ -500,7 +540,8 @@ func (sess *Session) relay(up net.Conn, first []byte, limit int64) {
 				return
 			}
 			if err != nil {
-				sess.nc.SetReadDeadline(time.Now()) // wake the client reader
+				ending.Store(true)
+				wake() // the client reader
 				return
 			}
 		}
@@ -516,6 +557,7 @@ func (sess *Session) relay(up net.Conn, first []byte, limit int64) {
 				up.Close()
 				return
 			}
+			active()
 		}
 	}()
 	// client -> Redis, on the session goroutine.
@@ -525,14 +567,25 @@ func (sess *Session) relay(up net.Conn, first []byte, limit int64) {
 		}
 	}
 	for {
+		active()
 		reqs, err := sess.rd.ReadBatch()
 		var out []byte
 		if len(reqs) > 0 {
 			sess.prepareBatch(reqs)
 		}
 		for k := range reqs {
-			out = sess.appendRelayed(out, &reqs[k], sess.guard.Decision(k))
+			d := sess.guard.Decision(k)
+			args := reqs[k].Args
+			if d != nil && d.Args != nil {
+				args = d.Args
+			}
+			if !rw.note(sess.srv.table.Lookup(reqs[k].Args), args, d != nil && d.Refuse != nil) {
+				out = appendRelayRefusal(out, errHeldWrites)
+				continue
+			}
+			out = sess.appendRelayed(out, &reqs[k], d)
 		}
+		rw.sending()
 		if len(out) > 0 {
 			if _, werr := up.Write(out); werr != nil {
 				break

@@ -1,0 +1,216 @@
+package proxy_test
+
+// Relayed clients (issue 9, items 10 and 17): idle_timeout spares the
+// ones Redis spares and counts traffic both ways for the rest, and their
+// writes reach the local tier's write marks and the miss holds.
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/localcache"
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/stampede"
+)
+
+// readNonPush reads the next reply that is not a RESP3 push.
+func (c *rawConn) readNonPush() any {
+	c.t.Helper()
+	for {
+		v, types := c.readReply()
+		if types[0] != '>' {
+			return v
+		}
+	}
+}
+
+// idle_timeout as Redis applies `timeout`: a subscriber or a MONITOR
+// client is never closed for idleness; a tracking client (a relay too) is
+// not closed while it sends, but is once nothing moves either way.
+func TestIdleTimeoutAndRelayedClients(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Server.IdleTimeout = units.Duration{Duration: idle} })
+	direct := p.Redis.Client(t)
+
+	sub := dialRaw(t, p.Addr)
+	sub.send([]string{"SUBSCRIBE", "news"})
+	sub.readReply()
+	mon := dialRaw(t, p.Addr)
+	if v := mon.do("MONITOR"); v != "OK" {
+		t.Fatalf("MONITOR: %v", v)
+	}
+	tracker := dialRaw(t, p.Addr)
+	tracker.do("HELLO", "3")
+	if v := tracker.do("CLIENT", "TRACKING", "ON"); v != "OK" {
+		t.Fatalf("CLIENT TRACKING ON: %v", v)
+	}
+	// The tracking client stays busy for several idle timeouts.
+	for end := time.Now().Add(4 * idle); time.Now().Before(end); time.Sleep(idle / 4) {
+		if v := tracker.readNonPushAfter("PING"); v != "PONG" {
+			t.Fatalf("PING on an active tracking client: %v", v)
+		}
+	}
+	// The quiet subscriber and MONITOR are still there.
+	if n, err := direct.Publish(ctx, "news", "hello").Result(); err != nil || n != 1 {
+		t.Fatalf("PUBLISH reached %d subscribers (%v); the idle subscriber was closed", n, err)
+	}
+	if v, _ := sub.readReply(); len(v.([]any)) != 3 || v.([]any)[2] != "hello" {
+		t.Fatalf("subscriber got %v", v)
+	}
+	if err := p.Client(t).Set(ctx, "seen-by-monitor", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		v, _ := mon.readReply()
+		if s, _ := v.(string); len(s) > 0 && strings.Contains(s, "seen-by-monitor") {
+			break
+		}
+	}
+	// Now the tracking client goes quiet: it is closed.
+	if !connClosed(tracker.nc) {
+		t.Fatal("an idle tracking client was never closed")
+	}
+}
+
+func (c *rawConn) readNonPushAfter(cmd ...string) any {
+	c.t.Helper()
+	c.send(cmd)
+	return c.readNonPush()
+}
+
+// C1 for relayed writers: with invalidations slowed down, once a tracking
+// client (as rueidis is) or a RESP3 subscriber got OK for a SET through the
+// proxy, no read through the local tier returns the old value.
+func TestRelayedWritesAreSeenByTheLocalTier(t *testing.T) {
+	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() { time.Sleep(20 * time.Millisecond) }})
+	t.Cleanup(func() { localcache.SetTestHooks(prev) })
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.LocalCache.Enabled = true
+		c.LocalCache.AdmitMinReads = 0
+		c.LocalCache.WriteRatio = 1000
+		c.LocalCache.Staleness = units.Duration{Duration: 200 * time.Millisecond}
+		c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
+	})
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
+	reader := p.Client(t)
+	hits := func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
+	for _, start := range [][]string{{"CLIENT", "TRACKING", "ON"}, {"SUBSCRIBE", "elsewhere"}} {
+		t.Run(start[0], func(t *testing.T) {
+			w := dialRaw(t, p.Addr)
+			w.do("HELLO", "3")
+			w.send(start)
+			if start[0] == "CLIENT" {
+				w.readNonPush()
+			}
+			key := "rw:" + start[0]
+			if err := p.Redis.Client(t).Set(ctx, key, "start", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 20; i++ {
+				// Make sure the old value is in the tier.
+				redistest.Eventually(t, 5*time.Second, func() bool {
+					before := hits()
+					reader.Get(ctx, key)
+					return hits() > before
+				}, "%s never became a hit", key)
+				want := "v" + strconv.Itoa(i)
+				if v := w.readNonPushAfter("SET", key, want); v != "OK" {
+					t.Fatalf("relayed SET: %v", v)
+				}
+				if got, err := reader.Get(ctx, key).Result(); err != nil && err != redis.Nil || got != want {
+					t.Fatalf("round %d: read %q after a relayed SET of %q was acknowledged (%v)", i, got, want, err)
+				}
+			}
+		})
+	}
+}
+
+// A read held by a miss hold is released by the filler's write even when
+// the filler is a relayed client, not at the hold's timeout.
+func TestHeldReadReleasedByRelayedWrite(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Stampede.Hold = []stampede.HoldRule{{Pattern: "h:*", Timeout: units.Duration{Duration: time.Minute}}}
+	})
+	writer := dialRaw(t, p.Addr)
+	writer.do("HELLO", "3")
+	writer.readNonPushAfter("CLIENT", "TRACKING", "ON")
+	// The first miss makes its reader the filler; the next read is held.
+	if err := p.Client(t).Get(ctx, "h:k").Err(); err != redis.Nil {
+		t.Fatalf("first GET: %v, want a miss", err)
+	}
+	got := make(chan string, 1)
+	go func() {
+		v, err := p.Client(t).Get(ctx, "h:k").Result()
+		if err != nil {
+			v = "error: " + err.Error()
+		}
+		got <- v
+	}()
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return metricSum(t, p, "redproxy_stampede_held_reads_total") >= 1
+	}, "the second GET was never held")
+	if v := writer.readNonPushAfter("SET", "h:k", "filled"); v != "OK" {
+		t.Fatalf("relayed SET: %v", v)
+	}
+	select {
+	case v := <-got:
+		if v != "filled" {
+			t.Fatalf("held read got %q, want the relayed write's value", v)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the held read was not released by the relayed client's write (it waits for the one-minute hold timeout)")
+	}
+}
+
+func metricSum(t *testing.T, p *proxytest.Proxy, name string) float64 {
+	t.Helper()
+	fams, err := p.Metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, f := range fams {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				total += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return total
+}
+
+// Writes on a relay whose replies cannot be counted (here a RESP2 client
+// that subscribed, then unsubscribed from everything) stay marked until the
+// connection ends; past 1024 of them, further writes are refused rather
+// than left unmarked, and the local tier never serves the old value.
+func TestUncountedRelayWritesAreCapped(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.LocalCache.Enabled = true })
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"SUBSCRIBE", "x"}, []string{"UNSUBSCRIBE"})
+	c.readReply()
+	c.readReply()
+	var cmds [][]string
+	for i := 0; i <= 1024; i++ {
+		cmds = append(cmds, []string{"SET", "u:" + strconv.Itoa(i), "v"})
+	}
+	c.send(cmds...)
+	for i := 0; i < 1024; i++ {
+		if v, _ := c.readReply(); v != "OK" {
+			t.Fatalf("write %d: %v", i, v)
+		}
+	}
+	v, _ := c.readReply()
+	if e, ok := v.(respError); !ok || !strings.Contains(string(e), "too many writes on a connection in MONITOR or RESP2 pub/sub mode") {
+		t.Fatalf("write 1025: %v, want the refusal", v)
+	}
+	if n, _ := p.Redis.Client(t).Exists(ctx, "u:1024").Result(); n != 0 {
+		t.Fatal("the refused write reached Redis")
+	}
+}
