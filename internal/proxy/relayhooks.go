@@ -121,7 +121,7 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 		return true
 	}
 	rw.mu.Lock()
-	full := !rw.countable && rw.heldN >= maxHeldRelayWrites
+	full := !rw.countable && rw.heldN+rw.batch.n+rw.tx.n >= maxHeldRelayWrites
 	rw.mu.Unlock()
 	if full {
 		return false

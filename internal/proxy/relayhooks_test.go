@@ -189,7 +189,7 @@ func metricSum(t *testing.T, p *proxytest.Proxy, name string) float64 {
 // Writes on a relay whose replies cannot be counted (here a RESP2 client
 // that subscribed, then unsubscribed from everything) stay marked until the
 // connection ends; past 1024 of them, further writes are refused rather
-// than left unmarked, and the local tier never serves the old value.
+// than left unmarked.
 func TestUncountedRelayWritesAreCapped(t *testing.T) {
 	p := proxytest.Start(t, nil, func(c *config.Config) { c.LocalCache.Enabled = true })
 	c := dialRaw(t, p.Addr)
