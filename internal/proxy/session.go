@@ -85,6 +85,7 @@ const (
 	slotLocal                    // local[i:end]
 	slotHidden                   // reply i of the Call, which the client must not see (a policy fix-up)
 	slotWrapped                  // a command wrapped in MULTI/EXEC with fix-ups: i is its queue reply, end is EXEC's
+	slotRefusal                  // reply i of the Call to guard.RefusedInMulti, an error by design: dropped
 )
 
 func newSession(s *Server, nc net.Conn) *Session {
@@ -229,7 +230,11 @@ func (sess *Session) forward(raw []byte, m *metrics.Command) {
 // forwardHidden adds a command whose reply is dropped: a fix-up the proxy
 // adds after a client's command, on the same connection, right behind it.
 func (sess *Session) forwardHidden(raw []byte) {
-	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len(), tx: sess.pin.inMulti})
+	kind := slotHidden
+	if bytes.Equal(raw, guard.RefusedInMulti) {
+		kind = slotRefusal // not a fix-up: its error reply is the point
+	}
+	sess.slots = append(sess.slots, slot{kind: kind, i: sess.call.Len(), tx: sess.pin.inMulti})
 	sess.call.Add(raw)
 }
 
@@ -310,6 +315,8 @@ func (sess *Session) flush(start time.Time) {
 	for _, sl := range sess.slots {
 		var reply []byte
 		switch sl.kind {
+		case slotRefusal:
+			continue
 		case slotHidden:
 			r, err := call.Reply(sl.i)
 			if sl.tx && err == nil {
@@ -324,6 +331,7 @@ func (sess *Session) flush(start time.Time) {
 				var ex []byte
 				if ex, err = call.Reply(sl.end); err == nil {
 					r = firstElement(ex)
+					sess.wrappedFixupResults(ex)
 				}
 			}
 			if err != nil {
@@ -351,6 +359,9 @@ func (sess *Session) flush(start time.Time) {
 			sl.metric.Errors.Inc()
 		}
 		sl.metric.Latency.Observe(elapsed)
+		if sl.exec {
+			sess.txFixupResults(reply, sess.pin.txHidden)
+		}
 		switch {
 		case sl.mute:
 		case sl.exec:
