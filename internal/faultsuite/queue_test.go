@@ -172,6 +172,10 @@ func (w *blocker) run(ctx context.Context) {
 			} else {
 				excuse()
 			}
+			// Do not spin while Redis is away or connections are scarce.
+			if !pause(ctx, 20*time.Millisecond) {
+				return
+			}
 		case pop.isNull():
 		case pop.isArray() && len(pop.elems) == 2 && pop.elems[0].str == queueKey && pop.elems[1].kind == '$':
 			q.mu.Lock()

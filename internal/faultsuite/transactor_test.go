@@ -61,7 +61,7 @@ func (w *transactor) run(ctx context.Context) {
 			drop()
 		}
 		// Pinned connections are scarce by design; do not spin on refusals.
-		if !pause(ctx, time.Duration(rand.IntN(5))*time.Millisecond) {
+		if !pause(ctx, time.Duration(1+rand.IntN(10))*time.Millisecond) {
 			return
 		}
 	}
