@@ -98,7 +98,9 @@ func TestFaultSuiteDetectsCrossTalk(t *testing.T) {
 		return reply
 	})
 	t.Cleanup(restore)
-	r := runSuite(t, suiteOptions{duration: 3 * time.Second})
+	// No faults and no max_pinned exhaustion: nothing but the hook may
+	// mix replies up (without it, this run counts no cross-talk).
+	r := runSuite(t, suiteOptions{duration: 3 * time.Second, maxPinned: 1000})
 	r.log(t)
 	if r.crossTalk == 0 {
 		t.Fatalf("the proxy handed replies to the wrong clients on purpose, yet the suite counted no cross-talk")
