@@ -354,6 +354,9 @@ func (sess *Session) flush(start time.Time) {
 			if sl.tx {
 				sess.noteQueued(r, false)
 			}
+			if h := testHookReply.Load(); h != nil {
+				reply = (*h)(sess.id, reply)
+			}
 		}
 		if resp.IsError(reply) {
 			sl.metric.Errors.Inc()
