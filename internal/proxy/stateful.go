@@ -446,8 +446,11 @@ func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.
 	sess.flush(time.Now())
 	up, err := sess.srv.backend.AcquireConn(sess.db, sess.resp3)
 	if err != nil {
+		// Answered: the command must not also go to a shared connection,
+		// which it would turn into a subscriber (or worse, in RESP3, make
+		// it answer with a push the pipe drops, shifting later replies).
 		sess.replyLocal(m, errorReply(err))
-		return false
+		return true
 	}
 	if sess.pin.pipe != nil {
 		sess.unpin(false)
