@@ -351,10 +351,12 @@ func (sess *Session) flush(start time.Time) {
 			sl.metric.Errors.Inc()
 		}
 		sl.metric.Latency.Observe(elapsed)
+		if sl.exec {
+			sess.pin.execRan = len(reply) > 1 && reply[0] == '*' && reply[1] != '-'
+		}
 		switch {
 		case sl.mute:
 		case sl.exec:
-			sess.pin.execRan = len(reply) > 1 && reply[0] == '*' && reply[1] != '-'
 			sess.out = stripExec(reply, sess.pin.txHidden, sess.out)
 		default:
 			sess.out = append(sess.out, reply...)

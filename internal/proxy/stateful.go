@@ -88,7 +88,7 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 			for _, w := range pin.txWrites {
 				sess.writeForwarded(w.cmd, w.args)
 			}
-			sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, exec: true})
+			sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, exec: true, mute: sess.curMute})
 			sess.call.Add(req.Raw)
 			sess.flush(time.Now())
 			if pin.txSelect >= 0 && pin.execRan {
@@ -189,8 +189,10 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 	// Inside MULTI everything is queued by Redis, PING and ECHO included.
 	if cmd != nil && cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && !cmd.Is(commands.Write) {
 		switch name {
-		case "watch", "select", "client|setname", "client|setinfo", "readonly", "readwrite", "asking", "publish", "spublish", "pubsub":
-			pin.dirty = pin.dirty || name != "watch"
+		case "watch", "unwatch", "select", "client|setname", "client|setinfo", "readonly", "readwrite", "asking", "publish", "spublish", "pubsub":
+			// Queued as on Redis; WATCH is refused by Redis inside MULTI
+			// and UNWATCH run by EXEC leaves nothing behind.
+			pin.dirty = pin.dirty || name != "watch" && name != "unwatch"
 		default:
 			if cmd.Flags&commands.ConnState != 0 || isSubscribe(name) {
 				// Run at EXEC, these would change the connection under the
@@ -208,7 +210,7 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 	if mayWrite(cmd) {
 		pin.txWrites = append(pin.txWrites, txWrite{cmd: cmd, args: copyArgs(req.Args)})
 	}
-	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, tx: true})
+	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, tx: true, mute: sess.curMute})
 	sess.call.Add(req.Raw)
 	return true
 }
