@@ -137,6 +137,10 @@ func (sess *Session) special(cmd *commands.Command, req *resp.Request, m *metric
 	case "monitor":
 		return sess.startRelay(relayMonitor, sess.batchReqs[sess.curIndex:], m)
 	case "client|tracking":
+		if trackingRedirect(args) {
+			sess.replyLocal(m, []byte("-"+errTrackingRedirect+"\r\n"))
+			return true
+		}
 		if strings.EqualFold(string(args[2]), "on") {
 			// The client keeps its own cache coherent with Redis's pushes:
 			// give it a connection of its own and relay them.

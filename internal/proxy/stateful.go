@@ -169,6 +169,12 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 			sess.replyLocal(m, []byte("-ERR redproxy: HELLO while WATCH is active is not supported; UNWATCH first\r\n"))
 			return true
 		}
+		if what := relayStarter(name, req.Args); what != "" {
+			// A relay is a connection of its own: the WATCH would be left
+			// behind and a later EXEC would run unchecked.
+			sess.replyLocal(m, []byte("-ERR redproxy: "+what+" while WATCH is active is not supported; UNWATCH first\r\n"))
+			return true
+		}
 		if cmd != nil && name != "watch" && (isProxyAnswered(cmd) || cmd.Parent != nil || cmd.Flags&(commands.ConnState|commands.PubSub) != 0) {
 			if sess.special(cmd, req, m) {
 				return true
@@ -482,6 +488,39 @@ func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.
 	return true
 }
 
+// relayStarter names cmd, as the client would write it, if it turns the
+// client into a relay (see special); otherwise it returns "".
+func relayStarter(name string, args [][]byte) string {
+	switch name {
+	case "subscribe", "psubscribe", "ssubscribe", "monitor":
+		return strings.ToUpper(name)
+	case "client|tracking", "client|no-touch":
+		if len(args) > 2 && strings.EqualFold(string(args[2]), "on") {
+			return strings.ToUpper(strings.ReplaceAll(name, "|", " "))
+		}
+	}
+	return ""
+}
+
+// errTrackingRedirect refuses CLIENT TRACKING ON ... REDIRECT <id>: the id
+// is a proxy client id, which on Redis names some unrelated connection
+// that would then receive this client's invalidations.
+const errTrackingRedirect = "ERR redproxy: CLIENT TRACKING REDIRECT is not supported; proxy client IDs are not Redis connection IDs (use RESP3 tracking, without REDIRECT)"
+
+// trackingRedirect reports whether args are CLIENT TRACKING ON with the
+// REDIRECT option.
+func trackingRedirect(args [][]byte) bool {
+	if len(args) < 4 || !strings.EqualFold(string(args[0]), "client") || !strings.EqualFold(string(args[1]), "tracking") || !strings.EqualFold(string(args[2]), "on") {
+		return false
+	}
+	for _, a := range args[3:] {
+		if strings.EqualFold(string(a), "redirect") {
+			return true
+		}
+	}
+	return false
+}
+
 // relay copies bytes both ways until either side closes. Upstream bytes
 // are queued for the client in a bounded queue: a client that stops
 // reading while Redis keeps publishing is cut off at limit, so the proxy's
@@ -559,21 +598,30 @@ func (sess *Session) relay(up net.Conn, first []byte, limit int64) {
 // TTL fix-ups are not added on a relay: their replies would reach the
 // client; the keyspace audit finds keys left without a TTL.
 func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decision) []byte {
+	if trackingRedirect(r.Args) {
+		return appendErrorScript(out, errTrackingRedirect)
+	}
 	if d == nil || len(d.Violations) == 0 && d.Args == nil {
 		return append(out, r.Raw...)
 	}
 	sess.recordViolations(d)
 	switch {
 	case d.Refuse != nil:
-		out = redcon.AppendArray(out, 4)
-		out = redcon.AppendBulkString(out, "EVAL")
-		out = redcon.AppendBulkString(out, "return redis.error_reply(ARGV[1])")
-		out = redcon.AppendBulkString(out, "0")
-		return redcon.AppendBulkString(out, d.Refuse.Msg)
+		return appendErrorScript(out, d.Refuse.Msg)
 	case d.Args != nil:
 		return append(out, sess.guard.Encode(d.Args)...)
 	}
 	return append(out, r.Raw...)
+}
+
+// appendErrorScript appends a script that makes Redis answer with msg, an
+// error text without the leading '-'.
+func appendErrorScript(out []byte, msg string) []byte {
+	out = redcon.AppendArray(out, 4)
+	out = redcon.AppendBulkString(out, "EVAL")
+	out = redcon.AppendBulkString(out, "return redis.error_reply(ARGV[1])")
+	out = redcon.AppendBulkString(out, "0")
+	return redcon.AppendBulkString(out, msg)
 }
 
 // outQueue is a byte queue with a hard cap.
