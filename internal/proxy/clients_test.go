@@ -372,8 +372,9 @@ func TestPinnedConnectionStateChanges(t *testing.T) {
 	t.Run("MonitorInsideWatch", func(t *testing.T) {
 		a := dialRaw(t, p.Addr)
 		a.do("WATCH", "mw:k")
-		if v := a.do("MONITOR"); v != "OK" {
-			t.Fatalf("MONITOR: %v", v)
+		// Refused, so that the WATCH is kept (TestRelayUnderWatchIsRefusedAndWatchKept).
+		if v, _ := a.do("MONITOR").(respError); !strings.HasPrefix(string(v), "ERR redproxy: MONITOR while WATCH is active") {
+			t.Fatalf("MONITOR under WATCH: %v", v)
 		}
 		a.send([]string{"UNWATCH"})
 		a.readReply()

@@ -71,6 +71,7 @@ func (sess *Session) special(cmd *commands.Command, req *resp.Request, m *metric
 		sess.db, sess.resp3, sess.name = 0, false, ""
 		sess.mu.Unlock()
 		sess.replyOff, sess.replySkip, sess.curMute = false, false, false
+		sess.abort = txAbort{}
 		sess.authed = sess.srv.cfg.Upstream.Password == ""
 		sess.replyLocal(m, []byte("+RESET\r\n"))
 	case "client|setname":

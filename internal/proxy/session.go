@@ -55,6 +55,7 @@ type Session struct {
 	batchReqs []resp.Request
 
 	pin   pinState
+	abort txAbort // a transaction the proxy could not carry (stateful.go)
 	guard guard.Batch // the guard's decisions for the batch (guard.go)
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
@@ -185,6 +186,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	sess.replySkip = false
 	if !sess.authed && !isAuthExempt(cmd) {
 		sess.replyLocal(m, errNoAuth)
+		return
+	}
+	if sess.abort.reason != nil && sess.abortedStep(cmd, m) {
 		return
 	}
 	// A refusal comes first, so that commands the proxy handles itself

@@ -55,6 +55,67 @@ type pinState struct {
 	execRan  bool // the last EXEC ran its commands (not aborted)
 }
 
+// txAbort is the state of a client whose transaction the proxy could not
+// carry: the pinned connection holding its WATCH or MULTI was lost (a Redis
+// timeout, CLIENT KILL, a failover), or its MULTI was refused (max_pinned,
+// a failed dial). The client may already have sent, in the same write, the
+// commands meant for the transaction; none of them may run on a shared
+// connection, unguarded by the WATCH and outside MULTI, where a client that
+// retries on EXEC's failure would apply them twice. So until the
+// transaction ends every command fails with reason:
+//
+//   - EXEC answers EXECABORT, as Redis does for a transaction with a
+//     queue-time error, and ends the state;
+//   - DISCARD after MULTI answers +OK and ends it;
+//   - UNWATCH before MULTI answers +OK and ends it (after MULTI Redis would
+//     queue it, so it fails like any other command);
+//   - RESET ends it and QUIT closes, as always;
+//   - MULTI marks the transaction as opened, and fails.
+type txAbort struct {
+	reason []byte // the error reply; nil when no transaction is aborted
+	multi  bool   // the client has sent MULTI
+}
+
+var (
+	errTxConnLost     = []byte("-ERR redproxy: transaction aborted: its upstream connection was lost; EXEC, DISCARD or UNWATCH ends it\r\n")
+	errTxMultiRefused = []byte("-ERR redproxy: transaction aborted: MULTI was refused; EXEC or DISCARD ends it\r\n")
+	errExecAbort      = []byte("-EXECABORT Transaction discarded because of previous errors.\r\n")
+)
+
+// abortedStep answers a command of a client in the txAbort state. It
+// reports false for the commands handled as usual (RESET, QUIT).
+func (sess *Session) abortedStep(cmd *commands.Command, m *metrics.Command) bool {
+	ab := &sess.abort
+	name := ""
+	if cmd != nil {
+		name = cmd.Name
+	}
+	switch name {
+	case "reset", "quit":
+		return false
+	case "exec":
+		*ab = txAbort{}
+		sess.replyLocal(m, errExecAbort)
+		return true
+	case "discard":
+		if ab.multi {
+			*ab = txAbort{}
+			sess.replyLocal(m, ok)
+			return true
+		}
+	case "unwatch":
+		if !ab.multi {
+			*ab = txAbort{}
+			sess.replyLocal(m, ok)
+			return true
+		}
+	case "multi":
+		ab.multi = true
+	}
+	sess.replyLocal(m, ab.reason)
+	return true
+}
+
 type txWrite struct {
 	cmd  *commands.Command
 	args [][]byte
@@ -71,12 +132,12 @@ var cmdWaitMarker = []byte("*3\r\n$7\r\nPUBLISH\r\n$22\r\n__redproxy__:wait-mark
 func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Request, m *metrics.Command) bool {
 	pin := &sess.pin
 	if !pin.pipe.Up() {
-		// The connection and its MULTI/WATCH state are gone; say so once
-		// and continue as a fresh client.
+		// The connection and its MULTI/WATCH state are gone: what follows
+		// up to the transaction's end must fail (see txAbort).
 		sess.flush(time.Now())
+		sess.abort = txAbort{reason: errTxConnLost, multi: pin.inMulti}
 		sess.unpin(false)
-		sess.replyLocal(m, []byte("-ERR redproxy: upstream connection lost; the transaction was aborted\r\n"))
-		return true
+		return sess.abortedStep(cmd, m)
 	}
 	name := ""
 	if cmd != nil {
@@ -227,6 +288,12 @@ func (sess *Session) pinFor(cmd *commands.Command, req *resp.Request, m *metrics
 	p, err := sess.srv.backend.AcquirePipe(sess.db, sess.resp3)
 	if err != nil {
 		sess.replyLocal(m, errorReply(err))
+		if cmd.Name == "multi" {
+			// What the client queues next must not run (see txAbort). A
+			// refused WATCH needs nothing: the client is told before it
+			// has anything to guard.
+			sess.abort = txAbort{reason: errTxMultiRefused, multi: true}
+		}
 		return
 	}
 	sess.pin = pinState{pipe: p, db: sess.db, resp3: sess.resp3, txHidden: sess.pin.txHidden[:0], txWrites: sess.pin.txWrites[:0], txSelect: -1}
