@@ -55,7 +55,8 @@ type Session struct {
 	batchReqs []resp.Request
 
 	pin   pinState
-	abort txAbort // a transaction the proxy could not carry (stateful.go)
+	// abort is a transaction the proxy could not carry (stateful.go).
+	abort txAbort
 	guard guard.Batch // the guard's decisions for the batch (guard.go)
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
