@@ -55,7 +55,6 @@ type Session struct {
 	batchReqs []resp.Request
 
 	pin   pinState
-	// abort is a transaction the proxy could not carry (stateful.go).
 	abort txAbort
 	guard guard.Batch // the guard's decisions for the batch (guard.go)
 	// tierWrites are this client's writes whose replies are not in yet; the
