@@ -44,6 +44,7 @@ type Session struct {
 	authed    bool
 	createdAt time.Time
 	lastCmd   atomic.Pointer[commands.Command] // for CLIENT INFO/LIST
+	list      listState                        // the rest CLIENT INFO/LIST shows
 
 	// The batch being answered: forwarded commands are collected into one
 	// Call; slots remember, for every command, where its reply comes from.
@@ -56,6 +57,7 @@ type Session struct {
 
 	pin   pinState
 	abort txAbort
+	block blockState
 	guard guard.Batch // the guard's decisions for the batch (guard.go)
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
@@ -179,6 +181,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	args := req.Args
 	cmd := sess.srv.table.Lookup(args)
 	sess.lastCmd.Store(cmd)
+	if i == 0 {
+		sess.list.active.Store(time.Now().UnixNano())
+	}
 	m := sess.metricFor(cmd)
 	m.Calls.Inc()
 	sess.curIndex = i

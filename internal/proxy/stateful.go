@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -43,6 +44,7 @@ type pinState struct {
 	inMulti  bool
 	watching bool
 	dirty    bool // the connection's state differs from a fresh one
+	named    bool // it carries the client's name, to be undone before reuse
 
 	// Positions, in the transaction's queue, of commands the proxy added
 	// (policy fix-ups); their results are removed from EXEC's reply.
@@ -151,6 +153,7 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 			}
 			sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, exec: true, mute: sess.curMute})
 			sess.call.Add(req.Raw)
+			sess.unnamePin()
 			sess.flush(time.Now())
 			if pin.txSelect >= 0 && pin.execRan {
 				sess.mu.Lock()
@@ -163,6 +166,7 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 	case "discard":
 		if pin.inMulti {
 			sess.forward(req.Raw, m)
+			sess.unnamePin()
 			sess.flush(time.Now())
 			sess.unpin(true)
 			return true
@@ -171,12 +175,14 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 		if !pin.inMulti {
 			pin.inMulti = true
 			pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect = 0, pin.txHidden[:0], pin.txWrites[:0], -1
+			sess.list.multi.Store(1)
 		}
 		sess.forward(req.Raw, m)
 		return true
 	case "unwatch":
 		if !pin.inMulti {
 			sess.forward(req.Raw, m)
+			sess.unnamePin()
 			sess.flush(time.Now())
 			sess.unpin(true)
 			return true
@@ -254,6 +260,12 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 		return true
 	}
 	// Inside MULTI everything is queued by Redis, PING and ECHO included.
+	if name == "client|unblock" {
+		// Its argument is a proxy client id: run by EXEC it would name an
+		// unrelated Redis connection.
+		sess.refuseInMulti(name, m)
+		return true
+	}
 	if cmd != nil && cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && !cmd.Is(commands.Write) {
 		switch name {
 		case "watch", "unwatch", "select", "client|setname", "client|setinfo", "readonly", "readwrite", "asking", "publish", "spublish", "pubsub":
@@ -265,8 +277,7 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 				// Run at EXEC, these would change the connection under the
 				// proxy's feet (protocol, subscriptions, reply mode); refuse
 				// and make EXEC fail, as a queue-time error would.
-				sess.forwardHidden(guard.RefusedInMulti)
-				sess.replyLocal(m, []byte("-ERR redproxy: '"+strings.ToUpper(strings.ReplaceAll(name, "|", " "))+"' inside MULTI is not supported\r\n"))
+				sess.refuseInMulti(name, m)
 				return true
 			}
 		}
@@ -279,7 +290,42 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 	}
 	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, tx: true, mute: sess.curMute})
 	sess.call.Add(req.Raw)
+	sess.list.multi.Add(1)
 	return true
+}
+
+// refuseInMulti refuses a command inside MULTI and makes EXEC fail, as a
+// queue-time error would.
+func (sess *Session) refuseInMulti(name string, m *metrics.Command) {
+	sess.forwardHidden(guard.RefusedInMulti)
+	sess.replyLocal(m, []byte("-ERR redproxy: '"+strings.ToUpper(strings.ReplaceAll(name, "|", " "))+"' inside MULTI is not supported\r\n"))
+}
+
+// namePin gives the pinned connection the client's name, behind what is
+// queued for it, so Redis's CLIENT LIST and SLOWLOG show whose it is. An
+// empty name gives it back its own. Only outside MULTI.
+func (sess *Session) namePin(name string) {
+	if name == "" {
+		name = pinnedName
+	}
+	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
+	sess.call.Add(encodeCommand("CLIENT", "SETNAME", name))
+	sess.pin.named = name != pinnedName
+}
+
+// unnamePin undoes namePin before the connection goes back to the pool.
+func (sess *Session) unnamePin() {
+	if sess.pin.named {
+		sess.namePin("")
+	}
+}
+
+func encodeCommand(args ...string) []byte {
+	b := redcon.AppendArray(nil, len(args))
+	for _, a := range args {
+		b = redcon.AppendBulkString(b, a)
+	}
+	return b
 }
 
 // pinFor starts pinning for MULTI or WATCH.
@@ -297,8 +343,12 @@ func (sess *Session) pinFor(cmd *commands.Command, req *resp.Request, m *metrics
 		return
 	}
 	sess.pin = pinState{pipe: p, db: sess.db, resp3: sess.resp3, txHidden: sess.pin.txHidden[:0], txWrites: sess.pin.txWrites[:0], txSelect: -1}
+	if sess.name != "" {
+		sess.namePin(sess.name)
+	}
 	if cmd.Name == "multi" {
 		sess.pin.inMulti = true
+		sess.list.multi.Store(1)
 	} else {
 		sess.pin.watching = true
 	}
@@ -312,7 +362,8 @@ func (sess *Session) unpin(clean bool) {
 	if pin.pipe == nil {
 		return
 	}
-	sess.srv.backend.ReleasePipe(pin.pipe, pin.db, pin.resp3, clean && !pin.dirty)
+	sess.srv.backend.ReleasePipe(pin.pipe, pin.db, pin.resp3, clean && !pin.dirty && !pin.named)
+	sess.list.multi.Store(0)
 	clear(pin.txWrites)
 	*pin = pinState{txHidden: pin.txHidden[:0], txWrites: pin.txWrites[:0]}
 }
@@ -394,6 +445,12 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 		}
 		pipe, borrowed = p, true
 	}
+	// Other clients' CLIENT UNBLOCK names this client by its proxy id and
+	// needs the connection's Redis id; without it, UNBLOCK answers 0.
+	rid, _ := sess.srv.backend.PipeID(pipe)
+	// A borrowed connection is the client's own while it blocks: it
+	// carries the client's name, and its own again afterwards.
+	named := borrowed && sess.name != ""
 	// The guard's rewrite and TTL fix-ups apply to blocking writes too
 	// (BLMOVE's destination); fix-ups follow on the same connection.
 	raw := req.Raw
@@ -411,16 +468,25 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 	call.Reset()
 	call.NoTimeout = true
 	first := 0
+	if named {
+		call.Add(encodeCommand("CLIENT", "SETNAME", sess.name))
+		first++
+	}
 	if cmd.Name == "wait" || cmd.Name == "waitaof" {
 		// Redis waits for the calling connection's last write to reach the
 		// replicas (or the AOF). The client's writes went over other
 		// connections, so first make this connection's last write one that
 		// Redis propagates after all of them: a PUBLISH to a proxy channel.
 		call.Add(cmdWaitMarker)
-		first = 1
+		first++
 	}
 	call.Add(raw)
+	if named {
+		call.Add(encodeCommand("CLIENT", "SETNAME", pinnedName))
+	}
+	sess.block.set(rid)
 	if err := pipe.Send(call); err != nil {
+		sess.block.set(0)
 		if borrowed {
 			sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, false)
 		}
@@ -447,6 +513,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 				// so it cannot pop an element that would reach nobody.
 				pipe.Close()
 				<-call.Done()
+				sess.block.set(0)
 				if !borrowed {
 					sess.unpin(false)
 				} else {
@@ -458,11 +525,17 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 			}
 		}
 	}
+	sess.block.set(0)
 	reply, err := call.Reply(first)
 	if err != nil {
 		reply = errorReply(err)
 	}
 	sess.replyLocal(m, reply)
+	clean := err == nil
+	if named {
+		r, rerr := call.Reply(first + 1)
+		clean = clean && rerr == nil && bytes.Equal(r, ok)
+	}
 	call.Reset()
 	if err == nil && len(fixups) > 0 {
 		for _, f := range fixups {
@@ -479,9 +552,70 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 		call.Reset()
 	}
 	if borrowed {
-		sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, err == nil)
+		sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, clean)
 	}
 	sess.flush(time.Now())
+}
+
+// blockState says which dedicated connection the client is blocked on, for
+// CLIENT UNBLOCK from other clients.
+type blockState struct {
+	// mu is held by an UNBLOCK aimed at id until Redis has answered it, so
+	// the connection cannot be reused by another client meanwhile: the
+	// blocked client takes mu to clear id before giving it back.
+	mu sync.Mutex
+	id atomic.Int64 // Redis's id of the connection; 0: not blocked
+}
+
+func (b *blockState) set(id int64) {
+	b.mu.Lock()
+	b.id.Store(id)
+	b.mu.Unlock()
+}
+
+// unblock implements CLIENT UNBLOCK id [TIMEOUT|ERROR] for the proxy's
+// clients: a blocked client's command runs on a dedicated connection, so
+// its proxy id is translated to that connection's Redis id and the command
+// forwarded. An id of no blocked client answers 0, as on Redis.
+func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
+	if len(args) > 4 {
+		return false // Redis answers the syntax error
+	}
+	var mode string
+	if len(args) == 4 {
+		mode = strings.ToUpper(string(args[3]))
+		if mode != "TIMEOUT" && mode != "ERROR" {
+			sess.replyLocal(m, []byte("-ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR\r\n"))
+			return true
+		}
+	}
+	id, err := strconv.ParseInt(string(args[2]), 10, 64)
+	if err != nil {
+		sess.replyLocal(m, errNotInteger)
+		return true
+	}
+	target := sess.srv.sessionByID(id)
+	if target == nil || target == sess {
+		sess.replyLocal(m, zero)
+		return true
+	}
+	target.block.mu.Lock()
+	defer target.block.mu.Unlock()
+	rid := target.block.id.Load()
+	if rid == 0 {
+		sess.replyLocal(m, zero)
+		return true
+	}
+	// Answered in order with what came before, and before the target's
+	// connection can go to another client.
+	sess.flush(time.Now())
+	raw := encodeCommand("CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10))
+	if mode != "" {
+		raw = encodeCommand("CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
+	}
+	sess.forward(raw, m)
+	sess.flush(time.Now())
+	return true
 }
 
 // clientGone reports whether the client closed its side, without consuming
@@ -519,7 +653,7 @@ const (
 // started it to the end of the batch; they are sent first.
 func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.Command) bool {
 	sess.flush(time.Now())
-	up, err := sess.srv.backend.AcquireConn(sess.db, sess.resp3)
+	up, err := sess.srv.backend.AcquireConn(sess.db, sess.resp3, sess.name)
 	if err != nil {
 		// Answered: the command must not also go to a shared connection,
 		// which it would turn into a subscriber (or worse, in RESP3, make
@@ -530,6 +664,7 @@ func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.
 	if sess.pin.pipe != nil {
 		sess.unpin(false)
 	}
+	sess.list.relay.Store(uint32(kind) + 1)
 	limit := int64(sess.srv.cfg.Server.PubSubOutputLimit)
 	if kind == relayTracking {
 		limit = int64(sess.srv.cfg.Server.ClientOutputLimit)
@@ -667,6 +802,11 @@ func (sess *Session) relay(up net.Conn, first []byte, limit int64) {
 func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decision) []byte {
 	if trackingRedirect(r.Args) {
 		return appendErrorScript(out, errTrackingRedirect)
+	}
+	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") && strings.EqualFold(string(r.Args[1]), "unblock") {
+		// A proxy client id cannot be translated in flight on a relay;
+		// forwarded, it would name an unrelated Redis connection.
+		return appendErrorScript(out, "ERR redproxy: CLIENT UNBLOCK is not supported on a connection in subscribed, tracking or MONITOR mode")
 	}
 	if d == nil || len(d.Violations) == 0 && d.Args == nil {
 		return append(out, r.Raw...)

@@ -10,11 +10,13 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
 )
 
 func onePinned(c *config.Config) { c.Upstream.MaxPinned = 1 }
@@ -270,3 +272,224 @@ func TestClientReplyOffMutesTransactions(t *testing.T) {
 }
 
 func exact(line, want string) bool { return line == want }
+
+// CLIENT UNBLOCK names a proxy client; its blocking command runs on a
+// dedicated connection, whose Redis id the proxy substitutes, so the
+// TIMEOUT and ERROR variants work as on Redis, also under WATCH. Ids of no
+// blocked client answer 0, and a Redis connection whose id happens to
+// equal the proxy id is never touched.
+func TestClientUnblockReachesTheBlockedClient(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	direct := p.Redis.Client(t)
+	admin := dialRaw(t, p.Addr)
+	unblock := func(id int64, mode ...string) []string {
+		return append([]string{"CLIENT", "UNBLOCK", strconv.FormatInt(id, 10)}, mode...)
+	}
+	for _, tc := range []struct {
+		watch bool
+		mode  []string
+		want  any
+	}{
+		{false, nil, nil},
+		{false, []string{"timeout"}, nil},
+		{false, []string{"ERROR"}, respError("UNBLOCKED client unblocked via CLIENT UNBLOCK")},
+		{true, nil, nil},
+		{true, []string{"ERROR"}, respError("UNBLOCKED client unblocked via CLIENT UNBLOCK")},
+	} {
+		blocked := dialRaw(t, p.Addr)
+		id := blocked.do("CLIENT", "ID").(int64)
+		if tc.watch {
+			wantReplies(t, blocked, []string{"WATCH", "ub:w"}, "OK")
+		}
+		blocked.send([]string{"BLPOP", "ub:q", "0"})
+		redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 1 }, "BLPOP never blocked")
+		wantReplies(t, admin, unblock(id, tc.mode...), int64(1))
+		if got, _ := blocked.readReply(); !reflect.DeepEqual(got, tc.want) {
+			t.Fatalf("unblocked %v: BLPOP answered %#v, want %#v", tc, got, tc.want)
+		}
+		wantReplies(t, admin, unblock(id, tc.mode...), int64(0))
+		if tc.watch {
+			wantReplies(t, blocked, []string{"MULTI"}, []string{"SET", "ub:w", "1"}, []string{"EXEC"}, "OK", "QUEUED", []any{"OK"})
+		}
+		wantReplies(t, blocked, []string{"LPUSH", "ub:q", "x"}, []string{"BLPOP", "ub:q", "0"}, int64(1), []any{"ub:q", "x"})
+	}
+
+	// Not blocked, unknown, or itself: 0. Bad arguments: Redis's errors.
+	self := admin.do("CLIENT", "ID").(int64)
+	wantReplies(t, admin, unblock(self), unblock(self+1000), unblock(1, "FOO"), []string{"CLIENT", "UNBLOCK", "x"},
+		int64(0), int64(0), respError("ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR"), respError("ERR value is not an integer or out of range"))
+
+	// A connection straight to Redis, blocked: its Redis id means nothing
+	// to the proxy, and must not be forwarded as is.
+	other := dialRaw(t, p.Redis.Addr())
+	rid := other.do("CLIENT", "ID").(int64)
+	other.send([]string{"BLPOP", "ub:d", "0"})
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 1 }, "direct BLPOP never blocked")
+	for id := int64(1); id <= rid; id++ {
+		wantReplies(t, admin, unblock(id), int64(0))
+	}
+	direct.RPush(ctx, "ub:d", "x")
+	if got, _ := other.readReply(); !reflect.DeepEqual(got, []any{"ub:d", "x"}) {
+		t.Fatalf("a Redis connection blocked directly was unblocked through the proxy: %#v", got)
+	}
+
+	// Inside MULTI it would run at EXEC with the proxy id: refused.
+	wantReplies(t, admin, []string{"MULTI"}, unblock(1), []string{"EXEC"}, "OK",
+		respError("ERR redproxy: 'CLIENT UNBLOCK' inside MULTI is not supported"), respError("EXECABORT"))
+}
+
+// infoFields returns the field names of a CLIENT INFO/LIST line, in order.
+func infoFields(line string) []string {
+	var names []string
+	for _, f := range strings.Fields(line) {
+		k, _, _ := strings.Cut(f, "=")
+		names = append(names, k)
+	}
+	return names
+}
+
+func infoValue(line, key string) string {
+	for _, f := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(f, key+"="); ok {
+			return v
+		}
+	}
+	return "<missing " + key + ">"
+}
+
+// CLIENT INFO and CLIENT LIST answered by the proxy carry every field
+// Redis prints, in Redis's order, with values that follow the client's
+// state: tools that parse the lines work.
+func TestClientInfoHasEveryRedisField(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	redisLine := dialRaw(t, p.Redis.Addr()).do("CLIENT", "INFO").(string)
+	// Redis 7.2's fields; older servers print a prefix of them.
+	want := strings.Fields("id addr laddr fd name age idle flags db sub psub ssub multi qbuf qbuf-free argv-mem multi-mem rbs rbp obl oll omem tot-mem events cmd user redir resp lib-name lib-ver")
+	if got := infoFields(redisLine); !reflect.DeepEqual(got, want[:len(got)]) {
+		t.Fatalf("Redis prints fields %v; the test expects a prefix of %v", got, want)
+	}
+
+	c := dialRaw(t, p.Addr)
+	wantReplies(t, c, []string{"CLIENT", "SETNAME", "app"}, []string{"SELECT", "3"}, "OK", "OK")
+	line := c.do("CLIENT", "INFO").(string)
+	if got := infoFields(line); !reflect.DeepEqual(got, want) {
+		t.Fatalf("CLIENT INFO fields\n got %v\nwant %v", got, want)
+	}
+	for k, v := range map[string]string{"id": strconv.FormatInt(c.do("CLIENT", "ID").(int64), 10), "name": "app", "db": "3", "flags": "N",
+		"multi": "-1", "cmd": "client|info", "user": "default", "redir": "-1", "resp": "2", "addr": c.nc.LocalAddr().String()} {
+		if got := infoValue(line, k); got != v {
+			t.Errorf("CLIENT INFO %s=%s, want %s in %q", k, got, v, line)
+		}
+	}
+
+	// Flags and multi follow the client's state, in CLIENT LIST as seen by
+	// another client.
+	inMulti := dialRaw(t, p.Addr)
+	wantReplies(t, inMulti, []string{"MULTI"}, []string{"INCR", "m"}, []string{"INCR", "m"}, "OK", "QUEUED", "QUEUED")
+	blocked := dialRaw(t, p.Addr)
+	blocked.send([]string{"BLPOP", "info:q", "0"})
+	sub := dialRaw(t, p.Addr)
+	wantReplies(t, sub, []string{"SUBSCRIBE", "info:ch"}, []any{"subscribe", "info:ch", int64(1)})
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(p.Redis.Client(t)) == 1 }, "BLPOP never blocked")
+	byID := map[int64]string{}
+	for _, l := range strings.Split(strings.TrimSpace(c.do("CLIENT", "LIST").(string)), "\n") {
+		if got := infoFields(l); !reflect.DeepEqual(got, want) {
+			t.Fatalf("CLIENT LIST line fields\n got %v\nwant %v", got, want)
+		}
+		n, _ := strconv.ParseInt(infoValue(l, "id"), 10, 64)
+		byID[n] = l
+	}
+	if len(byID) != 4 {
+		t.Fatalf("CLIENT LIST has %d clients, want 4:\n%v", len(byID), byID)
+	}
+	for _, tc := range []struct {
+		who          *rawConn
+		flags, multi string
+	}{{inMulti, "x", "2"}, {blocked, "b", "-1"}, {sub, "P", "-1"}} {
+		l := byID[idOf(t, p, tc.who)]
+		if infoValue(l, "flags") != tc.flags || infoValue(l, "multi") != tc.multi {
+			t.Errorf("want flags=%s multi=%s in %q", tc.flags, tc.multi, l)
+		}
+	}
+}
+
+// idOf finds a client's proxy id by its address.
+func idOf(t *testing.T, p *proxytest.Proxy, c *rawConn) int64 {
+	t.Helper()
+	list, err := p.Client(t).ClientList(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(list, "\n") {
+		if infoValue(l, "addr") == c.nc.LocalAddr().String() {
+			n, _ := strconv.ParseInt(infoValue(l, "id"), 10, 64)
+			return n
+		}
+	}
+	t.Fatalf("no client with addr %s", c.nc.LocalAddr())
+	return 0
+}
+
+// upstreamNamed returns Redis's CLIENT LIST lines of connections named name.
+func upstreamNamed(t *testing.T, p *proxytest.Proxy, name string) []string {
+	t.Helper()
+	list, err := p.Redis.Client(t).ClientList(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(strings.TrimSpace(list), "\n") {
+		if infoValue(l, "name") == name {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// A client's CLIENT SETNAME reaches the upstream connections that are its
+// own (pinned, borrowed, relayed), so Redis's CLIENT LIST and SLOWLOG show
+// whose they are; a pinned or borrowed connection gets its own name back
+// before another client uses it. Shared connections keep the proxy's name.
+func TestClientNameReachesItsOwnConnections(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	c := dialRaw(t, p.Addr)
+	wantReplies(t, c, []string{"CLIENT", "SETNAME", "app"}, []string{"GET", "k"}, "OK", nil)
+	if l := upstreamNamed(t, p, "app"); len(l) != 0 {
+		t.Fatalf("a shared connection took a client's name: %v", l)
+	}
+
+	wantReplies(t, c, []string{"WATCH", "k"}, "OK")
+	if l := upstreamNamed(t, p, "app"); len(l) != 1 {
+		t.Fatalf("pinned connection named app: %v, want one", l)
+	}
+	wantReplies(t, c, []string{"CLIENT", "SETNAME", "app2"}, "OK")
+	if l := upstreamNamed(t, p, "app2"); len(l) != 1 {
+		t.Fatalf("pinned connection renamed app2: %v, want one", l)
+	}
+	wantReplies(t, c, []string{"UNWATCH"}, "OK")
+	if l := upstreamNamed(t, p, "app2"); len(l) != 0 {
+		t.Fatalf("an idle pinned connection kept the client's name: %v", l)
+	}
+	if l := upstreamNamed(t, p, "redproxy-pinned"); len(l) != 1 {
+		t.Fatalf("the pinned connection did not go back to the pool under its own name: %v", l)
+	}
+
+	c.send([]string{"BLPOP", "nq", "0"})
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		l := upstreamNamed(t, p, "app2")
+		return len(l) == 1 && infoValue(l[0], "cmd") == "blpop"
+	}, "the borrowed connection of a BLPOP does not carry the client's name")
+	p.Redis.Client(t).RPush(ctx, "nq", "x")
+	if got, _ := c.readReply(); !reflect.DeepEqual(got, []any{"nq", "x"}) {
+		t.Fatalf("BLPOP: %#v", got)
+	}
+	wantReplies(t, c, []string{"PING"}, "PONG")
+	if l := upstreamNamed(t, p, "app2"); len(l) != 0 {
+		t.Fatalf("an idle borrowed connection kept the client's name: %v", l)
+	}
+
+	wantReplies(t, c, []string{"SUBSCRIBE", "nch"}, []any{"subscribe", "nch", int64(1)})
+	if l := upstreamNamed(t, p, "app2"); len(l) != 1 || infoValue(l[0], "flags") != "P" {
+		t.Fatalf("the relay connection of a subscriber named app2: %v, want one with flags=P", l)
+	}
+}
