@@ -493,3 +493,33 @@ func TestClientNameReachesItsOwnConnections(t *testing.T) {
 		t.Fatalf("the relay connection of a subscriber named app2: %v, want one with flags=P", l)
 	}
 }
+
+// SLOWLOG, recorded by Redis per connection, names the connection a
+// command ran on: for shared connections the proxy's own name and address
+// (many clients' commands share them), for a client's own connections the
+// client's name. Documented in docs/COMPATIBILITY.md.
+func TestSlowlogNamesTheConnection(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	direct := p.Redis.Client(t)
+	if err := direct.ConfigSet(ctx, "slowlog-log-slower-than", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	direct.RPush(ctx, "sl:borrowed", "x")
+	direct.SlowLogReset(ctx)
+	c := dialRaw(t, p.Addr)
+	wantReplies(t, c, []string{"CLIENT", "SETNAME", "app"}, []string{"SET", "sl:shared", "1"}, []string{"BLPOP", "sl:borrowed", "0"},
+		"OK", "OK", []any{"sl:borrowed", "x"})
+	logs, err := direct.SlowLogGet(ctx, 100).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]string{}
+	for _, l := range logs {
+		if len(l.Args) > 0 {
+			names[strings.ToUpper(l.Args[0])] = l.ClientName
+		}
+	}
+	if names["SET"] != "redproxy" || names["BLPOP"] != "app" {
+		t.Fatalf("SLOWLOG client names: SET %q (want redproxy), BLPOP %q (want app)", names["SET"], names["BLPOP"])
+	}
+}
