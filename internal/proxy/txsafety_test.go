@@ -102,6 +102,25 @@ func TestRelayThatCannotStartIsNotForwarded(t *testing.T) {
 	}
 }
 
+// The same when Redis refuses the relay's connection (maxclients reached).
+func TestRelayWhoseDialFailsIsNotForwarded(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Upstream.Connections = 1 })
+	direct := dialRaw(t, p.Redis.Addr())
+	wantReplies(t, direct, []string{"SET", "k", "v"}, "OK")
+	c := dialRaw(t, p.Addr)
+	wantReplies(t, c, []string{"GET", "k"}, "v") // the shared connection is up
+	info := direct.do("INFO", "clients").(string)
+	connected := strings.TrimSpace(strings.Split(strings.Split(info, "connected_clients:")[1], "\n")[0])
+	wantReplies(t, direct, []string{"CONFIG", "SET", "maxclients", connected}, "OK")
+	for _, start := range [][]string{{"SUBSCRIBE", "ch"}, {"CLIENT", "TRACKING", "ON"}} {
+		wantReplies(t, c, start, []string{"GET", "k"}, respError("ERR redproxy: upstream unavailable"), "v")
+	}
+	wantReplies(t, direct, []string{"CONFIG", "SET", "maxclients", "10000"}, "OK")
+	if n := pubsubSubscribers(t, p, "ch"); n != 0 {
+		t.Fatalf("a refused SUBSCRIBE left %d subscriptions in Redis", n)
+	}
+}
+
 // SUBSCRIBE, MONITOR and CLIENT TRACKING ON under WATCH would move the
 // client to a relay connection of its own and silently drop the WATCH, so
 // a later EXEC would run unchecked. They are refused; the WATCH stays.
