@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -44,6 +45,12 @@ type Backend struct {
 	idleMu    sync.Mutex
 	idle      map[int][]*upstream.Pipe
 	closedDed bool
+
+	// Redis's client ids of dedicated pipes, learnt on first need (CLIENT
+	// UNBLOCK). A dedicated pipe never reconnects, so its id holds for its
+	// life; the entry goes when the pipe is closed.
+	idsMu sync.Mutex
+	ids   map[*upstream.Pipe]int64
 }
 
 // ErrTooManyPinned is returned when upstream.max_pinned dedicated
@@ -51,6 +58,10 @@ type Backend struct {
 var ErrTooManyPinned = errors.New("redproxy: too many dedicated upstream connections in use (upstream.max_pinned)")
 
 const maxIdlePerKey = 16
+
+// pinnedName is the name an idle dedicated pipe carries on Redis; while a
+// client uses it, it carries the client's name, if the client set one.
+const pinnedName = "redproxy-pinned"
 
 // AcquirePipe returns a dedicated pipelined connection for one client.
 func (b *Backend) AcquirePipe(db int, resp3 bool) (*upstream.Pipe, error) {
@@ -67,11 +78,11 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*upstream.Pipe, error) {
 			b.idleMu.Unlock()
 			return p, nil
 		}
-		go p.Close()
+		b.closePipe(p)
 	}
 	b.idleMu.Unlock()
 	o := b.Options(db, resp3)
-	o.Name = "redproxy-pinned"
+	o.Name = pinnedName
 	p, err := upstream.DialPipe(o)
 	if err != nil {
 		b.pinned.Add(-1)
@@ -98,18 +109,68 @@ func (b *Backend) ReleasePipe(p *upstream.Pipe, db int, resp3, clean bool) {
 		}
 		b.idleMu.Unlock()
 	}
+	b.closePipe(p)
+}
+
+// closePipe closes a dedicated pipe in the background and forgets its id.
+func (b *Backend) closePipe(p *upstream.Pipe) {
+	b.idsMu.Lock()
+	delete(b.ids, p)
+	b.idsMu.Unlock()
 	go p.Close()
 }
 
+var cmdClientID = []byte("*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n")
+
+// PipeID returns Redis's client id for the dedicated pipe p, asking Redis
+// (one round trip) the first time. Only p's user may call it, between its
+// own Calls.
+func (b *Backend) PipeID(p *upstream.Pipe) (int64, error) {
+	b.idsMu.Lock()
+	id, ok := b.ids[p]
+	b.idsMu.Unlock()
+	if ok {
+		return id, nil
+	}
+	c := upstream.NewCall()
+	c.Add(cmdClientID)
+	if err := p.Send(c); err != nil {
+		return 0, err
+	}
+	c.Wait()
+	r, err := c.Reply(0)
+	if err != nil {
+		return 0, err
+	}
+	if len(r) < 4 || r[0] != ':' {
+		return 0, fmt.Errorf("redproxy: unexpected reply to CLIENT ID: %q", r)
+	}
+	id, err = strconv.ParseInt(string(r[1:len(r)-2]), 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	b.idsMu.Lock()
+	if b.ids == nil {
+		b.ids = make(map[*upstream.Pipe]int64)
+	}
+	b.ids[p] = id
+	b.idsMu.Unlock()
+	return id, nil
+}
+
 // AcquireConn dials a raw dedicated connection for relaying (pub/sub,
-// MONITOR, client-side tracking). It is never reused.
-func (b *Backend) AcquireConn(db int, resp3 bool) (net.Conn, error) {
+// MONITOR, client-side tracking). It is never reused, so it carries the
+// client's name, if it has one, for Redis's CLIENT LIST and SLOWLOG.
+func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error) {
 	if b.pinned.Add(1) > int64(b.opt.MaxPinned) {
 		b.pinned.Add(-1)
 		return nil, ErrTooManyPinned
 	}
 	o := b.Options(db, resp3)
 	o.Name = "redproxy-relay"
+	if name != "" {
+		o.Name = name
+	}
 	nc, err := upstream.Dial(o)
 	if err != nil {
 		b.pinned.Add(-1)

@@ -44,6 +44,7 @@ type Session struct {
 	authed    bool
 	createdAt time.Time
 	lastCmd   atomic.Pointer[commands.Command] // for CLIENT INFO/LIST
+	list      listState                        // the rest CLIENT INFO/LIST shows
 
 	// The batch being answered: forwarded commands are collected into one
 	// Call; slots remember, for every command, where its reply comes from.
@@ -55,6 +56,8 @@ type Session struct {
 	batchReqs []resp.Request
 
 	pin   pinState
+	abort txAbort
+	block blockState
 	guard guard.Batch // the guard's decisions for the batch (guard.go)
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
@@ -179,6 +182,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	args := req.Args
 	cmd := sess.srv.table.Lookup(args)
 	sess.lastCmd.Store(cmd)
+	if i == 0 {
+		sess.list.active.Store(time.Now().UnixNano())
+	}
 	m := sess.metricFor(cmd)
 	m.Calls.Inc()
 	sess.curIndex = i
@@ -186,6 +192,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	sess.replySkip = false
 	if !sess.authed && !isAuthExempt(cmd) {
 		sess.replyLocal(m, errNoAuth)
+		return
+	}
+	if sess.abort.reason != nil && sess.abortedStep(cmd, m) {
 		return
 	}
 	// A refusal comes first, so that commands the proxy handles itself
@@ -363,12 +372,12 @@ func (sess *Session) flush(start time.Time) {
 		}
 		sl.metric.Latency.Observe(elapsed)
 		if sl.exec {
+			sess.pin.execRan = len(reply) > 1 && reply[0] == '*' && reply[1] != '-'
 			sess.txFixupResults(reply, sess.pin.txHidden)
 		}
 		switch {
 		case sl.mute:
 		case sl.exec:
-			sess.pin.execRan = len(reply) > 1 && reply[0] == '*' && reply[1] != '-'
 			sess.out = stripExec(reply, sess.pin.txHidden, sess.out)
 		default:
 			sess.out = append(sess.out, reply...)
