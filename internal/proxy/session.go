@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
@@ -155,7 +156,8 @@ func (sess *Session) serve() {
 				reason = sess.interruptReason()
 			case errors.Is(err, os.ErrDeadlineExceeded):
 				reason = metrics.CloseIdleTimeout
-			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
+			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
+				// The client closed (a reset: it closed with replies unread).
 			default:
 				reason = metrics.CloseReadError
 				sess.srv.log.Debug("client read failed", "client", sess.nc.RemoteAddr().String(), "err", err)
