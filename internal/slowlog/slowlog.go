@@ -46,30 +46,33 @@ type Entry struct {
 // lock, which is fine because only slow batches add.
 type Log struct {
 	threshold time.Duration
+	maxLen    int
 	mu        sync.Mutex
 	ring      []Entry
+	next      int    // where the next entry goes once the ring is full
 	total     uint64 // entries ever added; the next ID
 }
 
 // New returns a log keeping the last maxLen entries. threshold is only
 // reported; the caller decides what is slow.
 func New(maxLen int, threshold time.Duration) *Log {
-	return &Log{threshold: threshold, ring: make([]Entry, 0, maxLen)}
+	return &Log{threshold: threshold, maxLen: maxLen, ring: make([]Entry, 0, maxLen)}
 }
 
 // Add enters e, giving it the next ID and replacing the oldest entry when
 // the log is full.
 func (l *Log) Add(e Entry) {
-	if cap(l.ring) == 0 {
+	if l.maxLen == 0 {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e.ID = l.total
-	if len(l.ring) < cap(l.ring) {
+	if len(l.ring) < l.maxLen {
 		l.ring = append(l.ring, e)
 	} else {
-		l.ring[l.total%uint64(cap(l.ring))] = e
+		l.ring[l.next] = e // the oldest
+		l.next = (l.next + 1) % l.maxLen
 	}
 	l.total++
 }
@@ -100,7 +103,7 @@ func (l *Log) Total() uint64 {
 func (l *Log) Reset() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.ring = l.ring[:0]
+	l.ring, l.next = l.ring[:0], 0
 }
 
 // Report is what the HTTP handler serves.
@@ -135,7 +138,7 @@ func (l *Log) Handler() http.Handler {
 			}
 			entries = entries[:min(n, len(entries))]
 		}
-		rep := Report{ThresholdMicros: l.threshold.Microseconds(), MaxLen: cap(l.ring), Total: l.Total(), Entries: entries}
+		rep := Report{ThresholdMicros: l.threshold.Microseconds(), MaxLen: l.maxLen, Total: l.Total(), Entries: entries}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

@@ -52,6 +52,18 @@ func TestRingKeepsLastAndSortsSlowestFirst(t *testing.T) {
 	if l.Total() != 5 {
 		t.Fatalf("total %d", l.Total())
 	}
+	// After a reset the oldest entry is still the one replaced.
+	l.Reset()
+	for _, us := range []int64{1, 2, 3, 4} {
+		l.Add(Entry{TotalMicros: us})
+	}
+	us = us[:0]
+	for _, e := range l.Entries() {
+		us = append(us, e.TotalMicros)
+	}
+	if len(us) != 3 || us[0] != 4 || us[1] != 3 || us[2] != 2 {
+		t.Fatalf("after a reset: %v", us)
+	}
 	off := New(0, 0)
 	off.Add(Entry{TotalMicros: 1})
 	if len(off.Entries()) != 0 || off.Total() != 0 {
