@@ -1,8 +1,19 @@
 // Command redproxy is a Redis-protocol caching proxy: clients point at it
 // instead of Redis and nothing changes but the port.
 //
-//	redproxy [--config FILE] [--listen ADDR] [--upstream ADDR|embedded] [--admin ADDR] [--log-level LEVEL] [--policy-mode MODE] [--local-tier on|off]
+//	redproxy [--config FILE] [--listen ADDR] [--upstream ADDR|embedded] [--admin ADDR] [--log-level LEVEL] [--policy-mode MODE] [--local-tier on|off] [--require-upstream]
 //	redproxy audit --upstream ADDR [--config FILE] [--json] ...   (see audit.go)
+//	redproxy healthcheck [--ready] [--admin ADDR] [--config FILE]  (see healthcheck.go)
+//
+// Every flag can also come from the environment as REDPROXY_ and the flag's
+// name in capitals with '_' for '-' (REDPROXY_UPSTREAM, REDPROXY_CONFIG,
+// REDPROXY_LISTEN, REDPROXY_ADMIN, ...); a flag on the command line wins.
+//
+// With neither an upstream nor a config file, the proxy uses a Redis on
+// 127.0.0.1:6379 if one answers, else the embedded demo store; with
+// --require-upstream (REDPROXY_REQUIRE_UPSTREAM=1, set in the container
+// image) it refuses to start instead, so it never silently runs on the demo
+// store. --upstream embedded still asks for the demo store explicitly.
 //
 // SIGHUP re-reads the [policy] section of --config; an invalid file keeps
 // the policy in force.
@@ -44,6 +55,9 @@ func run(argv []string, stderr io.Writer) int {
 	if len(argv) > 0 && argv[0] == "audit" {
 		return runAudit(argv[1:], os.Stdout, stderr)
 	}
+	if len(argv) > 0 && argv[0] == "healthcheck" {
+		return runHealthcheck(argv[1:], os.Stdout, stderr)
+	}
 	fs := flag.NewFlagSet("redproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	configPath := fs.String("config", "", "TOML configuration file (see config.example.toml)")
@@ -54,7 +68,12 @@ func run(argv []string, stderr io.Writer) int {
 	fs.StringVar(&ov.LogLevel, "log-level", "", "debug, info, warn or error")
 	fs.StringVar(&ov.LocalTier, "local-tier", "", "on or off: override localcache.enabled (the local tier of hot keys)")
 	policyMode := fs.String("policy-mode", "enforce", "cap every policy rule: enforce (rules act as configured), report (log and count, refuse nothing) or off")
+	requireUpstream := fs.Bool("require-upstream", false, `refuse to start without --upstream or --config instead of trying 127.0.0.1:6379 and then the embedded store`)
 	if err := fs.Parse(argv); err != nil {
+		return 2
+	}
+	if _, err := applyEnv(fs, lookupEnv); err != nil {
+		fmt.Fprintf(stderr, "redproxy: %v\n", err)
 		return 2
 	}
 	forced, err := policy.ParseAction(*policyMode)
@@ -84,11 +103,21 @@ func run(argv []string, stderr io.Writer) int {
 
 	// With neither a config file nor --upstream, the quick start should just
 	// work: use a local Redis if one answers, else the embedded store. An
-	// address the operator chose is never silently replaced.
+	// address the operator chose is never silently replaced. Where that
+	// guess is wrong (a container, where 127.0.0.1 is the container itself),
+	// --require-upstream makes a missing upstream an error.
 	upstreamAddr := cfg.Upstream.Address
-	if *configPath == "" && ov.Upstream == "" && !redisAnswers(upstreamAddr) {
-		log.Warn("no Redis answers at the default address; using the embedded store", "address", upstreamAddr)
-		upstreamAddr = config.EmbeddedAddress
+	if *configPath == "" && ov.Upstream == "" {
+		if *requireUpstream {
+			fmt.Fprintf(stderr, "redproxy: no upstream given (--require-upstream): set --upstream or %s to your Redis as host:port, "+
+				"or to %q for the in-process demo store, or give a file with --config or %s\n",
+				envName("upstream"), config.EmbeddedAddress, envName("config"))
+			return 2
+		}
+		if !redisAnswers(upstreamAddr) {
+			log.Warn("no Redis answers at the default address; using the embedded store", "address", upstreamAddr)
+			upstreamAddr = config.EmbeddedAddress
+		}
 	}
 	embedded := upstreamAddr == config.EmbeddedAddress
 	if embedded {
@@ -130,14 +159,7 @@ func run(argv []string, stderr io.Writer) int {
 	g := srv.Guard()
 	g.SetForcedMode(forced)
 	if *configPath != "" {
-		path := *configPath
-		g.SetSource(func() (policy.Config, error) {
-			c, err := config.Load(path)
-			if err != nil {
-				return policy.Config{}, err
-			}
-			return c.Policy, nil
-		})
+		g.SetSource(policySource(*configPath))
 	}
 	if forced != policy.Enforce {
 		log.Warn("--policy-mode caps every policy rule", "policy_mode", forced.String())
@@ -160,10 +182,7 @@ func run(argv []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "redproxy: cannot listen on %s (server.admin): %v\n", cfg.Server.Admin, err)
 			return 1
 		}
-		adm = admin.New(reg.Registry, srv.Ready, log)
-		adm.Handle("GET /policy/report", g.ReportHandler())
-		adm.Handle("POST /policy/reload", g.ReloadHandler())
-		adm.Handle("GET /debug/hotkeys", srv.HotKeysHandler())
+		adm = newAdmin(srv, reg, log)
 		go adm.Serve(aln)
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}
@@ -199,6 +218,30 @@ wait:
 	}
 	log.Info("stopped")
 	return 0
+}
+
+// policySource reads the [policy] section of the file at path, for reloads.
+func policySource(path string) func() (policy.Config, error) {
+	return func() (policy.Config, error) {
+		c, err := config.Load(path)
+		if err != nil {
+			return policy.Config{}, err
+		}
+		return c.Policy, nil
+	}
+}
+
+// newAdmin builds the admin HTTP server with every endpoint the proxy has.
+func newAdmin(srv *proxy.Server, reg *metrics.Metrics, log *slog.Logger) *admin.Server {
+	g := srv.Guard()
+	adm := admin.New(reg.Registry, srv.Ready, log)
+	adm.Handle("GET /policy/report", g.ReportHandler())
+	adm.Handle("POST /policy/reload", g.ReloadHandler())
+	adm.Handle("GET /debug/hotkeys", srv.HotKeysHandler())
+	slow := srv.SlowlogHandler()
+	adm.Handle("GET /debug/slowlog", slow)
+	adm.Handle("DELETE /debug/slowlog", slow)
+	return adm
 }
 
 func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {

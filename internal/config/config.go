@@ -62,6 +62,11 @@ type Server struct {
 	PubSubOutputLimit units.ByteSize `toml:"pubsub_output_limit"`
 	IdleTimeout       units.Duration `toml:"idle_timeout"` // 0 = never close idle clients
 	ShutdownTimeout   units.Duration `toml:"shutdown_timeout"`
+	// SlowlogThreshold: batches that take at least this long are entered
+	// in the slow log (/debug/slowlog); SlowlogMaxLen entries are kept, 0
+	// turns the slow log off.
+	SlowlogThreshold units.Duration `toml:"slowlog_threshold"`
+	SlowlogMaxLen    int            `toml:"slowlog_max_len"`
 }
 
 // Upstream configures the connections to the real Redis.
@@ -102,6 +107,8 @@ func Default() *Config {
 			PubSubOutputLimit: 32 * units.MB,
 			IdleTimeout:       dur(0),
 			ShutdownTimeout:   dur(10 * time.Second),
+			SlowlogThreshold:  dur(10 * time.Millisecond),
+			SlowlogMaxLen:     128,
 		},
 		Upstream: Upstream{
 			Address:      "127.0.0.1:6379",

@@ -94,6 +94,8 @@ client_output_limit = "1GB"
 pubsub_output_limit = "8 MB"
 idle_timeout = "5m"
 shutdown_timeout = "1s"
+slowlog_threshold = "2ms"
+slowlog_max_len = 16
 
 [upstream]
 address = "redis.internal:6390"
@@ -150,6 +152,8 @@ max_age = "20s"
 			PubSubOutputLimit: 8 << 20,
 			IdleTimeout:       dur(5 * time.Minute),
 			ShutdownTimeout:   dur(time.Second),
+			SlowlogThreshold:  dur(2 * time.Millisecond),
+			SlowlogMaxLen:     16,
 		},
 		Upstream: Upstream{
 			Address:      "redis.internal:6390",
@@ -239,6 +243,8 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{1, "server.idle_timeout", "invalid value 30: write it as a string with a unit"}}},
 		{"negative duration", "[server]\nshutdown_timeout = \"-1s\"\n",
 			[]wantErr{{2, "server.shutdown_timeout", "must not be negative"}}},
+		{"slow log too long", "[server]\nslowlog_max_len = 1000000\n",
+			[]wantErr{{2, "server.slowlog_max_len", "must be between 0 (off) and 10000"}}},
 		{"zero dial timeout", "[upstream]\ndial_timeout = \"0s\"\n",
 			[]wantErr{{2, "upstream.dial_timeout", "must be > 0"}}},
 		{"bad size unit", "[server]\nmax_bulk_bytes = \"5QB\"\n",

@@ -9,6 +9,9 @@ import (
 	"github.com/redproxy/redproxy/internal/config/units"
 )
 
+// maxSlowlogLen caps the slow log's memory: an entry is a few hundred bytes.
+const maxSlowlogLen = 10000
+
 // check collects every invalid setting rather than stopping at the first, so
 // an operator fixes a config in one pass.
 func (c *Config) check() []*Error {
@@ -69,6 +72,10 @@ func (c *Config) check() []*Error {
 	}
 	nonNegative("server.idle_timeout", s.IdleTimeout)
 	nonNegative("server.shutdown_timeout", s.ShutdownTimeout)
+	nonNegative("server.slowlog_threshold", s.SlowlogThreshold)
+	if s.SlowlogMaxLen < 0 || s.SlowlogMaxLen > maxSlowlogLen {
+		bad("server.slowlog_max_len", "must be between 0 (off) and %d, got %d", maxSlowlogLen, s.SlowlogMaxLen)
+	}
 
 	u := &c.Upstream
 	if u.Address != EmbeddedAddress {

@@ -26,6 +26,11 @@ type Metrics struct {
 	ClientsRejected  prometheus.Counter
 	ProtocolErrors   prometheus.Counter
 	SlowConsumers    prometheus.Counter
+	// SlowCommands counts entries of the slow log, by the command that
+	// named the batch.
+	SlowCommands *prometheus.CounterVec
+
+	clientsClosed *prometheus.CounterVec
 
 	mu     sync.Mutex
 	byName atomic.Pointer[map[string]*Command] // copy-on-write: reads take no lock
@@ -68,13 +73,47 @@ func New() *Metrics {
 		SlowConsumers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "redproxy_client_slow_consumers_total", Help: "Client connections closed because their output exceeded the output limit.",
 		}),
+		SlowCommands: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redproxy_slow_commands_total", Help: "Batches slower than server.slowlog_threshold (entries of /debug/slowlog), by their first command.",
+		}, []string{"command"}),
+		clientsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redproxy_clients_closed_total", Help: "Client connections closed, by reason.",
+		}, []string{"reason"}),
+	}
+	// Every reason is exported from the start, so a dashboard's rate() has
+	// a series before the first close of that kind.
+	for _, r := range CloseReasons {
+		m.clientsClosed.WithLabelValues(r)
 	}
 	m.byName.Store(&map[string]*Command{})
 	m.Registry.MustRegister(m.commands, m.errors, m.latency, m.ClientsConnected, m.ClientsTotal,
-		m.ClientsRejected, m.ProtocolErrors, m.SlowConsumers,
+		m.ClientsRejected, m.ProtocolErrors, m.SlowConsumers, m.SlowCommands, m.clientsClosed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+// Why a client connection ended: the values of redproxy_clients_closed_total's
+// reason label.
+const (
+	CloseQuit          = "quit"           // the client sent QUIT
+	CloseClient        = "client_closed"  // the client closed its side
+	CloseProtocolError = "protocol_error" // malformed or oversized request
+	CloseIdleTimeout   = "idle_timeout"   // server.idle_timeout passed with no request
+	CloseShutdown      = "shutdown"       // the proxy is shutting down
+	CloseKilled        = "killed"         // CLIENT KILL
+	CloseWriteError    = "write_error"    // writing a reply failed (client gone, slow consumer)
+	CloseReadError     = "read_error"     // reading failed for another reason
+	ClosePanic         = "internal_error" // a bug while serving the client
+)
+
+// CloseReasons lists every reason label value.
+var CloseReasons = []string{CloseQuit, CloseClient, CloseProtocolError, CloseIdleTimeout,
+	CloseShutdown, CloseKilled, CloseWriteError, CloseReadError, ClosePanic}
+
+// ClientClosed counts one closed client connection. reason is one of
+// CloseReasons. It is called once per connection, not per command, so the
+// label lookup is not on the hot path.
+func (m *Metrics) ClientClosed(reason string) { m.clientsClosed.WithLabelValues(reason).Inc() }
 
 // Command returns the cached metrics of a command name. name must be a
 // bounded set (the command table's names, or "unknown"), never client input.

@@ -19,7 +19,7 @@ import (
 // proxy still answers itself because they need no Redis round trip.
 func isProxyAnswered(cmd *commands.Command) bool {
 	switch cmd.Name {
-	case "ping", "echo":
+	case "ping", "echo", "info":
 		return true
 	}
 	return false
@@ -46,6 +46,8 @@ func (sess *Session) special(cmd *commands.Command, req *resp.Request, m *metric
 	case "echo":
 		b, start := sess.localBuf()
 		sess.finishLocal(m, redcon.AppendBulk(b, args[1]), start)
+	case "info":
+		return sess.info(args, req.Raw, m)
 	case "quit":
 		sess.replyLocal(m, ok)
 		sess.quitting = true

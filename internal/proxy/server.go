@@ -39,6 +39,7 @@ type Server struct {
 	guard   *serverGuard // the policy guard (guard.go)
 	flight  *flightState // stampede protection (flight.go)
 	tier    *tierState   // the local tier (tier.go)
+	slow    slowState    // the slow log (slowlog.go)
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -48,6 +49,7 @@ type Server struct {
 	nextID   atomic.Int64
 	clients  atomic.Int64
 	version  atomic.Pointer[string]
+	started  time.Time // for INFO's proxy_uptime_in_seconds
 }
 
 // SetUpstreamVersion records the Redis version HELLO reports, so clients
@@ -98,6 +100,7 @@ func NewServer(o Options) (*Server, error) {
 			MaxInline:  int(cfg.Server.MaxInlineBytes),
 		},
 		sessions: make(map[*Session]struct{}),
+		started:  time.Now(),
 	}
 	s.backend = NewBackend(BackendOptions{
 		Addr:         addr,

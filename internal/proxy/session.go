@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
@@ -67,6 +68,12 @@ type Session struct {
 	curMute    bool // the command being dispatched gets no reply
 	curIndex   int  // index in batchReqs of the command being dispatched
 
+	// upstreamWait adds up the batch's waits for upstream replies, for
+	// the slow log; slowExempt marks a batch whose time is the client's
+	// own choice (a blocking command, a relay), which is never slow.
+	upstreamWait time.Duration
+	slowExempt   bool
+
 	interrupted atomic.Bool
 }
 
@@ -79,6 +86,7 @@ type slot struct {
 	tx     bool // sent inside MULTI: its reply is +QUEUED or a queue-time error
 	exec   bool // EXEC of a transaction: strip the proxy's own commands' results
 	mute   bool // CLIENT REPLY OFF/SKIP: consume the reply, do not send it
+	info   bool // INFO: append the proxy's section to Redis's reply (info.go)
 }
 
 type slotKind uint8
@@ -112,10 +120,13 @@ func (sess *Session) interrupt() {
 }
 
 func (sess *Session) serve() {
+	reason := metrics.CloseClient
+	defer func() { sess.srv.metrics.ClientClosed(reason) }()
 	defer func() {
 		// A bug handling one client must not take the proxy and every
 		// other client down with it.
 		if r := recover(); r != nil {
+			reason = metrics.ClosePanic
 			sess.srv.log.Error("BUG: panic while serving a client; connection closed", "client", sess.nc.RemoteAddr().String(), "panic", r, "stack", string(debug.Stack()))
 		}
 	}()
@@ -125,6 +136,7 @@ func (sess *Session) serve() {
 	idle := sess.srv.cfg.Server.IdleTimeout.Duration
 	for {
 		if sess.interrupted.Load() {
+			reason = sess.interruptReason()
 			return
 		}
 		if idle > 0 {
@@ -136,18 +148,30 @@ func (sess *Session) serve() {
 		}
 		if err != nil {
 			var pe *resp.ProtocolError
-			if errors.As(err, &pe) {
+			switch {
+			case errors.As(err, &pe):
 				// As Redis does: say why, then close, because the rest of
 				// the stream can no longer be framed.
+				reason = metrics.CloseProtocolError
 				sess.srv.metrics.ProtocolErrors.Inc()
 				sess.out = redcon.AppendError(sess.out, "ERR "+pe.Error())
 				sess.srv.log.Debug("closing client after protocol error", "client", sess.nc.RemoteAddr().String(), "err", pe.Msg)
-			} else if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, net.ErrClosed) {
+			case sess.interrupted.Load():
+				reason = sess.interruptReason()
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				reason = metrics.CloseIdleTimeout
+			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
+				// The client closed (a reset: it closed with replies unread).
+			default:
+				reason = metrics.CloseReadError
 				sess.srv.log.Debug("client read failed", "client", sess.nc.RemoteAddr().String(), "err", err)
 			}
 		}
 		if len(sess.out) > 0 {
 			if _, werr := sess.nc.Write(sess.out); werr != nil {
+				if err == nil {
+					reason = metrics.CloseWriteError
+				}
 				return
 			}
 			sess.out = sess.out[:0]
@@ -155,10 +179,37 @@ func (sess *Session) serve() {
 				sess.out = nil
 			}
 		}
-		if err != nil || sess.quitting {
+		if err != nil {
+			return
+		}
+		if sess.quitting {
+			reason = sess.quitReason()
 			return
 		}
 	}
+}
+
+// interruptReason tells a shutdown from a CLIENT KILL; both interrupt.
+func (sess *Session) interruptReason() string {
+	sess.srv.mu.Lock()
+	defer sess.srv.mu.Unlock()
+	if sess.srv.closing {
+		return metrics.CloseShutdown
+	}
+	return metrics.CloseKilled
+}
+
+// quitReason says why a session that stopped reading ends: QUIT, or the
+// end of a relay or a blocking command whose client went away (or was
+// interrupted).
+func (sess *Session) quitReason() string {
+	if sess.interrupted.Load() {
+		return sess.interruptReason()
+	}
+	if c := sess.lastCmd.Load(); c != nil && c.Name == "quit" {
+		return metrics.CloseQuit
+	}
+	return metrics.CloseClient
 }
 
 // serveBatch answers every request of one batch and appends the replies to
@@ -174,6 +225,10 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 		sess.dispatch(i, &reqs[i])
 	}
 	sess.flush(start)
+	if took := time.Since(start); took >= sess.srv.slow.threshold && !sess.slowExempt {
+		sess.noteSlow(reqs, start, took)
+	}
+	sess.upstreamWait, sess.slowExempt = 0, false
 }
 
 // dispatch decides where one command goes. It is the seam where the guard,
@@ -309,7 +364,9 @@ func (sess *Session) flush(start time.Time) {
 		return
 	}
 	call := sess.call
+	now := time.Now()
 	if call.Len() > 0 {
+		sent := now
 		if sess.pin.pipe != nil {
 			if err := sess.pin.pipe.Send(call); err != nil {
 				call.Fail(err)
@@ -319,8 +376,10 @@ func (sess *Session) flush(start time.Time) {
 		} else {
 			sess.srv.backend.Pool(sess.db, sess.resp3).Do(call)
 		}
+		now = time.Now()
+		sess.upstreamWait += now.Sub(sent)
 	}
-	elapsed := time.Since(start).Seconds()
+	elapsed := now.Sub(start).Seconds()
 	for _, sl := range sess.slots {
 		var reply []byte
 		switch sl.kind {
@@ -362,6 +421,8 @@ func (sess *Session) flush(start time.Time) {
 			reply = r
 			if sl.tx {
 				sess.noteQueued(r, false)
+			} else if sl.info {
+				reply = sess.withProxyInfo(r)
 			}
 			if h := testHookReply.Load(); h != nil {
 				reply = (*h)(sess.id, reply)

@@ -431,6 +431,7 @@ func errorReply(err error) []byte {
 // timeout (the command's own timeout, possibly forever, applies), after
 // everything the client sent before it has been answered.
 func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metrics.Command) {
+	sess.slowExempt = true
 	sess.flush(time.Now())
 	if mayWrite(cmd) {
 		sess.writeForwarded(cmd, req.Args)
@@ -652,6 +653,7 @@ const (
 // dedicated connection. reqs are the client's requests from the one that
 // started it to the end of the batch; they are sent first.
 func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.Command) bool {
+	sess.slowExempt = true
 	sess.flush(time.Now())
 	up, err := sess.srv.backend.AcquireConn(sess.db, sess.resp3, sess.name)
 	if err != nil {
