@@ -129,10 +129,10 @@ func TestAuditCommand(t *testing.T) {
 		}
 	}
 	// Dispatched from run().
-	if code := run([]string{"audit", "--upstream", rs.Addr(), "--count", "0"}, io.Discard); code != auditFailed {
+	if code := run([]string{"audit", "--upstream", rs.Addr(), "--count", "0"}, io.Discard, io.Discard); code != auditFailed {
 		t.Errorf("run audit: exit %d", code)
 	}
-	if code := run([]string{"--policy-mode", "sometimes"}, io.Discard); code != 2 {
+	if code := run([]string{"--policy-mode", "sometimes"}, io.Discard, io.Discard); code != 2 {
 		t.Errorf("bad --policy-mode: exit %d", code)
 	}
 }

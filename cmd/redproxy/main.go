@@ -3,6 +3,7 @@
 //
 //	redproxy [--config FILE] [--listen ADDR] [--upstream ADDR|embedded] [--admin ADDR] [--log-level LEVEL] [--policy-mode MODE] [--local-tier on|off]
 //	redproxy audit --upstream ADDR [--config FILE] [--json] ...   (see audit.go)
+//	redproxy check --config FILE [flags]   validate, print the effective settings (check.go)
 //
 // SIGHUP re-reads the [policy] section of --config; an invalid file keeps
 // the policy in force.
@@ -36,23 +37,23 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // run is main without os.Exit, so tests can drive it.
-func run(argv []string, stderr io.Writer) int {
-	if len(argv) > 0 && argv[0] == "audit" {
-		return runAudit(argv[1:], os.Stdout, stderr)
+func run(argv []string, stdout, stderr io.Writer) int {
+	if len(argv) > 0 {
+		switch argv[0] {
+		case "audit":
+			return runAudit(argv[1:], stdout, stderr)
+		case "check":
+			return runCheck(argv[1:], stdout, stderr)
+		}
 	}
 	fs := flag.NewFlagSet("redproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	configPath := fs.String("config", "", "TOML configuration file (see config.example.toml)")
-	var ov config.Overrides
-	fs.StringVar(&ov.Listen, "listen", "", "client address to listen on (default from config: 127.0.0.1:6380)")
-	fs.StringVar(&ov.Upstream, "upstream", "", `Redis address host:port, or "embedded" for the in-process demo store`)
-	fs.StringVar(&ov.Admin, "admin", "", "admin HTTP address for /metrics, /healthz, /readyz (default 127.0.0.1:9121)")
-	fs.StringVar(&ov.LogLevel, "log-level", "", "debug, info, warn or error")
-	fs.StringVar(&ov.LocalTier, "local-tier", "", "on or off: override localcache.enabled (the local tier of hot keys)")
+	ovp := overrideFlags(fs)
 	policyMode := fs.String("policy-mode", "enforce", "cap every policy rule: enforce (rules act as configured), report (log and count, refuse nothing) or off")
 	if err := fs.Parse(argv); err != nil {
 		return 2
@@ -74,6 +75,7 @@ func run(argv []string, stderr io.Writer) int {
 			return 2
 		}
 	}
+	ov := *ovp
 	cfg, err = cfg.Apply(ov)
 	if err != nil {
 		fmt.Fprintf(stderr, "redproxy: bad configuration:\n%v\n", err)
