@@ -24,7 +24,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/admin"
@@ -94,8 +93,8 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	}
 	embedded := upstreamAddr == config.EmbeddedAddress
 	if embedded {
-		mr := miniredis.NewMiniRedis()
-		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
+		mr, err := startEmbedded()
+		if err != nil {
 			fmt.Fprintf(stderr, "redproxy: cannot start the embedded store: %v\n", err)
 			return 1
 		}
