@@ -82,7 +82,12 @@ func overrideFlags(fs *flag.FlagSet) *config.Overrides {
 	var ov config.Overrides
 	fs.StringVar(&ov.Listen, "listen", "", "client address to listen on (default from config: 127.0.0.1:6380)")
 	fs.StringVar(&ov.Upstream, "upstream", "", `Redis address host:port, or "embedded" for the in-process demo store`)
-	fs.StringVar(&ov.Admin, "admin", "", "admin HTTP address for /metrics, /healthz, /readyz (default 127.0.0.1:9121)")
+	// A Func flag, because an explicitly empty --admin ("" turns the admin
+	// server off) must differ from no --admin at all.
+	fs.Func("admin", `admin HTTP address for /metrics, /healthz, /readyz (default 127.0.0.1:9121); "" turns it off`, func(s string) error {
+		ov.Admin, ov.NoAdmin = s, s == ""
+		return nil
+	})
 	fs.StringVar(&ov.LogLevel, "log-level", "", "debug, info, warn or error")
 	fs.StringVar(&ov.LocalTier, "local-tier", "", "on or off: override localcache.enabled (the local tier of hot keys)")
 	return &ov

@@ -2,12 +2,20 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/redistest"
 )
 
 func writeConfig(t *testing.T, doc string) string {
@@ -111,6 +119,50 @@ func TestCheckUsage(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		if code := run(args, &stdout, &stderr); code != 2 || stderr.Len() == 0 {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
+		}
+	}
+}
+
+// TestEmptyAdminFlagTurnsAdminOff: --admin "" overrides the file's
+// server.admin and no admin server listens, as bench/README.md relies on;
+// no --admin keeps the file's.
+func TestEmptyAdminFlagTurnsAdminOff(t *testing.T) {
+	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	path := writeConfig(t, fmt.Sprintf("[server]\nadmin = %q\n", adminAddr))
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"check", "--config", path, "--admin", ""}, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "admin = ''") {
+		t.Fatalf("check --admin \"\": exit %d\n%s%s", code, stdout.String(), stderr.String())
+	}
+
+	rs := redistest.Start(t)
+	bin := binary(t)
+	for _, tc := range []struct {
+		args      []string
+		adminWant bool
+	}{
+		{[]string{"--admin", ""}, false},
+		{nil, true},
+	} {
+		listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+		var logs syncBuffer
+		cmd := exec.Command(bin, append([]string{"--config", path, "--listen", listen, "--upstream", rs.Addr()}, tc.args...)...)
+		cmd.Stderr = &logs
+		check(t, cmd.Start())
+		c := redis.NewClient(&redis.Options{Addr: listen, MaxRetries: -1})
+		redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered; log:\n%s", logs.String())
+		c.Close()
+		// The admin server starts listening before the proxy does (see
+		// run), so by now it would answer.
+		res, err := http.Get("http://" + adminAddr + "/healthz")
+		if err == nil {
+			res.Body.Close()
+		}
+		if got := err == nil; got != tc.adminWant {
+			t.Errorf("%v: admin answers = %v, want %v; log:\n%s", tc.args, got, tc.adminWant, logs.String())
+		}
+		check(t, cmd.Process.Signal(syscall.SIGTERM))
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("exit: %v\n%s", err, logs.String())
 		}
 	}
 }
