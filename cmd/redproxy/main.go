@@ -5,14 +5,14 @@
 //	redproxy audit --upstream ADDR [--config FILE] [--json] ...   (see audit.go)
 //	redproxy check --config FILE [flags]   validate, print the effective settings (check.go)
 //
-// SIGHUP re-reads the [policy] section of --config; an invalid file keeps
-// the policy in force.
+// SIGHUP and POST /reload re-read --config and apply every setting that can
+// change at run time (reload.go); an invalid file, or a change to a setting
+// that needs a restart, keeps the configuration in force. POST
+// /policy/reload re-reads only the [policy] section.
 package main
 
 import (
 	"context"
-	"errors"
-
 	"flag"
 	"fmt"
 	"io"
@@ -29,7 +29,6 @@ import (
 	"github.com/redproxy/redproxy/internal/admin"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
-	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxy"
@@ -80,7 +79,9 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "redproxy: bad configuration:\n%v\n", err)
 		return 2
 	}
-	log := newLogger(cfg, stderr)
+	level := new(slog.LevelVar)
+	level.Set(logLevel(cfg.Server.LogLevel))
+	log := newLogger(cfg, level, stderr)
 	slog.SetDefault(log)
 
 	// With neither a config file nor --upstream, the quick start should just
@@ -106,6 +107,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 			// embedded store lacks; without it the tier would never serve
 			// and its connections would retry forever.
 			log.Warn("local tier disabled: the embedded store has no CLIENT TRACKING")
+			ov.LocalTier = "off" // and so on every reload
 			if cfg, err = cfg.Apply(config.Overrides{LocalTier: "off"}); err != nil {
 				fmt.Fprintf(stderr, "redproxy: %v\n", err)
 				return 2
@@ -130,15 +132,9 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	}
 	g := srv.Guard()
 	g.SetForcedMode(forced)
+	rl := &reloader{path: *configPath, ov: ov, srv: srv, guard: g, level: level, log: log}
 	if *configPath != "" {
-		path := *configPath
-		g.SetSource(func() (policy.Config, error) {
-			c, err := config.Load(path)
-			if err != nil {
-				return policy.Config{}, err
-			}
-			return c.Policy, nil
-		})
+		g.SetSource(rl.policySource)
 	}
 	if forced != policy.Enforce {
 		log.Warn("--policy-mode caps every policy rule", "policy_mode", forced.String())
@@ -164,6 +160,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		adm = admin.New(reg.Registry, srv.Ready, log)
 		adm.Handle("GET /policy/report", g.ReportHandler())
 		adm.Handle("POST /policy/reload", g.ReloadHandler())
+		adm.Handle("POST /reload", rl.handler())
 		adm.Handle("GET /debug/hotkeys", srv.HotKeysHandler())
 		go adm.Serve(aln)
 		log.Info("admin listening", "addr", aln.Addr().String())
@@ -178,11 +175,9 @@ wait:
 	for {
 		select {
 		case <-hups:
-			// The guard logs the outcome, and keeps the old policy on error.
-			if err := g.Reload(); errors.Is(err, guard.ErrNoSource) {
-				log.Warn("SIGHUP ignored: no --config file to reload the policy from")
-			}
+			rl.reloadAndLog()
 		case sig := <-sigs:
+			cfg = srv.Config() // shutdown_timeout may have been reloaded
 			log.Info("shutting down", "signal", sig.String(), "timeout", cfg.Server.ShutdownTimeout.Duration)
 			break wait
 		case err := <-served:
@@ -202,21 +197,26 @@ wait:
 	return 0
 }
 
-func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
-	var level slog.Level
-	switch strings.ToLower(cfg.Server.LogLevel) {
-	case "debug":
-		level = slog.LevelDebug
-	case "warn":
-		level = slog.LevelWarn
-	case "error":
-		level = slog.LevelError
-	}
+// newLogger builds the logger; level is shared so a reload can change
+// server.log_level (the format needs a restart).
+func newLogger(cfg *config.Config, level *slog.LevelVar, w io.Writer) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.Server.LogFormat == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func logLevel(name string) slog.Level {
+	switch strings.ToLower(name) {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
 }
 
 func controlClient(cfg *config.Config, addr string) *redis.Client {

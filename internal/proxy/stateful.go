@@ -452,9 +452,9 @@ func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.
 	if sess.pin.pipe != nil {
 		sess.unpin(false)
 	}
-	limit := int64(sess.srv.cfg.Server.PubSubOutputLimit)
+	limit := int64(sess.srv.Config().Server.PubSubOutputLimit)
 	if kind == relayTracking {
-		limit = int64(sess.srv.cfg.Server.ClientOutputLimit)
+		limit = int64(sess.srv.Config().Server.ClientOutputLimit)
 	}
 	// Whatever the session has still to write goes first.
 	if len(sess.out) > 0 {
