@@ -22,15 +22,14 @@ var errNoConfigFile = errors.New("no --config file to reload from")
 // can change at run time; see proxy.Server.Reload. The command-line
 // overrides stay in force over the file, as at start.
 type reloader struct {
-	mu       sync.Mutex
-	path     string // "" without --config
-	ov       config.Overrides
-	srv      *proxy.Server
-	guard    *guard.Guard
-	level    *slog.LevelVar
-	log      *slog.Logger
-	staged   atomic.Pointer[policy.Config] // the policy a full reload hands the guard
-	reloaded func(*config.Config)          // told of each applied snapshot
+	mu     sync.Mutex
+	path   string // "" without --config
+	ov     config.Overrides
+	srv    *proxy.Server
+	guard  *guard.Guard
+	level  *slog.LevelVar
+	log    *slog.Logger
+	staged atomic.Pointer[policy.Config] // the policy a full reload hands the guard
 }
 
 // policySource is the guard's source: POST /policy/reload re-reads the
@@ -80,9 +79,6 @@ func (r *reloader) reload() ([]string, error) {
 		}
 	}
 	r.level.Set(logLevel(next.Server.LogLevel))
-	if r.reloaded != nil {
-		r.reloaded(next)
-	}
 	return changed, nil
 }
 
