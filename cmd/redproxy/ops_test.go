@@ -279,7 +279,7 @@ func TestDockerfile(t *testing.T) {
 // proxyFlags returns the names of the proxy's flags, from its usage text.
 func proxyFlags(t *testing.T) map[string]bool {
 	var usage bytes.Buffer
-	if code := run([]string{"-h"}, &usage); code != 2 {
+	if code := run([]string{"-h"}, io.Discard, &usage); code != 2 {
 		t.Fatalf("-h: exit %d", code)
 	}
 	flags := map[string]bool{}
@@ -333,7 +333,7 @@ func opsProxy(t *testing.T, rs *redistest.Server, mutate func(*config.Config)) (
 			mutate(c)
 		}
 	})
-	adm := newAdmin(p.Server, p.Metrics, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	adm := newAdmin(p.Server, p.Metrics, http.NotFoundHandler(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	check(t, err)
 	go adm.Serve(ln)
@@ -416,7 +416,7 @@ func TestAdminEndpoints(t *testing.T) {
 		t.Fatalf("reload without a file: %d", code)
 	}
 	path := filepath.Join(t.TempDir(), "redproxy.toml")
-	p.Guard().SetSource(policySource(path))
+	p.Guard().SetSource((&reloader{path: path}).policySource)
 	check(t, os.WriteFile(path, []byte("[policy.commands]\nallow = [\"keys\"]\n"), 0o600))
 	if code, body, _ := get(t, "POST", base+"/policy/reload"); code != 200 {
 		t.Fatalf("reload of a good file: %d %s", code, body)

@@ -231,7 +231,10 @@ func join(errs []*Error) error {
 type Overrides struct {
 	Listen   string // --listen   -> server.listen
 	Upstream string // --upstream -> upstream.address
-	Admin    string // --admin    -> server.admin (the file must be used to disable it)
+	Admin    string // --admin    -> server.admin
+	// NoAdmin is an explicitly empty --admin: server.admin = "", the admin
+	// HTTP server off, whatever the file says.
+	NoAdmin  bool
 	LogLevel string // --log-level -> server.log_level
 	// LocalTier is --local-tier: "on" or "off" -> localcache.enabled.
 	LocalTier string
@@ -256,6 +259,9 @@ func (c *Config) Apply(o Overrides) (*Config, error) {
 	set(&n.Server.Listen, o.Listen, "server.listen", "--listen")
 	set(&n.Upstream.Address, o.Upstream, "upstream.address", "--upstream")
 	set(&n.Server.Admin, o.Admin, "server.admin", "--admin")
+	if o.NoAdmin {
+		n.Server.Admin = ""
+	}
 	set(&n.Server.LogLevel, o.LogLevel, "server.log_level", "--log-level")
 	var tierErr *Error
 	switch o.LocalTier {

@@ -382,6 +382,12 @@ func TestOverrides(t *testing.T) {
 		t.Fatal("Apply mutated the original snapshot")
 	}
 
+	// An explicitly empty --admin turns the admin server off.
+	off, err := base.Apply(Overrides{NoAdmin: true})
+	if err != nil || off.Server.Admin != "" || base.Server.Admin == "" {
+		t.Fatalf("NoAdmin: admin %q (base %q), %v", off.Server.Admin, base.Server.Admin, err)
+	}
+
 	_, err = base.Apply(Overrides{Upstream: "nohost", LogLevel: "chatty"})
 	errs := configErrors(t, err)
 	if len(errs) != 2 || errs[0].Key != "server.log_level (--log-level)" || errs[1].Key != "upstream.address (--upstream)" {

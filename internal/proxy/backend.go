@@ -32,10 +32,16 @@ type BackendOptions struct {
 // Backend owns the shared upstream pools: one per database and protocol,
 // created on first use so that a proxy whose clients only use DB 0 keeps
 // only DB 0's connections.
+//
+// The pools and the options they dial with form a generation. A reload
+// that changes the upstream (Switch) starts a new generation: commands
+// sent from then on use its pools, while the old generation's pools are
+// closed only once what was sent on them has been answered (drain).
 type Backend struct {
-	opt   BackendOptions
-	mu    sync.Mutex
-	pools []atomic.Pointer[upstream.Pool] // index db*2 + resp3
+	gen atomic.Pointer[backendGen]
+	mu  sync.Mutex // creating pools, switching generations
+	// maxPinned is upstream.max_pinned, which a reload may change.
+	maxPinned atomic.Int64
 
 	// Dedicated connections: pinned to one client for a transaction or a
 	// blocking command, or relayed raw for pub/sub and MONITOR. pinned
@@ -51,6 +57,20 @@ type Backend struct {
 	// life; the entry goes when the pipe is closed.
 	idsMu sync.Mutex
 	ids   map[*upstream.Pipe]int64
+
+	// dialled records the generation each dedicated pipe in use was dialled
+	// in, so one from before a switch is closed on release, never reused.
+	dialled map[*upstream.Pipe]*backendGen
+	closed  bool
+	drains  sync.WaitGroup
+	stop    chan struct{} // closed by Close: drains end at once
+}
+
+// backendGen is one generation of upstream options and the pools dialled
+// with them.
+type backendGen struct {
+	opt   BackendOptions
+	pools []atomic.Pointer[upstream.Pool] // index db*2 + resp3
 }
 
 // ErrTooManyPinned is returned when upstream.max_pinned dedicated
@@ -65,7 +85,7 @@ const pinnedName = "redproxy-pinned"
 
 // AcquirePipe returns a dedicated pipelined connection for one client.
 func (b *Backend) AcquirePipe(db int, resp3 bool) (*upstream.Pipe, error) {
-	if b.pinned.Add(1) > int64(b.opt.MaxPinned) {
+	if b.pinned.Add(1) > b.maxPinned.Load() {
 		b.pinned.Add(-1)
 		return nil, ErrTooManyPinned
 	}
@@ -78,16 +98,24 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*upstream.Pipe, error) {
 			b.idleMu.Unlock()
 			return p, nil
 		}
+		delete(b.dialled, p)
 		b.closePipe(p)
 	}
 	b.idleMu.Unlock()
-	o := b.Options(db, resp3)
+	g := b.gen.Load()
+	o := g.options(db, resp3)
 	o.Name = pinnedName
 	p, err := upstream.DialPipe(o)
 	if err != nil {
 		b.pinned.Add(-1)
 		return nil, fmt.Errorf("%w: %v", upstream.ErrUnavailable, err)
 	}
+	b.idleMu.Lock()
+	if b.dialled == nil {
+		b.dialled = make(map[*upstream.Pipe]*backendGen)
+	}
+	b.dialled[p] = g
+	b.idleMu.Unlock()
 	return p, nil
 }
 
@@ -99,7 +127,8 @@ func (b *Backend) ReleasePipe(p *upstream.Pipe, db int, resp3, clean bool) {
 	if clean && p.Up() {
 		key := db*2 + btoi(resp3)
 		b.idleMu.Lock()
-		if !b.closedDed && len(b.idle[key]) < maxIdlePerKey {
+		// A pipe dialled before a switch talks to the old upstream.
+		if !b.closedDed && b.dialled[p] == b.gen.Load() && len(b.idle[key]) < maxIdlePerKey {
 			if b.idle == nil {
 				b.idle = make(map[int][]*upstream.Pipe)
 			}
@@ -109,6 +138,9 @@ func (b *Backend) ReleasePipe(p *upstream.Pipe, db int, resp3, clean bool) {
 		}
 		b.idleMu.Unlock()
 	}
+	b.idleMu.Lock()
+	delete(b.dialled, p)
+	b.idleMu.Unlock()
 	b.closePipe(p)
 }
 
@@ -162,7 +194,7 @@ func (b *Backend) PipeID(p *upstream.Pipe) (int64, error) {
 // MONITOR, client-side tracking). It is never reused, so it carries the
 // client's name, if it has one, for Redis's CLIENT LIST and SLOWLOG.
 func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error) {
-	if b.pinned.Add(1) > int64(b.opt.MaxPinned) {
+	if b.pinned.Add(1) > b.maxPinned.Load() {
 		b.pinned.Add(-1)
 		return nil, ErrTooManyPinned
 	}
@@ -195,24 +227,34 @@ func btoi(b bool) int {
 // NewBackend creates the pools for DB 0 eagerly (RESP2 and RESP3), so
 // readiness reflects whether Redis is reachable.
 func NewBackend(opt BackendOptions) *Backend {
-	if opt.Databases < 1 {
-		opt.Databases = 1
-	}
-	b := &Backend{opt: opt, pools: make([]atomic.Pointer[upstream.Pool], 2*opt.Databases)}
+	b := &Backend{stop: make(chan struct{})}
+	b.maxPinned.Store(int64(opt.MaxPinned))
+	b.gen.Store(newGen(opt))
 	b.Pool(0, false)
 	b.Pool(0, true)
 	return b
 }
 
+func newGen(opt BackendOptions) *backendGen {
+	if opt.Databases < 1 {
+		opt.Databases = 1
+	}
+	return &backendGen{opt: opt, pools: make([]atomic.Pointer[upstream.Pool], 2*opt.Databases)}
+}
+
 // Options returns the upstream options for a connection to db.
 func (b *Backend) Options(db int, resp3 bool) upstream.Options {
+	return b.gen.Load().options(db, resp3)
+}
+
+func (g *backendGen) options(db int, resp3 bool) upstream.Options {
 	return upstream.Options{
-		Addr: b.opt.Addr, Username: b.opt.Username, Password: b.opt.Password,
+		Addr: g.opt.Addr, Username: g.opt.Username, Password: g.opt.Password,
 		DB: db, RESP3: resp3,
-		DialTimeout: b.opt.DialTimeout, ReplyTimeout: b.opt.ReplyTimeout,
-		ReconnectMin: b.opt.ReconnectMin, ReconnectMax: b.opt.ReconnectMax,
+		DialTimeout: g.opt.DialTimeout, ReplyTimeout: g.opt.ReplyTimeout,
+		ReconnectMin: g.opt.ReconnectMin, ReconnectMax: g.opt.ReconnectMax,
 		Name:   "redproxy",
-		Logger: b.opt.Logger,
+		Logger: g.opt.Logger,
 	}
 }
 
@@ -222,25 +264,124 @@ func (b *Backend) Pool(db int, resp3 bool) *upstream.Pool {
 	if resp3 {
 		i++
 	}
-	if p := b.pools[i].Load(); p != nil {
+	g := b.gen.Load()
+	if p := g.pools[i].Load(); p != nil {
 		return p
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if p := b.pools[i].Load(); p != nil {
+	// A switch may have happened meanwhile: never add a pool to a
+	// generation that is draining.
+	g = b.gen.Load()
+	if p := g.pools[i].Load(); p != nil {
 		return p
 	}
-	p := upstream.NewPool(b.opt.Connections, b.Options(db, resp3))
+	p := upstream.NewPool(g.opt.Connections, g.options(db, resp3))
 	// The first client of a database or protocol should not fail just
 	// because its connections are still being dialled; later outages fail
 	// fast instead, since the pipes reconnect in the background.
-	p.WaitUp(b.opt.DialTimeout)
-	b.pools[i].Store(p)
+	p.WaitUp(g.opt.DialTimeout)
+	g.pools[i].Store(p)
 	return p
 }
 
 // Ready reports whether DB 0 has a live connection.
 func (b *Backend) Ready() bool { return b.Pool(0, false).Up() }
+
+// SetMaxPinned changes upstream.max_pinned. Dedicated connections already
+// in use over a lowered limit stay until their clients release them.
+func (b *Backend) SetMaxPinned(n int) { b.maxPinned.Store(int64(n)) }
+
+// drainGrace is the least time an old generation is kept after a switch:
+// a session that took a pool just before the switch sends on it a moment
+// later, and must find it open.
+const drainGrace = time.Second
+
+// Switch starts a new generation with opt (a new address, pool size or
+// timeouts). Commands sent after it returns use connections dialled with
+// opt; the old generation's pools are closed in the background once every
+// request sent on them has been answered (or failed by reply_timeout),
+// and no sooner than drainGrace. Dedicated connections in use (MULTI,
+// blocking commands, pub/sub relays) keep their old upstream until their
+// clients release them; released ones are closed, not reused. The pools of
+// the new generation are dialled before Switch returns for DB 0, as at
+// start, so readiness reflects the new upstream.
+func (b *Backend) Switch(opt BackendOptions) {
+	next := newGen(opt)
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	old := b.gen.Swap(next)
+	b.drains.Add(1)
+	b.mu.Unlock()
+	b.SetMaxPinned(opt.MaxPinned)
+
+	b.idleMu.Lock()
+	stale := b.idle
+	b.idle = nil
+	for _, ps := range stale {
+		for _, p := range ps {
+			delete(b.dialled, p)
+		}
+	}
+	b.idleMu.Unlock()
+	for _, ps := range stale {
+		for _, p := range ps {
+			go p.Close()
+		}
+	}
+	b.Pool(0, false)
+	b.Pool(0, true)
+	go b.drain(old)
+}
+
+// drain closes a replaced generation's pools once nothing is pending on
+// them, bounded by the reply timeout, after which a pending request would
+// have failed anyway.
+func (b *Backend) drain(g *backendGen) {
+	defer b.drains.Done()
+	defer g.close()
+	wait := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return true
+		case <-b.stop:
+			return false
+		}
+	}
+	deadline := time.Now().Add(drainGrace + 2*g.opt.ReplyTimeout)
+	if !wait(drainGrace) {
+		return
+	}
+	for time.Now().Before(deadline) && g.pending() > 0 {
+		if !wait(10 * time.Millisecond) {
+			return
+		}
+	}
+}
+
+func (g *backendGen) pending() int64 {
+	var n int64
+	for i := range g.pools {
+		if p := g.pools[i].Load(); p != nil {
+			s, _ := p.Stats()
+			n += int64(s.Pending)
+		}
+	}
+	return n
+}
+
+func (g *backendGen) close() {
+	for i := range g.pools {
+		if p := g.pools[i].Load(); p != nil {
+			p.Close()
+		}
+	}
+}
 
 // Close closes every pool and waits for their goroutines.
 func (b *Backend) Close() {
@@ -254,12 +395,14 @@ func (b *Backend) Close() {
 	b.idle = nil
 	b.idleMu.Unlock()
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	for i := range b.pools {
-		if p := b.pools[i].Load(); p != nil {
-			p.Close()
-		}
+	if !b.closed {
+		b.closed = true
+		close(b.stop)
 	}
+	g := b.gen.Load()
+	b.mu.Unlock()
+	g.close()
+	b.drains.Wait()
 }
 
 // RegisterMetrics exposes upstream state, read when Prometheus scrapes.
@@ -288,8 +431,9 @@ func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPinned, prometheus.GaugeValue, float64(c.b.pinned.Load()))
-	for i := range c.b.pools {
-		p := c.b.pools[i].Load()
+	g := c.b.gen.Load()
+	for i := range g.pools {
+		p := g.pools[i].Load()
 		if p == nil {
 			continue
 		}

@@ -103,7 +103,7 @@ func newSession(s *Server, nc net.Conn) *Session {
 	sess := &Session{
 		srv:       s,
 		nc:        nc,
-		rd:        resp.NewReader(nc, s.limits),
+		rd:        resp.NewReader(nc, s.clientLimits()),
 		id:        s.nextID.Add(1),
 		call:      upstream.NewCall(),
 		createdAt: time.Now(),
@@ -133,7 +133,7 @@ func (sess *Session) serve() {
 	defer sess.nc.Close()
 	defer sess.sessionClosed()
 	defer sess.unpin(false)
-	idle := sess.srv.cfg.Server.IdleTimeout.Duration
+	idle := sess.srv.Config().Server.IdleTimeout.Duration
 	for {
 		if sess.interrupted.Load() {
 			reason = sess.interruptReason()

@@ -667,9 +667,9 @@ func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.
 		sess.unpin(false)
 	}
 	sess.list.relay.Store(uint32(kind) + 1)
-	limit := int64(sess.srv.cfg.Server.PubSubOutputLimit)
+	limit := int64(sess.srv.Config().Server.PubSubOutputLimit)
 	if kind == relayTracking {
-		limit = int64(sess.srv.cfg.Server.ClientOutputLimit)
+		limit = int64(sess.srv.Config().Server.ClientOutputLimit)
 	}
 	// Whatever the session has still to write goes first.
 	if len(sess.out) > 0 {
