@@ -23,6 +23,7 @@ type BackendOptions struct {
 	MaxPinned                int
 	DialTimeout              time.Duration
 	ReplyTimeout             time.Duration
+	DeadTimeout              time.Duration
 	ReconnectMin             time.Duration
 	ReconnectMax             time.Duration
 	Logger                   *slog.Logger
@@ -148,7 +149,7 @@ func (b *Backend) Options(db int, resp3 bool) upstream.Options {
 	return upstream.Options{
 		Addr: b.opt.Addr, Username: b.opt.Username, Password: b.opt.Password,
 		DB: db, RESP3: resp3,
-		DialTimeout: b.opt.DialTimeout, ReplyTimeout: b.opt.ReplyTimeout,
+		DialTimeout: b.opt.DialTimeout, ReplyTimeout: b.opt.ReplyTimeout, DeadTimeout: b.opt.DeadTimeout,
 		ReconnectMin: b.opt.ReconnectMin, ReconnectMax: b.opt.ReconnectMax,
 		Name:   "redproxy",
 		Logger: b.opt.Logger,
@@ -212,7 +213,8 @@ var (
 	descUp       = prometheus.NewDesc("redproxy_upstream_connections_up", "Shared upstream connections currently established.", []string{"db", "protocol"}, nil)
 	descPending  = prometheus.NewDesc("redproxy_upstream_queue_depth", "Client batches sent or queued on shared upstream connections and not yet answered.", []string{"db", "protocol"}, nil)
 	descFailures = prometheus.NewDesc("redproxy_upstream_connection_failures_total", "Shared upstream connections lost (errors, timeouts, Redis going away).", []string{"db", "protocol"}, nil)
-	descTimeouts = prometheus.NewDesc("redproxy_upstream_timeouts_total", "Shared upstream connections closed because a reply took longer than upstream.reply_timeout.", []string{"db", "protocol"}, nil)
+	descTimeouts = prometheus.NewDesc("redproxy_upstream_timeouts_total", "Shared upstream connections closed because Redis answered nothing, not even a PING on a fresh connection, for upstream.dead_timeout.", []string{"db", "protocol"}, nil)
+	descOverdue  = prometheus.NewDesc("redproxy_upstream_overdue_replies_total", "Times a shared upstream connection's oldest reply took longer than upstream.reply_timeout and Redis was probed (slow command, busy script, CLIENT PAUSE, or a dead server).", []string{"db", "protocol"}, nil)
 	descDials    = prometheus.NewDesc("redproxy_upstream_dials_total", "Connection attempts to Redis.", []string{"db", "protocol"}, nil)
 	descPinned   = prometheus.NewDesc("redproxy_upstream_dedicated_connections", "Dedicated upstream connections in use (transactions, blocking commands, pub/sub, MONITOR).", nil, nil)
 	descCommands = prometheus.NewDesc("redproxy_upstream_commands_total", "Commands written to Redis on shared connections.", []string{"db", "protocol"}, nil)
@@ -220,7 +222,7 @@ var (
 
 func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descPinned
-	for _, d := range []*prometheus.Desc{descUp, descPending, descFailures, descTimeouts, descDials, descCommands} {
+	for _, d := range []*prometheus.Desc{descUp, descPending, descFailures, descTimeouts, descOverdue, descDials, descCommands} {
 		ch <- d
 	}
 }
@@ -242,6 +244,7 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(s.Pending), db, proto)
 		ch <- prometheus.MustNewConstMetric(descFailures, prometheus.CounterValue, float64(s.Failures), db, proto)
 		ch <- prometheus.MustNewConstMetric(descTimeouts, prometheus.CounterValue, float64(s.Timeouts), db, proto)
+		ch <- prometheus.MustNewConstMetric(descOverdue, prometheus.CounterValue, float64(s.Overdue), db, proto)
 		ch <- prometheus.MustNewConstMetric(descDials, prometheus.CounterValue, float64(s.Dials), db, proto)
 		ch <- prometheus.MustNewConstMetric(descCommands, prometheus.CounterValue, float64(s.Commands), db, proto)
 	}

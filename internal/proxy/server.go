@@ -108,6 +108,7 @@ func NewServer(o Options) (*Server, error) {
 		Databases:    cfg.Upstream.Databases,
 		DialTimeout:  cfg.Upstream.DialTimeout.Duration,
 		ReplyTimeout: cfg.Upstream.ReplyTimeout.Duration,
+		DeadTimeout:  cfg.Upstream.DeadTimeout.Duration,
 		ReconnectMin: cfg.Upstream.ReconnectMin.Duration,
 		ReconnectMax: cfg.Upstream.ReconnectMax.Duration,
 		Logger:       o.Logger,
