@@ -179,8 +179,39 @@ func (b *Backend) Pool(db int, resp3 bool) *upstream.Pool {
 	return p
 }
 
-// Ready reports whether DB 0 has a live connection.
-func (b *Backend) Ready() bool { return b.Pool(0, false).Up() }
+// RoundTrip runs one command on a connection of its own (see busy.go).
+func (b *Backend) RoundTrip(resp3 bool, raw []byte) ([]byte, error) {
+	o := b.Options(0, resp3)
+	o.Name = "redproxy-alone"
+	return upstream.RoundTrip(o, raw)
+}
+
+var cmdPing = []byte("*1\r\n$4\r\nPING\r\n")
+
+// Ready reports whether Redis answers a PING with PONG on a shared
+// connection of DB 0, promptly: a Redis that is unreachable, busy running a
+// script (-BUSY), loading its dataset (-LOADING) or not answering is not
+// ready to serve clients, whatever the state of the proxy's connections.
+func (b *Backend) Ready() bool {
+	p := b.Pool(0, false)
+	if !p.Up() {
+		return false
+	}
+	c := upstream.NewCall()
+	c.Add(cmdPing)
+	if err := p.Send(c); err != nil {
+		return false
+	}
+	t := time.NewTimer(min(b.opt.ReplyTimeout, time.Second))
+	defer t.Stop()
+	select {
+	case <-c.Done():
+	case <-t.C:
+		return false // the Call is dropped; the pipe completes it unseen
+	}
+	r, err := c.Reply(0)
+	return err == nil && string(r) == "+PONG\r\n"
+}
 
 // Close closes every pool and waits for their goroutines.
 func (b *Backend) Close() {
