@@ -341,3 +341,16 @@ func TestDeeplyNestedReplyKeepsSharedConnection(t *testing.T) {
 		t.Fatalf("shared connection lost %d times", s.Failures)
 	}
 }
+
+func waitBusy(t *testing.T, rs *redistest.Server) {
+	t.Helper()
+	redistest.Eventually(t, 5*time.Second, func() bool { return redisBusy(t, rs) }, "Redis never became busy")
+}
+
+// waitOverdue waits until a shared DB 0 connection has had
+// a reply overdue (and so has probed Redis).
+func waitOverdue(t *testing.T, p *proxytest.Proxy) {
+	t.Helper()
+	pool := p.Backend().Pool(0, false)
+	redistest.Eventually(t, 5*time.Second, func() bool { s, _ := pool.Stats(); return s.Overdue > 0 }, "no reply seen overdue")
+}
