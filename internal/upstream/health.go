@@ -1,28 +1,34 @@
 package upstream
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/tidwall/redcon"
 )
 
 // A shared connection whose oldest reply is overdue may be stuck behind a
 // slow command (a long script, DEBUG SLEEP, a big SUNIONSTORE), held by
-// CLIENT PAUSE, or talking to a Redis that is gone. Closing it fails every
-// Call queued on it, which Redis itself would only have delayed, so the
-// watchdog first asks Redis on a fresh connection:
+// CLIENT PAUSE, cut off by the network, or talking to a Redis that is gone.
+// Closing it fails every Call queued on it, which Redis itself would only
+// have delayed, so the watchdog first asks Redis on a fresh connection:
 //
-//   - any reply to a PING (PONG, -BUSY during a script, -LOADING, -NOAUTH)
-//     means the server's event loop is running: the connection is kept and
-//     its Calls keep waiting, however long the command takes;
-//   - a refused or timed-out dial means Redis is gone: the connection is
-//     closed at once;
-//   - a dial that succeeds but a PING that gets no answer is what a frozen
-//     (SIGSTOP) process, DEBUG SLEEP, CLIENT PAUSE ALL and a single slow
-//     command look like alike; the connection waits until nothing has been
-//     heard from Redis for DeadTimeout, then it is closed.
+//   - -BUSY: a script or function is running, and Redis reads no more of
+//     the connection that called it until it ends. That is a reason for
+//     the reply to be late, so the Calls keep waiting, however long the
+//     script takes (SCRIPT KILL, FUNCTION KILL and SHUTDOWN NOSAVE end it).
+//   - a refused or timed-out dial: Redis is gone; the connection is closed
+//     at once.
+//   - any other reply (PONG, -LOADING, -NOAUTH) or no reply at all: Redis
+//     is paused (CLIENT PAUSE WRITE answers PING, CLIENT PAUSE ALL does
+//     not), blocked in one long command (DEBUG SLEEP), frozen (SIGSTOP), or
+//     answering others while this connection is cut off. These cannot be
+//     told apart from outside, so the connection waits until the oldest
+//     reply is DeadTimeout old, then it is closed. A busy verdict counts as
+//     hearing from Redis, so the wait restarts after the script ends.
 //
 // Closing is what keeps a late reply from reaching the wrong Call: once the
 // socket is closed nothing more is read from it.
@@ -31,20 +37,21 @@ import (
 type probeVerdict uint8
 
 const (
-	probeAlive        probeVerdict = iota // Redis answered
+	probeBusy         probeVerdict = iota // -BUSY: a script or function is running
+	probeAnswered                         // some other reply
 	probeUnresponsive                     // connected, no answer before the deadline
 	probeDead                             // could not connect
 )
 
 var probePing = []byte("*1\r\n$4\r\nPING\r\n")
 
-// probe dials addr and sends PING without authenticating: an error reply
-// (-NOAUTH) proves the server alive just as well, and the probe needs no
-// credentials and changes no state. It gives up at deadline or when cancel
-// is closed.
-func probe(addr string, dialTimeout time.Duration, deadline time.Time, cancel <-chan struct{}) probeVerdict {
-	d := net.Dialer{Timeout: dialTimeout, Deadline: deadline}
-	nc, err := d.Dial("tcp", addr)
+// probe dials Redis and sends PING, after AUTH when a password is set:
+// Redis refuses an unauthenticated command (-NOAUTH) before it looks for a
+// running script, and AUTH itself is allowed while one runs. It gives up at
+// deadline or when cancel is closed.
+func probe(opt Options, deadline time.Time, cancel <-chan struct{}) probeVerdict {
+	d := net.Dialer{Timeout: opt.DialTimeout, Deadline: deadline}
+	nc, err := d.Dial("tcp", opt.Addr)
 	if err != nil {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() && !time.Now().Before(deadline) {
@@ -64,7 +71,22 @@ func probe(addr string, dialTimeout time.Duration, deadline time.Time, cancel <-
 		}
 	}()
 	nc.SetDeadline(deadline)
-	if _, err := nc.Write(probePing); err != nil {
+	var req []byte
+	skip := 0
+	if opt.Password != "" {
+		if opt.Username != "" {
+			req = redcon.AppendArray(req, 3)
+			req = redcon.AppendBulkString(req, "AUTH")
+			req = redcon.AppendBulkString(req, opt.Username)
+		} else {
+			req = redcon.AppendArray(req, 2)
+			req = redcon.AppendBulkString(req, "AUTH")
+		}
+		req = redcon.AppendBulkString(req, opt.Password)
+		skip = 1
+	}
+	req = append(req, probePing...)
+	if _, err := nc.Write(req); err != nil {
 		return probeUnresponsive
 	}
 	buf := make([]byte, 0, 512)
@@ -72,20 +94,31 @@ func probe(addr string, dialTimeout time.Duration, deadline time.Time, cancel <-
 	for {
 		n, err := nc.Read(tmp)
 		buf = append(buf, tmp[:n]...)
-		if k, serr := resp.ScanReply(buf); serr != nil || k > 0 {
-			return probeAlive // anything that looks like a reply at all
+		for {
+			k, serr := resp.ScanReply(buf)
+			if serr != nil {
+				return probeAnswered // not RESP, but something answered
+			}
+			if k == 0 {
+				break
+			}
+			if skip > 0 {
+				skip--
+				buf = buf[k:]
+				continue
+			}
+			if bytes.HasPrefix(buf, []byte("-BUSY")) {
+				return probeBusy
+			}
+			return probeAnswered
 		}
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				return probeUnresponsive
-			}
-			// Accepted, then closed without a word: a server that is
-			// shutting down or whose listener backlog is all that is left.
+			// A deadline, or accepted then closed without a word (a server
+			// shutting down, or only a listen backlog left): no answer.
 			return probeUnresponsive
 		}
 		if len(buf) > 4096 {
-			return probeAlive
+			return probeAnswered
 		}
 	}
 }

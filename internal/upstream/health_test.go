@@ -89,14 +89,13 @@ func TestPipeWaitsForDebugSleep(t *testing.T) {
 	wantReply(t, behind, 0, bulk("behind"))
 }
 
-// CLIENT PAUSE WRITE holds writes but answers PING: Redis is alive, so a
-// write waits as long as the pause, past the dead timeout. CLIENT PAUSE ALL
-// holds the probe too; shorter than the dead timeout it only delays.
+// CLIENT PAUSE WRITE (which answers PING) and CLIENT PAUSE ALL (which does
+// not) shorter than the dead timeout only delay the commands they hold.
 func TestPipeWaitsForClientPause(t *testing.T) {
 	srv := redistest.Start(t)
 	direct := srv.Client(t)
 
-	p := startedPipe(t, healthOpts(srv.Addr(), 400*time.Millisecond))
+	p := startedPipe(t, healthOpts(srv.Addr(), 5*time.Second))
 	if err := direct.Do(t.Context(), "CLIENT", "PAUSE", "1000", "WRITE").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -145,21 +144,34 @@ func TestPipeFrozenRedisIsDeadAfterDeadTimeout(t *testing.T) {
 	}
 }
 
-// The probe tells the three states apart on real servers: a live Redis
-// answers, a frozen one accepts but stays silent, a closed port refuses.
+// The probe tells the states apart on real servers: a live Redis answers,
+// a busy one says so (also to a client that must authenticate first), a
+// frozen one accepts but stays silent, a closed port refuses.
 func TestProbeVerdicts(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := redistest.Start(t, "--busy-reply-threshold", "50")
+	if err := srv.Client(t).ConfigSet(t.Context(), "requirepass", "s3cret").Err(); err != nil {
+		t.Fatal(err)
+	}
 	never := make(chan struct{})
-	if v := probe(srv.Addr(), time.Second, time.Now().Add(2*time.Second), never); v != probeAlive {
+	opt := testOpts(srv.Addr())
+	opt.Password = "s3cret"
+	opt.defaults()
+	soon := func(d time.Duration) time.Time { return time.Now().Add(d) }
+	if v := probe(opt, soon(2*time.Second), never); v != probeAnswered {
 		t.Fatalf("live Redis: verdict %d", v)
 	}
+	p := startedPipe(t, func() Options { o := healthOpts(srv.Addr(), time.Minute); o.Password = "s3cret"; return o }())
+	script := sendCall(t, p, cmd("EVAL", loopScript, "0", "1500"))
+	redistest.Eventually(t, 5*time.Second, func() bool { return probe(opt, soon(time.Second), never) == probeBusy }, "probe never saw -BUSY")
+	script.Wait()
+	wantReply(t, script, 0, bulk("done"))
 	srv.Freeze(t)
-	if v := probe(srv.Addr(), time.Second, time.Now().Add(200*time.Millisecond), never); v != probeUnresponsive {
+	if v := probe(opt, soon(200*time.Millisecond), never); v != probeUnresponsive {
 		t.Fatalf("frozen Redis: verdict %d", v)
 	}
 	srv.Thaw(t)
 	srv.Kill(t)
-	if v := probe(srv.Addr(), time.Second, time.Now().Add(2*time.Second), never); v != probeDead {
+	if v := probe(opt, soon(2*time.Second), never); v != probeDead {
 		t.Fatalf("killed Redis: verdict %d", v)
 	}
 }

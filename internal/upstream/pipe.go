@@ -26,8 +26,8 @@ type Options struct {
 	// trusting the silence.
 	ReplyTimeout time.Duration
 	// DeadTimeout: a connection whose oldest reply is overdue is closed
-	// once Redis has not been heard from (no reply, no probe answered) for
-	// this long. Defaults to 30 s, and is never below ReplyTimeout.
+	// when that reply is this old, unless Redis says it is running a script
+	// (health.go). Defaults to 30 s, and is never below ReplyTimeout.
 	DeadTimeout  time.Duration
 	ReconnectMin time.Duration
 	ReconnectMax time.Duration
@@ -460,10 +460,10 @@ func (p *Pipe) readLoop(lc *liveConn) error {
 }
 
 // watchdog watches the age of the oldest pending reply. Past ReplyTimeout
-// it probes Redis on a fresh connection and keeps waiting while Redis is
-// alive; it closes the connection (failing its Calls, so no late reply can
-// reach a later Call) when Redis cannot be reached, or when nothing has been
-// heard from it for DeadTimeout. See health.go.
+// it probes Redis on a fresh connection and keeps waiting while Redis runs
+// a script; it closes the connection (failing its Calls, so no late reply
+// can reach a later Call) when Redis cannot be reached, or when the reply
+// is DeadTimeout overdue with no script running. See health.go.
 func (p *Pipe) watchdog() {
 	defer p.workers.Done()
 	tick := p.opt.ReplyTimeout / 8
@@ -482,7 +482,7 @@ func (p *Pipe) watchdog() {
 		probing    bool
 		probeStart int64
 		// The stall being watched: its connection, and when Redis last
-		// proved alive during it.
+		// said it was running a script.
 		stallLC    *liveConn
 		lastAlive  int64
 		stallProbe *liveConn // connection the running probe is about
@@ -494,7 +494,7 @@ func (p *Pipe) watchdog() {
 		case v := <-verdicts:
 			probing = false
 			switch v {
-			case probeAlive:
+			case probeBusy:
 				if stallProbe == stallLC {
 					lastAlive = nanotime()
 				}
@@ -525,10 +525,10 @@ func (p *Pipe) watchdog() {
 		if stallLC != lc {
 			stallLC, lastAlive = lc, 0
 			p.overdue.Add(1)
-			p.opt.Logger.Info("upstream reply overdue; asking Redis on a fresh connection whether it is alive", "addr", p.opt.Addr, "db", p.opt.DB, "waited", time.Duration(now-sent))
+			p.opt.Logger.Info("upstream reply overdue; asking Redis on a fresh connection why", "addr", p.opt.Addr, "db", p.opt.DB, "waited", time.Duration(now-sent))
 		}
 		if now-max(sent, lastAlive) > deadLimit {
-			p.opt.Logger.Warn("upstream silent for the dead timeout; closing the connection", "addr", p.opt.Addr, "db", p.opt.DB, "dead_timeout", p.opt.DeadTimeout)
+			p.opt.Logger.Warn("upstream reply overdue for the dead timeout; closing the connection", "addr", p.opt.Addr, "db", p.opt.DB, "dead_timeout", p.opt.DeadTimeout)
 			lc.closeWith(ErrTimeout)
 			stallLC = nil
 			continue
@@ -539,7 +539,7 @@ func (p *Pipe) watchdog() {
 			p.workers.Add(1)
 			go func() {
 				defer p.workers.Done()
-				verdicts <- probe(p.opt.Addr, p.opt.DialTimeout, deadline, p.stop)
+				verdicts <- probe(p.opt, deadline, p.stop)
 			}()
 		}
 	}
