@@ -78,6 +78,7 @@ type Upstream struct {
 	MaxPinned    int            `toml:"max_pinned"`
 	DialTimeout  units.Duration `toml:"dial_timeout"`
 	ReplyTimeout units.Duration `toml:"reply_timeout"`
+	DeadTimeout  units.Duration `toml:"dead_timeout"`
 	ReconnectMin units.Duration `toml:"reconnect_min"`
 	ReconnectMax units.Duration `toml:"reconnect_max"`
 	Databases    int            `toml:"databases"`
@@ -116,6 +117,7 @@ func Default() *Config {
 			MaxPinned:    256,
 			DialTimeout:  dur(2 * time.Second),
 			ReplyTimeout: dur(5 * time.Second),
+			DeadTimeout:  dur(30 * time.Second),
 			ReconnectMin: dur(50 * time.Millisecond),
 			ReconnectMax: dur(2 * time.Second),
 			Databases:    16,

@@ -105,6 +105,7 @@ connections = 8
 max_pinned = 10
 dial_timeout = "100ms"
 reply_timeout = "1m30s"
+dead_timeout = "2m"
 reconnect_min = "10ms"
 reconnect_max = "10s"
 databases = 1
@@ -163,6 +164,7 @@ max_age = "20s"
 			MaxPinned:    10,
 			DialTimeout:  dur(100 * time.Millisecond),
 			ReplyTimeout: dur(90 * time.Second),
+			DeadTimeout:  dur(2 * time.Minute),
 			ReconnectMin: dur(10 * time.Millisecond),
 			ReconnectMax: dur(10 * time.Second),
 			Databases:    1,

@@ -96,6 +96,9 @@ func (c *Config) check() []*Error {
 	}
 	positive("upstream.dial_timeout", u.DialTimeout)
 	positive("upstream.reply_timeout", u.ReplyTimeout)
+	// A dead_timeout below reply_timeout acts as reply_timeout (upstream
+	// Options), so configurations written before it existed keep working.
+	positive("upstream.dead_timeout", u.DeadTimeout)
 	positive("upstream.reconnect_min", u.ReconnectMin)
 	if u.ReconnectMax.Duration < u.ReconnectMin.Duration {
 		bad("upstream.reconnect_max", "must be >= upstream.reconnect_min (%v), got %v", u.ReconnectMin, u.ReconnectMax)

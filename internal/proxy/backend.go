@@ -24,6 +24,7 @@ type BackendOptions struct {
 	MaxPinned                int
 	DialTimeout              time.Duration
 	ReplyTimeout             time.Duration
+	DeadTimeout              time.Duration
 	ReconnectMin             time.Duration
 	ReconnectMax             time.Duration
 	Logger                   *slog.Logger
@@ -251,7 +252,7 @@ func (g *backendGen) options(db int, resp3 bool) upstream.Options {
 	return upstream.Options{
 		Addr: g.opt.Addr, Username: g.opt.Username, Password: g.opt.Password,
 		DB: db, RESP3: resp3,
-		DialTimeout: g.opt.DialTimeout, ReplyTimeout: g.opt.ReplyTimeout,
+		DialTimeout: g.opt.DialTimeout, ReplyTimeout: g.opt.ReplyTimeout, DeadTimeout: g.opt.DeadTimeout,
 		ReconnectMin: g.opt.ReconnectMin, ReconnectMax: g.opt.ReconnectMax,
 		Name:   "redproxy",
 		Logger: g.opt.Logger,
@@ -285,8 +286,39 @@ func (b *Backend) Pool(db int, resp3 bool) *upstream.Pool {
 	return p
 }
 
-// Ready reports whether DB 0 has a live connection.
-func (b *Backend) Ready() bool { return b.Pool(0, false).Up() }
+// RoundTrip runs one command on a connection of its own (see busy.go).
+func (b *Backend) RoundTrip(resp3 bool, raw []byte) ([]byte, error) {
+	o := b.Options(0, resp3)
+	o.Name = "redproxy-alone"
+	return upstream.RoundTrip(o, raw)
+}
+
+var cmdPing = []byte("*1\r\n$4\r\nPING\r\n")
+
+// Ready reports whether Redis answers a PING with PONG on a shared
+// connection of DB 0, promptly: a Redis that is unreachable, busy running a
+// script (-BUSY), loading its dataset (-LOADING) or not answering is not
+// ready to serve clients, whatever the state of the proxy's connections.
+func (b *Backend) Ready() bool {
+	p := b.Pool(0, false)
+	if !p.Up() {
+		return false
+	}
+	c := upstream.NewCall()
+	c.Add(cmdPing)
+	if err := p.Send(c); err != nil {
+		return false
+	}
+	t := time.NewTimer(min(b.gen.Load().opt.ReplyTimeout, time.Second))
+	defer t.Stop()
+	select {
+	case <-c.Done():
+	case <-t.C:
+		return false // the Call is dropped; the pipe completes it unseen
+	}
+	r, err := c.Reply(0)
+	return err == nil && string(r) == "+PONG\r\n"
+}
 
 // SetMaxPinned changes upstream.max_pinned. Dedicated connections already
 // in use over a lowered limit stay until their clients release them.
@@ -416,7 +448,8 @@ var (
 	descUp       = prometheus.NewDesc("redproxy_upstream_connections_up", "Shared upstream connections currently established.", []string{"db", "protocol"}, nil)
 	descPending  = prometheus.NewDesc("redproxy_upstream_queue_depth", "Client batches sent or queued on shared upstream connections and not yet answered.", []string{"db", "protocol"}, nil)
 	descFailures = prometheus.NewDesc("redproxy_upstream_connection_failures_total", "Shared upstream connections lost (errors, timeouts, Redis going away).", []string{"db", "protocol"}, nil)
-	descTimeouts = prometheus.NewDesc("redproxy_upstream_timeouts_total", "Shared upstream connections closed because a reply took longer than upstream.reply_timeout.", []string{"db", "protocol"}, nil)
+	descTimeouts = prometheus.NewDesc("redproxy_upstream_timeouts_total", "Shared upstream connections closed because Redis answered nothing, not even a PING on a fresh connection, for upstream.dead_timeout.", []string{"db", "protocol"}, nil)
+	descOverdue  = prometheus.NewDesc("redproxy_upstream_overdue_replies_total", "Times a shared upstream connection's oldest reply took longer than upstream.reply_timeout and Redis was probed (slow command, busy script, CLIENT PAUSE, or a dead server).", []string{"db", "protocol"}, nil)
 	descDials    = prometheus.NewDesc("redproxy_upstream_dials_total", "Connection attempts to Redis.", []string{"db", "protocol"}, nil)
 	descPinned   = prometheus.NewDesc("redproxy_upstream_dedicated_connections", "Dedicated upstream connections in use (transactions, blocking commands, pub/sub, MONITOR).", nil, nil)
 	descCommands = prometheus.NewDesc("redproxy_upstream_commands_total", "Commands written to Redis on shared connections.", []string{"db", "protocol"}, nil)
@@ -424,7 +457,7 @@ var (
 
 func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descPinned
-	for _, d := range []*prometheus.Desc{descUp, descPending, descFailures, descTimeouts, descDials, descCommands} {
+	for _, d := range []*prometheus.Desc{descUp, descPending, descFailures, descTimeouts, descOverdue, descDials, descCommands} {
 		ch <- d
 	}
 }
@@ -447,6 +480,7 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(s.Pending), db, proto)
 		ch <- prometheus.MustNewConstMetric(descFailures, prometheus.CounterValue, float64(s.Failures), db, proto)
 		ch <- prometheus.MustNewConstMetric(descTimeouts, prometheus.CounterValue, float64(s.Timeouts), db, proto)
+		ch <- prometheus.MustNewConstMetric(descOverdue, prometheus.CounterValue, float64(s.Overdue), db, proto)
 		ch <- prometheus.MustNewConstMetric(descDials, prometheus.CounterValue, float64(s.Dials), db, proto)
 		ch <- prometheus.MustNewConstMetric(descCommands, prometheus.CounterValue, float64(s.Commands), db, proto)
 	}

@@ -16,10 +16,12 @@ import (
 )
 
 // isProxyAnswered lists commands without connection-state flags that the
-// proxy still answers itself because they need no Redis round trip.
+// proxy still answers itself because they need no Redis round trip. PING is
+// not one of them: its answer is how clients and health checks learn that
+// Redis is busy (-BUSY), loading or paused, so Redis gives it.
 func isProxyAnswered(cmd *commands.Command) bool {
 	switch cmd.Name {
-	case "ping", "echo", "info":
+	case "echo", "info":
 		return true
 	}
 	return false
@@ -36,13 +38,6 @@ func (sess *Session) special(cmd *commands.Command, req *resp.Request, m *metric
 		return true
 	}
 	switch cmd.Name {
-	case "ping":
-		if len(args) == 1 {
-			sess.replyLocal(m, pong)
-		} else {
-			b, start := sess.localBuf()
-			sess.finishLocal(m, redcon.AppendBulk(b, args[1]), start)
-		}
 	case "echo":
 		b, start := sess.localBuf()
 		sess.finishLocal(m, redcon.AppendBulk(b, args[1]), start)
@@ -204,6 +199,10 @@ func (sess *Session) special(cmd *commands.Command, req *resp.Request, m *metric
 			sess.blocking(cmd, req, m)
 			return true
 		}
+		if runsAlone(cmd) {
+			sess.runAlone(cmd, req, m)
+			return true
+		}
 		if cmd.Flags&(commands.ConnState) == 0 {
 			return false
 		}
@@ -223,7 +222,6 @@ func isSubscribe(name string) bool {
 var (
 	ok            = []byte("+OK\r\n")
 	zero          = []byte(":0\r\n")
-	pong          = []byte("+PONG\r\n")
 	errNotInteger = []byte("-ERR value is not an integer or out of range\r\n")
 	errDBRange    = []byte("-ERR DB index is out of range\r\n")
 	errWrongPass  = []byte("-WRONGPASS invalid username-password pair or user is disabled.\r\n")

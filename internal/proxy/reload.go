@@ -36,6 +36,7 @@ func (s *Server) backendOptions(c *config.Config, addr string) BackendOptions {
 		Databases:    c.Upstream.Databases,
 		DialTimeout:  c.Upstream.DialTimeout.Duration,
 		ReplyTimeout: c.Upstream.ReplyTimeout.Duration,
+		DeadTimeout:  c.Upstream.DeadTimeout.Duration,
 		ReconnectMin: c.Upstream.ReconnectMin.Duration,
 		ReconnectMax: c.Upstream.ReconnectMax.Duration,
 		Logger:       s.log,

@@ -263,7 +263,7 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	}
 	// Subcommands (CLIENT ..., CONFIG ...) are rare enough to always take
 	// the slow path, which sorts out the few the proxy must answer.
-	if cmd != nil && (cmd.Flags&(commands.ConnState|commands.PubSub|commands.Blocking) != 0 || cmd.Parent != nil || isProxyAnswered(cmd) || cmd.IsBlocking(args)) {
+	if cmd != nil && (cmd.Flags&(commands.ConnState|commands.PubSub|commands.Blocking|commands.AllowBusy) != 0 || cmd.Parent != nil || isProxyAnswered(cmd) || cmd.IsBlocking(args)) {
 		if sess.special(cmd, req, m) {
 			return
 		}
