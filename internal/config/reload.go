@@ -16,6 +16,8 @@ var restartOnly = []struct{ key, why string }{
 	{"server.listen", "the client listener is bound once at start"},
 	{"server.admin", "the admin listener is bound once at start"},
 	{"server.log_format", "the log handler is built once at start"},
+	{"server.slowlog_threshold", "the slow log is built once at start"},
+	{"server.slowlog_max_len", "the slow log's ring is sized once at start"},
 	{"upstream.username", "clients are authenticated against the upstream credentials they connected with"},
 	{"upstream.password", "clients are authenticated against the upstream credentials they connected with"},
 	{"upstream.databases", "the per-database pools and the range SELECT accepts are sized at start"},
