@@ -1,18 +1,43 @@
-# Multi-stage build: a static redproxy binary in an image with nothing else,
-# running as a non-root user.
+# redproxy in a container: a static binary on a distroless base (no shell,
+# no package manager), running as a non-root user.
+#
+#   docker build -t redproxy .
+#   docker run -e REDPROXY_UPSTREAM=redis:6379 -p 6380:6380 redproxy
+#
+# Configuration comes from the environment (or the same flags after the
+# image name): REDPROXY_UPSTREAM (host:port, or "embedded" for the demo
+# store), REDPROXY_CONFIG (a TOML file, e.g. mounted at
+# /etc/redproxy/redproxy.toml), and REDPROXY_<FLAG> for every other flag. A
+# flag wins over its variable, and both win over the file.
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/redproxy ./cmd/redproxy
+ARG VERSION=""
+RUN CGO_ENABLED=0 go build -trimpath \
+    -ldflags="-s -w -X github.com/redproxy/redproxy/internal/proxy.Version=${VERSION}" \
+    -o /out/redproxy ./cmd/redproxy
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/redproxy /usr/local/bin/redproxy
 COPY config.example.toml /etc/redproxy/config.example.toml
-USER nonroot:nonroot
+# Inside a container 127.0.0.1 is the container itself: listen on every
+# interface, so clients and the orchestrator's probes reach both ports.
+# These override server.listen and server.admin of a config file; set them
+# to change the ports. The admin port serves /policy/reload and profiles:
+# publish it only to the network your operators and Prometheus use.
+ENV REDPROXY_LISTEN=0.0.0.0:6380 \
+    REDPROXY_ADMIN=0.0.0.0:9121 \
+    REDPROXY_REQUIRE_UPSTREAM=1
+# REDPROXY_REQUIRE_UPSTREAM: with no REDPROXY_UPSTREAM and no config file the
+# proxy exits with a message instead of silently running on the embedded
+# demo store. REDPROXY_UPSTREAM=embedded still asks for it explicitly.
 EXPOSE 6380 9121
-# The proxy listens on loopback by default; in a container it must listen on
-# all interfaces. The admin port stays loopback unless you publish it on
-# purpose (it serves /policy/reload).
-ENTRYPOINT ["/usr/local/bin/redproxy", "--listen", "0.0.0.0:6380"]
+USER nonroot:nonroot
+# Liveness of the proxy itself, not of Redis: a Redis outage should make the
+# proxy unready (/readyz, "redproxy healthcheck --ready"), not get it
+# restarted.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+    CMD ["/usr/local/bin/redproxy", "healthcheck"]
+ENTRYPOINT ["/usr/local/bin/redproxy"]

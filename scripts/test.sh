@@ -2,7 +2,8 @@
 # Runs every test of redproxy: go vet, the whole suite under the race
 # detector, and a short run of each fuzz target. Behaviour tests start real
 # redis-server processes on free loopback ports, so this installs Debian's
-# redis-server and redis-tools first when they are missing.
+# redis-server and redis-tools first when they are missing, and Debian's
+# prometheus for promtool, which checks the /metrics exposition.
 #
 # Environment: FUZZTIME (default 10s per fuzz target; 0 skips fuzzing).
 set -euo pipefail
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
 	echo "installing ${need[*]} from Debian's packages"
 	sudo=""
@@ -22,6 +24,10 @@ fi
 # stop it so nothing outside the tests answers there.
 if command -v service >/dev/null 2>&1 && pgrep -x redis-server >/dev/null 2>&1; then
 	service redis-server stop >/dev/null 2>&1 || true
+fi
+# Only promtool is wanted from the prometheus package, never its server.
+if command -v service >/dev/null 2>&1 && pgrep -x prometheus >/dev/null 2>&1; then
+	service prometheus stop >/dev/null 2>&1 || true
 fi
 
 echo "== go vet"

@@ -129,10 +129,10 @@ func TestAuditCommand(t *testing.T) {
 		}
 	}
 	// Dispatched from run().
-	if code := run([]string{"audit", "--upstream", rs.Addr(), "--count", "0"}, io.Discard); code != auditFailed {
+	if code := run([]string{"audit", "--upstream", rs.Addr(), "--count", "0"}, io.Discard, io.Discard); code != auditFailed {
 		t.Errorf("run audit: exit %d", code)
 	}
-	if code := run([]string{"--policy-mode", "sometimes"}, io.Discard); code != 2 {
+	if code := run([]string{"--policy-mode", "sometimes"}, io.Discard, io.Discard); code != 2 {
 		t.Errorf("bad --policy-mode: exit %d", code)
 	}
 }
@@ -255,7 +255,7 @@ func TestSIGHUPReloadsPolicy(t *testing.T) {
 
 	check(t, os.WriteFile(path, []byte(doc+"\n[policy.bogus]\n"), 0o600))
 	check(t, cmd.Process.Signal(syscall.SIGHUP))
-	redistest.Eventually(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), "policy not reloaded") },
+	redistest.Eventually(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), "configuration not reloaded") },
 		"bad file not reported; log:\n%s", logs.String())
 	if !strings.Contains(logs.String(), path+":") || !strings.Contains(logs.String(), "policy.bogus") {
 		t.Errorf("log does not say where:\n%s", logs.String())

@@ -1,60 +1,78 @@
 // Command redproxy is a Redis-protocol caching proxy: clients point at it
 // instead of Redis and nothing changes but the port.
 //
-//	redproxy [--config FILE] [--listen ADDR] [--upstream ADDR|embedded] [--admin ADDR] [--log-level LEVEL] [--policy-mode MODE] [--local-tier on|off]
+//	redproxy [--config FILE] [--listen ADDR] [--upstream ADDR|embedded] [--admin ADDR] [--log-level LEVEL] [--policy-mode MODE] [--local-tier on|off] [--require-upstream]
 //	redproxy audit --upstream ADDR [--config FILE] [--json] ...   (see audit.go)
+//	redproxy healthcheck [--ready] [--admin ADDR] [--config FILE]  (see healthcheck.go)
+//	redproxy check --config FILE [flags]   validate, print the effective settings (check.go)
 //
-// SIGHUP re-reads the [policy] section of --config; an invalid file keeps
-// the policy in force.
+// Every flag can also come from the environment as REDPROXY_ and the flag's
+// name in capitals with '_' for '-' (REDPROXY_UPSTREAM, REDPROXY_CONFIG,
+// REDPROXY_LISTEN, REDPROXY_ADMIN, ...); a flag on the command line wins.
+//
+// With neither an upstream nor a config file, the proxy uses a Redis on
+// 127.0.0.1:6379 if one answers, else the embedded demo store; with
+// --require-upstream (REDPROXY_REQUIRE_UPSTREAM=1, set in the container
+// image) it refuses to start instead, so it never silently runs on the demo
+// store. --upstream embedded still asks for the demo store explicitly.
+//
+// SIGHUP and POST /reload re-read --config and apply every setting that can
+// change at run time (reload.go); an invalid file, or a change to a setting
+// that needs a restart, keeps the configuration in force. POST
+// /policy/reload re-reads only the [policy] section.
 package main
 
 import (
 	"context"
-	"errors"
-
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/admin"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
-	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxy"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // run is main without os.Exit, so tests can drive it.
-func run(argv []string, stderr io.Writer) int {
-	if len(argv) > 0 && argv[0] == "audit" {
-		return runAudit(argv[1:], os.Stdout, stderr)
+func run(argv []string, stdout, stderr io.Writer) int {
+	if len(argv) > 0 {
+		switch argv[0] {
+		case "audit":
+			return runAudit(argv[1:], stdout, stderr)
+		case "check":
+			return runCheck(argv[1:], stdout, stderr)
+		case "healthcheck":
+			return runHealthcheck(argv[1:], stdout, stderr)
+		}
 	}
 	fs := flag.NewFlagSet("redproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	configPath := fs.String("config", "", "TOML configuration file (see config.example.toml)")
-	var ov config.Overrides
-	fs.StringVar(&ov.Listen, "listen", "", "client address to listen on (default from config: 127.0.0.1:6380)")
-	fs.StringVar(&ov.Upstream, "upstream", "", `Redis address host:port, or "embedded" for the in-process demo store`)
-	fs.StringVar(&ov.Admin, "admin", "", "admin HTTP address for /metrics, /healthz, /readyz (default 127.0.0.1:9121)")
-	fs.StringVar(&ov.LogLevel, "log-level", "", "debug, info, warn or error")
-	fs.StringVar(&ov.LocalTier, "local-tier", "", "on or off: override localcache.enabled (the local tier of hot keys)")
+	ovp := overrideFlags(fs)
 	policyMode := fs.String("policy-mode", "enforce", "cap every policy rule: enforce (rules act as configured), report (log and count, refuse nothing) or off")
+	requireUpstream := fs.Bool("require-upstream", false, `refuse to start without --upstream or --config instead of trying 127.0.0.1:6379 and then the embedded store`)
 	if err := fs.Parse(argv); err != nil {
+		return 2
+	}
+	if _, err := applyEnv(fs, lookupEnv); err != nil {
+		fmt.Fprintf(stderr, "redproxy: %v\n", err)
 		return 2
 	}
 	forced, err := policy.ParseAction(*policyMode)
@@ -74,26 +92,39 @@ func run(argv []string, stderr io.Writer) int {
 			return 2
 		}
 	}
+	ov := *ovp
 	cfg, err = cfg.Apply(ov)
 	if err != nil {
 		fmt.Fprintf(stderr, "redproxy: bad configuration:\n%v\n", err)
 		return 2
 	}
-	log := newLogger(cfg, stderr)
+	level := new(slog.LevelVar)
+	level.Set(logLevel(cfg.Server.LogLevel))
+	log := newLogger(cfg, level, stderr)
 	slog.SetDefault(log)
 
 	// With neither a config file nor --upstream, the quick start should just
 	// work: use a local Redis if one answers, else the embedded store. An
-	// address the operator chose is never silently replaced.
+	// address the operator chose is never silently replaced. Where that
+	// guess is wrong (a container, where 127.0.0.1 is the container itself),
+	// --require-upstream makes a missing upstream an error.
 	upstreamAddr := cfg.Upstream.Address
-	if *configPath == "" && ov.Upstream == "" && !redisAnswers(upstreamAddr) {
-		log.Warn("no Redis answers at the default address; using the embedded store", "address", upstreamAddr)
-		upstreamAddr = config.EmbeddedAddress
+	if *configPath == "" && ov.Upstream == "" {
+		if *requireUpstream {
+			fmt.Fprintf(stderr, "redproxy: no upstream given (--require-upstream): set --upstream or %s to your Redis as host:port, "+
+				"or to %q for the in-process demo store, or give a file with --config or %s\n",
+				envName("upstream"), config.EmbeddedAddress, envName("config"))
+			return 2
+		}
+		if !redisAnswers(upstreamAddr) {
+			log.Warn("no Redis answers at the default address; using the embedded store", "address", upstreamAddr)
+			upstreamAddr = config.EmbeddedAddress
+		}
 	}
 	embedded := upstreamAddr == config.EmbeddedAddress
 	if embedded {
-		mr := miniredis.NewMiniRedis()
-		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
+		mr, err := startEmbedded()
+		if err != nil {
 			fmt.Fprintf(stderr, "redproxy: cannot start the embedded store: %v\n", err)
 			return 1
 		}
@@ -105,6 +136,7 @@ func run(argv []string, stderr io.Writer) int {
 			// embedded store lacks; without it the tier would never serve
 			// and its connections would retry forever.
 			log.Warn("local tier disabled: the embedded store has no CLIENT TRACKING")
+			ov.LocalTier = "off" // and so on every reload
 			if cfg, err = cfg.Apply(config.Overrides{LocalTier: "off"}); err != nil {
 				fmt.Fprintf(stderr, "redproxy: %v\n", err)
 				return 2
@@ -129,15 +161,9 @@ func run(argv []string, stderr io.Writer) int {
 	}
 	g := srv.Guard()
 	g.SetForcedMode(forced)
+	rl := &reloader{path: *configPath, ov: ov, srv: srv, guard: g, level: level, log: log}
 	if *configPath != "" {
-		path := *configPath
-		g.SetSource(func() (policy.Config, error) {
-			c, err := config.Load(path)
-			if err != nil {
-				return policy.Config{}, err
-			}
-			return c.Policy, nil
-		})
+		g.SetSource(rl.policySource)
 	}
 	if forced != policy.Enforce {
 		log.Warn("--policy-mode caps every policy rule", "policy_mode", forced.String())
@@ -160,10 +186,7 @@ func run(argv []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "redproxy: cannot listen on %s (server.admin): %v\n", cfg.Server.Admin, err)
 			return 1
 		}
-		adm = admin.New(reg.Registry, srv.Ready, log)
-		adm.Handle("GET /policy/report", g.ReportHandler())
-		adm.Handle("POST /policy/reload", g.ReloadHandler())
-		adm.Handle("GET /debug/hotkeys", srv.HotKeysHandler())
+		adm = newAdmin(srv, reg, rl.handler(), log)
 		go adm.Serve(aln)
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}
@@ -177,11 +200,9 @@ wait:
 	for {
 		select {
 		case <-hups:
-			// The guard logs the outcome, and keeps the old policy on error.
-			if err := g.Reload(); errors.Is(err, guard.ErrNoSource) {
-				log.Warn("SIGHUP ignored: no --config file to reload the policy from")
-			}
+			rl.reloadAndLog()
 		case sig := <-sigs:
+			cfg = srv.Config() // shutdown_timeout may have been reloaded
 			log.Info("shutting down", "signal", sig.String(), "timeout", cfg.Server.ShutdownTimeout.Duration)
 			break wait
 		case err := <-served:
@@ -201,21 +222,41 @@ wait:
 	return 0
 }
 
-func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
-	var level slog.Level
-	switch strings.ToLower(cfg.Server.LogLevel) {
-	case "debug":
-		level = slog.LevelDebug
-	case "warn":
-		level = slog.LevelWarn
-	case "error":
-		level = slog.LevelError
-	}
+// newAdmin builds the admin HTTP server with every endpoint the proxy has.
+// reload serves POST /reload (every setting a reload may change).
+func newAdmin(srv *proxy.Server, reg *metrics.Metrics, reload http.Handler, log *slog.Logger) *admin.Server {
+	g := srv.Guard()
+	adm := admin.New(reg.Registry, srv.Ready, log)
+	adm.Handle("GET /policy/report", g.ReportHandler())
+	adm.Handle("POST /policy/reload", g.ReloadHandler())
+	adm.Handle("POST /reload", reload)
+	adm.Handle("GET /debug/hotkeys", srv.HotKeysHandler())
+	slow := srv.SlowlogHandler()
+	adm.Handle("GET /debug/slowlog", slow)
+	adm.Handle("DELETE /debug/slowlog", slow)
+	return adm
+}
+
+// newLogger builds the logger; level is shared so a reload can change
+// server.log_level (the format needs a restart).
+func newLogger(cfg *config.Config, level *slog.LevelVar, w io.Writer) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.Server.LogFormat == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func logLevel(name string) slog.Level {
+	switch strings.ToLower(name) {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
 }
 
 func controlClient(cfg *config.Config, addr string) *redis.Client {

@@ -155,6 +155,24 @@ func (c *Command) legacyKeys(args [][]byte, dst []int) []int {
 	return dst
 }
 
+// MayCreate reports whether a key with these flags may be created or have
+// its value replaced by the command: OW (overwritten), or RW together with
+// INSERT or UPDATE. It over-approximates (LSET is RW|UPDATE yet needs an
+// existing key), which is what a policy that must not miss a new key wants.
+func (f KeySpecFlags) MayCreate() bool {
+	return f&KeyOW != 0 || f&KeyRW != 0 && f&(KeyInsert|KeyUpdate) != 0
+}
+
+// Complete reports whether the spec can find every key it describes from
+// the arguments alone.
+func (s *KeySpec) Complete() bool {
+	return s.Flags&KeyIncomplete == 0 && s.Begin.Kind != BeginUnknown && s.Find.Kind != FindUnknown
+}
+
+// AppendKeys appends to dst the indices into args of the keys this one spec
+// finds, like Keys does for all of a command's specs.
+func (s *KeySpec) AppendKeys(args [][]byte, dst []int) []int { return s.appendKeys(args, dst) }
+
 func (c *Command) specKeys(args [][]byte, dst []int) []int {
 	for i := range c.KeySpecs {
 		dst = c.KeySpecs[i].appendKeys(args, dst)

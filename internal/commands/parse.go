@@ -32,6 +32,10 @@ func Load(ctx context.Context, c *redis.Client) (*Table, error) {
 	return newTable(cmds), nil
 }
 
+// NewTable indexes commands parsed from a COMMAND reply (Parse), as Load
+// does. It takes ownership of cmds.
+func NewTable(cmds []*Command) *Table { return newTable(cmds) }
+
 func fillMissingSpecs(cmds []*Command, from *Table) {
 	for _, c := range cmds {
 		if len(c.KeySpecs) == 0 {

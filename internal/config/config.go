@@ -62,6 +62,11 @@ type Server struct {
 	PubSubOutputLimit units.ByteSize `toml:"pubsub_output_limit"`
 	IdleTimeout       units.Duration `toml:"idle_timeout"` // 0 = never close idle clients
 	ShutdownTimeout   units.Duration `toml:"shutdown_timeout"`
+	// SlowlogThreshold: batches that take at least this long are entered
+	// in the slow log (/debug/slowlog); SlowlogMaxLen entries are kept, 0
+	// turns the slow log off.
+	SlowlogThreshold units.Duration `toml:"slowlog_threshold"`
+	SlowlogMaxLen    int            `toml:"slowlog_max_len"`
 
 	// ClientWriteTimeout closes a client that takes none of its replies
 	// for this long; 0 waits forever.
@@ -77,6 +82,7 @@ type Upstream struct {
 	MaxPinned    int            `toml:"max_pinned"`
 	DialTimeout  units.Duration `toml:"dial_timeout"`
 	ReplyTimeout units.Duration `toml:"reply_timeout"`
+	DeadTimeout  units.Duration `toml:"dead_timeout"`
 	ReconnectMin units.Duration `toml:"reconnect_min"`
 	ReconnectMax units.Duration `toml:"reconnect_max"`
 	Databases    int            `toml:"databases"`
@@ -93,20 +99,21 @@ func dur(d time.Duration) units.Duration { return units.Duration{Duration: d} }
 func Default() *Config {
 	return &Config{
 		Server: Server{
-			Listen:            "127.0.0.1:6380",
-			Admin:             "127.0.0.1:9121",
-			LogLevel:          "info",
-			LogFormat:         "text",
-			MaxClients:        10000,
-			MaxRequestBytes:   512 * units.MB,
-			MaxBulkBytes:      512 * units.MB,
-			MaxArgs:           1 << 20,
-			MaxInlineBytes:    64 * units.KB,
-			ClientOutputLimit: 64 * units.MB,
-			PubSubOutputLimit: 32 * units.MB,
-			IdleTimeout:       dur(0),
-			ShutdownTimeout:   dur(10 * time.Second),
-
+			Listen:             "127.0.0.1:6380",
+			Admin:              "127.0.0.1:9121",
+			LogLevel:           "info",
+			LogFormat:          "text",
+			MaxClients:         10000,
+			MaxRequestBytes:    512 * units.MB,
+			MaxBulkBytes:       512 * units.MB,
+			MaxArgs:            1 << 20,
+			MaxInlineBytes:     64 * units.KB,
+			ClientOutputLimit:  64 * units.MB,
+			PubSubOutputLimit:  32 * units.MB,
+			IdleTimeout:        dur(0),
+			ShutdownTimeout:    dur(10 * time.Second),
+			SlowlogThreshold:   dur(10 * time.Millisecond),
+			SlowlogMaxLen:      128,
 			ClientWriteTimeout: dur(10 * time.Second),
 		},
 		Upstream: Upstream{
@@ -115,6 +122,7 @@ func Default() *Config {
 			MaxPinned:    256,
 			DialTimeout:  dur(2 * time.Second),
 			ReplyTimeout: dur(5 * time.Second),
+			DeadTimeout:  dur(30 * time.Second),
 			ReconnectMin: dur(50 * time.Millisecond),
 			ReconnectMax: dur(2 * time.Second),
 			Databases:    16,
@@ -230,7 +238,10 @@ func join(errs []*Error) error {
 type Overrides struct {
 	Listen   string // --listen   -> server.listen
 	Upstream string // --upstream -> upstream.address
-	Admin    string // --admin    -> server.admin (the file must be used to disable it)
+	Admin    string // --admin    -> server.admin
+	// NoAdmin is an explicitly empty --admin: server.admin = "", the admin
+	// HTTP server off, whatever the file says.
+	NoAdmin  bool
 	LogLevel string // --log-level -> server.log_level
 	// LocalTier is --local-tier: "on" or "off" -> localcache.enabled.
 	LocalTier string
@@ -255,6 +266,9 @@ func (c *Config) Apply(o Overrides) (*Config, error) {
 	set(&n.Server.Listen, o.Listen, "server.listen", "--listen")
 	set(&n.Upstream.Address, o.Upstream, "upstream.address", "--upstream")
 	set(&n.Server.Admin, o.Admin, "server.admin", "--admin")
+	if o.NoAdmin {
+		n.Server.Admin = ""
+	}
 	set(&n.Server.LogLevel, o.LogLevel, "server.log_level", "--log-level")
 	var tierErr *Error
 	switch o.LocalTier {

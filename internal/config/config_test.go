@@ -95,6 +95,8 @@ pubsub_output_limit = "8 MB"
 idle_timeout = "5m"
 shutdown_timeout = "1s"
 client_write_timeout = "7s"
+slowlog_threshold = "2ms"
+slowlog_max_len = 16
 
 [upstream]
 address = "redis.internal:6390"
@@ -104,6 +106,7 @@ connections = 8
 max_pinned = 10
 dial_timeout = "100ms"
 reply_timeout = "1m30s"
+dead_timeout = "2m"
 reconnect_min = "10ms"
 reconnect_max = "10s"
 databases = 1
@@ -138,20 +141,21 @@ max_age = "20s"
 `
 	want := &Config{
 		Server: Server{
-			Listen:            "0.0.0.0:7000",
-			Admin:             "",
-			LogLevel:          "debug",
-			LogFormat:         "json",
-			MaxClients:        5,
-			MaxRequestBytes:   1 << 30,
-			MaxBulkBytes:      256 << 20,
-			MaxArgs:           1000,
-			MaxInlineBytes:    4096,
-			ClientOutputLimit: 1 << 30,
-			PubSubOutputLimit: 8 << 20,
-			IdleTimeout:       dur(5 * time.Minute),
-			ShutdownTimeout:   dur(time.Second),
-
+			Listen:             "0.0.0.0:7000",
+			Admin:              "",
+			LogLevel:           "debug",
+			LogFormat:          "json",
+			MaxClients:         5,
+			MaxRequestBytes:    1 << 30,
+			MaxBulkBytes:       256 << 20,
+			MaxArgs:            1000,
+			MaxInlineBytes:     4096,
+			ClientOutputLimit:  1 << 30,
+			PubSubOutputLimit:  8 << 20,
+			IdleTimeout:        dur(5 * time.Minute),
+			ShutdownTimeout:    dur(time.Second),
+			SlowlogThreshold:   dur(2 * time.Millisecond),
+			SlowlogMaxLen:      16,
 			ClientWriteTimeout: dur(7 * time.Second),
 		},
 		Upstream: Upstream{
@@ -162,6 +166,7 @@ max_age = "20s"
 			MaxPinned:    10,
 			DialTimeout:  dur(100 * time.Millisecond),
 			ReplyTimeout: dur(90 * time.Second),
+			DeadTimeout:  dur(2 * time.Minute),
 			ReconnectMin: dur(10 * time.Millisecond),
 			ReconnectMax: dur(10 * time.Second),
 			Databases:    1,
@@ -242,6 +247,8 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{1, "server.idle_timeout", "invalid value 30: write it as a string with a unit"}}},
 		{"negative duration", "[server]\nshutdown_timeout = \"-1s\"\n",
 			[]wantErr{{2, "server.shutdown_timeout", "must not be negative"}}},
+		{"slow log too long", "[server]\nslowlog_max_len = 1000000\n",
+			[]wantErr{{2, "server.slowlog_max_len", "must be between 0 (off) and 10000"}}},
 		{"zero dial timeout", "[upstream]\ndial_timeout = \"0s\"\n",
 			[]wantErr{{2, "upstream.dial_timeout", "must be > 0"}}},
 		{"bad size unit", "[server]\nmax_bulk_bytes = \"5QB\"\n",
@@ -377,6 +384,12 @@ func TestOverrides(t *testing.T) {
 	}
 	if !reflect.DeepEqual(*base, before) {
 		t.Fatal("Apply mutated the original snapshot")
+	}
+
+	// An explicitly empty --admin turns the admin server off.
+	off, err := base.Apply(Overrides{NoAdmin: true})
+	if err != nil || off.Server.Admin != "" || base.Server.Admin == "" {
+		t.Fatalf("NoAdmin: admin %q (base %q), %v", off.Server.Admin, base.Server.Admin, err)
 	}
 
 	_, err = base.Apply(Overrides{Upstream: "nohost", LogLevel: "chatty"})

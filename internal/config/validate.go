@@ -9,6 +9,9 @@ import (
 	"github.com/redproxy/redproxy/internal/config/units"
 )
 
+// maxSlowlogLen caps the slow log's memory: an entry is a few hundred bytes.
+const maxSlowlogLen = 10000
+
 // check collects every invalid setting rather than stopping at the first, so
 // an operator fixes a config in one pass.
 func (c *Config) check() []*Error {
@@ -70,6 +73,10 @@ func (c *Config) check() []*Error {
 	nonNegative("server.idle_timeout", s.IdleTimeout)
 	nonNegative("server.client_write_timeout", s.ClientWriteTimeout)
 	nonNegative("server.shutdown_timeout", s.ShutdownTimeout)
+	nonNegative("server.slowlog_threshold", s.SlowlogThreshold)
+	if s.SlowlogMaxLen < 0 || s.SlowlogMaxLen > maxSlowlogLen {
+		bad("server.slowlog_max_len", "must be between 0 (off) and %d, got %d", maxSlowlogLen, s.SlowlogMaxLen)
+	}
 
 	u := &c.Upstream
 	if u.Address != EmbeddedAddress {
@@ -90,6 +97,9 @@ func (c *Config) check() []*Error {
 	}
 	positive("upstream.dial_timeout", u.DialTimeout)
 	positive("upstream.reply_timeout", u.ReplyTimeout)
+	// A dead_timeout below reply_timeout acts as reply_timeout (upstream
+	// Options), so configurations written before it existed keep working.
+	positive("upstream.dead_timeout", u.DeadTimeout)
 	positive("upstream.reconnect_min", u.ReconnectMin)
 	if u.ReconnectMax.Duration < u.ReconnectMin.Duration {
 		bad("upstream.reconnect_max", "must be >= upstream.reconnect_min (%v), got %v", u.ReconnectMin, u.ReconnectMax)

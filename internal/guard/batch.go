@@ -81,23 +81,54 @@ func (b *Batch) Encode(args [][]byte) []byte {
 }
 
 // Fixups returns the RESP encodings of EXPIRE key seconds NX for each of
-// exps, valid until the next Prepare.
-func (b *Batch) Fixups(exps []policy.Expire) [][]byte {
+// exps, valid until the next Prepare. It is for commands whose keys are all
+// in the current database: a fix-up for a key in another database is left
+// out (use FixupsIn).
+func (b *Batch) Fixups(exps []policy.Expire) [][]byte { return b.FixupsIn(exps, -1, 0) }
+
+// FixupsIn is Fixups for a connection whose current database is db, on a
+// server with databases databases. A fix-up for a key in another database
+// (COPY ... DB n) becomes SELECT n, EXPIRE key seconds NX, SELECT db, so
+// the connection ends where it was. When n is not a database the server has
+// (or db < 0), Redis refuses the command itself and there is nothing to
+// fix; the fix-up is left out rather than run its EXPIRE in the wrong
+// database.
+func (b *Batch) FixupsIn(exps []policy.Expire, db, databases int) [][]byte {
 	start := len(b.fixups)
 	for _, e := range exps {
 		var num [20]byte
 		secs := strconv.AppendInt(num[:0], e.Seconds, 10)
-		b.reserve(len(e.Key) + 64)
-		s := len(b.scratch)
-		b.scratch = appendCommand(b.scratch, expireName, e.Key, secs, nxName)
-		b.fixups = append(b.fixups, b.scratch[s:len(b.scratch):len(b.scratch)])
+		if e.DB != nil {
+			n, err := strconv.Atoi(string(e.DB))
+			if err != nil || n < 0 || n >= databases || db < 0 {
+				continue
+			}
+			var cur [20]byte
+			b.fixup(selectName, e.DB)
+			b.fixup(expireName, e.Key, secs, nxName)
+			b.fixup(selectName, strconv.AppendInt(cur[:0], int64(db), 10))
+			continue
+		}
+		b.fixup(expireName, e.Key, secs, nxName)
 	}
 	return b.fixups[start:len(b.fixups):len(b.fixups)]
+}
+
+func (b *Batch) fixup(args ...[]byte) {
+	n := 16
+	for _, a := range args {
+		n += len(a) + 16
+	}
+	b.reserve(n)
+	s := len(b.scratch)
+	b.scratch = appendCommand(b.scratch, args...)
+	b.fixups = append(b.fixups, b.scratch[s:len(b.scratch):len(b.scratch)])
 }
 
 var (
 	expireName = []byte("EXPIRE")
 	nxName     = []byte("NX")
+	selectName = []byte("SELECT")
 )
 
 func (b *Batch) reserve(n int) {

@@ -60,16 +60,17 @@ type Guard struct {
 	cur    atomic.Pointer[policy.Policy] // what CheckBatch runs: the loaded policy capped by forced
 	source func() (policy.Config, error)
 
-	mu         sync.Mutex // serializes loads, reloads and forced-mode changes
-	loaded     *policy.Policy
-	forced     policy.Action
-	loadedAt   time.Time
-	lastErr    string
-	violations map[counterKey]prometheus.Counter
-	vec        *prometheus.CounterVec
-	fixFails   prometheus.Counter
-	reloads    *prometheus.CounterVec
-	suppressed prometheus.Counter
+	mu           sync.Mutex // serializes loads, reloads and forced-mode changes
+	loaded       *policy.Policy
+	forced       policy.Action
+	loadedAt     time.Time
+	lastErr      string
+	violations   map[counterKey]prometheus.Counter
+	vec          *prometheus.CounterVec
+	fixFails     prometheus.Counter
+	unclassified prometheus.Counter
+	reloads      *prometheus.CounterVec
+	suppressed   prometheus.Counter
 
 	logLimit *limiter
 	fixLimit *limiter
@@ -125,7 +126,11 @@ func New(c policy.Config, o Options) (*Guard, error) {
 		}, []string{"rule", "action"}),
 		fixFails: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "redproxy_policy_fixup_failures_total",
-			Help: "TTL fix-ups (EXPIRE key ttl NX after a write) that Redis answered with an error or never answered.",
+			Help: "TTL fix-ups (EXPIRE key ttl NX after a write, with SELECTs around it for a key in another database) that Redis answered with an error, when queued or when EXEC ran them, or never answered.",
+		}),
+		unclassified: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "redproxy_policy_unclassified_total",
+			Help: "Commands whose effect on keys the policy could not fully work out (unknown to the command table, or writes with incomplete key specifications), so TTL and naming rules may not have been checked; /policy/report lists them under rule \"unclassified\".",
 		}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "redproxy_policy_reloads_total",
@@ -146,7 +151,7 @@ func New(c policy.Config, o Options) (*Guard, error) {
 	g.reloads.WithLabelValues("error")
 	g.cur.Store(p)
 	if o.Registerer != nil {
-		for _, c := range []prometheus.Collector{g.vec, g.fixFails, g.reloads, g.suppressed} {
+		for _, c := range []prometheus.Collector{g.vec, g.fixFails, g.unclassified, g.reloads, g.suppressed} {
 			if err := o.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("guard: registering metrics: %w", err)
 			}
@@ -212,13 +217,22 @@ func (g *Guard) swapLocked(p *policy.Policy, err error) error {
 func oneLine(s string) string { return strings.ReplaceAll(s, "\n", "; ") }
 
 // Record counts one violation, adds it to the report and logs it, subject
-// to the log rate limit. client and user identify who sent the command.
+// to the log rate limit. client and user identify who sent the command. An
+// "unclassified" finding (policy.RuleUnclassified) is counted apart, in
+// redproxy_policy_unclassified_total, since no rule was broken.
 func (g *Guard) Record(v *policy.Violation, client net.Addr, user string) {
-	c := g.violations[counterKey{v.Rule, v.Action}]
-	if c == nil {
-		c = g.vec.WithLabelValues(v.Rule, v.Action.String())
+	msg := "policy violation"
+	if v.Rule == policy.RuleUnclassified {
+		// Not a violation: the rules could not be applied.
+		g.unclassified.Inc()
+		msg = "policy cannot classify command"
+	} else {
+		c := g.violations[counterKey{v.Rule, v.Action}]
+		if c == nil {
+			c = g.vec.WithLabelValues(v.Rule, v.Action.String())
+		}
+		c.Inc()
 	}
-	c.Inc()
 	now := g.now()
 	g.table.add(v, now)
 	ok, suppressed := g.logLimit.allow(now)
@@ -249,7 +263,7 @@ func (g *Guard) Record(v *policy.Violation, client net.Addr, user string) {
 	if suppressed > 0 {
 		attrs = append(attrs, slog.Int64("suppressed", suppressed))
 	}
-	g.log.LogAttrs(context.Background(), level, "policy violation", attrs...)
+	g.log.LogAttrs(context.Background(), level, msg, attrs...)
 }
 
 // FixupFailed records a TTL fix-up that failed: Redis answered it with an

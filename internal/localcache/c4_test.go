@@ -257,6 +257,9 @@ func TestBlackHoledTrackingConnection(t *testing.T) {
 	p := startTier(t, rs, func(c *config.Config) {
 		c.Upstream.Address = sh.addr()
 		c.Upstream.ReplyTimeout = units.Duration{Duration: time.Second}
+		// Redis answers the health probe, so only the dead timeout tells
+		// this connection is cut off.
+		c.Upstream.DeadTimeout = units.Duration{Duration: time.Second}
 		c.Upstream.DialTimeout = units.Duration{Duration: 300 * time.Millisecond}
 	})
 	c, direct := p.Client(t), rs.Client(t)

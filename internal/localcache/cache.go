@@ -420,7 +420,7 @@ func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte)
 	out := val
 	if !resp3 {
 		var ok bool
-		if out, ok = toRESP2(val); !ok {
+		if out, ok = toRESP2For(cmd, val); !ok {
 			c.noRESP2.Store(cmd, struct{}{})
 			c.unpend(s, rec)
 			c.m.fill(fillSkipped)

@@ -3,6 +3,7 @@ package localcache
 import (
 	"strconv"
 
+	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/resp"
 )
 
@@ -15,25 +16,45 @@ import (
 // never filled for RESP2 clients: doubles (RESP2 sends them as bulk strings
 // formatted per command, and ZRANGE WITHSCORES even changes shape), big
 // numbers, booleans, verbatim strings, attributes. Which null a RESP2 reply
-// would carry ($-1 or *-1) depends on the command; among the commands the
-// tier caches, only GEOPOS uses *-1, and its coordinates are doubles, so it
-// is refused anyway (TestRESP2ConversionMatchesRedis compares both
-// protocols on a real server).
+// carries ($-1 or *-1) depends on the command: among the commands the tier
+// caches, GEOPOS marks a missing member with the null array *-1 (Redis's
+// addReplyNullArray), where RESP3 sends _ for both. A GEOPOS whose members
+// are all missing has no doubles to refuse, so its nulls are converted per
+// command (toRESP2For; TestRESP2ConversionMatchesRedis and
+// TestGeoposNullsMatchRedis compare both protocols on a real server).
+
+// toRESP2For is toRESP2 with the command's own null shape.
+func toRESP2For(cmd *commands.Command, b []byte) ([]byte, bool) {
+	if cmd != nil && cmd.Name == "geopos" {
+		return toRESP2Nulls(b, nullArrayElements)
+	}
+	return toRESP2(b)
+}
+
+// nullShape says how a RESP3 null becomes a RESP2 one.
+type nullShape uint8
+
+const (
+	nullBulk          nullShape = iota // every _ becomes $-1
+	nullArrayElements                  // an _ element of the top-level array becomes *-1
+)
 
 // toRESP2 rewrites one RESP3 reply; ok is false when it cannot be done
 // exactly.
-func toRESP2(b []byte) (out []byte, ok bool) {
+func toRESP2(b []byte) (out []byte, ok bool) { return toRESP2Nulls(b, nullBulk) }
+
+func toRESP2Nulls(b []byte, nulls nullShape) (out []byte, ok bool) {
 	out = make([]byte, 0, len(b)+8)
-	out, n, ok := convert2(out, b)
+	out, n, ok := convert2(out, b, nulls, 0)
 	if !ok || n != len(b) {
 		return nil, false
 	}
 	return out, true
 }
 
-// convert2 appends the RESP2 form of the reply at b[0:] and returns how many
-// bytes of b it consumed.
-func convert2(dst, b []byte) ([]byte, int, bool) {
+// convert2 appends the RESP2 form of the reply at b[0:], found at the given
+// nesting depth, and returns how many bytes of b it consumed.
+func convert2(dst, b []byte, nulls nullShape, depth int) ([]byte, int, bool) {
 	if len(b) < 3 {
 		return dst, 0, false
 	}
@@ -50,6 +71,9 @@ func convert2(dst, b []byte) ([]byte, int, bool) {
 	case '+', '-', ':':
 		return append(dst, b[:next]...), next, true
 	case '_':
+		if nulls == nullArrayElements && depth == 1 {
+			return append(dst, "*-1\r\n"...), next, true
+		}
 		return append(dst, "$-1\r\n"...), next, true
 	case '$':
 		n, err := strconv.Atoi(string(hdr))
@@ -83,7 +107,7 @@ func convert2(dst, b []byte) ([]byte, int, bool) {
 		for range elems {
 			var k int
 			var ok bool
-			dst, k, ok = convert2(dst, b[pos:])
+			dst, k, ok = convert2(dst, b[pos:], nulls, depth+1)
 			if !ok {
 				return dst, 0, false
 			}

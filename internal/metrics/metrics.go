@@ -26,8 +26,11 @@ type Metrics struct {
 	ClientsRejected  prometheus.Counter
 	ProtocolErrors   prometheus.Counter
 	SlowConsumers    prometheus.Counter
-	// ClientsClosed counts clients the proxy closed, by reason
-	// (ReasonOutputLimit, ReasonWriteTimeout, ...).
+	// SlowCommands counts entries of the slow log, by the command that
+	// named the batch.
+	SlowCommands *prometheus.CounterVec
+	// ClientsClosed counts ended client connections by reason (the Close*
+	// constants); count through ClientClosed.
 	ClientsClosed *prometheus.CounterVec
 	// BatchRequests is the number of requests per batch a client's
 	// pipeline was split into.
@@ -36,16 +39,6 @@ type Metrics struct {
 	mu     sync.Mutex
 	byName atomic.Pointer[map[string]*Command] // copy-on-write: reads take no lock
 }
-
-// Reasons for redproxy_clients_closed_total.
-const (
-	// ReasonOutputLimit: replies waiting for the client exceeded
-	// server.client_output_limit (or pubsub_output_limit on a relay).
-	ReasonOutputLimit = "output_limit"
-	// ReasonWriteTimeout: the client did not take its replies within
-	// server.client_write_timeout.
-	ReasonWriteTimeout = "write_timeout"
-)
 
 // Command holds the metrics of one command name.
 type Command struct {
@@ -84,8 +77,11 @@ func New() *Metrics {
 		SlowConsumers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "redproxy_client_slow_consumers_total", Help: "Client connections closed because their output exceeded the output limit.",
 		}),
+		SlowCommands: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redproxy_slow_commands_total", Help: "Batches slower than server.slowlog_threshold (entries of /debug/slowlog), by their first command.",
+		}, []string{"command"}),
 		ClientsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "redproxy_clients_closed_total", Help: "Client connections the proxy closed, by reason.",
+			Name: "redproxy_clients_closed_total", Help: "Client connections closed, by reason.",
 		}, []string{"reason"}),
 		BatchRequests: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "redproxy_client_batch_requests",
@@ -93,15 +89,46 @@ func New() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(1, 4, 6), // 1 .. 1024
 		}),
 	}
-	for _, r := range []string{ReasonOutputLimit, ReasonWriteTimeout} {
-		m.ClientsClosed.WithLabelValues(r) // present at 0 from the start
+	// Every reason is exported from the start, so a dashboard's rate() has
+	// a series before the first close of that kind.
+	for _, r := range CloseReasons {
+		m.ClientsClosed.WithLabelValues(r)
 	}
 	m.byName.Store(&map[string]*Command{})
 	m.Registry.MustRegister(m.commands, m.errors, m.latency, m.ClientsConnected, m.ClientsTotal,
-		m.ClientsRejected, m.ProtocolErrors, m.SlowConsumers, m.ClientsClosed, m.BatchRequests,
+		m.ClientsRejected, m.ProtocolErrors, m.SlowConsumers, m.SlowCommands, m.ClientsClosed, m.BatchRequests,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+// Why a client connection ended: the values of redproxy_clients_closed_total's
+// reason label.
+const (
+	CloseQuit          = "quit"           // the client sent QUIT
+	CloseClient        = "client_closed"  // the client closed its side
+	CloseProtocolError = "protocol_error" // malformed or oversized request
+	CloseIdleTimeout   = "idle_timeout"   // server.idle_timeout passed with no request
+	CloseShutdown      = "shutdown"       // the proxy is shutting down
+	CloseKilled        = "killed"         // CLIENT KILL
+	CloseWriteError    = "write_error"    // writing a reply failed (client gone, slow consumer)
+	CloseReadError     = "read_error"     // reading failed for another reason
+	ClosePanic         = "internal_error" // a bug while serving the client
+	// CloseOutputLimit: replies waiting for the client exceeded
+	// server.client_output_limit (or pubsub_output_limit on a relay).
+	CloseOutputLimit = "output_limit"
+	// CloseWriteTimeout: the client took none of its replies within
+	// server.client_write_timeout.
+	CloseWriteTimeout = "write_timeout"
+)
+
+// CloseReasons lists every reason label value.
+var CloseReasons = []string{CloseQuit, CloseClient, CloseProtocolError, CloseIdleTimeout,
+	CloseShutdown, CloseKilled, CloseWriteError, CloseReadError, ClosePanic, CloseOutputLimit, CloseWriteTimeout}
+
+// ClientClosed counts one closed client connection. reason is one of
+// CloseReasons. It is called once per connection, not per command, so the
+// label lookup is not on the hot path.
+func (m *Metrics) ClientClosed(reason string) { m.ClientsClosed.WithLabelValues(reason).Inc() }
 
 // Command returns the cached metrics of a command name. name must be a
 // bounded set (the command table's names, or "unknown"), never client input.

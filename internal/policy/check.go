@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +27,7 @@ func (p *Policy) CheckBatch(reqs []Request, out []Decision) []Decision {
 	c.p, c.reqs, c.out = p, reqs, out
 	c.pending = c.pendingBuf[:0]
 	c.setters = c.setterBuf[:0]
+	c.seg = 0
 	for i := range reqs {
 		c.checkOne(i)
 	}
@@ -77,23 +79,53 @@ type checker struct {
 	// later request of the batch sets one.
 	pending    []pendingTTL
 	pendingBuf [16]pendingTTL
-	// setters are keys given a TTL by some request, for that look-ahead.
+	// setters are keys certainly given a TTL by some request, for that
+	// look-ahead.
 	setters   []keyRef
 	setterBuf [16]keyRef
-	setterMap map[string]int // key -> last request setting it; built for big batches
+	setterMap map[segKey]int // key -> last request setting it; built for big batches
 	mapBuilt  bool
+	// seg numbers the stretches of the batch between boundaries (see
+	// boundary): a TTL set in another stretch is not trusted.
+	seg int
 
 	effBuf [8]keyEffect
 	keyBuf [8]int
 }
 
-type keyRef struct{ req, arg int }
+type keyRef struct{ req, arg, seg int }
+
+type segKey struct {
+	seg int
+	key string
+}
 
 type pendingTTL struct {
 	req  int
+	seg  int
 	eff  keyEffect
 	rule *ttlRule
 	rs   *ruleset
+}
+
+// boundary reports whether req separates what runs before it from what runs
+// after it, so that a TTL set after it cannot be trusted for a key written
+// before it: a change of database (SELECT, SWAPDB, MOVE), the start or end
+// of a transaction (MULTI, EXEC, DISCARD, which may commit nothing), the end
+// of the connection or of its state (QUIT, RESET), a switch to pub/sub,
+// MONITOR or a relay (SUBSCRIBE, CLIENT TRACKING), or a blocking command,
+// after which a client that went away gets nothing more sent. Every other
+// command that changes the connection's state counts too: a few commands
+// too many only cost a harmless fix-up.
+func boundary(req *Request) bool {
+	cmd := req.Cmd
+	if cmd == nil {
+		return false
+	}
+	if cmd.Flags&commands.ConnState != 0 || cmd.IsBlocking(req.Args) {
+		return true
+	}
+	return cmd.Name == "swapdb" || cmd.Name == "move"
 }
 
 func (c *checker) act(a Action) Action { return min(a, c.p.ceiling) }
@@ -103,6 +135,9 @@ func (c *checker) checkOne(i int) {
 	d := &c.out[i]
 	if len(req.Args) == 0 {
 		return
+	}
+	if boundary(req) {
+		c.seg++
 	}
 	rs := c.p.global
 	if len(c.p.scopes) > 0 {
@@ -122,7 +157,12 @@ func (c *checker) checkOne(i int) {
 		}
 	}
 	if req.Cmd == nil {
-		return // unknown to the table: no key positions, Redis will answer
+		// Unknown to the table: no key positions. Redis answers it, or, for
+		// a module command the table lacks, runs it unchecked.
+		if rs.keyRules {
+			c.unclassified(d, rs, req, "is unknown to the command table")
+		}
+		return
 	}
 
 	if a := c.act(rs.values.action); a != Off && req.Cmd.Is(commands.Write) {
@@ -140,32 +180,117 @@ func (c *checker) checkOne(i int) {
 	}
 	nameAction := c.act(rs.names.action)
 	checkNames := rs.names.on() && nameAction != Off
-	if f := effectTable[req.Cmd.Name]; f != nil {
-		for _, e := range f(req.Args, c.effBuf[:0]) {
-			key := req.Args[e.key]
-			if e.creates && checkNames && c.checkName(d, rs, nameAction, req, key) {
-				return
-			}
-			rule := rs.ttlFor(key)
-			switch {
-			case e.kind == effSetTTL:
-				if rule != nil && rule.max > 0 && c.act(rule.action) != Off && c.checkMax(d, i, rs, rule, e) {
+	var effs []keyEffect
+	switch f := effectTable[req.Cmd.Name]; {
+	case f != nil:
+		effs = f(req.Args, c.effBuf[:0])
+	case scriptCommands[req.Cmd.Name]:
+		if checkNames {
+			for _, k := range c.keys(req) {
+				if c.checkName(d, rs, nameAction, req, req.Args[k]) {
 					return
 				}
-				if !e.conditional {
-					c.setters = append(c.setters, keyRef{req: i, arg: e.key})
-				}
-			case rule != nil && rule.required && c.act(rule.action) != Off:
-				c.pending = append(c.pending, pendingTTL{req: i, eff: e, rule: rule, rs: rs})
 			}
 		}
-	} else if checkNames && scriptCommands[req.Cmd.Name] {
-		for _, k := range c.keys(req) {
-			if c.checkName(d, rs, nameAction, req, req.Args[k]) {
-				return
-			}
+		return
+	case req.Cmd.Is(commands.Write) && !noEffect[req.Cmd.Name]:
+		var complete bool
+		effs, complete = c.specEffects(req)
+		if !complete {
+			c.unclassified(d, rs, req, "writes keys its key specifications do not fully describe; the keys found were taken as created")
 		}
 	}
+	for _, e := range effs {
+		key := req.Args[e.key]
+		if e.creates && checkNames && c.checkName(d, rs, nameAction, req, key) {
+			return
+		}
+		rule := rs.ttlFor(key)
+		switch {
+		case e.kind == effSetTTL:
+			if rule != nil && rule.max > 0 && c.act(rule.action) != Off && c.checkMax(d, i, rs, rule, e) {
+				return
+			}
+			ttl := req.Args[e.ttl]
+			if d.Args != nil {
+				ttl = d.Args[e.ttl] // clamped to the rule's max
+			}
+			if !e.conditional && c.ttlCertain(ttl, e.unit) {
+				c.setters = append(c.setters, keyRef{req: i, arg: e.key, seg: c.seg})
+			}
+		case rule != nil && rule.required && c.act(rule.action) != Off:
+			c.pending = append(c.pending, pendingTTL{req: i, seg: c.seg, eff: e, rule: rule, rs: rs})
+		}
+	}
+}
+
+// specEffects classifies a write command the effect table does not know (a
+// module command, or one newer than the table) from its key specifications:
+// every key of a spec that may create or overwrite it (commands.KeySpecFlags
+// MayCreate) is taken as created, to be fixed with EXPIRE ... NX. complete
+// is false when the specs cannot describe every key: a spec marked
+// incomplete or found only at run time, or no specs at all (servers before
+// Redis 7, modules that declare only key positions), in which case every
+// key the legacy positions name is taken as created.
+func (c *checker) specEffects(req *Request) (effs []keyEffect, complete bool) {
+	effs = c.effBuf[:0]
+	specs := req.Cmd.KeySpecs
+	if len(specs) == 0 {
+		keys := c.keys(req)
+		for _, k := range keys {
+			effs = append(effs, keyEffect{key: k, kind: effCreate, creates: true})
+		}
+		return effs, len(keys) == 0 && req.Cmd.Flags&commands.MovableKeys == 0
+	}
+	complete = true
+	for j := range specs {
+		s := &specs[j]
+		if !s.Complete() {
+			complete = false
+		}
+		if !s.Flags.MayCreate() {
+			continue
+		}
+		for _, k := range s.AppendKeys(req.Args, c.keyBuf[:0]) {
+			effs = append(effs, keyEffect{key: k, kind: effCreate, creates: true})
+		}
+	}
+	return effs, complete
+}
+
+// unclassified reports a command whose effect on keys the policy cannot
+// work out, so that its TTL and naming rules may go unchecked. It is
+// reported whatever the mode: nothing was found to refuse or fix.
+func (c *checker) unclassified(d *Decision, rs *ruleset, req *Request, why string) {
+	name := commandName(req)
+	if len(name) > maxKeyInMessage {
+		name = name[:maxKeyInMessage]
+	}
+	msg := fmt.Sprintf("%scommand %s %s; TTL and naming rules cannot be fully checked for it", msgPrefix, displayName(name), why)
+	c.violate(d, Report, false, Violation{Rule: RuleUnclassified, Scope: rs.scope, Command: name, Msg: msg})
+}
+
+// ttlCertain reports whether a TTL argument certainly gives a key a TTL: a
+// number Redis accepts, neither zero nor negative nor in the past (which
+// delete the key, or are refused by SET), and not so large that Redis
+// refuses it as overflowing.
+func (c *checker) ttlCertain(arg []byte, unit ttlUnit) bool {
+	n, ok := parseInt(arg)
+	if !ok || n <= 0 {
+		return false
+	}
+	nowMs := c.p.now().UnixMilli()
+	switch unit {
+	case unitSec:
+		return n <= (math.MaxInt64-nowMs)/1000
+	case unitMs:
+		return n <= math.MaxInt64-nowMs
+	case unitUnixSec:
+		return n <= math.MaxInt64/1000 && n*1000 > nowMs
+	case unitUnixMs:
+		return n > nowMs
+	}
+	return false
 }
 
 // violate records v on d with action a. fixable says the caller can apply a
@@ -347,7 +472,9 @@ func (c *checker) resolvePending() {
 		}
 		req := &c.reqs[pt.req]
 		key := req.Args[pt.eff.key]
-		if c.ttlSetLater(pt.req, key) {
+		// A key in another database cannot be given its TTL by a later
+		// command, which runs in this one.
+		if pt.eff.db == 0 && c.ttlSetLater(pt.req, pt.seg, key) {
 			continue
 		}
 		rule := pt.rule
@@ -366,7 +493,11 @@ func (c *checker) resolvePending() {
 		}
 		switch pt.eff.fix {
 		case fixExpire:
-			d.Expires = append(d.Expires, Expire{Key: key, Seconds: rule.def})
+			e := Expire{Key: key, Seconds: rule.def}
+			if pt.eff.db != 0 {
+				e.DB = req.Args[pt.eff.db]
+			}
+			d.Expires = append(d.Expires, e)
 		case fixAppendEX:
 			if d.Args == nil {
 				d.Args = slices.Clone(req.Args)
@@ -382,13 +513,13 @@ func (c *checker) resolvePending() {
 	}
 }
 
-// ttlSetLater reports whether a request after req, not refused, gives key a
-// TTL unconditionally.
-func (c *checker) ttlSetLater(req int, key []byte) bool {
+// ttlSetLater reports whether a request after req in the same stretch of
+// the batch (seg), not refused, certainly gives key a TTL.
+func (c *checker) ttlSetLater(req, seg int, key []byte) bool {
 	const linearLimit = 32
 	if len(c.setters) <= linearLimit {
 		for _, s := range c.setters {
-			if s.req > req && c.out[s.req].Refuse == nil && string(c.reqs[s.req].Args[s.arg]) == string(key) {
+			if s.req > req && s.seg == seg && c.out[s.req].Refuse == nil && string(c.reqs[s.req].Args[s.arg]) == string(key) {
 				return true
 			}
 		}
@@ -399,14 +530,14 @@ func (c *checker) ttlSetLater(req int, key []byte) bool {
 		// built once per batch.
 		c.mapBuilt = true
 		if c.setterMap == nil {
-			c.setterMap = make(map[string]int, len(c.setters))
+			c.setterMap = make(map[segKey]int, len(c.setters))
 		}
 		for _, s := range c.setters {
 			if c.out[s.req].Refuse == nil {
-				c.setterMap[string(c.reqs[s.req].Args[s.arg])] = s.req
+				c.setterMap[segKey{s.seg, string(c.reqs[s.req].Args[s.arg])}] = s.req
 			}
 		}
 	}
-	last, ok := c.setterMap[string(key)]
+	last, ok := c.setterMap[segKey{seg, string(key)}]
 	return ok && last > req
 }

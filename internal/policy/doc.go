@@ -66,11 +66,53 @@
 //     are always refused: removing the TTL is the point of the command.
 //
 // Look-ahead: CheckBatch sees a whole pipeline batch or MULTI block. A write
-// followed later in it by EXPIRE, PEXPIRE, EXPIREAT, PEXPIREAT (not with XX
-// or GT, which do nothing to a key without TTL), SET/GETEX with a TTL or
-// SETEX of the same key passes untouched — the seeds' HSET + EXPIRE session
-// and INCR + EXPIRE fixed window. A TTL set in an earlier, separate round trip
-// cannot be seen; the NX fix-up then does no harm.
+// followed later in it by a command that certainly gives the key a TTL
+// passes untouched — the seeds' HSET + EXPIRE session and INCR + EXPIRE
+// fixed window. Certainly means all of:
+//
+//   - the command is EXPIRE, PEXPIRE, EXPIREAT or PEXPIREAT (alone, with NX
+//     or with LT: NX and LT always act on a key without TTL), SET with a TTL
+//     option and without NX, XX or GET, or SETEX/PSETEX; not EXPIRE XX or
+//     GT (they leave a key without TTL alone), not GETEX or SET ... GET
+//     (WRONGTYPE on a hash), not RESTORE (BUSYKEY), not a combination of
+//     options Redis refuses;
+//   - its TTL is a number Redis accepts that neither deletes the key (zero,
+//     negative, a time in the past) nor overflows;
+//   - it is not refused, and is the same key in the same database: a
+//     COPY ... DB n destination is never covered by a later command;
+//   - no boundary lies between the write and it: a command that changes the
+//     connection's state (SELECT, MULTI, EXEC, DISCARD, WATCH, QUIT, RESET,
+//     HELLO, SUBSCRIBE, CLIENT TRACKING, ...), a blocking command (after
+//     which a client that went away gets nothing more sent), SWAPDB or
+//     MOVE. So a write and its EXPIRE inside one MULTI block count (they
+//     commit or abort together), but a write before MULTI and an EXPIRE
+//     queued in it do not (DISCARD, EXECABORT or a WATCH abort would leave
+//     the write without TTL).
+//
+// Anything else gets the fix-up (or, without a default, the refusal). A TTL
+// set in an earlier, separate round trip cannot be seen; the NX fix-up then
+// does no harm. The fix-up runs before the later command, so that command
+// then acts on a key with a TTL: a later EXPIRE ... XX sets its TTL (it
+// would do nothing on Redis alone), and an EXPIRE ... NX behind a boundary
+// leaves the default in place.
+//
+// COPY src dst DB n creates dst in database n. Its fix-up is SELECT n,
+// EXPIRE dst <default> NX, SELECT <current> — inside the same MULTI/EXEC
+// wrapper as the COPY, or queued behind it in the client's MULTI, where
+// <current> is the database the client's queued SELECTs left it in. When n
+// is not below upstream.databases, Redis refuses the COPY and no fix-up is
+// sent.
+//
+// Commands the effect table does not classify — module commands and those
+// newer than the table, known to redproxy from the upstream's COMMAND reply
+// — are classified from their key specifications when they are writes:
+// every key of a spec flagged OW, or RW with INSERT or UPDATE, is taken as
+// created, and the TTL and naming rules apply to it. A command the policy
+// cannot fully classify (unknown to the command table, or a write whose key
+// specs are incomplete or missing) is reported under the rule
+// "unclassified": redproxy_policy_unclassified_total and GET /policy/report.
+// Whatever keys its specs or key positions do name are still taken as
+// created.
 //
 // max caps explicit TTLs (SET EX/PX/EXAT/PXAT, SETEX, PSETEX, GETEX, EXPIRE
 // family, RESTORE): max_action = "clamp" (default) rewrites the value to max

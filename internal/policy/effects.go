@@ -45,9 +45,15 @@ type keyEffect struct {
 	fix     fixKind // effCreate
 	ttl     int     // effSetTTL, and fixRestoreTTL: index of the TTL argument
 	unit    ttlUnit
-	// conditional: an effSetTTL that does nothing to a key without a TTL
-	// (EXPIRE ... XX or GT), so it does not count as setting one.
+	// conditional: an effSetTTL that may not give a key without a TTL one
+	// even with a valid TTL argument: it can leave such a key alone (EXPIRE
+	// XX or GT, SET NX or XX, RESTORE without REPLACE), fail on the key's
+	// type (SET ... GET, GETEX) or be refused for its options. It is never
+	// taken as the TTL of an earlier write in the batch.
 	conditional bool
+	// db, when not 0, is the index of the argument naming the database the
+	// key is in (COPY ... DB n); 0 means the current database.
+	db int
 }
 
 // classifier appends the effects of one call to dst. It must tolerate any
@@ -61,8 +67,8 @@ type classifier func(args [][]byte, dst []keyEffect) []keyEffect
 var effectTable = map[string]classifier{
 	// strings
 	"set":         classifySet,
-	"setex":       setTTLAt(1, 2, unitSec, true),
-	"psetex":      setTTLAt(1, 2, unitMs, true),
+	"setex":       classifySetex(unitSec),
+	"psetex":      classifySetex(unitMs),
 	"setnx":       createAt(1),
 	"getset":      createAt(1),
 	"getex":       classifyGetex,
@@ -117,7 +123,7 @@ var effectTable = map[string]classifier{
 	"pfmerge": createAt(1),
 	// keyspace: the destination of COPY and RENAME takes the source's TTL,
 	// which may be none.
-	"copy":           createAt(2),
+	"copy":           classifyCopy,
 	"rename":         createAt(2),
 	"renamenx":       createAt(2),
 	"restore":        classifyRestore,
@@ -147,6 +153,16 @@ var noTTLEffect = []string{
 	"function|flush", "function|delete", "function|restore", "function|load",
 }
 
+// noEffect is noTTLEffect as a set, for the look-up that decides whether a
+// write command the effect table lacks needs the key-spec fallback.
+var noEffect = func() map[string]bool {
+	m := make(map[string]bool, len(noTTLEffect))
+	for _, n := range noTTLEffect {
+		m[n] = true
+	}
+	return m
+}()
+
 // scriptCommands declare keys that the script may create; only their names
 // can be checked (see the package documentation).
 var scriptCommands = map[string]bool{"eval": true, "evalsha": true, "fcall": true}
@@ -171,12 +187,14 @@ func persistAt(i int) classifier {
 	}
 }
 
-func setTTLAt(key, ttl int, unit ttlUnit, creates bool) classifier {
+// classifySetex: SETEX/PSETEX key ttl value. Any other argument count is an
+// arity error.
+func classifySetex(unit ttlUnit) classifier {
 	return func(args [][]byte, dst []keyEffect) []keyEffect {
-		if ttl < len(args) {
-			dst = append(dst, keyEffect{key: key, kind: effSetTTL, creates: creates, ttl: ttl, unit: unit})
+		if len(args) < 3 {
+			return dst
 		}
-		return dst
+		return append(dst, keyEffect{key: 1, kind: effSetTTL, creates: true, ttl: 2, unit: unit, conditional: len(args) != 4})
 	}
 }
 
@@ -204,19 +222,49 @@ func ttlOption(a []byte) (ttlUnit, bool) {
 
 // classifySet: SET key value [NX|XX] [GET] [EX|PX|EXAT|PXAT n|KEEPTTL].
 // Without a TTL option SET discards the key's TTL, with KEEPTTL it keeps an
-// existing one but still creates a new key without.
+// existing one but still creates a new key without. With a TTL option SET
+// either sets that TTL or is refused, so it never leaves the key without
+// one. As in Redis, a repeated option wins over the earlier one, so the last
+// TTL option is the one checked against a rule's max.
+//
+// Options are parsed the way Redis parses them only to decide whether the
+// SET certainly sets the TTL (for the look-ahead); whether it creates a key
+// without a TTL depends on nothing but the absence of a TTL option, so a
+// parse that disagrees with Redis cannot open a hole.
 func classifySet(args [][]byte, dst []keyEffect) []keyEffect {
 	if len(args) < 3 {
 		return dst
 	}
-	keep := false
+	var nx, xx, get, keep, bad bool
+	ttl, unit := 0, ttlUnit(0)
 	for i := 3; i < len(args); i++ {
-		if u, ok := ttlOption(args[i]); ok && i+1 < len(args) {
-			return append(dst, keyEffect{key: 1, kind: effSetTTL, creates: true, ttl: i + 1, unit: u})
+		a := args[i]
+		if u, ok := ttlOption(a); ok && i+1 < len(args) {
+			if keep || (ttl > 0 && u != unit) {
+				bad = true
+			}
+			ttl, unit = i+1, u
+			i++
+			continue
 		}
-		if eqFold(args[i], "keepttl") {
+		switch {
+		case eqFold(a, "nx"):
+			bad = bad || xx
+			nx = true
+		case eqFold(a, "xx"):
+			bad = bad || nx
+			xx = true
+		case eqFold(a, "get"):
+			get = true
+		case eqFold(a, "keepttl"):
+			bad = bad || ttl > 0
 			keep = true
+		default:
+			bad = true
 		}
+	}
+	if ttl > 0 {
+		return append(dst, keyEffect{key: 1, kind: effSetTTL, creates: true, ttl: ttl, unit: unit, conditional: nx || xx || get || bad})
 	}
 	fix := fixAppendEX
 	if keep {
@@ -225,11 +273,12 @@ func classifySet(args [][]byte, dst []keyEffect) []keyEffect {
 	return append(dst, keyEffect{key: 1, kind: effCreate, creates: true, fix: fix})
 }
 
-// classifyGetex: GETEX key [EX|PX|EXAT|PXAT n|PERSIST]; it never creates.
+// classifyGetex: GETEX key [EX|PX|EXAT|PXAT n|PERSIST]; it never creates,
+// and fails on a key that holds no string, so its TTL is conditional.
 func classifyGetex(args [][]byte, dst []keyEffect) []keyEffect {
 	for i := 2; i < len(args); i++ {
 		if u, ok := ttlOption(args[i]); ok && i+1 < len(args) {
-			return append(dst, keyEffect{key: 1, kind: effSetTTL, ttl: i + 1, unit: u})
+			return append(dst, keyEffect{key: 1, kind: effSetTTL, ttl: i + 1, unit: u, conditional: true})
 		}
 		if eqFold(args[i], "persist") {
 			return append(dst, keyEffect{key: 1, kind: effPersist})
@@ -331,7 +380,25 @@ func classifyRestore(args [][]byte, dst []keyEffect) []keyEffect {
 	if string(args[2]) == "0" {
 		return append(dst, keyEffect{key: 1, kind: effCreate, creates: true, fix: fixRestoreTTL, ttl: 2, unit: unit})
 	}
-	return append(dst, keyEffect{key: 1, kind: effSetTTL, creates: true, ttl: 2, unit: unit})
+	// It fails on an existing key without REPLACE, and on a bad payload.
+	return append(dst, keyEffect{key: 1, kind: effSetTTL, creates: true, ttl: 2, unit: unit, conditional: true})
+}
+
+// classifyCopy: COPY source destination [DB n] [REPLACE]. The destination
+// takes the source's TTL, which may be none; with DB it is created in
+// database n, where its fix-up must go too.
+func classifyCopy(args [][]byte, dst []keyEffect) []keyEffect {
+	if len(args) < 3 {
+		return dst
+	}
+	db := 0
+	for i := 3; i+1 < len(args); i++ {
+		if eqFold(args[i], "db") {
+			db = i + 1
+			i++
+		}
+	}
+	return append(dst, keyEffect{key: 2, kind: effCreate, creates: true, db: db})
 }
 
 // classifySort: SORT key [BY p] [LIMIT o c] [GET p ...] [ASC|DESC] [ALPHA]
@@ -359,19 +426,31 @@ func classifySort(args [][]byte, dst []keyEffect) []keyEffect {
 }
 
 // classifyExpire: EXPIRE key n [NX|XX|GT|LT]. XX and GT never act on a key
-// without a TTL (GT treats "no TTL" as infinite).
+// without a TTL (GT treats "no TTL" as infinite); NX and LT always do, and
+// leave a key that has a TTL with one. Redis refuses NX with any other
+// option, GT with LT, and unknown options.
 func classifyExpire(unit ttlUnit) classifier {
 	return func(args [][]byte, dst []keyEffect) []keyEffect {
 		if len(args) < 3 {
 			return dst
 		}
-		cond := false
+		var nx, xx, gt, lt, bad bool
 		for i := 3; i < len(args); i++ {
-			if eqFold(args[i], "xx") || eqFold(args[i], "gt") {
-				cond = true
+			switch a := args[i]; {
+			case eqFold(a, "nx"):
+				nx = true
+			case eqFold(a, "xx"):
+				xx = true
+			case eqFold(a, "gt"):
+				gt = true
+			case eqFold(a, "lt"):
+				lt = true
+			default:
+				bad = true
 			}
 		}
-		return append(dst, keyEffect{key: 1, kind: effSetTTL, ttl: 2, unit: unit, conditional: cond})
+		bad = bad || nx && (xx || gt || lt) || gt && lt
+		return append(dst, keyEffect{key: 1, kind: effSetTTL, ttl: 2, unit: unit, conditional: xx || gt || bad})
 	}
 }
 

@@ -78,6 +78,10 @@ func summary(d Decision) string {
 		parts = append(parts, "args=["+joinArgs(d.Args)+"]")
 	}
 	for _, e := range d.Expires {
+		if e.DB != nil {
+			parts = append(parts, fmt.Sprintf("expire=[%s %d db=%s]", e.Key, e.Seconds, e.DB))
+			continue
+		}
 		parts = append(parts, fmt.Sprintf("expire=[%s %d]", e.Key, e.Seconds))
 	}
 	return strings.Join(parts, " ")

@@ -83,16 +83,22 @@ func (o Outcome) String() string {
 // Rule names, as they appear in Violation.Rule, in messages and in metrics.
 // The set is fixed, so they are safe as metric label values.
 const (
-	RuleCommand     = "command"
-	RuleTTL         = "ttl"     // a key left without a required TTL
-	RuleTTLMax      = "ttl_max" // a TTL longer than the rule's max
-	RuleNamespaces  = "namespaces"
-	RuleRegex       = "regex"
-	RuleKeyLength   = "max_key_length"
-	RuleVersion     = "require_version"
-	RuleValueSize   = "value_size"
-	msgPrefix       = "ERR redproxy policy: "
-	maxKeyInMessage = 100
+	RuleCommand    = "command"
+	RuleTTL        = "ttl"     // a key left without a required TTL
+	RuleTTLMax     = "ttl_max" // a TTL longer than the rule's max
+	RuleNamespaces = "namespaces"
+	RuleRegex      = "regex"
+	RuleKeyLength  = "max_key_length"
+	RuleVersion    = "require_version"
+	RuleValueSize  = "value_size"
+	// RuleUnclassified is not a rule but a finding: a command whose effect
+	// on keys the policy cannot fully work out (unknown to the command
+	// table, or a write whose key specifications are incomplete), so its
+	// keys may escape the TTL and naming rules. Always reported, never
+	// refused.
+	RuleUnclassified = "unclassified"
+	msgPrefix        = "ERR redproxy policy: "
+	maxKeyInMessage  = 100
 )
 
 // Request is one command as the guard sees it.
@@ -127,9 +133,14 @@ type Violation struct {
 type Expire struct {
 	Key     []byte // aliases the request's Args
 	Seconds int64
+	// DB, when not nil, is the database the key is in, as the command named
+	// it (COPY ... DB n; aliases the request's Args): the guard sends the
+	// EXPIRE between SELECT DB and a SELECT back to the current database.
+	DB []byte
 }
 
-// Args returns the fix-up command.
+// Args returns the fix-up's EXPIRE command (without the SELECTs around it
+// that a DB needs).
 func (e Expire) Args() [][]byte {
 	return [][]byte{[]byte("EXPIRE"), e.Key, strconv.AppendInt(nil, e.Seconds, 10), []byte("NX")}
 }

@@ -96,17 +96,20 @@ var seedPatterns = []struct {
 }
 
 // seedAntiPatterns are the seeds' anti-patterns with the rule that catches
-// each.
+// each. convention marks a rule the example ships in report mode because it
+// encodes one application's conventions: the example only reports it, and
+// refuses it once its action is set to follow the mode.
 var seedAntiPatterns = []struct {
-	name string
-	args []string
-	rule string
+	name       string
+	args       []string
+	rule       string
+	convention bool
 }{
-	{"KEYS * in production", []string{"KEYS", "*"}, RuleCommand},
-	{"FLUSHALL without thought", []string{"FLUSHALL"}, RuleCommand},
-	{"key without TTL", []string{"SET", "lock:nightly-job", "worker-1", "NX"}, RuleTTL},
-	{"large blob", []string{"SETEX", "product:1", "3600", "<204800>"}, RuleValueSize},
-	{"unnamed key", []string{"SET", "foo", "bar", "EX", "60"}, RuleNamespaces},
+	{"KEYS * in production", []string{"KEYS", "*"}, RuleCommand, false},
+	{"FLUSHALL without thought", []string{"FLUSHALL"}, RuleCommand, false},
+	{"key without TTL", []string{"SET", "lock:nightly-job", "worker-1", "NX"}, RuleTTL, false},
+	{"large blob", []string{"SETEX", "product:1", "3600", "<204800>"}, RuleValueSize, false},
+	{"unnamed key", []string{"SET", "foo", "bar", "EX", "60"}, RuleNamespaces, true},
 }
 
 func seedBatch(lines [][]string) []Request {
@@ -147,10 +150,24 @@ func TestSeedAntiPatterns(t *testing.T) {
 		t.Fatal("example has no mode line to change")
 	}
 	fileReport := compileDoc(t, reportDoc)
+	// The naming rules turned to enforce, as the example's comment tells an
+	// operator to once /policy/report is clean.
+	namesOn := "[policy.names]\n# Report only: the namespace list and the version rule are one\n# application's conventions (see config.example.toml).\naction = \"\"\n"
+	strictDoc := strings.Replace(string(doc), strings.Replace(namesOn, `action = ""`, `action = "report"`, 1), namesOn, 1)
+	if strictDoc == string(doc) {
+		t.Fatal("example has no [policy.names] action line to change")
+	}
+	strict := compileDoc(t, strictDoc)
 	for _, ap := range seedAntiPatterns {
 		t.Run(ap.name, func(t *testing.T) {
 			req := cmd(ap.args...)
-			d := checkBatch(t, p, []Request{req})[0]
+			if ap.convention {
+				d := checkBatch(t, p, []Request{req})[0]
+				if d.Refuse != nil || d.Args != nil || len(d.Expires) > 0 || len(d.Violations) == 0 || d.Violations[0].Rule != ap.rule {
+					t.Errorf("example: got %q, want only reported by %s", summary(d), ap.rule)
+				}
+			}
+			d := checkBatch(t, strict, []Request{req})[0]
 			if d.Refuse == nil || d.Refuse.Rule != ap.rule {
 				t.Errorf("enforce: got %q, want refused by %s", summary(d), ap.rule)
 			} else if strings.Contains(d.Refuse.Msg, "xxxxxxxx") {

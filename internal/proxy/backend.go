@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -23,6 +24,7 @@ type BackendOptions struct {
 	MaxPinned                int
 	DialTimeout              time.Duration
 	ReplyTimeout             time.Duration
+	DeadTimeout              time.Duration
 	ReconnectMin             time.Duration
 	ReconnectMax             time.Duration
 	Logger                   *slog.Logger
@@ -31,10 +33,16 @@ type BackendOptions struct {
 // Backend owns the shared upstream pools: one per database and protocol,
 // created on first use so that a proxy whose clients only use DB 0 keeps
 // only DB 0's connections.
+//
+// The pools and the options they dial with form a generation. A reload
+// that changes the upstream (Switch) starts a new generation: commands
+// sent from then on use its pools, while the old generation's pools are
+// closed only once what was sent on them has been answered (drain).
 type Backend struct {
-	opt   BackendOptions
-	mu    sync.Mutex
-	pools []atomic.Pointer[upstream.Pool] // index db*2 + resp3
+	gen atomic.Pointer[backendGen]
+	mu  sync.Mutex // creating pools, switching generations
+	// maxPinned is upstream.max_pinned, which a reload may change.
+	maxPinned atomic.Int64
 
 	// Dedicated connections: pinned to one client for a transaction or a
 	// blocking command, or relayed raw for pub/sub and MONITOR. pinned
@@ -44,6 +52,26 @@ type Backend struct {
 	idleMu    sync.Mutex
 	idle      map[int][]*upstream.Pipe
 	closedDed bool
+
+	// Redis's client ids of dedicated pipes, learnt on first need (CLIENT
+	// UNBLOCK). A dedicated pipe never reconnects, so its id holds for its
+	// life; the entry goes when the pipe is closed.
+	idsMu sync.Mutex
+	ids   map[*upstream.Pipe]int64
+
+	// dialled records the generation each dedicated pipe in use was dialled
+	// in, so one from before a switch is closed on release, never reused.
+	dialled map[*upstream.Pipe]*backendGen
+	closed  bool
+	drains  sync.WaitGroup
+	stop    chan struct{} // closed by Close: drains end at once
+}
+
+// backendGen is one generation of upstream options and the pools dialled
+// with them.
+type backendGen struct {
+	opt   BackendOptions
+	pools []atomic.Pointer[upstream.Pool] // index db*2 + resp3
 }
 
 // ErrTooManyPinned is returned when upstream.max_pinned dedicated
@@ -52,9 +80,13 @@ var ErrTooManyPinned = errors.New("redproxy: too many dedicated upstream connect
 
 const maxIdlePerKey = 16
 
+// pinnedName is the name an idle dedicated pipe carries on Redis; while a
+// client uses it, it carries the client's name, if the client set one.
+const pinnedName = "redproxy-pinned"
+
 // AcquirePipe returns a dedicated pipelined connection for one client.
 func (b *Backend) AcquirePipe(db int, resp3 bool) (*upstream.Pipe, error) {
-	if b.pinned.Add(1) > int64(b.opt.MaxPinned) {
+	if b.pinned.Add(1) > b.maxPinned.Load() {
 		b.pinned.Add(-1)
 		return nil, ErrTooManyPinned
 	}
@@ -67,16 +99,24 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*upstream.Pipe, error) {
 			b.idleMu.Unlock()
 			return p, nil
 		}
-		go p.Close()
+		delete(b.dialled, p)
+		b.closePipe(p)
 	}
 	b.idleMu.Unlock()
-	o := b.Options(db, resp3)
-	o.Name = "redproxy-pinned"
+	g := b.gen.Load()
+	o := g.options(db, resp3)
+	o.Name = pinnedName
 	p, err := upstream.DialPipe(o)
 	if err != nil {
 		b.pinned.Add(-1)
 		return nil, fmt.Errorf("%w: %v", upstream.ErrUnavailable, err)
 	}
+	b.idleMu.Lock()
+	if b.dialled == nil {
+		b.dialled = make(map[*upstream.Pipe]*backendGen)
+	}
+	b.dialled[p] = g
+	b.idleMu.Unlock()
 	return p, nil
 }
 
@@ -88,7 +128,8 @@ func (b *Backend) ReleasePipe(p *upstream.Pipe, db int, resp3, clean bool) {
 	if clean && p.Up() {
 		key := db*2 + btoi(resp3)
 		b.idleMu.Lock()
-		if !b.closedDed && len(b.idle[key]) < maxIdlePerKey {
+		// A pipe dialled before a switch talks to the old upstream.
+		if !b.closedDed && b.dialled[p] == b.gen.Load() && len(b.idle[key]) < maxIdlePerKey {
 			if b.idle == nil {
 				b.idle = make(map[int][]*upstream.Pipe)
 			}
@@ -98,18 +139,71 @@ func (b *Backend) ReleasePipe(p *upstream.Pipe, db int, resp3, clean bool) {
 		}
 		b.idleMu.Unlock()
 	}
+	b.idleMu.Lock()
+	delete(b.dialled, p)
+	b.idleMu.Unlock()
+	b.closePipe(p)
+}
+
+// closePipe closes a dedicated pipe in the background and forgets its id.
+func (b *Backend) closePipe(p *upstream.Pipe) {
+	b.idsMu.Lock()
+	delete(b.ids, p)
+	b.idsMu.Unlock()
 	go p.Close()
 }
 
+var cmdClientID = []byte("*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n")
+
+// PipeID returns Redis's client id for the dedicated pipe p, asking Redis
+// (one round trip) the first time. Only p's user may call it, between its
+// own Calls.
+func (b *Backend) PipeID(p *upstream.Pipe) (int64, error) {
+	b.idsMu.Lock()
+	id, ok := b.ids[p]
+	b.idsMu.Unlock()
+	if ok {
+		return id, nil
+	}
+	c := upstream.NewCall()
+	c.Add(cmdClientID)
+	if err := p.Send(c); err != nil {
+		return 0, err
+	}
+	c.Wait()
+	r, err := c.Reply(0)
+	if err != nil {
+		return 0, err
+	}
+	if len(r) < 4 || r[0] != ':' {
+		return 0, fmt.Errorf("redproxy: unexpected reply to CLIENT ID: %q", r)
+	}
+	id, err = strconv.ParseInt(string(r[1:len(r)-2]), 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	b.idsMu.Lock()
+	if b.ids == nil {
+		b.ids = make(map[*upstream.Pipe]int64)
+	}
+	b.ids[p] = id
+	b.idsMu.Unlock()
+	return id, nil
+}
+
 // AcquireConn dials a raw dedicated connection for relaying (pub/sub,
-// MONITOR, client-side tracking). It is never reused.
-func (b *Backend) AcquireConn(db int, resp3 bool) (net.Conn, error) {
-	if b.pinned.Add(1) > int64(b.opt.MaxPinned) {
+// MONITOR, client-side tracking). It is never reused, so it carries the
+// client's name, if it has one, for Redis's CLIENT LIST and SLOWLOG.
+func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error) {
+	if b.pinned.Add(1) > b.maxPinned.Load() {
 		b.pinned.Add(-1)
 		return nil, ErrTooManyPinned
 	}
 	o := b.Options(db, resp3)
 	o.Name = "redproxy-relay"
+	if name != "" {
+		o.Name = name
+	}
 	nc, err := upstream.Dial(o)
 	if err != nil {
 		b.pinned.Add(-1)
@@ -134,24 +228,34 @@ func btoi(b bool) int {
 // NewBackend creates the pools for DB 0 eagerly (RESP2 and RESP3), so
 // readiness reflects whether Redis is reachable.
 func NewBackend(opt BackendOptions) *Backend {
-	if opt.Databases < 1 {
-		opt.Databases = 1
-	}
-	b := &Backend{opt: opt, pools: make([]atomic.Pointer[upstream.Pool], 2*opt.Databases)}
+	b := &Backend{stop: make(chan struct{})}
+	b.maxPinned.Store(int64(opt.MaxPinned))
+	b.gen.Store(newGen(opt))
 	b.Pool(0, false)
 	b.Pool(0, true)
 	return b
 }
 
+func newGen(opt BackendOptions) *backendGen {
+	if opt.Databases < 1 {
+		opt.Databases = 1
+	}
+	return &backendGen{opt: opt, pools: make([]atomic.Pointer[upstream.Pool], 2*opt.Databases)}
+}
+
 // Options returns the upstream options for a connection to db.
 func (b *Backend) Options(db int, resp3 bool) upstream.Options {
+	return b.gen.Load().options(db, resp3)
+}
+
+func (g *backendGen) options(db int, resp3 bool) upstream.Options {
 	return upstream.Options{
-		Addr: b.opt.Addr, Username: b.opt.Username, Password: b.opt.Password,
+		Addr: g.opt.Addr, Username: g.opt.Username, Password: g.opt.Password,
 		DB: db, RESP3: resp3,
-		DialTimeout: b.opt.DialTimeout, ReplyTimeout: b.opt.ReplyTimeout,
-		ReconnectMin: b.opt.ReconnectMin, ReconnectMax: b.opt.ReconnectMax,
+		DialTimeout: g.opt.DialTimeout, ReplyTimeout: g.opt.ReplyTimeout, DeadTimeout: g.opt.DeadTimeout,
+		ReconnectMin: g.opt.ReconnectMin, ReconnectMax: g.opt.ReconnectMax,
 		Name:   "redproxy",
-		Logger: b.opt.Logger,
+		Logger: g.opt.Logger,
 	}
 }
 
@@ -161,25 +265,155 @@ func (b *Backend) Pool(db int, resp3 bool) *upstream.Pool {
 	if resp3 {
 		i++
 	}
-	if p := b.pools[i].Load(); p != nil {
+	g := b.gen.Load()
+	if p := g.pools[i].Load(); p != nil {
 		return p
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if p := b.pools[i].Load(); p != nil {
+	// A switch may have happened meanwhile: never add a pool to a
+	// generation that is draining.
+	g = b.gen.Load()
+	if p := g.pools[i].Load(); p != nil {
 		return p
 	}
-	p := upstream.NewPool(b.opt.Connections, b.Options(db, resp3))
+	p := upstream.NewPool(g.opt.Connections, g.options(db, resp3))
 	// The first client of a database or protocol should not fail just
 	// because its connections are still being dialled; later outages fail
 	// fast instead, since the pipes reconnect in the background.
-	p.WaitUp(b.opt.DialTimeout)
-	b.pools[i].Store(p)
+	p.WaitUp(g.opt.DialTimeout)
+	g.pools[i].Store(p)
 	return p
 }
 
-// Ready reports whether DB 0 has a live connection.
-func (b *Backend) Ready() bool { return b.Pool(0, false).Up() }
+// RoundTrip runs one command on a connection of its own (see busy.go).
+func (b *Backend) RoundTrip(resp3 bool, raw []byte) ([]byte, error) {
+	o := b.Options(0, resp3)
+	o.Name = "redproxy-alone"
+	return upstream.RoundTrip(o, raw)
+}
+
+var cmdPing = []byte("*1\r\n$4\r\nPING\r\n")
+
+// Ready reports whether Redis answers a PING with PONG on a shared
+// connection of DB 0, promptly: a Redis that is unreachable, busy running a
+// script (-BUSY), loading its dataset (-LOADING) or not answering is not
+// ready to serve clients, whatever the state of the proxy's connections.
+func (b *Backend) Ready() bool {
+	p := b.Pool(0, false)
+	if !p.Up() {
+		return false
+	}
+	c := upstream.NewCall()
+	c.Add(cmdPing)
+	if err := p.Send(c); err != nil {
+		return false
+	}
+	t := time.NewTimer(min(b.gen.Load().opt.ReplyTimeout, time.Second))
+	defer t.Stop()
+	select {
+	case <-c.Done():
+	case <-t.C:
+		return false // the Call is dropped; the pipe completes it unseen
+	}
+	r, err := c.Reply(0)
+	return err == nil && string(r) == "+PONG\r\n"
+}
+
+// SetMaxPinned changes upstream.max_pinned. Dedicated connections already
+// in use over a lowered limit stay until their clients release them.
+func (b *Backend) SetMaxPinned(n int) { b.maxPinned.Store(int64(n)) }
+
+// drainGrace is the least time an old generation is kept after a switch:
+// a session that took a pool just before the switch sends on it a moment
+// later, and must find it open.
+const drainGrace = time.Second
+
+// Switch starts a new generation with opt (a new address, pool size or
+// timeouts). Commands sent after it returns use connections dialled with
+// opt; the old generation's pools are closed in the background once every
+// request sent on them has been answered (or failed by reply_timeout),
+// and no sooner than drainGrace. Dedicated connections in use (MULTI,
+// blocking commands, pub/sub relays) keep their old upstream until their
+// clients release them; released ones are closed, not reused. The pools of
+// the new generation are dialled before Switch returns for DB 0, as at
+// start, so readiness reflects the new upstream.
+func (b *Backend) Switch(opt BackendOptions) {
+	next := newGen(opt)
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	old := b.gen.Swap(next)
+	b.drains.Add(1)
+	b.mu.Unlock()
+	b.SetMaxPinned(opt.MaxPinned)
+
+	b.idleMu.Lock()
+	stale := b.idle
+	b.idle = nil
+	for _, ps := range stale {
+		for _, p := range ps {
+			delete(b.dialled, p)
+		}
+	}
+	b.idleMu.Unlock()
+	for _, ps := range stale {
+		for _, p := range ps {
+			go p.Close()
+		}
+	}
+	b.Pool(0, false)
+	b.Pool(0, true)
+	go b.drain(old)
+}
+
+// drain closes a replaced generation's pools once nothing is pending on
+// them, bounded by the reply timeout, after which a pending request would
+// have failed anyway.
+func (b *Backend) drain(g *backendGen) {
+	defer b.drains.Done()
+	defer g.close()
+	wait := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return true
+		case <-b.stop:
+			return false
+		}
+	}
+	deadline := time.Now().Add(drainGrace + 2*g.opt.ReplyTimeout)
+	if !wait(drainGrace) {
+		return
+	}
+	for time.Now().Before(deadline) && g.pending() > 0 {
+		if !wait(10 * time.Millisecond) {
+			return
+		}
+	}
+}
+
+func (g *backendGen) pending() int64 {
+	var n int64
+	for i := range g.pools {
+		if p := g.pools[i].Load(); p != nil {
+			s, _ := p.Stats()
+			n += int64(s.Pending)
+		}
+	}
+	return n
+}
+
+func (g *backendGen) close() {
+	for i := range g.pools {
+		if p := g.pools[i].Load(); p != nil {
+			p.Close()
+		}
+	}
+}
 
 // Close closes every pool and waits for their goroutines.
 func (b *Backend) Close() {
@@ -193,12 +427,14 @@ func (b *Backend) Close() {
 	b.idle = nil
 	b.idleMu.Unlock()
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	for i := range b.pools {
-		if p := b.pools[i].Load(); p != nil {
-			p.Close()
-		}
+	if !b.closed {
+		b.closed = true
+		close(b.stop)
 	}
+	g := b.gen.Load()
+	b.mu.Unlock()
+	g.close()
+	b.drains.Wait()
 }
 
 // RegisterMetrics exposes upstream state, read when Prometheus scrapes.
@@ -212,7 +448,8 @@ var (
 	descUp       = prometheus.NewDesc("redproxy_upstream_connections_up", "Shared upstream connections currently established.", []string{"db", "protocol"}, nil)
 	descPending  = prometheus.NewDesc("redproxy_upstream_queue_depth", "Client batches sent or queued on shared upstream connections and not yet answered.", []string{"db", "protocol"}, nil)
 	descFailures = prometheus.NewDesc("redproxy_upstream_connection_failures_total", "Shared upstream connections lost (errors, timeouts, Redis going away).", []string{"db", "protocol"}, nil)
-	descTimeouts = prometheus.NewDesc("redproxy_upstream_timeouts_total", "Shared upstream connections closed because a reply took longer than upstream.reply_timeout.", []string{"db", "protocol"}, nil)
+	descTimeouts = prometheus.NewDesc("redproxy_upstream_timeouts_total", "Shared upstream connections closed because Redis answered nothing, not even a PING on a fresh connection, for upstream.dead_timeout.", []string{"db", "protocol"}, nil)
+	descOverdue  = prometheus.NewDesc("redproxy_upstream_overdue_replies_total", "Times a shared upstream connection's oldest reply took longer than upstream.reply_timeout and Redis was probed (slow command, busy script, CLIENT PAUSE, or a dead server).", []string{"db", "protocol"}, nil)
 	descDials    = prometheus.NewDesc("redproxy_upstream_dials_total", "Connection attempts to Redis.", []string{"db", "protocol"}, nil)
 	descPinned   = prometheus.NewDesc("redproxy_upstream_dedicated_connections", "Dedicated upstream connections in use (transactions, blocking commands, pub/sub, MONITOR).", nil, nil)
 	descCommands = prometheus.NewDesc("redproxy_upstream_commands_total", "Commands written to Redis on shared connections.", []string{"db", "protocol"}, nil)
@@ -220,15 +457,16 @@ var (
 
 func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descPinned
-	for _, d := range []*prometheus.Desc{descUp, descPending, descFailures, descTimeouts, descDials, descCommands} {
+	for _, d := range []*prometheus.Desc{descUp, descPending, descFailures, descTimeouts, descOverdue, descDials, descCommands} {
 		ch <- d
 	}
 }
 
 func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPinned, prometheus.GaugeValue, float64(c.b.pinned.Load()))
-	for i := range c.b.pools {
-		p := c.b.pools[i].Load()
+	g := c.b.gen.Load()
+	for i := range g.pools {
+		p := g.pools[i].Load()
 		if p == nil {
 			continue
 		}
@@ -242,6 +480,7 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(s.Pending), db, proto)
 		ch <- prometheus.MustNewConstMetric(descFailures, prometheus.CounterValue, float64(s.Failures), db, proto)
 		ch <- prometheus.MustNewConstMetric(descTimeouts, prometheus.CounterValue, float64(s.Timeouts), db, proto)
+		ch <- prometheus.MustNewConstMetric(descOverdue, prometheus.CounterValue, float64(s.Overdue), db, proto)
 		ch <- prometheus.MustNewConstMetric(descDials, prometheus.CounterValue, float64(s.Dials), db, proto)
 		ch <- prometheus.MustNewConstMetric(descCommands, prometheus.CounterValue, float64(s.Commands), db, proto)
 	}

@@ -44,8 +44,14 @@ type pendingWrite struct {
 }
 
 func initFlight(s *Server) error {
-	c := s.cfg.Stampede
-	m := stampede.NewMetrics(s.metrics.Registry)
+	s.flight.Store(newFlightState(s.cfg.Stampede, s.table, stampede.NewMetrics(s.metrics.Registry)))
+	return nil
+}
+
+// newFlightState builds stampede protection for c. A reload builds a new
+// one with the same metrics; reads and holds in flight on the old one
+// finish there (a read held by an old rule waits at most its timeout).
+func newFlightState(c stampede.Config, table *commands.Table, m *stampede.Metrics) *flightState {
 	fs := &flightState{
 		group:    stampede.NewGroup(stampede.Options{MaxWaiters: c.MaxWaiters, Metrics: m}),
 		metrics:  m,
@@ -55,13 +61,12 @@ func initFlight(s *Server) error {
 		pending:  map[*Session][]pendingWrite{},
 	}
 	fs.calls.New = func() any { return upstream.NewCall() }
-	for _, cmd := range s.table.Commands() {
+	for _, cmd := range table.Commands() {
 		if coalescable(cmd) {
 			fs.eligible[cmd] = true
 		}
 	}
-	s.flight = fs
-	return nil
+	return fs
 }
 
 // coalescable reports whether identical calls of cmd may share one reply:
@@ -86,7 +91,7 @@ func coalescable(cmd *commands.Command) bool {
 // fetch's time, possibly on another connection, so any other command of the
 // same batch could be reordered around it (see package stampede).
 func (sess *Session) flightStep(cmd *commands.Command, req *resp.Request, m *metrics.Command, alone bool) bool {
-	fs := sess.srv.flight
+	fs := sess.srv.flight.Load()
 	// The session does not call this in MULTI, under WATCH or when relayed;
 	// the pin check is a second line of defence.
 	if fs == nil || !alone || sess.pin.pipe != nil || !fs.eligible[cmd] || cmd.IsBlocking(req.Args) {
@@ -285,7 +290,7 @@ func (sess *Session) sessionClosed() {
 // flightWriteForwarded remembers writes of keys under a hold or early
 // refresh rule: when their replies are in, holds end and δ is sampled.
 func (sess *Session) flightWriteForwarded(cmd *commands.Command, args [][]byte) {
-	fs := sess.srv.flight
+	fs := sess.srv.flight.Load()
 	if fs == nil || fs.misses == nil {
 		return
 	}
@@ -309,7 +314,7 @@ func (sess *Session) flightWriteForwarded(cmd *commands.Command, args [][]byte) 
 // flightBatchFlushed tells the rules about the writes whose replies are
 // now in: only then may held reads fetch again and see them.
 func (sess *Session) flightBatchFlushed() {
-	fs := sess.srv.flight
+	fs := sess.srv.flight.Load()
 	if fs == nil || fs.npending.Load() == 0 {
 		return
 	}
@@ -334,7 +339,7 @@ func (fs *flightState) takePending(sess *Session) []pendingWrite {
 // filling: it will not write them now, and its waiters must not wait for
 // the timeout.
 func (sess *Session) flightSessionClosed() {
-	fs := sess.srv.flight
+	fs := sess.srv.flight.Load()
 	if fs == nil || fs.misses == nil {
 		return
 	}

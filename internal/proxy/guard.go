@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"bytes"
+	"strconv"
+
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/metrics"
@@ -79,12 +82,27 @@ func (sess *Session) guardStep(i int, cmd *commands.Command, req *resp.Request, 
 			sess.writeForwarded(cmd, args)
 		}
 	}
+	var fixups [][]byte
 	if len(d.Expires) > 0 {
-		sess.forwardWithFixups(raw, b.Fixups(d.Expires), m)
+		fixups = b.FixupsIn(d.Expires, sess.fixupDB(), sess.srv.cfg.Upstream.Databases)
+	}
+	if len(fixups) > 0 {
+		sess.forwardWithFixups(raw, fixups, m)
 	} else {
 		sess.forward(raw, m)
 	}
 	return true
+}
+
+// fixupDB is the database the command being dispatched runs in, which a
+// fix-up in another database must select again after its EXPIRE: inside
+// the client's MULTI, the last SELECT it queued (it runs before the
+// command, at EXEC), else the session's.
+func (sess *Session) fixupDB() int {
+	if sess.pin.inMulti && sess.pin.txSelect >= 0 {
+		return sess.pin.txSelect
+	}
+	return sess.db
 }
 
 // guardRefused answers request i with the guard's refusal, if it has one,
@@ -122,4 +140,59 @@ func (sess *Session) refuse(d *policy.Decision, m *metrics.Command) {
 // hiddenFailed is told when a fix-up the client never sees failed.
 func (sess *Session) hiddenFailed(reply []byte, err error) {
 	sess.srv.guard.FixupFailed(reply, err, sess.nc.RemoteAddr())
+}
+
+// wrappedFixupResults checks the EXEC reply of a command the proxy wrapped
+// in MULTI/EXEC with its fix-ups (forwardWithFixups): every element after
+// the first, the command's own, is a fix-up's result. A fix-up can be
+// queued (+QUEUED) and still fail when EXEC runs it.
+func (sess *Session) wrappedFixupResults(exec []byte) {
+	execElements(exec, func(i int, elem []byte) {
+		if i > 0 && resp.IsError(elem) {
+			sess.hiddenFailed(elem, nil)
+		}
+	})
+}
+
+// txFixupResults checks the EXEC reply of the client's own transaction for
+// the results of the fix-ups queued in it, at the queue positions hidden
+// (ascending).
+func (sess *Session) txFixupResults(exec []byte, hidden []int) {
+	if len(hidden) == 0 {
+		return
+	}
+	h := 0
+	execElements(exec, func(i int, elem []byte) {
+		for h < len(hidden) && hidden[h] < i {
+			h++
+		}
+		if h < len(hidden) && hidden[h] == i && resp.IsError(elem) {
+			sess.hiddenFailed(elem, nil)
+		}
+	})
+}
+
+// execElements calls fn with each element of an EXEC reply, and not at all
+// for an error or a null reply: an aborted transaction ran nothing.
+func execElements(reply []byte, fn func(i int, elem []byte)) {
+	if len(reply) < 4 || reply[0] != '*' || reply[1] == '-' {
+		return
+	}
+	nl := bytes.IndexByte(reply, '\n')
+	if nl < 2 {
+		return
+	}
+	n, err := strconv.Atoi(string(reply[1 : nl-1]))
+	if err != nil {
+		return
+	}
+	pos := nl + 1
+	for i := 0; i < n; i++ {
+		k, err := resp.ScanReply(reply[pos:])
+		if err != nil || k == 0 {
+			return
+		}
+		fn(i, reply[pos:pos+k])
+		pos += k
+	}
 }

@@ -78,7 +78,7 @@ func (c *clientConn) Write(b []byte) (int, error) {
 		written += n
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) && c.timedOut.CompareAndSwap(false, true) {
-				c.srv.clientClosed(metrics.ReasonWriteTimeout, c.RemoteAddr(), "client took none of its replies within server.client_write_timeout", "timeout", c.timeout)
+				c.srv.logClose(metrics.CloseWriteTimeout, c.RemoteAddr(), "client took none of its replies within server.client_write_timeout", "timeout", c.timeout)
 			}
 			return written, err
 		}
@@ -95,13 +95,33 @@ func (c *clientConn) SyscallConn() (syscall.RawConn, error) {
 	return sc.SyscallConn()
 }
 
-// clientClosed counts and logs a client the proxy closes for reason.
-func (s *Server) clientClosed(reason string, addr net.Addr, msg string, attrs ...any) {
-	s.metrics.ClientsClosed.WithLabelValues(reason).Inc()
-	if reason == metrics.ReasonOutputLimit {
+// logClose logs a client the proxy closes for reason. The reason is
+// counted once per connection, when serve ends (see closeReason).
+func (s *Server) logClose(reason string, addr net.Addr, msg string, attrs ...any) {
+	if reason == metrics.CloseOutputLimit {
 		s.metrics.SlowConsumers.Inc()
 	}
 	s.log.Warn("closing client: "+msg, append([]any{"client", addr.String(), "reason", reason}, attrs...)...)
+}
+
+// closeFor records that the proxy closes the client for reason (the first
+// reason wins) and logs it.
+func (sess *Session) closeFor(reason, msg string, attrs ...any) {
+	if sess.closeReason == "" {
+		sess.closeReason = reason
+	}
+	sess.srv.logClose(reason, sess.nc.RemoteAddr(), msg, attrs...)
+}
+
+// closedFor returns why the proxy closed the client itself, if it did:
+// a write timeout, whichever goroutine's write hit it, or a reason
+// recorded by closeFor. serve reads it after the session's goroutines
+// (relay) have ended.
+func (sess *Session) closedFor() string {
+	if cc, ok := sess.nc.(*clientConn); ok && cc.timedOut.Load() {
+		return metrics.CloseWriteTimeout
+	}
+	return sess.closeReason
 }
 
 // emit appends one reply to the client's output, writing the output out
@@ -160,7 +180,7 @@ func (sess *Session) overLimit() {
 	sess.outDead = true
 	sess.quitting = true
 	sess.out = sess.out[:0]
-	sess.srv.clientClosed(metrics.ReasonOutputLimit, sess.nc.RemoteAddr(), "replies exceed server.client_output_limit", "limit_bytes", sess.outLimit)
+	sess.closeFor(metrics.CloseOutputLimit, "replies exceed server.client_output_limit", "limit_bytes", sess.outLimit)
 }
 
 // noteReplySize updates the client's recent reply size from a Call that

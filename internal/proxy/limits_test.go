@@ -164,7 +164,7 @@ func TestPipelinedBigGetsWithoutReadingAreCutOff(t *testing.T) {
 			closed = true // reset by the proxy
 			break
 		}
-		if closedFor(p, metrics.ReasonOutputLimit)+closedFor(p, metrics.ReasonWriteTimeout) > 0 {
+		if closedFor(p, metrics.CloseOutputLimit)+closedFor(p, metrics.CloseWriteTimeout) > 0 {
 			closed = connClosed(bad)
 			break
 		}
@@ -179,12 +179,12 @@ func TestPipelinedBigGetsWithoutReadingAreCutOff(t *testing.T) {
 		t.Fatalf("a well-behaved client failed while another overran its output: %v", err)
 	}
 	t.Logf("pipelined %d GETs of a 1 MB value; closed after %v: %v (output_limit %v, write_timeout %v); proxy RSS +%d MB (peak %d MB), live Go heap +%d MB; limit %d MB, write timeout %v, race detector %v; good client rounds meanwhile: %d",
-		sent/int64(len(get)), took.Round(time.Millisecond), closed, closedFor(p, metrics.ReasonOutputLimit), closedFor(p, metrics.ReasonWriteTimeout),
+		sent/int64(len(get)), took.Round(time.Millisecond), closed, closedFor(p, metrics.CloseOutputLimit), closedFor(p, metrics.CloseWriteTimeout),
 		rssGrowth>>20, mem.rss.Load()>>20, heapGrowth>>20, limit>>20, cfg.ClientWriteTimeout, raceEnabled(), goodRounds.Load())
 	if !closed {
 		t.Fatal("the client that never reads was not closed")
 	}
-	if n := closedFor(p, metrics.ReasonOutputLimit) + closedFor(p, metrics.ReasonWriteTimeout); n != 1 {
+	if n := closedFor(p, metrics.CloseOutputLimit) + closedFor(p, metrics.CloseWriteTimeout); n != 1 {
 		t.Fatalf("clients closed for output = %v, want 1", n)
 	}
 	bound := limit + 32<<20
@@ -227,7 +227,7 @@ func TestRepliesBeyondOutputLimitCloseClient(t *testing.T) {
 		cmds[i] = []string{"GET", "big"}
 	}
 	c.send(cmds...)
-	redistest.Eventually(t, 10*time.Second, func() bool { return closedFor(p, metrics.ReasonOutputLimit) == 1 },
+	redistest.Eventually(t, 10*time.Second, func() bool { return closedFor(p, metrics.CloseOutputLimit) == 1 },
 		"the client was never closed for its output limit")
 	_, heapGrowth := mem.finish()
 	if !connClosed(c.nc) {
@@ -259,12 +259,12 @@ func TestClientThatStopsReadingIsClosedAtWriteTimeout(t *testing.T) {
 	redistest.Eventually(t, 30*time.Second, func() bool {
 		bad.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
 		bad.Write(get)
-		return closedFor(p, metrics.ReasonWriteTimeout) == 1
+		return closedFor(p, metrics.CloseWriteTimeout) == 1
 	}, "a client that never reads was never closed at the write timeout")
 	if !connClosed(bad) {
 		t.Fatal("the write timeout was counted but the connection stayed open")
 	}
-	if n := closedFor(p, metrics.ReasonOutputLimit); n != 0 {
+	if n := closedFor(p, metrics.CloseOutputLimit); n != 0 {
 		t.Fatalf("output_limit closes = %v; one GET at a time never exceeds the limit", n)
 	}
 	waitClients(t, p, 0)
@@ -295,7 +295,7 @@ func TestBigPipelineOfReadingClientIsSplit(t *testing.T) {
 			t.Fatalf("reply %d: %v, want %d", 2*i+1, v, i)
 		}
 	}
-	if n := closedFor(p, metrics.ReasonOutputLimit); n != 0 {
+	if n := closedFor(p, metrics.CloseOutputLimit); n != 0 {
 		t.Fatalf("a client reading its replies was closed for its output limit")
 	}
 }

@@ -2,8 +2,11 @@ package proxy
 
 import (
 	"bytes"
+	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
@@ -13,10 +16,12 @@ import (
 )
 
 // isProxyAnswered lists commands without connection-state flags that the
-// proxy still answers itself because they need no Redis round trip.
+// proxy still answers itself because they need no Redis round trip. PING is
+// not one of them: its answer is how clients and health checks learn that
+// Redis is busy (-BUSY), loading or paused, so Redis gives it.
 func isProxyAnswered(cmd *commands.Command) bool {
 	switch cmd.Name {
-	case "ping", "echo":
+	case "echo", "info":
 		return true
 	}
 	return false
@@ -33,16 +38,11 @@ func (sess *Session) special(cmd *commands.Command, req *resp.Request, m *metric
 		return true
 	}
 	switch cmd.Name {
-	case "ping":
-		if len(args) == 1 {
-			sess.replyLocal(m, pong)
-		} else {
-			b, start := sess.localBuf()
-			sess.finishLocal(m, redcon.AppendBulk(b, args[1]), start)
-		}
 	case "echo":
 		b, start := sess.localBuf()
 		sess.finishLocal(m, redcon.AppendBulk(b, args[1]), start)
+	case "info":
+		return sess.info(args, req.Raw, m)
 	case "quit":
 		sess.replyLocal(m, ok)
 		sess.quitting = true
@@ -71,6 +71,7 @@ func (sess *Session) special(cmd *commands.Command, req *resp.Request, m *metric
 		sess.db, sess.resp3, sess.name = 0, false, ""
 		sess.mu.Unlock()
 		sess.replyOff, sess.replySkip, sess.curMute = false, false, false
+		sess.abort = txAbort{}
 		sess.authed = sess.srv.cfg.Upstream.Password == ""
 		sess.replyLocal(m, []byte("+RESET\r\n"))
 	case "client|setname":
@@ -82,6 +83,9 @@ func (sess *Session) special(cmd *commands.Command, req *resp.Request, m *metric
 			sess.name = string(name)
 			sess.mu.Unlock()
 			sess.replyLocal(m, ok)
+			if sess.pin.pipe != nil && !sess.pin.inMulti {
+				sess.namePin(sess.name)
+			}
 		}
 	case "client|getname":
 		b, start := sess.localBuf()
@@ -137,6 +141,10 @@ func (sess *Session) special(cmd *commands.Command, req *resp.Request, m *metric
 	case "monitor":
 		return sess.startRelay(relayMonitor, sess.batchReqs[sess.curIndex:], m)
 	case "client|tracking":
+		if trackingRedirect(args) {
+			sess.replyLocal(m, []byte("-"+errTrackingRedirect+"\r\n"))
+			return true
+		}
 		if strings.EqualFold(string(args[2]), "on") {
 			// The client keeps its own cache coherent with Redis's pushes:
 			// give it a connection of its own and relay them.
@@ -182,13 +190,17 @@ func (sess *Session) special(cmd *commands.Command, req *resp.Request, m *metric
 	case "client|kill":
 		sess.replyLocal(m, sess.srv.clientKill(sess, args[2:]))
 	case "client|unblock":
-		sess.replyLocal(m, []byte("-ERR redproxy: CLIENT UNBLOCK is not supported; proxy client IDs are not Redis connection IDs\r\n"))
+		return sess.unblock(args, m)
 	default:
 		if cmd.Is(commands.PubSub) && !isSubscribe(cmd.Name) {
 			return false // PUBLISH, PUBSUB ...: ordinary request/reply commands
 		}
 		if cmd.IsBlocking(args) {
 			sess.blocking(cmd, req, m)
+			return true
+		}
+		if runsAlone(cmd) {
+			sess.runAlone(cmd, req, m)
 			return true
 		}
 		if cmd.Flags&(commands.ConnState) == 0 {
@@ -209,7 +221,7 @@ func isSubscribe(name string) bool {
 
 var (
 	ok            = []byte("+OK\r\n")
-	pong          = []byte("+PONG\r\n")
+	zero          = []byte(":0\r\n")
 	errNotInteger = []byte("-ERR value is not an integer or out of range\r\n")
 	errDBRange    = []byte("-ERR DB index is out of range\r\n")
 	errWrongPass  = []byte("-WRONGPASS invalid username-password pair or user is disabled.\r\n")
@@ -354,32 +366,104 @@ func validClientName(name []byte) bool {
 	return true
 }
 
-// infoLine renders the session like a line of Redis's CLIENT LIST.
+// listState is what CLIENT INFO/LIST show of a session that only its own
+// goroutine knows otherwise; other sessions read it without locks.
+type listState struct {
+	active atomic.Int64  // when the last batch began, Unix nanoseconds
+	multi  atomic.Int32  // commands queued in MULTI, plus one; 0: not in MULTI
+	relay  atomic.Uint32 // relayKind plus one; 0: not a relay
+}
+
+// infoLine renders the session like a line of Redis's CLIENT LIST, with
+// every field Redis 7.2 prints, in its order, so tools that parse the
+// lines work. Fields about Redis's own buffers (qbuf, argv-mem, rbs, omem,
+// tot-mem, ...) are 0: the proxy does not account memory per client that
+// way. sub/psub/ssub are 0 too: a subscriber's subscriptions live on its
+// relay connection (Redis's own CLIENT LIST shows them).
 func (sess *Session) infoLine() string {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	var b bytes.Buffer
-	age := int(time.Since(sess.createdAt).Seconds())
+	now := time.Now()
+	age := int64(now.Sub(sess.createdAt).Seconds())
+	idle := age
+	if a := sess.list.active.Load(); a != 0 {
+		idle = int64(now.Sub(time.Unix(0, a)).Seconds())
+	}
 	proto := 2
 	if sess.resp3 {
 		proto = 3
 	}
-	last := ""
+	last := "NULL"
 	if c := sess.lastCmd.Load(); c != nil {
 		last = c.Name
 	}
-	b.WriteString("id=" + strconv.FormatInt(sess.id, 10))
-	b.WriteString(" addr=" + sess.nc.RemoteAddr().String())
-	b.WriteString(" laddr=" + sess.nc.LocalAddr().String())
-	b.WriteString(" name=" + sess.name)
-	b.WriteString(" age=" + strconv.Itoa(age))
-	b.WriteString(" db=" + strconv.Itoa(sess.db))
-	b.WriteString(" flags=N")
-	b.WriteString(" cmd=" + last)
-	b.WriteString(" resp=" + strconv.Itoa(proto))
-	b.WriteString(" lib-name=" + sess.libName)
-	b.WriteString(" lib-ver=" + sess.libVer)
+	flags := ""
+	switch sess.list.relay.Load() {
+	case uint32(relayPubSub) + 1:
+		flags += "P"
+	case uint32(relayMonitor) + 1:
+		flags += "O"
+	case uint32(relayTracking) + 1:
+		flags += "t"
+	}
+	multi := int(sess.list.multi.Load()) - 1
+	if multi >= 0 {
+		flags += "x"
+	}
+	if sess.block.id.Load() != 0 {
+		flags += "b"
+	}
+	if flags == "" {
+		flags = "N"
+	}
+	field := func(k, v string) {
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(v)
+	}
+	field("id", strconv.FormatInt(sess.id, 10))
+	field("addr", sess.nc.RemoteAddr().String())
+	field("laddr", sess.nc.LocalAddr().String())
+	field("fd", strconv.Itoa(connFD(sess.nc)))
+	field("name", sess.name)
+	field("age", strconv.FormatInt(age, 10))
+	field("idle", strconv.FormatInt(idle, 10))
+	field("flags", flags)
+	field("db", strconv.Itoa(sess.db))
+	for _, k := range []string{"sub", "psub", "ssub"} {
+		field(k, "0")
+	}
+	field("multi", strconv.Itoa(multi))
+	for _, k := range []string{"qbuf", "qbuf-free", "argv-mem", "multi-mem", "rbs", "rbp", "obl", "oll", "omem", "tot-mem"} {
+		field(k, "0")
+	}
+	field("events", "r")
+	field("cmd", last)
+	field("user", sess.srv.userName())
+	field("redir", "-1")
+	field("resp", strconv.Itoa(proto))
+	field("lib-name", sess.libName)
+	field("lib-ver", sess.libVer)
 	return b.String()
+}
+
+// connFD returns the client socket's file descriptor, or -1.
+func connFD(nc net.Conn) int {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return -1
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	fd := -1
+	rc.Control(func(f uintptr) { fd = int(f) })
+	return fd
 }
 
 // clientList lists the proxy's own clients, not its upstream connections:
@@ -505,6 +589,18 @@ func (s *Server) userName() string {
 		return s.cfg.Upstream.Username
 	}
 	return "default"
+}
+
+// sessionByID returns the client with the proxy id, or nil.
+func (s *Server) sessionByID(id int64) *Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sess := range s.sessions {
+		if sess.id == id {
+			return sess
+		}
+	}
+	return nil
 }
 
 func (s *Server) sessionList() []*Session {

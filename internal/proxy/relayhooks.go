@@ -74,7 +74,7 @@ func (r *relayRelease) add(o relayRelease) {
 }
 
 func newRelayWrites(sess *Session) *relayWrites {
-	fs := sess.srv.flight
+	fs := sess.srv.flight.Load()
 	active := sess.srv.tier != nil || fs != nil && fs.misses != nil
 	return &relayWrites{sess: sess, active: active, countable: active, resp3: sess.resp3, db: sess.db}
 }
@@ -106,7 +106,7 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 			replies = 0 // answered with pushes only
 		}
 	case name == "select" && len(args) == 2:
-		if db, err := strconv.Atoi(string(args[1])); err == nil && db >= 0 && db < rw.sess.srv.cfg.Upstream.Databases {
+		if db, err := strconv.Atoi(string(args[1])); err == nil && db >= 0 && db < rw.sess.srv.Config().Upstream.Databases {
 			rw.db = db
 		}
 	case name == "multi":
@@ -144,7 +144,7 @@ func (rw *relayWrites) start(cmd *commands.Command, args [][]byte) relayRelease 
 		t.cache.WriteStart(&tw, rw.db, cmd, args, rw.inMulti)
 		w.tier = append(w.tier, tw)
 	}
-	if fs := sess.srv.flight; fs != nil && fs.misses != nil {
+	if fs := sess.srv.flight.Load(); fs != nil && fs.misses != nil {
 		db := sess.db
 		sess.db = rw.db // only the session goroutine reads it for this
 		sess.flightWriteForwarded(cmd, args)
@@ -239,7 +239,7 @@ func (rw *relayWrites) release(r *relayRelease) {
 			srv.tier.cache.WriteDone(&r.tier[i])
 		}
 	}
-	if fs := srv.flight; fs != nil && fs.misses != nil {
+	if fs := srv.flight.Load(); fs != nil && fs.misses != nil {
 		for _, w := range r.flight {
 			fs.misses.Written(w.db, w.key, w.match)
 		}

@@ -22,7 +22,6 @@ import (
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/metrics"
-	"github.com/redproxy/redproxy/internal/resp"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown.
@@ -30,15 +29,23 @@ var ErrServerClosed = errors.New("redproxy: server closed")
 
 // Server is the client-facing side of the proxy.
 type Server struct {
-	cfg     *config.Config
-	table   *commands.Table
-	log     *slog.Logger
-	metrics *metrics.Metrics
-	limits  resp.Limits
-	backend *Backend
-	guard   *serverGuard // the policy guard (guard.go)
-	flight  *flightState // stampede protection (flight.go)
-	tier    *tierState   // the local tier (tier.go)
+	// cfg is the configuration the server started with. Read it only for
+	// settings a reload cannot change (reload.go lists them); the others
+	// come from Config, the snapshot in force.
+	cfg      *config.Config
+	live     atomic.Pointer[config.Config]
+	reloadMu sync.Mutex
+	// upstreamAddr is the address dialled, which differs from
+	// cfg.Upstream.Address for the embedded store.
+	upstreamAddr string
+	table        *commands.Table
+	log          *slog.Logger
+	metrics      *metrics.Metrics
+	backend      *Backend
+	guard        *serverGuard                // the policy guard (guard.go)
+	flight       atomic.Pointer[flightState] // stampede protection (flight.go); a reload replaces it
+	tier         *tierState                  // the local tier (tier.go)
+	slow         slowState                   // the slow log (slowlog.go)
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -48,6 +55,7 @@ type Server struct {
 	nextID   atomic.Int64
 	clients  atomic.Int64
 	version  atomic.Pointer[string]
+	started  time.Time // for INFO's proxy_uptime_in_seconds
 }
 
 // SetUpstreamVersion records the Redis version HELLO reports, so clients
@@ -87,32 +95,16 @@ func NewServer(o Options) (*Server, error) {
 		addr = o.UpstreamAddr
 	}
 	s := &Server{
-		cfg:     cfg,
-		table:   o.Table,
-		log:     o.Logger,
-		metrics: o.Metrics,
-		limits: resp.Limits{
-			MaxArgs:    cfg.Server.MaxArgs,
-			MaxBulk:    int64(cfg.Server.MaxBulkBytes),
-			MaxRequest: int64(cfg.Server.MaxRequestBytes),
-			MaxInline:  int(cfg.Server.MaxInlineBytes),
-			MaxBatch:   resp.DefaultMaxBatch,
-		},
-		sessions: make(map[*Session]struct{}),
+		cfg:          cfg,
+		upstreamAddr: addr,
+		table:        o.Table,
+		log:          o.Logger,
+		metrics:      o.Metrics,
+		sessions:     make(map[*Session]struct{}),
+		started:      time.Now(),
 	}
-	s.backend = NewBackend(BackendOptions{
-		Addr:         addr,
-		Username:     cfg.Upstream.Username,
-		Password:     cfg.Upstream.Password,
-		Connections:  cfg.Upstream.Connections,
-		MaxPinned:    cfg.Upstream.MaxPinned,
-		Databases:    cfg.Upstream.Databases,
-		DialTimeout:  cfg.Upstream.DialTimeout.Duration,
-		ReplyTimeout: cfg.Upstream.ReplyTimeout.Duration,
-		ReconnectMin: cfg.Upstream.ReconnectMin.Duration,
-		ReconnectMax: cfg.Upstream.ReconnectMax.Duration,
-		Logger:       o.Logger,
-	})
+	s.live.Store(cfg)
+	s.backend = NewBackend(s.backendOptions(cfg, addr))
 	s.backend.RegisterMetrics(o.Metrics.Registry)
 	if err := s.initFeatures(); err != nil {
 		s.backend.Close()
@@ -165,7 +157,7 @@ func (s *Server) Serve(ln net.Listener) error {
 
 func (s *Server) accept(nc net.Conn) {
 	s.metrics.ClientsTotal.Inc()
-	if s.clients.Load() >= int64(s.cfg.Server.MaxClients) {
+	if s.clients.Load() >= int64(s.Config().Server.MaxClients) {
 		s.metrics.ClientsRejected.Inc()
 		nc.Write([]byte("-ERR max number of clients reached\r\n"))
 		nc.Close()

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
@@ -44,6 +45,7 @@ type Session struct {
 	authed    bool
 	createdAt time.Time
 	lastCmd   atomic.Pointer[commands.Command] // for CLIENT INFO/LIST
+	list      listState                        // the rest CLIENT INFO/LIST shows
 
 	// The batch being answered: forwarded commands are collected into one
 	// Call; slots remember, for every command, where its reply comes from.
@@ -58,8 +60,14 @@ type Session struct {
 	outLimit  int64 // server.client_output_limit
 	replySize int64 // recent bytes per upstream reply, to split batches
 	outDead   bool  // the client is being closed: produce no more output
+	// closeReason is why the proxy closes the client, if it decided to
+	// (limits.go); written by the session or its relay goroutines before
+	// serve ends.
+	closeReason string
 
 	pin   pinState
+	abort txAbort
+	block blockState
 	guard guard.Batch // the guard's decisions for the batch (guard.go)
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
@@ -68,6 +76,12 @@ type Session struct {
 	replySkip  bool // CLIENT REPLY SKIP: mute the next command
 	curMute    bool // the command being dispatched gets no reply
 	curIndex   int  // index in batchReqs of the command being dispatched
+
+	// upstreamWait adds up the batch's waits for upstream replies, for
+	// the slow log; slowExempt marks a batch whose time is the client's
+	// own choice (a blocking command, a relay), which is never slow.
+	upstreamWait time.Duration
+	slowExempt   bool
 
 	interrupted atomic.Bool
 }
@@ -81,6 +95,7 @@ type slot struct {
 	tx     bool // sent inside MULTI: its reply is +QUEUED or a queue-time error
 	exec   bool // EXEC of a transaction: strip the proxy's own commands' results
 	mute   bool // CLIENT REPLY OFF/SKIP: consume the reply, do not send it
+	info   bool // INFO: append the proxy's section to Redis's reply (info.go)
 }
 
 type slotKind uint8
@@ -90,19 +105,21 @@ const (
 	slotLocal                    // local[i:end]
 	slotHidden                   // reply i of the Call, which the client must not see (a policy fix-up)
 	slotWrapped                  // a command wrapped in MULTI/EXEC with fix-ups: i is its queue reply, end is EXEC's
+	slotRefusal                  // reply i of the Call to guard.RefusedInMulti, an error by design: dropped
 )
 
 func newSession(s *Server, nc net.Conn) *Session {
-	cc := &clientConn{Conn: nc, timeout: s.cfg.Server.ClientWriteTimeout.Duration, srv: s}
+	cfg := s.Config()
+	cc := &clientConn{Conn: nc, timeout: cfg.Server.ClientWriteTimeout.Duration, srv: s}
 	sess := &Session{
 		srv:       s,
 		nc:        cc,
-		rd:        resp.NewReader(cc, s.limits),
+		rd:        resp.NewReader(cc, s.clientLimits()),
 		id:        s.nextID.Add(1),
 		call:      upstream.NewCall(),
 		createdAt: time.Now(),
 		authed:    s.cfg.Upstream.Password == "",
-		outLimit:  int64(s.cfg.Server.ClientOutputLimit),
+		outLimit:  int64(cfg.Server.ClientOutputLimit),
 		replySize: unknownReplySize,
 	}
 	return sess
@@ -116,19 +133,31 @@ func (sess *Session) interrupt() {
 }
 
 func (sess *Session) serve() {
+	reason := metrics.CloseClient
+	defer func() {
+		// One reason per connection: the proxy's own decision to close
+		// (output limit, write timeout) explains the failed write or read
+		// that followed it.
+		if r := sess.closedFor(); r != "" && reason != metrics.ClosePanic {
+			reason = r
+		}
+		sess.srv.metrics.ClientClosed(reason)
+	}()
 	defer func() {
 		// A bug handling one client must not take the proxy and every
 		// other client down with it.
 		if r := recover(); r != nil {
+			reason = metrics.ClosePanic
 			sess.srv.log.Error("BUG: panic while serving a client; connection closed", "client", sess.nc.RemoteAddr().String(), "panic", r, "stack", string(debug.Stack()))
 		}
 	}()
 	defer sess.nc.Close()
 	defer sess.sessionClosed()
 	defer sess.unpin(false)
-	idle := sess.srv.cfg.Server.IdleTimeout.Duration
+	idle := sess.srv.Config().Server.IdleTimeout.Duration
 	for {
 		if sess.interrupted.Load() {
+			reason = sess.interruptReason()
 			return
 		}
 		if idle > 0 {
@@ -141,28 +170,67 @@ func (sess *Session) serve() {
 		}
 		if err != nil {
 			var pe *resp.ProtocolError
-			if errors.As(err, &pe) {
+			switch {
+			case errors.As(err, &pe):
 				// As Redis does: say why, then close, because the rest of
 				// the stream can no longer be framed.
+				reason = metrics.CloseProtocolError
 				sess.srv.metrics.ProtocolErrors.Inc()
 				sess.out = redcon.AppendError(sess.out, "ERR "+pe.Error())
 				sess.srv.log.Debug("closing client after protocol error", "client", sess.nc.RemoteAddr().String(), "err", pe.Msg)
-			} else if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, net.ErrClosed) {
+			case sess.interrupted.Load():
+				reason = sess.interruptReason()
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				reason = metrics.CloseIdleTimeout
+			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
+				// The client closed (a reset: it closed with replies unread).
+			default:
+				reason = metrics.CloseReadError
 				sess.srv.log.Debug("client read failed", "client", sess.nc.RemoteAddr().String(), "err", err)
 			}
 		}
 		if len(sess.out) > 0 && !sess.outDead {
 			if !sess.writeOut(sess.out) {
+				if err == nil {
+					reason = metrics.CloseWriteError
+				}
 				return
 			}
 			if cap(sess.out) > 1<<20 {
 				sess.out = nil
 			}
 		}
-		if err != nil || sess.quitting {
+		if err != nil {
+			return
+		}
+		if sess.quitting {
+			reason = sess.quitReason()
 			return
 		}
 	}
+}
+
+// interruptReason tells a shutdown from a CLIENT KILL; both interrupt.
+func (sess *Session) interruptReason() string {
+	sess.srv.mu.Lock()
+	defer sess.srv.mu.Unlock()
+	if sess.srv.closing {
+		return metrics.CloseShutdown
+	}
+	return metrics.CloseKilled
+}
+
+// quitReason says why a session that stopped reading ends: QUIT, or the
+// end of a relay or a blocking command whose client went away (or was
+// interrupted).
+func (sess *Session) quitReason() string {
+	if sess.interrupted.Load() {
+		return sess.interruptReason()
+	}
+	if c := sess.lastCmd.Load(); c != nil && c.Name == "quit" {
+		return metrics.CloseQuit
+	}
+	return metrics.CloseClient
 }
 
 // serveBatch answers every request of one batch and appends the replies to
@@ -182,6 +250,10 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 		sess.dispatch(i, &reqs[i])
 	}
 	sess.flush(start)
+	if took := time.Since(start); took >= sess.srv.slow.threshold && !sess.slowExempt {
+		sess.noteSlow(reqs, start, took)
+	}
+	sess.upstreamWait, sess.slowExempt = 0, false
 }
 
 // dispatch decides where one command goes. It is the seam where the guard,
@@ -190,6 +262,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	args := req.Args
 	cmd := sess.srv.table.Lookup(args)
 	sess.lastCmd.Store(cmd)
+	if i == 0 {
+		sess.list.active.Store(time.Now().UnixNano())
+	}
 	m := sess.metricFor(cmd)
 	m.Calls.Inc()
 	sess.curIndex = i
@@ -197,6 +272,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	sess.replySkip = false
 	if !sess.authed && !isAuthExempt(cmd) {
 		sess.replyLocal(m, errNoAuth)
+		return
+	}
+	if sess.abort.reason != nil && sess.abortedStep(cmd, m) {
 		return
 	}
 	// A refusal comes first, so that commands the proxy handles itself
@@ -210,7 +288,7 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	}
 	// Subcommands (CLIENT ..., CONFIG ...) are rare enough to always take
 	// the slow path, which sorts out the few the proxy must answer.
-	if cmd != nil && (cmd.Flags&(commands.ConnState|commands.PubSub|commands.Blocking) != 0 || cmd.Parent != nil || isProxyAnswered(cmd) || cmd.IsBlocking(args)) {
+	if cmd != nil && (cmd.Flags&(commands.ConnState|commands.PubSub|commands.Blocking|commands.AllowBusy) != 0 || cmd.Parent != nil || isProxyAnswered(cmd) || cmd.IsBlocking(args)) {
 		if sess.special(cmd, req, m) {
 			return
 		}
@@ -241,7 +319,11 @@ func (sess *Session) forward(raw []byte, m *metrics.Command) {
 // forwardHidden adds a command whose reply is dropped: a fix-up the proxy
 // adds after a client's command, on the same connection, right behind it.
 func (sess *Session) forwardHidden(raw []byte) {
-	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len(), tx: sess.pin.inMulti})
+	kind := slotHidden
+	if bytes.Equal(raw, guard.RefusedInMulti) {
+		kind = slotRefusal // not a fix-up: its error reply is the point
+	}
+	sess.slots = append(sess.slots, slot{kind: kind, i: sess.call.Len(), tx: sess.pin.inMulti})
 	sess.call.Add(raw)
 }
 
@@ -307,8 +389,10 @@ func (sess *Session) flush(start time.Time) {
 		return
 	}
 	call := sess.call
+	now := time.Now()
 	if call.Len() > 0 {
 		call.SetReplyLimit(sess.replyLimit())
+		sent := now
 		if sess.pin.pipe != nil {
 			if err := sess.pin.pipe.Send(call); err != nil {
 				call.Fail(err)
@@ -318,16 +402,20 @@ func (sess *Session) flush(start time.Time) {
 		} else {
 			sess.srv.backend.Pool(sess.db, sess.resp3).Do(call)
 		}
+		now = time.Now()
+		sess.upstreamWait += now.Sub(sent)
 		if call.Overflowed() {
 			sess.overLimit()
 		} else {
 			sess.noteReplySize(call)
 		}
 	}
-	elapsed := time.Since(start).Seconds()
+	elapsed := now.Sub(start).Seconds()
 	for _, sl := range sess.slots {
 		var reply []byte
 		switch sl.kind {
+		case slotRefusal:
+			continue
 		case slotHidden:
 			r, err := call.Reply(sl.i)
 			if sl.tx && err == nil {
@@ -343,6 +431,7 @@ func (sess *Session) flush(start time.Time) {
 				var ex []byte
 				if ex, err = call.Reply(sl.end); err == nil {
 					r = firstElement(ex)
+					sess.wrappedFixupResults(ex)
 				}
 			}
 			if err != nil {
@@ -364,12 +453,21 @@ func (sess *Session) flush(start time.Time) {
 			reply = r
 			if sl.tx {
 				sess.noteQueued(r, false)
+			} else if sl.info {
+				reply = sess.withProxyInfo(r)
+			}
+			if h := testHookReply.Load(); h != nil {
+				reply = (*h)(sess.id, reply)
 			}
 		}
 		if resp.IsError(reply) {
 			sl.metric.Errors.Inc()
 		}
 		sl.metric.Latency.Observe(elapsed)
+		if sl.exec {
+			sess.pin.execRan = len(reply) > 1 && reply[0] == '*' && reply[1] != '-'
+			sess.txFixupResults(reply, sess.pin.txHidden)
+		}
 		switch {
 		case sl.mute:
 		case sl.exec:

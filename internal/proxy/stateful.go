@@ -44,6 +44,7 @@ type pinState struct {
 	inMulti  bool
 	watching bool
 	dirty    bool // the connection's state differs from a fresh one
+	named    bool // it carries the client's name, to be undone before reuse
 
 	// Positions, in the transaction's queue, of commands the proxy added
 	// (policy fix-ups); their results are removed from EXEC's reply.
@@ -54,6 +55,67 @@ type pinState struct {
 	txWrites []txWrite
 	txSelect int  // a SELECT queued in MULTI, applied when EXEC runs (-1: none)
 	execRan  bool // the last EXEC ran its commands (not aborted)
+}
+
+// txAbort is the state of a client whose transaction the proxy could not
+// carry: the pinned connection holding its WATCH or MULTI was lost (a Redis
+// timeout, CLIENT KILL, a failover), or its MULTI was refused (max_pinned,
+// a failed dial). The client may already have sent, in the same write, the
+// commands meant for the transaction; none of them may run on a shared
+// connection, unguarded by the WATCH and outside MULTI, where a client that
+// retries on EXEC's failure would apply them twice. So until the
+// transaction ends every command fails with reason:
+//
+//   - EXEC answers EXECABORT, as Redis does for a transaction with a
+//     queue-time error, and ends the state;
+//   - DISCARD after MULTI answers +OK and ends it;
+//   - UNWATCH before MULTI answers +OK and ends it (after MULTI Redis would
+//     queue it, so it fails like any other command);
+//   - RESET ends it and QUIT closes, as always;
+//   - MULTI marks the transaction as opened, and fails.
+type txAbort struct {
+	reason []byte // the error reply; nil when no transaction is aborted
+	multi  bool   // the client has sent MULTI
+}
+
+var (
+	errTxConnLost     = []byte("-ERR redproxy: transaction aborted: its upstream connection was lost; EXEC, DISCARD or UNWATCH ends it\r\n")
+	errTxMultiRefused = []byte("-ERR redproxy: transaction aborted: MULTI was refused; EXEC or DISCARD ends it\r\n")
+	errExecAbort      = []byte("-EXECABORT Transaction discarded because of previous errors.\r\n")
+)
+
+// abortedStep answers a command of a client in the txAbort state. It
+// reports false for the commands handled as usual (RESET, QUIT).
+func (sess *Session) abortedStep(cmd *commands.Command, m *metrics.Command) bool {
+	ab := &sess.abort
+	name := ""
+	if cmd != nil {
+		name = cmd.Name
+	}
+	switch name {
+	case "reset", "quit":
+		return false
+	case "exec":
+		*ab = txAbort{}
+		sess.replyLocal(m, errExecAbort)
+		return true
+	case "discard":
+		if ab.multi {
+			*ab = txAbort{}
+			sess.replyLocal(m, ok)
+			return true
+		}
+	case "unwatch":
+		if !ab.multi {
+			*ab = txAbort{}
+			sess.replyLocal(m, ok)
+			return true
+		}
+	case "multi":
+		ab.multi = true
+	}
+	sess.replyLocal(m, ab.reason)
+	return true
 }
 
 type txWrite struct {
@@ -72,12 +134,12 @@ var cmdWaitMarker = []byte("*3\r\n$7\r\nPUBLISH\r\n$22\r\n__redproxy__:wait-mark
 func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Request, m *metrics.Command) bool {
 	pin := &sess.pin
 	if !pin.pipe.Up() {
-		// The connection and its MULTI/WATCH state are gone; say so once
-		// and continue as a fresh client.
+		// The connection and its MULTI/WATCH state are gone: what follows
+		// up to the transaction's end must fail (see txAbort).
 		sess.flush(time.Now())
+		sess.abort = txAbort{reason: errTxConnLost, multi: pin.inMulti}
 		sess.unpin(false)
-		sess.replyLocal(m, []byte("-ERR redproxy: upstream connection lost; the transaction was aborted\r\n"))
-		return true
+		return sess.abortedStep(cmd, m)
 	}
 	name := ""
 	if cmd != nil {
@@ -89,8 +151,9 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 			for _, w := range pin.txWrites {
 				sess.writeForwarded(w.cmd, w.args)
 			}
-			sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, exec: true})
+			sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, exec: true, mute: sess.curMute})
 			sess.call.Add(req.Raw)
+			sess.unnamePin()
 			sess.flush(time.Now())
 			if pin.txSelect >= 0 && pin.execRan {
 				sess.mu.Lock()
@@ -103,6 +166,7 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 	case "discard":
 		if pin.inMulti {
 			sess.forward(req.Raw, m)
+			sess.unnamePin()
 			sess.flush(time.Now())
 			sess.unpin(true)
 			return true
@@ -111,12 +175,14 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 		if !pin.inMulti {
 			pin.inMulti = true
 			pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect = 0, pin.txHidden[:0], pin.txWrites[:0], -1
+			sess.list.multi.Store(1)
 		}
 		sess.forward(req.Raw, m)
 		return true
 	case "unwatch":
 		if !pin.inMulti {
 			sess.forward(req.Raw, m)
+			sess.unnamePin()
 			sess.flush(time.Now())
 			sess.unpin(true)
 			return true
@@ -170,6 +236,12 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 			sess.replyLocal(m, []byte("-ERR redproxy: HELLO while WATCH is active is not supported; UNWATCH first\r\n"))
 			return true
 		}
+		if what := relayStarter(name, req.Args); what != "" {
+			// A relay is a connection of its own: the WATCH would be left
+			// behind and a later EXEC would run unchecked.
+			sess.replyLocal(m, []byte("-ERR redproxy: "+what+" while WATCH is active is not supported; UNWATCH first\r\n"))
+			return true
+		}
 		if cmd != nil && name != "watch" && (isProxyAnswered(cmd) || cmd.Parent != nil || cmd.Flags&(commands.ConnState|commands.PubSub) != 0) {
 			if sess.special(cmd, req, m) {
 				return true
@@ -188,17 +260,24 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 		return true
 	}
 	// Inside MULTI everything is queued by Redis, PING and ECHO included.
+	if name == "client|unblock" {
+		// Its argument is a proxy client id: run by EXEC it would name an
+		// unrelated Redis connection.
+		sess.refuseInMulti(name, m)
+		return true
+	}
 	if cmd != nil && cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && !cmd.Is(commands.Write) {
 		switch name {
-		case "watch", "select", "client|setname", "client|setinfo", "readonly", "readwrite", "asking", "publish", "spublish", "pubsub":
-			pin.dirty = pin.dirty || name != "watch"
+		case "watch", "unwatch", "select", "client|setname", "client|setinfo", "readonly", "readwrite", "asking", "publish", "spublish", "pubsub":
+			// Queued as on Redis; WATCH is refused by Redis inside MULTI
+			// and UNWATCH run by EXEC leaves nothing behind.
+			pin.dirty = pin.dirty || name != "watch" && name != "unwatch"
 		default:
 			if cmd.Flags&commands.ConnState != 0 || isSubscribe(name) {
 				// Run at EXEC, these would change the connection under the
 				// proxy's feet (protocol, subscriptions, reply mode); refuse
 				// and make EXEC fail, as a queue-time error would.
-				sess.forwardHidden(guard.RefusedInMulti)
-				sess.replyLocal(m, []byte("-ERR redproxy: '"+strings.ToUpper(strings.ReplaceAll(name, "|", " "))+"' inside MULTI is not supported\r\n"))
+				sess.refuseInMulti(name, m)
 				return true
 			}
 		}
@@ -209,9 +288,44 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 	if mayWrite(cmd) {
 		pin.txWrites = append(pin.txWrites, txWrite{cmd: cmd, args: copyArgs(req.Args)})
 	}
-	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, tx: true})
+	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, tx: true, mute: sess.curMute})
 	sess.call.Add(req.Raw)
+	sess.list.multi.Add(1)
 	return true
+}
+
+// refuseInMulti refuses a command inside MULTI and makes EXEC fail, as a
+// queue-time error would.
+func (sess *Session) refuseInMulti(name string, m *metrics.Command) {
+	sess.forwardHidden(guard.RefusedInMulti)
+	sess.replyLocal(m, []byte("-ERR redproxy: '"+strings.ToUpper(strings.ReplaceAll(name, "|", " "))+"' inside MULTI is not supported\r\n"))
+}
+
+// namePin gives the pinned connection the client's name, behind what is
+// queued for it, so Redis's CLIENT LIST and SLOWLOG show whose it is. An
+// empty name gives it back its own. Only outside MULTI.
+func (sess *Session) namePin(name string) {
+	if name == "" {
+		name = pinnedName
+	}
+	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
+	sess.call.Add(encodeCommand("CLIENT", "SETNAME", name))
+	sess.pin.named = name != pinnedName
+}
+
+// unnamePin undoes namePin before the connection goes back to the pool.
+func (sess *Session) unnamePin() {
+	if sess.pin.named {
+		sess.namePin("")
+	}
+}
+
+func encodeCommand(args ...string) []byte {
+	b := redcon.AppendArray(nil, len(args))
+	for _, a := range args {
+		b = redcon.AppendBulkString(b, a)
+	}
+	return b
 }
 
 // pinFor starts pinning for MULTI or WATCH.
@@ -220,11 +334,21 @@ func (sess *Session) pinFor(cmd *commands.Command, req *resp.Request, m *metrics
 	p, err := sess.srv.backend.AcquirePipe(sess.db, sess.resp3)
 	if err != nil {
 		sess.replyLocal(m, errorReply(err))
+		if cmd.Name == "multi" {
+			// What the client queues next must not run (see txAbort). A
+			// refused WATCH needs nothing: the client is told before it
+			// has anything to guard.
+			sess.abort = txAbort{reason: errTxMultiRefused, multi: true}
+		}
 		return
 	}
 	sess.pin = pinState{pipe: p, db: sess.db, resp3: sess.resp3, txHidden: sess.pin.txHidden[:0], txWrites: sess.pin.txWrites[:0], txSelect: -1}
+	if sess.name != "" {
+		sess.namePin(sess.name)
+	}
 	if cmd.Name == "multi" {
 		sess.pin.inMulti = true
+		sess.list.multi.Store(1)
 	} else {
 		sess.pin.watching = true
 	}
@@ -238,7 +362,8 @@ func (sess *Session) unpin(clean bool) {
 	if pin.pipe == nil {
 		return
 	}
-	sess.srv.backend.ReleasePipe(pin.pipe, pin.db, pin.resp3, clean && !pin.dirty)
+	sess.srv.backend.ReleasePipe(pin.pipe, pin.db, pin.resp3, clean && !pin.dirty && !pin.named)
+	sess.list.multi.Store(0)
 	clear(pin.txWrites)
 	*pin = pinState{txHidden: pin.txHidden[:0], txWrites: pin.txWrites[:0]}
 }
@@ -306,6 +431,7 @@ func errorReply(err error) []byte {
 // timeout (the command's own timeout, possibly forever, applies), after
 // everything the client sent before it has been answered.
 func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metrics.Command) {
+	sess.slowExempt = true
 	sess.flush(time.Now())
 	if mayWrite(cmd) {
 		sess.writeForwarded(cmd, req.Args)
@@ -320,6 +446,12 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 		}
 		pipe, borrowed = p, true
 	}
+	// Other clients' CLIENT UNBLOCK names this client by its proxy id and
+	// needs the connection's Redis id; without it, UNBLOCK answers 0.
+	rid, _ := sess.srv.backend.PipeID(pipe)
+	// A borrowed connection is the client's own while it blocks: it
+	// carries the client's name, and its own again afterwards.
+	named := borrowed && sess.name != ""
 	// The guard's rewrite and TTL fix-ups apply to blocking writes too
 	// (BLMOVE's destination); fix-ups follow on the same connection.
 	raw := req.Raw
@@ -337,16 +469,25 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 	call.Reset()
 	call.NoTimeout = true
 	first := 0
+	if named {
+		call.Add(encodeCommand("CLIENT", "SETNAME", sess.name))
+		first++
+	}
 	if cmd.Name == "wait" || cmd.Name == "waitaof" {
 		// Redis waits for the calling connection's last write to reach the
 		// replicas (or the AOF). The client's writes went over other
 		// connections, so first make this connection's last write one that
 		// Redis propagates after all of them: a PUBLISH to a proxy channel.
 		call.Add(cmdWaitMarker)
-		first = 1
+		first++
 	}
 	call.Add(raw)
+	if named {
+		call.Add(encodeCommand("CLIENT", "SETNAME", pinnedName))
+	}
+	sess.block.set(rid)
 	if err := pipe.Send(call); err != nil {
+		sess.block.set(0)
 		if borrowed {
 			sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, false)
 		}
@@ -373,6 +514,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 				// so it cannot pop an element that would reach nobody.
 				pipe.Close()
 				<-call.Done()
+				sess.block.set(0)
 				if !borrowed {
 					sess.unpin(false)
 				} else {
@@ -384,11 +526,17 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 			}
 		}
 	}
+	sess.block.set(0)
 	reply, err := call.Reply(first)
 	if err != nil {
 		reply = errorReply(err)
 	}
 	sess.replyLocal(m, reply)
+	clean := err == nil
+	if named {
+		r, rerr := call.Reply(first + 1)
+		clean = clean && rerr == nil && bytes.Equal(r, ok)
+	}
 	call.Reset()
 	if err == nil && len(fixups) > 0 {
 		for _, f := range fixups {
@@ -405,9 +553,70 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 		call.Reset()
 	}
 	if borrowed {
-		sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, err == nil)
+		sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, clean)
 	}
 	sess.flush(time.Now())
+}
+
+// blockState says which dedicated connection the client is blocked on, for
+// CLIENT UNBLOCK from other clients.
+type blockState struct {
+	// mu is held by an UNBLOCK aimed at id until Redis has answered it, so
+	// the connection cannot be reused by another client meanwhile: the
+	// blocked client takes mu to clear id before giving it back.
+	mu sync.Mutex
+	id atomic.Int64 // Redis's id of the connection; 0: not blocked
+}
+
+func (b *blockState) set(id int64) {
+	b.mu.Lock()
+	b.id.Store(id)
+	b.mu.Unlock()
+}
+
+// unblock implements CLIENT UNBLOCK id [TIMEOUT|ERROR] for the proxy's
+// clients: a blocked client's command runs on a dedicated connection, so
+// its proxy id is translated to that connection's Redis id and the command
+// forwarded. An id of no blocked client answers 0, as on Redis.
+func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
+	if len(args) > 4 {
+		return false // Redis answers the syntax error
+	}
+	var mode string
+	if len(args) == 4 {
+		mode = strings.ToUpper(string(args[3]))
+		if mode != "TIMEOUT" && mode != "ERROR" {
+			sess.replyLocal(m, []byte("-ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR\r\n"))
+			return true
+		}
+	}
+	id, err := strconv.ParseInt(string(args[2]), 10, 64)
+	if err != nil {
+		sess.replyLocal(m, errNotInteger)
+		return true
+	}
+	target := sess.srv.sessionByID(id)
+	if target == nil || target == sess {
+		sess.replyLocal(m, zero)
+		return true
+	}
+	target.block.mu.Lock()
+	defer target.block.mu.Unlock()
+	rid := target.block.id.Load()
+	if rid == 0 {
+		sess.replyLocal(m, zero)
+		return true
+	}
+	// Answered in order with what came before, and before the target's
+	// connection can go to another client.
+	sess.flush(time.Now())
+	raw := encodeCommand("CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10))
+	if mode != "" {
+		raw = encodeCommand("CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
+	}
+	sess.forward(raw, m)
+	sess.flush(time.Now())
+	return true
 }
 
 // clientGone reports whether the client closed its side, without consuming
@@ -444,18 +653,23 @@ const (
 // dedicated connection. reqs are the client's requests from the one that
 // started it to the end of the batch; they are sent first.
 func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.Command) bool {
+	sess.slowExempt = true
 	sess.flush(time.Now())
-	up, err := sess.srv.backend.AcquireConn(sess.db, sess.resp3)
+	up, err := sess.srv.backend.AcquireConn(sess.db, sess.resp3, sess.name)
 	if err != nil {
+		// Answered: the command must not also go to a shared connection,
+		// which it would turn into a subscriber (or worse, in RESP3, make
+		// it answer with a push the pipe drops, shifting later replies).
 		sess.replyLocal(m, errorReply(err))
-		return false
+		return true
 	}
 	if sess.pin.pipe != nil {
 		sess.unpin(false)
 	}
-	limit := int64(sess.srv.cfg.Server.PubSubOutputLimit)
+	sess.list.relay.Store(uint32(kind) + 1)
+	limit := int64(sess.srv.Config().Server.PubSubOutputLimit)
 	if kind == relayTracking {
-		limit = int64(sess.srv.cfg.Server.ClientOutputLimit)
+		limit = int64(sess.srv.Config().Server.ClientOutputLimit)
 	}
 	// Whatever the session has still to write goes first.
 	if len(sess.out) > 0 {
@@ -476,6 +690,39 @@ func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.
 	sess.srv.backend.ReleaseConn(up)
 	sess.quitting = true
 	return true
+}
+
+// relayStarter names cmd, as the client would write it, if it turns the
+// client into a relay (see special); otherwise it returns "".
+func relayStarter(name string, args [][]byte) string {
+	switch name {
+	case "subscribe", "psubscribe", "ssubscribe", "monitor":
+		return strings.ToUpper(name)
+	case "client|tracking", "client|no-touch":
+		if len(args) > 2 && strings.EqualFold(string(args[2]), "on") {
+			return strings.ToUpper(strings.ReplaceAll(name, "|", " "))
+		}
+	}
+	return ""
+}
+
+// errTrackingRedirect refuses CLIENT TRACKING ON ... REDIRECT <id>: the id
+// is a proxy client id, which on Redis names some unrelated connection
+// that would then receive this client's invalidations.
+const errTrackingRedirect = "ERR redproxy: CLIENT TRACKING REDIRECT is not supported; proxy client IDs are not Redis connection IDs (use RESP3 tracking, without REDIRECT)"
+
+// trackingRedirect reports whether args are CLIENT TRACKING ON with the
+// REDIRECT option.
+func trackingRedirect(args [][]byte) bool {
+	if len(args) < 4 || !strings.EqualFold(string(args[0]), "client") || !strings.EqualFold(string(args[1]), "tracking") || !strings.EqualFold(string(args[2]), "on") {
+		return false
+	}
+	for _, a := range args[3:] {
+		if strings.EqualFold(string(a), "redirect") {
+			return true
+		}
+	}
+	return false
 }
 
 // relay copies bytes both ways until either side closes. Upstream bytes
@@ -500,7 +747,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, fir
 		rw.note(sess.srv.table.Lookup(reqs[k].Args), args, d != nil && d.Refuse != nil)
 	}
 	rw.sending()
-	idle := sess.srv.cfg.Server.IdleTimeout.Duration
+	idle := sess.srv.Config().Server.IdleTimeout.Duration
 	var ending atomic.Bool
 	wake := func() {
 		if ending.Load() || sess.interrupted.Load() {
@@ -534,7 +781,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, fir
 			// Copy: queueing buf[:n] of a fresh 32 KB buffer per read would
 			// keep 32 KB alive per small message, far beyond the limit.
 			if n > 0 && !q.push(append([]byte(nil), buf[:n]...)) {
-				sess.srv.clientClosed(metrics.ReasonOutputLimit, sess.nc.RemoteAddr(), "relayed output exceeds its limit", "limit_bytes", limit)
+				sess.closeFor(metrics.CloseOutputLimit, "relayed output exceeds its limit", "limit_bytes", limit)
 				sess.nc.Close()
 				up.Close()
 				return
@@ -606,21 +853,35 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, fir
 // TTL fix-ups are not added on a relay: their replies would reach the
 // client; the keyspace audit finds keys left without a TTL.
 func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decision) []byte {
+	if trackingRedirect(r.Args) {
+		return appendErrorScript(out, errTrackingRedirect)
+	}
+	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") && strings.EqualFold(string(r.Args[1]), "unblock") {
+		// A proxy client id cannot be translated in flight on a relay;
+		// forwarded, it would name an unrelated Redis connection.
+		return appendErrorScript(out, "ERR redproxy: CLIENT UNBLOCK is not supported on a connection in subscribed, tracking or MONITOR mode")
+	}
 	if d == nil || len(d.Violations) == 0 && d.Args == nil {
 		return append(out, r.Raw...)
 	}
 	sess.recordViolations(d)
 	switch {
 	case d.Refuse != nil:
-		out = redcon.AppendArray(out, 4)
-		out = redcon.AppendBulkString(out, "EVAL")
-		out = redcon.AppendBulkString(out, "return redis.error_reply(ARGV[1])")
-		out = redcon.AppendBulkString(out, "0")
-		return redcon.AppendBulkString(out, d.Refuse.Msg)
+		return appendErrorScript(out, d.Refuse.Msg)
 	case d.Args != nil:
 		return append(out, sess.guard.Encode(d.Args)...)
 	}
 	return append(out, r.Raw...)
+}
+
+// appendErrorScript appends a script that makes Redis answer with msg, an
+// error text without the leading '-'.
+func appendErrorScript(out []byte, msg string) []byte {
+	out = redcon.AppendArray(out, 4)
+	out = redcon.AppendBulkString(out, "EVAL")
+	out = redcon.AppendBulkString(out, "return redis.error_reply(ARGV[1])")
+	out = redcon.AppendBulkString(out, "0")
+	return redcon.AppendBulkString(out, msg)
 }
 
 // outQueue is a byte queue with a hard cap.

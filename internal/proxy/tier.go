@@ -132,7 +132,7 @@ func (sess *Session) tierStep(cmd *commands.Command, req *resp.Request, m *metri
 // reply with no RESP2 form), the fetch reads through the shared pool as
 // coalescing does, so waiters always get an answer.
 func (sess *Session) tierFill(t *tierState, cmd *commands.Command, raw, key []byte) ([]byte, error) {
-	fs := sess.srv.flight
+	fs := sess.srv.flight.Load()
 	db, resp3 := sess.db, sess.resp3
 	pool := sess.srv.backend.Pool(db, resp3)
 	fetch := func() ([]byte, error) {

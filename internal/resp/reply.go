@@ -19,34 +19,43 @@ import (
 // cannot be resynchronised after it, so the connection must be closed.
 var ErrProtocol = errors.New("protocol error")
 
-// MaxReplyDepth bounds the nesting of aggregate replies. Redis itself never
-// nests deeper than a Lua script can build (a few hundred levels); the bound
-// keeps the scanner's state fixed-size.
-const MaxReplyDepth = 1024
+// MaxAggregateLen bounds the element count of one aggregate header. An
+// aggregate that large would take terabytes to send, so a bigger count is
+// garbage, not a reply.
+const MaxAggregateLen = 1 << 40
+
+// maxPendingElements keeps the scanner's counter from overflowing on a long
+// run of huge (but individually allowed) counts.
+const maxPendingElements = 1 << 62
 
 // ReplyScanner finds the end of one complete reply in a buffer that may hold
 // only a prefix of it. Scan can be called again with the same bytes plus more
 // appended; it continues where it stopped. The buffer may be moved between
 // calls as long as the reply's first byte stays at index 0.
+//
+// The scanner keeps no stack: to find where a reply ends it is enough to
+// count the elements still owed, since an aggregate header of n elements
+// replaces the one element it is with n new ones. So nesting depth costs
+// nothing, and a reply as deep as Redis can build (a self-referencing Lua
+// table returned by EVAL nests about 8000 levels before Redis stops at its
+// Lua stack limit) frames like any other; the state is two integers.
 type ReplyScanner struct {
-	pos   int // bytes of the reply consumed so far
-	depth int
-	// remaining[i] is how many elements the aggregate at depth i still needs.
-	remaining [MaxReplyDepth + 1]int64
+	pos     int   // bytes of the reply consumed so far
+	pending int64 // elements still owed; 0 before the first header
 }
 
 // Reset prepares the scanner for a new reply.
 func (s *ReplyScanner) Reset() {
 	s.pos = 0
-	s.depth = 0
+	s.pending = 0
 }
 
 // Scan returns the length of the complete reply at b[0:], or 0 if b holds
 // only part of it (call again with more bytes). A push frame ('>') is framed
 // like any aggregate; callers inspect b[0] to route it.
 func (s *ReplyScanner) Scan(b []byte) (int, error) {
-	if s.depth == 0 && s.pos == 0 {
-		s.remaining[0] = 1
+	if s.pos == 0 {
+		s.pending = 1
 	}
 	for {
 		// Parse one element header starting at s.pos.
@@ -86,7 +95,7 @@ func (s *ReplyScanner) Scan(b []byte) (int, error) {
 			}
 		case '*', '~', '>', '%', '|':
 			n, ok := parseInt(line)
-			if !ok || n < -1 || (n == -1 && typ != '*') {
+			if !ok || n < -1 || (n == -1 && typ != '*') || n > MaxAggregateLen {
 				return 0, ErrProtocol
 			}
 			if n > 0 {
@@ -97,31 +106,22 @@ func (s *ReplyScanner) Scan(b []byte) (int, error) {
 			}
 			if typ == '|' {
 				// An attribute describes the reply that follows it and is
-				// not an element on its own: the enclosing level still needs
-				// the element the attribute is attached to.
-				s.remaining[s.depth]++
+				// not an element on its own: the element it is attached to
+				// is still owed.
+				children++
 			}
 		default:
 			return 0, ErrProtocol
 		}
 		s.pos = next
-		if children > 0 {
-			if s.depth == MaxReplyDepth {
-				return 0, ErrProtocol
-			}
-			s.remaining[s.depth]--
-			s.depth++
-			s.remaining[s.depth] = children
-			continue
+		s.pending += children - 1
+		if s.pending > maxPendingElements {
+			return 0, ErrProtocol
 		}
-		s.remaining[s.depth]--
-		for s.remaining[s.depth] == 0 {
-			if s.depth == 0 {
-				n := s.pos
-				s.Reset()
-				return n, nil
-			}
-			s.depth--
+		if s.pending == 0 {
+			n := s.pos
+			s.Reset()
+			return n, nil
 		}
 	}
 }

@@ -85,17 +85,6 @@ func TestScanReplyMalformed(t *testing.T) {
 	}
 }
 
-func TestScanReplyDepthBounded(t *testing.T) {
-	deep := strings.Repeat("*1\r\n", MaxReplyDepth+1) + ":1\r\n"
-	if _, err := ScanReply([]byte(deep)); !errors.Is(err, ErrProtocol) {
-		t.Fatalf("over-deep reply: %v", err)
-	}
-	ok := strings.Repeat("*1\r\n", MaxReplyDepth) + ":1\r\n"
-	if n, err := ScanReply([]byte(ok)); err != nil || n != len(ok) {
-		t.Fatalf("deepest allowed reply: %d %v", n, err)
-	}
-}
-
 // A large aggregate arriving in chunks is scanned in time linear in its
 // size; this checks the resumed scan gives the same answer as a single scan.
 func TestScanReplyLargeAggregateResumed(t *testing.T) {
@@ -130,6 +119,8 @@ func FuzzScanReply(f *testing.F) {
 	for _, r := range validReplies {
 		f.Add([]byte(r), uint8(3))
 	}
+	f.Add([]byte(strings.Repeat("*1\r\n", 300)+"-ERR deep\r\n"), uint8(200))
+	f.Add([]byte(strings.Repeat("*2\r\n|1\r\n+a\r\n:1\r\n", 40)+":1\r\n"+strings.Repeat("_\r\n", 40)), uint8(77))
 	f.Fuzz(func(t *testing.T, b []byte, cut uint8) {
 		n, err := ScanReply(b)
 		if n < 0 || n > len(b) {
@@ -137,6 +128,10 @@ func FuzzScanReply(f *testing.F) {
 		}
 		if err != nil && n != 0 {
 			t.Fatalf("error with n=%d", n)
+		}
+		// The counting scanner must agree with a plain recursive framer.
+		if rn, rerr := refScan(b); (rerr == nil) != (err == nil) || rn != n {
+			t.Fatalf("reference framer: %d,%v; scanner %d,%v", rn, rerr, n, err)
 		}
 		// Resuming after a split must agree with the one-shot scan.
 		c := int(cut)

@@ -16,13 +16,18 @@ import (
 // handshake is one write and must finish within DialTimeout.
 func Dial(opt Options) (net.Conn, error) {
 	opt.defaults()
-	nc, err := net.DialTimeout("tcp", opt.Addr, opt.DialTimeout)
+	// Keepalive bounds how long a connection whose peer vanished without a
+	// word (host gone, middlebox dropped the flow) can look open while it
+	// waits for a reply the health probe says Redis is busy computing.
+	d := net.Dialer{Timeout: opt.DialTimeout, KeepAliveConfig: net.KeepAliveConfig{
+		Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3,
+	}}
+	nc, err := d.Dial("tcp", opt.Addr)
 	if err != nil {
 		return nil, err
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
-		tc.SetKeepAlivePeriod(15 * time.Second)
 	}
 	if err := handshake(nc, opt); err != nil {
 		nc.Close()
@@ -53,7 +58,9 @@ func handshake(nc net.Conn, opt Options) error {
 	if opt.DB != 0 {
 		cmds = append(cmds, []string{"SELECT", strconv.Itoa(opt.DB)})
 	}
+	setName := -1
 	if opt.Name != "" {
+		setName = len(cmds)
 		cmds = append(cmds, []string{"CLIENT", "SETNAME", opt.Name})
 	}
 	cmds = append(cmds, opt.Handshake...)
@@ -92,7 +99,10 @@ func handshake(nc net.Conn, opt Options) error {
 			buf = buf[n:]
 			continue
 		}
-		if resp.IsError(reply) {
+		if resp.IsError(reply) && i != setName {
+			// The name is only for operators; a Redis that refuses it
+			// (-BUSY while a script runs) must not keep the proxy from
+			// reconnecting.
 			return fmt.Errorf("%s: %w: %s", cmds[i][0], ErrHandshake, trimReply(reply))
 		}
 		buf = buf[n:]

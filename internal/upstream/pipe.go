@@ -20,8 +20,15 @@ type Options struct {
 	DB       int
 	RESP3    bool // speak RESP3 (HELLO 3) on this connection
 
-	DialTimeout  time.Duration
-	ReplyTimeout time.Duration // oldest pending reply older than this closes the connection
+	DialTimeout time.Duration
+	// ReplyTimeout: when the oldest pending reply is older than this, the
+	// watchdog probes Redis on a fresh connection (health.go) instead of
+	// trusting the silence.
+	ReplyTimeout time.Duration
+	// DeadTimeout: a connection whose oldest reply is overdue is closed
+	// when that reply is this old, unless Redis says it is running a script
+	// (health.go). Defaults to 30 s, and is never below ReplyTimeout.
+	DeadTimeout  time.Duration
 	ReconnectMin time.Duration
 	ReconnectMax time.Duration
 
@@ -55,6 +62,12 @@ func (o *Options) defaults() {
 	if o.ReplyTimeout <= 0 {
 		o.ReplyTimeout = 5 * time.Second
 	}
+	if o.DeadTimeout <= 0 {
+		o.DeadTimeout = 30 * time.Second
+	}
+	if o.DeadTimeout < o.ReplyTimeout {
+		o.DeadTimeout = o.ReplyTimeout
+	}
 	if o.ReconnectMin <= 0 {
 		o.ReconnectMin = 50 * time.Millisecond
 	}
@@ -73,7 +86,8 @@ type PipeStats struct {
 	Pending  int
 	Dials    uint64
 	Failures uint64
-	Timeouts uint64
+	Timeouts uint64 // connections closed because Redis stayed silent for DeadTimeout
+	Overdue  uint64 // replies that took longer than ReplyTimeout (the connection was probed)
 	Commands uint64
 }
 
@@ -95,7 +109,12 @@ type Pipe struct {
 	stop    chan struct{}
 	workers sync.WaitGroup
 
-	dials, failures, timeouts, commands atomic.Uint64
+	// lagging is set by the watchdog while the oldest pending reply has
+	// waited more than a tenth of the reply timeout, so that a Pool sends
+	// new Calls to a pipe that is not stuck behind a slow command.
+	lagging atomic.Bool
+
+	dials, failures, timeouts, overdue, commands atomic.Uint64
 }
 
 // liveConn is one established socket and the goroutines serving it.
@@ -170,6 +189,7 @@ func (p *Pipe) Stats() PipeStats {
 	s.Dials = p.dials.Load()
 	s.Failures = p.failures.Load()
 	s.Timeouts = p.timeouts.Load()
+	s.Overdue = p.overdue.Load()
 	s.Commands = p.commands.Load()
 	return s
 }
@@ -438,9 +458,11 @@ func (p *Pipe) readLoop(lc *liveConn) error {
 	}
 }
 
-// watchdog closes a connection whose oldest pending Call has waited longer
-// than the reply timeout. After that, later replies could belong to
-// anything, so failing all pending Calls is the only safe answer.
+// watchdog watches the age of the oldest pending reply. Past ReplyTimeout
+// it probes Redis on a fresh connection and keeps waiting while Redis runs
+// a script; it closes the connection (failing its Calls, so no late reply
+// can reach a later Call) when Redis cannot be reached, or when the reply
+// is DeadTimeout overdue with no script running. See health.go.
 func (p *Pipe) watchdog() {
 	defer p.workers.Done()
 	tick := p.opt.ReplyTimeout / 8
@@ -452,19 +474,73 @@ func (p *Pipe) watchdog() {
 	}
 	t := time.NewTicker(tick)
 	defer t.Stop()
-	limit := int64(p.opt.ReplyTimeout)
+	replyLimit := int64(p.opt.ReplyTimeout)
+	deadLimit := int64(p.opt.DeadTimeout)
+	var (
+		verdicts   = make(chan probeVerdict, 1)
+		probing    bool
+		probeStart int64
+		// The stall being watched: its connection, and when Redis last
+		// said it was running a script.
+		stallLC    *liveConn
+		lastAlive  int64
+		stallProbe *liveConn // connection the running probe is about
+	)
 	for {
 		select {
 		case <-p.stop:
 			return
+		case v := <-verdicts:
+			probing = false
+			switch v {
+			case probeBusy:
+				if stallProbe == stallLC {
+					lastAlive = nanotime()
+				}
+			case probeDead:
+				p.mu.Lock()
+				if p.live == stallProbe && stallProbe == stallLC {
+					p.opt.Logger.Warn("upstream unreachable while a reply was overdue; closing the connection", "addr", p.opt.Addr, "db", p.opt.DB)
+					p.live.closeWith(ErrConnLost)
+				}
+				p.mu.Unlock()
+			}
+			continue
 		case <-t.C:
 		}
 		now := nanotime()
 		p.mu.Lock()
-		if p.live != nil && p.head < len(p.pending) && !p.pending[p.head].NoTimeout && now-p.pending[p.head].sent > limit {
-			p.live.closeWith(ErrTimeout)
+		lc := p.live
+		sent := int64(-1)
+		if lc != nil && p.head < len(p.pending) && !p.pending[p.head].NoTimeout {
+			sent = p.pending[p.head].sent
 		}
 		p.mu.Unlock()
+		p.lagging.Store(sent >= 0 && now-sent > replyLimit/10)
+		if sent < 0 || now-sent <= replyLimit {
+			stallLC = nil
+			continue
+		}
+		if stallLC != lc {
+			stallLC, lastAlive = lc, 0
+			p.overdue.Add(1)
+			p.opt.Logger.Info("upstream reply overdue; asking Redis on a fresh connection why", "addr", p.opt.Addr, "db", p.opt.DB, "waited", time.Duration(now-sent))
+		}
+		if now-max(sent, lastAlive) > deadLimit {
+			p.opt.Logger.Warn("upstream reply overdue for the dead timeout; closing the connection", "addr", p.opt.Addr, "db", p.opt.DB, "dead_timeout", p.opt.DeadTimeout)
+			lc.closeWith(ErrTimeout)
+			stallLC = nil
+			continue
+		}
+		if !probing && now-probeStart >= replyLimit {
+			probing, probeStart, stallProbe = true, now, lc
+			deadline := time.Now().Add(p.opt.ReplyTimeout)
+			p.workers.Add(1)
+			go func() {
+				defer p.workers.Done()
+				verdicts <- probe(p.opt, deadline, p.stop)
+			}()
+		}
 	}
 }
 

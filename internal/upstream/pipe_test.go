@@ -120,13 +120,14 @@ func TestPoolSurvivesRedisRestart(t *testing.T) {
 	}, "goroutines leaked: %d before, %d after", before, runtime.NumGoroutine())
 }
 
-// A reply that does not come within the reply timeout closes the
-// connection and fails the Call, rather than letting a late reply be
-// matched to a later Call.
+// A reply that does not come before the dead timeout (DEBUG SLEEP blocks
+// the probe too) closes the connection and fails the Call, rather than
+// letting a late reply be matched to a later Call.
 func TestPipeReplyTimeoutClosesConnection(t *testing.T) {
 	srv := redistest.Start(t, "--enable-debug-command", "local")
 	opt := testOpts(srv.Addr())
 	opt.ReplyTimeout = 200 * time.Millisecond
+	opt.DeadTimeout = 400 * time.Millisecond
 	pipe := NewPipe(opt)
 	defer pipe.Close()
 	redistest.Eventually(t, 5*time.Second, pipe.Up, "pipe not up")

@@ -25,14 +25,29 @@ func NewPool(n int, opt Options) *Pool {
 	return p
 }
 
-// Send hands c to the next pipe that is up. It returns ErrUnavailable only
-// when no pipe is up.
+// Send hands c to the next pipe that is up, passing over pipes stuck
+// behind a slow reply (a long script, CLIENT PAUSE) while another pipe is
+// not: Redis answers other connections meanwhile (with -BUSY during a
+// script), and so should the proxy. It returns ErrUnavailable only when no
+// pipe is up.
 func (p *Pool) Send(c *Call) error {
 	n := uint32(len(p.pipes))
 	start := p.next.Add(1)
 	for i := uint32(0); i < n; i++ {
-		err := p.pipes[(start+i)%n].Send(c)
-		if err != ErrUnavailable {
+		pp := p.pipes[(start+i)%n]
+		if pp.lagging.Load() {
+			continue
+		}
+		if err := pp.Send(c); err != ErrUnavailable {
+			return err
+		}
+	}
+	for i := uint32(0); i < n; i++ {
+		pp := p.pipes[(start+i)%n]
+		if !pp.lagging.Load() {
+			continue
+		}
+		if err := pp.Send(c); err != ErrUnavailable {
 			return err
 		}
 	}
@@ -84,6 +99,7 @@ func (p *Pool) Stats() (s PipeStats, up int) {
 		s.Dials += ps.Dials
 		s.Failures += ps.Failures
 		s.Timeouts += ps.Timeouts
+		s.Overdue += ps.Overdue
 		s.Commands += ps.Commands
 	}
 	s.Up = up > 0

@@ -87,6 +87,10 @@ func (b *ByteSize) UnmarshalText(text []byte) error {
 	return nil
 }
 
+// MarshalText implements encoding.TextMarshaler, writing the size as
+// String does, which UnmarshalText reads back.
+func (b ByteSize) MarshalText() ([]byte, error) { return []byte(b.String()), nil }
+
 // String renders the size with the largest unit that divides it exactly, so
 // that error messages echo what the operator would write.
 func (b ByteSize) String() string {

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/alicebob/miniredis/v2/server"
+
+	"github.com/redproxy/redproxy/internal/commands"
+)
+
+// startEmbedded runs the in-process demo store on a loopback port.
+func startEmbedded() (*miniredis.Miniredis, error) {
+	mr := miniredis.NewMiniRedis()
+	if err := mr.StartAddr("127.0.0.1:0"); err != nil {
+		return nil, err
+	}
+	started := time.Now()
+	port := mr.Port()
+	// The store answers INFO only for its clients and stats sections, but
+	// clients (redis-cli, monitoring, go-redis's version probe) ask for
+	// "INFO server" first. The section says what this is: not a Redis, an
+	// embedded store standing in for the version of the command table.
+	mr.Server().SetPreHook(func(c *server.Peer, cmd string, args ...string) bool {
+		if cmd != "INFO" || len(args) != 1 || !strings.EqualFold(args[0], "server") {
+			return false
+		}
+		c.WriteBulk(embeddedServerInfo(port, started))
+		return true
+	})
+	return mr, nil
+}
+
+func embeddedServerInfo(port string, started time.Time) string {
+	up := int64(time.Since(started).Seconds())
+	lines := []string{
+		"# Server",
+		"redis_version:" + commands.BuiltinRedisVersion,
+		"redis_mode:standalone",
+		"redproxy_embedded_store:yes (in-process demo store, not Redis; data is lost on exit)",
+		"os:" + runtime.GOOS,
+		"arch_bits:" + strconv.Itoa(strconv.IntSize),
+		"process_id:" + strconv.Itoa(os.Getpid()),
+		"tcp_port:" + port,
+		fmt.Sprintf("uptime_in_seconds:%d", up),
+		fmt.Sprintf("uptime_in_days:%d", up/86400),
+	}
+	return strings.Join(lines, "\r\n") + "\r\n"
+}

@@ -1,0 +1,590 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/slowlog"
+)
+
+// Environment variables stand in for flags; a flag on the command line
+// wins; a bad value names its variable.
+func TestEnvironmentStandsInForFlags(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	upstream := fs.String("upstream", "", "")
+	cfgPath := fs.String("config", "", "")
+	listen := fs.String("listen", "", "")
+	admin := fs.String("admin", "", "")
+	require := fs.Bool("require-upstream", false, "")
+	logLevel := fs.String("log-level", "", "")
+	if err := fs.Parse([]string{"--listen", "127.0.0.1:7000"}); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"REDPROXY_UPSTREAM":         "redis:6379",
+		"REDPROXY_CONFIG":           "/etc/redproxy/redproxy.toml",
+		"REDPROXY_LISTEN":           "0.0.0.0:6380",
+		"REDPROXY_ADMIN":            "0.0.0.0:9121",
+		"REDPROXY_REQUIRE_UPSTREAM": "1",
+	}
+	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	set, err := applyEnv(fs, getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *upstream != "redis:6379" || *cfgPath != "/etc/redproxy/redproxy.toml" || *admin != "0.0.0.0:9121" || !*require {
+		t.Errorf("env not applied: upstream %q config %q admin %q require %v", *upstream, *cfgPath, *admin, *require)
+	}
+	if *listen != "127.0.0.1:7000" || set["listen"] {
+		t.Errorf("the environment overrode a flag: listen %q", *listen)
+	}
+	if *logLevel != "" || set["log-level"] {
+		t.Errorf("an unset variable set a flag: %q", *logLevel)
+	}
+
+	fs2 := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs2.Bool("require-upstream", false, "")
+	fs2.Parse(nil)
+	_, err = applyEnv(fs2, func(k string) (string, bool) { return "maybe", k == "REDPROXY_REQUIRE_UPSTREAM" })
+	if err == nil || !strings.Contains(err.Error(), `REDPROXY_REQUIRE_UPSTREAM="maybe"`) {
+		t.Fatalf("bad value: %v", err)
+	}
+}
+
+// childEnv is this process's environment without REDPROXY_ variables,
+// plus extra.
+func childEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, envPrefix) {
+			env = append(env, kv)
+		}
+	}
+	return append(env, extra...)
+}
+
+// healthcheck runs "redproxy healthcheck args" and returns its exit code.
+func healthcheck(t *testing.T, env []string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(binary(t), append([]string{"healthcheck", "--timeout", "2s"}, args...)...)
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, string(out)
+	case errors.As(err, &ee):
+		return ee.ExitCode(), string(out)
+	}
+	t.Fatalf("healthcheck: %v", err)
+	return -1, ""
+}
+
+// The container's contract, run as the binary: upstream, listen and admin
+// from the environment with flags winning; no silent embedded store under
+// REDPROXY_REQUIRE_UPSTREAM, but the embedded store when asked for; and
+// "redproxy healthcheck" answering 0 or 1 from /healthz and /readyz.
+func TestContainerEnvironmentAndHealthcheck(t *testing.T) {
+	bin := binary(t)
+
+	cmd := exec.Command(bin)
+	cmd.Env = childEnv("REDPROXY_REQUIRE_UPSTREAM=1", fmt.Sprintf("REDPROXY_LISTEN=127.0.0.1:%d", redistest.FreePort(t)), "REDPROXY_ADMIN=")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "REDPROXY_UPSTREAM") {
+		t.Fatalf("no upstream under REDPROXY_REQUIRE_UPSTREAM: %v\n%s", err, out)
+	}
+
+	rs := redistest.Start(t)
+	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	var logs syncBuffer
+	// REDPROXY_LISTEN is not an address: the flag must win over it.
+	cmd = exec.Command(bin, "--listen", listen)
+	cmd.Env = childEnv("REDPROXY_REQUIRE_UPSTREAM=1", "REDPROXY_UPSTREAM="+rs.Addr(), "REDPROXY_LISTEN=not-an-address", "REDPROXY_ADMIN="+adminAddr)
+	cmd.Stderr = &logs
+	check(t, cmd.Start())
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	c := redis.NewClient(&redis.Options{Addr: listen, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered; log:\n%s", logs.String())
+	check(t, c.Set(ctx, "k", "through-env-upstream", 0).Err())
+	if v, _ := rs.Client(t).Get(ctx, "k").Result(); v != "through-env-upstream" {
+		t.Fatalf("the proxy is not in front of REDPROXY_UPSTREAM: %q", v)
+	}
+
+	env := childEnv("REDPROXY_ADMIN=" + adminAddr)
+	if code, out := healthcheck(t, env); code != 0 || !strings.Contains(out, "/healthz") {
+		t.Fatalf("healthcheck: %d %s", code, out)
+	}
+	if code, out := healthcheck(t, env, "--ready"); code != 0 || !strings.Contains(out, "/readyz") {
+		t.Fatalf("healthcheck --ready: %d %s", code, out)
+	}
+	_, port, _ := net.SplitHostPort(adminAddr)
+	if code, out := healthcheck(t, childEnv(), "--admin", "0.0.0.0:"+port); code != 0 {
+		t.Fatalf("a wildcard admin address is not reached on loopback: %d %s", code, out)
+	}
+	if code, _ := healthcheck(t, env, "--admin", fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))); code != 1 {
+		t.Fatalf("--admin did not win over REDPROXY_ADMIN: %d", code)
+	}
+	cfgFile := filepath.Join(t.TempDir(), "redproxy.toml")
+	check(t, os.WriteFile(cfgFile, []byte("[server]\nadmin = \""+adminAddr+"\"\n"), 0o600))
+	if code, out := healthcheck(t, childEnv("REDPROXY_CONFIG="+cfgFile)); code != 0 {
+		t.Fatalf("admin address from REDPROXY_CONFIG: %d %s", code, out)
+	}
+
+	rs.Kill(t)
+	redistest.Eventually(t, 10*time.Second, func() bool { code, _ := healthcheck(t, env, "--ready"); return code == 1 },
+		"healthcheck --ready still 0 with Redis down")
+	if code, out := healthcheck(t, env); code != 0 {
+		t.Fatalf("liveness must not follow Redis: %d %s", code, out)
+	}
+	check(t, cmd.Process.Signal(syscall.SIGTERM))
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit: %v\n%s", err, logs.String())
+	}
+	if code, _ := healthcheck(t, env); code != 1 {
+		t.Fatalf("healthcheck of a stopped proxy: %d", code)
+	}
+
+	// REDPROXY_UPSTREAM=embedded asks for the demo store explicitly.
+	cmd = exec.Command(bin)
+	cmd.Env = childEnv("REDPROXY_REQUIRE_UPSTREAM=1", "REDPROXY_UPSTREAM=embedded", "REDPROXY_LISTEN="+listen, "REDPROXY_ADMIN=")
+	var logs2 syncBuffer
+	cmd.Stderr = &logs2
+	check(t, cmd.Start())
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	redistest.Eventually(t, 10*time.Second, func() bool { return c.Set(ctx, "k", "v", 0).Err() == nil }, "embedded proxy never answered; log:\n%s", logs2.String())
+	if !strings.Contains(logs2.String(), "EMBEDDED UPSTREAM") {
+		t.Fatalf("the embedded store was not announced:\n%s", logs2.String())
+	}
+}
+
+// The image's Dockerfile: a static build, a non-root user, the proxy on
+// every interface, no silent embedded store, and a HEALTHCHECK that the
+// binary can run without a shell. The image build itself needs a container
+// engine; this reads the file.
+func TestDockerfile(t *testing.T) {
+	data, err := os.ReadFile("../../Dockerfile")
+	check(t, err)
+	// Join continuation lines, drop comments.
+	var lines []string
+	cur := ""
+	for _, l := range strings.Split(string(data), "\n") {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "#") || l == "" && cur == "" {
+			continue
+		}
+		if s, ok := strings.CutSuffix(l, "\\"); ok {
+			cur += s + " "
+			continue
+		}
+		lines = append(lines, strings.TrimSpace(cur+l))
+		cur = ""
+	}
+	stages := 0
+	var final []string
+	build := ""
+	for _, l := range lines {
+		if strings.HasPrefix(l, "FROM ") {
+			stages++
+			final = nil
+		}
+		final = append(final, l)
+		if strings.HasPrefix(l, "RUN ") && strings.Contains(l, "go build") {
+			build = l
+		}
+	}
+	if stages < 2 || !strings.Contains(build, "CGO_ENABLED=0") || !strings.Contains(build, "./cmd/redproxy") {
+		t.Fatalf("not a multi-stage static build: %d stages, %q", stages, build)
+	}
+	env := map[string]string{}
+	var user, health, entry string
+	var expose []string
+	for _, l := range final {
+		word, rest, _ := strings.Cut(l, " ")
+		switch word {
+		case "USER":
+			user = rest
+		case "HEALTHCHECK":
+			health = rest
+		case "ENTRYPOINT":
+			entry = rest
+		case "EXPOSE":
+			expose = strings.Fields(rest)
+		case "ENV":
+			for _, kv := range strings.Fields(rest) {
+				k, v, _ := strings.Cut(kv, "=")
+				env[k] = v
+			}
+		}
+	}
+	if u, _, _ := strings.Cut(user, ":"); u == "" || u == "root" || u == "0" {
+		t.Errorf("USER %q: must be a non-root user", user)
+	}
+	if !strings.Contains(health, `CMD ["/usr/local/bin/redproxy", "healthcheck"`) {
+		t.Errorf("HEALTHCHECK %q does not run the binary's healthcheck in exec form", health)
+	}
+	if entry != `["/usr/local/bin/redproxy"]` {
+		t.Errorf("ENTRYPOINT %q", entry)
+	}
+	if env["REDPROXY_REQUIRE_UPSTREAM"] != "1" {
+		t.Errorf("REDPROXY_REQUIRE_UPSTREAM not set: the image would fall back to the embedded store")
+	}
+	for _, k := range []string{"REDPROXY_LISTEN", "REDPROXY_ADMIN"} {
+		host, port, err := net.SplitHostPort(env[k])
+		if err != nil || host != "0.0.0.0" || !slices.Contains(expose, port) {
+			t.Errorf("%s=%q: must be 0.0.0.0 on an EXPOSEd port (%v)", k, env[k], expose)
+		}
+	}
+	// Every variable the image sets is one the binary reads.
+	flags := proxyFlags(t)
+	for k := range env {
+		name := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(k, envPrefix), "_", "-"))
+		if !flags[name] {
+			t.Errorf("ENV %s matches no flag of redproxy", k)
+		}
+	}
+}
+
+// proxyFlags returns the names of the proxy's flags, from its usage text.
+func proxyFlags(t *testing.T) map[string]bool {
+	var usage bytes.Buffer
+	if code := run([]string{"-h"}, io.Discard, &usage); code != 2 {
+		t.Fatalf("-h: exit %d", code)
+	}
+	flags := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^\s+-([a-z-]+)`).FindAllStringSubmatch(usage.String(), -1) {
+		flags[m[1]] = true
+	}
+	if !flags["upstream"] || !flags["config"] {
+		t.Fatalf("usage parsed wrong: %v", flags)
+	}
+	return flags
+}
+
+// The compose file configures redproxy only through variables the binary
+// reads, and the Prometheus it starts scrapes the admin port.
+func TestComposeFile(t *testing.T) {
+	data, err := os.ReadFile("../../deploy/docker-compose.yml")
+	check(t, err)
+	flags := proxyFlags(t)
+	vars := regexp.MustCompile(`\b(REDPROXY_[A-Z_]+):`).FindAllStringSubmatch(string(data), -1)
+	if len(vars) == 0 {
+		t.Fatal("the compose file sets no REDPROXY_ variable")
+	}
+	for _, m := range vars {
+		name := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(m[1], envPrefix), "_", "-"))
+		if !flags[name] {
+			t.Errorf("%s matches no flag of redproxy", m[1])
+		}
+	}
+	for _, want := range []string{"REDPROXY_UPSTREAM: redis:6379", "./prometheus.yml:", "./grafana/redproxy.json:", "./grafana/provisioning:"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("compose file lacks %q", want)
+		}
+	}
+	prom, err := os.ReadFile("../../deploy/prometheus.yml")
+	check(t, err)
+	if !strings.Contains(string(prom), `targets: ["redproxy:9121"]`) {
+		t.Errorf("prometheus.yml does not scrape redproxy's admin port")
+	}
+}
+
+// opsProxy is a proxy in front of a real Redis with its admin server, the
+// local tier on and every batch entered in the slow log. It returns the
+// proxy and the admin base URL.
+func opsProxy(t *testing.T, rs *redistest.Server, mutate func(*config.Config)) (*proxytest.Proxy, string) {
+	t.Helper()
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.LocalCache.Enabled = true
+		c.LocalCache.AdmitMinReads = 2
+		c.Server.SlowlogThreshold.Duration = 0
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+	adm := newAdmin(p.Server, p.Metrics, http.NotFoundHandler(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(t, err)
+	go adm.Serve(ln)
+	t.Cleanup(func() { adm.Shutdown(ctx) })
+	return p, "http://" + ln.Addr().String()
+}
+
+// driveTraffic sends what makes every labelled series of the dashboard
+// appear: reads the local tier serves, a policy refusal, a protocol error,
+// a QUIT, pipelines.
+func driveTraffic(t *testing.T, p *proxytest.Proxy) {
+	t.Helper()
+	c := p.Client(t)
+	check(t, c.Set(ctx, "product:1", "v", time.Hour).Err())
+	for range 50 {
+		check(t, c.Get(ctx, "product:1").Err())
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		c.Get(ctx, "product:1")
+		return p.LocalTier().Hits() > 0
+	}, "the local tier never served a hit")
+	if err := c.Keys(ctx, "*").Err(); err == nil {
+		t.Fatal("KEYS was not refused by the default policy")
+	}
+	pipe := c.Pipeline()
+	for i := range 10 {
+		pipe.Incr(ctx, fmt.Sprintf("counter:%d", i))
+	}
+	_, err := pipe.Exec(ctx)
+	check(t, err)
+	nc := p.Dial(t)
+	nc.Write([]byte("*1\r\n$x\r\n"))
+	bufio.NewReader(nc).ReadString('\n')
+	nc = p.Dial(t)
+	nc.Write([]byte("QUIT\r\n"))
+	bufio.NewReader(nc).ReadString('\n')
+}
+
+func get(t *testing.T, method, url string) (int, string, http.Header) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	check(t, err)
+	res, err := http.DefaultClient.Do(req)
+	check(t, err)
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	check(t, err)
+	return res.StatusCode, string(body), res.Header
+}
+
+// Every admin endpoint over HTTP, against a proxy in front of a real Redis.
+func TestAdminEndpoints(t *testing.T) {
+	rs := redistest.Start(t)
+	p, base := opsProxy(t, rs, nil)
+	driveTraffic(t, p)
+
+	code, body, hdr := get(t, "GET", base+"/metrics")
+	if code != 200 || !strings.HasPrefix(hdr.Get("Content-Type"), "text/plain") ||
+		!strings.Contains(body, `redproxy_commands_total{command="get"}`) || !strings.Contains(body, "redproxy_clients_closed_total{reason=\"quit\"} 1") {
+		t.Fatalf("/metrics: %d %s\n%.500s", code, hdr.Get("Content-Type"), body)
+	}
+	if code, body, _ := get(t, "GET", base+"/healthz"); code != 200 || body != "ok\n" {
+		t.Fatalf("/healthz: %d %q", code, body)
+	}
+	if code, body, _ := get(t, "GET", base+"/readyz"); code != 200 || body != "ok\n" {
+		t.Fatalf("/readyz with Redis up: %d %q", code, body)
+	}
+
+	code, body, _ = get(t, "GET", base+"/policy/report")
+	if code != 200 || !strings.Contains(body, "command  refused=1  keys") {
+		t.Fatalf("/policy/report: %d\n%s", code, body)
+	}
+	code, body, _ = get(t, "GET", base+"/policy/report?format=json")
+	var rep struct{ Total int64 }
+	if code != 200 || json.Unmarshal([]byte(body), &rep) != nil || rep.Total != 1 {
+		t.Fatalf("/policy/report?format=json: %d\n%s", code, body)
+	}
+
+	if code, _, _ := get(t, "POST", base+"/policy/reload"); code != http.StatusConflict {
+		t.Fatalf("reload without a file: %d", code)
+	}
+	path := filepath.Join(t.TempDir(), "redproxy.toml")
+	p.Guard().SetSource((&reloader{path: path}).policySource)
+	check(t, os.WriteFile(path, []byte("[policy.commands]\nallow = [\"keys\"]\n"), 0o600))
+	if code, body, _ := get(t, "POST", base+"/policy/reload"); code != 200 {
+		t.Fatalf("reload of a good file: %d %s", code, body)
+	}
+	c := p.Client(t)
+	if err := c.Keys(ctx, "*").Err(); err != nil {
+		t.Fatalf("the reloaded policy is not in force: %v", err)
+	}
+	check(t, os.WriteFile(path, []byte("[policy.bogus]\n"), 0o600))
+	if code, body, _ := get(t, "POST", base+"/policy/reload"); code != http.StatusUnprocessableEntity || !strings.Contains(body, "policy.bogus") {
+		t.Fatalf("reload of a bad file: %d %s", code, body)
+	}
+	if err := c.Keys(ctx, "*").Err(); err != nil {
+		t.Fatalf("a bad file replaced the policy: %v", err)
+	}
+
+	code, body, _ = get(t, "GET", base+"/debug/hotkeys")
+	if code != 200 || !strings.Contains(body, "product:1") {
+		t.Fatalf("/debug/hotkeys: %d\n%s", code, body)
+	}
+
+	code, body, _ = get(t, "GET", base+"/debug/slowlog")
+	var slow slowlog.Report
+	if code != 200 || json.Unmarshal([]byte(body), &slow) != nil || len(slow.Entries) == 0 || slow.ThresholdMicros != 0 {
+		t.Fatalf("/debug/slowlog: %d\n%.500s", code, body)
+	}
+	for _, e := range slow.Entries {
+		if strings.Contains(e.KeyPattern, "1") {
+			t.Errorf("a key's identifier in the slow log: %+v", e)
+		}
+	}
+	if code, _, _ := get(t, "DELETE", base+"/debug/slowlog"); code != http.StatusNoContent {
+		t.Fatalf("DELETE /debug/slowlog: %d", code)
+	}
+
+	if code, body, _ := get(t, "GET", base+"/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
+		t.Fatalf("/debug/pprof/: %d", code)
+	}
+
+	// Methods: each endpoint answers only its own.
+	for _, tc := range []struct{ method, path string }{
+		{"GET", "/policy/reload"},
+		{"POST", "/metrics"},
+		{"POST", "/healthz"},
+		{"POST", "/readyz"},
+		{"POST", "/policy/report"},
+		{"POST", "/debug/hotkeys"},
+		{"POST", "/debug/slowlog"},
+		{"PUT", "/debug/slowlog"},
+	} {
+		code, _, hdr := get(t, tc.method, base+tc.path)
+		if code != http.StatusMethodNotAllowed || hdr.Get("Allow") == "" {
+			t.Errorf("%s %s: %d, Allow %q; want 405 with Allow", tc.method, tc.path, code, hdr.Get("Allow"))
+		}
+	}
+
+	// /readyz follows Redis: 503 while it is down, 200 once it is back.
+	rs.Kill(t)
+	redistest.Eventually(t, 5*time.Second, func() bool { code, _, _ := get(t, "GET", base+"/readyz"); return code == http.StatusServiceUnavailable },
+		"/readyz not 503 with Redis down")
+	if code, _, _ := get(t, "GET", base+"/healthz"); code != 200 {
+		t.Fatalf("/healthz with Redis down: %d", code)
+	}
+	rs.Restart(t)
+	redistest.Eventually(t, 10*time.Second, func() bool { code, _, _ := get(t, "GET", base+"/readyz"); return code == 200 },
+		"/readyz not 200 after Redis came back")
+}
+
+// /debug/hotkeys says the local tier is off rather than serving nothing.
+func TestAdminHotkeysWithTierOff(t *testing.T) {
+	_, base := opsProxy(t, nil, func(c *config.Config) { c.LocalCache.Enabled = false })
+	if code, body, _ := get(t, "GET", base+"/debug/hotkeys"); code != http.StatusNotFound || !strings.Contains(body, "off") {
+		t.Fatalf("/debug/hotkeys with the tier off: %d %s", code, body)
+	}
+}
+
+// metricFamilies reads the names and types of a /metrics exposition.
+func metricFamilies(text string) map[string]string {
+	fams := map[string]string{}
+	for _, l := range strings.Split(text, "\n") {
+		if rest, ok := strings.CutPrefix(l, "# TYPE "); ok {
+			if name, typ, ok := strings.Cut(rest, " "); ok {
+				fams[name] = typ
+			}
+		}
+	}
+	return fams
+}
+
+// Every metric the Grafana dashboard queries exists on a real proxy's
+// /metrics, with the series the query selects present after traffic.
+func TestDashboardMetricsExist(t *testing.T) {
+	data, err := os.ReadFile("../../deploy/grafana/redproxy.json")
+	check(t, err)
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+		Templating struct{ List []struct{ Definition string } }
+	}
+	check(t, json.Unmarshal(data, &dash))
+	var exprs []string
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			exprs = append(exprs, tg.Expr)
+		}
+	}
+	for _, v := range dash.Templating.List {
+		exprs = append(exprs, v.Definition)
+	}
+	if len(exprs) < 20 {
+		t.Fatalf("only %d queries in the dashboard", len(exprs))
+	}
+
+	p, base := opsProxy(t, nil, nil)
+	driveTraffic(t, p)
+	_, text, _ := get(t, "GET", base+"/metrics")
+	fams := metricFamilies(text)
+	name := regexp.MustCompile(`\b(?:redproxy|process|go)_[a-zA-Z0-9_]+`)
+	seen := map[string]bool{}
+	for _, e := range exprs {
+		for _, n := range name.FindAllString(e, -1) {
+			seen[n] = true
+			fam, typ := n, fams[n]
+			for _, suf := range []string{"_bucket", "_sum", "_count"} {
+				if base, ok := strings.CutSuffix(n, suf); ok && typ == "" && fams[base] == "histogram" {
+					fam, typ = base, "histogram"
+				}
+			}
+			if typ == "" {
+				t.Errorf("the dashboard queries %s, which /metrics does not have (in %s)", n, e)
+				continue
+			}
+			// A series of it must be there, not only its HELP and TYPE.
+			if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(fam) + `(_bucket|_sum|_count)?[{ ]`).MatchString(text) {
+				t.Errorf("%s has no series after traffic", fam)
+			}
+		}
+	}
+	for _, must := range []string{"redproxy_commands_total", "redproxy_command_duration_seconds_bucket", "redproxy_upstream_connections_up",
+		"redproxy_policy_violations_total", "redproxy_stampede_fetches_saved_total", "redproxy_localcache_hits_total",
+		"redproxy_client_connections", "redproxy_clients_closed_total"} {
+		if !seen[must] {
+			t.Errorf("the dashboard has no panel on %s", must)
+		}
+	}
+}
+
+// /metrics passes promtool's checks (names, help, types, units), and the
+// shipped Prometheus configuration passes promtool check config.
+func TestMetricsPassPromtool(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("promtool not installed in CI: scripts/test.sh should have installed Debian's prometheus package")
+		}
+		t.Skip("promtool not installed (Debian package prometheus; scripts/test.sh installs it)")
+	}
+	p, base := opsProxy(t, nil, nil)
+	driveTraffic(t, p)
+	_, text, _ := get(t, "GET", base+"/metrics")
+	cmd := exec.Command(promtool, "check", "metrics")
+	cmd.Stdin = strings.NewReader(text)
+	if out, err := cmd.CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Errorf("promtool check metrics: %v\n%s", err, out)
+	}
+	if out, err := exec.Command(promtool, "check", "config", "../../deploy/prometheus.yml").CombinedOutput(); err != nil {
+		t.Errorf("promtool check config deploy/prometheus.yml: %v\n%s", err, out)
+	}
+}

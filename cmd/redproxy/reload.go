@@ -1,0 +1,118 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/guard"
+	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/proxy"
+)
+
+// errNoConfigFile: there is nothing to reload from.
+var errNoConfigFile = errors.New("no --config file to reload from")
+
+// reloader re-reads --config on SIGHUP and POST /reload and applies what
+// can change at run time; see proxy.Server.Reload. The command-line
+// overrides stay in force over the file, as at start.
+type reloader struct {
+	mu     sync.Mutex
+	path   string // "" without --config
+	ov     config.Overrides
+	srv    *proxy.Server
+	guard  *guard.Guard
+	level  *slog.LevelVar
+	log    *slog.Logger
+	staged atomic.Pointer[policy.Config] // the policy a full reload hands the guard
+}
+
+// policySource is the guard's source: POST /policy/reload re-reads the
+// file's [policy]; a full reload hands over the policy of the snapshot it
+// applied, so both come from one read of the file.
+func (r *reloader) policySource() (policy.Config, error) {
+	if p := r.staged.Swap(nil); p != nil {
+		return *p, nil
+	}
+	c, err := config.Load(r.path)
+	if err != nil {
+		return policy.Config{}, err
+	}
+	return c.Policy, nil
+}
+
+// reload reads the file and applies it. On any error the configuration in
+// force stays whole: a bad file, a restart-only change and a bad policy
+// are all refused before anything is applied.
+func (r *reloader) reload() ([]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.path == "" {
+		return nil, errNoConfigFile
+	}
+	next, err := config.Load(r.path)
+	if err == nil {
+		next, err = next.Apply(r.ov)
+	}
+	if err != nil {
+		return nil, err
+	}
+	changed, err := r.srv.Reload(next)
+	if err != nil {
+		return nil, err
+	}
+	for _, key := range changed {
+		if strings.HasPrefix(key, "policy.") {
+			p := next.Policy
+			r.staged.Store(&p)
+			if err := r.guard.Reload(); err != nil {
+				// Compiled by Reload already; only a file changed under us
+				// gets here, and the guard kept its policy.
+				r.log.Warn("policy not reloaded", "err", err)
+			}
+			break
+		}
+	}
+	r.level.Set(logLevel(next.Server.LogLevel))
+	return changed, nil
+}
+
+// reloadAndLog is SIGHUP's action.
+func (r *reloader) reloadAndLog() {
+	changed, err := r.reload()
+	switch {
+	case errors.Is(err, errNoConfigFile):
+		r.log.Warn("SIGHUP ignored: " + err.Error())
+	case err != nil:
+		r.log.Error("configuration not reloaded; the configuration in force stays", "file", r.path, "err", err)
+	default:
+		r.log.Info("configuration reloaded", "file", r.path, "changed", strings.Join(changed, ","))
+	}
+}
+
+// handler serves POST /reload: 200 with the changed settings; 409 without
+// a configuration file; 422 with the reasons when the file is invalid or
+// changes a setting that needs a restart (nothing is applied then).
+func (r *reloader) handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		changed, err := r.reload()
+		switch {
+		case errors.Is(err, errNoConfigFile):
+			http.Error(w, err.Error(), http.StatusConflict)
+		case err != nil:
+			r.log.Error("configuration not reloaded; the configuration in force stays", "file", r.path, "err", err)
+			http.Error(w, "configuration not reloaded; the configuration in force stays:\n"+err.Error(), http.StatusUnprocessableEntity)
+		case len(changed) == 0:
+			fmt.Fprintln(w, "configuration reloaded: nothing changed")
+		default:
+			r.log.Info("configuration reloaded", "file", r.path, "changed", strings.Join(changed, ","))
+			fmt.Fprintf(w, "configuration reloaded; changed:\n%s\n", strings.Join(changed, "\n"))
+		}
+	})
+}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+func postReload(t *testing.T, adminAddr, path string) (int, string) {
+	t.Helper()
+	res, err := http.Post("http://"+adminAddr+path, "text/plain", nil)
+	check(t, err)
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(body)
+}
+
+// TestReloadEndpointAndSIGHUP runs the binary with the example config (the
+// local tier turned off, since an upstream switch needs a restart with it
+// on) in front of Redis A, then edits the file: POST /reload switches to
+// Redis B; a change to server.listen is refused with its reason and keeps
+// everything; a broken file keeps everything, through POST /reload and
+// SIGHUP; POST /policy/reload still works.
+func TestReloadEndpointAndSIGHUP(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	bin := binary(t)
+	example, err := os.ReadFile(examplePath)
+	check(t, err)
+	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	base := strings.NewReplacer(
+		`listen = "127.0.0.1:6380"`, `listen = "`+listen+`"`,
+		`admin = "127.0.0.1:9121"`, `admin = "`+adminAddr+`"`,
+		"enabled = true", "enabled = false",
+	).Replace(string(example))
+	withUpstream := func(addr string) string {
+		return strings.Replace(base, `address = "127.0.0.1:6379"`, `address = "`+addr+`"`, 1)
+	}
+	path := filepath.Join(t.TempDir(), "redproxy.toml")
+	check(t, os.WriteFile(path, []byte(withUpstream(a.Addr())), 0o600))
+
+	var logs syncBuffer
+	cmd := exec.Command(bin, "--config", path)
+	cmd.Stderr = &logs
+	check(t, cmd.Start())
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	c := redis.NewClient(&redis.Options{Addr: listen, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered; log:\n%s", logs.String())
+	directA, directB := a.Client(t), b.Client(t)
+	writeLandsOn := func(key string, want, other *redis.Client) {
+		t.Helper()
+		check(t, c.Set(ctx, key, "1", time.Minute).Err())
+		if want.Get(ctx, key).Val() != "1" || other.Exists(ctx, key).Val() != 0 {
+			t.Fatalf("%s did not land on the expected upstream only; log:\n%s", key, logs.String())
+		}
+	}
+	writeLandsOn("product:before", directA, directB)
+
+	// Switch upstreams, and change a stampede setting and the log level.
+	next := strings.Replace(withUpstream(b.Addr()), "max_waiters = 1000", "max_waiters = 500", 1)
+	next = strings.Replace(next, `log_level = "info"`, `log_level = "debug"`, 1)
+	check(t, os.WriteFile(path, []byte(next), 0o600))
+	code, body := postReload(t, adminAddr, "/reload")
+	if code != http.StatusOK || !strings.Contains(body, "upstream.address") || !strings.Contains(body, "stampede.max_waiters") || !strings.Contains(body, "server.log_level") {
+		t.Fatalf("POST /reload = %d %q", code, body)
+	}
+	writeLandsOn("product:after", directB, directA)
+
+	// A restart-only change is refused, and so is the rest of that file.
+	refused := strings.Replace(withUpstream(a.Addr()), `listen = "`+listen+`"`, `listen = "127.0.0.1:1"`, 1)
+	check(t, os.WriteFile(path, []byte(refused), 0o600))
+	code, body = postReload(t, adminAddr, "/reload")
+	if code != http.StatusUnprocessableEntity || !strings.Contains(body, "server.listen: the client listener is bound once at start") {
+		t.Fatalf("POST /reload with a new listen address = %d %q", code, body)
+	}
+	writeLandsOn("product:refused", directB, directA)
+
+	// A broken file: POST /reload and SIGHUP both keep the configuration.
+	check(t, os.WriteFile(path, []byte(strings.Replace(withUpstream(a.Addr()), "connections = 4", "connections = 99", 1)), 0o600))
+	code, body = postReload(t, adminAddr, "/reload")
+	if code != http.StatusUnprocessableEntity || !strings.Contains(body, path+":") {
+		t.Fatalf("POST /reload with a broken file = %d %q", code, body)
+	}
+	check(t, os.WriteFile(path, []byte(strings.Replace(withUpstream(a.Addr()), "max_clients = 10000", "max_clients = 0", 1)), 0o600))
+	check(t, cmd.Process.Signal(syscall.SIGHUP))
+	redistest.Eventually(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), "server.max_clients: must be > 0") },
+		"SIGHUP with a broken file not reported; log:\n%s", logs.String())
+	writeLandsOn("product:broken", directB, directA)
+
+	// POST /policy/reload still re-reads [policy] alone.
+	check(t, os.WriteFile(path, []byte(strings.Replace(next, "allow = []", `allow = ["keys"]`, 1)), 0o600))
+	if code, body := postReload(t, adminAddr, "/policy/reload"); code != http.StatusOK {
+		t.Fatalf("POST /policy/reload = %d %q", code, body)
+	}
+	if err := c.Keys(ctx, "product:*").Err(); err != nil {
+		t.Fatalf("KEYS after allowing it: %v", err)
+	}
+
+	check(t, cmd.Process.Signal(syscall.SIGTERM))
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit: %v\n%s", err, logs.String())
+	}
+}

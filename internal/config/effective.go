@@ -1,0 +1,29 @@
+package config
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+// RedactedPassword stands in for upstream.password in Effective's output.
+const RedactedPassword = "<redacted>"
+
+// Effective renders the snapshot as a TOML document with every setting,
+// the defaults filled in, so an operator sees what the proxy would run with
+// (redproxy check). upstream.password is replaced by RedactedPassword when
+// set: the output ends up in terminals and tickets. Apart from that, parsing
+// the output gives back the same configuration.
+func (c *Config) Effective() ([]byte, error) {
+	shown := *c
+	if shown.Upstream.Password != "" {
+		shown.Upstream.Password = RedactedPassword
+	}
+	var buf bytes.Buffer
+	enc := toml.NewEncoder(&buf).SetIndentTables(false)
+	if err := enc.Encode(&shown); err != nil {
+		return nil, fmt.Errorf("config: rendering the effective configuration: %w", err)
+	}
+	return buf.Bytes(), nil
+}

@@ -1,0 +1,82 @@
+package config
+
+import (
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestEffectiveRoundTrip: the effective configuration of the example and of
+// the defaults parses back to the same snapshot, so what `redproxy check`
+// prints is a config file that runs the same proxy.
+func TestEffectiveRoundTrip(t *testing.T) {
+	example, err := Load("../../config.example.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]*Config{"example": example, "default": Default()} {
+		out, err := c.Effective()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		back, err := Parse(out, "effective.toml")
+		if err != nil {
+			t.Fatalf("%s: output does not parse: %v\n%s", name, err, out)
+		}
+		if got, want := comparable(back), comparable(c); got != want {
+			t.Errorf("%s: round trip changed settings:\n got %s\nwant %s", name, got, want)
+		}
+		for key, v := range settings(c) {
+			if v := reflect.ValueOf(v); v.Kind() == reflect.Pointer && v.IsNil() {
+				continue // an absent optional table ([policy.values]) stays absent
+			}
+			if _, ok := mustScan(t, out)[key]; !ok {
+				t.Errorf("%s: %s missing from the effective configuration", name, key)
+			}
+		}
+	}
+}
+
+// TestEffectiveRedactsPassword: the upstream password never appears.
+func TestEffectiveRedactsPassword(t *testing.T) {
+	c, err := Parse([]byte("[upstream]\npassword = \"s3cret-pw\"\n"), "p.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.Effective()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "s3cret-pw") || !strings.Contains(string(out), RedactedPassword) {
+		t.Fatalf("password not redacted:\n%s", out)
+	}
+	if c.Upstream.Password != "s3cret-pw" {
+		t.Fatal("Effective modified the snapshot")
+	}
+}
+
+// comparable renders every setting so that a nil and an empty list, and
+// two pointers to equal tables, compare equal.
+func comparable(c *Config) string {
+	var b strings.Builder
+	for _, key := range slices.Sorted(maps.Keys(settings(c))) {
+		v := reflect.ValueOf(settings(c)[key])
+		if v.Kind() == reflect.Pointer && !v.IsNil() {
+			v = v.Elem()
+		}
+		fmt.Fprintf(&b, "%s=%+v\n", key, v)
+	}
+	return b.String()
+}
+
+func mustScan(t *testing.T, data []byte) lineIndex {
+	t.Helper()
+	idx, errs := scan(data)
+	if len(errs) > 0 {
+		t.Fatalf("scan: %v", errs)
+	}
+	return idx
+}

@@ -1,0 +1,76 @@
+package config
+
+import (
+	"reflect"
+	"strings"
+
+	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/policy"
+)
+
+// restartOnly lists the settings (dotted keys, or a section prefix ending
+// in ".") that a reload cannot change, with the reason an operator is
+// shown. Everything else is applied at run time (see proxy.Server.Reload
+// and README "Reloading").
+var restartOnly = []struct{ key, why string }{
+	{"server.listen", "the client listener is bound once at start"},
+	{"server.admin", "the admin listener is bound once at start"},
+	{"server.log_format", "the log handler is built once at start"},
+	{"server.slowlog_threshold", "the slow log is built once at start"},
+	{"server.slowlog_max_len", "the slow log's ring is sized once at start"},
+	{"upstream.username", "clients are authenticated against the upstream credentials they connected with"},
+	{"upstream.password", "clients are authenticated against the upstream credentials they connected with"},
+	{"upstream.databases", "the per-database pools and the range SELECT accepts are sized at start"},
+	{"localcache.", "the local tier's memory, tracking connections and admission state are built at start"},
+}
+
+// RestartOnly returns why key (as Changed names it) cannot change without a
+// restart, or "" if a reload applies it.
+func RestartOnly(key string) string {
+	for _, r := range restartOnly {
+		if key == r.key || strings.HasSuffix(r.key, ".") && strings.HasPrefix(key, r.key) {
+			return r.why
+		}
+	}
+	return ""
+}
+
+// Changed returns the dotted keys whose values differ between two
+// snapshots, in schema order. Lists and optional tables are compared
+// whole, under their own key ("policy.ttl", "stampede.hold").
+func Changed(a, b *Config) []string {
+	var keys []string
+	walkSettings(reflect.ValueOf(*a), reflect.ValueOf(*b), "", &keys)
+	return keys
+}
+
+func walkSettings(a, b reflect.Value, prefix string, keys *[]string) {
+	for i := range a.NumField() {
+		f := a.Type().Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		av, bv := a.Field(i), b.Field(i)
+		if av.Kind() == reflect.Struct && !isLeafType(f.Type) {
+			walkSettings(av, bv, prefix+name+".", keys)
+			continue
+		}
+		if !equalSetting(av, bv) {
+			*keys = append(*keys, prefix+name)
+		}
+	}
+}
+
+func isLeafType(t reflect.Type) bool {
+	return t == reflect.TypeFor[units.Duration]() || t == reflect.TypeFor[policy.Duration]()
+}
+
+// equalSetting treats a nil and an empty list as equal: a file that says
+// "include = []" changes nothing.
+func equalSetting(a, b reflect.Value) bool {
+	if a.Kind() == reflect.Slice && a.Len() == 0 && b.Len() == 0 {
+		return true
+	}
+	return reflect.DeepEqual(a.Interface(), b.Interface())
+}

@@ -1,0 +1,191 @@
+package proxy
+
+import (
+	"bytes"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/tidwall/redcon"
+)
+
+// Version is the proxy's version, as INFO's proxy_version reports it. Set it
+// at build time with
+//
+//	-ldflags "-X github.com/redproxy/redproxy/internal/proxy.Version=1.2.3"
+//
+// Left empty, the version is the module version the binary was built as,
+// or its VCS revision.
+var Version = ""
+
+var buildVersion = sync.OnceValue(func() string {
+	if Version != "" {
+		return Version
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			return "devel-" + s.Value[:12]
+		}
+	}
+	return "devel"
+})
+
+// info answers INFO. An operator with redis-cli should see the proxy as
+// well as Redis: the proxy's "# Proxy" section is appended to Redis's reply
+// when INFO is given no section, "all", "everything", "default" or "proxy"
+// among others, and answered alone, without asking Redis, for "INFO proxy".
+// Any other section list is Redis's reply unchanged. It reports false when
+// the command is simply forwarded.
+func (sess *Session) info(args [][]byte, raw []byte, m *metrics.Command) bool {
+	proxyOnly, withProxy := len(args) > 1, len(args) == 1
+	for _, a := range args[1:] {
+		switch strings.ToLower(string(a)) {
+		case "proxy":
+			withProxy = true
+		case "all", "everything", "default":
+			withProxy, proxyOnly = true, false
+		default:
+			proxyOnly = false
+		}
+	}
+	switch {
+	case proxyOnly:
+		b, start := sess.localBuf()
+		sess.finishLocal(m, sess.appendInfoReply(b, nil), start)
+	case withProxy:
+		sess.forward(raw, m)
+		sess.slots[len(sess.slots)-1].info = true
+	default:
+		return false
+	}
+	return true
+}
+
+// withProxyInfo returns Redis's INFO reply with the proxy's section
+// appended. An error or an unexpected reply is returned unchanged.
+func (sess *Session) withProxyInfo(reply []byte) []byte {
+	body, ok := infoBody(reply)
+	if !ok {
+		return reply
+	}
+	return sess.appendInfoReply(nil, body)
+}
+
+// infoBody returns the text of a bulk (RESP2) or verbatim (RESP3) string.
+func infoBody(reply []byte) ([]byte, bool) {
+	if len(reply) < 4 || reply[0] != '$' && reply[0] != '=' {
+		return nil, false
+	}
+	nl := bytes.IndexByte(reply, '\n')
+	if nl < 2 {
+		return nil, false
+	}
+	n, err := strconv.Atoi(string(reply[1 : nl-1]))
+	if err != nil || n < 0 || nl+1+n+2 != len(reply) {
+		return nil, false
+	}
+	body := reply[nl+1 : nl+1+n]
+	if reply[0] == '=' {
+		if len(body) < 4 || body[3] != ':' {
+			return nil, false
+		}
+		body = body[4:] // the format, "txt:"
+	}
+	return body, true
+}
+
+// appendInfoReply appends redisInfo followed by the proxy's section, as the
+// string type INFO has in the session's protocol.
+func (sess *Session) appendInfoReply(dst, redisInfo []byte) []byte {
+	text := make([]byte, 0, len(redisInfo)+512)
+	text = append(text, redisInfo...)
+	if len(text) > 0 {
+		// Redis separates sections with an empty line.
+		if !bytes.HasSuffix(text, []byte("\r\n")) {
+			text = append(text, "\r\n"...)
+		}
+		text = append(text, "\r\n"...)
+	}
+	text = sess.srv.appendProxySection(text)
+	if sess.resp3 {
+		dst = append(dst, '=')
+		dst = strconv.AppendInt(dst, int64(len(text)+4), 10)
+		dst = append(dst, "\r\ntxt:"...)
+		dst = append(dst, text...)
+		return append(dst, "\r\n"...)
+	}
+	return redcon.AppendBulk(dst, text)
+}
+
+// appendProxySection appends the "# Proxy" section. Its fields are prefixed
+// (proxy_..., upstream_..., localtier_..., policy_...) so that tools that
+// read INFO as one flat map, ignoring sections, never mistake the proxy's
+// connected clients or uptime for Redis's.
+func (s *Server) appendProxySection(b []byte) []byte {
+	line := func(k, v string) {
+		b = append(b, k...)
+		b = append(b, ':')
+		b = append(b, v...)
+		b = append(b, "\r\n"...)
+	}
+	b = append(b, "# Proxy\r\n"...)
+	line("proxy_version", buildVersion())
+	line("proxy_uptime_in_seconds", strconv.FormatInt(int64(time.Since(s.started)/time.Second), 10))
+	line("proxy_connected_clients", strconv.FormatInt(s.clients.Load(), 10))
+	line("proxy_max_clients", strconv.Itoa(s.cfg.Server.MaxClients))
+
+	// One upstream node today; the numbering leaves room for several.
+	b0 := s.backend
+	state := "down"
+	if b0.Ready() {
+		state = "up"
+	}
+	st, up := b0.Pool(0, false).Stats()
+	opt := b0.gen.Load().opt
+	line("upstream_0", "addr="+opt.Addr+",state="+state+
+		",connections_up="+strconv.Itoa(up)+",connections="+strconv.Itoa(opt.Connections)+
+		",pinned="+strconv.FormatInt(b0.pinned.Load(), 10)+
+		",failures="+strconv.FormatUint(st.Failures, 10))
+	line("upstream_redis_version", s.UpstreamVersion())
+	line("pinned_connections", strconv.FormatInt(b0.pinned.Load(), 10))
+	line("max_pinned_connections", strconv.FormatInt(b0.maxPinned.Load(), 10))
+
+	if s.tier == nil {
+		line("localtier_enabled", "0")
+	} else {
+		line("localtier_enabled", "1")
+		hits, _, _ := metrics.CounterSum(s.metrics.Registry, "redproxy_localcache_hits_total")
+		misses, _, _ := metrics.CounterSum(s.metrics.Registry, "redproxy_localcache_misses_total")
+		ratio := 0.0
+		if hits+misses > 0 {
+			ratio = hits / (hits + misses)
+		}
+		line("localtier_hits", strconv.FormatFloat(hits, 'f', 0, 64))
+		line("localtier_misses", strconv.FormatFloat(misses, 'f', 0, 64))
+		line("localtier_hit_ratio", strconv.FormatFloat(ratio, 'f', 4, 64))
+	}
+
+	// The mode in force is the configured one capped by --policy-mode.
+	mode := s.cfg.Policy.Mode
+	if mode == "" {
+		mode = "enforce"
+	}
+	forced := s.guard.Report().Policy.ForcedMode
+	if forced == "off" || forced == "report" && mode == "enforce" {
+		mode = forced
+	}
+	line("policy_mode", mode)
+	line("policy_forced_mode", forced)
+	line("slowlog_entries", strconv.FormatUint(s.slow.log.Total(), 10))
+	return b
+}

@@ -1,0 +1,128 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/resp"
+)
+
+// Config returns the configuration in force: the one the server started
+// with, or the last one Reload applied. It is an immutable snapshot.
+func (s *Server) Config() *config.Config { return s.live.Load() }
+
+// clientLimits are the request limits for a new client connection; a
+// reload changes them for connections accepted after it.
+func (s *Server) clientLimits() resp.Limits {
+	c := s.Config()
+	return resp.Limits{
+		MaxArgs:    c.Server.MaxArgs,
+		MaxBulk:    int64(c.Server.MaxBulkBytes),
+		MaxRequest: int64(c.Server.MaxRequestBytes),
+		MaxInline:  int(c.Server.MaxInlineBytes),
+		MaxBatch:   resp.DefaultMaxBatch,
+	}
+}
+
+func (s *Server) backendOptions(c *config.Config, addr string) BackendOptions {
+	return BackendOptions{
+		Addr:         addr,
+		Username:     c.Upstream.Username,
+		Password:     c.Upstream.Password,
+		Connections:  c.Upstream.Connections,
+		MaxPinned:    c.Upstream.MaxPinned,
+		Databases:    c.Upstream.Databases,
+		DialTimeout:  c.Upstream.DialTimeout.Duration,
+		ReplyTimeout: c.Upstream.ReplyTimeout.Duration,
+		DeadTimeout:  c.Upstream.DeadTimeout.Duration,
+		ReconnectMin: c.Upstream.ReconnectMin.Duration,
+		ReconnectMax: c.Upstream.ReconnectMax.Duration,
+		Logger:       s.log,
+	}
+}
+
+// ErrRestartRequired is returned (wrapped, with the settings and reasons)
+// by Reload when the new configuration changes a setting that only takes
+// effect on a restart. Nothing of that configuration is applied.
+var ErrRestartRequired = errors.New("settings that need a restart changed")
+
+// Reload applies next, a validated snapshot, to the running server and
+// returns the dotted keys of the settings it changed. Every setting that
+// can change safely at run time is applied:
+//
+//   - upstream.address, connections, dial_timeout, reply_timeout,
+//     reconnect_min, reconnect_max: drain and switch (Backend.Switch);
+//   - upstream.max_pinned, server.max_clients: at once;
+//   - server request limits, idle_timeout and output limits: for
+//     connections and relays started after the reload;
+//   - [stampede]: for reads started after the reload;
+//   - server.log_level and shutdown_timeout, [policy]: by the caller
+//     (main owns the logger and shutdown; the guard owns the policy),
+//     which is why they are listed as changed but not acted on here.
+//
+// If next changes anything else (config.RestartOnly), or an upstream
+// setting while the local tier is on, Reload refuses the whole snapshot,
+// keeps the one in force and says which settings and why; the error wraps
+// ErrRestartRequired.
+func (s *Server) Reload(next *config.Config) ([]string, error) {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	cur := s.Config()
+	changed := config.Changed(cur, next)
+	var refused []error
+	for _, key := range changed {
+		if why := config.RestartOnly(key); why != "" {
+			refused = append(refused, fmt.Errorf("%s: %s", key, why))
+		}
+	}
+	upstreamChanged := !onlyMaxPinned(cur, next)
+	if upstreamChanged && s.tier != nil {
+		refused = append(refused, fmt.Errorf("upstream: changes need a restart while the local tier is on "+
+			"(its tracking connections would keep the old upstream's invalidations)"))
+	}
+	if upstreamChanged && next.Upstream.Address != cur.Upstream.Address &&
+		(next.Upstream.Address == config.EmbeddedAddress || cur.Upstream.Address == config.EmbeddedAddress) {
+		refused = append(refused, fmt.Errorf("upstream.address: switching to or from the embedded store needs a restart"))
+	}
+	if len(refused) > 0 {
+		return nil, fmt.Errorf("%w (the configuration in force stays):\n%w", ErrRestartRequired, errors.Join(refused...))
+	}
+	// Checked before anything is applied, so a bad policy keeps the old
+	// configuration as a whole; the guard compiles it again when applying.
+	if _, err := policy.Compile(next.Policy); err != nil {
+		return nil, err
+	}
+	if len(changed) == 0 {
+		return nil, nil
+	}
+
+	s.live.Store(next)
+	if upstreamChanged {
+		addr := next.Upstream.Address
+		if addr == config.EmbeddedAddress {
+			addr = s.upstreamAddr
+		}
+		s.upstreamAddr = addr
+		s.backend.Switch(s.backendOptions(next, addr))
+		s.log.Info("upstream switched; requests already sent finish on the old connections", "upstream", addr)
+	} else {
+		s.backend.SetMaxPinned(next.Upstream.MaxPinned)
+	}
+	if !reflect.DeepEqual(cur.Stampede, next.Stampede) {
+		old := s.flight.Load()
+		s.flight.Store(newFlightState(next.Stampede, s.table, old.metrics))
+	}
+	return changed, nil
+}
+
+// onlyMaxPinned reports whether the upstream sections differ at most in
+// max_pinned, which needs no new connections. (Credentials and databases
+// are restart-only, refused before this matters.)
+func onlyMaxPinned(a, b *config.Config) bool {
+	x, y := a.Upstream, b.Upstream
+	x.MaxPinned, y.MaxPinned = 0, 0
+	return x == y
+}

@@ -1,0 +1,61 @@
+package proxy
+
+import (
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/slowlog"
+)
+
+func init() { featureInits = append(featureInits, initSlowlog) }
+
+// slowState is the slow log's part of a Server. The session compares each
+// batch's duration with threshold, so when the log is off threshold is the
+// largest duration and the comparison never holds.
+type slowState struct {
+	log       *slowlog.Log
+	threshold time.Duration
+}
+
+func initSlowlog(s *Server) error {
+	c := s.cfg.Server
+	s.slow = slowState{log: slowlog.New(c.SlowlogMaxLen, c.SlowlogThreshold.Duration), threshold: c.SlowlogThreshold.Duration}
+	if c.SlowlogMaxLen == 0 {
+		s.slow.threshold = math.MaxInt64
+	}
+	return nil
+}
+
+// SlowlogHandler serves /debug/slowlog for the admin server.
+func (s *Server) SlowlogHandler() http.Handler { return s.slow.log.Handler() }
+
+// Slowlog returns the slow log.
+func (s *Server) Slowlog() *slowlog.Log { return s.slow.log }
+
+// noteSlow enters a batch that took took in the slow log. It runs only for
+// slow batches, so it may allocate.
+func (sess *Session) noteSlow(reqs []resp.Request, start time.Time, took time.Duration) {
+	e := slowlog.Entry{
+		Time:           start,
+		TotalMicros:    took.Microseconds(),
+		UpstreamMicros: min(sess.upstreamWait, took).Microseconds(),
+		Batch:          len(reqs),
+		Client:         sess.nc.RemoteAddr().String(),
+		User:           sess.srv.userName(),
+	}
+	e.ProxyMicros = e.TotalMicros - e.UpstreamMicros
+	e.DB = sess.db // only this goroutine writes it
+	name := "unknown"
+	if cmd := sess.srv.table.Lookup(reqs[0].Args); cmd != nil {
+		name = cmd.Name
+		var kb [2]int
+		if keys := cmd.Keys(reqs[0].Args, kb[:0]); len(keys) > 0 {
+			e.KeyPattern = slowlog.KeyPattern(reqs[0].Args[keys[0]])
+		}
+	}
+	e.Command = name
+	sess.srv.slow.log.Add(e)
+	sess.srv.metrics.SlowCommands.WithLabelValues(name).Inc()
+}
