@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -99,10 +100,12 @@ func handshake(nc net.Conn, opt Options) error {
 			buf = buf[n:]
 			continue
 		}
-		if resp.IsError(reply) && i != setName {
+		if resp.IsError(reply) && !(i == setName && bytes.HasPrefix(reply, busyPrefix)) {
 			// The name is only for operators; a Redis that refuses it
-			// (-BUSY while a script runs) must not keep the proxy from
-			// reconnecting.
+			// because a script runs (-BUSY) must not keep the proxy from
+			// reconnecting. Any other refusal (-ERR max number of clients
+			// reached, sent before Redis closes the connection) fails the
+			// dial: the connection is unusable.
 			return fmt.Errorf("%s: %w: %s", cmds[i][0], ErrHandshake, trimReply(reply))
 		}
 		buf = buf[n:]
@@ -110,6 +113,8 @@ func handshake(nc net.Conn, opt Options) error {
 	}
 	return nil
 }
+
+var busyPrefix = []byte("-BUSY")
 
 // ErrHandshake wraps an error reply to a handshake command (bad password,
 // unknown DB, ...). It is not retried faster than the reconnect backoff.
