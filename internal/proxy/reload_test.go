@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"strconv"
 	"strings"
 	"sync"
@@ -225,6 +226,11 @@ func TestReloadRefusesRestartOnly(t *testing.T) {
 	if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Server.MaxClients = 1 })); err != nil {
 		t.Fatal(err)
 	}
+	// The subtests' clients have closed; wait until the proxy has seen
+	// them go, or they would still count against max_clients.
+	proxytest.WaitFor(t, 5*time.Second, "earlier clients to be gone", func() bool {
+		return testutil.ToFloat64(p.Metrics.ClientsConnected) == 0
+	})
 	c1 := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
 	if err := c1.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
