@@ -228,9 +228,9 @@ func TestReloadRefusesRestartOnly(t *testing.T) {
 	}
 	// The subtests' clients have closed; wait until the proxy has seen
 	// them go, or they would still count against max_clients.
-	proxytest.WaitFor(t, 5*time.Second, "earlier clients to be gone", func() bool {
+	redistest.Eventually(t, 5*time.Second, func() bool {
 		return testutil.ToFloat64(p.Metrics.ClientsConnected) == 0
-	})
+	}, "earlier clients still counted")
 	c1 := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
 	if err := c1.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)

@@ -108,14 +108,3 @@ func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(string(b))
 	return len(b), nil
 }
-
-// WaitFor polls cond until it holds, failing the test with what after
-// timeout. Tests wait on a state they can observe instead of sleeping.
-func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(timeout); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-	}
-}
