@@ -260,9 +260,9 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 		return true
 	}
 	// Inside MULTI everything is queued by Redis, PING and ECHO included.
-	if name == "client|unblock" {
-		// Its argument is a proxy client id: run by EXEC it would name an
-		// unrelated Redis connection.
+	if name == "client|unblock" || name == "client|kill" {
+		// Their arguments name proxy clients (ids, addresses): run by EXEC
+		// they would name unrelated Redis connections.
 		sess.refuseInMulti(name, m)
 		return true
 	}
@@ -856,10 +856,15 @@ func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decisi
 	if trackingRedirect(r.Args) {
 		return appendErrorScript(out, errTrackingRedirect)
 	}
-	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") && strings.EqualFold(string(r.Args[1]), "unblock") {
-		// A proxy client id cannot be translated in flight on a relay;
-		// forwarded, it would name an unrelated Redis connection.
-		return appendErrorScript(out, "ERR redproxy: CLIENT UNBLOCK is not supported on a connection in subscribed, tracking or MONITOR mode")
+	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") {
+		// Proxy client ids and addresses cannot be translated in flight
+		// on a relay; forwarded, they would name unrelated Redis
+		// connections.
+		for _, sub := range [...]string{"UNBLOCK", "KILL"} {
+			if strings.EqualFold(string(r.Args[1]), sub) {
+				return appendErrorScript(out, "ERR redproxy: CLIENT "+sub+" is not supported on a connection in subscribed, tracking or MONITOR mode")
+			}
+		}
 	}
 	if d == nil || len(d.Violations) == 0 && d.Args == nil {
 		return append(out, r.Raw...)

@@ -547,3 +547,27 @@ func TestSlowlogNamesTheConnection(t *testing.T) {
 		t.Fatalf("SLOWLOG client names: SET %q (want redproxy), BLPOP %q (want app)", names["SET"], names["BLPOP"])
 	}
 }
+
+// CLIENT KILL names proxy clients (ids, addresses). Queued in MULTI it
+// would run at EXEC on Redis, and sent raw from a relayed client it would
+// reach Redis as is: either way an id or address of the proxy's numbering
+// could kill an unrelated Redis connection (the proxy's own shared ones
+// included). Both are refused, and the Redis connection lives on.
+func TestClientKillNeverReachesRedisWithProxyIDs(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	victim := dialRaw(t, p.Redis.Addr())
+	rid := victim.do("CLIENT", "ID").(int64)
+	kill := []string{"CLIENT", "KILL", "ID", strconv.FormatInt(rid, 10)}
+
+	tx := dialRaw(t, p.Addr)
+	wantReplies(t, tx, []string{"MULTI"}, kill, []string{"EXEC"}, "OK",
+		respError("ERR redproxy: 'CLIENT KILL' inside MULTI is not supported"), respError("EXECABORT"))
+
+	for _, proto := range []string{"2", "3"} {
+		relayed := dialRaw(t, p.Addr)
+		relayed.do("HELLO", proto)
+		wantReplies(t, relayed, []string{"CLIENT", "TRACKING", "ON", "BCAST"}, kill, "OK",
+			respError("ERR redproxy: CLIENT KILL is not supported on a connection in subscribed, tracking or MONITOR mode"))
+	}
+	wantReplies(t, victim, []string{"PING"}, "PONG")
+}
