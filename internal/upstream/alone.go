@@ -4,8 +4,6 @@ import (
 	"errors"
 	"io"
 	"time"
-
-	"github.com/redproxy/redproxy/internal/resp"
 )
 
 // ErrNoReply: Redis closed the connection without answering (as it does
@@ -33,33 +31,9 @@ func RoundTrip(opt Options, raw []byte) ([]byte, error) {
 	if _, err := nc.Write(raw); err != nil {
 		return nil, err
 	}
-	buf := make([]byte, 0, 512)
-	tmp := make([]byte, 4096)
-	for {
-		n, err := nc.Read(tmp)
-		buf = append(buf, tmp[:n]...)
-		for {
-			k, serr := resp.ScanReply(buf)
-			if serr != nil {
-				return nil, serr
-			}
-			if k == 0 {
-				break
-			}
-			if opt.RESP3 && resp.IsPush(buf[:k]) {
-				buf = buf[k:]
-				continue
-			}
-			return buf[:k], nil
-		}
-		if len(buf) > maxAloneReply {
-			return nil, resp.ErrProtocol
-		}
-		if err != nil {
-			if errors.Is(err, io.EOF) && len(buf) == 0 {
-				return nil, ErrNoReply
-			}
-			return nil, err
-		}
+	reply, rest, err := readReply(nc, nil, maxAloneReply)
+	if errors.Is(err, io.EOF) && len(rest) == 0 {
+		return nil, ErrNoReply
 	}
+	return reply, err
 }

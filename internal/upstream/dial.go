@@ -80,25 +80,12 @@ func handshake(nc net.Conn, opt Options) error {
 	if _, err := nc.Write(out); err != nil {
 		return err
 	}
-	buf := make([]byte, 0, 4096)
-	tmp := make([]byte, 4096)
-	for i := 0; i < len(cmds); {
-		n, err := resp.ScanReply(buf)
-		if err != nil {
+	var buf []byte
+	for i := range cmds {
+		var reply []byte
+		var err error
+		if reply, buf, err = readReply(nc, buf, maxHandshakeReply); err != nil {
 			return err
-		}
-		if n == 0 {
-			k, err := nc.Read(tmp)
-			if k == 0 && err != nil {
-				return err
-			}
-			buf = append(buf, tmp[:k]...)
-			continue
-		}
-		reply := buf[:n]
-		if resp.IsPush(reply) {
-			buf = buf[n:]
-			continue
 		}
 		if resp.IsError(reply) && !(i == setName && bytes.HasPrefix(reply, busyPrefix)) {
 			// The name is only for operators; a Redis that refuses it
@@ -108,13 +95,49 @@ func handshake(nc net.Conn, opt Options) error {
 			// dial: the connection is unusable.
 			return fmt.Errorf("%s: %w: %s", cmds[i][0], ErrHandshake, trimReply(reply))
 		}
-		buf = buf[n:]
-		i++
 	}
 	return nil
 }
 
 var busyPrefix = []byte("-BUSY")
+
+// maxHandshakeReply caps what a handshake reads: HELLO's map is the
+// largest reply, a few hundred bytes.
+const maxHandshakeReply = 64 << 10
+
+// readReply reads from nc, after what buf already holds, until buf starts
+// with one whole reply other than a RESP3 push, and returns that reply and
+// what follows it. More than max bytes without a whole reply is
+// resp.ErrProtocol; a read error before a whole reply is returned as is.
+// It is for the short exchanges on connections of their own (handshakes,
+// probes, one-off commands), not the pipes' reply path.
+func readReply(nc net.Conn, buf []byte, max int) (reply, rest []byte, err error) {
+	var tmp [4096]byte
+	for {
+		for {
+			n, err := resp.ScanReply(buf)
+			if err != nil {
+				return nil, buf, err
+			}
+			if n == 0 {
+				break
+			}
+			if resp.IsPush(buf[:n]) {
+				buf = buf[n:]
+				continue
+			}
+			return buf[:n], buf[n:], nil
+		}
+		if len(buf) > max {
+			return nil, buf, resp.ErrProtocol
+		}
+		k, err := nc.Read(tmp[:])
+		buf = append(buf, tmp[:k]...)
+		if k == 0 && err != nil {
+			return nil, buf, err
+		}
+	}
+}
 
 // ErrHandshake wraps an error reply to a handshake command (bad password,
 // unknown DB, ...). It is not retried faster than the reconnect backoff.

@@ -89,36 +89,19 @@ func probe(opt Options, deadline time.Time, cancel <-chan struct{}) probeVerdict
 	if _, err := nc.Write(req); err != nil {
 		return probeUnresponsive
 	}
-	buf := make([]byte, 0, 512)
-	tmp := make([]byte, 512)
-	for {
-		n, err := nc.Read(tmp)
-		buf = append(buf, tmp[:n]...)
-		for {
-			k, serr := resp.ScanReply(buf)
-			if serr != nil {
+	var reply, buf []byte
+	for ; skip >= 0; skip-- {
+		if reply, buf, err = readReply(nc, buf, 4096); err != nil {
+			if errors.Is(err, resp.ErrProtocol) {
 				return probeAnswered // not RESP, but something answered
 			}
-			if k == 0 {
-				break
-			}
-			if skip > 0 {
-				skip--
-				buf = buf[k:]
-				continue
-			}
-			if bytes.HasPrefix(buf, []byte("-BUSY")) {
-				return probeBusy
-			}
-			return probeAnswered
-		}
-		if err != nil {
 			// A deadline, or accepted then closed without a word (a server
 			// shutting down, or only a listen backlog left): no answer.
 			return probeUnresponsive
 		}
-		if len(buf) > 4096 {
-			return probeAnswered
-		}
 	}
+	if bytes.HasPrefix(reply, busyPrefix) {
+		return probeBusy
+	}
+	return probeAnswered
 }
