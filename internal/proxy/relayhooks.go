@@ -7,7 +7,6 @@ import (
 
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/localcache"
-	"github.com/tidwall/redcon"
 )
 
 // Writes from relayed clients (rueidis after CLIENT TRACKING ON, a RESP3
@@ -244,16 +243,6 @@ func (rw *relayWrites) release(r *relayRelease) {
 			fs.misses.Written(w.db, w.key, w.match)
 		}
 	}
-}
-
-// appendRelayRefusal makes Redis answer a refused request with msg, in
-// order on the raw stream (see appendRelayed).
-func appendRelayRefusal(out []byte, msg string) []byte {
-	out = redcon.AppendArray(out, 4)
-	out = redcon.AppendBulkString(out, "EVAL")
-	out = redcon.AppendBulkString(out, "return redis.error_reply(ARGV[1])")
-	out = redcon.AppendBulkString(out, "0")
-	return redcon.AppendBulkString(out, msg)
 }
 
 // replyCounter counts the top-level replies in a RESP stream fed in

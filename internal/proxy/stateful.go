@@ -827,7 +827,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, fir
 				args = d.Args
 			}
 			if !rw.note(sess.srv.table.Lookup(reqs[k].Args), args, d != nil && d.Refuse != nil) {
-				out = appendRelayRefusal(out, errHeldWrites)
+				out = appendErrorScript(out, errHeldWrites)
 				continue
 			}
 			out = sess.appendRelayed(out, &reqs[k], d)
