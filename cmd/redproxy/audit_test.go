@@ -189,6 +189,27 @@ func TestAuditBinaryExitCodes(t *testing.T) {
 	}
 }
 
+// startProxy runs bin with args (and env, when not nil, as its whole
+// environment), waits until it answers PING on listen, and returns the
+// process, a client of listen with no retries, and the process's stderr.
+// The process is killed when the test ends.
+func startProxy(t *testing.T, bin, listen string, env []string, args ...string) (*exec.Cmd, *redis.Client, *syncBuffer) {
+	t.Helper()
+	logs := &syncBuffer{}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	cmd.Stderr = logs
+	check(t, cmd.Start())
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	c := redis.NewClient(&redis.Options{Addr: listen, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered; log:\n%s", logs.String())
+	return cmd, c, logs
+}
+
 // syncBuffer collects a child's stderr while the test reads it.
 type syncBuffer struct {
 	mu sync.Mutex
@@ -225,17 +246,7 @@ func TestSIGHUPReloadsPolicy(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "redproxy.toml")
 	check(t, os.WriteFile(path, []byte(doc), 0o600))
 
-	var logs syncBuffer
-	cmd := exec.Command(bin, "--config", path)
-	cmd.Stderr = &logs
-	check(t, cmd.Start())
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	c := redis.NewClient(&redis.Options{Addr: listen, MaxRetries: -1})
-	t.Cleanup(func() { c.Close() })
-	redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered; log:\n%s", logs.String())
+	cmd, c, logs := startProxy(t, bin, listen, nil, "--config", path)
 
 	keysMsg := "ERR redproxy policy: KEYS is disabled; use SCAN 0 MATCH pattern COUNT 100"
 	if err := c.Keys(ctx, "*").Err(); err == nil || err.Error() != keysMsg {
@@ -271,14 +282,7 @@ func TestSIGHUPReloadsPolicy(t *testing.T) {
 
 	// --policy-mode=report: the same file refuses nothing.
 	check(t, os.WriteFile(path, []byte(doc), 0o600))
-	cmd = exec.Command(bin, "--config", path, "--policy-mode=report")
-	cmd.Stderr = &logs
-	check(t, cmd.Start())
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered")
+	_, c, _ = startProxy(t, bin, listen, nil, "--config", path, "--policy-mode=report")
 	if err := c.Keys(ctx, "*").Err(); err != nil {
 		t.Fatalf("KEYS under --policy-mode=report: %v", err)
 	}

@@ -2,12 +2,9 @@ package main
 
 import (
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/redistest"
@@ -29,19 +26,8 @@ func TestEmbeddedFallbackQuickStart(t *testing.T) {
 	bin := binary(t)
 	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
 	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
-	var logs syncBuffer
 	// Only addresses are given: the default ones may be taken on a CI host.
-	cmd := exec.Command(bin, "--listen", listen, "--admin", adminAddr)
-	cmd.Stderr = &logs
-	check(t, cmd.Start())
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	c := redis.NewClient(&redis.Options{Addr: listen, MaxRetries: -1})
-	t.Cleanup(func() { c.Close() })
-	redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil },
-		"proxy never answered; log:\n%s", logs.String())
+	_, c, logs := startProxy(t, bin, listen, nil, "--listen", listen, "--admin", adminAddr)
 	if !strings.Contains(logs.String(), "using the embedded store") {
 		if strings.Contains(logs.String(), "upstream="+def) {
 			t.Skipf("a Redis came up on %s while the test started; log:\n%s", def, logs.String())

@@ -21,8 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
@@ -121,19 +119,10 @@ func TestContainerEnvironmentAndHealthcheck(t *testing.T) {
 	rs := redistest.Start(t)
 	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
 	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
-	var logs syncBuffer
 	// REDPROXY_LISTEN is not an address: the flag must win over it.
-	cmd = exec.Command(bin, "--listen", listen)
-	cmd.Env = childEnv("REDPROXY_REQUIRE_UPSTREAM=1", "REDPROXY_UPSTREAM="+rs.Addr(), "REDPROXY_LISTEN=not-an-address", "REDPROXY_ADMIN="+adminAddr)
-	cmd.Stderr = &logs
-	check(t, cmd.Start())
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	c := redis.NewClient(&redis.Options{Addr: listen, MaxRetries: -1})
-	t.Cleanup(func() { c.Close() })
-	redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered; log:\n%s", logs.String())
+	cmd, c, logs := startProxy(t, bin, listen,
+		childEnv("REDPROXY_REQUIRE_UPSTREAM=1", "REDPROXY_UPSTREAM="+rs.Addr(), "REDPROXY_LISTEN=not-an-address", "REDPROXY_ADMIN="+adminAddr),
+		"--listen", listen)
 	check(t, c.Set(ctx, "k", "through-env-upstream", 0).Err())
 	if v, _ := rs.Client(t).Get(ctx, "k").Result(); v != "through-env-upstream" {
 		t.Fatalf("the proxy is not in front of REDPROXY_UPSTREAM: %q", v)

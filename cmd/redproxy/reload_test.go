@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -50,17 +49,7 @@ func TestReloadEndpointAndSIGHUP(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "redproxy.toml")
 	check(t, os.WriteFile(path, []byte(withUpstream(a.Addr())), 0o600))
 
-	var logs syncBuffer
-	cmd := exec.Command(bin, "--config", path)
-	cmd.Stderr = &logs
-	check(t, cmd.Start())
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	c := redis.NewClient(&redis.Options{Addr: listen, MaxRetries: -1})
-	t.Cleanup(func() { c.Close() })
-	redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered; log:\n%s", logs.String())
+	cmd, c, logs := startProxy(t, bin, listen, nil, "--config", path)
 	directA, directB := a.Client(t), b.Client(t)
 	writeLandsOn := func(key string, want, other *redis.Client) {
 		t.Helper()
