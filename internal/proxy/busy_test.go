@@ -18,18 +18,7 @@ import (
 	"github.com/redproxy/redproxy/internal/resp"
 )
 
-// loopScript busy-loops inside Redis for ARGV[1] milliseconds (bounded by
-// the clock, so a test that fails cannot leave it running for long). It
-// writes nothing, so SCRIPT KILL can stop it.
-const loopScript = `local t = redis.call('TIME')
-local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1]) * 1000
-while true do
-  local n = redis.call('TIME')
-  if tonumber(n[1]) * 1000000 + tonumber(n[2]) >= stop then break end
-end
-return 'done'`
-
-// loopLibrary is the same loop as a function, for FUNCTION KILL.
+// loopLibrary is redistest.LoopScript as a function, for FUNCTION KILL.
 const loopLibrary = "#!lua name=busylib\n" + `redis.register_function('busyloop', function(keys, args)
   local t = redis.call('TIME')
   local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(args[1]) * 1000
@@ -137,7 +126,7 @@ func startLoop(t *testing.T, addr string, function bool, ms int) <-chan string {
 	if function {
 		rawSend(t, nc, "FCALL", "busyloop", "0", fmt.Sprint(ms))
 	} else {
-		rawSend(t, nc, "EVAL", loopScript, "0", fmt.Sprint(ms))
+		rawSend(t, nc, "EVAL", redistest.LoopScript, "0", fmt.Sprint(ms))
 	}
 	done := make(chan string, 1)
 	go func() {

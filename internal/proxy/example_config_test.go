@@ -74,21 +74,7 @@ func wantNoRefusals(t *testing.T, p *proxytest.Proxy) {
 func TestExampleConfigSeedPatterns(t *testing.T) {
 	p := startExample(t)
 	e := &seedEnv{p: p, c: p.Client(t, func(o *redis.Options) { o.PoolSize = 8 }), direct: p.Redis.Client(t)}
-	t.Run("CacheAside", e.cacheAside)
-	t.Run("WriteThrough", e.writeThrough)
-	t.Run("TagInvalidation", e.tagInvalidation)
-	t.Run("Sessions", e.sessions)
-	t.Run("FixedWindow", e.fixedWindow)
-	t.Run("SlidingWindowLua", e.slidingWindow)
-	t.Run("LockWithLuaRelease", e.lock)
-	t.Run("PubSubFanOut", e.fanOut)
-	t.Run("StreamConsumerGroup", e.streams)
-	t.Run("IdempotencySetNXEX", e.idempotency)
-	t.Run("CrossProcessInvalidation", e.crossProcessInvalidation)
-	t.Run("VersionedKeys", e.versionedKeys)
-	t.Run("RateLimitKeyScope", e.rateLimitScope)
-	t.Run("StampedeLock", e.stampedeLock)
-	t.Run("DataStructureCheatSheet", e.cheatSheet)
+	e.runPatterns(t)
 	t.Run("KeyExamples", e.keyExamples)
 	wantNoRefusals(t, p)
 

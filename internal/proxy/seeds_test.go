@@ -106,7 +106,11 @@ func (d *fakeDB) update(p product) {
 }
 
 func TestSeedPatterns(t *testing.T) {
-	e := newSeedEnv(t)
+	newSeedEnv(t).runPatterns(t)
+}
+
+// runPatterns runs every pattern of the seed catalogue as a subtest.
+func (e *seedEnv) runPatterns(t *testing.T) {
 	t.Run("CacheAside", e.cacheAside)
 	t.Run("WriteThrough", e.writeThrough)
 	t.Run("TagInvalidation", e.tagInvalidation)

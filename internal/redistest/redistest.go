@@ -275,3 +275,15 @@ func (b *syncBuffer) tail(n int) string {
 	}
 	return string(data)
 }
+
+// LoopScript busy-loops inside Redis for ARGV[1] milliseconds, reading the
+// clock so a test that fails cannot leave it running for long. It writes
+// nothing, so SCRIPT KILL can stop it. Tests use it to make Redis busy
+// (-BUSY past busy-reply-threshold).
+const LoopScript = `local t = redis.call('TIME')
+local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1]) * 1000
+while true do
+  local n = redis.call('TIME')
+  if tonumber(n[1]) * 1000000 + tonumber(n[2]) >= stop then break end
+end
+return 'done'`

@@ -9,16 +9,6 @@ import (
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
-// loopScript busy-loops inside Redis for ARGV[1] milliseconds, reading the
-// clock so the test stays bounded; it writes nothing, so SCRIPT KILL works.
-const loopScript = `local t = redis.call('TIME')
-local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1]) * 1000
-while true do
-  local n = redis.call('TIME')
-  if tonumber(n[1]) * 1000000 + tonumber(n[2]) >= stop then break end
-end
-return 'done'`
-
 // healthOpts makes the reply timeout short and the dead timeout a little
 // longer, so the tests see both without waiting long.
 func healthOpts(addr string, dead time.Duration) Options {
@@ -64,7 +54,7 @@ func wantReply(t *testing.T, c *Call, i int, want string) {
 func TestPipeWaitsForLongScript(t *testing.T) {
 	srv := redistest.Start(t, "--busy-reply-threshold", "50")
 	p := startedPipe(t, healthOpts(srv.Addr(), 400*time.Millisecond))
-	script := sendCall(t, p, cmd("EVAL", loopScript, "0", "1200"))
+	script := sendCall(t, p, cmd("EVAL", redistest.LoopScript, "0", "1200"))
 	behind := sendCall(t, p, cmd("SET", "after-script", "1"), cmd("ECHO", "behind"))
 	script.Wait()
 	behind.Wait()
@@ -161,7 +151,7 @@ func TestProbeVerdicts(t *testing.T) {
 		t.Fatalf("live Redis: verdict %d", v)
 	}
 	p := startedPipe(t, func() Options { o := healthOpts(srv.Addr(), time.Minute); o.Password = "s3cret"; return o }())
-	script := sendCall(t, p, cmd("EVAL", loopScript, "0", "1500"))
+	script := sendCall(t, p, cmd("EVAL", redistest.LoopScript, "0", "1500"))
 	redistest.Eventually(t, 5*time.Second, func() bool { return probe(opt, soon(time.Second), never) == probeBusy }, "probe never saw -BUSY")
 	script.Wait()
 	wantReply(t, script, 0, bulk("done"))
