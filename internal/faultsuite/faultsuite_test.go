@@ -473,3 +473,20 @@ func pause(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 }
+
+// roundTrip sends one command on c for client own and reads its reply,
+// counting it; a failed connection is noted (doing names the command) and
+// reported by live == false.
+func (s *suite) roundTrip(c *client, own int64, doing string, args ...string) (v value, live bool) {
+	if err := c.send(args); err != nil {
+		s.connFailed(own, err, "sending "+doing)
+		return v, false
+	}
+	v, err := c.read()
+	if err != nil {
+		s.connFailed(own, err, "reading the reply to "+doing)
+		return v, false
+	}
+	s.ops.Add(1)
+	return v, true
+}

@@ -64,16 +64,10 @@ func (w *pinClient) run(ctx context.Context) {
 
 func (w *pinClient) multi(ctx context.Context, c *client) {
 	s := w.s
-	if err := c.send([]string{"MULTI"}); err != nil {
-		s.connFailed(w.id, err, "sending MULTI")
+	multi, live := s.roundTrip(c, w.id, "MULTI", "MULTI")
+	if !live {
 		return
 	}
-	multi, err := c.read()
-	if err != nil {
-		s.connFailed(w.id, err, "reading MULTI's reply")
-		return
-	}
-	s.ops.Add(1)
 	inMulti := multi.kind == '+' && multi.str == "OK"
 	switch {
 	case inMulti:
@@ -153,16 +147,10 @@ func (w *pinClient) multi(ctx context.Context, c *client) {
 func (w *pinClient) subscribe(ctx context.Context, c *client) {
 	s := w.s
 	channel := fmt.Sprintf("fs:hch:%d", w.id)
-	if err := c.send([]string{"SUBSCRIBE", channel}); err != nil {
-		s.connFailed(w.id, err, "sending SUBSCRIBE")
+	v, live := s.roundTrip(c, w.id, "SUBSCRIBE", "SUBSCRIBE", channel)
+	if !live {
 		return
 	}
-	v, err := c.read()
-	if err != nil {
-		s.connFailed(w.id, err, "reading SUBSCRIBE's reply")
-		return
-	}
-	s.ops.Add(1)
 	switch {
 	case v.isErr():
 		s.noteError(v)
@@ -178,16 +166,9 @@ func (w *pinClient) subscribe(ctx context.Context, c *client) {
 	w.hold(ctx)
 	w.n++
 	tag := fmt.Sprintf("c%d:p%d", w.id, w.n)
-	if err := c.send([]string{"PING", tag}); err != nil {
-		s.connFailed(w.id, err, "sending PING while subscribed")
+	if v, live = s.roundTrip(c, w.id, "PING while subscribed", "PING", tag); !live {
 		return
 	}
-	v, err = c.read()
-	if err != nil {
-		s.connFailed(w.id, err, "reading PING's reply while subscribed")
-		return
-	}
-	s.ops.Add(1)
 	ok := v.isBulk(tag) // RESP3
 	if !c.resp3 {
 		ok = v.kind == '*' && len(v.elems) == 2 && v.elems[0].str == "pong" && v.elems[1].str == tag
@@ -200,16 +181,10 @@ func (w *pinClient) subscribe(ctx context.Context, c *client) {
 func (w *pinClient) blpop(c *client) {
 	s := w.s
 	key := fmt.Sprintf("fs:h:%d:never", w.id) // nothing is ever pushed here
-	if err := c.send([]string{"BLPOP", key, "1"}); err != nil {
-		s.connFailed(w.id, err, "sending BLPOP")
+	v, live := s.roundTrip(c, w.id, "BLPOP", "BLPOP", key, "1")
+	if !live {
 		return
 	}
-	v, err := c.read()
-	if err != nil {
-		s.connFailed(w.id, err, "waiting in BLPOP")
-		return
-	}
-	s.ops.Add(1)
 	switch {
 	case v.isErr():
 		s.noteError(v)

@@ -163,16 +163,10 @@ type expectation struct {
 
 func (w *subscriber) session(ctx context.Context, c *client, epoch int) {
 	s := w.s
-	if err := c.send([]string{"SUBSCRIBE", w.book.name}); err != nil {
-		s.connFailed(w.id, err, "sending SUBSCRIBE")
+	v, live := s.roundTrip(c, w.id, "SUBSCRIBE", "SUBSCRIBE", w.book.name)
+	if !live {
 		return
 	}
-	v, err := c.read()
-	if err != nil {
-		s.connFailed(w.id, err, "reading SUBSCRIBE's reply")
-		return
-	}
-	s.ops.Add(1)
 	if v.isErr() {
 		s.noteError(v)
 		if isPinRefusal(v) {
