@@ -4,8 +4,8 @@
 # Starts its own redis-server, nutcracker (twemproxy) and redproxy on free
 # loopback ports, pins them to cores, runs redis-benchmark against each target
 # interleaved over several rounds, and prints a Markdown table (also written
-# to bench/results/latest.md). See bench/README.md for the layout and the
-# meaning of every column.
+# to bench/results/latest.md). See bench/README.md for the core layouts, the
+# scenarios and the meaning of every column.
 #
 # Usage: bench/run.sh [--quick] [--rounds N] [--scenario NAME]
 #                     [--layout split|shared|both] [--targets a,b]
@@ -48,7 +48,7 @@ CHECK=0
 KEEP=0
 
 usage() {
-	sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
 	cat <<EOF
 
 Flags:
