@@ -4,11 +4,12 @@
 # Starts its own redis-server, nutcracker (twemproxy) and redproxy on free
 # loopback ports, pins them to cores, runs redis-benchmark against each target
 # interleaved over several rounds, and prints a Markdown table (also written
-# to bench/results/latest.md). See bench/README.md for the layout and the
-# meaning of every column.
+# to bench/results/latest.md). See bench/README.md for the core layouts, the
+# scenarios and the meaning of every column.
 #
 # Usage: bench/run.sh [--quick] [--rounds N] [--scenario NAME]
-#                     [--targets a,b] [--tests x,y] [--check] [--keep]
+#                     [--layout split|shared|both] [--targets a,b]
+#                     [--tests x,y] [--check] [--keep]
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -21,16 +22,25 @@ N_P16=${N_P16:-2000000}   # requests per -P 16 run
 CLIENTS=${CLIENTS:-50}
 KEYSPACE=${KEYSPACE:-100000}
 DATASIZE=${DATASIZE:-64}
-CPU_REDIS=${CPU_REDIS:-0}     # redis-server (taskset CPU list)
-CPU_CLIENT=${CPU_CLIENT:-0}   # redis-benchmark
-CPU_PROXY=${CPU_PROXY:-1}     # the proxy under test, alone
+# Core layouts (taskset CPU lists for redis-server, redis-benchmark and the
+# proxy under test); see README "Core layouts". CPU_REDIS, CPU_CLIENT and
+# CPU_PROXY in the environment define a "custom" layout instead.
+declare -A LAYOUT_CPUS=(
+	[split]="0 0 1"  # Redis and the client share cpu0; the proxy has cpu1 alone
+	[shared]="1 0 1" # the client has cpu0 alone; Redis and the proxy share cpu1
+)
+LAYOUT_ORDER="split shared"
+LAYOUTS=()
+LAYOUT=""
+CPU_REDIS=${CPU_REDIS:-} CPU_CLIENT=${CPU_CLIENT:-} CPU_PROXY=${CPU_PROXY:-}
 REDPROXY_GOMAXPROCS=${REDPROXY_GOMAXPROCS:-1}
 MAX_OTHER=${MAX_OTHER:-0.2}     # cores other work may use during a run before it is repeated
-RETRIES=${RETRIES:-3}
+RETRIES=${RETRIES:-} # default 3; 0 with --quick, a smoke test that should stay short
 RETRY_PAUSE=${RETRY_PAUSE:-5}
 REDPROXY_BIN=${REDPROXY_BIN:-}     # prebuilt binary; default: build ./cmd/redproxy
 REDPROXY_ARGS=${REDPROXY_ARGS:-}   # extra flags for redproxy
 OUT=${OUT:-$BENCH_DIR/results/latest.md}
+IDLE_CONNS=${IDLE_CONNS:-10000,50000} # --scenario idle: connection counts
 SCENARIO=passthrough
 ONLY_TARGETS=""
 ONLY_TESTS=""
@@ -38,19 +48,22 @@ CHECK=0
 KEEP=0
 
 usage() {
-	sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
 	cat <<EOF
 
 Flags:
   --quick          1 round with small -n (smoke test, numbers are noisy)
   --rounds N       interleaved rounds (default $ROUNDS); medians are reported
   --scenario NAME  one of: $(declare -F | awk '$3 ~ /^scenario_/ {sub("scenario_", "", $3); printf "%s ", $3}')
+  --layout L       split (default: Redis + client on cpu0, proxy alone on cpu1),
+                   shared (client alone on cpu0, Redis + proxy on cpu1), or both
   --targets LIST   comma-separated subset of targets (e.g. direct,twemproxy)
   --tests LIST     comma-separated subset of tests (e.g. get_p16,set_p16)
   --check          exit 1 when a goal listed under "Checks" is missed
   --keep           keep the temp dir (logs, configs, raw redis-benchmark output)
 Environment: ROUNDS N_P1 N_P16 CLIENTS KEYSPACE DATASIZE CPU_REDIS CPU_CLIENT CPU_PROXY
   REDPROXY_GOMAXPROCS REDPROXY_BIN REDPROXY_ARGS MAX_OTHER RETRIES RETRY_PAUSE OUT
+  IDLE_CONNS IDLE_PER_SOURCE IDLE_TIMEOUT (--scenario idle)
 EOF
 }
 
@@ -60,6 +73,7 @@ log() { echo "== $*" >&2; }
 # ---- processes and cleanup -------------------------------------------------
 TMP=""
 PIDS=()
+PROXY_PIDS=() # the proxies among PIDS: re-pinned when the layout changes
 FG_PID=""
 
 # run_fg CMD...: run CMD in the background and wait for it. bash runs a trap
@@ -97,6 +111,26 @@ cleanup() {
 	fi
 }
 trap cleanup EXIT
+
+# stop_proc PID: stop one process this script started (TERM, then KILL after
+# 5 s) and forget it.
+stop_proc() {
+	local pid=$1 i
+	kill "$pid" 2>/dev/null || true
+	for _ in $(seq 50); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	kill -9 "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+	for i in "${!PIDS[@]}"; do
+		[[ ${PIDS[i]} == "$pid" ]] && unset 'PIDS[i]'
+	done
+	for i in "${!PROXY_PIDS[@]}"; do
+		[[ ${PROXY_PIDS[i]} == "$pid" ]] && unset 'PROXY_PIDS[i]'
+	done
+	return 0
+}
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
@@ -106,6 +140,39 @@ need() {
 }
 
 freeport() { "$TMP/bin/benchtool" freeport; }
+
+# ---- core layouts ----------------------------------------------------------
+# Every process is started under taskset with the first layout's CPUs; with
+# several layouts, run_matrix re-pins the running Redis and proxies (every
+# thread: taskset -a) before each layout's runs, and redis-benchmark is
+# started on the layout's client CPU.
+CURRENT_LAYOUT=""
+set_layout() { # NAME
+	CURRENT_LAYOUT=$1
+	[[ $1 == custom ]] && return
+	read -r CPU_REDIS CPU_CLIENT CPU_PROXY <<<"${LAYOUT_CPUS[$1]}"
+}
+
+apply_layout() { # NAME: set_layout, then move the running processes
+	local pid
+	set_layout "$1"
+	if [[ -n $REDIS_PID ]]; then
+		taskset -a -p -c "$CPU_REDIS" "$REDIS_PID" >/dev/null || die "taskset: cannot re-pin redis-server"
+	fi
+	for pid in "${PROXY_PIDS[@]}"; do
+		taskset -a -p -c "$CPU_PROXY" "$pid" >/dev/null || die "taskset: cannot re-pin proxy pid $pid"
+	done
+}
+
+layout_line() { # NAME: what runs where, for logs and reports
+	local r c p
+	if [[ $1 == custom ]]; then
+		r=$CPU_REDIS c=$CPU_CLIENT p=$CPU_PROXY
+	else
+		read -r r c p <<<"${LAYOUT_CPUS[$1]}"
+	fi
+	echo "$1: redis-server cpu $r, redis-benchmark cpu $c, proxy under test cpu $p"
+}
 
 # wait_pong PORT PID NAME: poll until PING through PORT answers PONG.
 wait_pong() {
@@ -168,6 +235,7 @@ EOF
 		-o "$TMP/twemproxy/nutcracker.log" -v 4 &
 	TWEM_PID=$!
 	PIDS+=("$TWEM_PID")
+	PROXY_PIDS+=("$TWEM_PID")
 	wait_pong "$TWEM_PORT" "$TWEM_PID" twemproxy || die "nutcracker exited; see $TMP/twemproxy/nutcracker.log"
 }
 
@@ -201,6 +269,7 @@ start_redproxy() {
 		REDPROXY_PID=$!
 		PIDS+=("$REDPROXY_PID")
 		if wait_pong "$REDPROXY_PORT" "$REDPROXY_PID" redproxy; then
+			PROXY_PIDS+=("$REDPROXY_PID")
 			return
 		fi
 		wait "$REDPROXY_PID" 2>/dev/null || true
@@ -252,7 +321,7 @@ RECORDS=""
 bench_once() {
 	local round=$1 test=$2 target=$3
 	local n=${4:-${TEST_N[$test]}} port=${TARGET_PORT[$target]} pid=${TARGET_PID[$target]}
-	local base=$TMP/runs/r$round-$test-$target
+	local base=$TMP/runs/r$round-$CURRENT_LAYOUT-$test-$target
 	local pidargs=(-pid "redis=$REDIS_PID")
 	[[ -n $pid ]] && pidargs+=(-pid "proxy=$pid")
 
@@ -289,8 +358,8 @@ bench_once() {
 		# sessions, builds, tests). Well above 0 means the run shared cores.
 		other=$(awk -v b="$busy_us" -v c="$client_us" -v r="$redis_us" -v p="$proxy_us" -v w="$wall_us" \
 			'BEGIN { o = (b - c - r - p) / w; printf "%.2f", o < 0 ? 0 : o }')
-		printf '   round %s %-9s %-10s %10s req/s  p99 %8s ms  other load %s cores\n' \
-			"$round" "$test" "$target" "$rps" "$p99" "$other" >&2
+		printf '   round %s %-6s %-15s %-17s %10s req/s  p99 %8s ms  other load %s cores\n' \
+			"$round" "$CURRENT_LAYOUT" "$test" "$target" "$rps" "$p99" "$other" >&2
 		[[ $round == w ]] && return
 		if ((attempt >= RETRIES)) || awk -v o="$other" -v m="$MAX_OTHER" 'BEGIN { exit !(o <= m) }'; then
 			break
@@ -298,18 +367,20 @@ bench_once() {
 		log "other load $other > $MAX_OTHER cores: repeating in ${RETRY_PAUSE}s"
 		run_fg sleep "$RETRY_PAUSE"
 	done
-	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$test" "$target" "$n" \
-		"$rps" "$p50" "$p99" "$client_us" "$redis_us" "$proxy_us" "$redis_cmds" "$wall_us" "$other" >>"$RECORDS"
+	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$test" "$target" "$n" \
+		"$rps" "$p50" "$p99" "$client_us" "$redis_us" "$proxy_us" "$redis_cmds" "$wall_us" "$other" "$CURRENT_LAYOUT" >>"$RECORDS"
 }
 
-# run_matrix: every round runs every test against every target. Targets are
-# interleaved test by test and the starting target rotates each round, so
-# slow drift (thermal, noisy neighbours, Redis memory growth) and position
-# effects hit all targets alike.
+# run_matrix: every round runs every test against every target in every
+# layout. Targets are interleaved test by test and the starting target (and
+# layout) rotates each round, so slow drift (thermal, noisy neighbours,
+# Redis memory growth) and position effects hit all targets alike.
 run_matrix() {
 	mkdir -p "$TMP/runs"
-	local round test target i nt=${#TARGETS[@]}
-	# Warm-up (connections, Go heap growth, caches), a tenth of each run.
+	local round test target layout i l nt=${#TARGETS[@]} nl=${#LAYOUTS[@]}
+	# Warm-up (connections, Go heap growth, caches), a tenth of each run,
+	# in the first layout.
+	apply_layout "${LAYOUTS[0]}"
 	log "warm-up (not recorded)"
 	for test in "${TESTS[@]}"; do
 		for target in "${TARGETS[@]}"; do
@@ -317,41 +388,52 @@ run_matrix() {
 		done
 	done
 	for ((round = 1; round <= ROUNDS; round++)); do
-		log "round $round/$ROUNDS"
-		for test in "${TESTS[@]}"; do
-			for ((i = 0; i < nt; i++)); do
-				bench_once "$round" "$test" "${TARGETS[(i + round - 1) % nt]}"
+		for ((l = 0; l < nl; l++)); do
+			layout=${LAYOUTS[(l + round - 1) % nl]}
+			apply_layout "$layout"
+			log "round $round/$ROUNDS, layout $(layout_line "$layout")"
+			for test in "${TESTS[@]}"; do
+				for ((i = 0; i < nt; i++)); do
+					bench_once "$round" "$test" "${TARGETS[(i + round - 1) % nt]}"
+				done
 			done
 		done
 	done
 }
 
 # ---- report ----------------------------------------------------------------
+versions_line() {
+	echo "$(redis-server --version | awk '{print $1, $2, $3}'), $(nutcracker -V 2>&1 | head -1 | sed 's/This is //')," \
+		"redproxy $(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown), $(go version 2>/dev/null | awk '{print $3}')"
+}
+
 machine_line() {
 	local model
 	model=$(lscpu 2>/dev/null | awk -F: '/^Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
 	echo "$(nproc) CPUs, ${model:-unknown model}, $(uname -sr)"
 }
 
-# report: medians over rounds per (test, target), ratios against the
-# direct and twemproxy medians of the same test, then the issue's goals.
+# report: medians over rounds per (layout, test, target), ratios against the
+# direct and twemproxy medians of the same layout and test, then the issue's
+# goals.
 report() {
-	local labels="" t
+	local labels="" t l
 	for t in "${TESTS[@]}"; do labels+="$t=${TEST_LABEL[$t]};"; done
 	{
 		echo "# redproxy bench: $SCENARIO"
 		echo
 		echo "- Date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 		echo "- Machine: $(machine_line)"
-		echo "- Versions: $(redis-server --version | awk '{print $1, $2, $3}'), $(nutcracker -V 2>&1 | head -1 | sed 's/This is //')," \
-			"redproxy $(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown), $(go version 2>/dev/null | awk '{print $3}')"
+		echo "- Versions: $(versions_line)"
 		echo "- Settings: $ROUNDS round(s), -c $CLIENTS, -r $KEYSPACE, -d $DATASIZE, -n $N_P1 at -P 1 and $N_P16 at -P 16 (preloaded keyspace)"
-		echo "- Layout (taskset CPU lists): redis-server $CPU_REDIS, redis-benchmark $CPU_CLIENT, proxy under test $CPU_PROXY; redproxy GOMAXPROCS=$REDPROXY_GOMAXPROCS"
-		awk -F'\t' -v max="$MAX_OTHER" '{ n++; s += $13; if ($13 > m) m = $13; if ($13 > max) bad = bad sprintf(" r%s/%s/%s=%.2f", $1, $2, $3, $13) }
+		for l in "${LAYOUTS[@]}"; do
+			echo "- Layout $(layout_line "$l"); redproxy GOMAXPROCS=$REDPROXY_GOMAXPROCS"
+		done
+		awk -F'\t' -v max="$MAX_OTHER" '{ n++; s += $13; if ($13 > m) m = $13; if ($13 > max) bad = bad sprintf(" r%s/%s/%s/%s=%.2f", $1, $14, $2, $3, $13) }
 			END { printf "- Other load (CPU used by processes outside the bench during runs): mean %.2f, max %.2f cores\n", s / n, m
 			      if (bad != "") print "- WARNING: runs still disturbed after retries (other load > " max " cores):" bad }' "$RECORDS"
 		echo
-		awk -F'\t' -v order="${TESTS[*]}" -v targets="${TARGETS[*]}" -v labels="$labels" -v check_out="$TMP/check" '
+		awk -F'\t' -v order="${TESTS[*]}" -v targets="${TARGETS[*]}" -v layouts="${LAYOUTS[*]}" -v labels="$labels" -v check_out="$TMP/check" '
 		function median(key,   n, i, j, a, tmp) {
 			n = split(vals[key], a, " ")
 			for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { tmp = a[j]; a[j] = a[j-1]; a[j-1] = tmp }
@@ -359,60 +441,68 @@ report() {
 		}
 		function add(key, v) { vals[key] = (key in vals) ? vals[key] " " v : v }
 		function ratio(a, b) { return (b > 0) ? sprintf("%.2f×", a / b) : "–" }
+		function have(l, t, g) { return (l SUBSEP t SUBSEP g) in seen }
+		function m(l, t, g, c) { return median(l SUBSEP t SUBSEP g SUBSEP c) }
+		function check(ok, text) { checks[++nc] = "- " (ok ? "PASS" : "FAIL") " " text; if (!ok) failed = 1 }
 		{
-			k = $2 SUBSEP $3; seen[k] = 1
+			k = $14 SUBSEP $2 SUBSEP $3; seen[k] = 1
 			add(k SUBSEP "rps", $5); add(k SUBSEP "p50", $6); add(k SUBSEP "p99", $7)
 			add(k SUBSEP "client", $8 / $4); add(k SUBSEP "redis", $9 / $4)
-			add(k SUBSEP "proxy", $10 / $4); add(k SUBSEP "cmds", $11 / $4)
+			add(k SUBSEP "proxy", $10 / $4); add(k SUBSEP "server", ($9 + $10) / $4); add(k SUBSEP "cmds", $11 / $4)
 		}
 		END {
 			split(labels, lp, ";"); for (i in lp) if (split(lp[i], kv, "=") == 2) label[kv[1]] = kv[2]
-			nt = split(order, tests, " "); ng = split(targets, tg, " ")
-			print "| Test | Target | req/s | vs direct | vs twemproxy | p50 ms | p99 ms | CPU µs/req client | CPU µs/req Redis | CPU µs/req proxy | Redis cmds/req |"
-			print "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-			for (i = 1; i <= nt; i++) {
-				t = tests[i]
-				d = ((t SUBSEP "direct") in seen) ? median(t SUBSEP "direct" SUBSEP "rps") : 0
-				w = ((t SUBSEP "twemproxy") in seen) ? median(t SUBSEP "twemproxy" SUBSEP "rps") : 0
+			nt = split(order, tests, " "); ng = split(targets, tg, " "); nl = split(layouts, ly, " ")
+			print "| Layout | Test | Target | req/s | vs direct | vs twemproxy | p50 ms | p99 ms | CPU µs/req client | CPU µs/req Redis | CPU µs/req proxy | CPU µs/req proxy+Redis | Redis cmds/req |"
+			print "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+			for (h = 1; h <= nl; h++) for (i = 1; i <= nt; i++) {
+				l = ly[h]; t = tests[i]
+				d = have(l, t, "direct") ? m(l, t, "direct", "rps") : 0
+				w = have(l, t, "twemproxy") ? m(l, t, "twemproxy", "rps") : 0
 				for (j = 1; j <= ng; j++) {
-					k = t SUBSEP tg[j]
-					if (!(k in seen)) continue
-					r = median(k SUBSEP "rps")
-					proxy = (tg[j] == "direct") ? "–" : sprintf("%.2f", median(k SUBSEP "proxy"))
-					printf "| %s | %s | %.0f | %s | %s | %.3f | %.3f | %.2f | %.2f | %s | %.2f |\n",
-						label[t], tg[j], r, ratio(r, d), ratio(r, w),
-						median(k SUBSEP "p50"), median(k SUBSEP "p99"),
-						median(k SUBSEP "client"), median(k SUBSEP "redis"), proxy, median(k SUBSEP "cmds")
-					if (tg[j] == "redproxy") { rp[t] = r; rpcpu[t] = median(k SUBSEP "proxy") }
+					if (!have(l, t, tg[j])) continue
+					r = m(l, t, tg[j], "rps")
+					proxy = (tg[j] == "direct") ? "–" : sprintf("%.2f", m(l, t, tg[j], "proxy"))
+					printf "| %s | %s | %s | %.0f | %s | %s | %.3f | %.3f | %.2f | %.2f | %s | %.2f | %.2f |\n",
+						l, label[t], tg[j], r, ratio(r, d), ratio(r, w),
+						m(l, t, tg[j], "p50"), m(l, t, tg[j], "p99"),
+						m(l, t, tg[j], "client"), m(l, t, tg[j], "redis"), proxy,
+						m(l, t, tg[j], "server"), m(l, t, tg[j], "cmds")
 				}
 			}
-			# The foundation issue goals: >= twemproxy at -P 1, >= 1.5x at -P 16,
-			# <= 2 us proxy CPU per pipelined request.
+			# Issue 10 goals, redproxy against twemproxy in the same run: at
+			# -P 1, at least as fast, p99 no higher and no more proxy + Redis
+			# CPU per request, in every layout; at -P 16, 1.5x the throughput
+			# in the shared layout (in the split one cpu0 caps both, see
+			# README) and at most 1 us of proxy CPU per request.
 			nc = 0
-			for (i = 1; i <= nt; i++) {
-				t = tests[i]
-				if (!(t in rp) || !((t SUBSEP "twemproxy") in seen)) continue
-				w = median(t SUBSEP "twemproxy" SUBSEP "rps")
-				if (t ~ /_p1$/) { goal = 1.0 } else if (t ~ /_p16$/) { goal = 1.5 } else continue
-				ok = rp[t] >= goal * w
-				checks[++nc] = sprintf("- %s %s: redproxy %.2f× twemproxy throughput (goal ≥ %.1f×)", ok ? "PASS" : "FAIL", label[t], rp[t] / w, goal)
-				if (!ok) failed = 1
-				if (t ~ /_p16$/) {
-					ok = rpcpu[t] <= 2.0
-					checks[++nc] = sprintf("- %s %s: redproxy %.2f µs CPU per request (goal ≤ 2.00)", ok ? "PASS" : "FAIL", label[t], rpcpu[t])
-					if (!ok) failed = 1
+			for (h = 1; h <= nl; h++) for (i = 1; i <= nt; i++) {
+				l = ly[h]; t = tests[i]
+				if (!have(l, t, "redproxy") || !have(l, t, "twemproxy")) continue
+				r = m(l, t, "redproxy", "rps"); w = m(l, t, "twemproxy", "rps")
+				name = l " " label[t]
+				if (t ~ /_p1$/) {
+					check(r >= w, sprintf("%s: redproxy %.2f× twemproxy throughput (goal ≥ 1.0×)", name, r / w))
+					a = m(l, t, "redproxy", "p99"); b = m(l, t, "twemproxy", "p99")
+					check(a <= b, sprintf("%s: p99 redproxy %.3f ms, twemproxy %.3f ms (goal ≤)", name, a, b))
+					a = m(l, t, "redproxy", "server"); b = m(l, t, "twemproxy", "server")
+					check(a <= b, sprintf("%s: proxy + Redis CPU redproxy %.2f µs/req, twemproxy %.2f (goal ≤)", name, a, b))
+				} else if (t ~ /_p16$/) {
+					if (l == "shared") check(r >= 1.5 * w, sprintf("%s: redproxy %.2f× twemproxy throughput (goal ≥ 1.5×)", name, r / w))
+					a = m(l, t, "redproxy", "proxy")
+					check(a <= 1.0, sprintf("%s: redproxy %.2f µs proxy CPU per request (goal ≤ 1.00)", name, a))
 				}
 			}
-			if (nc) { print ""; print "Checks (issue 2, Done when):"; print ""; for (i = 1; i <= nc; i++) print checks[i] }
+			if (nc) { print ""; print "Checks (issue 10, Done when):"; print ""; for (i = 1; i <= nc; i++) print checks[i] }
 			print failed ? "fail" : "ok" > check_out
 		}' "$RECORDS"
 		echo
-		echo "Medians over rounds. Ratios compare req/s with the same test's direct and twemproxy rows. CPU µs/req = CPU time the process spent during the run ÷ requests."
+		echo "Medians over rounds. Ratios compare req/s with the same layout and test's direct and twemproxy rows. CPU µs/req = CPU time the process spent during the run ÷ requests; proxy+Redis is the server side's total (Redis alone for direct)."
 	} >"$TMP/report.md"
 	mkdir -p "$(dirname "$OUT")"
 	cp "$TMP/report.md" "$OUT"
 	{
-		printf "round\ttest\ttarget\trequests\trps\tp50_ms\tp99_ms\tclient_cpu_us\tredis_cpu_us\tproxy_cpu_us\tredis_cmds\twall_us\tother_load_cores\n"
+		printf "round\ttest\ttarget\trequests\trps\tp50_ms\tp99_ms\tclient_cpu_us\tredis_cpu_us\tproxy_cpu_us\tredis_cmds\twall_us\tother_load_cores\tlayout\n"
 		cat "$RECORDS"
 	} >"${OUT%.md}-rounds.tsv"
 	cat "$TMP/report.md"
@@ -564,19 +654,22 @@ scenario_hotkeys() {
 				"$(awk '/^redproxy_localcache_fills_total\{result="stored"\}/ {printf "%d", $2}' <<<"$metrics")."
 		} >>"$extra"
 	fi
-	# Checks against issue 6's goals, from the medians over rounds.
-	awk -F'\t' '
+	# Checks against issue 6's goals, from the medians over rounds, per
+	# layout (the counting runs above used the last layout of the rounds).
+	awk -F'\t' -v layouts="${LAYOUTS[*]}" '
 	function median(key,   n, i, j, a, tmp) {
 		n = split(vals[key], a, " ")
 		for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { tmp = a[j]; a[j] = a[j-1]; a[j-1] = tmp }
 		return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 	}
-	{ k = $2 SUBSEP $3; seen[k] = 1; vals[k SUBSEP "rps"] = vals[k SUBSEP "rps"] " " $5; vals[k SUBSEP "p99"] = vals[k SUBSEP "p99"] " " $7 }
-	function have(t, g) { return (t SUBSEP g) in seen }
-	function m(t, g, c) { return median(t SUBSEP g SUBSEP c) }
-	function check(ok, text) { print "- " (ok ? "PASS" : "FAIL") " " text }
+	{ k = $14 SUBSEP $2 SUBSEP $3; seen[k] = 1; vals[k SUBSEP "rps"] = vals[k SUBSEP "rps"] " " $5; vals[k SUBSEP "p99"] = vals[k SUBSEP "p99"] " " $7 }
+	function have(t, g) { return (L SUBSEP t SUBSEP g) in seen }
+	function m(t, g, c) { return median(L SUBSEP t SUBSEP g SUBSEP c) }
+	function check(ok, text) { print "- " (ok ? "PASS" : "FAIL") " " L " " text }
 	END {
 		print ""; print "Checks (issue 6, Done when):"; print ""
+		nl = split(layouts, ly, " ")
+		for (h = 1; h <= nl; h++) { L = ly[h]
 		if (have("hot_get", "redproxy") && have("ping", "redproxy")) {
 			r = m("hot_get", "redproxy", "rps") / m("ping", "redproxy", "rps")
 			check(r >= 0.9, sprintf("hot GET through the tier: %.2f× redproxy'"'"'s own PING throughput (goal ≥ 0.90×)", r))
@@ -592,17 +685,240 @@ scenario_hotkeys() {
 			r = m(cold[i], "redproxy", "rps") / m(cold[i], "redproxy-notier", "rps")
 			check(r >= 0.9, sprintf("%s (not hot): tier on %.2f× tier off (goal: not worse; runs vary ±10 %%, so ≥ 0.90×)", cold[i], r))
 		}
+		}
 	}' "$RECORDS" >>"$extra"
 	cat "$extra" >>"$OUT"
 	cat "$extra"
 }
 
+# tier: what the local tier costs when it cannot help (issue 10): SET at
+# -P 16 and GET over a keyspace that is not hot (-r KEYSPACE, 100,000 keys by
+# default) at -P 1 and -P 16, redproxy with the tier on and off, interleaved
+# in the same run. Add direct or twemproxy with --targets for reference.
+scenario_tier() {
+	[[ $OUT == "$BENCH_DIR/results/latest.md" ]] && OUT=$BENCH_DIR/results/tier.md
+	local targets=${ONLY_TARGETS:-redproxy-tier-on,redproxy-tier-off} saved_args=$REDPROXY_ARGS
+	start_redis
+	log "redis-server pid $REDIS_PID port $REDIS_PORT (cpu $CPU_REDIS); preloading $KEYSPACE keys"
+	preload
+	if selected "$targets" direct; then add_target direct "$REDIS_PORT"; fi
+	if selected "$targets" twemproxy; then
+		start_twemproxy
+		add_target twemproxy "$TWEM_PORT" "$TWEM_PID"
+	fi
+	local tier
+	for tier in on off; do
+		selected "$targets" "redproxy-tier-$tier" || continue
+		REDPROXY_ARGS="$saved_args --local-tier=$tier"
+		start_redproxy
+		log "redproxy (tier $tier) pid $REDPROXY_PID port $REDPROXY_PORT"
+		add_target "redproxy-tier-$tier" "$REDPROXY_PORT" "$REDPROXY_PID"
+	done
+	REDPROXY_ARGS=$saved_args
+	((${#TARGETS[@]})) || die "no targets selected"
+
+	local spec name label n args
+	for spec in "set_p16|SET -P 16|$N_P16|-t set -P 16" \
+		"get_p1|GET -P 1, -r $KEYSPACE|$N_P1|-t get -P 1" \
+		"get_p16|GET -P 16, -r $KEYSPACE|$N_P16|-t get -P 16"; do
+		IFS='|' read -r name label n args <<<"$spec"
+		# shellcheck disable=SC2086
+		if selected "$ONLY_TESTS" "$name"; then add_test "$name" "$label" "$n" $args; fi
+	done
+	((${#TESTS[@]})) || die "no tests selected"
+
+	run_matrix
+	report
+
+	# Tier on against tier off, per layout and test, from the medians.
+	local labels="" t extra=$TMP/tier.md
+	for t in "${TESTS[@]}"; do labels+="$t=${TEST_LABEL[$t]};"; done
+	awk -F'\t' -v order="${TESTS[*]}" -v layouts="${LAYOUTS[*]}" -v labels="$labels" -v check_out="$TMP/check-tier" '
+	function median(key,   n, i, j, a, tmp) {
+		n = split(vals[key], a, " ")
+		for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { tmp = a[j]; a[j] = a[j-1]; a[j-1] = tmp }
+		return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+	}
+	function add(key, v) { vals[key] = (key in vals) ? vals[key] " " v : v }
+	function m(l, t, g, c) { return median(l SUBSEP t SUBSEP g SUBSEP c) }
+	{
+		k = $14 SUBSEP $2 SUBSEP $3; seen[k] = 1
+		add(k SUBSEP "rps", $5); add(k SUBSEP "p99", $7); add(k SUBSEP "proxy", $10 / $4)
+	}
+	END {
+		split(labels, lp, ";"); for (i in lp) if (split(lp[i], kv, "=") == 2) label[kv[1]] = kv[2]
+		nt = split(order, tests, " "); nl = split(layouts, ly, " ")
+		print ""; print "## Local tier on vs off"; print ""
+		print "| Layout | Test | req/s tier on | req/s tier off | on ÷ off | p99 ms on | p99 ms off | proxy CPU µs/req on | off |"
+		print "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+		for (h = 1; h <= nl; h++) for (i = 1; i <= nt; i++) {
+			l = ly[h]; t = tests[i]; on = l SUBSEP t SUBSEP "redproxy-tier-on"; off = l SUBSEP t SUBSEP "redproxy-tier-off"
+			if (!(on in seen) || !(off in seen)) continue
+			a = m(l, t, "redproxy-tier-on", "rps"); b = m(l, t, "redproxy-tier-off", "rps")
+			printf "| %s | %s | %.0f | %.0f | %.2f× | %.3f | %.3f | %.2f | %.2f |\n", l, label[t], a, b, a / b,
+				m(l, t, "redproxy-tier-on", "p99"), m(l, t, "redproxy-tier-off", "p99"),
+				m(l, t, "redproxy-tier-on", "proxy"), m(l, t, "redproxy-tier-off", "proxy")
+			ok = a >= 0.95 * b; if (!ok) failed = 1
+			checks[++nc] = sprintf("- %s %s %s: tier on %.2f× tier off (goal ≥ 0.95×: the tier costs at most 5 %%)", ok ? "PASS" : "FAIL", l, label[t], a / b)
+		}
+		if (nc) { print ""; print "Checks (issue 10, local tier):"; print ""; for (i = 1; i <= nc; i++) print checks[i] }
+		print failed ? "fail" : "ok" > check_out
+	}' "$RECORDS" >"$extra"
+	cat "$extra" >>"$OUT"
+	cat "$extra"
+	if ((CHECK)) && [[ $(cat "$TMP/check-tier" 2>/dev/null) == fail ]]; then
+		die "a goal under Checks was missed"
+	fi
+}
+
+# idle: memory per idle client connection (issue 10). For each count in
+# IDLE_CONNS and each proxy, a fresh proxy is started, `benchtool idle` opens
+# that many connections, sends one GET on each and reads the reply, and the
+# proxy's VmRSS is read before and after (settled); then every connection is
+# checked with PING, closed with QUIT, and the proxy is stopped.
+scenario_idle() {
+	[[ $OUT == "$BENCH_DIR/results/latest.md" ]] && OUT=$BENCH_DIR/results/idle.md
+	local counts=${IDLE_CONNS//,/ } per_source=${IDLE_PER_SOURCE:-5000} timeout=${IDLE_TIMEOUT:-120s}
+	local n max=0
+	for n in $counts; do
+		[[ $n =~ ^[1-9][0-9]*$ ]] || die "IDLE_CONNS: $n is not a positive count"
+		if ((n > max)); then max=$n; fi
+	done
+	# Every connection is a file descriptor in the client and in the proxy,
+	# and children inherit this shell's limit; 1,024 spare cover the rest of
+	# what they open. Raising the hard limit needs CAP_SYS_RESOURCE; without
+	# it, counts that do not fit are reported as not run.
+	local want=$((max + 1024)) hard
+	hard=$(ulimit -Hn)
+	if [[ $hard != unlimited ]] && ((hard < want)); then
+		ulimit -Hn "$want" 2>/dev/null && hard=$want ||
+			log "hard fd limit is $hard and cannot be raised (no CAP_SYS_RESOURCE): counts above $((hard - 1024)) will not run"
+	fi
+	[[ $hard == unlimited ]] || ((want <= hard)) || want=$hard
+	ulimit -n "$want" || die "ulimit -n $want failed"
+	log "fd limit (ulimit -n) $(ulimit -n), hard $(ulimit -Hn)"
+	local fdmax=$(($(ulimit -n) - 1024))
+
+	start_redis
+	log "redis-server pid $REDIS_PID port $REDIS_PORT (cpu $CPU_REDIS); preloading $KEYSPACE keys"
+	preload
+	local targets=() target
+	selected "$ONLY_TARGETS" twemproxy && targets+=(twemproxy)
+	if selected "$ONLY_TARGETS" redproxy; then
+		targets+=(redproxy)
+		build_redproxy
+		# max_clients (10,000 by default) is a config file setting.
+		mkdir -p "$TMP/redproxy"
+		printf '[server]\nmax_clients = %d\n' $((max + 1000)) >"$TMP/redproxy/idle.toml"
+	fi
+	((${#targets[@]})) || die "no targets selected (idle runs twemproxy and redproxy)"
+
+	local rec=$TMP/idle.tsv round i nt=${#targets[@]} pid port line saved_args=$REDPROXY_ARGS
+	: >"$rec"
+	for ((round = 1; round <= ROUNDS; round++)); do
+		for n in $counts; do
+			for ((i = 0; i < nt; i++)); do
+				target=${targets[(i + round - 1) % nt]}
+				if ((n > fdmax)); then
+					log "round $round: $n connections to $target not run: fd limit $(ulimit -n)"
+					printf '%s\t%s\t%s\tskip\n' "$round" "$n" "$target" >>"$rec"
+					continue
+				fi
+				if [[ $target == twemproxy ]]; then
+					start_twemproxy
+					pid=$TWEM_PID port=$TWEM_PORT
+				else
+					REDPROXY_ARGS="$saved_args --config $TMP/redproxy/idle.toml"
+					start_redproxy
+					REDPROXY_ARGS=$saved_args
+					pid=$REDPROXY_PID port=$REDPROXY_PORT
+				fi
+				# run_fg, not $(...): cleanup must be able to stop it.
+				run_fg taskset -c "$CPU_CLIENT" "$TMP/bin/benchtool" idle -addr "127.0.0.1:$port" -pid "$pid" \
+					-conns "$n" -keyspace "$KEYSPACE" -per-source "$per_source" -timeout "$timeout" >"$TMP/idle.out" ||
+					die "benchtool idle failed: $n connections to $target (logs in $TMP with --keep)"
+				line=$(<"$TMP/idle.out")
+				stop_proc "$pid"
+				printf '   round %s %6d idle connections  %-10s %s\n' "$round" "$n" "$target" "$line" >&2
+				printf '%s\t%s\t%s\t%s\n' "$round" "$n" "$target" "$line" >>"$rec"
+			done
+		done
+	done
+
+	{
+		echo "# redproxy bench: idle"
+		echo
+		echo "- Date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+		echo "- Machine: $(machine_line)"
+		echo "- Versions: $(versions_line)"
+		echo "- Settings: $ROUNDS round(s); each connection sends one GET (preloaded $DATASIZE-byte values, -r $KEYSPACE) and then stays idle; $per_source connections per source address (127.0.0.1, .2, ...); fd limit $(ulimit -n)"
+		echo "- Layout $(layout_line "${LAYOUTS[0]}") (benchtool idle runs on the client cpu); redproxy GOMAXPROCS=$REDPROXY_GOMAXPROCS, max_clients $((max + 1000))"
+		echo
+		awk -F'\t' -v counts="$counts" -v targets="${targets[*]}" -v fdlimit="$(ulimit -n)" -v check_out="$TMP/check" '
+		function median(key,   n, i, j, a, tmp) {
+			n = split(vals[key], a, " ")
+			for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { tmp = a[j]; a[j] = a[j-1]; a[j-1] = tmp }
+			return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+		}
+		function add(key, v) { vals[key] = (key in vals) ? vals[key] " " v : v }
+		function m(n, g, c) { return median(n SUBSEP g SUBSEP c) }
+		{
+			k = $2 SUBSEP $3
+			if ($4 == "skip") { skipped[k] = 1; next }
+			seen[k] = 1
+			split($4, kvs, " "); for (i in kvs) { split(kvs[i], kv, "="); f[kv[1]] = kv[2] }
+			add(k SUBSEP "before", f["rss_before_kb"]); add(k SUBSEP "after", f["rss_after_kb"])
+			add(k SUBSEP "added", f["rss_after_kb"] - f["rss_before_kb"]); add(k SUBSEP "open", f["open_ms"])
+			add(k SUBSEP "alive", f["alive"])
+		}
+		END {
+			nc = split(counts, cs, " "); ng = split(targets, tg, " ")
+			print "| Connections | Target | RSS before MiB | RSS after MiB | added MiB | KiB per connection | vs twemproxy | open + GET s | answering PING at the end |"
+			print "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+			for (i = 1; i <= nc; i++) for (j = 1; j <= ng; j++) {
+				n = cs[i]; g = tg[j]; k = n SUBSEP g
+				if (!(k in seen)) { printf "| %d | %s | not run: fd limit %d | | | | | | |\n", n, g, fdlimit; continue }
+				per = m(n, g, "added") / n
+				w = ((n SUBSEP "twemproxy") in seen) ? m(n, "twemproxy", "added") / n : 0
+				printf "| %d | %s | %.1f | %.1f | %.1f | %.2f | %s | %.2f | %d |\n", n, g, m(n, g, "before") / 1024, m(n, g, "after") / 1024,
+					m(n, g, "added") / 1024, per, (w > 0 ? sprintf("%.1f×", per / w) : "–"), m(n, g, "open") / 1000, m(n, g, "alive")
+			}
+			# Issue 10: 10,000 idle clients add at most 2 KB each to redproxy,
+			# and every count works (each connection still answers).
+			for (i = 1; i <= nc; i++) {
+				n = cs[i]; k = n SUBSEP "redproxy"
+				if (!(k in seen) && !(k in skipped)) continue
+				if (!(k in seen)) { lines[++nl] = sprintf("- NOT RUN %d connections: the fd limit is %d; raise the hard limit (needs CAP_SYS_RESOURCE) and rerun", n, fdlimit); failed = 1; continue }
+				a = m(n, "redproxy", "alive"); ok = a == n; if (!ok) failed = 1
+				lines[++nl] = sprintf("- %s %d connections: %d answered PING after idling (goal: all)", ok ? "PASS" : "FAIL", n, a)
+				if (n == 10000) {
+					per = m(n, "redproxy", "added") / n; ok = per <= 2; if (!ok) failed = 1
+					lines[++nl] = sprintf("- %s 10000 connections: redproxy %.2f KiB RSS each (goal ≤ 2)", ok ? "PASS" : "FAIL", per)
+				}
+			}
+			if (nl) { print ""; print "Checks (issue 10, idle connections):"; print ""; for (i = 1; i <= nl; i++) print lines[i] }
+			print failed ? "fail" : "ok" > check_out
+		}' "$rec"
+		echo
+		echo "Medians over rounds. RSS is the proxy's VmRSS (/proc/PID/status), read after a warm-up connection and again once the connections are open, each after a 1 s pause and once two readings 250 ms apart agree within 1 %. KiB per connection = (after - before) ÷ connections."
+	} >"$TMP/report.md"
+	mkdir -p "$(dirname "$OUT")"
+	cp "$TMP/report.md" "$OUT"
+	cat "$TMP/report.md"
+	echo >&2
+	log "wrote $OUT"
+	if ((CHECK)) && [[ $(cat "$TMP/check" 2>/dev/null) == fail ]]; then
+		die "a goal under Checks was missed"
+	fi
+}
+
 # ---- main ------------------------------------------------------------------
 while (($#)); do
 	case $1 in
-	--quick) ROUNDS=1 N_P1=20000 N_P16=200000 ;;
+	--quick) ROUNDS=1 N_P1=20000 N_P16=200000 RETRIES=${RETRIES:-0} ;;
 	--rounds) ROUNDS=${2:?--rounds needs N}; shift ;;
 	--scenario) SCENARIO=${2:?--scenario needs NAME}; shift ;;
+	--layout) LAYOUT=${2:?--layout needs split, shared or both}; shift ;;
 	--targets) ONLY_TARGETS=${2:?--targets needs a list}; shift ;;
 	--tests) ONLY_TESTS=${2:?--tests needs a list}; shift ;;
 	--check) CHECK=1 ;;
@@ -613,13 +929,35 @@ while (($#)); do
 	shift
 done
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "--rounds must be a positive integer"
+RETRIES=${RETRIES:-3}
 declare -F "scenario_$SCENARIO" >/dev/null || die "unknown scenario $SCENARIO (see --help)"
 
 for tool in redis-server redis-cli redis-benchmark nutcracker taskset go awk; do need "$tool"; done
+
+# Layouts: --layout wins; without it, CPU_* in the environment make a
+# "custom" layout (unset ones as in split), else split as before.
+case $LAYOUT in
+both) read -r -a LAYOUTS <<<"$LAYOUT_ORDER" ;;
+split | shared) LAYOUTS=("$LAYOUT") ;;
+"")
+	if [[ -n $CPU_REDIS$CPU_CLIENT$CPU_PROXY ]]; then
+		CPU_REDIS=${CPU_REDIS:-0} CPU_CLIENT=${CPU_CLIENT:-0} CPU_PROXY=${CPU_PROXY:-1}
+		LAYOUTS=(custom)
+	else
+		LAYOUTS=(split)
+	fi
+	;;
+*) die "--layout must be split, shared or both, not $LAYOUT" ;;
+esac
+if [[ -n $LAYOUT && -n $CPU_REDIS$CPU_CLIENT$CPU_PROXY ]]; then
+	log "--layout $LAYOUT given: CPU_REDIS, CPU_CLIENT and CPU_PROXY from the environment are ignored"
+fi
 if (($(nproc) < 2)); then
 	log "only one CPU: everything shares cpu0, so proxy numbers include contention"
+	LAYOUT_CPUS=([split]="0 0 0" [shared]="0 0 0")
 	CPU_REDIS=0 CPU_CLIENT=0 CPU_PROXY=0
 fi
+set_layout "${LAYOUTS[0]}"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/redproxy-bench.XXXXXX")
 RECORDS=$TMP/records.tsv

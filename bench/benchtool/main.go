@@ -3,6 +3,7 @@
 //
 //	benchtool freeport [N]                 print N free loopback TCP ports
 //	benchtool measure [-pid NAME=PID]... -out FILE -- CMD ARGS...
+//	benchtool idle -addr HOST:PORT -pid PID -conns N [flags]
 //
 // measure runs CMD, writes its stdout to FILE, and prints one line on stdout
 //
@@ -16,6 +17,11 @@
 // (10 ms at the usual 100 Hz); runs last seconds, so that is under 1 %.
 // busy_us is the CPU time the whole machine spent running tasks (or lost to
 // the hypervisor) during the run; see machineBusy.
+//
+// idle opens N connections to a proxy, sends one GET on each, holds them
+// idle and prints the proxy's VmRSS before and after (see idle.go):
+//
+//	conns=N rss_before_kb=B rss_after_kb=A open_ms=T alive=L
 package main
 
 import (
@@ -47,6 +53,8 @@ func main() {
 		err = freePorts(os.Args[2:])
 	case "measure":
 		err = measure(os.Args[2:])
+	case "idle":
+		err = idle(os.Args[2:])
 	default:
 		usage()
 	}
@@ -57,7 +65,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: benchtool freeport [N] | benchtool measure [-pid NAME=PID]... -out FILE -- CMD ARGS...")
+	fmt.Fprintln(os.Stderr, "usage: benchtool freeport [N] | benchtool measure [-pid NAME=PID]... -out FILE -- CMD ARGS... | benchtool idle -addr HOST:PORT -pid PID -conns N [flags]")
 	os.Exit(2)
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -48,5 +49,47 @@ func TestProcCPUOfSelf(t *testing.T) {
 	}
 	if _, err := machineBusy(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestReplySize(t *testing.T) {
+	for _, tc := range []struct {
+		in       string
+		size     int
+		complete bool
+		bad      bool
+	}{
+		{"", 0, false, false},
+		{"$3\r\nab", 0, false, false},
+		{"$3\r\nabc\r\n", 9, true, false},
+		{"$-1\r\n", 5, true, false},
+		{"+OK\r\n", 5, true, false},
+		{"-ERR max clients\r\n", 18, true, false},
+		{":1\r\n", 4, true, false},
+		{"$x\r\n", 0, false, true},
+		{"*1\r\n", 0, false, true},
+		{"\r\n", 0, false, true},
+	} {
+		size, complete, err := replySize([]byte(tc.in))
+		if (err != nil) != tc.bad || size != tc.size || complete != tc.complete {
+			t.Errorf("replySize(%q) = %d, %v, %v; want %d, %v, error %v", tc.in, size, complete, err, tc.size, tc.complete, tc.bad)
+		}
+	}
+}
+
+func TestParseVmRSS(t *testing.T) {
+	const status = "Name:\tredproxy\nVmPeak:\t  900 kB\nVmRSS:\t   12345 kB\nThreads:\t5\n"
+	got, err := parseVmRSS(strings.NewReader(status))
+	if err != nil || got != 12345 {
+		t.Fatalf("parseVmRSS = %d, %v; want 12345", got, err)
+	}
+	for _, bad := range []string{"Name:\tx\n", "VmRSS:\t12 MB\n", "VmRSS:\tlots kB\n"} {
+		if _, err := parseVmRSS(strings.NewReader(bad)); err == nil {
+			t.Errorf("parseVmRSS(%q): no error", bad)
+		}
+	}
+	// The real file of this process has one.
+	if kb, err := vmRSS(os.Getpid()); err != nil || kb <= 0 {
+		t.Fatalf("vmRSS(self) = %d, %v", kb, err)
 	}
 }
