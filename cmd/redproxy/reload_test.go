@@ -25,12 +25,12 @@ func postReload(t *testing.T, adminAddr, path string) (int, string) {
 	return res.StatusCode, string(body)
 }
 
-// TestReloadEndpointAndSIGHUP runs the binary with the example config (the
-// local tier turned off, since an upstream switch needs a restart with it
-// on) in front of Redis A, then edits the file: POST /reload switches to
-// Redis B; a change to server.listen is refused with its reason and keeps
-// everything; a broken file keeps everything, through POST /reload and
-// SIGHUP; POST /policy/reload still works.
+// TestReloadEndpointAndSIGHUP runs the binary with the example config (its
+// local tier on) in front of Redis A, then edits the file: POST /reload
+// switches to Redis B, and a key the tier was serving from A reads B's value
+// from then on; a change to server.listen is refused with its reason and
+// keeps everything; a broken file keeps everything, through POST /reload
+// and SIGHUP; POST /policy/reload still works.
 func TestReloadEndpointAndSIGHUP(t *testing.T) {
 	a, b := redistest.Start(t), redistest.Start(t)
 	bin := binary(t)
@@ -41,8 +41,10 @@ func TestReloadEndpointAndSIGHUP(t *testing.T) {
 	base := strings.NewReplacer(
 		`listen = "127.0.0.1:6380"`, `listen = "`+listen+`"`,
 		`admin = "127.0.0.1:9121"`, `admin = "`+adminAddr+`"`,
-		"enabled = true", "enabled = false",
 	).Replace(string(example))
+	if !strings.Contains(base, "\n[localcache]") || !strings.Contains(base, "\nenabled = true") {
+		t.Fatal("the example config no longer turns the local tier on; this test means to reload with it on")
+	}
 	withUpstream := func(addr string) string {
 		return strings.Replace(base, `address = "127.0.0.1:6379"`, `address = "`+addr+`"`, 1)
 	}
@@ -60,6 +62,26 @@ func TestReloadEndpointAndSIGHUP(t *testing.T) {
 	}
 	writeLandsOn("product:before", directA, directB)
 
+	// A hot key, read until the local tier answers it from A.
+	check(t, directA.Set(ctx, "product:hot", "from-A", 0).Err())
+	check(t, directB.Set(ctx, "product:hot", "from-B", 0).Err())
+	tierHits := func() string {
+		_, text, _ := get(t, "GET", "http://"+adminAddr+"/metrics")
+		for _, line := range strings.Split(text, "\n") {
+			if strings.HasPrefix(line, "redproxy_localcache_hits_total") {
+				return line
+			}
+		}
+		return ""
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		before := tierHits()
+		if v := c.Get(ctx, "product:hot").Val(); v != "from-A" {
+			t.Fatalf("GET product:hot before the switch = %q", v)
+		}
+		return tierHits() != before
+	}, "product:hot never became a local tier hit; log:\n%s", logs.String())
+
 	// Switch upstreams, and change a stampede setting and the log level.
 	next := strings.Replace(withUpstream(b.Addr()), "max_waiters = 1000", "max_waiters = 500", 1)
 	next = strings.Replace(next, `log_level = "info"`, `log_level = "debug"`, 1)
@@ -69,6 +91,11 @@ func TestReloadEndpointAndSIGHUP(t *testing.T) {
 		t.Fatalf("POST /reload = %d %q", code, body)
 	}
 	writeLandsOn("product:after", directB, directA)
+	for range 50 {
+		if v := c.Get(ctx, "product:hot").Val(); v != "from-B" {
+			t.Fatalf("GET product:hot after the switch = %q; log:\n%s", v, logs.String())
+		}
+	}
 
 	// A restart-only change is refused, and so is the rest of that file.
 	refused := strings.Replace(withUpstream(a.Addr()), `listen = "`+listen+`"`, `listen = "127.0.0.1:1"`, 1)

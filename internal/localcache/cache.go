@@ -82,9 +82,14 @@ type Cache struct {
 	include       patterns
 	exclude       patterns
 
-	connMu  sync.Mutex
-	conns   []atomic.Pointer[fillConn] // one per database, created on first use
-	fenceAt atomic.Int64               // hits need a heartbeat sent at or after this
+	connMu sync.Mutex
+	conns  []atomic.Pointer[fillConn] // one per database, created on first use
+	epochs atomic.Uint64              // source of fill connection epochs
+	// switching is set (under connMu) while SwitchUpstream has retired the
+	// fill connections and not yet dialled new ones: no connection is
+	// created meanwhile, so the tier neither serves nor fills.
+	switching bool
+	fenceAt   atomic.Int64 // hits need a heartbeat sent at or after this
 
 	noRESP2 sync.Map // *commands.Command -> struct{}: replies with no RESP2 form
 
@@ -197,12 +202,62 @@ func (c *Cache) Close() {
 		return
 	}
 	close(c.stop)
+	// Under connMu, so a connection conn() is creating right now is either
+	// closed here or never created (conn checks closed under connMu).
+	c.connMu.Lock()
+	var fcs []*fillConn
 	for i := range c.conns {
 		if fc := c.conns[i].Load(); fc != nil {
-			fc.pipe.Close()
+			fcs = append(fcs, fc)
 		}
 	}
+	c.connMu.Unlock()
+	for _, fc := range fcs {
+		fc.pipe.Close()
+	}
 	c.workers.Wait()
+}
+
+// SwitchUpstream moves the tier to another Redis server. switchUpstream is
+// called in the middle and must make Options.Upstream return the new
+// server's options. When SwitchUpstream returns:
+//
+//   - nothing read from the old server is served again, stale_if_error
+//     values included: every entry and value moved aside is dropped;
+//   - no fill sent to the old server is kept, whenever its reply arrives;
+//   - the fill connections of the databases in use have been replaced by
+//     connections to the new server, which serve hits once a heartbeat on
+//     them is answered, as after any reconnection.
+//
+// Until then no fill connection exists, so reads pass through to Redis.
+// Concurrent calls are the caller's to prevent (Server.Reload holds its
+// lock).
+func (c *Cache) SwitchUpstream(switchUpstream func()) {
+	c.connMu.Lock()
+	c.switching = true
+	var old []*fillConn
+	for i := range c.conns {
+		if fc := c.conns[i].Swap(nil); fc != nil {
+			// Retired before the flush below: a fill storing after the
+			// flush sees retired under its shard lock and is discarded; one
+			// storing before it is dropped by the flush.
+			fc.retire()
+			old = append(old, fc)
+		}
+	}
+	c.connMu.Unlock()
+	c.flush(-1, FlushSwitch)
+	for _, fc := range old {
+		fc.pipe.Close()
+	}
+	switchUpstream()
+	c.connMu.Lock()
+	c.switching = false
+	c.connMu.Unlock()
+	for _, fc := range old {
+		c.conn(fc.db)
+	}
+	c.log.Info("local tier: tracking connections moved to the new upstream", "databases", len(old))
 }
 
 // Config returns the configuration the cache was built with.
@@ -482,7 +537,7 @@ func (c *Cache) store(s *shard, rec *keyRec, gen, epoch uint64, fc *fillConn, p 
 	}
 	s.mu.Lock()
 	rec.pending--
-	ok := rec.gen == gen && rec.inflight == 0 && fc.epoch.Load() == epoch
+	ok := rec.gen == gen && rec.inflight == 0 && fc.epoch.Load() == epoch && !fc.retired.Load()
 	if h := hooks.Load(); h != nil && h.SkipGenerationCheck {
 		ok = rec.inflight == 0
 	}

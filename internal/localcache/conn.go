@@ -23,7 +23,8 @@ type fillConn struct {
 	pipe *upstream.Pipe
 
 	// epoch changes whenever the connection goes down or comes up; an entry
-	// or a fill from another epoch is never used.
+	// or a fill from another epoch is never used. Epochs come from one
+	// counter per Cache, so no two fill connections ever share one.
 	epoch atomic.Uint64
 	// ackSent is the send time of the latest heartbeat whose reply has
 	// arrived on the current connection, 0 if none yet. mu orders its
@@ -32,6 +33,12 @@ type fillConn struct {
 	mu      sync.Mutex
 
 	kick chan struct{}
+	// retired is set when an upstream switch replaces the connection
+	// (Cache.SwitchUpstream): nothing it reads may be kept from then on,
+	// and its pushes and reconnections concern a server no longer in use.
+	// quit is closed at the same time, to stop its heartbeat.
+	retired atomic.Bool
+	quit    chan struct{}
 }
 
 // conn returns db's fill connection, starting it on first use. It returns
@@ -45,10 +52,11 @@ func (c *Cache) conn(db int) *fillConn {
 	}
 	c.connMu.Lock()
 	defer c.connMu.Unlock()
-	if fc := c.conns[db].Load(); fc != nil || c.closed.Load() {
+	if fc := c.conns[db].Load(); fc != nil || c.closed.Load() || c.switching {
 		return fc
 	}
-	fc := &fillConn{c: c, db: db, kick: make(chan struct{}, 1)}
+	fc := &fillConn{c: c, db: db, kick: make(chan struct{}, 1), quit: make(chan struct{})}
+	fc.epoch.Store(c.epochs.Add(1))
 	opt := c.opt.Upstream(db)
 	opt.DB = db
 	opt.RESP3 = true
@@ -89,14 +97,31 @@ func (fc *fillConn) wake() {
 // newEpoch starts a new epoch with no heartbeat answered yet.
 func (fc *fillConn) newEpoch() {
 	fc.mu.Lock()
-	fc.epoch.Add(1)
+	fc.epoch.Store(fc.c.epochs.Add(1))
 	fc.ackSent.Store(0)
 	fc.mu.Unlock()
 }
 
+// retire takes the connection out of service for good: it is no longer
+// live, its fills in flight are discarded (store checks retired under the
+// shard lock), and its heartbeat stops. The caller closes the pipe.
+func (fc *fillConn) retire() {
+	fc.mu.Lock()
+	fc.retired.Store(true)
+	fc.epoch.Store(fc.c.epochs.Add(1))
+	fc.ackSent.Store(0)
+	fc.mu.Unlock()
+	close(fc.quit)
+}
+
 // onDown runs when the connection is lost, before its Calls fail: from now
-// on nothing filled on it is served, and it is all dropped (C4).
+// on nothing filled on it is served, and it is all dropped (C4). A retired
+// connection's loss changes nothing: the switch already dropped everything
+// it filled, and what the tier holds now came from its successor.
 func (fc *fillConn) onDown(err error) {
+	if fc.retired.Load() {
+		return
+	}
 	fc.newEpoch()
 	fc.c.flush(fc.db, FlushDisconnect)
 	if fc.c.closed.Load() {
@@ -109,6 +134,9 @@ func (fc *fillConn) onDown(err error) {
 // trusted, so it starts a new epoch and flushes again; a heartbeat at once
 // makes the tier live again within one round trip.
 func (fc *fillConn) onUp() {
+	if fc.retired.Load() {
+		return
+	}
 	fc.newEpoch()
 	fc.c.flush(fc.db, FlushReconnect)
 	fc.wake()
@@ -129,6 +157,8 @@ func (fc *fillConn) heartbeat() {
 	for {
 		select {
 		case <-fc.c.stop:
+			return
+		case <-fc.quit:
 			return
 		case <-t.C:
 		case <-fc.kick:
@@ -167,6 +197,11 @@ func (fc *fillConn) onPush(frame []byte) {
 		if h.IgnorePushes {
 			return
 		}
+	}
+	// A retired connection's invalidations are about the old server's
+	// keys; the switch dropped everything read there.
+	if fc.retired.Load() {
+		return
 	}
 	kind, rest, ok := pushKind(frame)
 	if !ok {

@@ -70,6 +70,12 @@
 //     a forwarded FLUSHALL, FLUSHDB or SWAPDB, or tracking-redir-broken drop
 //     everything the affected connections filled and discard their fills in
 //     flight.
+//   - Switch (SwitchUpstream, a reload that changes the upstream): every
+//     fill connection is retired before anything is dropped, so no fill
+//     sent to the old server is kept whenever its reply comes; everything,
+//     stale_if_error values included, is dropped; new connections to the
+//     new server then start as after a reconnection. Nothing read from the
+//     old server is served after the switch returns.
 //
 // Limits: Redis 7 sends no invalidation for SWAPDB, so a SWAPDB that does not
 // pass through the proxy (which flushes on one that does) is outside C2; a

@@ -18,11 +18,12 @@ const (
 	missOther    = "other"
 
 	// Flushes: why entries were dropped in bulk.
-	FlushDisconnect = "disconnect"   // the fill connection was lost
-	FlushReconnect  = "reconnect"    // a fill connection (re)connected
-	FlushRedis      = "redis_flush"  // Redis sent a null invalidation (FLUSHALL/FLUSHDB)
-	FlushForwarded  = "forwarded"    // FLUSHALL/FLUSHDB/SWAPDB passed through the proxy
-	FlushRedirBroke = "redir_broken" // Redis said the invalidation stream broke
+	FlushDisconnect = "disconnect"      // the fill connection was lost
+	FlushReconnect  = "reconnect"       // a fill connection (re)connected
+	FlushRedis      = "redis_flush"     // Redis sent a null invalidation (FLUSHALL/FLUSHDB)
+	FlushForwarded  = "forwarded"       // FLUSHALL/FLUSHDB/SWAPDB passed through the proxy
+	FlushRedirBroke = "redir_broken"    // Redis said the invalidation stream broke
+	FlushSwitch     = "upstream_switch" // a reload moved the tier to another Redis
 
 	// Fill results.
 	fillStored    = "stored"

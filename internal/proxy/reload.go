@@ -55,6 +55,10 @@ var ErrRestartRequired = errors.New("settings that need a restart changed")
 //
 //   - upstream.address, connections, dial_timeout, reply_timeout,
 //     reconnect_min, reconnect_max: drain and switch (Backend.Switch);
+//     with the local tier on, the tier also drops everything it read from
+//     the old upstream and moves its tracking connections to the new one
+//     (localcache.Cache.SwitchUpstream), so from the return of Reload no
+//     read is answered with a value from the old upstream;
 //   - upstream.max_pinned, server.max_clients: at once;
 //   - server request limits, idle_timeout and output limits: for
 //     connections and relays started after the reload;
@@ -63,8 +67,8 @@ var ErrRestartRequired = errors.New("settings that need a restart changed")
 //     (main owns the logger and shutdown; the guard owns the policy),
 //     which is why they are listed as changed but not acted on here.
 //
-// If next changes anything else (config.RestartOnly), or an upstream
-// setting while the local tier is on, Reload refuses the whole snapshot,
+// If next changes anything else (config.RestartOnly), or switches to or
+// from the embedded store, Reload refuses the whole snapshot,
 // keeps the one in force and says which settings and why; the error wraps
 // ErrRestartRequired.
 func (s *Server) Reload(next *config.Config) ([]string, error) {
@@ -79,10 +83,6 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		}
 	}
 	upstreamChanged := !onlyMaxPinned(cur, next)
-	if upstreamChanged && s.tier != nil {
-		refused = append(refused, fmt.Errorf("upstream: changes need a restart while the local tier is on "+
-			"(its tracking connections would keep the old upstream's invalidations)"))
-	}
 	if upstreamChanged && next.Upstream.Address != cur.Upstream.Address &&
 		(next.Upstream.Address == config.EmbeddedAddress || cur.Upstream.Address == config.EmbeddedAddress) {
 		refused = append(refused, fmt.Errorf("upstream.address: switching to or from the embedded store needs a restart"))
@@ -106,12 +106,25 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 			addr = s.upstreamAddr
 		}
 		s.upstreamAddr = addr
-		s.backend.Switch(s.backendOptions(next, addr))
+		switchBackend := func() { s.backend.Switch(s.backendOptions(next, addr)) }
+		if s.tier != nil {
+			// The tier drops everything it read from the old upstream and
+			// keeps no fill sent there, then redials its tracking
+			// connections to the new one (localcache.Cache.SwitchUpstream).
+			s.tier.cache.SwitchUpstream(switchBackend)
+		} else {
+			switchBackend()
+		}
 		s.log.Info("upstream switched; requests already sent finish on the old connections", "upstream", addr)
 	} else {
 		s.backend.SetMaxPinned(next.Upstream.MaxPinned)
 	}
-	if !reflect.DeepEqual(cur.Stampede, next.Stampede) {
+	// After an upstream switch, a new flight group too: a read started
+	// after Reload returns must not join a coalesced fetch (or tier fill)
+	// that an earlier read sent to the old upstream. Stored only now that
+	// the backend and the tier use the new upstream, so every fetch led in
+	// the new group goes there.
+	if upstreamChanged || !reflect.DeepEqual(cur.Stampede, next.Stampede) {
 		old := s.flight.Load()
 		s.flight.Store(newFlightState(next.Stampede, s.table, old.metrics))
 	}
