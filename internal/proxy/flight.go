@@ -16,8 +16,6 @@ import (
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
-func init() { featureInits = append(featureInits, initFlight) }
-
 // flightState is stampede protection's part of a Server: the coalescing
 // group (which the local tier's fills share: one mechanism), the miss hold
 // and early refresh rules, and the writes whose replies those rules wait for.
@@ -267,24 +265,6 @@ func nilReply(resp3 bool) []byte {
 		return nilRESP3
 	}
 	return nilRESP2
-}
-
-// writeForwarded is called for every write before it is sent upstream.
-func (sess *Session) writeForwarded(cmd *commands.Command, args [][]byte) {
-	sess.tierWriteForwarded(cmd, args)
-	sess.flightWriteForwarded(cmd, args)
-}
-
-// batchFlushed is called when every reply of the batch has arrived.
-func (sess *Session) batchFlushed() {
-	sess.tierBatchFlushed()
-	sess.flightBatchFlushed()
-}
-
-// sessionClosed is called once when the client's connection ends.
-func (sess *Session) sessionClosed() {
-	sess.tierSessionClosed()
-	sess.flightSessionClosed()
 }
 
 // flightWriteForwarded remembers writes of keys under a hold or early
