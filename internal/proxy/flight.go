@@ -219,21 +219,9 @@ func flightKey(kind byte, db int, resp3 bool, raw []byte) string {
 	return b.String()
 }
 
-func getCommand(key []byte) []byte { return appendCommand(nil, "GET", key) }
+func getCommand(key []byte) []byte { return resp.AppendCommandNamed(nil, "GET", key) }
 
-func pttlCommand(key []byte) []byte { return appendCommand(nil, "PTTL", key) }
-
-func appendCommand(b []byte, name string, key []byte) []byte {
-	b = append(b, "*2\r\n$"...)
-	b = strconv.AppendInt(b, int64(len(name)), 10)
-	b = append(b, "\r\n"...)
-	b = append(b, name...)
-	b = append(b, "\r\n$"...)
-	b = strconv.AppendInt(b, int64(len(key)), 10)
-	b = append(b, "\r\n"...)
-	b = append(b, key...)
-	return append(b, "\r\n"...)
-}
+func pttlCommand(key []byte) []byte { return resp.AppendCommandNamed(nil, "PTTL", key) }
 
 // splitTTL separates a GET reply from the PTTL reply behind it. ttl is 0
 // when the key has no expiry (or the PTTL reply is not a number).
