@@ -76,7 +76,7 @@ func (b *Batch) Encode(args [][]byte) []byte {
 	}
 	b.reserve(n)
 	start := len(b.scratch)
-	b.scratch = appendCommand(b.scratch, args...)
+	b.scratch = resp.AppendCommand(b.scratch, args...)
 	return b.scratch[start:len(b.scratch):len(b.scratch)]
 }
 
@@ -121,7 +121,7 @@ func (b *Batch) fixup(args ...[]byte) {
 	}
 	b.reserve(n)
 	s := len(b.scratch)
-	b.scratch = appendCommand(b.scratch, args...)
+	b.scratch = resp.AppendCommand(b.scratch, args...)
 	b.fixups = append(b.fixups, b.scratch[s:len(b.scratch):len(b.scratch)])
 }
 
@@ -135,20 +135,6 @@ func (b *Batch) reserve(n int) {
 	if cap(b.scratch)-len(b.scratch) < n {
 		b.scratch = make([]byte, 0, max(2*cap(b.scratch), n, 512))
 	}
-}
-
-func appendCommand(dst []byte, args ...[]byte) []byte {
-	dst = append(dst, '*')
-	dst = strconv.AppendInt(dst, int64(len(args)), 10)
-	dst = append(dst, '\r', '\n')
-	for _, a := range args {
-		dst = append(dst, '$')
-		dst = strconv.AppendInt(dst, int64(len(a)), 10)
-		dst = append(dst, '\r', '\n')
-		dst = append(dst, a...)
-		dst = append(dst, '\r', '\n')
-	}
-	return dst
 }
 
 // AppendRefusal appends the error reply for a refused command: "-" and the
@@ -172,4 +158,4 @@ func AppendRefusal(dst []byte, v *policy.Violation) []byte {
 // which makes the client's EXEC fail with EXECABORT, as it would if Redis
 // itself had rejected the refused command: a transaction runs whole or not
 // at all. Its reply is hidden from the client.
-var RefusedInMulti = appendCommand(nil, []byte("redproxy-policy-refused"))
+var RefusedInMulti = resp.AppendCommandStrings(nil, "redproxy-policy-refused")

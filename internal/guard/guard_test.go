@@ -342,7 +342,7 @@ func request(words ...string) resp.Request {
 	for i, w := range words {
 		args[i] = []byte(w)
 	}
-	return resp.Request{Args: args, Raw: appendCommand(nil, args...)}
+	return resp.Request{Args: args, Raw: resp.AppendCommand(nil, args...)}
 }
 
 // typicalBatch breaks no rule of the example policy.

@@ -442,7 +442,7 @@ func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte)
 	call := upstream.NewCall()
 	call.Add(cmdCachingYes)
 	call.Add(raw)
-	pttl := appendCommand(nil, "PTTL", key)
+	pttl := resp.AppendCommandNamed(nil, "PTTL", key)
 	call.Add(pttl)
 	sent := nanotime()
 	err := fc.pipe.Send(call)
@@ -802,37 +802,4 @@ func (c *Cache) sweep(s *shard) {
 	}
 }
 
-var cmdCachingYes = appendCommand(nil, "CLIENT", []byte("CACHING"), []byte("YES"))
-
-// appendCommand encodes a command as a RESP array of bulk strings.
-func appendCommand(dst []byte, name string, args ...[]byte) []byte {
-	dst = append(dst, '*')
-	dst = appendUint(dst, len(args)+1)
-	dst = append(dst, "\r\n$"...)
-	dst = appendUint(dst, len(name))
-	dst = append(dst, "\r\n"...)
-	dst = append(dst, name...)
-	dst = append(dst, "\r\n"...)
-	for _, a := range args {
-		dst = append(dst, '$')
-		dst = appendUint(dst, len(a))
-		dst = append(dst, "\r\n"...)
-		dst = append(dst, a...)
-		dst = append(dst, "\r\n"...)
-	}
-	return dst
-}
-
-func appendUint(dst []byte, n int) []byte {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-		if n == 0 {
-			break
-		}
-	}
-	return append(dst, b[i:]...)
-}
+var cmdCachingYes = resp.AppendCommandStrings(nil, "CLIENT", "CACHING", "YES")

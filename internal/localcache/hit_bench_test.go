@@ -9,6 +9,7 @@ import (
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -32,7 +33,7 @@ func benchCache(b *testing.B, nkeys int) (*Cache, [][]byte, [][]byte) {
 	for i := range nkeys {
 		key := []byte("key:" + strconv.Itoa(i))
 		direct.Set(ctx, string(key), "value-value-value", 0)
-		raw := appendCommand(nil, "GET", key)
+		raw := resp.AppendCommandNamed(nil, "GET", key)
 		if _, err := c.Fill(0, false, get, raw, key); err != nil {
 			b.Fatal(err)
 		}

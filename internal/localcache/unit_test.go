@@ -35,12 +35,7 @@ func dialRaw(t *testing.T, addr string, hello3 bool) *rawConn {
 
 func (c *rawConn) do(args ...string) []byte {
 	c.t.Helper()
-	var raw []byte
-	bs := make([][]byte, len(args)-1)
-	for i, a := range args[1:] {
-		bs[i] = []byte(a)
-	}
-	raw = appendCommand(raw, args[0], bs...)
+	raw := resp.AppendCommandStrings(nil, args...)
 	c.nc.SetDeadline(time.Now().Add(2 * time.Second))
 	if _, err := c.nc.Write(raw); err != nil {
 		c.t.Fatal(err)

@@ -16,8 +16,6 @@ import (
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
-func init() { featureInits = append(featureInits, initFlight) }
-
 // flightState is stampede protection's part of a Server: the coalescing
 // group (which the local tier's fills share: one mechanism), the miss hold
 // and early refresh rules, and the writes whose replies those rules wait for.
@@ -221,21 +219,9 @@ func flightKey(kind byte, db int, resp3 bool, raw []byte) string {
 	return b.String()
 }
 
-func getCommand(key []byte) []byte { return appendCommand(nil, "GET", key) }
+func getCommand(key []byte) []byte { return resp.AppendCommandNamed(nil, "GET", key) }
 
-func pttlCommand(key []byte) []byte { return appendCommand(nil, "PTTL", key) }
-
-func appendCommand(b []byte, name string, key []byte) []byte {
-	b = append(b, "*2\r\n$"...)
-	b = strconv.AppendInt(b, int64(len(name)), 10)
-	b = append(b, "\r\n"...)
-	b = append(b, name...)
-	b = append(b, "\r\n$"...)
-	b = strconv.AppendInt(b, int64(len(key)), 10)
-	b = append(b, "\r\n"...)
-	b = append(b, key...)
-	return append(b, "\r\n"...)
-}
+func pttlCommand(key []byte) []byte { return resp.AppendCommandNamed(nil, "PTTL", key) }
 
 // splitTTL separates a GET reply from the PTTL reply behind it. ttl is 0
 // when the key has no expiry (or the PTTL reply is not a number).
@@ -267,24 +253,6 @@ func nilReply(resp3 bool) []byte {
 		return nilRESP3
 	}
 	return nilRESP2
-}
-
-// writeForwarded is called for every write before it is sent upstream.
-func (sess *Session) writeForwarded(cmd *commands.Command, args [][]byte) {
-	sess.tierWriteForwarded(cmd, args)
-	sess.flightWriteForwarded(cmd, args)
-}
-
-// batchFlushed is called when every reply of the batch has arrived.
-func (sess *Session) batchFlushed() {
-	sess.tierBatchFlushed()
-	sess.flightBatchFlushed()
-}
-
-// sessionClosed is called once when the client's connection ends.
-func (sess *Session) sessionClosed() {
-	sess.tierSessionClosed()
-	sess.flightSessionClosed()
 }
 
 // flightWriteForwarded remembers writes of keys under a hold or early

@@ -11,8 +11,6 @@ import (
 	"github.com/redproxy/redproxy/internal/resp"
 )
 
-func init() { featureInits = append(featureInits, initGuard) }
-
 // serverGuard is the guard's part of a Server.
 type serverGuard struct {
 	*guard.Guard

@@ -1,28 +1,40 @@
 package proxy
 
+import "github.com/redproxy/redproxy/internal/commands"
+
 // Seams of the data path. Each feature owns one file that fills in its
-// hooks; the session calls them in this order for every command:
+// hooks; NewServer builds the features, in one list, and the session calls
+// them in this order for every command:
 //
 //	prepareBatch  once per batch, before any command (guard: decide the batch)
 //	guardStep     refuse, rewrite, or add fix-ups          (guard.go)
 //	tierStep      answer from the local tier               (tier.go)
 //	flightStep    join a coalesced fetch                   (flight.go)
-//	writeForwarded a write is about to be sent upstream   (tier.go, flight.go)
-//	batchFlushed  the batch's replies are all in           (tier.go, flight.go)
-//	sessionClosed the client's connection has ended        (flight.go)
 //
 // A step returns true when it has recorded the command's reply slot itself.
+//
+// Three events fan out to the features that keep state across a command's
+// trip, below: writeForwarded, batchFlushed and sessionClosed. Each calls
+// the local tier, then stampede protection. Neither depends on the other
+// having run first (the tier's marks and the miss holds' pending writes are
+// separate); the order is fixed so that it is the same in all three, and
+// the same as for relayed writes (relayhooks.go, which keeps its own
+// per-feature fan-out because those writes complete later).
 
-// initFeatures builds the guard, the stampede group and the local tier from
-// the configuration. Each feature's file adds its part.
-func (s *Server) initFeatures() error {
-	for _, init := range featureInits {
-		if err := init(s); err != nil {
-			return err
-		}
-	}
-	return nil
+// writeForwarded is called for every write before it is sent upstream.
+func (sess *Session) writeForwarded(cmd *commands.Command, args [][]byte) {
+	sess.tierWriteForwarded(cmd, args)
+	sess.flightWriteForwarded(cmd, args)
 }
 
-// featureInits is filled by the features' files in their init functions.
-var featureInits []func(*Server) error
+// batchFlushed is called when every reply of the batch has arrived.
+func (sess *Session) batchFlushed() {
+	sess.tierBatchFlushed()
+	sess.flightBatchFlushed()
+}
+
+// sessionClosed is called once when the client's connection ends.
+func (sess *Session) sessionClosed() {
+	sess.tierSessionClosed()
+	sess.flightSessionClosed()
+}

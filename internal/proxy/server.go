@@ -106,9 +106,23 @@ func NewServer(o Options) (*Server, error) {
 	s.live.Store(cfg)
 	s.backend = NewBackend(s.backendOptions(cfg, addr))
 	s.backend.RegisterMetrics(o.Metrics.Registry)
-	if err := s.initFeatures(); err != nil {
-		s.backend.Close()
-		return nil, err
+	// The features the data path consults (hooks.go), each built from its
+	// part of the configuration, in this order. None reads another's state
+	// while it is built; the backend comes first because the local tier
+	// dials through its options, and the local tier comes last because it
+	// is the only step that starts anything (a maintenance goroutine and
+	// its tracking connections): a policy that does not compile fails
+	// NewServer with nothing of the tier running.
+	for _, build := range []func(*Server) error{
+		initFlight,  // stampede protection: coalescing, miss holds (flight.go)
+		initGuard,   // the policy guard (guard.go)
+		initSlowlog, // the slow log (slowlog.go)
+		initTier,    // the local tier, when enabled (tier.go)
+	} {
+		if err := build(s); err != nil {
+			s.backend.Close()
+			return nil, err
+		}
 	}
 	return s, nil
 }

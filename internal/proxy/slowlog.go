@@ -9,8 +9,6 @@ import (
 	"github.com/redproxy/redproxy/internal/slowlog"
 )
 
-func init() { featureInits = append(featureInits, initSlowlog) }
-
 // slowState is the slow log's part of a Server. The session compares each
 // batch's duration with threshold, so when the log is off threshold is the
 // largest duration and the comparison never holds.

@@ -309,7 +309,7 @@ func (sess *Session) namePin(name string) {
 		name = pinnedName
 	}
 	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
-	sess.call.Add(encodeCommand("CLIENT", "SETNAME", name))
+	sess.call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", name))
 	sess.pin.named = name != pinnedName
 }
 
@@ -318,14 +318,6 @@ func (sess *Session) unnamePin() {
 	if sess.pin.named {
 		sess.namePin("")
 	}
-}
-
-func encodeCommand(args ...string) []byte {
-	b := redcon.AppendArray(nil, len(args))
-	for _, a := range args {
-		b = redcon.AppendBulkString(b, a)
-	}
-	return b
 }
 
 // pinFor starts pinning for MULTI or WATCH.
@@ -470,7 +462,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 	call.NoTimeout = true
 	first := 0
 	if named {
-		call.Add(encodeCommand("CLIENT", "SETNAME", sess.name))
+		call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", sess.name))
 		first++
 	}
 	if cmd.Name == "wait" || cmd.Name == "waitaof" {
@@ -483,7 +475,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 	}
 	call.Add(raw)
 	if named {
-		call.Add(encodeCommand("CLIENT", "SETNAME", pinnedName))
+		call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", pinnedName))
 	}
 	sess.block.set(rid)
 	if err := pipe.Send(call); err != nil {
@@ -610,9 +602,9 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 	// Answered in order with what came before, and before the target's
 	// connection can go to another client.
 	sess.flush(time.Now())
-	raw := encodeCommand("CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10))
+	raw := resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10))
 	if mode != "" {
-		raw = encodeCommand("CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
+		raw = resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
 	}
 	sess.forward(raw, m)
 	sess.flush(time.Now())
@@ -882,11 +874,7 @@ func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decisi
 // appendErrorScript appends a script that makes Redis answer with msg, an
 // error text without the leading '-'.
 func appendErrorScript(out []byte, msg string) []byte {
-	out = redcon.AppendArray(out, 4)
-	out = redcon.AppendBulkString(out, "EVAL")
-	out = redcon.AppendBulkString(out, "return redis.error_reply(ARGV[1])")
-	out = redcon.AppendBulkString(out, "0")
-	return redcon.AppendBulkString(out, msg)
+	return resp.AppendCommandStrings(out, "EVAL", "return redis.error_reply(ARGV[1])", "0", msg)
 }
 
 // outQueue is a byte queue with a hard cap.

@@ -12,8 +12,6 @@ import (
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
-func init() { featureInits = append(featureInits, initTier) }
-
 // tierState is the local tier's part of a Server. Each session keeps its
 // own writes in flight (Session.tierWrites).
 type tierState struct {

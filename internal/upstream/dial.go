@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/resp"
-	"github.com/tidwall/redcon"
 )
 
 // Dial opens a connection to Redis and runs the handshake: HELLO (with AUTH
@@ -70,10 +69,7 @@ func handshake(nc net.Conn, opt Options) error {
 	}
 	var out []byte
 	for _, c := range cmds {
-		out = redcon.AppendArray(out, len(c))
-		for _, a := range c {
-			out = redcon.AppendBulkString(out, a)
-		}
+		out = resp.AppendCommandStrings(out, c...)
 	}
 	nc.SetDeadline(time.Now().Add(opt.DialTimeout))
 	defer nc.SetDeadline(time.Time{})

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/resp"
-	"github.com/tidwall/redcon"
 )
 
 // A shared connection whose oldest reply is overdue may be stuck behind a
@@ -75,14 +74,10 @@ func probe(opt Options, deadline time.Time, cancel <-chan struct{}) probeVerdict
 	skip := 0
 	if opt.Password != "" {
 		if opt.Username != "" {
-			req = redcon.AppendArray(req, 3)
-			req = redcon.AppendBulkString(req, "AUTH")
-			req = redcon.AppendBulkString(req, opt.Username)
+			req = resp.AppendCommandStrings(req, "AUTH", opt.Username, opt.Password)
 		} else {
-			req = redcon.AppendArray(req, 2)
-			req = redcon.AppendBulkString(req, "AUTH")
+			req = resp.AppendCommandStrings(req, "AUTH", opt.Password)
 		}
-		req = redcon.AppendBulkString(req, opt.Password)
 		skip = 1
 	}
 	req = append(req, probePing...)
