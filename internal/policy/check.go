@@ -65,6 +65,7 @@ func resetDecisions(out []Decision, n int) []Decision {
 		d.Violations = d.Violations[:0]
 		d.Args = nil
 		d.Expires = d.Expires[:0]
+		d.TTLFrom = 0
 	}
 	return out
 }
@@ -474,8 +475,11 @@ func (c *checker) resolvePending() {
 		key := req.Args[pt.eff.key]
 		// A key in another database cannot be given its TTL by a later
 		// command, which runs in this one.
-		if pt.eff.db == 0 && c.ttlSetLater(pt.req, pt.seg, key) {
-			continue
+		if pt.eff.db == 0 {
+			if from, ok := c.ttlSetLater(pt.req, pt.seg, key); ok {
+				d.TTLFrom = max(d.TTLFrom, from)
+				continue
+			}
 		}
 		rule := pt.rule
 		a := c.act(rule.action)
@@ -514,16 +518,16 @@ func (c *checker) resolvePending() {
 }
 
 // ttlSetLater reports whether a request after req in the same stretch of
-// the batch (seg), not refused, certainly gives key a TTL.
-func (c *checker) ttlSetLater(req, seg int, key []byte) bool {
+// the batch (seg), not refused, certainly gives key a TTL, and which.
+func (c *checker) ttlSetLater(req, seg int, key []byte) (int, bool) {
 	const linearLimit = 32
 	if len(c.setters) <= linearLimit {
 		for _, s := range c.setters {
 			if s.req > req && s.seg == seg && c.out[s.req].Refuse == nil && string(c.reqs[s.req].Args[s.arg]) == string(key) {
-				return true
+				return s.req, true
 			}
 		}
-		return false
+		return 0, false
 	}
 	if !c.mapBuilt {
 		// Setters are never refused after the first pass, so the map can be
@@ -539,5 +543,5 @@ func (c *checker) ttlSetLater(req, seg int, key []byte) bool {
 		}
 	}
 	last, ok := c.setterMap[segKey{seg, string(key)}]
-	return ok && last > req
+	return last, ok && last > req
 }

@@ -240,8 +240,10 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 	sess.batchReqs = reqs
 	sess.prepareBatch(reqs)
 	for i := range reqs {
-		if i > 0 && sess.outputDue() {
-			// Answer what the batch owes before forwarding more of it.
+		if i > 0 && !sess.guard.Joined(i) && sess.outputDue() {
+			// Answer what the batch owes before forwarding more of it;
+			// but never between a write and the later command its TTL
+			// was trusted from (guard.Batch.Joined).
 			sess.flush(start)
 		}
 		if sess.quitting {
