@@ -191,6 +191,22 @@ func (b *Backend) PipeID(p *upstream.Pipe) (int64, error) {
 	return id, nil
 }
 
+// RoundTripBeside runs one command on a connection of its own to the
+// server the dedicated pipe p is connected to: after a switch, a pipe
+// dialled before it still talks to the old upstream, and a command about
+// that connection (CLIENT UNBLOCK of its Redis id) must go there too.
+func (b *Backend) RoundTripBeside(p *upstream.Pipe, raw []byte) ([]byte, error) {
+	b.idleMu.Lock()
+	g := b.dialled[p]
+	b.idleMu.Unlock()
+	if g == nil {
+		g = b.gen.Load()
+	}
+	o := g.options(0, false)
+	o.Name = "redproxy-alone"
+	return upstream.RoundTrip(o, raw)
+}
+
 // AcquireConn dials a raw dedicated connection for relaying (pub/sub,
 // MONITOR, client-side tracking). It is never reused, so it carries the
 // client's name, if it has one, for Redis's CLIENT LIST and SLOWLOG.

@@ -4,9 +4,13 @@ package proxy_test
 // split of the output limits against the guard's look-ahead, ...
 
 import (
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/metrics"
@@ -47,5 +51,79 @@ func TestTrustedTTLIsNotSplitFromItsWrite(t *testing.T) {
 	}
 	if ttl <= 0 {
 		t.Fatalf("TTL s:k = %v after the client was closed: the write ran, the EXPIRE trusted for it did not", ttl)
+	}
+}
+
+// blockedID returns the Redis id of the connection blocked in BLPOP on key
+// (from CLIENT LIST on Redis), or 0.
+func blockedID(t *testing.T, direct *redis.Client, key string) int64 {
+	t.Helper()
+	list, err := direct.ClientList(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(list), "\n") {
+		if infoValue(line, "cmd") != "blpop" {
+			continue
+		}
+		id, _ := strconv.ParseInt(infoValue(line, "id"), 10, 64)
+		return id
+	}
+	return 0
+}
+
+// burnIDs makes Redis hand out connection ids until the next one is next.
+func burnIDs(t *testing.T, rs *redistest.Server, next int64) {
+	t.Helper()
+	for {
+		c := dialRaw(t, rs.Addr())
+		id := c.do("CLIENT", "ID").(int64)
+		c.nc.Close()
+		if id >= next-1 {
+			return
+		}
+	}
+}
+
+// CLIENT UNBLOCK translates the proxy id of a blocked client into the Redis
+// id of the dedicated connection it blocks on. After a reload switched the
+// upstream, that connection still talks to the old server, so the
+// translated command must go there: sent to the new server it misses the
+// blocked client, and names whichever connection has that id there, which
+// may be another client of the proxy, blocked on the new server.
+func TestClientUnblockAfterUpstreamSwitch(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	p := proxytest.Start(t, a, nil)
+	directA, directB := a.Client(t), b.Client(t)
+	burnIDs(t, a, 100) // so that b, with fewer connections so far, can catch up
+	blockedA := dialRaw(t, p.Addr)
+	pid := blockedA.do("CLIENT", "ID").(int64)
+	blockedA.send([]string{"BLPOP", "sw:a", "0"})
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(directA) == 1 }, "BLPOP on A never blocked")
+	ridA := blockedID(t, directA, "sw:a")
+
+	if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Upstream.Address = b.Addr() })); err != nil {
+		t.Fatal(err)
+	}
+	// Another client blocks on B, on a connection with, if nothing else
+	// dials B meanwhile, the same Redis id as the first one's on A.
+	directB.Ping(ctx) // its connection is made before the ids are lined up
+	burnIDs(t, b, ridA)
+	blockedB := dialRaw(t, p.Addr)
+	blockedB.send([]string{"BLPOP", "sw:b", "0"})
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(directB) == 1 }, "BLPOP on B never blocked")
+	t.Logf("blocked on A as Redis id %d, on B as %d", ridA, blockedID(t, directB, "sw:b"))
+
+	admin := dialRaw(t, p.Addr)
+	wantReplies(t, admin, []string{"CLIENT", "UNBLOCK", strconv.FormatInt(pid, 10)}, int64(1))
+	if got, _ := blockedA.readReply(); got != nil {
+		t.Fatalf("the client blocked on the old upstream got %#v, want the nil of an unblocked BLPOP", got)
+	}
+	if n := blockedClients(directB); n != 1 {
+		t.Fatalf("%d clients blocked on the new upstream after unblocking one on the old, want 1", n)
+	}
+	directB.RPush(ctx, "sw:b", "x")
+	if got, _ := blockedB.readReply(); !reflect.DeepEqual(got, []any{"sw:b", "x"}) {
+		t.Fatalf("the client blocked on the new upstream got %#v", got)
 	}
 }

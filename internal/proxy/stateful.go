@@ -485,9 +485,9 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 	if named {
 		call.Add(encodeCommand("CLIENT", "SETNAME", pinnedName))
 	}
-	sess.block.set(rid)
+	sess.block.set(rid, pipe)
 	if err := pipe.Send(call); err != nil {
-		sess.block.set(0)
+		sess.block.set(0, nil)
 		if borrowed {
 			sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, false)
 		}
@@ -514,7 +514,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 				// so it cannot pop an element that would reach nobody.
 				pipe.Close()
 				<-call.Done()
-				sess.block.set(0)
+				sess.block.set(0, nil)
 				if !borrowed {
 					sess.unpin(false)
 				} else {
@@ -526,7 +526,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 			}
 		}
 	}
-	sess.block.set(0)
+	sess.block.set(0, nil)
 	reply, err := call.Reply(first)
 	if err != nil {
 		reply = errorReply(err)
@@ -564,13 +564,15 @@ type blockState struct {
 	// mu is held by an UNBLOCK aimed at id until Redis has answered it, so
 	// the connection cannot be reused by another client meanwhile: the
 	// blocked client takes mu to clear id before giving it back.
-	mu sync.Mutex
-	id atomic.Int64 // Redis's id of the connection; 0: not blocked
+	mu   sync.Mutex
+	id   atomic.Int64   // Redis's id of the connection; 0: not blocked
+	pipe *upstream.Pipe // the connection, under mu
 }
 
-func (b *blockState) set(id int64) {
+func (b *blockState) set(id int64, pipe *upstream.Pipe) {
 	b.mu.Lock()
 	b.id.Store(id)
+	b.pipe = pipe
 	b.mu.Unlock()
 }
 
@@ -608,14 +610,20 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 		return true
 	}
 	// Answered in order with what came before, and before the target's
-	// connection can go to another client.
+	// connection can go to another client. It goes to the server that
+	// connection is on, which after a reload switched the upstream is not
+	// the one this client's commands go to: there the id names some other
+	// connection.
 	sess.flush(time.Now())
 	raw := encodeCommand("CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10))
 	if mode != "" {
 		raw = encodeCommand("CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
 	}
-	sess.forward(raw, m)
-	sess.flush(time.Now())
+	reply, err := sess.srv.backend.RoundTripBeside(target.block.pipe, raw)
+	if err != nil {
+		reply = errorReply(err)
+	}
+	sess.replyLocal(m, reply)
 	return true
 }
 
