@@ -127,3 +127,34 @@ func TestClientUnblockAfterUpstreamSwitch(t *testing.T) {
 		t.Fatalf("the client blocked on the new upstream got %#v", got)
 	}
 }
+
+// A command the policy refuses inside MULTI makes EXEC fail, so that a
+// transaction runs whole or not at all; a relayed client (here RESP3
+// tracking, as rueidis does it) is no exception. Its refusal travels as a
+// command Redis answers with an error; queued in MULTI, that command must
+// be one Redis rejects at queue time, not a script EXEC would run while
+// the rest of the transaction commits.
+func TestRefusalInsideMultiOnRelayAbortsTransaction(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Policy = policy.Config{Mode: "enforce", Commands: policy.CommandRules{Deny: []string{"keys"}}}
+	})
+	c := dialRaw(t, p.Addr)
+	c.do("HELLO", "3")
+	if v := c.do("CLIENT", "TRACKING", "ON"); v != "OK" {
+		t.Fatalf("CLIENT TRACKING ON: %v", v)
+	}
+	c.send([]string{"MULTI"}, []string{"INCR", "rt:n"}, []string{"KEYS", "*"}, []string{"EXEC"})
+	var got []any
+	for range 4 {
+		got = append(got, c.readNonPush())
+	}
+	if e, ok := got[2].(respError); !ok || !strings.Contains(string(e), "KEYS is disabled") {
+		t.Errorf("KEYS inside MULTI answered %#v, want the refusal", got[2])
+	}
+	if e, ok := got[3].(respError); !ok || !strings.HasPrefix(string(e), "EXECABORT") {
+		t.Errorf("EXEC answered %#v, want EXECABORT", got[3])
+	}
+	if n, err := p.Redis.Client(t).Exists(ctx, "rt:n").Result(); err != nil || n != 0 {
+		t.Fatalf("the rest of a transaction with a refused command ran (rt:n exists: %d, %v); replies %#v", n, err, got)
+	}
+}

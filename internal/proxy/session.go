@@ -67,8 +67,10 @@ type Session struct {
 
 	pin   pinState
 	abort txAbort
-	block blockState
-	guard guard.Batch // the guard's decisions for the batch (guard.go)
+	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
+	relayInMulti bool
+	block        blockState
+	guard        guard.Batch // the guard's decisions for the batch (guard.go)
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
 	tierWrites localcache.Writes

@@ -860,9 +860,18 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, fir
 // reaches the client in order with every other reply on the raw stream.
 // TTL fix-ups are not added on a relay: their replies would reach the
 // client; the keyspace audit finds keys left without a TTL.
+//
+// Inside the client's MULTI a refusal is sent as a command Redis rejects at
+// queue time, so that EXEC fails with EXECABORT as it does for a refusal
+// on a shared connection: a script would be queued and EXEC would run the
+// rest of the transaction.
 func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decision) []byte {
+	refuse := appendErrorScript
+	if sess.relayInMulti {
+		refuse = appendQueueRefusal
+	}
 	if trackingRedirect(r.Args) {
-		return appendErrorScript(out, errTrackingRedirect)
+		return refuse(out, errTrackingRedirect)
 	}
 	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") {
 		// Proxy client ids and addresses cannot be translated in flight
@@ -870,21 +879,41 @@ func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decisi
 		// connections.
 		for _, sub := range [...]string{"UNBLOCK", "KILL"} {
 			if strings.EqualFold(string(r.Args[1]), sub) {
-				return appendErrorScript(out, "ERR redproxy: CLIENT "+sub+" is not supported on a connection in subscribed, tracking or MONITOR mode")
+				return refuse(out, "ERR redproxy: CLIENT "+sub+" is not supported on a connection in subscribed, tracking or MONITOR mode")
 			}
+		}
+	}
+	if d != nil && d.Refuse != nil {
+		sess.recordViolations(d)
+		return refuse(out, d.Refuse.Msg)
+	}
+	if len(r.Args) > 0 {
+		switch name := string(r.Args[0]); {
+		case strings.EqualFold(name, "multi"):
+			sess.relayInMulti = true
+		case strings.EqualFold(name, "exec"), strings.EqualFold(name, "discard"), strings.EqualFold(name, "reset"):
+			sess.relayInMulti = false
 		}
 	}
 	if d == nil || len(d.Violations) == 0 && d.Args == nil {
 		return append(out, r.Raw...)
 	}
 	sess.recordViolations(d)
-	switch {
-	case d.Refuse != nil:
-		return appendErrorScript(out, d.Refuse.Msg)
-	case d.Args != nil:
+	if d.Args != nil {
 		return append(out, sess.guard.Encode(d.Args)...)
 	}
 	return append(out, r.Raw...)
+}
+
+// appendQueueRefusal appends, for a refusal inside a relayed client's
+// MULTI, a command unknown to Redis carrying msg (an error text without
+// the leading '-'): Redis answers it with an unknown-command error that
+// quotes msg's start, and flags the transaction so that EXEC answers
+// EXECABORT.
+func appendQueueRefusal(out []byte, msg string) []byte {
+	out = redcon.AppendArray(out, 2)
+	out = redcon.AppendBulkString(out, "redproxy-refused")
+	return redcon.AppendBulkString(out, strings.TrimPrefix(msg, "ERR "))
 }
 
 // appendErrorScript appends a script that makes Redis answer with msg, an
