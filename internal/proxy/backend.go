@@ -348,7 +348,7 @@ const drainGrace = time.Second
 // Switch starts a new generation with opt (a new address, pool size or
 // timeouts). Commands sent after it returns use connections dialled with
 // opt; the old generation's pools are closed in the background once every
-// request sent on them has been answered (or failed by reply_timeout),
+// request sent on them has been answered (or failed by dead_timeout),
 // and no sooner than drainGrace. Dedicated connections in use (MULTI,
 // blocking commands, pub/sub relays) keep their old upstream until their
 // clients release them; released ones are closed, not reused. The pools of
@@ -386,8 +386,10 @@ func (b *Backend) Switch(opt BackendOptions) {
 }
 
 // drain closes a replaced generation's pools once nothing is pending on
-// them, bounded by the reply timeout, after which a pending request would
-// have failed anyway.
+// them, bounded by the dead timeout, after which the pipes would have
+// failed a request that Redis does not answer anyway. (A request only
+// overdue, past reply_timeout, is still waited for: Redis may be slow,
+// paused or running a script, and would answer it.)
 func (b *Backend) drain(g *backendGen) {
 	defer b.drains.Done()
 	defer g.close()
@@ -401,7 +403,11 @@ func (b *Backend) drain(g *backendGen) {
 			return false
 		}
 	}
-	deadline := time.Now().Add(drainGrace + 2*g.opt.ReplyTimeout)
+	dead := g.opt.DeadTimeout
+	if dead <= 0 {
+		dead = 30 * time.Second // upstream.Options' default
+	}
+	deadline := time.Now().Add(drainGrace + g.opt.ReplyTimeout + 2*dead)
 	if !wait(drainGrace) {
 		return
 	}

@@ -158,3 +158,22 @@ func TestRefusalInsideMultiOnRelayAbortsTransaction(t *testing.T) {
 		t.Fatalf("the rest of a transaction with a refused command ran (rt:n exists: %d, %v); replies %#v", n, err, got)
 	}
 }
+
+// A reload that switches the upstream closes the old connections once what
+// was sent on them is answered. A command slower than reply_timeout is
+// still running on the old server, which the pipes wait for up to
+// dead_timeout (Redis alive but slow); the switch must not fail it
+// sooner, while Redis would still answer it.
+func TestSwitchWaitsForSlowCommandOnOldUpstream(t *testing.T) {
+	p, _ := busyRedis(t, 1, 10*time.Second) // reply_timeout 150ms
+	b := redistest.Start(t)
+	sleeper := dialAddr(t, p.Addr)
+	rawSend(t, sleeper, "DEBUG", "SLEEP", "2")
+	waitOverdue(t, p)
+	if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Upstream.Address = b.Addr() })); err != nil {
+		t.Fatal(err)
+	}
+	if got := rawRead(t, sleeper); got != "+OK\r\n" {
+		t.Fatalf("DEBUG SLEEP sent before the switch: %q", got)
+	}
+}
