@@ -95,7 +95,9 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*upstream.Pipe, error) {
 	for n := len(b.idle[key]); n > 0; n = len(b.idle[key]) {
 		p := b.idle[key][n-1]
 		b.idle[key] = b.idle[key][:n-1]
-		if p.Up() {
+		// A switch empties the idle list only after it swapped the
+		// generation: one left in between talks to the old upstream.
+		if p.Up() && b.dialled[p] == b.gen.Load() {
 			b.idleMu.Unlock()
 			return p, nil
 		}
