@@ -102,8 +102,8 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 	case isSubscribe(name):
 		if !rw.resp3 {
 			rw.uncountable()
-		} else if strings.HasSuffix(name, "unsubscribe") || len(args) > 1 {
-			replies = 0 // answered with pushes only
+		} else if !rw.inMulti && (strings.HasSuffix(name, "unsubscribe") || len(args) > 1) {
+			replies = 0 // answered with pushes only (in MULTI: +QUEUED)
 		}
 	case name == "select" && len(args) == 2:
 		if db, err := strconv.Atoi(string(args[1])); err == nil && db >= 0 && db < rw.sess.srv.Config().Upstream.Databases {

@@ -1,6 +1,15 @@
 package proxy
 
-import "testing"
+import (
+	"bytes"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/tidwall/redcon"
+)
 
 // The relay's reply counter finds every top-level reply of a RESP3 stream
 // however it is cut, and does not count pushes.
@@ -28,5 +37,67 @@ func TestReplyCounterAnySplit(t *testing.T) {
 		if got != want {
 			t.Fatalf("step %d: counted %d replies, want %d", step, got, want)
 		}
+	}
+}
+
+// A relay expects as many replies as Redis sends: SUBSCRIBE queued in a
+// RESP3 client's MULTI is answered +QUEUED (its pushes come inside EXEC's
+// array), not by pushes only. Expecting one reply too few releases the
+// marks of later writes before their replies arrive.
+func TestRelayCountsSubscribeQueuedInMulti(t *testing.T) {
+	rs := redistest.Start(t)
+	table := commands.Builtin()
+	sess := &Session{srv: &Server{table: table, tier: &tierState{}}, resp3: true}
+	rw := newRelayWrites(sess)
+	cmds := [][]string{{"MULTI"}, {"SUBSCRIBE", "ch"}, {"EXEC"}, {"SUBSCRIBE", "ch2"}, {"PING"}}
+	var raw []byte
+	for _, c := range cmds {
+		args := make([][]byte, len(c))
+		for i, a := range c {
+			args[i] = []byte(a)
+		}
+		rw.note(table.Lookup(args), args, false)
+		raw = redcon.AppendArray(raw, len(c))
+		for _, a := range c {
+			raw = redcon.AppendBulkString(raw, a)
+		}
+	}
+
+	nc, err := net.DialTimeout("tcp", rs.Addr(), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(5 * time.Second))
+	var hello replyCounter
+	if _, err := nc.Write([]byte("*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	for n := int64(0); n == 0; {
+		k, err := nc.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ = hello.feed(buf[:k])
+	}
+	if _, err := nc.Write(raw); err != nil {
+		t.Fatal(err)
+	}
+	var stream []byte
+	for !bytes.HasSuffix(stream, []byte("+PONG\r\n")) {
+		k, err := nc.Read(buf)
+		if err != nil {
+			t.Fatalf("reading Redis's replies (have %q): %v", stream, err)
+		}
+		stream = append(stream, buf[:k]...)
+	}
+	var c replyCounter
+	got, ok := c.feed(stream)
+	if !ok {
+		t.Fatalf("counter did not understand %q", stream)
+	}
+	if rw.due != got {
+		t.Fatalf("relay expects %d replies; Redis sent %d: %q", rw.due, got, stream)
 	}
 }
