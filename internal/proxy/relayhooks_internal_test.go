@@ -40,23 +40,47 @@ func TestReplyCounterAnySplit(t *testing.T) {
 	}
 }
 
-// A relay expects as many replies as Redis sends: SUBSCRIBE queued in a
-// RESP3 client's MULTI is answered +QUEUED (its pushes come inside EXEC's
-// array), not by pushes only. Expecting one reply too few releases the
-// marks of later writes before their replies arrive.
-func TestRelayCountsSubscribeQueuedInMulti(t *testing.T) {
+// A relay expects as many replies as Redis sends, and counts as many in
+// Redis's stream. SUBSCRIBE queued in a RESP3 client's MULTI is answered
+// +QUEUED (its pushes come inside EXEC's array), not by pushes only. A
+// message a subscribed RESP3 client publishes to itself inside MULTI comes
+// inside EXEC's array, as an element its header does not count (Redis 7.0).
+// The relay stops counting rather than miscount (EXEC's array counts the
+// pushes of a SUBSCRIBE queued in it, not a message): a count off by one
+// releases the marks of later writes before their replies arrive.
+func TestRelayCountsRepliesInMulti(t *testing.T) {
 	rs := redistest.Start(t)
+	for _, cmds := range [][][]string{
+		{{"MULTI"}, {"SUBSCRIBE", "ch"}, {"EXEC"}, {"SUBSCRIBE", "ch2"}, {"PING"}},
+		{{"SUBSCRIBE", "self"}, {"MULTI"}, {"PUBLISH", "self", "x"}, {"SET", "a", "1"}, {"EXEC"}, {"PING"}},
+		{{"MULTI"}, {"SUBSCRIBE", "self2"}, {"PUBLISH", "self2", "x"}, {"EXEC"}, {"PING"}},
+	} {
+		if due, got, stream := relayCount(t, rs, cmds); due != got {
+			t.Errorf("%v: relay expects %d replies, counts %d in Redis's %q", cmds, due, got, stream)
+		}
+	}
+}
+
+// relayCount notes cmds on a RESP3 relay's write hooks and sends them to
+// Redis; it returns the replies the hooks expect, those the relay's counter
+// finds in what Redis sent back, and the stream. The last command must be
+// PING. Hooks that stopped counting expect what Redis sends, whatever it
+// is (due = got).
+func relayCount(t *testing.T, rs *redistest.Server, cmds [][]string) (due, got int64, stream []byte) {
 	table := commands.Builtin()
 	sess := &Session{srv: &Server{table: table, tier: &tierState{}}, resp3: true}
 	rw := newRelayWrites(sess)
-	cmds := [][]string{{"MULTI"}, {"SUBSCRIBE", "ch"}, {"EXEC"}, {"SUBSCRIBE", "ch2"}, {"PING"}}
 	var raw []byte
 	for _, c := range cmds {
 		args := make([][]byte, len(c))
 		for i, a := range c {
 			args[i] = []byte(a)
 		}
-		rw.note(table.Lookup(args), args, false)
+		if cmd := table.Lookup(args); !mayWrite(cmd) { // writes would need a live tier
+			rw.note(cmd, args, false)
+		} else {
+			rw.due++
+		}
 		raw = redcon.AppendArray(raw, len(c))
 		for _, a := range c {
 			raw = redcon.AppendBulkString(raw, a)
@@ -84,7 +108,6 @@ func TestRelayCountsSubscribeQueuedInMulti(t *testing.T) {
 	if _, err := nc.Write(raw); err != nil {
 		t.Fatal(err)
 	}
-	var stream []byte
 	for !bytes.HasSuffix(stream, []byte("+PONG\r\n")) {
 		k, err := nc.Read(buf)
 		if err != nil {
@@ -97,7 +120,8 @@ func TestRelayCountsSubscribeQueuedInMulti(t *testing.T) {
 	if !ok {
 		t.Fatalf("counter did not understand %q", stream)
 	}
-	if rw.due != got {
-		t.Fatalf("relay expects %d replies; Redis sent %d: %q", rw.due, got, stream)
+	if !rw.countable {
+		return got, got, stream
 	}
+	return rw.due, got, stream
 }
