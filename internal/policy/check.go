@@ -115,18 +115,22 @@ type pendingTTL struct {
 // of a transaction (MULTI, EXEC, DISCARD, which may commit nothing), the end
 // of the connection or of its state (QUIT, RESET), a switch to pub/sub,
 // MONITOR or a relay (SUBSCRIBE, CLIENT TRACKING), or a blocking command,
-// after which a client that went away gets nothing more sent. Every other
-// command that changes the connection's state counts too: a few commands
-// too many only cost a harmless fix-up.
+// after which a client that went away gets nothing more sent. So are the
+// commands the proxy runs apart once what came before them is answered
+// (those Redis runs while busy: SCRIPT KILL, FUNCTION KILL, SHUTDOWN; and
+// CLIENT UNBLOCK): a client closed for its output limit there gets
+// nothing more sent either. Every other command that changes the
+// connection's state counts too: a few commands too many only cost a
+// harmless fix-up.
 func boundary(req *Request) bool {
 	cmd := req.Cmd
 	if cmd == nil {
 		return false
 	}
-	if cmd.Flags&commands.ConnState != 0 || cmd.IsBlocking(req.Args) {
+	if cmd.Flags&(commands.ConnState|commands.AllowBusy) != 0 || cmd.IsBlocking(req.Args) {
 		return true
 	}
-	return cmd.Name == "swapdb" || cmd.Name == "move"
+	return cmd.Name == "swapdb" || cmd.Name == "move" || cmd.Name == "client|unblock"
 }
 
 func (c *checker) act(a Action) Action { return min(a, c.p.ceiling) }

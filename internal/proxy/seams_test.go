@@ -36,21 +36,30 @@ func TestTrustedTTLIsNotSplitFromItsWrite(t *testing.T) {
 	if err := direct.Set(ctx, "big", strings.Repeat("b", limit+1<<20), 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	c := dialRaw(t, p.Addr)
 	// A new client's replies are assumed large, so its batch is answered
-	// in parts of two commands here: HSET and GET big, then EXPIRE.
-	c.send([]string{"HSET", "s:k", "f", "v"}, []string{"GET", "big"}, []string{"EXPIRE", "s:k", "100"})
-	redistest.Eventually(t, 10*time.Second, func() bool { return closedFor(p, metrics.CloseOutputLimit) == 1 },
-		"the client was never closed for its output limit")
-	if !connClosed(c.nc) {
-		t.Fatal("the output limit was counted but the connection stayed open")
-	}
-	ttl, err := direct.TTL(ctx, "s:k").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ttl <= 0 {
-		t.Fatalf("TTL s:k = %v after the client was closed: the write ran, the EXPIRE trusted for it did not", ttl)
+	// in parts of two commands here: HSET and GET big, then EXPIRE. SCRIPT
+	// KILL runs on a connection of its own after answering what came
+	// before it: a split too.
+	for i, middle := range [][]string{nil, {"SCRIPT", "KILL"}, {"FUNCTION", "KILL"}} {
+		key := "s:k" + strconv.Itoa(i)
+		batch := [][]string{{"HSET", key, "f", "v"}, {"GET", "big"}}
+		if middle != nil {
+			batch = append(batch, middle)
+		}
+		c := dialRaw(t, p.Addr)
+		c.send(append(batch, []string{"EXPIRE", key, "100"})...)
+		redistest.Eventually(t, 10*time.Second, func() bool { return closedFor(p, metrics.CloseOutputLimit) == float64(i+1) },
+			"the client was never closed for its output limit")
+		if !connClosed(c.nc) {
+			t.Fatal("the output limit was counted but the connection stayed open")
+		}
+		ttl, err := direct.TTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl <= 0 {
+			t.Errorf("%v: TTL %s = %v after the client was closed: the write ran, the EXPIRE trusted for it did not", batch, key, ttl)
+		}
 	}
 }
 
