@@ -13,10 +13,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/stampede"
 )
 
 // The guard lets a write pass without its fix-up when a later command of
@@ -184,5 +186,46 @@ func TestSwitchWaitsForSlowCommandOnOldUpstream(t *testing.T) {
 	}
 	if got := rawRead(t, sleeper); got != "+OK\r\n" {
 		t.Fatalf("DEBUG SLEEP sent before the switch: %q", got)
+	}
+}
+
+// A read held by a miss hold waits for the filler's write and then reads
+// the key. A reload that switches the upstream meanwhile closes the old
+// connections once nothing is pending on them; the held read must then
+// read from the new upstream, not fail on a closed connection.
+func TestHeldReadAcrossUpstreamSwitch(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	p := proxytest.Start(t, a, func(c *config.Config) {
+		c.Stampede.Hold = []stampede.HoldRule{{Pattern: "h:*", Timeout: units.Duration{Duration: time.Minute}}}
+	})
+	if err := p.Client(t).Get(ctx, "h:k").Err(); err != redis.Nil {
+		t.Fatalf("first GET: %v, want a miss", err)
+	}
+	got := make(chan string, 1)
+	go func() {
+		v, err := p.Client(t).Get(ctx, "h:k").Result()
+		if err != nil {
+			v = "error: " + err.Error()
+		}
+		got <- v
+	}()
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return metricSum(t, p, "redproxy_stampede_held_reads_total") >= 1
+	}, "the second GET was never held")
+	old := p.Backend().Pool(0, false)
+	if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Upstream.Address = b.Addr() })); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool { return !old.Up() }, "the old upstream's connections were never closed")
+	if err := p.Client(t).Set(ctx, "h:k", "filled", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case v := <-got:
+		if v != "filled" {
+			t.Fatalf("held read got %q, want the write's value from the new upstream", v)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the held read was not released by the write")
 	}
 }
