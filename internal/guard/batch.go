@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/redproxy/redproxy/internal/commands"
@@ -22,6 +23,11 @@ type Batch struct {
 	// replaced, never grown in place under them.
 	scratch []byte
 	fixups  [][]byte
+
+	// joined[i] says requests i-1 and i must reach Redis in one part of
+	// the batch: a write before i has its TTL from a request at or after
+	// i (Decision.TTLFrom). Empty when no write depends on a later one.
+	joined []bool
 }
 
 // Batches larger than this do not keep their buffers for the next one.
@@ -32,7 +38,7 @@ const keepRequests = 4096
 // decisions are used.
 func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Request, user, listener string) {
 	if cap(b.reqs) > keepRequests && len(reqs) <= keepRequests {
-		b.reqs, b.keys, b.dec = nil, nil, nil
+		b.reqs, b.keys, b.dec, b.joined = nil, nil, nil, nil
 	}
 	if cap(b.scratch) > 1<<20 {
 		b.scratch = nil
@@ -58,7 +64,26 @@ func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Req
 	}
 	b.dec = p.CheckBatch(b.reqs, b.dec)
 	clear(b.reqs) // keep no references to the client's buffer past its use
+	b.joined = b.joined[:0]
+	reach := 0 // the furthest request an earlier write's TTL comes from
+	for i := range b.dec {
+		if i > 0 && reach >= i {
+			if len(b.joined) == 0 {
+				b.joined = slices.Grow(b.joined, len(b.dec))[:len(b.dec)]
+				clear(b.joined)
+			}
+			b.joined[i] = true
+		}
+		reach = max(reach, b.dec[i].TTLFrom)
+	}
 }
+
+// Joined reports whether requests i-1 and i must be sent to Redis in the
+// same part of the batch, because the look-ahead trusted a request at or
+// after i to give an earlier write's key its TTL. A session that answers a
+// batch in parts must not split it there: should the client be closed
+// between the parts, the write would have run and its TTL not.
+func (b *Batch) Joined(i int) bool { return i < len(b.joined) && b.joined[i] }
 
 // Decision returns the decision on request i, or nil when it broke no rule.
 func (b *Batch) Decision(i int) *policy.Decision {

@@ -65,6 +65,7 @@ func resetDecisions(out []Decision, n int) []Decision {
 		d.Violations = d.Violations[:0]
 		d.Args = nil
 		d.Expires = d.Expires[:0]
+		d.TTLFrom = 0
 	}
 	return out
 }
@@ -114,18 +115,22 @@ type pendingTTL struct {
 // of a transaction (MULTI, EXEC, DISCARD, which may commit nothing), the end
 // of the connection or of its state (QUIT, RESET), a switch to pub/sub,
 // MONITOR or a relay (SUBSCRIBE, CLIENT TRACKING), or a blocking command,
-// after which a client that went away gets nothing more sent. Every other
-// command that changes the connection's state counts too: a few commands
-// too many only cost a harmless fix-up.
+// after which a client that went away gets nothing more sent. So are the
+// commands the proxy runs apart once what came before them is answered
+// (those Redis runs while busy: SCRIPT KILL, FUNCTION KILL, SHUTDOWN; and
+// CLIENT UNBLOCK): a client closed for its output limit there gets
+// nothing more sent either. Every other command that changes the
+// connection's state counts too: a few commands too many only cost a
+// harmless fix-up.
 func boundary(req *Request) bool {
 	cmd := req.Cmd
 	if cmd == nil {
 		return false
 	}
-	if cmd.Flags&commands.ConnState != 0 || cmd.IsBlocking(req.Args) {
+	if cmd.Flags&(commands.ConnState|commands.AllowBusy) != 0 || cmd.IsBlocking(req.Args) {
 		return true
 	}
-	return cmd.Name == "swapdb" || cmd.Name == "move"
+	return cmd.Name == "swapdb" || cmd.Name == "move" || cmd.Name == "client|unblock"
 }
 
 func (c *checker) act(a Action) Action { return min(a, c.p.ceiling) }
@@ -474,8 +479,11 @@ func (c *checker) resolvePending() {
 		key := req.Args[pt.eff.key]
 		// A key in another database cannot be given its TTL by a later
 		// command, which runs in this one.
-		if pt.eff.db == 0 && c.ttlSetLater(pt.req, pt.seg, key) {
-			continue
+		if pt.eff.db == 0 {
+			if from, ok := c.ttlSetLater(pt.req, pt.seg, key); ok {
+				d.TTLFrom = max(d.TTLFrom, from)
+				continue
+			}
 		}
 		rule := pt.rule
 		a := c.act(rule.action)
@@ -514,16 +522,16 @@ func (c *checker) resolvePending() {
 }
 
 // ttlSetLater reports whether a request after req in the same stretch of
-// the batch (seg), not refused, certainly gives key a TTL.
-func (c *checker) ttlSetLater(req, seg int, key []byte) bool {
+// the batch (seg), not refused, certainly gives key a TTL, and which.
+func (c *checker) ttlSetLater(req, seg int, key []byte) (int, bool) {
 	const linearLimit = 32
 	if len(c.setters) <= linearLimit {
 		for _, s := range c.setters {
 			if s.req > req && s.seg == seg && c.out[s.req].Refuse == nil && string(c.reqs[s.req].Args[s.arg]) == string(key) {
-				return true
+				return s.req, true
 			}
 		}
-		return false
+		return 0, false
 	}
 	if !c.mapBuilt {
 		// Setters are never refused after the first pass, so the map can be
@@ -539,5 +547,5 @@ func (c *checker) ttlSetLater(req, seg int, key []byte) bool {
 		}
 	}
 	last, ok := c.setterMap[segKey{seg, string(key)}]
-	return ok && last > req
+	return last, ok && last > req
 }

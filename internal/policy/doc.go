@@ -83,8 +83,9 @@
 //   - no boundary lies between the write and it: a command that changes the
 //     connection's state (SELECT, MULTI, EXEC, DISCARD, WATCH, QUIT, RESET,
 //     HELLO, SUBSCRIBE, CLIENT TRACKING, ...), a blocking command (after
-//     which a client that went away gets nothing more sent), SWAPDB or
-//     MOVE. So a write and its EXPIRE inside one MULTI block count (they
+//     which a client that went away gets nothing more sent), a command the
+//     proxy runs apart after answering what came before it (SCRIPT KILL,
+//     FUNCTION KILL, SHUTDOWN, CLIENT UNBLOCK), SWAPDB or MOVE. So a write and its EXPIRE inside one MULTI block count (they
 //     commit or abort together), but a write before MULTI and an EXPIRE
 //     queued in it do not (DISCARD, EXECABORT or a WATCH abort would leave
 //     the write without TTL).

@@ -159,6 +159,11 @@ type Decision struct {
 	Args [][]byte
 	// Expires are fix-ups to send after the command.
 	Expires []Expire
+	// TTLFrom, when not 0, is the later request of the batch the
+	// look-ahead trusted to give this write's key its TTL instead of a
+	// fix-up. The two must reach Redis together: if the connection ended
+	// between them, the key would keep no TTL.
+	TTLFrom int
 }
 
 // Policy is a compiled, immutable policy, safe for concurrent use. Reload

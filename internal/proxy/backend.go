@@ -95,7 +95,9 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*upstream.Pipe, error) {
 	for n := len(b.idle[key]); n > 0; n = len(b.idle[key]) {
 		p := b.idle[key][n-1]
 		b.idle[key] = b.idle[key][:n-1]
-		if p.Up() {
+		// A switch empties the idle list only after it swapped the
+		// generation: one left in between talks to the old upstream.
+		if p.Up() && b.dialled[p] == b.gen.Load() {
 			b.idleMu.Unlock()
 			return p, nil
 		}
@@ -189,6 +191,22 @@ func (b *Backend) PipeID(p *upstream.Pipe) (int64, error) {
 	b.ids[p] = id
 	b.idsMu.Unlock()
 	return id, nil
+}
+
+// RoundTripBeside runs one command on a connection of its own to the
+// server the dedicated pipe p is connected to: after a switch, a pipe
+// dialled before it still talks to the old upstream, and a command about
+// that connection (CLIENT UNBLOCK of its Redis id) must go there too.
+func (b *Backend) RoundTripBeside(p *upstream.Pipe, raw []byte) ([]byte, error) {
+	b.idleMu.Lock()
+	g := b.dialled[p]
+	b.idleMu.Unlock()
+	if g == nil {
+		g = b.gen.Load()
+	}
+	o := g.options(0, false)
+	o.Name = "redproxy-alone"
+	return upstream.RoundTrip(o, raw)
 }
 
 // AcquireConn dials a raw dedicated connection for relaying (pub/sub,
@@ -332,7 +350,7 @@ const drainGrace = time.Second
 // Switch starts a new generation with opt (a new address, pool size or
 // timeouts). Commands sent after it returns use connections dialled with
 // opt; the old generation's pools are closed in the background once every
-// request sent on them has been answered (or failed by reply_timeout),
+// request sent on them has been answered (or failed by dead_timeout),
 // and no sooner than drainGrace. Dedicated connections in use (MULTI,
 // blocking commands, pub/sub relays) keep their old upstream until their
 // clients release them; released ones are closed, not reused. The pools of
@@ -370,8 +388,10 @@ func (b *Backend) Switch(opt BackendOptions) {
 }
 
 // drain closes a replaced generation's pools once nothing is pending on
-// them, bounded by the reply timeout, after which a pending request would
-// have failed anyway.
+// them, bounded by the dead timeout, after which the pipes would have
+// failed a request that Redis does not answer anyway. (A request only
+// overdue, past reply_timeout, is still waited for: Redis may be slow,
+// paused or running a script, and would answer it.)
 func (b *Backend) drain(g *backendGen) {
 	defer b.drains.Done()
 	defer g.close()
@@ -385,7 +405,11 @@ func (b *Backend) drain(g *backendGen) {
 			return false
 		}
 	}
-	deadline := time.Now().Add(drainGrace + 2*g.opt.ReplyTimeout)
+	dead := g.opt.DeadTimeout
+	if dead <= 0 {
+		dead = 30 * time.Second // upstream.Options' default
+	}
+	deadline := time.Now().Add(drainGrace + g.opt.ReplyTimeout + 2*dead)
 	if !wait(drainGrace) {
 		return
 	}

@@ -128,7 +128,7 @@ func (sess *Session) flightRead(fs *flightState, raw, key []byte, match stampede
 	pool := sess.srv.backend.Pool(db, resp3)
 	if match.Hold() {
 		if h := fs.misses.Held(db, key, match, sess.id); h != nil {
-			return fs.heldRead(h, pool, db, key, resp3, match, sess.id)
+			return fs.heldRead(h, sess.srv.backend, db, key, resp3, match, sess.id)
 		}
 	}
 	var reply []byte
@@ -154,7 +154,7 @@ func (sess *Session) flightRead(fs *flightState, raw, key []byte, match stampede
 	}
 	if isNilReply(reply) {
 		if h := fs.misses.Missed(db, key, match, sess.id, true); h != nil {
-			return fs.heldRead(h, pool, db, key, resp3, match, sess.id)
+			return fs.heldRead(h, sess.srv.backend, db, key, resp3, match, sess.id)
 		}
 		return reply, nil
 	}
@@ -168,10 +168,13 @@ func (sess *Session) flightRead(fs *flightState, raw, key []byte, match stampede
 // other reads it held, in one fetch. A read that is held once is never held
 // again: if the key is still missing it gets the nil (and may become the
 // next filler).
-func (fs *flightState) heldRead(h *stampede.Hold, pool *upstream.Pool, db int, key []byte, resp3 bool, match stampede.Match, owner int64) ([]byte, error) {
+//
+// The pool is taken when the hold ends: a reload may have switched the
+// upstream meanwhile and closed the one in use when the read began.
+func (fs *flightState) heldRead(h *stampede.Hold, be *Backend, db int, key []byte, resp3 bool, match stampede.Match, owner int64) ([]byte, error) {
 	h.Wait()
 	get := getCommand(key)
-	reply, err := h.Fetch(resp3, fs.metrics, func() ([]byte, error) { return fs.fetch(pool, get) })
+	reply, err := h.Fetch(resp3, fs.metrics, func() ([]byte, error) { return fs.fetch(be.Pool(db, resp3), get) })
 	if err == nil && isNilReply(reply) {
 		fs.misses.Missed(db, key, match, owner, false)
 	}

@@ -24,9 +24,10 @@ import (
 // marks are released before the reply reaches the client, so no read
 // that starts after the client saw its OK can be served from the tier.
 //
-// Once the stream cannot be counted (MONITOR, a RESP2 subscription, or a
-// command that changes the protocol or mutes replies: HELLO, RESET,
-// CLIENT REPLY), writes stay marked until the relay ends: the written keys
+// Once the stream cannot be counted (MONITOR, a RESP2 subscription, MULTI
+// with a subscription, or a command that changes the protocol or mutes
+// replies: HELLO, RESET, CLIENT REPLY), writes stay marked until the relay
+// ends: the written keys
 // are not served from the tier meanwhile. At most maxHeldRelayWrites are
 // kept that way; further writes are refused with an error rather than
 // risk a stale read.
@@ -39,12 +40,13 @@ type relayWrites struct {
 	active bool
 
 	// Session goroutine only.
-	resp3   bool
-	db      int
-	inMulti bool
-	due     int64        // replies due for everything sent so far
-	tx      relayRelease // writes queued in MULTI, released after EXEC
-	batch   relayRelease // writes of the batch being built
+	resp3      bool
+	db         int
+	inMulti    bool
+	subscribed bool         // has sent SUBSCRIBE, PSUBSCRIBE or SSUBSCRIBE
+	due        int64        // replies due for everything sent so far
+	tx         relayRelease // writes queued in MULTI, released after EXEC
+	batch      relayRelease // writes of the batch being built
 
 	mu        sync.Mutex
 	countable bool
@@ -99,10 +101,16 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 	case name == "monitor", name == "hello", name == "reset", name == "client|reply":
 		rw.uncountable()
 	case isSubscribe(name):
-		if !rw.resp3 {
+		if !strings.HasSuffix(name, "unsubscribe") {
+			rw.subscribed = true
+		}
+		switch {
+		case !rw.resp3:
 			rw.uncountable()
-		} else if strings.HasSuffix(name, "unsubscribe") || len(args) > 1 {
-			replies = 0 // answered with pushes only
+		case rw.inMulti && rw.subscribed:
+			rw.uncountable() // see the case of MULTI
+		case !rw.inMulti && (strings.HasSuffix(name, "unsubscribe") || len(args) > 1):
+			replies = 0 // answered with pushes only (in MULTI: +QUEUED)
 		}
 	case name == "select" && len(args) == 2:
 		if db, err := strconv.Atoi(string(args[1])); err == nil && db >= 0 && db < rw.sess.srv.Config().Upstream.Databases {
@@ -110,6 +118,14 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 		}
 	case name == "multi":
 		rw.inMulti = true
+		if rw.subscribed {
+			// A message a subscribed client publishes to itself inside
+			// MULTI comes inside EXEC's array, as an element its length
+			// does not count (Redis 7.0), while the pushes of a SUBSCRIBE
+			// queued there are counted: EXEC's reply cannot be framed
+			// from the stream alone.
+			rw.uncountable()
+		}
 	case name == "exec" || name == "discard":
 		rw.inMulti = false
 		rw.batch.add(rw.tx)

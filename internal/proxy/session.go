@@ -67,8 +67,10 @@ type Session struct {
 
 	pin   pinState
 	abort txAbort
-	block blockState
-	guard guard.Batch // the guard's decisions for the batch (guard.go)
+	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
+	relayInMulti bool
+	block        blockState
+	guard        guard.Batch // the guard's decisions for the batch (guard.go)
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
 	tierWrites localcache.Writes
@@ -240,8 +242,10 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 	sess.batchReqs = reqs
 	sess.prepareBatch(reqs)
 	for i := range reqs {
-		if i > 0 && sess.outputDue() {
-			// Answer what the batch owes before forwarding more of it.
+		if i > 0 && !sess.guard.Joined(i) && sess.outputDue() {
+			// Answer what the batch owes before forwarding more of it;
+			// but never between a write and the later command its TTL
+			// was trusted from (guard.Batch.Joined).
 			sess.flush(start)
 		}
 		if sess.quitting {

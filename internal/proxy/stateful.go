@@ -477,9 +477,9 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 	if named {
 		call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", pinnedName))
 	}
-	sess.block.set(rid)
+	sess.block.set(rid, pipe)
 	if err := pipe.Send(call); err != nil {
-		sess.block.set(0)
+		sess.block.set(0, nil)
 		if borrowed {
 			sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, false)
 		}
@@ -506,7 +506,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 				// so it cannot pop an element that would reach nobody.
 				pipe.Close()
 				<-call.Done()
-				sess.block.set(0)
+				sess.block.set(0, nil)
 				if !borrowed {
 					sess.unpin(false)
 				} else {
@@ -518,7 +518,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 			}
 		}
 	}
-	sess.block.set(0)
+	sess.block.set(0, nil)
 	reply, err := call.Reply(first)
 	if err != nil {
 		reply = errorReply(err)
@@ -556,13 +556,15 @@ type blockState struct {
 	// mu is held by an UNBLOCK aimed at id until Redis has answered it, so
 	// the connection cannot be reused by another client meanwhile: the
 	// blocked client takes mu to clear id before giving it back.
-	mu sync.Mutex
-	id atomic.Int64 // Redis's id of the connection; 0: not blocked
+	mu   sync.Mutex
+	id   atomic.Int64   // Redis's id of the connection; 0: not blocked
+	pipe *upstream.Pipe // the connection, under mu
 }
 
-func (b *blockState) set(id int64) {
+func (b *blockState) set(id int64, pipe *upstream.Pipe) {
 	b.mu.Lock()
 	b.id.Store(id)
+	b.pipe = pipe
 	b.mu.Unlock()
 }
 
@@ -600,14 +602,20 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 		return true
 	}
 	// Answered in order with what came before, and before the target's
-	// connection can go to another client.
+	// connection can go to another client. It goes to the server that
+	// connection is on, which after a reload switched the upstream is not
+	// the one this client's commands go to: there the id names some other
+	// connection.
 	sess.flush(time.Now())
 	raw := resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10))
 	if mode != "" {
 		raw = resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
 	}
-	sess.forward(raw, m)
-	sess.flush(time.Now())
+	reply, err := sess.srv.backend.RoundTripBeside(target.block.pipe, raw)
+	if err != nil {
+		reply = errorReply(err)
+	}
+	sess.replyLocal(m, reply)
 	return true
 }
 
@@ -844,9 +852,18 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, fir
 // reaches the client in order with every other reply on the raw stream.
 // TTL fix-ups are not added on a relay: their replies would reach the
 // client; the keyspace audit finds keys left without a TTL.
+//
+// Inside the client's MULTI a refusal is sent as a command Redis rejects at
+// queue time, so that EXEC fails with EXECABORT as it does for a refusal
+// on a shared connection: a script would be queued and EXEC would run the
+// rest of the transaction.
 func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decision) []byte {
+	refuse := appendErrorScript
+	if sess.relayInMulti {
+		refuse = appendQueueRefusal
+	}
 	if trackingRedirect(r.Args) {
-		return appendErrorScript(out, errTrackingRedirect)
+		return refuse(out, errTrackingRedirect)
 	}
 	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") {
 		// Proxy client ids and addresses cannot be translated in flight
@@ -854,21 +871,41 @@ func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decisi
 		// connections.
 		for _, sub := range [...]string{"UNBLOCK", "KILL"} {
 			if strings.EqualFold(string(r.Args[1]), sub) {
-				return appendErrorScript(out, "ERR redproxy: CLIENT "+sub+" is not supported on a connection in subscribed, tracking or MONITOR mode")
+				return refuse(out, "ERR redproxy: CLIENT "+sub+" is not supported on a connection in subscribed, tracking or MONITOR mode")
 			}
+		}
+	}
+	if d != nil && d.Refuse != nil {
+		sess.recordViolations(d)
+		return refuse(out, d.Refuse.Msg)
+	}
+	if len(r.Args) > 0 {
+		switch name := string(r.Args[0]); {
+		case strings.EqualFold(name, "multi"):
+			sess.relayInMulti = true
+		case strings.EqualFold(name, "exec"), strings.EqualFold(name, "discard"), strings.EqualFold(name, "reset"):
+			sess.relayInMulti = false
 		}
 	}
 	if d == nil || len(d.Violations) == 0 && d.Args == nil {
 		return append(out, r.Raw...)
 	}
 	sess.recordViolations(d)
-	switch {
-	case d.Refuse != nil:
-		return appendErrorScript(out, d.Refuse.Msg)
-	case d.Args != nil:
+	if d.Args != nil {
 		return append(out, sess.guard.Encode(d.Args)...)
 	}
 	return append(out, r.Raw...)
+}
+
+// appendQueueRefusal appends, for a refusal inside a relayed client's
+// MULTI, a command unknown to Redis carrying msg (an error text without
+// the leading '-'): Redis answers it with an unknown-command error that
+// quotes msg's start, and flags the transaction so that EXEC answers
+// EXECABORT.
+func appendQueueRefusal(out []byte, msg string) []byte {
+	out = redcon.AppendArray(out, 2)
+	out = redcon.AppendBulkString(out, "redproxy-refused")
+	return redcon.AppendBulkString(out, strings.TrimPrefix(msg, "ERR "))
 }
 
 // appendErrorScript appends a script that makes Redis answer with msg, an
