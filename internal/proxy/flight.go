@@ -26,10 +26,15 @@ type flightState struct {
 	misses   *stampede.Misses // nil when no hold or early refresh rule is configured
 	eligible map[*commands.Command]bool
 	calls    sync.Pool // *upstream.Call, for fetches
+	*writeMarks
+}
 
-	// Writes of keys under a rule, by session, from writeForwarded until
-	// their replies are in (batchFlushed). npending counts the sessions in
-	// the map so that batchFlushed costs nothing when it is empty.
+// writeMarks are the writes of keys under a rule, by session, from
+// writeForwarded until their replies are in (batchFlushed). npending counts
+// the sessions in the map so that batchFlushed costs nothing when it is
+// empty. They belong with misses: both are about keys, not the upstream,
+// so an upstream switch carries them to the new flightState.
+type writeMarks struct {
 	mu       sync.Mutex
 	pending  map[*Session][]pendingWrite
 	npending atomic.Int32
@@ -51,12 +56,12 @@ func initFlight(s *Server) error {
 // finish there (a read held by an old rule waits at most its timeout).
 func newFlightState(c stampede.Config, table *commands.Table, m *stampede.Metrics) *flightState {
 	fs := &flightState{
-		group:    stampede.NewGroup(stampede.Options{MaxWaiters: c.MaxWaiters, Metrics: m}),
-		metrics:  m,
-		coalesce: c.Coalesce,
-		misses:   stampede.NewMisses(c, m),
-		eligible: map[*commands.Command]bool{},
-		pending:  map[*Session][]pendingWrite{},
+		group:      stampede.NewGroup(stampede.Options{MaxWaiters: c.MaxWaiters, Metrics: m}),
+		metrics:    m,
+		coalesce:   c.Coalesce,
+		misses:     stampede.NewMisses(c, m),
+		eligible:   map[*commands.Command]bool{},
+		writeMarks: &writeMarks{pending: map[*Session][]pendingWrite{}},
 	}
 	fs.calls.New = func() any { return upstream.NewCall() }
 	for _, cmd := range table.Commands() {

@@ -124,9 +124,18 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	// that an earlier read sent to the old upstream. Stored only now that
 	// the backend and the tier use the new upstream, so every fetch led in
 	// the new group goes there.
-	if upstreamChanged || !reflect.DeepEqual(cur.Stampede, next.Stampede) {
+	stampedeChanged := !reflect.DeepEqual(cur.Stampede, next.Stampede)
+	if upstreamChanged || stampedeChanged {
 		old := s.flight.Load()
-		s.flight.Store(newFlightState(next.Stampede, s.table, old.metrics))
+		fs := newFlightState(next.Stampede, s.table, old.metrics)
+		if !stampedeChanged {
+			// Holds and write marks are about keys, not the upstream: a
+			// read held on a miss seen on the old upstream still waits for
+			// its filler, whose write now goes to the new one and must
+			// release it. Only the coalescing group is new.
+			fs.misses, fs.writeMarks = old.misses, old.writeMarks
+		}
+		s.flight.Store(fs)
 	}
 	return changed, nil
 }
