@@ -120,3 +120,26 @@ func checkBatch(t testing.TB, p *Policy, reqs []Request) []Decision {
 	}
 	return out
 }
+
+// batchCase is one batch for the look-ahead tests: the requests as command
+// lines and the summary expected for each request's decision.
+type batchCase struct {
+	name  string
+	batch []string
+	want  []string
+}
+
+// runBatchCases checks each case's batch with p, as a subtest.
+func runBatchCases(t *testing.T, p *Policy, cases []batchCase) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out := checkBatch(t, p, batch(c.batch...))
+			for i := range out {
+				if got := summary(out[i]); got != c.want[i] {
+					t.Errorf("request %d (%s): got %q, want %q", i, c.batch[i], got, c.want[i])
+				}
+			}
+		})
+	}
+}

@@ -21,11 +21,7 @@ func TestLookaheadTrustsOnlyCertainTTLs(t *testing.T) {
 	const fix = "fixed:ttl expire=[s:k 86400]"
 	past := strconv.FormatInt(nowS-10, 10)
 	pastMs := strconv.FormatInt(nowMs-10_000, 10)
-	cases := []struct {
-		name  string
-		batch []string
-		want  []string
-	}{
+	cases := []batchCase{
 		// Trusted: nothing can stop the TTL.
 		{"pipeline", []string{"HSET s:k f v", "GET x", "EXPIRE s:k 100"}, []string{"", "", ""}},
 		{"same transaction", []string{"MULTI", "HSET s:k f v", "EXPIRE s:k 100", "EXEC"}, []string{"", "", "", ""}},
@@ -90,16 +86,7 @@ func TestLookaheadTrustsOnlyCertainTTLs(t *testing.T) {
 		{"no default, select between", []string{"HSET l:k f v", "SELECT 0", "EXPIRE l:k 30"}, []string{"refused:ttl", "", ""}},
 		{"no default, expire xx", []string{"SET l:k v NX", "EXPIRE l:k 30 XX"}, []string{"refused:ttl", ""}},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			out := checkBatch(t, p, batch(c.batch...))
-			for i := range out {
-				if got := summary(out[i]); got != c.want[i] {
-					t.Errorf("request %d (%s): got %q, want %q", i, c.batch[i], got, c.want[i])
-				}
-			}
-		})
-	}
+	runBatchCases(t, p, cases)
 }
 
 // TestLookaheadLargeBatchBoundaries: the map used for batches with many
@@ -146,11 +133,7 @@ func TestSetLastTTLOptionChecked(t *testing.T) {
 // current one counts for it.
 func TestCopyToAnotherDatabase(t *testing.T) {
 	p := compileDoc(t, ttlDoc)
-	cases := []struct {
-		name  string
-		batch []string
-		want  []string
-	}{
+	cases := []batchCase{
 		{"same db", []string{"COPY s:a s:b"}, []string{"fixed:ttl expire=[s:b 86400]"}},
 		{"replace", []string{"COPY s:a s:b REPLACE"}, []string{"fixed:ttl expire=[s:b 86400]"}},
 		{"db", []string{"COPY s:a s:b DB 3"}, []string{"fixed:ttl expire=[s:b 86400 db=3]"}},
@@ -158,16 +141,7 @@ func TestCopyToAnotherDatabase(t *testing.T) {
 		{"ttl in this db does not count", []string{"COPY s:a s:b DB 3", "EXPIRE s:b 100"}, []string{"fixed:ttl expire=[s:b 86400 db=3]", ""}},
 		{"no default", []string{"COPY s:a l:b DB 3"}, []string{"refused:ttl"}},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			out := checkBatch(t, p, batch(c.batch...))
-			for i := range out {
-				if got := summary(out[i]); got != c.want[i] {
-					t.Errorf("request %d (%s): got %q, want %q", i, c.batch[i], got, c.want[i])
-				}
-			}
-		})
-	}
+	runBatchCases(t, p, cases)
 }
 
 // TestEffectsDBInRange: a classifier's DB index, like its key and TTL

@@ -238,11 +238,7 @@ func TestTTLMessages(t *testing.T) {
 // that sets the key's TTL needs no fix.
 func TestTTLLookahead(t *testing.T) {
 	p := compileDoc(t, ttlDoc)
-	cases := []struct {
-		name  string
-		batch []string
-		want  []string
-	}{
+	cases := []batchCase{
 		{"hset then expire", []string{"HSET s:k f v", "EXPIRE s:k 100"}, []string{"", ""}},
 		{"multi incr expire", []string{"MULTI", "INCR l:k", "EXPIRE l:k 60", "EXEC"}, []string{"", "", "", ""}},
 		{"expire nx counts", []string{"HSET l:k f v", "EXPIRE l:k 30 NX"}, []string{"", ""}},
@@ -261,16 +257,7 @@ func TestTTLLookahead(t *testing.T) {
 		{"persist then expire", []string{"PERSIST l:k", "EXPIRE l:k 10"}, []string{"", ""}},
 		{"tag invalidation", []string{"MULTI", "SETEX s:p 3600 data", "SADD s:tag s:p", "EXPIRE s:tag 3600", "EXEC"}, []string{"", "", "", "", ""}},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			out := checkBatch(t, p, batch(c.batch...))
-			for i := range out {
-				if got := summary(out[i]); got != c.want[i] {
-					t.Errorf("request %d (%s): got %q, want %q", i, c.batch[i], got, c.want[i])
-				}
-			}
-		})
-	}
+	runBatchCases(t, p, cases)
 }
 
 // TestTTLLookaheadLargeBatch covers the map used once a batch has many TTL

@@ -141,21 +141,7 @@ func TestHeldReadReleasedByRelayedWrite(t *testing.T) {
 	writer := dialRaw(t, p.Addr)
 	writer.do("HELLO", "3")
 	writer.readNonPushAfter("CLIENT", "TRACKING", "ON")
-	// The first miss makes its reader the filler; the next read is held.
-	if err := p.Client(t).Get(ctx, "h:k").Err(); err != redis.Nil {
-		t.Fatalf("first GET: %v, want a miss", err)
-	}
-	got := make(chan string, 1)
-	go func() {
-		v, err := p.Client(t).Get(ctx, "h:k").Result()
-		if err != nil {
-			v = "error: " + err.Error()
-		}
-		got <- v
-	}()
-	redistest.Eventually(t, 5*time.Second, func() bool {
-		return metricSum(t, p, "redproxy_stampede_held_reads_total") >= 1
-	}, "the second GET was never held")
+	got := holdSecondRead(t, p, "h:k")
 	if v := writer.readNonPushAfter("SET", "h:k", "filled"); v != "OK" {
 		t.Fatalf("relayed SET: %v", v)
 	}
@@ -213,4 +199,27 @@ func TestUncountedRelayWritesAreCapped(t *testing.T) {
 	if n, _ := p.Redis.Client(t).Exists(ctx, "u:1024").Result(); n != 0 {
 		t.Fatal("the refused write reached Redis")
 	}
+}
+
+// holdSecondRead reads key through p twice: the first read misses and makes
+// its reader the filler, so the second is held by the miss hold (which
+// must cover key). It returns the held read's result (its value, or
+// "error: ..."), once the hold releases it.
+func holdSecondRead(t *testing.T, p *proxytest.Proxy, key string) <-chan string {
+	t.Helper()
+	if err := p.Client(t).Get(ctx, key).Err(); err != redis.Nil {
+		t.Fatalf("first GET: %v, want a miss", err)
+	}
+	got := make(chan string, 1)
+	go func() {
+		v, err := p.Client(t).Get(ctx, key).Result()
+		if err != nil {
+			v = "error: " + err.Error()
+		}
+		got <- v
+	}()
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return metricSum(t, p, "redproxy_stampede_held_reads_total") >= 1
+	}, "the second GET was never held")
+	return got
 }
