@@ -48,7 +48,10 @@ func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Req
 	b.fixups = b.fixups[:0]
 	b.reqs = b.reqs[:0]
 	if b.keys == nil {
-		b.keys = make([]int, 0, 64) // non-nil: an empty Keys means "no keys", nil "compute them"
+		// Non-nil: an empty Keys means "no keys", nil "compute them". Small,
+		// because every client connection keeps it while idle; a pipeline
+		// grows it once and keeps it.
+		b.keys = make([]int, 0, 4)
 	}
 	b.keys = b.keys[:0]
 	for i := range reqs {

@@ -57,6 +57,26 @@ const callOutput = 4 << 20
 // than all at once.
 const unknownReplySize = 1 << 20
 
+// idleKeep is how much of each per-batch buffer (output, local replies,
+// upstream replies) a client keeps while idle. Up to it, a client at -P 1
+// reuses its buffers from request to request; beyond it, they are given
+// back when the client goes idle, so a client that once fetched a large
+// value does not hold that much for as long as it stays connected.
+const idleKeep = 64 << 10
+
+// idle gives back per-batch buffers that grew past idleKeep. The Reader
+// calls it (on the session goroutine, from ReadBatch) when the client has
+// nothing more to send; no batch is in progress then.
+func (sess *Session) idle() {
+	if cap(sess.out) > idleKeep {
+		sess.out = nil
+	}
+	if cap(sess.local) > idleKeep {
+		sess.local = nil
+	}
+	sess.call.Trim(idleKeep)
+}
+
 // clientConn is a client's connection with a deadline on every write.
 type clientConn struct {
 	net.Conn

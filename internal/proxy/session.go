@@ -124,6 +124,7 @@ func newSession(s *Server, nc net.Conn) *Session {
 		outLimit:  int64(cfg.Server.ClientOutputLimit),
 		replySize: unknownReplySize,
 	}
+	sess.rd.OnIdle(sess.idle)
 	return sess
 }
 

@@ -2,7 +2,10 @@ package resp
 
 import (
 	"io"
+	"os"
 	"strconv"
+	"sync"
+	"syscall"
 
 	"github.com/tidwall/redcon"
 )
@@ -66,17 +69,34 @@ type Request struct {
 // a client grow the buffer without limit.
 const headerWindow = 32
 
+// minBuffer is the read buffer of a client that is sending. Buffers of this
+// size come from a pool and go back to it while their client is idle.
 const minBuffer = 16 << 10
+
+var bufPool = sync.Pool{New: func() any { return new([minBuffer]byte) }}
 
 // Reader splits a client's byte stream into requests. It parses on its read
 // buffer without copying; a request cut by a read boundary is resumed from
 // the last complete argument, so a request with many arguments arriving in
 // many reads is parsed once.
+//
+// A client that has nothing buffered holds no read buffer: on a socket the
+// Reader waits for readability without one (see readRaw), so ten thousand
+// idle clients do not hold ten thousand buffers.
 type Reader struct {
-	rd   io.Reader
-	lim  Limits
-	buf  []byte
-	r, w int // unread bytes are buf[r:w]
+	rd  io.Reader
+	lim Limits
+	// raw is rd's socket, read directly so that the wait for an idle
+	// client needs no buffer; nil when rd has none, and then the buffer is
+	// kept once taken.
+	raw     syscall.RawConn
+	readFn  func(fd uintptr) bool // r.readRaw, bound once: a read allocates nothing
+	readN   int                   // what the last readFn call read
+	readErr error                 // and the error it ended with (io.EOF on end of stream)
+	buf     []byte
+	pooled  *[minBuffer]byte // the pool buffer behind buf, if it is one
+	r, w    int              // unread bytes are buf[r:w]
+	onIdle  func()
 
 	// State of a multibulk request whose arguments are not all buffered yet.
 	// Offsets are relative to the request's first byte, so they survive the
@@ -91,10 +111,30 @@ type Reader struct {
 	inlineRaw []byte
 }
 
-// NewReader returns a Reader with the given limits.
+// NewReader returns a Reader with the given limits. When rd is a
+// syscall.Conn (a TCP or Unix connection, or a wrapper forwarding
+// SyscallConn) its socket is read directly and rd.Read is never called, so
+// a wrapper that changes the bytes it reads must not forward SyscallConn.
 func NewReader(rd io.Reader, lim Limits) *Reader {
-	return &Reader{rd: rd, lim: lim, buf: make([]byte, minBuffer)}
+	r := &Reader{rd: rd, lim: lim}
+	if sc, ok := rd.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil && rawReadable {
+			r.raw = raw
+			r.readFn = r.readRaw
+		}
+	}
+	return r
 }
+
+// OnIdle sets f to run, on the goroutine calling ReadBatch, whenever the
+// Reader has given back its buffer because the client has nothing more to
+// send, just before waiting for it: the moment for the caller to give back
+// its own per-batch buffers too. It runs only on a socket (see NewReader).
+func (r *Reader) OnIdle(f func()) { r.onIdle = f }
+
+// BufferCap is the capacity of the read buffer the Reader holds: 0 while
+// its client is idle on a socket.
+func (r *Reader) BufferCap() int { return cap(r.buf) }
 
 // ReadBatch returns the complete requests that are buffered, at most
 // MaxBatch of them, reading from the connection first if there is none. All
@@ -102,6 +142,10 @@ func NewReader(rd io.Reader, lim Limits) *Reader {
 // requests parsed before the bad one are returned with it, so their replies
 // can still be sent in order.
 func (r *Reader) ReadBatch() ([]Request, error) {
+	// Cleared, not just truncated: the buffer they point into may go back
+	// to the pool, or be a large one that must not be kept alive.
+	clear(r.reqs)
+	clear(r.args)
 	r.reqs = r.reqs[:0]
 	r.args = r.args[:0]
 	r.inlineRaw = r.inlineRaw[:0]
@@ -119,34 +163,122 @@ func (r *Reader) ReadBatch() ([]Request, error) {
 		if r.w == len(r.buf) {
 			r.grow()
 		}
-		n, err := r.rd.Read(r.buf[r.w:])
-		r.w += n
-		if n == 0 && err != nil {
+		if err := r.fill(); err != nil {
 			return nil, err
 		}
 	}
 }
 
+// fill reads once from the connection into buf[w:]. It returns an error
+// only when nothing was read.
+func (r *Reader) fill() error {
+	if r.raw == nil {
+		n, err := r.rd.Read(r.buf[r.w:])
+		r.w += n
+		if n == 0 && err != nil {
+			return err
+		}
+		return nil
+	}
+	r.readN, r.readErr = 0, nil
+	// RawConn.Read calls readFn, and while it reports the socket empty
+	// waits for readability (honouring read deadlines and Close) and calls
+	// it again: one read(2) per batch on a busy connection, as with
+	// rd.Read, and no buffer held by a client that sends nothing.
+	if err := r.raw.Read(r.readFn); err != nil {
+		return err
+	}
+	r.w += r.readN
+	if r.readN == 0 {
+		return r.readErr
+	}
+	return nil
+}
+
+// readRaw tries one non-blocking read of the socket. On an empty socket it
+// gives the buffer back if it holds nothing, and reports false so that
+// RawConn.Read waits for bytes; the buffer is taken again when they come.
+func (r *Reader) readRaw(fd uintptr) bool {
+	if r.buf == nil {
+		r.takeBuffer()
+	}
+	for {
+		n, err := readFD(fd, r.buf[r.w:])
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			if r.w == 0 {
+				r.releaseBuffer()
+				if r.onIdle != nil {
+					r.onIdle()
+				}
+			}
+			return false
+		case err != nil:
+			r.readErr = &os.SyscallError{Syscall: "read", Err: err}
+		case n == 0:
+			r.readErr = io.EOF
+		default:
+			r.readN = n
+		}
+		return true
+	}
+}
+
+func (r *Reader) takeBuffer() {
+	r.pooled = bufPool.Get().(*[minBuffer]byte)
+	r.buf = r.pooled[:]
+}
+
+// releaseBuffer drops the buffer, which must hold nothing: a pool buffer
+// goes back to the pool, one grown for a large request to the collector.
+func (r *Reader) releaseBuffer() {
+	if r.pooled != nil {
+		bufPool.Put(r.pooled)
+		r.pooled = nil
+	}
+	r.buf = nil
+	r.r, r.w = 0, 0
+}
+
 // compact moves unread bytes to the front, and gives back a buffer that a
-// large request grew once it is no longer needed, so an idle client holds
-// only minBuffer.
+// large request grew once it is no longer needed, so a client holds only
+// minBuffer.
 func (r *Reader) compact() {
 	if r.r == 0 {
+		return
+	}
+	if r.r == r.w && r.raw != nil {
+		// Nothing buffered: readRaw gives the buffer back if the client
+		// has nothing more to send right now.
+		r.r, r.w = 0, 0
+		if r.pooled == nil {
+			r.releaseBuffer() // a grown one: do not keep it for the next batch
+		}
 		return
 	}
 	n := copy(r.buf, r.buf[r.r:r.w])
 	r.r, r.w = 0, n
 	if len(r.buf) > 4*minBuffer && n <= minBuffer {
-		small := make([]byte, minBuffer)
-		copy(small, r.buf[:n])
-		r.buf = small
+		large := r.buf
+		r.takeBuffer()
+		copy(r.buf, large[:n])
 	}
 }
 
-// grow makes room to read more of a request that fills the buffer. The
-// parser has already checked the request's declared sizes against the
-// limits, so this growth is bounded by MaxRequest (or MaxInline).
+// grow makes room to read more of a request that fills the buffer, or
+// takes a buffer if there is none. The parser has already checked the
+// request's declared sizes against the limits, so this growth is bounded by
+// MaxRequest (or MaxInline).
 func (r *Reader) grow() {
+	if r.buf == nil {
+		// On a socket, readRaw takes one once there are bytes to read.
+		if r.raw == nil {
+			r.takeBuffer()
+		}
+		return
+	}
 	if r.r > 0 {
 		r.compact()
 		if r.w < len(r.buf) {
@@ -155,6 +287,10 @@ func (r *Reader) grow() {
 	}
 	nb := make([]byte, 2*len(r.buf))
 	copy(nb, r.buf[:r.w])
+	if r.pooled != nil {
+		bufPool.Put(r.pooled)
+		r.pooled = nil
+	}
 	r.buf = nb
 }
 

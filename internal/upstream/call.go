@@ -84,6 +84,14 @@ func (c *Call) Reset() {
 	}
 }
 
+// Trim drops the reply buffer if it grew past keep bytes, for a client
+// going idle. Only between uses, like Reset.
+func (c *Call) Trim(keep int) {
+	if cap(c.out) > keep {
+		c.out = nil
+	}
+}
+
 // Add appends one raw RESP command. The bytes must stay unchanged until Wait
 // returns.
 func (c *Call) Add(raw []byte) { c.parts = append(c.parts, raw) }

@@ -1,0 +1,11 @@
+//go:build unix
+
+package resp
+
+import "syscall"
+
+// rawReadable: a socket can be read directly, with read(2) on its
+// descriptor, inside syscall.RawConn.Read.
+const rawReadable = true
+
+func readFD(fd uintptr, b []byte) (int, error) { return syscall.Read(int(fd), b) }
