@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"io"
+	"os"
 	"sync"
 	"syscall"
 	"testing"
@@ -79,8 +80,29 @@ func FuzzRequestPath(f *testing.F) {
 }
 
 // cleanupFreeTB lets the shared fuzz proxy outlive the first input's test:
-// its cleanups are dropped, so the proxy and redis-server live until the
-// process exits (redistest kills redis-server with the process group).
+// its cleanups are kept for TestMain, which runs them when the package's
+// tests end, so the proxy and its redis-server live until then and no
+// redis-server outlives the test binary. (A fuzz worker that is killed
+// instead of returning skips them; scripts/test.sh stops those servers.)
 type cleanupFreeTB struct{ *testing.T }
 
-func (c *cleanupFreeTB) Cleanup(func()) {}
+func (c *cleanupFreeTB) Cleanup(f func()) {
+	processCleanupsMu.Lock()
+	processCleanups = append(processCleanups, f)
+	processCleanupsMu.Unlock()
+}
+
+var (
+	processCleanupsMu sync.Mutex
+	processCleanups   []func()
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	processCleanupsMu.Lock()
+	for i := len(processCleanups) - 1; i >= 0; i-- {
+		processCleanups[i]()
+	}
+	processCleanupsMu.Unlock()
+	os.Exit(code)
+}
