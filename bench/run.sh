@@ -308,6 +308,18 @@ add_test() { # NAME LABEL N redis-benchmark-args...
 # selected LIST NAME: is NAME in the comma-separated LIST (empty = all)?
 selected() { [[ -z $1 || ",$1," == *",$2,"* ]]; }
 
+# add_tests SPEC...: adds each test "name|label|n|redis-benchmark args" that
+# --tests selects; at least one must be.
+add_tests() {
+	local spec name label n args
+	for spec in "$@"; do
+		IFS='|' read -r name label n args <<<"$spec"
+		# shellcheck disable=SC2086
+		if selected "$ONLY_TESTS" "$name"; then add_test "$name" "$label" "$n" $args; fi
+	done
+	((${#TESTS[@]})) || die "no tests selected"
+}
+
 redis_commands() {
 	redis-cli -p "$REDIS_PORT" info stats | awk -F: '/^total_commands_processed:/ {print $2+0}'
 }
@@ -536,14 +548,8 @@ scenario_passthrough() {
 	fi
 	((${#TARGETS[@]})) || die "no targets selected"
 
-	local spec name label n args
-	for spec in "get_p1|GET -P 1|$N_P1|-t get -P 1" "set_p1|SET -P 1|$N_P1|-t set -P 1" \
-		"get_p16|GET -P 16|$N_P16|-t get -P 16" "set_p16|SET -P 16|$N_P16|-t set -P 16"; do
-		IFS='|' read -r name label n args <<<"$spec"
-		# shellcheck disable=SC2086
-		if selected "$ONLY_TESTS" "$name"; then add_test "$name" "$label" "$n" $args; fi
-	done
-	((${#TESTS[@]})) || die "no tests selected"
+	add_tests "get_p1|GET -P 1|$N_P1|-t get -P 1" "set_p1|SET -P 1|$N_P1|-t set -P 1" \
+		"get_p16|GET -P 16|$N_P16|-t get -P 16" "set_p16|SET -P 16|$N_P16|-t set -P 16"
 
 	run_matrix
 	report
@@ -599,16 +605,10 @@ scenario_hotkeys() {
 
 	# Test names avoid the _p1/_p16 suffixes that report() checks against
 	# the foundation's goals; this scenario has its own checks below.
-	local spec name label n args
-	for spec in "hot_get|GET -P 16, -r $hot|$N_P16|-t get -P 16 -r $hot" \
+	add_tests "hot_get|GET -P 16, -r $hot|$N_P16|-t get -P 16 -r $hot" \
 		"ping|PING -P 16|$N_P16|-t ping_mbulk -P 16" \
 		"cold_get|GET -P 16, -r $cold|$N_P16|-t get -P 16 -r $cold" \
-		"cold_get_nopipe|GET -P 1, -r $cold|$N_P1|-t get -P 1 -r $cold"; do
-		IFS='|' read -r name label n args <<<"$spec"
-		# shellcheck disable=SC2086
-		if selected "$ONLY_TESTS" "$name"; then add_test "$name" "$label" "$n" $args; fi
-	done
-	((${#TESTS[@]})) || die "no tests selected"
+		"cold_get_nopipe|GET -P 1, -r $cold|$N_P1|-t get -P 1 -r $cold"
 
 	run_matrix
 	report
@@ -717,15 +717,9 @@ scenario_tier() {
 	REDPROXY_ARGS=$saved_args
 	((${#TARGETS[@]})) || die "no targets selected"
 
-	local spec name label n args
-	for spec in "set_p16|SET -P 16|$N_P16|-t set -P 16" \
+	add_tests "set_p16|SET -P 16|$N_P16|-t set -P 16" \
 		"get_p1|GET -P 1, -r $KEYSPACE|$N_P1|-t get -P 1" \
-		"get_p16|GET -P 16, -r $KEYSPACE|$N_P16|-t get -P 16"; do
-		IFS='|' read -r name label n args <<<"$spec"
-		# shellcheck disable=SC2086
-		if selected "$ONLY_TESTS" "$name"; then add_test "$name" "$label" "$n" $args; fi
-	done
-	((${#TESTS[@]})) || die "no tests selected"
+		"get_p16|GET -P 16, -r $KEYSPACE|$N_P16|-t get -P 16"
 
 	run_matrix
 	report
