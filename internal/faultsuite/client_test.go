@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redproxy/redproxy/internal/resp"
 )
 
 // hangTimeout is how long a client waits for a reply before it counts a
@@ -190,16 +192,7 @@ func dial(addr string, resp3 bool) (*client, error) {
 func (c *client) send(cmds ...[]string) error {
 	var b []byte
 	for _, cmd := range cmds {
-		b = append(b, '*')
-		b = strconv.AppendInt(b, int64(len(cmd)), 10)
-		b = append(b, '\r', '\n')
-		for _, a := range cmd {
-			b = append(b, '$')
-			b = strconv.AppendInt(b, int64(len(a)), 10)
-			b = append(b, '\r', '\n')
-			b = append(b, a...)
-			b = append(b, '\r', '\n')
-		}
+		b = resp.AppendCommandStrings(b, cmd...)
 	}
 	c.nc.SetWriteDeadline(time.Now().Add(hangTimeout))
 	_, err := c.nc.Write(b)
@@ -210,6 +203,14 @@ func (c *client) send(cmds ...[]string) error {
 func (c *client) read() (value, error) {
 	c.nc.SetReadDeadline(time.Now().Add(hangTimeout))
 	return readValue(c.br)
+}
+
+// readTwo returns the replies to two pipelined commands.
+func (c *client) readTwo() (first, second value, err error) {
+	if first, err = c.read(); err == nil {
+		second, err = c.read()
+	}
+	return first, second, err
 }
 
 // readNoDeadline is for a reader goroutine whose owner closes the

@@ -89,11 +89,7 @@ func (w *pinClient) multi(ctx context.Context, c *client) {
 		w.val.maybe(val, sent, time.Now())
 		return
 	}
-	set, err := c.read()
-	var exec value
-	if err == nil {
-		exec, err = c.read()
-	}
+	set, exec, err := c.readTwo()
 	if err != nil {
 		s.connFailed(w.id, err, "reading SET's or EXEC's reply")
 		w.val.maybe(val, sent, time.Now())
@@ -208,11 +204,7 @@ func (w *pinClient) checkPlain(c *client, after string) {
 		s.connFailed(w.id, err, "sending ECHO and GET")
 		return
 	}
-	echo, err := c.read()
-	var get value
-	if err == nil {
-		get, err = c.read()
-	}
+	echo, get, err := c.readTwo()
 	if err != nil {
 		s.connFailed(w.id, err, "reading ECHO's or GET's reply")
 		return
