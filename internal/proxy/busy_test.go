@@ -182,31 +182,28 @@ func TestPingAndReadinessReflectBusyRedis(t *testing.T) {
 // the one running the script; CLIENT KILL (of a proxy client) is answered
 // by the proxy without waiting for Redis.
 func TestKillCommandsReachBusyRedisAtOnce(t *testing.T) {
-	t.Run("SCRIPT KILL", func(t *testing.T) {
-		p, rs := busyRedis(t, 1, 30*time.Second)
-		loop := startLoop(t, p.Addr, false, 20000)
-		redistest.Eventually(t, 5*time.Second, func() bool { return redisBusy(t, rs) }, "Redis never became busy")
-		if got := rawDo(t, dialAddr(t, p.Addr), "SCRIPT", "KILL"); got != "+OK\r\n" {
-			t.Fatalf("SCRIPT KILL: %q", got)
+	for _, function := range []bool{false, true} {
+		kill := []string{"SCRIPT", "KILL"}
+		if function {
+			kill[0] = "FUNCTION"
 		}
-		if r := <-loop; !strings.HasPrefix(r, "-ERR Script killed by user") {
-			t.Fatalf("killed script's caller got %q", r)
-		}
-	})
-	t.Run("FUNCTION KILL", func(t *testing.T) {
-		p, rs := busyRedis(t, 1, 30*time.Second)
-		if err := rs.Client(t).FunctionLoad(ctx, loopLibrary).Err(); err != nil {
-			t.Fatal(err)
-		}
-		loop := startLoop(t, p.Addr, true, 20000)
-		redistest.Eventually(t, 5*time.Second, func() bool { return redisBusy(t, rs) }, "Redis never became busy")
-		if got := rawDo(t, dialAddr(t, p.Addr), "FUNCTION", "KILL"); got != "+OK\r\n" {
-			t.Fatalf("FUNCTION KILL: %q", got)
-		}
-		if r := <-loop; !strings.HasPrefix(r, "-ERR Script killed by user") {
-			t.Fatalf("killed function's caller got %q", r)
-		}
-	})
+		t.Run(strings.Join(kill, " "), func(t *testing.T) {
+			p, rs := busyRedis(t, 1, 30*time.Second)
+			if function {
+				if err := rs.Client(t).FunctionLoad(ctx, loopLibrary).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			loop := startLoop(t, p.Addr, function, 20000)
+			redistest.Eventually(t, 5*time.Second, func() bool { return redisBusy(t, rs) }, "Redis never became busy")
+			if got := rawDo(t, dialAddr(t, p.Addr), kill...); got != "+OK\r\n" {
+				t.Fatalf("%v: %q", kill, got)
+			}
+			if r := <-loop; !strings.HasPrefix(r, "-ERR Script killed by user") {
+				t.Fatalf("the killed loop's caller got %q", r)
+			}
+		})
+	}
 	t.Run("SHUTDOWN NOSAVE", func(t *testing.T) {
 		p, rs := busyRedis(t, 1, 30*time.Second)
 		loop := startLoop(t, p.Addr, false, 20000)
