@@ -51,12 +51,7 @@ func rawDo(t *testing.T, nc net.Conn, args ...string) string {
 
 func rawSend(t *testing.T, nc net.Conn, args ...string) {
 	t.Helper()
-	var b bytes.Buffer
-	fmt.Fprintf(&b, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
-	}
-	if _, err := nc.Write(b.Bytes()); err != nil {
+	if _, err := nc.Write(resp.AppendCommandStrings(nil, args...)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -7,7 +7,6 @@ package proxy_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -32,6 +31,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/resp"
 )
 
 // ---- a raw RESP connection, for byte-level checks ----
@@ -55,14 +55,11 @@ func dialRaw(t *testing.T, addr string) *rawConn {
 // send writes commands as RESP multibulk requests in one write.
 func (c *rawConn) send(cmds ...[]string) {
 	c.t.Helper()
-	var b bytes.Buffer
+	var b []byte
 	for _, cmd := range cmds {
-		fmt.Fprintf(&b, "*%d\r\n", len(cmd))
-		for _, a := range cmd {
-			fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
-		}
+		b = resp.AppendCommandStrings(b, cmd...)
 	}
-	if _, err := c.nc.Write(b.Bytes()); err != nil {
+	if _, err := c.nc.Write(b); err != nil {
 		c.t.Fatalf("write: %v", err)
 	}
 }
