@@ -129,7 +129,7 @@ func (sess *Session) recordViolations(d *policy.Decision) {
 // guard.RefusedInMulti, so the client's EXEC fails with EXECABORT.
 func (sess *Session) refuse(d *policy.Decision, m *metrics.Command) {
 	if sess.pin.inMulti {
-		sess.forwardHidden(guard.RefusedInMulti)
+		sess.forwardRefusal()
 	}
 	buf, start := sess.localBuf()
 	sess.finishLocal(m, guard.AppendRefusal(buf, d.Refuse), start)

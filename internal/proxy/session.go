@@ -241,6 +241,7 @@ func (sess *Session) quitReason() string {
 func (sess *Session) serveBatch(reqs []resp.Request) {
 	start := time.Now()
 	sess.batchReqs = reqs
+	sess.list.active.Store(start.UnixNano())
 	sess.prepareBatch(reqs)
 	for i := range reqs {
 		if i > 0 && !sess.guard.Joined(i) && sess.outputDue() {
@@ -267,9 +268,6 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	args := req.Args
 	cmd := sess.srv.table.Lookup(args)
 	sess.lastCmd.Store(cmd)
-	if i == 0 {
-		sess.list.active.Store(time.Now().UnixNano())
-	}
 	m := sess.metricFor(cmd)
 	m.Calls.Inc()
 	sess.curIndex = i
@@ -324,12 +322,17 @@ func (sess *Session) forward(raw []byte, m *metrics.Command) {
 // forwardHidden adds a command whose reply is dropped: a fix-up the proxy
 // adds after a client's command, on the same connection, right behind it.
 func (sess *Session) forwardHidden(raw []byte) {
-	kind := slotHidden
-	if bytes.Equal(raw, guard.RefusedInMulti) {
-		kind = slotRefusal // not a fix-up: its error reply is the point
-	}
-	sess.slots = append(sess.slots, slot{kind: kind, i: sess.call.Len(), tx: sess.pin.inMulti})
+	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len(), tx: sess.pin.inMulti})
 	sess.call.Add(raw)
+}
+
+// forwardRefusal queues guard.RefusedInMulti in place of a command refused
+// inside MULTI, so that Redis fails the client's EXEC with EXECABORT. Its
+// error reply is the point, so it is dropped and never counted as a failed
+// fix-up.
+func (sess *Session) forwardRefusal() {
+	sess.slots = append(sess.slots, slot{kind: slotRefusal, i: sess.call.Len(), tx: sess.pin.inMulti})
+	sess.call.Add(guard.RefusedInMulti)
 }
 
 // forwardWithFixups sends a client's command followed by fix-ups (policy's

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
-	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/resp"
@@ -297,7 +296,7 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 // refuseInMulti refuses a command inside MULTI and makes EXEC fail, as a
 // queue-time error would.
 func (sess *Session) refuseInMulti(name string, m *metrics.Command) {
-	sess.forwardHidden(guard.RefusedInMulti)
+	sess.forwardRefusal()
 	sess.replyLocal(m, []byte("-ERR redproxy: '"+strings.ToUpper(strings.ReplaceAll(name, "|", " "))+"' inside MULTI is not supported\r\n"))
 }
 
