@@ -106,7 +106,8 @@ func (c *clientConn) Write(b []byte) (int, error) {
 	return written, nil
 }
 
-// SyscallConn lets clientGone peek at the socket.
+// SyscallConn lets clientGone peek at the socket, and lets resp.Reader
+// wait for the client's bytes without holding a buffer.
 func (c *clientConn) SyscallConn() (syscall.RawConn, error) {
 	sc, ok := c.Conn.(syscall.Conn)
 	if !ok {

@@ -479,7 +479,6 @@ func (sess *Session) flush(start time.Time) {
 		switch {
 		case sl.mute:
 		case sl.exec:
-			sess.pin.execRan = len(reply) > 1 && reply[0] == '*' && reply[1] != '-'
 			if !sess.outDead {
 				sess.out = stripExec(reply, sess.pin.txHidden, sess.out)
 			}
