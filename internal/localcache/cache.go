@@ -486,7 +486,7 @@ func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte)
 	// Decide how long the reply may live: never past the key's expiry in
 	// Redis (measured from when we sent, before Redis read it), never
 	// longer than max_ttl.
-	ttl, _ := parseInteger(ttlReply)
+	ttl, _ := resp.Integer(ttlReply)
 	expire := filledAt + int64(c.cfg.MaxTTL.Duration)
 	keep := !resp.IsError(val)
 	switch {

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -142,8 +143,6 @@ func (fc *fillConn) onUp() {
 	fc.wake()
 }
 
-var cmdPing = []byte("*1\r\n$4\r\nPING\r\n")
-
 // heartbeat sends a PING every S/4, and at once when woken by a fence or a
 // reconnection, waiting for each reply before sending the next, so fence
 // requests arriving meanwhile share the next PING. A PING's reply arrives
@@ -164,7 +163,7 @@ func (fc *fillConn) heartbeat() {
 		case <-fc.kick:
 		}
 		call.Reset()
-		call.Add(cmdPing)
+		call.Add(resp.Ping)
 		epoch := fc.epoch.Load()
 		sent := nanotime()
 		if err := fc.pipe.Send(call); err != nil {

@@ -4,7 +4,6 @@ import (
 	"strconv"
 
 	"github.com/redproxy/redproxy/internal/commands"
-	"github.com/redproxy/redproxy/internal/resp"
 )
 
 // Fill connections speak RESP3, because invalidation pushes need it on the
@@ -128,13 +127,4 @@ func isEmptyReply(b []byte) bool {
 		return true
 	}
 	return false
-}
-
-// parseInteger reads a ":N\r\n" reply.
-func parseInteger(b []byte) (int64, bool) {
-	if len(b) < 4 || b[0] != ':' || resp.IsError(b) {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(string(b[1:len(b)-2]), 10, 64)
-	return n, err == nil
 }

@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -155,7 +155,7 @@ func (b *Backend) closePipe(p *upstream.Pipe) {
 	go p.Close()
 }
 
-var cmdClientID = []byte("*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n")
+var cmdClientID = resp.AppendCommandStrings(nil, "CLIENT", "ID")
 
 // PipeID returns Redis's client id for the dedicated pipe p, asking Redis
 // (one round trip) the first time. Only p's user may call it, between its
@@ -177,12 +177,9 @@ func (b *Backend) PipeID(p *upstream.Pipe) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if len(r) < 4 || r[0] != ':' {
+	id, ok = resp.Integer(r)
+	if !ok {
 		return 0, fmt.Errorf("redproxy: unexpected reply to CLIENT ID: %q", r)
-	}
-	id, err = strconv.ParseInt(string(r[1:len(r)-2]), 10, 64)
-	if err != nil {
-		return 0, err
 	}
 	b.idsMu.Lock()
 	if b.ids == nil {
@@ -204,9 +201,7 @@ func (b *Backend) RoundTripBeside(p *upstream.Pipe, raw []byte) ([]byte, error) 
 	if g == nil {
 		g = b.gen.Load()
 	}
-	o := g.options(0, false)
-	o.Name = "redproxy-alone"
-	return upstream.RoundTrip(o, raw)
+	return g.roundTrip(false, raw)
 }
 
 // AcquireConn dials a raw dedicated connection for relaying (pub/sub,
@@ -306,12 +301,15 @@ func (b *Backend) Pool(db int, resp3 bool) *upstream.Pool {
 
 // RoundTrip runs one command on a connection of its own (see busy.go).
 func (b *Backend) RoundTrip(resp3 bool, raw []byte) ([]byte, error) {
-	o := b.Options(0, resp3)
+	return b.gen.Load().roundTrip(resp3, raw)
+}
+
+// roundTrip runs one command on a connection of its own to g's upstream.
+func (g *backendGen) roundTrip(resp3 bool, raw []byte) ([]byte, error) {
+	o := g.options(0, resp3)
 	o.Name = "redproxy-alone"
 	return upstream.RoundTrip(o, raw)
 }
-
-var cmdPing = []byte("*1\r\n$4\r\nPING\r\n")
 
 // Ready reports whether Redis answers a PING with PONG on a shared
 // connection of DB 0, promptly: a Redis that is unreachable, busy running a
@@ -323,7 +321,7 @@ func (b *Backend) Ready() bool {
 		return false
 	}
 	c := upstream.NewCall()
-	c.Add(cmdPing)
+	c.Add(resp.Ping)
 	if err := p.Send(c); err != nil {
 		return false
 	}
@@ -379,7 +377,7 @@ func (b *Backend) Switch(opt BackendOptions) {
 	b.idleMu.Unlock()
 	for _, ps := range stale {
 		for _, p := range ps {
-			go p.Close()
+			b.closePipe(p)
 		}
 	}
 	b.Pool(0, false)

@@ -164,6 +164,14 @@ func indexCRLF(b []byte, from int) int {
 	return i
 }
 
+// Integer returns the value of a framed integer reply (":N\r\n").
+func Integer(reply []byte) (int64, bool) {
+	if len(reply) < 4 || reply[0] != ':' {
+		return 0, false
+	}
+	return parseInt(reply[1 : len(reply)-2])
+}
+
 // parseInt parses a decimal integer as RESP writes it: optional '-', digits,
 // nothing else, at most 18 digits so it cannot overflow.
 func parseInt(b []byte) (int64, bool) {

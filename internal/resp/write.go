@@ -56,3 +56,6 @@ func appendCount(dst []byte, typ byte, n int) []byte {
 	dst = strconv.AppendInt(dst, int64(n), 10)
 	return append(dst, '\r', '\n')
 }
+
+// Ping is the PING request, which the proxy sends as a probe and a fence.
+var Ping = AppendCommandStrings(nil, "PING")

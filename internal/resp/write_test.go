@@ -117,3 +117,21 @@ func BenchmarkAppendCommand(b *testing.B) {
 		}
 	})
 }
+
+func TestInteger(t *testing.T) {
+	for _, c := range []struct {
+		reply string
+		n     int64
+		ok    bool
+	}{
+		{":0\r\n", 0, true}, {":42\r\n", 42, true}, {":-2\r\n", -2, true},
+		{"$2\r\n42\r\n", 0, false}, {"-ERR x\r\n", 0, false}, {":x\r\n", 0, false}, {":\r\n", 0, false},
+	} {
+		if n, ok := Integer([]byte(c.reply)); n != c.n || ok != c.ok {
+			t.Errorf("Integer(%q) = %d, %v; want %d, %v", c.reply, n, ok, c.n, c.ok)
+		}
+	}
+	if n, ok := Integer(Ping); ok {
+		t.Errorf("Integer(PING request) = %d, true", n)
+	}
+}

@@ -42,8 +42,6 @@ const (
 	probeDead                             // could not connect
 )
 
-var probePing = []byte("*1\r\n$4\r\nPING\r\n")
-
 // probe dials Redis and sends PING, after AUTH when a password is set:
 // Redis refuses an unauthenticated command (-NOAUTH) before it looks for a
 // running script, and AUTH itself is allowed while one runs. It gives up at
@@ -80,7 +78,7 @@ func probe(opt Options, deadline time.Time, cancel <-chan struct{}) probeVerdict
 		}
 		skip = 1
 	}
-	req = append(req, probePing...)
+	req = append(req, resp.Ping...)
 	if _, err := nc.Write(req); err != nil {
 		return probeUnresponsive
 	}
