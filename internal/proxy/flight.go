@@ -176,7 +176,7 @@ func (sess *Session) flightRead(fs *flightState, raw, key []byte, match stampede
 //
 // The pool is taken when the hold ends: a reload may have switched the
 // upstream meanwhile and closed the one in use when the read began.
-func (fs *flightState) heldRead(h *stampede.Hold, be *Backend, db int, key []byte, resp3 bool, match stampede.Match, owner int64) ([]byte, error) {
+func (fs *flightState) heldRead(h *stampede.Hold, be *upstream.Backend, db int, key []byte, resp3 bool, match stampede.Match, owner int64) ([]byte, error) {
 	h.Wait()
 	get := getCommand(key)
 	reply, err := h.Fetch(resp3, fs.metrics, func() ([]byte, error) { return fs.fetch(be.Pool(db, resp3), get) })

@@ -151,14 +151,13 @@ func (s *Server) appendProxySection(b []byte) []byte {
 		state = "up"
 	}
 	st, up := b0.Pool(0, false).Stats()
-	opt := b0.gen.Load().opt
-	line("upstream_0", "addr="+opt.Addr+",state="+state+
-		",connections_up="+strconv.Itoa(up)+",connections="+strconv.Itoa(opt.Connections)+
-		",pinned="+strconv.FormatInt(b0.pinned.Load(), 10)+
+	line("upstream_0", "addr="+b0.Addr()+",state="+state+
+		",connections_up="+strconv.Itoa(up)+",connections="+strconv.Itoa(b0.Connections())+
+		",pinned="+strconv.FormatInt(b0.Pinned(), 10)+
 		",failures="+strconv.FormatUint(st.Failures, 10))
 	line("upstream_redis_version", s.UpstreamVersion())
-	line("pinned_connections", strconv.FormatInt(b0.pinned.Load(), 10))
-	line("max_pinned_connections", strconv.FormatInt(b0.maxPinned.Load(), 10))
+	line("pinned_connections", strconv.FormatInt(b0.Pinned(), 10))
+	line("max_pinned_connections", strconv.FormatInt(b0.MaxPinned(), 10))
 
 	if s.tier == nil {
 		line("localtier_enabled", "0")

@@ -8,6 +8,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/upstream"
 )
 
 // Config returns the configuration in force: the one the server started
@@ -27,8 +28,8 @@ func (s *Server) clientLimits() resp.Limits {
 	}
 }
 
-func (s *Server) backendOptions(c *config.Config, addr string) BackendOptions {
-	return BackendOptions{
+func (s *Server) backendOptions(c *config.Config, addr string) upstream.BackendOptions {
+	return upstream.BackendOptions{
 		Addr:         addr,
 		Username:     c.Upstream.Username,
 		Password:     c.Upstream.Password,

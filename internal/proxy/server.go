@@ -17,11 +17,13 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/upstream"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown.
@@ -41,7 +43,7 @@ type Server struct {
 	table        *commands.Table
 	log          *slog.Logger
 	metrics      *metrics.Metrics
-	backend      *Backend
+	backend      *upstream.Backend
 	guard        *serverGuard                // the policy guard (guard.go)
 	flight       atomic.Pointer[flightState] // stampede protection (flight.go); a reload replaces it
 	tier         *tierState                  // the local tier (tier.go)
@@ -104,7 +106,7 @@ func NewServer(o Options) (*Server, error) {
 		started:      time.Now(),
 	}
 	s.live.Store(cfg)
-	s.backend = NewBackend(s.backendOptions(cfg, addr))
+	s.backend = upstream.NewBackend(s.backendOptions(cfg, addr))
 	s.backend.RegisterMetrics(o.Metrics.Registry)
 	// The features the data path consults (hooks.go), each built from its
 	// part of the configuration, in this order. None reads another's state
@@ -128,7 +130,7 @@ func NewServer(o Options) (*Server, error) {
 }
 
 // Backend returns the upstream connection pools.
-func (s *Server) Backend() *Backend { return s.backend }
+func (s *Server) Backend() *upstream.Backend { return s.backend }
 
 // Ready reports whether Redis is reachable (DB 0 has a connection up).
 func (s *Server) Ready() bool { return s.backend.Ready() }
@@ -154,7 +156,7 @@ func (s *Server) Serve(ln net.Listener) error {
 				return ErrServerClosed
 			}
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTooManyFiles) {
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) {
 				// Out of file descriptors or a transient error: back off
 				// rather than spin, as net/http does.
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)

@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -514,8 +513,6 @@ func isAuthExempt(cmd *commands.Command) bool {
 	}
 	return false
 }
-
-func itoa(i int) string { return strconv.Itoa(i) }
 
 // firstElement returns the first element of an array reply, or the reply
 // itself when it is not a non-empty array (an error, a null).

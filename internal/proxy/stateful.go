@@ -305,11 +305,11 @@ func (sess *Session) refuseInMulti(name string, m *metrics.Command) {
 // empty name gives it back its own. Only outside MULTI.
 func (sess *Session) namePin(name string) {
 	if name == "" {
-		name = pinnedName
+		name = upstream.PinnedName
 	}
 	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
 	sess.call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", name))
-	sess.pin.named = name != pinnedName
+	sess.pin.named = name != upstream.PinnedName
 }
 
 // unnamePin undoes namePin before the connection goes back to the pool.
@@ -474,7 +474,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 	}
 	call.Add(raw)
 	if named {
-		call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", pinnedName))
+		call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", upstream.PinnedName))
 	}
 	sess.block.set(rid, pipe)
 	if err := pipe.Send(call); err != nil {

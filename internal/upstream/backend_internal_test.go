@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/redistest"
-	"github.com/redproxy/redproxy/internal/upstream"
 )
 
 // A switch swaps the generation, then empties the idle dedicated pipes. A
@@ -35,7 +34,7 @@ func TestIdlePipeFromBeforeSwitchIsNotReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer be.ReleasePipe(q, 0, false, false)
-	c := upstream.NewCall()
+	c := NewCall()
 	c.Add([]byte("*3\r\n$3\r\nSET\r\n$5\r\nwhere\r\n$1\r\nx\r\n"))
 	if err := q.Send(c); err != nil {
 		t.Fatal(err)

@@ -1,21 +1,18 @@
-package proxy
+package upstream
 
 import (
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redproxy/redproxy/internal/resp"
-	"github.com/redproxy/redproxy/internal/upstream"
 )
-
-var errTooManyFiles = syscall.EMFILE
 
 // BackendOptions configure the upstream side.
 type BackendOptions struct {
@@ -50,18 +47,18 @@ type Backend struct {
 	// protocol, so a transaction does not pay a dial.
 	pinned    atomic.Int64
 	idleMu    sync.Mutex
-	idle      map[int][]*upstream.Pipe
+	idle      map[int][]*Pipe
 	closedDed bool
 
 	// Redis's client ids of dedicated pipes, learnt on first need (CLIENT
 	// UNBLOCK). A dedicated pipe never reconnects, so its id holds for its
 	// life; the entry goes when the pipe is closed.
 	idsMu sync.Mutex
-	ids   map[*upstream.Pipe]int64
+	ids   map[*Pipe]int64
 
 	// dialled records the generation each dedicated pipe in use was dialled
 	// in, so one from before a switch is closed on release, never reused.
-	dialled map[*upstream.Pipe]*backendGen
+	dialled map[*Pipe]*backendGen
 	closed  bool
 	drains  sync.WaitGroup
 	stop    chan struct{} // closed by Close: drains end at once
@@ -71,7 +68,7 @@ type Backend struct {
 // with them.
 type backendGen struct {
 	opt   BackendOptions
-	pools []atomic.Pointer[upstream.Pool] // index db*2 + resp3
+	pools []atomic.Pointer[Pool] // index db*2 + resp3
 }
 
 // ErrTooManyPinned is returned when upstream.max_pinned dedicated
@@ -80,12 +77,12 @@ var ErrTooManyPinned = errors.New("redproxy: too many dedicated upstream connect
 
 const maxIdlePerKey = 16
 
-// pinnedName is the name an idle dedicated pipe carries on Redis; while a
+// PinnedName is the name an idle dedicated pipe carries on Redis; while a
 // client uses it, it carries the client's name, if the client set one.
-const pinnedName = "redproxy-pinned"
+const PinnedName = "redproxy-pinned"
 
 // AcquirePipe returns a dedicated pipelined connection for one client.
-func (b *Backend) AcquirePipe(db int, resp3 bool) (*upstream.Pipe, error) {
+func (b *Backend) AcquirePipe(db int, resp3 bool) (*Pipe, error) {
 	if b.pinned.Add(1) > b.maxPinned.Load() {
 		b.pinned.Add(-1)
 		return nil, ErrTooManyPinned
@@ -107,15 +104,15 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*upstream.Pipe, error) {
 	b.idleMu.Unlock()
 	g := b.gen.Load()
 	o := g.options(db, resp3)
-	o.Name = pinnedName
-	p, err := upstream.DialPipe(o)
+	o.Name = PinnedName
+	p, err := DialPipe(o)
 	if err != nil {
 		b.pinned.Add(-1)
-		return nil, fmt.Errorf("%w: %v", upstream.ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	b.idleMu.Lock()
 	if b.dialled == nil {
-		b.dialled = make(map[*upstream.Pipe]*backendGen)
+		b.dialled = make(map[*Pipe]*backendGen)
 	}
 	b.dialled[p] = g
 	b.idleMu.Unlock()
@@ -125,7 +122,7 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*upstream.Pipe, error) {
 // ReleasePipe gives a dedicated connection back. Only a connection whose
 // state the caller knows to be clean (no MULTI, no WATCH, the DB and
 // protocol it was dialled with) may be reused; anything else is closed.
-func (b *Backend) ReleasePipe(p *upstream.Pipe, db int, resp3, clean bool) {
+func (b *Backend) ReleasePipe(p *Pipe, db int, resp3, clean bool) {
 	b.pinned.Add(-1)
 	if clean && p.Up() {
 		key := db*2 + btoi(resp3)
@@ -133,7 +130,7 @@ func (b *Backend) ReleasePipe(p *upstream.Pipe, db int, resp3, clean bool) {
 		// A pipe dialled before a switch talks to the old upstream.
 		if !b.closedDed && b.dialled[p] == b.gen.Load() && len(b.idle[key]) < maxIdlePerKey {
 			if b.idle == nil {
-				b.idle = make(map[int][]*upstream.Pipe)
+				b.idle = make(map[int][]*Pipe)
 			}
 			b.idle[key] = append(b.idle[key], p)
 			b.idleMu.Unlock()
@@ -148,7 +145,7 @@ func (b *Backend) ReleasePipe(p *upstream.Pipe, db int, resp3, clean bool) {
 }
 
 // closePipe closes a dedicated pipe in the background and forgets its id.
-func (b *Backend) closePipe(p *upstream.Pipe) {
+func (b *Backend) closePipe(p *Pipe) {
 	b.idsMu.Lock()
 	delete(b.ids, p)
 	b.idsMu.Unlock()
@@ -160,14 +157,14 @@ var cmdClientID = resp.AppendCommandStrings(nil, "CLIENT", "ID")
 // PipeID returns Redis's client id for the dedicated pipe p, asking Redis
 // (one round trip) the first time. Only p's user may call it, between its
 // own Calls.
-func (b *Backend) PipeID(p *upstream.Pipe) (int64, error) {
+func (b *Backend) PipeID(p *Pipe) (int64, error) {
 	b.idsMu.Lock()
 	id, ok := b.ids[p]
 	b.idsMu.Unlock()
 	if ok {
 		return id, nil
 	}
-	c := upstream.NewCall()
+	c := NewCall()
 	c.Add(cmdClientID)
 	if err := p.Send(c); err != nil {
 		return 0, err
@@ -183,7 +180,7 @@ func (b *Backend) PipeID(p *upstream.Pipe) (int64, error) {
 	}
 	b.idsMu.Lock()
 	if b.ids == nil {
-		b.ids = make(map[*upstream.Pipe]int64)
+		b.ids = make(map[*Pipe]int64)
 	}
 	b.ids[p] = id
 	b.idsMu.Unlock()
@@ -194,7 +191,7 @@ func (b *Backend) PipeID(p *upstream.Pipe) (int64, error) {
 // server the dedicated pipe p is connected to: after a switch, a pipe
 // dialled before it still talks to the old upstream, and a command about
 // that connection (CLIENT UNBLOCK of its Redis id) must go there too.
-func (b *Backend) RoundTripBeside(p *upstream.Pipe, raw []byte) ([]byte, error) {
+func (b *Backend) RoundTripBeside(p *Pipe, raw []byte) ([]byte, error) {
 	b.idleMu.Lock()
 	g := b.dialled[p]
 	b.idleMu.Unlock()
@@ -217,10 +214,10 @@ func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error)
 	if name != "" {
 		o.Name = name
 	}
-	nc, err := upstream.Dial(o)
+	nc, err := Dial(o)
 	if err != nil {
 		b.pinned.Add(-1)
-		return nil, fmt.Errorf("%w: %v", upstream.ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	return nc, nil
 }
@@ -253,16 +250,16 @@ func newGen(opt BackendOptions) *backendGen {
 	if opt.Databases < 1 {
 		opt.Databases = 1
 	}
-	return &backendGen{opt: opt, pools: make([]atomic.Pointer[upstream.Pool], 2*opt.Databases)}
+	return &backendGen{opt: opt, pools: make([]atomic.Pointer[Pool], 2*opt.Databases)}
 }
 
 // Options returns the upstream options for a connection to db.
-func (b *Backend) Options(db int, resp3 bool) upstream.Options {
+func (b *Backend) Options(db int, resp3 bool) Options {
 	return b.gen.Load().options(db, resp3)
 }
 
-func (g *backendGen) options(db int, resp3 bool) upstream.Options {
-	return upstream.Options{
+func (g *backendGen) options(db int, resp3 bool) Options {
+	return Options{
 		Addr: g.opt.Addr, Username: g.opt.Username, Password: g.opt.Password,
 		DB: db, RESP3: resp3,
 		DialTimeout: g.opt.DialTimeout, ReplyTimeout: g.opt.ReplyTimeout, DeadTimeout: g.opt.DeadTimeout,
@@ -273,7 +270,7 @@ func (g *backendGen) options(db int, resp3 bool) upstream.Options {
 }
 
 // Pool returns the shared pool for db and protocol, creating it if needed.
-func (b *Backend) Pool(db int, resp3 bool) *upstream.Pool {
+func (b *Backend) Pool(db int, resp3 bool) *Pool {
 	i := db * 2
 	if resp3 {
 		i++
@@ -290,7 +287,7 @@ func (b *Backend) Pool(db int, resp3 bool) *upstream.Pool {
 	if p := g.pools[i].Load(); p != nil {
 		return p
 	}
-	p := upstream.NewPool(g.opt.Connections, g.options(db, resp3))
+	p := NewPool(g.opt.Connections, g.options(db, resp3))
 	// The first client of a database or protocol should not fail just
 	// because its connections are still being dialled; later outages fail
 	// fast instead, since the pipes reconnect in the background.
@@ -308,7 +305,7 @@ func (b *Backend) RoundTrip(resp3 bool, raw []byte) ([]byte, error) {
 func (g *backendGen) roundTrip(resp3 bool, raw []byte) ([]byte, error) {
 	o := g.options(0, resp3)
 	o.Name = "redproxy-alone"
-	return upstream.RoundTrip(o, raw)
+	return RoundTrip(o, raw)
 }
 
 // Ready reports whether Redis answers a PING with PONG on a shared
@@ -320,7 +317,7 @@ func (b *Backend) Ready() bool {
 	if !p.Up() {
 		return false
 	}
-	c := upstream.NewCall()
+	c := NewCall()
 	c.Add(resp.Ping)
 	if err := p.Send(c); err != nil {
 		return false
@@ -348,7 +345,7 @@ const drainGrace = time.Second
 // Switch starts a new generation with opt (a new address, pool size or
 // timeouts). Commands sent after it returns use connections dialled with
 // opt; the old generation's pools are closed in the background once every
-// request sent on them has been answered (or failed by dead_timeout),
+// request sent on them has been answered (or failed by upstream.dead_timeout),
 // and no sooner than drainGrace. Dedicated connections in use (MULTI,
 // blocking commands, pub/sub relays) keep their old upstream until their
 // clients release them; released ones are closed, not reused. The pools of
@@ -388,7 +385,7 @@ func (b *Backend) Switch(opt BackendOptions) {
 // drain closes a replaced generation's pools once nothing is pending on
 // them, bounded by the dead timeout, after which the pipes would have
 // failed a request that Redis does not answer anyway. (A request only
-// overdue, past reply_timeout, is still waited for: Redis may be slow,
+// overdue, past upstream.reply_timeout, is still waited for: Redis may be slow,
 // paused or running a script, and would answer it.)
 func (b *Backend) drain(g *backendGen) {
 	defer b.drains.Done()
@@ -405,7 +402,7 @@ func (b *Backend) drain(g *backendGen) {
 	}
 	dead := g.opt.DeadTimeout
 	if dead <= 0 {
-		dead = 30 * time.Second // upstream.Options' default
+		dead = 30 * time.Second // Options' default
 	}
 	deadline := time.Now().Add(drainGrace + g.opt.ReplyTimeout + 2*dead)
 	if !wait(drainGrace) {
@@ -492,7 +489,7 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 		if p == nil {
 			continue
 		}
-		db := itoa(i / 2)
+		db := strconv.Itoa(i / 2)
 		proto := "resp2"
 		if i%2 == 1 {
 			proto = "resp3"
@@ -507,3 +504,15 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descCommands, prometheus.CounterValue, float64(s.Commands), db, proto)
 	}
 }
+
+// Addr is the address the current generation dials.
+func (b *Backend) Addr() string { return b.gen.Load().opt.Addr }
+
+// Connections is the number of shared connections per pool.
+func (b *Backend) Connections() int { return b.gen.Load().opt.Connections }
+
+// Pinned is the number of dedicated connections in use.
+func (b *Backend) Pinned() int64 { return b.pinned.Load() }
+
+// MaxPinned is upstream.max_pinned as in force now.
+func (b *Backend) MaxPinned() int64 { return b.maxPinned.Load() }
