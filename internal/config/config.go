@@ -137,6 +137,7 @@ func Default() *Config {
 		Upstream: Upstream{
 			Mode:         ModeStandalone,
 			Address:      "127.0.0.1:6379",
+			Sentinels:    []string{},
 			Connections:  4,
 			MaxPinned:    256,
 			DialTimeout:  dur(2 * time.Second),

@@ -99,7 +99,12 @@ slowlog_threshold = "2ms"
 slowlog_max_len = 16
 
 [upstream]
+mode = "sentinel"
 address = "redis.internal:6390"
+sentinels = ["10.0.0.1:26379"]
+master_name = "cache"
+sentinel_username = "watcher"
+sentinel_password = "s3ntinel"
 username = "proxy"
 password = "s3cret"
 connections = 8
@@ -159,18 +164,22 @@ max_age = "20s"
 			ClientWriteTimeout: dur(7 * time.Second),
 		},
 		Upstream: Upstream{
-			Mode:         ModeStandalone,
-			Address:      "redis.internal:6390",
-			Username:     "proxy",
-			Password:     "s3cret",
-			Connections:  8,
-			MaxPinned:    10,
-			DialTimeout:  dur(100 * time.Millisecond),
-			ReplyTimeout: dur(90 * time.Second),
-			DeadTimeout:  dur(2 * time.Minute),
-			ReconnectMin: dur(10 * time.Millisecond),
-			ReconnectMax: dur(10 * time.Second),
-			Databases:    1,
+			Mode:             ModeSentinel,
+			Address:          "redis.internal:6390",
+			Sentinels:        []string{"10.0.0.1:26379"},
+			MasterName:       "cache",
+			SentinelUsername: "watcher",
+			SentinelPassword: "s3ntinel",
+			Username:         "proxy",
+			Password:         "s3cret",
+			Connections:      8,
+			MaxPinned:        10,
+			DialTimeout:      dur(100 * time.Millisecond),
+			ReplyTimeout:     dur(90 * time.Second),
+			DeadTimeout:      dur(2 * time.Minute),
+			ReconnectMin:     dur(10 * time.Millisecond),
+			ReconnectMax:     dur(10 * time.Second),
+			Databases:        1,
 		},
 		Policy: policy.DefaultConfig(),
 		Stampede: stampede.Config{
