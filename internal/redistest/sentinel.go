@@ -45,6 +45,58 @@ type SentinelGroup struct {
 // other Sentinel, so a failover can be authorized from the first moment.
 func StartSentinelGroup(t testing.TB, o SentinelOptions) *SentinelGroup {
 	t.Helper()
+	o.defaults()
+	g := &SentinelGroup{Name: o.Name, quorum: o.Sentinels/2 + 1}
+	primary := Start(t)
+	g.Nodes = append(g.Nodes, primary)
+	for range o.Replicas {
+		r := Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))
+		g.Nodes = append(g.Nodes, r)
+	}
+	ctx := context.Background()
+	pc := primary.Client(t)
+	Eventually(t, 20*time.Second, func() bool {
+		info, err := pc.Info(ctx, "replication").Result()
+		return err == nil && strings.Count(info, "state=online") == o.Replicas
+	}, "%d replicas never came online on %s", o.Replicas, primary.Addr())
+
+	for range o.Sentinels {
+		g.Sentinels = append(g.Sentinels, StartSentinel(t, o, primary.Port(), g.quorum))
+	}
+	for _, s := range g.Sentinels {
+		sc := s.sentinelClient(t)
+		Eventually(t, 30*time.Second, func() bool {
+			m, err := sc.Master(ctx, o.Name).Result()
+			return err == nil && m["num-slaves"] == strconv.Itoa(o.Replicas) &&
+				m["num-other-sentinels"] == strconv.Itoa(o.Sentinels-1)
+		}, "sentinel %s never saw %d replicas and %d other sentinels", s.Addr(), o.Replicas, o.Sentinels-1)
+	}
+	return g
+}
+
+// StartSentinel starts one Sentinel (redis-server --sentinel with a
+// generated config file) monitoring the primary at 127.0.0.1:primaryPort
+// as o.Name with the given quorum; o's zero fields are defaulted as in
+// StartSentinelGroup. The primary need not be up.
+func StartSentinel(t testing.TB, o SentinelOptions, primaryPort, quorum int) *Server {
+	t.Helper()
+	o.defaults()
+	conf := filepath.Join(t.TempDir(), "sentinel.conf")
+	text := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d %d\n"+
+		"sentinel down-after-milliseconds %s %d\n"+
+		"sentinel failover-timeout %s %d\n"+
+		"sentinel parallel-syncs %s %d\n",
+		o.Name, primaryPort, quorum,
+		o.Name, o.DownAfter.Milliseconds(),
+		o.Name, o.FailoverTimeout.Milliseconds(),
+		o.Name, o.Replicas)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return start(t, conf, []string{"--sentinel"})
+}
+
+func (o *SentinelOptions) defaults() {
 	if o.Name == "" {
 		o.Name = "mymaster"
 	}
@@ -60,44 +112,6 @@ func StartSentinelGroup(t testing.TB, o SentinelOptions) *SentinelGroup {
 	if o.FailoverTimeout == 0 {
 		o.FailoverTimeout = 3 * time.Second
 	}
-	g := &SentinelGroup{Name: o.Name, quorum: o.Sentinels/2 + 1}
-	primary := Start(t)
-	g.Nodes = append(g.Nodes, primary)
-	for range o.Replicas {
-		r := Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))
-		g.Nodes = append(g.Nodes, r)
-	}
-	ctx := context.Background()
-	pc := primary.Client(t)
-	Eventually(t, 20*time.Second, func() bool {
-		info, err := pc.Info(ctx, "replication").Result()
-		return err == nil && strings.Count(info, "state=online") == o.Replicas
-	}, "%d replicas never came online on %s", o.Replicas, primary.Addr())
-
-	for i := range o.Sentinels {
-		conf := filepath.Join(t.TempDir(), fmt.Sprintf("sentinel-%d.conf", i))
-		text := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d %d\n"+
-			"sentinel down-after-milliseconds %s %d\n"+
-			"sentinel failover-timeout %s %d\n"+
-			"sentinel parallel-syncs %s %d\n",
-			o.Name, primary.Port(), g.quorum,
-			o.Name, o.DownAfter.Milliseconds(),
-			o.Name, o.FailoverTimeout.Milliseconds(),
-			o.Name, o.Replicas)
-		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		g.Sentinels = append(g.Sentinels, start(t, conf, []string{"--sentinel"}))
-	}
-	for _, s := range g.Sentinels {
-		sc := s.sentinelClient(t)
-		Eventually(t, 30*time.Second, func() bool {
-			m, err := sc.Master(ctx, o.Name).Result()
-			return err == nil && m["num-slaves"] == strconv.Itoa(o.Replicas) &&
-				m["num-other-sentinels"] == strconv.Itoa(o.Sentinels-1)
-		}, "sentinel %s never saw %d replicas and %d other sentinels", s.Addr(), o.Replicas, o.Sentinels-1)
-	}
-	return g
 }
 
 func (s *Server) sentinelClient(t testing.TB) *redis.SentinelClient {
