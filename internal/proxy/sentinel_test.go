@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -344,7 +345,11 @@ func TestSentinelLocalTierDropsOldPrimary(t *testing.T) {
 
 // TestSentinelDownAtStart: the first Sentinel listed is down when the
 // proxy starts; it asks the next ones, finds the primary, and still follows
-// a failover (the two Sentinels left are a quorum).
+// a failover (the two Sentinels left are a quorum). The clients on
+// dedicated connections to the old primary see the loss: a transaction
+// open across the failover is aborted (EXECABORT) instead of running on
+// the old primary, and a subscriber's connection is closed
+// instead of listening on to a server that is no longer the primary.
 func TestSentinelDownAtStart(t *testing.T) {
 	g := redistest.StartSentinelGroup(t, redistest.SentinelOptions{})
 	addrs := g.SentinelAddrs()
@@ -354,10 +359,49 @@ func TestSentinelDownAtStart(t *testing.T) {
 	if got := p.SentinelPrimary(); got != old.Addr() {
 		t.Fatalf("primary at start = %q, want %s", got, old.Addr())
 	}
+
+	tx := p.Dial(t)
+	txr := bufio.NewReader(tx)
+	exchange := func(cmd, want string) {
+		t.Helper()
+		tx.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := tx.Write([]byte(cmd)); err != nil {
+			t.Fatal(err)
+		}
+		line, err := txr.ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, want) {
+			t.Fatalf("%q: got %q, %v; want %q", cmd, line, err, want)
+		}
+	}
+	exchange("*1\r\n$5\r\nMULTI\r\n", "+OK")
+	exchange("*3\r\n$3\r\nSET\r\n$2\r\ntx\r\n$3\r\nold\r\n", "+QUEUED")
+	sub := p.Client(t).Subscribe(ctx, "news")
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	subErr := make(chan error, 1)
+	go func() {
+		_, err := sub.Receive(ctx)
+		subErr <- err
+	}()
+
 	g.Failover(t)
 	next := g.WaitNewPrimary(t, old, 30*time.Second)
 	redistest.Eventually(t, time.Second, func() bool { return p.SentinelPrimary() == next.Addr() },
 		"the proxy did not follow to %s", next.Addr())
+	// The aborted transaction as docs/COMPATIBILITY.md describes it.
+	exchange("*1\r\n$4\r\nEXEC\r\n", "-EXECABORT")
+	select {
+	case err := <-subErr:
+		if err == nil {
+			t.Fatal("the subscriber got a message instead of losing its connection")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the subscriber still listens on the old primary after the switch")
+	}
+	if n, err := next.Client(t).Exists(ctx, "tx").Result(); err != nil || n != 0 {
+		t.Fatalf("the transaction's SET ran: EXISTS tx on the new primary = %d, %v", n, err)
+	}
 	c := p.Client(t)
 	redistest.Eventually(t, 5*time.Second, func() bool { return c.Set(ctx, "after", "1", 0).Err() == nil }, "writes never worked again")
 	if v, err := next.Client(t).Get(ctx, "after").Result(); v != "1" {
