@@ -348,8 +348,9 @@ func TestSentinelLocalTierDropsOldPrimary(t *testing.T) {
 // a failover (the two Sentinels left are a quorum). The clients on
 // dedicated connections to the old primary see the loss: a transaction
 // open across the failover is aborted (EXECABORT) instead of running on
-// the old primary, and a subscriber's connection is closed
-// instead of listening on to a server that is no longer the primary.
+// the old primary, a BLPOP blocked there fails with "connection lost", and
+// a subscriber's connection is closed instead of listening on to a server
+// that is no longer the primary.
 func TestSentinelDownAtStart(t *testing.T) {
 	g := redistest.StartSentinelGroup(t, redistest.SentinelOptions{})
 	addrs := g.SentinelAddrs()
@@ -384,6 +385,13 @@ func TestSentinelDownAtStart(t *testing.T) {
 		_, err := sub.Receive(ctx)
 		subErr <- err
 	}()
+	blocked := p.Client(t)
+	blockErr := make(chan error, 1)
+	go func() { blockErr <- blocked.BLPop(ctx, 0, "nothing").Err() }()
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		n, _ := old.Client(t).Do(ctx, "INFO", "clients").Text()
+		return strings.Contains(n, "blocked_clients:1")
+	}, "BLPOP never blocked on the primary")
 
 	g.Failover(t)
 	next := g.WaitNewPrimary(t, old, 30*time.Second)
@@ -391,6 +399,14 @@ func TestSentinelDownAtStart(t *testing.T) {
 		"the proxy did not follow to %s", next.Addr())
 	// The aborted transaction as docs/COMPATIBILITY.md describes it.
 	exchange("*1\r\n$4\r\nEXEC\r\n", "-EXECABORT")
+	select {
+	case err := <-blockErr:
+		if err == nil || !strings.Contains(err.Error(), "upstream connection lost") {
+			t.Fatalf("BLPOP blocked on the old primary ended with %v, want upstream connection lost", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("BLPOP still blocked on the old primary after the switch")
+	}
 	select {
 	case err := <-subErr:
 		if err == nil {

@@ -7,8 +7,7 @@ func TestEventMaster(t *testing.T) {
 		"mymaster 127.0.0.1 6380 127.0.0.1 6381":                        "mymaster",
 		"slave 127.0.0.1:6381 127.0.0.1 6381 @ mymaster 127.0.0.1 6380": "mymaster",
 		"slave 10.0.0.2:6379 10.0.0.2 6379 @ other-name 10.0.0.1 6379":  "other-name",
-		"master mymaster 127.0.0.1 6380":                                "master",
-		"":                                                              "",
+		"": "",
 	} {
 		if got := eventMaster(payload); got != want {
 			t.Errorf("eventMaster(%q) = %q, want %q", payload, got, want)
