@@ -144,11 +144,18 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		}
 	}
 
+	if cfg.Upstream.Mode == config.ModeSentinel {
+		// The command table and version are read from the primary; if
+		// none is known yet, the proxy starts not ready and follows the
+		// Sentinels from there.
+		upstreamAddr = proxy.FindSentinelPrimary(cfg, log)
+	}
+
 	reg := metrics.New()
 	// The embedded store's COMMAND reply is its own approximation; the
 	// built-in table describes the Redis it stands in for.
 	table := commands.Builtin()
-	if !embedded {
+	if !embedded && upstreamAddr != "" {
 		table = loadCommandTable(cfg, upstreamAddr, log)
 	}
 	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr})
@@ -156,8 +163,10 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "redproxy: %v\n", err)
 		return 2
 	}
-	if v := upstreamVersion(cfg, upstreamAddr); v != "" {
-		srv.SetUpstreamVersion(v)
+	if upstreamAddr != "" {
+		if v := upstreamVersion(cfg, upstreamAddr); v != "" {
+			srv.SetUpstreamVersion(v)
+		}
 	}
 	g := srv.Guard()
 	g.SetForcedMode(forced)

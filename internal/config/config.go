@@ -75,7 +75,19 @@ type Server struct {
 
 // Upstream configures the connections to the real Redis.
 type Upstream struct {
-	Address      string         `toml:"address"` // host:port, or EmbeddedAddress
+	// Mode says how the upstream is found: ModeStandalone dials Address;
+	// ModeSentinel asks Sentinels for MasterName's primary and follows its
+	// failovers (Address is then not used).
+	Mode    string `toml:"mode"`
+	Address string `toml:"address"` // host:port, or EmbeddedAddress
+	// Sentinels, MasterName and the Sentinel credentials are used in
+	// ModeSentinel only; the Sentinel credentials are those of the
+	// Sentinel processes, which need not be Redis's.
+	Sentinels        []string `toml:"sentinels"`
+	MasterName       string   `toml:"master_name"`
+	SentinelUsername string   `toml:"sentinel_username"`
+	SentinelPassword string   `toml:"sentinel_password"`
+
 	Username     string         `toml:"username"`
 	Password     string         `toml:"password"`
 	Connections  int            `toml:"connections"`
@@ -87,6 +99,12 @@ type Upstream struct {
 	ReconnectMax units.Duration `toml:"reconnect_max"`
 	Databases    int            `toml:"databases"`
 }
+
+// upstream.mode values.
+const (
+	ModeStandalone = "standalone"
+	ModeSentinel   = "sentinel"
+)
 
 // EmbeddedAddress as upstream.address selects the in-process demo store
 // instead of a real Redis.
@@ -117,7 +135,9 @@ func Default() *Config {
 			ClientWriteTimeout: dur(10 * time.Second),
 		},
 		Upstream: Upstream{
+			Mode:         ModeStandalone,
 			Address:      "127.0.0.1:6379",
+			Sentinels:    []string{},
 			Connections:  4,
 			MaxPinned:    256,
 			DialTimeout:  dur(2 * time.Second),
@@ -252,8 +272,8 @@ type Overrides struct {
 func (c *Config) Apply(o Overrides) (*Config, error) {
 	// A plain copy is a deep copy while every field is a value type; a section
 	// added later with slices or maps must be copied explicitly here. Policy's
-	// slices are shared, which is safe because no override changes them and
-	// snapshots are never modified.
+	// slices and upstream.sentinels are shared, which is safe because no
+	// override changes them and snapshots are never modified.
 	n := *c
 	n.Stampede = c.Stampede.Clone()
 	flags := map[string]string{}

@@ -99,7 +99,12 @@ slowlog_threshold = "2ms"
 slowlog_max_len = 16
 
 [upstream]
+mode = "sentinel"
 address = "redis.internal:6390"
+sentinels = ["10.0.0.1:26379"]
+master_name = "cache"
+sentinel_username = "watcher"
+sentinel_password = "s3ntinel"
 username = "proxy"
 password = "s3cret"
 connections = 8
@@ -159,17 +164,22 @@ max_age = "20s"
 			ClientWriteTimeout: dur(7 * time.Second),
 		},
 		Upstream: Upstream{
-			Address:      "redis.internal:6390",
-			Username:     "proxy",
-			Password:     "s3cret",
-			Connections:  8,
-			MaxPinned:    10,
-			DialTimeout:  dur(100 * time.Millisecond),
-			ReplyTimeout: dur(90 * time.Second),
-			DeadTimeout:  dur(2 * time.Minute),
-			ReconnectMin: dur(10 * time.Millisecond),
-			ReconnectMax: dur(10 * time.Second),
-			Databases:    1,
+			Mode:             ModeSentinel,
+			Address:          "redis.internal:6390",
+			Sentinels:        []string{"10.0.0.1:26379"},
+			MasterName:       "cache",
+			SentinelUsername: "watcher",
+			SentinelPassword: "s3ntinel",
+			Username:         "proxy",
+			Password:         "s3cret",
+			Connections:      8,
+			MaxPinned:        10,
+			DialTimeout:      dur(100 * time.Millisecond),
+			ReplyTimeout:     dur(90 * time.Second),
+			DeadTimeout:      dur(2 * time.Minute),
+			ReconnectMin:     dur(10 * time.Millisecond),
+			ReconnectMax:     dur(10 * time.Second),
+			Databases:        1,
 		},
 		Policy: policy.DefaultConfig(),
 		Stampede: stampede.Config{
@@ -223,6 +233,36 @@ type wantErr struct {
 	line int
 	key  string
 	msg  string // substring
+}
+
+func TestParseSentinelMode(t *testing.T) {
+	doc := `[upstream]
+mode = "sentinel"
+sentinels = ["10.0.0.1:26379", "10.0.0.2:26379"]
+master_name = "mymaster"
+sentinel_password = "s3cret"
+`
+	c, err := Parse([]byte(doc), "s.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := c.Upstream
+	if u.Mode != ModeSentinel || len(u.Sentinels) != 2 || u.Sentinels[1] != "10.0.0.2:26379" || u.MasterName != "mymaster" || u.SentinelPassword != "s3cret" {
+		t.Fatalf("upstream = %+v", u)
+	}
+	out, err := c.Effective()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "s3cret") {
+		t.Fatalf("effective configuration shows the sentinel password:\n%s", out)
+	}
+	if got := RestartOnly("upstream.master_name"); got == "" {
+		t.Error("a reload may change upstream.master_name; the watcher is only built at start")
+	}
+	if d := Default(); d.Upstream.Mode != ModeStandalone {
+		t.Errorf("default mode = %q", d.Upstream.Mode)
+	}
 }
 
 func TestParseErrors(t *testing.T) {
@@ -301,6 +341,18 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{1, "upstream.reconnect_max", ">= upstream.reconnect_min (3s), got 2s"}}},
 		{"databases zero", "[upstream]\ndatabases = 0\n",
 			[]wantErr{{2, "upstream.databases", "must be > 0"}}},
+		{"unknown mode", "[upstream]\nmode = \"sentinal\"\n",
+			[]wantErr{{2, "upstream.mode", `invalid mode "sentinal" (use "standalone" or "sentinel")`}}},
+		{"cluster mode not in this build", "[upstream]\nmode = \"cluster\"\n",
+			[]wantErr{{2, "upstream.mode", "cluster mode is not available in this build"}}},
+		{"sentinel mode needs sentinels and a name", "[upstream]\nmode = \"sentinel\"\n",
+			[]wantErr{{1, "upstream.sentinels", "is empty"}, {1, "upstream.master_name", "is empty"}}},
+		{"sentinel addresses checked", "[upstream]\nmode = \"sentinel\"\nmaster_name = \"m\"\nsentinels = [\"127.0.0.1:26379\", \"nope\", \"127.0.0.1:26379\"]\n",
+			[]wantErr{{4, "upstream.sentinels[1]", `invalid address "nope"`}, {4, "upstream.sentinels[2]", "listed twice"}}},
+		{"sentinel username without password", "[upstream]\nmode = \"sentinel\"\nmaster_name = \"m\"\nsentinels = [\"127.0.0.1:26379\"]\nsentinel_username = \"u\"\n",
+			[]wantErr{{5, "upstream.sentinel_username", "sentinel_password is empty"}}},
+		{"sentinel settings without sentinel mode", "[upstream]\nmaster_name = \"m\"\n",
+			[]wantErr{{2, "upstream.master_name", `only used with upstream.mode = "sentinel"`}}},
 		{"inline table falls back to its line", "\nupstream = { connections = 0 }\n",
 			[]wantErr{{2, "upstream.connections", "between 1 and 64"}}},
 		{"multiple errors reported together, in file order", `

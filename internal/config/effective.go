@@ -12,13 +12,16 @@ const RedactedPassword = "<redacted>"
 
 // Effective renders the snapshot as a TOML document with every setting,
 // the defaults filled in, so an operator sees what the proxy would run with
-// (redproxy check). upstream.password is replaced by RedactedPassword when
+// (redproxy check). upstream.password (and sentinel_password) is replaced by RedactedPassword when
 // set: the output ends up in terminals and tickets. Apart from that, parsing
 // the output gives back the same configuration.
 func (c *Config) Effective() ([]byte, error) {
 	shown := *c
 	if shown.Upstream.Password != "" {
 		shown.Upstream.Password = RedactedPassword
+	}
+	if shown.Upstream.SentinelPassword != "" {
+		shown.Upstream.SentinelPassword = RedactedPassword
 	}
 	var buf bytes.Buffer
 	enc := toml.NewEncoder(&buf).SetIndentTables(false)

@@ -20,6 +20,11 @@ var restartOnly = []struct{ key, why string }{
 	{"server.slowlog_max_len", "the slow log's ring is sized once at start"},
 	{"upstream.username", "clients are authenticated against the upstream credentials they connected with"},
 	{"upstream.password", "clients are authenticated against the upstream credentials they connected with"},
+	{"upstream.mode", "the way the upstream is found is chosen at start"},
+	{"upstream.sentinels", "the Sentinel watcher is started once at start"},
+	{"upstream.master_name", "the Sentinel watcher is started once at start"},
+	{"upstream.sentinel_username", "the Sentinel watcher is started once at start"},
+	{"upstream.sentinel_password", "the Sentinel watcher is started once at start"},
 	{"upstream.databases", "the per-database pools and the range SELECT accepts are sized at start"},
 	{"localcache.", "the local tier's memory, tracking connections and admission state are built at start"},
 }

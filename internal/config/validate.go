@@ -79,10 +79,34 @@ func (c *Config) check() []*Error {
 	}
 
 	u := &c.Upstream
-	if u.Address != EmbeddedAddress {
-		if err := checkHostPort(u.Address, true); err != nil {
-			bad("upstream.address", "%v (or %q for the in-process demo store)", err, EmbeddedAddress)
+	switch u.Mode {
+	case ModeStandalone:
+		if u.Address != EmbeddedAddress {
+			if err := checkHostPort(u.Address, true); err != nil {
+				bad("upstream.address", "%v (or %q for the in-process demo store)", err, EmbeddedAddress)
+			}
 		}
+		// A Sentinel setting in standalone mode is almost certainly a
+		// forgotten mode = "sentinel": ignoring it would dial the wrong Redis.
+		for _, s := range []struct {
+			key string
+			set bool
+		}{
+			{"upstream.sentinels", len(u.Sentinels) > 0},
+			{"upstream.master_name", u.MasterName != ""},
+			{"upstream.sentinel_username", u.SentinelUsername != ""},
+			{"upstream.sentinel_password", u.SentinelPassword != ""},
+		} {
+			if s.set {
+				bad(s.key, "is only used with upstream.mode = %q (mode is %q)", ModeSentinel, u.Mode)
+			}
+		}
+	case ModeSentinel:
+		errs = append(errs, checkSentinel(u)...)
+	case "cluster":
+		bad("upstream.mode", "cluster mode is not available in this build (use %q or %q)", ModeStandalone, ModeSentinel)
+	default:
+		bad("upstream.mode", "invalid mode %q (use %q or %q)", u.Mode, ModeStandalone, ModeSentinel)
 	}
 	if u.Username != "" && u.Password == "" {
 		// AUTH with a username always needs a password; failing here beats
@@ -110,6 +134,34 @@ func (c *Config) check() []*Error {
 	errs = append(errs, policyErrors(c.Policy)...)
 	errs = append(errs, stampedeErrors(c.Stampede)...)
 	errs = append(errs, localcacheErrors(c.LocalCache)...)
+	return errs
+}
+
+// checkSentinel checks the settings of upstream.mode = "sentinel".
+func checkSentinel(u *Upstream) []*Error {
+	var errs []*Error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, &Error{Key: key, Msg: fmt.Sprintf(format, args...)})
+	}
+	if len(u.Sentinels) == 0 {
+		bad("upstream.sentinels", "is empty: sentinel mode needs the Sentinels' addresses, e.g. [\"10.0.0.1:26379\", \"10.0.0.2:26379\"]")
+	}
+	seen := map[string]bool{}
+	for i, addr := range u.Sentinels {
+		key := fmt.Sprintf("upstream.sentinels[%d]", i)
+		if err := checkHostPort(addr, true); err != nil {
+			bad(key, "%v", err)
+		} else if seen[addr] {
+			bad(key, "%q is listed twice", addr)
+		}
+		seen[addr] = true
+	}
+	if u.MasterName == "" {
+		bad("upstream.master_name", "is empty: sentinel mode needs the name the Sentinels monitor the primary under (sentinel monitor <name> ...)")
+	}
+	if u.SentinelUsername != "" && u.SentinelPassword == "" {
+		bad("upstream.sentinel_username", "is set but upstream.sentinel_password is empty")
+	}
 	return errs
 }
 

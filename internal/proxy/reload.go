@@ -42,6 +42,7 @@ func (s *Server) backendOptions(c *config.Config, addr string) upstream.BackendO
 		ReconnectMin: c.Upstream.ReconnectMin.Duration,
 		ReconnectMax: c.Upstream.ReconnectMax.Duration,
 		Logger:       s.log,
+		OnReadOnly:   s.readOnlyHook(),
 	}
 }
 
@@ -103,7 +104,9 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	s.live.Store(next)
 	if upstreamChanged {
 		addr := next.Upstream.Address
-		if addr == config.EmbeddedAddress {
+		if addr == config.EmbeddedAddress || next.Upstream.Mode == config.ModeSentinel {
+			// The embedded store's address, or the primary the Sentinel
+			// watcher follows.
 			addr = s.upstreamAddr
 		}
 		s.upstreamAddr = addr
@@ -147,5 +150,5 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 func onlyMaxPinned(a, b *config.Config) bool {
 	x, y := a.Upstream, b.Upstream
 	x.MaxPinned, y.MaxPinned = 0, 0
-	return x == y
+	return reflect.DeepEqual(x, y)
 }

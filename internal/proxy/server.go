@@ -23,6 +23,7 @@ import (
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/sentinel"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -47,6 +48,7 @@ type Server struct {
 	guard        *serverGuard                // the policy guard (guard.go)
 	flight       atomic.Pointer[flightState] // stampede protection (flight.go); a reload replaces it
 	tier         *tierState                  // the local tier (tier.go)
+	sentinel     *sentinel.Watcher           // upstream.mode = "sentinel" (sentinel.go); nil otherwise
 	slow         slowState                   // the slow log (slowlog.go)
 
 	mu       sync.Mutex
@@ -79,7 +81,8 @@ type Options struct {
 	Logger  *slog.Logger
 	Metrics *metrics.Metrics
 	// UpstreamAddr overrides cfg.Upstream.Address (used for the embedded
-	// store, whose address is only known once it runs).
+	// store, whose address is only known once it runs). In Sentinel mode
+	// it is the primary the caller found, if any.
 	UpstreamAddr string
 }
 
@@ -106,6 +109,10 @@ func NewServer(o Options) (*Server, error) {
 		started:      time.Now(),
 	}
 	s.live.Store(cfg)
+	if cfg.Upstream.Mode == config.ModeSentinel {
+		addr = s.newSentinelWatcher(cfg, o.UpstreamAddr)
+		s.upstreamAddr = addr
+	}
 	s.backend = upstream.NewBackend(s.backendOptions(cfg, addr))
 	s.backend.RegisterMetrics(o.Metrics.Registry)
 	// The features the data path consults (hooks.go), each built from its
@@ -122,9 +129,15 @@ func NewServer(o Options) (*Server, error) {
 		initTier,    // the local tier, when enabled (tier.go)
 	} {
 		if err := build(s); err != nil {
+			if s.sentinel != nil {
+				s.sentinel.Close()
+			}
 			s.backend.Close()
 			return nil, err
 		}
+	}
+	if s.sentinel != nil {
+		s.sentinel.Start(addr)
 	}
 	return s, nil
 }
@@ -132,8 +145,14 @@ func NewServer(o Options) (*Server, error) {
 // Backend returns the upstream connection pools.
 func (s *Server) Backend() *upstream.Backend { return s.backend }
 
-// Ready reports whether Redis is reachable (DB 0 has a connection up).
-func (s *Server) Ready() bool { return s.backend.Ready() }
+// Ready reports whether Redis is reachable (DB 0 has a connection up) and,
+// in Sentinel mode, whether a primary is known.
+func (s *Server) Ready() bool {
+	if s.sentinel != nil && s.sentinel.Primary() == "" {
+		return false
+	}
+	return s.backend.Ready()
+}
 
 // Serve accepts clients on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
@@ -233,6 +252,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 		s.mu.Unlock()
 		<-done
+	}
+	if s.sentinel != nil {
+		s.sentinel.Close()
 	}
 	s.closeTier()
 	s.backend.Close()

@@ -37,6 +37,9 @@ type Server struct {
 	bin   string
 	dir   string
 	extra []string
+	// conf, if set, is a config file given before the other arguments
+	// (Sentinels need one: they rewrite it).
+	conf string
 
 	mu   sync.Mutex
 	port int
@@ -51,11 +54,18 @@ type Server struct {
 // "--enable-debug-command", "local". Fails the test if redis-server is missing.
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
+	return start(t, "", extra)
+}
+
+// start launches redis-server with conf (a config file written by the
+// caller, or "") and extra arguments.
+func start(t testing.TB, conf string, extra []string) *Server {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatalf("redistest: redis-server not found in PATH: %v", err)
 	}
-	s := &Server{bin: bin, dir: t.TempDir(), extra: extra}
+	s := &Server{bin: bin, dir: t.TempDir(), extra: extra, conf: conf}
 	t.Cleanup(s.stop)
 
 	var lastErr error
@@ -141,7 +151,11 @@ func (s *Server) Restart(t testing.TB) {
 func (s *Server) launch() error {
 	s.mu.Lock()
 	port := s.port
-	args := append([]string{
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf)
+	}
+	args = append(args, []string{
 		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
 		"--save", "",
@@ -149,7 +163,8 @@ func (s *Server) launch() error {
 		"--dir", s.dir,
 		"--daemonize", "no",
 		"--protected-mode", "no",
-	}, s.extra...)
+	}...)
+	args = append(args, s.extra...)
 	out := &syncBuffer{}
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout = out

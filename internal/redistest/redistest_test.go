@@ -144,3 +144,21 @@ func TestCleanupKillsServer(t *testing.T) {
 		}
 	}
 }
+
+func TestSentinelGroupFailover(t *testing.T) {
+	start := time.Now()
+	g := StartSentinelGroup(t, SentinelOptions{})
+	t.Logf("group up in %v", time.Since(start))
+	if p := g.Primary(t); p != g.Nodes[0] {
+		t.Fatalf("primary at start = %v, want %s", p, g.Nodes[0].Addr())
+	}
+	start = time.Now()
+	g.Failover(t)
+	p := g.WaitNewPrimary(t, g.Nodes[0], 20*time.Second)
+	t.Logf("SENTINEL FAILOVER: %s is primary after %v", p.Addr(), time.Since(start))
+
+	start = time.Now()
+	p.Kill(t)
+	q := g.WaitNewPrimary(t, p, 30*time.Second)
+	t.Logf("killed primary: %s is primary after %v", q.Addr(), time.Since(start))
+}

@@ -25,6 +25,10 @@ type BackendOptions struct {
 	ReconnectMin             time.Duration
 	ReconnectMax             time.Duration
 	Logger                   *slog.Logger
+	// OnReadOnly runs when Redis answers -READONLY on a connection of the
+	// backend: the primary has become a replica (Sentinel mode watches
+	// for it). Nil ignores it.
+	OnReadOnly func()
 }
 
 // Backend owns the shared upstream pools: one per database and protocol,
@@ -59,9 +63,12 @@ type Backend struct {
 	// dialled records the generation each dedicated pipe in use was dialled
 	// in, so one from before a switch is closed on release, never reused.
 	dialled map[*Pipe]*backendGen
-	closed  bool
-	drains  sync.WaitGroup
-	stop    chan struct{} // closed by Close: drains end at once
+	// relays records the generation of each relayed connection in use, so
+	// a failover can cut the ones to the old primary.
+	relays map[net.Conn]*backendGen
+	closed bool
+	drains sync.WaitGroup
+	stop   chan struct{} // closed by Close: drains end at once
 }
 
 // backendGen is one generation of upstream options and the pools dialled
@@ -209,7 +216,8 @@ func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error)
 		b.pinned.Add(-1)
 		return nil, ErrTooManyPinned
 	}
-	o := b.Options(db, resp3)
+	g := b.gen.Load()
+	o := g.options(db, resp3)
 	o.Name = "redproxy-relay"
 	if name != "" {
 		o.Name = name
@@ -219,11 +227,20 @@ func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error)
 		b.pinned.Add(-1)
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
+	b.idleMu.Lock()
+	if b.relays == nil {
+		b.relays = make(map[net.Conn]*backendGen)
+	}
+	b.relays[nc] = g
+	b.idleMu.Unlock()
 	return nc, nil
 }
 
 // ReleaseConn closes a relayed connection.
 func (b *Backend) ReleaseConn(nc net.Conn) {
+	b.idleMu.Lock()
+	delete(b.relays, nc)
+	b.idleMu.Unlock()
 	nc.Close()
 	b.pinned.Add(-1)
 }
@@ -264,8 +281,9 @@ func (g *backendGen) options(db int, resp3 bool) Options {
 		DB: db, RESP3: resp3,
 		DialTimeout: g.opt.DialTimeout, ReplyTimeout: g.opt.ReplyTimeout, DeadTimeout: g.opt.DeadTimeout,
 		ReconnectMin: g.opt.ReconnectMin, ReconnectMax: g.opt.ReconnectMax,
-		Name:   "redproxy",
-		Logger: g.opt.Logger,
+		Name:       "redproxy",
+		Logger:     g.opt.Logger,
+		OnReadOnly: g.opt.OnReadOnly,
 	}
 }
 
@@ -351,7 +369,19 @@ const drainGrace = time.Second
 // clients release them; released ones are closed, not reused. The pools of
 // the new generation are dialled before Switch returns for DB 0, as at
 // start, so readiness reflects the new upstream.
-func (b *Backend) Switch(opt BackendOptions) {
+func (b *Backend) Switch(opt BackendOptions) { b.switchGen(opt, false) }
+
+// Failover starts a new generation with opt, the new primary, like Switch,
+// except that nothing more is read from the old server: its shared pools
+// are closed at once, failing the requests still waiting there with
+// ErrConnLost (a write among them may or may not have run: it is reported,
+// never resent), and the dedicated connections dialled to it (MULTI,
+// blocking commands, pub/sub, MONITOR and tracking relays) are cut, so
+// their clients see the loss instead of talking on to a demoted or dead
+// server.
+func (b *Backend) Failover(opt BackendOptions) { b.switchGen(opt, true) }
+
+func (b *Backend) switchGen(opt BackendOptions, failover bool) {
 	next := newGen(opt)
 	b.mu.Lock()
 	if b.closed {
@@ -377,9 +407,41 @@ func (b *Backend) Switch(opt BackendOptions) {
 			b.closePipe(p)
 		}
 	}
+	if failover {
+		b.cutDedicated(next)
+		old.abandon()
+		b.drains.Done()
+	} else {
+		go b.drain(old)
+	}
 	b.Pool(0, false)
 	b.Pool(0, true)
-	go b.drain(old)
+}
+
+// cutDedicated severs the dedicated pipes and relays in use that were
+// dialled before the generation cur. Their users see ErrConnLost (pipes) or
+// a closed connection (relays) and release them as usual.
+func (b *Backend) cutDedicated(cur *backendGen) {
+	var pipes []*Pipe
+	var conns []net.Conn
+	b.idleMu.Lock()
+	for p, g := range b.dialled {
+		if g != cur {
+			pipes = append(pipes, p)
+		}
+	}
+	for nc, g := range b.relays {
+		if g != cur {
+			conns = append(conns, nc)
+		}
+	}
+	b.idleMu.Unlock()
+	for _, p := range pipes {
+		go p.Abandon()
+	}
+	for _, nc := range conns {
+		nc.Close()
+	}
 }
 
 // drain closes a replaced generation's pools once nothing is pending on
@@ -424,6 +486,14 @@ func (g *backendGen) pending() int64 {
 		}
 	}
 	return n
+}
+
+func (g *backendGen) abandon() {
+	for i := range g.pools {
+		if p := g.pools[i].Load(); p != nil {
+			p.Abandon()
+		}
+	}
 }
 
 func (g *backendGen) close() {

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bytes"
 	"io"
 	"log/slog"
 	"net"
@@ -46,6 +47,9 @@ type Options struct {
 	// and OnDown each time one is lost, before its Calls are failed.
 	OnUp   func()
 	OnDown func(err error)
+	// OnReadOnly runs (on the reader goroutine) for each -READONLY reply:
+	// the server is a replica now, so a primary's address is stale.
+	OnReadOnly func()
 
 	Logger *slog.Logger
 
@@ -102,6 +106,9 @@ type Pipe struct {
 	head    int       // pending[head] is the oldest
 	wq      []*Call   // queued, not yet written
 	closed  bool
+	// closeErr is what Calls pending at Close fail with: ErrClosed, or
+	// ErrConnLost when the pipe was abandoned (Abandon).
+	closeErr error
 	// redialing is true while a reconnect loop runs, so only one does.
 	redialing bool
 
@@ -153,8 +160,14 @@ func (p *Pipe) Send(c *Call) error {
 	now := nanotime()
 	p.mu.Lock()
 	if p.closed {
+		err := p.closeErr
 		p.mu.Unlock()
-		return ErrClosed
+		if err == ErrConnLost && !p.opt.noReconnect {
+			// An abandoned shared pipe: nothing was sent, and the
+			// caller may try another.
+			err = ErrUnavailable
+		}
+		return err
 	}
 	if p.live == nil {
 		p.mu.Unlock()
@@ -196,18 +209,27 @@ func (p *Pipe) Stats() PipeStats {
 
 // Close fails pending Calls with ErrClosed and waits for every goroutine of
 // the pipe to exit.
-func (p *Pipe) Close() {
+func (p *Pipe) Close() { p.closeWith(ErrClosed) }
+
+// Abandon closes the pipe for good as if its connection had been lost:
+// pending Calls fail with ErrConnLost (their commands may or may not have
+// run), and so does every later Send. Used when the server behind it is no
+// longer the one to talk to (a failover).
+func (p *Pipe) Abandon() { p.closeWith(ErrConnLost) }
+
+func (p *Pipe) closeWith(err error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return
 	}
 	p.closed = true
+	p.closeErr = err
 	lc := p.live
 	p.mu.Unlock()
 	close(p.stop)
 	if lc != nil {
-		lc.closeWith(ErrClosed)
+		lc.closeWith(err)
 	}
 	p.workers.Wait()
 }
@@ -355,7 +377,7 @@ func (p *Pipe) reader(lc *liveConn) {
 	failed := p.pending[p.head:]
 	p.pending, p.head = nil, 0
 	p.wq = nil
-	closed := p.closed
+	closed, closeErr := p.closed, p.closeErr
 	redial := !closed && !p.opt.noReconnect
 	p.redialing = redial
 	p.mu.Unlock()
@@ -371,7 +393,7 @@ func (p *Pipe) reader(lc *liveConn) {
 		p.opt.OnDown(err)
 	}
 	if closed {
-		err = ErrClosed
+		err = closeErr
 	}
 	for _, c := range failed {
 		c.complete(err)
@@ -400,6 +422,9 @@ func (p *Pipe) readLoop(lc *liveConn) error {
 			}
 			frame := buf[r : r+n]
 			r += n
+			if frame[0] == '-' && p.opt.OnReadOnly != nil && bytes.HasPrefix(frame, readOnlyPrefix) {
+				p.opt.OnReadOnly()
+			}
 			if p.opt.RESP3 && resp.IsPush(frame) {
 				if p.opt.OnPush != nil {
 					p.opt.OnPush(frame)
@@ -543,6 +568,8 @@ func (p *Pipe) watchdog() {
 		}
 	}
 }
+
+var readOnlyPrefix = []byte("-READONLY ")
 
 var clockBase = time.Now()
 

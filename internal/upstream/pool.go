@@ -112,3 +112,10 @@ func (p *Pool) Close() {
 		pp.Close()
 	}
 }
+
+// Abandon closes every pipe as lost (Pipe.Abandon).
+func (p *Pool) Abandon() {
+	for _, pp := range p.pipes {
+		pp.Abandon()
+	}
+}

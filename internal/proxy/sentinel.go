@@ -1,0 +1,126 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/sentinel"
+	"github.com/redproxy/redproxy/internal/upstream"
+)
+
+var cmdRole = resp.AppendCommandStrings(nil, "ROLE")
+
+// newSentinelWatcher builds the watcher of upstream.mode = "sentinel" and
+// finds the primary to start with: known, if the caller found it already
+// (FindSentinelPrimary), else asked of the Sentinels now. It returns ""
+// when none is known yet; the proxy then starts anyway, not ready (/readyz
+// 503, clients get "upstream unavailable"), and switches as soon as the
+// watcher finds one.
+func (s *Server) newSentinelWatcher(cfg *config.Config, known string) string {
+	o := sentinelOptions(cfg, s.log)
+	o.OnSwitch = s.failover
+	s.sentinel = sentinel.New(o)
+	if known != "" {
+		return known
+	}
+	return discoverAtStart(s.sentinel, cfg, s.log)
+}
+
+// FindSentinelPrimary asks the Sentinels of cfg (upstream.mode =
+// "sentinel") for the primary, for what the caller must read from Redis
+// before the proxy starts (its command table and version); "" if none is
+// known now.
+func FindSentinelPrimary(cfg *config.Config, log *slog.Logger) string {
+	w := sentinel.New(sentinelOptions(cfg, log))
+	defer w.Close()
+	return discoverAtStart(w, cfg, log)
+}
+
+func discoverAtStart(w *sentinel.Watcher, cfg *config.Config, log *slog.Logger) string {
+	u := cfg.Upstream
+	// Each Sentinel gets its dial timeout, twice (two questions), and the
+	// candidates their ROLE check.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*u.DialTimeout.Duration*time.Duration(len(u.Sentinels)))
+	defer cancel()
+	addr, _, err := w.Discover(ctx, "", -1)
+	if err != nil {
+		log.Warn("sentinel: no primary found at start; not ready until one is", "master_name", u.MasterName, "err", err)
+		return ""
+	}
+	log.Info("sentinel: primary found", "master_name", u.MasterName, "primary", addr)
+	return addr
+}
+
+func sentinelOptions(cfg *config.Config, log *slog.Logger) sentinel.Options {
+	u := cfg.Upstream
+	return sentinel.Options{
+		Sentinels:  u.Sentinels,
+		MasterName: u.MasterName,
+		Username:   u.SentinelUsername,
+		Password:   u.SentinelPassword,
+		Role: func(addr string) ([]byte, error) {
+			// With Redis's credentials, as the data path dials.
+			return upstream.RoundTrip(upstream.Options{
+				Addr: addr, Username: u.Username, Password: u.Password,
+				DialTimeout: u.DialTimeout.Duration, ReplyTimeout: u.ReplyTimeout.Duration,
+				Name: "redproxy-sentinel-check", Logger: log,
+			}, cmdRole)
+		},
+		DialTimeout:  u.DialTimeout.Duration,
+		ReconnectMax: u.ReconnectMax.Duration,
+		Logger:       log,
+	}
+}
+
+// readOnlyHook is what the backend calls on a -READONLY reply: in
+// Sentinel mode, the primary may have been demoted, so the watcher checks
+// at once instead of at its next poll.
+func (s *Server) readOnlyHook() func() {
+	if s.sentinel == nil {
+		return nil
+	}
+	return s.sentinel.Recheck
+}
+
+// failover moves the proxy to the new primary addr, as a reload changing
+// upstream.address would, but without waiting on the old server:
+//
+//   - requests still waiting on the old primary fail with "connection
+//     lost" (never resent: a write may have run), and the dedicated
+//     connections to it (MULTI, blocking commands, pub/sub, MONITOR,
+//     tracking) are cut, so their clients see the loss (Backend.Failover);
+//   - with the local tier on, the tier drops every entry and keeps no
+//     fill from the old primary, then tracks on the new one
+//     (localcache.Cache.SwitchUpstream): after the switch no read is
+//     answered with a value read from the old primary (C4);
+//   - a new coalescing group, so no read joins a fetch sent to the old
+//     primary.
+func (s *Server) failover(addr string) {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	cfg := s.Config()
+	s.upstreamAddr = addr
+	switchBackend := func() { s.backend.Failover(s.backendOptions(cfg, addr)) }
+	if s.tier != nil {
+		s.tier.cache.SwitchUpstream(switchBackend)
+	} else {
+		switchBackend()
+	}
+	old := s.flight.Load()
+	fs := newFlightState(cfg.Stampede, s.table, old.metrics)
+	fs.misses, fs.writeMarks = old.misses, old.writeMarks
+	s.flight.Store(fs)
+	s.log.Warn("upstream switched to the new primary", "upstream", addr)
+}
+
+// SentinelPrimary returns the primary the Sentinel watcher knows, or ""
+// when none is known or the proxy is not in Sentinel mode.
+func (s *Server) SentinelPrimary() string {
+	if s.sentinel == nil {
+		return ""
+	}
+	return s.sentinel.Primary()
+}

@@ -1,0 +1,220 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// SentinelOptions shape a Sentinel group. Zero values pick settings that
+// make a failover take a few seconds, so a suite of failover tests stays
+// short.
+type SentinelOptions struct {
+	Name      string // the primary's name as the Sentinels monitor it; "mymaster" if empty
+	Replicas  int    // 2 if 0
+	Sentinels int    // 3 if 0; the quorum is a majority of them
+	// DownAfter is Sentinel's down-after-milliseconds: how long the primary
+	// must be silent before a Sentinel thinks it down (1s if 0).
+	DownAfter time.Duration
+	// FailoverTimeout is Sentinel's failover-timeout (3s if 0); it also
+	// spaces out two failovers of the same primary (twice this).
+	FailoverTimeout time.Duration
+}
+
+// SentinelGroup is a primary, its replicas and the Sentinels monitoring it,
+// all real processes on free loopback ports, killed by t.Cleanup. After a
+// failover the roles move: Nodes keeps every data server, and Primary asks
+// the Sentinels which one is the primary now.
+type SentinelGroup struct {
+	Name      string
+	Nodes     []*Server // Nodes[0] was the primary at start
+	Sentinels []*Server
+	quorum    int
+}
+
+// StartSentinelGroup starts the primary, the replicas (synced), then the
+// Sentinels, and returns once every Sentinel sees every replica and every
+// other Sentinel, so a failover can be authorized from the first moment.
+func StartSentinelGroup(t testing.TB, o SentinelOptions) *SentinelGroup {
+	t.Helper()
+	o.defaults()
+	g := &SentinelGroup{Name: o.Name, quorum: o.Sentinels/2 + 1}
+	primary := Start(t)
+	g.Nodes = append(g.Nodes, primary)
+	for range o.Replicas {
+		r := Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))
+		g.Nodes = append(g.Nodes, r)
+	}
+	ctx := context.Background()
+	pc := primary.Client(t)
+	Eventually(t, 20*time.Second, func() bool {
+		info, err := pc.Info(ctx, "replication").Result()
+		return err == nil && strings.Count(info, "state=online") == o.Replicas
+	}, "%d replicas never came online on %s", o.Replicas, primary.Addr())
+
+	for range o.Sentinels {
+		g.Sentinels = append(g.Sentinels, StartSentinel(t, o, primary.Port(), g.quorum))
+	}
+	for _, s := range g.Sentinels {
+		sc := s.sentinelClient(t)
+		Eventually(t, 30*time.Second, func() bool {
+			m, err := sc.Master(ctx, o.Name).Result()
+			return err == nil && m["num-slaves"] == strconv.Itoa(o.Replicas) &&
+				m["num-other-sentinels"] == strconv.Itoa(o.Sentinels-1)
+		}, "sentinel %s never saw %d replicas and %d other sentinels", s.Addr(), o.Replicas, o.Sentinels-1)
+	}
+	return g
+}
+
+// StartSentinel starts one Sentinel (redis-server --sentinel with a
+// generated config file) monitoring the primary at 127.0.0.1:primaryPort
+// as o.Name with the given quorum; o's zero fields are defaulted as in
+// StartSentinelGroup. The primary need not be up.
+func StartSentinel(t testing.TB, o SentinelOptions, primaryPort, quorum int) *Server {
+	t.Helper()
+	o.defaults()
+	conf := filepath.Join(t.TempDir(), "sentinel.conf")
+	text := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d %d\n"+
+		"sentinel down-after-milliseconds %s %d\n"+
+		"sentinel failover-timeout %s %d\n"+
+		"sentinel parallel-syncs %s %d\n",
+		o.Name, primaryPort, quorum,
+		o.Name, o.DownAfter.Milliseconds(),
+		o.Name, o.FailoverTimeout.Milliseconds(),
+		o.Name, o.Replicas)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return start(t, conf, []string{"--sentinel"})
+}
+
+func (o *SentinelOptions) defaults() {
+	if o.Name == "" {
+		o.Name = "mymaster"
+	}
+	if o.Replicas == 0 {
+		o.Replicas = 2
+	}
+	if o.Sentinels == 0 {
+		o.Sentinels = 3
+	}
+	if o.DownAfter == 0 {
+		o.DownAfter = time.Second
+	}
+	if o.FailoverTimeout == 0 {
+		o.FailoverTimeout = 3 * time.Second
+	}
+}
+
+func (s *Server) sentinelClient(t testing.TB) *redis.SentinelClient {
+	c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 2 * time.Second})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// SentinelAddrs are the Sentinels' addresses, in start order.
+func (g *SentinelGroup) SentinelAddrs() []string {
+	addrs := make([]string, len(g.Sentinels))
+	for i, s := range g.Sentinels {
+		addrs[i] = s.Addr()
+	}
+	return addrs
+}
+
+// Node returns the data server listening on addr, or nil.
+func (g *SentinelGroup) Node(addr string) *Server {
+	for _, n := range g.Nodes {
+		if n.Addr() == addr {
+			return n
+		}
+	}
+	return nil
+}
+
+// Primary returns the server a majority of the live Sentinels name as the
+// primary and which says so itself (ROLE), or nil if there is none right
+// now (during a failover).
+func (g *SentinelGroup) Primary(t testing.TB) *Server {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	votes := map[string]int{}
+	for _, s := range g.Sentinels {
+		if s.Port() == 0 || !s.running() {
+			continue
+		}
+		sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+		a, err := sc.GetMasterAddrByName(ctx, g.Name).Result()
+		_ = sc.Close()
+		if err == nil && len(a) == 2 {
+			votes[net.JoinHostPort(a[0], a[1])]++
+		}
+	}
+	for addr, n := range votes {
+		if n < g.quorum {
+			continue
+		}
+		node := g.Node(addr)
+		if node == nil || !node.running() {
+			continue
+		}
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+		role, err := c.Do(ctx, "ROLE").Slice()
+		_ = c.Close()
+		if err == nil && len(role) > 0 && role[0] == "master" {
+			return node
+		}
+	}
+	return nil
+}
+
+// WaitNewPrimary waits until a majority of the Sentinels agree on a primary
+// other than old, which says it is one, and returns it.
+func (g *SentinelGroup) WaitNewPrimary(t testing.TB, old *Server, timeout time.Duration) *Server {
+	t.Helper()
+	var p *Server
+	Eventually(t, timeout, func() bool {
+		p = g.Primary(t)
+		return p != nil && p != old
+	}, "no new primary after %s", old.Addr())
+	return p
+}
+
+// Failover asks a live Sentinel for a failover (SENTINEL FAILOVER), as an
+// operator would before maintenance of the primary. Sentinel refuses while
+// a previous failover of the group is still settling; Failover retries that
+// for a while.
+func (g *SentinelGroup) Failover(t testing.TB) {
+	t.Helper()
+	ctx := context.Background()
+	Eventually(t, 20*time.Second, func() bool {
+		for _, s := range g.Sentinels {
+			if !s.running() {
+				continue
+			}
+			sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+			err := sc.Failover(ctx, g.Name).Err()
+			_ = sc.Close()
+			if err == nil {
+				return true
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+		return false
+	}, "no Sentinel accepted SENTINEL FAILOVER %s", g.Name)
+}
+
+// running reports whether the server's process is up (not killed).
+func (s *Server) running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd != nil
+}

@@ -1,0 +1,530 @@
+// Package sentinel finds the primary of a Redis Sentinel group and follows
+// its failovers, for upstream.mode = "sentinel".
+//
+// It is the control plane only: the Sentinels are asked through go-redis,
+// while the data path keeps its own pipelined connections (package
+// upstream) and is only told, through Options.OnSwitch, to move them.
+//
+// How the primary is chosen. Every Sentinel that answers is asked for the
+// primary's address (SENTINEL GET-MASTER-ADDR-BY-NAME, which names the
+// promoted replica as soon as a failover has promoted it) and for its
+// configuration epoch (SENTINEL MASTER), which every failover raises. The
+// answers are tried newest epoch first, then by how many Sentinels agree;
+// the first address whose server says it is a primary (ROLE) wins. So a
+// Sentinel that has not yet heard of a failover cannot send the proxy
+// back to the old primary while that one still believes it is primary, and
+// a demoted or dead server is never chosen.
+//
+// The primary in use is kept while it says it is one and no Sentinel names
+// another with a newer epoch.
+//
+// When the choice is made: on +switch-master and +promoted-slave events
+// (all Sentinels are subscribed to, each on its own connection, retried
+// while it is down), on a poll (Options.PollInterval, faster while no
+// primary is known), and when the data path saw -READONLY (Recheck). On
+// +selected-slave, the replica being promoted is polled and adopted as
+// soon as it says it is a primary (see events).
+package sentinel
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrNoPrimary is returned by Discover when no Sentinel names a server
+// that says it is the primary.
+var ErrNoPrimary = errors.New("redproxy: no primary known (no Sentinel names a reachable primary)")
+
+// Options configure a Watcher.
+type Options struct {
+	Sentinels  []string // host:port of each Sentinel
+	MasterName string
+	// Username and Password are the Sentinels' own credentials.
+	Username, Password string
+	// Role runs ROLE on the server at addr with Redis's credentials and
+	// returns the raw RESP reply (upstream.RoundTrip does).
+	Role        func(addr string) ([]byte, error)
+	DialTimeout time.Duration
+	// PollInterval is how often the Sentinels are asked even without a
+	// +switch-master (1s if 0); a quarter of it while no primary is known.
+	PollInterval time.Duration
+	// ReconnectMax caps the wait between attempts to subscribe to a
+	// Sentinel that is down (2s if 0).
+	ReconnectMax time.Duration
+	// OnSwitch is called with the new primary's address each time it
+	// changes, one call at a time, from the watcher's goroutine.
+	OnSwitch func(addr string)
+	Logger   *slog.Logger
+}
+
+// Watcher follows the primary of one Sentinel group.
+type Watcher struct {
+	opt     Options
+	clients []*redis.SentinelClient
+
+	mu sync.Mutex
+	// inUse is the address the data path was last told (OnSwitch or
+	// Start); known says whether it was confirmed a primary on the last
+	// check.
+	inUse string
+	known bool
+	// epoch is the configuration epoch inUse was chosen at: -1 when not
+	// known, one more than the newest seen when it was chosen as the
+	// replica a failover promoted, before any Sentinel names it.
+	epoch int64
+	// newest is the newest epoch any Sentinel has named.
+	newest int64
+	subs   []*redis.PubSub
+	// promoting is the replica whose promotion is being watched, if any.
+	promoting string
+
+	recheck  chan struct{}
+	promoted chan string
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+// New builds a Watcher; nothing is dialled until Discover or Start.
+func New(o Options) *Watcher {
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 2 * time.Second
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = time.Second
+	}
+	if o.ReconnectMax <= 0 {
+		o.ReconnectMax = 2 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	w := &Watcher{opt: o, epoch: -1, newest: -1, recheck: make(chan struct{}, 1), promoted: make(chan string, 1), stop: make(chan struct{})}
+	for _, addr := range o.Sentinels {
+		w.clients = append(w.clients, redis.NewSentinelClient(w.clientOptions(addr)))
+	}
+	return w
+}
+
+func (w *Watcher) clientOptions(addr string) *redis.Options {
+	return &redis.Options{
+		Addr: addr, Username: w.opt.Username, Password: w.opt.Password,
+		DialTimeout: w.opt.DialTimeout, ReadTimeout: w.opt.DialTimeout, WriteTimeout: w.opt.DialTimeout,
+		MaxRetries: -1, PoolSize: 1, Protocol: 2, DisableIdentity: true,
+	}
+}
+
+// Primary returns the primary's address, or "" while none is known (at
+// start before one was found, or after the last one stopped being one and
+// no other was found yet).
+func (w *Watcher) Primary() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.known {
+		return ""
+	}
+	return w.inUse
+}
+
+// Recheck asks the watcher to check the primary now, e.g. because it
+// answered -READONLY. It never blocks; checks asked for while one is
+// pending are merged.
+func (w *Watcher) Recheck() {
+	select {
+	case w.recheck <- struct{}{}:
+	default:
+	}
+}
+
+// answer is what one Sentinel says.
+type answer struct {
+	addr  string
+	epoch int64
+	votes int
+	first int // order of the first Sentinel that gave it
+}
+
+// Discover asks the Sentinels once and returns the primary's address and
+// the configuration epoch it was named with. current, if not "", is the
+// primary in use, chosen at epoch currentEpoch: it is kept while it still
+// says it is a primary and no Sentinel names anything with a newer epoch,
+// so a Sentinel that has not yet heard of a failover cannot move the proxy
+// back; among equally good answers it is preferred too.
+func (w *Watcher) Discover(ctx context.Context, current string, currentEpoch int64) (string, int64, error) {
+	byAddr := map[string]*answer{}
+	var asked []error
+	for i, c := range w.clients {
+		if ctx.Err() != nil {
+			break
+		}
+		addr, epoch, err := w.ask(ctx, c)
+		if err != nil {
+			asked = append(asked, fmt.Errorf("%s: %w", w.opt.Sentinels[i], err))
+			continue
+		}
+		a := byAddr[addr]
+		if a == nil {
+			a = &answer{addr: addr, epoch: epoch, first: i}
+			byAddr[addr] = a
+		}
+		a.epoch = max(a.epoch, epoch)
+		a.votes++
+	}
+	answers := make([]*answer, 0, len(byAddr))
+	newest := int64(-1)
+	for _, a := range byAddr {
+		answers = append(answers, a)
+		newest = max(newest, a.epoch)
+	}
+	if current != "" && newest <= currentEpoch {
+		if ok, _ := w.isPrimary(current); ok {
+			return current, currentEpoch, nil
+		}
+	}
+	slices.SortFunc(answers, func(a, b *answer) int {
+		switch {
+		case a.epoch != b.epoch:
+			return int(b.epoch - a.epoch)
+		case a.votes != b.votes:
+			return b.votes - a.votes
+		case a.addr == current:
+			return -1
+		case b.addr == current:
+			return 1
+		}
+		return a.first - b.first
+	})
+	for _, a := range answers {
+		ok, err := w.isPrimary(a.addr)
+		if ok {
+			return a.addr, a.epoch, nil
+		}
+		asked = append(asked, fmt.Errorf("%s: %w", a.addr, err))
+	}
+	return "", -1, fmt.Errorf("%w: %w", ErrNoPrimary, errors.Join(asked...))
+}
+
+// ask returns one Sentinel's primary address and configuration epoch.
+func (w *Watcher) ask(ctx context.Context, c *redis.SentinelClient) (string, int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*w.opt.DialTimeout)
+	defer cancel()
+	hp, err := c.GetMasterAddrByName(ctx, w.opt.MasterName).Result()
+	if err != nil {
+		return "", 0, err
+	}
+	if len(hp) != 2 {
+		return "", 0, fmt.Errorf("unexpected reply to SENTINEL GET-MASTER-ADDR-BY-NAME: %q", hp)
+	}
+	// The epoch only orders answers; a Sentinel that cannot give it
+	// still counts, as the oldest.
+	var epoch int64 = -1
+	if m, err := c.Master(ctx, w.opt.MasterName).Result(); err == nil {
+		if e, err := strconv.ParseInt(m["config-epoch"], 10, 64); err == nil {
+			epoch = e
+		}
+	}
+	return net.JoinHostPort(hp[0], hp[1]), epoch, nil
+}
+
+var roleMaster = []byte("*3\r\n$6\r\nmaster\r\n")
+
+// errNotPrimary: the server answered ROLE as a replica (or a Sentinel).
+var errNotPrimary = errors.New("not a primary (ROLE)")
+
+func (w *Watcher) isPrimary(addr string) (bool, error) {
+	r, err := w.opt.Role(addr)
+	if err != nil {
+		return false, err
+	}
+	if !bytes.HasPrefix(r, roleMaster) {
+		return false, errNotPrimary
+	}
+	return true, nil
+}
+
+// Start begins following the group. current is the primary in use ("" if
+// none was found yet): OnSwitch is called when a different one is found.
+func (w *Watcher) Start(current string) {
+	w.mu.Lock()
+	w.inUse, w.known = current, current != ""
+	w.mu.Unlock()
+	for i := range w.opt.Sentinels {
+		w.wg.Add(1)
+		go w.subscribe(i)
+	}
+	w.wg.Add(1)
+	go w.loop()
+}
+
+// Close stops the watcher and waits for its goroutines.
+func (w *Watcher) Close() {
+	close(w.stop)
+	w.mu.Lock()
+	subs := w.subs
+	w.subs = nil
+	w.mu.Unlock()
+	for _, ps := range subs {
+		_ = ps.Close() // unblocks its Receive
+	}
+	w.wg.Wait()
+	for _, c := range w.clients {
+		_ = c.Close()
+	}
+}
+
+func (w *Watcher) stopped() bool {
+	select {
+	case <-w.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// loop checks the primary on every poll tick and every Recheck.
+func (w *Watcher) loop() {
+	defer w.wg.Done()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-w.recheck:
+		case <-t.C:
+		case addr := <-w.promoted:
+			w.adopt(addr)
+		}
+		known := w.check()
+		next := w.opt.PollInterval
+		if !known {
+			next /= 4
+		}
+		t.Reset(next)
+	}
+}
+
+// check runs one discovery and tells the data path if the primary moved.
+// It reports whether a primary is known.
+func (w *Watcher) check() bool {
+	w.mu.Lock()
+	current, epoch := w.inUse, w.epoch
+	w.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-w.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	addr, epoch, err := w.Discover(ctx, current, epoch)
+	cancel()
+	if w.stopped() {
+		return false
+	}
+	w.mu.Lock()
+	wasKnown := w.known
+	w.known = err == nil
+	if err == nil {
+		w.newest = max(w.newest, epoch)
+	}
+	w.mu.Unlock()
+	if err != nil {
+		if wasKnown {
+			w.opt.Logger.Warn("sentinel: no primary known; clients get errors until one is", "master_name", w.opt.MasterName, "last", current, "err", err)
+		}
+		return false
+	}
+	w.switchTo(addr, epoch, !wasKnown)
+	return true
+}
+
+// switchTo makes addr, chosen at epoch, the primary in use, telling the
+// data path if it is a different server. Only the loop goroutine calls it.
+func (w *Watcher) switchTo(addr string, epoch int64, wasUnknown bool) {
+	w.mu.Lock()
+	current := w.inUse
+	w.mu.Unlock()
+	if addr != current {
+		w.opt.Logger.Warn("sentinel: primary moved; switching the upstream", "master_name", w.opt.MasterName, "from", current, "to", addr, "epoch", epoch)
+		if w.opt.OnSwitch != nil {
+			w.opt.OnSwitch(addr)
+		}
+	} else if wasUnknown {
+		w.opt.Logger.Info("sentinel: primary known", "master_name", w.opt.MasterName, "primary", addr)
+	}
+	w.mu.Lock()
+	w.inUse, w.epoch, w.known = addr, epoch, true
+	w.mu.Unlock()
+}
+
+// adopt switches to the replica a failover promoted, once it says it is a
+// primary. Its epoch is taken as one past the newest seen: the failover
+// raised it, though the Sentinels may not say so for a second yet.
+func (w *Watcher) adopt(addr string) {
+	if ok, _ := w.isPrimary(addr); !ok {
+		return
+	}
+	w.mu.Lock()
+	epoch := max(w.newest, w.epoch) + 1
+	w.newest = epoch
+	w.mu.Unlock()
+	w.switchTo(addr, epoch, false)
+}
+
+// watchPromotion polls the replica a failover is promoting (named by
+// +selected-slave) and hands it to the loop as soon as it answers as a
+// primary. The Sentinels only notice that at their next INFO (about a
+// second later in a failover); meanwhile the old primary still takes
+// writes that the new one will never have, so every moment saved is
+// writes not lost. It gives up after maxPromotionWait.
+func (w *Watcher) watchPromotion(addr string) {
+	w.mu.Lock()
+	if w.promoting == addr || w.inUse == addr {
+		w.mu.Unlock()
+		return
+	}
+	w.promoting = addr
+	w.mu.Unlock()
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		defer func() {
+			w.mu.Lock()
+			if w.promoting == addr {
+				w.promoting = ""
+			}
+			w.mu.Unlock()
+		}()
+		deadline := time.Now().Add(maxPromotionWait)
+		for time.Now().Before(deadline) {
+			if ok, _ := w.isPrimary(addr); ok {
+				select {
+				case w.promoted <- addr:
+				case <-w.stop:
+				}
+				return
+			}
+			select {
+			case <-w.stop:
+				return
+			case <-time.After(promotionPoll):
+			}
+		}
+	}()
+}
+
+const (
+	maxPromotionWait = 10 * time.Second
+	promotionPoll    = 10 * time.Millisecond
+)
+
+// events are the Sentinel events the watcher acts on. +switch-master
+// ends a failover and +promoted-slave comes shortly before it: both make
+// the watcher check at once. +selected-slave names the replica the
+// failover leader is about to promote: from the moment it is a primary,
+// the old primary's writes are lost (the new one no longer replicates from
+// it), so the watcher polls it and switches the moment it says so
+// (watchPromotion) rather than a second later when the Sentinels notice.
+var events = []string{"+switch-master", "+promoted-slave", "+selected-slave"}
+
+// eventMaster returns the primary's name an event is about:
+// "<name> <old-ip> <old-port> <new-ip> <new-port>" for +switch-master,
+// "<type> <name> <ip> <port> @ <master-name> <ip> <port>" for events
+// about an instance.
+func eventMaster(payload string) string {
+	if _, about, ok := strings.Cut(payload, " @ "); ok {
+		name, _, _ := strings.Cut(about, " ")
+		return name
+	}
+	name, _, _ := strings.Cut(payload, " ")
+	return name
+}
+
+// subscribe listens for events on Sentinel i for the watcher's
+// life, resubscribing with backoff while it is down. Every (re)subscription
+// triggers a check too: a failover may have happened while it was cut off.
+func (w *Watcher) subscribe(i int) {
+	defer w.wg.Done()
+	addr := w.opt.Sentinels[i]
+	c := redis.NewSentinelClient(w.clientOptions(addr))
+	defer c.Close()
+	backoff := 50 * time.Millisecond
+	for !w.stopped() {
+		ps := c.Subscribe(context.Background(), events...)
+		w.mu.Lock()
+		if w.stopped() {
+			w.mu.Unlock()
+			_ = ps.Close()
+			return
+		}
+		w.subs = append(w.subs, ps)
+		w.mu.Unlock()
+		err := w.receive(ps)
+		w.mu.Lock()
+		w.subs = slices.DeleteFunc(w.subs, func(p *redis.PubSub) bool { return p == ps })
+		w.mu.Unlock()
+		_ = ps.Close()
+		if w.stopped() {
+			return
+		}
+		w.opt.Logger.Debug("sentinel: subscription lost; retrying", "sentinel", addr, "err", err, "in", backoff)
+		select {
+		case <-w.stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, w.opt.ReconnectMax)
+	}
+}
+
+// receive handles one subscription's messages until it fails. Silence is
+// checked with a PING, so a Sentinel that vanished without closing the
+// connection is noticed.
+func (w *Watcher) receive(ps *redis.PubSub) error {
+	ctx := context.Background()
+	for {
+		msg, err := ps.ReceiveTimeout(ctx, w.opt.PollInterval+w.opt.DialTimeout)
+		if w.stopped() {
+			return nil
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			if err := ps.Ping(ctx); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			w.Recheck()
+		case *redis.Message:
+			if eventMaster(m.Payload) != w.opt.MasterName {
+				continue
+			}
+			w.opt.Logger.Info("sentinel: "+m.Channel, "payload", m.Payload)
+			if m.Channel == "+selected-slave" {
+				// "slave <ip>:<port> <ip> <port> @ ..."
+				if f := strings.Fields(m.Payload); len(f) > 3 {
+					w.watchPromotion(net.JoinHostPort(f[2], f[3]))
+				}
+				continue
+			}
+			w.Recheck()
+		}
+	}
+}

@@ -1,0 +1,76 @@
+package upstream
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/resp"
+)
+
+// A replica answers writes with -READONLY; the backend reports each such
+// reply (Sentinel mode rechecks the primary on it) and nothing else.
+func TestBackendReportsReadOnly(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))
+	var readOnly atomic.Int64
+	be := NewBackend(BackendOptions{Addr: replica.Addr(), Connections: 1, Databases: 1, MaxPinned: 4,
+		DialTimeout: 2 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OnReadOnly: func() { readOnly.Add(1) }})
+	t.Cleanup(be.Close)
+	c := NewCall()
+	c.Add(resp.AppendCommandStrings(nil, "GET", "k"))
+	c.Add(resp.AppendCommandStrings(nil, "SET", "k", "v"))
+	c.Add(resp.AppendCommandStrings(nil, "GET", "k"))
+	be.Pool(0, false).Do(c)
+	if r, err := c.Reply(1); err != nil || string(r[:10]) != "-READONLY " {
+		t.Fatalf("SET on a replica = %q, %v", r, err)
+	}
+	if n := readOnly.Load(); n != 1 {
+		t.Fatalf("OnReadOnly ran %d times for one -READONLY reply", n)
+	}
+}
+
+// Failover, unlike Switch, does not wait for the old server: a request
+// pending there fails at once with ErrConnLost (it may have run; it is
+// never resent), and requests from then on go to the new server.
+func TestBackendFailoverFailsPendingWithConnLost(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	opt := BackendOptions{Addr: a.Addr(), Connections: 1, Databases: 1, MaxPinned: 4, DialTimeout: 2 * time.Second,
+		ReplyTimeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	be := NewBackend(opt)
+	t.Cleanup(be.Close)
+	slow := NewCall()
+	slow.Add(resp.AppendCommandStrings(nil, "EVAL", redistest.LoopScript, "0", "3000"))
+	if err := be.Pool(0, false).Send(slow); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		s, _ := be.Pool(0, false).Stats()
+		return s.Commands > 0
+	}, "the script was never written")
+	opt.Addr = b.Addr()
+	be.Failover(opt)
+	select {
+	case <-slow.Done():
+	case <-time.After(2 * time.Second):
+		t.Fatal("the request pending on the old server was not failed by the failover")
+	}
+	if !errors.Is(slow.Err(), ErrConnLost) {
+		t.Fatalf("pending request ended with %v, want ErrConnLost", slow.Err())
+	}
+	c := NewCall()
+	c.Add(resp.AppendCommandStrings(nil, "SET", "after", "1"))
+	be.Pool(0, false).Do(c)
+	if r, err := c.Reply(0); err != nil || string(r) != "+OK\r\n" {
+		t.Fatalf("SET after the failover = %q, %v", r, err)
+	}
+	if v, err := b.Client(t).Get(t.Context(), "after").Result(); err != nil || v != "1" {
+		t.Fatalf("the write after the failover is not on the new server: %q, %v", v, err)
+	}
+}
