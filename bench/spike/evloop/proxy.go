@@ -37,6 +37,14 @@ import (
 // clients is unlimited; the project's rule is to cap every buffer).
 const maxClientOutput = 64 << 20
 
+// maxQueryBuffer caps the unanswered request bytes a client can make the
+// proxy hold (an incomplete request, or requests sent while it is stalled),
+// as redis-server's client-query-buffer-limit (1 GB by default) does. A
+// variable so a test can lower it.
+var maxQueryBuffer = 1 << 30
+
+var errQueryBufferLimit = []byte("-ERR client query buffer limit reached\r\n")
+
 // flushMode says when a loop writes the requests it framed to its pipes.
 type flushMode int
 
@@ -187,6 +195,13 @@ func (p *proxy) OnTraffic(c gnet.Conn) gnet.Action {
 // written, and is woken to go on.
 func (cl *client) traffic() gnet.Action {
 	c := cl.conn
+	if c.InboundBuffered() > maxQueryBuffer {
+		cl.pipe.lp.p.log.Warn("client query buffer limit reached: closing it", "addr", c.RemoteAddr())
+		if cl.inflight == 0 {
+			_, _ = c.Write(errQueryBufferLimit)
+		}
+		return gnet.Close
+	}
 	if cl.stalled || c.InboundBuffered() < cl.need {
 		return gnet.None
 	}

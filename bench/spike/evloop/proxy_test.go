@@ -252,3 +252,30 @@ func TestLargeValueRoundTrip(t *testing.T) {
 		t.Fatalf("STRLEN: got %q", got)
 	}
 }
+
+// A client that keeps sending an incomplete request is cut off at the query
+// buffer limit instead of growing the proxy's memory.
+func TestQueryBufferLimit(t *testing.T) {
+	saved := maxQueryBuffer
+	maxQueryBuffer = 1 << 20
+	t.Cleanup(func() { maxQueryBuffer = saved })
+	addr := startSpike(t, startRedis(t), flushLoop)
+	c := dialUntil(t, addr)
+	defer c.Close()
+	// A 4 MiB value announced but only partly sent: one byte over the
+	// limit in all, so the proxy has read every byte when it closes (unread
+	// bytes would turn its close into a reset that hides the error).
+	header := []byte("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4194304\r\n")
+	body := bytes.Repeat([]byte("v"), maxQueryBuffer+1-len(header))
+	if _, err := c.Write(append(header, body...)); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if got := readReply(t, r); got != "-ERR client query buffer limit reached" {
+		t.Fatalf("got %q, want the query buffer limit error", got)
+	}
+	if _, err := r.ReadByte(); err != io.EOF {
+		t.Fatalf("after the limit: %v, want the connection closed", err)
+	}
+}
