@@ -9,7 +9,7 @@
 #
 # Usage: bench/run.sh [--quick] [--rounds N] [--scenario NAME]
 #                     [--layout split|shared|both] [--targets a,b]
-#                     [--tests x,y] [--check] [--keep]
+#                     [--tests x,y] [--extra-proxy NAME=PATH] [--check] [--keep]
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -46,6 +46,7 @@ ONLY_TARGETS=""
 ONLY_TESTS=""
 CHECK=0
 KEEP=0
+EXTRA_SPECS=() # --extra-proxy NAME=PATH [ARGS]: more proxies benchmarked like redproxy
 
 usage() {
 	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
@@ -59,6 +60,11 @@ Flags:
                    shared (client alone on cpu0, Redis + proxy on cpu1), or both
   --targets LIST   comma-separated subset of targets (e.g. direct,twemproxy)
   --tests LIST     comma-separated subset of tests (e.g. get_p16,set_p16)
+  --extra-proxy 'NAME=PATH [ARGS]'
+                   one more proxy target named NAME (passthrough and idle
+                   scenarios; repeatable): PATH is a binary, or a directory
+                   holding a Go main package (built), started as
+                   PATH --listen ADDR --upstream ADDR [ARGS]
   --check          exit 1 when a goal listed under "Checks" is missed
   --keep           keep the temp dir (logs, configs, raw redis-benchmark output)
 Environment: ROUNDS N_P1 N_P16 CLIENTS KEYSPACE DATASIZE CPU_REDIS CPU_CLIENT CPU_PROXY
@@ -280,6 +286,57 @@ start_redproxy() {
 	die "redproxy exited at startup (log above)"
 }
 
+# ---- extra proxies (--extra-proxy) -------------------------------------------
+# A prototype (bench/spike/...) runs in the same interleaved rounds as the
+# real proxies, pinned and re-pinned like them, with GOMAXPROCS as redproxy's.
+EXTRA_NAMES=()
+declare -A EXTRA_BIN=() EXTRA_ARGS=() EXTRA_SRC=()
+prepare_extras() {
+	local spec name rest path args out
+	for spec in "${EXTRA_SPECS[@]}"; do
+		[[ $spec == *=* ]] || die "--extra-proxy needs NAME=PATH, not $spec"
+		name=${spec%%=*} rest=${spec#*=}
+		[[ $name =~ ^[a-z][a-z0-9-]*$ ]] || die "--extra-proxy: name $name must be lower-case letters, digits and -"
+		case $name in direct | twemproxy | redproxy) die "--extra-proxy: $name is taken" ;; esac
+		read -r path args <<<"$rest"
+		if [[ -d $path ]]; then
+			need go
+			out=$TMP/bin/extra-$(cd "$path" && pwd | cksum | cut -d' ' -f1)
+			if [[ ! -x $out ]]; then
+				log "building $path (--extra-proxy $name)"
+				run_fg go -C "$path" build -o "$out" . || die "go build in $path failed"
+			fi
+		else
+			[[ -x $path ]] || die "--extra-proxy $name: $path is neither a directory nor an executable"
+			out=$path
+		fi
+		EXTRA_NAMES+=("$name")
+		EXTRA_BIN[$name]=$out EXTRA_ARGS[$name]=$args EXTRA_SRC[$name]=$rest
+	done
+}
+
+EXTRA_PORT="" EXTRA_PID=""
+start_extra() { # NAME
+	local name=$1
+	EXTRA_PORT=$(freeport)
+	mkdir -p "$TMP/$name"
+	# shellcheck disable=SC2086 # EXTRA_ARGS is a word list on purpose
+	GOMAXPROCS=$REDPROXY_GOMAXPROCS taskset -c "$CPU_PROXY" "${EXTRA_BIN[$name]}" \
+		--listen "127.0.0.1:$EXTRA_PORT" --upstream "127.0.0.1:$REDIS_PORT" ${EXTRA_ARGS[$name]} \
+		>>"$TMP/$name/log" 2>&1 &
+	EXTRA_PID=$!
+	PIDS+=("$EXTRA_PID")
+	wait_pong "$EXTRA_PORT" "$EXTRA_PID" "$name" || { cat "$TMP/$name/log" >&2; die "$name exited at startup (log above)"; }
+	PROXY_PIDS+=("$EXTRA_PID")
+}
+
+extras_line() {
+	local name
+	for name in "${EXTRA_NAMES[@]}"; do
+		echo "- Extra proxy $name: ${EXTRA_SRC[$name]} (GOMAXPROCS=$REDPROXY_GOMAXPROCS, pinned like redproxy)"
+	done
+}
+
 # ---- target and test registry ----------------------------------------------
 # A target is a port to aim redis-benchmark at plus, for a proxy, the PID
 # whose CPU is charged to the "proxy" column. A test is a redis-benchmark
@@ -441,6 +498,7 @@ report() {
 		for l in "${LAYOUTS[@]}"; do
 			echo "- Layout $(layout_line "$l"); redproxy GOMAXPROCS=$REDPROXY_GOMAXPROCS"
 		done
+		extras_line
 		awk -F'\t' -v max="$MAX_OTHER" '{ n++; s += $13; if ($13 > m) m = $13; if ($13 > max) bad = bad sprintf(" r%s/%s/%s/%s=%.2f", $1, $14, $2, $3, $13) }
 			END { printf "- Other load (CPU used by processes outside the bench during runs): mean %.2f, max %.2f cores\n", s / n, m
 			      if (bad != "") print "- WARNING: runs still disturbed after retries (other load > " max " cores):" bad }' "$RECORDS"
@@ -546,6 +604,13 @@ scenario_passthrough() {
 		log "redproxy pid $REDPROXY_PID port $REDPROXY_PORT (cpu $CPU_PROXY, GOMAXPROCS=$REDPROXY_GOMAXPROCS)"
 		add_target redproxy "$REDPROXY_PORT" "$REDPROXY_PID"
 	fi
+	local name
+	for name in "${EXTRA_NAMES[@]}"; do
+		selected "$ONLY_TARGETS" "$name" || continue
+		start_extra "$name"
+		log "$name pid $EXTRA_PID port $EXTRA_PORT (cpu $CPU_PROXY)"
+		add_target "$name" "$EXTRA_PORT" "$EXTRA_PID"
+	done
 	((${#TARGETS[@]})) || die "no targets selected"
 
 	add_tests "get_p1|GET -P 1|$N_P1|-t get -P 1" "set_p1|SET -P 1|$N_P1|-t set -P 1" \
@@ -805,7 +870,10 @@ scenario_idle() {
 		mkdir -p "$TMP/redproxy"
 		printf '[server]\nmax_clients = %d\n' $((max + 1000)) >"$TMP/redproxy/idle.toml"
 	fi
-	((${#targets[@]})) || die "no targets selected (idle runs twemproxy and redproxy)"
+	for target in "${EXTRA_NAMES[@]}"; do
+		selected "$ONLY_TARGETS" "$target" && targets+=("$target")
+	done
+	((${#targets[@]})) || die "no targets selected (idle runs twemproxy, redproxy and --extra-proxy targets)"
 
 	local rec=$TMP/idle.tsv round i nt=${#targets[@]} pid port line saved_args=$REDPROXY_ARGS
 	: >"$rec"
@@ -821,6 +889,9 @@ scenario_idle() {
 				if [[ $target == twemproxy ]]; then
 					start_twemproxy
 					pid=$TWEM_PID port=$TWEM_PORT
+				elif [[ -n ${EXTRA_BIN[$target]:-} ]]; then
+					start_extra "$target"
+					pid=$EXTRA_PID port=$EXTRA_PORT
 				else
 					REDPROXY_ARGS="$saved_args --config $TMP/redproxy/idle.toml"
 					start_redproxy
@@ -847,6 +918,7 @@ scenario_idle() {
 		echo "- Versions: $(versions_line)"
 		echo "- Settings: $ROUNDS round(s); each connection sends one GET (preloaded $DATASIZE-byte values, -r $KEYSPACE) and then stays idle; $per_source connections per source address (127.0.0.1, .2, ...); fd limit $(ulimit -n)"
 		echo "- Layout $(layout_line "${LAYOUTS[0]}") (benchtool idle runs on the client cpu); redproxy GOMAXPROCS=$REDPROXY_GOMAXPROCS, max_clients $((max + 1000))"
+		extras_line
 		echo
 		awk -F'\t' -v counts="$counts" -v targets="${targets[*]}" -v fdlimit="$(ulimit -n)" -v check_out="$TMP/check" '
 		function median(key,   n, i, j, a, tmp) {
@@ -917,6 +989,7 @@ while (($#)); do
 	--tests) ONLY_TESTS=${2:?--tests needs a list}; shift ;;
 	--check) CHECK=1 ;;
 	--keep) KEEP=1 ;;
+	--extra-proxy) EXTRA_SPECS+=("${2:?--extra-proxy needs NAME=PATH}"); shift ;;
 	-h | --help) usage; exit 0 ;;
 	*) usage >&2; exit 2 ;;
 	esac
@@ -957,5 +1030,6 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/redproxy-bench.XXXXXX")
 RECORDS=$TMP/records.tsv
 : >"$RECORDS"
 run_fg go -C "$REPO" build -o "$TMP/bin/benchtool" ./bench/benchtool || die "go build ./bench/benchtool failed"
+prepare_extras
 
 "scenario_$SCENARIO"
