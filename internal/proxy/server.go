@@ -12,6 +12,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
@@ -48,9 +49,10 @@ type Server struct {
 	flight       atomic.Pointer[flightState] // stampede protection (flight.go); a reload replaces it
 	tier         *tierState                  // the local tier (tier.go)
 	slow         slowState                   // the slow log (slowlog.go)
+	tls          tlsState                    // TLS on both sides (tls.go)
 
 	mu       sync.Mutex
-	ln       net.Listener
+	lns      []net.Listener // the plaintext and TLS listeners
 	sessions map[*Session]struct{}
 	closing  bool
 	active   sync.WaitGroup
@@ -106,6 +108,10 @@ func NewServer(o Options) (*Server, error) {
 		started:      time.Now(),
 	}
 	s.live.Store(cfg)
+	// TLS first: the backend dials as soon as it exists.
+	if err := initTLS(s); err != nil {
+		return nil, err
+	}
 	s.backend = upstream.NewBackend(s.backendOptions(cfg, addr))
 	s.backend.RegisterMetrics(o.Metrics.Registry)
 	// The features the data path consults (hooks.go), each built from its
@@ -135,15 +141,18 @@ func (s *Server) Backend() *upstream.Backend { return s.backend }
 // Ready reports whether Redis is reachable (DB 0 has a connection up).
 func (s *Server) Ready() bool { return s.backend.Ready() }
 
-// Serve accepts clients on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error {
+// Serve accepts plaintext clients on ln until Shutdown. A server may serve
+// several listeners (Serve and ServeTLS), each on its own goroutine.
+func (s *Server) Serve(ln net.Listener) error { return s.serve(ln, false) }
+
+func (s *Server) serve(ln net.Listener, secure bool) error {
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
 		ln.Close()
 		return ErrServerClosed
 	}
-	s.ln = ln
+	s.lns = append(s.lns, ln)
 	s.mu.Unlock()
 	var backoff time.Duration
 	for {
@@ -167,20 +176,31 @@ func (s *Server) Serve(ln net.Listener) error {
 			return err
 		}
 		backoff = 0
-		s.accept(nc)
+		s.accept(nc, secure)
 	}
 }
 
-func (s *Server) accept(nc net.Conn) {
+var maxClientsReply = []byte("-ERR max number of clients reached\r\n")
+
+func (s *Server) accept(nc net.Conn, secure bool) {
 	s.metrics.ClientsTotal.Inc()
-	if s.clients.Load() >= int64(s.Config().Server.MaxClients) {
-		s.metrics.ClientsRejected.Inc()
-		nc.Write([]byte("-ERR max number of clients reached\r\n"))
-		nc.Close()
-		return
-	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
+	}
+	var tc *tls.Conn
+	if secure {
+		tc = tls.Server(nc, s.tls.listener)
+		nc = tc
+	}
+	if s.clients.Load() >= int64(s.Config().Server.MaxClients) {
+		s.metrics.ClientsRejected.Inc()
+		if tc != nil {
+			go rejectTLS(tc)
+			return
+		}
+		nc.Write(maxClientsReply)
+		nc.Close()
+		return
 	}
 	sess := newSession(s, nc)
 	s.mu.Lock()
@@ -203,6 +223,10 @@ func (s *Server) accept(nc net.Conn) {
 			s.metrics.ClientsConnected.Dec()
 			s.active.Done()
 		}()
+		if tc != nil && !s.tlsHandshake(sess, tc) {
+			nc.Close()
+			return
+		}
 		sess.serve()
 	}()
 }
@@ -212,8 +236,8 @@ func (s *Server) accept(nc net.Conn) {
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing = true
-	if s.ln != nil {
-		s.ln.Close()
+	for _, ln := range s.lns {
+		ln.Close()
 	}
 	for sess := range s.sessions {
 		sess.interrupt()

@@ -38,11 +38,16 @@ type Server struct {
 	dir   string
 	extra []string
 
-	mu   sync.Mutex
-	port int
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the current process has exited
-	out  *syncBuffer
+	// tlsArgs, when set, gives redis-server a TLS port (StartTLS): the
+	// arguments for a given TLS port.
+	tlsArgs func(tlsPort int) []string
+
+	mu      sync.Mutex
+	port    int
+	tlsPort int
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when the current process has exited
+	out     *syncBuffer
 }
 
 // Start launches redis-server on a free 127.0.0.1 port with a temp dir;
@@ -56,17 +61,24 @@ func Start(t testing.TB, extra ...string) *Server {
 		t.Fatalf("redistest: redis-server not found in PATH: %v", err)
 	}
 	s := &Server{bin: bin, dir: t.TempDir(), extra: extra}
-	t.Cleanup(s.stop)
+	s.start(t)
+	return s
+}
 
+func (s *Server) start(t testing.TB) {
+	t.Helper()
+	t.Cleanup(s.stop)
 	var lastErr error
 	for range startAttempts {
 		s.port = FreePort(t)
+		if s.tlsArgs != nil {
+			s.tlsPort = FreePort(t)
+		}
 		if lastErr = s.launch(); lastErr == nil {
-			return s
+			return
 		}
 	}
 	t.Fatalf("redistest: could not start redis-server after %d attempts: %v", startAttempts, lastErr)
-	return nil
 }
 
 // Addr is the server's "127.0.0.1:PORT".
@@ -141,7 +153,7 @@ func (s *Server) Restart(t testing.TB) {
 func (s *Server) launch() error {
 	s.mu.Lock()
 	port := s.port
-	args := append([]string{
+	args := []string{
 		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
 		"--save", "",
@@ -149,7 +161,11 @@ func (s *Server) launch() error {
 		"--dir", s.dir,
 		"--daemonize", "no",
 		"--protected-mode", "no",
-	}, s.extra...)
+	}
+	if s.tlsArgs != nil {
+		args = append(args, s.tlsArgs(s.tlsPort)...)
+	}
+	args = append(args, s.extra...)
 	out := &syncBuffer{}
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout = out
