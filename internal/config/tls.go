@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 )
 
@@ -183,7 +184,7 @@ func (c *Config) checkTLS() []*Error {
 	if c.Server.TLS.Enabled() {
 		_, err := c.Server.TLS.ServerConfig()
 		add(err)
-		if c.Server.TLS.Listen == c.Server.Listen {
+		if c.Server.TLS.Listen == c.Server.Listen && !strings.HasSuffix(c.Server.Listen, ":0") {
 			errs = append(errs, &Error{Key: "server.tls.listen", Msg: "must differ from server.listen (one port cannot serve both plaintext and TLS)"})
 		}
 	} else {

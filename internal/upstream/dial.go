@@ -30,6 +30,12 @@ func Dial(opt Options) (net.Conn, error) {
 	}
 	if err := handshake(nc, opt); err != nil {
 		nc.Close()
+		if c := opt.TLS; c != nil && len(c.Certificates) == 0 && c.GetClientCertificate == nil && !errors.Is(err, ErrHandshake) {
+			// With TLS 1.3 the client's handshake ends before Redis has
+			// checked for a client certificate; its refusal only shows as
+			// the connection closing under the first command.
+			return nil, fmt.Errorf("%w (the connection closed right after the TLS handshake: if Redis requires client certificates, set upstream.tls.cert_file and key_file)", err)
+		}
 		return nil, err
 	}
 	return nc, nil
@@ -70,6 +76,11 @@ func DialConn(d *net.Dialer, addr string, tlsConf *tls.Config) (net.Conn, error)
 	tc := tls.Client(nc, tlsConf)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		nc.Close()
+		if errors.Is(err, context.DeadlineExceeded) {
+			// A plaintext Redis reads the ClientHello as the start of a
+			// command and waits for the rest.
+			return nil, fmt.Errorf("%w with %s: no TLS answer in time (does that port speak TLS?): %w", ErrTLSHandshake, addr, err)
+		}
 		return nil, fmt.Errorf("%w with %s: %w", ErrTLSHandshake, addr, err)
 	}
 	return tc, nil
