@@ -23,6 +23,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/proxy"
 	"github.com/redproxy/redproxy/internal/proxytest"
@@ -489,4 +490,74 @@ func startUnready(t *testing.T, rs *redistest.Server, mutate func(*config.Config
 		srv.Shutdown(ctx)
 	})
 	return &proxytest.Proxy{Server: srv, Addr: ln.Addr().String(), Redis: rs, Metrics: reg}
+}
+
+// TestTLSClientGoneWhileBlocked: a TLS client that closes while blocked in
+// BLPOP releases its blocked pop in Redis, as a plaintext client does
+// (TestBlockedPops), although the last bytes it sends before its FIN are a
+// close_notify record; one that stays connected stays blocked and gets its
+// element.
+func TestTLSClientGoneWhileBlocked(t *testing.T) {
+	certs := redistest.NewCerts(t)
+	rs := redistest.StartTLS(t, certs, "no")
+	p := tlsProxy(t, certs, rs, false, nil)
+	direct := rs.Client(t)
+	dial := func() *rawTLS {
+		nc, err := tls.Dial("tcp", p.TLSAddr, certs.ClientConfig(t, false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		return &rawTLS{nc: nc, rd: bufio.NewReader(nc)}
+	}
+	leaving, staying := dial(), dial()
+	leaving.send(t, "BLPOP", "gone:q", "0")
+	staying.send(t, "BLPOP", "stay:q", "0")
+	redistest.Eventually(t, 10*time.Second, func() bool { return blockedClients(direct) == 2 }, "clients never blocked")
+	leaving.nc.Close()
+	redistest.Eventually(t, 10*time.Second, func() bool { return blockedClients(direct) == 1 },
+		"Redis still blocks %d pops; the TLS client that left should have been noticed", blockedClients(direct))
+	// Several of the proxy's 50 ms checks pass with the other one blocked.
+	time.Sleep(300 * time.Millisecond)
+	if n := blockedClients(direct); n != 1 {
+		t.Fatalf("%d blocked pops; the connected TLS client must stay blocked", n)
+	}
+	if err := direct.LPush(context.Background(), "stay:q", "e").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r := staying.line(t); r != "*2" {
+		t.Fatalf("BLPOP reply %q", r)
+	}
+}
+
+// TestTLSClientThatStopsReadingIsClosedAtWriteTimeout: the write deadline
+// on every write to a client holds through TLS, so a TLS client that never
+// reads is closed at client_write_timeout like a plaintext one
+// (TestClientThatStopsReadingIsClosedAtWriteTimeout), and others go on.
+func TestTLSClientThatStopsReadingIsClosedAtWriteTimeout(t *testing.T) {
+	certs := redistest.NewCerts(t)
+	rs := redistest.StartTLS(t, certs, "no")
+	p := tlsProxy(t, certs, rs, false, func(c *config.Config) {
+		c.Server.ClientWriteTimeout = units.Duration{Duration: 300 * time.Millisecond}
+	})
+	if err := rs.Client(t).Set(ctx, "big", strings.Repeat("b", 256<<10), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	bad := tls.Client(dialSmallBuffer(t, p.TLSAddr), certs.ClientConfig(t, false))
+	if err := bad.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	get := []byte("*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n")
+	redistest.Eventually(t, 30*time.Second, func() bool {
+		// A timed-out TLS write breaks the client's side for good; by then
+		// the proxy is blocked on writing to it, which is the point.
+		bad.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+		bad.Write(get)
+		return closedFor(p, metrics.CloseWriteTimeout) == 1
+	}, "a TLS client that never reads was never closed at the write timeout")
+	waitClients(t, p, 0)
+	good := tlsClient(t, p.TLSAddr, certs.ClientConfig(t, false))
+	if n, err := good.StrLen(ctx, "big").Result(); err != nil || n != 256<<10 {
+		t.Fatalf("another TLS client after the cut-off: %d, %v", n, err)
+	}
 }
