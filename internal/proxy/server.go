@@ -203,6 +203,10 @@ func (s *Server) accept(nc net.Conn, secure bool) {
 		return
 	}
 	sess := newSession(s, nc)
+	if tc != nil {
+		// No socket to wait on through TLS (tls.go): wait with a few bytes.
+		sess.rd.WaitSmall()
+	}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -214,20 +218,32 @@ func (s *Server) accept(nc net.Conn, secure bool) {
 	s.mu.Unlock()
 	s.clients.Add(1)
 	s.metrics.ClientsConnected.Inc()
+	done := func() {
+		s.mu.Lock()
+		delete(s.sessions, sess)
+		s.mu.Unlock()
+		s.clients.Add(-1)
+		s.metrics.ClientsConnected.Dec()
+		s.active.Done()
+	}
+	serve := func() {
+		defer done()
+		sess.serve()
+	}
+	if tc == nil {
+		go serve()
+		return
+	}
 	go func() {
-		defer func() {
-			s.mu.Lock()
-			delete(s.sessions, sess)
-			s.mu.Unlock()
-			s.clients.Add(-1)
-			s.metrics.ClientsConnected.Dec()
-			s.active.Done()
-		}()
-		if tc != nil && !s.tlsHandshake(sess, tc) {
+		if !s.tlsHandshake(sess, tc) {
 			nc.Close()
+			done()
 			return
 		}
-		sess.serve()
+		// The handshake's crypto grew this goroutine's stack to several
+		// times what serving needs, and an idle client would keep it:
+		// serve on a fresh goroutine, whose stack starts small.
+		go serve()
 	}()
 }
 

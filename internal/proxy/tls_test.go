@@ -561,3 +561,34 @@ func TestTLSClientThatStopsReadingIsClosedAtWriteTimeout(t *testing.T) {
 		t.Fatalf("another TLS client after the cut-off: %d, %v", n, err)
 	}
 }
+
+// TestTLSLocalTier: the local tier's tracking connections dial Redis with
+// [upstream.tls] like the pools do: the tier becomes live on a TLS-only
+// Redis port, serves hits, and a write made behind the proxy's back (on
+// Redis directly) reaches it as an invalidation over TLS.
+func TestTLSLocalTier(t *testing.T) {
+	certs := redistest.NewCerts(t)
+	rs := redistest.StartTLS(t, certs, "yes")
+	p := tlsProxy(t, certs, rs, false, func(c *config.Config) {
+		c.LocalCache.Enabled = true
+		c.LocalCache.AdmitMinReads = 0
+		c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
+	})
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live over TLS")
+	direct := rs.Client(t)
+	if err := direct.Set(ctx, "tier:k", "old", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	reader := tlsClient(t, p.TLSAddr, certs.ClientConfig(t, false))
+	hits := func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		before := hits()
+		reader.Get(ctx, "tier:k")
+		return hits() > before
+	}, "tier:k never became a local tier hit")
+	if err := direct.Set(ctx, "tier:k", "new", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool { return reader.Get(ctx, "tier:k").Val() == "new" },
+		"the tier kept serving the old value: no invalidation arrived over TLS")
+}
