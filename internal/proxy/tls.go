@@ -177,6 +177,11 @@ func (s *Server) ServeTLS(ln net.Listener) error {
 // (rate-limited: a scanner can cause many), and the client is closed.
 func (s *Server) tlsHandshake(sess *Session, tc *tls.Conn) bool {
 	tc.SetDeadline(time.Now().Add(tlsHandshakeTimeout))
+	if sess.interrupted.Load() {
+		// Shut down between accept and here: the deadline just set would
+		// have replaced the one interrupt set.
+		return false
+	}
 	err := tc.Handshake()
 	// Cleared before interrupted is read: an interrupt that comes after
 	// this sets its own deadline, one before it is seen below.

@@ -592,3 +592,83 @@ func TestTLSLocalTier(t *testing.T) {
 	redistest.Eventually(t, 5*time.Second, func() bool { return reader.Get(ctx, "tier:k").Val() == "new" },
 		"the tier kept serving the old value: no invalidation arrived over TLS")
 }
+
+// TestTLSUpstreamReload: a reload reads [upstream.tls]'s files again; the
+// same files change nothing (no new connections), a CA file rotated in
+// place switches the upstream so new connections use it (here a wrong CA:
+// the proxy stops being ready), and putting the right one back recovers.
+func TestTLSUpstreamReload(t *testing.T) {
+	certs := redistest.NewCerts(t)
+	rs := redistest.StartTLS(t, certs, "no")
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	copyFile(t, certs.CAFile, caFile)
+	p := tlsProxy(t, certs, rs, false, func(c *config.Config) {
+		c.Upstream.TLS = &config.UpstreamTLS{CAFile: caFile}
+	})
+	direct := rs.Client(t)
+	dials := func() string {
+		info := direct.Info(ctx, "stats").Val()
+		for _, line := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "total_connections_received:"); ok {
+				return v
+			}
+		}
+		t.Fatalf("no total_connections_received in %q", info)
+		return ""
+	}
+	before := dials()
+	// A snapshot parsed again from the same file: an equal section, not
+	// the same pointer.
+	same := *p.Config()
+	sameTLS := *same.Upstream.TLS
+	same.Upstream.TLS = &sameTLS
+	if changed, err := p.Reload(&same); err != nil || len(changed) != 0 {
+		t.Fatalf("Reload with the same files: %v, %v", changed, err)
+	}
+	if err := p.Client(t).Set(ctx, "up:k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if d := dials(); d != before {
+		t.Fatalf("a reload with the same TLS files dialled Redis again (%s -> %s connections received)", before, d)
+	}
+
+	copyFile(t, certs.OtherCAFile, caFile)
+	if _, err := p.Reload(p.Config()); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool { return !p.Ready() }, "still ready after the upstream CA was replaced by one that does not sign Redis's certificate")
+
+	copyFile(t, certs.CAFile, caFile)
+	if _, err := p.Reload(p.Config()); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 10*time.Second, p.Ready, "not ready again after the right CA came back")
+	if v, err := p.Client(t).Get(ctx, "up:k").Result(); err != nil || v != "v" {
+		t.Fatalf("GET after the CA came back: %q, %v", v, err)
+	}
+}
+
+// TestTLSMaxClients: a TLS client over server.max_clients is told why, over
+// TLS, rather than getting bytes it cannot decode.
+func TestTLSMaxClients(t *testing.T) {
+	certs := redistest.NewCerts(t)
+	rs := redistest.StartTLS(t, certs, "no")
+	p := tlsProxy(t, certs, rs, false, func(c *config.Config) { c.Server.MaxClients = 1 })
+	first := tlsClient(t, p.TLSAddr, certs.ClientConfig(t, false))
+	if err := first.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := tls.Dial("tcp", p.TLSAddr, certs.ClientConfig(t, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(10 * time.Second))
+	line, _ := bufio.NewReader(nc).ReadString('\n')
+	if line != "-ERR max number of clients reached\r\n" {
+		t.Fatalf("second TLS client got %q", line)
+	}
+	if err := first.Ping(ctx).Err(); err != nil {
+		t.Fatalf("the first client after the refusal: %v", err)
+	}
+}
