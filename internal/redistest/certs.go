@@ -198,7 +198,9 @@ func StartTLS(t testing.TB, certs *Certs, authClients string, extra ...string) *
 			"--tls-auth-clients", authClients,
 		}
 	}
-	s.start(t)
+	if !s.start(t) {
+		return nil
+	}
 	return s
 }
 

@@ -61,11 +61,15 @@ func Start(t testing.TB, extra ...string) *Server {
 		t.Fatalf("redistest: redis-server not found in PATH: %v", err)
 	}
 	s := &Server{bin: bin, dir: t.TempDir(), extra: extra}
-	s.start(t)
+	if !s.start(t) {
+		return nil
+	}
 	return s
 }
 
-func (s *Server) start(t testing.TB) {
+// start launches the server on free ports, retrying a port taken meanwhile;
+// on failure it fails t and reports false.
+func (s *Server) start(t testing.TB) bool {
 	t.Helper()
 	t.Cleanup(s.stop)
 	var lastErr error
@@ -75,10 +79,11 @@ func (s *Server) start(t testing.TB) {
 			s.tlsPort = FreePort(t)
 		}
 		if lastErr = s.launch(); lastErr == nil {
-			return
+			return true
 		}
 	}
 	t.Fatalf("redistest: could not start redis-server after %d attempts: %v", startAttempts, lastErr)
+	return false
 }
 
 // Addr is the server's "127.0.0.1:PORT".
