@@ -138,7 +138,6 @@ func TestTLSBothSides(t *testing.T) {
 	if err != nil || msg.Payload != "hello" {
 		t.Fatalf("message over TLS = %v, %v", msg, err)
 	}
-
 }
 
 // TestTLSClientInfo: CLIENT INFO of a TLS client names its address and a
