@@ -10,6 +10,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -40,6 +41,7 @@ type idleConfig struct {
 	parallel  int
 	settle    time.Duration
 	timeout   time.Duration
+	tls       bool
 }
 
 func idle(args []string) error {
@@ -53,6 +55,7 @@ func idle(args []string) error {
 	fs.IntVar(&c.parallel, "parallel", 64, "connections being opened at once")
 	fs.DurationVar(&c.settle, "settle", time.Second, "pause before each RSS reading")
 	fs.DurationVar(&c.timeout, "timeout", 120*time.Second, "give up (and close everything) after this long")
+	fs.BoolVar(&c.tls, "tls", false, "connect with TLS (to [server.tls] listen), without verifying the proxy's certificate: a loopback benchmark")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -172,6 +175,9 @@ func dialGet(ctx context.Context, c idleConfig, i int, buf []byte) (net.Conn, er
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
+	if c.tls {
+		conn = tls.Client(conn, &tls.Config{InsecureSkipVerify: true})
+	}
 	key := fmt.Sprintf("key:%012d", i%c.keyspace)
 	req := fmt.Sprintf("*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n", len(key), key)
 	if _, err := conn.Write([]byte(req)); err != nil {
@@ -278,7 +284,11 @@ func closeAll(ctx context.Context, conns []net.Conn, parallel int) int {
 					conn.Close()
 					continue
 				}
-				if tc, ok := conn.(*net.TCPConn); ok {
+				raw := conn
+				if tc, ok := conn.(*tls.Conn); ok {
+					raw = tc.NetConn()
+				}
+				if tc, ok := raw.(*net.TCPConn); ok {
 					tc.SetLinger(0)
 				}
 				conn.Close()

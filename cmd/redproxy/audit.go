@@ -99,6 +99,7 @@ func runAudit(argv []string, stdout, stderr io.Writer) int {
 	redis.SetLogger(quietLogger{})
 	rdb := redis.NewClient(&redis.Options{
 		Addr: addr, Username: cfg.Upstream.Username, Password: cfg.Upstream.Password, DB: *db,
+		TLSConfig:   upstreamTLS(cfg),
 		DialTimeout: cfg.Upstream.DialTimeout.Duration, ReadTimeout: 30 * time.Second,
 		MaxRetries: 2, PoolSize: 1, Protocol: 2, DisableIdentity: true,
 	})

@@ -24,6 +24,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"flag"
 	"fmt"
 	"io"
@@ -183,10 +185,23 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	signal.Notify(hups, syscall.SIGHUP)
 	defer signal.Stop(hups)
 
-	ln, err := net.Listen("tcp", cfg.Server.Listen)
-	if err != nil {
-		fmt.Fprintf(stderr, "redproxy: cannot listen on %s (server.listen): %v\n", cfg.Server.Listen, err)
-		return 1
+	// The plaintext and the TLS listener; either may be off, not both
+	// (config.Validate).
+	var ln, tlsLn net.Listener
+	if cfg.Server.Listen != "" {
+		if ln, err = net.Listen("tcp", cfg.Server.Listen); err != nil {
+			fmt.Fprintf(stderr, "redproxy: cannot listen on %s (server.listen): %v\n", cfg.Server.Listen, err)
+			return 1
+		}
+	}
+	if cfg.Server.TLS.Enabled() {
+		if tlsLn, err = net.Listen("tcp", cfg.Server.TLS.Listen); err != nil {
+			if ln != nil {
+				ln.Close()
+			}
+			fmt.Fprintf(stderr, "redproxy: cannot listen on %s (server.tls.listen): %v\n", cfg.Server.TLS.Listen, err)
+			return 1
+		}
 	}
 	var adm *admin.Server
 	if cfg.Server.Admin != "" {
@@ -199,12 +214,19 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		go adm.Serve(aln)
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}
-	log.Info("redproxy listening", "addr", ln.Addr().String(), "upstream", upstreamAddr, "commands", table.Len())
+	served := make(chan error, 2)
+	if ln != nil {
+		log.Info("redproxy listening", "addr", ln.Addr().String(), "upstream", upstreamAddr, "upstream_tls", cfg.Upstream.TLS != nil, "commands", table.Len())
+		go func() { served <- srv.Serve(ln) }()
+	}
+	if tlsLn != nil {
+		log.Info("redproxy listening for TLS clients", "addr", tlsLn.Addr().String(), "upstream", upstreamAddr, "upstream_tls", cfg.Upstream.TLS != nil,
+			"mutual_tls", cfg.Server.TLS.ClientCAFile != "", "min_version", cfg.Server.TLS.MinVersion)
+		go func() { served <- srv.ServeTLS(tlsLn) }()
+	}
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
 wait:
 	for {
 		select {
@@ -271,9 +293,25 @@ func logLevel(name string) slog.Level {
 func controlClient(cfg *config.Config, addr string) *redis.Client {
 	return redis.NewClient(&redis.Options{
 		Addr: addr, Username: cfg.Upstream.Username, Password: cfg.Upstream.Password,
+		TLSConfig:   upstreamTLS(cfg),
 		DialTimeout: cfg.Upstream.DialTimeout.Duration, MaxRetries: -1, PoolSize: 1,
 		Protocol: 2, DisableIdentity: true,
 	})
+}
+
+// upstreamTLS is [upstream.tls] for the go-redis clients main and audit
+// open to Redis (the proxy's own connections get it in proxy.NewServer).
+// The files were read when the configuration was validated; if one became
+// unreadable since, the client gets a configuration that trusts no one, so
+// its dials fail instead of falling back to plaintext (and sending the
+// password in clear).
+func upstreamTLS(cfg *config.Config) *tls.Config {
+	c, err := cfg.Upstream.ClientTLS()
+	if err != nil {
+		slog.Warn("upstream TLS files unreadable", "err", err)
+		return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: x509.NewCertPool()}
+	}
+	return c
 }
 
 func redisAnswers(addr string) bool {

@@ -108,6 +108,8 @@ func (r *reloader) handler() http.Handler {
 		case err != nil:
 			r.log.Error("configuration not reloaded; the configuration in force stays", "file", r.path, "err", err)
 			http.Error(w, "configuration not reloaded; the configuration in force stays:\n"+err.Error(), http.StatusUnprocessableEntity)
+		case len(changed) == 0 && usesTLS(r.srv.Config()):
+			fmt.Fprintln(w, "configuration reloaded: no setting changed; TLS certificate files were read again")
 		case len(changed) == 0:
 			fmt.Fprintln(w, "configuration reloaded: nothing changed")
 		default:
@@ -116,3 +118,5 @@ func (r *reloader) handler() http.Handler {
 		}
 	})
 }
+
+func usesTLS(c *config.Config) bool { return c.Server.TLS.Enabled() || c.Upstream.TLS != nil }

@@ -71,6 +71,9 @@ type Server struct {
 	// ClientWriteTimeout closes a client that takes none of its replies
 	// for this long; 0 waits forever.
 	ClientWriteTimeout units.Duration `toml:"client_write_timeout"`
+
+	// TLS is the TLS listener (tls.go).
+	TLS ServerTLS `toml:"tls"`
 }
 
 // Upstream configures the connections to the real Redis.
@@ -98,6 +101,9 @@ type Upstream struct {
 	ReconnectMin units.Duration `toml:"reconnect_min"`
 	ReconnectMax units.Duration `toml:"reconnect_max"`
 	Databases    int            `toml:"databases"`
+	// TLS, when the section is present, wraps every connection to Redis
+	// in TLS (tls.go).
+	TLS *UpstreamTLS `toml:"tls"`
 }
 
 // upstream.mode values.
@@ -133,6 +139,7 @@ func Default() *Config {
 			SlowlogThreshold:   dur(10 * time.Millisecond),
 			SlowlogMaxLen:      128,
 			ClientWriteTimeout: dur(10 * time.Second),
+			TLS:                ServerTLS{MinVersion: "1.2"},
 		},
 		Upstream: Upstream{
 			Mode:         ModeStandalone,

@@ -13,6 +13,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/redistest"
 	"github.com/redproxy/redproxy/internal/stampede"
 )
 
@@ -79,6 +80,7 @@ func TestDefaults(t *testing.T) {
 }
 
 func TestParseEveryKey(t *testing.T) {
+	certs := redistest.NewCerts(t)
 	doc := `
 [server]
 listen = "0.0.0.0:7000"
@@ -98,6 +100,13 @@ client_write_timeout = "7s"
 slowlog_threshold = "2ms"
 slowlog_max_len = 16
 
+[server.tls]
+listen = "0.0.0.0:7001"
+cert_file = "SERVER_CERT"
+key_file = "SERVER_KEY"
+client_ca_file = "CA_FILE"
+min_version = "1.3"
+
 [upstream]
 mode = "sentinel"
 address = "redis.internal:6390"
@@ -115,6 +124,13 @@ dead_timeout = "2m"
 reconnect_min = "10ms"
 reconnect_max = "10s"
 databases = 1
+
+[upstream.tls]
+ca_file = "CA_FILE"
+server_name = "redis.example"
+cert_file = "CLIENT_CERT"
+key_file = "CLIENT_KEY"
+insecure_skip_verify = true
 
 [stampede]
 coalesce = false
@@ -162,6 +178,8 @@ max_age = "20s"
 			SlowlogThreshold:   dur(2 * time.Millisecond),
 			SlowlogMaxLen:      16,
 			ClientWriteTimeout: dur(7 * time.Second),
+			TLS: ServerTLS{Listen: "0.0.0.0:7001", CertFile: certs.ServerCert, KeyFile: certs.ServerKey,
+				ClientCAFile: certs.CAFile, MinVersion: "1.3"},
 		},
 		Upstream: Upstream{
 			Mode:             ModeSentinel,
@@ -180,6 +198,8 @@ max_age = "20s"
 			ReconnectMin:     dur(10 * time.Millisecond),
 			ReconnectMax:     dur(10 * time.Second),
 			Databases:        1,
+			TLS: &UpstreamTLS{CAFile: certs.CAFile, ServerName: "redis.example", CertFile: certs.ClientCert,
+				KeyFile: certs.ClientKey, InsecureSkipVerify: true},
 		},
 		Policy: policy.DefaultConfig(),
 		Stampede: stampede.Config{
@@ -202,6 +222,8 @@ max_age = "20s"
 			StaleIfError:    []localcache.StaleRule{{Pattern: "product:*", MaxAge: dur(20 * time.Second)}},
 		},
 	}
+	doc = strings.NewReplacer("SERVER_CERT", certs.ServerCert, "SERVER_KEY", certs.ServerKey, "CA_FILE", certs.CAFile,
+		"CLIENT_CERT", certs.ClientCert, "CLIENT_KEY", certs.ClientKey).Replace(doc)
 	got, err := Parse([]byte(doc), "all.toml")
 	if err != nil {
 		t.Fatalf("Parse: %v", err)
@@ -510,7 +532,9 @@ func TestExampleFileMatchesDefaults(t *testing.T) {
 		// Scopes are documented in comments: an empty "scope = []" would
 		// stop users from adding [[policy.scope]] tables below it.
 		// The same holds for the stampede rule lists.
-		if key == "policy.scope" || key == "stampede.hold" || key == "stampede.early_refresh" || key == "localcache.stale_if_error" {
+		// [upstream.tls] turns TLS on by being present, so the example
+		// shows it commented out.
+		if key == "policy.scope" || key == "upstream.tls" || key == "stampede.hold" || key == "stampede.early_refresh" || key == "localcache.stale_if_error" {
 			continue
 		}
 		if _, ok := lines[key]; !ok {

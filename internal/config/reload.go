@@ -15,6 +15,7 @@ import (
 var restartOnly = []struct{ key, why string }{
 	{"server.listen", "the client listener is bound once at start"},
 	{"server.admin", "the admin listener is bound once at start"},
+	{"server.tls.listen", "the TLS listener is bound once at start (its certificates reload)"},
 	{"server.log_format", "the log handler is built once at start"},
 	{"server.slowlog_threshold", "the slow log is built once at start"},
 	{"server.slowlog_max_len", "the slow log's ring is sized once at start"},

@@ -21,8 +21,13 @@ func (c *Config) check() []*Error {
 	}
 
 	s := &c.Server
-	if err := checkHostPort(s.Listen, false); err != nil {
-		bad("server.listen", "%v", err)
+	switch {
+	case s.Listen == "" && !s.TLS.Enabled():
+		bad("server.listen", "is empty and server.tls.listen is not set: no client could connect")
+	case s.Listen != "":
+		if err := checkHostPort(s.Listen, false); err != nil {
+			bad("server.listen", "%v (use \"\" to accept TLS clients only)", err)
+		}
 	}
 	if s.Admin != "" {
 		if err := checkHostPort(s.Admin, false); err != nil {
@@ -131,6 +136,7 @@ func (c *Config) check() []*Error {
 	if u.Databases < 1 {
 		bad("upstream.databases", "must be > 0, got %d", u.Databases)
 	}
+	errs = append(errs, c.checkTLS()...)
 	errs = append(errs, policyErrors(c.Policy)...)
 	errs = append(errs, stampedeErrors(c.Stampede)...)
 	errs = append(errs, localcacheErrors(c.LocalCache)...)

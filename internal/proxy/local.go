@@ -453,7 +453,7 @@ func (sess *Session) infoLine() string {
 
 // connFD returns the client socket's file descriptor, or -1.
 func connFD(nc net.Conn) int {
-	sc, ok := nc.(syscall.Conn)
+	sc, ok := socketOf(nc).(syscall.Conn)
 	if !ok {
 		return -1
 	}

@@ -33,6 +33,7 @@ func (s *Server) backendOptions(c *config.Config, addr string) upstream.BackendO
 		Addr:         addr,
 		Username:     c.Upstream.Username,
 		Password:     c.Upstream.Password,
+		TLS:          s.tls.upstream,
 		Connections:  c.Upstream.Connections,
 		MaxPinned:    c.Upstream.MaxPinned,
 		Databases:    c.Upstream.Databases,
@@ -84,7 +85,13 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 			refused = append(refused, fmt.Errorf("%s: %s", key, why))
 		}
 	}
-	upstreamChanged := !onlyMaxPinned(cur, next)
+	// The certificate files are read again whatever changed: rotating a
+	// certificate in place is a reload that changes no setting.
+	applyTLS, upstreamTLSChanged, err := s.reloadTLS(next)
+	if err != nil {
+		return nil, err
+	}
+	upstreamChanged := upstreamTLSChanged || !onlyMaxPinned(cur, next)
 	if upstreamChanged && next.Upstream.Address != cur.Upstream.Address &&
 		(next.Upstream.Address == config.EmbeddedAddress || cur.Upstream.Address == config.EmbeddedAddress) {
 		refused = append(refused, fmt.Errorf("upstream.address: switching to or from the embedded store needs a restart"))
@@ -97,7 +104,8 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	if _, err := policy.Compile(next.Policy); err != nil {
 		return nil, err
 	}
-	if len(changed) == 0 {
+	applyTLS()
+	if len(changed) == 0 && !upstreamChanged {
 		return nil, nil
 	}
 
@@ -146,7 +154,8 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 
 // onlyMaxPinned reports whether the upstream sections differ at most in
 // max_pinned, which needs no new connections. (Credentials and databases
-// are restart-only, refused before this matters.)
+// are restart-only, refused before this matters.) [upstream.tls] is
+// compared by value; what its files hold, by reloadTLS.
 func onlyMaxPinned(a, b *config.Config) bool {
 	x, y := a.Upstream, b.Upstream
 	x.MaxPinned, y.MaxPinned = 0, 0

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"log/slog"
 	"time"
 
@@ -56,7 +58,17 @@ func discoverAtStart(w *sentinel.Watcher, cfg *config.Config, log *slog.Logger) 
 
 func sentinelOptions(cfg *config.Config, log *slog.Logger) sentinel.Options {
 	u := cfg.Upstream
+	// [upstream.tls] covers the Sentinels and the data nodes alike. The
+	// files were checked when the configuration loaded; if they have
+	// become unreadable since, trust nothing rather than fall back to
+	// plaintext.
+	tlsConf, err := u.ClientTLS()
+	if err != nil {
+		log.Error("sentinel: [upstream.tls] files unreadable; no connection will verify", "err", err)
+		tlsConf = &tls.Config{RootCAs: x509.NewCertPool()}
+	}
 	return sentinel.Options{
+		TLS:        tlsConf,
 		Sentinels:  u.Sentinels,
 		MasterName: u.MasterName,
 		Username:   u.SentinelUsername,
@@ -64,7 +76,7 @@ func sentinelOptions(cfg *config.Config, log *slog.Logger) sentinel.Options {
 		Role: func(addr string) ([]byte, error) {
 			// With Redis's credentials, as the data path dials.
 			return upstream.RoundTrip(upstream.Options{
-				Addr: addr, Username: u.Username, Password: u.Password,
+				Addr: addr, Username: u.Username, Password: u.Password, TLS: tlsConf,
 				DialTimeout: u.DialTimeout.Duration, ReplyTimeout: u.ReplyTimeout.Duration,
 				Name: "redproxy-sentinel-check", Logger: log,
 			}, cmdRole)

@@ -12,6 +12,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
@@ -50,9 +51,10 @@ type Server struct {
 	tier         *tierState                  // the local tier (tier.go)
 	sentinel     *sentinel.Watcher           // upstream.mode = "sentinel" (sentinel.go); nil otherwise
 	slow         slowState                   // the slow log (slowlog.go)
+	tls          tlsState                    // TLS on both sides (tls.go)
 
 	mu       sync.Mutex
-	ln       net.Listener
+	lns      []net.Listener // the plaintext and TLS listeners
 	sessions map[*Session]struct{}
 	closing  bool
 	active   sync.WaitGroup
@@ -109,6 +111,10 @@ func NewServer(o Options) (*Server, error) {
 		started:      time.Now(),
 	}
 	s.live.Store(cfg)
+	// TLS first: the backend dials as soon as it exists.
+	if err := initTLS(s); err != nil {
+		return nil, err
+	}
 	if cfg.Upstream.Mode == config.ModeSentinel {
 		addr = s.newSentinelWatcher(cfg, o.UpstreamAddr)
 		s.upstreamAddr = addr
@@ -154,15 +160,18 @@ func (s *Server) Ready() bool {
 	return s.backend.Ready()
 }
 
-// Serve accepts clients on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error {
+// Serve accepts plaintext clients on ln until Shutdown. A server may serve
+// several listeners (Serve and ServeTLS), each on its own goroutine.
+func (s *Server) Serve(ln net.Listener) error { return s.serve(ln, false) }
+
+func (s *Server) serve(ln net.Listener, secure bool) error {
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
 		ln.Close()
 		return ErrServerClosed
 	}
-	s.ln = ln
+	s.lns = append(s.lns, ln)
 	s.mu.Unlock()
 	var backoff time.Duration
 	for {
@@ -186,22 +195,37 @@ func (s *Server) Serve(ln net.Listener) error {
 			return err
 		}
 		backoff = 0
-		s.accept(nc)
+		s.accept(nc, secure)
 	}
 }
 
-func (s *Server) accept(nc net.Conn) {
+var maxClientsReply = []byte("-ERR max number of clients reached\r\n")
+
+func (s *Server) accept(nc net.Conn, secure bool) {
 	s.metrics.ClientsTotal.Inc()
-	if s.clients.Load() >= int64(s.Config().Server.MaxClients) {
-		s.metrics.ClientsRejected.Inc()
-		nc.Write([]byte("-ERR max number of clients reached\r\n"))
-		nc.Close()
-		return
-	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
+	var tc *tls.Conn
+	if secure {
+		tc = tls.Server(nc, s.tls.listener)
+		nc = tc
+	}
+	if s.clients.Load() >= int64(s.Config().Server.MaxClients) {
+		s.metrics.ClientsRejected.Inc()
+		if tc != nil {
+			go rejectTLS(tc)
+			return
+		}
+		nc.Write(maxClientsReply)
+		nc.Close()
+		return
+	}
 	sess := newSession(s, nc)
+	if tc != nil {
+		// No socket to wait on through TLS (tls.go): wait with a few bytes.
+		sess.rd.WaitSmall()
+	}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -213,16 +237,32 @@ func (s *Server) accept(nc net.Conn) {
 	s.mu.Unlock()
 	s.clients.Add(1)
 	s.metrics.ClientsConnected.Inc()
-	go func() {
-		defer func() {
-			s.mu.Lock()
-			delete(s.sessions, sess)
-			s.mu.Unlock()
-			s.clients.Add(-1)
-			s.metrics.ClientsConnected.Dec()
-			s.active.Done()
-		}()
+	done := func() {
+		s.mu.Lock()
+		delete(s.sessions, sess)
+		s.mu.Unlock()
+		s.clients.Add(-1)
+		s.metrics.ClientsConnected.Dec()
+		s.active.Done()
+	}
+	serve := func() {
+		defer done()
 		sess.serve()
+	}
+	if tc == nil {
+		go serve()
+		return
+	}
+	go func() {
+		if !s.tlsHandshake(sess, tc) {
+			nc.Close()
+			done()
+			return
+		}
+		// The handshake's crypto grew this goroutine's stack to several
+		// times what serving needs, and an idle client would keep it:
+		// serve on a fresh goroutine, whose stack starts small.
+		go serve()
 	}()
 }
 
@@ -231,8 +271,8 @@ func (s *Server) accept(nc net.Conn) {
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing = true
-	if s.ln != nil {
-		s.ln.Close()
+	for _, ln := range s.lns {
+		ln.Close()
 	}
 	for sess := range s.sessions {
 		sess.interrupt()

@@ -621,6 +621,9 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 // clientGone reports whether the client closed its side, without consuming
 // anything it may have pipelined after the blocking command.
 func clientGone(nc net.Conn) bool {
+	if isTLS(nc) {
+		return tlsClientGone(nc)
+	}
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return false

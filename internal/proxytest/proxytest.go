@@ -23,7 +23,8 @@ import (
 // Proxy is a proxy server listening on a free loopback port.
 type Proxy struct {
 	*proxy.Server
-	Addr    string
+	Addr    string // the plaintext listener; "" if server.listen is ""
+	TLSAddr string // the TLS listener, when [server.tls] is on
 	Redis   *redistest.Server
 	Metrics *metrics.Metrics
 }
@@ -58,12 +59,23 @@ func Start(t testing.TB, rs *redistest.Server, mutate func(*config.Config)) *Pro
 	if err != nil {
 		t.Fatalf("proxytest: %v", err)
 	}
-	ln, err := net.Listen("tcp", cfg.Server.Listen)
-	if err != nil {
-		t.Fatal(err)
+	p := &Proxy{Server: srv, Redis: rs, Metrics: reg}
+	if cfg.Server.Listen != "" {
+		ln, err := net.Listen("tcp", cfg.Server.Listen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Serve(ln)
+		p.Addr = ln.Addr().String()
 	}
-	go srv.Serve(ln)
-	p := &Proxy{Server: srv, Addr: ln.Addr().String(), Redis: rs, Metrics: reg}
+	if cfg.Server.TLS.Enabled() {
+		ln, err := net.Listen("tcp", cfg.Server.TLS.Listen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.ServeTLS(ln)
+		p.TLSAddr = ln.Addr().String()
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

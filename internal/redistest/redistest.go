@@ -41,11 +41,16 @@ type Server struct {
 	// (Sentinels need one: they rewrite it).
 	conf string
 
-	mu   sync.Mutex
-	port int
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the current process has exited
-	out  *syncBuffer
+	// tlsArgs, when set, gives redis-server a TLS port (StartTLS): the
+	// arguments for a given TLS port.
+	tlsArgs func(tlsPort int) []string
+
+	mu      sync.Mutex
+	port    int
+	tlsPort int
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when the current process has exited
+	out     *syncBuffer
 }
 
 // Start launches redis-server on a free 127.0.0.1 port with a temp dir;
@@ -66,17 +71,29 @@ func start(t testing.TB, conf string, extra []string) *Server {
 		t.Fatalf("redistest: redis-server not found in PATH: %v", err)
 	}
 	s := &Server{bin: bin, dir: t.TempDir(), extra: extra, conf: conf}
-	t.Cleanup(s.stop)
+	if !s.start(t) {
+		return nil
+	}
+	return s
+}
 
+// start launches the server on free ports, retrying a port taken meanwhile;
+// on failure it fails t and reports false.
+func (s *Server) start(t testing.TB) bool {
+	t.Helper()
+	t.Cleanup(s.stop)
 	var lastErr error
 	for range startAttempts {
 		s.port = FreePort(t)
+		if s.tlsArgs != nil {
+			s.tlsPort = FreePort(t)
+		}
 		if lastErr = s.launch(); lastErr == nil {
-			return s
+			return true
 		}
 	}
 	t.Fatalf("redistest: could not start redis-server after %d attempts: %v", startAttempts, lastErr)
-	return nil
+	return false
 }
 
 // Addr is the server's "127.0.0.1:PORT".
@@ -164,6 +181,9 @@ func (s *Server) launch() error {
 		"--daemonize", "no",
 		"--protected-mode", "no",
 	}...)
+	if s.tlsArgs != nil {
+		args = append(args, s.tlsArgs(s.tlsPort)...)
+	}
 	args = append(args, s.extra...)
 	out := &syncBuffer{}
 	cmd := exec.Command(s.bin, args...)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -196,5 +197,58 @@ func TestReaderOneByteReadsOnSocket(t *testing.T) {
 	}
 	if len(second) != 1 || second[0] != "PING" {
 		t.Fatalf("second request %q", second)
+	}
+}
+
+// sourceOnly hides a connection's SyscallConn, as a *tls.Conn has none.
+type sourceOnly struct{ net.Conn }
+
+// With WaitSmall, a Reader over a source that is not a socket (TLS) also
+// gives its buffer back and calls OnIdle before waiting, and requests much
+// longer than its few wait bytes, pipelined or not, are read whole.
+func TestReaderWaitSmallHoldsNoBuffer(t *testing.T) {
+	server, client := tcpPair(t)
+	rd := NewReader(sourceOnly{server}, DefaultLimits)
+	rd.WaitSmall()
+	if rd.raw != nil {
+		t.Fatal("a source without SyscallConn was read as a socket")
+	}
+	var idles atomic.Int32
+	held := make(chan int, 16)
+	rd.OnIdle(func() {
+		idles.Add(1)
+		held <- rd.BufferCap()
+	})
+	big := string(make([]byte, 100<<10))
+	req := "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$" + strconv.Itoa(len(big)) + "\r\n" + big + "\r\n"
+	for round, tc := range []struct {
+		send string
+		reqs int
+	}{{"*1\r\n$4\r\nPING\r\n", 1}, {req, 1}, {req + "*2\r\n$3\r\nGET\r\n$1\r\nk\r\n", 2}} {
+		go client.Write([]byte(tc.send))
+		got := 0
+		for got < tc.reqs {
+			reqs, err := rd.ReadBatch()
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			for _, r := range reqs {
+				if string(r.Args[0]) == "SET" && len(r.Args[2]) != len(big) {
+					t.Fatalf("round %d: SET value of %d bytes, want %d", round, len(r.Args[2]), len(big))
+				}
+				got++
+			}
+		}
+		select {
+		case cap := <-held:
+			if cap != 0 {
+				t.Fatalf("round %d: waited for the client holding %d bytes", round, cap)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: the Reader never went idle", round)
+		}
+	}
+	if idles.Load() != 3 {
+		t.Fatalf("OnIdle ran %d times for 3 waits", idles.Load())
 	}
 }

@@ -95,8 +95,11 @@ type Reader struct {
 	readErr error                 // and the error it ended with (io.EOF on end of stream)
 	buf     []byte
 	pooled  *[minBuffer]byte // the pool buffer behind buf, if it is one
-	r, w    int              // unread bytes are buf[r:w]
-	onIdle  func()
+	// idleBytes, set by WaitSmall, is what an idle client's wait reads
+	// into when there is no socket to wait on.
+	idleBytes []byte
+	r, w      int // unread bytes are buf[r:w]
+	onIdle    func()
 
 	// State of a multibulk request whose arguments are not all buffered yet.
 	// Offsets are relative to the request's first byte, so they survive the
@@ -129,8 +132,25 @@ func NewReader(rd io.Reader, lim Limits) *Reader {
 // OnIdle sets f to run, on the goroutine calling ReadBatch, whenever the
 // Reader has given back its buffer because the client has nothing more to
 // send, just before waiting for it: the moment for the caller to give back
-// its own per-batch buffers too. It runs only on a socket (see NewReader).
+// its own per-batch buffers too. It runs only on a socket (see NewReader)
+// or after WaitSmall.
 func (r *Reader) OnIdle(f func()) { r.onIdle = f }
+
+// idleWaitBytes is what WaitSmall reads into: a short request fits.
+const idleWaitBytes = 64
+
+// WaitSmall is for a source that is not a socket but keeps what it decoded
+// and was not asked for (a *tls.Conn, which decrypts whole records): with
+// nothing buffered, the Reader gives its buffer back and waits with a read
+// of a few bytes, then takes a buffer and reads the rest, which the source
+// returns without waiting. An idle client then holds no read buffer here,
+// at the price of a second Read per batch whose request is longer than
+// idleWaitBytes. It has no effect on a socket, which is waited on directly.
+func (r *Reader) WaitSmall() {
+	if r.raw == nil {
+		r.idleBytes = make([]byte, idleWaitBytes)
+	}
+}
 
 // BufferCap is the capacity of the read buffer the Reader holds: 0 while
 // its client is idle on a socket.
@@ -173,6 +193,9 @@ func (r *Reader) ReadBatch() ([]Request, error) {
 // only when nothing was read.
 func (r *Reader) fill() error {
 	if r.raw == nil {
+		if r.idleBytes != nil && r.w == 0 {
+			return r.fillIdle()
+		}
 		n, err := r.rd.Read(r.buf[r.w:])
 		r.w += n
 		if n == 0 && err != nil {
@@ -192,6 +215,22 @@ func (r *Reader) fill() error {
 	if r.readN == 0 {
 		return r.readErr
 	}
+	return nil
+}
+
+// fillIdle is fill with nothing buffered and no socket: the wait for the
+// client's next bytes holds only idleBytes (WaitSmall).
+func (r *Reader) fillIdle() error {
+	r.releaseBuffer()
+	if r.onIdle != nil {
+		r.onIdle()
+	}
+	n, err := r.rd.Read(r.idleBytes)
+	if n == 0 {
+		return err
+	}
+	r.takeBuffer()
+	r.w = copy(r.buf, r.idleBytes[:n])
 	return nil
 }
 
@@ -249,7 +288,7 @@ func (r *Reader) compact() {
 	if r.r == 0 {
 		return
 	}
-	if r.r == r.w && r.raw != nil {
+	if r.r == r.w && (r.raw != nil || r.idleBytes != nil) {
 		// Nothing buffered: readRaw gives the buffer back if the client
 		// has nothing more to send right now.
 		r.r, r.w = 0, 0
@@ -273,8 +312,9 @@ func (r *Reader) compact() {
 // MaxRequest (or MaxInline).
 func (r *Reader) grow() {
 	if r.buf == nil {
-		// On a socket, readRaw takes one once there are bytes to read.
-		if r.raw == nil {
+		// On a socket, readRaw takes one once there are bytes to read;
+		// after WaitSmall, fillIdle does.
+		if r.raw == nil && r.idleBytes == nil {
 			r.takeBuffer()
 		}
 		return

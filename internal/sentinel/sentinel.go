@@ -29,6 +29,7 @@ package sentinel
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -52,6 +53,8 @@ type Options struct {
 	MasterName string
 	// Username and Password are the Sentinels' own credentials.
 	Username, Password string
+	// TLS, if set, is used for the Sentinel connections ([upstream.tls]).
+	TLS *tls.Config
 	// Role runs ROLE on the server at addr with Redis's credentials and
 	// returns the raw RESP reply (upstream.RoundTrip does).
 	Role        func(addr string) ([]byte, error)
@@ -121,6 +124,7 @@ func (w *Watcher) clientOptions(addr string) *redis.Options {
 		Addr: addr, Username: w.opt.Username, Password: w.opt.Password,
 		DialTimeout: w.opt.DialTimeout, ReadTimeout: w.opt.DialTimeout, WriteTimeout: w.opt.DialTimeout,
 		MaxRetries: -1, PoolSize: 1, Protocol: 2, DisableIdentity: true,
+		TLSConfig: w.opt.TLS,
 	}
 }
 

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 // BackendOptions configure the upstream side.
 type BackendOptions struct {
 	Addr, Username, Password string
+	TLS                      *tls.Config // nil: plaintext
 	Connections, Databases   int
 	MaxPinned                int
 	DialTimeout              time.Duration
@@ -278,7 +280,7 @@ func (b *Backend) Options(db int, resp3 bool) Options {
 func (g *backendGen) options(db int, resp3 bool) Options {
 	return Options{
 		Addr: g.opt.Addr, Username: g.opt.Username, Password: g.opt.Password,
-		DB: db, RESP3: resp3,
+		TLS: g.opt.TLS, DB: db, RESP3: resp3,
 		DialTimeout: g.opt.DialTimeout, ReplyTimeout: g.opt.ReplyTimeout, DeadTimeout: g.opt.DeadTimeout,
 		ReconnectMin: g.opt.ReconnectMin, ReconnectMax: g.opt.ReconnectMax,
 		Name:       "redproxy",

@@ -2,6 +2,8 @@ package upstream
 
 import (
 	"bytes"
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -22,19 +24,72 @@ func Dial(opt Options) (net.Conn, error) {
 	d := net.Dialer{Timeout: opt.DialTimeout, KeepAliveConfig: net.KeepAliveConfig{
 		Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3,
 	}}
-	nc, err := d.Dial("tcp", opt.Addr)
+	nc, err := DialConn(&d, opt.Addr, opt.TLS)
+	if err != nil {
+		return nil, err
+	}
+	if err := handshake(nc, opt); err != nil {
+		nc.Close()
+		if c := opt.TLS; c != nil && len(c.Certificates) == 0 && c.GetClientCertificate == nil && !errors.Is(err, ErrHandshake) {
+			// With TLS 1.3 the client's handshake ends before Redis has
+			// checked for a client certificate; its refusal only shows as
+			// the connection closing under the first command.
+			return nil, fmt.Errorf("%w (the connection closed right after the TLS handshake: if Redis requires client certificates, set upstream.tls.cert_file and key_file)", err)
+		}
+		return nil, err
+	}
+	return nc, nil
+}
+
+// DialConn connects to addr with d and, when tlsConf is not nil, runs the
+// TLS handshake within d's timeout and deadline. It is the one place a
+// connection to a Redis is opened, so that every dial (pipes, dedicated
+// connections, probes, the local tier's tracking connections, and any
+// mode that dials other nodes: sentinels, cluster nodes) speaks TLS alike.
+// Without a server name in tlsConf, the host of addr is verified.
+func DialConn(d *net.Dialer, addr string, tlsConf *tls.Config) (net.Conn, error) {
+	nc, err := d.Dial("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	if err := handshake(nc, opt); err != nil {
-		nc.Close()
-		return nil, err
+	if tlsConf == nil {
+		return nc, nil
 	}
-	return nc, nil
+	if tlsConf.ServerName == "" && !tlsConf.InsecureSkipVerify {
+		host, _, _ := net.SplitHostPort(addr)
+		tlsConf = tlsConf.Clone()
+		tlsConf.ServerName = host
+	}
+	ctx := context.Background()
+	deadline := d.Deadline
+	if d.Timeout > 0 && (deadline.IsZero() || time.Now().Add(d.Timeout).Before(deadline)) {
+		deadline = time.Now().Add(d.Timeout)
+	}
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	tc := tls.Client(nc, tlsConf)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		nc.Close()
+		if errors.Is(err, context.DeadlineExceeded) {
+			// A plaintext Redis reads the ClientHello as the start of a
+			// command and waits for the rest.
+			return nil, fmt.Errorf("%w with %s: no TLS answer in time (does that port speak TLS?): %w", ErrTLSHandshake, addr, err)
+		}
+		return nil, fmt.Errorf("%w with %s: %w", ErrTLSHandshake, addr, err)
+	}
+	return tc, nil
 }
+
+// ErrTLSHandshake wraps a failed TLS handshake with Redis: a certificate
+// that does not verify, a Redis without TLS on that port, or a refused
+// client certificate.
+var ErrTLSHandshake = errors.New("TLS handshake failed")
 
 func handshake(nc net.Conn, opt Options) error {
 	var cmds [][]string

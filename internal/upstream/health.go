@@ -48,7 +48,7 @@ const (
 // deadline or when cancel is closed.
 func probe(opt Options, deadline time.Time, cancel <-chan struct{}) probeVerdict {
 	d := net.Dialer{Timeout: opt.DialTimeout, Deadline: deadline}
-	nc, err := d.Dial("tcp", opt.Addr)
+	nc, err := DialConn(&d, opt.Addr, opt.TLS)
 	if err != nil {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() && !time.Now().Before(deadline) {

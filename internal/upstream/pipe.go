@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"bytes"
+	"crypto/tls"
 	"io"
 	"log/slog"
 	"net"
@@ -20,6 +21,9 @@ type Options struct {
 	Password string
 	DB       int
 	RESP3    bool // speak RESP3 (HELLO 3) on this connection
+	// TLS, when not nil, wraps the connection in TLS (DialConn). It is
+	// built once per configuration and shared by every dial.
+	TLS *tls.Config
 
 	DialTimeout time.Duration
 	// ReplyTimeout: when the oldest pending reply is older than this, the

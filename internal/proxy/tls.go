@@ -1,0 +1,278 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"net"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/redproxy/redproxy/internal/config"
+)
+
+// TLS on the client side ([server.tls]):
+//
+//   - ServeTLS accepts on a listener of its own and wraps each connection
+//     with tls.Server; the handshake runs on the client's goroutine, bounded
+//     by tlsHandshakeTimeout, so a client that connects and says nothing
+//     holds up nobody else's accept.
+//   - The listener's tls.Config asks for the configuration in force on
+//     every handshake (GetConfigForClient), and a reload swaps it whole: a
+//     rotated certificate, client CA or min_version applies to connections
+//     accepted after the reload, and connections already up keep the
+//     session they negotiated.
+//   - A *tls.Conn has no socket the resp.Reader can wait on without a
+//     buffer (the bytes must be decrypted first), so TLS clients are read
+//     through io.Reader; clientConn does not forward SyscallConn for them.
+//     What an idle TLS client costs is measured in README "TLS".
+
+// tlsHandshakeTimeout bounds a client's TLS handshake.
+const tlsHandshakeTimeout = 10 * time.Second
+
+// notTLSReply is what a client that speaks plaintext RESP to the TLS port
+// is told before it is closed, in plaintext so that it can read it.
+var notTLSReply = []byte("-ERR this port speaks TLS: connect with TLS (redis-cli --tls), or use the plaintext port\r\n")
+
+// tlsState is the client-side TLS the server serves with.
+type tlsState struct {
+	// live is the configuration the next handshake uses; nil while
+	// [server.tls] is off (ServeTLS then refuses to start).
+	live     atomic.Pointer[tls.Config]
+	listener *tls.Config // asks live on every handshake
+	// upstream is the TLS configuration for connections to Redis, nil for
+	// plaintext; guarded by Server.reloadMu after NewServer.
+	upstream *tls.Config
+
+	failures *prometheus.CounterVec
+	logLimit logLimiter
+}
+
+// Reasons a client's TLS handshake failed (redproxy_client_tls_handshake_failures_total).
+const (
+	tlsFailNotTLS  = "not_tls"   // plaintext sent to the TLS port
+	tlsFailTimeout = "timeout"   // no complete handshake within tlsHandshakeTimeout
+	tlsFailRefused = "handshake" // version, cipher or certificate refused (by either side)
+)
+
+func initTLS(s *Server) error {
+	t := &s.tls
+	t.failures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "redproxy_client_tls_handshake_failures_total",
+		Help: "Client TLS handshakes that failed, by reason: not_tls (plaintext sent to the TLS port), timeout, handshake (refused certificate, version or cipher).",
+	}, []string{"reason"})
+	for _, r := range []string{tlsFailNotTLS, tlsFailTimeout, tlsFailRefused} {
+		t.failures.WithLabelValues(r)
+	}
+	if err := s.metrics.Registry.Register(t.failures); err != nil {
+		return err
+	}
+	t.listener = &tls.Config{
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return t.live.Load(), nil },
+	}
+	if s.cfg.Server.TLS.Enabled() {
+		c, err := s.cfg.Server.TLS.ServerConfig()
+		if err != nil {
+			return err
+		}
+		t.live.Store(c)
+	}
+	up, err := s.cfg.Upstream.ClientTLS()
+	if err != nil {
+		return err
+	}
+	t.upstream = up
+	warnInsecureUpstream(s, s.cfg)
+	return nil
+}
+
+// warnInsecureUpstream says loudly that Redis's certificate is not checked.
+func warnInsecureUpstream(s *Server, c *config.Config) {
+	if c.Upstream.TLS != nil && c.Upstream.TLS.InsecureSkipVerify {
+		s.log.Warn("INSECURE: upstream.tls.insecure_skip_verify is set: Redis's certificate is NOT verified, so anyone on the network path can pose as Redis and read every command and reply. Set upstream.tls.ca_file instead.",
+			"upstream", c.Upstream.Address)
+	}
+}
+
+// reloadTLS reads next's certificate files again. It returns what to
+// apply once the rest of the reload is accepted: a rotated certificate is
+// a reload even when no setting changed.
+func (s *Server) reloadTLS(next *config.Config) (apply func(), upstreamChanged bool, err error) {
+	var srv *tls.Config
+	if next.Server.TLS.Enabled() {
+		if srv, err = next.Server.TLS.ServerConfig(); err != nil {
+			return nil, false, err
+		}
+	}
+	up, err := next.Upstream.ClientTLS()
+	if err != nil {
+		return nil, false, err
+	}
+	upstreamChanged = !sameClientTLS(s.tls.upstream, up)
+	return func() {
+		if srv != nil {
+			old := s.tls.live.Swap(srv)
+			if !sameCertificates(old, srv) {
+				s.log.Info("TLS certificate reloaded; new clients get it, connected ones keep theirs",
+					"cert_file", next.Server.TLS.CertFile, "expires", config.CertificateExpiry(srv))
+			}
+		}
+		s.tls.upstream = up
+		warnInsecureUpstream(s, next)
+	}, upstreamChanged, nil
+}
+
+// sameClientTLS reports whether two upstream TLS configurations dial
+// alike: same roots, client certificate, name and verification.
+func sameClientTLS(a, b *tls.Config) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	if a.ServerName != b.ServerName || a.InsecureSkipVerify != b.InsecureSkipVerify || !sameCertificates(a, b) {
+		return false
+	}
+	if a.RootCAs == nil || b.RootCAs == nil {
+		return a.RootCAs == b.RootCAs
+	}
+	return a.RootCAs.Equal(b.RootCAs)
+}
+
+func sameCertificates(a, b *tls.Config) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	if len(a.Certificates) != len(b.Certificates) {
+		return false
+	}
+	for i := range a.Certificates {
+		x, y := a.Certificates[i].Certificate, b.Certificates[i].Certificate
+		if len(x) != len(y) {
+			return false
+		}
+		for j := range x {
+			if !bytes.Equal(x[j], y[j]) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// ServeTLS accepts TLS clients on ln (a plain TCP listener: the server
+// runs the handshakes) until Shutdown. [server.tls] must be configured.
+func (s *Server) ServeTLS(ln net.Listener) error {
+	if s.tls.live.Load() == nil {
+		ln.Close()
+		return errors.New("redproxy: ServeTLS without [server.tls] cert_file and key_file")
+	}
+	return s.serve(ln, true)
+}
+
+// tlsHandshake runs a TLS client's handshake on its session goroutine and
+// reports whether the session may go on. A failure is counted and logged
+// (rate-limited: a scanner can cause many), and the client is closed.
+func (s *Server) tlsHandshake(sess *Session, tc *tls.Conn) bool {
+	tc.SetDeadline(time.Now().Add(tlsHandshakeTimeout))
+	if sess.interrupted.Load() {
+		// Shut down between accept and here: the deadline just set would
+		// have replaced the one interrupt set.
+		return false
+	}
+	err := tc.Handshake()
+	// Cleared before interrupted is read: an interrupt that comes after
+	// this sets its own deadline, one before it is seen below.
+	tc.SetDeadline(time.Time{})
+	if err == nil {
+		return !sess.interrupted.Load()
+	}
+	if sess.interrupted.Load() {
+		return false
+	}
+	reason := tlsFailRefused
+	var rhe tls.RecordHeaderError
+	switch {
+	case errors.As(err, &rhe) && rhe.Conn != nil:
+		// Not TLS at all: most likely a client that forgot --tls. Tell it
+		// in its own protocol; tls.Server left the socket to us for that.
+		reason = tlsFailNotTLS
+		rhe.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+		rhe.Conn.Write(notTLSReply)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		reason = tlsFailTimeout
+	}
+	s.tls.failures.WithLabelValues(reason).Inc()
+	if n, ok := s.tls.logLimit.allow(); ok {
+		s.log.Warn("client TLS handshake failed; connection closed", "client", tc.RemoteAddr().String(),
+			"reason", reason, "err", err, "similar_failures_not_logged", n)
+	}
+	return false
+}
+
+// rejectTLS tells a TLS client over max_clients why it is closed, which
+// needs a handshake; it runs on a goroutine of its own so the accept loop
+// does not wait for it.
+func rejectTLS(tc *tls.Conn) {
+	defer tc.Close()
+	tc.SetDeadline(time.Now().Add(tlsHandshakeTimeout))
+	tc.Write(maxClientsReply)
+}
+
+// logLimiter lets one log line through per second and counts the rest.
+type logLimiter struct {
+	next       atomic.Int64 // unix nanoseconds before which lines are suppressed
+	suppressed atomic.Int64
+}
+
+// allow reports whether a line may be logged now, and how many were
+// suppressed since the last one that was.
+func (l *logLimiter) allow() (suppressed int64, ok bool) {
+	now := time.Now().UnixNano()
+	next := l.next.Load()
+	if now < next || !l.next.CompareAndSwap(next, now+int64(time.Second)) {
+		l.suppressed.Add(1)
+		return 0, false
+	}
+	return l.suppressed.Swap(0), true
+}
+
+// socketOf returns the TCP connection under a client's connection, TLS or
+// not, for what looks at the socket without reading it (its descriptor,
+// whether the peer is gone). Reading it directly would bypass TLS.
+func socketOf(nc net.Conn) net.Conn {
+	if cc, ok := nc.(*clientConn); ok {
+		nc = cc.Conn
+	}
+	if tc, ok := nc.(*tls.Conn); ok {
+		return tc.NetConn()
+	}
+	return nc
+}
+
+// tlsClientGone is clientGone for a TLS client: whether its socket has
+// seen the peer's FIN or a reset.
+func tlsClientGone(nc net.Conn) bool {
+	sc, ok := socketOf(nc).(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	gone := false
+	rc.Control(func(fd uintptr) { gone = peerClosed(fd) })
+	return gone
+}
+
+// isTLS reports whether a client connected through the TLS listener.
+func isTLS(nc net.Conn) bool {
+	if cc, ok := nc.(*clientConn); ok {
+		nc = cc.Conn
+	}
+	_, ok := nc.(*tls.Conn)
+	return ok
+}
