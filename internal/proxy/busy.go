@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
-	"github.com/redproxy/redproxy/internal/metrics"
-	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -29,9 +27,10 @@ func runsAlone(cmd *commands.Command) bool {
 
 // runAlone answers cmd from a connection of its own, after everything the
 // client sent before it has been answered.
-func (sess *Session) runAlone(cmd *commands.Command, req *resp.Request, m *metrics.Command) {
+func (sess *Session) runAlone(r *request) {
+	cmd, m := r.cmd, r.m
 	sess.flush(time.Now())
-	reply, err := sess.srv.backend.RoundTrip(sess.resp3, req.Raw)
+	reply, err := sess.srv.backend.RoundTrip(sess.resp3, r.Raw)
 	switch {
 	case err == nil:
 		sess.replyLocal(m, reply)

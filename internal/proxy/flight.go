@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
-	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
@@ -89,15 +88,17 @@ func coalescable(cmd *commands.Command) bool {
 	return true
 }
 
-// flightStep lets a read join a coalesced fetch. alone is true when the
-// command is the only one in its batch: a coalesced read runs at the
+// flightStep lets a read join a coalesced fetch when the command is the
+// only one in its batch: a coalesced read runs at the
 // fetch's time, possibly on another connection, so any other command of the
 // same batch could be reordered around it (see package stampede).
-func (sess *Session) flightStep(cmd *commands.Command, req *resp.Request, m *metrics.Command, alone bool) bool {
+func (sess *Session) flightStep(r *request) bool {
+	cmd, req, m := r.cmd, r.Request, r.m
+	alone := len(sess.batchReqs) == 1
 	fs := sess.srv.flight.Load()
 	// The session does not call this in MULTI, under WATCH or when relayed;
 	// the pin check is a second line of defence.
-	if fs == nil || !alone || sess.pin.pipe != nil || !fs.eligible[cmd] || cmd.IsBlocking(req.Args) {
+	if fs == nil || !alone || sess.pin.pipe != nil || !fs.eligible[cmd] || r.blocking {
 		return false
 	}
 	var kb [2]int

@@ -41,6 +41,7 @@ type Server struct {
 	// cfg.Upstream.Address for the embedded store.
 	upstreamAddr string
 	table        *commands.Table
+	handlers     map[*commands.Command]*cmdEntry // what the proxy does itself, per command (dispatch.go)
 	log          *slog.Logger
 	metrics      *metrics.Metrics
 	backend      *upstream.Backend
@@ -100,6 +101,7 @@ func NewServer(o Options) (*Server, error) {
 		cfg:          cfg,
 		upstreamAddr: addr,
 		table:        o.Table,
+		handlers:     newHandlers(o.Table),
 		log:          o.Logger,
 		metrics:      o.Metrics,
 		sessions:     make(map[*Session]struct{}),

@@ -73,10 +73,10 @@ type Session struct {
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
 	tierWrites localcache.Writes
-	replyOff   bool // CLIENT REPLY OFF
-	replySkip  bool // CLIENT REPLY SKIP: mute the next command
-	curMute    bool // the command being dispatched gets no reply
-	curIndex   int  // index in batchReqs of the command being dispatched
+	replyOff   bool    // CLIENT REPLY OFF
+	replySkip  bool    // CLIENT REPLY SKIP: mute the next command
+	curMute    bool    // the command being dispatched gets no reply
+	cur        request // the command being dispatched (classify)
 
 	// upstreamWait adds up the batch's waits for upstream replies, for
 	// the slow log; slowExempt marks a batch whose time is the client's
@@ -262,54 +262,49 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 }
 
 // dispatch decides where one command goes. It is the seam where the guard,
-// policy, stampede and local-tier steps sit between client and Redis.
+// policy, stampede and local-tier steps sit between client and Redis; the
+// command is classified once (classify) and the steps share that.
 func (sess *Session) dispatch(i int, req *resp.Request) {
-	args := req.Args
-	cmd := sess.srv.table.Lookup(args)
-	sess.lastCmd.Store(cmd)
-	m := sess.metricFor(cmd)
-	m.Calls.Inc()
-	sess.curIndex = i
+	r := sess.classify(i, req)
+	sess.lastCmd.Store(r.cmd)
+	r.m.Calls.Inc()
 	sess.curMute = sess.replyOff || sess.replySkip
 	sess.replySkip = false
-	if !sess.authed && !isAuthExempt(cmd) {
-		sess.replyLocal(m, errNoAuth)
+	if !sess.authed && !isAuthExempt(r.cmd) {
+		sess.replyLocal(r.m, errNoAuth)
 		return
 	}
-	if sess.abort.reason != nil && sess.abortedStep(cmd, m) {
+	if sess.abort.reason != nil && sess.abortedStep(r) {
 		return
 	}
 	// A refusal comes first, so that commands the proxy handles itself
 	// (MONITOR, SUBSCRIBE, blocking commands, transactions) are refused
 	// like any other.
-	if sess.guardRefused(i, m) {
+	if sess.guardRefused(r) {
 		return
 	}
-	if sess.pin.pipe != nil && sess.dispatchPinned(i, cmd, req, m) {
+	if sess.pin.pipe != nil && sess.dispatchPinned(r) {
 		return
 	}
-	// Subcommands (CLIENT ..., CONFIG ...) are rare enough to always take
-	// the slow path, which sorts out the few the proxy must answer.
-	if cmd != nil && (cmd.Flags&(commands.ConnState|commands.PubSub|commands.Blocking|commands.AllowBusy) != 0 || cmd.Parent != nil || isProxyAnswered(cmd) || cmd.IsBlocking(args)) {
-		if sess.special(cmd, req, m) {
-			return
-		}
-	}
-	if sess.guardStep(i, cmd, req, m) {
+	if r.entry != nil && r.entry.answer != nil && sess.answer(r) {
 		return
 	}
-	if sess.pin.pipe == nil {
-		if sess.tierStep(cmd, req, m) {
-			return
-		}
-		if sess.flightStep(cmd, req, m, len(sess.batchReqs) == 1) {
-			return
-		}
+	if sess.guardStep(r) {
+		return
 	}
-	if mayWrite(cmd) {
-		sess.writeForwarded(cmd, req.Args)
+	if sess.pin.pipe == nil && (sess.tierStep(r) || sess.flightStep(r)) {
+		return
 	}
-	sess.forward(req.Raw, m)
+	sess.forwardCommand(r)
+}
+
+// forwardCommand adds the client's command, unchanged, to the batch's
+// upstream Call, telling the write hooks first if it may write.
+func (sess *Session) forwardCommand(r *request) {
+	if mayWrite(r.cmd) {
+		sess.writeForwarded(r.cmd, r.Args)
+	}
+	sess.forward(r.Raw, r.m)
 }
 
 // forward adds a command to the batch's upstream Call.

@@ -7,7 +7,6 @@ import (
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/metrics"
-	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
@@ -85,7 +84,8 @@ func (s *Server) closeTier() {
 // connection, is only ever the sole command of its batch, so it never
 // precedes this one.) For the same reason an admitted miss is filled right
 // here, before any later command of the batch is sent.
-func (sess *Session) tierStep(cmd *commands.Command, req *resp.Request, m *metrics.Command) bool {
+func (sess *Session) tierStep(r *request) bool {
+	cmd, req, m := r.cmd, r.Request, r.m
 	t := sess.srv.tier
 	// The session does not call this in MULTI, under WATCH or when relayed;
 	// the pin check is a second line of defence.
