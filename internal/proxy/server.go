@@ -23,6 +23,7 @@ import (
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -45,10 +46,10 @@ type Server struct {
 	log          *slog.Logger
 	metrics      *metrics.Metrics
 	backend      *upstream.Backend
-	guard        *serverGuard                // the policy guard (guard.go)
-	flight       atomic.Pointer[flightState] // stampede protection (flight.go); a reload replaces it
-	tier         *tierState                  // the local tier (tier.go)
-	slow         slowState                   // the slow log (slowlog.go)
+	guard        *serverGuard                        // the policy guard (guard.go)
+	flight       atomic.Pointer[stampede.Protection] // stampede protection (flight.go); a reload replaces it
+	tier         *tierState                          // the local tier (tier.go)
+	slow         slowState                           // the slow log (slowlog.go)
 
 	mu       sync.Mutex
 	ln       net.Listener

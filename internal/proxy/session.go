@@ -17,6 +17,7 @@ import (
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
 	"github.com/tidwall/redcon"
 )
@@ -73,10 +74,13 @@ type Session struct {
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
 	tierWrites localcache.Writes
-	replyOff   bool    // CLIENT REPLY OFF
-	replySkip  bool    // CLIENT REPLY SKIP: mute the next command
-	curMute    bool    // the command being dispatched gets no reply
-	cur        request // the command being dispatched (classify)
+	// flightWrites are this client's writes of keys under a miss hold or
+	// early refresh rule whose replies are not in yet (flight.go).
+	flightWrites stampede.Writes
+	replyOff     bool    // CLIENT REPLY OFF
+	replySkip    bool    // CLIENT REPLY SKIP: mute the next command
+	curMute      bool    // the command being dispatched gets no reply
+	cur          request // the command being dispatched (classify)
 
 	// upstreamWait adds up the batch's waits for upstream replies, for
 	// the slow log; slowExempt marks a batch whose time is the client's

@@ -720,7 +720,7 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 }
 
 // relayStarter names cmd, as the client would write it, if it turns the
-// client into a relay (see special); otherwise it returns "".
+// client into a relay (see proxyCommands); otherwise it returns "".
 func relayStarter(name string, args [][]byte) string {
 	switch name {
 	case "subscribe", "psubscribe", "ssubscribe", "monitor":
