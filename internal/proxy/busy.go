@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -37,6 +38,7 @@ func (sess *Session) runAlone(r *request) {
 	case errors.Is(err, upstream.ErrNoReply) && cmd.Name == "shutdown":
 		// Redis closes its clients' connections when it shuts down, and
 		// client libraries take that as SHUTDOWN's success: do the same.
+		sess.closing(metrics.CloseUpstreamLost)
 		sess.quitting = true
 	default:
 		sess.replyLocal(m, errorReply(err))

@@ -29,6 +29,7 @@ func cmdInfo(sess *Session, r *request) bool { return sess.info(r.Args, r.Raw, r
 
 func cmdQuit(sess *Session, r *request) bool {
 	sess.replyLocal(r.m, ok)
+	sess.closing(metrics.CloseQuit)
 	sess.quitting = true
 	return true
 }

@@ -3,13 +3,11 @@ package proxy
 import (
 	"bytes"
 	"errors"
-	"io"
+	"log/slog"
 	"net"
-	"os"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
@@ -60,10 +58,11 @@ type Session struct {
 	outLimit  int64 // server.client_output_limit
 	replySize int64 // recent bytes per upstream reply, to split batches
 	outDead   bool  // the client is being closed: produce no more output
-	// closeReason is why the proxy closes the client, if it decided to
-	// (limits.go); written by the session or its relay goroutines before
-	// serve ends.
-	closeReason string
+	// closeReason is why the session ends, recorded once (close.go) by
+	// the session or its relay goroutines; log is its logger, built on
+	// first use.
+	closeReason atomic.Pointer[string]
+	log         atomic.Pointer[slog.Logger]
 
 	pin   pinState
 	abort txAbort
@@ -115,7 +114,7 @@ const (
 
 func newSession(s *Server, nc net.Conn) *Session {
 	cfg := s.Config()
-	cc := &clientConn{Conn: nc, timeout: cfg.Server.ClientWriteTimeout.Duration, srv: s}
+	cc := &clientConn{Conn: nc, timeout: cfg.Server.ClientWriteTimeout.Duration}
 	sess := &Session{
 		srv:       s,
 		nc:        cc,
@@ -127,6 +126,7 @@ func newSession(s *Server, nc net.Conn) *Session {
 		outLimit:  int64(cfg.Server.ClientOutputLimit),
 		replySize: unknownReplySize,
 	}
+	cc.sess = sess
 	sess.rd.OnIdle(sess.idle)
 	return sess
 }
@@ -139,22 +139,14 @@ func (sess *Session) interrupt() {
 }
 
 func (sess *Session) serve() {
-	reason := metrics.CloseClient
-	defer func() {
-		// One reason per connection: the proxy's own decision to close
-		// (output limit, write timeout) explains the failed write or read
-		// that followed it.
-		if r := sess.closedFor(); r != "" && reason != metrics.ClosePanic {
-			reason = r
-		}
-		sess.srv.metrics.ClientClosed(reason)
-	}()
+	defer sess.ended()
 	defer func() {
 		// A bug handling one client must not take the proxy and every
 		// other client down with it.
 		if r := recover(); r != nil {
-			reason = metrics.ClosePanic
-			sess.srv.log.Error("BUG: panic while serving a client; connection closed", "client", sess.nc.RemoteAddr().String(), "panic", r, "stack", string(debug.Stack()))
+			reason := metrics.ClosePanic
+			sess.closeReason.Store(&reason)
+			sess.logger().Error("BUG: panic while serving a client; connection closed", "panic", r, "stack", string(debug.Stack()))
 		}
 	}()
 	defer sess.nc.Close()
@@ -163,7 +155,7 @@ func (sess *Session) serve() {
 	idle := sess.srv.Config().Server.IdleTimeout.Duration
 	for {
 		if sess.interrupted.Load() {
-			reason = sess.interruptReason()
+			sess.closing(sess.interruptReason())
 			return
 		}
 		if idle > 0 {
@@ -175,68 +167,28 @@ func (sess *Session) serve() {
 			sess.serveBatch(reqs)
 		}
 		if err != nil {
+			sess.readEnded(err)
 			var pe *resp.ProtocolError
-			switch {
-			case errors.As(err, &pe):
+			if errors.As(err, &pe) {
 				// As Redis does: say why, then close, because the rest of
 				// the stream can no longer be framed.
-				reason = metrics.CloseProtocolError
 				sess.srv.metrics.ProtocolErrors.Inc()
 				sess.out = redcon.AppendError(sess.out, "ERR "+pe.Error())
-				sess.srv.log.Debug("closing client after protocol error", "client", sess.nc.RemoteAddr().String(), "err", pe.Msg)
-			case sess.interrupted.Load():
-				reason = sess.interruptReason()
-			case errors.Is(err, os.ErrDeadlineExceeded):
-				reason = metrics.CloseIdleTimeout
-			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
-				// The client closed (a reset: it closed with replies unread).
-			default:
-				reason = metrics.CloseReadError
-				sess.srv.log.Debug("client read failed", "client", sess.nc.RemoteAddr().String(), "err", err)
 			}
 		}
 		if len(sess.out) > 0 && !sess.outDead {
 			if !sess.writeOut(sess.out) {
-				if err == nil {
-					reason = metrics.CloseWriteError
-				}
 				return
 			}
 			if cap(sess.out) > 1<<20 {
 				sess.out = nil
 			}
 		}
-		if err != nil {
-			return
-		}
-		if sess.quitting {
-			reason = sess.quitReason()
+		if err != nil || sess.quitting {
+			// Whatever set quitting recorded why.
 			return
 		}
 	}
-}
-
-// interruptReason tells a shutdown from a CLIENT KILL; both interrupt.
-func (sess *Session) interruptReason() string {
-	sess.srv.mu.Lock()
-	defer sess.srv.mu.Unlock()
-	if sess.srv.closing {
-		return metrics.CloseShutdown
-	}
-	return metrics.CloseKilled
-}
-
-// quitReason says why a session that stopped reading ends: QUIT, or the
-// end of a relay or a blocking command whose client went away (or was
-// interrupted).
-func (sess *Session) quitReason() string {
-	if sess.interrupted.Load() {
-		return sess.interruptReason()
-	}
-	if c := sess.lastCmd.Load(); c != nil && c.Name == "quit" {
-		return metrics.CloseQuit
-	}
-	return metrics.CloseClient
 }
 
 // serveBatch answers every request of one batch and appends the replies to

@@ -538,6 +538,7 @@ func (sess *Session) blocking(r *request) {
 				} else {
 					sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, false)
 				}
+				sess.closing(metrics.CloseClient) // or the interruption's reason
 				sess.quitting = true
 				call.Reset()
 				return
@@ -702,6 +703,7 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	if len(sess.out) > 0 {
 		if _, err := sess.nc.Write(sess.out); err != nil {
 			sess.srv.backend.ReleaseConn(up)
+			sess.closing(metrics.CloseWriteError)
 			sess.quitting = true
 			return true
 		}
@@ -715,7 +717,7 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	}
 	sess.relay(kind, up, reqs, r.i, first, limit)
 	sess.srv.backend.ReleaseConn(up)
-	sess.quitting = true
+	sess.quitting = true // relay recorded why
 	return true
 }
 
@@ -814,6 +816,9 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 				return
 			}
 			if err != nil {
+				// Unless the client's side ended first (and closed up),
+				// Redis closed the relay's connection.
+				sess.closing(metrics.CloseUpstreamLost)
 				ending.Store(true)
 				wake() // the client reader
 				return
@@ -828,6 +833,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 				return
 			}
 			if _, err := sess.nc.Write(chunk); err != nil {
+				sess.closing(metrics.CloseWriteError)
 				up.Close()
 				return
 			}
@@ -862,10 +868,12 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		rw.sending()
 		if len(out) > 0 {
 			if _, werr := up.Write(out); werr != nil {
+				sess.closing(metrics.CloseUpstreamLost)
 				break
 			}
 		}
 		if err != nil {
+			sess.readEnded(err)
 			break
 		}
 	}
