@@ -27,22 +27,23 @@ func (s *Server) newFlight(c stampede.Config, m *stampede.Metrics) *stampede.Pro
 // fetchCalls are the Calls of stampede protection's fetches.
 var fetchCalls = sync.Pool{New: func() any { return upstream.NewCall() }}
 
-// fetch is stampede protection's way upstream (a stampede.Fetcher): cmds
-// go on a Call of their own, so a shared fetch depends neither on the
+// fetch is stampede protection's way upstream (a stampede.Fetcher): cmd
+// and then go on a Call of their own, so a shared fetch depends neither on the
 // leader's connection nor on its buffers, to a shared connection of the
 // upstream in force now.
-func (s *Server) fetch(db int, resp3 bool, cmds ...[]byte) ([]byte, error) {
+func (s *Server) fetch(db int, resp3 bool, cmd, then []byte) ([]byte, error) {
 	c := fetchCalls.Get().(*upstream.Call)
 	defer func() {
 		c.Reset()
 		fetchCalls.Put(c)
 	}()
-	for _, cmd := range cmds {
-		c.Add(cmd)
+	c.Add(cmd)
+	if then != nil {
+		c.Add(then)
 	}
 	s.backend.Pool(db, resp3).Do(c)
 	var out []byte
-	for i := range cmds {
+	for i := range c.Len() {
 		r, err := c.Reply(i)
 		if err != nil {
 			return nil, err

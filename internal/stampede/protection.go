@@ -11,13 +11,15 @@ import (
 	"github.com/redproxy/redproxy/internal/resp"
 )
 
-// Fetcher sends cmds upstream, together, on a shared connection of DB db
-// speaking RESP3 when resp3, and returns their replies back to back in a
-// new slice; the first failed reply fails the fetch. It must not depend on
+// Fetcher sends cmd upstream, followed by then when it is not nil, on a
+// shared connection of DB db speaking RESP3 when resp3, and returns their
+// replies back to back in a new slice; a failed reply fails the fetch.
+// (Two fixed arguments rather than a variadic list: a list passed through
+// a function value escapes, one allocation per read.) It must not depend on
 // the caller's client connection (see Group.Do). The upstream is the one in
 // force when the fetch is sent, which for a held read is after the hold:
 // a reload may have switched it meanwhile.
-type Fetcher func(db int, resp3 bool, cmds ...[]byte) ([]byte, error)
+type Fetcher func(db int, resp3 bool, cmd, then []byte) ([]byte, error)
 
 // Protection is stampede protection for one configuration, as the proxy
 // uses it: the coalescing group (which local-tier fills share: one
@@ -138,7 +140,7 @@ func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owne
 	} else {
 		var err error
 		reply, _, err = p.group.Do(flightKey('r', db, resp3, raw), func() ([]byte, error) {
-			return p.fetch(db, resp3, raw)
+			return p.fetch(db, resp3, raw, nil)
 		})
 		if err != nil || !match.Any() {
 			return reply, err
@@ -163,7 +165,7 @@ func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owne
 func (p *Protection) heldRead(h *Hold, db int, key []byte, resp3 bool, match Match, owner int64) ([]byte, error) {
 	h.Wait()
 	get := resp.AppendCommandNamed(nil, "GET", key)
-	reply, err := h.Fetch(resp3, p.metrics, func() ([]byte, error) { return p.fetch(db, resp3, get) })
+	reply, err := h.Fetch(resp3, p.metrics, func() ([]byte, error) { return p.fetch(db, resp3, get, nil) })
 	if err == nil && isNilReply(reply) {
 		p.misses.Missed(db, key, match, owner, false)
 	}
@@ -183,7 +185,7 @@ func (p *Protection) Fill(db int, resp3 bool, raw []byte, fill func() ([]byte, e
 		if reply, err := fill(); err == nil {
 			return reply, nil
 		}
-		return p.fetch(db, resp3, raw)
+		return p.fetch(db, resp3, raw, nil)
 	})
 	return reply, err
 }
