@@ -215,6 +215,7 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 		sess.noteSlow(reqs, start, took)
 	}
 	sess.upstreamWait, sess.slowExempt = 0, false
+	sess.cur = request{} // holds nothing of the batch while the client idles
 }
 
 // dispatch decides where one command goes. It is the seam where the guard,
