@@ -119,11 +119,15 @@ const (
 	// CloseWriteTimeout: the client took none of its replies within
 	// server.client_write_timeout.
 	CloseWriteTimeout = "write_timeout"
+	// CloseUpstreamLost: the client's own upstream connection ended under
+	// it (a relay's connection closed by Redis, or SHUTDOWN).
+	CloseUpstreamLost = "upstream_lost"
 )
 
 // CloseReasons lists every reason label value.
 var CloseReasons = []string{CloseQuit, CloseClient, CloseProtocolError, CloseIdleTimeout,
-	CloseShutdown, CloseKilled, CloseWriteError, CloseReadError, ClosePanic, CloseOutputLimit, CloseWriteTimeout}
+	CloseShutdown, CloseKilled, CloseWriteError, CloseReadError, ClosePanic, CloseOutputLimit, CloseWriteTimeout,
+	CloseUpstreamLost}
 
 // ClientClosed counts one closed client connection. reason is one of
 // CloseReasons. It is called once per connection, not per command, so the

@@ -6,7 +6,6 @@ import (
 
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/metrics"
-	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -29,15 +28,17 @@ func runsAlone(cmd *commands.Command) bool {
 
 // runAlone answers cmd from a connection of its own, after everything the
 // client sent before it has been answered.
-func (sess *Session) runAlone(cmd *commands.Command, req *resp.Request, m *metrics.Command) {
+func (sess *Session) runAlone(r *request) {
+	cmd, m := r.cmd, r.m
 	sess.flush(time.Now())
-	reply, err := sess.srv.backend.RoundTrip(sess.resp3, req.Raw)
+	reply, err := sess.srv.backend.RoundTrip(sess.resp3, r.Raw)
 	switch {
 	case err == nil:
 		sess.replyLocal(m, reply)
 	case errors.Is(err, upstream.ErrNoReply) && cmd.Name == "shutdown":
 		// Redis closes its clients' connections when it shuts down, and
 		// client libraries take that as SHUTDOWN's success: do the same.
+		sess.closing(metrics.CloseUpstreamLost)
 		sess.quitting = true
 	default:
 		sess.replyLocal(m, errorReply(err))

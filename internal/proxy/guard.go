@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"strconv"
 
-	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/policy"
@@ -52,9 +51,10 @@ func (sess *Session) prepareBatch(reqs []resp.Request) {
 // guardStep applies the guard's decision for request i: a refusal is
 // answered here; a rewrite or a TTL fix-up is forwarded here; a command only
 // reported goes on unchanged.
-func (sess *Session) guardStep(i int, cmd *commands.Command, req *resp.Request, m *metrics.Command) bool {
+func (sess *Session) guardStep(r *request) bool {
+	cmd, m := r.cmd, r.m
 	b := sess.guardBatch()
-	d := b.Decision(i)
+	d := b.Decision(r.i)
 	if d == nil {
 		return false
 	}
@@ -66,7 +66,7 @@ func (sess *Session) guardStep(i int, cmd *commands.Command, req *resp.Request, 
 	if d.Args == nil && len(d.Expires) == 0 {
 		return false // only reported
 	}
-	raw, args := req.Raw, req.Args
+	raw, args := r.Raw, r.Args
 	if d.Args != nil {
 		args = d.Args
 		raw = b.Encode(args)
@@ -74,7 +74,7 @@ func (sess *Session) guardStep(i int, cmd *commands.Command, req *resp.Request, 
 	if mayWrite(cmd) {
 		if sess.pin.inMulti {
 			// Queued: it takes effect at EXEC, where the write hooks hear
-			// of it (dispatchPinned).
+			// of it (pinnedExec).
 			sess.pin.txWrites = append(sess.pin.txWrites, txWrite{cmd: cmd, args: copyArgs(args)})
 		} else {
 			sess.writeForwarded(cmd, args)
@@ -108,13 +108,13 @@ func (sess *Session) fixupDB() int {
 // SUBSCRIBE, blocking commands) never reach guardStep; calling this first
 // in dispatch makes a denied MONITOR refused like any other command. A
 // request it did not refuse still goes to guardStep.
-func (sess *Session) guardRefused(i int, m *metrics.Command) bool {
-	d := sess.guardBatch().Decision(i)
+func (sess *Session) guardRefused(r *request) bool {
+	d := sess.guardBatch().Decision(r.i)
 	if d == nil || d.Refuse == nil {
 		return false
 	}
 	sess.recordViolations(d)
-	sess.refuse(d, m)
+	sess.refuse(d, r.m)
 	return true
 }
 

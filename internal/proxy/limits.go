@@ -81,8 +81,8 @@ func (sess *Session) idle() {
 type clientConn struct {
 	net.Conn
 	timeout time.Duration
-	srv     *Server
-	// timedOut makes a client counted once, whichever of its writers
+	sess    *Session
+	// timedOut makes a client logged once, whichever of its writers
 	// (session, relay) hit the deadline.
 	timedOut atomic.Bool
 }
@@ -98,7 +98,7 @@ func (c *clientConn) Write(b []byte) (int, error) {
 		written += n
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) && c.timedOut.CompareAndSwap(false, true) {
-				c.srv.logClose(metrics.CloseWriteTimeout, c.RemoteAddr(), "client took none of its replies within server.client_write_timeout", "timeout", c.timeout)
+				c.sess.closeFor(metrics.CloseWriteTimeout, "client took none of its replies within server.client_write_timeout", "timeout", c.timeout)
 			}
 			return written, err
 		}
@@ -114,35 +114,6 @@ func (c *clientConn) SyscallConn() (syscall.RawConn, error) {
 		return nil, errors.ErrUnsupported
 	}
 	return sc.SyscallConn()
-}
-
-// logClose logs a client the proxy closes for reason. The reason is
-// counted once per connection, when serve ends (see closeReason).
-func (s *Server) logClose(reason string, addr net.Addr, msg string, attrs ...any) {
-	if reason == metrics.CloseOutputLimit {
-		s.metrics.SlowConsumers.Inc()
-	}
-	s.log.Warn("closing client: "+msg, append([]any{"client", addr.String(), "reason", reason}, attrs...)...)
-}
-
-// closeFor records that the proxy closes the client for reason (the first
-// reason wins) and logs it.
-func (sess *Session) closeFor(reason, msg string, attrs ...any) {
-	if sess.closeReason == "" {
-		sess.closeReason = reason
-	}
-	sess.srv.logClose(reason, sess.nc.RemoteAddr(), msg, attrs...)
-}
-
-// closedFor returns why the proxy closed the client itself, if it did:
-// a write timeout, whichever goroutine's write hit it, or a reason
-// recorded by closeFor. serve reads it after the session's goroutines
-// (relay) have ended.
-func (sess *Session) closedFor() string {
-	if cc, ok := sess.nc.(*clientConn); ok && cc.timedOut.Load() {
-		return metrics.CloseWriteTimeout
-	}
-	return sess.closeReason
 }
 
 // emit appends one reply to the client's output, writing the output out
@@ -173,6 +144,7 @@ func (sess *Session) writeOut(b []byte) bool {
 	_, err := sess.nc.Write(b)
 	sess.out = sess.out[:0]
 	if err != nil {
+		sess.closing(metrics.CloseWriteError)
 		sess.outDead = true
 		sess.quitting = true
 		return false

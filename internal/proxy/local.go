@@ -11,203 +11,245 @@ import (
 
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/metrics"
-	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/tidwall/redcon"
 )
 
-// isProxyAnswered lists commands without connection-state flags that the
-// proxy still answers itself because they need no Redis round trip. PING is
-// not one of them: its answer is how clients and health checks learn that
-// Redis is busy (-BUSY), loading or paused, so Redis gives it.
-func isProxyAnswered(cmd *commands.Command) bool {
-	switch cmd.Name {
-	case "echo", "info":
-		return true
-	}
-	return false
+// The handlers of the commands the proxy answers itself (proxyCommands in
+// dispatch.go). PING is not one of them: its answer is how clients and
+// health checks learn that Redis is busy (-BUSY), loading or paused, so
+// Redis gives it.
+
+func cmdEcho(sess *Session, r *request) bool {
+	b, start := sess.localBuf()
+	sess.finishLocal(r.m, redcon.AppendBulk(b, r.Args[1]), start)
+	return true
 }
 
-// special handles commands that change connection state, block, subscribe,
-// or that the proxy answers itself. It reports false when the command
-// should simply be forwarded.
-func (sess *Session) special(cmd *commands.Command, req *resp.Request, m *metrics.Command) bool {
-	args := req.Args
-	if !cmd.ArityOK(len(args)) && cmd.Subcommands == nil {
-		// Same words as Redis, so client libraries that match them work.
-		sess.replyLocal(m, errArity(cmd.Name))
-		return true
+func cmdInfo(sess *Session, r *request) bool { return sess.info(r.Args, r.Raw, r.m) }
+
+func cmdQuit(sess *Session, r *request) bool {
+	sess.replyLocal(r.m, ok)
+	sess.closing(metrics.CloseQuit)
+	sess.quitting = true
+	return true
+}
+
+// cmdOK accepts a command that has nothing to change in the proxy.
+// (CLIENT NO-EVICT: client eviction protects Redis from its own clients'
+// memory; the proxy's shared connections are never evicted for one
+// client's sake.)
+func cmdOK(sess *Session, r *request) bool {
+	sess.replyLocal(r.m, ok)
+	return true
+}
+
+// cmdForward sends the command on as any other.
+func cmdForward(*Session, *request) bool { return false }
+
+// cmdOther handles the commands with connection-state, blocking or
+// allow-busy flags, and subcommands, that have no handler of their own.
+func cmdOther(sess *Session, r *request) bool {
+	switch {
+	case r.blocking:
+		sess.blocking(r)
+	case runsAlone(r.cmd):
+		sess.runAlone(r)
+	case r.cmd.Flags&commands.ConnState != 0:
+		sess.replyLocal(r.m, []byte("-ERR redproxy: '"+strings.ToUpper(strings.ReplaceAll(r.name, "|", " "))+"' is not supported by this proxy yet\r\n"))
+	default:
+		return false
 	}
-	switch cmd.Name {
-	case "echo":
-		b, start := sess.localBuf()
-		sess.finishLocal(m, redcon.AppendBulk(b, args[1]), start)
-	case "info":
-		return sess.info(args, req.Raw, m)
-	case "quit":
-		sess.replyLocal(m, ok)
-		sess.quitting = true
-	case "select":
-		db, err := strconv.Atoi(string(args[1]))
-		switch {
-		case err != nil:
-			sess.replyLocal(m, errNotInteger)
-		case db < 0 || db >= sess.srv.cfg.Upstream.Databases:
-			sess.replyLocal(m, errDBRange)
-		default:
-			// Commands already in the batch belong to the old DB.
-			sess.flush(time.Now())
-			sess.mu.Lock()
-			sess.db = db
-			sess.mu.Unlock()
-			sess.replyLocal(m, ok)
-		}
-	case "auth":
-		sess.auth(m, args[1:])
-	case "hello":
-		sess.hello(m, args)
-	case "reset":
+	return true
+}
+
+func cmdSelect(sess *Session, r *request) bool {
+	db, err := strconv.Atoi(string(r.Args[1]))
+	switch {
+	case err != nil:
+		sess.replyLocal(r.m, errNotInteger)
+	case db < 0 || db >= sess.srv.cfg.Upstream.Databases:
+		sess.replyLocal(r.m, errDBRange)
+	default:
+		// Commands already in the batch belong to the old DB.
 		sess.flush(time.Now())
 		sess.mu.Lock()
-		sess.db, sess.resp3, sess.name = 0, false, ""
+		sess.db = db
 		sess.mu.Unlock()
-		sess.replyOff, sess.replySkip, sess.curMute = false, false, false
-		sess.abort = txAbort{}
-		sess.authed = sess.srv.cfg.Upstream.Password == ""
-		sess.replyLocal(m, []byte("+RESET\r\n"))
-	case "client|setname":
-		name := args[2]
-		if !validClientName(name) {
-			sess.replyLocal(m, []byte("-ERR Client names cannot contain spaces, newlines or special characters.\r\n"))
-		} else {
-			sess.mu.Lock()
-			sess.name = string(name)
-			sess.mu.Unlock()
-			sess.replyLocal(m, ok)
-			if sess.pin.pipe != nil && !sess.pin.inMulti {
-				sess.namePin(sess.name)
-			}
-		}
-	case "client|getname":
-		b, start := sess.localBuf()
-		if sess.name == "" {
-			b = sess.appendNull(b)
-		} else {
-			b = redcon.AppendBulkString(b, sess.name)
-		}
-		sess.finishLocal(m, b, start)
-	case "client|id":
-		b, start := sess.localBuf()
-		sess.finishLocal(m, redcon.AppendInt(b, sess.id), start)
-	case "client|info":
-		b, start := sess.localBuf()
-		sess.finishLocal(m, redcon.AppendBulkString(b, sess.infoLine()+"\n"), start)
-	case "client|list":
-		b, start := sess.localBuf()
-		sess.finishLocal(m, redcon.AppendBulkString(b, sess.srv.clientList()), start)
-	case "client|setinfo":
-		switch strings.ToLower(string(args[2])) {
-		case "lib-name":
-			sess.mu.Lock()
-			sess.libName = string(args[3])
-			sess.mu.Unlock()
-		case "lib-ver":
-			sess.mu.Lock()
-			sess.libVer = string(args[3])
-			sess.mu.Unlock()
-		default:
-			sess.replyLocal(m, []byte("-ERR Unrecognized option '"+string(args[2])+"'\r\n"))
-			return true
-		}
-		sess.replyLocal(m, ok)
-	case "client|getredir":
-		sess.replyLocal(m, []byte(":-1\r\n"))
-	case "client|no-evict":
-		// Client eviction protects Redis from its own clients' memory; the
-		// proxy's shared connections are never evicted for one client's
-		// sake, so the flag is accepted and has nothing to change.
-		sess.replyLocal(m, ok)
-	case "readonly", "readwrite", "asking":
-		return false // answered by Redis; harmless on a standalone server
-	case "multi", "watch":
-		sess.pinFor(cmd, req, m)
-	case "unwatch":
-		sess.replyLocal(m, ok) // nothing is watched outside a pinned connection
-	case "exec", "discard":
-		return false // Redis answers "... without MULTI"; no state is touched
-	case "subscribe", "psubscribe", "ssubscribe":
-		return sess.startRelay(relayPubSub, sess.batchReqs[sess.curIndex:], m)
-	case "unsubscribe", "punsubscribe", "sunsubscribe":
-		sess.unsubscribeNone(m, cmd.Name, args[1:])
-	case "monitor":
-		return sess.startRelay(relayMonitor, sess.batchReqs[sess.curIndex:], m)
-	case "client|tracking":
-		if trackingRedirect(args) {
-			sess.replyLocal(m, []byte("-"+errTrackingRedirect+"\r\n"))
-			return true
-		}
-		if strings.EqualFold(string(args[2]), "on") {
-			// The client keeps its own cache coherent with Redis's pushes:
-			// give it a connection of its own and relay them.
-			return sess.startRelay(relayTracking, sess.batchReqs[sess.curIndex:], m)
-		}
-		sess.replyLocal(m, ok)
-	case "client|no-touch":
-		if strings.EqualFold(string(args[2]), "on") {
-			return sess.startRelay(relayTracking, sess.batchReqs[sess.curIndex:], m)
-		}
-		sess.replyLocal(m, ok)
-	case "client|caching":
-		sess.replyLocal(m, []byte("-ERR CLIENT CACHING can be called only when the client is in tracking mode with OPTIN or OPTOUT mode enabled\r\n"))
-	case "client|trackinginfo":
-		b, start := sess.localBuf()
-		if sess.resp3 {
-			b = append(b, "%3\r\n"...)
-		} else {
-			b = redcon.AppendArray(b, 6)
-		}
-		b = redcon.AppendBulkString(b, "flags")
-		b = redcon.AppendArray(b, 1)
-		b = redcon.AppendBulkString(b, "off")
-		b = redcon.AppendBulkString(b, "redirect")
-		b = redcon.AppendInt(b, -1)
-		b = redcon.AppendBulkString(b, "prefixes")
-		b = redcon.AppendArray(b, 0)
-		sess.finishLocal(m, b, start)
-	case "client|reply":
-		switch strings.ToLower(string(args[2])) {
-		case "on":
-			sess.replyOff, sess.curMute = false, false
-			sess.replyLocal(m, ok)
-		case "off":
-			sess.replyOff, sess.curMute = true, true
-			sess.replyLocal(m, ok)
-		case "skip":
-			sess.replySkip, sess.curMute = true, true
-			sess.replyLocal(m, ok)
-		default:
-			sess.replyLocal(m, []byte("-ERR syntax error\r\n"))
-		}
-	case "client|kill":
-		sess.replyLocal(m, sess.srv.clientKill(sess, args[2:]))
-	case "client|unblock":
-		return sess.unblock(args, m)
-	default:
-		if cmd.Is(commands.PubSub) && !isSubscribe(cmd.Name) {
-			return false // PUBLISH, PUBSUB ...: ordinary request/reply commands
-		}
-		if cmd.IsBlocking(args) {
-			sess.blocking(cmd, req, m)
-			return true
-		}
-		if runsAlone(cmd) {
-			sess.runAlone(cmd, req, m)
-			return true
-		}
-		if cmd.Flags&(commands.ConnState) == 0 {
-			return false
-		}
-		sess.replyLocal(m, []byte("-ERR redproxy: '"+strings.ToUpper(strings.ReplaceAll(cmd.Name, "|", " "))+"' is not supported by this proxy yet\r\n"))
+		sess.replyLocal(r.m, ok)
 	}
+	return true
+}
+
+func cmdAuth(sess *Session, r *request) bool {
+	sess.auth(r.m, r.Args[1:])
+	return true
+}
+
+func cmdHello(sess *Session, r *request) bool {
+	sess.hello(r.m, r.Args)
+	return true
+}
+
+func cmdReset(sess *Session, r *request) bool {
+	sess.flush(time.Now())
+	sess.mu.Lock()
+	sess.db, sess.resp3, sess.name = 0, false, ""
+	sess.mu.Unlock()
+	sess.replyOff, sess.replySkip, sess.curMute = false, false, false
+	sess.abort = txAbort{}
+	sess.authed = sess.srv.cfg.Upstream.Password == ""
+	sess.replyLocal(r.m, []byte("+RESET\r\n"))
+	return true
+}
+
+func cmdClientSetname(sess *Session, r *request) bool {
+	name := r.Args[2]
+	if !validClientName(name) {
+		sess.replyLocal(r.m, []byte("-ERR Client names cannot contain spaces, newlines or special characters.\r\n"))
+		return true
+	}
+	sess.mu.Lock()
+	sess.name = string(name)
+	sess.mu.Unlock()
+	sess.replyLocal(r.m, ok)
+	if sess.pin.pipe != nil && !sess.pin.inMulti {
+		sess.namePin(sess.name)
+	}
+	return true
+}
+
+func cmdClientGetname(sess *Session, r *request) bool {
+	b, start := sess.localBuf()
+	if sess.name == "" {
+		b = sess.appendNull(b)
+	} else {
+		b = redcon.AppendBulkString(b, sess.name)
+	}
+	sess.finishLocal(r.m, b, start)
+	return true
+}
+
+func cmdClientID(sess *Session, r *request) bool {
+	b, start := sess.localBuf()
+	sess.finishLocal(r.m, redcon.AppendInt(b, sess.id), start)
+	return true
+}
+
+func cmdClientInfo(sess *Session, r *request) bool {
+	b, start := sess.localBuf()
+	sess.finishLocal(r.m, redcon.AppendBulkString(b, sess.infoLine()+"\n"), start)
+	return true
+}
+
+func cmdClientList(sess *Session, r *request) bool {
+	b, start := sess.localBuf()
+	sess.finishLocal(r.m, redcon.AppendBulkString(b, sess.srv.clientList()), start)
+	return true
+}
+
+func cmdClientSetinfo(sess *Session, r *request) bool {
+	switch strings.ToLower(string(r.Args[2])) {
+	case "lib-name":
+		sess.mu.Lock()
+		sess.libName = string(r.Args[3])
+		sess.mu.Unlock()
+	case "lib-ver":
+		sess.mu.Lock()
+		sess.libVer = string(r.Args[3])
+		sess.mu.Unlock()
+	default:
+		sess.replyLocal(r.m, []byte("-ERR Unrecognized option '"+string(r.Args[2])+"'\r\n"))
+		return true
+	}
+	sess.replyLocal(r.m, ok)
+	return true
+}
+
+func cmdClientGetredir(sess *Session, r *request) bool {
+	sess.replyLocal(r.m, []byte(":-1\r\n"))
+	return true
+}
+
+// cmdClientTracking: a client that turns tracking on keeps its own cache
+// coherent with Redis's pushes: it gets a connection of its own, relayed.
+func cmdClientTracking(sess *Session, r *request) bool {
+	if trackingRedirect(r.Args) {
+		sess.replyLocal(r.m, []byte("-"+errTrackingRedirect+"\r\n"))
+		return true
+	}
+	if strings.EqualFold(string(r.Args[2]), "on") {
+		return sess.startRelay(relayTracking, r)
+	}
+	sess.replyLocal(r.m, ok)
+	return true
+}
+
+func cmdClientNoTouch(sess *Session, r *request) bool {
+	if strings.EqualFold(string(r.Args[2]), "on") {
+		return sess.startRelay(relayTracking, r)
+	}
+	sess.replyLocal(r.m, ok)
+	return true
+}
+
+func cmdClientCaching(sess *Session, r *request) bool {
+	sess.replyLocal(r.m, []byte("-ERR CLIENT CACHING can be called only when the client is in tracking mode with OPTIN or OPTOUT mode enabled\r\n"))
+	return true
+}
+
+func cmdClientTrackinginfo(sess *Session, r *request) bool {
+	b, start := sess.localBuf()
+	if sess.resp3 {
+		b = append(b, "%3\r\n"...)
+	} else {
+		b = redcon.AppendArray(b, 6)
+	}
+	b = redcon.AppendBulkString(b, "flags")
+	b = redcon.AppendArray(b, 1)
+	b = redcon.AppendBulkString(b, "off")
+	b = redcon.AppendBulkString(b, "redirect")
+	b = redcon.AppendInt(b, -1)
+	b = redcon.AppendBulkString(b, "prefixes")
+	b = redcon.AppendArray(b, 0)
+	sess.finishLocal(r.m, b, start)
+	return true
+}
+
+func cmdClientReply(sess *Session, r *request) bool {
+	switch strings.ToLower(string(r.Args[2])) {
+	case "on":
+		sess.replyOff, sess.curMute = false, false
+		sess.replyLocal(r.m, ok)
+	case "off":
+		sess.replyOff, sess.curMute = true, true
+		sess.replyLocal(r.m, ok)
+	case "skip":
+		sess.replySkip, sess.curMute = true, true
+		sess.replyLocal(r.m, ok)
+	default:
+		sess.replyLocal(r.m, []byte("-ERR syntax error\r\n"))
+	}
+	return true
+}
+
+func cmdClientKill(sess *Session, r *request) bool {
+	sess.replyLocal(r.m, sess.srv.clientKill(sess, r.Args[2:]))
+	return true
+}
+
+func cmdClientUnblock(sess *Session, r *request) bool { return sess.unblock(r.Args, r.m) }
+
+func cmdPin(sess *Session, r *request) bool {
+	sess.pinFor(r)
+	return true
+}
+
+func cmdSubscribe(sess *Session, r *request) bool { return sess.startRelay(relayPubSub, r) }
+
+func cmdMonitor(sess *Session, r *request) bool { return sess.startRelay(relayMonitor, r) }
+
+func cmdUnsubscribe(sess *Session, r *request) bool {
+	sess.unsubscribeNone(r.m, r.name, r.Args[1:])
 	return true
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/localcache"
+	"github.com/redproxy/redproxy/internal/stampede"
 )
 
 // Writes from relayed clients (rueidis after CLIENT TRACKING ON, a RESP3
@@ -62,7 +63,7 @@ type relayWrites struct {
 type relayRelease struct {
 	due    int64
 	tier   []localcache.Writes
-	flight []pendingWrite
+	flight []stampede.Writes
 	n      int
 }
 
@@ -76,7 +77,7 @@ func (r *relayRelease) add(o relayRelease) {
 
 func newRelayWrites(sess *Session) *relayWrites {
 	fs := sess.srv.flight.Load()
-	active := sess.srv.tier != nil || fs != nil && fs.misses != nil
+	active := sess.srv.tier != nil || fs != nil && fs.TracksWrites()
 	return &relayWrites{sess: sess, active: active, countable: active, resp3: sess.resp3, db: sess.db}
 }
 
@@ -159,12 +160,10 @@ func (rw *relayWrites) start(cmd *commands.Command, args [][]byte) relayRelease 
 		t.cache.WriteStart(&tw, rw.db, cmd, args, rw.inMulti)
 		w.tier = append(w.tier, tw)
 	}
-	if fs := sess.srv.flight.Load(); fs != nil && fs.misses != nil {
-		db := sess.db
-		sess.db = rw.db // only the session goroutine reads it for this
-		sess.flightWriteForwarded(cmd, args)
-		sess.db = db
-		w.flight = fs.takePending(sess)
+	if fs := sess.srv.flight.Load(); fs != nil && fs.TracksWrites() {
+		var fw stampede.Writes
+		fs.WriteStart(&fw, rw.db, cmd, args)
+		w.flight = append(w.flight, fw)
 	}
 	w.n = 1
 	return w
@@ -254,10 +253,8 @@ func (rw *relayWrites) release(r *relayRelease) {
 			srv.tier.cache.WriteDone(&r.tier[i])
 		}
 	}
-	if fs := srv.flight.Load(); fs != nil && fs.misses != nil {
-		for _, w := range r.flight {
-			fs.misses.Written(w.db, w.key, w.match)
-		}
+	for i := range r.flight {
+		r.flight[i].Done()
 	}
 }
 

@@ -139,13 +139,9 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	stampedeChanged := !reflect.DeepEqual(cur.Stampede, next.Stampede)
 	if upstreamChanged || stampedeChanged {
 		old := s.flight.Load()
-		fs := newFlightState(next.Stampede, s.table, old.metrics)
+		fs := s.newFlight(next.Stampede, old.Metrics())
 		if !stampedeChanged {
-			// Holds and write marks are about keys, not the upstream: a
-			// read held on a miss seen on the old upstream still waits for
-			// its filler, whose write now goes to the new one and must
-			// release it. Only the coalescing group is new.
-			fs.misses, fs.writeMarks = old.misses, old.writeMarks
+			fs.KeepMisses(old) // holds are about keys, not the upstream
 		}
 		s.flight.Store(fs)
 	}

@@ -122,8 +122,8 @@ func (s *Server) failover(addr string) {
 		switchBackend()
 	}
 	old := s.flight.Load()
-	fs := newFlightState(cfg.Stampede, s.table, old.metrics)
-	fs.misses, fs.writeMarks = old.misses, old.writeMarks
+	fs := s.newFlight(cfg.Stampede, old.Metrics())
+	fs.KeepMisses(old) // holds are about keys, not the upstream
 	s.flight.Store(fs)
 	s.log.Warn("upstream switched to the new primary", "upstream", addr)
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/sentinel"
+	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -43,15 +44,16 @@ type Server struct {
 	// cfg.Upstream.Address for the embedded store.
 	upstreamAddr string
 	table        *commands.Table
+	handlers     map[*commands.Command]*cmdEntry // what the proxy does itself, per command (dispatch.go)
 	log          *slog.Logger
 	metrics      *metrics.Metrics
 	backend      *upstream.Backend
-	guard        *serverGuard                // the policy guard (guard.go)
-	flight       atomic.Pointer[flightState] // stampede protection (flight.go); a reload replaces it
-	tier         *tierState                  // the local tier (tier.go)
-	sentinel     *sentinel.Watcher           // upstream.mode = "sentinel" (sentinel.go); nil otherwise
-	slow         slowState                   // the slow log (slowlog.go)
-	tls          tlsState                    // TLS on both sides (tls.go)
+	guard        *serverGuard                        // the policy guard (guard.go)
+	flight       atomic.Pointer[stampede.Protection] // stampede protection (flight.go); a reload replaces it
+	tier         *tierState                          // the local tier (tier.go)
+	sentinel     *sentinel.Watcher                   // upstream.mode = "sentinel" (sentinel.go); nil otherwise
+	slow         slowState                           // the slow log (slowlog.go)
+	tls          tlsState                            // TLS on both sides (tls.go)
 
 	mu       sync.Mutex
 	lns      []net.Listener // the plaintext and TLS listeners
@@ -105,6 +107,7 @@ func NewServer(o Options) (*Server, error) {
 		cfg:          cfg,
 		upstreamAddr: addr,
 		table:        o.Table,
+		handlers:     newHandlers(o.Table),
 		log:          o.Logger,
 		metrics:      o.Metrics,
 		sessions:     make(map[*Session]struct{}),

@@ -3,13 +3,11 @@ package proxy
 import (
 	"bytes"
 	"errors"
-	"io"
+	"log/slog"
 	"net"
-	"os"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
@@ -17,6 +15,7 @@ import (
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
 	"github.com/tidwall/redcon"
 )
@@ -59,10 +58,11 @@ type Session struct {
 	outLimit  int64 // server.client_output_limit
 	replySize int64 // recent bytes per upstream reply, to split batches
 	outDead   bool  // the client is being closed: produce no more output
-	// closeReason is why the proxy closes the client, if it decided to
-	// (limits.go); written by the session or its relay goroutines before
-	// serve ends.
-	closeReason string
+	// closeReason is why the session ends, recorded once (close.go) by
+	// the session or its relay goroutines; log is its logger, built on
+	// first use.
+	closeReason atomic.Pointer[string]
+	log         atomic.Pointer[slog.Logger]
 
 	pin   pinState
 	abort txAbort
@@ -73,10 +73,13 @@ type Session struct {
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
 	tierWrites localcache.Writes
-	replyOff   bool // CLIENT REPLY OFF
-	replySkip  bool // CLIENT REPLY SKIP: mute the next command
-	curMute    bool // the command being dispatched gets no reply
-	curIndex   int  // index in batchReqs of the command being dispatched
+	// flightWrites are this client's writes of keys under a miss hold or
+	// early refresh rule whose replies are not in yet (flight.go).
+	flightWrites stampede.Writes
+	replyOff     bool    // CLIENT REPLY OFF
+	replySkip    bool    // CLIENT REPLY SKIP: mute the next command
+	curMute      bool    // the command being dispatched gets no reply
+	cur          request // the command being dispatched (classify)
 
 	// upstreamWait adds up the batch's waits for upstream replies, for
 	// the slow log; slowExempt marks a batch whose time is the client's
@@ -111,7 +114,7 @@ const (
 
 func newSession(s *Server, nc net.Conn) *Session {
 	cfg := s.Config()
-	cc := &clientConn{Conn: nc, timeout: cfg.Server.ClientWriteTimeout.Duration, srv: s}
+	cc := &clientConn{Conn: nc, timeout: cfg.Server.ClientWriteTimeout.Duration}
 	sess := &Session{
 		srv:       s,
 		nc:        cc,
@@ -123,6 +126,7 @@ func newSession(s *Server, nc net.Conn) *Session {
 		outLimit:  int64(cfg.Server.ClientOutputLimit),
 		replySize: unknownReplySize,
 	}
+	cc.sess = sess
 	sess.rd.OnIdle(sess.idle)
 	return sess
 }
@@ -135,22 +139,14 @@ func (sess *Session) interrupt() {
 }
 
 func (sess *Session) serve() {
-	reason := metrics.CloseClient
-	defer func() {
-		// One reason per connection: the proxy's own decision to close
-		// (output limit, write timeout) explains the failed write or read
-		// that followed it.
-		if r := sess.closedFor(); r != "" && reason != metrics.ClosePanic {
-			reason = r
-		}
-		sess.srv.metrics.ClientClosed(reason)
-	}()
+	defer sess.ended()
 	defer func() {
 		// A bug handling one client must not take the proxy and every
 		// other client down with it.
 		if r := recover(); r != nil {
-			reason = metrics.ClosePanic
-			sess.srv.log.Error("BUG: panic while serving a client; connection closed", "client", sess.nc.RemoteAddr().String(), "panic", r, "stack", string(debug.Stack()))
+			reason := metrics.ClosePanic
+			sess.closeReason.Store(&reason)
+			sess.logger().Error("BUG: panic while serving a client; connection closed", "panic", r, "stack", string(debug.Stack()))
 		}
 	}()
 	defer sess.nc.Close()
@@ -159,7 +155,7 @@ func (sess *Session) serve() {
 	idle := sess.srv.Config().Server.IdleTimeout.Duration
 	for {
 		if sess.interrupted.Load() {
-			reason = sess.interruptReason()
+			sess.closing(sess.interruptReason())
 			return
 		}
 		if idle > 0 {
@@ -171,68 +167,28 @@ func (sess *Session) serve() {
 			sess.serveBatch(reqs)
 		}
 		if err != nil {
+			sess.readEnded(err)
 			var pe *resp.ProtocolError
-			switch {
-			case errors.As(err, &pe):
+			if errors.As(err, &pe) {
 				// As Redis does: say why, then close, because the rest of
 				// the stream can no longer be framed.
-				reason = metrics.CloseProtocolError
 				sess.srv.metrics.ProtocolErrors.Inc()
 				sess.out = redcon.AppendError(sess.out, "ERR "+pe.Error())
-				sess.srv.log.Debug("closing client after protocol error", "client", sess.nc.RemoteAddr().String(), "err", pe.Msg)
-			case sess.interrupted.Load():
-				reason = sess.interruptReason()
-			case errors.Is(err, os.ErrDeadlineExceeded):
-				reason = metrics.CloseIdleTimeout
-			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
-				// The client closed (a reset: it closed with replies unread).
-			default:
-				reason = metrics.CloseReadError
-				sess.srv.log.Debug("client read failed", "client", sess.nc.RemoteAddr().String(), "err", err)
 			}
 		}
 		if len(sess.out) > 0 && !sess.outDead {
 			if !sess.writeOut(sess.out) {
-				if err == nil {
-					reason = metrics.CloseWriteError
-				}
 				return
 			}
 			if cap(sess.out) > 1<<20 {
 				sess.out = nil
 			}
 		}
-		if err != nil {
-			return
-		}
-		if sess.quitting {
-			reason = sess.quitReason()
+		if err != nil || sess.quitting {
+			// Whatever set quitting recorded why.
 			return
 		}
 	}
-}
-
-// interruptReason tells a shutdown from a CLIENT KILL; both interrupt.
-func (sess *Session) interruptReason() string {
-	sess.srv.mu.Lock()
-	defer sess.srv.mu.Unlock()
-	if sess.srv.closing {
-		return metrics.CloseShutdown
-	}
-	return metrics.CloseKilled
-}
-
-// quitReason says why a session that stopped reading ends: QUIT, or the
-// end of a relay or a blocking command whose client went away (or was
-// interrupted).
-func (sess *Session) quitReason() string {
-	if sess.interrupted.Load() {
-		return sess.interruptReason()
-	}
-	if c := sess.lastCmd.Load(); c != nil && c.Name == "quit" {
-		return metrics.CloseQuit
-	}
-	return metrics.CloseClient
 }
 
 // serveBatch answers every request of one batch and appends the replies to
@@ -259,57 +215,53 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 		sess.noteSlow(reqs, start, took)
 	}
 	sess.upstreamWait, sess.slowExempt = 0, false
+	sess.cur = request{} // holds nothing of the batch while the client idles
 }
 
 // dispatch decides where one command goes. It is the seam where the guard,
-// policy, stampede and local-tier steps sit between client and Redis.
+// policy, stampede and local-tier steps sit between client and Redis; the
+// command is classified once (classify) and the steps share that.
 func (sess *Session) dispatch(i int, req *resp.Request) {
-	args := req.Args
-	cmd := sess.srv.table.Lookup(args)
-	sess.lastCmd.Store(cmd)
-	m := sess.metricFor(cmd)
-	m.Calls.Inc()
-	sess.curIndex = i
+	r := sess.classify(i, req)
+	sess.lastCmd.Store(r.cmd)
+	r.m.Calls.Inc()
 	sess.curMute = sess.replyOff || sess.replySkip
 	sess.replySkip = false
-	if !sess.authed && !isAuthExempt(cmd) {
-		sess.replyLocal(m, errNoAuth)
+	if !sess.authed && !isAuthExempt(r.cmd) {
+		sess.replyLocal(r.m, errNoAuth)
 		return
 	}
-	if sess.abort.reason != nil && sess.abortedStep(cmd, m) {
+	if sess.abort.reason != nil && sess.abortedStep(r) {
 		return
 	}
 	// A refusal comes first, so that commands the proxy handles itself
 	// (MONITOR, SUBSCRIBE, blocking commands, transactions) are refused
 	// like any other.
-	if sess.guardRefused(i, m) {
+	if sess.guardRefused(r) {
 		return
 	}
-	if sess.pin.pipe != nil && sess.dispatchPinned(i, cmd, req, m) {
+	if sess.pin.pipe != nil && sess.dispatchPinned(r) {
 		return
 	}
-	// Subcommands (CLIENT ..., CONFIG ...) are rare enough to always take
-	// the slow path, which sorts out the few the proxy must answer.
-	if cmd != nil && (cmd.Flags&(commands.ConnState|commands.PubSub|commands.Blocking|commands.AllowBusy) != 0 || cmd.Parent != nil || isProxyAnswered(cmd) || cmd.IsBlocking(args)) {
-		if sess.special(cmd, req, m) {
-			return
-		}
-	}
-	if sess.guardStep(i, cmd, req, m) {
+	if r.entry != nil && r.entry.answer != nil && sess.answer(r) {
 		return
 	}
-	if sess.pin.pipe == nil {
-		if sess.tierStep(cmd, req, m) {
-			return
-		}
-		if sess.flightStep(cmd, req, m, len(sess.batchReqs) == 1) {
-			return
-		}
+	if sess.guardStep(r) {
+		return
 	}
-	if mayWrite(cmd) {
-		sess.writeForwarded(cmd, req.Args)
+	if sess.pin.pipe == nil && (sess.tierStep(r) || sess.flightStep(r)) {
+		return
 	}
-	sess.forward(req.Raw, m)
+	sess.forwardCommand(r)
+}
+
+// forwardCommand adds the client's command, unchanged, to the batch's
+// upstream Call, telling the write hooks first if it may write.
+func (sess *Session) forwardCommand(r *request) {
+	if mayWrite(r.cmd) {
+		sess.writeForwarded(r.cmd, r.Args)
+	}
+	sess.forward(r.Raw, r.m)
 }
 
 // forward adds a command to the batch's upstream Call.

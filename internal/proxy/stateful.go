@@ -85,13 +85,10 @@ var (
 
 // abortedStep answers a command of a client in the txAbort state. It
 // reports false for the commands handled as usual (RESET, QUIT).
-func (sess *Session) abortedStep(cmd *commands.Command, m *metrics.Command) bool {
+func (sess *Session) abortedStep(r *request) bool {
 	ab := &sess.abort
-	name := ""
-	if cmd != nil {
-		name = cmd.Name
-	}
-	switch name {
+	m := r.m
+	switch r.name {
 	case "reset", "quit":
 		return false
 	case "exec":
@@ -129,8 +126,10 @@ var queued = []byte("+QUEUED\r\n")
 var cmdWaitMarker = []byte("*3\r\n$7\r\nPUBLISH\r\n$22\r\n__redproxy__:wait-mark\r\n$0\r\n\r\n")
 
 // dispatchPinned handles a command while the client holds a pinned
-// connection. It reports true when it handled the command.
-func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Request, m *metrics.Command) bool {
+// connection. It reports true when it handled the command; false sends it
+// on through the ordinary dispatch (RESET, once the connection is given
+// back).
+func (sess *Session) dispatchPinned(r *request) bool {
 	pin := &sess.pin
 	if !pin.pipe.Up() {
 		// The connection and its MULTI/WATCH state are gone: what follows
@@ -138,134 +137,161 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 		sess.flush(time.Now())
 		sess.abort = txAbort{reason: errTxConnLost, multi: pin.inMulti}
 		sess.unpin(false)
-		return sess.abortedStep(cmd, m)
+		return sess.abortedStep(r)
 	}
-	name := ""
-	if cmd != nil {
-		name = cmd.Name
-	}
-	switch name {
-	case "exec":
-		if pin.inMulti {
-			for _, w := range pin.txWrites {
-				sess.writeForwarded(w.cmd, w.args)
-			}
-			sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, exec: true, mute: sess.curMute})
-			sess.call.Add(req.Raw)
-			sess.unnamePin()
-			sess.flush(time.Now())
-			if pin.txSelect >= 0 && pin.execRan {
-				sess.mu.Lock()
-				sess.db = pin.txSelect
-				sess.mu.Unlock()
-			}
-			sess.unpin(true)
-			return true
-		}
-	case "discard":
-		if pin.inMulti {
-			sess.forward(req.Raw, m)
-			sess.unnamePin()
-			sess.flush(time.Now())
-			sess.unpin(true)
-			return true
-		}
-	case "multi":
-		if !pin.inMulti {
-			pin.inMulti = true
-			pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect = 0, pin.txHidden[:0], pin.txWrites[:0], -1
-			sess.list.multi.Store(1)
-		}
-		sess.forward(req.Raw, m)
+	if r.entry != nil && r.entry.pinned != nil && r.entry.pinned(sess, r) {
 		return true
-	case "unwatch":
-		if !pin.inMulti {
-			sess.forward(req.Raw, m)
-			sess.unnamePin()
-			sess.flush(time.Now())
-			sess.unpin(true)
-			return true
-		}
-	case "quit":
-		sess.replyLocal(m, ok)
-		sess.quitting = true
-		return true
-	case "reset":
-		sess.flush(time.Now())
-		sess.unpin(false)
-		return false // the ordinary RESET handling finishes the job
-	case "select":
-		if len(req.Args) != 2 {
-			break // Redis answers the arity error
-		}
-		if pin.inMulti {
-			// Takes effect at EXEC, on this connection, which is then no
-			// longer a clean DB-0 connection for the pool.
-			if db, err := strconv.Atoi(string(req.Args[1])); err == nil && db >= 0 && db < sess.srv.cfg.Upstream.Databases {
-				pin.txSelect = db
-			}
-			pin.dirty = true
-			break
-		}
-		{
-			pin.dirty = true
-			db, err := strconv.Atoi(string(req.Args[1]))
-			if err == nil && db >= 0 && db < sess.srv.cfg.Upstream.Databases {
-				sess.forward(req.Raw, m)
-				sess.flush(time.Now())
-				sess.mu.Lock()
-				sess.db = db
-				sess.mu.Unlock()
-				return true
-			}
-			return false
-		}
 	}
+	switch {
+	case pin.pipe == nil:
+		return false
+	case pin.inMulti:
+		sess.queueInMulti(r)
+	default:
+		sess.dispatchWatched(r)
+	}
+	return true
+}
+
+// The pinnedCommands handlers (dispatch.go): transaction boundaries and
+// the commands whose effect moves to the pinned connection.
+
+func pinnedExec(sess *Session, r *request) bool {
+	pin := &sess.pin
 	if !pin.inMulti {
-		// WATCH without MULTI: an ordinary client on its own connection.
-		// Proxy-answered commands are still answered here, blocking ones
-		// wait on this connection with no proxy timeout.
-		if cmd != nil && cmd.IsBlocking(req.Args) {
-			sess.blocking(cmd, req, m)
-			return true
-		}
-		if name == "hello" {
-			// Switching protocol would leave the pinned connection speaking
-			// the old one; refusing keeps the WATCH intact.
-			sess.replyLocal(m, []byte("-ERR redproxy: HELLO while WATCH is active is not supported; UNWATCH first\r\n"))
-			return true
-		}
-		if what := relayStarter(name, req.Args); what != "" {
-			// A relay is a connection of its own: the WATCH would be left
-			// behind and a later EXEC would run unchecked.
-			sess.replyLocal(m, []byte("-ERR redproxy: "+what+" while WATCH is active is not supported; UNWATCH first\r\n"))
-			return true
-		}
-		if cmd != nil && name != "watch" && (isProxyAnswered(cmd) || cmd.Parent != nil || cmd.Flags&(commands.ConnState|commands.PubSub) != 0) {
-			if sess.special(cmd, req, m) {
-				return true
-			}
-		}
-		if name == "watch" {
-			pin.watching = true
-		}
-		if sess.guardStep(i, cmd, req, m) {
-			return true
-		}
-		if mayWrite(cmd) {
-			sess.writeForwarded(cmd, req.Args)
-		}
-		sess.forward(req.Raw, m)
-		return true
+		return false
 	}
-	// Inside MULTI everything is queued by Redis, PING and ECHO included.
+	for _, w := range pin.txWrites {
+		sess.writeForwarded(w.cmd, w.args)
+	}
+	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: r.m, exec: true, mute: sess.curMute})
+	sess.call.Add(r.Raw)
+	sess.unnamePin()
+	sess.flush(time.Now())
+	if pin.txSelect >= 0 && pin.execRan {
+		sess.mu.Lock()
+		sess.db = pin.txSelect
+		sess.mu.Unlock()
+	}
+	sess.unpin(true)
+	return true
+}
+
+func pinnedDiscard(sess *Session, r *request) bool {
+	if !sess.pin.inMulti {
+		return false
+	}
+	sess.forward(r.Raw, r.m)
+	sess.unnamePin()
+	sess.flush(time.Now())
+	sess.unpin(true)
+	return true
+}
+
+func pinnedMulti(sess *Session, r *request) bool {
+	pin := &sess.pin
+	if !pin.inMulti {
+		pin.inMulti = true
+		pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect = 0, pin.txHidden[:0], pin.txWrites[:0], -1
+		sess.list.multi.Store(1)
+	}
+	sess.forward(r.Raw, r.m)
+	return true
+}
+
+func pinnedUnwatch(sess *Session, r *request) bool {
+	if sess.pin.inMulti {
+		return false
+	}
+	sess.forward(r.Raw, r.m)
+	sess.unnamePin()
+	sess.flush(time.Now())
+	sess.unpin(true)
+	return true
+}
+
+// pinnedReset gives the connection back; the ordinary RESET handling
+// finishes the job.
+func pinnedReset(sess *Session, _ *request) bool {
+	sess.flush(time.Now())
+	sess.unpin(false)
+	return false
+}
+
+func pinnedSelect(sess *Session, r *request) bool {
+	pin := &sess.pin
+	if len(r.Args) != 2 {
+		return false // Redis answers the arity error
+	}
+	db, err := strconv.Atoi(string(r.Args[1]))
+	valid := err == nil && db >= 0 && db < sess.srv.cfg.Upstream.Databases
+	// Either way the connection is no longer a clean DB-0 connection for
+	// the pool.
+	pin.dirty = true
+	if pin.inMulti {
+		// Takes effect at EXEC, on this connection.
+		if valid {
+			pin.txSelect = db
+		}
+		return false
+	}
+	if !valid {
+		return false
+	}
+	sess.forward(r.Raw, r.m)
+	sess.flush(time.Now())
+	sess.mu.Lock()
+	sess.db = db
+	sess.mu.Unlock()
+	return true
+}
+
+// dispatchWatched handles a command of a client holding a WATCH, before
+// MULTI: an ordinary client on its own connection. Proxy-answered commands
+// are still answered here, blocking ones wait on this connection with no
+// proxy timeout.
+func (sess *Session) dispatchWatched(r *request) {
+	if r.blocking {
+		sess.blocking(r)
+		return
+	}
+	if r.name == "hello" {
+		// Switching protocol would leave the pinned connection speaking
+		// the old one; refusing keeps the WATCH intact.
+		sess.replyLocal(r.m, []byte("-ERR redproxy: HELLO while WATCH is active is not supported; UNWATCH first\r\n"))
+		return
+	}
+	if what := relayStarter(r.name, r.Args); what != "" {
+		// A relay is a connection of its own: the WATCH would be left
+		// behind and a later EXEC would run unchecked.
+		sess.replyLocal(r.m, []byte("-ERR redproxy: "+what+" while WATCH is active is not supported; UNWATCH first\r\n"))
+		return
+	}
+	if r.entry != nil && r.entry.watched && sess.answer(r) {
+		return
+	}
+	if r.name == "watch" {
+		sess.pin.watching = true
+	}
+	if sess.guardStep(r) {
+		return
+	}
+	sess.forwardCommand(r)
+}
+
+// queueInMulti sends a command inside the client's MULTI: everything is
+// queued by Redis, PING and ECHO included, except what would name other
+// clients or change the connection under the proxy's feet.
+func (sess *Session) queueInMulti(r *request) {
+	pin := &sess.pin
+	name := r.name
 	if name == "client|unblock" || name == "client|kill" {
 		// Their arguments name proxy clients (ids, addresses): run by EXEC
 		// they would name unrelated Redis connections.
-		sess.refuseInMulti(name, m)
-		return true
+		sess.refuseInMulti(name, r.m)
+		return
 	}
-	if cmd != nil && cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && !cmd.Is(commands.Write) {
+	if cmd := r.cmd; cmd != nil && cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && !cmd.Is(commands.Write) {
 		switch name {
 		case "watch", "unwatch", "select", "client|setname", "client|setinfo", "readonly", "readwrite", "asking", "publish", "spublish", "pubsub":
 			// Queued as on Redis; WATCH is refused by Redis inside MULTI
@@ -276,21 +302,20 @@ func (sess *Session) dispatchPinned(i int, cmd *commands.Command, req *resp.Requ
 				// Run at EXEC, these would change the connection under the
 				// proxy's feet (protocol, subscriptions, reply mode); refuse
 				// and make EXEC fail, as a queue-time error would.
-				sess.refuseInMulti(name, m)
-				return true
+				sess.refuseInMulti(name, r.m)
+				return
 			}
 		}
 	}
-	if sess.guardStep(i, cmd, req, m) {
-		return true
+	if sess.guardStep(r) {
+		return
 	}
-	if mayWrite(cmd) {
-		pin.txWrites = append(pin.txWrites, txWrite{cmd: cmd, args: copyArgs(req.Args)})
+	if mayWrite(r.cmd) {
+		pin.txWrites = append(pin.txWrites, txWrite{cmd: r.cmd, args: copyArgs(r.Args)})
 	}
-	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, tx: true, mute: sess.curMute})
-	sess.call.Add(req.Raw)
+	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: r.m, tx: true, mute: sess.curMute})
+	sess.call.Add(r.Raw)
 	sess.list.multi.Add(1)
-	return true
 }
 
 // refuseInMulti refuses a command inside MULTI and makes EXEC fail, as a
@@ -320,7 +345,8 @@ func (sess *Session) unnamePin() {
 }
 
 // pinFor starts pinning for MULTI or WATCH.
-func (sess *Session) pinFor(cmd *commands.Command, req *resp.Request, m *metrics.Command) {
+func (sess *Session) pinFor(r *request) {
+	cmd, m := r.cmd, r.m
 	sess.flush(time.Now())
 	p, err := sess.srv.backend.AcquirePipe(sess.db, sess.resp3)
 	if err != nil {
@@ -343,7 +369,7 @@ func (sess *Session) pinFor(cmd *commands.Command, req *resp.Request, m *metrics
 	} else {
 		sess.pin.watching = true
 	}
-	sess.forward(req.Raw, m)
+	sess.forward(r.Raw, m)
 }
 
 // unpin gives the pinned connection back; clean says the transaction ended
@@ -421,11 +447,12 @@ func errorReply(err error) []byte {
 // blocking runs a blocking command on a dedicated connection with no proxy
 // timeout (the command's own timeout, possibly forever, applies), after
 // everything the client sent before it has been answered.
-func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metrics.Command) {
+func (sess *Session) blocking(r *request) {
+	cmd, m := r.cmd, r.m
 	sess.slowExempt = true
 	sess.flush(time.Now())
 	if mayWrite(cmd) {
-		sess.writeForwarded(cmd, req.Args)
+		sess.writeForwarded(cmd, r.Args)
 	}
 	pipe := sess.pin.pipe
 	borrowed := false
@@ -445,9 +472,9 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 	named := borrowed && sess.name != ""
 	// The guard's rewrite and TTL fix-ups apply to blocking writes too
 	// (BLMOVE's destination); fix-ups follow on the same connection.
-	raw := req.Raw
+	raw := r.Raw
 	var fixups [][]byte
-	if d := sess.guard.Decision(sess.curIndex); d != nil {
+	if d := sess.guard.Decision(r.i); d != nil {
 		sess.recordViolations(d)
 		if d.Args != nil {
 			raw = sess.guard.Encode(d.Args)
@@ -511,6 +538,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 				} else {
 					sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, false)
 				}
+				sess.closing(metrics.CloseClient) // or the interruption's reason
 				sess.quitting = true
 				call.Reset()
 				return
@@ -654,7 +682,8 @@ const (
 // startRelay turns the rest of the client's life into a raw relay to a
 // dedicated connection. reqs are the client's requests from the one that
 // started it to the end of the batch; they are sent first.
-func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.Command) bool {
+func (sess *Session) startRelay(kind relayKind, r *request) bool {
+	reqs, m := sess.batchReqs[r.i:], r.m
 	sess.slowExempt = true
 	sess.flush(time.Now())
 	up, err := sess.srv.backend.AcquireConn(sess.db, sess.resp3, sess.name)
@@ -677,6 +706,7 @@ func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.
 	if len(sess.out) > 0 {
 		if _, err := sess.nc.Write(sess.out); err != nil {
 			sess.srv.backend.ReleaseConn(up)
+			sess.closing(metrics.CloseWriteError)
 			sess.quitting = true
 			return true
 		}
@@ -686,16 +716,16 @@ func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.
 	// its guard decisions at the following indices.
 	first := append([]byte(nil), reqs[0].Raw...)
 	for k := 1; k < len(reqs); k++ {
-		first = sess.appendRelayed(first, &reqs[k], sess.guard.Decision(sess.curIndex+k))
+		first = sess.appendRelayed(first, &reqs[k], sess.guard.Decision(r.i+k))
 	}
-	sess.relay(kind, up, reqs, first, limit)
+	sess.relay(kind, up, reqs, r.i, first, limit)
 	sess.srv.backend.ReleaseConn(up)
-	sess.quitting = true
+	sess.quitting = true // relay recorded why
 	return true
 }
 
 // relayStarter names cmd, as the client would write it, if it turns the
-// client into a relay (see special); otherwise it returns "".
+// client into a relay (see proxyCommands); otherwise it returns "".
 func relayStarter(name string, args [][]byte) string {
 	switch name {
 	case "subscribe", "psubscribe", "ssubscribe", "monitor":
@@ -732,16 +762,16 @@ func trackingRedirect(args [][]byte) bool {
 // reading while Redis keeps publishing is cut off at limit, so the proxy's
 // memory stays bounded and other clients are unaffected. reqs are the
 // requests first holds (the one that started the relay and the rest of
-// its batch).
+// its batch), base the index of the first of them in the batch.
 //
 // server.idle_timeout: as in Redis, pub/sub and MONITOR clients are never
 // closed for idleness; a tracking client is idle only when nothing moves
 // in either direction.
-func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, first []byte, limit int64) {
+func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, base int, first []byte, limit int64) {
 	rw := newRelayWrites(sess)
 	defer rw.end()
 	for k := range reqs {
-		d := sess.guard.Decision(sess.curIndex + k)
+		d := sess.guard.Decision(base + k)
 		args := reqs[k].Args
 		if d != nil && d.Args != nil {
 			args = d.Args
@@ -789,6 +819,9 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, fir
 				return
 			}
 			if err != nil {
+				// Unless the client's side ended first (and closed up),
+				// Redis closed the relay's connection.
+				sess.closing(metrics.CloseUpstreamLost)
 				ending.Store(true)
 				wake() // the client reader
 				return
@@ -803,6 +836,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, fir
 				return
 			}
 			if _, err := sess.nc.Write(chunk); err != nil {
+				sess.closing(metrics.CloseWriteError)
 				up.Close()
 				return
 			}
@@ -837,10 +871,12 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, fir
 		rw.sending()
 		if len(out) > 0 {
 			if _, werr := up.Write(out); werr != nil {
+				sess.closing(metrics.CloseUpstreamLost)
 				break
 			}
 		}
 		if err != nil {
+			sess.readEnded(err)
 			break
 		}
 	}

@@ -7,8 +7,6 @@ import (
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/metrics"
-	"github.com/redproxy/redproxy/internal/resp"
-	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -85,7 +83,8 @@ func (s *Server) closeTier() {
 // connection, is only ever the sole command of its batch, so it never
 // precedes this one.) For the same reason an admitted miss is filled right
 // here, before any later command of the batch is sent.
-func (sess *Session) tierStep(cmd *commands.Command, req *resp.Request, m *metrics.Command) bool {
+func (sess *Session) tierStep(r *request) bool {
+	cmd, req, m := r.cmd, r.Request, r.m
 	t := sess.srv.tier
 	// The session does not call this in MULTI, under WATCH or when relayed;
 	// the pin check is a second line of defence.
@@ -122,35 +121,17 @@ func (sess *Session) tierStep(cmd *commands.Command, req *resp.Request, m *metri
 	return false
 }
 
-// tierFill fills an admitted miss through the flight group, under the same
-// key coalesced reads use, so concurrent misses of a hot key make one
-// request, shared with any coalesced read of the same command. Whoever
-// leads the fetch, its reply is a read Redis ran after every waiter asked.
-// If the tier cannot fill (a write is in flight, no fill connection, a
-// reply with no RESP2 form), the fetch reads through the shared pool as
-// coalescing does, so waiters always get an answer.
+// tierFill fills an admitted miss through stampede protection's group
+// (stampede.Protection.Fill), so concurrent misses of a hot key make one
+// request, shared with any coalesced read of the same command.
 func (sess *Session) tierFill(t *tierState, cmd *commands.Command, raw, key []byte) ([]byte, error) {
-	fs := sess.srv.flight.Load()
 	db, resp3 := sess.db, sess.resp3
-	pool := sess.srv.backend.Pool(db, resp3)
-	fetch := func() ([]byte, error) {
-		reply, err := t.cache.Fill(db, resp3, cmd, raw, key)
-		if err == nil {
-			return reply, nil
-		}
-		if fs == nil {
-			return nil, err
-		}
-		return fs.fetch(pool, raw)
-	}
+	fill := func() ([]byte, error) { return t.cache.Fill(db, resp3, cmd, raw, key) }
+	fs := sess.srv.flight.Load()
 	if fs == nil {
-		return fetch()
+		return fill()
 	}
-	reply, _, err := fs.group.Do(flightKey('r', db, resp3, raw), fetch)
-	if errors.Is(err, stampede.ErrTooManyWaiters) {
-		return nil, err
-	}
-	return reply, err
+	return fs.Fill(db, resp3, raw, fill)
 }
 
 // tierStale handles a read the tier holds a stale-if-error value for while

@@ -1,0 +1,296 @@
+package stampede
+
+import (
+	"bytes"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/resp"
+)
+
+// Fetcher sends cmd upstream, followed by then when it is not nil, on a
+// shared connection of DB db speaking RESP3 when resp3, and returns their
+// replies back to back in a new slice; a failed reply fails the fetch.
+// (Two fixed arguments rather than a variadic list: a list passed through
+// a function value escapes, one allocation per read.) It must not depend on
+// the caller's client connection (see Group.Do). The upstream is the one in
+// force when the fetch is sent, which for a held read is after the hold:
+// a reload may have switched it meanwhile.
+type Fetcher func(db int, resp3 bool, cmd, then []byte) ([]byte, error)
+
+// Protection is stampede protection for one configuration, as the proxy
+// uses it: the coalescing group (which local-tier fills share: one
+// mechanism), the miss hold and early refresh rules, and the protocol that
+// ties them to the reads and writes of clients. It is safe for concurrent
+// use. A reload builds a new one; reads and holds in flight on the old one
+// finish there (a read held by an old rule waits at most its timeout).
+type Protection struct {
+	group    *Group
+	metrics  *Metrics
+	coalesce bool
+	misses   *Misses // nil when no hold or early refresh rule is configured
+	eligible map[*commands.Command]bool
+	fetch    Fetcher
+}
+
+// New builds stampede protection for c over the commands of table,
+// fetching through fetch. m may be shared with earlier Protections.
+func New(c Config, table *commands.Table, m *Metrics, fetch Fetcher) *Protection {
+	p := &Protection{
+		group:    NewGroup(Options{MaxWaiters: c.MaxWaiters, Metrics: m}),
+		metrics:  m,
+		coalesce: c.Coalesce,
+		misses:   NewMisses(c, m),
+		eligible: map[*commands.Command]bool{},
+		fetch:    fetch,
+	}
+	for _, cmd := range table.Commands() {
+		if coalescable(cmd) {
+			p.eligible[cmd] = true
+		}
+	}
+	return p
+}
+
+// Metrics returns the counters p updates, for the next Protection.
+func (p *Protection) Metrics() *Metrics { return p.metrics }
+
+// KeepMisses makes p use old's miss holds and early refreshes, for a
+// reload that changes the upstream but not the rules: holds are about
+// keys, not the upstream, so a read held on a miss seen on the old
+// upstream still waits for its filler, whose write now goes to the new one
+// and must release it. Only the coalescing group is new.
+func (p *Protection) KeepMisses(old *Protection) { p.misses = old.misses }
+
+// TracksWrites reports whether writes matter to p (it has hold or early
+// refresh rules), so callers can skip WriteStart's key scan.
+func (p *Protection) TracksWrites() bool { return p.misses != nil }
+
+// coalescable reports whether identical calls of cmd may share one reply:
+// read-only, deterministic, never blocking, and with a reply that does not
+// depend on when it is asked (TTLs count down). Subcommands (OBJECT ...,
+// MEMORY USAGE) and scripts are left alone. The single-key condition is
+// checked per call.
+func coalescable(cmd *commands.Command) bool {
+	if !cmd.Is(commands.ReadOnly) || cmd.Flags&(commands.Write|commands.Nondeterministic|commands.Blocking|commands.CatScripting) != 0 {
+		return false
+	}
+	switch cmd.Name {
+	case "ttl", "pttl", "expiretime", "pexpiretime", "randomkey", "srandmember", "hrandfield", "zrandmember",
+		"scan", "sscan", "hscan", "zscan", "touch":
+		return false
+	}
+	return true
+}
+
+// Read answers a read through coalescing, miss holds and early refresh.
+// The caller must send only a read that is alone in its client's batch,
+// from a client outside MULTI, WATCH and relays (see the package
+// documentation); owner is that client's id. handled is false when p has
+// nothing to do with the read (not coalescable, no rule applies, or too
+// many waiters): the caller sends it upstream itself, which is always
+// correct. Otherwise reply or err is the answer.
+func (p *Protection) Read(cmd *commands.Command, args [][]byte, raw []byte, db int, resp3 bool, owner int64) (reply []byte, handled bool, err error) {
+	if !p.eligible[cmd] {
+		return nil, false, nil
+	}
+	var kb [2]int
+	keys := cmd.Keys(args, kb[:0])
+	if len(keys) != 1 {
+		return nil, false, nil
+	}
+	key := args[keys[0]]
+	match := Match{}
+	if p.misses != nil && cmd.Name == "get" && len(args) == 2 {
+		match = p.misses.Match(key)
+	}
+	if !p.coalesce && !match.Any() {
+		return nil, false, nil
+	}
+	reply, err = p.read(raw, key, db, resp3, match, owner)
+	if errors.Is(err, ErrTooManyWaiters) {
+		return nil, false, nil
+	}
+	return reply, true, err
+}
+
+// read answers one read through the group, applying the miss hold and
+// early refresh rules of match.
+func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owner int64) ([]byte, error) {
+	if match.Hold() {
+		if h := p.misses.Held(db, key, match, owner); h != nil {
+			return p.heldRead(h, db, key, resp3, match, owner)
+		}
+	}
+	var reply []byte
+	var ttl time.Duration
+	if match.Refresh() {
+		// The PTTL travels in the same fetch, right behind the GET on the
+		// same connection; the client never sees it.
+		both, _, err := p.group.Do(flightKey('t', db, resp3, raw), func() ([]byte, error) {
+			return p.fetch(db, resp3, raw, pttlCommand(key))
+		})
+		if err != nil {
+			return nil, err
+		}
+		reply, ttl = splitTTL(both)
+	} else {
+		var err error
+		reply, _, err = p.group.Do(flightKey('r', db, resp3, raw), func() ([]byte, error) {
+			return p.fetch(db, resp3, raw, nil)
+		})
+		if err != nil || !match.Any() {
+			return reply, err
+		}
+	}
+	if isNilReply(reply) {
+		if h := p.misses.Missed(db, key, match, owner, true); h != nil {
+			return p.heldRead(h, db, key, resp3, match, owner)
+		}
+		return reply, nil
+	}
+	if p.misses.Early(db, key, match, owner, ttl) {
+		return nilReply(resp3), nil
+	}
+	return reply, nil
+}
+
+// heldRead waits for a miss hold to end and then reads the key with the
+// other reads it held, in one fetch. A read that is held once is never held
+// again: if the key is still missing it gets the nil (and may become the
+// next filler).
+func (p *Protection) heldRead(h *Hold, db int, key []byte, resp3 bool, match Match, owner int64) ([]byte, error) {
+	h.Wait()
+	get := resp.AppendCommandNamed(nil, "GET", key)
+	reply, err := h.Fetch(resp3, p.metrics, func() ([]byte, error) { return p.fetch(db, resp3, get, nil) })
+	if err == nil && isNilReply(reply) {
+		p.misses.Missed(db, key, match, owner, false)
+	}
+	return reply, err
+}
+
+// Fill shares a fill of the local tier with every concurrent read of the
+// same command (coalesced reads and other fills), under the key coalesced
+// reads use, so concurrent misses of a hot key make one request. Whoever
+// leads the fetch, its reply is a read Redis ran after every waiter asked.
+// When fill fails (the tier cannot fill: a write in flight, no fill
+// connection, a reply with no RESP2 form), the leader reads raw through
+// the Fetcher instead, so waiters always get an answer. ErrTooManyWaiters:
+// the caller should send its read upstream alone.
+func (p *Protection) Fill(db int, resp3 bool, raw []byte, fill func() ([]byte, error)) ([]byte, error) {
+	reply, _, err := p.group.Do(flightKey('r', db, resp3, raw), func() ([]byte, error) {
+		if reply, err := fill(); err == nil {
+			return reply, nil
+		}
+		return p.fetch(db, resp3, raw, nil)
+	})
+	return reply, err
+}
+
+// Writes are one client's writes of keys under a hold or early refresh
+// rule, from WriteStart until their replies are in (Done): only then
+// may held reads fetch again and see them. The zero value is empty. A
+// client's Writes belong to the goroutine serving it.
+type Writes struct {
+	marks []writeMark
+}
+
+type writeMark struct {
+	misses *Misses // the rules the key matched: a reload may replace them meanwhile
+	db     int
+	key    []byte
+	match  Match
+}
+
+// Pending reports whether w holds writes whose replies are not yet in.
+func (w *Writes) Pending() bool { return len(w.marks) > 0 }
+
+// WriteStart is told of a write of cmd with args in DB db before it is
+// sent upstream; it remembers in w the keys under a rule.
+func (p *Protection) WriteStart(w *Writes, db int, cmd *commands.Command, args [][]byte) {
+	if p.misses == nil {
+		return
+	}
+	var kb [8]int
+	for _, i := range cmd.Keys(args, kb[:0]) {
+		if match := p.misses.Match(args[i]); match.Any() {
+			w.marks = append(w.marks, writeMark{misses: p.misses, db: db, key: bytes.Clone(args[i]), match: match})
+		}
+	}
+}
+
+// Done is told that the replies of every write in w are in: holds on
+// their keys end and early refresh samples δ. w is empty afterwards.
+func (w *Writes) Done() {
+	for _, m := range w.marks {
+		m.misses.Written(m.db, m.key, m.match)
+	}
+	clear(w.marks)
+	w.marks = w.marks[:0]
+}
+
+// ClientClosed ends the holds and early refreshes owner was filling: its
+// client will not write them now, and its waiters must not wait for the
+// timeout. Its writes still in w, whose replies it never saw, release
+// nothing.
+func (p *Protection) ClientClosed(w *Writes, owner int64) {
+	clear(w.marks)
+	w.marks = w.marks[:0]
+	if p.misses != nil {
+		p.misses.OwnerClosed(owner)
+	}
+}
+
+// flightKey identifies identical reads: DB, protocol and the exact command
+// bytes, plus the kind of fetch ('r' plain, 't' with PTTL).
+func flightKey(kind byte, db int, resp3 bool, raw []byte) string {
+	var b strings.Builder
+	b.Grow(len(raw) + 8)
+	b.WriteByte(kind)
+	if resp3 {
+		b.WriteByte('3')
+	} else {
+		b.WriteByte('2')
+	}
+	b.WriteString(strconv.Itoa(db))
+	b.WriteByte(':')
+	b.Write(raw)
+	return b.String()
+}
+
+func pttlCommand(key []byte) []byte { return resp.AppendCommandNamed(nil, "PTTL", key) }
+
+// splitTTL separates a GET reply from the PTTL reply behind it. ttl is 0
+// when the key has no expiry (or the PTTL reply is not a number).
+func splitTTL(both []byte) (reply []byte, ttl time.Duration) {
+	n, err := resp.ScanReply(both)
+	if err != nil || n == 0 {
+		return both, 0
+	}
+	rest := both[n:]
+	if len(rest) < 4 || rest[0] != ':' {
+		return both[:n], 0
+	}
+	ms, err := strconv.ParseInt(string(bytes.TrimSuffix(rest[1:], []byte("\r\n"))), 10, 64)
+	if err != nil || ms <= 0 {
+		return both[:n], 0
+	}
+	return both[:n], time.Duration(ms) * time.Millisecond
+}
+
+var (
+	nilRESP2 = []byte("$-1\r\n")
+	nilRESP3 = []byte("_\r\n")
+)
+
+func isNilReply(r []byte) bool { return bytes.Equal(r, nilRESP2) || bytes.Equal(r, nilRESP3) }
+
+func nilReply(resp3 bool) []byte {
+	if resp3 {
+		return nilRESP3
+	}
+	return nilRESP2
+}
