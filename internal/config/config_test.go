@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"github.com/redproxy/redproxy/internal/auth"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -97,6 +98,18 @@ shutdown_timeout = "1s"
 client_write_timeout = "7s"
 slowlog_threshold = "2ms"
 slowlog_max_len = 16
+allow_unauthenticated = true
+
+[admin]
+token_file = "/etc/redproxy/admin.token"
+
+[[users]]
+name = "app"
+password_sha256 = "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b"
+enabled = false
+acl = "+@read ~cache:*"
+upstream_user = "redis-app"
+upstream_password_file = "/etc/redproxy/app.pw"
 
 [upstream]
 address = "redis.internal:6390"
@@ -157,7 +170,14 @@ max_age = "20s"
 			SlowlogThreshold:   dur(2 * time.Millisecond),
 			SlowlogMaxLen:      16,
 			ClientWriteTimeout: dur(7 * time.Second),
+
+			AllowUnauthenticated: true,
 		},
+		Admin: Admin{TokenFile: "/etc/redproxy/admin.token"},
+		Users: []auth.UserConfig{{
+			Name: "app", PasswordSHA256: "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b",
+			Enabled: new(false), ACL: "+@read ~cache:*", UpstreamUser: "redis-app", UpstreamPasswordFile: "/etc/redproxy/app.pw",
+		}},
 		Upstream: Upstream{
 			Address:      "redis.internal:6390",
 			Username:     "proxy",
@@ -458,7 +478,7 @@ func TestExampleFileMatchesDefaults(t *testing.T) {
 		// Scopes are documented in comments: an empty "scope = []" would
 		// stop users from adding [[policy.scope]] tables below it.
 		// The same holds for the stampede rule lists.
-		if key == "policy.scope" || key == "stampede.hold" || key == "stampede.early_refresh" || key == "localcache.stale_if_error" {
+		if key == "policy.scope" || key == "users" || key == "stampede.hold" || key == "stampede.early_refresh" || key == "localcache.stale_if_error" {
 			continue
 		}
 		if _, ok := lines[key]; !ok {

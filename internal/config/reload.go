@@ -21,6 +21,8 @@ var restartOnly = []struct{ key, why string }{
 	{"upstream.username", "clients are authenticated against the upstream credentials they connected with"},
 	{"upstream.password", "clients are authenticated against the upstream credentials they connected with"},
 	{"upstream.databases", "the per-database pools and the range SELECT accepts are sized at start"},
+	{"users", "proxy users and their upstream connections are set up at start"},
+	{"admin.", "the admin endpoint reads its token once at start"},
 	{"localcache.", "the local tier's memory, tracking connections and admission state are built at start"},
 }
 

@@ -31,7 +31,7 @@ func runsAlone(cmd *commands.Command) bool {
 // client sent before it has been answered.
 func (sess *Session) runAlone(cmd *commands.Command, req *resp.Request, m *metrics.Command) {
 	sess.flush(time.Now())
-	reply, err := sess.srv.backend.RoundTrip(sess.resp3, req.Raw)
+	reply, err := sess.backend().RoundTrip(sess.resp3, req.Raw)
 	switch {
 	case err == nil:
 		sess.replyLocal(m, reply)

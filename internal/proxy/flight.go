@@ -130,10 +130,10 @@ func (sess *Session) flightStep(cmd *commands.Command, req *resp.Request, m *met
 // and early refresh rules of match.
 func (sess *Session) flightRead(fs *flightState, raw, key []byte, match stampede.Match) ([]byte, error) {
 	db, resp3 := sess.db, sess.resp3
-	pool := sess.srv.backend.Pool(db, resp3)
+	pool := sess.backend().Pool(db, resp3)
 	if match.Hold() {
 		if h := fs.misses.Held(db, key, match, sess.id); h != nil {
-			return fs.heldRead(h, sess.srv.backend, db, key, resp3, match, sess.id)
+			return fs.heldRead(h, sess.backend(), db, key, resp3, match, sess.id)
 		}
 	}
 	var reply []byte
@@ -159,7 +159,7 @@ func (sess *Session) flightRead(fs *flightState, raw, key []byte, match stampede
 	}
 	if isNilReply(reply) {
 		if h := fs.misses.Missed(db, key, match, sess.id, true); h != nil {
-			return fs.heldRead(h, sess.srv.backend, db, key, resp3, match, sess.id)
+			return fs.heldRead(h, sess.backend(), db, key, resp3, match, sess.id)
 		}
 		return reply, nil
 	}

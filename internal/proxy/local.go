@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"crypto/subtle"
 	"net"
 	"strconv"
 	"strings"
@@ -72,7 +73,7 @@ func (sess *Session) special(cmd *commands.Command, req *resp.Request, m *metric
 		sess.mu.Unlock()
 		sess.replyOff, sess.replySkip, sess.curMute = false, false, false
 		sess.abort = txAbort{}
-		sess.authed = sess.srv.cfg.Upstream.Password == ""
+		sess.deauthenticate()
 		sess.replyLocal(m, []byte("+RESET\r\n"))
 	case "client|setname":
 		name := args[2]
@@ -240,10 +241,10 @@ func (sess *Session) appendNull(b []byte) []byte {
 	return redcon.AppendNull(b)
 }
 
-// checkAuth compares credentials with the upstream's: clients of the proxy
+// checkUpstreamAuth compares credentials with the upstream's: clients of the proxy
 // authenticate exactly as they would with Redis, and the proxy never opens a
 // password-protected Redis to clients without the password.
-func (sess *Session) checkAuth(user, pass []byte) []byte {
+func (sess *Session) checkUpstreamAuth(user, pass []byte) []byte {
 	up := sess.srv.cfg.Upstream
 	if up.Password == "" {
 		return errNoPassword
@@ -252,7 +253,7 @@ func (sess *Session) checkAuth(user, pass []byte) []byte {
 	if wantUser == "" {
 		wantUser = "default"
 	}
-	if string(user) != wantUser || string(pass) != up.Password {
+	if string(user) != wantUser || subtle.ConstantTimeCompare(pass, []byte(up.Password)) != 1 {
 		return errWrongPass
 	}
 	sess.authed = true
@@ -263,9 +264,9 @@ func (sess *Session) auth(m *metrics.Command, args [][]byte) {
 	var e []byte
 	switch len(args) {
 	case 1:
-		e = sess.checkAuth([]byte("default"), args[0])
+		e = sess.authenticate([]byte("default"), args[0])
 	case 2:
-		e = sess.checkAuth(args[0], args[1])
+		e = sess.authenticate(args[0], args[1])
 	default:
 		e = []byte("-ERR syntax error\r\n")
 	}
@@ -297,7 +298,7 @@ func (sess *Session) hello(m *metrics.Command, args [][]byte) {
 		opt := strings.ToLower(string(args[i]))
 		switch {
 		case opt == "auth" && i+2 < len(args):
-			if e := sess.checkAuth(args[i+1], args[i+2]); e != nil {
+			if e := sess.authenticate(args[i+1], args[i+2]); e != nil {
 				sess.replyLocal(m, e)
 				return
 			}
@@ -443,7 +444,7 @@ func (sess *Session) infoLine() string {
 	}
 	field("events", "r")
 	field("cmd", last)
-	field("user", sess.srv.userName())
+	field("user", sess.userName())
 	field("redir", "-1")
 	field("resp", strconv.Itoa(proto))
 	field("lib-name", sess.libName)
@@ -572,7 +573,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 			id >= 0 && sess.id != id,
 			addr != "" && sess.nc.RemoteAddr().String() != addr,
 			laddr != "" && sess.nc.LocalAddr().String() != laddr,
-			user != "" && user != s.userName(),
+			user != "" && user != sess.lockedUserName(),
 			typ == "master" || typ == "replica" || typ == "slave",
 			maxAge >= 0 && time.Since(sess.createdAt) < time.Duration(maxAge)*time.Second:
 			continue

@@ -48,6 +48,7 @@ type Server struct {
 	flight       atomic.Pointer[flightState] // stampede protection (flight.go); a reload replaces it
 	tier         *tierState                  // the local tier (tier.go)
 	slow         slowState                   // the slow log (slowlog.go)
+	users        *userState                  // proxy users and their upstream pools (users.go)
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -116,12 +117,14 @@ func NewServer(o Options) (*Server, error) {
 	// its tracking connections): a policy that does not compile fails
 	// NewServer with nothing of the tier running.
 	for _, build := range []func(*Server) error{
+		initUsers,   // proxy users, per-credential pools; refuses an open non-loopback listener (users.go)
 		initFlight,  // stampede protection: coalescing, miss holds (flight.go)
 		initGuard,   // the policy guard (guard.go)
 		initSlowlog, // the slow log (slowlog.go)
 		initTier,    // the local tier, when enabled (tier.go)
 	} {
 		if err := build(s); err != nil {
+			s.closeUsers()
 			s.backend.Close()
 			return nil, err
 		}
@@ -236,6 +239,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.closeTier()
 	s.backend.Close()
+	s.closeUsers()
 	return err
 }
 

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/localcache"
@@ -42,6 +43,7 @@ type Session struct {
 	libName   string
 	libVer    string
 	authed    bool
+	user      *auth.User // the proxy user after AUTH (users.go); nil: none
 	createdAt time.Time
 	lastCmd   atomic.Pointer[commands.Command] // for CLIENT INFO/LIST
 	list      listState                        // the rest CLIENT INFO/LIST shows
@@ -85,6 +87,8 @@ type Session struct {
 	slowExempt   bool
 
 	interrupted atomic.Bool
+
+	aclKeys []commands.KeyRef // scratch for the ACL's key checks
 }
 
 // slot says where one command's reply comes from.
@@ -119,7 +123,7 @@ func newSession(s *Server, nc net.Conn) *Session {
 		id:        s.nextID.Add(1),
 		call:      upstream.NewCall(),
 		createdAt: time.Now(),
-		authed:    s.cfg.Upstream.Password == "",
+		authed:    !s.needsAuth(),
 		outLimit:  int64(cfg.Server.ClientOutputLimit),
 		replySize: unknownReplySize,
 	}
@@ -279,6 +283,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	if sess.abort.reason != nil && sess.abortedStep(cmd, m) {
 		return
 	}
+	if sess.aclRefused(cmd, args, m) {
+		return
+	}
 	// A refusal comes first, so that commands the proxy handles itself
 	// (MONITOR, SUBSCRIBE, blocking commands, transactions) are refused
 	// like any other.
@@ -407,7 +414,7 @@ func (sess *Session) flush(start time.Time) {
 				call.Wait()
 			}
 		} else {
-			sess.srv.backend.Pool(sess.db, sess.resp3).Do(call)
+			sess.backend().Pool(sess.db, sess.resp3).Do(call)
 		}
 		now = time.Now()
 		sess.upstreamWait += now.Sub(sent)

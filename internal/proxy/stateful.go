@@ -322,7 +322,7 @@ func (sess *Session) unnamePin() {
 // pinFor starts pinning for MULTI or WATCH.
 func (sess *Session) pinFor(cmd *commands.Command, req *resp.Request, m *metrics.Command) {
 	sess.flush(time.Now())
-	p, err := sess.srv.backend.AcquirePipe(sess.db, sess.resp3)
+	p, err := sess.backend().AcquirePipe(sess.db, sess.resp3)
 	if err != nil {
 		sess.replyLocal(m, errorReply(err))
 		if cmd.Name == "multi" {
@@ -353,7 +353,7 @@ func (sess *Session) unpin(clean bool) {
 	if pin.pipe == nil {
 		return
 	}
-	sess.srv.backend.ReleasePipe(pin.pipe, pin.db, pin.resp3, clean && !pin.dirty && !pin.named)
+	sess.backend().ReleasePipe(pin.pipe, pin.db, pin.resp3, clean && !pin.dirty && !pin.named)
 	sess.list.multi.Store(0)
 	clear(pin.txWrites)
 	*pin = pinState{txHidden: pin.txHidden[:0], txWrites: pin.txWrites[:0]}
@@ -430,7 +430,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 	pipe := sess.pin.pipe
 	borrowed := false
 	if pipe == nil {
-		p, err := sess.srv.backend.AcquirePipe(sess.db, sess.resp3)
+		p, err := sess.backend().AcquirePipe(sess.db, sess.resp3)
 		if err != nil {
 			sess.replyLocal(m, errorReply(err))
 			return
@@ -439,7 +439,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 	}
 	// Other clients' CLIENT UNBLOCK names this client by its proxy id and
 	// needs the connection's Redis id; without it, UNBLOCK answers 0.
-	rid, _ := sess.srv.backend.PipeID(pipe)
+	rid, _ := sess.backend().PipeID(pipe)
 	// A borrowed connection is the client's own while it blocks: it
 	// carries the client's name, and its own again afterwards.
 	named := borrowed && sess.name != ""
@@ -480,7 +480,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 	if err := pipe.Send(call); err != nil {
 		sess.block.set(0, nil)
 		if borrowed {
-			sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, false)
+			sess.backend().ReleasePipe(pipe, sess.db, sess.resp3, false)
 		}
 		sess.replyLocal(m, errorReply(err))
 		call.Reset()
@@ -509,7 +509,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 				if !borrowed {
 					sess.unpin(false)
 				} else {
-					sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, false)
+					sess.backend().ReleasePipe(pipe, sess.db, sess.resp3, false)
 				}
 				sess.quitting = true
 				call.Reset()
@@ -544,7 +544,7 @@ func (sess *Session) blocking(cmd *commands.Command, req *resp.Request, m *metri
 		call.Reset()
 	}
 	if borrowed {
-		sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, clean)
+		sess.backend().ReleasePipe(pipe, sess.db, sess.resp3, clean)
 	}
 	sess.flush(time.Now())
 }
@@ -610,7 +610,7 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 	if mode != "" {
 		raw = resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
 	}
-	reply, err := sess.srv.backend.RoundTripBeside(target.block.pipe, raw)
+	reply, err := target.lockedBackend().RoundTripBeside(target.block.pipe, raw)
 	if err != nil {
 		reply = errorReply(err)
 	}
@@ -654,7 +654,7 @@ const (
 func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.Command) bool {
 	sess.slowExempt = true
 	sess.flush(time.Now())
-	up, err := sess.srv.backend.AcquireConn(sess.db, sess.resp3, sess.name)
+	up, err := sess.backend().AcquireConn(sess.db, sess.resp3, sess.name)
 	if err != nil {
 		// Answered: the command must not also go to a shared connection,
 		// which it would turn into a subscriber (or worse, in RESP3, make
@@ -673,7 +673,7 @@ func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.
 	// Whatever the session has still to write goes first.
 	if len(sess.out) > 0 {
 		if _, err := sess.nc.Write(sess.out); err != nil {
-			sess.srv.backend.ReleaseConn(up)
+			sess.backend().ReleaseConn(up)
 			sess.quitting = true
 			return true
 		}
@@ -686,7 +686,7 @@ func (sess *Session) startRelay(kind relayKind, reqs []resp.Request, m *metrics.
 		first = sess.appendRelayed(first, &reqs[k], sess.guard.Decision(sess.curIndex+k))
 	}
 	sess.relay(kind, up, reqs, first, limit)
-	sess.srv.backend.ReleaseConn(up)
+	sess.backend().ReleaseConn(up)
 	sess.quitting = true
 	return true
 }
@@ -863,6 +863,9 @@ func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decisi
 	}
 	if trackingRedirect(r.Args) {
 		return refuse(out, errTrackingRedirect)
+	}
+	if msg := sess.relayDenied(r.Args); msg != "" {
+		return refuse(out, msg)
 	}
 	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") {
 		// Proxy client ids and addresses cannot be translated in flight

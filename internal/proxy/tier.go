@@ -132,7 +132,7 @@ func (sess *Session) tierStep(cmd *commands.Command, req *resp.Request, m *metri
 func (sess *Session) tierFill(t *tierState, cmd *commands.Command, raw, key []byte) ([]byte, error) {
 	fs := sess.srv.flight.Load()
 	db, resp3 := sess.db, sess.resp3
-	pool := sess.srv.backend.Pool(db, resp3)
+	pool := sess.backend().Pool(db, resp3)
 	fetch := func() ([]byte, error) {
 		reply, err := t.cache.Fill(db, resp3, cmd, raw, key)
 		if err == nil {
@@ -161,7 +161,7 @@ func (sess *Session) tierStale(t *tierState, raw, key []byte, m *metrics.Command
 	db, resp3 := sess.db, sess.resp3
 	call := upstream.NewCall()
 	call.Add(raw)
-	sess.srv.backend.Pool(db, resp3).Do(call)
+	sess.backend().Pool(db, resp3).Do(call)
 	reply, err := call.Reply(0)
 	if err == nil {
 		t.cache.Refreshed(db, key)
