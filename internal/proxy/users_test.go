@@ -3,9 +3,12 @@ package proxy_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -402,3 +405,190 @@ var (
 	_ = proxy.NewServer
 	_ = redistest.Start
 )
+
+// Each user's traffic runs with its own upstream credential: Redis sees
+// the right ACL user on shared, pinned (WATCH) and relayed connections,
+// and its own ACL refuses what that credential may not do.
+func TestUserUpstreamCredential(t *testing.T) {
+	rs := redistest.Start(t)
+	rc := rs.Client(t)
+	for _, c := range [][]any{
+		{"acl", "setuser", "redis-app", "on", ">redis-app-pw", "~*", "+@all"},
+		{"acl", "setuser", "redis-ro", "on", ">redis-ro-pw", "~*", "+@read", "+@connection", "+@transaction", "+acl|whoami", "+client|setname", "+watch"},
+	} {
+		if err := rc.Do(ctx, c...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	for name, pw := range map[string]string{"app": "redis-app-pw", "ro": "redis-ro-pw"} {
+		if err := writeFileT(dir+"/"+name, pw+"\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		a := user("app", appPass, "+@all ~*")
+		a.UpstreamUser, a.UpstreamPasswordFile = "redis-app", dir+"/app"
+		r := user("ro", roPass, "+@all ~*") // the proxy allows; Redis's own ACL is the backstop
+		r.UpstreamUser, r.UpstreamPasswordFile = "redis-ro", dir+"/ro"
+		c.Users = []auth.UserConfig{a, r}
+	})
+	app, ro := loggedIn(t, p, "app", appPass), loggedIn(t, p, "ro", roPass)
+	for _, c := range []struct {
+		cl   *redis.Client
+		want string
+	}{{app, "redis-app"}, {ro, "redis-ro"}} {
+		if who, err := c.cl.Do(ctx, "acl", "whoami").Text(); err != nil || who != c.want {
+			t.Errorf("ACL WHOAMI: %q %v, want %s", who, err, c.want)
+		}
+		// Pinned: WATCH keeps the client on a dedicated connection.
+		nc := p.Dial(t)
+		rd := newReplyReader(nc)
+		name := strings.TrimPrefix(c.want, "redis-")
+		pass := appPass
+		if name == "ro" {
+			pass = roPass
+		}
+		nc.Write([]byte("AUTH " + name + " " + pass + "\r\nWATCH k\r\nACL WHOAMI\r\nUNWATCH\r\n"))
+		rd.line(t)
+		rd.line(t)
+		rd.line(t)
+		if got := rd.line(t); got != c.want {
+			t.Errorf("ACL WHOAMI while pinned: %q, want %s", got, c.want)
+		}
+	}
+	if err := ro.Set(ctx, "k", "v", 0).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("Redis's ACL let redis-ro write: %v", err)
+	}
+	if err := app.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Errorf("app: %v", err)
+	}
+	// Redis's CLIENT LIST shows the users' connections under their names.
+	list, _ := rc.ClientList(ctx).Result()
+	if !strings.Contains(list, "user=redis-app") || !strings.Contains(list, "user=redis-ro") {
+		t.Errorf("Redis's CLIENT LIST does not show both users:\n%s", list)
+	}
+}
+
+// Passwords never appear in logs, metrics, the policy report, CLIENT LIST
+// or SLOWLOG passed through.
+func TestPasswordsNeverShown(t *testing.T) {
+	var logs syncBuffer
+	rs := redistest.Start(t)
+	cfg := config.Default()
+	cfg.Server.Listen, cfg.Server.Admin, cfg.Upstream.Address = "127.0.0.1:0", "", rs.Addr()
+	cfg.Users = []auth.UserConfig{user("app", appPass, "+@all -keys ~*")}
+	reg := metrics.New()
+	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: commands.Builtin(), Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Metrics: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(c)
+	})
+	rs.Client(t).ConfigSet(ctx, "slowlog-log-slower-than", "0")
+	c := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), Username: "app", Password: appPass, MaxRetries: -1})
+	defer c.Close()
+	bad := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), Username: "app", Password: "wrong-" + appPass, MaxRetries: -1})
+	defer bad.Close()
+	bad.Ping(ctx)
+	c.Do(ctx, "auth", "app", appPass)
+	c.Set(ctx, "k", "v", 0)
+	c.Do(ctx, "flushall") // a policy violation, for the report
+	var seen []string
+	list, _ := c.ClientList(ctx).Result()
+	seen = append(seen, "CLIENT LIST: "+list)
+	slow, _ := c.Do(ctx, "slowlog", "get", "128").Slice()
+	seen = append(seen, "SLOWLOG: "+strings.TrimSpace(strings.ReplaceAll(fmtAny(slow), "\n", " ")))
+	seen = append(seen, "metrics: "+gatherText(t, reg))
+	rep := httptest.NewRecorder()
+	srv.Guard().ReportHandler().ServeHTTP(rep, httptest.NewRequest("GET", "/policy/report", nil))
+	seen = append(seen, "report: "+rep.Body.String())
+	seen = append(seen, "logs: "+logs.String())
+	for _, s := range seen {
+		if strings.Contains(s, appPass) {
+			t.Errorf("the password appears in %s", s[:strings.Index(s, ":")])
+		}
+	}
+	if !strings.Contains(list, "user=app") {
+		t.Errorf("CLIENT LIST does not name the user: %s", list)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func fmtAny(v any) string { return fmt.Sprint(v) }
+
+func writeFileT(name, s string) error { return os.WriteFile(name, []byte(s), 0o600) }
+
+// A policy scope bound to a user (users[].scope) applies to that user and
+// not another.
+func TestUserScope(t *testing.T) {
+	parsed, err := config.Parse([]byte(`
+[[users]]
+name = "batch"
+password_sha256 = "`+auth.HashPassword("batch-pw")+`"
+acl = "+@all ~*"
+scope = "batch-jobs"
+
+[[users]]
+name = "app"
+password_sha256 = "`+auth.HashPassword(appPass)+`"
+acl = "+@all ~*"
+
+[[policy.scope]]
+name = "batch-jobs"
+[policy.scope.commands]
+allow = ["flushdb"]
+`), "scope.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Users, c.Policy = parsed.Users, parsed.Policy })
+	if err := loggedIn(t, p, "batch", "batch-pw").Do(ctx, "flushdb").Err(); err != nil {
+		t.Errorf("FLUSHDB in the batch user's scope: %v", err)
+	}
+	if err := loggedIn(t, p, "app", appPass).Do(ctx, "flushdb").Err(); err == nil {
+		t.Error("FLUSHDB allowed for app, which the scope does not cover")
+	}
+}
+
+// Without users or an upstream password, a listener that is not loopback
+// refuses to start, unless allow_unauthenticated says otherwise.
+func TestOpenListenerRefused(t *testing.T) {
+	rs := redistest.Start(t)
+	cfg := config.Default()
+	cfg.Server.Listen, cfg.Server.Admin, cfg.Upstream.Address = "0.0.0.0:0", "", rs.Addr()
+	_, err := proxy.NewServer(proxy.Options{Config: cfg, Table: commands.Builtin(), Metrics: metrics.New()})
+	if err == nil || !strings.Contains(err.Error(), "allow_unauthenticated") {
+		t.Fatalf("NewServer: %v", err)
+	}
+	cfg.Server.AllowUnauthenticated = true
+	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: commands.Builtin(), Metrics: metrics.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown(ctx)
+}
