@@ -205,12 +205,18 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	}
 	var adm *admin.Server
 	if cfg.Server.Admin != "" {
+		token, err := admin.Token(cfg.Server.Admin, cfg.Admin.TokenFile, config.IsLoopback(cfg.Server.Admin))
+		if err != nil {
+			fmt.Fprintf(stderr, "redproxy: refusing to start: %v\n", err)
+			return 2
+		}
 		aln, err := net.Listen("tcp", cfg.Server.Admin)
 		if err != nil {
 			fmt.Fprintf(stderr, "redproxy: cannot listen on %s (server.admin): %v\n", cfg.Server.Admin, err)
 			return 1
 		}
 		adm = newAdmin(srv, reg, rl.handler(), log)
+		adm.SetToken(token)
 		go adm.Serve(aln)
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}

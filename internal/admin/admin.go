@@ -6,11 +6,16 @@ package admin
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,9 +24,10 @@ import (
 
 // Server is the admin HTTP server.
 type Server struct {
-	mux  *http.ServeMux
-	http *http.Server
-	log  *slog.Logger
+	mux   *http.ServeMux
+	http  *http.Server
+	log   *slog.Logger
+	token atomic.Pointer[[]byte] // bearer token; nil: open
 }
 
 // New builds the admin server. ready reports whether Redis is reachable.
@@ -39,13 +45,67 @@ func New(reg *prometheus.Registry, ready func() bool, log *slog.Logger) *Server 
 		w.Write([]byte("ok\n"))
 	})
 	// Profiles are how a CPU-per-request regression is explained; the admin
-	// address is loopback by default, so exposing them is safe.
+	// address is loopback by default, and elsewhere needs the token.
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return &Server{mux: mux, log: log, http: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
+	s := &Server{mux: mux, log: log}
+	s.http = &http.Server{Handler: http.HandlerFunc(s.serveHTTP), ReadHeaderTimeout: 5 * time.Second}
+	return s
+}
+
+// SetToken makes every endpoint but /healthz and /readyz require
+// "Authorization: Bearer <token>". Profiles and /debug/hotkeys (key names
+// are data) are included. An empty token leaves the endpoint open.
+func (s *Server) SetToken(token string) {
+	if token == "" {
+		s.token.Store(nil)
+		return
+	}
+	b := []byte(token)
+	s.token.Store(&b)
+}
+
+// Handler is the server's handler, token check included, for tests.
+func (s *Server) Handler() http.Handler { return s.http.Handler }
+
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if tok := s.token.Load(); tok != nil && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), *tok) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="redproxy admin"`)
+			http.Error(w, "unauthorized: this endpoint needs the admin token (Authorization: Bearer <admin.token_file>)", http.StatusUnauthorized)
+			return
+		}
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// ErrTokenRequired is returned by Token when the admin endpoint is bound
+// to an address other hosts can reach and no token file is configured.
+var ErrTokenRequired = errors.New("the admin endpoint is not on a loopback address: set admin.token_file")
+
+// Token returns the bearer token the admin endpoint at addr needs: the
+// content of tokenFile (trailing newlines dropped), "" for none. An
+// address that is not loopback requires a token.
+func Token(addr, tokenFile string, loopback bool) (string, error) {
+	if tokenFile == "" {
+		if !loopback {
+			return "", fmt.Errorf("%w (server.admin is %q)", ErrTokenRequired, addr)
+		}
+		return "", nil
+	}
+	b, err := os.ReadFile(tokenFile)
+	if err != nil {
+		return "", fmt.Errorf("admin.token_file: %w", err)
+	}
+	tok := strings.TrimRight(string(b), "\r\n")
+	if len(tok) < 16 {
+		return "", fmt.Errorf("admin.token_file %s: the token is shorter than 16 characters", tokenFile)
+	}
+	return tok, nil
 }
 
 // Handle registers another endpoint (pattern as for http.ServeMux).

@@ -72,6 +72,18 @@ const (
 	// subscriptions, ...). A proxy multiplexing clients over shared upstream
 	// connections must emulate, pin or refuse these.
 	ConnState
+
+	// The data-type ACL categories, which the proxy's user ACLs
+	// (internal/auth) select commands by.
+	CatString      // "@string"
+	CatList        // "@list"
+	CatHash        // "@hash"
+	CatSet         // "@set"
+	CatSortedSet   // "@sortedset"
+	CatBitmap      // "@bitmap"
+	CatHyperLogLog // "@hyperloglog"
+	CatGeo         // "@geo"
+	CatStream      // "@stream"
 )
 
 // flagNames maps each flag to the Redis spelling it is parsed from and to its
@@ -116,6 +128,42 @@ var flagNames = [...]struct {
 	{Nondeterministic, "nondeterministic_output", "Nondeterministic"},
 	{NondeterministicOrder, "nondeterministic_output_order", "NondeterministicOrder"},
 	{ConnState, "", "ConnState"},
+	{CatString, "@string", "CatString"},
+	{CatList, "@list", "CatList"},
+	{CatHash, "@hash", "CatHash"},
+	{CatSet, "@set", "CatSet"},
+	{CatSortedSet, "@sortedset", "CatSortedSet"},
+	{CatBitmap, "@bitmap", "CatBitmap"},
+	{CatHyperLogLog, "@hyperloglog", "CatHyperLogLog"},
+	{CatGeo, "@geo", "CatGeo"},
+	{CatStream, "@stream", "CatStream"},
+}
+
+// Category returns the flag of a Redis ACL category, named with or without
+// its '@' ("read", "@sortedset"), case-insensitively. Every category Redis 7
+// defines has one; ok is false for anything else.
+func Category(name string) (f Flags, ok bool) {
+	if !strings.HasPrefix(name, "@") {
+		name = "@" + name
+	}
+	for _, n := range flagNames {
+		if strings.HasPrefix(n.redis, "@") && strings.EqualFold(n.redis, name) {
+			return n.f, true
+		}
+	}
+	return 0, false
+}
+
+// Categories lists the ACL category names (without '@') that Category
+// knows, in a fixed order.
+func Categories() []string {
+	var out []string
+	for _, n := range flagNames {
+		if strings.HasPrefix(n.redis, "@") {
+			out = append(out, n.redis[1:])
+		}
+	}
+	return out
 }
 
 // flagByRedisName returns the flag for a Redis flag, "@category" or tip name

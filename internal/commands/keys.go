@@ -343,3 +343,83 @@ func migrateKeys(args [][]byte, dst []int) []int {
 	}
 	return append(dst, 3)
 }
+
+// KeyRef is one key argument of a call with the flags of the key spec that
+// found it, for checks that depend on how a key is used (ACL read and write
+// key patterns).
+type KeyRef struct {
+	Index int // into args
+	Flags KeySpecFlags
+}
+
+// KeyRefs appends to dst the key arguments of a call, like Keys, each with
+// its key spec's flags. SORT's STORE destination is an overwrite (OW |
+// UPDATE) and MIGRATE's keys are read and deleted (RW | ACCESS | DELETE),
+// as Redis's own key extraction reports them. Tables without key specs
+// (Redis < 7) yield RW | ACCESS | UPDATE for a write command's keys and RO
+// | ACCESS otherwise.
+func (c *Command) KeyRefs(args [][]byte, dst []KeyRef) []KeyRef {
+	if c == nil {
+		return dst
+	}
+	var idx [8]int
+	add := func(keys []int, f KeySpecFlags) {
+		for _, i := range keys {
+			dst = append(dst, KeyRef{Index: i, Flags: f})
+		}
+	}
+	switch {
+	case c.keysProc == procMigrate:
+		add(migrateKeys(args, idx[:0]), KeyRW|KeyAccess|KeyDelete)
+		return dst
+	case len(c.KeySpecs) > 0:
+		for k := range c.KeySpecs {
+			s := &c.KeySpecs[k]
+			f := s.Flags
+			if f&KeyVariableFlags != 0 {
+				f = variableKeyFlags(c.Name, args, f)
+			}
+			add(s.appendKeys(args, idx[:0]), f)
+		}
+		if c.keysProc == procSort {
+			add(sortStoreKey(args, idx[:0]), KeyOW|KeyUpdate)
+		}
+		return dst
+	}
+	f := KeyRO | KeyAccess
+	if c.Flags&Write != 0 {
+		f = KeyRW | KeyAccess | KeyUpdate
+	}
+	add(c.legacyKeys(args, idx[:0]), f)
+	return dst
+}
+
+// variableKeyFlags resolves the flags of a key spec marked variable_flags
+// from the arguments, as Redis's own key extraction does: SET only reads
+// its key with GET (else it overwrites it), BITFIELD only writes with SET
+// or INCRBY.
+func variableKeyFlags(name string, args [][]byte, f KeySpecFlags) KeySpecFlags {
+	switch name {
+	case "set":
+		for i := 3; i < len(args); i++ {
+			if equalFold("get", args[i]) {
+				return KeyRW | KeyAccess | KeyUpdate
+			}
+		}
+		return KeyOW | KeyUpdate
+	case "bitfield":
+		for i := 2; i < len(args); i++ {
+			rem := len(args) - i - 1
+			switch {
+			case equalFold("get", args[i]) && rem >= 2:
+				i += 2
+			case (equalFold("set", args[i]) || equalFold("incrby", args[i])) && rem >= 3:
+				return KeyRW | KeyAccess | KeyUpdate
+			case equalFold("overflow", args[i]) && rem >= 1:
+				i++
+			}
+		}
+		return KeyRO | KeyAccess
+	}
+	return f
+}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/policy"
@@ -40,6 +41,12 @@ type Config struct {
 	// LocalCache is the local tier; package localcache documents its
 	// contract and checks the section.
 	LocalCache localcache.Config `toml:"localcache"`
+	// Users are the proxy's own users ([[users]]); package auth documents
+	// and checks them. With none, clients authenticate with the upstream
+	// password, if there is one (the requirepass-style mode).
+	Users []auth.UserConfig `toml:"users"`
+	// Admin protects the admin HTTP endpoint ([admin]).
+	Admin Admin `toml:"admin"`
 
 	// Sections owned by other packages ([localcache]) are added
 	// here as fields whose types live in those packages, together with their
@@ -74,6 +81,19 @@ type Server struct {
 
 	// TLS is the TLS listener (tls.go).
 	TLS ServerTLS `toml:"tls"`
+
+	// AllowUnauthenticated lets a listener that is not loopback start with
+	// neither [[users]] nor an upstream password, so anyone who reaches it
+	// gets in. Off by default: that is almost always a mistake.
+	AllowUnauthenticated bool `toml:"allow_unauthenticated"`
+}
+
+// Admin configures access to the admin HTTP endpoint.
+type Admin struct {
+	// TokenFile holds the bearer token the admin endpoint requires for
+	// everything but /healthz and /readyz. Required when server.admin is
+	// not a loopback address; on loopback, a token is required only if set.
+	TokenFile string `toml:"token_file"`
 }
 
 // Upstream configures the connections to the real Redis.
@@ -205,6 +225,7 @@ func Parse(data []byte, name string) (*Config, error) {
 		if err := dec.Decode(cfg); err != nil {
 			return nil, decodeError(err, name)
 		}
+		cfg.bindUserScopes()
 		if errs = cfg.check(); len(errs) == 0 {
 			return cfg, nil
 		}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"github.com/redproxy/redproxy/internal/auth"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -99,6 +100,18 @@ shutdown_timeout = "1s"
 client_write_timeout = "7s"
 slowlog_threshold = "2ms"
 slowlog_max_len = 16
+allow_unauthenticated = true
+
+[admin]
+token_file = "/etc/redproxy/admin.token"
+
+[[users]]
+name = "app"
+password_sha256 = "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b"
+enabled = false
+acl = "+@read ~cache:*"
+upstream_user = "redis-app"
+upstream_password_file = "/etc/redproxy/app.pw"
 
 [server.tls]
 listen = "0.0.0.0:7001"
@@ -180,7 +193,14 @@ max_age = "20s"
 			ClientWriteTimeout: dur(7 * time.Second),
 			TLS: ServerTLS{Listen: "0.0.0.0:7001", CertFile: certs.ServerCert, KeyFile: certs.ServerKey,
 				ClientCAFile: certs.CAFile, MinVersion: "1.3"},
+
+			AllowUnauthenticated: true,
 		},
+		Admin: Admin{TokenFile: "/etc/redproxy/admin.token"},
+		Users: []auth.UserConfig{{
+			Name: "app", PasswordSHA256: "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b",
+			Enabled: new(false), ACL: "+@read ~cache:*", UpstreamUser: "redis-app", UpstreamPasswordFile: "/etc/redproxy/app.pw",
+		}},
 		Upstream: Upstream{
 			Mode:             ModeSentinel,
 			Address:          "redis.internal:6390",
@@ -534,7 +554,7 @@ func TestExampleFileMatchesDefaults(t *testing.T) {
 		// The same holds for the stampede rule lists.
 		// [upstream.tls] turns TLS on by being present, so the example
 		// shows it commented out.
-		if key == "policy.scope" || key == "upstream.tls" || key == "stampede.hold" || key == "stampede.early_refresh" || key == "localcache.stale_if_error" {
+		if key == "policy.scope" || key == "upstream.tls" || key == "users" || key == "stampede.hold" || key == "stampede.early_refresh" || key == "localcache.stale_if_error" {
 			continue
 		}
 		if _, ok := lines[key]; !ok {

@@ -27,6 +27,8 @@ var restartOnly = []struct{ key, why string }{
 	{"upstream.sentinel_username", "the Sentinel watcher is started once at start"},
 	{"upstream.sentinel_password", "the Sentinel watcher is started once at start"},
 	{"upstream.databases", "the per-database pools and the range SELECT accepts are sized at start"},
+	{"users", "proxy users and their upstream connections are set up at start"},
+	{"admin.", "the admin endpoint reads its token once at start"},
 	{"localcache.", "the local tier's memory, tracking connections and admission state are built at start"},
 }
 

@@ -1,11 +1,14 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 
+	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/config/units"
 )
 
@@ -137,6 +140,7 @@ func (c *Config) check() []*Error {
 		bad("upstream.databases", "must be > 0, got %d", u.Databases)
 	}
 	errs = append(errs, c.checkTLS()...)
+	errs = append(errs, c.securityErrors()...)
 	errs = append(errs, policyErrors(c.Policy)...)
 	errs = append(errs, stampedeErrors(c.Stampede)...)
 	errs = append(errs, localcacheErrors(c.LocalCache)...)
@@ -183,4 +187,78 @@ func checkHostPort(addr string, dial bool) error {
 		return fmt.Errorf("invalid port in %q", addr)
 	}
 	return nil
+}
+
+// securityErrors checks [[users]] and their scopes. (Whether a listener
+// may be exposed without authentication is decided when the server starts,
+// proxy.NewServer, because it depends on the listener actually bound.)
+func (c *Config) securityErrors() []*Error {
+	var errs []*Error
+	if err := auth.Validate(c.Users, nil); err != nil {
+		errs = append(errs, sectionErrors("users", err, func(e error) (string, string, bool) {
+			var ue *auth.Error
+			if errors.As(e, &ue) {
+				return ue.Key, ue.Msg, true
+			}
+			return "", "", false
+		})...)
+	}
+	for i, u := range c.Users {
+		if u.Scope != "" && !c.hasScope(u.Scope) {
+			errs = append(errs, &Error{Key: fmt.Sprintf("users[%d].scope", i), Msg: fmt.Sprintf("no [[policy.scope]] is named %q", u.Scope)})
+		}
+	}
+	return errs
+}
+
+func (c *Config) hasScope(name string) bool {
+	for _, s := range c.Policy.Scopes {
+		if s.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// bindUserScopes adds every user that names a [[policy.scope]] to that
+// scope's users, so the policy selects the scope by the authenticated user
+// wherever the policy is compiled (start, reload, --check). The scope's
+// users list is copied, never appended to in place.
+func (c *Config) bindUserScopes() {
+	for _, u := range c.Users {
+		if u.Scope == "" {
+			continue
+		}
+		for i := range c.Policy.Scopes {
+			s := &c.Policy.Scopes[i]
+			if s.Name == u.Scope && !slices.Contains(s.Users, u.Name) {
+				s.Users = append(slices.Clip(s.Users), u.Name)
+			}
+		}
+	}
+}
+
+// IsLoopback reports whether a listen address only accepts connections
+// from this host: a loopback IP or "localhost". An empty host (all
+// interfaces) is not loopback.
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// ExposureError says why c must not start: a client listener that is not
+// loopback with neither [[users]] nor an upstream password (anyone who
+// reaches it could use Redis), unless server.allow_unauthenticated is set.
+func ExposureError(c *Config) error {
+	if len(c.Users) > 0 || c.Upstream.Password != "" || c.Server.AllowUnauthenticated || IsLoopback(c.Server.Listen) {
+		return nil
+	}
+	return &Error{Key: "server.listen", Msg: fmt.Sprintf("refusing to start: %q is not a loopback address, and with no [[users]] and no upstream.password anyone who reaches it could use Redis through the proxy; configure [[users]] or upstream.password, listen on 127.0.0.1, or set server.allow_unauthenticated = true to accept that", c.Server.Listen)}
 }

@@ -31,7 +31,7 @@ func runsAlone(cmd *commands.Command) bool {
 func (sess *Session) runAlone(r *request) {
 	cmd, m := r.cmd, r.m
 	sess.flush(time.Now())
-	reply, err := sess.srv.backend.RoundTrip(sess.resp3, r.Raw)
+	reply, err := sess.backend().RoundTrip(sess.resp3, r.Raw)
 	switch {
 	case err == nil:
 		sess.replyLocal(m, reply)

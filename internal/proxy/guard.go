@@ -45,7 +45,7 @@ func (sess *Session) guardBatch() *guard.Batch { return &sess.guard }
 // so a write followed by its own EXPIRE in the same batch passes untouched.
 func (sess *Session) prepareBatch(reqs []resp.Request) {
 	sg := sess.srv.guard
-	sess.guardBatch().Prepare(sg.Policy(), sess.srv.table, reqs, sg.user, sg.listener)
+	sess.guardBatch().Prepare(sg.Policy(), sess.srv.table, reqs, sess.userName(), sg.listener)
 }
 
 // guardStep applies the guard's decision for request i: a refusal is
@@ -121,7 +121,7 @@ func (sess *Session) guardRefused(r *request) bool {
 func (sess *Session) recordViolations(d *policy.Decision) {
 	sg := sess.srv.guard
 	for j := range d.Violations {
-		sg.Record(&d.Violations[j], sess.nc.RemoteAddr(), sg.user)
+		sg.Record(&d.Violations[j], sess.nc.RemoteAddr(), sess.userName())
 	}
 }
 

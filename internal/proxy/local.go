@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"crypto/subtle"
 	"net"
 	"strconv"
 	"strings"
@@ -97,7 +98,7 @@ func cmdReset(sess *Session, r *request) bool {
 	sess.mu.Unlock()
 	sess.replyOff, sess.replySkip, sess.curMute = false, false, false
 	sess.abort = txAbort{}
-	sess.authed = sess.srv.cfg.Upstream.Password == ""
+	sess.deauthenticate()
 	sess.replyLocal(r.m, []byte("+RESET\r\n"))
 	return true
 }
@@ -282,10 +283,10 @@ func (sess *Session) appendNull(b []byte) []byte {
 	return redcon.AppendNull(b)
 }
 
-// checkAuth compares credentials with the upstream's: clients of the proxy
+// checkUpstreamAuth compares credentials with the upstream's: clients of the proxy
 // authenticate exactly as they would with Redis, and the proxy never opens a
 // password-protected Redis to clients without the password.
-func (sess *Session) checkAuth(user, pass []byte) []byte {
+func (sess *Session) checkUpstreamAuth(user, pass []byte) []byte {
 	up := sess.srv.cfg.Upstream
 	if up.Password == "" {
 		return errNoPassword
@@ -294,7 +295,7 @@ func (sess *Session) checkAuth(user, pass []byte) []byte {
 	if wantUser == "" {
 		wantUser = "default"
 	}
-	if string(user) != wantUser || string(pass) != up.Password {
+	if string(user) != wantUser || subtle.ConstantTimeCompare(pass, []byte(up.Password)) != 1 {
 		return errWrongPass
 	}
 	sess.authed = true
@@ -305,9 +306,9 @@ func (sess *Session) auth(m *metrics.Command, args [][]byte) {
 	var e []byte
 	switch len(args) {
 	case 1:
-		e = sess.checkAuth([]byte("default"), args[0])
+		e = sess.authenticate([]byte("default"), args[0])
 	case 2:
-		e = sess.checkAuth(args[0], args[1])
+		e = sess.authenticate(args[0], args[1])
 	default:
 		e = []byte("-ERR syntax error\r\n")
 	}
@@ -339,7 +340,7 @@ func (sess *Session) hello(m *metrics.Command, args [][]byte) {
 		opt := strings.ToLower(string(args[i]))
 		switch {
 		case opt == "auth" && i+2 < len(args):
-			if e := sess.checkAuth(args[i+1], args[i+2]); e != nil {
+			if e := sess.authenticate(args[i+1], args[i+2]); e != nil {
 				sess.replyLocal(m, e)
 				return
 			}
@@ -485,7 +486,7 @@ func (sess *Session) infoLine() string {
 	}
 	field("events", "r")
 	field("cmd", last)
-	field("user", sess.srv.userName())
+	field("user", sess.userName())
 	field("redir", "-1")
 	field("resp", strconv.Itoa(proto))
 	field("lib-name", sess.libName)
@@ -614,7 +615,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 			id >= 0 && sess.id != id,
 			addr != "" && sess.nc.RemoteAddr().String() != addr,
 			laddr != "" && sess.nc.LocalAddr().String() != laddr,
-			user != "" && user != s.userName(),
+			user != "" && user != sess.lockedUserName(),
 			typ == "master" || typ == "replica" || typ == "slave",
 			maxAge >= 0 && time.Since(sess.createdAt) < time.Duration(maxAge)*time.Second:
 			continue

@@ -118,7 +118,10 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 			addr = s.upstreamAddr
 		}
 		s.upstreamAddr = addr
-		switchBackend := func() { s.backend.Switch(s.backendOptions(next, addr)) }
+		switchBackend := func() {
+			s.backend.Switch(s.backendOptions(next, addr))
+			s.switchUserBackends(next, addr)
+		}
 		if s.tier != nil {
 			// The tier drops everything it read from the old upstream and
 			// keeps no fill sent there, then redials its tracking

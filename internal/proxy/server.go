@@ -54,6 +54,7 @@ type Server struct {
 	sentinel     *sentinel.Watcher                   // upstream.mode = "sentinel" (sentinel.go); nil otherwise
 	slow         slowState                           // the slow log (slowlog.go)
 	tls          tlsState                            // TLS on both sides (tls.go)
+	users        *userState                          // proxy users and their upstream pools (users.go)
 
 	mu       sync.Mutex
 	lns      []net.Listener // the plaintext and TLS listeners
@@ -132,6 +133,7 @@ func NewServer(o Options) (*Server, error) {
 	// its tracking connections): a policy that does not compile fails
 	// NewServer with nothing of the tier running.
 	for _, build := range []func(*Server) error{
+		initUsers,   // proxy users, per-credential pools; refuses an open non-loopback listener (users.go)
 		initFlight,  // stampede protection: coalescing, miss holds (flight.go)
 		initGuard,   // the policy guard (guard.go)
 		initSlowlog, // the slow log (slowlog.go)
@@ -141,6 +143,7 @@ func NewServer(o Options) (*Server, error) {
 			if s.sentinel != nil {
 				s.sentinel.Close()
 			}
+			s.closeUsers()
 			s.backend.Close()
 			return nil, err
 		}
@@ -301,6 +304,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.closeTier()
 	s.backend.Close()
+	s.closeUsers()
 	return err
 }
 

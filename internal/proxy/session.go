@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/localcache"
@@ -41,6 +42,7 @@ type Session struct {
 	libName   string
 	libVer    string
 	authed    bool
+	user      *auth.User // the proxy user after AUTH (users.go); nil: none
 	createdAt time.Time
 	lastCmd   atomic.Pointer[commands.Command] // for CLIENT INFO/LIST
 	list      listState                        // the rest CLIENT INFO/LIST shows
@@ -88,6 +90,8 @@ type Session struct {
 	slowExempt   bool
 
 	interrupted atomic.Bool
+
+	aclKeys []commands.KeyRef // scratch for the ACL's key checks
 }
 
 // slot says where one command's reply comes from.
@@ -122,7 +126,7 @@ func newSession(s *Server, nc net.Conn) *Session {
 		id:        s.nextID.Add(1),
 		call:      upstream.NewCall(),
 		createdAt: time.Now(),
-		authed:    s.cfg.Upstream.Password == "",
+		authed:    !s.needsAuth(),
 		outLimit:  int64(cfg.Server.ClientOutputLimit),
 		replySize: unknownReplySize,
 	}
@@ -234,6 +238,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	if sess.abort.reason != nil && sess.abortedStep(r) {
 		return
 	}
+	if sess.aclRefused(r) {
+		return
+	}
 	// A refusal comes first, so that commands the proxy handles itself
 	// (MONITOR, SUBSCRIBE, blocking commands, transactions) are refused
 	// like any other.
@@ -249,7 +256,7 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	if sess.guardStep(r) {
 		return
 	}
-	if sess.pin.pipe == nil && (sess.tierStep(r) || sess.flightStep(r)) {
+	if sess.pin.pipe == nil && sess.sharesUpstream() && (sess.tierStep(r) || sess.flightStep(r)) {
 		return
 	}
 	sess.forwardCommand(r)
@@ -359,7 +366,7 @@ func (sess *Session) flush(start time.Time) {
 				call.Wait()
 			}
 		} else {
-			sess.srv.backend.Pool(sess.db, sess.resp3).Do(call)
+			sess.backend().Pool(sess.db, sess.resp3).Do(call)
 		}
 		now = time.Now()
 		sess.upstreamWait += now.Sub(sent)

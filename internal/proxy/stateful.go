@@ -348,7 +348,7 @@ func (sess *Session) unnamePin() {
 func (sess *Session) pinFor(r *request) {
 	cmd, m := r.cmd, r.m
 	sess.flush(time.Now())
-	p, err := sess.srv.backend.AcquirePipe(sess.db, sess.resp3)
+	p, err := sess.backend().AcquirePipe(sess.db, sess.resp3)
 	if err != nil {
 		sess.replyLocal(m, errorReply(err))
 		if cmd.Name == "multi" {
@@ -379,7 +379,7 @@ func (sess *Session) unpin(clean bool) {
 	if pin.pipe == nil {
 		return
 	}
-	sess.srv.backend.ReleasePipe(pin.pipe, pin.db, pin.resp3, clean && !pin.dirty && !pin.named)
+	sess.backend().ReleasePipe(pin.pipe, pin.db, pin.resp3, clean && !pin.dirty && !pin.named)
 	sess.list.multi.Store(0)
 	clear(pin.txWrites)
 	*pin = pinState{txHidden: pin.txHidden[:0], txWrites: pin.txWrites[:0]}
@@ -457,7 +457,7 @@ func (sess *Session) blocking(r *request) {
 	pipe := sess.pin.pipe
 	borrowed := false
 	if pipe == nil {
-		p, err := sess.srv.backend.AcquirePipe(sess.db, sess.resp3)
+		p, err := sess.backend().AcquirePipe(sess.db, sess.resp3)
 		if err != nil {
 			sess.replyLocal(m, errorReply(err))
 			return
@@ -466,7 +466,7 @@ func (sess *Session) blocking(r *request) {
 	}
 	// Other clients' CLIENT UNBLOCK names this client by its proxy id and
 	// needs the connection's Redis id; without it, UNBLOCK answers 0.
-	rid, _ := sess.srv.backend.PipeID(pipe)
+	rid, _ := sess.backend().PipeID(pipe)
 	// A borrowed connection is the client's own while it blocks: it
 	// carries the client's name, and its own again afterwards.
 	named := borrowed && sess.name != ""
@@ -507,7 +507,7 @@ func (sess *Session) blocking(r *request) {
 	if err := pipe.Send(call); err != nil {
 		sess.block.set(0, nil)
 		if borrowed {
-			sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, false)
+			sess.backend().ReleasePipe(pipe, sess.db, sess.resp3, false)
 		}
 		sess.replyLocal(m, errorReply(err))
 		call.Reset()
@@ -536,7 +536,7 @@ func (sess *Session) blocking(r *request) {
 				if !borrowed {
 					sess.unpin(false)
 				} else {
-					sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, false)
+					sess.backend().ReleasePipe(pipe, sess.db, sess.resp3, false)
 				}
 				sess.closing(metrics.CloseClient) // or the interruption's reason
 				sess.quitting = true
@@ -572,7 +572,7 @@ func (sess *Session) blocking(r *request) {
 		call.Reset()
 	}
 	if borrowed {
-		sess.srv.backend.ReleasePipe(pipe, sess.db, sess.resp3, clean)
+		sess.backend().ReleasePipe(pipe, sess.db, sess.resp3, clean)
 	}
 	sess.flush(time.Now())
 }
@@ -638,7 +638,7 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 	if mode != "" {
 		raw = resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
 	}
-	reply, err := sess.srv.backend.RoundTripBeside(target.block.pipe, raw)
+	reply, err := target.lockedBackend().RoundTripBeside(target.block.pipe, raw)
 	if err != nil {
 		reply = errorReply(err)
 	}
@@ -686,7 +686,7 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	reqs, m := sess.batchReqs[r.i:], r.m
 	sess.slowExempt = true
 	sess.flush(time.Now())
-	up, err := sess.srv.backend.AcquireConn(sess.db, sess.resp3, sess.name)
+	up, err := sess.backend().AcquireConn(sess.db, sess.resp3, sess.name)
 	if err != nil {
 		// Answered: the command must not also go to a shared connection,
 		// which it would turn into a subscriber (or worse, in RESP3, make
@@ -705,7 +705,7 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	// Whatever the session has still to write goes first.
 	if len(sess.out) > 0 {
 		if _, err := sess.nc.Write(sess.out); err != nil {
-			sess.srv.backend.ReleaseConn(up)
+			sess.backend().ReleaseConn(up)
 			sess.closing(metrics.CloseWriteError)
 			sess.quitting = true
 			return true
@@ -719,7 +719,7 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 		first = sess.appendRelayed(first, &reqs[k], sess.guard.Decision(r.i+k))
 	}
 	sess.relay(kind, up, reqs, r.i, first, limit)
-	sess.srv.backend.ReleaseConn(up)
+	sess.backend().ReleaseConn(up)
 	sess.quitting = true // relay recorded why
 	return true
 }
@@ -902,6 +902,9 @@ func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decisi
 	}
 	if trackingRedirect(r.Args) {
 		return refuse(out, errTrackingRedirect)
+	}
+	if msg := sess.relayDenied(r.Args); msg != "" {
+		return refuse(out, msg)
 	}
 	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") {
 		// Proxy client ids and addresses cannot be translated in flight

@@ -142,7 +142,7 @@ func (sess *Session) tierStale(t *tierState, raw, key []byte, m *metrics.Command
 	db, resp3 := sess.db, sess.resp3
 	call := upstream.NewCall()
 	call.Add(raw)
-	sess.srv.backend.Pool(db, resp3).Do(call)
+	sess.backend().Pool(db, resp3).Do(call)
 	reply, err := call.Reply(0)
 	if err == nil {
 		t.cache.Refreshed(db, key)

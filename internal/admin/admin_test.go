@@ -1,0 +1,84 @@
+package admin
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func get(t *testing.T, h http.Handler, path, token string) int {
+	t.Helper()
+	r := httptest.NewRequest("GET", path, nil)
+	if token != "" {
+		r.Header.Set("Authorization", "Bearer "+token)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w.Code
+}
+
+func newTestServer() *Server {
+	s := New(prometheus.NewRegistry(), func() bool { return true }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s.Handle("GET /debug/hotkeys", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("keys")) }))
+	s.Handle("GET /policy/report", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("{}")) }))
+	return s
+}
+
+// With a token, everything but the health checks needs it, profiles and
+// hot keys included.
+func TestAdminTokenRequired(t *testing.T) {
+	s := newTestServer()
+	s.SetToken("0123456789abcdef-token")
+	h := s.Handler()
+	for _, p := range []string{"/healthz", "/readyz"} {
+		if c := get(t, h, p, ""); c != 200 {
+			t.Errorf("%s without token: %d", p, c)
+		}
+	}
+	for _, p := range []string{"/metrics", "/debug/pprof/", "/debug/pprof/cmdline", "/debug/hotkeys", "/policy/report"} {
+		if c := get(t, h, p, ""); c != http.StatusUnauthorized {
+			t.Errorf("%s without token: %d, want 401", p, c)
+		}
+		if c := get(t, h, p, "wrong-token-wrong-token"); c != http.StatusUnauthorized {
+			t.Errorf("%s with a wrong token: %d, want 401", p, c)
+		}
+		if c := get(t, h, p, "0123456789abcdef-token"); c != 200 {
+			t.Errorf("%s with the token: %d", p, c)
+		}
+	}
+}
+
+// Without a token (loopback), the endpoint stays open.
+func TestAdminOpenOnLoopbackWithoutToken(t *testing.T) {
+	h := newTestServer().Handler()
+	for _, p := range []string{"/metrics", "/debug/hotkeys", "/debug/pprof/"} {
+		if c := get(t, h, p, ""); c != 200 {
+			t.Errorf("%s: %d", p, c)
+		}
+	}
+}
+
+func TestAdminToken(t *testing.T) {
+	if _, err := Token("0.0.0.0:9121", "", false); !errors.Is(err, ErrTokenRequired) {
+		t.Errorf("non-loopback without a token file: %v", err)
+	}
+	if tok, err := Token("127.0.0.1:9121", "", true); err != nil || tok != "" {
+		t.Errorf("loopback without a token file: %q %v", tok, err)
+	}
+	f := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(f, []byte("0123456789abcdef-token\n"), 0o600)
+	if tok, err := Token("0.0.0.0:9121", f, false); err != nil || tok != "0123456789abcdef-token" {
+		t.Errorf("token file: %q %v", tok, err)
+	}
+	os.WriteFile(f, []byte("short\n"), 0o600)
+	if _, err := Token("0.0.0.0:9121", f, false); err == nil {
+		t.Error("a short token was accepted")
+	}
+}

@@ -1,0 +1,198 @@
+package auth
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/redproxy/redproxy/internal/commands"
+)
+
+// UserConfig is one [[users]] entry of the configuration file.
+type UserConfig struct {
+	Name string `toml:"name"`
+	// PasswordSHA256 is the hex SHA-256 of the password, as Redis's ACL
+	// stores it (ACL SETUSER ... #<hash>).
+	PasswordSHA256 string `toml:"password_sha256"`
+	// Password is only decoded to be refused: a plaintext password does
+	// not belong in a configuration file.
+	Password string `toml:"password"`
+	// Enabled defaults to true; a disabled user cannot authenticate.
+	Enabled *bool  `toml:"enabled"`
+	ACL     string `toml:"acl"`
+	// UpstreamUser and UpstreamPasswordFile are the Redis credential this
+	// user's traffic runs with; empty: the [upstream] credential.
+	UpstreamUser         string `toml:"upstream_user"`
+	UpstreamPasswordFile string `toml:"upstream_password_file"`
+	// Scope names the [[policy.scope]] that applies to this user.
+	Scope string `toml:"scope"`
+}
+
+// Error is one problem with a [[users]] entry; Key is dotted
+// ("users[1].acl") so the config loader can point at the line.
+type Error struct {
+	Key, Msg string
+}
+
+func (e *Error) Error() string { return e.Key + ": " + e.Msg }
+
+// Validate checks the entries without reading any file. Messages never
+// quote a password.
+func Validate(users []UserConfig, table *commands.Table) error {
+	var errs []error
+	seen := map[string]bool{}
+	for i, u := range users {
+		key := fmt.Sprintf("users[%d]", i)
+		bad := func(field, msg string) { errs = append(errs, &Error{Key: key + field, Msg: msg}) }
+		switch {
+		case u.Name == "":
+			bad(".name", "a user needs a name")
+		case strings.ContainsAny(u.Name, " \t\r\n"):
+			bad(".name", "a user name cannot contain spaces or newlines")
+		case seen[u.Name]:
+			bad(".name", fmt.Sprintf("user %q is defined twice", u.Name))
+		}
+		seen[u.Name] = true
+		if u.Password != "" {
+			bad(".password", "plaintext passwords are refused in the configuration file; set password_sha256 to the hex SHA-256 of the password instead (for example: printf %s 'the-password' | sha256sum)")
+		}
+		if _, err := decodeHash(u.PasswordSHA256); err != nil {
+			bad(".password_sha256", err.Error())
+		}
+		if _, err := ParseACL(u.ACL, table); err != nil {
+			bad(".acl", err.Error())
+		}
+		if u.UpstreamPasswordFile != "" && u.UpstreamUser == "" {
+			bad(".upstream_password_file", "set upstream_user too: the password file is that Redis user's password")
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func decodeHash(h string) ([32]byte, error) {
+	var out [32]byte
+	if h == "" {
+		return out, errors.New("missing: set the hex SHA-256 of the user's password")
+	}
+	b, err := hex.DecodeString(strings.ToLower(h))
+	if err != nil || len(b) != sha256.Size {
+		return out, errors.New("not a hex SHA-256 (64 hex digits)")
+	}
+	copy(out[:], b)
+	return out, nil
+}
+
+// Credential is an upstream (Redis) user and password. The zero value
+// means the [upstream] section's credential.
+type Credential struct {
+	User, Password string
+}
+
+// String names the credential without its password, for logs.
+func (c Credential) String() string {
+	if c.User == "" {
+		return "(upstream default)"
+	}
+	return c.User
+}
+
+// User is one configured proxy user.
+type User struct {
+	Name     string
+	hash     [32]byte
+	Enabled  bool
+	ACL      *ACL
+	Upstream Credential
+	Scope    string
+}
+
+// Users is the configured user set. It is immutable and safe for
+// concurrent use.
+type Users struct {
+	byName map[string]*User
+	list   []*User
+}
+
+// New builds the user set, reading each upstream password file. It
+// validates first, so it can be called on an unvalidated list.
+func New(cfg []UserConfig, table *commands.Table) (*Users, error) {
+	if err := Validate(cfg, table); err != nil {
+		return nil, err
+	}
+	us := &Users{byName: make(map[string]*User, len(cfg))}
+	for i, c := range cfg {
+		acl, _ := ParseACL(c.ACL, table)
+		hash, _ := decodeHash(c.PasswordSHA256)
+		u := &User{Name: c.Name, hash: hash, Enabled: c.Enabled == nil || *c.Enabled, ACL: acl, Scope: c.Scope}
+		if c.UpstreamUser != "" {
+			u.Upstream.User = c.UpstreamUser
+			if c.UpstreamPasswordFile != "" {
+				b, err := os.ReadFile(c.UpstreamPasswordFile)
+				if err != nil {
+					return nil, &Error{Key: fmt.Sprintf("users[%d].upstream_password_file", i), Msg: err.Error()}
+				}
+				u.Upstream.Password = strings.TrimRight(string(b), "\r\n")
+			}
+		}
+		us.byName[u.Name] = u
+		us.list = append(us.list, u)
+	}
+	return us, nil
+}
+
+// Len returns the number of users; a nil set has none.
+func (us *Users) Len() int {
+	if us == nil {
+		return 0
+	}
+	return len(us.list)
+}
+
+// List returns the users in configuration order.
+func (us *Users) List() []*User {
+	if us == nil {
+		return nil
+	}
+	return us.list
+}
+
+// Get returns the user called name, or nil.
+func (us *Users) Get(name string) *User {
+	if us == nil {
+		return nil
+	}
+	return us.byName[name]
+}
+
+// absent is compared against when the user does not exist, so that a
+// wrong user name costs what a wrong password does.
+var absent = sha256.Sum256([]byte("redproxy: no such user"))
+
+// Authenticate returns the user if name exists, is enabled and pass is its
+// password. The password's hash is compared in constant time, and a
+// missing user costs the same comparison, so neither the reply nor its
+// timing says whether the user exists.
+func (us *Users) Authenticate(name, pass []byte) *User {
+	sum := sha256.Sum256(pass)
+	u := us.Get(string(name))
+	want := absent
+	if u != nil {
+		want = u.hash
+	}
+	match := subtle.ConstantTimeCompare(sum[:], want[:]) == 1
+	if u == nil || !match || !u.Enabled {
+		return nil
+	}
+	return u
+}
+
+// HashPassword returns the hex SHA-256 of a password, the form
+// password_sha256 takes.
+func HashPassword(pass string) string {
+	sum := sha256.Sum256([]byte(pass))
+	return hex.EncodeToString(sum[:])
+}

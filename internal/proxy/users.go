@@ -1,0 +1,245 @@
+package proxy
+
+import (
+	"bytes"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redproxy/redproxy/internal/auth"
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/upstream"
+	"github.com/tidwall/redcon"
+)
+
+// userState is the proxy users' part of a Server ([[users]]). Without
+// users, clients authenticate with the upstream password (if any) and all
+// share s.backend.
+type userState struct {
+	users *auth.Users
+	// backends holds one set of upstream pools per distinct upstream
+	// credential, so a user's commands only ever run with that user's
+	// Redis rights; users without an upstream credential use s.backend.
+	backends map[auth.Credential]*upstream.Backend
+	limiter  *auth.FailLimiter
+	failures *prometheus.CounterVec // by reason: wrongpass, ratelimited
+	denied   *prometheus.CounterVec // NOPERM refusals, by kind: command, key
+}
+
+func initUsers(s *Server) error {
+	if err := config.ExposureError(s.cfg); err != nil {
+		return err
+	}
+	us, err := auth.New(s.cfg.Users, s.table)
+	if err != nil {
+		return err
+	}
+	st := &userState{
+		users:    us,
+		backends: map[auth.Credential]*upstream.Backend{},
+		limiter:  auth.NewFailLimiter(),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redproxy_auth_failures_total", Help: "Failed AUTH and HELLO AUTH attempts, by reason (wrongpass, ratelimited)."}, []string{"reason"}),
+		denied:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redproxy_acl_denied_total", Help: "Commands refused by a proxy user's ACL, by kind (command, key)."}, []string{"kind"}),
+	}
+	s.metrics.Registry.MustRegister(st.failures, st.denied)
+	for _, u := range us.List() {
+		if u.Upstream.User == "" || st.backends[u.Upstream] != nil {
+			continue
+		}
+		o := s.backendOptions(s.cfg, s.upstreamAddr)
+		o.Username, o.Password = u.Upstream.User, u.Upstream.Password
+		st.backends[u.Upstream] = upstream.NewBackend(o)
+	}
+	s.users = st
+	return nil
+}
+
+// closeUsers closes the per-credential pools.
+func (s *Server) closeUsers() {
+	if s.users == nil {
+		return
+	}
+	for _, b := range s.users.backends {
+		b.Close()
+	}
+}
+
+// switchUserBackends moves the per-credential pools to a new upstream.
+func (s *Server) switchUserBackends(next *config.Config, addr string) {
+	if s.users == nil {
+		return
+	}
+	for cred, b := range s.users.backends {
+		o := s.backendOptions(next, addr)
+		o.Username, o.Password = cred.User, cred.Password
+		b.Switch(o)
+	}
+}
+
+// usersOn reports whether clients authenticate as proxy users.
+func (s *Server) usersOn() bool { return s.users != nil && s.users.users.Len() > 0 }
+
+// needsAuth reports whether a new client starts unauthenticated.
+func (s *Server) needsAuth() bool { return s.usersOn() || s.cfg.Upstream.Password != "" }
+
+// backend is the upstream pools the client's commands run on: its user's
+// credential, or the proxy's. It changes only on AUTH, which is refused
+// while the client holds a dedicated connection, so a connection is always
+// given back to the pools it came from.
+func (sess *Session) backend() *upstream.Backend {
+	if sess.user != nil && sess.user.Upstream.User != "" {
+		if b := sess.srv.users.backends[sess.user.Upstream]; b != nil {
+			return b
+		}
+	}
+	return sess.srv.backend
+}
+
+// sharesUpstream reports whether the session's traffic runs with the
+// proxy's own upstream credential. The local tier and stampede protection
+// share replies between clients and fill with that credential, so a user
+// with an upstream credential of its own never takes part in them: its
+// reads always reach Redis under its own rights (Redis's ACL, not a reply
+// fetched for someone else, decides what it sees).
+func (sess *Session) sharesUpstream() bool {
+	return sess.user == nil || sess.user.Upstream.User == ""
+}
+
+// userName is who the client is, for CLIENT LIST, CLIENT KILL USER and the
+// policy's scopes: its proxy user, else the upstream's user.
+func (sess *Session) userName() string {
+	if sess.user != nil {
+		return sess.user.Name
+	}
+	return sess.srv.userName()
+}
+
+var errAuthRateLimited = []byte("-ERR redproxy: too many failed AUTH attempts from this address; try again later\r\n")
+
+// clientHost is the client's address without the port: the unit failed
+// AUTH attempts are limited by, so that new connections do not reset it.
+func (sess *Session) clientHost() string {
+	a := sess.nc.RemoteAddr().String()
+	if h, _, err := net.SplitHostPort(a); err == nil {
+		return h
+	}
+	return a
+}
+
+// authenticate checks AUTH or HELLO AUTH credentials and, on success, makes
+// the client that user. It returns the error reply, or nil. A wrong
+// password and an unknown or disabled user get the same reply.
+func (sess *Session) authenticate(user, pass []byte) []byte {
+	st := sess.srv.users
+	host := sess.clientHost()
+	if !st.limiter.Allowed(host) {
+		st.failures.WithLabelValues("ratelimited").Inc()
+		return errAuthRateLimited
+	}
+	if !sess.srv.usersOn() {
+		e := sess.checkUpstreamAuth(user, pass)
+		if e != nil && !bytes.Equal(e, errNoPassword) {
+			st.limiter.Failed(host)
+			st.failures.WithLabelValues("wrongpass").Inc()
+		}
+		return e
+	}
+	u := st.users.Authenticate(user, pass)
+	if u == nil {
+		st.limiter.Failed(host)
+		st.failures.WithLabelValues("wrongpass").Inc()
+		return errWrongPass
+	}
+	if u != sess.user && sess.pin.pipe != nil {
+		// The dedicated connection belongs to the current user's pools
+		// and runs with its rights.
+		return []byte("-ERR redproxy: AUTH as another user while WATCH is active is not supported; UNWATCH first\r\n")
+	}
+	if u != sess.user {
+		// Commands already in the batch run as the user who sent them.
+		sess.flush(time.Now())
+	}
+	sess.mu.Lock()
+	sess.user = u
+	sess.mu.Unlock()
+	sess.authed = true
+	return nil
+}
+
+// deauthenticate is RESET's part: back to no user.
+func (sess *Session) deauthenticate() {
+	sess.mu.Lock()
+	sess.user = nil
+	sess.mu.Unlock()
+	sess.authed = !sess.srv.needsAuth()
+}
+
+// aclRefused answers a command the client's user may not run and reports
+// whether it did. Inside MULTI the refusal also makes EXEC fail, as
+// Redis's does.
+func (sess *Session) aclRefused(r *request) bool {
+	msg := sess.aclDenied(r.cmd, r.Args)
+	if msg == "" {
+		return false
+	}
+	if sess.pin.inMulti {
+		sess.forwardRefusal()
+	}
+	b, start := sess.localBuf()
+	sess.finishLocal(r.m, redcon.AppendError(b, msg), start)
+	return true
+}
+
+// aclDenied returns the NOPERM error text for a command the client's user
+// may not run, or "".
+func (sess *Session) aclDenied(cmd *commands.Command, args [][]byte) string {
+	u := sess.user
+	if u == nil {
+		return ""
+	}
+	d, scratch := u.ACL.Check(cmd, args, sess.aclKeys)
+	sess.aclKeys = scratch
+	if d == auth.Allowed {
+		return ""
+	}
+	kind := "command"
+	if d == auth.DeniedKey {
+		kind = "key"
+	}
+	sess.srv.users.denied.WithLabelValues(kind).Inc()
+	name := ""
+	if len(args) > 0 {
+		name = string(args[0])
+	}
+	return auth.NoPermError(u.Name, cmd, name, d)
+}
+
+// relayDenied is the check for a command of a relayed client (pub/sub,
+// MONITOR, tracking): its user's ACL, and, with proxy users, no AUTH or
+// HELLO, which would re-authenticate the relay's upstream connection
+// behind the proxy's back.
+func (sess *Session) relayDenied(args [][]byte) string {
+	if !sess.srv.usersOn() {
+		return ""
+	}
+	cmd := sess.srv.table.Lookup(args)
+	if cmd != nil && (cmd.Name == "auth" || cmd.Name == "hello") {
+		return "ERR redproxy: " + cmd.Name + " is not supported on a connection in subscribed, tracking or MONITOR mode"
+	}
+	return sess.aclDenied(cmd, args)
+}
+
+// lockedUserName is userName for another session's goroutine.
+func (sess *Session) lockedUserName() string {
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	return sess.userName()
+}
+
+// lockedBackend is backend for another session's goroutine.
+func (sess *Session) lockedBackend() *upstream.Backend {
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	return sess.backend()
+}
