@@ -692,3 +692,35 @@ beta = -1.0
 		t.Fatal("Apply shares stampede.hold with the original snapshot")
 	}
 }
+
+// Every listener in use counts for the exposure check: a plaintext listener
+// turned off ("") is not open to anyone, a TLS listener is open unless it
+// requires client certificates.
+func TestExposureErrorPerListener(t *testing.T) {
+	for _, tc := range []struct {
+		listen, tlsListen, clientCA string
+		wantKey                     string
+	}{
+		{listen: "127.0.0.1:6380"},
+		{listen: "0.0.0.0:6380", wantKey: "server.listen"},
+		{listen: "", tlsListen: "127.0.0.1:6390"},
+		{listen: "", tlsListen: "0.0.0.0:6390", wantKey: "server.tls.listen"},
+		{listen: "", tlsListen: "0.0.0.0:6390", clientCA: "ca.pem"},
+		{listen: "127.0.0.1:6380", tlsListen: "10.0.0.1:6390", wantKey: "server.tls.listen"},
+	} {
+		c := Default()
+		c.Server.Listen, c.Server.TLS.Listen, c.Server.TLS.ClientCAFile = tc.listen, tc.tlsListen, tc.clientCA
+		err := ExposureError(c)
+		var ce *Error
+		switch {
+		case tc.wantKey == "" && err != nil:
+			t.Errorf("%+v: refused: %v", tc, err)
+		case tc.wantKey != "" && (!errors.As(err, &ce) || ce.Key != tc.wantKey):
+			t.Errorf("%+v: got %v, want an error on %s", tc, err, tc.wantKey)
+		}
+		c.Server.AllowUnauthenticated = true
+		if err := ExposureError(c); err != nil {
+			t.Errorf("%+v with allow_unauthenticated: %v", tc, err)
+		}
+	}
+}

@@ -257,8 +257,19 @@ func IsLoopback(addr string) bool {
 // loopback with neither [[users]] nor an upstream password (anyone who
 // reaches it could use Redis), unless server.allow_unauthenticated is set.
 func ExposureError(c *Config) error {
-	if len(c.Users) > 0 || c.Upstream.Password != "" || c.Server.AllowUnauthenticated || IsLoopback(c.Server.Listen) {
+	if len(c.Users) > 0 || c.Upstream.Password != "" || c.Server.AllowUnauthenticated {
 		return nil
 	}
-	return &Error{Key: "server.listen", Msg: fmt.Sprintf("refusing to start: %q is not a loopback address, and with no [[users]] and no upstream.password anyone who reaches it could use Redis through the proxy; configure [[users]] or upstream.password, listen on 127.0.0.1, or set server.allow_unauthenticated = true to accept that", c.Server.Listen)}
+	// Each listener in use: the plaintext one ("" is off) and the TLS one
+	// (TLS without client certificates lets anyone in just the same).
+	for _, l := range []struct{ key, addr string }{
+		{"server.listen", c.Server.Listen},
+		{"server.tls.listen", c.Server.TLS.Listen},
+	} {
+		if l.addr == "" || IsLoopback(l.addr) || l.key == "server.tls.listen" && c.Server.TLS.ClientCAFile != "" {
+			continue
+		}
+		return &Error{Key: l.key, Msg: fmt.Sprintf("refusing to start: %q is not a loopback address, and with no [[users]] and no upstream.password anyone who reaches it could use Redis through the proxy; configure [[users]] or upstream.password, listen on 127.0.0.1, or set server.allow_unauthenticated = true to accept that", l.addr)}
+	}
+	return nil
 }
