@@ -90,5 +90,7 @@ func overrideFlags(fs *flag.FlagSet) *config.Overrides {
 	})
 	fs.StringVar(&ov.LogLevel, "log-level", "", "debug, info, warn or error")
 	fs.StringVar(&ov.LocalTier, "local-tier", "", "on or off: override localcache.enabled (the local tier of hot keys)")
+	fs.BoolVar(&ov.AllowUnauthenticated, "allow-unauthenticated", false, "let a listener that is not loopback start with no [[users]] and no upstream password (server.allow_unauthenticated)")
+	fs.StringVar(&ov.AdminTokenFile, "admin-token-file", "", "file with the bearer token the admin endpoint requires (admin.token_file)")
 	return &ov
 }

@@ -577,3 +577,51 @@ func TestMetricsPassPromtool(t *testing.T) {
 		t.Errorf("promtool check config deploy/prometheus.yml: %v\n%s", err, out)
 	}
 }
+
+// The image's addresses are wildcards (REDPROXY_LISTEN=0.0.0.0:…,
+// REDPROXY_ADMIN=0.0.0.0:…): with no users and no upstream password the
+// proxy refuses to start and says which variable accepts that; with
+// REDPROXY_ALLOW_UNAUTHENTICATED and the token file deploy/docker-compose.yml
+// mounts (REDPROXY_ADMIN_TOKEN_FILE) it starts, and /metrics wants the token.
+func TestContainerWildcardAddressesNeedAuthDecisions(t *testing.T) {
+	bin := binary(t)
+	rs := redistest.Start(t)
+	port, adminPort := redistest.FreePort(t), redistest.FreePort(t)
+	base := []string{"REDPROXY_UPSTREAM=" + rs.Addr(), fmt.Sprintf("REDPROXY_LISTEN=0.0.0.0:%d", port), fmt.Sprintf("REDPROXY_ADMIN=0.0.0.0:%d", adminPort)}
+
+	cmd := exec.Command(bin)
+	cmd.Env = childEnv(base...)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || !strings.Contains(string(out), "REDPROXY_ALLOW_UNAUTHENTICATED") {
+		t.Fatalf("open wildcard listener: want a refusal naming REDPROXY_ALLOW_UNAUTHENTICATED, got %v\n%s", err, out)
+	}
+	cmd = exec.Command(bin)
+	cmd.Env = childEnv(append(base, "REDPROXY_ALLOW_UNAUTHENTICATED=true")...)
+	out, err = cmd.CombinedOutput()
+	if !errors.As(err, &ee) || !strings.Contains(string(out), "REDPROXY_ADMIN_TOKEN_FILE") {
+		t.Fatalf("wildcard admin without a token: want a refusal naming REDPROXY_ADMIN_TOKEN_FILE, got %v\n%s", err, out)
+	}
+
+	token, err := os.ReadFile("../../deploy/demo-admin.token")
+	check(t, err)
+	listen := fmt.Sprintf("127.0.0.1:%d", port)
+	startProxy(t, bin, listen, childEnv(append(base, "REDPROXY_ALLOW_UNAUTHENTICATED=true", "REDPROXY_ADMIN_TOKEN_FILE=../../deploy/demo-admin.token")...))
+	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", adminPort)
+	get := func(auth string) int {
+		req, _ := http.NewRequest("GET", metrics, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", "Bearer "+auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		check(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get(""); code != http.StatusUnauthorized {
+		t.Fatalf("/metrics without the token: %d", code)
+	}
+	if code := get(strings.TrimSpace(string(token))); code != http.StatusOK {
+		t.Fatalf("/metrics with the token: %d", code)
+	}
+}

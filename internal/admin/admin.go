@@ -85,7 +85,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 
 // ErrTokenRequired is returned by Token when the admin endpoint is bound
 // to an address other hosts can reach and no token file is configured.
-var ErrTokenRequired = errors.New("the admin endpoint is not on a loopback address: set admin.token_file")
+var ErrTokenRequired = errors.New("the admin endpoint is not on a loopback address: set admin.token_file (--admin-token-file, REDPROXY_ADMIN_TOKEN_FILE)")
 
 // Token returns the bearer token the admin endpoint at addr needs: the
 // content of tokenFile (trailing newlines dropped), "" for none. An

@@ -293,6 +293,10 @@ type Overrides struct {
 	LogLevel string // --log-level -> server.log_level
 	// LocalTier is --local-tier: "on" or "off" -> localcache.enabled.
 	LocalTier string
+	// AllowUnauthenticated is --allow-unauthenticated ->
+	// server.allow_unauthenticated (only ever turns it on).
+	AllowUnauthenticated bool
+	AdminTokenFile       string // --admin-token-file -> admin.token_file
 }
 
 // Apply returns a new snapshot with the overrides applied and validated; c is
@@ -318,6 +322,10 @@ func (c *Config) Apply(o Overrides) (*Config, error) {
 		n.Server.Admin = ""
 	}
 	set(&n.Server.LogLevel, o.LogLevel, "server.log_level", "--log-level")
+	set(&n.Admin.TokenFile, o.AdminTokenFile, "admin.token_file", "--admin-token-file")
+	if o.AllowUnauthenticated {
+		n.Server.AllowUnauthenticated = true
+	}
 	var tierErr *Error
 	switch o.LocalTier {
 	case "":

@@ -269,7 +269,7 @@ func ExposureError(c *Config) error {
 		if l.addr == "" || IsLoopback(l.addr) || l.key == "server.tls.listen" && c.Server.TLS.ClientCAFile != "" {
 			continue
 		}
-		return &Error{Key: l.key, Msg: fmt.Sprintf("refusing to start: %q is not a loopback address, and with no [[users]] and no upstream.password anyone who reaches it could use Redis through the proxy; configure [[users]] or upstream.password, listen on 127.0.0.1, or set server.allow_unauthenticated = true to accept that", l.addr)}
+		return &Error{Key: l.key, Msg: fmt.Sprintf("refusing to start: %q is not a loopback address, and with no [[users]] and no upstream.password anyone who reaches it could use Redis through the proxy; configure [[users]] or upstream.password, listen on 127.0.0.1, or set server.allow_unauthenticated = true (--allow-unauthenticated, REDPROXY_ALLOW_UNAUTHENTICATED=true) to accept that", l.addr)}
 	}
 	return nil
 }
