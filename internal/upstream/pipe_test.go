@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redproxy/redproxy/internal/redistest"
 	"github.com/tidwall/redcon"
 )
@@ -200,4 +203,140 @@ func BenchmarkPoolPipeline16(b *testing.B) {
 			b.Fatal(c.Err())
 		}
 	}
+}
+
+// One pipe, many clients: lone commands (which find the socket idle or
+// queue behind a write in progress) race batches of many commands, while
+// the connection is killed from Redis's side mid-pipeline several times.
+// Every Call must get its own replies in order, or errors from where the
+// connection failed on; never a reply written for another Call.
+func TestPipeConcurrentWritesSurviveKill(t *testing.T) {
+	srv := redistest.Start(t)
+	opt := testOpts(srv.Addr())
+	opt.Name = "pipe-under-test"
+	pool := NewPool(1, opt)
+	defer pool.Close()
+	waitUp(t, pool)
+	killer := srv.Client(t)
+
+	const workers, kills = 48, 5
+	var (
+		wg         sync.WaitGroup
+		completed  atomic.Int64 // Calls answered in full
+		failed     atomic.Int64 // Calls that ended with an error
+		stop       = make(chan struct{})
+		errs       = make(chan error, workers)
+		afterKills = make(chan struct{})
+	)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			c := NewCall()
+			cleanAfterKills := 0
+			for r := 0; ; r++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				depth := 1
+				if w%3 == 0 {
+					depth = 1 + r%24
+				}
+				c.Reset()
+				for d := 0; d < depth; d++ {
+					c.Add(cmd("ECHO", fmt.Sprintf("w%d-r%d-d%d", w, r, d)))
+				}
+				pool.Do(c)
+				failedAt := -1
+				for d := 0; d < depth; d++ {
+					got, err := c.Reply(d)
+					if err != nil {
+						if failedAt < 0 {
+							failedAt = d
+						}
+						if !errors.Is(err, ErrConnLost) && !errors.Is(err, ErrUnavailable) {
+							errs <- fmt.Errorf("worker %d round %d reply %d: unexpected error %v", w, r, d, err)
+							return
+						}
+						continue
+					}
+					if want := bulk(fmt.Sprintf("w%d-r%d-d%d", w, r, d)); string(got) != want || failedAt >= 0 {
+						errs <- fmt.Errorf("worker %d round %d reply %d: got %q (first error at %d), want %q", w, r, d, got, failedAt, want)
+						return
+					}
+				}
+				if failedAt >= 0 {
+					failed.Add(1)
+					time.Sleep(time.Millisecond) // the pipe is redialing
+					continue
+				}
+				completed.Add(1)
+				select {
+				case <-afterKills:
+					if cleanAfterKills++; cleanAfterKills == 20 {
+						return // this worker is served again after the last kill
+					}
+				default:
+				}
+			}
+		}(w)
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for k := 0; k < kills; k++ {
+		// Kill once the clients have made progress on the current connection.
+		base := completed.Load()
+		redistest.Eventually(t, 10*time.Second, func() bool { return len(errs) > 0 || completed.Load() >= base+200 }, "no progress before kill %d", k)
+		if len(errs) > 0 {
+			close(stop)
+			<-done
+			t.Fatal(<-errs)
+		}
+		id := pipeClientID(t, killer, opt.Name)
+		if err := killer.Do(context.Background(), "CLIENT", "KILL", "ID", id).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(afterKills)
+	select {
+	case <-done:
+	case err := <-errs:
+		close(stop)
+		<-done
+		t.Fatal(err)
+	case <-time.After(30 * time.Second):
+		close(stop)
+		<-done
+		t.Fatal("workers were not served again after the last kill")
+	}
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if failed.Load() == 0 {
+		t.Fatalf("no Call failed: the kills did not land mid-pipeline (%d completed)", completed.Load())
+	}
+	t.Logf("%d Calls answered, %d failed by %d kills", completed.Load(), failed.Load(), kills)
+}
+
+// pipeClientID is Redis's id for the connection named name.
+func pipeClientID(t *testing.T, rc *redis.Client, name string) string {
+	t.Helper()
+	var id string
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		list, err := rc.ClientList(context.Background()).Result()
+		if err != nil {
+			return false
+		}
+		for _, line := range strings.Split(strings.TrimSpace(list), "\n") {
+			if strings.Contains(line, " name="+name+" ") {
+				id = strings.TrimPrefix(strings.Fields(line)[0], "id=")
+				return true
+			}
+		}
+		return false
+	}, "no connection named %s", name)
+	return id
 }
