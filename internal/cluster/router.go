@@ -270,14 +270,14 @@ type op struct {
 type mergeKind uint8
 
 const (
-	mergeOne      mergeKind = iota // one sub-command, its reply as is
-	mergeMGET                      // array elements put back in key order
-	mergeSum                       // integers added (DEL, EXISTS, DBSIZE, ...)
-	mergeAllOK                     // the first reply if none failed, else the first error
-	mergeConcat                    // arrays concatenated (KEYS)
-	mergeFirstNonNull              // RANDOMKEY
-	mergeAllOnes                   // SCRIPT EXISTS: 1 only where every primary has it
-	mergeScan                      // SCAN: the node's cursor rewritten
+	mergeOne          mergeKind = iota // one sub-command, its reply as is
+	mergeMGET                          // array elements put back in key order
+	mergeSum                           // integers added (DEL, EXISTS, DBSIZE, ...)
+	mergeAllOK                         // the first reply if none failed, else the first error
+	mergeConcat                        // arrays concatenated (KEYS)
+	mergeFirstNonNull                  // RANDOMKEY
+	mergeAllOnes                       // SCRIPT EXISTS: 1 only where every primary has it
+	mergeScan                          // SCAN: the node's cursor rewritten
 )
 
 // sub is one command sent to one node.
