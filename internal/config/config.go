@@ -75,7 +75,11 @@ type Server struct {
 
 // Upstream configures the connections to the real Redis.
 type Upstream struct {
-	Address      string         `toml:"address"` // host:port, or EmbeddedAddress
+	Address string `toml:"address"` // host:port, or EmbeddedAddress
+	// Mode is "standalone" (the default: one Redis at Address) or
+	// "cluster" (a Redis Cluster found from Seeds; Address is unused).
+	Mode         string         `toml:"mode"`
+	Seeds        []string       `toml:"seeds"` // cluster mode: host:port of some nodes
 	Username     string         `toml:"username"`
 	Password     string         `toml:"password"`
 	Connections  int            `toml:"connections"`
@@ -87,6 +91,12 @@ type Upstream struct {
 	ReconnectMax units.Duration `toml:"reconnect_max"`
 	Databases    int            `toml:"databases"`
 }
+
+// Upstream modes.
+const (
+	ModeStandalone = "standalone"
+	ModeCluster    = "cluster"
+)
 
 // EmbeddedAddress as upstream.address selects the in-process demo store
 // instead of a real Redis.
@@ -118,6 +128,8 @@ func Default() *Config {
 		},
 		Upstream: Upstream{
 			Address:      "127.0.0.1:6379",
+			Mode:         ModeStandalone,
+			Seeds:        []string{},
 			Connections:  4,
 			MaxPinned:    256,
 			DialTimeout:  dur(2 * time.Second),

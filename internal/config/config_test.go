@@ -160,6 +160,8 @@ max_age = "20s"
 		},
 		Upstream: Upstream{
 			Address:      "redis.internal:6390",
+			Mode:         ModeStandalone,
+			Seeds:        []string{},
 			Username:     "proxy",
 			Password:     "s3cret",
 			Connections:  8,
@@ -205,6 +207,9 @@ max_age = "20s"
 	for key, v := range settings(got) {
 		if strings.HasPrefix(key, "policy.") {
 			continue // package policy tests its own keys; TestPolicySection covers the plumbing
+		}
+		if key == "upstream.mode" || key == "upstream.seeds" {
+			continue // cluster mode excludes the local tier this document enables: TestUpstreamClusterMode
 		}
 		if reflect.DeepEqual(v, def[key]) {
 			t.Errorf("%s: test document does not change the default %v", key, v)
@@ -594,5 +599,27 @@ beta = -1.0
 	n.Stampede.Hold[0].Pattern = "changed"
 	if c.Stampede.Hold[0].Pattern != "cache:*" {
 		t.Fatal("Apply shares stampede.hold with the original snapshot")
+	}
+}
+
+func TestUpstreamClusterMode(t *testing.T) {
+	c, err := Parse([]byte("[upstream]\nmode = \"cluster\"\nseeds = [\"10.0.0.1:7000\", \"node2:7001\"]\n"), "t.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Upstream.Mode != ModeCluster || !reflect.DeepEqual(c.Upstream.Seeds, []string{"10.0.0.1:7000", "node2:7001"}) {
+		t.Fatalf("got mode %q seeds %v", c.Upstream.Mode, c.Upstream.Seeds)
+	}
+	for doc, key := range map[string]string{
+		"[upstream]\nmode = \"cluster\"\n":                                                  "upstream.seeds",
+		"[upstream]\nmode = \"cluster\"\nseeds = [\"nope\"]\n":                              "upstream.seeds",
+		"[upstream]\nmode = \"ring\"\n":                                                     "upstream.mode",
+		"[upstream]\nmode = \"cluster\"\nseeds = [\"a:1\"]\n[localcache]\nenabled = true\n": "localcache.enabled",
+	} {
+		_, err := Parse([]byte(doc), "t.toml")
+		var e *Error
+		if !errors.As(err, &e) || e.Key != key {
+			t.Errorf("%q: got %v, want an error about %s", doc, err, key)
+		}
 	}
 }

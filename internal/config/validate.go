@@ -79,6 +79,25 @@ func (c *Config) check() []*Error {
 	}
 
 	u := &c.Upstream
+	switch u.Mode {
+	case ModeStandalone:
+	case ModeCluster:
+		if len(u.Seeds) == 0 {
+			bad("upstream.seeds", "cluster mode needs at least one seed node (host:port)")
+		}
+		for _, a := range u.Seeds {
+			if err := checkHostPort(a, true); err != nil {
+				bad("upstream.seeds", "%q: %v", a, err)
+			}
+		}
+		if c.LocalCache.Enabled {
+			// Tracking is per node and slots move between nodes; the
+			// tier does not follow them yet (docs/COMPATIBILITY.md).
+			bad("localcache.enabled", "the local tier is not supported in cluster mode yet")
+		}
+	default:
+		bad("upstream.mode", "must be %q or %q, got %q", ModeStandalone, ModeCluster, u.Mode)
+	}
 	if u.Address != EmbeddedAddress {
 		if err := checkHostPort(u.Address, true); err != nil {
 			bad("upstream.address", "%v (or %q for the in-process demo store)", err, EmbeddedAddress)

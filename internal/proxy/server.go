@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/metrics"
@@ -44,6 +45,7 @@ type Server struct {
 	log          *slog.Logger
 	metrics      *metrics.Metrics
 	backend      *upstream.Backend
+	router       *cluster.Router             // cluster mode only (cluster.go)
 	guard        *serverGuard                // the policy guard (guard.go)
 	flight       atomic.Pointer[flightState] // stampede protection (flight.go); a reload replaces it
 	tier         *tierState                  // the local tier (tier.go)
@@ -96,6 +98,11 @@ func NewServer(o Options) (*Server, error) {
 	if o.UpstreamAddr != "" {
 		addr = o.UpstreamAddr
 	}
+	if cfg.Upstream.Mode == config.ModeCluster {
+		// The router has its own connections per node; this backend
+		// only serves what has no node of its own (admin round trips).
+		addr = cfg.Upstream.Seeds[0]
+	}
 	s := &Server{
 		cfg:          cfg,
 		upstreamAddr: addr,
@@ -116,12 +123,16 @@ func NewServer(o Options) (*Server, error) {
 	// its tracking connections): a policy that does not compile fails
 	// NewServer with nothing of the tier running.
 	for _, build := range []func(*Server) error{
+		initCluster, // cluster mode's router (cluster.go)
 		initFlight,  // stampede protection: coalescing, miss holds (flight.go)
 		initGuard,   // the policy guard (guard.go)
 		initSlowlog, // the slow log (slowlog.go)
 		initTier,    // the local tier, when enabled (tier.go)
 	} {
 		if err := build(s); err != nil {
+			if s.router != nil {
+				s.router.Close()
+			}
 			s.backend.Close()
 			return nil, err
 		}
@@ -133,7 +144,12 @@ func NewServer(o Options) (*Server, error) {
 func (s *Server) Backend() *upstream.Backend { return s.backend }
 
 // Ready reports whether Redis is reachable (DB 0 has a connection up).
-func (s *Server) Ready() bool { return s.backend.Ready() }
+func (s *Server) Ready() bool {
+	if s.router != nil {
+		return s.router.Ready()
+	}
+	return s.backend.Ready()
+}
 
 // Serve accepts clients on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
@@ -235,6 +251,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		<-done
 	}
 	s.closeTier()
+	if s.router != nil {
+		s.router.Close()
+	}
 	s.backend.Close()
 	return err
 }

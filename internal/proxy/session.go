@@ -285,6 +285,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	if sess.guardRefused(i, m) {
 		return
 	}
+	if sess.srv.router != nil && sess.clusterStep(cmd, req, m) {
+		return
+	}
 	if sess.pin.pipe != nil && sess.dispatchPinned(i, cmd, req, m) {
 		return
 	}
@@ -298,7 +301,7 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	if sess.guardStep(i, cmd, req, m) {
 		return
 	}
-	if sess.pin.pipe == nil {
+	if sess.pin.pipe == nil && sess.srv.router == nil {
 		if sess.tierStep(cmd, req, m) {
 			return
 		}
@@ -406,6 +409,8 @@ func (sess *Session) flush(start time.Time) {
 			} else {
 				call.Wait()
 			}
+		} else if sess.srv.router != nil {
+			sess.srv.router.Do(call, sess.resp3)
 		} else {
 			sess.srv.backend.Pool(sess.db, sess.resp3).Do(call)
 		}

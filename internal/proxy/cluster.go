@@ -1,0 +1,74 @@
+package proxy
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/redproxy/redproxy/internal/cluster"
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/resp"
+)
+
+// initCluster builds the router of upstream.mode = "cluster". The session
+// hands it whole batches (flush); which node a command goes to, and how
+// split commands come back together, is the router's business.
+func initCluster(s *Server) error {
+	if s.cfg.Upstream.Mode != config.ModeCluster {
+		return nil
+	}
+	s.router = cluster.New(cluster.Options{
+		Seeds:   s.cfg.Upstream.Seeds,
+		Backend: s.backendOptions(s.cfg, ""),
+		Table:   s.table,
+		Logger:  s.log,
+	})
+	return nil
+}
+
+// Router is the cluster router, or nil in standalone mode.
+func (s *Server) Router() *cluster.Router { return s.router }
+
+var (
+	errClusterSelect = []byte("-ERR SELECT is not allowed in cluster mode\r\n")
+)
+
+// clusterStep answers, in cluster mode, the commands that cannot go
+// through the router as they are: SELECT of another database, and the
+// commands that need a connection of their own (transactions, blocking
+// commands, relays), which cluster mode does not pin to a node yet.
+func (sess *Session) clusterStep(cmd *commands.Command, req *resp.Request, m *metrics.Command) bool {
+	if cmd == nil {
+		return false
+	}
+	args := req.Args
+	switch cmd.Name {
+	case "select":
+		if len(args) == 2 {
+			if db, err := strconv.Atoi(string(args[1])); err == nil && db != 0 {
+				sess.replyLocal(m, errClusterSelect)
+				return true
+			}
+		}
+		return false
+	case "multi", "watch", "subscribe", "psubscribe", "ssubscribe", "monitor":
+		sess.replyLocal(m, errClusterUnsupported(cmd.Name))
+		return true
+	case "client|tracking", "client|no-touch":
+		if len(args) > 2 && strings.EqualFold(string(args[2]), "on") {
+			sess.replyLocal(m, errClusterUnsupported(cmd.Name))
+			return true
+		}
+		return false
+	}
+	if cmd.IsBlocking(args) {
+		sess.replyLocal(m, errClusterUnsupported(cmd.Name))
+		return true
+	}
+	return false
+}
+
+func errClusterUnsupported(name string) []byte {
+	return []byte("-ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + " is not supported in cluster mode yet\r\n")
+}
