@@ -1,0 +1,279 @@
+package proxy_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/cluster"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// nodeID is a node's cluster id.
+func nodeID(t *testing.T, s *redistest.Server) string {
+	t.Helper()
+	id, err := s.Client(t).Do(context.Background(), "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// nodeAt finds the cluster node listening at addr.
+func nodeAt(t *testing.T, c *redistest.Cluster, addr string) *redistest.Server {
+	t.Helper()
+	for _, n := range c.Nodes {
+		if n.Addr() == addr {
+			return n
+		}
+	}
+	t.Fatalf("no node at %s", addr)
+	return nil
+}
+
+// TestClusterRedirects moves one slot by hand, step by step, so that the
+// proxy meets ASK (keys already on the importing node) and then MOVED (the
+// slot's new owner) and must hide both.
+func TestClusterRedirects(t *testing.T) {
+	c, p := startClusterProxy(t)
+	rc := p.Client(t)
+	ctx := context.Background()
+	keys := make([]string, 20)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("{mig}:%d", i)
+		if err := rc.Set(ctx, keys[i], i, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slot := cluster.Slot([]byte(keys[0]))
+	src := nodeAt(t, c, p.Router().Map().Owner(slot))
+	var dst *redistest.Server
+	for _, n := range c.Primaries(t) {
+		if n != src {
+			dst = n
+			break
+		}
+	}
+	srcID, dstID := nodeID(t, src), nodeID(t, dst)
+	sc, dc := src.Client(t), dst.Client(t)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
+	must(sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
+	migrate := func(ks []string) {
+		args := []any{"MIGRATE", "127.0.0.1", dst.Port(), "", 0, 5000, "KEYS"}
+		for _, k := range ks {
+			args = append(args, k)
+		}
+		must(sc.Do(ctx, args...).Err())
+	}
+	migrate(keys[:10])
+	moved0, asked0, _ := p.Router().Stats()
+	// Half the keys are on dst now: the proxy follows ASK for them.
+	for i, k := range keys {
+		if v, err := rc.Get(ctx, k).Int(); err != nil || v != i {
+			t.Fatalf("GET %s during migration = %d, %v", k, v, err)
+		}
+	}
+	// A new key of a migrating slot is created on the importing node.
+	must(rc.Set(ctx, "{mig}:new", "n", 0).Err())
+	if _, asked, _ := p.Router().Stats(); asked <= asked0 {
+		t.Fatalf("no ASK was followed (asked %d -> %d)", asked0, asked)
+	}
+	migrate(keys[10:])
+	for _, n := range c.Primaries(t) {
+		must(n.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
+	}
+	// The proxy's map still says src: it follows MOVED to dst.
+	vals, err := rc.MGet(ctx, append(keys, "{mig}:new")...).Result()
+	must(err)
+	for i, v := range vals[:len(keys)] {
+		if fmt.Sprint(v) != fmt.Sprint(i) {
+			t.Fatalf("MGET after the move: %s = %v", keys[i], v)
+		}
+	}
+	if vals[len(keys)] != "n" {
+		t.Fatalf("the key created during migration reads %v", vals[len(keys)])
+	}
+	if moved, _, _ := p.Router().Stats(); moved <= moved0 {
+		t.Fatalf("no MOVED was followed (moved %d -> %d)", moved0, moved)
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return p.Router().Map().Owner(slot) == dst.Addr()
+	}, "the proxy's map never learnt slot %d's new owner", slot)
+}
+
+// loadResult is what a load run saw.
+type loadResult struct {
+	ops, errs atomic.Int64
+	mu        sync.Mutex
+	firstErrs []string
+}
+
+func (r *loadResult) fail(err error) {
+	r.errs.Add(1)
+	r.mu.Lock()
+	if len(r.firstErrs) < 5 {
+		r.firstErrs = append(r.firstErrs, err.Error())
+	}
+	r.mu.Unlock()
+}
+
+// runLoad has writers each own a few keys, write increasing values and
+// read them back through the proxy until stop: a reader that is the only
+// writer of its key must read what it last had acknowledged. It returns
+// when every writer has stopped.
+func runLoad(t *testing.T, rc *redis.Client, writers int, stop <-chan struct{}, res *loadResult) func() map[string]int {
+	var wg sync.WaitGroup
+	final := make([]map[string]int, writers)
+	for w := range writers {
+		wg.Add(1)
+		final[w] = map[string]int{}
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			acked := final[w]
+			for n := 1; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := fmt.Sprintf("load:%d:%d", w, n%50)
+				if err := rc.Set(ctx, k, n, 0).Err(); err != nil {
+					res.fail(fmt.Errorf("SET %s: %w", k, err))
+					// Unknown outcome: the key is no longer checked.
+					delete(acked, k)
+					continue
+				}
+				acked[k] = n
+				v, err := rc.Get(ctx, k).Int()
+				res.ops.Add(2)
+				if err != nil {
+					res.fail(fmt.Errorf("GET %s: %w", k, err))
+					continue
+				}
+				if v != n {
+					res.fail(fmt.Errorf("GET %s = %d after %d was acknowledged", k, v, n))
+				}
+			}
+		}()
+	}
+	return func() map[string]int {
+		wg.Wait()
+		all := map[string]int{}
+		for _, m := range final {
+			for k, v := range m {
+				all[k] = v
+			}
+		}
+		return all
+	}
+}
+
+// TestClusterReshardUnderLoad moves 1000 slots with redis-cli --cluster
+// reshard (MIGRATE, SETSLOT) while clients write and read through the
+// proxy: no client sees MOVED or ASK, and every acknowledged value reads
+// back.
+func TestClusterReshardUnderLoad(t *testing.T) {
+	c, p := startClusterProxy(t)
+	rc := p.Client(t, func(o *redis.Options) { o.PoolSize = 16 })
+	prims := c.Primaries(t)
+	from, to := nodeID(t, prims[0]), nodeID(t, prims[1])
+	stop := make(chan struct{})
+	var res loadResult
+	wait := runLoad(t, rc, 8, stop, &res)
+	start := time.Now()
+	out, err := exec.Command("redis-cli", "--cluster", "reshard", prims[0].Addr(),
+		"--cluster-from", from, "--cluster-to", to, "--cluster-slots", "1000",
+		"--cluster-yes", "--cluster-pipeline", "50").CombinedOutput()
+	took := time.Since(start)
+	close(stop)
+	acked := wait()
+	if err != nil {
+		t.Fatalf("reshard: %v\n%s", err, out[max(0, len(out)-2000):])
+	}
+	c.WaitHealthy(t)
+	moved, asked, retried := p.Router().Stats()
+	t.Logf("reshard of 1000 slots took %v; %d ops through the proxy, %d errors; router followed %d MOVED, %d ASK, %d retries",
+		took, res.ops.Load(), res.errs.Load(), moved, asked, retried)
+	if res.errs.Load() != 0 {
+		t.Fatalf("%d client errors during resharding, first: %v", res.errs.Load(), res.firstErrs)
+	}
+	if moved+asked == 0 {
+		t.Fatalf("the load never met a moving slot; the test proves nothing")
+	}
+	direct := c.ClusterClient(t)
+	ctx := context.Background()
+	for k, v := range acked {
+		if got, err := direct.Get(ctx, k).Int(); err != nil || got != v {
+			t.Fatalf("%s = %d, %v; %d was acknowledged last", k, got, err, v)
+		}
+	}
+}
+
+// TestClusterFailover promotes a replica with CLUSTER FAILOVER while
+// clients write and read through the proxy.
+func TestClusterFailover(t *testing.T) {
+	c, p := startClusterProxy(t)
+	rc := p.Client(t, func(o *redis.Options) { o.PoolSize = 16 })
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var res loadResult
+	wait := runLoad(t, rc, 8, stop, &res)
+	// Let the load reach every node first.
+	redistest.Eventually(t, 5*time.Second, func() bool { return res.ops.Load() > 2000 }, "no load")
+	replica := c.Replicas(t)[0]
+	start := time.Now()
+	if err := replica.Client(t).Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 20*time.Second, func() bool {
+		r, err := replica.Client(t).Do(ctx, "ROLE").Slice()
+		return err == nil && len(r) > 0 && r[0] == "master"
+	}, "the replica never became primary")
+	promoted := time.Since(start)
+	// The proxy's map follows; the load keeps running meanwhile.
+	redistest.Eventually(t, 20*time.Second, func() bool {
+		for _, a := range p.Router().Map().Primaries() {
+			if a == replica.Addr() {
+				return true
+			}
+		}
+		return false
+	}, "the proxy never learnt the new primary")
+	learnt := time.Since(start)
+	base := res.ops.Load()
+	redistest.Eventually(t, 10*time.Second, func() bool { return res.ops.Load() > base+2000 }, "the load stalled after the failover")
+	close(stop)
+	acked := wait()
+	moved, asked, retried := p.Router().Stats()
+	t.Logf("failover: replica primary after %v, proxy map after %v; %d ops, %d errors; router followed %d MOVED, %d ASK, %d retries",
+		promoted, learnt, res.ops.Load(), res.errs.Load(), moved, asked, retried)
+	if res.errs.Load() != 0 {
+		for _, e := range res.firstErrs {
+			if strings.Contains(e, "MOVED") || strings.Contains(e, "ASK") {
+				t.Fatalf("a client saw a redirection: %s", e)
+			}
+		}
+		t.Fatalf("%d client errors during a coordinated failover, first: %v", res.errs.Load(), res.firstErrs)
+	}
+	c.WaitHealthy(t)
+	direct := c.ClusterClient(t)
+	for k, v := range acked {
+		if got, err := direct.Get(ctx, k).Int(); err != nil || got != v {
+			t.Fatalf("%s = %d, %v; %d was acknowledged last", k, got, err, v)
+		}
+	}
+}
