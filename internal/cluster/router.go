@@ -250,6 +250,7 @@ func (r *Router) Do(c *upstream.Call, resp3 bool) {
 	for i := range b.ops {
 		b.plan(i, c.Part(i))
 	}
+	b.placeGroups()
 	b.run()
 	for i := range b.ops {
 		c.AddReply(b.reply(i))
@@ -291,6 +292,9 @@ type sub struct {
 	sentTo    string
 	redirects int
 	retries   int
+	// group numbers the transaction (MULTI ... EXEC in one batch) the sub
+	// belongs to, from 1; 0 for none. A group goes to one node as a whole.
+	group int
 	reply     []byte
 	done      bool
 }
@@ -302,6 +306,9 @@ type batch struct {
 	subs  []sub
 	args  [][]byte
 	keys  []int
+	// open is the group a MULTI started and no EXEC or DISCARD ended yet;
+	// groups counts them.
+	open, groups int
 }
 
 func (b *batch) add(o *op, s sub) {
@@ -321,10 +328,14 @@ func (b *batch) plan(i int, raw []byte) {
 	cmd := b.r.table.Lookup(b.args)
 	if cmd == nil {
 		// Unknown to the proxy: let a node say what it makes of it.
-		b.add(o, sub{raw: raw, slot: -1})
+		b.add(o, sub{raw: raw, slot: -1, group: b.open})
 		return
 	}
 	name := cmd.Name
+	if b.open != 0 || name == "multi" {
+		b.planQueued(o, raw, cmd)
+		return
+	}
 	if cmd.Parent != nil && cmd.Parent.Name == "cluster" || name == "cluster" {
 		o.local = errClusterDisabled
 		return
@@ -380,6 +391,46 @@ func (b *batch) plan(i int, raw []byte) {
 		b.split(o, mergeAllOK, 2)
 	default:
 		o.local = errCrossSlot
+	}
+}
+
+// planQueued adds a command of a transaction as it is, never split nor
+// answered locally: the node queues it, and its reply is +QUEUED or a
+// queue-time error. The group's node is the one of its first key (Do).
+func (b *batch) planQueued(o *op, raw []byte, cmd *commands.Command) {
+	if cmd.Name == "multi" && b.open == 0 {
+		b.groups++
+		b.open = b.groups
+	}
+	slot := -1
+	if b.keys = cmd.Keys(b.args, b.keys[:0]); len(b.keys) > 0 {
+		slot = Slot(b.args[b.keys[0]])
+	}
+	b.add(o, sub{raw: raw, slot: slot, group: b.open})
+	if cmd.Name == "exec" || cmd.Name == "discard" {
+		b.open = 0
+	}
+}
+
+// placeGroups sends every command of a group to the node of the group's
+// first key (or, with none, wherever keyless commands go).
+func (b *batch) placeGroups() {
+	if b.groups == 0 {
+		return
+	}
+	slots := make([]int, b.groups+1)
+	for i := range slots {
+		slots[i] = -1
+	}
+	for _, s := range b.subs {
+		if s.group != 0 && slots[s.group] < 0 {
+			slots[s.group] = s.slot
+		}
+	}
+	for i := range b.subs {
+		if g := b.subs[i].group; g != 0 {
+			b.subs[i].slot = slots[g]
+		}
 	}
 }
 
@@ -574,6 +625,9 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 			nc.call.Wait()
 		}
 	}
+	// Commands of one transaction go and come back together: if one of
+	// them was redirected, EXEC failed, and the whole group is sent again.
+	groupAgain := map[int]int{} // group -> the member that must go again
 	for _, nc := range calls {
 		for k, i := range nc.subs {
 			if i < 0 {
@@ -581,36 +635,62 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 			}
 			s := &b.subs[i]
 			s.redirect, s.asking = "", false
-			if nc.err != nil {
-				// Nothing was sent: safe to try again once the map says
-				// where the slot lives now.
-				if s.retries++; s.retries > maxRetries || !errors.Is(nc.err, upstream.ErrUnavailable) {
-					b.finish(i, errorFrame(nc.err))
-					continue
+			again, slow := b.classify(i, nc, k)
+			if again {
+				if s.group != 0 {
+					if _, ok := groupAgain[s.group]; !ok {
+						groupAgain[s.group] = i
+					}
 				}
-				r.refreshSoon()
-				r.retried.Add(1)
-				retry, wait = append(retry, i), true
-				continue
+				retry = append(retry, i)
+				wait = wait || slow
 			}
-			reply, err := nc.call.Reply(k)
-			if err != nil {
-				// Sent and lost: a write may have run, so it is never
-				// retried behind the client's back.
-				r.refreshSoon()
-				b.finish(i, errorFrame(err))
-				continue
+		}
+	}
+	if len(groupAgain) > 0 {
+		retry = retry[:0]
+		for _, i := range pending {
+			s := &b.subs[i]
+			if lead, ok := groupAgain[s.group]; ok && s.group != 0 {
+				s.done, s.reply = false, nil
+				s.redirect, s.asking = b.subs[lead].redirect, b.subs[lead].asking
+				retry = append(retry, i)
+			} else if !s.done {
+				retry = append(retry, i)
 			}
-			again, slow := b.redirected(i, reply)
-			if !again {
-				b.finish(i, bytes.Clone(reply))
-				continue
-			}
-			retry = append(retry, i)
-			wait = wait || slow
 		}
 	}
 	return retry, wait
+}
+
+// classify looks at sub i's outcome, reply k of nc: it finishes the sub,
+// or reports that it must go again (after a wait, if slow).
+func (b *batch) classify(i int, nc *nodeCall, k int) (again, slow bool) {
+	r := b.r
+	s := &b.subs[i]
+	if nc.err != nil {
+		// Nothing was sent: safe to try again once the map says where
+		// the slot lives now.
+		if s.retries++; s.retries > maxRetries || !errors.Is(nc.err, upstream.ErrUnavailable) {
+			b.finish(i, errorFrame(nc.err))
+			return false, false
+		}
+		r.refreshSoon()
+		r.retried.Add(1)
+		return true, true
+	}
+	reply, err := nc.call.Reply(k)
+	if err != nil {
+		// Sent and lost: a write may have run, so it is never retried
+		// behind the client's back.
+		r.refreshSoon()
+		b.finish(i, errorFrame(err))
+		return false, false
+	}
+	if again, slow = b.redirected(i, reply); !again {
+		b.finish(i, bytes.Clone(reply))
+	}
+	return again, slow
 }
 
 var (

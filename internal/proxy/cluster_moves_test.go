@@ -13,6 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/cluster"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
@@ -274,6 +277,33 @@ func TestClusterFailover(t *testing.T) {
 	for k, v := range acked {
 		if got, err := direct.Get(ctx, k).Int(); err != nil || got != v {
 			t.Fatalf("%s = %d, %v; %d was acknowledged last", k, got, err, v)
+		}
+	}
+}
+
+// TestClusterPolicyFixups: a TTL rule makes the proxy wrap a write and its
+// EXPIRE fix-up in MULTI/EXEC of its own. In cluster mode the whole
+// transaction must go to the key's node, even when the key's slot is not
+// served by the first primary.
+func TestClusterPolicyFixups(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+		cfg.Policy.TTL = []policy.TTLRule{{Pattern: "sess:*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
+	})
+	rc := p.Client(t)
+	direct := c.ClusterClient(t)
+	ctx := context.Background()
+	for i := range 30 {
+		k := fmt.Sprintf("sess:%d", i)
+		// HSET has no TTL option: the fix-up is an EXPIRE ... NX in a
+		// MULTI/EXEC of the proxy's own.
+		if n, err := rc.HSet(ctx, k, "f", "v").Result(); err != nil || n != 1 {
+			t.Fatalf("HSET %s = %d, %v", k, n, err)
+		}
+		if ttl := direct.TTL(ctx, k).Val(); ttl <= 0 {
+			t.Fatalf("%s has TTL %v; the policy's default was not applied", k, ttl)
 		}
 	}
 }
