@@ -306,4 +306,59 @@ func TestClusterPolicyFixups(t *testing.T) {
 			t.Fatalf("%s has TTL %v; the policy's default was not applied", k, ttl)
 		}
 	}
+	// Behind the proxy's back, the slot moves: the HSET queued in the
+	// proxy's MULTI gets MOVED, EXEC aborts, and the transaction goes
+	// again, whole, to the new owner.
+	if err := rc.HSet(ctx, "sess:{t}a", "f", "v").Err(); err != nil {
+		t.Fatal(err)
+	}
+	slot := cluster.Slot([]byte("sess:{t}a"))
+	src := nodeAt(t, c, p.Router().Map().Owner(slot))
+	var dst *redistest.Server
+	for _, n := range c.Nodes {
+		if n != src {
+			dst = n
+			break
+		}
+	}
+	moveSlot(t, c, slot, src, dst)
+	moved0, _, _ := p.Router().Stats()
+	if n, err := rc.HSet(ctx, "sess:{t}b", "f", "v").Result(); err != nil || n != 1 {
+		t.Fatalf("HSET after the slot moved = %d, %v", n, err)
+	}
+	if moved, _, _ := p.Router().Stats(); moved == moved0 {
+		t.Fatal("the proxy met no MOVED; the test proves nothing")
+	}
+	if ttl := dst.Client(t).TTL(ctx, "sess:{t}b").Val(); ttl <= 0 {
+		t.Fatalf("sess:{t}b has TTL %v on its new node", ttl)
+	}
+}
+
+// moveSlot migrates slot and its keys from src to dst, as redis-cli
+// --cluster reshard does, without the proxy knowing.
+func moveSlot(t *testing.T, c *redistest.Cluster, slot int, src, dst *redistest.Server) {
+	t.Helper()
+	ctx := context.Background()
+	sc, dc := src.Client(t), dst.Client(t)
+	srcID, dstID := nodeID(t, src), nodeID(t, dst)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
+	must(sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
+	keys, err := sc.ClusterGetKeysInSlot(ctx, slot, 1000).Result()
+	must(err)
+	if len(keys) > 0 {
+		args := []any{"MIGRATE", "127.0.0.1", dst.Port(), "", 0, 5000, "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		must(sc.Do(ctx, args...).Err())
+	}
+	for _, n := range c.Primaries(t) {
+		must(n.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
+	}
 }
