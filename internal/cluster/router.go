@@ -101,6 +101,17 @@ func New(opt Options) *Router {
 // Map is the slot map in use, or nil before one was loaded.
 func (r *Router) Map() *Map { return r.m.Load() }
 
+// AnyNode is a primary of the current map, or the first seed when no map
+// is loaded.
+func (r *Router) AnyNode() string {
+	if m := r.m.Load(); m != nil {
+		if ps := m.Primaries(); len(ps) > 0 {
+			return ps[0]
+		}
+	}
+	return r.opt.Seeds[0]
+}
+
 // Refresh reloads the slot map now from the nodes of the current map and
 // the seeds.
 func (r *Router) Refresh() error {
@@ -295,8 +306,8 @@ type sub struct {
 	// group numbers the transaction (MULTI ... EXEC in one batch) the sub
 	// belongs to, from 1; 0 for none. A group goes to one node as a whole.
 	group int
-	reply     []byte
-	done      bool
+	reply []byte
+	done  bool
 }
 
 type batch struct {

@@ -11,20 +11,16 @@ import (
 	"github.com/redproxy/redproxy/internal/resp"
 )
 
-// initCluster builds the router of upstream.mode = "cluster". The session
+// newRouter builds the router of upstream.mode = "cluster". The session
 // hands it whole batches (flush); which node a command goes to, and how
 // split commands come back together, is the router's business.
-func initCluster(s *Server) error {
-	if s.cfg.Upstream.Mode != config.ModeCluster {
-		return nil
-	}
-	s.router = cluster.New(cluster.Options{
-		Seeds:   s.cfg.Upstream.Seeds,
-		Backend: s.backendOptions(s.cfg, ""),
+func newRouter(s *Server, cfg *config.Config) *cluster.Router {
+	return cluster.New(cluster.Options{
+		Seeds:   cfg.Upstream.Seeds,
+		Backend: s.backendOptions(cfg, ""),
 		Table:   s.table,
 		Logger:  s.log,
 	})
-	return nil
 }
 
 // Router is the cluster router, or nil in standalone mode.

@@ -122,6 +122,7 @@ type loadResult struct {
 	ops, errs atomic.Int64
 	mu        sync.Mutex
 	firstErrs []string
+	lastErr   string
 }
 
 func (r *loadResult) fail(err error) {
@@ -130,6 +131,7 @@ func (r *loadResult) fail(err error) {
 	if len(r.firstErrs) < 5 {
 		r.firstErrs = append(r.firstErrs, err.Error())
 	}
+	r.lastErr = err.Error()
 	r.mu.Unlock()
 }
 
@@ -361,4 +363,77 @@ func moveSlot(t *testing.T, c *redistest.Cluster, slot int, src, dst *redistest.
 	for _, n := range c.Primaries(t) {
 		must(n.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
 	}
+}
+
+// TestClusterSeedDown: the first seed does not answer; the proxy starts
+// from the others and serves every slot.
+func TestClusterSeedDown(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	dead := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = append([]string{dead}, c.Seeds()...)
+	})
+	rc := p.Client(t)
+	ctx := context.Background()
+	for i := range 100 {
+		k := fmt.Sprintf("sd:%d", i)
+		if err := rc.Set(ctx, k, i, 0).Err(); err != nil {
+			t.Fatalf("SET %s: %v", k, err)
+		}
+	}
+	if n := rc.DBSize(ctx).Val(); n != 100 {
+		t.Fatalf("DBSIZE = %d", n)
+	}
+}
+
+// TestClusterPrimaryKilled kills a primary under load. Clients of its
+// slots get errors (never MOVED or ASK) until its replica takes over,
+// then the load runs clean again.
+func TestClusterPrimaryKilled(t *testing.T) {
+	c, p := startClusterProxy(t)
+	rc := p.Client(t, func(o *redis.Options) { o.PoolSize = 16 })
+	stop := make(chan struct{})
+	var res loadResult
+	wait := runLoad(t, rc, 8, stop, &res)
+	redistest.Eventually(t, 5*time.Second, func() bool { return res.ops.Load() > 2000 }, "no load")
+	victim := c.Primaries(t)[0]
+	start := time.Now()
+	victim.Kill(t)
+	// Recovered: a run of 2000 operations with no error.
+	var recovered time.Duration
+	redistest.Eventually(t, 30*time.Second, func() bool {
+		errs, ops := res.errs.Load(), res.ops.Load()
+		time.Sleep(200 * time.Millisecond)
+		for res.ops.Load() < ops+2000 {
+			if res.errs.Load() != errs {
+				return false
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if res.errs.Load() != errs {
+			return false
+		}
+		recovered = time.Since(start)
+		return true
+	}, "the load never ran clean after the primary died: %v", lazyLastErr{&res})
+	close(stop)
+	wait()
+	moved, asked, retried := p.Router().Stats()
+	t.Logf("primary killed: load clean again within %v (includes a 2000-op clean run); %d ops, %d errors, first %v; router followed %d MOVED, %d ASK, %d retries",
+		recovered, res.ops.Load(), res.errs.Load(), res.firstErrs, moved, asked, retried)
+	for _, e := range res.firstErrs {
+		if strings.Contains(e, "MOVED") || strings.Contains(e, " ASK ") {
+			t.Fatalf("a client saw a redirection: %s", e)
+		}
+	}
+}
+
+// lazyLastErr prints the load's last error when a wait fails.
+type lazyLastErr struct{ r *loadResult }
+
+func (l lazyLastErr) String() string {
+	l.r.mu.Lock()
+	defer l.r.mu.Unlock()
+	return fmt.Sprintf("%d errors, last %q, first %q", l.r.errs.Load(), l.r.lastErr, l.r.firstErrs)
 }

@@ -98,11 +98,6 @@ func NewServer(o Options) (*Server, error) {
 	if o.UpstreamAddr != "" {
 		addr = o.UpstreamAddr
 	}
-	if cfg.Upstream.Mode == config.ModeCluster {
-		// The router has its own connections per node; this backend
-		// only serves what has no node of its own (admin round trips).
-		addr = cfg.Upstream.Seeds[0]
-	}
 	s := &Server{
 		cfg:          cfg,
 		upstreamAddr: addr,
@@ -111,6 +106,14 @@ func NewServer(o Options) (*Server, error) {
 		metrics:      o.Metrics,
 		sessions:     make(map[*Session]struct{}),
 		started:      time.Now(),
+	}
+	if cfg.Upstream.Mode == config.ModeCluster {
+		// The router has its own connections per node; this backend
+		// only serves what has no node of its own (admin round trips),
+		// and is pointed at a node that answered, not a seed that is down.
+		s.router = newRouter(s, cfg)
+		addr = s.router.AnyNode()
+		s.upstreamAddr = addr
 	}
 	s.live.Store(cfg)
 	s.backend = upstream.NewBackend(s.backendOptions(cfg, addr))
@@ -123,7 +126,6 @@ func NewServer(o Options) (*Server, error) {
 	// its tracking connections): a policy that does not compile fails
 	// NewServer with nothing of the tier running.
 	for _, build := range []func(*Server) error{
-		initCluster, // cluster mode's router (cluster.go)
 		initFlight,  // stampede protection: coalescing, miss holds (flight.go)
 		initGuard,   // the policy guard (guard.go)
 		initSlowlog, // the slow log (slowlog.go)

@@ -42,6 +42,9 @@ func StartCluster(t testing.TB, primaries, replicas int, extra ...string) *Clust
 		// Short, so failover tests finish quickly; long enough that a
 		// loaded 2-core machine does not fail nodes by accident.
 		"--cluster-node-timeout", "2000",
+		// Replicas sync at once instead of after the default 5 s wait for
+		// more replicas: a replica that never synced cannot fail over.
+		"--repl-diskless-sync-delay", "0",
 	}, extra...)
 	var wg sync.WaitGroup
 	for i := range c.Nodes {
@@ -80,7 +83,8 @@ func (c *Cluster) Seeds() []string {
 }
 
 // WaitHealthy waits until every node that answers says cluster_state:ok
-// with all slots served, and every node agrees on who owns the slots.
+// with all slots served, every node agrees on who owns the slots, and
+// every replica's link to its primary is up (so it could take over).
 func (c *Cluster) WaitHealthy(t testing.TB) {
 	t.Helper()
 	var last string
@@ -114,6 +118,11 @@ func (c *Cluster) healthy() (bool, string) {
 		if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_ok:16384") {
 			rc.Close()
 			return false, fmt.Sprintf("%s: %s", s.Addr(), strings.ReplaceAll(info, "\r\n", " "))
+		}
+		repl, err := rc.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up") {
+			rc.Close()
+			return false, fmt.Sprintf("%s: replica not synced with its primary", s.Addr())
 		}
 		slots, err := rc.ClusterSlots(ctx).Result()
 		rc.Close()
