@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/proxy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -436,4 +438,24 @@ func (l lazyLastErr) String() string {
 	l.r.mu.Lock()
 	defer l.r.mu.Unlock()
 	return fmt.Sprintf("%d errors, last %q, first %q", l.r.errs.Load(), l.r.lastErr, l.r.firstErrs)
+}
+
+// TestClusterReloadUpstreamRefused: the router cannot switch its per-node
+// connections, so a reload that changes them is refused whole.
+func TestClusterReloadUpstreamRefused(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+	})
+	next := *p.Config()
+	next.Upstream.Connections++
+	if _, err := p.Reload(&next); !errors.Is(err, proxy.ErrRestartRequired) {
+		t.Fatalf("Reload changing upstream.connections in cluster mode: %v", err)
+	}
+	next = *p.Config()
+	next.Upstream.MaxPinned++
+	if _, err := p.Reload(&next); err != nil {
+		t.Fatalf("Reload changing only max_pinned: %v", err)
+	}
 }
