@@ -18,12 +18,12 @@ func (b *batch) reply(i int) []byte {
 	if o.local != nil {
 		return o.local
 	}
-	replies := make([][]byte, len(o.subs))
-	for k, si := range o.subs {
-		replies[k] = b.subs[si].reply
+	if o.merge == mergeOne || o.n == 1 && o.merge != mergeScan && o.merge != mergeMGET {
+		return b.subReply(o.first)
 	}
-	if o.merge == mergeOne || len(replies) == 1 && o.merge != mergeScan && o.merge != mergeMGET {
-		return replies[0]
+	replies := make([][]byte, o.n)
+	for k := range replies {
+		replies[k] = b.subReply(o.first + k)
 	}
 	if o.merge != mergeFirstNonNull {
 		for _, r := range replies {
@@ -147,7 +147,7 @@ func (b *batch) scanReply(o *op, r []byte) []byte {
 		cursor = nodeCursor<<cursorSlotBits | uint64(o.scanSlot)
 	default:
 		m := b.r.m.Load()
-		addr := b.subs[o.subs[0]].sentTo
+		addr := b.subs[o.first].sentTo
 		ps := m.Primaries()
 		for k, p := range ps {
 			if p == addr && k+1 < len(ps) {

@@ -257,7 +257,8 @@ func errorFrame(err error) []byte {
 // A redirected command is resent after the batch's first round; see
 // docs/COMPATIBILITY.md for what that means for ordering.
 func (r *Router) Do(c *upstream.Call, resp3 bool) {
-	b := batch{r: r, resp3: resp3, ops: make([]op, c.Len())}
+	b := batchPool.Get().(*batch)
+	b.reset(r, resp3, c.Len())
 	for i := range b.ops {
 		b.plan(i, c.Part(i))
 	}
@@ -266,13 +267,43 @@ func (r *Router) Do(c *upstream.Call, resp3 bool) {
 	for i := range b.ops {
 		c.AddReply(b.reply(i))
 	}
+	b.reset(nil, false, 0)
+	batchPool.Put(b)
+}
+
+// batchPool keeps batches and their buffers between a session's batches,
+// so a batch through the router costs no allocation for its bookkeeping.
+var batchPool = sync.Pool{New: func() any { return new(batch) }}
+
+// maxKeptArena bounds the reply buffer a pooled batch keeps.
+const maxKeptArena = 1 << 20
+
+func (b *batch) reset(r *Router, resp3 bool, n int) {
+	b.r, b.resp3 = r, resp3
+	if cap(b.ops) < n {
+		b.ops = make([]op, n)
+	} else {
+		clear(b.ops[:cap(b.ops)])
+		b.ops = b.ops[:n]
+	}
+	clear(b.subs)
+	b.subs = b.subs[:0]
+	clear(b.args)
+	b.args = b.args[:0]
+	b.arena = b.arena[:0]
+	if cap(b.arena) > maxKeptArena {
+		b.arena = nil
+	}
+	b.open, b.groups = 0, 0
 }
 
 // op is one command of the client's batch.
 type op struct {
 	local []byte // answered without Redis
-	subs  []int  // its commands to nodes, indexes into batch.subs
-	merge mergeKind
+	// Its commands to nodes are batch.subs[first:first+n]: an op's subs
+	// are added one after the other.
+	first, n int
+	merge    mergeKind
 	// pos[k] locates key k's element of a split MGET: sub, element.
 	pos [][2]int
 	// scanSlot is the slot naming the node a SCAN walks.
@@ -306,8 +337,9 @@ type sub struct {
 	// group numbers the transaction (MULTI ... EXEC in one batch) the sub
 	// belongs to, from 1; 0 for none. A group goes to one node as a whole.
 	group int
-	reply []byte
-	done  bool
+	// The final reply is batch.arena[rstart:rend] once done.
+	rstart, rend int
+	done         bool
 }
 
 type batch struct {
@@ -317,15 +349,25 @@ type batch struct {
 	subs  []sub
 	args  [][]byte
 	keys  []int
+	// arena holds the subs' replies back to back.
+	arena []byte
+	// calls are the node calls of a round, kept for the next.
+	calls, spare []*nodeCall
 	// open is the group a MULTI started and no EXEC or DISCARD ended yet;
 	// groups counts them.
 	open, groups int
 }
 
 func (b *batch) add(o *op, s sub) {
-	o.subs = append(o.subs, len(b.subs))
+	if o.n == 0 {
+		o.first = len(b.subs)
+	}
+	o.n++
 	b.subs = append(b.subs, s)
 }
+
+// subReply is sub i's final reply.
+func (b *batch) subReply(i int) []byte { return b.arena[b.subs[i].rstart:b.subs[i].rend] }
 
 // plan decides where command i goes and how its replies combine.
 func (b *batch) plan(i int, raw []byte) {
@@ -371,7 +413,7 @@ func (b *batch) plan(i int, raw []byte) {
 		for _, a := range m.Primaries() {
 			b.add(o, sub{raw: raw, slot: -1, to: a})
 		}
-		if len(o.subs) == 0 {
+		if o.n == 0 {
 			o.local = errSlotUnserved
 		}
 		return
@@ -547,10 +589,11 @@ func (b *batch) planScan(o *op, raw []byte) {
 // reply: a round sends what is pending to each node at once and waits for
 // all of it; redirected and retried commands make up the next round.
 func (b *batch) run() {
-	pending := make([]int, 0, len(b.subs))
+	pending := b.keys[:0] // the keys scratch is free once planning is done
 	for i := range b.subs {
 		pending = append(pending, i)
 	}
+	defer func() { b.keys = pending[:0] }()
 	backoff := time.Duration(0)
 	for len(pending) > 0 {
 		if backoff > 0 {
@@ -585,15 +628,21 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 		}
 		m = r.m.Load()
 	}
-	var calls []*nodeCall
+	defer b.recycleCalls()
 	callFor := func(addr string) *nodeCall {
-		for _, nc := range calls {
+		for _, nc := range b.calls {
 			if nc.addr == addr {
 				return nc
 			}
 		}
-		nc := &nodeCall{addr: addr, call: upstream.NewCall()}
-		calls = append(calls, nc)
+		var nc *nodeCall
+		if k := len(b.spare); k > 0 {
+			nc, b.spare = b.spare[k-1], b.spare[:k-1]
+		} else {
+			nc = &nodeCall{call: upstream.NewCall()}
+		}
+		nc.addr = addr
+		b.calls = append(b.calls, nc)
 		return nc
 	}
 	for _, i := range pending {
@@ -628,6 +677,7 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 		nc.call.Add(s.raw)
 		nc.subs = append(nc.subs, i)
 	}
+	calls := b.calls
 	for _, nc := range calls {
 		nc.err = r.backend(nc.addr).Pool(0, b.resp3).Send(nc.call)
 	}
@@ -663,7 +713,7 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 		for _, i := range pending {
 			s := &b.subs[i]
 			if lead, ok := groupAgain[s.group]; ok && s.group != 0 {
-				s.done, s.reply = false, nil
+				s.done = false
 				s.redirect, s.asking = b.subs[lead].redirect, b.subs[lead].asking
 				retry = append(retry, i)
 			} else if !s.done {
@@ -699,7 +749,7 @@ func (b *batch) classify(i int, nc *nodeCall, k int) (again, slow bool) {
 		return false, false
 	}
 	if again, slow = b.redirected(i, reply); !again {
-		b.finish(i, bytes.Clone(reply))
+		b.finish(i, reply)
 	}
 	return again, slow
 }
@@ -780,7 +830,27 @@ func parseRedirect(reply []byte, from string) (slot int, addr string, ok bool) {
 	return slot, addr, true
 }
 
+// finish records sub i's final reply, copied: the node call's buffer is
+// reused.
 func (b *batch) finish(i int, reply []byte) {
-	b.subs[i].reply = reply
-	b.subs[i].done = true
+	s := &b.subs[i]
+	s.rstart = len(b.arena)
+	b.arena = append(b.arena, reply...)
+	s.rend = len(b.arena)
+	s.done = true
+}
+
+// recycleCalls keeps a round's node calls, every one of them complete,
+// for the next round or batch.
+func (b *batch) recycleCalls() {
+	for _, nc := range b.calls {
+		nc.call.Reset()
+		nc.call.Trim(64 << 10)
+		clear(nc.subs)
+		nc.subs = nc.subs[:0]
+		nc.addr, nc.err = "", nil
+		b.spare = append(b.spare, nc)
+	}
+	clear(b.calls)
+	b.calls = b.calls[:0]
 }

@@ -23,6 +23,10 @@ type Map struct {
 	owner     [Slots]int16
 	primaries []string // addresses, host:port
 	replicas  []string // every replica's address, for asking views
+
+	// ordered caches Primaries, which keyless commands ask for often.
+	orderedOnce sync.Once
+	ordered     []string
 }
 
 // newMap returns a map with no slot assigned.
@@ -45,6 +49,11 @@ func (m *Map) Owner(s int) string {
 // Primaries are the addresses of the primaries that own at least one slot,
 // ordered by the lowest slot each owns.
 func (m *Map) Primaries() []string {
+	m.orderedOnce.Do(func() { m.ordered = m.primariesBySlot() })
+	return m.ordered
+}
+
+func (m *Map) primariesBySlot() []string {
 	seen := make([]bool, len(m.primaries))
 	var out []string
 	for s := range m.owner {
