@@ -35,7 +35,7 @@ func parseAt(b []byte, depth int) (any, int, error) {
 		return nil, 0, errBadReply
 	}
 	end := indexLine(b)
-	if end < 0 {
+	if end < 1 {
 		return nil, 0, errBadReply
 	}
 	line := string(b[1:end])
