@@ -47,6 +47,8 @@ type Router struct {
 	workers    sync.WaitGroup
 	refreshMu  sync.Mutex // one load at a time
 
+	scripts scriptCache
+
 	// Counters, for tests and metrics.
 	moved, asked, retried atomic.Uint64
 }
@@ -337,6 +339,10 @@ type sub struct {
 	// group numbers the transaction (MULTI ... EXEC in one batch) the sub
 	// belongs to, from 1; 0 for none. A group goes to one node as a whole.
 	group int
+	// sha is the script an EVALSHA runs; preload, when set, is the
+	// SCRIPT LOAD sent before it on its next try (after NOSCRIPT).
+	sha     string
+	preload []byte
 	// The final reply is batch.arena[rstart:rend] once done.
 	rstart, rend int
 	done         bool
@@ -404,6 +410,7 @@ func (b *batch) plan(i int, raw []byte) {
 		return
 	}
 	if k, ok := fanOut[name]; ok {
+		b.r.scripts.note(name, b.args)
 		o.merge = k
 		m := b.r.m.Load()
 		if m == nil {
@@ -420,7 +427,7 @@ func (b *batch) plan(i int, raw []byte) {
 	}
 	b.keys = cmd.Keys(b.args, b.keys[:0])
 	if len(b.keys) == 0 {
-		b.add(o, sub{raw: raw, slot: -1})
+		b.add(o, sub{raw: raw, slot: -1, sha: b.r.scripts.note(name, b.args)})
 		return
 	}
 	slot := Slot(b.args[b.keys[0]])
@@ -432,7 +439,7 @@ func (b *batch) plan(i int, raw []byte) {
 		}
 	}
 	if same {
-		b.add(o, sub{raw: raw, slot: slot})
+		b.add(o, sub{raw: raw, slot: slot, sha: b.r.scripts.note(name, b.args)})
 		return
 	}
 	switch name {
@@ -670,6 +677,11 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 		}
 		s.sentTo = addr
 		nc := callFor(addr)
+		if s.preload != nil {
+			nc.call.Add(s.preload)
+			nc.subs = append(nc.subs, -1)
+			s.preload = nil
+		}
 		if s.asking {
 			nc.call.Add(cmdAsking)
 			nc.subs = append(nc.subs, -1)
@@ -758,6 +770,7 @@ var (
 	prefixMoved       = []byte("-MOVED ")
 	prefixAsk         = []byte("-ASK ")
 	prefixTryAgain    = []byte("-TRYAGAIN")
+	prefixNoScript    = []byte("-NOSCRIPT")
 	prefixClusterDown = []byte("-CLUSTERDOWN")
 )
 
@@ -793,6 +806,20 @@ func (b *batch) redirected(i int, reply []byte) (again, wait bool) {
 			r.refreshSoon()
 		}
 		s.redirect = addr
+		return true, false
+	case bytes.HasPrefix(reply, prefixNoScript) && s.sha != "":
+		// The node lacks a script the proxy saw loaded (on a primary that
+		// was a replica, or joined, since): load it there and run again.
+		body := r.scripts.body(s.sha)
+		if body == nil {
+			return false, false
+		}
+		if s.retries++; s.retries > maxRetries {
+			return false, false
+		}
+		s.preload = resp.AppendCommandStrings(nil, "SCRIPT", "LOAD", string(body))
+		s.redirect = s.sentTo
+		r.retried.Add(1)
 		return true, false
 	case bytes.HasPrefix(reply, prefixTryAgain), bytes.HasPrefix(reply, prefixClusterDown):
 		if s.retries++; s.retries > maxRetries {

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"crypto/sha1"
 	"fmt"
 	"strings"
 	"testing"
@@ -235,12 +236,40 @@ func TestClusterMode(t *testing.T) {
 		if ex := rc.ScriptExists(ctx, sha, "0000000000000000000000000000000000000000").Val(); fmt.Sprint(ex) != "[true false]" {
 			t.Fatalf("SCRIPT EXISTS = %v", ex)
 		}
+		// A primary that lost its scripts (as a promoted replica or a new
+		// node may lack them): the proxy loads the script there on NOSCRIPT.
+		for _, n := range c.Primaries(t) {
+			if err := n.Client(t).ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range 20 {
+			if v, err := rc.EvalSha(ctx, sha, []string{fmt.Sprintf("sc:%d", i)}).Result(); err != nil || fmt.Sprint(v) != "2" {
+				t.Fatalf("EVALSHA on sc:%d after the nodes lost their scripts = %v, %v", i, v, err)
+			}
+		}
+		// A script seen only in an EVAL on one node runs by SHA on all.
+		body := "return 'e' .. KEYS[1]"
+		if err := rc.Eval(ctx, body, []string{"sc:0"}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		esha := fmt.Sprintf("%x", sha1.Sum([]byte(body)))
+		for i := range 20 {
+			k := fmt.Sprintf("sc:%d", i)
+			if v, err := rc.EvalSha(ctx, esha, []string{k}).Result(); err != nil || v != "e"+k {
+				t.Fatalf("EVALSHA of an EVAL'd script on %s = %v, %v", k, v, err)
+			}
+		}
+		// A SHA the proxy never saw stays Redis's NOSCRIPT.
+		if err := rc.EvalSha(ctx, "ffffffffffffffffffffffffffffffffffffffff", []string{"sc:1"}).Err(); err == nil || !strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			t.Fatalf("EVALSHA of an unknown script: %v", err)
+		}
 		lib := "#!lua name=clib\nredis.register_function('cget', function(keys) return redis.call('GET', keys[1]) end)"
 		if err := rc.FunctionLoadReplace(ctx, lib).Err(); err != nil {
 			t.Fatal(err)
 		}
 		for i := range 20 {
-			if v, err := rc.FCall(ctx, "cget", []string{fmt.Sprintf("sc:%d", i)}).Result(); err != nil || fmt.Sprint(v) != "1" {
+			if v, err := rc.FCall(ctx, "cget", []string{fmt.Sprintf("sc:%d", i)}).Result(); err != nil || fmt.Sprint(v) != "2" {
 				t.Fatalf("FCALL on sc:%d = %v, %v", i, v, err)
 			}
 		}
