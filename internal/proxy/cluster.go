@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
@@ -67,4 +69,21 @@ func (sess *Session) clusterStep(cmd *commands.Command, req *resp.Request, m *me
 
 func errClusterUnsupported(name string) []byte {
 	return []byte("-ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + " is not supported in cluster mode yet\r\n")
+}
+
+// registerClusterMetrics exposes the redirections the router followed for
+// clients: a steady stream means the proxy's map keeps going stale.
+func (s *Server) registerClusterMetrics() {
+	r := s.router
+	for kind, read := range map[string]func() uint64{
+		"moved":   func() uint64 { m, _, _ := r.Stats(); return m },
+		"ask":     func() uint64 { _, a, _ := r.Stats(); return a },
+		"retried": func() uint64 { _, _, t := r.Stats(); return t },
+	} {
+		s.metrics.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "redproxy_cluster_redirections_total",
+			Help:        "Cluster replies the proxy handled for its clients: MOVED and ASK followed, and commands retried after TRYAGAIN, CLUSTERDOWN, NOSCRIPT or an unreachable node.",
+			ConstLabels: prometheus.Labels{"kind": kind},
+		}, func() float64 { return float64(read()) }))
+	}
 }

@@ -117,6 +117,19 @@ func TestClusterRedirects(t *testing.T) {
 	redistest.Eventually(t, 5*time.Second, func() bool {
 		return p.Router().Map().Owner(slot) == dst.Addr()
 	}, "the proxy's map never learnt slot %d's new owner", slot)
+	seen := map[string]float64{}
+	mfs, err := p.Metrics.Registry.Gather()
+	must(err)
+	for _, mf := range mfs {
+		if mf.GetName() == "redproxy_cluster_redirections_total" {
+			for _, m := range mf.GetMetric() {
+				seen[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if seen["moved"] < 1 || seen["ask"] < 1 {
+		t.Fatalf("redirection metrics %v, want moved and ask counted", seen)
+	}
 }
 
 // loadResult is what a load run saw.

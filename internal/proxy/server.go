@@ -114,6 +114,7 @@ func NewServer(o Options) (*Server, error) {
 		s.router = newRouter(s, cfg)
 		addr = s.router.AnyNode()
 		s.upstreamAddr = addr
+		s.registerClusterMetrics()
 	}
 	s.live.Store(cfg)
 	s.backend = upstream.NewBackend(s.backendOptions(cfg, addr))
