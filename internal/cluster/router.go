@@ -261,11 +261,18 @@ func errorFrame(err error) []byte {
 func (r *Router) Do(c *upstream.Call, resp3 bool) {
 	b := batchPool.Get().(*batch)
 	b.reset(r, resp3, c.Len())
+	// Each node's share is capped like the client's whole Call, so a
+	// client's replies cannot grow past a few times its output limit here.
+	b.limit = c.ReplyLimit()
 	for i := range b.ops {
 		b.plan(i, c.Part(i))
 	}
 	b.placeGroups()
 	b.run()
+	if b.overflow {
+		// A node's share did not fit: the client's replies do not either.
+		c.Overflow()
+	}
 	for i := range b.ops {
 		c.AddReply(b.reply(i))
 	}
@@ -297,6 +304,7 @@ func (b *batch) reset(r *Router, resp3 bool, n int) {
 		b.arena = nil
 	}
 	b.open, b.groups = 0, 0
+	b.limit, b.overflow = 0, false
 }
 
 // op is one command of the client's batch.
@@ -359,6 +367,10 @@ type batch struct {
 	arena []byte
 	// calls are the node calls of a round, kept for the next.
 	calls, spare []*nodeCall
+	// limit caps each node call's replies; overflow is set when one
+	// did not fit.
+	limit    int
+	overflow bool
 	// open is the group a MULTI started and no EXEC or DISCARD ended yet;
 	// groups counts them.
 	open, groups int
@@ -649,6 +661,9 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 			nc = &nodeCall{call: upstream.NewCall()}
 		}
 		nc.addr = addr
+		if b.limit > 0 {
+			nc.call.SetReplyLimit(b.limit)
+		}
 		b.calls = append(b.calls, nc)
 		return nc
 	}
@@ -753,6 +768,11 @@ func (b *batch) classify(i int, nc *nodeCall, k int) (again, slow bool) {
 		return true, true
 	}
 	reply, err := nc.call.Reply(k)
+	if errors.Is(err, upstream.ErrOutputLimit) {
+		b.overflow = true
+		b.finish(i, errorFrame(err))
+		return false, false
+	}
 	if err != nil {
 		// Sent and lost: a write may have run, so it is never retried
 		// behind the client's back.

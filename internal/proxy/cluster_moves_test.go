@@ -15,6 +15,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxy"
 	"github.com/redproxy/redproxy/internal/proxytest"
@@ -470,5 +471,53 @@ func TestClusterReloadUpstreamRefused(t *testing.T) {
 	next.Upstream.MaxPinned++
 	if _, err := p.Reload(&next); err != nil {
 		t.Fatalf("Reload changing only max_pinned: %v", err)
+	}
+}
+
+// TestClusterRepliesBeyondOutputLimit: in cluster mode too, a client whose
+// replies outgrow its output limit is closed, and the proxy does not hold
+// its 64 MB of replies meanwhile: each node's share is capped as well.
+func TestClusterRepliesBeyondOutputLimit(t *testing.T) {
+	const limit = 8 << 20
+	c := redistest.StartCluster(t, 3, 0)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+		cfg.Server.ClientOutputLimit = limit
+	})
+	ctx := context.Background()
+	if err := c.ClusterClient(t).Set(ctx, "big", strings.Repeat("b", 1<<20), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rc := dialRaw(t, p.Addr)
+	// Small replies first, so the proxy expects small ones and sends the
+	// 64 GETs as one batch.
+	for i := 0; i < 30; i++ {
+		rc.send([]string{"GET", "small"}, []string{"GET", "small"})
+		for range 2 {
+			if v, _ := rc.readReply(); v != nil {
+				t.Fatalf("GET small = %v", v)
+			}
+		}
+	}
+	mem := sampleMemory(t)
+	cmds := make([][]string, 64)
+	for i := range cmds {
+		cmds[i] = []string{"GET", "big"}
+	}
+	rc.send(cmds...)
+	redistest.Eventually(t, 10*time.Second, func() bool { return closedFor(p, metrics.CloseOutputLimit) == 1 },
+		"the client was never closed for its output limit")
+	_, heapGrowth := mem.finish()
+	if !connClosed(rc.nc) {
+		t.Fatal("the output limit was counted but the connection stayed open")
+	}
+	t.Logf("live Go heap +%d MB for a client limited to %d MB", heapGrowth>>20, limit>>20)
+	if heapGrowth > 3*limit+32<<20 {
+		t.Fatalf("live Go heap grew by %d MB for one client limited to %d MB", heapGrowth>>20, limit>>20)
+	}
+	// The node's shared connection goes on serving others.
+	if v, err := p.Client(t).Get(ctx, "big").Result(); err != nil || len(v) != 1<<20 {
+		t.Fatalf("GET big from another client: %d bytes, %v", len(v), err)
 	}
 }
