@@ -111,6 +111,10 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	// guess is wrong (a container, where 127.0.0.1 is the container itself),
 	// --require-upstream makes a missing upstream an error.
 	upstreamAddr := cfg.Upstream.Address
+	if cfg.Upstream.Mode == config.ModeCluster {
+		// The command table and version come from a seed node.
+		upstreamAddr = cfg.Upstream.Seeds[0]
+	}
 	if *configPath == "" && ov.Upstream == "" {
 		if *requireUpstream {
 			fmt.Fprintf(stderr, "redproxy: no upstream given (--require-upstream): set --upstream or %s to your Redis as host:port, "+

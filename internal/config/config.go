@@ -111,6 +111,9 @@ type Upstream struct {
 	SentinelUsername string   `toml:"sentinel_username"`
 	SentinelPassword string   `toml:"sentinel_password"`
 
+	// Seeds are some nodes of the cluster in ModeCluster (Address is
+	// then not used either).
+	Seeds        []string       `toml:"seeds"`
 	Username     string         `toml:"username"`
 	Password     string         `toml:"password"`
 	Connections  int            `toml:"connections"`
@@ -130,6 +133,7 @@ type Upstream struct {
 const (
 	ModeStandalone = "standalone"
 	ModeSentinel   = "sentinel"
+	ModeCluster    = "cluster"
 )
 
 // EmbeddedAddress as upstream.address selects the in-process demo store
@@ -165,6 +169,7 @@ func Default() *Config {
 			Mode:         ModeStandalone,
 			Address:      "127.0.0.1:6379",
 			Sentinels:    []string{},
+			Seeds:        []string{},
 			Connections:  4,
 			MaxPinned:    256,
 			DialTimeout:  dur(2 * time.Second),

@@ -205,6 +205,7 @@ max_age = "20s"
 			Mode:             ModeSentinel,
 			Address:          "redis.internal:6390",
 			Sentinels:        []string{"10.0.0.1:26379"},
+			Seeds:            []string{},
 			MasterName:       "cache",
 			SentinelUsername: "watcher",
 			SentinelPassword: "s3ntinel",
@@ -257,6 +258,9 @@ max_age = "20s"
 	for key, v := range settings(got) {
 		if strings.HasPrefix(key, "policy.") {
 			continue // package policy tests its own keys; TestPolicySection covers the plumbing
+		}
+		if key == "upstream.mode" || key == "upstream.seeds" {
+			continue // cluster mode excludes the local tier this document enables: TestUpstreamClusterMode
 		}
 		if reflect.DeepEqual(v, def[key]) {
 			t.Errorf("%s: test document does not change the default %v", key, v)
@@ -384,9 +388,15 @@ func TestParseErrors(t *testing.T) {
 		{"databases zero", "[upstream]\ndatabases = 0\n",
 			[]wantErr{{2, "upstream.databases", "must be > 0"}}},
 		{"unknown mode", "[upstream]\nmode = \"sentinal\"\n",
-			[]wantErr{{2, "upstream.mode", `invalid mode "sentinal" (use "standalone" or "sentinel")`}}},
-		{"cluster mode not in this build", "[upstream]\nmode = \"cluster\"\n",
-			[]wantErr{{2, "upstream.mode", "cluster mode is not available in this build"}}},
+			[]wantErr{{2, "upstream.mode", `invalid mode "sentinal" (use "standalone", "sentinel" or "cluster")`}}},
+		{"cluster mode needs seeds", "[upstream]\nmode = \"cluster\"\n",
+			[]wantErr{{1, "upstream.seeds", "at least one seed"}}},
+		{"seeds without cluster mode", "[upstream]\nmode = \"sentinel\"\nmaster_name = \"m\"\nsentinels = [\"127.0.0.1:26379\"]\nseeds = [\"127.0.0.1:7000\"]\n",
+			[]wantErr{{5, "upstream.seeds", `not used with upstream.mode = "sentinel"`}}},
+		{"own upstream credential in cluster mode", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\n[[users]]\nname = \"app\"\npassword_sha256 = \"2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b\"\nacl = \"+@all ~*\"\nupstream_user = \"app\"\nupstream_password_file = \"/dev/null\"\n",
+			[]wantErr{{8, "users[0].upstream_user", "not supported in cluster mode"}}},
+		{"sentinel settings in cluster mode", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\nmaster_name = \"m\"\n",
+			[]wantErr{{4, "upstream.master_name", `not used with upstream.mode = "cluster"`}}},
 		{"sentinel mode needs sentinels and a name", "[upstream]\nmode = \"sentinel\"\n",
 			[]wantErr{{1, "upstream.sentinels", "is empty"}, {1, "upstream.master_name", "is empty"}}},
 		{"sentinel addresses checked", "[upstream]\nmode = \"sentinel\"\nmaster_name = \"m\"\nsentinels = [\"127.0.0.1:26379\", \"nope\", \"127.0.0.1:26379\"]\n",
@@ -394,7 +404,7 @@ func TestParseErrors(t *testing.T) {
 		{"sentinel username without password", "[upstream]\nmode = \"sentinel\"\nmaster_name = \"m\"\nsentinels = [\"127.0.0.1:26379\"]\nsentinel_username = \"u\"\n",
 			[]wantErr{{5, "upstream.sentinel_username", "sentinel_password is empty"}}},
 		{"sentinel settings without sentinel mode", "[upstream]\nmaster_name = \"m\"\n",
-			[]wantErr{{2, "upstream.master_name", `only used with upstream.mode = "sentinel"`}}},
+			[]wantErr{{2, "upstream.master_name", `not used with upstream.mode = "standalone"`}}},
 		{"inline table falls back to its line", "\nupstream = { connections = 0 }\n",
 			[]wantErr{{2, "upstream.connections", "between 1 and 64"}}},
 		{"multiple errors reported together, in file order", `
@@ -721,6 +731,28 @@ func TestExposureErrorPerListener(t *testing.T) {
 		c.Server.AllowUnauthenticated = true
 		if err := ExposureError(c); err != nil {
 			t.Errorf("%+v with allow_unauthenticated: %v", tc, err)
+		}
+	}
+}
+
+func TestUpstreamClusterMode(t *testing.T) {
+	c, err := Parse([]byte("[upstream]\nmode = \"cluster\"\nseeds = [\"10.0.0.1:7000\", \"node2:7001\"]\n"), "t.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Upstream.Mode != ModeCluster || !reflect.DeepEqual(c.Upstream.Seeds, []string{"10.0.0.1:7000", "node2:7001"}) {
+		t.Fatalf("got mode %q seeds %v", c.Upstream.Mode, c.Upstream.Seeds)
+	}
+	for doc, key := range map[string]string{
+		"[upstream]\nmode = \"cluster\"\n":                                                  "upstream.seeds",
+		"[upstream]\nmode = \"cluster\"\nseeds = [\"nope\"]\n":                              "upstream.seeds",
+		"[upstream]\nmode = \"ring\"\n":                                                     "upstream.mode",
+		"[upstream]\nmode = \"cluster\"\nseeds = [\"a:1\"]\n[localcache]\nenabled = true\n": "localcache.enabled",
+	} {
+		_, err := Parse([]byte(doc), "t.toml")
+		var e *Error
+		if !errors.As(err, &e) || e.Key != key {
+			t.Errorf("%q: got %v, want an error about %s", doc, err, key)
 		}
 	}
 }

@@ -19,6 +19,8 @@ var restartOnly = []struct{ key, why string }{
 	{"server.log_format", "the log handler is built once at start"},
 	{"server.slowlog_threshold", "the slow log is built once at start"},
 	{"server.slowlog_max_len", "the slow log's ring is sized once at start"},
+	{"upstream.mode", "the router or the single upstream is built once at start"},
+	{"upstream.seeds", "the cluster router asks the seeds at start and follows the cluster's own view afterwards"},
 	{"upstream.username", "clients are authenticated against the upstream credentials they connected with"},
 	{"upstream.password", "clients are authenticated against the upstream credentials they connected with"},
 	{"upstream.mode", "the way the upstream is found is chosen at start"},

@@ -87,6 +87,29 @@ func (c *Config) check() []*Error {
 	}
 
 	u := &c.Upstream
+	// A setting of another mode is almost certainly a forgotten mode =
+	// "...": ignoring it would dial the wrong Redis.
+	notHere := func(keys ...struct {
+		key string
+		set bool
+	}) {
+		for _, k := range keys {
+			if k.set {
+				bad(k.key, "is not used with upstream.mode = %q", u.Mode)
+			}
+		}
+	}
+	type setting = struct {
+		key string
+		set bool
+	}
+	sentinelKeys := []setting{
+		{"upstream.sentinels", len(u.Sentinels) > 0},
+		{"upstream.master_name", u.MasterName != ""},
+		{"upstream.sentinel_username", u.SentinelUsername != ""},
+		{"upstream.sentinel_password", u.SentinelPassword != ""},
+	}
+	seedKeys := []setting{{"upstream.seeds", len(u.Seeds) > 0}}
 	switch u.Mode {
 	case ModeStandalone:
 		if u.Address != EmbeddedAddress {
@@ -94,27 +117,35 @@ func (c *Config) check() []*Error {
 				bad("upstream.address", "%v (or %q for the in-process demo store)", err, EmbeddedAddress)
 			}
 		}
-		// A Sentinel setting in standalone mode is almost certainly a
-		// forgotten mode = "sentinel": ignoring it would dial the wrong Redis.
-		for _, s := range []struct {
-			key string
-			set bool
-		}{
-			{"upstream.sentinels", len(u.Sentinels) > 0},
-			{"upstream.master_name", u.MasterName != ""},
-			{"upstream.sentinel_username", u.SentinelUsername != ""},
-			{"upstream.sentinel_password", u.SentinelPassword != ""},
-		} {
-			if s.set {
-				bad(s.key, "is only used with upstream.mode = %q (mode is %q)", ModeSentinel, u.Mode)
-			}
-		}
+		notHere(sentinelKeys...)
+		notHere(seedKeys...)
 	case ModeSentinel:
 		errs = append(errs, checkSentinel(u)...)
-	case "cluster":
-		bad("upstream.mode", "cluster mode is not available in this build (use %q or %q)", ModeStandalone, ModeSentinel)
+		notHere(seedKeys...)
+	case ModeCluster:
+		if len(u.Seeds) == 0 {
+			bad("upstream.seeds", "cluster mode needs at least one seed node (host:port)")
+		}
+		for _, a := range u.Seeds {
+			if err := checkHostPort(a, true); err != nil {
+				bad("upstream.seeds", "%q: %v", a, err)
+			}
+		}
+		if c.LocalCache.Enabled {
+			// Tracking is per node and slots move between nodes; the
+			// tier does not follow them yet (docs/COMPATIBILITY.md).
+			bad("localcache.enabled", "the local tier is not supported in cluster mode yet")
+		}
+		for i, usr := range c.Users {
+			// The router's node connections carry [upstream]'s credential
+			// only; a user's own would be silently not applied.
+			if usr.UpstreamUser != "" {
+				bad(fmt.Sprintf("users[%d].upstream_user", i), "a user's own upstream credential is not supported in cluster mode yet")
+			}
+		}
+		notHere(sentinelKeys...)
 	default:
-		bad("upstream.mode", "invalid mode %q (use %q or %q)", u.Mode, ModeStandalone, ModeSentinel)
+		bad("upstream.mode", "invalid mode %q (use %q, %q or %q)", u.Mode, ModeStandalone, ModeSentinel, ModeCluster)
 	}
 	if u.Username != "" && u.Password == "" {
 		// AUTH with a username always needs a password; failing here beats

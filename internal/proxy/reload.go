@@ -96,6 +96,11 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		(next.Upstream.Address == config.EmbeddedAddress || cur.Upstream.Address == config.EmbeddedAddress) {
 		refused = append(refused, fmt.Errorf("upstream.address: switching to or from the embedded store needs a restart"))
 	}
+	if upstreamChanged && s.router != nil {
+		// The router's per-node connections are dialled with the options
+		// it started with; it has no switch of generations yet.
+		refused = append(refused, fmt.Errorf("upstream: changing the upstream settings (other than max_pinned) needs a restart in cluster mode"))
+	}
 	if len(refused) > 0 {
 		return nil, fmt.Errorf("%w (the configuration in force stays):\n%w", ErrRestartRequired, errors.Join(refused...))
 	}
@@ -158,5 +163,6 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 func onlyMaxPinned(a, b *config.Config) bool {
 	x, y := a.Upstream, b.Upstream
 	x.MaxPinned, y.MaxPinned = 0, 0
+	// Seeds are restart-only, refused before this.
 	return reflect.DeepEqual(x, y)
 }

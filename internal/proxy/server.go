@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/metrics"
@@ -48,6 +49,7 @@ type Server struct {
 	log          *slog.Logger
 	metrics      *metrics.Metrics
 	backend      *upstream.Backend
+	router       *cluster.Router                     // cluster mode only (cluster.go)
 	guard        *serverGuard                        // the policy guard (guard.go)
 	flight       atomic.Pointer[stampede.Protection] // stampede protection (flight.go); a reload replaces it
 	tier         *tierState                          // the local tier (tier.go)
@@ -119,6 +121,16 @@ func NewServer(o Options) (*Server, error) {
 	if err := initTLS(s); err != nil {
 		return nil, err
 	}
+	if cfg.Upstream.Mode == config.ModeCluster {
+		// The router has its own connections per node; this backend
+		// only serves what has no node of its own (admin round trips),
+		// and is pointed at a node that answered, not a seed that is down.
+		// After initTLS: the nodes are dialled with [upstream.tls].
+		s.router = newRouter(s, cfg)
+		addr = s.router.AnyNode()
+		s.upstreamAddr = addr
+		s.registerClusterMetrics()
+	}
 	if cfg.Upstream.Mode == config.ModeSentinel {
 		addr = s.newSentinelWatcher(cfg, o.UpstreamAddr)
 		s.upstreamAddr = addr
@@ -144,6 +156,9 @@ func NewServer(o Options) (*Server, error) {
 				s.sentinel.Close()
 			}
 			s.closeUsers()
+			if s.router != nil {
+				s.router.Close()
+			}
 			s.backend.Close()
 			return nil, err
 		}
@@ -157,9 +172,13 @@ func NewServer(o Options) (*Server, error) {
 // Backend returns the upstream connection pools.
 func (s *Server) Backend() *upstream.Backend { return s.backend }
 
-// Ready reports whether Redis is reachable (DB 0 has a connection up) and,
-// in Sentinel mode, whether a primary is known.
+// Ready reports whether Redis is reachable (DB 0 has a connection up); in
+// Sentinel mode, whether a primary is known; in cluster mode, whether the
+// router has a slot map and its nodes.
 func (s *Server) Ready() bool {
+	if s.router != nil {
+		return s.router.Ready()
+	}
 	if s.sentinel != nil && s.sentinel.Primary() == "" {
 		return false
 	}
@@ -303,6 +322,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.sentinel.Close()
 	}
 	s.closeTier()
+	if s.router != nil {
+		s.router.Close()
+	}
 	s.backend.Close()
 	s.closeUsers()
 	return err

@@ -247,6 +247,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	if sess.guardRefused(r) {
 		return
 	}
+	if sess.srv.router != nil && sess.clusterStep(r) {
+		return
+	}
 	if sess.pin.pipe != nil && sess.dispatchPinned(r) {
 		return
 	}
@@ -256,7 +259,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	if sess.guardStep(r) {
 		return
 	}
-	if sess.pin.pipe == nil && sess.sharesUpstream() && (sess.tierStep(r) || sess.flightStep(r)) {
+	// In cluster mode the router owns every trip upstream (the tier and
+	// stampede protection fetch through the standalone backend).
+	if sess.pin.pipe == nil && sess.srv.router == nil && sess.sharesUpstream() && (sess.tierStep(r) || sess.flightStep(r)) {
 		return
 	}
 	sess.forwardCommand(r)
@@ -365,6 +370,8 @@ func (sess *Session) flush(start time.Time) {
 			} else {
 				call.Wait()
 			}
+		} else if sess.srv.router != nil {
+			sess.srv.router.Do(call, sess.resp3)
 		} else {
 			sess.backend().Pool(sess.db, sess.resp3).Do(call)
 		}

@@ -165,3 +165,25 @@ func (c *Call) complete(err error) {
 	c.err = err
 	c.done <- struct{}{}
 }
+
+// Part returns command i as it was added. A router that spreads one
+// client's Call over several connections (cluster mode) reads the commands
+// with it and fills the Call's replies with AddReply.
+func (c *Call) Part(i int) []byte { return c.parts[i] }
+
+// AddReply appends one whole reply frame as the Call's next reply, under
+// the reply limit like a reply read from Redis. Only for a Call that is not
+// sent on a Pipe, whose replies its owner fills in itself.
+func (c *Call) AddReply(frame []byte) { c.addReply(frame) }
+
+// ReplyLimit is the cap SetReplyLimit set (0: none), for a router that
+// spreads the Call over other Calls and must cap those too.
+func (c *Call) ReplyLimit() int { return c.limit }
+
+// Overflow marks the Call as over its reply limit from its next reply on,
+// as if that reply had not fitted: for a router whose own Calls overflowed.
+func (c *Call) Overflow() {
+	if !c.overflow {
+		c.overflow, c.dropped = true, len(c.ends)
+	}
+}

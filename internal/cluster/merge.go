@@ -1,0 +1,196 @@
+package cluster
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"strconv"
+
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/tidwall/redcon"
+)
+
+// reply builds command i's reply from its sub-commands' replies.
+//
+// Split commands fail as a whole with the first error (in the client's key
+// order) any part got, though the other parts ran: docs/COMPATIBILITY.md.
+func (b *batch) reply(i int) []byte {
+	o := &b.ops[i]
+	if o.local != nil {
+		return o.local
+	}
+	if o.merge == mergeOne || o.n == 1 && o.merge != mergeScan && o.merge != mergeMGET {
+		return b.subReply(o.first)
+	}
+	replies := make([][]byte, o.n)
+	for k := range replies {
+		replies[k] = b.subReply(o.first + k)
+	}
+	if o.merge != mergeFirstNonNull {
+		for _, r := range replies {
+			if resp.IsError(r) {
+				return r
+			}
+		}
+	}
+	switch o.merge {
+	case mergeMGET:
+		elems := make([][][]byte, len(replies))
+		for k, r := range replies {
+			e, ok := arrayElements(r)
+			if !ok {
+				return errUnexpected(r)
+			}
+			elems[k] = e
+		}
+		out := redcon.AppendArray(nil, len(o.pos))
+		for _, p := range o.pos {
+			if p[1] >= len(elems[p[0]]) {
+				return errUnexpected(replies[p[0]])
+			}
+			out = append(out, elems[p[0]][p[1]]...)
+		}
+		return out
+	case mergeSum:
+		var sum int64
+		for _, r := range replies {
+			n, ok := resp.Integer(r)
+			if !ok {
+				return errUnexpected(r)
+			}
+			sum += n
+		}
+		return redcon.AppendInt(nil, sum)
+	case mergeAllOK:
+		return replies[0]
+	case mergeConcat:
+		var all [][]byte
+		for _, r := range replies {
+			e, ok := arrayElements(r)
+			if !ok {
+				return errUnexpected(r)
+			}
+			all = append(all, e...)
+		}
+		out := redcon.AppendArray(nil, len(all))
+		for _, e := range all {
+			out = append(out, e...)
+		}
+		return out
+	case mergeFirstNonNull:
+		start := rand.IntN(len(replies))
+		var firstErr []byte
+		for k := range replies {
+			r := replies[(start+k)%len(replies)]
+			switch {
+			case resp.IsError(r):
+				if firstErr == nil {
+					firstErr = r
+				}
+			case !isNull(r):
+				return r
+			}
+		}
+		if firstErr != nil {
+			return firstErr
+		}
+		return replies[start]
+	case mergeAllOnes:
+		var out [][]byte
+		for k, r := range replies {
+			e, ok := arrayElements(r)
+			if !ok || k > 0 && len(e) != len(out) {
+				return errUnexpected(r)
+			}
+			if k == 0 {
+				out = e
+				continue
+			}
+			for j := range e {
+				if n, _ := resp.Integer(e[j]); n == 0 {
+					out[j] = e[j]
+				}
+			}
+		}
+		buf := redcon.AppendArray(nil, len(out))
+		for _, e := range out {
+			buf = append(buf, e...)
+		}
+		return buf
+	case mergeScan:
+		return b.scanReply(o, replies[0])
+	}
+	return replies[0]
+}
+
+// scanReply rewrites a node's SCAN reply so its cursor names the node:
+// the node's next cursor, or, when the node is done, the next primary in
+// slot order from its start, or 0 when every primary has been walked.
+func (b *batch) scanReply(o *op, r []byte) []byte {
+	if resp.IsError(r) {
+		return r
+	}
+	e, ok := arrayElements(r)
+	if !ok || len(e) != 2 {
+		return errUnexpected(r)
+	}
+	v, err := parseValue(e[0])
+	s, _ := v.(string)
+	nodeCursor, perr := strconv.ParseUint(s, 10, 64)
+	if err != nil || perr != nil {
+		return errUnexpected(r)
+	}
+	var cursor uint64
+	switch {
+	case nodeCursor > maxNodeCursor:
+		return []byte("-ERR redproxy: a node's SCAN cursor is too large to carry the node in cluster mode\r\n")
+	case nodeCursor != 0:
+		cursor = nodeCursor<<cursorSlotBits | uint64(o.scanSlot)
+	default:
+		m := b.r.m.Load()
+		addr := b.subs[o.first].sentTo
+		ps := m.Primaries()
+		for k, p := range ps {
+			if p == addr && k+1 < len(ps) {
+				cursor = uint64(m.lowestSlot(ps[k+1]))
+			}
+		}
+	}
+	out := redcon.AppendArray(nil, 2)
+	out = redcon.AppendBulkString(out, strconv.FormatUint(cursor, 10))
+	return append(out, e[1]...)
+}
+
+// arrayElements splits an array reply (RESP2 '*' or RESP3 '*' / '~') into
+// its framed elements.
+func arrayElements(r []byte) ([][]byte, bool) {
+	if len(r) < 4 || r[0] != '*' && r[0] != '~' {
+		return nil, false
+	}
+	nl := bytes.IndexByte(r, '\n')
+	if nl < 0 {
+		return nil, false
+	}
+	n, err := strconv.Atoi(string(r[1 : nl-1]))
+	if err != nil || n < 0 {
+		return nil, false
+	}
+	out := make([][]byte, 0, n)
+	pos := nl + 1
+	for range n {
+		k, err := resp.ScanReply(r[pos:])
+		if err != nil || k == 0 {
+			return nil, false
+		}
+		out = append(out, r[pos:pos+k])
+		pos += k
+	}
+	return out, pos == len(r)
+}
+
+func isNull(r []byte) bool {
+	return bytes.Equal(r, []byte("$-1\r\n")) || bytes.Equal(r, []byte("_\r\n")) || bytes.Equal(r, []byte("*-1\r\n"))
+}
+
+func errUnexpected(r []byte) []byte {
+	return []byte("-ERR redproxy: unexpected reply from a cluster node: " + strconv.Quote(string(r[:min(len(r), 64)])) + "\r\n")
+}

@@ -1,0 +1,903 @@
+package cluster
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/upstream"
+)
+
+// Options configure a Router.
+type Options struct {
+	// Seeds are the nodes asked for the slot map at start, and again
+	// whenever the nodes the map names cannot answer.
+	Seeds []string
+	// Backend is the template for every node's connections; Addr is set
+	// per node, Databases is 1 (a cluster has only DB 0).
+	Backend upstream.BackendOptions
+	Table   *commands.Table
+	Logger  *slog.Logger
+	// RefreshInterval is how often the slot map is reloaded when nothing
+	// (MOVED, a lost connection) asked for it sooner.
+	RefreshInterval time.Duration
+}
+
+// Router executes client batches against a Redis Cluster. It is safe for
+// concurrent use by every session.
+type Router struct {
+	opt   Options
+	table *commands.Table
+	log   *slog.Logger
+
+	m atomic.Pointer[Map]
+
+	nodesMu sync.Mutex
+	nodes   map[string]*node
+
+	refreshReq chan struct{}
+	stop       chan struct{}
+	workers    sync.WaitGroup
+	refreshMu  sync.Mutex // one load at a time
+
+	scripts scriptCache
+
+	// Counters, for tests and metrics.
+	moved, asked, retried atomic.Uint64
+}
+
+// node is one cluster node's shared connections, dialled on first use.
+type node struct {
+	once sync.Once
+	b    *upstream.Backend
+}
+
+const (
+	// maxRedirects bounds the MOVED and ASK replies one command follows: a
+	// slot that keeps moving means the map is wrong in a way refreshing
+	// does not fix, and the client should hear about it.
+	maxRedirects = 5
+	// maxRetries bounds the retries of TRYAGAIN, CLUSTERDOWN and a node
+	// that cannot be reached; with the backoff below they cover about two
+	// seconds, the usual length of a resharding step or an election.
+	maxRetries    = 8
+	retryBackoff  = 25 * time.Millisecond
+	maxBackoff    = 500 * time.Millisecond
+	minRefreshGap = 100 * time.Millisecond
+)
+
+// New builds a Router and loads the slot map from the seeds. A cluster
+// none of whose seeds answers is not an error: the Router keeps trying in
+// the background and is not Ready meanwhile.
+func New(opt Options) *Router {
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	if opt.RefreshInterval <= 0 {
+		opt.RefreshInterval = 10 * time.Second
+	}
+	opt.Backend.Databases = 1
+	r := &Router{
+		opt:        opt,
+		table:      opt.Table,
+		log:        opt.Logger,
+		nodes:      map[string]*node{},
+		refreshReq: make(chan struct{}, 1),
+		stop:       make(chan struct{}),
+	}
+	if err := r.Refresh(); err != nil {
+		r.log.Warn("cluster: no slot map at start; retrying in the background", "seeds", opt.Seeds, "err", err)
+	}
+	r.workers.Add(1)
+	go r.refresher()
+	return r
+}
+
+// Map is the slot map in use, or nil before one was loaded.
+func (r *Router) Map() *Map { return r.m.Load() }
+
+// AnyNode is a primary of the current map, or the first seed when no map
+// is loaded.
+func (r *Router) AnyNode() string {
+	if m := r.m.Load(); m != nil {
+		if ps := m.Primaries(); len(ps) > 0 {
+			return ps[0]
+		}
+	}
+	return r.opt.Seeds[0]
+}
+
+// Refresh reloads the slot map now from the nodes of the current map and
+// the seeds.
+func (r *Router) Refresh() error {
+	r.refreshMu.Lock()
+	defer r.refreshMu.Unlock()
+	cur := r.m.Load()
+	var addrs []string
+	if cur != nil {
+		addrs = cur.nodes()
+	}
+	addrs = append(addrs, r.opt.Seeds...)
+	m, err := loadMap(r.baseOptions(), addrs, cur)
+	if err != nil {
+		return err
+	}
+	if cur == nil || cur.fingerprint() != m.fingerprint() {
+		r.log.Info("cluster: slot map loaded", "primaries", m.Primaries())
+	}
+	r.m.Store(m)
+	return nil
+}
+
+func (r *Router) baseOptions() upstream.Options {
+	b := r.opt.Backend
+	return upstream.Options{
+		Username: b.Username, Password: b.Password, TLS: b.TLS,
+		DialTimeout: b.DialTimeout, ReplyTimeout: b.ReplyTimeout, DeadTimeout: b.DeadTimeout,
+		Logger: r.log,
+	}
+}
+
+// refreshSoon asks the refresher for a reload without waiting for it.
+func (r *Router) refreshSoon() {
+	select {
+	case r.refreshReq <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Router) refresher() {
+	defer r.workers.Done()
+	t := time.NewTicker(r.opt.RefreshInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+		case <-r.refreshReq:
+		}
+		if err := r.Refresh(); err != nil {
+			r.log.Warn("cluster: slot map refresh failed; keeping the current one", "err", err)
+		}
+		// A burst of MOVED replies asks for one reload, not one each.
+		select {
+		case <-r.stop:
+			return
+		case <-time.After(minRefreshGap):
+		}
+	}
+}
+
+// backend returns addr's connections, dialling them the first time.
+func (r *Router) backend(addr string) *upstream.Backend {
+	r.nodesMu.Lock()
+	n := r.nodes[addr]
+	if n == nil {
+		n = &node{}
+		r.nodes[addr] = n
+	}
+	r.nodesMu.Unlock()
+	n.once.Do(func() {
+		o := r.opt.Backend
+		o.Addr = addr
+		n.b = upstream.NewBackend(o)
+	})
+	return n.b
+}
+
+// Ready reports whether a complete slot map is loaded and every primary in
+// it has a connection up.
+func (r *Router) Ready() bool {
+	m := r.m.Load()
+	if m == nil || !m.complete() {
+		return false
+	}
+	for _, a := range m.Primaries() {
+		if !r.backend(a).Pool(0, false).Up() {
+			return false
+		}
+	}
+	return true
+}
+
+// Close stops the refresher and closes every node's connections.
+func (r *Router) Close() {
+	select {
+	case <-r.stop:
+	default:
+		close(r.stop)
+	}
+	r.workers.Wait()
+	r.nodesMu.Lock()
+	nodes := r.nodes
+	r.nodes = map[string]*node{}
+	r.nodesMu.Unlock()
+	for _, n := range nodes {
+		n.once.Do(func() {})
+		if n.b != nil {
+			n.b.Close()
+		}
+	}
+}
+
+// Stats are the redirections the Router followed for its clients.
+func (r *Router) Stats() (moved, asked, retried uint64) {
+	return r.moved.Load(), r.asked.Load(), r.retried.Load()
+}
+
+// Errors the Router answers with itself, in Redis Cluster's words where
+// Redis Cluster has them.
+var (
+	errCrossSlot       = []byte("-CROSSSLOT Keys in request don't hash to the same slot\r\n")
+	errClusterDisabled = []byte("-ERR This instance has cluster support disabled\r\n")
+	errBadCursor       = []byte("-ERR invalid cursor\r\n")
+	errSlotUnserved    = []byte("-CLUSTERDOWN Hash slot not served\r\n")
+	replyOK            = []byte("+OK\r\n")
+	cmdAsking          = resp.AppendCommandStrings(nil, "ASKING")
+)
+
+// ErrTooManyRedirects: a command was redirected more than maxRedirects
+// times.
+var ErrTooManyRedirects = errors.New("redproxy: too many cluster redirections")
+
+func errorFrame(err error) []byte {
+	return []byte("-ERR " + err.Error() + "\r\n")
+}
+
+// Do executes every command of c against the cluster and fills c's replies
+// in c's order. Commands for different nodes travel concurrently, each
+// node's share in c's order on one of its shared connections, so commands
+// on one key (one slot, one node) run in the order the client sent them.
+// A redirected command is resent after the batch's first round; see
+// docs/COMPATIBILITY.md for what that means for ordering.
+func (r *Router) Do(c *upstream.Call, resp3 bool) {
+	b := batchPool.Get().(*batch)
+	b.reset(r, resp3, c.Len())
+	// Each node's share is capped like the client's whole Call, so a
+	// client's replies cannot grow past a few times its output limit here.
+	b.limit = c.ReplyLimit()
+	for i := range b.ops {
+		b.plan(i, c.Part(i))
+	}
+	b.placeGroups()
+	b.run()
+	if b.overflow {
+		// A node's share did not fit: the client's replies do not either.
+		c.Overflow()
+	}
+	for i := range b.ops {
+		c.AddReply(b.reply(i))
+	}
+	b.reset(nil, false, 0)
+	batchPool.Put(b)
+}
+
+// batchPool keeps batches and their buffers between a session's batches,
+// so a batch through the router costs no allocation for its bookkeeping.
+var batchPool = sync.Pool{New: func() any { return new(batch) }}
+
+// maxKeptArena bounds the reply buffer a pooled batch keeps.
+const maxKeptArena = 1 << 20
+
+func (b *batch) reset(r *Router, resp3 bool, n int) {
+	b.r, b.resp3 = r, resp3
+	if cap(b.ops) < n {
+		b.ops = make([]op, n)
+	} else {
+		clear(b.ops[:cap(b.ops)])
+		b.ops = b.ops[:n]
+	}
+	clear(b.subs)
+	b.subs = b.subs[:0]
+	clear(b.args)
+	b.args = b.args[:0]
+	b.arena = b.arena[:0]
+	if cap(b.arena) > maxKeptArena {
+		b.arena = nil
+	}
+	b.open, b.groups = 0, 0
+	b.limit, b.overflow = 0, false
+}
+
+// op is one command of the client's batch.
+type op struct {
+	local []byte // answered without Redis
+	// Its commands to nodes are batch.subs[first:first+n]: an op's subs
+	// are added one after the other.
+	first, n int
+	merge    mergeKind
+	// pos[k] locates key k's element of a split MGET: sub, element.
+	pos [][2]int
+	// scanSlot is the slot naming the node a SCAN walks.
+	scanSlot int
+}
+
+type mergeKind uint8
+
+const (
+	mergeOne          mergeKind = iota // one sub-command, its reply as is
+	mergeMGET                          // array elements put back in key order
+	mergeSum                           // integers added (DEL, EXISTS, DBSIZE, ...)
+	mergeAllOK                         // the first reply if none failed, else the first error
+	mergeConcat                        // arrays concatenated (KEYS)
+	mergeFirstNonNull                  // RANDOMKEY
+	mergeAllOnes                       // SCRIPT EXISTS: 1 only where every primary has it
+	mergeScan                          // SCAN: the node's cursor rewritten
+)
+
+// sub is one command sent to one node.
+type sub struct {
+	raw  []byte
+	slot int    // -1 for a keyless command
+	to   string // a fixed node (fan-out); "" routes by slot
+	// redirect is where the next try goes after MOVED or ASK.
+	redirect  string
+	asking    bool
+	sentTo    string
+	redirects int
+	retries   int
+	// group numbers the transaction (MULTI ... EXEC in one batch) the sub
+	// belongs to, from 1; 0 for none. A group goes to one node as a whole.
+	group int
+	// sha is the script an EVALSHA runs; preload, when set, is the
+	// SCRIPT LOAD sent before it on its next try (after NOSCRIPT).
+	sha     string
+	preload []byte
+	// The final reply is batch.arena[rstart:rend] once done.
+	rstart, rend int
+	done         bool
+}
+
+type batch struct {
+	r     *Router
+	resp3 bool
+	ops   []op
+	subs  []sub
+	args  [][]byte
+	keys  []int
+	// arena holds the subs' replies back to back.
+	arena []byte
+	// calls are the node calls of a round, kept for the next.
+	calls, spare []*nodeCall
+	// limit caps each node call's replies; overflow is set when one
+	// did not fit.
+	limit    int
+	overflow bool
+	// open is the group a MULTI started and no EXEC or DISCARD ended yet;
+	// groups counts them.
+	open, groups int
+}
+
+func (b *batch) add(o *op, s sub) {
+	if o.n == 0 {
+		o.first = len(b.subs)
+	}
+	o.n++
+	b.subs = append(b.subs, s)
+}
+
+// subReply is sub i's final reply.
+func (b *batch) subReply(i int) []byte { return b.arena[b.subs[i].rstart:b.subs[i].rend] }
+
+// plan decides where command i goes and how its replies combine.
+func (b *batch) plan(i int, raw []byte) {
+	o := &b.ops[i]
+	var err error
+	b.args, err = splitCommand(raw, b.args[:0])
+	if err != nil || len(b.args) == 0 {
+		o.local = errorFrame(resp.ErrProtocol)
+		return
+	}
+	cmd := b.r.table.Lookup(b.args)
+	if cmd == nil {
+		// Unknown to the proxy: let a node say what it makes of it.
+		b.add(o, sub{raw: raw, slot: -1, group: b.open})
+		return
+	}
+	name := cmd.Name
+	if b.open != 0 || name == "multi" {
+		b.planQueued(o, raw, cmd)
+		return
+	}
+	if cmd.Parent != nil && cmd.Parent.Name == "cluster" || name == "cluster" {
+		o.local = errClusterDisabled
+		return
+	}
+	switch name {
+	case "asking", "readonly", "readwrite":
+		// On a shared connection ASKING would apply to another client's
+		// next command; the proxy follows ASK itself, so these are no-ops.
+		o.local = replyOK
+		return
+	case "scan":
+		b.planScan(o, raw)
+		return
+	}
+	if k, ok := fanOut[name]; ok {
+		b.r.scripts.note(name, b.args)
+		o.merge = k
+		m := b.r.m.Load()
+		if m == nil {
+			o.local = errorFrame(ErrNoTopology)
+			return
+		}
+		for _, a := range m.Primaries() {
+			b.add(o, sub{raw: raw, slot: -1, to: a})
+		}
+		if o.n == 0 {
+			o.local = errSlotUnserved
+		}
+		return
+	}
+	b.keys = cmd.Keys(b.args, b.keys[:0])
+	if len(b.keys) == 0 {
+		b.add(o, sub{raw: raw, slot: -1, sha: b.r.scripts.note(name, b.args)})
+		return
+	}
+	slot := Slot(b.args[b.keys[0]])
+	same := true
+	for _, k := range b.keys[1:] {
+		if Slot(b.args[k]) != slot {
+			same = false
+			break
+		}
+	}
+	if same {
+		b.add(o, sub{raw: raw, slot: slot, sha: b.r.scripts.note(name, b.args)})
+		return
+	}
+	switch name {
+	case "mget":
+		b.split(o, mergeMGET, 1)
+	case "del", "unlink", "exists", "touch":
+		b.split(o, mergeSum, 1)
+	case "mset":
+		b.split(o, mergeAllOK, 2)
+	default:
+		o.local = errCrossSlot
+	}
+}
+
+// planQueued adds a command of a transaction as it is, never split nor
+// answered locally: the node queues it, and its reply is +QUEUED or a
+// queue-time error. The group's node is the one of its first key (Do).
+func (b *batch) planQueued(o *op, raw []byte, cmd *commands.Command) {
+	if cmd.Name == "multi" && b.open == 0 {
+		b.groups++
+		b.open = b.groups
+	}
+	slot := -1
+	if b.keys = cmd.Keys(b.args, b.keys[:0]); len(b.keys) > 0 {
+		slot = Slot(b.args[b.keys[0]])
+	}
+	b.add(o, sub{raw: raw, slot: slot, group: b.open})
+	if cmd.Name == "exec" || cmd.Name == "discard" {
+		b.open = 0
+	}
+}
+
+// placeGroups sends every command of a group to the node of the group's
+// first key (or, with none, wherever keyless commands go).
+func (b *batch) placeGroups() {
+	if b.groups == 0 {
+		return
+	}
+	slots := make([]int, b.groups+1)
+	for i := range slots {
+		slots[i] = -1
+	}
+	for _, s := range b.subs {
+		if s.group != 0 && slots[s.group] < 0 {
+			slots[s.group] = s.slot
+		}
+	}
+	for i := range b.subs {
+		if g := b.subs[i].group; g != 0 {
+			b.subs[i].slot = slots[g]
+		}
+	}
+}
+
+// fanOut lists the keyless commands that go to every primary, and how
+// their replies combine.
+var fanOut = map[string]mergeKind{
+	"dbsize":           mergeSum,
+	"keys":             mergeConcat,
+	"randomkey":        mergeFirstNonNull,
+	"flushall":         mergeAllOK,
+	"flushdb":          mergeAllOK,
+	"script|load":      mergeAllOK,
+	"script|flush":     mergeAllOK,
+	"script|exists":    mergeAllOnes,
+	"function|load":    mergeAllOK,
+	"function|delete":  mergeAllOK,
+	"function|flush":   mergeAllOK,
+	"function|restore": mergeAllOK,
+}
+
+// split sends one command per slot of a multi-key command whose keys are
+// args[1], args[1+stride], ... (with stride-1 values after each key), in
+// the order each slot first appears.
+func (b *batch) split(o *op, k mergeKind, stride int) {
+	o.merge = k
+	if (len(b.args)-1)%stride != 0 {
+		o.local = []byte("-ERR wrong number of arguments for '" + string(bytes.ToLower(b.args[0])) + "' command\r\n")
+		return
+	}
+	name := b.args[0]
+	var groups [][][]byte // per sub: arguments after the name
+	var slots []int
+	for i := 1; i < len(b.args); i += stride {
+		s := Slot(b.args[i])
+		g := -1
+		for j, gs := range slots {
+			if gs == s {
+				g = j
+				break
+			}
+		}
+		if g < 0 {
+			g = len(groups)
+			groups = append(groups, nil)
+			slots = append(slots, s)
+		}
+		if k == mergeMGET {
+			o.pos = append(o.pos, [2]int{g, len(groups[g])})
+		}
+		groups[g] = append(groups[g], b.args[i:i+stride]...)
+	}
+	for g, args := range groups {
+		raw := resp.AppendCommand(nil, append([][]byte{name}, args...)...)
+		b.add(o, sub{raw: raw, slot: slots[g]})
+	}
+}
+
+// Scan cursors carry the node in their low bits: the lowest slot that node
+// owned when the cursor was made (so a failover's new primary resumes it),
+// and the node's own cursor above that.
+const (
+	cursorSlotBits = 14
+	maxNodeCursor  = 1<<(64-cursorSlotBits) - 1
+)
+
+func (b *batch) planScan(o *op, raw []byte) {
+	o.merge = mergeScan
+	if len(b.args) < 2 {
+		o.local = []byte("-ERR wrong number of arguments for 'scan' command\r\n")
+		return
+	}
+	cursor, err := strconv.ParseUint(string(b.args[1]), 10, 64)
+	if err != nil {
+		o.local = errBadCursor
+		return
+	}
+	m := b.r.m.Load()
+	if m == nil {
+		o.local = errorFrame(ErrNoTopology)
+		return
+	}
+	var addr string
+	if cursor == 0 {
+		ps := m.Primaries()
+		if len(ps) == 0 {
+			o.local = errSlotUnserved
+			return
+		}
+		addr = ps[0]
+		o.scanSlot = m.lowestSlot(addr)
+	} else {
+		o.scanSlot = int(cursor & (1<<cursorSlotBits - 1))
+		if addr = m.Owner(o.scanSlot); addr == "" {
+			o.local = errSlotUnserved
+			return
+		}
+	}
+	args := append([][]byte{b.args[0], strconv.AppendUint(nil, cursor>>cursorSlotBits, 10)}, b.args[2:]...)
+	b.add(o, sub{raw: resp.AppendCommand(nil, args...), slot: -1, to: addr})
+}
+
+// run sends every sub-command, round after round, until each has a final
+// reply: a round sends what is pending to each node at once and waits for
+// all of it; redirected and retried commands make up the next round.
+func (b *batch) run() {
+	pending := b.keys[:0] // the keys scratch is free once planning is done
+	for i := range b.subs {
+		pending = append(pending, i)
+	}
+	defer func() { b.keys = pending[:0] }()
+	backoff := time.Duration(0)
+	for len(pending) > 0 {
+		if backoff > 0 {
+			time.Sleep(backoff)
+		}
+		next, wait := b.round(pending)
+		pending = next
+		if wait {
+			backoff = min(max(2*backoff, retryBackoff), maxBackoff)
+		}
+	}
+}
+
+type nodeCall struct {
+	addr string
+	call *upstream.Call
+	subs []int // sub index per reply; -1 for an ASKING reply
+	err  error
+}
+
+// round sends pending subs and classifies their replies. It returns the
+// subs to try again, and whether the next round should wait first.
+func (b *batch) round(pending []int) (retry []int, wait bool) {
+	r := b.r
+	m := r.m.Load()
+	if m == nil {
+		if err := r.Refresh(); err != nil {
+			for _, i := range pending {
+				b.finish(i, errorFrame(err))
+			}
+			return nil, false
+		}
+		m = r.m.Load()
+	}
+	defer b.recycleCalls()
+	callFor := func(addr string) *nodeCall {
+		for _, nc := range b.calls {
+			if nc.addr == addr {
+				return nc
+			}
+		}
+		var nc *nodeCall
+		if k := len(b.spare); k > 0 {
+			nc, b.spare = b.spare[k-1], b.spare[:k-1]
+		} else {
+			nc = &nodeCall{call: upstream.NewCall()}
+		}
+		nc.addr = addr
+		if b.limit > 0 {
+			nc.call.SetReplyLimit(b.limit)
+		}
+		b.calls = append(b.calls, nc)
+		return nc
+	}
+	for _, i := range pending {
+		s := &b.subs[i]
+		addr := s.redirect
+		switch {
+		case addr != "":
+		case s.to != "":
+			addr = s.to
+		case s.slot >= 0:
+			addr = m.Owner(s.slot)
+		default:
+			if ps := m.Primaries(); len(ps) > 0 {
+				addr = ps[0]
+			}
+		}
+		if addr == "" {
+			if s.retries++; s.retries > maxRetries {
+				b.finish(i, errSlotUnserved)
+				continue
+			}
+			r.refreshSoon()
+			retry, wait = append(retry, i), true
+			continue
+		}
+		s.sentTo = addr
+		nc := callFor(addr)
+		if s.preload != nil {
+			nc.call.Add(s.preload)
+			nc.subs = append(nc.subs, -1)
+			s.preload = nil
+		}
+		if s.asking {
+			nc.call.Add(cmdAsking)
+			nc.subs = append(nc.subs, -1)
+		}
+		nc.call.Add(s.raw)
+		nc.subs = append(nc.subs, i)
+	}
+	calls := b.calls
+	for _, nc := range calls {
+		nc.err = r.backend(nc.addr).Pool(0, b.resp3).Send(nc.call)
+	}
+	for _, nc := range calls {
+		if nc.err == nil {
+			nc.call.Wait()
+		}
+	}
+	// Commands of one transaction go and come back together: if one of
+	// them was redirected, EXEC failed, and the whole group is sent again.
+	groupAgain := map[int]int{} // group -> the member that must go again
+	for _, nc := range calls {
+		for k, i := range nc.subs {
+			if i < 0 {
+				continue
+			}
+			s := &b.subs[i]
+			s.redirect, s.asking = "", false
+			again, slow := b.classify(i, nc, k)
+			if again {
+				if s.group != 0 {
+					if _, ok := groupAgain[s.group]; !ok {
+						groupAgain[s.group] = i
+					}
+				}
+				retry = append(retry, i)
+				wait = wait || slow
+			}
+		}
+	}
+	if len(groupAgain) > 0 {
+		retry = retry[:0]
+		for _, i := range pending {
+			s := &b.subs[i]
+			if lead, ok := groupAgain[s.group]; ok && s.group != 0 {
+				s.done = false
+				s.redirect, s.asking = b.subs[lead].redirect, b.subs[lead].asking
+				retry = append(retry, i)
+			} else if !s.done {
+				retry = append(retry, i)
+			}
+		}
+	}
+	return retry, wait
+}
+
+// classify looks at sub i's outcome, reply k of nc: it finishes the sub,
+// or reports that it must go again (after a wait, if slow).
+func (b *batch) classify(i int, nc *nodeCall, k int) (again, slow bool) {
+	r := b.r
+	s := &b.subs[i]
+	if nc.err != nil {
+		// Nothing was sent: safe to try again once the map says where
+		// the slot lives now.
+		if s.retries++; s.retries > maxRetries || !errors.Is(nc.err, upstream.ErrUnavailable) {
+			b.finish(i, errorFrame(nc.err))
+			return false, false
+		}
+		r.refreshSoon()
+		r.retried.Add(1)
+		return true, true
+	}
+	reply, err := nc.call.Reply(k)
+	if errors.Is(err, upstream.ErrOutputLimit) {
+		b.overflow = true
+		b.finish(i, errorFrame(err))
+		return false, false
+	}
+	if err != nil {
+		// Sent and lost: a write may have run, so it is never retried
+		// behind the client's back.
+		r.refreshSoon()
+		b.finish(i, errorFrame(err))
+		return false, false
+	}
+	if again, slow = b.redirected(i, reply); !again {
+		b.finish(i, reply)
+	}
+	return again, slow
+}
+
+var (
+	prefixMoved       = []byte("-MOVED ")
+	prefixAsk         = []byte("-ASK ")
+	prefixTryAgain    = []byte("-TRYAGAIN")
+	prefixNoScript    = []byte("-NOSCRIPT")
+	prefixClusterDown = []byte("-CLUSTERDOWN")
+)
+
+// redirected reports whether sub i must be sent again because of its
+// reply, and whether after a wait. It records where MOVED and ASK point.
+func (b *batch) redirected(i int, reply []byte) (again, wait bool) {
+	if len(reply) == 0 || reply[0] != '-' {
+		return false, false
+	}
+	r := b.r
+	s := &b.subs[i]
+	switch {
+	case bytes.HasPrefix(reply, prefixMoved), bytes.HasPrefix(reply, prefixAsk):
+		ask := reply[1] == 'A'
+		slot, addr, ok := parseRedirect(reply, s.sentTo)
+		if !ok {
+			return false, false
+		}
+		if s.redirects++; s.redirects > maxRedirects {
+			return false, false
+		}
+		if ask {
+			r.asked.Add(1)
+			s.asking = true
+		} else {
+			r.moved.Add(1)
+			for {
+				m := r.m.Load()
+				if m.Owner(slot) == addr || r.m.CompareAndSwap(m, m.withOwner(slot, addr)) {
+					break
+				}
+			}
+			r.refreshSoon()
+		}
+		s.redirect = addr
+		return true, false
+	case bytes.HasPrefix(reply, prefixNoScript) && s.sha != "":
+		// The node lacks a script the proxy saw loaded (on a primary that
+		// was a replica, or joined, since): load it there and run again.
+		body := r.scripts.body(s.sha)
+		if body == nil {
+			return false, false
+		}
+		if s.retries++; s.retries > maxRetries {
+			return false, false
+		}
+		s.preload = resp.AppendCommandStrings(nil, "SCRIPT", "LOAD", string(body))
+		s.redirect = s.sentTo
+		r.retried.Add(1)
+		return true, false
+	case bytes.HasPrefix(reply, prefixTryAgain), bytes.HasPrefix(reply, prefixClusterDown):
+		if s.retries++; s.retries > maxRetries {
+			return false, false
+		}
+		r.retried.Add(1)
+		if reply[1] == 'C' {
+			r.refreshSoon()
+		}
+		return true, true
+	}
+	return false, false
+}
+
+// parseRedirect reads "-MOVED 3999 127.0.0.1:6381" or "-ASK ...".
+func parseRedirect(reply []byte, from string) (slot int, addr string, ok bool) {
+	f := bytes.Fields(bytes.TrimRight(reply, "\r\n"))
+	if len(f) != 3 {
+		return 0, "", false
+	}
+	slot, err := strconv.Atoi(string(f[1]))
+	if err != nil || slot < 0 || slot >= Slots {
+		return 0, "", false
+	}
+	addr = string(f[2])
+	if addr[0] == ':' {
+		// "-MOVED 3999 :6381": the node does not know its hostname;
+		// clients use the host of the node that answered.
+		host, _, err := net.SplitHostPort(from)
+		if err != nil {
+			return 0, "", false
+		}
+		addr = net.JoinHostPort(host, addr[1:])
+	}
+	return slot, addr, true
+}
+
+// finish records sub i's final reply, copied: the node call's buffer is
+// reused.
+func (b *batch) finish(i int, reply []byte) {
+	s := &b.subs[i]
+	s.rstart = len(b.arena)
+	b.arena = append(b.arena, reply...)
+	s.rend = len(b.arena)
+	s.done = true
+}
+
+// recycleCalls keeps a round's node calls, every one of them complete,
+// for the next round or batch.
+func (b *batch) recycleCalls() {
+	for _, nc := range b.calls {
+		nc.call.Reset()
+		nc.call.Trim(64 << 10)
+		clear(nc.subs)
+		nc.subs = nc.subs[:0]
+		nc.addr, nc.err = "", nil
+		b.spare = append(b.spare, nc)
+	}
+	clear(b.calls)
+	b.calls = b.calls[:0]
+}

@@ -1,0 +1,369 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/upstream"
+)
+
+// ErrNoTopology: no node could be asked, or none answered with a usable
+// slot map.
+var ErrNoTopology = errors.New("redproxy: no cluster node answered with a slot map")
+
+// Map is one view of the cluster: who serves each slot.
+type Map struct {
+	// owner[s] indexes primaries; -1 while the slot has no owner.
+	owner     [Slots]int16
+	primaries []string // addresses, host:port
+	replicas  []string // every replica's address, for asking views
+
+	// ordered caches Primaries, which keyless commands ask for often.
+	orderedOnce sync.Once
+	ordered     []string
+}
+
+// newMap returns a map with no slot assigned.
+func newMap() *Map {
+	m := &Map{}
+	for i := range m.owner {
+		m.owner[i] = -1
+	}
+	return m
+}
+
+// Owner is the address of the primary serving slot s, or "".
+func (m *Map) Owner(s int) string {
+	if i := m.owner[s]; i >= 0 {
+		return m.primaries[i]
+	}
+	return ""
+}
+
+// Primaries are the addresses of the primaries that own at least one slot,
+// ordered by the lowest slot each owns.
+func (m *Map) Primaries() []string {
+	m.orderedOnce.Do(func() { m.ordered = m.primariesBySlot() })
+	return m.ordered
+}
+
+func (m *Map) primariesBySlot() []string {
+	seen := make([]bool, len(m.primaries))
+	var out []string
+	for s := range m.owner {
+		if i := m.owner[s]; i >= 0 && !seen[i] {
+			seen[i] = true
+			out = append(out, m.primaries[i])
+		}
+	}
+	return out
+}
+
+// lowestSlot is the lowest slot addr owns, or -1.
+func (m *Map) lowestSlot(addr string) int {
+	for s := range m.owner {
+		if i := m.owner[s]; i >= 0 && m.primaries[i] == addr {
+			return s
+		}
+	}
+	return -1
+}
+
+// nodes are every node the map names, primaries first.
+func (m *Map) nodes() []string {
+	return append(slices.Clone(m.primaries), m.replicas...)
+}
+
+// withOwner returns a copy of m in which addr serves slot s (after a MOVED).
+func (m *Map) withOwner(s int, addr string) *Map {
+	n := &Map{owner: m.owner, primaries: m.primaries, replicas: m.replicas}
+	i := slices.Index(n.primaries, addr)
+	if i < 0 {
+		n.primaries = append(slices.Clone(n.primaries), addr)
+		i = len(n.primaries) - 1
+	}
+	n.owner[s] = int16(i)
+	return n
+}
+
+// assign makes addr the owner of slots [from, to].
+func (m *Map) assign(from, to int, addr string) error {
+	if from < 0 || to >= Slots || from > to || addr == "" {
+		return errBadReply
+	}
+	i := slices.Index(m.primaries, addr)
+	if i < 0 {
+		m.primaries = append(m.primaries, addr)
+		i = len(m.primaries) - 1
+	}
+	for s := from; s <= to; s++ {
+		m.owner[s] = int16(i)
+	}
+	return nil
+}
+
+// fingerprint is a canonical text of the map's slot ranges and owners, so
+// that views from different nodes can be compared and counted.
+func (m *Map) fingerprint() string {
+	var b strings.Builder
+	start := 0
+	for s := 1; s <= Slots; s++ {
+		if s == Slots || m.owner[s] != m.owner[start] {
+			fmt.Fprintf(&b, "%d-%d=%s;", start, s-1, m.Owner(start))
+			start = s
+		}
+	}
+	return b.String()
+}
+
+// complete reports whether every slot has an owner.
+func (m *Map) complete() bool {
+	for _, o := range m.owner {
+		if o < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+var (
+	cmdShards = resp.AppendCommandStrings(nil, "CLUSTER", "SHARDS")
+	cmdSlots  = resp.AppendCommandStrings(nil, "CLUSTER", "SLOTS")
+)
+
+// askView fetches one node's view: CLUSTER SHARDS (Redis 7), else CLUSTER
+// SLOTS.
+func askView(opt upstream.Options) (*Map, error) {
+	reply, err := upstream.RoundTrip(opt, cmdShards)
+	if err != nil {
+		return nil, err
+	}
+	if !resp.IsError(reply) {
+		return parseShards(reply, opt.Addr)
+	}
+	reply, err = upstream.RoundTrip(opt, cmdSlots)
+	if err != nil {
+		return nil, err
+	}
+	return parseSlots(reply, opt.Addr)
+}
+
+// parseShards reads CLUSTER SHARDS: per shard, its slot ranges and nodes,
+// each node a map with ip, endpoint, port, role, health.
+func parseShards(reply []byte, from string) (*Map, error) {
+	v, err := parseValue(reply)
+	if err != nil {
+		return nil, err
+	}
+	shards, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("%w: %v", errBadReply, v)
+	}
+	m := newMap()
+	for _, sh := range shards {
+		fields := pairs(sh)
+		slots, _ := fields["slots"].([]any)
+		nodes, _ := fields["nodes"].([]any)
+		primary := ""
+		for _, n := range nodes {
+			nf := pairs(n)
+			addr := nodeAddr(nf, from)
+			if addr == "" {
+				continue
+			}
+			if nf["role"] == "master" {
+				primary = addr
+			} else {
+				m.replicas = append(m.replicas, addr)
+			}
+		}
+		if len(slots) == 0 {
+			continue
+		}
+		if primary == "" || len(slots)%2 != 0 {
+			return nil, fmt.Errorf("%w: shard without a primary", errBadReply)
+		}
+		for i := 0; i < len(slots); i += 2 {
+			lo, ok1 := slots[i].(int64)
+			hi, ok2 := slots[i+1].(int64)
+			if !ok1 || !ok2 {
+				return nil, errBadReply
+			}
+			if err := m.assign(int(lo), int(hi), primary); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+// pairs reads a flattened map ([k1, v1, k2, v2, ...]).
+func pairs(v any) map[string]any {
+	a, _ := v.([]any)
+	out := make(map[string]any, len(a)/2)
+	for i := 0; i+1 < len(a); i += 2 {
+		if k, ok := a[i].(string); ok {
+			out[k] = a[i+1]
+		}
+	}
+	return out
+}
+
+// nodeAddr is where to dial a node of CLUSTER SHARDS: its endpoint, or its
+// ip when the endpoint is unknown ("?") or empty; an empty endpoint means
+// "the address you asked", as in CLUSTER SLOTS.
+func nodeAddr(f map[string]any, from string) string {
+	port, _ := f["port"].(int64)
+	if port == 0 {
+		return ""
+	}
+	host, _ := f["endpoint"].(string)
+	if host == "" || host == "?" {
+		host, _ = f["ip"].(string)
+	}
+	if host == "" || host == "?" {
+		host, _, _ = net.SplitHostPort(from)
+	}
+	return net.JoinHostPort(host, strconv.FormatInt(port, 10))
+}
+
+// parseSlots reads CLUSTER SLOTS: [start, end, [host, port, id, ...]
+// primary, replicas...] per range.
+func parseSlots(reply []byte, from string) (*Map, error) {
+	v, err := parseValue(reply)
+	if err != nil {
+		return nil, err
+	}
+	ranges, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("%w: %v", errBadReply, v)
+	}
+	m := newMap()
+	fromHost, _, _ := net.SplitHostPort(from)
+	addrOf := func(n any) string {
+		a, _ := n.([]any)
+		if len(a) < 2 {
+			return ""
+		}
+		host, _ := a[0].(string)
+		port, _ := a[1].(int64)
+		if host == "" || host == "?" {
+			host = fromHost
+		}
+		return net.JoinHostPort(host, strconv.FormatInt(port, 10))
+	}
+	for _, r := range ranges {
+		a, _ := r.([]any)
+		if len(a) < 3 {
+			return nil, errBadReply
+		}
+		lo, ok1 := a[0].(int64)
+		hi, ok2 := a[1].(int64)
+		if !ok1 || !ok2 {
+			return nil, errBadReply
+		}
+		if err := m.assign(int(lo), int(hi), addrOf(a[2])); err != nil {
+			return nil, err
+		}
+		for _, rep := range a[3:] {
+			if addr := addrOf(rep); addr != "" && !slices.Contains(m.replicas, addr) {
+				m.replicas = append(m.replicas, addr)
+			}
+		}
+	}
+	return m, nil
+}
+
+// maxAsked bounds how many nodes one refresh asks.
+const maxAsked = 16
+
+// loadMap asks the nodes at addrs (at most maxAsked, concurrently) for
+// their views and returns the view a strict majority of those that
+// answered share. A view held by a minority is not believed: a node cut
+// off from the others, or one that missed a failover, must not steer
+// routing. With no majority, the most common complete view is returned
+// only when current is nil (there is nothing better to route with), so a
+// proxy can start while the cluster is in flux; otherwise ErrNoTopology.
+func loadMap(base upstream.Options, addrs []string, current *Map) (*Map, error) {
+	addrs = dedupe(addrs)
+	if len(addrs) > maxAsked {
+		addrs = addrs[:maxAsked]
+	}
+	type answer struct {
+		m   *Map
+		err error
+	}
+	answers := make([]answer, len(addrs))
+	var wg sync.WaitGroup
+	for i, a := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := base
+			o.Addr = a
+			o.Name = "redproxy-topology"
+			m, err := askView(o)
+			answers[i] = answer{m, err}
+		}()
+	}
+	wg.Wait()
+	votes := map[string]int{}
+	views := map[string]*Map{}
+	answered := 0
+	var lastErr error
+	for _, a := range answers {
+		if a.err != nil {
+			lastErr = a.err
+			continue
+		}
+		answered++
+		fp := a.m.fingerprint()
+		votes[fp]++
+		views[fp] = a.m
+	}
+	if answered == 0 {
+		if lastErr == nil {
+			lastErr = errors.New("no node to ask")
+		}
+		return nil, fmt.Errorf("%w: %v", ErrNoTopology, lastErr)
+	}
+	best, bestVotes := "", 0
+	for fp, n := range votes {
+		// Ties go to the complete view, then to the lexically first, so
+		// the choice does not depend on map iteration order.
+		if best == "" || n > bestVotes || n == bestVotes && (views[fp].complete() && !views[best].complete() || fp < best) {
+			best, bestVotes = fp, n
+		}
+	}
+	if 2*bestVotes > answered || current == nil {
+		m := views[best]
+		// Every node named by any view is worth asking next time.
+		for _, a := range answers {
+			if a.m != nil {
+				for _, n := range a.m.nodes() {
+					if !slices.Contains(m.primaries, n) && !slices.Contains(m.replicas, n) {
+						m.replicas = append(m.replicas, n)
+					}
+				}
+			}
+		}
+		return m, nil
+	}
+	return nil, fmt.Errorf("%w: no view is held by a majority of the %d nodes that answered", ErrNoTopology, answered)
+}
+
+func dedupe(a []string) []string {
+	out := make([]string, 0, len(a))
+	for _, s := range a {
+		if s != "" && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}

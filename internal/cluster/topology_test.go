@@ -1,0 +1,69 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/upstream"
+)
+
+// TestLoadMapMajority: a node claiming every slot for itself (a node of
+// another cluster listed as a seed by mistake, or one cut off and stale)
+// is outvoted by the nodes that agree; with no majority, a refresh keeps
+// the map in use.
+func TestLoadMapMajority(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	rogue := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	ctx := context.Background()
+	if err := rogue.Client(t).Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, Slots-1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	base := upstream.Options{DialTimeout: time.Second, ReplyTimeout: time.Second}
+	seeds := append([]string{rogue.Addr()}, c.Seeds()...)
+	m, err := loadMap(base, seeds, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	truth, err := loadMap(base, c.Seeds()[:1], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.fingerprint() != truth.fingerprint() {
+		t.Fatalf("believed %s, the majority says %s", m.fingerprint(), truth.fingerprint())
+	}
+	for s := range Slots {
+		if m.Owner(s) == rogue.Addr() {
+			t.Fatalf("slot %d routed to the rogue node", s)
+		}
+	}
+	if len(m.Primaries()) != 3 || !m.complete() {
+		t.Fatalf("primaries %v, complete %v", m.Primaries(), m.complete())
+	}
+	// One against one, with a map in use: neither is believed.
+	if _, err := loadMap(base, []string{rogue.Addr(), c.Seeds()[0]}, m); !errors.Is(err, ErrNoTopology) {
+		t.Fatalf("a split vote gave %v, want ErrNoTopology", err)
+	}
+	// Nobody to ask.
+	if _, err := loadMap(base, []string{"127.0.0.1:1"}, nil); !errors.Is(err, ErrNoTopology) {
+		t.Fatalf("no node answering gave %v", err)
+	}
+}
+
+func TestParseSlotsAndShards(t *testing.T) {
+	slots := "*2\r\n*3\r\n:0\r\n:99\r\n*3\r\n$9\r\n127.0.0.1\r\n:7000\r\n$2\r\nid\r\n*4\r\n:100\r\n:16383\r\n*3\r\n$0\r\n\r\n:7001\r\n$2\r\nid\r\n*3\r\n$1\r\n?\r\n:7002\r\n$2\r\nid\r\n"
+	m, err := parseSlots([]byte(slots), "10.0.0.9:7001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Owner(0) != "127.0.0.1:7000" || m.Owner(16383) != "10.0.0.9:7001" || !m.complete() {
+		t.Fatalf("owners %q %q", m.Owner(0), m.Owner(16383))
+	}
+	for _, bad := range []string{"", "*1\r\n", "*1\r\n*3\r\n:5\r\n:1\r\n*2\r\n$1\r\na\r\n:1\r\n", "-ERR no\r\n", "*1\r\n*2\r\n:0\r\n:1\r\n"} {
+		if _, err := parseSlots([]byte(bad), "a:1"); err == nil {
+			t.Errorf("parseSlots(%q) accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,523 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/cluster"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/proxy"
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// nodeID is a node's cluster id.
+func nodeID(t *testing.T, s *redistest.Server) string {
+	t.Helper()
+	id, err := s.Client(t).Do(context.Background(), "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// nodeAt finds the cluster node listening at addr.
+func nodeAt(t *testing.T, c *redistest.Cluster, addr string) *redistest.Server {
+	t.Helper()
+	for _, n := range c.Nodes {
+		if n.Addr() == addr {
+			return n
+		}
+	}
+	t.Fatalf("no node at %s", addr)
+	return nil
+}
+
+// TestClusterRedirects moves one slot by hand, step by step, so that the
+// proxy meets ASK (keys already on the importing node) and then MOVED (the
+// slot's new owner) and must hide both.
+func TestClusterRedirects(t *testing.T) {
+	c, p := startClusterProxy(t)
+	rc := p.Client(t)
+	ctx := context.Background()
+	keys := make([]string, 20)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("{mig}:%d", i)
+		if err := rc.Set(ctx, keys[i], i, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slot := cluster.Slot([]byte(keys[0]))
+	src := nodeAt(t, c, p.Router().Map().Owner(slot))
+	var dst *redistest.Server
+	for _, n := range c.Primaries(t) {
+		if n != src {
+			dst = n
+			break
+		}
+	}
+	srcID, dstID := nodeID(t, src), nodeID(t, dst)
+	sc, dc := src.Client(t), dst.Client(t)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
+	must(sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
+	migrate := func(ks []string) {
+		args := []any{"MIGRATE", "127.0.0.1", dst.Port(), "", 0, 5000, "KEYS"}
+		for _, k := range ks {
+			args = append(args, k)
+		}
+		must(sc.Do(ctx, args...).Err())
+	}
+	migrate(keys[:10])
+	moved0, asked0, _ := p.Router().Stats()
+	// Half the keys are on dst now: the proxy follows ASK for them.
+	for i, k := range keys {
+		if v, err := rc.Get(ctx, k).Int(); err != nil || v != i {
+			t.Fatalf("GET %s during migration = %d, %v", k, v, err)
+		}
+	}
+	// A new key of a migrating slot is created on the importing node.
+	must(rc.Set(ctx, "{mig}:new", "n", 0).Err())
+	if _, asked, _ := p.Router().Stats(); asked <= asked0 {
+		t.Fatalf("no ASK was followed (asked %d -> %d)", asked0, asked)
+	}
+	migrate(keys[10:])
+	for _, n := range c.Primaries(t) {
+		must(n.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
+	}
+	// The proxy's map still says src: it follows MOVED to dst.
+	vals, err := rc.MGet(ctx, append(keys, "{mig}:new")...).Result()
+	must(err)
+	for i, v := range vals[:len(keys)] {
+		if fmt.Sprint(v) != fmt.Sprint(i) {
+			t.Fatalf("MGET after the move: %s = %v", keys[i], v)
+		}
+	}
+	if vals[len(keys)] != "n" {
+		t.Fatalf("the key created during migration reads %v", vals[len(keys)])
+	}
+	if moved, _, _ := p.Router().Stats(); moved <= moved0 {
+		t.Fatalf("no MOVED was followed (moved %d -> %d)", moved0, moved)
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return p.Router().Map().Owner(slot) == dst.Addr()
+	}, "the proxy's map never learnt slot %d's new owner", slot)
+	seen := map[string]float64{}
+	mfs, err := p.Metrics.Registry.Gather()
+	must(err)
+	for _, mf := range mfs {
+		if mf.GetName() == "redproxy_cluster_redirections_total" {
+			for _, m := range mf.GetMetric() {
+				seen[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if seen["moved"] < 1 || seen["ask"] < 1 {
+		t.Fatalf("redirection metrics %v, want moved and ask counted", seen)
+	}
+}
+
+// loadResult is what a load run saw.
+type loadResult struct {
+	ops, errs atomic.Int64
+	mu        sync.Mutex
+	firstErrs []string
+	lastErr   string
+}
+
+func (r *loadResult) fail(err error) {
+	r.errs.Add(1)
+	r.mu.Lock()
+	if len(r.firstErrs) < 5 {
+		r.firstErrs = append(r.firstErrs, err.Error())
+	}
+	r.lastErr = err.Error()
+	r.mu.Unlock()
+}
+
+// runLoad has writers each own a few keys, write increasing values and
+// read them back through the proxy until stop: a reader that is the only
+// writer of its key must read what it last had acknowledged. It returns
+// when every writer has stopped.
+func runLoad(t *testing.T, rc *redis.Client, writers int, stop <-chan struct{}, res *loadResult) func() map[string]int {
+	var wg sync.WaitGroup
+	final := make([]map[string]int, writers)
+	for w := range writers {
+		wg.Add(1)
+		final[w] = map[string]int{}
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			acked := final[w]
+			for n := 1; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := fmt.Sprintf("load:%d:%d", w, n%50)
+				if err := rc.Set(ctx, k, n, 0).Err(); err != nil {
+					res.fail(fmt.Errorf("SET %s: %w", k, err))
+					// Unknown outcome: the key is no longer checked.
+					delete(acked, k)
+					continue
+				}
+				acked[k] = n
+				v, err := rc.Get(ctx, k).Int()
+				res.ops.Add(2)
+				if err != nil {
+					res.fail(fmt.Errorf("GET %s: %w", k, err))
+					continue
+				}
+				if v != n {
+					res.fail(fmt.Errorf("GET %s = %d after %d was acknowledged", k, v, n))
+				}
+			}
+		}()
+	}
+	return func() map[string]int {
+		wg.Wait()
+		all := map[string]int{}
+		for _, m := range final {
+			for k, v := range m {
+				all[k] = v
+			}
+		}
+		return all
+	}
+}
+
+// TestClusterReshardUnderLoad moves 1000 slots with redis-cli --cluster
+// reshard (MIGRATE, SETSLOT) while clients write and read through the
+// proxy: no client sees MOVED or ASK, and every acknowledged value reads
+// back.
+func TestClusterReshardUnderLoad(t *testing.T) {
+	c, p := startClusterProxy(t)
+	rc := p.Client(t, func(o *redis.Options) { o.PoolSize = 16 })
+	prims := c.Primaries(t)
+	from, to := nodeID(t, prims[0]), nodeID(t, prims[1])
+	stop := make(chan struct{})
+	var res loadResult
+	wait := runLoad(t, rc, 8, stop, &res)
+	start := time.Now()
+	out, err := exec.Command("redis-cli", "--cluster", "reshard", prims[0].Addr(),
+		"--cluster-from", from, "--cluster-to", to, "--cluster-slots", "1000",
+		"--cluster-yes", "--cluster-pipeline", "50").CombinedOutput()
+	took := time.Since(start)
+	close(stop)
+	acked := wait()
+	if err != nil {
+		t.Fatalf("reshard: %v\n%s", err, out[max(0, len(out)-2000):])
+	}
+	c.WaitHealthy(t)
+	moved, asked, retried := p.Router().Stats()
+	t.Logf("reshard of 1000 slots took %v; %d ops through the proxy, %d errors; router followed %d MOVED, %d ASK, %d retries",
+		took, res.ops.Load(), res.errs.Load(), moved, asked, retried)
+	if res.errs.Load() != 0 {
+		t.Fatalf("%d client errors during resharding, first: %v", res.errs.Load(), res.firstErrs)
+	}
+	if moved+asked == 0 {
+		t.Fatalf("the load never met a moving slot; the test proves nothing")
+	}
+	direct := c.ClusterClient(t)
+	ctx := context.Background()
+	for k, v := range acked {
+		if got, err := direct.Get(ctx, k).Int(); err != nil || got != v {
+			t.Fatalf("%s = %d, %v; %d was acknowledged last", k, got, err, v)
+		}
+	}
+}
+
+// TestClusterFailover promotes a replica with CLUSTER FAILOVER while
+// clients write and read through the proxy.
+func TestClusterFailover(t *testing.T) {
+	c, p := startClusterProxy(t)
+	rc := p.Client(t, func(o *redis.Options) { o.PoolSize = 16 })
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var res loadResult
+	wait := runLoad(t, rc, 8, stop, &res)
+	// Let the load reach every node first.
+	redistest.Eventually(t, 5*time.Second, func() bool { return res.ops.Load() > 2000 }, "no load")
+	replica := c.Replicas(t)[0]
+	start := time.Now()
+	if err := replica.Client(t).Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 20*time.Second, func() bool {
+		r, err := replica.Client(t).Do(ctx, "ROLE").Slice()
+		return err == nil && len(r) > 0 && r[0] == "master"
+	}, "the replica never became primary")
+	promoted := time.Since(start)
+	// The proxy's map follows; the load keeps running meanwhile.
+	redistest.Eventually(t, 20*time.Second, func() bool {
+		for _, a := range p.Router().Map().Primaries() {
+			if a == replica.Addr() {
+				return true
+			}
+		}
+		return false
+	}, "the proxy never learnt the new primary")
+	learnt := time.Since(start)
+	base := res.ops.Load()
+	redistest.Eventually(t, 10*time.Second, func() bool { return res.ops.Load() > base+2000 }, "the load stalled after the failover")
+	close(stop)
+	acked := wait()
+	moved, asked, retried := p.Router().Stats()
+	t.Logf("failover: replica primary after %v, proxy map after %v; %d ops, %d errors; router followed %d MOVED, %d ASK, %d retries",
+		promoted, learnt, res.ops.Load(), res.errs.Load(), moved, asked, retried)
+	if res.errs.Load() != 0 {
+		for _, e := range res.firstErrs {
+			if strings.Contains(e, "MOVED") || strings.Contains(e, "ASK") {
+				t.Fatalf("a client saw a redirection: %s", e)
+			}
+		}
+		t.Fatalf("%d client errors during a coordinated failover, first: %v", res.errs.Load(), res.firstErrs)
+	}
+	c.WaitHealthy(t)
+	direct := c.ClusterClient(t)
+	for k, v := range acked {
+		if got, err := direct.Get(ctx, k).Int(); err != nil || got != v {
+			t.Fatalf("%s = %d, %v; %d was acknowledged last", k, got, err, v)
+		}
+	}
+}
+
+// TestClusterPolicyFixups: a TTL rule makes the proxy wrap a write and its
+// EXPIRE fix-up in MULTI/EXEC of its own. In cluster mode the whole
+// transaction must go to the key's node, even when the key's slot is not
+// served by the first primary.
+func TestClusterPolicyFixups(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+		cfg.Policy.TTL = []policy.TTLRule{{Pattern: "sess:*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
+	})
+	rc := p.Client(t)
+	direct := c.ClusterClient(t)
+	ctx := context.Background()
+	for i := range 30 {
+		k := fmt.Sprintf("sess:%d", i)
+		// HSET has no TTL option: the fix-up is an EXPIRE ... NX in a
+		// MULTI/EXEC of the proxy's own.
+		if n, err := rc.HSet(ctx, k, "f", "v").Result(); err != nil || n != 1 {
+			t.Fatalf("HSET %s = %d, %v", k, n, err)
+		}
+		if ttl := direct.TTL(ctx, k).Val(); ttl <= 0 {
+			t.Fatalf("%s has TTL %v; the policy's default was not applied", k, ttl)
+		}
+	}
+	// Behind the proxy's back, the slot moves: the HSET queued in the
+	// proxy's MULTI gets MOVED, EXEC aborts, and the transaction goes
+	// again, whole, to the new owner.
+	if err := rc.HSet(ctx, "sess:{t}a", "f", "v").Err(); err != nil {
+		t.Fatal(err)
+	}
+	slot := cluster.Slot([]byte("sess:{t}a"))
+	src := nodeAt(t, c, p.Router().Map().Owner(slot))
+	var dst *redistest.Server
+	for _, n := range c.Nodes {
+		if n != src {
+			dst = n
+			break
+		}
+	}
+	moveSlot(t, c, slot, src, dst)
+	moved0, _, _ := p.Router().Stats()
+	if n, err := rc.HSet(ctx, "sess:{t}b", "f", "v").Result(); err != nil || n != 1 {
+		t.Fatalf("HSET after the slot moved = %d, %v", n, err)
+	}
+	if moved, _, _ := p.Router().Stats(); moved == moved0 {
+		t.Fatal("the proxy met no MOVED; the test proves nothing")
+	}
+	if ttl := dst.Client(t).TTL(ctx, "sess:{t}b").Val(); ttl <= 0 {
+		t.Fatalf("sess:{t}b has TTL %v on its new node", ttl)
+	}
+}
+
+// moveSlot migrates slot and its keys from src to dst, as redis-cli
+// --cluster reshard does, without the proxy knowing.
+func moveSlot(t *testing.T, c *redistest.Cluster, slot int, src, dst *redistest.Server) {
+	t.Helper()
+	ctx := context.Background()
+	sc, dc := src.Client(t), dst.Client(t)
+	srcID, dstID := nodeID(t, src), nodeID(t, dst)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
+	must(sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
+	keys, err := sc.ClusterGetKeysInSlot(ctx, slot, 1000).Result()
+	must(err)
+	if len(keys) > 0 {
+		args := []any{"MIGRATE", "127.0.0.1", dst.Port(), "", 0, 5000, "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		must(sc.Do(ctx, args...).Err())
+	}
+	for _, n := range c.Primaries(t) {
+		must(n.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
+	}
+}
+
+// TestClusterSeedDown: the first seed does not answer; the proxy starts
+// from the others and serves every slot.
+func TestClusterSeedDown(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	dead := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = append([]string{dead}, c.Seeds()...)
+	})
+	rc := p.Client(t)
+	ctx := context.Background()
+	for i := range 100 {
+		k := fmt.Sprintf("sd:%d", i)
+		if err := rc.Set(ctx, k, i, 0).Err(); err != nil {
+			t.Fatalf("SET %s: %v", k, err)
+		}
+	}
+	if n := rc.DBSize(ctx).Val(); n != 100 {
+		t.Fatalf("DBSIZE = %d", n)
+	}
+}
+
+// TestClusterPrimaryKilled kills a primary under load. Clients of its
+// slots get errors (never MOVED or ASK) until its replica takes over,
+// then the load runs clean again.
+func TestClusterPrimaryKilled(t *testing.T) {
+	c, p := startClusterProxy(t)
+	rc := p.Client(t, func(o *redis.Options) { o.PoolSize = 16 })
+	stop := make(chan struct{})
+	var res loadResult
+	wait := runLoad(t, rc, 8, stop, &res)
+	redistest.Eventually(t, 5*time.Second, func() bool { return res.ops.Load() > 2000 }, "no load")
+	victim := c.Primaries(t)[0]
+	start := time.Now()
+	victim.Kill(t)
+	// Recovered: a run of 2000 operations with no error.
+	var recovered time.Duration
+	redistest.Eventually(t, 30*time.Second, func() bool {
+		errs, ops := res.errs.Load(), res.ops.Load()
+		time.Sleep(200 * time.Millisecond)
+		for res.ops.Load() < ops+2000 {
+			if res.errs.Load() != errs {
+				return false
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if res.errs.Load() != errs {
+			return false
+		}
+		recovered = time.Since(start)
+		return true
+	}, "the load never ran clean after the primary died: %v", lazyLastErr{&res})
+	close(stop)
+	wait()
+	moved, asked, retried := p.Router().Stats()
+	t.Logf("primary killed: load clean again within %v (includes a 2000-op clean run); %d ops, %d errors, first %v; router followed %d MOVED, %d ASK, %d retries",
+		recovered, res.ops.Load(), res.errs.Load(), res.firstErrs, moved, asked, retried)
+	for _, e := range res.firstErrs {
+		if strings.Contains(e, "MOVED") || strings.Contains(e, " ASK ") {
+			t.Fatalf("a client saw a redirection: %s", e)
+		}
+	}
+}
+
+// lazyLastErr prints the load's last error when a wait fails.
+type lazyLastErr struct{ r *loadResult }
+
+func (l lazyLastErr) String() string {
+	l.r.mu.Lock()
+	defer l.r.mu.Unlock()
+	return fmt.Sprintf("%d errors, last %q, first %q", l.r.errs.Load(), l.r.lastErr, l.r.firstErrs)
+}
+
+// TestClusterReloadUpstreamRefused: the router cannot switch its per-node
+// connections, so a reload that changes them is refused whole.
+func TestClusterReloadUpstreamRefused(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+	})
+	next := *p.Config()
+	next.Upstream.Connections++
+	if _, err := p.Reload(&next); !errors.Is(err, proxy.ErrRestartRequired) {
+		t.Fatalf("Reload changing upstream.connections in cluster mode: %v", err)
+	}
+	next = *p.Config()
+	next.Upstream.MaxPinned++
+	if _, err := p.Reload(&next); err != nil {
+		t.Fatalf("Reload changing only max_pinned: %v", err)
+	}
+}
+
+// TestClusterRepliesBeyondOutputLimit: in cluster mode too, a client whose
+// replies outgrow its output limit is closed, and the proxy does not hold
+// its 64 MB of replies meanwhile: each node's share is capped as well.
+func TestClusterRepliesBeyondOutputLimit(t *testing.T) {
+	const limit = 8 << 20
+	c := redistest.StartCluster(t, 3, 0)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+		cfg.Server.ClientOutputLimit = limit
+	})
+	ctx := context.Background()
+	if err := c.ClusterClient(t).Set(ctx, "big", strings.Repeat("b", 1<<20), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rc := dialRaw(t, p.Addr)
+	// Small replies first, so the proxy expects small ones and sends the
+	// 64 GETs as one batch.
+	for i := 0; i < 30; i++ {
+		rc.send([]string{"GET", "small"}, []string{"GET", "small"})
+		for range 2 {
+			if v, _ := rc.readReply(); v != nil {
+				t.Fatalf("GET small = %v", v)
+			}
+		}
+	}
+	mem := sampleMemory(t)
+	cmds := make([][]string, 64)
+	for i := range cmds {
+		cmds[i] = []string{"GET", "big"}
+	}
+	rc.send(cmds...)
+	redistest.Eventually(t, 10*time.Second, func() bool { return closedFor(p, metrics.CloseOutputLimit) == 1 },
+		"the client was never closed for its output limit")
+	_, heapGrowth := mem.finish()
+	if !connClosed(rc.nc) {
+		t.Fatal("the output limit was counted but the connection stayed open")
+	}
+	t.Logf("live Go heap +%d MB for a client limited to %d MB", heapGrowth>>20, limit>>20)
+	if heapGrowth > 3*limit+32<<20 {
+		t.Fatalf("live Go heap grew by %d MB for one client limited to %d MB", heapGrowth>>20, limit>>20)
+	}
+	// The node's shared connection goes on serving others.
+	if v, err := p.Client(t).Get(ctx, "big").Result(); err != nil || len(v) != 1<<20 {
+		t.Fatalf("GET big from another client: %d bytes, %v", len(v), err)
+	}
+}

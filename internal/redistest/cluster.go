@@ -1,0 +1,207 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// clusterReadyTimeout bounds how long a fresh cluster may take to agree on
+// its slots; on loopback it takes about a second.
+const clusterReadyTimeout = 20 * time.Second
+
+// Cluster is a Redis Cluster of real redis-servers owned by a test: every
+// node is a Server, so Kill, Freeze and Restart work on them as usual.
+type Cluster struct {
+	Nodes []*Server
+}
+
+// StartCluster starts primaries*(1+replicas) redis-servers with cluster
+// support on free loopback ports, joins them with `redis-cli --cluster
+// create`, and waits until every node reports cluster_state:ok with all
+// 16384 slots assigned. extra are further redis-server arguments for every
+// node. t.Cleanup kills the nodes.
+func StartCluster(t testing.TB, primaries, replicas int, extra ...string) *Cluster {
+	t.Helper()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Fatalf("redistest: redis-cli not found in PATH: %v", err)
+	}
+	n := primaries * (1 + replicas)
+	c := &Cluster{Nodes: make([]*Server, n)}
+	args := append([]string{
+		"--cluster-enabled", "yes",
+		// Relative to --dir, which is the server's own temp dir.
+		"--cluster-config-file", "nodes.conf",
+		// Short, so failover tests finish quickly; long enough that a
+		// loaded 2-core machine does not fail nodes by accident.
+		"--cluster-node-timeout", "2000",
+		// Replicas sync at once instead of after the default 5 s wait for
+		// more replicas: a replica that never synced cannot fail over.
+		"--repl-diskless-sync-delay", "0",
+	}, extra...)
+	var wg sync.WaitGroup
+	for i := range c.Nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.Nodes[i] = Start(t, args...)
+		}()
+	}
+	wg.Wait()
+	for _, s := range c.Nodes {
+		if s == nil {
+			t.FailNow() // Start already reported why
+		}
+	}
+	create := []string{"--cluster", "create"}
+	for _, s := range c.Nodes {
+		create = append(create, s.Addr())
+	}
+	create = append(create, "--cluster-replicas", fmt.Sprint(replicas), "--cluster-yes")
+	out, err := exec.Command(cli, create...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+	}
+	c.WaitHealthy(t)
+	return c
+}
+
+// Seeds are the addresses of every node.
+func (c *Cluster) Seeds() []string {
+	addrs := make([]string, len(c.Nodes))
+	for i, s := range c.Nodes {
+		addrs[i] = s.Addr()
+	}
+	return addrs
+}
+
+// WaitHealthy waits until every node that answers says cluster_state:ok
+// with all slots served, every node agrees on who owns the slots, and
+// every replica's link to its primary is up (so it could take over).
+func (c *Cluster) WaitHealthy(t testing.TB) {
+	t.Helper()
+	var last string
+	Eventually(t, clusterReadyTimeout, func() bool {
+		ok, why := c.healthy()
+		last = why
+		return ok
+	}, "cluster not healthy: %v", lazyString(func() string { return last }))
+}
+
+// lazyString is formatted when printed, so a failure message can say what
+// was seen last rather than what was known when the wait began.
+type lazyString func() string
+
+func (f lazyString) String() string { return f() }
+
+func (c *Cluster) healthy() (bool, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var views []string
+	for _, s := range c.Nodes {
+		if s.Port() == 0 || !ping(s.Addr()) {
+			continue
+		}
+		rc := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+		info, err := rc.ClusterInfo(ctx).Result()
+		if err != nil {
+			rc.Close()
+			return false, fmt.Sprintf("%s: CLUSTER INFO: %v", s.Addr(), err)
+		}
+		if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_ok:16384") {
+			rc.Close()
+			return false, fmt.Sprintf("%s: %s", s.Addr(), strings.ReplaceAll(info, "\r\n", " "))
+		}
+		repl, err := rc.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up") {
+			rc.Close()
+			return false, fmt.Sprintf("%s: replica not synced with its primary", s.Addr())
+		}
+		slots, err := rc.ClusterSlots(ctx).Result()
+		rc.Close()
+		if err != nil {
+			return false, fmt.Sprintf("%s: CLUSTER SLOTS: %v", s.Addr(), err)
+		}
+		views = append(views, slotsView(slots))
+	}
+	for _, v := range views[1:] {
+		if v != views[0] {
+			return false, "nodes disagree on the slot owners"
+		}
+	}
+	return len(views) > 0, ""
+}
+
+// slotsView is a canonical text of who owns which slots, to compare views.
+func slotsView(slots []redis.ClusterSlot) string {
+	lines := make([]string, 0, len(slots))
+	for _, s := range slots {
+		primary := ""
+		if len(s.Nodes) > 0 {
+			primary = s.Nodes[0].Addr
+		}
+		lines = append(lines, fmt.Sprintf("%05d-%05d %s", s.Start, s.End, primary))
+	}
+	// CLUSTER SLOTS lists ranges in no guaranteed order.
+	sortStrings(lines)
+	return strings.Join(lines, ";")
+}
+
+func sortStrings(a []string) {
+	for i := 1; i < len(a); i++ {
+		for j := i; j > 0 && a[j] < a[j-1]; j-- {
+			a[j], a[j-1] = a[j-1], a[j]
+		}
+	}
+}
+
+// Primaries returns the nodes that are primaries right now, in the order of
+// c.Nodes.
+func (c *Cluster) Primaries(t testing.TB) []*Server {
+	t.Helper()
+	return c.withRole(t, "master")
+}
+
+// Replicas returns the nodes that are replicas right now.
+func (c *Cluster) Replicas(t testing.TB) []*Server {
+	t.Helper()
+	return c.withRole(t, "slave")
+}
+
+func (c *Cluster) withRole(t testing.TB, role string) []*Server {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var out []*Server
+	for _, s := range c.Nodes {
+		if !ping(s.Addr()) {
+			continue
+		}
+		rc := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+		r, err := rc.Do(ctx, "ROLE").Slice()
+		rc.Close()
+		if err != nil || len(r) == 0 {
+			continue
+		}
+		if name, _ := r[0].(string); name == role {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// ClusterClient returns a cluster-aware go-redis client for checking what
+// the cluster holds, bypassing the proxy; closed on cleanup.
+func (c *Cluster) ClusterClient(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Seeds()})
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
