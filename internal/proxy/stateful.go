@@ -177,10 +177,17 @@ func pinnedExec(sess *Session, r *request) bool {
 	return true
 }
 
+// pinnedDiscard ends a transaction (inside MULTI) and pinnedUnwatch a
+// WATCH (outside it); either way the clean connection goes back.
 func pinnedDiscard(sess *Session, r *request) bool {
-	if !sess.pin.inMulti {
-		return false
-	}
+	return sess.pin.inMulti && sess.endPin(r)
+}
+
+func pinnedUnwatch(sess *Session, r *request) bool {
+	return !sess.pin.inMulti && sess.endPin(r)
+}
+
+func (sess *Session) endPin(r *request) bool {
 	sess.forward(r.Raw, r.m)
 	sess.unnamePin()
 	sess.flush(time.Now())
@@ -196,17 +203,6 @@ func pinnedMulti(sess *Session, r *request) bool {
 		sess.list.multi.Store(1)
 	}
 	sess.forward(r.Raw, r.m)
-	return true
-}
-
-func pinnedUnwatch(sess *Session, r *request) bool {
-	if sess.pin.inMulti {
-		return false
-	}
-	sess.forward(r.Raw, r.m)
-	sess.unnamePin()
-	sess.flush(time.Now())
-	sess.unpin(true)
 	return true
 }
 
