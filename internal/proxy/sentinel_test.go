@@ -18,11 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/admin"
-	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
-	"github.com/redproxy/redproxy/internal/metrics"
-	"github.com/redproxy/redproxy/internal/proxy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -438,31 +435,12 @@ func TestSentinelNotReadyWithoutPrimary(t *testing.T) {
 	g := &redistest.SentinelGroup{Name: "solo"}
 	s := redistest.StartSentinel(t, redistest.SentinelOptions{Name: g.Name}, primary.Port(), 1)
 
-	cfg := config.Default()
-	cfg.Server.Listen = "127.0.0.1:0"
-	cfg.Server.Admin = ""
-	cfg.Upstream.ReconnectMin = units.Duration{Duration: 10 * time.Millisecond}
-	cfg.Upstream.ReconnectMax = units.Duration{Duration: 100 * time.Millisecond}
-	sentinelConfig(g, []string{s.Addr()})(cfg)
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	reg := metrics.New()
-	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: commands.Builtin(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", cfg.Server.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown(ctx) })
+	p := proxytest.StartUnready(t, nil, sentinelConfig(g, []string{s.Addr()}))
 	aln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	adm := admin.New(reg.Registry, srv.Ready, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	adm := admin.New(p.Metrics.Registry, p.Ready, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	go adm.Serve(aln)
 	t.Cleanup(func() { adm.Shutdown(ctx) })
 	readyz := func() int {
@@ -477,7 +455,7 @@ func TestSentinelNotReadyWithoutPrimary(t *testing.T) {
 	if code := readyz(); code != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz with no primary = %d, want 503", code)
 	}
-	c := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	if err := c.Set(ctx, "k", "v", 0).Err(); err == nil || !strings.Contains(err.Error(), "upstream unavailable") {
 		t.Fatalf("SET with no primary: %v, want upstream unavailable", err)
@@ -497,7 +475,7 @@ func TestSentinelNotReadyWithoutPrimary(t *testing.T) {
 		t.Fatal("SET on a demoted primary succeeded")
 	}
 	redistest.Eventually(t, 5*time.Second, func() bool { return readyz() == http.StatusServiceUnavailable }, "still ready with the primary demoted (last SET error: %v)", err)
-	if p := srv.SentinelPrimary(); p != "" {
-		t.Fatalf("primary known = %q with the only candidate a replica", p)
+	if got := p.Server.SentinelPrimary(); got != "" {
+		t.Fatalf("primary known = %q with the only candidate a replica", got)
 	}
 }

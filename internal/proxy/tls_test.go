@@ -9,7 +9,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -21,11 +20,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/metrics"
-	"github.com/redproxy/redproxy/internal/proxy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -464,31 +461,11 @@ func TestTLSUpstreamFailures(t *testing.T) {
 // reach Redis, which it may never do.
 func startUnready(t *testing.T, rs *redistest.Server, mutate func(*config.Config)) *proxytest.Proxy {
 	t.Helper()
-	cfg := config.Default()
-	cfg.Server.Listen = "127.0.0.1:0"
-	cfg.Server.Admin = ""
-	cfg.Upstream.Connections = 1
-	cfg.Upstream.DialTimeout.Duration = 300 * time.Millisecond
-	mutate(cfg)
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	reg := metrics.New()
-	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: commands.Builtin(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", cfg.Server.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
+	return proxytest.StartUnready(t, rs, func(cfg *config.Config) {
+		cfg.Upstream.Connections = 1
+		cfg.Upstream.DialTimeout.Duration = 300 * time.Millisecond
+		mutate(cfg)
 	})
-	return &proxytest.Proxy{Server: srv, Addr: ln.Addr().String(), Redis: rs, Metrics: reg}
 }
 
 // TestTLSClientGoneWhileBlocked: a TLS client that closes while blocked in

@@ -37,10 +37,22 @@ func Start(t testing.TB, rs *redistest.Server, mutate func(*config.Config)) *Pro
 	if rs == nil {
 		rs = redistest.Start(t)
 	}
+	p := StartUnready(t, rs, mutate)
+	redistest.Eventually(t, 5*time.Second, p.Ready, "proxy never connected to redis at %s", rs.Addr())
+	return p
+}
+
+// StartUnready is Start without waiting for the proxy to reach Redis,
+// which it may never do (a refused TLS handshake, a Sentinel that names no
+// primary). rs may be nil: the configuration then says where Redis is.
+func StartUnready(t testing.TB, rs *redistest.Server, mutate func(*config.Config)) *Proxy {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Server.Listen = "127.0.0.1:0"
 	cfg.Server.Admin = ""
-	cfg.Upstream.Address = rs.Addr()
+	if rs != nil {
+		cfg.Upstream.Address = rs.Addr()
+	}
 	cfg.Upstream.ReconnectMin = units.Duration{Duration: 10 * time.Millisecond}
 	cfg.Upstream.ReconnectMax = units.Duration{Duration: 100 * time.Millisecond}
 	cfg.Upstream.Connections = 2
@@ -81,7 +93,6 @@ func Start(t testing.TB, rs *redistest.Server, mutate func(*config.Config)) *Pro
 		defer cancel()
 		srv.Shutdown(ctx)
 	})
-	redistest.Eventually(t, 5*time.Second, srv.Ready, "proxy never connected to redis at %s", rs.Addr())
 	return p
 }
 
