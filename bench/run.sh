@@ -631,6 +631,17 @@ scenario_stampede() {
 	run_fg "$BENCH_DIR/stampede.sh" "${args[@]}"
 }
 
+# cluster: redproxy in front of a Redis Cluster (issue 12) against a
+# cluster-aware redis-benchmark straight to the nodes. It needs a cluster,
+# not one redis-server, so it lives in bench/cluster.sh with its own table
+# (bench/results/cluster.md); rounds and the CPU layout carry over.
+scenario_cluster() {
+	local args=(--rounds "$ROUNDS")
+	((KEEP)) && args+=(--keep)
+	export CPU_REDIS CPU_CLIENT CPU_PROXY REDPROXY_GOMAXPROCS REDPROXY_BIN N_P1 N_P16 CLIENTS KEYSPACE DATASIZE
+	run_fg "$BENCH_DIR/cluster.sh" "${args[@]}"
+}
+
 # hotkeys: the local tier (issue 6). GET on a hot keyspace (-r 100, preloaded)
 # through redproxy with the tier on, against redproxy's own PING (answered by
 # the proxy itself: the ceiling of its front end) and twemproxy; then GET on a
