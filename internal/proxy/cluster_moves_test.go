@@ -11,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anishathalye/porcupine"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/lintest"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxy"
@@ -519,5 +521,44 @@ func TestClusterRepliesBeyondOutputLimit(t *testing.T) {
 	// The node's shared connection goes on serving others.
 	if v, err := p.Client(t).Get(ctx, "big").Result(); err != nil || len(v) != 1<<20 {
 		t.Fatalf("GET big from another client: %d bytes, %v", len(v), err)
+	}
+}
+
+// TestClusterReshardLinearizable: clients read, write, delete and
+// increment shared keys through the proxy while redis-cli moves 1000 slots;
+// the history, checked per key with porcupine against a sequential store,
+// must be linearizable (a redirected command may neither run twice nor
+// return a value from before an acknowledged write).
+func TestClusterReshardLinearizable(t *testing.T) {
+	c, p := startClusterProxy(t)
+	prims := c.Primaries(t)
+	from, to := nodeID(t, prims[0]), nodeID(t, prims[1])
+	var workers []lintest.Worker
+	for range 8 {
+		workers = append(workers, lintest.Worker{C: p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }), Every: 2 * time.Millisecond})
+	}
+	reshardErr := make(chan error, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond) // let the history start first
+		out, err := exec.Command("redis-cli", "--cluster", "reshard", prims[0].Addr(),
+			"--cluster-from", from, "--cluster-to", to, "--cluster-slots", "1000",
+			"--cluster-yes", "--cluster-pipeline", "50").CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("%w\n%s", err, out[max(0, len(out)-2000):])
+		}
+		reshardErr <- err
+	}()
+	// 256 keys: about 16 of them live in the slots that move.
+	hist := lintest.RecordFor(t, workers, 256, 0, 6*time.Second)
+	if err := <-reshardErr; err != nil {
+		t.Fatalf("reshard: %v", err)
+	}
+	moved, asked, _ := p.Router().Stats()
+	t.Logf("router followed %d MOVED, %d ASK", moved, asked)
+	if moved+asked == 0 {
+		t.Fatalf("no command met a moving slot; the check proves nothing")
+	}
+	if res := lintest.Check(t, hist); res != porcupine.Ok {
+		t.Fatalf("history through the proxy during resharding is %v", res)
 	}
 }
