@@ -11,8 +11,47 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/cluster"
+	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
+
+// moveEmptySlot gives slot s, which holds no key, from its owner in the
+// proxy's map to another primary, and returns the new owner's address.
+func moveEmptySlot(t *testing.T, c *redistest.Cluster, p *proxytest.Proxy, s int) string {
+	t.Helper()
+	ctx := context.Background()
+	src := nodeAt(t, c, p.Router().Map().Owner(s))
+	var dst *redistest.Server
+	for _, n := range c.Primaries(t) {
+		if n != src {
+			dst = n
+			break
+		}
+	}
+	// As redis-cli --cluster does: the new owner first, so that it bumps
+	// its config epoch and the other nodes take its word.
+	srcID, dstID := nodeID(t, src), nodeID(t, dst)
+	type setslot struct {
+		on   *redistest.Server
+		args []any
+	}
+	steps := []setslot{
+		{dst, []any{"IMPORTING", srcID}},
+		{src, []any{"MIGRATING", dstID}},
+		{dst, []any{"NODE", dstID}},
+	}
+	for _, n := range c.Primaries(t) {
+		if n != dst {
+			steps = append(steps, setslot{n, []any{"NODE", dstID}})
+		}
+	}
+	for _, st := range steps {
+		if err := st.on.Client(t).Do(ctx, append([]any{"CLUSTER", "SETSLOT", s}, st.args...)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dst.Addr()
+}
 
 // TestClusterPinned drives transactions and blocking commands through the
 // proxy in cluster mode: each pins a connection on the node owning its
@@ -202,6 +241,26 @@ func TestClusterPinned(t *testing.T) {
 		if err := rc.BLMove(ctx, "{bl}src", "other", "LEFT", "RIGHT", time.Second).Err(); err == nil || !strings.HasPrefix(err.Error(), "CROSSSLOT") {
 			t.Fatalf("BLMOVE across slots: %v", err)
 		}
+		// The slot moves while a client is blocked on it: Redis unblocks
+		// it with MOVED, which the client sees as TRYAGAIN (the pop did
+		// not happen; sending it again reaches the new owner).
+		const movingKey = "{blmv}l"
+		errs := make(chan error, 1)
+		go func() { errs <- rc.BLPop(ctx, 8*time.Second, movingKey).Err() }()
+		redistest.Eventually(t, 5*time.Second, func() bool {
+			owner := nodeAt(t, c, p.Router().Map().Owner(cluster.Slot([]byte(movingKey)))).Client(t)
+			return strings.Contains(owner.Info(ctx, "clients").Val(), "blocked_clients:1")
+		}, "BLPOP never blocked on the owner of %s", movingKey)
+		moveEmptySlot(t, c, p, cluster.Slot([]byte(movingKey)))
+		if err := <-errs; err == nil || !strings.HasPrefix(err.Error(), "TRYAGAIN") {
+			t.Fatalf("BLPOP whose slot moved: %v, want TRYAGAIN", err)
+		}
+		if err := other.RPush(ctx, movingKey, "v").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := rc.BLPop(ctx, time.Second, movingKey).Result(); err != nil || fmt.Sprint(v) != "[{blmv}l v]" {
+			t.Fatalf("BLPOP sent again = %v, %v", v, err)
+		}
 		if err := rc.Do(ctx, "WAIT", 0, 0).Err(); err == nil || !strings.Contains(err.Error(), "not supported in cluster mode") {
 			t.Fatalf("WAIT: %v", err)
 		}
@@ -213,37 +272,7 @@ func TestClusterPinned(t *testing.T) {
 		var owners []string
 		move := func(s int) {
 			t.Helper()
-			src := nodeAt(t, c, p.Router().Map().Owner(s))
-			var dst *redistest.Server
-			for _, n := range c.Primaries(t) {
-				if n != src {
-					dst = n
-					break
-				}
-			}
-			// As redis-cli --cluster does: the new owner first, so that it
-			// bumps its config epoch and the other nodes take its word.
-			srcID, dstID := nodeID(t, src), nodeID(t, dst)
-			type setslot struct {
-				on   *redistest.Server
-				args []any
-			}
-			steps := []setslot{
-				{dst, []any{"IMPORTING", srcID}},
-				{src, []any{"MIGRATING", dstID}},
-				{dst, []any{"NODE", dstID}},
-			}
-			for _, n := range c.Primaries(t) {
-				if n != dst {
-					steps = append(steps, setslot{n, []any{"NODE", dstID}})
-				}
-			}
-			for _, st := range steps {
-				if err := st.on.Client(t).Do(ctx, append([]any{"CLUSTER", "SETSLOT", s}, st.args...)...).Err(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			moved, owners = append(moved, s), append(owners, dst.Addr())
+			moved, owners = append(moved, s), append(owners, moveEmptySlot(t, c, p, s))
 		}
 		noRedirect := func(err error) {
 			t.Helper()
