@@ -261,6 +261,24 @@ func TestClusterPinned(t *testing.T) {
 		if v, err := rc.BLPop(ctx, time.Second, movingKey).Result(); err != nil || fmt.Sprint(v) != "[{blmv}l v]" {
 			t.Fatalf("BLPOP sent again = %v, %v", v, err)
 		}
+		// CLIENT UNBLOCK from another client reaches the node the blocked
+		// client's connection is on.
+		conn := rc.Conn()
+		defer conn.Close()
+		id, err := conn.ClientID(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { errs <- conn.BLPop(ctx, 8*time.Second, key).Err() }()
+		redistest.Eventually(t, 5*time.Second, func() bool {
+			return strings.Contains(owner.Info(ctx, "clients").Val(), "blocked_clients:1")
+		}, "BLPOP never blocked on the owner of %s", key)
+		if n, err := other.ClientUnblock(ctx, id).Result(); err != nil || n != 1 {
+			t.Fatalf("CLIENT UNBLOCK %d = %d, %v", id, n, err)
+		}
+		if err := <-errs; err != redis.Nil {
+			t.Fatalf("BLPOP unblocked: %v, want nil", err)
+		}
 		if err := rc.Do(ctx, "WAIT", 0, 0).Err(); err == nil || !strings.Contains(err.Error(), "not supported in cluster mode") {
 			t.Fatalf("WAIT: %v", err)
 		}
