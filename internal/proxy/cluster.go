@@ -7,7 +7,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/redproxy/redproxy/internal/cluster"
+	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/upstream"
 )
 
 // newRouter builds the router of upstream.mode = "cluster". The session
@@ -27,27 +31,87 @@ func (s *Server) Router() *cluster.Router { return s.router }
 
 var (
 	errClusterSelect = []byte("-ERR SELECT is not allowed in cluster mode\r\n")
+	errNestedMulti   = []byte("-ERR MULTI calls can not be nested\r\n")
+	emptyExec        = []byte("*0\r\n")
 )
 
+// maxClusterQueued caps the commands a cluster-mode MULTI holds before it
+// has a node (clusterMulti): keyless commands only, so a client needs no
+// more than a handful, and a client that sends more gets its transaction
+// failed rather than the proxy's memory.
+const (
+	maxClusterQueued      = 256
+	maxClusterQueuedBytes = 1 << 20
+)
+
+// clusterMulti is a MULTI in cluster mode before the transaction has a
+// node. The node is the owner of the slot of the first keyed command, so
+// until one comes the proxy answers MULTI and queues keyless commands
+// itself; the first keyed command (or EXEC) pins a connection on the node,
+// where MULTI and the queued commands are replayed before it.
+type clusterMulti struct {
+	open   bool
+	failed bool // a queue-time error: EXEC answers EXECABORT
+	queued []clusterQueued
+	size   int
+}
+
+type clusterQueued struct {
+	raw []byte
+	m   *metrics.Command
+}
+
 // clusterStep answers, in cluster mode, the commands that cannot go
-// through the router as they are: SELECT of another database, and the
-// commands that need a connection of their own (transactions, blocking
-// commands, relays), which cluster mode does not pin to a node yet.
+// through the router as they are: SELECT of another database, the
+// commands of a transaction (pinned on the node owning its slot), blocking
+// commands (borrowing a connection on the node owning their slot), and
+// relays, which cluster mode does not support yet.
 func (sess *Session) clusterStep(r *request) bool {
+	if sess.cmulti.open {
+		return sess.clusterQueue(r)
+	}
 	cmd, args, m := r.cmd, r.Args, r.m
 	if cmd == nil {
 		return false
 	}
-	switch cmd.Name {
-	case "select":
-		if len(args) == 2 {
-			if db, err := strconv.Atoi(string(args[1])); err == nil && db != 0 {
-				sess.replyLocal(m, errClusterSelect)
-				return true
-			}
+	if cmd.Name == "select" && len(args) == 2 {
+		// Also while pinned: the node would refuse it, but the session
+		// would take note of the database (pinnedSelect).
+		if db, err := strconv.Atoi(string(args[1])); err == nil && db != 0 {
+			sess.refusedInMulti()
+			sess.replyLocal(m, errClusterSelect)
+			return true
 		}
-		return false
-	case "multi", "watch", "subscribe", "psubscribe", "ssubscribe", "monitor":
+	}
+	if sess.pin.pipe != nil {
+		return sess.clusterPinned(r)
+	}
+	switch cmd.Name {
+	case "multi":
+		if len(args) != 1 {
+			return false // the arity error
+		}
+		sess.cmulti = clusterMulti{open: true, queued: sess.cmulti.queued[:0]}
+		sess.list.multi.Store(1)
+		sess.replyLocal(m, ok)
+		return true
+	case "watch":
+		keySlot, keyed, same := sess.keySlot(r)
+		switch {
+		case !keyed:
+			return false // the arity error
+		case !same:
+			sess.replyLocal(m, cluster.CrossSlot())
+			return true
+		}
+		b, err := sess.srv.router.BackendFor(keySlot)
+		if err != nil {
+			sess.replyLocal(m, errorReply(err))
+			return true
+		}
+		sess.pinForOn(r, b, keySlot)
+		return true
+	case "subscribe", "psubscribe", "ssubscribe", "monitor":
 		sess.replyLocal(m, errClusterUnsupported(cmd.Name))
 		return true
 	case "client|tracking", "client|no-touch":
@@ -57,15 +121,260 @@ func (sess *Session) clusterStep(r *request) bool {
 		}
 		return false
 	}
-	if cmd.IsBlocking(args) {
-		sess.replyLocal(m, errClusterUnsupported(cmd.Name))
-		return true
+	if r.blocking {
+		// blocking borrows a connection on the node of the keys'
+		// slot (dedicatedBackend); a keyless one (WAIT) has no node.
+		_, keyed, same := sess.keySlot(r)
+		switch {
+		case !keyed:
+			sess.replyLocal(m, errClusterUnsupported(cmd.Name))
+			return true
+		case !same:
+			sess.replyLocal(m, cluster.CrossSlot())
+			return true
+		}
 	}
 	return false
 }
 
+// keySlot is the slot of r's keys; keyed is false for a command without
+// keys, same is false when they do not all hash to one slot.
+func (sess *Session) keySlot(r *request) (keySlot int, keyed, same bool) {
+	var buf [8]int
+	keys := r.cmd.Keys(r.Args, buf[:0])
+	if len(keys) == 0 {
+		return -1, false, true
+	}
+	keySlot = cluster.Slot(r.Args[keys[0]])
+	for _, k := range keys[1:] {
+		if cluster.Slot(r.Args[k]) != keySlot {
+			return keySlot, true, false
+		}
+	}
+	return keySlot, true, true
+}
+
+// clusterPinned checks a command of a client holding a pinned connection
+// in cluster mode: its keys must hash to the transaction's slot, as Redis
+// Cluster requires of every command of a transaction, and a command that
+// concerns the whole keyspace cannot run on one node. A refused command
+// inside MULTI makes EXEC fail, as a queue-time error does.
+func (sess *Session) clusterPinned(r *request) bool {
+	pin := &sess.pin
+	var reply []byte
+	if cluster.Whole(r.name) {
+		reply = errClusterInTx(r.name)
+	} else {
+		keySlot, keyed, same := sess.keySlot(r)
+		if !keyed {
+			return false
+		}
+		if same && (pin.slot < 0 || keySlot == pin.slot) {
+			pin.slot = keySlot
+			return false
+		}
+		reply = cluster.CrossSlot()
+	}
+	sess.refusedInMulti()
+	sess.replyLocal(r.m, reply)
+	return true
+}
+
+// clusterQueue handles a command of a cluster-mode MULTI that has no node
+// yet (see clusterMulti).
+func (sess *Session) clusterQueue(r *request) bool {
+	cm := &sess.cmulti
+	m := r.m
+	switch r.name {
+	case "exec":
+		switch {
+		case cm.failed:
+			sess.endClusterMulti()
+			sess.replyLocal(m, errExecAbort)
+			return true
+		case len(cm.queued) == 0:
+			sess.endClusterMulti()
+			sess.replyLocal(m, emptyExec)
+			return true
+		}
+		// Keyless commands only: any primary runs them.
+		return sess.placeClusterMulti(r, -1)
+	case "discard":
+		sess.endClusterMulti()
+		sess.replyLocal(m, ok)
+		return true
+	case "multi":
+		sess.replyLocal(m, errNestedMulti)
+		return true
+	case "reset", "quit":
+		sess.endClusterMulti()
+		return false
+	}
+	fail := func(reply []byte) bool {
+		cm.failed = true
+		sess.replyLocal(m, reply)
+		return true
+	}
+	cmd := r.cmd
+	switch {
+	case cmd == nil:
+		return fail(errUnknownCommand(r.Args))
+	case !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil:
+		return fail(errArity(r.name))
+	case cluster.Whole(r.name):
+		return fail(errClusterInTx(r.name))
+	}
+	keySlot, keyed, same := sess.keySlot(r)
+	switch {
+	case keyed && !same:
+		return fail(cluster.CrossSlot())
+	case cm.failed:
+		// EXEC fails anyway; nothing is kept.
+		sess.replyLocal(m, queued)
+		return true
+	case keyed:
+		return sess.placeClusterMulti(r, keySlot)
+	}
+	if cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && r.name != "unwatch" && r.name != "publish" && r.name != "pubsub" {
+		// Run at EXEC they would change a connection of the proxy's
+		// (protocol, name, subscriptions); see queueInMulti.
+		return fail(errClusterInTx(r.name))
+	}
+	raw := r.Raw
+	if d := sess.guard.Decision(r.i); d != nil && d.Args != nil {
+		raw = sess.guard.Encode(d.Args)
+	}
+	if len(cm.queued) >= maxClusterQueued || cm.size+len(raw) > maxClusterQueuedBytes {
+		return fail([]byte("-ERR redproxy: too many keyless commands queued before the transaction's first key\r\n"))
+	}
+	cm.queued = append(cm.queued, clusterQueued{raw: append([]byte(nil), raw...), m: m})
+	cm.size += len(raw)
+	sess.list.multi.Add(1)
+	sess.replyLocal(m, queued)
+	return true
+}
+
+// placeClusterMulti pins the transaction on the node owning keySlot (a
+// primary for -1) and replays there MULTI and the commands queued so far;
+// r then goes on to the ordinary pinned handling. When no connection can
+// be had, the transaction fails as a refused MULTI does (txAbort).
+func (sess *Session) placeClusterMulti(r *request, keySlot int) bool {
+	cm := &sess.cmulti
+	b, err := sess.srv.router.BackendFor(keySlot)
+	if err == nil {
+		err = sess.pinOn(b, keySlot)
+	}
+	if err != nil {
+		sess.endClusterMulti()
+		sess.abort = txAbort{reason: errTxMultiRefused, multi: true}
+		sess.replyLocal(r.m, errorReply(err))
+		if r.name == "exec" {
+			sess.abort = txAbort{}
+		}
+		return true
+	}
+	sess.forwardHidden(cmdMulti)
+	sess.pin.inMulti = true
+	for _, q := range cm.queued {
+		// Answered +QUEUED already: the replay's replies are muted, but
+		// count in the transaction's queue like the client's own.
+		sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: q.m, tx: true, mute: true})
+		sess.call.Add(q.raw)
+	}
+	clear(cm.queued)
+	*cm = clusterMulti{queued: cm.queued[:0]}
+	return false
+}
+
+// endClusterMulti forgets a MULTI that has no node.
+func (sess *Session) endClusterMulti() {
+	clear(sess.cmulti.queued)
+	sess.cmulti = clusterMulti{queued: sess.cmulti.queued[:0]}
+	sess.list.multi.Store(0)
+}
+
+// dedicatedBackend is where a blocking command borrows its connection:
+// the client's backend, or in cluster mode the node owning the slot of
+// its keys (clusterStep checked that they share one).
+func (sess *Session) dedicatedBackend(r *request) (*upstream.Backend, error) {
+	if sess.srv.router == nil {
+		return sess.backend(), nil
+	}
+	keySlot, _, _ := sess.keySlot(r)
+	return sess.srv.router.BackendFor(keySlot)
+}
+
+// clusterPinnedReply turns a MOVED or ASK read on a pinned connection into
+// an error the client can act on: the transaction cannot follow its slot
+// to another node, and Redis has already failed it (a redirected command
+// inside MULTI makes EXEC answer EXECABORT; a redirected EXEC discards
+// the transaction).
+func (sess *Session) clusterPinnedReply(reply []byte, exec bool) []byte {
+	moved, ok := sess.srv.router.Redirected(reply, sess.pin.backend.Addr())
+	if !ok {
+		return reply
+	}
+	if exec {
+		return []byte("-EXECABORT Transaction discarded because slot " + strconv.Itoa(moved) + " moved to another node during it; retry the transaction\r\n")
+	}
+	return []byte("-ERR redproxy: slot " + strconv.Itoa(moved) + " moved to another node during the transaction, which will fail; retry the transaction\r\n")
+}
+
+// clusterBlockedReply does the same for a blocking command's reply: a
+// MOVED or ASK means it did not run, so the client may simply send it
+// again, and TRYAGAIN (Redis Cluster's own word for it) says so.
+func (sess *Session) clusterBlockedReply(reply []byte, from *upstream.Backend, borrowed bool) []byte {
+	if !resp.IsError(reply) {
+		return reply
+	}
+	if !borrowed {
+		return sess.clusterPinnedReply(reply, false)
+	}
+	moved, ok := sess.srv.router.Redirected(reply, from.Addr())
+	if !ok {
+		return reply
+	}
+	return []byte("-TRYAGAIN redproxy: slot " + strconv.Itoa(moved) + " moved to another node; retry the command\r\n")
+}
+
 func errClusterUnsupported(name string) []byte {
 	return []byte("-ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + " is not supported in cluster mode yet\r\n")
+}
+
+func errClusterInTx(name string) []byte {
+	return []byte("-ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + " inside a transaction is not supported in cluster mode\r\n")
+}
+
+// errUnknownCommand is Redis's reply to a command it does not know.
+func errUnknownCommand(args [][]byte) []byte {
+	clean := func(b []byte) string {
+		if len(b) > 128 {
+			b = b[:128]
+		}
+		return strings.Map(func(c rune) rune {
+			if c == '\r' || c == '\n' {
+				return ' '
+			}
+			return c
+		}, string(b))
+	}
+	var sb strings.Builder
+	sb.WriteString("-ERR unknown command '")
+	if len(args) > 0 {
+		sb.WriteString(clean(args[0]))
+	}
+	sb.WriteString("', with args beginning with: ")
+	for i, a := range args {
+		if i == 0 {
+			continue
+		}
+		if sb.Len() > 1024 {
+			break
+		}
+		sb.WriteString("'" + clean(a) + "' ")
+	}
+	sb.WriteString("\r\n")
+	return []byte(sb.String())
 }
 
 // registerClusterMetrics exposes the redirections the router followed for

@@ -128,9 +128,7 @@ func (sess *Session) recordViolations(d *policy.Decision) {
 // refuse answers with d's refusal. Inside the client's MULTI it also queues
 // guard.RefusedInMulti, so the client's EXEC fails with EXECABORT.
 func (sess *Session) refuse(d *policy.Decision, m *metrics.Command) {
-	if sess.pin.inMulti {
-		sess.forwardRefusal()
-	}
+	sess.refusedInMulti()
 	buf, start := sess.localBuf()
 	sess.finishLocal(m, guard.AppendRefusal(buf, d.Refuse), start)
 }

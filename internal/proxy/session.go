@@ -68,6 +68,8 @@ type Session struct {
 
 	pin   pinState
 	abort txAbort
+	// cmulti is a MULTI in cluster mode that has no node yet (cluster.go).
+	cmulti clusterMulti
 	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
 	relayInMulti bool
 	block        blockState
@@ -298,6 +300,18 @@ func (sess *Session) forwardRefusal() {
 	sess.call.Add(guard.RefusedInMulti)
 }
 
+// refusedInMulti makes the client's EXEC fail, as a queue-time error does,
+// when the proxy refused a command inside its MULTI; outside MULTI it does
+// nothing.
+func (sess *Session) refusedInMulti() {
+	switch {
+	case sess.pin.inMulti:
+		sess.forwardRefusal()
+	case sess.cmulti.open:
+		sess.cmulti.failed = true // a cluster MULTI with no node yet
+	}
+}
+
 // forwardWithFixups sends a client's command followed by fix-ups (policy's
 // EXPIRE ... NX) whose replies the client never sees. Outside a
 // transaction the three travel as MULTI/command/fix-ups/EXEC in one Call on
@@ -424,6 +438,9 @@ func (sess *Session) flush(start time.Time) {
 				continue
 			}
 			reply = r
+			if sess.pin.cluster && resp.IsError(r) {
+				reply = sess.clusterPinnedReply(r, sl.exec)
+			}
 			if sl.tx {
 				sess.noteQueued(r, false)
 			} else if sl.info {

@@ -37,7 +37,15 @@ import (
 
 // pinState is the session's transaction state.
 type pinState struct {
-	pipe     *upstream.Pipe
+	pipe *upstream.Pipe
+	// backend is where pipe came from and goes back to: the client's
+	// backend, or in cluster mode the node owning the transaction's slot.
+	backend *upstream.Backend
+	// cluster: pinned in cluster mode, where every key of the transaction
+	// must hash to slot (-1: none seen yet) and a MOVED or ASK from the
+	// node fails the transaction (clusterPinned, clusterPinnedReply).
+	cluster  bool
+	slot     int
 	db       int
 	resp3    bool
 	inMulti  bool
@@ -341,11 +349,27 @@ func (sess *Session) unnamePin() {
 }
 
 // pinFor starts pinning for MULTI or WATCH.
-func (sess *Session) pinFor(r *request) {
-	cmd, m := r.cmd, r.m
+func (sess *Session) pinFor(r *request) { sess.pinForOn(r, sess.backend(), -1) }
+
+// pinOn takes a dedicated connection from b for the client's transaction;
+// keySlot is the slot of its keys in cluster mode (-1: none yet).
+func (sess *Session) pinOn(b *upstream.Backend, keySlot int) error {
 	sess.flush(time.Now())
-	p, err := sess.backend().AcquirePipe(sess.db, sess.resp3)
+	p, err := b.AcquirePipe(sess.db, sess.resp3)
 	if err != nil {
+		return err
+	}
+	sess.pin = pinState{pipe: p, backend: b, cluster: sess.srv.router != nil, slot: keySlot, db: sess.db, resp3: sess.resp3, txHidden: sess.pin.txHidden[:0], txWrites: sess.pin.txWrites[:0], txSelect: -1}
+	if sess.name != "" {
+		sess.namePin(sess.name)
+	}
+	return nil
+}
+
+// pinForOn starts pinning for MULTI or WATCH on a connection of b.
+func (sess *Session) pinForOn(r *request, b *upstream.Backend, keySlot int) {
+	cmd, m := r.cmd, r.m
+	if err := sess.pinOn(b, keySlot); err != nil {
 		sess.replyLocal(m, errorReply(err))
 		if cmd.Name == "multi" {
 			// What the client queues next must not run (see txAbort). A
@@ -354,10 +378,6 @@ func (sess *Session) pinFor(r *request) {
 			sess.abort = txAbort{reason: errTxMultiRefused, multi: true}
 		}
 		return
-	}
-	sess.pin = pinState{pipe: p, db: sess.db, resp3: sess.resp3, txHidden: sess.pin.txHidden[:0], txWrites: sess.pin.txWrites[:0], txSelect: -1}
-	if sess.name != "" {
-		sess.namePin(sess.name)
 	}
 	if cmd.Name == "multi" {
 		sess.pin.inMulti = true
@@ -375,7 +395,7 @@ func (sess *Session) unpin(clean bool) {
 	if pin.pipe == nil {
 		return
 	}
-	sess.backend().ReleasePipe(pin.pipe, pin.db, pin.resp3, clean && !pin.dirty && !pin.named)
+	pin.backend.ReleasePipe(pin.pipe, pin.db, pin.resp3, clean && !pin.dirty && !pin.named)
 	sess.list.multi.Store(0)
 	clear(pin.txWrites)
 	*pin = pinState{txHidden: pin.txHidden[:0], txWrites: pin.txWrites[:0]}
@@ -450,10 +470,15 @@ func (sess *Session) blocking(r *request) {
 	if mayWrite(cmd) {
 		sess.writeForwarded(cmd, r.Args)
 	}
-	pipe := sess.pin.pipe
+	pipe, b := sess.pin.pipe, sess.pin.backend
 	borrowed := false
 	if pipe == nil {
-		p, err := sess.backend().AcquirePipe(sess.db, sess.resp3)
+		var p *upstream.Pipe
+		var err error
+		b, err = sess.dedicatedBackend(r)
+		if err == nil {
+			p, err = b.AcquirePipe(sess.db, sess.resp3)
+		}
 		if err != nil {
 			sess.replyLocal(m, errorReply(err))
 			return
@@ -462,7 +487,7 @@ func (sess *Session) blocking(r *request) {
 	}
 	// Other clients' CLIENT UNBLOCK names this client by its proxy id and
 	// needs the connection's Redis id; without it, UNBLOCK answers 0.
-	rid, _ := sess.backend().PipeID(pipe)
+	rid, _ := b.PipeID(pipe)
 	// A borrowed connection is the client's own while it blocks: it
 	// carries the client's name, and its own again afterwards.
 	named := borrowed && sess.name != ""
@@ -499,11 +524,11 @@ func (sess *Session) blocking(r *request) {
 	if named {
 		call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", upstream.PinnedName))
 	}
-	sess.block.set(rid, pipe)
+	sess.block.set(rid, pipe, b)
 	if err := pipe.Send(call); err != nil {
-		sess.block.set(0, nil)
+		sess.block.set(0, nil, nil)
 		if borrowed {
-			sess.backend().ReleasePipe(pipe, sess.db, sess.resp3, false)
+			b.ReleasePipe(pipe, sess.db, sess.resp3, false)
 		}
 		sess.replyLocal(m, errorReply(err))
 		call.Reset()
@@ -528,11 +553,11 @@ func (sess *Session) blocking(r *request) {
 				// so it cannot pop an element that would reach nobody.
 				pipe.Close()
 				<-call.Done()
-				sess.block.set(0, nil)
+				sess.block.set(0, nil, nil)
 				if !borrowed {
 					sess.unpin(false)
 				} else {
-					sess.backend().ReleasePipe(pipe, sess.db, sess.resp3, false)
+					b.ReleasePipe(pipe, sess.db, sess.resp3, false)
 				}
 				sess.closing(metrics.CloseClient) // or the interruption's reason
 				sess.quitting = true
@@ -541,10 +566,12 @@ func (sess *Session) blocking(r *request) {
 			}
 		}
 	}
-	sess.block.set(0, nil)
+	sess.block.set(0, nil, nil)
 	reply, err := call.Reply(first)
 	if err != nil {
 		reply = errorReply(err)
+	} else if sess.srv.router != nil {
+		reply = sess.clusterBlockedReply(reply, b, borrowed)
 	}
 	sess.replyLocal(m, reply)
 	clean := err == nil
@@ -568,7 +595,7 @@ func (sess *Session) blocking(r *request) {
 		call.Reset()
 	}
 	if borrowed {
-		sess.backend().ReleasePipe(pipe, sess.db, sess.resp3, clean)
+		b.ReleasePipe(pipe, sess.db, sess.resp3, clean)
 	}
 	sess.flush(time.Now())
 }
@@ -579,15 +606,16 @@ type blockState struct {
 	// mu is held by an UNBLOCK aimed at id until Redis has answered it, so
 	// the connection cannot be reused by another client meanwhile: the
 	// blocked client takes mu to clear id before giving it back.
-	mu   sync.Mutex
-	id   atomic.Int64   // Redis's id of the connection; 0: not blocked
-	pipe *upstream.Pipe // the connection, under mu
+	mu      sync.Mutex
+	id      atomic.Int64      // Redis's id of the connection; 0: not blocked
+	pipe    *upstream.Pipe    // the connection, under mu
+	backend *upstream.Backend // where pipe came from, under mu
 }
 
-func (b *blockState) set(id int64, pipe *upstream.Pipe) {
+func (b *blockState) set(id int64, pipe *upstream.Pipe, from *upstream.Backend) {
 	b.mu.Lock()
 	b.id.Store(id)
-	b.pipe = pipe
+	b.pipe, b.backend = pipe, from
 	b.mu.Unlock()
 }
 
@@ -634,7 +662,7 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 	if mode != "" {
 		raw = resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
 	}
-	reply, err := target.lockedBackend().RoundTripBeside(target.block.pipe, raw)
+	reply, err := target.block.backend.RoundTripBeside(target.block.pipe, raw)
 	if err != nil {
 		reply = errorReply(err)
 	}

@@ -183,9 +183,7 @@ func (sess *Session) aclRefused(r *request) bool {
 	if msg == "" {
 		return false
 	}
-	if sess.pin.inMulti {
-		sess.forwardRefusal()
-	}
+	sess.refusedInMulti()
 	b, start := sess.localBuf()
 	sess.finishLocal(r.m, redcon.AppendError(b, msg), start)
 	return true
@@ -235,11 +233,4 @@ func (sess *Session) lockedUserName() string {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	return sess.userName()
-}
-
-// lockedBackend is backend for another session's goroutine.
-func (sess *Session) lockedBackend() *upstream.Backend {
-	sess.mu.Lock()
-	defer sess.mu.Unlock()
-	return sess.backend()
 }
