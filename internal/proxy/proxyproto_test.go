@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -11,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/config"
@@ -200,4 +203,49 @@ func TestProxyProtocolBeforeTLS(t *testing.T) {
 	}
 	redistest.Eventually(t, 5*time.Second, func() bool { return proxyHeaderFailures(t, p, "missing") == before+1 },
 		"TLS client without a header not counted")
+}
+
+// TestProxyProtocolHeaderTimeout: a connection that sends no header, or
+// only part of one, is closed once proxyHeaderTimeout (5 s) has passed,
+// and counted; it holds up no other client meanwhile.
+func TestProxyProtocolHeaderTimeout(t *testing.T) {
+	p := proxyProtocolProxy(t)
+	silent := p.Dial(t)
+	partial := p.Dial(t)
+	partial.Write([]byte("PROXY TCP4 192.0.2.1 "))
+
+	good := p.Dial(t)
+	good.Write([]byte("PROXY TCP4 192.0.2.1 192.0.2.2 5000 6380\r\nAUTH app " + appPass + "\r\n"))
+	if got := newReplyReader(good).line(t); got != "+OK" {
+		t.Fatalf("client with a header beside two waiting ones: %q", got)
+	}
+	for _, nc := range []net.Conn{silent, partial} {
+		nc.SetReadDeadline(time.Now().Add(15 * time.Second))
+		got, err := io.ReadAll(nc)
+		if err != nil && !errors.Is(err, syscall.ECONNRESET) || len(got) != 0 {
+			t.Fatalf("read %q, %v; want the connection closed without a reply", got, err)
+		}
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool { return proxyHeaderFailures(t, p, "timeout") == 2 },
+		"timeouts not counted")
+}
+
+// TestProxyProtocolShutdownClosesWaitingConnections: Shutdown does not
+// wait out the header timeout of connections that sent nothing yet.
+func TestProxyProtocolShutdownClosesWaitingConnections(t *testing.T) {
+	p := proxyProtocolProxy(t)
+	silent := p.Dial(t)
+	// Wait until the proxy has accepted it and waits for its header.
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return testutil.ToFloat64(p.Metrics.ClientsTotal) >= 1
+	}, "connection never accepted")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown with a connection waiting for its PROXY header: %v", err)
+	}
+	silent.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got, err := io.ReadAll(silent); err != nil && !errors.Is(err, syscall.ECONNRESET) || len(got) != 0 {
+		t.Fatalf("waiting connection after Shutdown: read %q, %v; want it closed", got, err)
+	}
 }
