@@ -44,6 +44,7 @@ func proxyV2(src, dst *net.TCPAddr) []byte {
 func proxyProtocolProxy(t *testing.T) *proxytest.Proxy {
 	return proxytest.Start(t, nil, func(c *config.Config) {
 		c.Server.ProxyProtocol = true
+		c.Server.SlowlogThreshold.Duration = 0 // every batch, to see its client address
 		c.Users = []auth.UserConfig{user("app", appPass, "+@all ~*")}
 	})
 }
@@ -59,7 +60,7 @@ func proxyHeaderFailures(t *testing.T, p *proxytest.Proxy, reason string) float6
 
 // TestProxyProtocolClientAddress: with server.proxy_protocol on, the
 // address in a client's v1 or v2 header is the one CLIENT LIST and CLIENT
-// INFO show, whether the client's first commands arrive in the same
+// INFO and the slow log show, whether the client's first commands arrive in the same
 // segment as the header or after it; laddr stays the proxy's.
 func TestProxyProtocolClientAddress(t *testing.T) {
 	p := proxyProtocolProxy(t)
@@ -101,6 +102,17 @@ func TestProxyProtocolClientAddress(t *testing.T) {
 	}
 	if strings.Contains(list, " addr=127.0.0.1:") {
 		t.Fatalf("CLIENT LIST shows a socket address instead of the header's: %q", list)
+	}
+	// The slow log names the client by the header's address too.
+	found := false
+	for _, e := range p.Slowlog().Entries() {
+		found = found || e.Client == "203.0.113.7:40001"
+		if strings.HasPrefix(e.Client, "127.0.0.1:") {
+			t.Fatalf("slow log entry with the socket's address: %+v", e)
+		}
+	}
+	if !found {
+		t.Fatalf("no slow log entry for 203.0.113.7:40001: %+v", p.Slowlog().Entries())
 	}
 	// CLIENT KILL ADDR finds a client by the header's address.
 	a.Write([]byte("CLIENT KILL ADDR [2001:db8::7]:40002\r\n"))
