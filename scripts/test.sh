@@ -52,11 +52,11 @@ if [ "$fuzztime" != "0" ]; then
 		done
 	done
 fi
-# FuzzRequestPath's workers each start a redis-server that outlives them
+# FuzzRequestPath's and FuzzAuthPath's workers each start a redis-server that outlives them
 # (a fuzz worker has no end-of-run hook); stop those, and only those.
 for pid in $(pgrep -x redis-server 2>/dev/null); do
 	case "$(readlink "/proc/$pid/cwd" 2>/dev/null)" in
-	*/FuzzRequestPath*) kill "$pid" 2>/dev/null || true ;;
+	*/FuzzRequestPath*|*/FuzzAuthPath*) kill "$pid" 2>/dev/null || true ;;
 	esac
 done
 echo "all tests passed"

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"github.com/redproxy/redproxy/internal/commands"
 )
@@ -30,6 +31,9 @@ type UserConfig struct {
 	UpstreamPasswordFile string `toml:"upstream_password_file"`
 	// Scope names the [[policy.scope]] that applies to this user.
 	Scope string `toml:"scope"`
+	// MaxConnections caps the connections authenticated as this user at
+	// once; 0 is no limit.
+	MaxConnections int `toml:"max_connections"`
 }
 
 // Error is one problem with a [[users]] entry; Key is dotted
@@ -65,6 +69,9 @@ func Validate(users []UserConfig, table *commands.Table) error {
 		}
 		if _, err := ParseACL(u.ACL, table); err != nil {
 			bad(".acl", err.Error())
+		}
+		if u.MaxConnections < 0 {
+			bad(".max_connections", "must be 0 (no limit) or more")
 		}
 		if u.UpstreamPasswordFile != "" && u.UpstreamUser == "" {
 			bad(".upstream_password_file", "set upstream_user too: the password file is that Redis user's password")
@@ -108,7 +115,34 @@ type User struct {
 	ACL      *ACL
 	Upstream Credential
 	Scope    string
+	// MaxConnections is max_connections: 0 is no limit.
+	MaxConnections int
+	conns          atomic.Int64 // connections authenticated as this user
 }
+
+// Acquire counts one more connection authenticated as u, unless u is at
+// its max_connections; it reports whether it did.
+func (u *User) Acquire() bool {
+	if u.MaxConnections <= 0 {
+		u.conns.Add(1)
+		return true
+	}
+	for {
+		n := u.conns.Load()
+		if n >= int64(u.MaxConnections) {
+			return false
+		}
+		if u.conns.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// Release gives back a connection Acquire counted.
+func (u *User) Release() { u.conns.Add(-1) }
+
+// Connections is the number of connections authenticated as u.
+func (u *User) Connections() int64 { return u.conns.Load() }
 
 // Users is the configured user set. It is immutable and safe for
 // concurrent use.
@@ -127,7 +161,7 @@ func New(cfg []UserConfig, table *commands.Table) (*Users, error) {
 	for i, c := range cfg {
 		acl, _ := ParseACL(c.ACL, table)
 		hash, _ := decodeHash(c.PasswordSHA256)
-		u := &User{Name: c.Name, hash: hash, Enabled: c.Enabled == nil || *c.Enabled, ACL: acl, Scope: c.Scope}
+		u := &User{Name: c.Name, hash: hash, Enabled: c.Enabled == nil || *c.Enabled, ACL: acl, Scope: c.Scope, MaxConnections: c.MaxConnections}
 		if c.UpstreamUser != "" {
 			u.Upstream.User = c.UpstreamUser
 			if c.UpstreamPasswordFile != "" {

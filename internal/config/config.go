@@ -86,6 +86,12 @@ type Server struct {
 	// neither [[users]] nor an upstream password, so anyone who reaches it
 	// gets in. Off by default: that is almost always a mistake.
 	AllowUnauthenticated bool `toml:"allow_unauthenticated"`
+
+	// ProxyProtocol makes both client listeners (listen and tls.listen)
+	// expect a PROXY protocol header, version 1 or 2, first on every
+	// connection, as a load balancer sends it; the address in it is the
+	// client's. A connection without one is closed.
+	ProxyProtocol bool `toml:"proxy_protocol"`
 }
 
 // Admin configures access to the admin HTTP endpoint.

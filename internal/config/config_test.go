@@ -101,6 +101,7 @@ client_write_timeout = "7s"
 slowlog_threshold = "2ms"
 slowlog_max_len = 16
 allow_unauthenticated = true
+proxy_protocol = true
 
 [admin]
 token_file = "/etc/redproxy/admin.token"
@@ -112,6 +113,7 @@ enabled = false
 acl = "+@read ~cache:*"
 upstream_user = "redis-app"
 upstream_password_file = "/etc/redproxy/app.pw"
+max_connections = 3
 
 [server.tls]
 listen = "0.0.0.0:7001"
@@ -195,11 +197,13 @@ max_age = "20s"
 				ClientCAFile: certs.CAFile, MinVersion: "1.3"},
 
 			AllowUnauthenticated: true,
+			ProxyProtocol:        true,
 		},
 		Admin: Admin{TokenFile: "/etc/redproxy/admin.token"},
 		Users: []auth.UserConfig{{
 			Name: "app", PasswordSHA256: "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b",
 			Enabled: new(false), ACL: "+@read ~cache:*", UpstreamUser: "redis-app", UpstreamPasswordFile: "/etc/redproxy/app.pw",
+			MaxConnections: 3,
 		}},
 		Upstream: Upstream{
 			Mode:             ModeSentinel,
@@ -393,6 +397,8 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{1, "upstream.seeds", "at least one seed"}}},
 		{"seeds without cluster mode", "[upstream]\nmode = \"sentinel\"\nmaster_name = \"m\"\nsentinels = [\"127.0.0.1:26379\"]\nseeds = [\"127.0.0.1:7000\"]\n",
 			[]wantErr{{5, "upstream.seeds", `not used with upstream.mode = "sentinel"`}}},
+		{"negative max_connections", "[[users]]\nname = \"app\"\npassword_sha256 = \"2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b\"\nacl = \"+@all ~*\"\nmax_connections = -1\n",
+			[]wantErr{{5, "users[0].max_connections", "must be 0 (no limit) or more"}}},
 		{"own upstream credential in cluster mode", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\n[[users]]\nname = \"app\"\npassword_sha256 = \"2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b\"\nacl = \"+@all ~*\"\nupstream_user = \"app\"\nupstream_password_file = \"/dev/null\"\n",
 			[]wantErr{{8, "users[0].upstream_user", "not supported in cluster mode"}}},
 		{"sentinel settings in cluster mode", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\nmaster_name = \"m\"\n",

@@ -59,6 +59,7 @@ func (sess *Session) closedFor() string {
 // ended counts the session's end under its reason and logs it. A path
 // that recorded none is a bug; it is counted as the client's own close.
 func (sess *Session) ended() {
+	sess.setUser(nil) // gives back the user's connection (max_connections)
 	reason := sess.closedFor()
 	if reason == "" {
 		reason = metrics.CloseClient

@@ -21,8 +21,8 @@ var (
 // FuzzRequestPath sends arbitrary bytes to a running proxy, as a client
 // would, and checks that the proxy answers or closes that connection
 // without hanging, and that another client is still served afterwards.
-// Commands that could stop or reconfigure Redis are denied by policy so the
-// fuzzer explores the proxy, not ways to shut down its upstream.
+// Commands that could stop or reconfigure Redis are denied by policy
+// (fuzzDeny).
 func FuzzRequestPath(f *testing.F) {
 	for _, s := range []string{
 		"*1\r\n$4\r\nPING\r\n",
@@ -39,17 +39,8 @@ func FuzzRequestPath(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fuzzOnce.Do(func() {
-			// A fuzz worker talks to its coordinator over inherited pipes
-			// (fds 3 and 4) that are not close-on-exec; redis-server must
-			// not inherit them, or the coordinator waits for it to exit
-			// before it can finish.
-			for fd := 3; fd < 16; fd++ {
-				syscall.CloseOnExec(fd)
-			}
-			// One proxy for the whole fuzzing run; it is cleaned up with the
-			// process.
-			fuzzProxy = proxytest.Start(&cleanupFreeTB{T: t}, nil, func(c *config.Config) {
-				c.Policy.Commands.Deny = []string{"shutdown", "debug", "config", "replicaof", "slaveof", "client|kill", "client|pause", "swapdb", "monitor", "script|kill", "function|kill", "failover", "save", "bgsave", "bgrewriteaof", "acl", "module", "quit"}
+			fuzzProxy = startFuzzProxy(t, func(c *config.Config) {
+				c.Policy.Commands.Deny = fuzzDeny
 				c.Upstream.ReplyTimeout.Duration = 2 * time.Second
 			})
 		})
@@ -58,19 +49,7 @@ func FuzzRequestPath(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		nc.SetDeadline(time.Now().Add(3 * time.Second))
-		nc.Write(data)
-		// Half-close so the proxy sees the client leave once it has read
-		// the input, and drain what comes back until it closes. A fixed
-		// read window instead made every input cost 50 ms, and the fuzz
-		// engine's minimizer (which reruns an input hundreds of times)
-		// then outlived -fuzztime. Inputs that leave the session waiting
-		// on Redis (a blocking command, a subscription) are cut off by the
-		// short deadline; the proxy must cope with that too.
-		nc.(*net.TCPConn).CloseWrite()
-		nc.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-		io.Copy(io.Discard, nc)
-		nc.Close()
+		sendAndDrain(nc, data)
 
 		ctl, err := p.DialErr()
 		if err != nil {
@@ -84,6 +63,39 @@ func FuzzRequestPath(f *testing.F) {
 			t.Fatalf("proxy unhealthy after input %q: %q %v", data, buf, err)
 		}
 	})
+}
+
+// fuzzDeny are the commands a fuzzed client may not run: they would stop
+// or reconfigure Redis, and the fuzzers explore the proxy, not ways to shut
+// down its upstream.
+var fuzzDeny = []string{"shutdown", "debug", "config", "replicaof", "slaveof", "client|kill", "client|pause", "swapdb", "monitor", "script|kill", "function|kill", "failover", "save", "bgsave", "bgrewriteaof", "acl", "module", "quit"}
+
+// startFuzzProxy starts the proxy a fuzz process shares between inputs;
+// it is cleaned up with the process (cleanupFreeTB).
+func startFuzzProxy(t *testing.T, mutate func(*config.Config)) *proxytest.Proxy {
+	// A fuzz worker talks to its coordinator over inherited pipes (fds 3
+	// and 4) that are not close-on-exec; redis-server must not inherit
+	// them, or the coordinator waits for it to exit before it can finish.
+	for fd := 3; fd < 16; fd++ {
+		syscall.CloseOnExec(fd)
+	}
+	return proxytest.Start(&cleanupFreeTB{T: t}, nil, mutate)
+}
+
+// sendAndDrain writes a fuzzed input to the proxy, half-closes so the
+// proxy sees the client leave once it has read the input, and drains what
+// comes back until it closes. A fixed read window instead made every input
+// cost 50 ms, and the fuzz engine's minimizer (which reruns an input
+// hundreds of times) then outlived -fuzztime. Inputs that leave the
+// session waiting on Redis (a blocking command, a subscription) are cut
+// off by the short deadline; the proxy must cope with that too.
+func sendAndDrain(nc net.Conn, data []byte) {
+	nc.SetDeadline(time.Now().Add(3 * time.Second))
+	nc.Write(data)
+	nc.(*net.TCPConn).CloseWrite()
+	nc.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	io.Copy(io.Discard, nc)
+	nc.Close()
 }
 
 // cleanupFreeTB lets the shared fuzz proxy outlive the first input's test:

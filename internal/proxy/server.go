@@ -57,6 +57,7 @@ type Server struct {
 	slow         slowState                           // the slow log (slowlog.go)
 	tls          tlsState                            // TLS on both sides (tls.go)
 	users        *userState                          // proxy users and their upstream pools (users.go)
+	proxyProto   proxyProtoState                     // PROXY protocol headers on the client listeners (proxyproto.go)
 
 	mu       sync.Mutex
 	lns      []net.Listener // the plaintext and TLS listeners
@@ -145,11 +146,12 @@ func NewServer(o Options) (*Server, error) {
 	// its tracking connections): a policy that does not compile fails
 	// NewServer with nothing of the tier running.
 	for _, build := range []func(*Server) error{
-		initUsers,   // proxy users, per-credential pools; refuses an open non-loopback listener (users.go)
-		initFlight,  // stampede protection: coalescing, miss holds (flight.go)
-		initGuard,   // the policy guard (guard.go)
-		initSlowlog, // the slow log (slowlog.go)
-		initTier,    // the local tier, when enabled (tier.go)
+		initUsers,         // proxy users, per-credential pools; refuses an open non-loopback listener (users.go)
+		initFlight,        // stampede protection: coalescing, miss holds (flight.go)
+		initGuard,         // the policy guard (guard.go)
+		initSlowlog,       // the slow log (slowlog.go)
+		initProxyProtocol, // PROXY protocol headers, when server.proxy_protocol is on (proxyproto.go)
+		initTier,          // the local tier, when enabled (tier.go)
 	} {
 		if err := build(s); err != nil {
 			if s.sentinel != nil {
@@ -231,6 +233,18 @@ func (s *Server) accept(nc net.Conn, secure bool) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
+	if s.cfg.Server.ProxyProtocol {
+		s.acceptProxied(nc, secure)
+		return
+	}
+	s.startSession(nc, secure)
+}
+
+// startSession serves a client whose connection is accepted (and, with
+// server.proxy_protocol, whose PROXY header is read): TLS handshake if
+// secure, then the session.
+func (s *Server) startSession(nc net.Conn, secure bool) {
+	_, proxied := nc.(*proxiedConn)
 	var tc *tls.Conn
 	if secure {
 		tc = tls.Server(nc, s.tls.listener)
@@ -247,8 +261,11 @@ func (s *Server) accept(nc net.Conn, secure bool) {
 		return
 	}
 	sess := newSession(s, nc)
-	if tc != nil {
-		// No socket to wait on through TLS (tls.go): wait with a few bytes.
+	if tc != nil || proxied {
+		// No socket to wait on through TLS (tls.go), nor on a PROXY
+		// connection holding bytes read past its header (proxyproto.go):
+		// wait with a few bytes. (Without effect on a socket the Reader
+		// waits on directly.)
 		sess.rd.WaitSmall()
 	}
 	s.mu.Lock()
@@ -301,6 +318,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	for sess := range s.sessions {
 		sess.interrupt()
+	}
+	for nc := range s.proxyProto.pending {
+		nc.Close()
 	}
 	s.mu.Unlock()
 

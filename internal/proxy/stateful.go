@@ -676,7 +676,7 @@ func clientGone(nc net.Conn) bool {
 	if isTLS(nc) {
 		return tlsClientGone(nc)
 	}
-	sc, ok := nc.(syscall.Conn)
+	sc, ok := socketOf(nc).(syscall.Conn)
 	if !ok {
 		return false
 	}

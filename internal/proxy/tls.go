@@ -240,14 +240,17 @@ func (l *logLimiter) allow() (suppressed int64, ok bool) {
 }
 
 // socketOf returns the TCP connection under a client's connection, TLS or
-// not, for what looks at the socket without reading it (its descriptor,
+// not, PROXY protocol or not, for what looks at the socket without reading it (its descriptor,
 // whether the peer is gone). Reading it directly would bypass TLS.
 func socketOf(nc net.Conn) net.Conn {
 	if cc, ok := nc.(*clientConn); ok {
 		nc = cc.Conn
 	}
 	if tc, ok := nc.(*tls.Conn); ok {
-		return tc.NetConn()
+		nc = tc.NetConn()
+	}
+	if pc, ok := nc.(*proxiedConn); ok {
+		nc = pc.Conn
 	}
 	return nc
 }

@@ -157,21 +157,39 @@ func (sess *Session) authenticate(user, pass []byte) []byte {
 		return []byte("-ERR redproxy: AUTH as another user while WATCH is active is not supported; UNWATCH first\r\n")
 	}
 	if u != sess.user {
+		if !u.Acquire() {
+			// The client stays who it was (unauthenticated, or its
+			// previous user), as after any failed AUTH.
+			return maxUserConnsReply(u.Name)
+		}
 		// Commands already in the batch run as the user who sent them.
 		sess.flush(time.Now())
+		sess.setUser(u)
 	}
-	sess.mu.Lock()
-	sess.user = u
-	sess.mu.Unlock()
 	sess.authed = true
 	return nil
 }
 
+// maxUserConnsReply is AUTH's answer for a user at its max_connections.
+// Redis has no such limit; the message follows max_clients' (COMPATIBILITY.md).
+func maxUserConnsReply(name string) []byte {
+	return redcon.AppendError(nil, "ERR max number of connections for user '"+name+"' reached")
+}
+
+// setUser makes the client u (nil: no user), giving back the previous
+// user's connection count; u's is already taken.
+func (sess *Session) setUser(u *auth.User) {
+	if sess.user != nil {
+		sess.user.Release()
+	}
+	sess.mu.Lock()
+	sess.user = u
+	sess.mu.Unlock()
+}
+
 // deauthenticate is RESET's part: back to no user.
 func (sess *Session) deauthenticate() {
-	sess.mu.Lock()
-	sess.user = nil
-	sess.mu.Unlock()
+	sess.setUser(nil)
 	sess.authed = !sess.srv.needsAuth()
 }
 
