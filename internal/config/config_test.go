@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"github.com/redproxy/redproxy/internal/auth"
 	"io/fs"
 	"os"
@@ -759,6 +760,22 @@ func TestUpstreamClusterMode(t *testing.T) {
 		var e *Error
 		if !errors.As(err, &e) || e.Key != key {
 			t.Errorf("%q: got %v, want an error about %s", doc, err, key)
+		}
+	}
+}
+
+// A certificate, key or CA path that names a device, a pipe or a huge file
+// is refused at load with a message, instead of being read forever.
+func TestCertificateFilesMustBeRegular(t *testing.T) {
+	big := filepath.Join(t.TempDir(), "big.pem")
+	if err := os.WriteFile(big, make([]byte, maxPEMFile+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{"/dev/zero": "not a regular file", big: "is refused"} {
+		doc := fmt.Sprintf("[upstream.tls]\nca_file = %q\n", path)
+		_, err := Parse([]byte(doc), "t.toml")
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ca_file = %s: got %v, want an error containing %q", path, err, want)
 		}
 	}
 }

@@ -209,11 +209,24 @@ func readable(path string) error {
 		return fmt.Errorf("cannot open %q: %v", path, unwrapPath(err))
 	}
 	defer f.Close()
-	if st, err := f.Stat(); err == nil && st.IsDir() {
+	st, err := f.Stat()
+	switch {
+	case err != nil:
+		return fmt.Errorf("cannot stat %q: %v", path, unwrapPath(err))
+	case st.IsDir():
 		return fmt.Errorf("%q is a directory, not a file", path)
+	case !st.Mode().IsRegular():
+		// A device or a pipe (/dev/zero, /dev/stdin) could be read forever.
+		return fmt.Errorf("%q is not a regular file", path)
+	case st.Size() > maxPEMFile:
+		return fmt.Errorf("%q is %d bytes; a certificate, key or CA file of more than %d is refused", path, st.Size(), maxPEMFile)
 	}
 	return nil
 }
+
+// maxPEMFile caps what a certificate, key or CA file may hold: a bundle of
+// a few hundred CAs is well under it.
+const maxPEMFile = 4 << 20
 
 func unwrapPath(err error) error {
 	if pe, ok := err.(*os.PathError); ok {
@@ -224,6 +237,9 @@ func unwrapPath(err error) error {
 
 // loadCAs reads a PEM bundle of CA certificates.
 func loadCAs(path string) (*x509.CertPool, error) {
+	if err := readable(path); err != nil {
+		return nil, err
+	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read %q: %v", path, unwrapPath(err))
