@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -70,18 +69,6 @@ func FuzzAuthPath(f *testing.F) {
 			t.Fatal(err)
 		}
 		sendAndDrain(nc, data)
-
-		ctl, err := p.DialErr()
-		if err != nil {
-			t.Fatalf("proxy stopped accepting after input %q: %v", data, err)
-		}
-		defer ctl.Close()
-		ctl.SetDeadline(time.Now().Add(5 * time.Second))
-		ctl.Write([]byte(login + "PING\r\n"))
-		const want = "+OK\r\n+PONG\r\n"
-		buf := make([]byte, len(want))
-		if _, err := io.ReadFull(ctl, buf); err != nil || string(buf) != want {
-			t.Fatalf("proxy unhealthy after input %q: %q %v", data, buf, err)
-		}
+		expectServed(t, p, data, login+"PING\r\n", "+OK\r\n+PONG\r\n")
 	})
 }

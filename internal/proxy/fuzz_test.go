@@ -50,19 +50,25 @@ func FuzzRequestPath(f *testing.F) {
 			t.Fatal(err)
 		}
 		sendAndDrain(nc, data)
-
-		ctl, err := p.DialErr()
-		if err != nil {
-			t.Fatalf("proxy stopped accepting after input %q: %v", data, err)
-		}
-		defer ctl.Close()
-		ctl.SetDeadline(time.Now().Add(5 * time.Second))
-		ctl.Write([]byte("*1\r\n$4\r\nPING\r\n"))
-		buf := make([]byte, 7)
-		if _, err := io.ReadFull(ctl, buf); err != nil || string(buf) != "+PONG\r\n" {
-			t.Fatalf("proxy unhealthy after input %q: %q %v", data, buf, err)
-		}
+		expectServed(t, p, data, "*1\r\n$4\r\nPING\r\n", "+PONG\r\n")
 	})
+}
+
+// expectServed checks, after a fuzzed input data, that a new client still
+// gets want for send.
+func expectServed(t *testing.T, p *proxytest.Proxy, data []byte, send, want string) {
+	t.Helper()
+	ctl, err := p.DialErr()
+	if err != nil {
+		t.Fatalf("proxy stopped accepting after input %q: %v", data, err)
+	}
+	defer ctl.Close()
+	ctl.SetDeadline(time.Now().Add(5 * time.Second))
+	ctl.Write([]byte(send))
+	buf := make([]byte, len(want))
+	if _, err := io.ReadFull(ctl, buf); err != nil || string(buf) != want {
+		t.Fatalf("proxy unhealthy after input %q: %q %v", data, buf, err)
+	}
 }
 
 // fuzzDeny are the commands a fuzzed client may not run: they would stop
