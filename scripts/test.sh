@@ -47,7 +47,23 @@ if [ "$fuzztime" != "0" ]; then
 		dir=$(go list -f '{{.Dir}}' "$pkg")
 		for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //' | sort -u); do
 			echo "-- $pkg $target"
-			go test -run='^$' -fuzz="^${target}\$" -fuzztime="$fuzztime" -fuzzminimizetime=0 "$pkg" >/tmp/redproxy-fuzz.log 2>&1 || { cat /tmp/redproxy-fuzz.log; exit 1; }
+			# Even without minimization, Go's fuzz coordinator sometimes
+			# reports its own -fuzztime deadline as the failure ("context
+			# deadline exceeded", no input named or written; seen in CI on
+			# FuzzTopologyReply, whose inputs take microseconds). Likely
+			# cause: internal/fuzz/fuzz.go's stop() compares ctx.Err() with
+			# the workers' child context before the cancellation has
+			# reached it. Only such a run is repeated, once; a failing
+			# input fails CI as before.
+			if ! go test -run='^$' -fuzz="^${target}\$" -fuzztime="$fuzztime" -fuzzminimizetime=0 "$pkg" >/tmp/redproxy-fuzz.log 2>&1; then
+				if grep -q '^    context deadline exceeded$' /tmp/redproxy-fuzz.log && ! grep -q 'Failing input written' /tmp/redproxy-fuzz.log; then
+					echo "   (the fuzz coordinator reported its own deadline, no input failed: running $target again)"
+					go test -run='^$' -fuzz="^${target}\$" -fuzztime="$fuzztime" -fuzzminimizetime=0 "$pkg" >/tmp/redproxy-fuzz.log 2>&1 || { cat /tmp/redproxy-fuzz.log; exit 1; }
+				else
+					cat /tmp/redproxy-fuzz.log
+					exit 1
+				fi
+			fi
 			tail -n 1 /tmp/redproxy-fuzz.log
 		done
 	done
