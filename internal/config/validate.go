@@ -89,19 +89,16 @@ func (c *Config) check() []*Error {
 	u := &c.Upstream
 	// A setting of another mode is almost certainly a forgotten mode =
 	// "...": ignoring it would dial the wrong Redis.
-	notHere := func(keys ...struct {
+	type setting struct {
 		key string
 		set bool
-	}) {
+	}
+	notHere := func(keys ...setting) {
 		for _, k := range keys {
 			if k.set {
 				bad(k.key, "is not used with upstream.mode = %q", u.Mode)
 			}
 		}
-	}
-	type setting = struct {
-		key string
-		set bool
 	}
 	sentinelKeys := []setting{
 		{"upstream.sentinels", len(u.Sentinels) > 0},
