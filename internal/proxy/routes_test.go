@@ -9,8 +9,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -35,7 +37,17 @@ func namedUpstream(addr string) config.Upstream {
 
 func startRouted(t *testing.T, mutate func(*config.Config)) *routed {
 	t.Helper()
+	return startRoutedAfter(t, nil, mutate)
+}
+
+// startRoutedAfter is startRouted with setup run on the servers before
+// the proxy starts.
+func startRoutedAfter(t *testing.T, setup func(*routed), mutate func(*config.Config)) *routed {
+	t.Helper()
 	r := &routed{def: redistest.Start(t), queue: redistest.Start(t), cach: redistest.Start(t)}
+	if setup != nil {
+		setup(r)
+	}
 	r.p = proxytest.Start(t, r.def, func(c *config.Config) {
 		c.Upstreams = map[string]config.Upstream{
 			"queue": namedUpstream(r.queue.Addr()),
@@ -472,5 +484,108 @@ func TestRoutesReloadSwapsRoutes(t *testing.T) {
 	})
 	if _, err := r.p.Reload(bad); err == nil || !strings.Contains(err.Error(), "upstreams") {
 		t.Fatalf("reload adding an upstream: %v, want a restart-only refusal", err)
+	}
+}
+
+// TestRoutesUserCredential: a proxy user with an upstream credential of
+// its own runs on a named upstream with that credential too.
+func TestRoutesUserCredential(t *testing.T) {
+	var r *routed
+	dir := t.TempDir()
+	if err := writeFileT(dir+"/app", "redis-app-pw\n"); err != nil {
+		t.Fatal(err)
+	}
+	r = startRoutedAfter(t, func(r *routed) {
+		for _, rs := range []*redistest.Server{r.def, r.queue} {
+			if err := rs.Client(t).Do(ctx, "acl", "setuser", "redis-app", "on", ">redis-app-pw", "~*", "+@all").Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}, func(c *config.Config) {
+		a := user("app", appPass, "+@all ~*")
+		a.UpstreamUser, a.UpstreamPasswordFile = "redis-app", dir+"/app"
+		c.Users = []auth.UserConfig{a}
+	})
+	app := loggedIn(t, r.p, "app", appPass)
+	if err := app.Set(ctx, "queue:u", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r.holds(t, "queue:u") != "queue" {
+		t.Fatal("queue:u not on the queue server")
+	}
+	list, _ := r.queue.Client(t).ClientList(ctx).Result()
+	if !strings.Contains(list, "user=redis-app") {
+		t.Fatalf("the queue server has no connection as redis-app:\n%s", list)
+	}
+}
+
+// TestRoutesGuard: the policy applies before routing: FLUSHALL is refused
+// on every upstream by default and fanned out to all when allowed; a TTL
+// fix-up (MULTI/SET/EXPIRE/EXEC the proxy adds) goes whole to the key's
+// upstream, and a multi-key write needing fix-ups on keys of several
+// upstreams is refused with nothing written (docs/COMPATIBILITY.md).
+func TestRoutesGuard(t *testing.T) {
+	for _, allow := range []bool{false, true} {
+		t.Run(fmt.Sprint("allow=", allow), func(t *testing.T) {
+			r := startRouted(t, func(c *config.Config) {
+				if allow {
+					c.Policy.Commands.Allow = []string{"flushall"}
+				}
+				c.Policy.TTL = []policy.TTLRule{{Pattern: "queue:ttl*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
+			})
+			if err := r.c.MSet(ctx, "queue:f", "1", "cache:f", "2", "plain:f", "3").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.c.Set(ctx, "queue:ttl", "1", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if ttl := r.queue.Client(t).TTL(ctx, "queue:ttl").Val(); ttl <= 0 {
+				t.Fatalf("queue:ttl on the queue server has TTL %v, want the policy's default", ttl)
+			}
+			if err := r.c.MSet(ctx, "queue:ttl2", "1", "plain:ttl2", "2").Err(); err == nil || !strings.Contains(err.Error(), "CROSSROUTE") {
+				t.Fatalf("MSET with fix-ups over two upstreams: %v", err)
+			}
+			if w := r.holds(t, "queue:ttl2") + r.holds(t, "plain:ttl2"); w != "" {
+				t.Fatalf("the refused MSET wrote on %q", w)
+			}
+			err := r.c.FlushAll(ctx).Err()
+			left := r.holds(t, "queue:f") + r.holds(t, "cache:f") + r.holds(t, "plain:f")
+			switch {
+			case !allow && (err == nil || left != "queuecachedefault"):
+				t.Fatalf("refused FLUSHALL: %v, keys left on %q", err, left)
+			case allow && (err != nil || left != ""):
+				t.Fatalf("allowed FLUSHALL: %v, keys left on %q", err, left)
+			}
+		})
+	}
+}
+
+// TestRoutesMetrics: every upstream's metrics carry its name.
+func TestRoutesMetrics(t *testing.T) {
+	r := startRouted(t, nil)
+	if err := r.c.Set(ctx, "queue:m", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	families, err := r.p.Metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]bool{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "upstream" {
+					found[f.GetName()+"/"+l.GetValue()] = true
+					if f.GetName() == "redproxy_route_commands_total" && l.GetValue() == "queue" && m.GetCounter().GetValue() < 1 {
+						t.Errorf("no command counted for the queue upstream")
+					}
+				}
+			}
+		}
+	}
+	for _, want := range []string{"redproxy_route_commands_total/queue", "redproxy_upstream_connections_up/queue", "redproxy_upstream_connections_up/default", "redproxy_upstream_dedicated_connections/cache"} {
+		if !found[want] {
+			t.Errorf("missing metric %s (have %v)", want, found)
+		}
 	}
 }
