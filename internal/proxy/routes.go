@@ -530,6 +530,8 @@ func (sess *Session) routeRelayDenied(args [][]byte) string {
 	t := sess.srv.routes.table.Load()
 	up := sess.route.relay
 	switch {
+	case cmd.Name == "unsubscribe" || cmd.Name == "punsubscribe" || cmd.Name == "sunsubscribe":
+		return "" // nothing of another upstream's is subscribed here
 	case isSubscribe(cmd.Name) || cmd.Name == "publish" || cmd.Name == "spublish":
 		for _, ch := range args[1:] {
 			if t.Channel(ch) != up {
