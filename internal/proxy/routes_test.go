@@ -109,6 +109,16 @@ func TestRoutesKeysLandOnTheirUpstream(t *testing.T) {
 	if g1.Val() != "v-cache:1" || g2.Val() != 1 || g3.Val() != "v-plain:1" {
 		t.Fatalf("pipeline replies out of order: %q %d %q", g1.Val(), g2.Val(), g3.Val())
 	}
+	// SELECT applies on every upstream.
+	db3 := r.p.Client(t, func(o *redis.Options) { o.DB = 3 })
+	if err := db3.Set(ctx, "queue:db3", "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	direct := redis.NewClient(&redis.Options{Addr: r.queue.Addr(), DB: 3})
+	defer direct.Close()
+	if v, err := direct.Get(ctx, "queue:db3").Result(); err != nil || v != "x" {
+		t.Fatalf("queue:db3 in DB 3 of the queue server: %q %v", v, err)
+	}
 }
 
 // TestRoutesSplitMultiKey: MSET, MGET, DEL, EXISTS, TOUCH and UNLINK
@@ -587,5 +597,114 @@ func TestRoutesMetrics(t *testing.T) {
 		if !found[want] {
 			t.Errorf("missing metric %s (have %v)", want, found)
 		}
+	}
+}
+
+// TestRoutesSentinelUpstream: a named upstream in Sentinel mode is found
+// through its Sentinels, and its keys follow a failover while the other
+// routes stay where they are.
+func TestRoutesSentinelUpstream(t *testing.T) {
+	g := redistest.StartSentinelGroup(t, redistest.SentinelOptions{Replicas: 1, Sentinels: 1})
+	def := redistest.Start(t)
+	p := proxytest.Start(t, def, func(c *config.Config) {
+		u := namedUpstream("")
+		u.Mode, u.Address = config.ModeSentinel, ""
+		u.Sentinels, u.MasterName = g.SentinelAddrs(), g.Name
+		c.Upstreams = map[string]config.Upstream{"queue": u}
+		c.Routes = []config.Route{{Pattern: "queue:*", Upstream: "queue"}}
+	})
+	c := p.Client(t)
+	old := g.Nodes[0]
+	if err := c.Set(ctx, "queue:1", "a", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := old.Client(t).Get(ctx, "queue:1").Result(); v != "a" {
+		t.Fatalf("queue:1 not on the Sentinel group's primary: %q", v)
+	}
+	g.Failover(t)
+	next := g.WaitNewPrimary(t, old, 30*time.Second)
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		if c.Set(ctx, "queue:2", "b", 0).Err() != nil {
+			return false
+		}
+		v, _ := next.Client(t).Get(ctx, "queue:2").Result()
+		return v == "b"
+	}, "writes of the queue route never reached the new primary %s", next.Addr())
+	if err := c.Set(ctx, "plain:1", "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := def.Client(t).Get(ctx, "plain:1").Result(); v != "x" {
+		t.Fatal("the default route moved")
+	}
+}
+
+// TestRoutesClusterUpstream: a named upstream may be a Redis Cluster: its
+// keys go through the cluster router (split by slot within it), split
+// commands and SCAN cover it with the default upstream, and what would need
+// a dedicated connection on it is refused.
+func TestRoutesClusterUpstream(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	def := redistest.Start(t)
+	p := proxytest.Start(t, def, func(c *config.Config) {
+		u := namedUpstream("")
+		u.Mode, u.Address, u.Seeds = config.ModeCluster, "", cl.Seeds()
+		c.Upstreams = map[string]config.Upstream{"big": u}
+		c.Routes = []config.Route{{Pattern: "big:*", Upstream: "big"}}
+	})
+	c := p.Client(t)
+	var keys []string
+	for i := range 30 {
+		keys = append(keys, "big:"+strconv.Itoa(i), "plain:"+strconv.Itoa(i))
+	}
+	pairs := make([]any, 0, 2*len(keys))
+	for _, k := range keys {
+		pairs = append(pairs, k, "v"+k)
+	}
+	if err := c.MSet(ctx, pairs...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cc := cl.ClusterClient(t)
+	for _, k := range keys {
+		inCluster := cc.Exists(ctx, k).Val() == 1
+		inDefault := def.Client(t).Exists(ctx, k).Val() == 1
+		if inCluster != strings.HasPrefix(k, "big:") || inDefault == inCluster {
+			t.Fatalf("%s: in the cluster %v, on the default server %v", k, inCluster, inDefault)
+		}
+	}
+	vals, err := c.MGet(ctx, keys...).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if vals[i] != "v"+k {
+			t.Fatalf("MGET[%d] = %v, want v%s", i, vals[i], k)
+		}
+	}
+	seen := map[string]int{}
+	iter := c.Scan(ctx, 0, "", 10).Iterator()
+	for iter.Next(ctx) {
+		seen[iter.Val()]++
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if seen[k] != 1 {
+			t.Errorf("SCAN returned %s %d times", k, seen[k])
+		}
+	}
+	if n, err := c.DBSize(ctx).Result(); err != nil || n != int64(len(keys)) {
+		t.Fatalf("DBSIZE = %d, %v; want %d", n, err, len(keys))
+	}
+	var set *redis.StatusCmd
+	_, err = c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		set = p.Set(ctx, "big:tx", "1", 0)
+		return nil
+	})
+	if err == nil || set.Err() == nil || !strings.Contains(set.Err().Error(), "is a cluster") {
+		t.Fatalf("MULTI on the cluster upstream: EXEC %v, SET %v", err, set.Err())
+	}
+	if cc.Exists(ctx, "big:tx").Val() != 0 {
+		t.Fatal("the refused transaction wrote")
 	}
 }
