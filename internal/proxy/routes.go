@@ -277,7 +277,7 @@ var errRouteInTx = func(name string) []byte {
 // routeKeys is the upstream of r's keys (see route.Table.Keys).
 func (sess *Session) routeKeys(r *request) (up int, keyed bool, cross []byte) {
 	t := sess.srv.routes.table.Load()
-	up, keyed, err := t.Keys(r.cmd, r.Args, sess.route.keys)
+	up, keyed, err := t.Keys(r.cmd, r.Args, &sess.route.keys)
 	var ce *route.CrossError
 	if errors.As(err, &ce) {
 		return up, true, ce.Reply()
@@ -545,7 +545,7 @@ func (sess *Session) routeRelayDenied(args [][]byte) string {
 	case route.FansOut(cmd.Name):
 		return "ERR redproxy: " + strings.ToUpper(cmd.Name) + " is not supported on a subscribed connection with routes"
 	}
-	u, keyed, err := t.Keys(cmd, args, sess.route.keys)
+	u, keyed, err := t.Keys(cmd, args, &sess.route.keys)
 	if keyed && (err != nil || u != up) {
 		return "ERR redproxy: keys of this command go to another upstream than this subscribed connection's ('" + t.Name(up) + "')"
 	}
@@ -558,14 +558,15 @@ var routeCalls = sync.Pool{New: func() any { return &routeBatch{} }}
 type routeBatch struct {
 	calls []*upstream.Call // by upstream index; nil: nothing for it
 	plans []route.Plan
-	// where[op][part] is the index of the part's reply in its upstream's
-	// Call.
-	where  [][]int
-	errs   []error
-	args   [][]byte
-	keys   []int
-	parts  [][]byte
-	groups []int // per op: the transaction (MULTI ... EXEC in the Call) it is in, from 1; 0 for none
+	// where[first[op]+part] is the index of the part's reply in its
+	// upstream's Call.
+	where, first []int
+	errs         []error
+	sent         []bool
+	args         [][]byte
+	keys         []int
+	parts        [][]byte
+	groups       []int // per op: the transaction (MULTI ... EXEC in the Call) it is in, from 1; 0 for none
 }
 
 // routedDo runs a Call of shared-connection commands against the routes'
@@ -598,7 +599,7 @@ func (sess *Session) routedDo(call *upstream.Call) {
 			b.groups[i] = group
 			up := route.Default
 			if cmd != nil {
-				u, keyed, err := t.Keys(cmd, b.args, b.keys)
+				u, keyed, err := t.Keys(cmd, b.args, &b.keys)
 				var ce *route.CrossError
 				if errors.As(err, &ce) {
 					b.plans[i] = route.Plan{Local: ce.Reply()}
@@ -609,14 +610,14 @@ func (sess *Session) routedDo(call *upstream.Call) {
 				}
 			}
 			if b.plans[i].Local == nil {
-				b.plans[i] = route.Plan{Parts: []route.Part{{Upstream: up}}}
+				b.plans[i] = route.Single(up)
 			}
 			if cmd != nil && (cmd.Name == "exec" || cmd.Name == "discard") {
 				group = 0
 			}
 			continue
 		}
-		b.plans[i] = t.Plan(cmd, b.args, b.keys)
+		b.plans[i] = t.Plan(cmd, b.args, &b.keys)
 	}
 	if groups > 0 {
 		sess.placeRouteGroups(b, groups)
@@ -624,12 +625,13 @@ func (sess *Session) routedDo(call *upstream.Call) {
 	for len(b.calls) < t.Len() {
 		b.calls = append(b.calls, nil)
 	}
-	b.where = b.where[:0]
+	b.where, b.first = b.where[:0], b.first[:0]
 	limit := call.ReplyLimit()
 	for i := range n {
 		p := &b.plans[i]
-		w := make([]int, len(p.Parts))
-		for k, part := range p.Parts {
+		b.first = append(b.first, len(b.where))
+		for k := range p.Len() {
+			part := p.Part(k)
 			c := b.calls[part.Upstream]
 			if c == nil {
 				c = upstream.NewCall()
@@ -640,18 +642,18 @@ func (sess *Session) routedDo(call *upstream.Call) {
 				// Call, as cluster mode caps each node's.
 				c.SetReplyLimit(limit)
 			}
-			w[k] = c.Len()
+			b.where = append(b.where, c.Len())
 			raw := part.Raw
 			if raw == nil {
 				raw = call.Part(i)
 			}
 			c.Add(raw)
 		}
-		b.where = append(b.where, w)
 	}
 	b.errs = append(b.errs[:0], make([]error, len(b.calls))...)
 	var wg sync.WaitGroup
-	sent := make([]bool, len(b.calls))
+	b.sent = append(b.sent[:0], make([]bool, len(b.calls))...)
+	sent := b.sent
 	for up, c := range b.calls {
 		if c == nil || c.Len() == 0 {
 			continue
@@ -691,13 +693,13 @@ func (sess *Session) routedDo(call *upstream.Call) {
 			continue
 		}
 		b.parts = b.parts[:0]
-		for k, part := range p.Parts {
-			up := part.Upstream
+		for k := range p.Len() {
+			up := p.Part(k).Upstream
 			c := b.calls[up]
 			var r []byte
 			err := b.errs[up]
 			if err == nil {
-				r, err = c.Reply(b.where[i][k])
+				r, err = c.Reply(b.where[b.first[i]+k])
 			}
 			if errors.Is(err, upstream.ErrOutputLimit) {
 				overflow = true
@@ -741,7 +743,7 @@ func (sess *Session) placeRouteGroups(b *routeBatch, groups int) {
 			crossed[g] = true
 			continue
 		}
-		if up := p.Parts[0].Upstream; up >= 0 {
+		if up := p.Part(0).Upstream; up >= 0 {
 			if ups[g] >= 0 && ups[g] != up {
 				crossed[g] = true
 			}
@@ -758,7 +760,7 @@ func (sess *Session) placeRouteGroups(b *routeBatch, groups int) {
 			b.plans[i] = route.Plan{Local: []byte("-CROSSROUTE redproxy: the keys of one transaction go to different upstreams; a transaction stays on one upstream\r\n")}
 			continue
 		}
-		b.plans[i].Parts[0].Upstream = max(ups[g], route.Default)
+		b.plans[i].Part(0).Upstream = max(ups[g], route.Default)
 	}
 }
 

@@ -1,7 +1,9 @@
 package proxy_test
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"testing"
@@ -35,14 +37,14 @@ func namedUpstream(addr string) config.Upstream {
 	return u
 }
 
-func startRouted(t *testing.T, mutate func(*config.Config)) *routed {
+func startRouted(t testing.TB, mutate func(*config.Config)) *routed {
 	t.Helper()
 	return startRoutedAfter(t, nil, mutate)
 }
 
 // startRoutedAfter is startRouted with setup run on the servers before
 // the proxy starts.
-func startRoutedAfter(t *testing.T, setup func(*routed), mutate func(*config.Config)) *routed {
+func startRoutedAfter(t testing.TB, setup func(*routed), mutate func(*config.Config)) *routed {
 	t.Helper()
 	r := &routed{def: redistest.Start(t), queue: redistest.Start(t), cach: redistest.Start(t)}
 	if setup != nil {
@@ -706,5 +708,46 @@ func TestRoutesClusterUpstream(t *testing.T) {
 	}
 	if cc.Exists(ctx, "big:tx").Val() != 0 {
 		t.Fatal("the refused transaction wrote")
+	}
+}
+
+// BenchmarkRoutedPipeline16 is BenchmarkForwardPipeline16 with routes: a
+// 16-GET pipeline over two upstreams (8 keys each), for the routing's own
+// allocations.
+func BenchmarkRoutedPipeline16(b *testing.B) {
+	r := startRouted(b, nil)
+	nc := r.p.Dial(b)
+	var req bytes.Buffer
+	value := bytes.Repeat([]byte("v"), 64)
+	for i := range 16 {
+		key := "key:00000001234" + strconv.Itoa(i%2)
+		if i%2 == 1 {
+			key = "queue:0000001234"
+		}
+		req.WriteString("*2\r\n$3\r\nGET\r\n$16\r\n" + key + "\r\n")
+		if err := r.c.Set(ctx, key, value, 0).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reply := "$64\r\n" + string(value) + "\r\n"
+	buf := make([]byte, len(reply)*16)
+	round := func() {
+		if _, err := nc.Write(req.Bytes()); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(nc, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range 100 {
+		round()
+	}
+	if string(buf[len(buf)-len(reply):]) != reply {
+		b.Fatalf("unexpected reply %q", buf[len(buf)-len(reply):])
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		round()
 	}
 }

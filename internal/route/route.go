@@ -138,11 +138,35 @@ type Plan struct {
 	// Local, when set, is the reply: nothing goes upstream.
 	Local []byte
 	Merge Merge
-	Parts []Part
+	// parts are where the command goes; a plan with one part keeps it in
+	// single instead, so routing most commands allocates nothing.
+	parts  []Part
+	single Part
+	one    bool
 	// Pos locates key k's element of a split MGET: part, element.
 	Pos [][2]int
 	// upstreams is how many there are, for SCAN's next cursor.
 	upstreams int
+}
+
+// Single is the plan of a command sent as it is to upstream up.
+func Single(up int) Plan { return Plan{one: true, single: Part{Upstream: up}} }
+
+// Len is the number of parts.
+func (p *Plan) Len() int {
+	if p.one {
+		return 1
+	}
+	return len(p.parts)
+}
+
+// Part is part k, which the caller may redirect (a transaction's commands
+// go where its first key does).
+func (p *Plan) Part(k int) *Part {
+	if p.one {
+		return &p.single
+	}
+	return &p.parts[k]
 }
 
 // fanOut lists the keyless commands that go to every upstream, and how
@@ -172,8 +196,15 @@ func FansOut(name string) bool {
 // Keys is the upstream all of args' keys route to. keyed is false for a
 // command without keys; when the keys route to different upstreams, err
 // names two of the routes.
-func (t *Table) Keys(cmd *commands.Command, args [][]byte, scratch []int) (up int, keyed bool, err error) {
-	keys := cmd.Keys(args, scratch[:0])
+// scratch, when not nil, holds the key positions between calls.
+func (t *Table) Keys(cmd *commands.Command, args [][]byte, scratch *[]int) (up int, keyed bool, err error) {
+	var keys []int
+	if scratch != nil {
+		keys = cmd.Keys(args, (*scratch)[:0])
+		*scratch = keys
+	} else {
+		keys = cmd.Keys(args, nil)
+	}
 	if len(keys) == 0 {
 		return Default, false, nil
 	}
@@ -202,27 +233,27 @@ func (e *CrossError) Reply() []byte { return []byte("-" + e.Error() + "\r\n") }
 
 // Plan decides where one command goes, outside a transaction. cmd may be
 // nil (a command unknown to the proxy: the default upstream answers it).
-func (t *Table) Plan(cmd *commands.Command, args [][]byte, scratch []int) Plan {
+func (t *Table) Plan(cmd *commands.Command, args [][]byte, scratch *[]int) Plan {
 	if cmd == nil {
-		return Plan{Parts: []Part{{Upstream: Default}}}
+		return Single(Default)
 	}
 	name := cmd.Name
 	if name == "scan" {
 		return t.planScan(args)
 	}
 	if m, ok := fanOut[name]; ok {
-		p := Plan{Merge: m, Parts: make([]Part, t.Len())}
-		for i := range p.Parts {
-			p.Parts[i].Upstream = i
+		p := Plan{Merge: m, parts: make([]Part, t.Len())}
+		for i := range p.parts {
+			p.parts[i].Upstream = i
 		}
 		return p
 	}
 	if (name == "publish" || name == "spublish") && len(args) >= 2 {
-		return Plan{Parts: []Part{{Upstream: t.Channel(args[1])}}}
+		return Single(t.Channel(args[1]))
 	}
 	up, _, err := t.Keys(cmd, args, scratch)
 	if err == nil {
-		return Plan{Parts: []Part{{Upstream: up}}}
+		return Single(up)
 	}
 	switch name {
 	case "mget":
@@ -247,8 +278,8 @@ func (t *Table) split(args [][]byte, m Merge, stride int) Plan {
 	for i := 1; i < len(args); i += stride {
 		up, _ := t.Key(args[i])
 		g := -1
-		for j := range p.Parts {
-			if p.Parts[j].Upstream == up {
+		for j := range p.parts {
+			if p.parts[j].Upstream == up {
 				g = j
 				break
 			}
@@ -256,7 +287,7 @@ func (t *Table) split(args [][]byte, m Merge, stride int) Plan {
 		if g < 0 {
 			g = len(groups)
 			groups = append(groups, [][]byte{args[0]})
-			p.Parts = append(p.Parts, Part{Upstream: up})
+			p.parts = append(p.parts, Part{Upstream: up})
 		}
 		if m == MGET {
 			p.Pos = append(p.Pos, [2]int{g, len(groups[g]) - 1})
@@ -264,7 +295,7 @@ func (t *Table) split(args [][]byte, m Merge, stride int) Plan {
 		groups[g] = append(groups[g], args[i:i+stride]...)
 	}
 	for g := range groups {
-		p.Parts[g].Raw = resp.AppendCommand(nil, groups[g]...)
+		p.parts[g].Raw = resp.AppendCommand(nil, groups[g]...)
 	}
 	return p
 }
@@ -291,7 +322,7 @@ func (t *Table) planScan(args [][]byte) Plan {
 		return Plan{Local: errBadCursor}
 	}
 	inner := append([][]byte{args[0], strconv.AppendUint(nil, cursor>>cursorBits, 10)}, args[2:]...)
-	return Plan{Merge: Scan, Parts: []Part{{Upstream: up, Raw: resp.AppendCommand(nil, inner...)}}, upstreams: t.Len()}
+	return Plan{Merge: Scan, one: true, single: Part{Upstream: up, Raw: resp.AppendCommand(nil, inner...)}, upstreams: t.Len()}
 }
 
 // Reply builds the command's reply from its parts' replies, in the parts'
@@ -303,7 +334,7 @@ func (p *Plan) Reply(replies [][]byte) []byte {
 		return p.Local
 	}
 	if p.Merge == Scan {
-		return scanReply(p.Parts[0].Upstream, p.upstreams, replies[0])
+		return scanReply(p.single.Upstream, p.upstreams, replies[0])
 	}
 	if p.Merge == One || len(replies) == 1 && p.Merge != MGET {
 		return replies[0]

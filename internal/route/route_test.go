@@ -54,16 +54,16 @@ func TestFirstMatchWins(t *testing.T) {
 
 func TestPlanKinds(t *testing.T) {
 	tb := newTestTable(t)
-	if p := plan(tb, "GET", "cache:1"); p.Merge != One || len(p.Parts) != 1 || p.Parts[0].Upstream != 1 || p.Parts[0].Raw != nil {
+	if p := plan(tb, "GET", "cache:1"); p.Merge != One || p.Len() != 1 || p.Part(0).Upstream != 1 || p.Part(0).Raw != nil {
 		t.Errorf("GET: %+v", p)
 	}
-	if p := plan(tb, "PUBLISH", "jobs.x", "m"); p.Parts[0].Upstream != 2 {
+	if p := plan(tb, "PUBLISH", "jobs.x", "m"); p.Part(0).Upstream != 2 {
 		t.Errorf("PUBLISH: %+v", p)
 	}
-	if p := plan(tb, "DBSIZE"); p.Merge != Sum || len(p.Parts) != 3 {
+	if p := plan(tb, "DBSIZE"); p.Merge != Sum || p.Len() != 3 {
 		t.Errorf("DBSIZE: %+v", p)
 	}
-	if p := plan(tb, "PING"); p.Parts[0].Upstream != Default {
+	if p := plan(tb, "PING"); p.Part(0).Upstream != Default {
 		t.Errorf("PING: %+v", p)
 	}
 	p := plan(tb, "MSETNX", "queue:1", "a", "cache:1", "b")
@@ -85,7 +85,7 @@ func TestPlanKinds(t *testing.T) {
 func TestMergeMGET(t *testing.T) {
 	tb := newTestTable(t)
 	p := plan(tb, "MGET", "cache:1", "a", "queue:1", "cache:2", "b")
-	if p.Merge != MGET || len(p.Parts) != 3 {
+	if p.Merge != MGET || p.Len() != 3 {
 		t.Fatalf("%+v", p)
 	}
 	// Parts in first-appearance order: cache (cache:1, cache:2), default (a, b), queue.
@@ -114,8 +114,8 @@ func TestScanCursor(t *testing.T) {
 	var visited []string
 	for range 10 {
 		p := plan(tb, "SCAN", cursor, "COUNT", "5")
-		a, _ := SplitCommand(p.Parts[0].Raw, nil)
-		visited = append(visited, fmt.Sprintf("%d:%s", p.Parts[0].Upstream, a[1]))
+		a, _ := SplitCommand(p.Part(0).Raw, nil)
+		visited = append(visited, fmt.Sprintf("%d:%s", p.Part(0).Upstream, a[1]))
 		inner := "0"
 		if string(a[1]) == "0" {
 			inner = "17" // each upstream answers one page, then is done
@@ -159,9 +159,10 @@ func FuzzPlan(f *testing.F) {
 		if p.Local != nil {
 			t.Fatalf("MGET refused: %s", p.Local)
 		}
-		replies := make([][]byte, len(p.Parts))
+		replies := make([][]byte, p.Len())
 		seen := 0
-		for k, part := range p.Parts {
+		for k := range p.Len() {
+			part := p.Part(k)
 			raw := part.Raw
 			if raw == nil {
 				raw = resp.AppendCommand(nil, a...)
