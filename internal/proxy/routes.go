@@ -535,7 +535,8 @@ func (sess *Session) routeRelayDenied(args [][]byte) string {
 	case isSubscribe(cmd.Name) || cmd.Name == "publish" || cmd.Name == "spublish":
 		for _, ch := range args[1:] {
 			if t.Channel(ch) != up {
-				return "ERR redproxy: channel '" + string(ch) + "' goes to upstream '" + t.Name(t.Channel(ch)) + "', this connection's subscriptions are on '" + t.Name(up) + "'; subscribe on another connection"
+				// (The channel is the client's bytes: not echoed in an error line.)
+				return "ERR redproxy: a channel of this command goes to upstream '" + t.Name(t.Channel(ch)) + "', this connection's subscriptions are on '" + t.Name(up) + "'; subscribe on another connection"
 			}
 			if cmd.Name == "publish" || cmd.Name == "spublish" {
 				break

@@ -407,7 +407,7 @@ func TestRoutesChannels(t *testing.T) {
 	if err == nil {
 		_, err = sub.Receive(ctx)
 	}
-	if err == nil || !strings.Contains(err.Error(), "goes to upstream") {
+	if err == nil || !strings.Contains(err.Error(), "goes to upstream 'default'") {
 		t.Fatalf("SUBSCRIBE of another upstream's channel on a subscribed connection: %v", err)
 	}
 }
