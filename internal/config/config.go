@@ -48,6 +48,15 @@ type Config struct {
 	// Admin protects the admin HTTP endpoint ([admin]).
 	Admin Admin `toml:"admin"`
 
+	// Upstreams are the named upstreams ([upstreams.NAME]), each set up
+	// like [upstream]; routes (routes.go) send keys and channels to them.
+	Upstreams map[string]Upstream `toml:"upstreams"`
+	// Routes ([[route]]) send the keys matching a pattern to a named
+	// upstream, first match first; keys matching none go to [upstream].
+	Routes []Route `toml:"route"`
+	// ChannelRoutes ([[channel_route]]) do the same for pub/sub channels.
+	ChannelRoutes []Route `toml:"channel_route"`
+
 	// Sections owned by other packages ([localcache]) are added
 	// here as fields whose types live in those packages, together with their
 	// defaults in Default and their checks in Validate. Until a field exists,
@@ -237,6 +246,7 @@ func Parse(data []byte, name string) (*Config, error) {
 			return nil, decodeError(err, name)
 		}
 		cfg.bindUserScopes()
+		cfg.fillUpstreamDefaults()
 		if errs = cfg.check(); len(errs) == 0 {
 			return cfg, nil
 		}

@@ -267,6 +267,9 @@ max_age = "20s"
 		if key == "upstream.mode" || key == "upstream.seeds" {
 			continue // cluster mode excludes the local tier this document enables: TestUpstreamClusterMode
 		}
+		if key == "upstreams" || key == "route" || key == "channel_route" {
+			continue // routes exclude the local tier this document enables: TestRoutesSection
+		}
 		if reflect.DeepEqual(v, def[key]) {
 			t.Errorf("%s: test document does not change the default %v", key, v)
 		}
@@ -571,6 +574,11 @@ func TestExampleFileMatchesDefaults(t *testing.T) {
 		// The same holds for the stampede rule lists.
 		// [upstream.tls] turns TLS on by being present, so the example
 		// shows it commented out.
+		// Routes turn on by being present, and exclude the example's
+		// local tier: shown commented out.
+		if key == "upstreams" || key == "route" || key == "channel_route" {
+			continue
+		}
 		if key == "policy.scope" || key == "upstream.tls" || key == "users" || key == "stampede.hold" || key == "stampede.early_refresh" || key == "localcache.stale_if_error" {
 			continue
 		}

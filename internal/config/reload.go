@@ -32,6 +32,7 @@ var restartOnly = []struct{ key, why string }{
 	{"upstream.databases", "the per-database pools and the range SELECT accepts are sized at start"},
 	{"users", "proxy users and their upstream connections are set up at start"},
 	{"admin.", "the admin endpoint reads its token once at start"},
+	{"upstreams", "named upstreams and their connections are set up at start ([[route]] and [[channel_route]] reload)"},
 	{"localcache.", "the local tier's memory, tracking connections and admission state are built at start"},
 }
 

@@ -73,11 +73,6 @@ func (c *Config) check() []*Error {
 			bad(key, "must not be negative, got %v", d)
 		}
 	}
-	positive := func(key string, d units.Duration) {
-		if d.Duration <= 0 {
-			bad(key, "must be > 0, got %v", d)
-		}
-	}
 	nonNegative("server.idle_timeout", s.IdleTimeout)
 	nonNegative("server.client_write_timeout", s.ClientWriteTimeout)
 	nonNegative("server.shutdown_timeout", s.ShutdownTimeout)
@@ -86,7 +81,42 @@ func (c *Config) check() []*Error {
 		bad("server.slowlog_max_len", "must be between 0 (off) and %d, got %d", maxSlowlogLen, s.SlowlogMaxLen)
 	}
 
-	u := &c.Upstream
+	errs = append(errs, checkUpstream(&c.Upstream)...)
+	if c.Upstream.Mode == ModeCluster {
+		if c.LocalCache.Enabled {
+			// Tracking is per node and slots move between nodes; the
+			// tier does not follow them yet (docs/COMPATIBILITY.md).
+			bad("localcache.enabled", "the local tier is not supported in cluster mode yet")
+		}
+		for i, usr := range c.Users {
+			// The router's node connections carry [upstream]'s credential
+			// only; a user's own would be silently not applied.
+			if usr.UpstreamUser != "" {
+				bad(fmt.Sprintf("users[%d].upstream_user", i), "a user's own upstream credential is not supported in cluster mode yet")
+			}
+		}
+	}
+	errs = append(errs, c.checkRoutes()...)
+	errs = append(errs, c.checkTLS()...)
+	errs = append(errs, c.securityErrors()...)
+	errs = append(errs, policyErrors(c.Policy)...)
+	errs = append(errs, stampedeErrors(c.Stampede)...)
+	errs = append(errs, localcacheErrors(c.LocalCache)...)
+	return errs
+}
+
+// checkUpstream checks the settings of one upstream, [upstream] or a named
+// one (checkRoutes rewrites the keys of the latter).
+func checkUpstream(u *Upstream) []*Error {
+	var errs []*Error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, &Error{Key: key, Msg: fmt.Sprintf(format, args...)})
+	}
+	positive := func(key string, d units.Duration) {
+		if d.Duration <= 0 {
+			bad(key, "must be > 0, got %v", d)
+		}
+	}
 	// A setting of another mode is almost certainly a forgotten mode =
 	// "...": ignoring it would dial the wrong Redis.
 	type setting struct {
@@ -128,18 +158,6 @@ func (c *Config) check() []*Error {
 				bad("upstream.seeds", "%q: %v", a, err)
 			}
 		}
-		if c.LocalCache.Enabled {
-			// Tracking is per node and slots move between nodes; the
-			// tier does not follow them yet (docs/COMPATIBILITY.md).
-			bad("localcache.enabled", "the local tier is not supported in cluster mode yet")
-		}
-		for i, usr := range c.Users {
-			// The router's node connections carry [upstream]'s credential
-			// only; a user's own would be silently not applied.
-			if usr.UpstreamUser != "" {
-				bad(fmt.Sprintf("users[%d].upstream_user", i), "a user's own upstream credential is not supported in cluster mode yet")
-			}
-		}
 		notHere(sentinelKeys...)
 	default:
 		bad("upstream.mode", "invalid mode %q (use %q, %q or %q)", u.Mode, ModeStandalone, ModeSentinel, ModeCluster)
@@ -167,11 +185,6 @@ func (c *Config) check() []*Error {
 	if u.Databases < 1 {
 		bad("upstream.databases", "must be > 0, got %d", u.Databases)
 	}
-	errs = append(errs, c.checkTLS()...)
-	errs = append(errs, c.securityErrors()...)
-	errs = append(errs, policyErrors(c.Policy)...)
-	errs = append(errs, stampedeErrors(c.Stampede)...)
-	errs = append(errs, localcacheErrors(c.LocalCache)...)
 	return errs
 }
 

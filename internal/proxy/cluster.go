@@ -297,6 +297,9 @@ func (sess *Session) endClusterMulti() {
 // the client's backend, or in cluster mode the node owning the slot of
 // its keys (clusterStep checked that they share one).
 func (sess *Session) dedicatedBackend(r *request) (*upstream.Backend, error) {
+	if sess.srv.routes != nil {
+		return sess.routeBlockingBackend(r)
+	}
 	if sess.srv.router == nil {
 		return sess.backend(), nil
 	}

@@ -41,7 +41,11 @@ func (s *Server) fetch(db int, resp3 bool, cmd, then []byte) ([]byte, error) {
 	if then != nil {
 		c.Add(then)
 	}
-	s.backend.Pool(db, resp3).Do(c)
+	if s.routes != nil {
+		s.routedFetch(c, db, resp3, cmd)
+	} else {
+		s.backend.Pool(db, resp3).Do(c)
+	}
 	var out []byte
 	for i := range c.Len() {
 		r, err := c.Reply(i)

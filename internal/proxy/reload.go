@@ -101,6 +101,9 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		// it started with; it has no switch of generations yet.
 		refused = append(refused, fmt.Errorf("upstream: changing the upstream settings (other than max_pinned) needs a restart in cluster mode"))
 	}
+	if err := s.checkRouteReload(next); err != nil {
+		refused = append(refused, err)
+	}
 	if len(refused) > 0 {
 		return nil, fmt.Errorf("%w (the configuration in force stays):\n%w", ErrRestartRequired, errors.Join(refused...))
 	}
@@ -115,6 +118,7 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	}
 
 	s.live.Store(next)
+	s.reloadRoutes(next)
 	if upstreamChanged {
 		addr := next.Upstream.Address
 		if addr == config.EmbeddedAddress || next.Upstream.Mode == config.ModeSentinel {

@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
@@ -58,6 +60,7 @@ type Server struct {
 	tls          tlsState                            // TLS on both sides (tls.go)
 	users        *userState                          // proxy users and their upstream pools (users.go)
 	proxyProto   proxyProtoState                     // PROXY protocol headers on the client listeners (proxyproto.go)
+	routes       *routeState                         // named upstreams and [[route]] (routes.go); nil without routes
 
 	mu       sync.Mutex
 	lns      []net.Listener // the plaintext and TLS listeners
@@ -137,7 +140,12 @@ func NewServer(o Options) (*Server, error) {
 		s.upstreamAddr = addr
 	}
 	s.backend = upstream.NewBackend(s.backendOptions(cfg, addr))
-	s.backend.RegisterMetrics(o.Metrics.Registry)
+	if cfg.Routed() {
+		// Every upstream's connection metrics carry its name (routes.go).
+		s.backend.RegisterMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"upstream": config.DefaultUpstream}, o.Metrics.Registry))
+	} else {
+		s.backend.RegisterMetrics(o.Metrics.Registry)
+	}
 	// The features the data path consults (hooks.go), each built from its
 	// part of the configuration, in this order. None reads another's state
 	// while it is built; the backend comes first because the local tier
@@ -147,6 +155,7 @@ func NewServer(o Options) (*Server, error) {
 	// NewServer with nothing of the tier running.
 	for _, build := range []func(*Server) error{
 		initUsers,         // proxy users, per-credential pools; refuses an open non-loopback listener (users.go)
+		initRoutes,        // named upstreams and routes, when configured (routes.go)
 		initFlight,        // stampede protection: coalescing, miss holds (flight.go)
 		initGuard,         // the policy guard (guard.go)
 		initSlowlog,       // the slow log (slowlog.go)
@@ -158,6 +167,7 @@ func NewServer(o Options) (*Server, error) {
 				s.sentinel.Close()
 			}
 			s.closeUsers()
+			s.closeRoutes()
 			if s.router != nil {
 				s.router.Close()
 			}
@@ -184,7 +194,7 @@ func (s *Server) Ready() bool {
 	if s.sentinel != nil && s.sentinel.Primary() == "" {
 		return false
 	}
-	return s.backend.Ready()
+	return s.backend.Ready() && s.routesReady()
 }
 
 // Serve accepts plaintext clients on ln until Shutdown. A server may serve
@@ -347,6 +357,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.backend.Close()
 	s.closeUsers()
+	s.closeRoutes()
 	return err
 }
 

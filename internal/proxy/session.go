@@ -94,6 +94,8 @@ type Session struct {
 	interrupted atomic.Bool
 
 	aclKeys []commands.KeyRef // scratch for the ACL's key checks
+
+	route routeSession // with routes (routes.go)
 }
 
 // slot says where one command's reply comes from.
@@ -252,6 +254,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	if sess.srv.router != nil && sess.clusterStep(r) {
 		return
 	}
+	if sess.srv.routes != nil && sess.routeStep(r) {
+		return
+	}
 	if sess.pin.pipe != nil && sess.dispatchPinned(r) {
 		return
 	}
@@ -386,6 +391,8 @@ func (sess *Session) flush(start time.Time) {
 			}
 		} else if sess.srv.router != nil {
 			sess.srv.router.Do(call, sess.resp3)
+		} else if sess.srv.routes != nil {
+			sess.routedDo(call)
 		} else {
 			sess.backend().Pool(sess.db, sess.resp3).Do(call)
 		}

@@ -710,7 +710,11 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	reqs, m := sess.batchReqs[r.i:], r.m
 	sess.slowExempt = true
 	sess.flush(time.Now())
-	up, err := sess.backend().AcquireConn(sess.db, sess.resp3, sess.name)
+	b, err := sess.relayBackend()
+	var up net.Conn
+	if err == nil {
+		up, err = b.AcquireConn(sess.db, sess.resp3, sess.name)
+	}
 	if err != nil {
 		// Answered: the command must not also go to a shared connection,
 		// which it would turn into a subscriber (or worse, in RESP3, make
@@ -729,7 +733,7 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	// Whatever the session has still to write goes first.
 	if len(sess.out) > 0 {
 		if _, err := sess.nc.Write(sess.out); err != nil {
-			sess.backend().ReleaseConn(up)
+			b.ReleaseConn(up)
 			sess.closing(metrics.CloseWriteError)
 			sess.quitting = true
 			return true
@@ -743,7 +747,7 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 		first = sess.appendRelayed(first, &reqs[k], sess.guard.Decision(r.i+k))
 	}
 	sess.relay(kind, up, reqs, r.i, first, limit)
-	sess.backend().ReleaseConn(up)
+	b.ReleaseConn(up)
 	sess.quitting = true // relay recorded why
 	return true
 }

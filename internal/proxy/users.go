@@ -236,6 +236,9 @@ func (sess *Session) aclDenied(cmd *commands.Command, args [][]byte) string {
 // HELLO, which would re-authenticate the relay's upstream connection
 // behind the proxy's back.
 func (sess *Session) relayDenied(args [][]byte) string {
+	if msg := sess.routeRelayDenied(args); msg != "" {
+		return msg
+	}
 	if !sess.srv.usersOn() {
 		return ""
 	}

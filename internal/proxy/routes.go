@@ -1,0 +1,788 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/redproxy/redproxy/internal/auth"
+	"github.com/redproxy/redproxy/internal/cluster"
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/route"
+	"github.com/redproxy/redproxy/internal/sentinel"
+	"github.com/redproxy/redproxy/internal/upstream"
+)
+
+// Routes ([upstreams.NAME], [[route]], [[channel_route]]): each key goes to
+// the upstream of the first route whose pattern matches it, [upstream]
+// (index route.Default) when none does. The route of a command is chosen
+// in two places:
+//
+//   - commands on shared connections are routed per batch, in flush
+//     (routedDo): each command to its keys' upstream, split (MGET, MSET,
+//     DEL, UNLINK, EXISTS, TOUCH) or fanned out (SCAN, DBSIZE, KEYS,
+//     FLUSHALL, ...) over several, and the replies merged in order;
+//   - commands on a dedicated connection (MULTI/EXEC, WATCH, blocking
+//     commands, SUBSCRIBE and the other relays) take it from the one
+//     upstream all their keys or channels route to, decided at dispatch
+//     (routeStep); keys of another upstream fail before anything is sent.
+//
+// The routes are an immutable route.Table a reload swaps whole; the
+// upstreams and their connections are set up at start only.
+
+// routeState is the routes' part of a Server; nil when none are
+// configured.
+type routeState struct {
+	table   atomic.Pointer[route.Table]
+	targets []*routeTarget // by upstream index; targets[0] is [upstream]
+	routed  *prometheus.CounterVec
+	failed  *prometheus.CounterVec
+}
+
+// routeTarget is one upstream's connections.
+type routeTarget struct {
+	name string
+	mode string
+	// backend is a standalone or Sentinel upstream's shared pools (for
+	// the default upstream, Server.backend); nil for a cluster.
+	backend *upstream.Backend
+	// users are the pools of the proxy users' own upstream credentials;
+	// for the default upstream, userState.backends.
+	users    map[auth.Credential]*upstream.Backend
+	router   *cluster.Router   // a cluster upstream
+	sentinel *sentinel.Watcher // a Sentinel upstream other than the default
+	routed   prometheus.Counter
+	failed   prometheus.Counter
+}
+
+// initRoutes sets up the named upstreams and the routes, after initUsers
+// (the users' credentials get pools on every upstream).
+func initRoutes(s *Server) error {
+	cfg := s.cfg
+	if !cfg.Routed() {
+		return nil
+	}
+	rs := &routeState{
+		routed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redproxy_route_commands_total", Help: "Commands (or parts of split and fanned-out commands) sent to each upstream on shared connections, by upstream name."}, []string{"upstream"}),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redproxy_route_errors_total", Help: "Commands (or parts) sent to an upstream that got no reply from it (unreachable, connection lost), by upstream name."}, []string{"upstream"}),
+	}
+	if err := s.metrics.Registry.Register(rs.routed); err != nil {
+		return err
+	}
+	if err := s.metrics.Registry.Register(rs.failed); err != nil {
+		return err
+	}
+	s.routes = rs
+	for i, name := range cfg.UpstreamNames() {
+		t := &routeTarget{name: name, routed: rs.routed.WithLabelValues(name), failed: rs.failed.WithLabelValues(name)}
+		rs.targets = append(rs.targets, t)
+		if i == route.Default {
+			t.mode, t.backend, t.users = cfg.Upstream.Mode, s.backend, s.users.backends
+			continue
+		}
+		if err := s.startTarget(t, cfg.Upstreams[name]); err != nil {
+			return err
+		}
+	}
+	tbl, err := newRouteTable(cfg)
+	if err != nil {
+		return err
+	}
+	rs.table.Store(tbl)
+	return nil
+}
+
+func newRouteTable(cfg *config.Config) (*route.Table, error) {
+	conv := func(rs []config.Route) []route.Rule {
+		out := make([]route.Rule, len(rs))
+		for i, r := range rs {
+			out[i] = route.Rule{Pattern: r.Pattern, Upstream: r.Upstream}
+		}
+		return out
+	}
+	return route.New(cfg.UpstreamNames(), conv(cfg.Routes), conv(cfg.ChannelRoutes))
+}
+
+// startTarget dials named upstream t, set up as u says.
+func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
+	t.mode = u.Mode
+	tlsConf, err := u.ClientTLS()
+	if err != nil {
+		return err
+	}
+	if u.TLS != nil && u.TLS.InsecureSkipVerify {
+		s.log.Warn("INSECURE: tls.insecure_skip_verify is set for a named upstream: its certificate is NOT verified", "upstream", t.name)
+	}
+	reg := prometheus.WrapRegistererWith(prometheus.Labels{"upstream": t.name}, s.metrics.Registry)
+	opts := func(addr, user, pass string) upstream.BackendOptions {
+		return upstream.BackendOptions{
+			Addr: addr, Username: user, Password: pass, TLS: tlsConf,
+			Connections: u.Connections, MaxPinned: u.MaxPinned,
+			// SELECT's range is [upstream]'s: every upstream serves the
+			// client's database.
+			Databases:    s.cfg.Upstream.Databases,
+			DialTimeout:  u.DialTimeout.Duration,
+			ReplyTimeout: u.ReplyTimeout.Duration,
+			DeadTimeout:  u.DeadTimeout.Duration,
+			ReconnectMin: u.ReconnectMin.Duration,
+			ReconnectMax: u.ReconnectMax.Duration,
+			Logger:       s.log.With("upstream", t.name),
+		}
+	}
+	if u.Mode == config.ModeCluster {
+		o := opts("", u.Username, u.Password)
+		t.router = cluster.New(cluster.Options{Seeds: u.Seeds, Backend: o, Table: s.table, Logger: s.log.With("upstream", t.name)})
+		return nil
+	}
+	addr := u.Address
+	if u.Mode == config.ModeSentinel {
+		so := sentinelOptions(&config.Config{Upstream: u}, s.log.With("upstream", t.name))
+		so.OnSwitch = func(primary string) { s.targetFailover(t, primary, opts) }
+		t.sentinel = sentinel.New(so)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*u.DialTimeout.Duration*time.Duration(len(u.Sentinels)))
+		found, _, err := t.sentinel.Discover(ctx, "", -1)
+		cancel()
+		if err != nil {
+			s.log.Warn("sentinel: no primary found at start for a named upstream; its keys fail until one is", "upstream", t.name, "master_name", u.MasterName, "err", err)
+		}
+		addr = found
+	}
+	t.backend = upstream.NewBackend(opts(addr, u.Username, u.Password))
+	t.backend.RegisterMetrics(reg)
+	t.users = map[auth.Credential]*upstream.Backend{}
+	for cred := range s.users.backends {
+		t.users[cred] = upstream.NewBackend(opts(addr, cred.User, cred.Password))
+	}
+	if t.sentinel != nil {
+		t.sentinel.Start(addr)
+	}
+	return nil
+}
+
+// targetFailover moves a named Sentinel upstream to its new primary, as
+// Server.failover does for [upstream].
+func (s *Server) targetFailover(t *routeTarget, addr string, opts func(addr, user, pass string) upstream.BackendOptions) {
+	u := s.cfg.Upstreams[t.name]
+	t.backend.Failover(opts(addr, u.Username, u.Password))
+	for cred, b := range t.users {
+		b.Failover(opts(addr, cred.User, cred.Password))
+	}
+	s.log.Warn("upstream switched to the new primary", "upstream", t.name, "primary", addr)
+}
+
+// closeRoutes closes the named upstreams' connections (not the default's,
+// which the server closes).
+func (s *Server) closeRoutes() {
+	if s.routes == nil {
+		return
+	}
+	for _, t := range s.routes.targets[1:] {
+		if t.sentinel != nil {
+			t.sentinel.Close()
+		}
+		if t.router != nil {
+			t.router.Close()
+		}
+		if t.backend != nil {
+			t.backend.Close()
+		}
+		for _, b := range t.users {
+			b.Close()
+		}
+	}
+}
+
+// routesReady reports whether every named upstream can serve.
+func (s *Server) routesReady() bool {
+	if s.routes == nil {
+		return true
+	}
+	for _, t := range s.routes.targets[1:] {
+		switch {
+		case t.router != nil:
+			if !t.router.Ready() {
+				return false
+			}
+		case t.sentinel != nil && t.sentinel.Primary() == "":
+			return false
+		case !t.backend.Ready():
+			return false
+		}
+	}
+	return true
+}
+
+// checkRouteReload refuses a reload that turns routes on or off: the
+// upstreams' connections are set up at start.
+func (s *Server) checkRouteReload(next *config.Config) error {
+	if (s.routes != nil) != next.Routed() {
+		return errors.New("route: turning routes on or off needs a restart")
+	}
+	return nil
+}
+
+// reloadRoutes swaps the routes for next's, whole: a batch being routed
+// keeps the table it started with.
+func (s *Server) reloadRoutes(next *config.Config) {
+	if s.routes == nil {
+		return
+	}
+	t, err := newRouteTable(next)
+	if err != nil {
+		// Validated already (config.checkRoutes); keep the routes in force.
+		s.log.Error("route: reloaded routes do not compile; keeping the routes in force", "err", err)
+		return
+	}
+	s.routes.table.Store(t)
+}
+
+// backendFor is upstream up's pools for the client's credential, or an
+// error for a cluster upstream (which routes commands itself).
+func (sess *Session) backendFor(up int) (*upstream.Backend, error) {
+	t := sess.srv.routes.targets[up]
+	if t.router != nil {
+		return nil, fmt.Errorf("redproxy: upstream '%s' is a cluster; a dedicated connection (transaction, blocking command, pub/sub) on it is not supported with routes yet", t.name)
+	}
+	if up == route.Default {
+		return sess.backend(), nil
+	}
+	if sess.user != nil && sess.user.Upstream.User != "" {
+		if b := t.users[sess.user.Upstream]; b != nil {
+			return b, nil
+		}
+	}
+	return t.backend, nil
+}
+
+// routeSession is a session's routing state.
+type routeSession struct {
+	// relay is the upstream the client's relay (SUBSCRIBE, MONITOR) runs
+	// on; its later commands must route there too (routeRelayDenied).
+	relay int
+	keys  []int
+}
+
+var errRouteInTx = func(name string) []byte {
+	return []byte("-ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + " inside a transaction is not supported with routes (it concerns every upstream)\r\n")
+}
+
+// routeKeys is the upstream of r's keys (see route.Table.Keys).
+func (sess *Session) routeKeys(r *request) (up int, keyed bool, cross []byte) {
+	t := sess.srv.routes.table.Load()
+	up, keyed, err := t.Keys(r.cmd, r.Args, &sess.route.keys)
+	var ce *route.CrossError
+	if errors.As(err, &ce) {
+		return up, true, ce.Reply()
+	}
+	return up, keyed, nil
+}
+
+// routeChannels is the upstream of a SUBSCRIBE's channels (or
+// PSUBSCRIBE's patterns, routed as if they were channel names).
+func (sess *Session) routeChannels(r *request) (int, []byte) {
+	t := sess.srv.routes.table.Load()
+	up := -1
+	for _, ch := range r.Args[1:] {
+		u := t.Channel(ch)
+		if up >= 0 && u != up {
+			return up, []byte("-ERR redproxy: the channels of '" + strings.ToUpper(r.name) + "' go to different upstreams ('" + t.Name(up) + "' and '" + t.Name(u) + "'); subscribe to them on separate connections\r\n")
+		}
+		up = u
+	}
+	return max(up, route.Default), nil
+}
+
+// routeStep decides, with routes, where the commands that need a
+// dedicated connection go: it pins, queues or refuses them, and reports
+// true when it answered r. Everything else goes on as usual and is routed
+// by flush.
+func (sess *Session) routeStep(r *request) bool {
+	if sess.cmulti.open {
+		return sess.routeQueue(r)
+	}
+	cmd, m := r.cmd, r.m
+	if cmd == nil {
+		return false
+	}
+	if sess.pin.pipe != nil {
+		return sess.routePinned(r)
+	}
+	switch r.name {
+	case "multi":
+		if len(r.Args) != 1 {
+			return false // the arity error
+		}
+		sess.cmulti = clusterMulti{open: true, queued: sess.cmulti.queued[:0]}
+		sess.list.multi.Store(1)
+		sess.replyLocal(m, ok)
+		return true
+	case "watch":
+		up, keyed, cross := sess.routeKeys(r)
+		switch {
+		case !keyed:
+			return false // the arity error
+		case cross != nil:
+			sess.replyLocal(m, cross)
+			return true
+		}
+		b, err := sess.backendFor(up)
+		if err != nil {
+			sess.replyLocal(m, errorReply(err))
+			return true
+		}
+		sess.pinForOn(r, b, up)
+		return true
+	case "subscribe", "psubscribe", "ssubscribe":
+		if !cmd.ArityOK(len(r.Args)) {
+			return false
+		}
+		up, cross := sess.routeChannels(r)
+		if cross != nil {
+			sess.replyLocal(m, cross)
+			return true
+		}
+		sess.route.relay = up
+		return false
+	case "monitor":
+		sess.route.relay = route.Default
+		return false
+	case "client|tracking", "client|no-touch":
+		if len(r.Args) > 2 && strings.EqualFold(string(r.Args[2]), "on") {
+			// A relay carries all of the client's later commands to one
+			// upstream, and tracking would hear of one upstream's writes.
+			sess.replyLocal(m, []byte("-ERR redproxy: "+strings.ToUpper(strings.ReplaceAll(r.name, "|", " "))+" ON is not supported with routes yet\r\n"))
+			return true
+		}
+		return false
+	}
+	if r.blocking {
+		_, keyed, cross := sess.routeKeys(r)
+		if keyed && cross != nil {
+			sess.replyLocal(m, cross)
+			return true
+		}
+	}
+	return false
+}
+
+// routeBlockingBackend is where a blocking command borrows its connection
+// with routes: the upstream of its keys (routeStep checked they share
+// one); a keyless one (WAIT) the default upstream.
+func (sess *Session) routeBlockingBackend(r *request) (*upstream.Backend, error) {
+	up, _, _ := sess.routeKeys(r)
+	return sess.backendFor(up)
+}
+
+// routePinned checks a command of a client holding a pinned connection:
+// its keys must route to the transaction's upstream (pin.slot), and a
+// command that concerns every upstream cannot run on one. A refused
+// command inside MULTI makes EXEC fail, as a queue-time error does.
+func (sess *Session) routePinned(r *request) bool {
+	pin := &sess.pin
+	var reply []byte
+	if route.FansOut(r.name) {
+		reply = errRouteInTx(r.name)
+	} else {
+		up, keyed, cross := sess.routeKeys(r)
+		if !keyed {
+			return false
+		}
+		if cross == nil && (pin.slot < 0 || up == pin.slot) {
+			pin.slot = up
+			return false
+		}
+		if reply = cross; reply == nil {
+			t := sess.srv.routes.table.Load()
+			reply = []byte("-CROSSROUTE redproxy: the keys of '" + strings.ToUpper(r.name) + "' go to upstream '" + t.Name(up) + "', the transaction's are on '" + t.Name(pin.slot) + "'; a transaction stays on one upstream\r\n")
+		}
+	}
+	sess.refusedInMulti()
+	sess.replyLocal(r.m, reply)
+	return true
+}
+
+// routeQueue handles a command of a MULTI that has no upstream yet: the
+// first keyed command decides it, as the first key's slot does in
+// cluster mode (clusterQueue, which this follows).
+func (sess *Session) routeQueue(r *request) bool {
+	cm := &sess.cmulti
+	m := r.m
+	switch r.name {
+	case "exec":
+		switch {
+		case cm.failed:
+			sess.endClusterMulti()
+			sess.replyLocal(m, errExecAbort)
+			return true
+		case len(cm.queued) == 0:
+			sess.endClusterMulti()
+			sess.replyLocal(m, emptyExec)
+			return true
+		}
+		return sess.placeRouteMulti(r, route.Default)
+	case "discard":
+		sess.endClusterMulti()
+		sess.replyLocal(m, ok)
+		return true
+	case "multi":
+		sess.replyLocal(m, errNestedMulti)
+		return true
+	case "reset", "quit":
+		sess.endClusterMulti()
+		return false
+	}
+	fail := func(reply []byte) bool {
+		cm.failed = true
+		sess.replyLocal(m, reply)
+		return true
+	}
+	cmd := r.cmd
+	switch {
+	case cmd == nil:
+		return fail(errUnknownCommand(r.Args))
+	case !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil:
+		return fail(errArity(r.name))
+	case route.FansOut(r.name):
+		return fail(errRouteInTx(r.name))
+	}
+	up, keyed, cross := sess.routeKeys(r)
+	switch {
+	case cross != nil:
+		return fail(cross)
+	case cm.failed:
+		sess.replyLocal(m, queued)
+		return true
+	case keyed:
+		return sess.placeRouteMulti(r, up)
+	}
+	if cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && r.name != "unwatch" && r.name != "publish" && r.name != "pubsub" {
+		return fail([]byte("-ERR redproxy: '" + strings.ToUpper(strings.ReplaceAll(r.name, "|", " ")) + "' inside MULTI is not supported\r\n"))
+	}
+	raw := r.Raw
+	if d := sess.guard.Decision(r.i); d != nil && d.Args != nil {
+		raw = sess.guard.Encode(d.Args)
+	}
+	if len(cm.queued) >= maxClusterQueued || cm.size+len(raw) > maxClusterQueuedBytes {
+		return fail([]byte("-ERR redproxy: too many keyless commands queued before the transaction's first key\r\n"))
+	}
+	cm.queued = append(cm.queued, clusterQueued{raw: append([]byte(nil), raw...), m: m})
+	cm.size += len(raw)
+	sess.list.multi.Add(1)
+	sess.replyLocal(m, queued)
+	return true
+}
+
+// placeRouteMulti pins the transaction on upstream up and replays MULTI
+// and the commands queued so far there; r then goes on to the ordinary
+// pinned handling.
+func (sess *Session) placeRouteMulti(r *request, up int) bool {
+	cm := &sess.cmulti
+	b, err := sess.backendFor(up)
+	if err == nil {
+		err = sess.pinOn(b, up)
+	}
+	if err != nil {
+		sess.endClusterMulti()
+		sess.abort = txAbort{reason: errTxMultiRefused, multi: true}
+		sess.replyLocal(r.m, errorReply(err))
+		if r.name == "exec" {
+			sess.abort = txAbort{}
+		}
+		return true
+	}
+	sess.forwardHidden(cmdMulti)
+	sess.pin.inMulti = true
+	for _, q := range cm.queued {
+		sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: q.m, tx: true, mute: true})
+		sess.call.Add(q.raw)
+	}
+	clear(cm.queued)
+	*cm = clusterMulti{queued: cm.queued[:0]}
+	return false
+}
+
+// relayBackend is where the client's relay connection comes from.
+func (sess *Session) relayBackend() (*upstream.Backend, error) {
+	if sess.srv.routes == nil {
+		return sess.backend(), nil
+	}
+	return sess.backendFor(sess.route.relay)
+}
+
+// routeRelayDenied refuses a command of a relayed client whose keys or
+// channels route to another upstream than the relay's.
+func (sess *Session) routeRelayDenied(args [][]byte) string {
+	if sess.srv.routes == nil || len(args) == 0 {
+		return ""
+	}
+	cmd := sess.srv.table.Lookup(args)
+	if cmd == nil {
+		return ""
+	}
+	t := sess.srv.routes.table.Load()
+	up := sess.route.relay
+	switch {
+	case cmd.Name == "unsubscribe" || cmd.Name == "punsubscribe" || cmd.Name == "sunsubscribe":
+		return "" // nothing of another upstream's is subscribed here
+	case isSubscribe(cmd.Name) || cmd.Name == "publish" || cmd.Name == "spublish":
+		for _, ch := range args[1:] {
+			if t.Channel(ch) != up {
+				// (The channel is the client's bytes: not echoed in an error line.)
+				return "ERR redproxy: a channel of this command goes to upstream '" + t.Name(t.Channel(ch)) + "', this connection's subscriptions are on '" + t.Name(up) + "'; subscribe on another connection"
+			}
+			if cmd.Name == "publish" || cmd.Name == "spublish" {
+				break
+			}
+		}
+		return ""
+	case route.FansOut(cmd.Name):
+		return "ERR redproxy: " + strings.ToUpper(cmd.Name) + " is not supported on a subscribed connection with routes"
+	}
+	u, keyed, err := t.Keys(cmd, args, &sess.route.keys)
+	if keyed && (err != nil || u != up) {
+		return "ERR redproxy: keys of this command go to another upstream than this subscribed connection's ('" + t.Name(up) + "')"
+	}
+	return ""
+}
+
+// routeCalls keeps the per-upstream Calls of routedDo between batches.
+var routeCalls = sync.Pool{New: func() any { return &routeBatch{} }}
+
+type routeBatch struct {
+	calls []*upstream.Call // by upstream index; nil: nothing for it
+	plans []route.Plan
+	// where[first[op]+part] is the index of the part's reply in its
+	// upstream's Call.
+	where, first []int
+	errs         []error
+	sent         []bool
+	args         [][]byte
+	keys         []int
+	parts        [][]byte
+	groups       []int // per op: the transaction (MULTI ... EXEC in the Call) it is in, from 1; 0 for none
+}
+
+// routedDo runs a Call of shared-connection commands against the routes'
+// upstreams: each upstream's share travels in the Call's order on one of
+// its connections, all upstreams at once, and the replies are filled in
+// the Call's order. A MULTI ... EXEC inside the Call (the guard's TTL
+// fix-ups) goes whole to the upstream of its first key.
+func (sess *Session) routedDo(call *upstream.Call) {
+	rs := sess.srv.routes
+	t := rs.table.Load()
+	b := routeCalls.Get().(*routeBatch)
+	defer routeCalls.Put(b)
+	n := call.Len()
+	b.plans = append(b.plans[:0], make([]route.Plan, n)...)
+	b.groups = append(b.groups[:0], make([]int, n)...)
+	group, groups := 0, 0
+	for i := range n {
+		var err error
+		b.args, err = route.SplitCommand(call.Part(i), b.args[:0])
+		if err != nil || len(b.args) == 0 {
+			b.plans[i] = route.Plan{Local: errorReply(resp.ErrProtocol)}
+			continue
+		}
+		cmd := sess.srv.table.Lookup(b.args)
+		if group == 0 && cmd != nil && cmd.Name == "multi" {
+			groups++
+			group = groups
+		}
+		if group != 0 {
+			b.groups[i] = group
+			up := route.Default
+			if cmd != nil {
+				u, keyed, err := t.Keys(cmd, b.args, &b.keys)
+				var ce *route.CrossError
+				if errors.As(err, &ce) {
+					b.plans[i] = route.Plan{Local: ce.Reply()}
+				} else if keyed {
+					up = u
+				} else {
+					up = -1 // wherever the group goes
+				}
+			}
+			if b.plans[i].Local == nil {
+				b.plans[i] = route.Single(up)
+			}
+			if cmd != nil && (cmd.Name == "exec" || cmd.Name == "discard") {
+				group = 0
+			}
+			continue
+		}
+		b.plans[i] = t.Plan(cmd, b.args, &b.keys)
+	}
+	if groups > 0 {
+		sess.placeRouteGroups(b, groups)
+	}
+	for len(b.calls) < t.Len() {
+		b.calls = append(b.calls, nil)
+	}
+	b.where, b.first = b.where[:0], b.first[:0]
+	limit := call.ReplyLimit()
+	for i := range n {
+		p := &b.plans[i]
+		b.first = append(b.first, len(b.where))
+		for k := range p.Len() {
+			part := p.Part(k)
+			c := b.calls[part.Upstream]
+			if c == nil {
+				c = upstream.NewCall()
+				b.calls[part.Upstream] = c
+			}
+			if c.Len() == 0 && limit > 0 {
+				// Each upstream's share is capped like the client's whole
+				// Call, as cluster mode caps each node's.
+				c.SetReplyLimit(limit)
+			}
+			b.where = append(b.where, c.Len())
+			raw := part.Raw
+			if raw == nil {
+				raw = call.Part(i)
+			}
+			c.Add(raw)
+		}
+	}
+	b.errs = append(b.errs[:0], make([]error, len(b.calls))...)
+	var wg sync.WaitGroup
+	b.sent = append(b.sent[:0], make([]bool, len(b.calls))...)
+	sent := b.sent
+	for up, c := range b.calls {
+		if c == nil || c.Len() == 0 {
+			continue
+		}
+		tg := rs.targets[up]
+		tg.routed.Add(float64(c.Len()))
+		if tg.router != nil {
+			if sess.db != 0 {
+				b.errs[up] = fmt.Errorf("redproxy: upstream '%s' is a cluster, which has only database 0", tg.name)
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tg.router.Do(c, sess.resp3)
+			}()
+			continue
+		}
+		be, _ := sess.backendFor(up)
+		if err := be.Pool(sess.db, sess.resp3).Send(c); err != nil {
+			b.errs[up] = err
+			continue
+		}
+		sent[up] = true
+	}
+	for up, c := range b.calls {
+		if sent[up] {
+			c.Wait()
+		}
+	}
+	wg.Wait()
+	overflow := false
+	for i := range n {
+		p := &b.plans[i]
+		if p.Local != nil {
+			call.AddReply(p.Local)
+			continue
+		}
+		b.parts = b.parts[:0]
+		for k := range p.Len() {
+			up := p.Part(k).Upstream
+			c := b.calls[up]
+			var r []byte
+			err := b.errs[up]
+			if err == nil {
+				r, err = c.Reply(b.where[b.first[i]+k])
+			}
+			if errors.Is(err, upstream.ErrOutputLimit) {
+				overflow = true
+			}
+			if err != nil {
+				rs.targets[up].failed.Inc()
+				r = errorReply(err)
+			}
+			b.parts = append(b.parts, r)
+		}
+		if overflow {
+			call.Overflow()
+		}
+		call.AddReply(p.Reply(b.parts))
+	}
+	for _, c := range b.calls {
+		if c != nil {
+			c.Reset()
+			c.Trim(64 << 10)
+		}
+	}
+	clear(b.plans)
+	clear(b.parts)
+}
+
+// placeRouteGroups sends every command of a transaction in the Call to
+// the upstream of its first key; a transaction whose keys route to
+// different upstreams fails whole before anything of it is sent.
+func (sess *Session) placeRouteGroups(b *routeBatch, groups int) {
+	ups := make([]int, groups+1)
+	crossed := make([]bool, groups+1)
+	for i := range ups {
+		ups[i] = -1
+	}
+	for i, g := range b.groups {
+		if g == 0 {
+			continue
+		}
+		p := &b.plans[i]
+		if p.Local != nil {
+			crossed[g] = true
+			continue
+		}
+		if up := p.Part(0).Upstream; up >= 0 {
+			if ups[g] >= 0 && ups[g] != up {
+				crossed[g] = true
+			}
+			if ups[g] < 0 {
+				ups[g] = up
+			}
+		}
+	}
+	for i, g := range b.groups {
+		if g == 0 {
+			continue
+		}
+		if crossed[g] {
+			b.plans[i] = route.Plan{Local: []byte("-CROSSROUTE redproxy: the keys of one transaction go to different upstreams; a transaction stays on one upstream\r\n")}
+			continue
+		}
+		b.plans[i].Part(0).Upstream = max(ups[g], route.Default)
+	}
+}
+
+// routedFetch is stampede protection's way upstream with routes: to the
+// upstream of the read's key.
+func (s *Server) routedFetch(c *upstream.Call, db int, resp3 bool, cmd []byte) {
+	args, err := route.SplitCommand(cmd, nil)
+	up := route.Default
+	if err == nil && len(args) > 0 {
+		if command := s.table.Lookup(args); command != nil {
+			if u, _, kerr := s.routes.table.Load().Keys(command, args, nil); kerr == nil {
+				up = u
+			}
+		}
+	}
+	t := s.routes.targets[up]
+	t.routed.Add(float64(c.Len()))
+	switch {
+	case t.router != nil:
+		t.router.Do(c, resp3)
+	default:
+		t.backend.Pool(db, resp3).Do(c)
+	}
+}

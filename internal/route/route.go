@@ -1,0 +1,564 @@
+// Package route decides which named upstream a command goes to when
+// [[route]] and [[channel_route]] are configured: by its keys (the first
+// route whose glob matches a key wins; keys matching none go to the
+// default upstream, index 0), by its channel for PUBLISH, to every
+// upstream for the commands that concern the whole keyspace (SCAN, DBSIZE,
+// KEYS, FLUSHALL, ...), and how the replies of a command split over
+// several upstreams come back together.
+//
+// A Table is immutable: a reload builds a new one and swaps it whole, so
+// a batch is routed by one set of routes from start to end.
+package route
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/glob"
+	"github.com/redproxy/redproxy/internal/resp"
+)
+
+// Default is the index of the default upstream, [upstream].
+const Default = 0
+
+// Rule sends what matches Pattern to the upstream named Upstream.
+type Rule struct {
+	Pattern  string
+	Upstream string
+}
+
+type rule struct {
+	pat glob.Pattern
+	up  int
+}
+
+// Table is a compiled set of routes over a fixed list of upstreams.
+type Table struct {
+	names    []string
+	keys     []rule
+	channels []rule
+}
+
+// ErrUnknownUpstream: a rule names an upstream the table does not have.
+var ErrUnknownUpstream = errors.New("route: unknown upstream")
+
+// New compiles keyRules and channelRules over names, the upstreams in
+// index order (names[Default] is the default upstream).
+func New(names []string, keyRules, channelRules []Rule) (*Table, error) {
+	t := &Table{names: names}
+	index := make(map[string]int, len(names))
+	for i, n := range names {
+		index[n] = i
+	}
+	compile := func(rs []Rule) ([]rule, error) {
+		out := make([]rule, 0, len(rs))
+		for _, r := range rs {
+			i, ok := index[r.Upstream]
+			if !ok {
+				return nil, fmt.Errorf("%w %q (pattern %q)", ErrUnknownUpstream, r.Upstream, r.Pattern)
+			}
+			if err := glob.Check(r.Pattern); err != nil {
+				return nil, fmt.Errorf("route: pattern %q: %w", r.Pattern, err)
+			}
+			out = append(out, rule{pat: glob.Compile(r.Pattern), up: i})
+		}
+		return out, nil
+	}
+	var err error
+	if t.keys, err = compile(keyRules); err != nil {
+		return nil, err
+	}
+	if t.channels, err = compile(channelRules); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Len is the number of upstreams.
+func (t *Table) Len() int { return len(t.names) }
+
+// Name is upstream i's name.
+func (t *Table) Name(i int) string { return t.names[i] }
+
+// Key is the upstream of key, and the index of the route that chose it
+// (-1: no route matched; the default upstream).
+func (t *Table) Key(key []byte) (up, rule int) { return match(t.keys, key) }
+
+// Channel is the upstream of a pub/sub channel.
+func (t *Table) Channel(ch []byte) int {
+	up, _ := match(t.channels, ch)
+	return up
+}
+
+func match(rs []rule, s []byte) (int, int) {
+	for i := range rs {
+		if rs[i].pat.Match(s) {
+			return rs[i].up, i
+		}
+	}
+	return Default, -1
+}
+
+// describe names the route that chose rule's upstream, for errors.
+func (t *Table) describe(up, rule int) string {
+	if rule < 0 {
+		return "the default route -> " + t.names[up]
+	}
+	return "route " + strconv.Quote(t.keys[rule].pat.String()) + " -> " + t.names[up]
+}
+
+// Merge says how the replies of a command sent to several upstreams
+// become its one reply.
+type Merge uint8
+
+const (
+	One          Merge = iota // one part, its reply as is
+	MGET                      // array elements put back in key order
+	Sum                       // integers added (DEL, EXISTS, DBSIZE, ...)
+	AllOK                     // the first reply if none failed, else the first error
+	Concat                    // arrays concatenated (KEYS)
+	FirstNonNull              // RANDOMKEY
+	AllOnes                   // SCRIPT EXISTS: 1 only where every upstream has it
+	Scan                      // SCAN: the upstream's cursor rewritten
+)
+
+// Part is what goes to one upstream. Raw nil means the command as the
+// client sent it.
+type Part struct {
+	Upstream int
+	Raw      []byte
+}
+
+// Plan is where one command goes.
+type Plan struct {
+	// Local, when set, is the reply: nothing goes upstream.
+	Local []byte
+	Merge Merge
+	// parts are where the command goes; a plan with one part keeps it in
+	// single instead, so routing most commands allocates nothing.
+	parts  []Part
+	single Part
+	one    bool
+	// Pos locates key k's element of a split MGET: part, element.
+	Pos [][2]int
+	// upstreams is how many there are, for SCAN's next cursor.
+	upstreams int
+}
+
+// Single is the plan of a command sent as it is to upstream up.
+func Single(up int) Plan { return Plan{one: true, single: Part{Upstream: up}} }
+
+// Len is the number of parts.
+func (p *Plan) Len() int {
+	if p.one {
+		return 1
+	}
+	return len(p.parts)
+}
+
+// Part is part k, which the caller may redirect (a transaction's commands
+// go where its first key does).
+func (p *Plan) Part(k int) *Part {
+	if p.one {
+		return &p.single
+	}
+	return &p.parts[k]
+}
+
+// fanOut lists the keyless commands that go to every upstream, and how
+// their replies combine: the same list as cluster mode's, for the same
+// reasons (internal/cluster).
+var fanOut = map[string]Merge{
+	"dbsize":           Sum,
+	"keys":             Concat,
+	"randomkey":        FirstNonNull,
+	"flushall":         AllOK,
+	"flushdb":          AllOK,
+	"script|load":      AllOK,
+	"script|flush":     AllOK,
+	"script|exists":    AllOnes,
+	"function|load":    AllOK,
+	"function|delete":  AllOK,
+	"function|flush":   AllOK,
+	"function|restore": AllOK,
+}
+
+// FansOut reports whether the command named name goes to every upstream.
+func FansOut(name string) bool {
+	_, ok := fanOut[name]
+	return ok || name == "scan"
+}
+
+// Keys is the upstream all of args' keys route to. keyed is false for a
+// command without keys; when the keys route to different upstreams, err
+// names two of the routes.
+// scratch, when not nil, holds the key positions between calls.
+func (t *Table) Keys(cmd *commands.Command, args [][]byte, scratch *[]int) (up int, keyed bool, err error) {
+	var keys []int
+	if scratch != nil {
+		keys = cmd.Keys(args, (*scratch)[:0])
+		*scratch = keys
+	} else {
+		keys = cmd.Keys(args, nil)
+	}
+	if len(keys) == 0 {
+		return Default, false, nil
+	}
+	up, r0 := t.Key(args[keys[0]])
+	for _, k := range keys[1:] {
+		if u, r := t.Key(args[k]); u != up {
+			return up, true, &CrossError{Command: cmd.Name, A: t.describe(up, r0), B: t.describe(u, r)}
+		}
+	}
+	return up, true, nil
+}
+
+// CrossError: one command's keys route to different upstreams, and it is
+// not one that can be split.
+type CrossError struct {
+	Command string
+	A, B    string // the two routes, described
+}
+
+func (e *CrossError) Error() string {
+	return "CROSSROUTE redproxy: the keys of '" + strings.ToUpper(strings.ReplaceAll(e.Command, "|", " ")) + "' go to different upstreams (" + e.A + "; " + e.B + "); send them separately"
+}
+
+// Reply is e as a RESP error.
+func (e *CrossError) Reply() []byte { return []byte("-" + e.Error() + "\r\n") }
+
+// Plan decides where one command goes, outside a transaction. cmd may be
+// nil (a command unknown to the proxy: the default upstream answers it).
+func (t *Table) Plan(cmd *commands.Command, args [][]byte, scratch *[]int) Plan {
+	if cmd == nil {
+		return Single(Default)
+	}
+	name := cmd.Name
+	if name == "scan" {
+		return t.planScan(args)
+	}
+	if m, ok := fanOut[name]; ok {
+		p := Plan{Merge: m, parts: make([]Part, t.Len())}
+		for i := range p.parts {
+			p.parts[i].Upstream = i
+		}
+		return p
+	}
+	if (name == "publish" || name == "spublish") && len(args) >= 2 {
+		return Single(t.Channel(args[1]))
+	}
+	up, _, err := t.Keys(cmd, args, scratch)
+	if err == nil {
+		return Single(up)
+	}
+	switch name {
+	case "mget":
+		return t.split(args, MGET, 1)
+	case "del", "unlink", "exists", "touch":
+		return t.split(args, Sum, 1)
+	case "mset":
+		return t.split(args, AllOK, 2)
+	}
+	return Plan{Local: err.(*CrossError).Reply()}
+}
+
+// split sends one command per upstream of a multi-key command whose keys
+// are args[1], args[1+stride], ... (with stride-1 values after each), in
+// the order each upstream first appears.
+func (t *Table) split(args [][]byte, m Merge, stride int) Plan {
+	p := Plan{Merge: m}
+	if (len(args)-1)%stride != 0 {
+		return Plan{Local: []byte("-ERR wrong number of arguments for '" + string(bytes.ToLower(args[0])) + "' command\r\n")}
+	}
+	var groups [][][]byte
+	for i := 1; i < len(args); i += stride {
+		up, _ := t.Key(args[i])
+		g := -1
+		for j := range p.parts {
+			if p.parts[j].Upstream == up {
+				g = j
+				break
+			}
+		}
+		if g < 0 {
+			g = len(groups)
+			groups = append(groups, [][]byte{args[0]})
+			p.parts = append(p.parts, Part{Upstream: up})
+		}
+		if m == MGET {
+			p.Pos = append(p.Pos, [2]int{g, len(groups[g]) - 1})
+		}
+		groups[g] = append(groups[g], args[i:i+stride]...)
+	}
+	for g := range groups {
+		p.parts[g].Raw = resp.AppendCommand(nil, groups[g]...)
+	}
+	return p
+}
+
+// Scan cursors carry the upstream's index in their low bits and the
+// upstream's own cursor above them.
+const (
+	cursorBits     = 6
+	maxInnerCursor = 1<<(64-cursorBits) - 1
+)
+
+var errBadCursor = []byte("-ERR invalid cursor\r\n")
+
+func (t *Table) planScan(args [][]byte) Plan {
+	if len(args) < 2 {
+		return Plan{Local: []byte("-ERR wrong number of arguments for 'scan' command\r\n")}
+	}
+	cursor, err := strconv.ParseUint(string(args[1]), 10, 64)
+	if err != nil {
+		return Plan{Local: errBadCursor}
+	}
+	up := int(cursor & (1<<cursorBits - 1))
+	if up >= t.Len() {
+		return Plan{Local: errBadCursor}
+	}
+	inner := append([][]byte{args[0], strconv.AppendUint(nil, cursor>>cursorBits, 10)}, args[2:]...)
+	return Plan{Merge: Scan, one: true, single: Part{Upstream: up, Raw: resp.AppendCommand(nil, inner...)}, upstreams: t.Len()}
+}
+
+// Reply builds the command's reply from its parts' replies, in the parts'
+// order. A split command fails as a whole with the first error any part
+// got, though the other parts ran (docs/COMPATIBILITY.md), as in cluster
+// mode.
+func (p *Plan) Reply(replies [][]byte) []byte {
+	if p.Local != nil {
+		return p.Local
+	}
+	if p.Merge == Scan {
+		return scanReply(p.single.Upstream, p.upstreams, replies[0])
+	}
+	if p.Merge == One || len(replies) == 1 && p.Merge != MGET {
+		return replies[0]
+	}
+	if p.Merge != FirstNonNull {
+		for _, r := range replies {
+			if resp.IsError(r) {
+				return r
+			}
+		}
+	}
+	switch p.Merge {
+	case MGET:
+		elems := make([][][]byte, len(replies))
+		for k, r := range replies {
+			e, ok := arrayElements(r)
+			if !ok {
+				return errUnexpected(r)
+			}
+			elems[k] = e
+		}
+		out := appendArray(nil, len(p.Pos))
+		for _, pos := range p.Pos {
+			if pos[1] >= len(elems[pos[0]]) {
+				return errUnexpected(replies[pos[0]])
+			}
+			out = append(out, elems[pos[0]][pos[1]]...)
+		}
+		return out
+	case Sum:
+		var sum int64
+		for _, r := range replies {
+			n, ok := resp.Integer(r)
+			if !ok {
+				return errUnexpected(r)
+			}
+			sum += n
+		}
+		return append(strconv.AppendInt([]byte{':'}, sum, 10), '\r', '\n')
+	case AllOK:
+		return replies[0]
+	case Concat:
+		var all [][]byte
+		for _, r := range replies {
+			e, ok := arrayElements(r)
+			if !ok {
+				return errUnexpected(r)
+			}
+			all = append(all, e...)
+		}
+		out := appendArray(nil, len(all))
+		for _, e := range all {
+			out = append(out, e...)
+		}
+		return out
+	case FirstNonNull:
+		var firstErr []byte
+		for _, r := range replies {
+			switch {
+			case resp.IsError(r):
+				if firstErr == nil {
+					firstErr = r
+				}
+			case !isNull(r):
+				return r
+			}
+		}
+		if firstErr != nil {
+			return firstErr
+		}
+		return replies[0]
+	case AllOnes:
+		var out [][]byte
+		for k, r := range replies {
+			e, ok := arrayElements(r)
+			if !ok || k > 0 && len(e) != len(out) {
+				return errUnexpected(r)
+			}
+			if k == 0 {
+				out = e
+				continue
+			}
+			for j := range e {
+				if n, _ := resp.Integer(e[j]); n == 0 {
+					out[j] = e[j]
+				}
+			}
+		}
+		buf := appendArray(nil, len(out))
+		for _, e := range out {
+			buf = append(buf, e...)
+		}
+		return buf
+	}
+	return replies[0]
+}
+
+// scanReply rewrites upstream up's SCAN reply so its cursor names the
+// upstream: its next cursor, or when it is done the next upstream's
+// start, or 0 after the last upstream.
+func scanReply(up, n int, r []byte) []byte {
+	if resp.IsError(r) {
+		return r
+	}
+	e, ok := arrayElements(r)
+	if !ok || len(e) != 2 {
+		return errUnexpected(r)
+	}
+	inner, ok := bulkUint(e[0])
+	if !ok {
+		return errUnexpected(r)
+	}
+	var cursor uint64
+	switch {
+	case inner > maxInnerCursor:
+		return []byte("-ERR redproxy: an upstream's SCAN cursor is too large to carry the upstream with routes\r\n")
+	case inner != 0:
+		cursor = inner<<cursorBits | uint64(up)
+	case up+1 < n:
+		cursor = uint64(up + 1)
+	}
+	c := strconv.FormatUint(cursor, 10)
+	out := appendArray(nil, 2)
+	out = append(out, '$')
+	out = strconv.AppendInt(out, int64(len(c)), 10)
+	out = append(out, "\r\n"+c+"\r\n"...)
+	return append(out, e[1]...)
+}
+
+// bulkUint reads a bulk (or simple) string holding an unsigned integer.
+func bulkUint(b []byte) (uint64, bool) {
+	if len(b) < 3 {
+		return 0, false
+	}
+	var s []byte
+	switch b[0] {
+	case '$':
+		nl := bytes.IndexByte(b, '\n')
+		if nl < 0 || nl+1 > len(b)-2 {
+			return 0, false
+		}
+		s = b[nl+1 : len(b)-2]
+	case '+':
+		s = b[1 : len(b)-2]
+	default:
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(s), 10, 64)
+	return v, err == nil
+}
+
+func appendArray(dst []byte, n int) []byte {
+	dst = append(dst, '*')
+	dst = strconv.AppendInt(dst, int64(n), 10)
+	return append(dst, '\r', '\n')
+}
+
+// arrayElements splits an array reply (RESP2 '*' or RESP3 '*' / '~') into
+// its framed elements.
+func arrayElements(r []byte) ([][]byte, bool) {
+	if len(r) < 4 || r[0] != '*' && r[0] != '~' {
+		return nil, false
+	}
+	nl := bytes.IndexByte(r, '\n')
+	if nl < 2 {
+		return nil, false
+	}
+	n, err := strconv.Atoi(string(r[1 : nl-1]))
+	if err != nil || n < 0 {
+		return nil, false
+	}
+	out := make([][]byte, 0, min(n, 1024))
+	pos := nl + 1
+	for range n {
+		k, err := resp.ScanReply(r[pos:])
+		if err != nil || k == 0 {
+			return nil, false
+		}
+		out = append(out, r[pos:pos+k])
+		pos += k
+	}
+	return out, pos == len(r)
+}
+
+func isNull(r []byte) bool {
+	return bytes.Equal(r, []byte("$-1\r\n")) || bytes.Equal(r, []byte("_\r\n")) || bytes.Equal(r, []byte("*-1\r\n"))
+}
+
+func errUnexpected(r []byte) []byte {
+	return []byte("-ERR redproxy: unexpected reply from an upstream: " + strconv.Quote(string(r[:min(len(r), 64)])) + "\r\n")
+}
+
+// SplitCommand returns the arguments of one raw multibulk command, which
+// is how every request reaches the upstream side (the reader re-encodes
+// inline requests), appended to dst. The arguments point into raw.
+func SplitCommand(raw []byte, dst [][]byte) ([][]byte, error) {
+	line := func(b []byte) int { return bytes.Index(b, []byte("\r\n")) }
+	if len(raw) < 4 || raw[0] != '*' {
+		return dst, resp.ErrProtocol
+	}
+	end := line(raw)
+	if end < 0 {
+		return dst, resp.ErrProtocol
+	}
+	n, err := strconv.Atoi(string(raw[1:end]))
+	if err != nil || n < 0 || n > len(raw) {
+		return dst, resp.ErrProtocol
+	}
+	pos := end + 2
+	for range n {
+		if pos >= len(raw) || raw[pos] != '$' {
+			return dst, resp.ErrProtocol
+		}
+		e := line(raw[pos:])
+		if e < 0 {
+			return dst, resp.ErrProtocol
+		}
+		l, err := strconv.Atoi(string(raw[pos+1 : pos+e]))
+		pos += e + 2
+		if err != nil || l < 0 || pos+l+2 > len(raw) {
+			return dst, resp.ErrProtocol
+		}
+		dst = append(dst, raw[pos:pos+l])
+		pos += l + 2
+	}
+	return dst, nil
+}

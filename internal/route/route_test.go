@@ -1,0 +1,197 @@
+package route
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/resp"
+)
+
+var table = commands.Builtin()
+
+func newTestTable(t testing.TB) *Table {
+	t.Helper()
+	tb, err := New([]string{"default", "cache", "queue"},
+		[]Rule{{"queue:*", "queue"}, {"cache:*", "cache"}, {"q?:*", "queue"}},
+		[]Rule{{"jobs.*", "queue"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+func args(s ...string) [][]byte {
+	out := make([][]byte, len(s))
+	for i, a := range s {
+		out[i] = []byte(a)
+	}
+	return out
+}
+
+func plan(t *Table, s ...string) Plan {
+	a := args(s...)
+	return t.Plan(table.Lookup(a), a, nil)
+}
+
+func TestFirstMatchWins(t *testing.T) {
+	tb := newTestTable(t)
+	for key, want := range map[string]int{"queue:1": 2, "cache:1": 1, "qx:1": 2, "other": 0, "": 0, "queue": 0} {
+		if up, _ := tb.Key([]byte(key)); up != want {
+			t.Errorf("Key(%q) = %d, want %d", key, up, want)
+		}
+	}
+	if tb.Channel([]byte("jobs.a")) != 2 || tb.Channel([]byte("news")) != Default {
+		t.Error("channel routes")
+	}
+	if _, err := New([]string{"default"}, []Rule{{"a*", "nope"}}, nil); err == nil {
+		t.Error("a rule naming an unknown upstream compiled")
+	}
+}
+
+func TestPlanKinds(t *testing.T) {
+	tb := newTestTable(t)
+	if p := plan(tb, "GET", "cache:1"); p.Merge != One || p.Len() != 1 || p.Part(0).Upstream != 1 || p.Part(0).Raw != nil {
+		t.Errorf("GET: %+v", p)
+	}
+	if p := plan(tb, "PUBLISH", "jobs.x", "m"); p.Part(0).Upstream != 2 {
+		t.Errorf("PUBLISH: %+v", p)
+	}
+	if p := plan(tb, "DBSIZE"); p.Merge != Sum || p.Len() != 3 {
+		t.Errorf("DBSIZE: %+v", p)
+	}
+	if p := plan(tb, "PING"); p.Part(0).Upstream != Default {
+		t.Errorf("PING: %+v", p)
+	}
+	p := plan(tb, "MSETNX", "queue:1", "a", "cache:1", "b")
+	if !bytes.HasPrefix(p.Local, []byte("-CROSSROUTE")) || !bytes.Contains(p.Local, []byte(`route "queue:*" -> queue`)) || !bytes.Contains(p.Local, []byte(`route "cache:*" -> cache`)) {
+		t.Errorf("MSETNX: %s", p.Local)
+	}
+	p = plan(tb, "EVAL", "return 1", "2", "x", "queue:1")
+	if !bytes.Contains(p.Local, []byte("the default route -> default")) {
+		t.Errorf("EVAL: %s", p.Local)
+	}
+	if p := plan(tb, "MSET", "queue:1", "a", "cache:1"); !bytes.Contains(p.Local, []byte("wrong number")) {
+		// Arity is checked by the session before; the splitter must
+		// still not index past the arguments.
+		t.Logf("MSET with a missing value: %s", p.Local)
+	}
+}
+
+// TestMergeMGET: replies of a split MGET come back in the client's order.
+func TestMergeMGET(t *testing.T) {
+	tb := newTestTable(t)
+	p := plan(tb, "MGET", "cache:1", "a", "queue:1", "cache:2", "b")
+	if p.Merge != MGET || p.Len() != 3 {
+		t.Fatalf("%+v", p)
+	}
+	// Parts in first-appearance order: cache (cache:1, cache:2), default (a, b), queue.
+	replies := [][]byte{
+		[]byte("*2\r\n$2\r\nc1\r\n$2\r\nc2\r\n"),
+		[]byte("*2\r\n$1\r\nA\r\n$-1\r\n"),
+		[]byte("*1\r\n$2\r\nq1\r\n"),
+	}
+	got := string(p.Reply(replies))
+	want := "*5\r\n$2\r\nc1\r\n$1\r\nA\r\n$2\r\nq1\r\n$2\r\nc2\r\n$-1\r\n"
+	if got != want {
+		t.Fatalf("merged %q, want %q", got, want)
+	}
+	if r := p.Reply([][]byte{replies[0], []byte("-ERR down\r\n"), replies[2]}); string(r) != "-ERR down\r\n" {
+		t.Fatalf("a failed part: %q", r)
+	}
+}
+
+// TestScanCursor: a cursor walks the upstreams in order and ends at 0.
+func TestScanCursor(t *testing.T) {
+	tb := newTestTable(t)
+	scanReply := func(cursor string) []byte {
+		return []byte("*2\r\n$" + strconv.Itoa(len(cursor)) + "\r\n" + cursor + "\r\n*0\r\n")
+	}
+	cursor := "0"
+	var visited []string
+	for range 10 {
+		p := plan(tb, "SCAN", cursor, "COUNT", "5")
+		a, _ := SplitCommand(p.Part(0).Raw, nil)
+		visited = append(visited, fmt.Sprintf("%d:%s", p.Part(0).Upstream, a[1]))
+		inner := "0"
+		if string(a[1]) == "0" {
+			inner = "17" // each upstream answers one page, then is done
+		}
+		r := p.Reply([][]byte{scanReply(inner)})
+		e, ok := arrayElements(r)
+		if !ok {
+			t.Fatalf("%q", r)
+		}
+		n, _ := bulkUint(e[0])
+		if cursor = strconv.FormatUint(n, 10); cursor == "0" {
+			break
+		}
+	}
+	if got := strings.Join(visited, " "); got != "0:0 0:17 1:0 1:17 2:0 2:17" {
+		t.Fatalf("visited %s", got)
+	}
+	if p := plan(tb, "SCAN", "3"); !bytes.Contains(p.Local, []byte("invalid cursor")) {
+		t.Fatalf("a cursor naming no upstream: %+v", p)
+	}
+}
+
+// FuzzPlan: for any keys and routes, every part of a split command holds
+// only keys of its own upstream, every key is in exactly one part, and a
+// merged MGET puts each key's value back at its position.
+func FuzzPlan(f *testing.F) {
+	f.Add("queue:*", "c*", "queue:1 cache:2 x queue:1 c")
+	f.Add("*", "[a-", "a b c")
+	f.Add("a?b", "\\*", "* a?b axb")
+	f.Fuzz(func(t *testing.T, p1, p2, keys string) {
+		tb, err := New([]string{"default", "one", "two"}, []Rule{{p1, "one"}, {p2, "two"}}, nil)
+		if err != nil {
+			return // a pattern glob.Check refuses
+		}
+		ks := strings.Fields(keys)
+		if len(ks) == 0 || len(ks) > 64 {
+			return
+		}
+		a := append(args("MGET"), args(ks...)...)
+		p := tb.Plan(table.Lookup(a), a, nil)
+		if p.Local != nil {
+			t.Fatalf("MGET refused: %s", p.Local)
+		}
+		replies := make([][]byte, p.Len())
+		seen := 0
+		for k := range p.Len() {
+			part := p.Part(k)
+			raw := part.Raw
+			if raw == nil {
+				raw = resp.AppendCommand(nil, a...)
+			}
+			sub, err := SplitCommand(raw, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			replies[k] = appendArray(nil, len(sub)-1)
+			for _, key := range sub[1:] {
+				if up, _ := tb.Key(key); up != part.Upstream {
+					t.Fatalf("key %q of upstream %d in the part for %d", key, up, part.Upstream)
+				}
+				v := "v" + string(key)
+				replies[k] = append(replies[k], "$"+strconv.Itoa(len(v))+"\r\n"+v+"\r\n"...)
+				seen++
+			}
+		}
+		if seen != len(ks) {
+			t.Fatalf("%d keys in the parts, %d sent", seen, len(ks))
+		}
+		e, ok := arrayElements(p.Reply(replies))
+		if !ok || len(e) != len(ks) {
+			t.Fatalf("merged reply has %d elements, want %d", len(e), len(ks))
+		}
+		for i, k := range ks {
+			if want := "$" + strconv.Itoa(len(k)+1) + "\r\nv" + k + "\r\n"; string(e[i]) != want {
+				t.Fatalf("element %d = %q, want %q", i, e[i], want)
+			}
+		}
+	})
+}
