@@ -146,7 +146,10 @@ func (sess *Session) tierFill(t *tierState, cmd *commands.Command, raw, key []by
 	db, resp3 := sess.db, sess.resp3
 	fill := func() ([]byte, error) { return t.cache.Fill(db, resp3, cmd, raw, key) }
 	fs := sess.srv.flight.Load()
-	if fs == nil {
+	if fs == nil || sess.srv.router != nil {
+		// In cluster mode the group's fallback fetch would go to the
+		// standalone backend, not to the key's node: a failed fill is
+		// forwarded through the router by the caller instead.
 		return fill()
 	}
 	return fs.Fill(db, resp3, raw, fill)
