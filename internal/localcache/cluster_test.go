@@ -216,77 +216,98 @@ func TestClusterTierReshardLinearizable(t *testing.T) {
 	}
 }
 
-// TestClusterTierFailover: CLUSTER FAILOVER on a replica while clients use
-// the proxy with the tier on. The history through the proxy stays
-// linearizable; the demoted primary's heartbeat (ROLE) flushes the tier;
-// and a key cached from the old primary and then written straight to the
-// new one (which never saw the tier's reads, so sends it no invalidation)
-// is not read stale later than S after the write.
+// TestClusterTierFailover: CLUSTER FAILOVER on replicas with the tier on.
+//
+// First with no traffic: keys cached from a primary are written straight
+// to its replica once that is promoted. The new primary never saw the
+// tier's reads, so it sends no invalidation, and no read through the proxy
+// makes the router meet a MOVED; only the demoted primary's heartbeat
+// (ROLE) tells the tier, which must not serve the old values later than S
+// after the writes (C2).
+//
+// Then under load through the proxy, on another shard: the history stays
+// linearizable (C1 across a failover).
 func TestClusterTierFailover(t *testing.T) {
 	c, p := startClusterTier(t, 1)
 	reader := p.Client(t)
-	replica := c.Replicas(t)[0]
-	// The replica's primary, and keys it serves, cached.
-	var old string
-	if info, err := replica.Client(t).Info(ctx, "replication").Result(); err == nil {
-		var host, port string
-		for _, line := range strings.Split(info, "\r\n") {
-			if v, ok := strings.CutPrefix(line, "master_host:"); ok {
-				host = v
-			}
-			if v, ok := strings.CutPrefix(line, "master_port:"); ok {
-				port = v
-			}
+	replicas := c.Replicas(t)
+
+	t.Run("DirectWriteOnNewPrimary", func(t *testing.T) {
+		replica := replicas[0]
+		keys := spreadKeys(t, p, "fo", 4)[primaryOf(t, replica)]
+		if len(keys) == 0 {
+			t.Fatalf("no keys on the replica's primary")
 		}
-		old = host + ":" + port
-	}
-	keys := spreadKeys(t, p, "fo", 4)[old]
-	if len(keys) == 0 {
-		t.Fatalf("no keys on the replica's primary %q", old)
-	}
-	for _, k := range keys {
-		if err := reader.Set(ctx, k, "before", 0).Err(); err != nil {
+		for _, k := range keys {
+			if err := reader.Set(ctx, k, "before", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			cacheIt(t, p, reader, k)
+		}
+		if err := failover(t, replica); err != nil {
 			t.Fatal(err)
 		}
-		cacheIt(t, p, reader, k)
-	}
-
-	var workers []lintest.Worker
-	for range 6 {
-		workers = append(workers, lintest.Worker{C: p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }), Every: 2 * time.Millisecond, WritePct: 20})
-	}
-	failedOver := make(chan error, 1)
-	go func() {
-		time.Sleep(300 * time.Millisecond)
-		failedOver <- failover(t, replica)
-	}()
-	hist := lintest.RecordFor(t, workers, 64, 0, 5*time.Second)
-	if err := <-failedOver; err != nil {
-		t.Fatal(err)
-	}
-	if res := lintest.Check(t, hist); res != porcupine.Ok {
-		t.Fatalf("history through the proxy with the local tier across a failover is %v", res)
-	}
-	redistest.Eventually(t, 10*time.Second, func() bool {
-		return metric(t, p.Metrics.Registry, "redproxy_localcache_flushes_total", "reason="+localcache.FlushDemoted) > 0
-	}, "the demoted primary was never noticed by the tier")
-
-	// Cached from the new primary, written on it directly.
-	c.WaitHealthy(t)
-	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().LiveNode(replica.Addr()) },
-		"the tier never became live for the new primary")
-	newPrimary := replica.Client(t)
-	for _, k := range keys {
-		cacheIt(t, p, reader, k)
-		if err := newPrimary.Set(ctx, k, "after", 0).Err(); err != nil {
-			t.Fatal(err)
+		newPrimary := replica.Client(t)
+		for _, k := range keys {
+			if err := newPrimary.Set(ctx, k, "after", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
 		}
 		acked := time.Now()
 		time.Sleep(time.Until(acked.Add(testS)))
-		if v := mustGet(t, reader, k); v != "after" {
-			t.Fatalf("GET %s more than S after a write on the new primary = %q, want after", k, v)
+		for _, k := range keys {
+			if v := mustGet(t, reader, k); v != "after" {
+				t.Fatalf("GET %s more than S after a write on the new primary = %q, want after", k, v)
+			}
+		}
+		if n := metric(t, p.Metrics.Registry, "redproxy_localcache_flushes_total", "reason="+localcache.FlushDemoted); n == 0 {
+			t.Fatal("the demoted primary was never noticed by the tier")
+		}
+	})
+
+	t.Run("UnderLoad", func(t *testing.T) {
+		c.WaitHealthy(t)
+		replica := replicas[1]
+		var workers []lintest.Worker
+		for range 6 {
+			workers = append(workers, lintest.Worker{C: p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }), Every: 2 * time.Millisecond, WritePct: 20})
+		}
+		failedOver := make(chan error, 1)
+		go func() {
+			time.Sleep(300 * time.Millisecond)
+			failedOver <- failover(t, replica)
+		}()
+		hitsBefore := hits(t, p)
+		hist := lintest.RecordFor(t, workers, 64, 0, 5*time.Second)
+		if err := <-failedOver; err != nil {
+			t.Fatal(err)
+		}
+		if h := hits(t, p) - hitsBefore; h < 100 {
+			t.Fatalf("only %v hits: the history did not exercise the tier", h)
+		}
+		if res := lintest.Check(t, hist); res != porcupine.Ok {
+			t.Fatalf("history through the proxy with the local tier across a failover is %v", res)
+		}
+	})
+}
+
+// primaryOf is the address of replica's primary.
+func primaryOf(t *testing.T, replica *redistest.Server) string {
+	t.Helper()
+	info, err := replica.Client(t).Info(ctx, "replication").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var host, port string
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "master_host:"); ok {
+			host = v
+		}
+		if v, ok := strings.CutPrefix(line, "master_port:"); ok {
+			port = v
 		}
 	}
+	return host + ":" + port
 }
 
 // failover promotes replica with CLUSTER FAILOVER, asking again when Redis
