@@ -125,6 +125,14 @@ func (fc *fillConn) primaryNow(call *upstream.Call) bool {
 	fc.epoch.Store(fc.c.epochs.Add(1))
 	fc.ackSent.Store(0)
 	fc.mu.Unlock()
+	if err == nil && resp.IsError(reply) {
+		// Not a demotion: the upstream user may not run ROLE (it is in
+		// @admin). Said once per connection, not every heartbeat.
+		if fc.roleRefused.CompareAndSwap(false, true) {
+			fc.c.log.Warn("local tier: a cluster node refused ROLE, so its keys are never served from the tier; allow ROLE to the upstream user", "node", fc.node, "reply", string(bytes.TrimSpace(reply)))
+		}
+		return false
+	}
 	fc.demoted.Store(true)
 	if !wasLive {
 		return false
@@ -133,10 +141,6 @@ func (fc *fillConn) primaryNow(call *upstream.Call) bool {
 	if f := fc.c.opt.Demoted; f != nil {
 		f(fc.node)
 	}
-	if resp.IsError(reply) {
-		fc.c.log.Warn("local tier: a cluster node refused ROLE; its keys are not cached", "node", fc.node, "reply", string(bytes.TrimSpace(reply)))
-	} else {
-		fc.c.log.Warn("local tier: a cluster node is no longer a primary; the tier was flushed", "node", fc.node)
-	}
+	fc.c.log.Warn("local tier: a cluster node is no longer a primary; the tier was flushed", "node", fc.node)
 	return false
 }

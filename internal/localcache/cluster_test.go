@@ -333,3 +333,45 @@ func failover(t *testing.T, replica *redistest.Server) error {
 	}
 	return fmt.Errorf("the replica %s never became primary", replica.Addr())
 }
+
+// TestClusterTierNeedsROLE: a node's heartbeat is ROLE, so an upstream user
+// that may not run it leaves the tier unable to serve (never stale): reads
+// go to Redis and return what was written.
+func TestClusterTierNeedsROLE(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	for _, n := range c.Nodes {
+		if err := n.Client(t).Do(ctx, "ACL", "SETUSER", "default", "-role").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.LocalCache.Enabled = true
+		cfg.LocalCache.AdmitMinReads = 0
+		cfg.LocalCache.Staleness.Duration = testS
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+	})
+	rc := p.Client(t)
+	if err := rc.Set(ctx, "role:k", "v1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Long enough for several heartbeats to have been refused.
+	deadline := time.Now().Add(3 * testS)
+	for time.Now().Before(deadline) {
+		if v := mustGet(t, rc, "role:k"); v != "v1" {
+			t.Fatalf("GET = %q", v)
+		}
+	}
+	if err := c.ClusterClient(t).Set(ctx, "role:k", "v2", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v := mustGet(t, rc, "role:k"); v != "v2" {
+		t.Fatalf("GET after a write on the node = %q", v)
+	}
+	if h := hits(t, p); h != 0 {
+		t.Fatalf("%v hits although no heartbeat could be answered", h)
+	}
+	if p.LocalTier().Live(0) {
+		t.Fatal("the tier says it is live")
+	}
+}

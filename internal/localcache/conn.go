@@ -46,6 +46,8 @@ type fillConn struct {
 	// demoted is set while a cluster node answers its heartbeat as a
 	// replica (primaryNow).
 	demoted atomic.Bool
+	// roleRefused is set once the node answered ROLE with an error.
+	roleRefused atomic.Bool
 }
 
 // conn returns db's fill connection, starting it on first use. It returns
