@@ -12,7 +12,9 @@ package proxy_test
 // max_connections, timeouts), Cluster mode (RedisCluster) and Sentinel
 // (master_for/slave_for), eviction policies (redis.conf), the accelerator
 // standard's shutdown ordering (aclose with timeouts) and its test isolation
-// switch (TEST_DB_FLAG short-circuits before Redis is reached).
+// switch (TEST_DB_FLAG short-circuits before Redis is reached). The same
+// patterns also run against a Redis Cluster behind the proxy
+// (seeds_cluster_test.go).
 
 import (
 	"context"
