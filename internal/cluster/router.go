@@ -145,6 +145,11 @@ func (r *Router) baseOptions() upstream.Options {
 	}
 }
 
+// RefreshSoon asks for a reload of the slot map without waiting for it:
+// something outside the router (the local tier's heartbeat) saw a node
+// change role.
+func (r *Router) RefreshSoon() { r.refreshSoon() }
+
 // refreshSoon asks the refresher for a reload without waiting for it.
 func (r *Router) refreshSoon() {
 	select {

@@ -759,16 +759,19 @@ func TestUpstreamClusterMode(t *testing.T) {
 		t.Fatalf("got mode %q seeds %v", c.Upstream.Mode, c.Upstream.Seeds)
 	}
 	for doc, key := range map[string]string{
-		"[upstream]\nmode = \"cluster\"\n":                                                  "upstream.seeds",
-		"[upstream]\nmode = \"cluster\"\nseeds = [\"nope\"]\n":                              "upstream.seeds",
-		"[upstream]\nmode = \"ring\"\n":                                                     "upstream.mode",
-		"[upstream]\nmode = \"cluster\"\nseeds = [\"a:1\"]\n[localcache]\nenabled = true\n": "localcache.enabled",
+		"[upstream]\nmode = \"cluster\"\n":                     "upstream.seeds",
+		"[upstream]\nmode = \"cluster\"\nseeds = [\"nope\"]\n": "upstream.seeds",
+		"[upstream]\nmode = \"ring\"\n":                        "upstream.mode",
 	} {
 		_, err := Parse([]byte(doc), "t.toml")
 		var e *Error
 		if !errors.As(err, &e) || e.Key != key {
 			t.Errorf("%q: got %v, want an error about %s", doc, err, key)
 		}
+	}
+	// The local tier tracks per node in cluster mode (localcache/cluster.go).
+	if _, err := Parse([]byte("[upstream]\nmode = \"cluster\"\nseeds = [\"a:1\"]\n[localcache]\nenabled = true\n"), "t.toml"); err != nil {
+		t.Errorf("the local tier in cluster mode: %v", err)
 	}
 }
 

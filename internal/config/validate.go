@@ -83,11 +83,6 @@ func (c *Config) check() []*Error {
 
 	errs = append(errs, checkUpstream(&c.Upstream)...)
 	if c.Upstream.Mode == ModeCluster {
-		if c.LocalCache.Enabled {
-			// Tracking is per node and slots move between nodes; the
-			// tier does not follow them yet (docs/COMPATIBILITY.md).
-			bad("localcache.enabled", "the local tier is not supported in cluster mode yet")
-		}
 		for i, usr := range c.Users {
 			// The router's node connections carry [upstream]'s credential
 			// only; a user's own would be silently not applied.

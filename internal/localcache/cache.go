@@ -53,6 +53,14 @@ type Options struct {
 	Logger    *slog.Logger
 	// Registry may be nil (no metrics).
 	Registry prometheus.Registerer
+
+	// Owner, set in cluster mode, names the node that owns key's slot now
+	// ("" when none is known). Fill connections are then one per node,
+	// dialled with Upstream(0) and the node's address (cluster.go).
+	Owner func(key []byte) string
+	// Demoted, in cluster mode, is told that a node the tier read from
+	// answered as a replica: the map that names it is out of date.
+	Demoted func(addr string)
 }
 
 const (
@@ -84,6 +92,7 @@ type Cache struct {
 
 	connMu sync.Mutex
 	conns  []atomic.Pointer[fillConn] // one per database, created on first use
+	nodes  sync.Map                   // cluster mode: node address -> *fillConn
 	epochs atomic.Uint64              // source of fill connection epochs
 	// switching is set (under connMu) while SwitchUpstream has retired the
 	// fill connections and not yet dialled new ones: no connection is
@@ -211,6 +220,7 @@ func (c *Cache) Close() {
 			fcs = append(fcs, fc)
 		}
 	}
+	fcs = append(fcs, c.nodeConns()...)
 	c.connMu.Unlock()
 	for _, fc := range fcs {
 		fc.pipe.Close()
@@ -235,7 +245,7 @@ func (c *Cache) Close() {
 func (c *Cache) SwitchUpstream(switchUpstream func()) {
 	c.connMu.Lock()
 	c.switching = true
-	var old []*fillConn
+	var old, oldNodes []*fillConn
 	for i := range c.conns {
 		if fc := c.conns[i].Swap(nil); fc != nil {
 			// Retired before the flush below: a fill storing after the
@@ -245,9 +255,19 @@ func (c *Cache) SwitchUpstream(switchUpstream func()) {
 			old = append(old, fc)
 		}
 	}
+	// Cluster nodes' connections are not redialled here: the next read of
+	// one of a node's keys dials it again.
+	for _, fc := range c.nodeConns() {
+		c.nodes.Delete(fc.node)
+		fc.retire()
+		oldNodes = append(oldNodes, fc)
+	}
 	c.connMu.Unlock()
 	c.flush(-1, FlushSwitch)
 	for _, fc := range old {
+		fc.pipe.Close()
+	}
+	for _, fc := range oldNodes {
 		fc.pipe.Close()
 	}
 	switchUpstream()
@@ -294,7 +314,7 @@ func (r *keyRec) same(db int, key []byte) bool { return r.db == db && r.key == s
 // cache key together with db and protocol), key its key argument. A Hit's
 // reply is shared and must not be modified.
 func (c *Cache) Get(db int, resp3 bool, raw, key []byte) ([]byte, Status) {
-	fc := c.conn(db)
+	fc := c.connFor(db, key)
 	if fc == nil {
 		return nil, Pass
 	}
@@ -416,7 +436,7 @@ func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte)
 			return nil, ErrNoRESP2
 		}
 	}
-	fc := c.conn(db)
+	fc := c.connFor(db, key)
 	if fc == nil {
 		return nil, ErrNotNow
 	}
@@ -468,6 +488,13 @@ func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte)
 		c.unpend(s, rec)
 		c.m.fill(fillError)
 		return nil, err
+	}
+	if fc.node != "" && resp.IsError(val) {
+		// MOVED, ASK and the like are for the router to follow, and any
+		// other error it hands back to the client as is.
+		c.unpend(s, rec)
+		c.m.fill(fillSkipped)
+		return nil, ErrRedirected
 	}
 	// The Call's buffer is ours; still copy, so the kept value is exactly
 	// as large as the reply.
@@ -742,6 +769,10 @@ func (c *Cache) Fence() {
 			fc.wake()
 		}
 	}
+	c.nodes.Range(func(_, v any) bool {
+		v.(*fillConn).wake()
+		return true
+	})
 }
 
 // maintain ages the frequency sketches every admission window and drops

@@ -22,6 +22,9 @@ type fillConn struct {
 	c    *Cache
 	db   int
 	pipe *upstream.Pipe
+	// node is the cluster node the connection tracks, "" in standalone
+	// mode (see cluster.go).
+	node string
 
 	// epoch changes whenever the connection goes down or comes up; an entry
 	// or a fill from another epoch is never used. Epochs come from one
@@ -40,6 +43,11 @@ type fillConn struct {
 	// quit is closed at the same time, to stop its heartbeat.
 	retired atomic.Bool
 	quit    chan struct{}
+	// demoted is set while a cluster node answers its heartbeat as a
+	// replica (primaryNow).
+	demoted atomic.Bool
+	// roleRefused is set once the node answered ROLE with an error.
+	roleRefused atomic.Bool
 }
 
 // conn returns db's fill connection, starting it on first use. It returns
@@ -56,9 +64,20 @@ func (c *Cache) conn(db int) *fillConn {
 	if fc := c.conns[db].Load(); fc != nil || c.closed.Load() || c.switching {
 		return fc
 	}
-	fc := &fillConn{c: c, db: db, kick: make(chan struct{}, 1), quit: make(chan struct{})}
+	fc := c.newFillConn(db, "")
+	c.conns[db].Store(fc)
+	return fc
+}
+
+// newFillConn dials a fill connection for db, or for a cluster node when
+// node is set, and starts its heartbeat. connMu is held.
+func (c *Cache) newFillConn(db int, node string) *fillConn {
+	fc := &fillConn{c: c, db: db, node: node, kick: make(chan struct{}, 1), quit: make(chan struct{})}
 	fc.epoch.Store(c.epochs.Add(1))
 	opt := c.opt.Upstream(db)
+	if node != "" {
+		opt.Addr = node
+	}
 	opt.DB = db
 	opt.RESP3 = true
 	opt.Name = ConnName
@@ -75,7 +94,6 @@ func (c *Cache) conn(db int) *fillConn {
 		opt.Logger = c.log
 	}
 	fc.pipe = upstream.NewPipe(opt)
-	c.conns[db].Store(fc)
 	c.workers.Add(1)
 	go fc.heartbeat()
 	return fc
@@ -128,7 +146,7 @@ func (fc *fillConn) onDown(err error) {
 	if fc.c.closed.Load() {
 		return
 	}
-	fc.c.log.Warn("local tier: tracking connection lost; its entries were dropped", "db", fc.db, "err", err)
+	fc.c.log.Warn("local tier: tracking connection lost; its entries were dropped", "db", fc.db, "node", fc.node, "err", err)
 }
 
 // onUp runs when a connection is established. Nothing from before can be
@@ -153,6 +171,13 @@ func (fc *fillConn) heartbeat() {
 	t := time.NewTicker(max(fc.c.cfg.Staleness.Duration/4, time.Millisecond))
 	defer t.Stop()
 	call := upstream.NewCall()
+	probe := resp.Ping
+	if fc.node != "" {
+		// A cluster node is asked its role instead: its reply is as much a
+		// barrier as PING's, and says whether the node still is a primary
+		// (see primaryNow).
+		probe = cmdRole
+	}
 	for {
 		select {
 		case <-fc.c.stop:
@@ -163,7 +188,7 @@ func (fc *fillConn) heartbeat() {
 		case <-fc.kick:
 		}
 		call.Reset()
-		call.Add(resp.Ping)
+		call.Add(probe)
 		epoch := fc.epoch.Load()
 		sent := nanotime()
 		if err := fc.pipe.Send(call); err != nil {
@@ -171,6 +196,9 @@ func (fc *fillConn) heartbeat() {
 		}
 		call.Wait()
 		if call.Err() != nil {
+			continue
+		}
+		if fc.node != "" && !fc.primaryNow(call) {
 			continue
 		}
 		if h := hooks.Load(); h != nil && h.DropHeartbeats {
@@ -274,13 +302,39 @@ func eachBulk(b []byte, f func([]byte)) {
 }
 
 // Connect starts db's fill connection now rather than on its first read.
-func (c *Cache) Connect(db int) { c.conn(db) }
+// In cluster mode it does nothing (see ConnectNode).
+func (c *Cache) Connect(db int) {
+	if c.opt.Owner == nil {
+		c.conn(db)
+	}
+}
 
-// Live reports whether hits on db may be served right now.
+// Live reports whether hits on db may be served right now; in cluster mode,
+// whether they may be for keys of every node the tier has a connection to.
 func (c *Cache) Live(db int) bool {
+	if c.opt.Owner != nil {
+		return db == 0 && c.liveNodes()
+	}
 	if db < 0 || db >= len(c.conns) {
 		return false
 	}
 	fc := c.conns[db].Load()
 	return fc != nil && fc.live(nanotime(), c.fenceAt.Load())
+}
+
+// connFor is the fill connection that serves and fills key: db's, or in
+// cluster mode the one of the node owning key's slot now. It returns nil
+// when there is none (database out of range, slot without an owner).
+func (c *Cache) connFor(db int, key []byte) *fillConn {
+	if c.opt.Owner == nil {
+		return c.conn(db)
+	}
+	if db != 0 {
+		return nil
+	}
+	addr := c.opt.Owner(key)
+	if addr == "" {
+		return nil
+	}
+	return c.nodeConn(addr)
 }

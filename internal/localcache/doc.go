@@ -77,6 +77,11 @@
 //     new server then start as after a reconnection. Nothing read from the
 //     old server is served after the switch returns.
 //
+// Cluster mode (Options.Owner): one fill connection per node rather than
+// per database, a key served and filled through its slot owner's, and a ROLE
+// heartbeat that catches a demoted primary; see cluster.go for how C1-C5
+// hold across resharding and failover.
+//
 // Limits: Redis 7 sends no invalidation for SWAPDB, so a SWAPDB that does not
 // pass through the proxy (which flushes on one that does) is outside C2; a
 // reply with no exact RESP2 form (resp2.go) is forwarded to RESP2 clients

@@ -139,6 +139,14 @@ func (t *tierCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (t *tierCollector) Collect(ch chan<- prometheus.Metric) {
 	now := nanotime()
+	if t.c.opt.Owner != nil {
+		// Cluster mode: database 0, live when every primary's is.
+		v := 0.0
+		if t.c.Live(0) {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, v, "0")
+	}
 	for db := range t.c.conns {
 		fc := t.c.conns[db].Load()
 		if fc == nil {

@@ -591,8 +591,10 @@ func (r rueidisSuite) BLPop(k, timeout string) ([]string, bool, error) {
 	return v, err == nil, err
 }
 
-// runSuite is the same small suite for every client library.
-func runSuite(t *testing.T, c suiteClient, direct *redis.Client, pre string) {
+// runSuite is the same small suite for every client library. direct is a
+// cluster client when the proxy is in cluster mode (TestClientMatrixCluster):
+// the pub/sub part is then left out while the proxy refuses SUBSCRIBE there.
+func runSuite(t *testing.T, c suiteClient, direct redis.UniversalClient, pre string) {
 	if err := c.Set(pre+"s", "hello"); err != nil {
 		t.Fatalf("SET: %v", err)
 	}
@@ -632,6 +634,13 @@ func runSuite(t *testing.T, c suiteClient, direct *redis.Client, pre string) {
 		}
 	}
 
+	if _, cluster := direct.(*redis.ClusterClient); !cluster {
+		runSuitePubSub(t, c, direct, pre)
+	}
+	runSuiteBlocking(t, c, direct, pre)
+}
+
+func runSuitePubSub(t *testing.T, c suiteClient, direct redis.UniversalClient, pre string) {
 	msgs, stop, err := c.Subscribe(pre + "ch")
 	if err != nil {
 		t.Fatalf("SUBSCRIBE: %v", err)
@@ -656,7 +665,9 @@ func runSuite(t *testing.T, c suiteClient, direct *redis.Client, pre string) {
 		}
 	}
 	stop()
+}
 
+func runSuiteBlocking(t *testing.T, c suiteClient, direct redis.UniversalClient, pre string) {
 	if v, ok, err := c.BLPop(pre+"empty", "0.1"); ok || err != nil {
 		t.Fatalf("BLPOP on an empty list: %v %v %v, want a timeout", v, ok, err)
 	}
@@ -1463,4 +1474,52 @@ func TestResetTurnsRepliesBackOn(t *testing.T) {
 			t.Errorf("%s: %v, want RESET after", target.name, got)
 		}
 	}
+}
+
+// TestClientMatrixCluster runs the client suite through the proxy in
+// cluster mode, whose clients need no cluster support: go-redis in both
+// protocols and rueidis without its client-side cache, with the local tier
+// on. rueidis's client-side caching turns CLIENT TRACKING on, which cluster
+// mode refuses for now (docs/COMPATIBILITY.md), so its client cannot start.
+func TestClientMatrixCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+		cfg.LocalCache.Enabled = true
+		cfg.LocalCache.AdmitMinReads = 0
+	})
+	direct := c.ClusterClient(t)
+	t.Run("go-redis RESP3", func(t *testing.T) {
+		runSuite(t, goRedisSuite{p.Client(t, func(o *redis.Options) { o.Protocol = 3 })}, direct, "g3:")
+	})
+	t.Run("go-redis RESP2", func(t *testing.T) {
+		runSuite(t, goRedisSuite{p.Client(t, func(o *redis.Options) { o.Protocol = 2 })}, direct, "g2:")
+	})
+	t.Run("rueidis without cache", func(t *testing.T) {
+		rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.Addr}, DisableCache: true, DisableRetry: true})
+		if err != nil {
+			t.Fatalf("rueidis through the proxy: %v", err)
+		}
+		t.Cleanup(rc.Close)
+		runSuite(t, rueidisSuite{rc}, direct, "rn:")
+	})
+	t.Run("rueidis client-side caching is refused", func(t *testing.T) {
+		rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.Addr}, DisableRetry: true})
+		if err == nil {
+			rc.Close()
+			t.Fatal("rueidis with client-side caching started; update this test and docs/COMPATIBILITY.md")
+		}
+		if !strings.Contains(err.Error(), "not supported in cluster mode") {
+			t.Fatalf("rueidis with client-side caching: %v, want the proxy's refusal of CLIENT TRACKING", err)
+		}
+	})
+	// The suite reads each key about once; a key read again is a hit.
+	rc := p.Client(t)
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		if v, err := rc.Get(ctx, "g3:s").Result(); err != nil || v != "hello" {
+			t.Fatalf("GET g3:s = %q, %v", v, err)
+		}
+		return metricSum(t, p, "redproxy_localcache_hits_total") > 0
+	}, "the local tier never served a hit")
 }

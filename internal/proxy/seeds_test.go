@@ -12,9 +12,12 @@ package proxy_test
 // max_connections, timeouts), Cluster mode (RedisCluster) and Sentinel
 // (master_for/slave_for), eviction policies (redis.conf), the accelerator
 // standard's shutdown ordering (aclose with timeouts) and its test isolation
-// switch (TEST_DB_FLAG short-circuits before Redis is reached).
+// switch (TEST_DB_FLAG short-circuits before Redis is reached). The same
+// patterns also run against a Redis Cluster behind the proxy
+// (seeds_cluster_test.go).
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -36,12 +39,24 @@ import (
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
-// seedEnv is one proxy in front of one Redis, shared by the seed patterns;
-// each pattern uses its own keys.
+// seedEnv is one proxy in front of one Redis (or one Redis Cluster),
+// shared by the seed patterns; each pattern uses its own keys.
 type seedEnv struct {
 	p      *proxytest.Proxy
-	c      *redis.Client // through the proxy
-	direct *redis.Client // straight to Redis
+	c      *redis.Client         // through the proxy
+	direct redis.UniversalClient // straight to Redis (a cluster client in cluster mode)
+	// cluster: the proxy is in cluster mode (seeds_cluster_test.go).
+	cluster bool
+}
+
+// sameSlot returns s as the part of a key that keys derived from it must
+// share: in cluster mode a {hash tag}, so that they live in one slot, as a
+// Redis Cluster deployment of the pattern needs.
+func (e *seedEnv) sameSlot(s string) string {
+	if e.cluster {
+		return "{" + s + "}"
+	}
+	return s
 }
 
 func newSeedEnv(t *testing.T) *seedEnv {
@@ -50,7 +65,7 @@ func newSeedEnv(t *testing.T) *seedEnv {
 }
 
 // pttl reads a key's remaining TTL from Redis itself.
-func pttl(t *testing.T, direct *redis.Client, key string) time.Duration {
+func pttl(t *testing.T, direct redis.Cmdable, key string) time.Duration {
 	t.Helper()
 	d, err := direct.PTTL(ctx, key).Result()
 	if err != nil {
@@ -60,7 +75,7 @@ func pttl(t *testing.T, direct *redis.Client, key string) time.Duration {
 }
 
 // wantTTL fails unless key's TTL is in (max-slack, max].
-func wantTTL(t *testing.T, direct *redis.Client, key string, max time.Duration) {
+func wantTTL(t *testing.T, direct redis.Cmdable, key string, max time.Duration) {
 	t.Helper()
 	d := pttl(t, direct, key)
 	if d > max || d < max-10*time.Second {
@@ -192,6 +207,10 @@ func (e *seedEnv) writeThrough(t *testing.T) {
 // Tag invalidation: SETEX + SADD tag + EXPIRE tag in one MULTI/EXEC; then
 // SMEMBERS the tag, DEL its keys and the tag.
 func (e *seedEnv) tagInvalidation(t *testing.T) {
+	if e.cluster {
+		e.tagInvalidationCrossSlot(t)
+		return
+	}
 	cacheProduct := func(id, category int, p product) {
 		key := fmt.Sprintf("product:%d", id)
 		tag := fmt.Sprintf("tag:category:%d", category)
@@ -335,7 +354,9 @@ func (e *seedEnv) slidingWindow(t *testing.T) {
 	}
 	script := redis.NewScript(seeds.SlidingWindowScript)
 	allowRequest := func(userID int) bool {
-		key := fmt.Sprintf("ratelimit:sliding:%d", userID)
+		// The script also writes key..":seq", a key it is not given: in
+		// cluster mode both must share a slot.
+		key := "ratelimit:sliding:" + e.sameSlot(strconv.Itoa(userID))
 		now := time.Now().UnixMilli()
 		n, err := script.Run(ctx, e.c, []string{key}, now, 60000, 100).Int()
 		if err != nil {
@@ -358,17 +379,27 @@ func (e *seedEnv) slidingWindow(t *testing.T) {
 	}
 	// The first call found no script (NOSCRIPT), loaded it with EVAL, and
 	// every later call ran the cached script by its SHA.
-	if ex, _ := e.direct.ScriptExists(ctx, script.Hash()).Result(); len(ex) != 1 || !ex[0] {
+	key := "ratelimit:sliding:" + e.sameSlot("5")
+	var where redis.Cmdable = e.direct
+	if cc, ok := e.direct.(*redis.ClusterClient); ok {
+		// EVAL caches the script on the node that ran it only.
+		n, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		where = n
+	}
+	if ex, _ := where.ScriptExists(ctx, script.Hash()).Result(); len(ex) != 1 || !ex[0] {
 		t.Fatal("script not cached in Redis after EVAL fallback")
 	}
-	if n, _ := e.direct.ZCard(ctx, "ratelimit:sliding:5").Result(); n != 100 {
+	if n, _ := e.direct.ZCard(ctx, key).Result(); n != 100 {
 		t.Fatalf("ZCARD %d", n)
 	}
-	if v, _ := e.direct.Get(ctx, "ratelimit:sliding:5:seq").Result(); v != "100" {
+	if v, _ := e.direct.Get(ctx, key+":seq").Result(); v != "100" {
 		t.Fatalf("seq %q", v)
 	}
-	wantTTL(t, e.direct, "ratelimit:sliding:5", time.Minute)
-	wantTTL(t, e.direct, "ratelimit:sliding:5:seq", time.Minute)
+	wantTTL(t, e.direct, key, time.Minute)
+	wantTTL(t, e.direct, key+":seq", time.Minute)
 }
 
 // Lock: SET NX PX acquires; the Lua release deletes only with the owner's token.
@@ -420,6 +451,7 @@ func (e *seedEnv) lock(t *testing.T) {
 
 // Pub/sub fan-out: three subscribers each receive every event, in order.
 func (e *seedEnv) fanOut(t *testing.T) {
+	e.skipWithoutPubSub(t)
 	const subscribers, events = 3, 20
 	var subs []*redis.PubSub
 	for i := 0; i < subscribers; i++ {
@@ -530,8 +562,24 @@ func (e *seedEnv) streams(t *testing.T) {
 	}
 }
 
-// blockedClients is Redis's count of clients blocked in a command.
-func blockedClients(direct *redis.Client) int {
+// blockedClients is Redis's count of clients blocked in a command; for a
+// cluster client, the sum over the primaries.
+func blockedClients(direct redis.UniversalClient) int {
+	if cc, ok := direct.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		total := 0
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			n := blockedClients(c)
+			mu.Lock()
+			total += n
+			mu.Unlock()
+			return nil
+		})
+		if err != nil {
+			return -1
+		}
+		return total
+	}
 	info, err := direct.Info(ctx, "clients").Result()
 	if err != nil {
 		return -1
@@ -652,6 +700,7 @@ func (r *readerProcess) localLen() int {
 
 // Cross-process invalidation over pub/sub (accelerator standard).
 func (e *seedEnv) crossProcessInvalidation(t *testing.T) {
+	e.skipWithoutPubSub(t)
 	const channel, key = "cache:invalidate", "states:all:v14"
 	if err := e.direct.Set(ctx, key, "v1", time.Hour).Err(); err != nil {
 		t.Fatal(err)

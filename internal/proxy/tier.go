@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/metrics"
@@ -24,16 +25,33 @@ func initTier(s *Server) error {
 	if !cfg.Enabled {
 		return nil
 	}
-	c, err := localcache.New(cfg, localcache.Options{
+	opt := localcache.Options{
 		Upstream:  func(db int) upstream.Options { return s.backend.Options(db, true) },
 		Databases: s.cfg.Upstream.Databases,
 		Logger:    s.log,
 		Registry:  s.metrics.Registry,
-	})
+	}
+	if r := s.router; r != nil {
+		// One tracking connection per node, chosen by the router's map
+		// (localcache/cluster.go).
+		opt.Owner = func(key []byte) string {
+			if m := r.Map(); m != nil {
+				return m.Owner(cluster.Slot(key))
+			}
+			return ""
+		}
+		opt.Demoted = func(string) { r.RefreshSoon() }
+	}
+	c, err := localcache.New(cfg, opt)
 	if err != nil {
 		return err
 	}
 	c.Connect(0) // most clients use DB 0: have it live before they come
+	if m := s.routerMap(); m != nil {
+		for _, a := range m.Primaries() {
+			c.ConnectNode(a)
+		}
+	}
 	t := &tierState{cache: c, cacheable: map[*commands.Command]bool{}}
 	for _, cmd := range s.table.Commands() {
 		if localcache.CacheableCommand(cmd) {
@@ -128,7 +146,10 @@ func (sess *Session) tierFill(t *tierState, cmd *commands.Command, raw, key []by
 	db, resp3 := sess.db, sess.resp3
 	fill := func() ([]byte, error) { return t.cache.Fill(db, resp3, cmd, raw, key) }
 	fs := sess.srv.flight.Load()
-	if fs == nil {
+	if fs == nil || sess.srv.router != nil {
+		// In cluster mode the group's fallback fetch would go to the
+		// standalone backend, not to the key's node: a failed fill is
+		// forwarded through the router by the caller instead.
 		return fill()
 	}
 	return fs.Fill(db, resp3, raw, fill)
@@ -142,7 +163,13 @@ func (sess *Session) tierStale(t *tierState, raw, key []byte, m *metrics.Command
 	db, resp3 := sess.db, sess.resp3
 	call := upstream.NewCall()
 	call.Add(raw)
-	sess.backend().Pool(db, resp3).Do(call)
+	if r := sess.srv.router; r != nil {
+		// The router answers a lost node with an error reply, not an
+		// error, so the stale value is never used in cluster mode.
+		r.Do(call, resp3)
+	} else {
+		sess.backend().Pool(db, resp3).Do(call)
+	}
 	reply, err := call.Reply(0)
 	if err == nil {
 		t.cache.Refreshed(db, key)
@@ -183,3 +210,12 @@ func (sess *Session) tierBatchFlushed() {
 
 // tierSessionClosed releases anything a session that ended mid-batch held.
 func (sess *Session) tierSessionClosed() { sess.tierBatchFlushed() }
+
+// routerMap is the cluster router's slot map, nil in other modes or before
+// one was loaded.
+func (s *Server) routerMap() *cluster.Map {
+	if s.router == nil {
+		return nil
+	}
+	return s.router.Map()
+}

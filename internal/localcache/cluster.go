@@ -1,0 +1,146 @@
+package localcache
+
+import (
+	"bytes"
+	"errors"
+
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/upstream"
+)
+
+// Cluster mode (Options.Owner set).
+//
+// Redis tracks what a connection read on the node that served it, and
+// sends the invalidations on that connection only, so the tier keeps one
+// fill connection per node instead of one per database (a cluster has
+// database 0 only). A key is served and filled through the connection of
+// the node that owns its slot in the router's map at that moment, and an
+// entry is served only if it was filled in that connection's current
+// epoch. From that:
+//
+//   - Resharding. MIGRATE deletes each key it moves from the old node,
+//     which sends the invalidation on our connection there before it
+//     answers anything else; a fill sent to a node that no longer has the
+//     key is answered with MOVED or ASK, which is never kept (Fill returns
+//     ErrRedirected and the read goes through the router). Once the map
+//     names the new owner, entries filled from the old one no longer
+//     match the connection's epoch and are never served again.
+//   - Failover. The new primary never saw our reads, so it sends no
+//     invalidation for them. The heartbeat of a node's connection is ROLE,
+//     not PING: a node that answers it as a replica has been demoted, and
+//     the tier then drops everything (FlushDemoted), starts a new epoch on
+//     that connection (which is not live again until the node answers as
+//     a primary) and asks the router for a new map. Hits from a node stop
+//     within S of its demotion, and a primary that fails stops them at
+//     once when its connection drops (C4).
+//   - A lost node connection flushes the whole tier, not only what that
+//     node served: the connection's epoch change already makes its own
+//     entries unservable at once, and a flush, which happens rarely, is
+//     simpler to reason about than a per-node one.
+
+// ErrRedirected: in cluster mode, the node asked for a fill answered with
+// an error (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, ...). Nothing was kept; the
+// caller forwards the read through the router, which follows it.
+var ErrRedirected = errors.New("localcache: the node redirected the fill")
+
+// FlushDemoted: a cluster node the tier read from is no longer a primary.
+const FlushDemoted = "node_demoted"
+
+var cmdRole = resp.AppendCommandStrings(nil, "ROLE")
+
+// rolePrimary is how ROLE's reply starts on a primary, in RESP2 and RESP3
+// alike.
+var rolePrimary = []byte("*3\r\n$6\r\nmaster\r\n")
+
+// nodeConn returns addr's fill connection, starting it on first use; nil
+// while the tier is closed or switching upstreams.
+func (c *Cache) nodeConn(addr string) *fillConn {
+	if v, ok := c.nodes.Load(addr); ok {
+		return v.(*fillConn)
+	}
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
+	if v, ok := c.nodes.Load(addr); ok {
+		return v.(*fillConn)
+	}
+	if c.closed.Load() || c.switching {
+		return nil
+	}
+	fc := c.newFillConn(0, addr)
+	c.nodes.Store(addr, fc)
+	return fc
+}
+
+// ConnectNode starts the fill connection of cluster node addr now rather
+// than on the first read of one of its keys.
+func (c *Cache) ConnectNode(addr string) { c.nodeConn(addr) }
+
+// LiveNode reports whether hits from cluster node addr may be served now.
+func (c *Cache) LiveNode(addr string) bool {
+	v, ok := c.nodes.Load(addr)
+	return ok && v.(*fillConn).live(nanotime(), c.fenceAt.Load())
+}
+
+// liveNodes reports whether every node connection that tracks a primary
+// is live, and there is at least one.
+func (c *Cache) liveNodes() bool {
+	now, fence := nanotime(), c.fenceAt.Load()
+	n := 0
+	all := true
+	c.nodes.Range(func(_, v any) bool {
+		fc := v.(*fillConn)
+		if fc.demoted.Load() {
+			return true
+		}
+		n++
+		all = all && fc.live(now, fence)
+		return all
+	})
+	return all && n > 0
+}
+
+// nodeConns lists the node connections.
+func (c *Cache) nodeConns() []*fillConn {
+	var out []*fillConn
+	c.nodes.Range(func(_, v any) bool {
+		out = append(out, v.(*fillConn))
+		return true
+	})
+	return out
+}
+
+// primaryNow reads the reply of a heartbeat ROLE on a cluster node's
+// connection: true if the node is a primary, so the heartbeat counts.
+// Otherwise the node was demoted (or refuses ROLE): what it served may be
+// overwritten on its successor without an invalidation here, so nothing
+// it filled is served again, and the router is told.
+func (fc *fillConn) primaryNow(call *upstream.Call) bool {
+	reply, err := call.Reply(0)
+	if err == nil && bytes.HasPrefix(reply, rolePrimary) {
+		fc.demoted.Store(false)
+		return true
+	}
+	fc.mu.Lock()
+	wasLive := fc.ackSent.Load() != 0
+	fc.epoch.Store(fc.c.epochs.Add(1))
+	fc.ackSent.Store(0)
+	fc.mu.Unlock()
+	if err == nil && resp.IsError(reply) {
+		// Not a demotion: the upstream user may not run ROLE (it is in
+		// @admin). Said once per connection, not every heartbeat.
+		if fc.roleRefused.CompareAndSwap(false, true) {
+			fc.c.log.Warn("local tier: a cluster node refused ROLE, so its keys are never served from the tier; allow ROLE to the upstream user", "node", fc.node, "reply", string(bytes.TrimSpace(reply)))
+		}
+		return false
+	}
+	fc.demoted.Store(true)
+	if !wasLive {
+		return false
+	}
+	fc.c.flush(fc.db, FlushDemoted)
+	if f := fc.c.opt.Demoted; f != nil {
+		f(fc.node)
+	}
+	fc.c.log.Warn("local tier: a cluster node is no longer a primary; the tier was flushed", "node", fc.node)
+	return false
+}
