@@ -24,6 +24,7 @@ import (
 	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/localcache"
+	"github.com/redproxy/redproxy/internal/mirror"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/stampede"
 )
@@ -47,6 +48,13 @@ type Config struct {
 	Users []auth.UserConfig `toml:"users"`
 	// Admin protects the admin HTTP endpoint ([admin]).
 	Admin Admin `toml:"admin"`
+	// Upstreams are the named upstreams ([upstreams.NAME]), each set like
+	// [upstream].
+	Upstreams map[string]Upstream `toml:"upstreams"`
+	// Mirror sends a copy of the traffic to one of Upstreams ([mirror]);
+	// package mirror documents and checks it, mirror.go here checks the
+	// upstream it names.
+	Mirror mirror.Config `toml:"mirror"`
 
 	// Sections owned by other packages ([localcache]) are added
 	// here as fields whose types live in those packages, together with their
@@ -188,6 +196,7 @@ func Default() *Config {
 		Policy:     policy.DefaultConfig(),
 		Stampede:   stampede.DefaultConfig(),
 		LocalCache: localcache.DefaultConfig(),
+		Mirror:     mirror.DefaultConfig(),
 	}
 }
 

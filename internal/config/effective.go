@@ -23,6 +23,20 @@ func (c *Config) Effective() ([]byte, error) {
 	if shown.Upstream.SentinelPassword != "" {
 		shown.Upstream.SentinelPassword = RedactedPassword
 	}
+	if len(c.Upstreams) > 0 {
+		// The named upstreams' passwords too; the snapshot's map is shared,
+		// so the redacted entries go in a map of their own.
+		shown.Upstreams = make(map[string]Upstream, len(c.Upstreams))
+		for name, u := range c.Upstreams {
+			if u.Password != "" {
+				u.Password = RedactedPassword
+			}
+			if u.SentinelPassword != "" {
+				u.SentinelPassword = RedactedPassword
+			}
+			shown.Upstreams[name] = u
+		}
+	}
 	var buf bytes.Buffer
 	enc := toml.NewEncoder(&buf).SetIndentTables(false)
 	if err := enc.Encode(&shown); err != nil {
