@@ -94,6 +94,8 @@ type Session struct {
 	interrupted atomic.Bool
 
 	aclKeys []commands.KeyRef // scratch for the ACL's key checks
+
+	mirrorS mirrorState // the batch's commands for the mirror (mirror.go)
 }
 
 // slot says where one command's reply comes from.
@@ -276,6 +278,7 @@ func (sess *Session) forwardCommand(r *request) {
 		sess.writeForwarded(r.cmd, r.Args)
 	}
 	sess.forward(r.Raw, r.m)
+	sess.mirrorNote(r)
 }
 
 // forward adds a command to the batch's upstream Call.
@@ -467,6 +470,9 @@ func (sess *Session) flush(start time.Time) {
 		default:
 			sess.emit(reply)
 		}
+	}
+	if len(sess.mirrorS.marks) > 0 {
+		sess.mirrorFlushed(call)
 	}
 	clear(sess.slots)
 	sess.slots = sess.slots[:0]
