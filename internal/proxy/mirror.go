@@ -136,7 +136,7 @@ func (sess *Session) mirrorNote(r *request) {
 		if !mr.Writes() {
 			return
 		}
-		mk.script = r.cmd.Is(commands.CatScripting)
+		mk.script = r.cmd.Parent == nil && r.cmd.Is(commands.CatScripting) // EVAL, EVALSHA, FCALL
 	case r.cmd.Is(commands.ReadOnly):
 		var kb [4]int
 		keys := r.cmd.Keys(r.Args, kb[:0])

@@ -85,6 +85,12 @@ func TestMirrorWrites(t *testing.T) {
 		return nil
 	})
 	check(err)
+	// A blocking pop runs on a borrowed connection: not mirrored (counted),
+	// so the mirror's list keeps the element.
+	check(c.RPush(ctx, "queue:jobs", "job").Err())
+	if got, err := c.BLPop(ctx, time.Second, "queue:jobs").Result(); err != nil || got[1] != "job" {
+		t.Fatalf("BLPOP = %v, %v", got, err)
+	}
 	// The client's SELECTed database, on a connection of its own.
 	c3 := p.Client(t, func(o *redis.Options) { o.DB = 3; o.PoolSize = 1 })
 	check(c3.Set(ctx, "in:db3", "three", 0).Err())
@@ -126,13 +132,16 @@ func TestMirrorWrites(t *testing.T) {
 	}
 
 	rep := p.Mirror().Report(10)
-	if rep.Skipped[mirror.SkipTransaction] != 1 || rep.Skipped[mirror.SkipPrimaryError] != 1 {
-		t.Errorf("skipped = %v, want 1 transaction and 1 primary_error", rep.Skipped)
+	if rep.Skipped[mirror.SkipTransaction] != 1 || rep.Skipped[mirror.SkipPrimaryError] != 1 || rep.Skipped[mirror.SkipBlocking] != 1 {
+		t.Errorf("skipped = %v, want 1 transaction, 1 primary_error, 1 blocking", rep.Skipped)
+	}
+	if got, _ := mc.LRange(ctx, "queue:jobs", 0, -1).Result(); len(got) != 1 {
+		t.Errorf("mirror queue:jobs = %v: the blocking pop was mirrored", got)
 	}
 	// Writes: SET, 40 in the pipeline, HSET, EVAL, SCRIPT LOAD, EVALSHA,
-	// the SET in db 3 and the RESP3 one.
-	if rep.Sent != 47 || rep.Errors[mirror.ErrReply] != 0 || rep.Errors[mirror.ErrConnection] != 0 || rep.Sampled != 0 {
-		t.Errorf("report = %+v, want 47 sent, no errors, no reads", rep)
+	// the RPUSH, the SET in db 3 and the RESP3 one.
+	if rep.Sent != 48 || rep.Errors[mirror.ErrReply] != 0 || rep.Errors[mirror.ErrConnection] != 0 || rep.Sampled != 0 {
+		t.Errorf("report = %+v, want 48 sent, no errors, no reads", rep)
 	}
 	for _, d := range rep.Dropped {
 		if d != 0 {
