@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -80,6 +82,13 @@ func TestAdminDebugMirror(t *testing.T) {
 		t.Fatalf("/debug/mirror?top=x: %d", code)
 	}
 	_, metrics := fetch("/metrics", "m1rror-t0ken")
+	if promtool, err := exec.LookPath("promtool"); err == nil {
+		cmd := exec.Command(promtool, "check", "metrics")
+		cmd.Stdin = strings.NewReader(metrics)
+		if out, err := cmd.CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
+			t.Errorf("promtool check metrics: %v\n%s", err, out)
+		}
+	}
 	for _, want := range []string{`redproxy_mirror_sent_total 2`, `redproxy_mirror_dropped_total{reason="queue_full"} 0`, `redproxy_mirror_mismatches_total 1`, `redproxy_mirror_errors_total{kind="reply"} 0`} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %s", want)
