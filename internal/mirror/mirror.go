@@ -288,6 +288,7 @@ func (m *Mirror) run() {
 	closed := m.closed
 	m.mu.Unlock()
 	if closed {
+		m.take(nil) // counts what was queued as dropped
 		return
 	}
 	s := sender{m: m, b: b}
@@ -326,6 +327,8 @@ func (m *Mirror) take(into []*entry) []*entry {
 	if m.closed {
 		for _, e := range m.queue {
 			m.drop(DropShutdown, len(e.cmds))
+			m.cmds -= len(e.cmds)
+			m.bytes -= e.size
 		}
 		m.queue = nil
 		m.mu.Unlock()

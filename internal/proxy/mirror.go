@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"net/http"
 
 	"github.com/redproxy/redproxy/internal/commands"
@@ -204,6 +205,10 @@ func (sess *Session) mirrorFlushed(call *upstream.Call) {
 			if err == nil {
 				b.Read(mk.name, raw, reply, mk.key, mk.compare)
 			}
+		case errors.Is(err, upstream.ErrOutputLimit):
+			// It ran; only its reply was dropped, past the client's
+			// output limit.
+			b.Write(mk.name, false, raw)
 		case err != nil || resp.IsError(reply) && (!mk.script || bytes.HasPrefix(reply, noScript)):
 			// Not run on the primary, so not on the mirror either. A
 			// script's error may come after it wrote, so it goes.
