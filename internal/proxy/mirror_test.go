@@ -6,6 +6,7 @@ package proxy_test
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -334,4 +335,52 @@ func TestMirrorOwnCredentials(t *testing.T) {
 	if got, err := mc.Get(ctx, "cred").Result(); err != nil || got != "ok" {
 		t.Fatalf("mirror GET cred = %q, %v", got, err)
 	}
+}
+
+// TestMirrorQueueMemoryBounded: 20 MB of writes while the mirror is
+// stopped leave the proxy's live heap where it was: the queue holds at most
+// queue_bytes, and the rest is dropped, not buffered.
+func TestMirrorQueueMemoryBounded(t *testing.T) {
+	ms := redistest.Start(t)
+	const queueBytes = 256 * units.KB
+	p := startMirrored(t, ms, func(c *config.Config) { c.Mirror.QueueBytes = queueBytes })
+	c := p.Client(t)
+	if err := c.Set(ctx, "warm", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitMirrored(t, p)
+	ms.Freeze(t)
+	defer ms.Thaw(t)
+	value := strings.Repeat("v", 1024)
+	write := func(round int) {
+		pipe := c.Pipeline()
+		for j := range 100 {
+			pipe.Set(ctx, fmt.Sprintf("big:%d:%d", round, j), value, 0)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10 { // the queue fills; buffers reach their working size
+		write(i)
+	}
+	runtime.GC()
+	before := liveHeap()
+	for i := 10; i < 210; i++ {
+		write(i)
+	}
+	runtime.GC()
+	after := liveHeap()
+	if n, b := p.Mirror().Queued(); b > int64(queueBytes) {
+		t.Fatalf("queue holds %d commands, %d bytes, over queue_bytes", n, b)
+	}
+	rep := p.Mirror().Report(0)
+	if rep.Dropped[mirror.DropQueueFull] < 19000 {
+		t.Fatalf("dropped %d of 20000 writes with the mirror stopped", rep.Dropped[mirror.DropQueueFull])
+	}
+	// 20 MB went by; a queue that kept them would show it.
+	if grew := after - before; grew > 4<<20 {
+		t.Fatalf("live heap grew by %d bytes over 20 MB of writes with the mirror stopped", grew)
+	}
+	t.Logf("live heap %d -> %d bytes; dropped %d", before, after, rep.Dropped[mirror.DropQueueFull])
 }
