@@ -6,6 +6,7 @@ package proxy_test
 
 import (
 	"fmt"
+	"io"
 	"runtime"
 	"strings"
 	"testing"
@@ -383,4 +384,49 @@ func TestMirrorQueueMemoryBounded(t *testing.T) {
 		t.Fatalf("live heap grew by %d bytes over 20 MB of writes with the mirror stopped", grew)
 	}
 	t.Logf("live heap %d -> %d bytes; dropped %d", before, after, rep.Dropped[mirror.DropQueueFull])
+}
+
+// BenchmarkForwardPipeline16Mirrored is BenchmarkForwardPipeline16 with
+// every read also mirrored and compared (reads_sample = 1): the cost of
+// mirroring on the client's path is one copy of the batch per batch.
+func BenchmarkForwardPipeline16Mirrored(b *testing.B) {
+	ms := redistest.Start(b)
+	p := proxytest.Start(b, nil, func(c *config.Config) {
+		c.Upstreams = map[string]config.Upstream{"new": {Address: ms.Addr()}}
+		c.Mirror = mirror.DefaultConfig()
+		c.Mirror.Upstream = "new"
+		c.Mirror.ReadsSample = 1
+		c.Mirror.Compare = true
+	})
+	value := strings.Repeat("v", 64)
+	for _, c := range []*redis.Client{p.Redis.Client(b), ms.Client(b)} {
+		if err := c.Set(ctx, "key:000000012345", value, 0).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	nc := p.Dial(b)
+	req := strings.Repeat("*2\r\n$3\r\nGET\r\n$16\r\nkey:000000012345\r\n", 16)
+	buf := make([]byte, 16*len("$64\r\n"+value+"\r\n"))
+	round := func() {
+		if _, err := nc.Write([]byte(req)); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(nc, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range 100 {
+		round()
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		round()
+	}
+	b.StopTimer()
+	rep := p.Mirror().Report(1)
+	if rep.Mismatches != 0 || rep.Compared == 0 {
+		b.Fatalf("mirror report: %+v", rep)
+	}
+	b.ReportMetric(float64(rep.Dropped[mirror.DropQueueFull])/float64(b.N*16), "dropped/op")
 }
