@@ -272,6 +272,7 @@ func newAdmin(srv *proxy.Server, reg *metrics.Metrics, reload http.Handler, log 
 	adm.Handle("POST /policy/reload", g.ReloadHandler())
 	adm.Handle("POST /reload", reload)
 	adm.Handle("GET /debug/hotkeys", srv.HotKeysHandler())
+	adm.Handle("GET /debug/mirror", srv.MirrorHandler())
 	slow := srv.SlowlogHandler()
 	adm.Handle("GET /debug/slowlog", slow)
 	adm.Handle("DELETE /debug/slowlog", slow)

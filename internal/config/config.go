@@ -24,6 +24,7 @@ import (
 	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/localcache"
+	"github.com/redproxy/redproxy/internal/mirror"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/stampede"
 )
@@ -47,9 +48,14 @@ type Config struct {
 	Users []auth.UserConfig `toml:"users"`
 	// Admin protects the admin HTTP endpoint ([admin]).
 	Admin Admin `toml:"admin"`
+	// Mirror sends a copy of the traffic to one of Upstreams ([mirror]);
+	// package mirror documents and checks it, mirror.go here checks the
+	// upstream it names.
+	Mirror mirror.Config `toml:"mirror"`
 
 	// Upstreams are the named upstreams ([upstreams.NAME]), each set up
-	// like [upstream]; routes (routes.go) send keys and channels to them.
+	// like [upstream]; routes (routes.go) send keys and channels to them,
+	// [mirror] a copy of the traffic.
 	Upstreams map[string]Upstream `toml:"upstreams"`
 	// Routes ([[route]]) send the keys matching a pattern to a named
 	// upstream, first match first; keys matching none go to [upstream].
@@ -197,6 +203,7 @@ func Default() *Config {
 		Policy:     policy.DefaultConfig(),
 		Stampede:   stampede.DefaultConfig(),
 		LocalCache: localcache.DefaultConfig(),
+		Mirror:     mirror.DefaultConfig(),
 	}
 }
 

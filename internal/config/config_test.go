@@ -14,6 +14,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/localcache"
+	"github.com/redproxy/redproxy/internal/mirror"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/redistest"
 	"github.com/redproxy/redproxy/internal/stampede"
@@ -175,6 +176,18 @@ negative_caching = true
 [[localcache.stale_if_error]]
 pattern = "product:*"
 max_age = "20s"
+
+[upstreams.new]
+address = "10.0.0.9:6379"
+password = "m1rror"
+
+[mirror]
+upstream = "new"
+writes = false
+reads_sample = 0.25
+compare = true
+queue = 500
+queue_bytes = "1MB"
 `
 	want := &Config{
 		Server: Server{
@@ -200,7 +213,9 @@ max_age = "20s"
 			AllowUnauthenticated: true,
 			ProxyProtocol:        true,
 		},
-		Admin: Admin{TokenFile: "/etc/redproxy/admin.token"},
+		Admin:     Admin{TokenFile: "/etc/redproxy/admin.token"},
+		Upstreams: map[string]Upstream{"new": withUpstreamDefaults(Upstream{Address: "10.0.0.9:6379", Password: "m1rror"})},
+		Mirror:    mirror.Config{Upstream: "new", ReadsSample: 0.25, Compare: true, Queue: 500, QueueBytes: units.MB},
 		Users: []auth.UserConfig{{
 			Name: "app", PasswordSHA256: "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b",
 			Enabled: new(false), ACL: "+@read ~cache:*", UpstreamUser: "redis-app", UpstreamPasswordFile: "/etc/redproxy/app.pw",

@@ -42,7 +42,7 @@ func TestEffectiveRoundTrip(t *testing.T) {
 
 // TestEffectiveRedactsPassword: the upstream password never appears.
 func TestEffectiveRedactsPassword(t *testing.T) {
-	c, err := Parse([]byte("[upstream]\npassword = \"s3cret-pw\"\n"), "p.toml")
+	c, err := Parse([]byte("[upstream]\npassword = \"s3cret-pw\"\n[upstreams.new]\naddress = \"10.0.0.9:6379\"\npassword = \"n4med-pw\"\n"), "p.toml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,10 +50,10 @@ func TestEffectiveRedactsPassword(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(string(out), "s3cret-pw") || !strings.Contains(string(out), RedactedPassword) {
+	if strings.Contains(string(out), "s3cret-pw") || strings.Contains(string(out), "n4med-pw") || !strings.Contains(string(out), RedactedPassword) {
 		t.Fatalf("password not redacted:\n%s", out)
 	}
-	if c.Upstream.Password != "s3cret-pw" {
+	if c.Upstream.Password != "s3cret-pw" || c.Upstreams["new"].Password != "n4med-pw" {
 		t.Fatal("Effective modified the snapshot")
 	}
 }

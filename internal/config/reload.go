@@ -34,6 +34,8 @@ var restartOnly = []struct{ key, why string }{
 	{"admin.", "the admin endpoint reads its token once at start"},
 	{"upstreams", "named upstreams and their connections are set up at start ([[route]] and [[channel_route]] reload)"},
 	{"localcache.", "the local tier's memory, tracking connections and admission state are built at start"},
+	{"mirror.", "the mirror's queue and connections are built at start"},
+	{"upstreams", "the named upstreams' connections (the mirror's) are dialled at start"},
 }
 
 // RestartOnly returns why key (as Changed names it) cannot change without a

@@ -26,10 +26,11 @@ const DefaultUpstream = "default"
 // the names as a label.
 const maxUpstreams = 63
 
-// Routed reports whether routes are configured: named upstreams, key or
-// channel routes.
+// Routed reports whether routes are configured: key or channel routes.
+// Named upstreams alone do not route: [mirror] may name one that no route
+// sends traffic to, and the proxy must not depend on it being up.
 func (c *Config) Routed() bool {
-	return len(c.Upstreams) > 0 || len(c.Routes) > 0 || len(c.ChannelRoutes) > 0
+	return len(c.Routes) > 0 || len(c.ChannelRoutes) > 0
 }
 
 // UpstreamNames are the named upstreams in a fixed order: [upstream] is
@@ -49,7 +50,9 @@ func (c *Config) NamedUpstream(name string) Upstream {
 	if name == DefaultUpstream {
 		return c.Upstream
 	}
-	return c.Upstreams[name]
+	// Defaults again: a Config built in Go rather than parsed has not had
+	// them filled.
+	return withUpstreamDefaults(c.Upstreams[name])
 }
 
 // fillUpstreamDefaults gives the named upstreams the built-in defaults
@@ -59,38 +62,44 @@ func (c *Config) fillUpstreamDefaults() {
 	if len(c.Upstreams) == 0 {
 		return
 	}
-	d := Default().Upstream
 	filled := make(map[string]Upstream, len(c.Upstreams))
 	for name, u := range c.Upstreams {
-		if u.Mode == "" {
-			u.Mode = d.Mode
-		}
-		if u.Sentinels == nil {
-			u.Sentinels = []string{}
-		}
-		if u.Seeds == nil {
-			u.Seeds = []string{}
-		}
-		if u.Connections == 0 {
-			u.Connections = d.Connections
-		}
-		if u.MaxPinned == 0 {
-			u.MaxPinned = d.MaxPinned
-		}
-		for _, f := range []struct{ dst, def *units.Duration }{
-			{&u.DialTimeout, &d.DialTimeout}, {&u.ReplyTimeout, &d.ReplyTimeout}, {&u.DeadTimeout, &d.DeadTimeout},
-			{&u.ReconnectMin, &d.ReconnectMin}, {&u.ReconnectMax, &d.ReconnectMax},
-		} {
-			if f.dst.Duration == 0 {
-				*f.dst = *f.def
-			}
-		}
-		if u.Databases == 0 {
-			u.Databases = d.Databases
-		}
-		filled[name] = u
+		filled[name] = withUpstreamDefaults(u)
 	}
 	c.Upstreams = filled
+}
+
+// withUpstreamDefaults is u with what it leaves unset at [upstream]'s
+// built-in defaults.
+func withUpstreamDefaults(u Upstream) Upstream {
+	d := Default().Upstream
+	if u.Mode == "" {
+		u.Mode = d.Mode
+	}
+	if u.Sentinels == nil {
+		u.Sentinels = []string{}
+	}
+	if u.Seeds == nil {
+		u.Seeds = []string{}
+	}
+	if u.Connections == 0 {
+		u.Connections = d.Connections
+	}
+	if u.MaxPinned == 0 {
+		u.MaxPinned = d.MaxPinned
+	}
+	for _, f := range []struct{ dst, def *units.Duration }{
+		{&u.DialTimeout, &d.DialTimeout}, {&u.ReplyTimeout, &d.ReplyTimeout}, {&u.DeadTimeout, &d.DeadTimeout},
+		{&u.ReconnectMin, &d.ReconnectMin}, {&u.ReconnectMax, &d.ReconnectMax},
+	} {
+		if f.dst.Duration == 0 {
+			*f.dst = *f.def
+		}
+	}
+	if u.Databases == 0 {
+		u.Databases = d.Databases
+	}
+	return u
 }
 
 // checkRoutes checks the named upstreams as [upstream] is checked, and
@@ -100,7 +109,7 @@ func (c *Config) checkRoutes() []*Error {
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, &Error{Key: key, Msg: fmt.Sprintf(format, args...)})
 	}
-	if !c.Routed() {
+	if !c.Routed() && len(c.Upstreams) == 0 {
 		return nil
 	}
 	if len(c.Upstreams) > maxUpstreams {
@@ -116,7 +125,7 @@ func (c *Config) checkRoutes() []*Error {
 			bad(prefix, "invalid upstream name %q", name)
 			continue
 		}
-		u := c.Upstreams[name]
+		u := c.NamedUpstream(name)
 		if u.Address == EmbeddedAddress {
 			bad(prefix+".address", "the embedded store can only be [upstream]")
 		}
@@ -142,6 +151,9 @@ func (c *Config) checkRoutes() []*Error {
 				}
 			}
 		}
+	}
+	if !c.Routed() {
+		return errs // named upstreams only, for [mirror]: checked above
 	}
 	if c.Upstream.Mode == ModeCluster {
 		bad("upstream.mode", "routes need [upstream] in %q or %q mode; a cluster can be a named upstream ([upstreams.NAME])", ModeStandalone, ModeSentinel)

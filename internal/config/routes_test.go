@@ -70,8 +70,8 @@ upstream = "queue"
 		{"named upstream validated", "[upstreams.q]\naddress = \"nowhere\"\n", "upstreams.q.address", 2, "invalid address"},
 		{"named sentinel", "[upstreams.q]\nmode = \"sentinel\"\n", "upstreams.q.sentinels", 0, "is empty"},
 		{"reserved name", "[upstreams.default]\naddress = \"127.0.0.1:7001\"\n", "upstreams.default", 1, "[upstream]'s"},
-		{"local tier", "[localcache]\nenabled = true\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n", "localcache.enabled", 2, "not supported with routes"},
-		{"cluster default", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n", "upstream.mode", 2, "routes need [upstream]"},
+		{"local tier", "[localcache]\nenabled = true\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n", "localcache.enabled", 2, "not supported with routes"},
+		{"cluster default", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[channel_route]]\npattern = \"a\"\nupstream = \"q\"\n", "upstream.mode", 2, "routes need [upstream]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.doc), "r.toml")
@@ -97,5 +97,21 @@ func TestRoutesRestartOnly(t *testing.T) {
 		if why := RestartOnly(k); why != "" {
 			t.Errorf("%s is restart-only: %s", k, why)
 		}
+	}
+}
+
+// A named upstream no route names (the target of [mirror]) turns routing
+// on for nothing: the local tier, refused with routes, stays allowed.
+func TestNamedUpstreamWithoutRoutesDoesNotRoute(t *testing.T) {
+	doc := "[localcache]\nenabled = true\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n"
+	c, err := Parse([]byte(doc), "r.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Routed() {
+		t.Fatal("Routed() with named upstreams and no route")
+	}
+	if _, err := Parse([]byte("[upstreams.q]\naddress = \"nowhere\"\n"), "r.toml"); err == nil || !strings.Contains(err.Error(), "upstreams.q.address") {
+		t.Fatalf("a named upstream without routes is not checked: %v", err)
 	}
 }

@@ -97,6 +97,7 @@ func (c *Config) check() []*Error {
 	errs = append(errs, policyErrors(c.Policy)...)
 	errs = append(errs, stampedeErrors(c.Stampede)...)
 	errs = append(errs, localcacheErrors(c.LocalCache)...)
+	errs = append(errs, c.mirrorErrors()...)
 	return errs
 }
 

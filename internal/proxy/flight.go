@@ -76,6 +76,7 @@ func (sess *Session) flightStep(r *request) bool {
 		sess.replyLocal(r.m, errorReply(err))
 	default:
 		sess.replyLocal(r.m, reply)
+		sess.mirrorNote(r)
 	}
 	return true
 }

@@ -89,6 +89,7 @@ func (sess *Session) guardStep(r *request) bool {
 	} else {
 		sess.forward(raw, m)
 	}
+	sess.mirrorNote(r)
 	return true
 }
 

@@ -25,6 +25,9 @@ import "github.com/redproxy/redproxy/internal/commands"
 func (sess *Session) writeForwarded(cmd *commands.Command, args [][]byte) {
 	sess.tierWriteForwarded(cmd, args)
 	sess.flightWriteForwarded(cmd, args)
+	if sess.pin.pipe != nil || sess.cur.blocking {
+		sess.mirrorWriteSkipped() // mirror.go
+	}
 }
 
 // batchFlushed is called when every reply of the batch has arrived.

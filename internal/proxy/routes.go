@@ -88,7 +88,7 @@ func initRoutes(s *Server) error {
 			t.mode, t.backend, t.users = cfg.Upstream.Mode, s.backend, s.users.backends
 			continue
 		}
-		if err := s.startTarget(t, cfg.Upstreams[name]); err != nil {
+		if err := s.startTarget(t, cfg.NamedUpstream(name)); err != nil {
 			return err
 		}
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/mirror"
 	"github.com/redproxy/redproxy/internal/sentinel"
 	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
@@ -61,6 +62,7 @@ type Server struct {
 	users        *userState                          // proxy users and their upstream pools (users.go)
 	proxyProto   proxyProtoState                     // PROXY protocol headers on the client listeners (proxyproto.go)
 	routes       *routeState                         // named upstreams and [[route]] (routes.go); nil without routes
+	mirror       *mirror.Mirror                      // [mirror] (mirror.go); nil when off
 
 	mu       sync.Mutex
 	lns      []net.Listener // the plaintext and TLS listeners
@@ -160,6 +162,7 @@ func NewServer(o Options) (*Server, error) {
 		initGuard,         // the policy guard (guard.go)
 		initSlowlog,       // the slow log (slowlog.go)
 		initProxyProtocol, // PROXY protocol headers, when server.proxy_protocol is on (proxyproto.go)
+		initMirror,        // the mirror's queue and sender, when [mirror] names an upstream (mirror.go)
 		initTier,          // the local tier, when enabled (tier.go)
 	} {
 		if err := build(s); err != nil {
@@ -168,6 +171,7 @@ func NewServer(o Options) (*Server, error) {
 			}
 			s.closeUsers()
 			s.closeRoutes()
+			s.closeMirror()
 			if s.router != nil {
 				s.router.Close()
 			}
@@ -352,6 +356,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.sentinel.Close()
 	}
 	s.closeTier()
+	s.closeMirror()
 	if s.router != nil {
 		s.router.Close()
 	}

@@ -96,6 +96,7 @@ type Session struct {
 	aclKeys []commands.KeyRef // scratch for the ACL's key checks
 
 	route routeSession // with routes (routes.go)
+	mirrorS mirrorState // the batch's commands for the mirror (mirror.go)
 }
 
 // slot says where one command's reply comes from.
@@ -281,6 +282,7 @@ func (sess *Session) forwardCommand(r *request) {
 		sess.writeForwarded(r.cmd, r.Args)
 	}
 	sess.forward(r.Raw, r.m)
+	sess.mirrorNote(r)
 }
 
 // forward adds a command to the batch's upstream Call.
@@ -474,6 +476,9 @@ func (sess *Session) flush(start time.Time) {
 		default:
 			sess.emit(reply)
 		}
+	}
+	if len(sess.mirrorS.marks) > 0 {
+		sess.mirrorFlushed(call)
 	}
 	clear(sess.slots)
 	sess.slots = sess.slots[:0]

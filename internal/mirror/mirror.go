@@ -1,0 +1,465 @@
+// Package mirror sends a copy of the proxy's traffic to a second upstream,
+// fire-and-forget, to warm and validate it before routes switch to it
+// (a migration).
+//
+// The primary path never waits for the mirror. A session collects the
+// commands of one batch that are to be mirrored (Batch) and, once the
+// primary's replies are in, hands them to Enqueue, which copies them into
+// a bounded queue or drops them, counted, when the queue is full. One
+// sender goroutine takes everything queued, sends it on the mirror's own
+// connections (one Call per database and protocol, so a client's commands
+// reach the mirror in the order the primary ran them) and, for sampled
+// reads, compares the mirror's reply with the primary's, byte for byte.
+//
+// The queue's limits count what is queued and what is in flight to the
+// mirror, so a mirror that stalls (CLIENT PAUSE, DEBUG SLEEP, a dead
+// network) costs at most mirror.queue commands and mirror.queue_bytes bytes;
+// everything past that is dropped and counted, and the sender's wait ends
+// at the mirror's reply or dead timeout.
+package mirror
+
+import (
+	"bytes"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/slowlog"
+	"github.com/redproxy/redproxy/internal/upstream"
+)
+
+// Reasons a mirrored command was dropped (redproxy_mirror_dropped_total).
+const (
+	DropQueueFull   = "queue_full"  // the queue held mirror.queue commands or mirror.queue_bytes bytes
+	DropTooLarge    = "too_large"   // the batch alone is larger than mirror.queue_bytes
+	DropUnavailable = "unavailable" // no connection to the mirror was up: nothing was sent
+	DropDBRange     = "db_range"    // the client's database does not exist on the mirror
+	DropShutdown    = "shutdown"    // queued when the proxy shut down
+)
+
+var dropReasons = []string{DropQueueFull, DropTooLarge, DropUnavailable, DropDBRange, DropShutdown}
+
+// Reasons a write was not mirrored at all (redproxy_mirror_skipped_total).
+const (
+	// SkipTransaction: a write inside MULTI/EXEC or under WATCH, which runs
+	// on a dedicated connection of the client's; transactions are not
+	// mirrored (docs/COMPATIBILITY.md).
+	SkipTransaction = "transaction"
+	// SkipBlocking: a blocking command that may write (BLPOP, BLMOVE, ...),
+	// which runs on a borrowed connection.
+	SkipBlocking = "blocking"
+	// SkipPrimaryError: the primary answered the write with an error (or
+	// not at all), so it did not run there; it is not run on the mirror.
+	SkipPrimaryError = "primary_error"
+)
+
+var skipReasons = []string{SkipTransaction, SkipBlocking, SkipPrimaryError}
+
+// Kinds of mirror errors (redproxy_mirror_errors_total).
+const (
+	ErrReply      = "reply"      // the mirror answered an error where the primary did not
+	ErrConnection = "connection" // no reply: connection lost, reply timeout, reply too large
+)
+
+var errorKinds = []string{ErrReply, ErrConnection}
+
+// Options are what a Mirror needs beyond its configuration.
+type Options struct {
+	Config Config
+	// Dial builds the Backend of the mirror's upstream. The sender calls it
+	// once, on its own goroutine, so a mirror that is down delays neither
+	// the proxy's start nor its clients.
+	Dial func() *upstream.Backend
+	// Address is the mirror's address, for /debug/mirror.
+	Address string
+	// Databases is how many databases the mirror has; commands of a higher
+	// database are dropped (DropDBRange).
+	Databases int
+	Logger    *slog.Logger
+}
+
+// Mirror is the running mirror: its queue, its sender and its counters.
+type Mirror struct {
+	cfg  Config
+	opt  Options
+	log  *slog.Logger
+	stop chan struct{}
+	done chan struct{}
+	wake chan struct{}
+
+	mu      sync.Mutex
+	queue   []*entry
+	cmds    int   // queued or in flight
+	bytes   int64 // queued or in flight
+	closed  bool
+	backend *upstream.Backend
+	closeMu sync.Mutex // one Close at a time
+
+	stats    stats
+	patterns patterns
+	lastLog  atomic.Int64 // unix nanoseconds of the last mismatch logged
+	unlogged atomic.Int64 // mismatches not logged since
+}
+
+type stats struct {
+	sent, sampled, compared, mismatches atomic.Int64
+	dropped                             [5]atomic.Int64 // by dropReasons
+	skipped                             [3]atomic.Int64 // by skipReasons
+	errors                              [2]atomic.Int64 // by errorKinds
+}
+
+func indexOf(list []string, s string) int {
+	for i, v := range list {
+		if v == s {
+			return i
+		}
+	}
+	panic("mirror: unknown reason " + s)
+}
+
+// New starts a mirror's sender. Close stops it.
+func New(o Options) *Mirror {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	m := &Mirror{
+		cfg:  o.Config,
+		opt:  o,
+		log:  o.Logger.With("component", "mirror", "mirror_upstream", o.Config.Upstream),
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
+		wake: make(chan struct{}, 1),
+	}
+	m.patterns.m = make(map[string]*patternStat)
+	go m.run()
+	return m
+}
+
+// Writes reports whether writes are mirrored.
+func (m *Mirror) Writes() bool { return m.cfg.Writes }
+
+// Compare reports whether sampled reads are compared.
+func (m *Mirror) Compare() bool { return m.cfg.Compare }
+
+// SampleRead decides whether one read is mirrored (mirror.reads_sample),
+// and counts it if so.
+func (m *Mirror) SampleRead() bool {
+	p := m.cfg.ReadsSample
+	if p <= 0 || p < 1 && rand.Float64() >= p {
+		return false
+	}
+	m.stats.sampled.Add(1)
+	return true
+}
+
+// Skipped counts a write that is not mirrored, for reason (a Skip* value).
+func (m *Mirror) Skipped(reason string) { m.stats.skipped[indexOf(skipReasons, reason)].Add(1) }
+
+func (m *Mirror) drop(reason string, n int) {
+	m.stats.dropped[indexOf(dropReasons, reason)].Add(int64(n))
+}
+
+// entry is one client batch's mirrored commands, copied: buf holds every
+// part back to back, then the primary's replies and keys kept for
+// comparison.
+type entry struct {
+	db    int
+	resp3 bool
+	buf   []byte
+	ends  []int // ends[i] is where part i ends in buf
+	cmds  []command
+	size  int64
+}
+
+type command struct {
+	parts      int // how many parts (RESP commands) it takes, from the previous command's end
+	name       string
+	read       bool
+	compare    bool
+	primaryErr bool
+	reply, key [2]int // in buf
+}
+
+func (e *entry) part(i int) []byte {
+	start := 0
+	if i > 0 {
+		start = e.ends[i-1]
+	}
+	return e.buf[start:e.ends[i]]
+}
+
+// Enqueue copies b's commands, run on the primary in database db with
+// the protocol resp3, into the queue, or drops them (all of them: a
+// batch is mirrored whole or not at all) when the queue is full. It never
+// blocks on the mirror. b may be reused once it returns.
+func (m *Mirror) Enqueue(db int, resp3 bool, b *Batch) {
+	n := len(b.cmds)
+	if n == 0 {
+		return
+	}
+	if db >= m.opt.Databases {
+		m.drop(DropDBRange, n)
+		return
+	}
+	size := b.size()
+	if size > int64(m.cfg.QueueBytes) {
+		m.drop(DropTooLarge, n)
+		return
+	}
+	m.mu.Lock()
+	switch {
+	case m.closed:
+		m.mu.Unlock()
+		m.drop(DropShutdown, n)
+		return
+	case m.cmds+n > m.cfg.Queue || m.bytes+size > int64(m.cfg.QueueBytes):
+		m.mu.Unlock()
+		m.drop(DropQueueFull, n)
+		return
+	}
+	// Reserved before the copy, so that a full queue costs the client no
+	// copy at all.
+	m.cmds += n
+	m.bytes += size
+	m.mu.Unlock()
+
+	e := b.copyOut(db, resp3, size)
+	m.mu.Lock()
+	if m.closed {
+		m.cmds -= n
+		m.bytes -= size
+		m.mu.Unlock()
+		m.drop(DropShutdown, n)
+		return
+	}
+	m.queue = append(m.queue, e)
+	m.mu.Unlock()
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Queued returns the commands and bytes queued or in flight.
+func (m *Mirror) Queued() (cmds int, bytes int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cmds, m.bytes
+}
+
+// Close stops the sender: what is still queued is dropped (DropShutdown),
+// and what is in flight fails at once, as the mirror's connections close.
+func (m *Mirror) Close() {
+	m.closeMu.Lock()
+	defer m.closeMu.Unlock()
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return
+	}
+	m.closed = true
+	b := m.backend
+	m.mu.Unlock()
+	close(m.stop)
+	if b != nil {
+		b.Close() // ends a wait on a stalled mirror
+	}
+	<-m.done
+	m.mu.Lock()
+	b = m.backend
+	m.mu.Unlock()
+	if b != nil {
+		b.Close() // the pools the last round created after the first Close
+	}
+}
+
+// maxLogEvery spaces the mismatch log lines: one a second at most, each
+// saying how many were not logged since.
+const maxLogEvery = time.Second
+
+func (m *Mirror) run() {
+	defer close(m.done)
+	b := m.opt.Dial()
+	m.mu.Lock()
+	m.backend = b
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		m.take(nil) // counts what was queued as dropped
+		return
+	}
+	s := sender{m: m, b: b}
+	var round []*entry
+	for {
+		round = m.take(round[:0])
+		if round == nil {
+			return
+		}
+		s.send(round)
+		var n int
+		var size int64
+		for _, e := range round {
+			n += len(e.cmds)
+			size += e.size
+		}
+		clear(round)
+		m.mu.Lock()
+		m.cmds -= n
+		m.bytes -= size
+		m.mu.Unlock()
+	}
+}
+
+// take waits for queued entries and takes them all; nil once closed.
+func (m *Mirror) take(into []*entry) []*entry {
+	m.mu.Lock()
+	for len(m.queue) == 0 && !m.closed {
+		m.mu.Unlock()
+		select {
+		case <-m.wake:
+		case <-m.stop:
+		}
+		m.mu.Lock()
+	}
+	if m.closed {
+		for _, e := range m.queue {
+			m.drop(DropShutdown, len(e.cmds))
+			m.cmds -= len(e.cmds)
+			m.bytes -= e.size
+		}
+		m.queue = nil
+		m.mu.Unlock()
+		return nil
+	}
+	into, m.queue = m.queue, into
+	m.mu.Unlock()
+	return into
+}
+
+// sender sends rounds of entries on the mirror's Backend.
+type sender struct {
+	m      *Mirror
+	b      *upstream.Backend
+	groups []group
+}
+
+// group is a round's entries of one database and protocol: one Call on
+// one connection, so their order holds on the mirror.
+type group struct {
+	db      int
+	resp3   bool
+	call    *upstream.Call
+	entries []*entry
+	sent    bool
+}
+
+func (s *sender) group(db int, resp3 bool) *group {
+	for i := range s.groups {
+		if g := &s.groups[i]; g.db == db && g.resp3 == resp3 {
+			return g
+		}
+	}
+	s.groups = append(s.groups, group{db: db, resp3: resp3, call: upstream.NewCall()})
+	return &s.groups[len(s.groups)-1]
+}
+
+func (s *sender) send(round []*entry) {
+	m := s.m
+	for _, e := range round {
+		g := s.group(e.db, e.resp3)
+		for i := range e.ends {
+			g.call.Add(e.part(i))
+		}
+		g.entries = append(g.entries, e)
+	}
+	for i := range s.groups {
+		g := &s.groups[i]
+		if len(g.entries) == 0 {
+			continue
+		}
+		n := 0
+		for _, e := range g.entries {
+			n += len(e.cmds)
+		}
+		// The replies are held until the round is checked: cap them like
+		// the requests.
+		g.call.SetReplyLimit(int(m.cfg.QueueBytes))
+		if err := s.b.Pool(g.db, g.resp3).Send(g.call); err != nil {
+			m.drop(DropUnavailable, n)
+			continue
+		}
+		g.sent = true
+		m.stats.sent.Add(int64(n))
+	}
+	for i := range s.groups {
+		g := &s.groups[i]
+		if g.sent {
+			g.call.Wait()
+			s.check(g)
+		}
+		g.call.Reset()
+		clear(g.entries)
+		g.entries, g.sent = g.entries[:0], false
+	}
+}
+
+// check goes through a group's replies: errors counted, sampled reads
+// compared with the primary's replies.
+func (s *sender) check(g *group) {
+	m := s.m
+	reply := 0
+	for _, e := range g.entries {
+		for _, c := range e.cmds {
+			var own []byte
+			failed, errReply := false, false
+			for p := 0; p < c.parts; p++ {
+				r, err := g.call.Reply(reply)
+				reply++
+				switch {
+				case err != nil:
+					failed = true
+				case resp.IsError(r):
+					errReply = true
+				}
+				if p == 0 {
+					own = r
+				}
+			}
+			switch {
+			case failed:
+				m.stats.errors[indexOf(errorKinds, ErrConnection)].Add(1)
+				continue
+			case errReply && !c.primaryErr:
+				m.stats.errors[indexOf(errorKinds, ErrReply)].Add(1)
+			}
+			if !c.compare {
+				continue
+			}
+			m.stats.compared.Add(1)
+			if !bytes.Equal(own, e.buf[c.reply[0]:c.reply[1]]) {
+				m.mismatch(c.name, e.buf[c.key[0]:c.key[1]], e.db)
+			}
+		}
+	}
+}
+
+// mismatch counts a sampled read whose replies differ, under its key's
+// pattern (slowlog.KeyPattern: the key without its identifying parts, so
+// neither the log nor /debug/mirror shows data), and logs it, at most once
+// a second.
+func (m *Mirror) mismatch(name string, key []byte, db int) {
+	m.stats.mismatches.Add(1)
+	pattern := slowlog.KeyPattern(key)
+	m.patterns.add(pattern, name)
+	now := time.Now().UnixNano()
+	last := m.lastLog.Load()
+	if now-last < int64(maxLogEvery) || !m.lastLog.CompareAndSwap(last, now) {
+		m.unlogged.Add(1)
+		return
+	}
+	m.log.Warn("mirror: a sampled read's reply from the mirror differs from the primary's",
+		"command", name, "key_pattern", pattern, "db", db, "mismatches_not_logged", m.unlogged.Swap(0))
+}
