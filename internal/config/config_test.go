@@ -140,6 +140,9 @@ dead_timeout = "2m"
 reconnect_min = "10ms"
 reconnect_max = "10s"
 databases = 1
+read_from = "replica_preferred"
+max_replica_lag = "3s"
+replica_poll_interval = "50ms"
 
 [upstream.tls]
 ca_file = "CA_FILE"
@@ -207,23 +210,26 @@ max_age = "20s"
 			MaxConnections: 3,
 		}},
 		Upstream: Upstream{
-			Mode:             ModeSentinel,
-			Address:          "redis.internal:6390",
-			Sentinels:        []string{"10.0.0.1:26379"},
-			Seeds:            []string{},
-			MasterName:       "cache",
-			SentinelUsername: "watcher",
-			SentinelPassword: "s3ntinel",
-			Username:         "proxy",
-			Password:         "s3cret",
-			Connections:      8,
-			MaxPinned:        10,
-			DialTimeout:      dur(100 * time.Millisecond),
-			ReplyTimeout:     dur(90 * time.Second),
-			DeadTimeout:      dur(2 * time.Minute),
-			ReconnectMin:     dur(10 * time.Millisecond),
-			ReconnectMax:     dur(10 * time.Second),
-			Databases:        1,
+			Mode:                ModeSentinel,
+			Address:             "redis.internal:6390",
+			Sentinels:           []string{"10.0.0.1:26379"},
+			Seeds:               []string{},
+			MasterName:          "cache",
+			SentinelUsername:    "watcher",
+			SentinelPassword:    "s3ntinel",
+			Username:            "proxy",
+			Password:            "s3cret",
+			Connections:         8,
+			MaxPinned:           10,
+			DialTimeout:         dur(100 * time.Millisecond),
+			ReplyTimeout:        dur(90 * time.Second),
+			DeadTimeout:         dur(2 * time.Minute),
+			ReconnectMin:        dur(10 * time.Millisecond),
+			ReconnectMax:        dur(10 * time.Second),
+			Databases:           1,
+			ReadFrom:            ReadReplicaPreferred,
+			MaxReplicaLag:       dur(3 * time.Second),
+			ReplicaPollInterval: dur(50 * time.Millisecond),
 			TLS: &UpstreamTLS{CAFile: certs.CAFile, ServerName: "redis.example", CertFile: certs.ClientCert,
 				KeyFile: certs.ClientKey, InsecureSkipVerify: true},
 		},

@@ -167,6 +167,7 @@ func (c *Config) check() []*Error {
 	if u.Databases < 1 {
 		bad("upstream.databases", "must be > 0, got %d", u.Databases)
 	}
+	errs = append(errs, checkReplicaReads("upstream", u)...)
 	errs = append(errs, c.checkTLS()...)
 	errs = append(errs, c.securityErrors()...)
 	errs = append(errs, policyErrors(c.Policy)...)

@@ -25,12 +25,14 @@ import "github.com/redproxy/redproxy/internal/commands"
 func (sess *Session) writeForwarded(cmd *commands.Command, args [][]byte) {
 	sess.tierWriteForwarded(cmd, args)
 	sess.flightWriteForwarded(cmd, args)
+	sess.replicaWriteForwarded()
 }
 
 // batchFlushed is called when every reply of the batch has arrived.
 func (sess *Session) batchFlushed() {
 	sess.tierBatchFlushed()
 	sess.flightBatchFlushed()
+	sess.replicaBatchFlushed()
 }
 
 // sessionClosed is called once when the client's connection ends.

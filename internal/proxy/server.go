@@ -54,6 +54,7 @@ type Server struct {
 	flight       atomic.Pointer[stampede.Protection] // stampede protection (flight.go); a reload replaces it
 	tier         *tierState                          // the local tier (tier.go)
 	sentinel     *sentinel.Watcher                   // upstream.mode = "sentinel" (sentinel.go); nil otherwise
+	replicas     *replicaSet                         // upstream.read_from = replica*: reads from replicas (replicas.go); nil otherwise
 	slow         slowState                           // the slow log (slowlog.go)
 	tls          tlsState                            // TLS on both sides (tls.go)
 	users        *userState                          // proxy users and their upstream pools (users.go)
@@ -148,6 +149,7 @@ func NewServer(o Options) (*Server, error) {
 	for _, build := range []func(*Server) error{
 		initUsers,         // proxy users, per-credential pools; refuses an open non-loopback listener (users.go)
 		initFlight,        // stampede protection: coalescing, miss holds (flight.go)
+		initReplicas,      // reads from replicas, when upstream.read_from asks for them (replicas.go)
 		initGuard,         // the policy guard (guard.go)
 		initSlowlog,       // the slow log (slowlog.go)
 		initProxyProtocol, // PROXY protocol headers, when server.proxy_protocol is on (proxyproto.go)
@@ -168,6 +170,7 @@ func NewServer(o Options) (*Server, error) {
 	if s.sentinel != nil {
 		s.sentinel.Start(addr)
 	}
+	s.startReplicas()
 	return s, nil
 }
 
@@ -342,6 +345,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.sentinel.Close()
 	}
 	s.closeTier()
+	s.closeReplicas()
 	if s.router != nil {
 		s.router.Close()
 	}

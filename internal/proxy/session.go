@@ -94,6 +94,10 @@ type Session struct {
 	interrupted atomic.Bool
 
 	aclKeys []commands.KeyRef // scratch for the ACL's key checks
+
+	// reads is where the client's reads may go with replica reads on
+	// (replicas.go).
+	reads replicaReads
 }
 
 // slot says where one command's reply comes from.
@@ -275,6 +279,7 @@ func (sess *Session) forwardCommand(r *request) {
 	if mayWrite(r.cmd) {
 		sess.writeForwarded(r.cmd, r.Args)
 	}
+	sess.replicaForwarded(r)
 	sess.forward(r.Raw, r.m)
 }
 
@@ -387,7 +392,7 @@ func (sess *Session) flush(start time.Time) {
 		} else if sess.srv.router != nil {
 			sess.srv.router.Do(call, sess.resp3)
 		} else {
-			sess.backend().Pool(sess.db, sess.resp3).Do(call)
+			sess.sendUpstream(call) // the primary, or a replica for reads (replicas.go)
 		}
 		now = time.Now()
 		sess.upstreamWait += now.Sub(sent)
