@@ -453,6 +453,15 @@ func (rs *replicaSet) sync(addrs []string) {
 	}
 }
 
+// UsableReplicas is the number of replicas a client without writes could
+// read from now; 0 when reads from replicas are off.
+func (s *Server) UsableReplicas() int {
+	if s.replicas == nil {
+		return 0
+	}
+	return s.replicas.usable(time.Now())
+}
+
 // usable counts the replicas a client without writes could read now.
 func (rs *replicaSet) usable(now time.Time) int {
 	v := rs.view.Load()
@@ -554,10 +563,16 @@ func (sess *Session) replicaCandidate(r *request) bool {
 }
 
 // replicaForwarded counts a command added to the batch's Call as a read a
-// replica may serve (forwardCommand).
+// replica may serve (forwardCommand). Writes are noted by
+// replicaWriteForwarded; a command the table does not know (a module's)
+// may write too.
 func (sess *Session) replicaForwarded(r *request) {
-	if sess.replicaCandidate(r) {
+	switch {
+	case sess.srv.replicas == nil:
+	case sess.replicaCandidate(r):
 		sess.reads.forwarded++
+	case r.cmd == nil:
+		sess.reads.wrote = true
 	}
 }
 
@@ -589,9 +604,6 @@ func (sess *Session) sendUpstream(call *upstream.Call) {
 		sess.reads.forwarded = 0
 		if reads && sess.readOnReplica(rs, call) {
 			return
-		}
-		if !reads {
-			sess.reads.wrote = true // anything but a read may have written
 		}
 	}
 	sess.backend().Pool(sess.db, sess.resp3).Do(call)
