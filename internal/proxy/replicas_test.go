@@ -232,7 +232,7 @@ func recordOwnKeys(t *testing.T, g *replicated, p *proxytest.Proxy) ([]porcupine
 	for i := range 6 {
 		workers = append(workers, lintest.Worker{
 			C:    p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }),
-			Keys: fmt.Sprintf("own%d:", i), WritePct: 30, Every: 2 * time.Millisecond,
+			Keys: fmt.Sprintf("own%d:", i), WritePct: 10, Every: 2 * time.Millisecond,
 		})
 	}
 	resetStats(t, g.replicas...)
@@ -276,6 +276,7 @@ func TestReplicaReadYourWritesLinearizable(t *testing.T) {
 // wrong values.
 type readLoop struct {
 	ok, failed, wrong atomic.Int64
+	slowest           atomic.Int64 // nanoseconds
 	firstErr          atomic.Pointer[string]
 	stop              chan struct{}
 	wg                sync.WaitGroup
@@ -297,7 +298,11 @@ func startReads(t *testing.T, p *proxytest.Proxy, clients int, key, want string)
 					return
 				default:
 				}
+				start := time.Now()
 				v, err := c.Get(context.Background(), key).Result()
+				if d := int64(time.Since(start)); d > l.slowest.Load() {
+					l.slowest.Store(d) // one writer per client; a lost race only loses a log figure
+				}
 				switch {
 				case err != nil:
 					l.failed.Add(1)
@@ -365,12 +370,16 @@ func TestReplicaStalledReadsGoToPrimary(t *testing.T) {
 	redistest.Eventually(t, 5*time.Second, func() bool { return g.replicas[0].Client(t).Get(ctx, "k").Val() == "v" }, "replica never synced")
 	resetStats(t, g.primary)
 	l := startReads(t, p, 4, "k", "v")
+	if n := calls(t, g.primary, "get"); n != 0 {
+		t.Fatalf("before the freeze the primary ran %d GETs, want 0", n)
+	}
 	g.replicas[0].Freeze(t)
 	before := l.ok.Load()
 	redistest.Eventually(t, 10*time.Second, func() bool { return l.ok.Load() > before+200 }, "reads stopped while the replica was frozen")
 	// Still frozen here: these reads did not wait for it.
 	l.end()
 	g.replicas[0].Thaw(t)
+	t.Logf("slowest read: %v (reply_timeout 500ms)", time.Duration(l.slowest.Load()))
 	if n := l.failed.Load(); n != 0 {
 		t.Errorf("%d reads failed while the replica was frozen (first: %s); want none", n, *l.firstErr.Load())
 	}
@@ -408,5 +417,39 @@ func TestReplicaOnlyRefusesWithoutReplica(t *testing.T) {
 	}
 	if v, err := c.Get(ctx, "k").Result(); err != nil || v != "v2" {
 		t.Fatalf("the writer's GET after its SET = %q, %v; want v2 from the primary", v, err)
+	}
+}
+
+// TestReplicaReadsSentinel: in Sentinel mode the replicas are the ones the
+// Sentinels list (SENTINEL REPLICAS), and reads go to them.
+func TestReplicaReadsSentinel(t *testing.T) {
+	g := redistest.StartSentinelGroup(t, redistest.SentinelOptions{Replicas: 2})
+	ctx := context.Background()
+	if err := g.Nodes[0].Client(t).Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		sentinelConfig(g, g.SentinelAddrs())(c)
+		c.Upstream.ReadFrom = config.ReadReplicaPreferred
+		c.Upstream.ReplicaPollInterval = units.Duration{Duration: 20 * time.Millisecond}
+	})
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.UsableReplicas() == 2 }, "the proxy never found the Sentinels' 2 replicas")
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return g.Nodes[1].Client(t).Get(ctx, "k").Val() == "v" && g.Nodes[2].Client(t).Get(ctx, "k").Val() == "v"
+	}, "replicas never synced")
+	resetStats(t, g.Nodes...)
+	for range 4 {
+		c := p.Client(t)
+		for range 10 {
+			if v, err := c.Get(ctx, "k").Result(); err != nil || v != "v" {
+				t.Fatalf("GET k = %q, %v", v, err)
+			}
+		}
+	}
+	if n := calls(t, g.Nodes[0], "get"); n != 0 {
+		t.Errorf("the primary ran %d GETs, want 0", n)
+	}
+	if n := calls(t, g.Nodes[1], "get") + calls(t, g.Nodes[2], "get"); n != 40 {
+		t.Errorf("the replicas ran %d GETs, want 40", n)
 	}
 }
