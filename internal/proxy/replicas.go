@@ -71,7 +71,10 @@ type replicaSet struct {
 
 	calls sync.Pool // *replicaCall
 
-	reads *prometheus.CounterVec // by result: replica, primary, fallback, failed
+	// Batches of reads by where they were answered
+	// (redproxy_replica_reads_total{result}).
+	onReplica, onPrimary, fellBack, failed prometheus.Counter
+	primaryUp                              bool // the last poll read the primary's offset, for logging changes only
 
 	stop chan struct{}
 	done chan struct{}
@@ -174,15 +177,18 @@ func initReplicas(s *Server) error {
 		replyTimeout: u.ReplyTimeout.Duration,
 		log:          s.log.With("component", "replicas"),
 		nodes:        map[string]*replicaNode{},
-		reads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "redproxy_replica_reads_total",
-			Help: "Batches of reads by where they were answered: replica; primary (read-your-writes or no usable replica); fallback (a replica failed or was late, then the primary); failed (read_from = replica and no replica).",
-		}, []string{"result"}),
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
+		primaryUp:    true,
+		stop:         make(chan struct{}),
+		done:         make(chan struct{}),
 	}
+	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "redproxy_replica_reads_total",
+		Help: "Batches of reads by where they were answered: replica; primary (read-your-writes or no usable replica); fallback (a replica failed or was late, then the primary); failed (read_from = replica and no replica).",
+	}, []string{"result"})
+	rs.onReplica, rs.onPrimary = reads.WithLabelValues("replica"), reads.WithLabelValues("primary")
+	rs.fellBack, rs.failed = reads.WithLabelValues("fallback"), reads.WithLabelValues("failed")
 	rs.calls.New = func() any { return &replicaCall{call: upstream.NewCall()} }
-	s.metrics.Registry.MustRegister(rs.reads, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	s.metrics.Registry.MustRegister(reads, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "redproxy_replicas_usable",
 		Help: "Replicas the last poll found replicating, answering and within upstream.max_replica_lag.",
 	}, func() float64 { return float64(rs.usable(time.Now())) }))
@@ -246,21 +252,18 @@ func (rs *replicaSet) checkTimeout() time.Duration {
 func (rs *replicaSet) poll() {
 	epoch := rs.started.Add(1)
 	at := time.Now()
-	info, err := rs.info(rs.srv.backend, nil)
-	if err != nil {
-		// Without the primary's offset no floor can be resolved: the
-		// last view stays, and goes stale (pick) if this lasts.
-		rs.log.Debug("replica poll: primary INFO failed", "err", err)
-		return
+	primary, info, err := rs.primaryOffset()
+	if ok := err == nil; ok != rs.primaryUp {
+		rs.primaryUp = ok
+		if ok {
+			rs.log.Info("replica poll: the primary's replication offset is readable again; reads may go to replicas")
+		} else {
+			// Without the primary's offset no floor can be resolved: the
+			// last view stays, and goes stale (pick) if this lasts.
+			rs.log.Warn("replica poll: cannot read the primary's replication offset; reads go to the primary (replica_preferred) or fail (replica) until it can", "err", err)
+		}
 	}
-	f := infoFields(info)
-	if f["role"] != "master" {
-		rs.log.Debug("replica poll: the primary is not a primary (failover?)", "role", f["role"])
-		return
-	}
-	primary, err := strconv.ParseInt(f["master_repl_offset"], 10, 64)
 	if err != nil {
-		rs.log.Warn("replica poll: no master_repl_offset in the primary's INFO", "err", err)
 		return
 	}
 	rs.sync(rs.discover(info))
@@ -309,6 +312,24 @@ func (rs *replicaSet) poll() {
 	}
 	slices.SortFunc(v.nodes, func(a, b viewNode) int { return strings.Compare(a.node.addr, b.node.addr) })
 	rs.view.Store(v)
+}
+
+// primaryOffset reads the primary's master_repl_offset, and returns the
+// INFO it came in.
+func (rs *replicaSet) primaryOffset() (int64, []byte, error) {
+	info, err := rs.info(rs.srv.backend, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	f := infoFields(info)
+	if f["role"] != "master" {
+		return 0, nil, fmt.Errorf("the primary says role:%s (a failover?)", f["role"])
+	}
+	off, err := strconv.ParseInt(f["master_repl_offset"], 10, 64)
+	if err != nil {
+		return 0, nil, fmt.Errorf("no master_repl_offset in the primary's INFO replication: %w", err)
+	}
+	return off, info, nil
 }
 
 // checkReplica reads a replica's applied offset, if it replicates (role
@@ -619,11 +640,11 @@ func (sess *Session) readOnReplica(rs *replicaSet, call *upstream.Call) bool {
 		// read_from = "replica" keeps reads off the primary, except those
 		// read-your-writes sends there.
 		if rs.mode == config.ReadReplica && sess.reads.needEpoch == 0 && rs.usable(now) == 0 {
-			rs.reads.WithLabelValues("failed").Inc()
+			rs.failed.Inc()
 			call.Fail(errNoReplica)
 			return true
 		}
-		rs.reads.WithLabelValues("primary").Inc()
+		rs.onPrimary.Inc()
 		return false
 	}
 	rc := rs.calls.Get().(*replicaCall)
@@ -668,7 +689,7 @@ func (sess *Session) readOnReplica(rs *replicaSet, call *upstream.Call) bool {
 		rs.calls.Put(rc)
 	}
 	if err == nil {
-		rs.reads.WithLabelValues("replica").Inc()
+		rs.onReplica.Inc()
 		return true
 	}
 	node.failed.Store(rs.started.Load())
@@ -677,11 +698,11 @@ func (sess *Session) readOnReplica(rs *replicaSet, call *upstream.Call) bool {
 	}
 	sess.logger().Debug("read on a replica failed; the primary answers it", "replica", node.addr, "err", err)
 	if rs.mode == config.ReadReplica {
-		rs.reads.WithLabelValues("failed").Inc()
+		rs.failed.Inc()
 		call.Fail(err)
 		return true
 	}
-	rs.reads.WithLabelValues("fallback").Inc()
+	rs.fellBack.Inc()
 	return false
 }
 
