@@ -614,20 +614,21 @@ func (sess *Session) replicaBatchFlushed() {
 	}
 }
 
-// sendUpstream sends the batch's Call on the shared connections and waits
-// for its replies: to a replica when every command in it is a read one
-// may serve and read_from and read-your-writes allow, else to the primary.
-// This is the one place a read picks its server (flush).
-func (sess *Session) sendUpstream(call *upstream.Call) {
-	rs := sess.srv.replicas
-	if rs != nil {
-		reads := sess.reads.forwarded == call.Len()
+// sendUpstream sends the batch's Call on the shared connections of
+// primary and waits for its replies; or, when every command in it is a
+// read a replica may serve and read_from and read-your-writes allow, to
+// one of primary's replicas. This is the one place a read picks its server
+// (flush). The replicas are those of the proxy's own upstream
+// (s.backend): a Call for any other backend goes to that backend.
+func (sess *Session) sendUpstream(call *upstream.Call, primary *upstream.Backend) {
+	if rs := sess.srv.replicas; rs != nil {
+		reads := sess.reads.forwarded == call.Len() && primary == sess.srv.backend
 		sess.reads.forwarded = 0
 		if reads && sess.readOnReplica(rs, call) {
 			return
 		}
 	}
-	sess.backend().Pool(sess.db, sess.resp3).Do(call)
+	primary.Pool(sess.db, sess.resp3).Do(call)
 }
 
 // readOnReplica sends a Call of reads to a replica. It reports false when

@@ -453,3 +453,39 @@ func TestReplicaReadsSentinel(t *testing.T) {
 		t.Errorf("the replicas ran %d GETs, want 40", n)
 	}
 }
+
+// TestReplicaLaggingIsSkipped: a replica that stops applying the primary's
+// stream (CLIENT PAUSE WRITE on it) is skipped once it is max_replica_lag
+// behind, so a client that did not write the key itself still reads the
+// new value (from the primary) rather than one older than the lag allows.
+func TestReplicaLaggingIsSkipped(t *testing.T) {
+	g := startReplicated(t, 1)
+	ctx := context.Background()
+	pc := g.primary.Client(t)
+	if err := pc.Set(ctx, "k", "old", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := g.proxy(t, config.ReadReplicaPreferred, func(c *config.Config) {
+		c.Upstream.MaxReplicaLag = units.Duration{Duration: 200 * time.Millisecond}
+	})
+	rc := g.replicas[0].Client(t)
+	redistest.Eventually(t, 5*time.Second, func() bool { return rc.Get(ctx, "k").Val() == "old" }, "replica never synced")
+	if err := rc.Do(ctx, "CLIENT", "PAUSE", "5000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer rc.ClientUnpause(ctx)
+	if err := pc.Set(ctx, "k", "new", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 4*time.Second, func() bool { return p.UsableReplicas() == 0 }, "the paused replica was never skipped")
+	if v := rc.Get(ctx, "k").Val(); v != "old" {
+		t.Fatalf("the paused replica has %q; the test needs it behind", v)
+	}
+	if v, err := p.Client(t).Get(ctx, "k").Result(); err != nil || v != "new" {
+		t.Fatalf("GET k through the proxy = %q, %v; want new (the lagging replica skipped)", v, err)
+	}
+	if err := rc.ClientUnpause(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool { return p.UsableReplicas() == 1 }, "the replica never came back after catching up")
+}

@@ -392,7 +392,7 @@ func (sess *Session) flush(start time.Time) {
 		} else if sess.srv.router != nil {
 			sess.srv.router.Do(call, sess.resp3)
 		} else {
-			sess.sendUpstream(call) // the primary, or a replica for reads (replicas.go)
+			sess.sendUpstream(call, sess.backend()) // the primary, or a replica for reads (replicas.go)
 		}
 		now = time.Now()
 		sess.upstreamWait += now.Sub(sent)
