@@ -452,6 +452,30 @@ func TestReplicaReadsSentinel(t *testing.T) {
 	if n := calls(t, g.Nodes[1], "get") + calls(t, g.Nodes[2], "get"); n != 40 {
 		t.Errorf("the replicas ran %d GETs, want 40", n)
 	}
+
+	// After a failover the reads follow the new primary's replicas: the
+	// promoted one is a primary now and answers none of them, and a
+	// client's own write is read back at once.
+	g.Failover(t)
+	next := g.WaitNewPrimary(t, g.Nodes[0], 30*time.Second)
+	redistest.Eventually(t, 20*time.Second, func() bool { return p.SentinelPrimary() == next.Addr() && p.UsableReplicas() >= 1 },
+		"the proxy never read from a replica of the new primary %s", next.Addr())
+	c := p.Client(t)
+	redistest.Eventually(t, 10*time.Second, func() bool { return c.Set(ctx, "k2", "v2", 0).Err() == nil }, "no write reached the new primary")
+	if v, err := c.Get(ctx, "k2").Result(); err != nil || v != "v2" {
+		t.Fatalf("GET k2 right after SET k2 = %q, %v", v, err)
+	}
+	resetStats(t, g.Nodes...)
+	reader := p.Client(t)
+	redistest.Eventually(t, 5*time.Second, func() bool { return reader.Get(ctx, "k2").Val() == "v2" }, "a fresh client never read k2")
+	for range 20 {
+		if v, err := reader.Get(ctx, "k2").Result(); err != nil || v != "v2" {
+			t.Fatalf("GET k2 = %q, %v", v, err)
+		}
+	}
+	if n := calls(t, next, "get"); n != 0 {
+		t.Errorf("the new primary ran %d GETs of a client that never wrote; want them on its replicas", n)
+	}
 }
 
 // TestReplicaLaggingIsSkipped: a replica that stops applying the primary's
