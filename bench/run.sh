@@ -642,6 +642,17 @@ scenario_cluster() {
 	run_fg "$BENCH_DIR/cluster.sh" "${args[@]}"
 }
 
+# replicas: reads from replicas (issue 14), GET -P 16 through redproxy
+# with 0, 1 and 2 replicas. It needs a primary and replicas, so it lives
+# in bench/replicas.sh with its own table (bench/results/replicas.md);
+# rounds and the CPU layout carry over.
+scenario_replicas() {
+	local args=(--rounds "$ROUNDS")
+	((KEEP)) && args+=(--keep)
+	export CPU_REDIS CPU_CLIENT CPU_PROXY REDPROXY_GOMAXPROCS REDPROXY_BIN N_P16 CLIENTS KEYSPACE DATASIZE
+	run_fg "$BENCH_DIR/replicas.sh" "${args[@]}"
+}
+
 # hotkeys: the local tier (issue 6). GET on a hot keyspace (-r 100, preloaded)
 # through redproxy with the tier on, against redproxy's own PING (answered by
 # the proxy itself: the ceiling of its front end) and twemproxy; then GET on a

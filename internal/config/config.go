@@ -145,6 +145,12 @@ type Upstream struct {
 	ReconnectMin units.Duration `toml:"reconnect_min"`
 	ReconnectMax units.Duration `toml:"reconnect_max"`
 	Databases    int            `toml:"databases"`
+	// ReadFrom, MaxReplicaLag and ReplicaPollInterval send read-only
+	// commands to the primary's replicas (proxy/replicas.go; README
+	// "Replica reads"); checked by checkReplicaReads.
+	ReadFrom            string         `toml:"read_from"`
+	MaxReplicaLag       units.Duration `toml:"max_replica_lag"`
+	ReplicaPollInterval units.Duration `toml:"replica_poll_interval"`
 	// TLS, when the section is present, wraps every connection to Redis
 	// in TLS (tls.go).
 	TLS *UpstreamTLS `toml:"tls"`
@@ -166,7 +172,7 @@ func dur(d time.Duration) units.Duration { return units.Duration{Duration: d} }
 // Default returns the built-in configuration, used for every key a file does
 // not set.
 func Default() *Config {
-	return &Config{
+	c := &Config{
 		Server: Server{
 			Listen:             "127.0.0.1:6380",
 			Admin:              "127.0.0.1:9121",
@@ -205,6 +211,8 @@ func Default() *Config {
 		LocalCache: localcache.DefaultConfig(),
 		Mirror:     mirror.DefaultConfig(),
 	}
+	replicaDefaults(&c.Upstream)
+	return c
 }
 
 // Error is one problem with a configuration. Parse, Load, Validate and Apply

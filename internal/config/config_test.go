@@ -141,6 +141,9 @@ dead_timeout = "2m"
 reconnect_min = "10ms"
 reconnect_max = "10s"
 databases = 1
+read_from = "replica_preferred"
+max_replica_lag = "3s"
+replica_poll_interval = "50ms"
 
 [upstream.tls]
 ca_file = "CA_FILE"
@@ -222,23 +225,26 @@ queue_bytes = "1MB"
 			MaxConnections: 3,
 		}},
 		Upstream: Upstream{
-			Mode:             ModeSentinel,
-			Address:          "redis.internal:6390",
-			Sentinels:        []string{"10.0.0.1:26379"},
-			Seeds:            []string{},
-			MasterName:       "cache",
-			SentinelUsername: "watcher",
-			SentinelPassword: "s3ntinel",
-			Username:         "proxy",
-			Password:         "s3cret",
-			Connections:      8,
-			MaxPinned:        10,
-			DialTimeout:      dur(100 * time.Millisecond),
-			ReplyTimeout:     dur(90 * time.Second),
-			DeadTimeout:      dur(2 * time.Minute),
-			ReconnectMin:     dur(10 * time.Millisecond),
-			ReconnectMax:     dur(10 * time.Second),
-			Databases:        1,
+			Mode:                ModeSentinel,
+			Address:             "redis.internal:6390",
+			Sentinels:           []string{"10.0.0.1:26379"},
+			Seeds:               []string{},
+			MasterName:          "cache",
+			SentinelUsername:    "watcher",
+			SentinelPassword:    "s3ntinel",
+			Username:            "proxy",
+			Password:            "s3cret",
+			Connections:         8,
+			MaxPinned:           10,
+			DialTimeout:         dur(100 * time.Millisecond),
+			ReplyTimeout:        dur(90 * time.Second),
+			DeadTimeout:         dur(2 * time.Minute),
+			ReconnectMin:        dur(10 * time.Millisecond),
+			ReconnectMax:        dur(10 * time.Second),
+			Databases:           1,
+			ReadFrom:            ReadReplicaPreferred,
+			MaxReplicaLag:       dur(3 * time.Second),
+			ReplicaPollInterval: dur(50 * time.Millisecond),
 			TLS: &UpstreamTLS{CAFile: certs.CAFile, ServerName: "redis.example", CertFile: certs.ClientCert,
 				KeyFile: certs.ClientKey, InsecureSkipVerify: true},
 		},
@@ -358,6 +364,14 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{2, "server.shutdown_timeout", "must not be negative"}}},
 		{"slow log too long", "[server]\nslowlog_max_len = 1000000\n",
 			[]wantErr{{2, "server.slowlog_max_len", "must be between 0 (off) and 10000"}}},
+		{"bad read_from", "[upstream]\nread_from = \"replicas\"\n",
+			[]wantErr{{2, "upstream.read_from", `invalid value "replicas" (use "primary", "replica" or "replica_preferred")`}}},
+		{"replica reads in cluster mode", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\nread_from = \"replica\"\n",
+			[]wantErr{{4, "upstream.read_from", "not supported in cluster mode yet"}}},
+		{"zero replica lag", "[upstream]\nmax_replica_lag = \"0s\"\n",
+			[]wantErr{{2, "upstream.max_replica_lag", "must be > 0"}}},
+		{"replica poll too fast", "[upstream]\nreplica_poll_interval = \"1ms\"\n",
+			[]wantErr{{2, "upstream.replica_poll_interval", "must be at least 10ms"}}},
 		{"zero dial timeout", "[upstream]\ndial_timeout = \"0s\"\n",
 			[]wantErr{{2, "upstream.dial_timeout", "must be > 0"}}},
 		{"bad size unit", "[server]\nmax_bulk_bytes = \"5QB\"\n",

@@ -88,9 +88,13 @@ func withUpstreamDefaults(u Upstream) Upstream {
 	if u.MaxPinned == 0 {
 		u.MaxPinned = d.MaxPinned
 	}
+	if u.ReadFrom == "" {
+		u.ReadFrom = d.ReadFrom
+	}
 	for _, f := range []struct{ dst, def *units.Duration }{
 		{&u.DialTimeout, &d.DialTimeout}, {&u.ReplyTimeout, &d.ReplyTimeout}, {&u.DeadTimeout, &d.DeadTimeout},
 		{&u.ReconnectMin, &d.ReconnectMin}, {&u.ReconnectMax, &d.ReconnectMax},
+		{&u.MaxReplicaLag, &d.MaxReplicaLag}, {&u.ReplicaPollInterval, &d.ReplicaPollInterval},
 	} {
 		if f.dst.Duration == 0 {
 			*f.dst = *f.def
@@ -139,6 +143,10 @@ func (c *Config) checkRoutes() []*Error {
 			}
 		}
 		rekey(checkUpstream(&u))
+		if u.ReadFrom != ReadPrimary {
+			// The replica set (proxy/replicas.go) is [upstream]'s alone.
+			bad(prefix+".read_from", "reads from replicas are supported on [upstream] only for now (use %q)", ReadPrimary)
+		}
 		if u.TLS != nil {
 			if _, err := u.ClientTLS(); err != nil {
 				rekey(tlsErrorList(err))
@@ -157,6 +165,10 @@ func (c *Config) checkRoutes() []*Error {
 	}
 	if c.Upstream.Mode == ModeCluster {
 		bad("upstream.mode", "routes need [upstream] in %q or %q mode; a cluster can be a named upstream ([upstreams.NAME])", ModeStandalone, ModeSentinel)
+	}
+	if c.Upstream.ReadFrom != ReadPrimary {
+		// Routed batches go through routedDo, which knows no replicas.
+		bad("upstream.read_from", "reads from replicas are not supported with routes yet (use %q)", ReadPrimary)
 	}
 	if c.LocalCache.Enabled {
 		// The tier tracks one upstream; with several it would need one

@@ -70,6 +70,8 @@ upstream = "queue"
 		{"named upstream validated", "[upstreams.q]\naddress = \"nowhere\"\n", "upstreams.q.address", 2, "invalid address"},
 		{"named sentinel", "[upstreams.q]\nmode = \"sentinel\"\n", "upstreams.q.sentinels", 0, "is empty"},
 		{"reserved name", "[upstreams.default]\naddress = \"127.0.0.1:7001\"\n", "upstreams.default", 1, "[upstream]'s"},
+		{"replica reads with routes", "[upstream]\nread_from = \"replica\"\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n", "upstream.read_from", 2, "not supported with routes"},
+		{"replica reads on a named upstream", "[upstreams.q]\naddress = \"127.0.0.1:7001\"\nread_from = \"replica\"\n", "upstreams.q.read_from", 0, "[upstream] only"},
 		{"local tier", "[localcache]\nenabled = true\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n", "localcache.enabled", 2, "not supported with routes"},
 		{"cluster default", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[channel_route]]\npattern = \"a\"\nupstream = \"q\"\n", "upstream.mode", 2, "routes need [upstream]"},
 	} {

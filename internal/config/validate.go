@@ -181,6 +181,7 @@ func checkUpstream(u *Upstream) []*Error {
 	if u.Databases < 1 {
 		bad("upstream.databases", "must be > 0, got %d", u.Databases)
 	}
+	errs = append(errs, checkReplicaReads("upstream", u)...)
 	return errs
 }
 

@@ -95,6 +95,10 @@ type Worker struct {
 	// every paces the Worker (one operation per tick), so a history spans
 	// many S instead of being over before the bound means anything.
 	Every time.Duration
+	// Keys is the prefix of the keys the Worker uses ("lin:" if empty):
+	// Workers with prefixes of their own each have a history of their own
+	// keys, to check what a single client must see (read-your-writes).
+	Keys string
 }
 
 // record runs ops operations per Worker on nkeys keys (for paced workers:
@@ -133,7 +137,11 @@ func RecordFor(t *testing.T, workers []Worker, nkeys, ops int, dur time.Duration
 				if tick != nil {
 					<-tick
 				}
-				in := In{Key: "lin:" + strconv.Itoa(r.IntN(nkeys))}
+				prefix := w.Keys
+				if prefix == "" {
+					prefix = "lin:"
+				}
+				in := In{Key: prefix + strconv.Itoa(r.IntN(nkeys))}
 				x := r.IntN(100)
 				switch {
 				case w.ReadsOnly:

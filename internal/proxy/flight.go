@@ -68,6 +68,9 @@ func (sess *Session) flightStep(r *request) bool {
 	if fs == nil || len(sess.batchReqs) != 1 || sess.pin.pipe != nil || r.cmd == nil || r.blocking {
 		return false
 	}
+	if sess.replicaCandidate(r) {
+		return false // a replica may answer it (replicas.go); fetches go to the primary
+	}
 	reply, handled, err := fs.Read(r.cmd, r.Args, r.Raw, sess.db, sess.resp3, sess.id)
 	switch {
 	case !handled:

@@ -28,12 +28,15 @@ func (sess *Session) writeForwarded(cmd *commands.Command, args [][]byte) {
 	if sess.pin.pipe != nil || sess.cur.blocking {
 		sess.mirrorWriteSkipped() // mirror.go
 	}
+
+	sess.replicaWriteForwarded()
 }
 
 // batchFlushed is called when every reply of the batch has arrived.
 func (sess *Session) batchFlushed() {
 	sess.tierBatchFlushed()
 	sess.flightBatchFlushed()
+	sess.replicaBatchFlushed()
 }
 
 // sessionClosed is called once when the client's connection ends.

@@ -57,6 +57,7 @@ type Server struct {
 	flight       atomic.Pointer[stampede.Protection] // stampede protection (flight.go); a reload replaces it
 	tier         *tierState                          // the local tier (tier.go)
 	sentinel     *sentinel.Watcher                   // upstream.mode = "sentinel" (sentinel.go); nil otherwise
+	replicas     *replicaSet                         // upstream.read_from = replica*: reads from replicas (replicas.go); nil otherwise
 	slow         slowState                           // the slow log (slowlog.go)
 	tls          tlsState                            // TLS on both sides (tls.go)
 	users        *userState                          // proxy users and their upstream pools (users.go)
@@ -159,6 +160,7 @@ func NewServer(o Options) (*Server, error) {
 		initUsers,         // proxy users, per-credential pools; refuses an open non-loopback listener (users.go)
 		initRoutes,        // named upstreams and routes, when configured (routes.go)
 		initFlight,        // stampede protection: coalescing, miss holds (flight.go)
+		initReplicas,      // reads from replicas, when upstream.read_from asks for them (replicas.go)
 		initGuard,         // the policy guard (guard.go)
 		initSlowlog,       // the slow log (slowlog.go)
 		initProxyProtocol, // PROXY protocol headers, when server.proxy_protocol is on (proxyproto.go)
@@ -182,6 +184,7 @@ func NewServer(o Options) (*Server, error) {
 	if s.sentinel != nil {
 		s.sentinel.Start(addr)
 	}
+	s.startReplicas()
 	return s, nil
 }
 
@@ -357,6 +360,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.closeTier()
 	s.closeMirror()
+
+	s.closeReplicas()
 	if s.router != nil {
 		s.router.Close()
 	}

@@ -95,8 +95,12 @@ type Session struct {
 
 	aclKeys []commands.KeyRef // scratch for the ACL's key checks
 
-	route routeSession // with routes (routes.go)
-	mirrorS mirrorState // the batch's commands for the mirror (mirror.go)
+	route   routeSession // with routes (routes.go)
+	mirrorS mirrorState  // the batch's commands for the mirror (mirror.go)
+
+	// reads is where the client's reads may go with replica reads on
+	// (replicas.go).
+	reads replicaReads
 }
 
 // slot says where one command's reply comes from.
@@ -281,6 +285,7 @@ func (sess *Session) forwardCommand(r *request) {
 	if mayWrite(r.cmd) {
 		sess.writeForwarded(r.cmd, r.Args)
 	}
+	sess.replicaForwarded(r)
 	sess.forward(r.Raw, r.m)
 	sess.mirrorNote(r)
 }
@@ -396,7 +401,7 @@ func (sess *Session) flush(start time.Time) {
 		} else if sess.srv.routes != nil {
 			sess.routedDo(call)
 		} else {
-			sess.backend().Pool(sess.db, sess.resp3).Do(call)
+			sess.sendUpstream(call, sess.backend()) // the primary, or a replica for reads (replicas.go)
 		}
 		now = time.Now()
 		sess.upstreamWait += now.Sub(sent)

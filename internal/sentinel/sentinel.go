@@ -532,3 +532,50 @@ func (w *Watcher) receive(ps *redis.PubSub) error {
 		}
 	}
 }
+
+// Replicas asks the Sentinels, in order, for the primary's replicas
+// (SENTINEL REPLICAS) and returns, from the first that answers, the
+// addresses of those it believes usable: not subjectively or objectively
+// down, not disconnected, with their link to the primary up. The caller
+// still checks each one itself before reading from it.
+func (w *Watcher) Replicas(ctx context.Context) ([]string, error) {
+	var asked []error
+	for i, c := range w.clients {
+		if ctx.Err() != nil {
+			break
+		}
+		actx, cancel := context.WithTimeout(ctx, 2*w.opt.DialTimeout)
+		list, err := c.Replicas(actx, w.opt.MasterName).Result()
+		cancel()
+		if err != nil {
+			asked = append(asked, fmt.Errorf("%s: %w", w.opt.Sentinels[i], err))
+			continue
+		}
+		var addrs []string
+		for _, r := range list {
+			if !usableReplica(r) {
+				continue
+			}
+			addrs = append(addrs, net.JoinHostPort(r["ip"], r["port"]))
+		}
+		return addrs, nil
+	}
+	if len(asked) == 0 {
+		return nil, ctx.Err()
+	}
+	return nil, errors.Join(asked...)
+}
+
+// usableReplica reads one entry of SENTINEL REPLICAS.
+func usableReplica(r map[string]string) bool {
+	if r["ip"] == "" || r["port"] == "" || r["master-link-status"] != "ok" {
+		return false
+	}
+	for _, f := range strings.Split(r["flags"], ",") {
+		switch f {
+		case "s_down", "o_down", "disconnected":
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,720 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/upstream"
+)
+
+// Reads from replicas (upstream.read_from = "replica" or
+// "replica_preferred"; README "Replica reads").
+//
+// Which batches: a batch's Call goes to a replica only when every command
+// in it is a read a replica may serve (replicaCommand) and the client is
+// not in MULTI, WATCH, a blocking command or a relay; anything else in the
+// Call sends the whole Call to the primary, so a client's commands are
+// never split between servers and never reordered.
+//
+// Read-your-writes. Every poll (replica_poll_interval) first reads the
+// primary's master_repl_offset, then each replica's slave_repl_offset (the
+// offset it has applied). Redis adds a write to its replication stream
+// before its reply leaves, so an offset the primary reports to an INFO sent
+// after a write's reply arrived is at least that write's offset. After a
+// Call that may have written, once its replies are in, the session notes
+// the first poll started after now (replicaReads.needEpoch); until that poll
+// has read the primary's offset the client's reads go to the primary, and
+// from then on only to replicas whose applied offset has reached it
+// (replicaReads.floor). Offsets only grow, so a replica that passed the
+// floor keeps every write of the client's that the floor covers.
+//
+// Lag: a replica behind the primary's offset of an earlier poll is as far
+// behind as that poll is old; past max_replica_lag it is skipped, and so is
+// every replica when the last poll is itself older than that.
+//
+// Down or stalled: a read sent to a replica that fails, or has no reply
+// within upstream.reply_timeout, is sent again to the primary (reads change
+// nothing, so running one twice is harmless), and the replica is skipped
+// until a poll started after the failure has heard from it.
+
+// replicaSet is the primary's replicas and what the last poll learned.
+type replicaSet struct {
+	srv          *Server
+	mode         string // config.ReadReplica or config.ReadReplicaPreferred
+	maxLag       time.Duration
+	interval     time.Duration
+	replyTimeout time.Duration
+	log          *slog.Logger
+
+	started atomic.Uint64 // epoch of the latest poll started; 0: none yet
+	view    atomic.Pointer[replicaView]
+
+	// Only the poller goroutine touches these.
+	nodes   map[string]*replicaNode
+	samples []offsetSample // recent primary offsets, oldest first
+	polls   int
+	listed  []string // the replicas the Sentinels named last (Sentinel mode)
+
+	calls sync.Pool // *replicaCall
+
+	// Batches of reads by where they were answered
+	// (redproxy_replica_reads_total{result}).
+	onReplica, onPrimary, fellBack, failed prometheus.Counter
+	primaryUp                              bool // the last poll read the primary's offset, for logging changes only
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// replicaNode is one replica and its connection pools.
+type replicaNode struct {
+	addr    string
+	backend *upstream.Backend
+	// failed is the poll epoch current when a read on the node last
+	// failed: it is skipped until a poll that started later heard from it.
+	failed atomic.Uint64
+	// pending is the poll's INFO still unanswered, if any: a stalled
+	// replica gets no new one until it answers.
+	pending *upstream.Call
+	up      bool // as the last poll found it, for logging changes only
+}
+
+// replicaView is what one poll learned; sessions read it without locks.
+type replicaView struct {
+	epoch   uint64
+	at      time.Time // when the poll started
+	primary int64     // the primary's master_repl_offset, read after at
+	nodes   []viewNode
+}
+
+type viewNode struct {
+	node   *replicaNode
+	offset int64 // slave_repl_offset: what it has applied, at least
+	// behindSince is when the oldest poll whose primary offset the
+	// replica has not reached started; zero when it had reached this
+	// poll's.
+	behindSince time.Time
+}
+
+type offsetSample struct {
+	at     time.Time
+	offset int64
+}
+
+// replicaReads is a session's part of replica reads.
+type replicaReads struct {
+	// forwarded counts the commands of the batch's Call that a replica
+	// may serve; the Call goes to one only if that is all of them.
+	forwarded int
+	// wrote: a command that may write was forwarded and its reply is not
+	// in yet (writeForwarded, or a Call with more than reads).
+	wrote bool
+	// needEpoch is the first poll started after the client's last write
+	// was answered; 0 once floor covers it. Until that poll has read the
+	// primary's offset, reads go to the primary.
+	needEpoch uint64
+	// floor is the replication offset a replica must have applied to
+	// serve this client: the primary's, read after its last write.
+	floor int64
+	// last is the replica the client read from last: kept while usable,
+	// so its reads of one replication stream do not go back in time.
+	last *replicaNode
+}
+
+// replicaCall is a Call of the replica path with a copy of its commands:
+// a Call given up on after reply_timeout may still be written later, when
+// the client's read buffer holds other bytes.
+type replicaCall struct {
+	call  *upstream.Call
+	buf   []byte
+	timer *time.Timer
+}
+
+var (
+	cmdInfoReplication = resp.AppendCommandStrings(nil, "INFO", "replication")
+
+	// errNoReplica answers reads with read_from = "replica" when no
+	// replica may serve them.
+	errNoReplica = errors.New(`redproxy: no replica is available for reads (upstream.read_from = "replica")`)
+)
+
+// noReadYourWrites turns the read-your-writes floor off, so tests can
+// show that the per-client linearizability check fails without it.
+var noReadYourWrites atomic.Bool
+
+// SetTestNoReadYourWrites turns read-your-writes off (for tests only: a
+// client may then read a replica that has not applied its own write) and
+// returns a function that restores it.
+func SetTestNoReadYourWrites(off bool) (restore func()) {
+	old := noReadYourWrites.Swap(off)
+	return func() { noReadYourWrites.Store(old) }
+}
+
+func initReplicas(s *Server) error {
+	u := s.cfg.Upstream
+	if u.ReadFrom == config.ReadPrimary || u.ReadFrom == "" {
+		return nil
+	}
+	rs := &replicaSet{
+		srv:          s,
+		mode:         u.ReadFrom,
+		maxLag:       u.MaxReplicaLag.Duration,
+		interval:     u.ReplicaPollInterval.Duration,
+		replyTimeout: u.ReplyTimeout.Duration,
+		log:          s.log.With("component", "replicas"),
+		nodes:        map[string]*replicaNode{},
+		primaryUp:    true,
+		stop:         make(chan struct{}),
+		done:         make(chan struct{}),
+	}
+	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "redproxy_replica_reads_total",
+		Help: "Batches of reads by where they were answered: replica; primary (read-your-writes or no usable replica); fallback (a replica failed or was late, then the primary); failed (read_from = replica and no replica).",
+	}, []string{"result"})
+	rs.onReplica, rs.onPrimary = reads.WithLabelValues("replica"), reads.WithLabelValues("primary")
+	rs.fellBack, rs.failed = reads.WithLabelValues("fallback"), reads.WithLabelValues("failed")
+	rs.calls.New = func() any { return &replicaCall{call: upstream.NewCall()} }
+	s.metrics.Registry.MustRegister(reads, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "redproxy_replicas_usable",
+		Help: "Replicas the last poll found replicating, answering and within upstream.max_replica_lag.",
+	}, func() float64 { return float64(rs.usable(time.Now())) }))
+	s.replicas = rs
+	return nil
+}
+
+// startReplicas polls once, so reads can use the replicas from the first
+// client on, then keeps polling in the background.
+func (s *Server) startReplicas() {
+	rs := s.replicas
+	if rs == nil {
+		return
+	}
+	rs.poll()
+	go rs.loop()
+}
+
+// closeReplicas stops the poller and closes the replicas' pools.
+func (s *Server) closeReplicas() {
+	rs := s.replicas
+	if rs == nil {
+		return
+	}
+	select {
+	case <-rs.stop:
+		return
+	default:
+	}
+	close(rs.stop)
+	if rs.started.Load() > 0 {
+		<-rs.done
+	}
+	for _, n := range rs.nodes {
+		n.backend.Close()
+	}
+}
+
+func (rs *replicaSet) loop() {
+	defer close(rs.done)
+	t := time.NewTicker(rs.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-rs.stop:
+			return
+		case <-t.C:
+			rs.poll()
+		}
+	}
+}
+
+// checkTimeout bounds one poll's wait for a server: a stalled replica must
+// not hold up the offsets of the others for long.
+func (rs *replicaSet) checkTimeout() time.Duration {
+	return min(rs.replyTimeout, max(rs.maxLag, 4*rs.interval))
+}
+
+// poll reads the primary's offset, then every replica's, and publishes
+// what it learned.
+func (rs *replicaSet) poll() {
+	epoch := rs.started.Add(1)
+	at := time.Now()
+	primary, info, err := rs.primaryOffset()
+	if ok := err == nil; ok != rs.primaryUp {
+		rs.primaryUp = ok
+		if ok {
+			rs.log.Info("replica poll: the primary's replication offset is readable again; reads may go to replicas")
+		} else {
+			// Without the primary's offset no floor can be resolved: the
+			// last view stays, and goes stale (pick) if this lasts.
+			rs.log.Warn("replica poll: cannot read the primary's replication offset; reads go to the primary (replica_preferred) or fail (replica) until it can", "err", err)
+		}
+	}
+	if err != nil {
+		return
+	}
+	rs.sync(rs.discover(info))
+	rs.samples = append(rs.samples, offsetSample{at: at, offset: primary})
+	// Keep samples covering max_replica_lag: an older one says nothing
+	// more (a replica behind it is skipped either way).
+	cut := 0
+	for cut < len(rs.samples)-1 && at.Sub(rs.samples[cut+1].at) > rs.maxLag {
+		cut++
+	}
+	rs.samples = append(rs.samples[:0], rs.samples[cut:]...)
+
+	v := &replicaView{epoch: epoch, at: at, primary: primary}
+	type result struct {
+		n      *replicaNode
+		offset int64
+		ok     bool
+	}
+	results := make(chan result, len(rs.nodes))
+	for _, n := range rs.nodes {
+		go func() {
+			off, ok := rs.checkReplica(n)
+			results <- result{n, off, ok}
+		}()
+	}
+	for range rs.nodes {
+		r := <-results
+		if r.ok != r.n.up {
+			rs.log.Info("replica usable for reads changed", "replica", r.n.addr, "usable", r.ok)
+			r.n.up = r.ok
+		}
+		if !r.ok {
+			continue
+		}
+		vn := viewNode{node: r.n, offset: r.offset}
+		if r.offset < primary {
+			vn.behindSince = rs.samples[0].at
+			for _, s := range rs.samples {
+				if s.offset > r.offset {
+					vn.behindSince = s.at
+					break
+				}
+			}
+		}
+		v.nodes = append(v.nodes, vn)
+	}
+	slices.SortFunc(v.nodes, func(a, b viewNode) int { return strings.Compare(a.node.addr, b.node.addr) })
+	rs.view.Store(v)
+}
+
+// primaryOffset reads the primary's master_repl_offset, and returns the
+// INFO it came in.
+func (rs *replicaSet) primaryOffset() (int64, []byte, error) {
+	info, err := rs.info(rs.srv.backend, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	f := infoFields(info)
+	if f["role"] != "master" {
+		return 0, nil, fmt.Errorf("the primary says role:%s (a failover?)", f["role"])
+	}
+	off, err := strconv.ParseInt(f["master_repl_offset"], 10, 64)
+	if err != nil {
+		return 0, nil, fmt.Errorf("no master_repl_offset in the primary's INFO replication: %w", err)
+	}
+	return off, info, nil
+}
+
+// checkReplica reads a replica's applied offset, if it replicates (role
+// slave, link up, not syncing) and answers within checkTimeout.
+func (rs *replicaSet) checkReplica(n *replicaNode) (int64, bool) {
+	info, err := rs.info(n.backend, n)
+	if err != nil {
+		return 0, false
+	}
+	f := infoFields(info)
+	if f["role"] != "slave" || f["master_link_status"] != "up" || f["master_sync_in_progress"] == "1" {
+		return 0, false
+	}
+	off, err := strconv.ParseInt(f["slave_repl_offset"], 10, 64)
+	return off, err == nil
+}
+
+var errStillPending = errors.New("the previous INFO is still unanswered")
+
+// info runs INFO replication on a shared connection of b. n, for a
+// replica, remembers an unanswered INFO so a stalled server is not sent
+// one per poll.
+func (rs *replicaSet) info(b *upstream.Backend, n *replicaNode) ([]byte, error) {
+	var c *upstream.Call
+	if n != nil && n.pending != nil {
+		select {
+		case <-n.pending.Done():
+			c = n.pending
+			n.pending = nil
+			c.Reset()
+		default:
+			return nil, errStillPending
+		}
+	} else {
+		c = upstream.NewCall()
+	}
+	c.Add(cmdInfoReplication)
+	if err := b.Pool(0, false).Send(c); err != nil {
+		return nil, err
+	}
+	t := time.NewTimer(rs.checkTimeout())
+	defer t.Stop()
+	select {
+	case <-c.Done():
+	case <-t.C:
+		if n != nil {
+			n.pending = c
+		}
+		return nil, upstream.ErrTimeout
+	}
+	r, err := c.Reply(0)
+	if err != nil {
+		return nil, err
+	}
+	if resp.IsError(r) {
+		return nil, fmt.Errorf("INFO replication: %s", bytes.TrimSpace(r[1:]))
+	}
+	return r, nil
+}
+
+// infoFields reads the "name:value" lines of an INFO reply (a bulk
+// string).
+func infoFields(reply []byte) map[string]string {
+	f := map[string]string{}
+	if i := bytes.IndexByte(reply, '\n'); i >= 0 && len(reply) > 0 && reply[0] == '$' {
+		reply = reply[i+1:]
+	}
+	for _, line := range bytes.Split(reply, []byte("\r\n")) {
+		if k, v, ok := bytes.Cut(line, []byte(":")); ok && len(k) > 0 && k[0] != '#' {
+			f[string(k)] = string(v)
+		}
+	}
+	return f
+}
+
+// discover lists the replicas to read from: in Sentinel mode those the
+// Sentinels name (SENTINEL REPLICAS, asked about once a second), else
+// those connected to the primary, from its INFO replication.
+func (rs *replicaSet) discover(primaryInfo []byte) []string {
+	if w := rs.srv.sentinel; w != nil {
+		every := max(1, int(time.Second/rs.interval))
+		if rs.polls%every == 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), rs.checkTimeout())
+			list, err := w.Replicas(ctx)
+			cancel()
+			if err == nil {
+				rs.listed = list
+			} else {
+				rs.log.Debug("replica poll: no Sentinel listed the replicas; keeping the last list", "err", err)
+			}
+		}
+		rs.polls++
+		return rs.listed
+	}
+	var addrs []string
+	for k, v := range infoFields(primaryInfo) {
+		if len(k) < 6 || k[:5] != "slave" || k[5] < '0' || k[5] > '9' {
+			continue
+		}
+		var ip, port, state string
+		for _, kv := range bytes.Split([]byte(v), []byte(",")) {
+			name, val, _ := bytes.Cut(kv, []byte("="))
+			switch string(name) {
+			case "ip":
+				ip = string(val)
+			case "port":
+				port = string(val)
+			case "state":
+				state = string(val)
+			}
+		}
+		if ip != "" && port != "" && state == "online" {
+			addrs = append(addrs, net.JoinHostPort(ip, port))
+		}
+	}
+	return addrs
+}
+
+// sync opens pools to new replicas and closes those of replicas gone. A
+// session still holding a closed one fails its read and goes to the
+// primary.
+func (rs *replicaSet) sync(addrs []string) {
+	seen := make(map[string]bool, len(addrs))
+	for _, a := range addrs {
+		seen[a] = true
+		if rs.nodes[a] != nil || a == rs.srv.backend.Addr() {
+			continue
+		}
+		cfg := rs.srv.Config()
+		o := rs.srv.backendOptions(cfg, a)
+		o.OnReadOnly = nil
+		o.MaxPinned = 1 // nothing is pinned on a replica
+		rs.nodes[a] = &replicaNode{addr: a, backend: upstream.NewBackend(o)}
+		rs.log.Info("replica found", "replica", a)
+	}
+	for a, n := range rs.nodes {
+		if !seen[a] || a == rs.srv.backend.Addr() {
+			delete(rs.nodes, a)
+			rs.log.Info("replica gone", "replica", a)
+			go n.backend.Close()
+		}
+	}
+}
+
+// UsableReplicas is the number of replicas a client without writes could
+// read from now; 0 when reads from replicas are off.
+func (s *Server) UsableReplicas() int {
+	if s.replicas == nil {
+		return 0
+	}
+	return s.replicas.usable(time.Now())
+}
+
+// usable counts the replicas a client without writes could read now.
+func (rs *replicaSet) usable(now time.Time) int {
+	v := rs.view.Load()
+	if v == nil {
+		return 0
+	}
+	n := 0
+	for i := range v.nodes {
+		if rs.fresh(v, &v.nodes[i], now) {
+			n++
+		}
+	}
+	return n
+}
+
+// fresh reports whether vn is within max_replica_lag now and has not
+// failed a read since the poll of v started.
+func (rs *replicaSet) fresh(v *replicaView, vn *viewNode, now time.Time) bool {
+	since := vn.behindSince
+	if since.IsZero() {
+		since = v.at
+	}
+	return now.Sub(since) <= rs.maxLag && vn.node.failed.Load() < v.epoch
+}
+
+// pick chooses the replica for a read of the session, or nil for the
+// primary. The session's last replica is kept while it qualifies; a new
+// one is chosen by the session's id, spreading clients over the replicas.
+func (rs *replicaSet) pick(rr *replicaReads, id int64, now time.Time) *replicaNode {
+	v := rs.view.Load()
+	if v == nil {
+		return nil
+	}
+	if rr.needEpoch != 0 {
+		if v.epoch < rr.needEpoch {
+			return nil // the primary's offset after the write is not known yet
+		}
+		rr.floor = max(rr.floor, v.primary)
+		rr.needEpoch = 0
+	}
+	floor := rr.floor
+	if noReadYourWrites.Load() {
+		floor = 0
+	}
+	ok := func(vn *viewNode) bool { return vn.offset >= floor && rs.fresh(v, vn, now) }
+	count := 0
+	for i := range v.nodes {
+		vn := &v.nodes[i]
+		if ok(vn) {
+			if vn.node == rr.last {
+				return vn.node
+			}
+			count++
+		}
+	}
+	if count == 0 {
+		return nil
+	}
+	k := int(uint64(id) % uint64(count))
+	for i := range v.nodes {
+		vn := &v.nodes[i]
+		if ok(vn) {
+			if k == 0 {
+				rr.last = vn.node
+				return vn.node
+			}
+			k--
+		}
+	}
+	return nil
+}
+
+// replicaCommand reports whether a replica may answer cmd: a read-only
+// command that neither blocks nor carries state, and that does not depend
+// on what this one server holds beyond the data (SCAN cursors belong to
+// one server; EVALSHA_RO needs a script cache, which is not replicated).
+func replicaCommand(cmd *commands.Command) bool {
+	if cmd == nil || cmd.Flags&commands.ReadOnly == 0 || cmd.Flags&(commands.Write|commands.Admin|commands.PubSub|commands.ConnState|commands.Blocking) != 0 {
+		return false
+	}
+	switch cmd.Name {
+	case "scan", "sscan", "hscan", "zscan", "evalsha_ro":
+		return false
+	}
+	return true
+}
+
+// replicaCandidate reports whether r, forwarded now, could be read from a
+// replica. XREAD is flagged blocking and only blocks with BLOCK, so it is
+// allowed without.
+func (sess *Session) replicaCandidate(r *request) bool {
+	if sess.srv.replicas == nil || sess.pin.pipe != nil || r.blocking || !sess.sharesUpstream() || r.cmd == nil {
+		return false
+	}
+	if r.cmd.Name == "xread" {
+		return true
+	}
+	return replicaCommand(r.cmd)
+}
+
+// replicaForwarded counts a command added to the batch's Call as a read a
+// replica may serve (forwardCommand). Writes are noted by
+// replicaWriteForwarded; a command the table does not know (a module's)
+// may write too.
+func (sess *Session) replicaForwarded(r *request) {
+	switch {
+	case sess.srv.replicas == nil:
+	case sess.replicaCandidate(r):
+		sess.reads.forwarded++
+	case r.cmd == nil:
+		sess.reads.wrote = true
+	}
+}
+
+// replicaWriteForwarded notes a write on its way upstream (writeForwarded).
+func (sess *Session) replicaWriteForwarded() {
+	if sess.srv.replicas != nil {
+		sess.reads.wrote = true
+	}
+}
+
+// replicaBatchFlushed: every reply of the batch is in, so the client's
+// writes have run; its reads wait for a poll started after now
+// (batchFlushed).
+func (sess *Session) replicaBatchFlushed() {
+	if sess.reads.wrote {
+		sess.reads.wrote = false
+		sess.reads.needEpoch = sess.srv.replicas.started.Load() + 1
+	}
+}
+
+// sendUpstream sends the batch's Call on the shared connections of
+// primary and waits for its replies; or, when every command in it is a
+// read a replica may serve and read_from and read-your-writes allow, to
+// one of primary's replicas. This is the one place a read picks its server
+// (flush). The replicas are those of the proxy's own upstream
+// (s.backend): a Call for any other backend goes to that backend.
+func (sess *Session) sendUpstream(call *upstream.Call, primary *upstream.Backend) {
+	if rs := sess.srv.replicas; rs != nil {
+		reads := sess.reads.forwarded == call.Len() && primary == sess.srv.backend
+		sess.reads.forwarded = 0
+		if reads && sess.readOnReplica(rs, call) {
+			return
+		}
+	}
+	primary.Pool(sess.db, sess.resp3).Do(call)
+}
+
+// readOnReplica sends a Call of reads to a replica. It reports false when
+// the primary is to answer it instead (and nothing was kept from the
+// replica); true when call holds the replies or the error to give.
+func (sess *Session) readOnReplica(rs *replicaSet, call *upstream.Call) bool {
+	now := time.Now()
+	node := rs.pick(&sess.reads, sess.id, now)
+	if node == nil {
+		// read_from = "replica" keeps reads off the primary, except those
+		// read-your-writes sends there.
+		if rs.mode == config.ReadReplica && sess.reads.needEpoch == 0 && rs.usable(now) == 0 {
+			rs.failed.Inc()
+			call.Fail(errNoReplica)
+			return true
+		}
+		rs.onPrimary.Inc()
+		return false
+	}
+	rc := rs.calls.Get().(*replicaCall)
+	rc.buf = rc.buf[:0]
+	for i := range call.Len() {
+		rc.buf = append(rc.buf, call.Part(i)...)
+	}
+	start := 0
+	for i := range call.Len() {
+		end := start + len(call.Part(i))
+		rc.call.Add(rc.buf[start:end:end])
+		start = end
+	}
+	rc.call.SetReplyLimit(call.ReplyLimit())
+	err := node.backend.Pool(sess.db, sess.resp3).Send(rc.call)
+	done := err == nil
+	if done {
+		if rc.timer == nil {
+			rc.timer = time.NewTimer(rs.replyTimeout)
+		} else {
+			rc.timer.Reset(rs.replyTimeout)
+		}
+		select {
+		case <-rc.call.Done():
+			rc.timer.Stop()
+			err = rc.call.Err()
+		case <-rc.timer.C:
+			// Given up: the pipe completes it some day, unseen; its
+			// bytes are its own (buf), never reused.
+			done = false
+			err = upstream.ErrTimeout
+		}
+	}
+	if err == nil {
+		copyReplies(call, rc.call)
+	}
+	if done || err != upstream.ErrTimeout {
+		rc.call.Reset()
+		if cap(rc.buf) > 64<<10 {
+			rc.buf = nil
+		}
+		rs.calls.Put(rc)
+	}
+	if err == nil {
+		rs.onReplica.Inc()
+		return true
+	}
+	node.failed.Store(rs.started.Load())
+	if sess.reads.last == node {
+		sess.reads.last = nil
+	}
+	sess.logger().Debug("read on a replica failed; the primary answers it", "replica", node.addr, "err", err)
+	if rs.mode == config.ReadReplica {
+		rs.failed.Inc()
+		call.Fail(err)
+		return true
+	}
+	rs.fellBack.Inc()
+	return false
+}
+
+// copyReplies fills dst, a Call never sent, with the replies of src.
+func copyReplies(dst, src *upstream.Call) {
+	for i := range src.Len() {
+		r, err := src.Reply(i)
+		if err != nil { // only ErrOutputLimit, src having completed
+			dst.Overflow()
+			r = nil
+		}
+		dst.AddReply(r)
+	}
+}
