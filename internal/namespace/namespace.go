@@ -134,6 +134,7 @@ var refused = map[string]string{
 	"script|flush":     "affects every namespace's scripts",
 	"script|kill":      "may stop another namespace's script",
 	"client|kill":      "may name another namespace's clients",
+	"client|unblock":   "may name another namespace's clients",
 	"client|pause":     "pauses every namespace",
 	"client|unpause":   "pauses every namespace",
 	"client|tracking":  "sends invalidations with unprefixed key names",

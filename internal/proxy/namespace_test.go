@@ -1,8 +1,10 @@
 package proxy_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -386,5 +388,50 @@ func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// BenchmarkForwardPipeline16Namespace is BenchmarkForwardPipeline16 for a
+// client in a namespace: the rewriting's memory is reused batch to batch.
+func BenchmarkForwardPipeline16Namespace(b *testing.B) {
+	p := proxytest.Start(b, nil, func(c *config.Config) {
+		u := user("tenant-a", nsPass, "+@all ~*")
+		u.Namespace = "a:"
+		c.Users = []auth.UserConfig{u}
+	})
+	nc := p.Dial(b)
+	nc.Write([]byte("AUTH tenant-a " + nsPass + "\r\n"))
+	ok := make([]byte, 5)
+	if _, err := io.ReadFull(nc, ok); err != nil || string(ok) != "+OK\r\n" {
+		b.Fatalf("AUTH: %q %v", ok, err)
+	}
+	var req bytes.Buffer
+	for range 16 {
+		req.WriteString("*2\r\n$3\r\nGET\r\n$16\r\nkey:000000012345\r\n")
+	}
+	value := bytes.Repeat([]byte("v"), 64)
+	if err := p.Redis.Client(b).Set(ctx, "a:key:000000012345", value, 0).Err(); err != nil {
+		b.Fatal(err)
+	}
+	reply := "$64\r\n" + string(value) + "\r\n"
+	buf := make([]byte, len(reply)*16)
+	round := func() {
+		if _, err := nc.Write(req.Bytes()); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(nc, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range 100 {
+		round()
+	}
+	if string(buf[:len(reply)]) != reply {
+		b.Fatalf("unexpected reply %q", buf[:len(reply)])
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		round()
 	}
 }
