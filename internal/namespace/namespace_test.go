@@ -86,6 +86,9 @@ func TestRewrite(t *testing.T) {
 			t.Errorf("%s: %+v, want a refusal", in, res)
 		}
 	}
+	if _, res := w.Rewrite(nil, words("JSON.SET k $ 1")); res.Action != Refuse || !strings.Contains(res.Err, "unknown command 'JSON.SET'") {
+		t.Errorf("a command the table does not know: %+v, want a refusal", res)
+	}
 	for in, want := range map[string]Action{"FLUSHDB": FlushDB, "FLUSHDB ASYNC": FlushDB, "RANDOMKEY": RandomKey} {
 		if _, res := w.Rewrite(table.Lookup(words(in)), words(in)); res.Action != want {
 			t.Errorf("%s: %+v, want action %d", in, res, want)

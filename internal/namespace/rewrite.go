@@ -120,8 +120,8 @@ func appendHeader(dst []byte, typ byte, n int) []byte {
 
 // Rewrite returns args with every key (and channel name, and key pattern)
 // moved into the namespace, and what to do with the result. args is never
-// modified. A nil cmd (a command the table does not know) is forwarded
-// as it is: Redis answers it with an unknown-command error.
+// modified. A command the table does not know (nil cmd) is refused: it
+// may be a module command whose keys the proxy cannot find.
 //
 // Whatever Rewrite forwards satisfies the invariant the fuzz test checks:
 // every argument cmd.Keys reports for the rewritten arguments starts with
@@ -129,8 +129,11 @@ func appendHeader(dst []byte, typ byte, n int) []byte {
 // itself marks incomplete, other than SORT's and MIGRATE's, which Keys
 // handles) is refused rather than forwarded half-confined.
 func (w *Rewriter) Rewrite(cmd *commands.Command, args [][]byte) ([][]byte, Result) {
-	if cmd == nil || len(args) == 0 {
+	if len(args) == 0 {
 		return args, Result{}
+	}
+	if cmd == nil {
+		return args, Result{Action: Refuse, Err: "ERR redproxy: unknown command '" + printable(args[0]) + "' cannot be confined to a namespace"}
 	}
 	if !cmd.ArityOK(len(args)) {
 		// Redis refuses it before looking at any argument.
@@ -342,4 +345,20 @@ func equalFold(word string, b []byte) bool {
 		}
 	}
 	return true
+}
+
+// printable returns a command name for an error message: at most 64
+// bytes, without control characters that would break the reply line.
+func printable(b []byte) string {
+	if len(b) > 64 {
+		b = b[:64]
+	}
+	out := make([]byte, len(b))
+	for i, c := range b {
+		if c < ' ' || c == 0x7f {
+			c = '?'
+		}
+		out[i] = c
+	}
+	return string(out)
 }
