@@ -12,7 +12,7 @@ const chunkSize = 8 << 10
 
 // keepChunk is the largest chunk kept from one batch to the next, so one
 // huge batch does not pin its memory for the connection's lifetime.
-const keepChunk = 256 << 10
+const keepChunk = 32 << 10
 
 // Rewriter rewrites commands for one Namespace. It is not safe for
 // concurrent use: each client connection has its own. The argument slices

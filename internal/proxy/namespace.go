@@ -206,7 +206,7 @@ func (sess *Session) nsStripped(kind namespace.Strip, reply []byte) []byte {
 		return reply
 	}
 	sess.ns.scratch = sess.ns.w.Namespace().StripReply(sess.ns.scratch[:0], kind, reply)
-	if cap(sess.ns.scratch) > 1<<20 {
+	if cap(sess.ns.scratch) > 64<<10 {
 		out := sess.ns.scratch
 		sess.ns.scratch = nil
 		return out

@@ -42,14 +42,22 @@ type seedEnv struct {
 	p      *proxytest.Proxy
 	c      *redis.Client // through the proxy
 	direct *redis.Client // straight to Redis
-	// client opens another client through the proxy, as c is (the
-	// namespace tests run the patterns as a proxy user).
+	// client, if set, opens another client through the proxy, as c is
+	// (the namespace tests run the patterns as a proxy user).
 	client func(t testing.TB, mutate ...func(*redis.Options)) *redis.Client
+}
+
+// newClient opens another client through the proxy, as c is.
+func (e *seedEnv) newClient(t testing.TB, mutate ...func(*redis.Options)) *redis.Client {
+	if e.client != nil {
+		return e.client(t, mutate...)
+	}
+	return e.p.Client(t, mutate...)
 }
 
 func newSeedEnv(t *testing.T) *seedEnv {
 	p := proxytest.Start(t, nil, nil)
-	return &seedEnv{p: p, c: p.Client(t, func(o *redis.Options) { o.PoolSize = 8 }), direct: p.Redis.Client(t), client: p.Client}
+	return &seedEnv{p: p, c: p.Client(t, func(o *redis.Options) { o.PoolSize = 8 }), direct: p.Redis.Client(t)}
 }
 
 // pttl reads a key's remaining TTL from Redis itself.
@@ -181,7 +189,7 @@ func (e *seedEnv) writeThrough(t *testing.T) {
 	}
 	updateProduct(product{ID: 7, Name: "new", Price: 2})
 	// Another client of the proxy reads the new value without a DB query.
-	other := e.client(t)
+	other := e.newClient(t)
 	v, err := other.Get(ctx, "product:7").Result()
 	if err != nil || v != `{"id":7,"name":"new","price":2}` {
 		t.Fatalf("GET after write-through: %q %v", v, err)
@@ -426,7 +434,7 @@ func (e *seedEnv) fanOut(t *testing.T) {
 	const subscribers, events = 3, 20
 	var subs []*redis.PubSub
 	for i := 0; i < subscribers; i++ {
-		ps := e.client(t).Subscribe(ctx, "events:fanout")
+		ps := e.newClient(t).Subscribe(ctx, "events:fanout")
 		t.Cleanup(func() { ps.Close() })
 		if _, err := ps.Receive(ctx); err != nil { // the subscription confirmation
 			t.Fatal(err)
@@ -472,7 +480,7 @@ func (e *seedEnv) streams(t *testing.T) {
 	if err := createGroup(); err == nil || !strings.HasPrefix(err.Error(), "BUSYGROUP") {
 		t.Fatalf("second XGROUP CREATE: %v, want BUSYGROUP (which the seed ignores)", err)
 	}
-	consumer := e.client(t)
+	consumer := e.newClient(t)
 	var processed []string
 	done := make(chan error, 1)
 	go func() {
@@ -554,7 +562,7 @@ func (e *seedEnv) idempotency(t *testing.T) {
 	const callers, rounds = 20, 10
 	clients := make([]*redis.Client, callers)
 	for i := range clients {
-		clients[i] = e.client(t, func(o *redis.Options) { o.PoolSize = 1 })
+		clients[i] = e.newClient(t, func(o *redis.Options) { o.PoolSize = 1 })
 	}
 	for r := 0; r < rounds; r++ {
 		key := fmt.Sprintf("cooldown:sms:%d", r)
@@ -660,7 +668,7 @@ func (e *seedEnv) crossProcessInvalidation(t *testing.T) {
 		t.Fatal(err)
 	}
 	stale := map[string]string{key: "left over from before the restart"}
-	r := startReader(t, e.client(t), channel, stale)
+	r := startReader(t, e.newClient(t), channel, stale)
 	if r.localLen() != 0 || r.flushN.Load() != 1 {
 		t.Fatal("reader did not flush its local cache on start")
 	}
@@ -673,7 +681,7 @@ func (e *seedEnv) crossProcessInvalidation(t *testing.T) {
 		t.Fatalf("misses=%d hits=%d, want 1 and 2", r.misses.Load(), r.hits.Load())
 	}
 	// The writer process: write, then publish; fire-and-forget.
-	writer := e.client(t)
+	writer := e.newClient(t)
 	if err := writer.Set(ctx, key, "v2", time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
