@@ -435,3 +435,44 @@ func BenchmarkForwardPipeline16Namespace(b *testing.B) {
 		round()
 	}
 }
+
+// A subscribed RESP3 connection in a namespace gets its confirmations and
+// messages with the names it wrote; a command whose reply would carry
+// prefixed key names is refused there, since the relay forwards replies
+// as they are.
+func TestNamespaceSubscribedRESP3(t *testing.T) {
+	p := nsProxy(t)
+	nc := p.Dial(t)
+	nc.Write([]byte("HELLO 3 AUTH tenant-a " + nsPass + "\r\nSUBSCRIBE ch\r\nSCAN 0\r\nPUBLISH ch hi\r\n"))
+	var got []byte
+	want := []string{
+		">3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n",
+		"-ERR redproxy: this command is not supported on a subscribed connection in a namespace\r\n",
+		">3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$2\r\nhi\r\n",
+	}
+	buf := make([]byte, 4096)
+	deadline := time.Now().Add(5 * time.Second)
+	nc.SetReadDeadline(deadline)
+	for !containsAll(string(got), want) && time.Now().Before(deadline) {
+		n, err := nc.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			break
+		}
+	}
+	if !containsAll(string(got), want) {
+		t.Fatalf("subscribed RESP3 client read %q; want it to contain %q", got, want)
+	}
+	if strings.Contains(string(got), "a:") {
+		t.Fatalf("the prefix reached the client: %q", got)
+	}
+}
+
+func containsAll(s string, parts []string) bool {
+	for _, p := range parts {
+		if !strings.Contains(s, p) {
+			return false
+		}
+	}
+	return true
+}
