@@ -28,8 +28,9 @@ import (
 // ErrBadPrefix is returned by New for a prefix that cannot confine keys.
 var ErrBadPrefix = errors.New("namespace: bad prefix")
 
-// maxPrefix bounds a prefix; it is added to every key.
-const maxPrefix = 256
+// maxPrefix bounds a prefix. It is added to every key, so it bounds how
+// much larger than the client sent a rewritten request can be.
+const maxPrefix = 64
 
 // Namespace is one key prefix. It is immutable and safe for concurrent use.
 type Namespace struct {
