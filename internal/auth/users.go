@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/namespace"
 )
 
 // UserConfig is one [[users]] entry of the configuration file.
@@ -34,6 +35,9 @@ type UserConfig struct {
 	// MaxConnections caps the connections authenticated as this user at
 	// once; 0 is no limit.
 	MaxConnections int `toml:"max_connections"`
+	// Namespace is the key prefix this user's commands are confined to
+	// (internal/namespace); empty: none, or the listener's.
+	Namespace string `toml:"namespace"`
 }
 
 // Error is one problem with a [[users]] entry; Key is dotted
@@ -69,6 +73,11 @@ func Validate(users []UserConfig, table *commands.Table) error {
 		}
 		if _, err := ParseACL(u.ACL, table); err != nil {
 			bad(".acl", err.Error())
+		}
+		if u.Namespace != "" {
+			if _, err := namespace.New(u.Namespace); err != nil {
+				bad(".namespace", err.Error())
+			}
 		}
 		if u.MaxConnections < 0 {
 			bad(".max_connections", "must be 0 (no limit) or more")
@@ -117,7 +126,9 @@ type User struct {
 	Scope    string
 	// MaxConnections is max_connections: 0 is no limit.
 	MaxConnections int
-	conns          atomic.Int64 // connections authenticated as this user
+	// Namespace is the key prefix the user is confined to; "": none.
+	Namespace string
+	conns     atomic.Int64 // connections authenticated as this user
 }
 
 // Acquire counts one more connection authenticated as u, unless u is at
@@ -161,7 +172,7 @@ func New(cfg []UserConfig, table *commands.Table) (*Users, error) {
 	for i, c := range cfg {
 		acl, _ := ParseACL(c.ACL, table)
 		hash, _ := decodeHash(c.PasswordSHA256)
-		u := &User{Name: c.Name, hash: hash, Enabled: c.Enabled == nil || *c.Enabled, ACL: acl, Scope: c.Scope, MaxConnections: c.MaxConnections}
+		u := &User{Name: c.Name, hash: hash, Enabled: c.Enabled == nil || *c.Enabled, ACL: acl, Scope: c.Scope, MaxConnections: c.MaxConnections, Namespace: c.Namespace}
 		if c.UpstreamUser != "" {
 			u.Upstream.User = c.UpstreamUser
 			if c.UpstreamPasswordFile != "" {

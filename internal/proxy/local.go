@@ -250,7 +250,7 @@ func cmdSubscribe(sess *Session, r *request) bool { return sess.startRelay(relay
 func cmdMonitor(sess *Session, r *request) bool { return sess.startRelay(relayMonitor, r) }
 
 func cmdUnsubscribe(sess *Session, r *request) bool {
-	sess.unsubscribeNone(r.m, r.name, r.Args[1:])
+	sess.unsubscribeNone(r.m, r.name, sess.clientArgs(r.i, r.Args)[1:])
 	return true
 }
 

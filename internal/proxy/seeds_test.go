@@ -47,6 +47,17 @@ type seedEnv struct {
 	direct redis.UniversalClient // straight to Redis (a cluster client in cluster mode)
 	// cluster: the proxy is in cluster mode (seeds_cluster_test.go).
 	cluster bool
+	// client, if set, opens another client through the proxy, as c is
+	// (the namespace tests run the patterns as a proxy user).
+	client func(t testing.TB, mutate ...func(*redis.Options)) *redis.Client
+}
+
+// newClient opens another client through the proxy, as c is.
+func (e *seedEnv) newClient(t testing.TB, mutate ...func(*redis.Options)) *redis.Client {
+	if e.client != nil {
+		return e.client(t, mutate...)
+	}
+	return e.p.Client(t, mutate...)
 }
 
 // sameSlot returns s as the part of a key that keys derived from it must
@@ -193,7 +204,7 @@ func (e *seedEnv) writeThrough(t *testing.T) {
 	}
 	updateProduct(product{ID: 7, Name: "new", Price: 2})
 	// Another client of the proxy reads the new value without a DB query.
-	other := e.p.Client(t)
+	other := e.newClient(t)
 	v, err := other.Get(ctx, "product:7").Result()
 	if err != nil || v != `{"id":7,"name":"new","price":2}` {
 		t.Fatalf("GET after write-through: %q %v", v, err)
@@ -455,7 +466,7 @@ func (e *seedEnv) fanOut(t *testing.T) {
 	const subscribers, events = 3, 20
 	var subs []*redis.PubSub
 	for i := 0; i < subscribers; i++ {
-		ps := e.p.Client(t).Subscribe(ctx, "events:fanout")
+		ps := e.newClient(t).Subscribe(ctx, "events:fanout")
 		t.Cleanup(func() { ps.Close() })
 		if _, err := ps.Receive(ctx); err != nil { // the subscription confirmation
 			t.Fatal(err)
@@ -501,7 +512,7 @@ func (e *seedEnv) streams(t *testing.T) {
 	if err := createGroup(); err == nil || !strings.HasPrefix(err.Error(), "BUSYGROUP") {
 		t.Fatalf("second XGROUP CREATE: %v, want BUSYGROUP (which the seed ignores)", err)
 	}
-	consumer := e.p.Client(t)
+	consumer := e.newClient(t)
 	var processed []string
 	done := make(chan error, 1)
 	go func() {
@@ -599,7 +610,7 @@ func (e *seedEnv) idempotency(t *testing.T) {
 	const callers, rounds = 20, 10
 	clients := make([]*redis.Client, callers)
 	for i := range clients {
-		clients[i] = e.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+		clients[i] = e.newClient(t, func(o *redis.Options) { o.PoolSize = 1 })
 	}
 	for r := 0; r < rounds; r++ {
 		key := fmt.Sprintf("cooldown:sms:%d", r)
@@ -706,7 +717,7 @@ func (e *seedEnv) crossProcessInvalidation(t *testing.T) {
 		t.Fatal(err)
 	}
 	stale := map[string]string{key: "left over from before the restart"}
-	r := startReader(t, e.p.Client(t), channel, stale)
+	r := startReader(t, e.newClient(t), channel, stale)
 	if r.localLen() != 0 || r.flushN.Load() != 1 {
 		t.Fatal("reader did not flush its local cache on start")
 	}
@@ -719,7 +730,7 @@ func (e *seedEnv) crossProcessInvalidation(t *testing.T) {
 		t.Fatalf("misses=%d hits=%d, want 1 and 2", r.misses.Load(), r.hits.Load())
 	}
 	// The writer process: write, then publish; fire-and-forget.
-	writer := e.p.Client(t)
+	writer := e.newClient(t)
 	if err := writer.Set(ctx, key, "v2", time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}

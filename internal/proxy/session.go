@@ -15,6 +15,7 @@ import (
 	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/namespace"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
@@ -101,6 +102,9 @@ type Session struct {
 	// reads is where the client's reads may go with replica reads on
 	// (replicas.go).
 	reads replicaReads
+
+	ns       nsState         // the key prefix the client is confined to (namespace.go)
+	curStrip namespace.Strip // where the reply of the command being dispatched names keys
 }
 
 // slot says where one command's reply comes from.
@@ -109,10 +113,11 @@ type slot struct {
 	i      int // upstream reply index, or start of a local reply
 	end    int // end of a local reply
 	metric *metrics.Command
-	tx     bool // sent inside MULTI: its reply is +QUEUED or a queue-time error
-	exec   bool // EXEC of a transaction: strip the proxy's own commands' results
-	mute   bool // CLIENT REPLY OFF/SKIP: consume the reply, do not send it
-	info   bool // INFO: append the proxy's section to Redis's reply (info.go)
+	tx     bool            // sent inside MULTI: its reply is +QUEUED or a queue-time error
+	exec   bool            // EXEC of a transaction: strip the proxy's own commands' results
+	mute   bool            // CLIENT REPLY OFF/SKIP: consume the reply, do not send it
+	info   bool            // INFO: append the proxy's section to Redis's reply (info.go)
+	strip  namespace.Strip // namespace: where the reply names keys to strip
 }
 
 type slotKind uint8
@@ -210,6 +215,9 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 	start := time.Now()
 	sess.batchReqs = reqs
 	sess.list.active.Store(start.UnixNano())
+	if sess.ns.w != nil {
+		sess.nsRewriteBatch(reqs)
+	}
 	sess.prepareBatch(reqs)
 	for i := range reqs {
 		if i > 0 && !sess.guard.Joined(i) && sess.outputDue() {
@@ -229,6 +237,9 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 	}
 	sess.upstreamWait, sess.slowExempt = 0, false
 	sess.cur = request{} // holds nothing of the batch while the client idles
+	if sess.ns.w != nil {
+		sess.nsBatchDone()
+	}
 }
 
 // dispatch decides where one command goes. It is the seam where the guard,
@@ -240,6 +251,7 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	r.m.Calls.Inc()
 	sess.curMute = sess.replyOff || sess.replySkip
 	sess.replySkip = false
+	sess.curStrip = namespace.StripNone
 	if !sess.authed && !isAuthExempt(r.cmd) {
 		sess.replyLocal(r.m, errNoAuth)
 		return
@@ -254,6 +266,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	// (MONITOR, SUBSCRIBE, blocking commands, transactions) are refused
 	// like any other.
 	if sess.guardRefused(r) {
+		return
+	}
+	if sess.ns.w != nil && sess.nsStep(r) {
 		return
 	}
 	if sess.srv.router != nil && sess.clusterStep(r) {
@@ -292,7 +307,7 @@ func (sess *Session) forwardCommand(r *request) {
 
 // forward adds a command to the batch's upstream Call.
 func (sess *Session) forward(raw []byte, m *metrics.Command) {
-	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, mute: sess.curMute, tx: sess.pin.inMulti})
+	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, mute: sess.curMute, tx: sess.pin.inMulti, strip: sess.curStrip})
 	sess.call.Add(raw)
 }
 
@@ -459,6 +474,8 @@ func (sess *Session) flush(start time.Time) {
 				sess.noteQueued(r, false)
 			} else if sl.info {
 				reply = sess.withProxyInfo(r)
+			} else if sl.strip != namespace.StripNone {
+				reply = sess.nsStripped(sl.strip, reply)
 			}
 			if h := testHookReply.Load(); h != nil {
 				reply = (*h)(sess.id, reply)

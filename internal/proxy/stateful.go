@@ -573,7 +573,7 @@ func (sess *Session) blocking(r *request) {
 	} else if sess.srv.router != nil {
 		reply = sess.clusterBlockedReply(reply, b, borrowed)
 	}
-	sess.replyLocal(m, reply)
+	sess.replyLocal(m, sess.nsStripped(sess.curStrip, reply))
 	clean := err == nil
 	if named {
 		r, rerr := call.Reply(first + 1)
@@ -744,7 +744,7 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	// its guard decisions at the following indices.
 	first := append([]byte(nil), reqs[0].Raw...)
 	for k := 1; k < len(reqs); k++ {
-		first = sess.appendRelayed(first, &reqs[k], sess.guard.Decision(r.i+k))
+		first = sess.appendRelayed(first, r.i+k, &reqs[k], sess.guard.Decision(r.i+k))
 	}
 	sess.relay(kind, up, reqs, r.i, first, limit)
 	b.ReleaseConn(up)
@@ -825,6 +825,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		wake()
 	}
 	q := newOutQueue(limit)
+	filter := sess.nsRelayFilter(limit)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { // Redis -> queue
@@ -840,7 +841,19 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 			}
 			// Copy: queueing buf[:n] of a fresh 32 KB buffer per read would
 			// keep 32 KB alive per small message, far beyond the limit.
-			if n > 0 && !q.push(append([]byte(nil), buf[:n]...)) {
+			chunk := buf[:n]
+			if filter != nil && n > 0 {
+				// The namespace's view: channel names without the prefix,
+				// other namespaces' keyevent notifications dropped.
+				var ferr error
+				if chunk, ferr = filter.Filter(nil, chunk); ferr != nil {
+					sess.closeFor(metrics.CloseOutputLimit, "relayed output exceeds its limit", "limit_bytes", limit, "err", ferr)
+					sess.nc.Close()
+					up.Close()
+					return
+				}
+			}
+			if len(chunk) > 0 && !q.push(append([]byte(nil), chunk...)) {
 				sess.closeFor(metrics.CloseOutputLimit, "relayed output exceeds its limit", "limit_bytes", limit)
 				sess.nc.Close()
 				up.Close()
@@ -882,6 +895,9 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		reqs, err := sess.rd.ReadBatch()
 		var out []byte
 		if len(reqs) > 0 {
+			if sess.ns.w != nil {
+				sess.nsRewriteBatch(reqs)
+			}
 			sess.prepareBatch(reqs)
 		}
 		for k := range reqs {
@@ -894,7 +910,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 				out = appendErrorScript(out, errHeldWrites)
 				continue
 			}
-			out = sess.appendRelayed(out, &reqs[k], d)
+			out = sess.appendRelayed(out, k, &reqs[k], d)
 		}
 		rw.sending()
 		if len(out) > 0 {
@@ -923,7 +939,9 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 // queue time, so that EXEC fails with EXECABORT as it does for a refusal
 // on a shared connection: a script would be queued and EXEC would run the
 // rest of the transaction.
-func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decision) []byte {
+//
+// i is r's index in its batch (for the namespace's notes).
+func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy.Decision) []byte {
 	refuse := appendErrorScript
 	if sess.relayInMulti {
 		refuse = appendQueueRefusal
@@ -931,7 +949,10 @@ func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decisi
 	if trackingRedirect(r.Args) {
 		return refuse(out, errTrackingRedirect)
 	}
-	if msg := sess.relayDenied(r.Args); msg != "" {
+	if msg := sess.relayDenied(sess.clientArgs(i, r.Args)); msg != "" {
+		return refuse(out, msg)
+	}
+	if msg := sess.nsRelayRefusal(i); msg != "" {
 		return refuse(out, msg)
 	}
 	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") {

@@ -185,6 +185,7 @@ func (sess *Session) setUser(u *auth.User) {
 	sess.mu.Lock()
 	sess.user = u
 	sess.mu.Unlock()
+	sess.applyNamespace()
 }
 
 // deauthenticate is RESET's part: back to no user.
@@ -197,7 +198,7 @@ func (sess *Session) deauthenticate() {
 // whether it did. Inside MULTI the refusal also makes EXEC fail, as
 // Redis's does.
 func (sess *Session) aclRefused(r *request) bool {
-	msg := sess.aclDenied(r.cmd, r.Args)
+	msg := sess.aclDenied(r.cmd, sess.clientArgs(r.i, r.Args))
 	if msg == "" {
 		return false
 	}

@@ -1,0 +1,247 @@
+package proxy
+
+import (
+	"strings"
+	"sync"
+
+	"github.com/redproxy/redproxy/internal/namespace"
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/tidwall/redcon"
+)
+
+// nsState is the session's namespace (internal/namespace): the key prefix
+// every command of the client is confined to. The client's requests are
+// rewritten when their batch is read, before the guard, the local tier,
+// cluster slotting and Redis see them, so all of those work on the real
+// (prefixed) key names; only the client's user ACL judges the client's own
+// names (orig). A session without a namespace has w == nil and pays one
+// nil check per batch.
+type nsState struct {
+	// listener is the namespace the client's listener gives it
+	// (setNamespace); user is its proxy user's, which wins when set.
+	listener *namespace.Namespace
+	w        *namespace.Rewriter // the namespace in force; nil: none
+	// notes and orig are, per request of the batch, the outcome of its
+	// rewriting and the client's own request.
+	notes []namespace.Result
+	orig  []resp.Request
+	// scratch holds one stripped reply until it is copied out.
+	scratch []byte
+}
+
+// namespaces shares one Namespace per prefix between sessions: it is
+// immutable, and the prefixes come from the configuration.
+var namespaces sync.Map // prefix -> *namespace.Namespace
+
+func namespaceFor(prefix string) (*namespace.Namespace, error) {
+	if v, ok := namespaces.Load(prefix); ok {
+		return v.(*namespace.Namespace), nil
+	}
+	ns, err := namespace.New(prefix)
+	if err != nil {
+		return nil, err
+	}
+	v, _ := namespaces.LoadOrStore(prefix, ns)
+	return v.(*namespace.Namespace), nil
+}
+
+// setNamespace is the one place a client gets a namespace from its
+// listener ([[server.listeners]] namespace): call it when the connection
+// is accepted, before its first batch. "" is none. A proxy user's own
+// namespace ([[users]] namespace), once the client authenticates as that
+// user, takes precedence; RESET or AUTH as a user without one brings the
+// listener's back.
+func (sess *Session) setNamespace(prefix string) error {
+	var ns *namespace.Namespace
+	if prefix != "" {
+		var err error
+		if ns, err = namespaceFor(prefix); err != nil {
+			return err
+		}
+	}
+	sess.ns.listener = ns
+	sess.applyNamespace()
+	return nil
+}
+
+// effectiveNamespace is the namespace the client's commands are confined
+// to: its user's if it has one, else its listener's.
+func (sess *Session) effectiveNamespace() *namespace.Namespace {
+	if u := sess.user; u != nil && u.Namespace != "" {
+		// Validated with the configuration (auth.Validate).
+		if ns, err := namespaceFor(u.Namespace); err == nil {
+			return ns
+		}
+	}
+	return sess.ns.listener
+}
+
+// applyNamespace puts the effective namespace in force after the user or
+// listener changed. The requests of the batch after the one being
+// answered (an AUTH) were rewritten for the previous namespace, so they
+// are rewritten again from the client's own bytes, and the guard decides
+// on them again.
+func (sess *Session) applyNamespace() {
+	want := sess.effectiveNamespace()
+	var cur *namespace.Namespace
+	if sess.ns.w != nil {
+		cur = sess.ns.w.Namespace()
+	}
+	if want == cur {
+		return
+	}
+	reqs := sess.batchReqs
+	from := sess.cur.i + 1
+	if sess.cur.Request == nil || from > len(reqs) {
+		from = len(reqs)
+	}
+	if sess.ns.w != nil {
+		for i := from; i < len(reqs) && i < len(sess.ns.orig); i++ {
+			reqs[i] = sess.ns.orig[i]
+		}
+	}
+	if want == nil {
+		sess.ns.w = nil
+		sess.ns.notes, sess.ns.orig = nil, nil
+	} else {
+		if sess.ns.w == nil {
+			// Earlier requests of the batch were not rewritten: their
+			// own bytes are what the client sent.
+			sess.ns.orig = append(sess.ns.orig[:0], reqs...)
+			sess.ns.notes = append(sess.ns.notes[:0], make([]namespace.Result, len(reqs))...)
+		}
+		// A fresh rewriter: the earlier requests' rewritten bytes (still
+		// referenced by the batch) stay where they are.
+		sess.ns.w = namespace.NewRewriter(want)
+		for i := from; i < len(reqs); i++ {
+			sess.ns.notes[i] = sess.nsRewrite(&reqs[i])
+		}
+	}
+	if from < len(reqs) {
+		sess.prepareBatch(reqs)
+	}
+}
+
+// nsRewriteBatch rewrites a batch's requests in place, remembering the
+// client's own, before anything else looks at them.
+func (sess *Session) nsRewriteBatch(reqs []resp.Request) {
+	st := &sess.ns
+	st.w.Reset()
+	st.orig = append(st.orig[:0], reqs...)
+	if cap(st.notes) < len(reqs) {
+		st.notes = make([]namespace.Result, len(reqs))
+	}
+	st.notes = st.notes[:len(reqs)]
+	for i := range reqs {
+		st.notes[i] = sess.nsRewrite(&reqs[i])
+	}
+}
+
+func (sess *Session) nsRewrite(req *resp.Request) namespace.Result {
+	cmd := sess.srv.table.Lookup(req.Args)
+	args, res := sess.ns.w.Rewrite(cmd, req.Args)
+	if res.Action == namespace.Forward && !sameArgs(args, req.Args) {
+		req.Args = args
+		req.Raw = sess.ns.w.Encode(args)
+	}
+	return res
+}
+
+func sameArgs(a, b [][]byte) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+// clientArgs are request i's arguments as the client sent them, which its
+// user's ACL judges (key patterns name the client's keys, not the prefixed
+// ones).
+func (sess *Session) clientArgs(i int, args [][]byte) [][]byte {
+	if sess.ns.w != nil && i < len(sess.ns.orig) {
+		return sess.ns.orig[i].Args
+	}
+	return args
+}
+
+// nsStep answers what a namespace changes about request r: a refusal, or
+// FLUSHDB and RANDOMKEY run as scripts confined to the namespace; a
+// command whose reply names keys has them stripped (curStrip). It reports
+// whether it answered r.
+func (sess *Session) nsStep(r *request) bool {
+	if r.i >= len(sess.ns.notes) {
+		return false
+	}
+	res := sess.ns.notes[r.i]
+	ns := sess.ns.w.Namespace()
+	msg := res.Err
+	switch {
+	case res.Action == namespace.Refuse:
+	case res.Action != namespace.Forward && sess.srv.router != nil:
+		msg = namespace.RefusalError(r.name, "cannot be confined to a namespace in cluster mode")
+	case res.Strip != namespace.StripNone && sess.pin.inMulti:
+		// EXEC's reply would carry the prefixed names.
+		msg = "ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(r.name, "|", " ")) + " inside MULTI is not supported in a namespace"
+	case res.Action == namespace.FlushDB:
+		if mayWrite(r.cmd) {
+			sess.writeForwarded(r.cmd, r.Args)
+		}
+		sess.forward(ns.FlushDBCommand(), r.m)
+		return true
+	case res.Action == namespace.RandomKey:
+		sess.curStrip = res.Strip
+		sess.forward(ns.RandomKeyCommand(), r.m)
+		return true
+	default:
+		sess.curStrip = res.Strip
+		return false
+	}
+	sess.refusedInMulti()
+	b, start := sess.localBuf()
+	sess.finishLocal(r.m, redcon.AppendError(b, msg), start)
+	return true
+}
+
+// nsStripped returns reply with the namespace's prefix taken off where
+// kind says keys are, in a buffer valid until the next call.
+func (sess *Session) nsStripped(kind namespace.Strip, reply []byte) []byte {
+	if kind == namespace.StripNone || sess.ns.w == nil || resp.IsError(reply) {
+		return reply
+	}
+	sess.ns.scratch = sess.ns.w.Namespace().StripReply(sess.ns.scratch[:0], kind, reply)
+	if cap(sess.ns.scratch) > 64<<10 {
+		out := sess.ns.scratch
+		sess.ns.scratch = nil
+		return out
+	}
+	return sess.ns.scratch
+}
+
+// nsRelayRefusal is why request i of a relayed (subscribed) client cannot
+// run in its namespace, or "": a raw relay cannot strip key names from a
+// command's reply, nor run FLUSHDB or RANDOMKEY as scripts.
+func (sess *Session) nsRelayRefusal(i int) string {
+	if sess.ns.w == nil || i >= len(sess.ns.notes) {
+		return ""
+	}
+	res := sess.ns.notes[i]
+	switch {
+	case res.Action == namespace.Refuse:
+		return res.Err
+	case res.Action != namespace.Forward || res.Strip != namespace.StripNone:
+		return "ERR redproxy: this command is not supported on a subscribed connection in a namespace"
+	}
+	return ""
+}
+
+// nsRelayFilter returns the filter for what Redis sends a relayed client
+// in a namespace, or nil.
+func (sess *Session) nsRelayFilter(limit int64) *namespace.PubSubFilter {
+	if sess.ns.w == nil {
+		return nil
+	}
+	return namespace.NewPubSubFilter(sess.ns.w.Namespace(), int(min(limit, 1<<30)))
+}
+
+// nsBatchDone drops what the batch's rewriting holds once it was answered.
+func (sess *Session) nsBatchDone() {
+	clear(sess.ns.orig)
+	sess.ns.orig = sess.ns.orig[:0]
+}
