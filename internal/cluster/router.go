@@ -437,7 +437,7 @@ func (b *batch) plan(i int, raw []byte) {
 		}
 		return
 	}
-	b.keys = cmd.Keys(b.args, b.keys[:0])
+	b.keys = SlotArgs(cmd, b.args, b.keys[:0])
 	if len(b.keys) == 0 {
 		b.add(o, sub{raw: raw, slot: -1, sha: b.r.scripts.note(name, b.args)})
 		return

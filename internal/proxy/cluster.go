@@ -64,8 +64,8 @@ type clusterQueued struct {
 // clusterStep answers, in cluster mode, the commands that cannot go
 // through the router as they are: SELECT of another database, the
 // commands of a transaction (pinned on the node owning its slot), blocking
-// commands (borrowing a connection on the node owning their slot), and
-// relays, which cluster mode does not support yet.
+// commands (borrowing a connection on the node owning their slot), and the
+// relays whose node depends on their arguments (cluster_relay.go).
 func (sess *Session) clusterStep(r *request) bool {
 	if sess.cmulti.open {
 		return sess.clusterQueue(r)
@@ -111,9 +111,14 @@ func (sess *Session) clusterStep(r *request) bool {
 		}
 		sess.pinForOn(r, b, keySlot)
 		return true
-	case "subscribe", "psubscribe", "ssubscribe", "monitor":
-		sess.replyLocal(m, errClusterUnsupported(cmd.Name))
-		return true
+	case "ssubscribe":
+		// The relay goes to the node of the channels' slot, which must
+		// be one (cluster_relay.go).
+		if _, keyed, same := sess.keySlot(r); keyed && !same {
+			sess.replyLocal(m, cluster.CrossSlot())
+			return true
+		}
+		return false
 	case "client|tracking", "client|no-touch":
 		if len(args) > 2 && strings.EqualFold(string(args[2]), "on") {
 			sess.replyLocal(m, errClusterUnsupported(cmd.Name))
@@ -141,7 +146,7 @@ func (sess *Session) clusterStep(r *request) bool {
 // keys, same is false when they do not all hash to one slot.
 func (sess *Session) keySlot(r *request) (keySlot int, keyed, same bool) {
 	var buf [8]int
-	keys := r.cmd.Keys(r.Args, buf[:0])
+	keys := cluster.SlotArgs(r.cmd, r.Args, buf[:0])
 	if len(keys) == 0 {
 		return -1, false, true
 	}

@@ -72,6 +72,9 @@ type Session struct {
 	cmulti clusterMulti
 	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
 	relayInMulti bool
+	// relayNode is, in cluster mode, the node a relayed client's
+	// connection is on (relayBackend); "" otherwise.
+	relayNode string
 	block        blockState
 	guard        guard.Batch // the guard's decisions for the batch (guard.go)
 	// tierWrites are this client's writes whose replies are not in yet; the

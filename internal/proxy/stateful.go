@@ -710,7 +710,14 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	reqs, m := sess.batchReqs[r.i:], r.m
 	sess.slowExempt = true
 	sess.flush(time.Now())
-	up, err := sess.backend().AcquireConn(sess.db, sess.resp3, sess.name)
+	if kind == relayMonitor && sess.srv.router != nil {
+		return sess.clusterMonitor(r)
+	}
+	b, err := sess.relayBackend(r)
+	var up net.Conn
+	if err == nil {
+		up, err = b.AcquireConn(sess.db, sess.resp3, sess.name)
+	}
 	if err != nil {
 		// Answered: the command must not also go to a shared connection,
 		// which it would turn into a subscriber (or worse, in RESP3, make
@@ -729,7 +736,7 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	// Whatever the session has still to write goes first.
 	if len(sess.out) > 0 {
 		if _, err := sess.nc.Write(sess.out); err != nil {
-			sess.backend().ReleaseConn(up)
+			b.ReleaseConn(up)
 			sess.closing(metrics.CloseWriteError)
 			sess.quitting = true
 			return true
@@ -743,7 +750,7 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 		first = sess.appendRelayed(first, &reqs[k], sess.guard.Decision(r.i+k))
 	}
 	sess.relay(kind, up, reqs, r.i, first, limit)
-	sess.backend().ReleaseConn(up)
+	b.ReleaseConn(up)
 	sess.quitting = true // relay recorded why
 	return true
 }
@@ -929,6 +936,11 @@ func (sess *Session) appendRelayed(out []byte, r *resp.Request, d *policy.Decisi
 	}
 	if msg := sess.relayDenied(r.Args); msg != "" {
 		return refuse(out, msg)
+	}
+	if msg := sess.relayMisrouted(r.Args); msg != "" {
+		// Unknown to Redis, so refused in order in any context, even
+		// RESP2's subscribed one (where a script would not run).
+		return appendQueueRefusal(out, msg)
 	}
 	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") {
 		// Proxy client ids and addresses cannot be translated in flight

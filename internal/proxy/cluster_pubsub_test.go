@@ -1,0 +1,225 @@
+package proxy_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/cluster"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// startPubSubClusterProxy starts a 3-primary cluster and a proxy in
+// cluster mode in front of it.
+func startPubSubClusterProxy(t *testing.T, replicas int) (*redistest.Cluster, *proxytest.Proxy) {
+	t.Helper()
+	c := redistest.StartCluster(t, 3, replicas)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+	})
+	return c, p
+}
+
+// channelOn is a channel name whose slot the node at addr owns (owned
+// true) or does not own (owned false).
+func channelOn(t *testing.T, p *proxytest.Proxy, prefix, addr string, owned bool) string {
+	t.Helper()
+	m := p.Router().Map()
+	for i := range 10000 {
+		ch := fmt.Sprintf("%s:%d", prefix, i)
+		if (m.Owner(cluster.Slot([]byte(ch))) == addr) == owned {
+			return ch
+		}
+	}
+	t.Fatalf("no channel for %s", addr)
+	return ""
+}
+
+// readPush reads replies until a pub/sub message (RESP2 array or RESP3
+// push) arrives, and returns it as text.
+func readMessage(t *testing.T, c *rawConn) string {
+	t.Helper()
+	v, _ := c.readReply()
+	return fmt.Sprint(v)
+}
+
+// TestClusterPubSub: classic, pattern and sharded pub/sub through the
+// proxy in cluster mode, with RESP2 and RESP3 subscribers, publishers on
+// other connections and other nodes, and the cases where a subscription
+// cannot stay where it is.
+func TestClusterPubSub(t *testing.T) {
+	c, p := startPubSubClusterProxy(t, 0)
+	ctx := context.Background()
+	pub := p.Client(t)
+	classicNode := p.Router().Map().Primaries()[0]
+
+	for _, proto := range []string{"2", "3"} {
+		t.Run("ClassicRESP"+proto, func(t *testing.T) {
+			sub := dialRaw(t, p.Addr)
+			if proto == "3" {
+				sub.do("HELLO", "3")
+			}
+			sub.send([]string{"SUBSCRIBE", "news"}, []string{"PSUBSCRIBE", "n*"})
+			if got := readMessage(t, sub); got != "[subscribe news 1]" {
+				t.Fatalf("SUBSCRIBE: %s", got)
+			}
+			if got := readMessage(t, sub); got != "[psubscribe n* 2]" {
+				t.Fatalf("PSUBSCRIBE: %s", got)
+			}
+			// Through the proxy, and straight to every primary: classic
+			// pub/sub is cluster-wide, whichever node the subscriber is on.
+			n, err := pub.Publish(ctx, "news", "via-proxy").Result()
+			if err != nil || n != 2 {
+				t.Fatalf("PUBLISH through the proxy = %d, %v; want 2 receivers", n, err)
+			}
+			want := []string{"[message news via-proxy]", "[pmessage n* news via-proxy]"}
+			for _, w := range want {
+				if got := readMessage(t, sub); got != w {
+					t.Fatalf("got %s, want %s", got, w)
+				}
+			}
+			for _, node := range c.Primaries(t) {
+				msg := "from-" + node.Addr()
+				if err := node.Client(t).Publish(ctx, "news", msg).Err(); err != nil {
+					t.Fatal(err)
+				}
+				for _, w := range []string{"[message news " + msg + "]", "[pmessage n* news " + msg + "]"} {
+					if got := readMessage(t, sub); got != w {
+						t.Fatalf("published on %s: got %s, want %s", node.Addr(), got, w)
+					}
+				}
+			}
+			sub.send([]string{"PUNSUBSCRIBE", "n*"})
+			if got := readMessage(t, sub); got != "[punsubscribe n* 1]" {
+				t.Fatalf("PUNSUBSCRIBE: %s", got)
+			}
+			sub.send([]string{"UNSUBSCRIBE", "news"})
+			if got := readMessage(t, sub); got != "[unsubscribe news 0]" {
+				t.Fatalf("UNSUBSCRIBE: %s", got)
+			}
+		})
+
+		t.Run("ShardedRESP"+proto, func(t *testing.T) {
+			// A channel on a node other than the classic subscribers'.
+			ch := channelOn(t, p, "orders", classicNode, false)
+			owner := p.Router().Map().Owner(cluster.Slot([]byte(ch)))
+			sub := dialRaw(t, p.Addr)
+			if proto == "3" {
+				sub.do("HELLO", "3")
+			}
+			sub.send([]string{"SSUBSCRIBE", ch})
+			if got := readMessage(t, sub); got != "[ssubscribe "+ch+" 1]" {
+				t.Fatalf("SSUBSCRIBE: %s", got)
+			}
+			n, err := pub.SPublish(ctx, ch, "m1").Result()
+			if err != nil || n != 1 {
+				t.Fatalf("SPUBLISH through the proxy = %d, %v; want 1 receiver", n, err)
+			}
+			if got := readMessage(t, sub); got != "[smessage "+ch+" m1]" {
+				t.Fatalf("got %s", got)
+			}
+			// A sharded channel of another node cannot join this
+			// connection: refused in order, never a MOVED.
+			other := channelOn(t, p, "orders", owner, false)
+			sub.send([]string{"SSUBSCRIBE", other})
+			got := readMessage(t, sub)
+			if !strings.Contains(got, "does not serve slot") || strings.Contains(got, "MOVED") {
+				t.Fatalf("SSUBSCRIBE of another node's channel: %s", got)
+			}
+			// Still subscribed, still served.
+			if err := pub.SPublish(ctx, ch, "m2").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if got := readMessage(t, sub); got != "[smessage "+ch+" m2]" {
+				t.Fatalf("got %s", got)
+			}
+			sub.send([]string{"SUNSUBSCRIBE", ch})
+			if got := readMessage(t, sub); got != "[sunsubscribe "+ch+" 0]" {
+				t.Fatalf("SUNSUBSCRIBE: %s", got)
+			}
+		})
+	}
+
+	t.Run("CrossSlot", func(t *testing.T) {
+		a := channelOn(t, p, "x", classicNode, true)
+		b := channelOn(t, p, "x", classicNode, false)
+		err := pub.Do(ctx, "SSUBSCRIBE", a, b).Err()
+		if err == nil || !strings.HasPrefix(err.Error(), "CROSSSLOT") {
+			t.Fatalf("SSUBSCRIBE over two slots: %v", err)
+		}
+		// Hash tags keep channels together, as for keys.
+		sub := dialRaw(t, p.Addr)
+		sub.send([]string{"SSUBSCRIBE", "{t}a", "{t}b"})
+		for _, w := range []string{"[ssubscribe {t}a 1]", "[ssubscribe {t}b 2]"} {
+			if got := readMessage(t, sub); got != w {
+				t.Fatalf("got %s, want %s", got, w)
+			}
+		}
+	})
+
+	t.Run("GoRedis", func(t *testing.T) {
+		ps := p.Client(t).PSubscribe(ctx, "ev:*")
+		defer ps.Close()
+		if _, err := ps.Receive(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 20 {
+			// Channels of every slot: classic pub/sub does not care.
+			if err := pub.Publish(ctx, fmt.Sprintf("ev:%d", i), i).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range 20 {
+			m, err := ps.ReceiveMessage(ctx)
+			if err != nil || m.Channel != fmt.Sprintf("ev:%d", i) || m.Payload != fmt.Sprint(i) {
+				t.Fatalf("message %d: %+v, %v", i, m, err)
+			}
+		}
+	})
+
+	t.Run("SlotMovesAway", func(t *testing.T) {
+		ch := channelOn(t, p, "moving", classicNode, false)
+		s := cluster.Slot([]byte(ch))
+		for _, proto := range []string{"2", "3"} {
+			sub := dialRaw(t, p.Addr)
+			if proto == "3" {
+				sub.do("HELLO", "3")
+			}
+			sub.send([]string{"SSUBSCRIBE", ch})
+			if got := readMessage(t, sub); got != "[ssubscribe "+ch+" 1]" {
+				t.Fatalf("SSUBSCRIBE: %s", got)
+			}
+			// Redis tells the subscriber its slot left the node; the
+			// relay passes it on as it came.
+			moveEmptySlot(t, c, p, s)
+			if got := readMessage(t, sub); got != "[sunsubscribe "+ch+" 0]" {
+				t.Fatalf("RESP%s after the slot moved: %s", proto, got)
+			}
+			redistest.Eventually(t, 10*time.Second, func() bool {
+				p.Router().Refresh()
+				return pub.SPublish(ctx, ch, "x").Err() == nil
+			}, "SPUBLISH after the move")
+		}
+	})
+
+	t.Run("NodeGone", func(t *testing.T) {
+		// Last: it kills a primary. The subscriber's node goes away and
+		// its connection is closed, so it knows to re-subscribe.
+		sub := dialRaw(t, p.Addr)
+		sub.send([]string{"SUBSCRIBE", "news"})
+		if got := readMessage(t, sub); got != "[subscribe news 1]" {
+			t.Fatalf("SUBSCRIBE: %s", got)
+		}
+		nodeAt(t, c, classicNode).Kill(t)
+		sub.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := sub.rd.ReadByte(); err != io.EOF {
+			t.Fatalf("subscriber on a killed node: read = %v, want EOF", err)
+		}
+	})
+}
