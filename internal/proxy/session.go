@@ -75,8 +75,8 @@ type Session struct {
 	// relayNode is, in cluster mode, the node a relayed client's
 	// connection is on (relayBackend); "" otherwise.
 	relayNode string
-	block        blockState
-	guard        guard.Batch // the guard's decisions for the batch (guard.go)
+	block     blockState
+	guard     guard.Batch // the guard's decisions for the batch (guard.go)
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
 	tierWrites localcache.Writes
