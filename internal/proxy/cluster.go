@@ -131,6 +131,8 @@ func (sess *Session) clusterStep(r *request) bool {
 		// slot (dedicatedBackend); a keyless one (WAIT) has no node.
 		_, keyed, same := sess.keySlot(r)
 		switch {
+		case !keyed && (cmd.Name == "wait" || cmd.Name == "waitaof"):
+			return false // on the node of the client's last write
 		case !keyed:
 			sess.replyLocal(m, errClusterUnsupported(cmd.Name))
 			return true
@@ -305,8 +307,43 @@ func (sess *Session) dedicatedBackend(r *request) (*upstream.Backend, error) {
 	if sess.srv.router == nil {
 		return sess.backend(), nil
 	}
-	keySlot, _, _ := sess.keySlot(r)
+	keySlot, keyed, _ := sess.keySlot(r)
+	if !keyed {
+		keySlot = sess.wroteSlot - 1 // WAIT, WAITAOF; -1: any primary
+	}
 	return sess.srv.router.BackendFor(keySlot)
+}
+
+// clusterWrote notes the slot of a write's last key: WAIT and WAITAOF
+// in cluster mode go to the node owning it. Redis Cluster clients do the
+// same, sending WAIT on the connection (the node) of the write they want
+// replicated; a client whose writes went to several nodes learns about
+// the last one only.
+func (sess *Session) clusterWrote(cmd *commands.Command, args [][]byte) {
+	var buf [8]int
+	if keys := cmd.Keys(args, buf[:0]); len(keys) > 0 {
+		sess.wroteSlot = cluster.Slot(args[keys[len(keys)-1]]) + 1
+	}
+}
+
+// clusterWaitMarker is, for WAIT and WAITAOF on node b in cluster mode,
+// the write that makes the waiting connection's replication offset cover
+// every write the node took before it (see blocking): in cluster mode
+// Redis does not replicate PUBLISH, so the marker writes and deletes a key
+// of the proxy's in the slot of the client's last write, in one
+// transaction, which replicates as one entry and leaves nothing behind.
+func (sess *Session) clusterWaitMarker() [][]byte {
+	slot := sess.wroteSlot - 1
+	if slot < 0 {
+		return nil // nothing written: WAIT answers at once anyway
+	}
+	key := cluster.KeyInSlot("__redproxy__:wait-mark:", slot)
+	return [][]byte{
+		resp.AppendCommandStrings(nil, "MULTI"),
+		resp.AppendCommandStrings(nil, "SET", key, ""),
+		resp.AppendCommandStrings(nil, "DEL", key),
+		resp.AppendCommandStrings(nil, "EXEC"),
+	}
 }
 
 // clusterPinnedReply turns a MOVED or ASK read on a pinned connection into

@@ -223,3 +223,81 @@ func TestClusterPubSub(t *testing.T) {
 		}
 	})
 }
+
+// replicaOf is the replica of the primary at addr.
+func replicaOf(t *testing.T, c *redistest.Cluster, addr string) *redistest.Server {
+	t.Helper()
+	for _, r := range c.Replicas(t) {
+		role, err := r.Client(t).Do(context.Background(), "ROLE").Slice()
+		if err != nil || len(role) < 3 {
+			continue
+		}
+		if fmt.Sprintf("%v:%v", role[1], role[2]) == addr {
+			return r
+		}
+	}
+	t.Fatalf("no replica of %s", addr)
+	return nil
+}
+
+// TestClusterWait: WAIT goes to the node of the client's last write and
+// counts that node's replicas having that write; a frozen replica of
+// another node does not matter, a frozen replica of that node does.
+func TestClusterWait(t *testing.T) {
+	c, p := startPubSubClusterProxy(t, 1)
+	ctx := context.Background()
+	rc := p.Client(t)
+	m := p.Router().Map()
+	key := "wait:a"
+	owner := m.Owner(cluster.Slot([]byte(key)))
+	var other string
+	for _, a := range m.Primaries() {
+		if a != owner {
+			other = a
+			break
+		}
+	}
+	if err := rc.Set(ctx, key, "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := rc.Wait(ctx, 1, 5*time.Second).Result(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1 after a write = %d, %v; want 1 (one replica per primary)", n, err)
+	}
+
+	// Another node's replica stopped: not the one WAIT asks about.
+	otherReplica := replicaOf(t, c, other)
+	otherReplica.Freeze(t)
+	if err := rc.Set(ctx, key, "2", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := rc.Wait(ctx, 1, 5*time.Second).Result(); err != nil || n != 1 {
+		t.Fatalf("WAIT with another node's replica frozen = %d, %v; want 1", n, err)
+	}
+	otherReplica.Thaw(t)
+
+	// The written node's replica stopped: the write cannot have reached
+	// it, and WAIT says so.
+	replica := replicaOf(t, c, owner)
+	replica.Freeze(t)
+	if err := rc.Set(ctx, key, "3", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := rc.Wait(ctx, 1, 300*time.Millisecond).Result(); err != nil || n != 0 {
+		replica.Thaw(t)
+		t.Fatalf("WAIT with the written node's replica frozen = %d, %v; want 0", n, err)
+	}
+	replica.Thaw(t)
+	if n, err := rc.Wait(ctx, 1, 5*time.Second).Result(); err != nil || n != 1 {
+		t.Fatalf("WAIT after the replica resumed = %d, %v; want 1", n, err)
+	}
+	// The marker leaves no key behind.
+	for _, n := range c.Primaries(t) {
+		if keys := n.Client(t).Keys(ctx, "__redproxy__*").Val(); len(keys) != 0 {
+			t.Fatalf("%s keeps the proxy's keys %v", n.Addr(), keys)
+		}
+	}
+	// No write yet on a connection: WAIT answers from any primary.
+	if n, err := p.Client(t).Wait(ctx, 1, 5*time.Second).Result(); err != nil || n != 1 {
+		t.Fatalf("WAIT before any write = %d, %v; want 1", n, err)
+	}
+}

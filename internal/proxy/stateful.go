@@ -517,8 +517,17 @@ func (sess *Session) blocking(r *request) {
 		// replicas (or the AOF). The client's writes went over other
 		// connections, so first make this connection's last write one that
 		// Redis propagates after all of them: a PUBLISH to a proxy channel.
-		call.Add(cmdWaitMarker)
-		first++
+		if sess.srv.router == nil {
+			call.Add(cmdWaitMarker)
+			first++
+		} else if borrowed {
+			// (A pinned connection under WATCH carries the client's
+			// writes itself; a MULTI of the marker's would end the WATCH.)
+			for _, mark := range sess.clusterWaitMarker() {
+				call.Add(mark)
+				first++
+			}
+		}
 	}
 	call.Add(raw)
 	if named {
