@@ -137,7 +137,13 @@ func NewServer(o Options) (*Server, error) {
 		s.upstreamAddr = addr
 	}
 	s.backend = upstream.NewBackend(s.backendOptions(cfg, addr))
-	s.backend.RegisterMetrics(o.Metrics.Registry)
+	if s.router == nil {
+		s.backend.RegisterMetrics(o.Metrics.Registry)
+	} else {
+		// Per node, labelled with it; the admin backend above is not
+		// counted (its series would collide with its node's).
+		o.Metrics.Registry.MustRegister(s.router)
+	}
 	// The features the data path consults (hooks.go), each built from its
 	// part of the configuration, in this order. None reads another's state
 	// while it is built; the backend comes first because the local tier
