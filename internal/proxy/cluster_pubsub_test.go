@@ -301,3 +301,84 @@ func TestClusterWait(t *testing.T) {
 		t.Fatalf("WAIT before any write = %d, %v; want 1", n, err)
 	}
 }
+
+// TestClusterMonitor: MONITOR in cluster mode shows the commands of every
+// primary on one connection; the connection takes only QUIT, and it is
+// closed when a watched node goes away.
+func TestClusterMonitor(t *testing.T) {
+	c, p := startPubSubClusterProxy(t, 0)
+	ctx := context.Background()
+	rc := p.Client(t)
+	m := p.Router().Map()
+	// One key per primary.
+	keyOf := map[string]string{}
+	for i := 0; len(keyOf) < len(m.Primaries()); i++ {
+		k := fmt.Sprintf("mon:%d", i)
+		if o := m.Owner(cluster.Slot([]byte(k))); keyOf[o] == "" {
+			keyOf[o] = k
+		}
+	}
+	for _, proto := range []string{"2", "3"} {
+		t.Run("RESP"+proto, func(t *testing.T) {
+			mon := dialRaw(t, p.Addr)
+			if proto == "3" {
+				mon.do("HELLO", "3")
+			}
+			if got := mon.do("MONITOR"); got != "OK" {
+				t.Fatalf("MONITOR: %v", got)
+			}
+			want := map[string]bool{}
+			for _, k := range keyOf {
+				if err := rc.Set(ctx, k, "v"+proto, 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+				want[k] = true
+			}
+			for len(want) > 0 {
+				line := readMessage(t, mon)
+				for k := range want {
+					if strings.Contains(line, `"SET" "`+k+`" "v`+proto+`"`) || strings.Contains(line, `"set" "`+k+`" "v`+proto+`"`) {
+						delete(want, k)
+					}
+				}
+			}
+			mon.send([]string{"PING"})
+			// Lines may precede the answer.
+			for {
+				got := readMessage(t, mon)
+				if strings.Contains(got, "accepts only QUIT") {
+					break
+				}
+				if !strings.Contains(got, `"`) {
+					t.Fatalf("PING on a cluster MONITOR: %s", got)
+				}
+			}
+			mon.send([]string{"QUIT"})
+			for {
+				got := readMessage(t, mon)
+				if got == "OK" {
+					break
+				}
+				if !strings.Contains(got, `"`) {
+					t.Fatalf("QUIT on a cluster MONITOR: %s", got)
+				}
+			}
+		})
+	}
+	t.Run("NodeGone", func(t *testing.T) {
+		mon := dialRaw(t, p.Addr)
+		if got := mon.do("MONITOR"); got != "OK" {
+			t.Fatalf("MONITOR: %v", got)
+		}
+		nodeAt(t, c, m.Primaries()[1]).Kill(t)
+		mon.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		for {
+			if _, err := mon.rd.ReadString('\n'); err != nil {
+				if err != io.EOF {
+					t.Fatalf("monitor of a killed node: %v, want EOF", err)
+				}
+				break
+			}
+		}
+	})
+}
