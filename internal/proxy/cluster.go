@@ -121,7 +121,7 @@ func (sess *Session) clusterStep(r *request) bool {
 		return false
 	case "client|tracking", "client|no-touch":
 		if len(args) > 2 && strings.EqualFold(string(args[2]), "on") {
-			sess.replyLocal(m, errClusterUnsupported(cmd.Name))
+			sess.replyLocal(m, errClusterTracking(cmd.Name))
 			return true
 		}
 		return false
@@ -381,6 +381,15 @@ func (sess *Session) clusterBlockedReply(reply []byte, from *upstream.Backend, b
 
 func errClusterUnsupported(name string) []byte {
 	return []byte("-ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + " is not supported in cluster mode yet\r\n")
+}
+
+// errClusterTracking refuses CLIENT TRACKING ON and CLIENT NO-TOUCH ON:
+// both turn a client into a relay on one connection, and in cluster mode
+// the client's keys live on every node, so one node's invalidations (or
+// one node's untouched keys) would be a silent fraction of the truth.
+func errClusterTracking(name string) []byte {
+	return []byte("-ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) +
+		" is not supported in cluster mode: it is per connection and node, and the client's keys are on every node\r\n")
 }
 
 func errClusterInTx(name string) []byte {

@@ -72,7 +72,7 @@ func (sess *Session) relayMisrouted(args [][]byte) string {
 		return "ERR redproxy: " + shown + " on a subscribed connection would reach one node of the cluster only; use another connection"
 	case name == "client|tracking" || name == "client|no-touch":
 		if len(args) > 2 && strings.EqualFold(string(args[2]), "on") {
-			return strings.TrimSuffix(strings.TrimPrefix(string(errClusterUnsupported(name)), "-"), "\r\n")
+			return strings.TrimSuffix(strings.TrimPrefix(string(errClusterTracking(name)), "-"), "\r\n")
 		}
 		return ""
 	case name == "sunsubscribe":
