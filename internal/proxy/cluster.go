@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"strconv"
 	"strings"
 
@@ -358,6 +359,13 @@ func (sess *Session) clusterPinnedReply(reply []byte, exec bool) []byte {
 	}
 	if exec {
 		return []byte("-EXECABORT Transaction discarded because slot " + strconv.Itoa(moved) + " moved to another node during it; retry the transaction\r\n")
+	}
+	if bytes.HasPrefix(reply, []byte("-ASK ")) {
+		// The slot is being migrated and this key has left the node
+		// already. Replaying the transaction on the importing node with
+		// ASKING is not done: its other keys may still be here, where
+		// the importing node would see them missing (docs/COMPATIBILITY.md).
+		return []byte("-ERR redproxy: slot " + strconv.Itoa(moved) + " is being migrated and this key already left the transaction's node, so the transaction will fail; retry it once the migration ends\r\n")
 	}
 	return []byte("-ERR redproxy: slot " + strconv.Itoa(moved) + " moved to another node during the transaction, which will fail; retry the transaction\r\n")
 }

@@ -382,3 +382,69 @@ func TestClusterMonitor(t *testing.T) {
 		}
 	})
 }
+
+// TestClusterTransactionDuringMigration: with a slot MIGRATING on its
+// owner and IMPORTING on another node, a transaction on a key still on the
+// owner runs; one on a key that already left gets the documented error
+// and EXECABORT (never ASK); once the migration ends, it runs on the new
+// owner.
+func TestClusterTransactionDuringMigration(t *testing.T) {
+	c, p := startPubSubClusterProxy(t, 0)
+	ctx := context.Background()
+	rc := p.Client(t)
+	moved, stays := "{mig}moved", "{mig}stays"
+	s := cluster.Slot([]byte(moved))
+	src := nodeAt(t, c, p.Router().Map().Owner(s))
+	var dst *redistest.Server
+	for _, n := range c.Primaries(t) {
+		if n != src {
+			dst = n
+			break
+		}
+	}
+	for _, k := range []string{moved, stays} {
+		if err := rc.Set(ctx, k, "1", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sc, dc := src.Client(t), dst.Client(t)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(dc.Do(ctx, "CLUSTER", "SETSLOT", s, "IMPORTING", nodeID(t, src)).Err())
+	must(sc.Do(ctx, "CLUSTER", "SETSLOT", s, "MIGRATING", nodeID(t, dst)).Err())
+	must(sc.Do(ctx, "MIGRATE", "127.0.0.1", dst.Port(), "", 0, 5000, "KEYS", moved).Err())
+
+	tx := func(key string) (queued, exec error) {
+		conn := rc.Conn()
+		defer conn.Close()
+		must(conn.Do(ctx, "MULTI").Err())
+		queued = conn.Do(ctx, "INCR", key).Err()
+		exec = conn.Do(ctx, "EXEC").Err()
+		return queued, exec
+	}
+	if q, e := tx(stays); q != nil || e != nil {
+		t.Fatalf("transaction on a key still on the migrating node: %v, %v", q, e)
+	}
+	q, e := tx(moved)
+	if q == nil || !strings.Contains(q.Error(), "is being migrated") || e == nil || !strings.HasPrefix(e.Error(), "EXECABORT") {
+		t.Fatalf("transaction on a key that left: queued %v, EXEC %v; want the migration error and EXECABORT", q, e)
+	}
+	// Outside a transaction the proxy follows ASK itself.
+	if v, err := rc.Incr(ctx, moved).Result(); err != nil || v != 2 {
+		t.Fatalf("INCR of the migrated key = %d, %v", v, err)
+	}
+	for _, n := range c.Primaries(t) {
+		must(n.Client(t).Do(ctx, "CLUSTER", "SETSLOT", s, "NODE", nodeID(t, dst)).Err())
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		q, e := tx(moved)
+		return q == nil && e == nil
+	}, "the transaction never ran on the slot's new owner")
+	if v := dc.Get(ctx, moved).Val(); v != "3" {
+		t.Fatalf("%s = %q on its new owner, want 3", moved, v)
+	}
+}
