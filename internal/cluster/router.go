@@ -223,6 +223,9 @@ func (r *Router) dropDeparted(m *Map) {
 	for _, n := range gone {
 		n.once.Do(func() {})
 		if b := n.b.Load(); b != nil {
+			// Transactions and relays there end: their clients see the
+			// connection lost, as when a node dies.
+			b.CutDedicated()
 			b.Close()
 		}
 	}

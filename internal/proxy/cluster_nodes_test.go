@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"io"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -77,6 +78,15 @@ func TestClusterNodeLeaves(t *testing.T) {
 		t.Fatal("the proxy has no connection to the node before it leaves")
 	}
 
+	// A sharded subscriber on the node: it hears its slot leave (Redis's
+	// sunsubscribe) and, when the node leaves, its connection closes.
+	ch := channelOn(t, p, "leaving", victim.Addr(), true)
+	sub := dialRaw(t, p.Addr)
+	sub.send([]string{"SSUBSCRIBE", ch})
+	if got := readMessage(t, sub); got != "[ssubscribe "+ch+" 1]" {
+		t.Fatalf("SSUBSCRIBE: %s", got)
+	}
+
 	// Its (empty) slots go to dst, then everyone forgets it.
 	dstID, victimID := nodeID(t, dst), nodeID(t, victim)
 	var slots []int
@@ -129,6 +139,13 @@ func TestClusterNodeLeaves(t *testing.T) {
 		return proxyClients(t, victim) == 0
 	}, "the proxy keeps connections to a node that left the cluster (router nodes %v; the cluster as %s sees it: %v)",
 		lazyNodes{p}, dst.Addr(), lazyClusterNodes{t, dst})
+	if got := readMessage(t, sub); got != "[sunsubscribe "+ch+" 0]" {
+		t.Fatalf("subscriber after its slot moved: %s", got)
+	}
+	sub.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := sub.rd.ReadByte(); err != io.EOF {
+		t.Fatalf("subscriber on a node that left: read = %v, want EOF", err)
+	}
 	text = scrape(t, p)
 	if got := nodeSeries(text, "redproxy_upstream", victim.Addr()); len(got) != 0 {
 		t.Fatalf("series of the departed node remain: %v", got)

@@ -420,6 +420,11 @@ func (b *Backend) switchGen(opt BackendOptions, failover bool) {
 	b.Pool(0, true)
 }
 
+// CutDedicated severs every dedicated pipe and relay in use, as Failover
+// does: for a server that is gone for good (a node that left its cluster),
+// whose clients must see the loss rather than talk on to it.
+func (b *Backend) CutDedicated() { b.cutDedicated(nil) }
+
 // cutDedicated severs the dedicated pipes and relays in use that were
 // dialled before the generation cur. Their users see ErrConnLost (pipes) or
 // a closed connection (relays) and release them as usual.
