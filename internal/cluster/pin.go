@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 
+	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -34,6 +35,10 @@ func (r *Router) BackendFor(slot int) (*upstream.Backend, error) {
 	}
 	return r.backend(addr), nil
 }
+
+// NodeBackend is the connections of the node at addr, dialled on first
+// use; for a client that needs every primary (MONITOR).
+func (r *Router) NodeBackend(addr string) *upstream.Backend { return r.backend(addr) }
 
 // Redirected reports whether reply, read from the node at from, is a MOVED
 // or ASK, and which slot it names. A MOVED updates the slot map, so the
@@ -70,6 +75,26 @@ func (r *Router) Redirected(reply []byte, from string) (slot int, ok bool) {
 func Whole(name string) bool {
 	_, ok := fanOut[name]
 	return ok || name == "scan"
+}
+
+// SlotArgs appends the indices of the arguments of args that decide which
+// node serves the command: its keys, or the channels of the sharded
+// pub/sub commands, which Redis hashes like keys but the command table
+// does not list as keys.
+func SlotArgs(cmd *commands.Command, args [][]byte, dst []int) []int {
+	switch cmd.Name {
+	case "ssubscribe", "sunsubscribe":
+		for i := 1; i < len(args); i++ {
+			dst = append(dst, i)
+		}
+		return dst
+	case "spublish":
+		if len(args) > 1 {
+			dst = append(dst, 1)
+		}
+		return dst
+	}
+	return cmd.Keys(args, dst)
 }
 
 // CrossSlot is Redis Cluster's reply to keys of different slots.

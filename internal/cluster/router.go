@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
@@ -56,7 +58,7 @@ type Router struct {
 // node is one cluster node's shared connections, dialled on first use.
 type node struct {
 	once sync.Once
-	b    *upstream.Backend
+	b    atomic.Pointer[upstream.Backend] // nil until dialled
 }
 
 const (
@@ -133,6 +135,7 @@ func (r *Router) Refresh() error {
 		r.log.Info("cluster: slot map loaded", "primaries", m.Primaries())
 	}
 	r.m.Store(m)
+	r.dropDeparted(m)
 	return nil
 }
 
@@ -193,9 +196,83 @@ func (r *Router) backend(addr string) *upstream.Backend {
 	n.once.Do(func() {
 		o := r.opt.Backend
 		o.Addr = addr
-		n.b = upstream.NewBackend(o)
+		n.b.Store(upstream.NewBackend(o))
 	})
-	return n.b
+	return n.b.Load()
+}
+
+// dropDeparted closes the connections of the nodes m no longer names
+// (removed with CLUSTER FORGET, or gone from every node's view), so the
+// proxy stops dialling them and their metrics go away. A node that comes
+// back is dialled afresh when a map or a redirection names it again.
+func (r *Router) dropDeparted(m *Map) {
+	keep := map[string]bool{}
+	for _, a := range m.nodes() {
+		keep[a] = true
+	}
+	var gone []*node
+	var addrs []string
+	r.nodesMu.Lock()
+	for a, n := range r.nodes {
+		if !keep[a] {
+			gone = append(gone, n)
+			addrs = append(addrs, a)
+			delete(r.nodes, a)
+		}
+	}
+	r.nodesMu.Unlock()
+	if len(gone) == 0 {
+		return
+	}
+	r.log.Info("cluster: nodes left the slot map; closing their connections", "nodes", addrs)
+	for _, n := range gone {
+		n.once.Do(func() {})
+		if b := n.b.Load(); b != nil {
+			// Transactions and relays there end: their clients see the
+			// connection lost, as when a node dies.
+			b.CutDedicated()
+			b.Close()
+		}
+	}
+}
+
+// Nodes are the addresses of the nodes the Router has connections for,
+// in no particular order.
+func (r *Router) Nodes() []string {
+	r.nodesMu.Lock()
+	defer r.nodesMu.Unlock()
+	out := make([]string, 0, len(r.nodes))
+	for a, n := range r.nodes {
+		if n.b.Load() != nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// Describe and Collect make the Router a Prometheus collector of every
+// node's upstream metrics, labelled with the node: the nodes of the slot
+// map only, so the series are bounded by the cluster's size, and a
+// departed node's series end with it (dropDeparted).
+func (r *Router) Describe(ch chan<- *prometheus.Desc) { upstream.DescribeNodeMetrics(ch) }
+
+// Collect: see Describe.
+func (r *Router) Collect(ch chan<- prometheus.Metric) {
+	type live struct {
+		addr string
+		b    *upstream.Backend
+	}
+	var nodes []live
+	r.nodesMu.Lock()
+	for a, n := range r.nodes {
+		if b := n.b.Load(); b != nil {
+			nodes = append(nodes, live{a, b})
+		}
+	}
+	r.nodesMu.Unlock()
+	for _, n := range nodes {
+		n.b.CollectNodeMetrics(ch, n.addr)
+	}
 }
 
 // Ready reports whether a complete slot map is loaded and every primary in
@@ -227,8 +304,8 @@ func (r *Router) Close() {
 	r.nodesMu.Unlock()
 	for _, n := range nodes {
 		n.once.Do(func() {})
-		if n.b != nil {
-			n.b.Close()
+		if b := n.b.Load(); b != nil {
+			b.Close()
 		}
 	}
 }
@@ -442,7 +519,7 @@ func (b *batch) plan(i int, raw []byte) {
 		}
 		return
 	}
-	b.keys = cmd.Keys(b.args, b.keys[:0])
+	b.keys = SlotArgs(cmd, b.args, b.keys[:0])
 	if len(b.keys) == 0 {
 		b.add(o, sub{raw: raw, slot: -1, sha: b.r.scripts.note(name, b.args)})
 		return

@@ -5,6 +5,11 @@
 // commands back in the client's order (router.go).
 package cluster
 
+import (
+	"strconv"
+	"sync"
+)
+
 // Slots is the number of hash slots of a Redis Cluster.
 const Slots = 16384
 
@@ -53,4 +58,26 @@ func Slot(key []byte) int {
 		break
 	}
 	return int(crc16(key) & (Slots - 1))
+}
+
+// tagsBySlot[s] is a short hash tag whose slot is s, built on first use.
+var (
+	tagsOnce   sync.Once
+	tagsBySlot [Slots]string
+)
+
+// KeyInSlot is a key made of prefix and a hash tag, whose slot is s: for
+// a key of the proxy's own that must live on the node owning s.
+func KeyInSlot(prefix string, s int) string {
+	tagsOnce.Do(func() {
+		left := Slots
+		for i := 0; left > 0; i++ {
+			tag := strconv.FormatInt(int64(i), 36)
+			if k := crc16([]byte(tag)) & (Slots - 1); tagsBySlot[k] == "" {
+				tagsBySlot[k] = tag
+				left--
+			}
+		}
+	})
+	return prefix + "{" + tagsBySlot[s] + "}"
 }

@@ -49,3 +49,14 @@ func TestSlotMatchesRedis(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyInSlot: the proxy's key for a slot hashes to that slot, for every
+// slot (WAIT's marker depends on it).
+func TestKeyInSlot(t *testing.T) {
+	for s := range Slots {
+		k := KeyInSlot("__redproxy__:wait-mark:", s)
+		if got := Slot([]byte(k)); got != s {
+			t.Fatalf("KeyInSlot(%d) = %q, in slot %d", s, k, got)
+		}
+	}
+}

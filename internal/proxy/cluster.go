@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"strconv"
 	"strings"
 
@@ -64,8 +65,8 @@ type clusterQueued struct {
 // clusterStep answers, in cluster mode, the commands that cannot go
 // through the router as they are: SELECT of another database, the
 // commands of a transaction (pinned on the node owning its slot), blocking
-// commands (borrowing a connection on the node owning their slot), and
-// relays, which cluster mode does not support yet.
+// commands (borrowing a connection on the node owning their slot), and the
+// relays whose node depends on their arguments (cluster_relay.go).
 func (sess *Session) clusterStep(r *request) bool {
 	if sess.cmulti.open {
 		return sess.clusterQueue(r)
@@ -111,12 +112,17 @@ func (sess *Session) clusterStep(r *request) bool {
 		}
 		sess.pinForOn(r, b, keySlot)
 		return true
-	case "subscribe", "psubscribe", "ssubscribe", "monitor":
-		sess.replyLocal(m, errClusterUnsupported(cmd.Name))
-		return true
+	case "ssubscribe":
+		// The relay goes to the node of the channels' slot, which must
+		// be one (cluster_relay.go).
+		if _, keyed, same := sess.keySlot(r); keyed && !same {
+			sess.replyLocal(m, cluster.CrossSlot())
+			return true
+		}
+		return false
 	case "client|tracking", "client|no-touch":
 		if len(args) > 2 && strings.EqualFold(string(args[2]), "on") {
-			sess.replyLocal(m, errClusterUnsupported(cmd.Name))
+			sess.replyLocal(m, errClusterTracking(cmd.Name))
 			return true
 		}
 		return false
@@ -126,6 +132,8 @@ func (sess *Session) clusterStep(r *request) bool {
 		// slot (dedicatedBackend); a keyless one (WAIT) has no node.
 		_, keyed, same := sess.keySlot(r)
 		switch {
+		case !keyed && (cmd.Name == "wait" || cmd.Name == "waitaof"):
+			return false // on the node of the client's last write
 		case !keyed:
 			sess.replyLocal(m, errClusterUnsupported(cmd.Name))
 			return true
@@ -141,7 +149,7 @@ func (sess *Session) clusterStep(r *request) bool {
 // keys, same is false when they do not all hash to one slot.
 func (sess *Session) keySlot(r *request) (keySlot int, keyed, same bool) {
 	var buf [8]int
-	keys := r.cmd.Keys(r.Args, buf[:0])
+	keys := cluster.SlotArgs(r.cmd, r.Args, buf[:0])
 	if len(keys) == 0 {
 		return -1, false, true
 	}
@@ -303,8 +311,43 @@ func (sess *Session) dedicatedBackend(r *request) (*upstream.Backend, error) {
 	if sess.srv.router == nil {
 		return sess.backend(), nil
 	}
-	keySlot, _, _ := sess.keySlot(r)
+	keySlot, keyed, _ := sess.keySlot(r)
+	if !keyed {
+		keySlot = sess.wroteSlot - 1 // WAIT, WAITAOF; -1: any primary
+	}
 	return sess.srv.router.BackendFor(keySlot)
+}
+
+// clusterWrote notes the slot of a write's last key: WAIT and WAITAOF
+// in cluster mode go to the node owning it. Redis Cluster clients do the
+// same, sending WAIT on the connection (the node) of the write they want
+// replicated; a client whose writes went to several nodes learns about
+// the last one only.
+func (sess *Session) clusterWrote(cmd *commands.Command, args [][]byte) {
+	var buf [8]int
+	if keys := cmd.Keys(args, buf[:0]); len(keys) > 0 {
+		sess.wroteSlot = cluster.Slot(args[keys[len(keys)-1]]) + 1
+	}
+}
+
+// clusterWaitMarker is, for WAIT and WAITAOF on node b in cluster mode,
+// the write that makes the waiting connection's replication offset cover
+// every write the node took before it (see blocking): in cluster mode
+// Redis does not replicate PUBLISH, so the marker writes and deletes a key
+// of the proxy's in the slot of the client's last write, in one
+// transaction, which replicates as one entry and leaves nothing behind.
+func (sess *Session) clusterWaitMarker() [][]byte {
+	slot := sess.wroteSlot - 1
+	if slot < 0 {
+		return nil // nothing written: WAIT answers at once anyway
+	}
+	key := cluster.KeyInSlot("__redproxy__:wait-mark:", slot)
+	return [][]byte{
+		resp.AppendCommandStrings(nil, "MULTI"),
+		resp.AppendCommandStrings(nil, "SET", key, ""),
+		resp.AppendCommandStrings(nil, "DEL", key),
+		resp.AppendCommandStrings(nil, "EXEC"),
+	}
 }
 
 // clusterPinnedReply turns a MOVED or ASK read on a pinned connection into
@@ -319,6 +362,13 @@ func (sess *Session) clusterPinnedReply(reply []byte, exec bool) []byte {
 	}
 	if exec {
 		return []byte("-EXECABORT Transaction discarded because slot " + strconv.Itoa(moved) + " moved to another node during it; retry the transaction\r\n")
+	}
+	if bytes.HasPrefix(reply, []byte("-ASK ")) {
+		// The slot is being migrated and this key has left the node
+		// already. Replaying the transaction on the importing node with
+		// ASKING is not done: its other keys may still be here, where
+		// the importing node would see them missing (docs/COMPATIBILITY.md).
+		return []byte("-ERR redproxy: slot " + strconv.Itoa(moved) + " is being migrated and this key already left the transaction's node, so the transaction will fail; retry it once the migration ends\r\n")
 	}
 	return []byte("-ERR redproxy: slot " + strconv.Itoa(moved) + " moved to another node during the transaction, which will fail; retry the transaction\r\n")
 }
@@ -342,6 +392,15 @@ func (sess *Session) clusterBlockedReply(reply []byte, from *upstream.Backend, b
 
 func errClusterUnsupported(name string) []byte {
 	return []byte("-ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + " is not supported in cluster mode yet\r\n")
+}
+
+// errClusterTracking refuses CLIENT TRACKING ON and CLIENT NO-TOUCH ON:
+// both turn a client into a relay on one connection, and in cluster mode
+// the client's keys live on every node, so one node's invalidations (or
+// one node's untouched keys) would be a silent fraction of the truth.
+func errClusterTracking(name string) []byte {
+	return []byte("-ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) +
+		" is not supported in cluster mode: it is per connection and node, and the client's keys are on every node\r\n")
 }
 
 func errClusterInTx(name string) []byte {

@@ -209,8 +209,10 @@ func TestClusterMode(t *testing.T) {
 		if err := rc.Do(ctx, "ASKING").Err(); err != nil {
 			t.Errorf("ASKING: %v", err)
 		}
-		if err := rc.Do(ctx, "MONITOR").Err(); err == nil || !strings.Contains(err.Error(), "not supported in cluster mode") {
-			t.Errorf("MONITOR: %v", err)
+		// Tracking is per connection and node: refused, with the reason
+		// (docs/COMPATIBILITY.md). MONITOR: TestClusterMonitor.
+		if err := rc.Do(ctx, "CLIENT", "TRACKING", "ON").Err(); err == nil || !strings.Contains(err.Error(), "CLIENT TRACKING is not supported in cluster mode") {
+			t.Errorf("CLIENT TRACKING ON: %v", err)
 		}
 	})
 

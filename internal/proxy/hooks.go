@@ -23,6 +23,9 @@ import "github.com/redproxy/redproxy/internal/commands"
 
 // writeForwarded is called for every write before it is sent upstream.
 func (sess *Session) writeForwarded(cmd *commands.Command, args [][]byte) {
+	if sess.srv.router != nil {
+		sess.clusterWrote(cmd, args)
+	}
 	sess.tierWriteForwarded(cmd, args)
 	sess.flightWriteForwarded(cmd, args)
 	if sess.pin.pipe != nil || sess.cur.blocking {

@@ -140,7 +140,8 @@ func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 	if u.Mode == config.ModeCluster {
 		o := opts("", u.Username, u.Password)
 		t.router = cluster.New(cluster.Options{Seeds: u.Seeds, Backend: o, Table: s.table, Logger: s.log.With("upstream", t.name)})
-		return nil
+		// Per node, as a cluster [upstream]'s, and with the upstream's name.
+		return reg.Register(t.router)
 	}
 	addr := u.Address
 	if u.Mode == config.ModeSentinel {
@@ -507,14 +508,6 @@ func (sess *Session) placeRouteMulti(r *request, up int) bool {
 	clear(cm.queued)
 	*cm = clusterMulti{queued: cm.queued[:0]}
 	return false
-}
-
-// relayBackend is where the client's relay connection comes from.
-func (sess *Session) relayBackend() (*upstream.Backend, error) {
-	if sess.srv.routes == nil {
-		return sess.backend(), nil
-	}
-	return sess.backendFor(sess.route.relay)
 }
 
 // routeRelayDenied refuses a command of a relayed client whose keys or

@@ -143,10 +143,15 @@ func NewServer(o Options) (*Server, error) {
 		s.upstreamAddr = addr
 	}
 	s.backend = upstream.NewBackend(s.backendOptions(cfg, addr))
-	if cfg.Routed() {
+	switch {
+	case s.router != nil:
+		// Per node, labelled with it; the admin backend above is not
+		// counted (its series would collide with its node's).
+		o.Metrics.Registry.MustRegister(s.router)
+	case cfg.Routed():
 		// Every upstream's connection metrics carry its name (routes.go).
 		s.backend.RegisterMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"upstream": config.DefaultUpstream}, o.Metrics.Registry))
-	} else {
+	default:
 		s.backend.RegisterMetrics(o.Metrics.Registry)
 	}
 	// The features the data path consults (hooks.go), each built from its

@@ -73,8 +73,14 @@ type Session struct {
 	cmulti clusterMulti
 	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
 	relayInMulti bool
-	block        blockState
-	guard        guard.Batch // the guard's decisions for the batch (guard.go)
+	// relayNode is, in cluster mode, the node a relayed client's
+	// connection is on (relayBackend); "" otherwise.
+	relayNode string
+	// wroteSlot is, in cluster mode, 1 + the slot of the client's last
+	// write, where its WAIT goes (clusterWaitBackend); 0: none yet.
+	wroteSlot int
+	block     blockState
+	guard     guard.Batch // the guard's decisions for the batch (guard.go)
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
 	tierWrites localcache.Writes

@@ -517,8 +517,17 @@ func (sess *Session) blocking(r *request) {
 		// replicas (or the AOF). The client's writes went over other
 		// connections, so first make this connection's last write one that
 		// Redis propagates after all of them: a PUBLISH to a proxy channel.
-		call.Add(cmdWaitMarker)
-		first++
+		if sess.srv.router == nil {
+			call.Add(cmdWaitMarker)
+			first++
+		} else if borrowed {
+			// (A pinned connection under WATCH carries the client's
+			// writes itself; a MULTI of the marker's would end the WATCH.)
+			for _, mark := range sess.clusterWaitMarker() {
+				call.Add(mark)
+				first++
+			}
+		}
 	}
 	call.Add(raw)
 	if named {
@@ -710,7 +719,10 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	reqs, m := sess.batchReqs[r.i:], r.m
 	sess.slowExempt = true
 	sess.flush(time.Now())
-	b, err := sess.relayBackend()
+	if kind == relayMonitor && sess.srv.router != nil {
+		return sess.clusterMonitor(r)
+	}
+	b, err := sess.relayBackend(r)
 	var up net.Conn
 	if err == nil {
 		up, err = b.AcquireConn(sess.db, sess.resp3, sess.name)
@@ -954,6 +966,11 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 	}
 	if msg := sess.nsRelayRefusal(i); msg != "" {
 		return refuse(out, msg)
+	}
+	if msg := sess.relayMisrouted(r.Args); msg != "" {
+		// Unknown to Redis, so refused in order in any context, even
+		// RESP2's subscribed one (where a script would not run).
+		return appendQueueRefusal(out, msg)
 	}
 	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") {
 		// Proxy client ids and addresses cannot be translated in flight

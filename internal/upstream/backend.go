@@ -420,6 +420,11 @@ func (b *Backend) switchGen(opt BackendOptions, failover bool) {
 	b.Pool(0, true)
 }
 
+// CutDedicated severs every dedicated pipe and relay in use, as Failover
+// does: for a server that is gone for good (a node that left its cluster),
+// whose clients must see the loss rather than talk on to it.
+func (b *Backend) CutDedicated() { b.cutDedicated(nil) }
+
 // cutDedicated severs the dedicated pipes and relays in use that were
 // dialled before the generation cur. Their users see ErrConnLost (pipes) or
 // a closed connection (relays) and release them as usual.
@@ -535,45 +540,76 @@ func (b *Backend) RegisterMetrics(reg prometheus.Registerer) {
 
 type backendCollector struct{ b *Backend }
 
-var (
-	descUp       = prometheus.NewDesc("redproxy_upstream_connections_up", "Shared upstream connections currently established.", []string{"db", "protocol"}, nil)
-	descPending  = prometheus.NewDesc("redproxy_upstream_queue_depth", "Client batches sent or queued on shared upstream connections and not yet answered.", []string{"db", "protocol"}, nil)
-	descFailures = prometheus.NewDesc("redproxy_upstream_connection_failures_total", "Shared upstream connections lost (errors, timeouts, Redis going away).", []string{"db", "protocol"}, nil)
-	descTimeouts = prometheus.NewDesc("redproxy_upstream_timeouts_total", "Shared upstream connections closed because Redis answered nothing, not even a PING on a fresh connection, for upstream.dead_timeout.", []string{"db", "protocol"}, nil)
-	descOverdue  = prometheus.NewDesc("redproxy_upstream_overdue_replies_total", "Times a shared upstream connection's oldest reply took longer than upstream.reply_timeout and Redis was probed (slow command, busy script, CLIENT PAUSE, or a dead server).", []string{"db", "protocol"}, nil)
-	descDials    = prometheus.NewDesc("redproxy_upstream_dials_total", "Connection attempts to Redis.", []string{"db", "protocol"}, nil)
-	descPinned   = prometheus.NewDesc("redproxy_upstream_dedicated_connections", "Dedicated upstream connections in use (transactions, blocking commands, pub/sub, MONITOR).", nil, nil)
-	descCommands = prometheus.NewDesc("redproxy_upstream_commands_total", "Commands written to Redis on shared connections.", []string{"db", "protocol"}, nil)
-)
+// backendDescs are the upstream metrics of one backend; labelled with the
+// node as well in cluster mode (NodeMetrics), where a backend is a node.
+type backendDescs struct {
+	up, pending, failures, timeouts, overdue, dials, pinned, commands *prometheus.Desc
+}
 
-func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descPinned
-	for _, d := range []*prometheus.Desc{descUp, descPending, descFailures, descTimeouts, descOverdue, descDials, descCommands} {
-		ch <- d
+func newBackendDescs(node bool) *backendDescs {
+	var first []string
+	if node {
+		first = []string{"node"}
+	}
+	labels := append(first, "db", "protocol")
+	return &backendDescs{
+		up:       prometheus.NewDesc("redproxy_upstream_connections_up", "Shared upstream connections currently established.", labels, nil),
+		pending:  prometheus.NewDesc("redproxy_upstream_queue_depth", "Client batches sent or queued on shared upstream connections and not yet answered.", labels, nil),
+		failures: prometheus.NewDesc("redproxy_upstream_connection_failures_total", "Shared upstream connections lost (errors, timeouts, Redis going away).", labels, nil),
+		timeouts: prometheus.NewDesc("redproxy_upstream_timeouts_total", "Shared upstream connections closed because Redis answered nothing, not even a PING on a fresh connection, for upstream.dead_timeout.", labels, nil),
+		overdue:  prometheus.NewDesc("redproxy_upstream_overdue_replies_total", "Times a shared upstream connection's oldest reply took longer than upstream.reply_timeout and Redis was probed (slow command, busy script, CLIENT PAUSE, or a dead server).", labels, nil),
+		dials:    prometheus.NewDesc("redproxy_upstream_dials_total", "Connection attempts to Redis.", labels, nil),
+		pinned:   prometheus.NewDesc("redproxy_upstream_dedicated_connections", "Dedicated upstream connections in use (transactions, blocking commands, pub/sub, MONITOR).", first, nil),
+		commands: prometheus.NewDesc("redproxy_upstream_commands_total", "Commands written to Redis on shared connections.", labels, nil),
 	}
 }
 
-func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
-	ch <- prometheus.MustNewConstMetric(descPinned, prometheus.GaugeValue, float64(c.b.pinned.Load()))
-	g := c.b.gen.Load()
+var (
+	plainDescs = newBackendDescs(false)
+	nodeDescs  = newBackendDescs(true)
+)
+
+func (d *backendDescs) describe(ch chan<- *prometheus.Desc) {
+	for _, desc := range []*prometheus.Desc{d.pinned, d.up, d.pending, d.failures, d.timeouts, d.overdue, d.dials, d.commands} {
+		ch <- desc
+	}
+}
+
+func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) { plainDescs.describe(ch) }
+
+func (c *backendCollector) Collect(ch chan<- prometheus.Metric) { c.b.collect(ch, plainDescs) }
+
+// DescribeNodeMetrics and CollectNodeMetrics are, for a collector over
+// the backends of a cluster's nodes, the metrics of RegisterMetrics with
+// the node's address as the first label.
+func DescribeNodeMetrics(ch chan<- *prometheus.Desc) { nodeDescs.describe(ch) }
+
+// CollectNodeMetrics: see DescribeNodeMetrics.
+func (b *Backend) CollectNodeMetrics(ch chan<- prometheus.Metric, node string) {
+	b.collect(ch, nodeDescs, node)
+}
+
+func (b *Backend) collect(ch chan<- prometheus.Metric, d *backendDescs, node ...string) {
+	ch <- prometheus.MustNewConstMetric(d.pinned, prometheus.GaugeValue, float64(b.pinned.Load()), node...)
+	g := b.gen.Load()
 	for i := range g.pools {
 		p := g.pools[i].Load()
 		if p == nil {
 			continue
 		}
-		db := strconv.Itoa(i / 2)
 		proto := "resp2"
 		if i%2 == 1 {
 			proto = "resp3"
 		}
+		labels := append(node[:len(node):len(node)], strconv.Itoa(i/2), proto)
 		s, up := p.Stats()
-		ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, float64(up), db, proto)
-		ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(s.Pending), db, proto)
-		ch <- prometheus.MustNewConstMetric(descFailures, prometheus.CounterValue, float64(s.Failures), db, proto)
-		ch <- prometheus.MustNewConstMetric(descTimeouts, prometheus.CounterValue, float64(s.Timeouts), db, proto)
-		ch <- prometheus.MustNewConstMetric(descOverdue, prometheus.CounterValue, float64(s.Overdue), db, proto)
-		ch <- prometheus.MustNewConstMetric(descDials, prometheus.CounterValue, float64(s.Dials), db, proto)
-		ch <- prometheus.MustNewConstMetric(descCommands, prometheus.CounterValue, float64(s.Commands), db, proto)
+		ch <- prometheus.MustNewConstMetric(d.up, prometheus.GaugeValue, float64(up), labels...)
+		ch <- prometheus.MustNewConstMetric(d.pending, prometheus.GaugeValue, float64(s.Pending), labels...)
+		ch <- prometheus.MustNewConstMetric(d.failures, prometheus.CounterValue, float64(s.Failures), labels...)
+		ch <- prometheus.MustNewConstMetric(d.timeouts, prometheus.CounterValue, float64(s.Timeouts), labels...)
+		ch <- prometheus.MustNewConstMetric(d.overdue, prometheus.CounterValue, float64(s.Overdue), labels...)
+		ch <- prometheus.MustNewConstMetric(d.dials, prometheus.CounterValue, float64(s.Dials), labels...)
+		ch <- prometheus.MustNewConstMetric(d.commands, prometheus.CounterValue, float64(s.Commands), labels...)
 	}
 }
 

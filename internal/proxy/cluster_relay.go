@@ -1,0 +1,315 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/cluster"
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/upstream"
+)
+
+// Relays in cluster mode (see docs/COMPATIBILITY.md, "Cluster mode"):
+//
+//   - SUBSCRIBE and PSUBSCRIBE relay to one node: Redis Cluster broadcasts
+//     classic messages to every node, so any node sees every channel. The
+//     node is the primary of the lowest slot, the same one for every
+//     client, so a map change that leaves it a primary does not move
+//     subscribers around.
+//   - SSUBSCRIBE relays to the primary owning the channels' slot; when
+//     that slot moves away, Redis itself sends the client a sunsubscribe
+//     push, which the relay passes on.
+//   - The relay stays on its node for the client's life. A command on it
+//     that the node cannot serve (a sharded channel or a key of a slot
+//     another node owns, a whole-keyspace command) is refused in order,
+//     never sent there to come back as MOVED.
+//   - If the node goes away the client's connection is closed, as a
+//     client subscribed on that node directly would see; clients
+//     re-subscribe when they reconnect. Re-subscribing behind the client's
+//     back would lose the messages published in between without telling it.
+
+// relayBackend is where a relay's dedicated connection is taken: the
+// client's backend, or in cluster mode the node chosen as above.
+func (sess *Session) relayBackend(r *request) (*upstream.Backend, error) {
+	if sess.srv.routes != nil {
+		// The upstream of the relay's channels (routes.go); routes and a
+		// cluster [upstream] never go together.
+		return sess.backendFor(sess.route.relay)
+	}
+	if sess.srv.router == nil {
+		return sess.backend(), nil
+	}
+	keySlot := -1
+	if r.name == "ssubscribe" {
+		keySlot, _, _ = sess.keySlot(r) // one slot: clusterStep checked
+	}
+	b, err := sess.srv.router.BackendFor(keySlot)
+	if err != nil {
+		return nil, err
+	}
+	sess.relayNode = b.Addr()
+	return b, nil
+}
+
+// relayMisrouted is, for a command a relayed client sends in cluster
+// mode, the refusal of a command its node cannot serve; "" to send it.
+func (sess *Session) relayMisrouted(args [][]byte) string {
+	if sess.relayNode == "" || len(args) == 0 {
+		return ""
+	}
+	cmd := sess.srv.table.Lookup(args)
+	if cmd == nil {
+		return ""
+	}
+	name := cmd.Name
+	shown := strings.ToUpper(strings.ReplaceAll(name, "|", " "))
+	switch {
+	case name == "cluster" || cmd.Parent != nil && cmd.Parent.Name == "cluster":
+		return "ERR This instance has cluster support disabled"
+	case cluster.Whole(name), name == "monitor":
+		return "ERR redproxy: " + shown + " on a subscribed connection would reach one node of the cluster only; use another connection"
+	case name == "client|tracking" || name == "client|no-touch":
+		if len(args) > 2 && strings.EqualFold(string(args[2]), "on") {
+			return strings.TrimSuffix(strings.TrimPrefix(string(errClusterTracking(name)), "-"), "\r\n")
+		}
+		return ""
+	case name == "sunsubscribe":
+		// Redis answers for channels this connection never subscribed.
+		return ""
+	}
+	var buf [8]int
+	keys := cluster.SlotArgs(cmd, args, buf[:0])
+	if len(keys) == 0 {
+		return ""
+	}
+	keySlot := cluster.Slot(args[keys[0]])
+	for _, k := range keys[1:] {
+		if cluster.Slot(args[k]) != keySlot {
+			return "" // the node answers CROSSSLOT, as Redis Cluster would
+		}
+	}
+	if m := sess.srv.router.Map(); m != nil && m.Owner(keySlot) == sess.relayNode {
+		return ""
+	}
+	what := "key"
+	if cmd.Is(commands.PubSub) {
+		what = "channel"
+	}
+	return "ERR redproxy: this connection is subscribed on cluster node " + sess.relayNode +
+		", which does not serve slot " + strconv.Itoa(keySlot) + " of the " + what + " " +
+		strconv.Quote(clip(args[keys[0]])) + "; use another connection for it"
+}
+
+// clip shortens a client's argument for an error message.
+func clip(b []byte) string {
+	if len(b) > 64 {
+		return string(b[:64]) + "..."
+	}
+	return string(b)
+}
+
+var (
+	cmdMonitorRaw      = resp.AppendCommandStrings(nil, "MONITOR")
+	errMonitorReadOnly = []byte("-ERR redproxy: a cluster-wide MONITOR accepts only QUIT; close the connection to end it\r\n")
+)
+
+// clusterMonitor is MONITOR in cluster mode: a connection to every primary
+// of the slot map in MONITOR mode, their lines merged into the client's
+// stream as whole frames, in the order they arrive (each node's lines stay
+// in that node's order; lines of different nodes are not ordered by time).
+// Primaries that join later are not watched, and when any watched node
+// goes away the client's connection is closed: a monitor that silently
+// lost a node would show a partial picture as if it were whole.
+func (sess *Session) clusterMonitor(r *request) bool {
+	m := r.m
+	router := sess.srv.router
+	var primaries []string
+	if cm := router.Map(); cm != nil {
+		primaries = cm.Primaries()
+	}
+	if len(primaries) == 0 {
+		sess.replyLocal(m, errorReply(cluster.ErrSlotUnserved))
+		return true
+	}
+	type watched struct {
+		b  *upstream.Backend
+		nc net.Conn
+		rd []byte // bytes read past the +OK
+	}
+	nodes := make([]watched, 0, len(primaries))
+	release := func() {
+		for _, w := range nodes {
+			w.b.ReleaseConn(w.nc)
+		}
+	}
+	for _, addr := range primaries {
+		b := router.NodeBackend(addr)
+		nc, err := b.AcquireConn(0, sess.resp3, sess.name)
+		if err == nil {
+			nodes = append(nodes, watched{b: b, nc: nc})
+			var rest []byte
+			rest, err = startMonitor(nc, sess.srv.Config().Upstream.ReplyTimeout.Duration)
+			nodes[len(nodes)-1].rd = rest
+		}
+		if err != nil {
+			release()
+			sess.replyLocal(m, errorReply(err))
+			return true
+		}
+	}
+	sess.list.relay.Store(uint32(relayMonitor) + 1)
+	sess.replyLocal(m, ok)
+	sess.flush(time.Now())
+	limit := int64(sess.srv.Config().Server.PubSubOutputLimit)
+	q := newOutQueue(limit)
+	q.push(append([]byte(nil), sess.out...))
+	// The rest of the batch is answered as later commands are.
+	quit := pushMonitorReplies(q, sess.batchReqs[r.i+1:])
+	sess.out = sess.out[:0]
+	idle := sess.srv.Config().Server.IdleTimeout.Duration
+	if idle > 0 {
+		sess.nc.SetReadDeadline(time.Time{}) // MONITOR clients never idle out
+	}
+	var once sync.Once
+	stop := func(reason string) {
+		once.Do(func() {
+			sess.closing(reason)
+			for _, w := range nodes {
+				w.nc.Close()
+			}
+			sess.nc.SetReadDeadline(time.Now()) // wakes the client reader
+		})
+	}
+	var wg sync.WaitGroup
+	for _, w := range nodes {
+		wg.Add(1)
+		go func() { // node -> queue, whole frames only
+			defer wg.Done()
+			buf := w.rd
+			chunk := make([]byte, 16<<10)
+			for {
+				var frames int
+				for frames < len(buf) {
+					n, err := resp.ScanReply(buf[frames:])
+					if err != nil {
+						stop(metrics.CloseUpstreamLost)
+						return
+					}
+					if n == 0 {
+						break
+					}
+					frames += n
+				}
+				if frames > 0 {
+					if !q.push(append([]byte(nil), buf[:frames]...)) {
+						sess.closeFor(metrics.CloseOutputLimit, "relayed output exceeds its limit", "limit_bytes", limit)
+						stop(metrics.CloseOutputLimit)
+						q.close()
+						return
+					}
+					buf = append(buf[:0], buf[frames:]...)
+				}
+				if limit > 0 && int64(len(buf)) > limit {
+					// One line longer than the client may be owed.
+					sess.closeFor(metrics.CloseOutputLimit, "relayed output exceeds its limit", "limit_bytes", limit)
+					stop(metrics.CloseOutputLimit)
+					q.close()
+					return
+				}
+				n, err := w.nc.Read(chunk)
+				buf = append(buf, chunk[:n]...)
+				if err != nil {
+					stop(metrics.CloseUpstreamLost)
+					q.close()
+					return
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() { // queue -> client
+		defer wg.Done()
+		for {
+			chunk, ok := q.pop()
+			if !ok {
+				return
+			}
+			if _, err := sess.nc.Write(chunk); err != nil {
+				stop(metrics.CloseWriteError)
+				return
+			}
+		}
+	}()
+	// client: QUIT ends it; anything else is refused.
+	for !quit {
+		reqs, err := sess.rd.ReadBatch()
+		quit = pushMonitorReplies(q, reqs)
+		if !quit && err != nil {
+			sess.readEnded(err)
+			break
+		}
+	}
+	if quit {
+		sess.closing(metrics.CloseQuit)
+	}
+	stop(metrics.CloseClient)
+	q.close()
+	wg.Wait()
+	release()
+	sess.quitting = true
+	return true
+}
+
+// startMonitor sends MONITOR on nc and reads its +OK; it returns what the
+// node sent after it.
+func startMonitor(nc net.Conn, timeout time.Duration) ([]byte, error) {
+	if timeout > 0 {
+		nc.SetDeadline(time.Now().Add(timeout))
+		defer nc.SetDeadline(time.Time{})
+	}
+	if _, err := nc.Write(cmdMonitorRaw); err != nil {
+		return nil, err
+	}
+	var buf []byte
+	chunk := make([]byte, 4<<10)
+	for {
+		n, err := nc.Read(chunk)
+		buf = append(buf, chunk[:n]...)
+		if l, _ := resp.ScanReply(buf); l > 0 {
+			if !bytes.Equal(buf[:l], ok) {
+				return nil, errors.New(string(bytes.TrimPrefix(bytes.TrimRight(buf[:l], "\r\n"), []byte("-"))))
+			}
+			return buf[l:], nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(buf) > 64<<10 {
+			return nil, resp.ErrProtocol
+		}
+	}
+}
+
+// pushMonitorReplies queues the answers to a cluster MONITOR client's
+// requests; it reports whether one was QUIT, the last answered.
+func pushMonitorReplies(q *outQueue, reqs []resp.Request) (quit bool) {
+	for k := range reqs {
+		if isQuit(reqs[k].Args) {
+			q.push(ok)
+			return true
+		}
+		q.push(errMonitorReadOnly)
+	}
+	return false
+}
+
+func isQuit(args [][]byte) bool {
+	return len(args) > 0 && strings.EqualFold(string(args[0]), "quit")
+}
