@@ -140,8 +140,11 @@ func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 	if u.Mode == config.ModeCluster {
 		o := opts("", u.Username, u.Password)
 		t.router = cluster.New(cluster.Options{Seeds: u.Seeds, Backend: o, Table: s.table, Logger: s.log.With("upstream", t.name)})
-		// Per node, as a cluster [upstream]'s, and with the upstream's name.
-		return reg.Register(t.router)
+		// No connection metrics: the router's are per node (a "node"
+		// label), and one metric name cannot carry a label in some series
+		// and not in others ([upstream]'s and standalone upstreams' have
+		// none). The route counters below still count its commands.
+		return nil
 	}
 	addr := u.Address
 	if u.Mode == config.ModeSentinel {
