@@ -58,6 +58,10 @@ type Server struct {
 	tls          tlsState                            // TLS on both sides (tls.go)
 	users        *userState                          // proxy users and their upstream pools (users.go)
 	proxyProto   proxyProtoState                     // PROXY protocol headers on the client listeners (proxyproto.go)
+	// pins is upstream.max_pinned, shared by every backend (the proxy's,
+	// each user credential's, each cluster node's): the bound is on all
+	// dedicated connections to Redis together.
+	pins *upstream.PinLimit
 
 	mu       sync.Mutex
 	lns      []net.Listener // the plaintext and TLS listeners
@@ -116,6 +120,7 @@ func NewServer(o Options) (*Server, error) {
 		metrics:      o.Metrics,
 		sessions:     make(map[*Session]struct{}),
 		started:      time.Now(),
+		pins:         upstream.NewPinLimit(cfg.Upstream.MaxPinned),
 	}
 	s.live.Store(cfg)
 	// TLS first: the backend dials as soon as it exists.
