@@ -169,7 +169,7 @@ func Default() *Config {
 			SlowlogThreshold:   dur(10 * time.Millisecond),
 			SlowlogMaxLen:      128,
 			ClientWriteTimeout: dur(10 * time.Second),
-			TLS:                ServerTLS{MinVersion: "1.2"},
+			TLS:                ServerTLS{MinVersion: "1.2", HandshakeTimeout: dur(DefaultHandshakeTimeout)},
 		},
 		Upstream: Upstream{
 			Mode:         ModeStandalone,

@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/redproxy/redproxy/internal/config/units"
 )
 
 // ServerTLS configures the TLS listener clients may connect to
@@ -21,6 +23,21 @@ type ServerTLS struct {
 	// certificate signed by one of its CAs (mutual TLS).
 	ClientCAFile string `toml:"client_ca_file"`
 	MinVersion   string `toml:"min_version"` // "1.2" or "1.3"
+	// HandshakeTimeout bounds a client's TLS handshake on every TLS
+	// listener: a client that connects and never completes one is closed
+	// after it. 0 is DefaultHandshakeTimeout.
+	HandshakeTimeout units.Duration `toml:"handshake_timeout"`
+}
+
+// DefaultHandshakeTimeout is server.tls.handshake_timeout's default.
+const DefaultHandshakeTimeout = 10 * time.Second
+
+// Handshake returns the handshake timeout in force.
+func (t ServerTLS) Handshake() time.Duration {
+	if t.HandshakeTimeout.Duration <= 0 {
+		return DefaultHandshakeTimeout
+	}
+	return t.HandshakeTimeout.Duration
 }
 
 // Enabled reports whether the TLS listener is configured.
@@ -76,6 +93,9 @@ func (t ServerTLS) check() []*Error {
 	var errs []*Error
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, &Error{Key: "server.tls." + key, Msg: fmt.Sprintf(format, args...)})
+	}
+	if t.HandshakeTimeout.Duration < 0 {
+		bad("handshake_timeout", "must be > 0 (or 0 for the default, %v), got %v", DefaultHandshakeTimeout, t.HandshakeTimeout)
 	}
 	if _, ok := tlsVersions[t.MinVersion]; !ok {
 		bad("min_version", "invalid version %q (use \"1.2\" or \"1.3\"; older versions are not offered)", t.MinVersion)

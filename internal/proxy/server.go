@@ -258,7 +258,7 @@ func (s *Server) startSession(nc net.Conn, secure bool) {
 	if s.clients.Load() >= int64(s.Config().Server.MaxClients) {
 		s.metrics.ClientsRejected.Inc()
 		if tc != nil {
-			go rejectTLS(tc)
+			go rejectTLS(tc, s.Config().Server.TLS.Handshake())
 			return
 		}
 		nc.Write(maxClientsReply)

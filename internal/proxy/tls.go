@@ -19,8 +19,8 @@ import (
 //
 //   - ServeTLS accepts on a listener of its own and wraps each connection
 //     with tls.Server; the handshake runs on the client's goroutine, bounded
-//     by tlsHandshakeTimeout, so a client that connects and says nothing
-//     holds up nobody else's accept.
+//     by server.tls.handshake_timeout, so a client that connects and says
+//     nothing holds up nobody else's accept.
 //   - The listener's tls.Config asks for the configuration in force on
 //     every handshake (GetConfigForClient), and a reload swaps it whole: a
 //     rotated certificate, client CA or min_version applies to connections
@@ -30,9 +30,6 @@ import (
 //     buffer (the bytes must be decrypted first), so TLS clients are read
 //     through io.Reader; clientConn does not forward SyscallConn for them.
 //     What an idle TLS client costs is measured in README "TLS".
-
-// tlsHandshakeTimeout bounds a client's TLS handshake.
-const tlsHandshakeTimeout = 10 * time.Second
 
 // notTLSReply is what a client that speaks plaintext RESP to the TLS port
 // is told before it is closed, in plaintext so that it can read it.
@@ -55,7 +52,7 @@ type tlsState struct {
 // Reasons a client's TLS handshake failed (redproxy_client_tls_handshake_failures_total).
 const (
 	tlsFailNotTLS  = "not_tls"   // plaintext sent to the TLS port
-	tlsFailTimeout = "timeout"   // no complete handshake within tlsHandshakeTimeout
+	tlsFailTimeout = "timeout"   // no complete handshake within server.tls.handshake_timeout
 	tlsFailRefused = "handshake" // version, cipher or certificate refused (by either side)
 )
 
@@ -176,7 +173,7 @@ func (s *Server) ServeTLS(ln net.Listener) error {
 // reports whether the session may go on. A failure is counted and logged
 // (rate-limited: a scanner can cause many), and the client is closed.
 func (s *Server) tlsHandshake(sess *Session, tc *tls.Conn) bool {
-	tc.SetDeadline(time.Now().Add(tlsHandshakeTimeout))
+	tc.SetDeadline(time.Now().Add(s.Config().Server.TLS.Handshake()))
 	if sess.interrupted.Load() {
 		// Shut down between accept and here: the deadline just set would
 		// have replaced the one interrupt set.
@@ -215,10 +212,26 @@ func (s *Server) tlsHandshake(sess *Session, tc *tls.Conn) bool {
 // rejectTLS tells a TLS client over max_clients why it is closed, which
 // needs a handshake; it runs on a goroutine of its own so the accept loop
 // does not wait for it.
-func rejectTLS(tc *tls.Conn) {
-	defer tc.Close()
-	tc.SetDeadline(time.Now().Add(tlsHandshakeTimeout))
-	tc.Write(maxClientsReply)
+func rejectTLS(tc *tls.Conn, timeout time.Duration) {
+	tc.SetDeadline(time.Now().Add(timeout))
+	if _, err := tc.Write(maxClientsReply); err != nil {
+		// The handshake or the write failed: no close_notify for a peer
+		// that is not reading (closeTLS).
+		tc.NetConn().Close()
+		return
+	}
+	tc.Close()
+}
+
+// closeTLS closes a TLS client's connection. tls.Conn.Close first sends a
+// close_notify alert, waiting up to 5 s for the socket to take it; after a
+// write to the client failed (it stopped reading, or its deadline passed)
+// that wait is for nothing, so the socket is closed without it.
+func closeTLS(tc *tls.Conn, writeFailed bool) error {
+	if writeFailed {
+		return tc.NetConn().Close()
+	}
+	return tc.Close()
 }
 
 // logLimiter lets one log line through per second and counts the rest.
