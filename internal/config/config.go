@@ -82,13 +82,17 @@ type Server struct {
 	// TLS is the TLS listener (tls.go).
 	TLS ServerTLS `toml:"tls"`
 
+	// Listeners are client listeners beside listen and tls.listen
+	// ([[server.listeners]], listeners.go), each with a name.
+	Listeners []Listener `toml:"listeners"`
+
 	// AllowUnauthenticated lets a listener that is not loopback start with
 	// neither [[users]] nor an upstream password, so anyone who reaches it
 	// gets in. Off by default: that is almost always a mistake.
 	AllowUnauthenticated bool `toml:"allow_unauthenticated"`
 
-	// ProxyProtocol makes both client listeners (listen and tls.listen)
-	// expect a PROXY protocol header, version 1 or 2, first on every
+	// ProxyProtocol makes the client listeners (listen, tls.listen, and
+	// each [[server.listeners]] entry that does not set its own) expect a PROXY protocol header, version 1 or 2, first on every
 	// connection, as a load balancer sends it; the address in it is the
 	// client's. A connection without one is closed.
 	ProxyProtocol bool `toml:"proxy_protocol"`
@@ -237,6 +241,7 @@ func Parse(data []byte, name string) (*Config, error) {
 			return nil, decodeError(err, name)
 		}
 		cfg.bindUserScopes()
+		cfg.bindListenerScopes()
 		if errs = cfg.check(); len(errs) == 0 {
 			return cfg, nil
 		}
@@ -345,6 +350,9 @@ func (c *Config) Apply(o Overrides) (*Config, error) {
 	default:
 		tierErr = &Error{Key: "localcache.enabled (--local-tier)", Msg: fmt.Sprintf("invalid value %q (use on or off)", o.LocalTier)}
 	}
+	// --listen may change which listener a scope's address names.
+	n.Policy.Scopes = slices.Clone(c.Policy.Scopes)
+	n.bindListenerScopes()
 	if errs := n.check(); len(errs) > 0 || tierErr != nil {
 		if tierErr != nil {
 			errs = append(errs, tierErr)
