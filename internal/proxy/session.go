@@ -94,6 +94,12 @@ type Session struct {
 	interrupted atomic.Bool
 
 	aclKeys []commands.KeyRef // scratch for the ACL's key checks
+
+	// listener is the client listener the client came through
+	// (listeners.go); listenerNamespace is its namespace setting, for the
+	// namespace feature. Set before the session starts, then only read.
+	listener          *listener
+	listenerNamespace string
 }
 
 // slot says where one command's reply comes from.

@@ -35,12 +35,9 @@ import (
 // is told before it is closed, in plaintext so that it can read it.
 var notTLSReply = []byte("-ERR this port speaks TLS: connect with TLS (redis-cli --tls), or use the plaintext port\r\n")
 
-// tlsState is the client-side TLS the server serves with.
+// tlsState is the client-side TLS the server serves with (each TLS
+// listener's own configuration is in listeners.go).
 type tlsState struct {
-	// live is the configuration the next handshake uses; nil while
-	// [server.tls] is off (ServeTLS then refuses to start).
-	live     atomic.Pointer[tls.Config]
-	listener *tls.Config // asks live on every handshake
 	// upstream is the TLS configuration for connections to Redis, nil for
 	// plaintext; guarded by Server.reloadMu after NewServer.
 	upstream *tls.Config
@@ -68,15 +65,8 @@ func initTLS(s *Server) error {
 	if err := s.metrics.Registry.Register(t.failures); err != nil {
 		return err
 	}
-	t.listener = &tls.Config{
-		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return t.live.Load(), nil },
-	}
-	if s.cfg.Server.TLS.Enabled() {
-		c, err := s.cfg.Server.TLS.ServerConfig()
-		if err != nil {
-			return err
-		}
-		t.live.Store(c)
+	if err := initListeners(s); err != nil {
+		return err
 	}
 	up, err := s.cfg.Upstream.ClientTLS()
 	if err != nil {
@@ -99,11 +89,9 @@ func warnInsecureUpstream(s *Server, c *config.Config) {
 // apply once the rest of the reload is accepted: a rotated certificate is
 // a reload even when no setting changed.
 func (s *Server) reloadTLS(next *config.Config) (apply func(), upstreamChanged bool, err error) {
-	var srv *tls.Config
-	if next.Server.TLS.Enabled() {
-		if srv, err = next.Server.TLS.ServerConfig(); err != nil {
-			return nil, false, err
-		}
+	applyListeners, err := s.reloadListenerTLS(next)
+	if err != nil {
+		return nil, false, err
 	}
 	up, err := next.Upstream.ClientTLS()
 	if err != nil {
@@ -111,13 +99,7 @@ func (s *Server) reloadTLS(next *config.Config) (apply func(), upstreamChanged b
 	}
 	upstreamChanged = !sameClientTLS(s.tls.upstream, up)
 	return func() {
-		if srv != nil {
-			old := s.tls.live.Swap(srv)
-			if !sameCertificates(old, srv) {
-				s.log.Info("TLS certificate reloaded; new clients get it, connected ones keep theirs",
-					"cert_file", next.Server.TLS.CertFile, "expires", config.CertificateExpiry(srv))
-			}
-		}
+		applyListeners()
 		s.tls.upstream = up
 		warnInsecureUpstream(s, next)
 	}, upstreamChanged, nil
@@ -162,11 +144,12 @@ func sameCertificates(a, b *tls.Config) bool {
 // ServeTLS accepts TLS clients on ln (a plain TCP listener: the server
 // runs the handshakes) until Shutdown. [server.tls] must be configured.
 func (s *Server) ServeTLS(ln net.Listener) error {
-	if s.tls.live.Load() == nil {
+	l := s.listeners.byName[config.ListenerTLS]
+	if l == nil {
 		ln.Close()
-		return errors.New("redproxy: ServeTLS without [server.tls] cert_file and key_file")
+		return errors.New("redproxy: ServeTLS without [server.tls] listen, cert_file and key_file")
 	}
-	return s.serve(ln, true)
+	return s.serve(ln, l)
 }
 
 // tlsHandshake runs a TLS client's handshake on its session goroutine and
