@@ -234,7 +234,11 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		if b.cfg.UsesProxyProtocol() {
 			attrs = append(attrs, "proxy_protocol", true)
 		}
-		log.Info("redproxy listening", append(attrs, "commands", table.Len())...)
+		msg := "redproxy listening"
+		if b.cfg.TLS {
+			msg = "redproxy listening for TLS clients"
+		}
+		log.Info(msg, append(attrs, "commands", table.Len())...)
 		go func() { served <- srv.ServeListener(b.cfg.Name, b.ln) }()
 	}
 
