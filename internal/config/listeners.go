@@ -239,8 +239,12 @@ func (c *Config) scopeListenerErrors() []*Error {
 
 func listenerNames(c *Config) []string {
 	var ns []string
+	seen := map[string]bool{}
 	for _, l := range c.ClientListeners() {
-		ns = append(ns, fmt.Sprintf("%q", l.Name))
+		if !seen[l.Name] {
+			seen[l.Name] = true
+			ns = append(ns, fmt.Sprintf("%q", l.Name))
+		}
 	}
 	return ns
 }

@@ -208,7 +208,9 @@ func (c *Config) checkTLS() []*Error {
 		errs = append(errs, err.(*Error))
 	}
 	st := c.Server.TLS
-	if shared := c.inheritsTLSFiles(); st.Enabled() || shared {
+	// (A listener that inherits files [server.tls] does not set is
+	// checkListeners' error.)
+	if shared := c.inheritsTLSFiles() && (st.CertFile != "" || st.KeyFile != ""); st.Enabled() || shared {
 		_, err := st.serverConfig(shared)
 		add(err)
 		if st.Enabled() && st.Listen == c.Server.Listen && !strings.HasSuffix(c.Server.Listen, ":0") {
