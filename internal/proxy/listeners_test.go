@@ -4,6 +4,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -250,5 +252,48 @@ func TestListenerProxyProtocol(t *testing.T) {
 	bare.Write([]byte("PING\r\n"))
 	if !connClosed(bare) {
 		t.Error("a connection without a PROXY header was served on lb")
+	}
+}
+
+// A reload re-reads the certificate of every TLS listener: the one it
+// shares with [server.tls] and one of its own.
+func TestListenerCertReload(t *testing.T) {
+	certs := redistest.NewCerts(t)
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "own.crt"), filepath.Join(dir, "own.key")
+	copyFile(t, certs.ServerCert, certFile)
+	copyFile(t, certs.ServerKey, keyFile)
+	p := listenersProxy(t, certs, func(c *config.Config) {
+		c.Server.Listeners[2].CertFile, c.Server.Listeners[2].KeyFile = certFile, keyFile
+	})
+	servedCN := func(listener string) string {
+		t.Helper()
+		nc, err := tls.Dial("tcp", p.Addrs[listener], certs.ClientConfig(t, false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		return nc.ConnectionState().PeerCertificates[0].Subject.CommonName
+	}
+	if cn := servedCN("own"); cn != "redproxy-test-server" {
+		t.Fatalf("own served %q before the rotation", cn)
+	}
+	newCert, newKey := certs.IssueServer(t, "rotated")
+	copyFile(t, newCert, certFile)
+	copyFile(t, newKey, keyFile)
+	if _, err := p.Reload(p.Config()); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	if cn := servedCN("own"); cn != "redproxy-test-rotated" {
+		t.Errorf("own served %q after the rotation", cn)
+	}
+	if cn := servedCN("secure"); cn != "redproxy-test-server" {
+		t.Errorf("secure (with [server.tls]'s files) served %q", cn)
+	}
+	if err := os.WriteFile(certFile, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Reload(p.Config()); err == nil || !strings.Contains(err.Error(), `listener "own"`) {
+		t.Errorf("Reload with a garbage certificate for own: %v", err)
 	}
 }
