@@ -189,23 +189,24 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	signal.Notify(hups, syscall.SIGHUP)
 	defer signal.Stop(hups)
 
-	// The plaintext and the TLS listener; either may be off, not both
-	// (config.Validate).
-	var ln, tlsLn net.Listener
-	if cfg.Server.Listen != "" {
-		if ln, err = net.Listen("tcp", cfg.Server.Listen); err != nil {
-			fmt.Fprintf(stderr, "redproxy: cannot listen on %s (server.listen): %v\n", cfg.Server.Listen, err)
-			return 1
-		}
+	// Every client listener: server.listen ("plain"), server.tls.listen
+	// ("tls") and [[server.listeners]]; config.Validate makes sure there is
+	// at least one.
+	type boundListener struct {
+		cfg config.Listener
+		ln  net.Listener
 	}
-	if cfg.Server.TLS.Enabled() {
-		if tlsLn, err = net.Listen("tcp", cfg.Server.TLS.Listen); err != nil {
-			if ln != nil {
-				ln.Close()
+	var bound []boundListener
+	for _, lc := range cfg.ClientListeners() {
+		ln, err := net.Listen("tcp", lc.Listen)
+		if err != nil {
+			for _, b := range bound {
+				b.ln.Close()
 			}
-			fmt.Fprintf(stderr, "redproxy: cannot listen on %s (server.tls.listen): %v\n", cfg.Server.TLS.Listen, err)
+			fmt.Fprintf(stderr, "redproxy: cannot listen on %s (listener %q): %v\n", lc.Listen, lc.Name, err)
 			return 1
 		}
+		bound = append(bound, boundListener{lc, ln})
 	}
 	var adm *admin.Server
 	if cfg.Server.Admin != "" {
@@ -224,15 +225,21 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		go adm.Serve(aln)
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}
-	served := make(chan error, 2)
-	if ln != nil {
-		log.Info("redproxy listening", "addr", ln.Addr().String(), "upstream", upstreamAddr, "upstream_tls", cfg.Upstream.TLS != nil, "commands", table.Len())
-		go func() { served <- srv.Serve(ln) }()
-	}
-	if tlsLn != nil {
-		log.Info("redproxy listening for TLS clients", "addr", tlsLn.Addr().String(), "upstream", upstreamAddr, "upstream_tls", cfg.Upstream.TLS != nil,
-			"mutual_tls", cfg.Server.TLS.ClientCAFile != "", "min_version", cfg.Server.TLS.MinVersion)
-		go func() { served <- srv.ServeTLS(tlsLn) }()
+	served := make(chan error, len(bound))
+	for _, b := range bound {
+		attrs := []any{"listener", b.cfg.Name, "addr", b.ln.Addr().String(), "tls", b.cfg.TLS, "upstream", upstreamAddr, "upstream_tls", cfg.Upstream.TLS != nil}
+		if b.cfg.TLS {
+			attrs = append(attrs, "mutual_tls", b.cfg.ClientCAFile != "", "min_version", cfg.Server.TLS.MinVersion)
+		}
+		if b.cfg.UsesProxyProtocol() {
+			attrs = append(attrs, "proxy_protocol", true)
+		}
+		msg := "redproxy listening"
+		if b.cfg.TLS {
+			msg = "redproxy listening for TLS clients"
+		}
+		log.Info(msg, append(attrs, "commands", table.Len())...)
+		go func() { served <- srv.ServeListener(b.cfg.Name, b.ln) }()
 	}
 
 	sigs := make(chan os.Signal, 1)

@@ -13,10 +13,19 @@
 //	~<pattern>                  keys matching pattern may be read and written
 //	%R~<pattern> %W~<pattern>   ... read only / written only (%RW~ is ~)
 //	allkeys  resetkeys          ~* / forget the key patterns so far
+//	&<pattern>                  pub/sub channels matching pattern may be used
+//	allchannels  resetchannels  &* / forget the channel patterns so far
 //
 // Command rules apply in order, a later rule overriding an earlier one for
 // the commands both name, as in Redis. A user with no command rules may run
-// nothing; one with no key pattern may touch no key.
+// nothing; one with no key pattern may touch no key; one with no channel
+// pattern may use no channel (Redis 7's acl-pubsub-default resetchannels).
+//
+// Channels are checked as Redis 7 checks them: the channel of PUBLISH and
+// SPUBLISH and each channel of SUBSCRIBE and SSUBSCRIBE must match one of
+// the user's channel patterns; each pattern of PSUBSCRIBE must be one of
+// them, character for character (a client may not widen its reach with a
+// broader pattern). Unsubscribing is never refused.
 package auth
 
 import (
@@ -46,6 +55,10 @@ type ACL struct {
 	rules   []cmdRule
 	allKeys bool
 	keys    []keyPattern
+	// allChannels: every channel (allchannels, &*); else channels are the
+	// patterns allowed, in their source form for PSUBSCRIBE's literal check.
+	allChannels bool
+	channels    []glob.Pattern
 }
 
 type cmdRule struct {
@@ -64,10 +77,11 @@ type keyPattern struct {
 type Denial uint8
 
 const (
-	Allowed      Denial = iota
-	DeniedCmd           // the command (or its category) is not allowed
-	DeniedKey           // a key argument matches no pattern with the needed permission
-	DeniedUnauth        // the client has not authenticated (the proxy's NOAUTH)
+	Allowed       Denial = iota
+	DeniedCmd            // the command (or its category) is not allowed
+	DeniedKey            // a key argument matches no pattern with the needed permission
+	DeniedUnauth         // the client has not authenticated (the proxy's NOAUTH)
+	DeniedChannel        // a pub/sub channel or pattern the user's channel rules do not allow
 )
 
 // maxACLLen caps a rule string: it comes from the configuration, but the
@@ -110,8 +124,12 @@ func (a *ACL) add(r string, table *commands.Table) error {
 		return nil
 	case "on", "off", "nopass", "resetpass", "reset":
 		return fmt.Errorf("%w %q: user state and passwords are set by the [[users]] fields (enabled, password_sha256), not in acl", ErrBadACL, r)
-	case "allchannels", "resetchannels":
-		return fmt.Errorf("%w %q: channel rules are not checked by the proxy; restrict channels with the upstream user's own Redis ACL", ErrBadACL, r)
+	case "allchannels":
+		a.allChannels, a.channels = true, nil
+		return nil
+	case "resetchannels":
+		a.allChannels, a.channels = false, nil
+		return nil
 	}
 	switch r[0] {
 	case '+', '-':
@@ -136,7 +154,7 @@ func (a *ACL) add(r string, table *commands.Table) error {
 		}
 		return a.addKey(r, pat, p)
 	case '&':
-		return fmt.Errorf("%w %q: channel rules are not checked by the proxy; restrict channels with the upstream user's own Redis ACL", ErrBadACL, r)
+		return a.addChannel(r, r[1:])
 	case '>', '<', '#', '!':
 		return fmt.Errorf("%w %q: passwords are set by password_sha256, not in acl (and must not be written in the file in plain text)", ErrBadACL, redactRule(r))
 	case '(':
@@ -160,6 +178,26 @@ func (a *ACL) addKey(r, pat string, p Perm) error {
 		return nil
 	}
 	a.keys = append(a.keys, keyPattern{perm: p, pat: glob.Compile(pat)})
+	return nil
+}
+
+func (a *ACL) addChannel(r, pat string) error {
+	if pat == "" {
+		return fmt.Errorf("%w %q: empty channel pattern", ErrBadACL, r)
+	}
+	if a.allChannels {
+		// As Redis: the pattern would have no effect, which is most likely
+		// not what was meant.
+		return fmt.Errorf("%w %q: a channel pattern after allchannels (or &*) has no effect; start with resetchannels to list channels", ErrBadACL, r)
+	}
+	if err := glob.Check(pat); err != nil {
+		return fmt.Errorf("%w %q: %v", ErrBadACL, r, err)
+	}
+	if pat == "*" {
+		a.allChannels, a.channels = true, nil
+		return nil
+	}
+	a.channels = append(a.channels, glob.Compile(pat))
 	return nil
 }
 
@@ -250,6 +288,63 @@ func (a *ACL) KeyAllowed(key []byte, need Perm) bool {
 	return false
 }
 
+// ChannelAllowed reports whether a channel may be published or subscribed
+// to: it matches one of the channel patterns.
+func (a *ACL) ChannelAllowed(ch []byte) bool {
+	if a.allChannels {
+		return true
+	}
+	for i := range a.channels {
+		if a.channels[i].Match(ch) {
+			return true
+		}
+	}
+	return false
+}
+
+// ChannelPatternAllowed reports whether PSUBSCRIBE may subscribe to
+// pattern: it must be one of the channel patterns as written, since a
+// pattern that merely matches an allowed one could match far more.
+func (a *ACL) ChannelPatternAllowed(pattern []byte) bool {
+	if a.allChannels {
+		return true
+	}
+	for i := range a.channels {
+		if a.channels[i].String() == string(pattern) {
+			return true
+		}
+	}
+	return false
+}
+
+// AllChannels reports whether every channel is allowed.
+func (a *ACL) AllChannels() bool { return a.allChannels }
+
+// channelsDenied checks the channels of the pub/sub commands Redis 7
+// checks (publishing and subscribing; never unsubscribing).
+func (a *ACL) channelsDenied(cmd *commands.Command, args [][]byte) bool {
+	if a.allChannels || len(args) < 2 {
+		return false
+	}
+	switch cmd.Name {
+	case "publish", "spublish":
+		return !a.ChannelAllowed(args[1])
+	case "subscribe", "ssubscribe":
+		for _, ch := range args[1:] {
+			if !a.ChannelAllowed(ch) {
+				return true
+			}
+		}
+	case "psubscribe":
+		for _, p := range args[1:] {
+			if !a.ChannelPatternAllowed(p) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // AllKeys reports whether every key is allowed with every permission.
 func (a *ACL) AllKeys() bool { return a.allKeys }
 
@@ -274,6 +369,9 @@ func (a *ACL) Check(cmd *commands.Command, args [][]byte, scratch []commands.Key
 	if !a.CommandAllowed(cmd) {
 		return DeniedCmd, scratch
 	}
+	if cmd != nil && a.channelsDenied(cmd, args) {
+		return DeniedChannel, scratch
+	}
 	if a.allKeys || cmd == nil {
 		return Allowed, scratch
 	}
@@ -291,12 +389,15 @@ func (a *ACL) Check(cmd *commands.Command, args [][]byte, scratch []commands.Key
 
 // NoPermError is the text of Redis's error for a denial (without the
 // leading '-' and the CRLF): "NOPERM User app has no permissions to run
-// the 'set' command" or "NOPERM No permissions to access a key". name is
+// the 'set' command", "NOPERM No permissions to access a key" or "NOPERM
+// No permissions to access a channel" (Redis 7.2's texts). name is
 // the command as the client wrote it when the table does not know it.
 func NoPermError(user string, cmd *commands.Command, name string, d Denial) string {
 	switch d {
 	case DeniedKey:
 		return "NOPERM No permissions to access a key"
+	case DeniedChannel:
+		return "NOPERM No permissions to access a channel"
 	case DeniedUnauth:
 		return "NOAUTH Authentication required."
 	}

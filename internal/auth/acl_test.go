@@ -136,7 +136,7 @@ func TestACLKeyRules(t *testing.T) {
 		{"+@all ~user:[ab]?", "get user:a1", Allowed},
 		{"+@all ~user:[ab]?", "get user:c1", DeniedKey},
 		// Commands whose "keys" are not keys (shard channels).
-		{"+@all", "spublish ch msg", Allowed},
+		{"+@all allchannels", "spublish ch msg", Allowed},
 	}
 	for _, c := range cases {
 		a := mustACL(t, c.rules)
@@ -162,8 +162,10 @@ func TestACLParseErrors(t *testing.T) {
 		"#0123",
 		"on",
 		"nopass",
-		"&chan",
-		"allchannels",
+		"&",
+		"&[abc",
+		"allchannels &news",
+		"&* &news",
 		"(~x +get)",
 		"whatever",
 	} {
@@ -333,5 +335,44 @@ func TestFailLimiter(t *testing.T) {
 	}
 	if n := l.Tracked(); n > 100 {
 		t.Fatalf("%d addresses tracked, cap 100", n)
+	}
+}
+
+// Channel rules as Redis 7 applies them: a user without any may use no
+// channel; PUBLISH and (S)SUBSCRIBE channels match a pattern; PSUBSCRIBE
+// patterns must be one of the user's patterns as written; unsubscribing is
+// always allowed.
+func TestACLChannelRules(t *testing.T) {
+	cases := []struct {
+		rules string
+		call  string
+		want  Denial
+	}{
+		{"+@all ~*", "PUBLISH news 1", DeniedChannel}, // resetchannels by default
+		{"+@all ~*", "SUBSCRIBE news", DeniedChannel},
+		{"+@all ~*", "UNSUBSCRIBE news", Allowed},
+		{"+@all ~*", "PUNSUBSCRIBE news*", Allowed},
+		{"+@all ~* allchannels", "PSUBSCRIBE *", Allowed},
+		{"+@all ~* &*", "SPUBLISH anything 1", Allowed},
+		{"+@all &news.*", "PUBLISH news.eu 1", Allowed},
+		{"+@all &news.*", "PUBLISH sport 1", DeniedChannel},
+		{"+@all &news.*", "SUBSCRIBE news.eu news.us", Allowed},
+		{"+@all &news.*", "SUBSCRIBE news.eu sport", DeniedChannel},
+		{"+@all &news.*", "SSUBSCRIBE sport", DeniedChannel},
+		{"+@all &news.*", "PSUBSCRIBE news.*", Allowed},
+		{"+@all &news.*", "PSUBSCRIBE news.eu", DeniedChannel}, // narrower, but not one of the patterns
+		{"+@all &news.*", "PSUBSCRIBE news.* *", DeniedChannel},
+		{"+@all allchannels resetchannels &a", "PUBLISH b 1", DeniedChannel},
+		{"+@all &a resetchannels", "PUBLISH a 1", DeniedChannel},
+		{"+@all &news.*", "GET news.eu", DeniedKey}, // channels are not keys
+		{"-publish &*", "PUBLISH a 1", DeniedCmd},   // the command rule first, as in Redis
+	}
+	for _, c := range cases {
+		if got := check(mustACL(t, c.rules), c.call); got != c.want {
+			t.Errorf("rules %q, %s: %v, want %v", c.rules, c.call, got, c.want)
+		}
+	}
+	if got := NoPermError("u", nil, "publish", DeniedChannel); got != "NOPERM No permissions to access a channel" {
+		t.Errorf("NoPermError = %q", got)
 	}
 }

@@ -97,13 +97,17 @@ type Server struct {
 	// TLS is the TLS listener (tls.go).
 	TLS ServerTLS `toml:"tls"`
 
+	// Listeners are client listeners beside listen and tls.listen
+	// ([[server.listeners]], listeners.go), each with a name.
+	Listeners []Listener `toml:"listeners"`
+
 	// AllowUnauthenticated lets a listener that is not loopback start with
 	// neither [[users]] nor an upstream password, so anyone who reaches it
 	// gets in. Off by default: that is almost always a mistake.
 	AllowUnauthenticated bool `toml:"allow_unauthenticated"`
 
-	// ProxyProtocol makes both client listeners (listen and tls.listen)
-	// expect a PROXY protocol header, version 1 or 2, first on every
+	// ProxyProtocol makes the client listeners (listen, tls.listen, and
+	// each [[server.listeners]] entry that does not set its own) expect a PROXY protocol header, version 1 or 2, first on every
 	// connection, as a load balancer sends it; the address in it is the
 	// client's. A connection without one is closed.
 	ProxyProtocol bool `toml:"proxy_protocol"`
@@ -190,7 +194,7 @@ func Default() *Config {
 			SlowlogThreshold:   dur(10 * time.Millisecond),
 			SlowlogMaxLen:      128,
 			ClientWriteTimeout: dur(10 * time.Second),
-			TLS:                ServerTLS{MinVersion: "1.2"},
+			TLS:                ServerTLS{MinVersion: "1.2", HandshakeTimeout: dur(DefaultHandshakeTimeout)},
 		},
 		Upstream: Upstream{
 			Mode:         ModeStandalone,
@@ -262,6 +266,7 @@ func Parse(data []byte, name string) (*Config, error) {
 		}
 		cfg.bindUserScopes()
 		cfg.fillUpstreamDefaults()
+		cfg.bindListenerScopes()
 		if errs = cfg.check(); len(errs) == 0 {
 			return cfg, nil
 		}
@@ -370,6 +375,9 @@ func (c *Config) Apply(o Overrides) (*Config, error) {
 	default:
 		tierErr = &Error{Key: "localcache.enabled (--local-tier)", Msg: fmt.Sprintf("invalid value %q (use on or off)", o.LocalTier)}
 	}
+	// --listen may change which listener a scope's address names.
+	n.Policy.Scopes = slices.Clone(c.Policy.Scopes)
+	n.bindListenerScopes()
 	if errs := n.check(); len(errs) > 0 || tierErr != nil {
 		if tierErr != nil {
 			errs = append(errs, tierErr)

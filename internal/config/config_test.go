@@ -123,6 +123,22 @@ cert_file = "SERVER_CERT"
 key_file = "SERVER_KEY"
 client_ca_file = "CA_FILE"
 min_version = "1.3"
+handshake_timeout = "3s"
+
+[[server.listeners]]
+name = "internal"
+listen = "0.0.0.0:7002"
+tls = true
+proxy_protocol = false
+namespace = "tenant-a:"
+
+[[server.listeners]]
+name = "edge"
+listen = "0.0.0.0:7003"
+tls = true
+cert_file = "SERVER_CERT"
+key_file = "SERVER_KEY"
+client_ca_file = "CA_FILE"
 
 [upstream]
 mode = "sentinel"
@@ -211,7 +227,11 @@ queue_bytes = "1MB"
 			SlowlogMaxLen:      16,
 			ClientWriteTimeout: dur(7 * time.Second),
 			TLS: ServerTLS{Listen: "0.0.0.0:7001", CertFile: certs.ServerCert, KeyFile: certs.ServerKey,
-				ClientCAFile: certs.CAFile, MinVersion: "1.3"},
+				ClientCAFile: certs.CAFile, MinVersion: "1.3", HandshakeTimeout: dur(3 * time.Second)},
+			Listeners: []Listener{
+				{Name: "internal", Listen: "0.0.0.0:7002", TLS: true, ProxyProtocol: new(bool), Namespace: "tenant-a:"},
+				{Name: "edge", Listen: "0.0.0.0:7003", TLS: true, CertFile: certs.ServerCert, KeyFile: certs.ServerKey, ClientCAFile: certs.CAFile},
+			},
 
 			AllowUnauthenticated: true,
 			ProxyProtocol:        true,
@@ -608,7 +628,7 @@ func TestExampleFileMatchesDefaults(t *testing.T) {
 		if key == "upstreams" || key == "route" || key == "channel_route" {
 			continue
 		}
-		if key == "policy.scope" || key == "upstream.tls" || key == "users" || key == "stampede.hold" || key == "stampede.early_refresh" || key == "localcache.stale_if_error" {
+		if key == "policy.scope" || key == "server.listeners" || key == "upstream.tls" || key == "users" || key == "stampede.hold" || key == "stampede.early_refresh" || key == "localcache.stale_if_error" {
 			continue
 		}
 		if _, ok := lines[key]; !ok {
@@ -656,7 +676,7 @@ users = ["admin"]
 
 [[policy.scope]]
 name = "batch"
-listeners = ["127.0.0.1:6381"]
+listeners = ["127.0.0.1:6380"] # server.listen's address: the "plain" listener
 [[policy.scope.ttl]]
 pattern = "x"
 max = "1m"

@@ -28,6 +28,12 @@ func FuzzParse(f *testing.F) {
 		"[[users]]\nname = \"app\"\npassword = \"plain\"\n",
 		"[server.tls]\nlisten = \"127.0.0.1:0\"\ncert_file = \"missing.crt\"\nkey_file = \"missing.key\"\n",
 		"[server]\nproxy_protocol = true\n",
+		"[server.tls]\nhandshake_timeout = \"3s\"\n",
+		"[[server.listeners]]\nname = \"internal\"\nlisten = \"127.0.0.1:0\"\nproxy_protocol = true\nnamespace = \"t:\"\n" +
+			"[[policy.scope]]\nname = \"ops\"\nlisteners = [\"internal\", \"127.0.0.1:6380\"]\n",
+		"[[server.listeners]]\nname = \"tls\"\nlisten = \"0.0.0.0:6381\"\ntls = true\ncert_file = \"missing.crt\"\n",
+		"[[users]]\nname = \"app\"\npassword_sha256 = \"" +
+			"2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b\"\nacl = \"+@all ~* resetchannels &news.* allchannels\"\n",
 		"[[stampede.hold]]\npattern = \"cache:*\"\ntimeout = \"2s\"\n",
 		"[policy]\n[[policy.scope]]\nname = \"app\"\n",
 		"[server]\nmax_request_bytes = \"1KB\"\nmax_bulk_bytes = \"2KB\"\n",

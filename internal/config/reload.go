@@ -16,6 +16,7 @@ var restartOnly = []struct{ key, why string }{
 	{"server.listen", "the client listener is bound once at start"},
 	{"server.admin", "the admin listener is bound once at start"},
 	{"server.tls.listen", "the TLS listener is bound once at start (its certificates reload)"},
+	{"server.listeners", "the client listeners are bound once at start (the certificates of TLS ones reload)"},
 	{"server.proxy_protocol", "whether the listeners expect a PROXY header is fixed at start, with the load balancer in front"},
 	{"server.log_format", "the log handler is built once at start"},
 	{"server.slowlog_threshold", "the slow log is built once at start"},

@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/redproxy/redproxy/internal/config/units"
 )
 
 // ServerTLS configures the TLS listener clients may connect to
@@ -21,6 +23,21 @@ type ServerTLS struct {
 	// certificate signed by one of its CAs (mutual TLS).
 	ClientCAFile string `toml:"client_ca_file"`
 	MinVersion   string `toml:"min_version"` // "1.2" or "1.3"
+	// HandshakeTimeout bounds a client's TLS handshake on every TLS
+	// listener: a client that connects and never completes one is closed
+	// after it. 0 is DefaultHandshakeTimeout.
+	HandshakeTimeout units.Duration `toml:"handshake_timeout"`
+}
+
+// DefaultHandshakeTimeout is server.tls.handshake_timeout's default.
+const DefaultHandshakeTimeout = 10 * time.Second
+
+// Handshake returns the handshake timeout in force.
+func (t ServerTLS) Handshake() time.Duration {
+	if t.HandshakeTimeout.Duration <= 0 {
+		return DefaultHandshakeTimeout
+	}
+	return t.HandshakeTimeout.Duration
 }
 
 // Enabled reports whether the TLS listener is configured.
@@ -48,8 +65,12 @@ var tlsVersions = map[string]uint16{"1.2": tls.VersionTLS12, "1.3": tls.VersionT
 // and returns the listener's TLS configuration. It reads the files on every
 // call, which is how a reload picks up rotated certificates. Errors are
 // *Error values naming the key whose file is at fault.
-func (t ServerTLS) ServerConfig() (*tls.Config, error) {
-	if errs := t.check(); len(errs) > 0 {
+func (t ServerTLS) ServerConfig() (*tls.Config, error) { return t.serverConfig(false) }
+
+// serverConfig is ServerConfig; shared says a [[server.listeners]] entry
+// uses the files even if server.tls.listen is off.
+func (t ServerTLS) serverConfig(shared bool) (*tls.Config, error) {
+	if errs := t.check(shared); len(errs) > 0 {
 		return nil, join(errs)
 	}
 	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
@@ -72,24 +93,29 @@ func (t ServerTLS) ServerConfig() (*tls.Config, error) {
 }
 
 // check finds what can be wrong without reading a certificate.
-func (t ServerTLS) check() []*Error {
+func (t ServerTLS) check(shared bool) []*Error {
 	var errs []*Error
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, &Error{Key: "server.tls." + key, Msg: fmt.Sprintf(format, args...)})
 	}
+	if t.HandshakeTimeout.Duration < 0 {
+		bad("handshake_timeout", "must be > 0 (or 0 for the default, %v), got %v", DefaultHandshakeTimeout, t.HandshakeTimeout)
+	}
 	if _, ok := tlsVersions[t.MinVersion]; !ok {
 		bad("min_version", "invalid version %q (use \"1.2\" or \"1.3\"; older versions are not offered)", t.MinVersion)
 	}
-	if !t.Enabled() {
+	if !t.Enabled() && !shared {
 		for _, f := range []struct{ key, path string }{{"cert_file", t.CertFile}, {"key_file", t.KeyFile}, {"client_ca_file", t.ClientCAFile}} {
 			if f.path != "" {
-				bad(f.key, "is set but server.tls.listen is empty (set listen to turn the TLS listener on)")
+				bad(f.key, "is set but server.tls.listen is empty and no [[server.listeners]] entry with tls = true uses it (set listen to turn the TLS listener on)")
 			}
 		}
 		return errs
 	}
-	if err := checkHostPort(t.Listen, false); err != nil {
-		bad("listen", "%v", err)
+	if t.Enabled() {
+		if err := checkHostPort(t.Listen, false); err != nil {
+			bad("listen", "%v", err)
+		}
 	}
 	for _, f := range []struct{ key, path string }{{"cert_file", t.CertFile}, {"key_file", t.KeyFile}} {
 		if f.path == "" {
@@ -181,14 +207,17 @@ func (c *Config) checkTLS() []*Error {
 		}
 		errs = append(errs, err.(*Error))
 	}
-	if c.Server.TLS.Enabled() {
-		_, err := c.Server.TLS.ServerConfig()
+	st := c.Server.TLS
+	// (A listener that inherits files [server.tls] does not set is
+	// checkListeners' error.)
+	if shared := c.inheritsTLSFiles() && (st.CertFile != "" || st.KeyFile != ""); st.Enabled() || shared {
+		_, err := st.serverConfig(shared)
 		add(err)
-		if c.Server.TLS.Listen == c.Server.Listen && !strings.HasSuffix(c.Server.Listen, ":0") {
+		if st.Enabled() && st.Listen == c.Server.Listen && !strings.HasSuffix(c.Server.Listen, ":0") {
 			errs = append(errs, &Error{Key: "server.tls.listen", Msg: "must differ from server.listen (one port cannot serve both plaintext and TLS)"})
 		}
 	} else {
-		add(join(c.Server.TLS.check()))
+		add(join(st.check(false)))
 	}
 	if c.Upstream.TLS != nil {
 		if c.Upstream.Address == EmbeddedAddress {

@@ -39,7 +39,7 @@ func TestTLSErrors(t *testing.T) {
 		{"certificate without listener", "[server.tls]\ncert_file = \"CERT\"\n",
 			[]wantErr{{2, "server.tls.cert_file", "is set but server.tls.listen is empty"}}},
 		{"no listener at all", "[server]\nlisten = \"\"\n",
-			[]wantErr{{2, "server.listen", "is empty and server.tls.listen is not set"}}},
+			[]wantErr{{2, "server.listen", "is empty and neither server.tls.listen nor [[server.listeners]] is set"}}},
 		{"same port twice", "[server]\nlisten = \"127.0.0.1:7000\"\n[server.tls]\nlisten = \"127.0.0.1:7000\"\ncert_file = \"CERT\"\nkey_file = \"KEY\"\n",
 			[]wantErr{{4, "server.tls.listen", "must differ from server.listen"}}},
 		{"upstream CA missing", "[upstream.tls]\nca_file = \"MISSING\"\n",

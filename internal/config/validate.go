@@ -25,8 +25,8 @@ func (c *Config) check() []*Error {
 
 	s := &c.Server
 	switch {
-	case s.Listen == "" && !s.TLS.Enabled():
-		bad("server.listen", "is empty and server.tls.listen is not set: no client could connect")
+	case s.Listen == "" && !s.TLS.Enabled() && len(s.Listeners) == 0:
+		bad("server.listen", "is empty and neither server.tls.listen nor [[server.listeners]] is set: no client could connect")
 	case s.Listen != "":
 		if err := checkHostPort(s.Listen, false); err != nil {
 			bad("server.listen", "%v (use \"\" to accept TLS clients only)", err)
@@ -93,6 +93,7 @@ func (c *Config) check() []*Error {
 	}
 	errs = append(errs, c.checkRoutes()...)
 	errs = append(errs, c.checkTLS()...)
+	errs = append(errs, c.checkListeners()...)
 	errs = append(errs, c.securityErrors()...)
 	errs = append(errs, policyErrors(c.Policy)...)
 	errs = append(errs, stampedeErrors(c.Stampede)...)
@@ -241,6 +242,7 @@ func (c *Config) securityErrors() []*Error {
 			return "", "", false
 		})...)
 	}
+	errs = append(errs, c.scopeListenerErrors()...)
 	for i, u := range c.Users {
 		if u.Scope != "" && !c.hasScope(u.Scope) {
 			errs = append(errs, &Error{Key: fmt.Sprintf("users[%d].scope", i), Msg: fmt.Sprintf("no [[policy.scope]] is named %q", u.Scope)})
@@ -298,16 +300,13 @@ func ExposureError(c *Config) error {
 	if len(c.Users) > 0 || c.Upstream.Password != "" || c.Server.AllowUnauthenticated {
 		return nil
 	}
-	// Each listener in use: the plaintext one ("" is off) and the TLS one
-	// (TLS without client certificates lets anyone in just the same).
-	for _, l := range []struct{ key, addr string }{
-		{"server.listen", c.Server.Listen},
-		{"server.tls.listen", c.Server.TLS.Listen},
-	} {
-		if l.addr == "" || IsLoopback(l.addr) || l.key == "server.tls.listen" && c.Server.TLS.ClientCAFile != "" {
+	// Every client listener (TLS without client certificates lets anyone
+	// in just the same as plaintext).
+	for _, l := range c.ClientListeners() {
+		if IsLoopback(l.Listen) || l.TLS && l.ClientCAFile != "" {
 			continue
 		}
-		return &Error{Key: l.key, Msg: fmt.Sprintf("refusing to start: %q is not a loopback address, and with no [[users]] and no upstream.password anyone who reaches it could use Redis through the proxy; configure [[users]] or upstream.password, listen on 127.0.0.1, or set server.allow_unauthenticated = true (--allow-unauthenticated, REDPROXY_ALLOW_UNAUTHENTICATED=true) to accept that", l.addr)}
+		return &Error{Key: listenerKey(c, l.Name), Msg: fmt.Sprintf("refusing to start: listener %q at %q is not a loopback address, and with no [[users]] and no upstream.password anyone who reaches it could use Redis through the proxy; configure [[users]] or upstream.password, listen on 127.0.0.1, or set server.allow_unauthenticated = true (--allow-unauthenticated, REDPROXY_ALLOW_UNAUTHENTICATED=true) to accept that", l.Name, l.Listen)}
 	}
 	return nil
 }

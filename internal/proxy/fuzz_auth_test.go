@@ -55,7 +55,7 @@ func FuzzAuthPath(f *testing.F) {
 		fuzzAuthOnce.Do(func() {
 			fuzzAuthProxy = startFuzzProxy(t, func(c *config.Config) {
 				c.Users = []auth.UserConfig{
-					{Name: "app", PasswordSHA256: auth.HashPassword(fuzzAuthPass), ACL: "+@all -@dangerous ~*"},
+					{Name: "app", PasswordSHA256: auth.HashPassword(fuzzAuthPass), ACL: "+@all -@dangerous ~* allchannels"},
 					{Name: "default", PasswordSHA256: auth.HashPassword(fuzzAuthPass), ACL: "+@read ~*"},
 				}
 				c.Policy.Commands.Deny = fuzzDeny

@@ -17,8 +17,6 @@ type serverGuard struct {
 	// authenticate as the upstream's user or not at all (NOAUTH stops them
 	// before the guard).
 	user string
-	// listener names the listener for scopes: the configured listen address.
-	listener string
 }
 
 func initGuard(s *Server) error {
@@ -30,7 +28,7 @@ func initGuard(s *Server) error {
 	if user == "" {
 		user = "default"
 	}
-	s.guard = &serverGuard{Guard: g, user: user, listener: s.cfg.Server.Listen}
+	s.guard = &serverGuard{Guard: g, user: user}
 	return nil
 }
 
@@ -45,7 +43,8 @@ func (sess *Session) guardBatch() *guard.Batch { return &sess.guard }
 // so a write followed by its own EXPIRE in the same batch passes untouched.
 func (sess *Session) prepareBatch(reqs []resp.Request) {
 	sg := sess.srv.guard
-	sess.guardBatch().Prepare(sg.Policy(), sess.srv.table, reqs, sess.userName(), sg.listener)
+	// Scopes select on the listener's name (config.Config.ClientListeners).
+	sess.guardBatch().Prepare(sg.Policy(), sess.srv.table, reqs, sess.userName(), sess.listenerName())
 }
 
 // guardStep applies the guard's decision for request i: a refusal is

@@ -156,7 +156,7 @@ func (s *Server) appendProxySection(b []byte) []byte {
 		",pinned="+strconv.FormatInt(b0.Pinned(), 10)+
 		",failures="+strconv.FormatUint(st.Failures, 10))
 	line("upstream_redis_version", s.UpstreamVersion())
-	line("pinned_connections", strconv.FormatInt(b0.Pinned(), 10))
+	line("pinned_connections", strconv.FormatInt(b0.PinnedTotal(), 10))
 	line("max_pinned_connections", strconv.FormatInt(b0.MaxPinned(), 10))
 
 	if s.tier == nil {

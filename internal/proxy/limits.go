@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"errors"
 	"net"
 	"os"
@@ -85,11 +86,27 @@ type clientConn struct {
 	// timedOut makes a client logged once, whichever of its writers
 	// (session, relay) hit the deadline.
 	timedOut atomic.Bool
+	// writeFailed: a write to the client failed, so Close sends nothing
+	// more to it (closeTLS).
+	writeFailed atomic.Bool
+}
+
+// Close closes the client's connection; a TLS one without waiting to send
+// close_notify to a client that stopped taking what is written to it.
+func (c *clientConn) Close() error {
+	if tc, ok := c.Conn.(*tls.Conn); ok {
+		return closeTLS(tc, c.writeFailed.Load())
+	}
+	return c.Conn.Close()
 }
 
 func (c *clientConn) Write(b []byte) (int, error) {
 	if c.timeout <= 0 {
-		return c.Conn.Write(b)
+		n, err := c.Conn.Write(b)
+		if err != nil {
+			c.writeFailed.Store(true)
+		}
+		return n, err
 	}
 	written := 0
 	for written < len(b) {
@@ -97,6 +114,7 @@ func (c *clientConn) Write(b []byte) (int, error) {
 		n, err := c.Conn.Write(b[written:min(len(b), written+writeChunk)])
 		written += n
 		if err != nil {
+			c.writeFailed.Store(true)
 			if errors.Is(err, os.ErrDeadlineExceeded) && c.timedOut.CompareAndSwap(false, true) {
 				c.sess.closeFor(metrics.CloseWriteTimeout, "client took none of its replies within server.client_write_timeout", "timeout", c.timeout)
 			}

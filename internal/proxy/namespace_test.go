@@ -25,13 +25,13 @@ const nsPass = "ns-pass-5e1d"
 // "b:" and one (admin) that is not.
 func nsProxy(t *testing.T) *proxytest.Proxy {
 	return proxytest.Start(t, nil, func(c *config.Config) {
-		a := user("tenant-a", nsPass, "+@all ~*")
+		a := user("tenant-a", nsPass, "+@all ~* allchannels")
 		a.Namespace = "a:"
-		b := user("tenant-b", nsPass, "+@all ~*")
+		b := user("tenant-b", nsPass, "+@all ~* allchannels")
 		b.Namespace = "b:"
-		cache := user("tenant-cache", nsPass, "+@all ~cache:*")
+		cache := user("tenant-cache", nsPass, "+@all ~cache:* allchannels")
 		cache.Namespace = "a:"
-		c.Users = []auth.UserConfig{a, b, cache, user("admin", nsPass, "+@all ~*")}
+		c.Users = []auth.UserConfig{a, b, cache, user("admin", nsPass, "+@all ~* allchannels")}
 		// The guard denies these by default; allowed, the namespace's own
 		// handling shows.
 		c.Policy.Commands.Allow = []string{"keys", "flushdb", "flushall"}
@@ -401,7 +401,7 @@ func must(t testing.TB, err error) {
 // client in a namespace: the rewriting's memory is reused batch to batch.
 func BenchmarkForwardPipeline16Namespace(b *testing.B) {
 	p := proxytest.Start(b, nil, func(c *config.Config) {
-		u := user("tenant-a", nsPass, "+@all ~*")
+		u := user("tenant-a", nsPass, "+@all ~* allchannels")
 		u.Namespace = "a:"
 		c.Users = []auth.UserConfig{u}
 	})

@@ -68,7 +68,7 @@ func initProxyProtocol(s *Server) error {
 
 // acceptProxied reads a new connection's PROXY header on a goroutine of
 // its own, then serves the client as accept would have.
-func (s *Server) acceptProxied(nc net.Conn, secure bool) {
+func (s *Server) acceptProxied(nc net.Conn, l *listener) {
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -99,7 +99,7 @@ func (s *Server) acceptProxied(nc net.Conn, secure bool) {
 			nc.Close()
 			return
 		}
-		s.startSession(pc, secure)
+		s.startSession(pc, l)
 	}()
 }
 

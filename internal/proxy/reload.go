@@ -36,6 +36,7 @@ func (s *Server) backendOptions(c *config.Config, addr string) upstream.BackendO
 		TLS:          s.tls.upstream,
 		Connections:  c.Upstream.Connections,
 		MaxPinned:    c.Upstream.MaxPinned,
+		Pins:         s.pins,
 		Databases:    c.Upstream.Databases,
 		DialTimeout:  c.Upstream.DialTimeout.Duration,
 		ReplyTimeout: c.Upstream.ReplyTimeout.Duration,
@@ -141,7 +142,7 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		}
 		s.log.Info("upstream switched; requests already sent finish on the old connections", "upstream", addr)
 	} else {
-		s.backend.SetMaxPinned(next.Upstream.MaxPinned)
+		s.pins.SetMax(next.Upstream.MaxPinned) // every backend's: the limit is shared
 	}
 	// After an upstream switch, a new flight group too: a read started
 	// after Reload returns must not join a coalesced fetch (or tier fill)

@@ -203,6 +203,9 @@ func TestReloadRefusesRestartOnly(t *testing.T) {
 		{"databases", func(c *config.Config) { c.Upstream.Databases = 4; c.Server.MaxClients = 1 },
 			"upstream.databases:"},
 		{"local tier", func(c *config.Config) { c.LocalCache.Enabled = true }, "localcache.enabled:"},
+		{"listeners", func(c *config.Config) {
+			c.Server.Listeners = []config.Listener{{Name: "more", Listen: "127.0.0.1:0"}}
+		}, "server.listeners: the client listeners are bound once at start"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			changed, err := p.Reload(reloaded(t, p, tc.mutate))

@@ -122,10 +122,13 @@ func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 		s.log.Warn("INSECURE: tls.insecure_skip_verify is set for a named upstream: its certificate is NOT verified", "upstream", t.name)
 	}
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"upstream": t.name}, s.metrics.Registry)
+	// The upstream's max_pinned bounds its dedicated connections of every
+	// credential (and node) together, as [upstream]'s does.
+	pins := upstream.NewPinLimit(u.MaxPinned)
 	opts := func(addr, user, pass string) upstream.BackendOptions {
 		return upstream.BackendOptions{
 			Addr: addr, Username: user, Password: pass, TLS: tlsConf,
-			Connections: u.Connections, MaxPinned: u.MaxPinned,
+			Connections: u.Connections, MaxPinned: u.MaxPinned, Pins: pins,
 			// SELECT's range is [upstream]'s: every upstream serves the
 			// client's database.
 			Databases:    s.cfg.Upstream.Databases,

@@ -60,13 +60,18 @@ type Server struct {
 	replicas     *replicaSet                         // upstream.read_from = replica*: reads from replicas (replicas.go); nil otherwise
 	slow         slowState                           // the slow log (slowlog.go)
 	tls          tlsState                            // TLS on both sides (tls.go)
+	listeners    listenerState                       // the client listeners by name (listeners.go)
 	users        *userState                          // proxy users and their upstream pools (users.go)
 	proxyProto   proxyProtoState                     // PROXY protocol headers on the client listeners (proxyproto.go)
 	routes       *routeState                         // named upstreams and [[route]] (routes.go); nil without routes
 	mirror       *mirror.Mirror                      // [mirror] (mirror.go); nil when off
+	// pins is upstream.max_pinned, shared by every backend (the proxy's,
+	// each user credential's, each cluster node's): the bound is on all
+	// dedicated connections to Redis together.
+	pins *upstream.PinLimit
 
 	mu       sync.Mutex
-	lns      []net.Listener // the plaintext and TLS listeners
+	lns      []net.Listener // the client listeners served
 	sessions map[*Session]struct{}
 	closing  bool
 	active   sync.WaitGroup
@@ -122,6 +127,7 @@ func NewServer(o Options) (*Server, error) {
 		metrics:      o.Metrics,
 		sessions:     make(map[*Session]struct{}),
 		started:      time.Now(),
+		pins:         upstream.NewPinLimit(cfg.Upstream.MaxPinned),
 	}
 	s.live.Store(cfg)
 	// TLS first: the backend dials as soon as it exists.
@@ -209,11 +215,12 @@ func (s *Server) Ready() bool {
 	return s.backend.Ready() && s.routesReady()
 }
 
-// Serve accepts plaintext clients on ln until Shutdown. A server may serve
-// several listeners (Serve and ServeTLS), each on its own goroutine.
-func (s *Server) Serve(ln net.Listener) error { return s.serve(ln, false) }
+// Serve accepts plaintext clients on ln, as the "plain" listener
+// (server.listen), until Shutdown. A server may serve several listeners
+// (Serve, ServeTLS, ServeListener), each on its own goroutine.
+func (s *Server) Serve(ln net.Listener) error { return s.serve(ln, s.plainListener()) }
 
-func (s *Server) serve(ln net.Listener, secure bool) error {
+func (s *Server) serve(ln net.Listener, l *listener) error {
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -244,38 +251,40 @@ func (s *Server) serve(ln net.Listener, secure bool) error {
 			return err
 		}
 		backoff = 0
-		s.accept(nc, secure)
+		s.accept(nc, l)
 	}
 }
 
 var maxClientsReply = []byte("-ERR max number of clients reached\r\n")
 
-func (s *Server) accept(nc net.Conn, secure bool) {
+func (s *Server) accept(nc net.Conn, l *listener) {
 	s.metrics.ClientsTotal.Inc()
+	l.accepted.Inc()
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	if s.cfg.Server.ProxyProtocol {
-		s.acceptProxied(nc, secure)
+	if l.cfg.UsesProxyProtocol() {
+		s.acceptProxied(nc, l)
 		return
 	}
-	s.startSession(nc, secure)
+	s.startSession(nc, l)
 }
 
 // startSession serves a client whose connection is accepted (and, with
 // server.proxy_protocol, whose PROXY header is read): TLS handshake if
-// secure, then the session.
-func (s *Server) startSession(nc net.Conn, secure bool) {
+// the listener is TLS, then the session. max_clients counts the clients of
+// every listener together.
+func (s *Server) startSession(nc net.Conn, l *listener) {
 	_, proxied := nc.(*proxiedConn)
 	var tc *tls.Conn
-	if secure {
-		tc = tls.Server(nc, s.tls.listener)
+	if l.secure() {
+		tc = tls.Server(nc, l.conf)
 		nc = tc
 	}
 	if s.clients.Load() >= int64(s.Config().Server.MaxClients) {
 		s.metrics.ClientsRejected.Inc()
 		if tc != nil {
-			go rejectTLS(tc)
+			go rejectTLS(tc, s.Config().Server.TLS.Handshake())
 			return
 		}
 		nc.Write(maxClientsReply)
@@ -283,6 +292,14 @@ func (s *Server) startSession(nc net.Conn, secure bool) {
 		return
 	}
 	sess := newSession(s, nc)
+	sess.listener = l
+	if err := sess.setNamespace(l.cfg.Namespace); err != nil {
+		// Checked with the configuration; a client must never run
+		// unconfined on a listener meant to confine it.
+		s.log.Error("BUG: listener namespace refused; connection closed", "listener", l.cfg.Name, "err", err)
+		nc.Close()
+		return
+	}
 	if tc != nil || proxied {
 		// No socket to wait on through TLS (tls.go), nor on a PROXY
 		// connection holding bytes read past its header (proxyproto.go):

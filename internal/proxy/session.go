@@ -111,6 +111,10 @@ type Session struct {
 
 	ns       nsState         // the key prefix the client is confined to (namespace.go)
 	curStrip namespace.Strip // where the reply of the command being dispatched names keys
+	// listener is the client listener the client came through
+	// (listeners.go); set before the session starts, then only read. Its
+	// namespace is in ns (namespace.go).
+	listener *listener
 }
 
 // slot says where one command's reply comes from.

@@ -42,6 +42,7 @@ func (sess *Session) noteSlow(reqs []resp.Request, start time.Time, took time.Du
 		Batch:          len(reqs),
 		Client:         sess.nc.RemoteAddr().String(),
 		User:           sess.srv.userName(),
+		Listener:       sess.listenerName(),
 	}
 	e.ProxyMicros = e.TotalMicros - e.UpstreamMicros
 	e.DB = sess.db // only this goroutine writes it

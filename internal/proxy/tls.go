@@ -19,8 +19,8 @@ import (
 //
 //   - ServeTLS accepts on a listener of its own and wraps each connection
 //     with tls.Server; the handshake runs on the client's goroutine, bounded
-//     by tlsHandshakeTimeout, so a client that connects and says nothing
-//     holds up nobody else's accept.
+//     by server.tls.handshake_timeout, so a client that connects and says
+//     nothing holds up nobody else's accept.
 //   - The listener's tls.Config asks for the configuration in force on
 //     every handshake (GetConfigForClient), and a reload swaps it whole: a
 //     rotated certificate, client CA or min_version applies to connections
@@ -31,19 +31,13 @@ import (
 //     through io.Reader; clientConn does not forward SyscallConn for them.
 //     What an idle TLS client costs is measured in README "TLS".
 
-// tlsHandshakeTimeout bounds a client's TLS handshake.
-const tlsHandshakeTimeout = 10 * time.Second
-
 // notTLSReply is what a client that speaks plaintext RESP to the TLS port
 // is told before it is closed, in plaintext so that it can read it.
 var notTLSReply = []byte("-ERR this port speaks TLS: connect with TLS (redis-cli --tls), or use the plaintext port\r\n")
 
-// tlsState is the client-side TLS the server serves with.
+// tlsState is the client-side TLS the server serves with (each TLS
+// listener's own configuration is in listeners.go).
 type tlsState struct {
-	// live is the configuration the next handshake uses; nil while
-	// [server.tls] is off (ServeTLS then refuses to start).
-	live     atomic.Pointer[tls.Config]
-	listener *tls.Config // asks live on every handshake
 	// upstream is the TLS configuration for connections to Redis, nil for
 	// plaintext; guarded by Server.reloadMu after NewServer.
 	upstream *tls.Config
@@ -55,7 +49,7 @@ type tlsState struct {
 // Reasons a client's TLS handshake failed (redproxy_client_tls_handshake_failures_total).
 const (
 	tlsFailNotTLS  = "not_tls"   // plaintext sent to the TLS port
-	tlsFailTimeout = "timeout"   // no complete handshake within tlsHandshakeTimeout
+	tlsFailTimeout = "timeout"   // no complete handshake within server.tls.handshake_timeout
 	tlsFailRefused = "handshake" // version, cipher or certificate refused (by either side)
 )
 
@@ -71,15 +65,8 @@ func initTLS(s *Server) error {
 	if err := s.metrics.Registry.Register(t.failures); err != nil {
 		return err
 	}
-	t.listener = &tls.Config{
-		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return t.live.Load(), nil },
-	}
-	if s.cfg.Server.TLS.Enabled() {
-		c, err := s.cfg.Server.TLS.ServerConfig()
-		if err != nil {
-			return err
-		}
-		t.live.Store(c)
+	if err := initListeners(s); err != nil {
+		return err
 	}
 	up, err := s.cfg.Upstream.ClientTLS()
 	if err != nil {
@@ -102,11 +89,9 @@ func warnInsecureUpstream(s *Server, c *config.Config) {
 // apply once the rest of the reload is accepted: a rotated certificate is
 // a reload even when no setting changed.
 func (s *Server) reloadTLS(next *config.Config) (apply func(), upstreamChanged bool, err error) {
-	var srv *tls.Config
-	if next.Server.TLS.Enabled() {
-		if srv, err = next.Server.TLS.ServerConfig(); err != nil {
-			return nil, false, err
-		}
+	applyListeners, err := s.reloadListenerTLS(next)
+	if err != nil {
+		return nil, false, err
 	}
 	up, err := next.Upstream.ClientTLS()
 	if err != nil {
@@ -114,13 +99,7 @@ func (s *Server) reloadTLS(next *config.Config) (apply func(), upstreamChanged b
 	}
 	upstreamChanged = !sameClientTLS(s.tls.upstream, up)
 	return func() {
-		if srv != nil {
-			old := s.tls.live.Swap(srv)
-			if !sameCertificates(old, srv) {
-				s.log.Info("TLS certificate reloaded; new clients get it, connected ones keep theirs",
-					"cert_file", next.Server.TLS.CertFile, "expires", config.CertificateExpiry(srv))
-			}
-		}
+		applyListeners()
 		s.tls.upstream = up
 		warnInsecureUpstream(s, next)
 	}, upstreamChanged, nil
@@ -165,18 +144,19 @@ func sameCertificates(a, b *tls.Config) bool {
 // ServeTLS accepts TLS clients on ln (a plain TCP listener: the server
 // runs the handshakes) until Shutdown. [server.tls] must be configured.
 func (s *Server) ServeTLS(ln net.Listener) error {
-	if s.tls.live.Load() == nil {
+	l := s.listeners.byName[config.ListenerTLS]
+	if l == nil {
 		ln.Close()
-		return errors.New("redproxy: ServeTLS without [server.tls] cert_file and key_file")
+		return errors.New("redproxy: ServeTLS without [server.tls] listen, cert_file and key_file")
 	}
-	return s.serve(ln, true)
+	return s.serve(ln, l)
 }
 
 // tlsHandshake runs a TLS client's handshake on its session goroutine and
 // reports whether the session may go on. A failure is counted and logged
 // (rate-limited: a scanner can cause many), and the client is closed.
 func (s *Server) tlsHandshake(sess *Session, tc *tls.Conn) bool {
-	tc.SetDeadline(time.Now().Add(tlsHandshakeTimeout))
+	tc.SetDeadline(time.Now().Add(s.Config().Server.TLS.Handshake()))
 	if sess.interrupted.Load() {
 		// Shut down between accept and here: the deadline just set would
 		// have replaced the one interrupt set.
@@ -215,10 +195,26 @@ func (s *Server) tlsHandshake(sess *Session, tc *tls.Conn) bool {
 // rejectTLS tells a TLS client over max_clients why it is closed, which
 // needs a handshake; it runs on a goroutine of its own so the accept loop
 // does not wait for it.
-func rejectTLS(tc *tls.Conn) {
-	defer tc.Close()
-	tc.SetDeadline(time.Now().Add(tlsHandshakeTimeout))
-	tc.Write(maxClientsReply)
+func rejectTLS(tc *tls.Conn, timeout time.Duration) {
+	tc.SetDeadline(time.Now().Add(timeout))
+	if _, err := tc.Write(maxClientsReply); err != nil {
+		// The handshake or the write failed: no close_notify for a peer
+		// that is not reading (closeTLS).
+		tc.NetConn().Close()
+		return
+	}
+	tc.Close()
+}
+
+// closeTLS closes a TLS client's connection. tls.Conn.Close first sends a
+// close_notify alert, waiting up to 5 s for the socket to take it; after a
+// write to the client failed (it stopped reading, or its deadline passed)
+// that wait is for nothing, so the socket is closed without it.
+func closeTLS(tc *tls.Conn, writeFailed bool) error {
+	if writeFailed {
+		return tc.NetConn().Close()
+	}
+	return tc.Close()
 }
 
 // logLimiter lets one log line through per second and counts the rest.

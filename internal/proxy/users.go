@@ -24,7 +24,7 @@ type userState struct {
 	backends map[auth.Credential]*upstream.Backend
 	limiter  *auth.FailLimiter
 	failures *prometheus.CounterVec // by reason: wrongpass, ratelimited
-	denied   *prometheus.CounterVec // NOPERM refusals, by kind: command, key
+	denied   *prometheus.CounterVec // NOPERM refusals, by kind: command, key, channel
 }
 
 func initUsers(s *Server) error {
@@ -40,7 +40,7 @@ func initUsers(s *Server) error {
 		backends: map[auth.Credential]*upstream.Backend{},
 		limiter:  auth.NewFailLimiter(),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redproxy_auth_failures_total", Help: "Failed AUTH and HELLO AUTH attempts, by reason (wrongpass, ratelimited)."}, []string{"reason"}),
-		denied:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redproxy_acl_denied_total", Help: "Commands refused by a proxy user's ACL, by kind (command, key)."}, []string{"kind"}),
+		denied:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redproxy_acl_denied_total", Help: "Commands refused by a proxy user's ACL, by kind (command, key, channel)."}, []string{"kind"}),
 	}
 	s.metrics.Registry.MustRegister(st.failures, st.denied)
 	for _, u := range us.List() {
@@ -221,8 +221,11 @@ func (sess *Session) aclDenied(cmd *commands.Command, args [][]byte) string {
 		return ""
 	}
 	kind := "command"
-	if d == auth.DeniedKey {
+	switch d {
+	case auth.DeniedKey:
 		kind = "key"
+	case auth.DeniedChannel:
+		kind = "channel"
 	}
 	sess.srv.users.denied.WithLabelValues(kind).Inc()
 	name := ""

@@ -297,7 +297,7 @@ func TestReadOnlyUserCannotEscapeThroughPipeline(t *testing.T) {
 // upstream connection.
 func TestUserACLOnRelay(t *testing.T) {
 	p := usersProxy(t, func(c *config.Config) {
-		c.Users = append(c.Users, user("sub", "sub-pass", "~cache:* +@read +@pubsub +@connection"))
+		c.Users = append(c.Users, user("sub", "sub-pass", "~cache:* +@read +@pubsub +@connection &ch"))
 	})
 	nc := p.Dial(t)
 	rd := newReplyReader(nc)

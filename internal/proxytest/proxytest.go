@@ -25,6 +25,9 @@ type Proxy struct {
 	*proxy.Server
 	Addr    string // the plaintext listener; "" if server.listen is ""
 	TLSAddr string // the TLS listener, when [server.tls] is on
+	// Addrs are the addresses of every client listener, by name
+	// ("plain", "tls" and each [[server.listeners]] entry's).
+	Addrs   map[string]string
 	Redis   *redistest.Server
 	Metrics *metrics.Metrics
 }
@@ -71,23 +74,16 @@ func StartUnready(t testing.TB, rs *redistest.Server, mutate func(*config.Config
 	if err != nil {
 		t.Fatalf("proxytest: %v", err)
 	}
-	p := &Proxy{Server: srv, Redis: rs, Metrics: reg}
-	if cfg.Server.Listen != "" {
-		ln, err := net.Listen("tcp", cfg.Server.Listen)
+	p := &Proxy{Server: srv, Redis: rs, Metrics: reg, Addrs: map[string]string{}}
+	for _, lc := range cfg.ClientListeners() {
+		ln, err := net.Listen("tcp", lc.Listen)
 		if err != nil {
 			t.Fatal(err)
 		}
-		go srv.Serve(ln)
-		p.Addr = ln.Addr().String()
+		go srv.ServeListener(lc.Name, ln)
+		p.Addrs[lc.Name] = ln.Addr().String()
 	}
-	if cfg.Server.TLS.Enabled() {
-		ln, err := net.Listen("tcp", cfg.Server.TLS.Listen)
-		if err != nil {
-			t.Fatal(err)
-		}
-		go srv.ServeTLS(ln)
-		p.TLSAddr = ln.Addr().String()
-	}
+	p.Addr, p.TLSAddr = p.Addrs[config.ListenerPlain], p.Addrs[config.ListenerTLS]
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -40,6 +40,7 @@ type Entry struct {
 	DB             int    `json:"db"`
 	Client         string `json:"client"`
 	User           string `json:"user"`
+	Listener       string `json:"listener,omitempty"` // the client listener's name
 }
 
 // Log is a bounded ring of entries, safe for concurrent use. Adding takes a

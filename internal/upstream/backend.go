@@ -21,12 +21,17 @@ type BackendOptions struct {
 	TLS                      *tls.Config // nil: plaintext
 	Connections, Databases   int
 	MaxPinned                int
-	DialTimeout              time.Duration
-	ReplyTimeout             time.Duration
-	DeadTimeout              time.Duration
-	ReconnectMin             time.Duration
-	ReconnectMax             time.Duration
-	Logger                   *slog.Logger
+	// Pins, when set, is the limit of dedicated connections shared with
+	// other backends (every upstream credential's pools, every cluster
+	// node's), so that upstream.max_pinned bounds them all together; nil
+	// gives the backend a limit of its own. MaxPinned sets its size.
+	Pins         *PinLimit
+	DialTimeout  time.Duration
+	ReplyTimeout time.Duration
+	DeadTimeout  time.Duration
+	ReconnectMin time.Duration
+	ReconnectMax time.Duration
+	Logger       *slog.Logger
 	// OnReadOnly runs when Redis answers -READONLY on a connection of the
 	// backend: the primary has become a replica (Sentinel mode watches
 	// for it). Nil ignores it.
@@ -44,8 +49,9 @@ type BackendOptions struct {
 type Backend struct {
 	gen atomic.Pointer[backendGen]
 	mu  sync.Mutex // creating pools, switching generations
-	// maxPinned is upstream.max_pinned, which a reload may change.
-	maxPinned atomic.Int64
+	// pins is upstream.max_pinned and what is taken of it, possibly
+	// shared with other backends (BackendOptions.Pins).
+	pins *PinLimit
 
 	// Dedicated connections: pinned to one client for a transaction or a
 	// blocking command, or relayed raw for pub/sub and MONITOR. pinned
@@ -86,14 +92,62 @@ var ErrTooManyPinned = errors.New("redproxy: too many dedicated upstream connect
 
 const maxIdlePerKey = 16
 
+// PinLimit bounds the dedicated connections of one or more backends
+// together. Its zero value allows none until SetMax.
+type PinLimit struct {
+	max  atomic.Int64
+	used atomic.Int64
+}
+
+// NewPinLimit returns a limit of n dedicated connections.
+func NewPinLimit(n int) *PinLimit {
+	l := &PinLimit{}
+	l.max.Store(int64(n))
+	return l
+}
+
+// take reserves one dedicated connection, or reports that all are in use.
+func (l *PinLimit) take() bool {
+	if l.used.Add(1) > l.max.Load() {
+		l.used.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (l *PinLimit) give() { l.used.Add(-1) }
+
+// SetMax changes the limit. Connections already in use beyond a lowered
+// limit stay until released.
+func (l *PinLimit) SetMax(n int) { l.max.Store(int64(n)) }
+
+// Max is the limit in force.
+func (l *PinLimit) Max() int64 { return l.max.Load() }
+
+// Used is the number of dedicated connections taken under the limit.
+func (l *PinLimit) Used() int64 { return l.used.Load() }
+
+// takePin reserves a dedicated connection under the (shared) limit.
+func (b *Backend) takePin() bool {
+	if !b.pins.take() {
+		return false
+	}
+	b.pinned.Add(1)
+	return true
+}
+
+func (b *Backend) givePin() {
+	b.pinned.Add(-1)
+	b.pins.give()
+}
+
 // PinnedName is the name an idle dedicated pipe carries on Redis; while a
 // client uses it, it carries the client's name, if the client set one.
 const PinnedName = "redproxy-pinned"
 
 // AcquirePipe returns a dedicated pipelined connection for one client.
 func (b *Backend) AcquirePipe(db int, resp3 bool) (*Pipe, error) {
-	if b.pinned.Add(1) > b.maxPinned.Load() {
-		b.pinned.Add(-1)
+	if !b.takePin() {
 		return nil, ErrTooManyPinned
 	}
 	key := db*2 + btoi(resp3)
@@ -116,7 +170,7 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*Pipe, error) {
 	o.Name = PinnedName
 	p, err := DialPipe(o)
 	if err != nil {
-		b.pinned.Add(-1)
+		b.givePin()
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	b.idleMu.Lock()
@@ -132,7 +186,7 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*Pipe, error) {
 // state the caller knows to be clean (no MULTI, no WATCH, the DB and
 // protocol it was dialled with) may be reused; anything else is closed.
 func (b *Backend) ReleasePipe(p *Pipe, db int, resp3, clean bool) {
-	b.pinned.Add(-1)
+	b.givePin()
 	if clean && p.Up() {
 		key := db*2 + btoi(resp3)
 		b.idleMu.Lock()
@@ -214,8 +268,7 @@ func (b *Backend) RoundTripBeside(p *Pipe, raw []byte) ([]byte, error) {
 // MONITOR, client-side tracking). It is never reused, so it carries the
 // client's name, if it has one, for Redis's CLIENT LIST and SLOWLOG.
 func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error) {
-	if b.pinned.Add(1) > b.maxPinned.Load() {
-		b.pinned.Add(-1)
+	if !b.takePin() {
 		return nil, ErrTooManyPinned
 	}
 	g := b.gen.Load()
@@ -226,7 +279,7 @@ func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error)
 	}
 	nc, err := Dial(o)
 	if err != nil {
-		b.pinned.Add(-1)
+		b.givePin()
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	b.idleMu.Lock()
@@ -244,7 +297,7 @@ func (b *Backend) ReleaseConn(nc net.Conn) {
 	delete(b.relays, nc)
 	b.idleMu.Unlock()
 	nc.Close()
-	b.pinned.Add(-1)
+	b.givePin()
 }
 
 func btoi(b bool) int {
@@ -257,8 +310,12 @@ func btoi(b bool) int {
 // NewBackend creates the pools for DB 0 eagerly (RESP2 and RESP3), so
 // readiness reflects whether Redis is reachable.
 func NewBackend(opt BackendOptions) *Backend {
-	b := &Backend{stop: make(chan struct{})}
-	b.maxPinned.Store(int64(opt.MaxPinned))
+	b := &Backend{stop: make(chan struct{}), pins: opt.Pins}
+	if b.pins == nil {
+		b.pins = NewPinLimit(opt.MaxPinned)
+	} else {
+		b.pins.SetMax(opt.MaxPinned)
+	}
 	b.gen.Store(newGen(opt))
 	b.Pool(0, false)
 	b.Pool(0, true)
@@ -355,7 +412,7 @@ func (b *Backend) Ready() bool {
 
 // SetMaxPinned changes upstream.max_pinned. Dedicated connections already
 // in use over a lowered limit stay until their clients release them.
-func (b *Backend) SetMaxPinned(n int) { b.maxPinned.Store(int64(n)) }
+func (b *Backend) SetMaxPinned(n int) { b.pins.SetMax(n) }
 
 // drainGrace is the least time an old generation is kept after a switch:
 // a session that took a pool just before the switch sends on it a moment
@@ -559,9 +616,17 @@ func newBackendDescs(node bool) *backendDescs {
 		timeouts: prometheus.NewDesc("redproxy_upstream_timeouts_total", "Shared upstream connections closed because Redis answered nothing, not even a PING on a fresh connection, for upstream.dead_timeout.", labels, nil),
 		overdue:  prometheus.NewDesc("redproxy_upstream_overdue_replies_total", "Times a shared upstream connection's oldest reply took longer than upstream.reply_timeout and Redis was probed (slow command, busy script, CLIENT PAUSE, or a dead server).", labels, nil),
 		dials:    prometheus.NewDesc("redproxy_upstream_dials_total", "Connection attempts to Redis.", labels, nil),
-		pinned:   prometheus.NewDesc("redproxy_upstream_dedicated_connections", "Dedicated upstream connections in use (transactions, blocking commands, pub/sub, MONITOR).", first, nil),
+		pinned:   prometheus.NewDesc("redproxy_upstream_dedicated_connections", pinnedHelp[node], first, nil),
 		commands: prometheus.NewDesc("redproxy_upstream_commands_total", "Commands written to Redis on shared connections.", labels, nil),
 	}
+}
+
+// pinnedHelp: a backend's gauge shows the total upstream.max_pinned bounds
+// (shared by every credential's and node's backends); a node's series
+// show that node's share.
+var pinnedHelp = map[bool]string{
+	false: "Dedicated upstream connections in use (transactions, blocking commands, pub/sub, MONITOR), all upstream credentials and cluster nodes together: what upstream.max_pinned bounds.",
+	true:  "Dedicated upstream connections in use on this node (transactions, blocking commands, pub/sub, MONITOR).",
 }
 
 var (
@@ -590,7 +655,11 @@ func (b *Backend) CollectNodeMetrics(ch chan<- prometheus.Metric, node string) {
 }
 
 func (b *Backend) collect(ch chan<- prometheus.Metric, d *backendDescs, node ...string) {
-	ch <- prometheus.MustNewConstMetric(d.pinned, prometheus.GaugeValue, float64(b.pinned.Load()), node...)
+	pinned := b.pinned.Load()
+	if len(node) == 0 {
+		pinned = b.pins.Used()
+	}
+	ch <- prometheus.MustNewConstMetric(d.pinned, prometheus.GaugeValue, float64(pinned), node...)
 	g := b.gen.Load()
 	for i := range g.pools {
 		p := g.pools[i].Load()
@@ -622,5 +691,9 @@ func (b *Backend) Connections() int { return b.gen.Load().opt.Connections }
 // Pinned is the number of dedicated connections in use.
 func (b *Backend) Pinned() int64 { return b.pinned.Load() }
 
+// PinnedTotal is the number of dedicated connections in use under this
+// backend's limit, its own and those of the backends sharing the limit.
+func (b *Backend) PinnedTotal() int64 { return b.pins.Used() }
+
 // MaxPinned is upstream.max_pinned as in force now.
-func (b *Backend) MaxPinned() int64 { return b.maxPinned.Load() }
+func (b *Backend) MaxPinned() int64 { return b.pins.Max() }
