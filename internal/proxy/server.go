@@ -54,6 +54,7 @@ type Server struct {
 	flight       atomic.Pointer[stampede.Protection] // stampede protection (flight.go); a reload replaces it
 	tier         *tierState                          // the local tier (tier.go)
 	sentinel     *sentinel.Watcher                   // upstream.mode = "sentinel" (sentinel.go); nil otherwise
+	park         serverPark                          // idle clients parked without a goroutine (park.go)
 	slow         slowState                           // the slow log (slowlog.go)
 	tls          tlsState                            // TLS on both sides (tls.go)
 	users        *userState                          // proxy users and their upstream pools (users.go)
@@ -200,6 +201,7 @@ func (s *Server) serve(ln net.Listener, secure bool) error {
 	}
 	s.lns = append(s.lns, ln)
 	s.mu.Unlock()
+	s.startParking()
 	var backoff time.Duration
 	for {
 		nc, err := ln.Accept()
@@ -287,10 +289,8 @@ func (s *Server) startSession(nc net.Conn, secure bool) {
 		s.metrics.ClientsConnected.Dec()
 		s.active.Done()
 	}
-	serve := func() {
-		defer done()
-		sess.serve()
-	}
+	sess.onEnd = done
+	serve := sess.serve
 	if tc == nil {
 		go serve()
 		return
@@ -338,6 +338,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.mu.Unlock()
 		<-done
 	}
+	s.stopParking()
 	if s.sentinel != nil {
 		s.sentinel.Close()
 	}

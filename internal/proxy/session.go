@@ -92,6 +92,10 @@ type Session struct {
 	slowExempt   bool
 
 	interrupted atomic.Bool
+	// park: parking while idle (park.go); onEnd tells the server the
+	// session ended (not when it parks).
+	park  sessionPark
+	onEnd func()
 
 	aclKeys []commands.KeyRef // scratch for the ACL's key checks
 }
@@ -138,15 +142,38 @@ func newSession(s *Server, nc net.Conn) *Session {
 }
 
 // interrupt asks the session to stop after the batch it is answering; an
-// idle session blocked in a read is woken at once.
+// idle session blocked in a read is woken at once, a parked one resumed.
 func (sess *Session) interrupt() {
 	sess.interrupted.Store(true)
 	sess.nc.SetReadDeadline(time.Now())
+	sess.wake()
 }
 
+// serve serves the client until its connection ends, then tells the
+// server (onEnd); or until it parks (park.go), and then a later goroutine
+// calls serve again.
 func (sess *Session) serve() {
-	defer sess.ended()
+	if sess.run() {
+		return
+	}
+	if sess.onEnd != nil {
+		sess.onEnd()
+	}
+}
+
+// run is the session's loop: read a batch, answer it, write the replies.
+// It reports whether the session parked; only otherwise do the deferred
+// clean-ups run.
+func (sess *Session) run() (parked bool) {
 	defer func() {
+		if !parked {
+			sess.ended()
+		}
+	}()
+	defer func() {
+		if parked {
+			return
+		}
 		// A bug handling one client must not take the proxy and every
 		// other client down with it.
 		if r := recover(); r != nil {
@@ -155,19 +182,43 @@ func (sess *Session) serve() {
 			sess.logger().Error("BUG: panic while serving a client; connection closed", "panic", r, "stack", string(debug.Stack()))
 		}
 	}()
-	defer sess.nc.Close()
-	defer sess.sessionClosed()
-	defer sess.unpin(false)
+	defer func() {
+		if !parked {
+			sess.nc.Close()
+		}
+	}()
+	defer func() {
+		if !parked {
+			sess.sessionClosed()
+		}
+	}()
+	defer func() {
+		if !parked {
+			sess.unpin(false)
+		}
+	}()
 	idle := sess.srv.Config().Server.IdleTimeout.Duration
 	for {
 		if sess.interrupted.Load() {
 			sess.closing(sess.interruptReason())
-			return
+			return false
 		}
-		if idle > 0 {
-			sess.nc.SetReadDeadline(time.Now().Add(idle))
+		sess.readDeadline(idle)
+		parkable := sess.parkable()
+		if parkable {
+			sess.park.state.Store(parkWaiting)
 		}
 		reqs, err := sess.rd.ReadBatch()
+		if parkable && !sess.park.state.CompareAndSwap(parkWaiting, parkBusy) {
+			// The sweeper asked this idle session to park (park.go).
+			parked, retry := sess.answerPark(len(reqs), err, idle)
+			if parked {
+				return true
+			}
+			if retry {
+				continue
+			}
+		}
 		if len(reqs) > 0 {
 			sess.srv.metrics.BatchRequests.Observe(float64(len(reqs)))
 			sess.serveBatch(reqs)
@@ -184,7 +235,7 @@ func (sess *Session) serve() {
 		}
 		if len(sess.out) > 0 && !sess.outDead {
 			if !sess.writeOut(sess.out) {
-				return
+				return false
 			}
 			if cap(sess.out) > 1<<20 {
 				sess.out = nil
@@ -192,7 +243,7 @@ func (sess *Session) serve() {
 		}
 		if err != nil || sess.quitting {
 			// Whatever set quitting recorded why.
-			return
+			return false
 		}
 	}
 }

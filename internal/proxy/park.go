@@ -1,0 +1,289 @@
+package proxy
+
+import (
+	"errors"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redproxy/redproxy/internal/guard"
+	"github.com/redproxy/redproxy/internal/idlepark"
+)
+
+// Parking idle clients (server.idle_park_after, issue 10).
+//
+// A client's goroutine waiting in ReadBatch costs its stack (4 KB once it
+// has served a request) for as long as the client stays connected. A
+// client that has been idle for idle_park_after, in a plain state, gives
+// its goroutine up: its socket waits in the server's idlepark.Parker, and a
+// new goroutine picks the session up when the client sends again. Nothing
+// is added per request: the session publishes "waiting, parkable" with one
+// atomic store before ReadBatch and takes it back with one CAS after; a
+// sweeper ticking in the background asks long-waiting sessions to park by
+// moving their read deadline to now, as interrupt does, and the session
+// itself, seeing the timeout and the request, parks.
+//
+// Plain state: the Reader reads the socket directly and holds none of the
+// client's bytes (so nothing can be buffered above the socket: not TLS,
+// not a PROXY-protocol connection with bytes read past its header), no
+// pinned connection (MULTI, WATCH), no aborted transaction, no cluster
+// MULTI, no write whose reply is still due. Relays (pub/sub, MONITOR,
+// tracking) and blocking commands run inside a batch and never reach
+// ReadBatch, so they never park. A client that fills a miss hold may park:
+// the hold is keyed by its id, and if it hangs up meanwhile the parked
+// socket reports it (EPOLLRDHUP) and the session ends as usual, releasing
+// its holds.
+
+// The session's park state, in park.state.
+const (
+	parkBusy    int32 = iota // serving, or not parkable
+	parkWaiting              // in ReadBatch, in a plain state
+	parkAsked                // the sweeper moved the read deadline to now
+	parkParked               // in the Parker; no goroutine
+)
+
+// sessionPark is a session's part in parking.
+type sessionPark struct {
+	state atomic.Int32
+	// mu orders the sweeper's deadline change against the session taking
+	// its state back: the session restores its deadline only after the
+	// sweeper's change is done.
+	mu     sync.Mutex
+	ticket atomic.Uint64 // idlepark.Ticket of the current parking
+	due    atomic.Int64  // when idle_timeout closes the parked client, Unix ns; 0: never
+
+	// Only the session goroutine (or the one resuming it) uses these.
+	since     time.Time // start of the current wait, for idle_timeout
+	keepSince bool      // the next wait continues the current one
+	clearDead bool      // the read deadline must be cleared (no idle_timeout)
+}
+
+// serverPark is the server's parker and its sweeper.
+type serverPark struct {
+	parker *idlepark.Parker // nil: parking unsupported
+	once   sync.Once
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+// startParking starts the parker and its sweeper, once, with the first
+// listener. Where epoll is missing, clients keep their goroutines.
+func (s *Server) startParking() {
+	s.park.once.Do(func() {
+		p, err := idlepark.New()
+		if err != nil {
+			if !errors.Is(err, idlepark.ErrUnsupported) {
+				s.log.Warn("idle clients will not be parked", "err", err)
+			}
+			return
+		}
+		s.park.parker = p
+		s.park.stop = make(chan struct{})
+		s.park.done = make(chan struct{})
+		s.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "redproxy_client_connections_parked",
+			Help: "Idle client connections parked without a goroutine (server.idle_park_after).",
+		}, func() float64 { return float64(p.Len()) }))
+		go s.sweepParking()
+	})
+}
+
+// stopParking stops the sweeper and the parker; every session has ended.
+func (s *Server) stopParking() {
+	s.park.once.Do(func() {}) // none may start after this
+	if s.park.parker == nil {
+		return
+	}
+	close(s.park.stop)
+	<-s.park.done
+	s.park.parker.Close()
+}
+
+// parkTick is how often the sweeper looks: often enough that a client
+// parks within about 1.5 × idle_park_after and a parked one is closed
+// within a second of its idle_timeout.
+func parkTick(after time.Duration) time.Duration {
+	return min(max(after/2, 10*time.Millisecond), time.Second)
+}
+
+// sweepParking asks sessions waiting longer than idle_park_after to park,
+// and wakes parked sessions whose idle_timeout is due, so that they close.
+func (s *Server) sweepParking() {
+	defer close(s.park.done)
+	var ask, wake []*Session
+	tick := time.NewTimer(parkTick(s.Config().Server.IdleParkAfter.Duration))
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.park.stop:
+			return
+		case <-tick.C:
+		}
+		after := s.Config().Server.IdleParkAfter.Duration
+		now := time.Now()
+		s.mu.Lock()
+		for sess := range s.sessions {
+			switch sess.park.state.Load() {
+			case parkWaiting:
+				since := sess.list.active.Load()
+				if since == 0 {
+					since = sess.createdAt.UnixNano()
+				}
+				if after > 0 && now.UnixNano()-since >= int64(after) {
+					ask = append(ask, sess)
+				}
+			case parkParked:
+				if due := sess.park.due.Load(); due != 0 && now.UnixNano() >= due {
+					wake = append(wake, sess)
+				}
+			}
+		}
+		s.mu.Unlock()
+		for _, sess := range ask {
+			sess.askPark()
+		}
+		for _, sess := range wake {
+			sess.wake()
+		}
+		clear(ask)
+		clear(wake)
+		ask, wake = ask[:0], wake[:0]
+		if cap(ask) > 1024 {
+			ask = nil // a burst of parking does not stay allocated
+		}
+		tick.Reset(parkTick(after))
+	}
+}
+
+// askPark moves the read deadline of a session waiting in ReadBatch to
+// now, so that it looks at parking.
+func (sess *Session) askPark() {
+	sess.park.mu.Lock()
+	if sess.park.state.CompareAndSwap(parkWaiting, parkAsked) {
+		sess.nc.SetReadDeadline(time.Now())
+	}
+	sess.park.mu.Unlock()
+}
+
+// wake resumes a parked session, for an interrupt, a kill or its idle
+// timeout; a session that is not parked notices those by itself.
+func (sess *Session) wake() {
+	p := sess.srv.park.parker
+	if p == nil || sess.park.state.Load() != parkParked {
+		return
+	}
+	if p.Unpark(idlepark.Ticket(sess.park.ticket.Load())) {
+		go sess.resume()
+	}
+}
+
+// resume serves a parked session again, on a new goroutine.
+func (sess *Session) resume() {
+	sess.park.state.Store(parkBusy)
+	sess.serve()
+}
+
+// parkable reports whether the session may park if it stays idle: see the
+// top of this file for why each condition.
+func (sess *Session) parkable() bool {
+	return sess.srv.park.parker != nil && sess.rd.Parkable() &&
+		sess.pin.pipe == nil && sess.abort.reason == nil && !sess.cmulti.open &&
+		!sess.quitting && !sess.outDead &&
+		!sess.tierWrites.Pending() && !sess.flightWrites.Pending()
+}
+
+// readDeadline sets the deadline of the wait about to start: idle_timeout
+// from its start, which a wait continued after a park keeps.
+func (sess *Session) readDeadline(idle time.Duration) {
+	switch {
+	case idle > 0:
+		if !sess.park.keepSince {
+			sess.park.since = time.Now()
+		}
+		sess.nc.SetReadDeadline(sess.park.since.Add(idle))
+	case sess.park.clearDead:
+		sess.nc.SetReadDeadline(time.Time{})
+	}
+	sess.park.keepSince, sess.park.clearDead = false, false
+}
+
+// answerPark is called when the sweeper asked the session to park while it
+// waited in ReadBatch, which returned got requests and err. It parks the
+// session (parked) or undoes the request: the deadline it moved is put
+// back, and when only that deadline ended the wait, the wait is retried
+// (retry).
+func (sess *Session) answerPark(got int, err error, idle time.Duration) (parked, retry bool) {
+	sess.park.mu.Lock() // the sweeper's SetReadDeadline is done
+	sess.park.state.Store(parkBusy)
+	sess.park.mu.Unlock()
+	timedOut := got == 0 && errors.Is(err, os.ErrDeadlineExceeded)
+	if timedOut && sess.interrupted.Load() {
+		return false, false // interrupt moved the deadline too: end
+	}
+	if timedOut && idle > 0 && !time.Now().Before(sess.park.since.Add(idle)) {
+		return false, false // idle_timeout is due: end
+	}
+	if timedOut && sess.rd.Parkable() && sess.parkNow(idle) {
+		return true, false
+	}
+	if idle > 0 {
+		sess.nc.SetReadDeadline(sess.park.since.Add(idle))
+	} else {
+		sess.nc.SetReadDeadline(time.Time{})
+	}
+	sess.park.keepSince = timedOut
+	return false, timedOut
+}
+
+// parkNow gives back the session's buffers and puts its socket in the
+// parker. On true the goroutine must return at once without touching the
+// session: another one may already be serving it.
+func (sess *Session) parkNow(idle time.Duration) bool {
+	p := sess.srv.park.parker
+	sc, ok := sess.nc.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	sess.releaseBuffers()
+	var due int64
+	if idle > 0 {
+		due = sess.park.since.Add(idle).UnixNano()
+	}
+	sess.park.due.Store(due)
+	t := p.Reserve()
+	sess.park.ticket.Store(uint64(t))
+	// For the goroutine that resumes it: the wait goes on, with its
+	// idle_timeout, and without the deadline the sweeper set.
+	sess.park.keepSince, sess.park.clearDead = true, true
+	sess.park.state.Store(parkParked)
+	if err := p.Park(t, rc, sess.resume); err != nil {
+		sess.park.state.Store(parkBusy)
+		sess.park.keepSince, sess.park.clearDead = false, false
+		return false
+	}
+	// An interrupt that looked before the state said parked did not wake
+	// the session: take it back and end it here. (If the Unpark fails,
+	// someone else resumed it.)
+	if sess.interrupted.Load() && p.Unpark(t) {
+		sess.park.state.Store(parkBusy)
+		sess.park.keepSince, sess.park.clearDead = false, false
+		return false
+	}
+	return true
+}
+
+// releaseBuffers gives back everything a session keeps between batches for
+// reuse, so that a parked client holds no buffer at all.
+func (sess *Session) releaseBuffers() {
+	sess.rd.Release()
+	sess.call.Release()
+	sess.out, sess.local, sess.slots, sess.batchReqs, sess.aclKeys = nil, nil, nil, nil, nil
+	sess.guard = guard.Batch{}
+}
