@@ -65,6 +65,7 @@ type sessionPark struct {
 type serverPark struct {
 	parker *idlepark.Parker // nil: parking unsupported
 	once   sync.Once
+	ended  sync.Once // stopParking ran (Shutdown may be called again)
 	stop   chan struct{}
 	done   chan struct{}
 }
@@ -97,9 +98,11 @@ func (s *Server) stopParking() {
 	if s.park.parker == nil {
 		return
 	}
-	close(s.park.stop)
-	<-s.park.done
-	s.park.parker.Close()
+	s.park.ended.Do(func() {
+		close(s.park.stop)
+		<-s.park.done
+		s.park.parker.Close()
+	})
 }
 
 // parkTick is how often the sweeper looks: often enough that a client
@@ -286,4 +289,12 @@ func (sess *Session) releaseBuffers() {
 	sess.call.Release()
 	sess.out, sess.local, sess.slots, sess.batchReqs, sess.aclKeys = nil, nil, nil, nil, nil
 	sess.guard = guard.Batch{}
+}
+
+// ParkedClients is how many client connections are parked right now.
+func (s *Server) ParkedClients() int {
+	if s.park.parker == nil {
+		return 0
+	}
+	return s.park.parker.Len()
 }
