@@ -20,8 +20,6 @@ type poller struct {
 	closed bool
 }
 
-const wakeToken = 0 // tickets start at 1
-
 func (p *poller) open() error {
 	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {

@@ -29,9 +29,11 @@ var ErrUnsupported = errors.New("idlepark: parking is not supported on this plat
 // ErrClosed is returned by Park after Close.
 var ErrClosed = errors.New("idlepark: parker closed")
 
-// Ticket names one parking of one connection. Tickets are never reused, so
-// a stale ticket (of a connection that was resumed since) matches nothing.
-type Ticket uint64
+// wakeToken is the key of the poller's own wake-up pipe.
+const wakeToken = 0
+
+// ErrBadKey is returned by Park for the key 0, which the Parker uses itself.
+var ErrBadKey = errors.New("idlepark: key 0 is reserved")
 
 // parked is one connection waiting in the set.
 type parked struct {
@@ -44,14 +46,13 @@ type Parker struct {
 	impl poller
 
 	mu      sync.Mutex
-	waiting map[Ticket]parked
-	next    Ticket
+	waiting map[uint64]parked
 	closed  bool
 }
 
 // New starts a Parker and its goroutine.
 func New() (*Parker, error) {
-	p := &Parker{waiting: make(map[Ticket]parked)}
+	p := &Parker{waiting: make(map[uint64]parked)}
 	if err := p.impl.open(); err != nil {
 		return nil, err
 	}
@@ -59,39 +60,38 @@ func New() (*Parker, error) {
 	return p, nil
 }
 
-// Reserve returns the ticket the next Park must use. It is separate from
-// Park so that the caller can publish the ticket (for Unpark from other
-// goroutines) before the connection can be resumed.
-func (p *Parker) Reserve() Ticket {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.next++
-	return p.next
-}
-
-// Park adds the connection behind rc to the set under ticket t. Once its
-// socket is readable, its peer hangs up or Unpark takes it, resume runs
-// once, on a new goroutine (only for readiness: Unpark's caller resumes it
-// itself). On error nothing is parked and resume never runs.
-func (p *Parker) Park(t Ticket, rc syscall.RawConn, resume func()) error {
+// Park adds the connection behind rc to the set under key, which names
+// the connection: non-zero, and unique among the connections parked at
+// once (a connection id). Once its socket is readable or its peer hangs
+// up, resume runs once, on a new goroutine; Unpark takes it out instead,
+// and then its caller resumes it. On error nothing is parked and resume
+// never runs.
+//
+// A connection resumed for readiness that an Unpark of the same key
+// already resumed and parked again is resumed once more: a spurious but
+// harmless wake-up, which the caller handles as it handles readiness.
+func (p *Parker) Park(key uint64, rc syscall.RawConn, resume func()) error {
+	if key == wakeToken {
+		return ErrBadKey
+	}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return ErrClosed
 	}
-	p.waiting[t] = parked{rc: rc, resume: resume}
+	p.waiting[key] = parked{rc: rc, resume: resume}
 	p.mu.Unlock()
 	// Registered after the entry exists: readiness may be reported before
 	// add returns (bytes already queued), and must find it.
 	var err error
-	cerr := rc.Control(func(fd uintptr) { err = p.impl.add(fd, uint64(t)) })
+	cerr := rc.Control(func(fd uintptr) { err = p.impl.add(fd, key) })
 	if err == nil {
 		err = cerr
 	}
 	if err != nil {
 		p.mu.Lock()
-		_, mine := p.waiting[t]
-		delete(p.waiting, t)
+		_, mine := p.waiting[key]
+		delete(p.waiting, key)
 		p.mu.Unlock()
 		if !mine {
 			// Readiness took it already: it runs resume, so report
@@ -103,12 +103,12 @@ func (p *Parker) Park(t Ticket, rc syscall.RawConn, resume func()) error {
 	return nil
 }
 
-// Unpark takes the connection parked under t out of the set. It reports
+// Unpark takes the connection parked under key out of the set. It reports
 // true if it did: the caller then owns the connection and must resume it
-// itself. False means it is not parked under t (never was, or readiness or
-// another Unpark took it first).
-func (p *Parker) Unpark(t Ticket) bool {
-	e, ok := p.take(t)
+// itself. False means none is parked under key (never was, or readiness
+// or another Unpark took it first).
+func (p *Parker) Unpark(key uint64) bool {
+	e, ok := p.take(key)
 	if ok {
 		p.forget(e)
 	}
@@ -135,12 +135,12 @@ func (p *Parker) Close() {
 	p.impl.close()
 }
 
-func (p *Parker) take(t Ticket) (parked, bool) {
+func (p *Parker) take(key uint64) (parked, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	e, ok := p.waiting[t]
+	e, ok := p.waiting[key]
 	if ok {
-		delete(p.waiting, t)
+		delete(p.waiting, key)
 	}
 	return e, ok
 }
@@ -153,10 +153,10 @@ func (p *Parker) forget(e parked) {
 	e.rc.Control(func(fd uintptr) { p.impl.remove(fd) })
 }
 
-// ready is called by the poller's goroutine for a ticket whose socket is
+// ready is called by the poller's goroutine for a key whose socket is
 // readable or hung up.
-func (p *Parker) ready(token uint64) {
-	e, ok := p.take(Ticket(token))
+func (p *Parker) ready(key uint64) {
+	e, ok := p.take(key)
 	if !ok {
 		return // unparked meanwhile
 	}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/idlepark"
+	"github.com/redproxy/redproxy/internal/upstream"
 )
 
 // Parking idle clients (server.idle_park_after, issue 10).
@@ -42,23 +44,20 @@ const (
 	parkBusy    int32 = iota // serving, or not parkable
 	parkWaiting              // in ReadBatch, in a plain state
 	parkAsked                // the sweeper moved the read deadline to now
-	parkParked               // in the Parker; no goroutine
+	parkParked               // in the Parker (under the session id); no goroutine
 )
 
-// sessionPark is a session's part in parking.
+// sessionPark is a session's part in parking. It is kept small: every
+// connection carries it, and it keeps Session within its allocation size
+// class.
 type sessionPark struct {
 	state atomic.Int32
-	// mu orders the sweeper's deadline change against the session taking
-	// its state back: the session restores its deadline only after the
-	// sweeper's change is done.
-	mu     sync.Mutex
-	ticket atomic.Uint64 // idlepark.Ticket of the current parking
-	due    atomic.Int64  // when idle_timeout closes the parked client, Unix ns; 0: never
-
-	// Only the session goroutine (or the one resuming it) uses these.
-	since     time.Time // start of the current wait, for idle_timeout
-	keepSince bool      // the next wait continues the current one
-	clearDead bool      // the read deadline must be cleared (no idle_timeout)
+	// Only the session goroutine (or the one resuming it) writes these.
+	keepDue   bool // the next wait continues the current one, with its due
+	clearDead bool // the read deadline must be cleared (no idle_timeout)
+	// due is when idle_timeout ends the current wait, Unix ns; 0: never.
+	// The sweeper reads it for parked sessions.
+	due atomic.Int64
 }
 
 // serverPark is the server's parker and its sweeper.
@@ -112,11 +111,17 @@ func parkTick(after time.Duration) time.Duration {
 	return min(max(after/2, 10*time.Millisecond), time.Second)
 }
 
+// releaseAfterParks is how many parkings free enough goroutine stacks (4 KB
+// each) to be worth a forced collection that returns them to the OS.
+const releaseAfterParks = 1024
+
 // sweepParking asks sessions waiting longer than idle_park_after to park,
 // and wakes parked sessions whose idle_timeout is due, so that they close.
 func (s *Server) sweepParking() {
 	defer close(s.park.done)
 	var ask, wake []*Session
+	var asked int // parkings asked for since memory was last given back
+	released := time.Now()
 	tick := time.NewTimer(parkTick(s.Config().Server.IdleParkAfter.Duration))
 	defer tick.Stop()
 	for {
@@ -151,6 +156,15 @@ func (s *Server) sweepParking() {
 		for _, sess := range wake {
 			sess.wake()
 		}
+		asked += len(ask)
+		if asked >= releaseAfterParks && (len(ask) == 0 || time.Since(released) >= time.Minute) {
+			// The parked goroutines' stacks are free heap now, which the
+			// runtime would return to the OS only slowly (and a client
+			// burst that parks leaves garbage the next GC is far from):
+			// give it back once the burst is over.
+			debug.FreeOSMemory()
+			asked, released = 0, time.Now()
+		}
 		clear(ask)
 		clear(wake)
 		ask, wake = ask[:0], wake[:0]
@@ -164,11 +178,14 @@ func (s *Server) sweepParking() {
 // askPark moves the read deadline of a session waiting in ReadBatch to
 // now, so that it looks at parking.
 func (sess *Session) askPark() {
-	sess.park.mu.Lock()
+	// sess.mu orders this deadline change before the session taking its
+	// state back (answerPark), so that the session's restored deadline is
+	// the last word.
+	sess.mu.Lock()
 	if sess.park.state.CompareAndSwap(parkWaiting, parkAsked) {
 		sess.nc.SetReadDeadline(time.Now())
 	}
-	sess.park.mu.Unlock()
+	sess.mu.Unlock()
 }
 
 // wake resumes a parked session, for an interrupt, a kill or its idle
@@ -178,14 +195,18 @@ func (sess *Session) wake() {
 	if p == nil || sess.park.state.Load() != parkParked {
 		return
 	}
-	if p.Unpark(idlepark.Ticket(sess.park.ticket.Load())) {
+	if p.Unpark(uint64(sess.id)) {
 		go sess.resume()
 	}
 }
 
-// resume serves a parked session again, on a new goroutine.
+// resume serves a parked session again, on a new goroutine, with a Reader
+// and Call of its own again.
 func (sess *Session) resume() {
 	sess.park.state.Store(parkBusy)
+	sess.rd = sess.newReader()
+	sess.call = upstream.NewCall()
+	sess.guard = new(guard.Batch)
 	sess.serve()
 }
 
@@ -203,14 +224,16 @@ func (sess *Session) parkable() bool {
 func (sess *Session) readDeadline(idle time.Duration) {
 	switch {
 	case idle > 0:
-		if !sess.park.keepSince {
-			sess.park.since = time.Now()
+		due := sess.park.due.Load()
+		if !sess.park.keepDue {
+			due = time.Now().Add(idle).UnixNano()
+			sess.park.due.Store(due)
 		}
-		sess.nc.SetReadDeadline(sess.park.since.Add(idle))
+		sess.nc.SetReadDeadline(time.Unix(0, due))
 	case sess.park.clearDead:
 		sess.nc.SetReadDeadline(time.Time{})
 	}
-	sess.park.keepSince, sess.park.clearDead = false, false
+	sess.park.keepDue, sess.park.clearDead = false, false
 }
 
 // answerPark is called when the sweeper asked the session to park while it
@@ -219,32 +242,34 @@ func (sess *Session) readDeadline(idle time.Duration) {
 // back, and when only that deadline ended the wait, the wait is retried
 // (retry).
 func (sess *Session) answerPark(got int, err error, idle time.Duration) (parked, retry bool) {
-	sess.park.mu.Lock() // the sweeper's SetReadDeadline is done
+	sess.mu.Lock() // the sweeper's SetReadDeadline is done
 	sess.park.state.Store(parkBusy)
-	sess.park.mu.Unlock()
+	sess.mu.Unlock()
 	timedOut := got == 0 && errors.Is(err, os.ErrDeadlineExceeded)
 	if timedOut && sess.interrupted.Load() {
 		return false, false // interrupt moved the deadline too: end
 	}
-	if timedOut && idle > 0 && !time.Now().Before(sess.park.since.Add(idle)) {
+	due := sess.park.due.Load()
+	if timedOut && idle > 0 && time.Now().UnixNano() >= due {
 		return false, false // idle_timeout is due: end
 	}
-	if timedOut && sess.rd.Parkable() && sess.parkNow(idle) {
+	if timedOut && sess.rd.Parkable() && sess.parkNow() {
 		return true, false
 	}
 	if idle > 0 {
-		sess.nc.SetReadDeadline(sess.park.since.Add(idle))
+		sess.nc.SetReadDeadline(time.Unix(0, due))
 	} else {
 		sess.nc.SetReadDeadline(time.Time{})
 	}
-	sess.park.keepSince = timedOut
+	sess.park.keepDue = timedOut
 	return false, timedOut
 }
 
-// parkNow gives back the session's buffers and puts its socket in the
-// parker. On true the goroutine must return at once without touching the
-// session: another one may already be serving it.
-func (sess *Session) parkNow(idle time.Duration) bool {
+// parkNow gives back the session's buffers, its Reader and its Call, and
+// puts its socket in the parker. On true the goroutine must return at
+// once without touching the session: another one may already be serving
+// it.
+func (sess *Session) parkNow() bool {
 	p := sess.srv.park.parker
 	sc, ok := sess.nc.(syscall.Conn)
 	if !ok {
@@ -254,29 +279,28 @@ func (sess *Session) parkNow(idle time.Duration) bool {
 	if err != nil {
 		return false
 	}
+	rd, call, gb := sess.rd, sess.call, sess.guard
 	sess.releaseBuffers()
-	var due int64
-	if idle > 0 {
-		due = sess.park.since.Add(idle).UnixNano()
-	}
-	sess.park.due.Store(due)
-	t := p.Reserve()
-	sess.park.ticket.Store(uint64(t))
+	sess.rd, sess.call, sess.guard = nil, nil, nil // resume makes new ones
 	// For the goroutine that resumes it: the wait goes on, with its
-	// idle_timeout, and without the deadline the sweeper set.
-	sess.park.keepSince, sess.park.clearDead = true, true
+	// idle_timeout (due, which the sweeper watches meanwhile), and without
+	// the deadline the sweeper set.
+	sess.park.keepDue, sess.park.clearDead = true, true
 	sess.park.state.Store(parkParked)
-	if err := p.Park(t, rc, sess.resume); err != nil {
+	undo := func() {
 		sess.park.state.Store(parkBusy)
-		sess.park.keepSince, sess.park.clearDead = false, false
+		sess.park.keepDue, sess.park.clearDead = false, false
+		sess.rd, sess.call, sess.guard = rd, call, gb
+	}
+	if err := p.Park(uint64(sess.id), rc, sess.resume); err != nil {
+		undo()
 		return false
 	}
 	// An interrupt that looked before the state said parked did not wake
 	// the session: take it back and end it here. (If the Unpark fails,
 	// someone else resumed it.)
-	if sess.interrupted.Load() && p.Unpark(t) {
-		sess.park.state.Store(parkBusy)
-		sess.park.keepSince, sess.park.clearDead = false, false
+	if sess.interrupted.Load() && p.Unpark(uint64(sess.id)) {
+		undo()
 		return false
 	}
 	return true
@@ -288,7 +312,6 @@ func (sess *Session) releaseBuffers() {
 	sess.rd.Release()
 	sess.call.Release()
 	sess.out, sess.local, sess.slots, sess.batchReqs, sess.aclKeys = nil, nil, nil, nil, nil
-	sess.guard = guard.Batch{}
 }
 
 // ParkedClients is how many client connections are parked right now.

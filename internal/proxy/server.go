@@ -281,31 +281,31 @@ func (s *Server) startSession(nc net.Conn, secure bool) {
 	s.mu.Unlock()
 	s.clients.Add(1)
 	s.metrics.ClientsConnected.Inc()
-	done := func() {
-		s.mu.Lock()
-		delete(s.sessions, sess)
-		s.mu.Unlock()
-		s.clients.Add(-1)
-		s.metrics.ClientsConnected.Dec()
-		s.active.Done()
-	}
-	sess.onEnd = done
-	serve := sess.serve
 	if tc == nil {
-		go serve()
+		go sess.serve()
 		return
 	}
 	go func() {
 		if !s.tlsHandshake(sess, tc) {
 			nc.Close()
-			done()
+			s.sessionEnded(sess)
 			return
 		}
 		// The handshake's crypto grew this goroutine's stack to several
 		// times what serving needs, and an idle client would keep it:
 		// serve on a fresh goroutine, whose stack starts small.
-		go serve()
+		go sess.serve()
 	}()
+}
+
+// sessionEnded forgets a session whose connection ended.
+func (s *Server) sessionEnded(sess *Session) {
+	s.mu.Lock()
+	delete(s.sessions, sess)
+	s.mu.Unlock()
+	s.clients.Add(-1)
+	s.metrics.ClientsConnected.Dec()
+	s.active.Done()
 }
 
 // Shutdown stops accepting, lets every client finish the batch it is in

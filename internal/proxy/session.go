@@ -73,7 +73,7 @@ type Session struct {
 	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
 	relayInMulti bool
 	block        blockState
-	guard        guard.Batch // the guard's decisions for the batch (guard.go)
+	guard        *guard.Batch // the guard's decisions for the batch (guard.go)
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
 	tierWrites localcache.Writes
@@ -92,10 +92,7 @@ type Session struct {
 	slowExempt   bool
 
 	interrupted atomic.Bool
-	// park: parking while idle (park.go); onEnd tells the server the
-	// session ended (not when it parks).
-	park  sessionPark
-	onEnd func()
+	park        sessionPark // parking while idle (park.go)
 
 	aclKeys []commands.KeyRef // scratch for the ACL's key checks
 }
@@ -128,17 +125,25 @@ func newSession(s *Server, nc net.Conn) *Session {
 	sess := &Session{
 		srv:       s,
 		nc:        cc,
-		rd:        resp.NewReader(cc, s.clientLimits()),
 		id:        s.nextID.Add(1),
 		call:      upstream.NewCall(),
+		guard:     new(guard.Batch),
 		createdAt: time.Now(),
 		authed:    !s.needsAuth(),
 		outLimit:  int64(cfg.Server.ClientOutputLimit),
 		replySize: unknownReplySize,
 	}
 	cc.sess = sess
-	sess.rd.OnIdle(sess.idle)
+	sess.rd = sess.newReader()
 	return sess
+}
+
+// newReader returns a Reader of the client's requests: at the start, and
+// when a parked session resumes (park.go).
+func (sess *Session) newReader() *resp.Reader {
+	rd := resp.NewReader(sess.nc, sess.srv.clientLimits())
+	rd.OnIdle(sess.idle)
+	return rd
 }
 
 // interrupt asks the session to stop after the batch it is answering; an
@@ -150,15 +155,13 @@ func (sess *Session) interrupt() {
 }
 
 // serve serves the client until its connection ends, then tells the
-// server (onEnd); or until it parks (park.go), and then a later goroutine
-// calls serve again.
+// server; or until it parks (park.go), and then a later goroutine calls
+// serve again.
 func (sess *Session) serve() {
 	if sess.run() {
 		return
 	}
-	if sess.onEnd != nil {
-		sess.onEnd()
-	}
+	sess.srv.sessionEnded(sess)
 }
 
 // run is the session's loop: read a batch, answer it, write the replies.
