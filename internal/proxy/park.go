@@ -58,6 +58,9 @@ type sessionPark struct {
 	// due is when idle_timeout ends the current wait, Unix ns; 0: never.
 	// The sweeper reads it for parked sessions.
 	due atomic.Int64
+	// idle is server.idle_timeout as it was when the client connected: a
+	// reload applies to clients connected after it, resumed or not.
+	idle time.Duration
 }
 
 // serverPark is the server's parker and its sweeper.

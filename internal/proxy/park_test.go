@@ -344,3 +344,30 @@ func TestParkManyClientsOwnReplies(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// A reload that sets idle_timeout applies to clients connected after it,
+// also when a client connected before it resumes from parked: it is
+// neither closed at once nor given the new timeout.
+func TestParkedClientKeepsItsIdleTimeoutAcrossReload(t *testing.T) {
+	p := parkingProxy(t, nil)
+	nc := p.Dial(t)
+	r := bufio.NewReader(nc)
+	if got := send(t, nc, r, "PING"); got != "+PONG" {
+		t.Fatalf("PING = %q", got)
+	}
+	waitParked(t, p, 1)
+	if _, err := p.Reload(reloaded(t, p, func(c *config.Config) {
+		c.Server.IdleTimeout = units.Duration{Duration: 300 * time.Millisecond}
+	})); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if got := send(t, nc, r, "PING"); got != "+PONG" {
+			t.Fatalf("PING after the reload = %q", got)
+		}
+		waitParked(t, p, 1)
+	}
+	if got := closeCounts(p); len(got) != 0 {
+		t.Fatalf("closed: %v", got)
+	}
+}

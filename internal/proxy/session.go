@@ -135,6 +135,7 @@ func newSession(s *Server, nc net.Conn) *Session {
 	}
 	cc.sess = sess
 	sess.rd = sess.newReader()
+	sess.park.idle = cfg.Server.IdleTimeout.Duration
 	return sess
 }
 
@@ -200,7 +201,7 @@ func (sess *Session) run() (parked bool) {
 			sess.unpin(false)
 		}
 	}()
-	idle := sess.srv.Config().Server.IdleTimeout.Duration
+	idle := sess.park.idle
 	for {
 		if sess.interrupted.Load() {
 			sess.closing(sess.interruptReason())
