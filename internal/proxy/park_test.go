@@ -371,3 +371,27 @@ func TestParkedClientKeepsItsIdleTimeoutAcrossReload(t *testing.T) {
 		t.Fatalf("closed: %v", got)
 	}
 }
+
+// TLS clients never park: crypto/tls may hold decrypted bytes the socket's
+// readiness would not report. A plaintext client of the same proxy does.
+func TestTLSClientDoesNotPark(t *testing.T) {
+	certs := redistest.NewCerts(t)
+	rs := redistest.StartTLS(t, certs, "no")
+	p := tlsProxy(t, certs, rs, false, func(c *config.Config) {
+		c.Server.IdleParkAfter = units.Duration{Duration: 20 * time.Millisecond}
+	})
+	sc := tlsClient(t, p.TLSAddr, certs.ClientConfig(t, false))
+	if err := sc.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	plain := p.Dial(t)
+	rawDo(t, plain, "PING")
+	waitParked(t, p, 1)                // the plaintext one
+	time.Sleep(200 * time.Millisecond) // twenty more sweeps
+	if n := p.ParkedClients(); n != 1 {
+		t.Fatalf("%d clients parked, want only the plaintext one", n)
+	}
+	if err := sc.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
