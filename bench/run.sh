@@ -69,7 +69,7 @@ Flags:
   --keep           keep the temp dir (logs, configs, raw redis-benchmark output)
 Environment: ROUNDS N_P1 N_P16 CLIENTS KEYSPACE DATASIZE CPU_REDIS CPU_CLIENT CPU_PROXY
   REDPROXY_GOMAXPROCS REDPROXY_BIN REDPROXY_ARGS MAX_OTHER RETRIES RETRY_PAUSE OUT
-  IDLE_CONNS IDLE_PER_SOURCE IDLE_TIMEOUT (--scenario idle)
+  IDLE_CONNS IDLE_PER_SOURCE IDLE_TIMEOUT IDLE_SETTLE (--scenario idle)
 EOF
 }
 
@@ -860,6 +860,9 @@ scenario_tier() {
 scenario_idle() {
 	[[ $OUT == "$BENCH_DIR/results/latest.md" ]] && OUT=$BENCH_DIR/results/idle.md
 	local counts=${IDLE_CONNS//,/ } per_source=${IDLE_PER_SOURCE:-5000} timeout=${IDLE_TIMEOUT:-120s}
+	# redproxy parks a client idle for server.idle_park_after (2 s): the
+	# reading after the connections open waits past that.
+	local settle=${IDLE_SETTLE:-5s}
 	local n max=0
 	for n in $counts; do
 		[[ $n =~ ^[1-9][0-9]*$ ]] || die "IDLE_CONNS: $n is not a positive count"
@@ -922,7 +925,7 @@ scenario_idle() {
 				fi
 				# run_fg, not $(...): cleanup must be able to stop it.
 				run_fg taskset -c "$CPU_CLIENT" "$TMP/bin/benchtool" idle -addr "127.0.0.1:$port" -pid "$pid" \
-					-conns "$n" -keyspace "$KEYSPACE" -per-source "$per_source" -timeout "$timeout" >"$TMP/idle.out" ||
+					-conns "$n" -keyspace "$KEYSPACE" -per-source "$per_source" -timeout "$timeout" -settle "$settle" >"$TMP/idle.out" ||
 					die "benchtool idle failed: $n connections to $target (logs in $TMP with --keep)"
 				line=$(<"$TMP/idle.out")
 				stop_proc "$pid"
@@ -988,7 +991,7 @@ scenario_idle() {
 			print failed ? "fail" : "ok" > check_out
 		}' "$rec"
 		echo
-		echo "Medians over rounds. RSS is the proxy's VmRSS (/proc/PID/status), read after a warm-up connection and again once the connections are open, each after a 1 s pause and once two readings 250 ms apart agree within 1 %. KiB per connection = (after - before) ÷ connections."
+		echo "Medians over rounds. RSS is the proxy's VmRSS (/proc/PID/status), read after a warm-up connection and again once the connections are open, each after a $settle pause (IDLE_SETTLE) and once two readings 250 ms apart agree within 1 %. KiB per connection = (after - before) ÷ connections."
 	} >"$TMP/report.md"
 	mkdir -p "$(dirname "$OUT")"
 	cp "$TMP/report.md" "$OUT"

@@ -83,7 +83,10 @@ type Server struct {
 	ClientOutputLimit units.ByteSize `toml:"client_output_limit"`
 	PubSubOutputLimit units.ByteSize `toml:"pubsub_output_limit"`
 	IdleTimeout       units.Duration `toml:"idle_timeout"` // 0 = never close idle clients
-	ShutdownTimeout   units.Duration `toml:"shutdown_timeout"`
+	// IdleParkAfter: a plain client idle this long gives up its goroutine
+	// and buffers until it sends again (internal/idlepark); 0 never parks.
+	IdleParkAfter   units.Duration `toml:"idle_park_after"`
+	ShutdownTimeout units.Duration `toml:"shutdown_timeout"`
 	// SlowlogThreshold: batches that take at least this long are entered
 	// in the slow log (/debug/slowlog); SlowlogMaxLen entries are kept, 0
 	// turns the slow log off.
@@ -190,6 +193,7 @@ func Default() *Config {
 			ClientOutputLimit:  64 * units.MB,
 			PubSubOutputLimit:  32 * units.MB,
 			IdleTimeout:        dur(0),
+			IdleParkAfter:      dur(2 * time.Second),
 			ShutdownTimeout:    dur(10 * time.Second),
 			SlowlogThreshold:   dur(10 * time.Millisecond),
 			SlowlogMaxLen:      128,

@@ -98,6 +98,7 @@ max_inline_bytes = 4096
 client_output_limit = "1GB"
 pubsub_output_limit = "8 MB"
 idle_timeout = "5m"
+idle_park_after = "3s"
 shutdown_timeout = "1s"
 client_write_timeout = "7s"
 slowlog_threshold = "2ms"
@@ -222,6 +223,7 @@ queue_bytes = "1MB"
 			ClientOutputLimit:  1 << 30,
 			PubSubOutputLimit:  8 << 20,
 			IdleTimeout:        dur(5 * time.Minute),
+			IdleParkAfter:      dur(3 * time.Second),
 			ShutdownTimeout:    dur(time.Second),
 			SlowlogThreshold:   dur(2 * time.Millisecond),
 			SlowlogMaxLen:      16,

@@ -74,6 +74,7 @@ func (c *Config) check() []*Error {
 		}
 	}
 	nonNegative("server.idle_timeout", s.IdleTimeout)
+	nonNegative("server.idle_park_after", s.IdleParkAfter)
 	nonNegative("server.client_write_timeout", s.ClientWriteTimeout)
 	nonNegative("server.shutdown_timeout", s.ShutdownTimeout)
 	nonNegative("server.slowlog_threshold", s.SlowlogThreshold)

@@ -46,6 +46,12 @@ func (w *Rewriter) Reset() {
 	w.args = w.args[:0]
 }
 
+// Release drops the arenas, for a connection that goes idle (a parked
+// session holds no buffers); the next batch allocates afresh.
+func (w *Rewriter) Release() {
+	w.buf, w.args, w.keyIdx = nil, nil, nil
+}
+
 // alloc returns n bytes of arena.
 func (w *Rewriter) alloc(n int) []byte {
 	if cap(w.buf)-len(w.buf) < n {

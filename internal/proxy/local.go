@@ -660,4 +660,5 @@ func (s *Server) sessionList() []*Session {
 func (sess *Session) kill() {
 	sess.interrupted.Store(true)
 	sess.nc.Close()
+	sess.wake() // a parked one has no goroutine to notice
 }

@@ -58,6 +58,7 @@ type Server struct {
 	tier         *tierState                          // the local tier (tier.go)
 	sentinel     *sentinel.Watcher                   // upstream.mode = "sentinel" (sentinel.go); nil otherwise
 	replicas     *replicaSet                         // upstream.read_from = replica*: reads from replicas (replicas.go); nil otherwise
+	park         serverPark                          // idle clients parked without a goroutine (park.go)
 	slow         slowState                           // the slow log (slowlog.go)
 	tls          tlsState                            // TLS on both sides (tls.go)
 	listeners    listenerState                       // the client listeners by name (listeners.go)
@@ -229,6 +230,7 @@ func (s *Server) serve(ln net.Listener, l *listener) error {
 	}
 	s.lns = append(s.lns, ln)
 	s.mu.Unlock()
+	s.startParking()
 	var backoff time.Duration
 	for {
 		nc, err := ln.Accept()
@@ -318,33 +320,31 @@ func (s *Server) startSession(nc net.Conn, l *listener) {
 	s.mu.Unlock()
 	s.clients.Add(1)
 	s.metrics.ClientsConnected.Inc()
-	done := func() {
-		s.mu.Lock()
-		delete(s.sessions, sess)
-		s.mu.Unlock()
-		s.clients.Add(-1)
-		s.metrics.ClientsConnected.Dec()
-		s.active.Done()
-	}
-	serve := func() {
-		defer done()
-		sess.serve()
-	}
 	if tc == nil {
-		go serve()
+		go sess.serve()
 		return
 	}
 	go func() {
 		if !s.tlsHandshake(sess, tc) {
 			nc.Close()
-			done()
+			s.sessionEnded(sess)
 			return
 		}
 		// The handshake's crypto grew this goroutine's stack to several
 		// times what serving needs, and an idle client would keep it:
 		// serve on a fresh goroutine, whose stack starts small.
-		go serve()
+		go sess.serve()
 	}()
+}
+
+// sessionEnded forgets a session whose connection ended.
+func (s *Server) sessionEnded(sess *Session) {
+	s.mu.Lock()
+	delete(s.sessions, sess)
+	s.mu.Unlock()
+	s.clients.Add(-1)
+	s.metrics.ClientsConnected.Dec()
+	s.active.Done()
 }
 
 // Shutdown stops accepting, lets every client finish the batch it is in
@@ -377,6 +377,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.mu.Unlock()
 		<-done
 	}
+	s.stopParking()
 	if s.sentinel != nil {
 		s.sentinel.Close()
 	}

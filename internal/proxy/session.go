@@ -80,7 +80,7 @@ type Session struct {
 	// write, where its WAIT goes (clusterWaitBackend); 0: none yet.
 	wroteSlot int
 	block     blockState
-	guard     guard.Batch // the guard's decisions for the batch (guard.go)
+	guard     *guard.Batch // the guard's decisions for the batch (guard.go)
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
 	tierWrites localcache.Writes
@@ -99,6 +99,7 @@ type Session struct {
 	slowExempt   bool
 
 	interrupted atomic.Bool
+	park        sessionPark // parking while idle (park.go)
 
 	aclKeys []commands.KeyRef // scratch for the ACL's key checks
 
@@ -146,29 +147,59 @@ func newSession(s *Server, nc net.Conn) *Session {
 	sess := &Session{
 		srv:       s,
 		nc:        cc,
-		rd:        resp.NewReader(cc, s.clientLimits()),
 		id:        s.nextID.Add(1),
 		call:      upstream.NewCall(),
+		guard:     new(guard.Batch),
 		createdAt: time.Now(),
 		authed:    !s.needsAuth(),
 		outLimit:  int64(cfg.Server.ClientOutputLimit),
 		replySize: unknownReplySize,
 	}
 	cc.sess = sess
-	sess.rd.OnIdle(sess.idle)
+	sess.rd = sess.newReader()
+	sess.park.idle = cfg.Server.IdleTimeout.Duration
 	return sess
 }
 
+// newReader returns a Reader of the client's requests: at the start, and
+// when a parked session resumes (park.go).
+func (sess *Session) newReader() *resp.Reader {
+	rd := resp.NewReader(sess.nc, sess.srv.clientLimits())
+	rd.OnIdle(sess.idle)
+	return rd
+}
+
 // interrupt asks the session to stop after the batch it is answering; an
-// idle session blocked in a read is woken at once.
+// idle session blocked in a read is woken at once, a parked one resumed.
 func (sess *Session) interrupt() {
 	sess.interrupted.Store(true)
 	sess.nc.SetReadDeadline(time.Now())
+	sess.wake()
 }
 
+// serve serves the client until its connection ends, then tells the
+// server; or until it parks (park.go), and then a later goroutine calls
+// serve again.
 func (sess *Session) serve() {
-	defer sess.ended()
+	if sess.run() {
+		return
+	}
+	sess.srv.sessionEnded(sess)
+}
+
+// run is the session's loop: read a batch, answer it, write the replies.
+// It reports whether the session parked; only otherwise do the deferred
+// clean-ups run.
+func (sess *Session) run() (parked bool) {
 	defer func() {
+		if !parked {
+			sess.ended()
+		}
+	}()
+	defer func() {
+		if parked {
+			return
+		}
 		// A bug handling one client must not take the proxy and every
 		// other client down with it.
 		if r := recover(); r != nil {
@@ -177,19 +208,43 @@ func (sess *Session) serve() {
 			sess.logger().Error("BUG: panic while serving a client; connection closed", "panic", r, "stack", string(debug.Stack()))
 		}
 	}()
-	defer sess.nc.Close()
-	defer sess.sessionClosed()
-	defer sess.unpin(false)
-	idle := sess.srv.Config().Server.IdleTimeout.Duration
+	defer func() {
+		if !parked {
+			sess.nc.Close()
+		}
+	}()
+	defer func() {
+		if !parked {
+			sess.sessionClosed()
+		}
+	}()
+	defer func() {
+		if !parked {
+			sess.unpin(false)
+		}
+	}()
+	idle := sess.park.idle
 	for {
 		if sess.interrupted.Load() {
 			sess.closing(sess.interruptReason())
-			return
+			return false
 		}
-		if idle > 0 {
-			sess.nc.SetReadDeadline(time.Now().Add(idle))
+		sess.readDeadline(idle)
+		parkable := sess.parkable()
+		if parkable {
+			sess.park.state.Store(parkWaiting)
 		}
 		reqs, err := sess.rd.ReadBatch()
+		if parkable && !sess.park.state.CompareAndSwap(parkWaiting, parkBusy) {
+			// The sweeper asked this idle session to park (park.go).
+			parked, retry := sess.answerPark(len(reqs), err, idle)
+			if parked {
+				return true
+			}
+			if retry {
+				continue
+			}
+		}
 		if len(reqs) > 0 {
 			sess.srv.metrics.BatchRequests.Observe(float64(len(reqs)))
 			sess.serveBatch(reqs)
@@ -206,7 +261,7 @@ func (sess *Session) serve() {
 		}
 		if len(sess.out) > 0 && !sess.outDead {
 			if !sess.writeOut(sess.out) {
-				return
+				return false
 			}
 			if cap(sess.out) > 1<<20 {
 				sess.out = nil
@@ -214,7 +269,7 @@ func (sess *Session) serve() {
 		}
 		if err != nil || sess.quitting {
 			// Whatever set quitting recorded why.
-			return
+			return false
 		}
 	}
 }

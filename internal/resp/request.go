@@ -152,6 +152,20 @@ func (r *Reader) WaitSmall() {
 	}
 }
 
+// Parkable reports whether the client's next bytes can only be in its
+// socket: the Reader reads the socket directly (see NewReader) and holds
+// none of its bytes, not even part of a request. Only then may the caller
+// wait for the socket's readiness instead of in ReadBatch.
+func (r *Reader) Parkable() bool { return r.raw != nil && r.r == r.w && !r.partial }
+
+// Release drops everything the Reader keeps between batches (its read
+// buffer and request bookkeeping), for a client parked for a while; the
+// next ReadBatch takes what it needs again. Only when Parkable.
+func (r *Reader) Release() {
+	r.releaseBuffer()
+	r.offs, r.args, r.reqs, r.inlineRaw = nil, nil, nil, nil
+}
+
 // BufferCap is the capacity of the read buffer the Reader holds: 0 while
 // its client is idle on a socket.
 func (r *Reader) BufferCap() int { return cap(r.buf) }

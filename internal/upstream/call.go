@@ -92,6 +92,12 @@ func (c *Call) Trim(keep int) {
 	}
 }
 
+// Release drops every buffer the Call keeps for reuse, for a client that
+// is parked (idle for a while). Only between uses, like Reset.
+func (c *Call) Release() {
+	c.parts, c.out, c.ends = nil, nil, nil
+}
+
 // Add appends one raw RESP command. The bytes must stay unchanged until Wait
 // returns.
 func (c *Call) Add(raw []byte) { c.parts = append(c.parts, raw) }
