@@ -47,7 +47,7 @@ listeners = ["nosuch"]
 		{5, "server.listeners[0].name", `"plain" is reserved for server.listen`},
 		{9, "server.listeners[1].name", "printable characters without spaces"},
 		{14, "server.listeners[2].listen", `is also the address of listener "plain"`},
-		{15, "server.listeners[2].namespace", "printable characters without spaces"},
+		{15, "server.listeners[2].namespace", "contains a space"},
 		{18, "server.listeners[3].name", `"a" is already the name of server.listeners[2]`},
 		{19, "server.listeners[3].listen", "invalid address"},
 		{24, "server.listeners[4].tls", "needs a certificate"},
