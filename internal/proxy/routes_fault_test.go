@@ -219,3 +219,86 @@ func TestRoutesFrozenUpstreamFault(t *testing.T) {
 		t.Errorf("queue:n = %d, %v on the queue server", n, err)
 	}
 }
+
+// TestRoutesCrossRouteMultiWhatIsSent pins down what reaches the servers
+// when a transaction's keys route to two upstreams (docs/COMPATIBILITY.md,
+// Routes, MULTI/EXEC). When the transaction's first keyed command is the
+// one whose keys span two routes, nothing is sent: the proxy still holds
+// the transaction, and neither server sees MULTI. When the other route's
+// key comes after the transaction has been placed, the first upstream
+// has received MULTI and the commands queued so far, and discards them at
+// EXEC (EXECABORT): MULTI reached it, but none of the transaction's
+// commands ran on either server.
+func TestRoutesCrossRouteMultiWhatIsSent(t *testing.T) {
+	r := startRouted(t, nil)
+	reset := func() {
+		for _, rs := range []*redistest.Server{r.def, r.queue} {
+			if err := rs.Client(t).ConfigResetStat(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	nc := dialAddr(t, r.p.Addr)
+
+	// The first keyed command spans two routes: refused before any
+	// upstream is chosen.
+	reset()
+	for _, step := range []struct{ args []string }{
+		{[]string{"MULTI"}}, {[]string{"PING"}}, {[]string{"MSETNX", "queue:a", "1", "plain:b", "2"}},
+	} {
+		rawSend(t, nc, step.args...)
+	}
+	for i, want := range []string{"+OK\r\n", "+QUEUED\r\n", "-CROSSROUTE"} {
+		if got := rawRead(t, nc); !strings.HasPrefix(got, want) {
+			t.Fatalf("reply %d = %q, want %q...", i, got, want)
+		}
+	}
+	if got := rawDo(t, nc, "EXEC"); !strings.HasPrefix(got, "-EXECABORT") {
+		t.Fatalf("EXEC = %q, want EXECABORT", got)
+	}
+	for _, rs := range []*redistest.Server{r.def, r.queue} {
+		for _, name := range []string{"multi", "ping", "msetnx", "exec"} {
+			if n := commandCalls(t, rs, name); n != 0 {
+				t.Errorf("first keyed command cross-route: %s reached %s %d times, want none", name, rs.Addr(), n)
+			}
+		}
+	}
+
+	// The other route's key comes later: MULTI and the first SET went to
+	// the queue server, which discards them; nothing ran anywhere.
+	reset()
+	for _, args := range [][]string{{"MULTI"}, {"SET", "queue:x", "1"}, {"SET", "plain:y", "2"}} {
+		rawSend(t, nc, args...)
+	}
+	for i, want := range []string{"+OK\r\n", "+QUEUED\r\n", "-CROSSROUTE"} {
+		if got := rawRead(t, nc); !strings.HasPrefix(got, want) {
+			t.Fatalf("reply %d = %q, want %q...", i, got, want)
+		}
+	}
+	if got := rawDo(t, nc, "EXEC"); !strings.HasPrefix(got, "-EXECABORT") {
+		t.Fatalf("EXEC = %q, want EXECABORT", got)
+	}
+	if n := commandCalls(t, r.queue, "multi"); n != 1 {
+		t.Errorf("MULTI reached the queue server %d times, want 1 (the documented behaviour)", n)
+	}
+	if n := commandCalls(t, r.def, "multi"); n != 0 {
+		t.Errorf("MULTI reached the default server %d times, want 0", n)
+	}
+	for _, rs := range []*redistest.Server{r.def, r.queue} {
+		if n := commandCalls(t, rs, "set"); n != 0 {
+			t.Errorf("SET ran %d times on %s", n, rs.Addr())
+		}
+	}
+	for _, key := range []string{"queue:x", "plain:y", "queue:a", "plain:b"} {
+		if got := r.holds(t, key); got != "" {
+			t.Errorf("%s was written on %q", key, got)
+		}
+	}
+	// The connection is usable afterwards, for either route.
+	if got := rawDo(t, nc, "SET", "queue:x", "ok"); got != "+OK\r\n" {
+		t.Fatalf("SET after the aborted transaction: %q", got)
+	}
+	if got := rawDo(t, nc, "GET", "plain:y"); got != "$-1\r\n" {
+		t.Fatalf("GET after the aborted transaction: %q", got)
+	}
+}
