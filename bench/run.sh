@@ -653,6 +653,18 @@ scenario_replicas() {
 	run_fg "$BENCH_DIR/replicas.sh" "${args[@]}"
 }
 
+# routes: named upstreams and a [[route]] (issue 14), GET and SET at -P 1
+# and -P 16 through redproxy with one upstream and with the keys split over
+# two by a route. It needs its own servers and proxies, so it lives in
+# bench/routes.sh with its own table (bench/results/routes.md); rounds and
+# the CPU layout carry over.
+scenario_routes() {
+	local args=(--rounds "$ROUNDS")
+	((KEEP)) && args+=(--keep)
+	export CPU_REDIS CPU_CLIENT CPU_PROXY REDPROXY_GOMAXPROCS REDPROXY_BIN N_P1 N_P16 CLIENTS KEYSPACE DATASIZE
+	run_fg "$BENCH_DIR/routes.sh" "${args[@]}"
+}
+
 # hotkeys: the local tier (issue 6). GET on a hot keyspace (-r 100, preloaded)
 # through redproxy with the tier on, against redproxy's own PING (answered by
 # the proxy itself: the ceiling of its front end) and twemproxy; then GET on a

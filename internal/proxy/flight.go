@@ -14,7 +14,11 @@ import (
 // hooks. Each session keeps its own writes in flight (Session.flightWrites).
 
 func initFlight(s *Server) error {
-	s.flight.Store(s.newFlight(s.cfg.Stampede, stampede.NewMetrics(s.metrics.Registry)))
+	m := stampede.NewMetrics
+	if s.routes != nil {
+		m = s.routes.stampedeMetrics
+	}
+	s.flight.Store(s.newFlight(s.cfg.Stampede, m(s.metrics.Registry)))
 	return nil
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/route"
 	"github.com/redproxy/redproxy/internal/sentinel"
+	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -98,6 +99,23 @@ func initRoutes(s *Server) error {
 	}
 	rs.table.Store(tbl)
 	return nil
+}
+
+// stampedeMetrics are stampede protection's counters with routes, labelled
+// with the upstream of each read's key (the upstreams are set at start, so
+// the label's values are the configured names; a reload may move a key to
+// another route, never add an upstream). Without routes the counters keep
+// no label, as before routes existed.
+func (rs *routeState) stampedeMetrics(reg prometheus.Registerer) *stampede.Metrics {
+	t := rs.table.Load()
+	names := make([]string, t.Len())
+	for i := range names {
+		names[i] = t.Name(i)
+	}
+	return stampede.NewMetricsPerUpstream(reg, names, func(key []byte) int {
+		up, _ := rs.table.Load().Key(key)
+		return up
+	})
 }
 
 func newRouteTable(cfg *config.Config) (*route.Table, error) {

@@ -75,7 +75,13 @@ func NewGroup(o Options) *Group {
 // fetch must not depend on the calling goroutine or its client connection:
 // waiters rely on it running to the end even if the leader's client is gone.
 func (g *Group) Do(key string, fetch func() ([]byte, error)) (reply []byte, shared bool, err error) {
-	g.metrics.read()
+	return g.do(key, g.metrics, fetch)
+}
+
+// do is Do counting in m rather than the Group's Metrics: those of the
+// read's upstream (Metrics.forKey).
+func (g *Group) do(key string, m *Metrics, fetch func() ([]byte, error)) (reply []byte, shared bool, err error) {
+	m.read()
 	g.mu.Lock()
 	e := g.keys[key]
 	if e == nil {
@@ -83,15 +89,15 @@ func (g *Group) Do(key string, fetch func() ([]byte, error)) (reply []byte, shar
 		g.keys[key] = e
 	}
 	if g.unsafe && e.inflight != nil {
-		return g.join(e.inflight)
+		return g.join(e.inflight, m)
 	}
 	if e.next != nil {
 		if g.max > 0 && e.next.waiters >= g.max {
 			g.mu.Unlock()
-			g.metrics.overflow()
+			m.overflow()
 			return nil, false, ErrTooManyWaiters
 		}
-		return g.join(e.next)
+		return g.join(e.next, m)
 	}
 	c := &fetchCall{done: make(chan struct{})}
 	if prev := e.inflight; prev != nil {
@@ -111,10 +117,10 @@ func (g *Group) Do(key string, fetch func() ([]byte, error)) (reply []byte, shar
 }
 
 // join waits for c; g.mu is held on entry.
-func (g *Group) join(c *fetchCall) ([]byte, bool, error) {
+func (g *Group) join(c *fetchCall, m *Metrics) ([]byte, bool, error) {
 	c.waiters++
 	g.mu.Unlock()
-	g.metrics.saved()
+	m.saved()
 	<-c.done
 	return c.reply, true, c.err
 }

@@ -124,6 +124,7 @@ func missKey(db int, key []byte) string {
 // Hold is one key's miss hold. Held reads Wait for it and then Fetch.
 type Hold struct {
 	filler   int64
+	metrics  *Metrics // the counters of the key's upstream
 	done     chan struct{}
 	released bool // guarded by Misses.mu
 	timer    *time.Timer
@@ -171,7 +172,7 @@ func (m *Misses) Held(db int, key []byte, r Match, owner int64) *Hold {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if h := m.holds[k]; h != nil && h.filler != owner {
-		m.metrics.held()
+		m.metrics.forKey(key).held()
 		return h
 	}
 	return nil
@@ -194,11 +195,11 @@ func (m *Misses) Missed(db int, key []byte, r Match, owner int64, mayHold bool) 
 	if r.Hold() {
 		if h := m.holds[k]; h != nil {
 			if h.filler != owner && mayHold {
-				m.metrics.held()
+				m.metrics.forKey(key).held()
 				return h
 			}
 		} else {
-			h := &Hold{filler: owner, done: make(chan struct{})}
+			h := &Hold{filler: owner, metrics: m.metrics.forKey(key), done: make(chan struct{})}
 			m.holds[k] = h
 			h.timer = time.AfterFunc(m.holdRules[r.hold-1].timeout, func() { m.release(k, h, true) })
 		}
@@ -246,7 +247,7 @@ func (m *Misses) releaseLocked(k string, h *Hold, timeout bool) {
 	h.released = true
 	h.timer.Stop()
 	if timeout {
-		m.metrics.holdTimeout() // before waking the held reads, so they see it counted
+		h.metrics.holdTimeout() // before waking the held reads, so they see it counted
 	}
 	close(h.done)
 }
@@ -273,7 +274,7 @@ func (m *Misses) Early(db int, key []byte, r Match, owner int64, ttl time.Durati
 	}
 	m.refreshing[k] = refreshState{owner: owner, until: now.Add(ttl)}
 	m.markMiss(k, r.refresh-1, now, true)
-	m.metrics.earlyRefresh()
+	m.metrics.forKey(key).earlyRefresh()
 	return true
 }
 

@@ -130,7 +130,7 @@ func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owne
 	if match.Refresh() {
 		// The PTTL travels in the same fetch, right behind the GET on the
 		// same connection; the client never sees it.
-		both, _, err := p.group.Do(flightKey('t', db, resp3, raw), func() ([]byte, error) {
+		both, _, err := p.group.do(flightKey('t', db, resp3, raw), p.metrics.forKey(key), func() ([]byte, error) {
 			return p.fetch(db, resp3, raw, pttlCommand(key))
 		})
 		if err != nil {
@@ -139,7 +139,7 @@ func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owne
 		reply, ttl = splitTTL(both)
 	} else {
 		var err error
-		reply, _, err = p.group.Do(flightKey('r', db, resp3, raw), func() ([]byte, error) {
+		reply, _, err = p.group.do(flightKey('r', db, resp3, raw), p.metrics.forKey(key), func() ([]byte, error) {
 			return p.fetch(db, resp3, raw, nil)
 		})
 		if err != nil || !match.Any() {
@@ -165,7 +165,7 @@ func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owne
 func (p *Protection) heldRead(h *Hold, db int, key []byte, resp3 bool, match Match, owner int64) ([]byte, error) {
 	h.Wait()
 	get := resp.AppendCommandNamed(nil, "GET", key)
-	reply, err := h.Fetch(resp3, p.metrics, func() ([]byte, error) { return p.fetch(db, resp3, get, nil) })
+	reply, err := h.Fetch(resp3, p.metrics.forKey(key), func() ([]byte, error) { return p.fetch(db, resp3, get, nil) })
 	if err == nil && isNilReply(reply) {
 		p.misses.Missed(db, key, match, owner, false)
 	}
