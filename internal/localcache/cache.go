@@ -261,7 +261,8 @@ func (c *Cache) SwitchUpstream(switchUpstream func()) {
 		}
 	}
 	// Cluster nodes' connections are not redialled here: the next read of
-	// one of a node's keys dials it again.
+	// one of a node's keys dials it again. The upstreams of routes are,
+	// below.
 	for _, fc := range c.nodeConns() {
 		c.nodes.Delete(ownerDB{fc.node, fc.db})
 		fc.retire()
@@ -281,6 +282,12 @@ func (c *Cache) SwitchUpstream(switchUpstream func()) {
 	c.connMu.Unlock()
 	for _, fc := range old {
 		c.conn(fc.db)
+	}
+	if c.opt.OwnerOptions != nil {
+		// The upstreams of routes stay the same ones: redial each at once.
+		for _, fc := range oldNodes {
+			c.nodeConn(fc.node, fc.db)
+		}
 	}
 	c.log.Info("local tier: tracking connections moved to the new upstream", "databases", len(old))
 }

@@ -269,3 +269,65 @@ func TestRoutesTierLinearizable(t *testing.T) {
 		t.Fatalf("only %v hits: the history did not exercise the tier", h)
 	}
 }
+
+// TestRoutesTierSentinelFailover: a named Sentinel upstream fails over;
+// the tier drops what it read from the old primary and tracks the new one
+// (C4), as for [upstream]. The old primary is then cut off and written
+// directly: a tier still reading from it would serve that value.
+func TestRoutesTierSentinelFailover(t *testing.T) {
+	g := redistest.StartSentinelGroup(t, redistest.SentinelOptions{Replicas: 1, Sentinels: 1})
+	def := redistest.Start(t)
+	p := startTier(t, def, func(c *config.Config) {
+		u := routedUpstream("")
+		u.Mode, u.Address = config.ModeSentinel, ""
+		u.Sentinels, u.MasterName = g.SentinelAddrs(), g.Name
+		u.DialTimeout = units.Duration{Duration: 500 * time.Millisecond}
+		c.Upstreams = map[string]config.Upstream{"q": u}
+		c.Routes = []config.Route{{Pattern: "q:*", Upstream: "q"}}
+	})
+	waitOwners(t, p)
+	c := p.Client(t)
+	old := g.Nodes[0]
+	if err := c.Set(ctx, "q:1", "old", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v := cacheIt(t, p, c, "q:1"); v != "old" {
+		t.Fatalf("GET q:1 before the failover = %q", v)
+	}
+	switches := func() float64 {
+		return metric(t, p.Metrics.Registry, "redproxy_localcache_flushes_total", "reason="+localcache.FlushSwitch)
+	}
+	before := switches()
+
+	g.Failover(t)
+	next := g.WaitNewPrimary(t, old, 30*time.Second)
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		if c.Set(ctx, "q:2", "b", 0).Err() != nil {
+			return false
+		}
+		v, _ := next.Client(t).Get(ctx, "q:2").Result()
+		return v == "b"
+	}, "writes of the q route never reached the new primary %s", next.Addr())
+	if err := next.Client(t).Set(ctx, "q:1", "new", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The old primary, cut off from the group, gets a value of its own.
+	oc := redistestClient(t, old)
+	if err := oc.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := oc.Set(ctx, "q:1", "from-the-old-primary", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		before := hits(t, p)
+		v, err := c.Get(ctx, "q:1").Result()
+		if err == nil && v != "new" {
+			t.Fatalf("GET q:1 after the failover = %q, want the new primary's value", v)
+		}
+		return err == nil && hits(t, p) > before
+	}, "the tier never served hits from the new primary")
+	if switches() == before {
+		t.Fatal("the tier was not switched to the new primary")
+	}
+}
