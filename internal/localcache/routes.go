@@ -15,12 +15,14 @@ package localcache
 //     nothing it filled is served again, and flushes the database (as
 //     cluster mode flushes on a lost node): nothing of that upstream is
 //     served until a heartbeat on a new connection is answered.
-//   - A route change (Reroute, on a reload that changes the routes) moves
-//     keys to another upstream. Epochs alone would not do: a key routed
-//     A, then B, then A again would find its entry from the first A
-//     period still matching A's epoch although its writes went to B
-//     meanwhile. So a route change starts a new epoch on every connection
-//     and flushes the whole tier; hits resume one heartbeat later.
+//   - A route change (Reroute, on a reload that changes the key routes)
+//     moves keys to another upstream. An entry filled from the old owner
+//     carries the old owner's epoch, which never matches the new owner's
+//     connection, and the old owner keeps invalidating what it tracked; the
+//     tier is still flushed, with a new epoch on every connection, so that
+//     nothing filled under the old routes is kept at all: simpler to reason
+//     about than entries of several owners for one key, for a rare event.
+//     Hits resume one heartbeat later.
 //   - A failover of a Sentinel upstream, named or [upstream], switches
 //     the tier as [upstream]'s failover does (SwitchUpstream): every
 //     connection is retired and everything dropped.
