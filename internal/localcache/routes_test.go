@@ -331,3 +331,46 @@ func TestRoutesTierSentinelFailover(t *testing.T) {
 		t.Fatal("the tier was not switched to the new primary")
 	}
 }
+
+// TestRoutesTierStaleIfError: with one upstream down, a read of its key
+// that has a stale_if_error rule is asked of that upstream (not of
+// [upstream], which holds another value for the key) and answered with
+// the stale value when that fails; keys of the other route keep working.
+func TestRoutesTierStaleIfError(t *testing.T) {
+	def, q := redistest.Start(t), redistest.Start(t)
+	p := startTier(t, def, func(c *config.Config) {
+		c.Upstreams = map[string]config.Upstream{"q": routedUpstream(q.Addr())}
+		c.Routes = []config.Route{{Pattern: "q:*", Upstream: "q"}}
+		c.LocalCache.StaleIfError = []localcache.StaleRule{{Pattern: "*", MaxAge: units.Duration{Duration: time.Minute}}}
+	})
+	waitOwners(t, p)
+	c := p.Client(t)
+	if err := q.Client(t).Set(ctx, "q:1", "from-q", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := def.Client(t).Set(ctx, "q:1", "not-its-upstream", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := def.Client(t).Set(ctx, "d:1", "from-def", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]string{"q:1": "from-q", "d:1": "from-def"} {
+		if v := cacheIt(t, p, c, k); v != want {
+			t.Fatalf("GET %s = %q, want %q", k, v, want)
+		}
+	}
+	q.Kill(t)
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return metric(t, p.Metrics.Registry, "redproxy_localcache_flushes_total", "reason="+localcache.FlushDisconnect) > 0
+	}, "the loss was never noticed")
+	before := metric(t, p.Metrics.Registry, "redproxy_localcache_stale_serves_total")
+	if v := mustGet(t, c, "q:1"); v != "from-q" {
+		t.Fatalf("q:1 with its upstream down = %q, want the stale value read from it", v)
+	}
+	if n := metric(t, p.Metrics.Registry, "redproxy_localcache_stale_serves_total"); n == before {
+		t.Fatal("no stale serve counted: q:1 was not answered from the stale value")
+	}
+	if v := cacheIt(t, p, c, "d:1"); v != "from-def" {
+		t.Fatalf("d:1 with the other upstream down = %q", v)
+	}
+}
