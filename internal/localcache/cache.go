@@ -56,7 +56,8 @@ type Options struct {
 
 	// Owner, set in cluster mode, names the node that owns key's slot now
 	// ("" when none is known). Fill connections are then one per node,
-	// dialled with Upstream(0) and the node's address (cluster.go).
+	// dialled with Upstream(0) and the node's address (cluster.go). With
+	// routes (OwnerOptions set) it names the upstream of key's route.
 	Owner func(key []byte) string
 	// Demoted, in cluster mode, is told that a node the tier read from
 	// answered as a replica: the map that names it is out of date.
