@@ -171,9 +171,14 @@ func (c *Config) checkRoutes() []*Error {
 		bad("upstream.read_from", "reads from replicas are not supported with routes yet (use %q)", ReadPrimary)
 	}
 	if c.LocalCache.Enabled {
-		// The tier tracks one upstream; with several it would need one
-		// tracking connection set per upstream (docs/COMPATIBILITY.md).
-		bad("localcache.enabled", "the local tier is not supported with routes ([upstreams.*], [[route]], [[channel_route]]) yet")
+		// The tier tracks each key on its route's upstream, one tracking
+		// connection per upstream and database; a cluster upstream would
+		// need one per node of it (docs/COMPATIBILITY.md).
+		for _, name := range c.UpstreamNames()[1:] {
+			if c.NamedUpstream(name).Mode == ModeCluster {
+				bad("localcache.enabled", "the local tier is not supported with routes when a named upstream is a cluster ([upstreams.%s] has mode %q); turn the tier off or use a standalone or Sentinel upstream", name, ModeCluster)
+			}
+		}
 	}
 	checkList := func(section string, routes []Route) {
 		for i, r := range routes {

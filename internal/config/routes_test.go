@@ -9,8 +9,8 @@ import (
 // TestRoutesSection: named upstreams get [upstream]'s defaults for what
 // they leave out and are validated as [upstream] is, with errors naming
 // their own keys and lines; a route naming an unknown upstream is an
-// error saying where; routes exclude the local tier and a cluster
-// [upstream].
+// error saying where; routes exclude a cluster [upstream], and the local
+// tier with a cluster named upstream.
 func TestRoutesSection(t *testing.T) {
 	good := `
 [upstream]
@@ -72,7 +72,7 @@ upstream = "queue"
 		{"reserved name", "[upstreams.default]\naddress = \"127.0.0.1:7001\"\n", "upstreams.default", 1, "[upstream]'s"},
 		{"replica reads with routes", "[upstream]\nread_from = \"replica\"\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n", "upstream.read_from", 2, "not supported with routes"},
 		{"replica reads on a named upstream", "[upstreams.q]\naddress = \"127.0.0.1:7001\"\nread_from = \"replica\"\n", "upstreams.q.read_from", 0, "[upstream] only"},
-		{"local tier", "[localcache]\nenabled = true\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n", "localcache.enabled", 2, "not supported with routes"},
+		{"local tier with a cluster upstream", "[localcache]\nenabled = true\n[upstreams.q]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7001\"]\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n", "localcache.enabled", 2, "named upstream is a cluster ([upstreams.q]"},
 		{"cluster default", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[channel_route]]\npattern = \"a\"\nupstream = \"q\"\n", "upstream.mode", 2, "routes need [upstream]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -103,7 +103,16 @@ func TestRoutesRestartOnly(t *testing.T) {
 }
 
 // A named upstream no route names (the target of [mirror]) turns routing
-// on for nothing: the local tier, refused with routes, stays allowed.
+// on for nothing.
+// The local tier with routes to standalone upstreams is accepted: it
+// tracks each key on its route's upstream (proxy/tier.go).
+func TestRoutesLocalTierAccepted(t *testing.T) {
+	doc := "[localcache]\nenabled = true\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n"
+	if _, err := Parse([]byte(doc), "r.toml"); err != nil {
+		t.Fatalf("the local tier with routes is refused: %v", err)
+	}
+}
+
 func TestNamedUpstreamWithoutRoutesDoesNotRoute(t *testing.T) {
 	doc := "[localcache]\nenabled = true\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n"
 	c, err := Parse([]byte(doc), "r.toml")

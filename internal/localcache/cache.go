@@ -56,11 +56,17 @@ type Options struct {
 
 	// Owner, set in cluster mode, names the node that owns key's slot now
 	// ("" when none is known). Fill connections are then one per node,
-	// dialled with Upstream(0) and the node's address (cluster.go).
+	// dialled with Upstream(0) and the node's address (cluster.go). With
+	// routes (OwnerOptions set) it names the upstream of key's route.
 	Owner func(key []byte) string
 	// Demoted, in cluster mode, is told that a node the tier read from
 	// answered as a replica: the map that names it is out of date.
 	Demoted func(addr string)
+	// OwnerOptions, set with Owner when the owners are the upstreams of
+	// routes rather than cluster nodes, returns the connection options of
+	// owner's database db. Fill connections are then one per owner and
+	// database (routes.go).
+	OwnerOptions func(owner string, db int) upstream.Options
 }
 
 const (
@@ -92,7 +98,7 @@ type Cache struct {
 
 	connMu sync.Mutex
 	conns  []atomic.Pointer[fillConn] // one per database, created on first use
-	nodes  sync.Map                   // cluster mode: node address -> *fillConn
+	nodes  sync.Map                   // Owner set: ownerDB -> *fillConn
 	epochs atomic.Uint64              // source of fill connection epochs
 	// switching is set (under connMu) while SwitchUpstream has retired the
 	// fill connections and not yet dialled new ones: no connection is
@@ -256,9 +262,10 @@ func (c *Cache) SwitchUpstream(switchUpstream func()) {
 		}
 	}
 	// Cluster nodes' connections are not redialled here: the next read of
-	// one of a node's keys dials it again.
+	// one of a node's keys dials it again. The upstreams of routes are,
+	// below.
 	for _, fc := range c.nodeConns() {
-		c.nodes.Delete(fc.node)
+		c.nodes.Delete(ownerDB{fc.node, fc.db})
 		fc.retire()
 		oldNodes = append(oldNodes, fc)
 	}
@@ -276,6 +283,12 @@ func (c *Cache) SwitchUpstream(switchUpstream func()) {
 	c.connMu.Unlock()
 	for _, fc := range old {
 		c.conn(fc.db)
+	}
+	if c.opt.OwnerOptions != nil {
+		// The upstreams of routes stay the same ones: redial each at once.
+		for _, fc := range oldNodes {
+			c.nodeConn(fc.node, fc.db)
+		}
 	}
 	c.log.Info("local tier: tracking connections moved to the new upstream", "databases", len(old))
 }
@@ -489,7 +502,7 @@ func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte)
 		c.m.fill(fillError)
 		return nil, err
 	}
-	if fc.node != "" && resp.IsError(val) {
+	if fc.clusterNode() && resp.IsError(val) {
 		// MOVED, ASK and the like are for the router to follow, and any
 		// other error it hands back to the client as is.
 		c.unpend(s, rec)

@@ -52,44 +52,62 @@ var cmdRole = resp.AppendCommandStrings(nil, "ROLE")
 // alike.
 var rolePrimary = []byte("*3\r\n$6\r\nmaster\r\n")
 
-// nodeConn returns addr's fill connection, starting it on first use; nil
-// while the tier is closed or switching upstreams.
-func (c *Cache) nodeConn(addr string) *fillConn {
-	if v, ok := c.nodes.Load(addr); ok {
+// ownerDB names a fill connection when Owner is set: a cluster node's
+// (database 0), or one database's of an upstream of routes.
+type ownerDB struct {
+	owner string
+	db    int
+}
+
+// nodeConn returns owner's fill connection for db, starting it on first
+// use; nil while the tier is closed or switching upstreams.
+func (c *Cache) nodeConn(owner string, db int) *fillConn {
+	k := ownerDB{owner, db}
+	if v, ok := c.nodes.Load(k); ok {
 		return v.(*fillConn)
 	}
 	c.connMu.Lock()
 	defer c.connMu.Unlock()
-	if v, ok := c.nodes.Load(addr); ok {
+	if v, ok := c.nodes.Load(k); ok {
 		return v.(*fillConn)
 	}
 	if c.closed.Load() || c.switching {
 		return nil
 	}
-	fc := c.newFillConn(0, addr)
-	c.nodes.Store(addr, fc)
+	fc := c.newFillConn(db, owner)
+	c.nodes.Store(k, fc)
 	return fc
 }
 
 // ConnectNode starts the fill connection of cluster node addr now rather
 // than on the first read of one of its keys.
-func (c *Cache) ConnectNode(addr string) { c.nodeConn(addr) }
+func (c *Cache) ConnectNode(addr string) { c.nodeConn(addr, 0) }
 
 // LiveNode reports whether hits from cluster node addr may be served now.
-func (c *Cache) LiveNode(addr string) bool {
-	v, ok := c.nodes.Load(addr)
+func (c *Cache) LiveNode(addr string) bool { return c.LiveOwner(addr, 0) }
+
+// LiveOwner reports whether hits of database db from owner (a cluster
+// node, or an upstream of routes) may be served now.
+func (c *Cache) LiveOwner(owner string, db int) bool {
+	v, ok := c.nodes.Load(ownerDB{owner, db})
 	return ok && v.(*fillConn).live(nanotime(), c.fenceAt.Load())
 }
 
-// liveNodes reports whether every node connection that tracks a primary
-// is live, and there is at least one.
-func (c *Cache) liveNodes() bool {
+// clusterNode reports whether fc tracks a cluster node (rather than one
+// database of an upstream of routes, or a database in standalone mode).
+func (fc *fillConn) clusterNode() bool {
+	return fc.node != "" && fc.c.opt.OwnerOptions == nil
+}
+
+// liveNodes reports whether every owner connection of db that tracks a
+// primary is live, and there is at least one.
+func (c *Cache) liveNodes(db int) bool {
 	now, fence := nanotime(), c.fenceAt.Load()
 	n := 0
 	all := true
 	c.nodes.Range(func(_, v any) bool {
 		fc := v.(*fillConn)
-		if fc.demoted.Load() {
+		if fc.demoted.Load() || fc.db != db {
 			return true
 		}
 		n++

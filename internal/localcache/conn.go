@@ -74,9 +74,15 @@ func (c *Cache) conn(db int) *fillConn {
 func (c *Cache) newFillConn(db int, node string) *fillConn {
 	fc := &fillConn{c: c, db: db, node: node, kick: make(chan struct{}, 1), quit: make(chan struct{})}
 	fc.epoch.Store(c.epochs.Add(1))
-	opt := c.opt.Upstream(db)
-	if node != "" {
+	var opt upstream.Options
+	switch {
+	case node != "" && c.opt.OwnerOptions != nil:
+		opt = c.opt.OwnerOptions(node, db)
+	case node != "":
+		opt = c.opt.Upstream(db)
 		opt.Addr = node
+	default:
+		opt = c.opt.Upstream(db)
 	}
 	opt.DB = db
 	opt.RESP3 = true
@@ -172,7 +178,7 @@ func (fc *fillConn) heartbeat() {
 	defer t.Stop()
 	call := upstream.NewCall()
 	probe := resp.Ping
-	if fc.node != "" {
+	if fc.clusterNode() {
 		// A cluster node is asked its role instead: its reply is as much a
 		// barrier as PING's, and says whether the node still is a primary
 		// (see primaryNow).
@@ -198,7 +204,7 @@ func (fc *fillConn) heartbeat() {
 		if call.Err() != nil {
 			continue
 		}
-		if fc.node != "" && !fc.primaryNow(call) {
+		if fc.clusterNode() && !fc.primaryNow(call) {
 			continue
 		}
 		if h := hooks.Load(); h != nil && h.DropHeartbeats {
@@ -302,7 +308,7 @@ func eachBulk(b []byte, f func([]byte)) {
 }
 
 // Connect starts db's fill connection now rather than on its first read.
-// In cluster mode it does nothing (see ConnectNode).
+// With Owner set it does nothing (see ConnectNode, ConnectOwner).
 func (c *Cache) Connect(db int) {
 	if c.opt.Owner == nil {
 		c.conn(db)
@@ -313,7 +319,10 @@ func (c *Cache) Connect(db int) {
 // whether they may be for keys of every node the tier has a connection to.
 func (c *Cache) Live(db int) bool {
 	if c.opt.Owner != nil {
-		return db == 0 && c.liveNodes()
+		if c.opt.OwnerOptions == nil && db != 0 {
+			return false
+		}
+		return c.liveNodes(db)
 	}
 	if db < 0 || db >= len(c.conns) {
 		return false
@@ -329,12 +338,12 @@ func (c *Cache) connFor(db int, key []byte) *fillConn {
 	if c.opt.Owner == nil {
 		return c.conn(db)
 	}
-	if db != 0 {
+	if db < 0 || db >= len(c.conns) || (db != 0 && c.opt.OwnerOptions == nil) {
 		return nil
 	}
-	addr := c.opt.Owner(key)
-	if addr == "" {
+	owner := c.opt.Owner(key)
+	if owner == "" {
 		return nil
 	}
-	return c.nodeConn(addr)
+	return c.nodeConn(owner, db)
 }

@@ -82,6 +82,11 @@
 // heartbeat that catches a demoted primary; see cluster.go for how C1-C5
 // hold across resharding and failover.
 //
+// Routes mode (Options.Owner and Options.OwnerOptions): the owners are the
+// upstreams of routes, one fill connection per upstream and database, a
+// key served and filled through its route's upstream's; a route change
+// flushes the tier (Reroute); see routes.go.
+//
 // Limits: Redis 7 sends no invalidation for SWAPDB, so a SWAPDB that does not
 // pass through the proxy (which flushes on one that does) is outside C2; a
 // reply with no exact RESP2 form (resp2.go) is forwarded to RESP2 clients

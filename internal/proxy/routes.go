@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,9 @@ type routeState struct {
 	targets []*routeTarget // by upstream index; targets[0] is [upstream]
 	routed  *prometheus.CounterVec
 	failed  *prometheus.CounterVec
+	// keyRules are the key routes in force, to tell whether a reload
+	// changes them (the tier is flushed then).
+	keyRules []config.Route
 }
 
 // routeTarget is one upstream's connections.
@@ -98,6 +102,7 @@ func initRoutes(s *Server) error {
 		return err
 	}
 	rs.table.Store(tbl)
+	rs.keyRules = slices.Clone(cfg.Routes)
 	return nil
 }
 
@@ -196,9 +201,21 @@ func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 // Server.failover does for [upstream].
 func (s *Server) targetFailover(t *routeTarget, addr string, opts func(addr, user, pass string) upstream.BackendOptions) {
 	u := s.cfg.Upstreams[t.name]
-	t.backend.Failover(opts(addr, u.Username, u.Password))
-	for cred, b := range t.users {
-		b.Failover(opts(addr, cred.User, cred.Password))
+	switchBackend := func() {
+		t.backend.Failover(opts(addr, u.Username, u.Password))
+		for cred, b := range t.users {
+			b.Failover(opts(addr, cred.User, cred.Password))
+		}
+	}
+	if s.tier != nil {
+		// As for [upstream] (Server.failover): nothing read from the old
+		// primary is served again (C4). reloadMu keeps this apart from a
+		// reload's or another failover's switch of the tier.
+		s.reloadMu.Lock()
+		s.tier.cache.SwitchUpstream(switchBackend)
+		s.reloadMu.Unlock()
+	} else {
+		switchBackend()
 	}
 	s.log.Warn("upstream switched to the new primary", "upstream", t.name, "primary", addr)
 }
@@ -266,7 +283,14 @@ func (s *Server) reloadRoutes(next *config.Config) {
 		s.log.Error("route: reloaded routes do not compile; keeping the routes in force", "err", err)
 		return
 	}
-	s.routes.table.Store(t)
+	if s.tier != nil && !slices.Equal(s.routes.keyRules, next.Routes) {
+		// Keys may move to another upstream: the tier must not serve what
+		// it filled from their old one (localcache/routes.go).
+		s.tier.cache.Reroute(func() { s.routes.table.Store(t) })
+	} else {
+		s.routes.table.Store(t)
+	}
+	s.routes.keyRules = slices.Clone(next.Routes)
 }
 
 // backendFor is upstream up's pools for the client's credential, or an

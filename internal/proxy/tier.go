@@ -42,6 +42,9 @@ func initTier(s *Server) error {
 		}
 		opt.Demoted = func(string) { r.RefreshSoon() }
 	}
+	if s.routes != nil {
+		s.routes.tierOptions(&opt)
+	}
 	c, err := localcache.New(cfg, opt)
 	if err != nil {
 		return err
@@ -50,6 +53,13 @@ func initTier(s *Server) error {
 	if m := s.routerMap(); m != nil {
 		for _, a := range m.Primaries() {
 			c.ConnectNode(a)
+		}
+	}
+	if s.routes != nil {
+		for _, t := range s.routes.targets {
+			if t.backend != nil {
+				c.ConnectOwner(t.name, 0)
+			}
 		}
 	}
 	t := &tierState{cache: c, cacheable: map[*commands.Command]bool{}}
@@ -167,6 +177,8 @@ func (sess *Session) tierStale(t *tierState, raw, key []byte, m *metrics.Command
 		// The router answers a lost node with an error reply, not an
 		// error, so the stale value is never used in cluster mode.
 		r.Do(call, resp3)
+	} else if sess.srv.routes != nil {
+		sess.tierStaleRouted(call, key)
 	} else {
 		sess.backend().Pool(db, resp3).Do(call)
 	}
@@ -218,4 +230,35 @@ func (s *Server) routerMap() *cluster.Map {
 		return nil
 	}
 	return s.router.Map()
+}
+
+// tierOptions makes the tier track each key on its route's upstream
+// (localcache/routes.go): the owner of a key is the name of the upstream
+// its route names now. A cluster upstream is refused with the tier at
+// config time (config.checkRoutes).
+func (rs *routeState) tierOptions(opt *localcache.Options) {
+	byName := make(map[string]*routeTarget, len(rs.targets))
+	for _, t := range rs.targets {
+		byName[t.name] = t
+	}
+	opt.Owner = func(key []byte) string {
+		tbl := rs.table.Load()
+		up, _ := tbl.Key(key)
+		return tbl.Name(up)
+	}
+	opt.OwnerOptions = func(owner string, db int) upstream.Options {
+		return byName[owner].backend.Options(db, true)
+	}
+}
+
+// tierStaleRouted asks the upstream of key's route, with the client's
+// credential, for a read the tier holds a stale-if-error value for.
+func (sess *Session) tierStaleRouted(call *upstream.Call, key []byte) {
+	up, _ := sess.srv.routes.table.Load().Key(key)
+	b, err := sess.backendFor(up)
+	if err != nil {
+		call.Fail(err)
+		return
+	}
+	b.Pool(sess.db, sess.resp3).Do(call)
 }
