@@ -69,7 +69,7 @@ type clusterQueued struct {
 // relays whose node depends on their arguments (cluster_relay.go).
 func (sess *Session) clusterStep(r *request) bool {
 	if sess.cmulti.open {
-		return sess.clusterQueue(r)
+		return sess.queueHeld(r, clusterPlacer{})
 	}
 	cmd, args, m := r.cmd, r.Args, r.m
 	if cmd == nil {
@@ -188,9 +188,56 @@ func (sess *Session) clusterPinned(r *request) bool {
 	return true
 }
 
-// clusterQueue handles a command of a cluster-mode MULTI that has no node
-// yet (see clusterMulti).
-func (sess *Session) clusterQueue(r *request) bool {
+// A MULTI without WATCH has no node (cluster mode) or upstream (routes)
+// until its first keyed command: the proxy answers +QUEUED for the
+// keyless commands before it, holds them (capped), and replays MULTI and
+// them where that command's keys live. heldPlacer is what differs
+// between the two modes: where keys live, and what cannot be held.
+type heldPlacer interface {
+	// wholeRefusal refuses a command concerning the whole keyspace
+	// (every node or upstream), which no single target can run; nil: not
+	// such a command.
+	wholeRefusal(name string) []byte
+	// target is where r's keys live; refusal, when they live in several.
+	target(sess *Session, r *request) (target int, keyed bool, refusal []byte)
+	// backend is target's connections for the client.
+	backend(sess *Session, target int) (*upstream.Backend, error)
+	// keyless is the target of a transaction with no keyed command.
+	keyless() int
+	// stateRefusal refuses a command changing connection state, which
+	// cannot be held: run at EXEC it would change a connection of the
+	// proxy's (protocol, name, subscriptions).
+	stateRefusal(name string) []byte
+}
+
+type clusterPlacer struct{}
+
+func (clusterPlacer) wholeRefusal(name string) []byte {
+	if cluster.Whole(name) {
+		return errClusterInTx(name)
+	}
+	return nil
+}
+
+func (clusterPlacer) target(sess *Session, r *request) (int, bool, []byte) {
+	keySlot, keyed, same := sess.keySlot(r)
+	if keyed && !same {
+		return keySlot, keyed, cluster.CrossSlot()
+	}
+	return keySlot, keyed, nil
+}
+
+func (clusterPlacer) backend(sess *Session, keySlot int) (*upstream.Backend, error) {
+	return sess.srv.router.BackendFor(keySlot)
+}
+
+func (clusterPlacer) keyless() int { return -1 } // any primary runs them
+
+func (clusterPlacer) stateRefusal(name string) []byte { return errClusterInTx(name) }
+
+// queueHeld handles a command of a MULTI that has no target yet (see
+// heldPlacer); true when it was answered.
+func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	cm := &sess.cmulti
 	m := r.m
 	switch r.name {
@@ -205,8 +252,7 @@ func (sess *Session) clusterQueue(r *request) bool {
 			sess.replyLocal(m, emptyExec)
 			return true
 		}
-		// Keyless commands only: any primary runs them.
-		return sess.placeClusterMulti(r, -1)
+		return sess.placeHeld(r, p.keyless(), p)
 	case "discard":
 		sess.endClusterMulti()
 		sess.replyLocal(m, ok)
@@ -229,24 +275,24 @@ func (sess *Session) clusterQueue(r *request) bool {
 		return fail(errUnknownCommand(r.Args))
 	case !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil:
 		return fail(errArity(r.name))
-	case cluster.Whole(r.name):
-		return fail(errClusterInTx(r.name))
 	}
-	keySlot, keyed, same := sess.keySlot(r)
+	if refusal := p.wholeRefusal(r.name); refusal != nil {
+		return fail(refusal)
+	}
+	target, keyed, refusal := p.target(sess, r)
 	switch {
-	case keyed && !same:
-		return fail(cluster.CrossSlot())
+	case refusal != nil:
+		return fail(refusal)
 	case cm.failed:
 		// EXEC fails anyway; nothing is kept.
 		sess.replyLocal(m, queued)
 		return true
 	case keyed:
-		return sess.placeClusterMulti(r, keySlot)
+		return sess.placeHeld(r, target, p)
 	}
 	if cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && r.name != "unwatch" && r.name != "publish" && r.name != "pubsub" {
-		// Run at EXEC they would change a connection of the proxy's
-		// (protocol, name, subscriptions); see queueInMulti.
-		return fail(errClusterInTx(r.name))
+		// See queueInMulti.
+		return fail(p.stateRefusal(r.name))
 	}
 	raw := r.Raw
 	if d := sess.guard.Decision(r.i); d != nil && d.Args != nil {
@@ -262,15 +308,15 @@ func (sess *Session) clusterQueue(r *request) bool {
 	return true
 }
 
-// placeClusterMulti pins the transaction on the node owning keySlot (a
-// primary for -1) and replays there MULTI and the commands queued so far;
-// r then goes on to the ordinary pinned handling. When no connection can
-// be had, the transaction fails as a refused MULTI does (txAbort).
-func (sess *Session) placeClusterMulti(r *request, keySlot int) bool {
+// placeHeld pins the transaction on target and replays there MULTI and
+// the commands held so far; r then goes on to the ordinary pinned
+// handling. When no connection can be had, the transaction fails as a
+// refused MULTI does (txAbort).
+func (sess *Session) placeHeld(r *request, target int, p heldPlacer) bool {
 	cm := &sess.cmulti
-	b, err := sess.srv.router.BackendFor(keySlot)
+	b, err := p.backend(sess, target)
 	if err == nil {
-		err = sess.pinOn(b, keySlot)
+		err = sess.pinOn(b, target)
 	}
 	if err != nil {
 		sess.endClusterMulti()

@@ -14,7 +14,6 @@ import (
 
 	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/cluster"
-	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/route"
@@ -355,7 +354,7 @@ func (sess *Session) routeChannels(r *request) (int, []byte) {
 // by flush.
 func (sess *Session) routeStep(r *request) bool {
 	if sess.cmulti.open {
-		return sess.routeQueue(r)
+		return sess.queueHeld(r, routePlacer{})
 	}
 	cmd, m := r.cmd, r.m
 	if cmd == nil {
@@ -458,104 +457,29 @@ func (sess *Session) routePinned(r *request) bool {
 	return true
 }
 
-// routeQueue handles a command of a MULTI that has no upstream yet: the
-// first keyed command decides it, as the first key's slot does in
-// cluster mode (clusterQueue, which this follows).
-func (sess *Session) routeQueue(r *request) bool {
-	cm := &sess.cmulti
-	m := r.m
-	switch r.name {
-	case "exec":
-		switch {
-		case cm.failed:
-			sess.endClusterMulti()
-			sess.replyLocal(m, errExecAbort)
-			return true
-		case len(cm.queued) == 0:
-			sess.endClusterMulti()
-			sess.replyLocal(m, emptyExec)
-			return true
-		}
-		return sess.placeRouteMulti(r, route.Default)
-	case "discard":
-		sess.endClusterMulti()
-		sess.replyLocal(m, ok)
-		return true
-	case "multi":
-		sess.replyLocal(m, errNestedMulti)
-		return true
-	case "reset", "quit":
-		sess.endClusterMulti()
-		return false
+// routePlacer places a MULTI without WATCH on the upstream of its first
+// keyed command (queueHeld).
+type routePlacer struct{}
+
+func (routePlacer) wholeRefusal(name string) []byte {
+	if route.FansOut(name) {
+		return errRouteInTx(name)
 	}
-	fail := func(reply []byte) bool {
-		cm.failed = true
-		sess.replyLocal(m, reply)
-		return true
-	}
-	cmd := r.cmd
-	switch {
-	case cmd == nil:
-		return fail(errUnknownCommand(r.Args))
-	case !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil:
-		return fail(errArity(r.name))
-	case route.FansOut(r.name):
-		return fail(errRouteInTx(r.name))
-	}
-	up, keyed, cross := sess.routeKeys(r)
-	switch {
-	case cross != nil:
-		return fail(cross)
-	case cm.failed:
-		sess.replyLocal(m, queued)
-		return true
-	case keyed:
-		return sess.placeRouteMulti(r, up)
-	}
-	if cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && r.name != "unwatch" && r.name != "publish" && r.name != "pubsub" {
-		return fail([]byte("-ERR redproxy: '" + strings.ToUpper(strings.ReplaceAll(r.name, "|", " ")) + "' inside MULTI is not supported\r\n"))
-	}
-	raw := r.Raw
-	if d := sess.guard.Decision(r.i); d != nil && d.Args != nil {
-		raw = sess.guard.Encode(d.Args)
-	}
-	if len(cm.queued) >= maxClusterQueued || cm.size+len(raw) > maxClusterQueuedBytes {
-		return fail([]byte("-ERR redproxy: too many keyless commands queued before the transaction's first key\r\n"))
-	}
-	cm.queued = append(cm.queued, clusterQueued{raw: append([]byte(nil), raw...), m: m})
-	cm.size += len(raw)
-	sess.list.multi.Add(1)
-	sess.replyLocal(m, queued)
-	return true
+	return nil
 }
 
-// placeRouteMulti pins the transaction on upstream up and replays MULTI
-// and the commands queued so far there; r then goes on to the ordinary
-// pinned handling.
-func (sess *Session) placeRouteMulti(r *request, up int) bool {
-	cm := &sess.cmulti
-	b, err := sess.backendFor(up)
-	if err == nil {
-		err = sess.pinOn(b, up)
-	}
-	if err != nil {
-		sess.endClusterMulti()
-		sess.abort = txAbort{reason: errTxMultiRefused, multi: true}
-		sess.replyLocal(r.m, errorReply(err))
-		if r.name == "exec" {
-			sess.abort = txAbort{}
-		}
-		return true
-	}
-	sess.forwardHidden(cmdMulti)
-	sess.pin.inMulti = true
-	for _, q := range cm.queued {
-		sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: q.m, tx: true, mute: true})
-		sess.call.Add(q.raw)
-	}
-	clear(cm.queued)
-	*cm = clusterMulti{queued: cm.queued[:0]}
-	return false
+func (routePlacer) target(sess *Session, r *request) (int, bool, []byte) {
+	return sess.routeKeys(r)
+}
+
+func (routePlacer) backend(sess *Session, up int) (*upstream.Backend, error) {
+	return sess.backendFor(up)
+}
+
+func (routePlacer) keyless() int { return route.Default }
+
+func (routePlacer) stateRefusal(name string) []byte {
+	return []byte("-ERR redproxy: '" + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + "' inside MULTI is not supported\r\n")
 }
 
 // routeRelayDenied refuses a command of a relayed client whose keys or
