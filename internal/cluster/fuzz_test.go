@@ -31,20 +31,3 @@ func FuzzTopologyReply(f *testing.F) {
 		}
 	})
 }
-
-// FuzzSplitCommand: any bytes give arguments or an error, never a panic,
-// and arguments that re-encode to the same bytes.
-func FuzzSplitCommand(f *testing.F) {
-	f.Add([]byte("*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"))
-	f.Add([]byte("*1\r\n$-1\r\n"))
-	f.Add([]byte("*3\r\n$3\r\nSET\r\n$1\r\n"))
-	f.Fuzz(func(t *testing.T, raw []byte) {
-		args, err := splitCommand(raw, nil)
-		if err != nil {
-			return
-		}
-		for _, a := range args {
-			_ = Slot(a)
-		}
-	})
-}

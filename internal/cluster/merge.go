@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bytes"
 	"math/rand/v2"
 	"strconv"
 
@@ -36,7 +35,7 @@ func (b *batch) reply(i int) []byte {
 	case mergeMGET:
 		elems := make([][][]byte, len(replies))
 		for k, r := range replies {
-			e, ok := arrayElements(r)
+			e, ok := resp.ArrayElements(r)
 			if !ok {
 				return errUnexpected(r)
 			}
@@ -65,7 +64,7 @@ func (b *batch) reply(i int) []byte {
 	case mergeConcat:
 		var all [][]byte
 		for _, r := range replies {
-			e, ok := arrayElements(r)
+			e, ok := resp.ArrayElements(r)
 			if !ok {
 				return errUnexpected(r)
 			}
@@ -86,7 +85,7 @@ func (b *batch) reply(i int) []byte {
 				if firstErr == nil {
 					firstErr = r
 				}
-			case !isNull(r):
+			case !resp.IsNull(r):
 				return r
 			}
 		}
@@ -97,7 +96,7 @@ func (b *batch) reply(i int) []byte {
 	case mergeAllOnes:
 		var out [][]byte
 		for k, r := range replies {
-			e, ok := arrayElements(r)
+			e, ok := resp.ArrayElements(r)
 			if !ok || k > 0 && len(e) != len(out) {
 				return errUnexpected(r)
 			}
@@ -129,7 +128,7 @@ func (b *batch) scanReply(o *op, r []byte) []byte {
 	if resp.IsError(r) {
 		return r
 	}
-	e, ok := arrayElements(r)
+	e, ok := resp.ArrayElements(r)
 	if !ok || len(e) != 2 {
 		return errUnexpected(r)
 	}
@@ -158,37 +157,6 @@ func (b *batch) scanReply(o *op, r []byte) []byte {
 	out := redcon.AppendArray(nil, 2)
 	out = redcon.AppendBulkString(out, strconv.FormatUint(cursor, 10))
 	return append(out, e[1]...)
-}
-
-// arrayElements splits an array reply (RESP2 '*' or RESP3 '*' / '~') into
-// its framed elements.
-func arrayElements(r []byte) ([][]byte, bool) {
-	if len(r) < 4 || r[0] != '*' && r[0] != '~' {
-		return nil, false
-	}
-	nl := bytes.IndexByte(r, '\n')
-	if nl < 0 {
-		return nil, false
-	}
-	n, err := strconv.Atoi(string(r[1 : nl-1]))
-	if err != nil || n < 0 {
-		return nil, false
-	}
-	out := make([][]byte, 0, n)
-	pos := nl + 1
-	for range n {
-		k, err := resp.ScanReply(r[pos:])
-		if err != nil || k == 0 {
-			return nil, false
-		}
-		out = append(out, r[pos:pos+k])
-		pos += k
-	}
-	return out, pos == len(r)
-}
-
-func isNull(r []byte) bool {
-	return bytes.Equal(r, []byte("$-1\r\n")) || bytes.Equal(r, []byte("_\r\n")) || bytes.Equal(r, []byte("*-1\r\n"))
 }
 
 func errUnexpected(r []byte) []byte {

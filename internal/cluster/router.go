@@ -473,7 +473,7 @@ func (b *batch) subReply(i int) []byte { return b.arena[b.subs[i].rstart:b.subs[
 func (b *batch) plan(i int, raw []byte) {
 	o := &b.ops[i]
 	var err error
-	b.args, err = splitCommand(raw, b.args[:0])
+	b.args, err = resp.SplitCommand(raw, b.args[:0])
 	if err != nil || len(b.args) == 0 {
 		o.local = errorFrame(resp.ErrProtocol)
 		return

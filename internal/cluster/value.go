@@ -3,8 +3,6 @@ package cluster
 import (
 	"errors"
 	"strconv"
-
-	"github.com/redproxy/redproxy/internal/resp"
 )
 
 // errBadReply: a topology reply that does not have the documented shape.
@@ -94,39 +92,4 @@ func indexLine(b []byte) int {
 		}
 	}
 	return -1
-}
-
-// splitCommand returns the arguments of one raw multibulk command, which
-// is how every request reaches the proxy's upstream side (inline requests
-// are re-encoded by the reader). The arguments point into raw.
-func splitCommand(raw []byte, dst [][]byte) ([][]byte, error) {
-	if len(raw) < 4 || raw[0] != '*' {
-		return dst, resp.ErrProtocol
-	}
-	end := indexLine(raw)
-	if end < 0 {
-		return dst, resp.ErrProtocol
-	}
-	n, err := strconv.Atoi(string(raw[1:end]))
-	if err != nil || n < 0 || n > len(raw) {
-		return dst, resp.ErrProtocol
-	}
-	pos := end + 2
-	for range n {
-		if pos >= len(raw) || raw[pos] != '$' {
-			return dst, resp.ErrProtocol
-		}
-		e := indexLine(raw[pos:])
-		if e < 0 {
-			return dst, resp.ErrProtocol
-		}
-		l, err := strconv.Atoi(string(raw[pos+1 : pos+e]))
-		pos += e + 2
-		if err != nil || l < 0 || pos+l+2 > len(raw) {
-			return dst, resp.ErrProtocol
-		}
-		dst = append(dst, raw[pos:pos+l])
-		pos += l + 2
-	}
-	return dst, nil
 }

@@ -551,7 +551,7 @@ func (sess *Session) routedDo(call *upstream.Call) {
 	group, groups := 0, 0
 	for i := range n {
 		var err error
-		b.args, err = route.SplitCommand(call.Part(i), b.args[:0])
+		b.args, err = resp.SplitCommand(call.Part(i), b.args[:0])
 		if err != nil || len(b.args) == 0 {
 			b.plans[i] = route.Plan{Local: errorReply(resp.ErrProtocol)}
 			continue
@@ -733,7 +733,7 @@ func (sess *Session) placeRouteGroups(b *routeBatch, groups int) {
 // routedFetch is stampede protection's way upstream with routes: to the
 // upstream of the read's key.
 func (s *Server) routedFetch(c *upstream.Call, db int, resp3 bool, cmd []byte) {
-	args, err := route.SplitCommand(cmd, nil)
+	args, err := resp.SplitCommand(cmd, nil)
 	up := route.Default
 	if err == nil && len(args) > 0 {
 		if command := s.table.Lookup(args); command != nil {

@@ -350,7 +350,7 @@ func (p *Plan) Reply(replies [][]byte) []byte {
 	case MGET:
 		elems := make([][][]byte, len(replies))
 		for k, r := range replies {
-			e, ok := arrayElements(r)
+			e, ok := resp.ArrayElements(r)
 			if !ok {
 				return errUnexpected(r)
 			}
@@ -379,7 +379,7 @@ func (p *Plan) Reply(replies [][]byte) []byte {
 	case Concat:
 		var all [][]byte
 		for _, r := range replies {
-			e, ok := arrayElements(r)
+			e, ok := resp.ArrayElements(r)
 			if !ok {
 				return errUnexpected(r)
 			}
@@ -398,7 +398,7 @@ func (p *Plan) Reply(replies [][]byte) []byte {
 				if firstErr == nil {
 					firstErr = r
 				}
-			case !isNull(r):
+			case !resp.IsNull(r):
 				return r
 			}
 		}
@@ -409,7 +409,7 @@ func (p *Plan) Reply(replies [][]byte) []byte {
 	case AllOnes:
 		var out [][]byte
 		for k, r := range replies {
-			e, ok := arrayElements(r)
+			e, ok := resp.ArrayElements(r)
 			if !ok || k > 0 && len(e) != len(out) {
 				return errUnexpected(r)
 			}
@@ -439,7 +439,7 @@ func scanReply(up, n int, r []byte) []byte {
 	if resp.IsError(r) {
 		return r
 	}
-	e, ok := arrayElements(r)
+	e, ok := resp.ArrayElements(r)
 	if !ok || len(e) != 2 {
 		return errUnexpected(r)
 	}
@@ -492,73 +492,6 @@ func appendArray(dst []byte, n int) []byte {
 	return append(dst, '\r', '\n')
 }
 
-// arrayElements splits an array reply (RESP2 '*' or RESP3 '*' / '~') into
-// its framed elements.
-func arrayElements(r []byte) ([][]byte, bool) {
-	if len(r) < 4 || r[0] != '*' && r[0] != '~' {
-		return nil, false
-	}
-	nl := bytes.IndexByte(r, '\n')
-	if nl < 2 {
-		return nil, false
-	}
-	n, err := strconv.Atoi(string(r[1 : nl-1]))
-	if err != nil || n < 0 {
-		return nil, false
-	}
-	out := make([][]byte, 0, min(n, 1024))
-	pos := nl + 1
-	for range n {
-		k, err := resp.ScanReply(r[pos:])
-		if err != nil || k == 0 {
-			return nil, false
-		}
-		out = append(out, r[pos:pos+k])
-		pos += k
-	}
-	return out, pos == len(r)
-}
-
-func isNull(r []byte) bool {
-	return bytes.Equal(r, []byte("$-1\r\n")) || bytes.Equal(r, []byte("_\r\n")) || bytes.Equal(r, []byte("*-1\r\n"))
-}
-
 func errUnexpected(r []byte) []byte {
 	return []byte("-ERR redproxy: unexpected reply from an upstream: " + strconv.Quote(string(r[:min(len(r), 64)])) + "\r\n")
-}
-
-// SplitCommand returns the arguments of one raw multibulk command, which
-// is how every request reaches the upstream side (the reader re-encodes
-// inline requests), appended to dst. The arguments point into raw.
-func SplitCommand(raw []byte, dst [][]byte) ([][]byte, error) {
-	line := func(b []byte) int { return bytes.Index(b, []byte("\r\n")) }
-	if len(raw) < 4 || raw[0] != '*' {
-		return dst, resp.ErrProtocol
-	}
-	end := line(raw)
-	if end < 0 {
-		return dst, resp.ErrProtocol
-	}
-	n, err := strconv.Atoi(string(raw[1:end]))
-	if err != nil || n < 0 || n > len(raw) {
-		return dst, resp.ErrProtocol
-	}
-	pos := end + 2
-	for range n {
-		if pos >= len(raw) || raw[pos] != '$' {
-			return dst, resp.ErrProtocol
-		}
-		e := line(raw[pos:])
-		if e < 0 {
-			return dst, resp.ErrProtocol
-		}
-		l, err := strconv.Atoi(string(raw[pos+1 : pos+e]))
-		pos += e + 2
-		if err != nil || l < 0 || pos+l+2 > len(raw) {
-			return dst, resp.ErrProtocol
-		}
-		dst = append(dst, raw[pos:pos+l])
-		pos += l + 2
-	}
-	return dst, nil
 }

@@ -114,14 +114,14 @@ func TestScanCursor(t *testing.T) {
 	var visited []string
 	for range 10 {
 		p := plan(tb, "SCAN", cursor, "COUNT", "5")
-		a, _ := SplitCommand(p.Part(0).Raw, nil)
+		a, _ := resp.SplitCommand(p.Part(0).Raw, nil)
 		visited = append(visited, fmt.Sprintf("%d:%s", p.Part(0).Upstream, a[1]))
 		inner := "0"
 		if string(a[1]) == "0" {
 			inner = "17" // each upstream answers one page, then is done
 		}
 		r := p.Reply([][]byte{scanReply(inner)})
-		e, ok := arrayElements(r)
+		e, ok := resp.ArrayElements(r)
 		if !ok {
 			t.Fatalf("%q", r)
 		}
@@ -167,7 +167,7 @@ func FuzzPlan(f *testing.F) {
 			if raw == nil {
 				raw = resp.AppendCommand(nil, a...)
 			}
-			sub, err := SplitCommand(raw, nil)
+			sub, err := resp.SplitCommand(raw, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -184,7 +184,7 @@ func FuzzPlan(f *testing.F) {
 		if seen != len(ks) {
 			t.Fatalf("%d keys in the parts, %d sent", seen, len(ks))
 		}
-		e, ok := arrayElements(p.Reply(replies))
+		e, ok := resp.ArrayElements(p.Reply(replies))
 		if !ok || len(e) != len(ks) {
 			t.Fatalf("merged reply has %d elements, want %d", len(e), len(ks))
 		}
