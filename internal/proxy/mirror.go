@@ -149,6 +149,11 @@ func (sess *Session) mirrorNote(r *request) {
 	default:
 		return
 	}
+	if sess.mirrorS == nil {
+		// Allocated on first use: most sessions never mirror anything,
+		// and an idle one should hold no more than it must (park.go).
+		sess.mirrorS = &mirrorState{}
+	}
 	sess.mirrorS.marks = append(sess.mirrorS.marks, mk)
 }
 
@@ -170,7 +175,7 @@ func (sess *Session) mirrorWriteSkipped() {
 // the primary answered; flush calls it once every reply is in, before the
 // slots and the Call are reset.
 func (sess *Session) mirrorFlushed(call *upstream.Call) {
-	ms := &sess.mirrorS
+	ms := sess.mirrorS
 	mr := sess.srv.mirror
 	b := &ms.batch
 	for _, mk := range ms.marks {

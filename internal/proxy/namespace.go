@@ -21,6 +21,13 @@ type nsState struct {
 	// (setNamespace); user is its proxy user's, which wins when set.
 	listener *namespace.Namespace
 	w        *namespace.Rewriter // the namespace in force; nil: none
+	// b is the batch's scratch, there exactly when w is: a session
+	// without a namespace (most of them, idle ones included) does not
+	// carry it.
+	b *nsBatch
+}
+
+type nsBatch struct {
 	// notes and orig are, per request of the batch, the outcome of its
 	// rewriting and the client's own request.
 	notes []namespace.Result
@@ -96,25 +103,25 @@ func (sess *Session) applyNamespace() {
 		from = len(reqs)
 	}
 	if sess.ns.w != nil {
-		for i := from; i < len(reqs) && i < len(sess.ns.orig); i++ {
-			reqs[i] = sess.ns.orig[i]
+		for i := from; i < len(reqs) && i < len(sess.ns.b.orig); i++ {
+			reqs[i] = sess.ns.b.orig[i]
 		}
 	}
 	if want == nil {
-		sess.ns.w = nil
-		sess.ns.notes, sess.ns.orig = nil, nil
+		sess.ns.w, sess.ns.b = nil, nil
 	} else {
 		if sess.ns.w == nil {
+			sess.ns.b = &nsBatch{}
 			// Earlier requests of the batch were not rewritten: their
 			// own bytes are what the client sent.
-			sess.ns.orig = append(sess.ns.orig[:0], reqs...)
-			sess.ns.notes = append(sess.ns.notes[:0], make([]namespace.Result, len(reqs))...)
+			sess.ns.b.orig = append(sess.ns.b.orig[:0], reqs...)
+			sess.ns.b.notes = append(sess.ns.b.notes[:0], make([]namespace.Result, len(reqs))...)
 		}
 		// A fresh rewriter: the earlier requests' rewritten bytes (still
 		// referenced by the batch) stay where they are.
 		sess.ns.w = namespace.NewRewriter(want)
 		for i := from; i < len(reqs); i++ {
-			sess.ns.notes[i] = sess.nsRewrite(&reqs[i])
+			sess.ns.b.notes[i] = sess.nsRewrite(&reqs[i])
 		}
 	}
 	if from < len(reqs) {
@@ -125,8 +132,8 @@ func (sess *Session) applyNamespace() {
 // nsRewriteBatch rewrites a batch's requests in place, remembering the
 // client's own, before anything else looks at them.
 func (sess *Session) nsRewriteBatch(reqs []resp.Request) {
-	st := &sess.ns
-	st.w.Reset()
+	sess.ns.w.Reset()
+	st := sess.ns.b
 	st.orig = append(st.orig[:0], reqs...)
 	if cap(st.notes) < len(reqs) {
 		st.notes = make([]namespace.Result, len(reqs))
@@ -155,8 +162,8 @@ func sameArgs(a, b [][]byte) bool {
 // user's ACL judges (key patterns name the client's keys, not the prefixed
 // ones).
 func (sess *Session) clientArgs(i int, args [][]byte) [][]byte {
-	if sess.ns.w != nil && i < len(sess.ns.orig) {
-		return sess.ns.orig[i].Args
+	if sess.ns.w != nil && i < len(sess.ns.b.orig) {
+		return sess.ns.b.orig[i].Args
 	}
 	return args
 }
@@ -166,10 +173,10 @@ func (sess *Session) clientArgs(i int, args [][]byte) [][]byte {
 // command whose reply names keys has them stripped (curStrip). It reports
 // whether it answered r.
 func (sess *Session) nsStep(r *request) bool {
-	if r.i >= len(sess.ns.notes) {
+	if r.i >= len(sess.ns.b.notes) {
 		return false
 	}
-	res := sess.ns.notes[r.i]
+	res := sess.ns.b.notes[r.i]
 	ns := sess.ns.w.Namespace()
 	msg := res.Err
 	switch {
@@ -205,23 +212,23 @@ func (sess *Session) nsStripped(kind namespace.Strip, reply []byte) []byte {
 	if kind == namespace.StripNone || sess.ns.w == nil || resp.IsError(reply) {
 		return reply
 	}
-	sess.ns.scratch = sess.ns.w.Namespace().StripReply(sess.ns.scratch[:0], kind, reply)
-	if cap(sess.ns.scratch) > 64<<10 {
-		out := sess.ns.scratch
-		sess.ns.scratch = nil
+	sess.ns.b.scratch = sess.ns.w.Namespace().StripReply(sess.ns.b.scratch[:0], kind, reply)
+	if cap(sess.ns.b.scratch) > 64<<10 {
+		out := sess.ns.b.scratch
+		sess.ns.b.scratch = nil
 		return out
 	}
-	return sess.ns.scratch
+	return sess.ns.b.scratch
 }
 
 // nsRelayRefusal is why request i of a relayed (subscribed) client cannot
 // run in its namespace, or "": a raw relay cannot strip key names from a
 // command's reply, nor run FLUSHDB or RANDOMKEY as scripts.
 func (sess *Session) nsRelayRefusal(i int) string {
-	if sess.ns.w == nil || i >= len(sess.ns.notes) {
+	if sess.ns.w == nil || i >= len(sess.ns.b.notes) {
 		return ""
 	}
-	res := sess.ns.notes[i]
+	res := sess.ns.b.notes[i]
 	switch {
 	case res.Action == namespace.Refuse:
 		return res.Err
@@ -242,6 +249,6 @@ func (sess *Session) nsRelayFilter(limit int64) *namespace.PubSubFilter {
 
 // nsBatchDone drops what the batch's rewriting holds once it was answered.
 func (sess *Session) nsBatchDone() {
-	clear(sess.ns.orig)
-	sess.ns.orig = sess.ns.orig[:0]
+	clear(sess.ns.b.orig)
+	sess.ns.b.orig = sess.ns.b.orig[:0]
 }

@@ -318,9 +318,9 @@ func (sess *Session) releaseBuffers() {
 	// The per-batch scratch of routes, the mirror and namespaces: empty
 	// between batches, where a session parks.
 	sess.route.keys = nil
-	sess.mirrorS = mirrorState{}
-	sess.ns.notes, sess.ns.orig, sess.ns.scratch = nil, nil, nil
+	sess.mirrorS = nil
 	if sess.ns.w != nil {
+		*sess.ns.b = nsBatch{}
 		sess.ns.w.Release()
 	}
 }

@@ -87,10 +87,14 @@ type Session struct {
 	// flightWrites are this client's writes of keys under a miss hold or
 	// early refresh rule whose replies are not in yet (flight.go).
 	flightWrites stampede.Writes
-	replyOff     bool    // CLIENT REPLY OFF
-	replySkip    bool    // CLIENT REPLY SKIP: mute the next command
-	curMute      bool    // the command being dispatched gets no reply
-	cur          request // the command being dispatched (classify)
+	replyOff     bool // CLIENT REPLY OFF
+	replySkip    bool // CLIENT REPLY SKIP: mute the next command
+	curMute      bool // the command being dispatched gets no reply
+	// curStrip: where the reply of the command being dispatched names
+	// keys (namespace.go). Next to the other small fields: Session is
+	// kept in a small size class, it is what an idle client costs.
+	curStrip namespace.Strip
+	cur      request // the command being dispatched (classify)
 
 	// upstreamWait adds up the batch's waits for upstream replies, for
 	// the slow log; slowExempt marks a batch whose time is the client's
@@ -104,14 +108,13 @@ type Session struct {
 	aclKeys []commands.KeyRef // scratch for the ACL's key checks
 
 	route   routeSession // with routes (routes.go)
-	mirrorS mirrorState  // the batch's commands for the mirror (mirror.go)
+	mirrorS *mirrorState // the batch's commands for the mirror (mirror.go); nil until one
 
 	// reads is where the client's reads may go with replica reads on
 	// (replicas.go).
 	reads replicaReads
 
-	ns       nsState         // the key prefix the client is confined to (namespace.go)
-	curStrip namespace.Strip // where the reply of the command being dispatched names keys
+	ns nsState // the key prefix the client is confined to (namespace.go)
 	// listener is the client listener the client came through
 	// (listeners.go); set before the session starts, then only read. Its
 	// namespace is in ns (namespace.go).
@@ -564,7 +567,7 @@ func (sess *Session) flush(start time.Time) {
 			sess.emit(reply)
 		}
 	}
-	if len(sess.mirrorS.marks) > 0 {
+	if sess.mirrorS != nil && len(sess.mirrorS.marks) > 0 {
 		sess.mirrorFlushed(call)
 	}
 	clear(sess.slots)
