@@ -55,7 +55,9 @@ func TestSessionCarriesListenerNamespace(t *testing.T) {
 			return got != nil
 		}, "no session for the client on %s", name)
 		gotNS := ""
-		if ns := got.effectiveNamespace(); ns != nil {
+		// ns.listener is set before the session starts, then only read
+		// (the rest of the namespace state is the session's own).
+		if ns := got.ns.listener; ns != nil {
 			gotNS = ns.Prefix()
 		}
 		if got.listenerName() != name || gotNS != want {
