@@ -637,7 +637,10 @@ func replicaCommand(cmd *commands.Command) bool {
 // replica. XREAD is flagged blocking and only blocks with BLOCK, so it is
 // allowed without.
 func (sess *Session) replicaCandidate(r *request) bool {
-	if sess.srv.replicas == nil || sess.pin.pipe != nil || r.blocking || !sess.sharesUpstream() || r.cmd == nil {
+	if sess.pin.pipe != nil || r.blocking || !sess.sharesUpstream() || r.cmd == nil {
+		return false
+	}
+	if sess.srv.replicas == nil && !sess.routeToReplicas(r) {
 		return false
 	}
 	if r.cmd.Name == "xread" {

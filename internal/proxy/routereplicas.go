@@ -44,6 +44,17 @@ func initRouteReplicas(s *Server) error {
 	return nil
 }
 
+// routeToReplicas reports whether r's keys route to one upstream that
+// reads from replicas (so stampede protection, whose fetches go to the
+// primary, leaves r to routedDo).
+func (sess *Session) routeToReplicas(r *request) bool {
+	if sess.srv.routes == nil || !sess.srv.routes.replicas {
+		return false
+	}
+	up, keyed, cross := sess.routeKeys(r)
+	return keyed && cross == nil && sess.srv.routes.targets[up].replicas != nil
+}
+
 // routeReads is the client's read-your-writes state for upstream up,
 // allocated on the first batch that needs it: sessions without replica
 // reads carry no more than an empty slice.
@@ -55,11 +66,12 @@ func (sess *Session) routeReads(up int) *replicaReads {
 }
 
 // routeWritesAnswered: the replies of the batch are in; every upstream
-// whose share held more than reads may have been written, so the client's
-// reads of it wait for a poll started after now.
+// whose share held a command that may write (one the command table does
+// not know included), so the client's reads of it wait for a poll started
+// after now.
 func (sess *Session) routeWritesAnswered(b *routeBatch) {
-	for up, notReads := range b.notReads {
-		if t := sess.srv.routes.targets[up]; notReads && t.replicas != nil {
+	for up, wrote := range b.mayWrites {
+		if t := sess.srv.routes.targets[up]; wrote && t.replicas != nil {
 			sess.routeReads(up).needEpoch = t.replicas.started.Load() + 1
 		}
 	}

@@ -539,12 +539,15 @@ type routeBatch struct {
 	where, first []int
 	errs         []error
 	sent         []bool
-	notRead      []bool // per op, with replica reads: not a read a replica may serve
-	notReads     []bool // by upstream: its share holds such a command
-	args         [][]byte
-	keys         []int
-	parts        [][]byte
-	groups       []int // per op: the transaction (MULTI ... EXEC in the Call) it is in, from 1; 0 for none
+	// With replica reads: per op, whether it is a read a replica may
+	// serve and whether it may write; by upstream, whether its share
+	// holds a command of each kind that is not a replica read / may write.
+	notRead, mayWrite   []bool
+	notReads, mayWrites []bool
+	args                [][]byte
+	keys                []int
+	parts               [][]byte
+	groups              []int // per op: the transaction (MULTI ... EXEC in the Call) it is in, from 1; 0 for none
 }
 
 // routedDo runs a Call of shared-connection commands against the routes'
@@ -561,6 +564,7 @@ func (sess *Session) routedDo(call *upstream.Call) {
 	b.plans = append(b.plans[:0], make([]route.Plan, n)...)
 	b.groups = append(b.groups[:0], make([]int, n)...)
 	b.notRead = append(b.notRead[:0], make([]bool, n)...)
+	b.mayWrite = append(b.mayWrite[:0], make([]bool, n)...)
 	group, groups := 0, 0
 	for i := range n {
 		var err error
@@ -573,6 +577,7 @@ func (sess *Session) routedDo(call *upstream.Call) {
 		cmd := sess.srv.table.Lookup(b.args)
 		if rs.replicas {
 			b.notRead[i] = !replicaRead(cmd, b.args)
+			b.mayWrite[i] = cmd == nil || mayWrite(cmd) // a command the table does not know may write
 		}
 		if group == 0 && cmd != nil && cmd.Name == "multi" {
 			groups++
@@ -610,6 +615,7 @@ func (sess *Session) routedDo(call *upstream.Call) {
 	}
 	b.where, b.first = b.where[:0], b.first[:0]
 	b.notReads = append(b.notReads[:0], make([]bool, len(b.calls))...)
+	b.mayWrites = append(b.mayWrites[:0], make([]bool, len(b.calls))...)
 	limit := call.ReplyLimit()
 	for i := range n {
 		p := &b.plans[i]
@@ -627,9 +633,8 @@ func (sess *Session) routedDo(call *upstream.Call) {
 				c.SetReplyLimit(limit)
 			}
 			b.where = append(b.where, c.Len())
-			if b.notRead[i] {
-				b.notReads[part.Upstream] = true
-			}
+			b.notReads[part.Upstream] = b.notReads[part.Upstream] || b.notRead[i]
+			b.mayWrites[part.Upstream] = b.mayWrites[part.Upstream] || b.mayWrite[i]
 			raw := part.Raw
 			if raw == nil {
 				raw = call.Part(i)
