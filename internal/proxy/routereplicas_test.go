@@ -229,3 +229,49 @@ func TestRouteReplicaKilledFallsBack(t *testing.T) {
 		t.Errorf("usable replicas: b %d (want 0), default %d (want 1)", r.p.UsableReplicasOf("b"), r.p.UsableReplicasOf(config.DefaultUpstream))
 	}
 }
+
+// TestRouteReplicaReadsSentinelUpstream (issue 14): a named Sentinel
+// upstream reads from the replicas its own Sentinels list; its primary
+// runs none of the reads of a client that has not written, and a client's
+// own write is read back at once.
+func TestRouteReplicaReadsSentinelUpstream(t *testing.T) {
+	g := redistest.StartSentinelGroup(t, redistest.SentinelOptions{Replicas: 1, Sentinels: 1})
+	def := redistest.Start(t)
+	ctx := context.Background()
+	if err := g.Nodes[0].Client(t).Set(ctx, "s:k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := proxytest.Start(t, def, func(c *config.Config) {
+		u := namedUpstream("")
+		u.Mode, u.Address = config.ModeSentinel, ""
+		u.Sentinels, u.MasterName = g.SentinelAddrs(), g.Name
+		u.ReadFrom = config.ReadReplicaPreferred
+		u.ReplicaPollInterval = units.Duration{Duration: 20 * time.Millisecond}
+		c.Upstreams = map[string]config.Upstream{"s": u}
+		c.Routes = []config.Route{{Pattern: "s:*", Upstream: "s"}}
+	})
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.UsableReplicasOf("s") == 1 }, "the proxy never found the Sentinels' replica")
+	redistest.Eventually(t, 5*time.Second, func() bool { return g.Nodes[1].Client(t).Get(ctx, "s:k").Val() == "v" }, "replica never synced")
+	resetStats(t, g.Nodes...)
+	c := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+	for range 20 {
+		if v, err := c.Get(ctx, "s:k").Result(); err != nil || v != "v" {
+			t.Fatalf("GET s:k = %q, %v", v, err)
+		}
+	}
+	if n := calls(t, g.Nodes[0], "get"); n != 0 {
+		t.Errorf("the Sentinel upstream's primary ran %d GETs, want 0", n)
+	}
+	if n := calls(t, g.Nodes[1], "get"); n != 20 {
+		t.Errorf("its replica ran %d GETs, want 20", n)
+	}
+	if p.UsableReplicasOf(config.DefaultUpstream) != 0 {
+		t.Errorf("[upstream] (read_from primary) counts usable replicas")
+	}
+	if err := c.Set(ctx, "s:k", "w", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.Get(ctx, "s:k").Result(); err != nil || v != "w" {
+		t.Fatalf("GET s:k right after SET s:k w = %q, %v", v, err)
+	}
+}
