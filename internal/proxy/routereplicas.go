@@ -57,12 +57,13 @@ func (sess *Session) routeToReplicas(r *request) bool {
 
 // routeReads is the client's read-your-writes state for upstream up,
 // allocated on the first batch that needs it: sessions without replica
-// reads carry no more than an empty slice.
+// reads carry a nil pointer.
 func (sess *Session) routeReads(up int) *replicaReads {
 	if sess.route.reads == nil {
-		sess.route.reads = make([]replicaReads, len(sess.srv.routes.targets))
+		reads := make([]replicaReads, len(sess.srv.routes.targets))
+		sess.route.reads = &reads
 	}
-	return &sess.route.reads[up]
+	return &(*sess.route.reads)[up]
 }
 
 // routeWritesAnswered: the replies of the batch are in; every upstream

@@ -324,8 +324,9 @@ type routeSession struct {
 	relay int
 	keys  []int
 	// reads is the client's read-your-writes state per upstream, by
-	// index, when some upstream reads from replicas (routeReads).
-	reads []replicaReads
+	// index, once some upstream reads from replicas (routeReads); a
+	// pointer, so a session without replica reads carries one word.
+	reads *[]replicaReads
 }
 
 var errRouteInTx = func(name string) []byte {
