@@ -143,10 +143,6 @@ func (c *Config) checkRoutes() []*Error {
 			}
 		}
 		rekey(checkUpstream(&u))
-		if u.ReadFrom != ReadPrimary {
-			// The replica set (proxy/replicas.go) is [upstream]'s alone.
-			bad(prefix+".read_from", "reads from replicas are supported on [upstream] only for now (use %q)", ReadPrimary)
-		}
 		if u.TLS != nil {
 			if _, err := u.ClientTLS(); err != nil {
 				rekey(tlsErrorList(err))
@@ -165,10 +161,6 @@ func (c *Config) checkRoutes() []*Error {
 	}
 	if c.Upstream.Mode == ModeCluster {
 		bad("upstream.mode", "routes need [upstream] in %q or %q mode; a cluster can be a named upstream ([upstreams.NAME])", ModeStandalone, ModeSentinel)
-	}
-	if c.Upstream.ReadFrom != ReadPrimary {
-		// Routed batches go through routedDo, which knows no replicas.
-		bad("upstream.read_from", "reads from replicas are not supported with routes yet (use %q)", ReadPrimary)
 	}
 	if c.LocalCache.Enabled {
 		// The tier tracks each key on its route's upstream, one tracking

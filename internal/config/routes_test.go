@@ -70,8 +70,7 @@ upstream = "queue"
 		{"named upstream validated", "[upstreams.q]\naddress = \"nowhere\"\n", "upstreams.q.address", 2, "invalid address"},
 		{"named sentinel", "[upstreams.q]\nmode = \"sentinel\"\n", "upstreams.q.sentinels", 0, "is empty"},
 		{"reserved name", "[upstreams.default]\naddress = \"127.0.0.1:7001\"\n", "upstreams.default", 1, "[upstream]'s"},
-		{"replica reads with routes", "[upstream]\nread_from = \"replica\"\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n", "upstream.read_from", 2, "not supported with routes"},
-		{"replica reads on a named upstream", "[upstreams.q]\naddress = \"127.0.0.1:7001\"\nread_from = \"replica\"\n", "upstreams.q.read_from", 0, "[upstream] only"},
+		{"replica reads on a named cluster", "[upstreams.q]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7001\"]\nread_from = \"replica\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n", "upstreams.q.read_from", 0, "cluster"},
 		{"local tier with a cluster upstream", "[localcache]\nenabled = true\n[upstreams.q]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7001\"]\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n", "localcache.enabled", 2, "named upstream is a cluster ([upstreams.q]"},
 		{"cluster default", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[channel_route]]\npattern = \"a\"\nupstream = \"q\"\n", "upstream.mode", 2, "routes need [upstream]"},
 	} {
@@ -87,6 +86,21 @@ upstream = "queue"
 			}
 			t.Fatalf("want %s (line %d) %q; got %v", tc.key, tc.line, tc.msg, err)
 		})
+	}
+}
+
+// Replica reads with routes, on [upstream] and on named standalone or
+// Sentinel upstreams, are accepted: each upstream has its own replica set
+// (proxy/routereplicas.go).
+func TestRoutesReplicaReadsAccepted(t *testing.T) {
+	for _, doc := range []string{
+		"[upstream]\nread_from = \"replica\"\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n",
+		"[upstreams.q]\naddress = \"127.0.0.1:7001\"\nread_from = \"replica_preferred\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n",
+		"[upstreams.q]\nmode = \"sentinel\"\nsentinels = [\"127.0.0.1:7002\"]\nmaster_name = \"m\"\nread_from = \"replica\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n",
+	} {
+		if _, err := Parse([]byte(doc), "r.toml"); err != nil {
+			t.Errorf("replica reads with routes refused: %v\n%s", err, doc)
+		}
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/sentinel"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -51,7 +52,9 @@ import (
 // nothing, so running one twice is harmless), and the replica is skipped
 // until a poll started after the failure has heard from it.
 
-// replicaSet is the primary's replicas and what the last poll learned.
+// replicaSet is one upstream's replicas and what the last poll learned:
+// [upstream]'s, and with routes each named upstream's that reads from
+// replicas (routeTarget.replicas).
 type replicaSet struct {
 	srv          *Server
 	mode         string // config.ReadReplica or config.ReadReplicaPreferred
@@ -59,6 +62,13 @@ type replicaSet struct {
 	interval     time.Duration
 	replyTimeout time.Duration
 	log          *slog.Logger
+
+	// primary is the upstream's shared pools (a Sentinel failover moves
+	// them, the pointer stays); sentinel, in Sentinel mode, names the
+	// replicas; nodeOptions are the pools' options for a replica at addr.
+	primary     *upstream.Backend
+	sentinel    *sentinel.Watcher
+	nodeOptions func(addr string) upstream.BackendOptions
 
 	started atomic.Uint64 // epoch of the latest poll started; 0: none yet
 	view    atomic.Pointer[replicaView]
@@ -165,21 +175,43 @@ func SetTestNoReadYourWrites(off bool) (restore func()) {
 }
 
 func initReplicas(s *Server) error {
+	if s.routes != nil {
+		return initRouteReplicas(s)
+	}
 	u := s.cfg.Upstream
 	if u.ReadFrom == config.ReadPrimary || u.ReadFrom == "" {
 		return nil
 	}
+	rs, err := newReplicaSet(s, u, s.backend, s.sentinel, func(addr string) upstream.BackendOptions {
+		return s.backendOptions(s.Config(), addr)
+	}, s.metrics.Registry, s.log)
+	s.replicas = rs
+	return err
+}
+
+// newReplicaSet sets up the replica reads of upstream u, whose shared
+// pools are primary; it registers its metrics with reg.
+func newReplicaSet(s *Server, u config.Upstream, primary *upstream.Backend, w *sentinel.Watcher, opts func(addr string) upstream.BackendOptions, reg prometheus.Registerer, log *slog.Logger) (*replicaSet, error) {
 	rs := &replicaSet{
 		srv:          s,
 		mode:         u.ReadFrom,
 		maxLag:       u.MaxReplicaLag.Duration,
 		interval:     u.ReplicaPollInterval.Duration,
 		replyTimeout: u.ReplyTimeout.Duration,
-		log:          s.log.With("component", "replicas"),
+		log:          log.With("component", "replicas"),
+		primary:      primary,
+		sentinel:     w,
 		nodes:        map[string]*replicaNode{},
 		primaryUp:    true,
 		stop:         make(chan struct{}),
 		done:         make(chan struct{}),
+	}
+	rs.nodeOptions = func(addr string) upstream.BackendOptions {
+		o := opts(addr)
+		o.OnReadOnly = nil
+		o.MaxPinned = 1 // nothing is pinned on a replica
+		o.Pins = nil
+		return o
 	}
 	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "redproxy_replica_reads_total",
@@ -188,31 +220,51 @@ func initReplicas(s *Server) error {
 	rs.onReplica, rs.onPrimary = reads.WithLabelValues("replica"), reads.WithLabelValues("primary")
 	rs.fellBack, rs.failed = reads.WithLabelValues("fallback"), reads.WithLabelValues("failed")
 	rs.calls.New = func() any { return &replicaCall{call: upstream.NewCall()} }
-	s.metrics.Registry.MustRegister(reads, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	if err := reg.Register(reads); err != nil {
+		return nil, err
+	}
+	err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "redproxy_replicas_usable",
 		Help: "Replicas the last poll found replicating, answering and within upstream.max_replica_lag.",
 	}, func() float64 { return float64(rs.usable(time.Now())) }))
-	s.replicas = rs
-	return nil
+	return rs, err
+}
+
+// allReplicaSets are the replica sets of every upstream that reads from
+// replicas.
+func (s *Server) allReplicaSets() []*replicaSet {
+	if s.routes == nil {
+		if s.replicas == nil {
+			return nil
+		}
+		return []*replicaSet{s.replicas}
+	}
+	var sets []*replicaSet
+	for _, t := range s.routes.targets {
+		if t.replicas != nil {
+			sets = append(sets, t.replicas)
+		}
+	}
+	return sets
 }
 
 // startReplicas polls once, so reads can use the replicas from the first
 // client on, then keeps polling in the background.
 func (s *Server) startReplicas() {
-	rs := s.replicas
-	if rs == nil {
-		return
+	for _, rs := range s.allReplicaSets() {
+		rs.poll()
+		go rs.loop()
 	}
-	rs.poll()
-	go rs.loop()
 }
 
 // closeReplicas stops the poller and closes the replicas' pools.
 func (s *Server) closeReplicas() {
-	rs := s.replicas
-	if rs == nil {
-		return
+	for _, rs := range s.allReplicaSets() {
+		rs.close()
 	}
+}
+
+func (rs *replicaSet) close() {
 	select {
 	case <-rs.stop:
 		return
@@ -317,7 +369,7 @@ func (rs *replicaSet) poll() {
 // primaryOffset reads the primary's master_repl_offset, and returns the
 // INFO it came in.
 func (rs *replicaSet) primaryOffset() (int64, []byte, error) {
-	info, err := rs.info(rs.srv.backend, nil)
+	info, err := rs.info(rs.primary, nil)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -409,7 +461,7 @@ func infoFields(reply []byte) map[string]string {
 // Sentinels name (SENTINEL REPLICAS, asked about once a second), else
 // those connected to the primary, from its INFO replication.
 func (rs *replicaSet) discover(primaryInfo []byte) []string {
-	if w := rs.srv.sentinel; w != nil {
+	if w := rs.sentinel; w != nil {
 		every := max(1, int(time.Second/rs.interval))
 		if rs.polls%every == 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), rs.checkTimeout())
@@ -455,18 +507,14 @@ func (rs *replicaSet) sync(addrs []string) {
 	seen := make(map[string]bool, len(addrs))
 	for _, a := range addrs {
 		seen[a] = true
-		if rs.nodes[a] != nil || a == rs.srv.backend.Addr() {
+		if rs.nodes[a] != nil || a == rs.primary.Addr() {
 			continue
 		}
-		cfg := rs.srv.Config()
-		o := rs.srv.backendOptions(cfg, a)
-		o.OnReadOnly = nil
-		o.MaxPinned = 1 // nothing is pinned on a replica
-		rs.nodes[a] = &replicaNode{addr: a, backend: upstream.NewBackend(o)}
+		rs.nodes[a] = &replicaNode{addr: a, backend: upstream.NewBackend(rs.nodeOptions(a))}
 		rs.log.Info("replica found", "replica", a)
 	}
 	for a, n := range rs.nodes {
-		if !seen[a] || a == rs.srv.backend.Addr() {
+		if !seen[a] || a == rs.primary.Addr() {
 			delete(rs.nodes, a)
 			rs.log.Info("replica gone", "replica", a)
 			go n.backend.Close()
@@ -477,10 +525,25 @@ func (rs *replicaSet) sync(addrs []string) {
 // UsableReplicas is the number of replicas a client without writes could
 // read from now; 0 when reads from replicas are off.
 func (s *Server) UsableReplicas() int {
-	if s.replicas == nil {
+	return s.UsableReplicasOf(config.DefaultUpstream)
+}
+
+// UsableReplicasOf is UsableReplicas for upstream name ([upstream] is
+// config.DefaultUpstream).
+func (s *Server) UsableReplicasOf(name string) int {
+	rs := s.replicas
+	if s.routes != nil {
+		rs = nil
+		for _, t := range s.routes.targets {
+			if t.name == name {
+				rs = t.replicas
+			}
+		}
+	}
+	if rs == nil {
 		return 0
 	}
-	return s.replicas.usable(time.Now())
+	return rs.usable(time.Now())
 }
 
 // usable counts the replicas a client without writes could read now.
@@ -574,7 +637,10 @@ func replicaCommand(cmd *commands.Command) bool {
 // replica. XREAD is flagged blocking and only blocks with BLOCK, so it is
 // allowed without.
 func (sess *Session) replicaCandidate(r *request) bool {
-	if sess.srv.replicas == nil || sess.pin.pipe != nil || r.blocking || !sess.sharesUpstream() || r.cmd == nil {
+	if sess.pin.pipe != nil || r.blocking || !sess.sharesUpstream() || r.cmd == nil {
+		return false
+	}
+	if sess.srv.replicas == nil && !sess.routeToReplicas(r) {
 		return false
 	}
 	if r.cmd.Name == "xread" {
@@ -598,9 +664,18 @@ func (sess *Session) replicaForwarded(r *request) {
 }
 
 // replicaWriteForwarded notes a write on its way upstream (writeForwarded).
+// With routes, routedDo notes each upstream's writes on shared
+// connections itself; a write on a dedicated connection (a transaction, a
+// blocking command) is noted here for every upstream, which is more than
+// needed but never less.
 func (sess *Session) replicaWriteForwarded() {
-	if sess.srv.replicas != nil {
+	switch {
+	case sess.srv.replicas != nil:
 		sess.reads.wrote = true
+	case sess.srv.routes != nil && sess.srv.routes.replicas:
+		if sess.pin.pipe != nil || sess.pin.inMulti || sess.cur.blocking || sess.cmulti.open {
+			sess.reads.wrote = true
+		}
 	}
 }
 
@@ -608,9 +683,18 @@ func (sess *Session) replicaWriteForwarded() {
 // writes have run; its reads wait for a poll started after now
 // (batchFlushed).
 func (sess *Session) replicaBatchFlushed() {
-	if sess.reads.wrote {
-		sess.reads.wrote = false
+	if !sess.reads.wrote {
+		return
+	}
+	sess.reads.wrote = false
+	if sess.srv.replicas != nil {
 		sess.reads.needEpoch = sess.srv.replicas.started.Load() + 1
+		return
+	}
+	for up, t := range sess.srv.routes.targets {
+		if t.replicas != nil {
+			sess.routeReads(up).needEpoch = t.replicas.started.Load() + 1
+		}
 	}
 }
 
@@ -624,7 +708,7 @@ func (sess *Session) sendUpstream(call *upstream.Call, primary *upstream.Backend
 	if rs := sess.srv.replicas; rs != nil {
 		reads := sess.reads.forwarded == call.Len() && primary == sess.srv.backend
 		sess.reads.forwarded = 0
-		if reads && sess.readOnReplica(rs, call) {
+		if reads && sess.readOnReplica(rs, &sess.reads, call) {
 			return
 		}
 	}
@@ -634,13 +718,14 @@ func (sess *Session) sendUpstream(call *upstream.Call, primary *upstream.Backend
 // readOnReplica sends a Call of reads to a replica. It reports false when
 // the primary is to answer it instead (and nothing was kept from the
 // replica); true when call holds the replies or the error to give.
-func (sess *Session) readOnReplica(rs *replicaSet, call *upstream.Call) bool {
+// rr is the client's read-your-writes state for rs's upstream.
+func (sess *Session) readOnReplica(rs *replicaSet, rr *replicaReads, call *upstream.Call) bool {
 	now := time.Now()
-	node := rs.pick(&sess.reads, sess.id, now)
+	node := rs.pick(rr, sess.id, now)
 	if node == nil {
 		// read_from = "replica" keeps reads off the primary, except those
 		// read-your-writes sends there.
-		if rs.mode == config.ReadReplica && sess.reads.needEpoch == 0 && rs.usable(now) == 0 {
+		if rs.mode == config.ReadReplica && rr.needEpoch == 0 && rs.usable(now) == 0 {
 			rs.failed.Inc()
 			call.Fail(errNoReplica)
 			return true
@@ -694,8 +779,8 @@ func (sess *Session) readOnReplica(rs *replicaSet, call *upstream.Call) bool {
 		return true
 	}
 	node.failed.Store(rs.started.Load())
-	if sess.reads.last == node {
-		sess.reads.last = nil
+	if rr.last == node {
+		rr.last = nil
 	}
 	sess.logger().Debug("read on a replica failed; the primary answers it", "replica", node.addr, "err", err)
 	if rs.mode == config.ReadReplica {

@@ -49,6 +49,8 @@ type routeState struct {
 	// keyRules are the key routes in force, to tell whether a reload
 	// changes them (the tier is flushed then).
 	keyRules []config.Route
+	// replicas: some upstream reads from replicas (routeTarget.replicas).
+	replicas bool
 }
 
 // routeTarget is one upstream's connections.
@@ -63,6 +65,10 @@ type routeTarget struct {
 	users    map[auth.Credential]*upstream.Backend
 	router   *cluster.Router   // a cluster upstream
 	sentinel *sentinel.Watcher // a Sentinel upstream other than the default
+	// replicas, when its read_from is not "primary", are its replicas
+	// (routereplicas.go); opts, the options of its pools at an address.
+	replicas *replicaSet
+	opts     func(addr, user, pass string) upstream.BackendOptions
 	routed   prometheus.Counter
 	failed   prometheus.Counter
 }
@@ -147,7 +153,7 @@ func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 	// The upstream's max_pinned bounds its dedicated connections of every
 	// credential (and node) together, as [upstream]'s does.
 	pins := upstream.NewPinLimit(u.MaxPinned)
-	opts := func(addr, user, pass string) upstream.BackendOptions {
+	t.opts = func(addr, user, pass string) upstream.BackendOptions {
 		return upstream.BackendOptions{
 			Addr: addr, Username: user, Password: pass, TLS: tlsConf,
 			Connections: u.Connections, MaxPinned: u.MaxPinned, Pins: pins,
@@ -162,6 +168,7 @@ func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 			Logger:       s.log.With("upstream", t.name),
 		}
 	}
+	opts := t.opts
 	if u.Mode == config.ModeCluster {
 		o := opts("", u.Username, u.Password)
 		t.router = cluster.New(cluster.Options{Seeds: u.Seeds, Backend: o, Table: s.table, Logger: s.log.With("upstream", t.name)})
@@ -316,6 +323,10 @@ type routeSession struct {
 	// on; its later commands must route there too (routeRelayDenied).
 	relay int
 	keys  []int
+	// reads is the client's read-your-writes state per upstream, by
+	// index, once some upstream reads from replicas (routeReads); a
+	// pointer, so a session without replica reads carries one word.
+	reads *[]replicaReads
 }
 
 var errRouteInTx = func(name string) []byte {
@@ -529,10 +540,15 @@ type routeBatch struct {
 	where, first []int
 	errs         []error
 	sent         []bool
-	args         [][]byte
-	keys         []int
-	parts        [][]byte
-	groups       []int // per op: the transaction (MULTI ... EXEC in the Call) it is in, from 1; 0 for none
+	// With replica reads: per op, whether it is a read a replica may
+	// serve and whether it may write; by upstream, whether its share
+	// holds a command of each kind that is not a replica read / may write.
+	notRead, mayWrite   []bool
+	notReads, mayWrites []bool
+	args                [][]byte
+	keys                []int
+	parts               [][]byte
+	groups              []int // per op: the transaction (MULTI ... EXEC in the Call) it is in, from 1; 0 for none
 }
 
 // routedDo runs a Call of shared-connection commands against the routes'
@@ -548,15 +564,22 @@ func (sess *Session) routedDo(call *upstream.Call) {
 	n := call.Len()
 	b.plans = append(b.plans[:0], make([]route.Plan, n)...)
 	b.groups = append(b.groups[:0], make([]int, n)...)
+	b.notRead = append(b.notRead[:0], make([]bool, n)...)
+	b.mayWrite = append(b.mayWrite[:0], make([]bool, n)...)
 	group, groups := 0, 0
 	for i := range n {
 		var err error
 		b.args, err = resp.SplitCommand(call.Part(i), b.args[:0])
 		if err != nil || len(b.args) == 0 {
 			b.plans[i] = route.Plan{Local: errorReply(resp.ErrProtocol)}
+			b.notRead[i] = true
 			continue
 		}
 		cmd := sess.srv.table.Lookup(b.args)
+		if rs.replicas {
+			b.notRead[i] = !replicaRead(cmd, b.args)
+			b.mayWrite[i] = cmd == nil || mayWrite(cmd) // a command the table does not know may write
+		}
 		if group == 0 && cmd != nil && cmd.Name == "multi" {
 			groups++
 			group = groups
@@ -592,6 +615,8 @@ func (sess *Session) routedDo(call *upstream.Call) {
 		b.calls = append(b.calls, nil)
 	}
 	b.where, b.first = b.where[:0], b.first[:0]
+	b.notReads = append(b.notReads[:0], make([]bool, len(b.calls))...)
+	b.mayWrites = append(b.mayWrites[:0], make([]bool, len(b.calls))...)
 	limit := call.ReplyLimit()
 	for i := range n {
 		p := &b.plans[i]
@@ -609,6 +634,8 @@ func (sess *Session) routedDo(call *upstream.Call) {
 				c.SetReplyLimit(limit)
 			}
 			b.where = append(b.where, c.Len())
+			b.notReads[part.Upstream] = b.notReads[part.Upstream] || b.notRead[i]
+			b.mayWrites[part.Upstream] = b.mayWrites[part.Upstream] || b.mayWrite[i]
 			raw := part.Raw
 			if raw == nil {
 				raw = call.Part(i)
@@ -639,6 +666,19 @@ func (sess *Session) routedDo(call *upstream.Call) {
 			continue
 		}
 		be, _ := sess.backendFor(up)
+		if tg.replicas != nil && !b.notReads[up] && sess.sharesUpstream() {
+			// All reads: to one of the upstream's replicas, or its primary
+			// (routereplicas.go).
+			rr := sess.routeReads(up)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if !sess.readOnReplica(tg.replicas, rr, c) {
+					be.Pool(sess.db, sess.resp3).Do(c)
+				}
+			}()
+			continue
+		}
 		if err := be.Pool(sess.db, sess.resp3).Send(c); err != nil {
 			b.errs[up] = err
 			continue
@@ -651,6 +691,9 @@ func (sess *Session) routedDo(call *upstream.Call) {
 		}
 	}
 	wg.Wait()
+	if rs.replicas {
+		sess.routeWritesAnswered(b)
+	}
 	overflow := false
 	for i := range n {
 		p := &b.plans[i]
