@@ -39,10 +39,10 @@ type Session struct {
 	mu        sync.Mutex
 	db        int
 	resp3     bool
+	authed    bool
 	name      string
 	libName   string
 	libVer    string
-	authed    bool
 	user      *auth.User // the proxy user after AUTH (users.go); nil: none
 	createdAt time.Time
 	lastCmd   atomic.Pointer[commands.Command] // for CLIENT INFO/LIST
@@ -55,12 +55,12 @@ type Session struct {
 	local     []byte // replies the proxy built itself, back to back
 	out       []byte // what goes to the client at the end of the batch
 	quitting  bool
+	outDead   bool // the client is being closed: produce no more output (limits.go)
 	batchReqs []resp.Request
 
 	// Output limits (limits.go).
 	outLimit  int64 // server.client_output_limit
 	replySize int64 // recent bytes per upstream reply, to split batches
-	outDead   bool  // the client is being closed: produce no more output
 	// closeReason is why the session ends, recorded once (close.go) by
 	// the session or its relay goroutines; log is its logger, built on
 	// first use.
