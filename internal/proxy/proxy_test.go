@@ -435,10 +435,15 @@ func TestRedisBenchmarkDefaultSuite(t *testing.T) {
 func TestGracefulShutdownFinishesInFlight(t *testing.T) {
 	rs := redistest.Start(t, "--enable-debug-command", "local")
 	p := proxytest.Start(t, rs, nil)
-	c := p.Client(t)
+	// c's connection is set up first (go-redis's HELLO and CLIENT SETINFO
+	// also go upstream): the only command pending at shutdown must be the
+	// DEBUG SLEEP, not a handshake whose batch ends before it is sent.
+	c := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
 	idle := p.Client(t)
-	if err := idle.Ping(ctx).Err(); err != nil {
-		t.Fatal(err)
+	for _, cl := range []*redis.Client{c, idle} {
+		if err := cl.Ping(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	res := make(chan error, 1)
 	go func() { res <- c.Do(ctx, "DEBUG", "SLEEP", "0.3").Err() }()
