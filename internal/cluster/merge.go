@@ -25,96 +25,24 @@ func (b *batch) reply(i int) []byte {
 		replies[k] = b.subReply(o.first + k)
 	}
 	if o.merge != mergeFirstNonNull {
-		for _, r := range replies {
-			if resp.IsError(r) {
-				return r
-			}
+		if err := resp.FirstError(replies); err != nil {
+			return err
 		}
 	}
 	switch o.merge {
 	case mergeMGET:
-		elems := make([][][]byte, len(replies))
-		for k, r := range replies {
-			e, ok := resp.ArrayElements(r)
-			if !ok {
-				return errUnexpected(r)
-			}
-			elems[k] = e
-		}
-		out := redcon.AppendArray(nil, len(o.pos))
-		for _, p := range o.pos {
-			if p[1] >= len(elems[p[0]]) {
-				return errUnexpected(replies[p[0]])
-			}
-			out = append(out, elems[p[0]][p[1]]...)
-		}
-		return out
+		return resp.MergeMGET(replies, o.pos, errUnexpected)
 	case mergeSum:
-		var sum int64
-		for _, r := range replies {
-			n, ok := resp.Integer(r)
-			if !ok {
-				return errUnexpected(r)
-			}
-			sum += n
-		}
-		return redcon.AppendInt(nil, sum)
+		return resp.MergeSum(replies, errUnexpected)
 	case mergeAllOK:
 		return replies[0]
 	case mergeConcat:
-		var all [][]byte
-		for _, r := range replies {
-			e, ok := resp.ArrayElements(r)
-			if !ok {
-				return errUnexpected(r)
-			}
-			all = append(all, e...)
-		}
-		out := redcon.AppendArray(nil, len(all))
-		for _, e := range all {
-			out = append(out, e...)
-		}
-		return out
+		return resp.MergeConcat(replies, errUnexpected)
 	case mergeFirstNonNull:
-		start := rand.IntN(len(replies))
-		var firstErr []byte
-		for k := range replies {
-			r := replies[(start+k)%len(replies)]
-			switch {
-			case resp.IsError(r):
-				if firstErr == nil {
-					firstErr = r
-				}
-			case !resp.IsNull(r):
-				return r
-			}
-		}
-		if firstErr != nil {
-			return firstErr
-		}
-		return replies[start]
+		// A random start: RANDOMKEY should not favour the first node.
+		return resp.MergeFirstNonNull(replies, rand.IntN(len(replies)))
 	case mergeAllOnes:
-		var out [][]byte
-		for k, r := range replies {
-			e, ok := resp.ArrayElements(r)
-			if !ok || k > 0 && len(e) != len(out) {
-				return errUnexpected(r)
-			}
-			if k == 0 {
-				out = e
-				continue
-			}
-			for j := range e {
-				if n, _ := resp.Integer(e[j]); n == 0 {
-					out[j] = e[j]
-				}
-			}
-		}
-		buf := redcon.AppendArray(nil, len(out))
-		for _, e := range out {
-			buf = append(buf, e...)
-		}
-		return buf
+		return resp.MergeAllOnes(replies, errUnexpected)
 	case mergeScan:
 		return b.scanReply(o, replies[0])
 	}

@@ -340,94 +340,23 @@ func (p *Plan) Reply(replies [][]byte) []byte {
 		return replies[0]
 	}
 	if p.Merge != FirstNonNull {
-		for _, r := range replies {
-			if resp.IsError(r) {
-				return r
-			}
+		if err := resp.FirstError(replies); err != nil {
+			return err
 		}
 	}
 	switch p.Merge {
 	case MGET:
-		elems := make([][][]byte, len(replies))
-		for k, r := range replies {
-			e, ok := resp.ArrayElements(r)
-			if !ok {
-				return errUnexpected(r)
-			}
-			elems[k] = e
-		}
-		out := appendArray(nil, len(p.Pos))
-		for _, pos := range p.Pos {
-			if pos[1] >= len(elems[pos[0]]) {
-				return errUnexpected(replies[pos[0]])
-			}
-			out = append(out, elems[pos[0]][pos[1]]...)
-		}
-		return out
+		return resp.MergeMGET(replies, p.Pos, errUnexpected)
 	case Sum:
-		var sum int64
-		for _, r := range replies {
-			n, ok := resp.Integer(r)
-			if !ok {
-				return errUnexpected(r)
-			}
-			sum += n
-		}
-		return append(strconv.AppendInt([]byte{':'}, sum, 10), '\r', '\n')
+		return resp.MergeSum(replies, errUnexpected)
 	case AllOK:
 		return replies[0]
 	case Concat:
-		var all [][]byte
-		for _, r := range replies {
-			e, ok := resp.ArrayElements(r)
-			if !ok {
-				return errUnexpected(r)
-			}
-			all = append(all, e...)
-		}
-		out := appendArray(nil, len(all))
-		for _, e := range all {
-			out = append(out, e...)
-		}
-		return out
+		return resp.MergeConcat(replies, errUnexpected)
 	case FirstNonNull:
-		var firstErr []byte
-		for _, r := range replies {
-			switch {
-			case resp.IsError(r):
-				if firstErr == nil {
-					firstErr = r
-				}
-			case !resp.IsNull(r):
-				return r
-			}
-		}
-		if firstErr != nil {
-			return firstErr
-		}
-		return replies[0]
+		return resp.MergeFirstNonNull(replies, 0)
 	case AllOnes:
-		var out [][]byte
-		for k, r := range replies {
-			e, ok := resp.ArrayElements(r)
-			if !ok || k > 0 && len(e) != len(out) {
-				return errUnexpected(r)
-			}
-			if k == 0 {
-				out = e
-				continue
-			}
-			for j := range e {
-				if n, _ := resp.Integer(e[j]); n == 0 {
-					out[j] = e[j]
-				}
-			}
-		}
-		buf := appendArray(nil, len(out))
-		for _, e := range out {
-			buf = append(buf, e...)
-		}
-		return buf
+		return resp.MergeAllOnes(replies, errUnexpected)
 	}
 	return replies[0]
 }
@@ -457,7 +386,7 @@ func scanReply(up, n int, r []byte) []byte {
 		cursor = uint64(up + 1)
 	}
 	c := strconv.FormatUint(cursor, 10)
-	out := appendArray(nil, 2)
+	out := resp.AppendArray(nil, 2)
 	out = append(out, '$')
 	out = strconv.AppendInt(out, int64(len(c)), 10)
 	out = append(out, "\r\n"+c+"\r\n"...)
@@ -484,12 +413,6 @@ func bulkUint(b []byte) (uint64, bool) {
 	}
 	v, err := strconv.ParseUint(string(s), 10, 64)
 	return v, err == nil
-}
-
-func appendArray(dst []byte, n int) []byte {
-	dst = append(dst, '*')
-	dst = strconv.AppendInt(dst, int64(n), 10)
-	return append(dst, '\r', '\n')
 }
 
 func errUnexpected(r []byte) []byte {

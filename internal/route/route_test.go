@@ -171,7 +171,7 @@ func FuzzPlan(f *testing.F) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			replies[k] = appendArray(nil, len(sub)-1)
+			replies[k] = resp.AppendArray(nil, len(sub)-1)
 			for _, key := range sub[1:] {
 				if up, _ := tb.Key(key); up != part.Upstream {
 					t.Fatalf("key %q of upstream %d in the part for %d", key, up, part.Upstream)
