@@ -30,8 +30,9 @@ REDPROXY_BIN=${REDPROXY_BIN:-}
 OUT=${OUT_CLUSTER:-$BENCH_DIR/results/cluster.md}
 KEEP=0
 
-die() { echo "cluster.sh: $*" >&2; exit 1; }
-log() { echo "== $*" >&2; }
+SCRIPT_NAME=cluster.sh
+# shellcheck source=bench/lib.sh
+source "$BENCH_DIR/lib.sh"
 
 while (($#)); do
 	case $1 in
@@ -43,54 +44,12 @@ while (($#)); do
 	esac
 	shift
 done
-for tool in redis-server redis-cli redis-benchmark taskset go awk; do
-	command -v "$tool" >/dev/null || die "$tool not found (Debian: redis-server, redis-tools)"
-done
+bench_init
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/redproxy-cluster.XXXXXX")
-PIDS=()
-cleanup() {
-	local pid
-	for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-	if ((KEEP)); then log "kept $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-
-go -C "$REPO" build -o "$TMP/benchtool" ./bench/benchtool || die "go build ./bench/benchtool failed"
-freeport() { "$TMP/benchtool" freeport; }
-
-# cpu_us PID...: user+system CPU time of the processes, in microseconds.
-cpu_us() {
-	local pid total=0 t
-	for pid in "$@"; do
-		t=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-		total=$((total + t))
-	done
-	echo $((total * 1000000 / $(getconf CLK_TCK)))
-}
-
-wait_pong() { # PORT
-	for _ in $(seq 200); do
-		[[ $(redis-cli -p "$1" ping 2>/dev/null) == PONG ]] && return 0
-		sleep 0.05
-	done
-	die "port $1 did not answer PING within 10 s (logs in $TMP)"
-}
-
-PORTS=() NODE_PIDS=()
+PORTS=() NODE_PIDS=() addrs=()
 for ((i = 0; i < PRIMARIES; i++)); do
-	port=$(freeport)
-	mkdir -p "$TMP/node$i"
-	taskset -c "$CPU_REDIS" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-		--cluster-enabled yes --cluster-config-file "$TMP/node$i/nodes.conf" --dir "$TMP/node$i" \
-		--logfile "$TMP/node$i/redis.log" &
-	PIDS+=($!) NODE_PIDS+=($!) PORTS+=("$port")
-done
-addrs=()
-for port in "${PORTS[@]}"; do
-	wait_pong "$port"
-	addrs+=("127.0.0.1:$port")
+	start_redis "$TMP/node$i" --cluster-enabled yes --cluster-config-file "$TMP/node$i/nodes.conf"
+	NODE_PIDS+=("$REDIS_PID") PORTS+=("$REDIS_PORT") addrs+=("127.0.0.1:$REDIS_PORT")
 done
 redis-cli --cluster create "${addrs[@]}" --cluster-yes >"$TMP/create.log" 2>&1 || { cat "$TMP/create.log" >&2; die "cluster create failed"; }
 for _ in $(seq 200); do
@@ -104,10 +63,6 @@ done
 ((ok)) || die "cluster never reached cluster_state:ok"
 log "cluster of $PRIMARIES primaries on ports ${PORTS[*]} (cpu $CPU_REDIS)"
 
-if [[ -z $REDPROXY_BIN ]]; then
-	go -C "$REPO" build -o "$TMP/redproxy" ./cmd/redproxy || die "go build ./cmd/redproxy failed"
-	REDPROXY_BIN=$TMP/redproxy
-fi
 PROXY_PORT=$(freeport)
 seeds=$(printf '"%s",' "${addrs[@]}")
 cat >"$TMP/redproxy.toml" <<EOF
@@ -120,21 +75,13 @@ log_level = "warn"
 mode = "cluster"
 seeds = [${seeds%,}]
 EOF
-GOMAXPROCS=$REDPROXY_GOMAXPROCS taskset -c "$CPU_PROXY" "$REDPROXY_BIN" --config "$TMP/redproxy.toml" >"$TMP/redproxy.log" 2>&1 &
-PROXY_PID=$!
-PIDS+=("$PROXY_PID")
+start_proxy "$TMP/redproxy.toml" "$TMP/redproxy.log"
 wait_pong "$PROXY_PORT"
 log "redproxy pid $PROXY_PID port $PROXY_PORT (cpu $CPU_PROXY, GOMAXPROCS=$REDPROXY_GOMAXPROCS)"
 
 # Every key the runs touch exists, so GET returns a value (through the
 # proxy, which splits nothing here: one SET per key).
-value=$(printf '%*s' "$DATASIZE" '' | tr ' ' x)
-awk -v n="$KEYSPACE" -v v="$value" 'BEGIN {
-	for (i = 0; i < n; i++) {
-		k = sprintf("key:%012d", i)
-		printf "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n", length(k), k, length(v), v
-	}
-}' | redis-cli -p "$PROXY_PORT" --pipe >/dev/null
+preload "$PROXY_PORT"
 
 RECORDS=$TMP/records.tsv
 : >"$RECORDS"
@@ -151,7 +98,7 @@ run() {
 	local rps p99
 	# --cluster prints the node list before the CSV: take the line after
 	# the CSV header.
-	read -r rps p99 < <(echo "$csv" | awk -F, 'hdr { gsub(/"/, ""); print $2, $7; exit } /^"test"/ { hdr = 1 }')
+	read -r rps p99 < <(bench_csv "$csv")
 	[[ -n $p99 ]] || die "no result from redis-benchmark: $test $target: $csv"
 	printf '   round %s %-8s %-7s %10s req/s  p99 %7s ms\n' "$round" "$test" "$target" "$rps" "$p99" >&2
 	[[ $round == w ]] && return

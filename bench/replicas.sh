@@ -28,8 +28,9 @@ REDPROXY_BIN=${REDPROXY_BIN:-}
 OUT=${OUT_REPLICAS:-$BENCH_DIR/results/replicas.md}
 KEEP=0
 
-die() { echo "replicas.sh: $*" >&2; exit 1; }
-log() { echo "== $*" >&2; }
+SCRIPT_NAME=replicas.sh
+# shellcheck source=bench/lib.sh
+source "$BENCH_DIR/lib.sh"
 
 while (($#)); do
 	case $1 in
@@ -41,53 +42,7 @@ while (($#)); do
 	esac
 	shift
 done
-for tool in redis-server redis-cli redis-benchmark taskset go awk; do
-	command -v "$tool" >/dev/null || die "$tool not found (Debian: redis-server, redis-tools)"
-done
-
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/redproxy-replicas.XXXXXX")
-PIDS=()
-stop_all() {
-	local pid
-	for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-	PIDS=()
-}
-cleanup() {
-	stop_all
-	if ((KEEP)); then log "kept $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-
-go -C "$REPO" build -o "$TMP/benchtool" ./bench/benchtool || die "go build ./bench/benchtool failed"
-freeport() { "$TMP/benchtool" freeport; }
-if [[ -z $REDPROXY_BIN ]]; then
-	go -C "$REPO" build -o "$TMP/redproxy" ./cmd/redproxy || die "go build ./cmd/redproxy failed"
-	REDPROXY_BIN=$TMP/redproxy
-fi
-
-# cpu_us PID...: user+system CPU time of the processes, in microseconds.
-cpu_us() {
-	local pid total=0 t
-	for pid in "$@"; do
-		t=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-		total=$((total + t))
-	done
-	echo $((total * 1000000 / $(getconf CLK_TCK)))
-}
-
-wait_pong() { # PORT
-	for _ in $(seq 200); do
-		[[ $(redis-cli -p "$1" ping 2>/dev/null) == PONG ]] && return 0
-		sleep 0.05
-	done
-	die "port $1 did not answer PING within 10 s (logs in $TMP)"
-}
-
-# gets PORT: the GETs the server at PORT ran since its last CONFIG RESETSTAT.
-gets() {
-	redis-cli -p "$1" info commandstats | awk -F'[=,:]' '/^cmdstat_get:/ { print $3; found = 1 } END { if (!found) print 0 }'
-}
+bench_init
 
 RECORDS=$TMP/records.tsv
 : >"$RECORDS"
@@ -98,29 +53,15 @@ scenario() {
 	local nrep=$1 dir=$TMP/r$1 i port
 	mkdir -p "$dir"
 	local pport
-	pport=$(freeport)
-	taskset -c "$CPU_REDIS" redis-server --port "$pport" --bind 127.0.0.1 --save '' --appendonly no \
-		--repl-diskless-sync-delay 0 --dir "$dir" --logfile "$dir/primary.log" &
-	PIDS+=($!)
-	local primary_pid=$!
-	wait_pong "$pport"
+	start_redis "$dir/primary" --repl-diskless-sync-delay 0
+	pport=$REDIS_PORT
+	local primary_pid=$REDIS_PID
 	local rports=() rpids=()
 	for ((i = 0; i < nrep; i++)); do
-		port=$(freeport)
-		mkdir -p "$dir/replica$i"
-		taskset -c "$CPU_REDIS" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-			--replicaof 127.0.0.1 "$pport" --dir "$dir/replica$i" --logfile "$dir/replica$i/redis.log" &
-		PIDS+=($!) rpids+=($!) rports+=("$port")
-		wait_pong "$port"
+		start_redis "$dir/replica$i" --replicaof 127.0.0.1 "$pport"
+		rpids+=("$REDIS_PID") rports+=("$REDIS_PORT")
 	done
-	local value
-	value=$(printf '%*s' "$DATASIZE" '' | tr ' ' x)
-	awk -v n="$KEYSPACE" -v v="$value" 'BEGIN {
-		for (i = 0; i < n; i++) {
-			k = sprintf("key:%012d", i)
-			printf "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n", length(k), k, length(v), v
-		}
-	}' | redis-cli -p "$pport" --pipe >/dev/null
+	preload "$pport"
 	# Every replica online and at the primary's offset.
 	local ok
 	for _ in $(seq 400); do
@@ -149,9 +90,8 @@ log_level = "warn"
 address = "127.0.0.1:$pport"
 read_from = "$readfrom"
 EOF
-	GOMAXPROCS=$REDPROXY_GOMAXPROCS taskset -c "$CPU_PROXY" "$REDPROXY_BIN" --config "$dir/redproxy.toml" >"$dir/redproxy.log" 2>&1 &
-	PIDS+=($!)
-	local proxy_pid=$!
+	start_proxy "$dir/redproxy.toml" "$dir/redproxy.log"
+	local proxy_pid=$PROXY_PID
 	wait_pong "$proxy_port"
 	log "$nrep replica(s): primary $pport, replicas ${rports[*]:-none}, redproxy $proxy_port (read_from = $readfrom)"
 
@@ -169,10 +109,10 @@ EOF
 		p1=$(cpu_us "$primary_pid") x1=$(cpu_us "$proxy_pid")
 		((nrep > 0)) && r1=$(cpu_us "${rpids[@]}")
 		local rps p99 pg rg=0
-		read -r rps p99 < <(echo "$csv" | awk -F, 'hdr { gsub(/"/, ""); print $2, $7; exit } /^"test"/ { hdr = 1 }')
+		read -r rps p99 < <(bench_csv "$csv")
 		[[ -n $p99 ]] || die "no result from redis-benchmark: $csv"
-		pg=$(gets "$pport")
-		for port in "${rports[@]}"; do rg=$((rg + $(gets "$port"))); done
+		pg=$(calls "$pport" get)
+		for port in "${rports[@]}"; do rg=$((rg + $(calls "$port" get))); done
 		printf '   %d replica(s) round %s %10s req/s  p99 %7s ms  GETs primary %s replicas %s\n' "$nrep" "$round" "$rps" "$p99" "$pg" "$rg" >&2
 		((round == 0)) && continue
 		printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$nrep" "$n" "$rps" "$p99" "$pg" "$rg" $((p1 - p0)) $((r1 - r0)) $((x1 - x0)) >>"$RECORDS"

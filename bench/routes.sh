@@ -32,8 +32,9 @@ OUT=${OUT_ROUTES:-$BENCH_DIR/results/routes.md}
 ROUTE_PATTERN='key:*[02468]'
 KEEP=0
 
-die() { echo "routes.sh: $*" >&2; exit 1; }
-log() { echo "== $*" >&2; }
+SCRIPT_NAME=routes.sh
+# shellcheck source=bench/lib.sh
+source "$BENCH_DIR/lib.sh"
 
 while (($#)); do
 	case $1 in
@@ -45,74 +46,10 @@ while (($#)); do
 	esac
 	shift
 done
-for tool in redis-server redis-cli redis-benchmark taskset go awk; do
-	command -v "$tool" >/dev/null || die "$tool not found (Debian: redis-server, redis-tools)"
-done
-
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/redproxy-routes.XXXXXX")
-PIDS=()
-cleanup() {
-	local pid
-	for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-	if ((KEEP)); then log "kept $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-
-go -C "$REPO" build -o "$TMP/benchtool" ./bench/benchtool || die "go build ./bench/benchtool failed"
-freeport() { "$TMP/benchtool" freeport; }
-if [[ -z $REDPROXY_BIN ]]; then
-	go -C "$REPO" build -o "$TMP/redproxy" ./cmd/redproxy || die "go build ./cmd/redproxy failed"
-	REDPROXY_BIN=$TMP/redproxy
-fi
-
-# cpu_us PID: user+system CPU time of the process, in microseconds.
-cpu_us() {
-	local t
-	t=$(awk '{print $14 + $15}' "/proc/$1/stat")
-	echo $((t * 1000000 / $(getconf CLK_TCK)))
-}
-
-wait_pong() { # PORT
-	for _ in $(seq 200); do
-		[[ $(redis-cli -p "$1" ping 2>/dev/null) == PONG ]] && return 0
-		sleep 0.05
-	done
-	die "port $1 did not answer PING within 10 s (logs in $TMP)"
-}
-
-# calls PORT CMD: how many times the server at PORT ran CMD since its last
-# CONFIG RESETSTAT.
-calls() {
-	redis-cli -p "$1" info commandstats | awk -F'[=,:]' -v c="cmdstat_$2" '$1 == c { print $3; found = 1 } END { if (!found) print 0 }'
-}
+bench_init
 
 # redis NAME: starts a redis-server; sets REDIS_PORT and REDIS_PID.
-redis() {
-	mkdir -p "$TMP/$1"
-	REDIS_PORT=$(freeport)
-	taskset -c "$CPU_REDIS" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
-		--dir "$TMP/$1" --logfile "$TMP/$1/redis.log" &
-	PIDS+=($!)
-	REDIS_PID=$!
-	wait_pong "$REDIS_PORT"
-}
-
-# preload PORT PARITY: writes the keys redis-benchmark's -r KEYSPACE names
-# (key:%012d) to the server at PORT: all of them (PARITY all), or those
-# whose last digit is even or odd.
-preload() {
-	local value
-	value=$(printf '%*s' "$DATASIZE" '' | tr ' ' x)
-	awk -v n="$KEYSPACE" -v v="$value" -v parity="$2" 'BEGIN {
-		for (i = 0; i < n; i++) {
-			if (parity == "even" && i % 2) continue
-			if (parity == "odd" && !(i % 2)) continue
-			k = sprintf("key:%012d", i)
-			printf "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n", length(k), k, length(v), v
-		}
-	}' | redis-cli -p "$1" --pipe >/dev/null
-}
+redis() { start_redis "$TMP/$1"; }
 
 # proxy NAME CONFIG-TAIL: starts redproxy with [server] and CONFIG-TAIL;
 # sets PROXY_PORT and PROXY_PID.
@@ -122,9 +59,7 @@ proxy() {
 		printf '[server]\nlisten = "127.0.0.1:%s"\nadmin = ""\nlog_level = "warn"\n\n' "$PROXY_PORT"
 		printf '%s\n' "$2"
 	} >"$TMP/$1.toml"
-	GOMAXPROCS=$REDPROXY_GOMAXPROCS taskset -c "$CPU_PROXY" "$REDPROXY_BIN" --config "$TMP/$1.toml" >"$TMP/$1.log" 2>&1 &
-	PIDS+=($!)
-	PROXY_PID=$!
+	start_proxy "$TMP/$1.toml" "$TMP/$1.log"
 	wait_pong "$PROXY_PORT"
 }
 
@@ -182,7 +117,7 @@ run() {
 	x1=$(cpu_us "$pp") a1=$(cpu_us "$pa")
 	[[ -n $pb ]] && b1=$(cpu_us "$pb")
 	local rps p99 ca cb=0
-	read -r rps p99 < <(echo "$csv" | awk -F, 'hdr { gsub(/"/, ""); print $2, $7; exit } /^"test"/ { hdr = 1 }')
+	read -r rps p99 < <(bench_csv "$csv")
 	[[ -n $p99 ]] || die "no result from redis-benchmark: $csv"
 	if [[ $target == one ]]; then
 		ca=$(calls "$ONE_A_PORT" "$cmd")
