@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/localcache"
@@ -436,5 +437,46 @@ func TestRoutesTxGuardFixups(t *testing.T) {
 		if ttl := r.queue.Client(t).TTL(ctx, key).Val(); ttl <= 0 {
 			t.Errorf("%s on the queue server has TTL %v, want the policy's default", key, ttl)
 		}
+	}
+}
+
+// TestRoutesTxNamespace: in a namespace, what the namespace runs as a
+// script of its own (FLUSHDB) or answers with key names to strip (BLPOP)
+// is refused inside a held transaction, as inside a pinned one, instead
+// of running ahead of it or handing back prefixed names; EXEC then
+// answers EXECABORT and nothing of the transaction ran.
+func TestRoutesTxNamespace(t *testing.T) {
+	r := startRouted(t, func(c *config.Config) {
+		a := user("tenant-a", nsPass, "+@all ~* allchannels")
+		a.Namespace = "a:"
+		c.Users = []auth.UserConfig{a}
+		c.Policy.Commands.Allow = []string{"flushdb"}
+	})
+	direct := r.def.Client(t)
+	if err := direct.Set(ctx, "a:keep", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := direct.RPush(ctx, "a:l", "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := nsClient(t, r.p, "tenant-a", func(o *redis.Options) { o.MaxRetries = -1 })
+	for _, bad := range [][]any{{"FLUSHDB"}, {"BLPOP", "l", "0"}} {
+		var queued []redis.Cmder
+		_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			queued = append(queued, p.Set(ctx, "k", "1", 0), p.Do(ctx, bad...))
+			return nil
+		})
+		if err == nil || !strings.Contains(err.Error(), "EXECABORT") {
+			t.Fatalf("%v inside MULTI: EXEC gave %v, want EXECABORT", bad, err)
+		}
+		if e := queued[1].Err(); e == nil || !strings.Contains(e.Error(), "inside MULTI is not supported in a namespace") {
+			t.Fatalf("%v inside MULTI: %v", bad, e)
+		}
+	}
+	if n, _ := direct.Exists(ctx, "a:keep", "a:l").Result(); n != 2 {
+		t.Fatalf("%d of a:keep, a:l left: FLUSHDB or BLPOP ran", n)
+	}
+	if n, _ := direct.Exists(ctx, "a:k").Result(); n != 0 {
+		t.Fatal("the aborted transaction's SET ran")
 	}
 }
