@@ -31,10 +31,12 @@ import (
 //     (routedDo): each command to its keys' upstream, split (MGET, MSET,
 //     DEL, UNLINK, EXISTS, TOUCH) or fanned out (SCAN, DBSIZE, KEYS,
 //     FLUSHALL, ...) over several, and the replies merged in order;
-//   - commands on a dedicated connection (MULTI/EXEC, WATCH, blocking
-//     commands, SUBSCRIBE and the other relays) take it from the one
-//     upstream all their keys or channels route to, decided at dispatch
-//     (routeStep); keys of another upstream fail before anything is sent.
+//   - commands on a dedicated connection (WATCH, blocking commands,
+//     SUBSCRIBE and the other relays) take it from the one upstream all
+//     their keys or channels route to, decided at dispatch (routeStep);
+//     keys of another upstream fail before anything is sent. A
+//     transaction is held until EXEC (queueHeld, cluster.go) and sent
+//     whole to its keys' one upstream, or not at all.
 //
 // The routes are an immutable route.Table a reload swaps whole; the
 // upstreams and their connections are set up at start only.
