@@ -480,3 +480,48 @@ func TestRoutesTxNamespace(t *testing.T) {
 		t.Fatal("the aborted transaction's SET ran")
 	}
 }
+
+// TestRoutesTxReplicaReadYourWrites: a held transaction's writes count
+// as the client's writes for replica reads when EXEC sends them: while
+// both replicas' replication is held back in bursts, the client's reads
+// right after EXEC return what its transaction wrote, on either route.
+func TestRoutesTxReplicaReadYourWrites(t *testing.T) {
+	r := startRoutedReplicas(t, 10*time.Second)
+	resetStats(t, r.def.replicas[0], r.b.replicas[0])
+	stop := make(chan struct{})
+	pausedA := pauseReplication(t, r.def.replicas[0], stop)
+	pausedB := pauseReplication(t, r.b.replicas[0], stop)
+	c := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+	stale := 0
+	var first string
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for n := 0; time.Now().Before(deadline); n++ {
+		key := []string{"a:txown", "b:txown"}[n%2]
+		val := strconv.Itoa(n)
+		if _, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Set(ctx, key, val, 0)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		for range 5 {
+			v, err := c.Get(ctx, key).Result()
+			if err != nil && err != redis.Nil {
+				t.Fatal(err)
+			}
+			if v != val {
+				if stale++; stale == 1 {
+					first = fmt.Sprintf("GET %s = %q after EXEC set %q", key, v, val)
+				}
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	close(stop)
+	pausedA.Wait()
+	pausedB.Wait()
+	t.Logf("replicas served %d GETs", calls(t, r.def.replicas[0], "get")+calls(t, r.b.replicas[0], "get"))
+	if stale != 0 {
+		t.Fatalf("%d reads did not return the transaction's write; first: %s", stale, first)
+	}
+}
