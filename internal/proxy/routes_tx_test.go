@@ -491,27 +491,28 @@ func TestRoutesTxReplicaReadYourWrites(t *testing.T) {
 	stop := make(chan struct{})
 	pausedA := pauseReplication(t, r.def.replicas[0], stop)
 	pausedB := pauseReplication(t, r.b.replicas[0], stop)
-	c := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+	// A raw connection: the transaction and the reads are surely one
+	// client's.
+	nc := dialAddr(t, r.p.Addr)
 	stale := 0
 	var first string
 	deadline := time.Now().Add(1500 * time.Millisecond)
 	for n := 0; time.Now().Before(deadline); n++ {
 		key := []string{"a:txown", "b:txown"}[n%2]
 		val := strconv.Itoa(n)
-		if _, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.Set(ctx, key, val, 0)
-			return nil
-		}); err != nil {
-			t.Fatal(err)
+		for _, c := range [][]string{{"MULTI"}, {"SET", key, val}, {"EXEC"}} {
+			rawSend(t, nc, c...)
+		}
+		for i, want := range []string{"+OK\r\n", "+QUEUED\r\n", "*1\r\n+OK\r\n"} {
+			if got := rawRead(t, nc); got != want {
+				t.Fatalf("transaction reply %d = %q, want %q", i, got, want)
+			}
 		}
 		for range 5 {
-			v, err := c.Get(ctx, key).Result()
-			if err != nil && err != redis.Nil {
-				t.Fatal(err)
-			}
-			if v != val {
+			want := fmt.Sprintf("$%d\r\n%s\r\n", len(val), val)
+			if got := rawDo(t, nc, "GET", key); got != want {
 				if stale++; stale == 1 {
-					first = fmt.Sprintf("GET %s = %q after EXEC set %q", key, v, val)
+					first = fmt.Sprintf("GET %s = %q after EXEC set %q", key, got, val)
 				}
 			}
 			time.Sleep(2 * time.Millisecond)
