@@ -526,3 +526,31 @@ func TestRoutesTxReplicaReadYourWrites(t *testing.T) {
 		t.Fatalf("%d reads did not return the transaction's write; first: %s", stale, first)
 	}
 }
+
+// TestRoutesWatchMultiWithArguments: MULTI with arguments under WATCH
+// gets Redis's arity error and opens no transaction, so the next EXEC is
+// Redis's "EXEC without MULTI", and the WATCH still holds: a transaction
+// after a change of the watched key fails.
+func TestRoutesWatchMultiWithArguments(t *testing.T) {
+	r := startRouted(t, nil)
+	nc := dialAddr(t, r.p.Addr)
+	for _, c := range [][]string{{"WATCH", "queue:m"}, {"MULTI", "x"}, {"EXEC"}} {
+		rawSend(t, nc, c...)
+	}
+	for i, want := range []string{"+OK\r\n", "-ERR wrong number of arguments for 'multi' command", "-ERR EXEC without MULTI"} {
+		if got := rawRead(t, nc); !strings.HasPrefix(got, want) {
+			t.Fatalf("reply %d = %q, want %q...", i, got, want)
+		}
+	}
+	if err := r.queue.Client(t).Set(ctx, "queue:m", "other", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range [][]string{{"MULTI"}, {"SET", "queue:m", "mine"}, {"EXEC"}} {
+		rawSend(t, nc, c...)
+	}
+	for i, want := range []string{"+OK\r\n", "+QUEUED\r\n", "*-1\r\n"} {
+		if got := rawRead(t, nc); got != want {
+			t.Fatalf("transaction after the watched key changed: reply %d = %q, want %q", i, got, want)
+		}
+	}
+}
