@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -45,21 +46,47 @@ const (
 	maxClusterQueuedBytes = 1 << 20
 )
 
-// clusterMulti is a MULTI in cluster mode before the transaction has a
-// node. The node is the owner of the slot of the first keyed command, so
-// until one comes the proxy answers MULTI and queues keyless commands
-// itself; the first keyed command (or EXEC) pins a connection on the node,
-// where MULTI and the queued commands are replayed before it.
+// maxHeldTx caps a transaction held whole until EXEC (routes): real
+// transactions of thousands of small commands fit, and a client queueing
+// more gets its transaction failed (EXECABORT) rather than the proxy's
+// memory.
+const (
+	maxHeldTx      = 8192
+	maxHeldTxBytes = 8 << 20
+)
+
+var (
+	errClusterHeldFull = []byte("-ERR redproxy: too many keyless commands queued before the transaction's first key\r\n")
+	errHeldTxFull      = []byte("-ERR redproxy: transaction too long: more than 8192 commands or 8 MiB queued before EXEC; it is discarded at EXEC\r\n")
+	errWatchInMulti    = []byte("-ERR WATCH inside MULTI is not allowed\r\n")
+	cmdUnwatch         = []byte("*1\r\n$7\r\nUNWATCH\r\n")
+)
+
+// clusterMulti is a MULTI the proxy holds instead of sending it (see
+// heldPlacer): in cluster mode until the transaction's first keyed
+// command gives it a node, with routes until EXEC. The proxy answers
+// MULTI and +QUEUED itself and keeps the commands; they are replayed on a
+// pinned connection of the target, after MULTI, with their replies muted.
 type clusterMulti struct {
 	open   bool
 	failed bool // a queue-time error: EXEC answers EXECABORT
+	// watched: opened while the client holds a WATCH (routes), whose
+	// pinned connection is the transaction's target.
+	watched bool
+	// target is where the keys of the commands held so far live (routes;
+	// -1: no keyed command yet).
+	target int
 	queued []clusterQueued
 	size   int
 }
 
 type clusterQueued struct {
-	raw []byte
+	raw []byte // as it is sent: the guard's rewrite applied
 	m   *metrics.Command
+	cmd *commands.Command
+	// fixups are the guard's TTL fix-ups, queued right behind raw; their
+	// results are cut from EXEC's reply, as for a pinned transaction.
+	fixups [][]byte
 }
 
 // clusterStep answers, in cluster mode, the commands that cannot go
@@ -87,31 +114,10 @@ func (sess *Session) clusterStep(r *request) bool {
 	if sess.pin.pipe != nil {
 		return sess.clusterPinned(r)
 	}
+	if sess.openHeld(r, clusterPlacer{}) {
+		return true
+	}
 	switch cmd.Name {
-	case "multi":
-		if len(args) != 1 {
-			return false // the arity error
-		}
-		sess.cmulti = clusterMulti{open: true, queued: sess.cmulti.queued[:0]}
-		sess.list.multi.Store(1)
-		sess.replyLocal(m, ok)
-		return true
-	case "watch":
-		keySlot, keyed, same := sess.keySlot(r)
-		switch {
-		case !keyed:
-			return false // the arity error
-		case !same:
-			sess.replyLocal(m, cluster.CrossSlot())
-			return true
-		}
-		b, err := sess.srv.router.BackendFor(keySlot)
-		if err != nil {
-			sess.replyLocal(m, errorReply(err))
-			return true
-		}
-		sess.pinForOn(r, b, keySlot)
-		return true
 	case "ssubscribe":
 		// The relay goes to the node of the channels' slot, which must
 		// be one (cluster_relay.go).
@@ -188,11 +194,22 @@ func (sess *Session) clusterPinned(r *request) bool {
 	return true
 }
 
-// A MULTI without WATCH has no node (cluster mode) or upstream (routes)
-// until its first keyed command: the proxy answers +QUEUED for the
-// keyless commands before it, holds them (capped), and replays MULTI and
-// them where that command's keys live. heldPlacer is what differs
-// between the two modes: where keys live, and what cannot be held.
+// A MULTI is held by the proxy instead of being sent, in cluster mode and
+// with routes, because its target (the node owning its slot, the
+// upstream its keys route to) is known only from its commands' keys:
+//
+//   - in cluster mode until its first keyed command, which places it: the
+//     proxy answers +QUEUED for the keyless commands before it, holds them
+//     (capped), and replays MULTI and them on that command's node, where
+//     the rest of the transaction then goes as it comes (as a Redis
+//     Cluster client would open it on the node of its first key);
+//   - with routes until EXEC, so that a transaction whose keys route to
+//     two upstreams fails before anything of it is sent: every command is
+//     checked as it comes (as Redis checks at queue time) and answered
+//     +QUEUED, and EXEC sends MULTI, the commands and EXEC in one write on
+//     a pinned connection of the one upstream all their keys route to.
+//
+// heldPlacer is what differs between the two modes.
 type heldPlacer interface {
 	// wholeRefusal refuses a command concerning the whole keyspace
 	// (every node or upstream), which no single target can run; nil: not
@@ -208,6 +225,14 @@ type heldPlacer interface {
 	// cannot be held: run at EXEC it would change a connection of the
 	// proxy's (protocol, name, subscriptions).
 	stateRefusal(name string) []byte
+	// toExec: the transaction is held until EXEC (routes), not placed at
+	// its first keyed command.
+	toExec() bool
+	// elsewhere refuses a command whose keys live on target got while the
+	// transaction's are on want (toExec only).
+	elsewhere(sess *Session, name string, got, want int) []byte
+	// full is the refusal of a command beyond the caps on what is held.
+	full(count, size int) []byte
 }
 
 type clusterPlacer struct{}
@@ -235,8 +260,65 @@ func (clusterPlacer) keyless() int { return -1 } // any primary runs them
 
 func (clusterPlacer) stateRefusal(name string) []byte { return errClusterInTx(name) }
 
-// queueHeld handles a command of a MULTI that has no target yet (see
-// heldPlacer); true when it was answered.
+func (clusterPlacer) toExec() bool { return false }
+
+func (clusterPlacer) elsewhere(*Session, string, int, int) []byte { return cluster.CrossSlot() }
+
+func (clusterPlacer) full(count, size int) []byte {
+	if count >= maxClusterQueued || size > maxClusterQueuedBytes {
+		return errClusterHeldFull
+	}
+	return nil
+}
+
+// openHeld starts what cluster mode and routes do instead of sending
+// MULTI or WATCH: MULTI opens a held transaction (answered here); WATCH
+// pins a connection on its keys' target and is sent there. With routes a
+// MULTI under WATCH is held too, its target the WATCH's. It reports
+// whether it answered r.
+func (sess *Session) openHeld(r *request, p heldPlacer) bool {
+	m := r.m
+	switch r.name {
+	case "multi":
+		if len(r.Args) != 1 {
+			return false // the arity error
+		}
+		cm := clusterMulti{open: true, target: -1, queued: sess.cmulti.queued[:0]}
+		if sess.pin.pipe != nil {
+			if sess.pin.inMulti || !p.toExec() {
+				return false // the pinned connection's MULTI
+			}
+			cm.watched, cm.target = true, sess.pin.slot
+		}
+		sess.cmulti = cm
+		sess.list.multi.Store(1)
+		sess.replyLocal(m, ok)
+		return true
+	case "watch":
+		if sess.pin.pipe != nil {
+			return false
+		}
+		target, keyed, refusal := p.target(sess, r)
+		switch {
+		case !keyed:
+			return false // the arity error
+		case refusal != nil:
+			sess.replyLocal(m, refusal)
+			return true
+		}
+		b, err := p.backend(sess, target)
+		if err != nil {
+			sess.replyLocal(m, errorReply(err))
+			return true
+		}
+		sess.pinForOn(r, b, target)
+		return true
+	}
+	return false
+}
+
+// queueHeld handles a command of a held MULTI (see heldPlacer); true when
+// it was answered.
 func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	cm := &sess.cmulti
 	m := r.m
@@ -244,17 +326,21 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	case "exec":
 		switch {
 		case cm.failed:
-			sess.endClusterMulti()
+			sess.endHeld()
 			sess.replyLocal(m, errExecAbort)
 			return true
-		case len(cm.queued) == 0:
-			sess.endClusterMulti()
+		case len(cm.queued) == 0 && !cm.watched:
+			sess.endHeld()
 			sess.replyLocal(m, emptyExec)
 			return true
 		}
-		return sess.placeHeld(r, p.keyless(), p)
+		target := cm.target
+		if target < 0 {
+			target = p.keyless()
+		}
+		return sess.placeHeld(r, target, p)
 	case "discard":
-		sess.endClusterMulti()
+		sess.endHeld()
 		sess.replyLocal(m, ok)
 		return true
 	case "multi":
@@ -275,6 +361,11 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 		return fail(errUnknownCommand(r.Args))
 	case !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil:
 		return fail(errArity(r.name))
+	case r.name == "watch":
+		return fail(errWatchInMulti)
+	case r.name == "client|unblock" || r.name == "client|kill":
+		// See queueInMulti.
+		return fail([]byte("-ERR redproxy: '" + strings.ToUpper(strings.ReplaceAll(r.name, "|", " ")) + "' inside MULTI is not supported\r\n"))
 	}
 	if refusal := p.wholeRefusal(r.name); refusal != nil {
 		return fail(refusal)
@@ -283,64 +374,121 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	switch {
 	case refusal != nil:
 		return fail(refusal)
+	case keyed && p.toExec() && cm.target >= 0 && target != cm.target:
+		return fail(p.elsewhere(sess, r.name, target, cm.target))
 	case cm.failed:
 		// EXEC fails anyway; nothing is kept.
 		sess.replyLocal(m, queued)
 		return true
-	case keyed:
+	case keyed && !p.toExec():
 		return sess.placeHeld(r, target, p)
+	case keyed:
+		cm.target = target
 	}
-	if cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && r.name != "unwatch" && r.name != "publish" && r.name != "pubsub" {
+	if !keyed && cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && r.name != "unwatch" && r.name != "publish" && r.name != "pubsub" {
 		// See queueInMulti.
 		return fail(p.stateRefusal(r.name))
 	}
+	// The guard's decision is the batch's: what it rewrites or adds is
+	// kept now, as the pinned path would send it (guardStep).
 	raw := r.Raw
-	if d := sess.guard.Decision(r.i); d != nil && d.Args != nil {
-		raw = sess.guard.Encode(d.Args)
+	var fixups [][]byte
+	if d := sess.guard.Decision(r.i); d != nil {
+		sess.recordViolations(d)
+		if d.Args != nil {
+			raw = sess.guard.Encode(d.Args)
+		}
+		if len(d.Expires) > 0 {
+			for _, f := range sess.guard.FixupsIn(d.Expires, sess.db, sess.srv.cfg.Upstream.Databases) {
+				fixups = append(fixups, append([]byte(nil), f...))
+			}
+		}
 	}
-	if len(cm.queued) >= maxClusterQueued || cm.size+len(raw) > maxClusterQueuedBytes {
-		return fail([]byte("-ERR redproxy: too many keyless commands queued before the transaction's first key\r\n"))
+	if reply := p.full(len(cm.queued), cm.size+len(raw)); reply != nil {
+		clear(cm.queued)
+		cm.queued, cm.size = cm.queued[:0], 0
+		return fail(reply)
 	}
-	cm.queued = append(cm.queued, clusterQueued{raw: append([]byte(nil), raw...), m: m})
+	cm.queued = append(cm.queued, clusterQueued{raw: append([]byte(nil), raw...), m: m, cmd: cmd, fixups: fixups})
 	cm.size += len(raw)
 	sess.list.multi.Add(1)
 	sess.replyLocal(m, queued)
 	return true
 }
 
-// placeHeld pins the transaction on target and replays there MULTI and
-// the commands held so far; r then goes on to the ordinary pinned
-// handling. When no connection can be had, the transaction fails as a
-// refused MULTI does (txAbort).
+// placeHeld pins the transaction on target (unless it is under a WATCH,
+// pinned already) and replays there MULTI and the commands held so far;
+// r (EXEC, or in cluster mode the first keyed command) then goes on to
+// the ordinary pinned handling, in the same write. When no connection
+// can be had, the transaction fails as a refused MULTI does (txAbort).
 func (sess *Session) placeHeld(r *request, target int, p heldPlacer) bool {
 	cm := &sess.cmulti
-	b, err := p.backend(sess, target)
-	if err == nil {
-		err = sess.pinOn(b, target)
-	}
-	if err != nil {
+	if cm.watched && (sess.pin.pipe == nil || !sess.pin.pipe.Up()) {
+		// The WATCH's connection is gone, and with it what it guarded.
 		sess.endClusterMulti()
-		sess.abort = txAbort{reason: errTxMultiRefused, multi: true}
-		sess.replyLocal(r.m, errorReply(err))
-		if r.name == "exec" {
-			sess.abort = txAbort{}
-		}
+		sess.unpin(false)
+		sess.replyLocal(r.m, errExecAbort)
 		return true
 	}
+	if sess.pin.pipe == nil {
+		b, err := p.backend(sess, target)
+		if err == nil {
+			err = sess.pinOn(b, target)
+		}
+		if err != nil {
+			sess.endClusterMulti()
+			sess.abort = txAbort{reason: errTxMultiRefused, multi: true}
+			sess.replyLocal(r.m, errorReply(err))
+			if r.name == "exec" {
+				sess.abort = txAbort{}
+			}
+			return true
+		}
+	}
+	pin := &sess.pin
 	sess.forwardHidden(cmdMulti)
-	sess.pin.inMulti = true
+	pin.inMulti = true
+	pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect = 0, pin.txHidden[:0], pin.txWrites[:0], -1
 	for _, q := range cm.queued {
 		// Answered +QUEUED already: the replay's replies are muted, but
-		// count in the transaction's queue like the client's own.
-		sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: q.m, tx: true, mute: true})
+		// count in the transaction's queue like the client's own, and its
+		// writes reach the write hooks at EXEC (pinnedExec).
+		sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: q.m, tx: true, mute: true, held: true})
 		sess.call.Add(q.raw)
+		for _, f := range q.fixups {
+			sess.forwardHidden(f)
+		}
+		if mayWrite(q.cmd) {
+			if args, err := resp.SplitCommand(q.raw, nil); err == nil {
+				pin.txWrites = append(pin.txWrites, txWrite{cmd: q.cmd, args: args})
+			}
+		}
 	}
 	clear(cm.queued)
 	*cm = clusterMulti{queued: cm.queued[:0]}
 	return false
 }
 
-// endClusterMulti forgets a MULTI that has no node.
+// endHeld forgets a held transaction that EXEC fails or DISCARD ends.
+// One held under a WATCH ends the WATCH too, as EXEC and DISCARD do on
+// Redis: UNWATCH goes on its connection, which then goes back clean.
+func (sess *Session) endHeld() {
+	watched := sess.cmulti.watched
+	sess.endClusterMulti()
+	if !watched || sess.pin.pipe == nil {
+		return
+	}
+	if !sess.pin.pipe.Up() {
+		sess.unpin(false)
+		return
+	}
+	sess.forwardHidden(cmdUnwatch)
+	sess.unnamePin()
+	sess.flush(time.Now())
+	sess.unpin(true)
+}
+
+// endClusterMulti forgets a held MULTI.
 func (sess *Session) endClusterMulti() {
 	clear(sess.cmulti.queued)
 	sess.cmulti = clusterMulti{queued: sess.cmulti.queued[:0]}

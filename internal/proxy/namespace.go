@@ -183,8 +183,11 @@ func (sess *Session) nsStep(r *request) bool {
 	case res.Action == namespace.Refuse:
 	case res.Action != namespace.Forward && sess.srv.router != nil:
 		msg = namespace.RefusalError(r.name, "cannot be confined to a namespace in cluster mode")
-	case res.Strip != namespace.StripNone && sess.pin.inMulti:
-		// EXEC's reply would carry the prefixed names.
+	case res.Strip != namespace.StripNone && (sess.pin.inMulti || sess.cmulti.open),
+		res.Action != namespace.Forward && sess.cmulti.open:
+		// EXEC's reply would carry the prefixed names; and a transaction
+		// the proxy holds (cluster.go) must not see FLUSHDB or RANDOMKEY
+		// sent ahead of it.
 		msg = "ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(r.name, "|", " ")) + " inside MULTI is not supported in a namespace"
 	case res.Action == namespace.FlushDB:
 		if mayWrite(r.cmd) {

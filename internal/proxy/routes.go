@@ -31,10 +31,12 @@ import (
 //     (routedDo): each command to its keys' upstream, split (MGET, MSET,
 //     DEL, UNLINK, EXISTS, TOUCH) or fanned out (SCAN, DBSIZE, KEYS,
 //     FLUSHALL, ...) over several, and the replies merged in order;
-//   - commands on a dedicated connection (MULTI/EXEC, WATCH, blocking
-//     commands, SUBSCRIBE and the other relays) take it from the one
-//     upstream all their keys or channels route to, decided at dispatch
-//     (routeStep); keys of another upstream fail before anything is sent.
+//   - commands on a dedicated connection (WATCH, blocking commands,
+//     SUBSCRIBE and the other relays) take it from the one upstream all
+//     their keys or channels route to, decided at dispatch (routeStep);
+//     keys of another upstream fail before anything is sent. A
+//     transaction is held until EXEC (queueHeld, cluster.go) and sent
+//     whole to its keys' one upstream, or not at all.
 //
 // The routes are an immutable route.Table a reload swaps whole; the
 // upstreams and their connections are set up at start only.
@@ -372,33 +374,22 @@ func (sess *Session) routeStep(r *request) bool {
 		return false
 	}
 	if sess.pin.pipe != nil {
+		if r.name == "multi" {
+			// Under WATCH: held as well, on the WATCH's upstream. (A
+			// MULTI with arguments would reach the pinned path, which
+			// takes any MULTI for the start of a transaction.)
+			if len(r.Args) != 1 {
+				sess.replyLocal(r.m, errArity(r.name))
+				return true
+			}
+			return sess.openHeld(r, routePlacer{})
+		}
 		return sess.routePinned(r)
 	}
+	if sess.openHeld(r, routePlacer{}) {
+		return true
+	}
 	switch r.name {
-	case "multi":
-		if len(r.Args) != 1 {
-			return false // the arity error
-		}
-		sess.cmulti = clusterMulti{open: true, queued: sess.cmulti.queued[:0]}
-		sess.list.multi.Store(1)
-		sess.replyLocal(m, ok)
-		return true
-	case "watch":
-		up, keyed, cross := sess.routeKeys(r)
-		switch {
-		case !keyed:
-			return false // the arity error
-		case cross != nil:
-			sess.replyLocal(m, cross)
-			return true
-		}
-		b, err := sess.backendFor(up)
-		if err != nil {
-			sess.replyLocal(m, errorReply(err))
-			return true
-		}
-		sess.pinForOn(r, b, up)
-		return true
 	case "subscribe", "psubscribe", "ssubscribe":
 		if !cmd.ArityOK(len(r.Args)) {
 			return false
@@ -459,8 +450,7 @@ func (sess *Session) routePinned(r *request) bool {
 			return false
 		}
 		if reply = cross; reply == nil {
-			t := sess.srv.routes.table.Load()
-			reply = []byte("-CROSSROUTE redproxy: the keys of '" + strings.ToUpper(r.name) + "' go to upstream '" + t.Name(up) + "', the transaction's are on '" + t.Name(pin.slot) + "'; a transaction stays on one upstream\r\n")
+			reply = errCrossTx(sess.srv.routes.table.Load(), r.name, up, pin.slot)
 		}
 	}
 	sess.refusedInMulti()
@@ -468,8 +458,14 @@ func (sess *Session) routePinned(r *request) bool {
 	return true
 }
 
-// routePlacer places a MULTI without WATCH on the upstream of its first
-// keyed command (queueHeld).
+// errCrossTx refuses, in a transaction on upstream want, a command whose
+// keys route to upstream got.
+func errCrossTx(t *route.Table, name string, got, want int) []byte {
+	return []byte("-CROSSROUTE redproxy: the keys of '" + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + "' go to upstream '" + t.Name(got) + "', the transaction's are on '" + t.Name(want) + "'; a transaction stays on one upstream\r\n")
+}
+
+// routePlacer holds a transaction until EXEC, then sends it whole to the
+// one upstream all its keys route to (queueHeld).
 type routePlacer struct{}
 
 func (routePlacer) wholeRefusal(name string) []byte {
@@ -488,6 +484,19 @@ func (routePlacer) backend(sess *Session, up int) (*upstream.Backend, error) {
 }
 
 func (routePlacer) keyless() int { return route.Default }
+
+func (routePlacer) toExec() bool { return true }
+
+func (routePlacer) elsewhere(sess *Session, name string, got, want int) []byte {
+	return errCrossTx(sess.srv.routes.table.Load(), name, got, want)
+}
+
+func (routePlacer) full(count, size int) []byte {
+	if count >= maxHeldTx || size > maxHeldTxBytes {
+		return errHeldTxFull
+	}
+	return nil
+}
 
 func (routePlacer) stateRefusal(name string) []byte {
 	return []byte("-ERR redproxy: '" + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + "' inside MULTI is not supported\r\n")

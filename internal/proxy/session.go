@@ -131,6 +131,7 @@ type slot struct {
 	exec   bool            // EXEC of a transaction: strip the proxy's own commands' results
 	mute   bool            // CLIENT REPLY OFF/SKIP: consume the reply, do not send it
 	info   bool            // INFO: append the proxy's section to Redis's reply (info.go)
+	held   bool            // the replay of a held command (cluster.go), whose latency its +QUEUED counted
 	strip  namespace.Strip // namespace: where the reply names keys to strip
 }
 
@@ -531,7 +532,9 @@ func (sess *Session) flush(start time.Time) {
 					sess.out = redcon.AppendError(sess.out, "ERR "+err.Error())
 				}
 				sl.metric.Errors.Inc()
-				sl.metric.Latency.Observe(elapsed)
+				if !sl.held {
+					sl.metric.Latency.Observe(elapsed)
+				}
 				continue
 			}
 			reply = r
@@ -552,7 +555,9 @@ func (sess *Session) flush(start time.Time) {
 		if resp.IsError(reply) {
 			sl.metric.Errors.Inc()
 		}
-		sl.metric.Latency.Observe(elapsed)
+		if !sl.held {
+			sl.metric.Latency.Observe(elapsed)
+		}
 		if sl.exec {
 			sess.pin.execRan = len(reply) > 1 && reply[0] == '*' && reply[1] != '-'
 			sess.txFixupResults(reply, sess.pin.txHidden)

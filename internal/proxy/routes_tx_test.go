@@ -1,0 +1,556 @@
+package proxy_test
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/auth"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/localcache"
+	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/resp"
+)
+
+// Transactions with routes are held by the proxy until EXEC and sent
+// whole, MULTI to EXEC in one write, to the one upstream all their keys
+// route to (docs/COMPATIBILITY.md, Routes, MULTI/EXEC).
+
+// resetStats zeroes INFO commandstats of servers.
+func resetCommandStats(t *testing.T, servers ...*redistest.Server) {
+	t.Helper()
+	for _, rs := range servers {
+		if err := rs.Client(t).ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// nothingRan fails t when any of names ran on any of servers.
+func nothingRan(t *testing.T, what string, names []string, servers ...*redistest.Server) {
+	t.Helper()
+	for _, rs := range servers {
+		for _, name := range names {
+			if n := commandCalls(t, rs, name); n != 0 {
+				t.Errorf("%s: %s reached %s %d times, want none", what, name, rs.Addr(), n)
+			}
+		}
+	}
+}
+
+// TestRoutesTxSingleRouteExactReply: a transaction whose keys all route
+// to one upstream runs there, MULTI and EXEC once each, and the client
+// gets Redis's replies exactly: +OK, +QUEUED per command, then EXEC's
+// array; the upstream's own +OK and +QUEUED never reach the client. A
+// keyless transaction runs on the default upstream; an empty one runs
+// nowhere.
+func TestRoutesTxSingleRouteExactReply(t *testing.T) {
+	r := startRouted(t, nil)
+	resetCommandStats(t, r.def, r.queue, r.cach)
+	nc := dialAddr(t, r.p.Addr)
+	cmds := [][]string{{"MULTI"}, {"PING"}, {"SET", "queue:a", "1"}, {"INCR", "queue:n"}, {"GET", "queue:a"}, {"EXEC"}}
+	for _, c := range cmds {
+		rawSend(t, nc, c...)
+	}
+	for i, want := range []string{"+OK\r\n", "+QUEUED\r\n", "+QUEUED\r\n", "+QUEUED\r\n", "+QUEUED\r\n", "*4\r\n+PONG\r\n+OK\r\n:1\r\n$1\r\n1\r\n"} {
+		if got := rawRead(t, nc); got != want {
+			t.Fatalf("reply %d to %v = %q, want %q", i, cmds[i], got, want)
+		}
+	}
+	if got := r.holds(t, "queue:a"); got != "queue" {
+		t.Fatalf("queue:a is on %q, want queue", got)
+	}
+	for name, want := range map[string]int{"multi": 1, "exec": 1, "set": 1, "incr": 1, "get": 1, "ping": 1} {
+		if n := commandCalls(t, r.queue, name); n != want {
+			t.Errorf("%s ran %d times on the queue server, want %d", name, n, want)
+		}
+	}
+	nothingRan(t, "single-route transaction", []string{"multi", "exec"}, r.def, r.cach)
+
+	// Keyless: the default upstream.
+	resetCommandStats(t, r.def, r.queue)
+	for _, c := range [][]string{{"MULTI"}, {"ECHO", "x"}, {"EXEC"}} {
+		rawSend(t, nc, c...)
+	}
+	for i, want := range []string{"+OK\r\n", "+QUEUED\r\n", "*1\r\n$1\r\nx\r\n"} {
+		if got := rawRead(t, nc); got != want {
+			t.Fatalf("keyless transaction: reply %d = %q, want %q", i, got, want)
+		}
+	}
+	if n := commandCalls(t, r.def, "multi"); n != 1 {
+		t.Errorf("keyless transaction: MULTI ran %d times on the default server, want 1", n)
+	}
+	// Empty: answered by the proxy.
+	resetCommandStats(t, r.def, r.queue)
+	if got := rawDo(t, nc, "MULTI"); got != "+OK\r\n" {
+		t.Fatal(got)
+	}
+	if got := rawDo(t, nc, "EXEC"); got != "*0\r\n" {
+		t.Fatalf("empty EXEC = %q", got)
+	}
+	nothingRan(t, "empty transaction", []string{"multi", "exec"}, r.def, r.queue)
+
+	// go-redis: the results of a pipelined transaction.
+	res, err := r.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "cache:g", "v", 0)
+		p.Append(ctx, "cache:g", "w")
+		p.Get(ctx, "cache:g")
+		return nil
+	})
+	if err != nil || res[1].(*redis.IntCmd).Val() != 2 || res[2].(*redis.StringCmd).Val() != "vw" {
+		t.Fatalf("go-redis transaction: %v %v", res, err)
+	}
+}
+
+// TestRoutesTxQueueTimeErrors: what Redis refuses at queue time (an
+// unknown command, a wrong number of arguments, WATCH inside MULTI) and
+// what the proxy refuses (a command concerning every upstream, a guard
+// refusal) is answered at once, EXEC answers EXECABORT, and nothing of the
+// transaction reaches any upstream.
+func TestRoutesTxQueueTimeErrors(t *testing.T) {
+	r := startRouted(t, nil)
+	nc := dialAddr(t, r.p.Addr)
+	for _, tc := range []struct {
+		bad  []string
+		want string
+	}{
+		{[]string{"NOSUCHCOMMAND", "queue:a"}, "-ERR unknown command"},
+		{[]string{"SET", "queue:a"}, "-ERR wrong number of arguments"},
+		{[]string{"WATCH", "queue:a"}, "-ERR WATCH inside MULTI is not allowed"},
+		{[]string{"DBSIZE"}, "-ERR redproxy: DBSIZE inside a transaction is not supported with routes"},
+		{[]string{"SET", "plain:a", "1"}, "-CROSSROUTE redproxy: the keys of 'SET' go to upstream 'default', the transaction's are on 'queue'"},
+		{[]string{"MSETNX", "queue:x", "1", "plain:x", "1"}, "-CROSSROUTE"},
+		{[]string{"SUBSCRIBE", "jobs.x"}, "-ERR redproxy: 'SUBSCRIBE' inside MULTI is not supported"},
+		{[]string{"FLUSHALL"}, "-"}, // the policy's default refusal
+	} {
+		resetCommandStats(t, r.def, r.queue, r.cach)
+		cmds := [][]string{{"MULTI"}, {"SET", "queue:a", "1"}, tc.bad, {"SET", "queue:b", "2"}}
+		for _, c := range cmds {
+			rawSend(t, nc, c...)
+		}
+		for i, want := range []string{"+OK\r\n", "+QUEUED\r\n", tc.want, "+QUEUED\r\n"} {
+			if got := rawRead(t, nc); !strings.HasPrefix(got, want) {
+				t.Fatalf("%v: reply %d = %q, want %q...", tc.bad, i, got, want)
+			}
+		}
+		if got := rawDo(t, nc, "EXEC"); !strings.HasPrefix(got, "-EXECABORT") {
+			t.Fatalf("%v: EXEC = %q, want EXECABORT", tc.bad, got)
+		}
+		nothingRan(t, strings.Join(tc.bad, " "), []string{"multi", "exec", "set", "flushall", "dbsize", "watch", "msetnx", "subscribe"}, r.def, r.queue, r.cach)
+	}
+	if got := r.holds(t, "queue:a"); got != "" {
+		t.Fatalf("queue:a written on %q", got)
+	}
+}
+
+// TestRoutesTxDiscard: DISCARD of a held transaction answers +OK and
+// sends nothing; the client's next transaction runs normally.
+func TestRoutesTxDiscard(t *testing.T) {
+	r := startRouted(t, nil)
+	resetCommandStats(t, r.def, r.queue)
+	nc := dialAddr(t, r.p.Addr)
+	for _, c := range [][]string{{"MULTI"}, {"SET", "queue:d", "1"}, {"DISCARD"}, {"GET", "queue:d"}} {
+		rawSend(t, nc, c...)
+	}
+	for i, want := range []string{"+OK\r\n", "+QUEUED\r\n", "+OK\r\n", "$-1\r\n"} {
+		if got := rawRead(t, nc); got != want {
+			t.Fatalf("reply %d = %q, want %q", i, got, want)
+		}
+	}
+	nothingRan(t, "DISCARD", []string{"multi", "exec", "discard", "set"}, r.def, r.queue)
+	if got := rawDo(t, nc, "EXEC"); !strings.HasPrefix(got, "-ERR EXEC without MULTI") {
+		t.Fatalf("EXEC after DISCARD = %q", got)
+	}
+}
+
+// TestRoutesTxCap: a held transaction is capped in commands and bytes;
+// the command beyond the cap is refused with an error saying why, EXEC
+// answers EXECABORT, and nothing reaches the upstream.
+func TestRoutesTxCap(t *testing.T) {
+	r := startRouted(t, nil)
+	resetCommandStats(t, r.queue)
+	c := r.p.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	const count = 8192
+	var cmds []redis.Cmder
+	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range count + 1 {
+			cmds = append(cmds, p.Set(ctx, "queue:cap", i, 0))
+		}
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "EXECABORT") {
+		t.Fatalf("EXEC of %d commands: %v, want EXECABORT", count+1, err)
+	}
+	if e := cmds[count].Err(); e == nil || !strings.Contains(e.Error(), "transaction too long") {
+		t.Fatalf("command %d: %v, want the cap's error", count+1, e)
+	}
+	// Bytes: three 3 MiB values are more than 8 MiB.
+	big := strings.Repeat("x", 3<<20)
+	cmds = cmds[:0]
+	_, err = c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for range 3 {
+			cmds = append(cmds, p.Set(ctx, "queue:big", big, 0))
+		}
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "EXECABORT") {
+		t.Fatalf("EXEC of 9 MiB: %v, want EXECABORT", err)
+	}
+	if e := cmds[2].Err(); e == nil || !strings.Contains(e.Error(), "transaction too long") {
+		t.Fatalf("third 3 MiB SET: %v, want the cap's error", e)
+	}
+	nothingRan(t, "over the cap", []string{"multi", "exec", "set"}, r.queue)
+	// Just under the cap is fine.
+	res, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range count {
+			p.Set(ctx, "queue:cap", i, 0)
+		}
+		return nil
+	})
+	if err != nil || len(res) != count {
+		t.Fatalf("EXEC of %d commands: %d results, %v", count, len(res), err)
+	}
+	if v, _ := r.queue.Client(t).Get(ctx, "queue:cap").Result(); v != strconv.Itoa(count-1) {
+		t.Fatalf("queue:cap = %q", v)
+	}
+}
+
+// TestRoutesWatchCrossRouteMulti: WATCH pins the upstream of its keys;
+// the MULTI after it is held, and a command routing to another upstream
+// makes EXEC answer EXECABORT with no MULTI sent. EXEC and DISCARD end the
+// WATCH there (UNWATCH), as on Redis. A WATCH whose key changed still
+// fails EXEC, empty transaction included.
+func TestRoutesWatchCrossRouteMulti(t *testing.T) {
+	r := startRouted(t, nil)
+	resetCommandStats(t, r.def, r.queue)
+	nc := dialAddr(t, r.p.Addr)
+	cmds := [][]string{{"WATCH", "queue:w"}, {"MULTI"}, {"SET", "queue:w", "1"}, {"SET", "plain:w", "2"}, {"EXEC"}}
+	for _, c := range cmds {
+		rawSend(t, nc, c...)
+	}
+	for i, want := range []string{"+OK\r\n", "+OK\r\n", "+QUEUED\r\n", "-CROSSROUTE redproxy: the keys of 'SET' go to upstream 'default', the transaction's are on 'queue'", "-EXECABORT"} {
+		if got := rawRead(t, nc); !strings.HasPrefix(got, want) {
+			t.Fatalf("reply %d to %v = %q, want %q...", i, cmds[i], got, want)
+		}
+	}
+	if n := commandCalls(t, r.queue, "watch"); n != 1 {
+		t.Errorf("WATCH ran %d times on the queue server, want 1", n)
+	}
+	if n := commandCalls(t, r.queue, "unwatch"); n != 1 {
+		t.Errorf("UNWATCH ran %d times on the queue server, want 1 (EXEC ends the WATCH)", n)
+	}
+	nothingRan(t, "WATCH then a cross-route MULTI", []string{"multi", "exec", "set"}, r.def, r.queue)
+
+	// DISCARD ends the WATCH too: a later transaction is not guarded by it.
+	resetCommandStats(t, r.queue)
+	for _, c := range [][]string{{"WATCH", "queue:w"}, {"MULTI"}, {"SET", "queue:w", "1"}, {"DISCARD"}} {
+		rawSend(t, nc, c...)
+	}
+	for i, want := range []string{"+OK\r\n", "+OK\r\n", "+QUEUED\r\n", "+OK\r\n"} {
+		if got := rawRead(t, nc); got != want {
+			t.Fatalf("DISCARD: reply %d = %q, want %q", i, got, want)
+		}
+	}
+	if err := r.queue.Client(t).Set(ctx, "queue:w", "other", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range [][]string{{"MULTI"}, {"SET", "queue:w", "mine"}, {"EXEC"}} {
+		rawSend(t, nc, c...)
+	}
+	for i, want := range []string{"+OK\r\n", "+QUEUED\r\n", "*1\r\n+OK\r\n"} {
+		if got := rawRead(t, nc); got != want {
+			t.Fatalf("after DISCARD: reply %d = %q, want %q", i, got, want)
+		}
+	}
+	if n := commandCalls(t, r.queue, "unwatch"); n != 1 {
+		t.Errorf("UNWATCH ran %d times after DISCARD, want 1", n)
+	}
+
+	// A WATCH that fires: EXEC answers a null array, empty or not.
+	for _, queued := range [][][]string{nil, {{"SET", "queue:w", "lost"}}} {
+		rawDo(t, nc, "WATCH", "queue:w")
+		if err := r.queue.Client(t).Set(ctx, "queue:w", "changed", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		rawDo(t, nc, "MULTI")
+		for _, c := range queued {
+			rawDo(t, nc, c...)
+		}
+		if got := rawDo(t, nc, "EXEC"); got != "*-1\r\n" {
+			t.Fatalf("EXEC after the watched key changed (%d queued) = %q, want a null array", len(queued), got)
+		}
+	}
+	if v, _ := r.queue.Client(t).Get(ctx, "queue:w").Result(); v != "changed" {
+		t.Fatalf("queue:w = %q", v)
+	}
+}
+
+// TestRoutesTxConcurrentPipelines: clients pipelining transactions on
+// two routes at once each get their own EXEC replies, in order, never
+// another client's.
+func TestRoutesTxConcurrentPipelines(t *testing.T) {
+	r := startRouted(t, nil)
+	const clients, rounds = 4, 40
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for w := range clients {
+		c := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+		prefix := []string{"queue:", "cache:", "plain:", "queue:"}[w]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("%sc%d", prefix, w)
+			for i := range rounds {
+				// Two transactions and a plain command in one pipeline.
+				val := fmt.Sprintf("%d-%d", w, i)
+				p := c.Pipeline()
+				p.Do(ctx, "MULTI")
+				p.Do(ctx, "SET", key, val)
+				p.Do(ctx, "GET", key)
+				exec1 := p.Do(ctx, "EXEC")
+				p.Do(ctx, "MULTI")
+				p.Do(ctx, "INCR", key+":n")
+				exec2 := p.Do(ctx, "EXEC")
+				get := p.Get(ctx, key)
+				if _, err := p.Exec(ctx); err != nil {
+					errs <- err
+					return
+				}
+				if got := fmt.Sprint(exec1.Val()); got != "[OK "+val+"]" {
+					errs <- fmt.Errorf("client %d round %d: first EXEC = %s, want [OK %s]", w, i, got, val)
+					return
+				}
+				if got := fmt.Sprint(exec2.Val()); got != fmt.Sprintf("[%d]", i+1) {
+					errs <- fmt.Errorf("client %d round %d: second EXEC = %s, want [%d]", w, i, got, i+1)
+					return
+				}
+				if get.Val() != val {
+					errs <- fmt.Errorf("client %d round %d: GET = %q, want %q", w, i, get.Val(), val)
+					return
+				}
+			}
+		}()
+	}
+	// And raw clients sending MULTI..EXEC pipelined in one write.
+	for w := range 2 {
+		nc := dialAddr(t, r.p.Addr)
+		key := []string{"queue:raw", "cache:raw"}[w]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range rounds {
+				var buf []byte
+				val := fmt.Sprintf("raw%d-%d", w, i)
+				for _, c := range [][]string{{"MULTI"}, {"SET", key, val}, {"GET", key}, {"EXEC"}, {"MULTI"}, {"INCR", key + ":n"}, {"EXEC"}} {
+					buf = resp.AppendCommandStrings(buf, c...)
+				}
+				if _, err := nc.Write(buf); err != nil {
+					errs <- err
+					return
+				}
+				want := []string{"+OK\r\n", "+QUEUED\r\n", "+QUEUED\r\n", fmt.Sprintf("*2\r\n+OK\r\n$%d\r\n%s\r\n", len(val), val), "+OK\r\n", "+QUEUED\r\n", fmt.Sprintf("*1\r\n:%d\r\n", i+1)}
+				for k, wnt := range want {
+					if got := rawRead(t, nc); got != wnt {
+						errs <- fmt.Errorf("raw client %d round %d reply %d = %q, want %q", w, i, k, got, wnt)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// TestRoutesTxWritesReachTheLocalTier: a held transaction's writes reach
+// the local tier's write bookkeeping when EXEC sends them, as a pinned
+// transaction's do: with Redis's invalidations slowed down, a read right
+// after EXEC returns the transaction's value, not the one the tier held.
+func TestRoutesTxWritesReachTheLocalTier(t *testing.T) {
+	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() { time.Sleep(50 * time.Millisecond) }})
+	t.Cleanup(func() { localcache.SetTestHooks(prev) })
+	r := startRouted(t, func(c *config.Config) {
+		c.LocalCache.Enabled = true
+		c.LocalCache.AdmitMinReads = 0
+		c.LocalCache.WriteRatio = 1000
+		c.LocalCache.Staleness = units.Duration{Duration: 500 * time.Millisecond}
+		c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
+	})
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		return r.p.LocalTier().LiveOwner(config.DefaultUpstream, 0) && r.p.LocalTier().LiveOwner("queue", 0)
+	}, "local tier never became live")
+	hits := func() float64 { return metricSum(t, r.p, "redproxy_localcache_hits_total") }
+	for _, key := range []string{"queue:tier", "plain:tier"} {
+		if err := r.c.Set(ctx, key, "start", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 5 {
+			redistest.Eventually(t, 5*time.Second, func() bool {
+				before := hits()
+				r.c.Get(ctx, key)
+				return hits() > before
+			}, "%s never became a hit", key)
+			want := "v" + strconv.Itoa(i)
+			res, err := r.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.Ping(ctx)
+				p.Set(ctx, key, want, 0)
+				return nil
+			})
+			if err != nil || len(res) != 2 {
+				t.Fatalf("transaction: %v %v", res, err)
+			}
+			if got, err := r.c.Get(ctx, key).Result(); err != nil || got != want {
+				t.Fatalf("%s round %d: read %q after EXEC set %q (%v)", key, i, got, want, err)
+			}
+		}
+	}
+}
+
+// TestRoutesTxGuardFixups: the guard's TTL fix-ups of a held command go
+// with it into the transaction at EXEC, and their results are cut from
+// EXEC's reply, as for a transaction on a pinned connection.
+func TestRoutesTxGuardFixups(t *testing.T) {
+	r := startRouted(t, func(c *config.Config) {
+		c.Policy.TTL = []policy.TTLRule{{Pattern: "queue:ttl*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
+	})
+	nc := dialAddr(t, r.p.Addr)
+	cmds := [][]string{{"MULTI"}, {"SET", "queue:ttl1", "a"}, {"INCR", "queue:n"}, {"SET", "queue:ttl2", "b"}, {"EXEC"}}
+	for _, c := range cmds {
+		rawSend(t, nc, c...)
+	}
+	for i, want := range []string{"+OK\r\n", "+QUEUED\r\n", "+QUEUED\r\n", "+QUEUED\r\n", "*3\r\n+OK\r\n:1\r\n+OK\r\n"} {
+		if got := rawRead(t, nc); got != want {
+			t.Fatalf("reply %d to %v = %q, want %q", i, cmds[i], got, want)
+		}
+	}
+	for _, key := range []string{"queue:ttl1", "queue:ttl2"} {
+		if ttl := r.queue.Client(t).TTL(ctx, key).Val(); ttl <= 0 {
+			t.Errorf("%s on the queue server has TTL %v, want the policy's default", key, ttl)
+		}
+	}
+}
+
+// TestRoutesTxNamespace: in a namespace, what the namespace runs as a
+// script of its own (FLUSHDB) or answers with key names to strip (BLPOP)
+// is refused inside a held transaction, as inside a pinned one, instead
+// of running ahead of it or handing back prefixed names; EXEC then
+// answers EXECABORT and nothing of the transaction ran.
+func TestRoutesTxNamespace(t *testing.T) {
+	r := startRouted(t, func(c *config.Config) {
+		a := user("tenant-a", nsPass, "+@all ~* allchannels")
+		a.Namespace = "a:"
+		c.Users = []auth.UserConfig{a}
+		c.Policy.Commands.Allow = []string{"flushdb"}
+	})
+	direct := r.def.Client(t)
+	if err := direct.Set(ctx, "a:keep", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := direct.RPush(ctx, "a:l", "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := nsClient(t, r.p, "tenant-a", func(o *redis.Options) { o.MaxRetries = -1 })
+	for _, bad := range [][]any{{"FLUSHDB"}, {"BLPOP", "l", "0"}} {
+		var queued []redis.Cmder
+		_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			queued = append(queued, p.Set(ctx, "k", "1", 0), p.Do(ctx, bad...))
+			return nil
+		})
+		if err == nil || !strings.Contains(err.Error(), "EXECABORT") {
+			t.Fatalf("%v inside MULTI: EXEC gave %v, want EXECABORT", bad, err)
+		}
+		if e := queued[1].Err(); e == nil || !strings.Contains(e.Error(), "inside MULTI is not supported in a namespace") {
+			t.Fatalf("%v inside MULTI: %v", bad, e)
+		}
+	}
+	if n, _ := direct.Exists(ctx, "a:keep", "a:l").Result(); n != 2 {
+		t.Fatalf("%d of a:keep, a:l left: FLUSHDB or BLPOP ran", n)
+	}
+	if n, _ := direct.Exists(ctx, "a:k").Result(); n != 0 {
+		t.Fatal("the aborted transaction's SET ran")
+	}
+}
+
+// TestRoutesTxReplicaReadYourWrites: a held transaction's writes count
+// as the client's writes for replica reads when EXEC sends them: while
+// both replicas' replication is held back in bursts, the client's reads
+// right after EXEC return what its transaction wrote, on either route.
+func TestRoutesTxReplicaReadYourWrites(t *testing.T) {
+	r := startRoutedReplicas(t, 10*time.Second)
+	resetStats(t, r.def.replicas[0], r.b.replicas[0])
+	stop := make(chan struct{})
+	pausedA := pauseReplication(t, r.def.replicas[0], stop)
+	pausedB := pauseReplication(t, r.b.replicas[0], stop)
+	// A raw connection: the transaction and the reads are surely one
+	// client's.
+	nc := dialAddr(t, r.p.Addr)
+	stale := 0
+	var first string
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for n := 0; time.Now().Before(deadline); n++ {
+		key := []string{"a:txown", "b:txown"}[n%2]
+		val := strconv.Itoa(n)
+		for _, c := range [][]string{{"MULTI"}, {"SET", key, val}, {"EXEC"}} {
+			rawSend(t, nc, c...)
+		}
+		for i, want := range []string{"+OK\r\n", "+QUEUED\r\n", "*1\r\n+OK\r\n"} {
+			if got := rawRead(t, nc); got != want {
+				t.Fatalf("transaction reply %d = %q, want %q", i, got, want)
+			}
+		}
+		for range 5 {
+			want := fmt.Sprintf("$%d\r\n%s\r\n", len(val), val)
+			if got := rawDo(t, nc, "GET", key); got != want {
+				if stale++; stale == 1 {
+					first = fmt.Sprintf("GET %s = %q after EXEC set %q", key, got, val)
+				}
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	close(stop)
+	pausedA.Wait()
+	pausedB.Wait()
+	t.Logf("replicas served %d GETs", calls(t, r.def.replicas[0], "get")+calls(t, r.b.replicas[0], "get"))
+	if stale != 0 {
+		t.Fatalf("%d reads did not return the transaction's write; first: %s", stale, first)
+	}
+}
+
+// TestRoutesWatchMultiWithArguments: MULTI with arguments under WATCH
+// gets Redis's arity error and opens no transaction, so the next EXEC is
+// Redis's "EXEC without MULTI", and the WATCH still holds: a transaction
+// after a change of the watched key fails.
+func TestRoutesWatchMultiWithArguments(t *testing.T) {
+	r := startRouted(t, nil)
+	nc := dialAddr(t, r.p.Addr)
+	for _, c := range [][]string{{"WATCH", "queue:m"}, {"MULTI", "x"}, {"EXEC"}} {
+		rawSend(t, nc, c...)
+	}
+	for i, want := range []string{"+OK\r\n", "-ERR wrong number of arguments for 'multi' command", "-ERR EXEC without MULTI"} {
+		if got := rawRead(t, nc); !strings.HasPrefix(got, want) {
+			t.Fatalf("reply %d = %q, want %q...", i, got, want)
+		}
+	}
+	if err := r.queue.Client(t).Set(ctx, "queue:m", "other", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range [][]string{{"MULTI"}, {"SET", "queue:m", "mine"}, {"EXEC"}} {
+		rawSend(t, nc, c...)
+	}
+	for i, want := range []string{"+OK\r\n", "+QUEUED\r\n", "*-1\r\n"} {
+		if got := rawRead(t, nc); got != want {
+			t.Fatalf("transaction after the watched key changed: reply %d = %q, want %q", i, got, want)
+		}
+	}
+}
