@@ -27,7 +27,7 @@ const clusterUpstream = "cq"
 // startRoutedClusterTier starts def, the cluster and a proxy with the tier
 // on, and waits until the tier is live for [upstream] and for every
 // primary of the cluster.
-func startRoutedClusterTier(t *testing.T, replicas int, staleness time.Duration) (*proxytest.Proxy, *redistest.Server, *redistest.Cluster) {
+func startRoutedClusterTier(t *testing.T, replicas int, staleness time.Duration, mutate ...func(*config.Config)) (*proxytest.Proxy, *redistest.Server, *redistest.Cluster) {
 	t.Helper()
 	def := redistest.Start(t)
 	cl := redistest.StartCluster(t, 3, replicas)
@@ -37,6 +37,9 @@ func startRoutedClusterTier(t *testing.T, replicas int, staleness time.Duration)
 		u.Mode, u.Seeds = config.ModeCluster, cl.Seeds()
 		c.Upstreams = map[string]config.Upstream{clusterUpstream: u}
 		c.Routes = []config.Route{{Pattern: "c:*", Upstream: clusterUpstream}}
+		for _, m := range mutate {
+			m(c)
+		}
 	})
 	r := p.UpstreamRouter(clusterUpstream)
 	if r == nil {
@@ -233,15 +236,20 @@ func TestRoutesClusterTierReshardLinearizable(t *testing.T) {
 }
 
 // TestRoutesClusterTierFailover: CLUSTER FAILOVER in the cluster upstream.
-// Keys cached from a primary are written straight to its replica once
-// promoted: the new primary sends no invalidation, so only the demoted
-// primary's ROLE heartbeat tells the tier, which must not serve the old
-// values later than S after the writes; the flush is counted under the
-// cluster upstream.
+//
+// First with no traffic: keys cached from a primary are written straight
+// to its replica once promoted: the new primary sends no invalidation, so
+// only the demoted primary's ROLE heartbeat tells the tier, which must not
+// serve the old values later than S after the writes; the flush is counted
+// under the cluster upstream.
+//
+// Then under load through the proxy, on another shard: the history stays
+// linearizable.
 func TestRoutesClusterTierFailover(t *testing.T) {
 	p, _, cl := startRoutedClusterTier(t, 1, testS)
 	reader := p.Client(t)
-	replica := cl.Replicas(t)[0]
+	replicas := cl.Replicas(t)
+	replica := replicas[0]
 	keys := routedClusterKeys(t, cl, "fo", 3)[primaryOf(t, replica)]
 	if len(keys) == 0 {
 		t.Fatalf("no keys on the replica's primary")
@@ -274,5 +282,74 @@ func TestRoutesClusterTierFailover(t *testing.T) {
 	// Hits resume from the new primary.
 	if v := cacheIt(t, p, reader, keys[0]); v != "after" {
 		t.Fatalf("GET %s from the tier after the failover = %q", keys[0], v)
+	}
+
+	cl.WaitHealthy(t)
+	var workers []lintest.Worker
+	for range 6 {
+		workers = append(workers, lintest.Worker{C: p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }), Keys: "c:fl:", Every: 2 * time.Millisecond, WritePct: 20})
+	}
+	failedOver := make(chan error, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		failedOver <- failover(t, replicas[1])
+	}()
+	reg := p.Metrics.Registry
+	hitsBefore := metric(t, reg, "redproxy_localcache_hits_total", "upstream="+clusterUpstream)
+	hist := lintest.RecordFor(t, workers, 64, 0, 5*time.Second)
+	if err := <-failedOver; err != nil {
+		t.Fatal(err)
+	}
+	if h := metric(t, reg, "redproxy_localcache_hits_total", "upstream="+clusterUpstream) - hitsBefore; h < 100 {
+		t.Fatalf("only %v hits of the cluster upstream: the history did not exercise the tier", h)
+	}
+	if res := lintest.Check(t, hist); res != porcupine.Ok {
+		t.Fatalf("history through the proxy with the tier and a cluster upstream across a failover is %v", res)
+	}
+}
+
+// TestRoutesClusterTierStaleIfError: a read of a cluster upstream's key the
+// tier holds a stale_if_error value for, while the tier cannot serve it
+// (its tracking connection to the key's node is lost and cannot be made
+// again), is asked of the cluster through that upstream's router and
+// answered with what the cluster holds, not with an error nor the stale
+// value.
+func TestRoutesClusterTierStaleIfError(t *testing.T) {
+	p, _, cl := startRoutedClusterTier(t, 0, testS, func(c *config.Config) {
+		c.LocalCache.StaleIfError = []localcache.StaleRule{{Pattern: "c:*", MaxAge: units.Duration{Duration: time.Minute}}}
+	})
+	reader := p.Client(t)
+	var node, k string
+	for a, ks := range routedClusterKeys(t, cl, "sie", 1) {
+		node, k = a, ks[0]
+		break
+	}
+	nc := redis.NewClient(&redis.Options{Addr: node, MaxRetries: -1})
+	t.Cleanup(func() { nc.Close() })
+	if err := nc.Set(ctx, k, "v1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cacheIt(t, p, reader, k)
+	// The node refuses CLIENT TRACKING from now on, so the tier's
+	// connection to it, once killed, cannot come back (its handshake
+	// fails) while the router's connections, already up, still read: the
+	// tier holds k's value aside only, and cannot serve.
+	if err := nc.Do(ctx, "ACL", "SETUSER", "default", "-client|tracking").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n := killTierConns(t, nc); n == 0 {
+		t.Fatal("no tracking connection on the node")
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return metric(t, p.Metrics.Registry, "redproxy_localcache_flushes_total", "reason="+localcache.FlushDisconnect, "upstream="+clusterUpstream) > 0
+	}, "the lost connection was never noticed")
+	if err := nc.Set(ctx, k, "v2", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := reader.Get(ctx, k).Result(); err != nil || v != "v2" {
+		t.Fatalf("GET %s while the tier holds a stale value = %q, %v; want v2 from the cluster", k, v, err)
+	}
+	if n := metric(t, p.Metrics.Registry, "redproxy_localcache_stale_serves_total"); n != 0 {
+		t.Fatalf("%v stale serves although the cluster answered", n)
 	}
 }
