@@ -146,9 +146,12 @@ func TestRoutesTierMetricsPerUpstream(t *testing.T) {
 	redistest.Eventually(t, 5*time.Second, func() bool {
 		return countBy(t, r.p, "redproxy_localcache_invalidations_total")["queue"] >= 1
 	}, "no invalidation counted under queue")
-	if got := countBy(t, r.p, "redproxy_localcache_live"); got["queue"] != 1 || got["default"] != 1 || got["cache"] != 1 {
-		t.Errorf("live by upstream = %v, want 1 for each", got)
-	}
+	// Live needs a heartbeat answered within S, which a loaded machine
+	// may miss now and then: polled.
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		live := countBy(t, r.p, "redproxy_localcache_live")
+		return live["queue"] == 1 && live["default"] == 1 && live["cache"] == 1 && len(live) == 3
+	}, "redproxy_localcache_live never 1 for each of the 3 upstreams")
 	for name, series := range familySeries(t, r.p, "redproxy_localcache_") {
 		for _, m := range series {
 			_, has := labelOf(m, "upstream")
