@@ -162,16 +162,6 @@ func (c *Config) checkRoutes() []*Error {
 	if c.Upstream.Mode == ModeCluster {
 		bad("upstream.mode", "routes need [upstream] in %q or %q mode; a cluster can be a named upstream ([upstreams.NAME])", ModeStandalone, ModeSentinel)
 	}
-	if c.LocalCache.Enabled {
-		// The tier tracks each key on its route's upstream, one tracking
-		// connection per upstream and database; a cluster upstream would
-		// need one per node of it (docs/COMPATIBILITY.md).
-		for _, name := range c.UpstreamNames()[1:] {
-			if c.NamedUpstream(name).Mode == ModeCluster {
-				bad("localcache.enabled", "the local tier is not supported with routes when a named upstream is a cluster ([upstreams.%s] has mode %q); turn the tier off or use a standalone or Sentinel upstream", name, ModeCluster)
-			}
-		}
-	}
 	checkList := func(section string, routes []Route) {
 		for i, r := range routes {
 			key := fmt.Sprintf("%s[%d]", section, i)

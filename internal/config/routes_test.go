@@ -9,8 +9,7 @@ import (
 // TestRoutesSection: named upstreams get [upstream]'s defaults for what
 // they leave out and are validated as [upstream] is, with errors naming
 // their own keys and lines; a route naming an unknown upstream is an
-// error saying where; routes exclude a cluster [upstream], and the local
-// tier with a cluster named upstream.
+// error saying where; routes exclude a cluster [upstream].
 func TestRoutesSection(t *testing.T) {
 	good := `
 [upstream]
@@ -71,7 +70,6 @@ upstream = "queue"
 		{"named sentinel", "[upstreams.q]\nmode = \"sentinel\"\n", "upstreams.q.sentinels", 0, "is empty"},
 		{"reserved name", "[upstreams.default]\naddress = \"127.0.0.1:7001\"\n", "upstreams.default", 1, "[upstream]'s"},
 		{"replica reads on a named cluster", "[upstreams.q]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7001\"]\nread_from = \"replica\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n", "upstreams.q.read_from", 0, "cluster"},
-		{"local tier with a cluster upstream", "[localcache]\nenabled = true\n[upstreams.q]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7001\"]\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n", "localcache.enabled", 2, "named upstream is a cluster ([upstreams.q]"},
 		{"cluster default", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[channel_route]]\npattern = \"a\"\nupstream = \"q\"\n", "upstream.mode", 2, "routes need [upstream]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -118,12 +116,18 @@ func TestRoutesRestartOnly(t *testing.T) {
 
 // A named upstream no route names (the target of [mirror]) turns routing
 // on for nothing.
-// The local tier with routes to standalone upstreams is accepted: it
-// tracks each key on its route's upstream (proxy/tier.go).
+// The local tier with routes is accepted whatever the named upstreams'
+// modes: it tracks each key on its route's upstream, per node of a
+// cluster upstream (proxy/tier.go).
 func TestRoutesLocalTierAccepted(t *testing.T) {
-	doc := "[localcache]\nenabled = true\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n"
-	if _, err := Parse([]byte(doc), "r.toml"); err != nil {
-		t.Fatalf("the local tier with routes is refused: %v", err)
+	for _, named := range []string{
+		"address = \"127.0.0.1:7001\"",
+		"mode = \"cluster\"\nseeds = [\"127.0.0.1:7001\"]",
+	} {
+		doc := "[localcache]\nenabled = true\n[upstreams.q]\n" + named + "\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n"
+		if _, err := Parse([]byte(doc), "r.toml"); err != nil {
+			t.Errorf("the local tier with routes is refused: %v\n%s", err, doc)
+		}
 	}
 }
 

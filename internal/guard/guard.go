@@ -50,6 +50,15 @@ type Options struct {
 	MaxRows int
 	// Now is the clock, for tests.
 	Now func() time.Time
+	// Upstreams, with routes, names the upstreams by route index
+	// (Upstreams[0] is [upstream]); the violation counter then carries
+	// an "upstream" label, one series per name, as stampede protection's
+	// and the local tier's counters do. UpstreamOf gives the index of a
+	// key's upstream; a violation with no key (command and value rules)
+	// counts under Upstreams[0]. Without routes, leave both unset: the
+	// counter keeps no upstream label.
+	Upstreams  []string
+	UpstreamOf func(key []byte) int
 }
 
 // Guard holds the policy in force and records violations. It is safe for
@@ -67,6 +76,8 @@ type Guard struct {
 	lastErr      string
 	violations   map[counterKey]prometheus.Counter
 	vec          *prometheus.CounterVec
+	upstreams    []string
+	upstreamOf   func(key []byte) int
 	fixFails     prometheus.Counter
 	unclassified prometheus.Counter
 	reloads      *prometheus.CounterVec
@@ -77,9 +88,19 @@ type Guard struct {
 	table    *table
 }
 
+// violationLabels are the violation counter's labels: rule and action,
+// and the upstream with routes.
+func violationLabels(upstreams []string) []string {
+	if len(upstreams) > 0 {
+		return []string{"rule", "action", "upstream"}
+	}
+	return []string{"rule", "action"}
+}
+
 type counterKey struct {
 	rule   string
 	action policy.Action
+	up     int // index in Options.Upstreams; 0 without routes
 }
 
 // allRules are the policy's rule names, whose counters exist from the start
@@ -123,7 +144,9 @@ func New(c policy.Config, o Options) (*Guard, error) {
 		vec: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "redproxy_policy_violations_total",
 			Help: "Policy violations, by rule and by the action the rule had (enforce: refused or fixed; report: forwarded unchanged).",
-		}, []string{"rule", "action"}),
+		}, violationLabels(o.Upstreams)),
+		upstreams:  o.Upstreams,
+		upstreamOf: o.UpstreamOf,
 		fixFails: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "redproxy_policy_fixup_failures_total",
 			Help: "TTL fix-ups (EXPIRE key ttl NX after a write, with SELECTs around it for a key in another database) that Redis answered with an error, when queued or when EXEC ran them, or never answered.",
@@ -144,7 +167,13 @@ func New(c policy.Config, o Options) (*Guard, error) {
 	}
 	for _, r := range allRules {
 		for _, a := range []policy.Action{policy.Enforce, policy.Report} {
-			g.violations[counterKey{r, a}] = g.vec.WithLabelValues(r, a.String())
+			if len(g.upstreams) == 0 {
+				g.violations[counterKey{r, a, 0}] = g.vec.WithLabelValues(r, a.String())
+				continue
+			}
+			for i, up := range g.upstreams {
+				g.violations[counterKey{r, a, i}] = g.vec.WithLabelValues(r, a.String(), up)
+			}
 		}
 	}
 	g.reloads.WithLabelValues("ok")
@@ -227,9 +256,19 @@ func (g *Guard) Record(v *policy.Violation, client net.Addr, user string) {
 		g.unclassified.Inc()
 		msg = "policy cannot classify command"
 	} else {
-		c := g.violations[counterKey{v.Rule, v.Action}]
+		up := 0
+		if g.upstreamOf != nil && v.Key != nil {
+			if i := g.upstreamOf(v.Key); i >= 0 && i < len(g.upstreams) {
+				up = i
+			}
+		}
+		c := g.violations[counterKey{v.Rule, v.Action, up}]
 		if c == nil {
-			c = g.vec.WithLabelValues(v.Rule, v.Action.String())
+			labels := []string{v.Rule, v.Action.String()}
+			if len(g.upstreams) > 0 {
+				labels = append(labels, g.upstreams[up])
+			}
+			c = g.vec.WithLabelValues(labels...)
 		}
 		c.Inc()
 	}

@@ -54,19 +54,43 @@ type Options struct {
 	// Registry may be nil (no metrics).
 	Registry prometheus.Registerer
 
-	// Owner, set in cluster mode, names the node that owns key's slot now
-	// ("" when none is known). Fill connections are then one per node,
-	// dialled with Upstream(0) and the node's address (cluster.go). With
-	// routes (OwnerOptions set) it names the upstream of key's route.
+	// Cluster, set in cluster mode, is [upstream]'s cluster: fill
+	// connections are then one per node of it (cluster.go), and Upstream
+	// is not used.
+	Cluster *Cluster
+	// Routes, set with routes, are the upstreams keys route to: fill
+	// connections are then one per upstream and database, or per node of
+	// an upstream that is a cluster (routes.go), and Upstream is not used.
+	Routes *Routes
+}
+
+// Cluster is one Redis Cluster the tier reads from: [upstream] in cluster
+// mode, or a named upstream of routes. Its keys are filled and served
+// through the tracking connection of their slot's owner (cluster.go).
+type Cluster struct {
+	// Owner names the node that owns key's slot now ("" when none is
+	// known).
 	Owner func(key []byte) string
-	// Demoted, in cluster mode, is told that a node the tier read from
-	// answered as a replica: the map that names it is out of date.
+	// Demoted is told that a node the tier read from answered as a
+	// replica: the map that names it is out of date. May be nil.
 	Demoted func(addr string)
-	// OwnerOptions, set with Owner when the owners are the upstreams of
-	// routes rather than cluster nodes, returns the connection options of
-	// owner's database db. Fill connections are then one per owner and
-	// database (routes.go).
-	OwnerOptions func(owner string, db int) upstream.Options
+	// Node returns the connection options of node addr (database 0).
+	Node func(addr string) upstream.Options
+}
+
+// Routes are the upstreams of routes, by index (route.Table's).
+type Routes struct {
+	// Upstreams names them; Upstreams[0] is [upstream]. The names label
+	// the tier's metrics.
+	Upstreams []string
+	// Route is the index of the upstream key's route names now.
+	Route func(key []byte) int
+	// Options returns the connection options of database db of upstream
+	// up, which is not a cluster.
+	Options func(up, db int) upstream.Options
+	// Clusters holds, by index, the upstreams that are a cluster; nil for
+	// the others (and may be shorter than Upstreams).
+	Clusters []*Cluster
 }
 
 const (
@@ -96,9 +120,13 @@ type Cache struct {
 	include       patterns
 	exclude       patterns
 
+	// ups are the upstreams the tier reads from: one without routes, and
+	// with routes one per upstream, by route index.
+	ups []*upstreamTier
+
 	connMu sync.Mutex
 	conns  []atomic.Pointer[fillConn] // one per database, created on first use
-	nodes  sync.Map                   // Owner set: ownerDB -> *fillConn
+	nodes  sync.Map                   // cluster or routes: ownerKey -> *fillConn
 	epochs atomic.Uint64              // source of fill connection epochs
 	// switching is set (under connMu) while SwitchUpstream has retired the
 	// fill connections and not yet dialled new ones: no connection is
@@ -125,9 +153,9 @@ type shard struct {
 	// lru orders the keys that hold entries; only they can be evicted, so
 	// a fill in flight is never evicted (C5).
 	lru *simplelru.LRU[uint64, *keyRec]
-	// hits is counted here, under the lock the hit already holds, rather
-	// than in one counter every core would write.
-	hits atomic.Uint64
+	// hits, by upstream, are counted here, under the lock the hit
+	// already holds, rather than in one counter every core would write.
+	hits []atomic.Uint64
 	_    [64]byte
 }
 
@@ -138,6 +166,7 @@ type shard struct {
 type keyRec struct {
 	h   uint64
 	db  int
+	up  int // the upstream (index in Cache.ups) it was last filled from
 	key string
 	// gen changes whenever the key may have changed (invalidation, flush,
 	// write through the proxy); a fill stores only if it did not change
@@ -183,7 +212,7 @@ func New(cfg Config, opt Options) (*Cache, error) {
 		cfg:     cfg,
 		opt:     opt,
 		log:     opt.Logger,
-		m:       newMetrics(),
+		m:       newMetrics(opt.Routes != nil),
 		seed:    maphash.MakeSeed(),
 		include: patterns(cfg.Include),
 		exclude: patterns(cfg.Exclude),
@@ -199,9 +228,20 @@ func New(cfg Config, opt Options) (*Cache, error) {
 	width := min(max(int(cfg.MaxBytes)/256, 4096), 1<<18)
 	c.reads, c.writes = newSketch(width), newSketch(width)
 	c.halveNow = make(chan struct{}, 1)
+	if r := opt.Routes; r != nil {
+		for i, name := range r.Upstreams {
+			u := &upstreamTier{name: name, idx: i, m: c.m.forUpstream(name)}
+			if i < len(r.Clusters) {
+				u.cluster = r.Clusters[i]
+			}
+			c.ups = append(c.ups, u)
+		}
+	} else {
+		c.ups = []*upstreamTier{{cluster: opt.Cluster, m: c.m.forUpstream("")}}
+	}
 	for i := range c.shards {
 		l, _ := simplelru.NewLRU[uint64, *keyRec](1<<31-1, nil)
-		c.shards[i] = shard{recs: map[uint64]*keyRec{}, lru: l}
+		c.shards[i] = shard{recs: map[uint64]*keyRec{}, lru: l, hits: make([]atomic.Uint64, len(c.ups))}
 	}
 	if opt.Registry != nil {
 		c.register(opt.Registry)
@@ -249,6 +289,18 @@ func (c *Cache) Close() {
 // Concurrent calls are the caller's to prevent (Server.Reload holds its
 // lock).
 func (c *Cache) SwitchUpstream(switchUpstream func()) {
+	c.SwitchUpstreamOf("", switchUpstream)
+}
+
+// SwitchUpstreamOf is SwitchUpstream for a failover of the named upstream
+// of routes (the flush is counted under its name).
+func (c *Cache) SwitchUpstreamOf(name string, switchUpstream func()) {
+	by := c.ups[0]
+	for _, u := range c.ups {
+		if name != "" && u.name == name {
+			by = u
+		}
+	}
 	c.connMu.Lock()
 	c.switching = true
 	var old, oldNodes []*fillConn
@@ -262,15 +314,15 @@ func (c *Cache) SwitchUpstream(switchUpstream func()) {
 		}
 	}
 	// Cluster nodes' connections are not redialled here: the next read of
-	// one of a node's keys dials it again. The upstreams of routes are,
-	// below.
+	// one of a node's keys dials it again. The other upstreams of routes
+	// are, below.
 	for _, fc := range c.nodeConns() {
-		c.nodes.Delete(ownerDB{fc.node, fc.db})
+		c.nodes.Delete(fc.key())
 		fc.retire()
 		oldNodes = append(oldNodes, fc)
 	}
 	c.connMu.Unlock()
-	c.flush(-1, FlushSwitch)
+	c.flush(-1, FlushSwitch, by)
 	for _, fc := range old {
 		fc.pipe.Close()
 	}
@@ -284,10 +336,10 @@ func (c *Cache) SwitchUpstream(switchUpstream func()) {
 	for _, fc := range old {
 		c.conn(fc.db)
 	}
-	if c.opt.OwnerOptions != nil {
-		// The upstreams of routes stay the same ones: redial each at once.
-		for _, fc := range oldNodes {
-			c.nodeConn(fc.node, fc.db)
+	// The upstreams of routes stay the same ones: redial each at once.
+	for _, fc := range oldNodes {
+		if !fc.clusterNode() {
+			c.nodeConn(fc.up, fc.node, fc.db)
 		}
 	}
 	c.log.Info("local tier: tracking connections moved to the new upstream", "databases", len(old))
@@ -331,6 +383,7 @@ func (c *Cache) Get(db int, resp3 bool, raw, key []byte) ([]byte, Status) {
 	if fc == nil {
 		return nil, Pass
 	}
+	m := fc.up.m
 	h := c.hash(db, key)
 	s := c.shardOf(h)
 	now := nanotime()
@@ -349,12 +402,12 @@ func (c *Cache) Get(db int, resp3 bool, raw, key []byte) ([]byte, Status) {
 	if rec != nil {
 		if !rec.same(db, key) {
 			s.mu.Unlock()
-			c.m.miss(missOther)
+			m.miss(missOther)
 			return nil, Pass
 		}
 		if rec.inflight > 0 {
 			s.mu.Unlock()
-			c.m.miss(missInFlight)
+			m.miss(missInFlight)
 			return nil, Pass
 		}
 		e := rec.last
@@ -366,7 +419,7 @@ func (c *Cache) Get(db int, resp3 bool, raw, key []byte) ([]byte, Status) {
 		if e != nil {
 			if live && e.epoch == fc.epoch.Load() && now < e.expire {
 				val := e.val
-				s.hits.Add(1)
+				s.hits[fc.up.idx].Add(1)
 				s.mu.Unlock()
 				// Count hits in the sketch too, or a cached key would look
 				// cold next to keys still missing; sampling keeps the hit
@@ -395,15 +448,15 @@ func (c *Cache) Get(db int, resp3 bool, raw, key []byte) ([]byte, Status) {
 	}
 	s.mu.Unlock()
 	if !live {
-		c.m.miss(missNotLive)
+		m.miss(missNotLive)
 		return nil, Pass
 	}
 	if reason := c.admit(h, db, key); reason != "" {
-		c.m.miss(reason)
-		c.m.reject(reason)
+		m.miss(reason)
+		m.reject(reason)
 		return nil, Pass
 	}
-	c.m.miss(missFill)
+	m.miss(missFill)
 	return nil, Fill
 }
 
@@ -453,6 +506,7 @@ func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte)
 	if fc == nil {
 		return nil, ErrNotNow
 	}
+	m := fc.up.m
 	h := c.hash(db, key)
 	s := c.shardOf(h)
 
@@ -468,6 +522,7 @@ func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte)
 		return nil, ErrNotNow
 	}
 	rec.pending++
+	rec.up = fc.up.idx
 	gen := rec.gen
 	s.mu.Unlock()
 	epoch := fc.epoch.Load()
@@ -499,14 +554,14 @@ func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte)
 	}
 	if err != nil {
 		c.unpend(s, rec)
-		c.m.fill(fillError)
+		m.fill(fillError)
 		return nil, err
 	}
 	if fc.clusterNode() && resp.IsError(val) {
 		// MOVED, ASK and the like are for the router to follow, and any
 		// other error it hands back to the client as is.
 		c.unpend(s, rec)
-		c.m.fill(fillSkipped)
+		m.fill(fillSkipped)
 		return nil, ErrRedirected
 	}
 	// The Call's buffer is ours; still copy, so the kept value is exactly
@@ -518,7 +573,7 @@ func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte)
 		if out, ok = toRESP2For(cmd, val); !ok {
 			c.noRESP2.Store(cmd, struct{}{})
 			c.unpend(s, rec)
-			c.m.fill(fillSkipped)
+			m.fill(fillSkipped)
 			return nil, ErrNoRESP2
 		}
 	}
@@ -542,7 +597,7 @@ func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte)
 		c.store(s, rec, gen, epoch, fc, proto(resp3), raw, out, expire)
 	} else {
 		c.unpend(s, rec)
-		c.m.fill(fillSkipped)
+		m.fill(fillSkipped)
 	}
 	return out, nil
 }
@@ -559,11 +614,12 @@ func (c *Cache) unpend(s *shard, rec *keyRec) {
 // epoch are what they were when the fill was sent, and no write is in
 // flight. It ends the fill in every case.
 func (c *Cache) store(s *shard, rec *keyRec, gen, epoch uint64, fc *fillConn, p int, raw, val []byte, expire int64) {
+	m := fc.up.m
 	size := int64(len(raw)+len(val)) + entryOverhead
 	if size > c.maxEntry {
 		c.unpend(s, rec)
-		c.m.fill(fillSkipped)
-		c.m.reject("too_big")
+		m.fill(fillSkipped)
+		m.reject("too_big")
 		return
 	}
 	// Reserve before locking the shard: eviction locks other shards. The
@@ -571,8 +627,8 @@ func (c *Cache) store(s *shard, rec *keyRec, gen, epoch uint64, fc *fillConn, p 
 	charge := size + rec.keyCharge()
 	if !c.reserve(charge, c.reads.estimate(rec.h)) {
 		c.unpend(s, rec)
-		c.m.fill(fillSkipped)
-		c.m.reject("victim_hotter")
+		m.fill(fillSkipped)
+		m.reject("victim_hotter")
 		return
 	}
 	s.mu.Lock()
@@ -585,14 +641,14 @@ func (c *Cache) store(s *shard, rec *keyRec, gen, epoch uint64, fc *fillConn, p 
 		c.maybeForget(s, rec)
 		s.mu.Unlock()
 		c.used.Add(-charge)
-		c.m.fill(fillDiscarded)
+		m.fill(fillDiscarded)
 		return
 	}
 	if rec.n > 0 {
 		c.used.Add(-rec.keyCharge())
 	} else {
 		rec.since = nanotime()
-		c.m.admissions.Inc()
+		m.admissions.Inc()
 	}
 	if old := rec.entries[p][string(raw)]; old != nil {
 		if rec.last == old {
@@ -616,7 +672,7 @@ func (c *Cache) store(s *shard, rec *keyRec, gen, epoch uint64, fc *fillConn, p 
 		rec.inLRU = true
 	}
 	s.mu.Unlock()
-	c.m.fill(fillStored)
+	m.fill(fillStored)
 }
 
 // keyCharge is what a key costs the budget while it has entries.
@@ -700,17 +756,19 @@ func (c *Cache) evictOne(est uint64) bool {
 			s.mu.Unlock()
 			return false
 		}
+		up := rec.up
 		c.dropEntries(s, rec)
 		c.maybeForget(s, rec)
 		s.mu.Unlock()
-		c.m.evictions.Inc()
+		c.ups[up].m.evictions.Inc()
 		return true
 	}
 	return false
 }
 
-// invalidate drops db/key because Redis said it changed.
-func (c *Cache) invalidate(db int, key []byte) {
+// invalidate drops db/key because Redis said it changed on a connection
+// of upstream by.
+func (c *Cache) invalidate(db int, key []byte, by *upstreamTier) {
 	h := c.hash(db, key)
 	s := c.shardOf(h)
 	s.mu.Lock()
@@ -721,14 +779,19 @@ func (c *Cache) invalidate(db int, key []byte) {
 		c.maybeForget(s, rec)
 	}
 	s.mu.Unlock()
-	c.m.invalidated.Inc()
+	by.m.invalidated.Inc()
 }
 
-// flush drops every key of db (all databases when db < 0). Entries of keys
-// with a stale_if_error rule are moved aside when the flush is caused by a
-// lost connection, and kept from then on for the rule's max_age.
-func (c *Cache) flush(db int, reason string) {
-	c.m.flushes.WithLabelValues(reason).Inc()
+// flush drops every key of db (all databases when db < 0), counted under
+// upstream by, which caused it (nil: none did; the default upstream).
+// Entries of keys with a stale_if_error rule are moved aside when the
+// flush is caused by a lost connection, and kept from then on for the
+// rule's max_age.
+func (c *Cache) flush(db int, reason string, by *upstreamTier) {
+	if by == nil {
+		by = c.ups[0]
+	}
+	by.m.flushed(reason)
 	lost := reason == FlushDisconnect
 	now := nanotime()
 	for i := range c.shards {

@@ -8,7 +8,8 @@ import (
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
-// Cluster mode (Options.Owner set).
+// Cluster mode (Options.Cluster set), and a cluster upstream of routes
+// (Options.Routes.Clusters).
 //
 // Redis tracks what a connection read on the node that served it, and
 // sends the invalidations on that connection only, so the tier keeps one
@@ -52,17 +53,34 @@ var cmdRole = resp.AppendCommandStrings(nil, "ROLE")
 // alike.
 var rolePrimary = []byte("*3\r\n$6\r\nmaster\r\n")
 
-// ownerDB names a fill connection when Owner is set: a cluster node's
-// (database 0), or one database's of an upstream of routes.
-type ownerDB struct {
-	owner string
-	db    int
+// upstreamTier is one upstream the tier reads from: the only one without
+// routes, or one of routes. A cluster upstream (cluster set) is tracked
+// per node with the guarantees above, whether it is [upstream] in cluster
+// mode or a named upstream of routes: the same connections, epochs and
+// ROLE heartbeat serve both.
+type upstreamTier struct {
+	name    string // the upstream's name with routes, "" without
+	idx     int    // its index in Cache.ups (the route index)
+	cluster *Cluster
+	m       *upstreamMetrics
 }
 
-// nodeConn returns owner's fill connection for db, starting it on first
-// use; nil while the tier is closed or switching upstreams.
-func (c *Cache) nodeConn(owner string, db int) *fillConn {
-	k := ownerDB{owner, db}
+// ownerKey names a fill connection in cluster mode or with routes: a
+// node of a cluster upstream (database 0), or one database of another
+// upstream of routes.
+type ownerKey struct {
+	up   int
+	node string
+	db   int
+}
+
+func (fc *fillConn) key() ownerKey { return ownerKey{fc.up.idx, fc.node, fc.db} }
+
+// nodeConn returns the fill connection of database db of upstream u (of
+// its node when u is a cluster), starting it on first use; nil while the
+// tier is closed or switching upstreams.
+func (c *Cache) nodeConn(u *upstreamTier, node string, db int) *fillConn {
+	k := ownerKey{u.idx, node, db}
 	if v, ok := c.nodes.Load(k); ok {
 		return v.(*fillConn)
 	}
@@ -74,40 +92,90 @@ func (c *Cache) nodeConn(owner string, db int) *fillConn {
 	if c.closed.Load() || c.switching {
 		return nil
 	}
-	fc := c.newFillConn(db, owner)
+	fc := c.newFillConn(u, node, db)
 	c.nodes.Store(k, fc)
 	return fc
 }
 
-// ConnectNode starts the fill connection of cluster node addr now rather
-// than on the first read of one of its keys.
-func (c *Cache) ConnectNode(addr string) { c.nodeConn(addr, 0) }
+// ConnectNode starts the fill connection of node addr of [upstream]'s
+// cluster now rather than on the first read of one of its keys.
+func (c *Cache) ConnectNode(addr string) {
+	if c.ups[0].cluster != nil {
+		c.nodeConn(c.ups[0], addr, 0)
+	}
+}
 
-// LiveNode reports whether hits from cluster node addr may be served now.
-func (c *Cache) LiveNode(addr string) bool { return c.LiveOwner(addr, 0) }
+// LiveNode reports whether hits from node addr of [upstream]'s cluster may
+// be served now.
+func (c *Cache) LiveNode(addr string) bool { return c.live(ownerKey{0, addr, 0}) }
 
-// LiveOwner reports whether hits of database db from owner (a cluster
-// node, or an upstream of routes) may be served now.
+// upstreamNamed is the upstream of routes called name, nil if none.
+func (c *Cache) upstreamNamed(name string) *upstreamTier {
+	if c.opt.Routes == nil {
+		return nil
+	}
+	for _, u := range c.ups {
+		if u.name == name {
+			return u
+		}
+	}
+	return nil
+}
+
+// ConnectOwner starts the fill connection of database db of the upstream
+// of routes called owner now rather than on the first read of one of its
+// keys; for a cluster upstream, see ConnectUpstreamNode.
+func (c *Cache) ConnectOwner(owner string, db int) {
+	if u := c.upstreamNamed(owner); u != nil && u.cluster == nil {
+		c.nodeConn(u, "", db)
+	}
+}
+
+// ConnectUpstreamNode starts the fill connection of node addr of the
+// cluster upstream of routes called name.
+func (c *Cache) ConnectUpstreamNode(name, addr string) {
+	if u := c.upstreamNamed(name); u != nil && u.cluster != nil {
+		c.nodeConn(u, addr, 0)
+	}
+}
+
+// LiveUpstreamNode reports whether hits from node addr of the cluster
+// upstream of routes called name may be served now.
+func (c *Cache) LiveUpstreamNode(name, addr string) bool {
+	u := c.upstreamNamed(name)
+	return u != nil && c.live(ownerKey{u.idx, addr, 0})
+}
+
+// LiveOwner reports whether hits of database db from the upstream of
+// routes called owner may be served now; for a cluster upstream, whether
+// they may be from every primary the tier has a connection to.
 func (c *Cache) LiveOwner(owner string, db int) bool {
-	v, ok := c.nodes.Load(ownerDB{owner, db})
+	u := c.upstreamNamed(owner)
+	return u != nil && c.liveUpstream(u, db)
+}
+
+func (c *Cache) live(k ownerKey) bool {
+	v, ok := c.nodes.Load(k)
 	return ok && v.(*fillConn).live(nanotime(), c.fenceAt.Load())
 }
 
-// clusterNode reports whether fc tracks a cluster node (rather than one
-// database of an upstream of routes, or a database in standalone mode).
-func (fc *fillConn) clusterNode() bool {
-	return fc.node != "" && fc.c.opt.OwnerOptions == nil
-}
+// clusterNode reports whether fc tracks a node of a cluster.
+func (fc *fillConn) clusterNode() bool { return fc.up.cluster != nil }
 
 // liveNodes reports whether every owner connection of db that tracks a
 // primary is live, and there is at least one.
-func (c *Cache) liveNodes(db int) bool {
+func (c *Cache) liveNodes(db int) bool { return c.liveWhere(db, nil) }
+
+// liveUpstream is liveNodes for the connections of upstream u only.
+func (c *Cache) liveUpstream(u *upstreamTier, db int) bool { return c.liveWhere(db, u) }
+
+func (c *Cache) liveWhere(db int, u *upstreamTier) bool {
 	now, fence := nanotime(), c.fenceAt.Load()
 	n := 0
 	all := true
 	c.nodes.Range(func(_, v any) bool {
 		fc := v.(*fillConn)
-		if fc.demoted.Load() || fc.db != db {
+		if fc.demoted.Load() || fc.db != db || (u != nil && fc.up != u) {
 			return true
 		}
 		n++
@@ -147,7 +215,7 @@ func (fc *fillConn) primaryNow(call *upstream.Call) bool {
 		// Not a demotion: the upstream user may not run ROLE (it is in
 		// @admin). Said once per connection, not every heartbeat.
 		if fc.roleRefused.CompareAndSwap(false, true) {
-			fc.c.log.Warn("local tier: a cluster node refused ROLE, so its keys are never served from the tier; allow ROLE to the upstream user", "node", fc.node, "reply", string(bytes.TrimSpace(reply)))
+			fc.c.log.Warn("local tier: a cluster node refused ROLE, so its keys are never served from the tier; allow ROLE to the upstream user", "upstream", fc.up.name, "node", fc.node, "reply", string(bytes.TrimSpace(reply)))
 		}
 		return false
 	}
@@ -155,10 +223,10 @@ func (fc *fillConn) primaryNow(call *upstream.Call) bool {
 	if !wasLive {
 		return false
 	}
-	fc.c.flush(fc.db, FlushDemoted)
-	if f := fc.c.opt.Demoted; f != nil {
+	fc.c.flush(fc.db, FlushDemoted, fc.up)
+	if f := fc.up.cluster.Demoted; f != nil {
 		f(fc.node)
 	}
-	fc.c.log.Warn("local tier: a cluster node is no longer a primary; the tier was flushed", "node", fc.node)
+	fc.c.log.Warn("local tier: a cluster node is no longer a primary; the tier was flushed", "upstream", fc.up.name, "node", fc.node)
 	return false
 }

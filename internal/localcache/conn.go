@@ -22,8 +22,10 @@ type fillConn struct {
 	c    *Cache
 	db   int
 	pipe *upstream.Pipe
-	// node is the cluster node the connection tracks, "" in standalone
-	// mode (see cluster.go).
+	// up is the upstream it reads from.
+	up *upstreamTier
+	// node is the cluster node the connection tracks, "" when up is not
+	// a cluster (see cluster.go).
 	node string
 
 	// epoch changes whenever the connection goes down or comes up; an entry
@@ -64,23 +66,23 @@ func (c *Cache) conn(db int) *fillConn {
 	if fc := c.conns[db].Load(); fc != nil || c.closed.Load() || c.switching {
 		return fc
 	}
-	fc := c.newFillConn(db, "")
+	fc := c.newFillConn(c.ups[0], "", db)
 	c.conns[db].Store(fc)
 	return fc
 }
 
-// newFillConn dials a fill connection for db, or for a cluster node when
-// node is set, and starts its heartbeat. connMu is held.
-func (c *Cache) newFillConn(db int, node string) *fillConn {
-	fc := &fillConn{c: c, db: db, node: node, kick: make(chan struct{}, 1), quit: make(chan struct{})}
+// newFillConn dials a fill connection for database db of upstream up, or
+// for node of up when up is a cluster, and starts its heartbeat. connMu is
+// held.
+func (c *Cache) newFillConn(up *upstreamTier, node string, db int) *fillConn {
+	fc := &fillConn{c: c, db: db, up: up, node: node, kick: make(chan struct{}, 1), quit: make(chan struct{})}
 	fc.epoch.Store(c.epochs.Add(1))
 	var opt upstream.Options
 	switch {
-	case node != "" && c.opt.OwnerOptions != nil:
-		opt = c.opt.OwnerOptions(node, db)
-	case node != "":
-		opt = c.opt.Upstream(db)
-		opt.Addr = node
+	case up.cluster != nil:
+		opt = up.cluster.Node(node)
+	case c.opt.Routes != nil:
+		opt = c.opt.Routes.Options(up.idx, db)
 	default:
 		opt = c.opt.Upstream(db)
 	}
@@ -148,11 +150,11 @@ func (fc *fillConn) onDown(err error) {
 		return
 	}
 	fc.newEpoch()
-	fc.c.flush(fc.db, FlushDisconnect)
+	fc.c.flush(fc.db, FlushDisconnect, fc.up)
 	if fc.c.closed.Load() {
 		return
 	}
-	fc.c.log.Warn("local tier: tracking connection lost; its entries were dropped", "db", fc.db, "node", fc.node, "err", err)
+	fc.c.log.Warn("local tier: tracking connection lost; its entries were dropped", "db", fc.db, "upstream", fc.up.name, "node", fc.node, "err", err)
 }
 
 // onUp runs when a connection is established. Nothing from before can be
@@ -163,7 +165,7 @@ func (fc *fillConn) onUp() {
 		return
 	}
 	fc.newEpoch()
-	fc.c.flush(fc.db, FlushReconnect)
+	fc.c.flush(fc.db, FlushReconnect, fc.up)
 	fc.wake()
 }
 
@@ -243,12 +245,12 @@ func (fc *fillConn) onPush(frame []byte) {
 	switch kind {
 	case "invalidate":
 		if len(rest) > 0 && (rest[0] == '_' || bytes.HasPrefix(rest, []byte("*-1"))) {
-			fc.c.flush(fc.db, FlushRedis)
+			fc.c.flush(fc.db, FlushRedis, fc.up)
 			return
 		}
-		eachBulk(rest, func(key []byte) { fc.c.invalidate(fc.db, key) })
+		eachBulk(rest, func(key []byte) { fc.c.invalidate(fc.db, key, fc.up) })
 	case "tracking-redir-broken":
-		fc.c.flush(fc.db, FlushRedirBroke)
+		fc.c.flush(fc.db, FlushRedirBroke, fc.up)
 	}
 }
 
@@ -308,20 +310,23 @@ func eachBulk(b []byte, f func([]byte)) {
 }
 
 // Connect starts db's fill connection now rather than on its first read.
-// With Owner set it does nothing (see ConnectNode, ConnectOwner).
+// In cluster mode or with routes it does nothing (see ConnectNode,
+// ConnectOwner).
 func (c *Cache) Connect(db int) {
-	if c.opt.Owner == nil {
+	if !c.owned() {
 		c.conn(db)
 	}
 }
 
-// Live reports whether hits on db may be served right now; in cluster mode,
-// whether they may be for keys of every node the tier has a connection to.
+// owned reports whether fill connections are per owner (cluster node or
+// upstream of routes) rather than per database.
+func (c *Cache) owned() bool { return c.opt.Cluster != nil || c.opt.Routes != nil }
+
+// Live reports whether hits on db may be served right now; in cluster mode
+// or with routes, whether they may be for keys of every owner the tier has
+// a connection to.
 func (c *Cache) Live(db int) bool {
-	if c.opt.Owner != nil {
-		if c.opt.OwnerOptions == nil && db != 0 {
-			return false
-		}
+	if c.owned() {
 		return c.liveNodes(db)
 	}
 	if db < 0 || db >= len(c.conns) {
@@ -331,19 +336,35 @@ func (c *Cache) Live(db int) bool {
 	return fc != nil && fc.live(nanotime(), c.fenceAt.Load())
 }
 
-// connFor is the fill connection that serves and fills key: db's, or in
-// cluster mode the one of the node owning key's slot now. It returns nil
-// when there is none (database out of range, slot without an owner).
+// connFor is the fill connection that serves and fills key: db's, with
+// routes the one of db of key's upstream, and for a key of a cluster the
+// one of the node owning key's slot now. It returns nil when there is none
+// (database out of range, or not 0 on a cluster, slot without an owner).
 func (c *Cache) connFor(db int, key []byte) *fillConn {
-	if c.opt.Owner == nil {
+	if !c.owned() {
 		return c.conn(db)
 	}
-	if db < 0 || db >= len(c.conns) || (db != 0 && c.opt.OwnerOptions == nil) {
+	if db < 0 || db >= len(c.conns) {
 		return nil
 	}
-	owner := c.opt.Owner(key)
-	if owner == "" {
+	u := c.ups[0]
+	if r := c.opt.Routes; r != nil {
+		i := r.Route(key)
+		if i < 0 || i >= len(c.ups) {
+			return nil
+		}
+		u = c.ups[i]
+	}
+	if u.cluster == nil {
+		return c.nodeConn(u, "", db)
+	}
+	// A cluster has database 0 only.
+	if db != 0 {
 		return nil
 	}
-	return c.nodeConn(owner, db)
+	node := u.cluster.Owner(key)
+	if node == "" {
+		return nil
+	}
+	return c.nodeConn(u, node, 0)
 }

@@ -77,15 +77,17 @@
 //     new server then start as after a reconnection. Nothing read from the
 //     old server is served after the switch returns.
 //
-// Cluster mode (Options.Owner): one fill connection per node rather than
+// Cluster mode (Options.Cluster): one fill connection per node rather than
 // per database, a key served and filled through its slot owner's, and a ROLE
 // heartbeat that catches a demoted primary; see cluster.go for how C1-C5
 // hold across resharding and failover.
 //
-// Routes mode (Options.Owner and Options.OwnerOptions): the owners are the
-// upstreams of routes, one fill connection per upstream and database, a
-// key served and filled through its route's upstream's; a route change
-// flushes the tier (Reroute); see routes.go.
+// Routes mode (Options.Routes): the owners are the upstreams of routes, one
+// fill connection per upstream and database, a key served and filled
+// through its route's upstream's; an upstream that is a cluster is tracked
+// per node exactly as in cluster mode. A route change flushes the tier
+// (Reroute); see routes.go. The tier's counters then carry the upstream
+// (metrics.go).
 //
 // Limits: Redis 7 sends no invalidation for SWAPDB, so a SWAPDB that does not
 // pass through the proxy (which flushes on one that does) is outside C2; a

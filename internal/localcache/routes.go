@@ -1,12 +1,16 @@
 package localcache
 
-// Routes mode (Options.Owner and Options.OwnerOptions set).
+// Routes mode (Options.Routes set).
 //
 // With routes ([upstreams.NAME], [[route]]) each key is served by the
 // upstream of its route, and Redis sends the invalidations of what a
 // connection read on that connection only, so the tier reuses cluster
 // mode's per-owner connections: the owner of a key is its route's
-// upstream, and there is one fill connection per upstream and database.
+// upstream, and there is one fill connection per upstream and database;
+// for an upstream that is a cluster, the owner is the node of that
+// upstream owning the key's slot, with cluster mode's guarantees
+// (cluster.go): one connection per node, ROLE heartbeats, redirected
+// fills never kept.
 // A key is filled on, and its entries served only in the current epoch
 // of, the connection of the upstream its route names at that moment; a
 // fill is never read from another upstream. From that:
@@ -27,19 +31,17 @@ package localcache
 //     the tier as [upstream]'s failover does (SwitchUpstream): every
 //     connection is retired and everything dropped.
 //
-// Connections are probed with PING, not ROLE: ROLE is in @admin, and a
-// Sentinel upstream's demotion is handled by the failover above.
+// Connections to standalone and Sentinel upstreams are probed with PING,
+// not ROLE: ROLE is in @admin, and a Sentinel upstream's demotion is
+// handled by the failover above. A cluster upstream's nodes are probed
+// with ROLE, as in cluster mode.
 
 // FlushRoutes: the routes changed, so keys may have moved to another
 // upstream.
 const FlushRoutes = "routes_changed"
 
-// ConnectOwner starts the fill connection of owner's database db now
-// rather than on the first read of one of its keys.
-func (c *Cache) ConnectOwner(owner string, db int) { c.nodeConn(owner, db) }
-
 // Reroute changes which owner serves which keys: swap is called in the
-// middle and must make Options.Owner answer with the new routes. When
+// middle and must make Options.Routes.Route answer with the new routes. When
 // Reroute returns, no entry filled before it, nor any fill sent to an
 // owner chosen by the old routes, is ever served. Concurrent calls (and
 // calls concurrent with SwitchUpstream) are the caller's to prevent.
@@ -53,7 +55,7 @@ func (c *Cache) Reroute(swap func()) {
 	c.newOwnerEpochs()
 	// The flush frees what the epochs already made unservable, and makes
 	// any fill in flight store nothing (its key's generation moved).
-	c.flush(-1, FlushRoutes)
+	c.flush(-1, FlushRoutes, nil)
 	for _, fc := range c.nodeConns() {
 		fc.wake()
 	}

@@ -70,7 +70,7 @@ func (c *Cache) StaleValue(db int, resp3 bool, raw, key []byte) ([]byte, bool) {
 	if !rec.aside.has(p, raw, nanotime()) {
 		return nil, false
 	}
-	c.m.staleServes.Inc()
+	c.ups[rec.up].m.staleServes.Inc()
 	return rec.aside.vals[p][string(raw)], true
 }
 

@@ -37,17 +37,17 @@ func (c *Cache) WriteStart(w *Writes, db int, cmd *commands.Command, args [][]by
 	}
 	switch flushKind(cmd) {
 	case "flushall":
-		c.flush(-1, FlushForwarded)
+		c.flush(-1, FlushForwarded, nil)
 		w.fence = true
 		return
 	case "flushdb":
-		c.flush(db, FlushForwarded)
+		c.flush(db, FlushForwarded, nil)
 		w.fence = true
 		return
 	case "swapdb":
 		for _, a := range args[1:] {
 			if n, err := strconv.Atoi(string(a)); err == nil {
-				c.flush(n, FlushForwarded)
+				c.flush(n, FlushForwarded, nil)
 			}
 		}
 		w.fence = true

@@ -20,7 +20,17 @@ type serverGuard struct {
 }
 
 func initGuard(s *Server) error {
-	g, err := guard.New(s.cfg.Policy, guard.Options{Logger: s.log, Registerer: s.metrics.Registry})
+	o := guard.Options{Logger: s.log, Registerer: s.metrics.Registry}
+	if rs := s.routes; rs != nil {
+		// Violations count under their key's upstream, as the stampede and
+		// local tier counters do.
+		o.Upstreams = s.cfg.UpstreamNames()
+		o.UpstreamOf = func(key []byte) int {
+			up, _ := rs.table.Load().Key(key)
+			return up
+		}
+	}
+	g, err := guard.New(s.cfg.Policy, o)
 	if err != nil {
 		return err
 	}

@@ -220,12 +220,26 @@ func (s *Server) targetFailover(t *routeTarget, addr string, opts func(addr, use
 		// primary is served again (C4). reloadMu keeps this apart from a
 		// reload's or another failover's switch of the tier.
 		s.reloadMu.Lock()
-		s.tier.cache.SwitchUpstream(switchBackend)
+		s.tier.cache.SwitchUpstreamOf(t.name, switchBackend)
 		s.reloadMu.Unlock()
 	} else {
 		switchBackend()
 	}
 	s.log.Warn("upstream switched to the new primary", "upstream", t.name, "primary", addr)
+}
+
+// UpstreamRouter returns the router of the named upstream called name when
+// it is a cluster, nil otherwise (no routes, or another mode).
+func (s *Server) UpstreamRouter(name string) *cluster.Router {
+	if s.routes == nil {
+		return nil
+	}
+	for _, t := range s.routes.targets {
+		if t.name == name {
+			return t.router
+		}
+	}
+	return nil
 }
 
 // closeRoutes closes the named upstreams' connections (not the default's,

@@ -6,6 +6,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/upstream"
@@ -32,18 +33,14 @@ func initTier(s *Server) error {
 		Registry:  s.metrics.Registry,
 	}
 	if r := s.router; r != nil {
-		// One tracking connection per node, chosen by the router's map
-		// (localcache/cluster.go).
-		opt.Owner = func(key []byte) string {
-			if m := r.Map(); m != nil {
-				return m.Owner(cluster.Slot(key))
-			}
-			return ""
-		}
-		opt.Demoted = func(string) { r.RefreshSoon() }
+		opt.Cluster = clusterTier(r, func(addr string) upstream.Options {
+			o := s.backend.Options(0, true)
+			o.Addr = addr
+			return o
+		})
 	}
 	if s.routes != nil {
-		s.routes.tierOptions(&opt)
+		opt.Routes = s.routes.tierRoutes(s.cfg)
 	}
 	c, err := localcache.New(cfg, opt)
 	if err != nil {
@@ -57,7 +54,14 @@ func initTier(s *Server) error {
 	}
 	if s.routes != nil {
 		for _, t := range s.routes.targets {
-			if t.backend != nil {
+			switch {
+			case t.router != nil:
+				if m := t.router.Map(); m != nil {
+					for _, a := range m.Primaries() {
+						c.ConnectUpstreamNode(t.name, a)
+					}
+				}
+			case t.backend != nil:
 				c.ConnectOwner(t.name, 0)
 			}
 		}
@@ -232,29 +236,60 @@ func (s *Server) routerMap() *cluster.Map {
 	return s.router.Map()
 }
 
-// tierOptions makes the tier track each key on its route's upstream
-// (localcache/routes.go): the owner of a key is the name of the upstream
-// its route names now. A cluster upstream is refused with the tier at
-// config time (config.checkRoutes).
-func (rs *routeState) tierOptions(opt *localcache.Options) {
-	byName := make(map[string]*routeTarget, len(rs.targets))
-	for _, t := range rs.targets {
-		byName[t.name] = t
+// clusterTier is how the tier reads from the cluster r routes to: one
+// tracking connection per node, each key on the node owning its slot in
+// r's map now (localcache/cluster.go), dialled with node's options.
+func clusterTier(r *cluster.Router, node func(addr string) upstream.Options) *localcache.Cluster {
+	return &localcache.Cluster{
+		Owner: func(key []byte) string {
+			if m := r.Map(); m != nil {
+				return m.Owner(cluster.Slot(key))
+			}
+			return ""
+		},
+		Demoted: func(string) { r.RefreshSoon() },
+		Node:    node,
 	}
-	opt.Owner = func(key []byte) string {
-		tbl := rs.table.Load()
-		up, _ := tbl.Key(key)
-		return tbl.Name(up)
+}
+
+// tierRoutes makes the tier track each key on its route's upstream
+// (localcache/routes.go): on the upstream's connection of the key's
+// database, or for a cluster upstream on the connection of the node of
+// that cluster owning the key's slot now.
+func (rs *routeState) tierRoutes(cfg *config.Config) *localcache.Routes {
+	r := &localcache.Routes{
+		Route: func(key []byte) int {
+			up, _ := rs.table.Load().Key(key)
+			return up
+		},
+		Options: func(up, db int) upstream.Options { return rs.targets[up].backend.Options(db, true) },
 	}
-	opt.OwnerOptions = func(owner string, db int) upstream.Options {
-		return byName[owner].backend.Options(db, true)
+	for i, t := range rs.targets {
+		r.Upstreams = append(r.Upstreams, t.name)
+		r.Clusters = append(r.Clusters, nil)
+		if t.router != nil {
+			u := cfg.NamedUpstream(t.name)
+			bo := t.opts("", u.Username, u.Password)
+			r.Clusters[i] = clusterTier(t.router, func(addr string) upstream.Options {
+				o := bo
+				o.Addr = addr
+				return o.ConnOptions(0, true)
+			})
+		}
 	}
+	return r
 }
 
 // tierStaleRouted asks the upstream of key's route, with the client's
 // credential, for a read the tier holds a stale-if-error value for.
 func (sess *Session) tierStaleRouted(call *upstream.Call, key []byte) {
 	up, _ := sess.srv.routes.table.Load().Key(key)
+	if r := sess.srv.routes.targets[up].router; r != nil {
+		// As in cluster mode, the router answers a lost node with an error
+		// reply, so the stale value is never used for a cluster upstream.
+		r.Do(call, sess.resp3)
+		return
+	}
 	b, err := sess.backendFor(up)
 	if err != nil {
 		call.Fail(err)

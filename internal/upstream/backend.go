@@ -334,15 +334,20 @@ func (b *Backend) Options(db int, resp3 bool) Options {
 	return b.gen.Load().options(db, resp3)
 }
 
-func (g *backendGen) options(db int, resp3 bool) Options {
+func (g *backendGen) options(db int, resp3 bool) Options { return g.opt.ConnOptions(db, resp3) }
+
+// ConnOptions are the options of one connection of a Backend made with o,
+// to database db: for connections made outside any Backend (the local
+// tier's to the nodes of a cluster) with the same settings.
+func (o BackendOptions) ConnOptions(db int, resp3 bool) Options {
 	return Options{
-		Addr: g.opt.Addr, Username: g.opt.Username, Password: g.opt.Password,
-		TLS: g.opt.TLS, DB: db, RESP3: resp3,
-		DialTimeout: g.opt.DialTimeout, ReplyTimeout: g.opt.ReplyTimeout, DeadTimeout: g.opt.DeadTimeout,
-		ReconnectMin: g.opt.ReconnectMin, ReconnectMax: g.opt.ReconnectMax,
+		Addr: o.Addr, Username: o.Username, Password: o.Password,
+		TLS: o.TLS, DB: db, RESP3: resp3,
+		DialTimeout: o.DialTimeout, ReplyTimeout: o.ReplyTimeout, DeadTimeout: o.DeadTimeout,
+		ReconnectMin: o.ReconnectMin, ReconnectMax: o.ReconnectMax,
 		Name:       "redproxy",
-		Logger:     g.opt.Logger,
-		OnReadOnly: g.opt.OnReadOnly,
+		Logger:     o.Logger,
+		OnReadOnly: o.OnReadOnly,
 	}
 }
 
