@@ -11,6 +11,7 @@ import (
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/namespace"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
@@ -58,8 +59,9 @@ type clusterMulti struct {
 }
 
 type clusterQueued struct {
-	raw []byte
-	m   *metrics.Command
+	raw   []byte
+	m     *metrics.Command
+	strip namespace.Strip // where its result in EXEC's reply names keys (namespace.go)
 }
 
 // clusterStep answers, in cluster mode, the commands that cannot go
@@ -301,7 +303,7 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	if len(cm.queued) >= maxClusterQueued || cm.size+len(raw) > maxClusterQueuedBytes {
 		return fail([]byte("-ERR redproxy: too many keyless commands queued before the transaction's first key\r\n"))
 	}
-	cm.queued = append(cm.queued, clusterQueued{raw: append([]byte(nil), raw...), m: m})
+	cm.queued = append(cm.queued, clusterQueued{raw: append([]byte(nil), raw...), m: m, strip: sess.curStrip})
 	cm.size += len(raw)
 	sess.list.multi.Add(1)
 	sess.replyLocal(m, queued)
@@ -332,7 +334,7 @@ func (sess *Session) placeHeld(r *request, target int, p heldPlacer) bool {
 	for _, q := range cm.queued {
 		// Answered +QUEUED already: the replay's replies are muted, but
 		// count in the transaction's queue like the client's own.
-		sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: q.m, tx: true, mute: true})
+		sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: q.m, tx: true, mute: true, strip: q.strip})
 		sess.call.Add(q.raw)
 	}
 	clear(cm.queued)
