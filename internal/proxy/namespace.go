@@ -195,7 +195,15 @@ func (sess *Session) nsStep(r *request) bool {
 		// at once, outside the transaction.
 		return false
 	case res.Action == namespace.FlushDB:
-		if mayWrite(r.cmd) {
+		switch {
+		case !mayWrite(r.cmd):
+		case sess.pin.inMulti:
+			// It takes effect at EXEC, where the write hooks hear of it
+			// (pinnedExec), as of the transaction's other writes
+			// (queueInMulti): told now, the local tier would fill the
+			// namespace's keys again before EXEC deletes them.
+			sess.pin.txWrites = append(sess.pin.txWrites, txWrite{cmd: r.cmd, args: copyArgs(r.Args)})
+		default:
 			sess.writeForwarded(r.cmd, r.Args)
 		}
 		sess.forward(ns.FlushDBCommand(), r.m)

@@ -11,8 +11,11 @@ import (
 
 	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
 	"github.com/redproxy/redproxy/internal/resp"
 )
 
@@ -298,5 +301,42 @@ func TestNamespaceMultiWithFixups(t *testing.T) {
 		if ttl, _ := direct.TTL(ctx, k).Result(); ttl <= 0 {
 			t.Fatalf("%s has TTL %v: the fix-up did not run", k, ttl)
 		}
+	}
+}
+
+// FLUSHDB queued in a namespace's MULTI takes effect at EXEC, and that is
+// when the local tier hears of it: with Redis's invalidations slowed
+// down, a read right after EXEC's OK never returns a flushed value. (The
+// tier used to be told when FLUSHDB was queued, and filled the key again
+// before EXEC deleted it.)
+func TestNamespaceMultiFlushDBSeenByTheLocalTier(t *testing.T) {
+	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() { time.Sleep(300 * time.Millisecond) }})
+	t.Cleanup(func() { localcache.SetTestHooks(prev) })
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		a := user("tenant-a", nsPass, "+@all ~* allchannels")
+		a.Namespace = "a:"
+		c.Users = []auth.UserConfig{a}
+		c.Policy.Commands.Allow = []string{"flushdb"}
+		c.LocalCache.Enabled = true
+		c.LocalCache.AdmitMinReads = 0
+		c.LocalCache.WriteRatio = 1000
+		c.LocalCache.Staleness = units.Duration{Duration: 200 * time.Millisecond}
+		c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
+	})
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
+	must(t, p.Redis.Client(t).Set(ctx, "a:k", "old", 0).Err())
+	reader := nsClient(t, p, "tenant-a")
+	hit := func() bool {
+		before := metricSum(t, p, "redproxy_localcache_hits_total")
+		reader.Get(ctx, "k")
+		return metricSum(t, p, "redproxy_localcache_hits_total") > before
+	}
+	redistest.Eventually(t, 5*time.Second, hit, "k never became a hit")
+	a := nsDial(t, p.Dial(t), "AUTH tenant-a "+nsPass)
+	a.expect([]string{"MULTI", "FLUSHDB"}, "+OK\r\n", "+QUEUED\r\n")
+	redistest.Eventually(t, 5*time.Second, hit, "k not in the tier while FLUSHDB is queued")
+	a.expect([]string{"EXEC"}, "*1\r\n+OK\r\n")
+	if v, err := reader.Get(ctx, "k").Result(); err != redis.Nil {
+		t.Fatalf("GET k right after EXEC of FLUSHDB answered: %q %v, want nil", v, err)
 	}
 }
