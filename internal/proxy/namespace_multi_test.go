@@ -340,3 +340,29 @@ func TestNamespaceMultiFlushDBSeenByTheLocalTier(t *testing.T) {
 		t.Fatalf("GET k right after EXEC of FLUSHDB answered: %q %v, want nil", v, err)
 	}
 }
+
+// What docs/COMPATIBILITY.md says of scripts in a namespace: only KEYS
+// are prefixed, the script itself runs unconfined (names it builds, and
+// the commands it calls, reach every namespace), and its reply is not
+// stripped. None of this is refused: a script without keys is legitimate.
+func TestNamespaceScriptsNotConfined(t *testing.T) {
+	p := nsProxy(t)
+	direct := p.Redis.Client(t)
+	must(t, direct.Set(ctx, "b:secret", "b's", 0).Err())
+	a := nsClient(t, p, "tenant-a")
+	if v, err := a.Eval(ctx, "return KEYS[1]", []string{"k"}).Result(); err != nil || v != "a:k" {
+		t.Errorf("EVAL return KEYS[1]: %v %v, want the prefixed a:k", v, err)
+	}
+	if v, err := a.Eval(ctx, "return redis.call('GET', ARGV[1])", nil, "b:secret").Result(); err != nil || v != "b's" {
+		t.Errorf("EVAL GET of a name built from ARGV: %v %v, want b's value", v, err)
+	}
+	v, err := a.Eval(ctx, "return redis.call('KEYS', '*')", nil).StringSlice()
+	if err != nil || !slices.Contains(v, "b:secret") {
+		t.Errorf("EVAL KEYS *: %q %v, want every namespace's keys", v, err)
+	}
+	sha, err := a.ScriptLoad(ctx, "return redis.call('DBSIZE')").Result()
+	must(t, err)
+	if n, err := a.EvalSha(ctx, sha, nil).Int(); err != nil || n != 1 {
+		t.Errorf("EVALSHA DBSIZE: %d %v, want the whole database's 1", n, err)
+	}
+}
