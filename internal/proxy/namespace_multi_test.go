@@ -366,3 +366,25 @@ func TestNamespaceScriptsNotConfined(t *testing.T) {
 		t.Errorf("EVALSHA DBSIZE: %d %v, want the whole database's 1", n, err)
 	}
 }
+
+// In cluster mode a MULTI holds its keyless commands until its first
+// keyed one and replays them on that key's node (queueHeld, placeHeld):
+// the replayed commands keep their places in EXEC's reply, and the
+// stripped results are still their own commands'.
+func TestNamespaceMultiClusterHeld(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+		a := user("tenant-a", nsPass, "+@all ~* allchannels")
+		a.Namespace = "a:"
+		cfg.Users = []auth.UserConfig{a}
+	})
+	seed := nsClient(t, p, "tenant-a")
+	must(t, seed.RPush(ctx, "{t}l", "x").Err())
+	must(t, seed.XAdd(ctx, &redis.XAddArgs{Stream: "{t}s", ID: "1-1", Values: []string{"f", "v"}}).Err())
+	a := nsDial(t, p.Dial(t), "AUTH tenant-a "+nsPass)
+	a.expect([]string{"MULTI", "PING", "LMPOP 1 {t}l LEFT", "XREAD STREAMS {t}s 0", "EXEC"},
+		"+OK\r\n", "+QUEUED\r\n", "+QUEUED\r\n", "+QUEUED\r\n",
+		"*3\r\n+PONG\r\n*2\r\n$4\r\n{t}l\r\n*1\r\n$1\r\nx\r\n*1\r\n*2\r\n$4\r\n{t}s\r\n*1\r\n*2\r\n$3\r\n1-1\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n")
+}
