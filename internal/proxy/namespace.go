@@ -251,8 +251,8 @@ func (sess *Session) nsQueued(reply []byte, kind namespace.Strip) {
 
 // nsExec returns EXEC's reply with each queued command's key names
 // stripped in its own element, in a buffer valid until the next call;
-// stripExec then cuts the proxy's own commands' results, whose positions
-// the strips' count with.
+// stripExec then cuts the results of the proxy's own commands, which the
+// strips' positions count too.
 func (sess *Session) nsExec(reply []byte) []byte {
 	if sess.ns.b == nil || len(sess.ns.b.tx) == 0 || sess.ns.w == nil {
 		return reply
@@ -269,10 +269,17 @@ func (sess *Session) nsExec(reply []byte) []byte {
 // nsTxEnd forgets the transaction's strips: it ended (EXEC, DISCARD,
 // RESET, its connection lost), and the next one counts from zero.
 func (sess *Session) nsTxEnd() {
-	if sess.ns.b != nil {
-		sess.ns.b.tx = sess.ns.b.tx[:0]
+	switch b := sess.ns.b; {
+	case b == nil:
+	case cap(b.tx) > maxKeptTxStrips:
+		b.tx = nil // one huge transaction does not pin its memory
+	default:
+		b.tx = b.tx[:0]
 	}
 }
+
+// maxKeptTxStrips bounds the strips kept for the next transaction.
+const maxKeptTxStrips = 256
 
 // nsRelayRefusal is why request i of a relayed (subscribed) client cannot
 // run in its namespace, or "": a raw relay cannot strip key names from a
