@@ -12,6 +12,7 @@ import (
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/namespace"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
@@ -87,6 +88,7 @@ type clusterQueued struct {
 	// fixups are the guard's TTL fix-ups, queued right behind raw; their
 	// results are cut from EXEC's reply, as for a pinned transaction.
 	fixups [][]byte
+	strip  namespace.Strip // where its result in EXEC's reply names keys (namespace.go)
 }
 
 // clusterStep answers, in cluster mode, the commands that cannot go
@@ -409,7 +411,7 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 		cm.queued, cm.size = cm.queued[:0], 0
 		return fail(reply)
 	}
-	cm.queued = append(cm.queued, clusterQueued{raw: append([]byte(nil), raw...), m: m, cmd: cmd, fixups: fixups})
+	cm.queued = append(cm.queued, clusterQueued{raw: append([]byte(nil), raw...), m: m, cmd: cmd, fixups: fixups, strip: sess.curStrip})
 	cm.size += len(raw)
 	sess.list.multi.Add(1)
 	sess.replyLocal(m, queued)
@@ -453,7 +455,7 @@ func (sess *Session) placeHeld(r *request, target int, p heldPlacer) bool {
 		// Answered +QUEUED already: the replay's replies are muted, but
 		// count in the transaction's queue like the client's own, and its
 		// writes reach the write hooks at EXEC (pinnedExec).
-		sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: q.m, tx: true, mute: true, held: true})
+		sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: q.m, tx: true, mute: true, held: true, strip: q.strip})
 		sess.call.Add(q.raw)
 		for _, f := range q.fixups {
 			sess.forwardHidden(f)

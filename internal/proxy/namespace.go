@@ -1,7 +1,7 @@
 package proxy
 
 import (
-	"strings"
+	"bytes"
 	"sync"
 
 	"github.com/redproxy/redproxy/internal/namespace"
@@ -34,6 +34,11 @@ type nsBatch struct {
 	orig  []resp.Request
 	// scratch holds one stripped reply until it is copied out.
 	scratch []byte
+	// tx is, for the client's open transaction, where EXEC's reply names
+	// keys: one entry per queued command whose reply does (nsQueued),
+	// until the transaction ends (nsTxEnd). It outlives batches: EXEC may
+	// come in a later one.
+	tx []namespace.TxStrip
 }
 
 // namespaces shares one Namespace per prefix between sessions: it is
@@ -170,8 +175,9 @@ func (sess *Session) clientArgs(i int, args [][]byte) [][]byte {
 
 // nsStep answers what a namespace changes about request r: a refusal, or
 // FLUSHDB and RANDOMKEY run as scripts confined to the namespace; a
-// command whose reply names keys has them stripped (curStrip). It reports
-// whether it answered r.
+// command whose reply names keys has them stripped (curStrip), inside
+// MULTI from its element of EXEC's reply (nsQueued). It reports whether
+// it answered r.
 func (sess *Session) nsStep(r *request) bool {
 	if r.i >= len(sess.ns.b.notes) {
 		return false
@@ -183,14 +189,21 @@ func (sess *Session) nsStep(r *request) bool {
 	case res.Action == namespace.Refuse:
 	case res.Action != namespace.Forward && sess.srv.router != nil:
 		msg = namespace.RefusalError(r.name, "cannot be confined to a namespace in cluster mode")
-	case res.Strip != namespace.StripNone && (sess.pin.inMulti || sess.cmulti.open),
-		res.Action != namespace.Forward && sess.cmulti.open:
-		// EXEC's reply would carry the prefixed names; and a transaction
-		// the proxy holds (cluster.go) must not see FLUSHDB or RANDOMKEY
-		// sent ahead of it.
-		msg = "ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(r.name, "|", " ")) + " inside MULTI is not supported in a namespace"
+	case res.Action != namespace.Forward && sess.srv.routes != nil && (sess.pin.inMulti || sess.cmulti.open):
+		// With routes both fan out, which a transaction cannot: the
+		// routes' own refusal answers (routeStep), never the script run
+		// at once, outside the transaction.
+		return false
 	case res.Action == namespace.FlushDB:
-		if mayWrite(r.cmd) {
+		switch {
+		case !mayWrite(r.cmd):
+		case sess.pin.inMulti:
+			// It takes effect at EXEC, where the write hooks hear of it
+			// (pinnedExec), as of the transaction's other writes
+			// (queueInMulti): told now, the local tier would fill the
+			// namespace's keys again before EXEC deletes them.
+			sess.pin.txWrites = append(sess.pin.txWrites, txWrite{cmd: r.cmd, args: copyArgs(r.Args)})
+		default:
 			sess.writeForwarded(r.cmd, r.Args)
 		}
 		sess.forward(ns.FlushDBCommand(), r.m)
@@ -223,6 +236,50 @@ func (sess *Session) nsStripped(kind namespace.Strip, reply []byte) []byte {
 	}
 	return sess.ns.b.scratch
 }
+
+// nsQueued notes, for a command queued in the client's MULTI whose reply
+// names keys, where its result will be in EXEC's reply: its position in
+// the transaction's queue, which noteQueued is about to count it at. A
+// command Redis refused at queue time is not in EXEC's reply (and Redis
+// then fails EXEC anyway).
+func (sess *Session) nsQueued(reply []byte, kind namespace.Strip) {
+	if sess.ns.b == nil || !bytes.Equal(reply, queued) {
+		return
+	}
+	sess.ns.b.tx = append(sess.ns.b.tx, namespace.TxStrip{Pos: sess.pin.txPos, Kind: kind})
+}
+
+// nsExec returns EXEC's reply with each queued command's key names
+// stripped in its own element, in a buffer valid until the next call;
+// stripExec then cuts the results of the proxy's own commands, which the
+// strips' positions count too.
+func (sess *Session) nsExec(reply []byte) []byte {
+	if sess.ns.b == nil || len(sess.ns.b.tx) == 0 || sess.ns.w == nil {
+		return reply
+	}
+	sess.ns.b.scratch = sess.ns.w.Namespace().StripExec(sess.ns.b.scratch[:0], reply, sess.ns.b.tx)
+	if cap(sess.ns.b.scratch) > 64<<10 {
+		out := sess.ns.b.scratch
+		sess.ns.b.scratch = nil
+		return out
+	}
+	return sess.ns.b.scratch
+}
+
+// nsTxEnd forgets the transaction's strips: it ended (EXEC, DISCARD,
+// RESET, its connection lost), and the next one counts from zero.
+func (sess *Session) nsTxEnd() {
+	switch b := sess.ns.b; {
+	case b == nil:
+	case cap(b.tx) > maxKeptTxStrips:
+		b.tx = nil // one huge transaction does not pin its memory
+	default:
+		b.tx = b.tx[:0]
+	}
+}
+
+// maxKeptTxStrips bounds the strips kept for the next transaction.
+const maxKeptTxStrips = 256
 
 // nsRelayRefusal is why request i of a relayed (subscribed) client cannot
 // run in its namespace, or "": a raw relay cannot strip key names from a

@@ -542,6 +542,9 @@ func (sess *Session) flush(start time.Time) {
 				reply = sess.clusterPinnedReply(r, sl.exec)
 			}
 			if sl.tx {
+				if sl.strip != namespace.StripNone {
+					sess.nsQueued(r, sl.strip)
+				}
 				sess.noteQueued(r, false)
 			} else if sl.info {
 				reply = sess.withProxyInfo(r)
@@ -566,7 +569,7 @@ func (sess *Session) flush(start time.Time) {
 		case sl.mute:
 		case sl.exec:
 			if !sess.outDead {
-				sess.out = stripExec(reply, sess.pin.txHidden, sess.out)
+				sess.out = stripExec(sess.nsExec(reply), sess.pin.txHidden, sess.out)
 			}
 		default:
 			sess.emit(reply)

@@ -317,7 +317,7 @@ func (sess *Session) queueInMulti(r *request) {
 	if mayWrite(r.cmd) {
 		pin.txWrites = append(pin.txWrites, txWrite{cmd: r.cmd, args: copyArgs(r.Args)})
 	}
-	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: r.m, tx: true, mute: sess.curMute})
+	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: r.m, tx: true, mute: sess.curMute, strip: sess.curStrip})
 	sess.call.Add(r.Raw)
 	sess.list.multi.Add(1)
 }
@@ -397,6 +397,7 @@ func (sess *Session) unpin(clean bool) {
 	}
 	pin.backend.ReleasePipe(pin.pipe, pin.db, pin.resp3, clean && !pin.dirty && !pin.named)
 	sess.list.multi.Store(0)
+	sess.nsTxEnd()
 	clear(pin.txWrites)
 	*pin = pinState{txHidden: pin.txHidden[:0], txWrites: pin.txWrites[:0]}
 }

@@ -1,0 +1,45 @@
+package namespace
+
+import "github.com/redproxy/redproxy/internal/resp"
+
+// TxStrip is what one command queued in a transaction needs of EXEC's
+// reply: Kind applied to element Pos, its position in the transaction's
+// queue as Redis counts it (proxy-added commands included).
+type TxStrip struct {
+	Pos  int
+	Kind Strip
+}
+
+// StripExec appends EXEC's reply to dst with each command's names
+// stripped (StripReply) in its own element. strips are in increasing Pos.
+// A reply that is not an array (nil when a WATCHed key changed,
+// EXECABORT or another error) and an element that is an error (the
+// command failed when it ran) are appended as they are; so is the whole
+// reply when it does not parse, which only shortens names the namespace
+// itself created anyway.
+func (ns *Namespace) StripExec(dst, reply []byte, strips []TxStrip) []byte {
+	typ, n, hdr := header(reply)
+	if typ != '*' || n <= 0 || len(strips) == 0 {
+		return append(dst, reply...)
+	}
+	start := len(dst)
+	dst = append(dst, reply[:hdr]...)
+	rest := reply[hdr:]
+	s := 0
+	for i := 0; int64(i) < n; i++ {
+		e := elemLen(rest)
+		if e <= 0 {
+			return append(dst[:start], reply...)
+		}
+		for s < len(strips) && strips[s].Pos < i {
+			s++ // (positions out of order: never applied twice)
+		}
+		if s < len(strips) && strips[s].Pos == i && !resp.IsError(rest[:e]) {
+			dst = ns.StripReply(dst, strips[s].Kind, rest[:e])
+		} else {
+			dst = append(dst, rest[:e]...)
+		}
+		rest = rest[e:]
+	}
+	return append(dst, rest...)
+}
