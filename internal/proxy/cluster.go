@@ -387,8 +387,9 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	case keyed:
 		cm.target = target
 	}
-	if !keyed && cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && r.name != "unwatch" && r.name != "publish" && r.name != "pubsub" {
-		// See queueInMulti.
+	if !keyed && r.name != "unwatch" && (cmd.Flags&commands.ConnState != 0 || isSubscribe(r.name)) {
+		// See queueInMulti. (PUBLISH and PUBSUB's subcommands, named
+		// "pubsub|numsub" and so on, change nothing and are held.)
 		return fail(p.stateRefusal(r.name))
 	}
 	// The guard's decision is the batch's: what it rewrites or adds is
