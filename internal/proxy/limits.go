@@ -89,6 +89,9 @@ type clientConn struct {
 	// writeFailed: a write to the client failed, so Close sends nothing
 	// more to it (closeTLS).
 	writeFailed atomic.Bool
+	// readerDone: the session's Reader has let go of the socket
+	// (resp.Reader.Close), so Close need not wait for it.
+	readerDone atomic.Bool
 }
 
 // Close closes the client's connection; a TLS one without waiting to send
@@ -97,7 +100,30 @@ func (c *clientConn) Close() error {
 	if tc, ok := c.Conn.(*tls.Conn); ok {
 		return closeTLS(tc, c.writeFailed.Load())
 	}
-	return c.Conn.Close()
+	if c.readerDone.Load() {
+		return c.Conn.Close()
+	}
+	// Closed by someone else than the session ending (a kill, shutdown, a
+	// relay): the session's Reader may hold the socket's read side while
+	// the session answers a batch (resp.Reader.reads), and net.Conn.Close
+	// waits for every holder to let go, which the session does when it
+	// ends. So end the connection at once with shutdown(2), which is what
+	// the client and any read or write on the socket see, and let the
+	// close finish without waiting for the session to notice.
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) { syscall.Shutdown(int(fd), syscall.SHUT_RDWR) })
+		}
+	}
+	go c.Conn.Close()
+	return nil
+}
+
+// closeOwn closes the connection as its session ends, after the session's
+// Reader let go of it.
+func (c *clientConn) closeOwn() error {
+	c.readerDone.Store(true)
+	return c.Close()
 }
 
 func (c *clientConn) Write(b []byte) (int, error) {

@@ -214,7 +214,8 @@ func (sess *Session) run() (parked bool) {
 	}()
 	defer func() {
 		if !parked {
-			sess.nc.Close()
+			sess.rd.Close() // it may hold the socket (resp.Reader.reads)
+			sess.nc.(*clientConn).closeOwn()
 		}
 	}()
 	defer func() {

@@ -696,10 +696,11 @@ func clientGone(nc net.Conn) bool {
 	}
 	gone := false
 	var buf [1]byte
-	rc.Read(func(fd uintptr) bool {
+	// Control, not Read: the session's Reader may hold the socket's read
+	// side between batches (resp.Reader.reads), and a peek needs no wait.
+	rc.Control(func(fd uintptr) {
 		n, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		gone = n == 0 && err == nil || err != nil && !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EINTR)
-		return true
 	})
 	return gone
 }

@@ -40,6 +40,7 @@ func tcpPair(t *testing.T) (server, client net.Conn) {
 func TestReaderIdleHoldsNoBuffer(t *testing.T) {
 	server, client := tcpPair(t)
 	rd := NewReader(server, DefaultLimits)
+	t.Cleanup(rd.Close) // before the socket's close (cleanups run last first)
 	if rd.raw == nil {
 		t.Skip("no raw socket reads on this platform")
 	}
@@ -148,6 +149,7 @@ func TestReaderOneByteReadsOnSocket(t *testing.T) {
 	ping := "PING\r\n"
 	sc := &stepConn{Conn: server, waits: make(chan int)}
 	rd := NewReader(sc, DefaultLimits)
+	t.Cleanup(rd.Close) // it holds the socket after the last short read
 	if rd.raw == nil {
 		t.Skip("no raw socket reads on this platform")
 	}

@@ -2,6 +2,7 @@ package resp
 
 import (
 	"io"
+	"iter"
 	"os"
 	"strconv"
 	"sync"
@@ -93,8 +94,14 @@ type Reader struct {
 	readFn  func(fd uintptr) bool // r.readRaw, bound once: a read allocates nothing
 	readN   int                   // what the last readFn call read
 	readErr error                 // and the error it ended with (io.EOF on end of stream)
-	buf     []byte
-	pooled  *[minBuffer]byte // the pool buffer behind buf, if it is one
+	// nextRead and stopReads drive reads, the coroutine that reads the
+	// socket (see reads); nil until the first read and after Release.
+	nextRead  func() (struct{}, bool)
+	stopReads func()
+	// short: the last read returned less than it asked for (reads).
+	short  bool
+	buf    []byte
+	pooled *[minBuffer]byte // the pool buffer behind buf, if it is one
 	// idleBytes, set by WaitSmall, is what an idle client's wait reads
 	// into when there is no socket to wait on.
 	idleBytes []byte
@@ -118,6 +125,9 @@ type Reader struct {
 // syscall.Conn (a TCP or Unix connection, or a wrapper forwarding
 // SyscallConn) its socket is read directly and rd.Read is never called, so
 // a wrapper that changes the bytes it reads must not forward SyscallConn.
+// On a socket the Reader may hold the socket's read side between calls
+// (see reads): its owner calls Close when done with it, before closing the
+// socket, which would otherwise wait for the Reader.
 func NewReader(rd io.Reader, lim Limits) *Reader {
 	r := &Reader{rd: rd, lim: lim}
 	if sc, ok := rd.(syscall.Conn); ok {
@@ -162,6 +172,7 @@ func (r *Reader) Parkable() bool { return r.raw != nil && r.r == r.w && !r.parti
 // buffer and request bookkeeping), for a client parked for a while; the
 // next ReadBatch takes what it needs again. Only when Parkable.
 func (r *Reader) Release() {
+	r.Close()
 	r.releaseBuffer()
 	r.offs, r.args, r.reqs, r.inlineRaw = nil, nil, nil, nil
 }
@@ -217,19 +228,91 @@ func (r *Reader) fill() error {
 		}
 		return nil
 	}
-	r.readN, r.readErr = 0, nil
-	// RawConn.Read calls readFn, and while it reports the socket empty
-	// waits for readability (honouring read deadlines and Close) and calls
-	// it again: one read(2) per batch on a busy connection, as with
-	// rd.Read, and no buffer held by a client that sends nothing.
-	if err := r.raw.Read(r.readFn); err != nil {
-		return err
+	if r.nextRead == nil {
+		r.nextRead, r.stopReads = iter.Pull(r.reads)
 	}
+	r.readN, r.readErr = 0, nil
+	r.nextRead()
 	r.w += r.readN
 	if r.readN == 0 {
 		return r.readErr
 	}
 	return nil
+}
+
+// reads is the coroutine behind fill on a socket: each step reads once
+// into buf[w:] and yields, leaving readN and readErr for fill.
+//
+// It exists to save the read(2) that finds the socket empty (EAGAIN) before
+// every wait: a client at -P 1 has sent nothing more when its reply goes
+// out, so reading again first, as a fresh RawConn.Read must, costs one
+// wasted system call per request. Here a read that returned less than it
+// asked for yields from inside the RawConn.Read callback, and when fill
+// asks for more the callback returns false, so RawConn.Read waits for
+// readability without reading first.
+//
+// Why that misses nothing. RawConn.Read (internal/poll.FD.RawRead) clears
+// the descriptor's read readiness once, when it starts (prepareRead), then
+// calls the callback, and each time the callback returns false waits
+// (waitRead) until the runtime's edge-triggered epoll has reported the
+// socket readable since that clearing or since the last wait returned. A
+// short read emptied the socket at that moment; bytes the client sends
+// later raise a new edge, which the poller records, or delivers to the
+// waiting goroutine, and nothing clears it before the wait: the readiness
+// is cleared only by prepareRead, before the first read, and by the wait
+// that consumes it. A fresh RawConn.Read would clear readiness recorded
+// after the short read, so the wait must happen inside the same call,
+// hence the coroutine. A read that filled the space may have left bytes
+// with no new edge: that call ends (yielding outside it) and the next read
+// starts a fresh call, which reads first. The wait may also return for
+// bytes a read already took; the read then finds the socket empty and the
+// callback waits again.
+//
+// Between batches that followed a short read the coroutine holds the
+// descriptor's read lock and a reference to it: no one else may read the
+// socket through RawConn.Read meanwhile (the session peeks with Control),
+// and Close takes effect when the coroutine ends, which Close and Release
+// make it do. Deadlines and Close still end every wait, as before, since
+// every read after a yield is preceded by prepareRead or waitRead.
+func (r *Reader) reads(yield func(struct{}) bool) {
+	for {
+		stopped := false
+		err := r.raw.Read(func(fd uintptr) bool {
+			if !r.readFn(fd) {
+				return false // empty: wait
+			}
+			if r.readN == 0 || !r.short {
+				return true // an error, the end, or a full read: yield outside
+			}
+			if !yield(struct{}{}) {
+				stopped = true
+				return true
+			}
+			r.short = false
+			r.waiting()
+			return false // fill wants more: wait, without reading first
+		})
+		if stopped {
+			return
+		}
+		r.short = false
+		if err != nil {
+			r.readN, r.readErr = 0, err
+		}
+		if !yield(struct{}{}) {
+			return
+		}
+	}
+}
+
+// Close ends the Reader's use of its socket (see reads); it is for the
+// Reader's owner, when it is done with it. ReadBatch must not be called
+// after it.
+func (r *Reader) Close() {
+	if r.stopReads != nil {
+		r.stopReads()
+		r.nextRead, r.stopReads = nil, nil
+	}
 }
 
 // fillIdle is fill with nothing buffered and no socket: the wait for the
@@ -261,12 +344,7 @@ func (r *Reader) readRaw(fd uintptr) bool {
 		case err == syscall.EINTR:
 			continue
 		case err == syscall.EAGAIN:
-			if r.w == 0 {
-				r.releaseBuffer()
-				if r.onIdle != nil {
-					r.onIdle()
-				}
-			}
+			r.waiting()
 			return false
 		case err != nil:
 			r.readErr = &os.SyscallError{Syscall: "read", Err: err}
@@ -274,8 +352,20 @@ func (r *Reader) readRaw(fd uintptr) bool {
 			r.readErr = io.EOF
 		default:
 			r.readN = n
+			r.short = n < len(r.buf)-r.w
 		}
 		return true
+	}
+}
+
+// waiting is called before waiting for the socket to become readable: a
+// Reader that holds none of the client's bytes gives its buffer back.
+func (r *Reader) waiting() {
+	if r.w == 0 {
+		r.releaseBuffer()
+		if r.onIdle != nil {
+			r.onIdle()
+		}
 	}
 }
 

@@ -6,9 +6,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/resp"
@@ -409,75 +411,17 @@ func (p *Pipe) reader(lc *liveConn) {
 }
 
 func (p *Pipe) readLoop(lc *liveConn) error {
-	buf := make([]byte, 32<<10)
-	r, w := 0, 0 // unread bytes are buf[r:w]
-	var scan resp.ReplyScanner
-	var cur *Call
+	rr := replyReader{p: p, lc: lc, buf: make([]byte, 32<<10)}
+	if raw := rawSocket(lc.nc); raw != nil {
+		return rr.readRaw(raw)
+	}
 	for {
-		// Frame and dispatch every complete reply in the buffer.
-		for r < w {
-			n, err := scan.Scan(buf[r:w])
-			if err != nil {
-				lc.closeWith(err)
-				return err
-			}
-			if n == 0 {
-				break
-			}
-			frame := buf[r : r+n]
-			r += n
-			if frame[0] == '-' && p.opt.OnReadOnly != nil && bytes.HasPrefix(frame, readOnlyPrefix) {
-				p.opt.OnReadOnly()
-			}
-			if p.opt.RESP3 && resp.IsPush(frame) {
-				if p.opt.OnPush != nil {
-					p.opt.OnPush(frame)
-				}
-				continue
-			}
-			if cur == nil {
-				p.mu.Lock()
-				if p.head < len(p.pending) {
-					cur = p.pending[p.head]
-				}
-				p.mu.Unlock()
-				if cur == nil {
-					p.opt.Logger.Error("BUG: upstream reply with no request waiting", "addr", p.opt.Addr, "reply_prefix", string(frame[:min(len(frame), 64)]))
-					lc.closeWith(errMismatch)
-					return errMismatch
-				}
-			}
-			cur.addReply(frame)
-			if len(cur.ends) == len(cur.parts) {
-				p.mu.Lock()
-				p.pending[p.head] = nil
-				p.head++
-				if p.head == len(p.pending) {
-					p.pending, p.head = p.pending[:0], 0
-				}
-				p.mu.Unlock()
-				cur.complete(nil)
-				cur = nil
-			}
+		if err := rr.dispatch(); err != nil {
+			return err
 		}
-		// Make room: move a partial reply to the front, or grow for a big one.
-		if r == w {
-			r, w = 0, 0
-			if len(buf) > 1<<20 {
-				buf = make([]byte, 32<<10)
-			}
-		} else if w == len(buf) {
-			if r > 0 {
-				w = copy(buf, buf[r:w])
-				r = 0
-			} else {
-				nb := make([]byte, 2*len(buf))
-				copy(nb, buf[:w])
-				buf = nb
-			}
-		}
-		n, err := lc.nc.Read(buf[w:])
-		w += n
+		rr.makeRoom()
+		n, err := lc.nc.Read(rr.buf[rr.w:])
+		rr.w += n
 		if err != nil && n == 0 {
 			if err == io.EOF {
 				return ErrConnLost
@@ -485,6 +429,177 @@ func (p *Pipe) readLoop(lc *liveConn) error {
 			return err
 		}
 	}
+}
+
+// replyReader is the reader goroutine's state: the replies read and not
+// yet framed, and the Call they belong to.
+type replyReader struct {
+	p    *Pipe
+	lc   *liveConn
+	buf  []byte
+	r, w int // unread bytes are buf[r:w]
+	scan resp.ReplyScanner
+	cur  *Call
+	err  error // why readRaw's callback stopped
+}
+
+// dispatch frames every complete reply in the buffer and hands it to its
+// Call, completing the Calls whose replies are all in.
+func (rr *replyReader) dispatch() error {
+	p, lc := rr.p, rr.lc
+	for rr.r < rr.w {
+		n, err := rr.scan.Scan(rr.buf[rr.r:rr.w])
+		if err != nil {
+			lc.closeWith(err)
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		frame := rr.buf[rr.r : rr.r+n]
+		rr.r += n
+		if frame[0] == '-' && p.opt.OnReadOnly != nil && bytes.HasPrefix(frame, readOnlyPrefix) {
+			p.opt.OnReadOnly()
+		}
+		if p.opt.RESP3 && resp.IsPush(frame) {
+			if p.opt.OnPush != nil {
+				p.opt.OnPush(frame)
+			}
+			continue
+		}
+		if rr.cur == nil {
+			p.mu.Lock()
+			if p.head < len(p.pending) {
+				rr.cur = p.pending[p.head]
+			}
+			p.mu.Unlock()
+			if rr.cur == nil {
+				p.opt.Logger.Error("BUG: upstream reply with no request waiting", "addr", p.opt.Addr, "reply_prefix", string(frame[:min(len(frame), 64)]))
+				lc.closeWith(errMismatch)
+				return errMismatch
+			}
+		}
+		rr.cur.addReply(frame)
+		if len(rr.cur.ends) == len(rr.cur.parts) {
+			p.mu.Lock()
+			p.pending[p.head] = nil
+			p.head++
+			if p.head == len(p.pending) {
+				p.pending, p.head = p.pending[:0], 0
+			}
+			p.mu.Unlock()
+			rr.cur.complete(nil)
+			rr.cur = nil
+		}
+	}
+	return nil
+}
+
+// makeRoom makes room to read: it moves a partial reply to the front, or
+// grows the buffer for a big one.
+func (rr *replyReader) makeRoom() {
+	if rr.r == rr.w {
+		rr.r, rr.w = 0, 0
+		if len(rr.buf) > 1<<20 {
+			rr.buf = make([]byte, 32<<10)
+		}
+	} else if rr.w == len(rr.buf) {
+		if rr.r > 0 {
+			rr.w = copy(rr.buf, rr.buf[rr.r:rr.w])
+			rr.r = 0
+		} else {
+			nb := make([]byte, 2*len(rr.buf))
+			copy(nb, rr.buf[:rr.w])
+			rr.buf = nb
+		}
+	}
+}
+
+// readRaw is the read loop on a plain socket, run inside one
+// syscall.RawConn.Read call for the life of the connection so that a short
+// read is followed by a wait for readability, not by a read that finds the
+// socket empty (EAGAIN): one read(2) per batch of replies instead of two.
+//
+// Why no reply can be missed. RawConn.Read (internal/poll.FD.RawRead)
+// clears the descriptor's read readiness once, when it starts (prepareRead),
+// then calls the callback, and each time the callback returns false waits
+// (waitRead) until the runtime's edge-triggered epoll has reported the
+// socket readable since that clearing or since the last wait returned, and
+// calls it again. A read that returns fewer bytes than asked for has
+// emptied the socket at that moment; bytes Redis sends after it raise a new
+// edge, which the poller records (or delivers to the waiting reader), and
+// nothing clears it before the wait: the readiness is cleared only by
+// prepareRead, before the first read, and by the wait that consumes it. So
+// waiting after a short read misses nothing. The opposite case, a read that
+// fills the space, may leave bytes behind with no new edge, so it is
+// followed by another read at once. The wait may also return for bytes a
+// read already took (their edge came after it); the read then finds the
+// socket empty and the callback waits again. Only a fresh RawConn.Read
+// would clear readiness the wait has not consumed, which is why the whole
+// loop stays inside one call and a new call always starts with a read.
+func (rr *replyReader) readRaw(raw syscall.RawConn) error {
+	waitFirst := false // the last read was short: wait before reading again
+	err := raw.Read(func(fd uintptr) bool {
+		for {
+			if waitFirst {
+				waitFirst = false
+				return false
+			}
+			if rr.lc.reason.Load() != nil {
+				// Closed by the pipe (closeWith): the descriptor stays
+				// open until this call returns, so stop reading it here
+				// as nc.Read would.
+				rr.err = ErrConnLost
+				return true
+			}
+			rr.makeRoom()
+			space := len(rr.buf) - rr.w
+			n, err := readFD(fd, rr.buf[rr.w:])
+			switch {
+			case err == syscall.EINTR:
+				continue
+			case err == syscall.EAGAIN:
+				return false
+			case err != nil:
+				rr.err = &os.SyscallError{Syscall: "read", Err: err}
+				return true
+			case n == 0:
+				rr.err = ErrConnLost
+				return true
+			}
+			rr.w += n
+			if rr.err = rr.dispatch(); rr.err != nil {
+				return true
+			}
+			waitFirst = n < space
+		}
+	})
+	if err != nil {
+		return err // closed (closeWith), or the socket failed
+	}
+	return rr.err
+}
+
+// rawSocket returns nc's socket for reading it directly, or nil when nc is
+// not a bare socket (TLS keeps reading through nc.Read).
+func rawSocket(nc net.Conn) syscall.RawConn {
+	if !rawReadable {
+		return nil
+	}
+	var sc syscall.Conn
+	switch c := nc.(type) {
+	case *net.TCPConn:
+		sc = c
+	case *net.UnixConn:
+		sc = c
+	default:
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return raw
 }
 
 // watchdog watches the age of the oldest pending reply. Past ReplyTimeout

@@ -1,0 +1,11 @@
+//go:build !unix
+
+package upstream
+
+import "syscall"
+
+// rawReadable is false where a descriptor is not read with read(2): the
+// pipe's reader then reads through net.Conn.Read.
+const rawReadable = false
+
+func readFD(uintptr, []byte) (int, error) { return 0, syscall.EINVAL }

@@ -1,0 +1,11 @@
+//go:build unix
+
+package upstream
+
+import "syscall"
+
+// rawReadable: a socket can be read with read(2) on its descriptor inside
+// syscall.RawConn.Read (readRaw).
+const rawReadable = true
+
+func readFD(fd uintptr, b []byte) (int, error) { return syscall.Read(int(fd), b) }
