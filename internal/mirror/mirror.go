@@ -38,18 +38,28 @@ const (
 	DropUnavailable = "unavailable" // no connection to the mirror was up: nothing was sent
 	DropDBRange     = "db_range"    // the client's database does not exist on the mirror
 	DropShutdown    = "shutdown"    // queued when the proxy shut down
+	// DropNoScript: an EVALSHA whose script the mirror lacks, and whose
+	// body the proxy never saw (loaded before it started): the mirror
+	// answered NOSCRIPT, so it did not run there.
+	DropNoScript = "noscript"
+	// DropCrossSlot: with a cluster mirror, a command or transaction whose
+	// keys hash to different slots and that Redis Cluster cannot split
+	// (MGET, MSET, DEL, UNLINK, EXISTS and TOUCH are split): not sent.
+	DropCrossSlot = "cross_slot"
 )
 
-var dropReasons = []string{DropQueueFull, DropTooLarge, DropUnavailable, DropDBRange, DropShutdown}
+var dropReasons = []string{DropQueueFull, DropTooLarge, DropUnavailable, DropDBRange, DropShutdown, DropNoScript, DropCrossSlot}
 
 // Reasons a write was not mirrored at all (redproxy_mirror_skipped_total).
 const (
-	// SkipTransaction: a write inside MULTI/EXEC or under WATCH, which runs
-	// on a dedicated connection of the client's; transactions are not
-	// mirrored (docs/COMPATIBILITY.md).
+	// SkipTransaction: a transaction that did not run on the primary (EXEC
+	// answered EXECABORT, an error, or a null for a failed WATCH): nothing
+	// of it is mirrored. One per transaction. (Transactions that ran are
+	// mirrored whole, MULTI to EXEC.)
 	SkipTransaction = "transaction"
-	// SkipBlocking: a blocking command that may write (BLPOP, BLMOVE, ...),
-	// which runs on a borrowed connection.
+	// SkipBlocking: a blocking XREADGROUP that delivered entries; what it
+	// changed (the group's pending entries) is not mirrored. Blocking pops
+	// are mirrored as their non-blocking forms.
 	SkipBlocking = "blocking"
 	// SkipPrimaryError: the primary answered the write with an error (or
 	// not at all), so it did not run there; it is not run on the mirror.
@@ -69,10 +79,11 @@ var errorKinds = []string{ErrReply, ErrConnection}
 // Options are what a Mirror needs beyond its configuration.
 type Options struct {
 	Config Config
-	// Dial builds the Backend of the mirror's upstream. The sender calls it
-	// once, on its own goroutine, so a mirror that is down delays neither
-	// the proxy's start nor its clients.
-	Dial func() *upstream.Backend
+	// Dial builds the connections to the mirror's upstream. The sender
+	// calls it once, on its own goroutine, so a mirror that is down (or a
+	// Sentinel or cluster slow to answer) delays neither the proxy's start
+	// nor its clients.
+	Dial func() Target
 	// Address is the mirror's address, for /debug/mirror.
 	Address string
 	// Databases is how many databases the mirror has; commands of a higher
@@ -95,7 +106,7 @@ type Mirror struct {
 	cmds    int   // queued or in flight
 	bytes   int64 // queued or in flight
 	closed  bool
-	backend *upstream.Backend
+	target  Target
 	closeMu sync.Mutex // one Close at a time
 
 	stats    stats
@@ -106,7 +117,7 @@ type Mirror struct {
 
 type stats struct {
 	sent, sampled, compared, mismatches atomic.Int64
-	dropped                             [5]atomic.Int64 // by dropReasons
+	dropped                             [7]atomic.Int64 // by dropReasons
 	skipped                             [3]atomic.Int64 // by skipReasons
 	errors                              [2]atomic.Int64 // by errorKinds
 }
@@ -158,6 +169,13 @@ func (m *Mirror) SampleRead() bool {
 // Skipped counts a write that is not mirrored, for reason (a Skip* value).
 func (m *Mirror) Skipped(reason string) { m.stats.skipped[indexOf(skipReasons, reason)].Add(1) }
 
+// Dropped counts n commands the session could not hand to the queue, for
+// reason (a Drop* value): a transaction larger than mirror.queue_bytes.
+func (m *Mirror) Dropped(reason string, n int) { m.drop(reason, n) }
+
+// MaxBytes is mirror.queue_bytes: no one entry may be larger.
+func (m *Mirror) MaxBytes() int { return int(m.cfg.QueueBytes) }
+
 func (m *Mirror) drop(reason string, n int) {
 	m.stats.dropped[indexOf(dropReasons, reason)].Add(int64(n))
 }
@@ -180,6 +198,7 @@ type command struct {
 	read       bool
 	compare    bool
 	primaryErr bool
+	dropped    bool // not sent (DropCrossSlot): no replies
 	reply, key [2]int // in buf
 }
 
@@ -261,18 +280,18 @@ func (m *Mirror) Close() {
 		return
 	}
 	m.closed = true
-	b := m.backend
+	t := m.target
 	m.mu.Unlock()
 	close(m.stop)
-	if b != nil {
-		b.Close() // ends a wait on a stalled mirror
+	if t != nil {
+		t.Close() // ends a wait on a stalled mirror
 	}
 	<-m.done
 	m.mu.Lock()
-	b = m.backend
+	t = m.target
 	m.mu.Unlock()
-	if b != nil {
-		b.Close() // the pools the last round created after the first Close
+	if t != nil {
+		t.Close() // the pools the last round created after the first Close
 	}
 }
 
@@ -282,16 +301,16 @@ const maxLogEvery = time.Second
 
 func (m *Mirror) run() {
 	defer close(m.done)
-	b := m.opt.Dial()
+	t := m.opt.Dial()
 	m.mu.Lock()
-	m.backend = b
+	m.target = t
 	closed := m.closed
 	m.mu.Unlock()
 	if closed {
 		m.take(nil) // counts what was queued as dropped
 		return
 	}
-	s := sender{m: m, b: b}
+	s := sender{m: m, t: t}
 	var round []*entry
 	for {
 		round = m.take(round[:0])
@@ -339,11 +358,13 @@ func (m *Mirror) take(into []*entry) []*entry {
 	return into
 }
 
-// sender sends rounds of entries on the mirror's Backend.
+// sender sends rounds of entries to the mirror's Target.
 type sender struct {
-	m      *Mirror
-	b      *upstream.Backend
-	groups []group
+	m       *Mirror
+	t       Target
+	groups  []group
+	scripts scripts
+	args    [][]byte // scratch
 }
 
 // group is a round's entries of one database and protocol: one Call on
@@ -368,10 +389,21 @@ func (s *sender) group(db int, resp3 bool) *group {
 
 func (s *sender) send(round []*entry) {
 	m := s.m
+	rt, _ := s.t.(*routerTarget)
 	for _, e := range round {
 		g := s.group(e.db, e.resp3)
-		for i := range e.ends {
-			g.call.Add(e.part(i))
+		p := 0
+		for i := range e.cmds {
+			c := &e.cmds[i]
+			if c.parts > 1 && rt != nil && rt.crossSlot(e, p, c.parts) {
+				c.dropped = true
+				m.drop(DropCrossSlot, 1)
+			} else {
+				for k := p; k < p+c.parts; k++ {
+					g.call.Add(s.prepare(e.part(k)))
+				}
+			}
+			p += c.parts
 		}
 		g.entries = append(g.entries, e)
 	}
@@ -380,24 +412,14 @@ func (s *sender) send(round []*entry) {
 		if len(g.entries) == 0 {
 			continue
 		}
-		n := 0
-		for _, e := range g.entries {
-			n += len(e.cmds)
-		}
 		// The replies are held until the round is checked: cap them like
 		// the requests.
 		g.call.SetReplyLimit(int(m.cfg.QueueBytes))
-		if err := s.b.Pool(g.db, g.resp3).Send(g.call); err != nil {
-			m.drop(DropUnavailable, n)
-			continue
-		}
-		g.sent = true
-		m.stats.sent.Add(int64(n))
 	}
+	s.do()
 	for i := range s.groups {
 		g := &s.groups[i]
 		if g.sent {
-			g.call.Wait()
 			s.check(g)
 		}
 		g.call.Reset()
@@ -406,21 +428,67 @@ func (s *sender) send(round []*entry) {
 	}
 }
 
+// do sends each group of the round and waits for its replies: the groups
+// (databases, protocols) on connections of their own, at the same time.
+func (s *sender) do() {
+	var wg sync.WaitGroup
+	for i := range s.groups {
+		g := &s.groups[i]
+		if len(g.entries) == 0 || g.call.Len() == 0 {
+			continue
+		}
+		n := 0
+		for _, e := range g.entries {
+			for _, c := range e.cmds {
+				if !c.dropped {
+					n++
+				}
+			}
+		}
+		send := func() {
+			if err := s.t.Do(g.db, g.resp3, g.call); err != nil {
+				s.m.drop(DropUnavailable, n)
+				return
+			}
+			g.sent = true
+			s.m.stats.sent.Add(int64(n))
+		}
+		if len(s.groups) == 1 {
+			send()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			send()
+		}()
+	}
+	wg.Wait()
+}
+
 // check goes through a group's replies: errors counted, sampled reads
 // compared with the primary's replies.
 func (s *sender) check(g *group) {
 	m := s.m
+	rt, _ := s.t.(*routerTarget)
 	reply := 0
 	for _, e := range g.entries {
 		for _, c := range e.cmds {
+			if c.dropped {
+				continue
+			}
 			var own []byte
-			failed, errReply := false, false
+			failed, errReply, noScript, crossSlot := false, false, false, false
 			for p := 0; p < c.parts; p++ {
 				r, err := g.call.Reply(reply)
 				reply++
 				switch {
 				case err != nil:
 					failed = true
+				case bytes.HasPrefix(r, noScriptReply):
+					noScript = true
+				case rt != nil && rt.refused(r):
+					crossSlot = true
 				case resp.IsError(r):
 					errReply = true
 				}
@@ -431,6 +499,14 @@ func (s *sender) check(g *group) {
 			switch {
 			case failed:
 				m.stats.errors[indexOf(errorKinds, ErrConnection)].Add(1)
+				continue
+			case noScript:
+				// The proxy never saw the script's body (prepare): it did
+				// not run on the mirror.
+				m.drop(DropNoScript, 1)
+				continue
+			case crossSlot:
+				m.drop(DropCrossSlot, 1)
 				continue
 			case errReply && !c.primaryErr:
 				m.stats.errors[indexOf(errorKinds, ErrReply)].Add(1)
