@@ -198,7 +198,7 @@ type command struct {
 	read       bool
 	compare    bool
 	primaryErr bool
-	dropped    bool // not sent (DropCrossSlot): no replies
+	dropped    bool   // not sent (DropCrossSlot): no replies
 	reply, key [2]int // in buf
 }
 
