@@ -2,6 +2,7 @@ package mirror
 
 import (
 	"bytes"
+	"sync"
 
 	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/commands"
@@ -29,6 +30,7 @@ func BackendTarget(b *upstream.Backend, onClose func()) Target {
 type backendTarget struct {
 	b       *upstream.Backend
 	onClose func()
+	once    sync.Once
 }
 
 func (t *backendTarget) Do(db int, resp3 bool, c *upstream.Call) error {
@@ -39,9 +41,11 @@ func (t *backendTarget) Do(db int, resp3 bool, c *upstream.Call) error {
 	return nil
 }
 
+// Close may be called more than once (Mirror.Close does: once to end a
+// wait, once after the sender stopped); onClose runs the first time.
 func (t *backendTarget) Close() {
 	if t.onClose != nil {
-		t.onClose() // first: a failover must not move a closed Backend
+		t.once.Do(t.onClose) // first: a failover must not move a closed Backend
 	}
 	t.b.Close()
 }
