@@ -234,6 +234,9 @@ func (sess *Session) mirrorNote(r *request) {
 		return
 	}
 	ms := sess.mirrorState()
+	if !mk.read {
+		ms.batch.Begin(mr) // before the write is sent (mirror/order.go)
+	}
 	ms.marks = append(ms.marks, mk)
 }
 
@@ -296,6 +299,7 @@ func (sess *Session) mirrorExecQueued() {
 	if ms == nil || len(ms.tx.ends) == 0 && !ms.tx.over {
 		return
 	}
+	ms.batch.Begin(sess.srv.mirror) // before EXEC is sent (mirror/order.go)
 	ms.marks = append(ms.marks, mirrorMark{slot: len(sess.slots) - 1, name: "exec", exec: true})
 }
 
@@ -454,7 +458,9 @@ func (sess *Session) mirrorBlocked(name string, args [][]byte, reply []byte, fix
 	ms.parts = append(ms.parts, fixups...)
 	ms.batch.Write(mirrored, false, ms.parts...)
 	clear(ms.parts)
-	mr.Enqueue(sess.db, sess.resp3, &ms.batch)
+	// After the writes that woke it, which other clients' sessions may
+	// not have queued yet (mirror/order.go).
+	mr.EnqueueAfterWrites(sess.db, sess.resp3, &ms.batch)
 	ms.batch.Reset()
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/mirror"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
@@ -332,5 +333,38 @@ func TestMirrorEvalshaScripts(t *testing.T) {
 	rep := p.Mirror().Report(0)
 	if rep.Dropped[mirror.DropNoScript] != 1 || rep.Errors[mirror.ErrReply] != 0 {
 		t.Errorf("dropped = %v, errors = %v; want 1 noscript, no errors", rep.Dropped, rep.Errors)
+	}
+}
+
+// TestMirrorTransactionTooLarge: a transaction larger than
+// mirror.queue_bytes, which the queue could never take, is not copied past
+// that size and is dropped whole at EXEC, counted as too_large; the next
+// one of the same client is mirrored.
+func TestMirrorTransactionTooLarge(t *testing.T) {
+	ms := redistest.Start(t)
+	p := startMirrored(t, ms, func(c *config.Config) { c.Mirror.QueueBytes = units.KB })
+	mc := ms.Client(t)
+	c := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+	big := strings.Repeat("x", 600)
+	_, err := c.TxPipelined(ctx, func(tx redis.Pipeliner) error {
+		tx.Set(ctx, "big:1", big, 0)
+		tx.Set(ctx, "big:2", big, 0)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.TxPipelined(ctx, func(tx redis.Pipeliner) error { return tx.Set(ctx, "small", "s", 0).Err() }); err != nil {
+		t.Fatal(err)
+	}
+	waitMirrored(t, p)
+	if n, _ := mc.Exists(ctx, "big:1", "big:2").Result(); n != 0 {
+		t.Errorf("%d keys of the oversized transaction mirrored", n)
+	}
+	if v, _ := mc.Get(ctx, "small").Result(); v != "s" {
+		t.Errorf("mirror small = %q", v)
+	}
+	if rep := p.Mirror().Report(0); rep.Dropped[mirror.DropTooLarge] != 1 {
+		t.Errorf("dropped = %v, want 1 too_large", rep.Dropped)
 	}
 }
