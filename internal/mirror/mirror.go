@@ -107,10 +107,10 @@ type Mirror struct {
 	bytes   int64 // queued or in flight
 	closed  bool
 	target  Target
-	issued  uint64              // the last ticket taken (order.go)
-	open    map[uint64]struct{} // tickets taken and not back
-	held    []held              // entries waiting for open tickets, oldest first
-	closeMu sync.Mutex          // one Close at a time
+	issued  uint64               // the last ticket taken (order.go)
+	open    map[uint64]time.Time // tickets taken and not back, with when
+	held    []held               // entries waiting for open tickets, oldest first
+	closeMu sync.Mutex           // one Close at a time
 
 	stats    stats
 	patterns patterns
@@ -376,6 +376,9 @@ func (m *Mirror) take(into []*entry) []*entry {
 		m.queue = nil
 		m.mu.Unlock()
 		return nil
+	}
+	if len(m.held) > 0 {
+		m.releaseLocked(time.Now()) // those held past maxHold go too
 	}
 	into, m.queue = m.queue, into
 	m.mu.Unlock()

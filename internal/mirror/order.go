@@ -17,8 +17,9 @@ import (
 // pop's mirrored command (EnqueueAfterWrites) waits, held, until every
 // ticket taken before its reply arrived is back: the push that woke it
 // was sent, so its ticket taken, before the pop could return. A held entry
-// waits at most maxHold (a ticket that never came back would be a bug;
-// the pop is then mirrored anyway).
+// waits at most maxHold, and a ticket not back after maxHold is no longer
+// waited for (a batch stuck on a slow primary, or a bug): the pop is then
+// mirrored anyway.
 
 const maxHold = time.Second
 
@@ -38,9 +39,9 @@ func (b *Batch) Begin(m *Mirror) {
 	m.issued++
 	b.ticket = m.issued
 	if m.open == nil {
-		m.open = map[uint64]struct{}{}
+		m.open = map[uint64]time.Time{}
 	}
-	m.open[b.ticket] = struct{}{}
+	m.open[b.ticket] = time.Now()
 	m.mu.Unlock()
 }
 
@@ -60,12 +61,21 @@ func (m *Mirror) end(t uint64) {
 // older than, in order, and, with a non-zero now, those held since
 // maxHold before it.
 func (m *Mirror) releaseLocked(now time.Time) bool {
-	if len(m.held) == 0 {
+	if len(m.held) == 0 && now.IsZero() {
 		return false
 	}
 	low := m.issued + 1 // the oldest open ticket
-	for t := range m.open {
+	for t, since := range m.open {
+		if !now.IsZero() && now.Sub(since) >= maxHold {
+			// Not back after maxHold: a batch stuck on a slow primary,
+			// or a ticket lost. Later pops stop waiting for it.
+			delete(m.open, t)
+			continue
+		}
 		low = min(low, t)
+	}
+	if len(m.held) == 0 {
+		return false
 	}
 	n := 0
 	for _, h := range m.held {

@@ -72,3 +72,19 @@ func TestMirrorPopWaitsForOpenWrites(t *testing.T) {
 		t.Fatal("a pop held by a lost ticket was never mirrored")
 	}
 }
+
+// TestMirrorLostTicketExpires: a ticket not back after maxHold is no
+// longer waited for, so one lost ticket does not delay every later pop.
+func TestMirrorLostTicketExpires(t *testing.T) {
+	m := &Mirror{}
+	var lost Batch
+	lost.Begin(m)
+	m.mu.Lock()
+	m.open[lost.ticket] = time.Now().Add(-2 * maxHold)
+	m.releaseLocked(time.Now())
+	n := len(m.open)
+	m.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d tickets still open", n)
+	}
+}
