@@ -53,22 +53,33 @@ func (c *Config) mirrorErrors() []*Error {
 	}
 	u := withUpstreamDefaults(raw)
 	section := "upstreams." + name
-	if u.Mode != ModeStandalone {
-		bad("%s is a %q upstream; the mirror supports standalone upstreams only (mode = %q, with address)", section, u.Mode, ModeStandalone)
-		return errs
-	}
-	switch {
-	case u.Address == EmbeddedAddress:
-		bad("%s.address: the embedded demo store cannot be a mirror", section)
-	case checkHostPort(u.Address, true) != nil:
-		bad("%s.address: %v", section, checkHostPort(u.Address, true))
-	case c.Upstream.Mode == ModeStandalone && u.Address == c.Upstream.Address:
-		bad("%s.address is upstream.address: mirroring to the primary itself would run every write twice", section)
+	switch u.Mode {
+	case ModeSentinel:
+		// Its own keys (sentinels, master_name) are checked with the named
+		// upstreams.
+		if c.Upstream.Mode == ModeSentinel && u.MasterName == c.Upstream.MasterName && overlap(u.Sentinels, c.Upstream.Sentinels) {
+			bad("%s watches [upstream]'s primary (master_name %q through the same Sentinels): mirroring to the primary itself would run every write twice", section, u.MasterName)
+		}
+	case ModeCluster:
+		// A cluster has database 0 only: the commands of clients in other
+		// databases are dropped (db_range), as docs/COMPATIBILITY.md says.
+		if overlap(u.Seeds, c.Upstream.Seeds) || slices.Contains(u.Seeds, c.Upstream.Address) {
+			bad("%s.seeds name [upstream]'s nodes: mirroring to the primary itself would run every write twice", section)
+		}
+	default:
+		switch {
+		case u.Address == EmbeddedAddress:
+			bad("%s.address: the embedded demo store cannot be a mirror", section)
+		case checkHostPort(u.Address, true) != nil:
+			bad("%s.address: %v", section, checkHostPort(u.Address, true))
+		case c.Upstream.Mode == ModeStandalone && u.Address == c.Upstream.Address:
+			bad("%s.address is upstream.address: mirroring to the primary itself would run every write twice", section)
+		}
 	}
 	if u.Username != "" && u.Password == "" {
 		bad("%s.username is set but its password is empty", section)
 	}
-	if u.Databases < c.Upstream.Databases {
+	if u.Mode != ModeCluster && u.Databases < c.Upstream.Databases {
 		bad("%s.databases (%d) is less than upstream.databases (%d): clients' commands in the higher databases could not be mirrored", section, u.Databases, c.Upstream.Databases)
 	}
 	if u.TLS != nil {
@@ -77,4 +88,14 @@ func (c *Config) mirrorErrors() []*Error {
 		}
 	}
 	return errs
+}
+
+// overlap reports whether a and b share an address.
+func overlap(a, b []string) bool {
+	for _, x := range a {
+		if slices.Contains(b, x) {
+			return true
+		}
+	}
+	return false
 }

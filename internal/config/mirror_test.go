@@ -47,10 +47,10 @@ compare = true
 		{"unknown upstream", "[upstreams.old]\naddress = \"10.0.0.2:1\"\n[mirror]\nupstream = \"new\"\n",
 			"mirror.upstream", `no [upstreams.new] section (named upstreams: old)`},
 		{"no upstreams", "[mirror]\nupstream = \"new\"\n", "mirror.upstream", "no [upstreams.new] section"},
-		{"sentinel", "[upstreams.new]\nmode = \"sentinel\"\nsentinels = [\"10.0.0.3:26379\"]\nmaster_name = \"m\"\n[mirror]\nupstream = \"new\"\n",
-			"mirror.upstream", `upstreams.new is a "sentinel" upstream; the mirror supports standalone upstreams only`},
-		{"cluster", "[upstreams.new]\nmode = \"cluster\"\nseeds = [\"10.0.0.3:7000\"]\n[mirror]\nupstream = \"new\"\n",
-			"mirror.upstream", `"cluster" upstream`},
+		{"sentinel itself", "[upstream]\nmode = \"sentinel\"\nsentinels = [\"10.0.0.3:26379\"]\nmaster_name = \"m\"\n[upstreams.new]\nmode = \"sentinel\"\nsentinels = [\"10.0.0.3:26379\"]\nmaster_name = \"m\"\n[mirror]\nupstream = \"new\"\n",
+			"mirror.upstream", `watches [upstream]'s primary`},
+		{"cluster itself", "[upstream]\nmode = \"cluster\"\nseeds = [\"10.0.0.3:7000\"]\n[upstreams.new]\nmode = \"cluster\"\nseeds = [\"10.0.0.3:7000\"]\n[mirror]\nupstream = \"new\"\n",
+			"mirror.upstream", `seeds name [upstream]'s nodes`},
 		{"itself", "[upstream]\naddress = \"10.0.0.1:6379\"\n[upstreams.new]\naddress = \"10.0.0.1:6379\"\n[mirror]\nupstream = \"new\"\n",
 			"mirror.upstream", "would run every write twice"},
 		{"no address", "[upstreams.new]\npassword = \"x\"\n[mirror]\nupstream = \"new\"\n", "mirror.upstream", "upstreams.new.address"},
@@ -78,5 +78,23 @@ compare = true
 				t.Fatalf("want %s: ...%s...; got %v", tc.key, tc.msg, err)
 			}
 		})
+	}
+}
+
+// TestMirrorSentinelAndClusterTargets: a Sentinel or cluster upstream may
+// be the mirror; a cluster one whatever upstream.databases says (it has
+// database 0 only; other databases' commands are dropped, counted).
+func TestMirrorSentinelAndClusterTargets(t *testing.T) {
+	for name, doc := range map[string]string{
+		"sentinel": "[upstreams.new]\nmode = \"sentinel\"\nsentinels = [\"10.0.0.3:26379\"]\nmaster_name = \"m\"\n[mirror]\nupstream = \"new\"\n",
+		"cluster":  "[upstreams.new]\nmode = \"cluster\"\nseeds = [\"10.0.0.3:7000\"]\n[mirror]\nupstream = \"new\"\n",
+	} {
+		c, err := Parse([]byte(doc), "m.toml")
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if u, ok := c.MirrorUpstream(); !ok || string(u.Mode) != name {
+			t.Fatalf("%s: MirrorUpstream = %+v, %v", name, u, ok)
+		}
 	}
 }

@@ -7,8 +7,9 @@ import "github.com/redproxy/redproxy/internal/resp"
 // its slices have grown; until Enqueue copies them, they point into the
 // client's buffers and the batch's replies.
 type Batch struct {
-	parts [][]byte
-	cmds  []pendingCmd
+	parts  [][]byte
+	cmds   []pendingCmd
+	ticket uint64 // Begin's (order.go); 0: none
 }
 
 type pendingCmd struct {

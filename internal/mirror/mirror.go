@@ -7,9 +7,9 @@
 // primary's replies are in, hands them to Enqueue, which copies them into
 // a bounded queue or drops them, counted, when the queue is full. One
 // sender goroutine takes everything queued, sends it on the mirror's own
-// connections (one Call per database and protocol, so a client's commands
-// reach the mirror in the order the primary ran them) and, for sampled
-// reads, compares the mirror's reply with the primary's, byte for byte.
+// connections (in queue order within a database, see sender) and, for
+// sampled reads, compares the mirror's reply with the primary's, byte for
+// byte.
 //
 // The queue's limits count what is queued and what is in flight to the
 // mirror, so a mirror that stalls (CLIENT PAUSE, DEBUG SLEEP, a dead
@@ -38,18 +38,28 @@ const (
 	DropUnavailable = "unavailable" // no connection to the mirror was up: nothing was sent
 	DropDBRange     = "db_range"    // the client's database does not exist on the mirror
 	DropShutdown    = "shutdown"    // queued when the proxy shut down
+	// DropNoScript: an EVALSHA whose script the mirror lacks, and whose
+	// body the proxy never saw (loaded before it started): the mirror
+	// answered NOSCRIPT, so it did not run there.
+	DropNoScript = "noscript"
+	// DropCrossSlot: with a cluster mirror, a command or transaction whose
+	// keys hash to different slots and that Redis Cluster cannot split
+	// (MGET, MSET, DEL, UNLINK, EXISTS and TOUCH are split): not sent.
+	DropCrossSlot = "cross_slot"
 )
 
-var dropReasons = []string{DropQueueFull, DropTooLarge, DropUnavailable, DropDBRange, DropShutdown}
+var dropReasons = []string{DropQueueFull, DropTooLarge, DropUnavailable, DropDBRange, DropShutdown, DropNoScript, DropCrossSlot}
 
 // Reasons a write was not mirrored at all (redproxy_mirror_skipped_total).
 const (
-	// SkipTransaction: a write inside MULTI/EXEC or under WATCH, which runs
-	// on a dedicated connection of the client's; transactions are not
-	// mirrored (docs/COMPATIBILITY.md).
+	// SkipTransaction: a transaction that did not run on the primary (EXEC
+	// answered EXECABORT, an error, or a null for a failed WATCH): nothing
+	// of it is mirrored. One per transaction. (Transactions that ran are
+	// mirrored whole, MULTI to EXEC.)
 	SkipTransaction = "transaction"
-	// SkipBlocking: a blocking command that may write (BLPOP, BLMOVE, ...),
-	// which runs on a borrowed connection.
+	// SkipBlocking: a blocking XREADGROUP that delivered entries; what it
+	// changed (the group's pending entries) is not mirrored. Blocking pops
+	// are mirrored as their non-blocking forms.
 	SkipBlocking = "blocking"
 	// SkipPrimaryError: the primary answered the write with an error (or
 	// not at all), so it did not run there; it is not run on the mirror.
@@ -69,10 +79,11 @@ var errorKinds = []string{ErrReply, ErrConnection}
 // Options are what a Mirror needs beyond its configuration.
 type Options struct {
 	Config Config
-	// Dial builds the Backend of the mirror's upstream. The sender calls it
-	// once, on its own goroutine, so a mirror that is down delays neither
-	// the proxy's start nor its clients.
-	Dial func() *upstream.Backend
+	// Dial builds the connections to the mirror's upstream. The sender
+	// calls it once, on its own goroutine, so a mirror that is down (or a
+	// Sentinel or cluster slow to answer) delays neither the proxy's start
+	// nor its clients.
+	Dial func() Target
 	// Address is the mirror's address, for /debug/mirror.
 	Address string
 	// Databases is how many databases the mirror has; commands of a higher
@@ -95,8 +106,11 @@ type Mirror struct {
 	cmds    int   // queued or in flight
 	bytes   int64 // queued or in flight
 	closed  bool
-	backend *upstream.Backend
-	closeMu sync.Mutex // one Close at a time
+	target  Target
+	issued  uint64               // the last ticket taken (order.go)
+	open    map[uint64]time.Time // tickets taken and not back, with when
+	held    []held               // entries waiting for open tickets, oldest first
+	closeMu sync.Mutex           // one Close at a time
 
 	stats    stats
 	patterns patterns
@@ -106,7 +120,7 @@ type Mirror struct {
 
 type stats struct {
 	sent, sampled, compared, mismatches atomic.Int64
-	dropped                             [5]atomic.Int64 // by dropReasons
+	dropped                             [7]atomic.Int64 // by dropReasons
 	skipped                             [3]atomic.Int64 // by skipReasons
 	errors                              [2]atomic.Int64 // by errorKinds
 }
@@ -158,6 +172,13 @@ func (m *Mirror) SampleRead() bool {
 // Skipped counts a write that is not mirrored, for reason (a Skip* value).
 func (m *Mirror) Skipped(reason string) { m.stats.skipped[indexOf(skipReasons, reason)].Add(1) }
 
+// Dropped counts n commands the session could not hand to the queue, for
+// reason (a Drop* value): a transaction larger than mirror.queue_bytes.
+func (m *Mirror) Dropped(reason string, n int) { m.drop(reason, n) }
+
+// MaxBytes is mirror.queue_bytes: no one entry may be larger.
+func (m *Mirror) MaxBytes() int { return int(m.cfg.QueueBytes) }
+
 func (m *Mirror) drop(reason string, n int) {
 	m.stats.dropped[indexOf(dropReasons, reason)].Add(int64(n))
 }
@@ -180,6 +201,7 @@ type command struct {
 	read       bool
 	compare    bool
 	primaryErr bool
+	dropped    bool   // not sent (DropCrossSlot): no replies
 	reply, key [2]int // in buf
 }
 
@@ -195,7 +217,13 @@ func (e *entry) part(i int) []byte {
 // the protocol resp3, into the queue, or drops them (all of them: a
 // batch is mirrored whole or not at all) when the queue is full. It never
 // blocks on the mirror. b may be reused once it returns.
-func (m *Mirror) Enqueue(db int, resp3 bool, b *Batch) {
+func (m *Mirror) Enqueue(db int, resp3 bool, b *Batch) { m.enqueue(db, resp3, b, false) }
+
+func (m *Mirror) enqueue(db int, resp3 bool, b *Batch, after bool) {
+	if b.ticket != 0 {
+		defer m.end(b.ticket) // once b's entry is queued (or dropped)
+		b.ticket = 0
+	}
 	n := len(b.cmds)
 	if n == 0 {
 		return
@@ -235,12 +263,16 @@ func (m *Mirror) Enqueue(db int, resp3 bool, b *Batch) {
 		m.drop(DropShutdown, n)
 		return
 	}
+	if after && len(m.open) > 0 {
+		// Behind the writes in flight now (order.go).
+		m.held = append(m.held, held{after: m.issued, e: e, since: time.Now()})
+		m.mu.Unlock()
+		m.signal() // the sender's wait now has a deadline (maxHold)
+		return
+	}
 	m.queue = append(m.queue, e)
 	m.mu.Unlock()
-	select {
-	case m.wake <- struct{}{}:
-	default:
-	}
+	m.signal()
 }
 
 // Queued returns the commands and bytes queued or in flight.
@@ -261,18 +293,18 @@ func (m *Mirror) Close() {
 		return
 	}
 	m.closed = true
-	b := m.backend
+	t := m.target
 	m.mu.Unlock()
 	close(m.stop)
-	if b != nil {
-		b.Close() // ends a wait on a stalled mirror
+	if t != nil {
+		t.Close() // ends a wait on a stalled mirror
 	}
 	<-m.done
 	m.mu.Lock()
-	b = m.backend
+	t = m.target
 	m.mu.Unlock()
-	if b != nil {
-		b.Close() // the pools the last round created after the first Close
+	if t != nil {
+		t.Close() // the pools the last round created after the first Close
 	}
 }
 
@@ -282,16 +314,16 @@ const maxLogEvery = time.Second
 
 func (m *Mirror) run() {
 	defer close(m.done)
-	b := m.opt.Dial()
+	t := m.opt.Dial()
 	m.mu.Lock()
-	m.backend = b
+	m.target = t
 	closed := m.closed
 	m.mu.Unlock()
 	if closed {
 		m.take(nil) // counts what was queued as dropped
 		return
 	}
-	s := sender{m: m, b: b}
+	s := sender{m: m, t: t}
 	var round []*entry
 	for {
 		round = m.take(round[:0])
@@ -317,14 +349,25 @@ func (m *Mirror) run() {
 func (m *Mirror) take(into []*entry) []*entry {
 	m.mu.Lock()
 	for len(m.queue) == 0 && !m.closed {
+		var timeout <-chan time.Time
+		if len(m.held) > 0 {
+			timeout = time.After(max(time.Millisecond, maxHold-time.Since(m.held[0].since)))
+		}
 		m.mu.Unlock()
 		select {
 		case <-m.wake:
 		case <-m.stop:
+		case <-timeout:
 		}
 		m.mu.Lock()
+		m.releaseLocked(time.Now())
 	}
 	if m.closed {
+		for _, h := range m.held {
+			m.queue = append(m.queue, h.e)
+		}
+		clear(m.held)
+		m.held = nil
 		for _, e := range m.queue {
 			m.drop(DropShutdown, len(e.cmds))
 			m.cmds -= len(e.cmds)
@@ -334,114 +377,186 @@ func (m *Mirror) take(into []*entry) []*entry {
 		m.mu.Unlock()
 		return nil
 	}
+	if len(m.held) > 0 {
+		m.releaseLocked(time.Now()) // those held past maxHold go too
+	}
 	into, m.queue = m.queue, into
 	m.mu.Unlock()
 	return into
 }
 
-// sender sends rounds of entries on the mirror's Backend.
+// sender sends rounds of entries to the mirror's Target.
+//
+// A round is cut into runs, each one Call on one connection: commands
+// reach the mirror in the round's order within a database, and databases
+// are independent of each other (their runs go at the same time). A
+// write's effect does not depend on the protocol, so a write joins the
+// run in progress whatever its client's protocol; a sampled read, whose
+// reply is compared byte for byte, needs its client's protocol, and a
+// read of the other protocol starts a new run, sent after the previous
+// one has been answered.
 type sender struct {
-	m      *Mirror
-	b      *upstream.Backend
-	groups []group
+	m       *Mirror
+	t       Target
+	runs    []run
+	nruns   int
+	last    map[int]int // database -> its last run this round
+	scripts scripts
+	args    [][]byte // scratch
 }
 
-// group is a round's entries of one database and protocol: one Call on
-// one connection, so their order holds on the mirror.
-type group struct {
-	db      int
-	resp3   bool
-	call    *upstream.Call
-	entries []*entry
-	sent    bool
+type run struct {
+	db    int
+	resp3 bool
+	call  *upstream.Call
+	cmds  []cmdRef
+	sent  bool
 }
 
-func (s *sender) group(db int, resp3 bool) *group {
-	for i := range s.groups {
-		if g := &s.groups[i]; g.db == db && g.resp3 == resp3 {
-			return g
+// cmdRef is one command of a run: command i of entry e.
+type cmdRef struct {
+	e *entry
+	i int
+}
+
+func (s *sender) runFor(db int, resp3, read bool) *run {
+	if j, ok := s.last[db]; ok {
+		if r := &s.runs[j]; !read || r.resp3 == resp3 {
+			return r
 		}
 	}
-	s.groups = append(s.groups, group{db: db, resp3: resp3, call: upstream.NewCall()})
-	return &s.groups[len(s.groups)-1]
+	if s.nruns == len(s.runs) {
+		s.runs = append(s.runs, run{call: upstream.NewCall()})
+	}
+	r := &s.runs[s.nruns]
+	r.db, r.resp3 = db, resp3
+	s.last[db] = s.nruns
+	s.nruns++
+	return r
 }
 
 func (s *sender) send(round []*entry) {
 	m := s.m
+	if s.last == nil {
+		s.last = map[int]int{}
+	}
+	rt, _ := s.t.(*routerTarget)
 	for _, e := range round {
-		g := s.group(e.db, e.resp3)
-		for i := range e.ends {
-			g.call.Add(e.part(i))
+		p := 0
+		for i := range e.cmds {
+			c := &e.cmds[i]
+			if c.parts > 1 && rt != nil && rt.crossSlot(e, p, c.parts) {
+				c.dropped = true
+				m.drop(DropCrossSlot, 1)
+				p += c.parts
+				continue
+			}
+			r := s.runFor(e.db, e.resp3, c.read)
+			for k := p; k < p+c.parts; k++ {
+				r.call.Add(s.prepare(e.part(k)))
+			}
+			r.cmds = append(r.cmds, cmdRef{e: e, i: i})
+			p += c.parts
 		}
-		g.entries = append(g.entries, e)
 	}
-	for i := range s.groups {
-		g := &s.groups[i]
-		if len(g.entries) == 0 {
-			continue
+	s.do()
+	for i := range s.runs[:s.nruns] {
+		r := &s.runs[i]
+		if r.sent {
+			s.check(r)
 		}
-		n := 0
-		for _, e := range g.entries {
-			n += len(e.cmds)
-		}
-		// The replies are held until the round is checked: cap them like
-		// the requests.
-		g.call.SetReplyLimit(int(m.cfg.QueueBytes))
-		if err := s.b.Pool(g.db, g.resp3).Send(g.call); err != nil {
-			m.drop(DropUnavailable, n)
-			continue
-		}
-		g.sent = true
-		m.stats.sent.Add(int64(n))
+		r.call.Reset()
+		clear(r.cmds)
+		r.cmds, r.sent = r.cmds[:0], false
 	}
-	for i := range s.groups {
-		g := &s.groups[i]
-		if g.sent {
-			g.call.Wait()
-			s.check(g)
-		}
-		g.call.Reset()
-		clear(g.entries)
-		g.entries, g.sent = g.entries[:0], false
-	}
+	s.nruns = 0
+	clear(s.last)
 }
 
-// check goes through a group's replies: errors counted, sampled reads
+// do sends the round's runs: each database's in order, one after the
+// other's replies, and the databases at the same time.
+func (s *sender) do() {
+	runs := s.runs[:s.nruns]
+	sendDB := func(db int) {
+		for i := range runs {
+			r := &runs[i]
+			if r.db != db {
+				continue
+			}
+			// The replies are held until the round is checked: cap them
+			// like the requests.
+			r.call.SetReplyLimit(int(s.m.cfg.QueueBytes))
+			if err := s.t.Do(r.db, r.resp3, r.call); err != nil {
+				s.m.drop(DropUnavailable, len(r.cmds))
+				continue
+			}
+			r.sent = true
+			s.m.stats.sent.Add(int64(len(r.cmds)))
+		}
+	}
+	if len(s.last) == 1 {
+		sendDB(runs[0].db)
+		return
+	}
+	var wg sync.WaitGroup
+	for db := range s.last {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sendDB(db)
+		}()
+	}
+	wg.Wait()
+}
+
+// check goes through a run's replies: errors counted, sampled reads
 // compared with the primary's replies.
-func (s *sender) check(g *group) {
+func (s *sender) check(r *run) {
 	m := s.m
+	rt, _ := s.t.(*routerTarget)
 	reply := 0
-	for _, e := range g.entries {
-		for _, c := range e.cmds {
-			var own []byte
-			failed, errReply := false, false
-			for p := 0; p < c.parts; p++ {
-				r, err := g.call.Reply(reply)
-				reply++
-				switch {
-				case err != nil:
-					failed = true
-				case resp.IsError(r):
-					errReply = true
-				}
-				if p == 0 {
-					own = r
-				}
-			}
+	for _, ref := range r.cmds {
+		e, c := ref.e, &ref.e.cmds[ref.i]
+		var own []byte
+		failed, errReply, noScript, crossSlot := false, false, false, false
+		for p := 0; p < c.parts; p++ {
+			rep, err := r.call.Reply(reply)
+			reply++
 			switch {
-			case failed:
-				m.stats.errors[indexOf(errorKinds, ErrConnection)].Add(1)
-				continue
-			case errReply && !c.primaryErr:
-				m.stats.errors[indexOf(errorKinds, ErrReply)].Add(1)
+			case err != nil:
+				failed = true
+			case bytes.HasPrefix(rep, noScriptReply):
+				noScript = true
+			case rt != nil && rt.refused(rep):
+				crossSlot = true
+			case resp.IsError(rep):
+				errReply = true
 			}
-			if !c.compare {
-				continue
+			if p == 0 {
+				own = rep
 			}
-			m.stats.compared.Add(1)
-			if !bytes.Equal(own, e.buf[c.reply[0]:c.reply[1]]) {
-				m.mismatch(c.name, e.buf[c.key[0]:c.key[1]], e.db)
-			}
+		}
+		switch {
+		case failed:
+			m.stats.errors[indexOf(errorKinds, ErrConnection)].Add(1)
+			continue
+		case noScript:
+			// The proxy never saw the script's body (prepare): it did not
+			// run on the mirror.
+			m.drop(DropNoScript, 1)
+			continue
+		case crossSlot:
+			m.drop(DropCrossSlot, 1)
+			continue
+		case errReply && !c.primaryErr:
+			m.stats.errors[indexOf(errorKinds, ErrReply)].Add(1)
+		}
+		if !c.compare {
+			continue
+		}
+		m.stats.compared.Add(1)
+		if !bytes.Equal(own, e.buf[c.reply[0]:c.reply[1]]) {
+			m.mismatch(c.name, e.buf[c.key[0]:c.key[1]], e.db)
 		}
 	}
 }

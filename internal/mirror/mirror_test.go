@@ -23,10 +23,10 @@ func TestEnqueueBounds(t *testing.T) {
 	m := New(Options{
 		Config:    Config{Upstream: "new", Writes: true, Queue: 3, QueueBytes: units.KB},
 		Databases: 16,
-		Dial: func() *upstream.Backend {
+		Dial: func() Target {
 			<-release
-			return upstream.NewBackend(upstream.BackendOptions{Addr: addr, Connections: 1, Databases: 16,
-				DialTimeout: 10 * time.Millisecond, ReplyTimeout: time.Second, ReconnectMin: time.Millisecond, ReconnectMax: time.Millisecond})
+			return BackendTarget(upstream.NewBackend(upstream.BackendOptions{Addr: addr, Connections: 1, Databases: 16,
+				DialTimeout: 10 * time.Millisecond, ReplyTimeout: time.Second, ReconnectMin: time.Millisecond, ReconnectMax: time.Millisecond}), nil)
 		},
 	})
 	var b Batch
@@ -50,7 +50,7 @@ func TestEnqueueBounds(t *testing.T) {
 	if n, bytes := m.Queued(); n != 3 || bytes <= 0 || bytes > int64(units.KB) {
 		t.Fatalf("queued %d commands, %d bytes; want 3 within 1KB", n, bytes)
 	}
-	want := map[string]int64{DropQueueFull: 3, DropDBRange: 1, DropTooLarge: 1, DropShutdown: 0, DropUnavailable: 0}
+	want := map[string]int64{DropQueueFull: 3, DropDBRange: 1, DropTooLarge: 1, DropShutdown: 0, DropUnavailable: 0, DropNoScript: 0, DropCrossSlot: 0}
 	if got := m.Report(0).Dropped; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("dropped %v, want %v", got, want)
 	}

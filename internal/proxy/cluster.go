@@ -461,6 +461,9 @@ func (sess *Session) placeHeld(r *request, target int, p heldPlacer) bool {
 		for _, f := range q.fixups {
 			sess.forwardHidden(f)
 		}
+		if sess.srv.mirror != nil {
+			sess.mirrorQueuedCmd(q.cmd.Name, q.cmd) // kept for EXEC (mirror.go)
+		}
 		if mayWrite(q.cmd) {
 			if args, err := resp.SplitCommand(q.raw, nil); err == nil {
 				pin.txWrites = append(pin.txWrites, txWrite{cmd: q.cmd, args: args})

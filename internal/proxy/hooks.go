@@ -28,10 +28,6 @@ func (sess *Session) writeForwarded(cmd *commands.Command, args [][]byte) {
 	}
 	sess.tierWriteForwarded(cmd, args)
 	sess.flightWriteForwarded(cmd, args)
-	if sess.pin.pipe != nil || sess.cur.blocking {
-		sess.mirrorWriteSkipped() // mirror.go
-	}
-
 	sess.replicaWriteForwarded()
 }
 

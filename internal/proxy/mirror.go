@@ -2,13 +2,19 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"net/http"
+	"strconv"
+	"strings"
+	"time"
 
+	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/mirror"
 	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/sentinel"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -27,18 +33,50 @@ type mirrorState struct {
 	marks []mirrorMark
 	batch mirror.Batch
 	parts [][]byte // scratch: the parts of a wrapped write
+	tx    mirrorTx
+	cmd   []byte // scratch: a blocking command's non-blocking form
 }
 
 // mirrorMark is one command of the batch to be mirrored: the reply slot
 // the session recorded for it, and for a read, its first key.
 type mirrorMark struct {
 	slot    int
+	hidden  int // fix-ups following it on a pinned connection (under WATCH)
 	name    string
 	raw     []byte // the client's bytes (a read answered by a coalesced fetch)
 	key     []byte
 	read    bool
 	compare bool
 	script  bool
+	exec    bool // the EXEC of a transaction with writes (mirrorTx)
+}
+
+// mirrorTx is the client's open transaction as the mirror will see it:
+// the writes queued since MULTI, as sent (with the guard's rewrites and
+// fix-ups), and the SELECTs between them, kept across batches until EXEC.
+// A transaction that ran is mirrored as MULTI, these, EXEC in one queue
+// entry, so the mirror applies it atomically too; one that did not run
+// mirrors nothing.
+type mirrorTx struct {
+	buf      []byte
+	ends     []int
+	selected bool // a SELECT is among them: the mirror's connection selects back after EXEC
+	over     bool // larger than mirror.queue_bytes: dropped (too_large) at EXEC
+}
+
+func (tx *mirrorTx) part(i int) []byte {
+	start := 0
+	if i > 0 {
+		start = tx.ends[i-1]
+	}
+	return tx.buf[start:tx.ends[i]]
+}
+
+func (tx *mirrorTx) reset() {
+	if cap(tx.buf) > 64<<10 {
+		tx.buf = nil // a large transaction's copy is not kept for an idle client
+	}
+	*tx = mirrorTx{buf: tx.buf[:0], ends: tx.ends[:0]}
 }
 
 // initMirror starts the mirror when [mirror] names an upstream.
@@ -47,43 +85,85 @@ func initMirror(s *Server) error {
 	if !ok {
 		return nil
 	}
-	dial, err := mirrorBackend(s, s.cfg.Mirror.Upstream, u)
+	dial, err := mirrorTarget(s, s.cfg.Mirror.Upstream, u)
 	if err != nil {
 		return err
 	}
+	address, databases := u.Address, u.Databases
+	switch u.Mode {
+	case config.ModeSentinel:
+		address = "sentinel " + u.MasterName + " via " + strings.Join(u.Sentinels, ",")
+	case config.ModeCluster:
+		address, databases = "cluster via "+strings.Join(u.Seeds, ","), 1
+	}
 	s.mirror = mirror.New(mirror.Options{
-		Config: s.cfg.Mirror, Dial: dial, Address: u.Address, Databases: u.Databases, Logger: s.log,
+		Config: s.cfg.Mirror, Dial: dial, Address: address, Databases: databases, Logger: s.log,
 	})
 	s.mirror.RegisterMetrics(s.metrics.Registry)
 	return nil
 }
 
-// mirrorBackend is the one place the mirror's connections are built: a
-// Backend of the named upstream u, with u's own credentials and TLS (never
-// a client's or [upstream]'s). Standalone only, as config checks. The
-// mirror dials it on its own goroutine, so a mirror that is down delays
-// neither the start nor a client.
-func mirrorBackend(s *Server, name string, u config.Upstream) (func() *upstream.Backend, error) {
+// mirrorTarget is the one place the mirror's connections are built, for
+// the named upstream u, with u's own credentials and TLS (never a client's
+// or [upstream]'s): a Backend of a standalone upstream; a Backend that a
+// Sentinel watcher moves to each new primary, as for a named Sentinel
+// upstream (routes.go); a cluster Router, as for a named cluster upstream.
+// The mirror dials it on its own goroutine, so a mirror that is down
+// delays neither the start nor a client.
+func mirrorTarget(s *Server, name string, u config.Upstream) (func() mirror.Target, error) {
 	tlsConf, err := u.ClientTLS()
 	if err != nil {
 		return nil, err
 	}
-	opt := upstream.BackendOptions{
-		Addr:         u.Address,
-		Username:     u.Username,
-		Password:     u.Password,
-		TLS:          tlsConf,
-		Connections:  u.Connections,
-		MaxPinned:    u.MaxPinned,
-		Databases:    u.Databases,
-		DialTimeout:  u.DialTimeout.Duration,
-		ReplyTimeout: u.ReplyTimeout.Duration,
-		DeadTimeout:  u.DeadTimeout.Duration,
-		ReconnectMin: u.ReconnectMin.Duration,
-		ReconnectMax: u.ReconnectMax.Duration,
-		Logger:       s.log.With("upstream", name),
+	log := s.log.With("upstream", name, "mirror", true)
+	opt := func(addr string) upstream.BackendOptions {
+		return upstream.BackendOptions{
+			Addr:         addr,
+			Username:     u.Username,
+			Password:     u.Password,
+			TLS:          tlsConf,
+			Connections:  u.Connections,
+			MaxPinned:    u.MaxPinned,
+			Databases:    u.Databases,
+			DialTimeout:  u.DialTimeout.Duration,
+			ReplyTimeout: u.ReplyTimeout.Duration,
+			DeadTimeout:  u.DeadTimeout.Duration,
+			ReconnectMin: u.ReconnectMin.Duration,
+			ReconnectMax: u.ReconnectMax.Duration,
+			Logger:       log,
+		}
 	}
-	return func() *upstream.Backend { return upstream.NewBackend(opt) }, nil
+	switch u.Mode {
+	case config.ModeCluster:
+		table := s.table
+		return func() mirror.Target {
+			r := cluster.New(cluster.Options{Seeds: u.Seeds, Backend: opt(""), Table: table, Logger: log})
+			return mirror.RouterTarget(r, table)
+		}, nil
+	case config.ModeSentinel:
+		return func() mirror.Target {
+			so := sentinelOptions(&config.Config{Upstream: u}, log)
+			var b *upstream.Backend
+			switched := make(chan struct{})
+			so.OnSwitch = func(primary string) {
+				<-switched // b is set
+				b.Failover(opt(primary))
+				log.Warn("mirror: switched to the new primary", "primary", primary)
+			}
+			w := sentinel.New(so)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*u.DialTimeout.Duration*time.Duration(len(u.Sentinels)))
+			addr, _, err := w.Discover(ctx, "", -1)
+			cancel()
+			if err != nil {
+				log.Warn("mirror: no primary found at start; mirrored commands are dropped (unavailable) until one is", "master_name", u.MasterName, "err", err)
+			}
+			b = upstream.NewBackend(opt(addr))
+			close(switched)
+			w.Start(addr)
+			return mirror.BackendTarget(b, w.Close)
+		}, nil
+	}
+	return func() mirror.Target { return mirror.BackendTarget(upstream.NewBackend(opt(u.Address)), nil) }, nil
 }
 
 // Mirror returns the running mirror; nil when mirroring is off.
@@ -122,16 +202,20 @@ var uncomparable = map[string]bool{
 }
 
 // mirrorNote notes the command being dispatched for the mirror, once its
-// reply slot is recorded (the session's last slot): every write, and the
-// sampled share of reads of keys. Commands on a pinned connection
-// (transactions, WATCH) are not mirrored; their writes are counted by
-// mirrorWriteSkipped.
+// reply slot is recorded (the session's last slot, or the last before its
+// fix-ups on a pinned connection): every write, and the sampled share of
+// reads of keys. Inside MULTI the writes are kept for EXEC (mirrorQueued).
 func (sess *Session) mirrorNote(r *request) {
 	mr := sess.srv.mirror
-	if mr == nil || r.cmd == nil || sess.pin.pipe != nil || len(sess.slots) == 0 {
+	if mr == nil || r.cmd == nil || len(sess.slots) == 0 {
 		return
 	}
-	mk := mirrorMark{slot: len(sess.slots) - 1, name: r.name, raw: r.Raw}
+	if sess.pin.inMulti {
+		sess.mirrorQueued(r)
+		return
+	}
+	slot, hidden := sess.mirrorCommandSlot()
+	mk := mirrorMark{slot: slot, hidden: hidden, name: r.name, raw: r.Raw}
 	switch {
 	case mirrorsAsWrite(r.cmd):
 		if !mr.Writes() {
@@ -149,25 +233,86 @@ func (sess *Session) mirrorNote(r *request) {
 	default:
 		return
 	}
-	if sess.mirrorS == nil {
-		// Allocated on first use: most sessions never mirror anything,
-		// and an idle one should hold no more than it must (park.go).
-		sess.mirrorS = &mirrorState{}
+	ms := sess.mirrorState()
+	if !mk.read {
+		ms.batch.Begin(mr) // before the write is sent (mirror/order.go)
 	}
-	sess.mirrorS.marks = append(sess.mirrorS.marks, mk)
+	ms.marks = append(ms.marks, mk)
 }
 
-// mirrorWriteSkipped counts a write that leaves on a dedicated connection
-// and so is not mirrored: a blocking command, or a write in a transaction
-// (at EXEC) or under WATCH.
-func (sess *Session) mirrorWriteSkipped() {
+// mirrorState is the session's mirror state, allocated on first use: most
+// sessions never mirror anything, and an idle one should hold no more
+// than it must (park.go).
+func (sess *Session) mirrorState() *mirrorState {
+	if sess.mirrorS == nil {
+		sess.mirrorS = &mirrorState{}
+	}
+	return sess.mirrorS
+}
+
+// mirrorCommandSlot finds the slot of the command just dispatched: the
+// last one, unless fix-ups (hidden slots) follow it, as they do on a
+// pinned connection; hidden is how many.
+func (sess *Session) mirrorCommandSlot() (slot, hidden int) {
+	slot = len(sess.slots) - 1
+	for slot > 0 && sess.slots[slot].kind == slotHidden {
+		slot--
+	}
+	return slot, len(sess.slots) - 1 - slot
+}
+
+// mirrorQueued keeps a write queued inside the client's MULTI (and any
+// SELECT, which decides where the writes after it land) for EXEC: copied,
+// as the transaction may span batches. Reads inside a transaction are not
+// sampled.
+func (sess *Session) mirrorQueued(r *request) { sess.mirrorQueuedCmd(r.name, r.cmd) }
+
+// mirrorQueuedCmd is mirrorQueued for the command of the batch's last
+// non-hidden slot: also a held command replayed at EXEC (placeHeld).
+func (sess *Session) mirrorQueuedCmd(name string, cmd *commands.Command) {
 	mr := sess.srv.mirror
-	switch {
-	case mr == nil || !mr.Writes():
-	case sess.cur.blocking:
-		mr.Skipped(mirror.SkipBlocking)
-	case sess.pin.pipe != nil:
-		mr.Skipped(mirror.SkipTransaction)
+	if !mr.Writes() || !mirrorsAsWrite(cmd) && name != "select" {
+		return
+	}
+	slot, _ := sess.mirrorCommandSlot()
+	if sess.slots[slot].kind != slotUpstream {
+		return // answered by the proxy: not part of the transaction
+	}
+	tx := &sess.mirrorState().tx
+	if tx.over {
+		return
+	}
+	for p := sess.slots[slot].i; p < sess.call.Len(); p++ {
+		part := sess.call.Part(p)
+		if len(tx.buf)+len(part) > mr.MaxBytes() {
+			// The queue could never take it: keep nothing more.
+			tx.over, tx.buf, tx.ends = true, nil, nil
+			return
+		}
+		tx.buf = append(tx.buf, part...)
+		tx.ends = append(tx.ends, len(tx.buf))
+	}
+	tx.selected = tx.selected || name == "select"
+}
+
+// mirrorExecQueued notes the client's EXEC, just added to the batch, for
+// the mirror when its transaction has writes: whether they are mirrored
+// depends on EXEC's reply (mirrorExec).
+func (sess *Session) mirrorExecQueued() {
+	ms := sess.mirrorS
+	if ms == nil || len(ms.tx.ends) == 0 && !ms.tx.over {
+		return
+	}
+	ms.batch.Begin(sess.srv.mirror) // before EXEC is sent (mirror/order.go)
+	ms.marks = append(ms.marks, mirrorMark{slot: len(sess.slots) - 1, name: "exec", exec: true})
+}
+
+// mirrorTxEnded forgets the transaction's writes when its pinned
+// connection goes back: after EXEC they were queued (or not) already;
+// after DISCARD, RESET or a lost connection they never ran.
+func (sess *Session) mirrorTxEnded() {
+	if sess.mirrorS != nil {
+		sess.mirrorS.tx.reset()
 	}
 }
 
@@ -182,10 +327,28 @@ func (sess *Session) mirrorFlushed(call *upstream.Call) {
 		sl := sess.slots[mk.slot]
 		var raw, reply []byte
 		var err error
+		if mk.exec {
+			sess.mirrorExec(call, sl)
+			continue
+		}
 		switch sl.kind {
 		case slotUpstream:
 			raw = call.Part(sl.i)
 			reply, err = call.Reply(sl.i)
+			if mk.hidden > 0 && !mk.read {
+				// Under WATCH its fix-ups follow it, unwrapped, as on the
+				// primary.
+				ms.parts = ms.parts[:0]
+				for p := sl.i; p <= sl.i+mk.hidden; p++ {
+					ms.parts = append(ms.parts, call.Part(p))
+				}
+				if err == nil && !resp.IsError(reply) || errors.Is(err, upstream.ErrOutputLimit) {
+					b.Write(mk.name, false, ms.parts...)
+				} else {
+					mr.Skipped(mirror.SkipPrimaryError)
+				}
+				continue
+			}
 		case slotLocal:
 			raw, reply = mk.raw, sess.local[sl.i:sl.end]
 		case slotWrapped:
@@ -229,8 +392,150 @@ func (sess *Session) mirrorFlushed(call *upstream.Call) {
 	b.Reset()
 }
 
+// mirrorExec queues the client's transaction for the mirror when EXEC's
+// reply says it ran: MULTI, its writes as queued, EXEC, in one entry.
+func (sess *Session) mirrorExec(call *upstream.Call, sl slot) {
+	mr := sess.srv.mirror
+	ms := sess.mirrorS
+	tx := &ms.tx
+	defer tx.reset()
+	reply, err := call.Reply(sl.i)
+	switch {
+	case errors.Is(err, upstream.ErrOutputLimit):
+		// It ran; only its reply was dropped, past the client's output
+		// limit.
+	case err != nil || !execRan(reply):
+		mr.Skipped(mirror.SkipTransaction)
+		return
+	}
+	if tx.over {
+		mr.Dropped(mirror.DropTooLarge, 1)
+		return
+	}
+	ms.parts = append(ms.parts[:0], cmdMulti)
+	for i := range tx.ends {
+		ms.parts = append(ms.parts, tx.part(i))
+	}
+	ms.parts = append(ms.parts, cmdExec)
+	if tx.selected {
+		// The mirror's connection serves the session's database: EXEC's
+		// SELECT moved it.
+		ms.parts = append(ms.parts, resp.AppendCommandStrings(nil, "SELECT", strconv.Itoa(sess.db)))
+	}
+	ms.batch.Write("exec", false, ms.parts...)
+}
+
 var noScript = []byte("-NOSCRIPT")
 
 // execRan reports whether an EXEC reply is the results of a transaction
 // that ran (not an error, not a null for a failed WATCH).
 func execRan(reply []byte) bool { return len(reply) > 1 && reply[0] == '*' && reply[1] != '-' }
+
+// mirrorBlocked mirrors what a blocking command that may write did, once
+// its reply is in: the non-blocking command that has the same effect on a
+// mirror holding the same data, with the guard's fix-ups behind it. A
+// null reply (the timeout) or an error did nothing, and mirrors nothing.
+//
+//	BLPOP, BRPOP        [key, value]        LPOP key / RPOP key
+//	BZPOPMIN, BZPOPMAX  [key, member, score] ZPOPMIN key / ZPOPMAX key
+//	BLMOVE, BRPOPLPUSH  the element          LMOVE / RPOPLPUSH, same arguments
+//	BLMPOP, BZMPOP      [key, [elements]]    LMPOP / ZMPOP 1 key dir COUNT n
+//
+// A blocking XREADGROUP is not mirrored (counted, SkipBlocking): replaying
+// it as a non-blocking read would deliver whatever the mirror's group has
+// next, which is only the same entries if the group's state already is.
+func (sess *Session) mirrorBlocked(name string, args [][]byte, reply []byte, fixups [][]byte) {
+	mr := sess.srv.mirror
+	if mr == nil || !mr.Writes() || resp.IsError(reply) || resp.IsNull(reply) {
+		return
+	}
+	ms := sess.mirrorState()
+	cmd, mirrored := blockingEquivalent(ms.cmd[:0], name, args, reply)
+	if cmd == nil {
+		if name == "xreadgroup" {
+			mr.Skipped(mirror.SkipBlocking)
+		}
+		return
+	}
+	ms.cmd = cmd
+	ms.parts = append(ms.parts[:0], cmd)
+	ms.parts = append(ms.parts, fixups...)
+	ms.batch.Write(mirrored, false, ms.parts...)
+	clear(ms.parts)
+	// After the writes that woke it, which other clients' sessions may
+	// not have queued yet (mirror/order.go).
+	mr.EnqueueAfterWrites(sess.db, sess.resp3, &ms.batch)
+	ms.batch.Reset()
+}
+
+// blockingEquivalent appends to dst the non-blocking command with the
+// effect a blocking one had, given its arguments and its (non-null) reply;
+// nil when there is none. mirrored is its name, for the mirror's counts.
+func blockingEquivalent(dst []byte, name string, args [][]byte, reply []byte) (cmd []byte, mirrored string) {
+	switch name {
+	case "blmove":
+		if len(args) != 6 {
+			return nil, ""
+		}
+		return resp.AppendCommandNamed(dst, "LMOVE", args[1:5]...), "lmove"
+	case "brpoplpush":
+		if len(args) != 4 {
+			return nil, ""
+		}
+		return resp.AppendCommandNamed(dst, "RPOPLPUSH", args[1:3]...), "rpoplpush"
+	}
+	el, ok := resp.ArrayElements(reply)
+	if !ok || len(el) < 2 {
+		return nil, ""
+	}
+	key, ok := bulkString(el[0])
+	if !ok {
+		return nil, ""
+	}
+	switch name {
+	case "blpop":
+		return resp.AppendCommandNamed(dst, "LPOP", key), "lpop"
+	case "brpop":
+		return resp.AppendCommandNamed(dst, "RPOP", key), "rpop"
+	case "bzpopmin":
+		return resp.AppendCommandNamed(dst, "ZPOPMIN", key), "zpopmin"
+	case "bzpopmax":
+		return resp.AppendCommandNamed(dst, "ZPOPMAX", key), "zpopmax"
+	case "blmpop", "bzmpop":
+		// BLMPOP timeout numkeys key [key ...] LEFT|RIGHT [COUNT count]
+		if len(args) < 5 {
+			return nil, ""
+		}
+		numkeys, err := strconv.Atoi(string(args[2]))
+		if err != nil || numkeys < 1 || 3+numkeys >= len(args) {
+			return nil, ""
+		}
+		popped, ok := resp.ArrayElements(el[1])
+		if !ok || len(popped) == 0 {
+			return nil, ""
+		}
+		dir, count := args[3+numkeys], strconv.AppendInt(nil, int64(len(popped)), 10)
+		if name == "blmpop" {
+			return resp.AppendCommandNamed(dst, "LMPOP", []byte("1"), key, dir, []byte("COUNT"), count), "lmpop"
+		}
+		return resp.AppendCommandNamed(dst, "ZMPOP", []byte("1"), key, dir, []byte("COUNT"), count), "zmpop"
+	}
+	return nil, ""
+}
+
+// bulkString returns the contents of a bulk string reply (a key in a
+// blocking pop's reply).
+func bulkString(r []byte) ([]byte, bool) {
+	if len(r) < 4 || r[0] != '$' {
+		return nil, false
+	}
+	nl := bytes.IndexByte(r, '\n')
+	if nl < 2 {
+		return nil, false
+	}
+	n, err := strconv.Atoi(string(r[1 : nl-1]))
+	if err != nil || n < 0 || nl+1+n+2 != len(r) {
+		return nil, false
+	}
+	return r[nl+1 : nl+1+n], true
+}

@@ -45,9 +45,9 @@ func waitMirrored(t *testing.T, p *proxytest.Proxy) {
 }
 
 // TestMirrorWrites: writes through the proxy land on the mirror, in the
-// client's database, wrapped with the guard's TTL fix-ups; scripts and
-// SCRIPT LOAD go too; reads, transactions and writes the primary refused do
-// not.
+// client's database, wrapped with the guard's TTL fix-ups; scripts, SCRIPT
+// LOAD, transactions and blocking pops go too; reads and writes the
+// primary refused do not.
 func TestMirrorWrites(t *testing.T) {
 	ms := redistest.Start(t)
 	p := startMirrored(t, ms, func(c *config.Config) {
@@ -81,14 +81,13 @@ func TestMirrorWrites(t *testing.T) {
 	if err := c.LPush(ctx, "user:1:name", "x").Err(); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
 		t.Fatalf("LPUSH on a string: %v", err)
 	}
-	// A transaction is not mirrored (counted).
+	// A transaction is mirrored whole (TestMirrorTransaction).
 	_, err = c.TxPipelined(ctx, func(tx redis.Pipeliner) error {
 		tx.Set(ctx, "tx:key", "1", 0)
 		return nil
 	})
 	check(err)
-	// A blocking pop runs on a borrowed connection: not mirrored (counted),
-	// so the mirror's list keeps the element.
+	// A blocking pop is mirrored as LPOP (TestMirrorBlockingPops).
 	check(c.RPush(ctx, "queue:jobs", "job").Err())
 	if got, err := c.BLPop(ctx, time.Second, "queue:jobs").Result(); err != nil || got[1] != "job" {
 		t.Fatalf("BLPOP = %v, %v", got, err)
@@ -118,8 +117,8 @@ func TestMirrorWrites(t *testing.T) {
 	if ttl, _ := direct.TTL(ctx, "h:1").Result(); ttl <= 0 {
 		t.Errorf("primary h:1 TTL = %v", ttl)
 	}
-	if n, _ := mc.Exists(ctx, "tx:key").Result(); n != 0 {
-		t.Error("a write inside MULTI/EXEC was mirrored")
+	if n, _ := mc.Exists(ctx, "tx:key").Result(); n != 1 {
+		t.Error("a write inside MULTI/EXEC was not mirrored")
 	}
 	if n, _ := direct.Exists(ctx, "tx:key").Result(); n != 1 {
 		t.Error("the transaction did not run on the primary")
@@ -134,16 +133,17 @@ func TestMirrorWrites(t *testing.T) {
 	}
 
 	rep := p.Mirror().Report(10)
-	if rep.Skipped[mirror.SkipTransaction] != 1 || rep.Skipped[mirror.SkipPrimaryError] != 1 || rep.Skipped[mirror.SkipBlocking] != 1 {
-		t.Errorf("skipped = %v, want 1 transaction, 1 primary_error, 1 blocking", rep.Skipped)
+	if rep.Skipped[mirror.SkipTransaction] != 0 || rep.Skipped[mirror.SkipPrimaryError] != 1 || rep.Skipped[mirror.SkipBlocking] != 0 {
+		t.Errorf("skipped = %v, want 1 primary_error only", rep.Skipped)
 	}
-	if got, _ := mc.LRange(ctx, "queue:jobs", 0, -1).Result(); len(got) != 1 {
-		t.Errorf("mirror queue:jobs = %v: the blocking pop was mirrored", got)
+	if got, _ := mc.LRange(ctx, "queue:jobs", 0, -1).Result(); len(got) != 0 {
+		t.Errorf("mirror queue:jobs = %v: the blocking pop was not mirrored", got)
 	}
 	// Writes: SET, 40 in the pipeline, HSET, EVAL, SCRIPT LOAD, EVALSHA,
-	// the RPUSH, the SET in db 3 and the RESP3 one.
-	if rep.Sent != 48 || rep.Errors[mirror.ErrReply] != 0 || rep.Errors[mirror.ErrConnection] != 0 || rep.Sampled != 0 {
-		t.Errorf("report = %+v, want 48 sent, no errors, no reads", rep)
+	// the transaction, the RPUSH, its BLPOP (as LPOP), the SET in db 3 and
+	// the RESP3 one.
+	if rep.Sent != 50 || rep.Errors[mirror.ErrReply] != 0 || rep.Errors[mirror.ErrConnection] != 0 || rep.Sampled != 0 {
+		t.Errorf("report = %+v, want 50 sent, no errors, no reads", rep)
 	}
 	for _, d := range rep.Dropped {
 		if d != 0 {

@@ -174,6 +174,7 @@ func pinnedExec(sess *Session, r *request) bool {
 	}
 	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: r.m, exec: true, mute: sess.curMute})
 	sess.call.Add(r.Raw)
+	sess.mirrorExecQueued() // mirror.go
 	sess.unnamePin()
 	sess.flush(time.Now())
 	if pin.txSelect >= 0 && pin.execRan {
@@ -320,6 +321,7 @@ func (sess *Session) queueInMulti(r *request) {
 	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: r.m, tx: true, mute: sess.curMute, strip: sess.curStrip})
 	sess.call.Add(r.Raw)
 	sess.list.multi.Add(1)
+	sess.mirrorNote(r) // kept for EXEC (mirror.go)
 }
 
 // refuseInMulti refuses a command inside MULTI and makes EXEC fail, as a
@@ -398,6 +400,7 @@ func (sess *Session) unpin(clean bool) {
 	pin.backend.ReleasePipe(pin.pipe, pin.db, pin.resp3, clean && !pin.dirty && !pin.named)
 	sess.list.multi.Store(0)
 	sess.nsTxEnd()
+	sess.mirrorTxEnded() // mirror.go
 	clear(pin.txWrites)
 	*pin = pinState{txHidden: pin.txHidden[:0], txWrites: pin.txWrites[:0]}
 }
@@ -494,12 +497,12 @@ func (sess *Session) blocking(r *request) {
 	named := borrowed && sess.name != ""
 	// The guard's rewrite and TTL fix-ups apply to blocking writes too
 	// (BLMOVE's destination); fix-ups follow on the same connection.
-	raw := r.Raw
+	raw, args := r.Raw, r.Args
 	var fixups [][]byte
 	if d := sess.guard.Decision(r.i); d != nil {
 		sess.recordViolations(d)
 		if d.Args != nil {
-			raw = sess.guard.Encode(d.Args)
+			raw, args = sess.guard.Encode(d.Args), d.Args
 		}
 		if len(d.Expires) > 0 {
 			fixups = sess.guard.Fixups(d.Expires)
@@ -578,6 +581,9 @@ func (sess *Session) blocking(r *request) {
 	}
 	sess.block.set(0, nil, nil)
 	reply, err := call.Reply(first)
+	if err == nil {
+		sess.mirrorBlocked(r.name, args, reply, fixups) // mirror.go
+	}
 	if err != nil {
 		reply = errorReply(err)
 	} else if sess.srv.router != nil {
