@@ -71,7 +71,12 @@ func (c *Cache) WriteStart(w *Writes, db int, cmd *commands.Command, args [][]by
 func (c *Cache) markWrite(w *Writes, db int, key []byte) {
 	h := c.hash(db, key)
 	s := c.shardOf(h)
-	if c.writes.add(h, 1) {
+	// Writes only weigh against reads (admit): a key not read since the
+	// read sketch last aged cannot be admitted now, so its writes are not
+	// counted. That keeps the write sketch's atomic updates, cache misses
+	// in a table of up to 1MB, off the writes of keys nobody reads through
+	// the proxy, most writes, for a read-only look at one word.
+	if c.reads.seen(h) && c.writes.add(h, 1) {
 		c.wantHalve()
 	}
 	fenceOnly := false
