@@ -8,7 +8,8 @@
 #
 # Usage: bench/perreq.sh BIN [BIN ...]
 # Environment: ROUNDS (3) N (requests at -P 1, 200000; x4 at -P 16)
-#   TESTS ("get:1 set:1 get:16", command:pipeline) GMP (GOMAXPROCS, 1)
+#   TESTS ("get:1 set:1 get:16", command:pipeline[:keyspace], keyspace
+#   100000 by default; get:16:100 reads 100 hot keys) GMP (GOMAXPROCS, 1)
 #   CPU_PROXY (1) CPU_OTHER (0: Redis and redis-benchmark)
 # Needs redis-server, redis-benchmark, redis-cli, perf, taskset; run as a
 # user perf may trace (root here). Only 127.0.0.1 is used.
@@ -31,7 +32,9 @@ cleanup() {
 }
 trap cleanup EXIT
 for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
-redis-benchmark -p "$REDIS_PORT" -q -t set -n 100000 -r 100000 -d 64 -c 50 >/dev/null
+# Every key redis-benchmark names at the default keyspace holds a value, so
+# reads of a small keyspace (hot keys) are never of missing keys.
+redis-cli -p "$REDIS_PORT" eval "for i = 0, 99999 do redis.call('SET', string.format('key:%012d', i), string.rep('x', 64)) end" 0 >/dev/null
 printf "bin\ttest\tround\tkrps\tp99ms\tproxy_us\tredis_us\tctxsw\tsyscalls\n"
 for round in $(seq 1 "$ROUNDS"); do
 	for t in $TESTS; do
@@ -41,14 +44,15 @@ for round in $(seq 1 "$ROUNDS"); do
 				--upstream "127.0.0.1:$REDIS_PORT" --admin "" --log-level warn >"$TMP/proxy.log" 2>&1 &
 			PROXY_PID=$!
 			for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-			cmd=${t%%:*} P=${t##*:} n=$N
+			IFS=: read -r cmd P R <<<"$t"
+			R=${R:-100000} n=$N
 			((P > 1)) && n=$((N * 4))
-			redis-benchmark -p "$port" -q -t "$cmd" -n 20000 -r 100000 -d 64 -c 50 -P "$P" >/dev/null # warm up
+			redis-benchmark -p "$port" -q -t "$cmd" -n 20000 -r "$R" -d 64 -c 50 -P "$P" >/dev/null # warm up
 			t0=$(ticks $PROXY_PID) r0=$(ticks $REDIS_PID) c0=$(ctxsw $PROXY_PID)
 			perf stat -x, -e raw_syscalls:sys_enter -p "$PROXY_PID" -o "$TMP/perf" &
 			perf_pid=$!
 			sleep 0.2
-			out=$(taskset -c "$CPU_OTHER" redis-benchmark -p "$port" -t "$cmd" -n "$n" -r 100000 -d 64 -c 50 -P "$P" --precision 3 --csv 2>/dev/null | tail -1)
+			out=$(taskset -c "$CPU_OTHER" redis-benchmark -p "$port" -t "$cmd" -n "$n" -r "$R" -d 64 -c 50 -P "$P" --precision 3 --csv 2>/dev/null | tail -1)
 			kill -INT $perf_pid
 			wait $perf_pid 2>/dev/null || true
 			t1=$(ticks $PROXY_PID) r1=$(ticks $REDIS_PID) c1=$(ctxsw $PROXY_PID)

@@ -156,8 +156,29 @@ type shard struct {
 	// hits, by upstream, are counted here, under the lock the hit
 	// already holds, rather than in one counter every core would write.
 	hits []atomic.Uint64
-	_    [64]byte
+	// writing counts writes in flight through the proxy to keys that have
+	// no record, by writeSlot of their hash: a counting filter that stands
+	// in for a record per written key, so that a write to a key the tier
+	// does not know (most writes) allocates nothing. While a key's slot is
+	// not zero no fill of it starts (Fill creates records, and checks this
+	// under mu), so none can store a value read before the write ran. Two
+	// keys sharing a slot only delay each other's fills. Incremented under
+	// mu, decremented without it (WriteDone: that only lets fills start).
+	writing [writeSlots]atomic.Int32
+	_       [64]byte
 }
+
+// writeSlots per shard: 16K slots in all, so that even a thousand writes
+// in flight at once leave most keys' slots at zero.
+const writeSlots = 1024
+
+// writeSlot is h's slot in its shard's writing filter; it uses other bits
+// of h than shardOf does.
+func writeSlot(h uint64) uint32 { return uint32(h>>32) & (writeSlots - 1) }
+
+// writeInFlight reports whether a write may be in flight to the key of
+// hash h, which has no record; s.mu is held.
+func (s *shard) writeInFlight(h uint64) bool { return s.writing[writeSlot(h)].Load() > 0 }
 
 // keyRec is one key of one database, identified by a 64-bit hash of both.
 // Two keys with the same hash cannot both be in the tier: the second is
@@ -445,6 +466,10 @@ func (c *Cache) Get(db int, resp3 bool, raw, key []byte) ([]byte, Status) {
 			s.mu.Unlock()
 			return nil, Stale
 		}
+	} else if live && s.writeInFlight(h) {
+		s.mu.Unlock()
+		m.miss(missInFlight)
+		return nil, Pass
 	}
 	s.mu.Unlock()
 	if !live {
@@ -515,6 +540,10 @@ func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte)
 	s.mu.Lock()
 	rec := s.recs[h]
 	if rec == nil {
+		if s.writeInFlight(h) {
+			s.mu.Unlock()
+			return nil, ErrNotNow
+		}
 		rec = &keyRec{h: h, db: db, key: string(key)}
 		s.recs[h] = rec
 	} else if !rec.same(db, key) || rec.inflight > 0 {

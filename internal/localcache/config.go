@@ -29,7 +29,8 @@ type Config struct {
 	// halved, so estimates follow what is hot now.
 	AdmitWindow units.Duration `toml:"admit_window"`
 	// WriteRatio keeps out keys written more than this fraction of the
-	// times they are read (0.1: more than one write per ten reads).
+	// times they are read (0.1: more than one write per ten reads). Writes
+	// are counted from a key's first read in an admission window on.
 	WriteRatio float64 `toml:"write_ratio"`
 	// Include, if not empty, limits the tier to keys matching one of these
 	// patterns (Redis SCAN MATCH syntax); Exclude wins over Include.

@@ -40,8 +40,9 @@
 // evicted (C5).
 //
 // Writes through the proxy (C1, C3). Before a write is sent, its keys are
-// dropped and marked "write in flight"; until its reply has arrived they
-// are neither served nor filled. A fill sent after the reply reaches Redis
+// dropped and marked "write in flight" (on the key's record, or, for a key
+// with none, in its shard's counting filter, so most writes allocate
+// nothing); until its reply has arrived they are neither served nor filled. A fill sent after the reply reaches Redis
 // after the write, so it reads the write's result. (A fence after every
 // write would also do; BenchmarkWriteModes measured it slower, with half
 // the hits, because it stops every key rather than the written ones.)
@@ -107,7 +108,8 @@
 // # Admission
 //
 // Only hot keys: a count-min sketch with a doorkeeper (TinyLFU) counts
-// reads and writes per key, halved every admit_window. A missed key is
+// reads and writes per key (writes from a key's first read in the window
+// on: only a read key can be admitted), halved every admit_window. A missed key is
 // filled through the tier once its reads exceed admit_min_reads, unless it
 // is written more than write_ratio times as often as read, or excluded by
 // pattern; it is kept only if it is hotter than the least recently used key

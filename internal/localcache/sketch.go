@@ -124,6 +124,10 @@ func (s *sketch) doorSet(h uint64) bool {
 	return false
 }
 
+// seen reports whether h was added since the last halving (or, rarely,
+// another key with the same doorkeeper bits was).
+func (s *sketch) seen(h uint64) bool { return s.doorHas(mix(h)) }
+
 func (s *sketch) doorHas(h uint64) bool {
 	word, b := s.doorBits(h)
 	return word.Load()&b == b

@@ -143,3 +143,25 @@ func TestAdmissionUnderColdTraffic(t *testing.T) {
 	}
 	cacheIt(t, p, p.Client(t), "hot")
 }
+
+// write_ratio keeps out a key written about as often as it is read, while
+// a key only read is admitted.
+func TestWriteHeavyKeyNotAdmitted(t *testing.T) {
+	p := startTier(t, nil, func(c *config.Config) { c.LocalCache.WriteRatio = 0.1 })
+	c := p.Client(t)
+	for i := range 30 {
+		mustGet(t, c, "written")
+		if err := c.Set(ctx, "written", strconv.Itoa(i), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustGet(t, c, "written")
+	if n := metric(t, p.Metrics.Registry, "redproxy_localcache_rejections_total", "reason=write_heavy"); n == 0 {
+		t.Fatal("no read was kept out as write-heavy")
+	}
+	if n := metric(t, p.Metrics.Registry, "redproxy_localcache_entries"); n != 0 {
+		t.Fatalf("%v entries after reading a key as often as it was written, want 0", n)
+	}
+	c.Set(ctx, "read", "x", 0)
+	cacheIt(t, p, c, "read")
+}

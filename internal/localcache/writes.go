@@ -15,8 +15,10 @@ type Writes struct {
 }
 
 type mark struct {
-	h  uint64
-	db int
+	h uint64
+	// filtered: the key had no record, and the write is counted in its
+	// shard's writing filter instead of in a record's inflight.
+	filtered bool
 }
 
 // Pending reports whether there is anything for WriteDone to do.
@@ -69,7 +71,12 @@ func (c *Cache) WriteStart(w *Writes, db int, cmd *commands.Command, args [][]by
 func (c *Cache) markWrite(w *Writes, db int, key []byte) {
 	h := c.hash(db, key)
 	s := c.shardOf(h)
-	if c.writes.add(h, 1) {
+	// Writes only weigh against reads (admit): a key not read since the
+	// read sketch last aged cannot be admitted now, so its writes are not
+	// counted. That keeps the write sketch's atomic updates, cache misses
+	// in a table of up to 1MB, off the writes of keys nobody reads through
+	// the proxy, most writes, for a read-only look at one word.
+	if c.reads.seen(h) && c.writes.add(h, 1) {
 		c.wantHalve()
 	}
 	fenceOnly := false
@@ -79,9 +86,16 @@ func (c *Cache) markWrite(w *Writes, db int, key []byte) {
 	s.mu.Lock()
 	rec := s.recs[h]
 	if rec == nil {
-		rec = &keyRec{h: h, db: db, key: string(key)}
-		s.recs[h] = rec
-	} else if !rec.same(db, key) {
+		// Nothing to drop and no fill in flight (a fill has a record):
+		// only keep fills from starting until the reply.
+		if !fenceOnly {
+			s.writing[writeSlot(h)].Add(1)
+			w.marks = append(w.marks, mark{h: h, filtered: true})
+		}
+		s.mu.Unlock()
+		return
+	}
+	if !rec.same(db, key) {
 		// Another key holds this hash, so this one is not in the tier and
 		// cannot be marked; a fence covers it instead.
 		s.mu.Unlock()
@@ -98,7 +112,7 @@ func (c *Cache) markWrite(w *Writes, db int, key []byte) {
 	}
 	rec.inflight++
 	s.mu.Unlock()
-	w.marks = append(w.marks, mark{h: h, db: db})
+	w.marks = append(w.marks, mark{h: h})
 }
 
 // WriteDone is called once the replies of the writes started since the last
@@ -108,6 +122,10 @@ func (c *Cache) markWrite(w *Writes, db int, key []byte) {
 func (c *Cache) WriteDone(w *Writes) {
 	for _, m := range w.marks {
 		s := c.shardOf(m.h)
+		if m.filtered {
+			s.writing[writeSlot(m.h)].Add(-1)
+			continue
+		}
 		s.mu.Lock()
 		if rec := s.recs[m.h]; rec != nil {
 			rec.inflight--
