@@ -36,6 +36,9 @@ type BackendOptions struct {
 	// backend: the primary has become a replica (Sentinel mode watches
 	// for it). Nil ignores it.
 	OnReadOnly func()
+	// Handshake holds extra commands every connection sends after
+	// AUTH/HELLO/SELECT (READONLY for a cluster replica's reads).
+	Handshake [][]string
 }
 
 // Backend owns the shared upstream pools: one per database and protocol,
@@ -343,6 +346,7 @@ func (g *backendGen) options(db int, resp3 bool) Options {
 		Name:       "redproxy",
 		Logger:     g.opt.Logger,
 		OnReadOnly: g.opt.OnReadOnly,
+		Handshake:  g.opt.Handshake,
 	}
 }
 
