@@ -457,6 +457,8 @@ type sub struct {
 	group int
 	// primaryOnly: a replica failed this read; it goes to the primary.
 	primaryOnly bool
+	// mayWrite: the command may write (or is unknown), for Reads.Wrote.
+	mayWrite bool
 	// sha is the script an EVALSHA runs; preload, when set, is the
 	// SCRIPT LOAD sent before it on its next try (after NOSCRIPT).
 	sha     string
@@ -489,9 +491,11 @@ type batch struct {
 	reads     Reads
 	onlyReads bool
 	timer     *time.Timer
+	mayWrite  bool // the command being planned may write
 }
 
 func (b *batch) add(o *op, s sub) {
+	s.mayWrite = b.mayWrite
 	if o.n == 0 {
 		o.first = len(b.subs)
 	}
@@ -512,6 +516,7 @@ func (b *batch) plan(i int, raw []byte) {
 		return
 	}
 	cmd := b.r.table.Lookup(b.args)
+	b.mayWrite = mayWrite(cmd)
 	if cmd == nil {
 		// Unknown to the proxy: let a node say what it makes of it.
 		b.add(o, sub{raw: raw, slot: -1, group: b.open})
@@ -579,6 +584,15 @@ func (b *batch) plan(i int, raw []byte) {
 	default:
 		o.local = errCrossSlot
 	}
+}
+
+// mayWrite reports whether cmd may change data: a write, a script that
+// is not read-only, or a command the table does not know.
+func mayWrite(cmd *commands.Command) bool {
+	if cmd == nil || cmd.Flags&commands.Write != 0 {
+		return true
+	}
+	return cmd.Parent == nil && cmd.Flags&commands.CatScripting != 0 && cmd.Flags&commands.ReadOnly == 0
 }
 
 // planQueued adds a command of a transaction as it is, never split nor
@@ -831,7 +845,7 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 				}
 			}
 		}
-		if b.reads != nil && !b.onlyReads {
+		if b.reads != nil && s.mayWrite {
 			b.reads.Wrote(addr)
 		}
 		s.sentTo = addr

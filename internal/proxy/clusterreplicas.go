@@ -53,6 +53,7 @@ type clusterReplicas struct {
 	// a client's state older than it starts again (clusterReads).
 	gen         atomic.Uint64
 	fingerprint string // the map behind gen; the poller's only
+	polls       int
 
 	stop chan struct{}
 	done chan struct{}
@@ -134,6 +135,13 @@ func (cr *clusterReplicas) close() {
 // poll brings the sets in line with the slot map, then polls every shard
 // at once.
 func (cr *clusterReplicas) poll() {
+	// The router reloads its map every 10 s, or on MOVED and lost
+	// nodes; replicas come, go, finish syncing or fail without either,
+	// so the map is asked for about once a second, as the Sentinels are.
+	if cr.polls%max(1, int(time.Second/cr.interval)) == 0 {
+		cr.router.RefreshSoon()
+	}
+	cr.polls++
 	m := cr.router.Map()
 	if m == nil {
 		return
