@@ -741,7 +741,10 @@ func (b *batch) run() {
 	for i := range b.subs {
 		pending = append(pending, i)
 	}
-	defer func() { b.keys = pending[:0] }()
+	// Kept for the next batch: pending itself ends as a round's retries
+	// (nil when all is done), and a new scratch per batch allocated.
+	scratch := pending
+	defer func() { b.keys = scratch[:0] }()
 	backoff := time.Duration(0)
 	for len(pending) > 0 {
 		if backoff > 0 {

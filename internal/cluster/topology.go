@@ -216,8 +216,10 @@ func parseShards(reply []byte, from string) (*Map, error) {
 			switch {
 			case nf["role"] == "master":
 				primary = addr
-			case nf["health"] == "online":
-				// A replica still loading or failed serves no reads.
+			case nf["health"] != "fail":
+				// ("loading" also means "no offset gossiped yet", as for
+				// a synced replica of an idle primary: whether it can
+				// serve reads is for its own INFO to say.)
 				shardReplicas = append(shardReplicas, addr)
 			default:
 				m.replicas = append(m.replicas, addr)

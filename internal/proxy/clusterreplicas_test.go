@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,7 +22,7 @@ import (
 // startClusterReplicaProxy starts a 3+3 cluster and a cluster-mode proxy
 // reading from its replicas as readFrom says, and waits until the proxy
 // can read all three replicas.
-func startClusterReplicaProxy(t *testing.T, readFrom string, mutate func(*config.Config)) (*redistest.Cluster, *proxytest.Proxy) {
+func startClusterReplicaProxy(t testing.TB, readFrom string, mutate func(*config.Config)) (*redistest.Cluster, *proxytest.Proxy) {
 	t.Helper()
 	c := redistest.StartCluster(t, 3, 1)
 	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
@@ -46,7 +47,7 @@ func (f lazyInt) String() string { return strconv.Itoa(f()) }
 
 // seedCluster writes n keys k0..k(n-1) = v0.. through a cluster client and
 // waits until every replica has them all.
-func seedCluster(t *testing.T, c *redistest.Cluster, n int) {
+func seedCluster(t testing.TB, c *redistest.Cluster, n int) {
 	t.Helper()
 	ctx := context.Background()
 	cc := c.ClusterClient(t)
@@ -317,4 +318,42 @@ func TestClusterReplicaFailover(t *testing.T) {
 	if v, err := w.Get(ctx, "k1").Result(); err != nil || v != "after" {
 		t.Fatalf("GET after SET across the failover = %q, %v", v, err)
 	}
+}
+
+// BenchmarkClusterReplicaReadsPipeline16 is BenchmarkForwardPipeline16 in
+// cluster mode with read_from = "replica": the GETs go to a replica, and
+// allocs/op must stay 0 there too. The offsets are polled rarely, so
+// the poller's allocations do not count as the reads'.
+func BenchmarkClusterReplicaReadsPipeline16(b *testing.B) {
+	c, p := startClusterReplicaProxy(b, config.ReadReplica, rarePolls)
+	if err := c.ClusterClient(b).Set(context.Background(), "key:000000012345", strings.Repeat("v", 64), 0).Err(); err != nil {
+		b.Fatal(err)
+	}
+	redistest.Eventually(b, 10*time.Second, func() bool {
+		for _, r := range c.Replicas(b) {
+			if r.Client(b).DBSize(context.Background()).Val() == 1 {
+				return true
+			}
+		}
+		return false
+	}, "the key never reached a replica")
+	benchForwardOn(b, p, 16)
+}
+
+// BenchmarkReplicaReadsPipeline16 is the same for a standalone primary
+// with one replica.
+func BenchmarkReplicaReadsPipeline16(b *testing.B) {
+	g := startReplicated(b, 1)
+	if err := g.primary.Client(b).Set(context.Background(), "key:000000012345", strings.Repeat("v", 64), 0).Err(); err != nil {
+		b.Fatal(err)
+	}
+	redistest.Eventually(b, 10*time.Second, func() bool {
+		return g.replicas[0].Client(b).DBSize(context.Background()).Val() == 1
+	}, "the key never reached the replica")
+	benchForwardOn(b, g.proxy(b, config.ReadReplica, rarePolls), 16)
+}
+
+func rarePolls(c *config.Config) {
+	c.Upstream.ReplicaPollInterval = units.Duration{Duration: time.Second}
+	c.Upstream.MaxReplicaLag = units.Duration{Duration: time.Hour}
 }
