@@ -55,8 +55,9 @@ type clusterReplicas struct {
 	fingerprint string // the map behind gen; the poller's only
 	polls       int
 
-	stop chan struct{}
-	done chan struct{}
+	running atomic.Bool // start ran: close waits for the loop
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 func initClusterReplicas(s *Server) error {
@@ -101,6 +102,7 @@ func (cr *clusterReplicas) usable(now time.Time) int {
 // start polls once, so reads can use the replicas from the first client
 // on, then keeps polling in the background.
 func (cr *clusterReplicas) start() {
+	cr.running.Store(true)
 	cr.poll()
 	go cr.loop()
 }
@@ -126,7 +128,9 @@ func (cr *clusterReplicas) close() {
 	default:
 	}
 	close(cr.stop)
-	<-cr.done
+	if cr.running.Load() {
+		<-cr.done
+	}
 	for _, rs := range *cr.sets.Load() {
 		rs.close()
 	}
