@@ -334,15 +334,40 @@ func errorFrame(err error) []byte {
 	return []byte("-ERR " + err.Error() + "\r\n")
 }
 
+// Reads lets the reads of a batch go to replicas (DoReads). The proxy's
+// session implements it with its read-your-writes state per shard.
+type Reads interface {
+	// Replica is the connections of the replica a read of a slot that
+	// primary serves goes to (in READONLY mode), or nil for the primary;
+	// refusal, when not nil, is the read's reply instead.
+	Replica(primary string) (replica *upstream.Backend, refusal []byte)
+	// Failed: a read sent to replica failed with err, or had no reply in
+	// ReplyTimeout. toPrimary says to send it to the slot's primary;
+	// otherwise its reply is the error.
+	Failed(replica *upstream.Backend, err error) (toPrimary bool)
+	// Wrote: a command that may write was sent to primary.
+	Wrote(primary string)
+	// ReplyTimeout bounds the wait for a replica's replies.
+	ReplyTimeout() time.Duration
+}
+
 // Do executes every command of c against the cluster and fills c's replies
 // in c's order. Commands for different nodes travel concurrently, each
 // node's share in c's order on one of its shared connections, so commands
 // on one key (one slot, one node) run in the order the client sent them.
 // A redirected command is resent after the batch's first round; see
 // docs/COMPATIBILITY.md for what that means for ordering.
-func (r *Router) Do(c *upstream.Call, resp3 bool) {
+func (r *Router) Do(c *upstream.Call, resp3 bool) { r.DoReads(c, resp3, nil, false) }
+
+// DoReads is Do with replicas: when onlyReads (every command of c is a
+// read a replica may serve), each keyed command goes where reads.Replica
+// says, and back to its slot's primary when that replica fails, is late,
+// or answers MOVED; otherwise every node a command goes to is reported to
+// reads.Wrote. reads nil is Do.
+func (r *Router) DoReads(c *upstream.Call, resp3 bool, reads Reads, onlyReads bool) {
 	b := batchPool.Get().(*batch)
 	b.reset(r, resp3, c.Len())
+	b.reads, b.onlyReads = reads, onlyReads && reads != nil
 	// Each node's share is capped like the client's whole Call, so a
 	// client's replies cannot grow past a few times its output limit here.
 	b.limit = c.ReplyLimit()
@@ -387,6 +412,7 @@ func (b *batch) reset(r *Router, resp3 bool, n int) {
 	}
 	b.open, b.groups = 0, 0
 	b.limit, b.overflow = 0, false
+	b.reads, b.onlyReads = nil, false
 }
 
 // op is one command of the client's batch.
@@ -429,6 +455,10 @@ type sub struct {
 	// group numbers the transaction (MULTI ... EXEC in one batch) the sub
 	// belongs to, from 1; 0 for none. A group goes to one node as a whole.
 	group int
+	// primaryOnly: a replica failed this read; it goes to the primary.
+	primaryOnly bool
+	// mayWrite: the command may write (or is unknown), for Reads.Wrote.
+	mayWrite bool
 	// sha is the script an EVALSHA runs; preload, when set, is the
 	// SCRIPT LOAD sent before it on its next try (after NOSCRIPT).
 	sha     string
@@ -456,9 +486,16 @@ type batch struct {
 	// open is the group a MULTI started and no EXEC or DISCARD ended yet;
 	// groups counts them.
 	open, groups int
+	// reads and onlyReads: see DoReads. timer bounds a round's wait for
+	// replicas.
+	reads     Reads
+	onlyReads bool
+	timer     *time.Timer
+	mayWrite  bool // the command being planned may write
 }
 
 func (b *batch) add(o *op, s sub) {
+	s.mayWrite = b.mayWrite
 	if o.n == 0 {
 		o.first = len(b.subs)
 	}
@@ -479,6 +516,7 @@ func (b *batch) plan(i int, raw []byte) {
 		return
 	}
 	cmd := b.r.table.Lookup(b.args)
+	b.mayWrite = mayWrite(cmd)
 	if cmd == nil {
 		// Unknown to the proxy: let a node say what it makes of it.
 		b.add(o, sub{raw: raw, slot: -1, group: b.open})
@@ -546,6 +584,15 @@ func (b *batch) plan(i int, raw []byte) {
 	default:
 		o.local = errCrossSlot
 	}
+}
+
+// mayWrite reports whether cmd may change data: a write, a script that
+// is not read-only, or a command the table does not know.
+func mayWrite(cmd *commands.Command) bool {
+	if cmd == nil || cmd.Flags&commands.Write != 0 {
+		return true
+	}
+	return cmd.Parent == nil && cmd.Flags&commands.CatScripting != 0 && cmd.Flags&commands.ReadOnly == 0
 }
 
 // planQueued adds a command of a transaction as it is, never split nor
@@ -694,7 +741,10 @@ func (b *batch) run() {
 	for i := range b.subs {
 		pending = append(pending, i)
 	}
-	defer func() { b.keys = pending[:0] }()
+	// Kept for the next batch: pending itself ends as a round's retries
+	// (nil when all is done), and a new scratch per batch allocated.
+	scratch := pending
+	defer func() { b.keys = scratch[:0] }()
 	backoff := time.Duration(0)
 	for len(pending) > 0 {
 		if backoff > 0 {
@@ -713,6 +763,15 @@ type nodeCall struct {
 	call *upstream.Call
 	subs []int // sub index per reply; -1 for an ASKING reply
 	err  error
+	// replica, when set, is the replica's connections the call goes to.
+	// Its commands are copied into buf (ends: where each ends): a call
+	// given up on after the reply timeout is written and answered some
+	// time later, when the client's buffer holds other bytes; such a call
+	// is abandoned, never reused.
+	replica   *upstream.Backend
+	buf       []byte
+	ends      []int
+	abandoned bool
 }
 
 // round sends pending subs and classifies their replies. It returns the
@@ -730,9 +789,9 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 		m = r.m.Load()
 	}
 	defer b.recycleCalls()
-	callFor := func(addr string) *nodeCall {
+	callFor := func(addr string, replica *upstream.Backend) *nodeCall {
 		for _, nc := range b.calls {
-			if nc.addr == addr {
+			if nc.addr == addr && nc.replica == replica {
 				return nc
 			}
 		}
@@ -742,7 +801,7 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 		} else {
 			nc = &nodeCall{call: upstream.NewCall()}
 		}
-		nc.addr = addr
+		nc.addr, nc.replica = addr, replica
 		if b.limit > 0 {
 			nc.call.SetReplyLimit(b.limit)
 		}
@@ -772,8 +831,28 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 			retry, wait = append(retry, i), true
 			continue
 		}
+		if b.reads != nil && s.redirect == "" && s.to == "" && s.slot >= 0 {
+			if b.onlyReads && !s.primaryOnly && !s.asking && s.preload == nil {
+				replica, refusal := b.reads.Replica(addr)
+				if refusal != nil {
+					b.finish(i, refusal)
+					continue
+				}
+				if replica != nil {
+					s.sentTo = replica.Addr()
+					nc := callFor(s.sentTo, replica)
+					nc.buf = append(nc.buf, s.raw...)
+					nc.ends = append(nc.ends, len(nc.buf))
+					nc.subs = append(nc.subs, i)
+					continue
+				}
+			}
+		}
+		if b.reads != nil && s.mayWrite {
+			b.reads.Wrote(addr)
+		}
 		s.sentTo = addr
-		nc := callFor(addr)
+		nc := callFor(addr, nil)
 		if s.preload != nil {
 			nc.call.Add(s.preload)
 			nc.subs = append(nc.subs, -1)
@@ -787,13 +866,41 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 		nc.subs = append(nc.subs, i)
 	}
 	calls := b.calls
+	replicas := false
 	for _, nc := range calls {
-		nc.err = r.backend(nc.addr).Pool(0, b.resp3).Send(nc.call)
+		if nc.replica == nil {
+			nc.err = r.backend(nc.addr).Pool(0, b.resp3).Send(nc.call)
+			continue
+		}
+		replicas = true
+		start := 0
+		for _, end := range nc.ends {
+			nc.call.Add(nc.buf[start:end:end])
+			start = end
+		}
+		nc.err = nc.replica.Pool(0, b.resp3).Send(nc.call)
+	}
+	if replicas {
+		b.startTimer()
 	}
 	for _, nc := range calls {
-		if nc.err == nil {
+		switch {
+		case nc.err != nil:
+		case nc.replica == nil:
 			nc.call.Wait()
+		default:
+			select {
+			case <-nc.call.Done():
+			case <-b.timer.C:
+				// The timer fired once; the other replicas' calls get
+				// no more time than this one had.
+				nc.err, nc.abandoned = upstream.ErrTimeout, true
+				b.timer.Reset(0)
+			}
 		}
+	}
+	if replicas {
+		b.timer.Stop()
 	}
 	// Commands of one transaction go and come back together: if one of
 	// them was redirected, EXEC failed, and the whole group is sent again.
@@ -838,6 +945,11 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 func (b *batch) classify(i int, nc *nodeCall, k int) (again, slow bool) {
 	r := b.r
 	s := &b.subs[i]
+	if nc.replica != nil {
+		if again, done := b.replicaFailed(i, nc, k); done {
+			return again, false
+		}
+	}
 	if nc.err != nil {
 		// Nothing was sent: safe to try again once the map says where
 		// the slot lives now.
@@ -868,7 +980,45 @@ func (b *batch) classify(i int, nc *nodeCall, k int) (again, slow bool) {
 	return again, slow
 }
 
+// replicaFailed handles sub i's outcome on a replica when the replica
+// failed it: it was not sent, was lost or late, or the replica is not
+// serving (loading, or cut off from its primary). A read changes nothing,
+// so the primary may run it again. done is false when the reply is to be
+// classified as any other (a MOVED included).
+func (b *batch) replicaFailed(i int, nc *nodeCall, k int) (again, done bool) {
+	err := nc.err
+	if err == nil {
+		reply, rerr := nc.call.Reply(k)
+		switch {
+		case rerr != nil && !errors.Is(rerr, upstream.ErrOutputLimit):
+			err = rerr
+		case rerr == nil && (bytes.HasPrefix(reply, prefixLoading) || bytes.HasPrefix(reply, prefixMasterDown)):
+			err = errors.New(string(bytes.TrimSpace(reply[1:])))
+		default:
+			return false, false
+		}
+	}
+	if b.reads.Failed(nc.replica, err) {
+		b.subs[i].primaryOnly = true
+		return true, true
+	}
+	b.finish(i, errorFrame(err))
+	return false, true
+}
+
+// startTimer arms the batch's timer for a round's replicas.
+func (b *batch) startTimer() {
+	d := b.reads.ReplyTimeout()
+	if b.timer == nil {
+		b.timer = time.NewTimer(d)
+		return
+	}
+	b.timer.Reset(d)
+}
+
 var (
+	prefixLoading     = []byte("-LOADING")
+	prefixMasterDown  = []byte("-MASTERDOWN")
 	prefixMoved       = []byte("-MOVED ")
 	prefixAsk         = []byte("-ASK ")
 	prefixTryAgain    = []byte("-TRYAGAIN")
@@ -973,11 +1123,18 @@ func (b *batch) finish(i int, reply []byte) {
 // for the next round or batch.
 func (b *batch) recycleCalls() {
 	for _, nc := range b.calls {
+		if nc.abandoned {
+			continue // still the pipe's, until its replies come
+		}
 		nc.call.Reset()
 		nc.call.Trim(64 << 10)
 		clear(nc.subs)
 		nc.subs = nc.subs[:0]
-		nc.addr, nc.err = "", nil
+		nc.addr, nc.err, nc.replica = "", nil, nil
+		nc.buf, nc.ends = nc.buf[:0], nc.ends[:0]
+		if cap(nc.buf) > 64<<10 {
+			nc.buf = nil
+		}
 		b.spare = append(b.spare, nc)
 	}
 	clear(b.calls)

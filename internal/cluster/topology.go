@@ -23,6 +23,9 @@ type Map struct {
 	owner     [Slots]int16
 	primaries []string // addresses, host:port
 	replicas  []string // every replica's address, for asking views
+	// replicasOf[i] are the replicas of primaries[i] the answering node
+	// named (reads from replicas); nil for a primary added by MOVED.
+	replicasOf [][]string
 
 	// ordered caches Primaries, which keyless commands ask for often.
 	orderedOnce sync.Once
@@ -45,6 +48,20 @@ func (m *Map) Owner(s int) string {
 	}
 	return ""
 }
+
+// ReplicasOf are the replicas of the primary at addr, as the node whose
+// view the map is named them: those CLUSTER SHARDS (or CLUSTER SLOTS)
+// listed with it. The slice must not be changed.
+func (m *Map) ReplicasOf(addr string) []string {
+	if i := slices.Index(m.primaries, addr); i >= 0 && i < len(m.replicasOf) {
+		return m.replicasOf[i]
+	}
+	return nil
+}
+
+// Fingerprint is a canonical text of who serves which slots: equal for
+// two maps that route every slot alike.
+func (m *Map) Fingerprint() string { return m.fingerprint() }
 
 // Primaries are the addresses of the primaries that own at least one slot,
 // ordered by the lowest slot each owns.
@@ -82,7 +99,7 @@ func (m *Map) nodes() []string {
 
 // withOwner returns a copy of m in which addr serves slot s (after a MOVED).
 func (m *Map) withOwner(s int, addr string) *Map {
-	n := &Map{owner: m.owner, primaries: m.primaries, replicas: m.replicas}
+	n := &Map{owner: m.owner, primaries: m.primaries, replicas: m.replicas, replicasOf: m.replicasOf}
 	i := slices.Index(n.primaries, addr)
 	if i < 0 {
 		n.primaries = append(slices.Clone(n.primaries), addr)
@@ -97,15 +114,33 @@ func (m *Map) assign(from, to int, addr string) error {
 	if from < 0 || to >= Slots || from > to || addr == "" {
 		return errBadReply
 	}
-	i := slices.Index(m.primaries, addr)
-	if i < 0 {
-		m.primaries = append(m.primaries, addr)
-		i = len(m.primaries) - 1
-	}
+	i := m.primaryIndex(addr)
 	for s := from; s <= to; s++ {
 		m.owner[s] = int16(i)
 	}
 	return nil
+}
+
+// primaryIndex is addr's index in primaries, added if new.
+func (m *Map) primaryIndex(addr string) int {
+	i := slices.Index(m.primaries, addr)
+	if i < 0 {
+		m.primaries = append(m.primaries, addr)
+		m.replicasOf = append(m.replicasOf, nil)
+		i = len(m.primaries) - 1
+	}
+	return i
+}
+
+// addReplica records addr as a replica of primary.
+func (m *Map) addReplica(primary, addr string) {
+	i := m.primaryIndex(primary)
+	if !slices.Contains(m.replicasOf[i], addr) {
+		m.replicasOf[i] = append(m.replicasOf[i], addr)
+	}
+	if !slices.Contains(m.replicas, addr) {
+		m.replicas = append(m.replicas, addr)
+	}
 }
 
 // fingerprint is a canonical text of the map's slot ranges and owners, so
@@ -171,20 +206,33 @@ func parseShards(reply []byte, from string) (*Map, error) {
 		slots, _ := fields["slots"].([]any)
 		nodes, _ := fields["nodes"].([]any)
 		primary := ""
+		var shardReplicas []string
 		for _, n := range nodes {
 			nf := pairs(n)
 			addr := nodeAddr(nf, from)
 			if addr == "" {
 				continue
 			}
-			if nf["role"] == "master" {
+			switch {
+			case nf["role"] == "master":
 				primary = addr
-			} else {
+			case nf["health"] != "fail":
+				// ("loading" also means "no offset gossiped yet", as for
+				// a synced replica of an idle primary: whether it can
+				// serve reads is for its own INFO to say.)
+				shardReplicas = append(shardReplicas, addr)
+			default:
 				m.replicas = append(m.replicas, addr)
 			}
 		}
 		if len(slots) == 0 {
+			m.replicas = append(m.replicas, shardReplicas...)
 			continue
+		}
+		for _, r := range shardReplicas {
+			if primary != "" {
+				m.addReplica(primary, r)
+			}
 		}
 		if primary == "" || len(slots)%2 != 0 {
 			return nil, fmt.Errorf("%w: shard without a primary", errBadReply)
@@ -272,8 +320,8 @@ func parseSlots(reply []byte, from string) (*Map, error) {
 			return nil, err
 		}
 		for _, rep := range a[3:] {
-			if addr := addrOf(rep); addr != "" && !slices.Contains(m.replicas, addr) {
-				m.replicas = append(m.replicas, addr)
+			if addr := addrOf(rep); addr != "" {
+				m.addReplica(addrOf(a[2]), addr)
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -65,5 +66,37 @@ func TestParseSlotsAndShards(t *testing.T) {
 		if _, err := parseSlots([]byte(bad), "a:1"); err == nil {
 			t.Errorf("parseSlots(%q) accepted", bad)
 		}
+	}
+}
+
+// TestMapReplicasOf: both CLUSTER SLOTS and CLUSTER SHARDS name each
+// primary's replicas (read_from), a failed replica excluded, and a map
+// changed by MOVED keeps them.
+func TestMapReplicasOf(t *testing.T) {
+	slots := "*2\r\n*3\r\n:0\r\n:99\r\n*3\r\n$9\r\n127.0.0.1\r\n:7000\r\n$2\r\nid\r\n*4\r\n:100\r\n:16383\r\n*3\r\n$0\r\n\r\n:7001\r\n$2\r\nid\r\n*3\r\n$1\r\n?\r\n:7002\r\n$2\r\nid\r\n"
+	m, err := parseSlots([]byte(slots), "10.0.0.9:7001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.ReplicasOf("10.0.0.9:7001"); len(got) != 1 || got[0] != "10.0.0.9:7002" {
+		t.Fatalf("CLUSTER SLOTS: replicas of 7001 = %v", got)
+	}
+	if got := m.ReplicasOf("127.0.0.1:7000"); len(got) != 0 {
+		t.Fatalf("CLUSTER SLOTS: replicas of 7000 = %v", got)
+	}
+	if got := m.withOwner(5, "127.0.0.1:7009").ReplicasOf("10.0.0.9:7001"); len(got) != 1 {
+		t.Fatalf("after MOVED: replicas of 7001 = %v", got)
+	}
+	node := func(port int, role, health string) string {
+		return "*10\r\n$4\r\nport\r\n:" + strconv.Itoa(port) + "\r\n$8\r\nendpoint\r\n$9\r\n127.0.0.1\r\n$4\r\nrole\r\n$" + strconv.Itoa(len(role)) + "\r\n" + role + "\r\n$6\r\nhealth\r\n$" + strconv.Itoa(len(health)) + "\r\n" + health + "\r\n$2\r\nip\r\n$9\r\n127.0.0.1\r\n"
+	}
+	shards := "*1\r\n*4\r\n$5\r\nslots\r\n*2\r\n:0\r\n:16383\r\n$5\r\nnodes\r\n*3\r\n" +
+		node(7011, "replica", "loading") + node(7010, "master", "online") + node(7012, "replica", "fail")
+	m, err = parseShards([]byte(shards), "127.0.0.1:7010")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.ReplicasOf("127.0.0.1:7010"); len(got) != 1 || got[0] != "127.0.0.1:7011" {
+		t.Fatalf("CLUSTER SHARDS: replicas of 7010 = %v (want the loading one, not the failed one)", got)
 	}
 }

@@ -388,8 +388,6 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{2, "server.slowlog_max_len", "must be between 0 (off) and 10000"}}},
 		{"bad read_from", "[upstream]\nread_from = \"replicas\"\n",
 			[]wantErr{{2, "upstream.read_from", `invalid value "replicas" (use "primary", "replica" or "replica_preferred")`}}},
-		{"replica reads in cluster mode", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\nread_from = \"replica\"\n",
-			[]wantErr{{4, "upstream.read_from", "not supported in cluster mode yet"}}},
 		{"zero replica lag", "[upstream]\nmax_replica_lag = \"0s\"\n",
 			[]wantErr{{2, "upstream.max_replica_lag", "must be > 0"}}},
 		{"replica poll too fast", "[upstream]\nreplica_poll_interval = \"1ms\"\n",
@@ -839,5 +837,17 @@ func TestCertificateFilesMustBeRegular(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("ca_file = %s: got %v, want an error containing %q", path, err, want)
 		}
+	}
+}
+
+// Reads from replicas of a cluster [upstream] are accepted: every shard
+// has its replica set (proxy/clusterreplicas.go).
+func TestClusterReplicaReadsAccepted(t *testing.T) {
+	c, err := Parse([]byte("[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\nread_from = \"replica\"\n"), "c.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Upstream.ReadFrom != ReadReplica {
+		t.Fatalf("read_from = %q", c.Upstream.ReadFrom)
 	}
 }

@@ -42,9 +42,6 @@ func checkReplicaReads(section string, u *Upstream) []*Error {
 	default:
 		bad("read_from", "invalid value %q (use %q, %q or %q)", u.ReadFrom, ReadPrimary, ReadReplica, ReadReplicaPreferred)
 	}
-	if u.ReadFrom != ReadPrimary && u.Mode == ModeCluster {
-		bad("read_from", "reads from replicas are not supported in cluster mode yet (use %q)", ReadPrimary)
-	}
 	if u.ReadFrom != ReadPrimary && u.Address == EmbeddedAddress {
 		bad("read_from", "the in-process demo store has no replicas (use %q)", ReadPrimary)
 	}

@@ -148,6 +148,9 @@ func (c *Config) checkRoutes() []*Error {
 				rekey(tlsErrorList(err))
 			}
 		}
+		if u.Mode == ModeCluster && u.ReadFrom != ReadPrimary {
+			bad(prefix+".read_from", "reads from replicas of a cluster named upstream are not supported yet (use %q)", ReadPrimary)
+		}
 		if u.Mode == ModeCluster {
 			for i, usr := range c.Users {
 				if usr.UpstreamUser != "" {

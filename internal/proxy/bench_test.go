@@ -28,13 +28,19 @@ func BenchmarkForwardSingle(b *testing.B) {
 
 func benchForward(b *testing.B, depth int) {
 	p := proxytest.Start(b, nil, nil)
+	if _, err := p.Redis.Client(b).Set(ctx, "key:000000012345", bytes.Repeat([]byte("v"), 64), 0).Result(); err != nil {
+		b.Fatal(err)
+	}
+	benchForwardOn(b, p, depth)
+}
+
+// benchForwardOn is benchForward through p, whose upstream holds
+// key:000000012345 = 64 v's.
+func benchForwardOn(b *testing.B, p *proxytest.Proxy, depth int) {
 	nc := p.Dial(b)
 	var req bytes.Buffer
 	for i := 0; i < depth; i++ {
 		req.WriteString("*2\r\n$3\r\nGET\r\n$16\r\nkey:000000012345\r\n")
-	}
-	if _, err := p.Redis.Client(b).Set(ctx, "key:000000012345", bytes.Repeat([]byte("v"), 64), 0).Result(); err != nil {
-		b.Fatal(err)
 	}
 	reply := "$64\r\n" + string(bytes.Repeat([]byte("v"), 64)) + "\r\n"
 	want := len(reply) * depth

@@ -69,6 +69,9 @@ type replicaSet struct {
 	primary     *upstream.Backend
 	sentinel    *sentinel.Watcher
 	nodeOptions func(addr string) upstream.BackendOptions
+	// listReplicas, in cluster mode, names the shard's replicas (the
+	// slot map's); nil elsewhere.
+	listReplicas func() []string
 
 	started atomic.Uint64 // epoch of the latest poll started; 0: none yet
 	view    atomic.Pointer[replicaView]
@@ -81,10 +84,11 @@ type replicaSet struct {
 
 	calls sync.Pool // *replicaCall
 
-	// Batches of reads by where they were answered
-	// (redproxy_replica_reads_total{result}).
-	onReplica, onPrimary, fellBack, failed prometheus.Counter
-	primaryUp                              bool // the last poll read the primary's offset, for logging changes only
+	replicaMetrics
+	primaryUp bool // the last poll read the primary's offset, for logging changes only
+	// onRoleChange, in cluster mode, asks for a new slot map: the
+	// primary says it is a replica now.
+	onRoleChange func()
 
 	stop chan struct{}
 	done chan struct{}
@@ -94,6 +98,13 @@ type replicaSet struct {
 type replicaNode struct {
 	addr    string
 	backend *upstream.Backend
+	// own are the node's pools for users with an upstream credential of
+	// their own, by the primary pools that credential's commands use
+	// (users.go), made on a user's first read: they read the replica
+	// under their own Redis user, as they write the primary.
+	ownMu  sync.Mutex
+	own    map[*upstream.Backend]*upstream.Backend
+	closed bool
 	// failed is the poll epoch current when a read on the node last
 	// failed: it is skipped until a poll that started later heard from it.
 	failed atomic.Uint64
@@ -129,7 +140,7 @@ type offsetSample struct {
 type replicaReads struct {
 	// forwarded counts the commands of the batch's Call that a replica
 	// may serve; the Call goes to one only if that is all of them.
-	forwarded int
+	forwarded int32
 	// wrote: a command that may write was forwarded and its reply is not
 	// in yet (writeForwarded, or a Call with more than reads).
 	wrote bool
@@ -178,6 +189,9 @@ func initReplicas(s *Server) error {
 	if s.routes != nil {
 		return initRouteReplicas(s)
 	}
+	if s.router != nil {
+		return initClusterReplicas(s)
+	}
 	u := s.cfg.Upstream
 	if u.ReadFrom == config.ReadPrimary || u.ReadFrom == "" {
 		return nil
@@ -192,6 +206,14 @@ func initReplicas(s *Server) error {
 // newReplicaSet sets up the replica reads of upstream u, whose shared
 // pools are primary; it registers its metrics with reg.
 func newReplicaSet(s *Server, u config.Upstream, primary *upstream.Backend, w *sentinel.Watcher, opts func(addr string) upstream.BackendOptions, reg prometheus.Registerer, log *slog.Logger) (*replicaSet, error) {
+	rs := makeReplicaSet(s, u, primary, w, opts, log)
+	m, err := newReplicaMetrics(reg, func() float64 { return float64(rs.usable(time.Now())) })
+	rs.replicaMetrics = m
+	return rs, err
+}
+
+// makeReplicaSet is newReplicaSet without metrics.
+func makeReplicaSet(s *Server, u config.Upstream, primary *upstream.Backend, w *sentinel.Watcher, opts func(addr string) upstream.BackendOptions, log *slog.Logger) *replicaSet {
 	rs := &replicaSet{
 		srv:          s,
 		mode:         u.ReadFrom,
@@ -213,21 +235,35 @@ func newReplicaSet(s *Server, u config.Upstream, primary *upstream.Backend, w *s
 		o.Pins = nil
 		return o
 	}
+	rs.calls.New = func() any { return &replicaCall{call: upstream.NewCall()} }
+	return rs
+}
+
+// replicaMetrics count an upstream's reads by where they were answered.
+type replicaMetrics struct {
+	// Batches of reads by where they were answered
+	// (redproxy_replica_reads_total{result}).
+	onReplica, onPrimary, fellBack, failed prometheus.Counter
+}
+
+// newReplicaMetrics registers the replica-read metrics with reg; usable
+// counts the replicas usable now.
+func newReplicaMetrics(reg prometheus.Registerer, usable func() float64) (replicaMetrics, error) {
+	var rm replicaMetrics
 	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "redproxy_replica_reads_total",
 		Help: "Batches of reads by where they were answered: replica; primary (read-your-writes or no usable replica); fallback (a replica failed or was late, then the primary); failed (read_from = replica and no replica).",
 	}, []string{"result"})
-	rs.onReplica, rs.onPrimary = reads.WithLabelValues("replica"), reads.WithLabelValues("primary")
-	rs.fellBack, rs.failed = reads.WithLabelValues("fallback"), reads.WithLabelValues("failed")
-	rs.calls.New = func() any { return &replicaCall{call: upstream.NewCall()} }
+	rm.onReplica, rm.onPrimary = reads.WithLabelValues("replica"), reads.WithLabelValues("primary")
+	rm.fellBack, rm.failed = reads.WithLabelValues("fallback"), reads.WithLabelValues("failed")
 	if err := reg.Register(reads); err != nil {
-		return nil, err
+		return rm, err
 	}
 	err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "redproxy_replicas_usable",
 		Help: "Replicas the last poll found replicating, answering and within upstream.max_replica_lag.",
-	}, func() float64 { return float64(rs.usable(time.Now())) }))
-	return rs, err
+	}, usable))
+	return rm, err
 }
 
 // allReplicaSets are the replica sets of every upstream that reads from
@@ -251,6 +287,9 @@ func (s *Server) allReplicaSets() []*replicaSet {
 // startReplicas polls once, so reads can use the replicas from the first
 // client on, then keeps polling in the background.
 func (s *Server) startReplicas() {
+	if s.creplicas != nil {
+		s.creplicas.start()
+	}
 	for _, rs := range s.allReplicaSets() {
 		rs.poll()
 		go rs.loop()
@@ -259,6 +298,9 @@ func (s *Server) startReplicas() {
 
 // closeReplicas stops the poller and closes the replicas' pools.
 func (s *Server) closeReplicas() {
+	if s.creplicas != nil {
+		s.creplicas.close()
+	}
 	for _, rs := range s.allReplicaSets() {
 		rs.close()
 	}
@@ -271,11 +313,50 @@ func (rs *replicaSet) close() {
 	default:
 	}
 	close(rs.stop)
-	if rs.started.Load() > 0 {
-		<-rs.done
+	if rs.started.Load() > 0 && rs.listReplicas == nil {
+		<-rs.done // (a cluster shard's set has no loop of its own)
 	}
 	for _, n := range rs.nodes {
-		n.backend.Close()
+		n.close()
+	}
+}
+
+// backendFor is the node's pools for commands that use primary's
+// credential: the node's own for the upstream's credential, else pools
+// made on first use with that of primary.
+func (n *replicaNode) backendFor(rs *replicaSet, primary *upstream.Backend) *upstream.Backend {
+	if primary == rs.primary {
+		return n.backend
+	}
+	n.ownMu.Lock()
+	defer n.ownMu.Unlock()
+	if b := n.own[primary]; b != nil || n.closed {
+		if b == nil {
+			return n.backend // closed: the read fails there and goes to the primary
+		}
+		return b
+	}
+	o := rs.nodeOptions(n.addr)
+	po := primary.Options(0, false)
+	o.Username, o.Password = po.Username, po.Password
+	b := upstream.NewBackend(o)
+	if n.own == nil {
+		n.own = map[*upstream.Backend]*upstream.Backend{}
+	}
+	n.own[primary] = b
+	return b
+}
+
+// close closes the node's pools, its users' included.
+func (n *replicaNode) close() {
+	n.ownMu.Lock()
+	n.closed = true
+	own := n.own
+	n.own = nil
+	n.ownMu.Unlock()
+	n.backend.Close()
+	for _, b := range own {
+		b.Close()
 	}
 }
 
@@ -375,6 +456,9 @@ func (rs *replicaSet) primaryOffset() (int64, []byte, error) {
 	}
 	f := infoFields(info)
 	if f["role"] != "master" {
+		if rs.onRoleChange != nil {
+			rs.onRoleChange()
+		}
 		return 0, nil, fmt.Errorf("the primary says role:%s (a failover?)", f["role"])
 	}
 	off, err := strconv.ParseInt(f["master_repl_offset"], 10, 64)
@@ -461,6 +545,9 @@ func infoFields(reply []byte) map[string]string {
 // Sentinels name (SENTINEL REPLICAS, asked about once a second), else
 // those connected to the primary, from its INFO replication.
 func (rs *replicaSet) discover(primaryInfo []byte) []string {
+	if rs.listReplicas != nil {
+		return rs.listReplicas()
+	}
 	if w := rs.sentinel; w != nil {
 		every := max(1, int(time.Second/rs.interval))
 		if rs.polls%every == 0 {
@@ -517,7 +604,7 @@ func (rs *replicaSet) sync(addrs []string) {
 		if !seen[a] || a == rs.primary.Addr() {
 			delete(rs.nodes, a)
 			rs.log.Info("replica gone", "replica", a)
-			go n.backend.Close()
+			go n.close()
 		}
 	}
 }
@@ -532,6 +619,9 @@ func (s *Server) UsableReplicas() int {
 // config.DefaultUpstream).
 func (s *Server) UsableReplicasOf(name string) int {
 	rs := s.replicas
+	if s.creplicas != nil {
+		return s.creplicas.usable(time.Now())
+	}
 	if s.routes != nil {
 		rs = nil
 		for _, t := range s.routes.targets {
@@ -636,11 +726,14 @@ func replicaCommand(cmd *commands.Command) bool {
 // replicaCandidate reports whether r, forwarded now, could be read from a
 // replica. XREAD is flagged blocking and only blocks with BLOCK, so it is
 // allowed without.
+//
+// A user with an upstream credential of its own reads replicas too, on
+// pools with its credential (replicaNode.backendFor).
 func (sess *Session) replicaCandidate(r *request) bool {
-	if sess.pin.pipe != nil || r.blocking || !sess.sharesUpstream() || r.cmd == nil {
+	if sess.pin.pipe != nil || r.blocking || r.cmd == nil {
 		return false
 	}
-	if sess.srv.replicas == nil && !sess.routeToReplicas(r) {
+	if sess.srv.replicas == nil && sess.srv.creplicas == nil && !sess.routeToReplicas(r) {
 		return false
 	}
 	if r.cmd.Name == "xread" {
@@ -655,7 +748,7 @@ func (sess *Session) replicaCandidate(r *request) bool {
 // may write too.
 func (sess *Session) replicaForwarded(r *request) {
 	switch {
-	case sess.srv.replicas == nil:
+	case sess.srv.replicas == nil && sess.srv.creplicas == nil:
 	case sess.replicaCandidate(r):
 		sess.reads.forwarded++
 	case r.cmd == nil:
@@ -672,6 +765,12 @@ func (sess *Session) replicaWriteForwarded() {
 	switch {
 	case sess.srv.replicas != nil:
 		sess.reads.wrote = true
+	case sess.srv.creplicas != nil:
+		// Writes through the router are noted per shard (clusterReads.
+		// Wrote); one on a dedicated connection, for every shard.
+		if sess.pin.pipe != nil || sess.pin.inMulti || sess.cur.blocking || sess.cmulti.open {
+			sess.reads.wrote = true
+		}
 	case sess.srv.routes != nil && sess.srv.routes.replicas:
 		if sess.pin.pipe != nil || sess.pin.inMulti || sess.cur.blocking || sess.cmulti.open {
 			sess.reads.wrote = true
@@ -687,6 +786,10 @@ func (sess *Session) replicaBatchFlushed() {
 		return
 	}
 	sess.reads.wrote = false
+	if sess.srv.creplicas != nil {
+		sess.clusterReads().wroteEverywhere()
+		return
+	}
 	if sess.srv.replicas != nil {
 		sess.reads.needEpoch = sess.srv.replicas.started.Load() + 1
 		return
@@ -702,13 +805,13 @@ func (sess *Session) replicaBatchFlushed() {
 // primary and waits for its replies; or, when every command in it is a
 // read a replica may serve and read_from and read-your-writes allow, to
 // one of primary's replicas. This is the one place a read picks its server
-// (flush). The replicas are those of the proxy's own upstream
-// (s.backend): a Call for any other backend goes to that backend.
+// (flush). The replicas are those of the proxy's own upstream, read with
+// the credential of primary (the proxy's, or the client's user's own).
 func (sess *Session) sendUpstream(call *upstream.Call, primary *upstream.Backend) {
 	if rs := sess.srv.replicas; rs != nil {
-		reads := sess.reads.forwarded == call.Len() && primary == sess.srv.backend
+		reads := int(sess.reads.forwarded) == call.Len()
 		sess.reads.forwarded = 0
-		if reads && sess.readOnReplica(rs, &sess.reads, call) {
+		if reads && sess.readOnReplica(rs, &sess.reads, call, primary) {
 			return
 		}
 	}
@@ -718,8 +821,10 @@ func (sess *Session) sendUpstream(call *upstream.Call, primary *upstream.Backend
 // readOnReplica sends a Call of reads to a replica. It reports false when
 // the primary is to answer it instead (and nothing was kept from the
 // replica); true when call holds the replies or the error to give.
-// rr is the client's read-your-writes state for rs's upstream.
-func (sess *Session) readOnReplica(rs *replicaSet, rr *replicaReads, call *upstream.Call) bool {
+// rr is the client's read-your-writes state for rs's upstream; primary
+// is the pools the client's commands use there, whose credential the
+// replica's connections must have.
+func (sess *Session) readOnReplica(rs *replicaSet, rr *replicaReads, call *upstream.Call, primary *upstream.Backend) bool {
 	now := time.Now()
 	node := rs.pick(rr, sess.id, now)
 	if node == nil {
@@ -745,7 +850,7 @@ func (sess *Session) readOnReplica(rs *replicaSet, rr *replicaReads, call *upstr
 		start = end
 	}
 	rc.call.SetReplyLimit(call.ReplyLimit())
-	err := node.backend.Pool(sess.db, sess.resp3).Send(rc.call)
+	err := node.backendFor(rs, primary).Pool(sess.db, sess.resp3).Send(rc.call)
 	done := err == nil
 	if done {
 		if rc.timer == nil {

@@ -28,7 +28,7 @@ type replicated struct {
 	replicas []*redistest.Server
 }
 
-func startReplicated(t *testing.T, n int) *replicated {
+func startReplicated(t testing.TB, n int) *replicated {
 	t.Helper()
 	g := &replicated{primary: redistest.Start(t, "--repl-diskless-sync-delay", "0")}
 	for range n {
@@ -43,7 +43,7 @@ func startReplicated(t *testing.T, n int) *replicated {
 }
 
 // replicaProxy starts a proxy in front of g's primary with read_from.
-func (g *replicated) proxy(t *testing.T, readFrom string, mutate func(*config.Config)) *proxytest.Proxy {
+func (g *replicated) proxy(t testing.TB, readFrom string, mutate func(*config.Config)) *proxytest.Proxy {
 	t.Helper()
 	p := proxytest.Start(t, g.primary, func(c *config.Config) {
 		c.Upstream.ReadFrom = readFrom

@@ -689,14 +689,14 @@ func (sess *Session) routedDo(call *upstream.Call) {
 			continue
 		}
 		be, _ := sess.backendFor(up)
-		if tg.replicas != nil && !b.notReads[up] && sess.sharesUpstream() {
+		if tg.replicas != nil && !b.notReads[up] {
 			// All reads: to one of the upstream's replicas, or its primary
 			// (routereplicas.go).
 			rr := sess.routeReads(up)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if !sess.readOnReplica(tg.replicas, rr, c) {
+				if !sess.readOnReplica(tg.replicas, rr, c, be) {
 					be.Pool(sess.db, sess.resp3).Do(c)
 				}
 			}()

@@ -58,6 +58,7 @@ type Server struct {
 	tier         *tierState                          // the local tier (tier.go)
 	sentinel     *sentinel.Watcher                   // upstream.mode = "sentinel" (sentinel.go); nil otherwise
 	replicas     *replicaSet                         // upstream.read_from = replica*: reads from replicas (replicas.go); nil otherwise
+	creplicas    *clusterReplicas                    // the same in cluster mode (clusterreplicas.go)
 	park         serverPark                          // idle clients parked without a goroutine (park.go)
 	slow         slowState                           // the slow log (slowlog.go)
 	tls          tlsState                            // TLS on both sides (tls.go)

@@ -113,6 +113,9 @@ type Session struct {
 	// reads is where the client's reads may go with replica reads on
 	// (replicas.go).
 	reads replicaReads
+	// creads is the same per shard in cluster mode, made on first use
+	// (clusterreplicas.go).
+	creads *clusterReads
 
 	ns nsState // the key prefix the client is confined to (namespace.go)
 	// listener is the client listener the client came through
@@ -482,7 +485,7 @@ func (sess *Session) flush(start time.Time) {
 				call.Wait()
 			}
 		} else if sess.srv.router != nil {
-			sess.srv.router.Do(call, sess.resp3)
+			sess.clusterDo(call) // to primaries, or replicas for reads (clusterreplicas.go)
 		} else if sess.srv.routes != nil {
 			sess.routedDo(call)
 		} else {

@@ -36,6 +36,9 @@ type BackendOptions struct {
 	// backend: the primary has become a replica (Sentinel mode watches
 	// for it). Nil ignores it.
 	OnReadOnly func()
+	// Handshake holds extra commands every connection sends after
+	// AUTH/HELLO/SELECT (READONLY for a cluster replica's reads).
+	Handshake [][]string
 }
 
 // Backend owns the shared upstream pools: one per database and protocol,
@@ -348,6 +351,7 @@ func (o BackendOptions) ConnOptions(db int, resp3 bool) Options {
 		Name:       "redproxy",
 		Logger:     o.Logger,
 		OnReadOnly: o.OnReadOnly,
+		Handshake:  o.Handshake,
 	}
 }
 

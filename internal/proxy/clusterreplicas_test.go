@@ -1,0 +1,359 @@
+package proxy_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/lintest"
+	"github.com/redproxy/redproxy/internal/proxy"
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// startClusterReplicaProxy starts a 3+3 cluster and a cluster-mode proxy
+// reading from its replicas as readFrom says, and waits until the proxy
+// can read all three replicas.
+func startClusterReplicaProxy(t testing.TB, readFrom string, mutate func(*config.Config)) (*redistest.Cluster, *proxytest.Proxy) {
+	t.Helper()
+	c := redistest.StartCluster(t, 3, 1)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+		cfg.Upstream.ReadFrom = readFrom
+		cfg.Upstream.ReplicaPollInterval = units.Duration{Duration: 20 * time.Millisecond}
+		cfg.Upstream.ReplyTimeout = units.Duration{Duration: 500 * time.Millisecond}
+		cfg.Upstream.DialTimeout = units.Duration{Duration: 500 * time.Millisecond}
+		if mutate != nil {
+			mutate(cfg)
+		}
+	})
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.UsableReplicas() == 3 },
+		"the proxy never found the 3 replicas (usable: %v)", lazyInt(p.UsableReplicas))
+	return c, p
+}
+
+type lazyInt func() int
+
+func (f lazyInt) String() string { return strconv.Itoa(f()) }
+
+// seedCluster writes n keys k0..k(n-1) = v0.. through a cluster client and
+// waits until every replica has them all.
+func seedCluster(t testing.TB, c *redistest.Cluster, n int) {
+	t.Helper()
+	ctx := context.Background()
+	cc := c.ClusterClient(t)
+	for i := range n {
+		if err := cc.Set(ctx, "k"+strconv.Itoa(i), "v"+strconv.Itoa(i), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		total := int64(0)
+		for _, r := range c.Replicas(t) {
+			total += r.Client(t).DBSize(ctx).Val()
+		}
+		return total == int64(n)
+	}, "the replicas never held all %d keys", n)
+}
+
+// TestClusterReplicaReadsGoToReplicas (issue 14): in cluster mode with
+// read_from = "replica", GETs (single, pipelined, and an MGET split over
+// slots) run on the replicas only, never on a primary (INFO commandstats),
+// each shard's on its own replica, while SETs run on the primaries.
+func TestClusterReplicaReadsGoToReplicas(t *testing.T) {
+	c, p := startClusterReplicaProxy(t, config.ReadReplica, nil)
+	ctx := context.Background()
+	const keys = 60
+	seedCluster(t, c, keys)
+	prims, reps := c.Primaries(t), c.Replicas(t)
+	resetStats(t, c.Nodes...)
+
+	reader := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+	for i := range keys {
+		k := strconv.Itoa(i)
+		if v, err := reader.Get(ctx, "k"+k).Result(); err != nil || v != "v"+k {
+			t.Fatalf("GET k%s = %q, %v", k, v, err)
+		}
+	}
+	pipe := reader.Pipeline()
+	gets := make([]*redis.StringCmd, 20)
+	for i := range gets {
+		gets[i] = pipe.Get(ctx, "k"+strconv.Itoa(i))
+	}
+	mget := pipe.MGet(ctx, "k1", "k2", "k3", "k4", "k5")
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatalf("pipelined reads: %v", err)
+	}
+	for i, g := range gets {
+		if g.Val() != "v"+strconv.Itoa(i) {
+			t.Fatalf("pipelined GET k%d = %q", i, g.Val())
+		}
+	}
+	if got := fmt.Sprint(mget.Val()); got != "[v1 v2 v3 v4 v5]" {
+		t.Fatalf("MGET = %s", got)
+	}
+
+	// Another client writes: its SETs run on the primaries.
+	writer := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+	const sets = 30
+	for i := range sets {
+		if err := writer.Set(ctx, "w"+strconv.Itoa(i), "x", 0).Err(); err != nil {
+			t.Fatalf("SET: %v", err)
+		}
+	}
+
+	primGets, primSets := 0, 0
+	for _, s := range prims {
+		primGets += calls(t, s, "get") + calls(t, s, "mget")
+		primSets += calls(t, s, "set")
+	}
+	if primGets != 0 {
+		t.Errorf("the primaries ran %d GET/MGETs; want 0 with read_from = replica", primGets)
+	}
+	if primSets != sets {
+		t.Errorf("the primaries ran %d SETs; want %d", primSets, sets)
+	}
+	for _, r := range reps {
+		if n := calls(t, r, "get"); n == 0 {
+			t.Errorf("replica %s ran no GET: its shard's reads went elsewhere", r.Addr())
+		}
+	}
+	// The writer reads its own writes: from the primaries until the
+	// replicas have them, then anywhere; right in any case.
+	for i := range sets {
+		if v, err := writer.Get(ctx, "w"+strconv.Itoa(i)).Result(); err != nil || v != "x" {
+			t.Fatalf("the writer's GET w%d = %q, %v", i, v, err)
+		}
+	}
+}
+
+// recordClusterOwnKeys runs clients through p, each reading and writing
+// keys of its own (spread over the shards), while every replica's
+// replication is held in bursts (CLIENT PAUSE WRITE); it returns the
+// history and how many GETs the replicas served.
+func recordClusterOwnKeys(t *testing.T, c *redistest.Cluster, p *proxytest.Proxy) ([]porcupine.Operation, int) {
+	var workers []lintest.Worker
+	for i := range 6 {
+		workers = append(workers, lintest.Worker{
+			C:    p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }),
+			Keys: fmt.Sprintf("own%d:", i), WritePct: 10, Every: 2 * time.Millisecond,
+		})
+	}
+	reps := c.Replicas(t)
+	resetStats(t, reps...)
+	stop := make(chan struct{})
+	var paused []interface{ Wait() }
+	for _, r := range reps {
+		paused = append(paused, pauseReplication(t, r, stop))
+	}
+	hist := lintest.RecordFor(t, workers, 3, 0, 2*time.Second)
+	close(stop)
+	for _, w := range paused {
+		w.Wait()
+	}
+	onReplicas := 0
+	for _, r := range reps {
+		onReplicas += calls(t, r, "get")
+	}
+	return hist, onReplicas
+}
+
+// TestClusterReplicaReadYourWrites (issue 14): in cluster mode every
+// client's own history is linearizable while the replicas lag behind by up
+// to a few hundred milliseconds: after a client's write to a shard, its
+// reads of that shard wait for the primary or a replica that has the
+// write. The same run with the read-your-writes floor off is not
+// linearizable (so the check can fail), and the replicas served reads.
+func TestClusterReplicaReadYourWrites(t *testing.T) {
+	c, p := startClusterReplicaProxy(t, config.ReadReplicaPreferred, func(cfg *config.Config) {
+		cfg.Upstream.MaxReplicaLag = units.Duration{Duration: 10 * time.Second}
+	})
+	hist, onReplicas := recordClusterOwnKeys(t, c, p)
+	if res := lintest.Check(t, hist); res != porcupine.Ok {
+		t.Fatalf("a client's own history is not linearizable with reads from lagging cluster replicas: %v", res)
+	}
+	t.Logf("replicas served %d GETs", onReplicas)
+	if onReplicas == 0 {
+		t.Fatal("the replicas served no read; the test checked nothing about them")
+	}
+
+	restore := proxy.SetTestNoReadYourWrites(true)
+	defer restore()
+	hist, _ = recordClusterOwnKeys(t, c, p)
+	if res := lintest.Check(t, hist); res == porcupine.Ok {
+		t.Fatal("without the read-your-writes floor the history is still linearizable: the replicas never lagged enough for the check to mean anything")
+	}
+}
+
+// shardOf is the replica of c whose primary owns key's slot, and that
+// primary.
+func shardOf(t *testing.T, c *redistest.Cluster, key string) (primary, replica *redistest.Server) {
+	t.Helper()
+	ctx := context.Background()
+	m, err := c.ClusterClient(t).MasterForKey(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := m.Options().Addr
+	for _, s := range c.Nodes {
+		if s.Addr() == addr {
+			primary = s
+		}
+	}
+	for _, r := range c.Replicas(t) {
+		role, err := r.Client(t).Do(ctx, "ROLE").Slice()
+		if err == nil && len(role) > 2 && fmt.Sprintf("127.0.0.1:%v", role[2]) == addr {
+			replica = r
+		}
+	}
+	if primary == nil || replica == nil {
+		t.Fatalf("no primary (%v) or replica (%v) found for %s", primary, replica, key)
+	}
+	return primary, replica
+}
+
+// TestClusterReplicaKilledFallsBack (issue 14): with replica_preferred, a
+// shard's replica killed under read load costs the clients nothing: a
+// read that was on it goes to its primary, later ones too, none fails.
+func TestClusterReplicaKilledFallsBack(t *testing.T) {
+	c, p := startClusterReplicaProxy(t, config.ReadReplicaPreferred, nil)
+	seedCluster(t, c, 10)
+	primary, replica := shardOf(t, c, "k1")
+	resetStats(t, primary)
+	l := startReads(t, p, 8, "k1", "v1")
+	if n := calls(t, primary, "get"); n != 0 {
+		t.Fatalf("before the kill the primary ran %d GETs, want 0", n)
+	}
+	replica.Kill(t)
+	before := l.ok.Load()
+	redistest.Eventually(t, 10*time.Second, func() bool { return calls(t, primary, "get") > 100 && l.ok.Load() > before+100 },
+		"reads never moved to the primary")
+	l.end()
+	t.Logf("slowest read: %v (reply_timeout 500ms)", time.Duration(l.slowest.Load()))
+	if n := l.failed.Load(); n != 0 {
+		t.Errorf("%d reads failed after the replica was killed (first: %s); want none", n, *l.firstErr.Load())
+	}
+	if n := l.wrong.Load(); n != 0 {
+		t.Errorf("%d reads returned a wrong value", n)
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.UsableReplicas() == 2 }, "the killed replica still counts as usable")
+}
+
+// TestClusterReplicaStalledFallsBack (issue 14): a frozen replica
+// (SIGSTOP: connected, silent) holds a read of its shard at most
+// upstream.reply_timeout: reads keep completing, correct, while it stays
+// frozen.
+func TestClusterReplicaStalledFallsBack(t *testing.T) {
+	c, p := startClusterReplicaProxy(t, config.ReadReplicaPreferred, nil)
+	seedCluster(t, c, 10)
+	primary, replica := shardOf(t, c, "k1")
+	resetStats(t, primary)
+	l := startReads(t, p, 4, "k1", "v1")
+	replica.Freeze(t)
+	before := l.ok.Load()
+	redistest.Eventually(t, 10*time.Second, func() bool { return l.ok.Load() > before+200 }, "reads stopped while the replica was frozen")
+	l.end()
+	replica.Thaw(t)
+	t.Logf("slowest read: %v (reply_timeout 500ms)", time.Duration(l.slowest.Load()))
+	if n := l.failed.Load(); n != 0 {
+		t.Errorf("%d reads failed while the replica was frozen (first: %s); want none", n, *l.firstErr.Load())
+	}
+	if n := l.wrong.Load(); n != 0 {
+		t.Errorf("%d reads returned a wrong value", n)
+	}
+	if calls(t, primary, "get") == 0 {
+		t.Error("the primary answered no read while its replica was frozen")
+	}
+}
+
+// TestClusterReplicaFailover (issue 14): a replica promoted (CLUSTER
+// FAILOVER) under read and write load: no read fails or is wrong, and once
+// the proxy has the new map the old primary, now a replica, serves the
+// shard's reads while the new primary takes its writes.
+func TestClusterReplicaFailover(t *testing.T) {
+	c, p := startClusterReplicaProxy(t, config.ReadReplicaPreferred, nil)
+	ctx := context.Background()
+	seedCluster(t, c, 10)
+	oldPrimary, replica := shardOf(t, c, "k1")
+	l := startReads(t, p, 4, "k1", "v1")
+	if err := replica.Client(t).Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 20*time.Second, func() bool {
+		role, err := oldPrimary.Client(t).Do(ctx, "ROLE").Slice()
+		return err == nil && len(role) > 0 && role[0] == "slave"
+	}, "the failover never happened")
+	c.WaitHealthy(t)
+	p.Router().RefreshSoon()
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.UsableReplicas() == 3 }, "the proxy never found the shard's new replica")
+	resetStats(t, oldPrimary, replica)
+	before := l.ok.Load()
+	redistest.Eventually(t, 10*time.Second, func() bool { return l.ok.Load() > before+100 && calls(t, oldPrimary, "get") > 50 },
+		"the old primary, now a replica, never served the shard's reads")
+	l.end()
+	if n := calls(t, replica, "get"); n != 0 {
+		t.Errorf("the new primary ran %d GETs after the proxy saw the failover; want 0", n)
+	}
+	if n := l.failed.Load(); n != 0 {
+		t.Errorf("%d reads failed across the failover (first: %s); want none", n, *l.firstErr.Load())
+	}
+	if n := l.wrong.Load(); n != 0 {
+		t.Errorf("%d reads returned a wrong value", n)
+	}
+	// A write after the failover lands on the new primary, and the
+	// writer reads it back.
+	w := p.Client(t)
+	if err := w.Set(ctx, "k1", "after", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := w.Get(ctx, "k1").Result(); err != nil || v != "after" {
+		t.Fatalf("GET after SET across the failover = %q, %v", v, err)
+	}
+}
+
+// BenchmarkClusterReplicaReadsPipeline16 is BenchmarkForwardPipeline16 in
+// cluster mode with read_from = "replica": the GETs go to a replica, and
+// allocs/op must stay 0 there too. The offsets are polled rarely, so
+// the poller's allocations do not count as the reads'.
+func BenchmarkClusterReplicaReadsPipeline16(b *testing.B) {
+	c, p := startClusterReplicaProxy(b, config.ReadReplica, rarePolls)
+	if err := c.ClusterClient(b).Set(context.Background(), "key:000000012345", strings.Repeat("v", 64), 0).Err(); err != nil {
+		b.Fatal(err)
+	}
+	redistest.Eventually(b, 10*time.Second, func() bool {
+		for _, r := range c.Replicas(b) {
+			if r.Client(b).DBSize(context.Background()).Val() == 1 {
+				return true
+			}
+		}
+		return false
+	}, "the key never reached a replica")
+	benchForwardOn(b, p, 16)
+}
+
+// BenchmarkReplicaReadsPipeline16 is the same for a standalone primary
+// with one replica.
+func BenchmarkReplicaReadsPipeline16(b *testing.B) {
+	g := startReplicated(b, 1)
+	if err := g.primary.Client(b).Set(context.Background(), "key:000000012345", strings.Repeat("v", 64), 0).Err(); err != nil {
+		b.Fatal(err)
+	}
+	redistest.Eventually(b, 10*time.Second, func() bool {
+		return g.replicas[0].Client(b).DBSize(context.Background()).Val() == 1
+	}, "the key never reached the replica")
+	benchForwardOn(b, g.proxy(b, config.ReadReplica, rarePolls), 16)
+}
+
+func rarePolls(c *config.Config) {
+	c.Upstream.ReplicaPollInterval = units.Duration{Duration: time.Second}
+	c.Upstream.MaxReplicaLag = units.Duration{Duration: time.Hour}
+}
