@@ -10,9 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/idlepark"
-	"github.com/redproxy/redproxy/internal/upstream"
 )
 
 // Parking idle clients (server.idle_park_after, issue 10).
@@ -208,8 +206,7 @@ func (sess *Session) wake() {
 func (sess *Session) resume() {
 	sess.park.state.Store(parkBusy)
 	sess.rd = sess.newReader()
-	sess.call = upstream.NewCall()
-	sess.guard = new(guard.Batch)
+	sess.sessionBatch = newSessionBatch()
 	sess.serve()
 }
 
@@ -282,9 +279,9 @@ func (sess *Session) parkNow() bool {
 	if err != nil {
 		return false
 	}
-	rd, call, gb := sess.rd, sess.call, sess.guard
+	rd, b := sess.rd, sess.sessionBatch
 	sess.releaseBuffers()
-	sess.rd, sess.call, sess.guard = nil, nil, nil // resume makes new ones
+	sess.rd, sess.sessionBatch = nil, nil // resume makes new ones
 	// For the goroutine that resumes it: the wait goes on, with its
 	// idle_timeout (due, which the sweeper watches meanwhile), and without
 	// the deadline the sweeper set.
@@ -293,7 +290,7 @@ func (sess *Session) parkNow() bool {
 	undo := func() {
 		sess.park.state.Store(parkBusy)
 		sess.park.keepDue, sess.park.clearDead = false, false
-		sess.rd, sess.call, sess.guard = rd, call, gb
+		sess.rd, sess.sessionBatch = rd, b
 	}
 	if err := p.Park(uint64(sess.id), rc, sess.resume); err != nil {
 		undo()
