@@ -372,7 +372,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		err = ctx.Err()
 		s.mu.Lock()
 		for sess := range s.sessions {
-			sess.nc.Close()
+			sess.closeConn()
 		}
 		s.mu.Unlock()
 		<-done

@@ -190,7 +190,11 @@ func (sess *Session) newReader() *resp.Reader {
 // idle session blocked in a read is woken at once, a parked one resumed.
 func (sess *Session) interrupt() {
 	sess.interrupted.Store(true)
-	sess.nc.SetReadDeadline(time.Now())
+	sess.mu.Lock() // the connection may be parking or resuming (park.go)
+	if cc, ok := sess.nc.(*clientConn); !ok || cc.Conn != nil {
+		sess.nc.SetReadDeadline(time.Now())
+	}
+	sess.mu.Unlock()
 	sess.wake()
 }
 
