@@ -9,7 +9,7 @@ import (
 // A client going idle gives back the per-batch buffers a large reply grew,
 // and keeps small ones, which a client at -P 1 reuses request after request.
 func TestSessionIdleDropsLargeBuffers(t *testing.T) {
-	sess := &Session{call: upstream.NewCall()}
+	sess := &Session{sessionBatch: &sessionBatch{call: upstream.NewCall()}}
 	sess.out = make([]byte, 0, idleKeep+1)
 	sess.local = make([]byte, 0, idleKeep+1)
 	sess.idle()

@@ -80,9 +80,14 @@ func (sess *Session) idle() {
 
 // clientConn is a client's connection with a deadline on every write.
 type clientConn struct {
+	// Conn is nil while the session is parked with its socket detached
+	// (park.go); then detached holds the socket. Both change only under
+	// sess.mu, by the session's goroutine, so another goroutine reaching
+	// the connection (interrupt, kill, CLIENT LIST and KILL) holds sess.mu.
 	net.Conn
-	timeout time.Duration
-	sess    *Session
+	detached *detachedSocket
+	timeout  time.Duration
+	sess     *Session
 	// timedOut makes a client logged once, whichever of its writers
 	// (session, relay) hit the deadline.
 	timedOut atomic.Bool
@@ -97,11 +102,19 @@ type clientConn struct {
 // Close closes the client's connection; a TLS one without waiting to send
 // close_notify to a client that stopped taking what is written to it.
 func (c *clientConn) Close() error {
-	if tc, ok := c.Conn.(*tls.Conn); ok {
+	if c.Conn == nil {
+		c.detached.closed = true // closed when the session resumes
+		return nil
+	}
+	return c.close(c.Conn)
+}
+
+func (c *clientConn) close(conn net.Conn) error {
+	if tc, ok := conn.(*tls.Conn); ok {
 		return closeTLS(tc, c.writeFailed.Load())
 	}
 	if c.readerDone.Load() {
-		return c.Conn.Close()
+		return conn.Close()
 	}
 	// Closed by someone else than the session ending (a kill, shutdown, a
 	// relay): the session's Reader may hold the socket's read side while
@@ -110,12 +123,12 @@ func (c *clientConn) Close() error {
 	// ends. So end the connection at once with shutdown(2), which is what
 	// the client and any read or write on the socket see, and let the
 	// close finish without waiting for the session to notice.
-	if sc, ok := c.Conn.(syscall.Conn); ok {
+	if sc, ok := conn.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			rc.Control(func(fd uintptr) { syscall.Shutdown(int(fd), syscall.SHUT_RDWR) })
 		}
 	}
-	go c.Conn.Close()
+	go conn.Close()
 	return nil
 }
 
@@ -148,6 +161,22 @@ func (c *clientConn) Write(b []byte) (int, error) {
 		}
 	}
 	return written, nil
+}
+
+// RemoteAddr is the client's address, also while its socket is detached.
+func (c *clientConn) RemoteAddr() net.Addr {
+	if c.Conn == nil {
+		return net.TCPAddrFromAddrPort(c.detached.remote)
+	}
+	return c.Conn.RemoteAddr()
+}
+
+// LocalAddr is the proxy's end, also while the socket is detached.
+func (c *clientConn) LocalAddr() net.Addr {
+	if c.Conn == nil {
+		return net.TCPAddrFromAddrPort(c.detached.local)
+	}
+	return c.Conn.LocalAddr()
 }
 
 // SyscallConn lets clientGone peek at the socket, and lets resp.Reader

@@ -496,6 +496,9 @@ func (sess *Session) infoLine() string {
 
 // connFD returns the client socket's file descriptor, or -1.
 func connFD(nc net.Conn) int {
+	if cc, ok := nc.(*clientConn); ok && cc.detached != nil {
+		return cc.detached.fd // parked (park.go); its caller holds sess.mu
+	}
 	sc, ok := socketOf(nc).(syscall.Conn)
 	if !ok {
 		return -1
@@ -555,7 +558,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 	if len(args) == 1 {
 		addr := string(args[0])
 		for _, sess := range s.sessionList() {
-			if sess.nc.RemoteAddr().String() == addr {
+			if remote, _ := sess.addrs(); remote == addr {
 				sess.kill()
 				return ok
 			}
@@ -610,11 +613,12 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 	}
 	killed := 0
 	for _, sess := range s.sessionList() {
+		remote, local := sess.addrs()
 		switch {
 		case skipMe && sess == self,
 			id >= 0 && sess.id != id,
-			addr != "" && sess.nc.RemoteAddr().String() != addr,
-			laddr != "" && sess.nc.LocalAddr().String() != laddr,
+			addr != "" && remote != addr,
+			laddr != "" && local != laddr,
 			user != "" && user != sess.lockedUserName(),
 			typ == "master" || typ == "replica" || typ == "slave",
 			maxAge >= 0 && time.Since(sess.createdAt) < time.Duration(maxAge)*time.Second:
@@ -659,6 +663,6 @@ func (s *Server) sessionList() []*Session {
 // kill closes the client's connection; its goroutine notices and cleans up.
 func (sess *Session) kill() {
 	sess.interrupted.Store(true)
-	sess.nc.Close()
+	sess.closeConn()
 	sess.wake() // a parked one has no goroutine to notice
 }

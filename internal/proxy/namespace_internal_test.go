@@ -11,7 +11,7 @@ import (
 // The listener's namespace applies until the client is a user with a
 // namespace of its own; a user without one, or none, brings it back.
 func TestSessionNamespacePrecedence(t *testing.T) {
-	sess := &Session{}
+	sess := &Session{sessionBatch: &sessionBatch{}}
 	prefix := func() string {
 		if sess.ns.w == nil {
 			return ""

@@ -2,6 +2,9 @@ package proxy
 
 import (
 	"errors"
+	"io"
+	"net"
+	"net/netip"
 	"os"
 	"runtime/debug"
 	"sync"
@@ -10,9 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/idlepark"
-	"github.com/redproxy/redproxy/internal/upstream"
 )
 
 // Parking idle clients (server.idle_park_after, issue 10).
@@ -203,13 +204,13 @@ func (sess *Session) wake() {
 	}
 }
 
-// resume serves a parked session again, on a new goroutine, with a Reader
-// and Call of its own again.
+// resume serves a parked session again, on a new goroutine, with its
+// net.Conn, a Reader and batch state of its own again.
 func (sess *Session) resume() {
 	sess.park.state.Store(parkBusy)
+	sess.reattach()
 	sess.rd = sess.newReader()
-	sess.call = upstream.NewCall()
-	sess.guard = new(guard.Batch)
+	sess.sessionBatch = newSessionBatch()
 	sess.serve()
 }
 
@@ -268,23 +269,29 @@ func (sess *Session) answerPark(got int, err error, idle time.Duration) (parked,
 	return false, timedOut
 }
 
-// parkNow gives back the session's buffers, its Reader and its Call, and
-// puts its socket in the parker. On true the goroutine must return at
-// once without touching the session: another one may already be serving
-// it.
+// parkNow gives back the session's buffers, its Reader, its batch state
+// and (detach) its net.Conn, and puts its socket in the parker. On true
+// the goroutine must return at once without touching the session: another
+// one may already be serving it.
 func (sess *Session) parkNow() bool {
 	p := sess.srv.park.parker
-	sc, ok := sess.nc.(syscall.Conn)
-	if !ok {
-		return false
+	d := sess.detach()
+	var rc syscall.RawConn = d
+	if d == nil {
+		// Not a plain TCP connection (a PROXY-protocol one keeps the
+		// address from its header): parked with its net.Conn.
+		sc, ok := sess.nc.(syscall.Conn)
+		if !ok {
+			return false
+		}
+		var err error
+		if rc, err = sc.SyscallConn(); err != nil {
+			return false
+		}
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	rd, call, gb := sess.rd, sess.call, sess.guard
+	rd, b := sess.rd, sess.sessionBatch
 	sess.releaseBuffers()
-	sess.rd, sess.call, sess.guard = nil, nil, nil // resume makes new ones
+	sess.rd, sess.sessionBatch = nil, nil // resume makes new ones
 	// For the goroutine that resumes it: the wait goes on, with its
 	// idle_timeout (due, which the sweeper watches meanwhile), and without
 	// the deadline the sweeper set.
@@ -293,7 +300,13 @@ func (sess *Session) parkNow() bool {
 	undo := func() {
 		sess.park.state.Store(parkBusy)
 		sess.park.keepDue, sess.park.clearDead = false, false
-		sess.rd, sess.call, sess.guard = rd, call, gb
+		sess.sessionBatch = b
+		if d != nil {
+			// The Reader read the closed net.Conn's socket.
+			sess.reattach()
+			rd = sess.newReader()
+		}
+		sess.rd = rd
 	}
 	if err := p.Park(uint64(sess.id), rc, sess.resume); err != nil {
 		undo()
@@ -308,6 +321,136 @@ func (sess *Session) parkNow() bool {
 	}
 	return true
 }
+
+// detachedSocket is a parked client's socket without the net.Conn that
+// owned it: the descriptor and the two addresses CLIENT LIST shows, 80
+// bytes where net's connection, descriptor and addresses take about 300
+// on the heap (and a poller descriptor and finalizer outside it, which
+// the runtime reuses for later connections). It is the RawConn the
+// parker waits on.
+type detachedSocket struct {
+	fd            int
+	local, remote netip.AddrPort
+	closed        bool // closed while parked: the session closes it on resuming
+}
+
+func (d *detachedSocket) Control(f func(fd uintptr)) error {
+	f(uintptr(d.fd))
+	return nil
+}
+
+func (d *detachedSocket) Read(func(fd uintptr) bool) error  { return errors.ErrUnsupported }
+func (d *detachedSocket) Write(func(fd uintptr) bool) error { return errors.ErrUnsupported }
+
+// detach takes a plain TCP client's socket out of its net.Conn: it keeps
+// a duplicate of the descriptor and closes the net.Conn, which leaves the
+// socket open (no FIN: the duplicate still refers to it). Nil when the
+// connection is not a plain TCP one, or the descriptor could not be
+// duplicated: the session then parks with its net.Conn. Three system
+// calls (fcntl, epoll_ctl, close), once per idle period.
+func (sess *Session) detach() *detachedSocket {
+	cc, ok := sess.nc.(*clientConn)
+	if !ok {
+		return nil
+	}
+	tc, ok := cc.Conn.(*net.TCPConn)
+	if !ok {
+		return nil
+	}
+	raddr, ok1 := tc.RemoteAddr().(*net.TCPAddr)
+	laddr, ok2 := tc.LocalAddr().(*net.TCPAddr)
+	rc, err := tc.SyscallConn()
+	if !ok1 || !ok2 || err != nil {
+		return nil
+	}
+	fd, derr := -1, error(nil)
+	if err := rc.Control(func(f uintptr) { fd, derr = dupSocket(int(f)) }); err != nil || derr != nil {
+		return nil
+	}
+	d := &detachedSocket{fd: fd, local: laddr.AddrPort(), remote: raddr.AddrPort()}
+	sess.mu.Lock()
+	cc.Conn, cc.detached = nil, d
+	sess.mu.Unlock()
+	tc.Close()
+	return d
+}
+
+// reattach gives a resumed session whose socket was detached a net.Conn
+// again (net.FileConn: the socket's options stay as they were), and closes
+// it at once if the client was killed while parked. If the runtime cannot
+// take the socket back (out of descriptors), the session sees its
+// connection fail and ends.
+func (sess *Session) reattach() {
+	cc, ok := sess.nc.(*clientConn)
+	if !ok || cc.detached == nil {
+		return
+	}
+	d := cc.detached
+	f := os.NewFile(uintptr(d.fd), "")
+	nc, err := net.FileConn(f) // a duplicate of f's descriptor
+	f.Close()
+	if errors.Is(err, syscall.ENOTCONN) {
+		err = io.EOF // the client reset its connection while parked
+	} else if err != nil {
+		sess.logger().Warn("parked client's socket could not be resumed; connection closed", "err", err)
+	}
+	if err != nil {
+		nc = &failedConn{err: err, local: net.TCPAddrFromAddrPort(d.local), remote: net.TCPAddrFromAddrPort(d.remote)}
+	}
+	sess.mu.Lock()
+	cc.Conn, cc.detached = nc, nil
+	closed := d.closed
+	sess.mu.Unlock()
+	if closed {
+		nc.Close()
+	}
+}
+
+// closeConn closes the client's connection from another goroutine than
+// the session's: a parked session's socket is closed when it resumes.
+func (sess *Session) closeConn() {
+	cc, ok := sess.nc.(*clientConn)
+	if !ok {
+		sess.nc.Close()
+		return
+	}
+	sess.mu.Lock()
+	conn := cc.Conn
+	if conn == nil {
+		cc.detached.closed = true
+	}
+	sess.mu.Unlock()
+	if conn != nil {
+		// Outside the lock: closing a TLS connection may write. A session
+		// detaching meanwhile has seen interrupted and does not stay
+		// parked (parkNow).
+		cc.close(conn)
+	}
+}
+
+// addrs are the client's address and the proxy's end of its connection,
+// as CLIENT LIST shows them, read from another goroutine.
+func (sess *Session) addrs() (remote, local string) {
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	return sess.nc.RemoteAddr().String(), sess.nc.LocalAddr().String()
+}
+
+// failedConn stands for a detached socket that could not be resumed: every
+// read and write fails, so the session ends as for a broken connection.
+type failedConn struct {
+	err           error
+	local, remote net.Addr
+}
+
+func (c *failedConn) Read([]byte) (int, error)         { return 0, c.err }
+func (c *failedConn) Write([]byte) (int, error)        { return 0, c.err }
+func (c *failedConn) Close() error                     { return nil }
+func (c *failedConn) LocalAddr() net.Addr              { return c.local }
+func (c *failedConn) RemoteAddr() net.Addr             { return c.remote }
+func (c *failedConn) SetDeadline(time.Time) error      { return nil }
+func (c *failedConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *failedConn) SetWriteDeadline(time.Time) error { return nil }
 
 // releaseBuffers gives back everything a session keeps between batches for
 // reuse, so that a parked client holds no buffer at all.

@@ -401,3 +401,81 @@ func TestTLSClientDoesNotPark(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A parked client keeps the connection state it set before parking (name,
+// DB, RESP3, library name and version), as CLIENT LIST shows while it is
+// parked (with its addresses, which parking keeps apart from the socket)
+// and as its own commands show once it is back: CLIENT INFO, a key of DB
+// 3, a reply in RESP3's shape. Several rounds, each parking again.
+func TestParkedClientKeepsItsState(t *testing.T) {
+	p := parkingProxy(t, nil)
+	nc := p.Dial(t)
+	if got := rawDo(t, nc, "HELLO", "3"); !strings.HasPrefix(got, "%") {
+		t.Fatalf("HELLO 3 = %q", got)
+	}
+	for _, cmd := range [][]string{
+		{"SELECT", "3"},
+		{"CLIENT", "SETNAME", "parked-one"},
+		{"SET", "park:state", "in-db-3"},
+	} {
+		if got := rawDo(t, nc, cmd...); got != "+OK\r\n" {
+			t.Fatalf("%v = %q", cmd, got)
+		}
+	}
+	id := strings.TrimPrefix(strings.TrimSpace(rawDo(t, nc, "CLIENT", "ID")), ":")
+	state := []string{"id=" + id + " ", "name=parked-one ", "db=3 ", "resp=3 ",
+		"addr=" + nc.LocalAddr().String() + " ", "laddr=" + nc.RemoteAddr().String() + " "}
+	// CLIENT SETINFO is in the command table only with Redis 7.2 or later
+	// upstream (the table is Redis's own).
+	switch got := rawDo(t, nc, "CLIENT", "SETINFO", "LIB-NAME", "parklib"); {
+	case got == "+OK\r\n":
+		if got := rawDo(t, nc, "CLIENT", "SETINFO", "LIB-VER", "1.2.3"); got != "+OK\r\n" {
+			t.Fatalf("CLIENT SETINFO LIB-VER = %q", got)
+		}
+		state = append(state, "lib-name=parklib ", "lib-ver=1.2.3")
+	case strings.Contains(got, "unknown subcommand"):
+		t.Log("upstream Redis has no CLIENT SETINFO (before 7.2): lib-name and lib-ver not checked")
+	default:
+		t.Fatalf("CLIENT SETINFO LIB-NAME = %q", got)
+	}
+	admin := p.Dial(t)
+	for round := range 3 {
+		redistest.Eventually(t, 10*time.Second, func() bool { return p.ParkedClients() >= 1 && parkedLine(t, admin, id) != "" },
+			"round %d: the client did not park", round)
+		line := parkedLine(t, admin, id)
+		for _, want := range state {
+			if !strings.Contains(line+" ", want) {
+				t.Fatalf("round %d: CLIENT LIST while parked lacks %q:\n%s", round, want, line)
+			}
+		}
+		info := rawDo(t, nc, "CLIENT", "INFO")
+		for _, want := range state {
+			if !strings.Contains(info, want) {
+				t.Fatalf("round %d: CLIENT INFO after parking lacks %q:\n%s", round, want, info)
+			}
+		}
+		if got := rawDo(t, nc, "GET", "park:state"); got != "$7\r\nin-db-3\r\n" {
+			t.Fatalf("round %d: GET in DB 3 after parking = %q", round, got)
+		}
+		if got := rawDo(t, nc, "HGETALL", "park:none"); got != "%0\r\n" {
+			t.Fatalf("round %d: HGETALL after parking = %q, want RESP3's empty map", round, got)
+		}
+	}
+	other := p.Dial(t)
+	if got := rawDo(t, other, "GET", "park:state"); got != "$-1\r\n" {
+		t.Fatalf("GET in DB 0 = %q: the key went to the wrong DB", got)
+	}
+}
+
+// parkedLine is the CLIENT LIST line of client id if it is parked now (no
+// line otherwise), asked through admin.
+func parkedLine(t *testing.T, admin net.Conn, id string) string {
+	t.Helper()
+	list := rawDo(t, admin, "CLIENT", "LIST")
+	for line := range strings.SplitSeq(list, "\n") {
+		if strings.Contains(line, "id="+id+" ") && strings.Contains(line, " idle=") && !strings.Contains(line, " idle=0 ") {
+			return line
+		}
+	}
+	return ""
+}

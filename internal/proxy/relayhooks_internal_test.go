@@ -68,7 +68,7 @@ func TestRelayCountsRepliesInMulti(t *testing.T) {
 // is (due = got).
 func relayCount(t *testing.T, rs *redistest.Server, cmds [][]string) (due, got int64, stream []byte) {
 	table := commands.Builtin()
-	sess := &Session{srv: &Server{table: table, tier: &tierState{}}, resp3: true}
+	sess := &Session{srv: &Server{table: table, tier: &tierState{}}, resp3: true, sessionBatch: &sessionBatch{}}
 	rw := newRelayWrites(sess)
 	var raw []byte
 	for _, c := range cmds {

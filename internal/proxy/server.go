@@ -373,7 +373,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		err = ctx.Err()
 		s.mu.Lock()
 		for sess := range s.sessions {
-			sess.nc.Close()
+			sess.closeConn()
 		}
 		s.mu.Unlock()
 		<-done

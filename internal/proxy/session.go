@@ -48,15 +48,9 @@ type Session struct {
 	lastCmd   atomic.Pointer[commands.Command] // for CLIENT INFO/LIST
 	list      listState                        // the rest CLIENT INFO/LIST shows
 
-	// The batch being answered: forwarded commands are collected into one
-	// Call; slots remember, for every command, where its reply comes from.
-	call      *upstream.Call
-	slots     []slot
-	local     []byte // replies the proxy built itself, back to back
-	out       []byte // what goes to the client at the end of the batch
-	quitting  bool
-	outDead   bool // the client is being closed: produce no more output (limits.go)
-	batchReqs []resp.Request
+	// sessionBatch is what only a session being served needs: nil while
+	// it is parked (park.go), so that an idle client does not carry it.
+	*sessionBatch
 
 	// Output limits (limits.go).
 	outLimit  int64 // server.client_output_limit
@@ -67,10 +61,6 @@ type Session struct {
 	closeReason atomic.Pointer[string]
 	log         atomic.Pointer[slog.Logger]
 
-	pin   pinState
-	abort txAbort
-	// cmulti is a MULTI in cluster mode that has no node yet (cluster.go).
-	cmulti clusterMulti
 	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
 	relayInMulti bool
 	// relayNode is, in cluster mode, the node a relayed client's
@@ -78,38 +68,14 @@ type Session struct {
 	relayNode string
 	// wroteSlot is, in cluster mode, 1 + the slot of the client's last
 	// write, where its WAIT goes (clusterWaitBackend); 0: none yet.
-	wroteSlot int
-	block     blockState
-	guard     *guard.Batch // the guard's decisions for the batch (guard.go)
-	// tierWrites are this client's writes whose replies are not in yet; the
-	// local tier neither serves nor fills their keys meanwhile (tier.go).
-	tierWrites localcache.Writes
-	// flightWrites are this client's writes of keys under a miss hold or
-	// early refresh rule whose replies are not in yet (flight.go).
-	flightWrites stampede.Writes
-	replyOff     bool // CLIENT REPLY OFF
-	replySkip    bool // CLIENT REPLY SKIP: mute the next command
-	curMute      bool // the command being dispatched gets no reply
-	// curStrip: where the reply of the command being dispatched names
-	// keys (namespace.go). Next to the other small fields: Session is
-	// kept in a small size class, it is what an idle client costs.
-	curStrip namespace.Strip
-	cur      request // the command being dispatched (classify)
-
-	// upstreamWait adds up the batch's waits for upstream replies, for
-	// the slow log; slowExempt marks a batch whose time is the client's
-	// own choice (a blocking command, a relay), which is never slow.
-	upstreamWait time.Duration
-	slowExempt   bool
-
+	wroteSlot   int
+	block       blockState
+	replyOff    bool // CLIENT REPLY OFF
+	replySkip   bool // CLIENT REPLY SKIP: mute the next command
 	interrupted atomic.Bool
 	park        sessionPark // parking while idle (park.go)
 
-	aclKeys []commands.KeyRef // scratch for the ACL's key checks
-
-	route   routeSession // with routes (routes.go)
-	mirrorS *mirrorState // the batch's commands for the mirror (mirror.go); nil until one
-
+	route routeSession // with routes (routes.go)
 	// reads is where the client's reads may go with replica reads on
 	// (replicas.go).
 	reads replicaReads
@@ -122,6 +88,55 @@ type Session struct {
 	// (listeners.go); set before the session starts, then only read. Its
 	// namespace is in ns (namespace.go).
 	listener *listener
+}
+
+// sessionBatch is the part of a session that holds the batch being
+// answered and the state of a pinned or queued transaction. A session parks
+// only with all of it at its zero value (parkable): its buffers given back,
+// nothing pinned, no transaction open, no write reply due. So a parked
+// session drops it and a resumed one starts from a fresh one, and what an
+// idle client costs is the rest of the Session.
+type sessionBatch struct {
+	// The batch being answered: forwarded commands are collected into one
+	// Call; slots remember, for every command, where its reply comes from.
+	call      *upstream.Call
+	slots     []slot
+	local     []byte // replies the proxy built itself, back to back
+	out       []byte // what goes to the client at the end of the batch
+	batchReqs []resp.Request
+	quitting  bool
+	outDead   bool // the client is being closed: produce no more output (limits.go)
+	curMute   bool // the command being dispatched gets no reply
+	// curStrip: where the reply of the command being dispatched names
+	// keys (namespace.go).
+	curStrip namespace.Strip
+	// slowExempt marks a batch whose time is the client's own choice (a
+	// blocking command, a relay), which is never slow; upstreamWait adds
+	// up the batch's waits for upstream replies, for the slow log.
+	slowExempt   bool
+	upstreamWait time.Duration
+	cur          request // the command being dispatched (classify)
+
+	pin   pinState
+	abort txAbort
+	// cmulti is a MULTI in cluster mode that has no node yet (cluster.go).
+	cmulti clusterMulti
+
+	guard *guard.Batch // the guard's decisions for the batch (guard.go)
+	// tierWrites are this client's writes whose replies are not in yet; the
+	// local tier neither serves nor fills their keys meanwhile (tier.go).
+	tierWrites localcache.Writes
+	// flightWrites are this client's writes of keys under a miss hold or
+	// early refresh rule whose replies are not in yet (flight.go).
+	flightWrites stampede.Writes
+
+	aclKeys []commands.KeyRef // scratch for the ACL's key checks
+	mirrorS *mirrorState      // the batch's commands for the mirror (mirror.go); nil until one
+}
+
+// newSessionBatch is a session's batch state when it starts or resumes.
+func newSessionBatch() *sessionBatch {
+	return &sessionBatch{call: upstream.NewCall(), guard: new(guard.Batch)}
 }
 
 // slot says where one command's reply comes from.
@@ -152,15 +167,14 @@ func newSession(s *Server, nc net.Conn) *Session {
 	cfg := s.Config()
 	cc := &clientConn{Conn: nc, timeout: cfg.Server.ClientWriteTimeout.Duration}
 	sess := &Session{
-		srv:       s,
-		nc:        cc,
-		id:        s.nextID.Add(1),
-		call:      upstream.NewCall(),
-		guard:     new(guard.Batch),
-		createdAt: time.Now(),
-		authed:    !s.needsAuth(),
-		outLimit:  int64(cfg.Server.ClientOutputLimit),
-		replySize: unknownReplySize,
+		srv:          s,
+		nc:           cc,
+		id:           s.nextID.Add(1),
+		sessionBatch: newSessionBatch(),
+		createdAt:    time.Now(),
+		authed:       !s.needsAuth(),
+		outLimit:     int64(cfg.Server.ClientOutputLimit),
+		replySize:    unknownReplySize,
 	}
 	cc.sess = sess
 	sess.rd = sess.newReader()
@@ -180,7 +194,11 @@ func (sess *Session) newReader() *resp.Reader {
 // idle session blocked in a read is woken at once, a parked one resumed.
 func (sess *Session) interrupt() {
 	sess.interrupted.Store(true)
-	sess.nc.SetReadDeadline(time.Now())
+	sess.mu.Lock() // the connection may be parking or resuming (park.go)
+	if cc, ok := sess.nc.(*clientConn); !ok || cc.Conn != nil {
+		sess.nc.SetReadDeadline(time.Now())
+	}
+	sess.mu.Unlock()
 	sess.wake()
 }
 
