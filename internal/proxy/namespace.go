@@ -189,6 +189,11 @@ func (sess *Session) nsStep(r *request) bool {
 	case res.Action == namespace.Refuse:
 	case res.Action != namespace.Forward && sess.srv.router != nil:
 		msg = namespace.RefusalError(r.name, "cannot be confined to a namespace in cluster mode")
+	case res.Action != namespace.Forward && sess.srv.routes != nil && !sess.pin.inMulti && !sess.cmulti.open:
+		// Its script would run on the default upstream only: FLUSHDB would
+		// leave the namespace's keys on the others, RANDOMKEY never name
+		// them.
+		msg = namespace.RefusalError(r.name, "would run on one upstream only, and with routes the namespace's keys live on several")
 	case res.Action != namespace.Forward && sess.srv.routes != nil && (sess.pin.inMulti || sess.cmulti.open):
 		// With routes both fan out, which a transaction cannot: the
 		// routes' own refusal answers (routeStep), never the script run

@@ -490,6 +490,12 @@ func (routePlacer) wholeRefusal(name string) []byte {
 }
 
 func (routePlacer) target(sess *Session, r *request) (int, bool, []byte) {
+	if (r.name == "publish" || r.name == "spublish") && len(r.Args) == 3 {
+		// Its channel's upstream is where its subscribers are
+		// ([[channel_route]]): published on another, they would never
+		// hear of it.
+		return sess.srv.routes.table.Load().Channel(r.Args[1]), true, nil
+	}
 	return sess.routeKeys(r)
 }
 

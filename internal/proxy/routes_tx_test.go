@@ -572,3 +572,75 @@ func TestRoutesWatchMultiWithArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestRoutesNamespaceFlushDBRefused: with routes a namespace's keys live
+// on several upstreams, and the namespace's FLUSHDB (a script) would run
+// on the default one only, leaving the others' keys; it is refused and
+// every key stays.
+func TestRoutesNamespaceFlushDBRefused(t *testing.T) {
+	r := startRouted(t, func(c *config.Config) {
+		a := user("tenant-a", nsPass, "+@all ~* allchannels")
+		a.Namespace = "a:"
+		c.Users = []auth.UserConfig{a}
+		c.Policy.Commands.Allow = []string{"flushdb"}
+		// Routes match the key as Redis sees it, prefix included.
+		c.Routes = []config.Route{{Pattern: "a:queue:*", Upstream: "queue"}}
+	})
+	c := nsClient(t, r.p, "tenant-a", func(o *redis.Options) { o.MaxRetries = -1 })
+	for _, k := range []string{"k", "queue:k"} {
+		if err := c.Set(ctx, k, "1", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, cmd := range []string{"FLUSHDB", "RANDOMKEY"} {
+		if err := c.Do(ctx, cmd).Err(); err == nil || !strings.Contains(err.Error(), "one upstream only") {
+			t.Fatalf("%s in a namespace with routes: %v, want the refusal", cmd, err)
+		}
+	}
+	if n, _ := r.def.Client(t).Exists(ctx, "a:k").Result(); n != 1 {
+		t.Fatal("a:k is gone from the default upstream")
+	}
+	if n, _ := r.queue.Client(t).Exists(ctx, "a:queue:k").Result(); n != 1 {
+		t.Fatal("a:queue:k is gone from the queue upstream")
+	}
+}
+
+// TestRoutesTxPublishOnItsChannelsUpstream: PUBLISH inside a routed
+// transaction goes where its channel routes ([[channel_route]]), where
+// its subscribers are; a transaction whose keys are elsewhere fails
+// before anything is sent.
+func TestRoutesTxPublishOnItsChannelsUpstream(t *testing.T) {
+	r := startRouted(t, nil)
+	sub := r.p.Client(t).Subscribe(ctx, "jobs.new")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cmds, err := r.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "queue:j", "1", 0)
+		p.Publish(ctx, "jobs.new", "j")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := cmds[1].(*redis.IntCmd).Val(); n != 1 {
+		t.Fatalf("PUBLISH inside MULTI reached %d subscribers, want 1", n)
+	}
+	select {
+	case m := <-sub.Channel():
+		if m.Payload != "j" {
+			t.Fatalf("got %q", m.Payload)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the subscriber never got the message")
+	}
+	_, err = r.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "k", "1", 0) // the default upstream's
+		p.Publish(ctx, "jobs.new", "lost")
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "EXECABORT") {
+		t.Fatalf("transaction across the default upstream and jobs.*'s: %v, want EXECABORT", err)
+	}
+}
