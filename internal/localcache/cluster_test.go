@@ -314,24 +314,7 @@ func primaryOf(t *testing.T, replica *redistest.Server) string {
 // gave up on an attempt (a manual failover that does not finish within
 // 5 s is aborted, which happens under -race on a loaded machine).
 func failover(t *testing.T, replica *redistest.Server) error {
-	rc := redis.NewClient(&redis.Options{Addr: replica.Addr(), MaxRetries: -1})
-	defer rc.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	var lastAsk time.Time
-	for time.Now().Before(deadline) {
-		r, err := rc.Do(ctx, "ROLE").Slice()
-		if err == nil && len(r) > 0 && r[0] == "master" {
-			return nil
-		}
-		if time.Since(lastAsk) > 6*time.Second {
-			if err := rc.Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
-				t.Logf("CLUSTER FAILOVER: %v", err)
-			}
-			lastAsk = time.Now()
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("the replica %s never became primary", replica.Addr())
+	return redistest.PromoteReplica(t, replica)
 }
 
 // TestClusterTierNeedsROLE: a node's heartbeat is ROLE, so an upstream user

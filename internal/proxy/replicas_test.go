@@ -279,6 +279,7 @@ type readLoop struct {
 	slowest           atomic.Int64 // nanoseconds
 	firstErr          atomic.Pointer[string]
 	stop              chan struct{}
+	stopOnce          sync.Once
 	wg                sync.WaitGroup
 }
 
@@ -316,12 +317,17 @@ func startReads(t *testing.T, p *proxytest.Proxy, clients int, key, want string)
 			}
 		}()
 	}
+	// A test that fails before it calls end must not leave the readers
+	// running: on closed clients they would spin, and slow every later
+	// test of the package (a CI run timed out so).
+	t.Cleanup(l.end)
 	redistest.Eventually(t, 5*time.Second, func() bool { return l.ok.Load() > 50 }, "reads never got going")
 	return l
 }
 
+// end stops the readers and waits for them; it may be called again.
 func (l *readLoop) end() {
-	close(l.stop)
+	l.stopOnce.Do(func() { close(l.stop) })
 	l.wg.Wait()
 }
 

@@ -205,3 +205,31 @@ func (c *Cluster) ClusterClient(t testing.TB) *redis.ClusterClient {
 	t.Cleanup(func() { _ = cc.Close() })
 	return cc
 }
+
+// PromoteReplica makes replica its shard's primary with CLUSTER FAILOVER
+// and waits, up to 30 s, until it reports itself one. A manual failover
+// that does not complete within Redis's own 5 s (the primary must pause
+// and the replica catch up, slow under -race and load) is aborted and the
+// replica stays one, so it is asked again every 6 s.
+func PromoteReplica(t testing.TB, replica *Server) error {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr(), MaxRetries: -1})
+	defer rc.Close()
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	var lastAsk time.Time
+	for time.Now().Before(deadline) {
+		r, err := rc.Do(ctx, "ROLE").Slice()
+		if err == nil && len(r) > 0 && r[0] == "master" {
+			return nil
+		}
+		if time.Since(lastAsk) > 6*time.Second {
+			if err := rc.Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
+				t.Logf("CLUSTER FAILOVER on %s: %v", replica.Addr(), err)
+			}
+			lastAsk = time.Now()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("the replica %s never became primary", replica.Addr())
+}
