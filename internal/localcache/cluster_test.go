@@ -2,7 +2,6 @@ package localcache_test
 
 import (
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -162,16 +161,6 @@ func TestClusterTierCoherent(t *testing.T) {
 	})
 }
 
-// clusterNodeID is a node's cluster id.
-func clusterNodeID(t *testing.T, s *redistest.Server) string {
-	t.Helper()
-	id, err := s.Client(t).Do(ctx, "CLUSTER", "MYID").Text()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id
-}
-
 // TestClusterTierReshardLinearizable: clients read, write, delete and
 // increment keys through the proxy, with the tier on, while redis-cli
 // moves 1000 slots between primaries; the history must be linearizable
@@ -179,7 +168,7 @@ func clusterNodeID(t *testing.T, s *redistest.Server) string {
 func TestClusterTierReshardLinearizable(t *testing.T) {
 	c, p := startClusterTier(t, 0)
 	prims := c.Primaries(t)
-	from, to := clusterNodeID(t, prims[0]), clusterNodeID(t, prims[1])
+	from, to := redistest.NodeID(t, prims[0]), redistest.NodeID(t, prims[1])
 	var workers []lintest.Worker
 	for range 8 {
 		workers = append(workers, lintest.Worker{C: p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }), Every: 2 * time.Millisecond, WritePct: 20})
@@ -187,13 +176,7 @@ func TestClusterTierReshardLinearizable(t *testing.T) {
 	reshardErr := make(chan error, 1)
 	go func() {
 		time.Sleep(300 * time.Millisecond) // let the history start first
-		out, err := exec.Command("redis-cli", "--cluster", "reshard", prims[0].Addr(),
-			"--cluster-from", from, "--cluster-to", to, "--cluster-slots", "1000",
-			"--cluster-yes", "--cluster-pipeline", "50").CombinedOutput()
-		if err != nil {
-			err = fmt.Errorf("%w\n%s", err, out[max(0, len(out)-2000):])
-		}
-		reshardErr <- err
+		reshardErr <- redistest.Reshard(prims[0].Addr(), from, to, 1000)
 	}()
 	hitsBefore := hits(t, p)
 	// 256 keys: about 16 of them live in the slots that move.

@@ -2,7 +2,6 @@ package localcache_test
 
 import (
 	"fmt"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -197,7 +196,7 @@ func TestRoutesClusterTierCoherent(t *testing.T) {
 func TestRoutesClusterTierReshardLinearizable(t *testing.T) {
 	p, _, cl := startRoutedClusterTier(t, 0, testS)
 	prims := cl.Primaries(t)
-	from, to := clusterNodeID(t, prims[0]), clusterNodeID(t, prims[1])
+	from, to := redistest.NodeID(t, prims[0]), redistest.NodeID(t, prims[1])
 	var workers []lintest.Worker
 	one := func(o *redis.Options) { o.PoolSize = 1 }
 	for range 6 {
@@ -207,13 +206,7 @@ func TestRoutesClusterTierReshardLinearizable(t *testing.T) {
 	reshardErr := make(chan error, 1)
 	go func() {
 		time.Sleep(300 * time.Millisecond) // let the history start first
-		out, err := exec.Command("redis-cli", "--cluster", "reshard", prims[0].Addr(),
-			"--cluster-from", from, "--cluster-to", to, "--cluster-slots", "1000",
-			"--cluster-yes", "--cluster-pipeline", "50").CombinedOutput()
-		if err != nil {
-			err = fmt.Errorf("%w\n%s", err, out[max(0, len(out)-2000):])
-		}
-		reshardErr <- err
+		reshardErr <- redistest.Reshard(prims[0].Addr(), from, to, 1000)
 	}()
 	reg := p.Metrics.Registry
 	hitsBefore := metric(t, reg, "redproxy_localcache_hits_total", "upstream="+clusterUpstream)

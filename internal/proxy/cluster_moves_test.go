@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,16 +22,6 @@ import (
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
-
-// nodeID is a node's cluster id.
-func nodeID(t *testing.T, s *redistest.Server) string {
-	t.Helper()
-	id, err := s.Client(t).Do(context.Background(), "CLUSTER", "MYID").Text()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id
-}
 
 // nodeAt finds the cluster node listening at addr.
 func nodeAt(t *testing.T, c *redistest.Cluster, addr string) *redistest.Server {
@@ -69,7 +58,7 @@ func TestClusterRedirects(t *testing.T) {
 			break
 		}
 	}
-	srcID, dstID := nodeID(t, src), nodeID(t, dst)
+	srcID, dstID := redistest.NodeID(t, src), redistest.NodeID(t, dst)
 	sc, dc := src.Client(t), dst.Client(t)
 	must := func(err error) {
 		t.Helper()
@@ -222,19 +211,17 @@ func TestClusterReshardUnderLoad(t *testing.T) {
 	c, p := startClusterProxy(t)
 	rc := p.Client(t, func(o *redis.Options) { o.PoolSize = 16 })
 	prims := c.Primaries(t)
-	from, to := nodeID(t, prims[0]), nodeID(t, prims[1])
+	from, to := redistest.NodeID(t, prims[0]), redistest.NodeID(t, prims[1])
 	stop := make(chan struct{})
 	var res loadResult
 	wait := runLoad(t, rc, 8, stop, &res)
 	start := time.Now()
-	out, err := exec.Command("redis-cli", "--cluster", "reshard", prims[0].Addr(),
-		"--cluster-from", from, "--cluster-to", to, "--cluster-slots", "1000",
-		"--cluster-yes", "--cluster-pipeline", "50").CombinedOutput()
+	err := redistest.Reshard(prims[0].Addr(), from, to, 1000)
 	took := time.Since(start)
 	close(stop)
 	acked := wait()
 	if err != nil {
-		t.Fatalf("reshard: %v\n%s", err, out[max(0, len(out)-2000):])
+		t.Fatalf("reshard: %v", err)
 	}
 	c.WaitHealthy(t)
 	moved, asked, retried := p.Router().Stats()
@@ -379,7 +366,7 @@ func moveSlot(t *testing.T, c *redistest.Cluster, slot int, src, dst *redistest.
 	t.Helper()
 	ctx := context.Background()
 	sc, dc := src.Client(t), dst.Client(t)
-	srcID, dstID := nodeID(t, src), nodeID(t, dst)
+	srcID, dstID := redistest.NodeID(t, src), redistest.NodeID(t, dst)
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
@@ -551,7 +538,7 @@ func TestClusterRepliesBeyondOutputLimit(t *testing.T) {
 func TestClusterReshardLinearizable(t *testing.T) {
 	c, p := startClusterProxy(t)
 	prims := c.Primaries(t)
-	from, to := nodeID(t, prims[0]), nodeID(t, prims[1])
+	from, to := redistest.NodeID(t, prims[0]), redistest.NodeID(t, prims[1])
 	var workers []lintest.Worker
 	for range 8 {
 		workers = append(workers, lintest.Worker{C: p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }), Every: 2 * time.Millisecond})
@@ -559,13 +546,7 @@ func TestClusterReshardLinearizable(t *testing.T) {
 	reshardErr := make(chan error, 1)
 	go func() {
 		time.Sleep(300 * time.Millisecond) // let the history start first
-		out, err := exec.Command("redis-cli", "--cluster", "reshard", prims[0].Addr(),
-			"--cluster-from", from, "--cluster-to", to, "--cluster-slots", "1000",
-			"--cluster-yes", "--cluster-pipeline", "50").CombinedOutput()
-		if err != nil {
-			err = fmt.Errorf("%w\n%s", err, out[max(0, len(out)-2000):])
-		}
-		reshardErr <- err
+		reshardErr <- redistest.Reshard(prims[0].Addr(), from, to, 1000)
 	}()
 	// 256 keys: about 16 of them live in the slots that move.
 	hist := lintest.RecordFor(t, workers, 256, 0, 6*time.Second)

@@ -88,7 +88,7 @@ func TestClusterNodeLeaves(t *testing.T) {
 	}
 
 	// Its (empty) slots go to dst, then everyone forgets it.
-	dstID, victimID := nodeID(t, dst), nodeID(t, victim)
+	dstID, victimID := redistest.NodeID(t, dst), redistest.NodeID(t, victim)
 	var slots []int
 	for s := range 16384 {
 		if m.Owner(s) == victim.Addr() {

@@ -30,7 +30,7 @@ func moveEmptySlot(t *testing.T, c *redistest.Cluster, p *proxytest.Proxy, s int
 	}
 	// As redis-cli --cluster does: the new owner first, so that it bumps
 	// its config epoch and the other nodes take its word.
-	srcID, dstID := nodeID(t, src), nodeID(t, dst)
+	srcID, dstID := redistest.NodeID(t, src), redistest.NodeID(t, dst)
 	type setslot struct {
 		on   *redistest.Server
 		args []any

@@ -414,8 +414,8 @@ func TestClusterTransactionDuringMigration(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	must(dc.Do(ctx, "CLUSTER", "SETSLOT", s, "IMPORTING", nodeID(t, src)).Err())
-	must(sc.Do(ctx, "CLUSTER", "SETSLOT", s, "MIGRATING", nodeID(t, dst)).Err())
+	must(dc.Do(ctx, "CLUSTER", "SETSLOT", s, "IMPORTING", redistest.NodeID(t, src)).Err())
+	must(sc.Do(ctx, "CLUSTER", "SETSLOT", s, "MIGRATING", redistest.NodeID(t, dst)).Err())
 	must(sc.Do(ctx, "MIGRATE", "127.0.0.1", dst.Port(), "", 0, 5000, "KEYS", moved).Err())
 
 	tx := func(key string) (queued, exec error) {
@@ -438,7 +438,7 @@ func TestClusterTransactionDuringMigration(t *testing.T) {
 		t.Fatalf("INCR of the migrated key = %d, %v", v, err)
 	}
 	for _, n := range c.Primaries(t) {
-		must(n.Client(t).Do(ctx, "CLUSTER", "SETSLOT", s, "NODE", nodeID(t, dst)).Err())
+		must(n.Client(t).Do(ctx, "CLUSTER", "SETSLOT", s, "NODE", redistest.NodeID(t, dst)).Err())
 	}
 	redistest.Eventually(t, 10*time.Second, func() bool {
 		q, e := tx(moved)

@@ -155,7 +155,7 @@ func TestMirrorClusterTarget(t *testing.T) {
 		if size, _ := n.Client(t).DBSize(ctx).Result(); size == 0 {
 			t.Errorf("primary %s holds no mirrored key", n.Addr())
 		}
-		execs += commandCalls(t, n, "exec")
+		execs += calls(t, n, "exec")
 	}
 	if execs != 1 {
 		t.Errorf("the cluster ran EXEC %d times, want 1 (the transaction within one slot)", execs)

@@ -105,10 +105,10 @@ func TestMirrorTransaction(t *testing.T) {
 			t.Errorf("mirror db 0 has %s", key)
 		}
 	}
-	if n := commandCalls(t, ms, "multi"); n != 3 {
+	if n := calls(t, ms, "multi"); n != 3 {
 		t.Errorf("the mirror ran MULTI %d times, want 3", n)
 	}
-	if n := commandCalls(t, ms, "exec"); n != 3 {
+	if n := calls(t, ms, "exec"); n != 3 {
 		t.Errorf("the mirror ran EXEC %d times, want 3", n)
 	}
 	rep := p.Mirror().Report(0)
@@ -183,7 +183,7 @@ func TestMirrorTransactionAborted(t *testing.T) {
 			t.Errorf("%s was not mirrored", key)
 		}
 	}
-	if n := commandCalls(t, ms, "exec"); n != 1 {
+	if n := calls(t, ms, "exec"); n != 1 {
 		t.Errorf("the mirror ran EXEC %d times, want 1", n)
 	}
 	if rep := p.Mirror().Report(0); rep.Skipped[mirror.SkipTransaction] != 2 || rep.Errors[mirror.ErrReply] != 0 {
@@ -409,7 +409,7 @@ func TestMirrorRoutedTransaction(t *testing.T) {
 	if n, _ := mc.Exists(ctx, "queue:crossed", "cache:crossed").Result(); n != 0 {
 		t.Errorf("the aborted transaction reached the mirror (%d keys)", n)
 	}
-	if n := commandCalls(t, ms, "exec"); n != 1 {
+	if n := calls(t, ms, "exec"); n != 1 {
 		t.Errorf("the mirror ran EXEC %d times, want 1", n)
 	}
 }

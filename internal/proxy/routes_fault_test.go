@@ -255,7 +255,7 @@ func TestRoutesCrossRouteMultiWhatIsSent(t *testing.T) {
 	}
 	for _, rs := range []*redistest.Server{r.def, r.queue} {
 		for _, name := range []string{"multi", "ping", "msetnx", "exec"} {
-			if n := commandCalls(t, rs, name); n != 0 {
+			if n := calls(t, rs, name); n != 0 {
 				t.Errorf("first keyed command cross-route: %s reached %s %d times, want none", name, rs.Addr(), n)
 			}
 		}
@@ -280,7 +280,7 @@ func TestRoutesCrossRouteMultiWhatIsSent(t *testing.T) {
 	}
 	for _, rs := range []*redistest.Server{r.def, r.queue} {
 		for _, name := range []string{"multi", "exec", "set", "incr", "discard"} {
-			if n := commandCalls(t, rs, name); n != 0 {
+			if n := calls(t, rs, name); n != 0 {
 				t.Errorf("later command cross-route: %s reached %s %d times, want none", name, rs.Addr(), n)
 			}
 		}

@@ -163,23 +163,6 @@ func TestRoutesSplitMultiKey(t *testing.T) {
 	}
 }
 
-// commandCalls is how many times server rs ran command name since its
-// stats were reset.
-func commandCalls(t *testing.T, rs *redistest.Server, name string) int {
-	t.Helper()
-	info, err := rs.Client(t).Info(ctx, "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_"+name+":calls="); ok {
-			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-			return n
-		}
-	}
-	return 0
-}
-
 // TestRoutesCrossRouteRefusedBeforeSending: a command that cannot be
 // split (MSETNX, EVAL, BLPOP) or a transaction whose keys route to two
 // upstreams fails with an error naming both routes, and none of it runs
@@ -228,7 +211,7 @@ func TestRoutesCrossRouteRefusedBeforeSending(t *testing.T) {
 	for _, rs := range []*redistest.Server{r.def, r.queue} {
 		// (The transaction is held until EXEC: none of it is sent.)
 		for _, name := range []string{"msetnx", "eval", "blpop", "set", "multi", "exec"} {
-			if n := commandCalls(t, rs, name); n != 0 {
+			if n := calls(t, rs, name); n != 0 {
 				t.Errorf("%s ran %d times on %s", name, n, rs.Addr())
 			}
 		}

@@ -38,7 +38,7 @@ func nothingRan(t *testing.T, what string, names []string, servers ...*redistest
 	t.Helper()
 	for _, rs := range servers {
 		for _, name := range names {
-			if n := commandCalls(t, rs, name); n != 0 {
+			if n := calls(t, rs, name); n != 0 {
 				t.Errorf("%s: %s reached %s %d times, want none", what, name, rs.Addr(), n)
 			}
 		}
@@ -68,7 +68,7 @@ func TestRoutesTxSingleRouteExactReply(t *testing.T) {
 		t.Fatalf("queue:a is on %q, want queue", got)
 	}
 	for name, want := range map[string]int{"multi": 1, "exec": 1, "set": 1, "incr": 1, "get": 1, "ping": 1} {
-		if n := commandCalls(t, r.queue, name); n != want {
+		if n := calls(t, r.queue, name); n != want {
 			t.Errorf("%s ran %d times on the queue server, want %d", name, n, want)
 		}
 	}
@@ -84,7 +84,7 @@ func TestRoutesTxSingleRouteExactReply(t *testing.T) {
 			t.Fatalf("keyless transaction: reply %d = %q, want %q", i, got, want)
 		}
 	}
-	if n := commandCalls(t, r.def, "multi"); n != 1 {
+	if n := calls(t, r.def, "multi"); n != 1 {
 		t.Errorf("keyless transaction: MULTI ran %d times on the default server, want 1", n)
 	}
 	// Empty: answered by the proxy.
@@ -240,10 +240,10 @@ func TestRoutesWatchCrossRouteMulti(t *testing.T) {
 			t.Fatalf("reply %d to %v = %q, want %q...", i, cmds[i], got, want)
 		}
 	}
-	if n := commandCalls(t, r.queue, "watch"); n != 1 {
+	if n := calls(t, r.queue, "watch"); n != 1 {
 		t.Errorf("WATCH ran %d times on the queue server, want 1", n)
 	}
-	if n := commandCalls(t, r.queue, "unwatch"); n != 1 {
+	if n := calls(t, r.queue, "unwatch"); n != 1 {
 		t.Errorf("UNWATCH ran %d times on the queue server, want 1 (EXEC ends the WATCH)", n)
 	}
 	nothingRan(t, "WATCH then a cross-route MULTI", []string{"multi", "exec", "set"}, r.def, r.queue)
@@ -269,7 +269,7 @@ func TestRoutesWatchCrossRouteMulti(t *testing.T) {
 			t.Fatalf("after DISCARD: reply %d = %q, want %q", i, got, want)
 		}
 	}
-	if n := commandCalls(t, r.queue, "unwatch"); n != 1 {
+	if n := calls(t, r.queue, "unwatch"); n != 1 {
 		t.Errorf("UNWATCH ran %d times after DISCARD, want 1", n)
 	}
 

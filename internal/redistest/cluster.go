@@ -233,3 +233,27 @@ func PromoteReplica(t testing.TB, replica *Server) error {
 	}
 	return fmt.Errorf("the replica %s never became primary", replica.Addr())
 }
+
+// NodeID is s's cluster node ID (CLUSTER MYID).
+func NodeID(t testing.TB, s *Server) string {
+	t.Helper()
+	id, err := s.Client(t).Do(context.Background(), "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// Reshard moves slots slots from node fromID to node toID with
+// redis-cli --cluster reshard, asking the cluster through addr; the error
+// carries the end of redis-cli's output. It does not use t, so it may run
+// on a goroutine of the test's while the test records a history.
+func Reshard(addr, fromID, toID string, slots int) error {
+	out, err := exec.Command("redis-cli", "--cluster", "reshard", addr,
+		"--cluster-from", fromID, "--cluster-to", toID, "--cluster-slots", fmt.Sprint(slots),
+		"--cluster-yes", "--cluster-pipeline", "50").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%w\n%s", err, out[max(0, len(out)-2000):])
+	}
+	return nil
+}
