@@ -609,6 +609,20 @@ func (rs *replicaSet) sync(addrs []string) {
 	}
 }
 
+// ReplicaViewStarted is when the poll behind [upstream]'s current replica
+// view started (zero before the first, or without replica reads). A view
+// judges a replica by the primary's offset at that moment, so a test that
+// needs a write taken into account waits for a view started after it.
+func (s *Server) ReplicaViewStarted() time.Time {
+	if s.replicas == nil {
+		return time.Time{}
+	}
+	if v := s.replicas.view.Load(); v != nil {
+		return v.at
+	}
+	return time.Time{}
+}
+
 // UsableReplicas is the number of replicas a client without writes could
 // read from now; 0 when reads from replicas are off.
 func (s *Server) UsableReplicas() int {

@@ -511,7 +511,14 @@ func TestReplicaLaggingIsSkipped(t *testing.T) {
 	if err := pc.Set(ctx, "k", "new", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	redistest.Eventually(t, 4*time.Second, func() bool { return p.UsableReplicas() == 0 }, "the paused replica was never skipped")
+	wrote := time.Now()
+	// A poll started before the SET still finds the replica level with
+	// the primary and, installed after this point, would let a read use it
+	// (staleness under max_replica_lag, as documented): wait for a view
+	// from a poll that knows of the SET.
+	redistest.Eventually(t, 4*time.Second, func() bool {
+		return p.ReplicaViewStarted().After(wrote) && p.UsableReplicas() == 0
+	}, "the paused replica was never skipped")
 	if v := rc.Get(ctx, "k").Val(); v != "old" {
 		t.Fatalf("the paused replica has %q; the test needs it behind", v)
 	}
