@@ -282,3 +282,26 @@ func TestRouteReplicaReadsSentinelUpstream(t *testing.T) {
 		t.Fatalf("GET s:k right after SET s:k w = %q, %v", v, err)
 	}
 }
+
+// TestRoutesBatchStateFollowsItsServer: the routed path's batch scratch
+// is pooled for the whole process, so one that served a server with three
+// upstreams may next serve one with two. It used to keep its three
+// upstream slots, and the replica bookkeeping after a write then indexed
+// the two-upstream server's tables out of range: the session panicked
+// and the client lost its connection with no reply.
+func TestRoutesBatchStateFollowsItsServer(t *testing.T) {
+	three := startRouted(t, nil)
+	two := startRoutedReplicas(t, 10*time.Second)
+	wide := dialAddr(t, three.p.Addr)
+	narrow := dialAddr(t, two.p.Addr)
+	for n := range 200 {
+		// A batch with a part on each of the three upstreams.
+		if got := rawDo(t, wide, "MGET", "k", "queue:k", "cache:k"); got != "*3\r\n$-1\r\n$-1\r\n$-1\r\n" {
+			t.Fatalf("MGET over three upstreams = %q", got)
+		}
+		val := strconv.Itoa(n)
+		if got := rawDo(t, narrow, "SET", "b:k", val); got != "+OK\r\n" {
+			t.Fatalf("round %d: SET through the two-upstream proxy = %q", n, got)
+		}
+	}
+}

@@ -640,9 +640,13 @@ func (sess *Session) routedDo(call *upstream.Call) {
 	if groups > 0 {
 		sess.placeRouteGroups(b, groups)
 	}
+	// The batch is pooled across servers: size it to this server's
+	// upstreams both ways, or a batch last used by a wider server indexes
+	// this one's per-upstream tables out of range.
 	for len(b.calls) < t.Len() {
 		b.calls = append(b.calls, nil)
 	}
+	b.calls = b.calls[:t.Len()]
 	b.where, b.first = b.where[:0], b.first[:0]
 	b.notReads = append(b.notReads[:0], make([]bool, len(b.calls))...)
 	b.mayWrites = append(b.mayWrites[:0], make([]bool, len(b.calls))...)
