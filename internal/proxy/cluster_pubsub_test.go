@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/proxytest"
@@ -227,17 +229,29 @@ func TestClusterPubSub(t *testing.T) {
 // replicaOf is the replica of the primary at addr.
 func replicaOf(t *testing.T, c *redistest.Cluster, addr string) *redistest.Server {
 	t.Helper()
-	for _, r := range c.Replicas(t) {
-		role, err := r.Client(t).Do(context.Background(), "ROLE").Slice()
-		if err != nil || len(role) < 3 {
-			continue
+	// Asked until one answers: a replica still syncing, or one just
+	// thawed whose pooled connection timed out, may fail one ROLE.
+	var found *redistest.Server
+	var seen []string
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		seen = seen[:0]
+		for _, r := range c.Replicas(t) {
+			rc := redis.NewClient(&redis.Options{Addr: r.Addr(), MaxRetries: -1})
+			role, err := rc.Do(context.Background(), "ROLE").Slice()
+			_ = rc.Close()
+			if err != nil || len(role) < 3 {
+				seen = append(seen, fmt.Sprintf("%s: %v %v", r.Addr(), role, err))
+				continue
+			}
+			seen = append(seen, fmt.Sprintf("%s: %v", r.Addr(), role[:3]))
+			if fmt.Sprintf("%v:%v", role[1], role[2]) == addr {
+				found = r
+				return true
+			}
 		}
-		if fmt.Sprintf("%v:%v", role[1], role[2]) == addr {
-			return r
-		}
-	}
-	t.Fatalf("no replica of %s", addr)
-	return nil
+		return false
+	}, "no replica of %s; the replicas said %v", addr, &seen)
+	return found
 }
 
 // TestClusterWait: WAIT goes to the node of the client's last write and
