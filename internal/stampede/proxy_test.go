@@ -673,8 +673,14 @@ func TestEarlyRefreshThroughProxy(t *testing.T) {
 	periods := int64(runFor / ttl)
 	early := metric(t, p, mEarly)
 	t.Logf("%d misses after the first fill over %d TTL periods; %v early refreshes; key missing in %d samples", misses.Load(), periods, early, gone.Load())
-	if gone.Load() != 0 {
-		t.Fatalf("the key expired in Redis %d times: not refreshed early", gone.Load())
+	// A key left to expire is missing for a whole recompute (30 ms, about
+	// ten samples) before its filler writes it. A refresh the proxy chose
+	// early can still land a moment after the expiry when the draw came in
+	// the TTL's last milliseconds (XFetch bounds that, it does not rule it
+	// out): CI once saw one such sample. More than a few means no early
+	// refresh happened before an expiry.
+	if gone.Load() > 3 {
+		t.Fatalf("the key was missing in Redis in %d samples: not refreshed early", gone.Load())
 	}
 	if early < float64(periods-1) || misses.Load() > periods+2 {
 		t.Fatalf("%d misses and %v early refreshes over %d periods, want about one per period", misses.Load(), early, periods)
