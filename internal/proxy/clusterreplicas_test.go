@@ -209,16 +209,10 @@ func shardOf(t *testing.T, c *redistest.Cluster, key string) (primary, replica *
 			primary = s
 		}
 	}
-	for _, r := range c.Replicas(t) {
-		role, err := r.Client(t).Do(ctx, "ROLE").Slice()
-		if err == nil && len(role) > 2 && fmt.Sprintf("127.0.0.1:%v", role[2]) == addr {
-			replica = r
-		}
+	if primary == nil {
+		t.Fatalf("no primary found for %s at %s", key, addr)
 	}
-	if primary == nil || replica == nil {
-		t.Fatalf("no primary (%v) or replica (%v) found for %s", primary, replica, key)
-	}
-	return primary, replica
+	return primary, replicaOf(t, c, addr)
 }
 
 // TestClusterReplicaKilledFallsBack (issue 14): with replica_preferred, a
