@@ -206,7 +206,15 @@ func startProxy(t *testing.T, bin, listen string, env []string, args ...string) 
 	})
 	c := redis.NewClient(&redis.Options{Addr: listen, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
-	redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered; log:\n%s", logs.String())
+	// The log is read when the wait fails, not when it starts: the child's
+	// reason for not answering (a bind error, say) is written meanwhile.
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ping(ctx).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("proxy on %s never answered within 10s; log:\n%s", listen, logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	return cmd, c, logs
 }
 
@@ -262,12 +270,12 @@ func TestSIGHUPReloadsPolicy(t *testing.T) {
 
 	check(t, os.WriteFile(path, []byte(strings.Replace(doc, "allow = []", `allow = ["keys"]`, 1)), 0o600))
 	check(t, cmd.Process.Signal(syscall.SIGHUP))
-	redistest.Eventually(t, 5*time.Second, func() bool { return c.Keys(ctx, "*").Err() == nil }, "SIGHUP did not reload; log:\n%s", logs.String())
+	redistest.Eventually(t, 5*time.Second, func() bool { return c.Keys(ctx, "*").Err() == nil }, "SIGHUP did not reload; log:\n%s", logs)
 
 	check(t, os.WriteFile(path, []byte(doc+"\n[policy.bogus]\n"), 0o600))
 	check(t, cmd.Process.Signal(syscall.SIGHUP))
 	redistest.Eventually(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), "configuration not reloaded") },
-		"bad file not reported; log:\n%s", logs.String())
+		"bad file not reported; log:\n%s", logs)
 	if !strings.Contains(logs.String(), path+":") || !strings.Contains(logs.String(), "policy.bogus") {
 		t.Errorf("log does not say where:\n%s", logs.String())
 	}

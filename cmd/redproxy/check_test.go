@@ -155,7 +155,7 @@ func TestEmptyAdminFlagTurnsAdminOff(t *testing.T) {
 		cmd.Stderr = &logs
 		check(t, cmd.Start())
 		c := redis.NewClient(&redis.Options{Addr: listen, MaxRetries: -1})
-		redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered; log:\n%s", logs.String())
+		redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered; log:\n%s", &logs)
 		c.Close()
 		// The admin server starts listening before the proxy does (see
 		// run), so by now it would answer.

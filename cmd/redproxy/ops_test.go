@@ -172,7 +172,7 @@ func TestContainerEnvironmentAndHealthcheck(t *testing.T) {
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	redistest.Eventually(t, 10*time.Second, func() bool { return c.Set(ctx, "k", "v", 0).Err() == nil }, "embedded proxy never answered; log:\n%s", logs2.String())
+	redistest.Eventually(t, 10*time.Second, func() bool { return c.Set(ctx, "k", "v", 0).Err() == nil }, "embedded proxy never answered; log:\n%s", &logs2)
 	if !strings.Contains(logs2.String(), "EMBEDDED UPSTREAM") {
 		t.Fatalf("the embedded store was not announced:\n%s", logs2.String())
 	}

@@ -80,7 +80,7 @@ func TestReloadEndpointAndSIGHUP(t *testing.T) {
 			t.Fatalf("GET product:hot before the switch = %q", v)
 		}
 		return tierHits() != before
-	}, "product:hot never became a local tier hit; log:\n%s", logs.String())
+	}, "product:hot never became a local tier hit; log:\n%s", logs)
 
 	// Switch upstreams, and change a stampede setting and the log level.
 	next := strings.Replace(withUpstream(b.Addr()), "max_waiters = 1000", "max_waiters = 500", 1)
@@ -115,7 +115,7 @@ func TestReloadEndpointAndSIGHUP(t *testing.T) {
 	check(t, os.WriteFile(path, []byte(strings.Replace(withUpstream(a.Addr()), "max_clients = 10000", "max_clients = 0", 1)), 0o600))
 	check(t, cmd.Process.Signal(syscall.SIGHUP))
 	redistest.Eventually(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), "server.max_clients: must be > 0") },
-		"SIGHUP with a broken file not reported; log:\n%s", logs.String())
+		"SIGHUP with a broken file not reported; log:\n%s", logs)
 	writeLandsOn("product:broken", directB, directA)
 
 	// POST /policy/reload still re-reads [policy] alone.

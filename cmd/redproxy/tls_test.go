@@ -73,7 +73,7 @@ insecure_skip_verify = true
 	})
 	c := redis.NewClient(&redis.Options{Addr: tlsListen, TLSConfig: certs.ClientConfig(t, true), MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
-	redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered over TLS; log:\n%s", logs.String())
+	redistest.Eventually(t, 10*time.Second, func() bool { return c.Ping(ctx).Err() == nil }, "proxy never answered over TLS; log:\n%s", logs)
 	check(t, c.Set(ctx, "bin:k", "v", 0).Err())
 	if v := rs.Client(t).Get(ctx, "bin:k").Val(); v != "v" {
 		t.Fatalf("Redis has %q", v)

@@ -10,7 +10,9 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -270,11 +272,32 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format st
 	}
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago. Another
-// process can still take it before use, which is why Start retries. It never
-// returns 6379 so tests cannot touch a developer's real Redis.
+// FreePort returns a TCP port that was free on every address a moment ago.
+// It never returns 6379 so tests cannot touch a developer's real Redis.
+//
+// The port is drawn below the kernel's ephemeral range (and low enough that
+// a cluster node's bus port, port+10000, is below it too). A port the
+// kernel handed out as "127.0.0.1:0" sits in the ephemeral range, where any
+// outgoing connection of a concurrently running test package can take it as
+// its local port before the test binds it: a proxy started on 0.0.0.0 then
+// fails with "address already in use" (seen in CI). Below that range only
+// another FreePort can collide, which is why Start still retries.
 func FreePort(t testing.TB) int {
 	t.Helper()
+	lo, hi := freePortRange()
+	for range 200 {
+		port := lo + rand.IntN(hi-lo)
+		if port == 6379 {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		return port
+	}
+	// The range is crowded: fall back to a kernel-chosen port.
 	for {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -286,6 +309,24 @@ func FreePort(t testing.TB) int {
 			return port
 		}
 	}
+}
+
+// freePortRange is [lo, hi) below the ephemeral range of
+// /proc/sys/net/ipv4/ip_local_port_range, leaving room for port+10000.
+func freePortRange() (lo, hi int) {
+	ephemeralLow := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				ephemeralLow = n
+			}
+		}
+	}
+	lo, hi = 10000, ephemeralLow-10000
+	if hi-lo < 2000 {
+		lo, hi = 1024, ephemeralLow
+	}
+	return lo, hi
 }
 
 // syncBuffer collects process output; the exec copier goroutine writes while
