@@ -29,7 +29,12 @@ import (
 // commands travel to Redis together, in order, on one shared connection.
 type Session struct {
 	srv *Server
-	nc  net.Conn
+	nc  net.Conn // &conn, or a test's own connection
+	// conn is the client's connection, in the Session's allocation: an
+	// idle client keeps both, and a separate 64-byte object would sit
+	// among the many short-lived ones of net's, leaving holes once they
+	// are freed.
+	conn clientConn
 	rd  *resp.Reader
 	id  int64
 
@@ -122,7 +127,12 @@ type sessionBatch struct {
 	// cmulti is a MULTI in cluster mode that has no node yet (cluster.go).
 	cmulti clusterMulti
 
-	guard *guard.Batch // the guard's decisions for the batch (guard.go)
+	// guard is the guard's decisions for the batch (guard.go). Held by
+	// value: besides the allocation saved, it puts sessionBatch in the
+	// 640-byte size class, away from the runtime's goroutine records (480
+	// bytes), which are never freed: a parked client's sessionBatch would
+	// otherwise leave a hole between them that the heap cannot give back.
+	guard guard.Batch
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
 	tierWrites localcache.Writes
@@ -136,7 +146,7 @@ type sessionBatch struct {
 
 // newSessionBatch is a session's batch state when it starts or resumes.
 func newSessionBatch() *sessionBatch {
-	return &sessionBatch{call: upstream.NewCall(), guard: new(guard.Batch)}
+	return &sessionBatch{call: upstream.NewCall()}
 }
 
 // slot says where one command's reply comes from.
@@ -165,10 +175,8 @@ const (
 
 func newSession(s *Server, nc net.Conn) *Session {
 	cfg := s.Config()
-	cc := &clientConn{Conn: nc, timeout: cfg.Server.ClientWriteTimeout.Duration}
 	sess := &Session{
 		srv:          s,
-		nc:           cc,
 		id:           s.nextID.Add(1),
 		sessionBatch: newSessionBatch(),
 		createdAt:    time.Now(),
@@ -176,7 +184,9 @@ func newSession(s *Server, nc net.Conn) *Session {
 		outLimit:     int64(cfg.Server.ClientOutputLimit),
 		replySize:    unknownReplySize,
 	}
-	cc.sess = sess
+	cc := &sess.conn
+	cc.Conn, cc.timeout, cc.sess = nc, cfg.Server.ClientWriteTimeout.Duration, sess
+	sess.nc = cc
 	sess.rd = sess.newReader()
 	sess.park.idle = cfg.Server.IdleTimeout.Duration
 	return sess
