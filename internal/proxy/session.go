@@ -35,8 +35,8 @@ type Session struct {
 	// among the many short-lived ones of net's, leaving holes once they
 	// are freed.
 	conn clientConn
-	rd  *resp.Reader
-	id  int64
+	rd   *resp.Reader
+	id   int64
 
 	// Connection state the shared upstream connections cannot carry. Only
 	// the session goroutine writes it, holding mu, so CLIENT LIST from
