@@ -496,8 +496,8 @@ func (sess *Session) infoLine() string {
 
 // connFD returns the client socket's file descriptor, or -1.
 func connFD(nc net.Conn) int {
-	if cc, ok := nc.(*clientConn); ok && cc.detached != nil {
-		return cc.detached.fd // parked (park.go); its caller holds sess.mu
+	if cc, ok := nc.(*clientConn); ok && cc.Conn == nil {
+		return int(cc.parked.fd) // parked (park.go); its caller holds sess.mu
 	}
 	sc, ok := socketOf(nc).(syscall.Conn)
 	if !ok {
