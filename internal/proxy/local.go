@@ -428,7 +428,7 @@ func (sess *Session) infoLine() string {
 	defer sess.mu.Unlock()
 	var b bytes.Buffer
 	now := time.Now()
-	age := int64(now.Sub(sess.createdAt).Seconds())
+	age := int64(now.Sub(time.Unix(0, sess.createdAt)).Seconds())
 	idle := age
 	if a := sess.list.active.Load(); a != 0 {
 		idle = int64(now.Sub(time.Unix(0, a)).Seconds())
@@ -621,7 +621,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 			laddr != "" && local != laddr,
 			user != "" && user != sess.lockedUserName(),
 			typ == "master" || typ == "replica" || typ == "slave",
-			maxAge >= 0 && time.Since(sess.createdAt) < time.Duration(maxAge)*time.Second:
+			maxAge >= 0 && time.Since(time.Unix(0, sess.createdAt)) < time.Duration(maxAge)*time.Second:
 			continue
 		}
 		sess.kill()

@@ -144,7 +144,7 @@ func (s *Server) sweepParking() {
 			case parkWaiting:
 				since := sess.list.active.Load()
 				if since == 0 {
-					since = sess.createdAt.UnixNano()
+					since = sess.createdAt
 				}
 				if after > 0 && now.UnixNano()-since >= int64(after) {
 					ask = append(ask, sess)

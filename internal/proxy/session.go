@@ -48,8 +48,8 @@ type Session struct {
 	name      string
 	libName   string
 	libVer    string
-	user      *auth.User // the proxy user after AUTH (users.go); nil: none
-	createdAt time.Time
+	user      *auth.User                       // the proxy user after AUTH (users.go); nil: none
+	createdAt int64                            // when the client connected, Unix ns
 	lastCmd   atomic.Pointer[commands.Command] // for CLIENT INFO/LIST
 	list      listState                        // the rest CLIENT INFO/LIST shows
 
@@ -66,19 +66,19 @@ type Session struct {
 	closeReason atomic.Pointer[string]
 	log         atomic.Pointer[slog.Logger]
 
-	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
-	relayInMulti bool
 	// relayNode is, in cluster mode, the node a relayed client's
 	// connection is on (relayBackend); "" otherwise.
 	relayNode string
 	// wroteSlot is, in cluster mode, 1 + the slot of the client's last
 	// write, where its WAIT goes (clusterWaitBackend); 0: none yet.
-	wroteSlot   int
-	block       blockState
-	replyOff    bool // CLIENT REPLY OFF
-	replySkip   bool // CLIENT REPLY SKIP: mute the next command
-	interrupted atomic.Bool
-	park        sessionPark // parking while idle (park.go)
+	wroteSlot int
+	block     blockState
+	replyOff  bool // CLIENT REPLY OFF
+	replySkip bool // CLIENT REPLY SKIP: mute the next command
+	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
+	relayInMulti bool
+	interrupted  atomic.Bool
+	park         sessionPark // parking while idle (park.go)
 
 	route routeSession // with routes (routes.go)
 	// reads is where the client's reads may go with replica reads on
@@ -179,7 +179,7 @@ func newSession(s *Server, nc net.Conn) *Session {
 		srv:          s,
 		id:           s.nextID.Add(1),
 		sessionBatch: newSessionBatch(),
-		createdAt:    time.Now(),
+		createdAt:    time.Now().UnixNano(),
 		authed:       !s.needsAuth(),
 		outLimit:     int64(cfg.Server.ClientOutputLimit),
 		replySize:    unknownReplySize,
