@@ -479,3 +479,29 @@ func parkedLine(t *testing.T, admin net.Conn, id string) string {
 	}
 	return ""
 }
+
+// A client that sent a request and went quiet is waited on by its
+// session's goroutine alone, parked or not: the Reader's read coroutine
+// (resp.Reader.reads) is a goroutine too, whose record the runtime keeps
+// for good, and it starts only for a client that keeps sending. With it
+// started for every client, n idle clients held 2n goroutines until they
+// parked, and the process kept 2n goroutine records after.
+func TestIdleClientHoldsOneGoroutine(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Server.IdleParkAfter = units.Duration{} // not parked: the wait itself is looked at
+	})
+	warm := p.Dial(t) // upstream connections and their goroutines exist from here on
+	if got := rawDo(t, warm, "GET", "idle:k"); got != "$-1\r\n" {
+		t.Fatalf("GET = %q", got)
+	}
+	base := runtime.NumGoroutine()
+	const n = 20
+	for range n {
+		nc := p.Dial(t)
+		if got := rawDo(t, nc, "GET", "idle:k"); got != "$-1\r\n" {
+			t.Fatalf("GET = %q", got)
+		}
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool { return runtime.NumGoroutine() <= base+n },
+		"%d goroutines with %d more idle clients than at %d, want at most one each", runtime.NumGoroutine(), n, base)
+}
