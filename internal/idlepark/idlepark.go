@@ -38,7 +38,7 @@ var ErrBadKey = errors.New("idlepark: key 0 is reserved")
 // syscall.RawConn reaches it, and what picks the connection up again.
 // Park keeps the Conn itself (two words a parked connection), so an
 // implementation that is part of the caller's own per-connection state
-// parks without allocating.
+// keeps nothing allocated for the parker but its map entry.
 type Conn interface {
 	// Control calls f with the socket's descriptor, kept open meanwhile.
 	Control(f func(fd uintptr)) error

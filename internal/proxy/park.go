@@ -327,7 +327,7 @@ func (sess *Session) parkNow() bool {
 }
 
 // parkedClient is a client's connection as the parker holds it: the
-// session's own clientConn, so that parking allocates nothing.
+// session's own clientConn, so that a parked client keeps no object of its own for the parker.
 type parkedClient clientConn
 
 // Control calls f with the socket's descriptor: the detached one, or that
@@ -356,7 +356,7 @@ func (c *parkedClient) Resume() { c.sess.resume() }
 // its Conn is nil), so that a parked client holds none of net's objects
 // (its connection, descriptor and addresses: about 300 bytes on the heap,
 // and a poller descriptor and finalizer outside it, which the runtime
-// reuses for later connections) and parking allocates nothing. The two
+// reuses for later connections) and a parked client keeps no object for it. The two
 // addresses CLIENT LIST shows are read from the socket when asked for
 // (socketAddr).
 type detachedSocket struct {
