@@ -95,8 +95,9 @@ type Reader struct {
 	readN   int                   // what the last readFn call read
 	readErr error                 // and the error it ended with (io.EOF on end of stream)
 	// nextRead and stopReads drive reads, the coroutine that reads the
-	// socket (see reads); nil until the Reader has read plainReads times
-	// without it, and after Release.
+	// socket (see reads); nil until the Reader has made
+	// readsBeforeCoroutine reads without it (plainReads counts them), and
+	// after Release.
 	nextRead   func() (struct{}, bool)
 	stopReads  func()
 	plainReads uint8
