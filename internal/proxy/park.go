@@ -327,7 +327,8 @@ func (sess *Session) parkNow() bool {
 }
 
 // parkedClient is a client's connection as the parker holds it: the
-// session's own clientConn, so that a parked client keeps no object of its own for the parker.
+// session's own clientConn, so that a parked client keeps no object of
+// its own for the parker.
 type parkedClient clientConn
 
 // Control calls f with the socket's descriptor: the detached one, or that
@@ -341,7 +342,11 @@ func (c *parkedClient) Control(f func(fd uintptr)) error {
 		f(uintptr(fd))
 		return nil
 	}
-	rc, err := (*clientConn)(c).SyscallConn()
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return errors.ErrUnsupported
+	}
+	rc, err := sc.SyscallConn()
 	if err != nil {
 		return err
 	}
@@ -356,9 +361,9 @@ func (c *parkedClient) Resume() { c.sess.resume() }
 // its Conn is nil), so that a parked client holds none of net's objects
 // (its connection, descriptor and addresses: about 300 bytes on the heap,
 // and a poller descriptor and finalizer outside it, which the runtime
-// reuses for later connections) and a parked client keeps no object for it. The two
-// addresses CLIENT LIST shows are read from the socket when asked for
-// (socketAddr).
+// reuses for later connections) and keeps no object of its own for its
+// socket. The two addresses CLIENT LIST shows are read from the socket
+// when asked for (socketAddr).
 type detachedSocket struct {
 	fd     int32
 	closed bool // closed while parked: the session closes it on resuming
