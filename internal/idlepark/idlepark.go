@@ -20,7 +20,6 @@ package idlepark
 import (
 	"errors"
 	"sync"
-	"syscall"
 )
 
 // ErrUnsupported is returned by New where there is no epoll.
@@ -35,10 +34,16 @@ const wakeToken = 0
 // ErrBadKey is returned by Park for the key 0, which the Parker uses itself.
 var ErrBadKey = errors.New("idlepark: key 0 is reserved")
 
-// parked is one connection waiting in the set.
-type parked struct {
-	rc     syscall.RawConn
-	resume func()
+// Conn is a connection to park: its socket's descriptor, reached as
+// syscall.RawConn reaches it, and what picks the connection up again.
+// Park keeps the Conn itself (two words a parked connection), so an
+// implementation that is part of the caller's own per-connection state
+// keeps nothing allocated for the parker but its map entry.
+type Conn interface {
+	// Control calls f with the socket's descriptor, kept open meanwhile.
+	Control(f func(fd uintptr)) error
+	// Resume serves the connection again; Park runs it on a new goroutine.
+	Resume()
 }
 
 // Parker is one epoll set and the goroutine that waits on it.
@@ -46,13 +51,13 @@ type Parker struct {
 	impl poller
 
 	mu      sync.Mutex
-	waiting map[uint64]parked
+	waiting map[uint64]Conn
 	closed  bool
 }
 
 // New starts a Parker and its goroutine.
 func New() (*Parker, error) {
-	p := &Parker{waiting: make(map[uint64]parked)}
+	p := &Parker{waiting: make(map[uint64]Conn)}
 	if err := p.impl.open(); err != nil {
 		return nil, err
 	}
@@ -60,17 +65,16 @@ func New() (*Parker, error) {
 	return p, nil
 }
 
-// Park adds the connection behind rc to the set under key, which names
-// the connection: non-zero, and unique among the connections parked at
-// once (a connection id). Once its socket is readable or its peer hangs
-// up, resume runs once, on a new goroutine; Unpark takes it out instead,
-// and then its caller resumes it. On error nothing is parked and resume
-// never runs.
+// Park adds c to the set under key, which names the connection: non-zero,
+// and unique among the connections parked at once (a connection id). Once
+// its socket is readable or its peer hangs up, c.Resume runs once, on a
+// new goroutine; Unpark takes it out instead, and then its caller resumes
+// it. On error nothing is parked and Resume never runs.
 //
 // A connection resumed for readiness that an Unpark of the same key
 // already resumed and parked again is resumed once more: a spurious but
 // harmless wake-up, which the caller handles as it handles readiness.
-func (p *Parker) Park(key uint64, rc syscall.RawConn, resume func()) error {
+func (p *Parker) Park(key uint64, c Conn) error {
 	if key == wakeToken {
 		return ErrBadKey
 	}
@@ -79,12 +83,12 @@ func (p *Parker) Park(key uint64, rc syscall.RawConn, resume func()) error {
 		p.mu.Unlock()
 		return ErrClosed
 	}
-	p.waiting[key] = parked{rc: rc, resume: resume}
+	p.waiting[key] = c
 	p.mu.Unlock()
 	// Registered after the entry exists: readiness may be reported before
 	// add returns (bytes already queued), and must find it.
 	var err error
-	cerr := rc.Control(func(fd uintptr) { err = p.impl.add(fd, key) })
+	cerr := c.Control(func(fd uintptr) { err = p.impl.add(fd, key) })
 	if err == nil {
 		err = cerr
 	}
@@ -94,7 +98,7 @@ func (p *Parker) Park(key uint64, rc syscall.RawConn, resume func()) error {
 		delete(p.waiting, key)
 		p.mu.Unlock()
 		if !mine {
-			// Readiness took it already: it runs resume, so report
+			// Readiness took it already: it runs Resume, so report
 			// success rather than have the caller carry on too.
 			return nil
 		}
@@ -135,7 +139,7 @@ func (p *Parker) Close() {
 	p.impl.close()
 }
 
-func (p *Parker) take(key uint64) (parked, bool) {
+func (p *Parker) take(key uint64) (Conn, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	e, ok := p.waiting[key]
@@ -149,8 +153,8 @@ func (p *Parker) take(key uint64) (parked, bool) {
 // holds the descriptor open meanwhile, so the number cannot have been
 // reused by another connection; if the connection is closed already, the
 // kernel removed it with the socket.
-func (p *Parker) forget(e parked) {
-	e.rc.Control(func(fd uintptr) { p.impl.remove(fd) })
+func (p *Parker) forget(c Conn) {
+	c.Control(func(fd uintptr) { p.impl.remove(fd) })
 }
 
 // ready is called by the poller's goroutine for a key whose socket is
@@ -161,5 +165,5 @@ func (p *Parker) ready(key uint64) {
 		return // unparked meanwhile
 	}
 	p.forget(e)
-	go e.resume()
+	go e.Resume()
 }

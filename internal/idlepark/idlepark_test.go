@@ -37,6 +37,14 @@ func rawOf(t *testing.T, c net.Conn) syscall.RawConn {
 	return rc
 }
 
+// parkee is a connection to park in a test: a socket and what resumes it.
+type parkee struct {
+	syscall.RawConn
+	resume func()
+}
+
+func (c parkee) Resume() { c.resume() }
+
 func waitResumed(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()
 	select {
@@ -62,7 +70,7 @@ func TestResumeOnReadiness(t *testing.T) {
 	p := newParker(t)
 	server, client := pair(t)
 	resumed := make(chan struct{}, 2)
-	if err := p.Park(7, rawOf(t, server), func() { resumed <- struct{}{} }); err != nil {
+	if err := p.Park(7, parkee{rawOf(t, server), func() { resumed <- struct{}{} }}); err != nil {
 		t.Fatal(err)
 	}
 	if p.Len() != 1 {
@@ -81,14 +89,14 @@ func TestResumeOnReadiness(t *testing.T) {
 	// Queued before Park: reported at once (level-triggered add).
 	client.Write([]byte("y"))
 	time.Sleep(10 * time.Millisecond) // let the byte reach the socket; a miss only makes the next Park wait for it
-	if err := p.Park(7, rawOf(t, server), func() { resumed <- struct{}{} }); err != nil {
+	if err := p.Park(7, parkee{rawOf(t, server), func() { resumed <- struct{}{} }}); err != nil {
 		t.Fatal(err)
 	}
 	waitResumed(t, resumed, "bytes queued before parking")
 	server.Read(buf)
 
 	// Hang-up.
-	if err := p.Park(7, rawOf(t, server), func() { resumed <- struct{}{} }); err != nil {
+	if err := p.Park(7, parkee{rawOf(t, server), func() { resumed <- struct{}{} }}); err != nil {
 		t.Fatal(err)
 	}
 	client.Close()
@@ -106,7 +114,7 @@ func TestUnpark(t *testing.T) {
 	p := newParker(t)
 	server, client := pair(t)
 	resumed := make(chan struct{}, 1)
-	if err := p.Park(9, rawOf(t, server), func() { resumed <- struct{}{} }); err != nil {
+	if err := p.Park(9, parkee{rawOf(t, server), func() { resumed <- struct{}{} }}); err != nil {
 		t.Fatal(err)
 	}
 	if !p.Unpark(9) {
@@ -122,11 +130,11 @@ func TestUnpark(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 	// Removed from the set: parking it again works, and reports the byte.
-	if err := p.Park(9, rawOf(t, server), func() { resumed <- struct{}{} }); err != nil {
+	if err := p.Park(9, parkee{rawOf(t, server), func() { resumed <- struct{}{} }}); err != nil {
 		t.Fatalf("park again: %v", err)
 	}
 	waitResumed(t, resumed, "parked again")
-	if err := p.Park(0, rawOf(t, server), func() {}); err != ErrBadKey {
+	if err := p.Park(0, parkee{rawOf(t, server), func() {}}); err != ErrBadKey {
 		t.Fatalf("Park under key 0 = %v, want ErrBadKey", err)
 	}
 }
@@ -137,7 +145,7 @@ func TestParkErrors(t *testing.T) {
 	server, _ := pair(t)
 	rc := rawOf(t, server)
 	server.Close()
-	if err := p.Park(3, rc, func() { t.Error("resumed") }); err == nil {
+	if err := p.Park(3, parkee{rc, func() { t.Error("resumed") }}); err == nil {
 		t.Fatal("Park of a closed connection succeeded")
 	}
 	if p.Len() != 0 {
@@ -145,7 +153,7 @@ func TestParkErrors(t *testing.T) {
 	}
 	p.Close()
 	s2, _ := pair(t)
-	if err := p.Park(4, rawOf(t, s2), func() {}); err != ErrClosed {
+	if err := p.Park(4, parkee{rawOf(t, s2), func() {}}); err != ErrClosed {
 		t.Fatalf("Park after Close = %v, want ErrClosed", err)
 	}
 }

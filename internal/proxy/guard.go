@@ -47,7 +47,7 @@ func initGuard(s *Server) error {
 func (s *Server) Guard() *guard.Guard { return s.guard.Guard }
 
 // guardBatch returns the session's guard state.
-func (sess *Session) guardBatch() *guard.Batch { return sess.guard }
+func (sess *Session) guardBatch() *guard.Batch { return &sess.guard }
 
 // prepareBatch lets the guard see the whole batch before any command runs,
 // so a write followed by its own EXPIRE in the same batch passes untouched.

@@ -81,13 +81,13 @@ func (sess *Session) idle() {
 // clientConn is a client's connection with a deadline on every write.
 type clientConn struct {
 	// Conn is nil while the session is parked with its socket detached
-	// (park.go); then detached holds the socket. Both change only under
+	// (park.go); then parked holds the socket. Both change only under
 	// sess.mu, by the session's goroutine, so another goroutine reaching
 	// the connection (interrupt, kill, CLIENT LIST and KILL) holds sess.mu.
 	net.Conn
-	detached *detachedSocket
-	timeout  time.Duration
-	sess     *Session
+	parked  detachedSocket
+	timeout time.Duration
+	sess    *Session
 	// timedOut makes a client logged once, whichever of its writers
 	// (session, relay) hit the deadline.
 	timedOut atomic.Bool
@@ -103,7 +103,7 @@ type clientConn struct {
 // close_notify to a client that stopped taking what is written to it.
 func (c *clientConn) Close() error {
 	if c.Conn == nil {
-		c.detached.closed = true // closed when the session resumes
+		c.parked.closed = true // closed when the session resumes
 		return nil
 	}
 	return c.close(c.Conn)
@@ -166,7 +166,7 @@ func (c *clientConn) Write(b []byte) (int, error) {
 // RemoteAddr is the client's address, also while its socket is detached.
 func (c *clientConn) RemoteAddr() net.Addr {
 	if c.Conn == nil {
-		return net.TCPAddrFromAddrPort(c.detached.remote)
+		return socketAddr(c.parked.fd, syscall.Getpeername)
 	}
 	return c.Conn.RemoteAddr()
 }
@@ -174,7 +174,7 @@ func (c *clientConn) RemoteAddr() net.Addr {
 // LocalAddr is the proxy's end, also while the socket is detached.
 func (c *clientConn) LocalAddr() net.Addr {
 	if c.Conn == nil {
-		return net.TCPAddrFromAddrPort(c.detached.local)
+		return socketAddr(c.parked.fd, syscall.Getsockname)
 	}
 	return c.Conn.LocalAddr()
 }

@@ -428,7 +428,7 @@ func (sess *Session) infoLine() string {
 	defer sess.mu.Unlock()
 	var b bytes.Buffer
 	now := time.Now()
-	age := int64(now.Sub(sess.createdAt).Seconds())
+	age := int64(now.Sub(time.Unix(0, sess.createdAt)).Seconds())
 	idle := age
 	if a := sess.list.active.Load(); a != 0 {
 		idle = int64(now.Sub(time.Unix(0, a)).Seconds())
@@ -496,8 +496,8 @@ func (sess *Session) infoLine() string {
 
 // connFD returns the client socket's file descriptor, or -1.
 func connFD(nc net.Conn) int {
-	if cc, ok := nc.(*clientConn); ok && cc.detached != nil {
-		return cc.detached.fd // parked (park.go); its caller holds sess.mu
+	if cc, ok := nc.(*clientConn); ok && cc.Conn == nil {
+		return int(cc.parked.fd) // parked (park.go); its caller holds sess.mu
 	}
 	sc, ok := socketOf(nc).(syscall.Conn)
 	if !ok {
@@ -621,7 +621,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 			laddr != "" && local != laddr,
 			user != "" && user != sess.lockedUserName(),
 			typ == "master" || typ == "replica" || typ == "slave",
-			maxAge >= 0 && time.Since(sess.createdAt) < time.Duration(maxAge)*time.Second:
+			maxAge >= 0 && time.Since(time.Unix(0, sess.createdAt)) < time.Duration(maxAge)*time.Second:
 			continue
 		}
 		sess.kill()

@@ -6,7 +6,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -142,7 +144,7 @@ func (s *Server) sweepParking() {
 			case parkWaiting:
 				since := sess.list.active.Load()
 				if since == 0 {
-					since = sess.createdAt.UnixNano()
+					since = sess.createdAt
 				}
 				if after > 0 && now.UnixNano()-since >= int64(after) {
 					ask = append(ask, sess)
@@ -165,7 +167,11 @@ func (s *Server) sweepParking() {
 			// The parked goroutines' stacks are free heap now, which the
 			// runtime would return to the OS only slowly (and a client
 			// burst that parks leaves garbage the next GC is far from):
-			// give it back once the burst is over.
+			// give it back once the burst is over. Two collections: the
+			// first only moves what sync.Pools hold (the burst's 16 KB
+			// read buffers, the pipes' scratch) to their victim caches,
+			// which the second frees.
+			runtime.GC()
 			debug.FreeOSMemory()
 			asked, released = 0, time.Now()
 		}
@@ -275,17 +281,15 @@ func (sess *Session) answerPark(got int, err error, idle time.Duration) (parked,
 // one may already be serving it.
 func (sess *Session) parkNow() bool {
 	p := sess.srv.park.parker
-	d := sess.detach()
-	var rc syscall.RawConn = d
-	if d == nil {
-		// Not a plain TCP connection (a PROXY-protocol one keeps the
-		// address from its header): parked with its net.Conn.
-		sc, ok := sess.nc.(syscall.Conn)
-		if !ok {
-			return false
-		}
-		var err error
-		if rc, err = sc.SyscallConn(); err != nil {
+	cc, ok := sess.nc.(*clientConn)
+	if !ok {
+		return false
+	}
+	// Not a plain TCP connection (a PROXY-protocol one keeps the address
+	// from its header): parked with its net.Conn.
+	detached := sess.detach()
+	if !detached {
+		if _, err := cc.SyscallConn(); err != nil {
 			return false
 		}
 	}
@@ -301,14 +305,14 @@ func (sess *Session) parkNow() bool {
 		sess.park.state.Store(parkBusy)
 		sess.park.keepDue, sess.park.clearDead = false, false
 		sess.sessionBatch = b
-		if d != nil {
+		if detached {
 			// The Reader read the closed net.Conn's socket.
 			sess.reattach()
 			rd = sess.newReader()
 		}
 		sess.rd = rd
 	}
-	if err := p.Park(uint64(sess.id), rc, sess.resume); err != nil {
+	if err := p.Park(uint64(sess.id), (*parkedClient)(cc)); err != nil {
 		undo()
 		return false
 	}
@@ -322,57 +326,77 @@ func (sess *Session) parkNow() bool {
 	return true
 }
 
+// parkedClient is a client's connection as the parker holds it: the
+// session's own clientConn, so that a parked client keeps no object of
+// its own for the parker.
+type parkedClient clientConn
+
+// Control calls f with the socket's descriptor: the detached one, or that
+// of the net.Conn the session parked with. Conn and the descriptor are
+// read under sess.mu, which reattach holds to change them.
+func (c *parkedClient) Control(f func(fd uintptr)) error {
+	c.sess.mu.Lock()
+	conn, fd := c.Conn, c.parked.fd
+	c.sess.mu.Unlock()
+	if conn == nil {
+		f(uintptr(fd))
+		return nil
+	}
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return errors.ErrUnsupported
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Control(f)
+}
+
+// Resume serves the session again (idlepark.Conn).
+func (c *parkedClient) Resume() { c.sess.resume() }
+
 // detachedSocket is a parked client's socket without the net.Conn that
-// owned it: the descriptor and the two addresses CLIENT LIST shows, 80
-// bytes where net's connection, descriptor and addresses take about 300
-// on the heap (and a poller descriptor and finalizer outside it, which
-// the runtime reuses for later connections). It is the RawConn the
-// parker waits on.
+// owned it: its descriptor, kept in the clientConn (which holds it while
+// its Conn is nil), so that a parked client holds none of net's objects
+// (its connection, descriptor and addresses: about 300 bytes on the heap,
+// and a poller descriptor and finalizer outside it, which the runtime
+// reuses for later connections) and keeps no object of its own for its
+// socket. The two addresses CLIENT LIST shows are read from the socket
+// when asked for (socketAddr).
 type detachedSocket struct {
-	fd            int
-	local, remote netip.AddrPort
-	closed        bool // closed while parked: the session closes it on resuming
+	fd     int32
+	closed bool // closed while parked: the session closes it on resuming
 }
-
-func (d *detachedSocket) Control(f func(fd uintptr)) error {
-	f(uintptr(d.fd))
-	return nil
-}
-
-func (d *detachedSocket) Read(func(fd uintptr) bool) error  { return errors.ErrUnsupported }
-func (d *detachedSocket) Write(func(fd uintptr) bool) error { return errors.ErrUnsupported }
 
 // detach takes a plain TCP client's socket out of its net.Conn: it keeps
 // a duplicate of the descriptor and closes the net.Conn, which leaves the
-// socket open (no FIN: the duplicate still refers to it). Nil when the
+// socket open (no FIN: the duplicate still refers to it). False when the
 // connection is not a plain TCP one, or the descriptor could not be
 // duplicated: the session then parks with its net.Conn. Three system
 // calls (fcntl, epoll_ctl, close), once per idle period.
-func (sess *Session) detach() *detachedSocket {
+func (sess *Session) detach() bool {
 	cc, ok := sess.nc.(*clientConn)
 	if !ok {
-		return nil
+		return false
 	}
 	tc, ok := cc.Conn.(*net.TCPConn)
 	if !ok {
-		return nil
+		return false
 	}
-	raddr, ok1 := tc.RemoteAddr().(*net.TCPAddr)
-	laddr, ok2 := tc.LocalAddr().(*net.TCPAddr)
 	rc, err := tc.SyscallConn()
-	if !ok1 || !ok2 || err != nil {
-		return nil
+	if err != nil {
+		return false
 	}
 	fd, derr := -1, error(nil)
 	if err := rc.Control(func(f uintptr) { fd, derr = dupSocket(int(f)) }); err != nil || derr != nil {
-		return nil
+		return false
 	}
-	d := &detachedSocket{fd: fd, local: laddr.AddrPort(), remote: raddr.AddrPort()}
 	sess.mu.Lock()
-	cc.Conn, cc.detached = nil, d
+	cc.Conn, cc.parked = nil, detachedSocket{fd: int32(fd)}
 	sess.mu.Unlock()
 	tc.Close()
-	return d
+	return true
 }
 
 // reattach gives a resumed session whose socket was detached a net.Conn
@@ -382,28 +406,51 @@ func (sess *Session) detach() *detachedSocket {
 // connection fail and ends.
 func (sess *Session) reattach() {
 	cc, ok := sess.nc.(*clientConn)
-	if !ok || cc.detached == nil {
+	if !ok || cc.Conn != nil {
 		return
 	}
-	d := cc.detached
-	f := os.NewFile(uintptr(d.fd), "")
+	f := os.NewFile(uintptr(cc.parked.fd), "")
 	nc, err := net.FileConn(f) // a duplicate of f's descriptor
-	f.Close()
 	if errors.Is(err, syscall.ENOTCONN) {
 		err = io.EOF // the client reset its connection while parked
 	} else if err != nil {
 		sess.logger().Warn("parked client's socket could not be resumed; connection closed", "err", err)
 	}
 	if err != nil {
-		nc = &failedConn{err: err, local: net.TCPAddrFromAddrPort(d.local), remote: net.TCPAddrFromAddrPort(d.remote)}
+		nc = &failedConn{err: err, local: cc.LocalAddr(), remote: cc.RemoteAddr()}
 	}
 	sess.mu.Lock()
-	cc.Conn, cc.detached = nc, nil
-	closed := d.closed
+	cc.Conn = nc
+	closed := cc.parked.closed
+	cc.parked = detachedSocket{fd: -1}
 	sess.mu.Unlock()
+	// Only now: until Conn is set, CLIENT LIST reads the addresses from
+	// this descriptor, whose number must not go to another socket first.
+	f.Close()
 	if closed {
 		nc.Close()
 	}
+}
+
+// socketAddr is the address getName (syscall.Getsockname or Getpeername)
+// gives for a parked client's socket, as net would give it; a socket that
+// has lost its peer gives an empty address.
+func socketAddr(fd int32, getName func(int) (syscall.Sockaddr, error)) net.Addr {
+	sa, err := getName(int(fd))
+	if err != nil {
+		return &net.TCPAddr{}
+	}
+	switch sa := sa.(type) {
+	case *syscall.SockaddrInet4:
+		return net.TCPAddrFromAddrPort(netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port)))
+	case *syscall.SockaddrInet6:
+		ip := netip.AddrFrom16(sa.Addr)
+		if sa.ZoneId != 0 {
+			ip = ip.WithZone(strconv.Itoa(int(sa.ZoneId)))
+		}
+		return net.TCPAddrFromAddrPort(netip.AddrPortFrom(ip, uint16(sa.Port)))
+	}
+	return &net.TCPAddr{}
 }
 
 // closeConn closes the client's connection from another goroutine than
@@ -417,7 +464,7 @@ func (sess *Session) closeConn() {
 	sess.mu.Lock()
 	conn := cc.Conn
 	if conn == nil {
-		cc.detached.closed = true
+		cc.parked.closed = true
 	}
 	sess.mu.Unlock()
 	if conn != nil {

@@ -479,3 +479,63 @@ func parkedLine(t *testing.T, admin net.Conn, id string) string {
 	}
 	return ""
 }
+
+// A client that sent a request and went quiet is waited on by its
+// session's goroutine alone, parked or not: the Reader's read coroutine
+// (resp.Reader.reads) is a goroutine too, whose record the runtime keeps
+// for good, and it starts only for a client that keeps sending. With it
+// started for every client, n idle clients held 2n goroutines until they
+// parked, and the process kept 2n goroutine records after.
+func TestIdleClientHoldsOneGoroutine(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Server.IdleParkAfter = units.Duration{} // not parked: the wait itself is looked at
+	})
+	warm := p.Dial(t) // upstream connections and their goroutines exist from here on
+	if got := rawDo(t, warm, "GET", "idle:k"); got != "$-1\r\n" {
+		t.Fatalf("GET = %q", got)
+	}
+	base := runtime.NumGoroutine()
+	const n = 20
+	for range n {
+		nc := p.Dial(t)
+		if got := rawDo(t, nc, "GET", "idle:k"); got != "$-1\r\n" {
+			t.Fatalf("GET = %q", got)
+		}
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool { return runtime.NumGoroutine() <= base+n },
+		"%d goroutines with %d more idle clients than at %d, want at most one each", runtime.NumGoroutine(), n, base)
+}
+
+// A PROXY-protocol client whose header came alone parks with its net.Conn
+// (it is not detached: its address is the header's), is answered from
+// parked, and CLIENT LIST shows the header's address meanwhile.
+func TestProxyProtocolClientParksWithItsConn(t *testing.T) {
+	p := parkingProxy(t, func(c *config.Config) { c.Server.ProxyProtocol = true })
+	const addr = "203.0.113.9:40009"
+	nc := p.Dial(t)
+	if _, err := nc.Write([]byte("PROXY TCP4 203.0.113.9 198.51.100.1 40009 6380\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	// Another client (header and command at once, so it never parks)
+	// sees the first once its header is read: the PING after it is then
+	// not read with the header, which would keep the client from parking.
+	listed := func() string {
+		o := p.Dial(t)
+		defer o.Close()
+		if _, err := o.Write([]byte("PROXY TCP4 192.0.2.1 198.51.100.1 5000 6380\r\nCLIENT LIST\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		return rawRead(t, o)
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool { return strings.Contains(listed(), "addr="+addr+" ") },
+		"CLIENT LIST does not show %s", addr)
+	for i := range 3 {
+		if got := rawDo(t, nc, "PING"); got != "+PONG\r\n" {
+			t.Fatalf("round %d: PING = %q", i, got)
+		}
+		waitParked(t, p, 1)
+		if l := listed(); !strings.Contains(l, "addr="+addr+" ") {
+			t.Fatalf("round %d: CLIENT LIST with the client parked does not show %s:\n%s", i, addr, l)
+		}
+	}
+}

@@ -29,9 +29,14 @@ import (
 // commands travel to Redis together, in order, on one shared connection.
 type Session struct {
 	srv *Server
-	nc  net.Conn
-	rd  *resp.Reader
-	id  int64
+	nc  net.Conn // &conn, or a test's own connection
+	// conn is the client's connection, in the Session's allocation: an
+	// idle client keeps both, and a separate 64-byte object would sit
+	// among the many short-lived ones of net's, leaving holes once they
+	// are freed.
+	conn clientConn
+	rd   *resp.Reader
+	id   int64
 
 	// Connection state the shared upstream connections cannot carry. Only
 	// the session goroutine writes it, holding mu, so CLIENT LIST from
@@ -43,8 +48,8 @@ type Session struct {
 	name      string
 	libName   string
 	libVer    string
-	user      *auth.User // the proxy user after AUTH (users.go); nil: none
-	createdAt time.Time
+	user      *auth.User                       // the proxy user after AUTH (users.go); nil: none
+	createdAt int64                            // when the client connected, Unix ns
 	lastCmd   atomic.Pointer[commands.Command] // for CLIENT INFO/LIST
 	list      listState                        // the rest CLIENT INFO/LIST shows
 
@@ -61,19 +66,19 @@ type Session struct {
 	closeReason atomic.Pointer[string]
 	log         atomic.Pointer[slog.Logger]
 
-	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
-	relayInMulti bool
 	// relayNode is, in cluster mode, the node a relayed client's
 	// connection is on (relayBackend); "" otherwise.
 	relayNode string
 	// wroteSlot is, in cluster mode, 1 + the slot of the client's last
 	// write, where its WAIT goes (clusterWaitBackend); 0: none yet.
-	wroteSlot   int
-	block       blockState
-	replyOff    bool // CLIENT REPLY OFF
-	replySkip   bool // CLIENT REPLY SKIP: mute the next command
-	interrupted atomic.Bool
-	park        sessionPark // parking while idle (park.go)
+	wroteSlot int
+	block     blockState
+	replyOff  bool // CLIENT REPLY OFF
+	replySkip bool // CLIENT REPLY SKIP: mute the next command
+	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
+	relayInMulti bool
+	interrupted  atomic.Bool
+	park         sessionPark // parking while idle (park.go)
 
 	route routeSession // with routes (routes.go)
 	// reads is where the client's reads may go with replica reads on
@@ -122,7 +127,12 @@ type sessionBatch struct {
 	// cmulti is a MULTI in cluster mode that has no node yet (cluster.go).
 	cmulti clusterMulti
 
-	guard *guard.Batch // the guard's decisions for the batch (guard.go)
+	// guard is the guard's decisions for the batch (guard.go). Held by
+	// value: besides the allocation saved, it puts sessionBatch in the
+	// 640-byte size class, away from the runtime's goroutine records (480
+	// bytes), which are never freed: a parked client's sessionBatch would
+	// otherwise leave a hole between them that the heap cannot give back.
+	guard guard.Batch
 	// tierWrites are this client's writes whose replies are not in yet; the
 	// local tier neither serves nor fills their keys meanwhile (tier.go).
 	tierWrites localcache.Writes
@@ -136,7 +146,7 @@ type sessionBatch struct {
 
 // newSessionBatch is a session's batch state when it starts or resumes.
 func newSessionBatch() *sessionBatch {
-	return &sessionBatch{call: upstream.NewCall(), guard: new(guard.Batch)}
+	return &sessionBatch{call: upstream.NewCall()}
 }
 
 // slot says where one command's reply comes from.
@@ -165,18 +175,18 @@ const (
 
 func newSession(s *Server, nc net.Conn) *Session {
 	cfg := s.Config()
-	cc := &clientConn{Conn: nc, timeout: cfg.Server.ClientWriteTimeout.Duration}
 	sess := &Session{
 		srv:          s,
-		nc:           cc,
 		id:           s.nextID.Add(1),
 		sessionBatch: newSessionBatch(),
-		createdAt:    time.Now(),
+		createdAt:    time.Now().UnixNano(),
 		authed:       !s.needsAuth(),
 		outLimit:     int64(cfg.Server.ClientOutputLimit),
 		replySize:    unknownReplySize,
 	}
-	cc.sess = sess
+	cc := &sess.conn
+	cc.Conn, cc.timeout, cc.sess = nc, cfg.Server.ClientWriteTimeout.Duration, sess
+	sess.nc = cc
 	sess.rd = sess.newReader()
 	sess.park.idle = cfg.Server.IdleTimeout.Duration
 	return sess

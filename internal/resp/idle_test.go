@@ -254,3 +254,44 @@ func TestReaderWaitSmallHoldsNoBuffer(t *testing.T) {
 		t.Fatalf("OnIdle ran %d times for 3 waits", idles.Load())
 	}
 }
+
+// The read coroutine (reads) is a goroutine, whose record the runtime keeps
+// for good: a client that sends a request or two and then idles must not
+// start one, and a client that keeps sending must, so that its reads after
+// a short read still skip the empty read. Release starts the count over.
+func TestReaderStartsCoroutineOnlyForBusyClients(t *testing.T) {
+	server, client := tcpPair(t)
+	rd := NewReader(server, DefaultLimits)
+	t.Cleanup(rd.Close)
+	if rd.raw == nil {
+		t.Skip("no raw socket reads on this platform")
+	}
+	roundTrip := func(n int) {
+		t.Helper()
+		if _, err := client.Write([]byte("PING\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		reqs, err := rd.ReadBatch()
+		if err != nil || len(reqs) != 1 || string(reqs[0].Args[0]) != "PING" {
+			t.Fatalf("request %d: %d requests, %v", n, len(reqs), err)
+		}
+	}
+	for n := 1; n <= readsBeforeCoroutine; n++ {
+		roundTrip(n)
+		if rd.nextRead != nil {
+			t.Fatalf("the read coroutine runs after %d requests of a client", n)
+		}
+	}
+	roundTrip(readsBeforeCoroutine + 1)
+	if rd.nextRead == nil {
+		t.Fatalf("no read coroutine after %d requests: short reads are followed by empty ones", readsBeforeCoroutine+1)
+	}
+	rd.Release()
+	if rd.nextRead != nil {
+		t.Fatal("Release kept the read coroutine")
+	}
+	roundTrip(1)
+	if rd.nextRead != nil {
+		t.Fatal("the read coroutine restarted at the first request after Release")
+	}
+}

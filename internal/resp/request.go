@@ -95,9 +95,12 @@ type Reader struct {
 	readN   int                   // what the last readFn call read
 	readErr error                 // and the error it ended with (io.EOF on end of stream)
 	// nextRead and stopReads drive reads, the coroutine that reads the
-	// socket (see reads); nil until the first read and after Release.
-	nextRead  func() (struct{}, bool)
-	stopReads func()
+	// socket (see reads); nil until the Reader has made
+	// readsBeforeCoroutine reads without it (plainReads counts them), and
+	// after Release.
+	nextRead   func() (struct{}, bool)
+	stopReads  func()
+	plainReads uint8
 	// short: the last read returned less than it asked for (reads).
 	short  bool
 	buf    []byte
@@ -173,6 +176,7 @@ func (r *Reader) Parkable() bool { return r.raw != nil && r.r == r.w && !r.parti
 // next ReadBatch takes what it needs again. Only when Parkable.
 func (r *Reader) Release() {
 	r.Close()
+	r.plainReads = 0 // an idle client starts over without the coroutine
 	r.releaseBuffer()
 	r.offs, r.args, r.reqs, r.inlineRaw = nil, nil, nil, nil
 }
@@ -228,11 +232,41 @@ func (r *Reader) fill() error {
 		}
 		return nil
 	}
+	r.readN, r.readErr = 0, nil
 	if r.nextRead == nil {
+		if r.plainReads < readsBeforeCoroutine {
+			r.plainReads++
+			return r.fillPlain()
+		}
 		r.nextRead, r.stopReads = iter.Pull(r.reads)
 	}
-	r.readN, r.readErr = 0, nil
 	r.nextRead()
+	r.w += r.readN
+	if r.readN == 0 {
+		return r.readErr
+	}
+	return nil
+}
+
+// readsBeforeCoroutine is how many reads a Reader on a socket makes with a
+// RawConn.Read of their own (fillPlain) before it starts the coroutine
+// (reads). The coroutine is a goroutine, and the runtime never frees a
+// goroutine's record (480 bytes): it keeps every one the process ever had
+// at once for reuse, so a burst of clients that each send a request or two
+// and go idle would leave two records each. Most clients of a pool do just
+// that; they now never start one. A client that keeps sending pays the
+// empty read the coroutine saves twice more, once per Reader (a client
+// resumed after parking has a new one).
+const readsBeforeCoroutine = 2
+
+// fillPlain is fill without the coroutine: one RawConn.Read, which reads
+// at once and waits only for an empty socket (readRaw).
+func (r *Reader) fillPlain() error {
+	err := r.raw.Read(r.readFn)
+	r.short = false
+	if err != nil {
+		return err // a deadline or close ended the wait: nothing was read
+	}
 	r.w += r.readN
 	if r.readN == 0 {
 		return r.readErr
