@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/rawio"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -97,6 +98,30 @@ type clientConn struct {
 	// readerDone: the session's Reader has let go of the socket
 	// (resp.Reader.Close), so Close need not wait for it.
 	readerDone atomic.Bool
+	// sock is how Conn is written with raw system calls (rawio), taken on
+	// the first write to each Conn (it changes when a parked session
+	// resumes); its raw is nil for a Conn that is not a bare socket.
+	sock atomic.Pointer[rawSocket]
+}
+
+// rawSocket is a client's Conn and its descriptor access (rawio.Socket).
+type rawSocket struct {
+	conn net.Conn
+	raw  syscall.RawConn
+}
+
+// write writes b to the client's socket with a raw write(2) where it can:
+// see rawio for why.
+func (c *clientConn) write(b []byte) (int, error) {
+	sock := c.sock.Load()
+	if sock == nil || sock.conn != c.Conn {
+		sock = &rawSocket{conn: c.Conn, raw: rawio.Socket(c.Conn)}
+		c.sock.Store(sock)
+	}
+	if sock.raw == nil {
+		return c.Conn.Write(b)
+	}
+	return rawio.Write(c.Conn, sock.raw, b)
 }
 
 // Close closes the client's connection; a TLS one without waiting to send
@@ -141,7 +166,7 @@ func (c *clientConn) closeOwn() error {
 
 func (c *clientConn) Write(b []byte) (int, error) {
 	if c.timeout <= 0 {
-		n, err := c.Conn.Write(b)
+		n, err := c.write(b)
 		if err != nil {
 			c.writeFailed.Store(true)
 		}
@@ -150,7 +175,7 @@ func (c *clientConn) Write(b []byte) (int, error) {
 	written := 0
 	for written < len(b) {
 		c.Conn.SetWriteDeadline(time.Now().Add(c.timeout))
-		n, err := c.Conn.Write(b[written:min(len(b), written+writeChunk)])
+		n, err := c.write(b[written:min(len(b), written+writeChunk)])
 		written += n
 		if err != nil {
 			c.writeFailed.Store(true)

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/rawio"
 	"github.com/redproxy/redproxy/internal/resp"
 )
 
@@ -133,9 +134,19 @@ type Pipe struct {
 // liveConn is one established socket and the goroutines serving it.
 type liveConn struct {
 	nc         net.Conn
-	done       chan struct{} // closed when the reader exits
+	raw        syscall.RawConn // nc's socket for raw writes (rawio); nil: write nc
+	done       chan struct{}   // closed when the reader exits
 	writerDone chan struct{}
 	reason     atomic.Pointer[error] // why it was closed, if by us
+}
+
+// write writes b to the connection, with raw system calls on a bare
+// socket (see rawio for why).
+func (lc *liveConn) write(b []byte) (int, error) {
+	if lc.raw == nil {
+		return lc.nc.Write(b)
+	}
+	return rawio.Write(lc.nc, lc.raw, b)
 }
 
 func (lc *liveConn) closeWith(err error) {
@@ -253,7 +264,7 @@ func DialPipe(opt Options) (*Pipe, error) {
 		return nil, err
 	}
 	p := &Pipe{opt: opt, wake: make(chan struct{}, 1), stop: make(chan struct{})}
-	lc := &liveConn{nc: nc, done: make(chan struct{}), writerDone: make(chan struct{})}
+	lc := &liveConn{nc: nc, raw: rawio.Socket(nc), done: make(chan struct{}), writerDone: make(chan struct{})}
 	p.live = lc
 	p.dials.Add(1)
 	p.workers.Add(3)
@@ -278,7 +289,7 @@ func (p *Pipe) redial() {
 				nc.Close()
 				return
 			}
-			lc := &liveConn{nc: nc, done: make(chan struct{}), writerDone: make(chan struct{})}
+			lc := &liveConn{nc: nc, raw: rawio.Socket(nc), done: make(chan struct{}), writerDone: make(chan struct{})}
 			p.live = lc
 			p.redialing = false
 			p.workers.Add(2)
@@ -341,7 +352,7 @@ func (p *Pipe) writer(lc *liveConn) {
 				}
 				cmds += len(c.parts)
 				if len(buf) >= 1<<20 {
-					if _, err := lc.nc.Write(buf); err != nil {
+					if _, err := lc.write(buf); err != nil {
 						lc.closeWith(ErrConnLost)
 						return
 					}
@@ -349,7 +360,7 @@ func (p *Pipe) writer(lc *liveConn) {
 				}
 			}
 			if len(buf) > 0 {
-				if _, err := lc.nc.Write(buf); err != nil {
+				if _, err := lc.write(buf); err != nil {
 					lc.closeWith(ErrConnLost)
 					return
 				}

@@ -1,0 +1,144 @@
+package rawio_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/rawio"
+)
+
+// pair returns both ends of a loopback TCP connection.
+func pair(t *testing.T) (a, b net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	a, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = <-accepted
+	if b == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+func TestSocketOnlyForBareSockets(t *testing.T) {
+	a, _ := pair(t)
+	if rawio.Socket(a) == nil {
+		t.Fatal("no raw access to a TCP connection")
+	}
+	c1, c2 := net.Pipe()
+	defer c1.Close()
+	defer c2.Close()
+	if rawio.Socket(c1) != nil {
+		t.Fatal("raw access to a net.Pipe, which has no descriptor")
+	}
+}
+
+// A write larger than the socket buffers waits for the reader, as
+// net.Conn.Write does, and everything arrives in order.
+func TestWriteWaitsForRoomAndWritesAll(t *testing.T) {
+	a, b := pair(t)
+	raw := rawio.Socket(a)
+	msg := bytes.Repeat([]byte("0123456789abcdef"), 1<<18) // 4 MiB
+	got := make(chan []byte, 1)
+	go func() {
+		buf, _ := io.ReadAll(io.LimitReader(b, int64(len(msg))))
+		got <- buf
+	}()
+	n, err := rawio.Write(a, raw, msg)
+	if err != nil || n != len(msg) {
+		t.Fatalf("Write = %d, %v; want %d, nil", n, err, len(msg))
+	}
+	if !bytes.Equal(<-got, msg) {
+		t.Fatal("the reader got other bytes than were written")
+	}
+}
+
+// A peer that reads nothing makes the write end at the write deadline
+// with the error net.Conn.Write gives.
+func TestWriteHonoursTheDeadline(t *testing.T) {
+	a, _ := pair(t)
+	raw := rawio.Socket(a)
+	a.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	n, err := rawio.Write(a, raw, make([]byte, 64<<20))
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("err = %v; want the deadline", err)
+	}
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("err = %v is not a net.Error timeout", err)
+	}
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "write" {
+		t.Fatalf("err = %#v; want a *net.OpError of op write", err)
+	}
+	if n <= 0 || n >= 64<<20 {
+		t.Fatalf("wrote %d bytes before the deadline; want some, not all", n)
+	}
+}
+
+// A write to a connection the peer reset fails with the system call's
+// error, and one to a closed connection with net.ErrClosed, as
+// net.Conn.Write reports them.
+func TestWriteErrors(t *testing.T) {
+	a, b := pair(t)
+	raw := rawio.Socket(a)
+	b.(*net.TCPConn).SetLinger(0)
+	b.Close() // sends RST
+	var err error
+	for range 100 {
+		if _, err = rawio.Write(a, raw, []byte("x")); err != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var se *os.SyscallError
+	if !errors.As(err, &se) || se.Syscall != "write" {
+		t.Fatalf("err = %v; want a write *os.SyscallError", err)
+	}
+	if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("err = %v; want ECONNRESET or EPIPE", err)
+	}
+	a.Close()
+	if _, err := rawio.Write(a, raw, []byte("x")); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("write after close: err = %v; want net.ErrClosed", err)
+	}
+}
+
+// ReadFD reports an empty socket with EAGAIN, and reads what was sent.
+func TestReadFD(t *testing.T) {
+	a, b := pair(t)
+	raw := rawio.Socket(a)
+	buf := make([]byte, 16)
+	var n int
+	var rerr error
+	raw.Control(func(fd uintptr) { n, rerr = rawio.ReadFD(fd, buf) })
+	if rerr != syscall.EAGAIN {
+		t.Fatalf("read of an empty socket = %d, %v; want EAGAIN", n, rerr)
+	}
+	b.Write([]byte("hello"))
+	err := raw.Read(func(fd uintptr) bool {
+		n, rerr = rawio.ReadFD(fd, buf)
+		return rerr != syscall.EAGAIN
+	})
+	if err != nil || rerr != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("read = %q, %v, %v; want hello", buf[:n], rerr, err)
+	}
+}
