@@ -127,6 +127,12 @@ type Pipe struct {
 	// waited more than a tenth of the reply timeout, so that a Pool sends
 	// new Calls to a pipe that is not stuck behind a slow command.
 	lagging atomic.Bool
+	// queued: Calls wait in wq for the writer, which has not taken them
+	// yet; writing: the writer is in a write, which may wait for a Redis
+	// that reads nothing (a long script). A Pool sends more to a pipe that
+	// is queued but not writing, to join the write about to be made
+	// (Pool.Send).
+	queued, writing atomic.Bool
 
 	dials, failures, timeouts, overdue, commands atomic.Uint64
 }
@@ -196,6 +202,7 @@ func (p *Pipe) Send(c *Call) error {
 	c.sent = now
 	p.pending = append(p.pending, c)
 	p.wq = append(p.wq, c)
+	p.queued.Store(true)
 	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
@@ -339,6 +346,7 @@ func (p *Pipe) writer(lc *liveConn) {
 			p.mu.Lock()
 			batch := p.wq
 			p.wq = spare
+			p.queued.Store(false)
 			p.mu.Unlock()
 			if len(batch) == 0 {
 				spare = batch
@@ -346,6 +354,7 @@ func (p *Pipe) writer(lc *liveConn) {
 			}
 			buf = buf[:0]
 			cmds := 0
+			p.writing.Store(true)
 			for _, c := range batch {
 				for _, part := range c.parts {
 					buf = append(buf, part...)
@@ -365,6 +374,7 @@ func (p *Pipe) writer(lc *liveConn) {
 					return
 				}
 			}
+			p.writing.Store(false)
 			p.commands.Add(uint64(cmds))
 			clear(batch)
 			spare = batch[:0]
@@ -394,6 +404,8 @@ func (p *Pipe) reader(lc *liveConn) {
 	failed := p.pending[p.head:]
 	p.pending, p.head = nil, 0
 	p.wq = nil
+	p.queued.Store(false)
+	p.writing.Store(false)
 	closed, closeErr := p.closed, p.closeErr
 	redial := !closed && !p.opt.noReconnect
 	p.redialing = redial
