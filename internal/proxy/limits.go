@@ -98,16 +98,16 @@ type clientConn struct {
 	// readerDone: the session's Reader has let go of the socket
 	// (resp.Reader.Close), so Close need not wait for it.
 	readerDone atomic.Bool
-	// sock is how Conn is written with raw system calls (rawio), taken on
+	// sock is how Conn is written with raw system calls (rawio), made on
 	// the first write to each Conn (it changes when a parked session
-	// resumes); its raw is nil for a Conn that is not a bare socket.
+	// resumes); its w is nil for a Conn that is not a bare socket.
 	sock atomic.Pointer[rawSocket]
 }
 
-// rawSocket is a client's Conn and its descriptor access (rawio.Socket).
+// rawSocket is a client's Conn and its raw writer.
 type rawSocket struct {
 	conn net.Conn
-	raw  syscall.RawConn
+	w    *rawio.Writer
 }
 
 // write writes b to the client's socket with a raw write(2) where it can:
@@ -115,13 +115,13 @@ type rawSocket struct {
 func (c *clientConn) write(b []byte) (int, error) {
 	sock := c.sock.Load()
 	if sock == nil || sock.conn != c.Conn {
-		sock = &rawSocket{conn: c.Conn, raw: rawio.Socket(c.Conn)}
+		sock = &rawSocket{conn: c.Conn, w: rawio.NewWriter(c.Conn)}
 		c.sock.Store(sock)
 	}
-	if sock.raw == nil {
+	if sock.w == nil {
 		return c.Conn.Write(b)
 	}
-	return rawio.Write(c.Conn, sock.raw, b)
+	return sock.w.Write(b)
 }
 
 // Close closes the client's connection; a TLS one without waiting to send

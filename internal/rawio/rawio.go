@@ -19,12 +19,27 @@ import (
 	"errors"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 )
 
-// Socket returns c's descriptor access when c is a bare TCP or Unix socket,
-// and nil otherwise (TLS and other wrappers keep their own Read and Write).
-func Socket(c net.Conn) syscall.RawConn {
+// Writer writes a bare TCP or Unix socket with raw write(2) calls.
+// Safe for concurrent use; writes are serialized, as net.Conn's are.
+type Writer struct {
+	mu   sync.Mutex
+	conn net.Conn
+	raw  syscall.RawConn
+	fn   func(fd uintptr) bool // w.writeFD, bound once: a write allocates nothing
+
+	// The write in progress, under mu.
+	b     []byte
+	n     int
+	errno error
+}
+
+// NewWriter returns a Writer of c when c is a bare TCP or Unix socket, and
+// nil otherwise (TLS and other wrappers keep their own Write).
+func NewWriter(c net.Conn) *Writer {
 	if !enabled {
 		return nil
 	}
@@ -41,34 +56,23 @@ func Socket(c net.Conn) syscall.RawConn {
 	if err != nil {
 		return nil
 	}
-	return raw
+	w := &Writer{conn: c, raw: raw}
+	w.fn = w.writeFD
+	return w
 }
 
-// Write writes all of b to the socket behind raw, waiting in the netpoller
-// while it is full, as net.Conn.Write does, and honouring the connection's
-// write deadline. Errors have the shape net.Conn.Write gives them
-// (*net.OpError "write" wrapping a *os.SyscallError or
-// os.ErrDeadlineExceeded), so callers need not tell the two apart; c is
-// the connection raw came from, for the error's addresses.
-func Write(c net.Conn, raw syscall.RawConn, b []byte) (int, error) {
-	var n int
-	var errno error
-	err := raw.Write(func(fd uintptr) bool {
-		for n < len(b) {
-			m, e := WriteFD(fd, b[n:])
-			switch {
-			case e == syscall.EINTR:
-				continue
-			case e == syscall.EAGAIN:
-				return false
-			case e != nil:
-				errno = e
-				return true
-			}
-			n += m
-		}
-		return true
-	})
+// Write writes all of b, waiting in the netpoller while the socket is
+// full, as net.Conn.Write does, and honouring the connection's write
+// deadline. Errors have the shape net.Conn.Write gives them (*net.OpError
+// "write" wrapping a *os.SyscallError, os.ErrDeadlineExceeded or
+// net.ErrClosed), so callers need not tell the two apart.
+func (w *Writer) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	w.b, w.n, w.errno = b, 0, nil
+	err := w.raw.Write(w.fn)
+	n, errno := w.n, w.errno
+	w.b, w.errno = nil, nil
+	w.mu.Unlock()
 	if errno != nil {
 		err = os.NewSyscallError("write", errno)
 	} else if err != nil {
@@ -78,7 +82,26 @@ func Write(c net.Conn, raw syscall.RawConn, b []byte) (int, error) {
 		}
 	}
 	if err != nil {
+		c := w.conn
 		return n, &net.OpError{Op: "write", Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 	}
 	return n, nil
+}
+
+// writeFD writes what is left of w.b; false: the socket is full, wait.
+func (w *Writer) writeFD(fd uintptr) bool {
+	for w.n < len(w.b) {
+		m, e := WriteFD(fd, w.b[w.n:])
+		switch {
+		case e == syscall.EINTR:
+			continue
+		case e == syscall.EAGAIN:
+			return false
+		case e != nil:
+			w.errno = e
+			return true
+		}
+		w.n += m
+	}
+	return true
 }

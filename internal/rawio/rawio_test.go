@@ -38,15 +38,15 @@ func pair(t *testing.T) (a, b net.Conn) {
 	return a, b
 }
 
-func TestSocketOnlyForBareSockets(t *testing.T) {
+func TestWriterOnlyForBareSockets(t *testing.T) {
 	a, _ := pair(t)
-	if rawio.Socket(a) == nil {
+	if rawio.NewWriter(a) == nil {
 		t.Fatal("no raw access to a TCP connection")
 	}
 	c1, c2 := net.Pipe()
 	defer c1.Close()
 	defer c2.Close()
-	if rawio.Socket(c1) != nil {
+	if rawio.NewWriter(c1) != nil {
 		t.Fatal("raw access to a net.Pipe, which has no descriptor")
 	}
 }
@@ -55,14 +55,14 @@ func TestSocketOnlyForBareSockets(t *testing.T) {
 // net.Conn.Write does, and everything arrives in order.
 func TestWriteWaitsForRoomAndWritesAll(t *testing.T) {
 	a, b := pair(t)
-	raw := rawio.Socket(a)
+	w := rawio.NewWriter(a)
 	msg := bytes.Repeat([]byte("0123456789abcdef"), 1<<18) // 4 MiB
 	got := make(chan []byte, 1)
 	go func() {
 		buf, _ := io.ReadAll(io.LimitReader(b, int64(len(msg))))
 		got <- buf
 	}()
-	n, err := rawio.Write(a, raw, msg)
+	n, err := w.Write(msg)
 	if err != nil || n != len(msg) {
 		t.Fatalf("Write = %d, %v; want %d, nil", n, err, len(msg))
 	}
@@ -75,9 +75,9 @@ func TestWriteWaitsForRoomAndWritesAll(t *testing.T) {
 // with the error net.Conn.Write gives.
 func TestWriteHonoursTheDeadline(t *testing.T) {
 	a, _ := pair(t)
-	raw := rawio.Socket(a)
+	w := rawio.NewWriter(a)
 	a.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
-	n, err := rawio.Write(a, raw, make([]byte, 64<<20))
+	n, err := w.Write(make([]byte, 64<<20))
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("err = %v; want the deadline", err)
 	}
@@ -99,12 +99,12 @@ func TestWriteHonoursTheDeadline(t *testing.T) {
 // net.Conn.Write reports them.
 func TestWriteErrors(t *testing.T) {
 	a, b := pair(t)
-	raw := rawio.Socket(a)
+	w := rawio.NewWriter(a)
 	b.(*net.TCPConn).SetLinger(0)
 	b.Close() // sends RST
 	var err error
 	for range 100 {
-		if _, err = rawio.Write(a, raw, []byte("x")); err != nil {
+		if _, err = w.Write([]byte("x")); err != nil {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -117,7 +117,7 @@ func TestWriteErrors(t *testing.T) {
 		t.Fatalf("err = %v; want ECONNRESET or EPIPE", err)
 	}
 	a.Close()
-	if _, err := rawio.Write(a, raw, []byte("x")); !errors.Is(err, net.ErrClosed) {
+	if _, err := w.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("write after close: err = %v; want net.ErrClosed", err)
 	}
 }
@@ -125,7 +125,10 @@ func TestWriteErrors(t *testing.T) {
 // ReadFD reports an empty socket with EAGAIN, and reads what was sent.
 func TestReadFD(t *testing.T) {
 	a, b := pair(t)
-	raw := rawio.Socket(a)
+	raw, err := a.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
 	buf := make([]byte, 16)
 	var n int
 	var rerr error
@@ -134,11 +137,30 @@ func TestReadFD(t *testing.T) {
 		t.Fatalf("read of an empty socket = %d, %v; want EAGAIN", n, rerr)
 	}
 	b.Write([]byte("hello"))
-	err := raw.Read(func(fd uintptr) bool {
+	err = raw.Read(func(fd uintptr) bool {
 		n, rerr = rawio.ReadFD(fd, buf)
 		return rerr != syscall.EAGAIN
 	})
 	if err != nil || rerr != nil || string(buf[:n]) != "hello" {
 		t.Fatalf("read = %q, %v, %v; want hello", buf[:n], rerr, err)
+	}
+}
+
+// A write allocates nothing: it is on the path of every reply.
+func TestWriteAllocatesNothing(t *testing.T) {
+	a, b := pair(t)
+	w := rawio.NewWriter(a)
+	msg := []byte("+OK\r\n")
+	buf := make([]byte, len(msg))
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := w.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(b, buf); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per write and read; want 0", allocs)
 	}
 }

@@ -140,8 +140,8 @@ type Pipe struct {
 // liveConn is one established socket and the goroutines serving it.
 type liveConn struct {
 	nc         net.Conn
-	raw        syscall.RawConn // nc's socket for raw writes (rawio); nil: write nc
-	done       chan struct{}   // closed when the reader exits
+	w          *rawio.Writer // nc's socket written with raw calls; nil: write nc
+	done       chan struct{} // closed when the reader exits
 	writerDone chan struct{}
 	reason     atomic.Pointer[error] // why it was closed, if by us
 }
@@ -149,10 +149,10 @@ type liveConn struct {
 // write writes b to the connection, with raw system calls on a bare
 // socket (see rawio for why).
 func (lc *liveConn) write(b []byte) (int, error) {
-	if lc.raw == nil {
+	if lc.w == nil {
 		return lc.nc.Write(b)
 	}
-	return rawio.Write(lc.nc, lc.raw, b)
+	return lc.w.Write(b)
 }
 
 func (lc *liveConn) closeWith(err error) {
@@ -271,7 +271,7 @@ func DialPipe(opt Options) (*Pipe, error) {
 		return nil, err
 	}
 	p := &Pipe{opt: opt, wake: make(chan struct{}, 1), stop: make(chan struct{})}
-	lc := &liveConn{nc: nc, raw: rawio.Socket(nc), done: make(chan struct{}), writerDone: make(chan struct{})}
+	lc := &liveConn{nc: nc, w: rawio.NewWriter(nc), done: make(chan struct{}), writerDone: make(chan struct{})}
 	p.live = lc
 	p.dials.Add(1)
 	p.workers.Add(3)
@@ -296,7 +296,7 @@ func (p *Pipe) redial() {
 				nc.Close()
 				return
 			}
-			lc := &liveConn{nc: nc, raw: rawio.Socket(nc), done: make(chan struct{}), writerDone: make(chan struct{})}
+			lc := &liveConn{nc: nc, w: rawio.NewWriter(nc), done: make(chan struct{}), writerDone: make(chan struct{})}
 			p.live = lc
 			p.redialing = false
 			p.workers.Add(2)
