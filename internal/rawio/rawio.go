@@ -21,6 +21,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // Writer writes a bare TCP or Unix socket with raw write(2) calls.
@@ -29,12 +30,15 @@ type Writer struct {
 	mu   sync.Mutex
 	conn net.Conn
 	raw  syscall.RawConn
-	fn   func(fd uintptr) bool // w.writeFD, bound once: a write allocates nothing
+	// w.writeFD and w.tryFD, bound once: a write allocates nothing.
+	fn    func(fd uintptr) bool
+	tryFn func(fd uintptr)
 
 	// The write in progress, under mu.
 	b     []byte
 	n     int
 	errno error
+	full  bool // tryFD found the socket full
 }
 
 // NewWriter returns a Writer of c when c is a bare TCP or Unix socket, and
@@ -57,7 +61,7 @@ func NewWriter(c net.Conn) *Writer {
 		return nil
 	}
 	w := &Writer{conn: c, raw: raw}
-	w.fn = w.writeFD
+	w.fn, w.tryFn = w.writeFD, w.tryFD
 	return w
 }
 
@@ -70,6 +74,32 @@ func (w *Writer) Write(b []byte) (int, error) {
 	w.mu.Lock()
 	w.b, w.n, w.errno = b, 0, nil
 	err := w.raw.Write(w.fn)
+	return w.done(err)
+}
+
+// WriteWithin is Write with a timeout: when timeout > 0, the connection's
+// write deadline is set to timeout from when the socket is found full,
+// before waiting for room. A write the socket takes at once needs no
+// deadline, so it sets none (which saves a clock read and a timer update
+// per write), and the deadline a former write left behind does not apply
+// to it. Every write to the connection must then go through WriteWithin
+// with the same timeout, since other writes would see that deadline.
+func (w *Writer) WriteWithin(b []byte, timeout time.Duration) (int, error) {
+	w.mu.Lock()
+	w.b, w.n, w.errno, w.full = b, 0, nil, false
+	err := w.raw.Control(w.tryFn)
+	if err == nil && w.full {
+		if timeout > 0 {
+			w.conn.SetWriteDeadline(time.Now().Add(timeout))
+		}
+		err = w.raw.Write(w.fn)
+	}
+	return w.done(err)
+}
+
+// done ends the write in progress, which err (from RawConn) ended, and
+// unlocks the Writer.
+func (w *Writer) done(err error) (int, error) {
 	n, errno := w.n, w.errno
 	w.b, w.errno = nil, nil
 	w.mu.Unlock()
@@ -87,6 +117,9 @@ func (w *Writer) Write(b []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// tryFD writes what it can of w.b without waiting.
+func (w *Writer) tryFD(fd uintptr) { w.full = !w.writeFD(fd) }
 
 // writeFD writes what is left of w.b; false: the socket is full, wait.
 func (w *Writer) writeFD(fd uintptr) bool {

@@ -14,7 +14,7 @@ import (
 )
 
 // pair returns both ends of a loopback TCP connection.
-func pair(t *testing.T) (a, b net.Conn) {
+func pair(t testing.TB) (a, b net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -162,5 +162,48 @@ func TestWriteAllocatesNothing(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per write and read; want 0", allocs)
+	}
+}
+
+// WriteWithin sets the deadline only when the socket is full: a write the
+// socket takes at once succeeds although an earlier deadline has passed,
+// and a peer that reads nothing makes a write end at the timeout.
+func TestWriteWithinTimesOutOnlyAFullSocket(t *testing.T) {
+	a, b := pair(t)
+	w := rawio.NewWriter(a)
+	a.SetWriteDeadline(time.Now().Add(-time.Second)) // left behind, expired
+	if _, err := w.WriteWithin([]byte("hello"), time.Minute); err != nil {
+		t.Fatalf("a write the socket takes at once failed on the old deadline: %v", err)
+	}
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(b, buf); err != nil || string(buf) != "hello" {
+		t.Fatalf("read %q, %v; want hello", buf, err)
+	}
+	n, err := w.WriteWithin(make([]byte, 64<<20), 50*time.Millisecond)
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a write to a peer reading nothing ended with %v after %d bytes; want the deadline", err, n)
+	}
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "write" {
+		t.Fatalf("err = %#v; want a *net.OpError of op write", err)
+	}
+}
+
+// A write larger than the socket takes at once finishes as the peer reads,
+// within the timeout, which counts from when the socket was full.
+func TestWriteWithinWaitsForRoom(t *testing.T) {
+	a, b := pair(t)
+	w := rawio.NewWriter(a)
+	msg := bytes.Repeat([]byte("0123456789abcdef"), 1<<18) // 4 MiB
+	got := make(chan []byte, 1)
+	go func() {
+		buf, _ := io.ReadAll(io.LimitReader(b, int64(len(msg))))
+		got <- buf
+	}()
+	if n, err := w.WriteWithin(msg, time.Minute); err != nil || n != len(msg) {
+		t.Fatalf("WriteWithin = %d, %v; want %d, nil", n, err, len(msg))
+	}
+	if !bytes.Equal(<-got, msg) {
+		t.Fatal("the reader got other bytes than were written")
 	}
 }
