@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/rawio"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -36,9 +37,11 @@ import (
 //     round trips instead of being cut off; one that does not read stops
 //     being forwarded anything once its socket is full.
 //   - Writes. Every write to a client has client_write_timeout per
-//     writeChunk; a client that takes none of its replies for that long
-//     is closed (reason write_timeout), so a stalled reader holds neither
-//     memory nor a session forever, while a slow but reading one is not.
+//     writeChunk, from when the client's socket is found full (a write
+//     the socket takes at once sets no deadline); a client that takes none
+//     of its replies for that long is closed (reason write_timeout), so a
+//     stalled reader holds neither memory nor a session forever, while a
+//     slow but reading one is not.
 
 // outSpill is how much output a session gathers before writing it, when a
 // batch's replies are large: small batches still go out in one write.
@@ -97,6 +100,35 @@ type clientConn struct {
 	// readerDone: the session's Reader has let go of the socket
 	// (resp.Reader.Close), so Close need not wait for it.
 	readerDone atomic.Bool
+	// sock is how Conn is written with raw system calls (rawio), made on
+	// the first write to each Conn (it changes when a parked session
+	// resumes); its w is nil for a Conn that is not a bare socket.
+	sock atomic.Pointer[rawSocket]
+}
+
+// rawSocket is a client's Conn and its raw writer.
+type rawSocket struct {
+	conn net.Conn
+	w    *rawio.Writer
+}
+
+// writeTimed writes b to the client's socket within the write timeout: on
+// a bare socket with raw write(2) calls (see rawio for why), setting the
+// deadline only if the socket is full (rawio.Writer.WriteWithin), else
+// through the Conn with the deadline set first.
+func (c *clientConn) writeTimed(b []byte) (int, error) {
+	sock := c.sock.Load()
+	if sock == nil || sock.conn != c.Conn {
+		sock = &rawSocket{conn: c.Conn, w: rawio.NewWriter(c.Conn)}
+		c.sock.Store(sock)
+	}
+	if sock.w != nil {
+		return sock.w.WriteWithin(b, c.timeout)
+	}
+	if c.timeout > 0 {
+		c.Conn.SetWriteDeadline(time.Now().Add(c.timeout))
+	}
+	return c.Conn.Write(b)
 }
 
 // Close closes the client's connection; a TLS one without waiting to send
@@ -141,7 +173,7 @@ func (c *clientConn) closeOwn() error {
 
 func (c *clientConn) Write(b []byte) (int, error) {
 	if c.timeout <= 0 {
-		n, err := c.Conn.Write(b)
+		n, err := c.writeTimed(b)
 		if err != nil {
 			c.writeFailed.Store(true)
 		}
@@ -149,8 +181,7 @@ func (c *clientConn) Write(b []byte) (int, error) {
 	}
 	written := 0
 	for written < len(b) {
-		c.Conn.SetWriteDeadline(time.Now().Add(c.timeout))
-		n, err := c.Conn.Write(b[written:min(len(b), written+writeChunk)])
+		n, err := c.writeTimed(b[written:min(len(b), written+writeChunk)])
 		written += n
 		if err != nil {
 			c.writeFailed.Store(true)

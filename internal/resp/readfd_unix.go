@@ -2,10 +2,10 @@
 
 package resp
 
-import "syscall"
+import "github.com/redproxy/redproxy/internal/rawio"
 
 // rawReadable: a socket can be read directly, with read(2) on its
 // descriptor, inside syscall.RawConn.Read.
 const rawReadable = true
 
-func readFD(fd uintptr, b []byte) (int, error) { return syscall.Read(int(fd), b) }
+func readFD(fd uintptr, b []byte) (int, error) { return rawio.ReadFD(fd, b) }

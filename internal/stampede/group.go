@@ -45,10 +45,16 @@ type Group struct {
 type entry struct {
 	inflight *fetchCall
 	next     *fetchCall
+	// first is the fetch of the read that made the entry, allocated with
+	// it: a lone read, the common case, allocates one object, not two.
+	first fetchCall
 }
 
 type fetchCall struct {
-	done    chan struct{}
+	// done is released when the fetch has returned (reply and err are
+	// set); a WaitGroup rather than a channel so that the call needs no
+	// allocation of its own.
+	done    sync.WaitGroup
 	reply   []byte
 	err     error
 	waiters int // callers that joined, not counting the leader
@@ -84,7 +90,8 @@ func (g *Group) do(key string, m *Metrics, fetch func() ([]byte, error)) (reply 
 	m.read()
 	g.mu.Lock()
 	e := g.keys[key]
-	if e == nil {
+	fresh := e == nil
+	if fresh {
 		e = &entry{}
 		g.keys[key] = e
 	}
@@ -99,13 +106,18 @@ func (g *Group) do(key string, m *Metrics, fetch func() ([]byte, error)) (reply 
 		}
 		return g.join(e.next, m)
 	}
-	c := &fetchCall{done: make(chan struct{})}
+	// A new entry has no fetch yet: this read leads its first one.
+	c := &e.first
+	if !fresh {
+		c = new(fetchCall)
+	}
+	c.done.Add(1)
 	if prev := e.inflight; prev != nil {
 		// Collect until the fetch in flight returns, then send ours: every
 		// caller that joins meanwhile arrived before our fetch is sent.
 		e.next = c
 		g.mu.Unlock()
-		<-prev.done
+		prev.done.Wait()
 		g.mu.Lock()
 		e.inflight, e.next = c, nil
 	} else {
@@ -121,7 +133,7 @@ func (g *Group) join(c *fetchCall, m *Metrics) ([]byte, bool, error) {
 	c.waiters++
 	g.mu.Unlock()
 	m.saved()
-	<-c.done
+	c.done.Wait()
 	return c.reply, true, c.err
 }
 
@@ -141,7 +153,7 @@ func (g *Group) run(key string, e *entry, c *fetchCall, fetch func() ([]byte, er
 			delete(g.keys, key)
 		}
 		g.mu.Unlock()
-		close(c.done)
+		c.done.Done()
 	}()
 	c.reply, c.err = fetch()
 	if h := hooks.Load(); h != nil && h.afterFetch != nil {

@@ -419,3 +419,17 @@ func TestJoinRuleLinearizable(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkGroupDoAlone is the group's cost for a read with no one to
+// share it, what every lone GET pays with coalescing on.
+func BenchmarkGroupDoAlone(b *testing.B) {
+	g := NewGroup(Options{})
+	reply := []byte("$1\r\nv\r\n")
+	fetch := func() ([]byte, error) { return reply, nil }
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := g.Do("r20:*2\r\n$3\r\nGET\r\n$16\r\nkey:000000012345\r\n", fetch); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/rawio"
 	"github.com/redproxy/redproxy/internal/resp"
 )
 
@@ -126,6 +127,12 @@ type Pipe struct {
 	// waited more than a tenth of the reply timeout, so that a Pool sends
 	// new Calls to a pipe that is not stuck behind a slow command.
 	lagging atomic.Bool
+	// queued: Calls wait in wq for the writer, which has not taken them
+	// yet; writing: the writer is in a write, which may wait for a Redis
+	// that reads nothing (a long script). A Pool sends more to a pipe that
+	// is queued but not writing, to join the write about to be made
+	// (Pool.Send).
+	queued, writing atomic.Bool
 
 	dials, failures, timeouts, overdue, commands atomic.Uint64
 }
@@ -133,9 +140,19 @@ type Pipe struct {
 // liveConn is one established socket and the goroutines serving it.
 type liveConn struct {
 	nc         net.Conn
+	w          *rawio.Writer // nc's socket written with raw calls; nil: write nc
 	done       chan struct{} // closed when the reader exits
 	writerDone chan struct{}
 	reason     atomic.Pointer[error] // why it was closed, if by us
+}
+
+// write writes b to the connection, with raw system calls on a bare
+// socket (see rawio for why).
+func (lc *liveConn) write(b []byte) (int, error) {
+	if lc.w == nil {
+		return lc.nc.Write(b)
+	}
+	return lc.w.Write(b)
 }
 
 func (lc *liveConn) closeWith(err error) {
@@ -185,6 +202,7 @@ func (p *Pipe) Send(c *Call) error {
 	c.sent = now
 	p.pending = append(p.pending, c)
 	p.wq = append(p.wq, c)
+	p.queued.Store(true)
 	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
@@ -253,7 +271,7 @@ func DialPipe(opt Options) (*Pipe, error) {
 		return nil, err
 	}
 	p := &Pipe{opt: opt, wake: make(chan struct{}, 1), stop: make(chan struct{})}
-	lc := &liveConn{nc: nc, done: make(chan struct{}), writerDone: make(chan struct{})}
+	lc := &liveConn{nc: nc, w: rawio.NewWriter(nc), done: make(chan struct{}), writerDone: make(chan struct{})}
 	p.live = lc
 	p.dials.Add(1)
 	p.workers.Add(3)
@@ -278,7 +296,7 @@ func (p *Pipe) redial() {
 				nc.Close()
 				return
 			}
-			lc := &liveConn{nc: nc, done: make(chan struct{}), writerDone: make(chan struct{})}
+			lc := &liveConn{nc: nc, w: rawio.NewWriter(nc), done: make(chan struct{}), writerDone: make(chan struct{})}
 			p.live = lc
 			p.redialing = false
 			p.workers.Add(2)
@@ -328,6 +346,7 @@ func (p *Pipe) writer(lc *liveConn) {
 			p.mu.Lock()
 			batch := p.wq
 			p.wq = spare
+			p.queued.Store(false)
 			p.mu.Unlock()
 			if len(batch) == 0 {
 				spare = batch
@@ -335,13 +354,14 @@ func (p *Pipe) writer(lc *liveConn) {
 			}
 			buf = buf[:0]
 			cmds := 0
+			p.writing.Store(true)
 			for _, c := range batch {
 				for _, part := range c.parts {
 					buf = append(buf, part...)
 				}
 				cmds += len(c.parts)
 				if len(buf) >= 1<<20 {
-					if _, err := lc.nc.Write(buf); err != nil {
+					if _, err := lc.write(buf); err != nil {
 						lc.closeWith(ErrConnLost)
 						return
 					}
@@ -349,11 +369,12 @@ func (p *Pipe) writer(lc *liveConn) {
 				}
 			}
 			if len(buf) > 0 {
-				if _, err := lc.nc.Write(buf); err != nil {
+				if _, err := lc.write(buf); err != nil {
 					lc.closeWith(ErrConnLost)
 					return
 				}
 			}
+			p.writing.Store(false)
 			p.commands.Add(uint64(cmds))
 			clear(batch)
 			spare = batch[:0]
@@ -383,6 +404,8 @@ func (p *Pipe) reader(lc *liveConn) {
 	failed := p.pending[p.head:]
 	p.pending, p.head = nil, 0
 	p.wq = nil
+	p.queued.Store(false)
+	p.writing.Store(false)
 	closed, closeErr := p.closed, p.closeErr
 	redial := !closed && !p.opt.noReconnect
 	p.redialing = redial

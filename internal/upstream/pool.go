@@ -6,8 +6,9 @@ import (
 )
 
 // Pool is a fixed set of Pipes to one Redis database with one protocol.
-// Consecutive Sends go to different pipes so that many clients' batches are
-// spread out, while each pipe's writer still merges what queues up on it.
+// Sends go to the pipes in turn so that many clients' batches are spread
+// out, except that a Send joins the write a pipe's writer is about to make,
+// so each write still merges what queues up meanwhile.
 type Pool struct {
 	pipes []*Pipe
 	next  atomic.Uint32
@@ -32,6 +33,20 @@ func NewPool(n int, opt Options) *Pool {
 // pipe is up.
 func (p *Pool) Send(c *Call) error {
 	n := uint32(len(p.pipes))
+	if n > 1 {
+		// Join the write the last pipe's writer is about to make rather
+		// than start another: Redis reads and answers one write's
+		// commands together, so fewer, fuller writes cost it (and the
+		// proxy) less per command (GET -P 1, 50 clients: 15 commands per
+		// upstream write instead of 5). Sends spread out again once the
+		// writer takes them, and never pile up behind a write in
+		// progress, which may be waiting for a Redis that reads nothing.
+		if pp := p.pipes[p.next.Load()%n]; pp.queued.Load() && !pp.writing.Load() && !pp.lagging.Load() {
+			if err := pp.Send(c); err != ErrUnavailable {
+				return err
+			}
+		}
+	}
 	start := p.next.Add(1)
 	for i := uint32(0); i < n; i++ {
 		pp := p.pipes[(start+i)%n]

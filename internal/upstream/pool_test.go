@@ -1,0 +1,85 @@
+package upstream
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// A Send joins the write a pipe's writer is about to make (Pool.Send), but
+// never a pipe whose writer is stuck in a write: there Redis reads nothing
+// (here: busy in a script), and everything sent to that pipe waits with it.
+// Sends made meanwhile still go to the other pipe in turn.
+func TestPoolSendsPastAWriterStuckInAWrite(t *testing.T) {
+	srv := redistest.Start(t)
+	opt := testOpts(srv.Addr())
+	opt.ReplyTimeout = time.Minute // no pipe is marked lagging during the test
+	pool := NewPool(2, opt)
+	defer pool.Close()
+	waitUp(t, pool)
+
+	script := NewCall()
+	script.Add(cmd("EVAL", redistest.LoopScript, "0", "3000"))
+	if err := pool.Send(script); err != nil {
+		t.Fatal(err)
+	}
+	// More than the socket buffers hold while Redis reads nothing.
+	big := NewCall()
+	big.Add(cmd("SET", "big", strings.Repeat("x", 48<<20)))
+	if err := pool.Send(big); err != nil {
+		t.Fatal(err)
+	}
+	var stuck *Pipe
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		for _, pp := range pool.pipes {
+			if pp.writing.Load() {
+				stuck = pp
+				return true
+			}
+		}
+		return false
+	}, "no writer got stuck writing the big command")
+	// The writer adds to its count of written commands when a write is
+	// done: unchanged after the Sends below, it was stuck all along.
+	written := stuck.Stats().Commands
+	before := make([]int, len(pool.pipes))
+	for i, pp := range pool.pipes {
+		before[i] = pp.Stats().Pending
+	}
+	const sends = 10
+	calls := make([]*Call, sends)
+	for i := range calls {
+		calls[i] = NewCall()
+		calls[i].Add(cmd("PING"))
+		if err := pool.Send(calls[i]); err != nil {
+			t.Fatal(err)
+		}
+		// Let the other pipe's writer write it, as it does between the
+		// clients' batches of a busy proxy.
+		redistest.Eventually(t, 5*time.Second, func() bool {
+			for _, pp := range pool.pipes {
+				if pp != stuck && pp.queued.Load() {
+					return false
+				}
+			}
+			return true
+		}, "the pipe that is not stuck never wrote what was sent to it")
+	}
+	if !stuck.writing.Load() || stuck.Stats().Commands != written {
+		t.Skip("Redis read the big command before the sends were made; nothing to judge")
+	}
+	onStuck := 0
+	for i, pp := range pool.pipes {
+		if pp == stuck {
+			onStuck = pp.Stats().Pending - before[i]
+		}
+	}
+	if onStuck > sends/2+1 {
+		t.Fatalf("%d of %d Sends went to the pipe whose writer is stuck in a write; want them spread (at most %d)", onStuck, sends, sends/2+1)
+	}
+	for _, c := range append(calls, script, big) {
+		c.Wait()
+	}
+}
