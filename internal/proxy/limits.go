@@ -91,20 +91,34 @@ type clientConn struct {
 	parked  detachedSocket
 	timeout time.Duration
 	sess    *Session
-	// timedOut makes a client logged once, whichever of its writers
-	// (session, relay) hit the deadline.
-	timedOut atomic.Bool
-	// writeFailed: a write to the client failed, so Close sends nothing
-	// more to it (closeTLS).
-	writeFailed atomic.Bool
-	// readerDone: the session's Reader has let go of the socket
-	// (resp.Reader.Close), so Close need not wait for it.
-	readerDone atomic.Bool
+	// flags holds connTimedOut, connWriteFailed and connReaderDone in one
+	// word: three atomic.Bools took 8 bytes more, and with them the
+	// Session (which holds its clientConn) outgrew its 448-byte size
+	// class (TestSessionFitsItsSizeClass).
+	flags atomic.Uint32
 	// sock is how Conn is written with raw system calls (rawio), made on
 	// the first write to each Conn (it changes when a parked session
 	// resumes); its w is nil for a Conn that is not a bare socket.
 	sock atomic.Pointer[rawSocket]
 }
+
+// clientConn.flags.
+const (
+	// connTimedOut makes a client logged once, whichever of its writers
+	// (session, relay) hit the deadline.
+	connTimedOut uint32 = 1 << iota
+	// connWriteFailed: a write to the client failed, so Close sends
+	// nothing more to it (closeTLS).
+	connWriteFailed
+	// connReaderDone: the session's Reader has let go of the socket
+	// (resp.Reader.Close), so Close need not wait for it.
+	connReaderDone
+)
+
+// setFlag sets f and says whether this call set it.
+func (c *clientConn) setFlag(f uint32) bool { return c.flags.Or(f)&f == 0 }
+
+func (c *clientConn) hasFlag(f uint32) bool { return c.flags.Load()&f != 0 }
 
 // rawSocket is a client's Conn and its raw writer.
 type rawSocket struct {
@@ -143,9 +157,9 @@ func (c *clientConn) Close() error {
 
 func (c *clientConn) close(conn net.Conn) error {
 	if tc, ok := conn.(*tls.Conn); ok {
-		return closeTLS(tc, c.writeFailed.Load())
+		return closeTLS(tc, c.hasFlag(connWriteFailed))
 	}
-	if c.readerDone.Load() {
+	if c.hasFlag(connReaderDone) {
 		return conn.Close()
 	}
 	// Closed by someone else than the session ending (a kill, shutdown, a
@@ -167,7 +181,7 @@ func (c *clientConn) close(conn net.Conn) error {
 // closeOwn closes the connection as its session ends, after the session's
 // Reader let go of it.
 func (c *clientConn) closeOwn() error {
-	c.readerDone.Store(true)
+	c.setFlag(connReaderDone)
 	return c.Close()
 }
 
@@ -175,7 +189,7 @@ func (c *clientConn) Write(b []byte) (int, error) {
 	if c.timeout <= 0 {
 		n, err := c.writeTimed(b)
 		if err != nil {
-			c.writeFailed.Store(true)
+			c.setFlag(connWriteFailed)
 		}
 		return n, err
 	}
@@ -184,8 +198,8 @@ func (c *clientConn) Write(b []byte) (int, error) {
 		n, err := c.writeTimed(b[written:min(len(b), written+writeChunk)])
 		written += n
 		if err != nil {
-			c.writeFailed.Store(true)
-			if errors.Is(err, os.ErrDeadlineExceeded) && c.timedOut.CompareAndSwap(false, true) {
+			c.setFlag(connWriteFailed)
+			if errors.Is(err, os.ErrDeadlineExceeded) && c.setFlag(connTimedOut) {
 				c.sess.closeFor(metrics.CloseWriteTimeout, "client took none of its replies within server.client_write_timeout", "timeout", c.timeout)
 			}
 			return written, err

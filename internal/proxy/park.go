@@ -395,6 +395,11 @@ func (sess *Session) detach() bool {
 	sess.mu.Lock()
 	cc.Conn, cc.parked = nil, detachedSocket{fd: int32(fd)}
 	sess.mu.Unlock()
+	// The raw writer refers to the net.Conn closed here: dropped with it,
+	// or every parked client would keep its closed net.Conn, descriptor
+	// record and writer alive. The session's goroutine is the only writer
+	// of the client (it is parking), so nothing writes through it now.
+	cc.sock.Store(nil)
 	tc.Close()
 	return true
 }

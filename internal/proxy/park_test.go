@@ -539,3 +539,28 @@ func TestProxyProtocolClientParksWithItsConn(t *testing.T) {
 		}
 	}
 }
+
+// A parked client keeps no raw writer: the writer refers to the net.Conn
+// the client gave up when it parked, and would keep it (its descriptor
+// record and poller entry) alive for as long as the client idles. Once
+// resumed, the client is written to as before.
+func TestParkedClientKeepsNoWriter(t *testing.T) {
+	p := parkingProxy(t, nil)
+	const n = 5
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		conns[i] = p.Dial(t)
+		if got := rawDo(t, conns[i], "PING"); got != "+PONG\r\n" {
+			t.Fatalf("PING = %q", got)
+		}
+	}
+	waitParked(t, p, n)
+	if k := p.ParkedClientsKeepingAWriter(); k != 0 {
+		t.Fatalf("%d of %d parked clients keep the writer of the net.Conn they gave up", k, n)
+	}
+	for i, nc := range conns {
+		if got := rawDo(t, nc, "PING"); got != "+PONG\r\n" {
+			t.Fatalf("client %d after parking: PING = %q", i, got)
+		}
+	}
+}

@@ -1,0 +1,19 @@
+package proxy
+
+// ParkedClientsKeepingAWriter counts the parked clients whose connection
+// still holds a raw writer, which refers to the net.Conn the client gave up
+// when it parked (park.go, detach).
+func (s *Server) ParkedClientsKeepingAWriter() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for sess := range s.sessions {
+		if sess.park.state.Load() != parkParked {
+			continue
+		}
+		if cc, ok := sess.nc.(*clientConn); ok && cc.sock.Load() != nil {
+			n++
+		}
+	}
+	return n
+}
