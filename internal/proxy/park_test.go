@@ -84,14 +84,7 @@ func TestParkedClientIsAnswered(t *testing.T) {
 func TestParkedClientsHoldNoGoroutine(t *testing.T) {
 	p := parkingProxy(t, nil)
 	const n = 20
-	conns := make([]net.Conn, n)
-	for i := range conns {
-		conns[i] = p.Dial(t)
-		if got := rawDo(t, conns[i], "PING"); got != "+PONG\r\n" {
-			t.Fatalf("PING = %q", got)
-		}
-	}
-	waitParked(t, p, n)
+	conns := parkedClients(t, p, n)
 	parked := runtime.NumGoroutine()
 	for i := range conns {
 		rawDo(t, conns[i], "PING")
@@ -547,14 +540,7 @@ func TestProxyProtocolClientParksWithItsConn(t *testing.T) {
 func TestParkedClientKeepsNoWriter(t *testing.T) {
 	p := parkingProxy(t, nil)
 	const n = 5
-	conns := make([]net.Conn, n)
-	for i := range conns {
-		conns[i] = p.Dial(t)
-		if got := rawDo(t, conns[i], "PING"); got != "+PONG\r\n" {
-			t.Fatalf("PING = %q", got)
-		}
-	}
-	waitParked(t, p, n)
+	conns := parkedClients(t, p, n)
 	if k := p.ParkedClientsKeepingAWriter(); k != 0 {
 		t.Fatalf("%d of %d parked clients keep the writer of the net.Conn they gave up", k, n)
 	}
@@ -563,4 +549,19 @@ func TestParkedClientKeepsNoWriter(t *testing.T) {
 			t.Fatalf("client %d after parking: PING = %q", i, got)
 		}
 	}
+}
+
+// parkedClients connects n clients that each answer a PING and waits until
+// all of them are parked.
+func parkedClients(t *testing.T, p *proxytest.Proxy, n int) []net.Conn {
+	t.Helper()
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		conns[i] = p.Dial(t)
+		if got := rawDo(t, conns[i], "PING"); got != "+PONG\r\n" {
+			t.Fatalf("PING = %q", got)
+		}
+	}
+	waitParked(t, p, n)
+	return conns
 }

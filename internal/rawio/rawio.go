@@ -41,12 +41,10 @@ type Writer struct {
 	full  bool // tryFD found the socket full
 }
 
-// NewWriter returns a Writer of c when c is a bare TCP or Unix socket, and
-// nil otherwise (TLS and other wrappers keep their own Write).
-func NewWriter(c net.Conn) *Writer {
-	if !enabled {
-		return nil
-	}
+// BareSocket returns c's socket when c is a bare TCP or Unix socket, and
+// nil otherwise: a wrapper (TLS) changes the bytes, so its socket must not
+// be read or written directly.
+func BareSocket(c net.Conn) syscall.RawConn {
 	var sc syscall.Conn
 	switch c := c.(type) {
 	case *net.TCPConn:
@@ -58,6 +56,19 @@ func NewWriter(c net.Conn) *Writer {
 	}
 	raw, err := sc.SyscallConn()
 	if err != nil {
+		return nil
+	}
+	return raw
+}
+
+// NewWriter returns a Writer of c when c is a bare TCP or Unix socket, and
+// nil otherwise (TLS and other wrappers keep their own Write).
+func NewWriter(c net.Conn) *Writer {
+	if !enabled {
+		return nil
+	}
+	raw := BareSocket(c)
+	if raw == nil {
 		return nil
 	}
 	w := &Writer{conn: c, raw: raw}

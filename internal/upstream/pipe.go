@@ -609,20 +609,7 @@ func rawSocket(nc net.Conn) syscall.RawConn {
 	if !rawReadable {
 		return nil
 	}
-	var sc syscall.Conn
-	switch c := nc.(type) {
-	case *net.TCPConn:
-		sc = c
-	case *net.UnixConn:
-		sc = c
-	default:
-		return nil
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return nil
-	}
-	return raw
+	return rawio.BareSocket(nc)
 }
 
 // watchdog watches the age of the oldest pending reply. Past ReplyTimeout
