@@ -56,12 +56,7 @@ func TestWriterOnlyForBareSockets(t *testing.T) {
 func TestWriteWaitsForRoomAndWritesAll(t *testing.T) {
 	a, b := pair(t)
 	w := rawio.NewWriter(a)
-	msg := bytes.Repeat([]byte("0123456789abcdef"), 1<<18) // 4 MiB
-	got := make(chan []byte, 1)
-	go func() {
-		buf, _ := io.ReadAll(io.LimitReader(b, int64(len(msg))))
-		got <- buf
-	}()
+	msg, got := bigMessageReadBy(b)
 	n, err := w.Write(msg)
 	if err != nil || n != len(msg) {
 		t.Fatalf("Write = %d, %v; want %d, nil", n, err, len(msg))
@@ -194,16 +189,23 @@ func TestWriteWithinTimesOutOnlyAFullSocket(t *testing.T) {
 func TestWriteWithinWaitsForRoom(t *testing.T) {
 	a, b := pair(t)
 	w := rawio.NewWriter(a)
-	msg := bytes.Repeat([]byte("0123456789abcdef"), 1<<18) // 4 MiB
-	got := make(chan []byte, 1)
-	go func() {
-		buf, _ := io.ReadAll(io.LimitReader(b, int64(len(msg))))
-		got <- buf
-	}()
+	msg, got := bigMessageReadBy(b)
 	if n, err := w.WriteWithin(msg, time.Minute); err != nil || n != len(msg) {
 		t.Fatalf("WriteWithin = %d, %v; want %d, nil", n, err, len(msg))
 	}
 	if !bytes.Equal(<-got, msg) {
 		t.Fatal("the reader got other bytes than were written")
 	}
+}
+
+// bigMessageReadBy returns a message larger than the socket buffers and
+// a channel that gets what r read of it, once all of it is read.
+func bigMessageReadBy(r io.Reader) ([]byte, <-chan []byte) {
+	msg := bytes.Repeat([]byte("0123456789abcdef"), 1<<18) // 4 MiB
+	got := make(chan []byte, 1)
+	go func() {
+		buf, _ := io.ReadAll(io.LimitReader(r, int64(len(msg))))
+		got <- buf
+	}()
+	return msg, got
 }
