@@ -33,9 +33,10 @@ var fetchCalls = sync.Pool{New: func() any { return upstream.NewCall() }}
 
 // fetch is stampede protection's way upstream (a stampede.Fetcher): cmd
 // and then go on a Call of their own, so a shared fetch depends neither on the
-// leader's connection nor on its buffers, to a shared connection of the
-// upstream in force now.
-func (s *Server) fetch(db int, resp3 bool, cmd, then []byte) ([]byte, error) {
+// leader's connection nor on its batch, to a shared connection of the
+// upstream in force now. The replies are appended to dst (a lone read's:
+// the leader's output of local replies; the group copies them for waiters).
+func (s *Server) fetch(db int, resp3 bool, cmd, then, dst []byte) ([]byte, error) {
 	c := fetchCalls.Get().(*upstream.Call)
 	defer func() {
 		c.Reset()
@@ -50,15 +51,14 @@ func (s *Server) fetch(db int, resp3 bool, cmd, then []byte) ([]byte, error) {
 	} else {
 		s.backend.Pool(db, resp3).Do(c)
 	}
-	var out []byte
 	for i := range c.Len() {
 		r, err := c.Reply(i)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, r...)
+		dst = append(dst, r...)
 	}
-	return out, nil
+	return dst, nil
 }
 
 // flightStep lets a read that is the only command in its batch join a
@@ -75,14 +75,16 @@ func (sess *Session) flightStep(r *request) bool {
 	if sess.replicaCandidate(r) {
 		return false // a replica may answer it (replicas.go); fetches go to the primary
 	}
-	reply, handled, err := fs.Read(r.cmd, r.Args, r.Raw, sess.db, sess.resp3, sess.id)
+	// The reply lands in the batch's local replies without a copy of its own.
+	buf, start := sess.localBuf()
+	out, handled, err := fs.Read(r.cmd, r.Args, r.Raw, sess.db, sess.resp3, sess.id, buf)
 	switch {
 	case !handled:
 		return false // go upstream with the rest of the data path
 	case err != nil:
 		sess.replyLocal(r.m, errorReply(err))
 	default:
-		sess.replyLocal(r.m, reply)
+		sess.finishLocal(r.m, out, start)
 		sess.mirrorNote(r)
 	}
 	return true

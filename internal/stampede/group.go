@@ -1,7 +1,9 @@
 package stampede
 
 import (
+	"bytes"
 	"errors"
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 )
@@ -32,21 +34,39 @@ type Options struct {
 
 // Group coalesces identical reads; see the package documentation for the
 // join rule. It is safe for concurrent use. It keeps nothing once a key's
-// fetches have returned.
+// fetches have returned but a few entries to reuse.
 type Group struct {
-	mu      sync.Mutex
-	keys    map[string]*entry
+	mu sync.Mutex
+	// keys holds the entries of keys with fetches in flight or
+	// collecting, by hash of the key; entries whose keys share a hash are
+	// chained. Keyed by hash rather than by string so that a lone read,
+	// what nearly every read is, needs no string of its own for the map.
+	keys map[uint64]*entry
+	seed maphash.Seed
+	// free holds entries of lone reads, reused by later ones: every lone
+	// GET with coalescing on passes through here.
+	free    []*entry
 	max     int
 	metrics *Metrics
 	unsafe  bool
 }
 
+// maxFreeEntries bounds Group.free: as many entries as reads that can be
+// in flight at once without sharing would be reused, but a burst of them
+// need not be kept.
+const maxFreeEntries = 256
+
 // entry is one key's fetches: at most one in flight and one collecting.
 type entry struct {
+	key   []byte // a copy, in a buffer kept when the entry is reused
+	hash  uint64
+	chain *entry // the next entry with the same hash
+	// inflight is the fetch sent upstream; next the one collecting
+	// waiters until it returns.
 	inflight *fetchCall
 	next     *fetchCall
 	// first is the fetch of the read that made the entry, allocated with
-	// it: a lone read, the common case, allocates one object, not two.
+	// it: a lone read, the common case, needs no object of its own.
 	first fetchCall
 }
 
@@ -54,7 +74,9 @@ type fetchCall struct {
 	// done is released when the fetch has returned (reply and err are
 	// set); a WaitGroup rather than a channel so that the call needs no
 	// allocation of its own.
-	done    sync.WaitGroup
+	done sync.WaitGroup
+	// reply is what the waiters get: a copy of the leader's reply, which
+	// lies in a buffer of the leader's (Fetcher's dst) that it reuses.
 	reply   []byte
 	err     error
 	waiters int // callers that joined, not counting the leader
@@ -66,7 +88,7 @@ func NewGroup(o Options) *Group {
 	if h := hooks.Load(); h != nil && h.unsafeJoinInFlight {
 		unsafe = true
 	}
-	return &Group{keys: map[string]*entry{}, max: o.MaxWaiters, metrics: o.Metrics, unsafe: unsafe}
+	return &Group{keys: map[uint64]*entry{}, seed: maphash.MakeSeed(), max: o.MaxWaiters, metrics: o.Metrics, unsafe: unsafe}
 }
 
 // Do returns the reply of a fetch of key that was sent after Do was called.
@@ -80,20 +102,22 @@ func NewGroup(o Options) *Group {
 //
 // fetch must not depend on the calling goroutine or its client connection:
 // waiters rely on it running to the end even if the leader's client is gone.
+// Its reply may lie in a buffer of the leader's: the waiters get a copy.
 func (g *Group) Do(key string, fetch func() ([]byte, error)) (reply []byte, shared bool, err error) {
-	return g.do(key, g.metrics, fetch)
+	return g.do([]byte(key), g.metrics, fetch)
 }
 
-// do is Do counting in m rather than the Group's Metrics: those of the
+// do is Do with the key as bytes (copied only when the key is not in the
+// map yet), counting in m rather than the Group's Metrics: those of the
 // read's upstream (Metrics.forKey).
-func (g *Group) do(key string, m *Metrics, fetch func() ([]byte, error)) (reply []byte, shared bool, err error) {
+func (g *Group) do(key []byte, m *Metrics, fetch func() ([]byte, error)) (reply []byte, shared bool, err error) {
 	m.read()
+	h := maphash.Bytes(g.seed, key)
 	g.mu.Lock()
-	e := g.keys[key]
+	e := g.lookup(h, key)
 	fresh := e == nil
 	if fresh {
-		e = &entry{}
-		g.keys[key] = e
+		e = g.insert(h, key)
 	}
 	if g.unsafe && e.inflight != nil {
 		return g.join(e.inflight, m)
@@ -124,8 +148,52 @@ func (g *Group) do(key string, m *Metrics, fetch func() ([]byte, error)) (reply 
 		e.inflight = c
 	}
 	g.mu.Unlock()
-	g.run(key, e, c, fetch)
-	return c.reply, false, c.err
+	reply, err = g.run(key, e, c, fetch)
+	return reply, false, err
+}
+
+// lookup returns key's entry, or nil; g.mu is held.
+func (g *Group) lookup(h uint64, key []byte) *entry {
+	for e := g.keys[h]; e != nil; e = e.chain {
+		if bytes.Equal(e.key, key) {
+			return e
+		}
+	}
+	return nil
+}
+
+// insert adds an entry for key, reusing a free one; g.mu is held.
+func (g *Group) insert(h uint64, key []byte) *entry {
+	var e *entry
+	if n := len(g.free); n > 0 {
+		e, g.free[n-1] = g.free[n-1], nil
+		g.free = g.free[:n-1]
+	} else {
+		e = new(entry)
+	}
+	e.key = append(e.key[:0], key...)
+	e.hash, e.chain = h, g.keys[h]
+	g.keys[h] = e
+	return e
+}
+
+// remove takes e out of the map; g.mu is held.
+func (g *Group) remove(e *entry) {
+	p := g.keys[e.hash]
+	if p == e {
+		if e.chain == nil {
+			delete(g.keys, e.hash)
+		} else {
+			g.keys[e.hash] = e.chain
+		}
+		return
+	}
+	for ; p != nil; p = p.chain {
+		if p.chain == e {
+			p.chain = e.chain
+			return
+		}
+	}
 }
 
 // join waits for c; g.mu is held on entry.
@@ -137,29 +205,50 @@ func (g *Group) join(c *fetchCall, m *Metrics) ([]byte, bool, error) {
 	return c.reply, true, c.err
 }
 
-// run executes the leader's fetch. The deferred part also runs when fetch
-// panics, so waiters are never stranded and the key never stays blocked.
-func (g *Group) run(key string, e *entry, c *fetchCall, fetch func() ([]byte, error)) {
+// run executes the leader's fetch and returns its result to the leader.
+// The deferred part also runs when fetch panics, so waiters are never
+// stranded and the key never stays blocked.
+func (g *Group) run(key []byte, e *entry, c *fetchCall, fetch func() ([]byte, error)) (reply []byte, err error) {
 	finished := false
 	defer func() {
 		if !finished {
-			c.reply, c.err = nil, ErrFetchPanicked
+			reply, err = nil, ErrFetchPanicked
 		}
 		g.mu.Lock()
+		// Joins happen under g.mu (and, but for the unsafe test mode,
+		// only to a fetch not yet sent), so c.waiters is final here.
+		if c.waiters > 0 {
+			c.reply, c.err = bytes.Clone(reply), err
+		}
 		if e.inflight == c {
 			e.inflight = nil
 		}
-		if e.inflight == nil && e.next == nil && g.keys[key] == e {
-			delete(g.keys, key)
+		if e.inflight != nil || e.next != nil {
+			g.mu.Unlock()
+			c.done.Done()
+			return
 		}
-		g.mu.Unlock()
+		g.remove(e)
+		if c != &e.first || c.waiters > 0 || !finished || len(g.free) >= maxFreeEntries {
+			g.mu.Unlock()
+			c.done.Done()
+			return
+		}
+		// A lone read's entry: out of the map and waited on by no one,
+		// so no other goroutine can reach it; the leader's result is
+		// already in reply and err. Done before it is free, so that the
+		// next reader's Add cannot meet this Done.
 		c.done.Done()
+		e.inflight, e.chain, c.reply, c.err = nil, nil, nil, nil
+		g.free = append(g.free, e)
+		g.mu.Unlock()
 	}()
-	c.reply, c.err = fetch()
+	reply, err = fetch()
 	if h := hooks.Load(); h != nil && h.afterFetch != nil {
-		h.afterFetch(key)
+		h.afterFetch(string(key))
 	}
 	finished = true
+	return reply, err
 }
 
 // testHooks let tests in this and other packages (through export_test.go)

@@ -3,6 +3,7 @@ package stampede
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -21,7 +22,7 @@ import (
 func (g *Group) state(key string) (inflight, next bool, inflightWaiters, nextWaiters int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	e := g.keys[key]
+	e := g.lookup(maphash.Bytes(g.seed, []byte(key)), []byte(key))
 	if e == nil {
 		return
 	}
@@ -34,10 +35,17 @@ func (g *Group) state(key string) (inflight, next bool, inflightWaiters, nextWai
 	return
 }
 
+// size is the number of keys with an entry.
 func (g *Group) size() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return len(g.keys)
+	n := 0
+	for _, e := range g.keys {
+		for ; e != nil; e = e.chain {
+			n++
+		}
+	}
+	return n
 }
 
 func counter(c prometheus.Counter) float64 {
@@ -426,10 +434,100 @@ func BenchmarkGroupDoAlone(b *testing.B) {
 	g := NewGroup(Options{})
 	reply := []byte("$1\r\nv\r\n")
 	fetch := func() ([]byte, error) { return reply, nil }
+	key := []byte("r20:*2\r\n$3\r\nGET\r\n$16\r\nkey:000000012345\r\n")
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, err := g.Do("r20:*2\r\n$3\r\nGET\r\n$16\r\nkey:000000012345\r\n", fetch); err != nil {
+		if _, _, err := g.do(key, nil, fetch); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestGroupReusedEntriesKeepRepliesApart drives many readers of a few keys
+// at once, each fetch writing its key into the leader's own buffer as
+// Protection's does (Fetcher's dst), and each reader scribbling over its
+// buffer once it has its reply. Entries of lone reads are reused at once,
+// so a reply read from a recycled entry, or a waiter handed the leader's
+// buffer rather than a copy, shows up as another key's reply or as a
+// scribbled one. In the unsafe mode readers also join the first fetch of
+// an entry, whose entry must then not be reused.
+func TestGroupReusedEntriesKeepRepliesApart(t *testing.T) {
+	for _, unsafe := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unsafe=%v", unsafe), func(t *testing.T) { testGroupReuse(t, unsafe) })
+	}
+}
+
+func testGroupReuse(t *testing.T, unsafe bool) {
+	g := NewGroup(Options{unsafeJoinInFlight: unsafe})
+	const readers, rounds = 16, 2000
+	var wg sync.WaitGroup
+	errs := make(chan error, readers)
+	for r := range readers {
+		wg.Go(func() {
+			buf := make([]byte, 0, 64)
+			for i := range rounds {
+				key := fmt.Sprintf("k%d", (r+i)%5)
+				want := "$" + key
+				got, _, err := g.do([]byte(key), nil, func() ([]byte, error) {
+					out := append(buf[:0], want...)
+					if i%7 == 0 {
+						time.Sleep(10 * time.Microsecond) // let others join
+					}
+					return out, nil
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if string(got) != want {
+					errs <- fmt.Errorf("reader %d asked for %s, got %q", r, key, got)
+					return
+				}
+				copy(buf[:cap(buf)], "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx")
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := g.size(); n != 0 {
+		t.Fatalf("%d keys still in the group after every read returned", n)
+	}
+	g.mu.Lock()
+	free := len(g.free)
+	g.mu.Unlock()
+	if free == 0 {
+		t.Fatal("no entry was kept for reuse: the test did not exercise reuse")
+	}
+}
+
+// TestGroupHashCollisions checks the chains of keys that share a hash:
+// each key finds its own entry, and removing one keeps the others.
+func TestGroupHashCollisions(t *testing.T) {
+	g := NewGroup(Options{})
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	a, b, c := g.insert(7, []byte("a")), g.insert(7, []byte("b")), g.insert(7, []byte("c"))
+	for _, e := range []*entry{a, b, c} {
+		if got := g.lookup(7, e.key); got != e {
+			t.Fatalf("lookup(%s) found the entry of %q", e.key, got.key)
+		}
+	}
+	if g.lookup(7, []byte("d")) != nil {
+		t.Fatal("a key never inserted was found")
+	}
+	g.remove(b) // the middle of the chain
+	if g.lookup(7, []byte("b")) != nil || g.lookup(7, []byte("a")) != a || g.lookup(7, []byte("c")) != c {
+		t.Fatal("removing b from the middle of the chain lost another key")
+	}
+	g.remove(c) // the head
+	if g.lookup(7, []byte("c")) != nil || g.lookup(7, []byte("a")) != a {
+		t.Fatal("removing the chain's head lost another key")
+	}
+	g.remove(a)
+	if len(g.keys) != 0 {
+		t.Fatalf("map holds %d hashes after every key was removed", len(g.keys))
 	}
 }

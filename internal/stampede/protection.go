@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
@@ -12,14 +11,15 @@ import (
 )
 
 // Fetcher sends cmd upstream, followed by then when it is not nil, on a
-// shared connection of DB db speaking RESP3 when resp3, and returns their
-// replies back to back in a new slice; a failed reply fails the fetch.
+// shared connection of DB db speaking RESP3 when resp3, and appends their
+// replies back to back to dst (which may be nil); a failed reply fails the
+// fetch, and what it may have written past len(dst) is garbage.
 // (Two fixed arguments rather than a variadic list: a list passed through
 // a function value escapes, one allocation per read.) It must not depend on
 // the caller's client connection (see Group.Do). The upstream is the one in
 // force when the fetch is sent, which for a held read is after the hold:
 // a reload may have switched it meanwhile.
-type Fetcher func(db int, resp3 bool, cmd, then []byte) ([]byte, error)
+type Fetcher func(db int, resp3 bool, cmd, then, dst []byte) ([]byte, error)
 
 // Protection is stampede protection for one configuration, as the proxy
 // uses it: the coalescing group (which local-tier fills share: one
@@ -92,8 +92,11 @@ func coalescable(cmd *commands.Command) bool {
 // documentation); owner is that client's id. handled is false when p has
 // nothing to do with the read (not coalescable, no rule applies, or too
 // many waiters): the caller sends it upstream itself, which is always
-// correct. Otherwise reply or err is the answer.
-func (p *Protection) Read(cmd *commands.Command, args [][]byte, raw []byte, db int, resp3 bool, owner int64) (reply []byte, handled bool, err error) {
+// correct. Otherwise err is the answer, or the reply is appended to dst
+// and the result returned (a lone read's reply is fetched straight into
+// it, a shared one copied). dst's bytes are never changed; on an error or
+// !handled, out is nil.
+func (p *Protection) Read(cmd *commands.Command, args [][]byte, raw []byte, db int, resp3 bool, owner int64, dst []byte) (out []byte, handled bool, err error) {
 	if !p.eligible[cmd] {
 		return nil, false, nil
 	}
@@ -110,66 +113,92 @@ func (p *Protection) Read(cmd *commands.Command, args [][]byte, raw []byte, db i
 	if !p.coalesce && !match.Any() {
 		return nil, false, nil
 	}
-	reply, err = p.read(raw, key, db, resp3, match, owner)
+	out, err = p.read(raw, key, db, resp3, match, owner, dst)
 	if errors.Is(err, ErrTooManyWaiters) {
 		return nil, false, nil
 	}
-	return reply, true, err
+	if err != nil {
+		return nil, true, err
+	}
+	return out, true, nil
 }
 
+// flightKeyBuf is room on the stack for the flight key of a typical read.
+const flightKeyBuf = 128
+
 // read answers one read through the group, applying the miss hold and
-// early refresh rules of match.
-func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owner int64) ([]byte, error) {
+// early refresh rules of match, and appends the reply to dst.
+func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owner int64, dst []byte) ([]byte, error) {
 	if match.Hold() {
 		if h := p.misses.Held(db, key, match, owner); h != nil {
-			return p.heldRead(h, db, key, resp3, match, owner)
+			return p.heldRead(h, db, key, resp3, match, owner, dst)
 		}
 	}
-	var reply []byte
-	var ttl time.Duration
+	start := len(dst)
+	var kb [flightKeyBuf]byte
 	if match.Refresh() {
 		// The PTTL travels in the same fetch, right behind the GET on the
 		// same connection; the client never sees it.
-		both, _, err := p.group.do(flightKey('t', db, resp3, raw), p.metrics.forKey(key), func() ([]byte, error) {
-			return p.fetch(db, resp3, raw, pttlCommand(key))
+		both, _, err := p.group.do(appendFlightKey(kb[:0], 't', db, resp3, raw), p.metrics.forKey(key), func() ([]byte, error) {
+			return p.fetch(db, resp3, raw, pttlCommand(key), nil)
 		})
 		if err != nil {
 			return nil, err
 		}
-		reply, ttl = splitTTL(both)
-	} else {
-		var err error
-		reply, _, err = p.group.do(flightKey('r', db, resp3, raw), p.metrics.forKey(key), func() ([]byte, error) {
-			return p.fetch(db, resp3, raw, nil)
-		})
-		if err != nil || !match.Any() {
-			return reply, err
+		reply, ttl := splitTTL(both)
+		if isNilReply(reply) {
+			if h := p.misses.Missed(db, key, match, owner, true); h != nil {
+				return p.heldRead(h, db, key, resp3, match, owner, dst)
+			}
+		} else if p.misses.Early(db, key, match, owner, ttl) {
+			return append(dst, nilReply(resp3)...), nil
 		}
+		return append(dst, reply...), nil
 	}
+	// The leader's fetch appends its reply to dst itself; a waiter gets a
+	// copy of it from the group and appends that.
+	var fetched []byte
+	reply, shared, err := p.group.do(appendFlightKey(kb[:0], 'r', db, resp3, raw), p.metrics.forKey(key), func() ([]byte, error) {
+		var err error
+		if fetched, err = p.fetch(db, resp3, raw, nil, dst); err != nil {
+			return nil, err
+		}
+		return fetched[start:], nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := fetched
+	if shared {
+		out = append(dst, reply...)
+	}
+	if !match.Any() {
+		return out, nil
+	}
+	// Hold rules only (early refresh took the branch above).
 	if isNilReply(reply) {
 		if h := p.misses.Missed(db, key, match, owner, true); h != nil {
-			return p.heldRead(h, db, key, resp3, match, owner)
+			return p.heldRead(h, db, key, resp3, match, owner, dst)
 		}
-		return reply, nil
 	}
-	if p.misses.Early(db, key, match, owner, ttl) {
-		return nilReply(resp3), nil
-	}
-	return reply, nil
+	return out, nil
 }
 
 // heldRead waits for a miss hold to end and then reads the key with the
 // other reads it held, in one fetch. A read that is held once is never held
 // again: if the key is still missing it gets the nil (and may become the
 // next filler).
-func (p *Protection) heldRead(h *Hold, db int, key []byte, resp3 bool, match Match, owner int64) ([]byte, error) {
+func (p *Protection) heldRead(h *Hold, db int, key []byte, resp3 bool, match Match, owner int64, dst []byte) ([]byte, error) {
 	h.Wait()
 	get := resp.AppendCommandNamed(nil, "GET", key)
-	reply, err := h.Fetch(resp3, p.metrics.forKey(key), func() ([]byte, error) { return p.fetch(db, resp3, get, nil) })
-	if err == nil && isNilReply(reply) {
+	reply, err := h.Fetch(resp3, p.metrics.forKey(key), func() ([]byte, error) { return p.fetch(db, resp3, get, nil, nil) })
+	if err != nil {
+		return nil, err
+	}
+	if isNilReply(reply) {
 		p.misses.Missed(db, key, match, owner, false)
 	}
-	return reply, err
+	return append(dst, reply...), nil
 }
 
 // Fill shares a fill of the local tier with every concurrent read of the
@@ -181,11 +210,12 @@ func (p *Protection) heldRead(h *Hold, db int, key []byte, resp3 bool, match Mat
 // the Fetcher instead, so waiters always get an answer. ErrTooManyWaiters:
 // the caller should send its read upstream alone.
 func (p *Protection) Fill(db int, resp3 bool, raw []byte, fill func() ([]byte, error)) ([]byte, error) {
-	reply, _, err := p.group.Do(flightKey('r', db, resp3, raw), func() ([]byte, error) {
+	var kb [flightKeyBuf]byte
+	reply, _, err := p.group.do(appendFlightKey(kb[:0], 'r', db, resp3, raw), p.metrics, func() ([]byte, error) {
 		if reply, err := fill(); err == nil {
 			return reply, nil
 		}
-		return p.fetch(db, resp3, raw, nil)
+		return p.fetch(db, resp3, raw, nil, nil)
 	})
 	return reply, err
 }
@@ -244,21 +274,18 @@ func (p *Protection) ClientClosed(w *Writes, owner int64) {
 	}
 }
 
-// flightKey identifies identical reads: DB, protocol and the exact command
-// bytes, plus the kind of fetch ('r' plain, 't' with PTTL).
-func flightKey(kind byte, db int, resp3 bool, raw []byte) string {
-	var b strings.Builder
-	b.Grow(len(raw) + 8)
-	b.WriteByte(kind)
+// appendFlightKey appends what identifies identical reads: DB, protocol and
+// the exact command bytes, plus the kind of fetch ('r' plain, 't' with PTTL).
+func appendFlightKey(b []byte, kind byte, db int, resp3 bool, raw []byte) []byte {
+	b = append(b, kind)
 	if resp3 {
-		b.WriteByte('3')
+		b = append(b, '3')
 	} else {
-		b.WriteByte('2')
+		b = append(b, '2')
 	}
-	b.WriteString(strconv.Itoa(db))
-	b.WriteByte(':')
-	b.Write(raw)
-	return b.String()
+	b = strconv.AppendInt(b, int64(db), 10)
+	b = append(b, ':')
+	return append(b, raw...)
 }
 
 func pttlCommand(key []byte) []byte { return resp.AppendCommandNamed(nil, "PTTL", key) }
