@@ -2,14 +2,17 @@ package localcache
 
 import (
 	"bufio"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/redistest"
 	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/upstream"
 )
 
 // rawConn sends commands on a raw connection and returns raw replies.
@@ -262,5 +265,53 @@ func TestRESP2Helpers(t *testing.T) {
 		if out, ok := toRESP2([]byte(in)); ok {
 			t.Errorf("toRESP2(%q) = %q, want it refused", in, out)
 		}
+	}
+}
+
+// TestCountReadSampled checks that reads counted through CountRead (those
+// behind other commands of a pipelined batch) are sampled yet still make a
+// key that is read often enough hot: counted as a multiple of the sample,
+// touching the sketch for about one read in countReadSample, and admitted
+// after a few dozen reads as it would be without sampling.
+func TestCountReadSampled(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Enabled = true
+	cfg.AdmitWindow = units.Duration{Duration: time.Hour} // no halving during the test
+	c, err := New(cfg, Options{Upstream: func(int) upstream.Options { return upstream.Options{Addr: "127.0.0.1:1"} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	get := commands.Builtin().Get("get")
+	const reads = 4000
+	for i := range reads {
+		c.CountRead(0, get, [][]byte{[]byte("GET"), fmt.Appendf(nil, "cold:%d", i)})
+	}
+	if counted := c.reads.adds.Load(); counted%countReadSample != 0 {
+		t.Fatalf("sketch counted %d sightings, not a multiple of the sample %d", counted, countReadSample)
+	}
+	seen := 0
+	for i := range reads {
+		if c.reads.seen(c.hash(0, fmt.Appendf(nil, "cold:%d", i))) {
+			seen++
+		}
+	}
+	// Binomial(4000, 1/4): mean 1000, standard deviation 27; 300 either
+	// way is 11 of them (and doorkeeper collisions add a few).
+	if seen < reads/countReadSample-300 || seen > reads/countReadSample+300 {
+		t.Fatalf("%d of %d keys read once are in the sketch, want about %d", seen, reads, reads/countReadSample)
+	}
+	hot := []byte("hot:1")
+	h := c.hash(0, hot)
+	for range 64 {
+		c.CountRead(0, get, [][]byte{[]byte("GET"), hot})
+	}
+	// Admitted once 3 of the 64 are sampled (doorkeeper, then 3 + 4 + 4
+	// in the counters); fewer happen with probability 2·10^-6.
+	if est := c.reads.estimate(h); est <= uint64(cfg.AdmitMinReads) {
+		t.Fatalf("after 64 pipelined reads the key's estimate is %d, not above admit_min_reads %d", est, cfg.AdmitMinReads)
+	}
+	if reason := c.admit(h, 0, hot); reason != "" {
+		t.Fatalf("a key read 64 times in pipelines was not admitted: %s", reason)
 	}
 }

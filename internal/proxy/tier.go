@@ -126,12 +126,12 @@ func (sess *Session) tierStep(r *request) bool {
 	if !t.cacheable[cmd] {
 		return false
 	}
-	key, ok := localcache.CacheableKey(cmd, req.Args)
-	if !ok {
+	if sess.pendingUpstream() {
+		t.cache.CountRead(sess.db, cmd, req.Args)
 		return false
 	}
-	if sess.pendingUpstream() {
-		t.cache.CountRead(sess.db, key)
+	key, ok := localcache.CacheableKey(cmd, req.Args)
+	if !ok {
 		return false
 	}
 	db, resp3 := sess.db, sess.resp3
