@@ -17,6 +17,9 @@ type Batch struct {
 	reqs []policy.Request
 	keys []int
 	dec  []policy.Decision
+	// cmds are the batch's commands as the table found them (nil:
+	// unknown), for the session to take instead of looking each up again.
+	cmds []*commands.Command
 
 	// scratch holds re-encoded commands and fix-ups. They are queued for
 	// Redis by slices until the batch is flushed, so a full chunk is
@@ -38,7 +41,7 @@ const keepRequests = 4096
 // decisions are used.
 func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Request, user, listener string) {
 	if cap(b.reqs) > keepRequests && len(reqs) <= keepRequests {
-		b.reqs, b.keys, b.dec, b.joined = nil, nil, nil, nil
+		b.reqs, b.keys, b.dec, b.joined, b.cmds = nil, nil, nil, nil, nil
 	}
 	if cap(b.scratch) > 1<<20 {
 		b.scratch = nil
@@ -47,6 +50,7 @@ func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Req
 	clear(b.fixups)
 	b.fixups = b.fixups[:0]
 	b.reqs = b.reqs[:0]
+	b.cmds = b.cmds[:0]
 	if b.keys == nil {
 		// Non-nil: an empty Keys means "no keys", nil "compute them". Small,
 		// because every client connection keeps it while idle; a pipeline
@@ -64,6 +68,7 @@ func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Req
 			keys = b.keys[start:len(b.keys):len(b.keys)]
 		}
 		b.reqs = append(b.reqs, policy.Request{Cmd: cmd, Args: args, Keys: keys, User: user, Listener: listener})
+		b.cmds = append(b.cmds, cmd)
 	}
 	b.dec = p.CheckBatch(b.reqs, b.dec)
 	clear(b.reqs) // keep no references to the client's buffer past its use
@@ -79,6 +84,15 @@ func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Req
 		}
 		reach = max(reach, b.dec[i].TTLFrom)
 	}
+}
+
+// Command returns request i's command as Prepare looked it up in its table
+// (nil: not a known command); ok is false when the batch has no request i.
+func (b *Batch) Command(i int) (cmd *commands.Command, ok bool) {
+	if i >= len(b.cmds) {
+		return nil, false
+	}
+	return b.cmds[i], true
 }
 
 // Joined reports whether requests i-1 and i must be sent to Redis in the

@@ -19,7 +19,7 @@ type Metrics struct {
 
 	commands *prometheus.CounterVec
 	errors   *prometheus.CounterVec
-	latency  *prometheus.HistogramVec
+	latency  *latencyVec
 
 	ClientsConnected prometheus.Gauge
 	ClientsTotal     prometheus.Counter
@@ -44,7 +44,7 @@ type Metrics struct {
 type Command struct {
 	Calls   prometheus.Counter
 	Errors  prometheus.Counter
-	Latency prometheus.Observer
+	Latency *Latency
 }
 
 // New registers the data-path metrics and the Go runtime collectors.
@@ -57,11 +57,7 @@ func New() *Metrics {
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "redproxy_command_errors_total", Help: "Commands answered with an error reply (from Redis or the proxy), by command name.",
 		}, []string{"command"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "redproxy_command_duration_seconds",
-			Help:    "Time from reading a command's batch to having its reply, by command name.",
-			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5},
-		}, []string{"command"}),
+		latency: newLatencyVec(),
 		ClientsConnected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "redproxy_client_connections", Help: "Client connections currently open.",
 		}),
@@ -149,7 +145,7 @@ func (m *Metrics) Command(name string) *Command {
 	c := &Command{
 		Calls:   m.commands.WithLabelValues(name),
 		Errors:  m.errors.WithLabelValues(name),
-		Latency: m.latency.WithLabelValues(name),
+		Latency: m.latency.get(name),
 	}
 	next := make(map[string]*Command, len(old)+1)
 	for k, v := range old {

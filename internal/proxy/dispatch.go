@@ -26,18 +26,40 @@ type request struct {
 // classify looks up the session's command i and fills sess.cur with what
 // the rest of dispatch needs to know about it.
 func (sess *Session) classify(i int, req *resp.Request) *request {
-	cmd := sess.srv.table.Lookup(req.Args)
+	// The guard looked the batch's commands up in the same table
+	// (prepareBatch), after any namespace rewrite.
+	cmd, ok := sess.guard.Command(i)
+	if !ok {
+		cmd = sess.srv.table.Lookup(req.Args)
+	}
+	// A pipeline mostly repeats one command: its metric and handler entry
+	// are those of the one before (both fixed per command for the Server's
+	// life), which saves a lookup by name and one by pointer.
+	c := &sess.lastClass
+	if cmd != c.cmd || c.m == nil {
+		*c = classMemo{cmd: cmd, m: sess.metricFor(cmd)}
+		if cmd != nil {
+			c.entry = sess.srv.handlers[cmd]
+		}
+	}
 	r := &sess.cur
-	*r = request{Request: req, i: i, cmd: cmd, m: sess.metricFor(cmd)}
+	*r = request{Request: req, i: i, cmd: cmd, m: c.m}
 	if cmd != nil {
 		r.name = cmd.Name
 		r.blocking = cmd.IsBlocking(req.Args)
-		r.entry = sess.srv.handlers[cmd]
+		r.entry = c.entry
 		if r.entry == nil && r.blocking {
 			r.entry = &blockingEntry
 		}
 	}
 	return r
+}
+
+// classMemo is what classify found for the last command it saw.
+type classMemo struct {
+	cmd   *commands.Command
+	m     *metrics.Command
+	entry *cmdEntry
 }
 
 // cmdHandler handles one command the proxy takes care of itself, with the

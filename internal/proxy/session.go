@@ -120,7 +120,8 @@ type sessionBatch struct {
 	// up the batch's waits for upstream replies, for the slow log.
 	slowExempt   bool
 	upstreamWait time.Duration
-	cur          request // the command being dispatched (classify)
+	cur          request   // the command being dispatched (classify)
+	lastClass    classMemo // what classify found for the command before
 
 	pin   pinState
 	abort txAbort
@@ -528,6 +529,7 @@ func (sess *Session) flush(start time.Time) {
 		}
 	}
 	elapsed := now.Sub(start).Seconds()
+	var lat latencyRun
 	for _, sl := range sess.slots {
 		var reply []byte
 		switch sl.kind {
@@ -565,7 +567,7 @@ func (sess *Session) flush(start time.Time) {
 				}
 				sl.metric.Errors.Inc()
 				if !sl.held {
-					sl.metric.Latency.Observe(elapsed)
+					lat.note(sl.metric, elapsed)
 				}
 				continue
 			}
@@ -591,7 +593,7 @@ func (sess *Session) flush(start time.Time) {
 			sl.metric.Errors.Inc()
 		}
 		if !sl.held {
-			sl.metric.Latency.Observe(elapsed)
+			lat.note(sl.metric, elapsed)
 		}
 		if sl.exec {
 			sess.pin.execRan = len(reply) > 1 && reply[0] == '*' && reply[1] != '-'
@@ -607,6 +609,7 @@ func (sess *Session) flush(start time.Time) {
 			sess.emit(reply)
 		}
 	}
+	lat.flush(elapsed)
 	if sess.mirrorS != nil && len(sess.mirrorS.marks) > 0 {
 		sess.mirrorFlushed(call)
 	}
@@ -615,6 +618,28 @@ func (sess *Session) flush(start time.Time) {
 	sess.local = sess.local[:0]
 	call.Reset()
 	sess.batchFlushed()
+}
+
+// latencyRun adds up a batch's consecutive replies of one command, whose
+// latencies are all the batch's, into one observation of the histogram.
+type latencyRun struct {
+	m *metrics.Command
+	n uint64
+}
+
+func (r *latencyRun) note(m *metrics.Command, elapsed float64) {
+	if m != r.m {
+		r.flush(elapsed)
+		r.m = m
+	}
+	r.n++
+}
+
+func (r *latencyRun) flush(elapsed float64) {
+	if r.n > 0 {
+		r.m.Latency.ObserveN(elapsed, r.n)
+		r.n = 0
+	}
 }
 
 func (sess *Session) metricFor(cmd *commands.Command) *metrics.Command {
