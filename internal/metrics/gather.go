@@ -1,15 +1,32 @@
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
 
 // CounterSum adds up the counter series called name whose labels include
 // every given (name, value) pair, as read from g. found is false when no
 // series matched. Tests and operators' tools read counters this way without
 // parsing the text exposition.
 func CounterSum(g prometheus.Gatherer, name string, labels ...string) (sum float64, found bool, err error) {
+	err = eachSeries(g, name, labels, func(m *dto.Metric) { sum += m.GetCounter().GetValue(); found = true })
+	return sum, found, err
+}
+
+// HistogramCount adds up the sample counts of the histogram series called
+// name whose labels include every given (name, value) pair, as CounterSum.
+func HistogramCount(g prometheus.Gatherer, name string, labels ...string) (count uint64, found bool, err error) {
+	err = eachSeries(g, name, labels, func(m *dto.Metric) { count += m.GetHistogram().GetSampleCount(); found = true })
+	return count, found, err
+}
+
+// eachSeries calls f for every series called name whose labels include
+// every (name, value) pair of labels.
+func eachSeries(g prometheus.Gatherer, name string, labels []string, f func(*dto.Metric)) error {
 	mfs, err := g.Gather()
 	if err != nil {
-		return 0, false, err
+		return err
 	}
 	for _, mf := range mfs {
 		if mf.GetName() != name {
@@ -26,9 +43,8 @@ func CounterSum(g prometheus.Gatherer, name string, labels ...string) (sum float
 					continue series
 				}
 			}
-			sum += m.GetCounter().GetValue()
-			found = true
+			f(m)
 		}
 	}
-	return sum, found, nil
+	return nil
 }

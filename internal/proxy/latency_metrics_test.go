@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/metrics"
@@ -41,37 +40,9 @@ func TestLatencyCountedPerCommandInPipelines(t *testing.T) {
 		if err != nil || uint64(calls) != n {
 			t.Fatalf("%s: redproxy_commands_total %v (%v), want %d", name, calls, err, n)
 		}
-		if got := latencyCount(t, p, name); got != n {
-			t.Errorf("%s: duration histogram counts %d, want %d", name, got, n)
+		got, _, err := metrics.HistogramCount(p.Metrics.Registry, "redproxy_command_duration_seconds", "command", name)
+		if err != nil || got != n {
+			t.Errorf("%s: duration histogram counts %d (%v), want %d", name, got, err, n)
 		}
 	}
-}
-
-// latencyCount is the sample count of name's command duration histogram.
-func latencyCount(t *testing.T, p *proxytest.Proxy, name string) uint64 {
-	t.Helper()
-	fams, err := p.Metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() != "redproxy_command_duration_seconds" {
-			continue
-		}
-		for _, m := range f.Metric {
-			if labelIs(m, "command", name) {
-				return m.GetHistogram().GetSampleCount()
-			}
-		}
-	}
-	return 0
-}
-
-func labelIs(m *dto.Metric, k, v string) bool {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == k && l.GetValue() == v {
-			return true
-		}
-	}
-	return false
 }
