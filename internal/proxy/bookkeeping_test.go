@@ -46,3 +46,55 @@ func TestLatencyCountedPerCommandInPipelines(t *testing.T) {
 		}
 	}
 }
+
+// TestClientListShowsLastCommand checks CLIENT LIST's cmd field, which the
+// session stores only when the command changes: after a run of one command,
+// after another in the same batch, after a batch of one, and for the
+// CLIENT INFO that asks.
+func TestClientListShowsLastCommand(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	c, watcher := p.Client(t).Conn(), p.Client(t) // c: one connection
+	t.Cleanup(func() { c.Close() })
+	c.Ping(ctx) // connect before watching
+	cmdOf := func() string {
+		t.Helper()
+		list, err := watcher.ClientList(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(list, "\n") {
+			if !strings.Contains(line, "cmd=client|list") {
+				for _, f := range strings.Fields(line) {
+					if v, ok := strings.CutPrefix(f, "cmd="); ok {
+						return v
+					}
+				}
+			}
+		}
+		t.Fatalf("no other client in CLIENT LIST:\n%s", list)
+		return ""
+	}
+	pipe := c.Pipeline()
+	for range 5 {
+		pipe.Get(ctx, "k")
+	}
+	pipe.Exec(ctx)
+	if got := cmdOf(); got != "get" {
+		t.Fatalf("after five GETs cmd=%s, want get", got)
+	}
+	pipe = c.Pipeline()
+	pipe.Get(ctx, "k")
+	pipe.Set(ctx, "k", "v", 0)
+	pipe.Exec(ctx)
+	if got := cmdOf(); got != "set" {
+		t.Fatalf("after GET, SET cmd=%s, want set", got)
+	}
+	c.Get(ctx, "k")
+	if got := cmdOf(); got != "get" {
+		t.Fatalf("after a lone GET cmd=%s, want get", got)
+	}
+	info, err := c.ClientInfo(ctx).Result()
+	if err != nil || info.LastCmd != "client|info" {
+		t.Fatalf("CLIENT INFO: cmd=%q (%v), want client|info", info.LastCmd, err)
+	}
+}
