@@ -53,8 +53,12 @@ type Group struct {
 
 // maxFreeEntries bounds Group.free: as many entries as reads that can be
 // in flight at once without sharing would be reused, but a burst of them
-// need not be kept.
-const maxFreeEntries = 256
+// need not be kept. maxFreeKeyBytes keeps a read with a huge key (the key
+// is the whole command) from leaving its buffer behind.
+const (
+	maxFreeEntries  = 256
+	maxFreeKeyBytes = 4 << 10
+)
 
 // entry is one key's fetches: at most one in flight and one collecting.
 type entry struct {
@@ -229,7 +233,7 @@ func (g *Group) run(key []byte, e *entry, c *fetchCall, fetch func() ([]byte, er
 			return
 		}
 		g.remove(e)
-		if c != &e.first || c.waiters > 0 || !finished || len(g.free) >= maxFreeEntries {
+		if c != &e.first || c.waiters > 0 || !finished || len(g.free) >= maxFreeEntries || cap(e.key) > maxFreeKeyBytes {
 			g.mu.Unlock()
 			c.done.Done()
 			return

@@ -503,6 +503,21 @@ func testGroupReuse(t *testing.T, unsafe bool) {
 	}
 }
 
+// TestGroupKeepsNoHugeKeys checks that the entry of a read with a huge key
+// (a GET of a key of 64 KiB) is not kept for reuse with its buffer, while
+// a small one is.
+func TestGroupKeepsNoHugeKeys(t *testing.T) {
+	g := NewGroup(Options{})
+	reply := func() ([]byte, error) { return []byte("$-1\r\n"), nil }
+	g.do(make([]byte, 64<<10), nil, reply)
+	g.do([]byte("small"), nil, reply)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.free) != 1 || cap(g.free[0].key) > maxFreeKeyBytes {
+		t.Fatalf("free entries: %d, first key buffer %d bytes; want one small one", len(g.free), cap(g.free[0].key))
+	}
+}
+
 // TestGroupHashCollisions checks the chains of keys that share a hash:
 // each key finds its own entry, and removing one keeps the others.
 func TestGroupHashCollisions(t *testing.T) {
