@@ -117,10 +117,7 @@ func (p *Protection) Read(cmd *commands.Command, args [][]byte, raw []byte, db i
 	if errors.Is(err, ErrTooManyWaiters) {
 		return nil, false, nil
 	}
-	if err != nil {
-		return nil, true, err
-	}
-	return out, true, nil
+	return out, true, err // read returns no bytes with an error
 }
 
 // flightKeyBuf is room on the stack for the flight key of a typical read.
