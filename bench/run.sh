@@ -14,6 +14,8 @@ set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$BENCH_DIR/.." && pwd)
+# shellcheck source=bench/nutcracker.sh
+source "$BENCH_DIR/nutcracker.sh"
 
 # ---- settings (environment overrides; flags below override these) ---------
 ROUNDS=${ROUNDS:-3}
@@ -224,18 +226,7 @@ start_twemproxy() {
 	local stats_port
 	stats_port=$(freeport)
 	mkdir -p "$TMP/twemproxy"
-	# One pool, hash/distribution left at their defaults; see README for why
-	# server_connections is 1 and ejection is off.
-	cat >"$TMP/twemproxy/nutcracker.yml" <<EOF
-bench:
-  listen: 127.0.0.1:$TWEM_PORT
-  redis: true
-  server_connections: 1
-  preconnect: true
-  auto_eject_hosts: false
-  servers:
-    - 127.0.0.1:$REDIS_PORT:1
-EOF
+	nutcracker_yml "$TWEM_PORT" "$REDIS_PORT" >"$TMP/twemproxy/nutcracker.yml"
 	taskset -c "$CPU_PROXY" nutcracker -c "$TMP/twemproxy/nutcracker.yml" \
 		-s "$stats_port" -a 127.0.0.1 -p "$TMP/twemproxy/nutcracker.pid" \
 		-o "$TMP/twemproxy/nutcracker.log" -v 4 &

@@ -22,6 +22,8 @@ LAYOUT=$1 TEST=$2 P=$3
 SECONDS_COUNTED=${SECONDS_COUNTED:-3}
 case $LAYOUT in split) CPU_REDIS=0 ;; shared) CPU_REDIS=1 ;; *) echo "layout: split or shared" >&2; exit 2 ;; esac
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=bench/nutcracker.sh
+source "$REPO/bench/nutcracker.sh"
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -43,16 +45,7 @@ taskset -c "$CPU_REDIS" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --sav
 PIDS+=($!)
 wait_pong "$REDIS_PORT"
 redis-cli -p "$REDIS_PORT" eval "for i = 0, 99999 do redis.call('SET', string.format('key:%012d', i), string.rep('x', 64)) end" 0 >/dev/null
-cat >"$TMP/nutcracker.yml" <<EOF
-bench:
-  listen: 127.0.0.1:$TWEM_PORT
-  redis: true
-  server_connections: 1
-  preconnect: true
-  auto_eject_hosts: false
-  servers:
-    - 127.0.0.1:$REDIS_PORT:1
-EOF
+nutcracker_yml "$TWEM_PORT" "$REDIS_PORT" >"$TMP/nutcracker.yml"
 taskset -c 1 nutcracker -c "$TMP/nutcracker.yml" -s "$STATS_PORT" -a 127.0.0.1 -o "$TMP/nutcracker.log" &
 TWEM_PID=$!
 PIDS+=("$TWEM_PID")
