@@ -35,6 +35,9 @@ type Metrics struct {
 	// BatchRequests is the number of requests per batch a client's
 	// pipeline was split into.
 	BatchRequests prometheus.Histogram
+	// DirectReplies counts replies the upstream connection's reader wrote
+	// to the client itself (a lone forwarded command).
+	DirectReplies prometheus.Counter
 
 	mu     sync.Mutex
 	byName atomic.Pointer[map[string]*Command] // copy-on-write: reads take no lock
@@ -84,6 +87,9 @@ func New() *Metrics {
 			Help:    "Requests per batch read from a client's pipeline (capped, so a deep pipeline is split).",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 6), // 1 .. 1024
 		}),
+		DirectReplies: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "redproxy_direct_replies_total", Help: "Replies to a lone forwarded command that the upstream connection's reader wrote to the client itself, without waking the client's session.",
+		}),
 	}
 	// Every reason is exported from the start, so a dashboard's rate() has
 	// a series before the first close of that kind.
@@ -93,7 +99,7 @@ func New() *Metrics {
 	m.byName.Store(&map[string]*Command{})
 	m.Registry.MustRegister(m.commands, m.errors, m.latency, m.ClientsConnected, m.ClientsTotal,
 		m.ClientsRejected, m.ProtocolErrors, m.SlowConsumers, m.SlowCommands, m.ClientsClosed, m.BatchRequests,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m.DirectReplies, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -131,11 +131,7 @@ type rawSocket struct {
 // deadline only if the socket is full (rawio.Writer.WriteWithin), else
 // through the Conn with the deadline set first.
 func (c *clientConn) writeTimed(b []byte) (int, error) {
-	sock := c.sock.Load()
-	if sock == nil || sock.conn != c.Conn {
-		sock = &rawSocket{conn: c.Conn, w: rawio.NewWriter(c.Conn)}
-		c.sock.Store(sock)
-	}
+	sock := c.rawSock()
 	if sock.w != nil {
 		return sock.w.WriteWithin(b, c.timeout)
 	}
@@ -143,6 +139,33 @@ func (c *clientConn) writeTimed(b []byte) (int, error) {
 		c.Conn.SetWriteDeadline(time.Now().Add(c.timeout))
 	}
 	return c.Conn.Write(b)
+}
+
+// tryWrite writes what the client's socket takes of b at once, without
+// waiting: full reports that it took less because it is full. ok is false
+// when the Conn is not a bare socket (TLS), which tryWrite cannot write.
+func (c *clientConn) tryWrite(b []byte) (n int, full, ok bool, err error) {
+	sock := c.rawSock()
+	if sock.w == nil {
+		return 0, false, false, nil
+	}
+	n, full, err = sock.w.TryWrite(b)
+	if err != nil {
+		c.setFlag(connWriteFailed)
+	}
+	return n, full, true, err
+}
+
+// rawSock is the Conn's raw writer, made on first use for each Conn (the
+// Conn changes when a parked session resumes, which no other writer of the
+// client outlives: relays end first, and a direct reply is waited for).
+func (c *clientConn) rawSock() *rawSocket {
+	sock := c.sock.Load()
+	if sock == nil || sock.conn != c.Conn {
+		sock = &rawSocket{conn: c.Conn, w: rawio.NewWriter(c.Conn)}
+		c.sock.Store(sock)
+	}
+	return sock
 }
 
 // Close closes the client's connection; a TLS one without waiting to send
@@ -259,6 +282,9 @@ func (sess *Session) emit(reply []byte) {
 // writeOut writes b to the client and empties the output; a failed write
 // ends the session after the batch, and nothing more is produced for it.
 func (sess *Session) writeOut(b []byte) bool {
+	if sess.directInFlight() {
+		sess.waitDirect() // the pipe's reader may be writing its reply
+	}
 	_, err := sess.nc.Write(b)
 	sess.out = sess.out[:0]
 	if err != nil {

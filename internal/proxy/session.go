@@ -105,6 +105,7 @@ type sessionBatch struct {
 	// The batch being answered: forwarded commands are collected into one
 	// Call; slots remember, for every command, where its reply comes from.
 	call      *upstream.Call
+	direct    *directReply // a lone command the pipe's reader answers (direct.go); nil until one
 	slots     []slot
 	local     []byte // replies the proxy built itself, back to back
 	out       []byte // what goes to the client at the end of the batch
@@ -260,6 +261,13 @@ func (sess *Session) run() (parked bool) {
 			sess.unpin(false)
 		}
 	}()
+	// First of all on the way out: the pipe's reader may still be writing
+	// a direct reply to the socket the other steps close.
+	defer func() {
+		if !parked {
+			sess.waitDirect()
+		}
+	}()
 	idle := sess.park.idle
 	for {
 		if sess.interrupted.Load() {
@@ -273,7 +281,9 @@ func (sess *Session) run() (parked bool) {
 		}
 		reqs, err := sess.rd.ReadBatch()
 		if parkable && !sess.park.state.CompareAndSwap(parkWaiting, parkBusy) {
-			// The sweeper asked this idle session to park (park.go).
+			// The sweeper asked this idle session to park (park.go). A
+			// parked session keeps no Call and its socket may change.
+			sess.waitDirect()
 			parked, retry := sess.answerPark(len(reqs), err, idle)
 			if parked {
 				return true
@@ -296,6 +306,9 @@ func (sess *Session) run() (parked bool) {
 				sess.out = redcon.AppendError(sess.out, "ERR "+pe.Error())
 			}
 		}
+		if len(sess.out) > 0 && sess.directInFlight() {
+			sess.waitDirect() // its reply goes first
+		}
 		if len(sess.out) > 0 && !sess.outDead {
 			if !sess.writeOut(sess.out) {
 				return false
@@ -314,6 +327,9 @@ func (sess *Session) run() (parked bool) {
 // serveBatch answers every request of one batch and appends the replies to
 // sess.out in request order.
 func (sess *Session) serveBatch(reqs []resp.Request) {
+	if sess.directInFlight() {
+		sess.waitDirect()
+	}
 	start := time.Now()
 	sess.batchReqs = reqs
 	sess.list.active.Store(start.UnixNano())
@@ -334,8 +350,8 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 		sess.dispatch(i, &reqs[i])
 	}
 	sess.flush(start)
-	if took := time.Since(start); took >= sess.srv.slow.threshold && !sess.slowExempt {
-		sess.noteSlow(reqs, start, took)
+	if took := time.Since(start); took >= sess.srv.slow.threshold && !sess.slowExempt && !sess.directInFlight() {
+		sess.noteSlow(reqs, start, took, sess.upstreamWait)
 	}
 	sess.upstreamWait, sess.slowExempt = 0, false
 	sess.cur = request{} // holds nothing of the batch while the client idles
@@ -504,6 +520,9 @@ func (sess *Session) finishLocal(m *metrics.Command, buf []byte, start int) {
 // Commands that change how later commands are routed (SELECT, HELLO, ...)
 // call flush before taking effect.
 func (sess *Session) flush(start time.Time) {
+	if sess.directInFlight() {
+		sess.waitDirect() // whatever this answers goes after it
+	}
 	if len(sess.slots) == 0 {
 		return
 	}
@@ -522,8 +541,13 @@ func (sess *Session) flush(start time.Time) {
 			sess.clusterDo(call) // to primaries, or replicas for reads (clusterreplicas.go)
 		} else if sess.srv.routes != nil {
 			sess.routedDo(call)
-		} else {
+		} else if !sess.directable() {
 			sess.sendUpstream(call, sess.backend()) // the primary, or a replica for reads (replicas.go)
+		} else if sess.sendDirect(call, sess.slots[0].metric, start, sent) {
+			// The pipe's reader answers the client (direct.go).
+			clear(sess.slots)
+			sess.slots = sess.slots[:0]
+			return
 		}
 		now = time.Now()
 		sess.upstreamWait += now.Sub(sent)

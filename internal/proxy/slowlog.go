@@ -34,11 +34,11 @@ func (s *Server) Slowlog() *slowlog.Log { return s.slow.log }
 
 // noteSlow enters a batch that took took in the slow log. It runs only for
 // slow batches, so it may allocate.
-func (sess *Session) noteSlow(reqs []resp.Request, start time.Time, took time.Duration) {
+func (sess *Session) noteSlow(reqs []resp.Request, start time.Time, took, upstreamWait time.Duration) {
 	e := slowlog.Entry{
 		Time:           start,
 		TotalMicros:    took.Microseconds(),
-		UpstreamMicros: min(sess.upstreamWait, took).Microseconds(),
+		UpstreamMicros: min(upstreamWait, took).Microseconds(),
 		Batch:          len(reqs),
 		Client:         sess.nc.RemoteAddr().String(),
 		User:           sess.srv.userName(),

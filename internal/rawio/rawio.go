@@ -108,6 +108,17 @@ func (w *Writer) WriteWithin(b []byte, timeout time.Duration) (int, error) {
 	return w.done(err)
 }
 
+// TryWrite writes what the socket takes of b at once and never waits:
+// full reports that it took less than all of b because it is full.
+func (w *Writer) TryWrite(b []byte) (n int, full bool, err error) {
+	w.mu.Lock()
+	w.b, w.n, w.errno, w.full = b, 0, nil, false
+	err = w.raw.Control(w.tryFn)
+	full = err == nil && w.errno == nil && w.full
+	n, err = w.done(err)
+	return n, full, err
+}
+
 // done ends the write in progress, which err (from RawConn) ended, and
 // unlocks the Writer.
 func (w *Writer) done(err error) (int, error) {

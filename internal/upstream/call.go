@@ -62,6 +62,8 @@ type Call struct {
 	limit    int
 	dropped  int // index of the first dropped reply, if overflow
 	overflow bool
+
+	onDone func(*Call) // SetOnDone
 }
 
 // NewCall returns an empty Call.
@@ -78,6 +80,7 @@ func (c *Call) Reset() {
 	c.err = nil
 	c.NoTimeout = false
 	c.limit, c.dropped, c.overflow = 0, 0, false
+	c.onDone = nil
 	if cap(c.out) > 1<<20 {
 		// Do not keep a huge reply buffer alive for an idle client.
 		c.out = nil
@@ -101,6 +104,28 @@ func (c *Call) Release() {
 // Add appends one raw RESP command. The bytes must stay unchanged until Wait
 // returns.
 func (c *Call) Add(raw []byte) { c.parts = append(c.parts, raw) }
+
+// CopyParts copies the commands into buf (from its length on) and points
+// the Call at the copies, for a caller that will change the bytes it added
+// before the Call completes. It returns buf with the copies.
+func (c *Call) CopyParts(buf []byte) []byte {
+	start := len(buf)
+	for _, part := range c.parts {
+		buf = append(buf, part...)
+	}
+	for i, part := range c.parts {
+		end := start + len(part)
+		c.parts[i] = buf[start:end:end]
+		start = end
+	}
+	return buf
+}
+
+// SetOnDone makes f run when the Call completes (every reply in, or the
+// Call failed), on the goroutine that completes it (a Pipe's reader), just
+// before Wait returns. f runs where every later Call on the connection
+// waits for it, so it must not block. Reset clears it.
+func (c *Call) SetOnDone(f func(*Call)) { c.onDone = f }
 
 // Len is the number of commands in the Call.
 func (c *Call) Len() int { return len(c.parts) }
@@ -169,6 +194,9 @@ func (c *Call) Fail(err error) { c.err = err }
 
 func (c *Call) complete(err error) {
 	c.err = err
+	if c.onDone != nil {
+		c.onDone(c)
+	}
 	c.done <- struct{}{}
 }
 

@@ -1,0 +1,202 @@
+package proxy
+
+import (
+	"errors"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/namespace"
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/upstream"
+	"github.com/tidwall/redcon"
+)
+
+// A direct reply: when a batch is one plain forwarded command (what a
+// client sends at redis-benchmark's default -P 1), the pipe's reader
+// writes the reply to the client's socket itself as it completes the Call,
+// and the session goes back to reading the client without waiting for it.
+// That saves the session one park and one wake-up per request, which on a
+// core shared with Redis was most of what redproxy spent above twemproxy
+// (bench/README.md, "Direct replies").
+//
+// Order is kept because the session waits for a direct reply (waitDirect)
+// before it answers or forwards anything else of the client's, and before
+// it parks or ends: a client that pipelines behind a lone command finds its
+// next batch waiting there. The reader never waits for a client: when the
+// client's socket cannot take the whole reply at once, the rest is written
+// by a goroutine of its own under the client write timeout.
+//
+// Only the plainest batches go direct (directable): nothing local in the
+// batch, no reply to transform (namespaces, INFO, RESP3, MULTI, CLIENT
+// REPLY), no bookkeeping that must run when the reply is in (the local
+// tier's and stampede protection's pending writes, read-your-writes on
+// replicas, the mirror), a bare socket on Linux (rawio). Everything else is
+// answered by flush as before.
+type directReply struct {
+	sess  *Session
+	cc    *clientConn
+	spare *upstream.Call // the session's Call while call is in flight
+	// In flight, set by the session before the Send and read by the reader
+	// after it (the pipe's lock orders them); written back by the reader
+	// before it signals written, and read by the session after.
+	call     *upstream.Call
+	cmd      []byte // the command, copied: the session reuses its read buffer meanwhile
+	metric   *metrics.Command
+	start    time.Time // the batch's start
+	sent     time.Time // when the Call was sent
+	took     time.Duration
+	overflow bool  // the reply exceeded the output limit: the client is being closed
+	failed   error // writing the reply to the client failed
+	rest     []byte
+	errBuf   []byte
+	written  chan struct{} // one token per reply, once it is written or given up
+	onDone   func(*upstream.Call)
+	finishFn func()
+}
+
+// maxDirectCommand is the largest command sent as a direct reply: the
+// command is copied, which a saved wake-up pays for only when it is small.
+const maxDirectCommand = 16 << 10
+
+// directable reports whether flush may send the batch's Call as a direct
+// reply (see directReply).
+func (sess *Session) directable() bool {
+	// A batch of one request has one flush, at its end: nothing of the
+	// batch is answered after the direct reply.
+	if len(sess.batchReqs) != 1 || len(sess.slots) != 1 || sess.call.Len() != 1 || len(sess.out) != 0 || len(sess.local) != 0 {
+		return false
+	}
+	if len(sess.call.Part(0)) > maxDirectCommand {
+		return false // not worth copying (sendDirect)
+	}
+	sl := &sess.slots[0]
+	if sl.kind != slotUpstream || sl.mute || sl.tx || sl.exec || sl.info || sl.held || sl.strip != namespace.StripNone {
+		return false
+	}
+	if sess.resp3 || sess.ns.w != nil || sess.srv.replicas != nil || sess.pin.cluster || sess.outDead {
+		return false
+	}
+	if sess.tierWrites.Pending() || sess.flightWrites.Pending() || sess.reads.wrote {
+		return false
+	}
+	if sess.mirrorS != nil && len(sess.mirrorS.marks) > 0 || testHookReply.Load() != nil {
+		return false
+	}
+	cc, ok := sess.nc.(*clientConn)
+	return ok && cc.Conn != nil && cc.rawSock().w != nil
+}
+
+// sendDirect sends call as a direct reply and reports true, or reports
+// false with the error on call when it could not be sent (flush answers
+// it then, as for any Call).
+func (sess *Session) sendDirect(call *upstream.Call, m *metrics.Command, start, sent time.Time) bool {
+	d := sess.direct
+	if d == nil {
+		d = &directReply{sess: sess, written: make(chan struct{}, 1)}
+		d.onDone, d.finishFn = d.done, d.finish
+		sess.direct = d
+	}
+	d.cc = sess.nc.(*clientConn)
+	d.cmd = call.CopyParts(d.cmd[:0])
+	d.metric, d.start, d.sent = m, start, sent
+	d.took, d.overflow, d.failed = 0, false, nil
+	d.call = call
+	call.SetOnDone(d.onDone)
+	if err := sess.backend().Pool(sess.db, sess.resp3).Send(call); err != nil {
+		call.SetOnDone(nil)
+		call.Fail(err)
+		d.call = nil
+		return false
+	}
+	if d.spare == nil {
+		d.spare = upstream.NewCall()
+	}
+	sess.call, d.spare = d.spare, nil
+	sess.srv.metrics.DirectReplies.Inc()
+	return true
+}
+
+// done runs on the pipe's reader as the Call completes: it accounts for
+// the reply and writes it, or hands the rest to finish when the client's
+// socket is full.
+func (d *directReply) done(c *upstream.Call) {
+	d.took = time.Since(d.start)
+	r, err := c.Reply(0)
+	switch {
+	case c.Overflowed() || errors.Is(err, upstream.ErrOutputLimit):
+		d.metric.Errors.Inc()
+		d.metric.Latency.ObserveN(d.took.Seconds(), 1)
+		d.overflow = true
+		d.sess.closeFor(metrics.CloseOutputLimit, "replies exceed server.client_output_limit", "limit_bytes", c.ReplyLimit())
+		d.cc.Close() // the session, blocked reading the client, ends
+		d.written <- struct{}{}
+		return
+	case err != nil:
+		d.errBuf = redcon.AppendError(d.errBuf[:0], "ERR "+err.Error())
+		r = d.errBuf
+		d.metric.Errors.Inc()
+	case resp.IsError(r):
+		d.metric.Errors.Inc()
+	}
+	d.metric.Latency.ObserveN(d.took.Seconds(), 1)
+	if d.took >= d.sess.srv.slow.threshold {
+		// Logged here, before the client has the reply, as a batch the
+		// session waited for is. The session's db and the command cannot
+		// change until it has waited for this reply.
+		if args, err := resp.SplitCommand(d.cmd, nil); err == nil && len(args) > 0 {
+			d.sess.noteSlow([]resp.Request{{Args: args, Raw: d.cmd}}, d.start, d.took, d.took-d.sent.Sub(d.start))
+		}
+	}
+	n, full, _, werr := d.cc.tryWrite(r)
+	switch {
+	case werr != nil:
+		d.failed = werr
+	case full:
+		d.rest = r[n:]
+		go d.finishFn()
+		return
+	}
+	d.written <- struct{}{}
+}
+
+// finish writes what the client's socket did not take at once, waiting
+// for room as any write to a client does (server.client_write_timeout).
+func (d *directReply) finish() {
+	if _, err := d.cc.Write(d.rest); err != nil {
+		d.failed = err
+	}
+	d.rest = nil
+	d.written <- struct{}{}
+}
+
+// waitDirect waits until the direct reply in flight, if any, is written,
+// and finishes it on the session's side: what the session keeps from a
+// reply (its size for the output estimate) and the end of a
+// client whose write failed or overflowed.
+func (sess *Session) waitDirect() {
+	if !sess.directInFlight() {
+		return
+	}
+	d := sess.direct
+	call := d.call
+	call.Wait()
+	<-d.written
+	d.call = nil
+	switch {
+	case d.overflow:
+		sess.outDead, sess.quitting = true, true
+	case d.failed != nil:
+		sess.closing(metrics.CloseWriteError)
+		sess.outDead, sess.quitting = true, true
+	default:
+		sess.noteReplySize(call)
+	}
+	call.Reset()
+	d.spare = call
+}
+
+// directInFlight reports whether a direct reply is yet to be waited for.
+// A parked session has no batch state, and so nothing in flight.
+func (sess *Session) directInFlight() bool {
+	return sess.sessionBatch != nil && sess.direct != nil && sess.direct.call != nil
+}

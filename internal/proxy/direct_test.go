@@ -1,0 +1,265 @@
+package proxy_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/resp"
+)
+
+func directReplies(p *proxytest.Proxy) float64 { return testutil.ToFloat64(p.Metrics.DirectReplies) }
+
+// rawClient speaks RESP on a bare connection, so a test decides exactly
+// what is sent together and when replies are read. Its methods report
+// errors rather than failing the test, so that client goroutines can use
+// it; every read has a deadline, so a lost reply fails instead of hanging.
+type rawClient struct {
+	nc net.Conn
+	br *bufio.Reader
+}
+
+func newRawClient(nc net.Conn) *rawClient { return &rawClient{nc: nc, br: bufio.NewReader(nc)} }
+
+func (c *rawClient) send(cmds ...[]string) error {
+	var b []byte
+	for _, cmd := range cmds {
+		b = resp.AppendCommandStrings(b, cmd...)
+	}
+	_, err := c.nc.Write(b)
+	return err
+}
+
+// reply reads one reply whole and returns it as the bytes on the wire.
+func (c *rawClient) reply() (string, error) {
+	c.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var sb strings.Builder
+	err := readReply(c.br, &sb)
+	return sb.String(), err
+}
+
+func readReply(br *bufio.Reader, sb *strings.Builder) error {
+	line, err := br.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	sb.WriteString(line)
+	switch line[0] {
+	case '$':
+		n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+		if n < 0 {
+			return nil
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(br, buf); err != nil {
+			return err
+		}
+		sb.Write(buf)
+	case '*':
+		n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+		for range max(n, 0) {
+			if err := readReply(br, sb); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func bulk(s string) string { return "$" + strconv.Itoa(len(s)) + "\r\n" + s + "\r\n" }
+
+// Clients that mix lone commands (answered by the pipe's reader) with
+// pipelines sent before the lone command's reply was read get every reply
+// in order and none of another client's: the session must wait for a
+// direct reply before it answers anything after it.
+func TestDirectRepliesKeepEachClientsOrder(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	before := directReplies(p)
+	const clients, rounds = 24, 300
+	var wg sync.WaitGroup
+	var alone atomic.Int64 // lone INCRs nothing was sent behind before their reply
+	errs := make(chan error, clients)
+	for ci := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := newRawClient(p.Dial(t))
+			key := fmt.Sprintf("direct:order:%d", ci)
+			rng := rand.New(rand.NewPCG(uint64(ci), 7))
+			var want int64
+			for r := range rounds {
+				// A lone INCR (direct), then without reading its reply
+				// sometimes a pipeline that reads and writes the key.
+				if err := c.send([]string{"INCR", key}); err != nil {
+					errs <- err
+					return
+				}
+				want++
+				expect := []string{":" + strconv.FormatInt(want, 10) + "\r\n"}
+				if rng.IntN(2) == 1 {
+					alone.Add(1)
+				} else {
+					v := strconv.Itoa(r)
+					if err := c.send([]string{"GET", key}, []string{"SET", key + ":v", v}, []string{"GET", key + ":v"}, []string{"INCR", key}); err != nil {
+						errs <- err
+						return
+					}
+					expect = append(expect, bulk(strconv.FormatInt(want, 10)), "+OK\r\n", bulk(v))
+					want++
+					expect = append(expect, ":"+strconv.FormatInt(want, 10)+"\r\n")
+				}
+				for i, e := range expect {
+					if got, err := c.reply(); err != nil || got != e {
+						errs <- fmt.Errorf("client %d round %d reply %d: got %q (%v), want %q", ci, r, i, got, err, e)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	// A lone INCR with a pipeline sent right behind it may be read with
+	// it in one batch; one with nothing behind it cannot.
+	if got := directReplies(p) - before; got < float64(alone.Load()) {
+		t.Fatalf("%v direct replies, want at least %d: the lone INCRs did not take the direct path", got, alone.Load())
+	}
+}
+
+// A client whose lone command has a reply far larger than its socket takes
+// at once, and which does not read, holds up no other client on the same
+// upstream connections: the pipe's reader hands the rest to a goroutine.
+// When the client reads at last, it gets the whole reply, then the reply
+// of a command it sent behind it.
+func TestDirectReplyToSlowReaderHoldsNoOneUp(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Upstream.Connections = 1 // everyone behind one reader
+	})
+	big := strings.Repeat("z", 4<<20)
+	if err := p.Redis.Client(t).Set(ctx, "direct:big", big, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := directReplies(p)
+	slow := newRawClient(dialSmallBuffer(t, p.Addr))
+	// MGET: not a single-key read, so not coalesced, so direct. 8 MB of
+	// reply against a 4 KB receive buffer.
+	if err := slow.send([]string{"MGET", "direct:big", "direct:big"}); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the reply is being written, then more behind it.
+	deadline := time.Now().Add(10 * time.Second)
+	for directReplies(p)-before < 1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if directReplies(p)-before < 1 {
+		t.Fatal("the MGET was not answered directly")
+	}
+	if err := slow.send([]string{"PING"}); err != nil {
+		t.Fatal(err)
+	}
+
+	good := p.Client(t)
+	for i := range 500 {
+		k, v := "direct:good:"+strconv.Itoa(i%7), strconv.Itoa(i)
+		if err := good.Set(ctx, k, v, 0).Err(); err != nil {
+			t.Fatalf("round %d: SET: %v", i, err)
+		}
+		if got, err := good.Get(ctx, k).Result(); err != nil || got != v {
+			t.Fatalf("round %d: GET %s = %q, %v; want %q", i, k, got, err, v)
+		}
+	}
+	if n := closedFor(p, metrics.CloseWriteTimeout) + closedFor(p, metrics.CloseOutputLimit); n != 0 {
+		t.Fatalf("%v clients closed while the slow one still had time to read", n)
+	}
+
+	want := "*2\r\n" + bulk(big) + bulk(big)
+	if got, err := slow.reply(); err != nil || got != want {
+		t.Fatalf("the slow client's MGET reply: %d bytes (%v), want %d", len(got), err, len(want))
+	}
+	if got, err := slow.reply(); err != nil || got != "+PONG\r\n" {
+		t.Fatalf("after the direct reply: %q (%v), want +PONG", got, err)
+	}
+}
+
+// A lone command whose reply exceeds the client's output limit closes that
+// client (output_limit) and only it, as when its session waits for the
+// reply.
+func TestDirectReplyOverOutputLimitClosesTheClient(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Server.ClientOutputLimit = units.ByteSize(1 << 20)
+	})
+	big := strings.Repeat("o", 700<<10)
+	if err := p.Redis.Client(t).Set(ctx, "direct:over", big, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := directReplies(p)
+	nc := p.Dial(t)
+	if err := newRawClient(nc).send([]string{"MGET", "direct:over", "direct:over"}); err != nil { // 1.4 MB
+		t.Fatal(err)
+	}
+	if !connClosed(nc) {
+		t.Fatal("the client over its output limit was not closed")
+	}
+	if directReplies(p)-before < 1 {
+		t.Fatal("the MGET was not sent as a direct reply")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for closedFor(p, metrics.CloseOutputLimit) < 1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := closedFor(p, metrics.CloseOutputLimit); n != 1 {
+		t.Fatalf("clients closed for output_limit = %v, want 1", n)
+	}
+	if got, err := p.Client(t).Get(ctx, "direct:over").Result(); err != nil || len(got) != len(big) {
+		t.Fatalf("another client's GET: %d bytes, %v", len(got), err)
+	}
+}
+
+// A client that hangs up while its lone command runs (a slow script) ends
+// cleanly: its session waits for the reply the pipe's reader fails to
+// write, and the connection count comes back down.
+func TestDirectReplyToClientThatLeft(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	before := directReplies(p)
+	connected := func() float64 { return testutil.ToFloat64(p.Metrics.ClientsConnected) }
+	base := connected()
+	for range 5 {
+		nc := p.Dial(t)
+		// About 100 ms of Lua, then the reply to a closed socket.
+		if err := newRawClient(nc).send([]string{"EVAL", "local t = redis.call('TIME'); local s = t[1] * 1000000 + t[2]; repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - s > 100000; return 'done'", "0"}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+		nc.Close()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for connected() > base && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := connected(); got != base {
+		t.Fatalf("%v clients still connected after all hung up, want %v", got, base)
+	}
+	if directReplies(p)-before < 5 {
+		t.Fatalf("%v of the 5 scripts were sent as direct replies", directReplies(p)-before)
+	}
+	if got, err := p.Client(t).Ping(ctx).Result(); err != nil || got != "PONG" {
+		t.Fatalf("PING after: %q, %v", got, err)
+	}
+}
