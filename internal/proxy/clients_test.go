@@ -55,13 +55,19 @@ func dialRaw(t *testing.T, addr string) *rawConn {
 // send writes commands as RESP multibulk requests in one write.
 func (c *rawConn) send(cmds ...[]string) {
 	c.t.Helper()
+	if err := c.write(cmds...); err != nil {
+		c.t.Fatalf("write: %v", err)
+	}
+}
+
+// write is send for goroutines other than the test's: it reports the error.
+func (c *rawConn) write(cmds ...[]string) error {
 	var b []byte
 	for _, cmd := range cmds {
 		b = resp.AppendCommandStrings(b, cmd...)
 	}
-	if _, err := c.nc.Write(b); err != nil {
-		c.t.Fatalf("write: %v", err)
-	}
+	_, err := c.nc.Write(b)
+	return err
 }
 
 // respError is an error reply.
@@ -72,13 +78,22 @@ type respError string
 // and the type byte of the reply and of every element nested in it.
 func (c *rawConn) readReply() (any, []byte) {
 	c.t.Helper()
-	c.nc.SetReadDeadline(time.Now().Add(5 * time.Second))
 	var types []byte
-	v, err := readValue(c.rd, &types)
+	v, err := c.next(&types)
 	if err != nil {
 		c.t.Fatalf("read reply: %v", err)
 	}
 	return v, types
+}
+
+// next is readReply for goroutines other than the test's: it reports the
+// error. types may be nil.
+func (c *rawConn) next(types *[]byte) (any, error) {
+	if types == nil {
+		types = new([]byte)
+	}
+	c.nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	return readValue(c.rd, types)
 }
 
 func (c *rawConn) do(cmd ...string) any {

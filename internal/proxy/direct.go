@@ -122,23 +122,21 @@ func (sess *Session) sendDirect(call *upstream.Call, m *metrics.Command, start, 
 func (d *directReply) done(c *upstream.Call) {
 	d.took = time.Since(d.start)
 	r, err := c.Reply(0)
-	switch {
-	case c.Overflowed() || errors.Is(err, upstream.ErrOutputLimit):
+	if err != nil || resp.IsError(r) {
 		d.metric.Errors.Inc()
-		d.metric.Latency.ObserveN(d.took.Seconds(), 1)
+	}
+	d.metric.Latency.ObserveN(d.took.Seconds(), 1)
+	if c.Overflowed() || errors.Is(err, upstream.ErrOutputLimit) {
 		d.overflow = true
 		d.sess.closeFor(metrics.CloseOutputLimit, "replies exceed server.client_output_limit", "limit_bytes", c.ReplyLimit())
 		d.cc.Close() // the session, blocked reading the client, ends
 		d.written <- struct{}{}
 		return
-	case err != nil:
+	}
+	if err != nil {
 		d.errBuf = redcon.AppendError(d.errBuf[:0], "ERR "+err.Error())
 		r = d.errBuf
-		d.metric.Errors.Inc()
-	case resp.IsError(r):
-		d.metric.Errors.Inc()
 	}
-	d.metric.Latency.ObserveN(d.took.Seconds(), 1)
 	if d.took >= d.sess.srv.slow.threshold {
 		// Logged here, before the client has the reply, as a batch the
 		// session waited for is. The session's db and the command cannot

@@ -3,9 +3,8 @@ package proxy_test
 import (
 	"bufio"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,68 +18,9 @@ import (
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/proxytest"
-	"github.com/redproxy/redproxy/internal/resp"
 )
 
 func directReplies(p *proxytest.Proxy) float64 { return testutil.ToFloat64(p.Metrics.DirectReplies) }
-
-// rawClient speaks RESP on a bare connection, so a test decides exactly
-// what is sent together and when replies are read. Its methods report
-// errors rather than failing the test, so that client goroutines can use
-// it; every read has a deadline, so a lost reply fails instead of hanging.
-type rawClient struct {
-	nc net.Conn
-	br *bufio.Reader
-}
-
-func newRawClient(nc net.Conn) *rawClient { return &rawClient{nc: nc, br: bufio.NewReader(nc)} }
-
-func (c *rawClient) send(cmds ...[]string) error {
-	var b []byte
-	for _, cmd := range cmds {
-		b = resp.AppendCommandStrings(b, cmd...)
-	}
-	_, err := c.nc.Write(b)
-	return err
-}
-
-// reply reads one reply whole and returns it as the bytes on the wire.
-func (c *rawClient) reply() (string, error) {
-	c.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
-	var sb strings.Builder
-	err := readReply(c.br, &sb)
-	return sb.String(), err
-}
-
-func readReply(br *bufio.Reader, sb *strings.Builder) error {
-	line, err := br.ReadString('\n')
-	if err != nil {
-		return err
-	}
-	sb.WriteString(line)
-	switch line[0] {
-	case '$':
-		n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
-		if n < 0 {
-			return nil
-		}
-		buf := make([]byte, n+2)
-		if _, err := io.ReadFull(br, buf); err != nil {
-			return err
-		}
-		sb.Write(buf)
-	case '*':
-		n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
-		for range max(n, 0) {
-			if err := readReply(br, sb); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-func bulk(s string) string { return "$" + strconv.Itoa(len(s)) + "\r\n" + s + "\r\n" }
 
 // Clients that mix lone commands (answered by the pipe's reader) with
 // pipelines sent before the lone command's reply was read get every reply
@@ -94,36 +34,35 @@ func TestDirectRepliesKeepEachClientsOrder(t *testing.T) {
 	var alone atomic.Int64 // lone INCRs nothing was sent behind before their reply
 	errs := make(chan error, clients)
 	for ci := range clients {
+		c := dialRaw(t, p.Addr) // here: it may fail the test
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := newRawClient(p.Dial(t))
 			key := fmt.Sprintf("direct:order:%d", ci)
 			rng := rand.New(rand.NewPCG(uint64(ci), 7))
 			var want int64
 			for r := range rounds {
 				// A lone INCR (direct), then without reading its reply
 				// sometimes a pipeline that reads and writes the key.
-				if err := c.send([]string{"INCR", key}); err != nil {
+				if err := c.write([]string{"INCR", key}); err != nil {
 					errs <- err
 					return
 				}
 				want++
-				expect := []string{":" + strconv.FormatInt(want, 10) + "\r\n"}
+				expect := []any{want}
 				if rng.IntN(2) == 1 {
 					alone.Add(1)
 				} else {
 					v := strconv.Itoa(r)
-					if err := c.send([]string{"GET", key}, []string{"SET", key + ":v", v}, []string{"GET", key + ":v"}, []string{"INCR", key}); err != nil {
+					if err := c.write([]string{"GET", key}, []string{"SET", key + ":v", v}, []string{"GET", key + ":v"}, []string{"INCR", key}); err != nil {
 						errs <- err
 						return
 					}
-					expect = append(expect, bulk(strconv.FormatInt(want, 10)), "+OK\r\n", bulk(v))
+					expect = append(expect, strconv.FormatInt(want, 10), "OK", v, want+1)
 					want++
-					expect = append(expect, ":"+strconv.FormatInt(want, 10)+"\r\n")
 				}
 				for i, e := range expect {
-					if got, err := c.reply(); err != nil || got != e {
+					if got, err := c.next(nil); err != nil || got != e {
 						errs <- fmt.Errorf("client %d round %d reply %d: got %q (%v), want %q", ci, r, i, got, err, e)
 						return
 					}
@@ -157,12 +96,11 @@ func TestDirectReplyToSlowReaderHoldsNoOneUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := directReplies(p)
-	slow := newRawClient(dialSmallBuffer(t, p.Addr))
+	slowConn := dialSmallBuffer(t, p.Addr)
+	slow := &rawConn{t: t, nc: slowConn, rd: bufio.NewReader(slowConn)}
 	// MGET: not a single-key read, so not coalesced, so direct. 8 MB of
 	// reply against a 4 KB receive buffer.
-	if err := slow.send([]string{"MGET", "direct:big", "direct:big"}); err != nil {
-		t.Fatal(err)
-	}
+	slow.send([]string{"MGET", "direct:big", "direct:big"})
 	// Wait until the reply is being written, then more behind it.
 	deadline := time.Now().Add(10 * time.Second)
 	for directReplies(p)-before < 1 && time.Now().Before(deadline) {
@@ -171,9 +109,7 @@ func TestDirectReplyToSlowReaderHoldsNoOneUp(t *testing.T) {
 	if directReplies(p)-before < 1 {
 		t.Fatal("the MGET was not answered directly")
 	}
-	if err := slow.send([]string{"PING"}); err != nil {
-		t.Fatal(err)
-	}
+	slow.send([]string{"PING"})
 
 	good := p.Client(t)
 	for i := range 500 {
@@ -189,12 +125,11 @@ func TestDirectReplyToSlowReaderHoldsNoOneUp(t *testing.T) {
 		t.Fatalf("%v clients closed while the slow one still had time to read", n)
 	}
 
-	want := "*2\r\n" + bulk(big) + bulk(big)
-	if got, err := slow.reply(); err != nil || got != want {
-		t.Fatalf("the slow client's MGET reply: %d bytes (%v), want %d", len(got), err, len(want))
+	if got, _ := slow.readReply(); !reflect.DeepEqual(got, []any{big, big}) {
+		t.Fatal("the slow client's MGET reply is not the two 4 MB values")
 	}
-	if got, err := slow.reply(); err != nil || got != "+PONG\r\n" {
-		t.Fatalf("after the direct reply: %q (%v), want +PONG", got, err)
+	if got, _ := slow.readReply(); got != "PONG" {
+		t.Fatalf("after the direct reply: %v, want PONG", got)
 	}
 }
 
@@ -210,11 +145,9 @@ func TestDirectReplyOverOutputLimitClosesTheClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := directReplies(p)
-	nc := p.Dial(t)
-	if err := newRawClient(nc).send([]string{"MGET", "direct:over", "direct:over"}); err != nil { // 1.4 MB
-		t.Fatal(err)
-	}
-	if !connClosed(nc) {
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"MGET", "direct:over", "direct:over"}) // 1.4 MB
+	if !connClosed(c.nc) {
 		t.Fatal("the client over its output limit was not closed")
 	}
 	if directReplies(p)-before < 1 {
@@ -241,13 +174,11 @@ func TestDirectReplyToClientThatLeft(t *testing.T) {
 	connected := func() float64 { return testutil.ToFloat64(p.Metrics.ClientsConnected) }
 	base := connected()
 	for range 5 {
-		nc := p.Dial(t)
+		c := dialRaw(t, p.Addr)
 		// About 100 ms of Lua, then the reply to a closed socket.
-		if err := newRawClient(nc).send([]string{"EVAL", "local t = redis.call('TIME'); local s = t[1] * 1000000 + t[2]; repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - s > 100000; return 'done'", "0"}); err != nil {
-			t.Fatal(err)
-		}
+		c.send([]string{"EVAL", "local t = redis.call('TIME'); local s = t[1] * 1000000 + t[2]; repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - s > 100000; return 'done'", "0"})
 		time.Sleep(10 * time.Millisecond)
-		nc.Close()
+		c.nc.Close()
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for connected() > base && time.Now().Before(deadline) {
