@@ -7,6 +7,7 @@ import (
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/namespace"
 	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
 	"github.com/tidwall/redcon"
 )
@@ -52,7 +53,15 @@ type directReply struct {
 	written  chan struct{} // one token per reply, once it is written or given up
 	onDone   func(*upstream.Call)
 	finishFn func()
+	// lead is stampede protection's fetch for a lone read that is sent
+	// as this direct reply (flightStep): ended by whoever has the reply,
+	// the reader (done) or, when the read did not go direct, flush.
+	lead stampede.Lead
 }
+
+// errLeadDropped ends a stampede lead whose read was never sent: its key's
+// next readers fetch for themselves.
+var errLeadDropped = errors.New("redproxy: read dropped before it was sent")
 
 // maxDirectCommand is the largest command sent as a direct reply: the
 // command is copied, which a saved wake-up pays for only when it is small.
@@ -61,16 +70,31 @@ const maxDirectCommand = 16 << 10
 // directable reports whether flush may send the batch's Call as a direct
 // reply (see directReply).
 func (sess *Session) directable() bool {
-	// A batch of one request has one flush, at its end: nothing of the
-	// batch is answered after the direct reply.
-	if len(sess.batchReqs) != 1 || len(sess.slots) != 1 || sess.call.Len() != 1 || len(sess.out) != 0 || len(sess.local) != 0 {
-		return false
-	}
-	if len(sess.call.Part(0)) > maxDirectCommand {
-		return false // not worth copying (sendDirect)
+	if sess.call.Len() != 1 || len(sess.slots) != 1 || len(sess.call.Part(0)) > maxDirectCommand {
+		return false // too big to be worth copying (sendDirect)
 	}
 	sl := &sess.slots[0]
 	if sl.kind != slotUpstream || sl.mute || sl.tx || sl.exec || sl.info || sl.held || sl.strip != namespace.StripNone {
+		return false
+	}
+	return sess.directSession()
+}
+
+// directLead reports whether the lone read r may lead a fetch of stampede
+// protection that goes as a direct reply: whether, once forwarded, the
+// batch will be directable.
+func (sess *Session) directLead(r *request) bool {
+	return sess.call.Len() == 0 && len(sess.slots) == 0 && len(r.Raw) <= maxDirectCommand && !sess.curMute &&
+		sess.curStrip == namespace.StripNone && sess.pin.pipe == nil && sess.srv.routes == nil && sess.srv.router == nil &&
+		sess.directSession()
+}
+
+// directSession holds the conditions of directable that are about the
+// session and its batch rather than the forwarded command.
+func (sess *Session) directSession() bool {
+	// A batch of one request has one flush, at its end: nothing of the
+	// batch is answered after the direct reply.
+	if len(sess.batchReqs) != 1 || len(sess.out) != 0 || len(sess.local) != 0 {
 		return false
 	}
 	if sess.resp3 || sess.ns.w != nil || sess.srv.replicas != nil || sess.pin.cluster || sess.outDead {
@@ -90,12 +114,7 @@ func (sess *Session) directable() bool {
 // false with the error on call when it could not be sent (flush answers
 // it then, as for any Call).
 func (sess *Session) sendDirect(call *upstream.Call, m *metrics.Command, start, sent time.Time) bool {
-	d := sess.direct
-	if d == nil {
-		d = &directReply{sess: sess, written: make(chan struct{}, 1)}
-		d.onDone, d.finishFn = d.done, d.finish
-		sess.direct = d
-	}
+	d := sess.directState()
 	d.cc = sess.nc.(*clientConn)
 	d.cmd = call.CopyParts(d.cmd[:0])
 	d.metric, d.start, d.sent = m, start, sent
@@ -116,12 +135,45 @@ func (sess *Session) sendDirect(call *upstream.Call, m *metrics.Command, start, 
 	return true
 }
 
+// directState returns the session's direct-reply state, made on first use.
+func (sess *Session) directState() *directReply {
+	d := sess.direct
+	if d == nil {
+		d = &directReply{sess: sess, written: make(chan struct{}, 1)}
+		d.onDone, d.finishFn = d.done, d.finish
+		sess.direct = d
+	}
+	return d
+}
+
+// endLead ends the lead of a read that did not go direct, with call's
+// reply once it is in, or with err when the read was never sent.
+func (sess *Session) endLead(call *upstream.Call, err error) {
+	d := sess.direct
+	// d.call first: while a direct reply is in flight, the lead is the
+	// reader's.
+	if d == nil || d.call != nil || !d.lead.Active() {
+		return
+	}
+	var r []byte
+	if err == nil {
+		r, err = call.Reply(0)
+	}
+	d.lead.End(r, err)
+	d.lead = stampede.Lead{}
+}
+
 // done runs on the pipe's reader as the Call completes: it accounts for
 // the reply and writes it, or hands the rest to finish when the client's
 // socket is full.
 func (d *directReply) done(c *upstream.Call) {
 	d.took = time.Since(d.start)
 	r, err := c.Reply(0)
+	if d.lead.Active() {
+		// Reads of the key that came meanwhile may fetch now.
+		d.lead.End(r, err)
+		d.lead = stampede.Lead{}
+	}
 	if err != nil || resp.IsError(r) {
 		d.metric.Errors.Inc()
 	}

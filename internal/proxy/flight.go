@@ -75,6 +75,15 @@ func (sess *Session) flightStep(r *request) bool {
 	if sess.replicaCandidate(r) {
 		return false // a replica may answer it (replicas.go); fetches go to the primary
 	}
+	if sess.directLead(r) {
+		if l, ok := fs.Begin(r.cmd, r.Args, r.Raw, sess.db, sess.resp3); ok {
+			// The read leads its fetch, forwarded as a direct reply: the
+			// pipe's reader ends the lead as it writes the reply
+			// (direct.go), and this goroutine goes back to reading.
+			sess.directState().lead = l
+			return false
+		}
+	}
 	// The reply lands in the batch's local replies without a copy of its own.
 	buf, start := sess.localBuf()
 	out, handled, err := fs.Read(r.cmd, r.Args, r.Raw, sess.db, sess.resp3, sess.id, buf)

@@ -266,6 +266,7 @@ func (sess *Session) run() (parked bool) {
 	defer func() {
 		if !parked {
 			sess.waitDirect()
+			sess.endLead(nil, errLeadDropped) // a panic between the read's Begin and its flush
 		}
 	}()
 	idle := sess.park.idle
@@ -350,6 +351,7 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 		sess.dispatch(i, &reqs[i])
 	}
 	sess.flush(start)
+	sess.endLead(nil, errLeadDropped) // never: flush sent it
 	if took := time.Since(start); took >= sess.srv.slow.threshold && !sess.slowExempt && !sess.directInFlight() {
 		sess.noteSlow(reqs, start, took, sess.upstreamWait)
 	}
@@ -549,6 +551,7 @@ func (sess *Session) flush(start time.Time) {
 			sess.slots = sess.slots[:0]
 			return
 		}
+		sess.endLead(call, nil) // a lone read that leads a fetch but did not go direct
 		now = time.Now()
 		sess.upstreamWait += now.Sub(sent)
 		if call.Overflowed() {

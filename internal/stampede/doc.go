@@ -23,6 +23,14 @@
 // The fetch runs independently of the caller that leads it, so a leader whose
 // client disconnects does not fail its waiters.
 //
+// A read with no fetch of its key in flight or collecting may instead lead
+// one that its caller sends itself (Protection.Begin, a Lead): the proxy
+// sends the read on the client's own upstream Call, and whoever completes
+// that Call ends the Lead (Lead.End), which lets the fetch collecting
+// behind it go. No one joins a Lead, which is a fetch in flight from the
+// start, so the rule above holds unchanged; what it saves is the leader's
+// goroutine waiting for the reply (the proxy's direct replies).
+//
 // The proxy coalesces a read only when it is the only command in its
 // client's batch. A coalesced read executes at the fetch's time, possibly on
 // another upstream connection than the rest of the client's commands; if the

@@ -218,34 +218,7 @@ func (g *Group) run(key []byte, e *entry, c *fetchCall, fetch func() ([]byte, er
 		if !finished {
 			reply, err = nil, ErrFetchPanicked
 		}
-		g.mu.Lock()
-		// Joins happen under g.mu (and, but for the unsafe test mode,
-		// only to a fetch not yet sent), so c.waiters is final here.
-		if c.waiters > 0 {
-			c.reply, c.err = bytes.Clone(reply), err
-		}
-		if e.inflight == c {
-			e.inflight = nil
-		}
-		if e.inflight != nil || e.next != nil {
-			g.mu.Unlock()
-			c.done.Done()
-			return
-		}
-		g.remove(e)
-		if c != &e.first || c.waiters > 0 || !finished || len(g.free) >= maxFreeEntries || cap(e.key) > maxFreeKeyBytes {
-			g.mu.Unlock()
-			c.done.Done()
-			return
-		}
-		// A lone read's entry: out of the map and waited on by no one,
-		// so no other goroutine can reach it; the leader's result is
-		// already in reply and err. Done before it is free, so that the
-		// next reader's Add cannot meet this Done.
-		c.done.Done()
-		e.inflight, e.chain, c.reply, c.err = nil, nil, nil, nil
-		g.free = append(g.free, e)
-		g.mu.Unlock()
+		g.end(e, c, reply, err, finished)
 	}()
 	reply, err = fetch()
 	if h := hooks.Load(); h != nil && h.afterFetch != nil {
@@ -253,6 +226,82 @@ func (g *Group) run(key []byte, e *entry, c *fetchCall, fetch func() ([]byte, er
 	}
 	finished = true
 	return reply, err
+}
+
+// end records the result of fetch c of entry e, wakes its waiters and the
+// fetch collecting behind it, and frees e when nothing else uses it.
+func (g *Group) end(e *entry, c *fetchCall, reply []byte, err error, finished bool) {
+	g.mu.Lock()
+	// Joins happen under g.mu (and, but for the unsafe test mode, only to
+	// a fetch not yet sent), so c.waiters is final here.
+	if c.waiters > 0 {
+		c.reply, c.err = bytes.Clone(reply), err
+	}
+	if e.inflight == c {
+		e.inflight = nil
+	}
+	if e.inflight != nil || e.next != nil {
+		g.mu.Unlock()
+		c.done.Done()
+		return
+	}
+	g.remove(e)
+	if c != &e.first || c.waiters > 0 || !finished || len(g.free) >= maxFreeEntries || cap(e.key) > maxFreeKeyBytes {
+		g.mu.Unlock()
+		c.done.Done()
+		return
+	}
+	// A lone read's entry: out of the map and waited on by no one, so no
+	// other goroutine can reach it; the leader's result is already with
+	// the leader. Done before it is free, so that the next reader's Add
+	// cannot meet this Done.
+	c.done.Done()
+	e.inflight, e.chain, c.reply, c.err = nil, nil, nil, nil
+	g.free = append(g.free, e)
+	g.mu.Unlock()
+}
+
+// Lead is a fetch that its leader sends itself rather than through a
+// function Do runs: a lone read whose reply is written to its client by
+// whoever completes the request (the proxy's direct replies), so that the
+// leader's goroutine need not wait for it. The zero Lead leads nothing.
+// Every Lead that Begin returns must be ended with End exactly once, after
+// the request's reply is in (or it failed): until then reads of the key
+// collect behind it.
+type Lead struct {
+	g *Group
+	e *entry
+	c *fetchCall
+}
+
+// Active reports whether l is a fetch yet to be ended.
+func (l Lead) Active() bool { return l.g != nil }
+
+// End ends l with the request's reply or error (reply is copied only if a
+// caller joined it). A fetch collecting behind l is sent after this.
+func (l Lead) End(reply []byte, err error) { l.g.end(l.e, l.c, reply, err, true) }
+
+// begin makes the caller the leader of a fetch of key that it sends
+// itself, when key has no fetch in flight or collecting (a read that would
+// have to wait first cannot be sent now); otherwise ok is false and the
+// caller uses do. As with do, the fetch must be sent after begin returns.
+func (g *Group) begin(key []byte, m *Metrics) (l Lead, ok bool) {
+	if g.unsafe {
+		return Lead{}, false // the unsafe test mode joins fetches in flight: do's path
+	}
+	h := maphash.Bytes(g.seed, key)
+	g.mu.Lock()
+	if g.lookup(h, key) != nil {
+		g.mu.Unlock()
+		return Lead{}, false
+	}
+	e := g.insert(h, key)
+	c := &e.first
+	c.done.Add(1)
+	e.inflight = c
+	g.mu.Unlock()
+	m.read()
+	return Lead{g: g, e: e, c: c}, true
 }
 
 // testHooks let tests in this and other packages (through export_test.go)

@@ -164,6 +164,69 @@ func TestJoinRule(t *testing.T) {
 	}
 }
 
+// A Lead (a fetch its leader sends itself, ended from elsewhere) keeps the
+// join rule: reads that arrive while it is in flight collect behind it and
+// share one fetch, sent only once the Lead has ended; no one gets the
+// Lead's reply, or its error; a key with a fetch of any kind cannot be led.
+func TestLeadCollectsReadsBehindIt(t *testing.T) {
+	m := NewMetrics(nil)
+	g := NewGroup(Options{Metrics: m})
+	l, ok := g.begin([]byte("k"), m)
+	if !ok || !l.Active() {
+		t.Fatal("begin refused a key with no fetch")
+	}
+	if _, ok := g.begin([]byte("k"), m); ok {
+		t.Fatal("begin led a key whose fetch is in flight")
+	}
+	var fetches atomic.Int32
+	f := func() ([]byte, error) { fetches.Add(1); return []byte("after"), nil }
+	b := doAsync(g, "k", f)
+	redistest.Eventually(t, 5*time.Second, func() bool { _, next, _, _ := g.state("k"); return next }, "B never became the next leader")
+	c := doAsync(g, "k", f)
+	redistest.Eventually(t, 5*time.Second, func() bool { _, _, _, w := g.state("k"); return w == 1 }, "C never joined the next fetch")
+	if _, ok := g.begin([]byte("k"), m); ok {
+		t.Fatal("begin led a key with a fetch collecting")
+	}
+	if n := fetches.Load(); n != 0 {
+		t.Fatalf("%d fetches sent while the Lead was in flight", n)
+	}
+	l.End([]byte("before"), errors.New("the lead's own error"))
+	for name, ch := range map[string]chan result{"B": b, "C": c} {
+		if r := <-ch; r.reply != "after" || r.err != nil {
+			t.Fatalf("%s = %+v, want the fetch sent after the Lead ended", name, r)
+		}
+	}
+	if n := fetches.Load(); n != 1 {
+		t.Fatalf("%d fetches behind the Lead, want 1", n)
+	}
+	if g.size() != 0 {
+		t.Fatal("the group keeps state after its fetches returned")
+	}
+	if counter(m.Coalesced) != 3 || counter(m.FetchesSaved) != 1 {
+		t.Fatalf("metrics: coalesced %v saved %v, want 3 and 1", counter(m.Coalesced), counter(m.FetchesSaved))
+	}
+	// A lone Lead's entry is reused, as a lone Do's is.
+	for range 3 {
+		l, ok := g.begin([]byte("k"), m)
+		if !ok {
+			t.Fatal("begin refused a key whose fetches all returned")
+		}
+		l.End([]byte("v"), nil)
+	}
+	if g.size() != 0 || len(g.free) != 1 {
+		t.Fatalf("after lone Leads: %d keys, %d free entries, want 0 and 1", g.size(), len(g.free))
+	}
+}
+
+// The unsafe test mode (joins to fetches in flight) never leads: its
+// checks run on Do's path.
+func TestNoLeadInUnsafeMode(t *testing.T) {
+	g := NewGroup(Options{unsafeJoinInFlight: true})
+	if _, ok := g.begin([]byte("k"), nil); ok {
+		t.Fatal("begin led in the unsafe mode")
+	}
+}
+
 // Under heavy concurrency every reply comes from a fetch that started after
 // its caller called Do, and at most one fetch per key runs at a time.
 func TestEveryReplyStartedAfterItsCall(t *testing.T) {

@@ -120,6 +120,34 @@ func (p *Protection) Read(cmd *commands.Command, args [][]byte, raw []byte, db i
 	return out, true, err // read returns no bytes with an error
 }
 
+// Begin makes a read the leader of a fetch that the caller sends itself,
+// with the same contract as Read about which reads may come here; the
+// caller must send the read after Begin returns and end the Lead when its
+// reply is in (Lead.End). Reads of the same key that arrive meanwhile
+// collect behind it, as behind any fetch. ok is false where Read must be
+// used instead: the read is not coalescable or not coalesced, a hold or
+// early refresh rule matches its key, test hooks hold fetches, or a fetch
+// of the same read is in flight or collecting already.
+func (p *Protection) Begin(cmd *commands.Command, args [][]byte, raw []byte, db int, resp3 bool) (l Lead, ok bool) {
+	if !p.coalesce || !p.eligible[cmd] {
+		return Lead{}, false
+	}
+	var kb [2]int
+	keys := cmd.Keys(args, kb[:0])
+	if len(keys) != 1 {
+		return Lead{}, false
+	}
+	key := args[keys[0]]
+	if p.misses != nil && cmd.Name == "get" && len(args) == 2 && p.misses.Match(key).Any() {
+		return Lead{}, false // as in Read: the rules apply to GET alone
+	}
+	if h := hooks.Load(); h != nil && h.afterFetch != nil {
+		return Lead{}, false // the hook runs on the leader's goroutine: Read's path
+	}
+	var fk [flightKeyBuf]byte
+	return p.group.begin(appendFlightKey(fk[:0], 'r', db, resp3, raw), p.metrics.forKey(key))
+}
+
 // flightKeyBuf is room on the stack for the flight key of a typical read.
 const flightKeyBuf = 128
 

@@ -49,6 +49,7 @@ const (
 	mHeld         = "redproxy_stampede_held_reads_total"
 	mHoldTimeouts = "redproxy_stampede_hold_timeouts_total"
 	mEarly        = "redproxy_stampede_early_refreshes_total"
+	mDirect       = "redproxy_direct_replies_total"
 )
 
 // cmdCalls is the upstream's INFO commandstats call count for cmd.
@@ -192,9 +193,37 @@ func isTimeout(err error) bool {
 // A client that got OK for SET k N never reads a value older than N
 // afterwards, while 50 other clients hammer GET k and coalesce.
 func TestReadYourWritesUnderCoalescing(t *testing.T) {
-	p := proxytest.Start(t, nil, nil)
-	cs := conns(t, p, 51)
+	forProtocols(t, testReadYourWritesUnderCoalescing)
+}
+
+// forProtocols runs test with clients speaking RESP2 and RESP3: in RESP2 a
+// lone read's fetch is sent as a direct reply (the proxy's direct.go,
+// stampede.Lead), in RESP3 through Protection.Read; test gets the
+// direct-reply count for the check that the path it tests was taken.
+func forProtocols(t *testing.T, test func(t *testing.T, p *proxytest.Proxy, proto int)) {
+	for _, proto := range []int{2, 3} {
+		t.Run(fmt.Sprintf("RESP%d", proto), func(t *testing.T) { test(t, proxytest.Start(t, nil, nil), proto) })
+	}
+}
+
+// checkDirect fails a RESP2 test whose reads never led a fetch as a direct
+// reply (more direct replies than the test's writes, which go direct too),
+// and a RESP3 one where anything did: either way the test would not cover
+// the path it names.
+func checkDirect(t *testing.T, proto int, direct float64, writes int) {
+	t.Helper()
+	if proto == 2 && direct <= float64(writes) {
+		t.Fatalf("%v direct replies for %d writes: no read led its fetch as a direct reply; the test misses stampede.Lead", direct, writes)
+	}
+	if proto == 3 && direct != 0 {
+		t.Fatalf("%v direct replies in RESP3, which never goes direct", direct)
+	}
+}
+
+func testReadYourWritesUnderCoalescing(t *testing.T, p *proxytest.Proxy, proto int) {
+	cs := conns(t, p, 51, func(o *redis.Options) { o.Protocol = proto })
 	writer, readers := cs[0], cs[1:]
+	directBefore := metric(t, p, mDirect) // the connections' PINGs went direct
 	if err := writer.Set(ctx, "k", 0, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -235,6 +264,7 @@ func TestReadYourWritesUnderCoalescing(t *testing.T) {
 	if saved := metric(t, p, mSaved) - savedBefore; saved == 0 {
 		t.Fatal("no read was coalesced; the test proves nothing")
 	}
+	checkDirect(t, proto, metric(t, p, mDirect)-directBefore, 501)
 }
 
 // kvOp is one GET, SET or DEL of the recorded histories.
@@ -331,13 +361,17 @@ func (r *recorder) do(t testing.TB, c *redis.Conn, client int, in kvOp) {
 // Random GET/SET/DEL histories on a few keys, through the proxy with
 // coalescing on, are linearizable.
 func TestLinearizableWithCoalescing(t *testing.T) {
-	p := proxytest.Start(t, nil, nil)
+	forProtocols(t, testLinearizableWithCoalescing)
+}
+
+func testLinearizableWithCoalescing(t *testing.T, p *proxytest.Proxy, proto int) {
 	const clients, opsEach = 16, 250
-	cs := conns(t, p, clients)
+	cs := conns(t, p, clients, func(o *redis.Options) { o.Protocol = proto })
 	keys := []string{"a", "b", "c"}
 	rec := &recorder{base: time.Now()}
-	savedBefore := metric(t, p, mSaved)
+	savedBefore, directBefore := metric(t, p, mSaved), metric(t, p, mDirect)
 	var wg sync.WaitGroup
+	var writes atomic.Int64
 	for i, c := range cs {
 		wg.Add(1)
 		go func() {
@@ -350,6 +384,9 @@ func TestLinearizableWithCoalescing(t *testing.T) {
 					in.kind, in.val = "set", fmt.Sprintf("%d-%d", i, j)
 				case x < 25:
 					in.kind = "del"
+				}
+				if in.kind != "get" {
+					writes.Add(1)
 				}
 				rec.do(t, c, i, in)
 			}
@@ -364,6 +401,7 @@ func TestLinearizableWithCoalescing(t *testing.T) {
 	if res := porcupine.CheckOperationsTimeout(kvModel, rec.ops, 30*time.Second); res != porcupine.Ok {
 		t.Fatalf("history of %d operations is %s", len(rec.ops), res)
 	}
+	checkDirect(t, proto, metric(t, p, mDirect)-directBefore, int(writes.Load()))
 }
 
 // The same check fails when the join rule is broken on purpose: a reader
