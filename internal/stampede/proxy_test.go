@@ -724,3 +724,70 @@ func TestEarlyRefreshThroughProxy(t *testing.T) {
 		t.Fatalf("%d misses and %v early refreshes over %d periods, want about one per period", misses.Load(), early, periods)
 	}
 }
+
+// Redis dies while a lone GET leads its fetch as a direct reply and ten
+// reads of the same key wait behind it (one leading the next fetch, nine
+// joined to it). Every client gets an answer, and once Redis is back the
+// key is not stuck: a new read of it leads its own fetch again.
+func TestLeadLostWithRedis(t *testing.T) {
+	rs := redistest.Start(t)
+	p := proxytest.Start(t, rs, nil)
+	if err := rs.Client(t).Set(ctx, "lost", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	type client struct {
+		nc net.Conn
+		br *bufio.Reader
+	}
+	dial := func() client {
+		nc := p.Dial(t)
+		return client{nc, bufio.NewReader(nc)}
+	}
+	const get = "*2\r\n$3\r\nGET\r\n$4\r\nlost\r\n"
+	answers := make(chan string, 11)
+	send := func(c client) {
+		if _, err := c.nc.Write([]byte(get)); err != nil {
+			t.Error(err)
+		}
+		go func() {
+			c.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			line, err := c.br.ReadString('\n')
+			if err != nil {
+				line = "no answer: " + err.Error()
+			}
+			answers <- line
+		}()
+	}
+	leader, behind := dial(), make([]client, 10)
+	for i := range behind {
+		behind[i] = dial()
+	}
+	coalesced, saved, direct := metric(t, p, mCoalesced), metric(t, p, mSaved), metric(t, p, mDirect)
+	rs.Freeze(t)
+	send(leader)
+	redistest.Eventually(t, 5*time.Second, func() bool { return metric(t, p, mDirect)-direct == 1 }, "the first GET never went as a direct reply")
+	send(behind[0])
+	redistest.Eventually(t, 5*time.Second, func() bool { return metric(t, p, mCoalesced)-coalesced == 2 }, "the second GET never reached the group")
+	for _, c := range behind[1:] {
+		send(c)
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool { return metric(t, p, mSaved)-saved == 9 }, "the nine GETs never joined the next fetch")
+	rs.Kill(t)
+	for range 11 {
+		// An error (the connection to Redis was lost) or the value, if the
+		// fetch behind was sent after a reconnect: never silence.
+		if a := <-answers; !strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "$") {
+			t.Fatalf("a GET of a lost fetch answered %q", a)
+		}
+	}
+	rs.Restart(t)
+	redistest.Eventually(t, 10*time.Second, p.Ready, "the proxy never reconnected")
+	direct = metric(t, p, mDirect)
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		send(dial())
+		return <-answers == "$-1\r\n" // Redis came back empty
+	}, "GET never answered after Redis came back")
+	if metric(t, p, mDirect) == direct {
+		t.Fatal("a GET of the key no longer leads its fetch: the group kept it")
+	}
+}
