@@ -231,12 +231,17 @@ func (c *clientConn) Write(b []byte) (int, error) {
 	return written, nil
 }
 
-// RemoteAddr is the client's address, also while its socket is detached.
+// RemoteAddr is the client's address, also while its socket is detached;
+// never nil (an empty address for a socket whose peer is gone), because
+// CLIENT LIST, the slow log and the logs name every client.
 func (c *clientConn) RemoteAddr() net.Addr {
 	if c.Conn == nil {
 		return socketAddr(c.parked.fd, syscall.Getpeername)
 	}
-	return c.Conn.RemoteAddr()
+	if a := c.Conn.RemoteAddr(); a != nil {
+		return a
+	}
+	return &net.TCPAddr{}
 }
 
 // LocalAddr is the proxy's end, also while the socket is detached.

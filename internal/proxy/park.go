@@ -416,6 +416,13 @@ func (sess *Session) reattach() {
 	}
 	f := os.NewFile(uintptr(cc.parked.fd), "")
 	nc, err := net.FileConn(f) // a duplicate of f's descriptor
+	if err == nil && nc.RemoteAddr() == nil {
+		// The client reset its connection while parked: the socket has no
+		// peer, which net.FileConn does not treat as an error but leaves
+		// RemoteAddr nil, and everything that names the client would fail.
+		nc.Close()
+		err = syscall.ENOTCONN
+	}
 	if errors.Is(err, syscall.ENOTCONN) {
 		err = io.EOF // the client reset its connection while parked
 	} else if err != nil {

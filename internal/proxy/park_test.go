@@ -191,6 +191,32 @@ func TestParkedClientHangsUp(t *testing.T) {
 		"goroutines = %d after the parked client left, want <= %d", runtime.NumGoroutine(), base)
 }
 
+// A parked client that resets its connection (RST rather than FIN) leaves
+// a socket with no peer: resuming it must end only that client. It used to
+// take the whole proxy down: net.FileConn gave a connection whose
+// RemoteAddr was nil, and logging the session's end panicked outside the
+// session's recover.
+func TestParkedClientResetsConnection(t *testing.T) {
+	p := parkingProxy(t, nil)
+	for range 3 {
+		nc, err := p.DialErr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rawDo(t, nc, "PING")
+		waitParked(t, p, 1)
+		if err := nc.(*net.TCPConn).SetLinger(0); err != nil {
+			t.Fatal(err)
+		}
+		nc.Close() // a reset
+		waitParked(t, p, 0)
+		waitClients(t, p, 0)
+	}
+	waitCloses(t, p, map[string]float64{metrics.CloseClient: 3})
+	other := p.Dial(t)
+	rawDo(t, other, "PING") // the proxy is still up
+}
+
 // server.idle_timeout closes a parked client when it is due.
 func TestParkedClientIdleTimeout(t *testing.T) {
 	p := parkingProxy(t, func(c *config.Config) {

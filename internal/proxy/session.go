@@ -229,9 +229,18 @@ func (sess *Session) serve() {
 // clean-ups run.
 func (sess *Session) run() (parked bool) {
 	defer func() {
-		if !parked {
-			sess.ended()
+		if parked {
+			return
 		}
+		// Outside the recover below, which records a panic's reason for
+		// ended to count: a bug in ending a session must not take the
+		// proxy down either.
+		defer func() {
+			if r := recover(); r != nil {
+				sess.srv.log.Error("BUG: panic while ending a client session", "client_id", sess.id, "panic", r, "stack", string(debug.Stack()))
+			}
+		}()
+		sess.ended()
 	}()
 	defer func() {
 		if parked {

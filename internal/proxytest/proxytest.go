@@ -4,7 +4,6 @@ package proxytest
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"net"
 	"testing"
@@ -65,7 +64,9 @@ func StartUnready(t testing.TB, rs *redistest.Server, mutate func(*config.Config
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("proxytest: invalid config: %v", err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// Every level enabled even when nothing is shown, so that what the
+	// proxy does only to log at debug level runs in every test too.
+	log := slog.New(allDiscarded{})
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
@@ -127,3 +128,12 @@ func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(string(b))
 	return len(b), nil
 }
+
+// allDiscarded is a slog.Handler enabled at every level that drops every
+// record without formatting it.
+type allDiscarded struct{}
+
+func (allDiscarded) Enabled(context.Context, slog.Level) bool  { return true }
+func (allDiscarded) Handle(context.Context, slog.Record) error { return nil }
+func (h allDiscarded) WithAttrs([]slog.Attr) slog.Handler      { return h }
+func (h allDiscarded) WithGroup(string) slog.Handler           { return h }
