@@ -194,3 +194,116 @@ func TestDirectReplyToClientThatLeft(t *testing.T) {
 		t.Fatalf("PING after: %q, %v", got, err)
 	}
 }
+
+// Lone GETs lead their fetches as direct replies while clients hang up
+// with a GET in flight, overflow the output limit, mute replies (CLIENT
+// REPLY OFF), pipeline, send back to back and park: afterwards every key
+// still answers at once, in RESP2 (a lead of its own) and RESP3 (through
+// the group). A lead left un-ended would block its key's next readers
+// forever.
+func TestLeadsNeverBlockAKey(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Server.ClientOutputLimit = units.ByteSize(512 << 10)
+		c.Server.IdleParkAfter = units.Duration{Duration: 20 * time.Millisecond}
+		c.Upstream.Connections = 2
+	})
+	rc := p.Redis.Client(t)
+	keys := []string{"lead:a", "lead:b", "lead:c"}
+	for _, k := range keys {
+		if err := rc.Set(ctx, k, "v"+k, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rc.Set(ctx, "lead:big", strings.Repeat("x", 700<<10), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := directReplies(p)
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for ci := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(ci), 11))
+			for range 40 {
+				nc, err := p.DialErr()
+				if err != nil {
+					errs <- err
+					return
+				}
+				c := &rawConn{t: t, nc: nc, rd: bufio.NewReader(nc)}
+				if err := leadChurn(c, rng, keys); err != nil {
+					nc.Close()
+					errs <- err
+					return
+				}
+				nc.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if directReplies(p) == before {
+		t.Fatal("no GET went as a direct reply: the test misses leads")
+	}
+	for _, k := range keys {
+		c := dialRaw(t, p.Addr)
+		if v := c.do("GET", k); v != "v"+k {
+			t.Fatalf("RESP2 GET %s after the churn = %v", k, v)
+		}
+		if v, err := p.Client(t).Get(ctx, k).Result(); err != nil || v != "v"+k {
+			t.Fatalf("RESP3 GET %s after the churn = %q, %v", k, v, err)
+		}
+	}
+}
+
+// leadChurn runs up to 20 random operations of TestLeadsNeverBlockAKey on
+// c, and stops early where the operation leaves the connection unusable.
+func leadChurn(c *rawConn, rng *rand.Rand, keys []string) error {
+	for range 20 {
+		k := keys[rng.IntN(len(keys))]
+		switch x := rng.IntN(100); {
+		case x < 50:
+			if err := c.write([]string{"GET", k}); err != nil {
+				return err
+			}
+			if v, err := c.next(nil); err != nil || v != "v"+k {
+				return fmt.Errorf("GET %s = %v, %v", k, v, err)
+			}
+		case x < 55: // hang up with a GET in flight
+			c.write([]string{"GET", k})
+			return nil
+		case x < 60: // a reply over the output limit: the client is closed
+			c.write([]string{"GET", "lead:big"})
+			return nil
+		case x < 70:
+			c.write([]string{"CLIENT", "REPLY", "OFF"}, []string{"GET", k})
+			time.Sleep(time.Millisecond)
+			c.write([]string{"CLIENT", "REPLY", "ON"})
+			if v, err := c.next(nil); err != nil || v != "OK" {
+				return fmt.Errorf("CLIENT REPLY ON = %v, %v", v, err)
+			}
+		case x < 80:
+			c.write([]string{"GET", k}, []string{"GET", k})
+			for range 2 {
+				if v, err := c.next(nil); err != nil || v != "v"+k {
+					return fmt.Errorf("pipelined GET %s = %v, %v", k, v, err)
+				}
+			}
+		case x < 85:
+			time.Sleep(30 * time.Millisecond) // long enough to park
+		default: // the second GET may arrive while the first is in flight
+			c.write([]string{"GET", k})
+			c.write([]string{"GET", k})
+			for range 2 {
+				if v, err := c.next(nil); err != nil || v != "v"+k {
+					return fmt.Errorf("back-to-back GET %s = %v, %v", k, v, err)
+				}
+			}
+		}
+	}
+	return nil
+}
