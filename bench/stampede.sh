@@ -18,6 +18,7 @@ SDURATION=${SDURATION:-10s}   # per run
 STTL=${STTL:-1s}              # TTL the clients give the key
 SFILL=${SFILL:-50ms}          # one database query
 STHINK=${STHINK:-10ms}        # pause between a client's requests
+SRESP=${SRESP:-3}             # protocol the clients speak (2 or 3)
 CPU_REDIS=${CPU_REDIS:-0}
 CPU_CLIENT=${CPU_CLIENT:-0}
 CPU_PROXY=${CPU_PROXY:-1}
@@ -126,7 +127,7 @@ run_mode() {
 	PIDS+=("$pid")
 	wait_pong "$port" "$pid" || { cat "$TMP/redproxy-$mode-$round.log" >&2; die "redproxy ($mode) did not start"; }
 	line=$(taskset -c "$CPU_CLIENT" "$TMP/bin/stampedetool" -addr "127.0.0.1:$port" -redis "127.0.0.1:$REDIS_PORT" \
-		-clients "$SCLIENTS" -duration "$SDURATION" -ttl "$STTL" -fill "$SFILL" -think "$STHINK") ||
+		-clients "$SCLIENTS" -duration "$SDURATION" -ttl "$STTL" -fill "$SFILL" -think "$STHINK" -resp "$SRESP") ||
 		die "stampedetool failed against redproxy ($mode)"
 	stop_pid "$pid"
 	unset "PIDS[${#PIDS[@]}-1]"
@@ -151,7 +152,7 @@ for m in "${MODES[@]}"; do labels+="$m=${MODE_LABEL[$m]};"; done
 	echo "- Date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 	echo "- Machine: $(nproc) CPUs, $(lscpu 2>/dev/null | awk -F: '/^Model name/ {gsub(/^ +/, "", $2); print $2; exit}'), $(uname -sr)"
 	echo "- Versions: $(redis-server --version | awk '{print $1, $2, $3}'), redproxy $(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown), $(go version | awk '{print $3}')"
-	echo "- Load: $SCLIENTS clients (one connection each) read one key cache-aside for $SDURATION per run; on a miss a client queries the database ($SFILL) and SETs the key with a $STTL TTL; $STHINK between a client's requests; $ROUNDS round(s), medians"
+	echo "- Load: $SCLIENTS clients (one connection each) read one key cache-aside for $SDURATION per run; on a miss a client queries the database ($SFILL) and SETs the key with a $STTL TTL; $STHINK between a client's requests; clients speak RESP$SRESP; $ROUNDS round(s), medians"
 	echo "- Layout (taskset CPU lists): redis-server $CPU_REDIS, clients $CPU_CLIENT, redproxy $CPU_PROXY (GOMAXPROCS=$REDPROXY_GOMAXPROCS)"
 	echo
 	awk -F'\t' -v order="${MODES[*]}" -v labels="$labels" '
