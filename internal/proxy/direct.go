@@ -149,6 +149,9 @@ func (sess *Session) directState() *directReply {
 // endLead ends the lead of a read that did not go direct, with call's
 // reply once it is in, or with err when the read was never sent.
 func (sess *Session) endLead(call *upstream.Call, err error) {
+	if sess.sessionBatch == nil {
+		return // parked: no batch, so no lead (as in directInFlight)
+	}
 	d := sess.direct
 	// d.call first: while a direct reply is in flight, the lead is the
 	// reader's.
