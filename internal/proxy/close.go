@@ -29,20 +29,11 @@ func (sess *Session) logger() *slog.Logger {
 	if l := sess.log.Load(); l != nil {
 		return l
 	}
-	l := sess.srv.log.With("client_id", sess.id, "client_addr", addrString(sess.nc.RemoteAddr()))
+	l := sess.srv.log.With("client_id", sess.id, "client_addr", sess.nc.RemoteAddr().String())
 	if !sess.log.CompareAndSwap(nil, l) {
 		return sess.log.Load()
 	}
 	return l
-}
-
-// addrString is a's String, or "" for no address: a net.Conn may report
-// none (a socket whose peer is gone), and naming a client must not fail.
-func addrString(a net.Addr) string {
-	if a == nil {
-		return ""
-	}
-	return a.String()
 }
 
 // closing records why the session ends, unless a reason is recorded

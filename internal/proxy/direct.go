@@ -223,13 +223,18 @@ func (d *directReply) finish() {
 }
 
 // waitDirect waits until the direct reply in flight, if any, is written,
-// and finishes it on the session's side: what the session keeps from a
-// reply (its size for the output estimate) and the end of a
-// client whose write failed or overflowed.
+// and finishes it on the session's side. Small enough to inline, so the
+// session's paths call it without a check of their own.
 func (sess *Session) waitDirect() {
-	if !sess.directInFlight() {
-		return
+	if sess.directInFlight() {
+		sess.finishDirect()
 	}
+}
+
+// finishDirect is waitDirect's wait: it keeps what the session keeps from
+// a reply (its size for the output estimate), or ends a client whose write
+// failed or overflowed.
+func (sess *Session) finishDirect() {
 	d := sess.direct
 	call := d.call
 	call.Wait()

@@ -287,9 +287,7 @@ func (sess *Session) emit(reply []byte) {
 // writeOut writes b to the client and empties the output; a failed write
 // ends the session after the batch, and nothing more is produced for it.
 func (sess *Session) writeOut(b []byte) bool {
-	if sess.directInFlight() {
-		sess.waitDirect() // the pipe's reader may be writing its reply
-	}
+	sess.waitDirect() // the pipe's reader may be writing its reply
 	_, err := sess.nc.Write(b)
 	sess.out = sess.out[:0]
 	if err != nil {

@@ -316,7 +316,7 @@ func (sess *Session) run() (parked bool) {
 				sess.out = redcon.AppendError(sess.out, "ERR "+pe.Error())
 			}
 		}
-		if len(sess.out) > 0 && sess.directInFlight() {
+		if len(sess.out) > 0 {
 			sess.waitDirect() // its reply goes first
 		}
 		if len(sess.out) > 0 && !sess.outDead {
@@ -337,9 +337,7 @@ func (sess *Session) run() (parked bool) {
 // serveBatch answers every request of one batch and appends the replies to
 // sess.out in request order.
 func (sess *Session) serveBatch(reqs []resp.Request) {
-	if sess.directInFlight() {
-		sess.waitDirect()
-	}
+	sess.waitDirect()
 	start := time.Now()
 	sess.batchReqs = reqs
 	sess.list.active.Store(start.UnixNano())
@@ -531,9 +529,7 @@ func (sess *Session) finishLocal(m *metrics.Command, buf []byte, start int) {
 // Commands that change how later commands are routed (SELECT, HELLO, ...)
 // call flush before taking effect.
 func (sess *Session) flush(start time.Time) {
-	if sess.directInFlight() {
-		sess.waitDirect() // whatever this answers goes after it
-	}
+	sess.waitDirect() // whatever this answers goes after it
 	if len(sess.slots) == 0 {
 		return
 	}
