@@ -97,20 +97,8 @@ func coalescable(cmd *commands.Command) bool {
 // it, a shared one copied). dst's bytes are never changed; on an error or
 // !handled, out is nil.
 func (p *Protection) Read(cmd *commands.Command, args [][]byte, raw []byte, db int, resp3 bool, owner int64, dst []byte) (out []byte, handled bool, err error) {
-	if !p.eligible[cmd] {
-		return nil, false, nil
-	}
-	var kb [2]int
-	keys := cmd.Keys(args, kb[:0])
-	if len(keys) != 1 {
-		return nil, false, nil
-	}
-	key := args[keys[0]]
-	match := Match{}
-	if p.misses != nil && cmd.Name == "get" && len(args) == 2 {
-		match = p.misses.Match(key)
-	}
-	if !p.coalesce && !match.Any() {
+	key, match, ok := p.readKey(cmd, args)
+	if !ok || !p.coalesce && !match.Any() {
 		return nil, false, nil
 	}
 	out, err = p.read(raw, key, db, resp3, match, owner, dst)
@@ -118,6 +106,25 @@ func (p *Protection) Read(cmd *commands.Command, args [][]byte, raw []byte, db i
 		return nil, false, nil
 	}
 	return out, true, err // read returns no bytes with an error
+}
+
+// readKey returns the key of a read that Read and Begin may take (a
+// coalescable command with one key) and the hold and early refresh rules
+// it matches, which apply to GET alone; ok is false for any other read.
+func (p *Protection) readKey(cmd *commands.Command, args [][]byte) (key []byte, match Match, ok bool) {
+	if !p.eligible[cmd] {
+		return nil, Match{}, false
+	}
+	var kb [2]int
+	keys := cmd.Keys(args, kb[:0])
+	if len(keys) != 1 {
+		return nil, Match{}, false
+	}
+	key = args[keys[0]]
+	if p.misses != nil && cmd.Name == "get" && len(args) == 2 {
+		match = p.misses.Match(key)
+	}
+	return key, match, true
 }
 
 // Begin makes a read the leader of a fetch that the caller sends itself,
@@ -129,17 +136,12 @@ func (p *Protection) Read(cmd *commands.Command, args [][]byte, raw []byte, db i
 // early refresh rule matches its key, test hooks hold fetches, or a fetch
 // of the same read is in flight or collecting already.
 func (p *Protection) Begin(cmd *commands.Command, args [][]byte, raw []byte, db int, resp3 bool) (l Lead, ok bool) {
-	if !p.coalesce || !p.eligible[cmd] {
+	if !p.coalesce {
 		return Lead{}, false
 	}
-	var kb [2]int
-	keys := cmd.Keys(args, kb[:0])
-	if len(keys) != 1 {
+	key, match, ok := p.readKey(cmd, args)
+	if !ok || match.Any() {
 		return Lead{}, false
-	}
-	key := args[keys[0]]
-	if p.misses != nil && cmd.Name == "get" && len(args) == 2 && p.misses.Match(key).Any() {
-		return Lead{}, false // as in Read: the rules apply to GET alone
 	}
 	if h := hooks.Load(); h != nil && h.afterFetch != nil {
 		return Lead{}, false // the hook runs on the leader's goroutine: Read's path
