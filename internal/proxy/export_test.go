@@ -17,3 +17,7 @@ func (s *Server) ParkedClientsKeepingAWriter() int {
 	}
 	return n
 }
+
+// SetParkPressure sets how many clients waiting unparked make the sweeper
+// park idle ones early (park.go, parkPressure).
+func (s *Server) SetParkPressure(n int) { s.park.pressure.Store(int64(n)) }

@@ -58,6 +58,12 @@ type sessionPark struct {
 	// Only the session goroutine (or the one resuming it) writes these.
 	keepDue   bool // the next wait continues the current one, with its due
 	clearDead bool // the read deadline must be cleared (no idle_timeout)
+	// cameBack: the client was parked early (under pressure) and sent
+	// again before idle_park_after had passed, so it is not as idle as it
+	// looked; it parks only after idle_park_after from then on. Written
+	// before the session publishes parkWaiting, which the sweeper loads
+	// before reading it.
+	cameBack bool
 	// due is when idle_timeout ends the current wait, Unix ns; 0: never.
 	// The sweeper reads it for parked sessions.
 	due atomic.Int64
@@ -73,7 +79,33 @@ type serverPark struct {
 	ended  sync.Once // stopParking ran (Shutdown may be called again)
 	stop   chan struct{}
 	done   chan struct{}
+	// kick asks the sweeper to look soon: many clients are connected and
+	// unparked (kickParking). pressed: its last look found pressure.
+	kick    chan struct{}
+	pressed atomic.Bool
+	// pressure is parkPressure, or a test's own (SetParkPressure).
+	pressure atomic.Int64
+	early    prometheus.Counter // parkings asked for early, under pressure
 }
+
+// Parking under pressure. Every client connected at once leaves something
+// in Go's runtime for good: its goroutine's record (about 450 bytes, which
+// the runtime keeps for reuse and never frees) and its poller descriptor
+// (about 250 bytes, likewise). So the memory idle clients cost is set by
+// how many were connected and not yet parked at the same moment: 10,000
+// clients that connect within a second and then idle cost 1.96 KiB each
+// when they park after idle_park_after (2 s), 1.30 after 100 ms
+// (bench/README.md, "Idle connections"). Parking every client after 100
+// ms would cost a park and a resume per request to a client whose requests
+// come 100 ms to 2 s apart, so only when more than parkPressure clients
+// wait unparked does the sweeper park the ones idle for pressureParkAfter;
+// and a client that comes back before idle_park_after is not parked early
+// again (cameBack): at most one early parking per connection.
+const (
+	parkPressure      = 1024
+	pressureParkAfter = 100 * time.Millisecond
+	pressureTick      = 50 * time.Millisecond
+)
 
 // startParking starts the parker and its sweeper, once, with the first
 // listener. Where epoll is missing, clients keep their goroutines.
@@ -89,7 +121,13 @@ func (s *Server) startParking() {
 		s.park.parker = p
 		s.park.stop = make(chan struct{})
 		s.park.done = make(chan struct{})
-		s.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		s.park.kick = make(chan struct{}, 1)
+		s.park.pressure.CompareAndSwap(0, parkPressure)
+		s.park.early = prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "redproxy_client_parks_early_total",
+			Help: "Idle clients asked to park before server.idle_park_after, because more than 1024 clients waited unparked at once.",
+		})
+		s.metrics.Registry.MustRegister(s.park.early, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "redproxy_client_connections_parked",
 			Help: "Idle client connections parked without a goroutine (server.idle_park_after).",
 		}, func() float64 { return float64(p.Len()) }))
@@ -121,41 +159,75 @@ func parkTick(after time.Duration) time.Duration {
 // each) to be worth a forced collection that returns them to the OS.
 const releaseAfterParks = 1024
 
-// sweepParking asks sessions waiting longer than idle_park_after to park,
-// and wakes parked sessions whose idle_timeout is due, so that they close.
+// sweepParking asks sessions waiting longer than idle_park_after to park
+// (or, under pressure, pressureParkAfter), and wakes parked sessions whose
+// idle_timeout is due, so that they close.
 func (s *Server) sweepParking() {
 	defer close(s.park.done)
-	var ask, wake []*Session
+	var ask, soon, wake []*Session
 	var asked int // parkings asked for since memory was last given back
 	released := time.Now()
-	tick := time.NewTimer(parkTick(s.Config().Server.IdleParkAfter.Duration))
+	next := parkTick(s.Config().Server.IdleParkAfter.Duration)
+	tick := time.NewTimer(next)
+	due := time.Now().Add(next)
 	defer tick.Stop()
 	for {
 		select {
 		case <-s.park.stop:
 			return
+		case <-s.park.kick:
+			// Look within pressureTick, not at once: startSession kicks
+			// on every connection while many are unparked, and one look
+			// covers them all.
+			if time.Until(due) > pressureTick {
+				tick.Reset(pressureTick)
+				due = time.Now().Add(pressureTick)
+			}
+			continue
 		case <-tick.C:
 		}
 		after := s.Config().Server.IdleParkAfter.Duration
-		now := time.Now()
+		early := min(after, pressureParkAfter)
+		now := time.Now().UnixNano()
+		var waiting int // waiting sessions that may park early
 		s.mu.Lock()
 		for sess := range s.sessions {
 			switch sess.park.state.Load() {
 			case parkWaiting:
+				if after <= 0 {
+					continue
+				}
 				since := sess.list.active.Load()
 				if since == 0 {
 					since = sess.createdAt
 				}
-				if after > 0 && now.UnixNano()-since >= int64(after) {
+				switch idle := now - since; {
+				case idle >= int64(after):
 					ask = append(ask, sess)
+				case sess.park.cameBack:
+				default:
+					waiting++
+					if idle >= int64(early) {
+						soon = append(soon, sess)
+					}
 				}
 			case parkParked:
-				if due := sess.park.due.Load(); due != 0 && now.UnixNano() >= due {
+				if due := sess.park.due.Load(); due != 0 && now >= due {
 					wake = append(wake, sess)
 				}
 			}
 		}
 		s.mu.Unlock()
+		// Pressure starts with parkPressure clients waiting and lasts,
+		// however few wait, while some have idled pressureParkAfter: so
+		// the end of a burst parks early too, and its parkings end in one
+		// release of memory below instead of some waiting idle_park_after.
+		pressed := len(soon) > 0 && (int64(waiting) >= s.park.pressure.Load() || s.park.pressed.Load())
+		s.park.pressed.Store(pressed)
+		if pressed {
+			s.park.early.Add(float64(len(soon)))
+			ask = append(ask, soon...)
+		}
 		for _, sess := range ask {
 			sess.askPark()
 		}
@@ -176,12 +248,35 @@ func (s *Server) sweepParking() {
 			asked, released = 0, time.Now()
 		}
 		clear(ask)
+		clear(soon)
 		clear(wake)
-		ask, wake = ask[:0], wake[:0]
-		if cap(ask) > 1024 {
-			ask = nil // a burst of parking does not stay allocated
+		ask, soon, wake = ask[:0], soon[:0], wake[:0]
+		if cap(ask) > 1024 || cap(soon) > 1024 {
+			ask, soon = nil, nil // a burst of parking does not stay allocated
 		}
-		tick.Reset(parkTick(after))
+		next = parkTick(after)
+		if pressed {
+			next = pressureTick
+		}
+		tick.Reset(next)
+		due = time.Now().Add(next)
+	}
+}
+
+// kickParking tells the sweeper that n clients are connected: when that
+// many may be waiting unparked, it looks for pressure now rather than at
+// its next tick, which may be a second away while a burst connects.
+func (s *Server) kickParking(n int) {
+	p := s.park.parker
+	if p == nil || int64(n) < s.park.pressure.Load() || s.park.pressed.Load() {
+		return
+	}
+	if int64(n-p.Len()) < s.park.pressure.Load() {
+		return
+	}
+	select {
+	case s.park.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -214,6 +309,14 @@ func (sess *Session) wake() {
 // net.Conn, a Reader and batch state of its own again.
 func (sess *Session) resume() {
 	sess.park.state.Store(parkBusy)
+	if !sess.park.cameBack {
+		since := sess.list.active.Load()
+		if since == 0 {
+			since = sess.createdAt
+		}
+		after := sess.srv.Config().Server.IdleParkAfter.Duration
+		sess.park.cameBack = time.Now().UnixNano()-since < int64(after)
+	}
 	sess.reattach()
 	sess.rd = sess.newReader()
 	sess.sessionBatch = newSessionBatch()

@@ -317,10 +317,12 @@ func (s *Server) startSession(nc net.Conn, l *listener) {
 		return
 	}
 	s.sessions[sess] = struct{}{}
+	connected := len(s.sessions)
 	s.active.Add(1)
 	s.mu.Unlock()
 	s.clients.Add(1)
 	s.metrics.ClientsConnected.Inc()
+	s.kickParking(connected)
 	if tc == nil {
 		go sess.serve()
 		return
