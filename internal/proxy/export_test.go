@@ -1,5 +1,7 @@
 package proxy
 
+import "time"
+
 // ParkedClientsKeepingAWriter counts the parked clients whose connection
 // still holds a raw writer, which refers to the net.Conn the client gave up
 // when it parked (park.go, detach).
@@ -21,3 +23,10 @@ func (s *Server) ParkedClientsKeepingAWriter() int {
 // SetParkPressure sets how many clients waiting unparked make the sweeper
 // park idle ones early (park.go, parkPressure).
 func (s *Server) SetParkPressure(n int) { s.park.pressure.Store(int64(n)) }
+
+// SetParkTickCap sets the longest pause between the sweeper's looks (a
+// second otherwise), from its next look on.
+func (s *Server) SetParkTickCap(d time.Duration) { s.park.tickCap.Store(int64(d)) }
+
+// ParkSweeps is how many times the sweeper has looked.
+func (s *Server) ParkSweeps() int64 { return s.park.sweeps.Load() }

@@ -83,8 +83,16 @@ type serverPark struct {
 	// unparked (kickParking). pressed: its last look found pressure.
 	kick    chan struct{}
 	pressed atomic.Bool
-	// pressure is parkPressure, or a test's own (SetParkPressure).
+	// held is how many unparked sessions the last look found that do not
+	// count towards pressure (busy, came back, never parkable), which
+	// kickParking leaves out: a server with that many long-lived clients
+	// does not look 20 times a second for every new connection.
+	held atomic.Int64
+	// pressure is parkPressure, or a test's own (SetParkPressure); tickCap
+	// is the longest pause between looks, a second but in tests.
 	pressure atomic.Int64
+	tickCap  atomic.Int64
+	sweeps   atomic.Int64       // looks so far, for tests
 	early    prometheus.Counter // parkings asked for early, under pressure
 }
 
@@ -98,13 +106,17 @@ type serverPark struct {
 // (bench/README.md, "Idle connections"). Parking every client after 100
 // ms would cost a park and a resume per request to a client whose requests
 // come 100 ms to 2 s apart, so only when more than parkPressure clients
-// wait unparked does the sweeper park the ones idle for pressureParkAfter;
-// and a client that comes back before idle_park_after is not parked early
-// again (cameBack): at most one early parking per connection.
+// wait unparked does the sweeper park the ones idle for pressureParkAfter,
+// and for pressureLinger after the last look that found that many (so the
+// end of a burst parks early too, but a trickle of new clients after it
+// does not keep the pressure on); and a client that comes back before
+// idle_park_after is not parked early again (cameBack): at most one early
+// parking per connection.
 const (
 	parkPressure      = 1024
 	pressureParkAfter = 100 * time.Millisecond
 	pressureTick      = 50 * time.Millisecond
+	pressureLinger    = time.Second
 )
 
 // startParking starts the parker and its sweeper, once, with the first
@@ -123,6 +135,7 @@ func (s *Server) startParking() {
 		s.park.done = make(chan struct{})
 		s.park.kick = make(chan struct{}, 1)
 		s.park.pressure.CompareAndSwap(0, parkPressure)
+		s.park.tickCap.CompareAndSwap(0, int64(time.Second))
 		s.park.early = prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "redproxy_client_parks_early_total",
 			Help: "Idle clients asked to park before server.idle_park_after, because more than 1024 clients waited unparked at once.",
@@ -151,8 +164,8 @@ func (s *Server) stopParking() {
 // parkTick is how often the sweeper looks: often enough that a client
 // parks within about 1.5 × idle_park_after and a parked one is closed
 // within a second of its idle_timeout.
-func parkTick(after time.Duration) time.Duration {
-	return min(max(after/2, 10*time.Millisecond), time.Second)
+func (s *Server) parkTick(after time.Duration) time.Duration {
+	return min(max(after/2, 10*time.Millisecond), time.Duration(s.park.tickCap.Load()))
 }
 
 // releaseAfterParks is how many parkings free enough goroutine stacks (4 KB
@@ -167,7 +180,8 @@ func (s *Server) sweepParking() {
 	var ask, soon, wake []*Session
 	var asked int // parkings asked for since memory was last given back
 	released := time.Now()
-	next := parkTick(s.Config().Server.IdleParkAfter.Duration)
+	next := s.parkTick(s.Config().Server.IdleParkAfter.Duration)
+	var pressedUntil int64 // Unix ns
 	tick := time.NewTimer(next)
 	due := time.Now().Add(next)
 	defer tick.Stop()
@@ -191,6 +205,7 @@ func (s *Server) sweepParking() {
 		now := time.Now().UnixNano()
 		var waiting int // waiting sessions that may park early
 		s.mu.Lock()
+		unparked := len(s.sessions)
 		for sess := range s.sessions {
 			switch sess.park.state.Load() {
 			case parkWaiting:
@@ -212,17 +227,25 @@ func (s *Server) sweepParking() {
 					}
 				}
 			case parkParked:
+				unparked--
 				if due := sess.park.due.Load(); due != 0 && now >= due {
 					wake = append(wake, sess)
 				}
 			}
 		}
 		s.mu.Unlock()
-		// Pressure starts with parkPressure clients waiting and lasts,
-		// however few wait, while some have idled pressureParkAfter: so
-		// the end of a burst parks early too, and its parkings end in one
-		// release of memory below instead of some waiting idle_park_after.
-		pressed := len(soon) > 0 && (int64(waiting) >= s.park.pressure.Load() || s.park.pressed.Load())
+		s.park.sweeps.Add(1)
+		s.park.held.Store(int64(unparked - waiting))
+		// Pressure lasts pressureLinger after the last look that found it,
+		// however few wait meanwhile, looking every pressureTick: so the
+		// clients of a burst park once idle pressureParkAfter, though none
+		// had when it was found, the end of the burst parks early too, and
+		// the burst's parkings end in one release of memory below instead
+		// of some waiting idle_park_after past it.
+		if int64(waiting) >= s.park.pressure.Load() {
+			pressedUntil = now + int64(pressureLinger)
+		}
+		pressed := now < pressedUntil
 		s.park.pressed.Store(pressed)
 		if pressed {
 			s.park.early.Add(float64(len(soon)))
@@ -235,11 +258,13 @@ func (s *Server) sweepParking() {
 			sess.wake()
 		}
 		asked += len(ask)
-		if asked >= releaseAfterParks && (len(ask) == 0 || time.Since(released) >= time.Minute) {
+		if asked >= releaseAfterParks && (len(ask) == 0 && !pressed || time.Since(released) >= time.Minute) {
 			// The parked goroutines' stacks are free heap now, which the
 			// runtime would return to the OS only slowly (and a client
 			// burst that parks leaves garbage the next GC is far from):
-			// give it back once the burst is over. Two collections: the
+			// give it back once the burst is over (nothing to park, and
+			// no pressure: under pressure a look that finds no one idle
+			// long enough yet is the middle of a burst). Two collections: the
 			// first only moves what sync.Pools hold (the burst's 16 KB
 			// read buffers, the pipes' scratch) to their victim caches,
 			// which the second frees.
@@ -254,7 +279,7 @@ func (s *Server) sweepParking() {
 		if cap(ask) > 1024 || cap(soon) > 1024 {
 			ask, soon = nil, nil // a burst of parking does not stay allocated
 		}
-		next = parkTick(after)
+		next = s.parkTick(after)
 		if pressed {
 			next = pressureTick
 		}
@@ -271,7 +296,7 @@ func (s *Server) kickParking(n int) {
 	if p == nil || int64(n) < s.park.pressure.Load() || s.park.pressed.Load() {
 		return
 	}
-	if int64(n-p.Len()) < s.park.pressure.Load() {
+	if int64(n-p.Len())-s.park.held.Load() < s.park.pressure.Load() {
 		return
 	}
 	select {

@@ -8,6 +8,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
 )
 
 // Parking under pressure (park.go, parkPressure): with many clients waiting
@@ -98,4 +99,56 @@ func TestNoPressureParkingWhenParkingIsOff(t *testing.T) {
 	p := pressureProxy(t, 0)
 	dialPing(t, p, 16)
 	holdsParked(t, p, 0, 500*time.Millisecond)
+}
+
+// A burst is noticed when it connects (kickParking), not at the sweeper's
+// next regular look: here that look is half an hour away, after the first.
+func TestPressureNoticedOnConnect(t *testing.T) {
+	p := pressureProxy(t, time.Hour)
+	p.SetParkTickCap(time.Hour)
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.ParkSweeps() >= 1 },
+		"the sweeper has not looked")
+	dialPing(t, p, 16)
+	waitParked(t, p, 16)
+}
+
+// Pressure ends pressureLinger (1 s) after the last look that found it: a
+// client connecting later, alone, parks only after idle_park_after.
+func TestPressureEndsAfterTheBurst(t *testing.T) {
+	p := pressureProxy(t, time.Hour)
+	dialPing(t, p, 16)
+	waitParked(t, p, 16)
+	time.Sleep(1500 * time.Millisecond) // past pressureLinger
+	dialPing(t, p, 1)
+	holdsParked(t, p, 16, 1500*time.Millisecond)
+}
+
+// Clients that cannot park early (here: came back from an early park) do
+// not count towards pressure when a new client connects: otherwise a
+// server with many long-lived clients would look through all of them for
+// every new connection.
+func TestLongLivedClientsDoNotKickTheSweeper(t *testing.T) {
+	p := pressureProxy(t, time.Hour)
+	p.SetParkTickCap(time.Hour)
+	back := dialPing(t, p, 16)
+	waitParked(t, p, 16)
+	pingAll(t, back) // all came back: unparked, not parked early again
+	waitParked(t, p, 0)
+	// Wait for the pressure to end (the sweeper stops looking).
+	var last int64 = -1
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		n := p.ParkSweeps()
+		settled := n == last
+		last = n
+		time.Sleep(200 * time.Millisecond)
+		return settled
+	}, "the sweeper keeps looking")
+	before := p.ParkSweeps()
+	for range 5 {
+		dialPing(t, p, 1)
+		time.Sleep(80 * time.Millisecond) // longer than a kick's wait (pressureTick)
+	}
+	if n := p.ParkSweeps() - before; n != 0 {
+		t.Fatalf("the sweeper looked %d times for 5 connections among 16 that cannot park early, want 0", n)
+	}
 }
