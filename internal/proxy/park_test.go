@@ -570,24 +570,14 @@ func TestParkedClientKeepsNoWriter(t *testing.T) {
 	if k := p.ParkedClientsKeepingAWriter(); k != 0 {
 		t.Fatalf("%d of %d parked clients keep the writer of the net.Conn they gave up", k, n)
 	}
-	for i, nc := range conns {
-		if got := rawDo(t, nc, "PING"); got != "+PONG\r\n" {
-			t.Fatalf("client %d after parking: PING = %q", i, got)
-		}
-	}
+	pingAll(t, conns)
 }
 
 // parkedClients connects n clients that each answer a PING and waits until
 // all of them are parked.
 func parkedClients(t *testing.T, p *proxytest.Proxy, n int) []net.Conn {
 	t.Helper()
-	conns := make([]net.Conn, n)
-	for i := range conns {
-		conns[i] = p.Dial(t)
-		if got := rawDo(t, conns[i], "PING"); got != "+PONG\r\n" {
-			t.Fatalf("PING = %q", got)
-		}
-	}
+	conns := dialPing(t, p, n)
 	waitParked(t, p, n)
 	return conns
 }
