@@ -102,8 +102,8 @@ type serverPark struct {
 // (about 250 bytes, likewise). So the memory idle clients cost is set by
 // how many were connected and not yet parked at the same moment: 10,000
 // clients that connect within a second and then idle cost 1.96 KiB each
-// when they park after idle_park_after (2 s), 1.30 after 100 ms
-// (bench/README.md, "Idle connections"). Parking every client after 100
+// when they park after idle_park_after (2 s), 1.30 after 100 ms, and 1.08
+// with the pressure rule below (bench/README.md, "Idle connections"). Parking every client after 100
 // ms would cost a park and a resume per request to a client whose requests
 // come 100 ms to 2 s apart, so only when more than parkPressure clients
 // wait unparked does the sweeper park the ones idle for pressureParkAfter,
@@ -289,8 +289,9 @@ func (s *Server) sweepParking() {
 }
 
 // kickParking tells the sweeper that n clients are connected: when that
-// many may be waiting unparked, it looks for pressure now rather than at
-// its next tick, which may be a second away while a burst connects.
+// many may be waiting unparked, it looks for pressure within pressureTick
+// rather than at its next tick, which may be a second away while a burst
+// connects.
 func (s *Server) kickParking(n int) {
 	p := s.park.parker
 	if p == nil || int64(n) < s.park.pressure.Load() || s.park.pressed.Load() {
