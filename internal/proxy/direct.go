@@ -163,7 +163,6 @@ func (sess *Session) endLead(call *upstream.Call, err error) {
 		r, err = call.Reply(0)
 	}
 	d.lead.End(r, err)
-	d.lead = stampede.Lead{}
 }
 
 // done runs on the pipe's reader as the Call completes: it accounts for
@@ -175,7 +174,6 @@ func (d *directReply) done(c *upstream.Call) {
 	if d.lead.Active() {
 		// Reads of the key that came meanwhile may fetch now.
 		d.lead.End(r, err)
-		d.lead = stampede.Lead{}
 	}
 	if err != nil || resp.IsError(r) {
 		d.metric.Errors.Inc()

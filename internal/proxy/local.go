@@ -429,10 +429,7 @@ func (sess *Session) infoLine() string {
 	var b bytes.Buffer
 	now := time.Now()
 	age := int64(now.Sub(time.Unix(0, sess.createdAt)).Seconds())
-	idle := age
-	if a := sess.list.active.Load(); a != 0 {
-		idle = int64(now.Sub(time.Unix(0, a)).Seconds())
-	}
+	idle := int64(now.Sub(time.Unix(0, sess.lastActive())).Seconds())
 	proto := 2
 	if sess.resp3 {
 		proto = 3

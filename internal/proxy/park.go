@@ -212,11 +212,7 @@ func (s *Server) sweepParking() {
 				if after <= 0 {
 					continue
 				}
-				since := sess.list.active.Load()
-				if since == 0 {
-					since = sess.createdAt
-				}
-				switch idle := now - since; {
+				switch idle := now - sess.lastActive(); {
 				case idle >= int64(after):
 					ask = append(ask, sess)
 				case sess.park.cameBack:
@@ -306,6 +302,16 @@ func (s *Server) kickParking(n int) {
 	}
 }
 
+// lastActive is when the client last sent a batch, or connected if it has
+// sent none, Unix ns: where its idle time, for parking and CLIENT LIST,
+// starts.
+func (sess *Session) lastActive() int64 {
+	if a := sess.list.active.Load(); a != 0 {
+		return a
+	}
+	return sess.createdAt
+}
+
 // askPark moves the read deadline of a session waiting in ReadBatch to
 // now, so that it looks at parking.
 func (sess *Session) askPark() {
@@ -336,12 +342,8 @@ func (sess *Session) wake() {
 func (sess *Session) resume() {
 	sess.park.state.Store(parkBusy)
 	if !sess.park.cameBack {
-		since := sess.list.active.Load()
-		if since == 0 {
-			since = sess.createdAt
-		}
 		after := sess.srv.Config().Server.IdleParkAfter.Duration
-		sess.park.cameBack = time.Now().UnixNano()-since < int64(after)
+		sess.park.cameBack = time.Now().UnixNano()-sess.lastActive() < int64(after)
 	}
 	sess.reattach()
 	sess.rd = sess.newReader()

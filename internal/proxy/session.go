@@ -358,7 +358,7 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 		sess.dispatch(i, &reqs[i])
 	}
 	sess.flush(start)
-	sess.endLead(nil, errLeadDropped) // never: flush sent it
+	sess.endLead(nil, errLeadDropped) // normally nothing: flush has sent the read or ended its lead
 	if took := time.Since(start); took >= sess.srv.slow.threshold && !sess.slowExempt && !sess.directInFlight() {
 		sess.noteSlow(reqs, start, took, sess.upstreamWait)
 	}

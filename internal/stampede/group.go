@@ -278,8 +278,12 @@ type Lead struct {
 func (l Lead) Active() bool { return l.g != nil }
 
 // End ends l with the request's reply or error (reply is copied only if a
-// caller joined it). A fetch collecting behind l is sent after this.
-func (l Lead) End(reply []byte, err error) { l.g.end(l.e, l.c, reply, err, true) }
+// caller joined it), and leaves l the zero Lead, no longer Active. A fetch
+// collecting behind l is sent after this.
+func (l *Lead) End(reply []byte, err error) {
+	l.g.end(l.e, l.c, reply, err, true)
+	*l = Lead{}
+}
 
 // begin makes the caller the leader of a fetch of key that it sends
 // itself, when key has no fetch in flight or collecting (a read that would
