@@ -25,7 +25,7 @@ func (s *Server) ParkedClientsKeepingAWriter() int {
 func (s *Server) SetParkPressure(n int) { s.park.pressure.Store(int64(n)) }
 
 // SetParkTickCap sets the longest pause between the sweeper's looks (a
-// second otherwise), from its next look on.
+// second otherwise), from the first look that starts after it on.
 func (s *Server) SetParkTickCap(d time.Duration) { s.park.tickCap.Store(int64(d)) }
 
 // ParkSweeps is how many times the sweeper has looked.

@@ -180,10 +180,13 @@ func (s *Server) sweepParking() {
 	var ask, soon, wake []*Session
 	var asked int // parkings asked for since memory was last given back
 	released := time.Now()
-	next := s.parkTick(s.Config().Server.IdleParkAfter.Duration)
 	var pressedUntil int64 // Unix ns
-	tick := time.NewTimer(next)
-	due := time.Now().Add(next)
+	// The first look is at once (it finds few clients, if any): every
+	// later pause is then set by a look, so a tick cap a test sets holds
+	// from the first look that starts after it, whenever the sweeper
+	// started. Arming the first pause before the first look raced with it.
+	tick := time.NewTimer(0)
+	due := time.Now()
 	defer tick.Stop()
 	for {
 		select {
@@ -275,7 +278,7 @@ func (s *Server) sweepParking() {
 		if cap(ask) > 1024 || cap(soon) > 1024 {
 			ask, soon = nil, nil // a burst of parking does not stay allocated
 		}
-		next = s.parkTick(after)
+		next := s.parkTick(after)
 		if pressed {
 			next = pressureTick
 		}

@@ -45,6 +45,18 @@ func dialPing(t *testing.T, p *proxytest.Proxy, n int) []net.Conn {
 	return conns
 }
 
+// capParkTick puts the sweeper's next regular look an hour away: it
+// returns after a look that started after the cap was set, which armed
+// that pause (the first look is at once, so this waits at most about a
+// second, the pause a look before the cap armed).
+func capParkTick(t *testing.T, p *proxytest.Proxy) {
+	t.Helper()
+	p.SetParkTickCap(time.Hour)
+	before := p.ParkSweeps()
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.ParkSweeps() > before },
+		"the sweeper has not looked")
+}
+
 // holdsParked fails unless the parked count stays n for d, polled.
 func holdsParked(t *testing.T, p *proxytest.Proxy, n int, d time.Duration) {
 	t.Helper()
@@ -105,9 +117,7 @@ func TestNoPressureParkingWhenParkingIsOff(t *testing.T) {
 // next regular look: here that look is half an hour away, after the first.
 func TestPressureNoticedOnConnect(t *testing.T) {
 	p := pressureProxy(t, time.Hour)
-	p.SetParkTickCap(time.Hour)
-	redistest.Eventually(t, 10*time.Second, func() bool { return p.ParkSweeps() >= 1 },
-		"the sweeper has not looked")
+	capParkTick(t, p)
 	dialPing(t, p, 16)
 	waitParked(t, p, 16)
 }
@@ -129,7 +139,7 @@ func TestPressureEndsAfterTheBurst(t *testing.T) {
 // every new connection.
 func TestLongLivedClientsDoNotKickTheSweeper(t *testing.T) {
 	p := pressureProxy(t, time.Hour)
-	p.SetParkTickCap(time.Hour)
+	capParkTick(t, p)
 	back := dialPing(t, p, 16)
 	waitParked(t, p, 16)
 	pingAll(t, back) // all came back: unparked, not parked early again
