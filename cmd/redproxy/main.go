@@ -104,6 +104,10 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	level.Set(logLevel(cfg.Server.LogLevel))
 	log := newLogger(cfg, level, stderr)
 	slog.SetDefault(log)
+	// go-redis (the control plane: command table, Sentinel, tracking,
+	// scans) logs its own retries with the standard logger, which would
+	// put unstructured lines among the JSON ones.
+	redis.SetLogger(goRedisLogger{log.With("component", "go-redis")})
 
 	// With neither a config file nor --upstream, the quick start should just
 	// work: use a local Redis if one answers, else the embedded store. An
@@ -294,6 +298,18 @@ func newLogger(cfg *config.Config, level *slog.LevelVar, w io.Writer) *slog.Logg
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// goRedisLogger passes go-redis's messages to the proxy's log. They are
+// retries and pool events the proxy reports itself when they matter (an
+// upstream it cannot dial, a Sentinel that does not answer), so they are
+// logged at debug.
+type goRedisLogger struct{ log *slog.Logger }
+
+func (l goRedisLogger) Printf(ctx context.Context, format string, v ...any) {
+	if l.log.Enabled(ctx, slog.LevelDebug) {
+		l.log.DebugContext(ctx, strings.TrimSpace(fmt.Sprintf(format, v...)))
+	}
 }
 
 func logLevel(name string) slog.Level {

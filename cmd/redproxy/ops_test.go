@@ -655,3 +655,66 @@ func grepLines(text string, words ...string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// With log_format = "json" every line the proxy writes is JSON, go-redis's
+// own messages (its retries dialling the command table's upstream, here
+// one that refuses connections) included, at debug under
+// component=go-redis: they used to come out as plain text among the JSON.
+func TestJSONLogHasNoPlainLines(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "redproxy.toml")
+	if err := os.WriteFile(path, []byte("[server]\nlog_format = \"json\"\nlog_level = \"debug\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	closed := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t)) // nothing listens
+	cmd := exec.Command(binary(t), "--config", path, "--upstream", closed, "--admin", "",
+		"--listen", fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t)))
+	cmd.Env = childEnv()
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	lines, done := make(chan string), make(chan struct{})
+	defer close(done) // before the Kill and Wait above: the reader stops sending
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			case <-done:
+				return
+			}
+		}
+	}()
+	var fromGoRedis, tableWarning bool
+	timeout := time.After(20 * time.Second)
+	for !(fromGoRedis && tableWarning) {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				t.Fatalf("the proxy exited; go-redis line seen %v, command table warning seen %v", fromGoRedis, tableWarning)
+			}
+			var rec map[string]any
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("a log line is not JSON: %q", line)
+			}
+			if rec["component"] == "go-redis" {
+				fromGoRedis = true
+				if rec["level"] != "DEBUG" || rec["msg"] == "" {
+					t.Errorf("go-redis line: %q", line)
+				}
+			}
+			if rec["msg"] == "using the built-in command table" {
+				tableWarning = true
+			}
+		case <-timeout:
+			t.Fatalf("after 20 s: go-redis line seen %v, command table warning seen %v", fromGoRedis, tableWarning)
+		}
+	}
+}
