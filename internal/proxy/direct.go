@@ -201,7 +201,7 @@ func (d *directReply) done(c *upstream.Call) {
 	n, full, _, werr := d.cc.tryWrite(r)
 	switch {
 	case werr != nil:
-		d.failed = werr
+		d.fail(werr)
 	case full:
 		d.rest = r[n:]
 		go d.finishFn()
@@ -214,10 +214,21 @@ func (d *directReply) done(c *upstream.Call) {
 // for room as any write to a client does (server.client_write_timeout).
 func (d *directReply) finish() {
 	if _, err := d.cc.Write(d.rest); err != nil {
-		d.failed = err
+		d.fail(err) // a timeout's reason is recorded by the Write
 	}
 	d.rest = nil
 	d.written <- struct{}{}
+}
+
+// fail ends a client whose reply could not be written, at once, as a
+// failed writeOut does: the session is blocked reading the client and
+// would otherwise learn of it only when the client sent more, which a
+// client waiting for the rest of its reply never does; and the rest of
+// the stream, after part of a reply, would be out of step.
+func (d *directReply) fail(err error) {
+	d.failed = err
+	d.sess.closing(metrics.CloseWriteError)
+	d.cc.Close()
 }
 
 // waitDirect waits until the direct reply in flight, if any, is written,

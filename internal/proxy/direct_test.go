@@ -2,8 +2,13 @@ package proxy_test
 
 import (
 	"bufio"
+	"bytes"
+	"context"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"reflect"
 	"strconv"
 	"strings"
@@ -18,6 +23,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
 )
 
 func directReplies(p *proxytest.Proxy) float64 { return testutil.ToFloat64(p.Metrics.DirectReplies) }
@@ -306,4 +312,67 @@ func leadChurn(c *rawConn, rng *rand.Rand, keys []string) error {
 		}
 	}
 	return nil
+}
+
+// writeBigDirect sends, as a lone command (so a direct reply), an MGET
+// whose reply (8 MB) a client with a small receive buffer that reads
+// nothing cannot take: the pipe's reader writes what fits and a goroutine
+// waits for room under client_write_timeout.
+func writeBigDirect(t *testing.T, p *proxytest.Proxy) net.Conn {
+	t.Helper()
+	if err := p.Redis.Client(t).Set(context.Background(), "wt:big", strings.Repeat("b", 4<<20), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := directReplies(p)
+	nc := dialSmallBuffer(t, p.Addr)
+	if _, err := nc.Write([]byte("*3\r\n$4\r\nMGET\r\n$6\r\nwt:big\r\n$6\r\nwt:big\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool { return directReplies(p) > before },
+		"the MGET was not answered as a direct reply")
+	return nc
+}
+
+// A direct reply the client does not take within client_write_timeout
+// ends the client at once, as a failed write of its session's own does:
+// the session is blocked reading the client, which, waiting for the rest
+// of its reply, sends nothing to wake it. (It stayed open, with part of
+// a reply sent and no idle_timeout to end it.)
+func TestDirectReplyWriteTimeoutClosesTheClient(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Server.ClientWriteTimeout = units.Duration{Duration: 300 * time.Millisecond}
+		c.Server.IdleParkAfter = units.Duration{} // parking off
+	})
+	before := closedFor(p, metrics.CloseWriteTimeout)
+	nc := writeBigDirect(t, p)
+	redistest.Eventually(t, 10*time.Second, func() bool { return closedFor(p, metrics.CloseWriteTimeout) > before },
+		"the client whose direct reply timed out was not closed (close reasons %v)", closeCounts(p))
+	if !connClosed(nc) {
+		t.Fatal("the client's connection is still open")
+	}
+}
+
+// With parking on, a session whose direct reply timed out was asked to
+// park while it waited, then parked with its failure forgotten: the
+// client's next command was answered after the cut-off reply, a stream
+// out of step. It must end instead, and answer nothing more.
+func TestDirectReplyWriteTimeoutIsNotParked(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Server.ClientWriteTimeout = units.Duration{Duration: 300 * time.Millisecond}
+		c.Server.IdleParkAfter = units.Duration{Duration: 20 * time.Millisecond}
+	})
+	before := closedFor(p, metrics.CloseWriteTimeout)
+	nc := writeBigDirect(t, p)
+	redistest.Eventually(t, 10*time.Second, func() bool { return closedFor(p, metrics.CloseWriteTimeout) > before },
+		"the client whose direct reply timed out was not closed (close reasons %v)", closeCounts(p))
+	nc.Write([]byte("*1\r\n$4\r\nPING\r\n")) // may fail: the proxy has closed it
+	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(nc)
+	if bytes.HasSuffix(got, []byte("+PONG\r\n")) {
+		t.Fatalf("PING answered after a cut-off reply (%d bytes of 8 MB)", len(got))
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("the client's connection is still open after %d bytes", len(got))
+	}
 }

@@ -294,6 +294,9 @@ func (sess *Session) run() (parked bool) {
 			// The sweeper asked this idle session to park (park.go). A
 			// parked session keeps no Call and its socket may change.
 			sess.waitDirect()
+			if sess.quitting {
+				return false // its direct reply failed: end it, never park it
+			}
 			parked, retry := sess.answerPark(len(reqs), err, idle)
 			if parked {
 				return true
