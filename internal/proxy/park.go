@@ -75,10 +75,14 @@ type sessionPark struct {
 // serverPark is the server's parker and its sweeper.
 type serverPark struct {
 	parker *idlepark.Parker // nil: parking unsupported
-	once   sync.Once
-	ended  sync.Once // stopParking ran (Shutdown may be called again)
-	stop   chan struct{}
-	done   chan struct{}
+	// started is parker for readers that may run while startParking
+	// does (ParkedClients): sessions read parker itself, safely, since
+	// they start after it.
+	started atomic.Pointer[idlepark.Parker]
+	once    sync.Once
+	ended   sync.Once // stopParking ran (Shutdown may be called again)
+	stop    chan struct{}
+	done    chan struct{}
 	// kick asks the sweeper to look soon: many clients are connected and
 	// unparked (kickParking). pressed: its last look found pressure.
 	kick    chan struct{}
@@ -131,6 +135,7 @@ func (s *Server) startParking() {
 			return
 		}
 		s.park.parker = p
+		s.park.started.Store(p)
 		s.park.stop = make(chan struct{})
 		s.park.done = make(chan struct{})
 		s.park.kick = make(chan struct{}, 1)
@@ -663,8 +668,8 @@ func (sess *Session) releaseBuffers() {
 
 // ParkedClients is how many client connections are parked right now.
 func (s *Server) ParkedClients() int {
-	if s.park.parker == nil {
-		return 0
+	if p := s.park.started.Load(); p != nil {
+		return p.Len()
 	}
-	return s.park.parker.Len()
+	return 0
 }
