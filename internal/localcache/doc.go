@@ -70,7 +70,9 @@
 //   - Flush: a null invalidation (FLUSHALL or FLUSHDB anywhere on the server),
 //     a forwarded FLUSHALL, FLUSHDB or SWAPDB, or tracking-redir-broken drop
 //     everything the affected connections filled and discard their fills in
-//     flight.
+//     flight. A forwarded SWAPDB drops both databases again when its reply
+//     arrives (WriteDone): no invalidation will drop what a fill read
+//     between the first drop and the swap.
 //   - Switch (SwitchUpstream, a reload that changes the upstream): every
 //     fill connection is retired before anything is dropped, so no fill
 //     sent to the old server is kept whenever its reply comes; everything,

@@ -12,6 +12,11 @@ import (
 type Writes struct {
 	marks []mark
 	fence bool
+	// swapped are the databases of SWAPDBs in flight, emptied again by
+	// WriteDone: Redis (7.0) sends no invalidation for SWAPDB, so the
+	// fence alone would not drop what a fill read between WriteStart's
+	// flush and the swap.
+	swapped []int
 }
 
 type mark struct {
@@ -22,7 +27,7 @@ type mark struct {
 }
 
 // Pending reports whether there is anything for WriteDone to do.
-func (w *Writes) Pending() bool { return len(w.marks) > 0 || w.fence }
+func (w *Writes) Pending() bool { return len(w.marks) > 0 || w.fence || len(w.swapped) > 0 }
 
 // WriteStart is called for every write before it is sent to Redis (for a
 // transaction, for each queued write before EXEC is sent). It drops the
@@ -50,6 +55,7 @@ func (c *Cache) WriteStart(w *Writes, db int, cmd *commands.Command, args [][]by
 		for _, a := range args[1:] {
 			if n, err := strconv.Atoi(string(a)); err == nil {
 				c.flush(n, FlushForwarded, nil)
+				w.swapped = append(w.swapped, n)
 			}
 		}
 		w.fence = true
@@ -135,6 +141,14 @@ func (c *Cache) WriteDone(w *Writes) {
 	}
 	clear(w.marks)
 	w.marks = w.marks[:0]
+	// A fill sent after the flush in WriteStart may have run before the
+	// swap and kept the other database's old value: drop both again (and
+	// make fills still in flight discard theirs). Fills sent from now on
+	// run after the swap.
+	for _, db := range w.swapped {
+		c.flush(db, FlushForwarded, nil)
+	}
+	w.swapped = w.swapped[:0]
 	if w.fence {
 		w.fence = false
 		c.Fence()
