@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,13 +42,22 @@ type relayWrites struct {
 	active bool
 
 	// Session goroutine only.
-	resp3      bool
-	db         int
-	inMulti    bool
-	subscribed bool         // has sent SUBSCRIBE, PSUBSCRIBE or SSUBSCRIBE
-	due        int64        // replies due for everything sent so far
-	tx         relayRelease // writes queued in MULTI, released after EXEC
-	batch      relayRelease // writes of the batch being built
+	resp3 bool
+	// dbs are the databases the relay's connection may be in: one, but
+	// after an EXEC of a transaction that queued a SELECT, two, since the
+	// relay does not read the replies and EXEC may have been aborted
+	// (WATCH, a refused command), until a SELECT outside MULTI or a RESET
+	// settles it. Writes are marked in each. dbsAtMulti are those when
+	// MULTI was sent, which DISCARD restores; selectQueued: the
+	// transaction queued a SELECT.
+	dbs          []int
+	dbsAtMulti   []int
+	selectQueued bool
+	inMulti      bool
+	subscribed   bool         // has sent SUBSCRIBE, PSUBSCRIBE or SSUBSCRIBE
+	due          int64        // replies due for everything sent so far
+	tx           relayRelease // writes queued in MULTI, released after EXEC
+	batch        relayRelease // writes of the batch being built
 
 	mu        sync.Mutex
 	countable bool
@@ -78,7 +88,7 @@ func (r *relayRelease) add(o relayRelease) {
 func newRelayWrites(sess *Session) *relayWrites {
 	fs := sess.srv.flight.Load()
 	active := sess.srv.tier != nil || fs != nil && fs.TracksWrites()
-	return &relayWrites{sess: sess, active: active, countable: active, resp3: sess.resp3, db: sess.db}
+	return &relayWrites{sess: sess, active: active, countable: active, resp3: sess.resp3, dbs: []int{sess.db}}
 }
 
 // errHeldWrites refuses a write the relay could no longer track.
@@ -99,7 +109,13 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 	replies := int64(1)
 	switch {
 	case refused:
-	case name == "monitor", name == "hello", name == "reset", name == "client|reply":
+	case name == "reset":
+		// Redis leaves MULTI and goes back to DB 0. What was queued never
+		// runs; its marks are released with this batch.
+		rw.uncountable()
+		rw.dbs = append(rw.dbs[:0], 0)
+		rw.endMulti()
+	case name == "monitor", name == "hello", name == "client|reply":
 		rw.uncountable()
 	case isSubscribe(name):
 		if !strings.HasSuffix(name, "unsubscribe") {
@@ -115,9 +131,16 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 		}
 	case name == "select" && len(args) == 2:
 		if db, err := strconv.Atoi(string(args[1])); err == nil && db >= 0 && db < rw.sess.srv.Config().Upstream.Databases {
-			rw.db = db
+			// Inside MULTI, the commands queued after it run in db if
+			// EXEC runs them.
+			rw.dbs = append(rw.dbs[:0], db)
+			rw.selectQueued = rw.selectQueued || rw.inMulti
 		}
 	case name == "multi":
+		if !rw.inMulti {
+			rw.dbsAtMulti = append(rw.dbsAtMulti[:0], rw.dbs...)
+			rw.selectQueued = false
+		}
 		rw.inMulti = true
 		if rw.subscribed {
 			// A message a subscribed client publishes to itself inside
@@ -127,10 +150,19 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 			// from the stream alone.
 			rw.uncountable()
 		}
-	case name == "exec" || name == "discard":
-		rw.inMulti = false
-		rw.batch.add(rw.tx)
-		rw.tx = relayRelease{}
+	case name == "discard" && rw.inMulti:
+		rw.dbs = append(rw.dbs[:0], rw.dbsAtMulti...)
+		rw.endMulti()
+	case name == "exec" && rw.inMulti:
+		if rw.selectQueued {
+			// Run: the SELECT's database; aborted: the one before MULTI.
+			for _, db := range rw.dbsAtMulti {
+				if !slices.Contains(rw.dbs, db) {
+					rw.dbs = append(rw.dbs, db)
+				}
+			}
+		}
+		rw.endMulti()
 	}
 	rw.due += replies
 	if refused || !mayWrite(cmd) {
@@ -151,19 +183,28 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 	return true
 }
 
+// endMulti ends a transaction: its writes are released with the batch.
+func (rw *relayWrites) endMulti() {
+	rw.inMulti, rw.selectQueued = false, false
+	rw.batch.add(rw.tx)
+	rw.tx = relayRelease{}
+}
+
 // start runs the write hooks for one write and takes its marks.
 func (rw *relayWrites) start(cmd *commands.Command, args [][]byte) relayRelease {
 	sess := rw.sess
 	var w relayRelease
-	if t := sess.srv.tier; t != nil {
-		var tw localcache.Writes
-		t.cache.WriteStart(&tw, rw.db, cmd, args, rw.inMulti)
-		w.tier = append(w.tier, tw)
-	}
-	if fs := sess.srv.flight.Load(); fs != nil && fs.TracksWrites() {
-		var fw stampede.Writes
-		fs.WriteStart(&fw, rw.db, cmd, args)
-		w.flight = append(w.flight, fw)
+	for _, db := range rw.dbs {
+		if t := sess.srv.tier; t != nil {
+			var tw localcache.Writes
+			t.cache.WriteStart(&tw, db, cmd, args, rw.inMulti)
+			w.tier = append(w.tier, tw)
+		}
+		if fs := sess.srv.flight.Load(); fs != nil && fs.TracksWrites() {
+			var fw stampede.Writes
+			fs.WriteStart(&fw, db, cmd, args)
+			w.flight = append(w.flight, fw)
+		}
 	}
 	w.n = 1
 	return w

@@ -132,6 +132,73 @@ func TestRelayedWritesAreSeenByTheLocalTier(t *testing.T) {
 	}
 }
 
+// A relayed client's writes are marked in the database its connection is
+// in, which the relay follows without reading Redis's replies: a SELECT
+// queued in a transaction that was discarded, or followed by RESET (back to
+// DB 0), used to leave the relay marking DB 1 while its SETs changed DB 0,
+// and a read after the acknowledged SET was a tier hit on the old value
+// (found by review). After an EXEC of a transaction with a SELECT the
+// relay cannot tell which database it is in, and marks both.
+func TestRelayedWritesFollowTheDatabase(t *testing.T) {
+	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() { time.Sleep(150 * time.Millisecond) }})
+	t.Cleanup(func() { localcache.SetTestHooks(prev) })
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.LocalCache.Enabled = true
+		c.LocalCache.AdmitMinReads = 0
+		c.LocalCache.WriteRatio = 1000
+		c.LocalCache.Staleness = units.Duration{Duration: time.Second}
+		c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
+	})
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
+	reader := p.Client(t)
+	hits := func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
+	for i, tc := range []struct {
+		name  string
+		drift [][]string
+	}{
+		{"no SELECT", nil},
+		{"MULTI SELECT DISCARD", [][]string{{"MULTI"}, {"SELECT", "1"}, {"DISCARD"}}},
+		{"SELECT then RESET", [][]string{{"SELECT", "1"}, {"RESET"}, {"HELLO", "3"}}},
+		{"WATCH MULTI SELECT EXEC aborted", [][]string{{"WATCH", "touched"}, {"MULTI"}, {"SELECT", "1"}, {"EXEC"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "rdb:" + strconv.Itoa(i)
+			if err := p.Redis.Client(t).Set(ctx, key, "old", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			redistest.Eventually(t, 5*time.Second, func() bool {
+				before := hits()
+				reader.Get(ctx, key)
+				return hits() > before
+			}, "%s never became a hit", key)
+			w := dialRaw(t, p.Addr)
+			w.do("HELLO", "3")
+			if v := w.readNonPushAfter("CLIENT", "TRACKING", "ON"); v != "OK" {
+				t.Fatalf("CLIENT TRACKING ON: %v", v)
+			}
+			for _, c := range tc.drift {
+				if c[0] == "EXEC" {
+					// Abort it: the watched key changes meanwhile.
+					if err := p.Redis.Client(t).Set(ctx, "touched", "x", 0).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				w.readNonPushAfter(c...)
+			}
+			if v := w.readNonPushAfter("SET", key, "new"); v != "OK" {
+				t.Fatalf("relayed SET: %v", v)
+			}
+			if v, err := p.Redis.Client(t).Get(ctx, key).Result(); err != nil || v != "new" {
+				t.Fatalf("Redis's DB 0 has %q (%v): the SET ran elsewhere", v, err)
+			}
+			before := hits()
+			if got, err := reader.Get(ctx, key).Result(); err != nil || got != "new" {
+				t.Fatalf("GET %s after the relayed SET was acknowledged = %q (%v), want \"new\" (tier hit: %v)", key, got, err, hits() > before)
+			}
+		})
+	}
+}
+
 // A read held by a miss hold is released by the filler's write even when
 // the filler is a relayed client, not at the hold's timeout.
 func TestHeldReadReleasedByRelayedWrite(t *testing.T) {
