@@ -135,6 +135,13 @@ var proxyCommands = map[string]cmdHandler{
 	"punsubscribe": cmdUnsubscribe,
 	"sunsubscribe": cmdUnsubscribe,
 	"monitor":      cmdMonitor,
+
+	// A replica's handshake: Redis would turn the connection into a
+	// replication stream, which on a shared connection reaches no one it
+	// is for and cannot be framed as replies.
+	"sync":     cmdReplication,
+	"psync":    cmdReplication,
+	"replconf": cmdReplication,
 }
 
 // pinnedCommands have a handling of their own while the client holds a

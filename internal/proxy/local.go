@@ -63,6 +63,13 @@ func cmdOther(sess *Session, r *request) bool {
 	return true
 }
 
+// cmdReplication refuses SYNC, PSYNC and REPLCONF: a replica connects to
+// Redis itself.
+func cmdReplication(sess *Session, r *request) bool {
+	sess.replyLocal(r.m, []byte("-ERR redproxy: "+strings.ToUpper(r.name)+" is for replicas, which must connect to Redis itself, not through the proxy\r\n"))
+	return true
+}
+
 func cmdSelect(sess *Session, r *request) bool {
 	db, err := strconv.Atoi(string(r.Args[1]))
 	switch {

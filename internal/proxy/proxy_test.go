@@ -466,3 +466,24 @@ func TestGracefulShutdownFinishesInFlight(t *testing.T) {
 }
 
 var ctx = context.Background()
+
+// SYNC, PSYNC and REPLCONF are a replica's handshake: forwarded on a
+// shared connection, Redis turned it into a replication stream the pipe
+// could not frame (found by a bad-input campaign: the proxy then hung for
+// every client). They are refused, and the proxy keeps serving.
+func TestReplicationHandshakeRefused(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	c := dialRaw(t, p.Addr)
+	for _, args := range [][]string{{"SYNC"}, {"PSYNC", "?", "-1"}, {"REPLCONF", "listening-port", "1"}} {
+		v := c.do(args...)
+		if e, ok := v.(respError); !ok || !strings.HasPrefix(string(e), "ERR redproxy: ") || !strings.Contains(string(e), "replicas") {
+			t.Fatalf("%v = %v, want an error naming replicas", args, v)
+		}
+	}
+	if v := c.do("PING"); v != "PONG" {
+		t.Fatalf("PING after the refusals = %v", v)
+	}
+	if err := p.Client(t).Set(ctx, "after-sync", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -160,6 +160,17 @@ func (lc *liveConn) closeWith(err error) {
 	lc.nc.Close()
 }
 
+// closeFromReader is closeWith for the reader goroutine, which may be
+// inside the RawConn.Read that holds the socket (readRaw): net.Conn.Close
+// waits for every holder to let go, so closing there waited for itself
+// forever, with the pipe's Calls stuck and Shutdown hung (seen after a
+// SYNC turned a shared connection into a replication stream). The close
+// finishes once the reader returns, which it does when it sees the reason.
+func (lc *liveConn) closeFromReader(err error) {
+	lc.reason.CompareAndSwap(nil, &err)
+	go lc.nc.Close()
+}
+
 // NewPipe starts connecting in the background and returns at once. Calls
 // sent before the first connection is up fail with ErrUnavailable.
 func NewPipe(opt Options) *Pipe {
@@ -473,7 +484,7 @@ func (rr *replyReader) dispatch() error {
 	for rr.r < rr.w {
 		n, err := rr.scan.Scan(rr.buf[rr.r:rr.w])
 		if err != nil {
-			lc.closeWith(err)
+			lc.closeFromReader(err)
 			return err
 		}
 		if n == 0 {
@@ -498,7 +509,7 @@ func (rr *replyReader) dispatch() error {
 			p.mu.Unlock()
 			if rr.cur == nil {
 				p.opt.Logger.Error("BUG: upstream reply with no request waiting", "addr", p.opt.Addr, "reply_prefix", string(frame[:min(len(frame), 64)]))
-				lc.closeWith(errMismatch)
+				lc.closeFromReader(errMismatch)
 				return errMismatch
 			}
 		}

@@ -340,3 +340,58 @@ func pipeClientID(t *testing.T, rc *redis.Client, name string) string {
 	}, "no connection named %s", name)
 	return id
 }
+
+// A reply stream the pipe cannot frame (here Redis's replication stream
+// after a SYNC: an RDB payload with no CRLF after it, then PINGs) closes
+// the connection and fails its Calls, and the pool recovers and closes.
+// The reader used to close the socket from inside the RawConn.Read that
+// held it, which waited for itself: every Call on the connection hung,
+// and so did Close (and the proxy's shutdown).
+func TestUnframeableReplyClosesTheConnection(t *testing.T) {
+	srv := redistest.Start(t, "--repl-ping-replica-period", "1")
+	pool := NewPool(1, testOpts(srv.Addr()))
+	waitUp(t, pool)
+	waitCall := func(c *Call, d time.Duration) bool {
+		done := make(chan struct{})
+		go func() { c.Wait(); close(done) }()
+		select {
+		case <-done:
+			return true
+		case <-time.After(d):
+			return false
+		}
+	}
+	sync := NewCall()
+	sync.Add(cmd("SYNC"))
+	if err := pool.Send(sync); err != nil {
+		t.Fatal(err)
+	}
+	if !waitCall(sync, 20*time.Second) {
+		t.Fatal("the SYNC's Call never completed")
+	}
+	// The stream breaks at Redis's first replication PING (1 s); from
+	// then on PINGs must complete, first failing, then answered on a new
+	// connection.
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		c := NewCall()
+		c.Add(cmd("PING"))
+		if pool.Send(c) == nil {
+			if !waitCall(c, 5*time.Second) {
+				t.Fatal("a PING on the pool never completed")
+			}
+			if r, err := c.Reply(0); err == nil && string(r) == "+PONG\r\n" {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the pool never recovered from the broken stream")
+		}
+	}
+	closed := make(chan struct{})
+	go func() { pool.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close hung")
+	}
+}
