@@ -487,3 +487,56 @@ func TestReplicationHandshakeRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A length with a leading zero ("$04") is a protocol error for Redis,
+// which then drops the connection; the proxy forwarded it on a shared
+// connection, and every client on it lost its replies in flight (found by
+// a bad-input campaign). Now the proxy answers it as Redis would and
+// closes only that client, while another client's pipelines go on.
+func TestLeadingZeroLengthsStayWithTheirClient(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Upstream.Connections = 1 })
+	victim := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+	stop := make(chan struct{})
+	failed := make(chan error, 1)
+	var wg sync.WaitGroup
+	var stopOnce sync.Once
+	end := func() { stopOnce.Do(func() { close(stop) }); wg.Wait() }
+	defer end()
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			cmds, err := victim.Pipelined(ctx, func(pp redis.Pipeliner) error {
+				for i := range 50 {
+					pp.Set(ctx, "victim", i, 0)
+				}
+				return nil
+			})
+			if err != nil {
+				failed <- fmt.Errorf("victim's pipeline of %d: %v", len(cmds), err)
+				return
+			}
+		}
+	})
+	for _, bad := range []string{"*1\r\n$04\r\nPING\r\n", "*01\r\n$4\r\nPING\r\n", "*1\r\n$-0\r\n\r\n"} {
+		for range 20 {
+			nc := p.Dial(t)
+			nc.Write([]byte(bad))
+			nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+			got, _ := io.ReadAll(nc)
+			if !strings.HasPrefix(string(got), "-ERR Protocol error: invalid ") {
+				t.Fatalf("%q: got %q, want a protocol error and the connection closed", bad, got)
+			}
+			nc.Close()
+		}
+	}
+	end()
+	select {
+	case err := <-failed:
+		t.Fatal(err)
+	default:
+	}
+}

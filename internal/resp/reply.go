@@ -188,6 +188,12 @@ func parseInt(b []byte) (int64, bool) {
 	} else if len(b) > 18 {
 		return 0, false
 	}
+	// As Redis's string2ll: no leading zero but in "0" itself, so no
+	// "-0". Redis drops a connection that sends one ("*01"), so a
+	// request it would refuse must not be forwarded on a shared one.
+	if b[0] == '0' && (len(b) > 1 || neg) {
+		return 0, false
+	}
 	var n int64
 	for _, c := range b {
 		if c < '0' || c > '9' {

@@ -104,6 +104,15 @@ func TestReaderErrors(t *testing.T) {
 		{"set 'a'b\n", "unbalanced quotes"},
 		{"*" + strings.Repeat("1", 40), "invalid multibulk length"},
 		{"*1\r\n$" + strings.Repeat("1", 40), "invalid bulk length"},
+		// Leading zeros and "-0", which Redis's string2ll refuses (Redis
+		// then drops the connection: forwarded on a shared one, they cost
+		// every client on it its replies).
+		{"*01\r\n$4\r\nPING\r\n", "invalid multibulk length"},
+		{"*00\r\n", "invalid multibulk length"},
+		{"*-0\r\n", "invalid multibulk length"},
+		{"*1\r\n$04\r\nPING\r\n", "invalid bulk length"},
+		{"*1\r\n$-0\r\n\r\n", "invalid bulk length"},
+		{"*1\r\n$00\r\n\r\n", "invalid bulk length"},
 	}
 	for _, c := range cases {
 		rd := NewReader(strings.NewReader(c.in), lim)
