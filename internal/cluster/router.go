@@ -330,6 +330,8 @@ var (
 // times.
 var ErrTooManyRedirects = errors.New("redproxy: too many cluster redirections")
 
+var errTooManyRedirects = []byte("-TRYAGAIN " + ErrTooManyRedirects.Error() + "\r\n")
+
 func errorFrame(err error) []byte {
 	return []byte("-ERR " + err.Error() + "\r\n")
 }
@@ -808,6 +810,7 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 		b.calls = append(b.calls, nc)
 		return nc
 	}
+	askedGroup := map[int]bool{}
 	for _, i := range pending {
 		s := &b.subs[i]
 		addr := s.redirect
@@ -858,7 +861,12 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 			nc.subs = append(nc.subs, -1)
 			s.preload = nil
 		}
-		if s.asking {
+		if s.asking && (s.group == 0 || !askedGroup[s.group]) {
+			// Inside MULTI, ASKING would be queued (an extra element of
+			// EXEC's reply); the flag set before MULTI lasts to EXEC.
+			if s.group != 0 {
+				askedGroup[s.group] = true
+			}
 			nc.call.Add(cmdAsking)
 			nc.subs = append(nc.subs, -1)
 		}
@@ -906,12 +914,33 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 	// them was redirected, EXEC failed, and the whole group is sent again.
 	groupAgain := map[int]int{} // group -> the member that must go again
 	for _, nc := range calls {
+		// ranAfter[k]: a later sub of the same slot in this call ran.
+		ranAfter := make([]bool, len(nc.subs))
+		ran := map[int]bool{}
+		for k := len(nc.subs) - 1; k >= 0; k-- {
+			i := nc.subs[k]
+			if i < 0 || nc.err != nil || nc.replica != nil {
+				continue
+			}
+			ranAfter[k] = ran[b.subs[i].slot]
+			if reply, err := nc.call.Reply(k); err == nil && !retryable(reply) {
+				ran[b.subs[i].slot] = true
+			}
+		}
 		for k, i := range nc.subs {
 			if i < 0 {
 				continue
 			}
 			s := &b.subs[i]
 			s.redirect, s.asking = "", false
+			if ranAfter[k] && s.group == 0 && s.slot >= 0 {
+				// Retrying it would apply it after the later command on its
+				// slot (maybe its key) that already ran: answer as Redis did.
+				if reply, err := nc.call.Reply(k); err == nil && (bytes.HasPrefix(reply, prefixTryAgain) || bytes.HasPrefix(reply, prefixNoScript)) {
+					b.finish(i, reply)
+					continue
+				}
+			}
 			again, slow := b.classify(i, nc, k)
 			if again {
 				if s.group != 0 {
@@ -975,6 +1004,11 @@ func (b *batch) classify(i int, nc *nodeCall, k int) (again, slow bool) {
 		return false, false
 	}
 	if again, slow = b.redirected(i, reply); !again {
+		if s.redirects > maxRedirects && (bytes.HasPrefix(reply, prefixMoved) || bytes.HasPrefix(reply, prefixAsk)) {
+			// Clients of the proxy never see a redirection; TRYAGAIN is
+			// what Redis answers while a slot moves, and clients retry it.
+			reply = errTooManyRedirects
+		}
 		b.finish(i, reply)
 	}
 	return again, slow
@@ -1084,6 +1118,16 @@ func (b *batch) redirected(i int, reply []byte) (again, wait bool) {
 		return true, true
 	}
 	return false, false
+}
+
+// retryable: a reply the router may send again (redirect or retry).
+func retryable(reply []byte) bool {
+	for _, p := range [][]byte{prefixMoved, prefixAsk, prefixTryAgain, prefixNoScript, prefixClusterDown} {
+		if bytes.HasPrefix(reply, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // parseRedirect reads "-MOVED 3999 127.0.0.1:6381" or "-ASK ...".
