@@ -238,6 +238,7 @@ const (
 	procSpecs   keysProc = iota // key specs, else legacy positions
 	procSort                    // SORT: key specs plus the STORE destination Redis marks "unknown"
 	procMigrate                 // MIGRATE: single key or the KEYS form, parsed like Redis does
+	procGeoradius               // GEORADIUS[BYMEMBER]: every STORE/STOREDIST value, not only the first
 )
 
 type blockKind uint8
@@ -375,6 +376,8 @@ func finish(c *Command) {
 		c.keysProc = procSort
 	case "migrate":
 		c.keysProc = procMigrate
+	case "georadius", "georadiusbymember":
+		c.keysProc = procGeoradius
 	}
 }
 

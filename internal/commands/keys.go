@@ -133,6 +133,13 @@ func (c *Command) Keys(args [][]byte, dst []int) []int {
 	case procSort:
 		dst = c.specKeys(args, dst)
 		return sortStoreKey(args, dst)
+	case procGeoradius:
+		if len(c.KeySpecs) > 0 {
+			dst = c.KeySpecs[0].appendKeys(args, dst)
+		} else {
+			dst = c.legacyKeys(args, dst)
+		}
+		return georadiusStoreKeys(args, dst)
 	}
 	if len(c.KeySpecs) > 0 {
 		return c.specKeys(args, dst)
@@ -316,6 +323,23 @@ func sortStoreKey(args [][]byte, dst []int) []int {
 	return dst
 }
 
+// georadiusStoreKeys adds the value of every STORE and STOREDIST option of
+// GEORADIUS and GEORADIUSBYMEMBER. Redis writes only the last one, but its
+// key specs find only the first of each keyword: "STORE x STORE other"
+// named x as the key while Redis wrote other, outside the client's
+// namespace and ACL (found by review). Naming every one is the safe side:
+// a namespace prefixes them all, the ACL checks them all. The scan is
+// Redis's own (georadiusGetKeys): from index 5, an option and its value.
+func georadiusStoreKeys(args [][]byte, dst []int) []int {
+	for i := 5; i < len(args)-1; i++ {
+		if equalFold("store", args[i]) || equalFold("storedist", args[i]) {
+			dst = append(dst, i+1)
+			i++
+		}
+	}
+	return dst
+}
+
 // migrateKeys handles MIGRATE host port key|"" db timeout [COPY] [REPLACE]
 // [AUTH pw] [AUTH2 user pw] [KEYS key ...]. Redis's KEYS key spec searches
 // backwards for the keyword and can be fooled by a password spelled "keys";
@@ -371,6 +395,14 @@ func (c *Command) KeyRefs(args [][]byte, dst []KeyRef) []KeyRef {
 	switch {
 	case c.keysProc == procMigrate:
 		add(migrateKeys(args, idx[:0]), KeyRW|KeyAccess|KeyDelete)
+		return dst
+	case c.keysProc == procGeoradius:
+		if len(c.KeySpecs) > 0 {
+			add(c.KeySpecs[0].appendKeys(args, idx[:0]), c.KeySpecs[0].Flags)
+		} else {
+			add(c.legacyKeys(args, idx[:0]), KeyRO|KeyAccess)
+		}
+		add(georadiusStoreKeys(args, idx[:0]), KeyOW|KeyUpdate)
 		return dst
 	case len(c.KeySpecs) > 0:
 		for k := range c.KeySpecs {

@@ -109,6 +109,10 @@ var keyCases = []keyCase{
 	{"GEORADIUSBYMEMBER k m 10 km STORE d", []int{1, 6}, true},
 	{"GEORADIUSBYMEMBER k m 10 km WITHDIST", []int{1}, true},
 	{"GEORADIUS_RO k 0 0 10 km", []int{1}, true},
+	// Repeated: Redis writes only the last (COMMAND GETKEYS names it
+	// alone); every one is named, so none escapes a namespace or the ACL.
+	{"GEORADIUS k 0 0 10 km STORE x STORE y", []int{1, 7, 9}, false},
+	{"GEORADIUSBYMEMBER k m 10 km STORE x STOREDIST y STORE z", []int{1, 6, 8, 10}, false},
 }
 
 func TestKeys(t *testing.T) {
