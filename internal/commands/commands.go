@@ -235,10 +235,10 @@ type Command struct {
 type keysProc uint8
 
 const (
-	procSpecs   keysProc = iota // key specs, else legacy positions
-	procSort                    // SORT: key specs plus the STORE destination Redis marks "unknown"
-	procMigrate                 // MIGRATE: single key or the KEYS form, parsed like Redis does
-	procGeoradius               // GEORADIUS[BYMEMBER]: every STORE/STOREDIST value, not only the first
+	procSpecs     keysProc = iota // key specs, else legacy positions
+	procSort                      // SORT: key specs plus the STORE destination Redis marks "unknown"
+	procMigrate                   // MIGRATE: single key or the KEYS form, parsed like Redis does
+	procGeoradius                 // GEORADIUS[BYMEMBER]: every STORE/STOREDIST value, not only the first
 )
 
 type blockKind uint8
