@@ -129,6 +129,7 @@ var refused = map[string]string{
 	"slowlog":          "shows every namespace's commands",
 	"latency|reset":    "manages the whole server",
 	"memory|purge":     "manages the whole server",
+	"config|get":       "shows the server's settings, its passwords among them",
 	"config|set":       "changes the server for every namespace",
 	"config|resetstat": "changes the server for every namespace",
 	"config|rewrite":   "changes the server for every namespace",

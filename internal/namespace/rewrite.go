@@ -177,8 +177,14 @@ func (w *Rewriter) Rewrite(cmd *commands.Command, args [][]byte) ([][]byte, Resu
 			out[1] = w.prefixedChannel(out[1])
 		}
 	case "subscribe", "ssubscribe", "unsubscribe", "sunsubscribe", "psubscribe", "punsubscribe":
+		if cmd.Name == "psubscribe" && anyUnconfinedKeyspace(args[1:]) {
+			return args, Result{Action: Refuse, Err: RefusalError(cmd.Name, errKeyspacePattern)}
+		}
 		out = w.channels(args, 1, len(args))
 	case "pubsub|channels", "pubsub|shardchannels":
+		if len(args) > 2 && anyUnconfinedKeyspace(args[2:3]) {
+			return args, Result{Action: Refuse, Err: RefusalError(cmd.Name, errKeyspacePattern)}
+		}
 		out = w.allocArgs(args, 1)
 		if len(out) > 2 {
 			out[2] = w.channel(out[2])
@@ -319,10 +325,16 @@ func (w *Rewriter) channel(ch []byte) []byte {
 }
 
 // prefixedChannel returns a channel name moved into the namespace: the
-// prefix goes in front, or after a keyspace channel's "__keyspace@<db>__:".
+// prefix goes in front, or after a keyspace channel's "__keyspace@<db>__:"
+// when <db> is a number. Anything else there could be a pattern reaching
+// past the prefix: in "__keyspace@0[__:]*" the first "__:" is inside a
+// character class, and in "__keyspace@*__:a:*" the "*" also matches
+// "0__:b:x" (found by review: another tenant's keys were heard). Such a
+// channel gets the prefix in front, like any other, and so hears only
+// channels of the namespace: no keyspace notification.
 func (w *Rewriter) prefixedChannel(ch []byte) []byte {
 	if bytes.HasPrefix(ch, keyspacePrefix) {
-		if at := bytes.Index(ch[len(keyspacePrefix):], notifySep); at >= 0 {
+		if at := bytes.Index(ch[len(keyspacePrefix):], notifySep); at > 0 && allDigits(ch[len(keyspacePrefix):len(keyspacePrefix)+at]) {
 			at += len(keyspacePrefix) + len(notifySep)
 			p := w.ns.prefix
 			out := w.alloc(len(ch) + len(p))
@@ -333,6 +345,33 @@ func (w *Rewriter) prefixedChannel(ch []byte) []byte {
 		}
 	}
 	return w.prefixed(ch)
+}
+
+const errKeyspacePattern = "matches keyspace notifications of any database, which would reach past the namespace; name the database: __keyspace@0__:pattern"
+
+// anyUnconfinedKeyspace reports whether a pattern names keyspace
+// notifications with anything but a database number between "@" and
+// "__:" (see prefixedChannel), which a namespace cannot confine.
+func anyUnconfinedKeyspace(patterns [][]byte) bool {
+	for _, ch := range patterns {
+		if !bytes.HasPrefix(ch, keyspacePrefix) {
+			continue
+		}
+		rest := ch[len(keyspacePrefix):]
+		if at := bytes.Index(rest, notifySep); at <= 0 || !allDigits(rest[:at]) {
+			return true
+		}
+	}
+	return false
+}
+
+func allDigits(b []byte) bool {
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // equalFold reports whether b equals the lower-case ASCII word, ignoring

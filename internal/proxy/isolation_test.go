@@ -4,7 +4,9 @@ package proxy_test
 // before its fix.
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -47,5 +49,43 @@ func TestGeoradiusRepeatedStoreIsCheckedByTheACL(t *testing.T) {
 	}
 	if n := rc.Exists(ctx, "other:k").Val(); n != 0 {
 		t.Errorf("a ~app:* user wrote other:k")
+	}
+}
+
+// A keyspace pattern whose database part is not a number reached past the
+// prefix: "__keyspace@0[__:]*" heard tenant b's keys. It is refused, and a
+// pattern naming its database hears the tenant's own keys only.
+func TestKeyspacePatternsStayInTheNamespace(t *testing.T) {
+	p := nsProxy(t)
+	if err := p.Redis.Client(t).ConfigSet(ctx, "notify-keyspace-events", "KA").Err(); err != nil {
+		t.Fatal(err)
+	}
+	a, b := nsClient(t, p, "tenant-a"), nsClient(t, p, "tenant-b")
+	for _, pattern := range []string{"__keyspace@0[__:]*", "__keyspace@*__:*"} {
+		sub := a.PSubscribe(ctx, pattern)
+		_, err := sub.Receive(ctx)
+		sub.Close()
+		if err == nil || !strings.Contains(err.Error(), "not allowed in a namespace") {
+			t.Errorf("PSUBSCRIBE %s: %v, want a refusal", pattern, err)
+		}
+	}
+	own := a.PSubscribe(ctx, "__keyspace@0__:*")
+	defer own.Close()
+	if _, err := own.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Set(ctx, "b-private", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Set(ctx, "a-own", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-own.Channel():
+		if m.Channel != "__keyspace@0__:a-own" {
+			t.Fatalf("tenant a heard %q", m.Channel)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("tenant a never heard of its own key")
 	}
 }
