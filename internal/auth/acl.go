@@ -29,6 +29,7 @@
 package auth
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -345,6 +346,59 @@ func (a *ACL) channelsDenied(cmd *commands.Command, args [][]byte) bool {
 	return false
 }
 
+// readsAllKeys reports whether every key may be read (~* or %R~*).
+func (a *ACL) readsAllKeys() bool {
+	if a.allKeys {
+		return true
+	}
+	for i := range a.keys {
+		if k := &a.keys[i]; k.perm&PermRead != 0 && k.pat.String() == "*" {
+			return true
+		}
+	}
+	return false
+}
+
+// sortReadsByPattern reports whether a SORT reads keys named by patterns:
+// a BY whose pattern has a "*" (without one Redis does not sort and reads
+// nothing), or any GET (even "#", as Redis counts it). Option values are
+// skipped as Redis's parser does.
+func sortReadsByPattern(args [][]byte) bool {
+	for i := 2; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case equalFoldASCII(a, "limit"):
+			i += 2
+		case equalFoldASCII(a, "store"):
+			i++
+		case equalFoldASCII(a, "by") && i+1 < len(args):
+			if bytes.IndexByte(args[i+1], '*') >= 0 {
+				return true
+			}
+			i++
+		case equalFoldASCII(a, "get") && i+1 < len(args):
+			return true
+		}
+	}
+	return false
+}
+
+func equalFoldASCII(b []byte, word string) bool {
+	if len(b) != len(word) {
+		return false
+	}
+	for i := range b {
+		c := b[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != word[i] {
+			return false
+		}
+	}
+	return true
+}
+
 // AllKeys reports whether every key is allowed with every permission.
 func (a *ACL) AllKeys() bool { return a.allKeys }
 
@@ -374,6 +428,12 @@ func (a *ACL) Check(cmd *commands.Command, args [][]byte, scratch []commands.Key
 	}
 	if a.allKeys || cmd == nil {
 		return Allowed, scratch
+	}
+	if (cmd.Name == "sort" || cmd.Name == "sort_ro") && sortReadsByPattern(args) && !a.readsAllKeys() {
+		// As Redis 7: BY with a pattern and GET read keys no spec names,
+		// so they need read access to every key. Redis would refuse them
+		// itself, but the proxy's own credential may read every key.
+		return DeniedKey, scratch
 	}
 	scratch = cmd.KeyRefs(args, scratch[:0])
 	for _, k := range scratch {

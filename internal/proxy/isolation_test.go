@@ -89,3 +89,35 @@ func TestKeyspacePatternsStayInTheNamespace(t *testing.T) {
 		t.Fatal("tenant a never heard of its own key")
 	}
 }
+
+// SORT BY pattern and GET read keys no key spec names; Redis 7 refuses
+// them to a user without read access to every key, but the proxy's own
+// credential has it, so a ~cache:* user read session:x (found by review).
+// The proxy refuses them as Redis would; a user with ~* may use them.
+func TestSortPatternsNeedAccessToEveryKey(t *testing.T) {
+	p := usersProxy(t, nil)
+	rc := p.Redis.Client(t)
+	if err := rc.RPush(ctx, "cache:l", "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Set(ctx, "session:x", "s3cr3t", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ro := loggedIn(t, p, "ro-sort", roPass)
+	for _, args := range [][]any{
+		{"sort", "cache:l", "by", "nosort", "get", "session:*"},
+		{"sort", "cache:l", "by", "session:*", "get", "#"},
+		{"sort", "cache:l", "limit", "0", "1", "get", "#"},
+	} {
+		v, err := ro.Do(ctx, args...).Result()
+		if err == nil || !strings.Contains(err.Error(), "NOPERM") {
+			t.Errorf("%v by ~cache:* = %v, %v; want NOPERM", args, v, err)
+		}
+	}
+	if v, err := ro.Do(ctx, "sort", "cache:l", "by", "nosort", "alpha").StringSlice(); err != nil || len(v) != 1 {
+		t.Errorf("SORT without patterns = %v, %v", v, err)
+	}
+	if v, err := loggedIn(t, p, "app", appPass).Do(ctx, "sort", "cache:l", "by", "nosort", "get", "session:*").StringSlice(); err != nil || len(v) != 1 || v[0] != "s3cr3t" {
+		t.Errorf("SORT GET by a ~* user = %v, %v", v, err)
+	}
+}
