@@ -4,13 +4,17 @@ package proxy_test
 // before its fix.
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
 )
 
 // GEORADIUS ... STORE x STORE other: Redis writes the last STORE's key,
@@ -119,5 +123,43 @@ func TestSortPatternsNeedAccessToEveryKey(t *testing.T) {
 	}
 	if v, err := loggedIn(t, p, "app", appPass).Do(ctx, "sort", "cache:l", "by", "nosort", "get", "session:*").StringSlice(); err != nil || len(v) != 1 || v[0] != "s3cr3t" {
 		t.Errorf("SORT GET by a ~* user = %v, %v", v, err)
+	}
+}
+
+// RESET on a relayed connection made Redis log it in again as its default
+// user, which here needs no password and may write any key: a script run
+// after it wrote outside the user's keys, past the upstream credential's
+// ACL (found by review). RESET is refused there.
+func TestRelayResetKeepsTheUpstreamCredential(t *testing.T) {
+	rs := redistest.Start(t)
+	rc := rs.Client(t)
+	if err := rc.Do(ctx, "acl", "setuser", "redis-app", "on", ">redis-app-pw", "~app:*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := writeFileT(dir+"/app", "redis-app-pw\n"); err != nil {
+		t.Fatal(err)
+	}
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		u := user("app", "app-pw", "+@all ~app:* allchannels")
+		u.UpstreamUser, u.UpstreamPasswordFile = "redis-app", dir+"/app"
+		c.Users = []auth.UserConfig{u}
+	})
+	c := dialRaw(t, p.Addr)
+	if v := c.do("AUTH", "app", "app-pw"); v != "OK" {
+		t.Fatalf("AUTH: %v", v)
+	}
+	c.do("HELLO", "3")
+	c.send([]string{"SUBSCRIBE", "app.x"})
+	c.readReply() // the subscription's push
+	if v := c.readNonPushAfter("RESET"); !strings.Contains(fmt.Sprint(v), "RESET is not supported") {
+		t.Fatalf("RESET on a relay = %v, want a refusal", v)
+	}
+	c.readNonPushAfter("EVAL", "return redis.call('set','other:k','pwned')", "0")
+	if v := rc.Get(ctx, "other:k").Val(); v != "" {
+		t.Fatalf("other:k = %q: the relay ran as Redis's default user", v)
+	}
+	if v := c.readNonPushAfter("PING"); v != "PONG" {
+		t.Fatalf("PING after the refusal = %v", v)
 	}
 }

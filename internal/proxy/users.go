@@ -239,14 +239,26 @@ func (sess *Session) aclDenied(cmd *commands.Command, args [][]byte) string {
 // MONITOR, tracking): its user's ACL, and, with proxy users, no AUTH or
 // HELLO, which would re-authenticate the relay's upstream connection
 // behind the proxy's back.
+//
+// RESET is refused too whenever the relay's connection was authenticated
+// (proxy users, or an upstream password): Redis would log it in again as
+// its default user, which may need no password and may reach what the
+// upstream credential's ACL, the backstop for scripts, does not (found by
+// review: a script run after RESET wrote outside the user's keys).
 func (sess *Session) relayDenied(args [][]byte) string {
 	if msg := sess.routeRelayDenied(args); msg != "" {
 		return msg
 	}
-	if !sess.srv.usersOn() {
+	if !sess.srv.needsAuth() && sess.srv.cfg.Upstream.Username == "" {
 		return ""
 	}
 	cmd := sess.srv.table.Lookup(args)
+	if cmd != nil && cmd.Name == "reset" {
+		return "ERR redproxy: RESET is not supported on a connection in subscribed, tracking or MONITOR mode when Redis needs credentials; close the connection instead"
+	}
+	if !sess.srv.usersOn() {
+		return ""
+	}
 	if cmd != nil && (cmd.Name == "auth" || cmd.Name == "hello") {
 		return "ERR redproxy: " + cmd.Name + " is not supported on a connection in subscribed, tracking or MONITOR mode"
 	}
