@@ -454,6 +454,8 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{5, "users[0].max_connections", "must be 0 (no limit) or more"}}},
 		{"own upstream credential in cluster mode", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\n[[users]]\nname = \"app\"\npassword_sha256 = \"2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b\"\nacl = \"+@all ~*\"\nupstream_user = \"app\"\nupstream_password_file = \"/dev/null\"\n",
 			[]wantErr{{8, "users[0].upstream_user", "not supported in cluster mode"}}},
+		{"overlapping namespaces", "[[users]]\nname = \"a\"\npassword_sha256 = \"2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b\"\nacl = \"+@all ~*\"\nnamespace = \"t1\"\n[[users]]\nname = \"b\"\npassword_sha256 = \"2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b\"\nacl = \"+@all ~*\"\nnamespace = \"t10\"\n[[users]]\nname = \"c\"\npassword_sha256 = \"2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b\"\nacl = \"+@all ~*\"\nnamespace = \"t10\"\n",
+			[]wantErr{{10, "users[1].namespace", `"t10" overlaps users[0].namespace "t1"`}, {15, "users[2].namespace", `"t10" overlaps users[0].namespace "t1"`}}},
 		{"sentinel settings in cluster mode", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\nmaster_name = \"m\"\n",
 			[]wantErr{{4, "upstream.master_name", `not used with upstream.mode = "cluster"`}}},
 		{"sentinel mode needs sentinels and a name", "[upstream]\nmode = \"sentinel\"\n",

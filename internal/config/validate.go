@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/config/units"
@@ -244,9 +245,39 @@ func (c *Config) securityErrors() []*Error {
 		})...)
 	}
 	errs = append(errs, c.scopeListenerErrors()...)
+	errs = append(errs, c.overlappingNamespaces()...)
 	for i, u := range c.Users {
 		if u.Scope != "" && !c.hasScope(u.Scope) {
 			errs = append(errs, &Error{Key: fmt.Sprintf("users[%d].scope", i), Msg: fmt.Sprintf("no [[policy.scope]] is named %q", u.Scope)})
+		}
+	}
+	return errs
+}
+
+// overlappingNamespaces refuses two different namespaces one of which
+// starts with the other ("t1" and "t10", "app:" and "app:admin:"): the
+// shorter one's keys would include the longer one's, and its FLUSHDB,
+// SCAN and RANDOMKEY reach them (found by review). One namespace shared
+// by several users or listeners is fine.
+func (c *Config) overlappingNamespaces() []*Error {
+	type owner struct{ key, ns string }
+	var all []owner
+	for i, u := range c.Users {
+		if u.Namespace != "" {
+			all = append(all, owner{fmt.Sprintf("users[%d].namespace", i), u.Namespace})
+		}
+	}
+	for i, l := range c.Server.Listeners {
+		if l.Namespace != "" {
+			all = append(all, owner{fmt.Sprintf("server.listeners[%d].namespace", i), l.Namespace})
+		}
+	}
+	var errs []*Error
+	for i, a := range all {
+		for _, b := range all[:i] {
+			if a.ns != b.ns && (strings.HasPrefix(a.ns, b.ns) || strings.HasPrefix(b.ns, a.ns)) {
+				errs = append(errs, &Error{Key: a.key, Msg: fmt.Sprintf("%q overlaps %s %q: one namespace's keys would include the other's; end each with a separator such as \":\"", a.ns, b.key, b.ns)})
+			}
 		}
 	}
 	return errs
