@@ -5,6 +5,7 @@ package proxy_test
 
 import (
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -161,5 +162,35 @@ func TestRelayResetKeepsTheUpstreamCredential(t *testing.T) {
 	}
 	if v := c.readNonPushAfter("PING"); v != "PONG" {
 		t.Fatalf("PING after the refusal = %v", v)
+	}
+}
+
+// A client that has not authenticated gets Redis's limits for such
+// clients (found by a bad-input campaign: ten connections each sending 40
+// MB before AUTH took the proxy's RSS to 660 MB): a protocol error, and
+// the connection closed. A client that pipelines AUTH with a command
+// beyond those limits is served, as by Redis.
+func TestUnauthenticatedClientsGetRedisLimits(t *testing.T) {
+	p := usersProxy(t, nil)
+	for _, in := range []string{"*2\r\n$4\r\nECHO\r\n$100000000\r\n", "*1048576\r\n"} {
+		nc := p.Dial(t)
+		nc.Write([]byte(in))
+		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got, err := io.ReadAll(nc)
+		if !strings.HasPrefix(string(got), "-ERR Protocol error: unauthenticated ") || err != nil {
+			t.Errorf("%.30q before AUTH: %q, %v; want the protocol error and the connection closed", in, got, err)
+		}
+	}
+	c := dialRaw(t, p.Addr)
+	args := []string{"MSET"}
+	for i := range 12 {
+		args = append(args, fmt.Sprintf("k%d", i), strings.Repeat("v", 20000))
+	}
+	c.send([]string{"AUTH", "app", appPass}, args) // one write
+	if v, _ := c.readReply(); v != "OK" {
+		t.Fatalf("AUTH = %v", v)
+	}
+	if v, _ := c.readReply(); v != "OK" {
+		t.Fatalf("MSET of 25 arguments of 20 KB after AUTH in the same pipeline = %v", v)
 	}
 }

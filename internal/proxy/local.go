@@ -305,7 +305,7 @@ func (sess *Session) checkUpstreamAuth(user, pass []byte) []byte {
 	if string(user) != wantUser || subtle.ConstantTimeCompare(pass, []byte(up.Password)) != 1 {
 		return errWrongPass
 	}
-	sess.authed = true
+	sess.setAuthed(true)
 	return nil
 }
 

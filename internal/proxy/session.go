@@ -199,6 +199,7 @@ func newSession(s *Server, nc net.Conn) *Session {
 func (sess *Session) newReader() *resp.Reader {
 	rd := resp.NewReader(sess.nc, sess.srv.clientLimits())
 	rd.OnIdle(sess.idle)
+	rd.SetUnauthenticated(!sess.authed)
 	return rd
 }
 

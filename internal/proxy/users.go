@@ -166,8 +166,17 @@ func (sess *Session) authenticate(user, pass []byte) []byte {
 		sess.flush(time.Now())
 		sess.setUser(u)
 	}
-	sess.authed = true
+	sess.setAuthed(true)
 	return nil
+}
+
+// setAuthed records whether the client has authenticated, and gives its
+// Reader the limits that go with it.
+func (sess *Session) setAuthed(on bool) {
+	sess.authed = on
+	if sess.sessionBatch != nil && sess.rd != nil {
+		sess.rd.SetUnauthenticated(!on)
+	}
 }
 
 // maxUserConnsReply is AUTH's answer for a user at its max_connections.
@@ -191,7 +200,7 @@ func (sess *Session) setUser(u *auth.User) {
 // deauthenticate is RESET's part: back to no user.
 func (sess *Session) deauthenticate() {
 	sess.setUser(nil)
-	sess.authed = !sess.srv.needsAuth()
+	sess.setAuthed(!sess.srv.needsAuth())
 }
 
 // aclRefused answers a command the client's user may not run and reports

@@ -87,6 +87,9 @@ var bufPool = sync.Pool{New: func() any { return new([minBuffer]byte) }}
 type Reader struct {
 	rd  io.Reader
 	lim Limits
+	// unauth: the client has not authenticated where it must
+	// (SetUnauthenticated).
+	unauth bool
 	// raw is rd's socket, read directly so that the wait for an idle
 	// client needs no buffer; nil when rd has none, and then the buffer is
 	// kept once taken.
@@ -472,8 +475,28 @@ func (r *Reader) grow() {
 	r.buf = nb
 }
 
+// SetUnauthenticated applies Redis's limits for a client that has yet to
+// authenticate: at most 10 arguments and 16 KB per argument, a protocol
+// error past them, so that nobody who cannot log in can make the proxy
+// buffer a huge request. Meanwhile each batch holds one request, so the
+// limits lift from the request after a successful AUTH or HELLO on, as in
+// Redis, which parses a request only once it has run the one before.
+func (r *Reader) SetUnauthenticated(on bool) { r.unauth = on }
+
+// Redis's limits for clients that have not authenticated
+// (networking.c: processMultibulkBuffer).
+const (
+	unauthMaxArgs = 10
+	unauthMaxBulk = 16 * 1024
+)
+
+var (
+	errUnauthMultibulkLen = &ProtocolError{"unauthenticated multibulk length"}
+	errUnauthBulkLen      = &ProtocolError{"unauthenticated bulk length"}
+)
+
 func (r *Reader) parseAll() error {
-	for r.r < r.w && (r.lim.MaxBatch <= 0 || len(r.reqs) < r.lim.MaxBatch) {
+	for r.r < r.w && (r.lim.MaxBatch <= 0 || len(r.reqs) < r.lim.MaxBatch) && !(r.unauth && len(r.reqs) > 0) {
 		b := r.buf[r.r:r.w]
 		var n int
 		var err error
@@ -505,6 +528,9 @@ func (r *Reader) parseMultibulk(b []byte) (int, error) {
 		if !ok || n > int64(r.lim.MaxArgs) {
 			return 0, errMultibulkLen
 		}
+		if r.unauth && n > unauthMaxArgs {
+			return 0, errUnauthMultibulkLen
+		}
 		if n <= 0 {
 			// Redis treats "*0" and "*-1" as an empty request and ignores it.
 			return nl + 2, nil
@@ -534,6 +560,10 @@ func (r *Reader) parseMultibulk(b []byte) (int, error) {
 		if !ok || size < 0 || size > r.lim.MaxBulk {
 			r.partial = false
 			return 0, errBulkLen
+		}
+		if r.unauth && size > unauthMaxBulk {
+			r.partial = false
+			return 0, errUnauthBulkLen
 		}
 		start := nl + 2
 		end := int64(start) + size

@@ -197,3 +197,32 @@ func FuzzReader(f *testing.F) {
 		}
 	})
 }
+
+// Before authentication, Redis's own limits (10 arguments, 16 KB per
+// argument) apply, and each batch holds one request, so the limits lift
+// for the request after the AUTH that succeeds.
+func TestReaderUnauthenticatedLimits(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"*11\r\n", "unauthenticated multibulk length"},
+		{"*2\r\n$4\r\nECHO\r\n$16385\r\n", "unauthenticated bulk length"},
+	} {
+		rd := NewReader(strings.NewReader(c.in), DefaultLimits)
+		rd.SetUnauthenticated(true)
+		_, _, err := readAll(t, rd)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want %q", c.in, err, c.want)
+		}
+	}
+	big := "*2\r\n$4\r\nECHO\r\n$16385\r\n" + strings.Repeat("x", 16385) + "\r\n"
+	rd := NewReader(strings.NewReader("*3\r\n$4\r\nAUTH\r\n$1\r\nu\r\n$1\r\np\r\n"+big), DefaultLimits)
+	rd.SetUnauthenticated(true)
+	reqs, err := rd.ReadBatch()
+	if err != nil || len(reqs) != 1 || string(reqs[0].Args[0]) != "AUTH" {
+		t.Fatalf("first batch: %d requests, %v; want the AUTH alone", len(reqs), err)
+	}
+	rd.SetUnauthenticated(false) // the AUTH succeeded
+	reqs, err = rd.ReadBatch()
+	if err != nil && err != io.EOF || len(reqs) != 1 || len(reqs[0].Args[1]) != 16385 {
+		t.Fatalf("after AUTH: %d requests, %v; want the 16385-byte ECHO", len(reqs), err)
+	}
+}
