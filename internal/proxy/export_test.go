@@ -30,3 +30,10 @@ func (s *Server) SetParkTickCap(d time.Duration) { s.park.tickCap.Store(int64(d)
 
 // ParkSweeps is how many times the sweeper has looked.
 func (s *Server) ParkSweeps() int64 { return s.park.sweeps.Load() }
+
+// SetBatchLoadThreshold sets how many sessions answering a batch at once
+// cap every client's batches (limits.go, loadedSessions).
+func (s *Server) SetBatchLoadThreshold(n int) { s.batchLoad.threshold.Store(int32(n)) }
+
+// BatchCap is the cap on clients' batches in force (0: none).
+func (s *Server) BatchCap() int { return int(s.batchLoad.cap.Load()) }

@@ -353,3 +353,72 @@ func TestDeepPipelineAfterLargeRequestIsSplit(t *testing.T) {
 	}
 	t.Logf("%d requests in %d batches", n+1, hist.GetSampleCount())
 }
+
+// batchSizes returns how many batches the proxy has counted, and how many
+// of those held more than 64 requests.
+func batchSizes(t *testing.T, p *proxytest.Proxy) (all, over64 uint64) {
+	t.Helper()
+	var m dto.Metric
+	if err := p.Metrics.BatchRequests.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	h := m.GetHistogram()
+	for _, b := range h.GetBucket() {
+		if b.GetUpperBound() == 64 {
+			return h.GetSampleCount(), h.GetSampleCount() - b.GetCumulativeCount()
+		}
+	}
+	t.Fatal("no bucket at 64")
+	return 0, 0
+}
+
+// While many sessions answer a batch at once, every client's batches are
+// capped at 64 requests (limits.go, batchLoad), and its replies still come
+// complete and in order. Here the threshold is 4 and Redis is paused, so
+// the first six clients' pipelines stay in flight; the next four clients'
+// 600-command pipelines then go in batches of at most 64.
+func TestManyBusySessionsGetSmallerBatches(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	p.SetBatchLoadThreshold(4)
+	if err := p.Redis.Client(t).Set(ctx, "bl", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pipeline := bytes.Repeat([]byte("*2\r\n$3\r\nGET\r\n$2\r\nbl\r\n"), 600)
+	want := bytes.Repeat([]byte("$1\r\nv\r\n"), 600)
+	// Paused for 2 s (CLIENT UNPAUSE would wait behind the pause itself):
+	// time enough to read the pipelines below.
+	if err := p.Redis.Client(t).Do(ctx, "CLIENT", "PAUSE", "2000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	send := func(n int) {
+		for range n {
+			nc := p.Dial(t)
+			if _, err := nc.Write(pipeline); err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, nc)
+		}
+	}
+	send(6)
+	redistest.Eventually(t, 5*time.Second, func() bool { all, _ := batchSizes(t, p); return p.BatchCap() == 64 && all >= 6 },
+		"six sessions waiting for a paused Redis did not cap the batches")
+	all0, before := batchSizes(t, p)
+	send(4)
+	// Their first batches, read while Redis is still paused.
+	redistest.Eventually(t, 5*time.Second, func() bool { all, _ := batchSizes(t, p); return all >= all0+4 },
+		"the next four pipelines were never read")
+	all, over := batchSizes(t, p)
+	if over != before {
+		t.Fatalf("%d batches over 64 requests while six sessions were busy (%d batches in all)", over-before, all)
+	}
+	for i, nc := range conns {
+		nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got := make([]byte, len(want))
+		if _, err := io.ReadFull(nc, got); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("client %d: %d bytes, %v; want its 600 replies", i, len(got), err)
+		}
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool { return p.BatchCap() == 0 },
+		"the cap stayed on after the sessions were answered")
+}

@@ -41,9 +41,12 @@ type Server struct {
 	// cfg is the configuration the server started with. Read it only for
 	// settings a reload cannot change (reload.go lists them); the others
 	// come from Config, the snapshot in force.
-	cfg      *config.Config
-	live     atomic.Pointer[config.Config]
-	reloadMu sync.Mutex
+	cfg  *config.Config
+	live atomic.Pointer[config.Config]
+	// batchLoad caps clients' batches while many are answered at once
+	// (limits.go).
+	batchLoad batchLoad
+	reloadMu  sync.Mutex
 	// upstreamAddr is the address dialled, which differs from
 	// cfg.Upstream.Address for the embedded store.
 	upstreamAddr string

@@ -200,6 +200,7 @@ func (sess *Session) newReader() *resp.Reader {
 	rd := resp.NewReader(sess.nc, sess.srv.clientLimits())
 	rd.OnIdle(sess.idle)
 	rd.SetUnauthenticated(!sess.authed)
+	rd.SetBatchCap(&sess.srv.batchLoad.cap)
 	return rd
 }
 
@@ -341,6 +342,8 @@ func (sess *Session) run() (parked bool) {
 // serveBatch answers every request of one batch and appends the replies to
 // sess.out in request order.
 func (sess *Session) serveBatch(reqs []resp.Request) {
+	sess.srv.batchLoad.enter()
+	defer sess.srv.batchLoad.leave()
 	sess.waitDirect()
 	start := time.Now()
 	sess.batchReqs = reqs

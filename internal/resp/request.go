@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/tidwall/redcon"
@@ -90,6 +91,9 @@ type Reader struct {
 	// unauth: the client has not authenticated where it must
 	// (SetUnauthenticated).
 	unauth bool
+	// batchCap, when set, lowers lim.MaxBatch while it holds a smaller
+	// positive value (SetBatchCap).
+	batchCap *atomic.Int32
 	// raw is rd's socket, read directly so that the wait for an idle
 	// client needs no buffer; nil when rd has none, and then the buffer is
 	// kept once taken.
@@ -495,8 +499,20 @@ var (
 	errUnauthBulkLen      = &ProtocolError{"unauthenticated bulk length"}
 )
 
+// SetBatchCap makes the Reader read a cap on its batches from c, which
+// its owner may change at any time: a server under load gives every
+// client smaller batches, so the bookkeeping each keeps per request stays
+// small however many are served at once.
+func (r *Reader) SetBatchCap(c *atomic.Int32) { r.batchCap = c }
+
 func (r *Reader) parseAll() error {
-	for r.r < r.w && (r.lim.MaxBatch <= 0 || len(r.reqs) < r.lim.MaxBatch) && !(r.unauth && len(r.reqs) > 0) {
+	limit := r.lim.MaxBatch
+	if r.batchCap != nil {
+		if c := int(r.batchCap.Load()); c > 0 && (limit <= 0 || c < limit) {
+			limit = c
+		}
+	}
+	for r.r < r.w && (limit <= 0 || len(r.reqs) < limit) && !(r.unauth && len(r.reqs) > 0) {
 		b := r.buf[r.r:r.w]
 		var n int
 		var err error
