@@ -194,3 +194,29 @@ func TestUnauthenticatedClientsGetRedisLimits(t *testing.T) {
 		t.Fatalf("MSET of 25 arguments of 20 KB after AUTH in the same pipeline = %v", v)
 	}
 }
+
+// CLIENT LIST, answered by the proxy, showed a tenant every client:
+// the others' names, addresses, users and last commands (found by
+// review). A client in a namespace sees the clients of its namespace;
+// one in none still sees every client.
+func TestClientListStaysInTheNamespace(t *testing.T) {
+	p := nsProxy(t)
+	pool1 := func(o *redis.Options) { o.PoolSize = 1 }
+	a, cacheUser := nsClient(t, p, "tenant-a", pool1), nsClient(t, p, "tenant-cache", pool1)
+	b, admin := nsClient(t, p, "tenant-b", pool1), nsClient(t, p, "admin", pool1)
+	for c, name := range map[*redis.Client]string{a: "alice", cacheUser: "carol", b: "bob", admin: "root"} {
+		if err := c.Do(ctx, "CLIENT", "SETNAME", name).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list := a.ClientList(ctx).Val()
+	if !strings.Contains(list, "name=alice ") || !strings.Contains(list, "name=carol ") {
+		t.Errorf("tenant a's CLIENT LIST lacks its namespace's clients:\n%s", list)
+	}
+	if strings.Contains(list, "name=bob ") || strings.Contains(list, "name=root ") {
+		t.Errorf("tenant a's CLIENT LIST shows clients of other namespaces:\n%s", list)
+	}
+	if all := admin.ClientList(ctx).Val(); !strings.Contains(all, "name=bob ") || !strings.Contains(all, "name=alice ") {
+		t.Errorf("the admin's CLIENT LIST lacks clients:\n%s", all)
+	}
+}

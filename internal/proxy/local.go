@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"crypto/subtle"
+	"github.com/redproxy/redproxy/internal/namespace"
 	"net"
 	"strconv"
 	"strings"
@@ -151,7 +152,7 @@ func cmdClientInfo(sess *Session, r *request) bool {
 
 func cmdClientList(sess *Session, r *request) bool {
 	b, start := sess.localBuf()
-	sess.finishLocal(r.m, redcon.AppendBulkString(b, sess.srv.clientList()), start)
+	sess.finishLocal(r.m, redcon.AppendBulkString(b, sess.srv.clientList(sess.effectiveNamespace())), start)
 	return true
 }
 
@@ -518,9 +519,16 @@ func connFD(nc net.Conn) int {
 
 // clientList lists the proxy's own clients, not its upstream connections:
 // those are shared and belong to no client.
-func (s *Server) clientList() string {
+// clientList is CLIENT LIST's text: every client's line, or, for a client
+// in namespace ns, the lines of the clients in the same namespace only
+// (found by review: a tenant saw the others' names, addresses, users and
+// last commands).
+func (s *Server) clientList(ns *namespace.Namespace) string {
 	var b strings.Builder
 	for _, sess := range s.sessionList() {
+		if ns != nil && sess.lockedNamespace() != ns {
+			continue
+		}
 		b.WriteString(sess.infoLine())
 		b.WriteByte('\n')
 	}

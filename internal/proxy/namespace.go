@@ -88,6 +88,15 @@ func (sess *Session) effectiveNamespace() *namespace.Namespace {
 	return sess.ns.listener
 }
 
+// lockedNamespace is effectiveNamespace for another session's goroutine:
+// the user changes under mu (setUser); the listener's namespace is set
+// before the session is listed.
+func (sess *Session) lockedNamespace() *namespace.Namespace {
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	return sess.effectiveNamespace()
+}
+
 // applyNamespace puts the effective namespace in force after the user or
 // listener changed. The requests of the batch after the one being
 // answered (an AUTH) were rewritten for the previous namespace, so they
