@@ -63,25 +63,14 @@ func TestClusterTryAgainKeepsWriteOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	slot := cluster.Slot([]byte(ka))
-	src := nodeAt(t, c, p.Router().Map().Owner(slot))
-	var dst *redistest.Server
-	for _, n := range c.Primaries(t) {
-		if n != src {
-			dst = n
-			break
-		}
-	}
-	srcID, dstID := redistest.NodeID(t, src), redistest.NodeID(t, dst)
-	sc, dc := src.Client(t), dst.Client(t)
+	m := startSlotMigration(t, c, p, ka)
+	slot, sc, dst, dstID := m.slot, m.src.Client(t), m.dst, m.dstID
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	must(dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
-	must(sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
 	must(sc.Do(ctx, "MIGRATE", "127.0.0.1", dst.Port(), "", 0, 5000, "KEYS", ka).Err())
 	// What does the source answer a multi-key write now?
 	t.Logf("src answers MSET: %v", sc.MSet(ctx, ka, "x", kb, "x").Err())
@@ -129,22 +118,8 @@ func TestClusterFixupGroupFollowsAsk(t *testing.T) {
 	rc := p.Client(t)
 	ctx := context.Background()
 	k := "sess:{t}new"
-	slot := cluster.Slot([]byte(k))
-	src := nodeAt(t, c, p.Router().Map().Owner(slot))
-	var dst *redistest.Server
-	for _, n := range c.Nodes {
-		if n != src {
-			dst = n
-			break
-		}
-	}
-	srcID, dstID := redistest.NodeID(t, src), redistest.NodeID(t, dst)
-	if err := dst.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := src.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err(); err != nil {
-		t.Fatal(err)
-	}
+	m := startSlotMigration(t, c, p, k)
+	dst := m.dst
 	_, asked0, _ := p.Router().Stats()
 	n, err := rc.HSet(ctx, k, "f", "v").Result()
 	_, asked, _ := p.Router().Stats()
@@ -172,23 +147,8 @@ func TestClusterNeverShowsARedirection(t *testing.T) {
 	if err := rc.Set(ctx, ka, "0", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	slot := cluster.Slot([]byte(ka))
-	src := nodeAt(t, c, p.Router().Map().Owner(slot))
-	var dst *redistest.Server
-	for _, n := range c.Primaries(t) {
-		if n != src {
-			dst = n
-			break
-		}
-	}
-	srcID, dstID := redistest.NodeID(t, src), redistest.NodeID(t, dst)
-	sc, dc := src.Client(t), dst.Client(t)
-	if err := dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err(); err != nil {
-		t.Fatal(err)
-	}
+	m := startSlotMigration(t, c, p, ka)
+	sc, dst := m.src.Client(t), m.dst
 	if err := sc.Do(ctx, "MIGRATE", "127.0.0.1", dst.Port(), "", 0, 5000, "KEYS", ka).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -197,4 +157,35 @@ func TestClusterNeverShowsARedirection(t *testing.T) {
 	if err != nil && (strings.HasPrefix(err.Error(), "ASK ") || strings.HasPrefix(err.Error(), "MOVED ")) {
 		t.Fatalf("the client was shown a redirection: %v", err)
 	}
+}
+
+// slotMigration is a slot being moved from src to dst: IMPORTING on dst,
+// MIGRATING on src, no key moved yet.
+type slotMigration struct {
+	slot         int
+	src, dst     *redistest.Server
+	srcID, dstID string
+}
+
+// startSlotMigration starts moving key's slot from its owner to another
+// primary of c.
+func startSlotMigration(t *testing.T, c *redistest.Cluster, p *proxytest.Proxy, key string) slotMigration {
+	t.Helper()
+	ctx := context.Background()
+	m := slotMigration{slot: cluster.Slot([]byte(key))}
+	m.src = nodeAt(t, c, p.Router().Map().Owner(m.slot))
+	for _, n := range c.Primaries(t) {
+		if n != m.src {
+			m.dst = n
+			break
+		}
+	}
+	m.srcID, m.dstID = redistest.NodeID(t, m.src), redistest.NodeID(t, m.dst)
+	if err := m.dst.Client(t).Do(ctx, "CLUSTER", "SETSLOT", m.slot, "IMPORTING", m.srcID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.src.Client(t).Do(ctx, "CLUSTER", "SETSLOT", m.slot, "MIGRATING", m.dstID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
