@@ -367,36 +367,20 @@ func sortReadsByPattern(args [][]byte) bool {
 	for i := 2; i < len(args); i++ {
 		a := args[i]
 		switch {
-		case equalFoldASCII(a, "limit"):
+		case commands.EqualFold("limit", a):
 			i += 2
-		case equalFoldASCII(a, "store"):
+		case commands.EqualFold("store", a):
 			i++
-		case equalFoldASCII(a, "by") && i+1 < len(args):
+		case commands.EqualFold("by", a) && i+1 < len(args):
 			if bytes.IndexByte(args[i+1], '*') >= 0 {
 				return true
 			}
 			i++
-		case equalFoldASCII(a, "get") && i+1 < len(args):
+		case commands.EqualFold("get", a) && i+1 < len(args):
 			return true
 		}
 	}
 	return false
-}
-
-func equalFoldASCII(b []byte, word string) bool {
-	if len(b) != len(word) {
-		return false
-	}
-	for i := range b {
-		c := b[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != word[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // AllKeys reports whether every key is allowed with every permission.
