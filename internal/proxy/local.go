@@ -297,7 +297,18 @@ func (sess *Session) appendNull(b []byte) []byte {
 func (sess *Session) checkUpstreamAuth(user, pass []byte) []byte {
 	up := sess.srv.cfg.Upstream
 	if up.Password == "" {
-		return errNoPassword
+		// As Redis with no requirepass: its default user takes any
+		// password; AUTH <password> alone is a configuration mistake.
+		switch {
+		case user == nil:
+			return errNoPassword
+		case string(user) == "default" && up.Username == "":
+			return nil
+		}
+		return errWrongPass
+	}
+	if user == nil {
+		user = []byte("default")
 	}
 	wantUser := up.Username
 	if wantUser == "" {
@@ -314,7 +325,7 @@ func (sess *Session) auth(m *metrics.Command, args [][]byte) {
 	var e []byte
 	switch len(args) {
 	case 1:
-		e = sess.authenticate([]byte("default"), args[0])
+		e = sess.authenticate(nil, args[0]) // nil: the one-argument form
 	case 2:
 		e = sess.authenticate(args[0], args[1])
 	default:

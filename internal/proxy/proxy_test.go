@@ -540,3 +540,22 @@ func TestLeadingZeroLengthsStayWithTheirClient(t *testing.T) {
 	default:
 	}
 }
+
+// With no password anywhere, AUTH answers as Redis with no requirepass
+// does: the default user takes any password, another user is WRONGPASS,
+// and AUTH <password> alone is the configuration error. (The proxy
+// answered the last for all three, found by a bad-input campaign.)
+// Compared with the same commands sent to Redis itself.
+func TestAuthWithoutPasswordsAnswersAsRedis(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	viaProxy, direct := dialRaw(t, p.Addr), dialRaw(t, p.Redis.Addr())
+	for _, args := range [][]string{{"AUTH", "default", "x"}, {"AUTH", "bob", "x"}, {"AUTH", "x"}, {"HELLO", "2", "AUTH", "default", "x"}} {
+		got, want := fmt.Sprint(viaProxy.do(args...)), fmt.Sprint(direct.do(args...))
+		if args[0] == "HELLO" {
+			got, want = got[:min(len(got), 10)], want[:min(len(want), 10)] // the maps differ (server, version)
+		}
+		if got != want {
+			t.Errorf("%v: proxy %q, Redis %q", args, got, want)
+		}
+	}
+}

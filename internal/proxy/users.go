@@ -145,6 +145,9 @@ func (sess *Session) authenticate(user, pass []byte) []byte {
 		}
 		return e
 	}
+	if user == nil {
+		user = []byte("default")
+	}
 	u := st.users.Authenticate(user, pass)
 	if u == nil {
 		st.limiter.Failed(host)
