@@ -67,7 +67,7 @@ func splitInline(line []byte) ([][]byte, bool) {
 				}
 			} else {
 				switch {
-				case i >= len(line) || isSpace(line[i]):
+				case i >= len(line) || endsWord(line[i]):
 					done = true
 				case line[i] == '"':
 					inDQ = true
@@ -87,6 +87,12 @@ func splitInline(line []byte) ([][]byte, bool) {
 		words = append(words, cur)
 	}
 }
+
+// endsWord reports whether c ends an unquoted word. Redis's sdssplitargs
+// ends one on these four only, so "\v" and "\f" are part of a word,
+// although they count as space between words and after a closing quote
+// (isSpace).
+func endsWord(c byte) bool { return c == ' ' || c == '\n' || c == '\r' || c == '\t' }
 
 func isSpace(c byte) bool {
 	return c == ' ' || c == '\n' || c == '\r' || c == '\t' || c == '\v' || c == '\f'

@@ -226,3 +226,21 @@ func TestReaderUnauthenticatedLimits(t *testing.T) {
 		t.Fatalf("after AUTH: %d requests, %v; want the 16385-byte ECHO", len(reqs), err)
 	}
 }
+
+// "\v" and "\f" are part of an unquoted inline word, as in Redis's
+// sdssplitargs (which ends a word only on space, \n, \r and \t), though
+// they separate words where Redis skips blanks with isspace. The proxy
+// split "ECHO a\vb" in two (found by a bad-input campaign).
+func TestInlineVerticalTabAndFormFeed(t *testing.T) {
+	for in, want := range map[string]string{
+		"ECHO a\vb\r\n":   "ECHO|a\vb",
+		"ECHO a\fb\r\n":   "ECHO|a\fb",
+		"ECHO \va\r\n":    "ECHO|a",
+		"ECHO 'a'\vb\r\n": "ECHO|a|b",
+	} {
+		got, _, err := readAll(t, NewReader(strings.NewReader(in), DefaultLimits))
+		if err != nil || len(got) != 1 || strings.Join(got[0], "|") != want {
+			t.Errorf("%q: %q, %v; want %q", in, got, err, want)
+		}
+	}
+}
