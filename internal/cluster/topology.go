@@ -383,9 +383,7 @@ func loadMap(base upstream.Options, addrs []string, current *Map) (*Map, error) 
 	}
 	best, bestVotes := "", 0
 	for fp, n := range votes {
-		// Ties go to the complete view, then to the lexically first, so
-		// the choice does not depend on map iteration order.
-		if best == "" || n > bestVotes || n == bestVotes && (views[fp].complete() && !views[best].complete() || fp < best) {
+		if best == "" || beats(n, views[fp].complete(), fp, bestVotes, views[best].complete(), best) {
 			best, bestVotes = fp, n
 		}
 	}
@@ -414,4 +412,20 @@ func dedupe(a []string) []string {
 		}
 	}
 	return out
+}
+
+// beats reports whether a view with votes n (complete or not, fingerprint
+// fp) is preferred to the best so far: more votes, then on a tie the
+// complete view, then the lexically first fingerprint, so that the choice
+// does not depend on map iteration order. (The tie rule used to read
+// "complete && !bestComplete || fp < best", which let an incomplete view
+// with a smaller fingerprint displace a complete one, found by review.)
+func beats(n int, complete bool, fp string, bestN int, bestComplete bool, best string) bool {
+	switch {
+	case n != bestN:
+		return n > bestN
+	case complete != bestComplete:
+		return complete
+	}
+	return fp < best
 }

@@ -100,3 +100,29 @@ func TestMapReplicasOf(t *testing.T) {
 		t.Fatalf("CLUSTER SHARDS: replicas of 7010 = %v (want the loading one, not the failed one)", got)
 	}
 }
+
+// The view chosen among equally voted ones is the complete one, whatever
+// the order they are looked at in; then the lexically first.
+func TestViewTieBreakIsOrderFree(t *testing.T) {
+	type view struct {
+		n        int
+		complete bool
+		fp       string
+	}
+	views := []view{{2, false, "a"}, {2, true, "b"}, {1, true, "0"}, {2, true, "c"}}
+	pick := func(order []int) string {
+		best := -1
+		for _, i := range order {
+			v := views[i]
+			if best < 0 || beats(v.n, v.complete, v.fp, views[best].n, views[best].complete, views[best].fp) {
+				best = i
+			}
+		}
+		return views[best].fp
+	}
+	for _, order := range [][]int{{0, 1, 2, 3}, {1, 0, 3, 2}, {3, 2, 1, 0}, {2, 3, 0, 1}, {1, 3, 0, 2}} {
+		if got := pick(order); got != "b" {
+			t.Errorf("order %v chose %q, want \"b\" (complete, most votes, first)", order, got)
+		}
+	}
+}
