@@ -312,12 +312,7 @@ func TestClusterFailover(t *testing.T) {
 // transaction must go to the key's node, even when the key's slot is not
 // served by the first primary.
 func TestClusterPolicyFixups(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 0)
-	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
-		cfg.Upstream.Mode = config.ModeCluster
-		cfg.Upstream.Seeds = c.Seeds()
-		cfg.Policy.TTL = []policy.TTLRule{{Pattern: "sess:*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
-	})
+	c, p := startClusterTTLProxy(t)
 	rc := p.Client(t)
 	direct := c.ClusterClient(t)
 	ctx := context.Background()
@@ -561,4 +556,18 @@ func TestClusterReshardLinearizable(t *testing.T) {
 	if res := lintest.Check(t, hist); res != porcupine.Ok {
 		t.Fatalf("history through the proxy during resharding is %v", res)
 	}
+}
+
+// startClusterTTLProxy starts a 3-primary cluster and a proxy in front of
+// it whose TTL rule makes it wrap writes of sess:* keys in MULTI/EXEC
+// with an EXPIRE fix-up.
+func startClusterTTLProxy(t *testing.T) (*redistest.Cluster, *proxytest.Proxy) {
+	t.Helper()
+	c := redistest.StartCluster(t, 3, 0)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+		cfg.Policy.TTL = []policy.TTLRule{{Pattern: "sess:*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
+	})
+	return c, p
 }

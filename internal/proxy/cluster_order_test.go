@@ -11,8 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/cluster"
-	"github.com/redproxy/redproxy/internal/config"
-	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -109,12 +107,7 @@ func TestClusterTryAgainKeepsWriteOrder(t *testing.T) {
 // was taken from the wrong one (found by review). ASKING now goes once,
 // before MULTI.
 func TestClusterFixupGroupFollowsAsk(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 0)
-	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
-		cfg.Upstream.Mode = config.ModeCluster
-		cfg.Upstream.Seeds = c.Seeds()
-		cfg.Policy.TTL = []policy.TTLRule{{Pattern: "sess:*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
-	})
+	c, p := startClusterTTLProxy(t)
 	rc := p.Client(t)
 	ctx := context.Background()
 	k := "sess:{t}new"
