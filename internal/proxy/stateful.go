@@ -187,13 +187,16 @@ func pinnedExec(sess *Session, r *request) bool {
 }
 
 // pinnedDiscard ends a transaction (inside MULTI) and pinnedUnwatch a
-// WATCH (outside it); either way the clean connection goes back.
+// WATCH (outside it); either way the clean connection goes back. With an
+// argument Redis refuses either (wrong arity) and the MULTI or WATCH goes
+// on, so the pin must too: released, the connection took the client's
+// transaction to the next client that borrowed it (found by review).
 func pinnedDiscard(sess *Session, r *request) bool {
-	return sess.pin.inMulti && sess.endPin(r)
+	return sess.pin.inMulti && len(r.Args) == 1 && sess.endPin(r)
 }
 
 func pinnedUnwatch(sess *Session, r *request) bool {
-	return !sess.pin.inMulti && sess.endPin(r)
+	return !sess.pin.inMulti && len(r.Args) == 1 && sess.endPin(r)
 }
 
 func (sess *Session) endPin(r *request) bool {
@@ -298,7 +301,7 @@ func (sess *Session) queueInMulti(r *request) {
 	}
 	if cmd := r.cmd; cmd != nil && cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && !cmd.Is(commands.Write) {
 		switch name {
-		case "watch", "unwatch", "select", "client|setname", "client|setinfo", "readonly", "readwrite", "asking", "publish", "spublish", "pubsub":
+		case "watch", "unwatch", "discard", "select", "client|setname", "client|setinfo", "readonly", "readwrite", "asking", "publish", "spublish", "pubsub":
 			// Queued as on Redis; WATCH is refused by Redis inside MULTI
 			// and UNWATCH run by EXEC leaves nothing behind.
 			pin.dirty = pin.dirty || name != "watch" && name != "unwatch"
@@ -707,6 +710,11 @@ func clientGone(nc net.Conn) bool {
 	rc.Control(func(fd uintptr) {
 		n, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		gone = n == 0 && err == nil || err != nil && !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EINTR)
+		// A client that pipelined more after the blocking command and
+		// then closed has data before its FIN, which the peek sees
+		// first; Redis reads on to the end and frees it (found by
+		// review: the next push was popped for a closed socket).
+		gone = gone || peerClosed(fd)
 	})
 	return gone
 }

@@ -1,0 +1,79 @@
+package proxy_test
+
+// A pinned or borrowed connection goes back to the pool only in the
+// state the next client expects, and a blocked client that left is
+// noticed (found by a review of transactions and blocking commands).
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// DISCARD with an argument is a wrong-arity error inside MULTI, which goes
+// on (and so EXEC aborts), as on Redis. The proxy released the pin anyway,
+// and the next client to borrow a connection got the open MULTI: its
+// BLPOP was answered QUEUED.
+func TestDiscardWithAnArgumentKeepsTheTransaction(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	seq := [][]string{{"MULTI"}, {"SET", "victim", "from-A"}, {"DISCARD", "x"}, {"EXEC"}}
+	viaProxy, direct := dialRaw(t, p.Addr), dialRaw(t, p.Redis.Addr())
+	for _, cmd := range seq {
+		if got, want := fmt.Sprint(viaProxy.do(cmd...)), fmt.Sprint(direct.do(cmd...)); got != want {
+			t.Errorf("%v: proxy %q, Redis %q", cmd, got, want)
+		}
+	}
+	a := dialRaw(t, p.Addr)
+	a.do("MULTI")
+	a.do("SET", "victim", "from-A")
+	a.do("DISCARD", "x")
+	if v := dialRaw(t, p.Addr).do("BLPOP", "q", "1"); v != nil {
+		t.Fatalf("another client's BLPOP q 1 = %v, want nil: it got the open MULTI", v)
+	}
+}
+
+// UNWATCH with an argument is refused by Redis and the WATCH stays; the
+// proxy released the pin, and the next client's transaction on that
+// connection was aborted by the leftover WATCH.
+func TestUnwatchWithAnArgumentKeepsTheWatch(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	a := dialRaw(t, p.Addr)
+	a.do("WATCH", "k")
+	a.do("UNWATCH", "x")
+	if err := p.Redis.Client(t).Set(ctx, "k", "touched", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := dialRaw(t, p.Addr)
+	var out []any
+	for _, cmd := range [][]string{{"WATCH", "other"}, {"MULTI"}, {"SET", "z", "1"}, {"EXEC"}} {
+		out = append(out, b.do(cmd...))
+	}
+	if v := p.Redis.Client(t).Get(ctx, "z").Val(); v != "1" {
+		t.Fatalf("another client's transaction was aborted by the leftover WATCH: %v", out)
+	}
+}
+
+// A client blocked in BLPOP that pipelines more and then closes is gone:
+// Redis reads to the end and frees it. The proxy's peek saw the pipelined
+// byte before the FIN and kept the borrowed connection blocked, so the
+// next push was popped for a closed socket and lost.
+func TestBlockedClientThatPipelinedMoreThenLeft(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	direct := p.Redis.Client(t)
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"BLPOP", "gone:q", "0"})
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 1 }, "the BLPOP never blocked")
+	c.send([]string{"PING"})
+	c.nc.Close()
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 0 },
+		"the BLPOP of a client that left is still blocked in Redis")
+	if err := direct.RPush(ctx, "gone:q", "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := direct.LLen(ctx, "gone:q").Result(); err != nil || n != 1 {
+		t.Fatalf("LLEN = %d, %v: the element was popped for a client that had left", n, err)
+	}
+}
