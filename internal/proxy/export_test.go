@@ -37,3 +37,7 @@ func (s *Server) SetBatchLoadThreshold(n int) { s.batchLoad.threshold.Store(int3
 
 // BatchCap is the cap on clients' batches in force (0: none).
 func (s *Server) BatchCap() int { return int(s.batchLoad.cap.Load()) }
+
+// ParkArmed is the pause before the sweeper's next regular look, as its
+// last look armed it.
+func (s *Server) ParkArmed() time.Duration { return time.Duration(s.park.armed.Load()) }

@@ -97,6 +97,7 @@ type serverPark struct {
 	pressure atomic.Int64
 	tickCap  atomic.Int64
 	sweeps   atomic.Int64       // looks so far, for tests
+	armed    atomic.Int64       // the pause the sweeper armed last, for tests
 	early    prometheus.Counter // parkings asked for early, under pressure
 }
 
@@ -289,6 +290,7 @@ func (s *Server) sweepParking() {
 		}
 		tick.Reset(next)
 		due = time.Now().Add(next)
+		s.park.armed.Store(int64(next))
 	}
 }
 

@@ -45,16 +45,17 @@ func dialPing(t *testing.T, p *proxytest.Proxy, n int) []net.Conn {
 	return conns
 }
 
-// capParkTick puts the sweeper's next regular look an hour away: it
-// returns after a look that started after the cap was set, which armed
-// that pause (the first look is at once, so this waits at most about a
-// second, the pause a look before the cap armed).
+// capParkTick puts the sweeper's next regular look far away (half of
+// idle_park_after, an hour here): it returns once a look has armed a
+// pause longer than the default cap's second, which a look that read the
+// new cap does (the first look is at once, so this waits at most about a
+// second). Waiting for a look counted after the cap was set missed the
+// look that, counted before, read the new cap and armed the long pause.
 func capParkTick(t *testing.T, p *proxytest.Proxy) {
 	t.Helper()
 	p.SetParkTickCap(time.Hour)
-	before := p.ParkSweeps()
-	redistest.Eventually(t, 10*time.Second, func() bool { return p.ParkSweeps() > before },
-		"the sweeper has not looked")
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.ParkArmed() > time.Second },
+		"the sweeper never armed the long pause")
 }
 
 // holdsParked fails unless the parked count stays n for d, polled.

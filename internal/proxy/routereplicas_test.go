@@ -141,7 +141,7 @@ func (r *routedReplicas) ownWritesLoop(t *testing.T) (stale int64, onReplicas in
 	var firstBad atomic.Pointer[string]
 	var wg sync.WaitGroup
 	ctx := context.Background()
-	deadline := time.Now().Add(1500 * time.Millisecond)
+	deadline := time.Now().Add(2500 * time.Millisecond)
 	for w := range 4 {
 		c := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
 		wg.Add(1)
@@ -159,8 +159,11 @@ func (r *routedReplicas) ownWritesLoop(t *testing.T) (stale int64, onReplicas in
 				// first after the write gives the proxy the primary's
 				// offset, a later one the replica's. A fixed five reads
 				// (10 ms) ended before that on a fast machine, and the
-				// replicas served no read.
-				for until := time.Now().Add(60 * time.Millisecond); time.Now().Before(until); {
+				// replicas served no read. The replica applies the write
+				// only in the 50 ms between its pauses (pauseReplication),
+				// so the window covers one of those too: 60 ms did not,
+				// under a full CI run's load, in any of three set-ups.
+				for until := time.Now().Add(250 * time.Millisecond); time.Now().Before(until); {
 					v, err := c.Get(ctx, key).Result()
 					if err != nil {
 						t.Error(err)
