@@ -73,13 +73,13 @@ func foldHash[T string | []byte](s T) uint32 {
 	return h
 }
 
-// equalFold reports whether b equals the lower-case ASCII string lowerKey,
-// ignoring ASCII case in b. Redis compares command names and keywords the
-// same way (strcasecmp).
 // EqualFold reports whether b is the lower-case ASCII word lowerKey in any
 // case, as Redis compares command and option names.
 func EqualFold(lowerKey string, b []byte) bool { return equalFold(lowerKey, b) }
 
+// equalFold reports whether b equals the lower-case ASCII string lowerKey,
+// ignoring ASCII case in b. Redis compares command names and keywords the
+// same way (strcasecmp).
 func equalFold[T string | []byte](lowerKey string, b T) bool {
 	if len(lowerKey) != len(b) {
 		return false

@@ -334,8 +334,7 @@ func (w *Rewriter) channel(ch []byte) []byte {
 // channels of the namespace: no keyspace notification.
 func (w *Rewriter) prefixedChannel(ch []byte) []byte {
 	if bytes.HasPrefix(ch, keyspacePrefix) {
-		if at := bytes.Index(ch[len(keyspacePrefix):], notifySep); at > 0 && allDigits(ch[len(keyspacePrefix):len(keyspacePrefix)+at]) {
-			at += len(keyspacePrefix) + len(notifySep)
+		if at, ok := keyspaceKeyAt(ch); ok {
 			p := w.ns.prefix
 			out := w.alloc(len(ch) + len(p))
 			copy(out, ch[:at])
@@ -357,12 +356,22 @@ func anyUnconfinedKeyspace(patterns [][]byte) bool {
 		if !bytes.HasPrefix(ch, keyspacePrefix) {
 			continue
 		}
-		rest := ch[len(keyspacePrefix):]
-		if at := bytes.Index(rest, notifySep); at <= 0 || !allDigits(rest[:at]) {
+		if _, ok := keyspaceKeyAt(ch); !ok {
 			return true
 		}
 	}
 	return false
+}
+
+// keyspaceKeyAt returns where the key starts in a keyspace channel
+// "__keyspace@<db>__:<key>", and whether <db> is a database number.
+func keyspaceKeyAt(ch []byte) (int, bool) {
+	rest := ch[len(keyspacePrefix):]
+	at := bytes.Index(rest, notifySep)
+	if at <= 0 || !allDigits(rest[:at]) {
+		return 0, false
+	}
+	return len(keyspacePrefix) + at + len(notifySep), true
 }
 
 func allDigits(b []byte) bool {

@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"crypto/subtle"
-	"github.com/redproxy/redproxy/internal/namespace"
 	"net"
 	"strconv"
 	"strings"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/namespace"
 	"github.com/tidwall/redcon"
 )
 
@@ -528,12 +528,11 @@ func connFD(nc net.Conn) int {
 	return fd
 }
 
-// clientList lists the proxy's own clients, not its upstream connections:
-// those are shared and belong to no client.
-// clientList is CLIENT LIST's text: every client's line, or, for a client
-// in namespace ns, the lines of the clients in the same namespace only
-// (found by review: a tenant saw the others' names, addresses, users and
-// last commands).
+// clientList is CLIENT LIST's text: the proxy's own clients, not its
+// upstream connections (those are shared and belong to no client); for a
+// client in namespace ns, only the clients in the same namespace (found by
+// review: a tenant saw the others' names, addresses, users and last
+// commands).
 func (s *Server) clientList(ns *namespace.Namespace) string {
 	var b strings.Builder
 	for _, sess := range s.sessionList() {

@@ -177,7 +177,7 @@ func (sess *Session) authenticate(user, pass []byte) []byte {
 // Reader the limits that go with it.
 func (sess *Session) setAuthed(on bool) {
 	sess.authed = on
-	if sess.sessionBatch != nil && sess.rd != nil {
+	if sess.rd != nil {
 		sess.rd.SetUnauthenticated(!on)
 	}
 }
