@@ -379,6 +379,19 @@ func TestClusterMonitor(t *testing.T) {
 			}
 		})
 	}
+	t.Run("ProtocolError", func(t *testing.T) {
+		// As on Redis: the error after whatever went before, then the close.
+		mon := dialRaw(t, p.Addr)
+		if got := mon.do("MONITOR"); got != "OK" {
+			t.Fatalf("MONITOR: %v", got)
+		}
+		mon.nc.Write([]byte("*1\r\n$x\r\n"))
+		mon.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		rest, err := io.ReadAll(mon.rd)
+		if err != nil || !strings.HasSuffix(string(rest), "-ERR Protocol error: invalid bulk length\r\n") {
+			t.Fatalf("after a protocol error: %q, %v; want the error, then the close", rest, err)
+		}
+	})
 	t.Run("NodeGone", func(t *testing.T) {
 		mon := dialRaw(t, p.Addr)
 		if got := mon.do("MONITOR"); got != "OK" {

@@ -14,6 +14,7 @@ import (
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
+	"github.com/tidwall/redcon"
 )
 
 // Relays in cluster mode (see docs/COMPATIBILITY.md, "Cluster mode"):
@@ -253,6 +254,13 @@ func (sess *Session) clusterMonitor(r *request) bool {
 		quit = pushMonitorReplies(q, reqs)
 		if !quit && err != nil {
 			sess.readEnded(err)
+			var pe *resp.ProtocolError
+			if errors.As(err, &pe) {
+				// After every reply queued before it, as Redis does.
+				sess.srv.metrics.ProtocolErrors.Inc()
+				q.push(redcon.AppendError(nil, "ERR "+pe.Error()))
+				sess.protoErrAnswered = true
+			}
 			break
 		}
 	}

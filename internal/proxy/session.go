@@ -77,6 +77,9 @@ type Session struct {
 	replySkip bool // CLIENT REPLY SKIP: mute the next command
 	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
 	relayInMulti bool
+	// protoErrAnswered: a relay ended on the client's protocol error and
+	// wrote the error itself, after the replies that went before it.
+	protoErrAnswered bool
 	interrupted  atomic.Bool
 	park         sessionPark // parking while idle (park.go)
 
@@ -314,7 +317,7 @@ func (sess *Session) run() (parked bool) {
 		if err != nil {
 			sess.readEnded(err)
 			var pe *resp.ProtocolError
-			if errors.As(err, &pe) {
+			if errors.As(err, &pe) && !sess.protoErrAnswered {
 				// As Redis does: say why, then close, because the rest of
 				// the stream can no longer be framed.
 				sess.srv.metrics.ProtocolErrors.Inc()

@@ -826,6 +826,7 @@ func trackingRedirect(args [][]byte) bool {
 func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, base int, first []byte, limit int64) {
 	rw := newRelayWrites(sess)
 	defer rw.end()
+	var protoErr *resp.ProtocolError
 	for k := range reqs {
 		d := sess.guard.Decision(base + k)
 		args := reqs[k].Args
@@ -949,12 +950,34 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		}
 		if err != nil {
 			sess.readEnded(err)
+			errors.As(err, &protoErr)
 			break
+		}
+	}
+	if protoErr != nil {
+		// As Redis: every reply to what came before, then the error, then
+		// the close. Redis answers the commands it was sent and ends the
+		// connection when it reads the half-close, so the reader delivers
+		// up to that end; closing at once lost those replies.
+		if cw, ok := up.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+			bound := time.AfterFunc(relayDrainWait, func() { up.Close() })
+			wg.Wait()
+			bound.Stop()
 		}
 	}
 	up.Close()
 	wg.Wait()
+	if protoErr != nil {
+		sess.srv.metrics.ProtocolErrors.Inc()
+		sess.nc.Write(redcon.AppendError(nil, "ERR "+protoErr.Error()))
+		sess.protoErrAnswered = true
+	}
 }
+
+// relayDrainWait bounds how long a relay ending on a client's protocol
+// error waits for Redis's replies to what the client sent before it (a
+// script may hold Redis); then the connection is closed as it is.
+const relayDrainWait = 2 * time.Second
 
 // appendRelayed appends what to send upstream for one request of a relayed
 // client: the request, the guard's rewrite of it, or, for a refusal, a
