@@ -263,6 +263,7 @@ func TestBadInputIsContained(t *testing.T) {
 		{"*1\r\n+PING\r\n", "-ERR Protocol error: expected '$', got '+'"},
 		{"*2\r\n$3\r\nGET\r\n$1\r\nkXX", "-ERR Protocol error: invalid bulk length"},
 		{"SET a \"unbalanced\n", "-ERR Protocol error: unbalanced quotes in request"},
+		{"GET a\x00\r\n", "-ERR Protocol error: NUL in inline request"}, // Redis would wait for 64 KB
 		{"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1500000\r\n" + strings.Repeat("v", 1500000) + "\r\n*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1500000\r\n", "+OK"},
 	}
 	for _, c := range cases {

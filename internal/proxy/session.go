@@ -80,8 +80,8 @@ type Session struct {
 	// protoErrAnswered: a relay ended on the client's protocol error and
 	// wrote the error itself, after the replies that went before it.
 	protoErrAnswered bool
-	interrupted  atomic.Bool
-	park         sessionPark // parking while idle (park.go)
+	interrupted      atomic.Bool
+	park             sessionPark // parking while idle (park.go)
 
 	route routeSession // with routes (routes.go)
 	// reads is where the client's reads may go with replica reads on

@@ -54,6 +54,7 @@ var (
 	errBulkLen      = &ProtocolError{"invalid bulk length"}
 	errInlineLen    = &ProtocolError{"too big inline request"}
 	errQuotes       = &ProtocolError{"unbalanced quotes in request"}
+	errInlineNUL    = &ProtocolError{"NUL in inline request"}
 )
 
 // Request is one client command. Args and Raw point into the Reader's
@@ -618,6 +619,11 @@ func (r *Reader) parseInline(b []byte) (int, error) {
 		if b[i] == '\n' {
 			nl = i
 			break
+		}
+		if b[i] == 0 {
+			// Redis finds the line's end with strchr, which stops here:
+			// it would wait for 64 KB more and then refuse. Refused now.
+			return 0, errInlineNUL
 		}
 	}
 	if nl < 0 {

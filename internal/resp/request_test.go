@@ -102,6 +102,11 @@ func TestReaderErrors(t *testing.T) {
 		{"0123456789012345678", "too big inline request"},
 		{"set \"abc\n", "unbalanced quotes"},
 		{"set 'a'b\n", "unbalanced quotes"},
+		// Redis looks for an inline line's end with strchr, which stops at
+		// a NUL: it never sees the newline and waits until 64 KB have come.
+		// Refused at once instead, so the client is not left hanging.
+		{"get a\x00b\r\n", "NUL in inline request"},
+		{"\x00\n*1\r\n$4\r\nPING\r\n", "NUL in inline request"},
 		{"*" + strings.Repeat("1", 40), "invalid multibulk length"},
 		{"*1\r\n$" + strings.Repeat("1", 40), "invalid bulk length"},
 		// Leading zeros and "-0", which Redis's string2ll refuses (Redis
