@@ -837,6 +837,12 @@ func (c *Cache) invalidate(db int, key []byte, by *upstreamTier) {
 // flush is caused by a lost connection, and kept from then on for the
 // rule's max_age.
 func (c *Cache) flush(db int, reason string, by *upstreamTier) {
+	c.flushKeeping(db, reason, by, reason == FlushDisconnect)
+}
+
+// flushKeeping is flush, with keepAside saying whether stale_if_error
+// values are moved aside (only ever on a lost connection).
+func (c *Cache) flushKeeping(db int, reason string, by *upstreamTier, keepAside bool) {
 	if by == nil {
 		by = c.ups[0]
 	}
@@ -852,9 +858,9 @@ func (c *Cache) flush(db int, reason string, by *upstreamTier) {
 			}
 			rec.gen++
 			var keep *aside
-			if lost && rec.n > 0 {
+			if keepAside && rec.n > 0 {
 				if rule := c.staleRule([]byte(rec.key)); rule != nil {
-					keep = newAside(rec, now+int64(rule.MaxAge.Duration))
+					keep = newAside(rec, now, now+int64(rule.MaxAge.Duration))
 				}
 			}
 			c.dropEntries(s, rec)

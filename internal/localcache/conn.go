@@ -149,8 +149,12 @@ func (fc *fillConn) onDown(err error) {
 	if fc.retired.Load() {
 		return
 	}
+	// Values are kept for stale_if_error only if no fence is unanswered:
+	// a script acknowledged before the loss may have changed keys whose
+	// invalidations had not come yet.
+	fenceClear := fc.ackSent.Load() >= fc.c.fenceAt.Load()
 	fc.newEpoch()
-	fc.c.flush(fc.db, FlushDisconnect, fc.up)
+	fc.c.flushKeeping(fc.db, FlushDisconnect, fc.up, fenceClear)
 	if fc.c.closed.Load() {
 		return
 	}

@@ -10,16 +10,20 @@ package localcache
 // for those keys, and only for them: an operator who lists a pattern says
 // an old value beats an error for it. A value moved aside is dropped as soon
 // as the key is written through the proxy, invalidated, refilled, or its
-// deadline passes, and on reconnection.
+// deadline passes, and on reconnection; a fence (a write whose keys the
+// proxy cannot name) outdates every value moved aside before it, and none
+// is moved aside while a fence is unanswered, since the invalidations it
+// waits for may not have come.
 
 type aside struct {
+	at    int64 // nanotime it was moved aside: a later fence outdates it
 	until int64 // nanotime
 	vals  [2]map[string][]byte
 	size  int64 // bytes charged, the same as the entries it was made from
 }
 
-func newAside(rec *keyRec, until int64) *aside {
-	a := &aside{until: until, size: rec.size + rec.keyCharge()}
+func newAside(rec *keyRec, at, until int64) *aside {
+	a := &aside{at: at, until: until, size: rec.size + rec.keyCharge()}
 	for p := range rec.entries {
 		for raw, e := range rec.entries[p] {
 			if a.vals[p] == nil {
@@ -64,6 +68,12 @@ func (c *Cache) StaleValue(db int, resp3 bool, raw, key []byte) ([]byte, bool) {
 	defer s.mu.Unlock()
 	rec := s.recs[h]
 	if rec == nil || !rec.same(db, key) || rec.aside == nil || rec.inflight > 0 {
+		return nil, false
+	}
+	if rec.aside.at <= c.fenceAt.Load() {
+		// A write whose keys the proxy could not name (a script) was
+		// acknowledged since: the value may be older than it.
+		c.dropAside(rec)
 		return nil, false
 	}
 	p := proto(resp3)
