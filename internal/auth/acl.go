@@ -364,19 +364,8 @@ func (a *ACL) readsAllKeys() bool {
 // nothing), or any GET (even "#", as Redis counts it). Option values are
 // skipped as Redis's parser does.
 func sortReadsByPattern(args [][]byte) bool {
-	for i := 2; i < len(args); i++ {
-		a := args[i]
-		switch {
-		case commands.EqualFold("limit", a):
-			i += 2
-		case commands.EqualFold("store", a):
-			i++
-		case commands.EqualFold("by", a) && i+1 < len(args):
-			if bytes.IndexByte(args[i+1], '*') >= 0 {
-				return true
-			}
-			i++
-		case commands.EqualFold("get", a) && i+1 < len(args):
+	for opt, i := range commands.SortOptions(args) {
+		if opt == commands.SortGet || opt == commands.SortBy && bytes.IndexByte(args[i], '*') >= 0 {
 			return true
 		}
 	}

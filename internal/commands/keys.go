@@ -1,6 +1,9 @@
 package commands
 
-import "strings"
+import (
+	"iter"
+	"strings"
+)
 
 // KeySpecFlags are the flags of one Redis 7 key specification.
 type KeySpecFlags uint16
@@ -298,23 +301,56 @@ func parseCount(b []byte) (int, bool) {
 	return v, true
 }
 
-// sortStoreKey adds SORT's STORE destination, which Redis's key specs mark as
-// unknown because the option may appear anywhere. Option values are skipped so
-// that e.g. "BY store" does not count; the last STORE wins, as in Redis.
-func sortStoreKey(args [][]byte, dst []int) []int {
-	store := 0
-	for i := 2; i < len(args); i++ {
-		a := args[i]
-		switch {
-		case equalFold("limit", a):
-			i += 2
-		case equalFold("by", a), equalFold("get", a):
-			i++
-		case equalFold("store", a):
-			if i+1 < len(args) {
-				store = i + 1
+// SortOption is an option of SORT and SORT_RO that names something.
+type SortOption uint8
+
+const (
+	SortBy    SortOption = iota + 1 // BY pattern: keys read (or "nosort")
+	SortGet                         // GET pattern: keys read ("#": the element)
+	SortStore                       // STORE destination: the key written
+)
+
+// SortOptions yields SORT's BY, GET and STORE options with the index of
+// each one's value, in order, as Redis's SORT reads them: LIMIT's two
+// values and every option's value are skipped, so "BY store" is not a
+// STORE. The one walk of SORT's options for the key specs (STORE), the
+// ACL (BY and GET read keys) and namespaces (their patterns are prefixed).
+func SortOptions(args [][]byte) iter.Seq2[SortOption, int] {
+	return func(yield func(SortOption, int) bool) {
+		for i := 2; i < len(args); i++ {
+			var opt SortOption
+			switch a := args[i]; {
+			case equalFold("limit", a):
+				i += 2
+				continue
+			case equalFold("by", a):
+				opt = SortBy
+			case equalFold("get", a):
+				opt = SortGet
+			case equalFold("store", a):
+				opt = SortStore
+			default:
+				continue
+			}
+			if i+1 >= len(args) {
+				return // an option with no value names nothing
 			}
 			i++
+			if !yield(opt, i) {
+				return
+			}
+		}
+	}
+}
+
+// sortStoreKey adds SORT's STORE destination, which Redis's key specs mark as
+// unknown because the option may appear anywhere. The last STORE wins, as in
+// Redis.
+func sortStoreKey(args [][]byte, dst []int) []int {
+	store := 0
+	for opt, i := range SortOptions(args) {
+		if opt == SortStore {
+			store = i
 		}
 	}
 	if store > 0 {

@@ -2,6 +2,8 @@ package commands
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -272,4 +274,33 @@ func ExampleCommand_Keys() {
 	}
 	fmt.Println(c.Is(MovableKeys), c.IsBlocking(args))
 	// Output: a b true false
+}
+
+func TestSortOptions(t *testing.T) {
+	type opt struct {
+		o SortOption
+		v string
+	}
+	for _, c := range []struct {
+		args string
+		want []opt
+	}{
+		{"SORT k", nil},
+		{"SORT k BY store STORE by", []opt{{SortBy, "store"}, {SortStore, "by"}}},
+		{"SORT k LIMIT 0 10 GET # get o:* store d1 STORE d2", []opt{{SortGet, "#"}, {SortGet, "o:*"}, {SortStore, "d1"}, {SortStore, "d2"}}},
+		{"SORT k LIMIT by get STORE d", []opt{{SortStore, "d"}}}, // LIMIT's values are never options
+		{"SORT k ASC ALPHA BY", nil}, // an option with no value names nothing
+	} {
+		var args [][]byte
+		for _, f := range strings.Fields(c.args) {
+			args = append(args, []byte(f))
+		}
+		var got []opt
+		for o, i := range SortOptions(args) {
+			got = append(got, opt{o, string(args[i])})
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s: %v, want %v", c.args, got, c.want)
+		}
+	}
 }

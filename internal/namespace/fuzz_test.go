@@ -133,7 +133,7 @@ func FuzzNoKeyEscapes(f *testing.F) {
 			}
 			last := []byte(nil)
 			for i := 2; i+1 < len(out); i += 2 {
-				if equalFold("match", out[i]) {
+				if commands.EqualFold("match", out[i]) {
 					last = out[i+1]
 				}
 			}

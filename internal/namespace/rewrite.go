@@ -259,7 +259,7 @@ func (w *Rewriter) scan(args [][]byte) [][]byte {
 	out := w.allocArgs(args, 2)
 	matched := false
 	for i := 2; i+1 < len(out); i += 2 {
-		if equalFold("match", out[i]) {
+		if commands.EqualFold("match", out[i]) {
 			out[i+1] = w.prefixed(out[i+1])
 			matched = true
 		}
@@ -275,21 +275,12 @@ var matchWord = []byte("MATCH")
 // sortPatterns prefixes SORT's BY and GET patterns in place (out is the
 // rewriter's own copy). "GET #" is the element itself, not a key.
 func (w *Rewriter) sortPatterns(out [][]byte) {
-	for i := 2; i < len(out); i++ {
-		a := out[i]
+	for opt, i := range commands.SortOptions(out) {
 		switch {
-		case equalFold("limit", a):
-			i += 2
-		case equalFold("store", a):
-			i++ // a key: Keys found it
-		case equalFold("by", a) && i+1 < len(out):
-			i++
+		case opt == commands.SortBy:
 			out[i] = w.prefixed(out[i])
-		case equalFold("get", a) && i+1 < len(out):
-			i++
-			if !(len(out[i]) == 1 && out[i][0] == '#') {
-				out[i] = w.prefixed(out[i])
-			}
+		case opt == commands.SortGet && !(len(out[i]) == 1 && out[i][0] == '#'):
+			out[i] = w.prefixed(out[i])
 		}
 	}
 }
@@ -377,24 +368,6 @@ func keyspaceKeyAt(ch []byte) (int, bool) {
 func allDigits(b []byte) bool {
 	for _, c := range b {
 		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return true
-}
-
-// equalFold reports whether b equals the lower-case ASCII word, ignoring
-// ASCII case in b, as Redis compares option names.
-func equalFold(word string, b []byte) bool {
-	if len(word) != len(b) {
-		return false
-	}
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != word[i] {
 			return false
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 
+	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/resp"
 )
 
@@ -257,9 +258,9 @@ func (ns *Namespace) appendPubSub(dst, frame []byte) []byte {
 		return append(dst, frame...)
 	}
 	switch {
-	case n == 3 && (equalFold("message", kind) || equalFold("smessage", kind)):
+	case n == 3 && (commands.EqualFold("message", kind) || commands.EqualFold("smessage", kind)):
 		return ns.appendMessage(dst, frame[:hdr], el[0], nil, el[1], el[2])
-	case n == 4 && equalFold("pmessage", kind):
+	case n == 4 && commands.EqualFold("pmessage", kind):
 		return ns.appendMessage(dst, frame[:hdr], el[0], el[1], el[2], el[3])
 	case n == 3 && isSubscription(kind):
 		dst = append(dst, frame[:hdr]...)
@@ -301,7 +302,7 @@ func (ns *Namespace) appendMessage(dst, hdr, kind, pattern, channel, payload []b
 
 func isSubscription(kind []byte) bool {
 	for _, k := range [...]string{"subscribe", "unsubscribe", "psubscribe", "punsubscribe", "ssubscribe", "sunsubscribe"} {
-		if equalFold(k, kind) {
+		if commands.EqualFold(k, kind) {
 			return true
 		}
 	}
