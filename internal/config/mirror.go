@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
 	"strings"
 
@@ -53,27 +54,49 @@ func (c *Config) mirrorErrors() []*Error {
 	}
 	u := withUpstreamDefaults(raw)
 	section := "upstreams." + name
-	switch u.Mode {
-	case ModeSentinel:
-		// Its own keys (sentinels, master_name) are checked with the named
-		// upstreams.
-		if c.Upstream.Mode == ModeSentinel && u.MasterName == c.Upstream.MasterName && overlap(u.Sentinels, c.Upstream.Sentinels) {
-			bad("%s watches [upstream]'s primary (master_name %q through the same Sentinels): mirroring to the primary itself would run every write twice", section, u.MasterName)
+	// Every upstream clients' commands go to: [upstream] and each one a
+	// route names. A mirror that is one of them runs every write twice.
+	served := map[string]Upstream{DefaultUpstream: c.Upstream}
+	for _, r := range slices.Concat(c.Routes, c.ChannelRoutes) {
+		if r.Upstream == name {
+			bad("%s is where a [[route]] or [[channel_route]] (pattern %q) sends clients' commands: mirroring to it would run every write twice", section, r.Pattern)
+			return errs
 		}
-	case ModeCluster:
-		// A cluster has database 0 only: the commands of clients in other
-		// databases are dropped (db_range), as docs/COMPATIBILITY.md says.
-		if overlap(u.Seeds, c.Upstream.Seeds) || slices.Contains(u.Seeds, c.Upstream.Address) {
-			bad("%s.seeds name [upstream]'s nodes: mirroring to the primary itself would run every write twice", section)
+		if up, ok := c.Upstreams[r.Upstream]; ok {
+			served[r.Upstream] = withUpstreamDefaults(up)
 		}
-	default:
+	}
+	for _, other := range slices.Sorted(maps.Keys(served)) {
+		p, what := served[other], "[upstreams."+other+"]"
+		if other == DefaultUpstream {
+			what = "[upstream]"
+		}
+		switch u.Mode {
+		case ModeSentinel:
+			// Its own keys (sentinels, master_name) are checked with the
+			// named upstreams.
+			if p.Mode == ModeSentinel && u.MasterName == p.MasterName && overlap(u.Sentinels, p.Sentinels) {
+				bad("%s watches %s's primary (master_name %q through the same Sentinels): mirroring to the primary itself would run every write twice", section, what, u.MasterName)
+			}
+		case ModeCluster:
+			// A cluster has database 0 only: the commands of clients in
+			// other databases are dropped (db_range), as
+			// docs/COMPATIBILITY.md says.
+			if overlap(u.Seeds, p.Seeds) || overlap(u.Seeds, []string{p.Address}) {
+				bad("%s.seeds name %s's nodes: mirroring to the primary itself would run every write twice", section, what)
+			}
+		default:
+			if p.Mode == ModeStandalone && sameAddress(u.Address, p.Address) {
+				bad("%s.address is %s's address (%s): mirroring to the primary itself would run every write twice", section, what, p.Address)
+			}
+		}
+	}
+	if u.Mode == ModeStandalone {
 		switch {
 		case u.Address == EmbeddedAddress:
 			bad("%s.address: the embedded demo store cannot be a mirror", section)
 		case checkHostPort(u.Address, true) != nil:
 			bad("%s.address: %v", section, checkHostPort(u.Address, true))
-		case c.Upstream.Mode == ModeStandalone && u.Address == c.Upstream.Address:
-			bad("%s.address is upstream.address: mirroring to the primary itself would run every write twice", section)
 		}
 	}
 	if u.Username != "" && u.Password == "" {
@@ -90,12 +113,38 @@ func (c *Config) mirrorErrors() []*Error {
 	return errs
 }
 
-// overlap reports whether a and b share an address.
+// overlap reports whether a and b share an address (sameAddress).
 func overlap(a, b []string) bool {
 	for _, x := range a {
-		if slices.Contains(b, x) {
-			return true
+		for _, y := range b {
+			if sameAddress(x, y) {
+				return true
+			}
 		}
 	}
 	return false
+}
+
+// sameAddress reports whether a and b name the same server as far as the
+// text tells without a DNS lookup: the same port, and the same host up to
+// case, or both on this machine's loopback ("localhost", 127.0.0.0/8,
+// ::1), which the mirror check once took for different servers.
+func sameAddress(a, b string) bool {
+	if a == b {
+		return a != ""
+	}
+	ha, pa, err1 := net.SplitHostPort(a)
+	hb, pb, err2 := net.SplitHostPort(b)
+	if err1 != nil || err2 != nil || pa != pb {
+		return false
+	}
+	return strings.EqualFold(ha, hb) || loopbackHost(ha) && loopbackHost(hb)
+}
+
+func loopbackHost(h string) bool {
+	if strings.EqualFold(h, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }

@@ -53,6 +53,17 @@ compare = true
 			"mirror.upstream", `seeds name [upstream]'s nodes`},
 		{"itself", "[upstream]\naddress = \"10.0.0.1:6379\"\n[upstreams.new]\naddress = \"10.0.0.1:6379\"\n[mirror]\nupstream = \"new\"\n",
 			"mirror.upstream", "would run every write twice"},
+		// A route's upstream, and the primary under another spelling of
+		// its address, were accepted (found by review): every write ran
+		// twice on that server.
+		{"route upstream", "[upstreams.q]\naddress = \"10.0.0.2:6379\"\n[[route]]\npattern = \"q:*\"\nupstream = \"q\"\n[mirror]\nupstream = \"q\"\n",
+			"mirror.upstream", `a [[route]] or [[channel_route]] (pattern "q:*") sends clients' commands`},
+		{"channel route upstream", "[upstreams.q]\naddress = \"10.0.0.2:6379\"\n[[channel_route]]\npattern = \"ev.*\"\nupstream = \"q\"\n[mirror]\nupstream = \"q\"\n",
+			"mirror.upstream", "would run every write twice"},
+		{"a route's server", "[upstreams.q]\naddress = \"10.0.0.2:6379\"\n[upstreams.new]\naddress = \"10.0.0.2:6379\"\n[[route]]\npattern = \"q:*\"\nupstream = \"q\"\n[mirror]\nupstream = \"new\"\n",
+			"mirror.upstream", "is [upstreams.q]'s address"},
+		{"localhost", "[upstream]\naddress = \"127.0.0.1:6379\"\n[upstreams.new]\naddress = \"localhost:6379\"\n[mirror]\nupstream = \"new\"\n",
+			"mirror.upstream", "is [upstream]'s address"},
 		{"no address", "[upstreams.new]\npassword = \"x\"\n[mirror]\nupstream = \"new\"\n", "mirror.upstream", "upstreams.new.address"},
 		{"fewer databases", "[upstreams.new]\naddress = \"10.0.0.2:1\"\ndatabases = 2\n[mirror]\nupstream = \"new\"\n",
 			"mirror.upstream", "upstreams.new.databases (2) is less than upstream.databases (16)"},
