@@ -377,9 +377,10 @@ func (sess *Session) mirrorFlushed(call *upstream.Call) {
 			// It ran; only its reply was dropped, past the client's
 			// output limit.
 			b.Write(mk.name, false, raw)
-		case err != nil || resp.IsError(reply) && (!mk.script || bytes.HasPrefix(reply, noScript)):
+		case err != nil || resp.IsError(reply) && (!mk.script || scriptNotRun(reply)):
 			// Not run on the primary, so not on the mirror either. A
-			// script's error may come after it wrote, so it goes.
+			// script's error may come after it wrote, so it goes, unless
+			// it is one Redis gives before running any script.
 			mr.Skipped(mirror.SkipPrimaryError)
 		default:
 			b.Write(mk.name, resp.IsError(reply), raw)
@@ -426,6 +427,23 @@ func (sess *Session) mirrorExec(call *upstream.Call, sl slot) {
 }
 
 var noScript = []byte("-NOSCRIPT")
+
+// scriptRefusals are the errors Redis answers a script with before running
+// it (processCommand's checks): the script wrote nothing. A review found
+// a script refused with -BUSY by the primary run on the mirror alone.
+// -OOM is not one: a script without flags meets it at its first write,
+// after what it wrote before.
+var scriptRefusals = [][]byte{noScript, []byte("-BUSY "), []byte("-LOADING "), []byte("-MASTERDOWN "), []byte("-NOPERM "), []byte("-MISCONF "), []byte("-READONLY "), []byte("-NOREPLICAS ")}
+
+// scriptNotRun reports whether a script's error reply says it never ran.
+func scriptNotRun(reply []byte) bool {
+	for _, p := range scriptRefusals {
+		if bytes.HasPrefix(reply, p) {
+			return true
+		}
+	}
+	return false
+}
 
 // execRan reports whether an EXEC reply is the results of a transaction
 // that ran (not an error, not a null for a failed WATCH).
