@@ -7,9 +7,10 @@ import "github.com/redproxy/redproxy/internal/resp"
 // its slices have grown; until Enqueue copies them, they point into the
 // client's buffers and the batch's replies.
 type Batch struct {
-	parts  [][]byte
-	cmds   []pendingCmd
-	ticket uint64 // Begin's (order.go); 0: none
+	parts   [][]byte
+	cmds    []pendingCmd
+	ticket  uint64 // Begin's (order.go); 0: none
+	crossDB bool   // a command reaches another database (crossesDatabases)
 }
 
 type pendingCmd struct {
@@ -27,8 +28,27 @@ type pendingCmd struct {
 // answered it with an error (a script that failed after writing), so the
 // mirror's error is not counted against it.
 func (b *Batch) Write(name string, primaryErr bool, parts ...[]byte) {
+	b.crossDB = b.crossDB || crossesDatabases(name)
 	b.parts = append(b.parts, parts...)
 	b.cmds = append(b.cmds, pendingCmd{parts: len(parts), name: name, primaryErr: primaryErr})
+}
+
+// WriteCrossDB is Write for a write that reaches another database than
+// its client's in a way its name does not say: a transaction with a SELECT.
+func (b *Batch) WriteCrossDB(name string, primaryErr bool, parts ...[]byte) {
+	b.crossDB = true
+	b.Write(name, primaryErr, parts...)
+}
+
+// crossesDatabases reports whether a write named name may change another
+// database than the one it was sent in (COPY only with its DB option, but
+// it is rare enough to take as a whole).
+func crossesDatabases(name string) bool {
+	switch name {
+	case "move", "copy", "swapdb", "flushall":
+		return true
+	}
+	return false
 }
 
 // Read adds a sampled read, raw as sent to the primary, with the primary's
@@ -52,6 +72,7 @@ func (b *Batch) Reset() {
 	clear(b.parts)
 	clear(b.cmds)
 	b.parts, b.cmds = b.parts[:0], b.cmds[:0]
+	b.crossDB = false
 }
 
 // size is what the batch takes in the queue: its bytes and, for each
@@ -76,7 +97,7 @@ func (b *Batch) copyOut(db int, resp3 bool, size int64) *entry {
 	for _, c := range b.cmds {
 		total += len(c.reply) + len(c.key)
 	}
-	e := &entry{db: db, resp3: resp3, size: size, buf: make([]byte, 0, total),
+	e := &entry{db: db, resp3: resp3, size: size, crossDB: b.crossDB, buf: make([]byte, 0, total),
 		ends: make([]int, 0, len(b.parts)), cmds: make([]command, len(b.cmds))}
 	for _, p := range b.parts {
 		e.buf = append(e.buf, p...)

@@ -189,10 +189,13 @@ func (m *Mirror) drop(reason string, n int) {
 type entry struct {
 	db    int
 	resp3 bool
-	buf   []byte
-	ends  []int // ends[i] is where part i ends in buf
-	cmds  []command
-	size  int64
+	// crossDB: the entry may change another database, so it is ordered
+	// against every database's runs, not only its own (sender.send).
+	crossDB bool
+	buf     []byte
+	ends    []int // ends[i] is where part i ends in buf
+	cmds    []command
+	size    int64
 }
 
 type command struct {
@@ -442,6 +445,13 @@ func (s *sender) send(round []*entry) {
 	}
 	rt, _ := s.t.(*routerTarget)
 	for _, e := range round {
+		if e.crossDB {
+			// Databases' runs go at the same time: an entry that reaches
+			// another database runs alone, after what came before it in
+			// every database and before what comes after (a review found
+			// SET k; MOVE k 1 then SELECT 1; INCR k reordered).
+			s.flush()
+		}
 		p := 0
 		for i := range e.cmds {
 			c := &e.cmds[i]
@@ -458,6 +468,17 @@ func (s *sender) send(round []*entry) {
 			r.cmds = append(r.cmds, cmdRef{e: e, i: i})
 			p += c.parts
 		}
+		if e.crossDB {
+			s.flush()
+		}
+	}
+	s.flush()
+}
+
+// flush sends the runs gathered so far and checks their replies.
+func (s *sender) flush() {
+	if s.nruns == 0 {
+		return
 	}
 	s.do()
 	for i := range s.runs[:s.nruns] {

@@ -423,7 +423,11 @@ func (sess *Session) mirrorExec(call *upstream.Call, sl slot) {
 		// SELECT moved it.
 		ms.parts = append(ms.parts, resp.AppendCommandStrings(nil, "SELECT", strconv.Itoa(sess.db)))
 	}
-	ms.batch.Write("exec", false, ms.parts...)
+	if tx.selected {
+		ms.batch.WriteCrossDB("exec", false, ms.parts...)
+	} else {
+		ms.batch.Write("exec", false, ms.parts...)
+	}
 }
 
 var noScript = []byte("-NOSCRIPT")
