@@ -20,6 +20,7 @@ package mirror
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -539,11 +540,15 @@ func (s *sender) check(r *run) {
 	for _, ref := range r.cmds {
 		e, c := ref.e, &ref.e.cmds[ref.i]
 		var own []byte
-		failed, errReply, noScript, crossSlot := false, false, false, false
+		failed, errReply, noScript, crossSlot, unkept := false, false, false, false, false
 		for p := 0; p < c.parts; p++ {
 			rep, err := r.call.Reply(reply)
 			reply++
 			switch {
+			case errors.Is(err, upstream.ErrOutputLimit):
+				// Answered, past the run's reply cap: it ran, but its
+				// reply (and every later one of the run) was not kept.
+				unkept = true
 			case err != nil:
 				failed = true
 			case bytes.HasPrefix(rep, noScriptReply):
@@ -572,7 +577,7 @@ func (s *sender) check(r *run) {
 		case errReply && !c.primaryErr:
 			m.stats.errors[indexOf(errorKinds, ErrReply)].Add(1)
 		}
-		if !c.compare {
+		if !c.compare || unkept {
 			continue
 		}
 		m.stats.compared.Add(1)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/mirror"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
@@ -102,5 +103,44 @@ func TestMirrorCrossDatabaseOrder(t *testing.T) {
 	m0, _ := ms.Client(t).Exists(ctx, "k").Result()
 	if pv != mv || p0 != m0 {
 		t.Fatalf("primary: db1 k=%q, db0 has k: %d; mirror: db1 k=%q, db0 has k: %d", pv, p0, mv, m0)
+	}
+}
+
+// A mirrored write whose reply is larger than mirror.queue_bytes (GETDEL
+// of a big value) ran on the mirror, and so did the write after it in the
+// same run; both were counted as errors{kind="connection"}, "no reply",
+// because the run's reply cap had cut their replies (found by review).
+func TestMirrorBigWriteReplyIsNoError(t *testing.T) {
+	ms := redistest.Start(t)
+	p := startMirrored(t, ms, func(c *config.Config) { c.Mirror.QueueBytes = 256 * units.KB })
+	c := p.Client(t)
+	chunk := strings.Repeat("v", 100<<10)
+	for range 4 { // 400 KB on both servers, 100 KB a batch
+		if err := c.Append(ctx, "big", chunk).Err(); err != nil {
+			t.Fatal(err)
+		}
+		waitMirrored(t, p)
+	}
+	mc := ms.Client(t)
+	if n, _ := mc.StrLen(ctx, "big").Result(); n != 400<<10 {
+		t.Fatalf("mirror big = %d bytes", n)
+	}
+	pipe := c.Pipeline()
+	pipe.GetDel(ctx, "big")
+	pipe.Set(ctx, "after", "1", 0)
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitMirrored(t, p)
+	// Both ran on the mirror.
+	if n, _ := mc.Exists(ctx, "big").Result(); n != 0 {
+		t.Fatal("GETDEL did not run on the mirror")
+	}
+	if v, _ := mc.Get(ctx, "after").Result(); v != "1" {
+		t.Fatal("SET after did not run on the mirror")
+	}
+	rep := p.Mirror().Report(0)
+	if rep.Errors[mirror.ErrConnection] != 0 || rep.Errors[mirror.ErrReply] != 0 {
+		t.Fatalf("errors = %v, though the mirror answered and ran both commands (sent %d)", rep.Errors, rep.Sent)
 	}
 }
