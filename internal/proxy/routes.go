@@ -688,7 +688,7 @@ func (sess *Session) routedDo(call *upstream.Call) {
 		tg.routed.Add(float64(c.Len()))
 		if tg.router != nil {
 			if sess.db != 0 {
-				b.errs[up] = fmt.Errorf("redproxy: upstream '%s' is a cluster, which has only database 0", tg.name)
+				b.errs[up] = errClusterDB(tg.name)
 				continue
 			}
 			wg.Add(1)
@@ -806,6 +806,12 @@ func (sess *Session) placeRouteGroups(b *routeBatch, groups int) {
 	}
 }
 
+// errClusterDB answers a command of a client outside database 0 whose
+// route is a cluster upstream.
+func errClusterDB(name string) error {
+	return fmt.Errorf("redproxy: upstream '%s' is a cluster, which has only database 0", name)
+}
+
 // routedFetch is stampede protection's way upstream with routes: to the
 // upstream of the read's key.
 func (s *Server) routedFetch(c *upstream.Call, db int, resp3 bool, cmd []byte) {
@@ -821,6 +827,10 @@ func (s *Server) routedFetch(c *upstream.Call, db int, resp3 bool, cmd []byte) {
 	t := s.routes.targets[up]
 	t.routed.Add(float64(c.Len()))
 	switch {
+	case t.router != nil && db != 0:
+		// As routedDo answers: a coalesced or filling read took this way
+		// and read database 0 for a client in another (found by review).
+		c.Fail(errClusterDB(t.name))
 	case t.router != nil:
 		t.router.Do(c, resp3)
 	default:

@@ -285,6 +285,10 @@ func (rs *routeState) tierRoutes(cfg *config.Config) *localcache.Routes {
 func (sess *Session) tierStaleRouted(call *upstream.Call, key []byte) {
 	up, _ := sess.srv.routes.table.Load().Key(key)
 	if r := sess.srv.routes.targets[up].router; r != nil {
+		if sess.db != 0 {
+			call.Fail(errClusterDB(sess.srv.routes.targets[up].name))
+			return
+		}
 		// As in cluster mode, the router answers a lost node with an error
 		// reply, so the stale value is never used for a cluster upstream.
 		r.Do(call, sess.resp3)
