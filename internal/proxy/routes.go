@@ -455,7 +455,10 @@ func (sess *Session) routePinned(r *request) bool {
 	if route.FansOut(r.name) {
 		reply = errRouteInTx(r.name)
 	} else {
-		up, keyed, cross := sess.routeKeys(r)
+		// PUBLISH belongs to its channel's upstream, as in a held
+		// transaction (routePlacer.target): under WATCH it went out on the
+		// WATCH's upstream, answered :0, and no subscriber heard it.
+		up, keyed, cross := routePlacer{}.target(sess, r)
 		if !keyed {
 			return false
 		}

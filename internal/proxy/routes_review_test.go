@@ -3,6 +3,8 @@ package proxy_test
 // Route defects found by a review, each reproduced against real servers.
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -43,5 +45,36 @@ func TestRoutesClusterUpstreamOnlyInDatabase0(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A PUBLISH sent under a WATCH went out on the WATCH's upstream, not its
+// channel's: acknowledged (:0) and never heard by the channel's
+// subscribers. It is now held to its channel's upstream as in MULTI:
+// refused when that is another upstream than the WATCH's.
+func TestRoutesPublishUnderWatch(t *testing.T) {
+	r := startRouted(t, nil)
+	sub := r.p.Client(t).Subscribe(ctx, "news")
+	t.Cleanup(func() { sub.Close() })
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.c.Publish(ctx, "news", "a").Result(); err != nil || n != 1 {
+		t.Fatalf("PUBLISH news = %d, %v", n, err)
+	}
+	for _, watched := range []string{"queue:k", "plain:k"} {
+		err := r.p.Client(t).Watch(ctx, func(tx *redis.Tx) error {
+			n, err := tx.Publish(ctx, "news", "b").Result()
+			switch {
+			case watched == "queue:k" && (err == nil || !strings.HasPrefix(err.Error(), "CROSSROUTE")):
+				return fmt.Errorf("PUBLISH news under WATCH %s = %d, %v; want CROSSROUTE (news is on the default upstream)", watched, n, err)
+			case watched == "plain:k" && (err != nil || n != 1):
+				return fmt.Errorf("PUBLISH news under WATCH %s = %d, %v; want 1 subscriber", watched, n, err)
+			}
+			return nil
+		}, watched)
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 }
