@@ -75,6 +75,14 @@ func (sess *Session) flightStep(r *request) bool {
 	if sess.replicaCandidate(r) {
 		return false // a replica may answer it (replicas.go); fetches go to the primary
 	}
+	if sess.srv.routes != nil {
+		if _, _, cross := sess.routeKeys(r); cross != nil {
+			// Keys on two upstreams, or a read routes refuse: the flush
+			// splits or refuses it (route.Plan); a fetch would have sent
+			// it whole to the default upstream (found by review).
+			return false
+		}
+	}
 	if sess.directLead(r) {
 		if l, ok := fs.Begin(r.cmd, r.Args, r.Raw, sess.db, sess.resp3); ok {
 			// The read leads its fetch, forwarded as a direct reply: the

@@ -353,9 +353,8 @@ var errRouteInTx = func(name string) []byte {
 func (sess *Session) routeKeys(r *request) (up int, keyed bool, cross []byte) {
 	t := sess.srv.routes.table.Load()
 	up, keyed, err := t.Keys(r.cmd, r.Args, &sess.route.keys)
-	var ce *route.CrossError
-	if errors.As(err, &ce) {
-		return up, true, ce.Reply()
+	if err != nil {
+		return up, true, route.ErrorReply(err)
 	}
 	return up, keyed, nil
 }
@@ -621,9 +620,8 @@ func (sess *Session) routedDo(call *upstream.Call) {
 			up := route.Default
 			if cmd != nil {
 				u, keyed, err := t.Keys(cmd, b.args, &b.keys)
-				var ce *route.CrossError
-				if errors.As(err, &ce) {
-					b.plans[i] = route.Plan{Local: ce.Reply()}
+				if err != nil {
+					b.plans[i] = route.Plan{Local: route.ErrorReply(err)}
 				} else if keyed {
 					up = u
 				} else {

@@ -78,3 +78,50 @@ func TestRoutesPublishUnderWatch(t *testing.T) {
 		}
 	}
 }
+
+// SORT's BY and GET patterns name keys, which were read on the sorted
+// key's upstream whatever their route said: GET obj_* answered nils for
+// keys that exist on the default upstream (found by review). With routes
+// they are refused; GET # and BY without a "*" name no key and still run.
+// SWAPDB went to the default upstream only and left the keyspace half
+// swapped; it cannot be atomic across upstreams, so it is refused.
+func TestRoutesRefuseWhatCannotBeRouted(t *testing.T) {
+	r := startRouted(t, nil)
+	if err := r.c.RPush(ctx, "queue:ids", "2", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.c.MSet(ctx, "obj_1", "one", "obj_2", "two").Err(); err != nil {
+		t.Fatal(err)
+	}
+	refused := func(what string, err error, prefix string) {
+		t.Helper()
+		if err == nil || !strings.HasPrefix(err.Error(), prefix) {
+			t.Fatalf("%s: %v, want %s...", what, err, prefix)
+		}
+	}
+	// A lone read whose keys are on two upstreams took stampede
+	// protection's fetch, which sent it whole to the default upstream.
+	_, err := r.c.SInter(ctx, "queue:s", "cache:s").Result()
+	refused("SINTER queue:s cache:s", err, "CROSSROUTE")
+	_, err = r.c.Sort(ctx, "queue:ids", &redis.Sort{Get: []string{"obj_*"}}).Result()
+	refused("SORT GET obj_*", err, "CROSSROUTE")
+	_, err = r.c.Do(ctx, "SORT_RO", "queue:ids", "BY", "obj_*").Result()
+	refused("SORT_RO BY obj_*", err, "CROSSROUTE")
+	if v, err := r.c.Sort(ctx, "queue:ids", &redis.Sort{By: "nosort", Get: []string{"#"}}).Result(); err != nil || fmt.Sprint(v) != "[2 1]" {
+		t.Fatalf("SORT BY nosort GET # = %v, %v", v, err)
+	}
+	if v, err := r.c.Sort(ctx, "queue:ids", &redis.Sort{}).Result(); err != nil || fmt.Sprint(v) != "[1 2]" {
+		t.Fatalf("SORT = %v, %v", v, err)
+	}
+	_, err = r.c.Do(ctx, "SWAPDB", "0", "1").Result()
+	refused("SWAPDB", err, "ERR redproxy: SWAPDB")
+	// In a transaction, the refusal aborts it as a queue-time error does.
+	_, err = r.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Sort(ctx, "queue:ids", &redis.Sort{Get: []string{"obj_*"}})
+		return nil
+	})
+	refused("SORT GET obj_* in MULTI", err, "EXECABORT")
+	if v, _ := r.c.Get(ctx, "obj_1").Result(); v != "one" {
+		t.Fatalf("obj_1 = %q", v)
+	}
+}

@@ -195,9 +195,13 @@ func FansOut(name string) bool {
 
 // Keys is the upstream all of args' keys route to. keyed is false for a
 // command without keys; when the keys route to different upstreams, err
-// names two of the routes.
+// (a CrossError) names two of the routes; for a command routes cannot run
+// as asked, err is a Refusal. ErrorReply answers either.
 // scratch, when not nil, holds the key positions between calls.
 func (t *Table) Keys(cmd *commands.Command, args [][]byte, scratch *[]int) (up int, keyed bool, err error) {
+	if err := refused(cmd.Name, args); err != nil {
+		return Default, true, err
+	}
 	var keys []int
 	if scratch != nil {
 		keys = cmd.Keys(args, (*scratch)[:0])
@@ -263,8 +267,52 @@ func (t *Table) Plan(cmd *commands.Command, args [][]byte, scratch *[]int) Plan 
 	case "mset":
 		return t.split(args, AllOK, 2)
 	}
-	return Plan{Local: err.(*CrossError).Reply()}
+	return Plan{Local: ErrorReply(err)}
 }
+
+// refused is the error for a command routes cannot run as asked, or nil.
+func refused(name string, args [][]byte) error {
+	switch name {
+	case "swapdb":
+		// Run on each upstream it would swap one part of the keyspace at
+		// a time, and one upstream refusing (a cluster) leaves it half
+		// swapped: the atomic switch SWAPDB exists for cannot be had.
+		return &Refusal{errSwapDB}
+	case "sort", "sort_ro":
+		// Keys named by BY and GET patterns may route elsewhere; read on
+		// the sorted key's upstream they were silently missing (nil
+		// values, a wrong order). Redis Cluster refuses them likewise.
+		for opt, i := range commands.SortOptions(args) {
+			if opt == commands.SortGet && string(args[i]) != "#" || opt == commands.SortBy && bytes.IndexByte(args[i], '*') >= 0 {
+				return &Refusal{errSortPatterns}
+			}
+		}
+	}
+	return nil
+}
+
+// Refusal is a command routes cannot run as asked; its reply says why.
+type Refusal struct{ reply []byte }
+
+func (e *Refusal) Error() string { return string(bytes.TrimSuffix(e.reply[1:], []byte("\r\n"))) }
+
+// Reply is e as a RESP error.
+func (e *Refusal) Reply() []byte { return e.reply }
+
+// ErrorReply is the RESP error reply for an error of Keys (a CrossError or
+// a Refusal); nil for nil.
+func ErrorReply(err error) []byte {
+	var r interface{ Reply() []byte }
+	if errors.As(err, &r) {
+		return r.Reply()
+	}
+	return nil
+}
+
+var (
+	errSwapDB       = []byte("-ERR redproxy: SWAPDB cannot swap atomically across routed upstreams; swap on each Redis directly, or move keys with a script\r\n")
+	errSortPatterns = []byte("-CROSSROUTE redproxy: with routes, SORT's BY and GET patterns may name keys on other upstreams; sort without them (BY nosort) and read the keys with MGET\r\n")
+)
 
 // split sends one command per upstream of a multi-key command whose keys
 // are args[1], args[1+stride], ... (with stride-1 values after each), in
