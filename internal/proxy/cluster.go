@@ -14,6 +14,7 @@ import (
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/namespace"
 	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/route"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -79,6 +80,9 @@ type clusterMulti struct {
 	target int
 	queued []clusterQueued
 	size   int
+	// routes is the route table in force when the MULTI was held (routes
+	// only): a reload before EXEC may have moved its keys (reroutedHeld).
+	routes *route.Table
 }
 
 type clusterQueued struct {
@@ -286,6 +290,9 @@ func (sess *Session) openHeld(r *request, p heldPlacer) bool {
 			return false // the arity error
 		}
 		cm := clusterMulti{open: true, target: -1, queued: sess.cmulti.queued[:0]}
+		if sess.srv.routes != nil {
+			cm.routes = sess.srv.routes.table.Load()
+		}
 		if sess.pin.pipe != nil {
 			if sess.pin.inMulti || !p.toExec() {
 				return false // the pinned connection's MULTI
@@ -335,6 +342,13 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 			sess.endHeld()
 			sess.replyLocal(m, emptyExec)
 			return true
+		}
+		if cm.routes != nil && cm.routes != sess.srv.routes.table.Load() {
+			if reply := sess.reroutedHeld(); reply != nil {
+				sess.endHeld()
+				sess.replyLocal(m, reply)
+				return true
+			}
 		}
 		target := cm.target
 		if target < 0 {

@@ -807,6 +807,55 @@ func (sess *Session) placeRouteGroups(b *routeBatch, groups int) {
 	}
 }
 
+// reroutedHeld places again, by the routes in force now, a held
+// transaction whose routes were reloaded after its MULTI: nothing of it
+// has been sent, so it goes where its keys live now, and the client's
+// reads after EXEC find its writes (sent by the old routes, they did
+// not: found by review). It returns the reply ending the transaction
+// instead when that cannot be: its keys now live on two upstreams
+// (EXECABORT), or under a WATCH on another upstream than the WATCH's
+// (a null reply, as for a WATCH that failed: the WATCH guarded keys
+// that are no longer there, and a client retries).
+func (sess *Session) reroutedHeld() []byte {
+	cm := &sess.cmulti
+	t := sess.srv.routes.table.Load()
+	cm.routes = t
+	target := -1
+	var args [][]byte
+	for _, q := range cm.queued {
+		var err error
+		if args, err = resp.SplitCommand(q.raw, args[:0]); err != nil || q.cmd == nil {
+			continue
+		}
+		up, keyed := 0, false
+		if (q.cmd.Name == "publish" || q.cmd.Name == "spublish") && len(args) == 3 {
+			up, keyed = t.Channel(args[1]), true
+		} else {
+			var kerr error
+			if up, keyed, kerr = t.Keys(q.cmd, args, nil); kerr != nil {
+				return errExecAbort
+			}
+		}
+		if !keyed {
+			continue
+		}
+		if target >= 0 && up != target {
+			return errExecAbort
+		}
+		target = up
+	}
+	if cm.watched && target >= 0 && target != cm.target {
+		if sess.resp3 {
+			return []byte("_\r\n")
+		}
+		return []byte("*-1\r\n")
+	}
+	if target >= 0 {
+		cm.target = target
+	}
+	return nil
+}
+
 // errClusterDB answers a command of a client outside database 0 whose
 // route is a cluster upstream.
 func errClusterDB(name string) error {

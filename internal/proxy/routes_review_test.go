@@ -125,3 +125,69 @@ func TestRoutesRefuseWhatCannotBeRouted(t *testing.T) {
 		t.Fatalf("obj_1 = %q", v)
 	}
 }
+
+// A held transaction is sent at EXEC. When a reload moved its keys' route
+// between MULTI and EXEC, EXEC wrote on the old upstream, and the client's
+// next read, routed by the new routes, missed its own acknowledged write
+// (found by review). Now the transaction goes where its keys live at EXEC;
+// if they now live on two upstreams EXEC aborts, and under a WATCH on
+// another upstream it answers as a failed WATCH does.
+func TestRoutesReloadBetweenMultiAndExec(t *testing.T) {
+	run := func(t *testing.T, watch string, queue []string, routes []config.Route) (any, error, *routed, *redis.Conn) {
+		r := startRouted(t, nil)
+		conn := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }).Conn()
+		t.Cleanup(func() { conn.Close() })
+		if watch != "" {
+			if err := conn.Do(ctx, "WATCH", watch).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := conn.Do(ctx, "MULTI").Err(); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range queue {
+			if err := conn.Do(ctx, "SET", k, "mine").Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := r.p.Reload(reloaded(t, r.p, func(c *config.Config) { c.Routes = routes })); err != nil {
+			t.Fatal(err)
+		}
+		res, err := conn.Do(ctx, "EXEC").Result()
+		return res, err, r, conn
+	}
+	t.Run("moved", func(t *testing.T) {
+		res, err, r, conn := run(t, "", []string{"queue:moved"}, []config.Route{{Pattern: "queue:*", Upstream: "cache"}})
+		if err != nil {
+			t.Fatalf("EXEC = %v, %v", res, err)
+		}
+		if v, _ := conn.Get(ctx, "queue:moved").Result(); v != "mine" {
+			t.Fatalf("GET queue:moved after EXEC = %q (the key is on %s)", v, r.holds(t, "queue:moved"))
+		}
+		if where := r.holds(t, "queue:moved"); where != "cache" {
+			t.Fatalf("queue:moved is on %q, want cache", where)
+		}
+	})
+	t.Run("split", func(t *testing.T) {
+		_, err, r, _ := run(t, "", []string{"queue:x", "queue:y"}, []config.Route{{Pattern: "queue:x*", Upstream: "cache"}, {Pattern: "queue:*", Upstream: "queue"}})
+		if err == nil || !strings.HasPrefix(err.Error(), "EXECABORT") {
+			t.Fatalf("EXEC of keys now on two upstreams = %v, want EXECABORT", err)
+		}
+		if where := r.holds(t, "queue:x") + r.holds(t, "queue:y"); where != "" {
+			t.Fatalf("an aborted transaction wrote: %q", where)
+		}
+	})
+	t.Run("watched", func(t *testing.T) {
+		res, err, r, conn := run(t, "queue:w", []string{"queue:w"}, []config.Route{{Pattern: "queue:*", Upstream: "cache"}})
+		if err != redis.Nil {
+			t.Fatalf("EXEC under a WATCH whose keys moved = %v, %v; want the null of a failed WATCH", res, err)
+		}
+		if where := r.holds(t, "queue:w"); where != "" {
+			t.Fatalf("a failed transaction wrote on %q", where)
+		}
+		// The WATCH is over, as after any EXEC: the connection is a plain one.
+		if err := conn.Set(ctx, "plain:after", "1", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
