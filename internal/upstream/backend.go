@@ -168,22 +168,40 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*Pipe, error) {
 		b.closePipe(p)
 	}
 	b.idleMu.Unlock()
-	g := b.gen.Load()
-	o := g.options(db, resp3)
-	o.Name = PinnedName
-	p, err := DialPipe(o)
-	if err != nil {
-		b.givePin()
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	for range maxDialsAcrossSwitches {
+		g := b.gen.Load()
+		o := g.options(db, resp3)
+		o.Name = PinnedName
+		p, err := DialPipe(o)
+		if err != nil {
+			b.givePin()
+			return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		b.idleMu.Lock()
+		if b.gen.Load() != g {
+			// The upstream switched while this dialled: a failover's cut
+			// could not see it, and a MULTI on it ran on the old primary
+			// (found by review). Dial the new one.
+			b.idleMu.Unlock()
+			go p.Close()
+			continue
+		}
+		if b.dialled == nil {
+			b.dialled = make(map[*Pipe]*backendGen)
+		}
+		b.dialled[p] = g
+		b.idleMu.Unlock()
+		return p, nil
 	}
-	b.idleMu.Lock()
-	if b.dialled == nil {
-		b.dialled = make(map[*Pipe]*backendGen)
-	}
-	b.dialled[p] = g
-	b.idleMu.Unlock()
-	return p, nil
+	b.givePin()
+	return nil, errSwitchedWhileDialling
 }
+
+// maxDialsAcrossSwitches bounds the dials of a dedicated connection when
+// the upstream keeps switching while it dials.
+const maxDialsAcrossSwitches = 3
+
+var errSwitchedWhileDialling = fmt.Errorf("%w: the upstream changed while connecting", ErrUnavailable)
 
 // ReleasePipe gives a dedicated connection back. Only a connection whose
 // state the caller knows to be clean (no MULTI, no WATCH, the DB and
@@ -274,24 +292,33 @@ func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error)
 	if !b.takePin() {
 		return nil, ErrTooManyPinned
 	}
-	g := b.gen.Load()
-	o := g.options(db, resp3)
-	o.Name = "redproxy-relay"
-	if name != "" {
-		o.Name = name
+	for range maxDialsAcrossSwitches {
+		g := b.gen.Load()
+		o := g.options(db, resp3)
+		o.Name = "redproxy-relay"
+		if name != "" {
+			o.Name = name
+		}
+		nc, err := Dial(o)
+		if err != nil {
+			b.givePin()
+			return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		b.idleMu.Lock()
+		if b.gen.Load() != g {
+			b.idleMu.Unlock() // as in AcquirePipe
+			nc.Close()
+			continue
+		}
+		if b.relays == nil {
+			b.relays = make(map[net.Conn]*backendGen)
+		}
+		b.relays[nc] = g
+		b.idleMu.Unlock()
+		return nc, nil
 	}
-	nc, err := Dial(o)
-	if err != nil {
-		b.givePin()
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	b.idleMu.Lock()
-	if b.relays == nil {
-		b.relays = make(map[net.Conn]*backendGen)
-	}
-	b.relays[nc] = g
-	b.idleMu.Unlock()
-	return nc, nil
+	b.givePin()
+	return nil, errSwitchedWhileDialling
 }
 
 // ReleaseConn closes a relayed connection.
