@@ -130,7 +130,7 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		s.upstreamAddr = addr
 		switchBackend := func() {
 			s.backend.Switch(s.backendOptions(next, addr))
-			s.switchUserBackends(next, addr)
+			s.switchUserBackends(next, addr, false)
 		}
 		if s.tier != nil {
 			// The tier drops everything it read from the old upstream and

@@ -100,7 +100,8 @@ func (s *Server) readOnlyHook() func() {
 // failover moves the proxy to the new primary addr, as a reload changing
 // upstream.address would, but without waiting on the old server:
 //
-//   - requests still waiting on the old primary fail with "connection
+//   - for the proxy's pools and every user credential's:
+//     requests still waiting on the old primary fail with "connection
 //     lost" (never resent: a write may have run), and the dedicated
 //     connections to it (MULTI, blocking commands, pub/sub, MONITOR,
 //     tracking) are cut, so their clients see the loss (Backend.Failover);
@@ -115,7 +116,13 @@ func (s *Server) failover(addr string) {
 	defer s.reloadMu.Unlock()
 	cfg := s.Config()
 	s.upstreamAddr = addr
-	switchBackend := func() { s.backend.Failover(s.backendOptions(cfg, addr)) }
+	switchBackend := func() {
+		s.backend.Failover(s.backendOptions(cfg, addr))
+		// Users with their own upstream credential have pools of their
+		// own; left behind, their writes were acknowledged by the old
+		// primary and lost, then failed for good (found by review).
+		s.switchUserBackends(cfg, addr, true)
+	}
 	if s.tier != nil {
 		s.tier.cache.SwitchUpstream(switchBackend)
 	} else {

@@ -65,15 +65,21 @@ func (s *Server) closeUsers() {
 	}
 }
 
-// switchUserBackends moves the per-credential pools to a new upstream.
-func (s *Server) switchUserBackends(next *config.Config, addr string) {
+// switchUserBackends moves the per-credential pools to a new upstream:
+// as a reload does (Backend.Switch), or, for a failover, cutting what they
+// hold on the old primary (Backend.Failover).
+func (s *Server) switchUserBackends(next *config.Config, addr string, failover bool) {
 	if s.users == nil {
 		return
 	}
 	for cred, b := range s.users.backends {
 		o := s.backendOptions(next, addr)
 		o.Username, o.Password = cred.User, cred.Password
-		b.Switch(o)
+		if failover {
+			b.Failover(o)
+		} else {
+			b.Switch(o)
+		}
 	}
 }
 
