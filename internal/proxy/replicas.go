@@ -416,9 +416,10 @@ func (rs *replicaSet) poll() {
 		ok     bool
 	}
 	results := make(chan result, len(rs.nodes))
+	replid := infoFields(info)["master_replid"]
 	for _, n := range rs.nodes {
 		go func() {
-			off, ok := rs.checkReplica(n)
+			off, ok := rs.checkReplica(n, replid)
 			results <- result{n, off, ok}
 		}()
 	}
@@ -469,14 +470,24 @@ func (rs *replicaSet) primaryOffset() (int64, []byte, error) {
 }
 
 // checkReplica reads a replica's applied offset, if it replicates (role
-// slave, link up, not syncing) and answers within checkTimeout.
-func (rs *replicaSet) checkReplica(n *replicaNode) (int64, bool) {
+// slave, link up, not syncing) the primary's history, replid, and answers
+// within checkTimeout.
+func (rs *replicaSet) checkReplica(n *replicaNode, replid string) (int64, bool) {
 	info, err := rs.info(n.backend, n)
 	if err != nil {
 		return 0, false
 	}
 	f := infoFields(info)
 	if f["role"] != "slave" || f["master_link_status"] != "up" || f["master_sync_in_progress"] == "1" {
+		return 0, false
+	}
+	if replid != "" && f["master_replid"] != replid {
+		// Offsets compare only within one replication history: right
+		// after a failover a replica still following the demoted primary
+		// counts that server's writes, and its offset passed the new
+		// primary's floor without holding a client's write made there
+		// (found by review). A replica takes its primary's replid once
+		// in sync, chained ones too.
 		return 0, false
 	}
 	off, err := strconv.ParseInt(f["slave_repl_offset"], 10, 64)
