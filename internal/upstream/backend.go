@@ -168,33 +168,46 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*Pipe, error) {
 		b.closePipe(p)
 	}
 	b.idleMu.Unlock()
-	for range maxDialsAcrossSwitches {
-		g := b.gen.Load()
+	p, err := dialCurrent(b, func(g *backendGen) (*Pipe, error) {
 		o := g.options(db, resp3)
 		o.Name = PinnedName
-		p, err := DialPipe(o)
-		if err != nil {
-			b.givePin()
-			return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
-		}
-		b.idleMu.Lock()
-		if b.gen.Load() != g {
-			// The upstream switched while this dialled: a failover's cut
-			// could not see it, and a MULTI on it ran on the old primary
-			// (found by review). Dial the new one.
-			b.idleMu.Unlock()
-			go p.Close()
-			continue
-		}
+		return DialPipe(o)
+	}, func(p *Pipe) { go p.Close() }, func(p *Pipe, g *backendGen) {
 		if b.dialled == nil {
 			b.dialled = make(map[*Pipe]*backendGen)
 		}
 		b.dialled[p] = g
-		b.idleMu.Unlock()
-		return p, nil
+	})
+	if err != nil {
+		b.givePin()
 	}
-	b.givePin()
-	return nil, errSwitchedWhileDialling
+	return p, err
+}
+
+// dialCurrent dials a dedicated connection to the current generation and
+// records it (under idleMu) as that generation's. A connection whose dial
+// spanned a switch is dropped and dialled again: a failover's cut, which
+// takes idleMu after swapping the generation, could not have seen it, and
+// a MULTI on it ran on the old primary (found by review).
+func dialCurrent[C any](b *Backend, dial func(*backendGen) (C, error), drop func(C), record func(C, *backendGen)) (C, error) {
+	var zero C
+	for range maxDialsAcrossSwitches {
+		g := b.gen.Load()
+		c, err := dial(g)
+		if err != nil {
+			return zero, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		b.idleMu.Lock()
+		if b.gen.Load() != g {
+			b.idleMu.Unlock()
+			drop(c)
+			continue
+		}
+		record(c, g)
+		b.idleMu.Unlock()
+		return c, nil
+	}
+	return zero, errSwitchedWhileDialling
 }
 
 // maxDialsAcrossSwitches bounds the dials of a dedicated connection when
@@ -292,33 +305,23 @@ func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error)
 	if !b.takePin() {
 		return nil, ErrTooManyPinned
 	}
-	for range maxDialsAcrossSwitches {
-		g := b.gen.Load()
+	nc, err := dialCurrent(b, func(g *backendGen) (net.Conn, error) {
 		o := g.options(db, resp3)
 		o.Name = "redproxy-relay"
 		if name != "" {
 			o.Name = name
 		}
-		nc, err := Dial(o)
-		if err != nil {
-			b.givePin()
-			return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
-		}
-		b.idleMu.Lock()
-		if b.gen.Load() != g {
-			b.idleMu.Unlock() // as in AcquirePipe
-			nc.Close()
-			continue
-		}
+		return Dial(o)
+	}, func(nc net.Conn) { nc.Close() }, func(nc net.Conn, g *backendGen) {
 		if b.relays == nil {
 			b.relays = make(map[net.Conn]*backendGen)
 		}
 		b.relays[nc] = g
-		b.idleMu.Unlock()
-		return nc, nil
+	})
+	if err != nil {
+		b.givePin()
 	}
-	b.givePin()
-	return nil, errSwitchedWhileDialling
+	return nc, err
 }
 
 // ReleaseConn closes a relayed connection.

@@ -68,21 +68,29 @@ func slowForwarder(t *testing.T, target string, delay time.Duration) string {
 	return ln.Addr().String()
 }
 
-// A dedicated pipe whose dial to the old server is still in progress when
-// Failover runs must not end up talking to the old server: Failover
-// promises that "the dedicated connections dialled to it ... are cut".
+// failoverDuringDial starts a Backend on a (behind a forwarder that makes
+// each dial take 300 ms) and returns failover, which waits until a dial
+// begun just before it is under way and fails the Backend over to b.
+func failoverDuringDial(t *testing.T) (a, b *redistest.Server, be *Backend, failover func()) {
+	a, b = redistest.Start(t), redistest.Start(t)
+	opt := BackendOptions{Addr: slowForwarder(t, a.Addr(), 300*time.Millisecond), Connections: 1, Databases: 1, MaxPinned: 4, DialTimeout: 2 * time.Second,
+		ReplyTimeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	be = NewBackend(opt)
+	t.Cleanup(be.Close)
+	return a, b, be, func() {
+		time.Sleep(100 * time.Millisecond) // the dial is under way
+		opt.Addr = b.Addr()
+		be.Failover(opt)
+	}
+}
+
 // A dedicated connection whose dial spanned a failover was recorded
 // under the old generation after the failover had cut those, so nothing
 // cut it: a client's MULTI ran and was acknowledged on the old primary
 // (found by review). Now a dial that spans a switch is dropped and made
 // again to the new upstream.
 func TestFailoverDuringDedicatedDial(t *testing.T) {
-	a, b := redistest.Start(t), redistest.Start(t)
-	slowA := slowForwarder(t, a.Addr(), 300*time.Millisecond)
-	opt := BackendOptions{Addr: slowA, Connections: 1, Databases: 1, MaxPinned: 4, DialTimeout: 2 * time.Second,
-		ReplyTimeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	be := NewBackend(opt)
-	t.Cleanup(be.Close)
+	a, b, be, failover := failoverDuringDial(t)
 
 	type got struct {
 		p   *Pipe
@@ -93,9 +101,7 @@ func TestFailoverDuringDedicatedDial(t *testing.T) {
 		p, err := be.AcquirePipe(0, false) // e.g. a client's MULTI
 		ch <- got{p, err}
 	}()
-	time.Sleep(100 * time.Millisecond) // the dial is under way
-	opt.Addr = b.Addr()
-	be.Failover(opt) // the Sentinels named b
+	failover()
 	r := <-ch
 	if r.err != nil {
 		t.Fatalf("AcquirePipe across a failover: %v; want a pipe to the new server", r.err)
@@ -120,12 +126,7 @@ func TestFailoverDuringDedicatedDial(t *testing.T) {
 // The same for a relay (SUBSCRIBE, MONITOR, tracking): AcquireConn.
 // The same for a relay's connection (SUBSCRIBE, MONITOR, tracking).
 func TestFailoverDuringRelayDial(t *testing.T) {
-	a, b := redistest.Start(t), redistest.Start(t)
-	slowA := slowForwarder(t, a.Addr(), 300*time.Millisecond)
-	opt := BackendOptions{Addr: slowA, Connections: 1, Databases: 1, MaxPinned: 4, DialTimeout: 2 * time.Second,
-		ReplyTimeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	be := NewBackend(opt)
-	t.Cleanup(be.Close)
+	a, b, be, failover := failoverDuringDial(t)
 	type got struct {
 		nc  net.Conn
 		err error
@@ -135,9 +136,7 @@ func TestFailoverDuringRelayDial(t *testing.T) {
 		nc, err := be.AcquireConn(0, false, "")
 		ch <- got{nc, err}
 	}()
-	time.Sleep(100 * time.Millisecond)
-	opt.Addr = b.Addr()
-	be.Failover(opt)
+	failover()
 	r := <-ch
 	if r.err != nil {
 		t.Fatalf("AcquireConn across a failover: %v; want a connection to the new server", r.err)
