@@ -39,23 +39,27 @@ func TestSentinelReplicaReadAfterFailoverSeesOwnWrite(t *testing.T) {
 	// directly until it is demoted: its replication stream, which the
 	// replicas not yet moved by the Sentinels still follow, runs ahead of
 	// the new primary's.
-	blob := strings.Repeat("x", 64<<10)
-	for w := range 2 {
-		c := old.Client(t)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	// untilStop runs body(0), body(1), ... on a goroutine until stop.
+	untilStop := func(body func(i int)) {
+		wg.Go(func() {
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
 					return
 				default:
 				}
-				if c.Set(ctx, fmt.Sprintf("blob:%d:%d", w, i%50), blob, 0).Err() != nil {
-					time.Sleep(5 * time.Millisecond)
-				}
+				body(i)
 			}
-		}()
+		})
+	}
+	blob := strings.Repeat("x", 64<<10)
+	for w := range 2 {
+		c := old.Client(t)
+		untilStop(func(i int) {
+			if c.Set(ctx, fmt.Sprintf("blob:%d:%d", w, i%50), blob, 0).Err() != nil {
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
 	}
 	type miss struct{ key, got, state string }
 	direct := make([]*redis.Client, len(g.Nodes))
@@ -82,28 +86,19 @@ func TestSentinelReplicaReadAfterFailoverSeesOwnWrite(t *testing.T) {
 	var misses []miss
 	for r := range 4 {
 		c := p.Client(t)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				key := fmt.Sprintf("ryw:%d:%d", r, i)
-				if err := c.Set(ctx, key, "v", 0).Err(); err != nil {
-					time.Sleep(5 * time.Millisecond)
-					continue
-				}
-				v, err := c.Get(ctx, key).Result()
-				if err == redis.Nil || (err == nil && v != "v") {
-					mu.Lock()
-					misses = append(misses, miss{key, v, stateOf(key)})
-					mu.Unlock()
-				}
+		untilStop(func(i int) {
+			key := fmt.Sprintf("ryw:%d:%d", r, i)
+			if err := c.Set(ctx, key, "v", 0).Err(); err != nil {
+				time.Sleep(5 * time.Millisecond)
+				return
 			}
-		}()
+			v, err := c.Get(ctx, key).Result()
+			if err == redis.Nil || (err == nil && v != "v") {
+				mu.Lock()
+				misses = append(misses, miss{key, v, stateOf(key)})
+				mu.Unlock()
+			}
+		})
 	}
 	time.Sleep(500 * time.Millisecond)
 	g.Failover(t)
