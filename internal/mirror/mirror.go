@@ -65,9 +65,14 @@ const (
 	// SkipPrimaryError: the primary answered the write with an error (or
 	// not at all), so it did not run there; it is not run on the mirror.
 	SkipPrimaryError = "primary_error"
+	// SkipNondeterministic: a write whose effect the server chose and that
+	// its reply does not tell (XCLAIM, XAUTOCLAIM, XTRIM with ~, MIGRATE):
+	// run as sent, the mirror would choose otherwise and drift. SPOP and
+	// XADD are mirrored as their effect, rebuilt from the reply.
+	SkipNondeterministic = "nondeterministic"
 )
 
-var skipReasons = []string{SkipTransaction, SkipBlocking, SkipPrimaryError}
+var skipReasons = []string{SkipTransaction, SkipBlocking, SkipPrimaryError, SkipNondeterministic}
 
 // Kinds of mirror errors (redproxy_mirror_errors_total).
 const (
@@ -122,7 +127,7 @@ type Mirror struct {
 type stats struct {
 	sent, sampled, compared, mismatches atomic.Int64
 	dropped                             [7]atomic.Int64 // by dropReasons
-	skipped                             [3]atomic.Int64 // by skipReasons
+	skipped                             [4]atomic.Int64 // by skipReasons
 	errors                              [2]atomic.Int64 // by errorKinds
 }
 

@@ -35,6 +35,10 @@ type mirrorState struct {
 	parts [][]byte // scratch: the parts of a wrapped write
 	tx    mirrorTx
 	cmd   []byte // scratch: a blocking command's non-blocking form
+	// effects holds the batch's nondeterministic writes as rebuilt from
+	// their replies (mirrorEffect), until Enqueue copies them.
+	effects []byte
+	args    [][]byte // scratch
 }
 
 // mirrorMark is one command of the batch to be mirrored: the reply slot
@@ -49,6 +53,7 @@ type mirrorMark struct {
 	compare bool
 	script  bool
 	exec    bool // the EXEC of a transaction with writes (mirrorTx)
+	nondet  bool // a write flagged nondeterministic: mirrored as its effect (mirrorEffect)
 }
 
 // mirrorTx is the client's open transaction as the mirror will see it:
@@ -222,6 +227,7 @@ func (sess *Session) mirrorNote(r *request) {
 			return
 		}
 		mk.script = r.cmd.Parent == nil && r.cmd.Is(commands.CatScripting) // EVAL, EVALSHA, FCALL
+		mk.nondet = r.cmd.Is(commands.Nondeterministic)
 	case r.cmd.Is(commands.ReadOnly):
 		var kb [4]int
 		keys := r.cmd.Keys(r.Args, kb[:0])
@@ -342,10 +348,21 @@ func (sess *Session) mirrorFlushed(call *upstream.Call) {
 				for p := sl.i; p <= sl.i+mk.hidden; p++ {
 					ms.parts = append(ms.parts, call.Part(p))
 				}
-				if err == nil && !resp.IsError(reply) || errors.Is(err, upstream.ErrOutputLimit) {
-					b.Write(mk.name, false, ms.parts...)
-				} else {
+				switch {
+				case err != nil && !errors.Is(err, upstream.ErrOutputLimit) || err == nil && resp.IsError(reply):
 					mr.Skipped(mirror.SkipPrimaryError)
+				case !mk.nondet:
+					b.Write(mk.name, false, ms.parts...)
+				case err == nil:
+					// Its effect, its fix-ups behind it.
+					if name, cmd, ok := ms.effect(mk.name, ms.parts[0], reply); !ok {
+						mr.Skipped(mirror.SkipNondeterministic)
+					} else if cmd != nil {
+						ms.parts[0] = cmd
+						b.Write(name, false, ms.parts...)
+					}
+				default:
+					mr.Skipped(mirror.SkipNondeterministic) // its reply, which says its effect, was dropped
 				}
 				continue
 			}
@@ -363,7 +380,21 @@ func (sess *Session) mirrorFlushed(call *upstream.Call) {
 			for p := sl.i - 1; p <= sl.end; p++ {
 				ms.parts = append(ms.parts, call.Part(p))
 			}
-			b.Write(mk.name, false, ms.parts...)
+			name := mk.name
+			if mk.nondet {
+				// Its effect, inside the same MULTI and EXEC: the
+				// command's reply is EXEC's first element.
+				var cmd []byte
+				var ok bool
+				if name, cmd, ok = ms.effect(mk.name, ms.parts[1], firstElement(exec)); !ok {
+					mr.Skipped(mirror.SkipNondeterministic)
+					continue
+				} else if cmd == nil {
+					continue
+				}
+				ms.parts[1] = cmd
+			}
+			b.Write(name, false, ms.parts...)
 			continue
 		default:
 			continue
@@ -373,6 +404,9 @@ func (sess *Session) mirrorFlushed(call *upstream.Call) {
 			if err == nil {
 				b.Read(mk.name, raw, reply, mk.key, mk.compare)
 			}
+		case errors.Is(err, upstream.ErrOutputLimit) && mk.nondet:
+			// It ran, but its reply, which says what it did, was dropped.
+			mr.Skipped(mirror.SkipNondeterministic)
 		case errors.Is(err, upstream.ErrOutputLimit):
 			// It ran; only its reply was dropped, past the client's
 			// output limit.
@@ -382,6 +416,12 @@ func (sess *Session) mirrorFlushed(call *upstream.Call) {
 			// script's error may come after it wrote, so it goes, unless
 			// it is one Redis gives before running any script.
 			mr.Skipped(mirror.SkipPrimaryError)
+		case mk.nondet:
+			if name, cmd, ok := ms.effect(mk.name, raw, reply); !ok {
+				mr.Skipped(mirror.SkipNondeterministic)
+			} else if cmd != nil {
+				b.Write(name, false, cmd)
+			}
 		default:
 			b.Write(mk.name, resp.IsError(reply), raw)
 		}
@@ -391,6 +431,117 @@ func (sess *Session) mirrorFlushed(call *upstream.Call) {
 	ms.marks = ms.marks[:0]
 	mr.Enqueue(sess.db, sess.resp3, b)
 	b.Reset()
+	if cap(ms.effects) > 64<<10 {
+		ms.effects = nil // a large SPOP's members are not kept for an idle client
+	}
+	ms.effects = ms.effects[:0]
+}
+
+// effect rebuilds a write flagged nondeterministic (its effect chosen by
+// the server) from the primary's reply, as Redis's replication does, so
+// that the mirror applies the same effect: before, SPOP and XADD * were
+// mirrored as sent, the mirror popped other members and gave entries
+// other IDs, and the two drifted apart (TestMirrorNondeterministicWritesDiverge).
+//
+//	SPOP key [count]            the members popped   SREM key member...
+//	XADD key [options] * f v    the ID chosen         XADD key [options] ID f v
+//	XTRIM key MAXLEN|MINID = n  (exact)               as sent
+//
+// A reply that says nothing was done (SPOP of a missing key, XADD
+// NOMKSTREAM of one) mirrors nothing: cmd is nil and ok true. ok is false
+// for the rest (XCLAIM, XAUTOCLAIM, XTRIM ~, MIGRATE, or an argument or
+// reply not understood), which are not mirrored (SkipNondeterministic).
+// cmd points into ms.effects, kept until the batch is queued.
+func (ms *mirrorState) effect(name string, raw, reply []byte) (mirrored string, cmd []byte, ok bool) {
+	args, err := resp.SplitCommand(raw, ms.args[:0])
+	ms.args = args
+	defer func() { clear(ms.args) }()
+	if err != nil || len(args) < 2 || resp.IsError(reply) {
+		return "", nil, false
+	}
+	start := len(ms.effects)
+	switch name {
+	case "spop":
+		if resp.IsNull(reply) {
+			return name, nil, true
+		}
+		// SREM's arguments: the key, then the members popped.
+		srem := append(args[:0], args[1])
+		switch len(args) {
+		case 2:
+			m, ok := bulkString(reply)
+			if !ok {
+				return "", nil, false
+			}
+			srem = append(srem, m)
+		case 3:
+			el, ok := resp.ArrayElements(reply)
+			if !ok {
+				return "", nil, false
+			}
+			for _, e := range el {
+				m, ok := bulkString(e)
+				if !ok {
+					return "", nil, false
+				}
+				srem = append(srem, m)
+			}
+		default:
+			return "", nil, false
+		}
+		ms.args = srem
+		if len(srem) == 1 {
+			return name, nil, true // popped nothing
+		}
+		ms.effects = resp.AppendCommandNamed(ms.effects, "SREM", srem...)
+		return "srem", ms.effects[start:], true
+	case "xadd":
+		if resp.IsNull(reply) {
+			return name, nil, true // NOMKSTREAM of a missing key
+		}
+		id, ok := bulkString(reply)
+		at, _ := streamTrimOptions(args, 2)
+		if !ok || at < 0 || at+3 > len(args) {
+			return "", nil, false
+		}
+		args[at] = id
+		ms.effects = resp.AppendCommand(ms.effects, args...)
+		return name, ms.effects[start:], true
+	case "xtrim":
+		if at, approx := streamTrimOptions(args, 2); at == len(args) && !approx {
+			return name, raw, true
+		}
+	}
+	return "", nil, false
+}
+
+// streamTrimOptions skips XADD's and XTRIM's options from args[i] on
+// (NOMKSTREAM, MAXLEN|MINID [=|~] threshold, LIMIT count, in any order, as
+// Redis parses them), returning the index of the first argument past them
+// (XADD's ID) and whether the trimming asked is approximate (~); -1 when
+// an option lacks its argument.
+func streamTrimOptions(args [][]byte, i int) (next int, approx bool) {
+	for i < len(args) {
+		switch a := args[i]; {
+		case bytes.EqualFold(a, []byte("nomkstream")):
+			i++
+		case bytes.EqualFold(a, []byte("maxlen")), bytes.EqualFold(a, []byte("minid")):
+			i++
+			if i < len(args) && (string(args[i]) == "~" || string(args[i]) == "=") {
+				approx = approx || string(args[i]) == "~"
+				i++
+			}
+			i++ // the threshold
+		case bytes.EqualFold(a, []byte("limit")):
+			i += 2
+		default:
+			return i, approx
+		}
+	}
+	if i > len(args) {
+		return -1, approx
+	}
+	return i, approx
 }
 
 // mirrorExec queues the client's transaction for the mirror when EXEC's
