@@ -7,10 +7,14 @@ import "github.com/redproxy/redproxy/internal/resp"
 // its slices have grown; until Enqueue copies them, they point into the
 // client's buffers and the batch's replies.
 type Batch struct {
-	parts   [][]byte
-	cmds    []pendingCmd
-	ticket  uint64 // Begin's (order.go); 0: none
-	crossDB bool   // a command reaches another database (crossesDatabases)
+	parts  [][]byte
+	cmds   []pendingCmd
+	ticket uint64 // Begin's (order.go); 0: none
+	// held is the id of the last of the session's entries put in the held
+	// list (order.go); kept across Reset: while that entry is held, the
+	// session's later ones are held behind it.
+	held    uint64
+	crossDB bool // a command reaches another database (crossesDatabases)
 }
 
 type pendingCmd struct {

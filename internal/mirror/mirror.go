@@ -116,6 +116,7 @@ type Mirror struct {
 	issued  uint64               // the last ticket taken (order.go)
 	open    map[uint64]time.Time // tickets taken and not back, with when
 	held    []held               // entries waiting for open tickets, oldest first
+	heldSeq uint64               // the last held entry's id
 	closeMu sync.Mutex           // one Close at a time
 
 	stats    stats
@@ -229,10 +230,13 @@ func (e *entry) part(i int) []byte {
 func (m *Mirror) Enqueue(db int, resp3 bool, b *Batch) { m.enqueue(db, resp3, b, false) }
 
 func (m *Mirror) enqueue(db int, resp3 bool, b *Batch, after bool) {
-	if b.ticket != 0 {
-		defer m.end(b.ticket) // once b's entry is queued (or dropped)
-		b.ticket = 0
-	}
+	ticket := b.ticket
+	b.ticket = 0
+	defer func() {
+		if ticket != 0 {
+			m.end(ticket) // once b's entry is queued (or dropped), unless held
+		}
+	}()
 	n := len(b.cmds)
 	if n == 0 {
 		return
@@ -272,16 +276,25 @@ func (m *Mirror) enqueue(db int, resp3 bool, b *Batch, after bool) {
 		m.drop(DropShutdown, n)
 		return
 	}
-	if after && len(m.open) > 0 {
-		// Behind the writes in flight now (order.go).
-		m.held = append(m.held, held{after: m.issued, e: e, since: time.Now()})
-		m.mu.Unlock()
-		m.signal() // the sender's wait now has a deadline (maxHold)
-		return
+	own := m.heldIndex(b.held)
+	switch {
+	case after && (len(m.open) > 0 || own >= 0):
+		// Behind the writes in flight now (order.go), and behind the
+		// session's own held entry.
+		m.heldSeq++
+		m.held = append(m.held, held{after: m.issued, e: e, since: time.Now(), id: m.heldSeq})
+		b.held = m.heldSeq
+	case own >= 0:
+		// Behind the session's own held entry (order.go).
+		m.holdBehind(own, e, ticket)
+		ticket = 0 // given back when e is released
+		b.held = m.heldSeq
+	default:
+		b.held = 0
+		m.queue = append(m.queue, e)
 	}
-	m.queue = append(m.queue, e)
 	m.mu.Unlock()
-	m.signal()
+	m.signal() // the entry queued, or the sender's wait now has a deadline (maxHold)
 }
 
 // Queued returns the commands and bytes queued or in flight.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -173,5 +174,65 @@ func TestMirrorNondeterministicWritesAsEffects(t *testing.T) {
 	waitMirrored(t, p)
 	if n := p.Mirror().Report(0).Skipped[mirror.SkipNondeterministic] - before; n != 3 {
 		t.Errorf("skipped nondeterministic = %d, want 3 (XCLAIM, XAUTOCLAIM, XTRIM ~)", n)
+	}
+}
+
+// A blocking pop's mirrored LPOP is held while another client's write is
+// in flight (mirror/order.go), but the same client's next write was
+// queued at once, ahead of its own held pop: the client's order broke on
+// the mirror, and the list diverged (primary [mine], mirror [job]). The
+// in-flight write is one to a stalled routed upstream; on a busy proxy any
+// concurrent write batch does the same. Now a session's entries queue
+// behind its own held one.
+func TestMirrorPopHeldKeepsOwnClientOrder(t *testing.T) {
+	ms := redistest.Start(t)
+	slow := redistest.Start(t)
+	p := startMirrored(t, ms, func(c *config.Config) {
+		c.Upstreams["slow"] = namedUpstream(slow.Addr())
+		c.Routes = []config.Route{{Pattern: "slow:*", Upstream: "slow"}}
+	})
+	a := p.Client(t)
+	b := p.Client(t)
+	cl := p.Client(t)
+	direct := p.Redis.Client(t)
+	mc := ms.Client(t)
+	if err := cl.Set(ctx, "slow:warm", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitMirrored(t, p)
+
+	// Another client's write, in flight (to a stopped server) for a while.
+	slow.Freeze(t)
+	go cl.Set(ctx, "slow:1", "x", 0)
+	time.Sleep(50 * time.Millisecond) // sent: nothing outside the proxy shows it
+
+	popped := make(chan []string, 1)
+	go func() {
+		v, _ := a.BLPop(ctx, 5*time.Second, "q").Result()
+		popped <- v
+	}()
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		info, _ := direct.Info(ctx, "clients").Result()
+		return strings.Contains(info, "blocked_clients:1\r")
+	}, "BLPOP never blocked on the primary")
+	if err := b.RPush(ctx, "q", "job").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v := <-popped; len(v) != 2 || v[1] != "job" {
+		t.Fatalf("BLPOP = %v", v)
+	}
+	// The same client, after its pop: its next write.
+	if err := a.LPush(ctx, "q", "mine").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The held pop goes once the stalled write's ticket is given up
+	// (maxHold), while that write is still in flight.
+	waitMirrored(t, p)
+	slow.Thaw(t)
+	waitMirrored(t, p)
+	pl, _ := direct.LRange(ctx, "q", 0, -1).Result()
+	ml, _ := mc.LRange(ctx, "q", 0, -1).Result()
+	if !slices.Equal(pl, ml) {
+		t.Fatalf("list q: primary %v, mirror %v: the client's LPUSH reached the mirror before its own (held) LPOP", pl, ml)
 	}
 }
