@@ -581,6 +581,14 @@ func (sess *Session) mirrorExec(call *upstream.Call, sl slot) {
 	}
 }
 
+// mirrorSkipRelayed counts a relayed client's write as not mirrored: its
+// connection is a raw relay whose replies the mirror does not see.
+func (sess *Session) mirrorSkipRelayed(cmd *commands.Command, refused bool) {
+	if sess.srv.mirror != nil && cmd != nil && !refused && mayWrite(cmd) {
+		sess.srv.mirror.Skipped(mirror.SkipRelayed)
+	}
+}
+
 var noScript = []byte("-NOSCRIPT")
 
 // scriptRefusals are the errors Redis answers a script with before running

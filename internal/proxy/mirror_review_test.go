@@ -3,6 +3,7 @@ package proxy_test
 // Mirror defects found by a review, each reproduced against real servers.
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -142,5 +143,30 @@ func TestMirrorBigWriteReplyIsNoError(t *testing.T) {
 	rep := p.Mirror().Report(0)
 	if rep.Errors[mirror.ErrConnection] != 0 || rep.Errors[mirror.ErrReply] != 0 {
 		t.Fatalf("errors = %v, though the mirror answered and ran both commands (sent %d)", rep.Errors, rep.Sent)
+	}
+}
+
+// A client with CLIENT TRACKING on (client-side caching: an ordinary
+// read/write application) is relayed, and its writes were neither mirrored
+// nor counted anywhere (found by review). They are still not mirrored (the
+// relay is raw bytes), but each is counted, skipped{reason="relayed"}.
+func TestMirrorRelayedWritesAreCounted(t *testing.T) {
+	ms := redistest.Start(t)
+	p := startMirrored(t, ms, nil)
+	c := p.Client(t, func(o *redis.Options) { o.Protocol = 3; o.PoolSize = 1 })
+	if err := c.Do(ctx, "CLIENT", "TRACKING", "ON").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if err := c.Set(ctx, fmt.Sprintf("tracked:%d", i), "v", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Get(ctx, fmt.Sprintf("tracked:%d", i)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitMirrored(t, p)
+	if got := p.Mirror().Report(0).Skipped[mirror.SkipRelayed]; got != 10 {
+		t.Fatalf("skipped{reason=relayed} = %d after 10 writes and 10 reads of a tracking client, want 10", got)
 	}
 }

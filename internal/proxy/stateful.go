@@ -833,7 +833,9 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		if d != nil && d.Args != nil {
 			args = d.Args
 		}
-		rw.note(sess.srv.table.Lookup(reqs[k].Args), args, d != nil && d.Refuse != nil)
+		cmd, refused := sess.srv.table.Lookup(reqs[k].Args), d != nil && d.Refuse != nil
+		rw.note(cmd, args, refused)
+		sess.mirrorSkipRelayed(cmd, refused)
 	}
 	rw.sending()
 	idle := sess.srv.Config().Server.IdleTimeout.Duration
@@ -935,10 +937,12 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 			if d != nil && d.Args != nil {
 				args = d.Args
 			}
-			if !rw.note(sess.srv.table.Lookup(reqs[k].Args), args, d != nil && d.Refuse != nil) {
+			cmd, refused := sess.srv.table.Lookup(reqs[k].Args), d != nil && d.Refuse != nil
+			if !rw.note(cmd, args, refused) {
 				out = appendErrorScript(out, errHeldWrites)
 				continue
 			}
+			sess.mirrorSkipRelayed(cmd, refused)
 			out = sess.appendRelayed(out, k, &reqs[k], d)
 		}
 		rw.sending()
