@@ -94,8 +94,10 @@ type Options struct {
 	// Dial builds the connections to the mirror's upstream. The sender
 	// calls it once, on its own goroutine, so a mirror that is down (or a
 	// Sentinel or cluster slow to answer) delays neither the proxy's start
-	// nor its clients.
-	Dial func() Target
+	// nor its clients. stop is closed when the mirror closes: a Dial
+	// still looking for its upstream (a Sentinel that does not answer)
+	// returns nil then, so Close does not wait for it.
+	Dial func(stop <-chan struct{}) Target
 	// Address is the mirror's address, for /debug/mirror.
 	Address string
 	// Databases is how many databases the mirror has; commands of a higher
@@ -342,7 +344,7 @@ const maxLogEvery = time.Second
 
 func (m *Mirror) run() {
 	defer close(m.done)
-	t := m.opt.Dial()
+	t := m.opt.Dial(m.stop) // nil only once closed
 	m.mu.Lock()
 	m.target = t
 	closed := m.closed

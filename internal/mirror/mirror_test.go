@@ -23,7 +23,7 @@ func TestEnqueueBounds(t *testing.T) {
 	m := New(Options{
 		Config:    Config{Upstream: "new", Writes: true, Queue: 3, QueueBytes: units.KB},
 		Databases: 16,
-		Dial: func() Target {
+		Dial: func(<-chan struct{}) Target {
 			<-release
 			return BackendTarget(upstream.NewBackend(upstream.BackendOptions{Addr: addr, Connections: 1, Databases: 16,
 				DialTimeout: 10 * time.Millisecond, ReplyTimeout: time.Second, ReconnectMin: time.Millisecond, ReconnectMax: time.Millisecond}), nil)

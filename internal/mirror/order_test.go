@@ -21,7 +21,7 @@ func TestMirrorPopWaitsForOpenWrites(t *testing.T) {
 	m := New(Options{
 		Config:    Config{Upstream: "new", Writes: true, Queue: 100, QueueBytes: 1 << 20},
 		Databases: 16,
-		Dial: func() Target {
+		Dial: func(<-chan struct{}) Target {
 			return BackendTarget(upstream.NewBackend(upstream.BackendOptions{Addr: rs.Addr(), Connections: 1, Databases: 16,
 				DialTimeout: time.Second, ReplyTimeout: time.Second, ReconnectMin: time.Millisecond, ReconnectMax: 10 * time.Millisecond}), nil)
 		},

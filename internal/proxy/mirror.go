@@ -115,7 +115,7 @@ func initMirror(s *Server) error {
 // upstream (routes.go); a cluster Router, as for a named cluster upstream.
 // The mirror dials it on its own goroutine, so a mirror that is down
 // delays neither the start nor a client.
-func mirrorTarget(s *Server, name string, u config.Upstream) (func() mirror.Target, error) {
+func mirrorTarget(s *Server, name string, u config.Upstream) (func(stop <-chan struct{}) mirror.Target, error) {
 	tlsConf, err := u.ClientTLS()
 	if err != nil {
 		return nil, err
@@ -141,12 +141,12 @@ func mirrorTarget(s *Server, name string, u config.Upstream) (func() mirror.Targ
 	switch u.Mode {
 	case config.ModeCluster:
 		table := s.table
-		return func() mirror.Target {
+		return func(<-chan struct{}) mirror.Target {
 			r := cluster.New(cluster.Options{Seeds: u.Seeds, Backend: opt(""), Table: table, Logger: log})
 			return mirror.RouterTarget(r, table)
 		}, nil
 	case config.ModeSentinel:
-		return func() mirror.Target {
+		return func(stop <-chan struct{}) mirror.Target {
 			so := sentinelOptions(&config.Config{Upstream: u}, log)
 			var b *upstream.Backend
 			switched := make(chan struct{})
@@ -157,8 +157,29 @@ func mirrorTarget(s *Server, name string, u config.Upstream) (func() mirror.Targ
 			}
 			w := sentinel.New(so)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*u.DialTimeout.Duration*time.Duration(len(u.Sentinels)))
-			addr, _, err := w.Discover(ctx, "", -1)
-			cancel()
+			type found struct {
+				addr string
+				err  error
+			}
+			done := make(chan found, 1)
+			go func() {
+				addr, _, err := w.Discover(ctx, "", -1)
+				done <- found{addr, err}
+			}()
+			var f found
+			select {
+			case f = <-done:
+				cancel()
+			case <-stop:
+				// The mirror is closing: no Target, and no wait for
+				// Sentinels that do not answer, which held Shutdown past
+				// its timeout (found by review: 10 s for a 1 s one). The
+				// search ends within its own timeout, then the watcher.
+				cancel()
+				go func() { <-done; w.Close() }()
+				return nil
+			}
+			addr, err := f.addr, f.err
 			if err != nil {
 				log.Warn("mirror: no primary found at start; mirrored commands are dropped (unavailable) until one is", "master_name", u.MasterName, "err", err)
 			}
@@ -168,7 +189,9 @@ func mirrorTarget(s *Server, name string, u config.Upstream) (func() mirror.Targ
 			return mirror.BackendTarget(b, w.Close)
 		}, nil
 	}
-	return func() mirror.Target { return mirror.BackendTarget(upstream.NewBackend(opt(u.Address)), nil) }, nil
+	return func(<-chan struct{}) mirror.Target {
+		return mirror.BackendTarget(upstream.NewBackend(opt(u.Address)), nil)
+	}, nil
 }
 
 // Mirror returns the running mirror; nil when mirroring is off.

@@ -3,7 +3,9 @@ package proxy_test
 // Mirror defects found by a review, each reproduced against real servers.
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -168,5 +170,48 @@ func TestMirrorRelayedWritesAreCounted(t *testing.T) {
 	waitMirrored(t, p)
 	if got := p.Mirror().Report(0).Skipped[mirror.SkipRelayed]; got != 10 {
 		t.Fatalf("skipped{reason=relayed} = %d after 10 writes and 10 reads of a tracking client, want 10", got)
+	}
+}
+
+// A Sentinel mirror whose Sentinels accept connections but never answer
+// keeps the sender looking for the primary (up to 3 x dial_timeout x
+// sentinels), and Shutdown waited for it whatever its context said: 10 s
+// with a 1 s context (found by review). The search now ends with the mirror.
+func TestMirrorSentinelDiscoveryDoesNotHoldShutdown(t *testing.T) {
+	var addrs []string
+	for range 3 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				t.Cleanup(func() { c.Close() }) // accepted, never answered
+			}
+		}()
+		addrs = append(addrs, ln.Addr().String())
+	}
+	rs := redistest.Start(t)
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		u := namedUpstream("")
+		u.Mode, u.Sentinels, u.MasterName = config.ModeSentinel, addrs, "mymaster"
+		c.Upstreams = map[string]config.Upstream{"new": u}
+		c.Mirror = mirror.DefaultConfig()
+		c.Mirror.Upstream = "new"
+	})
+	if err := p.Client(t).Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	p.Server.Shutdown(sctx)
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("Shutdown with a 1s context took %v: it waited for the mirror's Sentinel discovery", d)
 	}
 }
