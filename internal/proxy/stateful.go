@@ -1004,6 +1004,18 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 	if trackingRedirect(r.Args) {
 		return refuse(out, errTrackingRedirect)
 	}
+	if msg := sess.routeRelayDenied(sess.clientArgs(i, r.Args)); msg != "" {
+		if !sess.resp3 {
+			// A RESP2 relay may be in subscribed mode, where Redis refuses
+			// the script with its own error ("only (P|S)SUBSCRIBE ... are
+			// allowed in this context") and the client never learned why
+			// (found by review). An unknown command is refused in any
+			// context, quoting the text. RESP3 runs the script even while
+			// subscribed, and its reply is the refusal's text alone.
+			return appendQueueRefusal(out, msg)
+		}
+		return refuse(out, msg)
+	}
 	if msg := sess.relayDenied(sess.clientArgs(i, r.Args)); msg != "" {
 		return refuse(out, msg)
 	}

@@ -263,10 +263,10 @@ func (sess *Session) aclDenied(cmd *commands.Command, args [][]byte) string {
 // its default user, which may need no password and may reach what the
 // upstream credential's ACL, the backstop for scripts, does not (found by
 // review: a script run after RESET wrote outside the user's keys).
+//
+// The routes' refusal (routeRelayDenied) is checked apart, by
+// appendRelayed, which sends it in a form RESP2 subscribed mode accepts.
 func (sess *Session) relayDenied(args [][]byte) string {
-	if msg := sess.routeRelayDenied(args); msg != "" {
-		return msg
-	}
 	if !sess.srv.needsAuth() && sess.srv.cfg.Upstream.Username == "" {
 		return ""
 	}
