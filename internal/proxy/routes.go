@@ -492,11 +492,13 @@ func (routePlacer) wholeRefusal(name string) []byte {
 }
 
 func (routePlacer) target(sess *Session, r *request) (int, bool, []byte) {
-	if (r.name == "publish" || r.name == "spublish") && len(r.Args) == 3 {
-		// Its channel's upstream is where its subscribers are
-		// ([[channel_route]]): published on another, they would never
-		// hear of it.
-		return sess.srv.routes.table.Load().Channel(r.Args[1]), true, nil
+	// PUBLISH's channel's upstream is where its subscribers are
+	// ([[channel_route]]): published on another, they would never hear
+	// of it; PUBSUB NUMSUB counts them there, and one over several
+	// upstreams is refused (split, it is not one command of the
+	// transaction's upstream).
+	if up, ok, err := sess.srv.routes.table.Load().Channels(r.name, r.Args); ok {
+		return up, true, route.ErrorReply(err)
 	}
 	return sess.routeKeys(r)
 }
@@ -550,8 +552,15 @@ func (sess *Session) routeRelayDenied(args [][]byte) string {
 			}
 		}
 		return ""
+	case cmd.Name == "pubsub|numsub" || cmd.Name == "pubsub|shardnumsub":
+		// Counted on the relay's upstream, another upstream's channels
+		// would read 0.
+		if u, ok, err := t.Channels(cmd.Name, args); ok && (err != nil || u != up) {
+			return "ERR redproxy: channels of this command go to another upstream than this subscribed connection's ('" + t.Name(up) + "')"
+		}
+		return ""
 	case route.FansOut(cmd.Name):
-		return "ERR redproxy: " + strings.ToUpper(cmd.Name) + " is not supported on a subscribed connection with routes"
+		return "ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(cmd.Name, "|", " ")) + " is not supported on a subscribed connection with routes"
 	}
 	u, keyed, err := t.Keys(cmd, args, &sess.route.keys)
 	if keyed && (err != nil || u != up) {
@@ -827,14 +836,12 @@ func (sess *Session) reroutedHeld() []byte {
 		if args, err = resp.SplitCommand(q.raw, args[:0]); err != nil || q.cmd == nil {
 			continue
 		}
-		up, keyed := 0, false
-		if (q.cmd.Name == "publish" || q.cmd.Name == "spublish") && len(args) == 3 {
-			up, keyed = t.Channel(args[1]), true
-		} else {
-			var kerr error
-			if up, keyed, kerr = t.Keys(q.cmd, args, nil); kerr != nil {
-				return errExecAbort
-			}
+		up, keyed, kerr := t.Channels(q.cmd.Name, args)
+		if !keyed {
+			up, keyed, kerr = t.Keys(q.cmd, args, nil)
+		}
+		if kerr != nil {
+			return errExecAbort
 		}
 		if !keyed {
 			continue

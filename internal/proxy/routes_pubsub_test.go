@@ -4,12 +4,78 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Pub/sub with routes: what a client asks about channels, or subscribes
 // to, must reach the upstream where those channels' messages are
 // published ([[channel_route]]). startRouted sends jobs.* channels to
 // "queue", the rest to [upstream].
+
+// TestRoutesPubsubNumsub: PUBSUB NUMSUB of a channel routed to a named
+// upstream asks that upstream (it asked [upstream], which never has its
+// subscribers, and answered 0); channels of several upstreams are asked
+// of each and answered in the client's order; CHANNELS and NUMPAT ask
+// every upstream.
+func TestRoutesPubsubNumsub(t *testing.T) {
+	r := startRouted(t, nil)
+	sub := r.p.Client(t).Subscribe(ctx, "jobs.new")
+	t.Cleanup(func() { sub.Close() })
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	news := r.p.Client(t).Subscribe(ctx, "news")
+	t.Cleanup(func() { news.Close() })
+	if _, err := news.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n, err := r.c.PubSubNumSub(ctx, "jobs.new").Result()
+	if err != nil || n["jobs.new"] != 1 {
+		t.Fatalf("PUBSUB NUMSUB jobs.new = %v %v; want 1 (one subscriber through the proxy, on the queue server)", n, err)
+	}
+	// Over two upstreams: split, merged in the client's order.
+	v, err := r.c.Do(ctx, "PUBSUB", "NUMSUB", "news", "jobs.new", "jobs.none", "other").Result()
+	if err != nil || fmt.Sprint(v) != "[news 1 jobs.new 1 jobs.none 0 other 0]" {
+		t.Fatalf("PUBSUB NUMSUB news jobs.new jobs.none other = %v %v", v, err)
+	}
+	if v, err := r.c.Do(ctx, "PUBSUB", "SHARDNUMSUB", "jobs.new").Result(); err != nil || fmt.Sprint(v) != "[jobs.new 0]" {
+		t.Fatalf("PUBSUB SHARDNUMSUB jobs.new = %v %v", v, err)
+	}
+	chans, err := r.c.PubSubChannels(ctx, "*").Result()
+	if err != nil || !strings.Contains(fmt.Sprint(chans), "jobs.new") || !strings.Contains(fmt.Sprint(chans), "news") {
+		t.Fatalf("PUBSUB CHANNELS = %v %v; want jobs.new (queue) and news (default)", chans, err)
+	}
+	// A pattern subscriber on the queue upstream counts in NUMPAT.
+	ps := r.p.Client(t).PSubscribe(ctx, "jobs.*")
+	t.Cleanup(func() { ps.Close() })
+	if _, err := ps.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if np, err := r.c.PubSubNumPat(ctx).Result(); err != nil || np != 1 {
+		t.Fatalf("PUBSUB NUMPAT = %d %v; want 1 (a PSUBSCRIBE jobs.* on the queue server)", np, err)
+	}
+	// In a transaction NUMSUB is a command of its channels' upstream, as
+	// PUBLISH is; CHANNELS and NUMPAT concern every upstream and are
+	// refused there, as DBSIZE is.
+	tx := r.p.Client(t).TxPipeline()
+	ns := tx.PubSubNumSub(ctx, "jobs.new")
+	tx.Get(ctx, "queue:none")
+	if _, err := tx.Exec(ctx); err != nil && err != redis.Nil || ns.Val()["jobs.new"] != 1 {
+		t.Fatalf("MULTI; PUBSUB NUMSUB jobs.new; GET queue:none; EXEC = %v %v", ns.Val(), err)
+	}
+	tx = r.p.Client(t).TxPipeline()
+	tx.PubSubNumSub(ctx, "jobs.new")
+	tx.Get(ctx, "plain:none")
+	if _, err := tx.Exec(ctx); err == nil || !strings.Contains(err.Error(), "EXECABORT") {
+		t.Fatalf("a transaction with NUMSUB of queue's channel and a key of default: %v; want EXECABORT", err)
+	}
+	tx = r.p.Client(t).TxPipeline()
+	tx.PubSubChannels(ctx, "*")
+	if _, err := tx.Exec(ctx); err == nil || !strings.Contains(err.Error(), "EXECABORT") {
+		t.Fatalf("PUBSUB CHANNELS in a transaction: %v; want EXECABORT", err)
+	}
+}
 
 // TestRoutesResp2RelayRefusalText: on a RESP2 subscribed connection the
 // routes' refusal of another upstream's channel was sent as an EVAL,

@@ -1,7 +1,8 @@
 // Package route decides which named upstream a command goes to when
 // [[route]] and [[channel_route]] are configured: by its keys (the first
 // route whose glob matches a key wins; keys matching none go to the
-// default upstream, index 0), by its channel for PUBLISH, to every
+// default upstream, index 0), by its channels for PUBLISH and PUBSUB
+// NUMSUB, to every
 // upstream for the commands that concern the whole keyspace (SCAN, DBSIZE,
 // KEYS, FLUSHALL, ...), and how the replies of a command split over
 // several upstreams come back together.
@@ -111,6 +112,41 @@ func (t *Table) describe(up, rule int) string {
 	return "route " + strconv.Quote(t.keys[rule].pat.String()) + " -> " + t.names[up]
 }
 
+// describeChannel names the channel route that chose rule's upstream.
+func (t *Table) describeChannel(up, rule int) string {
+	if rule < 0 {
+		return "the default route -> " + t.names[up]
+	}
+	return "channel_route " + strconv.Quote(t.channels[rule].pat.String()) + " -> " + t.names[up]
+}
+
+// Channels is the upstream of a command that names channels rather than
+// keys, by [[channel_route]]: PUBLISH and SPUBLISH (their channel), PUBSUB
+// NUMSUB and SHARDNUMSUB (their channels, which must share one upstream:
+// a CrossError names two routes otherwise). ok is false for any other
+// command, and for a NUMSUB naming no channel.
+func (t *Table) Channels(name string, args [][]byte) (up int, ok bool, err error) {
+	switch name {
+	case "publish", "spublish":
+		if len(args) < 2 {
+			return Default, false, nil
+		}
+		return t.Channel(args[1]), true, nil
+	case "pubsub|numsub", "pubsub|shardnumsub":
+		if len(args) < 3 {
+			return Default, false, nil
+		}
+		up, r0 := match(t.channels, args[2])
+		for _, ch := range args[3:] {
+			if u, r := match(t.channels, ch); u != up {
+				return up, true, &CrossError{Command: name, Channels: true, A: t.describeChannel(up, r0), B: t.describeChannel(u, r)}
+			}
+		}
+		return up, true, nil
+	}
+	return Default, false, nil
+}
+
 // Merge says how the replies of a command sent to several upstreams
 // become its one reply.
 type Merge uint8
@@ -143,7 +179,8 @@ type Plan struct {
 	parts  []Part
 	single Part
 	one    bool
-	// Pos locates key k's element of a split MGET: part, element.
+	// Pos locates element k of the reply of a split MGET (key k's) or
+	// PUBSUB NUMSUB (channel k/2's name and count): part, element.
 	Pos [][2]int
 	// upstreams is how many there are, for SCAN's next cursor.
 	upstreams int
@@ -185,6 +222,11 @@ var fanOut = map[string]Merge{
 	"function|delete":  AllOK,
 	"function|flush":   AllOK,
 	"function|restore": AllOK,
+	// Each upstream has the subscribers of its own channels
+	// ([[channel_route]]); PUBSUB NUMSUB goes by its channels (Plan).
+	"pubsub|channels":      Concat,
+	"pubsub|shardchannels": Concat,
+	"pubsub|numpat":        Sum,
 }
 
 // FansOut reports whether the command named name goes to every upstream.
@@ -224,12 +266,17 @@ func (t *Table) Keys(cmd *commands.Command, args [][]byte, scratch *[]int) (up i
 // CrossError: one command's keys route to different upstreams, and it is
 // not one that can be split.
 type CrossError struct {
-	Command string
-	A, B    string // the two routes, described
+	Command  string
+	Channels bool   // the command's channels, not keys
+	A, B     string // the two routes, described
 }
 
 func (e *CrossError) Error() string {
-	return "CROSSROUTE redproxy: the keys of '" + strings.ToUpper(strings.ReplaceAll(e.Command, "|", " ")) + "' go to different upstreams (" + e.A + "; " + e.B + "); send them separately"
+	what := "keys"
+	if e.Channels {
+		what = "channels"
+	}
+	return "CROSSROUTE redproxy: the " + what + " of '" + strings.ToUpper(strings.ReplaceAll(e.Command, "|", " ")) + "' go to different upstreams (" + e.A + "; " + e.B + "); send them separately"
 }
 
 // Reply is e as a RESP error.
@@ -252,8 +299,12 @@ func (t *Table) Plan(cmd *commands.Command, args [][]byte, scratch *[]int) Plan 
 		}
 		return p
 	}
-	if (name == "publish" || name == "spublish") && len(args) >= 2 {
-		return Single(t.Channel(args[1]))
+	if up, ok, err := t.Channels(name, args); ok {
+		if err == nil {
+			return Single(up)
+		}
+		// PUBSUB NUMSUB over several upstreams: each counts its own.
+		return t.splitChannels(args)
 	}
 	up, _, err := t.Keys(cmd, args, scratch)
 	if err == nil {
@@ -341,6 +392,37 @@ func (t *Table) split(args [][]byte, m Merge, stride int) Plan {
 			p.Pos = append(p.Pos, [2]int{g, len(groups[g]) - 1})
 		}
 		groups[g] = append(groups[g], args[i:i+stride]...)
+	}
+	for g := range groups {
+		p.parts[g].Raw = resp.AppendCommand(nil, groups[g]...)
+	}
+	return p
+}
+
+// splitChannels sends a PUBSUB NUMSUB (or SHARDNUMSUB) naming channels of
+// several upstreams to each of them with its own channels, in the order
+// each upstream first appears; the replies, a channel and its count per
+// channel, are put back in the client's order as a split MGET's are.
+func (t *Table) splitChannels(args [][]byte) Plan {
+	p := Plan{Merge: MGET}
+	var groups [][][]byte
+	for _, ch := range args[2:] {
+		up := t.Channel(ch)
+		g := -1
+		for j := range p.parts {
+			if p.parts[j].Upstream == up {
+				g = j
+				break
+			}
+		}
+		if g < 0 {
+			g = len(groups)
+			groups = append(groups, [][]byte{args[0], args[1]})
+			p.parts = append(p.parts, Part{Upstream: up})
+		}
+		e := 2 * (len(groups[g]) - 2)
+		p.Pos = append(p.Pos, [2]int{g, e}, [2]int{g, e + 1})
+		groups[g] = append(groups[g], ch)
 	}
 	for g := range groups {
 		p.parts[g].Raw = resp.AppendCommand(nil, groups[g]...)

@@ -104,6 +104,43 @@ func TestMergeMGET(t *testing.T) {
 	}
 }
 
+// TestPlanPubsub: PUBSUB NUMSUB goes by its channels' routes, split over
+// several upstreams and merged in the client's order; CHANNELS and NUMPAT
+// ask every upstream.
+func TestPlanPubsub(t *testing.T) {
+	tb := newTestTable(t)
+	if p := plan(tb, "PUBSUB", "NUMSUB", "jobs.a", "jobs.b"); p.Len() != 1 || p.Part(0).Upstream != 2 || p.Part(0).Raw != nil {
+		t.Errorf("NUMSUB of queue's channels: %+v", p)
+	}
+	if p := plan(tb, "PUBSUB", "NUMSUB"); p.Len() != 1 || p.Part(0).Upstream != Default {
+		t.Errorf("NUMSUB of nothing: %+v", p)
+	}
+	p := plan(tb, "PUBSUB", "SHARDNUMSUB", "news", "jobs.a", "x")
+	if p.Merge != MGET || p.Len() != 2 || p.Part(0).Upstream != Default || p.Part(1).Upstream != 2 {
+		t.Fatalf("NUMSUB over two upstreams: %+v", p)
+	}
+	if got := string(p.Part(0).Raw); got != string(resp.AppendCommand(nil, args("PUBSUB", "SHARDNUMSUB", "news", "x")...)) {
+		t.Errorf("default's part: %q", got)
+	}
+	replies := [][]byte{
+		[]byte("*4\r\n$4\r\nnews\r\n:3\r\n$1\r\nx\r\n:0\r\n"),
+		[]byte("*2\r\n$6\r\njobs.a\r\n:1\r\n"),
+	}
+	want := "*6\r\n$4\r\nnews\r\n:3\r\n$6\r\njobs.a\r\n:1\r\n$1\r\nx\r\n:0\r\n"
+	if got := string(p.Reply(replies)); got != want {
+		t.Errorf("merged %q, want %q", got, want)
+	}
+	if _, _, err := tb.Channels("pubsub|numsub", args("PUBSUB", "NUMSUB", "news", "jobs.a")); err == nil ||
+		!strings.Contains(err.Error(), "the channels of 'PUBSUB NUMSUB'") || !strings.Contains(err.Error(), `channel_route "jobs.*" -> queue`) {
+		t.Errorf("NUMSUB over two upstreams, in a transaction: %v", err)
+	}
+	for cmd, m := range map[string]Merge{"CHANNELS": Concat, "SHARDCHANNELS": Concat, "NUMPAT": Sum} {
+		if p := plan(tb, "PUBSUB", cmd); p.Merge != m || p.Len() != 3 {
+			t.Errorf("PUBSUB %s: %+v", cmd, p)
+		}
+	}
+}
+
 // TestScanCursor: a cursor walks the upstreams in order and ends at 0.
 func TestScanCursor(t *testing.T) {
 	tb := newTestTable(t)
