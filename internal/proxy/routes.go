@@ -360,12 +360,19 @@ func (sess *Session) routeKeys(r *request) (up int, keyed bool, cross []byte) {
 }
 
 // routeChannels is the upstream of a SUBSCRIBE's channels (or
-// PSUBSCRIBE's patterns, routed as if they were channel names).
+// PSUBSCRIBE's patterns, routed as if they were channel names, and
+// refused when they may match channels routed elsewhere: route.Pattern).
 func (sess *Session) routeChannels(r *request) (int, []byte) {
 	t := sess.srv.routes.table.Load()
 	up := -1
 	for _, ch := range r.Args[1:] {
 		u := t.Channel(ch)
+		if r.name == "psubscribe" {
+			var err error
+			if u, err = t.Pattern(ch); err != nil {
+				return u, route.ErrorReply(err)
+			}
+		}
 		if up >= 0 && u != up {
 			return up, []byte("-ERR redproxy: the channels of '" + strings.ToUpper(r.name) + "' go to different upstreams ('" + t.Name(up) + "' and '" + t.Name(u) + "'); subscribe to them on separate connections\r\n")
 		}
@@ -543,6 +550,11 @@ func (sess *Session) routeRelayDenied(args [][]byte) string {
 		return "" // nothing of another upstream's is subscribed here
 	case isSubscribe(cmd.Name) || cmd.Name == "publish" || cmd.Name == "spublish":
 		for _, ch := range args[1:] {
+			if cmd.Name == "psubscribe" {
+				if _, err := t.Pattern(ch); err != nil {
+					return err.Error()
+				}
+			}
 			if t.Channel(ch) != up {
 				// (The channel is the client's bytes: not echoed in an error line.)
 				return "ERR redproxy: a channel of this command goes to upstream '" + t.Name(t.Channel(ch)) + "', this connection's subscriptions are on '" + t.Name(up) + "'; subscribe on another connection"

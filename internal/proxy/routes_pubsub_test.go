@@ -77,6 +77,55 @@ func TestRoutesPubsubNumsub(t *testing.T) {
 	}
 }
 
+// TestRoutesPsubscribeMissesRoutedChannels: a PSUBSCRIBE pattern is
+// routed as if it were a channel name, so "job*" subscribed on [upstream]
+// while PUBLISH jobs.new went to queue, and was silently never heard. A
+// pattern that may match channels routed elsewhere than itself is now
+// refused, naming both upstreams; one that may not is subscribed and
+// hears its channels.
+func TestRoutesPsubscribeMissesRoutedChannels(t *testing.T) {
+	r := startRouted(t, nil)
+	sub := r.p.Client(t).PSubscribe(ctx, "job*")
+	t.Cleanup(func() { sub.Close() })
+	if _, err := sub.Receive(ctx); err == nil {
+		n, err := r.c.Publish(ctx, "jobs.new", "hello").Result()
+		t.Fatalf("PSUBSCRIBE job* accepted; PUBLISH jobs.new then reached %d subscribers, %v (want PSUBSCRIBE refused)", n, err)
+	} else if !strings.Contains(err.Error(), "'queue'") || !strings.Contains(err.Error(), "'default'") {
+		t.Fatalf("PSUBSCRIBE job* refused without naming both upstreams: %v", err)
+	} else {
+		t.Logf("PSUBSCRIBE job*: %v", err)
+	}
+	// Within one route: subscribed there, and hears it.
+	ok := r.p.Client(t).PSubscribe(ctx, "jobs.*")
+	t.Cleanup(func() { ok.Close() })
+	if _, err := ok.Receive(ctx); err != nil {
+		t.Fatalf("PSUBSCRIBE jobs.*: %v", err)
+	}
+	if n, err := r.c.Publish(ctx, "jobs.new", "hello").Result(); err != nil || n != 1 {
+		t.Fatalf("PUBLISH jobs.new reached %d subscribers, %v; want the PSUBSCRIBE jobs.* one", n, err)
+	}
+	// Matching no routed channel: on [upstream], as before.
+	def := r.p.Client(t).PSubscribe(ctx, "news.*")
+	t.Cleanup(func() { def.Close() })
+	if _, err := def.Receive(ctx); err != nil {
+		t.Fatalf("PSUBSCRIBE news.*: %v", err)
+	}
+	if n, err := r.c.Publish(ctx, "news.a", "x").Result(); err != nil || n != 1 {
+		t.Fatalf("PUBLISH news.a reached %d subscribers, %v; want the PSUBSCRIBE news.* one", n, err)
+	}
+	if m, err := def.ReceiveMessage(ctx); err != nil || m.Payload != "x" {
+		t.Fatalf("news.* subscriber: %v %v", m, err)
+	}
+	// Added later on a subscribed connection: refused as well.
+	err := def.PSubscribe(ctx, "job*")
+	if err == nil {
+		_, err = def.Receive(ctx)
+	}
+	if err == nil || !strings.Contains(err.Error(), "'queue'") {
+		t.Fatalf("PSUBSCRIBE job* on a connection subscribed on default: %v; want the refusal", err)
+	}
+}
+
 // TestRoutesResp2RelayRefusalText: on a RESP2 subscribed connection the
 // routes' refusal of another upstream's channel was sent as an EVAL,
 // which Redis refuses in RESP2 subscribed mode with its own, unrelated

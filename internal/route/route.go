@@ -95,6 +95,58 @@ func (t *Table) Channel(ch []byte) int {
 	return up
 }
 
+// Pattern is the upstream a PSUBSCRIBE pattern subscribes on: the one it
+// routes to as if it were a channel name. A Refusal instead when the
+// pattern may match channels another upstream gets: subscribed on one
+// upstream, it would never hear their messages, published on theirs.
+//
+// The check is conservative, on literal prefixes (what comes before the
+// first of * ? [ \): a pattern and a channel_route of another upstream
+// may match a common channel only if one's prefix is a prefix of the
+// other's. And a pattern on a named upstream must lie within one of its
+// routes (a route "p*" whose p starts the pattern's prefix, or the very
+// same pattern): channels no route matches go to [upstream]. A pattern
+// without metacharacters matches one channel, routed like it.
+func (t *Table) Pattern(pat []byte) (up int, err error) {
+	up = t.Channel(pat)
+	lit, exact := literalPrefix(string(pat))
+	if exact {
+		return up, nil
+	}
+	covered := up == Default
+	for _, r := range t.channels {
+		src := r.pat.String()
+		q, _ := literalPrefix(src)
+		if r.up == up {
+			covered = covered || src == string(pat) || len(q) == len(src)-1 && src[len(q)] == '*' && strings.HasPrefix(lit, q)
+			continue
+		}
+		if strings.HasPrefix(lit, q) || strings.HasPrefix(q, lit) {
+			return up, errPattern(t.names[r.up], "channel_route "+strconv.Quote(src), t.names[up])
+		}
+	}
+	if !covered {
+		return up, errPattern(t.names[Default], "the channels no channel_route matches", t.names[up])
+	}
+	return up, nil
+}
+
+// literalPrefix is p up to its first glob metacharacter; exact when it
+// has none.
+func literalPrefix(p string) (string, bool) {
+	if i := strings.IndexAny(p, "*?[\\"); i >= 0 {
+		return p[:i], false
+	}
+	return p, true
+}
+
+// errPattern refuses a PSUBSCRIBE pattern that may match channels of
+// upstream other (named by why) while it subscribes on upstream on. (The
+// pattern is the client's bytes: not echoed in an error line.)
+func errPattern(other, why, on string) error {
+	return &Refusal{[]byte("-ERR redproxy: a pattern of this PSUBSCRIBE may match channels of upstream '" + other + "' (" + why + ") but would subscribe on '" + on + "', and never hear them; subscribe to patterns within one channel_route, or to channels\r\n")}
+}
+
 func match(rs []rule, s []byte) (int, int) {
 	for i := range rs {
 		if rs[i].pat.Match(s) {

@@ -141,6 +141,54 @@ func TestPlanPubsub(t *testing.T) {
 	}
 }
 
+// TestPatternOverlap: a PSUBSCRIBE pattern subscribes on the upstream it
+// routes to as a channel name, and is refused when it may match channels
+// of another upstream (literal prefixes overlap), or, on a named upstream,
+// channels no route matches.
+func TestPatternOverlap(t *testing.T) {
+	tb, err := New([]string{"default", "cache", "queue"}, nil,
+		[]Rule{{"jobs.*", "queue"}, {"ev.?", "cache"}, {"exact", "cache"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		pat string
+		up  int    // when accepted
+		err string // part of the refusal; "" for accepted
+	}{
+		{"jobs.*", 2, ""},
+		{"jobs.new.*", 2, ""},
+		{"jobs.?", 2, ""},
+		{"jobs.[ab]", 2, ""},
+		{"news.*", Default, ""},
+		{"news", Default, ""}, // no metacharacter: one channel
+		{"jobs.x", 2, ""},     // likewise
+		{"ev.?", 1, ""},       // the route's very pattern
+		{"exac?", Default, `upstream 'cache' (channel_route "exact") but would subscribe on 'default'`},
+		{"job*", Default, `upstream 'queue' (channel_route "jobs.*") but would subscribe on 'default'`},
+		{"j[o]bs.*", Default, "upstream 'queue'"},
+		{"*", Default, "upstream 'queue'"},
+		{"\\jobs.*", Default, "upstream 'queue'"}, // an escape ends the literal prefix
+		{"e*", Default, "upstream 'cache'"},
+		{"ev.*", 1, "channels no channel_route matches"}, // ev.ab goes to default
+	} {
+		up, err := tb.Pattern([]byte(c.pat))
+		switch {
+		case c.err == "" && err != nil:
+			t.Errorf("Pattern(%q) refused: %v", c.pat, err)
+		case c.err == "" && up != c.up:
+			t.Errorf("Pattern(%q) = %d, want %d", c.pat, up, c.up)
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("Pattern(%q) = %d, %v; want a refusal with %q", c.pat, up, err, c.err)
+		}
+	}
+	// Without channel routes every pattern is [upstream]'s.
+	plain, _ := New([]string{"default", "queue"}, []Rule{{"q:*", "queue"}}, nil)
+	if up, err := plain.Pattern([]byte("*")); up != Default || err != nil {
+		t.Errorf("no channel routes: %d %v", up, err)
+	}
+}
+
 // TestScanCursor: a cursor walks the upstreams in order and ends at 0.
 func TestScanCursor(t *testing.T) {
 	tb := newTestTable(t)
