@@ -150,3 +150,41 @@ func TestRoutesResp2RelayRefusalText(t *testing.T) {
 		t.Fatalf("PING after the refusal: %q", l)
 	}
 }
+
+// TestRoutesAfterUnsubscribeAll: a RESP2 client that unsubscribed from
+// everything is a normal client again on Redis, but the proxy keeps its
+// relay for the connection's life (docs/COMPATIBILITY.md, "Pub/Sub"):
+// with routes its commands stay on the relay's upstream, and a key of
+// another upstream is refused with the routes' error rather than read on
+// the wrong server. A documented difference, pinned here.
+func TestRoutesAfterUnsubscribeAll(t *testing.T) {
+	r := startRouted(t, nil)
+	if err := r.c.Set(ctx, "plain:a", "va", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.c.Set(ctx, "queue:a", "qa", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	nc := r.p.Dial(t)
+	fmt.Fprint(nc, "*2\r\n$9\r\nSUBSCRIBE\r\n$6\r\njobs.x\r\n")
+	for range 6 {
+		readLine(t, nc)
+	}
+	fmt.Fprint(nc, "*1\r\n$11\r\nUNSUBSCRIBE\r\n")
+	for range 6 {
+		readLine(t, nc)
+	}
+	// A key of the relay's upstream: read there.
+	fmt.Fprint(nc, "*2\r\n$3\r\nGET\r\n$7\r\nqueue:a\r\n")
+	if l := readLine(t, nc); l != "$2\r\n" {
+		t.Fatalf("GET queue:a after UNSUBSCRIBE (all): %q", l)
+	}
+	readLine(t, nc)
+	// Another upstream's key: the routes' refusal, naming the relay's.
+	fmt.Fprint(nc, "*2\r\n$3\r\nGET\r\n$7\r\nplain:a\r\n")
+	l := readLine(t, nc)
+	t.Logf("GET plain:a: %q", l)
+	if !strings.Contains(l, "redproxy") || !strings.Contains(l, "'queue'") {
+		t.Fatalf("GET plain:a after UNSUBSCRIBE (all): %q; want the routes' refusal", l)
+	}
+}
