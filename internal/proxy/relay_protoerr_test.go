@@ -1,8 +1,10 @@
 package proxy_test
 
 import (
+	"bufio"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,5 +64,46 @@ func TestRelayProtocolErrorAnsweredAsRedis(t *testing.T) {
 				t.Fatalf("%q:\nproxy %q\nRedis %q", parts, got, want)
 			}
 		}
+	}
+}
+
+// A refusal on a relay was sent as a script that makes Redis answer with
+// its text; but in RESP2's subscribed mode and in MONITOR mode Redis does
+// not run scripts, and answered with its own error ("only (P|S)SUBSCRIBE
+// ... are allowed", "Replica can't interact with the keyspace"), hiding
+// why the proxy refused (found by review, for routes; the guard's
+// refusals had the same fault). There the refusal is now an unknown
+// command quoting the text, which Redis refuses in any context.
+func TestRelayRefusalSaysWhy(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	for _, start := range []string{"SUBSCRIBE ch\r\n", "MONITOR\r\n"} {
+		nc := p.Dial(t)
+		rd := bufio.NewReader(nc)
+		nc.SetDeadline(time.Now().Add(5 * time.Second))
+		nc.Write([]byte(start))
+		first, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(first, "*") { // SUBSCRIBE's reply: 3 elements, 5 more lines
+			for range 5 {
+				rd.ReadString('\n')
+			}
+		}
+		nc.Write([]byte("KEYS *\r\n")) // refused by the default policy
+		for {
+			line, err := rd.ReadString('\n')
+			if err != nil {
+				t.Fatalf("%q then KEYS: %v", start, err)
+			}
+			if strings.HasPrefix(line, "+") && strings.Contains(line, "KEYS") {
+				continue // MONITOR's own lines
+			}
+			if !strings.HasPrefix(line, "-") || !strings.Contains(line, "KEYS is disabled") {
+				t.Fatalf("%q then KEYS: %q, want the policy's refusal", start, line)
+			}
+			break
+		}
+		nc.Close()
 	}
 }

@@ -998,22 +998,13 @@ const relayDrainWait = 2 * time.Second
 // i is r's index in its batch (for the namespace's notes).
 func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy.Decision) []byte {
 	refuse := appendErrorScript
-	if sess.relayInMulti {
+	if sess.relayInMulti || !sess.relayRunsScripts() {
 		refuse = appendQueueRefusal
 	}
 	if trackingRedirect(r.Args) {
 		return refuse(out, errTrackingRedirect)
 	}
 	if msg := sess.routeRelayDenied(sess.clientArgs(i, r.Args)); msg != "" {
-		if !sess.resp3 {
-			// A RESP2 relay may be in subscribed mode, where Redis refuses
-			// the script with its own error ("only (P|S)SUBSCRIBE ... are
-			// allowed in this context") and the client never learned why
-			// (found by review). An unknown command is refused in any
-			// context, quoting the text. RESP3 runs the script even while
-			// subscribed, and its reply is the refusal's text alone.
-			return appendQueueRefusal(out, msg)
-		}
 		return refuse(out, msg)
 	}
 	if msg := sess.relayDenied(sess.clientArgs(i, r.Args)); msg != "" {
@@ -1059,8 +1050,25 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 	return append(out, r.Raw...)
 }
 
+// relayRunsScripts reports whether Redis runs a script on this relay's
+// connection, so a refusal can be a script answering its text alone. Not
+// in MONITOR mode ("Replica can't interact with the keyspace") nor in
+// RESP2's subscribed mode ("only (P|S)SUBSCRIBE ... are allowed"), where
+// Redis's own error hid the refusal's reason (found by review); there a
+// refusal is the unknown command of appendQueueRefusal, which Redis
+// refuses in any context, quoting the text.
+func (sess *Session) relayRunsScripts() bool {
+	switch relayKind(sess.list.relay.Load() - 1) {
+	case relayMonitor:
+		return false
+	case relayPubSub:
+		return sess.resp3
+	}
+	return true
+}
+
 // appendQueueRefusal appends, for a refusal inside a relayed client's
-// MULTI, a command unknown to Redis carrying msg (an error text without
+// MULTI or where no script runs (relayRunsScripts), a command unknown to Redis carrying msg (an error text without
 // the leading '-'): Redis answers it with an unknown-command error that
 // quotes msg's start, and flags the transaction so that EXEC answers
 // EXECABORT.
