@@ -92,10 +92,11 @@ type Watcher struct {
 	// promoting is the replica whose promotion is being watched, if any.
 	promoting string
 
-	recheck  chan struct{}
-	promoted chan string
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	recheck   chan struct{}
+	promoted  chan string
+	stop      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
 }
 
 // New builds a Watcher; nothing is dialled until Discover or Start.
@@ -270,8 +271,11 @@ func (w *Watcher) Start(current string) {
 	go w.loop()
 }
 
-// Close stops the watcher and waits for its goroutines.
-func (w *Watcher) Close() {
+// Close stops the watcher and waits for its goroutines. It may be called
+// again (Server.Shutdown may be): later calls only wait for the first.
+func (w *Watcher) Close() { w.closeOnce.Do(w.close) }
+
+func (w *Watcher) close() {
 	close(w.stop)
 	w.mu.Lock()
 	subs := w.subs
