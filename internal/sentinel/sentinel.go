@@ -5,10 +5,11 @@
 // while the data path keeps its own pipelined connections (package
 // upstream) and is only told, through Options.OnSwitch, to move them.
 //
-// How the primary is chosen. Every Sentinel that answers is asked for the
+// How the primary is chosen. Every Sentinel is asked, all at once, for the
 // primary's address (SENTINEL GET-MASTER-ADDR-BY-NAME, which names the
 // promoted replica as soon as a failover has promoted it) and for its
-// configuration epoch (SENTINEL MASTER), which every failover raises. The
+// configuration epoch (SENTINEL MASTER), which every failover raises. Once
+// more than half have answered (or all have answered or failed), the
 // answers are tried newest epoch first, then by how many Sentinels agree;
 // the first address whose server says it is a primary (ROLE) wins. So a
 // Sentinel that has not yet heard of a failover cannot send the proxy
@@ -76,6 +77,11 @@ type Watcher struct {
 	opt     Options
 	clients []*redis.SentinelClient
 
+	// switchMu is held while the primary in use is changed (switchTo):
+	// by a check, or by a promotion adopted while a check may still be
+	// asking the Sentinels, which must not wait for it.
+	switchMu sync.Mutex
+
 	mu sync.Mutex
 	// inUse is the address the data path was last told (OnSwitch or
 	// Start); known says whether it was confirmed a primary on the last
@@ -93,7 +99,6 @@ type Watcher struct {
 	promoting string
 
 	recheck   chan struct{}
-	promoted  chan string
 	stop      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
@@ -113,7 +118,7 @@ func New(o Options) *Watcher {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	w := &Watcher{opt: o, epoch: -1, newest: -1, recheck: make(chan struct{}, 1), promoted: make(chan string, 1), stop: make(chan struct{})}
+	w := &Watcher{opt: o, epoch: -1, newest: -1, recheck: make(chan struct{}, 1), stop: make(chan struct{})}
 	for _, addr := range o.Sentinels {
 		w.clients = append(w.clients, redis.NewSentinelClient(w.clientOptions(addr)))
 	}
@@ -165,25 +170,55 @@ type answer struct {
 // says it is a primary and no Sentinel names anything with a newer epoch,
 // so a Sentinel that has not yet heard of a failover cannot move the proxy
 // back; among equally good answers it is preferred too.
+//
+// The Sentinels are asked all at once, and Discover goes on as soon as
+// more than half of them have answered (or all have answered or failed).
+// A hung Sentinel (its host gone without closing the sockets) would
+// otherwise hold every check for its read timeout. A Sentinel left out
+// this time is asked again at the next check.
 func (w *Watcher) Discover(ctx context.Context, current string, currentEpoch int64) (string, int64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // the Sentinels not waited for stop waiting for a connection
+	type reply struct {
+		i     int
+		addr  string
+		epoch int64
+		err   error
+	}
+	replies := make(chan reply, len(w.clients)) // late replies never block
+	for i, c := range w.clients {
+		go func() {
+			addr, epoch, err := w.ask(ctx, c)
+			replies <- reply{i, addr, epoch, err}
+		}()
+	}
 	byAddr := map[string]*answer{}
 	var asked []error
-	for i, c := range w.clients {
-		if ctx.Err() != nil {
-			break
+	answered := 0
+gather:
+	for range w.clients {
+		var r reply
+		select {
+		case r = <-replies:
+		case <-ctx.Done():
+			asked = append(asked, ctx.Err())
+			break gather
 		}
-		addr, epoch, err := w.ask(ctx, c)
-		if err != nil {
-			asked = append(asked, fmt.Errorf("%s: %w", w.opt.Sentinels[i], err))
+		if r.err != nil {
+			asked = append(asked, fmt.Errorf("%s: %w", w.opt.Sentinels[r.i], r.err))
 			continue
 		}
-		a := byAddr[addr]
+		a := byAddr[r.addr]
 		if a == nil {
-			a = &answer{addr: addr, epoch: epoch, first: i}
-			byAddr[addr] = a
+			a = &answer{addr: r.addr, epoch: r.epoch, first: r.i}
+			byAddr[r.addr] = a
 		}
-		a.epoch = max(a.epoch, epoch)
+		a.epoch = max(a.epoch, r.epoch)
+		a.first = min(a.first, r.i)
 		a.votes++
+		if answered++; answered > len(w.clients)/2 {
+			break gather
+		}
 	}
 	answers := make([]*answer, 0, len(byAddr))
 	newest := int64(-1)
@@ -310,8 +345,6 @@ func (w *Watcher) loop() {
 			return
 		case <-w.recheck:
 		case <-t.C:
-		case addr := <-w.promoted:
-			w.adopt(addr)
 		}
 		known := w.check()
 		next := w.opt.PollInterval
@@ -326,7 +359,7 @@ func (w *Watcher) loop() {
 // It reports whether a primary is known.
 func (w *Watcher) check() bool {
 	w.mu.Lock()
-	current, epoch := w.inUse, w.epoch
+	current, currentEpoch := w.inUse, w.epoch
 	w.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
@@ -336,12 +369,22 @@ func (w *Watcher) check() bool {
 		case <-ctx.Done():
 		}
 	}()
-	addr, epoch, err := w.Discover(ctx, current, epoch)
+	addr, epoch, err := w.Discover(ctx, current, currentEpoch)
 	cancel()
+	w.switchMu.Lock()
+	defer w.switchMu.Unlock()
 	if w.stopped() {
 		return false
 	}
 	w.mu.Lock()
+	if w.inUse != current || w.epoch != currentEpoch {
+		// A promotion was adopted while the Sentinels were asked: their
+		// answers are older, and may name the old primary, which can
+		// still answer as one. Keep the promoted one.
+		known := w.known
+		w.mu.Unlock()
+		return known
+	}
 	wasKnown := w.known
 	w.known = err == nil
 	if err == nil {
@@ -359,7 +402,8 @@ func (w *Watcher) check() bool {
 }
 
 // switchTo makes addr, chosen at epoch, the primary in use, telling the
-// data path if it is a different server. Only the loop goroutine calls it.
+// data path if it is a different server. The caller holds switchMu, so
+// OnSwitch is called one at a time.
 func (w *Watcher) switchTo(addr string, epoch int64, wasUnknown bool) {
 	w.mu.Lock()
 	current := w.inUse
@@ -377,11 +421,13 @@ func (w *Watcher) switchTo(addr string, epoch int64, wasUnknown bool) {
 	w.mu.Unlock()
 }
 
-// adopt switches to the replica a failover promoted, once it says it is a
-// primary. Its epoch is taken as one past the newest seen: the failover
-// raised it, though the Sentinels may not say so for a second yet.
+// adopt switches to the replica a failover promoted, which has just said
+// it is a primary. Its epoch is taken as one past the newest seen: the
+// failover raised it, though the Sentinels may not say so for a second yet.
 func (w *Watcher) adopt(addr string) {
-	if ok, _ := w.isPrimary(addr); !ok {
+	w.switchMu.Lock()
+	defer w.switchMu.Unlock()
+	if w.stopped() {
 		return
 	}
 	w.mu.Lock()
@@ -392,11 +438,12 @@ func (w *Watcher) adopt(addr string) {
 }
 
 // watchPromotion polls the replica a failover is promoting (named by
-// +selected-slave) and hands it to the loop as soon as it answers as a
-// primary. The Sentinels only notice that at their next INFO (about a
-// second later in a failover); meanwhile the old primary still takes
-// writes that the new one will never have, so every moment saved is
-// writes not lost. It gives up after maxPromotionWait.
+// +selected-slave) and switches to it as soon as it answers as a primary,
+// without waiting for a check in progress (adopt). The Sentinels only
+// notice that at their next INFO (about a second later in a failover);
+// meanwhile the old primary still takes writes that the new one will
+// never have, so every moment saved is writes not lost. It gives up after
+// maxPromotionWait.
 func (w *Watcher) watchPromotion(addr string) {
 	w.mu.Lock()
 	if w.promoting == addr || w.inUse == addr {
@@ -418,10 +465,7 @@ func (w *Watcher) watchPromotion(addr string) {
 		deadline := time.Now().Add(maxPromotionWait)
 		for time.Now().Before(deadline) {
 			if ok, _ := w.isPrimary(addr); ok {
-				select {
-				case w.promoted <- addr:
-				case <-w.stop:
-				}
+				w.adopt(addr)
 				return
 			}
 			select {
