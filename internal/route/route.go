@@ -2,10 +2,9 @@
 // [[route]] and [[channel_route]] are configured: by its keys (the first
 // route whose glob matches a key wins; keys matching none go to the
 // default upstream, index 0), by its channels for PUBLISH and PUBSUB
-// NUMSUB, to every
-// upstream for the commands that concern the whole keyspace (SCAN, DBSIZE,
-// KEYS, FLUSHALL, ...), and how the replies of a command split over
-// several upstreams come back together.
+// NUMSUB, to every upstream for the commands that concern the whole
+// keyspace (SCAN, DBSIZE, KEYS, FLUSHALL, ...), and how the replies of a
+// command split over several upstreams come back together.
 //
 // A Table is immutable: a reload builds a new one and swaps it whole, so
 // a batch is routed by one set of routes from start to end.
@@ -15,6 +14,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -428,27 +428,35 @@ func (t *Table) split(args [][]byte, m Merge, stride int) Plan {
 	var groups [][][]byte
 	for i := 1; i < len(args); i += stride {
 		up, _ := t.Key(args[i])
-		g := -1
-		for j := range p.parts {
-			if p.parts[j].Upstream == up {
-				g = j
-				break
-			}
-		}
-		if g < 0 {
-			g = len(groups)
-			groups = append(groups, [][]byte{args[0]})
-			p.parts = append(p.parts, Part{Upstream: up})
-		}
+		g := p.group(up, &groups, args[:1])
 		if m == MGET {
 			p.Pos = append(p.Pos, [2]int{g, len(groups[g]) - 1})
 		}
 		groups[g] = append(groups[g], args[i:i+stride]...)
 	}
+	p.encode(groups)
+	return p
+}
+
+// group is the index of the part for upstream up, added, with its command
+// starting with head, when up has none yet: parts go in the order each
+// upstream first appears.
+func (p *Plan) group(up int, groups *[][][]byte, head [][]byte) int {
+	for j := range p.parts {
+		if p.parts[j].Upstream == up {
+			return j
+		}
+	}
+	*groups = append(*groups, slices.Clone(head))
+	p.parts = append(p.parts, Part{Upstream: up})
+	return len(p.parts) - 1
+}
+
+// encode makes each part's command from its group of arguments.
+func (p *Plan) encode(groups [][][]byte) {
 	for g := range groups {
 		p.parts[g].Raw = resp.AppendCommand(nil, groups[g]...)
 	}
-	return p
 }
 
 // splitChannels sends a PUBSUB NUMSUB (or SHARDNUMSUB) naming channels of
@@ -459,26 +467,12 @@ func (t *Table) splitChannels(args [][]byte) Plan {
 	p := Plan{Merge: MGET}
 	var groups [][][]byte
 	for _, ch := range args[2:] {
-		up := t.Channel(ch)
-		g := -1
-		for j := range p.parts {
-			if p.parts[j].Upstream == up {
-				g = j
-				break
-			}
-		}
-		if g < 0 {
-			g = len(groups)
-			groups = append(groups, [][]byte{args[0], args[1]})
-			p.parts = append(p.parts, Part{Upstream: up})
-		}
+		g := p.group(t.Channel(ch), &groups, args[:2])
 		e := 2 * (len(groups[g]) - 2)
 		p.Pos = append(p.Pos, [2]int{g, e}, [2]int{g, e + 1})
 		groups[g] = append(groups[g], ch)
 	}
-	for g := range groups {
-		p.parts[g].Raw = resp.AppendCommand(nil, groups[g]...)
-	}
+	p.encode(groups)
 	return p
 }
 
