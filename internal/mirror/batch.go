@@ -32,7 +32,7 @@ type pendingCmd struct {
 // answered it with an error (a script that failed after writing), so the
 // mirror's error is not counted against it.
 func (b *Batch) Write(name string, primaryErr bool, parts ...[]byte) {
-	b.crossDB = b.crossDB || crossesDatabases(name)
+	b.crossDB = b.crossDB || CrossesDatabases(name)
 	b.parts = append(b.parts, parts...)
 	b.cmds = append(b.cmds, pendingCmd{parts: len(parts), name: name, primaryErr: primaryErr})
 }
@@ -44,10 +44,12 @@ func (b *Batch) WriteCrossDB(name string, primaryErr bool, parts ...[]byte) {
 	b.Write(name, primaryErr, parts...)
 }
 
-// crossesDatabases reports whether a write named name may change another
+// CrossesDatabases reports whether a write named name may change another
 // database than the one it was sent in (COPY only with its DB option, but
-// it is rare enough to take as a whole).
-func crossesDatabases(name string) bool {
+// it is rare enough to take as a whole). Scripts are not counted: one
+// that MOVEs is rare, and cutting the sender's round at every script
+// would slow the mirror for the many that do not (docs/COMPATIBILITY.md).
+func CrossesDatabases(name string) bool {
 	switch name {
 	case "move", "copy", "swapdb", "flushall":
 		return true

@@ -66,7 +66,11 @@ type mirrorTx struct {
 	buf      []byte
 	ends     []int
 	selected bool // a SELECT is among them: the mirror's connection selects back after EXEC
-	over     bool // larger than mirror.queue_bytes: dropped (too_large) at EXEC
+	// crossDB: a write among them may change another database (MOVE,
+	// COPY, ...), so the transaction runs alone on the mirror, as such a
+	// write does outside one (mirror.CrossesDatabases).
+	crossDB bool
+	over    bool // larger than mirror.queue_bytes: dropped (too_large) at EXEC
 }
 
 func (tx *mirrorTx) part(i int) []byte {
@@ -322,6 +326,7 @@ func (sess *Session) mirrorQueuedCmd(name string, cmd *commands.Command) {
 		tx.ends = append(tx.ends, len(tx.buf))
 	}
 	tx.selected = tx.selected || name == "select"
+	tx.crossDB = tx.crossDB || mirror.CrossesDatabases(name)
 }
 
 // mirrorExecQueued notes the client's EXEC, just added to the batch, for
@@ -597,7 +602,7 @@ func (sess *Session) mirrorExec(call *upstream.Call, sl slot) {
 		// SELECT moved it.
 		ms.parts = append(ms.parts, resp.AppendCommandStrings(nil, "SELECT", strconv.Itoa(sess.db)))
 	}
-	if tx.selected {
+	if tx.selected || tx.crossDB {
 		ms.batch.WriteCrossDB("exec", false, ms.parts...)
 	} else {
 		ms.batch.Write("exec", false, ms.parts...)

@@ -62,50 +62,59 @@ return 1`, nil).Err()
 // sent at the same time, so a command that changes another database (MOVE
 // here) and what the client did next in that database could run in the
 // other order on the mirror, which then held other data (found by review:
-// 3 of 3 runs). An entry that crosses databases now runs alone.
+// 3 of 3 runs). An entry that crosses databases now runs alone; so does a
+// transaction holding such a command (a second review: 3 of 3 runs).
 func TestMirrorCrossDatabaseOrder(t *testing.T) {
-	ms := redistest.Start(t)
-	p := startMirrored(t, ms, nil)
-	c := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
-	conn := c.Conn()
-	defer conn.Close()
-	direct := p.Redis.Client(t)
-	if err := conn.Set(ctx, "warm", "1", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	waitMirrored(t, p)
-	ms.Freeze(t)
-	// Taken by the sender at once, so what follows queues into one round.
-	if err := conn.Set(ctx, "warm", "2", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(20 * time.Millisecond)
-	big := strings.Repeat("x", 8<<20)
-	pipe := conn.Pipeline()
-	pipe.Set(ctx, "big", big, 0)
-	pipe.Set(ctx, "k", "1", 0)
-	pipe.Move(ctx, "k", 1)
-	if _, err := pipe.Exec(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := conn.Select(ctx, 1).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := conn.Incr(ctx, "k").Err(); err != nil {
-		t.Fatal(err)
-	}
-	ms.Thaw(t)
-	waitMirrored(t, p)
-	m1 := redis.NewClient(&redis.Options{Addr: ms.Addr(), DB: 1})
-	defer m1.Close()
-	p1 := redis.NewClient(&redis.Options{Addr: p.Redis.Addr(), DB: 1})
-	defer p1.Close()
-	pv, _ := p1.Get(ctx, "k").Result()
-	mv, _ := m1.Get(ctx, "k").Result()
-	p0, _ := direct.Exists(ctx, "k").Result()
-	m0, _ := ms.Client(t).Exists(ctx, "k").Result()
-	if pv != mv || p0 != m0 {
-		t.Fatalf("primary: db1 k=%q, db0 has k: %d; mirror: db1 k=%q, db0 has k: %d", pv, p0, mv, m0)
+	for _, how := range []string{"pipeline", "transaction"} {
+		t.Run(how, func(t *testing.T) {
+			ms := redistest.Start(t)
+			p := startMirrored(t, ms, nil)
+			c := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+			conn := c.Conn()
+			defer conn.Close()
+			direct := p.Redis.Client(t)
+			if err := conn.Set(ctx, "warm", "1", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			waitMirrored(t, p)
+			ms.Freeze(t)
+			// Taken by the sender at once, so what follows queues into one round.
+			if err := conn.Set(ctx, "warm", "2", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond)
+			if err := conn.Set(ctx, "big", strings.Repeat("x", 8<<20), 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			pipe := conn.Pipeline()
+			if how == "transaction" {
+				pipe = conn.TxPipeline()
+			}
+			pipe.Set(ctx, "k", "1", 0)
+			pipe.Move(ctx, "k", 1)
+			if _, err := pipe.Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.Select(ctx, 1).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.Incr(ctx, "k").Err(); err != nil {
+				t.Fatal(err)
+			}
+			ms.Thaw(t)
+			waitMirrored(t, p)
+			m1 := redis.NewClient(&redis.Options{Addr: ms.Addr(), DB: 1})
+			defer m1.Close()
+			p1 := redis.NewClient(&redis.Options{Addr: p.Redis.Addr(), DB: 1})
+			defer p1.Close()
+			pv, _ := p1.Get(ctx, "k").Result()
+			mv, _ := m1.Get(ctx, "k").Result()
+			p0, _ := direct.Exists(ctx, "k").Result()
+			m0, _ := ms.Client(t).Exists(ctx, "k").Result()
+			if pv != mv || p0 != m0 {
+				t.Fatalf("primary: db1 k=%q, db0 has k: %d; mirror: db1 k=%q, db0 has k: %d", pv, p0, mv, m0)
+			}
+		})
 	}
 }
 
