@@ -609,10 +609,13 @@ func (sess *Session) mirrorExec(call *upstream.Call, sl slot) {
 	}
 }
 
-// mirrorSkipRelayed counts a relayed client's write as not mirrored: its
-// connection is a raw relay whose replies the mirror does not see.
-func (sess *Session) mirrorSkipRelayed(cmd *commands.Command, refused bool) {
-	if sess.srv.mirror != nil && cmd != nil && !refused && mayWrite(cmd) {
+// mirrorSkipRelayed counts a relayed client's write, forwarded to a
+// connection that runs it, as not mirrored: the relay is raw bytes whose
+// replies the mirror does not see. Writes the proxy refused, or sent where
+// Redis refuses every write, are not counted (a second review found them
+// counted as missed).
+func (sess *Session) mirrorSkipRelayed(cmd *commands.Command) {
+	if cmd != nil && mayWrite(cmd) {
 		sess.srv.mirror.Skipped(mirror.SkipRelayed)
 	}
 }

@@ -3,6 +3,7 @@ package proxy_test
 // Mirror defects found by a review, each reproduced against real servers.
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -179,6 +180,36 @@ func TestMirrorRelayedWritesAreCounted(t *testing.T) {
 	waitMirrored(t, p)
 	if got := p.Mirror().Report(0).Skipped[mirror.SkipRelayed]; got != 10 {
 		t.Fatalf("skipped{reason=relayed} = %d after 10 writes and 10 reads of a tracking client, want 10", got)
+	}
+	// A write on a MONITOR or RESP2 subscribed connection never runs
+	// (Redis refuses it there): nothing was missed, nothing is counted.
+	for _, start := range []string{"MONITOR\r\n", "SUBSCRIBE ch\r\n"} {
+		nc := p.Dial(t)
+		rd := bufio.NewReader(nc)
+		nc.SetDeadline(time.Now().Add(5 * time.Second))
+		nc.Write([]byte(start))
+		if first, _ := rd.ReadString('\n'); strings.HasPrefix(first, "*") {
+			for range 5 { // the rest of SUBSCRIBE's reply
+				rd.ReadString('\n')
+			}
+		}
+		nc.Write([]byte("SET relayed:k v\r\n"))
+		for {
+			line, err := rd.ReadString('\n')
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.HasPrefix(line, "-") {
+				break
+			}
+		}
+		nc.Close()
+	}
+	if n, _ := p.Redis.Client(t).Exists(ctx, "relayed:k").Result(); n != 0 {
+		t.Fatal("a SET on a MONITOR or subscribed connection ran on the primary")
+	}
+	if got := p.Mirror().Report(0).Skipped[mirror.SkipRelayed]; got != 10 {
+		t.Fatalf("skipped{reason=relayed} = %d after two writes Redis refused, want still 10", got)
 	}
 }
 

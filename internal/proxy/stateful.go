@@ -833,9 +833,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		if d != nil && d.Args != nil {
 			args = d.Args
 		}
-		cmd, refused := sess.srv.table.Lookup(reqs[k].Args), d != nil && d.Refuse != nil
-		rw.note(cmd, args, refused)
-		sess.mirrorSkipRelayed(cmd, refused)
+		rw.note(sess.srv.table.Lookup(reqs[k].Args), args, d != nil && d.Refuse != nil)
 	}
 	rw.sending()
 	idle := sess.srv.Config().Server.IdleTimeout.Duration
@@ -937,12 +935,10 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 			if d != nil && d.Args != nil {
 				args = d.Args
 			}
-			cmd, refused := sess.srv.table.Lookup(reqs[k].Args), d != nil && d.Refuse != nil
-			if !rw.note(cmd, args, refused) {
+			if !rw.note(sess.srv.table.Lookup(reqs[k].Args), args, d != nil && d.Refuse != nil) {
 				out = appendErrorScript(out, errHeldWrites)
 				continue
 			}
-			sess.mirrorSkipRelayed(cmd, refused)
 			out = sess.appendRelayed(out, k, &reqs[k], d)
 		}
 		rw.sending()
@@ -1039,6 +1035,11 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 		case strings.EqualFold(name, "exec"), strings.EqualFold(name, "discard"), strings.EqualFold(name, "reset"):
 			sess.relayInMulti = false
 		}
+	}
+	if sess.srv.mirror != nil && sess.relayRunsScripts() {
+		// Forwarded, and Redis runs it (not a MONITOR or RESP2
+		// subscribed connection, where it refuses every write).
+		sess.mirrorSkipRelayed(sess.srv.table.Lookup(r.Args))
 	}
 	if d == nil || len(d.Violations) == 0 && d.Args == nil {
 		return append(out, r.Raw...)
