@@ -142,7 +142,11 @@ func (b *Batch) FixupsIn(exps []policy.Expire, db, databases int) [][]byte {
 		secs := strconv.AppendInt(num[:0], e.Seconds, 10)
 		if e.DB != nil {
 			n, err := strconv.Atoi(string(e.DB))
-			if err != nil || n < 0 || n >= databases || db < 0 {
+			// Redis takes the number as string2ll does: "01" and "+1"
+			// are refused, COPY fails, and the fix-up's SELECT would fail
+			// too, running its EXPIRE in the client's own database (found
+			// by review).
+			if err != nil || n < 0 || n >= databases || db < 0 || strconv.Itoa(n) != string(e.DB) {
 				continue
 			}
 			var cur [20]byte

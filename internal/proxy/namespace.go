@@ -101,7 +101,7 @@ func (sess *Session) lockedNamespace() *namespace.Namespace {
 // listener changed. The requests of the batch after the one being
 // answered (an AUTH) were rewritten for the previous namespace, so they
 // are rewritten again from the client's own bytes, and the guard decides
-// on them again.
+// on them again (also when the namespace stays: the scope may not).
 func (sess *Session) applyNamespace() {
 	want := sess.effectiveNamespace()
 	var cur *namespace.Namespace
@@ -109,6 +109,13 @@ func (sess *Session) applyNamespace() {
 		cur = sess.ns.w.Namespace()
 	}
 	if want == cur {
+		// The same namespace, but the user (and so the policy's scope)
+		// may have changed: the rest of the batch is decided again. A
+		// SET and a DBSIZE pipelined behind AUTH escaped the new user's
+		// scope (found by review). authenticate flushed what came before.
+		if sess.cur.Request != nil && sess.cur.i+1 < len(sess.batchReqs) {
+			sess.prepareBatch(sess.batchReqs)
+		}
 		return
 	}
 	reqs := sess.batchReqs
