@@ -67,7 +67,8 @@ type Options struct {
 	// Sentinel that is down (2s if 0).
 	ReconnectMax time.Duration
 	// OnSwitch is called with the new primary's address each time it
-	// changes, one call at a time, from the watcher's goroutine.
+	// changes, one call at a time (from the watcher's loop, or from the
+	// goroutine watching a promotion: switchMu orders them).
 	OnSwitch func(addr string)
 	Logger   *slog.Logger
 }
