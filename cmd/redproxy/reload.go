@@ -66,17 +66,17 @@ func (r *reloader) reload() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, key := range changed {
-		if strings.HasPrefix(key, "policy.") {
-			p := next.Policy
-			r.staged.Store(&p)
-			if err := r.guard.Reload(); err != nil {
-				// Compiled by Reload already; only a file changed under us
-				// gets here, and the guard kept its policy.
-				r.log.Warn("policy not reloaded", "err", err)
-			}
-			break
-		}
+	// The file's policy goes to the guard on every reload, changed or
+	// not: POST /policy/reload may have put another in force since the
+	// snapshot Changed compared with, and a full reload of a file that
+	// had reverted it left the guard on the other (found by review: KEYS
+	// stayed allowed after the file denied it again and /reload said OK).
+	p := next.Policy
+	r.staged.Store(&p)
+	if err := r.guard.Reload(); err != nil {
+		// Compiled by Reload already; only a file changed under us gets
+		// here, and the guard kept its policy.
+		r.log.Warn("policy not reloaded", "err", err)
 	}
 	r.level.Set(logLevel(next.Server.LogLevel))
 	return changed, nil

@@ -142,7 +142,7 @@ func (s *Server) appendProxySection(b []byte) []byte {
 	line("proxy_version", buildVersion())
 	line("proxy_uptime_in_seconds", strconv.FormatInt(int64(time.Since(s.started)/time.Second), 10))
 	line("proxy_connected_clients", strconv.FormatInt(s.clients.Load(), 10))
-	line("proxy_max_clients", strconv.Itoa(s.cfg.Server.MaxClients))
+	line("proxy_max_clients", strconv.Itoa(s.Config().Server.MaxClients)) // reloadable: the snapshot in force
 
 	// One upstream node today; the numbering leaves room for several.
 	b0 := s.backend
@@ -175,7 +175,7 @@ func (s *Server) appendProxySection(b []byte) []byte {
 	}
 
 	// The mode in force is the configured one capped by --policy-mode.
-	mode := s.cfg.Policy.Mode
+	mode := s.Config().Policy.Mode
 	if mode == "" {
 		mode = "enforce"
 	}
