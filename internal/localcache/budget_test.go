@@ -173,6 +173,11 @@ max_age = "0s"
 	if !errors.As(err, &ce) {
 		t.Fatalf("not a *config.Error: %T", err)
 	}
+	// nan compares false with every ratio: accepted, it turned the
+	// write-heavy exclusion off without a word (found by review).
+	if _, err := config.Parse([]byte("[localcache]\nwrite_ratio = nan\n"), "t.toml"); err == nil || !strings.Contains(err.Error(), "t.toml:2: localcache.write_ratio:") {
+		t.Errorf("write_ratio = nan: %v, want refused", err)
+	}
 
 	base := config.Default()
 	on, err := base.Apply(config.Overrides{LocalTier: "on"})

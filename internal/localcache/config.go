@@ -3,6 +3,7 @@ package localcache
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/config/units"
@@ -111,8 +112,10 @@ func (c Config) Validate() error {
 	if c.AdmitWindow.Duration < 10*time.Millisecond {
 		bad("admit_window", "must be at least 10ms, got %v", c.AdmitWindow)
 	}
-	if c.WriteRatio < 0 {
-		bad("write_ratio", "must not be negative, got %v", c.WriteRatio)
+	if c.WriteRatio < 0 || math.IsNaN(c.WriteRatio) {
+		// NaN compared false with every ratio, silently turning the
+		// write-heavy exclusion off (found by review).
+		bad("write_ratio", "must be a number ≥ 0, got %v", c.WriteRatio)
 	}
 	for i, p := range c.Include {
 		if err := checkGlob(p); err != nil {
