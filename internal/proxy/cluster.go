@@ -111,7 +111,7 @@ func (sess *Session) clusterStep(r *request) bool {
 	if cmd.Name == "select" && len(args) == 2 {
 		// Also while pinned: the node would refuse it, but the session
 		// would take note of the database (pinnedSelect).
-		if db, err := strconv.Atoi(string(args[1])); err == nil && db != 0 {
+		if db, isInt := resp.ParseInt(args[1]); isInt && db != 0 {
 			sess.refusedInMulti()
 			sess.replyLocal(m, errClusterSelect)
 			return true

@@ -13,6 +13,7 @@ import (
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/namespace"
+	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/tidwall/redcon"
 )
 
@@ -72,9 +73,10 @@ func cmdReplication(sess *Session, r *request) bool {
 }
 
 func cmdSelect(sess *Session, r *request) bool {
-	db, err := strconv.Atoi(string(r.Args[1]))
+	n, isInt := resp.ParseInt(r.Args[1])
+	db := int(n)
 	switch {
-	case err != nil:
+	case !isInt:
 		sess.replyLocal(r.m, errNotInteger)
 	case db < 0 || db >= sess.srv.cfg.Upstream.Databases:
 		sess.replyLocal(r.m, errDBRange)
@@ -342,8 +344,9 @@ func (sess *Session) auth(m *metrics.Command, args [][]byte) {
 func (sess *Session) hello(m *metrics.Command, args [][]byte) {
 	proto := 0
 	if len(args) > 1 {
-		v, err := strconv.Atoi(string(args[1]))
-		if err != nil {
+		n, isInt := resp.ParseInt(args[1])
+		v := int(n)
+		if !isInt {
 			sess.replyLocal(m, []byte("-ERR Protocol version is not an integer or out of range\r\n"))
 			return
 		}

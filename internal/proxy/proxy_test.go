@@ -560,3 +560,26 @@ func TestAuthWithoutPasswordsAnswersAsRedis(t *testing.T) {
 		}
 	}
 }
+
+// Integer arguments the proxy reads itself (SELECT, HELLO's version) are
+// parsed as Redis's string2ll parses them: "01", "+1" and "-0" are
+// refused. The proxy took them with Atoi: SELECT 01 answered OK where
+// Redis refuses it, and under WATCH (forwarded, refused by Redis) it still
+// moved the session to database 1 for the commands after the UNWATCH.
+func TestIntegerArgumentsParsedAsRedis(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	viaProxy, direct := dialRaw(t, p.Addr), dialRaw(t, p.Redis.Addr())
+	for _, args := range [][]string{{"SELECT", "01"}, {"SELECT", "+1"}, {"SELECT", "-0"}, {"SELECT", "1"}, {"SELECT", "0"}, {"HELLO", "02"}} {
+		got, want := fmt.Sprint(viaProxy.do(args...)), fmt.Sprint(direct.do(args...))
+		if got != want {
+			t.Errorf("%v: proxy %q, Redis %q", args, got, want)
+		}
+	}
+	c := dialRaw(t, p.Addr)
+	for _, args := range [][]string{{"WATCH", "w"}, {"SELECT", "01"}, {"UNWATCH"}, {"SET", "after-select-01", "v"}} {
+		c.do(args...)
+	}
+	if n, err := p.Redis.Client(t).Exists(ctx, "after-select-01").Result(); err != nil || n != 1 {
+		t.Fatalf("SET after a refused SELECT 01 under WATCH: in database 0 %d, %v; want it there", n, err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/localcache"
+	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/stampede"
 )
 
@@ -130,7 +131,8 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 			replies = 0 // answered with pushes only (in MULTI: +QUEUED)
 		}
 	case name == "select" && len(args) == 2:
-		if db, err := strconv.Atoi(string(args[1])); err == nil && db >= 0 && db < rw.sess.srv.Config().Upstream.Databases {
+		if n, isInt := resp.ParseInt(args[1]); isInt && n >= 0 && n < int64(rw.sess.srv.Config().Upstream.Databases) {
+			db := int(n)
 			// Inside MULTI, the commands queued after it run in db if
 			// EXEC runs them.
 			rw.dbs = append(rw.dbs[:0], db)

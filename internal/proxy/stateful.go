@@ -231,8 +231,11 @@ func pinnedSelect(sess *Session, r *request) bool {
 	if len(r.Args) != 2 {
 		return false // Redis answers the arity error
 	}
-	db, err := strconv.Atoi(string(r.Args[1]))
-	valid := err == nil && db >= 0 && db < sess.srv.cfg.Upstream.Databases
+	n, isInt := resp.ParseInt(r.Args[1])
+	db := int(n)
+	// Parsed as Redis does: "SELECT 01" under WATCH was refused by Redis
+	// but moved the session to database 1 for what followed.
+	valid := isInt && db >= 0 && db < sess.srv.cfg.Upstream.Databases
 	// Either way the connection is no longer a clean DB-0 connection for
 	// the pool.
 	pin.dirty = true
@@ -654,8 +657,8 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 			return true
 		}
 	}
-	id, err := strconv.ParseInt(string(args[2]), 10, 64)
-	if err != nil {
+	id, isInt := resp.ParseInt(args[2])
+	if !isInt {
 		sess.replyLocal(m, errNotInteger)
 		return true
 	}

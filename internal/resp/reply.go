@@ -172,6 +172,13 @@ func Integer(reply []byte) (int64, bool) {
 	return parseInt(reply[1 : len(reply)-2])
 }
 
+// ParseInt parses a client's integer argument as Redis's string2ll does
+// (SELECT, HELLO, CLIENT UNBLOCK): optional '-', digits, no '+', no
+// leading zero but in "0" itself, no "-0". strconv.Atoi takes "01" and
+// "+1", which Redis refuses; the proxy then disagreed with Redis on what
+// the client asked (SELECT 01 answered OK).
+func ParseInt(b []byte) (int64, bool) { return parseInt(b) }
+
 // parseInt parses a decimal integer as RESP writes it: optional '-', digits,
 // nothing else, at most 18 digits so it cannot overflow.
 func parseInt(b []byte) (int64, bool) {
