@@ -410,8 +410,7 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	// kept now, as the pinned path would send it (guardStep).
 	raw := r.Raw
 	var fixups [][]byte
-	if d := sess.guard.Decision(r.i); d != nil {
-		sess.recordViolations(d)
+	if d := sess.guard.Decision(r.i); d != nil { // recorded by dispatch
 		if d.Args != nil {
 			raw = sess.guard.Encode(d.Args)
 		}

@@ -67,7 +67,7 @@ func (sess *Session) guardStep(r *request) bool {
 	if d == nil {
 		return false
 	}
-	sess.recordViolations(d)
+	// Recorded already (guardRecord).
 	if d.Refuse != nil {
 		sess.refuse(d, m)
 		return true
@@ -113,17 +113,23 @@ func (sess *Session) fixupDB() int {
 	return sess.db
 }
 
-// guardRefused answers request i with the guard's refusal, if it has one,
-// and reports whether it did. Commands the proxy handles itself (MONITOR,
-// SUBSCRIBE, blocking commands) never reach guardStep; calling this first
-// in dispatch makes a denied MONITOR refused like any other command. A
-// request it did not refuse still goes to guardStep.
-func (sess *Session) guardRefused(r *request) bool {
+// guardRecord records request i's violations, if it has any, and answers
+// it with the guard's refusal, if it has one; it reports whether it did.
+// dispatch calls it once per request, before any other step, so that the
+// commands the proxy handles itself (SCRIPT KILL, SHUTDOWN, MONITOR,
+// SUBSCRIBE, blocking commands, transactions) are refused like any other
+// and, under report mode, reported like any other: the steps that apply a
+// decision later (guardStep, blocking, the cluster's MULTI) record nothing.
+// A request it did not refuse still goes to guardStep.
+func (sess *Session) guardRecord(r *request) bool {
 	d := sess.guardBatch().Decision(r.i)
-	if d == nil || d.Refuse == nil {
+	if d == nil {
 		return false
 	}
 	sess.recordViolations(d)
+	if d.Refuse == nil {
+		return false
+	}
 	sess.refuse(d, r.m)
 	return true
 }

@@ -404,10 +404,11 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	if sess.aclRefused(r) {
 		return
 	}
-	// A refusal comes first, so that commands the proxy handles itself
-	// (MONITOR, SUBSCRIBE, blocking commands, transactions) are refused
-	// like any other.
-	if sess.guardRefused(r) {
+	// The guard's violations are recorded and its refusal answered first,
+	// so that commands the proxy handles itself (MONITOR, SUBSCRIBE,
+	// blocking commands, transactions) are reported and refused like any
+	// other.
+	if sess.guardRecord(r) {
 		return
 	}
 	if sess.ns.w != nil && sess.nsStep(r) {

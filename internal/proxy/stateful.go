@@ -505,8 +505,7 @@ func (sess *Session) blocking(r *request) {
 	// (BLMOVE's destination); fix-ups follow on the same connection.
 	raw, args := r.Raw, r.Args
 	var fixups [][]byte
-	if d := sess.guard.Decision(r.i); d != nil {
-		sess.recordViolations(d)
+	if d := sess.guard.Decision(r.i); d != nil { // recorded by dispatch
 		if d.Args != nil {
 			raw, args = sess.guard.Encode(d.Args), d.Args
 		}
