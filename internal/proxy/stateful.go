@@ -986,7 +986,8 @@ const relayDrainWait = 2 * time.Second
 // script that makes Redis answer with the refusal's text, so the error
 // reaches the client in order with every other reply on the raw stream.
 // TTL fix-ups are not added on a relay: their replies would reach the
-// client; the keyspace audit finds keys left without a TTL.
+// client; the violation is reported, not fixed (recordRelayed), and the
+// keyspace audit finds keys left without a TTL.
 //
 // Inside the client's MULTI a refusal is sent as a command Redis rejects at
 // queue time, so that EXEC fails with EXECABORT as it does for a refusal
@@ -1046,11 +1047,40 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 	if d == nil || len(d.Violations) == 0 && d.Args == nil {
 		return append(out, r.Raw...)
 	}
-	sess.recordViolations(d)
+	sess.recordRelayed(d)
 	if d.Args != nil {
 		return append(out, sess.guard.Encode(d.Args)...)
 	}
 	return append(out, r.Raw...)
+}
+
+// recordRelayed records d's violations for a request sent on a relay,
+// where its rewrite is sent but its TTL fix-ups are not: a violation the
+// decision fixes with an EXPIRE fix-up is recorded as reported, so that
+// /policy/report does not count a key left without its TTL as fixed.
+func (sess *Session) recordRelayed(d *policy.Decision) {
+	if len(d.Expires) == 0 {
+		sess.recordViolations(d)
+		return
+	}
+	sg := sess.srv.guard
+	for j := range d.Violations {
+		v := d.Violations[j]
+		if v.Outcome == policy.Fixed && v.Rule == policy.RuleTTL && fixedByExpire(d.Expires, v.Key) {
+			v.Outcome = policy.Reported
+		}
+		sg.Record(&v, sess.nc.RemoteAddr(), sess.userName())
+	}
+}
+
+// fixedByExpire reports whether one of the fix-ups expires key.
+func fixedByExpire(expires []policy.Expire, key []byte) bool {
+	for _, e := range expires {
+		if string(e.Key) == string(key) {
+			return true
+		}
+	}
+	return false
 }
 
 // relayRunsScripts reports whether Redis runs a script on this relay's
