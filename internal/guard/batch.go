@@ -37,9 +37,11 @@ type Batch struct {
 const keepRequests = 4096
 
 // Prepare decides reqs under p (nil p allows everything). user and listener
-// select the policy's scope. The requests' bytes must stay valid while the
-// decisions are used.
-func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Request, user, listener string) {
+// select the policy's scope. denied, when not nil, says whether the proxy
+// refuses write i before it runs (the user's ACL): the look-ahead must not
+// trust a TTL from a command that will not run. The requests' bytes must
+// stay valid while the decisions are used.
+func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Request, user, listener string, denied func(i int, cmd *commands.Command, args [][]byte) bool) {
 	if cap(b.reqs) > keepRequests && len(reqs) <= keepRequests {
 		b.reqs, b.keys, b.dec, b.joined, b.cmds = nil, nil, nil, nil, nil
 	}
@@ -67,7 +69,10 @@ func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Req
 			b.keys = cmd.Keys(args, b.keys)
 			keys = b.keys[start:len(b.keys):len(b.keys)]
 		}
-		b.reqs = append(b.reqs, policy.Request{Cmd: cmd, Args: args, Keys: keys, User: user, Listener: listener})
+		// Only writes can give a key its TTL; the ACL is checked for them
+		// alone.
+		no := denied != nil && cmd != nil && cmd.Is(commands.Write) && denied(i, cmd, args)
+		b.reqs = append(b.reqs, policy.Request{Cmd: cmd, Args: args, Keys: keys, User: user, Listener: listener, Denied: no})
 		b.cmds = append(b.cmds, cmd)
 	}
 	b.dec = p.CheckBatch(b.reqs, b.dec)

@@ -371,14 +371,14 @@ func TestBatchSteadyStateAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 		var b Batch
-		b.Prepare(p, tbl, reqs, "default", "127.0.0.1:6380")
+		b.Prepare(p, tbl, reqs, "default", "127.0.0.1:6380", nil)
 		for i := range reqs {
 			if d := b.Decision(i); d != nil {
 				t.Fatalf("%s: request %d broke a rule: %+v", name, i, d.Violations)
 			}
 		}
 		allocs := testing.AllocsPerRun(100, func() {
-			b.Prepare(p, tbl, reqs, "default", "127.0.0.1:6380")
+			b.Prepare(p, tbl, reqs, "default", "127.0.0.1:6380", nil)
 		})
 		if allocs != 0 {
 			t.Errorf("%s: %v allocations per batch", name, allocs)
@@ -396,7 +396,7 @@ func BenchmarkBatchPrepare(b *testing.B) {
 	var bt Batch
 	b.ReportAllocs()
 	for b.Loop() {
-		bt.Prepare(p, tbl, reqs, "default", "127.0.0.1:6380")
+		bt.Prepare(p, tbl, reqs, "default", "127.0.0.1:6380", nil)
 	}
 }
 
@@ -404,7 +404,7 @@ func BenchmarkBatchPrepare(b *testing.B) {
 // earlier in the batch stay intact when the scratch space runs out.
 func TestBatchEncode(t *testing.T) {
 	var b Batch
-	b.Prepare(nil, commands.Builtin(), nil, "", "")
+	b.Prepare(nil, commands.Builtin(), nil, "", "", nil)
 	var got [][]byte
 	var want []string
 	for i := range 200 {

@@ -220,7 +220,7 @@ func (c *checker) checkOne(i int) {
 			if d.Args != nil {
 				ttl = d.Args[e.ttl] // clamped to the rule's max
 			}
-			if !e.conditional && c.ttlCertain(ttl, e.unit) {
+			if !e.conditional && !req.Denied && c.ttlCertain(ttl, e.unit) {
 				c.setters = append(c.setters, keyRef{req: i, arg: e.key, seg: c.seg})
 			}
 		case rule != nil && rule.required && c.act(rule.action) != Off:

@@ -78,8 +78,10 @@
 //     options Redis refuses;
 //   - its TTL is a number Redis accepts that neither deletes the key (zero,
 //     negative, a time in the past) nor overflows;
-//   - it is not refused, and is the same key in the same database: a
-//     COPY ... DB n destination is never covered by a later command;
+//   - it is not refused, by the policy or, before it runs, by the proxy
+//     (Request.Denied: the user's ACL), and is the same key in the same
+//     database: a COPY ... DB n destination is never covered by a later
+//     command;
 //   - no boundary lies between the write and it: a command that changes the
 //     connection's state (SELECT, MULTI, EXEC, DISCARD, WATCH, QUIT, RESET,
 //     HELLO, SUBSCRIBE, CLIENT TRACKING, ...), a blocking command (after

@@ -118,6 +118,33 @@ func TestLookaheadLargeBatchBoundaries(t *testing.T) {
 	}
 }
 
+// TestLookaheadIgnoresDeniedSetters: a request the proxy refuses before it
+// runs (Request.Denied: the user's ACL) gives no key a TTL, so a write
+// before it keeps its fix-up, in a small batch and in one large enough for
+// the setters' map.
+func TestLookaheadIgnoresDeniedSetters(t *testing.T) {
+	p := compileDoc(t, ttlDoc)
+	const fix = "fixed:ttl expire=[s:k 86400]"
+	for _, pad := range []int{0, 40} {
+		b := []string{"HSET s:k f v"}
+		for i := range pad {
+			b = append(b, fmt.Sprintf("SET s:pad%d v EX 100", i))
+		}
+		b = append(b, "EXPIRE s:k 100")
+		for _, denied := range []bool{false, true} {
+			reqs := batch(b...)
+			reqs[len(reqs)-1].Denied = denied
+			want := ""
+			if denied {
+				want = fix
+			}
+			if got := summary(checkBatch(t, p, reqs)[0]); got != want {
+				t.Errorf("%d setters, EXPIRE denied=%v: HSET got %q, want %q", pad+1, denied, got, want)
+			}
+		}
+	}
+}
+
 // TestSetLastTTLOptionChecked: Redis applies the last of repeated TTL
 // options, so that is the one max applies to.
 func TestSetLastTTLOptionChecked(t *testing.T) {

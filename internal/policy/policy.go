@@ -110,6 +110,9 @@ type Request struct {
 	Keys     []int
 	User     string // authenticated user, "" before AUTH ("default" after AUTH without a user name)
 	Listener string // listener name
+	// Denied says the proxy refuses the request before it runs (the user's
+	// ACL): it gives no key a TTL, so the look-ahead does not trust it.
+	Denied bool
 }
 
 // Violation is one broken rule. Values are never included.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strconv"
 
+	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/policy"
@@ -53,8 +54,17 @@ func (sess *Session) guardBatch() *guard.Batch { return &sess.guard }
 // so a write followed by its own EXPIRE in the same batch passes untouched.
 func (sess *Session) prepareBatch(reqs []resp.Request) {
 	sg := sess.srv.guard
+	// A later EXPIRE the user's ACL refuses (aclRefused, in dispatch) will
+	// not run: the look-ahead must not count on it for a write's TTL.
+	var denied func(int, *commands.Command, [][]byte) bool
+	if sess.user != nil {
+		if sess.aclDeny == nil {
+			sess.aclDeny = sess.aclRefuses
+		}
+		denied = sess.aclDeny
+	}
 	// Scopes select on the listener's name (config.Config.ClientListeners).
-	sess.guardBatch().Prepare(sg.Policy(), sess.srv.table, reqs, sess.userName(), sess.listenerName())
+	sess.guardBatch().Prepare(sg.Policy(), sess.srv.table, reqs, sess.userName(), sess.listenerName(), denied)
 }
 
 // guardStep applies the guard's decision for request i: a refusal is

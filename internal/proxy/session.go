@@ -147,6 +147,9 @@ type sessionBatch struct {
 
 	aclKeys []commands.KeyRef // scratch for the ACL's key checks
 	mirrorS *mirrorState      // the batch's commands for the mirror (mirror.go); nil until one
+	// aclDeny is sess.aclRefuses, made once: the guard's look-ahead asks it
+	// which writes of a batch the user's ACL refuses (prepareBatch).
+	aclDeny func(i int, cmd *commands.Command, args [][]byte) bool
 }
 
 // newSessionBatch is a session's batch state when it starts or resumes.

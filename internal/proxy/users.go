@@ -226,6 +226,19 @@ func (sess *Session) aclRefused(r *request) bool {
 	return true
 }
 
+// aclRefuses reports whether the user's ACL refuses request i of the batch
+// (cmd with args, as the guard sees them), as aclRefused will, without
+// counting or answering it.
+func (sess *Session) aclRefuses(i int, cmd *commands.Command, args [][]byte) bool {
+	u := sess.user
+	if u == nil {
+		return false
+	}
+	d, scratch := u.ACL.Check(cmd, sess.clientArgs(i, args), sess.aclKeys)
+	sess.aclKeys = scratch
+	return d != auth.Allowed
+}
+
 // aclDenied returns the NOPERM error text for a command the client's user
 // may not run, or "".
 func (sess *Session) aclDenied(cmd *commands.Command, args [][]byte) string {
