@@ -62,7 +62,11 @@ var ErrRestartRequired = errors.New("settings that need a restart changed")
 //     with the local tier on, the tier also drops everything it read from
 //     the old upstream and moves its tracking connections to the new one
 //     (localcache.Cache.SwitchUpstream), so from the return of Reload no
-//     read is answered with a value from the old upstream;
+//     read is answered with a value from the old upstream; with read_from,
+//     an address change also clears the replica set's view of the old
+//     primary's replicas and waits (up to its checkTimeout) for a poll of
+//     the new one's (replicaSet.restart), so no read after Reload goes to
+//     an old replica either;
 //   - upstream.max_pinned, server.max_clients: at once;
 //   - server request limits, idle_timeout and output limits: for
 //     connections and relays started after the reload;
@@ -127,6 +131,7 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 			// watcher follows.
 			addr = s.upstreamAddr
 		}
+		moved := addr != s.upstreamAddr
 		s.upstreamAddr = addr
 		switchBackend := func() {
 			s.backend.Switch(s.backendOptions(next, addr))
@@ -139,6 +144,15 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 			s.tier.cache.SwitchUpstream(switchBackend)
 		} else {
 			switchBackend()
+		}
+		if moved {
+			// The replicas read were the old primary's: forget them now
+			// that the pools send to the new one, and poll its replicas.
+			for _, rs := range s.allReplicaSets() {
+				if rs.primary == s.backend {
+					rs.restart(rs.checkTimeout())
+				}
+			}
 		}
 		s.log.Info("upstream switched; requests already sent finish on the old connections", "upstream", addr)
 	} else {

@@ -75,10 +75,20 @@ type replicaSet struct {
 
 	started atomic.Uint64 // epoch of the latest poll started; 0: none yet
 	view    atomic.Pointer[replicaView]
+	// gen counts the upstream's address changes (restart): a poll
+	// stores its view only if no restart came since it began, so a poll
+	// of the old primary still running cannot bring its replicas back.
+	// viewMu orders that check and store against restart.
+	gen    atomic.Uint64
+	viewMu sync.Mutex
+	// kick asks the poller for a poll now; it closes the channel sent
+	// once that poll is done.
+	kick chan chan struct{}
 
 	// Only the poller goroutine touches these.
 	nodes   map[string]*replicaNode
 	samples []offsetSample // recent primary offsets, oldest first
+	pollGen uint64         // the gen samples were taken in
 	polls   int
 	listed  []string // the replicas the Sentinels named last (Sentinel mode)
 
@@ -117,6 +127,7 @@ type replicaNode struct {
 // replicaView is what one poll learned; sessions read it without locks.
 type replicaView struct {
 	epoch   uint64
+	gen     uint64    // replicaSet.gen when the poll started
 	at      time.Time // when the poll started
 	primary int64     // the primary's master_repl_offset, read after at
 	nodes   []viewNode
@@ -154,6 +165,10 @@ type replicaReads struct {
 	// last is the replica the client read from last: kept while usable,
 	// so its reads of one replication stream do not go back in time.
 	last *replicaNode
+	// gen is the replicaSet.gen of the views floor and last come from:
+	// after an address change they are the old upstream's, meaningless
+	// for the new one's offsets.
+	gen uint64
 }
 
 // replicaCall is a Call of the replica path with a copy of its commands:
@@ -225,6 +240,7 @@ func makeReplicaSet(s *Server, u config.Upstream, primary *upstream.Backend, w *
 		sentinel:     w,
 		nodes:        map[string]*replicaNode{},
 		primaryUp:    true,
+		kick:         make(chan chan struct{}),
 		stop:         make(chan struct{}),
 		done:         make(chan struct{}),
 	}
@@ -370,7 +386,43 @@ func (rs *replicaSet) loop() {
 			return
 		case <-t.C:
 			rs.poll()
+		case done := <-rs.kick:
+			rs.poll()
+			close(done)
 		}
+	}
+}
+
+// restart forgets what the polls learned about the upstream's primary and
+// replicas, when a reload has switched its pools to another address: until
+// a poll of the new primary has named and checked its replicas, every read
+// goes to the primary (read_from = "replica_preferred") or fails
+// (read_from = "replica"). Without it, reads after the reload went on to
+// the old primary's replicas until the next poll (found by review). It
+// then asks for that poll at once and waits up to wait for it, as the
+// first poll at start does, so read_from = "replica" has replicas again
+// when Reload returns.
+func (rs *replicaSet) restart(wait time.Duration) {
+	rs.viewMu.Lock()
+	rs.gen.Add(1)
+	rs.view.Store(nil)
+	rs.viewMu.Unlock()
+	if rs.listReplicas != nil || rs.started.Load() == 0 {
+		return // no poller of its own, or not started: its first poll comes
+	}
+	done := make(chan struct{})
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case rs.kick <- done:
+	case <-t.C:
+		return
+	case <-rs.stop:
+		return
+	}
+	select {
+	case <-done:
+	case <-t.C:
 	}
 }
 
@@ -383,8 +435,15 @@ func (rs *replicaSet) checkTimeout() time.Duration {
 // poll reads the primary's offset, then every replica's, and publishes
 // what it learned.
 func (rs *replicaSet) poll() {
+	gen := rs.gen.Load()
 	epoch := rs.started.Add(1)
 	at := time.Now()
+	if gen != rs.pollGen {
+		// The primary's offsets before an address change are another
+		// server's.
+		rs.samples = rs.samples[:0]
+		rs.pollGen = gen
+	}
 	primary, info, err := rs.primaryOffset()
 	if ok := err == nil; ok != rs.primaryUp {
 		rs.primaryUp = ok
@@ -409,7 +468,7 @@ func (rs *replicaSet) poll() {
 	}
 	rs.samples = append(rs.samples[:0], rs.samples[cut:]...)
 
-	v := &replicaView{epoch: epoch, at: at, primary: primary}
+	v := &replicaView{epoch: epoch, gen: gen, at: at, primary: primary}
 	type result struct {
 		n      *replicaNode
 		offset int64
@@ -445,7 +504,11 @@ func (rs *replicaSet) poll() {
 		v.nodes = append(v.nodes, vn)
 	}
 	slices.SortFunc(v.nodes, func(a, b viewNode) int { return strings.Compare(a.node.addr, b.node.addr) })
-	rs.view.Store(v)
+	rs.viewMu.Lock()
+	if rs.gen.Load() == gen {
+		rs.view.Store(v)
+	} // else a restart came during the poll: it may have asked the old primary
+	rs.viewMu.Unlock()
 }
 
 // primaryOffset reads the primary's master_repl_offset, and returns the
@@ -693,6 +756,13 @@ func (rs *replicaSet) pick(rr *replicaReads, id int64, now time.Time) *replicaNo
 	v := rs.view.Load()
 	if v == nil {
 		return nil
+	}
+	if rr.gen != v.gen {
+		// The upstream's address changed since the client's floor was
+		// set: that offset was the old primary's. needEpoch stays: a write
+		// still waits for a poll started after it, which reads the new
+		// primary's offset (restart).
+		rr.gen, rr.floor, rr.last = v.gen, 0, nil
 	}
 	if rr.needEpoch != 0 {
 		if v.epoch < rr.needEpoch {
