@@ -264,11 +264,18 @@ wait:
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout.Duration)
 	defer cancel()
-	if adm != nil {
-		adm.Shutdown(ctx)
-	}
+	// The Redis side first: its listeners close at once and its clients
+	// get the whole shutdown_timeout. The admin endpoint keeps serving
+	// meanwhile (/readyz answers 503 from now on, /healthz ok), then is
+	// closed hard: admin requests are no reason to wait. It used to be shut
+	// down gracefully first, so a CPU profile in flight (30s) kept the
+	// client listener accepting until the timeout, which then left the
+	// clients no time at all (found by review).
 	if err := srv.Shutdown(ctx); err != nil {
 		log.Warn("clients still busy at the shutdown timeout were closed", "err", err)
+	}
+	if adm != nil {
+		adm.Close()
 	}
 	log.Info("stopped")
 	return 0

@@ -79,6 +79,8 @@ type Server struct {
 	lns      []net.Listener // the client listeners served
 	sessions map[*Session]struct{}
 	closing  bool
+	// draining is closing for Ready, which must not wait on mu.
+	draining atomic.Bool
 	active   sync.WaitGroup
 	nextID   atomic.Int64
 	clients  atomic.Int64
@@ -209,8 +211,13 @@ func (s *Server) Backend() *upstream.Backend { return s.backend }
 
 // Ready reports whether Redis is reachable (DB 0 has a connection up); in
 // Sentinel mode, whether a primary is known; in cluster mode, whether the
-// router has a slot map and its nodes.
+// router has a slot map and its nodes. From the start of Shutdown it is
+// false: the listeners are closed, so a load balancer probing /readyz must
+// send new clients elsewhere while the busy ones drain.
 func (s *Server) Ready() bool {
+	if s.draining.Load() {
+		return false
+	}
 	if s.router != nil {
 		return s.router.Ready()
 	}
@@ -358,6 +365,7 @@ func (s *Server) sessionEnded(sess *Session) {
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing = true
+	s.draining.Store(true)
 	for _, ln := range s.lns {
 		ln.Close()
 	}
