@@ -126,3 +126,36 @@ func TestReloadSwitchReadsNewReplicas(t *testing.T) {
 		t.Errorf("usable replicas after the reload = %d, want B's one", n)
 	}
 }
+
+// With routes, [upstream]'s replica set is the default route's: a reload
+// moving upstream.address forgets its replicas the same way, and leaves a
+// named upstream's (restart-only, so never moved by a reload) alone.
+func TestReloadSwitchStopsOldReplicaReadsWithRoutes(t *testing.T) {
+	ctx := context.Background()
+	// A 2s poll interval: the next poll does not hide the old view.
+	r := startRoutedReplicasPolled(t, 10*time.Second, 2*time.Second)
+	r.seed(t, 1)
+	c := redistest.Start(t)
+	c.Client(t).Set(ctx, "a:0", "from-C", 0)
+	cl := r.p.Client(t)
+	if v := cl.Get(ctx, "a:0").Val(); v != "a:v0" {
+		t.Fatalf("before the reload GET a:0 = %q", v)
+	}
+	next := *r.p.Config()
+	next.Upstream.Address = c.Addr()
+	if _, err := r.p.Reload(&next); err != nil {
+		t.Fatal(err)
+	}
+	onB := calls(t, r.b.replicas[0], "get")
+	for i := range 10 {
+		if v := cl.Get(ctx, "a:0").Val(); v != "from-C" {
+			t.Fatalf("read %d of the default route after the reload = %q: answered by the old upstream's replica", i, v)
+		}
+		if v := cl.Get(ctx, "b:0").Val(); v != "b:v0" {
+			t.Fatalf("read %d of route b after the reload = %q", i, v)
+		}
+	}
+	if n := calls(t, r.b.replicas[0], "get") - onB; n != 10 {
+		t.Errorf("b's replica answered %d of route b's 10 reads after the reload, want all", n)
+	}
+}

@@ -28,10 +28,17 @@ type routedReplicas struct {
 
 func startRoutedReplicas(t *testing.T, maxLag time.Duration) *routedReplicas {
 	t.Helper()
+	return startRoutedReplicasPolled(t, maxLag, 20*time.Millisecond)
+}
+
+// startRoutedReplicasPolled is startRoutedReplicas with both upstreams'
+// replica_poll_interval.
+func startRoutedReplicasPolled(t *testing.T, maxLag, poll time.Duration) *routedReplicas {
+	t.Helper()
 	r := &routedReplicas{def: startReplicated(t, 1), b: startReplicated(t, 1)}
 	replicaSettings := func(u *config.Upstream) {
 		u.ReadFrom = config.ReadReplicaPreferred
-		u.ReplicaPollInterval = units.Duration{Duration: 20 * time.Millisecond}
+		u.ReplicaPollInterval = units.Duration{Duration: poll}
 		u.ReplyTimeout = units.Duration{Duration: 500 * time.Millisecond}
 		u.DialTimeout = units.Duration{Duration: 500 * time.Millisecond}
 		u.MaxReplicaLag = units.Duration{Duration: maxLag}
