@@ -52,9 +52,19 @@ func New(reg *prometheus.Registry, ready func() bool, log *slog.Logger) *Server 
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	s := &Server{mux: mux, log: log}
-	s.http = &http.Server{Handler: http.HandlerFunc(s.serveHTTP), ReadHeaderTimeout: 5 * time.Second}
+	// An idle keep-alive connection had no deadline at all, and neither
+	// had headers' size beyond net/http's 1 MB: a peer that sent one
+	// request (even a refused one) could hold a connection, and a file
+	// descriptor the Redis listener also draws on, forever (found by
+	// review).
+	s.http = &http.Server{Handler: http.HandlerFunc(s.serveHTTP), ReadHeaderTimeout: 5 * time.Second,
+		IdleTimeout: idleTimeout, MaxHeaderBytes: 64 << 10}
 	return s
 }
+
+// idleTimeout closes a keep-alive connection idle this long; a variable
+// for tests.
+var idleTimeout = time.Minute
 
 // SetToken makes every endpoint but /healthz and /readyz require
 // "Authorization: Bearer <token>". Profiles and /debug/hotkeys (key names
@@ -73,8 +83,9 @@ func (s *Server) Handler() http.Handler { return s.http.Handler }
 
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if tok := s.token.Load(); tok != nil && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), *tok) != 1 {
+		scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		// The scheme is case-insensitive (RFC 9110); "bearer" was refused.
+		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(got), *tok) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="redproxy admin"`)
 			http.Error(w, "unauthorized: this endpoint needs the admin token (Authorization: Bearer <admin.token_file>)", http.StatusUnauthorized)
 			return

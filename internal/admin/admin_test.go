@@ -1,14 +1,18 @@
 package admin
 
 import (
+	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -80,5 +84,40 @@ func TestAdminToken(t *testing.T) {
 	os.WriteFile(f, []byte("short\n"), 0o600)
 	if _, err := Token("0.0.0.0:9121", f, false); err == nil {
 		t.Error("a short token was accepted")
+	}
+}
+
+// A keep-alive connection idle past idleTimeout is closed; the token's
+// scheme is case-insensitive. (Found by review: idle connections were
+// held forever, and "bearer <token>" was refused.)
+func TestAdminIdleConnectionsCloseAndBearerCase(t *testing.T) {
+	defer func(d time.Duration) { idleTimeout = d }(idleTimeout)
+	idleTimeout = 200 * time.Millisecond
+	s := newTestServer()
+	s.SetToken("0123456789abcdef-token")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	defer s.Close()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	br := bufio.NewReader(nc)
+	fmt.Fprint(nc, "GET /policy/report HTTP/1.1\r\nHost: x\r\nAuthorization: bearer 0123456789abcdef-token\r\n\r\n")
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("lower-case bearer: %d", res.StatusCode)
+	}
+	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("an idle keep-alive connection: %v, want it closed (EOF) after the idle timeout", err)
 	}
 }
