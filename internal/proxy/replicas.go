@@ -79,7 +79,7 @@ type replicaSet struct {
 	// stores its view only if no restart came since it began, so a poll
 	// of the old primary still running cannot bring its replicas back.
 	// viewMu orders that check and store against restart.
-	gen    atomic.Uint64
+	gen    atomic.Uint32
 	viewMu sync.Mutex
 	// kick asks the poller for a poll now; it closes the channel sent
 	// once that poll is done.
@@ -88,7 +88,7 @@ type replicaSet struct {
 	// Only the poller goroutine touches these.
 	nodes   map[string]*replicaNode
 	samples []offsetSample // recent primary offsets, oldest first
-	pollGen uint64         // the gen samples were taken in
+	pollGen uint32         // the gen samples were taken in
 	polls   int
 	listed  []string // the replicas the Sentinels named last (Sentinel mode)
 
@@ -127,7 +127,7 @@ type replicaNode struct {
 // replicaView is what one poll learned; sessions read it without locks.
 type replicaView struct {
 	epoch   uint64
-	gen     uint64    // replicaSet.gen when the poll started
+	gen     uint32    // replicaSet.gen when the poll started
 	at      time.Time // when the poll started
 	primary int64     // the primary's master_repl_offset, read after at
 	nodes   []viewNode
@@ -150,11 +150,17 @@ type offsetSample struct {
 // replicaReads is a session's part of replica reads.
 type replicaReads struct {
 	// forwarded counts the commands of the batch's Call that a replica
-	// may serve; the Call goes to one only if that is all of them.
-	forwarded int32
+	// may serve; the Call goes to one only if that is all of them. A
+	// batch holds at most resp.DefaultMaxBatch (1024) requests.
+	forwarded int16
 	// wrote: a command that may write was forwarded and its reply is not
 	// in yet (writeForwarded, or a Call with more than reads).
 	wrote bool
+	// gen is the replicaSet.gen of the views floor and last come from:
+	// after an address change they are the old upstream's, meaningless
+	// for the new one's offsets. (Small fields first: the Session, which
+	// holds this, must stay in its size class.)
+	gen uint32
 	// needEpoch is the first poll started after the client's last write
 	// was answered; 0 once floor covers it. Until that poll has read the
 	// primary's offset, reads go to the primary.
@@ -165,11 +171,11 @@ type replicaReads struct {
 	// last is the replica the client read from last: kept while usable,
 	// so its reads of one replication stream do not go back in time.
 	last *replicaNode
-	// gen is the replicaSet.gen of the views floor and last come from:
-	// after an address change they are the old upstream's, meaningless
-	// for the new one's offsets.
-	gen uint64
 }
+
+// replicaReads.forwarded is an int16: a batch must fit in it (this stops
+// the build if resp.DefaultMaxBatch ever outgrows it).
+const _ = uint16(1<<15 - 1 - resp.DefaultMaxBatch)
 
 // replicaCall is a Call of the replica path with a copy of its commands:
 // a Call given up on after reply_timeout may still be written later, when

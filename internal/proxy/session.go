@@ -77,11 +77,8 @@ type Session struct {
 	replySkip bool // CLIENT REPLY SKIP: mute the next command
 	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
 	relayInMulti bool
-	// protoErrAnswered: a relay ended on the client's protocol error and
-	// wrote the error itself, after the replies that went before it.
-	protoErrAnswered bool
-	interrupted      atomic.Bool
-	park             sessionPark // parking while idle (park.go)
+	interrupted  atomic.Bool
+	park         sessionPark // parking while idle (park.go)
 
 	route routeSession // with routes (routes.go)
 	// reads is where the client's reads may go with replica reads on
@@ -150,6 +147,11 @@ type sessionBatch struct {
 	// aclDeny is sess.aclRefuses, made once: the guard's look-ahead asks it
 	// which writes of a batch the user's ACL refuses (prepareBatch).
 	aclDeny func(i int, cmd *commands.Command, args [][]byte) bool
+	// protoErrAnswered: a relay ended on the client's protocol error and
+	// wrote the error itself, after the replies that went before it. Here,
+	// not in Session, which must stay in its size class (a relayed client
+	// never parks, so this state is never dropped under it).
+	protoErrAnswered bool
 }
 
 // newSessionBatch is a session's batch state when it starts or resumes.
