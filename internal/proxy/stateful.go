@@ -1003,9 +1003,6 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 	if trackingRedirect(r.Args) {
 		return refuse(out, errTrackingRedirect)
 	}
-	if msg := sess.routeRelayDenied(sess.clientArgs(i, r.Args)); msg != "" {
-		return refuse(out, msg)
-	}
 	if msg := sess.relayDenied(sess.clientArgs(i, r.Args)); msg != "" {
 		return refuse(out, msg)
 	}
@@ -1101,8 +1098,8 @@ func (sess *Session) relayRunsScripts() bool {
 }
 
 // appendQueueRefusal appends, for a refusal inside a relayed client's
-// MULTI or where no script runs (relayRunsScripts), a command unknown to Redis carrying msg (an error text without
-// the leading '-'): Redis answers it with an unknown-command error that
+// MULTI or where no script runs (relayRunsScripts), a command unknown to
+// Redis carrying msg (an error text without the leading '-'): Redis answers it with an unknown-command error that
 // quotes msg's start, and flags the transaction so that EXEC answers
 // EXECABORT.
 func appendQueueRefusal(out []byte, msg string) []byte {

@@ -230,27 +230,28 @@ func (sess *Session) aclRefused(r *request) bool {
 // (cmd with args, as the guard sees them), as aclRefused will, without
 // counting or answering it.
 func (sess *Session) aclRefuses(i int, cmd *commands.Command, args [][]byte) bool {
-	u := sess.user
-	if u == nil {
-		return false
+	return sess.aclCheck(cmd, sess.clientArgs(i, args)) != auth.Allowed
+}
+
+// aclCheck is the client's user's ACL decision on cmd with args; Allowed
+// without a user.
+func (sess *Session) aclCheck(cmd *commands.Command, args [][]byte) auth.Denial {
+	if sess.user == nil {
+		return auth.Allowed
 	}
-	d, scratch := u.ACL.Check(cmd, sess.clientArgs(i, args), sess.aclKeys)
+	d, scratch := sess.user.ACL.Check(cmd, args, sess.aclKeys)
 	sess.aclKeys = scratch
-	return d != auth.Allowed
+	return d
 }
 
 // aclDenied returns the NOPERM error text for a command the client's user
 // may not run, or "".
 func (sess *Session) aclDenied(cmd *commands.Command, args [][]byte) string {
-	u := sess.user
-	if u == nil {
-		return ""
-	}
-	d, scratch := u.ACL.Check(cmd, args, sess.aclKeys)
-	sess.aclKeys = scratch
+	d := sess.aclCheck(cmd, args)
 	if d == auth.Allowed {
 		return ""
 	}
+	u := sess.user
 	kind := "command"
 	switch d {
 	case auth.DeniedKey:
@@ -276,10 +277,10 @@ func (sess *Session) aclDenied(cmd *commands.Command, args [][]byte) string {
 // its default user, which may need no password and may reach what the
 // upstream credential's ACL, the backstop for scripts, does not (found by
 // review: a script run after RESET wrote outside the user's keys).
-//
-// The routes' refusal (routeRelayDenied) is checked apart, by
-// appendRelayed, which sends it in a form RESP2 subscribed mode accepts.
 func (sess *Session) relayDenied(args [][]byte) string {
+	if msg := sess.routeRelayDenied(args); msg != "" {
+		return msg
+	}
 	if !sess.srv.needsAuth() && sess.srv.cfg.Upstream.Username == "" {
 		return ""
 	}
