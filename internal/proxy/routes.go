@@ -366,12 +366,14 @@ func (sess *Session) routeChannels(r *request) (int, []byte) {
 	t := sess.srv.routes.table.Load()
 	up := -1
 	for _, ch := range r.Args[1:] {
-		u := t.Channel(ch)
+		var u int
 		if r.name == "psubscribe" {
 			var err error
 			if u, err = t.Pattern(ch); err != nil {
 				return u, route.ErrorReply(err)
 			}
+		} else {
+			u = t.Channel(ch)
 		}
 		if up >= 0 && u != up {
 			return up, []byte("-ERR redproxy: the channels of '" + strings.ToUpper(r.name) + "' go to different upstreams ('" + t.Name(up) + "' and '" + t.Name(u) + "'); subscribe to them on separate connections\r\n")
@@ -504,10 +506,11 @@ func (routePlacer) target(sess *Session, r *request) (int, bool, []byte) {
 	// of it; PUBSUB NUMSUB counts them there, and one over several
 	// upstreams is refused (split, it is not one command of the
 	// transaction's upstream).
-	if up, ok, err := sess.srv.routes.table.Load().Channels(r.name, r.Args); ok {
+	up, keyed, err := sess.srv.routes.table.Load().Upstream(r.cmd, r.Args, &sess.route.keys)
+	if err != nil {
 		return up, true, route.ErrorReply(err)
 	}
-	return sess.routeKeys(r)
+	return up, keyed, nil
 }
 
 func (routePlacer) backend(sess *Session, up int) (*upstream.Backend, error) {
@@ -848,10 +851,7 @@ func (sess *Session) reroutedHeld() []byte {
 		if args, err = resp.SplitCommand(q.raw, args[:0]); err != nil || q.cmd == nil {
 			continue
 		}
-		up, keyed, kerr := t.Channels(q.cmd.Name, args)
-		if !keyed {
-			up, keyed, kerr = t.Keys(q.cmd, args, nil)
-		}
+		up, keyed, kerr := t.Upstream(q.cmd, args, nil)
 		if kerr != nil {
 			return errExecAbort
 		}

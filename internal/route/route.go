@@ -199,6 +199,16 @@ func (t *Table) Channels(name string, args [][]byte) (up int, ok bool, err error
 	return Default, false, nil
 }
 
+// Upstream is where one command of a transaction goes: its channels'
+// upstream for the commands that name channels (Channels), else its keys'
+// (Keys); errors as theirs.
+func (t *Table) Upstream(cmd *commands.Command, args [][]byte, scratch *[]int) (up int, keyed bool, err error) {
+	if up, ok, err := t.Channels(cmd.Name, args); ok {
+		return up, true, err
+	}
+	return t.Keys(cmd, args, scratch)
+}
+
 // Merge says how the replies of a command sent to several upstreams
 // become its one reply.
 type Merge uint8
