@@ -382,13 +382,7 @@ func (sess *Session) mirrorFlushed(call *upstream.Call) {
 				case !mk.nondet:
 					b.Write(mk.name, false, ms.parts...)
 				case err == nil:
-					// Its effect, its fix-ups behind it.
-					if name, cmd, ok := ms.effect(mk.name, ms.parts[0], reply); !ok {
-						mr.Skipped(mirror.SkipNondeterministic)
-					} else if cmd != nil {
-						ms.parts[0] = cmd
-						b.Write(name, false, ms.parts...)
-					}
+					ms.writeEffect(b, mr, mk.name, 0, reply) // its fix-ups behind it
 				default:
 					mr.Skipped(mirror.SkipNondeterministic) // its reply, which says its effect, was dropped
 				}
@@ -408,21 +402,13 @@ func (sess *Session) mirrorFlushed(call *upstream.Call) {
 			for p := sl.i - 1; p <= sl.end; p++ {
 				ms.parts = append(ms.parts, call.Part(p))
 			}
-			name := mk.name
 			if mk.nondet {
-				// Its effect, inside the same MULTI and EXEC: the
-				// command's reply is EXEC's first element.
-				var cmd []byte
-				var ok bool
-				if name, cmd, ok = ms.effect(mk.name, ms.parts[1], firstElement(exec)); !ok {
-					mr.Skipped(mirror.SkipNondeterministic)
-					continue
-				} else if cmd == nil {
-					continue
-				}
-				ms.parts[1] = cmd
+				// Inside the same MULTI and EXEC: the command's reply is
+				// EXEC's first element.
+				ms.writeEffect(b, mr, mk.name, 1, firstElement(exec))
+				continue
 			}
-			b.Write(name, false, ms.parts...)
+			b.Write(mk.name, false, ms.parts...)
 			continue
 		default:
 			continue
@@ -445,11 +431,8 @@ func (sess *Session) mirrorFlushed(call *upstream.Call) {
 			// it is one Redis gives before running any script.
 			mr.Skipped(mirror.SkipPrimaryError)
 		case mk.nondet:
-			if name, cmd, ok := ms.effect(mk.name, raw, reply); !ok {
-				mr.Skipped(mirror.SkipNondeterministic)
-			} else if cmd != nil {
-				b.Write(name, false, cmd)
-			}
+			ms.parts = append(ms.parts[:0], raw)
+			ms.writeEffect(b, mr, mk.name, 0, reply)
 		default:
 			b.Write(mk.name, resp.IsError(reply), raw)
 		}
@@ -463,6 +446,21 @@ func (sess *Session) mirrorFlushed(call *upstream.Call) {
 		ms.effects = nil // a large SPOP's members are not kept for an idle client
 	}
 	ms.effects = ms.effects[:0]
+}
+
+// writeEffect writes the mirror's form of the nondeterministic write
+// ms.parts[at] (its wrapping around it in ms.parts), rebuilt from its reply
+// (effect): replaced by its effect, left out when it did nothing, skipped
+// and counted when its effect cannot be told.
+func (ms *mirrorState) writeEffect(b *mirror.Batch, mr *mirror.Mirror, name string, at int, reply []byte) {
+	mirrored, cmd, ok := ms.effect(name, ms.parts[at], reply)
+	switch {
+	case !ok:
+		mr.Skipped(mirror.SkipNondeterministic)
+	case cmd != nil:
+		ms.parts[at] = cmd
+		b.Write(mirrored, false, ms.parts...)
+	}
 }
 
 // effect rebuilds a write flagged nondeterministic (its effect chosen by
@@ -551,16 +549,16 @@ func (ms *mirrorState) effect(name string, raw, reply []byte) (mirrored string, 
 func streamTrimOptions(args [][]byte, i int) (next int, approx bool) {
 	for i < len(args) {
 		switch a := args[i]; {
-		case bytes.EqualFold(a, []byte("nomkstream")):
+		case commands.EqualFold("nomkstream", a):
 			i++
-		case bytes.EqualFold(a, []byte("maxlen")), bytes.EqualFold(a, []byte("minid")):
+		case commands.EqualFold("maxlen", a), commands.EqualFold("minid", a):
 			i++
 			if i < len(args) && (string(args[i]) == "~" || string(args[i]) == "=") {
 				approx = approx || string(args[i]) == "~"
 				i++
 			}
 			i++ // the threshold
-		case bytes.EqualFold(a, []byte("limit")):
+		case commands.EqualFold("limit", a):
 			i += 2
 		default:
 			return i, approx
