@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -127,131 +125,138 @@ func TestRouteReplicaReadsGoToOwnReplicas(t *testing.T) {
 	}
 }
 
-// ownWritesLoop runs clients through p that each write a key of their own
-// on both routes, then read it back a few times, while both replicas'
-// replication is held in bursts; it counts the reads that did not return
-// the client's last write, and the GETs the replicas served.
-func (r *routedReplicas) ownWritesLoop(t *testing.T) (stale int64, onReplicas int) {
+// holdReplication stops replica r applying its primary's stream (CLIENT
+// PAUSE WRITE holds a replica's replication while it still serves reads)
+// until the returned release is called; release lifts the pause and
+// writes to primary once, because a paused replica applies what it
+// buffered only when more of the stream arrives after the pause (seen
+// with Redis 7.0).
+func holdReplication(t *testing.T, r, primary *redistest.Server) (release func()) {
 	t.Helper()
-	resetStats(t, r.def.replicas[0], r.b.replicas[0])
-	stop := make(chan struct{})
-	pausedA := pauseReplication(t, r.def.replicas[0], stop)
-	pausedB := pauseReplication(t, r.b.replicas[0], stop)
-	// A replica paused while its primary's stream arrives applies what it
-	// buffered only when more arrives after the pause (seen with Redis
-	// 7.0): with the clients' writes all landing inside pauses, the
-	// replicas stayed a write behind every client's floor for whole runs
-	// and served no read. A write straight to each primary every 20 ms
-	// keeps the stream moving; it raises no client's floor.
-	nudged := nudgeReplication(t, stop, r.def.primary, r.b.primary)
-	var bad atomic.Int64
-	var firstBad atomic.Pointer[string]
-	var wg sync.WaitGroup
 	ctx := context.Background()
-	deadline := time.Now().Add(2500 * time.Millisecond)
-	for w := range 4 {
-		c := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := 0; time.Now().Before(deadline); n++ {
-				prefix := []string{"a:", "b:"}[n%2]
-				key := fmt.Sprintf("%sown%d", prefix, w)
-				val := strconv.Itoa(n)
-				if err := c.Set(ctx, key, val, 0).Err(); err != nil {
-					t.Error(err)
-					return
-				}
-				// Read for longer than two replica polls (20 ms apart): the
-				// first after the write gives the proxy the primary's
-				// offset, a later one the replica's. A fixed five reads
-				// (10 ms) ended before that on a fast machine, and the
-				// replicas served no read. The replica applies the write
-				// only in the 50 ms between its pauses (pauseReplication),
-				// so the window covers one of those too: 60 ms did not,
-				// under a full CI run's load, in any of three set-ups.
-				for until := time.Now().Add(250 * time.Millisecond); time.Now().Before(until); {
-					v, err := c.Get(ctx, key).Result()
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					if v != val {
-						if bad.Add(1) == 1 {
-							s := fmt.Sprintf("GET %s = %q after SET %s", key, v, val)
-							firstBad.Store(&s)
-						}
-					}
-					time.Sleep(2 * time.Millisecond)
-				}
-			}
-		}()
+	rc := r.Client(t)
+	if err := rc.Do(ctx, "CLIENT", "PAUSE", "30000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
 	}
-	wg.Wait()
-	close(stop)
-	pausedA.Wait()
-	pausedB.Wait()
-	nudged.Wait()
-	if p := firstBad.Load(); p != nil {
-		t.Logf("first stale read: %s", *p)
+	released := false
+	release = func() {
+		if released {
+			return
+		}
+		released = true
+		if err := rc.ClientUnpause(ctx).Err(); err != nil {
+			t.Error(err)
+		}
+		if err := primary.Client(t).Incr(ctx, "nudge").Err(); err != nil {
+			t.Error(err)
+		}
 	}
-	return bad.Load(), calls(t, r.def.replicas[0], "get") + calls(t, r.b.replicas[0], "get")
+	t.Cleanup(release)
+	return release
 }
 
-// TestRouteReplicaReadYourWrites (issue 14): with routes, each client
-// reads its own writes on every route while both replicas lag behind by
-// up to a few hundred milliseconds; the replicas still serve reads. With
-// the read-your-writes floor off the same loop reads stale values, so the
-// check can fail.
-func TestRouteReplicaReadYourWrites(t *testing.T) {
-	// On a loaded machine a round can pass with no replica caught up
-	// enough to serve a read; run up to three, every read of each checked.
-	// Some set-ups (seen on a fast machine, with the same build that
-	// passed on a slower one) keep the proxy's view of the paused replicas
-	// behind every client's floor for all three rounds; a fresh set-up, up
-	// to three, is tried then. Stale reads fail the test in every one.
-	var stale int64
-	onReplicas := 0
-	var r *routedReplicas
-	for setup := 0; setup < 3 && onReplicas == 0; setup++ {
-		r = startRoutedReplicas(t, 10*time.Second)
-		for round := 0; round < 3 && onReplicas == 0; round++ {
-			s, o := r.ownWritesLoop(t)
-			stale, onReplicas = stale+s, onReplicas+o
+// ownWriteSteps runs steps rounds of one client, each: hold both
+// replicas' replication, SET the client's key on both routes through the
+// proxy and read each back while the replicas lack the writes, release
+// the replicas, then read both keys until each replica has served one of
+// the reads. It counts the reads that did not return the client's last
+// write (every read is checked) and the GETs the replicas served.
+//
+// With floorOff (the read-your-writes floor off) the held phase reads
+// until each held replica has served a read, which then is stale: the
+// proxy still sends a writer's reads to the primary until its next poll
+// of the offsets, so a fixed number of reads right after the SET could
+// all land there.
+func (r *routedReplicas) ownWriteSteps(t *testing.T, steps int, floorOff bool) (stale int, firstStale string, onReplicas int) {
+	t.Helper()
+	resetStats(t, r.def.replicas[0], r.b.replicas[0])
+	ctx := context.Background()
+	c := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+	routes := []struct {
+		key              string
+		primary, replica *redistest.Server
+	}{{"a:own", r.def.primary, r.def.replicas[0]}, {"b:own", r.b.primary, r.b.replicas[0]}}
+	check := func(key, val string) {
+		t.Helper()
+		v, err := c.Get(ctx, key).Result()
+		if err != nil && err != redis.Nil {
+			t.Fatalf("GET %s: %v", key, err)
 		}
-		t.Logf("set-up %d: replicas served %d GETs", setup, onReplicas)
+		if v != val {
+			if stale++; stale == 1 {
+				firstStale = fmt.Sprintf("GET %s = %q after SET %s %s", key, v, key, val)
+			}
+		}
 	}
+	// readUntilReplica reads key until replica has served a read.
+	readUntilReplica := func(step int, key, val string, replica *redistest.Server) {
+		t.Helper()
+		before := calls(t, replica, "get")
+		redistest.Eventually(t, 20*time.Second, func() bool {
+			check(key, val)
+			return calls(t, replica, "get") > before
+		}, "step %d: %s's replica never served a read", step, key)
+	}
+	for step := range steps {
+		val := strconv.Itoa(step)
+		var releases []func()
+		for _, rt := range routes {
+			releases = append(releases, holdReplication(t, rt.replica, rt.primary))
+		}
+		for _, rt := range routes {
+			if err := c.Set(ctx, rt.key, val, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if floorOff {
+			for _, rt := range routes {
+				readUntilReplica(step, rt.key, val, rt.replica)
+			}
+		} else {
+			// Several of the proxy's replica polls (20 ms apart) pass
+			// while the replicas are held; how many does not matter to
+			// the check, only to how much it sees.
+			for until := time.Now().Add(100 * time.Millisecond); time.Now().Before(until); {
+				for _, rt := range routes {
+					check(rt.key, val)
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
+		for _, release := range releases {
+			release()
+		}
+		if !floorOff {
+			for _, rt := range routes {
+				readUntilReplica(step, rt.key, val, rt.replica)
+			}
+		}
+	}
+	return stale, firstStale, calls(t, r.def.replicas[0], "get") + calls(t, r.b.replicas[0], "get")
+}
+
+// TestRouteReplicaReadYourWrites (issue 14): with routes, a client reads
+// its own writes on every route while both upstreams' replicas are held
+// behind them, and the replicas serve its reads again once they have the
+// writes. The steps are driven by the test (replication held, then
+// released), not by timers, so the replicas surely serve reads on any
+// machine. With the read-your-writes floor off the same steps read stale
+// values, so the check can fail.
+func TestRouteReplicaReadYourWrites(t *testing.T) {
+	r := startRoutedReplicas(t, 10*time.Second)
+	stale, first, onReplicas := r.ownWriteSteps(t, 5, false)
+	t.Logf("replicas served %d GETs", onReplicas)
 	if stale != 0 {
-		t.Fatalf("%d reads did not return the client's own last write", stale)
+		t.Fatalf("%d reads did not return the client's own last write; first: %s", stale, first)
 	}
-	if onReplicas == 0 {
-		t.Fatal("the replicas served no read; the test checked nothing about them")
+	if onReplicas < 10 {
+		t.Fatalf("the replicas served %d reads, want at least one per route and step", onReplicas)
 	}
 	restore := proxy.SetTestNoReadYourWrites(true)
 	defer restore()
-	if stale, _ := r.ownWritesLoop(t); stale == 0 {
-		t.Fatal("without the read-your-writes floor no read was stale: the replicas never lagged enough for the check to mean anything")
+	if stale, _, _ := r.ownWriteSteps(t, 2, true); stale == 0 {
+		t.Fatal("without the read-your-writes floor no read was stale: the replicas were not read while held")
 	}
-}
-
-// nudgeReplication writes a key of its own on each primary every 20 ms
-// until stop is closed.
-func nudgeReplication(t *testing.T, stop <-chan struct{}, primaries ...*redistest.Server) *sync.WaitGroup {
-	var wg sync.WaitGroup
-	for _, p := range primaries {
-		c := p.Client(t)
-		wg.Go(func() {
-			for n := 0; ; n++ {
-				select {
-				case <-stop:
-					return
-				case <-time.After(20 * time.Millisecond):
-				}
-				c.Set(context.Background(), "nudge", n, 0)
-			}
-		})
-	}
-	return &wg
 }
 
 // TestRouteReplicaKilledFallsBack (issue 14): one upstream's replica
