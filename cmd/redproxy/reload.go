@@ -86,7 +86,7 @@ func (r *reloader) reload() ([]string, error) {
 func (r *reloader) reloadAndLog() {
 	changed, err := r.reload()
 	switch {
-	case errors.Is(err, errNoConfigFile):
+	case errors.Is(err, errNoConfigFile), errors.Is(err, proxy.ErrShuttingDown):
 		r.log.Warn("SIGHUP ignored: " + err.Error())
 	case err != nil:
 		r.log.Error("configuration not reloaded; the configuration in force stays", "file", r.path, "err", err)
@@ -96,7 +96,7 @@ func (r *reloader) reloadAndLog() {
 }
 
 // handler serves POST /reload: 200 with the changed settings; 409 without
-// a configuration file; 422 with the reasons when the file is invalid or
+// a configuration file; 503 once the proxy is shutting down; 422 with the reasons when the file is invalid or
 // changes a setting that needs a restart (nothing is applied then).
 func (r *reloader) handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -105,6 +105,8 @@ func (r *reloader) handler() http.Handler {
 		switch {
 		case errors.Is(err, errNoConfigFile):
 			http.Error(w, err.Error(), http.StatusConflict)
+		case errors.Is(err, proxy.ErrShuttingDown):
+			http.Error(w, "configuration not reloaded: "+err.Error(), http.StatusServiceUnavailable)
 		case err != nil:
 			r.log.Error("configuration not reloaded; the configuration in force stays", "file", r.path, "err", err)
 			http.Error(w, "configuration not reloaded; the configuration in force stays:\n"+err.Error(), http.StatusUnprocessableEntity)

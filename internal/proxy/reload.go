@@ -53,6 +53,11 @@ func (s *Server) backendOptions(c *config.Config, addr string) upstream.BackendO
 // effect on a restart. Nothing of that configuration is applied.
 var ErrRestartRequired = errors.New("settings that need a restart changed")
 
+// ErrShuttingDown is returned by Reload once Shutdown has begun: the
+// proxy is draining its clients, and a switch of pools then would dial
+// connections nothing closes.
+var ErrShuttingDown = errors.New("the proxy is shutting down")
+
 // Reload applies next, a validated snapshot, to the running server and
 // returns the dotted keys of the settings it changed. Every setting that
 // can change safely at run time is applied:
@@ -82,6 +87,9 @@ var ErrRestartRequired = errors.New("settings that need a restart changed")
 func (s *Server) Reload(next *config.Config) ([]string, error) {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
+	if s.draining.Load() {
+		return nil, ErrShuttingDown
+	}
 	cur := s.Config()
 	changed := config.Changed(cur, next)
 	var refused []error

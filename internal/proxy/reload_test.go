@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -247,3 +248,33 @@ func TestReloadRefusesRestartOnly(t *testing.T) {
 }
 
 func containsStr(s, sub string) bool { return strings.Contains(s, sub) }
+
+// TestReloadRefusedWhileShuttingDown: a reload that arrives once Shutdown
+// has begun (SIGHUP or POST /reload while the proxy drains on SIGTERM) is
+// refused with ErrShuttingDown and applies nothing. It used to switch the
+// upstream: new pools were dialled to the new address after Shutdown had
+// closed the old ones, and nothing closed them.
+func TestReloadRefusedWhileShuttingDown(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	p := proxytest.Start(t, a, nil)
+	next := reloaded(t, p, func(c *config.Config) { c.Upstream.Address = b.Addr() })
+	shutCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := p.Shutdown(shutCtx); err != nil {
+		t.Fatal(err)
+	}
+	changed, err := p.Reload(next)
+	if !errors.Is(err, proxy.ErrShuttingDown) {
+		t.Fatalf("Reload after Shutdown = %v, %v; want ErrShuttingDown", changed, err)
+	}
+	if got := p.Config().Upstream.Address; got != a.Addr() {
+		t.Errorf("upstream.address after the refused reload = %s, want %s", got, a.Addr())
+	}
+	info, err := b.Client(t).Info(ctx, "clients").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(info, "connected_clients:1\r\n") {
+		t.Errorf("the new upstream has connections other than the test's own:\n%s", info)
+	}
+}

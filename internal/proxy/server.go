@@ -363,9 +363,13 @@ func (s *Server) sessionEnded(sess *Session) {
 // Shutdown stops accepting, lets every client finish the batch it is in
 // (bounded by ctx), closes idle clients, then closes upstream connections.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	// A reload already applying finishes before anything is closed; any
+	// later one sees draining and is refused.
+	s.reloadMu.Lock()
+	s.reloadMu.Unlock() //nolint:staticcheck // an empty section: waits out Reload
 	s.mu.Lock()
 	s.closing = true
-	s.draining.Store(true)
 	for _, ln := range s.lns {
 		ln.Close()
 	}
