@@ -187,12 +187,10 @@ func (w *Watcher) Discover(ctx context.Context, current string, currentEpoch int
 		err   error
 	}
 	replies := make(chan reply, len(w.clients)) // late replies never block
-	for i, c := range w.clients {
-		go func() {
-			addr, epoch, err := w.ask(ctx, c)
-			replies <- reply{i, addr, epoch, err}
-		}()
-	}
+	fanOut(ctx, len(w.clients), func(i int) {
+		addr, epoch, err := w.ask(ctx, w.clients[i])
+		replies <- reply{i, addr, epoch, err}
+	})
 	byAddr := map[string]*answer{}
 	var asked []error
 	answered := 0
@@ -582,37 +580,87 @@ func (w *Watcher) receive(ps *redis.PubSub) error {
 	}
 }
 
-// Replicas asks the Sentinels, in order, for the primary's replicas
+// Replicas asks every Sentinel at once for the primary's replicas
 // (SENTINEL REPLICAS) and returns, from the first that answers, the
 // addresses of those it believes usable: not subjectively or objectively
 // down, not disconnected, with their link to the primary up. The caller
 // still checks each one itself before reading from it.
+//
+// They were asked one after another: a hung Sentinel listed before a live
+// one held every refresh for its read timeout (3s with a 3s dial timeout
+// in TestReplicasHungSentinel, where they answer in milliseconds now), and
+// a caller with a shorter deadline got no list at all. The others' answers
+// are not waited for once one has come.
 func (w *Watcher) Replicas(ctx context.Context) ([]string, error) {
-	var asked []error
-	for i, c := range w.clients {
-		if ctx.Err() != nil {
-			break
-		}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // the Sentinels still asked stop waiting for a connection
+	type reply struct {
+		i    int
+		list []map[string]string
+		err  error
+	}
+	replies := make(chan reply, len(w.clients)) // late replies never block
+	fanOut(ctx, len(w.clients), func(i int) {
 		actx, cancel := context.WithTimeout(ctx, 2*w.opt.DialTimeout)
-		list, err := c.Replicas(actx, w.opt.MasterName).Result()
-		cancel()
-		if err != nil {
-			asked = append(asked, fmt.Errorf("%s: %w", w.opt.Sentinels[i], err))
+		defer cancel()
+		list, err := w.clients[i].Replicas(actx, w.opt.MasterName).Result()
+		replies <- reply{i, list, err}
+	})
+	var asked []error
+	for range w.clients {
+		var r reply
+		select {
+		case r = <-replies:
+		case <-ctx.Done():
+			return nil, errors.Join(append(asked, ctx.Err())...)
+		}
+		if r.err != nil {
+			asked = append(asked, fmt.Errorf("%s: %w", w.opt.Sentinels[r.i], r.err))
 			continue
 		}
 		var addrs []string
-		for _, r := range list {
-			if !usableReplica(r) {
+		for _, e := range r.list {
+			if !usableReplica(e) {
 				continue
 			}
-			addrs = append(addrs, net.JoinHostPort(r["ip"], r["port"]))
+			addrs = append(addrs, net.JoinHostPort(e["ip"], e["port"]))
 		}
 		return addrs, nil
 	}
-	if len(asked) == 0 {
+	if len(asked) == 0 { // no Sentinels
 		return nil, ctx.Err()
 	}
 	return nil, errors.Join(asked...)
+}
+
+// maxParallel bounds how many servers one call asks at the same time.
+const maxParallel = 8
+
+// fanOut runs f(0) ... f(n-1) on goroutines of their own, at most
+// maxParallel at a time, started in that order, and returns at once.
+// Those not started when ctx is done are skipped: a caller waiting for
+// their results must stop waiting then too.
+func fanOut(ctx context.Context, n int, f func(i int)) {
+	if n <= maxParallel {
+		for i := range n {
+			go f(i)
+		}
+		return
+	}
+	sem := make(chan struct{}, maxParallel)
+	go func() {
+		for i := range n {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			go func() {
+				defer func() { <-sem }()
+				f(i)
+			}()
+		}
+	}()
 }
 
 // usableReplica reads one entry of SENTINEL REPLICAS.
