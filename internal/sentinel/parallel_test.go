@@ -8,6 +8,7 @@ import (
 	"net"
 	"runtime"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -147,4 +148,96 @@ func TestReplicasHungSentinel(t *testing.T) {
 	}
 	w.Close()
 	waitGoroutines(t)
+}
+
+// TestDiscoverStalledCandidates: Discover checked the candidate primaries
+// (ROLE) one after another, so each one that never answers added its
+// timeout. Here the primary in use (current) and the address a Sentinel
+// monitoring another server names both hang, and both rank above the real
+// primary: before, Discover took both timeouts (6s) before choosing it;
+// checked at once, they cost one (3s). The order of preference is kept:
+// a lower-ranked candidate is not chosen while a higher one may still
+// answer, so one timeout remains.
+func TestDiscoverStalledCandidates(t *testing.T) {
+	g := redistest.StartSentinelGroup(t, redistest.SentinelOptions{Replicas: 1, Sentinels: 1})
+	current := hungServer(t) // the primary in use hangs
+	other := hungServer(t)
+	_, port, _ := net.SplitHostPort(other)
+	p, _ := strconv.Atoi(port)
+	// A Sentinel that names the hung server for the same name, at the same
+	// epoch (0: no failover), listed first so its answer ranks first.
+	stray := redistest.StartSentinel(t, redistest.SentinelOptions{Name: g.Name, Replicas: 1, Sentinels: 1, DownAfter: time.Minute}, p, 1)
+
+	w := New(Options{
+		Sentinels:  []string{stray.Addr(), g.Sentinels[0].Addr()},
+		MasterName: g.Name, DialTimeout: hungTimeout, Role: roleFunc(hungTimeout), Logger: quietLogger(),
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	addr, epoch, err := w.Discover(ctx, current, 0)
+	took := time.Since(start)
+	t.Logf("Discover with two hung candidates ranked first: %q at epoch %d, %v, in %v", addr, epoch, err, took)
+	if err != nil || addr != g.Nodes[0].Addr() {
+		t.Fatalf("Discover = %q, %v; want the primary %s", addr, err, g.Nodes[0].Addr())
+	}
+	if took > hungTimeout*3/2 {
+		t.Fatalf("Discover took %v with two hung candidates (timeout %v each): it waited for them one after the other", took, hungTimeout)
+	}
+	w.Close()
+	waitGoroutines(t)
+}
+
+// TestFirstPrimaryOrder: checked at once, the candidates are still chosen
+// in order: a slow primary ranked first wins over a fast one after it, a
+// candidate that is not a primary gives way to the next, and an address
+// named twice is asked once.
+func TestFirstPrimaryOrder(t *testing.T) {
+	const primary, replica = "*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n", "*5\r\n$5\r\nslave\r\n"
+	var mu sync.Mutex
+	asked := map[string]int{}
+	w := New(Options{Logger: quietLogger(), Role: func(addr string) ([]byte, error) {
+		mu.Lock()
+		asked[addr]++
+		mu.Unlock()
+		switch addr {
+		case "slow-primary:1":
+			time.Sleep(200 * time.Millisecond)
+			return []byte(primary), nil
+		case "fast-primary:1", "other-primary:1":
+			return []byte(primary), nil
+		case "replica:1":
+			return []byte(replica), nil
+		}
+		time.Sleep(100 * time.Millisecond)
+		return nil, io.EOF
+	}})
+	defer w.Close()
+	for _, c := range []struct {
+		cands []string
+		want  int
+	}{
+		{[]string{"slow-primary:1", "fast-primary:1"}, 0},
+		{[]string{"replica:1", "down:1", "fast-primary:1", "other-primary:1"}, 2},
+		{[]string{"down:1", "replica:1", "down:1", "slow-primary:1", "fast-primary:1"}, 3},
+		{[]string{"down:1", "replica:1", "down:1"}, -1},
+	} {
+		clear(asked)
+		i, errs := w.firstPrimary(c.cands)
+		if i != c.want {
+			t.Errorf("firstPrimary(%q) = %d, want %d", c.cands, i, c.want)
+		}
+		for j, err := range errs {
+			if (err == nil) != (i >= 0 && j >= i) {
+				t.Errorf("firstPrimary(%q): errs[%d] = %v", c.cands, j, err)
+			}
+		}
+		// Let the checks not waited for end before reading the count.
+		time.Sleep(300 * time.Millisecond)
+		mu.Lock()
+		if asked["down:1"] > 1 {
+			t.Errorf("firstPrimary(%q) asked down:1 %d times, want once", c.cands, asked["down:1"])
+		}
+		mu.Unlock()
+	}
 }

@@ -11,10 +11,11 @@
 // configuration epoch (SENTINEL MASTER), which every failover raises. Once
 // more than half have answered (or all have answered or failed), the
 // answers are tried newest epoch first, then by how many Sentinels agree;
-// the first address whose server says it is a primary (ROLE) wins. So a
-// Sentinel that has not yet heard of a failover cannot send the proxy
-// back to the old primary while that one still believes it is primary, and
-// a demoted or dead server is never chosen.
+// the first address whose server says it is a primary (ROLE) wins (they
+// are checked at once, but one is taken only once every one before it
+// has failed). So a Sentinel that has not yet heard of a failover cannot
+// send the proxy back to the old primary while that one still believes it
+// is primary, and a demoted or dead server is never chosen.
 //
 // The primary in use is kept while it says it is one and no Sentinel names
 // another with a newer epoch.
@@ -225,11 +226,11 @@ gather:
 		answers = append(answers, a)
 		newest = max(newest, a.epoch)
 	}
-	if current != "" && newest <= currentEpoch {
-		if ok, _ := w.isPrimary(current); ok {
-			return current, currentEpoch, nil
-		}
-	}
+	// The candidates in order of preference: the primary in use while
+	// no Sentinel names a newer epoch, then the answers, newest epoch
+	// first, then by votes (the primary in use first among equals), then
+	// by the first Sentinel that named it.
+	keep := current != "" && newest <= currentEpoch
 	slices.SortFunc(answers, func(a, b *answer) int {
 		switch {
 		case a.epoch != b.epoch:
@@ -243,14 +244,72 @@ gather:
 		}
 		return a.first - b.first
 	})
+	var cands []string
+	if keep {
+		cands = append(cands, current)
+	}
+	off := len(cands) // answers[j] is cands[off+j]
 	for _, a := range answers {
-		ok, err := w.isPrimary(a.addr)
-		if ok {
-			return a.addr, a.epoch, nil
-		}
-		asked = append(asked, fmt.Errorf("%s: %w", a.addr, err))
+		cands = append(cands, a.addr)
+	}
+	i, errs := w.firstPrimary(cands)
+	switch {
+	case i == 0 && keep:
+		return current, currentEpoch, nil
+	case i >= 0:
+		a := answers[i-off]
+		return a.addr, a.epoch, nil
+	}
+	for j, a := range answers {
+		asked = append(asked, fmt.Errorf("%s: %w", a.addr, errs[off+j]))
 	}
 	return "", -1, fmt.Errorf("%w: %w", ErrNoPrimary, errors.Join(asked...))
+}
+
+// firstPrimary checks every candidate at once (ROLE; once per address,
+// at most maxParallel at a time, in cands' order) and returns the index of
+// the first in cands' order that says it is a primary, or -1; errs[i]
+// says why cands[i] is not one, for those before it.
+//
+// The choice is the one checking them one after another made: a
+// candidate is taken only once every one before it has failed, so one
+// that answers slowly still wins over a later one. What changes is the
+// wait: candidates that never answer cost their timeout once between
+// them, not each (TestDiscoverStalledCandidates: 6s before, 3s after for
+// two hung ones ranked first). Checks still running when it returns end
+// within the Role function's own timeout; those not started are skipped.
+func (w *Watcher) firstPrimary(cands []string) (int, []error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type check struct {
+		done chan struct{}
+		err  error
+	}
+	checks := make(map[string]*check, len(cands))
+	var distinct []string
+	for _, a := range cands {
+		if checks[a] == nil {
+			checks[a] = &check{done: make(chan struct{})}
+			distinct = append(distinct, a)
+		}
+	}
+	fanOut(ctx, len(distinct), func(i int) {
+		c := checks[distinct[i]]
+		_, c.err = w.isPrimary(distinct[i])
+		close(c.done)
+	})
+	errs := make([]error, len(cands))
+	for i, a := range cands {
+		c := checks[a]
+		// Started once the checks before it have (fanOut goes in order),
+		// and those are waited for first: no wait here blocks forever.
+		<-c.done
+		if c.err == nil {
+			return i, errs
+		}
+		errs[i] = c.err
+	}
+	return -1, errs
 }
 
 // ask returns one Sentinel's primary address and configuration epoch.
