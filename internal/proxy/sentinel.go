@@ -74,10 +74,14 @@ func sentinelOptions(cfg *config.Config, log *slog.Logger) sentinel.Options {
 		Username:   u.SentinelUsername,
 		Password:   u.SentinelPassword,
 		Role: func(addr string) ([]byte, error) {
-			// With Redis's credentials, as the data path dials.
+			// With Redis's credentials, as the data path dials. RoundTrip
+			// waits DeadTimeout for the reply (30 s when unset): a
+			// candidate that took the handshake and then stalled held
+			// Discover that long; ROLE answers at once or not at all.
 			return upstream.RoundTrip(upstream.Options{
 				Addr: addr, Username: u.Username, Password: u.Password, TLS: tlsConf,
 				DialTimeout: u.DialTimeout.Duration, ReplyTimeout: u.ReplyTimeout.Duration,
+				DeadTimeout: u.ReplyTimeout.Duration,
 				Name: "redproxy-sentinel-check", Logger: log,
 			}, cmdRole)
 		},
