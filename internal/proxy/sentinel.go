@@ -81,8 +81,7 @@ func sentinelOptions(cfg *config.Config, log *slog.Logger) sentinel.Options {
 			return upstream.RoundTrip(upstream.Options{
 				Addr: addr, Username: u.Username, Password: u.Password, TLS: tlsConf,
 				DialTimeout: u.DialTimeout.Duration, ReplyTimeout: u.ReplyTimeout.Duration,
-				DeadTimeout: u.ReplyTimeout.Duration,
-				Name: "redproxy-sentinel-check", Logger: log,
+				DeadTimeout: u.ReplyTimeout.Duration, Name: "redproxy-sentinel-check", Logger: log,
 			}, cmdRole)
 		},
 		DialTimeout:  u.DialTimeout.Duration,
