@@ -42,12 +42,153 @@ const maxPendingElements = 1 << 62
 type ReplyScanner struct {
 	pos     int   // bytes of the reply consumed so far
 	pending int64 // elements still owed; 0 before the first header
+
+	// Consume's place inside an element: the bytes of a bulk string's
+	// body still to pass, then its CRLF (crlf); or inside a simple line.
+	body int64
+	crlf bool
+	line bool
 }
 
 // Reset prepares the scanner for a new reply.
-func (s *ReplyScanner) Reset() {
+func (s *ReplyScanner) Reset() { *s = ReplyScanner{} }
+
+// maxStreamedHeader bounds the header line of a bulk string or aggregate
+// ('$', '*', ...: a type byte, at most 19 characters of length, CRLF) for
+// Consume: a longer one is not RESP, and waiting for its end would hold
+// bytes without bound.
+const maxStreamedHeader = 32
+
+// Consume frames a reply the caller does not hold whole: it parses what b
+// holds and reports how much of it the caller may drop, so a reply of any
+// size (a 512 MB string, an aggregate of millions of elements) passes
+// through a buffer of fixed size. b starts at the first byte the scanner
+// has not released: the reply's first byte (also after Scan calls that
+// found it incomplete: Consume continues where they stopped), or the byte
+// after the n the last Consume released. It returns n, the bytes of b the
+// caller may drop (the next call starts after them), and done when b[:n]
+// ends the reply; the scanner is then reset. What it does not release is
+// at most a header line (maxStreamedHeader), the '\r' of a line whose
+// '\n' has not arrived, or a bulk string's CRLF.
+//
+// It frames exactly as Scan does and refuses what Scan refuses, and also
+// a header line longer than any valid one (Scan would wait for its end).
+// Once Consume is called for a reply, only Consume may continue it.
+func (s *ReplyScanner) Consume(b []byte) (n int, done bool, err error) {
+	if s.pending == 0 {
+		s.pending = 1
+	}
+	for {
+		var children int64
+		switch {
+		case s.body > 0:
+			k := min(s.body, int64(len(b)-s.pos))
+			s.pos += int(k)
+			s.body -= k
+			if s.body > 0 {
+				return s.release(), false, nil
+			}
+			continue // to its CRLF (s.crlf is set)
+		case s.crlf:
+			if len(b)-s.pos < 2 {
+				return s.release(), false, nil
+			}
+			if b[s.pos] != '\r' || b[s.pos+1] != '\n' {
+				return 0, false, ErrProtocol
+			}
+			s.pos += 2
+			s.crlf = false
+		case s.line:
+			i := bytes.IndexByte(b[s.pos:], '\r')
+			if i < 0 {
+				s.pos = len(b)
+				return s.release(), false, nil
+			}
+			s.pos += i
+			if s.pos+1 == len(b) {
+				return s.release(), false, nil // the '\r' waits for what follows it
+			}
+			if b[s.pos+1] != '\n' {
+				return 0, false, ErrProtocol
+			}
+			s.pos += 2
+			s.line = false
+		default:
+			if s.pos >= len(b) {
+				return s.release(), false, nil
+			}
+			typ := b[s.pos]
+			switch typ {
+			case '+', '-', ':', ',', '#', '(':
+				// A line of any length: streamed to its CRLF.
+				s.pos++
+				s.line = true
+				continue
+			}
+			end := min(len(b), s.pos+maxStreamedHeader)
+			nl := indexCRLF(b[:end], s.pos+1)
+			if nl == -2 {
+				return 0, false, ErrProtocol
+			}
+			if nl < 0 {
+				if end-s.pos == maxStreamedHeader {
+					return 0, false, ErrProtocol
+				}
+				return s.release(), false, nil
+			}
+			line := b[s.pos+1 : nl]
+			switch typ {
+			case '_':
+				if len(line) != 0 {
+					return 0, false, ErrProtocol
+				}
+			case '$', '!', '=':
+				n, ok := parseInt(line)
+				if !ok || n < -1 || (n == -1 && typ != '$') {
+					return 0, false, ErrProtocol
+				}
+				if n >= 0 {
+					s.pos = nl + 2
+					s.body, s.crlf = n, true
+					continue
+				}
+			case '*', '~', '>', '%', '|':
+				n, ok := parseInt(line)
+				if !ok || n < -1 || (n == -1 && typ != '*') || n > MaxAggregateLen {
+					return 0, false, ErrProtocol
+				}
+				if n > 0 {
+					children = n
+					if typ == '%' || typ == '|' {
+						children = 2 * n
+					}
+				}
+				if typ == '|' {
+					children++ // as in Scan
+				}
+			default:
+				return 0, false, ErrProtocol
+			}
+			s.pos = nl + 2
+		}
+		// One element parsed whole, with children elements owed for it.
+		s.pending += children - 1
+		if s.pending > maxPendingElements {
+			return 0, false, ErrProtocol
+		}
+		if s.pending == 0 {
+			n := s.pos
+			s.Reset()
+			return n, true, nil
+		}
+	}
+}
+
+// release hands the bytes parsed so far back to the caller (Consume).
+func (s *ReplyScanner) release() int {
+	n := s.pos
 	s.pos = 0
-	s.pending = 0
+	return n
 }
 
 // Scan returns the length of the complete reply at b[0:], or 0 if b holds

@@ -146,6 +146,17 @@ func FuzzScanReply(f *testing.F) {
 		if (err1 == nil) != (err == nil) || (err == nil && n1 != n) {
 			t.Fatalf("split at %d: got %d,%v; one-shot %d,%v", c, n1, err1, n, err)
 		}
+		// Streamed in pieces of cut bytes, Consume frames it alike,
+		// holding little; it may refuse an incomplete reply early (a
+		// header line longer than any valid one).
+		chunk := max(int(cut), 1)
+		cn, cdone, held, cerr := consume(b, chunk)
+		switch {
+		case err != nil && cerr == nil, err == nil && n > 0 && (cerr != nil || !cdone || cn != n), err == nil && n == 0 && cdone:
+			t.Fatalf("Consume in pieces of %d: %d,%v,%v; Scan %d,%v", chunk, cn, cdone, cerr, n, err)
+		case held > chunk+maxStreamedHeader:
+			t.Fatalf("Consume in pieces of %d held %d bytes", chunk, held)
+		}
 		if err == nil && n > 0 {
 			// The framed reply alone must frame to itself.
 			if m, err := ScanReply(b[:n]); err != nil || m != n {
@@ -153,4 +164,107 @@ func FuzzScanReply(f *testing.F) {
 			}
 		}
 	})
+}
+
+// consume feeds b to a Consume-driven reader that gets chunk bytes per
+// read and drops what Consume releases, as a caller streaming a reply too
+// big to hold does. It returns the bytes of b the reply took (when done),
+// and the most the reader had to hold at once.
+func consume(b []byte, chunk int) (n int, done bool, held int, err error) {
+	var s ReplyScanner
+	var buf []byte
+	released := 0
+	for off := 0; off < len(b); {
+		end := min(len(b), off+chunk)
+		buf = append(buf, b[off:end]...)
+		off = end
+		held = max(held, len(buf))
+		k, done, err := s.Consume(buf)
+		if err != nil {
+			return 0, false, held, err
+		}
+		released += k
+		buf = buf[k:]
+		if done {
+			return released, true, held, nil
+		}
+	}
+	return 0, false, held, nil
+}
+
+// Consume frames every reply where Scan does, read in pieces of any size,
+// and leaves what follows the reply alone.
+func TestConsumeFramesLikeScan(t *testing.T) {
+	for _, r := range validReplies {
+		b := []byte(r + "+NEXT\r\n")
+		for chunk := 1; chunk <= len(b); chunk++ {
+			n, done, _, err := consume(b, chunk)
+			if err != nil || !done || n != len(r) {
+				t.Fatalf("%q in pieces of %d: %d, %v, %v; want %d, done", r, chunk, n, done, err, len(r))
+			}
+		}
+		// Continuing Scan calls that found the reply incomplete.
+		for cut := 1; cut < len(r); cut++ {
+			var s ReplyScanner
+			if n, err := s.Scan([]byte(r[:cut])); n != 0 || err != nil {
+				t.Fatalf("%q cut at %d: Scan %d, %v", r, cut, n, err)
+			}
+			k, done, err := s.Consume(b)
+			if err != nil || !done || k != len(r) {
+				t.Fatalf("%q: Consume after Scan of %d bytes: %d, %v, %v; want %d, done", r, cut, k, done, err, len(r))
+			}
+		}
+	}
+	for _, r := range []string{
+		"?\r\n", "$abc\r\n", "$-2\r\n", "*-2\r\n", "$3\r\nfooXY", "+a\rb\r\n",
+		"%-1\r\n", "_x\r\n", "~-1\r\n", "!-1\r\n", "$2\r\nab\r\r",
+	} {
+		for chunk := 1; chunk <= len(r); chunk++ {
+			if _, _, _, err := consume([]byte(r), chunk); !errors.Is(err, ErrProtocol) {
+				t.Errorf("%q in pieces of %d: err %v, want ErrProtocol", r, chunk, err)
+			}
+		}
+	}
+}
+
+// Whatever a reply's size, or the size it claims, Consume holds no more
+// than a header line of it: a 16 MB string, a big aggregate and a long
+// line pass through, a huge declared length that never comes stays
+// incomplete without holding anything, and a header line longer than any
+// valid one is refused rather than waited for.
+func TestConsumeHoldsLittle(t *testing.T) {
+	const chunk = 4096
+	var agg bytes.Buffer
+	agg.WriteString("*2\r\n*100000\r\n")
+	for range 100000 {
+		agg.WriteString("$3\r\nabc\r\n")
+	}
+	agg.WriteString("%1\r\n+" + strings.Repeat("l", 100000) + "\r\n$5\r\nhello\r\n")
+	const size = 16 << 20
+	big := append([]byte("$16777216\r\n"), make([]byte, size)...)
+	big = append(big, "\r\n+NEXT\r\n"...)
+	for _, c := range []struct {
+		name string
+		b    []byte
+		n    int // 0: incomplete
+	}{
+		{"16 MB string", big, len(big) - len("+NEXT\r\n")},
+		{"aggregate", agg.Bytes(), agg.Len()},
+		{"huge declared length", append([]byte("$999999999999999999\r\n"), make([]byte, 1<<20)...), 0},
+		{"huge declared count", append([]byte("*1099511627776\r\n"), bytes.Repeat([]byte(":1\r\n"), 1<<16)...), 0},
+		{"endless line", append([]byte("-ERR "), bytes.Repeat([]byte("e"), 1<<20)...), 0},
+	} {
+		n, done, held, err := consume(c.b, chunk)
+		if err != nil || done != (c.n > 0) || n != c.n {
+			t.Errorf("%s: %d, %v, %v; want %d", c.name, n, done, err, c.n)
+		}
+		if held > chunk+maxStreamedHeader {
+			t.Errorf("%s: held %d bytes at once; want at most %d", c.name, held, chunk+maxStreamedHeader)
+		}
+	}
+	for _, r := range []string{"$" + strings.Repeat("1", 40), "_" + strings.Repeat(" ", 40), "*" + strings.Repeat("9", 31) + "\r\n"} {
+		if _, _, _, err := consume([]byte(r), 1); !errors.Is(err, ErrProtocol) {
+			t.Errorf("%.10q...: err %v, want ErrProtocol", r, err)
+		}
+	}
 }
