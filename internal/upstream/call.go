@@ -17,6 +17,8 @@ package upstream
 
 import (
 	"errors"
+	"hash/maphash"
+	"slices"
 	"strconv"
 )
 
@@ -36,6 +38,9 @@ var (
 	// ErrOutputLimit: the Call's replies exceeded its reply limit; this
 	// reply and every later one were dropped as they arrived.
 	ErrOutputLimit = errors.New("redproxy: replies exceed the client output limit")
+	// ErrDigested: the reply was longer than the Call's SetMaxReply and
+	// was not kept; Call.Digest describes it.
+	ErrDigested = errors.New("redproxy: reply too long to keep, digested")
 	// errMismatch: Redis sent a reply nobody was waiting for.
 	errMismatch = errors.New("redproxy: upstream sent an unexpected reply")
 )
@@ -63,6 +68,12 @@ type Call struct {
 	dropped  int // index of the first dropped reply, if overflow
 	overflow bool
 
+	// maxReply: replies longer than this are digested, not kept
+	// (SetMaxReply; 0: every reply is kept). digests are theirs, in
+	// reply order; each keeps its first bytes in out, as its reply.
+	maxReply int
+	digests  []digest
+
 	onDone func(*Call) // SetOnDone
 }
 
@@ -80,6 +91,8 @@ func (c *Call) Reset() {
 	c.err = nil
 	c.NoTimeout = false
 	c.limit, c.dropped, c.overflow = 0, 0, false
+	c.maxReply = 0
+	c.digests = c.digests[:0]
 	c.onDone = nil
 	if cap(c.out) > 1<<20 {
 		// Do not keep a huge reply buffer alive for an idle client.
@@ -98,7 +111,7 @@ func (c *Call) Trim(keep int) {
 // Release drops every buffer the Call keeps for reuse, for a client that
 // is parked (idle for a while). Only between uses, like Reset.
 func (c *Call) Release() {
-	c.parts, c.out, c.ends = nil, nil, nil
+	c.parts, c.out, c.ends, c.digests = nil, nil, nil, nil
 }
 
 // Add appends one raw RESP command. The bytes must stay unchanged until Wait
@@ -142,6 +155,16 @@ func (c *Call) Done() <-chan struct{} { return c.done }
 // so this is what bounds the memory one client's pipeline can take.
 func (c *Call) SetReplyLimit(n int) { c.limit = max(n, 1) }
 
+// SetMaxReply makes the Call keep no reply longer than n bytes (0: keep
+// every reply, the default): of a longer reply it keeps a Digest (its
+// length, a hash of all its bytes, its first DigestHead bytes), and a Pipe
+// reads it through its read buffer without ever holding it whole, so a
+// reply of any size costs a bounded amount of memory. For a caller that
+// only compares or classifies replies (the mirror), never one that
+// forwards them. Set it before Send; Reply answers ErrDigested for those
+// replies.
+func (c *Call) SetMaxReply(n int) { c.maxReply = max(n, 0) }
+
 // Overflowed reports whether replies were dropped for the reply limit.
 func (c *Call) Overflowed() bool { return c.overflow }
 
@@ -156,8 +179,12 @@ func (c *Call) MaxReply() int {
 }
 
 // addReply stores one framed reply, unless the reply limit has been
-// reached.
+// reached, or its digest if it is longer than maxReply.
 func (c *Call) addReply(frame []byte) {
+	if c.maxReply > 0 && len(frame) > c.maxReply {
+		c.addDigest(int64(len(frame)), maphash.Bytes(digestSeed, frame), frame[:min(len(frame), DigestHead)])
+		return
+	}
 	if !c.overflow && c.limit > 0 && len(c.out)+len(frame) > c.limit {
 		c.overflow, c.dropped = true, len(c.ends)
 	}
@@ -167,11 +194,79 @@ func (c *Call) addReply(frame []byte) {
 	c.ends = append(c.ends, len(c.out))
 }
 
+// addDigest stores the digest of a reply longer than maxReply: n bytes
+// long, sum their hash, head the first of them. Its head counts against
+// the reply limit.
+func (c *Call) addDigest(n int64, sum uint64, head []byte) {
+	if !c.overflow && c.limit > 0 && len(c.out)+len(head) > c.limit {
+		c.overflow, c.dropped = true, len(c.ends)
+	}
+	if !c.overflow {
+		c.digests = append(c.digests, digest{i: len(c.ends), n: n, sum: sum})
+		c.out = append(c.out, head...)
+	}
+	c.ends = append(c.ends, len(c.out))
+}
+
+// addDropped stands for a reply the Pipe read past without keeping it:
+// the Call had overflowed its reply limit.
+func (c *Call) addDropped() { c.ends = append(c.ends, len(c.out)) }
+
+// DigestHead is how many of a digested reply's first bytes its Digest
+// keeps: enough to tell an error and its code.
+const DigestHead = 64
+
+// Digest stands for a reply longer than the Call's SetMaxReply, which
+// was not kept.
+type Digest struct {
+	Len int64  // the reply's length in bytes
+	Sum uint64 // a hash of all of them (hash/maphash, one seed per process)
+	// Head is the reply's first DigestHead bytes (all of them if
+	// shorter); valid until Reset.
+	Head []byte
+}
+
+type digest struct {
+	i   int // the reply's index
+	n   int64
+	sum uint64
+}
+
+// digestSeed is the process's seed for Digest.Sum, so that the digest of
+// a reply read from Redis and DigestOf of bytes held compare.
+var digestSeed = maphash.MakeSeed()
+
+// DigestOf is the Digest of a reply held whole: equal to a digested
+// reply's if and only if (but for a 64-bit hash collision) the bytes are.
+func DigestOf(frame []byte) Digest {
+	return Digest{Len: int64(len(frame)), Sum: maphash.Bytes(digestSeed, frame), Head: frame[:min(len(frame), DigestHead)]}
+}
+
+// Digest returns the digest of reply i, if it was digested (Reply
+// answered ErrDigested).
+func (c *Call) Digest(i int) (Digest, bool) {
+	k, ok := slices.BinarySearchFunc(c.digests, i, func(d digest, i int) int { return d.i - i })
+	if !ok || c.overflow && i >= c.dropped {
+		return Digest{}, false
+	}
+	d := c.digests[k]
+	start := 0
+	if i > 0 {
+		start = c.ends[i-1]
+	}
+	return Digest{Len: d.n, Sum: d.sum, Head: c.out[start:c.ends[i]]}, true
+}
+
 // Reply returns reply i, or the error that ended the Call before reply i
 // arrived. The bytes are valid until Reset.
 func (c *Call) Reply(i int) ([]byte, error) {
 	if c.overflow && i >= c.dropped && i < len(c.ends) {
 		return nil, ErrOutputLimit
+	}
+	if len(c.digests) > 0 && i < len(c.ends) {
+		if _, ok := slices.BinarySearchFunc(c.digests, i, func(d digest, i int) int { return d.i - i }); ok {
+			return nil, ErrDigested
+		}
 	}
 	if i < len(c.ends) {
 		start := 0

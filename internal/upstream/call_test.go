@@ -22,3 +22,42 @@ func TestCallTrim(t *testing.T) {
 		t.Fatalf("small reply buffer: %d before Trim, %d after", kept, cap(c.out))
 	}
 }
+
+// A reply added whole (a router filling a Call) past SetMaxReply is
+// digested too, its head counted against the reply limit, and replies
+// around it are kept; past the limit, digests are dropped like replies.
+func TestCallDigestsLongReplies(t *testing.T) {
+	long := append([]byte("$200\r\n"), bytes.Repeat([]byte("y"), 200)...)
+	long = append(long, "\r\n"...)
+	c := NewCall()
+	c.SetMaxReply(100)
+	c.SetReplyLimit(100)
+	c.AddReply([]byte("+OK\r\n"))
+	c.AddReply(long)
+	c.AddReply([]byte(":1\r\n"))
+	c.AddReply(long) // 5 + 64 + 4 + 64 > 100: over the limit
+	if r, err := c.Reply(0); err != nil || string(r) != "+OK\r\n" {
+		t.Fatalf("reply 0: %q, %v", r, err)
+	}
+	if _, err := c.Reply(1); err != ErrDigested {
+		t.Fatalf("reply 1: %v, want ErrDigested", err)
+	}
+	want := DigestOf(long)
+	if d, ok := c.Digest(1); !ok || d.Len != int64(len(long)) || d.Sum != want.Sum || !bytes.Equal(d.Head, long[:DigestHead]) {
+		t.Fatalf("digest 1: %v %+v, want %+v", ok, d, want)
+	}
+	if r, err := c.Reply(2); err != nil || string(r) != ":1\r\n" {
+		t.Fatalf("reply 2: %q, %v", r, err)
+	}
+	if _, err := c.Reply(3); err != ErrOutputLimit {
+		t.Fatalf("reply 3: %v, want ErrOutputLimit", err)
+	}
+	if _, ok := c.Digest(3); ok {
+		t.Fatal("a digest past the limit")
+	}
+	c.Reset()
+	c.AddReply(long)
+	if r, err := c.Reply(0); err != nil || !bytes.Equal(r, long) {
+		t.Fatalf("after Reset, no SetMaxReply: %q, %v", r, err)
+	}
+}

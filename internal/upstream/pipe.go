@@ -3,6 +3,7 @@ package upstream
 import (
 	"bytes"
 	"crypto/tls"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"net"
@@ -475,19 +476,55 @@ type replyReader struct {
 	scan resp.ReplyScanner
 	cur  *Call
 	err  error // why readRaw's callback stopped
+
+	// A reply the Call will not keep is streamed: framed by
+	// scan.Consume and dropped from buf as it is, never held whole.
+	// Digested (Call.SetMaxReply), its bytes are hashed on the way;
+	// past the Call's reply limit, they are only counted out.
+	stream bool
+	digest bool
+	hash   maphash.Hash
+	length int64
+	head   [DigestHead]byte
 }
+
+// streamMin is the shortest partial reply that is streamed rather than
+// held until it is whole: a reply shorter than it costs no more than the
+// read buffer it fits in.
+const streamMin = 16 << 10
 
 // dispatch frames every complete reply in the buffer and hands it to its
 // Call, completing the Calls whose replies are all in.
 func (rr *replyReader) dispatch() error {
 	p, lc := rr.p, rr.lc
 	for rr.r < rr.w {
+		if rr.stream {
+			n, done, err := rr.scan.Consume(rr.buf[rr.r:rr.w])
+			if err != nil {
+				lc.closeFromReader(err)
+				return err
+			}
+			if rr.digest {
+				rr.hash.Write(rr.buf[rr.r : rr.r+n])
+				rr.length += int64(n)
+			}
+			rr.r += n
+			if !done {
+				return nil
+			}
+			rr.stream = false
+			rr.streamed()
+			continue
+		}
 		n, err := rr.scan.Scan(rr.buf[rr.r:rr.w])
 		if err != nil {
 			lc.closeFromReader(err)
 			return err
 		}
 		if n == 0 {
+			if rr.startStream() {
+				continue
+			}
 			return nil
 		}
 		frame := rr.buf[rr.r : rr.r+n]
@@ -501,37 +538,102 @@ func (rr *replyReader) dispatch() error {
 			}
 			continue
 		}
-		if rr.cur == nil {
-			p.mu.Lock()
-			if p.head < len(p.pending) {
-				rr.cur = p.pending[p.head]
-			}
-			p.mu.Unlock()
-			if rr.cur == nil {
-				p.opt.Logger.Error("BUG: upstream reply with no request waiting", "addr", p.opt.Addr, "reply_prefix", string(frame[:min(len(frame), 64)]))
-				lc.closeFromReader(errMismatch)
-				return errMismatch
-			}
+		if rr.call() == nil {
+			p.opt.Logger.Error("BUG: upstream reply with no request waiting", "addr", p.opt.Addr, "reply_prefix", string(frame[:min(len(frame), 64)]))
+			lc.closeFromReader(errMismatch)
+			return errMismatch
 		}
 		rr.cur.addReply(frame)
-		if len(rr.cur.ends) == len(rr.cur.parts) {
-			p.mu.Lock()
-			p.pending[p.head] = nil
-			p.head++
-			if p.head == len(p.pending) {
-				p.pending, p.head = p.pending[:0], 0
-			}
-			p.mu.Unlock()
-			rr.cur.complete(nil)
-			rr.cur = nil
-		}
+		rr.replied()
 	}
 	return nil
+}
+
+// call is the Call the next reply belongs to (the oldest pending), or nil.
+func (rr *replyReader) call() *Call {
+	if rr.cur == nil {
+		p := rr.p
+		p.mu.Lock()
+		if p.head < len(p.pending) {
+			rr.cur = p.pending[p.head]
+		}
+		p.mu.Unlock()
+	}
+	return rr.cur
+}
+
+// replied completes the current Call if that was its last reply.
+func (rr *replyReader) replied() {
+	p := rr.p
+	if len(rr.cur.ends) != len(rr.cur.parts) {
+		return
+	}
+	p.mu.Lock()
+	p.pending[p.head] = nil
+	p.head++
+	if p.head == len(p.pending) {
+		p.pending, p.head = p.pending[:0], 0
+	}
+	p.mu.Unlock()
+	rr.cur.complete(nil)
+	rr.cur = nil
+}
+
+// startStream decides, for the incomplete reply at buf[r:w], whether it
+// is to be streamed rather than held until whole: when its Call will not
+// keep it, because it is longer than the Call's SetMaxReply (digested) or
+// does not fit the Call's reply limit (dropped, as addReply would once it
+// is whole). A push frame is never streamed: OnPush takes it whole.
+func (rr *replyReader) startStream() bool {
+	partial := rr.w - rr.r
+	if partial <= streamMin || rr.p.opt.RESP3 && rr.buf[rr.r] == '>' {
+		return false
+	}
+	c := rr.call()
+	switch {
+	case c == nil:
+		return false // dispatch reports it once it is whole
+	case c.overflow:
+		rr.digest = false
+	case c.maxReply > 0 && partial > c.maxReply:
+		rr.digest = true
+		rr.hash.SetSeed(digestSeed)
+		rr.length = 0
+	case c.limit > 0 && len(c.out)+partial > c.limit:
+		c.overflow, c.dropped = true, len(c.ends)
+		rr.digest = false
+	default:
+		return false
+	}
+	rr.stream = true
+	copy(rr.head[:], rr.buf[rr.r:rr.w])
+	return true
+}
+
+// streamed hands the Call a reply streamed past, once it has ended.
+func (rr *replyReader) streamed() {
+	p := rr.p
+	if rr.head[0] == '-' && p.opt.OnReadOnly != nil && bytes.HasPrefix(rr.head[:], readOnlyPrefix) {
+		p.opt.OnReadOnly()
+	}
+	if rr.digest {
+		rr.cur.addDigest(rr.length, rr.hash.Sum64(), rr.head[:])
+	} else {
+		rr.cur.addDropped()
+	}
+	rr.replied()
 }
 
 // makeRoom makes room to read: it moves a partial reply to the front, or
 // grows the buffer for a big one.
 func (rr *replyReader) makeRoom() {
+	if rr.stream && rr.r > 0 && rr.r < rr.w {
+		// What a streamed reply left unreleased is a few bytes at most:
+		// moved to the front, the next read gets the whole buffer.
+		rr.w = copy(rr.buf, rr.buf[rr.r:rr.w])
+		rr.r = 0
+		return
+	}
 	if rr.r == rr.w {
 		rr.r, rr.w = 0, 0
 		if len(rr.buf) > 1<<20 {

@@ -1,0 +1,260 @@
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// allocated is the bytes the process allocated while f ran.
+func allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+func sendWait(t *testing.T, pool *Pool, c *Call) {
+	t.Helper()
+	if err := pool.Send(c); err != nil {
+		t.Fatal(err)
+	}
+	c.Wait()
+	if err := c.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A reply its Call will not keep is read past, never held whole: one
+// longer than SetMaxReply arrives as its Digest (length, hash, first
+// bytes), equal to DigestOf the bytes Redis sent; one past the reply limit
+// is dropped as before. Either way a 32 MB reply costs a few hundred KB,
+// not the ~100 MB of a read buffer doubled until the reply fitted, and the
+// replies after it are framed as usual. In both protocols; an aggregate of
+// 100000 elements and a reply shorter than the streaming threshold (but
+// past SetMaxReply) are digested alike.
+func TestPipeStreamsRepliesItDoesNotKeep(t *testing.T) {
+	const size = 32 << 20
+	srv := redistest.Start(t)
+	rc := srv.Client(t)
+	ctx := context.Background()
+	if err := rc.SetRange(ctx, "big", size-1, "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.SetRange(ctx, "mid", 100<<10, "m").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.SetRange(ctx, "four", 4<<10, "f").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Eval(ctx, "for i = 1, 100000 do redis.call('RPUSH', KEYS[1], i) end", []string{"list"}).Err(); err != nil && !errors.Is(err, redis.Nil) {
+		t.Fatal(err)
+	}
+	bigReply := append([]byte("$"+strconv.Itoa(size)+"\r\n"), make([]byte, size)...)
+	bigReply[len(bigReply)-1] = 'x'
+	bigReply = append(bigReply, "\r\n"...)
+	want := DigestOf(bigReply)
+
+	for _, resp3 := range []bool{false, true} {
+		opts := testOpts(srv.Addr())
+		opts.RESP3 = resp3
+		pool := NewPool(1, opts)
+		defer pool.Close()
+		waitUp(t, pool)
+
+		// The smaller replies as Redis sends them, kept whole.
+		ref := NewCall()
+		for _, k := range []string{"mid", "four"} {
+			ref.Add(cmd("GET", k))
+		}
+		ref.Add(cmd("LRANGE", "list", "0", "-1"))
+		sendWait(t, pool, ref)
+
+		c := NewCall()
+		c.SetMaxReply(1024)
+		c.SetReplyLimit(1 << 20)
+		for _, k := range []string{"big", "small", "mid", "four"} {
+			c.Add(cmd("GET", k))
+		}
+		c.Add(cmd("LRANGE", "list", "0", "-1"))
+		c.Add(cmd("PING"))
+		n := allocated(func() { sendWait(t, pool, c) })
+		t.Logf("resp3=%v: %.2f MB allocated reading a %d MB reply and four others", resp3, float64(n)/(1<<20), size>>20)
+		if n > 2<<20 {
+			t.Errorf("resp3=%v: reading a %d MB reply to digest allocated %.1f MB; want under 2 MB", resp3, size>>20, float64(n)/(1<<20))
+		}
+		if _, err := c.Reply(0); !errors.Is(err, ErrDigested) {
+			t.Fatalf("reply 0: err %v, want ErrDigested", err)
+		}
+		if d, ok := c.Digest(0); !ok || d.Len != want.Len || d.Sum != want.Sum || !bytes.Equal(d.Head, bigReply[:DigestHead]) {
+			t.Fatalf("digest of the 32 MB reply: %v %+v; want %+v", ok, d, want)
+		}
+		if r, err := c.Reply(1); err != nil || (string(r) != "$-1\r\n" && string(r) != "_\r\n") {
+			t.Fatalf("reply 1 after the digest: %q, %v", r, err)
+		}
+		for i := range 3 {
+			r, _ := ref.Reply(i)
+			if d, ok := c.Digest(2 + i); !ok || d.Len != int64(len(r)) || d.Sum != DigestOf(r).Sum || !bytes.Equal(d.Head, r[:DigestHead]) {
+				t.Fatalf("digest of reply %d (%d bytes): %v %+v", 2+i, len(r), ok, d)
+			}
+		}
+		if r, err := c.Reply(5); err != nil || string(r) != "+PONG\r\n" {
+			t.Fatalf("PING after the digests: %q, %v", r, err)
+		}
+
+		// Past the reply limit: dropped, read past.
+		c.Reset()
+		c.SetReplyLimit(1 << 20)
+		c.Add(cmd("GET", "four"))
+		c.Add(cmd("GET", "big"))
+		c.Add(cmd("GET", "four"))
+		n = allocated(func() { sendWait(t, pool, c) })
+		t.Logf("resp3=%v: %.2f MB allocated dropping a %d MB reply", resp3, float64(n)/(1<<20), size>>20)
+		// The read buffer grows as the reply might fit the limit (1 MB):
+		// doubling to 1 MB allocates 2 MB in all.
+		if n > 4<<20 {
+			t.Errorf("resp3=%v: dropping a %d MB reply past the limit allocated %.1f MB; want under 4 MB", resp3, size>>20, float64(n)/(1<<20))
+		}
+		if _, err := c.Reply(0); err != nil {
+			t.Fatalf("reply 0, within the limit: %v", err)
+		}
+		for i := 1; i < 3; i++ {
+			if _, err := c.Reply(i); !errors.Is(err, ErrOutputLimit) {
+				t.Fatalf("reply %d: err %v, want ErrOutputLimit", i, err)
+			}
+		}
+		c.Reset()
+		c.Add(cmd("PING"))
+		sendWait(t, pool, c)
+		if r, _ := c.Reply(0); string(r) != "+PONG\r\n" {
+			t.Fatalf("PING after: %q", r)
+		}
+	}
+}
+
+// hostile forwards to Redis, but answers a command holding marker with
+// answer, then writes filler over and over: what no Redis sends, a reply
+// that claims a huge size, or never ends.
+func hostile(t *testing.T, target, marker string, answer, filler []byte) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	closed := false
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		closed = true
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			if closed {
+				mu.Unlock()
+				c.Close()
+				u.Close()
+				continue
+			}
+			conns = append(conns, c, u)
+			mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); io.Copy(c, u) }()
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					if !bytes.Contains(buf[:n], []byte(marker)) {
+						u.Write(buf[:n])
+						continue
+					}
+					u.Close() // nothing more from Redis on this connection
+					c.Write(answer)
+					fill := bytes.Repeat(filler, (64<<10)/len(filler))
+					for {
+						if _, err := c.Write(fill); err != nil {
+							return
+						}
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// A reply that claims a huge length, or a line that never ends, is read
+// past with bounded memory, and the Call ends at the dead timeout rather
+// than hanging (nothing Redis sends: a broken or hostile server).
+func TestPipeHostileReplyBounded(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, h := range []struct{ answer, filler string }{
+		{"$999999999999999999\r\n", "\x00"},
+		{"*1099511627776\r\n", ":1\r\n"},
+		{"-ERR ", "e"},
+	} {
+		answer := h.answer
+		addr := hostile(t, srv.Addr(), "HOSTILE", []byte(answer), []byte(h.filler))
+		opts := testOpts(addr)
+		opts.ReplyTimeout, opts.DeadTimeout = 200*time.Millisecond, time.Second
+		pool := NewPool(1, opts)
+		waitUp(t, pool)
+		c := NewCall()
+		c.SetMaxReply(1024)
+		c.Add(cmd("GET", "HOSTILE"))
+		n := allocated(func() {
+			if err := pool.Send(c); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan struct{})
+			go func() { c.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%q: the Call never ended", answer)
+			}
+		})
+		if err := c.Err(); err == nil {
+			t.Errorf("%q: the Call succeeded", answer)
+		}
+		t.Logf("%q: %v, %.2f MB allocated", answer, c.Err(), float64(n)/(1<<20))
+		if n > 8<<20 {
+			t.Errorf("%q: allocated %.1f MB reading an endless reply; want under 8 MB", answer, float64(n)/(1<<20))
+		}
+		pool.Close()
+	}
+}
