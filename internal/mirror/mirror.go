@@ -9,7 +9,7 @@
 // sender goroutine takes everything queued, sends it on the mirror's own
 // connections (in queue order within a database, see sender) and, for
 // sampled reads, compares the mirror's reply with the primary's, byte for
-// byte.
+// byte (a reply past maxKeptReply by its length and hash, never held whole).
 //
 // The queue's limits count what is queued and what is in flight to the
 // mirror, so a mirror that stalls (CLIENT PAUSE, DEBUG SLEEP, a dead
@@ -532,8 +532,9 @@ func (s *sender) do() {
 				continue
 			}
 			// The replies are held until the round is checked: cap them
-			// like the requests.
+			// like the requests, and each one (maxKeptReply).
 			r.call.SetReplyLimit(int(s.m.cfg.QueueBytes))
+			r.call.SetMaxReply(maxKeptReply)
 			if err := s.t.Do(r.db, r.resp3, r.call); err != nil {
 				s.m.drop(DropUnavailable, len(r.cmds))
 				continue
@@ -557,6 +558,24 @@ func (s *sender) do() {
 	wg.Wait()
 }
 
+// maxKeptReply is the longest reply of the mirror's that the sender keeps
+// whole. The mirror's replies are only classified and compared, never sent
+// to a client, so a longer one is read past as it arrives
+// (upstream.Call.SetMaxReply): the sender keeps its length, a 64-bit hash
+// (maphash) of all its bytes and its first 64 bytes, and one reply costs
+// the mirror a bounded amount of memory whatever its size. (A review
+// measured ~255 MB allocated for a 64 MB value read back from the mirror:
+// the reply was buffered whole before the run's reply cap dropped it, and
+// every reply after it in the run went uncompared.)
+//
+// The compare stays byte for byte in effect: a reply up to this size is
+// compared with the primary's bytes as before; a longer one matches when
+// the primary's reply has the same length and the same hash, so a reply
+// that differs in length or in any byte is a mismatch, but for a 2^-64
+// chance of a hash collision. Errors are told by the first bytes
+// (NOSCRIPT, an error reply), which are kept.
+const maxKeptReply = 64 << 10
+
 // check goes through a run's replies: errors counted, sampled reads
 // compared with the primary's replies.
 func (s *sender) check(r *run) {
@@ -566,9 +585,17 @@ func (s *sender) check(r *run) {
 	for _, ref := range r.cmds {
 		e, c := ref.e, &ref.e.cmds[ref.i]
 		var own []byte
+		var ownDigest upstream.Digest // own was too long to keep (maxKeptReply): its digest
+		ownDigested := false
 		failed, errReply, noScript, crossSlot, unkept := false, false, false, false, false
 		for p := 0; p < c.parts; p++ {
 			rep, err := r.call.Reply(reply)
+			var d upstream.Digest
+			digested := errors.Is(err, upstream.ErrDigested)
+			if digested {
+				d, _ = r.call.Digest(reply)
+				rep, err = d.Head, nil
+			}
 			reply++
 			switch {
 			case errors.Is(err, upstream.ErrOutputLimit):
@@ -579,13 +606,13 @@ func (s *sender) check(r *run) {
 				failed = true
 			case bytes.HasPrefix(rep, noScriptReply):
 				noScript = true
-			case rt != nil && rt.refused(rep):
+			case !digested && rt != nil && rt.refused(rep):
 				crossSlot = true
 			case resp.IsError(rep):
 				errReply = true
 			}
 			if p == 0 {
-				own = rep
+				own, ownDigest, ownDigested = rep, d, digested
 			}
 		}
 		switch {
@@ -607,7 +634,14 @@ func (s *sender) check(r *run) {
 			continue
 		}
 		m.stats.compared.Add(1)
-		if !bytes.Equal(own, e.buf[c.reply[0]:c.reply[1]]) {
+		primary := e.buf[c.reply[0]:c.reply[1]]
+		var same bool
+		if ownDigested {
+			same = int64(len(primary)) == ownDigest.Len && upstream.DigestOf(primary).Sum == ownDigest.Sum
+		} else {
+			same = bytes.Equal(own, primary)
+		}
+		if !same {
 			m.mismatch(c.name, e.buf[c.key[0]:c.key[1]], e.db)
 		}
 	}
