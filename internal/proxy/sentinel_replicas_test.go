@@ -31,7 +31,36 @@ func TestSentinelReplicaReadAfterFailoverSeesOwnWrite(t *testing.T) {
 		c.Upstream.ReplicaPollInterval = units.Duration{Duration: 20 * time.Millisecond}
 	})
 	redistest.Eventually(t, 10*time.Second, func() bool { return p.UsableReplicas() == 2 }, "replicas never usable")
+	failoverOwnWrites(t, g, p, "", p.SentinelPrimary)
+}
 
+// TestRouteSentinelReplicaReadAfterFailoverSeesOwnWrite: the same with
+// the Sentinel group as a named upstream behind a route: each upstream's
+// replica set follows its own failover.
+func TestRouteSentinelReplicaReadAfterFailoverSeesOwnWrite(t *testing.T) {
+	g := redistest.StartSentinelGroup(t, redistest.SentinelOptions{Replicas: 2})
+	def := redistest.Start(t)
+	p := proxytest.Start(t, def, func(c *config.Config) {
+		u := namedUpstream("")
+		u.Mode, u.Address = config.ModeSentinel, ""
+		u.Sentinels, u.MasterName = g.SentinelAddrs(), g.Name
+		u.DialTimeout = units.Duration{Duration: 500 * time.Millisecond}
+		u.ReadFrom = config.ReadReplicaPreferred
+		u.ReplicaPollInterval = units.Duration{Duration: 20 * time.Millisecond}
+		c.Upstreams = map[string]config.Upstream{"s": u}
+		c.Routes = []config.Route{{Pattern: "s:*", Upstream: "s"}}
+	})
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.UsableReplicasOf("s") == 2 }, "the named upstream's replicas never usable")
+	failoverOwnWrites(t, g, p, "s:", func() string { return "(named upstream)" })
+}
+
+// failoverOwnWrites runs clients through p that each SET a key of their
+// own (prefix first) and GET it right back, while other clients write to
+// g's primary directly, across a Sentinel failover; it fails the test if
+// a GET missed its client's own SET and the new primary has that write.
+func failoverOwnWrites(t *testing.T, g *redistest.SentinelGroup, p *proxytest.Proxy, prefix string, proxyPrimary func() string) {
+	t.Helper()
+	old := g.Nodes[0]
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	// Other clients of the old primary (another application instance,
@@ -56,7 +85,7 @@ func TestSentinelReplicaReadAfterFailoverSeesOwnWrite(t *testing.T) {
 	for w := range 2 {
 		c := old.Client(t)
 		untilStop(func(i int) {
-			if c.Set(ctx, fmt.Sprintf("blob:%d:%d", w, i%50), blob, 0).Err() != nil {
+			if c.Set(ctx, fmt.Sprintf("%sblob:%d:%d", prefix, w, i%50), blob, 0).Err() != nil {
 				time.Sleep(5 * time.Millisecond)
 			}
 		})
@@ -68,7 +97,7 @@ func TestSentinelReplicaReadAfterFailoverSeesOwnWrite(t *testing.T) {
 	}
 	stateOf := func(key string) string {
 		var b strings.Builder
-		fmt.Fprintf(&b, "proxy primary=%s;", p.SentinelPrimary())
+		fmt.Fprintf(&b, "proxy primary=%s;", proxyPrimary())
 		for i, n := range g.Nodes {
 			role, _ := direct[i].Do(ctx, "ROLE").Slice()
 			v, err := direct[i].Get(ctx, key).Result()
@@ -87,7 +116,7 @@ func TestSentinelReplicaReadAfterFailoverSeesOwnWrite(t *testing.T) {
 	for r := range 4 {
 		c := p.Client(t)
 		untilStop(func(i int) {
-			key := fmt.Sprintf("ryw:%d:%d", r, i)
+			key := fmt.Sprintf("%sryw:%d:%d", prefix, r, i)
 			if err := c.Set(ctx, key, "v", 0).Err(); err != nil {
 				time.Sleep(5 * time.Millisecond)
 				return
@@ -107,6 +136,19 @@ func TestSentinelReplicaReadAfterFailoverSeesOwnWrite(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	nc := next.Client(t)
+	// The checks below mean something only if the proxy wrote to the new
+	// primary after the failover and read from replicas at all.
+	after := p.Client(t)
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		return after.Set(ctx, prefix+"after", "v", 0).Err() == nil && nc.Get(ctx, prefix+"after").Val() == "v"
+	}, "writes through the proxy never reached the new primary %s", next.Addr())
+	onReplicas := 0
+	for _, n := range g.Nodes[1:] {
+		onReplicas += calls(t, n, "get")
+	}
+	if onReplicas == 0 {
+		t.Fatal("the replicas served no GET: the test checked nothing about replica reads")
+	}
 	bad := 0
 	var ex []string
 	for _, m := range misses {
@@ -119,7 +161,7 @@ func TestSentinelReplicaReadAfterFailoverSeesOwnWrite(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d GETs missed the client's own SET; %d of those writes are on the new primary %s", len(misses), bad, next.Addr())
+	t.Logf("%d GETs missed the client's own SET; %d of those writes are on the new primary %s; the first replicas served %d GETs", len(misses), bad, next.Addr(), onReplicas)
 	if bad > 0 {
 		t.Fatalf("%d acknowledged writes, kept by the new primary, were not seen by the same client's next GET (stale replica read), e.g. %v", bad, ex)
 	}
