@@ -12,12 +12,11 @@ import (
 	"github.com/redproxy/redproxy/internal/resp"
 )
 
-// slowForwarder listens on loopback and forwards every connection to
-// target, holding what the client sends for delay first: a slow network
-// path (or a slow TLS/AUTH handshake) to the server.
-// slowForwarder forwards to target, holding what the client sends for
-// delay first: a dial through it (its handshake) takes delay.
-func slowForwarder(t *testing.T, target string, delay time.Duration) string {
+// forwarder listens on loopback and, for every connection c it accepts,
+// dials target (u) and runs serve(c, u), which forwards as it likes on
+// goroutines started with wg. The test's cleanup closes the listener and
+// every connection, then waits for those goroutines.
+func forwarder(t *testing.T, target string, serve func(wg *sync.WaitGroup, c, u net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -26,18 +25,18 @@ func slowForwarder(t *testing.T, target string, delay time.Duration) string {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
+	closed := false
 	t.Cleanup(func() {
 		ln.Close()
 		mu.Lock()
+		closed = true
 		for _, c := range conns {
 			c.Close()
 		}
 		mu.Unlock()
 		wg.Wait()
 	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
@@ -49,23 +48,36 @@ func slowForwarder(t *testing.T, target string, delay time.Duration) string {
 				continue
 			}
 			mu.Lock()
+			if closed {
+				mu.Unlock()
+				c.Close()
+				u.Close()
+				continue
+			}
 			conns = append(conns, c, u)
 			mu.Unlock()
-			wg.Add(2)
-			go func() {
-				defer wg.Done()
-				time.Sleep(delay)
-				io.Copy(u, c)
-				u.Close()
-			}()
-			go func() {
-				defer wg.Done()
-				io.Copy(c, u)
-				c.Close()
-			}()
+			serve(&wg, c, u)
 		}
-	}()
+	})
 	return ln.Addr().String()
+}
+
+// slowForwarder forwards to target, holding what the client sends for
+// delay first: a slow network path, so a dial through it (its handshake)
+// takes delay.
+func slowForwarder(t *testing.T, target string, delay time.Duration) string {
+	t.Helper()
+	return forwarder(t, target, func(wg *sync.WaitGroup, c, u net.Conn) {
+		wg.Go(func() {
+			time.Sleep(delay)
+			io.Copy(u, c)
+			u.Close()
+		})
+		wg.Go(func() {
+			io.Copy(c, u)
+			c.Close()
+		})
+	})
 }
 
 // failoverDuringDial starts a Backend on a (behind a forwarder that makes

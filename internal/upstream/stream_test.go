@@ -148,73 +148,30 @@ func TestPipeStreamsRepliesItDoesNotKeep(t *testing.T) {
 // that claims a huge size, or never ends.
 func hostile(t *testing.T, target, marker string, answer, filler []byte) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	closed := false
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		closed = true
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			if closed {
-				mu.Unlock()
-				c.Close()
-				u.Close()
-				continue
-			}
-			conns = append(conns, c, u)
-			mu.Unlock()
-			wg.Add(2)
-			go func() { defer wg.Done(); io.Copy(c, u) }()
-			go func() {
-				defer wg.Done()
-				buf := make([]byte, 64<<10)
+	return forwarder(t, target, func(wg *sync.WaitGroup, c, u net.Conn) {
+		wg.Go(func() { io.Copy(c, u) })
+		wg.Go(func() {
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := c.Read(buf)
+				if err != nil {
+					return
+				}
+				if !bytes.Contains(buf[:n], []byte(marker)) {
+					u.Write(buf[:n])
+					continue
+				}
+				u.Close() // nothing more from Redis on this connection
+				c.Write(answer)
+				fill := bytes.Repeat(filler, (64<<10)/len(filler))
 				for {
-					n, err := c.Read(buf)
-					if err != nil {
+					if _, err := c.Write(fill); err != nil {
 						return
 					}
-					if !bytes.Contains(buf[:n], []byte(marker)) {
-						u.Write(buf[:n])
-						continue
-					}
-					u.Close() // nothing more from Redis on this connection
-					c.Write(answer)
-					fill := bytes.Repeat(filler, (64<<10)/len(filler))
-					for {
-						if _, err := c.Write(fill); err != nil {
-							return
-						}
-					}
 				}
-			}()
-		}
-	}()
-	return ln.Addr().String()
+			}
+		})
+	})
 }
 
 // A reply that claims a huge length, or a line that never ends, is read
