@@ -155,36 +155,35 @@ func holdReplication(t *testing.T, r, primary *redistest.Server) (release func()
 	return release
 }
 
-// ownWriteSteps runs steps rounds of one client, each: hold both
-// replicas' replication, SET the client's key on both routes through the
-// proxy and read each back while the replicas lack the writes, release
-// the replicas, then read both keys until each replica has served one of
-// the reads. It counts the reads that did not return the client's last
-// write (every read is checked) and the GETs the replicas served.
+// ownRoute is a key of one route and that route's primary and replica.
+type ownRoute struct {
+	key              string
+	primary, replica *redistest.Server
+}
+
+// ownRoutes is one key per route of r, named prefix + name.
+func (r *routedReplicas) ownRoutes(name string) []ownRoute {
+	return []ownRoute{{"a:" + name, r.def.primary, r.def.replicas[0]}, {"b:" + name, r.b.primary, r.b.replicas[0]}}
+}
+
+// heldSteps runs steps rounds, each: hold every route's replica, write
+// each route's key (write, with the round's value) and read it back (get)
+// while the replicas lack the writes, release the replicas, then read
+// each key until its replica has served one of the reads. It counts the
+// reads that did not return the last write (every read is checked).
 //
 // With floorOff (the read-your-writes floor off) the held phase reads
 // until each held replica has served a read, which then is stale: the
 // proxy still sends a writer's reads to the primary until its next poll
-// of the offsets, so a fixed number of reads right after the SET could
+// of the offsets, so a fixed number of reads right after the write could
 // all land there.
-func (r *routedReplicas) ownWriteSteps(t *testing.T, steps int, floorOff bool) (stale int, firstStale string, onReplicas int) {
+func heldSteps(t *testing.T, routes []ownRoute, steps int, floorOff bool, write func(key, val string), get func(key string) string) (stale int, firstStale string) {
 	t.Helper()
-	resetStats(t, r.def.replicas[0], r.b.replicas[0])
-	ctx := context.Background()
-	c := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
-	routes := []struct {
-		key              string
-		primary, replica *redistest.Server
-	}{{"a:own", r.def.primary, r.def.replicas[0]}, {"b:own", r.b.primary, r.b.replicas[0]}}
 	check := func(key, val string) {
 		t.Helper()
-		v, err := c.Get(ctx, key).Result()
-		if err != nil && err != redis.Nil {
-			t.Fatalf("GET %s: %v", key, err)
-		}
-		if v != val {
+		if v := get(key); v != val {
 			if stale++; stale == 1 {
-				firstStale = fmt.Sprintf("GET %s = %q after SET %s %s", key, v, key, val)
+				firstStale = fmt.Sprintf("GET %s = %q after writing %q", key, v, val)
 			}
 		}
 	}
@@ -204,9 +203,7 @@ func (r *routedReplicas) ownWriteSteps(t *testing.T, steps int, floorOff bool) (
 			releases = append(releases, holdReplication(t, rt.replica, rt.primary))
 		}
 		for _, rt := range routes {
-			if err := c.Set(ctx, rt.key, val, 0).Err(); err != nil {
-				t.Fatal(err)
-			}
+			write(rt.key, val)
 		}
 		if floorOff {
 			for _, rt := range routes {
@@ -232,6 +229,27 @@ func (r *routedReplicas) ownWriteSteps(t *testing.T, steps int, floorOff bool) (
 			}
 		}
 	}
+	return stale, firstStale
+}
+
+// ownWriteSteps is heldSteps with one go-redis client through the proxy
+// that SETs and GETs; it also returns the GETs the replicas served.
+func (r *routedReplicas) ownWriteSteps(t *testing.T, steps int, floorOff bool) (stale int, firstStale string, onReplicas int) {
+	t.Helper()
+	resetStats(t, r.def.replicas[0], r.b.replicas[0])
+	ctx := context.Background()
+	c := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+	stale, firstStale = heldSteps(t, r.ownRoutes("own"), steps, floorOff, func(key, val string) {
+		if err := c.Set(ctx, key, val, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}, func(key string) string {
+		v, err := c.Get(ctx, key).Result()
+		if err != nil && err != redis.Nil {
+			t.Fatalf("GET %s: %v", key, err)
+		}
+		return v
+	})
 	return stale, firstStale, calls(t, r.def.replicas[0], "get") + calls(t, r.b.replicas[0], "get")
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/proxy"
 	"github.com/redproxy/redproxy/internal/redistest"
 	"github.com/redproxy/redproxy/internal/resp"
 )
@@ -501,23 +502,16 @@ func TestRoutesTxNamespace(t *testing.T) {
 
 // TestRoutesTxReplicaReadYourWrites: a held transaction's writes count
 // as the client's writes for replica reads when EXEC sends them: while
-// both replicas' replication is held back in bursts, the client's reads
-// right after EXEC return what its transaction wrote, on either route.
+// both replicas' replication is held, the client's reads right after EXEC
+// return what its transaction wrote, on either route; once released, the
+// replicas serve its reads again. With the read-your-writes floor off the
+// same steps read stale values, so the check can fail.
 func TestRoutesTxReplicaReadYourWrites(t *testing.T) {
 	r := startRoutedReplicas(t, 10*time.Second)
-	resetStats(t, r.def.replicas[0], r.b.replicas[0])
-	stop := make(chan struct{})
-	pausedA := pauseReplication(t, r.def.replicas[0], stop)
-	pausedB := pauseReplication(t, r.b.replicas[0], stop)
 	// A raw connection: the transaction and the reads are surely one
 	// client's.
 	nc := dialAddr(t, r.p.Addr)
-	stale := 0
-	var first string
-	deadline := time.Now().Add(1500 * time.Millisecond)
-	for n := 0; time.Now().Before(deadline); n++ {
-		key := []string{"a:txown", "b:txown"}[n%2]
-		val := strconv.Itoa(n)
+	exec := func(key, val string) {
 		for _, c := range [][]string{{"MULTI"}, {"SET", key, val}, {"EXEC"}} {
 			rawSend(t, nc, c...)
 		}
@@ -526,22 +520,21 @@ func TestRoutesTxReplicaReadYourWrites(t *testing.T) {
 				t.Fatalf("transaction reply %d = %q, want %q", i, got, want)
 			}
 		}
-		for range 5 {
-			want := fmt.Sprintf("$%d\r\n%s\r\n", len(val), val)
-			if got := rawDo(t, nc, "GET", key); got != want {
-				if stale++; stale == 1 {
-					first = fmt.Sprintf("GET %s = %q after EXEC set %q", key, got, val)
-				}
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
 	}
-	close(stop)
-	pausedA.Wait()
-	pausedB.Wait()
-	t.Logf("replicas served %d GETs", calls(t, r.def.replicas[0], "get")+calls(t, r.b.replicas[0], "get"))
-	if stale != 0 {
+	get := func(key string) string {
+		got := rawDo(t, nc, "GET", key)
+		if _, v, ok := strings.Cut(strings.TrimSuffix(got, "\r\n"), "\r\n"); ok && strings.HasPrefix(got, "$") {
+			return v
+		}
+		return got
+	}
+	if stale, first := heldSteps(t, r.ownRoutes("txown"), 3, false, exec, get); stale != 0 {
 		t.Fatalf("%d reads did not return the transaction's write; first: %s", stale, first)
+	}
+	restore := proxy.SetTestNoReadYourWrites(true)
+	defer restore()
+	if stale, _ := heldSteps(t, r.ownRoutes("txown"), 2, true, exec, get); stale == 0 {
+		t.Fatal("without the read-your-writes floor no read was stale: the replicas were not read while held")
 	}
 }
 
