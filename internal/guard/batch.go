@@ -145,6 +145,10 @@ func (b *Batch) FixupsIn(exps []policy.Expire, db, databases int) [][]byte {
 	for _, e := range exps {
 		var num [20]byte
 		secs := strconv.AppendInt(num[:0], e.Seconds, 10)
+		mode := nxName
+		if e.LT {
+			mode = ltName
+		}
 		if e.DB != nil {
 			n, err := strconv.Atoi(string(e.DB))
 			// Redis takes the number as string2ll does: "01" and "+1"
@@ -156,11 +160,11 @@ func (b *Batch) FixupsIn(exps []policy.Expire, db, databases int) [][]byte {
 			}
 			var cur [20]byte
 			b.fixup(selectName, e.DB)
-			b.fixup(expireName, e.Key, secs, nxName)
+			b.fixup(expireName, e.Key, secs, mode)
 			b.fixup(selectName, strconv.AppendInt(cur[:0], int64(db), 10))
 			continue
 		}
-		b.fixup(expireName, e.Key, secs, nxName)
+		b.fixup(expireName, e.Key, secs, mode)
 	}
 	return b.fixups[start:len(b.fixups):len(b.fixups)]
 }
@@ -179,6 +183,7 @@ func (b *Batch) fixup(args ...[]byte) {
 var (
 	expireName = []byte("EXPIRE")
 	nxName     = []byte("NX")
+	ltName     = []byte("LT")
 	selectName = []byte("SELECT")
 )
 

@@ -350,3 +350,45 @@ func TestFixupFailuresCounted(t *testing.T) {
 		t.Errorf("EXPIRE refused at EXEC: %v fix-up failures, want 1", got)
 	}
 }
+
+// TestInheritedTTLHeldToMax: RENAME, RENAMENX and COPY give the new key the
+// source's TTL, which the policy cannot see; under a rule with a max, a TTL
+// above it is lowered to the max, one below it is kept, and a key that took
+// no TTL gets the default, in a pipeline, inside MULTI and in another
+// database. (Before, a key renamed from one with a 30-day TTL kept 30
+// days under a 7-day max.)
+func TestInheritedTTLHeldToMax(t *testing.T) {
+	const day = 24 * time.Hour
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Policy = policy.Config{Mode: "enforce", TTL: []policy.TTLRule{{Pattern: "s:*", Required: true,
+			Default: policy.Duration{Duration: day}, Max: policy.Duration{Duration: 7 * day}}}}
+	})
+	db0, db3 := dbClient(t, p.Redis, 0), dbClient(t, p.Redis, 3)
+	seed := func() {
+		t.Helper()
+		check(t, "seed", db0.Set(ctx, "p:long", "v", 30*day).Err())
+		check(t, "seed", db0.Set(ctx, "p:long2", "v", 30*day).Err())
+		check(t, "seed", db0.Set(ctx, "p:short", "v", time.Hour).Err())
+		check(t, "seed", db0.Set(ctx, "p:none", "v", 0).Err())
+	}
+	seed()
+	nc := p.Dial(t)
+	got := roundTrip(t, nc, []string{"RENAME", "p:long", "s:long"}, []string{"RENAMENX", "p:short", "s:short"},
+		[]string{"COPY", "p:none", "s:none"}, []string{"COPY", "p:long2", "s:db3", "DB", "3"})
+	equalReplies(t, got, []string{"+OK", ":1", ":1", ":1"})
+	wantTTL(t, db0, "s:long", 7*day)
+	wantTTL(t, db0, "s:short", time.Hour)
+	wantTTL(t, db0, "s:none", day)
+	wantTTL(t, db3, "s:db3", 7*day)
+
+	check(t, "clean", db0.Del(ctx, "s:long", "s:short", "s:none").Err())
+	seed()
+	got = roundTrip(t, nc, []string{"MULTI"}, []string{"RENAME", "p:long", "s:long"}, []string{"COPY", "p:short", "s:short"},
+		[]string{"EXEC"})
+	equalReplies(t, got, []string{"+OK", "+QUEUED", "+QUEUED", "*[+OK :1]"})
+	wantTTL(t, db0, "s:long", 7*day)
+	wantTTL(t, db0, "s:short", time.Hour)
+	if got := metricValue(t, p.Metrics.Registry, "redproxy_policy_fixup_failures_total"); got != 0 {
+		t.Errorf("fix-up failures: %v", got)
+	}
+}

@@ -506,6 +506,13 @@ func (c *checker) resolvePending() {
 				e.DB = req.Args[pt.eff.db]
 			}
 			d.Expires = append(d.Expires, e)
+			if pt.eff.inherits && rule.max > 0 {
+				// The TTL it took from the other key may be above max:
+				// lowered after the NX fix-up has made sure it has one.
+				lt := e
+				lt.Seconds, lt.LT = rule.max, true
+				d.Expires = append(d.Expires, lt)
+			}
 		case fixAppendEX:
 			if d.Args == nil {
 				d.Args = slices.Clone(req.Args)

@@ -120,7 +120,13 @@
 // max caps explicit TTLs (SET EX/PX/EXAT/PXAT, SETEX, PSETEX, GETEX, EXPIRE
 // family, RESTORE): max_action = "clamp" (default) rewrites the value to max
 // in the command's own unit, "refuse" refuses. Absolute times are compared
-// with the proxy's clock. Defaults and maxima are whole seconds.
+// with the proxy's clock. Defaults and maxima are whole seconds. A key that
+// takes another key's TTL (RENAME, RENAMENX, COPY), unseen here, gets a
+// second fix-up after its NX one when its rule has a max: EXPIRE k <max>
+// LT, which lowers a longer TTL and keeps a shorter one (the NX fix-up ran
+// first, so LT never meets a key without TTL, to which it would give one).
+// A rule with a max and no default adds no fix-up, so such a key keeps a
+// longer TTL it took over.
 //
 // What cannot be checked: keys a script (EVAL, EVALSHA, FCALL) writes, since
 // the script's effect is unknown — only the names of its declared KEYS are

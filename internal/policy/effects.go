@@ -54,6 +54,9 @@ type keyEffect struct {
 	// db, when not 0, is the index of the argument naming the database the
 	// key is in (COPY ... DB n); 0 means the current database.
 	db int
+	// inherits: the key takes another key's TTL, unseen by the policy
+	// (RENAME, RENAMENX, COPY); a rule's max then needs a fix-up too.
+	inherits bool
 }
 
 // classifier appends the effects of one call to dst. It must tolerate any
@@ -124,8 +127,8 @@ var effectTable = map[string]classifier{
 	// keyspace: the destination of COPY and RENAME takes the source's TTL,
 	// which may be none.
 	"copy":           classifyCopy,
-	"rename":         createAt(2),
-	"renamenx":       createAt(2),
+	"rename":         inheritAt(2),
+	"renamenx":       inheritAt(2),
 	"restore":        classifyRestore,
 	"restore-asking": classifyRestore,
 	"sort":           classifySort,
@@ -169,6 +172,16 @@ var scriptCommands = map[string]bool{"eval": true, "evalsha": true, "fcall": tru
 
 func createAt(i int) classifier {
 	return func(args [][]byte, dst []keyEffect) []keyEffect { return appendCreate(args, dst, i) }
+}
+
+// inheritAt is createAt for a key that takes another key's TTL.
+func inheritAt(i int) classifier {
+	return func(args [][]byte, dst []keyEffect) []keyEffect {
+		if i < len(args) {
+			dst = append(dst, keyEffect{key: i, kind: effCreate, creates: true, inherits: true})
+		}
+		return dst
+	}
 }
 
 func appendCreate(args [][]byte, dst []keyEffect, i int) []keyEffect {
@@ -398,7 +411,7 @@ func classifyCopy(args [][]byte, dst []keyEffect) []keyEffect {
 			i++
 		}
 	}
-	return append(dst, keyEffect{key: 2, kind: effCreate, creates: true, db: db})
+	return append(dst, keyEffect{key: 2, kind: effCreate, creates: true, db: db, inherits: true})
 }
 
 // classifySort: SORT key [BY p] [LIMIT o c] [GET p ...] [ASC|DESC] [ALPHA]

@@ -78,11 +78,15 @@ func summary(d Decision) string {
 		parts = append(parts, "args=["+joinArgs(d.Args)+"]")
 	}
 	for _, e := range d.Expires {
+		lt := ""
+		if e.LT {
+			lt = " lt"
+		}
 		if e.DB != nil {
-			parts = append(parts, fmt.Sprintf("expire=[%s %d db=%s]", e.Key, e.Seconds, e.DB))
+			parts = append(parts, fmt.Sprintf("expire=[%s %d%s db=%s]", e.Key, e.Seconds, lt, e.DB))
 			continue
 		}
-		parts = append(parts, fmt.Sprintf("expire=[%s %d]", e.Key, e.Seconds))
+		parts = append(parts, fmt.Sprintf("expire=[%s %d%s]", e.Key, e.Seconds, lt))
 	}
 	return strings.Join(parts, " ")
 }

@@ -161,11 +161,11 @@ func TestSetLastTTLOptionChecked(t *testing.T) {
 func TestCopyToAnotherDatabase(t *testing.T) {
 	p := compileDoc(t, ttlDoc)
 	cases := []batchCase{
-		{"same db", []string{"COPY s:a s:b"}, []string{"fixed:ttl expire=[s:b 86400]"}},
-		{"replace", []string{"COPY s:a s:b REPLACE"}, []string{"fixed:ttl expire=[s:b 86400]"}},
-		{"db", []string{"COPY s:a s:b DB 3"}, []string{"fixed:ttl expire=[s:b 86400 db=3]"}},
-		{"db lower case, replace", []string{"copy s:a s:b replace db 3"}, []string{"fixed:ttl expire=[s:b 86400 db=3]"}},
-		{"ttl in this db does not count", []string{"COPY s:a s:b DB 3", "EXPIRE s:b 100"}, []string{"fixed:ttl expire=[s:b 86400 db=3]", ""}},
+		{"same db", []string{"COPY s:a s:b"}, []string{"fixed:ttl expire=[s:b 86400] expire=[s:b 604800 lt]"}},
+		{"replace", []string{"COPY s:a s:b REPLACE"}, []string{"fixed:ttl expire=[s:b 86400] expire=[s:b 604800 lt]"}},
+		{"db", []string{"COPY s:a s:b DB 3"}, []string{"fixed:ttl expire=[s:b 86400 db=3] expire=[s:b 604800 lt db=3]"}},
+		{"db lower case, replace", []string{"copy s:a s:b replace db 3"}, []string{"fixed:ttl expire=[s:b 86400 db=3] expire=[s:b 604800 lt db=3]"}},
+		{"ttl in this db does not count", []string{"COPY s:a s:b DB 3", "EXPIRE s:b 100"}, []string{"fixed:ttl expire=[s:b 86400 db=3] expire=[s:b 604800 lt db=3]", ""}},
 		{"no default", []string{"COPY s:a l:b DB 3"}, []string{"refused:ttl"}},
 	}
 	runBatchCases(t, p, cases)

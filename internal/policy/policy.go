@@ -136,6 +136,11 @@ type Violation struct {
 type Expire struct {
 	Key     []byte // aliases the request's Args
 	Seconds int64
+	// LT sends EXPIRE ... LT instead of NX: it lowers a TTL above Seconds
+	// (a rule's max) and leaves a lower one alone. It follows the NX
+	// fix-up of a key that takes another key's TTL (RENAME, COPY), so the
+	// key never lacks a TTL when it runs (LT would give one).
+	LT bool
 	// DB, when not nil, is the database the key is in, as the command named
 	// it (COPY ... DB n; aliases the request's Args): the guard sends the
 	// EXPIRE between SELECT DB and a SELECT back to the current database.
@@ -145,7 +150,11 @@ type Expire struct {
 // Args returns the fix-up's EXPIRE command (without the SELECTs around it
 // that a DB needs).
 func (e Expire) Args() [][]byte {
-	return [][]byte{[]byte("EXPIRE"), e.Key, strconv.AppendInt(nil, e.Seconds, 10), []byte("NX")}
+	mode := []byte("NX")
+	if e.LT {
+		mode = []byte("LT")
+	}
+	return [][]byte{[]byte("EXPIRE"), e.Key, strconv.AppendInt(nil, e.Seconds, 10), mode}
 }
 
 // Decision is the verdict on one request.

@@ -146,10 +146,11 @@ func TestTTLEveryKeyCreatingCommand(t *testing.T) {
 		{"PFADD s:k a", fix},
 		{"PFMERGE s:d p:a", fixD},
 		// keyspace
-		{"COPY p:a s:d", fixD},
-		{"COPY p:a s:d DB 1 REPLACE", "fixed:ttl expire=[s:d 86400 db=1]"},
-		{"RENAME p:a s:d", fixD},
-		{"RENAMENX p:a s:d", fixD},
+		// The TTL taken from p:a may be above max: lowered after (LT).
+		{"COPY p:a s:d", fixD + " expire=[s:d 604800 lt]"},
+		{"COPY p:a s:d DB 1 REPLACE", "fixed:ttl expire=[s:d 86400 db=1] expire=[s:d 604800 lt db=1]"},
+		{"RENAME p:a s:d", fixD + " expire=[s:d 604800 lt]"},
+		{"RENAMENX p:a s:d", fixD + " expire=[s:d 604800 lt]"},
 		{"RESTORE s:k 0 payload", "fixed:ttl args=[RESTORE s:k 86400000 payload]"},
 		{"RESTORE s:k 0 payload REPLACE ABSTTL", "fixed:ttl args=[RESTORE s:k " + strconv.FormatInt(nowMs+86400000, 10) + " payload REPLACE ABSTTL]"},
 		{"RESTORE s:k 5000 payload", ""},
