@@ -666,7 +666,10 @@ func (rr *replyReader) makeRoom() {
 // edge, which the poller records (or delivers to the waiting reader), and
 // nothing clears it before the wait: the readiness is cleared only by
 // prepareRead, before the first read, and by the wait that consumes it. So
-// waiting after a short read misses nothing. The opposite case, a read that
+// waiting after a short read misses no bytes. It can miss a FIN that came
+// with the last bytes (Redis closing right behind a reply): the short read
+// takes the bytes, and the FIN raises no new edge; the watchdog finds it
+// with a peek once a reply is late (peekEOF). The opposite case, a read that
 // fills the space, may leave bytes behind with no new edge, so it is
 // followed by another read at once. The wait may also return for bytes a
 // read already took (their edge came after it); the read then finds the
@@ -784,6 +787,18 @@ func (p *Pipe) watchdog() {
 		}
 		p.mu.Unlock()
 		p.lagging.Store(sent >= 0 && now-sent > replyLimit/10)
+		if sent >= 0 && now-sent > 2*int64(tick) && peekEOF(lc.nc) {
+			// Redis closed the connection right behind the last bytes it
+			// sent: readRaw's short read took the bytes, and the FIN,
+			// which came with them, raises no new readiness to wake it
+			// (found by review: such Calls waited for the dead timeout).
+			// A peek costs one system call a tick, and only while a reply
+			// is late.
+			p.opt.Logger.Info("upstream closed the connection with replies pending", "addr", p.opt.Addr, "db", p.opt.DB)
+			lc.closeWith(ErrConnLost)
+			stallLC = nil
+			continue
+		}
 		if sent < 0 || now-sent <= replyLimit {
 			stallLC = nil
 			continue

@@ -2,10 +2,16 @@
 
 package upstream
 
-import "syscall"
+import (
+	"net"
+	"syscall"
+)
 
 // rawReadable is false where a descriptor is not read with read(2): the
 // pipe's reader then reads through net.Conn.Read.
 const rawReadable = false
 
 func readFD(uintptr, []byte) (int, error) { return 0, syscall.EINVAL }
+
+// peekEOF: only readRaw can miss a FIN (see Pipe.watchdog).
+func peekEOF(net.Conn) bool { return false }

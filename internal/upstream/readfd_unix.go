@@ -2,10 +2,32 @@
 
 package upstream
 
-import "github.com/redproxy/redproxy/internal/rawio"
+import (
+	"net"
+	"syscall"
+
+	"github.com/redproxy/redproxy/internal/rawio"
+)
 
 // rawReadable: a socket can be read with read(2) on its descriptor inside
 // syscall.RawConn.Read (readRaw).
 const rawReadable = true
 
 func readFD(fd uintptr, b []byte) (int, error) { return rawio.ReadFD(fd, b) }
+
+// peekEOF reports whether the peer's FIN waits unread on nc's bare
+// socket: recv with MSG_PEEK returns 0 then, and leaves it for the
+// reader. Always false for a socket readRaw does not read (TLS).
+func peekEOF(nc net.Conn) bool {
+	raw := rawSocket(nc)
+	if raw == nil {
+		return false
+	}
+	eof := false
+	raw.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		eof = err == nil && n == 0
+	})
+	return eof
+}
