@@ -299,6 +299,12 @@ func (sess *Session) run() (parked bool) {
 		if parkable {
 			sess.park.state.Store(parkWaiting)
 		}
+		// A session that may park is looked at by the sweeper within
+		// idle_park_after, and a client gone while parked is noticed;
+		// any other (also every one when idle_park_after is 0, where
+		// only pressure parks) reads again before it waits
+		// (SetReadFirst).
+		sess.rd.SetReadFirst(!parkable || sess.srv.Config().Server.IdleParkAfter.Duration <= 0)
 		reqs, err := sess.rd.ReadBatch()
 		if parkable && !sess.park.state.CompareAndSwap(parkWaiting, parkBusy) {
 			// The sweeper asked this idle session to park (park.go). A
