@@ -141,9 +141,14 @@ func (r *Router) Refresh() error {
 
 func (r *Router) baseOptions() upstream.Options {
 	b := r.opt.Backend
+	// DeadTimeout is RoundTrip's wait for the reply, and loadMap waits
+	// for every node asked: with dead_timeout (30 s by default) one node
+	// that took the handshake and froze held each refresh that long. A
+	// node answers CLUSTER SHARDS at once, or, busy with a script, -BUSY
+	// once busy-reply-threshold (5 s) has passed: reply_timeout is enough.
 	return upstream.Options{
 		Username: b.Username, Password: b.Password, TLS: b.TLS,
-		DialTimeout: b.DialTimeout, ReplyTimeout: b.ReplyTimeout, DeadTimeout: b.DeadTimeout,
+		DialTimeout: b.DialTimeout, ReplyTimeout: b.ReplyTimeout, DeadTimeout: b.ReplyTimeout,
 		Logger: r.log,
 	}
 }

@@ -126,3 +126,24 @@ func TestViewTieBreakIsOrderFree(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadMapFrozenNodeBoundedByReplyTimeout: a node that takes the
+// connection's handshake and then never answers CLUSTER SHARDS holds a
+// refresh for upstream.reply_timeout, not dead_timeout (30 s by
+// default): every node's answer is waited for, and RoundTrip's deadline
+// was the dead timeout.
+func TestLoadMapFrozenNodeBoundedByReplyTimeout(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	frozen := redistest.FrozenAfterHandshake(t, "CLUSTER")
+	r := &Router{opt: Options{Backend: upstream.BackendOptions{DialTimeout: time.Second,
+		ReplyTimeout: 500 * time.Millisecond, DeadTimeout: 20 * time.Second}}}
+	start := time.Now()
+	m, err := loadMap(r.baseOptions(), append([]string{frozen}, c.Seeds()...), nil)
+	took := time.Since(start)
+	if err != nil || len(m.Primaries()) != 3 {
+		t.Fatalf("loadMap with a frozen node: %v", err)
+	}
+	if took > 5*time.Second {
+		t.Fatalf("loadMap took %v with a frozen node and reply_timeout 500ms", took)
+	}
+}
