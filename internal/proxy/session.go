@@ -587,6 +587,14 @@ func (sess *Session) flush(start time.Time) {
 			sess.noteReplySize(call)
 		}
 	}
+	if !sess.outDead && int64(len(sess.out)+len(sess.local)) > sess.outLimit {
+		// Replies the proxy built itself (local-tier hits, coalesced
+		// reads' followers) count against the limit as Redis's do; the
+		// Call's limit left room for them, so only they can be over it.
+		// They were not held to it (found by review: followers of a 1 MB
+		// read got it whole under a 256 KB limit, their leader closed).
+		sess.overLimit()
+	}
 	elapsed := now.Sub(start).Seconds()
 	var lat latencyRun
 	for _, sl := range sess.slots {
