@@ -10,13 +10,13 @@ import (
 	"testing"
 )
 
-// FrozenAfterHandshake listens on loopback and answers +OK to every
-// command (so a connection's handshake, AUTH, HELLO or CLIENT SETNAME,
-// succeeds) until one named freezeOn, to which it never answers: a
-// server that froze right after accepting a connection. It is a fault
-// injector for timeouts, not a stand-in for Redis. Closed when the test
-// ends.
-func FrozenAfterHandshake(t testing.TB, freezeOn string) string {
+// ServeLoopback listens on a loopback port and calls serve with every
+// connection it accepts, on the accepting goroutine: serve starts the
+// goroutines that handle it with wg, which the cleanup waits for after it
+// has closed the listener and every accepted connection. A fault injector's
+// plumbing (hung servers, forwarders that cut or delay), never a stand-in
+// for Redis.
+func ServeLoopback(t testing.TB, serve func(wg *sync.WaitGroup, c net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -25,9 +25,11 @@ func FrozenAfterHandshake(t testing.TB, freezeOn string) string {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
+	closed := false
 	t.Cleanup(func() {
 		ln.Close()
 		mu.Lock()
+		closed = true
 		for _, c := range conns {
 			c.Close()
 		}
@@ -36,17 +38,35 @@ func FrozenAfterHandshake(t testing.TB, freezeOn string) string {
 	})
 	wg.Go(func() {
 		for {
-			nc, err := ln.Accept()
+			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
 			mu.Lock()
-			conns = append(conns, nc)
+			if closed {
+				mu.Unlock()
+				c.Close()
+				continue
+			}
+			conns = append(conns, c)
 			mu.Unlock()
-			wg.Go(func() { serveFrozen(nc, freezeOn) })
+			serve(&wg, c)
 		}
 	})
 	return ln.Addr().String()
+}
+
+// FrozenAfterHandshake listens on loopback and answers +OK to every
+// command (so a connection's handshake, AUTH, HELLO or CLIENT SETNAME,
+// succeeds) until one named freezeOn, to which it never answers: a
+// server that froze right after accepting a connection. It is a fault
+// injector for timeouts, not a stand-in for Redis. Closed when the test
+// ends.
+func FrozenAfterHandshake(t testing.TB, freezeOn string) string {
+	t.Helper()
+	return ServeLoopback(t, func(wg *sync.WaitGroup, c net.Conn) {
+		wg.Go(func() { serveFrozen(c, freezeOn) })
+	})
 }
 
 func serveFrozen(nc net.Conn, freezeOn string) {

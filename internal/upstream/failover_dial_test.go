@@ -14,52 +14,19 @@ import (
 
 // forwarder listens on loopback and, for every connection c it accepts,
 // dials target (u) and runs serve(c, u), which forwards as it likes on
-// goroutines started with wg. The test's cleanup closes the listener and
-// every connection, then waits for those goroutines.
+// goroutines started with wg and closes u once c is done. The test's
+// cleanup closes the listener and every accepted connection, then waits
+// for those goroutines (redistest.ServeLoopback).
 func forwarder(t *testing.T, target string, serve func(wg *sync.WaitGroup, c, u net.Conn)) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	closed := false
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		closed = true
-		for _, c := range conns {
+	return redistest.ServeLoopback(t, func(wg *sync.WaitGroup, c net.Conn) {
+		u, err := net.Dial("tcp", target)
+		if err != nil {
 			c.Close()
+			return
 		}
-		mu.Unlock()
-		wg.Wait()
+		serve(wg, c, u)
 	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			if closed {
-				mu.Unlock()
-				c.Close()
-				u.Close()
-				continue
-			}
-			conns = append(conns, c, u)
-			mu.Unlock()
-			serve(&wg, c, u)
-		}
-	})
-	return ln.Addr().String()
 }
 
 // slowForwarder forwards to target, holding what the client sends for

@@ -151,6 +151,7 @@ func hostile(t *testing.T, target, marker string, answer, filler []byte) string 
 	return forwarder(t, target, func(wg *sync.WaitGroup, c, u net.Conn) {
 		wg.Go(func() { io.Copy(c, u) })
 		wg.Go(func() {
+			defer u.Close()
 			buf := make([]byte, 64<<10)
 			for {
 				n, err := c.Read(buf)
