@@ -10,6 +10,21 @@ import (
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
+// replicatedAndPlain is upstream A, a primary with one replica, and B, a
+// server alone; k is "from-A" on A (and its replica) and "from-B" on B.
+func replicatedAndPlain(t *testing.T) (*replicated, *redistest.Server) {
+	t.Helper()
+	ctx := context.Background()
+	a := startReplicated(t, 1)
+	b := redistest.Start(t)
+	a.primary.Client(t).Set(ctx, "k", "from-A", 0)
+	b.Client(t).Set(ctx, "k", "from-B", 0)
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return a.replicas[0].Client(t).Get(ctx, "k").Val() == "from-A"
+	}, "the replica never got k")
+	return a, b
+}
+
 // A reload that moved upstream.address from A to B switched the pools,
 // the tier and the coalescing group, but not the replica set: with
 // read_from = "replica_preferred" it kept the view of its last poll of A,
@@ -19,13 +34,7 @@ import (
 // from its return every read is answered from B.
 func TestReloadSwitchStopsOldReplicaReads(t *testing.T) {
 	ctx := context.Background()
-	a := startReplicated(t, 1)
-	b := redistest.Start(t)
-	a.primary.Client(t).Set(ctx, "k", "from-A", 0)
-	b.Client(t).Set(ctx, "k", "from-B", 0)
-	redistest.Eventually(t, 5*time.Second, func() bool {
-		return a.replicas[0].Client(t).Get(ctx, "k").Val() == "from-A"
-	}, "the replica never got k")
+	a, b := replicatedAndPlain(t)
 
 	p := a.proxy(t, config.ReadReplicaPreferred, func(c *config.Config) {
 		c.Upstream.ReplicaPollInterval = units.Duration{Duration: 2 * time.Second}
@@ -60,13 +69,7 @@ func TestReloadSwitchStopsOldReplicaReads(t *testing.T) {
 // short, but the first read after Reload still fell into it.
 func TestReloadSwitchStopsOldReplicaReadsFastPoll(t *testing.T) {
 	ctx := context.Background()
-	a := startReplicated(t, 1)
-	b := redistest.Start(t)
-	a.primary.Client(t).Set(ctx, "k", "from-A", 0)
-	b.Client(t).Set(ctx, "k", "from-B", 0)
-	redistest.Eventually(t, 5*time.Second, func() bool {
-		return a.replicas[0].Client(t).Get(ctx, "k").Val() == "from-A"
-	}, "the replica never got k")
+	a, b := replicatedAndPlain(t)
 	p := a.proxy(t, config.ReadReplicaPreferred, nil)
 	c := p.Client(t)
 	if v := c.Get(ctx, "k").Val(); v != "from-A" {

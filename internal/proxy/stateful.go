@@ -1099,9 +1099,9 @@ func (sess *Session) relayRunsScripts() bool {
 
 // appendQueueRefusal appends, for a refusal inside a relayed client's
 // MULTI or where no script runs (relayRunsScripts), a command unknown to
-// Redis carrying msg (an error text without the leading '-'): Redis answers it with an unknown-command error that
-// quotes msg's start, and flags the transaction so that EXEC answers
-// EXECABORT.
+// Redis carrying msg (an error text without the leading '-'): Redis
+// answers it with an unknown-command error that quotes msg's start, and
+// flags the transaction so that EXEC answers EXECABORT.
 func appendQueueRefusal(out []byte, msg string) []byte {
 	out = redcon.AppendArray(out, 2)
 	out = redcon.AppendBulkString(out, "redproxy-refused")
