@@ -105,6 +105,22 @@ func TestClusterPubSub(t *testing.T) {
 			if got := readMessage(t, sub); got != "[unsubscribe news 0]" {
 				t.Fatalf("UNSUBSCRIBE: %s", got)
 			}
+			// A key of another node: RESP2 has left its relay and is
+			// routed by slot again (relayexit.go); RESP3 stays on its
+			// node, where the key is refused in order.
+			key := channelOn(t, p, "k", classicNode, false)
+			got := fmt.Sprint(sub.do("SET", key, "v"))
+			switch {
+			case proto == "2" && got != "OK":
+				t.Fatalf("SET of another node's key after unsubscribing from everything: %s", got)
+			case proto == "3" && !strings.Contains(got, "subscribed on cluster node"):
+				t.Fatalf("SET of another node's key on a RESP3 relay: %s, want the refusal", got)
+			}
+			if proto == "2" {
+				if got := sub.do("GET", key); got != "v" {
+					t.Fatalf("GET of another node's key: %v", got)
+				}
+			}
 		})
 
 		t.Run("ShardedRESP"+proto, func(t *testing.T) {

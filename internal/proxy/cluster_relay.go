@@ -27,7 +27,8 @@ import (
 //   - SSUBSCRIBE relays to the primary owning the channels' slot; when
 //     that slot moves away, Redis itself sends the client a sunsubscribe
 //     push, which the relay passes on.
-//   - The relay stays on its node for the client's life. A command on it
+//   - The relay stays on its node for the client's life, or until a RESP2
+//     client has unsubscribed from everything (relayexit.go). A command on it
 //     that the node cannot serve (a sharded channel or a key of a slot
 //     another node owns, a whole-keyspace command) is refused in order,
 //     never sent there to come back as MOVED.

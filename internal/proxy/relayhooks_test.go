@@ -243,15 +243,19 @@ func metricSum(t *testing.T, p *proxytest.Proxy, name string) float64 {
 }
 
 // Writes on a relay whose replies cannot be counted (here a RESP2 client
-// that subscribed, then unsubscribed from everything) stay marked until the
-// connection ends; past 1024 of them, further writes are refused rather
-// than left unmarked.
+// that subscribed, then unsubscribed from everything and named its
+// connection on the relay, which keeps it there: relayexit.go) stay marked
+// until the connection ends; past 1024 of them, further writes are refused
+// rather than left unmarked.
 func TestUncountedRelayWritesAreCapped(t *testing.T) {
 	p := proxytest.Start(t, nil, func(c *config.Config) { c.LocalCache.Enabled = true })
 	c := dialRaw(t, p.Addr)
-	c.send([]string{"SUBSCRIBE", "x"}, []string{"UNSUBSCRIBE"})
+	c.send([]string{"SUBSCRIBE", "x"}, []string{"UNSUBSCRIBE"}, []string{"CLIENT", "SETNAME", "n"})
 	c.readReply()
 	c.readReply()
+	if v, _ := c.readReply(); v != "OK" {
+		t.Fatalf("CLIENT SETNAME: %v", v)
+	}
 	var cmds [][]string
 	for i := 0; i <= 1024; i++ {
 		cmds = append(cmds, []string{"SET", "u:" + strconv.Itoa(i), "v"})

@@ -152,6 +152,9 @@ type sessionBatch struct {
 	// not in Session, which must stay in its size class (a relayed client
 	// never parks, so this state is never dropped under it).
 	protoErrAnswered bool
+	// resumed is the batch a relay held when it handed the client back to
+	// the shared connections (relayexit.go), served before the next read.
+	resumed []resp.Request
 }
 
 // newSessionBatch is a session's batch state when it starts or resumes.
@@ -294,18 +297,26 @@ func (sess *Session) run() (parked bool) {
 			sess.closing(sess.interruptReason())
 			return false
 		}
-		sess.readDeadline(idle)
-		parkable := sess.parkable()
-		if parkable {
-			sess.park.state.Store(parkWaiting)
+		var reqs []resp.Request
+		var err error
+		parkable := false
+		if sess.resumed != nil {
+			// Read already, by a relay that has left (relayexit.go).
+			reqs, sess.resumed = sess.resumed, nil
+		} else {
+			sess.readDeadline(idle)
+			parkable = sess.parkable()
+			if parkable {
+				sess.park.state.Store(parkWaiting)
+			}
+			// A session that may park is looked at by the sweeper within
+			// idle_park_after, and a client gone while parked is noticed;
+			// any other (also every one when idle_park_after is 0, where
+			// only pressure parks) reads again before it waits
+			// (SetReadFirst).
+			sess.rd.SetReadFirst(!parkable || sess.srv.Config().Server.IdleParkAfter.Duration <= 0)
+			reqs, err = sess.rd.ReadBatch()
 		}
-		// A session that may park is looked at by the sweeper within
-		// idle_park_after, and a client gone while parked is noticed;
-		// any other (also every one when idle_park_after is 0, where
-		// only pressure parks) reads again before it waits
-		// (SetReadFirst).
-		sess.rd.SetReadFirst(!parkable || sess.srv.Config().Server.IdleParkAfter.Duration <= 0)
-		reqs, err := sess.rd.ReadBatch()
 		if parkable && !sess.park.state.CompareAndSwap(parkWaiting, parkBusy) {
 			// The sweeper asked this idle session to park (park.go). A
 			// parked session keeps no Call and its socket may change.
@@ -373,8 +384,8 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 			// was trusted from (guard.Batch.Joined).
 			sess.flush(start)
 		}
-		if sess.quitting {
-			break
+		if sess.quitting || sess.resumed != nil {
+			break // a relay that left has taken the rest of the batch
 		}
 		sess.dispatch(i, &reqs[i])
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/route"
 	"github.com/redproxy/redproxy/internal/upstream"
 	"github.com/tidwall/redcon"
 )
@@ -776,9 +777,18 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	for k := 1; k < len(reqs); k++ {
 		first = sess.appendRelayed(first, r.i+k, &reqs[k], sess.guard.Decision(r.i+k))
 	}
-	sess.relay(kind, up, reqs, r.i, first, limit)
+	held := sess.relay(kind, up, reqs, r.i, first, limit)
 	b.ReleaseConn(up)
-	sess.quitting = true // relay recorded why
+	if held == nil {
+		sess.quitting = true // relay recorded why
+		return true
+	}
+	// Left (relayexit.go): the rest of this batch went to the relay; the
+	// batch the relay held is served next, on the shared connections.
+	sess.list.relay.Store(0)
+	sess.relayNode, sess.relayInMulti = "", false
+	sess.route.relay = route.Default
+	sess.resumed = held
 	return true
 }
 
@@ -825,9 +835,15 @@ func trackingRedirect(args [][]byte) bool {
 // server.idle_timeout: as in Redis, pub/sub and MONITOR clients are never
 // closed for idleness; a tracking client is idle only when nothing moves
 // in either direction.
-func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, base int, first []byte, limit int64) {
+//
+// A RESP2 pub/sub relay may also end by handing the client back to the
+// shared connections once it has unsubscribed from everything
+// (relayexit.go): relay then returns the client's batch it held meanwhile,
+// not yet served; otherwise nil.
+func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, base int, first []byte, limit int64) (held []resp.Request) {
 	rw := newRelayWrites(sess)
 	defer rw.end()
+	ex := sess.newRelayExit(kind)
 	var protoErr *resp.ProtocolError
 	for k := range reqs {
 		d := sess.guard.Decision(base + k)
@@ -835,7 +851,11 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		if d != nil && d.Args != nil {
 			args = d.Args
 		}
-		rw.note(sess.srv.table.Lookup(reqs[k].Args), args, d != nil && d.Refuse != nil)
+		cmd := sess.srv.table.Lookup(reqs[k].Args)
+		rw.note(cmd, args, d != nil && d.Refuse != nil)
+		if ex != nil {
+			ex.note(cmd)
+		}
 	}
 	rw.sending()
 	idle := sess.srv.Config().Server.IdleTimeout.Duration
@@ -862,6 +882,9 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 	go func() { // Redis -> queue
 		defer wg.Done()
 		defer q.close()
+		if ex != nil {
+			defer close(ex.readerDone)
+		}
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := up.Read(buf)
@@ -873,6 +896,16 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 			// Copy: queueing buf[:n] of a fresh 32 KB buffer per read would
 			// keep 32 KB alive per small message, far beyond the limit.
 			chunk := buf[:n]
+			found, leave := false, false
+			if ex != nil && n > 0 && !ex.off.Load() {
+				var ferr error
+				if chunk, found, leave, ferr = ex.received(chunk); ferr != nil {
+					sess.closeFor(metrics.CloseUpstreamLost, "relayed stream from Redis is not RESP", "err", ferr)
+					sess.nc.Close()
+					up.Close()
+					return
+				}
+			}
 			if filter != nil && n > 0 {
 				// The namespace's view: channel names without the prefix,
 				// other namespaces' keyevent notifications dropped.
@@ -889,6 +922,13 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 				sess.nc.Close()
 				up.Close()
 				return
+			}
+			if found {
+				// Only now: what went before the answer is queued.
+				ex.result <- leave
+				if leave {
+					return
+				}
 			}
 			if err != nil {
 				// Unless the client's side ended first (and closed up),
@@ -924,6 +964,14 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 	for {
 		active()
 		reqs, err := sess.rd.ReadBatch()
+		if ex != nil && ex.asked && !ex.sticky && len(reqs) > 0 && err == nil && ex.tryLeave(sess, up) {
+			up.Close()
+			wg.Wait()
+			if sess.closedFor() == "" {
+				return reqs
+			}
+			break // the client's side failed while the replies were passed on
+		}
 		var out []byte
 		if len(reqs) > 0 {
 			if sess.ns.w != nil {
@@ -937,7 +985,11 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 			if d != nil && d.Args != nil {
 				args = d.Args
 			}
-			if !rw.note(sess.srv.table.Lookup(reqs[k].Args), args, d != nil && d.Refuse != nil) {
+			cmd := sess.srv.table.Lookup(reqs[k].Args)
+			if ex != nil {
+				ex.note(cmd)
+			}
+			if !rw.note(cmd, args, d != nil && d.Refuse != nil) {
 				out = appendErrorScript(out, errHeldWrites)
 				continue
 			}
@@ -974,6 +1026,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		sess.nc.Write(redcon.AppendError(nil, "ERR "+protoErr.Error()))
 		sess.protoErrAnswered = true
 	}
+	return nil
 }
 
 // relayDrainWait bounds how long a relay ending on a client's protocol

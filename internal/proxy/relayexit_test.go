@@ -1,0 +1,289 @@
+package proxy_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// relayConns counts the proxy's relay connections on Redis: a pub/sub
+// client's dedicated connection is named redproxy-relay.
+func relayConns(t *testing.T, rc *redis.Client) int {
+	t.Helper()
+	list, err := rc.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(list, "name=redproxy-relay ")
+}
+
+func waitRelayConns(t *testing.T, rc *redis.Client, want int) {
+	t.Helper()
+	redistest.Eventually(t, 5*time.Second, func() bool { return relayConns(t, rc) == want },
+		"relay connections on Redis: %d, want %d", relayConns(t, rc), want)
+}
+
+// readUntil reads replies, skipping pub/sub messages (recorded in msgs by
+// channel), until one that is not a message; it returns that one.
+func (c *rawConn) readUntil(msgs map[string][]string) any {
+	c.t.Helper()
+	for {
+		v, _ := c.readReply()
+		if a, ok := v.([]any); ok && len(a) == 3 && a[0] == "message" {
+			ch := a[1].(string)
+			msgs[ch] = append(msgs[ch], a[2].(string))
+			continue
+		}
+		return v
+	}
+}
+
+// A RESP2 client that unsubscribes from everything goes back to the shared
+// connections on its next command, as Jedis and redis-py expect when they
+// return such a connection to their pools: its relay connection is closed
+// and its commands are served as anyone's.
+func TestRelayLeavesAfterUnsubscribeAll(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	rc := p.Redis.Client(t)
+	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"SUBSCRIBE", "a", "b"})
+	for _, want := range []string{"[subscribe a 1]", "[subscribe b 2]"} {
+		if v, _ := c.readReply(); fmt.Sprint(v) != want {
+			t.Fatalf("got %v, want %s", v, want)
+		}
+	}
+	waitRelayConns(t, rc, 1)
+
+	// Still subscribed to b: the relay stays, PING is Redis's subscribed
+	// form, and b's messages arrive.
+	c.send([]string{"UNSUBSCRIBE", "a"})
+	if v, _ := c.readReply(); fmt.Sprint(v) != "[unsubscribe a 1]" {
+		t.Fatalf("UNSUBSCRIBE a: %v", v)
+	}
+	if v := c.do("PING"); fmt.Sprint(v) != "[pong ]" {
+		t.Fatalf("PING while subscribed to b: %v, want Redis's [pong ]", v)
+	}
+	if err := rc.Publish(ctx, "b", "m1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := c.readReply(); fmt.Sprint(v) != "[message b m1]" {
+		t.Fatalf("message on b: %v", v)
+	}
+	if n := relayConns(t, rc); n != 1 {
+		t.Fatalf("relay connections while subscribed: %d", n)
+	}
+
+	c.send([]string{"UNSUBSCRIBE"})
+	if v, _ := c.readReply(); fmt.Sprint(v) != "[unsubscribe b 0]" {
+		t.Fatalf("UNSUBSCRIBE: %v", v)
+	}
+	if v := c.do("GET", "k"); v != "v" {
+		t.Fatalf("GET k after UNSUBSCRIBE (all): %v", v)
+	}
+	waitRelayConns(t, rc, 0)
+	// Served by the proxy now: PING is the plain form, CLIENT INFO the
+	// proxy's own (no P flag), and a new SUBSCRIBE starts a new relay.
+	if v := c.do("PING"); v != "PONG" {
+		t.Fatalf("PING after leaving: %v", v)
+	}
+	if v := c.do("CLIENT", "INFO"); !strings.Contains(fmt.Sprint(v), "flags=N ") {
+		t.Fatalf("CLIENT INFO after leaving: %v", v)
+	}
+	c.send([]string{"SUBSCRIBE", "b"})
+	if v, _ := c.readReply(); fmt.Sprint(v) != "[subscribe b 1]" {
+		t.Fatalf("SUBSCRIBE again: %v", v)
+	}
+	if err := rc.Publish(ctx, "b", "m2").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := c.readReply(); fmt.Sprint(v) != "[message b m2]" {
+		t.Fatalf("message after subscribing again: %v", v)
+	}
+	waitRelayConns(t, rc, 1)
+}
+
+// Leaving must not lose, add or reorder a reply, while messages keep
+// arriving: a publisher floods a channel the client subscribes to and
+// leaves, over and over; every message arrives once and in order, PING's
+// and GET's replies come where they belong, and the marker the relay sends
+// to Redis to find out whether it may leave is never seen by the client.
+func TestRelayLeavesUnderMessageFlood(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	rc := p.Redis.Client(t)
+	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			pipe := rc.Pipeline()
+			for range 64 {
+				pipe.Publish(ctx, "x", strconv.Itoa(i))
+				i++
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				return
+			}
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+
+	c := dialRaw(t, p.Addr)
+	msgs := map[string][]string{}
+	for round := range 200 {
+		c.send([]string{"SUBSCRIBE", "x", "y"})
+		for _, want := range []string{"[subscribe x 1]", "[subscribe y 2]"} {
+			if v := c.readUntil(msgs); fmt.Sprint(v) != want {
+				t.Fatalf("round %d: got %v, want %s", round, v, want)
+			}
+		}
+		c.send([]string{"UNSUBSCRIBE", "y"})
+		if v := c.readUntil(msgs); fmt.Sprint(v) != "[unsubscribe y 1]" {
+			t.Fatalf("round %d: UNSUBSCRIBE y: %v", round, v)
+		}
+		// Still subscribed to x: the relay asks Redis, stays, and relays
+		// the PING.
+		c.send([]string{"PING", "r" + strconv.Itoa(round)})
+		if v := c.readUntil(msgs); fmt.Sprint(v) != fmt.Sprintf("[pong r%d]", round) {
+			t.Fatalf("round %d: PING: %v", round, v)
+		}
+		c.send([]string{"UNSUBSCRIBE", "x"})
+		if v := c.readUntil(msgs); fmt.Sprint(v) != "[unsubscribe x 0]" {
+			t.Fatalf("round %d: UNSUBSCRIBE x: %v", round, v)
+		}
+		// Nothing more may arrive: the next reply is GET's.
+		if v := c.do("GET", "k"); v != "v" {
+			t.Fatalf("round %d: GET after leaving: %v", round, v)
+		}
+	}
+	got := msgs["x"]
+	if len(got) < 200 {
+		t.Fatalf("only %d messages on x", len(got))
+	}
+	last := -1
+	for _, m := range got {
+		n, err := strconv.Atoi(m)
+		if err != nil || n <= last {
+			t.Fatalf("message %q after %d: garbled, repeated or out of order", m, last)
+		}
+		last = n
+	}
+	t.Logf("%d messages across 200 subscribe-leave rounds", len(got))
+}
+
+// A connection whose state the session does not know (here SELECT, sent
+// on the relay right after the last UNSUBSCRIBE) stays on its relay: its
+// reads must still see database 2.
+func TestRelayWithOwnStateStays(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	rc := p.Redis.Client(t)
+	if err := rc.Set(ctx, "k", "zero", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r2 := redis.NewClient(&redis.Options{Addr: p.Redis.Addr(), DB: 2})
+	defer r2.Close()
+	if err := r2.Set(ctx, "k", "two", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"SUBSCRIBE", "a"})
+	c.readReply()
+	c.send([]string{"UNSUBSCRIBE"}, []string{"SELECT", "2"})
+	if v, _ := c.readReply(); fmt.Sprint(v) != "[unsubscribe a 0]" {
+		t.Fatalf("UNSUBSCRIBE: %v", v)
+	}
+	if v, _ := c.readReply(); v != "OK" {
+		t.Fatalf("SELECT 2: %v", v)
+	}
+	for range 3 {
+		if v := c.do("GET", "k"); v != "two" {
+			t.Fatalf("GET k after SELECT 2 on the relay: %v, want two", v)
+		}
+	}
+	if n := relayConns(t, rc); n != 1 {
+		t.Fatalf("relay connections: %d, want the relay kept", n)
+	}
+}
+
+// The marker waits behind whatever the client sent before it, however
+// long: a BLPOP 0 sent with the last UNSUBSCRIBE is answered first, then
+// the next command, on the shared connections.
+func TestRelayLeavesBehindBlockingCommand(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	rc := p.Redis.Client(t)
+	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"SUBSCRIBE", "a"})
+	c.readReply()
+	c.send([]string{"UNSUBSCRIBE"}, []string{"BLPOP", "l", "0"})
+	if v, _ := c.readReply(); fmt.Sprint(v) != "[unsubscribe a 0]" {
+		t.Fatalf("UNSUBSCRIBE: %v", v)
+	}
+	c.send([]string{"GET", "k"})
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		n, _ := rc.Do(ctx, "INFO", "clients").Text()
+		return strings.Contains(n, "blocked_clients:1")
+	}, "BLPOP never blocked")
+	time.Sleep(100 * time.Millisecond) // the GET would have been answered by now
+	if err := rc.LPush(ctx, "l", "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := c.readReply(); fmt.Sprint(v) != "[l x]" {
+		t.Fatalf("BLPOP: %v", v)
+	}
+	if v, _ := c.readReply(); v != "v" {
+		t.Fatalf("GET after BLPOP: %v", v)
+	}
+	waitRelayConns(t, rc, 0)
+}
+
+// The relay's connection lost while the marker waits behind a BLPOP: the
+// client is closed (as on any relay whose Redis side ends), not left
+// waiting, and other clients are served.
+func TestRelayLostWhileAskingToLeave(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	rc := p.Redis.Client(t)
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"SUBSCRIBE", "a"})
+	c.readReply()
+	c.send([]string{"UNSUBSCRIBE"}, []string{"BLPOP", "l", "0"})
+	c.readReply()
+	c.send([]string{"GET", "k"})
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		n, _ := rc.Do(ctx, "INFO", "clients").Text()
+		return strings.Contains(n, "blocked_clients:1")
+	}, "BLPOP never blocked")
+	if err := rc.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if v, err := c.rd.ReadString('\n'); err == nil {
+		t.Fatalf("read %q; want the connection closed", v)
+	} else if ne, ok := err.(interface{ Timeout() bool }); ok && ne.Timeout() {
+		t.Fatal("the client was left waiting")
+	}
+	other := p.Client(t)
+	redistest.Eventually(t, 5*time.Second, func() bool { return other.Ping(ctx).Err() == nil }, "another client not served")
+}
