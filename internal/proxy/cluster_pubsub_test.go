@@ -223,6 +223,27 @@ func TestClusterPubSub(t *testing.T) {
 				p.Router().Refresh()
 				return pub.SPublish(ctx, ch, "x").Err() == nil
 			}, "SPUBLISH after the move")
+			// The client subscribes again, as cluster clients do. RESP2:
+			// the relay has left the old node (relayexit.go) and the new
+			// owner serves it. RESP3: the relay stays, and the channel of
+			// another node is refused in order.
+			sub.send([]string{"SSUBSCRIBE", ch})
+			got := readMessage(t, sub)
+			if proto == "3" {
+				if !strings.Contains(got, "subscribed on cluster node") {
+					t.Fatalf("RESP3 SSUBSCRIBE again after the move: %s, want the refusal", got)
+				}
+				continue
+			}
+			if got != "[ssubscribe "+ch+" 1]" {
+				t.Fatalf("RESP2 SSUBSCRIBE again after the move: %s", got)
+			}
+			if n, err := pub.SPublish(ctx, ch, "again").Result(); err != nil || n != 1 {
+				t.Fatalf("SPUBLISH to the new owner = %d, %v; want 1 receiver", n, err)
+			}
+			if got := readMessage(t, sub); got != "[smessage "+ch+" again]" {
+				t.Fatalf("message from the new owner: %s", got)
+			}
 		}
 	})
 

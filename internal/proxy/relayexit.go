@@ -24,7 +24,9 @@ import (
 // without arguments names channels the proxy never counted), and only
 // once every reply before that point has reached the client may the
 // client's next command go elsewhere. So when a client that has sent an
-// unsubscribe sends its next batch, the relay holds the batch and sends
+// unsubscribe (or that Redis Cluster unsubscribed from a sharded channel
+// whose slot moved: it will subscribe again, on the new owner) sends its
+// next batch, the relay holds the batch and sends
 // PING <token> alone: Redis answers a subscribed RESP2 connection with
 // ["pong", token] and any other with the bulk string token. The relay's
 // reader frames the stream while the relay may leave, takes that answer out
@@ -60,6 +62,10 @@ type relayExit struct {
 	// readerDone is closed when the reader stops for any reason.
 	readerDone chan struct{}
 
+	// pushed: Redis unsubscribed the client itself (a sunsubscribe for a
+	// slot that moved); set by the reader, taken by the session.
+	pushed atomic.Bool
+
 	// Reader goroutine only.
 	framer relayFramer
 }
@@ -93,6 +99,19 @@ func (ex *relayExit) note(cmd *commands.Command) {
 	case "unsubscribe", "punsubscribe", "sunsubscribe":
 		ex.asked = true
 	}
+}
+
+// wantsToLeave reports whether the relay is to ask Redis, before the
+// client's next batch, whether it may leave: the client unsubscribed, or
+// Redis unsubscribed it.
+func (ex *relayExit) wantsToLeave() bool {
+	if ex.sticky {
+		return false
+	}
+	if ex.pushed.Load() && ex.pushed.Swap(false) {
+		ex.asked = true
+	}
+	return ex.asked
 }
 
 // relayKeepsState reports whether cmd may leave the relay's connection in
@@ -178,6 +197,10 @@ func (ex *relayExit) received(chunk []byte) (out []byte, found, leave bool, err 
 		marker = [2][]byte{ex.plain, ex.pong}
 	}
 	out, which, rest, err := ex.framer.feed(chunk, marker)
+	if ex.framer.sunsubscribed {
+		ex.framer.sunsubscribed = false
+		ex.pushed.Store(true)
+	}
 	if err != nil || which < 0 {
 		return out, false, false, err
 	}
@@ -201,7 +224,18 @@ type relayFramer struct {
 	size  int    // bytes of the reply being framed so far
 	hold  bool   // the reply being framed is held back
 	out   []byte
+	// head is the start of the reply being framed, enough to tell Redis's
+	// own sunsubscribe (sunsubscribed: one was seen).
+	head          [len(sunsubscribeReply)]byte
+	sunsubscribed bool
 }
+
+// sunsubscribeReply starts the sunsubscribe Redis Cluster sends, unasked,
+// to a RESP2 subscriber whose channel's slot has left the node. The client
+// then subscribes again, to be served by the new owner, which a relay on
+// the old node refuses: so this too makes the relay ask whether it may
+// leave (relayExit.asked).
+const sunsubscribeReply = "*3\r\n$12\r\nsunsubscribe\r\n"
 
 // feed consumes chunk and returns what to pass on. which is the index in
 // marker of the answer found in it (then rest reports bytes after it), or
@@ -228,6 +262,9 @@ func (f *relayFramer) feed(chunk []byte, marker [2][]byte) (out []byte, which in
 		}
 		part := data[:n]
 		data = data[n:]
+		if f.size < len(f.head) {
+			copy(f.head[f.size:], part)
+		}
 		f.size += n
 		switch {
 		case !f.hold:
@@ -255,6 +292,9 @@ func (f *relayFramer) feed(chunk []byte, marker [2][]byte) (out []byte, which in
 			}
 		} else if which >= 0 {
 			rest = true
+		}
+		if f.size >= len(f.head) && string(f.head[:]) == sunsubscribeReply {
+			f.sunsubscribed = true
 		}
 		f.held, f.hold, f.size = f.held[:0], false, 0
 		if which >= 0 && len(data) > 0 {

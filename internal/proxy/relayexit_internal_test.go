@@ -100,3 +100,34 @@ func TestRelayFramerTakesOutOnlyTheAnswer(t *testing.T) {
 		t.Fatalf("no marker: which %d err %v, passed %d of %d bytes", which, err, len(out), len(stream))
 	}
 }
+
+// Redis Cluster's own sunsubscribe is noticed wherever the stream is cut;
+// a message that merely carries the same bytes is not.
+func TestRelayFramerNoticesSunsubscribe(t *testing.T) {
+	unsub := redcon.AppendArray(nil, 3)
+	unsub = redcon.AppendBulkString(unsub, "sunsubscribe")
+	unsub = redcon.AppendBulkString(unsub, "orders:7")
+	unsub = redcon.AppendInt(unsub, 0)
+	lookalike := redcon.AppendArray(nil, 3)
+	lookalike = redcon.AppendBulkString(lookalike, "smessage")
+	lookalike = redcon.AppendBulkString(lookalike, "orders:7")
+	lookalike = redcon.AppendBulkString(lookalike, string(unsub))
+	for _, tc := range []struct {
+		stream []byte
+		want   bool
+	}{{append(append([]byte(nil), lookalike...), unsub...), true}, {lookalike, false}} {
+		for c := 0; c <= len(tc.stream); c++ {
+			var f relayFramer
+			out1, _, _, err1 := f.feed(tc.stream[:c], [2][]byte{})
+			got := append([]byte(nil), out1...)
+			out2, _, _, err2 := f.feed(tc.stream[c:], [2][]byte{})
+			got = append(got, out2...)
+			if err1 != nil || err2 != nil || !bytes.Equal(got, tc.stream) {
+				t.Fatalf("cut %d: %v %v, passed %q", c, err1, err2, got)
+			}
+			if f.sunsubscribed != tc.want {
+				t.Fatalf("cut %d: sunsubscribed = %v, want %v", c, f.sunsubscribed, tc.want)
+			}
+		}
+	}
+}

@@ -964,7 +964,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 	for {
 		active()
 		reqs, err := sess.rd.ReadBatch()
-		if ex != nil && ex.asked && !ex.sticky && len(reqs) > 0 && err == nil && ex.tryLeave(sess, up) {
+		if ex != nil && len(reqs) > 0 && err == nil && ex.wantsToLeave() && ex.tryLeave(sess, up) {
 			up.Close()
 			wg.Wait()
 			if sess.closedFor() == "" {
