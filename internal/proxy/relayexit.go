@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/tidwall/redcon"
 )
@@ -26,39 +27,51 @@ import (
 // client's next command go elsewhere. So when a client that has sent an
 // unsubscribe (or that Redis Cluster unsubscribed from a sharded channel
 // whose slot moved: it will subscribe again, on the new owner) sends its
-// next batch, the relay holds the batch and sends
-// PING <token> alone: Redis answers a subscribed RESP2 connection with
-// ["pong", token] and any other with the bulk string token. The relay's
-// reader frames the stream while the relay may leave, takes that answer out
-// of it, and the relay leaves only on the bulk form with nothing after it:
-// every reply the client was owed has then been passed on. Otherwise the
-// held batch is relayed as before.
+// next batch (what one read brings; commands sent with the unsubscribe
+// stay on the relay), the relay holds the batch and asks Redis:
+//
+//	redproxy-exit <token>   an unknown command, answered with an error
+//	                        naming the token in any state (busy, subscribed)
+//	PING <token>            answered ["pong", token] on a subscribed RESP2
+//	                        connection, the bulk string token on any other,
+//	                        or an error (-BUSY while a script runs)
+//
+// The relay's reader frames the stream, takes both answers out of it (the
+// first error naming the token, then the first reply after it that is not
+// a pub/sub message), and the relay leaves only on the bulk form with
+// nothing after it: every reply and message the client was owed has then
+// been passed on. Otherwise the held batch is relayed as before, and the
+// relay asks again after the next unsubscribe.
 //
 // A relay leaves only if the dedicated connection carries no state the
 // session does not: a command that may change the connection's state
-// (SELECT, MULTI, WATCH, CLIENT ..., HELLO, AUTH, RESET, READONLY; see
-// relayKeepsState) keeps the client on its relay for good, as before.
-// RESP3 relays do not leave: there Redis's answer to PING does not tell
-// whether the connection is subscribed.
+// (SELECT, MULTI, WATCH, CLIENT SETNAME, HELLO, AUTH, RESET, READONLY, an
+// unknown command; see relayKeepsState) keeps the client on its relay for
+// good, as before. RESP3 relays do not leave: there Redis's answer to PING
+// does not tell whether the connection is subscribed.
 
 // relayExit is one pub/sub relay's way out.
 type relayExit struct {
 	// Session goroutine only.
-	asked  bool // an unsubscribe was relayed since the last check
-	sticky bool // the connection may hold state the session does not
+	asked bool // an unsubscribe was relayed since the last check
+	// never: the relay stays, because the connection may hold state the
+	// session does not, or a question was abandoned (its answers may still
+	// be on their way, and another question must not mix with them).
+	never bool
 
-	// off tells the reader that the relay will not leave: it stops framing.
+	// off tells the reader that the relay will not leave: it stops framing
+	// once no question is open.
 	off atomic.Bool
 	// state is exitIdle, or exitAsked while the session waits for the
-	// answer to the marker, or exitAbandoned when it gave up waiting (the
-	// answer is still taken out of the stream, and the relay stays).
+	// answers, or exitAbandoned when it gave up waiting (the answers are
+	// still taken out of the stream, and the relay stays).
 	state atomic.Int32
-	// plain and pong are the marker's two possible answers; written by the
-	// session before state becomes exitAsked.
-	plain, pong []byte
-	// result carries the reader's finding to the waiting session: true,
-	// the reader has stopped and the relay may leave.
-	result chan bool
+	// q is the open question; written by the session before state becomes
+	// exitAsked, read by the reader after it sees that.
+	q relayQuestion
+	// result carries the reader's finding to the waiting session: PING's
+	// answer (answerPlain: the reader has stopped and the relay may leave).
+	result chan int
 	// readerDone is closed when the reader stops for any reason.
 	readerDone chan struct{}
 
@@ -67,7 +80,8 @@ type relayExit struct {
 	pushed atomic.Bool
 
 	// Reader goroutine only.
-	framer relayFramer
+	framer  relayFramer
+	framing bool // false once off took effect: chunks pass through raw
 }
 
 const (
@@ -76,22 +90,30 @@ const (
 	exitAbandoned
 )
 
+// relayQuestion is what the relay sends to find out whether it may leave,
+// and the answers it looks for.
+type relayQuestion struct {
+	tag   []byte // the token, as the unknown command's error quotes it
+	plain []byte // PING's answer on a connection not subscribed
+	pong  []byte // PING's answer on a subscribed RESP2 connection
+}
+
 // newRelayExit returns the way out of a relay of kind, or nil for a relay
 // that stays for the client's life.
 func (sess *Session) newRelayExit(kind relayKind) *relayExit {
 	if kind != relayPubSub || sess.resp3 {
 		return nil
 	}
-	return &relayExit{result: make(chan bool, 1), readerDone: make(chan struct{})}
+	return &relayExit{result: make(chan int, 1), readerDone: make(chan struct{}), framing: true}
 }
 
 // note looks at one request the relay is about to send.
 func (ex *relayExit) note(cmd *commands.Command) {
-	if ex.sticky {
+	if ex.never {
 		return
 	}
 	if relayKeepsState(cmd) {
-		ex.sticky = true
+		ex.never = true
 		ex.off.Store(true)
 		return
 	}
@@ -105,7 +127,7 @@ func (ex *relayExit) note(cmd *commands.Command) {
 // client's next batch, whether it may leave: the client unsubscribed, or
 // Redis unsubscribed it.
 func (ex *relayExit) wantsToLeave() bool {
-	if ex.sticky {
+	if ex.never {
 		return false
 	}
 	if ex.pushed.Load() && ex.pushed.Swap(false) {
@@ -115,198 +137,360 @@ func (ex *relayExit) wantsToLeave() bool {
 }
 
 // relayKeepsState reports whether cmd may leave the relay's connection in
-// a state the session would not know of (or is unknown, and so may).
+// a state the session would not know of (or is unknown, and so may): the
+// commands the table marks as changing connection state, but for the
+// subscriptions themselves, which the question to Redis settles.
 func relayKeepsState(cmd *commands.Command) bool {
-	if cmd == nil {
-		return true
-	}
-	name := cmd.Name
-	if cmd.Parent != nil {
-		name = cmd.Parent.Name
-	}
-	switch name {
-	case "select", "hello", "auth", "reset", "client", "multi", "exec", "discard",
-		"watch", "unwatch", "readonly", "readwrite", "asking", "monitor", "quit":
-		return true
-	}
-	return false
+	return cmd == nil || cmd.Flags&commands.ConnState != 0 && !isSubscribe(cmd.Name)
 }
 
-// markerWait is how often a session waiting for the marker's answer looks
-// whether it was interrupted (shutdown, CLIENT KILL). The answer itself
-// may take as long as the commands before it do (a BLPOP 0 sent after the
-// last UNSUBSCRIBE): there is no time limit, as Redis would answer the
-// held batch no sooner.
-const markerWait = 100 * time.Millisecond
+// relayAsking is what asking whether the relay may leave came to.
+type relayAsking uint8
 
-// tryLeave sends the marker and waits for the reader's finding. It reports
-// whether the relay may leave; the reader has then stopped after passing
-// on every reply before the marker's.
-func (ex *relayExit) tryLeave(sess *Session, up net.Conn) bool {
+const (
+	relayStays  relayAsking = iota // subscribed still, or the answer unclear
+	relayLeaves                    // the reader has stopped; leave
+	relayEnds                      // the client or the relay's connection is gone
+)
+
+// markerWait is how often a session waiting for the answers looks whether
+// the client is gone or it was interrupted (shutdown, CLIENT KILL). The
+// answers themselves may take as long as the commands before them do (a
+// BLPOP 0 sent with the last UNSUBSCRIBE): there is no time limit, as
+// Redis would answer the held batch no sooner.
+const markerWait = 50 * time.Millisecond
+
+// ask sends the question and waits for the reader's finding.
+func (ex *relayExit) ask(sess *Session, up net.Conn) relayAsking {
 	ex.asked = false
 	var raw [16]byte
 	rand.Read(raw[:])
 	token := "redproxy-relay-exit-" + hex.EncodeToString(raw[:])
-	ex.plain = redcon.AppendBulkString(ex.plain[:0], token)
-	ex.pong = append(append(ex.pong[:0], "*2\r\n$4\r\npong\r\n"...), ex.plain...)
+	ex.q.tag = append(append(append(ex.q.tag[:0], '\''), token...), '\'')
+	ex.q.plain = redcon.AppendBulkString(ex.q.plain[:0], token)
+	ex.q.pong = append(append(ex.q.pong[:0], "*2\r\n$4\r\npong\r\n"...), ex.q.plain...)
 	ex.state.Store(exitAsked)
-	if _, err := up.Write(resp.AppendCommandStrings(nil, "PING", token)); err != nil {
+	msg := resp.AppendCommandStrings(nil, "redproxy-exit", token)
+	msg = resp.AppendCommandStrings(msg, "PING", token)
+	if _, err := up.Write(msg); err != nil {
 		ex.abandon()
-		return false
+		return relayEnds
 	}
 	tick := time.NewTicker(markerWait)
 	defer tick.Stop()
 	for {
 		select {
-		case left := <-ex.result:
-			return left
+		case a := <-ex.result:
+			return ex.answered(a)
 		case <-ex.readerDone:
 			select {
-			case left := <-ex.result:
-				return left
+			case a := <-ex.result:
+				if a == answerPlain {
+					return relayLeaves
+				}
 			default:
 			}
 			ex.abandon()
-			return false
+			return relayEnds // the reader recorded why
 		case <-tick.C:
-			if sess.interrupted.Load() && ex.state.CompareAndSwap(exitAsked, exitAbandoned) {
-				ex.sticky = true
-				return false
+			// As a blocked client's wait (blocking): a client gone must not
+			// leave a BLPOP sent before the question to pop for nobody.
+			if sess.interrupted.Load() || clientGone(sess.nc) {
+				if !ex.state.CompareAndSwap(exitAsked, exitAbandoned) {
+					// Answered meanwhile: the relay ends anyway.
+					<-ex.result
+				}
+				ex.never = true
+				sess.closing(metrics.CloseClient) // or the interruption's reason
+				return relayEnds
 			}
 		}
 	}
 }
 
-// abandon stops waiting for the marker's answer for good: the reader may
-// still be looking for it, so no other marker may replace it.
-func (ex *relayExit) abandon() {
-	ex.state.Store(exitAbandoned)
-	ex.sticky = true
+// answered turns the reader's finding into what the relay does.
+func (ex *relayExit) answered(a int) relayAsking {
+	switch a {
+	case answerPlain:
+		return relayLeaves
+	case answerError:
+		// Redis could not say (-BUSY while a script runs): ask again
+		// before the next batch.
+		ex.asked = true
+	}
+	return relayStays
 }
 
-// received frames one chunk of Redis's stream on the reader goroutine. It
-// returns the bytes to pass on (the chunk without the marker's answer);
-// found: the answer is in the chunk and the session waits for it, to be
-// sent leave on ex.result once the bytes are queued; leave: the answer was
-// the bulk form with nothing after it. err: the stream is not RESP, and
-// the relay must end.
-func (ex *relayExit) received(chunk []byte) (out []byte, found, leave bool, err error) {
-	state := ex.state.Load()
-	var marker [2][]byte
-	if state != exitIdle {
-		marker = [2][]byte{ex.plain, ex.pong}
+// abandon stops waiting for the answers for good: the reader may still be
+// looking for them, so no other question may follow.
+func (ex *relayExit) abandon() {
+	ex.state.Store(exitAbandoned)
+	ex.never = true
+}
+
+// received passes one chunk of Redis's stream through the framer on the
+// reader goroutine. It returns the bytes to pass on (the chunk without the
+// answers to the question); found: the answers are in the chunk and the
+// session waits for them, to be sent answer on ex.result once the bytes
+// are queued; answer is PING's, answerPlain only if nothing came after it
+// (then the reader stops). err: the stream is not RESP, and the relay must
+// end.
+func (ex *relayExit) received(chunk []byte) (out []byte, found bool, answer int, err error) {
+	answer = answerNone
+	if !ex.framing {
+		return chunk, false, answer, nil
 	}
-	out, which, rest, err := ex.framer.feed(chunk, marker)
+	state := ex.state.Load()
+	if ex.off.Load() && state == exitIdle && ex.framer.stage == askNone {
+		// No question will come: pass the rest raw, after what the
+		// framer still holds of a reply cut by a read.
+		ex.framing = false
+		if rest := ex.framer.pending(); len(rest) > 0 {
+			return append(rest, chunk...), false, answer, nil
+		}
+		return chunk, false, answer, nil
+	}
+	if state != exitIdle && ex.framer.stage == askNone {
+		ex.framer.ask(&ex.q)
+	}
+	out, which, rest, err := ex.framer.feed(chunk)
 	if ex.framer.sunsubscribed {
 		ex.framer.sunsubscribed = false
 		ex.pushed.Store(true)
 	}
-	if err != nil || which < 0 {
-		return out, false, false, err
+	if err != nil || which == answerNone {
+		return out, false, answer, err
 	}
-	leave = which == 0 && !rest
+	if which == answerPlain && rest {
+		which = answerPong // not what Redis sends after PING: stay
+	}
 	if ex.state.CompareAndSwap(exitAsked, exitIdle) {
-		return out, true, leave, nil // the reader tells the session
+		return out, true, which, nil // the reader tells the session
 	}
-	ex.state.Store(exitIdle) // abandoned: the answer is taken out, the relay stays
-	return out, false, false, nil
+	ex.state.Store(exitIdle) // abandoned: the answers are taken out, the relay stays
+	return out, false, answer, nil
 }
 
-// relayFramer frames a relay's stream from Redis in pieces of any size,
-// without holding more than a few bytes of any reply, and takes out the
-// marker's answer. A reply that starts while a marker is asked is held
-// back until it is known not to be the answer (longer than it, or
-// complete and different).
-type relayFramer struct {
-	sc    resp.ReplyScanner
-	carry []byte // bytes the scanner did not release, fed again first
-	held  []byte // the reply being framed, while it may be the answer
-	size  int    // bytes of the reply being framed so far
-	hold  bool   // the reply being framed is held back
-	out   []byte
-	// head is the start of the reply being framed, enough to tell Redis's
-	// own sunsubscribe (sunsubscribed: one was seen).
-	head          [len(sunsubscribeReply)]byte
-	sunsubscribed bool
-}
+// The framer's progress through the answers to one question.
+const (
+	askNone = iota // no question open
+	askTag         // looking for the unknown command's error naming the token
+	askPing        // looking for PING's answer, the next reply but messages
+)
+
+// What PING was answered with.
+const (
+	answerNone  = -1
+	answerPlain = 0 // not subscribed
+	answerPong  = 1 // subscribed (RESP2)
+	answerError = 2 // an error (-BUSY, ...): unclear
+)
+
+// maxTagError bounds the unknown-command error that may carry the tag:
+// Redis quotes at most 128 bytes of the arguments.
+const maxTagError = 512
 
 // sunsubscribeReply starts the sunsubscribe Redis Cluster sends, unasked,
 // to a RESP2 subscriber whose channel's slot has left the node. The client
 // then subscribes again, to be served by the new owner, which a relay on
 // the old node refuses: so this too makes the relay ask whether it may
-// leave (relayExit.asked).
+// leave (relayExit.pushed).
 const sunsubscribeReply = "*3\r\n$12\r\nsunsubscribe\r\n"
 
-// feed consumes chunk and returns what to pass on. which is the index in
-// marker of the answer found in it (then rest reports bytes after it), or
-// -1. marker is empty when no marker is asked.
-func (f *relayFramer) feed(chunk []byte, marker [2][]byte) (out []byte, which int, rest bool, err error) {
-	which = -1
-	longest := max(len(marker[0]), len(marker[1]))
+// pubsubMessages start the replies Redis sends a subscriber unasked; one
+// may come between the two answers.
+var pubsubMessages = [...]string{
+	"*3\r\n$7\r\nmessage\r\n",
+	"*4\r\n$8\r\npmessage\r\n",
+	"*3\r\n$8\r\nsmessage\r\n",
+	sunsubscribeReply,
+}
+
+// relayFramer frames a relay's stream from Redis in pieces of any size,
+// without holding more than a few hundred bytes of any reply, and takes
+// the answers to an open question out of it. A reply that may be an
+// answer is held back until it is known not to be one (longer than any
+// answer, or complete and different); the rest passes on as it comes.
+type relayFramer struct {
+	sc    resp.ReplyScanner
+	carry []byte // bytes the scanner did not release, fed again first
+	held  []byte // the reply being framed, while it may be an answer
+	size  int    // bytes of the reply being framed so far
+	hold  bool   // the reply being framed is held back
+	limit int    // ... while it is no longer than this
+	drop  bool   // the reply being framed is PING's error answer: dropped
+	out   []byte
+
+	q     *relayQuestion
+	stage int
+	// head is the start of the reply being framed, enough to tell a
+	// pub/sub message or Redis's own sunsubscribe.
+	head          [24]byte
+	sunsubscribed bool
+}
+
+// ask opens a question: the framer looks for its answers from the next
+// reply on (one being framed now came before them).
+func (f *relayFramer) ask(q *relayQuestion) {
+	f.q, f.stage = q, askTag
+}
+
+// pending returns what the framer has taken in and not passed on, of a
+// reply cut by a read, and forgets it.
+func (f *relayFramer) pending() []byte {
+	rest := append(append([]byte(nil), f.held...), f.carry...)
+	f.held, f.carry, f.hold = nil, nil, false
+	return rest
+}
+
+// mayAnswer reports whether a reply that starts with first may be an
+// answer at the current stage, and the most bytes such an answer has.
+func (f *relayFramer) mayAnswer(first byte) (bool, int) {
+	switch f.stage {
+	case askTag:
+		return first == '-', maxTagError
+	case askPing:
+		if first == '-' {
+			return true, -1 // any error here is PING's: dropped, never held
+		}
+		return first == '$' || first == '*', max(len(f.q.plain), len(f.q.pong))
+	}
+	return false, 0
+}
+
+// feed consumes chunk and returns what to pass on: chunk itself when
+// nothing in it is held back or taken out. which is PING's answer when
+// both answers were found in it (then rest reports bytes after them), or
+// answerNone.
+func (f *relayFramer) feed(chunk []byte) (out []byte, which int, rest bool, err error) {
+	which = answerNone
 	data := chunk
 	if len(f.carry) > 0 {
 		f.carry = append(f.carry, chunk...)
 		data = f.carry
 	}
+	// direct: what is passed on is data[:done] so far, with no copy.
+	direct := len(f.carry) == 0
+	done := 0
 	out = f.out[:0]
-	for len(data) > 0 {
+	diverge := func() {
+		if direct {
+			out = append(out, data[:done]...)
+			direct = false
+		}
+	}
+	for done < len(data) {
 		if f.size == 0 {
-			f.hold = longest > 0
+			f.hold, f.drop, f.limit = false, false, 0
+			if ok, most := f.mayAnswer(data[done]); ok {
+				f.hold, f.drop, f.limit = most > 0, most < 0, most
+			}
 		}
-		n, done, cerr := f.sc.Consume(data)
+		n, end, cerr := f.sc.Consume(data[done:])
 		if cerr != nil {
-			return out, -1, false, cerr
+			return out, answerNone, false, cerr
 		}
-		if n == 0 && !done {
+		if n == 0 && !end {
 			break
 		}
-		part := data[:n]
-		data = data[n:]
+		part := data[done : done+n]
 		if f.size < len(f.head) {
 			copy(f.head[f.size:], part)
 		}
 		f.size += n
 		switch {
+		case f.drop:
+			diverge()
 		case !f.hold:
-			out = append(out, part...)
-		case f.size > longest:
+			if !direct {
+				out = append(out, part...)
+			}
+		case f.size > f.limit:
+			diverge()
 			out = append(append(out, f.held...), part...)
 			f.held, f.hold = f.held[:0], false
 		default:
+			diverge()
 			f.held = append(f.held, part...)
 		}
-		if !done {
+		done += n
+		if !end {
 			continue
 		}
-		if f.hold {
-			switch {
-			case bytes.Equal(f.held, marker[0]) && which < 0:
-				which = 0
-			case bytes.Equal(f.held, marker[1]) && which < 0:
-				which = 1
-			default:
-				out = append(out, f.held...)
-			}
-			if which >= 0 {
-				longest = 0 // one answer per marker
-			}
-		} else if which >= 0 {
+		if which != answerNone {
 			rest = true
 		}
-		if f.size >= len(f.head) && string(f.head[:]) == sunsubscribeReply {
+		switch a := f.answer(); {
+		case a == answerTag:
+			f.stage = askPing
+		case a >= 0:
+			which, f.stage = a, askNone
+		case f.hold:
+			out = append(out, f.held...)
+		}
+		if f.size >= len(sunsubscribeReply) && string(f.head[:len(sunsubscribeReply)]) == sunsubscribeReply {
 			f.sunsubscribed = true
 		}
-		f.held, f.hold, f.size = f.held[:0], false, 0
-		if which >= 0 && len(data) > 0 {
-			rest = true
-		}
+		f.held, f.hold, f.drop, f.size = f.held[:0], false, false, 0
+	}
+	if which != answerNone && (f.size > 0 || done < len(data)) {
+		rest = true // part of a reply after the answers
+	}
+	if direct {
+		out = data[:done]
 	}
 	// What the scanner has not released is fed again with the next chunk;
-	// copy first: data may be part of carry itself.
-	f.carry = append(f.carry[:0:0], data...)
-	f.out = out
-	if len(f.out) > 64<<10 {
-		f.out = nil // do not keep a big chunk's copy for the relay's life
+	// copied: data may be carry itself.
+	f.carry = append([]byte(nil), data[done:]...)
+	if len(f.carry) == 0 {
+		f.carry = nil
+	}
+	if !direct {
+		f.out = out
+		if cap(f.out) > 64<<10 {
+			f.out = nil // do not keep a big chunk's copy for the relay's life
+		}
 	}
 	return out, which, rest, nil
+}
+
+// answerTag: the reply just framed is the unknown command's error.
+const answerTag = -2
+
+// answer classifies the reply just framed: answerTag, an answer of PING
+// (answerPlain, answerPong, answerError), or answerNone for a reply to
+// pass on (held, if it was).
+func (f *relayFramer) answer() int {
+	switch {
+	case f.stage == askTag && f.hold:
+		if bytes.Contains(f.held, f.q.tag) {
+			return answerTag
+		}
+	case f.stage == askPing && f.drop:
+		return answerError
+	case f.stage == askPing && f.hold:
+		switch {
+		case bytes.Equal(f.held, f.q.plain):
+			return answerPlain
+		case bytes.Equal(f.held, f.q.pong):
+			return answerPong
+		}
+		if !f.isMessage() {
+			// Nothing but messages may come between the answers, and
+			// PING's are matched above: a reply the framer cannot place.
+			return answerError
+		}
+	}
+	return answerNone
+}
+
+// isMessage reports whether the reply just framed is one Redis sends a
+// subscriber unasked.
+func (f *relayFramer) isMessage() bool {
+	for _, m := range pubsubMessages {
+		if f.size >= len(m) && string(f.head[:len(m)]) == m {
+			return true
+		}
+	}
+	return false
 }

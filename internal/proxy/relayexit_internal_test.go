@@ -9,10 +9,13 @@ import (
 	"github.com/tidwall/redcon"
 )
 
-// The framer takes the marker's answer, and only it, out of a relay's
-// stream cut anywhere: in every two-piece cut, and in random cuts of many
-// pieces, of a stream with messages of every size around the answer.
-func TestRelayFramerTakesOutOnlyTheAnswer(t *testing.T) {
+// The framer takes the answers to its question, and only them, out of a
+// relay's stream cut anywhere: in every two-piece cut, and in random cuts
+// of many pieces, of a stream with replies of every kind around them
+// (errors of the client's own commands, -BUSY before the question, long
+// messages, messages that carry the answers' bytes, messages between the
+// two answers).
+func TestRelayFramerTakesOutOnlyTheAnswers(t *testing.T) {
 	msg := func(ch, payload string) []byte {
 		b := redcon.AppendArray(nil, 3)
 		b = redcon.AppendBulkString(b, "message")
@@ -20,20 +23,26 @@ func TestRelayFramerTakesOutOnlyTheAnswer(t *testing.T) {
 		return redcon.AppendBulkString(b, payload)
 	}
 	token := "redproxy-relay-exit-0123456789abcdef0123456789abcdef"
-	plain := redcon.AppendBulkString(nil, token)
-	pong := append([]byte("*2\r\n$4\r\npong\r\n"), plain...)
-	// Replies that look like the answer but are not: another token, a
-	// client's own PING, the same bytes inside a message.
-	near := redcon.AppendBulkString(nil, strings.Replace(token, "0", "1", 1))
-	var before, after []byte
+	q := relayQuestion{tag: []byte("'" + token + "'")}
+	q.plain = redcon.AppendBulkString(nil, token)
+	q.pong = append([]byte("*2\r\n$4\r\npong\r\n"), q.plain...)
+	tagErr := []byte("-ERR unknown command 'redproxy-exit', with args beginning with: '" + token + "' \r\n")
+	busy := []byte("-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.\r\n")
+	other := strings.Replace(token, "0", "1", 1)
+	var before, between, after []byte
 	before = append(before, msg("x", "1")...)
-	before = append(before, near...)
+	before = append(before, redcon.AppendBulkString(nil, other)...)
+	before = append(before, "-ERR unknown command 'redproxy-exit', with args beginning with: '"+other+"' \r\n"...)
+	before = append(before, busy...)
+	before = append(before, "-ERR "+strings.Repeat("e", 2000)+"\r\n"...)
 	before = append(before, msg("x", strings.Repeat("p", 40<<10))...)
-	before = append(before, msg("x", string(pong))...)
+	before = append(before, msg("x", string(q.pong))...)
+	before = append(before, msg("x", string(tagErr))...)
 	before = append(before, "*2\r\n$4\r\npong\r\n$0\r\n\r\n"...)
 	before = append(before, "+OK\r\n:0\r\n"...)
-	after = append(after, msg("x", "2")...)
-	after = append(after, msg("x", string(plain))...)
+	between = append(between, msg("x", "2")...)
+	between = append(between, msg("x", string(q.plain))...)
+	after = append(after, msg("x", "3")...)
 
 	cases := []struct {
 		name   string
@@ -42,30 +51,37 @@ func TestRelayFramerTakesOutOnlyTheAnswer(t *testing.T) {
 		which  int
 		rest   bool
 	}{
-		{"subscribed", pong, after, 1, true},
-		{"left", plain, nil, 0, false},
-		{"plain with more after it", plain, msg("x", "2"), 0, true},
+		{"subscribed", q.pong, after, answerPong, true},
+		{"left", q.plain, nil, answerPlain, false},
+		{"plain with more after it", q.plain, after, answerPlain, true},
+		{"busy", busy, nil, answerError, false},
 	}
 	for _, tc := range cases {
-		stream := append(append(append([]byte(nil), before...), tc.answer...), tc.tail...)
-		want := append(append([]byte(nil), before...), tc.tail...)
+		var stream, want []byte
+		for _, part := range [][]byte{before, tagErr, between, tc.answer, tc.tail} {
+			stream = append(stream, part...)
+		}
+		for _, part := range [][]byte{before, between, tc.tail} {
+			want = append(want, part...)
+		}
 		run := func(cuts []int) {
 			var f relayFramer
+			f.ask(&q)
 			var got []byte
-			which, rest := -1, false
+			which, rest := answerNone, false
 			prev := 0
 			for _, c := range append(cuts, len(stream)) {
-				out, w, r, err := f.feed(stream[prev:c], [2][]byte{plain, pong})
+				out, w, r, err := f.feed(stream[prev:c])
 				if err != nil {
 					t.Fatalf("%s, cuts %v: %v", tc.name, cuts, err)
 				}
 				got = append(got, out...)
-				if w >= 0 {
-					if which >= 0 {
+				if w != answerNone {
+					if which != answerNone {
 						t.Fatalf("%s, cuts %v: two answers", tc.name, cuts)
 					}
 					which, rest = w, r
-				} else if which >= 0 && len(out) > 0 {
+				} else if which != answerNone && c > prev {
 					rest = true
 				}
 				prev = c
@@ -78,7 +94,7 @@ func TestRelayFramerTakesOutOnlyTheAnswer(t *testing.T) {
 			}
 		}
 		for c := 0; c <= len(stream); c++ {
-			if c < 200 || c > len(stream)-400 || c%97 == 0 {
+			if c < 3000 || c > len(stream)-3000 || c%97 == 0 {
 				run([]int{c})
 			}
 		}
@@ -92,12 +108,13 @@ func TestRelayFramerTakesOutOnlyTheAnswer(t *testing.T) {
 		}
 	}
 
-	// No marker asked: the stream passes whole, answer-like bytes too.
+	// No question asked: the stream passes whole, the answers' bytes too,
+	// and with no copy.
 	var f relayFramer
-	stream := append(append([]byte(nil), before...), plain...)
-	out, which, _, err := f.feed(stream, [2][]byte{})
-	if err != nil || which >= 0 || !bytes.Equal(out, stream) {
-		t.Fatalf("no marker: which %d err %v, passed %d of %d bytes", which, err, len(out), len(stream))
+	stream := append(append(append([]byte(nil), before...), tagErr...), q.plain...)
+	out, which, _, err := f.feed(stream)
+	if err != nil || which != answerNone || !bytes.Equal(out, stream) || &out[0] != &stream[0] {
+		t.Fatalf("no question: which %d err %v, passed %d of %d bytes", which, err, len(out), len(stream))
 	}
 }
 
@@ -118,9 +135,9 @@ func TestRelayFramerNoticesSunsubscribe(t *testing.T) {
 	}{{append(append([]byte(nil), lookalike...), unsub...), true}, {lookalike, false}} {
 		for c := 0; c <= len(tc.stream); c++ {
 			var f relayFramer
-			out1, _, _, err1 := f.feed(tc.stream[:c], [2][]byte{})
+			out1, _, _, err1 := f.feed(tc.stream[:c])
 			got := append([]byte(nil), out1...)
-			out2, _, _, err2 := f.feed(tc.stream[c:], [2][]byte{})
+			out2, _, _, err2 := f.feed(tc.stream[c:])
 			got = append(got, out2...)
 			if err1 != nil || err2 != nil || !bytes.Equal(got, tc.stream) {
 				t.Fatalf("cut %d: %v %v, passed %q", c, err1, err2, got)
@@ -128,6 +145,29 @@ func TestRelayFramerNoticesSunsubscribe(t *testing.T) {
 			if f.sunsubscribed != tc.want {
 				t.Fatalf("cut %d: sunsubscribed = %v, want %v", c, f.sunsubscribed, tc.want)
 			}
+		}
+	}
+}
+
+// A relay that will not leave stops framing, and what the framer held of a
+// reply cut by a read is passed on first, not lost.
+func TestRelayFramerOffKeepsCutReply(t *testing.T) {
+	m := redcon.AppendArray(nil, 3)
+	m = redcon.AppendBulkString(m, "message")
+	m = redcon.AppendBulkString(m, "x")
+	m = redcon.AppendBulkString(m, "hello")
+	for c := 1; c < len(m); c++ {
+		ex := &relayExit{framing: true}
+		got, _, _, err := ex.received(m[:c])
+		got = append([]byte(nil), got...)
+		ex.off.Store(true) // a RESET, say, relayed meanwhile
+		out, _, _, err2 := ex.received(m[c:])
+		got = append(got, out...)
+		if err != nil || err2 != nil || !bytes.Equal(got, m) {
+			t.Fatalf("cut %d: passed %q, %v %v", c, got, err, err2)
+		}
+		if ex.framing {
+			t.Fatalf("cut %d: still framing", c)
 		}
 	}
 }

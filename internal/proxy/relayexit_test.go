@@ -287,3 +287,76 @@ func TestRelayLostWhileAskingToLeave(t *testing.T) {
 	other := p.Client(t)
 	redistest.Eventually(t, 5*time.Second, func() bool { return other.Ping(ctx).Err() == nil }, "another client not served")
 }
+
+// Redis busy with a script answers the relay's PING with -BUSY: the relay
+// stays (the client sees its own commands' answers, never the question's)
+// and asks again before the next batch, once the script is done.
+func TestRelayAsksAgainAfterBusy(t *testing.T) {
+	rs := redistest.Start(t, "--busy-reply-threshold", "50")
+	p := proxytest.Start(t, rs, nil)
+	rc := rs.Client(t)
+	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"SUBSCRIBE", "a"})
+	c.readReply()
+	c.send([]string{"UNSUBSCRIBE"})
+	c.readReply()
+	done := startLoop(t, rs.Addr(), false, 1500)
+	redistest.Eventually(t, 5*time.Second, func() bool { return redisBusy(t, rs) }, "Redis never busy")
+	c.send([]string{"GET", "k"}, []string{"PING", "during"})
+	for i := range 2 {
+		if v, _ := c.readReply(); !strings.HasPrefix(fmt.Sprint(v), "BUSY") {
+			t.Fatalf("reply %d while Redis is busy: %v", i, v)
+		}
+	}
+	<-done
+	if n := relayConns(t, rc); n != 1 {
+		t.Fatalf("relay connections while busy: %d, want the relay kept", n)
+	}
+	if v := c.do("GET", "k"); v != "v" {
+		t.Fatalf("GET after the script: %v", v)
+	}
+	waitRelayConns(t, rc, 0)
+	if v := c.do("PING"); v != "PONG" {
+		t.Fatalf("PING after leaving: %v", v)
+	}
+}
+
+// A client that closes while the relay waits for Redis's answer behind a
+// BLPOP is noticed, and the relay's connection closed: the BLPOP must not
+// pop an element for nobody, nor the held batch run.
+func TestRelayClientGoneWhileAsking(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	rc := p.Redis.Client(t)
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"SUBSCRIBE", "a"})
+	c.readReply()
+	c.send([]string{"UNSUBSCRIBE"}, []string{"BLPOP", "l", "0"})
+	c.readReply()
+	c.send([]string{"LPOP", "q"})
+	blocked := func(n int) func() bool {
+		return func() bool {
+			info, _ := rc.Info(ctx, "clients").Result()
+			return strings.Contains(info, fmt.Sprintf("blocked_clients:%d\r", n))
+		}
+	}
+	redistest.Eventually(t, 5*time.Second, blocked(1), "BLPOP never blocked")
+	c.nc.Close()
+	redistest.Eventually(t, 5*time.Second, blocked(0), "the relay's BLPOP outlived its client")
+	if err := rc.RPush(ctx, "l", "precious").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.RPush(ctx, "q", "job").Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // what a live relay or held batch would take
+	if n := rc.LLen(ctx, "l").Val(); n != 1 {
+		t.Fatalf("LLEN l = %d: popped for a client that was gone", n)
+	}
+	if n := rc.LLen(ctx, "q").Val(); n != 1 {
+		t.Fatalf("LLEN q = %d: the held batch ran for a client that was gone", n)
+	}
+	waitRelayConns(t, rc, 0)
+}

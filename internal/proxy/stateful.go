@@ -33,8 +33,9 @@ import (
 //     element nobody receives.
 //   - relayed: SUBSCRIBE and friends, MONITOR, CLIENT TRACKING ON and
 //     CLIENT NO-TOUCH ON turn the client into a raw byte relay to a
-//     dedicated connection for the rest of its life, with a bounded output
-//     queue that cuts off a client that stops reading.
+//     dedicated connection for the rest of its life (a RESP2 subscriber
+//     that unsubscribes from everything comes back: relayexit.go), with a
+//     bounded output queue that cuts off a client that stops reading.
 
 // pinState is the session's transaction state.
 type pinState struct {
@@ -732,8 +733,9 @@ const (
 )
 
 // startRelay turns the rest of the client's life into a raw relay to a
-// dedicated connection. reqs are the client's requests from the one that
-// started it to the end of the batch; they are sent first.
+// dedicated connection, or for a RESP2 subscriber until it has unsubscribed
+// from everything (relayexit.go). reqs are the client's requests from the
+// one that started it to the end of the batch; they are sent first.
 func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	reqs, m := sess.batchReqs[r.i:], r.m
 	sess.slowExempt = true
@@ -896,10 +898,10 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 			// Copy: queueing buf[:n] of a fresh 32 KB buffer per read would
 			// keep 32 KB alive per small message, far beyond the limit.
 			chunk := buf[:n]
-			found, leave := false, false
-			if ex != nil && n > 0 && !ex.off.Load() {
+			found, answer := false, answerNone
+			if ex != nil && n > 0 {
 				var ferr error
-				if chunk, found, leave, ferr = ex.received(chunk); ferr != nil {
+				if chunk, found, answer, ferr = ex.received(chunk); ferr != nil {
 					sess.closeFor(metrics.CloseUpstreamLost, "relayed stream from Redis is not RESP", "err", ferr)
 					sess.nc.Close()
 					up.Close()
@@ -924,10 +926,10 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 				return
 			}
 			if found {
-				// Only now: what went before the answer is queued.
-				ex.result <- leave
-				if leave {
-					return
+				// Only now: what went before the answers is queued.
+				ex.result <- answer
+				if answer == answerPlain {
+					return // the relay leaves
 				}
 			}
 			if err != nil {
@@ -964,13 +966,21 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 	for {
 		active()
 		reqs, err := sess.rd.ReadBatch()
-		if ex != nil && len(reqs) > 0 && err == nil && ex.wantsToLeave() && ex.tryLeave(sess, up) {
-			up.Close()
-			wg.Wait()
-			if sess.closedFor() == "" {
-				return reqs
+		if ex != nil && len(reqs) > 0 && err == nil && ex.wantsToLeave() {
+			switch ex.ask(sess, up) {
+			case relayLeaves:
+				up.Close()
+				wg.Wait()
+				if sess.closedFor() == "" {
+					return reqs
+				}
+				// The client's side failed while the replies were passed on.
+			case relayEnds:
+				sess.closing(metrics.CloseUpstreamLost) // unless the client's end or the reader's recorded why
 			}
-			break // the client's side failed while the replies were passed on
+			if sess.closedFor() != "" {
+				break
+			}
 		}
 		var out []byte
 		if len(reqs) > 0 {
