@@ -6,7 +6,8 @@
 // goroutine frames replies and hands them to Calls strictly in the order the
 // commands were written. Redis answers a connection's commands in order, so
 // FIFO matching is exact; a reply with no Call waiting for it is a bug, and
-// the connection is closed rather than guessing.
+// the connection is closed, as soon as the reply begins, rather than
+// guessing.
 //
 // Only the reader completes Calls. When a connection fails for any reason
 // (read or write error, reply timeout, mismatch) the socket is closed, the

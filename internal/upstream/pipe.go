@@ -516,12 +516,22 @@ func (rr *replyReader) dispatch() error {
 			rr.streamed()
 			continue
 		}
+		// A push is no Call's; any other reply with no Call waiting is a
+		// mismatch, known from its first byte: waiting for its end would
+		// hold it, however long it claims to be.
+		push := p.opt.RESP3 && rr.buf[rr.r] == '>'
+		if !push && rr.call() == nil {
+			return rr.unexpected()
+		}
 		n, err := rr.scan.Scan(rr.buf[rr.r:rr.w])
 		if err != nil {
 			lc.closeFromReader(err)
 			return err
 		}
 		if n == 0 {
+			if push {
+				return nil // OnPush takes it whole
+			}
 			if rr.startStream() {
 				continue
 			}
@@ -532,21 +542,26 @@ func (rr *replyReader) dispatch() error {
 		if frame[0] == '-' && p.opt.OnReadOnly != nil && bytes.HasPrefix(frame, readOnlyPrefix) {
 			p.opt.OnReadOnly()
 		}
-		if p.opt.RESP3 && resp.IsPush(frame) {
+		if push {
 			if p.opt.OnPush != nil {
 				p.opt.OnPush(frame)
 			}
 			continue
 		}
-		if rr.call() == nil {
-			p.opt.Logger.Error("BUG: upstream reply with no request waiting", "addr", p.opt.Addr, "reply_prefix", string(frame[:min(len(frame), 64)]))
-			lc.closeFromReader(errMismatch)
-			return errMismatch
-		}
 		rr.cur.addReply(frame)
 		rr.replied()
 	}
 	return nil
+}
+
+// unexpected closes the connection for a reply that began with no Call
+// waiting for it: Redis answers each command once, in order, so a reply
+// nobody asked for means the order can no longer be trusted.
+func (rr *replyReader) unexpected() error {
+	p := rr.p
+	p.opt.Logger.Error("BUG: upstream reply with no request waiting; closing the connection", "addr", p.opt.Addr, "db", p.opt.DB, "reply_prefix", string(rr.buf[rr.r:min(rr.w, rr.r+64)]))
+	rr.lc.closeFromReader(errMismatch)
+	return errMismatch
 }
 
 // call is the Call the next reply belongs to (the oldest pending), or nil.
@@ -580,19 +595,18 @@ func (rr *replyReader) replied() {
 }
 
 // startStream decides, for the incomplete reply at buf[r:w], whether it
-// is to be streamed rather than held until whole: when its Call will not
-// keep it, because it is longer than the Call's SetMaxReply (digested) or
-// does not fit the Call's reply limit (dropped, as addReply would once it
-// is whole). A push frame is never streamed: OnPush takes it whole.
+// is to be streamed rather than held until whole: when its Call (rr.cur,
+// found by dispatch) will not keep it, because it is longer than the
+// Call's SetMaxReply (digested) or does not fit the Call's reply limit
+// (dropped, as addReply would once it is whole). A push frame is never
+// streamed: OnPush takes it whole.
 func (rr *replyReader) startStream() bool {
 	partial := rr.w - rr.r
-	if partial <= streamMin || rr.p.opt.RESP3 && rr.buf[rr.r] == '>' {
+	if partial <= streamMin {
 		return false
 	}
-	c := rr.call()
+	c := rr.cur
 	switch {
-	case c == nil:
-		return false // dispatch reports it once it is whole
 	case c.overflow:
 		rr.digest = false
 	case c.maxReply > 0 && partial > c.maxReply:

@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -148,6 +150,15 @@ func TestPipeStreamsRepliesItDoesNotKeep(t *testing.T) {
 // that claims a huge size, or never ends.
 func hostile(t *testing.T, target, marker string, answer, filler []byte) string {
 	t.Helper()
+	return hostileUpTo(t, target, marker, answer, filler, 0)
+}
+
+// hostileUpTo is hostile, but writes at most total bytes of filler (0: no
+// end) and then nothing more, leaving the connection open: enough to show
+// a reader holding what it is sent, without letting one that holds all of
+// it take the machine's memory.
+func hostileUpTo(t *testing.T, target, marker string, answer, filler []byte, total int) string {
+	t.Helper()
 	return forwarder(t, target, func(wg *sync.WaitGroup, c, u net.Conn) {
 		wg.Go(func() { io.Copy(c, u) })
 		wg.Go(func() {
@@ -165,11 +176,12 @@ func hostile(t *testing.T, target, marker string, answer, filler []byte) string 
 				u.Close() // nothing more from Redis on this connection
 				c.Write(answer)
 				fill := bytes.Repeat(filler, (64<<10)/len(filler))
-				for {
+				for sent := 0; total == 0 || sent < total; sent += len(fill) {
 					if _, err := c.Write(fill); err != nil {
 						return
 					}
 				}
+				io.Copy(io.Discard, c) // until the pipe closes the connection
 			}
 		})
 	})
@@ -214,5 +226,78 @@ func TestPipeHostileReplyBounded(t *testing.T) {
 			t.Errorf("%q: allocated %.1f MB reading an endless reply; want under 8 MB", answer, float64(n)/(1<<20))
 		}
 		pool.Close()
+	}
+}
+
+// syncBuffer collects a Pipe's log for a test to read.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// hostileFill is what a hostile upstream sends after its answer in the
+// tests below: with a reader that holds it all, a few hundred MB
+// allocated; with one that does not, a few.
+const hostileFill = 128 << 20
+
+// A reply with no Call waiting for it closes the connection as soon as its
+// first bytes arrive, with the BUG logged: before, it was reported only
+// once whole, so a reply that claims a huge length (or never ends) was
+// held in the read buffer first, for as long as it came, and since no
+// Call was late the watchdog never closed the connection (128 MB held, the
+// connection open, 20 s on).
+func TestPipeUnsolicitedReplyClosesAtOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, h := range []struct{ answer, filler string }{
+		{"+OK\r\n$999999999999\r\n", "\x00"},
+		{"+OK\r\n*1099511627776\r\n", ":1\r\n"},
+	} {
+		answer := h.answer
+		opts := testOpts(hostileUpTo(t, srv.Addr(), "HOSTILE", []byte(answer), []byte(h.filler), hostileFill))
+		var logs syncBuffer
+		opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		pipe := NewPipe(opts)
+		redistest.Eventually(t, 5*time.Second, pipe.Up, "pipe not up")
+		c := NewCall()
+		c.Add(cmd("ECHO", "HOSTILE"))
+		closed := false
+		n := allocated(func() {
+			if err := pipe.Send(c); err != nil {
+				t.Fatal(err)
+			}
+			c.Wait()
+			for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				if pipe.Stats().Failures > 0 {
+					closed = true
+					break
+				}
+			}
+		})
+		t.Logf("%q: closed %v, %.2f MB allocated", answer, closed, float64(n)/(1<<20))
+		if r, err := c.Reply(0); err != nil || string(r) != "+OK\r\n" {
+			t.Errorf("%q: the Call's own reply: %q %v", answer, r, err)
+		}
+		if !closed {
+			t.Errorf("%q: the connection was never closed for the reply nobody asked for", answer)
+		}
+		if n > 4<<20 {
+			t.Errorf("%q: allocated %.1f MB for a reply nobody asked for; want under 4 MB", answer, float64(n)/(1<<20))
+		}
+		if !strings.Contains(logs.String(), "BUG: upstream reply with no request waiting") {
+			t.Errorf("%q: no BUG logged; log:\n%s", answer, logs.String())
+		}
+		pipe.Close()
 	}
 }
