@@ -39,6 +39,9 @@ type BackendOptions struct {
 	// Handshake holds extra commands every connection sends after
 	// AUTH/HELLO/SELECT (READONLY for a cluster replica's reads).
 	Handshake [][]string
+	// ReplyLimit is every connection's Options.ReplyLimit (0: the
+	// default).
+	ReplyLimit int
 }
 
 // Backend owns the shared upstream pools: one per database and protocol,
@@ -382,6 +385,7 @@ func (o BackendOptions) ConnOptions(db int, resp3 bool) Options {
 		Logger:     o.Logger,
 		OnReadOnly: o.OnReadOnly,
 		Handshake:  o.Handshake,
+		ReplyLimit: o.ReplyLimit,
 	}
 }
 

@@ -44,6 +44,9 @@ var (
 	ErrDigested = errors.New("redproxy: reply too long to keep, digested")
 	// errMismatch: Redis sent a reply nobody was waiting for.
 	errMismatch = errors.New("redproxy: upstream sent an unexpected reply")
+	// errPushTooLong: Redis sent a push frame longer than the
+	// connection's reply limit (Options.ReplyLimit).
+	errPushTooLong = errors.New("redproxy: upstream sent a push longer than the reply limit")
 )
 
 // Call is a batch of commands from one client, written as one unit and

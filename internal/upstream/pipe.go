@@ -49,8 +49,17 @@ type Options struct {
 	Handshake [][]string
 	// OnPush receives RESP3 push frames (invalidations). It runs on the
 	// reader goroutine, in order with replies; the frame is only valid
-	// during the call. Nil drops pushes.
+	// during the call. Nil drops pushes. A push longer than ReplyLimit
+	// closes the connection instead (see ReplyLimit).
 	OnPush func(frame []byte)
+	// ReplyLimit bounds what one connection's reader holds whole: the
+	// longest push frame it takes. Replies past a Call's limit are read
+	// past, never held (call.go); a push cannot be, since OnPush takes it
+	// whole, so a longer one closes the connection with an error logged
+	// (a local tier's invalidation push names one key; then everything it
+	// read is invalidated as for any lost connection). 0:
+	// DefaultReplyLimit.
+	ReplyLimit int
 	// OnUp runs (on a pipe goroutine) each time a connection is established,
 	// and OnDown each time one is lost, before its Calls are failed.
 	OnUp   func()
@@ -89,7 +98,14 @@ func (o *Options) defaults() {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.ReplyLimit <= 0 {
+		o.ReplyLimit = DefaultReplyLimit
+	}
 }
+
+// DefaultReplyLimit is Options.ReplyLimit when none is set: the default of
+// server.client_output_limit.
+const DefaultReplyLimit = 64 << 20
 
 // PipeStats are counters for metrics; all are cumulative except Up and
 // Pending.
@@ -530,12 +546,18 @@ func (rr *replyReader) dispatch() error {
 		}
 		if n == 0 {
 			if push {
-				return nil // OnPush takes it whole
+				if rr.w-rr.r > p.opt.ReplyLimit {
+					return rr.pushTooLong()
+				}
+				return nil
 			}
 			if rr.startStream() {
 				continue
 			}
 			return nil
+		}
+		if push && n > p.opt.ReplyLimit {
+			return rr.pushTooLong()
 		}
 		frame := rr.buf[rr.r : rr.r+n]
 		rr.r += n
@@ -562,6 +584,17 @@ func (rr *replyReader) unexpected() error {
 	p.opt.Logger.Error("BUG: upstream reply with no request waiting; closing the connection", "addr", p.opt.Addr, "db", p.opt.DB, "reply_prefix", string(rr.buf[rr.r:min(rr.w, rr.r+64)]))
 	rr.lc.closeFromReader(errMismatch)
 	return errMismatch
+}
+
+// pushTooLong closes the connection for a push frame longer than
+// ReplyLimit: OnPush takes a push whole, so holding it would let a broken
+// Redis grow the read buffer without bound.
+func (rr *replyReader) pushTooLong() error {
+	p := rr.p
+	p.opt.Logger.Error("upstream sent a push frame longer than the connection's reply limit; closing the connection",
+		"addr", p.opt.Addr, "db", p.opt.DB, "limit_bytes", p.opt.ReplyLimit, "push_prefix", string(rr.buf[rr.r:min(rr.w, rr.r+64)]))
+	rr.lc.closeFromReader(errPushTooLong)
+	return errPushTooLong
 }
 
 // call is the Call the next reply belongs to (the oldest pending), or nil.
@@ -599,7 +632,7 @@ func (rr *replyReader) replied() {
 // found by dispatch) will not keep it, because it is longer than the
 // Call's SetMaxReply (digested) or does not fit the Call's reply limit
 // (dropped, as addReply would once it is whole). A push frame is never
-// streamed: OnPush takes it whole.
+// streamed (OnPush takes it whole): dispatch bounds it by ReplyLimit.
 func (rr *replyReader) startStream() bool {
 	partial := rr.w - rr.r
 	if partial <= streamMin {

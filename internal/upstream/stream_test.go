@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -247,10 +248,140 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
+// sendEnd sends c and waits for it to end, however it ends.
+func sendEnd(t *testing.T, pool *Pool, c *Call) {
+	t.Helper()
+	if err := pool.Send(c); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the Call never ended")
+	}
+}
+
 // hostileFill is what a hostile upstream sends after its answer in the
 // tests below: with a reader that holds it all, a few hundred MB
 // allocated; with one that does not, a few.
 const hostileFill = 128 << 20
+
+// A push frame goes to OnPush whole, so it is never streamed: one longer
+// than the connection's ReplyLimit closes the connection, with an error
+// logged, as soon as that much of it has arrived. Before, it grew the read
+// buffer for as long as the hostile server sent (here 128 MB, about 500 MB
+// allocated), until the dead timeout. A key claiming 10 GB, an endless
+// aggregate, keys without end.
+func TestPipeHostilePushBounded(t *testing.T) {
+	srv := redistest.Start(t)
+	const limit = 1 << 20
+	for _, h := range []struct{ answer, filler string }{
+		{">2\r\n$10\r\ninvalidate\r\n$9999999999\r\n", "\x00"},
+		{">1099511627776\r\n", ":1\r\n"},
+		{">2\r\n$10\r\ninvalidate\r\n*100000000\r\n", "$3\r\nkey\r\n"},
+	} {
+		answer := h.answer
+		addr := hostileUpTo(t, srv.Addr(), "HOSTILE", []byte(answer), []byte(h.filler), hostileFill)
+		opts := testOpts(addr)
+		opts.RESP3 = true
+		opts.ReplyLimit = limit
+		opts.ReplyTimeout, opts.DeadTimeout = 200*time.Millisecond, time.Second
+		var pushes atomic.Int64
+		opts.OnPush = func([]byte) { pushes.Add(1) }
+		var logs syncBuffer
+		opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		pool := NewPool(1, opts)
+		waitUp(t, pool)
+		c := NewCall()
+		c.Add(cmd("GET", "HOSTILE"))
+		n := allocated(func() { sendEnd(t, pool, c) })
+		t.Logf("%q: %v, %.2f MB allocated", answer, c.Err(), float64(n)/(1<<20))
+		if !errors.Is(c.Err(), errPushTooLong) {
+			t.Errorf("%q: the Call ended with %v, want %v", answer, c.Err(), errPushTooLong)
+		}
+		if n > 8<<20 {
+			t.Errorf("%q: allocated %.1f MB reading a push that does not end; want under 8 MB", answer, float64(n)/(1<<20))
+		}
+		if pushes.Load() != 0 {
+			t.Errorf("%q: OnPush ran %d times", answer, pushes.Load())
+		}
+		if !strings.Contains(logs.String(), "push frame longer than the connection's reply limit") {
+			t.Errorf("%q: nothing logged about the push; log:\n%s", answer, logs.String())
+		}
+		pool.Close()
+	}
+}
+
+// Big invalidation pushes from Redis still arrive whole: CLIENT TRACKING
+// BCAST sends every key a script wrote in one push, here 500000 keys, 9 MB,
+// under the default reply limit; and one push of the same keys with the
+// limit just above it.
+func TestPipeBigInvalidationPushesArriveWhole(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client(t)
+	ctx := context.Background()
+	const keys = 500000
+	write := func() {
+		t.Helper()
+		if err := rc.Eval(ctx, "for i = 1, tonumber(ARGV[1]) do redis.call('SET', 'key:' .. i, 'v') end", nil, keys).Err(); err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+	}
+	var biggest int
+	for _, limit := range []int{0, -1} {
+		if limit < 0 {
+			limit = biggest + 1 // just above the push seen under the default
+		}
+		var (
+			mu      sync.Mutex
+			got     int
+			largest int
+		)
+		opts := testOpts(srv.Addr())
+		opts.RESP3 = true
+		opts.ReplyLimit = limit
+		opts.Handshake = [][]string{{"CLIENT", "TRACKING", "ON", "BCAST"}}
+		opts.OnPush = func(frame []byte) {
+			// >2 $10 invalidate *N: count the keys.
+			i := bytes.Index(frame, []byte("invalidate\r\n*"))
+			if i < 0 {
+				return
+			}
+			line := frame[i+len("invalidate\r\n*"):]
+			n, _ := strconv.Atoi(string(line[:bytes.IndexByte(line, '\r')]))
+			mu.Lock()
+			got += n
+			largest = max(largest, len(frame))
+			mu.Unlock()
+		}
+		pipe := NewPipe(opts)
+		redistest.Eventually(t, 5*time.Second, pipe.Up, "pipe not up")
+		write()
+		redistest.Eventually(t, 30*time.Second, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return got >= keys
+		}, "limit %d: %d of %d keys invalidated", limit, got, keys)
+		c := NewCall()
+		c.Add(cmd("PING"))
+		if err := pipe.Send(c); err != nil {
+			t.Fatal(err)
+		}
+		c.Wait()
+		if r, err := c.Reply(0); err != nil || string(r) != "+PONG\r\n" {
+			t.Fatalf("limit %d: PING after the pushes: %q %v", limit, r, err)
+		}
+		if s := pipe.Stats(); s.Failures != 0 {
+			t.Fatalf("limit %d: the connection failed: %+v", limit, s)
+		}
+		t.Logf("limit %d: %d keys invalidated, largest push %.1f MB", limit, got, float64(largest)/(1<<20))
+		if largest < 4<<20 {
+			t.Fatalf("limit %d: the largest push was %d bytes: Redis split the keys, the test shows nothing", limit, largest)
+		}
+		biggest = largest
+		pipe.Close()
+	}
+}
 
 // A reply with no Call waiting for it closes the connection as soon as its
 // first bytes arrive, with the BUG logged: before, it was reported only
