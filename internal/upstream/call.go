@@ -65,9 +65,11 @@ type Call struct {
 	// (BLPOP 0) may legitimately wait forever, on a connection of its own.
 	NoTimeout bool
 
-	// limit caps the bytes of replies the Call keeps (0: no cap). Replies
-	// beyond it are dropped as they arrive, from dropped on: the reader of
-	// a shared connection must keep reading, whoever the replies are for.
+	// limit caps the bytes of replies the Call keeps (0: none set, and a
+	// Pipe's Send gives it the connection's Options.ReplyLimit, so no
+	// Call on a Pipe keeps replies of any size). Replies beyond it are
+	// dropped as they arrive, from dropped on: the reader of a shared
+	// connection must keep reading, whoever the replies are for.
 	limit    int
 	dropped  int // index of the first dropped reply, if overflow
 	overflow bool
@@ -156,7 +158,8 @@ func (c *Call) Done() <-chan struct{} { return c.done }
 
 // SetReplyLimit caps the bytes of replies the Call keeps; set it before
 // Send. A client's replies are held here until the whole Call is answered,
-// so this is what bounds the memory one client's pipeline can take.
+// so this is what bounds the memory one client's pipeline can take. A
+// Call sent with none gets its Pipe's Options.ReplyLimit.
 func (c *Call) SetReplyLimit(n int) { c.limit = max(n, 1) }
 
 // SetMaxReply makes the Call keep no reply longer than n bytes (0: keep
@@ -309,8 +312,9 @@ func (c *Call) Part(i int) []byte { return c.parts[i] }
 // sent on a Pipe, whose replies its owner fills in itself.
 func (c *Call) AddReply(frame []byte) { c.addReply(frame) }
 
-// ReplyLimit is the cap SetReplyLimit set (0: none), for a router that
-// spreads the Call over other Calls and must cap those too.
+// ReplyLimit is the cap SetReplyLimit set (0: none; once sent on a Pipe,
+// the connection's if none was set), for a router that spreads the Call
+// over other Calls and must cap those too.
 func (c *Call) ReplyLimit() int { return c.limit }
 
 // Overflow marks the Call as over its reply limit from its next reply on,

@@ -52,13 +52,16 @@ type Options struct {
 	// during the call. Nil drops pushes. A push longer than ReplyLimit
 	// closes the connection instead (see ReplyLimit).
 	OnPush func(frame []byte)
-	// ReplyLimit bounds what one connection's reader holds whole: the
-	// longest push frame it takes. Replies past a Call's limit are read
-	// past, never held (call.go); a push cannot be, since OnPush takes it
-	// whole, so a longer one closes the connection with an error logged
-	// (a local tier's invalidation push names one key; then everything it
-	// read is invalidated as for any lost connection). 0:
-	// DefaultReplyLimit.
+	// ReplyLimit bounds what one connection's reader holds whole: it is
+	// the reply limit (Call.SetReplyLimit) of every Call sent on the
+	// connection that set none itself (a health check, a control command,
+	// a fetch whose creator forgot), and the longest push frame it takes.
+	// Replies past a Call's limit are read past, never held (call.go); a
+	// push cannot be, since OnPush takes it whole, so a longer one closes
+	// the connection with an error logged (a local tier's invalidation
+	// push names one key; then everything it read is invalidated as for
+	// any lost connection). 0: DefaultReplyLimit. The proxy sets
+	// server.client_output_limit: no client could take a longer reply.
 	ReplyLimit int
 	// OnUp runs (on a pipe goroutine) each time a connection is established,
 	// and OnDown each time one is lost, before its Calls are failed.
@@ -226,6 +229,9 @@ func (p *Pipe) Send(c *Call) error {
 			return ErrConnLost
 		}
 		return ErrUnavailable
+	}
+	if c.limit == 0 {
+		c.limit = p.opt.ReplyLimit
 	}
 	c.sent = now
 	p.pending = append(p.pending, c)

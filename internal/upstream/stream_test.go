@@ -383,6 +383,85 @@ func TestPipeBigInvalidationPushesArriveWhole(t *testing.T) {
 	}
 }
 
+// A Call that sets no reply limit (a health check, a fetch) gets its
+// connection's ReplyLimit: a reply longer than that is read past like any
+// reply past a limit, never kept whole. A real 32 MB reply on a pipe
+// limited to 1 MB is dropped (ErrOutputLimit) with a few MB allocated (the
+// reply whole, about 160 MB before) and the connection serves on; a
+// hostile reply claiming a huge length is read past until the dead timeout
+// instead of filling the read buffer (about 500 MB before). Under the
+// default limit the 32 MB reply arrives whole.
+func TestPipeLimitlessCallBounded(t *testing.T) {
+	const size, limit = 32 << 20, 1 << 20
+	srv := redistest.Start(t)
+	if err := srv.Client(t).SetRange(context.Background(), "big", size-1, "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	opts := testOpts(srv.Addr())
+	opts.ReplyLimit = limit
+	pool := NewPool(1, opts)
+	defer pool.Close()
+	waitUp(t, pool)
+	c := NewCall()
+	c.Add(cmd("GET", "big"))
+	c.Add(cmd("PING"))
+	n := allocated(func() { sendEnd(t, pool, c) })
+	t.Logf("a %d MB reply to a Call with no limit, on a pipe limited to %d MB: %.2f MB allocated", size>>20, limit>>20, float64(n)/(1<<20))
+	// The read buffer grows as the reply might fit the limit (1 MB):
+	// doubling to 2 MB allocates about 4 MB in all.
+	if n > 8<<20 {
+		t.Errorf("allocated %.1f MB for a %d MB reply past the connection's limit; want under 8 MB", float64(n)/(1<<20), size>>20)
+	}
+	for i := range 2 {
+		if _, err := c.Reply(i); !errors.Is(err, ErrOutputLimit) {
+			t.Errorf("reply %d: err %v, want ErrOutputLimit", i, err)
+		}
+	}
+	if c.ReplyLimit() != limit {
+		t.Errorf("ReplyLimit after Send: %d, want the connection's %d", c.ReplyLimit(), limit)
+	}
+	c.Reset()
+	c.Add(cmd("PING"))
+	sendWait(t, pool, c)
+	if r, _ := c.Reply(0); string(r) != "+PONG\r\n" {
+		t.Fatalf("PING after: %q", r)
+	}
+
+	def := NewPool(1, testOpts(srv.Addr()))
+	defer def.Close()
+	waitUp(t, def)
+	c.Reset()
+	c.Add(cmd("GET", "big"))
+	sendWait(t, def, c)
+	if r, err := c.Reply(0); err != nil || len(r) != size+len("$33554432\r\n\r\n") {
+		t.Fatalf("the %d MB reply under the default limit: %d bytes, %v", size>>20, len(r), err)
+	}
+
+	for _, h := range []struct{ answer, filler string }{
+		{"$999999999999999999\r\n", "\x00"},
+		{"*1099511627776\r\n", ":1\r\n"},
+	} {
+		answer := h.answer
+		opts := testOpts(hostileUpTo(t, srv.Addr(), "HOSTILE", []byte(answer), []byte(h.filler), hostileFill))
+		opts.ReplyLimit = limit
+		opts.ReplyTimeout, opts.DeadTimeout = 200*time.Millisecond, time.Second
+		pool := NewPool(1, opts)
+		waitUp(t, pool)
+		c := NewCall()
+		c.Add(cmd("GET", "HOSTILE"))
+		n := allocated(func() { sendEnd(t, pool, c) })
+		t.Logf("%q to a Call with no limit: %v, %.2f MB allocated", answer, c.Err(), float64(n)/(1<<20))
+		if c.Err() == nil {
+			t.Errorf("%q: the Call succeeded", answer)
+		}
+		if n > 8<<20 {
+			t.Errorf("%q: allocated %.1f MB reading a reply that does not end; want under 8 MB", answer, float64(n)/(1<<20))
+		}
+		pool.Close()
+	}
+}
+
 // A reply with no Call waiting for it closes the connection as soon as its
 // first bytes arrive, with the BUG logged: before, it was reported only
 // once whole, so a reply that claims a huge length (or never ends) was
