@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"sync"
 
 	"github.com/redproxy/redproxy/internal/commands"
@@ -46,6 +47,10 @@ func (s *Server) fetch(db int, resp3 bool, cmd, then, dst []byte) ([]byte, error
 	if then != nil {
 		c.Add(then)
 	}
+	// The replies go to clients, none of which may be sent more than
+	// client_output_limit: a longer reply is dropped as it arrives, not
+	// kept whole for clients that would be closed for it (flightStep).
+	c.SetReplyLimit(int(s.Config().Server.ClientOutputLimit))
 	if s.routes != nil {
 		s.routedFetch(c, db, resp3, cmd)
 	} else {
@@ -98,6 +103,10 @@ func (sess *Session) flightStep(r *request) bool {
 	switch {
 	case !handled:
 		return false // go upstream with the rest of the data path
+	case errors.Is(err, upstream.ErrOutputLimit):
+		// The reply was longer than the output limit (fetch): the
+		// client is closed, as for a reply of its own Call.
+		sess.overLimit()
 	case err != nil:
 		sess.replyLocal(r.m, errorReply(err))
 	default:

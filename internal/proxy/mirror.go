@@ -140,6 +140,7 @@ func mirrorTarget(s *Server, name string, u config.Upstream) (func(stop <-chan s
 			ReconnectMin: u.ReconnectMin.Duration,
 			ReconnectMax: u.ReconnectMax.Duration,
 			Logger:       log,
+			ReplyLimit:   int(s.Config().Server.ClientOutputLimit),
 		}
 	}
 	switch u.Mode {

@@ -45,6 +45,10 @@ func (s *Server) backendOptions(c *config.Config, addr string) upstream.BackendO
 		ReconnectMax: c.Upstream.ReconnectMax.Duration,
 		Logger:       s.log,
 		OnReadOnly:   s.readOnlyHook(),
+		// No Call on a connection keeps more replies than a client may
+		// be sent, nor does its reader hold a longer push: see
+		// upstream.Options.ReplyLimit.
+		ReplyLimit: int(c.Server.ClientOutputLimit),
 	}
 }
 

@@ -168,6 +168,7 @@ func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 			ReconnectMin: u.ReconnectMin.Duration,
 			ReconnectMax: u.ReconnectMax.Duration,
 			Logger:       s.log.With("upstream", t.name),
+			ReplyLimit:   int(s.Config().Server.ClientOutputLimit),
 		}
 	}
 	opts := t.opts

@@ -518,6 +518,7 @@ func (sess *Session) blocking(r *request) {
 	call := sess.call
 	call.Reset()
 	call.NoTimeout = true
+	call.SetReplyLimit(sess.replyLimit())
 	first := 0
 	if named {
 		call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", sess.name))
@@ -597,6 +598,9 @@ func (sess *Session) blocking(r *request) {
 		reply = sess.clusterBlockedReply(reply, b, borrowed)
 	}
 	sess.replyLocal(m, sess.nsStripped(sess.curStrip, reply))
+	if errors.Is(err, upstream.ErrOutputLimit) {
+		sess.overLimit() // as for a reply of the client's batch
+	}
 	clean := err == nil
 	if named {
 		r, rerr := call.Reply(first + 1)

@@ -177,6 +177,7 @@ func (sess *Session) tierStale(t *tierState, raw, key []byte, m *metrics.Command
 	db, resp3 := sess.db, sess.resp3
 	call := upstream.NewCall()
 	call.Add(raw)
+	call.SetReplyLimit(sess.replyLimit())
 	if r := sess.srv.router; r != nil {
 		// The router answers a lost node with an error reply, not an
 		// error, so the stale value is never used in cluster mode.
@@ -190,6 +191,10 @@ func (sess *Session) tierStale(t *tierState, raw, key []byte, m *metrics.Command
 	if err == nil {
 		t.cache.Refreshed(db, key)
 		sess.replyLocal(m, reply)
+		return true
+	}
+	if errors.Is(err, upstream.ErrOutputLimit) {
+		sess.overLimit()
 		return true
 	}
 	if errors.Is(err, upstream.ErrUnavailable) || errors.Is(err, upstream.ErrConnLost) || errors.Is(err, upstream.ErrTimeout) {
