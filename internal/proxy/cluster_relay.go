@@ -27,7 +27,7 @@ import (
 //   - SSUBSCRIBE relays to the primary owning the channels' slot; when
 //     that slot moves away, Redis itself sends the client a sunsubscribe
 //     push, which the relay passes on.
-//   - The relay stays on its node for the client's life, or until a RESP2
+//   - The relay stays on its node for the client's life, or until the
 //     client has unsubscribed from everything (relayexit.go). A command on it
 //     that the node cannot serve (a sharded channel or a key of a slot
 //     another node owns, a whole-keyspace command) is refused in order,

@@ -14,9 +14,9 @@ import (
 	"github.com/tidwall/redcon"
 )
 
-// A RESP2 client that unsubscribes from everything leaves Redis's
-// subscribed mode and may send any command again: Jedis and redis-py hand
-// such a connection back to their pools. Its relay (stateful.go) then hands
+// A client that unsubscribes from everything leaves Redis's subscribed
+// mode (RESP2: it may send any command again) and is a normal client:
+// Jedis and redis-py hand such a connection back to their pools. Its relay (stateful.go) then hands
 // the client back to the shared connections, so that its commands meet
 // routes, cluster slots, the local tier and stampede protection again, and
 // the dedicated connection is given back.
@@ -32,23 +32,25 @@ import (
 //
 //	redproxy-exit <token>   an unknown command, answered with an error
 //	                        naming the token in any state (busy, subscribed)
-//	PING <token>            answered ["pong", token] on a subscribed RESP2
+//	PING <token>            RESP2: answered ["pong", token] on a subscribed
 //	                        connection, the bulk string token on any other,
 //	                        or an error (-BUSY while a script runs)
+//	CLIENT INFO             RESP3, where PING's answer does not tell: the
+//	                        connection's flags, P while subscribed
 //
 // The relay's reader frames the stream, takes both answers out of it (the
 // first error naming the token, then the first reply after it that is not
-// a pub/sub message), and the relay leaves only on the bulk form with
-// nothing after it: every reply and message the client was owed has then
-// been passed on. Otherwise the held batch is relayed as before, and the
-// relay asks again after the next unsubscribe.
+// a pub/sub message or push), and the relay leaves only when the second
+// says the connection is not subscribed and nothing came after it: every
+// reply and message the client was owed has then been passed on.
+// Otherwise the held batch is relayed as before, and the relay asks again
+// after the next unsubscribe (or, after an error, before the next batch).
 //
 // A relay leaves only if the dedicated connection carries no state the
 // session does not: a command that may change the connection's state
 // (SELECT, MULTI, WATCH, CLIENT SETNAME, HELLO, AUTH, RESET, READONLY, an
 // unknown command; see relayKeepsState) keeps the client on its relay for
-// good, as before. RESP3 relays do not leave: there Redis's answer to PING
-// does not tell whether the connection is subscribed.
+// good, as before.
 
 // relayExit is one pub/sub relay's way out.
 type relayExit struct {
@@ -93,6 +95,7 @@ const (
 // relayQuestion is what the relay sends to find out whether it may leave,
 // and the answers it looks for.
 type relayQuestion struct {
+	resp3 bool   // the second question is CLIENT INFO, not PING
 	tag   []byte // the token, as the unknown command's error quotes it
 	plain []byte // PING's answer on a connection not subscribed
 	pong  []byte // PING's answer on a subscribed RESP2 connection
@@ -101,10 +104,10 @@ type relayQuestion struct {
 // newRelayExit returns the way out of a relay of kind, or nil for a relay
 // that stays for the client's life.
 func (sess *Session) newRelayExit(kind relayKind) *relayExit {
-	if kind != relayPubSub || sess.resp3 {
+	if kind != relayPubSub {
 		return nil
 	}
-	return &relayExit{result: make(chan int, 1), readerDone: make(chan struct{}), framing: true}
+	return &relayExit{q: relayQuestion{resp3: sess.resp3}, result: make(chan int, 1), readerDone: make(chan struct{}), framing: true}
 }
 
 // note looks at one request the relay is about to send.
@@ -160,6 +163,10 @@ const (
 // Redis would answer the held batch no sooner.
 const markerWait = 50 * time.Millisecond
 
+// relayQuestionReplies is how many replies the question adds to the
+// stream: relayWrites counts replies, and must count these too.
+const relayQuestionReplies = 2
+
 // ask sends the question and waits for the reader's finding.
 func (ex *relayExit) ask(sess *Session, up net.Conn) relayAsking {
 	ex.asked = false
@@ -171,7 +178,11 @@ func (ex *relayExit) ask(sess *Session, up net.Conn) relayAsking {
 	ex.q.pong = append(append(ex.q.pong[:0], "*2\r\n$4\r\npong\r\n"...), ex.q.plain...)
 	ex.state.Store(exitAsked)
 	msg := resp.AppendCommandStrings(nil, "redproxy-exit", token)
-	msg = resp.AppendCommandStrings(msg, "PING", token)
+	if ex.q.resp3 {
+		msg = resp.AppendCommandStrings(msg, "CLIENT", "INFO")
+	} else {
+		msg = resp.AppendCommandStrings(msg, "PING", token)
+	}
 	if _, err := up.Write(msg); err != nil {
 		ex.abandon()
 		return relayEnds
@@ -275,27 +286,36 @@ func (ex *relayExit) received(chunk []byte) (out []byte, found bool, answer int,
 const (
 	askNone = iota // no question open
 	askTag         // looking for the unknown command's error naming the token
-	askPing        // looking for PING's answer, the next reply but messages
+	askPing        // looking for the second answer, the next reply but messages
 )
 
-// What PING was answered with.
+// What the second question (PING, or CLIENT INFO on RESP3) was answered
+// with.
 const (
 	answerNone  = -1
 	answerPlain = 0 // not subscribed
-	answerPong  = 1 // subscribed (RESP2)
+	answerPong  = 1 // subscribed
 	answerError = 2 // an error (-BUSY, ...): unclear
 )
 
 // maxTagError bounds the unknown-command error that may carry the tag:
-// Redis quotes at most 128 bytes of the arguments.
-const maxTagError = 512
+// Redis quotes at most 128 bytes of the arguments. maxClientInfo bounds
+// CLIENT INFO's answer (a long client name makes it longer; then it is
+// taken out all the same, and the relay stays).
+const (
+	maxTagError   = 512
+	maxClientInfo = 4096
+)
 
 // sunsubscribeReply starts the sunsubscribe Redis Cluster sends, unasked,
-// to a RESP2 subscriber whose channel's slot has left the node. The client
+// to a subscriber whose channel's slot has left the node. The client
 // then subscribes again, to be served by the new owner, which a relay on
 // the old node refuses: so this too makes the relay ask whether it may
 // leave (relayExit.pushed).
 const sunsubscribeReply = "*3\r\n$12\r\nsunsubscribe\r\n"
+
+// sunsubscribePush is the same for a RESP3 subscriber.
+const sunsubscribePush = ">3\r\n$12\r\nsunsubscribe\r\n"
 
 // pubsubMessages start the replies Redis sends a subscriber unasked; one
 // may come between the two answers.
@@ -318,7 +338,8 @@ type relayFramer struct {
 	size  int    // bytes of the reply being framed so far
 	hold  bool   // the reply being framed is held back
 	limit int    // ... while it is no longer than this
-	drop  bool   // the reply being framed is PING's error answer: dropped
+	take  bool   // ... and is surely the answer: past limit, dropped
+	drop  bool   // the reply being framed is the answer, dropped unread
 	out   []byte
 
 	q     *relayQuestion
@@ -343,19 +364,22 @@ func (f *relayFramer) pending() []byte {
 	return rest
 }
 
-// mayAnswer reports whether a reply that starts with first may be an
-// answer at the current stage, and the most bytes such an answer has.
-func (f *relayFramer) mayAnswer(first byte) (bool, int) {
-	switch f.stage {
-	case askTag:
-		return first == '-', maxTagError
-	case askPing:
-		if first == '-' {
-			return true, -1 // any error here is PING's: dropped, never held
-		}
-		return first == '$' || first == '*', max(len(f.q.plain), len(f.q.pong))
+// begin decides, for a reply that starts with first, whether it is held
+// back (and up to how long), or dropped, at the current stage.
+func (f *relayFramer) begin(first byte) {
+	f.hold, f.take, f.drop, f.limit = false, false, false, 0
+	switch {
+	case f.stage == askTag:
+		f.hold, f.limit = first == '-', maxTagError
+	case f.stage != askPing:
+	case first == '-':
+		f.drop = true // only the second answer may be an error here
+	case f.q.resp3:
+		// Anything but a push is CLIENT INFO's answer.
+		f.hold, f.take, f.limit = first != '>', true, maxClientInfo
+	default:
+		f.hold, f.limit = first == '$' || first == '*', max(len(f.q.plain), len(f.q.pong))
 	}
-	return false, 0
 }
 
 // feed consumes chunk and returns what to pass on: chunk itself when
@@ -381,10 +405,7 @@ func (f *relayFramer) feed(chunk []byte) (out []byte, which int, rest bool, err 
 	}
 	for done < len(data) {
 		if f.size == 0 {
-			f.hold, f.drop, f.limit = false, false, 0
-			if ok, most := f.mayAnswer(data[done]); ok {
-				f.hold, f.drop, f.limit = most > 0, most < 0, most
-			}
+			f.begin(data[done])
 		}
 		n, end, cerr := f.sc.Consume(data[done:])
 		if cerr != nil {
@@ -405,6 +426,9 @@ func (f *relayFramer) feed(chunk []byte) (out []byte, which int, rest bool, err 
 			if !direct {
 				out = append(out, part...)
 			}
+		case f.size > f.limit && f.take:
+			diverge()
+			f.held, f.hold, f.drop = f.held[:0], false, true
 		case f.size > f.limit:
 			diverge()
 			out = append(append(out, f.held...), part...)
@@ -428,10 +452,12 @@ func (f *relayFramer) feed(chunk []byte) (out []byte, which int, rest bool, err 
 		case f.hold:
 			out = append(out, f.held...)
 		}
-		if f.size >= len(sunsubscribeReply) && string(f.head[:len(sunsubscribeReply)]) == sunsubscribeReply {
-			f.sunsubscribed = true
+		if f.size >= len(sunsubscribeReply) {
+			if h := string(f.head[:len(sunsubscribeReply)]); h == sunsubscribeReply || h == sunsubscribePush {
+				f.sunsubscribed = true
+			}
 		}
-		f.held, f.hold, f.drop, f.size = f.held[:0], false, false, 0
+		f.held, f.hold, f.take, f.drop, f.size = f.held[:0], false, false, false, 0
 	}
 	if which != answerNone && (f.size > 0 || done < len(data)) {
 		rest = true // part of a reply after the answers
@@ -468,6 +494,8 @@ func (f *relayFramer) answer() int {
 		}
 	case f.stage == askPing && f.drop:
 		return answerError
+	case f.stage == askPing && f.hold && f.q.resp3:
+		return clientInfoAnswer(f.held)
 	case f.stage == askPing && f.hold:
 		switch {
 		case bytes.Equal(f.held, f.q.plain):
@@ -482,6 +510,35 @@ func (f *relayFramer) answer() int {
 		}
 	}
 	return answerNone
+}
+
+// clientInfoAnswer reads CLIENT INFO's answer: answerPlain when the
+// connection is in no pub/sub context and has no subscription left.
+func clientInfoAnswer(info []byte) int {
+	field := func(name string) (string, bool) {
+		i := bytes.Index(info, []byte(" "+name+"="))
+		if i < 0 {
+			return "", false
+		}
+		v := info[i+len(name)+2:]
+		if j := bytes.IndexAny(v, " \r\n"); j >= 0 {
+			v = v[:j]
+		}
+		return string(v), true
+	}
+	flags, ok := field("flags")
+	if !ok {
+		return answerError
+	}
+	if bytes.IndexByte([]byte(flags), 'P') >= 0 {
+		return answerPong
+	}
+	for _, n := range [...]string{"sub", "psub", "ssub"} {
+		if v, ok := field(n); ok && v != "0" {
+			return answerPong
+		}
+	}
+	return answerPlain
 }
 
 // isMessage reports whether the reply just framed is one Redis sends a

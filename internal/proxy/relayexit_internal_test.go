@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -168,6 +169,65 @@ func TestRelayFramerOffKeepsCutReply(t *testing.T) {
 		}
 		if ex.framing {
 			t.Fatalf("cut %d: still framing", c)
+		}
+	}
+}
+
+// RESP3: the second answer is CLIENT INFO's, the next reply after the tag
+// error that is not a push, whatever its length; the stream around it
+// passes whole, cut anywhere.
+func TestRelayFramerRESP3Answers(t *testing.T) {
+	push := func(kind, ch, payload string) []byte {
+		b := append([]byte(nil), ">3\r\n"...)
+		b = redcon.AppendBulkString(b, kind)
+		b = redcon.AppendBulkString(b, ch)
+		return redcon.AppendBulkString(b, payload)
+	}
+	token := "redproxy-relay-exit-00112233445566778899aabbccddeeff"
+	q := relayQuestion{resp3: true, tag: []byte("'" + token + "'")}
+	tagErr := []byte("-ERR unknown command 'redproxy-exit', with args beginning with: '" + token + "' \r\n")
+	info := func(flags, sub string) []byte {
+		txt := "txt:id=7 addr=127.0.0.1:5 laddr=127.0.0.1:6 fd=8 name= age=0 idle=0 flags=" + flags + " db=0 sub=" + sub + " psub=0 ssub=0 multi=-1 cmd=client|info user=default redir=-1 resp=3"
+		return []byte("=" + strconv.Itoa(len(txt)) + "\r\n" + txt + "\r\n")
+	}
+	before := append(push("message", "x", "1"), "$1\r\nv\r\n-ERR other\r\n"...)
+	before = append(before, info("P", "1")...) // a client's own CLIENT INFO
+	between := push("message", "x", string(info("N", "0")))
+	long := []byte("=5000\r\ntxt:" + strings.Repeat("n", 4996) + "\r\n")
+	for _, tc := range []struct {
+		name   string
+		answer []byte
+		which  int
+	}{
+		{"left", info("N", "0"), answerPlain},
+		{"subscribed", info("P", "1"), answerPong},
+		{"count without flag", info("N", "2"), answerPong},
+		{"busy", []byte("-BUSY Redis is busy\r\n"), answerError},
+		{"too long", long, answerError},
+	} {
+		var stream, want []byte
+		for _, part := range [][]byte{before, tagErr, between, tc.answer} {
+			stream = append(stream, part...)
+		}
+		want = append(append(want, before...), between...)
+		for c := 0; c <= len(stream); c++ {
+			var f relayFramer
+			f.ask(&q)
+			var got []byte
+			which := answerNone
+			for _, piece := range [][]byte{stream[:c], stream[c:]} {
+				out, w, _, err := f.feed(piece)
+				if err != nil {
+					t.Fatalf("%s, cut %d: %v", tc.name, c, err)
+				}
+				got = append(got, out...)
+				if w != answerNone {
+					which = w
+				}
+			}
+			if !bytes.Equal(got, want) || which != tc.which {
+				t.Fatalf("%s, cut %d: which %d (want %d), passed %d bytes (want %d)", tc.name, c, which, tc.which, len(got), len(want))
+			}
 		}
 	}
 }

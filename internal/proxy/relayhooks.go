@@ -185,6 +185,14 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 	return true
 }
 
+// extraReplies counts n replies the relay itself asked for (relayexit.go),
+// which the stream carries before those of what the client sends next.
+func (rw *relayWrites) extraReplies(n int64) {
+	if rw.active {
+		rw.due += n
+	}
+}
+
 // endMulti ends a transaction: its writes are released with the batch.
 func (rw *relayWrites) endMulti() {
 	rw.inMulti, rw.selectQueued = false, false

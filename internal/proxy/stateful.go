@@ -33,7 +33,7 @@ import (
 //     element nobody receives.
 //   - relayed: SUBSCRIBE and friends, MONITOR, CLIENT TRACKING ON and
 //     CLIENT NO-TOUCH ON turn the client into a raw byte relay to a
-//     dedicated connection for the rest of its life (a RESP2 subscriber
+//     dedicated connection for the rest of its life (a subscriber
 //     that unsubscribes from everything comes back: relayexit.go), with a
 //     bounded output queue that cuts off a client that stops reading.
 
@@ -737,7 +737,7 @@ const (
 )
 
 // startRelay turns the rest of the client's life into a raw relay to a
-// dedicated connection, or for a RESP2 subscriber until it has unsubscribed
+// dedicated connection, or for a subscriber until it has unsubscribed
 // from everything (relayexit.go). reqs are the client's requests from the
 // one that started it to the end of the batch; they are sent first.
 func (sess *Session) startRelay(kind relayKind, r *request) bool {
@@ -971,6 +971,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		active()
 		reqs, err := sess.rd.ReadBatch()
 		if ex != nil && len(reqs) > 0 && err == nil && ex.wantsToLeave() {
+			rw.extraReplies(relayQuestionReplies)
 			switch ex.ask(sess, up) {
 			case relayLeaves:
 				up.Close()
