@@ -11,9 +11,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/redproxy/redproxy/internal/config"
-	"github.com/redproxy/redproxy/internal/config/units"
-	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -50,71 +47,85 @@ func (c *rawConn) readUntil(msgs map[string][]string) any {
 	}
 }
 
-// A RESP2 client that unsubscribes from everything goes back to the shared
+// A client that unsubscribes from everything goes back to the shared
 // connections on its next command, as Jedis and redis-py expect when they
 // return such a connection to their pools: its relay connection is closed
-// and its commands are served as anyone's.
+// and its commands are served as anyone's. While one channel is left the
+// relay asks, and stays: on RESP2 PING gets Redis's subscribed form, on
+// RESP3 (where a subscriber may send any command) a GET is relayed.
 func TestRelayLeavesAfterUnsubscribeAll(t *testing.T) {
 	p := proxytest.Start(t, nil, nil)
 	rc := p.Redis.Client(t)
 	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	c := dialRaw(t, p.Addr)
-	c.send([]string{"SUBSCRIBE", "a", "b"})
-	for _, want := range []string{"[subscribe a 1]", "[subscribe b 2]"} {
-		if v, _ := c.readReply(); fmt.Sprint(v) != want {
-			t.Fatalf("got %v, want %s", v, want)
-		}
-	}
-	waitRelayConns(t, rc, 1)
+	for _, proto := range []string{"2", "3"} {
+		t.Run("RESP"+proto, func(t *testing.T) {
+			c := dialRaw(t, p.Addr)
+			if proto == "3" {
+				c.do("HELLO", "3")
+			}
+			c.send([]string{"SUBSCRIBE", "a", "b"})
+			for _, want := range []string{"[subscribe a 1]", "[subscribe b 2]"} {
+				if v, _ := c.readReply(); fmt.Sprint(v) != want {
+					t.Fatalf("got %v, want %s", v, want)
+				}
+			}
+			waitRelayConns(t, rc, 1)
 
-	// Still subscribed to b: the relay stays, PING is Redis's subscribed
-	// form, and b's messages arrive.
-	c.send([]string{"UNSUBSCRIBE", "a"})
-	if v, _ := c.readReply(); fmt.Sprint(v) != "[unsubscribe a 1]" {
-		t.Fatalf("UNSUBSCRIBE a: %v", v)
-	}
-	if v := c.do("PING"); fmt.Sprint(v) != "[pong ]" {
-		t.Fatalf("PING while subscribed to b: %v, want Redis's [pong ]", v)
-	}
-	if err := rc.Publish(ctx, "b", "m1").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if v, _ := c.readReply(); fmt.Sprint(v) != "[message b m1]" {
-		t.Fatalf("message on b: %v", v)
-	}
-	if n := relayConns(t, rc); n != 1 {
-		t.Fatalf("relay connections while subscribed: %d", n)
-	}
+			c.send([]string{"UNSUBSCRIBE", "a"})
+			if v, _ := c.readReply(); fmt.Sprint(v) != "[unsubscribe a 1]" {
+				t.Fatalf("UNSUBSCRIBE a: %v", v)
+			}
+			if proto == "2" {
+				if v := c.do("PING"); fmt.Sprint(v) != "[pong ]" {
+					t.Fatalf("PING while subscribed to b: %v, want Redis's [pong ]", v)
+				}
+			} else if v := c.do("GET", "k"); v != "v" {
+				t.Fatalf("GET while subscribed to b: %v", v)
+			}
+			if err := rc.Publish(ctx, "b", "m1").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if v, _ := c.readReply(); fmt.Sprint(v) != "[message b m1]" {
+				t.Fatalf("message on b: %v", v)
+			}
+			if n := relayConns(t, rc); n != 1 {
+				t.Fatalf("relay connections while subscribed: %d", n)
+			}
 
-	c.send([]string{"UNSUBSCRIBE"})
-	if v, _ := c.readReply(); fmt.Sprint(v) != "[unsubscribe b 0]" {
-		t.Fatalf("UNSUBSCRIBE: %v", v)
+			c.send([]string{"UNSUBSCRIBE"})
+			if v, _ := c.readReply(); fmt.Sprint(v) != "[unsubscribe b 0]" {
+				t.Fatalf("UNSUBSCRIBE: %v", v)
+			}
+			if v := c.do("GET", "k"); v != "v" {
+				t.Fatalf("GET k after UNSUBSCRIBE (all): %v", v)
+			}
+			waitRelayConns(t, rc, 0)
+			// Served by the proxy now: PING is the plain form, CLIENT INFO
+			// the proxy's own (no P flag), and a new SUBSCRIBE starts a
+			// new relay.
+			if v := c.do("PING"); v != "PONG" {
+				t.Fatalf("PING after leaving: %v", v)
+			}
+			if v := c.do("CLIENT", "INFO"); !strings.Contains(fmt.Sprint(v), "flags=N ") {
+				t.Fatalf("CLIENT INFO after leaving: %v", v)
+			}
+			c.send([]string{"SUBSCRIBE", "b"})
+			if v, _ := c.readReply(); fmt.Sprint(v) != "[subscribe b 1]" {
+				t.Fatalf("SUBSCRIBE again: %v", v)
+			}
+			if err := rc.Publish(ctx, "b", "m2").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if v, _ := c.readReply(); fmt.Sprint(v) != "[message b m2]" {
+				t.Fatalf("message after subscribing again: %v", v)
+			}
+			waitRelayConns(t, rc, 1)
+			c.nc.Close()
+			waitRelayConns(t, rc, 0)
+		})
 	}
-	if v := c.do("GET", "k"); v != "v" {
-		t.Fatalf("GET k after UNSUBSCRIBE (all): %v", v)
-	}
-	waitRelayConns(t, rc, 0)
-	// Served by the proxy now: PING is the plain form, CLIENT INFO the
-	// proxy's own (no P flag), and a new SUBSCRIBE starts a new relay.
-	if v := c.do("PING"); v != "PONG" {
-		t.Fatalf("PING after leaving: %v", v)
-	}
-	if v := c.do("CLIENT", "INFO"); !strings.Contains(fmt.Sprint(v), "flags=N ") {
-		t.Fatalf("CLIENT INFO after leaving: %v", v)
-	}
-	c.send([]string{"SUBSCRIBE", "b"})
-	if v, _ := c.readReply(); fmt.Sprint(v) != "[subscribe b 1]" {
-		t.Fatalf("SUBSCRIBE again: %v", v)
-	}
-	if err := rc.Publish(ctx, "b", "m2").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if v, _ := c.readReply(); fmt.Sprint(v) != "[message b m2]" {
-		t.Fatalf("message after subscribing again: %v", v)
-	}
-	waitRelayConns(t, rc, 1)
 }
 
 // Leaving must not lose, add or reorder a reply, while messages keep
@@ -205,52 +216,6 @@ func TestRelayLeavesUnderMessageFlood(t *testing.T) {
 	}
 }
 
-// RESP3: a subscriber may send any command; after UNSUBSCRIBE of one of
-// two channels the relay asks (CLIENT INFO: still subscribed) and stays,
-// after the last one it leaves.
-func TestRelayLeavesAfterUnsubscribeAllRESP3(t *testing.T) {
-	p := proxytest.Start(t, nil, nil)
-	rc := p.Redis.Client(t)
-	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	c := dialRaw(t, p.Addr)
-	c.do("HELLO", "3")
-	c.send([]string{"SUBSCRIBE", "a", "b"})
-	for _, want := range []string{"[subscribe a 1]", "[subscribe b 2]"} {
-		if v, _ := c.readReply(); fmt.Sprint(v) != want {
-			t.Fatalf("got %v, want %s", v, want)
-		}
-	}
-	c.send([]string{"UNSUBSCRIBE", "a"})
-	if v, _ := c.readReply(); fmt.Sprint(v) != "[unsubscribe a 1]" {
-		t.Fatalf("UNSUBSCRIBE a: %v", v)
-	}
-	if v := c.do("GET", "k"); v != "v" {
-		t.Fatalf("GET while subscribed to b: %v", v)
-	}
-	if err := rc.Publish(ctx, "b", "m1").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if v, _ := c.readReply(); fmt.Sprint(v) != "[message b m1]" {
-		t.Fatalf("message on b: %v", v)
-	}
-	if n := relayConns(t, rc); n != 1 {
-		t.Fatalf("relay connections while subscribed: %d", n)
-	}
-	c.send([]string{"UNSUBSCRIBE"})
-	if v, _ := c.readReply(); fmt.Sprint(v) != "[unsubscribe b 0]" {
-		t.Fatalf("UNSUBSCRIBE: %v", v)
-	}
-	if v := c.do("GET", "k"); v != "v" {
-		t.Fatalf("GET after UNSUBSCRIBE (all): %v", v)
-	}
-	waitRelayConns(t, rc, 0)
-	if v := c.do("CLIENT", "INFO"); !strings.Contains(fmt.Sprint(v), "flags=N ") {
-		t.Fatalf("CLIENT INFO after leaving: %v", v)
-	}
-}
-
 // C1 through the question: with invalidations slowed down, a SET a RESP3
 // subscriber sends in the batch its relay asked before (and stayed) is
 // acknowledged, and a read through the tier on another connection never
@@ -259,18 +224,7 @@ func TestRelayLeavesAfterUnsubscribeAllRESP3(t *testing.T) {
 // with that count removed this test still passes: the marks would go two
 // replies early, a window too narrow to hit from here.)
 func TestRelayQuestionKeepsTierWritesCounted(t *testing.T) {
-	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() { time.Sleep(20 * time.Millisecond) }})
-	t.Cleanup(func() { localcache.SetTestHooks(prev) })
-	p := proxytest.Start(t, nil, func(c *config.Config) {
-		c.LocalCache.Enabled = true
-		c.LocalCache.AdmitMinReads = 0
-		c.LocalCache.WriteRatio = 1000
-		c.LocalCache.Staleness = units.Duration{Duration: 200 * time.Millisecond}
-		c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
-	})
-	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
-	reader := p.Client(t)
-	hits := func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
+	p, reader, hits := slowTierProxy(t, 20*time.Millisecond, 200*time.Millisecond)
 	if err := p.Redis.Client(t).Set(ctx, "k", "start", 0).Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -88,22 +88,30 @@ func (c *rawConn) readNonPushAfter(cmd ...string) any {
 	return c.readNonPush()
 }
 
-// C1 for relayed writers: with invalidations slowed down, once a tracking
-// client (as rueidis is) or a RESP3 subscriber got OK for a SET through the
-// proxy, no read through the local tier returns the old value.
-func TestRelayedWritesAreSeenByTheLocalTier(t *testing.T) {
-	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() { time.Sleep(20 * time.Millisecond) }})
+// slowTierProxy starts a proxy whose local tier admits every read and
+// hears of Redis's invalidations pushDelay late, so a write a relay
+// released too early would show as a stale hit; it returns the proxy, a
+// client reading through it, and the tier's hit count so far.
+func slowTierProxy(t *testing.T, pushDelay, staleness time.Duration) (*proxytest.Proxy, *redis.Client, func() float64) {
+	t.Helper()
+	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() { time.Sleep(pushDelay) }})
 	t.Cleanup(func() { localcache.SetTestHooks(prev) })
 	p := proxytest.Start(t, nil, func(c *config.Config) {
 		c.LocalCache.Enabled = true
 		c.LocalCache.AdmitMinReads = 0
 		c.LocalCache.WriteRatio = 1000
-		c.LocalCache.Staleness = units.Duration{Duration: 200 * time.Millisecond}
+		c.LocalCache.Staleness = units.Duration{Duration: staleness}
 		c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
 	})
 	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
-	reader := p.Client(t)
-	hits := func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
+	return p, p.Client(t), func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
+}
+
+// C1 for relayed writers: with invalidations slowed down, once a tracking
+// client (as rueidis is) or a RESP3 subscriber got OK for a SET through the
+// proxy, no read through the local tier returns the old value.
+func TestRelayedWritesAreSeenByTheLocalTier(t *testing.T) {
+	p, reader, hits := slowTierProxy(t, 20*time.Millisecond, 200*time.Millisecond)
 	for _, start := range [][]string{{"CLIENT", "TRACKING", "ON"}, {"SUBSCRIBE", "elsewhere"}} {
 		t.Run(start[0], func(t *testing.T) {
 			w := dialRaw(t, p.Addr)
@@ -143,18 +151,7 @@ func TestRelayedWritesAreSeenByTheLocalTier(t *testing.T) {
 // (found by review). After an EXEC of a transaction with a SELECT the
 // relay cannot tell which database it is in, and marks both.
 func TestRelayedWritesFollowTheDatabase(t *testing.T) {
-	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() { time.Sleep(150 * time.Millisecond) }})
-	t.Cleanup(func() { localcache.SetTestHooks(prev) })
-	p := proxytest.Start(t, nil, func(c *config.Config) {
-		c.LocalCache.Enabled = true
-		c.LocalCache.AdmitMinReads = 0
-		c.LocalCache.WriteRatio = 1000
-		c.LocalCache.Staleness = units.Duration{Duration: time.Second}
-		c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
-	})
-	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
-	reader := p.Client(t)
-	hits := func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
+	p, reader, hits := slowTierProxy(t, 150*time.Millisecond, time.Second)
 	for i, tc := range []struct {
 		name  string
 		drift [][]string

@@ -24,6 +24,19 @@ func allocatedBy(f func()) uint64 {
 	return after.TotalAlloc - before.TotalAlloc
 }
 
+// getPastOutputLimit GETs "big" through rc, a client of p that the read
+// must close for its output limit; it returns the bytes allocated
+// meanwhile and the GET's error.
+func getPastOutputLimit(t *testing.T, p *proxytest.Proxy, rc *redis.Client) (allocated uint64, err error) {
+	t.Helper()
+	allocated = allocatedBy(func() {
+		err = rc.Get(ctx, "big").Err()
+		redistest.Eventually(t, 10*time.Second, func() bool { return closedFor(p, metrics.CloseOutputLimit) == 1 },
+			"the client was never closed for its output limit")
+	})
+	return allocated, err
+}
+
 // The upstream Calls that set no reply limit of their own (the local
 // tier's fills and heartbeats, health checks) are held to their
 // connection's, server.client_output_limit: a local-tier fill of a 32 MB
@@ -45,12 +58,7 @@ func TestTierFillHeldToOutputLimit(t *testing.T) {
 	if err := rc.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	var err error
-	n := allocatedBy(func() {
-		err = rc.Get(ctx, "big").Err()
-		redistest.Eventually(t, 10*time.Second, func() bool { return closedFor(p, metrics.CloseOutputLimit) == 1 },
-			"the client was never closed for its output limit")
-	})
+	n, err := getPastOutputLimit(t, p, rc)
 	t.Logf("GET of a %d MB value under a %d MB limit, through a tier fill: %v; %.2f MB allocated", size>>20, limit>>20, err, float64(n)/(1<<20))
 	if fills := metricSum(t, p, "redproxy_localcache_fills_total"); fills == 0 {
 		t.Fatal("no fill: the read did not go through the tier")
@@ -82,12 +90,7 @@ func TestFetchHeldToReloadedOutputLimit(t *testing.T) {
 	if err := rc.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	var err error
-	n := allocatedBy(func() {
-		err = rc.Get(ctx, "big").Err()
-		redistest.Eventually(t, 10*time.Second, func() bool { return closedFor(p, metrics.CloseOutputLimit) == 1 },
-			"the client was never closed for its output limit")
-	})
+	n, err := getPastOutputLimit(t, p, rc)
 	t.Logf("RESP3 GET of a %d MB value under a reloaded %d MB limit: %v; %.2f MB allocated", size>>20, limit>>20, err, float64(n)/(1<<20))
 	if err == nil {
 		t.Error("the GET got a value longer than the output limit")
