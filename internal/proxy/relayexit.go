@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -31,7 +32,8 @@ import (
 // stay on the relay), the relay holds the batch and asks Redis:
 //
 //	redproxy-exit <token>   an unknown command, answered with an error
-//	                        naming the token in any state (busy, subscribed)
+//	                        quoting the token in any state (busy,
+//	                        subscribed), on every Redis version
 //	PING <token>            RESP2: answered ["pong", token] on a subscribed
 //	                        connection, the bulk string token on any other,
 //	                        or an error (-BUSY while a script runs)
@@ -57,8 +59,9 @@ type relayExit struct {
 	// Session goroutine only.
 	asked bool // an unsubscribe was relayed since the last check
 	// never: the relay stays, because the connection may hold state the
-	// session does not, or a question was abandoned (its answers may still
-	// be on their way, and another question must not mix with them).
+	// session does not, or Redis will not answer the question (an error
+	// other than -BUSY or -LOADING), or a question was abandoned (the
+	// relay is ending).
 	never bool
 
 	// off tells the reader that the relay will not leave: it stops framing
@@ -71,8 +74,9 @@ type relayExit struct {
 	// q is the open question; written by the session before state becomes
 	// exitAsked, read by the reader after it sees that.
 	q relayQuestion
-	// result carries the reader's finding to the waiting session: PING's
-	// answer (answerPlain: the reader has stopped and the relay may leave).
+	// result carries the reader's finding to the waiting session: the
+	// second answer (answerUnsubscribed: the reader has stopped and the
+	// relay may leave).
 	result chan int
 	// readerDone is closed when the reader stops for any reason.
 	readerDone chan struct{}
@@ -163,17 +167,16 @@ const (
 // Redis would answer the held batch no sooner.
 const markerWait = 50 * time.Millisecond
 
-// relayQuestionReplies is how many replies the question adds to the
-// stream: relayWrites counts replies, and must count these too.
-const relayQuestionReplies = 2
-
-// ask sends the question and waits for the reader's finding.
+// ask sends the question and waits for the reader's finding. The two
+// answers need not be counted for relayWrites: a subscription made the
+// relay's stream uncountable already (relayhooks.go).
 func (ex *relayExit) ask(sess *Session, up net.Conn) relayAsking {
 	ex.asked = false
 	var raw [16]byte
 	rand.Read(raw[:])
 	token := "redproxy-relay-exit-" + hex.EncodeToString(raw[:])
-	ex.q.tag = append(append(append(ex.q.tag[:0], '\''), token...), '\'')
+	// Redis 7 quotes the token 'so', Redis 6 `so`: match it bare.
+	ex.q.tag = append(ex.q.tag[:0], token...)
 	ex.q.plain = redcon.AppendBulkString(ex.q.plain[:0], token)
 	ex.q.pong = append(append(ex.q.pong[:0], "*2\r\n$4\r\npong\r\n"...), ex.q.plain...)
 	ex.state.Store(exitAsked)
@@ -196,7 +199,7 @@ func (ex *relayExit) ask(sess *Session, up net.Conn) relayAsking {
 		case <-ex.readerDone:
 			select {
 			case a := <-ex.result:
-				if a == answerPlain {
+				if a == answerUnsubscribed {
 					return relayLeaves
 				}
 			default:
@@ -208,8 +211,13 @@ func (ex *relayExit) ask(sess *Session, up net.Conn) relayAsking {
 			// leave a BLPOP sent before the question to pop for nobody.
 			if sess.interrupted.Load() || clientGone(sess.nc) {
 				if !ex.state.CompareAndSwap(exitAsked, exitAbandoned) {
-					// Answered meanwhile: the relay ends anyway.
-					<-ex.result
+					// Answered meanwhile (the relay ends anyway): the
+					// reader sends the answer, or stops without it when
+					// it failed to queue what came before.
+					select {
+					case <-ex.result:
+					case <-ex.readerDone:
+					}
 				}
 				ex.never = true
 				sess.closing(metrics.CloseClient) // or the interruption's reason
@@ -222,12 +230,17 @@ func (ex *relayExit) ask(sess *Session, up net.Conn) relayAsking {
 // answered turns the reader's finding into what the relay does.
 func (ex *relayExit) answered(a int) relayAsking {
 	switch a {
-	case answerPlain:
+	case answerUnsubscribed:
 		return relayLeaves
-	case answerError:
-		// Redis could not say (-BUSY while a script runs): ask again
-		// before the next batch.
+	case answerRetry:
+		// Redis could not say for now (-BUSY while a script runs,
+		// -LOADING): ask again before the next batch.
 		ex.asked = true
+	case answerError:
+		// It will not say (CLIENT INFO denied by the upstream user's
+		// ACL, unknown before Redis 6.2; an answer past maxClientInfo):
+		// asking before every batch would cost a round trip each time.
+		ex.never = true
 	}
 	return relayStays
 }
@@ -243,7 +256,7 @@ func (ex *relayExit) abandon() {
 // reader goroutine. It returns the bytes to pass on (the chunk without the
 // answers to the question); found: the answers are in the chunk and the
 // session waits for them, to be sent answer on ex.result once the bytes
-// are queued; answer is PING's, answerPlain only if nothing came after it
+// are queued; answer is PING's, answerUnsubscribed only if nothing came after it
 // (then the reader stops). err: the stream is not RESP, and the relay must
 // end.
 func (ex *relayExit) received(chunk []byte) (out []byte, found bool, answer int, err error) {
@@ -272,13 +285,13 @@ func (ex *relayExit) received(chunk []byte) (out []byte, found bool, answer int,
 	if err != nil || which == answerNone {
 		return out, false, answer, err
 	}
-	if which == answerPlain && rest {
-		which = answerPong // not what Redis sends after PING: stay
+	if which == answerUnsubscribed && rest {
+		which = answerSubscribed // not what Redis sends after it: stay
 	}
 	if ex.state.CompareAndSwap(exitAsked, exitIdle) {
 		return out, true, which, nil // the reader tells the session
 	}
-	ex.state.Store(exitIdle) // abandoned: the answers are taken out, the relay stays
+	ex.state.Store(exitIdle) // abandoned (the relay is ending): the answers are taken out
 	return out, false, answer, nil
 }
 
@@ -292,16 +305,17 @@ const (
 // What the second question (PING, or CLIENT INFO on RESP3) was answered
 // with.
 const (
-	answerNone  = -1
-	answerPlain = 0 // not subscribed
-	answerPong  = 1 // subscribed
-	answerError = 2 // an error (-BUSY, ...): unclear
+	answerNone         = -1
+	answerUnsubscribed = 0 // not subscribed
+	answerSubscribed   = 1 // subscribed
+	answerRetry        = 2 // an error that passes: -BUSY, -LOADING
+	answerError        = 3 // any other error, or an answer past maxClientInfo
 )
 
 // maxTagError bounds the unknown-command error that may carry the tag:
 // Redis quotes at most 128 bytes of the arguments. maxClientInfo bounds
 // CLIENT INFO's answer (a long client name makes it longer; then it is
-// taken out all the same, and the relay stays).
+// taken out all the same, and the relay stays for good).
 const (
 	maxTagError   = 512
 	maxClientInfo = 4096
@@ -484,7 +498,7 @@ func (f *relayFramer) feed(chunk []byte) (out []byte, which int, rest bool, err 
 const answerTag = -2
 
 // answer classifies the reply just framed: answerTag, an answer of PING
-// (answerPlain, answerPong, answerError), or answerNone for a reply to
+// (answerUnsubscribed, answerSubscribed, answerError), or answerNone for a reply to
 // pass on (held, if it was).
 func (f *relayFramer) answer() int {
 	switch {
@@ -493,15 +507,18 @@ func (f *relayFramer) answer() int {
 			return answerTag
 		}
 	case f.stage == askPing && f.drop:
-		return answerError
+		if f.retryable() {
+			return answerRetry
+		}
+		return answerError // a lasting error, or an answer past maxClientInfo
 	case f.stage == askPing && f.hold && f.q.resp3:
 		return clientInfoAnswer(f.held)
 	case f.stage == askPing && f.hold:
 		switch {
 		case bytes.Equal(f.held, f.q.plain):
-			return answerPlain
+			return answerUnsubscribed
 		case bytes.Equal(f.held, f.q.pong):
-			return answerPong
+			return answerSubscribed
 		}
 		if !f.isMessage() {
 			// Nothing but messages may come between the answers, and
@@ -512,7 +529,14 @@ func (f *relayFramer) answer() int {
 	return answerNone
 }
 
-// clientInfoAnswer reads CLIENT INFO's answer: answerPlain when the
+// retryable reports whether the error just framed (f.head holds its start)
+// is one Redis stops giving by itself.
+func (f *relayFramer) retryable() bool {
+	h := string(f.head[:min(f.size, len(f.head))])
+	return strings.HasPrefix(h, "-BUSY") || strings.HasPrefix(h, "-LOADING")
+}
+
+// clientInfoAnswer reads CLIENT INFO's answer: answerUnsubscribed when the
 // connection is in no pub/sub context and has no subscription left.
 func clientInfoAnswer(info []byte) int {
 	field := func(name string) (string, bool) {
@@ -531,14 +555,14 @@ func clientInfoAnswer(info []byte) int {
 		return answerError
 	}
 	if bytes.IndexByte([]byte(flags), 'P') >= 0 {
-		return answerPong
+		return answerSubscribed
 	}
 	for _, n := range [...]string{"sub", "psub", "ssub"} {
 		if v, ok := field(n); ok && v != "0" {
-			return answerPong
+			return answerSubscribed
 		}
 	}
-	return answerPlain
+	return answerUnsubscribed
 }
 
 // isMessage reports whether the reply just framed is one Redis sends a

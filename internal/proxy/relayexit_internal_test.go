@@ -24,10 +24,12 @@ func TestRelayFramerTakesOutOnlyTheAnswers(t *testing.T) {
 		return redcon.AppendBulkString(b, payload)
 	}
 	token := "redproxy-relay-exit-0123456789abcdef0123456789abcdef"
-	q := relayQuestion{tag: []byte("'" + token + "'")}
+	q := relayQuestion{tag: []byte(token)}
 	q.plain = redcon.AppendBulkString(nil, token)
 	q.pong = append([]byte("*2\r\n$4\r\npong\r\n"), q.plain...)
 	tagErr := []byte("-ERR unknown command 'redproxy-exit', with args beginning with: '" + token + "' \r\n")
+	// Redis 6 quotes with backticks.
+	tagErr6 := []byte("-ERR unknown command `redproxy-exit`, with args beginning with: `" + token + "`, \r\n")
 	busy := []byte("-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.\r\n")
 	other := strings.Replace(token, "0", "1", 1)
 	var before, between, after []byte
@@ -47,19 +49,22 @@ func TestRelayFramerTakesOutOnlyTheAnswers(t *testing.T) {
 
 	cases := []struct {
 		name   string
+		tag    []byte
 		answer []byte
 		tail   []byte
 		which  int
 		rest   bool
 	}{
-		{"subscribed", q.pong, after, answerPong, true},
-		{"left", q.plain, nil, answerPlain, false},
-		{"plain with more after it", q.plain, after, answerPlain, true},
-		{"busy", busy, nil, answerError, false},
+		{"subscribed", tagErr, q.pong, after, answerSubscribed, true},
+		{"left", tagErr, q.plain, nil, answerUnsubscribed, false},
+		{"left, Redis 6", tagErr6, q.plain, nil, answerUnsubscribed, false},
+		{"plain with more after it", tagErr, q.plain, after, answerUnsubscribed, true},
+		{"busy", tagErr, busy, nil, answerRetry, false},
+		{"denied", tagErr, []byte("-NOPERM this user has no permissions to run the 'ping' command\r\n"), nil, answerError, false},
 	}
 	for _, tc := range cases {
 		var stream, want []byte
-		for _, part := range [][]byte{before, tagErr, between, tc.answer, tc.tail} {
+		for _, part := range [][]byte{before, tc.tag, between, tc.answer, tc.tail} {
 			stream = append(stream, part...)
 		}
 		for _, part := range [][]byte{before, between, tc.tail} {
@@ -184,7 +189,7 @@ func TestRelayFramerRESP3Answers(t *testing.T) {
 		return redcon.AppendBulkString(b, payload)
 	}
 	token := "redproxy-relay-exit-00112233445566778899aabbccddeeff"
-	q := relayQuestion{resp3: true, tag: []byte("'" + token + "'")}
+	q := relayQuestion{resp3: true, tag: []byte(token)}
 	tagErr := []byte("-ERR unknown command 'redproxy-exit', with args beginning with: '" + token + "' \r\n")
 	info := func(flags, sub string) []byte {
 		txt := "txt:id=7 addr=127.0.0.1:5 laddr=127.0.0.1:6 fd=8 name= age=0 idle=0 flags=" + flags + " db=0 sub=" + sub + " psub=0 ssub=0 multi=-1 cmd=client|info user=default redir=-1 resp=3"
@@ -199,10 +204,12 @@ func TestRelayFramerRESP3Answers(t *testing.T) {
 		answer []byte
 		which  int
 	}{
-		{"left", info("N", "0"), answerPlain},
-		{"subscribed", info("P", "1"), answerPong},
-		{"count without flag", info("N", "2"), answerPong},
-		{"busy", []byte("-BUSY Redis is busy\r\n"), answerError},
+		{"left", info("N", "0"), answerUnsubscribed},
+		{"subscribed", info("P", "1"), answerSubscribed},
+		{"count without flag", info("N", "2"), answerSubscribed},
+		{"busy", []byte("-BUSY Redis is busy\r\n"), answerRetry},
+		{"loading", []byte("-LOADING Redis is loading the dataset in memory\r\n"), answerRetry},
+		{"denied", []byte("-NOPERM this user has no permissions to run the 'client|info' command\r\n"), answerError},
 		{"too long", long, answerError},
 	} {
 		var stream, want []byte

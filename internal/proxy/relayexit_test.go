@@ -216,49 +216,6 @@ func TestRelayLeavesUnderMessageFlood(t *testing.T) {
 	}
 }
 
-// C1 through the question: with invalidations slowed down, a SET a RESP3
-// subscriber sends in the batch its relay asked before (and stayed) is
-// acknowledged, and a read through the tier on another connection never
-// returns the value before it. (The relay also counts the question's two
-// answers among the replies that release writes' marks, relayhooks.go;
-// with that count removed this test still passes: the marks would go two
-// replies early, a window too narrow to hit from here.)
-func TestRelayQuestionKeepsTierWritesCounted(t *testing.T) {
-	p, reader, hits := slowTierProxy(t, 20*time.Millisecond, 200*time.Millisecond)
-	if err := p.Redis.Client(t).Set(ctx, "k", "start", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	c := dialRaw(t, p.Addr)
-	c.do("HELLO", "3")
-	c.send([]string{"SUBSCRIBE", "a", "b"})
-	c.readReply()
-	c.readReply()
-	for round := range 20 {
-		redistest.Eventually(t, 5*time.Second, func() bool {
-			before := hits()
-			reader.Get(ctx, "k")
-			return hits() > before
-		}, "k never became a hit")
-		c.send([]string{"UNSUBSCRIBE", "a"})
-		if v, _ := c.readReply(); fmt.Sprint(v) != "[unsubscribe a 1]" {
-			t.Fatalf("UNSUBSCRIBE a: %v", v)
-		}
-		// The next batch: the relay asks, stays (b is left), relays it.
-		want := fmt.Sprintf("v%d", round)
-		if v := c.do("SET", "k", want); v != "OK" {
-			t.Fatalf("SET: %v", v)
-		}
-		if got, err := reader.Get(ctx, "k").Result(); err != nil || got != want {
-			t.Fatalf("round %d: read %q after a relayed SET of %q was acknowledged (%v)", round, got, want, err)
-		}
-		c.send([]string{"SUBSCRIBE", "a"})
-		c.readReply()
-	}
-	if n := relayConns(t, p.Redis.Client(t)); n != 1 {
-		t.Fatalf("relay connections: %d, want the relay kept", n)
-	}
-}
-
 // A connection whose state the session does not know (here SELECT, sent
 // on the relay right after the last UNSUBSCRIBE) stays on its relay: its
 // reads must still see database 2.
@@ -427,4 +384,40 @@ func TestRelayClientGoneWhileAsking(t *testing.T) {
 		t.Fatalf("LLEN q = %d: the held batch ran for a client that was gone", n)
 	}
 	waitRelayConns(t, rc, 0)
+}
+
+// A question Redis will not answer (here CLIENT INFO's answer is longer
+// than the relay reads, for a 4000-byte client name) keeps the relay for
+// good: it is asked once, not before every batch.
+func TestRelayAsksOnceWhenRedisWillNotSay(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	rc := p.Redis.Client(t)
+	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, p.Addr)
+	c.do("HELLO", "3")
+	if v := c.do("CLIENT", "SETNAME", strings.Repeat("n", 4000)); v != "OK" {
+		t.Fatalf("CLIENT SETNAME: %v", v)
+	}
+	c.send([]string{"SUBSCRIBE", "a"})
+	c.readReply()
+	c.send([]string{"UNSUBSCRIBE"})
+	c.readReply()
+	for range 10 {
+		if v := c.do("GET", "k"); v != "v" {
+			t.Fatalf("GET: %v", v)
+		}
+	}
+	stats, err := rc.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stats, "cmdstat_client|info:calls=1,") {
+		i := strings.Index(stats, "cmdstat_client|info")
+		t.Fatalf("CLIENT INFO calls on Redis: %q, want 1", stats[max(i, 0):min(max(i, 0)+60, len(stats))])
+	}
 }

@@ -27,10 +27,10 @@ import (
 // marks are released before the reply reaches the client, so no read
 // that starts after the client saw its OK can be served from the tier.
 //
-// Once the stream cannot be counted (MONITOR, a RESP2 subscription, MULTI
-// with a subscription, or a command that changes the protocol or mutes
-// replies: HELLO, RESET, CLIENT REPLY), writes stay marked until the relay
-// ends: the written keys
+// Once the stream cannot be counted (MONITOR, a subscription: see note,
+// or a command that changes the protocol or mutes replies: HELLO, RESET,
+// CLIENT REPLY), writes stay marked until the relay ends or hands the
+// client back (relayexit.go): the written keys
 // are not served from the tier meanwhile. At most maxHeldRelayWrites are
 // kept that way; further writes are refused with an error rather than
 // risk a stale read.
@@ -93,7 +93,7 @@ func newRelayWrites(sess *Session) *relayWrites {
 }
 
 // errHeldWrites refuses a write the relay could no longer track.
-const errHeldWrites = "ERR redproxy: too many writes on a connection in MONITOR or RESP2 pub/sub mode; write on another connection"
+const errHeldWrites = "ERR redproxy: too many writes on a connection in MONITOR or pub/sub mode; write on another connection"
 
 // note is called for every request of a relayed client before it is sent,
 // with the arguments that will be sent (refused: a refusal is sent
@@ -122,14 +122,13 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 		if !strings.HasSuffix(name, "unsubscribe") {
 			rw.subscribed = true
 		}
-		switch {
-		case !rw.resp3:
-			rw.uncountable()
-		case rw.inMulti && rw.subscribed:
-			rw.uncountable() // see the case of MULTI
-		case !rw.inMulti && (strings.HasSuffix(name, "unsubscribe") || len(args) > 1):
-			replies = 0 // answered with pushes only (in MULTI: +QUEUED)
-		}
+		// RESP2: the subscribed stream holds messages, not replies. RESP3:
+		// confirmed with pushes only, but refused (-BUSY, -CROSSSLOT,
+		// -NOPERM, -MOVED) with one error, which the stream alone cannot
+		// tell from the reply of the command after it: counted as none,
+		// it made a later write's marks go one reply early (found by
+		// review: a stale tier hit after the write's OK).
+		rw.uncountable()
 	case name == "select" && len(args) == 2:
 		if n, isInt := resp.ParseInt(args[1]); isInt && n >= 0 && n < int64(rw.sess.srv.Config().Upstream.Databases) {
 			db := int(n)
@@ -183,14 +182,6 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 		rw.batch.add(w)
 	}
 	return true
-}
-
-// extraReplies counts n replies the relay itself asked for (relayexit.go),
-// which the stream carries before those of what the client sends next.
-func (rw *relayWrites) extraReplies(n int64) {
-	if rw.active {
-		rw.due += n
-	}
 }
 
 // endMulti ends a transaction: its writes are released with the batch.

@@ -5,6 +5,7 @@ package proxy_test
 // writes reach the local tier's write marks and the miss holds.
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -114,17 +115,27 @@ func TestRelayedWritesAreSeenByTheLocalTier(t *testing.T) {
 	p, reader, hits := slowTierProxy(t, 20*time.Millisecond, 200*time.Millisecond)
 	for _, start := range [][]string{{"CLIENT", "TRACKING", "ON"}, {"SUBSCRIBE", "elsewhere"}} {
 		t.Run(start[0], func(t *testing.T) {
-			w := dialRaw(t, p.Addr)
-			w.do("HELLO", "3")
-			w.send(start)
-			if start[0] == "CLIENT" {
-				w.readNonPush()
+			relay := func() *rawConn {
+				w := dialRaw(t, p.Addr)
+				w.do("HELLO", "3")
+				w.send(start)
+				if start[0] == "CLIENT" {
+					w.readNonPush()
+				}
+				return w
 			}
+			w := relay()
 			key := "rw:" + start[0]
 			if err := p.Redis.Client(t).Set(ctx, key, "start", 0).Err(); err != nil {
 				t.Fatal(err)
 			}
 			for i := 0; i < 20; i++ {
+				if start[0] == "SUBSCRIBE" && i > 0 {
+					// A subscriber's writes stay marked until its relay
+					// ends (relayhooks.go): a new one each round.
+					w.nc.Close()
+					w = relay()
+				}
 				// Make sure the old value is in the tier.
 				redistest.Eventually(t, 5*time.Second, func() bool {
 					before := hits()
@@ -264,7 +275,7 @@ func TestUncountedRelayWritesAreCapped(t *testing.T) {
 		}
 	}
 	v, _ := c.readReply()
-	if e, ok := v.(respError); !ok || !strings.Contains(string(e), "too many writes on a connection in MONITOR or RESP2 pub/sub mode") {
+	if e, ok := v.(respError); !ok || !strings.Contains(string(e), "too many writes on a connection in MONITOR or pub/sub mode") {
 		t.Fatalf("write 1025: %v, want the refusal", v)
 	}
 	if n, _ := p.Redis.Client(t).Exists(ctx, "u:1024").Result(); n != 0 {
@@ -293,4 +304,75 @@ func holdSecondRead(t *testing.T, p *proxytest.Proxy, key string) <-chan string 
 		return metricSum(t, p, "redproxy_stampede_held_reads_total") >= 1
 	}, "the second GET was never held")
 	return got
+}
+
+// A RESP3 subscriber's SUBSCRIBE refused by Redis (here -BUSY while a
+// script runs) is answered with one error and no push. Counted as no
+// reply, it made the relay release a later write's marks one reply early:
+// with a BLPOP holding the write back, the tier kept serving the old value
+// after the write's OK (found by review). Now a subscription makes the
+// stream uncountable, and the write stays marked until the relay ends.
+func TestRefusedResp3SubscribeKeepsWritesMarked(t *testing.T) {
+	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() { time.Sleep(300 * time.Millisecond) }})
+	t.Cleanup(func() { localcache.SetTestHooks(prev) })
+	rs := redistest.Start(t, "--busy-reply-threshold", "50")
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.LocalCache.Enabled = true
+		c.LocalCache.AdmitMinReads = 0
+		c.LocalCache.WriteRatio = 1000
+		c.LocalCache.Staleness = units.Duration{Duration: 2 * time.Second}
+		c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
+	})
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
+	reader := p.Client(t)
+	rc := rs.Client(t)
+	hits := func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
+	if err := rc.Set(ctx, "k", "old", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		before := hits()
+		reader.Get(ctx, "k")
+		return hits() > before
+	}, "k never became a hit")
+
+	w := dialRaw(t, p.Addr)
+	w.do("HELLO", "3")
+	w.send([]string{"SUBSCRIBE", "a"})
+	w.readReply()
+	done := startLoop(t, rs.Addr(), false, 500)
+	redistest.Eventually(t, 5*time.Second, func() bool { return redisBusy(t, rs) }, "Redis never busy")
+	w.send([]string{"SUBSCRIBE", "c1"}, []string{"SUBSCRIBE", "c2"})
+	for range 2 {
+		if v, _ := w.readReply(); !strings.HasPrefix(fmt.Sprint(v), "BUSY") {
+			t.Fatalf("SUBSCRIBE while Redis is busy: %v", v)
+		}
+	}
+	<-done
+	w.send([]string{"BLPOP", "l", "0"}, []string{"SET", "k", "new"})
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		info, _ := rc.Info(ctx, "clients").Result()
+		return strings.Contains(info, "blocked_clients:1\r")
+	}, "BLPOP never blocked")
+	if err := rc.Publish(ctx, "a", "m").Err(); err != nil { // a chunk for the relay's reader
+		t.Fatal(err)
+	}
+	if v, _ := w.readReply(); fmt.Sprint(v) != "[message a m]" {
+		t.Fatalf("message: %v", v)
+	}
+	for range 3 {
+		reader.Get(ctx, "k") // reads that may fill the tier while the write is held back
+	}
+	if err := rc.LPush(ctx, "l", "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := w.readReply(); fmt.Sprint(v) != "[l x]" {
+		t.Fatalf("BLPOP: %v", v)
+	}
+	if v, _ := w.readReply(); v != "OK" {
+		t.Fatalf("SET: %v", v)
+	}
+	if got, err := reader.Get(ctx, "k").Result(); err != nil || got != "new" {
+		t.Fatalf("read %q after the relayed SET of \"new\" was acknowledged (%v)", got, err)
+	}
 }

@@ -842,7 +842,7 @@ func trackingRedirect(args [][]byte) bool {
 // closed for idleness; a tracking client is idle only when nothing moves
 // in either direction.
 //
-// A RESP2 pub/sub relay may also end by handing the client back to the
+// A pub/sub relay may also end by handing the client back to the
 // shared connections once it has unsubscribed from everything
 // (relayexit.go): relay then returns the client's batch it held meanwhile,
 // not yet served; otherwise nil.
@@ -932,7 +932,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 			if found {
 				// Only now: what went before the answers is queued.
 				ex.result <- answer
-				if answer == answerPlain {
+				if answer == answerUnsubscribed {
 					return // the relay leaves
 				}
 			}
@@ -971,7 +971,6 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		active()
 		reqs, err := sess.rd.ReadBatch()
 		if ex != nil && len(reqs) > 0 && err == nil && ex.wantsToLeave() {
-			rw.extraReplies(relayQuestionReplies)
 			switch ex.ask(sess, up) {
 			case relayLeaves:
 				up.Close()
