@@ -31,8 +31,8 @@ import (
 // next batch (what one read brings; commands sent with the unsubscribe
 // stay on the relay), the relay holds the batch and asks Redis:
 //
-//	redproxy-exit <token>   an unknown command, answered with an error
-//	                        quoting the token in any state (busy,
+//	redproxy-exit-<token>   an unknown command, answered with an error
+//	                        quoting its name in any state (busy,
 //	                        subscribed), on every Redis version
 //	PING <token>            RESP2: answered ["pong", token] on a subscribed
 //	                        connection, the bulk string token on any other,
@@ -174,13 +174,16 @@ func (ex *relayExit) ask(sess *Session, up net.Conn) relayAsking {
 	ex.asked = false
 	var raw [16]byte
 	rand.Read(raw[:])
-	token := "redproxy-relay-exit-" + hex.EncodeToString(raw[:])
-	// Redis 7 quotes the token 'so', Redis 6 `so`: match it bare.
-	ex.q.tag = append(ex.q.tag[:0], token...)
+	tag := hex.EncodeToString(raw[:])
+	token := "redproxy-relay-exit-" + tag
+	// In the unknown command's name, which every error for it quotes
+	// (Redis 7 'so', Redis 6 `so`, some servers without the arguments):
+	// matched bare.
+	ex.q.tag = append(ex.q.tag[:0], tag...)
 	ex.q.plain = redcon.AppendBulkString(ex.q.plain[:0], token)
 	ex.q.pong = append(append(ex.q.pong[:0], "*2\r\n$4\r\npong\r\n"...), ex.q.plain...)
 	ex.state.Store(exitAsked)
-	msg := resp.AppendCommandStrings(nil, "redproxy-exit", token)
+	msg := resp.AppendCommandStrings(nil, "redproxy-exit-"+tag)
 	if ex.q.resp3 {
 		msg = resp.AppendCommandStrings(msg, "CLIENT", "INFO")
 	} else {

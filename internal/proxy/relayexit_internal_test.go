@@ -23,13 +23,15 @@ func TestRelayFramerTakesOutOnlyTheAnswers(t *testing.T) {
 		b = redcon.AppendBulkString(b, ch)
 		return redcon.AppendBulkString(b, payload)
 	}
-	token := "redproxy-relay-exit-0123456789abcdef0123456789abcdef"
-	q := relayQuestion{tag: []byte(token)}
+	hexTag := "0123456789abcdef0123456789abcdef"
+	token := "redproxy-relay-exit-" + hexTag
+	q := relayQuestion{tag: []byte(hexTag)}
 	q.plain = redcon.AppendBulkString(nil, token)
 	q.pong = append([]byte("*2\r\n$4\r\npong\r\n"), q.plain...)
-	tagErr := []byte("-ERR unknown command 'redproxy-exit', with args beginning with: '" + token + "' \r\n")
-	// Redis 6 quotes with backticks.
-	tagErr6 := []byte("-ERR unknown command `redproxy-exit`, with args beginning with: `" + token + "`, \r\n")
+	tagErr := []byte("-ERR unknown command 'redproxy-exit-" + hexTag + "', with args beginning with: \r\n")
+	// Redis 6 quotes with backticks; a server may quote the name alone.
+	tagErr6 := []byte("-ERR unknown command `redproxy-exit-" + hexTag + "`, with args beginning with: \r\n")
+	tagErrName := []byte("-ERR unknown command 'redproxy-exit-" + hexTag + "'\r\n")
 	busy := []byte("-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.\r\n")
 	other := strings.Replace(token, "0", "1", 1)
 	var before, between, after []byte
@@ -58,6 +60,7 @@ func TestRelayFramerTakesOutOnlyTheAnswers(t *testing.T) {
 		{"subscribed", tagErr, q.pong, after, answerSubscribed, true},
 		{"left", tagErr, q.plain, nil, answerUnsubscribed, false},
 		{"left, Redis 6", tagErr6, q.plain, nil, answerUnsubscribed, false},
+		{"left, the name alone quoted", tagErrName, q.plain, nil, answerUnsubscribed, false},
 		{"plain with more after it", tagErr, q.plain, after, answerUnsubscribed, true},
 		{"busy", tagErr, busy, nil, answerRetry, false},
 		{"denied", tagErr, []byte("-NOPERM this user has no permissions to run the 'ping' command\r\n"), nil, answerError, false},
@@ -188,9 +191,9 @@ func TestRelayFramerRESP3Answers(t *testing.T) {
 		b = redcon.AppendBulkString(b, ch)
 		return redcon.AppendBulkString(b, payload)
 	}
-	token := "redproxy-relay-exit-00112233445566778899aabbccddeeff"
-	q := relayQuestion{resp3: true, tag: []byte(token)}
-	tagErr := []byte("-ERR unknown command 'redproxy-exit', with args beginning with: '" + token + "' \r\n")
+	hexTag := "00112233445566778899aabbccddeeff"
+	q := relayQuestion{resp3: true, tag: []byte(hexTag)}
+	tagErr := []byte("-ERR unknown command 'redproxy-exit-" + hexTag + "', with args beginning with: \r\n")
 	info := func(flags, sub string) []byte {
 		txt := "txt:id=7 addr=127.0.0.1:5 laddr=127.0.0.1:6 fd=8 name= age=0 idle=0 flags=" + flags + " db=0 sub=" + sub + " psub=0 ssub=0 multi=-1 cmd=client|info user=default redir=-1 resp=3"
 		return []byte("=" + strconv.Itoa(len(txt)) + "\r\n" + txt + "\r\n")
