@@ -15,6 +15,18 @@ import (
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
+// relayTestProxy starts a proxy and its Redis, which holds k = "v"; it
+// returns the proxy and a client of that Redis.
+func relayTestProxy(t *testing.T) (*proxytest.Proxy, *redis.Client) {
+	t.Helper()
+	p := proxytest.Start(t, nil, nil)
+	rc := p.Redis.Client(t)
+	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return p, rc
+}
+
 // relayConns counts the proxy's relay connections on Redis: a pub/sub
 // client's dedicated connection is named redproxy-relay.
 func relayConns(t *testing.T, rc *redis.Client) int {
@@ -54,11 +66,7 @@ func (c *rawConn) readUntil(msgs map[string][]string) any {
 // relay asks, and stays: on RESP2 PING gets Redis's subscribed form, on
 // RESP3 (where a subscriber may send any command) a GET is relayed.
 func TestRelayLeavesAfterUnsubscribeAll(t *testing.T) {
-	p := proxytest.Start(t, nil, nil)
-	rc := p.Redis.Client(t)
-	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
+	p, rc := relayTestProxy(t)
 	for _, proto := range []string{"2", "3"} {
 		t.Run("RESP"+proto, func(t *testing.T) {
 			c := dialRaw(t, p.Addr)
@@ -131,14 +139,11 @@ func TestRelayLeavesAfterUnsubscribeAll(t *testing.T) {
 // Leaving must not lose, add or reorder a reply, while messages keep
 // arriving: a publisher floods a channel the client subscribes to and
 // leaves, over and over; every message arrives once and in order, PING's
-// and GET's replies come where they belong, and the marker the relay sends
-// to Redis to find out whether it may leave is never seen by the client.
+// and GET's replies come where they belong, and the answers to the
+// question the relay asks Redis (whether it may leave) never reach the
+// client.
 func TestRelayLeavesUnderMessageFlood(t *testing.T) {
-	p := proxytest.Start(t, nil, nil)
-	rc := p.Redis.Client(t)
-	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
+	p, rc := relayTestProxy(t)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -254,11 +259,7 @@ func TestRelayWithOwnStateStays(t *testing.T) {
 // long: a BLPOP 0 sent with the last UNSUBSCRIBE is answered first, then
 // the next command, on the shared connections.
 func TestRelayLeavesBehindBlockingCommand(t *testing.T) {
-	p := proxytest.Start(t, nil, nil)
-	rc := p.Redis.Client(t)
-	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
+	p, rc := relayTestProxy(t)
 	c := dialRaw(t, p.Addr)
 	c.send([]string{"SUBSCRIBE", "a"})
 	c.readReply()
@@ -390,11 +391,7 @@ func TestRelayClientGoneWhileAsking(t *testing.T) {
 // than the relay reads, for a 4000-byte client name) keeps the relay for
 // good: it is asked once, not before every batch.
 func TestRelayAsksOnceWhenRedisWillNotSay(t *testing.T) {
-	p := proxytest.Start(t, nil, nil)
-	rc := p.Redis.Client(t)
-	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
+	p, rc := relayTestProxy(t)
 	if err := rc.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
