@@ -56,13 +56,20 @@ func seedCluster(t testing.TB, c *redistest.Cluster, n int) {
 			t.Fatal(err)
 		}
 	}
-	redistest.Eventually(t, 10*time.Second, func() bool {
+	// Not the proxy's doing: Redis's own replication, which under a
+	// loaded CI machine once took longer than 10 s (a replica's first
+	// full sync), so the wait is generous and says what it saw.
+	var held []int64
+	redistest.Eventually(t, 30*time.Second, func() bool {
+		held = held[:0]
 		total := int64(0)
 		for _, r := range c.Replicas(t) {
-			total += r.Client(t).DBSize(ctx).Val()
+			k := r.Client(t).DBSize(ctx).Val()
+			held = append(held, k)
+			total += k
 		}
 		return total == int64(n)
-	}, "the replicas never held all %d keys", n)
+	}, "the replicas never held all %d keys (they held %v)", n, &held)
 }
 
 // TestClusterReplicaReadsGoToReplicas (issue 14): in cluster mode with
