@@ -64,8 +64,8 @@ type relayExit struct {
 	// relay is ending).
 	never bool
 
-	// off tells the reader that the relay will not leave: it stops framing
-	// once no question is open.
+	// off tells the reader that the relay will not leave (never, set with
+	// it by stayForGood): it stops framing once no question is open.
 	off atomic.Bool
 	// state is exitIdle, or exitAsked while the session waits for the
 	// answers, or exitAbandoned when it gave up waiting (the answers are
@@ -100,7 +100,7 @@ const (
 // and the answers it looks for.
 type relayQuestion struct {
 	resp3 bool   // the second question is CLIENT INFO, not PING
-	tag   []byte // the token, as the unknown command's error quotes it
+	tag   []byte // the random part of the unknown command's name, which its error quotes
 	plain []byte // PING's answer on a connection not subscribed
 	pong  []byte // PING's answer on a subscribed RESP2 connection
 }
@@ -120,8 +120,7 @@ func (ex *relayExit) note(cmd *commands.Command) {
 		return
 	}
 	if relayKeepsState(cmd) {
-		ex.never = true
-		ex.off.Store(true)
+		ex.stayForGood()
 		return
 	}
 	switch cmd.Name {
@@ -222,7 +221,7 @@ func (ex *relayExit) ask(sess *Session, up net.Conn) relayAsking {
 					case <-ex.readerDone:
 					}
 				}
-				ex.never = true
+				ex.stayForGood()
 				sess.closing(metrics.CloseClient) // or the interruption's reason
 				return relayEnds
 			}
@@ -243,7 +242,7 @@ func (ex *relayExit) answered(a int) relayAsking {
 		// It will not say (CLIENT INFO denied by the upstream user's
 		// ACL, unknown before Redis 6.2; an answer past maxClientInfo):
 		// asking before every batch would cost a round trip each time.
-		ex.never = true
+		ex.stayForGood()
 	}
 	return relayStays
 }
@@ -252,15 +251,24 @@ func (ex *relayExit) answered(a int) relayAsking {
 // looking for them, so no other question may follow.
 func (ex *relayExit) abandon() {
 	ex.state.Store(exitAbandoned)
+	ex.stayForGood()
+}
+
+// stayForGood keeps the relay for the connection's life: no question is
+// asked again, and the reader stops framing once the open one, if any, is
+// answered.
+func (ex *relayExit) stayForGood() {
 	ex.never = true
+	ex.off.Store(true)
 }
 
 // received passes one chunk of Redis's stream through the framer on the
 // reader goroutine. It returns the bytes to pass on (the chunk without the
 // answers to the question); found: the answers are in the chunk and the
 // session waits for them, to be sent answer on ex.result once the bytes
-// are queued; answer is PING's, answerUnsubscribed only if nothing came after it
-// (then the reader stops). err: the stream is not RESP, and the relay must
+// are queued; answer is the second one (PING's or CLIENT INFO's),
+// answerUnsubscribed only if nothing came after it (then the reader
+// stops). err: the stream is not RESP, and the relay must
 // end.
 func (ex *relayExit) received(chunk []byte) (out []byte, found bool, answer int, err error) {
 	answer = answerNone
