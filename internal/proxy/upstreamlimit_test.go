@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -14,22 +13,12 @@ import (
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
-// allocatedBy is the bytes the test process (the proxy in it included)
-// allocated while f ran.
-func allocatedBy(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
-
 // getPastOutputLimit GETs "big" through rc, a client of p that the read
 // must close for its output limit; it returns the bytes allocated
 // meanwhile and the GET's error.
 func getPastOutputLimit(t *testing.T, p *proxytest.Proxy, rc *redis.Client) (allocated uint64, err error) {
 	t.Helper()
-	allocated = allocatedBy(func() {
+	allocated = redistest.Allocated(func() {
 		err = rc.Get(ctx, "big").Err()
 		redistest.Eventually(t, 10*time.Second, func() bool { return closedFor(p, metrics.CloseOutputLimit) == 1 },
 			"the client was never closed for its output limit")

@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -270,6 +271,16 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format st
 		}
 		time.Sleep(pollInterval)
 	}
+}
+
+// Allocated is the bytes the test process allocated while f ran (the
+// proxy or pipe under test included), for tests that bound memory.
+func Allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
 }
 
 // FreePort returns a TCP port that was free on every address a moment ago.

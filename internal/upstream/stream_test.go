@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,15 +17,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
-
-// allocated is the bytes the process allocated while f ran.
-func allocated(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
 
 func sendWait(t *testing.T, pool *Pool, c *Call) {
 	t.Helper()
@@ -92,7 +82,7 @@ func TestPipeStreamsRepliesItDoesNotKeep(t *testing.T) {
 		}
 		c.Add(cmd("LRANGE", "list", "0", "-1"))
 		c.Add(cmd("PING"))
-		n := allocated(func() { sendWait(t, pool, c) })
+		n := redistest.Allocated(func() { sendWait(t, pool, c) })
 		t.Logf("resp3=%v: %.2f MB allocated reading a %d MB reply and four others", resp3, float64(n)/(1<<20), size>>20)
 		if n > 2<<20 {
 			t.Errorf("resp3=%v: reading a %d MB reply to digest allocated %.1f MB; want under 2 MB", resp3, size>>20, float64(n)/(1<<20))
@@ -122,7 +112,7 @@ func TestPipeStreamsRepliesItDoesNotKeep(t *testing.T) {
 		c.Add(cmd("GET", "four"))
 		c.Add(cmd("GET", "big"))
 		c.Add(cmd("GET", "four"))
-		n = allocated(func() { sendWait(t, pool, c) })
+		n = redistest.Allocated(func() { sendWait(t, pool, c) })
 		t.Logf("resp3=%v: %.2f MB allocated dropping a %d MB reply", resp3, float64(n)/(1<<20), size>>20)
 		// The read buffer grows as the reply might fit the limit (1 MB):
 		// doubling to 1 MB allocates 2 MB in all.
@@ -207,7 +197,7 @@ func TestPipeHostileReplyBounded(t *testing.T) {
 		c := NewCall()
 		c.SetMaxReply(1024)
 		c.Add(cmd("GET", "HOSTILE"))
-		n := allocated(func() {
+		n := redistest.Allocated(func() {
 			if err := pool.Send(c); err != nil {
 				t.Fatal(err)
 			}
@@ -294,7 +284,7 @@ func TestPipeHostilePushBounded(t *testing.T) {
 		waitUp(t, pool)
 		c := NewCall()
 		c.Add(cmd("GET", "HOSTILE"))
-		n := allocated(func() { sendEnd(t, pool, c) })
+		n := redistest.Allocated(func() { sendEnd(t, pool, c) })
 		t.Logf("%q: %v, %.2f MB allocated", answer, c.Err(), float64(n)/(1<<20))
 		if !errors.Is(c.Err(), errPushTooLong) {
 			t.Errorf("%q: the Call ended with %v, want %v", answer, c.Err(), errPushTooLong)
@@ -406,7 +396,7 @@ func TestPipeLimitlessCallBounded(t *testing.T) {
 	c := NewCall()
 	c.Add(cmd("GET", "big"))
 	c.Add(cmd("PING"))
-	n := allocated(func() { sendEnd(t, pool, c) })
+	n := redistest.Allocated(func() { sendEnd(t, pool, c) })
 	t.Logf("a %d MB reply to a Call with no limit, on a pipe limited to %d MB: %.2f MB allocated", size>>20, limit>>20, float64(n)/(1<<20))
 	// The read buffer grows as the reply might fit the limit (1 MB):
 	// doubling to 2 MB allocates about 4 MB in all.
@@ -450,7 +440,7 @@ func TestPipeLimitlessCallBounded(t *testing.T) {
 		waitUp(t, pool)
 		c := NewCall()
 		c.Add(cmd("GET", "HOSTILE"))
-		n := allocated(func() { sendEnd(t, pool, c) })
+		n := redistest.Allocated(func() { sendEnd(t, pool, c) })
 		t.Logf("%q to a Call with no limit: %v, %.2f MB allocated", answer, c.Err(), float64(n)/(1<<20))
 		if c.Err() == nil {
 			t.Errorf("%q: the Call succeeded", answer)
@@ -483,7 +473,7 @@ func TestPipeUnsolicitedReplyClosesAtOnce(t *testing.T) {
 		c := NewCall()
 		c.Add(cmd("ECHO", "HOSTILE"))
 		closed := false
-		n := allocated(func() {
+		n := redistest.Allocated(func() {
 			if err := pipe.Send(c); err != nil {
 				t.Fatal(err)
 			}
