@@ -166,9 +166,8 @@ const (
 // Redis would answer the held batch no sooner.
 const markerWait = 50 * time.Millisecond
 
-// ask sends the question and waits for the reader's finding. The two
-// answers need not be counted for relayWrites: a subscription made the
-// relay's stream uncountable already (relayhooks.go).
+// ask sends the question and waits for the reader's finding. Its two
+// commands are counted by relayWrites (asked) before it is sent.
 func (ex *relayExit) ask(sess *Session, up net.Conn) relayAsking {
 	ex.asked = false
 	var raw [16]byte

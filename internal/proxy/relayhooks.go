@@ -27,10 +27,19 @@ import (
 // marks are released before the reply reaches the client, so no read
 // that starts after the client saw its OK can be served from the tier.
 //
-// Once the stream cannot be counted (MONITOR, a subscription: see note,
-// or a command that changes the protocol or mutes replies: HELLO, RESET,
-// CLIENT REPLY), writes stay marked until the relay ends or hands the
-// client back (relayexit.go): the written keys
+// A RESP3 client's (P|S)(UN)SUBSCRIBE is answered with pushes only, or,
+// refused (-BUSY, -NOPERM, -CROSSSLOT, an arity error), with one error:
+// the counter takes the pushes that confirm it, of its kind and as many
+// as it names channels, as its reply (subExpect), so a RESP3 subscriber
+// that writes (rueidis multiplexes its subscriptions on the connection it
+// tracks keys on) keeps its writes counted.
+//
+// Once the stream cannot be counted (MONITOR, a RESP2 subscription, a
+// subscribed client's MULTI: see note, Redis Cluster's own sunsubscribe,
+// pushes the counter did not expect, or a command that changes the
+// protocol or mutes replies: HELLO, RESET, CLIENT REPLY), writes stay
+// marked until the relay ends or hands the client back (relayexit.go):
+// the written keys
 // are not served from the tier meanwhile. At most maxHeldRelayWrites are
 // kept that way; further writes are refused with an error rather than
 // risk a stale read.
@@ -65,11 +74,17 @@ type relayWrites struct {
 	pending   []relayRelease // by due, oldest first
 	held      []relayRelease // released when the relay ends
 	heldN     int
+	subs      []subExpect // noted, not yet taken by the reader
+	subsOpen  int         // the reader's unsettled ones, as of its last chunk
 
 	// Reader goroutine only.
 	counter replyCounter
-	got     int64 // replies seen
 }
+
+// maxOpenSubscribes bounds the subscribe commands a relay keeps expecting
+// at once (a client pipelining them faster than Redis answers); past it
+// the stream is no longer counted.
+const maxOpenSubscribes = 4096
 
 type relayRelease struct {
 	due    int64
@@ -122,13 +137,21 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 		if !strings.HasSuffix(name, "unsubscribe") {
 			rw.subscribed = true
 		}
-		// RESP2: the subscribed stream holds messages, not replies. RESP3:
-		// confirmed with pushes only, but refused (-BUSY, -CROSSSLOT,
-		// -NOPERM, -MOVED) with one error, which the stream alone cannot
-		// tell from the reply of the command after it: counted as none,
-		// it made a later write's marks go one reply early (found by
-		// review: a stale tier hit after the write's OK).
-		rw.uncountable()
+		sharded := name == "ssubscribe" || name == "sunsubscribe"
+		switch {
+		case !rw.resp3, rw.inMulti, sharded && rw.sess.srv.router != nil:
+			// RESP2: the subscribed stream holds messages shaped as
+			// replies. In MULTI: the pushes come inside EXEC's array.
+			// Sharded, on a cluster: Redis sends sunsubscribe pushes of
+			// its own when a slot moves, which a refused SUNSUBSCRIBE's
+			// confirmation could not be told from. A refused subscribe
+			// counted as no reply made a later write's marks go one
+			// reply early (found by review: a stale tier hit after the
+			// write's OK).
+			rw.uncountable()
+		default:
+			rw.expect(name, len(args)-1)
+		}
 	case name == "select" && len(args) == 2:
 		if n, isInt := resp.ParseInt(args[1]); isInt && n >= 0 && n < int64(rw.sess.srv.Config().Upstream.Databases) {
 			db := int(n)
@@ -183,6 +206,26 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 	}
 	return true
 }
+
+// expect notes a RESP3 (P|S)(UN)SUBSCRIBE naming channels channels (none:
+// every one of its kind) as the next reply.
+func (rw *relayWrites) expect(kind string, channels int) {
+	if channels == 0 && !strings.HasSuffix(kind, "unsubscribe") {
+		channels = 1 // refused for its arity: never confirmed
+	}
+	rw.mu.Lock()
+	countable, full := rw.countable, rw.subsOpen+len(rw.subs) >= maxOpenSubscribes
+	if countable && !full {
+		rw.subs = append(rw.subs, subExpect{slot: rw.due, kind: kind, left: channels})
+	}
+	rw.mu.Unlock()
+	if countable && full {
+		rw.uncountable()
+	}
+}
+
+// asked counts n replies to commands the relay sent itself (relayexit.go).
+func (rw *relayWrites) asked(n int64) { rw.due += n }
 
 // endMulti ends a transaction: its writes are released with the batch.
 func (rw *relayWrites) endMulti() {
@@ -251,12 +294,19 @@ func (rw *relayWrites) received(b []byte) {
 	}
 	rw.mu.Lock()
 	countable, waiting := rw.countable, len(rw.pending) > 0
+	if countable {
+		// Noted before they were sent, so before any byte of their answers.
+		rw.counter.subs = append(rw.counter.subs, rw.subs...)
+		rw.subs = rw.subs[:0]
+	}
 	rw.mu.Unlock()
 	if !countable {
 		return
 	}
-	n, ok := rw.counter.feed(b)
-	rw.got += n
+	_, ok := rw.counter.feed(b)
+	rw.mu.Lock()
+	rw.subsOpen = len(rw.counter.subs)
+	rw.mu.Unlock()
 	if !ok {
 		rw.uncountable()
 		return
@@ -266,7 +316,7 @@ func (rw *relayWrites) received(b []byte) {
 	}
 	var done []relayRelease
 	rw.mu.Lock()
-	for len(rw.pending) > 0 && rw.pending[0].due <= rw.got {
+	for len(rw.pending) > 0 && rw.pending[0].due <= rw.counter.got {
 		done = append(done, rw.pending[0])
 		rw.pending = rw.pending[1:]
 	}
@@ -301,25 +351,87 @@ func (rw *relayWrites) release(r *relayRelease) {
 }
 
 // replyCounter counts the top-level replies in a RESP stream fed in
-// arbitrary pieces, without buffering them: pushes ('>') are not replies.
+// arbitrary pieces, without buffering them: pushes ('>') are not replies,
+// but those confirming an expected subscribe command (subs) stand for its
+// reply.
 type replyCounter struct {
 	// stack holds, per open aggregate, the elements it still needs.
 	stack []int64
 	push  bool  // the top-level frame being read is a push
 	skip  int64 // payload bytes (with CRLF) of a bulk still to skip
 	line  []byte
+	got   int64 // replies counted so far
+	lost  bool  // the stream no longer matches what was expected
+
+	// Of the top-level push being read: its length, its first element
+	// (the kind, when a short bulk string) and its third (a count).
+	pushLen  int64
+	kind     []byte
+	kindLeft int64 // bytes of the kind still to copy from a bulk
+	count    int64
+	hasCount bool
+
+	subs   []subExpect // oldest first
+	counts pubsubCounts
+}
+
+// subExpect is a RESP3 (P|S)(UN)SUBSCRIBE whose answer is not all in.
+// Redis answers it with one push of its kind per channel it names, or, if
+// it names none (an unsubscribe from everything), one per channel of that
+// kind the client had, at least one; or, refused, with one error.
+type subExpect struct {
+	slot int64  // the replies before it
+	kind string // its command's name, which its pushes carry
+	left int    // pushes still due; 0 at first for "every one"
+	seen bool
+}
+
+// pubsubCounts follows the client's subscriptions through the counts
+// Redis puts in each confirming push: channels and patterns together,
+// shard channels on their own.
+type pubsubCounts struct{ channels, patterns, shards int64 }
+
+// confirm applies a confirming push of kind carrying count n and returns
+// how many subscriptions of its kind the client had before it. A
+// subscribe adds one or none (already subscribed), an unsubscribe takes
+// one or none: any other count means the stream is not what the counter
+// thinks, and ok is false.
+func (pc *pubsubCounts) confirm(kind string, n int64) (before int64, ok bool) {
+	own, total := &pc.channels, pc.channels+pc.patterns
+	switch kind {
+	case "psubscribe", "punsubscribe":
+		own = &pc.patterns
+	case "ssubscribe", "sunsubscribe":
+		own, total = &pc.shards, pc.shards
+	}
+	before = *own
+	d := n - total
+	if strings.HasSuffix(kind, "unsubscribe") {
+		ok = d == 0 || d == -1
+	} else {
+		ok = d == 0 || d == 1
+	}
+	*own += d
+	return before, ok && *own >= 0
 }
 
 // feed consumes b and returns the replies it completed; ok is false for
-// bytes that are not RESP the counter understands.
+// bytes that are not RESP the counter understands, or that do not answer
+// the subscribe commands as expected (it stays false).
 func (c *replyCounter) feed(b []byte) (n int64, ok bool) {
-	for len(b) > 0 {
+	before := c.got
+	for len(b) > 0 && !c.lost {
 		if c.skip > 0 {
 			k := min(c.skip, int64(len(b)))
+			if c.kindLeft > 0 {
+				m := min(c.kindLeft, k)
+				c.kind = append(c.kind, b[:m]...)
+				c.kindLeft -= m
+			}
 			c.skip -= k
 			b = b[k:]
 			if c.skip == 0 {
-				n += c.finish()
+				c.finish()
 			}
 			continue
 		}
@@ -331,76 +443,153 @@ func (c *replyCounter) feed(b []byte) (n int64, ok bool) {
 			c.line = append(c.line, b[:min(i, 64-len(c.line))]...)
 		}
 		if i == len(b) {
-			return n, true
+			break
 		}
 		b = b[i+1:]
-		k, good := c.header()
-		if !good {
-			return n, false
+		if !c.header() {
+			c.lost = true
 		}
-		n += k
 	}
-	return n, true
+	return c.got - before, !c.lost
 }
+
+// maxKind is the longest push kind kept: "punsubscribe".
+const maxKind = 12
 
 // header handles one complete header line (the type byte and what follows
 // up to CR; a simple value's text beyond 64 bytes is not kept).
-func (c *replyCounter) header() (int64, bool) {
+func (c *replyCounter) header() bool {
 	line := c.line
 	c.line = c.line[:0]
 	if len(line) > 0 && line[len(line)-1] == '\r' {
 		line = line[:len(line)-1]
 	}
 	if len(line) == 0 {
-		return 0, false
+		return false
 	}
 	typ := line[0]
+	elem := int64(-1) // index in the top-level push
 	if len(c.stack) == 0 {
 		c.push = typ == '>'
+	} else if c.push && len(c.stack) == 1 {
+		elem = c.pushLen - c.stack[0]
 	}
 	switch typ {
 	case '+', '-', ':', '_', ',', '#', '(':
-		return c.finish(), true
+		if elem == 2 && typ == ':' {
+			n, err := strconv.ParseInt(string(line[1:]), 10, 64)
+			c.count, c.hasCount = n, err == nil
+		}
+		c.finish()
+		return true
 	case '$', '!', '=':
 		size, err := strconv.ParseInt(string(line[1:]), 10, 64)
 		if err != nil || size < -1 {
-			return 0, false
+			return false
 		}
 		if size < 0 {
-			return c.finish(), true
+			c.finish()
+			return true
+		}
+		if elem == 0 && typ == '$' && size <= maxKind {
+			c.kindLeft = size
 		}
 		c.skip = size + 2
-		return 0, true
+		return true
 	case '*', '%', '~', '>', '|':
 		size, err := strconv.ParseInt(string(line[1:]), 10, 64)
 		if err != nil || size < -1 || typ == '|' {
-			return 0, false // attributes are never sent to the proxy's clients
+			return false // attributes are never sent to the proxy's clients
 		}
 		if typ == '%' {
 			size *= 2
 		}
+		if len(c.stack) == 0 && c.push {
+			c.pushLen, c.kind, c.kindLeft, c.hasCount = size, c.kind[:0], 0, false
+		}
 		if size <= 0 {
-			return c.finish(), true
+			c.finish()
+			return true
 		}
 		c.stack = append(c.stack, size)
-		return 0, true
+		return true
 	}
-	return 0, false
+	return false
 }
 
-// finish completes one element; it returns 1 if that completed a
-// top-level reply.
-func (c *replyCounter) finish() int64 {
+// finish completes one element, and with it any aggregate it completes.
+func (c *replyCounter) finish() {
 	for len(c.stack) > 0 {
 		top := len(c.stack) - 1
 		c.stack[top]--
 		if c.stack[top] > 0 {
-			return 0
+			return
 		}
 		c.stack = c.stack[:top]
 	}
-	if c.push {
-		return 0
+	c.frame()
+}
+
+// frame settles one complete top-level frame: a reply, or a push.
+func (c *replyCounter) frame() {
+	var head *subExpect
+	if len(c.subs) > 0 && c.subs[0].slot == c.got {
+		head = &c.subs[0] // everything before it is answered: its turn
 	}
-	return 1
+	if !c.push {
+		if head != nil {
+			if head.seen {
+				// Confirmed in part, then a reply: the counts were wrong.
+				c.lost = true
+				return
+			}
+			c.subs = c.subs[1:] // refused: this error is its reply
+		}
+		c.got++
+		return
+	}
+	kind := confirmingKind(c.kind)
+	if kind == "" {
+		return // a message, an invalidation: out of band
+	}
+	if !c.hasCount {
+		c.lost = true
+		return
+	}
+	had, ok := c.counts.confirm(kind, c.count)
+	if !ok || head == nil || head.kind != kind {
+		// Not the answer of the command whose turn it is.
+		c.lost = true
+		return
+	}
+	if !head.seen && head.left == 0 {
+		head.left = int(max(had, 1))
+	}
+	head.seen = true
+	head.left--
+	if head.left > 0 {
+		return
+	}
+	c.subs = c.subs[1:]
+	c.got++
+}
+
+// confirmingKind returns the subscribe command a push of kind b confirms,
+// or "".
+func confirmingKind(b []byte) string {
+	switch string(b) {
+	case "subscribe":
+		return "subscribe"
+	case "psubscribe":
+		return "psubscribe"
+	case "ssubscribe":
+		return "ssubscribe"
+	case "unsubscribe":
+		return "unsubscribe"
+	case "punsubscribe":
+		return "punsubscribe"
+	case "sunsubscribe":
+		return "sunsubscribe"
+	}
+	return ""
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"net"
 	"testing"
 	"time"
@@ -67,20 +68,21 @@ func TestRelayCountsRepliesInMulti(t *testing.T) {
 // PING. Hooks that stopped counting expect what Redis sends, whatever it
 // is (due = got).
 func relayCount(t *testing.T, rs *redistest.Server, cmds [][]string) (due, got int64, stream []byte) {
-	table := commands.Builtin()
-	sess := &Session{srv: &Server{table: table, tier: &tierState{}}, resp3: true, sessionBatch: &sessionBatch{}}
-	rw := newRelayWrites(sess)
+	rw, stream := relayStream(t, rs, cmds)
+	rw.received(stream)
+	if !rw.countable {
+		return 0, 0, stream
+	}
+	return rw.due, rw.counter.got, stream
+}
+
+// relayStream notes cmds on a fresh RESP3 relay's write hooks (writes are
+// only counted: they would need a live tier) and returns the hooks and
+// what Redis answers to cmds, up to the last command's +PONG.
+func relayStream(t *testing.T, rs *redistest.Server, cmds [][]string) (*relayWrites, []byte) {
+	rw := relayNoted(cmds)
 	var raw []byte
 	for _, c := range cmds {
-		args := make([][]byte, len(c))
-		for i, a := range c {
-			args[i] = []byte(a)
-		}
-		if cmd := table.Lookup(args); !mayWrite(cmd) { // writes would need a live tier
-			rw.note(cmd, args, false)
-		} else {
-			rw.due++
-		}
 		raw = redcon.AppendArray(raw, len(c))
 		for _, a := range c {
 			raw = redcon.AppendBulkString(raw, a)
@@ -108,6 +110,7 @@ func relayCount(t *testing.T, rs *redistest.Server, cmds [][]string) (due, got i
 	if _, err := nc.Write(raw); err != nil {
 		t.Fatal(err)
 	}
+	var stream []byte
 	for !bytes.HasSuffix(stream, []byte("+PONG\r\n")) {
 		k, err := nc.Read(buf)
 		if err != nil {
@@ -115,13 +118,67 @@ func relayCount(t *testing.T, rs *redistest.Server, cmds [][]string) (due, got i
 		}
 		stream = append(stream, buf[:k]...)
 	}
-	var c replyCounter
-	got, ok := c.feed(stream)
-	if !ok {
-		t.Fatalf("counter did not understand %q", stream)
+	return rw, stream
+}
+
+// relayNoted returns a fresh RESP3 relay's write hooks with cmds noted.
+func relayNoted(cmds [][]string) *relayWrites {
+	table := commands.Builtin()
+	sess := &Session{srv: &Server{table: table, tier: &tierState{}}, resp3: true, sessionBatch: &sessionBatch{}}
+	rw := newRelayWrites(sess)
+	for _, c := range cmds {
+		args := make([][]byte, len(c))
+		for i, a := range c {
+			args[i] = []byte(a)
+		}
+		if cmd := table.Lookup(args); !mayWrite(cmd) {
+			rw.note(cmd, args, false)
+		} else {
+			rw.due++
+		}
 	}
-	if !rw.countable {
-		return got, got, stream
+	return rw
+}
+
+// A RESP3 subscriber's (P|S)(UN)SUBSCRIBE is answered by pushes only, or
+// refused with one error; the counter takes either for the command's one
+// reply and keeps counting, so a subscriber's writes are released when
+// their replies arrive. Each case is also fed cut at every byte, and the
+// counter must agree however the stream is cut.
+func TestRelayCountsSubscribeAnswers(t *testing.T) {
+	rs := redistest.Start(t)
+	if err := rs.Client(t).Do(context.Background(), "ACL", "SETUSER", "narrow", "on", ">pw", "~*", "+@all", "resetchannels", "&allowed:*").Err(); err != nil {
+		t.Fatal(err)
 	}
-	return rw.due, got, stream
+	for _, cmds := range [][][]string{
+		{{"SUBSCRIBE", "a", "b", "a"}, {"SET", "k", "v"}, {"PSUBSCRIBE", "p*"}, {"SSUBSCRIBE", "s"}, {"GET", "k"},
+			{"UNSUBSCRIBE"}, {"PUNSUBSCRIBE"}, {"SUNSUBSCRIBE"}, {"UNSUBSCRIBE"}, {"PUNSUBSCRIBE"}, {"SUNSUBSCRIBE"}, {"PING"}},
+		{{"UNSUBSCRIBE"}, {"UNSUBSCRIBE", "x", "y"}, {"SUBSCRIBE", "x"}, {"PUBLISH", "x", "hello"}, {"UNSUBSCRIBE", "x", "x"}, {"PING"}},
+		// Refused: arity, then ACL. An error where pushes were due.
+		{{"SUBSCRIBE", "a"}, {"SUBSCRIBE"}, {"SET", "k", "v"}, {"PSUBSCRIBE"}, {"SSUBSCRIBE"}, {"UNSUBSCRIBE"}, {"PING"}},
+		{{"AUTH", "narrow", "pw"}, {"SUBSCRIBE", "allowed:1"}, {"SUBSCRIBE", "denied"}, {"SET", "k", "v"},
+			{"PSUBSCRIBE", "denied*"}, {"SUBSCRIBE", "allowed:2", "allowed:1"}, {"UNSUBSCRIBE"}, {"PING"}},
+		// Messages, one to itself, between the confirmations.
+		{{"SUBSCRIBE", "self"}, {"PUBLISH", "self", "1"}, {"SUBSCRIBE", "self", "other"}, {"PUBLISH", "self", "2"},
+			{"PSUBSCRIBE", "s*"}, {"PUBLISH", "self", "3"}, {"UNSUBSCRIBE", "self"}, {"PUBLISH", "self", "4"}, {"PING"}},
+	} {
+		rw, stream := relayStream(t, rs, cmds)
+		rw.received(stream)
+		if !rw.countable {
+			t.Errorf("%v: stopped counting on Redis's %q", cmds, stream)
+			continue
+		}
+		if rw.due != rw.counter.got || len(rw.counter.subs) != 0 {
+			t.Errorf("%v: expects %d replies, counts %d (%d subscribe commands open) in Redis's %q", cmds, rw.due, rw.counter.got, len(rw.counter.subs), stream)
+			continue
+		}
+		for cut := 1; cut < len(stream); cut++ {
+			again := relayNoted(cmds)
+			again.received(stream[:cut])
+			again.received(stream[cut:])
+			if !again.countable || again.counter.got != rw.due {
+				t.Fatalf("%v cut at %d: counted %d (still counting: %v), want %d", cmds, cut, again.counter.got, again.countable, rw.due)
+			}
+		}
+	}
 }

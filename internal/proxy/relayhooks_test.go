@@ -6,6 +6,7 @@ package proxy_test
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
@@ -130,13 +131,9 @@ func TestRelayedWritesAreSeenByTheLocalTier(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i := 0; i < 20; i++ {
-				if start[0] == "SUBSCRIBE" && i > 0 {
-					// A subscriber's writes stay marked until its relay
-					// ends (relayhooks.go): a new one each round.
-					w.nc.Close()
-					w = relay()
-				}
-				// Make sure the old value is in the tier.
+				// Make sure the old value is in the tier: the relay's last
+				// write was released once its reply came (for a RESP3
+				// subscriber too, as its subscriptions are counted).
 				redistest.Eventually(t, 5*time.Second, func() bool {
 					before := hits()
 					reader.Get(ctx, key)
@@ -375,4 +372,104 @@ func TestRefusedResp3SubscribeKeepsWritesMarked(t *testing.T) {
 	if got, err := reader.Get(ctx, "k").Result(); err != nil || got != "new" {
 		t.Fatalf("read %q after the relayed SET of \"new\" was acknowledged (%v)", got, err)
 	}
+}
+
+// A RESP3 client that subscribed keeps writing on the same connection
+// (rueidis multiplexes its subscriptions on the connection it tracks keys
+// on). Its writes are counted as any relayed client's, so the 1025th and
+// later are answered, not refused as writes the relay could no longer
+// track; a subscribe refused in between (its arity) does not stop that.
+func TestResp3SubscriberWritesAreNotCapped(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.LocalCache.Enabled = true })
+	c := dialRaw(t, p.Addr)
+	c.do("HELLO", "3")
+	cmds := [][]string{{"SUBSCRIBE", "x"}}
+	for i := 0; i < 1500; i++ {
+		cmds = append(cmds, []string{"SET", "u:" + strconv.Itoa(i), "v"})
+		if i == 700 {
+			cmds = append(cmds, []string{"SUBSCRIBE"})
+		}
+	}
+	c.send(cmds...)
+	for i := 0; i < 1500; i++ {
+		if v := c.readNonPush(); v != "OK" {
+			t.Fatalf("write %d: %v", i, v)
+		}
+		if i == 700 {
+			if v := c.readNonPush(); !strings.Contains(fmt.Sprint(v), "wrong number of arguments") {
+				t.Fatalf("SUBSCRIBE without a channel: %v", v)
+			}
+		}
+	}
+}
+
+// C1 for a RESP3 subscriber that writes, under a flood of messages and
+// random subscribe, unsubscribe (to everything too: the relay leaves and
+// the next SUBSCRIBE starts another) and refused subscribe commands
+// pipelined before each write: with invalidations slowed down, once the
+// subscriber got OK for its SET, no read through the local tier returns
+// the value before it. The key must also be served from the tier between
+// writes, or there was nothing stale to return.
+func TestResp3SubscriberWritesUnderFlood(t *testing.T) {
+	p, reader, hits := slowTierProxy(t, 20*time.Millisecond, 200*time.Millisecond)
+	stop := make(chan struct{})
+	flooded := make(chan int)
+	go func() {
+		pub := p.Redis.Client(t)
+		n := 0
+		defer func() { flooded <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if pub.Publish(ctx, "flood", strconv.Itoa(n)).Err() == nil {
+				n++
+			}
+		}
+	}()
+	rng := rand.New(rand.NewPCG(7, uint64(time.Now().UnixNano())))
+	ops := [][]string{
+		{"SUBSCRIBE", "flood"}, {"SUBSCRIBE", "flood", "quiet"}, {"PSUBSCRIBE", "fl*"},
+		{"UNSUBSCRIBE", "flood"}, {"UNSUBSCRIBE"}, {"PUNSUBSCRIBE"}, {"UNSUBSCRIBE", "never"},
+		{"SUBSCRIBE"}, {"PING"},
+	}
+	w := dialRaw(t, p.Addr)
+	w.do("HELLO", "3")
+	const key = "flooded:k"
+	if err := p.Redis.Client(t).Set(ctx, key, "start", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 150; i++ {
+		// The value before the write, served from the tier (once the
+		// last write's invalidation, slowed down, has come).
+		redistest.Eventually(t, 5*time.Second, func() bool {
+			before := hits()
+			reader.Get(ctx, key)
+			return hits() > before
+		}, "round %d: %s never became a hit: the subscriber's last write stayed marked", i, key)
+		cmds := [][]string{{"SUBSCRIBE", "flood"}}
+		for range rng.IntN(4) {
+			cmds = append(cmds, ops[rng.IntN(len(ops))])
+		}
+		want := "v" + strconv.Itoa(i)
+		cmds = append(cmds, []string{"SET", key, want})
+		w.send(cmds...)
+		for _, c := range cmds[:len(cmds)-1] {
+			// In RESP3 a subscribe command is answered by pushes, which
+			// readNonPush passes over, unless refused.
+			if c[0] == "PING" || len(c) == 1 && c[0] == "SUBSCRIBE" {
+				w.readNonPush()
+			}
+		}
+		if v := w.readNonPush(); v != "OK" {
+			t.Fatalf("round %d (%v): SET answered %v", i, cmds, v)
+		}
+		if got, err := reader.Get(ctx, key).Result(); err != nil || got != want {
+			t.Fatalf("round %d (%v): read %q after the SET of %q was acknowledged (%v)", i, cmds, got, want, err)
+		}
+	}
+	close(stop)
+	t.Logf("%d messages published meanwhile", <-flooded)
 }

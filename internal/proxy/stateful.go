@@ -971,6 +971,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		active()
 		reqs, err := sess.rd.ReadBatch()
 		if ex != nil && len(reqs) > 0 && err == nil && ex.wantsToLeave() {
+			rw.asked(2) // the question's two commands
 			switch ex.ask(sess, up) {
 			case relayLeaves:
 				up.Close()
