@@ -27,9 +27,9 @@ import (
 // once every reply before that point has reached the client may the
 // client's next command go elsewhere. So when a client that has sent an
 // unsubscribe (or that Redis Cluster unsubscribed from a sharded channel
-// whose slot moved: it will subscribe again, on the new owner) sends its
-// next batch (what one read brings; commands sent with the unsubscribe
-// stay on the relay), the relay holds the batch and asks Redis:
+// whose slot moved: it will subscribe again, on the new owner) sends
+// anything more (the rest of the write the unsubscribe came in, cut there
+// by segment, or its next batch), the relay holds it and asks Redis:
 //
 //	redproxy-exit-<token>   an unknown command, answered with an error
 //	                        quoting its name in any state (busy,
@@ -45,8 +45,9 @@ import (
 // a pub/sub message or push), and the relay leaves only when the second
 // says the connection is not subscribed and nothing came after it: every
 // reply and message the client was owed has then been passed on.
-// Otherwise the held batch is relayed as before, and the relay asks again
+// Otherwise what it held is relayed as before, and the relay asks again
 // after the next unsubscribe (or, after an error, before the next batch).
+// The first batch, the one that started the relay, is relayed whole.
 //
 // A relay leaves only if the dedicated connection carries no state the
 // session does not: a command that may change the connection's state
@@ -129,6 +130,29 @@ func (ex *relayExit) note(cmd *commands.Command) {
 	}
 }
 
+// segment returns how many of reqs, the rest of a client's batch, the
+// relay sends before it next asks whether it may leave: up to the first
+// unsubscribe with more behind it. Commands sent in one write behind the
+// last unsubscribe are then served as Redis serves a client no longer
+// subscribed (routed, from the local tier), where before they were relayed
+// with it, and refused when another upstream or node owned their keys.
+// The price: a round trip to Redis for the question after every
+// unsubscribe that has commands behind it in the same write.
+func (ex *relayExit) segment(table *commands.Table, reqs []resp.Request) int {
+	if ex.never {
+		return len(reqs)
+	}
+	for k := 0; k < len(reqs)-1; k++ {
+		if cmd := table.Lookup(reqs[k].Args); cmd != nil {
+			switch cmd.Name {
+			case "unsubscribe", "punsubscribe", "sunsubscribe":
+				return k + 1
+			}
+		}
+	}
+	return len(reqs)
+}
+
 // wantsToLeave reports whether the relay is to ask Redis, before the
 // client's next batch, whether it may leave: the client unsubscribed, or
 // Redis unsubscribed it.
@@ -162,7 +186,7 @@ const (
 // markerWait is how often a session waiting for the answers looks whether
 // the client is gone or it was interrupted (shutdown, CLIENT KILL). The
 // answers themselves may take as long as the commands before them do (a
-// BLPOP 0 sent with the last UNSUBSCRIBE): there is no time limit, as
+// BLPOP 0 relayed before the last UNSUBSCRIBE): there is no time limit, as
 // Redis would answer the held batch no sooner.
 const markerWait = 50 * time.Millisecond
 

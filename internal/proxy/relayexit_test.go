@@ -136,6 +136,46 @@ func TestRelayLeavesAfterUnsubscribeAll(t *testing.T) {
 	}
 }
 
+// Commands pipelined behind the last unsubscribe, in the same write, are
+// served as a client's that is no longer subscribed (on Redis, a normal
+// client again): the relay sends the batch up to each unsubscribe, asks
+// whether it may leave, and leaves with the rest. Before, they were
+// relayed: CLIENT INFO came from the relay's own connection.
+func TestRelayLeavesWithinOneWrite(t *testing.T) {
+	p, rc := relayTestProxy(t)
+	for _, proto := range []string{"2", "3"} {
+		t.Run("RESP"+proto, func(t *testing.T) {
+			c := dialRaw(t, p.Addr)
+			if proto == "3" {
+				c.do("HELLO", "3")
+			}
+			c.send([]string{"SUBSCRIBE", "a", "b"})
+			c.readReply()
+			c.readReply()
+			waitRelayConns(t, rc, 1)
+			c.send([]string{"UNSUBSCRIBE", "a"}, []string{"PING"}, []string{"UNSUBSCRIBE"},
+				[]string{"CLIENT", "INFO"}, []string{"GET", "k"})
+			pong := "[pong ]" // Redis's subscribed form
+			if proto == "3" {
+				pong = "PONG"
+			}
+			for _, want := range []string{"[unsubscribe a 1]", pong, "[unsubscribe b 0]"} {
+				if v, _ := c.readReply(); fmt.Sprint(v) != want {
+					t.Fatalf("got %v, want %s", v, want)
+				}
+			}
+			if v, _ := c.readReply(); !strings.Contains(fmt.Sprint(v), "flags=N ") || strings.Contains(fmt.Sprint(v), "redproxy-relay") {
+				t.Fatalf("CLIENT INFO behind the last UNSUBSCRIBE: %v, want the proxy's own", v)
+			}
+			if v, _ := c.readReply(); v != "v" {
+				t.Fatalf("GET k: %v", v)
+			}
+			waitRelayConns(t, rc, 0)
+			c.nc.Close()
+		})
+	}
+}
+
 // Leaving must not lose, add or reorder a reply, while messages keep
 // arriving: a publisher floods a channel the client subscribes to and
 // leaves, over and over; every message arrives once and in order, PING's
@@ -167,10 +207,13 @@ func TestRelayLeavesUnderMessageFlood(t *testing.T) {
 	}()
 	defer func() { close(stop); wg.Wait() }()
 
-	for _, proto := range []string{"2", "3"} {
-		t.Run("RESP"+proto, func(t *testing.T) {
+	// "one write": everything after the SUBSCRIBE pipelined at once, so
+	// the relay cuts the write at each unsubscribe (segment).
+	for _, mode := range []string{"RESP2", "RESP3", "RESP2/one write", "RESP3/one write"} {
+		t.Run(mode, func(t *testing.T) {
+			resp3, oneWrite := strings.HasPrefix(mode, "RESP3"), strings.HasSuffix(mode, "one write")
 			c := dialRaw(t, p.Addr)
-			if proto == "3" {
+			if resp3 {
 				c.do("HELLO", "3")
 			}
 			msgs := map[string][]string{}
@@ -181,29 +224,29 @@ func TestRelayLeavesUnderMessageFlood(t *testing.T) {
 						t.Fatalf("round %d: got %v, want %s", round, v, want)
 					}
 				}
-				c.send([]string{"UNSUBSCRIBE", "y"})
-				if v := c.readUntil(msgs); fmt.Sprint(v) != "[unsubscribe y 1]" {
-					t.Fatalf("round %d: UNSUBSCRIBE y: %v", round, v)
+				// Still subscribed to x after y: the relay asks Redis,
+				// stays, and relays the PING (Redis's subscribed form on
+				// RESP2). Nothing may arrive after leaving: GET's reply
+				// is next.
+				cmds := [][]string{{"UNSUBSCRIBE", "y"}, {"PING", "r" + strconv.Itoa(round)}, {"UNSUBSCRIBE", "x"}, {"GET", "k"}}
+				pong := fmt.Sprintf("[pong r%d]", round)
+				if resp3 {
+					pong = fmt.Sprintf("r%d", round)
 				}
-				// Still subscribed to x: the relay asks Redis, stays, and
-				// relays the PING (Redis's subscribed form on RESP2).
-				c.send([]string{"PING", "r" + strconv.Itoa(round)})
-				want := fmt.Sprintf("[pong r%d]", round)
-				if proto == "3" {
-					want = fmt.Sprintf("r%d", round)
+				wants := []string{"[unsubscribe y 1]", pong, "[unsubscribe x 0]", "v"}
+				if oneWrite {
+					c.send(cmds...)
 				}
-				if v := c.readUntil(msgs); fmt.Sprint(v) != want {
-					t.Fatalf("round %d: PING: %v, want %s", round, v, want)
-				}
-				c.send([]string{"UNSUBSCRIBE", "x"})
-				if v := c.readUntil(msgs); fmt.Sprint(v) != "[unsubscribe x 0]" {
-					t.Fatalf("round %d: UNSUBSCRIBE x: %v", round, v)
-				}
-				// Nothing more may arrive: the next reply is GET's.
-				if v := c.do("GET", "k"); v != "v" {
-					t.Fatalf("round %d: GET after leaving: %v", round, v)
+				for i, want := range wants {
+					if !oneWrite {
+						c.send(cmds[i])
+					}
+					if v := c.readUntil(msgs); fmt.Sprint(v) != want {
+						t.Fatalf("round %d: %v: %v, want %s", round, cmds[i], v, want)
+					}
 				}
 			}
+			waitRelayConns(t, rc, 0) // left, the client still connected
 			got := msgs["x"]
 			if len(got) < 200 {
 				t.Fatalf("only %d messages on x", len(got))
@@ -222,7 +265,8 @@ func TestRelayLeavesUnderMessageFlood(t *testing.T) {
 }
 
 // A connection whose state the session does not know (here SELECT, sent
-// on the relay right after the last UNSUBSCRIBE) stays on its relay: its
+// on the relay in the batch that started it, behind the last UNSUBSCRIBE)
+// stays on its relay: its
 // reads must still see database 2.
 func TestRelayWithOwnStateStays(t *testing.T) {
 	p := proxytest.Start(t, nil, nil)
@@ -236,9 +280,10 @@ func TestRelayWithOwnStateStays(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := dialRaw(t, p.Addr)
-	c.send([]string{"SUBSCRIBE", "a"})
+	// One write, so that the relay sends it whole (the batch that starts
+	// a relay is not cut at its unsubscribe).
+	c.send([]string{"SUBSCRIBE", "a"}, []string{"UNSUBSCRIBE"}, []string{"SELECT", "2"})
 	c.readReply()
-	c.send([]string{"UNSUBSCRIBE"}, []string{"SELECT", "2"})
 	if v, _ := c.readReply(); fmt.Sprint(v) != "[unsubscribe a 0]" {
 		t.Fatalf("UNSUBSCRIBE: %v", v)
 	}
@@ -256,14 +301,16 @@ func TestRelayWithOwnStateStays(t *testing.T) {
 }
 
 // The marker waits behind whatever the client sent before it, however
-// long: a BLPOP 0 sent with the last UNSUBSCRIBE is answered first, then
-// the next command, on the shared connections.
+// long: a BLPOP 0 relayed behind the last UNSUBSCRIBE is answered first,
+// then the next command, on the shared connections.
 func TestRelayLeavesBehindBlockingCommand(t *testing.T) {
 	p, rc := relayTestProxy(t)
 	c := dialRaw(t, p.Addr)
-	c.send([]string{"SUBSCRIBE", "a"})
+	// One write, so that the relay sends it whole (the batch that starts
+	// a relay is not cut at its unsubscribe) and the question waits
+	// behind the BLPOP.
+	c.send([]string{"SUBSCRIBE", "a"}, []string{"UNSUBSCRIBE"}, []string{"BLPOP", "l", "0"})
 	c.readReply()
-	c.send([]string{"UNSUBSCRIBE"}, []string{"BLPOP", "l", "0"})
 	if v, _ := c.readReply(); fmt.Sprint(v) != "[unsubscribe a 0]" {
 		t.Fatalf("UNSUBSCRIBE: %v", v)
 	}
@@ -292,9 +339,11 @@ func TestRelayLostWhileAskingToLeave(t *testing.T) {
 	p := proxytest.Start(t, nil, nil)
 	rc := p.Redis.Client(t)
 	c := dialRaw(t, p.Addr)
-	c.send([]string{"SUBSCRIBE", "a"})
+	// One write, so that the relay sends it whole (the batch that starts
+	// a relay is not cut at its unsubscribe) and the question waits
+	// behind the BLPOP.
+	c.send([]string{"SUBSCRIBE", "a"}, []string{"UNSUBSCRIBE"}, []string{"BLPOP", "l", "0"})
 	c.readReply()
-	c.send([]string{"UNSUBSCRIBE"}, []string{"BLPOP", "l", "0"})
 	c.readReply()
 	c.send([]string{"GET", "k"})
 	redistest.Eventually(t, 5*time.Second, func() bool {
@@ -357,9 +406,11 @@ func TestRelayClientGoneWhileAsking(t *testing.T) {
 	p := proxytest.Start(t, nil, nil)
 	rc := p.Redis.Client(t)
 	c := dialRaw(t, p.Addr)
-	c.send([]string{"SUBSCRIBE", "a"})
+	// One write, so that the relay sends it whole (the batch that starts
+	// a relay is not cut at its unsubscribe) and the question waits
+	// behind the BLPOP.
+	c.send([]string{"SUBSCRIBE", "a"}, []string{"UNSUBSCRIBE"}, []string{"BLPOP", "l", "0"})
 	c.readReply()
-	c.send([]string{"UNSUBSCRIBE"}, []string{"BLPOP", "l", "0"})
 	c.readReply()
 	c.send([]string{"LPOP", "q"})
 	blocked := func(n int) func() bool {

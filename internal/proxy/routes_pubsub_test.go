@@ -188,3 +188,27 @@ func TestRoutesAfterUnsubscribeAll(t *testing.T) {
 		t.Fatalf("GET plain:a after UNSUBSCRIBE (all): %q", l)
 	}
 }
+
+// The same with the commands in the write of the last UNSUBSCRIBE: they
+// were relayed with it, and a key of another upstream refused.
+func TestRoutesAfterUnsubscribeAllInOneWrite(t *testing.T) {
+	r := startRouted(t, nil)
+	if err := r.c.Set(ctx, "plain:a", "va", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	nc := r.p.Dial(t)
+	fmt.Fprint(nc, "*2\r\n$9\r\nSUBSCRIBE\r\n$6\r\njobs.x\r\n")
+	for range 6 {
+		readLine(t, nc)
+	}
+	fmt.Fprint(nc, "*1\r\n$11\r\nUNSUBSCRIBE\r\n*2\r\n$3\r\nGET\r\n$7\r\nplain:a\r\n")
+	for range 6 {
+		readLine(t, nc)
+	}
+	if l := readLine(t, nc); l != "$2\r\n" {
+		t.Fatalf("GET plain:a behind UNSUBSCRIBE (all): %q", l)
+	}
+	if l := readLine(t, nc); l != "va\r\n" {
+		t.Fatalf("GET plain:a behind UNSUBSCRIBE (all): %q", l)
+	}
+}

@@ -967,53 +967,68 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 			up.Close()
 		}
 	}
+reading:
 	for {
 		active()
-		reqs, err := sess.rd.ReadBatch()
-		if ex != nil && len(reqs) > 0 && err == nil && ex.wantsToLeave() {
-			rw.asked(2) // the question's two commands
-			switch ex.ask(sess, up) {
-			case relayLeaves:
-				up.Close()
-				wg.Wait()
-				if sess.closedFor() == "" {
-					return reqs
+		all, err := sess.rd.ReadBatch()
+		// A subscriber's batch is sent in segments, each ending at an
+		// unsubscribe (relayExit.segment): what the client sent behind its
+		// last one is held and served on the shared connections, as Redis
+		// serves it to a client no longer subscribed.
+		for start := 0; start < len(all) || start == 0; {
+			reqs := all[start:]
+			if ex != nil && err == nil {
+				reqs = reqs[:ex.segment(sess.srv.table, reqs)]
+			}
+			if ex != nil && len(reqs) > 0 && err == nil && ex.wantsToLeave() {
+				rw.asked(2) // the question's two commands
+				switch ex.ask(sess, up) {
+				case relayLeaves:
+					up.Close()
+					wg.Wait()
+					if sess.closedFor() == "" {
+						return all[start:]
+					}
+					// The client's side failed while the replies were passed on.
+				case relayEnds:
+					sess.closing(metrics.CloseUpstreamLost) // unless the client's end or the reader's recorded why
 				}
-				// The client's side failed while the replies were passed on.
-			case relayEnds:
-				sess.closing(metrics.CloseUpstreamLost) // unless the client's end or the reader's recorded why
+				if sess.closedFor() != "" {
+					break reading
+				}
 			}
-			if sess.closedFor() != "" {
-				break
+			var out []byte
+			if len(reqs) > 0 {
+				if sess.ns.w != nil {
+					sess.nsRewriteBatch(reqs)
+				}
+				sess.prepareBatch(reqs)
 			}
-		}
-		var out []byte
-		if len(reqs) > 0 {
-			if sess.ns.w != nil {
-				sess.nsRewriteBatch(reqs)
+			for k := range reqs {
+				d := sess.guard.Decision(k)
+				args := reqs[k].Args
+				if d != nil && d.Args != nil {
+					args = d.Args
+				}
+				cmd := sess.srv.table.Lookup(reqs[k].Args)
+				if ex != nil {
+					ex.note(cmd)
+				}
+				if !rw.note(cmd, args, d != nil && d.Refuse != nil) {
+					out = appendErrorScript(out, errHeldWrites)
+					continue
+				}
+				out = sess.appendRelayed(out, k, &reqs[k], d)
 			}
-			sess.prepareBatch(reqs)
-		}
-		for k := range reqs {
-			d := sess.guard.Decision(k)
-			args := reqs[k].Args
-			if d != nil && d.Args != nil {
-				args = d.Args
+			rw.sending()
+			if len(out) > 0 {
+				if _, werr := up.Write(out); werr != nil {
+					sess.closing(metrics.CloseUpstreamLost)
+					break reading
+				}
 			}
-			cmd := sess.srv.table.Lookup(reqs[k].Args)
-			if ex != nil {
-				ex.note(cmd)
-			}
-			if !rw.note(cmd, args, d != nil && d.Refuse != nil) {
-				out = appendErrorScript(out, errHeldWrites)
-				continue
-			}
-			out = sess.appendRelayed(out, k, &reqs[k], d)
-		}
-		rw.sending()
-		if len(out) > 0 {
-			if _, werr := up.Write(out); werr != nil {
-				sess.closing(metrics.CloseUpstreamLost)
+			start += len(reqs)
+			if start == len(all) {
 				break
 			}
 		}
