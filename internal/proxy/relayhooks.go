@@ -35,7 +35,7 @@ import (
 // tracks keys on) keeps its writes counted.
 //
 // Once the stream cannot be counted (MONITOR, a RESP2 subscription, a
-// subscribed client's MULTI: see note, Redis Cluster's own sunsubscribe,
+// subscribe command inside MULTI: see note, Redis Cluster's own sunsubscribe,
 // pushes the counter did not expect, or a command that changes the
 // protocol or mutes replies: HELLO, RESET, CLIENT REPLY), writes stay
 // marked until the relay ends or hands the client back (relayexit.go):
@@ -64,7 +64,6 @@ type relayWrites struct {
 	dbsAtMulti   []int
 	selectQueued bool
 	inMulti      bool
-	subscribed   bool         // has sent SUBSCRIBE, PSUBSCRIBE or SSUBSCRIBE
 	due          int64        // replies due for everything sent so far
 	tx           relayRelease // writes queued in MULTI, released after EXEC
 	batch        relayRelease // writes of the batch being built
@@ -134,14 +133,12 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 	case name == "monitor", name == "hello", name == "client|reply":
 		rw.uncountable()
 	case isSubscribe(name):
-		if !strings.HasSuffix(name, "unsubscribe") {
-			rw.subscribed = true
-		}
 		sharded := name == "ssubscribe" || name == "sunsubscribe"
 		switch {
 		case !rw.resp3, rw.inMulti, sharded && rw.sess.srv.router != nil:
 			// RESP2: the subscribed stream holds messages shaped as
-			// replies. In MULTI: the pushes come inside EXEC's array.
+			// replies. In MULTI: the confirming pushes come inside
+			// EXEC's array, as its elements.
 			// Sharded, on a cluster: Redis sends sunsubscribe pushes of
 			// its own when a slot moves, which a refused SUNSUBSCRIBE's
 			// confirmation could not be told from. A refused subscribe
@@ -166,14 +163,6 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 			rw.selectQueued = false
 		}
 		rw.inMulti = true
-		if rw.subscribed {
-			// A message a subscribed client publishes to itself inside
-			// MULTI comes inside EXEC's array, as an element its length
-			// does not count (Redis 7.0), while the pushes of a SUBSCRIBE
-			// queued there are counted: EXEC's reply cannot be framed
-			// from the stream alone.
-			rw.uncountable()
-		}
 	case name == "discard" && rw.inMulti:
 		rw.dbs = append(rw.dbs[:0], rw.dbsAtMulti...)
 		rw.endMulti()
@@ -356,7 +345,7 @@ func (rw *relayWrites) release(r *relayRelease) {
 // reply.
 type replyCounter struct {
 	// stack holds, per open aggregate, the elements it still needs.
-	stack []int64
+	stack []openAggregate
 	push  bool  // the top-level frame being read is a push
 	skip  int64 // payload bytes (with CRLF) of a bulk still to skip
 	line  []byte
@@ -373,6 +362,18 @@ type replyCounter struct {
 
 	subs   []subExpect // oldest first
 	counts pubsubCounts
+}
+
+// openAggregate is an aggregate the counter is inside of. Redis 7.0
+// writes some pushes to a client inside the client's own reply (a keyspace
+// notification of a key MGET found expired, ZPOPMIN's, a message the client
+// published to itself in MULTI, inside EXEC's reply), where the reply's
+// length does not count them (found by review: counted as an element,
+// they ended the reply early and released a later write's marks before
+// its reply). inside marks such a push: out of band, like any push.
+type openAggregate struct {
+	left   int64
+	inside bool
 }
 
 // subExpect is a RESP3 (P|S)(UN)SUBSCRIBE whose answer is not all in.
@@ -472,7 +473,7 @@ func (c *replyCounter) header() bool {
 	if len(c.stack) == 0 {
 		c.push = typ == '>'
 	} else if c.push && len(c.stack) == 1 {
-		elem = c.pushLen - c.stack[0]
+		elem = c.pushLen - c.stack[0].left
 	}
 	switch typ {
 	case '+', '-', ':', '_', ',', '#', '(':
@@ -507,11 +508,14 @@ func (c *replyCounter) header() bool {
 		if len(c.stack) == 0 && c.push {
 			c.pushLen, c.kind, c.kindLeft, c.hasCount = size, c.kind[:0], 0, false
 		}
+		inside := typ == '>' && len(c.stack) > 0
 		if size <= 0 {
-			c.finish()
+			if !inside {
+				c.finish()
+			}
 			return true
 		}
-		c.stack = append(c.stack, size)
+		c.stack = append(c.stack, openAggregate{left: size, inside: inside})
 		return true
 	}
 	return false
@@ -520,12 +524,16 @@ func (c *replyCounter) header() bool {
 // finish completes one element, and with it any aggregate it completes.
 func (c *replyCounter) finish() {
 	for len(c.stack) > 0 {
-		top := len(c.stack) - 1
-		c.stack[top]--
-		if c.stack[top] > 0 {
+		top := &c.stack[len(c.stack)-1]
+		top.left--
+		if top.left > 0 {
 			return
 		}
-		c.stack = c.stack[:top]
+		inside := top.inside
+		c.stack = c.stack[:len(c.stack)-1]
+		if inside {
+			return // not one of the elements of the reply it came in
+		}
 	}
 	c.frame()
 }

@@ -5,6 +5,7 @@ package proxy_test
 // writes reach the local tier's write marks and the miss holds.
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -472,4 +473,121 @@ func TestResp3SubscriberWritesUnderFlood(t *testing.T) {
 	}
 	close(stop)
 	t.Logf("%d messages published meanwhile", <-flooded)
+}
+
+// readRawUntil reads raw bytes from c until they end with suffix.
+func (c *rawConn) readRawUntil(suffix string) []byte {
+	c.t.Helper()
+	var got []byte
+	buf := make([]byte, 4096)
+	c.nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for !bytes.HasSuffix(got, []byte(suffix)) {
+		n, err := c.rd.Read(buf)
+		if err != nil {
+			c.t.Fatalf("read (have %q): %v", got, err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	return got
+}
+
+// C1 for a RESP3 subscriber to keyevent notifications, which Redis 7.0
+// writes to it inside its own MGET's or ZPOPMIN's reply: its SET, sent
+// behind such a command and a BLPOP that blocks for a second, stays
+// marked until its OK, so a read meanwhile does not fill the tier with the
+// old value to be served after the OK (found by review: the counter took
+// the pushes for elements and released the SET's marks with MGET's reply).
+func TestResp3SubscriberPushesInsideRepliesKeepWritesMarked(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mget []string
+	}{
+		{"two lazily expired keys", []string{"MGET", "a", "e1", "e2", "a"}},
+		{"ZPOPMIN with a count, twice (no expiry)", []string{"ZPOPMIN", "z", "1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() { time.Sleep(300 * time.Millisecond) }})
+			t.Cleanup(func() { localcache.SetTestHooks(prev) })
+			rs := redistest.Start(t, "--enable-debug-command", "local")
+			p := proxytest.Start(t, rs, func(c *config.Config) {
+				c.LocalCache.Enabled = true
+				c.LocalCache.AdmitMinReads = 0
+				c.LocalCache.WriteRatio = 1000
+				c.LocalCache.Staleness = units.Duration{Duration: 2 * time.Second}
+				c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
+			})
+			redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
+			reader := p.Client(t)
+			hits := func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
+			direct := rs.Client(t)
+			for _, cmd := range [][]any{
+				{"CONFIG", "SET", "notify-keyspace-events", "Exz"},
+				{"DEBUG", "SET-ACTIVE-EXPIRE", "0"},
+				{"SET", "a", "1"}, {"SET", "k", "old"}, {"ZADD", "z", "1", "a", "2", "b", "3", "c"},
+			} {
+				if err := direct.Do(ctx, cmd...).Err(); err != nil {
+					t.Fatal(cmd, err)
+				}
+			}
+			w := dialRaw(t, p.Addr)
+			w.do("HELLO", "3")
+			w.send([]string{"SUBSCRIBE", "__keyevent@0__:expired", "__keyevent@0__:zpopmin"})
+			w.readReply()
+			w.readReply()
+			for _, e := range []string{"e1", "e2"} {
+				direct.Do(ctx, "SET", e, "x", "PX", "1")
+			}
+			time.Sleep(20 * time.Millisecond)
+			redistest.Eventually(t, 5*time.Second, func() bool {
+				before := hits()
+				reader.Get(ctx, "k")
+				return hits() > before
+			}, "k never became a hit")
+			cmds := [][]string{tc.mget}
+			if tc.mget[0] == "ZPOPMIN" {
+				cmds = append(cmds, tc.mget)
+			}
+			w.send(append(cmds, []string{"BLPOP", "nothing", "1"}, []string{"SET", "k", "new"})...)
+			time.Sleep(300 * time.Millisecond) // MGET answered, BLPOP blocking, SET not run
+			for range 3 {
+				if v, _ := reader.Get(ctx, "k").Result(); v != "old" {
+					t.Fatalf("read %q before the SET ran", v)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			stream := w.readRawUntil("+OK\r\n")
+			if got, err := reader.Get(ctx, "k").Result(); err != nil || got != "new" {
+				t.Fatalf("read %q after the relayed SET of \"new\" was acknowledged (%v); relay stream %q", got, err, stream)
+			}
+		})
+	}
+}
+
+// rueidis's pattern: RESP3, CLIENT TRACKING ON OPTIN, a subscription on
+// the same connection, a cached read (CLIENT CACHING YES, MULTI, PTTL, GET,
+// EXEC), then writes: all answered (MULTI on a subscribed connection made
+// the stream uncountable, and the 1025th write was refused).
+func TestRueidisPatternWritesAreNotCapped(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.LocalCache.Enabled = true })
+	c := dialRaw(t, p.Addr)
+	c.do("HELLO", "3")
+	if v := c.do("CLIENT", "TRACKING", "ON", "OPTIN"); v != "OK" {
+		t.Fatal(v)
+	}
+	c.send([]string{"SUBSCRIBE", "ch"})
+	c.readReply()
+	c.send([]string{"CLIENT", "CACHING", "YES"}, []string{"MULTI"}, []string{"PTTL", "k"}, []string{"GET", "k"}, []string{"EXEC"})
+	for range 5 {
+		c.readNonPush()
+	}
+	var cmds [][]string
+	for i := 0; i < 1100; i++ {
+		cmds = append(cmds, []string{"SET", "u:" + strconv.Itoa(i), "v"})
+	}
+	c.send(cmds...)
+	for i := 0; i < 1100; i++ {
+		if v := c.readNonPush(); v != "OK" {
+			t.Fatalf("write %d: %v", i, v)
+		}
+	}
 }
