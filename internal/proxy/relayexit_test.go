@@ -59,6 +59,24 @@ func (c *rawConn) readUntil(msgs map[string][]string) any {
 	}
 }
 
+// subscribedToAB returns a client of the proxy at addr, on RESP proto,
+// subscribed to channels a and b through its relay.
+func subscribedToAB(t *testing.T, addr string, rc *redis.Client, proto string) *rawConn {
+	t.Helper()
+	c := dialRaw(t, addr)
+	if proto == "3" {
+		c.do("HELLO", "3")
+	}
+	c.send([]string{"SUBSCRIBE", "a", "b"})
+	for _, want := range []string{"[subscribe a 1]", "[subscribe b 2]"} {
+		if v, _ := c.readReply(); fmt.Sprint(v) != want {
+			t.Fatalf("got %v, want %s", v, want)
+		}
+	}
+	waitRelayConns(t, rc, 1)
+	return c
+}
+
 // A client that unsubscribes from everything goes back to the shared
 // connections on its next command, as Jedis and redis-py expect when they
 // return such a connection to their pools: its relay connection is closed
@@ -69,17 +87,7 @@ func TestRelayLeavesAfterUnsubscribeAll(t *testing.T) {
 	p, rc := relayTestProxy(t)
 	for _, proto := range []string{"2", "3"} {
 		t.Run("RESP"+proto, func(t *testing.T) {
-			c := dialRaw(t, p.Addr)
-			if proto == "3" {
-				c.do("HELLO", "3")
-			}
-			c.send([]string{"SUBSCRIBE", "a", "b"})
-			for _, want := range []string{"[subscribe a 1]", "[subscribe b 2]"} {
-				if v, _ := c.readReply(); fmt.Sprint(v) != want {
-					t.Fatalf("got %v, want %s", v, want)
-				}
-			}
-			waitRelayConns(t, rc, 1)
+			c := subscribedToAB(t, p.Addr, rc, proto)
 
 			c.send([]string{"UNSUBSCRIBE", "a"})
 			if v, _ := c.readReply(); fmt.Sprint(v) != "[unsubscribe a 1]" {
@@ -145,14 +153,7 @@ func TestRelayLeavesWithinOneWrite(t *testing.T) {
 	p, rc := relayTestProxy(t)
 	for _, proto := range []string{"2", "3"} {
 		t.Run("RESP"+proto, func(t *testing.T) {
-			c := dialRaw(t, p.Addr)
-			if proto == "3" {
-				c.do("HELLO", "3")
-			}
-			c.send([]string{"SUBSCRIBE", "a", "b"})
-			c.readReply()
-			c.readReply()
-			waitRelayConns(t, rc, 1)
+			c := subscribedToAB(t, p.Addr, rc, proto)
 			c.send([]string{"UNSUBSCRIBE", "a"}, []string{"PING"}, []string{"UNSUBSCRIBE"},
 				[]string{"CLIENT", "INFO"}, []string{"GET", "k"})
 			pong := "[pong ]" // Redis's subscribed form

@@ -97,9 +97,15 @@ func (c *rawConn) readNonPushAfter(cmd ...string) any {
 // client reading through it, and the tier's hit count so far.
 func slowTierProxy(t *testing.T, pushDelay, staleness time.Duration) (*proxytest.Proxy, *redis.Client, func() float64) {
 	t.Helper()
+	return slowTierProxyOn(t, nil, pushDelay, staleness)
+}
+
+// slowTierProxyOn is slowTierProxy in front of rs (nil: a Redis of its own).
+func slowTierProxyOn(t *testing.T, rs *redistest.Server, pushDelay, staleness time.Duration) (*proxytest.Proxy, *redis.Client, func() float64) {
+	t.Helper()
 	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() { time.Sleep(pushDelay) }})
 	t.Cleanup(func() { localcache.SetTestHooks(prev) })
-	p := proxytest.Start(t, nil, func(c *config.Config) {
+	p := proxytest.Start(t, rs, func(c *config.Config) {
 		c.LocalCache.Enabled = true
 		c.LocalCache.AdmitMinReads = 0
 		c.LocalCache.WriteRatio = 1000
@@ -311,20 +317,9 @@ func holdSecondRead(t *testing.T, p *proxytest.Proxy, key string) <-chan string 
 // after the write's OK (found by review). Now a subscription makes the
 // stream uncountable, and the write stays marked until the relay ends.
 func TestRefusedResp3SubscribeKeepsWritesMarked(t *testing.T) {
-	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() { time.Sleep(300 * time.Millisecond) }})
-	t.Cleanup(func() { localcache.SetTestHooks(prev) })
 	rs := redistest.Start(t, "--busy-reply-threshold", "50")
-	p := proxytest.Start(t, rs, func(c *config.Config) {
-		c.LocalCache.Enabled = true
-		c.LocalCache.AdmitMinReads = 0
-		c.LocalCache.WriteRatio = 1000
-		c.LocalCache.Staleness = units.Duration{Duration: 2 * time.Second}
-		c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
-	})
-	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
-	reader := p.Client(t)
+	p, reader, hits := slowTierProxyOn(t, rs, 300*time.Millisecond, 2*time.Second)
 	rc := rs.Client(t)
-	hits := func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
 	if err := rc.Set(ctx, "k", "old", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -506,19 +501,8 @@ func TestResp3SubscriberPushesInsideRepliesKeepWritesMarked(t *testing.T) {
 		{"ZPOPMIN with a count, twice (no expiry)", []string{"ZPOPMIN", "z", "1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() { time.Sleep(300 * time.Millisecond) }})
-			t.Cleanup(func() { localcache.SetTestHooks(prev) })
 			rs := redistest.Start(t, "--enable-debug-command", "local")
-			p := proxytest.Start(t, rs, func(c *config.Config) {
-				c.LocalCache.Enabled = true
-				c.LocalCache.AdmitMinReads = 0
-				c.LocalCache.WriteRatio = 1000
-				c.LocalCache.Staleness = units.Duration{Duration: 2 * time.Second}
-				c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
-			})
-			redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
-			reader := p.Client(t)
-			hits := func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
+			p, reader, hits := slowTierProxyOn(t, rs, 300*time.Millisecond, 2*time.Second)
 			direct := rs.Client(t)
 			for _, cmd := range [][]any{
 				{"CONFIG", "SET", "notify-keyspace-events", "Exz"},
