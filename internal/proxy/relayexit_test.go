@@ -2,7 +2,10 @@ package proxy_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +16,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/resp"
 )
 
 // relayTestProxy starts a proxy and its Redis, which holds k = "v"; it
@@ -468,5 +472,140 @@ func TestRelayAsksOnceWhenRedisWillNotSay(t *testing.T) {
 	if !strings.Contains(stats, "cmdstat_client|info:calls=1,") {
 		i := strings.Index(stats, "cmdstat_client|info")
 		t.Fatalf("CLIENT INFO calls on Redis: %q, want 1", stats[max(i, 0):min(max(i, 0)+60, len(stats))])
+	}
+}
+
+// errorCount is Redis's count of ERR replies so far (INFO errorstats):
+// each question the relay asks adds one, its unknown command.
+func errorCount(t *testing.T, rc *redis.Client) int {
+	t.Helper()
+	info, err := rc.Info(ctx, "errorstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(info, "errorstat_ERR:count=")
+	if i < 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimRight(strings.SplitN(info[i+len("errorstat_ERR:count="):], "\r", 2)[0], "\n"))
+	return n
+}
+
+// A run of unsubscribes (and PINGs) in one write is not cut at each one:
+// the relay asks once, before the first command it would serve
+// differently. Cut at each, 5000 UNSUBSCRIBEs took 0.5 s (found by
+// review) and made Redis count one unknown command per unsubscribe.
+func TestRelayAsksOnceAfterARunOfUnsubscribes(t *testing.T) {
+	p, rc := relayTestProxy(t)
+	const n = 300
+	c := dialRaw(t, p.Addr)
+	var subs, unsubs [][]string
+	for i := range n {
+		ch := "ch" + strconv.Itoa(i)
+		subs = append(subs, []string{"SUBSCRIBE", ch})
+		unsubs = append(unsubs, []string{"UNSUBSCRIBE", ch}, []string{"PING"})
+	}
+	c.send(subs...)
+	for range n {
+		c.readReply()
+	}
+	before := errorCount(t, rc)
+	c.send(append(unsubs, []string{"GET", "k"})...)
+	for i := range n {
+		if v, _ := c.readReply(); fmt.Sprint(v) != fmt.Sprintf("[unsubscribe ch%d %d]", i, n-1-i) {
+			t.Fatalf("UNSUBSCRIBE ch%d: %v", i, v)
+		}
+		want := "[pong ]"
+		if i == n-1 {
+			want = "PONG" // not subscribed any more: Redis's plain form
+		}
+		if v, _ := c.readReply(); fmt.Sprint(v) != want {
+			t.Fatalf("PING after UNSUBSCRIBE ch%d: %v, want %s", i, v, want)
+		}
+	}
+	if v, _ := c.readReply(); v != "v" {
+		t.Fatalf("GET: %v", v)
+	}
+	waitRelayConns(t, rc, 0)
+	if asked := errorCount(t, rc) - before; asked != 1 {
+		t.Fatalf("the relay asked Redis %d times whether it may leave, want once", asked)
+	}
+}
+
+// A subscriber that sends its last commands and half-closes while Redis
+// is busy gets every reply, as from Redis, which answers what it read and
+// then closes: the relay no longer closed its connection at the client's
+// end of input, before Redis had answered (found by review).
+func TestRelayAnswersAClientThatHalfClosed(t *testing.T) {
+	p, rc := relayTestProxy(t)
+	// Under busy-reply-threshold (5 s), Redis runs nothing else while the
+	// script runs: a PING goes unanswered.
+	stalled := func() bool {
+		nc := dialAddr(t, p.Redis.Addr())
+		defer nc.Close()
+		rawSend(t, nc, "PING")
+		nc.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		_, err := nc.Read(make([]byte, 16))
+		return errors.Is(err, os.ErrDeadlineExceeded)
+	}
+	// "asking": the relay asks whether it may leave before the GET, when
+	// the client is gone; "subscribed": it ends at the client's end of
+	// input behind a PING.
+	for _, mode := range []string{"asking/RESP2", "asking/RESP3", "subscribed/RESP2", "subscribed/RESP3"} {
+		t.Run(mode, func(t *testing.T) {
+			c := dialRaw(t, p.Addr)
+			if strings.HasSuffix(mode, "3") {
+				c.do("HELLO", "3")
+			}
+			c.send([]string{"SUBSCRIBE", "a"})
+			c.readReply()
+			done := startLoop(t, p.Redis.Addr(), false, 1000)
+			redistest.Eventually(t, 5*time.Second, stalled, "Redis never busy")
+			cmds := [][]string{{"UNSUBSCRIBE"}, {"GET", "k"}}
+			wants := []string{"[unsubscribe a 0]", "v"}
+			if strings.HasPrefix(mode, "subscribed") {
+				cmds, wants = [][]string{{"PING", "p"}}, []string{"[pong p]"}
+				if strings.HasSuffix(mode, "3") {
+					wants = []string{"p"}
+				}
+			}
+			c.send(cmds...)
+			if err := c.nc.(*net.TCPConn).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			for i, want := range wants {
+				if v, _ := c.readReply(); fmt.Sprint(v) != want {
+					t.Fatalf("%v: %v, want %s", cmds[i], v, want)
+				}
+			}
+			<-done
+			waitRelayConns(t, rc, 0)
+		})
+	}
+}
+
+// A subscriber whose last command and FIN arrive together (it sent PING
+// and closed) ends its relay and its Redis connection, as Redis ends the
+// subscriber's connection: a relay never parks, so it reads again after
+// a short read rather than miss the FIN (it kept both open, with nothing
+// ever written to show the client gone).
+func TestRelayEndsWhenClientClosesBehindItsLastCommand(t *testing.T) {
+	p, rc := relayTestProxy(t)
+	for _, proto := range []string{"2", "3"} {
+		for _, closeHow := range []string{"close", "half-close"} {
+			t.Run("RESP"+proto+"/"+closeHow, func(t *testing.T) {
+				c := subscribedToAB(t, p.Addr, rc, proto)
+				raw := resp.AppendCommandStrings(nil, "PING")
+				if _, err := c.nc.Write(raw); err != nil {
+					t.Fatal(err)
+				}
+				if closeHow == "close" {
+					c.nc.Close()
+				} else if err := c.nc.(*net.TCPConn).CloseWrite(); err != nil {
+					t.Fatal(err)
+				}
+				waitRelayConns(t, rc, 0)
+			})
+		}
 	}
 }

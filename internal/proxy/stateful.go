@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -850,7 +851,13 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 	rw := newRelayWrites(sess)
 	defer rw.end()
 	ex := sess.newRelayExit(kind)
+	// A relay never parks, so nothing else would notice a FIN that came
+	// with the client's last bytes (resp.Reader.SetReadFirst): a subscriber
+	// that sent UNSUBSCRIBE or PING and closed kept its relay, and its
+	// Redis connection, open (found while testing half-closes).
+	sess.rd.SetReadFirst(true)
 	var protoErr *resp.ProtocolError
+	var halfClosed bool
 	for k := range reqs {
 		d := sess.guard.Decision(base + k)
 		args := reqs[k].Args
@@ -980,6 +987,7 @@ reading:
 			if ex != nil && err == nil {
 				reqs = reqs[:ex.segment(sess.srv.table, reqs)]
 			}
+			clientLeft := false
 			if ex != nil && len(reqs) > 0 && err == nil && ex.wantsToLeave() {
 				rw.asked(2) // the question's two commands
 				switch ex.ask(sess, up) {
@@ -992,8 +1000,10 @@ reading:
 					// The client's side failed while the replies were passed on.
 				case relayEnds:
 					sess.closing(metrics.CloseUpstreamLost) // unless the client's end or the reader's recorded why
+				case relayClientLeft:
+					reqs, clientLeft = all[start:], true
 				}
-				if sess.closedFor() != "" {
+				if sess.closedFor() != "" && !clientLeft {
 					break reading
 				}
 			}
@@ -1027,6 +1037,10 @@ reading:
 					break reading
 				}
 			}
+			if clientLeft {
+				halfClosed = true
+				break reading
+			}
 			start += len(reqs)
 			if start == len(all) {
 				break
@@ -1035,14 +1049,19 @@ reading:
 		if err != nil {
 			sess.readEnded(err)
 			errors.As(err, &protoErr)
+			halfClosed = errors.Is(err, io.EOF) && !sess.interrupted.Load()
 			break
 		}
 	}
-	if protoErr != nil {
-		// As Redis: every reply to what came before, then the error, then
-		// the close. Redis answers the commands it was sent and ends the
-		// connection when it reads the half-close, so the reader delivers
-		// up to that end; closing at once lost those replies.
+	if protoErr != nil || halfClosed {
+		// As Redis: every reply to what came before (then, after a
+		// protocol error, the error), then the close. Redis answers the
+		// commands it was sent and ends the connection when it reads the
+		// half-close, so the reader delivers up to that end; closing at
+		// once lost those replies (for a client that sent its last
+		// commands and half-closed while Redis was busy: found by review).
+		// A client that closed for good fails the first write, which
+		// closes up.
 		if cw, ok := up.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
 			bound := time.AfterFunc(relayDrainWait, func() { up.Close() })
 			wg.Wait()
@@ -1060,8 +1079,9 @@ reading:
 }
 
 // relayDrainWait bounds how long a relay ending on a client's protocol
-// error waits for Redis's replies to what the client sent before it (a
-// script may hold Redis); then the connection is closed as it is.
+// error or half-close waits for Redis's replies to what the client sent
+// before it (a script may hold Redis); then the connection is closed as it
+// is.
 const relayDrainWait = 2 * time.Second
 
 // appendRelayed appends what to send upstream for one request of a relayed
