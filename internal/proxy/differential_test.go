@@ -206,12 +206,20 @@ type diffCmd struct {
 	// without comparing (HELLO, whose reply is the proxy's own).
 	replies int
 	noCmp   bool
-	// reconnect: not a command but fresh connections on both sides (a
-	// pipeline of its own).
+	// reconnect: not a command but fresh connections on both sides, once
+	// the pipeline it ends is answered.
 	reconnect bool
+	// side: the pipeline goes to the client's second pair of connections
+	// (plain RESP2), whose writes are another connection's to the first.
+	side bool
+	// raw, when set, is sent as it is (a malformed or empty request).
+	raw string
 }
 
 func (c *diffCmd) appendWire(b []byte) []byte {
+	if c.raw != "" {
+		return append(b, c.raw...)
+	}
 	if c.inline != "" {
 		return append(b, c.inline...)
 	}
@@ -232,6 +240,12 @@ func (c *diffCmd) String() string {
 	var b strings.Builder
 	if c.reconnect {
 		return "(reconnect)"
+	}
+	if c.side {
+		b.WriteString("(side connection) ")
+	}
+	if c.raw != "" {
+		return fmt.Sprintf("(raw) %q", c.raw)
 	}
 	if c.inline != "" {
 		b.WriteString("(inline) ")
@@ -365,14 +379,8 @@ type diffClient struct {
 // run sends rounds pipelines (or until deadline), and reports the first
 // difference with everything needed to rerun it.
 func (cl *diffClient) run(g *diffGen, rounds int, deadline time.Time) (pipelines, commands int, err error) {
-	var a, b *diffConn
-	defer func() {
-		for _, c := range []*diffConn{a, b} {
-			if c != nil {
-				c.nc.Close()
-			}
-		}
-	}()
+	var cs diffConns
+	defer cs.close()
 	for r := -1; r < rounds; r++ {
 		var pl []diffCmd
 		if r < 0 {
@@ -384,13 +392,7 @@ func (cl *diffClient) run(g *diffGen, rounds int, deadline time.Time) (pipelines
 			pl = g.pipeline()
 		}
 		cl.history = append(cl.history, pl)
-		if pl[0].reconnect {
-			if a, b, err = cl.redial(a, b); err != nil {
-				return pipelines, commands, err
-			}
-			continue
-		}
-		if err := cl.compare(a, b, pl, r); err != nil {
+		if err := cl.step(&cs, pl, r); err != nil {
 			return pipelines, commands, err
 		}
 		pipelines++
@@ -399,18 +401,57 @@ func (cl *diffClient) run(g *diffGen, rounds int, deadline time.Time) (pipelines
 	return pipelines, commands, nil
 }
 
-// redial closes a and b (if open) and connects again.
-func (cl *diffClient) redial(a, b *diffConn) (*diffConn, *diffConn, error) {
-	for _, c := range []*diffConn{a, b} {
+// diffConns are a client's connections: a and b its main pair (direct,
+// proxy), sa and sb its side pair, dialled when first used.
+type diffConns struct{ a, b, sa, sb *diffConn }
+
+func (cs *diffConns) close() {
+	for _, c := range []*diffConn{cs.a, cs.b, cs.sa, cs.sb} {
 		if c != nil {
 			c.nc.Close()
 		}
 	}
+}
+
+// step runs one pipeline of the history.
+func (cl *diffClient) step(cs *diffConns, pl []diffCmd, round int) error {
+	var err error
+	if pl[0].side {
+		if cs.sa == nil {
+			if cs.sa, cs.sb, err = cl.dialPair(); err != nil {
+				return err
+			}
+		}
+		return cl.compare(cs.sa, cs.sb, pl, round)
+	}
+	body := pl
+	last := pl[len(pl)-1]
+	if last.reconnect {
+		body = pl[:len(pl)-1]
+	}
+	if len(body) > 0 {
+		if err := cl.compare(cs.a, cs.b, body, round); err != nil {
+			return err
+		}
+	}
+	if last.reconnect {
+		for _, c := range []*diffConn{cs.a, cs.b} {
+			if c != nil {
+				c.nc.Close()
+			}
+		}
+		cs.a, cs.b, err = cl.dialPair()
+	}
+	return err
+}
+
+// dialPair connects to Redis directly and to the proxy.
+func (cl *diffClient) dialPair() (*diffConn, *diffConn, error) {
 	a, err := dialDiff(cl.addrA)
 	if err != nil {
 		return nil, nil, err
 	}
-	b, err = dialDiff(cl.addrB)
+	b, err := dialDiff(cl.addrB)
 	if err != nil {
 		a.nc.Close()
 		return nil, nil, err
@@ -463,7 +504,7 @@ func (cl *diffClient) compare(a, b *diffConn, pl []diffCmd, round int) error {
 // to both servers directly (the proxy's Redis too, bypassing the proxy):
 // when both answer the same now, the proxy's reply was its own doing.
 func (cl *diffClient) probe(c diffCmd) string {
-	if c.inline != "" || len(c.args) == 0 {
+	if c.inline != "" || len(c.args) < 2 || c.side {
 		return ""
 	}
 	var b strings.Builder
@@ -620,6 +661,9 @@ func (s *diffState) count(args []string) (int, bool) {
 	switch name {
 	case "MULTI":
 		s.multi = true
+	case "QUIT":
+		// +OK, then the server closes the connection (the generator
+		// reconnects right after).
 	case "WATCH":
 		if len(args) > 1 {
 			s.watching = true
@@ -774,6 +818,10 @@ func newDiffGen(seed uint64, client, clients, proto int, timeBase int64) *diffGe
 // function library FCALL needs (FUNCTION LOAD REPLACE is idempotent, so
 // concurrent clients may all send it).
 func (g *diffGen) reconnect(first bool) []diffCmd {
+	var out []diffCmd
+	if !first && g.r.IntN(3) == 0 {
+		out = append(out, g.cmd("QUIT"))
+	}
 	c := diffCmd{reconnect: true}
 	g.st.account(&c)
 	g.pending = nil
@@ -783,7 +831,7 @@ func (g *diffGen) reconnect(first bool) []diffCmd {
 	if first {
 		g.pending = append(g.pending, g.cmd("FUNCTION", "LOAD", "REPLACE", diffLibrary))
 	}
-	return []diffCmd{c}
+	return append(out, c)
 }
 
 const diffLibrary = "#!lua name=difflib\n" +
@@ -847,7 +895,11 @@ func diffInline(r *rand.Rand, args []string) string {
 			b.WriteByte('"')
 		}
 	}
-	b.WriteString("\r\n")
+	if r.IntN(5) == 0 {
+		b.WriteString("\n") // Redis takes a bare LF as the end of an inline line too
+	} else {
+		b.WriteString("\r\n")
+	}
 	return b.String()
 }
 
@@ -892,7 +944,14 @@ func (g *diffGen) pipeline() []diffCmd {
 		}
 		return pl
 	}
+	if len(pl) == 0 && g.r.IntN(12) == 0 {
+		return g.side()
+	}
 	n := 1 + g.r.IntN(50)
+	if g.r.IntN(150) == 0 {
+		// Past the 1024 requests the proxy takes from a client per batch.
+		n = 1000 + g.r.IntN(600)
+	}
 	for len(pl) < n {
 		pl = append(pl, g.unit()...)
 	}
@@ -1196,8 +1255,14 @@ func (g *diffGen) connection() diffCmd {
 		return g.cmd("DISCARD")
 	case x < 97:
 		return g.cmd("UNWATCH")
-	default:
+	case x < 98:
 		return g.cmd("WAIT", "0", "0")
+	default:
+		// Requests Redis answers with nothing: an empty or blank inline
+		// line, a multibulk of no or negative length.
+		c := diffCmd{raw: []string{"\r\n", "   \r\n", "*0\r\n", "*-1\r\n", "\n"}[g.r.IntN(5)]}
+		g.st.account(&c)
+		return c
 	}
 }
 
@@ -1339,6 +1404,28 @@ func (g *diffGen) blocking() diffCmd {
 	default:
 		return g.cmd("BRPOPLPUSH", g.key('l'), g.key('l'), "0.01")
 	}
+}
+
+// side is a pipeline for the client's second connection: data commands
+// only, so its state never changes; its writes land between two of the
+// main connection's pipelines (breaking a WATCH, invalidating the tier).
+func (g *diffGen) side() []diffCmd {
+	main := g.st
+	g.st = newDiffState(2)
+	defer func() { g.st = main }()
+	var pl []diffCmd
+	for range 1 + g.r.IntN(3) {
+		var c diffCmd
+		if g.r.IntN(2) == 0 && len(g.hot) > 0 {
+			// A write of a key the reads of the phase use.
+			c = g.cmd("DEL", g.hot[g.r.IntN(len(g.hot))][1])
+		} else {
+			c = g.data()
+		}
+		c.side = true
+		pl = append(pl, c)
+	}
+	return pl
 }
 
 // read is a read the local tier may cache, in one of few forms so that
@@ -1884,35 +1971,27 @@ func (cl *diffClient) replay(direct, behind *redistest.Server, p *proxytest.Prox
 		time.Sleep(50 * time.Millisecond) // the flush's invalidation
 		redistest.Eventually(cl.t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
 	}
-	var a, b *diffConn
-	defer func() {
-		for _, c := range []*diffConn{a, b} {
-			if c != nil {
-				c.nc.Close()
-			}
-		}
-	}()
-	a, b, err := cl.redial(nil, nil)
-	if err != nil {
-		return err
-	}
-	// Recount the replies for the shortened stream.
+	var cs diffConns
+	defer cs.close()
+	// Recount the replies for the shortened stream (the side connection's
+	// commands keep theirs: they change no state).
 	st := newDiffState(2)
 	for i, pl := range h {
-		if pl[0].reconnect {
-			st.account(&pl[0])
-			if a, b, err = cl.redial(a, b); err != nil {
-				return err
-			}
-			continue
-		}
 		re := make([]diffCmd, len(pl))
 		for j, c := range pl {
-			c.replies, c.noCmp = 0, false
-			st.account(&c)
+			if !c.side {
+				c.replies, c.noCmp = 0, false
+				st.account(&c)
+			}
 			re[j] = c
 		}
-		if err := cl.compare(a, b, re, i); err != nil {
+		if cs.a == nil && !re[0].side {
+			var err error
+			if cs.a, cs.b, err = cl.dialPair(); err != nil {
+				return err
+			}
+		}
+		if err := cl.step(&cs, re, i); err != nil {
 			if strings.Contains(err.Error(), "direct Redis failed") {
 				return fmt.Errorf("%w: %v", errDiffDirect, err)
 			}
