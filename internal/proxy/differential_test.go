@@ -948,11 +948,11 @@ func (g *diffGen) pipeline() []diffCmd {
 		return g.side()
 	}
 	n := 1 + g.r.IntN(50)
-	if g.r.IntN(150) == 0 {
+	if g.r.IntN(150) == 0 && g.st.relayCmds < 0 {
 		// Past the 1024 requests the proxy takes from a client per batch.
 		n = 1000 + g.r.IntN(600)
 	}
-	for len(pl) < n {
+	for len(pl) < n && g.st.relayCmds <= 600 {
 		pl = append(pl, g.unit()...)
 	}
 	return pl
