@@ -935,6 +935,9 @@ func (g *diffGen) pipeline() []diffCmd {
 		// before, and no write it cannot name (a script, a transaction)
 		// came since its last fence.
 		g.readPhase--
+		if g.r.IntN(4) == 0 {
+			pl = append(pl, g.hiddenWrite()...)
+		}
 		for range 1 + g.r.IntN(3) {
 			if g.r.IntN(5) == 0 {
 				pl = append(pl, g.read())
@@ -1426,6 +1429,26 @@ func (g *diffGen) side() []diffCmd {
 		pl = append(pl, c)
 	}
 	return pl
+}
+
+// hiddenWrite changes a key of the phase's reads in a way the proxy
+// cannot see key by key: a script that names it only in ARGV, a
+// transaction. The local tier must drop what it holds of the key all the
+// same (Redis's invalidation, after a fence), or the next read is stale.
+func (g *diffGen) hiddenWrite() []diffCmd {
+	k := g.hot[g.r.IntN(len(g.hot))][1]
+	switch g.r.IntN(5) {
+	case 0:
+		return []diffCmd{g.cmd("EVAL", "return redis.call('DEL', ARGV[1])", "0", k)}
+	case 1:
+		return []diffCmd{g.cmd("EVAL", "return redis.call('SET', ARGV[1], ARGV[2])", "0", k, g.value())}
+	case 2:
+		return []diffCmd{g.cmd("EVAL", "return redis.call('HSET', ARGV[1], 'f1', ARGV[2])", "0", k, g.small())}
+	case 3:
+		return []diffCmd{g.cmd("MULTI"), g.cmd("DEL", k), g.cmd("EXEC")}
+	default:
+		return []diffCmd{g.cmd("FCALL", "dset", "1", k, g.value())}
+	}
 }
 
 // read is a read the local tier may cache, in one of few forms so that
