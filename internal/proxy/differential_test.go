@@ -228,8 +228,10 @@ type diffCmd struct {
 	// side: the pipeline goes to the client's second pair of connections
 	// (plain RESP2), whose writes are another connection's to the first.
 	side bool
-	// raw, when set, is sent as it is (a malformed or empty request).
-	raw string
+	// raw, when set, is sent as it is (a malformed or empty request),
+	// drawing rawReplies replies.
+	raw        string
+	rawReplies int
 }
 
 func (c *diffCmd) appendWire(b []byte) []byte {
@@ -669,6 +671,10 @@ func (s *diffState) account(c *diffCmd) {
 		c.replies = 0
 		return
 	}
+	if c.raw != "" {
+		c.replies = c.rawReplies
+		return
+	}
 	if s.relayCmds >= 0 {
 		s.relayCmds++
 	}
@@ -836,6 +842,19 @@ type diffGen struct {
 	known bool
 }
 
+// diffProtocolErrors are malformed requests Redis and the proxy both
+// answer with the same protocol error before closing the connection.
+var diffProtocolErrors = []string{
+	"*1\r\n$abc\r\n", "*abc\r\n", "*1\r\n+PING\r\n", "PING \"a\"b\r\n", "ECHO 'a'b\r\n",
+	"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$-5\r\n", "*2\r\n$4\r\nECHO\r\n$536870913\r\n", "*1\r\n$-1\r\n",
+	"*1\r\n$\r\n", "*\r\n", "*1\r\n$ 4\r\nPING\r\n", "*+1\r\n$4\r\nPING\r\n", "*01\r\n$04\r\nPING\r\n",
+}
+
+// diffKnownProtocolErrors are requests only the proxy finds malformed
+// (see diffKnownBugs): Redis skips the two bytes after a bulk string
+// without looking at them.
+var diffKnownProtocolErrors = []string{"*1\r\n$4\r\nPINGxx\r\n", "*2\r\n$4\r\nECHO\r\n$3\r\nabcd\r\n"}
+
 // diffKnownBugs are differences this test found that the documentation
 // does not describe. The generator avoids them unless
 // REDPROXY_DIFF_KNOWN_BUGS is set, so the test keeps guarding the rest.
@@ -845,6 +864,10 @@ type diffGen struct {
 //     element of EXEC's reply), "redproxy-relay" on a relayed connection
 //     (subscribed, or in the batch of its last unsubscribe). Redis answers
 //     null.
+//   - A bulk string not followed by CRLF ("$4\r\nPINGxx"): Redis takes the
+//     4 bytes and skips the next 2 unread; the proxy answers "Protocol
+//     error: invalid bulk length" and closes (README, "Errors you may see",
+//     says it answers malformed requests as Redis does).
 
 func newDiffGen(seed uint64, client, clients, proto int, timeBase int64) *diffGen {
 	single := clients == 1
@@ -877,8 +900,17 @@ func newDiffGen(seed uint64, client, clients, proto int, timeBase int64) *diffGe
 // concurrent clients may all send it).
 func (g *diffGen) reconnect(first bool) []diffCmd {
 	var out []diffCmd
-	if !first && g.r.IntN(3) == 0 {
+	switch x := g.r.IntN(6); {
+	case first:
+	case x < 2:
 		out = append(out, g.cmd("QUIT"))
+	case x < 3:
+		// A malformed request: both answer a protocol error and close.
+		bad := diffProtocolErrors
+		if g.known {
+			bad = append(bad, diffKnownProtocolErrors...)
+		}
+		out = append(out, diffCmd{raw: bad[g.r.IntN(len(bad))], rawReplies: 1})
 	}
 	c := diffCmd{reconnect: true}
 	g.st.account(&c)
@@ -1344,7 +1376,10 @@ func (g *diffGen) connection() diffCmd {
 	default:
 		// Requests Redis answers with nothing: an empty or blank inline
 		// line, a multibulk of no or negative length.
-		c := diffCmd{raw: []string{"\r\n", "   \r\n", "*0\r\n", "*-1\r\n", "\n"}[g.r.IntN(5)]}
+		c := diffCmd{raw: []string{"\r\n", "   \r\n", "*0\r\n", "*-1\r\n", "\n", "*1\r\n$0\r\n\r\n"}[g.r.IntN(6)]}
+		if c.raw == "*1\r\n$0\r\n\r\n" {
+			c.rawReplies = 1 // unknown command ''
+		}
 		g.st.account(&c)
 		return c
 	}
