@@ -202,7 +202,8 @@ func runDifferential(t *testing.T, v diffVariant, seed uint64, rounds int, budge
 			cl.minimize(direct, behind, p)
 		}
 	}
-	t.Logf("%s: %d pipelines, %d commands compared", v.name, pipelines, command)
+	t.Logf("%s: %d pipelines, %d commands compared; %.0f reads coalesced, %.0f sharing another's fetch", v.name, pipelines, command,
+		metricSum(t, p, "redproxy_stampede_coalesced_reads_total"), metricSum(t, p, "redproxy_stampede_fetches_saved_total"))
 	if v.tier {
 		hits := metricSum(t, p, "redproxy_localcache_hits_total")
 		t.Logf("%s: %.0f replies served by the local tier", v.name, hits)
@@ -228,6 +229,8 @@ type diffCmd struct {
 	// side: the pipeline goes to the client's second pair of connections
 	// (plain RESP2), whose writes are another connection's to the first.
 	side bool
+	// twin: the command (a pipeline of its own) goes to every pair at once.
+	twin bool
 	// raw, when set, is sent as it is (a malformed or empty request),
 	// drawing rawReplies replies.
 	raw        string
@@ -261,6 +264,9 @@ func (c *diffCmd) String() string {
 	}
 	if c.side {
 		b.WriteString("(side connection) ")
+	}
+	if c.twin {
+		b.WriteString("(on four connections at once) ")
 	}
 	if c.raw != "" {
 		return fmt.Sprintf("(raw) %q", c.raw)
@@ -421,11 +427,15 @@ func (cl *diffClient) run(g *diffGen, rounds int, deadline time.Time) (pipelines
 }
 
 // diffConns are a client's connections: a and b its main pair (direct,
-// proxy), sa and sb its side pair, dialled when first used.
-type diffConns struct{ a, b, sa, sb *diffConn }
+// proxy), sa and sb its side pairs, dialled when first used. Side pipelines
+// use the first; twin reads all.
+type diffConns struct {
+	a, b   *diffConn
+	sa, sb [3]*diffConn
+}
 
 func (cs *diffConns) close() {
-	for _, c := range []*diffConn{cs.a, cs.b, cs.sa, cs.sb} {
+	for _, c := range append([]*diffConn{cs.a, cs.b}, append(cs.sa[:], cs.sb[:]...)...) {
 		if c != nil {
 			c.nc.Close()
 		}
@@ -435,13 +445,32 @@ func (cs *diffConns) close() {
 // step runs one pipeline of the history.
 func (cl *diffClient) step(cs *diffConns, pl []diffCmd, round int) error {
 	var err error
-	if pl[0].side {
-		if cs.sa == nil {
-			if cs.sa, cs.sb, err = cl.dialPair(); err != nil {
-				return err
+	if pl[0].side || pl[0].twin {
+		for i := range cs.sa {
+			if cs.sa[i] == nil {
+				if cs.sa[i], cs.sb[i], err = cl.dialPair(); err != nil {
+					return err
+				}
 			}
 		}
-		return cl.compare(cs.sa, cs.sb, pl, round)
+	}
+	switch {
+	case pl[0].side:
+		return cl.compare(cs.sa[0], cs.sb[0], pl, round)
+	case pl[0].twin:
+		// The side connections are plain RESP2: one reply, whatever the
+		// main connection's state counts.
+		side := append([]diffCmd{}, pl...)
+		side[0].replies, side[0].noCmp = 1, false
+		errc := make(chan error, len(cs.sa))
+		for i := range cs.sa {
+			go func() { errc <- cl.compare(cs.sa[i], cs.sb[i], side, round) }()
+		}
+		err = cl.compare(cs.a, cs.b, pl, round)
+		for range cs.sa {
+			err = errors.Join(err, <-errc)
+		}
+		return err
 	}
 	body := pl
 	last := pl[len(pl)-1]
@@ -1025,6 +1054,16 @@ func (g *diffGen) pipeline() []diffCmd {
 		// before, and no write it cannot name (a script, a transaction)
 		// came since its last fence.
 		g.readPhase--
+		if len(pl) == 0 && g.r.IntN(4) == 0 && !g.st.watching {
+			// The same read alone on four connections at once: the
+			// proxy's stampede protection shares one request between
+			// identical reads in flight (when the protocol and database
+			// are the same too; the first read leads a fetch of its own,
+			// the next ones share the following one).
+			c := g.cmd(g.hot[g.r.IntN(len(g.hot))]...)
+			c.twin = true
+			return []diffCmd{c}
+		}
 		if g.r.IntN(4) == 0 {
 			pl = append(pl, g.hiddenWrite()...)
 		}
@@ -1039,6 +1078,9 @@ func (g *diffGen) pipeline() []diffCmd {
 	}
 	if len(pl) == 0 && g.r.IntN(12) == 0 {
 		return g.side()
+	}
+	if len(pl) == 0 && g.r.IntN(300) == 0 && !g.st.subscribed() && !g.st.multi {
+		return g.bigReplies()
 	}
 	n := 1 + g.r.IntN(50)
 	if g.r.IntN(150) == 0 && g.st.relayCmds < 0 {
@@ -1532,6 +1574,22 @@ func (g *diffGen) unsent(f func() diffCmd) diffCmd {
 	g.st = newDiffState(2)
 	defer func() { g.st = main }()
 	return f()
+}
+
+// bigReplies is a pipeline whose replies add up to several MB, which the
+// proxy forwards in parts (COMPATIBILITY.md, "Client limits"), on a key
+// of its own, left as it was found (gone).
+func (g *diffGen) bigReplies() []diffCmd {
+	k := g.prefix + "big"
+	push := []string{"RPUSH", k}
+	for range 5 + g.r.IntN(25) {
+		push = append(push, g.big[g.r.IntN(len(g.big))])
+	}
+	pl := []diffCmd{g.cmd("DEL", k), g.cmd(push...)}
+	for range 1 + g.r.IntN(5) {
+		pl = append(pl, g.cmd("LRANGE", k, "0", "-1"), g.cmd("GET", g.key('s')))
+	}
+	return append(pl, g.cmd("DEL", k))
 }
 
 // side is a pipeline for the client's second connection: data commands
