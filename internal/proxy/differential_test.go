@@ -861,6 +861,7 @@ type diffGen struct {
 	pending  []diffCmd // the start of the next pipeline, after a reconnect
 	// readPhase counts down the read-only pipelines still to come.
 	readPhase int
+	watched   []string   // the keys of the last WATCH
 	hot       [][]string // the reads repeated in this phase
 	// authLeft bounds the failed AUTHs: the proxy rate-limits them per
 	// client address (10, then one a second; COMPATIBILITY.md, "Proxy
@@ -1220,7 +1221,11 @@ func (g *diffGen) unit() []diffCmd {
 	case x < 25:
 		return []diffCmd{g.cmd("MULTI")}
 	case x < 35:
-		return []diffCmd{g.cmd(append([]string{"WATCH"}, g.keys("slhtzxp"[g.r.IntN(7)], 1+g.r.IntN(2))...)...)}
+		keys := g.keys("slhtzxp"[g.r.IntN(7)], 1+g.r.IntN(2))
+		g.watched = keys
+		return []diffCmd{g.cmd(append([]string{"WATCH"}, keys...)...)}
+	case x < 37:
+		return g.txScenario()
 	case x < 40 && st.watching:
 		return []diffCmd{g.cmd("UNWATCH")}
 	case x < 50:
@@ -1298,6 +1303,51 @@ func (g *diffGen) replyUnit() []diffCmd {
 		out = append(out, g.muted())
 	}
 	return append(out, g.cmd("CLIENT", "REPLY", "ON"))
+}
+
+// txScenario is a transaction with the parts that change what EXEC does:
+// a WATCH broken or not by the connection itself, SELECT before and inside
+// MULTI (taking effect only if EXEC runs it), queue-time errors, and
+// reads of the watched key after it, in whichever database is current.
+func (g *diffGen) txScenario() []diffCmd {
+	var out []diffCmd
+	k := g.key('s')
+	if g.r.IntN(2) == 0 {
+		g.watched = []string{k}
+		out = append(out, g.cmd("WATCH", k))
+		if g.r.IntN(3) == 0 {
+			out = append(out, g.cmd("SELECT", []string{"0", "1"}[g.r.IntN(2)]))
+		}
+		if g.r.IntN(3) == 0 {
+			out = append(out, g.cmd("SET", k, g.value()))
+		}
+	}
+	out = append(out, g.cmd("MULTI"))
+	for range 1 + g.r.IntN(5) {
+		switch g.r.IntN(8) {
+		case 0:
+			out = append(out, g.cmd("SELECT", []string{"0", "1", "99"}[g.r.IntN(3)]))
+		case 1:
+			if g.r.IntN(3) == 0 {
+				out = append(out, g.errors())
+			}
+		case 2:
+			out = append(out, g.cmd("INCR", k))
+		case 3:
+			out = append(out, g.cmd("GET", k))
+		default:
+			out = append(out, g.data())
+		}
+	}
+	switch g.r.IntN(10) {
+	case 0:
+		out = append(out, g.cmd("DISCARD"))
+	case 1:
+		out = append(out, g.cmd("RESET"))
+	default:
+		out = append(out, g.cmd("EXEC"))
+	}
+	return append(out, g.cmd("GET", k), g.cmd("SET", k, g.value()), g.cmd("GET", k))
 }
 
 // muted is a command whose reply CLIENT REPLY mutes: the proxy answers
@@ -1602,7 +1652,11 @@ func (g *diffGen) side() []diffCmd {
 	var pl []diffCmd
 	for range 1 + g.r.IntN(3) {
 		var c diffCmd
-		if g.r.IntN(2) == 0 && len(g.hot) > 0 {
+		if main.watching && len(g.watched) > 0 && g.r.IntN(2) == 0 {
+			// Break the main connection's WATCH (or touch a key of the
+			// same name in another database, which must not).
+			c = g.cmd("SET", g.watched[g.r.IntN(len(g.watched))], g.value())
+		} else if g.r.IntN(2) == 0 && len(g.hot) > 0 {
 			// A write of a key the reads of the phase use.
 			c = g.cmd("DEL", g.hot[g.r.IntN(len(g.hot))][1])
 		} else {
