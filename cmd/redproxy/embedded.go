@@ -27,11 +27,20 @@ func startEmbedded() (*miniredis.Miniredis, error) {
 	// "INFO server" first. The section says what this is: not a Redis, an
 	// embedded store standing in for the version of the command table.
 	mr.Server().SetPreHook(func(c *server.Peer, cmd string, args ...string) bool {
-		if cmd != "INFO" || len(args) != 1 || !strings.EqualFold(args[0], "server") {
-			return false
+		switch {
+		case cmd == "INFO" && len(args) == 1 && strings.EqualFold(args[0], "server"):
+			c.WriteBulk(embeddedServerInfo(port, started))
+			return true
+		case cmd == "COMMAND" && len(args) > 0:
+			// The store answers every COMMAND subcommand with the whole
+			// table, and redis-cli (interactive or reading stdin) asks
+			// COMMAND DOCS first and aborts on that answer's shape: the
+			// quick start's first redis-cli session crashed. Refused as
+			// by a server without them, which redis-cli falls back from.
+			c.WriteError(fmt.Sprintf("ERR unknown subcommand '%s'. Try COMMAND HELP.", args[0]))
+			return true
 		}
-		c.WriteBulk(embeddedServerInfo(port, started))
-		return true
+		return false
 	})
 	return mr, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -48,5 +49,13 @@ func TestEmbeddedFallbackQuickStart(t *testing.T) {
 	}
 	if !strings.Contains(info, "# Server") {
 		t.Fatalf("INFO server has no Server section:\n%s", info)
+	}
+	// redis-cli reading commands from stdin (as in its interactive mode)
+	// asks COMMAND DOCS first: the store's answer made it abort.
+	host, port, _ := strings.Cut(listen, ":")
+	cli := exec.Command("redis-cli", "-h", host, "-p", port)
+	cli.Stdin = strings.NewReader("GET quickstart:greeting\n")
+	if out, err := cli.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "hello" {
+		t.Fatalf("redis-cli with commands on stdin: %q, %v", out, err)
 	}
 }
