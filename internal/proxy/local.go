@@ -272,6 +272,15 @@ func isSubscribe(name string) bool {
 	return false
 }
 
+// isUnsubscribe reports whether name is one of the unsubscribe commands.
+func isUnsubscribe(name string) bool {
+	switch name {
+	case "unsubscribe", "punsubscribe", "sunsubscribe":
+		return true
+	}
+	return false
+}
+
 var (
 	ok            = []byte("+OK\r\n")
 	zero          = []byte(":0\r\n")

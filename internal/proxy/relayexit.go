@@ -124,8 +124,7 @@ func (ex *relayExit) note(cmd *commands.Command) {
 		ex.stayForGood()
 		return
 	}
-	switch cmd.Name {
-	case "unsubscribe", "punsubscribe", "sunsubscribe":
+	if isUnsubscribe(cmd.Name) {
 		ex.asked = true
 	}
 }
@@ -153,7 +152,7 @@ func (ex *relayExit) segment(table *commands.Table, reqs []resp.Request) int {
 			name = cmd.Name
 		}
 		switch {
-		case name == "unsubscribe", name == "punsubscribe", name == "sunsubscribe":
+		case isUnsubscribe(name):
 			cut = k
 		case isSubscribe(name), name == "ping":
 		case cut >= 0:

@@ -3,7 +3,6 @@ package proxy
 import (
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/redproxy/redproxy/internal/commands"
@@ -199,7 +198,7 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 // expect notes a RESP3 (P|S)(UN)SUBSCRIBE naming channels channels (none:
 // every one of its kind) as the next reply.
 func (rw *relayWrites) expect(kind string, channels int) {
-	if channels == 0 && !strings.HasSuffix(kind, "unsubscribe") {
+	if channels == 0 && !isUnsubscribe(kind) {
 		channels = 1 // refused for its arity: never confirmed
 	}
 	rw.mu.Lock()
@@ -407,7 +406,7 @@ func (pc *pubsubCounts) confirm(kind string, n int64) (before int64, ok bool) {
 	}
 	before = *own
 	d := n - total
-	if strings.HasSuffix(kind, "unsubscribe") {
+	if isUnsubscribe(kind) {
 		ok = d == 0 || d == -1
 	} else {
 		ok = d == 0 || d == 1
