@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 
@@ -151,23 +152,32 @@ func TestRoutesResp2RelayRefusalText(t *testing.T) {
 	}
 }
 
-// TestRoutesAfterUnsubscribeAll: a RESP2 client that unsubscribed from
-// everything is a normal client again, as on Redis: its relay hands it
-// back to the shared connections (relayexit.go), so a key of another
-// upstream than the relay's is read there, as Jedis's and redis-py's
-// pooled connections expect.
-func TestRoutesAfterUnsubscribeAll(t *testing.T) {
+// routedJobsSubscriber starts a routed proxy with plain:a = va on the
+// default upstream and returns it with a client subscribed to jobs.x,
+// whose relay is on the queue upstream.
+func routedJobsSubscriber(t *testing.T) (*routed, net.Conn) {
+	t.Helper()
 	r := startRouted(t, nil)
 	if err := r.c.Set(ctx, "plain:a", "va", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.c.Set(ctx, "queue:a", "qa", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	nc := r.p.Dial(t)
 	fmt.Fprint(nc, "*2\r\n$9\r\nSUBSCRIBE\r\n$6\r\njobs.x\r\n")
 	for range 6 {
 		readLine(t, nc)
+	}
+	return r, nc
+}
+
+// TestRoutesAfterUnsubscribeAll: a RESP2 client that unsubscribed from
+// everything is a normal client again, as on Redis: its relay hands it
+// back to the shared connections (relayexit.go), so a key of another
+// upstream than the relay's is read there, as Jedis's and redis-py's
+// pooled connections expect.
+func TestRoutesAfterUnsubscribeAll(t *testing.T) {
+	r, nc := routedJobsSubscriber(t)
+	if err := r.c.Set(ctx, "queue:a", "qa", 0).Err(); err != nil {
+		t.Fatal(err)
 	}
 	fmt.Fprint(nc, "*1\r\n$11\r\nUNSUBSCRIBE\r\n")
 	for range 6 {
@@ -192,15 +202,7 @@ func TestRoutesAfterUnsubscribeAll(t *testing.T) {
 // The same with the commands in the write of the last UNSUBSCRIBE: they
 // were relayed with it, and a key of another upstream refused.
 func TestRoutesAfterUnsubscribeAllInOneWrite(t *testing.T) {
-	r := startRouted(t, nil)
-	if err := r.c.Set(ctx, "plain:a", "va", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	nc := r.p.Dial(t)
-	fmt.Fprint(nc, "*2\r\n$9\r\nSUBSCRIBE\r\n$6\r\njobs.x\r\n")
-	for range 6 {
-		readLine(t, nc)
-	}
+	_, nc := routedJobsSubscriber(t)
 	fmt.Fprint(nc, "*1\r\n$11\r\nUNSUBSCRIBE\r\n*2\r\n$3\r\nGET\r\n$7\r\nplain:a\r\n")
 	for range 6 {
 		readLine(t, nc)
