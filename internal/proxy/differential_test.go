@@ -748,10 +748,12 @@ func (s *diffState) count(args []string) (replies, pushes int, noCmp bool) {
 		return 1, 0, false
 	}
 	if s.multi {
-		switch name {
-		case "EXEC", "DISCARD":
+		switch {
+		case name == "EXEC", name == "DISCARD" && len(args) == 1:
+			// EXEC with arguments aborts the transaction too; DISCARD
+			// with arguments is refused and flags it, like RESET's.
 			s.multi, s.watching = false, false
-		case "RESET":
+		case name == "RESET" && len(args) == 1:
 			s.reset()
 		}
 		// Everything else is queued (or refused) with one reply; MULTI
@@ -760,7 +762,13 @@ func (s *diffState) count(args []string) (replies, pushes int, noCmp bool) {
 	}
 	switch name {
 	case "MULTI":
-		s.multi = true
+		s.multi = len(args) == 1
+	case "EXEC":
+		// Without MULTI, EXEC with arguments is answered EXECABORT, and
+		// the WATCH ends with the transaction it aborts.
+		if len(args) > 1 {
+			s.watching = false
+		}
 	case "QUIT":
 		// +OK, then the server closes the connection (the generator
 		// reconnects right after).
@@ -769,9 +777,11 @@ func (s *diffState) count(args []string) (replies, pushes int, noCmp bool) {
 			s.watching = true
 		}
 	case "UNWATCH":
-		s.watching = false
+		s.watching = s.watching && len(args) > 1
 	case "RESET":
-		s.reset()
+		if len(args) == 1 {
+			s.reset()
+		}
 	case "CLIENT":
 		if len(args) == 3 && strings.EqualFold(args[1], "SETNAME") && !strings.ContainsAny(args[2], " \n") {
 			s.named = args[2] != ""
@@ -911,6 +921,18 @@ var diffKnownProtocolErrors = []string{"*1\r\n$4\r\nPINGxx\r\n", "*2\r\n$4\r\nEC
 //     "CLIENT REPLY OFF", "UNSUBSCRIBE" gets nothing, where Redis sends the
 //     confirmation (pub/sub confirmations are pushes, which CLIENT REPLY
 //     does not mute, on RESP2 connections too).
+//   - RESET with arguments inside MULTI or under WATCH: Redis refuses it
+//     (arity), keeps the transaction (flagged: EXEC answers EXECABORT) or
+//     the WATCH; the proxy answers the same error but ends the transaction
+//     or WATCH first, so what the client sends next runs at once, outside
+//     it: "MULTI", "SET t1 v", "RESET x", "SET t2 v", "EXEC" sets t2
+//     through the proxy (EXEC: "EXEC without MULTI"); on Redis nothing runs.
+//   - EXEC with arguments without MULTI: Redis answers "-EXECABORT
+//     Transaction discarded because of: wrong number of arguments for
+//     'exec' command" and drops the WATCH; the proxy answers "-ERR wrong
+//     number of arguments for 'exec' command" and keeps it.
+//   - CLIENT NO-EVICT and CLIENT TRACKING with an argument other than ON or
+//     OFF: the proxy answers +OK, Redis "-ERR syntax error".
 //   - A bulk string not followed by CRLF ("$4\r\nPINGxx"): Redis takes the
 //     4 bytes and skips the next 2 unread; the proxy answers "Protocol
 //     error: invalid bulk length" and closes (README, "Errors you may see",
@@ -1501,7 +1523,7 @@ func (g *diffGen) connection() diffCmd {
 // errors are commands Redis refuses: wrong arity, unknown commands,
 // syntax errors.
 func (g *diffGen) errors() diffCmd {
-	switch g.r.IntN(12) {
+	switch g.r.IntN(14) {
 	case 0:
 		return g.cmd("GET")
 	case 1:
@@ -1524,9 +1546,39 @@ func (g *diffGen) errors() diffCmd {
 		return g.cmd("EXPIRE", g.key('s'), "abc")
 	case 10:
 		return g.cmd("PING", "a", "b")
-	default:
+	case 11:
 		return g.cmd("OBJECT", "NOSUCHSUB")
 	}
+	// The commands the proxy handles itself, with wrong arguments.
+	switch g.r.IntN(10) {
+	case 0:
+		return g.cmd("ECHO")
+	case 1:
+		return g.cmd("SELECT")
+	case 2:
+		return g.cmd("MULTI", "x")
+	case 3:
+		return g.cmd("DISCARD", "x")
+	case 4:
+		return g.cmd("UNWATCH", "x")
+	case 5:
+		if !g.st.multi { // refused inside MULTI, documented
+			return g.cmd("CLIENT", "REPLY", "maybe")
+		}
+	case 6:
+		if g.known || !g.st.multi && !g.st.watching { // see diffKnownBugs
+			return g.cmd("RESET", "x")
+		}
+	case 7:
+		if g.known { // see diffKnownBugs
+			return g.cmd("EXEC", "x")
+		}
+	case 8:
+		if g.known { // see diffKnownBugs
+			return g.cmd("CLIENT", []string{"NO-EVICT", "TRACKING"}[g.r.IntN(2)], "maybe")
+		}
+	}
+	return g.cmd("CLIENT", "GETNAME", "x")
 }
 
 var diffScripts = []struct {
