@@ -927,6 +927,12 @@ var diffKnownProtocolErrors = []string{"*1\r\n$4\r\nPINGxx\r\n", "*2\r\n$4\r\nEC
 //     or WATCH first, so what the client sends next runs at once, outside
 //     it: "MULTI", "SET t1 v", "RESET x", "SET t2 v", "EXEC" sets t2
 //     through the proxy (EXEC: "EXEC without MULTI"); on Redis nothing runs.
+//   - MULTI with arguments under WATCH: Redis refuses it (arity) and no
+//     transaction starts; the proxy forwards it but takes the transaction
+//     as open, so it then refuses CLIENT REPLY, HELLO, SUBSCRIBE, ... as
+//     "inside MULTI" ("WATCH w", "MULTI x", "CLIENT REPLY OFF", "PING"
+//     gets "-ERR redproxy: 'CLIENT REPLY' inside MULTI is not supported"
+//     and +PONG; Redis: +OK muted, PING muted).
 //   - EXEC with arguments without MULTI: Redis answers "-EXECABORT
 //     Transaction discarded because of: wrong number of arguments for
 //     'exec' command" and drops the WATCH; the proxy answers "-ERR wrong
@@ -1556,7 +1562,9 @@ func (g *diffGen) errors() diffCmd {
 	case 1:
 		return g.cmd("SELECT")
 	case 2:
-		return g.cmd("MULTI", "x")
+		if g.known || !g.st.watching { // see diffKnownBugs
+			return g.cmd("MULTI", "x")
+		}
 	case 3:
 		return g.cmd("DISCARD", "x")
 	case 4:
