@@ -69,7 +69,8 @@ package proxy_test
 //
 // runs 5000 pipelines per client and variant without a time bound;
 // REDPROXY_DIFF_SEED fixes the seed (a failure prints it);
-// REDPROXY_DIFF_MINIMIZE=1 shrinks a failing stream to a short reproduction.
+// REDPROXY_DIFF_MINIMIZE=1 shrinks a failing stream to a short reproduction;
+// REDPROXY_DIFF_HISTORY=n logs the failing client's last n pipelines.
 
 import (
 	"bufio"
@@ -188,6 +189,9 @@ func runDifferential(t *testing.T, v diffVariant, seed uint64, rounds int, budge
 			mu.Unlock()
 			if err != nil {
 				t.Error(err)
+				if n, _ := strconv.Atoi(os.Getenv("REDPROXY_DIFF_HISTORY")); n > 0 {
+					t.Logf("client %d, its last pipelines before the failing one:\n%s", cl.id, cl.lastPipelines(n))
+				}
 				mu.Lock()
 				failed = append(failed, cl)
 				mu.Unlock()
@@ -587,6 +591,20 @@ func (cl *diffClient) compare(a, b *diffConn, pl []diffCmd, round int) error {
 		return fmt.Errorf("%s: proxy: %v\n%s", cl.where(round), errB, diffReport(pl, fa, fb, -1))
 	}
 	return nil
+}
+
+// lastPipelines lists the last n pipelines of the client's history, the
+// failing one included.
+func (cl *diffClient) lastPipelines(n int) string {
+	var b strings.Builder
+	h := cl.history[max(0, len(cl.history)-n):]
+	for i, pl := range h {
+		fmt.Fprintf(&b, "pipeline -%d:\n", len(h)-1-i)
+		for _, c := range pl {
+			fmt.Fprintf(&b, "    %s\n", c.String())
+		}
+	}
+	return b.String()
 }
 
 // probe sends c again, after the fact, on new RESP2 connections in DB 0
