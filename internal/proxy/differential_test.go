@@ -896,6 +896,7 @@ type diffGen struct {
 	pending  []diffCmd // the start of the next pipeline, after a reconnect
 	// readPhase counts down the read-only pipelines still to come.
 	readPhase int
+	unsynced  bool       // see pipeline
 	watched   []string   // the keys of the last WATCH
 	hot       [][]string // the reads repeated in this phase
 	// authLeft bounds the failed AUTHs: the proxy rate-limits them per
@@ -1098,11 +1099,25 @@ func diffPlain(s string) bool {
 
 // pipeline makes the next batch: 1 to 50 commands (a unit such as CLIENT
 // REPLY OFF ... ON may take it a little past).
-func (g *diffGen) pipeline() []diffCmd {
-	if g.st.relayCmds > 600 || g.r.IntN(200) == 0 {
+func (g *diffGen) pipeline() (pl []diffCmd) {
+	// unsynced: the main connection's last command drew no reply (CLIENT
+	// REPLY SKIP or OFF), so the test did not wait for it to run, and a
+	// command on another connection, or on a new one, could overtake it
+	// (through the proxy, that happens). Redis orders nothing across
+	// connections either; a client that wants its muted commands done
+	// first has to wait for a reply on the same connection.
+	unsynced := g.unsynced
+	defer func() {
+		if last := pl[len(pl)-1]; !last.side && !last.reconnect {
+			g.unsynced = last.replies == 0 && last.raw == ""
+		} else if last.reconnect {
+			g.unsynced = false
+		}
+	}()
+	if !unsynced && (g.st.relayCmds > 600 || g.r.IntN(200) == 0) {
 		return g.reconnect(false)
 	}
-	pl := g.pending
+	pl = g.pending
 	g.pending = nil
 	if g.readPhase == 0 && g.r.IntN(8) == 0 {
 		g.readPhase = 5 + g.r.IntN(25)
@@ -1118,7 +1133,7 @@ func (g *diffGen) pipeline() []diffCmd {
 		// before, and no write it cannot name (a script, a transaction)
 		// came since its last fence.
 		g.readPhase--
-		if len(pl) == 0 && g.r.IntN(4) == 0 && !g.st.watching {
+		if len(pl) == 0 && g.r.IntN(4) == 0 && !g.st.watching && !unsynced {
 			// The same read alone on four connections at once: the
 			// proxy's stampede protection shares one request between
 			// identical reads in flight (when the protocol and database
@@ -1140,7 +1155,7 @@ func (g *diffGen) pipeline() []diffCmd {
 		}
 		return pl
 	}
-	if len(pl) == 0 && g.r.IntN(12) == 0 {
+	if len(pl) == 0 && g.r.IntN(12) == 0 && !unsynced {
 		return g.side()
 	}
 	if len(pl) == 0 && g.r.IntN(300) == 0 && !g.st.subscribed() && !g.st.multi {
@@ -1151,7 +1166,7 @@ func (g *diffGen) pipeline() []diffCmd {
 		// Past the 1024 requests the proxy takes from a client per batch.
 		n = 1000 + g.r.IntN(600)
 	}
-	for len(pl) < n && g.st.relayCmds <= 600 {
+	for len(pl) < n && (g.st.relayCmds <= 600 || len(pl) == 0) {
 		pl = append(pl, g.unit()...)
 	}
 	return pl
