@@ -958,6 +958,17 @@ var diffKnownProtocolErrors = []string{"*1\r\n$4\r\nPINGxx\r\n", "*2\r\n$4\r\nEC
 //     number of arguments for 'exec' command" and keeps it.
 //   - CLIENT NO-EVICT and CLIENT TRACKING with an argument other than ON or
 //     OFF: the proxy answers +OK, Redis "-ERR syntax error".
+//   - Not avoided, because not understood yet: three times in about 60
+//     million commands of long runs (two with the machine heavily loaded),
+//     a read on four connections at once right after a pipeline that
+//     wrote the key from a script naming it only in ARGV ("EVAL return
+//     redis.call('SET', ARGV[1], ARGV[2])" 0 key v, the pipeline answered)
+//     got the value from before the script on the three side connections
+//     (RESP2, DB 0), the new one on the main connection, with the local
+//     tier on; both servers hold the new value. A stale hit after the
+//     fence, it seems. The seeds did not reproduce it on rerun, nor did a
+//     loop of that pattern alone (20,000 rounds); REDPROXY_DIFF_HISTORY
+//     shows the pipelines before such a failure.
 //   - A bulk string not followed by CRLF ("$4\r\nPINGxx"): Redis takes the
 //     4 bytes and skips the next 2 unread; the proxy answers "Protocol
 //     error: invalid bulk length" and closes (README, "Errors you may see",
