@@ -331,6 +331,19 @@ func (sess *Session) openHeld(r *request, p heldPlacer) bool {
 func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	cm := &sess.cmulti
 	m := r.m
+	if cmd := r.cmd; cmd != nil && !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil {
+		// Refused before it runs, as on Redis: "DISCARD x" or "RESET x"
+		// must not end the transaction (what follows would run outside
+		// it), and EXEC with arguments aborts it (see dispatchPinned).
+		if r.name == "exec" {
+			sess.endHeld()
+			sess.replyLocal(m, errExecArity)
+			return true
+		}
+		cm.failed = true
+		sess.replyLocal(m, errArity(r.name))
+		return true
+	}
 	switch r.name {
 	case "exec":
 		switch {

@@ -202,6 +202,12 @@ func newEntry(cmd *commands.Command) *cmdEntry {
 func (sess *Session) answer(r *request) bool {
 	if !r.cmd.ArityOK(len(r.Args)) && r.cmd.Subcommands == nil {
 		// Same words as Redis, so client libraries that match them work.
+		if r.name == "exec" {
+			// Redis answers an EXEC it refuses as an aborted transaction,
+			// even without MULTI.
+			sess.replyLocal(r.m, errExecArity)
+			return true
+		}
 		sess.replyLocal(r.m, errArity(r.name))
 		return true
 	}

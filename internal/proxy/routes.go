@@ -397,14 +397,9 @@ func (sess *Session) routeStep(r *request) bool {
 		return false
 	}
 	if sess.pin.pipe != nil {
-		if r.name == "multi" {
-			// Under WATCH: held as well, on the WATCH's upstream. (A
-			// MULTI with arguments would reach the pinned path, which
-			// takes any MULTI for the start of a transaction.)
-			if len(r.Args) != 1 {
-				sess.replyLocal(r.m, errArity(r.name))
-				return true
-			}
+		if r.name == "multi" && len(r.Args) == 1 {
+			// Under WATCH: held as well, on the WATCH's upstream. (With
+			// arguments, dispatchPinned has Redis refuse it.)
 			return sess.openHeld(r, routePlacer{})
 		}
 		return sess.routePinned(r)

@@ -92,6 +92,7 @@ var (
 	errTxConnLost     = []byte("-ERR redproxy: transaction aborted: its upstream connection was lost; EXEC, DISCARD or UNWATCH ends it\r\n")
 	errTxMultiRefused = []byte("-ERR redproxy: transaction aborted: MULTI was refused; EXEC or DISCARD ends it\r\n")
 	errExecAbort      = []byte("-EXECABORT Transaction discarded because of previous errors.\r\n")
+	errExecArity      = []byte("-EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command\r\n")
 )
 
 // abortedStep answers a command of a client in the txAbort state. It
@@ -149,6 +150,21 @@ func (sess *Session) dispatchPinned(r *request) bool {
 		sess.abort = txAbort{reason: errTxConnLost, multi: pin.inMulti}
 		sess.unpin(false)
 		return sess.abortedStep(r)
+	}
+	if cmd := r.cmd; cmd != nil && !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil {
+		// Redis refuses a command of the wrong arity before it runs, so
+		// it must neither end nor start anything here: given to its
+		// handler, "RESET x" unpinned the client (what it sent next ran
+		// outside its MULTI) and "MULTI x" under WATCH opened a
+		// transaction Redis never opened (both found by the differential
+		// test). Redis answers the error; inside MULTI it also fails EXEC.
+		if r.name == "exec" {
+			// Except EXEC: Redis aborts the transaction and drops the
+			// WATCH for it (EXECABORT), so the connection is clean.
+			return sess.endPin(r)
+		}
+		sess.forward(r.Raw, r.m)
+		return true
 	}
 	if r.entry != nil && r.entry.pinned != nil && r.entry.pinned(sess, r) {
 		return true
