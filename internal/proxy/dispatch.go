@@ -107,7 +107,7 @@ var proxyCommands = map[string]cmdHandler{
 	"client|list":         cmdClientList,
 	"client|setinfo":      cmdClientSetinfo,
 	"client|getredir":     cmdClientGetredir,
-	"client|no-evict":     cmdOK,
+	"client|no-evict":     cmdClientNoEvict,
 	"client|tracking":     cmdClientTracking,
 	"client|no-touch":     cmdClientNoTouch,
 	"client|caching":      cmdClientCaching,

@@ -188,6 +188,10 @@ func cmdClientTracking(sess *Session, r *request) bool {
 		sess.replyLocal(r.m, []byte("-"+errTrackingRedirect+"\r\n"))
 		return true
 	}
+	if !trackingSyntaxOK(r.Args) {
+		sess.replyLocal(r.m, errSyntax)
+		return true
+	}
 	if strings.EqualFold(string(r.Args[2]), "on") {
 		return sess.startRelay(relayTracking, r)
 	}
@@ -195,7 +199,47 @@ func cmdClientTracking(sess *Session, r *request) bool {
 	return true
 }
 
+// trackingSyntaxOK reports whether CLIENT TRACKING's arguments parse as
+// Redis parses them: ON or OFF, then options, each checked even with OFF,
+// which the proxy answers itself (it answered +OK to "CLIENT TRACKING
+// maybe", found by the differential test).
+func trackingSyntaxOK(args [][]byte) bool {
+	for i := 3; i < len(args); i++ {
+		switch strings.ToLower(string(args[i])) {
+		case "redirect", "prefix":
+			i++
+			if i == len(args) {
+				return false
+			}
+		case "bcast", "optin", "optout", "noloop":
+		default:
+			return false
+		}
+	}
+	return onOff(args[2])
+}
+
+func onOff(arg []byte) bool {
+	return strings.EqualFold(string(arg), "on") || strings.EqualFold(string(arg), "off")
+}
+
+// cmdClientNoEvict answers CLIENT NO-EVICT: the shared connections are
+// the proxy's, so the mode has nothing to apply to, but its argument is
+// checked as Redis checks it.
+func cmdClientNoEvict(sess *Session, r *request) bool {
+	if !onOff(r.Args[2]) {
+		sess.replyLocal(r.m, errSyntax)
+		return true
+	}
+	sess.replyLocal(r.m, ok)
+	return true
+}
+
 func cmdClientNoTouch(sess *Session, r *request) bool {
+	if !onOff(r.Args[2]) {
+		sess.replyLocal(r.m, errSyntax)
+		return true
+	}
 	if strings.EqualFold(string(r.Args[2]), "on") {
 		return sess.startRelay(relayTracking, r)
 	}
@@ -238,7 +282,7 @@ func cmdClientReply(sess *Session, r *request) bool {
 		sess.replySkip, sess.curMute = true, true
 		sess.replyLocal(r.m, ok)
 	default:
-		sess.replyLocal(r.m, []byte("-ERR syntax error\r\n"))
+		sess.replyLocal(r.m, errSyntax)
 	}
 	return true
 }
@@ -285,6 +329,7 @@ var (
 	ok            = []byte("+OK\r\n")
 	zero          = []byte(":0\r\n")
 	errNotInteger = []byte("-ERR value is not an integer or out of range\r\n")
+	errSyntax     = []byte("-ERR syntax error\r\n")
 	errDBRange    = []byte("-ERR DB index is out of range\r\n")
 	errWrongPass  = []byte("-WRONGPASS invalid username-password pair or user is disabled.\r\n")
 	errNoPassword = []byte("-ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?\r\n")
@@ -340,7 +385,7 @@ func (sess *Session) auth(m *metrics.Command, args [][]byte) {
 	case 2:
 		e = sess.authenticate(args[0], args[1])
 	default:
-		e = []byte("-ERR syntax error\r\n")
+		e = errSyntax
 	}
 	if e != nil {
 		sess.replyLocal(m, e)
@@ -600,7 +645,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 		return []byte("-ERR No such client\r\n")
 	}
 	if len(args)%2 != 0 {
-		return []byte("-ERR syntax error\r\n")
+		return errSyntax
 	}
 	var id int64 = -1
 	var addr, laddr, user, typ string
@@ -633,7 +678,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 			case "no":
 				skipMe = false
 			default:
-				return []byte("-ERR syntax error\r\n")
+				return errSyntax
 			}
 		case "maxage":
 			n, err := strconv.ParseInt(v, 10, 64)
@@ -642,7 +687,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 			}
 			maxAge = n
 		default:
-			return []byte("-ERR syntax error\r\n")
+			return errSyntax
 		}
 	}
 	killed := 0
