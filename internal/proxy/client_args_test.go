@@ -2,9 +2,12 @@ package proxy_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
 )
 
 // The CLIENT subcommands the proxy answers itself check their arguments
@@ -31,5 +34,86 @@ func TestClientModeArgumentsAsRedis(t *testing.T) {
 		if got, want := fmt.Sprint(viaProxy.do(cmd...)), fmt.Sprint(direct.do(cmd...)); got != want {
 			t.Errorf("%v: proxy %q, Redis %q", cmd, got, want)
 		}
+	}
+}
+
+// sameAsRedis sends each write of writes to the proxy and to Redis, reads
+// the replies each write must draw (counts), and compares them.
+func sameAsRedis(t *testing.T, p *proxytest.Proxy, proto string, writes [][][]string, counts []int, between func()) {
+	t.Helper()
+	viaProxy, direct := dialRaw(t, p.Addr), dialRaw(t, p.Redis.Addr())
+	for _, c := range []*rawConn{viaProxy, direct} {
+		if proto == "3" {
+			c.do("HELLO", "3")
+		}
+	}
+	for i, w := range writes {
+		viaProxy.send(w...)
+		direct.send(w...)
+		if between != nil {
+			between()
+		}
+		for n := 0; n < counts[i]; n++ {
+			got, _ := viaProxy.readReply()
+			want, _ := direct.readReply()
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("write %d %v, reply %d: proxy %v, Redis %v", i, w, n, got, want)
+			}
+		}
+	}
+}
+
+// A client without a name has none inside MULTI either: EXEC answered
+// CLIENT GETNAME with the name the proxy gives its pinned connections
+// (found by the differential test). A name the client sets inside the
+// transaction is answered, and the connection is named back before the
+// next client gets it.
+func TestClientGetnameInsideMulti(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	for _, proto := range []string{"2", "3"} {
+		sameAsRedis(t, p, proto, [][][]string{
+			{{"MULTI"}, {"CLIENT", "GETNAME"}, {"EXEC"}},
+			{{"MULTI"}, {"CLIENT", "SETNAME", "n1"}, {"CLIENT", "GETNAME"}, {"EXEC"}},
+		}, []int{3, 4}, nil)
+	}
+	// The next transactions get the connections back, named as before.
+	for range 3 {
+		c := dialRaw(t, p.Addr)
+		c.send([]string{"MULTI"}, []string{"CLIENT", "GETNAME"}, []string{"EXEC"})
+		c.readReply()
+		c.readReply()
+		if v, _ := c.readReply(); fmt.Sprint(v) != "[<nil>]" {
+			t.Fatalf("EXEC of a later client = %v, want [<nil>]", v)
+		}
+	}
+	// Named n1 on Redis: only the two direct connections.
+	rc := p.Redis.Client(t)
+	redistest.Eventually(t, 5*time.Second, func() bool { return strings.Count(rc.ClientList(ctx).Val(), "name=n1 ") == 2 },
+		"a pinned connection kept the name a client gave it inside MULTI:\n%s", rc.ClientList(ctx).Val())
+}
+
+// CLIENT REPLY OFF mutes a subscriber's replies but not its pub/sub
+// confirmations (pushes, never muted, on RESP2 too). The relay's own
+// connection was dialled without the client's reply mode, so its PING was
+// answered; and an UNSUBSCRIBE the proxy answers itself, for a client not
+// subscribed, was muted (both found by the differential test).
+func TestReplyOffAndPubSubAsRedis(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	pub := p.Redis.Client(t)
+	for _, proto := range []string{"2", "3"} {
+		t.Run("RESP"+proto, func(t *testing.T) {
+			sameAsRedis(t, p, proto, [][][]string{
+				{{"CLIENT", "REPLY", "OFF"}, {"UNSUBSCRIBE"}, {"PUNSUBSCRIBE", "x"}, {"CLIENT", "REPLY", "ON"}},
+				{{"CLIENT", "REPLY", "SKIP"}, {"UNSUBSCRIBE", "a"}, {"PING"}},
+			}, []int{3, 2}, nil)
+			sameAsRedis(t, p, proto, [][][]string{
+				{{"CLIENT", "REPLY", "OFF"}, {"SUBSCRIBE", "off" + proto}, {"PING"}},
+			}, []int{2}, func() {
+				redistest.Eventually(t, 5*time.Second, func() bool {
+					return pub.PubSubNumSub(ctx, "off"+proto).Val()["off"+proto] == 2
+				}, "the two subscribers never subscribed")
+				pub.Publish(ctx, "off"+proto, "m")
+			})
+		})
 	}
 }

@@ -604,8 +604,12 @@ func (s *Server) clientList(ns *namespace.Namespace) string {
 
 // unsubscribeNone answers an UNSUBSCRIBE family command from a client that
 // is not subscribed, as Redis does: one confirmation per channel (or one
-// with a null channel), each with a subscription count of 0.
+// with a null channel), each with a subscription count of 0. CLIENT REPLY
+// OFF or SKIP does not mute them: Redis sends pub/sub confirmations as
+// pushes, which it never mutes, on RESP2 connections too (found by the
+// differential test).
 func (sess *Session) unsubscribeNone(m *metrics.Command, name string, channels [][]byte) {
+	sess.curMute = false
 	b, start := sess.localBuf()
 	emit := func(ch []byte) {
 		if sess.resp3 {

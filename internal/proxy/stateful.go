@@ -133,6 +133,11 @@ type txWrite struct {
 
 var queued = []byte("+QUEUED\r\n")
 
+var (
+	cmdReplyOff  = resp.AppendCommandStrings(nil, "CLIENT", "REPLY", "OFF")
+	cmdClearName = resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", "")
+)
+
 // cmdWaitMarker is the write that WAIT and WAITAOF wait for on a dedicated
 // connection (see blocking).
 var cmdWaitMarker = []byte("*3\r\n$7\r\nPUBLISH\r\n$22\r\n__redproxy__:wait-mark\r\n$0\r\n\r\n")
@@ -320,6 +325,20 @@ func (sess *Session) queueInMulti(r *request) {
 		// they would name unrelated Redis connections.
 		sess.refuseInMulti(name, r.m)
 		return
+	}
+	switch {
+	case name == "client|getname" && !pin.named:
+		// The connection carries the proxy's name (upstream.PinnedName),
+		// which EXEC would answer a client that has none (found by the
+		// differential test): clear it just before, inside the
+		// transaction (its result is cut from EXEC's reply), and name the
+		// connection back before it is reused (unnamePin).
+		sess.forwardHidden(cmdClearName)
+		pin.named = true
+	case name == "client|setname":
+		// Named by the client now, which a later CLIENT GETNAME must
+		// answer; named back before reuse.
+		pin.named = true
 	}
 	if cmd := r.cmd; cmd != nil && cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && !cmd.Is(commands.Write) {
 		switch name {
@@ -796,7 +815,12 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	}
 	// The starting command was checked already; the rest of its batch has
 	// its guard decisions at the following indices.
-	first := append([]byte(nil), reqs[0].Raw...)
+	var first []byte
+	if sess.replyOff {
+		// See relay: Redis mutes the client's own connection.
+		first = append(first, cmdReplyOff...)
+	}
+	first = append(first, reqs[0].Raw...)
 	for k := 1; k < len(reqs); k++ {
 		first = sess.appendRelayed(first, r.i+k, &reqs[k], sess.guard.Decision(r.i+k))
 	}
@@ -872,6 +896,17 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 	// that sent UNSUBSCRIBE or PING and closed kept its relay, and its
 	// Redis connection, open (found while testing half-closes).
 	sess.rd.SetReadFirst(true)
+	if sess.replyOff {
+		// CLIENT REPLY OFF is the session's (local.go): the relay's
+		// connection, dialled without it, answered every command of a
+		// muted subscriber, so startRelay mutes it first. Then nothing
+		// is left to count replies by, nor to answer the exit question:
+		// the relay stays for good, as after a CLIENT REPLY sent here.
+		rw.uncountable()
+		if ex != nil {
+			ex.stayForGood()
+		}
+	}
 	var protoErr *resp.ProtocolError
 	var halfClosed bool
 	for k := range reqs {
