@@ -67,14 +67,23 @@ func sameAsRedis(t *testing.T, p *proxytest.Proxy, proto string, writes [][][]st
 // CLIENT GETNAME with the name the proxy gives its pinned connections
 // (found by the differential test). A name the client sets inside the
 // transaction is answered, and the connection is named back before the
-// next client gets it.
+// next client gets it. With routes the proxy holds MULTI and replays it
+// at EXEC, on a pinned connection as well.
 func TestClientGetnameInsideMulti(t *testing.T) {
-	p := proxytest.Start(t, nil, nil)
+	t.Run("pinned", func(t *testing.T) { getnameInsideMulti(t, proxytest.Start(t, nil, nil), true) })
+	// A held MULTI refuses CLIENT SETNAME, as every command changing the
+	// connection (docs/COMPATIBILITY.md, Routes).
+	t.Run("held", func(t *testing.T) { getnameInsideMulti(t, startRouted(t, nil).p, false) })
+}
+
+func getnameInsideMulti(t *testing.T, p *proxytest.Proxy, setname bool) {
 	for _, proto := range []string{"2", "3"} {
-		sameAsRedis(t, p, proto, [][][]string{
-			{{"MULTI"}, {"CLIENT", "GETNAME"}, {"EXEC"}},
-			{{"MULTI"}, {"CLIENT", "SETNAME", "n1"}, {"CLIENT", "GETNAME"}, {"EXEC"}},
-		}, []int{3, 4}, nil)
+		writes, counts := [][][]string{{{"MULTI"}, {"CLIENT", "GETNAME"}, {"EXEC"}}}, []int{3}
+		if setname {
+			writes = append(writes, [][]string{{"MULTI"}, {"CLIENT", "SETNAME", "n1"}, {"CLIENT", "GETNAME"}, {"EXEC"}})
+			counts = append(counts, 4)
+		}
+		sameAsRedis(t, p, proto, writes, counts, nil)
 	}
 	// The next transactions get the connections back, named as before.
 	for range 3 {
@@ -85,6 +94,9 @@ func TestClientGetnameInsideMulti(t *testing.T) {
 		if v, _ := c.readReply(); fmt.Sprint(v) != "[<nil>]" {
 			t.Fatalf("EXEC of a later client = %v, want [<nil>]", v)
 		}
+	}
+	if !setname {
+		return
 	}
 	// Named n1 on Redis: only the two direct connections.
 	rc := p.Redis.Client(t)
@@ -115,5 +127,59 @@ func TestReplyOffAndPubSubAsRedis(t *testing.T) {
 				pub.Publish(ctx, "off"+proto, "m")
 			})
 		})
+	}
+}
+
+// CLIENT LIST TYPE and ID filter the proxy's clients (they were ignored:
+// "CLIENT LIST TYPE pubsub" listed everyone), and CLIENT KILL TYPE kills
+// only clients of that type (TYPE pubsub killed every client, TYPE normal
+// the subscribers too). Bad filters get Redis's own errors.
+func TestClientListAndKillByType(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	admin, plain, sub := dialRaw(t, p.Addr), dialRaw(t, p.Addr), dialRaw(t, p.Addr)
+	idOf := func(c *rawConn) string { return fmt.Sprint(c.do("CLIENT", "ID")) }
+	adminID, plainID, subID := idOf(admin), idOf(plain), idOf(sub)
+	sub.do("SUBSCRIBE", "ch")
+	ids := func(args ...string) []string {
+		t.Helper()
+		v := admin.do(append([]string{"CLIENT", "LIST"}, args...)...)
+		s, isString := v.(string)
+		if !isString {
+			t.Fatalf("CLIENT LIST %v = %v", args, v)
+		}
+		var out []string
+		for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
+			if f := strings.Fields(line); len(f) > 0 {
+				out = append(out, strings.TrimPrefix(f[0], "id="))
+			}
+		}
+		return out
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool { return fmt.Sprint(ids("TYPE", "pubsub")) == "["+subID+"]" },
+		"CLIENT LIST TYPE pubsub = %v, want [%s]", ids("TYPE", "pubsub"), subID)
+	if got, want := fmt.Sprint(ids("TYPE", "normal")), fmt.Sprint([]string{adminID, plainID}); got != want {
+		t.Errorf("CLIENT LIST TYPE normal = %s, want %s", got, want)
+	}
+	if got := fmt.Sprint(ids("TYPE", "replica")); got != "[]" {
+		t.Errorf("CLIENT LIST TYPE replica = %s, want none", got)
+	}
+	if got, want := fmt.Sprint(ids("ID", subID, plainID, "9999")), fmt.Sprint([]string{plainID, subID}); got != want {
+		t.Errorf("CLIENT LIST ID = %s, want %s", got, want)
+	}
+	direct := dialRaw(t, p.Redis.Addr())
+	for _, bad := range [][]string{{"TYPE", "bogus"}, {"ID", "abc"}, {"ID", "1", "abc"}, {"foo"}, {"TYPE"}, {"ID"}, {"TYPE", "normal", "x"}} {
+		cmd := append([]string{"CLIENT", "LIST"}, bad...)
+		if got, want := fmt.Sprint(admin.do(cmd...)), fmt.Sprint(direct.do(cmd...)); got != want {
+			t.Errorf("%v: proxy %q, Redis %q", cmd, got, want)
+		}
+	}
+	if n := admin.do("CLIENT", "KILL", "TYPE", "pubsub"); n != int64(1) {
+		t.Fatalf("CLIENT KILL TYPE pubsub = %v, want 1 (the subscriber)", n)
+	}
+	if v := plain.do("PING"); v != "PONG" {
+		t.Fatalf("a normal client after CLIENT KILL TYPE pubsub: %v", v)
+	}
+	if n := admin.do("CLIENT", "KILL", "TYPE", "normal"); n != int64(1) {
+		t.Fatalf("CLIENT KILL TYPE normal = %v, want 1 (not itself)", n)
 	}
 }

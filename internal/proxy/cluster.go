@@ -482,6 +482,7 @@ func (sess *Session) placeHeld(r *request, target int, p heldPlacer) bool {
 		// Answered +QUEUED already: the replay's replies are muted, but
 		// count in the transaction's queue like the client's own, and its
 		// writes reach the write hooks at EXEC (pinnedExec).
+		sess.txNameStep(q.cmd.Name)
 		sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: q.m, tx: true, mute: true, held: true, strip: q.strip})
 		sess.call.Add(q.raw)
 		for _, f := range q.fixups {

@@ -326,20 +326,7 @@ func (sess *Session) queueInMulti(r *request) {
 		sess.refuseInMulti(name, r.m)
 		return
 	}
-	switch {
-	case name == "client|getname" && !pin.named:
-		// The connection carries the proxy's name (upstream.PinnedName),
-		// which EXEC would answer a client that has none (found by the
-		// differential test): clear it just before, inside the
-		// transaction (its result is cut from EXEC's reply), and name the
-		// connection back before it is reused (unnamePin).
-		sess.forwardHidden(cmdClearName)
-		pin.named = true
-	case name == "client|setname":
-		// Named by the client now, which a later CLIENT GETNAME must
-		// answer; named back before reuse.
-		pin.named = true
-	}
+	sess.txNameStep(name)
 	if cmd := r.cmd; cmd != nil && cmd.Flags&(commands.ConnState|commands.PubSub) != 0 && !cmd.Is(commands.Write) {
 		switch name {
 		case "watch", "unwatch", "discard", "select", "client|setname", "client|setinfo", "readonly", "readwrite", "asking", "publish", "spublish", "pubsub":
@@ -366,6 +353,24 @@ func (sess *Session) queueInMulti(r *request) {
 	sess.call.Add(r.Raw)
 	sess.list.multi.Add(1)
 	sess.mirrorNote(r) // kept for EXEC (mirror.go)
+}
+
+// txNameStep comes before a command named name is queued in the client's
+// transaction on its pinned connection. The connection carries the
+// proxy's name (upstream.PinnedName), which EXEC would answer to CLIENT
+// GETNAME of a client that has none (found by the differential test): it
+// is cleared just before, inside the transaction (its result is cut from
+// EXEC's reply), and set back before the connection is reused
+// (unnamePin). A name the client sets in the transaction is its own.
+func (sess *Session) txNameStep(name string) {
+	pin := &sess.pin
+	switch {
+	case name == "client|getname" && !pin.named:
+		sess.forwardHidden(cmdClearName)
+		pin.named = true
+	case name == "client|setname":
+		pin.named = true
+	}
 }
 
 // refuseInMulti refuses a command inside MULTI and makes EXEC fail, as a
