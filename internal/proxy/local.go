@@ -152,10 +152,59 @@ func cmdClientInfo(sess *Session, r *request) bool {
 	return true
 }
 
+// cmdClientList answers CLIENT LIST [TYPE type | ID id ...] with the
+// proxy's own clients, filters checked and applied as Redis does (they
+// were ignored: "CLIENT LIST TYPE pubsub" listed everyone).
 func cmdClientList(sess *Session, r *request) bool {
+	keep := func(*Session) bool { return true }
+	switch args := r.Args[2:]; {
+	case len(args) == 2 && strings.EqualFold(string(args[0]), "type"):
+		typ, known := clientType(string(args[1]))
+		if !known {
+			sess.replyLocal(r.m, []byte("-ERR Unknown client type '"+string(args[1])+"'\r\n"))
+			return true
+		}
+		keep = func(c *Session) bool { return c.clientType() == typ }
+	case len(args) > 1 && strings.EqualFold(string(args[0]), "id"):
+		ids := make(map[int64]bool, len(args)-1)
+		for _, a := range args[1:] {
+			id, isInt := resp.ParseInt(a)
+			if !isInt {
+				sess.replyLocal(r.m, []byte("-ERR Invalid client ID\r\n"))
+				return true
+			}
+			ids[id] = true
+		}
+		keep = func(c *Session) bool { return ids[c.id] }
+	case len(args) != 0:
+		sess.replyLocal(r.m, errSyntax)
+		return true
+	}
 	b, start := sess.localBuf()
-	sess.finishLocal(r.m, redcon.AppendBulkString(b, sess.srv.clientList(sess.effectiveNamespace())), start)
+	sess.finishLocal(r.m, redcon.AppendBulkString(b, sess.srv.clientList(sess.effectiveNamespace(), keep)), start)
 	return true
+}
+
+// clientType parses a client type as CLIENT LIST and CLIENT KILL take it;
+// "replica" and "slave" are one.
+func clientType(name string) (typ string, known bool) {
+	switch typ = strings.ToLower(name); typ {
+	case "normal", "pubsub", "master", "replica":
+		return typ, true
+	case "slave":
+		return "replica", true
+	}
+	return "", false
+}
+
+// clientType is the session's type as Redis would give its connection:
+// pubsub while subscribed (relayed), normal otherwise (a MONITOR or
+// tracking client too). The proxy has no master or replica clients.
+func (sess *Session) clientType() string {
+	if sess.list.relay.Load() == uint32(relayPubSub)+1 {
+		return "pubsub"
+	}
+	return "normal"
 }
 
 func cmdClientSetinfo(sess *Session, r *request) bool {
@@ -590,10 +639,10 @@ func connFD(nc net.Conn) int {
 // client in namespace ns, only the clients in the same namespace (found by
 // review: a tenant saw the others' names, addresses, users and last
 // commands).
-func (s *Server) clientList(ns *namespace.Namespace) string {
+func (s *Server) clientList(ns *namespace.Namespace, keep func(*Session) bool) string {
 	var b strings.Builder
 	for _, sess := range s.sessionList() {
-		if ns != nil && sess.lockedNamespace() != ns {
+		if ns != nil && sess.lockedNamespace() != ns || !keep(sess) {
 			continue
 		}
 		b.WriteString(sess.infoLine())
@@ -671,8 +720,8 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 		case "user":
 			user = v
 		case "type":
-			typ = strings.ToLower(v)
-			if typ != "normal" && typ != "pubsub" && typ != "master" && typ != "replica" && typ != "slave" {
+			var known bool
+			if typ, known = clientType(v); !known {
 				return []byte("-ERR Unknown client type '" + v + "'\r\n")
 			}
 		case "skipme":
@@ -703,7 +752,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 			addr != "" && remote != addr,
 			laddr != "" && local != laddr,
 			user != "" && user != sess.lockedUserName(),
-			typ == "master" || typ == "replica" || typ == "slave",
+			typ != "" && sess.clientType() != typ,
 			maxAge >= 0 && time.Since(time.Unix(0, sess.createdAt)) < time.Duration(maxAge)*time.Second:
 			continue
 		}
