@@ -183,3 +183,28 @@ func TestClientListAndKillByType(t *testing.T) {
 		t.Fatalf("CLIENT KILL TYPE normal = %v, want 1 (not itself)", n)
 	}
 }
+
+// Redis skips the two bytes after a bulk string unread, so a request
+// whose bulks are not ended by CRLF runs there; the proxy answered a
+// protocol error and closed (found by the differential test). Through the
+// proxy such requests now run as on Redis, the write with them included.
+func TestBulkNotEndedByCRLFAsRedis(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	wire := "*3\r\n$3\r\nSET\r\n$4\r\ncrlf\r\n$1\r\nvxx*1\r\n$4\r\nPINGab*2\r\n$4\r\nECHO\r\n$3\r\nabcd\r\n*2\r\n$3\r\nGET\r\n$4\r\ncrlf\r\n"
+	viaProxy, direct := dialRaw(t, p.Addr), dialRaw(t, p.Redis.Addr())
+	for _, c := range []*rawConn{viaProxy, direct} {
+		if _, err := c.nc.Write([]byte(wire)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 4 {
+		got, _ := viaProxy.readReply()
+		want, _ := direct.readReply()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("reply %d: proxy %v, Redis %v", i, got, want)
+		}
+	}
+	if v := viaProxy.do("PING"); v != "PONG" {
+		t.Fatalf("PING after: %v", v)
+	}
+}

@@ -97,7 +97,6 @@ func TestReaderErrors(t *testing.T) {
 		{"*1\r\n$11\r\n", "invalid bulk length"},
 		{"*1\r\n$-1\r\n", "invalid bulk length"},
 		{"*1\r\n+PING\r\n", "expected '$', got '+'"},
-		{"*1\r\n$4\r\nPINGxx", "invalid bulk length"},
 		{"*4\r\n$10\r\n0123456789\r\n$10\r\n0123456789\r\n$10\r\n0123456789\r\n$10\r\n", "request exceeds 64 bytes"},
 		{"0123456789012345678", "too big inline request"},
 		{"set \"abc\n", "unbalanced quotes"},
@@ -125,6 +124,28 @@ func TestReaderErrors(t *testing.T) {
 		var pe *ProtocolError
 		if !errors.As(err, &pe) || !strings.Contains(err.Error(), c.want) || !errors.Is(err, ErrProtocol) {
 			t.Errorf("%q: err %v, want protocol error containing %q", c.in, err, c.want)
+		}
+	}
+}
+
+// Redis skips the two bytes after a bulk string without looking at them,
+// so a request whose bulk is not followed by CRLF is read as Redis reads
+// it, in any split, and its Raw is that request, CRLF in place.
+func TestReaderSkipsTwoBytesAfterABulkAsRedis(t *testing.T) {
+	stream := "*1\r\n$4\r\nPINGxx*2\r\n$4\r\nECHO\r\n$3\r\nabcd\r\n*1\r\n$4\r\nPING\r\n"
+	want := []string{"PING", "ECHO abc", "PING"}
+	wantRaw := []string{"*1\r\n$4\r\nPING\r\n", "*2\r\n$4\r\nECHO\r\n$3\r\nabc\r\n", "*1\r\n$4\r\nPING\r\n"}
+	for split := 1; split < len(stream); split++ {
+		rd := NewReader(io.MultiReader(strings.NewReader(stream[:split]), strings.NewReader(stream[split:])), DefaultLimits)
+		got, raws, err := readAll(t, rd)
+		var joined []string
+		for _, g := range got {
+			joined = append(joined, strings.Join(g, " "))
+		}
+		// "d\r" is skipped after "abc"; the "\n" left is an empty inline
+		// line, which Redis ignores too.
+		if err != nil || strings.Join(joined, "|") != strings.Join(want, "|") || strings.Join(raws, "|") != strings.Join(wantRaw, "|") {
+			t.Fatalf("split %d: got %q raws %q err %v, want %q raws %q", split, joined, raws, err, want, wantRaw)
 		}
 	}
 }
@@ -179,6 +200,7 @@ func FuzzReader(f *testing.F) {
 	f.Add([]byte("*2\r\n$3\r\nGET\r\n$1\r\nk\r\nPING\r\n"), uint8(5))
 	f.Add([]byte("set \"a\\x41\" 'b'\r\n*1\r\n$4\r\nPING\r\n"), uint8(1))
 	f.Add([]byte("*1\r\n$99999999999\r\n"), uint8(7))
+	f.Add([]byte("*2\r\n$4\r\nECHO\r\n$3\r\nabcd\r\n*1\r\n$4\r\nPINGxx"), uint8(3))
 	f.Fuzz(func(t *testing.T, data []byte, chunk uint8) {
 		lim := Limits{MaxArgs: 64, MaxBulk: 1 << 12, MaxRequest: 1 << 14, MaxInline: 1 << 10}
 		one := NewReader(bytes.NewReader(data), lim)
@@ -195,6 +217,12 @@ func FuzzReader(f *testing.F) {
 		for i := range wantArgs {
 			if strings.Join(wantArgs[i], "\x00") != strings.Join(gotArgs[i], "\x00") || wantRaw[i] != gotRaw[i] {
 				t.Fatalf("request %d differs across split reads", i)
+			}
+			// Raw is what the proxy forwards: read alone it must be the
+			// same request, whole (bulks not ended by CRLF included).
+			again, againRaw, err := readAll(t, NewReader(strings.NewReader(wantRaw[i]), lim))
+			if err != nil || len(again) != 1 || strings.Join(again[0], "\x00") != strings.Join(wantArgs[i], "\x00") || againRaw[0] != wantRaw[i] {
+				t.Fatalf("request %d: raw %q reads as %q %v", i, wantRaw[i], again, err)
 			}
 		}
 		if len(split.buf) > 2*(1<<14)+minBuffer {
