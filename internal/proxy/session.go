@@ -598,6 +598,15 @@ func (sess *Session) flush(start time.Time) {
 			sess.noteReplySize(call)
 		}
 	}
+	// Every reply of the batch is in (or failed): the writes' marks are
+	// released and a fence, if one is due, raised now, before any reply
+	// is handed out. emit writes the output to the client as soon as it
+	// passes outSpill, so a write's reply may reach the client inside the
+	// loop below; a fence raised after it let another client that had
+	// seen a script's OK read the tier's value from before the script
+	// until the invalidation came (seen in the differential test's long
+	// runs, reproduced by TestTierFenceIsUpBeforeTheScriptsReplyIsWritten).
+	sess.batchFlushed()
 	if !sess.outDead && int64(len(sess.out)+len(sess.local)) > sess.outLimit {
 		// Replies the proxy built itself (local-tier hits, coalesced
 		// reads' followers) count against the limit as Redis's do; the
@@ -695,7 +704,6 @@ func (sess *Session) flush(start time.Time) {
 	sess.slots = sess.slots[:0]
 	sess.local = sess.local[:0]
 	call.Reset()
-	sess.batchFlushed()
 }
 
 // latencyRun adds up a batch's consecutive replies of one command, whose

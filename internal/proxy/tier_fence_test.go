@@ -1,0 +1,114 @@
+package proxy_test
+
+import (
+	"bytes"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/localcache"
+	"github.com/redproxy/redproxy/internal/proxy"
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// A write whose keys the proxy cannot name (a script writing a key it gets
+// in ARGV) is fenced: no tier hit until the tracking connection answered a
+// PING sent after the write's reply. The fence must be up before any byte
+// of that reply reaches the client. A batch whose replies pass outSpill
+// (256 KB) is written to the client while its replies are still being
+// handed out, and the fence used to be raised only after the last one
+// (batchFlushed at the end of flush): a client that had the script's OK
+// could read the key on another connection and get the tier's value from
+// before the script, until the invalidation arrived. The differential
+// test's long runs saw it three times (the "twin" reads after an EVAL that
+// SETs ARGV[1]), when the session goroutine was descheduled in that window.
+//
+// Here the window is held open: the reply hook stops the session on the
+// batch's last reply (after the spill wrote the script's reply), and the
+// invalidation pushes are held back, as a loaded machine may delay them.
+func TestTierFenceIsUpBeforeTheScriptsReplyIsWritten(t *testing.T) {
+	var holdPushes atomic.Pointer[chan struct{}]
+	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() {
+		if ch := holdPushes.Load(); ch != nil {
+			<-*ch
+		}
+	}})
+	t.Cleanup(func() { localcache.SetTestHooks(prev) })
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.LocalCache.Enabled = true
+		c.LocalCache.AdmitMinReads = 0
+		c.LocalCache.WriteRatio = 1000
+		c.LocalCache.Staleness = units.Duration{Duration: 5 * time.Second}
+		c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
+	})
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
+	hits := func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
+	rc := p.Redis.Client(t)
+	const marker = "fence:last-reply"
+	big := strings.Repeat("b", 300<<10) // one reply past outSpill
+	if err := rc.Set(ctx, "fence:big", big, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Set(ctx, "fence:marker", marker, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	reader := p.Client(t)
+
+	markerReply := []byte("$" + strconv.Itoa(len(marker)) + "\r\n" + marker + "\r\n")
+	var stopAtMarker atomic.Pointer[chan struct{}]
+	reached := make(chan struct{}, 1)
+	restore := proxy.SetTestReplyHook(func(_ int64, reply []byte) []byte {
+		if ch := stopAtMarker.Load(); ch != nil && bytes.Equal(reply, markerReply) {
+			reached <- struct{}{}
+			<-*ch
+		}
+		return reply
+	})
+	t.Cleanup(restore)
+
+	for round := 0; round < 20; round++ {
+		key := "fence:k" + strconv.Itoa(round)
+		if err := rc.Set(ctx, key, "old", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		redistest.Eventually(t, 5*time.Second, func() bool {
+			before := hits()
+			reader.Get(ctx, key)
+			return hits() > before
+		}, "%s never became a hit", key)
+
+		pushes, session := make(chan struct{}), make(chan struct{})
+		holdPushes.Store(&pushes)
+		stopAtMarker.Store(&session)
+		w := dialRaw(t, p.Addr)
+		w.send([]string{"EVAL", "return redis.call('SET', ARGV[1], ARGV[2])", "0", key, "new"},
+			[]string{"GET", "fence:big"},
+			[]string{"GET", "fence:marker"})
+		if v, _ := w.readReply(); v != "OK" {
+			t.Fatalf("EVAL: %v", v)
+		}
+		// The script's OK is in: any read that starts now must see it.
+		before := hits()
+		got, err := reader.Get(ctx, key).Result()
+		wasHit := hits() > before
+		holdPushes.Store(nil)
+		close(pushes)
+		close(session)
+		if v, _ := w.readReply(); v != big {
+			t.Fatalf("GET fence:big: %v", v)
+		}
+		<-reached
+		stopAtMarker.Store(nil)
+		if v, _ := w.readReply(); v != marker {
+			t.Fatalf("GET fence:marker: %v", v)
+		}
+		if err != nil || got != "new" {
+			t.Fatalf("round %d: GET %s after the script's SET was acknowledged = %q (%v), want \"new\" (tier hit: %v)", round, key, got, err, wasHit)
+		}
+	}
+}
