@@ -50,7 +50,10 @@
 // proxy cannot name (scripts, MOVE, COPY ... DB, transactions, FLUSH*,
 // SWAPDB) are followed by a fence: after their reply no hit is served until
 // every fill connection has answered a PING sent after it, which Redis
-// answers only after delivering the invalidations the write caused.
+// answers only after delivering the invalidations the write caused. The
+// proxy raises it (WriteDone) before handing the reply to the client; a
+// relay whose replies it no longer counts raises one before each chunk it
+// passes on while such a write is held.
 //
 // Liveness (C2, C4). Each fill connection sends a heartbeat PING every S/4.
 // A hit is served only if the latest heartbeat whose reply has arrived was

@@ -26,6 +26,9 @@ type mark struct {
 	filtered bool
 }
 
+// Fenced reports whether WriteDone will raise a fence.
+func (w *Writes) Fenced() bool { return w.fence || len(w.swapped) > 0 }
+
 // Pending reports whether there is anything for WriteDone to do.
 func (w *Writes) Pending() bool { return len(w.marks) > 0 || w.fence || len(w.swapped) > 0 }
 

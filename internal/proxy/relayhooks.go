@@ -72,8 +72,11 @@ type relayWrites struct {
 	pending   []relayRelease // by due, oldest first
 	held      []relayRelease // released when the relay ends
 	heldN     int
-	subs      []subExpect // noted, not yet taken by the reader
-	subsOpen  int         // the reader's unsettled ones, as of its last chunk
+	// heldFences counts the held writes due a fence (a script naming its
+	// keys in ARGV, a transaction, ...): see fenceHeld.
+	heldFences int
+	subs       []subExpect // noted, not yet taken by the reader
+	subsOpen   int         // the reader's unsettled ones, as of its last chunk
 
 	// Reader goroutine only.
 	counter replyCounter
@@ -92,6 +95,17 @@ type relayRelease struct {
 }
 
 func (r *relayRelease) empty() bool { return r.n == 0 }
+
+// fences is how many of r's tier writes are due a fence.
+func (r *relayRelease) fences() int {
+	n := 0
+	for i := range r.tier {
+		if r.tier[i].Fenced() {
+			n++
+		}
+	}
+	return n
+}
 
 func (r *relayRelease) add(o relayRelease) {
 	r.tier = append(r.tier, o.tier...)
@@ -257,6 +271,7 @@ func (rw *relayWrites) sending() {
 	} else {
 		rw.held = append(rw.held, r)
 		rw.heldN += r.n
+		rw.heldFences += r.fences()
 	}
 	rw.mu.Unlock()
 }
@@ -267,6 +282,7 @@ func (rw *relayWrites) uncountable() {
 		rw.countable = false
 		for _, r := range rw.pending {
 			rw.heldN += r.n
+			rw.heldFences += r.fences()
 		}
 		rw.held = append(rw.held, rw.pending...)
 		rw.pending = nil
@@ -280,6 +296,7 @@ func (rw *relayWrites) received(b []byte) {
 	if !rw.active {
 		return
 	}
+	defer rw.fenceHeld()
 	rw.mu.Lock()
 	countable, waiting := rw.countable, len(rw.pending) > 0
 	if countable {
@@ -311,6 +328,26 @@ func (rw *relayWrites) received(b []byte) {
 	rw.mu.Unlock()
 	for i := range done {
 		rw.release(&done[i])
+	}
+}
+
+// fenceHeld raises the tier's fence before a chunk of an uncounted stream
+// is passed on, while writes due a fence are held. Their marks keep the
+// keys they name from being served, but a script naming its keys in ARGV
+// marks nothing, and its reply (in this chunk or a later one: the stream
+// cannot say which) reaches the client with no fence raised: until the
+// invalidations came, another client could read such a key's old value
+// from the tier after the relayed client had the script's OK (found by
+// TestTierFenceForAnUncountedRelaysScript). A fence raised before each
+// chunk is one raised after the write ran and before its reply is seen.
+// It runs after received's own checks, so a write moved to held while they
+// ran (uncountable, from the session) is covered too.
+func (rw *relayWrites) fenceHeld() {
+	rw.mu.Lock()
+	fence := !rw.countable && rw.heldFences > 0
+	rw.mu.Unlock()
+	if t := rw.sess.srv.tier; fence && t != nil {
+		t.cache.Fence()
 	}
 }
 

@@ -112,3 +112,52 @@ func TestTierFenceIsUpBeforeTheScriptsReplyIsWritten(t *testing.T) {
 		}
 	}
 }
+
+// The same for a relayed client: a RESP3 subscriber's writes are released
+// (and fenced) as Redis's replies to them pass through the relay, before
+// the client gets them. Once its replies can no longer be counted (here
+// after CLIENT REPLY ON), its writes stay marked until the relay ends, but
+// a script's write marks nothing: its fence was raised only when the relay
+// ended, and meanwhile, with the invalidations late, another client read
+// the key's old value from the tier after the subscriber had the script's
+// OK. Now, while such a write is held, the relay raises a fence before
+// passing on each chunk of Redis's output.
+func TestTierFenceForAnUncountedRelaysScript(t *testing.T) {
+	p, reader, hits := slowTierProxy(t, 300*time.Millisecond, 2*time.Second)
+	rc := p.Redis.Client(t)
+	for _, tc := range []struct {
+		name  string
+		start [][]string
+	}{
+		{"counted", [][]string{{"HELLO", "3"}, {"SUBSCRIBE", "x"}}},
+		{"uncounted", [][]string{{"HELLO", "3"}, {"SUBSCRIBE", "x"}, {"CLIENT", "REPLY", "ON"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for round := 0; round < 3; round++ {
+				key := "relayfence:" + tc.name + strconv.Itoa(round)
+				if err := rc.Set(ctx, key, "old", 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+				redistest.Eventually(t, 5*time.Second, func() bool {
+					before := hits()
+					reader.Get(ctx, key)
+					return hits() > before
+				}, "%s never became a hit", key)
+				w := dialRaw(t, p.Addr)
+				for _, c := range tc.start {
+					w.send(c)
+					w.readReply() // SUBSCRIBE's is a push
+				}
+				if v := w.readNonPushAfter("EVAL", "return redis.call('SET', ARGV[1], ARGV[2])", "0", key, "new"); v != "OK" {
+					t.Fatalf("EVAL: %v", v)
+				}
+				before := hits()
+				got, err := reader.Get(ctx, key).Result()
+				if err != nil || got != "new" {
+					t.Fatalf("round %d: GET %s after the relayed script's SET was acknowledged = %q (%v), want \"new\" (tier hit: %v)", round, key, got, err, hits() > before)
+				}
+				w.nc.Close() // the relay ends: hits are served again
+			}
+		})
+	}
+}
