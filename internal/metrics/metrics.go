@@ -124,12 +124,16 @@ const (
 	// CloseUpstreamLost: the client's own upstream connection ended under
 	// it (a relay's connection closed by Redis, or SHUTDOWN).
 	CloseUpstreamLost = "upstream_lost"
+	// CloseHeldWrites: a relayed client whose replies may be muted (CLIENT
+	// REPLY) wrote more than the relay can keep track of, and would not
+	// have seen the refusal.
+	CloseHeldWrites = "held_writes"
 )
 
 // CloseReasons lists every reason label value.
 var CloseReasons = []string{CloseQuit, CloseClient, CloseProtocolError, CloseIdleTimeout,
 	CloseShutdown, CloseKilled, CloseWriteError, CloseReadError, ClosePanic, CloseOutputLimit, CloseWriteTimeout,
-	CloseUpstreamLost}
+	CloseUpstreamLost, CloseHeldWrites}
 
 // ClientClosed counts one closed client connection. reason is one of
 // CloseReasons. It is called once per connection, not per command, so the

@@ -109,3 +109,27 @@ func TestWrongArityLeavesTransactionsAsRedisDoes(t *testing.T) {
 		runArityScenarios(t, cp.Addr)
 	})
 }
+
+// The same once the proxy has aborted the transaction itself (its MULTI
+// refused at max_pinned, or its connection lost): "DISCARD x" ended that
+// state with +OK, and the commands after it ran outside the transaction
+// (found by review).
+func TestWrongArityInAnAbortedTransaction(t *testing.T) {
+	p := proxytest.Start(t, nil, onePinned)
+	holdPinned(t, p)
+	c, side := dialRaw(t, p.Addr), dialRaw(t, p.Addr)
+	side.do("DEL", "ab1", "ab2")
+	wantReplies(t, c, []string{"MULTI"}, []string{"SET", "ab1", "v"}, []string{"DISCARD", "x"}, []string{"MULTI", "x"},
+		[]string{"SET", "ab2", "v"}, []string{"EXEC"},
+		errMaxPinned, respError("ERR redproxy: transaction aborted"), respError("ERR wrong number of arguments for 'discard' command"),
+		respError("ERR wrong number of arguments for 'multi' command"), respError("ERR redproxy: transaction aborted"),
+		respError("EXECABORT Transaction discarded because of previous errors."))
+	for _, k := range []string{"ab1", "ab2"} {
+		if v := side.do("GET", k); v != nil {
+			t.Errorf("%s = %v: a command of the aborted transaction ran", k, v)
+		}
+	}
+	// EXEC with arguments ends it, with Redis's words.
+	wantReplies(t, c, []string{"MULTI"}, []string{"EXEC", "x"}, []string{"SET", "ab1", "v"},
+		errMaxPinned, respError("EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command"), "OK")
+}

@@ -2,10 +2,14 @@ package proxy_test
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -27,12 +31,19 @@ func TestClientModeArgumentsAsRedis(t *testing.T) {
 		{"CLIENT", "TRACKING", "off", "BCAST"},
 		{"CLIENT", "TRACKING", "off", "PREFIX", "a", "optin", "OPTOUT", "noloop"},
 		{"CLIENT", "TRACKING", "off", "PREFIX"},
-		{"CLIENT", "TRACKING", "off", "REDIRECT"},
 	}
 	viaProxy, direct := dialRaw(t, p.Addr), dialRaw(t, p.Redis.Addr())
 	for _, cmd := range cmds {
 		if got, want := fmt.Sprint(viaProxy.do(cmd...)), fmt.Sprint(direct.do(cmd...)); got != want {
 			t.Errorf("%v: proxy %q, Redis %q", cmd, got, want)
+		}
+	}
+	// REDIRECT names a Redis connection id, which a proxy client's is not:
+	// refused with OFF too, where Redis checks the id as well.
+	for _, arg := range []string{"abc", "1", ""} {
+		v := fmt.Sprint(viaProxy.do("CLIENT", "TRACKING", "off", "REDIRECT", arg))
+		if !strings.Contains(v, "REDIRECT is not supported") {
+			t.Errorf("CLIENT TRACKING off REDIRECT %q: %s", arg, v)
 		}
 	}
 }
@@ -206,5 +217,63 @@ func TestBulkNotEndedByCRLFAsRedis(t *testing.T) {
 	}
 	if v := viaProxy.do("PING"); v != "PONG" {
 		t.Fatalf("PING after: %v", v)
+	}
+}
+
+// A relay that cannot count its replies refuses writes past the 1024 it
+// can keep marked. With replies muted (CLIENT REPLY OFF before the relay,
+// or on it) the refusal never reached the client, and the writes were
+// lost without a word (found by review: 1024 of 1100 SETs ran). The
+// client is closed instead, behind what it sent before, and the close is
+// counted.
+func TestMutedRelayClosesRatherThanDropWrites(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.LocalCache.Enabled = true })
+	for _, start := range [][][]string{
+		{{"CLIENT", "REPLY", "OFF"}, {"CLIENT", "TRACKING", "ON"}},
+		{{"CLIENT", "TRACKING", "ON"}, {"CLIENT", "REPLY", "OFF"}},
+	} {
+		p.Redis.Client(t).FlushAll(ctx)
+		c := dialRaw(t, p.Addr)
+		c.do("HELLO", "3")
+		c.send(start...)
+		if start[0][1] == "TRACKING" {
+			c.readReply()
+		}
+		var w [][]string
+		for i := range 1100 {
+			w = append(w, []string{"SET", fmt.Sprintf("muted:%d", i), "v"})
+		}
+		c.send(w...)
+		c.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.rd.ReadByte(); err == nil {
+			t.Fatalf("%v: the client got a reply with replies off", start)
+		} else if ne, isNet := err.(net.Error); isNet && ne.Timeout() {
+			t.Fatalf("%v: the client was not closed after its writes could not be tracked", start)
+		}
+		if n := p.Redis.Client(t).DBSize(ctx).Val(); n != 1024 {
+			t.Fatalf("%v: %d keys written, want the 1024 before the one refused", start, n)
+		}
+	}
+	waitCloses(t, p, map[string]float64{metrics.CloseHeldWrites: 2})
+}
+
+// In cluster mode MONITOR is the proxy's own merge of every primary's
+// feed; it answered a muted client's commands anyway (found by review).
+// With CLIENT REPLY OFF set before it, as on Redis, the client gets
+// nothing but the feed: no +OK, no refusal, and QUIT closes silently.
+func TestClusterMonitorKeepsRepliesOff(t *testing.T) {
+	_, p := startClusterProxy(t)
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"CLIENT", "REPLY", "OFF"}, []string{"MONITOR"}, []string{"PING"})
+	c.send([]string{"GET", "k"}, []string{"QUIT"})
+	c.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	rest, err := io.ReadAll(c.rd)
+	if err != nil {
+		t.Fatalf("the connection did not close at QUIT: %v (read %q)", err, rest)
+	}
+	for _, line := range strings.Split(string(rest), "\r\n") {
+		if line == "+OK" || strings.HasPrefix(line, "-") {
+			t.Fatalf("a muted MONITOR client got %q; all it got: %q", line, rest)
+		}
 	}
 }

@@ -173,7 +173,7 @@ func (sess *Session) clusterMonitor(r *request) bool {
 	q := newOutQueue(limit)
 	q.push(append([]byte(nil), sess.out...))
 	// The rest of the batch is answered as later commands are.
-	quit := pushMonitorReplies(q, sess.batchReqs[r.i+1:])
+	quit := pushMonitorReplies(q, sess.batchReqs[r.i+1:], sess.replyOff)
 	sess.out = sess.out[:0]
 	idle := sess.srv.Config().Server.IdleTimeout.Duration
 	if idle > 0 {
@@ -252,7 +252,7 @@ func (sess *Session) clusterMonitor(r *request) bool {
 	// client: QUIT ends it; anything else is refused.
 	for !quit {
 		reqs, err := sess.rd.ReadBatch()
-		quit = pushMonitorReplies(q, reqs)
+		quit = pushMonitorReplies(q, reqs, sess.replyOff)
 		if !quit && err != nil {
 			sess.readEnded(err)
 			var pe *resp.ProtocolError
@@ -307,14 +307,22 @@ func startMonitor(nc net.Conn, timeout time.Duration) ([]byte, error) {
 }
 
 // pushMonitorReplies queues the answers to a cluster MONITOR client's
-// requests; it reports whether one was QUIT, the last answered.
-func pushMonitorReplies(q *outQueue, reqs []resp.Request) (quit bool) {
+// requests; it reports whether one was QUIT, the last answered. muted: the
+// client set CLIENT REPLY OFF before MONITOR (which it cannot undo here),
+// so nothing is answered, as Redis would answer nothing (found by review).
+func pushMonitorReplies(q *outQueue, reqs []resp.Request, muted bool) (quit bool) {
 	for k := range reqs {
-		if isQuit(reqs[k].Args) {
+		quit = isQuit(reqs[k].Args)
+		switch {
+		case muted:
+		case quit:
 			q.push(ok)
+		default:
+			q.push(errMonitorReadOnly)
+		}
+		if quit {
 			return true
 		}
-		q.push(errMonitorReadOnly)
 	}
 	return false
 }

@@ -100,6 +100,18 @@ var (
 func (sess *Session) abortedStep(r *request) bool {
 	ab := &sess.abort
 	m := r.m
+	if cmd := r.cmd; cmd != nil && !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil {
+		// Refused before it runs, as in dispatchPinned: "DISCARD x" or
+		// "UNWATCH x" must not end the aborted transaction (what followed
+		// ran outside it), nor "MULTI x" open one (found by review).
+		if r.name == "exec" {
+			*ab = txAbort{}
+			sess.replyLocal(m, errExecArity)
+			return true
+		}
+		sess.replyLocal(m, errArity(r.name))
+		return true
+	}
 	switch r.name {
 	case "reset", "quit":
 		return false
@@ -863,10 +875,12 @@ func relayStarter(name string, args [][]byte) string {
 // that would then receive this client's invalidations.
 const errTrackingRedirect = "ERR redproxy: CLIENT TRACKING REDIRECT is not supported; proxy client IDs are not Redis connection IDs (use RESP3 tracking, without REDIRECT)"
 
-// trackingRedirect reports whether args are CLIENT TRACKING ON with the
-// REDIRECT option.
+// trackingRedirect reports whether args are CLIENT TRACKING with the
+// REDIRECT option, ON or OFF: Redis checks the id in either case, and
+// proxy ids mean nothing there (OFF with it was answered +OK, found by
+// review).
 func trackingRedirect(args [][]byte) bool {
-	if len(args) < 4 || !strings.EqualFold(string(args[0]), "client") || !strings.EqualFold(string(args[1]), "tracking") || !strings.EqualFold(string(args[2]), "on") {
+	if len(args) < 4 || !strings.EqualFold(string(args[0]), "client") || !strings.EqualFold(string(args[1]), "tracking") {
 		return false
 	}
 	for _, a := range args[3:] {
@@ -901,6 +915,9 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 	// that sent UNSUBSCRIBE or PING and closed kept its relay, and its
 	// Redis connection, open (found while testing half-closes).
 	sess.rd.SetReadFirst(true)
+	// mayMute: the client's replies may be muted (CLIENT REPLY), so an
+	// error it is sent may not reach it.
+	mayMute := sess.replyOff
 	if sess.replyOff {
 		// CLIENT REPLY OFF is the session's (local.go): the relay's
 		// connection, dialled without it, answered every command of a
@@ -922,6 +939,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		}
 		cmd := sess.srv.table.Lookup(reqs[k].Args)
 		rw.note(cmd, args, d != nil && d.Refuse != nil)
+		mayMute = mayMute || cmd != nil && cmd.Name == "client|reply"
 		if ex != nil {
 			ex.note(cmd)
 		}
@@ -1080,7 +1098,19 @@ reading:
 				if ex != nil {
 					ex.note(cmd)
 				}
+				mayMute = mayMute || cmd != nil && cmd.Name == "client|reply"
 				if !rw.note(cmd, args, d != nil && d.Refuse != nil) {
+					if mayMute {
+						// The refusal would be muted like any reply, and
+						// the write lost without a word: close the client
+						// instead, behind what it sent before, so that it
+						// sees the failure (found by review).
+						if len(out) > 0 {
+							up.Write(out)
+						}
+						sess.closeFor(metrics.CloseHeldWrites, "more writes than a relay can track, with replies muted", "held_writes", maxHeldRelayWrites)
+						break reading
+					}
 					out = appendErrorScript(out, errHeldWrites)
 					continue
 				}
