@@ -31,6 +31,8 @@ func TestClientModeArgumentsAsRedis(t *testing.T) {
 		{"CLIENT", "TRACKING", "off", "BCAST"},
 		{"CLIENT", "TRACKING", "off", "PREFIX", "a", "optin", "OPTOUT", "noloop"},
 		{"CLIENT", "TRACKING", "off", "PREFIX"},
+		{"CLIENT", "TRACKING", "off", "PREFIX", "redirect"},
+		{"CLIENT", "TRACKING", "off", "BCAST", "PREFIX", "redirect"},
 	}
 	viaProxy, direct := dialRaw(t, p.Addr), dialRaw(t, p.Redis.Addr())
 	for _, cmd := range cmds {
@@ -231,13 +233,31 @@ func TestMutedRelayClosesRatherThanDropWrites(t *testing.T) {
 	for _, start := range [][][]string{
 		{{"CLIENT", "REPLY", "OFF"}, {"CLIENT", "TRACKING", "ON"}},
 		{{"CLIENT", "TRACKING", "ON"}, {"CLIENT", "REPLY", "OFF"}},
+		{{"CLIENT", "TRACKING", "ON"}, {"CLIENT", "REPLY", "SKIP"}, {"PING"}, {"CLIENT", "REPLY", "OFF"}},
+		{{"CLIENT", "TRACKING", "ON"}, {"CLIENT", "REPLY", "OFF"}, {"CLIENT", "REPLY", "ON"}, {"CLIENT", "REPLY", "OFF"}},
 	} {
 		p.Redis.Client(t).FlushAll(ctx)
 		c := dialRaw(t, p.Addr)
 		c.do("HELLO", "3")
 		c.send(start...)
-		if start[0][1] == "TRACKING" {
-			c.readReply()
+		muted, skip := false, false
+		for _, cmd := range start { // read the replies Redis would send
+			if len(cmd) < 3 {
+				cmd = append(cmd, "", "")
+			}
+			switch {
+			case cmd[1] == "REPLY" && cmd[2] == "OFF":
+				muted = true
+			case cmd[1] == "REPLY" && cmd[2] == "SKIP":
+				skip = true
+			case cmd[1] == "REPLY" && cmd[2] == "ON":
+				muted = false
+				c.readReply()
+			case !muted && !skip:
+				c.readReply()
+			default:
+				skip = false
+			}
 		}
 		var w [][]string
 		for i := range 1100 {
@@ -254,7 +274,43 @@ func TestMutedRelayClosesRatherThanDropWrites(t *testing.T) {
 			t.Fatalf("%v: %d keys written, want the 1024 before the one refused", start, n)
 		}
 	}
-	waitCloses(t, p, map[string]float64{metrics.CloseHeldWrites: 2})
+	waitCloses(t, p, map[string]float64{metrics.CloseHeldWrites: 4})
+	// Replies on again (on the relay, after OFF or SKIP): the client reads
+	// the refusals, and is not closed (found by review: any CLIENT REPLY
+	// made the relay close it, with its replies cut off).
+	for _, start := range [][][]string{
+		{{"CLIENT", "TRACKING", "ON"}, {"CLIENT", "REPLY", "ON"}},
+		{{"CLIENT", "TRACKING", "ON"}, {"CLIENT", "REPLY", "OFF"}, {"CLIENT", "REPLY", "ON"}},
+	} {
+		p.Redis.Client(t).FlushAll(ctx)
+		c := dialRaw(t, p.Addr)
+		c.do("HELLO", "3")
+		c.send(start...)
+		c.readReply() // TRACKING ON's
+		c.readReply() // the last REPLY ON's
+		var w [][]string
+		for i := range 1100 {
+			w = append(w, []string{"SET", fmt.Sprintf("muted:%d", i), "v"})
+		}
+		c.send(w...)
+		oks, refused := 0, 0
+		for range 1100 {
+			switch v, _ := c.readReply(); {
+			case v == "OK":
+				oks++
+			case strings.Contains(fmt.Sprint(v), "too many writes"):
+				refused++
+			default:
+				t.Fatalf("%v: reply %v", start, v)
+			}
+		}
+		if oks != 1024 || refused != 76 {
+			t.Fatalf("%v: %d OK and %d refused, want 1024 and 76", start, oks, refused)
+		}
+		if v := c.do("PING"); v != "PONG" {
+			t.Fatalf("%v: PING after the refusals: %v", start, v)
+		}
+	}
 }
 
 // In cluster mode MONITOR is the proxy's own merge of every primary's

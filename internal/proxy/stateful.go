@@ -883,9 +883,12 @@ func trackingRedirect(args [][]byte) bool {
 	if len(args) < 4 || !strings.EqualFold(string(args[0]), "client") || !strings.EqualFold(string(args[1]), "tracking") {
 		return false
 	}
-	for _, a := range args[3:] {
-		if strings.EqualFold(string(a), "redirect") {
+	for i := 3; i < len(args); i++ {
+		switch strings.ToLower(string(args[i])) {
+		case "redirect":
 			return true
+		case "prefix":
+			i++ // its value, which may be the word "redirect"
 		}
 	}
 	return false
@@ -915,8 +918,8 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 	// that sent UNSUBSCRIBE or PING and closed kept its relay, and its
 	// Redis connection, open (found while testing half-closes).
 	sess.rd.SetReadFirst(true)
-	// mayMute: the client's replies may be muted (CLIENT REPLY), so an
-	// error it is sent may not reach it.
+	// mayMute: the client's replies may be muted (CLIENT REPLY OFF or
+	// SKIP), so an error it is sent may not reach it (see noteReplyMode).
 	mayMute := sess.replyOff
 	if sess.replyOff {
 		// CLIENT REPLY OFF is the session's (local.go): the relay's
@@ -939,7 +942,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		}
 		cmd := sess.srv.table.Lookup(reqs[k].Args)
 		rw.note(cmd, args, d != nil && d.Refuse != nil)
-		mayMute = mayMute || cmd != nil && cmd.Name == "client|reply"
+		mayMute = relayMayMute(mayMute, cmd, args, sess.resp3 || kind != relayPubSub)
 		if ex != nil {
 			ex.note(cmd)
 		}
@@ -1098,23 +1101,26 @@ reading:
 				if ex != nil {
 					ex.note(cmd)
 				}
-				mayMute = mayMute || cmd != nil && cmd.Name == "client|reply"
 				if !rw.note(cmd, args, d != nil && d.Refuse != nil) {
 					if mayMute {
 						// The refusal would be muted like any reply, and
 						// the write lost without a word: close the client
-						// instead, behind what it sent before, so that it
-						// sees the failure (found by review).
+						// instead, once Redis has run and answered what it
+						// sent before (the drain below, as after a
+						// half-close), so that it sees the failure (found
+						// by review).
 						if len(out) > 0 {
 							up.Write(out)
 						}
 						sess.closeFor(metrics.CloseHeldWrites, "more writes than a relay can track, with replies muted", "held_writes", maxHeldRelayWrites)
+						halfClosed = true
 						break reading
 					}
 					out = appendErrorScript(out, errHeldWrites)
 					continue
 				}
 				out = sess.appendRelayed(out, k, &reqs[k], d)
+				mayMute = relayMayMute(mayMute, cmd, args, sess.resp3 || kind != relayPubSub)
 			}
 			rw.sending()
 			if len(out) > 0 {
@@ -1162,6 +1168,26 @@ reading:
 		sess.protoErrAnswered = true
 	}
 	return nil
+}
+
+// relayMayMute follows whether a relayed client's replies may be muted
+// after cmd: CLIENT REPLY OFF or SKIP may mute them (SKIP only the next,
+// taken as muting until ON, which errs on the side of muting), ON
+// unmutes them where Redis accepts it: on a RESP2 connection that may
+// still be subscribed, Redis refuses CLIENT REPLY and the mode stays.
+// Erring towards muted only closes a client that could have read a
+// refusal; erring the other way lost writes without a word.
+func relayMayMute(muted bool, cmd *commands.Command, args [][]byte, onAccepted bool) bool {
+	if cmd == nil || cmd.Name != "client|reply" || len(args) != 3 {
+		return muted
+	}
+	switch strings.ToLower(string(args[2])) {
+	case "off", "skip":
+		return true
+	case "on":
+		return muted && !onAccepted
+	}
+	return muted
 }
 
 // relayDrainWait bounds how long a relay ending on a client's protocol
