@@ -733,6 +733,9 @@ func (s *diffState) account(c *diffCmd) {
 	}
 	if c.raw != "" {
 		c.replies = c.rawReplies
+		if s.replyOff {
+			c.replies = 0 // errors are muted too
+		}
 		return
 	}
 	if s.relayCmds >= 0 {
