@@ -116,6 +116,17 @@ func slowTierProxyOn(t *testing.T, rs *redistest.Server, pushDelay, staleness ti
 	return p, p.Client(t), func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
 }
 
+// waitTierHit reads key through reader until the tier serves it (hits
+// counts the tier's hits), so that an entry left stale would show.
+func waitTierHit(t *testing.T, reader *redis.Client, hits func() float64, key string) {
+	t.Helper()
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		before := hits()
+		reader.Get(ctx, key)
+		return hits() > before
+	}, "%s never became a hit", key)
+}
+
 // C1 for relayed writers: with invalidations slowed down, once a tracking
 // client (as rueidis is) or a RESP3 subscriber got OK for a SET through the
 // proxy, no read through the local tier returns the old value.
@@ -141,11 +152,7 @@ func TestRelayedWritesAreSeenByTheLocalTier(t *testing.T) {
 				// Make sure the old value is in the tier: the relay's last
 				// write was released once its reply came (for a RESP3
 				// subscriber too, as its subscriptions are counted).
-				redistest.Eventually(t, 5*time.Second, func() bool {
-					before := hits()
-					reader.Get(ctx, key)
-					return hits() > before
-				}, "%s never became a hit", key)
+				waitTierHit(t, reader, hits, key)
 				want := "v" + strconv.Itoa(i)
 				if v := w.readNonPushAfter("SET", key, want); v != "OK" {
 					t.Fatalf("relayed SET: %v", v)
@@ -181,11 +188,7 @@ func TestRelayedWritesFollowTheDatabase(t *testing.T) {
 			if err := p.Redis.Client(t).Set(ctx, key, "old", 0).Err(); err != nil {
 				t.Fatal(err)
 			}
-			redistest.Eventually(t, 5*time.Second, func() bool {
-				before := hits()
-				reader.Get(ctx, key)
-				return hits() > before
-			}, "%s never became a hit", key)
+			waitTierHit(t, reader, hits, key)
 			w := dialRaw(t, p.Addr)
 			w.do("HELLO", "3")
 			if v := w.readNonPushAfter("CLIENT", "TRACKING", "ON"); v != "OK" {

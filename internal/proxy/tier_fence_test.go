@@ -76,11 +76,7 @@ func TestTierFenceIsUpBeforeTheScriptsReplyIsWritten(t *testing.T) {
 		if err := rc.Set(ctx, key, "old", 0).Err(); err != nil {
 			t.Fatal(err)
 		}
-		redistest.Eventually(t, 5*time.Second, func() bool {
-			before := hits()
-			reader.Get(ctx, key)
-			return hits() > before
-		}, "%s never became a hit", key)
+		waitTierHit(t, reader, hits, key)
 
 		pushes, session := make(chan struct{}), make(chan struct{})
 		holdPushes.Store(&pushes)
@@ -138,11 +134,7 @@ func TestTierFenceForAnUncountedRelaysScript(t *testing.T) {
 				if err := rc.Set(ctx, key, "old", 0).Err(); err != nil {
 					t.Fatal(err)
 				}
-				redistest.Eventually(t, 5*time.Second, func() bool {
-					before := hits()
-					reader.Get(ctx, key)
-					return hits() > before
-				}, "%s never became a hit", key)
+				waitTierHit(t, reader, hits, key)
 				w := dialRaw(t, p.Addr)
 				for _, c := range tc.start {
 					w.send(c)
