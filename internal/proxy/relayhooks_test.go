@@ -106,14 +106,20 @@ func slowTierProxyOn(t *testing.T, rs *redistest.Server, pushDelay, staleness ti
 	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() { time.Sleep(pushDelay) }})
 	t.Cleanup(func() { localcache.SetTestHooks(prev) })
 	p := proxytest.Start(t, rs, func(c *config.Config) {
-		c.LocalCache.Enabled = true
-		c.LocalCache.AdmitMinReads = 0
-		c.LocalCache.WriteRatio = 1000
-		c.LocalCache.Staleness = units.Duration{Duration: staleness}
-		c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
+		eagerTier(c, staleness)
 	})
 	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
 	return p, p.Client(t), func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
+}
+
+// eagerTier turns the local tier on, admitting every key at its first
+// read, with the given staleness bound.
+func eagerTier(c *config.Config, staleness time.Duration) {
+	c.LocalCache.Enabled = true
+	c.LocalCache.AdmitMinReads = 0
+	c.LocalCache.WriteRatio = 1000
+	c.LocalCache.Staleness = units.Duration{Duration: staleness}
+	c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
 }
 
 // waitTierHit reads key through reader until the tier serves it (hits

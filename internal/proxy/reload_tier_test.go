@@ -57,11 +57,7 @@ func TestReloadSwitchesUpstreamWithLocalTier(t *testing.T) {
 	t.Cleanup(func() { localcache.SetTestHooks(prev) })
 
 	p := proxytest.Start(t, a, func(c *config.Config) {
-		c.LocalCache.Enabled = true
-		c.LocalCache.AdmitMinReads = 0
-		c.LocalCache.WriteRatio = 1000
-		c.LocalCache.Staleness = units.Duration{Duration: 200 * time.Millisecond}
-		c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
+		eagerTier(c, 200*time.Millisecond)
 		// Values moved aside on a lost connection must not survive a
 		// switch either.
 		c.LocalCache.StaleIfError = []localcache.StaleRule{{Pattern: "hot:*", MaxAge: units.Duration{Duration: time.Minute}}}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/config"
-	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/proxy"
 	"github.com/redproxy/redproxy/internal/proxytest"
@@ -40,11 +39,7 @@ func TestTierFenceIsUpBeforeTheScriptsReplyIsWritten(t *testing.T) {
 	}})
 	t.Cleanup(func() { localcache.SetTestHooks(prev) })
 	p := proxytest.Start(t, nil, func(c *config.Config) {
-		c.LocalCache.Enabled = true
-		c.LocalCache.AdmitMinReads = 0
-		c.LocalCache.WriteRatio = 1000
-		c.LocalCache.Staleness = units.Duration{Duration: 5 * time.Second}
-		c.LocalCache.MaxTTL = units.Duration{Duration: time.Minute}
+		eagerTier(c, 5*time.Second)
 	})
 	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
 	hits := func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
