@@ -68,6 +68,22 @@ var arityScenarios = []struct {
 		{cmd: []string{"SET", "{t}1", "v"}, want: "QUEUED"},
 		{cmd: []string{"EXEC"}, want: "[OK]"}, // the WATCH went with the EXEC
 	}, nil},
+	// A key of another slot (and, with routes, another upstream): Redis
+	// Cluster checks arity before it looks at slots, so the refusal is
+	// the arity error, not CROSSSLOT (nor the proxy's CROSSROUTE).
+	{"wrong arity on another slot in MULTI", []arityStep{
+		{cmd: []string{"MULTI"}, want: "OK"},
+		{cmd: []string{"SET", "{t}1", "v"}, want: "QUEUED"},
+		{cmd: []string{"SET", "queue:{u}2"}, want: "ERR wrong number of arguments for 'set' command"},
+		{cmd: []string{"EXEC"}, want: "EXECABORT Transaction discarded because of previous errors."},
+	}, []string{"{t}1", "queue:{u}2"}},
+	{"wrong arity on another slot under WATCH", []arityStep{
+		{cmd: []string{"WATCH", "{t}w"}, want: "OK"},
+		{cmd: []string{"SET", "queue:{u}2"}, want: "ERR wrong number of arguments for 'set' command"},
+		{cmd: []string{"MULTI"}, want: "OK"},
+		{cmd: []string{"SET", "{t}1", "v"}, want: "QUEUED"},
+		{cmd: []string{"EXEC"}, want: "[OK]"},
+	}, []string{"queue:{u}2"}},
 	{"exec x in MULTI", []arityStep{
 		{cmd: []string{"MULTI"}, want: "OK"},
 		{cmd: []string{"SET", "{t}1", "v"}, want: "QUEUED"},
@@ -80,7 +96,7 @@ func runArityScenarios(t *testing.T, addr string) {
 	for _, sc := range arityScenarios {
 		t.Run(sc.name, func(t *testing.T) {
 			c, side := dialRaw(t, addr), dialRaw(t, addr)
-			side.do("DEL", "{t}1", "{t}2", "{t}w")
+			side.do("DEL", "{t}1", "{t}2", "{t}w", "queue:{u}2")
 			for _, st := range sc.steps {
 				conn := c
 				if st.side {

@@ -181,6 +181,11 @@ func (sess *Session) keySlot(r *request) (keySlot int, keyed, same bool) {
 // inside MULTI makes EXEC fail, as a queue-time error does.
 func (sess *Session) clusterPinned(r *request) bool {
 	pin := &sess.pin
+	if cmd := r.cmd; cmd != nil && !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil {
+		// Redis checks arity before slots: dispatchPinned refuses it
+		// with the arity error, not a cross-slot one.
+		return false
+	}
 	var reply []byte
 	if cluster.Whole(r.name) {
 		reply = errClusterInTx(r.name)
