@@ -36,6 +36,18 @@ type Batch struct {
 // Batches larger than this do not keep their buffers for the next one.
 const keepRequests = 4096
 
+// Trim drops the buffers a large batch grew, for a client gone idle: the
+// key positions of one request of a million keys are megabytes, and
+// Prepare drops them only when a later batch is small in requests.
+func (b *Batch) Trim() {
+	if cap(b.keys) > keepRequests {
+		b.keys = nil
+	}
+	if cap(b.scratch) > 64<<10 {
+		b.scratch = nil
+	}
+}
+
 // Prepare decides reqs under p (nil p allows everything). user and listener
 // select the policy's scope. denied, when not nil, says whether the proxy
 // refuses write i before it runs (the user's ACL): the look-ahead must not

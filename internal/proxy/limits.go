@@ -79,6 +79,7 @@ func (sess *Session) idle() {
 		sess.local = nil
 	}
 	sess.call.Trim(idleKeep)
+	sess.guard.Trim()
 }
 
 // clientConn is a client's connection with a deadline on every write.

@@ -422,3 +422,43 @@ func TestManyBusySessionsGetSmallerBatches(t *testing.T) {
 	redistest.Eventually(t, 5*time.Second, func() bool { return p.BatchCap() == 0 },
 		"the cap stayed on after the sessions were answered")
 }
+
+// One request of a million arguments (7 MB on the wire, within max_args)
+// grew the Reader's per-argument bookkeeping and the guard's key positions
+// to about 50 MB, given back only when the client parked: a client that
+// cannot park (here under WATCH; also TLS, MULTI, idle_park_after = 0)
+// kept them for as long as it stayed connected (found by review). They are
+// now dropped when the client goes idle.
+func TestManyArgumentsAreNotKeptWhileIdle(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	c := dialRaw(t, p.Addr)
+	if got := c.do("WATCH", "idle:w"); got != "OK" { // a client that does not park
+		t.Fatalf("WATCH: %v", got)
+	}
+	runtime.GC()
+	before := liveHeap()
+	const n = 1 << 20
+	args := make([]string, 0, n)
+	args = append(args, "EXISTS")
+	for len(args) < n {
+		args = append(args, "k")
+	}
+	c.send(args)
+	c.nc.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if v, err := c.readReply(); v != int64(0) {
+		t.Fatalf("EXISTS of %d keys: %v, %v", n-1, v, err)
+	}
+	args = nil
+	// The session goes idle once its reply is written: poll rather than
+	// guess when.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		runtime.GC()
+		kept := liveHeap() - before
+		if kept < 8<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("an idle client holds %d MB of the proxy's heap after one request of %d arguments", kept>>20, n)
+		}
+	}
+}

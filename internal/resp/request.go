@@ -379,9 +379,7 @@ func (r *Reader) Close() {
 // client's next bytes holds only idleBytes (WaitSmall).
 func (r *Reader) fillIdle() error {
 	r.releaseBuffer()
-	if r.onIdle != nil {
-		r.onIdle()
-	}
+	r.idle()
 	n, err := r.rd.Read(r.idleBytes)
 	if n == 0 {
 		return err
@@ -423,9 +421,28 @@ func (r *Reader) readRaw(fd uintptr) bool {
 func (r *Reader) waiting() {
 	if r.w == 0 {
 		r.releaseBuffer()
-		if r.onIdle != nil {
-			r.onIdle()
-		}
+		r.idle()
+	}
+}
+
+// idleKeepArgs is how many arguments' bookkeeping an idle Reader keeps.
+// One request of a million arguments grows offs and args to tens of
+// megabytes; Release (parking) drops them, but a client that cannot park
+// (TLS, under WATCH or in MULTI, idle_park_after = 0) kept them for as
+// long as it stayed connected.
+const idleKeepArgs = 4096
+
+// idle runs with nothing buffered, before the wait for the client's next
+// bytes: no request refers to offs or args any more.
+func (r *Reader) idle() {
+	if cap(r.offs) > 2*idleKeepArgs {
+		r.offs = nil
+	}
+	if cap(r.args) > idleKeepArgs {
+		r.args = nil
+	}
+	if r.onIdle != nil {
+		r.onIdle()
 	}
 }
 
