@@ -84,8 +84,11 @@ type Server struct {
 	active   sync.WaitGroup
 	nextID   atomic.Int64
 	clients  atomic.Int64
-	version  atomic.Pointer[string]
-	started  time.Time // for INFO's proxy_uptime_in_seconds
+	// tlsRejecting counts the TLS connections over max_clients being told
+	// so (rejectTLS), which wait for a handshake: see maxTLSRejecting.
+	tlsRejecting atomic.Int32
+	version      atomic.Pointer[string]
+	started      time.Time // for INFO's proxy_uptime_in_seconds
 }
 
 // SetUpstreamVersion records the Redis version HELLO reports, so clients
@@ -296,8 +299,18 @@ func (s *Server) startSession(nc net.Conn, l *listener) {
 	}
 	if s.clients.Load() >= int64(s.Config().Server.MaxClients) {
 		s.metrics.ClientsRejected.Inc()
+		if tc != nil && s.tlsRejecting.Add(1) <= maxTLSRejecting {
+			go func() {
+				defer s.tlsRejecting.Add(-1)
+				rejectTLS(tc, min(s.Config().Server.TLS.Handshake(), tlsRejectTimeout))
+			}()
+			return
+		}
 		if tc != nil {
-			go rejectTLS(tc, s.Config().Server.TLS.Handshake())
+			// Past the bound: closed at once, as a plain connection
+			// would be, but with no words (they need a handshake).
+			s.tlsRejecting.Add(-1)
+			tc.NetConn().Close()
 			return
 		}
 		nc.Write(maxClientsReply)

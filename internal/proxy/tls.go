@@ -195,6 +195,14 @@ func (s *Server) tlsHandshake(sess *Session, tc *tls.Conn) bool {
 // rejectTLS tells a TLS client over max_clients why it is closed, which
 // needs a handshake; it runs on a goroutine of its own so the accept loop
 // does not wait for it.
+//
+// Each waits for the client's handshake, holding a descriptor and a
+// goroutine: at most maxTLSRejecting do at once, for at most
+// tlsRejectTimeout, and the rest are closed without a word. Otherwise a
+// flood of silent connections to the TLS port, each refused over
+// max_clients, held one descriptor each for handshake_timeout (300
+// connections held 300 descriptors, found by review), until accept and
+// the upstream dials failed for want of descriptors.
 func rejectTLS(tc *tls.Conn, timeout time.Duration) {
 	tc.SetDeadline(time.Now().Add(timeout))
 	if _, err := tc.Write(maxClientsReply); err != nil {
@@ -205,6 +213,11 @@ func rejectTLS(tc *tls.Conn, timeout time.Duration) {
 	}
 	tc.Close()
 }
+
+const (
+	maxTLSRejecting  = 64
+	tlsRejectTimeout = time.Second
+)
 
 // closeTLS closes a TLS client's connection. tls.Conn.Close first sends a
 // close_notify alert, waiting up to 5 s for the socket to take it; after a

@@ -7,8 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
@@ -52,5 +55,46 @@ func TestTLSHandshakeTimeoutValidated(t *testing.T) {
 	var ce *config.Error
 	if !errors.As(err, &ce) || ce.Key != "server.tls.handshake_timeout" {
 		t.Fatalf("Parse: %v", err)
+	}
+}
+
+// Connections over max_clients on a TLS listener are told so, which needs
+// a handshake, on a goroutine each. Nothing bounded how many waited for
+// one: 300 silent connections to the TLS port held 300 descriptors (and
+// goroutines) for handshake_timeout, where a plain listener closes them
+// at once (found by review). At most 64 now wait, for at most a second.
+func TestTLSRejectsOverMaxClientsAreBounded(t *testing.T) {
+	if _, err := os.ReadDir("/proc/self/fd"); err != nil {
+		t.Skip("no /proc/self/fd to count descriptors")
+	}
+	openFDs := func() int {
+		ents, _ := os.ReadDir("/proc/self/fd")
+		return len(ents)
+	}
+	certs := redistest.NewCerts(t)
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Server.MaxClients = 2
+		c.Server.TLS = config.ServerTLS{Listen: "127.0.0.1:0", CertFile: certs.ServerCert, KeyFile: certs.ServerKey, MinVersion: "1.2"}
+	})
+	for i := 0; i < 2; i++ { // max_clients reached
+		if got := dialRaw(t, p.Addr).do("PING"); got != "PONG" {
+			t.Fatalf("PING: %v", got)
+		}
+	}
+	fd0 := openFDs()
+	const n = 300
+	for i := 0; i < n; i++ {
+		c, err := net.DialTimeout("tcp", p.TLSAddr, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close() // sends nothing
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		return testutil.ToFloat64(p.Metrics.ClientsRejected) == n
+	}, "the proxy did not refuse the %d connections over max_clients", n)
+	// Right after the last refusal, before any handshake wait is over.
+	if held := openFDs() - fd0 - n; held > 64+8 {
+		t.Fatalf("the proxy holds %d descriptors for connections it refused over max_clients", held)
 	}
 }
