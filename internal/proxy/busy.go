@@ -16,7 +16,9 @@ import (
 // They are how a runaway script is stopped, so they must reach Redis at
 // once. On a shared connection they could sit behind the very script they
 // are meant to kill (its caller's connection is not read until it ends), so
-// each runs on a connection of its own, dialled for it and closed after.
+// each runs on a connection of its own: one kept per backend and protocol
+// for the next such command (upstream's aloneConns), others dialled when
+// several run at once and closed after.
 // These connections are not counted in upstream.max_pinned: an emergency
 // command must not be refused because every dedicated connection is busy;
 // a client runs one at a time, so max_clients bounds them.
@@ -31,7 +33,8 @@ func runsAlone(cmd *commands.Command) bool {
 func (sess *Session) runAlone(r *request) {
 	cmd, m := r.cmd, r.m
 	sess.flush(time.Now())
-	reply, err := sess.backend().RoundTrip(sess.resp3, r.Raw)
+	// SHUTDOWN's success is its connection closing: never a kept one.
+	reply, err := sess.backend().RoundTrip(sess.resp3, cmd.Name != "shutdown", r.Raw)
 	switch {
 	case err == nil:
 		sess.replyLocal(m, reply)

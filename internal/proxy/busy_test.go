@@ -335,3 +335,73 @@ func waitOverdue(t *testing.T, p *proxytest.Proxy) {
 	pool := p.Backend().Pool(0, false)
 	redistest.Eventually(t, 5*time.Second, func() bool { s, _ := pool.Stats(); return s.Overdue > 0 }, "no reply seen overdue")
 }
+
+// The commands Redis runs while a script keeps it busy go on a connection
+// of their own, which was dialled for each and closed after: one client
+// pipelining FUNCTION STATS made the proxy dial Redis about 2,600 times a
+// second, each leaving a socket in TIME_WAIT (found by review); across
+// hosts, enough to run out of ports towards Redis and fail every other
+// dial. One such connection is now kept for the next, and one Redis closed
+// meanwhile is replaced without the client seeing it.
+func TestCommandsSentAloneReuseTheirConnection(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	direct := p.Redis.Client(t)
+	connectionsReceived := func() int64 {
+		info, err := direct.Info(ctx, "stats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			if rest, ok := strings.CutPrefix(line, "total_connections_received:"); ok {
+				n, _ := strconv.ParseInt(strings.TrimSpace(rest), 10, 64)
+				return n
+			}
+		}
+		t.Fatal("no total_connections_received in INFO stats")
+		return 0
+	}
+	c := dialRaw(t, p.Addr)
+	before := connectionsReceived()
+	const n = 1000
+	cmds := make([][]string, n)
+	for i := range cmds {
+		cmds[i] = []string{"FUNCTION", "STATS"}
+	}
+	c.send(cmds...)
+	c.nc.SetReadDeadline(time.Now().Add(60 * time.Second))
+	for i := 0; i < n; i++ {
+		if v, _ := c.readReply(); v == nil {
+			t.Fatalf("reply %d: nil", i)
+		} else if e, isErr := v.(respError); isErr {
+			t.Fatalf("reply %d: %s", i, e)
+		}
+	}
+	if dialled := connectionsReceived() - before; dialled > 10 {
+		t.Fatalf("%d pipelined FUNCTION STATS made the proxy dial Redis %d times", n, dialled)
+	}
+
+	// Redis closes the kept connection (CLIENT KILL, its timeout, a
+	// restart): the next command goes on a new one.
+	list, err := direct.ClientList(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := 0
+	for _, line := range strings.Split(list, "\n") {
+		if strings.Contains(line, " name=redproxy-alone ") {
+			id, _, _ := strings.Cut(strings.TrimPrefix(line, "id="), " ")
+			if err := direct.Do(ctx, "CLIENT", "KILL", "ID", id).Err(); err != nil {
+				t.Fatal(err)
+			}
+			killed++
+		}
+	}
+	if killed != 1 {
+		t.Fatalf("%d connections named redproxy-alone, want the one kept:\n%s", killed, list)
+	}
+	if v := c.do("FUNCTION", "STATS"); v == nil {
+		t.Fatal("FUNCTION STATS: nil")
+	} else if e, isErr := v.(respError); isErr {
+		t.Fatalf("FUNCTION STATS after its kept connection was killed: %s", e)
+	}
+}

@@ -90,6 +90,7 @@ type Backend struct {
 type backendGen struct {
 	opt   BackendOptions
 	pools []atomic.Pointer[Pool] // index db*2 + resp3
+	alone aloneConns             // RoundTrip's
 }
 
 // ErrTooManyPinned is returned when upstream.max_pinned dedicated
@@ -298,7 +299,7 @@ func (b *Backend) RoundTripBeside(p *Pipe, raw []byte) ([]byte, error) {
 	if g == nil {
 		g = b.gen.Load()
 	}
-	return g.roundTrip(false, raw)
+	return g.roundTrip(false, true, raw)
 }
 
 // AcquireConn dials a raw dedicated connection for relaying (pub/sub,
@@ -417,15 +418,16 @@ func (b *Backend) Pool(db int, resp3 bool) *Pool {
 }
 
 // RoundTrip runs one command on a connection of its own (see busy.go).
-func (b *Backend) RoundTrip(resp3 bool, raw []byte) ([]byte, error) {
-	return b.gen.Load().roundTrip(resp3, raw)
+func (b *Backend) RoundTrip(resp3, keep bool, raw []byte) ([]byte, error) {
+	return b.gen.Load().roundTrip(resp3, keep, raw)
 }
 
-// roundTrip runs one command on a connection of its own to g's upstream.
-func (g *backendGen) roundTrip(resp3 bool, raw []byte) ([]byte, error) {
+// roundTrip runs one command on a connection of its own to g's upstream,
+// one kept from the last such command unless keep is false (aloneConns).
+func (g *backendGen) roundTrip(resp3, keep bool, raw []byte) ([]byte, error) {
 	o := g.options(0, resp3)
 	o.Name = "redproxy-alone"
-	return RoundTrip(o, raw)
+	return g.alone.roundTrip(o, resp3, keep, raw)
 }
 
 // Ready reports whether Redis answers a PING with PONG on a shared
@@ -604,6 +606,7 @@ func (g *backendGen) abandon() {
 }
 
 func (g *backendGen) close() {
+	g.alone.close()
 	for i := range g.pools {
 		if p := g.pools[i].Load(); p != nil {
 			p.Close()
