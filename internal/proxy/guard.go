@@ -94,7 +94,7 @@ func (sess *Session) guardStep(r *request) bool {
 		if sess.pin.inMulti {
 			// Queued: it takes effect at EXEC, where the write hooks hear
 			// of it (pinnedExec).
-			sess.pin.txWrites = append(sess.pin.txWrites, txWrite{cmd: cmd, args: copyArgs(args)})
+			sess.pin.txWrites = append(sess.pin.txWrites, txWrite{cmd: cmd, args: txWriteArgs(cmd, args)})
 		} else {
 			sess.writeForwarded(cmd, args)
 		}

@@ -223,7 +223,7 @@ func (sess *Session) nsStep(r *request) bool {
 			// (pinnedExec), as of the transaction's other writes
 			// (queueInMulti): told now, the local tier would fill the
 			// namespace's keys again before EXEC deletes them.
-			sess.pin.txWrites = append(sess.pin.txWrites, txWrite{cmd: r.cmd, args: copyArgs(r.Args)})
+			sess.pin.txWrites = append(sess.pin.txWrites, txWrite{cmd: r.cmd, args: txWriteArgs(r.cmd, r.Args)})
 		default:
 			sess.writeForwarded(r.cmd, r.Args)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -359,7 +360,7 @@ func (sess *Session) queueInMulti(r *request) {
 		return
 	}
 	if mayWrite(r.cmd) {
-		pin.txWrites = append(pin.txWrites, txWrite{cmd: r.cmd, args: copyArgs(r.Args)})
+		pin.txWrites = append(pin.txWrites, txWrite{cmd: r.cmd, args: txWriteArgs(r.cmd, r.Args)})
 	}
 	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: r.m, tx: true, mute: sess.curMute, strip: sess.curStrip})
 	sess.call.Add(r.Raw)
@@ -509,13 +510,31 @@ func stripExec(reply []byte, hidden []int, dst []byte) []byte {
 	return dst
 }
 
-func copyArgs(args [][]byte) [][]byte {
+// txWriteArgs is what a queued write keeps until EXEC for the write hooks
+// (pinnedExec): its keys and its short arguments (SWAPDB's numbers, COPY's
+// DB, the keywords and counts key positions are found by), not its values.
+// A copy of every argument kept a second copy of the queue, which Redis
+// holds too: a client that queued 160 MB in MULTI and never sent EXEC grew
+// the proxy's heap by 160 MB (found by review). A long argument that is
+// not a key is kept empty: no keyword or count is that long, so cmd.Keys
+// finds the same positions in what is kept.
+func txWriteArgs(cmd *commands.Command, args [][]byte) [][]byte {
+	var buf [8]int
+	var keys []int
+	if cmd != nil { // unknown: no keys the hooks could use
+		keys = cmd.Keys(args, buf[:0])
+	}
 	out := make([][]byte, len(args))
 	for i, a := range args {
+		if len(a) > maxKeptTxArg && !slices.Contains(keys, i) {
+			continue
+		}
 		out[i] = append([]byte(nil), a...)
 	}
 	return out
 }
+
+const maxKeptTxArg = 64
 
 func errorReply(err error) []byte {
 	msg := err.Error()
