@@ -375,9 +375,12 @@ func (r *Router) DoReads(c *upstream.Call, resp3 bool, reads Reads, onlyReads bo
 	b := batchPool.Get().(*batch)
 	b.reset(r, resp3, c.Len())
 	b.reads, b.onlyReads = reads, onlyReads && reads != nil
-	// Each node's share is capped like the client's whole Call, so a
+	// The node calls share the client's Call's limit (one budget), so a
 	// client's replies cannot grow past a few times its output limit here.
+	// (Not the Call's own budget, when routes split it first: the replies
+	// are counted there again as they are added to it.)
 	b.limit = c.ReplyLimit()
+	b.budget.Store(0)
 	for i := range b.ops {
 		b.plan(i, c.Part(i))
 	}
@@ -388,6 +391,10 @@ func (r *Router) DoReads(c *upstream.Call, resp3 bool, reads Reads, onlyReads bo
 		c.Overflow()
 	}
 	for i := range b.ops {
+		if b.overflow {
+			c.AddReply(nil) // dropped: no need to merge it
+			continue
+		}
 		c.AddReply(b.reply(i))
 	}
 	b.reset(nil, false, 0)
@@ -490,6 +497,7 @@ type batch struct {
 	// did not fit.
 	limit    int
 	overflow bool
+	budget   atomic.Int64 // shared by the node calls (SetReplyBudget)
 	// open is the group a MULTI started and no EXEC or DISCARD ended yet;
 	// groups counts them.
 	open, groups int
@@ -811,6 +819,7 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 		nc.addr, nc.replica = addr, replica
 		if b.limit > 0 {
 			nc.call.SetReplyLimit(b.limit)
+			nc.call.SetReplyBudget(&b.budget)
 		}
 		b.calls = append(b.calls, nc)
 		return nc
@@ -1163,7 +1172,9 @@ func parseRedirect(reply []byte, from string) (slot int, addr string, ok bool) {
 func (b *batch) finish(i int, reply []byte) {
 	s := &b.subs[i]
 	s.rstart = len(b.arena)
-	b.arena = append(b.arena, reply...)
+	if !b.overflow { // else every reply is dropped (DoReads)
+		b.arena = append(b.arena, reply...)
+	}
 	s.rend = len(b.arena)
 	s.done = true
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/metrics"
@@ -500,5 +501,62 @@ func TestQueuedWritesAreNotCopiedWhole(t *testing.T) {
 				t.Fatalf("%d MB queued in MULTI grew the proxy's heap by %d MB", n, grown>>20)
 			}
 		})
+	}
+}
+
+// In cluster mode a read split across nodes (MGET) had each node's share
+// capped at the client's output limit, not all of them together: the
+// proxy held up to the limit per node, then the shares again in the
+// router's arena, then the merged reply, before the client's Call found it
+// over the limit. One MGET of 45 MB across three nodes held 120 MB of live
+// heap for a client limited to 16 MB (found by review). The node calls now
+// share one budget, and nothing is merged once it is spent.
+func TestClusterSplitMGETHoldsAboutTheLimit(t *testing.T) {
+	const limit = 16 << 20
+	c := redistest.StartCluster(t, 3, 0)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+		cfg.Server.ClientOutputLimit = limit
+	})
+	rc := p.Client(t)
+	m := p.Router().Map()
+	perNode := map[string]int{}
+	var keys []string
+	val := strings.Repeat("m", 1<<20)
+	for i := 0; len(keys) < 3*15; i++ {
+		k := "split:mget:" + strconv.Itoa(i)
+		o := m.Owner(cluster.Slot([]byte(k)))
+		if perNode[o] >= 15 { // 15 MB per node: each share under the limit
+			continue
+		}
+		perNode[o]++
+		keys = append(keys, k)
+		if err := rc.Set(ctx, k, val, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mem := sampleMemory(t)
+	raw := dialRaw(t, p.Addr)
+	raw.send(append([]string{"MGET"}, keys...))
+	redistest.Eventually(t, 20*time.Second, func() bool { return closedFor(p, "output_limit") == 1 },
+		"the client was never closed for its output limit")
+	_, heap := mem.finish()
+	t.Logf("MGET of %d MB across 3 nodes, limit %d MB: live heap peak +%d MB", len(keys), limit>>20, heap>>20)
+	// Measured alone: 112-120 MB before the fix, 21-30 MB after it; up to
+	// 52 MB amid other tests, whose leftovers share this process's heap.
+	if heap > 4*limit {
+		t.Fatalf("one MGET made the proxy hold %d MB (live heap) for a client limited to %d MB", heap>>20, limit>>20)
+	}
+	// Under the limit, the same split read is answered whole.
+	small := keys[:12]
+	got, err := rc.MGet(ctx, small...).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range got {
+		if v != val {
+			t.Fatalf("MGET's value %d: %.20v", i, v)
+		}
 	}
 }

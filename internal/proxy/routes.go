@@ -604,7 +604,8 @@ type routeBatch struct {
 	args                [][]byte
 	keys                []int
 	parts               [][]byte
-	groups              []int // per op: the transaction (MULTI ... EXEC in the Call) it is in, from 1; 0 for none
+	groups              []int        // per op: the transaction (MULTI ... EXEC in the Call) it is in, from 1; 0 for none
+	budget              atomic.Int64 // shared by calls (SetReplyBudget)
 }
 
 // routedDo runs a Call of shared-connection commands against the routes'
@@ -677,6 +678,7 @@ func (sess *Session) routedDo(call *upstream.Call) {
 	b.notReads = append(b.notReads[:0], make([]bool, len(b.calls))...)
 	b.mayWrites = append(b.mayWrites[:0], make([]bool, len(b.calls))...)
 	limit := call.ReplyLimit()
+	b.budget.Store(0)
 	for i := range n {
 		p := &b.plans[i]
 		b.first = append(b.first, len(b.where))
@@ -688,9 +690,10 @@ func (sess *Session) routedDo(call *upstream.Call) {
 				b.calls[part.Upstream] = c
 			}
 			if c.Len() == 0 && limit > 0 {
-				// Each upstream's share is capped like the client's whole
-				// Call, as cluster mode caps each node's.
+				// The upstreams' shares are capped together like the
+				// client's whole Call, as cluster mode caps its nodes'.
 				c.SetReplyLimit(limit)
+				c.SetReplyBudget(&b.budget)
 			}
 			b.where = append(b.where, c.Len())
 			b.notReads[part.Upstream] = b.notReads[part.Upstream] || b.notRead[i]
