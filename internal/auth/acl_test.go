@@ -76,8 +76,12 @@ func TestACLCommandRules(t *testing.T) {
 		{"-@all -auth", "auth p", Allowed},
 		{"", "quit", Allowed},
 		{"", "reset", Allowed},
-		// Unknown commands: only @all names them.
-		{"+@all", "nosuchcommand x", Allowed},
+		// Unknown commands: only @all names them, and only with every key
+		// (their keys cannot be found).
+		{"+@all allkeys", "nosuchcommand x", Allowed},
+		{"+@all ~*", "nosuchcommand x", Allowed},
+		{"+@all", "nosuchcommand x", DeniedKey},
+		{"+@all ~cache:*", "nosuchcommand cache:x", DeniedKey},
 		{"+@read +@write allkeys", "nosuchcommand x", DeniedCmd},
 	}
 	for _, c := range cases {

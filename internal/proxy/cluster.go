@@ -397,7 +397,7 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 		return fail(errArity(r.name))
 	case r.name == "watch":
 		return fail(errWatchInMulti)
-	case r.name == "client|unblock" || r.name == "client|kill":
+	case r.name == "client|unblock" || r.name == "client|kill" || sess.nsClientList(r.name):
 		// See queueInMulti.
 		return fail([]byte("-ERR redproxy: '" + strings.ToUpper(strings.ReplaceAll(r.name, "|", " ")) + "' inside MULTI is not supported\r\n"))
 	}

@@ -220,3 +220,39 @@ func TestClientListStaysInTheNamespace(t *testing.T) {
 		t.Errorf("the admin's CLIENT LIST lacks clients:\n%s", all)
 	}
 }
+
+// Inside MULTI (run by EXEC) and on a relayed connection, CLIENT LIST was
+// sent to Redis, whose answer is every connection of the proxy's, with
+// other namespaces' client names and last commands (found by review). A
+// client in a namespace is refused it there; elsewhere the proxy answers
+// it with the namespace's clients, as above.
+func TestClientListInMultiOrRelayStaysInTheNamespace(t *testing.T) {
+	p := nsProxy(t)
+	const secret = "b-secret-client-name"
+	b := dialRaw(t, p.Addr)
+	for _, cmd := range [][]string{{"AUTH", "tenant-b", nsPass}, {"CLIENT", "SETNAME", secret}, {"WATCH", "k"}} {
+		if got := b.do(cmd...); got != "OK" {
+			t.Fatalf("%v: %v", cmd, got)
+		}
+	}
+	a := dialRaw(t, p.Addr)
+	wantReplies(t, a, []string{"AUTH", "tenant-a", nsPass}, []string{"MULTI"}, []string{"CLIENT", "LIST"}, []string{"EXEC"},
+		"OK", "OK", respError("ERR redproxy: 'CLIENT LIST' inside MULTI is not supported"),
+		respError("EXECABORT Transaction discarded because of previous errors."))
+
+	sub := dialRaw(t, p.Addr)
+	sub.do("AUTH", "tenant-a", nsPass)
+	sub.do("HELLO", "3")
+	sub.do("SUBSCRIBE", "x")
+	if got := fmt.Sprint(sub.do("CLIENT", "LIST")); strings.Contains(got, secret) || !strings.Contains(got, "not supported") {
+		t.Errorf("CLIENT LIST on tenant-a's RESP3 subscribed connection: %.200s", got)
+	}
+
+	// Outside a namespace, MULTI still queues it for Redis.
+	admin := dialRaw(t, p.Addr)
+	wantReplies(t, admin, []string{"AUTH", "admin", nsPass}, []string{"MULTI"}, []string{"CLIENT", "LIST"},
+		"OK", "OK", "QUEUED")
+	if got := fmt.Sprint(admin.do("EXEC")); !strings.Contains(got, secret) {
+		t.Errorf("the admin's CLIENT LIST run by EXEC: %.200s", got)
+	}
+}

@@ -333,7 +333,7 @@ func (sess *Session) dispatchWatched(r *request) {
 func (sess *Session) queueInMulti(r *request) {
 	pin := &sess.pin
 	name := r.name
-	if name == "client|unblock" || name == "client|kill" {
+	if name == "client|unblock" || name == "client|kill" || sess.nsClientList(name) {
 		// Their arguments name proxy clients (ids, addresses): run by EXEC
 		// they would name unrelated Redis connections.
 		sess.refuseInMulti(name, r.m)
@@ -1252,8 +1252,8 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 		// Proxy client ids and addresses cannot be translated in flight
 		// on a relay; forwarded, they would name unrelated Redis
 		// connections.
-		for _, sub := range [...]string{"UNBLOCK", "KILL"} {
-			if strings.EqualFold(string(r.Args[1]), sub) {
+		for _, sub := range [...]string{"UNBLOCK", "KILL", "LIST"} {
+			if strings.EqualFold(string(r.Args[1]), sub) && (sub != "LIST" || sess.ns.w != nil) {
 				return refuse(out, "ERR redproxy: CLIENT "+sub+" is not supported on a connection in subscribed, tracking or MONITOR mode")
 			}
 		}
