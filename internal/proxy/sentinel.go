@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/config"
@@ -13,7 +15,16 @@ import (
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
-var cmdRole = resp.AppendCommandStrings(nil, "ROLE")
+var (
+	// roleHello asks a candidate primary its role: HELLO's reply has a
+	// "role" field, and any user may send HELLO, while ROLE is @admin
+	// and @dangerous, refused to a hardened user (found by review: the
+	// proxy then never found a primary). HELLO 2 keeps the check's
+	// connection on RESP2; it is thrown away after.
+	roleHello = resp.AppendCommandStrings(nil, "HELLO", "2")
+	// cmdRole is asked when HELLO is refused (unknown before Redis 6).
+	cmdRole = resp.AppendCommandStrings(nil, "ROLE")
+)
 
 // newSentinelWatcher builds the watcher of upstream.mode = "sentinel" and
 // finds the primary to start with: known, if the caller found it already
@@ -44,7 +55,7 @@ func FindSentinelPrimary(cfg *config.Config, log *slog.Logger) string {
 func discoverAtStart(w *sentinel.Watcher, cfg *config.Config, log *slog.Logger) string {
 	u := cfg.Upstream
 	// Each Sentinel gets its dial timeout, twice (two questions), and the
-	// candidates their ROLE check.
+	// candidates their role check.
 	ctx, cancel := context.WithTimeout(context.Background(), 3*u.DialTimeout.Duration*time.Duration(len(u.Sentinels)))
 	defer cancel()
 	addr, _, err := w.Discover(ctx, "", -1)
@@ -77,17 +88,32 @@ func sentinelOptions(cfg *config.Config, log *slog.Logger) sentinel.Options {
 			// With Redis's credentials, as the data path dials. RoundTrip
 			// waits DeadTimeout for the reply (30 s when unset): a
 			// candidate that took the handshake and then stalled held
-			// Discover that long; ROLE answers at once or not at all.
-			return upstream.RoundTrip(upstream.Options{
+			// Discover that long; HELLO and ROLE answer at once or not at
+			// all.
+			o := upstream.Options{
 				Addr: addr, Username: u.Username, Password: u.Password, TLS: tlsConf,
 				DialTimeout: u.DialTimeout.Duration, ReplyTimeout: u.ReplyTimeout.Duration,
 				DeadTimeout: u.ReplyTimeout.Duration, Name: "redproxy-sentinel-check", Logger: log,
-			}, cmdRole)
+			}
+			r, err := upstream.RoundTrip(o, roleHello)
+			if err != nil || !resp.IsError(r) {
+				return r, err
+			}
+			role, err := upstream.RoundTrip(o, cmdRole)
+			if err != nil || !resp.IsError(role) {
+				return role, err
+			}
+			return nil, fmt.Errorf("HELLO refused (%s) and ROLE refused (%s)", trimErr(r), trimErr(role))
 		},
 		DialTimeout:  u.DialTimeout.Duration,
 		ReconnectMax: u.ReconnectMax.Duration,
 		Logger:       log,
 	}
+}
+
+// trimErr is an error reply's text, for a log line.
+func trimErr(r []byte) string {
+	return strings.TrimSpace(string(r[1:min(len(r), 200)]))
 }
 
 // readOnlyHook is what the backend calls on a -READONLY reply: in

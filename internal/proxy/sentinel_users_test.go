@@ -1,8 +1,11 @@
 package proxy_test
 
 import (
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/config"
@@ -49,4 +52,61 @@ func TestSentinelUserCredentialFollowsFailover(t *testing.T) {
 	old.Kill(t)
 	redistest.Eventually(t, 5*time.Second, func() bool { return app.Set(ctx, "after-kill", "v", 0).Err() == nil },
 		"with the old primary gone, the user's SET still fails")
+}
+
+// TestSentinelUpstreamUserWithoutAdminCommands: an upstream Redis user
+// denied @admin and @dangerous (a common hardened account) served the
+// proxy in standalone mode, but in Sentinel mode the proxy never found a
+// primary and stayed not ready, every client getting "upstream
+// unavailable" (found by review): each candidate the Sentinels named was
+// checked with ROLE, which such a user may not run, and the -NOPERM reply
+// was reported as "not a primary". A Sentinel-aware client with the same
+// user works (it only asks the Sentinels). The check asks HELLO now,
+// whose reply has the role and which any user may send; the proxy is
+// ready, writes reach the primary, and it follows a failover.
+func TestSentinelUpstreamUserWithoutAdminCommands(t *testing.T) {
+	g := redistest.StartSentinelGroup(t, redistest.SentinelOptions{Replicas: 1, Sentinels: 1})
+	for _, n := range g.Nodes {
+		if err := n.Client(t).Do(ctx, "ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-@admin", "-@dangerous").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := g.Nodes[0]
+	// The premise: this user may not run ROLE, and a Sentinel-aware
+	// client with it works.
+	ac := redis.NewClient(&redis.Options{Addr: old.Addr(), Username: "app", Password: "pw", MaxRetries: -1})
+	defer ac.Close()
+	if err := ac.Do(ctx, "ROLE").Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("ROLE as app = %v, want NOPERM", err)
+	}
+	fc := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: g.Name, SentinelAddrs: g.SentinelAddrs(), Username: "app", Password: "pw", MaxRetries: -1})
+	defer fc.Close()
+	if err := fc.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("go-redis failover client with user app: %v", err)
+	}
+
+	p := proxytest.StartUnready(t, nil, func(c *config.Config) {
+		sentinelConfig(g, g.SentinelAddrs())(c)
+		c.Upstream.Username, c.Upstream.Password = "app", "pw"
+	})
+	redistest.Eventually(t, 8*time.Second, p.Ready, "Sentinel mode with upstream user app (+@all -@admin -@dangerous) never ready; primary known = %q", p.SentinelPrimary())
+	if got := p.SentinelPrimary(); got != old.Addr() {
+		t.Fatalf("primary = %q, want %s", got, old.Addr())
+	}
+	c := p.Client(t, func(o *redis.Options) { o.Username, o.Password = "app", "pw" })
+	if err := c.Set(ctx, "k", "through-proxy", 0).Err(); err != nil {
+		t.Fatalf("SET through the proxy: %v", err)
+	}
+	if v, err := old.Client(t).Get(ctx, "k").Result(); err != nil || v != "through-proxy" {
+		t.Fatalf("the SET did not reach the primary: %q, %v", v, err)
+	}
+
+	g.Failover(t)
+	next := g.WaitNewPrimary(t, old, 30*time.Second)
+	redistest.Eventually(t, 5*time.Second, func() bool { return p.SentinelPrimary() == next.Addr() },
+		"the proxy did not follow to %s", next.Addr())
+	redistest.Eventually(t, 5*time.Second, func() bool { return c.Set(ctx, "k", "after", 0).Err() == nil }, "writes never worked on the new primary")
+	if v, err := next.Client(t).Get(ctx, "k").Result(); err != nil || v != "after" {
+		t.Fatalf("the SET after the failover is not on the new primary %s: %q, %v", next.Addr(), v, err)
+	}
 }

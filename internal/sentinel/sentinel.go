@@ -11,9 +11,9 @@
 // configuration epoch (SENTINEL MASTER), which every failover raises. Once
 // more than half have answered (or all have answered or failed), the
 // answers are tried newest epoch first, then by how many Sentinels agree;
-// the first address whose server says it is a primary (ROLE) wins (they
-// are checked at once, but one is taken only once every one before it
-// has failed). So a Sentinel that has not yet heard of a failover cannot
+// the first address whose server says it is a primary (HELLO's role
+// field, or ROLE) wins (they are checked at once, but one is taken only
+// once every one before it has failed). So a Sentinel that has not yet heard of a failover cannot
 // send the proxy back to the old primary while that one still believes it
 // is primary, and a demoted or dead server is never chosen.
 //
@@ -43,6 +43,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/resp"
 )
 
 // ErrNoPrimary is returned by Discover when no Sentinel names a server
@@ -57,8 +59,11 @@ type Options struct {
 	Username, Password string
 	// TLS, if set, is used for the Sentinel connections ([upstream.tls]).
 	TLS *tls.Config
-	// Role runs ROLE on the server at addr with Redis's credentials and
-	// returns the raw RESP reply (upstream.RoundTrip does).
+	// Role asks the server at addr for its role with Redis's credentials
+	// and returns the raw RESP reply: to HELLO (whose "role" and "mode"
+	// fields any user may read) or to ROLE (which needs @admin; see
+	// parseRole). An error reply is reported as the reason the server
+	// is not taken.
 	Role        func(addr string) ([]byte, error)
 	DialTimeout time.Duration
 	// PollInterval is how often the Sentinels are asked even without a
@@ -266,7 +271,7 @@ gather:
 	return "", -1, fmt.Errorf("%w: %w", ErrNoPrimary, errors.Join(asked...))
 }
 
-// firstPrimary checks every candidate at once (ROLE; once per address,
+// firstPrimary checks every candidate at once (Role; once per address,
 // at most maxParallel at a time, in cands' order) and returns the index of
 // the first in cands' order that says it is a primary, or -1; errs[i]
 // says why cands[i] is not one, for those before it.
@@ -334,20 +339,109 @@ func (w *Watcher) ask(ctx context.Context, c *redis.SentinelClient) (string, int
 	return net.JoinHostPort(hp[0], hp[1]), epoch, nil
 }
 
-var roleMaster = []byte("*3\r\n$6\r\nmaster\r\n")
+// errNotPrimary: the server answered as a replica (or a Sentinel).
+var errNotPrimary = errors.New("not a primary")
 
-// errNotPrimary: the server answered ROLE as a replica (or a Sentinel).
-var errNotPrimary = errors.New("not a primary (ROLE)")
+// errRoleRefused: the server answered the role check with an error, e.g.
+// -NOPERM for a user denied ROLE (@admin, @dangerous) and HELLO.
+var errRoleRefused = errors.New("role check refused")
 
 func (w *Watcher) isPrimary(addr string) (bool, error) {
 	r, err := w.opt.Role(addr)
 	if err != nil {
 		return false, err
 	}
-	if !bytes.HasPrefix(r, roleMaster) {
-		return false, errNotPrimary
+	role, mode, err := parseRole(r)
+	switch {
+	case err != nil:
+		return false, err
+	case mode == "sentinel":
+		return false, fmt.Errorf("%w: a Sentinel", errNotPrimary)
+	case role != "master":
+		return false, fmt.Errorf("%w: role %q", errNotPrimary, role)
 	}
 	return true, nil
+}
+
+// parseRole reads the server's role ("master", "slave" or "replica",
+// "sentinel") from its reply to ROLE (an array whose first element is the
+// role) or to HELLO (a map, or in RESP2 a flat array of field names and
+// values, with "role" and "mode" fields). An error reply is returned as
+// errRoleRefused with the server's text, so the log says why.
+func parseRole(r []byte) (role, mode string, err error) {
+	if resp.IsError(r) {
+		return "", "", fmt.Errorf("%w: %s", errRoleRefused, bytes.TrimSpace(r[1:]))
+	}
+	el, ok := elements(r)
+	if !ok || len(el) == 0 {
+		return "", "", fmt.Errorf("%w: unexpected reply %q", errNotPrimary, trim(r))
+	}
+	first, _ := simpleString(el[0])
+	switch first {
+	case "master", "slave", "sentinel":
+		return first, "", nil // ROLE
+	}
+	for i := 0; i+1 < len(el); i += 2 { // HELLO
+		k, _ := simpleString(el[i])
+		v, _ := simpleString(el[i+1])
+		switch k {
+		case "role":
+			role = v
+		case "mode":
+			mode = v
+		}
+	}
+	if role == "" {
+		return "", "", fmt.Errorf("%w: no role in reply %q", errNotPrimary, trim(r))
+	}
+	return role, mode, nil
+}
+
+// elements splits an array or map reply into its framed elements (a map's
+// keys and values alternating).
+func elements(r []byte) ([][]byte, bool) {
+	nl := bytes.IndexByte(r, '\n')
+	if nl < 2 || r[0] != '*' && r[0] != '%' {
+		return nil, false
+	}
+	n, ok := resp.ParseInt(r[1 : nl-1])
+	if !ok || n < 0 || n > 1024 {
+		return nil, false
+	}
+	if r[0] == '%' {
+		n *= 2
+	}
+	out := make([][]byte, 0, n)
+	pos := nl + 1
+	for range n {
+		k, err := resp.ScanReply(r[pos:])
+		if err != nil || k == 0 {
+			return nil, false
+		}
+		out = append(out, r[pos:pos+k])
+		pos += k
+	}
+	return out, true
+}
+
+// simpleString returns the text of a bulk or simple string reply.
+func simpleString(r []byte) (string, bool) {
+	switch {
+	case len(r) >= 3 && r[0] == '+':
+		return string(r[1 : len(r)-2]), true
+	case len(r) >= 4 && r[0] == '$':
+		if nl := bytes.IndexByte(r, '\n'); nl > 0 && nl+1 <= len(r)-2 {
+			return string(r[nl+1 : len(r)-2]), true
+		}
+	}
+	return "", false
+}
+
+func trim(r []byte) []byte {
+	if len(r) > 100 {
+		return r[:100]
+	}
+	return r
 }
 
 // Start begins following the group. current is the primary in use ("" if
