@@ -545,7 +545,7 @@ func (sess *Session) dedicatedBackend(r *request) (*upstream.Backend, error) {
 	}
 	keySlot, keyed, _ := sess.keySlot(r)
 	if !keyed {
-		keySlot = sess.wroteSlot - 1 // WAIT, WAITAOF; -1: any primary
+		keySlot = int(sess.wroteSlot) - 1 // WAIT, WAITAOF; -1: any primary
 	}
 	return sess.srv.router.BackendFor(keySlot)
 }
@@ -558,7 +558,7 @@ func (sess *Session) dedicatedBackend(r *request) (*upstream.Backend, error) {
 func (sess *Session) clusterWrote(cmd *commands.Command, args [][]byte) {
 	var buf [8]int
 	if keys := cmd.Keys(args, buf[:0]); len(keys) > 0 {
-		sess.wroteSlot = cluster.Slot(args[keys[len(keys)-1]]) + 1
+		sess.wroteSlot = int32(cluster.Slot(args[keys[len(keys)-1]]) + 1)
 	}
 }
 
@@ -569,7 +569,7 @@ func (sess *Session) clusterWrote(cmd *commands.Command, args [][]byte) {
 // of the proxy's in the slot of the client's last write, in one
 // transaction, which replicates as one entry and leaves nothing behind.
 func (sess *Session) clusterWaitMarker() [][]byte {
-	slot := sess.wroteSlot - 1
+	slot := int(sess.wroteSlot) - 1
 	if slot < 0 {
 		return nil // nothing written: WAIT answers at once anyway
 	}

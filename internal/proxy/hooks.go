@@ -25,6 +25,8 @@ import "github.com/redproxy/redproxy/internal/commands"
 func (sess *Session) writeForwarded(cmd *commands.Command, args [][]byte) {
 	if sess.srv.router != nil {
 		sess.clusterWrote(cmd, args)
+	} else {
+		sess.wroteMoves = sess.backend().Moves() + 1
 	}
 	sess.tierWriteForwarded(cmd, args)
 	sess.flightWriteForwarded(cmd, args)

@@ -71,10 +71,16 @@ type Session struct {
 	relayNode string
 	// wroteSlot is, in cluster mode, 1 + the slot of the client's last
 	// write, where its WAIT goes (clusterWaitBackend); 0: none yet.
-	wroteSlot int
-	block     blockState
-	replyOff  bool // CLIENT REPLY OFF
-	replySkip bool // CLIENT REPLY SKIP: mute the next command
+	// (An int32, so that wroteMoves shares its word.)
+	wroteSlot int32
+	// wroteMoves is, outside cluster mode, 1 + the session's backend's
+	// Moves() when the client's last write was forwarded; 0: none yet.
+	// A WAIT after the backend moved to another server (a Sentinel
+	// failover) answers 0 (waitAfterMove).
+	wroteMoves uint32
+	block      blockState
+	replyOff   bool // CLIENT REPLY OFF
+	replySkip  bool // CLIENT REPLY SKIP: mute the next command
 	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
 	relayInMulti bool
 	interrupted  atomic.Bool

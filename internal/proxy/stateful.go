@@ -544,6 +544,43 @@ func errorReply(err error) []byte {
 	return redcon.AppendError(nil, msg)
 }
 
+var (
+	waitNone    = []byte(":0\r\n")
+	waitAOFNone = []byte("*2\r\n:0\r\n:0\r\n")
+)
+
+// waitAfterMove answers WAIT and WAITAOF itself, with no replica (and no
+// local fsync), when the client's last write went to a server its backend
+// has left since (a Sentinel failover, or a reload to another address),
+// and reports whether it did.
+//
+// Found by review: a SET acknowledged by an isolated old primary (which no
+// replica heard any more), then the failover, then the client's WAIT 1 ran
+// on the new primary and answered 1, vouching for a write that was on no
+// replica and gone from the new primary. On Redis directly the writing
+// connection's WAIT answers 0 (or the connection breaks); through the
+// proxy the client's connection never broke, so the proxy must say it.
+// The answer holds until the client writes again, to the new server.
+func (sess *Session) waitAfterMove(cmd *commands.Command, m *metrics.Command) bool {
+	if sess.srv.router != nil || sess.wroteMoves == 0 {
+		return false
+	}
+	var none []byte
+	switch cmd.Name {
+	case "wait":
+		none = waitNone
+	case "waitaof":
+		none = waitAOFNone
+	default:
+		return false
+	}
+	if sess.wroteMoves == sess.backend().Moves()+1 {
+		return false
+	}
+	sess.replyLocal(m, none)
+	return true
+}
+
 // blocking runs a blocking command on a dedicated connection with no proxy
 // timeout (the command's own timeout, possibly forever, applies), after
 // everything the client sent before it has been answered.
@@ -553,6 +590,9 @@ func (sess *Session) blocking(r *request) {
 	sess.flush(time.Now())
 	if mayWrite(cmd) {
 		sess.writeForwarded(cmd, r.Args)
+	}
+	if sess.waitAfterMove(cmd, m) {
+		return
 	}
 	pipe, b := sess.pin.pipe, sess.pin.backend
 	borrowed := false

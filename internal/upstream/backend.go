@@ -54,7 +54,10 @@ type BackendOptions struct {
 // closed only once what was sent on them has been answered (drain).
 type Backend struct {
 	gen atomic.Pointer[backendGen]
-	mu  sync.Mutex // creating pools, switching generations
+	// moves counts the switches to another server: every Failover, and
+	// a Switch to another address (Moves).
+	moves atomic.Uint32
+	mu    sync.Mutex // creating pools, switching generations
 	// pins is upstream.max_pinned and what is taken of it, possibly
 	// shared with other backends (BackendOptions.Pins).
 	pins *PinLimit
@@ -493,6 +496,11 @@ func (b *Backend) switchGen(opt BackendOptions, failover bool) {
 		return
 	}
 	old := b.gen.Swap(next)
+	if failover || old.opt.Addr != opt.Addr {
+		// After the swap: whoever reads the new count sends on the new
+		// generation (Moves).
+		b.moves.Add(1)
+	}
 	b.drains.Add(1)
 	b.mu.Unlock()
 	b.SetMaxPinned(opt.MaxPinned)
@@ -727,6 +735,15 @@ func (b *Backend) collect(ch chan<- prometheus.Metric, d *backendDescs, node ...
 		ch <- prometheus.MustNewConstMetric(d.commands, prometheus.CounterValue, float64(s.Commands), labels...)
 	}
 }
+
+// Moves is how many times the backend has moved to another server (a
+// Failover, or a Switch to another address). A write forwarded when it
+// was n went to a server the backend has left if it is more than n now:
+// what WAIT asks of the server now says nothing about that write (the
+// proxy answers WAIT itself then). It is counted after the new
+// generation is in place, so a sender that read n sends to the server
+// of the n-th move or a later one, never to one left before.
+func (b *Backend) Moves() uint32 { return b.moves.Load() }
 
 // Addr is the address the current generation dials.
 func (b *Backend) Addr() string { return b.gen.Load().opt.Addr }

@@ -74,3 +74,32 @@ func TestBackendFailoverFailsPendingWithConnLost(t *testing.T) {
 		t.Fatalf("the write after the failover is not on the new server: %q, %v", v, err)
 	}
 }
+
+// Moves counts the switches to another server, which WAIT needs to know
+// of (a write forwarded before one went to a server left since): every
+// Failover (even to the same address: a Sentinel may name the same
+// host:port for a restarted server), and a Switch to another address,
+// but not a Switch that only changes options.
+func TestBackendMoves(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	opt := BackendOptions{Addr: a.Addr(), Connections: 1, Databases: 1, MaxPinned: 4, DialTimeout: 2 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	be := NewBackend(opt)
+	t.Cleanup(be.Close)
+	for _, step := range []struct {
+		name string
+		do   func()
+		want uint32
+	}{
+		{"at start", func() {}, 0},
+		{"Switch with new options", func() { opt.ReplyTimeout = time.Second; be.Switch(opt) }, 0},
+		{"Switch to another address", func() { opt.Addr = b.Addr(); be.Switch(opt) }, 1},
+		{"Failover", func() { opt.Addr = a.Addr(); be.Failover(opt) }, 2},
+		{"Failover to the same address", func() { be.Failover(opt) }, 3},
+	} {
+		step.do()
+		if got := be.Moves(); got != step.want {
+			t.Errorf("Moves after %s = %d, want %d", step.name, got, step.want)
+		}
+	}
+}
