@@ -18,7 +18,10 @@
 // is primary, and a demoted or dead server is never chosen.
 //
 // The primary in use is kept while it says it is one and no Sentinel names
-// another with a newer epoch.
+// another with a newer epoch; except a promotion adopted before any
+// Sentinel named it, which is provisional: if after a short while no
+// Sentinel names it, none is failing over, and most name another primary,
+// that one wins (see discover).
 //
 // When the choice is made: on +switch-master and +promoted-slave events
 // (all Sentinels are subscribed to, each on its own connection, retried
@@ -101,7 +104,11 @@ type Watcher struct {
 	epoch int64
 	// newest is the newest epoch any Sentinel has named.
 	newest int64
-	subs   []*redis.PubSub
+	// adopted is when inUse was adopted from a promotion (adopt), while
+	// no Sentinel has named it yet: it is provisional (discover). Zero
+	// once one has, or when inUse was chosen from the Sentinels' answers.
+	adopted time.Time
+	subs    []*redis.PubSub
 	// promoting is the replica whose promotion is being watched, if any.
 	promoting string
 
@@ -184,22 +191,50 @@ type answer struct {
 // otherwise hold every check for its read timeout. A Sentinel left out
 // this time is asked again at the next check.
 func (w *Watcher) Discover(ctx context.Context, current string, currentEpoch int64) (string, int64, error) {
+	f, err := w.discover(ctx, current, currentEpoch, time.Time{})
+	return f.addr, f.epoch, err
+}
+
+// found is what one discovery found.
+type found struct {
+	addr  string
+	epoch int64
+	// named: some Sentinel named current (it is no longer provisional).
+	named bool
+	// overruled: current was provisional, and a majority of the
+	// Sentinels that answered named addr instead, which is a primary.
+	overruled bool
+}
+
+// discover is Discover, for a current primary that is provisional since
+// adopted (not zero): adopted from a promotion no Sentinel has named yet
+// (watchPromotion). Such a primary is kept as Discover keeps any, with
+// its made-up epoch, for provisionalFor. After that, if no Sentinel
+// names it and none reports a failover in progress, and more than half of
+// those that answered name another server that says it is a primary, that
+// server wins: the failover that promoted current was abandoned (its
+// leader died before telling the others), and the Sentinels will turn
+// current back into a replica, dropping the writes it took. While current
+// is provisional every Sentinel's answer is waited for (each within its
+// ask timeout), so the one leading the failover is heard if it can be.
+func (w *Watcher) discover(ctx context.Context, current string, currentEpoch int64, adopted time.Time) (found, error) {
+	provisional := current != "" && !adopted.IsZero()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // the Sentinels not waited for stop waiting for a connection
 	type reply struct {
-		i     int
-		addr  string
-		epoch int64
-		err   error
+		i int
+		sentinelAnswer
+		err error
 	}
 	replies := make(chan reply, len(w.clients)) // late replies never block
 	fanOut(ctx, len(w.clients), func(i int) {
-		addr, epoch, err := w.ask(ctx, w.clients[i])
-		replies <- reply{i, addr, epoch, err}
+		a, err := w.ask(ctx, w.clients[i])
+		replies <- reply{i, a, err}
 	})
 	byAddr := map[string]*answer{}
 	var asked []error
 	answered := 0
+	failingOver := false
 gather:
 	for range w.clients {
 		var r reply
@@ -213,6 +248,7 @@ gather:
 			asked = append(asked, fmt.Errorf("%s: %w", w.opt.Sentinels[r.i], r.err))
 			continue
 		}
+		failingOver = failingOver || r.failingOver
 		a := byAddr[r.addr]
 		if a == nil {
 			a = &answer{addr: r.addr, epoch: r.epoch, first: r.i}
@@ -221,7 +257,7 @@ gather:
 		a.epoch = max(a.epoch, r.epoch)
 		a.first = min(a.first, r.i)
 		a.votes++
-		if answered++; answered > len(w.clients)/2 {
+		if answered++; answered > len(w.clients)/2 && !provisional {
 			break gather
 		}
 	}
@@ -231,6 +267,7 @@ gather:
 		answers = append(answers, a)
 		newest = max(newest, a.epoch)
 	}
+	named := current != "" && byAddr[current] != nil
 	// The candidates in order of preference: the primary in use while
 	// no Sentinel names a newer epoch, then the answers, newest epoch
 	// first, then by votes (the primary in use first among equals), then
@@ -249,26 +286,55 @@ gather:
 		}
 		return a.first - b.first
 	})
-	var cands []string
+	type cand struct {
+		addr  string
+		epoch int64
+	}
+	var cands []cand
+	// A provisional primary overruled: the server most Sentinels name is
+	// tried before it (it is kept if that one is not a primary).
+	var overrule *answer
+	if keep && provisional && !named && !failingOver && time.Since(adopted) >= w.provisionalFor() {
+		for _, a := range answers {
+			if a.votes*2 > answered && (overrule == nil || a.votes > overrule.votes) {
+				overrule = a
+			}
+		}
+	}
+	if overrule != nil {
+		cands = append(cands, cand{overrule.addr, overrule.epoch})
+	}
 	if keep {
-		cands = append(cands, current)
+		cands = append(cands, cand{current, currentEpoch})
 	}
-	off := len(cands) // answers[j] is cands[off+j]
+	off := len(cands) // cands[off:] are the answers
 	for _, a := range answers {
-		cands = append(cands, a.addr)
+		cands = append(cands, cand{a.addr, a.epoch})
 	}
-	i, errs := w.firstPrimary(cands)
-	switch {
-	case i == 0 && keep:
-		return current, currentEpoch, nil
-	case i >= 0:
-		a := answers[i-off]
-		return a.addr, a.epoch, nil
+	addrs := make([]string, len(cands))
+	for i, c := range cands {
+		addrs[i] = c.addr
 	}
-	for j, a := range answers {
-		asked = append(asked, fmt.Errorf("%s: %w", a.addr, errs[off+j]))
+	i, errs := w.firstPrimary(addrs)
+	if i >= 0 {
+		c := cands[i]
+		return found{addr: c.addr, epoch: c.epoch, named: named, overruled: overrule != nil && i == 0}, nil
 	}
-	return "", -1, fmt.Errorf("%w: %w", ErrNoPrimary, errors.Join(asked...))
+	for j, c := range cands {
+		if j >= off { // why each server the Sentinels named is not the primary
+			asked = append(asked, fmt.Errorf("%s: %w", c.addr, errs[j]))
+		}
+	}
+	return found{epoch: -1, named: named}, fmt.Errorf("%w: %w", ErrNoPrimary, errors.Join(asked...))
+}
+
+// provisionalFor is how long an adopted promotion no Sentinel names is
+// kept against the Sentinels (discover): twice the poll interval, and at
+// least 2 s. The failover's leader names the promoted replica once its
+// INFO (every second during a failover) shows it a primary, and says it
+// is failing over until then.
+func (w *Watcher) provisionalFor() time.Duration {
+	return max(2*w.opt.PollInterval, 2*time.Second)
 }
 
 // firstPrimary checks every candidate at once (Role; once per address,
@@ -317,26 +383,36 @@ func (w *Watcher) firstPrimary(cands []string) (int, []error) {
 	return -1, errs
 }
 
+// sentinelAnswer is what one Sentinel says of the primary.
+type sentinelAnswer struct {
+	addr  string
+	epoch int64
+	// failingOver: the Sentinel leads a failover of it (flag
+	// failover_in_progress), and may not name the promoted replica yet.
+	failingOver bool
+}
+
 // ask returns one Sentinel's primary address and configuration epoch.
-func (w *Watcher) ask(ctx context.Context, c *redis.SentinelClient) (string, int64, error) {
+func (w *Watcher) ask(ctx context.Context, c *redis.SentinelClient) (sentinelAnswer, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*w.opt.DialTimeout)
 	defer cancel()
 	hp, err := c.GetMasterAddrByName(ctx, w.opt.MasterName).Result()
 	if err != nil {
-		return "", 0, err
+		return sentinelAnswer{}, err
 	}
 	if len(hp) != 2 {
-		return "", 0, fmt.Errorf("unexpected reply to SENTINEL GET-MASTER-ADDR-BY-NAME: %q", hp)
+		return sentinelAnswer{}, fmt.Errorf("unexpected reply to SENTINEL GET-MASTER-ADDR-BY-NAME: %q", hp)
 	}
 	// The epoch only orders answers; a Sentinel that cannot give it
 	// still counts, as the oldest.
-	var epoch int64 = -1
+	a := sentinelAnswer{addr: net.JoinHostPort(hp[0], hp[1]), epoch: -1}
 	if m, err := c.Master(ctx, w.opt.MasterName).Result(); err == nil {
 		if e, err := strconv.ParseInt(m["config-epoch"], 10, 64); err == nil {
-			epoch = e
+			a.epoch = e
 		}
+		a.failingOver = slices.Contains(strings.Split(m["flags"], ","), "failover_in_progress")
 	}
-	return net.JoinHostPort(hp[0], hp[1]), epoch, nil
+	return a, nil
 }
 
 // errNotPrimary: the server answered as a replica (or a Sentinel).
@@ -511,7 +587,7 @@ func (w *Watcher) loop() {
 // It reports whether a primary is known.
 func (w *Watcher) check() bool {
 	w.mu.Lock()
-	current, currentEpoch := w.inUse, w.epoch
+	current, currentEpoch, adopted := w.inUse, w.epoch, w.adopted
 	w.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
@@ -521,7 +597,8 @@ func (w *Watcher) check() bool {
 		case <-ctx.Done():
 		}
 	}()
-	addr, epoch, err := w.Discover(ctx, current, currentEpoch)
+	f, err := w.discover(ctx, current, currentEpoch, adopted)
+	addr, epoch := f.addr, f.epoch
 	cancel()
 	w.switchMu.Lock()
 	defer w.switchMu.Unlock()
@@ -542,6 +619,10 @@ func (w *Watcher) check() bool {
 	if err == nil {
 		w.newest = max(w.newest, epoch)
 	}
+	if f.named && !w.adopted.IsZero() {
+		w.adopted = time.Time{}
+		w.opt.Logger.Info("sentinel: the promoted primary is confirmed by the Sentinels", "master_name", w.opt.MasterName, "primary", current, "after", time.Since(adopted).Round(time.Millisecond))
+	}
 	w.mu.Unlock()
 	if err != nil {
 		if wasKnown {
@@ -549,14 +630,19 @@ func (w *Watcher) check() bool {
 		}
 		return false
 	}
-	w.switchTo(addr, epoch, !wasKnown)
+	if f.overruled {
+		w.opt.Logger.Warn("sentinel: no Sentinel confirms the promoted primary, and most name another primary; going back to it (writes taken by the promoted one will be lost when the Sentinels demote it)",
+			"master_name", w.opt.MasterName, "promoted", current, "primary", addr, "adopted", time.Since(adopted).Round(time.Millisecond))
+	}
+	w.switchTo(addr, epoch, !wasKnown, false)
 	return true
 }
 
 // switchTo makes addr, chosen at epoch, the primary in use, telling the
-// data path if it is a different server. The caller holds switchMu, so
-// OnSwitch is called one at a time.
-func (w *Watcher) switchTo(addr string, epoch int64, wasUnknown bool) {
+// data path if it is a different server; adopted says it is a promotion
+// no Sentinel named yet (adopt). The caller holds switchMu, so OnSwitch is
+// called one at a time.
+func (w *Watcher) switchTo(addr string, epoch int64, wasUnknown, adopted bool) {
 	w.mu.Lock()
 	current := w.inUse
 	w.mu.Unlock()
@@ -569,6 +655,12 @@ func (w *Watcher) switchTo(addr string, epoch int64, wasUnknown bool) {
 		w.opt.Logger.Info("sentinel: primary known", "master_name", w.opt.MasterName, "primary", addr)
 	}
 	w.mu.Lock()
+	switch {
+	case adopted:
+		w.adopted = time.Now() // provisional until a Sentinel names it
+	case addr != w.inUse:
+		w.adopted = time.Time{} // chosen from the Sentinels' answers
+	}
 	w.inUse, w.epoch, w.known = addr, epoch, true
 	w.mu.Unlock()
 }
@@ -576,6 +668,9 @@ func (w *Watcher) switchTo(addr string, epoch int64, wasUnknown bool) {
 // adopt switches to the replica a failover promoted, which has just said
 // it is a primary. Its epoch is taken as one past the newest seen: the
 // failover raised it, though the Sentinels may not say so for a second yet.
+// It is provisional until a Sentinel names it (discover): a failover
+// whose leader dies before telling the others is abandoned, and the
+// made-up epoch must not keep the proxy on it against every Sentinel.
 func (w *Watcher) adopt(addr string) {
 	w.switchMu.Lock()
 	defer w.switchMu.Unlock()
@@ -586,7 +681,10 @@ func (w *Watcher) adopt(addr string) {
 	epoch := max(w.newest, w.epoch) + 1
 	w.newest = epoch
 	w.mu.Unlock()
-	w.switchTo(addr, epoch, false)
+	w.switchTo(addr, epoch, false, true)
+	// Checked again as soon as it may be given up, not at the next poll
+	// after that (a Recheck after Close is dropped).
+	time.AfterFunc(w.provisionalFor(), w.Recheck)
 }
 
 // watchPromotion polls the replica a failover is promoting (named by
