@@ -33,7 +33,7 @@ func (s *Server) backendOptions(c *config.Config, addr string) upstream.BackendO
 		Addr:         addr,
 		Username:     c.Upstream.Username,
 		Password:     c.Upstream.Password,
-		TLS:          s.tls.upstream,
+		TLS:          s.tls.upstream.Load(),
 		Connections:  c.Upstream.Connections,
 		MaxPinned:    c.Upstream.MaxPinned,
 		Pins:         s.pins,

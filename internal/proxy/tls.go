@@ -39,8 +39,11 @@ var notTLSReply = []byte("-ERR this port speaks TLS: connect with TLS (redis-cli
 // listener's own configuration is in listeners.go).
 type tlsState struct {
 	// upstream is the TLS configuration for connections to Redis, nil for
-	// plaintext; guarded by Server.reloadMu after NewServer.
-	upstream *tls.Config
+	// plaintext. A reload stores it (under Server.reloadMu); it is loaded
+	// without that lock wherever pools are built: the replica pollers
+	// (primary's, routes', cluster's), a session's first replica read with
+	// its own credential (replicaNode.backendFor), the user backends.
+	upstream atomic.Pointer[tls.Config]
 
 	failures *prometheus.CounterVec
 	logLimit logLimiter
@@ -72,7 +75,7 @@ func initTLS(s *Server) error {
 	if err != nil {
 		return err
 	}
-	t.upstream = up
+	t.upstream.Store(up)
 	warnInsecureUpstream(s, s.cfg)
 	return nil
 }
@@ -97,10 +100,10 @@ func (s *Server) reloadTLS(next *config.Config) (apply func(), upstreamChanged b
 	if err != nil {
 		return nil, false, err
 	}
-	upstreamChanged = !sameClientTLS(s.tls.upstream, up)
+	upstreamChanged = !sameClientTLS(s.tls.upstream.Load(), up)
 	return func() {
 		applyListeners()
-		s.tls.upstream = up
+		s.tls.upstream.Store(up)
 		warnInsecureUpstream(s, next)
 	}, upstreamChanged, nil
 }
