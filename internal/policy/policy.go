@@ -183,6 +183,7 @@ type Decision struct {
 type Policy struct {
 	global  *ruleset
 	scopes  []scopeRules
+	mode    Action // policy.mode as compiled (enforce when empty)
 	ceiling Action
 	now     func() time.Time // for EXAT/PXAT/EXPIREAT; replaced in tests
 }
@@ -240,7 +241,7 @@ func Compile(c Config) (*Policy, error) {
 		return nil, err
 	}
 	mode := resolve(mustAction(c.Mode), Enforce)
-	p := &Policy{ceiling: Enforce, now: time.Now}
+	p := &Policy{mode: mode, ceiling: Enforce, now: time.Now}
 	p.global = compileRules("", mode, &c.Commands, nil, c.TTL, &c.Names, c.Values)
 	for i, s := range c.Scopes {
 		name := s.Name
@@ -366,6 +367,16 @@ func (p *Policy) ForcedMode(a Action) *Policy {
 	q := *p
 	q.ceiling = min(p.ceiling, a)
 	return &q
+}
+
+// Mode is the global mode this policy was compiled with (policy.mode,
+// enforce when empty), capped by ForcedMode: what INFO reports as in
+// force. Scopes may have modes of their own.
+func (p *Policy) Mode() Action {
+	if p == nil {
+		return Off
+	}
+	return min(p.mode, p.ceiling)
 }
 
 // MaxValueBytes is the global value-size limit, 0 when that rule is off.

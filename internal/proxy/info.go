@@ -174,17 +174,11 @@ func (s *Server) appendProxySection(b []byte) []byte {
 		line("localtier_hit_ratio", strconv.FormatFloat(ratio, 'f', 4, 64))
 	}
 
-	// The mode in force is the configured one capped by --policy-mode.
-	mode := s.Config().Policy.Mode
-	if mode == "" {
-		mode = "enforce"
-	}
-	forced := s.guard.Report().Policy.ForcedMode
-	if forced == "off" || forced == "report" && mode == "enforce" {
-		mode = forced
-	}
-	line("policy_mode", mode)
-	line("policy_forced_mode", forced)
+	// The mode in force: the one the guard has loaded (by the start, a
+	// full reload or POST /policy/reload, which replaces no configuration
+	// snapshot), capped by --policy-mode.
+	line("policy_mode", s.guard.Policy().Mode().String())
+	line("policy_forced_mode", s.guard.Report().Policy.ForcedMode)
 	line("slowlog_entries", strconv.FormatUint(s.slow.log.Total(), 10))
 	return b
 }
