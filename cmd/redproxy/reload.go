@@ -59,13 +59,26 @@ func (r *reloader) reload() ([]string, error) {
 	if err == nil {
 		next, err = next.Apply(r.ov)
 	}
-	if err != nil {
-		return nil, err
+	if err == nil {
+		var changed []string
+		if changed, err = r.srv.Reload(next); err == nil {
+			return r.applied(next, changed), nil
+		}
 	}
-	changed, err := r.srv.Reload(next)
-	if err != nil {
-		return nil, err
+	// A full reload refused because of its [policy] is a failed policy
+	// reload too: the report and redproxy_policy_reloads_total say so, as
+	// after POST /policy/reload (the README promises it). Only the errors
+	// about [policy] are recorded there; a reload refused for anything
+	// else (a syntax error, another section, a restart-only change) is
+	// not a policy error and leaves the report alone.
+	if perr := policyErrors(err); perr != nil {
+		r.guard.ReloadFailed(perr)
 	}
+	return nil, err
+}
+
+// applied finishes a reload that Server.Reload accepted.
+func (r *reloader) applied(next *config.Config, changed []string) []string {
 	// The file's policy goes to the guard on every reload, changed or
 	// not: POST /policy/reload may have put another in force since the
 	// snapshot Changed compared with, and a full reload of a file that
@@ -79,7 +92,7 @@ func (r *reloader) reload() ([]string, error) {
 		r.log.Warn("policy not reloaded", "err", err)
 	}
 	r.level.Set(logLevel(next.Server.LogLevel))
-	return changed, nil
+	return changed
 }
 
 // reloadAndLog is SIGHUP's action.
@@ -122,3 +135,30 @@ func (r *reloader) handler() http.Handler {
 }
 
 func usesTLS(c *config.Config) bool { return c.Server.TLS.Enabled() || c.Upstream.TLS != nil }
+
+// policyErrors returns the errors in err's tree about the [policy]
+// section (config.Error keys under "policy", or a policy.Error from
+// compiling it), joined, or nil if there is none.
+func policyErrors(err error) error {
+	var out []error
+	var walk func(error)
+	walk = func(e error) {
+		switch x := e.(type) {
+		case nil:
+		case *config.Error:
+			if x.Key == "policy" || strings.HasPrefix(x.Key, "policy.") || strings.HasPrefix(x.Key, "policy[") {
+				out = append(out, x)
+			}
+		case *policy.Error:
+			out = append(out, x)
+		case interface{ Unwrap() []error }:
+			for _, c := range x.Unwrap() {
+				walk(c)
+			}
+		case interface{ Unwrap() error }:
+			walk(x.Unwrap())
+		}
+	}
+	walk(err)
+	return errors.Join(out...)
+}

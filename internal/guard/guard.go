@@ -228,6 +228,17 @@ func (g *Guard) Reload() error {
 	return g.swapLocked(p, err)
 }
 
+// ReloadFailed records a policy reload that failed outside Reload: a full
+// reload (SIGHUP, POST /reload) refused because the file's [policy] is
+// invalid. Like a failed Reload, it shows in the report as the last reload
+// error and counts in redproxy_policy_reloads_total{result="error"}; the
+// policy in force stays.
+func (g *Guard) ReloadFailed(err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.swapLocked(nil, err)
+}
+
 func (g *Guard) swapLocked(p *policy.Policy, err error) error {
 	if err != nil {
 		g.lastErr = oneLine(err.Error())
