@@ -8,6 +8,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -175,13 +176,17 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	// that an earlier read sent to the old upstream. Stored only now that
 	// the backend and the tier use the new upstream, so every fetch led in
 	// the new group goes there.
+	// Holds are about keys, not the upstream nor the coalescing settings:
+	// with the same hold and early refresh rules the new group keeps the
+	// old holds, so a read held on a miss is released by its filler's
+	// write through the new group; with new rules, the new group forwards
+	// writes and closes to the old holds until they have drained
+	// (stampede.Protection.Succeed).
 	stampedeChanged := !reflect.DeepEqual(cur.Stampede, next.Stampede)
 	if upstreamChanged || stampedeChanged {
 		old := s.flight.Load()
 		fs := s.newFlight(next.Stampede, old.Metrics())
-		if !stampedeChanged {
-			fs.KeepMisses(old) // holds are about keys, not the upstream
-		}
+		fs.Succeed(old, stampede.SameMissRules(cur.Stampede, next.Stampede))
 		s.flight.Store(fs)
 	}
 	return changed, nil

@@ -9,7 +9,10 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/stampede"
 )
 
 // Found: every reload, even one that changes nothing, stored the upstream
@@ -47,4 +50,55 @@ func TestReloadDoesNotRaceReplicaDiscovery(t *testing.T) {
 	redistest.Eventually(t, 20*time.Second, func() bool { return p.UsableReplicas() == 1 }, "the proxy never found the replica")
 	close(stop)
 	t.Logf("%d reloads while the replica joined", <-done)
+}
+
+// Found: a reload that changed anything in [stampede] (here only
+// max_waiters) built a new stampede.Protection with new miss holds, and
+// kept the old ones only when [stampede] was unchanged. A read already
+// held on a miss was then released by nothing but its timeout: its
+// filler's write, sent through the proxy after the reload, was recorded
+// in the new holds, never in the old one holding the read. With a
+// one-minute hold every client waiting on a hot key stalled for the full
+// minute after an unrelated reload. Now the holds are kept whenever the
+// hold and early refresh rules are unchanged, and when they change the
+// new rules forward writes (and closes) to the old holds until they have
+// drained, so the write releases the read in every case below.
+func TestHeldReadReleasedByWriteAfterStampedeReload(t *testing.T) {
+	rule := stampede.HoldRule{Pattern: "h:*", Timeout: units.Duration{Duration: 8 * time.Second}}
+	for _, tc := range []struct {
+		name   string
+		mutate func(c *config.Config)
+	}{
+		{"max_waiters only", func(c *config.Config) { c.Stampede.MaxWaiters = 2000 }},
+		{"coalesce off", func(c *config.Config) { c.Stampede.Coalesce = false }},
+		{"hold timeout changed", func(c *config.Config) {
+			c.Stampede.Hold = []stampede.HoldRule{{Pattern: "h:*", Timeout: units.Duration{Duration: 5 * time.Second}}}
+		}},
+		{"another rule added", func(c *config.Config) {
+			c.Stampede.Hold = []stampede.HoldRule{{Pattern: "other:*", Timeout: units.Duration{Duration: time.Second}}, rule}
+		}},
+		{"hold rules removed", func(c *config.Config) { c.Stampede.Hold = nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := proxytest.Start(t, nil, func(c *config.Config) { c.Stampede.Hold = []stampede.HoldRule{rule} })
+			got := holdSecondRead(t, p, "h:k")
+			if _, err := p.Reload(reloaded(t, p, tc.mutate)); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			if err := p.Client(t).Set(ctx, "h:k", "filled", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case v := <-got:
+				if v != "filled" {
+					t.Fatalf("held read got %q, want the write's value", v)
+				}
+			case <-time.After(3 * time.Second):
+				v := <-got
+				t.Fatalf("the held read was not released by the write through the proxy after the reload; it waited %v for its timeout and got %q",
+					time.Since(start).Round(100*time.Millisecond), v)
+			}
+		})
+	}
 }

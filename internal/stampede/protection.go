@@ -3,7 +3,9 @@ package stampede
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
@@ -26,7 +28,8 @@ type Fetcher func(db int, resp3 bool, cmd, then, dst []byte) ([]byte, error)
 // mechanism), the miss hold and early refresh rules, and the protocol that
 // ties them to the reads and writes of clients. It is safe for concurrent
 // use. A reload builds a new one; reads and holds in flight on the old one
-// finish there (a read held by an old rule waits at most its timeout).
+// finish there, and the new one takes over the old holds (Succeed), so a
+// read held on a miss is released by its filler's write after the reload.
 type Protection struct {
 	group    *Group
 	metrics  *Metrics
@@ -34,7 +37,21 @@ type Protection struct {
 	misses   *Misses // nil when no hold or early refresh rule is configured
 	eligible map[*commands.Command]bool
 	fetch    Fetcher
+
+	// retired are the miss holds of earlier Protections whose rules a
+	// reload changed (Succeed): reads held there wait for a filler whose
+	// write now goes through p, so p forwards writes and closes to them
+	// while retiredOn, for retiredFor after the last such reload.
+	retired   []*Misses
+	retiredOn *atomic.Bool
 }
+
+// retiredFor is how long writes and closes are forwarded to the holds of
+// rules a reload replaced: a hold lasts at most MaxHoldTimeout, and a read
+// that started on the old rules may create one up to a fetch later.
+// After it, a hold of the old rules still waiting (none should be) ends at
+// its timeout.
+const retiredFor = 2 * MaxHoldTimeout
 
 // New builds stampede protection for c over the commands of table,
 // fetching through fetch. m may be shared with earlier Protections.
@@ -63,11 +80,62 @@ func (p *Protection) Metrics() *Metrics { return p.metrics }
 // keys, not the upstream, so a read held on a miss seen on the old
 // upstream still waits for its filler, whose write now goes to the new one
 // and must release it. Only the coalescing group is new.
-func (p *Protection) KeepMisses(old *Protection) { p.misses = old.misses }
+func (p *Protection) KeepMisses(old *Protection) {
+	p.misses = old.misses
+	p.retired, p.retiredOn = old.retired, old.retiredOn
+}
+
+// SameMissRules reports whether a and b have the same hold and early
+// refresh rules, all that Misses depends on: a reload between them may
+// keep the miss holds (KeepMisses).
+func SameMissRules(a, b Config) bool {
+	return slices.Equal(a.Hold, b.Hold) && slices.Equal(a.EarlyRefresh, b.EarlyRefresh)
+}
+
+// Succeed makes p, built by a reload, take over from old, the Protection
+// in force until now. With sameRules (SameMissRules of their configs) p
+// keeps old's miss holds and early refreshes (KeepMisses): a reload of
+// max_waiters or coalesce, or an upstream switch, leaves a held read
+// waiting for its filler's write through p. Otherwise the rules changed
+// and p has holds of its own, but for retiredFor p forwards writes of the
+// keys old's hold rules match, and closed clients, to old's holds (and
+// to those old was still forwarding to), so a read held there is
+// released by its filler, not by its timeout.
+func (p *Protection) Succeed(old *Protection, sameRules bool) {
+	if old == nil {
+		return
+	}
+	if sameRules {
+		p.KeepMisses(old)
+		return
+	}
+	if old.retiredOn != nil && old.retiredOn.Load() {
+		p.retired = append(p.retired, old.retired...)
+	}
+	if old.misses != nil && len(old.misses.holdRules) > 0 {
+		p.retired = append(p.retired, old.misses)
+	}
+	if len(p.retired) == 0 {
+		return
+	}
+	on := new(atomic.Bool)
+	on.Store(true)
+	p.retiredOn = on
+	time.AfterFunc(retiredFor, func() { on.Store(false) })
+}
+
+// forwarding returns the retired holds p still forwards to.
+func (p *Protection) forwarding() []*Misses {
+	if p.retiredOn == nil || !p.retiredOn.Load() {
+		return nil
+	}
+	return p.retired
+}
 
 // TracksWrites reports whether writes matter to p (it has hold or early
-// refresh rules), so callers can skip WriteStart's key scan.
-func (p *Protection) TracksWrites() bool { return p.misses != nil }
+// refresh rules, or forwards to holds of rules a reload replaced), so
+// callers can skip WriteStart's key scan.
+func (p *Protection) TracksWrites() bool { return p.misses != nil || len(p.forwarding()) > 0 }
 
 // coalescable reports whether identical calls of cmd may share one reply:
 // read-only, deterministic, never blocking, and with a reply that does not
@@ -268,13 +336,23 @@ func (w *Writes) Pending() bool { return len(w.marks) > 0 }
 // WriteStart is told of a write of cmd with args in DB db before it is
 // sent upstream; it remembers in w the keys under a rule.
 func (p *Protection) WriteStart(w *Writes, db int, cmd *commands.Command, args [][]byte) {
-	if p.misses == nil {
+	retired := p.forwarding()
+	if p.misses == nil && len(retired) == 0 {
 		return
 	}
 	var kb [8]int
 	for _, i := range cmd.Keys(args, kb[:0]) {
-		if match := p.misses.Match(args[i]); match.Any() {
-			w.marks = append(w.marks, writeMark{misses: p.misses, db: db, key: bytes.Clone(args[i]), match: match})
+		if p.misses != nil {
+			if match := p.misses.Match(args[i]); match.Any() {
+				w.marks = append(w.marks, writeMark{misses: p.misses, db: db, key: bytes.Clone(args[i]), match: match})
+			}
+		}
+		for _, m := range retired {
+			// Only the hold: the retired early refresh rules sample
+			// nothing any more.
+			if match := m.Match(args[i]); match.Hold() {
+				w.marks = append(w.marks, writeMark{misses: m, db: db, key: bytes.Clone(args[i]), match: Match{hold: match.hold}})
+			}
 		}
 	}
 }
@@ -298,6 +376,9 @@ func (p *Protection) ClientClosed(w *Writes, owner int64) {
 	w.marks = w.marks[:0]
 	if p.misses != nil {
 		p.misses.OwnerClosed(owner)
+	}
+	for _, m := range p.forwarding() {
+		m.OwnerClosed(owner)
 	}
 }
 
