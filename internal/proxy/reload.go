@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/policy"
@@ -109,15 +110,30 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	upstreamChanged := upstreamTLSChanged || !onlyMaxPinned(cur, next)
+	settingsChanged := !onlyMaxPinned(cur, next)
+	upstreamChanged := upstreamTLSChanged || settingsChanged
 	if upstreamChanged && next.Upstream.Address != cur.Upstream.Address &&
 		(next.Upstream.Address == config.EmbeddedAddress || cur.Upstream.Address == config.EmbeddedAddress) {
 		refused = append(refused, fmt.Errorf("upstream.address: switching to or from the embedded store needs a restart"))
 	}
-	if upstreamChanged && s.router != nil {
+	keepUpstreamTLS := false
+	if s.router != nil {
 		// The router's per-node connections are dialled with the options
 		// it started with; it has no switch of generations yet.
-		refused = append(refused, fmt.Errorf("upstream: changing the upstream settings (other than max_pinned) needs a restart in cluster mode"))
+		switch {
+		case settingsChanged:
+			refused = append(refused, fmt.Errorf("%s: changing the upstream settings (other than max_pinned) needs a restart in cluster mode",
+				strings.Join(upstreamKeys(changed), ", ")))
+		case upstreamTLSChanged:
+			// Only what the [upstream.tls] files hold changed (a
+			// certificate rotated in place): refusing would refuse every
+			// later reload, whatever it changes, until a restart. The rest
+			// is applied; the cluster keeps the certificates it started
+			// with, and says so.
+			keepUpstreamTLS, upstreamChanged = true, false
+			s.log.Warn("upstream.tls: the certificate files changed, but in cluster mode the connections to the cluster keep the certificates loaded at start until a restart; the rest of the reload is applied",
+				"files", strings.Join(tlsFiles(next.Upstream.TLS), ","))
+		}
 	}
 	if err := s.checkRouteReload(next); err != nil {
 		refused = append(refused, err)
@@ -130,7 +146,7 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	if _, err := policy.Compile(next.Policy); err != nil {
 		return nil, err
 	}
-	applyTLS()
+	applyTLS(!keepUpstreamTLS)
 	if len(changed) == 0 && !upstreamChanged {
 		return nil, nil
 	}
@@ -190,6 +206,33 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		s.flight.Store(fs)
 	}
 	return changed, nil
+}
+
+// upstreamKeys are the changed keys under [upstream], for an error.
+func upstreamKeys(changed []string) []string {
+	var keys []string
+	for _, k := range changed {
+		if strings.HasPrefix(k, "upstream.") && k != "upstream.max_pinned" {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		keys = []string{"upstream"}
+	}
+	return keys
+}
+
+// tlsFiles are the files an [upstream.tls] section names.
+func tlsFiles(t *config.UpstreamTLS) []string {
+	var files []string
+	if t != nil {
+		for _, f := range []string{t.CAFile, t.CertFile, t.KeyFile} {
+			if f != "" {
+				files = append(files, f)
+			}
+		}
+	}
+	return files
 }
 
 // onlyMaxPinned reports whether the upstream sections differ at most in

@@ -4,7 +4,9 @@ package proxy_test
 // was found and why it matters), and stress tests that held up.
 
 import (
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,5 +102,45 @@ func TestHeldReadReleasedByWriteAfterStampedeReload(t *testing.T) {
 					time.Since(start).Round(100*time.Millisecond), v)
 			}
 		})
+	}
+}
+
+// Found: in cluster mode Reload refuses any change to [upstream] but
+// max_pinned (the router cannot switch generations), and it counted a
+// rotated [upstream.tls] file as such a change: the files are read again
+// on every reload, so once a CA or client certificate was replaced in
+// place (README "Rotating certificates") every later SIGHUP or POST
+// /reload was refused, whatever it changed (a policy fix, max_clients),
+// until a restart, with an error naming no setting the operator touched.
+// Now the rest of such a reload is applied and the log warns that the
+// cluster keeps its certificates until a restart; a real change of an
+// upstream setting is still refused, naming the setting.
+func TestClusterUpstreamTLSRotationDoesNotBlockReloads(t *testing.T) {
+	certs := redistest.NewCerts(t)
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	copyFile(t, certs.CAFile, caFile)
+	seed := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t)) // the reload's decision needs no cluster
+	p := proxytest.StartUnready(t, nil, func(c *config.Config) {
+		c.Upstream.Mode = config.ModeCluster
+		c.Upstream.Seeds = []string{seed}
+		c.Upstream.TLS = &config.UpstreamTLS{CAFile: caFile}
+	})
+	if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Server.MaxClients = 500 })); err != nil {
+		t.Fatalf("reload of max_clients before any rotation: %v", err)
+	}
+	// The CA file is replaced in place; the configuration is not touched.
+	copyFile(t, certs.OtherCAFile, caFile)
+	for _, n := range []int{77, 78} { // and again: the rotation does not stick as a refusal
+		if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Server.MaxClients = n })); err != nil {
+			t.Fatalf("a reload changing only server.max_clients, after the upstream CA file was rotated in place, is refused:\n%v", err)
+		}
+		if got := p.Config().Server.MaxClients; got != n {
+			t.Errorf("server.max_clients in force = %d after the reload to %d", got, n)
+		}
+	}
+	// A real change of an upstream setting is refused, naming it.
+	_, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Upstream.Connections++ }))
+	if err == nil || !strings.Contains(err.Error(), "upstream.connections") {
+		t.Errorf("a change of upstream.connections in cluster mode: %v, want a refusal naming it", err)
 	}
 }

@@ -90,8 +90,9 @@ func warnInsecureUpstream(s *Server, c *config.Config) {
 
 // reloadTLS reads next's certificate files again. It returns what to
 // apply once the rest of the reload is accepted: a rotated certificate is
-// a reload even when no setting changed.
-func (s *Server) reloadTLS(next *config.Config) (apply func(), upstreamChanged bool, err error) {
+// a reload even when no setting changed. apply(false) leaves the upstream
+// TLS configuration as it is (cluster mode cannot switch it).
+func (s *Server) reloadTLS(next *config.Config) (apply func(upstream bool), upstreamChanged bool, err error) {
 	applyListeners, err := s.reloadListenerTLS(next)
 	if err != nil {
 		return nil, false, err
@@ -101,10 +102,12 @@ func (s *Server) reloadTLS(next *config.Config) (apply func(), upstreamChanged b
 		return nil, false, err
 	}
 	upstreamChanged = !sameClientTLS(s.tls.upstream.Load(), up)
-	return func() {
+	return func(upstream bool) {
 		applyListeners()
-		s.tls.upstream.Store(up)
-		warnInsecureUpstream(s, next)
+		if upstream {
+			s.tls.upstream.Store(up)
+			warnInsecureUpstream(s, next)
+		}
 	}, upstreamChanged, nil
 }
 
