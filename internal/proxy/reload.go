@@ -174,13 +174,21 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		} else {
 			switchBackend()
 		}
-		if moved {
-			// The replicas read were the old primary's: forget them now
-			// that the pools send to the new one, and poll its replicas.
-			for _, rs := range s.allReplicaSets() {
-				if rs.primary == s.backend {
-					rs.restart(rs.checkTimeout())
-				}
+		for _, rs := range s.allReplicaSets() {
+			if rs.primary != s.backend {
+				continue // a named upstream's: restart-only
+			}
+			if moved {
+				// The replicas read were the old primary's: forget them
+				// now that the pools send to the new one, and poll its
+				// replicas (with the new options: optsGen).
+				rs.optsGen.Add(1)
+				rs.replyTimeout.Store(int64(next.Upstream.ReplyTimeout.Duration))
+				rs.restart(rs.checkTimeout())
+			} else {
+				// The same replicas, with the new reply_timeout, pool
+				// sizes, timeouts and TLS.
+				rs.reconfigure(next.Upstream.ReplyTimeout.Duration, rs.checkTimeout())
 			}
 		}
 		s.log.Info("upstream switched; requests already sent finish on the old connections", "upstream", addr)

@@ -144,3 +144,71 @@ func TestClusterUpstreamTLSRotationDoesNotBlockReloads(t *testing.T) {
 		t.Errorf("a change of upstream.connections in cluster mode: %v, want a refusal naming it", err)
 	}
 }
+
+// Found: README says upstream.reply_timeout reloads ("drain and switch")
+// and, under "Replica reads", that a replica reply_timeout late hands the
+// read back to the primary. The replica set kept the reply_timeout it
+// started with (makeReplicaSet copied it), and its nodes' pools kept the
+// options they were built with (Server.Reload only restarted the set
+// when the address moved): after lowering reply_timeout from 3s to 300ms
+// by reload, a read sent to a stalled replica still waited 3s before the
+// primary answered it; connections, dial_timeout and [upstream.tls] did
+// not reach the replica pools either. Now the set's reply_timeout is
+// atomic and a reload switches the replicas' pools (replicaSet.reconfigure).
+func TestReloadedReplyTimeoutAppliesToReplicaReads(t *testing.T) {
+	g := startReplicated(t, 1)
+	g.primary.Client(t).Set(ctx, "k", "v", 0)
+	redistest.Eventually(t, 5*time.Second, func() bool { return g.replicas[0].Client(t).Get(ctx, "k").Val() == "v" }, "the replica never got k")
+	p := g.proxy(t, config.ReadReplicaPreferred, func(c *config.Config) {
+		// One poll at start, and the one the reload asks for: no other.
+		c.Upstream.ReplicaPollInterval = units.Duration{Duration: time.Minute}
+		c.Upstream.MaxReplicaLag = units.Duration{Duration: 2 * time.Minute}
+		c.Upstream.ReplyTimeout = units.Duration{Duration: 3 * time.Second}
+	})
+	c := p.Client(t)
+	before := calls(t, g.replicas[0], "get")
+	if v := c.Get(ctx, "k").Val(); v != "v" {
+		t.Fatalf("GET k = %q", v)
+	}
+	if calls(t, g.replicas[0], "get") == before {
+		t.Fatal("the read did not go to the replica: the test shows nothing")
+	}
+	rc := g.replicas[0].Client(t)
+	received := func() int {
+		n, _ := strconv.Atoi(infoField(rc.Info(ctx, "stats").Val(), "total_connections_received"))
+		return n
+	}
+	dialled := received()
+	if _, err := p.Reload(reloaded(t, p, func(c *config.Config) {
+		c.Upstream.ReplyTimeout = units.Duration{Duration: 300 * time.Millisecond}
+		c.Upstream.Connections++
+	})); err != nil {
+		t.Fatal(err)
+	}
+	// The replica's pools were switched when Reload returned: the proxy
+	// dialled it again.
+	if n := received(); n <= dialled {
+		t.Errorf("the replica received no new connection from the reload (total_connections_received %d, before %d)", n, dialled)
+	}
+	g.replicas[0].Freeze(t)
+	t.Cleanup(func() { g.replicas[0].Thaw(t) })
+	start := time.Now()
+	v, err := c.Get(ctx, "k").Result()
+	took := time.Since(start)
+	if err != nil || v != "v" {
+		t.Fatalf("GET k with the replica stalled = %q, %v", v, err)
+	}
+	if took > 1500*time.Millisecond {
+		t.Errorf("with reply_timeout reloaded to 300ms, a read on a stalled replica fell back to the primary after %v (the reply_timeout the proxy started with was 3s)", took.Round(10*time.Millisecond))
+	}
+}
+
+// infoField is one "name:value" field of an INFO reply.
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}

@@ -56,11 +56,13 @@ import (
 // [upstream]'s, and with routes each named upstream's that reads from
 // replicas (routeTarget.replicas).
 type replicaSet struct {
-	srv          *Server
-	mode         string // config.ReadReplica or config.ReadReplicaPreferred
-	maxLag       time.Duration
-	interval     time.Duration
-	replyTimeout time.Duration
+	srv      *Server
+	mode     string // config.ReadReplica or config.ReadReplicaPreferred
+	maxLag   time.Duration
+	interval time.Duration
+	// replyTimeout is upstream.reply_timeout in nanoseconds: a reload
+	// changes it (reconfigure).
+	replyTimeout atomic.Int64
 	log          *slog.Logger
 
 	// primary is the upstream's shared pools (a Sentinel failover moves
@@ -89,8 +91,13 @@ type replicaSet struct {
 	nodes   map[string]*replicaNode
 	samples []offsetSample // recent primary offsets, oldest first
 	pollGen uint32         // the gen samples were taken in
-	polls   int
-	listed  []string // the replicas the Sentinels named last (Sentinel mode)
+	// optsGen counts reloads that changed the pools' options
+	// (reconfigure); nodesGen is the one the nodes' pools were last
+	// switched to, by the poller.
+	optsGen  atomic.Uint64
+	nodesGen uint64
+	polls    int
+	listed   []string // the replicas the Sentinels named last (Sentinel mode)
 
 	calls sync.Pool // *replicaCall
 
@@ -236,20 +243,20 @@ func newReplicaSet(s *Server, u config.Upstream, primary *upstream.Backend, w *s
 // makeReplicaSet is newReplicaSet without metrics.
 func makeReplicaSet(s *Server, u config.Upstream, primary *upstream.Backend, w *sentinel.Watcher, opts func(addr string) upstream.BackendOptions, log *slog.Logger) *replicaSet {
 	rs := &replicaSet{
-		srv:          s,
-		mode:         u.ReadFrom,
-		maxLag:       u.MaxReplicaLag.Duration,
-		interval:     u.ReplicaPollInterval.Duration,
-		replyTimeout: u.ReplyTimeout.Duration,
-		log:          log.With("component", "replicas"),
-		primary:      primary,
-		sentinel:     w,
-		nodes:        map[string]*replicaNode{},
-		primaryUp:    true,
-		kick:         make(chan chan struct{}),
-		stop:         make(chan struct{}),
-		done:         make(chan struct{}),
+		srv:       s,
+		mode:      u.ReadFrom,
+		maxLag:    u.MaxReplicaLag.Duration,
+		interval:  u.ReplicaPollInterval.Duration,
+		log:       log.With("component", "replicas"),
+		primary:   primary,
+		sentinel:  w,
+		nodes:     map[string]*replicaNode{},
+		primaryUp: true,
+		kick:      make(chan chan struct{}),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
 	}
+	rs.replyTimeout.Store(int64(u.ReplyTimeout.Duration))
 	rs.nodeOptions = func(addr string) upstream.BackendOptions {
 		o := opts(addr)
 		o.OnReadOnly = nil
@@ -413,6 +420,49 @@ func (rs *replicaSet) restart(wait time.Duration) {
 	rs.gen.Add(1)
 	rs.view.Store(nil)
 	rs.viewMu.Unlock()
+	rs.pollNow(wait)
+}
+
+// timeout is upstream.reply_timeout in force for the replicas.
+func (rs *replicaSet) timeout() time.Duration { return time.Duration(rs.replyTimeout.Load()) }
+
+// reconfigure applies a reload that changed the upstream's pool options
+// (connections, dial_timeout, reply_timeout, reconnect_*, [upstream.tls])
+// to the replicas: reply_timeout at once, for reads and polls started
+// after it; the replicas' pools, which only the poller touches, are
+// switched (Backend.Switch) by the next poll, asked for now and waited
+// for up to wait, as restart does. The pools' options come from
+// nodeOptions, which reads the configuration in force.
+func (rs *replicaSet) reconfigure(replyTimeout, wait time.Duration) {
+	rs.replyTimeout.Store(int64(replyTimeout))
+	rs.optsGen.Add(1)
+	rs.pollNow(wait)
+}
+
+// switchNodes switches every replica's pools (its users' included) to the
+// options in force, when a reload changed them since the last switch.
+// Only the poller calls it.
+func (rs *replicaSet) switchNodes() {
+	g := rs.optsGen.Load()
+	if g == rs.nodesGen {
+		return
+	}
+	rs.nodesGen = g
+	for _, n := range rs.nodes {
+		n.backend.Switch(rs.nodeOptions(n.addr))
+		n.ownMu.Lock()
+		for primary, b := range n.own {
+			o := rs.nodeOptions(n.addr)
+			po := primary.Options(0, false)
+			o.Username, o.Password = po.Username, po.Password
+			b.Switch(o)
+		}
+		n.ownMu.Unlock()
+	}
+}
+
+// pollNow asks the poller for a poll at once and waits up to wait for it.
+func (rs *replicaSet) pollNow(wait time.Duration) {
 	if rs.listReplicas != nil || rs.started.Load() == 0 {
 		return // no poller of its own, or not started: its first poll comes
 	}
@@ -435,12 +485,13 @@ func (rs *replicaSet) restart(wait time.Duration) {
 // checkTimeout bounds one poll's wait for a server: a stalled replica must
 // not hold up the offsets of the others for long.
 func (rs *replicaSet) checkTimeout() time.Duration {
-	return min(rs.replyTimeout, max(rs.maxLag, 4*rs.interval))
+	return min(rs.timeout(), max(rs.maxLag, 4*rs.interval))
 }
 
 // poll reads the primary's offset, then every replica's, and publishes
 // what it learned.
 func (rs *replicaSet) poll() {
+	rs.switchNodes()
 	gen := rs.gen.Load()
 	epoch := rs.started.Add(1)
 	at := time.Now()
@@ -955,9 +1006,9 @@ func (sess *Session) readOnReplica(rs *replicaSet, rr *replicaReads, call *upstr
 	done := err == nil
 	if done {
 		if rc.timer == nil {
-			rc.timer = time.NewTimer(rs.replyTimeout)
+			rc.timer = time.NewTimer(rs.timeout())
 		} else {
-			rc.timer.Reset(rs.replyTimeout)
+			rc.timer.Reset(rs.timeout())
 		}
 		select {
 		case <-rc.call.Done():
