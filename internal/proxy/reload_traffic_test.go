@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/proxytest"
@@ -211,4 +213,69 @@ func infoField(info, name string) string {
 		}
 	}
 	return ""
+}
+
+// Found: a client holding a WATCH when a reload moves upstream.address
+// from A to B keeps its pinned connection to A. Its MULTI/SET/EXEC, all
+// sent after the reload replied, committed on A and EXEC answered OK, yet
+// every read after it (the same client's included) goes to B and does not
+// see the write. With routes the same situation (the WATCH's keys moved
+// to another upstream by a reload) answers a null EXEC (reroutedHeld).
+// Now EXEC under a WATCH taken before an address switch is discarded on
+// the old upstream and answers a null reply, as a failed WATCH does; the
+// client's retry runs on B. Both protocols.
+func TestWatchAcrossUpstreamSwitchFailsExec(t *testing.T) {
+	for _, proto := range []int{2, 3} {
+		t.Run("resp"+strconv.Itoa(proto), func(t *testing.T) {
+			a, b := redistest.Start(t), redistest.Start(t)
+			a.Client(t).Set(ctx, "wk", "old-A", 0)
+			b.Client(t).Set(ctx, "wk", "old-B", 0)
+			p := proxytest.Start(t, a, nil)
+			c := p.Client(t, func(o *redis.Options) { o.PoolSize = 1; o.Protocol = proto })
+			tries := 0
+			err := c.Watch(ctx, func(tx *redis.Tx) error {
+				tries++
+				_, err := tx.TxPipelined(ctx, func(pp redis.Pipeliner) error {
+					pp.Set(ctx, "wk", "new", 0)
+					return nil
+				})
+				return err
+			}, "wk")
+			if err != nil || tries != 1 {
+				t.Fatalf("WATCH/MULTI/EXEC without a switch: %v after %d tries", err, tries)
+			}
+			err = c.Watch(ctx, func(tx *redis.Tx) error {
+				if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Upstream.Address = b.Addr() })); err != nil {
+					t.Fatal(err)
+				}
+				_, err := tx.TxPipelined(ctx, func(pp redis.Pipeliner) error {
+					pp.Set(ctx, "wk", "switched", 0)
+					return nil
+				})
+				return err
+			}, "wk")
+			if err != redis.TxFailedErr {
+				t.Fatalf("EXEC under a WATCH taken before the switch to B = %v, want a null reply (redis.TxFailedErr)", err)
+			}
+			if v := a.Client(t).Get(ctx, "wk").Val(); v != "new" {
+				t.Errorf("the failed EXEC changed A: wk = %q", v)
+			}
+			// The connection is usable, and the retry runs on B.
+			if err := c.Watch(ctx, func(tx *redis.Tx) error {
+				_, err := tx.TxPipelined(ctx, func(pp redis.Pipeliner) error {
+					pp.Set(ctx, "wk", "retried", 0)
+					return nil
+				})
+				return err
+			}, "wk"); err != nil {
+				t.Fatalf("the retry on B: %v", err)
+			}
+			if v := b.Client(t).Get(ctx, "wk").Val(); v != "retried" {
+				t.Errorf("after the retry, B's wk = %q", v)
+			}
+			if v := c.Get(ctx, "wk").Val(); v != "retried" {
+				t.Errorf("GET wk through the proxy after the retry = %q", v)
+			}
+		})
+	}
 }

@@ -45,6 +45,9 @@ type pinState struct {
 	// backend is where pipe came from and goes back to: the client's
 	// backend, or in cluster mode the node owning the transaction's slot.
 	backend *upstream.Backend
+	// addr is backend's address when the pipe was taken: a reload or a
+	// Sentinel failover that moves backend leaves the pipe on addr.
+	addr string
 	// cluster: pinned in cluster mode, where every key of the transaction
 	// must hash to slot (-1: none seen yet) and a MOVED or ASK from the
 	// node fails the transaction (clusterPinned, clusterPinnedReply).
@@ -149,6 +152,7 @@ var queued = []byte("+QUEUED\r\n")
 var (
 	cmdReplyOff  = resp.AppendCommandStrings(nil, "CLIENT", "REPLY", "OFF")
 	cmdClearName = resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", "")
+	cmdDiscard   = resp.AppendCommandStrings(nil, "DISCARD")
 )
 
 // cmdWaitMarker is the write that WAIT and WAITAOF wait for on a dedicated
@@ -206,6 +210,9 @@ func pinnedExec(sess *Session, r *request) bool {
 	if !pin.inMulti {
 		return false
 	}
+	if pin.watching && !pin.cluster && pin.backend.Addr() != pin.addr {
+		return sess.execMovedWatch(r)
+	}
 	for _, w := range pin.txWrites {
 		sess.writeForwarded(w.cmd, w.args)
 	}
@@ -219,6 +226,30 @@ func pinnedExec(sess *Session, r *request) bool {
 		sess.db = pin.txSelect
 		sess.mu.Unlock()
 	}
+	sess.unpin(true)
+	return true
+}
+
+// execMovedWatch answers the EXEC of a transaction under WATCH whose
+// upstream a reload (or a Sentinel failover) moved since the WATCH: its
+// pinned connection is still on the old upstream, where EXEC would commit
+// after the reload returned while every read goes to the new one (found
+// by review). The transaction is discarded there and EXEC answers a null
+// reply, as for a WATCH that failed: the keys it guarded are no longer
+// the ones reads see, and a client retries, on the new upstream. (With
+// routes a held transaction whose keys moved answers the same,
+// reroutedHeld.) A MULTI without WATCH has no such answer and commits
+// where it was opened (README "Reloading").
+func (sess *Session) execMovedWatch(r *request) bool {
+	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
+	sess.call.Add(cmdDiscard)
+	if sess.resp3 {
+		sess.replyLocal(r.m, []byte("_\r\n"))
+	} else {
+		sess.replyLocal(r.m, []byte("*-1\r\n"))
+	}
+	sess.unnamePin()
+	sess.flush(time.Now())
 	sess.unpin(true)
 	return true
 }
@@ -419,11 +450,15 @@ func (sess *Session) pinFor(r *request) { sess.pinForOn(r, sess.backend(), -1) }
 // keySlot is the slot of its keys in cluster mode (-1: none yet).
 func (sess *Session) pinOn(b *upstream.Backend, keySlot int) error {
 	sess.flush(time.Now())
+	// Read before the pipe is taken: if the address moves in between,
+	// a WATCH on the new one is taken for one on the old (its EXEC
+	// fails, pinnedExec), never the other way round.
+	addr := b.Addr()
 	p, err := b.AcquirePipe(sess.db, sess.resp3)
 	if err != nil {
 		return err
 	}
-	sess.pin = pinState{pipe: p, backend: b, cluster: sess.srv.router != nil, slot: keySlot, db: sess.db, resp3: sess.resp3, txHidden: sess.pin.txHidden[:0], txWrites: sess.pin.txWrites[:0], txSelect: -1}
+	sess.pin = pinState{pipe: p, backend: b, addr: addr, cluster: sess.srv.router != nil, slot: keySlot, db: sess.db, resp3: sess.resp3, txHidden: sess.pin.txHidden[:0], txWrites: sess.pin.txWrites[:0], txSelect: -1}
 	if sess.name != "" {
 		sess.namePin(sess.name)
 	}
