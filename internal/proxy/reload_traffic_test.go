@@ -4,9 +4,12 @@ package proxy_test
 // was found and why it matters), and stress tests that held up.
 
 import (
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 	"github.com/redproxy/redproxy/internal/stampede"
@@ -277,5 +281,268 @@ func TestWatchAcrossUpstreamSwitchFailsExec(t *testing.T) {
 				t.Errorf("GET wk through the proxy after the retry = %q", v)
 			}
 		})
+	}
+}
+
+// Stress (held up, kept as a regression test): reloads that switch the
+// upstream generation (connections 2 <-> 3, same server) and change
+// [stampede] run back to back while writers write their own key and then
+// read it, through their own connection and through another, and readers
+// keep the keys hot in the local tier and in coalesced fetches. After a
+// write's OK no read may return an older value.
+func TestReloadChurnReadsAfterAckedWrites(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { eagerTier(c, 200*time.Millisecond) })
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	var first atomic.Value
+	fail := func(format string, args ...any) {
+		if bad.Add(1) == 1 {
+			first.Store(fmt.Sprintf(format, args...))
+		}
+	}
+	const writers = 2
+	for g := range writers {
+		own, other := p.Client(t), p.Client(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := "w:" + strconv.Itoa(g)
+			for i := 1; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := own.Set(ctx, key, i, 0).Err(); err != nil {
+					fail("SET %s %d: %v", key, i, err)
+					continue
+				}
+				for _, c := range []*redis.Client{own, other} {
+					v, err := c.Get(ctx, key).Int()
+					if err != nil || v < i {
+						fail("GET %s after SET %d acknowledged = %d, %v", key, i, v, err)
+					}
+				}
+			}
+		}()
+	}
+	for range 3 {
+		c := p.Client(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c.Get(ctx, "w:"+strconv.Itoa(n%writers))
+			}
+		}()
+	}
+	deadline := time.Now().Add(8 * time.Second)
+	reloads := 0
+	for n := 0; time.Now().Before(deadline); n++ {
+		next := reloaded(t, p, func(c *config.Config) {
+			c.Upstream.Connections = 2 + n%2
+			c.Stampede.Coalesce = n%3 != 0
+			c.Stampede.MaxWaiters = 100 + n%5
+			if n%4 == 0 {
+				c.Stampede.Hold = []stampede.HoldRule{{Pattern: "w:*", Timeout: units.Duration{Duration: time.Second}}}
+			}
+		})
+		if _, err := p.Reload(next); err != nil {
+			t.Fatal(err)
+		}
+		reloads++
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d reloads; tier hits %v", reloads, metricSum(t, p, "redproxy_localcache_hits_total"))
+	if n := bad.Load(); n > 0 {
+		t.Fatalf("%d stale or failed reads after acknowledged writes; first: %s", n, first.Load())
+	}
+}
+
+// Stress (held up, kept as a regression test): the policy switches between
+// enforce and report (as POST /policy/reload does) while clients pipeline
+// writes that enforce gives a hidden TTL fix-up (HSET of h:*), alone and
+// inside MULTI, and SETs it rewrites. Every client must get exactly its
+// own replies: no fix-up result leaking into an EXEC reply or a pipeline,
+// no reply missing.
+func TestPolicyReloadModeChurnKeepsRepliesInShape(t *testing.T) {
+	ttl := []policy.TTLRule{
+		{Pattern: "h:*", Required: true, Default: policy.Duration{Duration: time.Hour}},
+		{Pattern: "s:*", Required: true, Default: policy.Duration{Duration: time.Hour}},
+	}
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Policy.TTL = ttl })
+	g := p.Guard()
+	var mode atomic.Int64
+	g.SetSource(func() (policy.Config, error) {
+		m := "enforce"
+		if mode.Add(1)%2 == 0 {
+			m = "report"
+		}
+		return policy.Config{Mode: m, TTL: ttl}, nil
+	})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var bad, ops atomic.Int64
+	var first atomic.Value
+	fail := func(format string, args ...any) {
+		if bad.Add(1) == 1 {
+			first.Store(fmt.Sprintf(format, args...))
+		}
+	}
+	for w := range 4 {
+		c := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				hk, sk, ek := fmt.Sprintf("h:%d:%d", w, n%50), fmt.Sprintf("s:%d:%d", w, n%50), fmt.Sprintf("e:%d:%d", w, n)
+				var cmds []redis.Cmder
+				var err error
+				if n%2 == 0 {
+					cmds, err = c.TxPipelined(ctx, func(pp redis.Pipeliner) error {
+						pp.HSet(ctx, hk, "f", n)
+						pp.Set(ctx, sk, n, 0)
+						pp.Echo(ctx, ek)
+						return nil
+					})
+				} else {
+					cmds, err = c.Pipelined(ctx, func(pp redis.Pipeliner) error {
+						pp.HSet(ctx, hk, "f", n)
+						pp.Set(ctx, sk, n, 0)
+						pp.Echo(ctx, ek)
+						return nil
+					})
+				}
+				if err != nil {
+					fail("client %d op %d: %v", w, n, err)
+					continue
+				}
+				if len(cmds) != 3 {
+					fail("client %d op %d: %d replies", w, n, len(cmds))
+					continue
+				}
+				if v := cmds[2].(*redis.StringCmd).Val(); v != ek {
+					fail("client %d op %d: ECHO = %q, want %q", w, n, v, ek)
+				}
+				if v := cmds[1].(*redis.StatusCmd).Val(); v != "OK" {
+					fail("client %d op %d: SET = %q", w, n, v)
+				}
+				if v, err := cmds[0].(*redis.IntCmd).Result(); err != nil || v < 0 || v > 1 {
+					fail("client %d op %d: HSET = %d, %v", w, n, v, err)
+				}
+				ops.Add(1)
+			}
+		}()
+	}
+	deadline := time.Now().Add(6 * time.Second)
+	reloads := 0
+	for time.Now().Before(deadline) {
+		if err := g.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		reloads++
+		time.Sleep(2 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d policy reloads, %d operations", reloads, ops.Load())
+	if n := bad.Load(); n > 0 {
+		t.Fatalf("%d bad replies; first: %s", n, first.Load())
+	}
+}
+
+// Stress (held up, kept as a regression test): [[route]] reloads move x:*
+// between the default upstream and "queue" (where q:* always goes) while
+// clients run MULTI SET q:.. SET x:.. EXEC, held by the proxy until EXEC.
+// A transaction that EXEC answers with results must have run whole on one
+// upstream; one refused (EXECABORT, CROSSROUTE) must have run nowhere.
+func TestRouteReloadChurnKeepsTransactionsWhole(t *testing.T) {
+	def, q := redistest.Start(t), redistest.Start(t)
+	same := []config.Route{{Pattern: "q:*", Upstream: "queue"}, {Pattern: "x:*", Upstream: "queue"}}
+	split := []config.Route{{Pattern: "q:*", Upstream: "queue"}}
+	p := proxytest.Start(t, def, func(c *config.Config) {
+		c.Upstreams = map[string]config.Upstream{"queue": namedUpstream(q.Addr())}
+		c.Routes = same
+		c.LocalCache.Enabled = true
+		c.LocalCache.AdmitMinReads = 0
+	})
+	dDef, dQ := def.Client(t), q.Client(t)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var bad, ok, refused atomic.Int64
+	var first atomic.Value
+	fail := func(format string, args ...any) {
+		if bad.Add(1) == 1 {
+			first.Store(fmt.Sprintf(format, args...))
+		}
+	}
+	for w := range 3 {
+		c := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				qk, xk := fmt.Sprintf("q:%d:%d", w, n), fmt.Sprintf("x:%d:%d", w, n)
+				_, err := c.TxPipelined(ctx, func(pp redis.Pipeliner) error {
+					pp.Set(ctx, qk, n, 0)
+					pp.Set(ctx, xk, n, 0)
+					return nil
+				})
+				onDef := dDef.Exists(ctx, qk, xk).Val()
+				onQ := dQ.Exists(ctx, qk, xk).Val()
+				switch {
+				case err == nil && !(onDef == 0 && onQ == 2 || onDef == 2 && onQ == 0):
+					fail("client %d tx %d: EXEC OK, but %d of its keys on default and %d on queue", w, n, onDef, onQ)
+				case err == nil:
+					ok.Add(1)
+				case onDef+onQ != 0:
+					fail("client %d tx %d: EXEC failed (%v), yet %d of its keys on default and %d on queue", w, n, err, onDef, onQ)
+				default:
+					refused.Add(1)
+				}
+				// The same client reads its keys back where they route now.
+				if err == nil {
+					if v, gerr := c.Get(ctx, qk).Int(); gerr != nil || v != n {
+						fail("client %d tx %d: GET %s after EXEC = %d, %v", w, n, qk, v, gerr)
+					}
+				}
+			}
+		}()
+	}
+	deadline := time.Now().Add(6 * time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		rules := same
+		if i%2 == 1 {
+			rules = split
+		}
+		if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Routes = rules })); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d transactions committed, %d refused", ok.Load(), refused.Load())
+	if n := bad.Load(); n > 0 {
+		t.Fatalf("%d bad transactions; first: %s", n, first.Load())
 	}
 }
