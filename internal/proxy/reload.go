@@ -77,11 +77,20 @@ var ErrShuttingDown = errors.New("the proxy is shutting down")
 //     an address change also clears the replica set's view of the old
 //     primary's replicas and waits (up to its checkTimeout) for a poll of
 //     the new one's (replicaSet.restart), so no read after Reload goes to
-//     an old replica either;
+//     an old replica either; without an address change the replicas'
+//     pools are switched to the new options and reply_timeout, by a poll
+//     waited for the same way (replicaSet.reconfigure); a client's WATCH
+//     taken before an address change makes its EXEC answer a null reply
+//     (execMovedWatch);
+//   - in cluster mode only max_pinned of [upstream] reloads; a certificate
+//     rotated in an [upstream.tls] file is logged as needing a restart,
+//     and the rest of the reload is applied;
 //   - upstream.max_pinned, server.max_clients: at once;
 //   - server request limits, idle_timeout and output limits: for
 //     connections and relays started after the reload;
-//   - [stampede]: for reads started after the reload;
+//   - [stampede]: for reads started after the reload; reads already held
+//     on a miss are still released by their filler's write
+//     (stampede.Protection.Succeed);
 //   - server.log_level and shutdown_timeout, [policy]: by the caller
 //     (main owns the logger and shutdown; the guard owns the policy),
 //     which is why they are listed as changed but not acted on here.
@@ -200,6 +209,7 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	// that an earlier read sent to the old upstream. Stored only now that
 	// the backend and the tier use the new upstream, so every fetch led in
 	// the new group goes there.
+	//
 	// Holds are about keys, not the upstream nor the coalescing settings:
 	// with the same hold and early refresh rules the new group keeps the
 	// old holds, so a read held on a miss is released by its filler's
