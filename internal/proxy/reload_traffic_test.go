@@ -229,12 +229,23 @@ func infoField(info, name string) string {
 // the old upstream and answers a null reply, as a failed WATCH does; the
 // client's retry runs on B. Both protocols.
 func TestWatchAcrossUpstreamSwitchFailsExec(t *testing.T) {
-	for _, proto := range []int{2, 3} {
-		t.Run("resp"+strconv.Itoa(proto), func(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		proto  int
+		routes bool // with [[route]]s, wk on the default upstream (the held-transaction path)
+	}{{"resp2", 2, false}, {"resp3", 3, false}, {"routes", 2, true}} {
+		proto := tc.proto
+		t.Run(tc.name, func(t *testing.T) {
 			a, b := redistest.Start(t), redistest.Start(t)
 			a.Client(t).Set(ctx, "wk", "old-A", 0)
 			b.Client(t).Set(ctx, "wk", "old-B", 0)
-			p := proxytest.Start(t, a, nil)
+			p := proxytest.Start(t, a, func(c *config.Config) {
+				if tc.routes {
+					q := redistest.Start(t)
+					c.Upstreams = map[string]config.Upstream{"queue": namedUpstream(q.Addr())}
+					c.Routes = []config.Route{{Pattern: "q:*", Upstream: "queue"}}
+				}
+			})
 			c := p.Client(t, func(o *redis.Options) { o.PoolSize = 1; o.Protocol = proto })
 			tries := 0
 			err := c.Watch(ctx, func(tx *redis.Tx) error {
