@@ -306,13 +306,8 @@ func TestReloadChurnReadsAfterAckedWrites(t *testing.T) {
 	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	var bad atomic.Int64
-	var first atomic.Value
-	fail := func(format string, args ...any) {
-		if bad.Add(1) == 1 {
-			first.Store(fmt.Sprintf(format, args...))
-		}
-	}
+	var bad failures
+	fail := bad.add
 	const writers = 2
 	for g := range writers {
 		own, other := p.Client(t), p.Client(t)
@@ -354,7 +349,7 @@ func TestReloadChurnReadsAfterAckedWrites(t *testing.T) {
 			}
 		}()
 	}
-	deadline := time.Now().Add(8 * time.Second)
+	deadline := time.Now().Add(4 * time.Second)
 	reloads := 0
 	for n := 0; time.Now().Before(deadline); n++ {
 		next := reloaded(t, p, func(c *config.Config) {
@@ -374,8 +369,8 @@ func TestReloadChurnReadsAfterAckedWrites(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	t.Logf("%d reloads; tier hits %v", reloads, metricSum(t, p, "redproxy_localcache_hits_total"))
-	if n := bad.Load(); n > 0 {
-		t.Fatalf("%d stale or failed reads after acknowledged writes; first: %s", n, first.Load())
+	if n, first := bad.result(); n > 0 {
+		t.Fatalf("%d stale or failed reads after acknowledged writes; first: %s", n, first)
 	}
 }
 
@@ -402,13 +397,9 @@ func TestPolicyReloadModeChurnKeepsRepliesInShape(t *testing.T) {
 	})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	var bad, ops atomic.Int64
-	var first atomic.Value
-	fail := func(format string, args ...any) {
-		if bad.Add(1) == 1 {
-			first.Store(fmt.Sprintf(format, args...))
-		}
-	}
+	var ops atomic.Int64
+	var bad failures
+	fail := bad.add
 	for w := range 4 {
 		c := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
 		wg.Add(1)
@@ -459,7 +450,7 @@ func TestPolicyReloadModeChurnKeepsRepliesInShape(t *testing.T) {
 			}
 		}()
 	}
-	deadline := time.Now().Add(6 * time.Second)
+	deadline := time.Now().Add(3 * time.Second)
 	reloads := 0
 	for time.Now().Before(deadline) {
 		if err := g.Reload(); err != nil {
@@ -471,8 +462,8 @@ func TestPolicyReloadModeChurnKeepsRepliesInShape(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	t.Logf("%d policy reloads, %d operations", reloads, ops.Load())
-	if n := bad.Load(); n > 0 {
-		t.Fatalf("%d bad replies; first: %s", n, first.Load())
+	if n, first := bad.result(); n > 0 {
+		t.Fatalf("%d bad replies; first: %s", n, first)
 	}
 }
 
@@ -494,13 +485,9 @@ func TestRouteReloadChurnKeepsTransactionsWhole(t *testing.T) {
 	dDef, dQ := def.Client(t), q.Client(t)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	var bad, ok, refused atomic.Int64
-	var first atomic.Value
-	fail := func(format string, args ...any) {
-		if bad.Add(1) == 1 {
-			first.Store(fmt.Sprintf(format, args...))
-		}
-	}
+	var ok, refused atomic.Int64
+	var bad failures
+	fail := bad.add
 	for w := range 3 {
 		c := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
 		wg.Add(1)
@@ -539,7 +526,7 @@ func TestRouteReloadChurnKeepsTransactionsWhole(t *testing.T) {
 			}
 		}()
 	}
-	deadline := time.Now().Add(6 * time.Second)
+	deadline := time.Now().Add(3 * time.Second)
 	for i := 0; time.Now().Before(deadline); i++ {
 		rules := same
 		if i%2 == 1 {
@@ -553,7 +540,22 @@ func TestRouteReloadChurnKeepsTransactionsWhole(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	t.Logf("%d transactions committed, %d refused", ok.Load(), refused.Load())
-	if n := bad.Load(); n > 0 {
-		t.Fatalf("%d bad transactions; first: %s", n, first.Load())
+	if n, first := bad.result(); n > 0 {
+		t.Fatalf("%d bad transactions; first: %s", n, first)
 	}
 }
+
+// failures counts what the churn tests' clients saw go wrong, keeping the
+// first for the report.
+type failures struct {
+	n     atomic.Int64
+	first atomic.Value
+}
+
+func (f *failures) add(format string, args ...any) {
+	if f.n.Add(1) == 1 {
+		f.first.Store(fmt.Sprintf(format, args...))
+	}
+}
+
+func (f *failures) result() (int64, any) { return f.n.Load(), f.first.Load() }
