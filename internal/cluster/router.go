@@ -493,8 +493,8 @@ type batch struct {
 	arena []byte
 	// calls are the node calls of a round, kept for the next.
 	calls, spare []*nodeCall
-	// limit caps each node call's replies; overflow is set when one
-	// did not fit.
+	// limit caps the node calls' replies together (budget); overflow is
+	// set when one did not fit.
 	limit    int
 	overflow bool
 	budget   atomic.Int64 // shared by the node calls (SetReplyBudget)

@@ -181,7 +181,7 @@ func (sess *Session) keySlot(r *request) (keySlot int, keyed, same bool) {
 // inside MULTI makes EXEC fail, as a queue-time error does.
 func (sess *Session) clusterPinned(r *request) bool {
 	pin := &sess.pin
-	if cmd := r.cmd; cmd != nil && !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil {
+	if r.wrongArity() {
 		// Redis checks arity before slots: dispatchPinned refuses it
 		// with the arity error, not a cross-slot one.
 		return false
@@ -336,7 +336,7 @@ func (sess *Session) openHeld(r *request, p heldPlacer) bool {
 func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	cm := &sess.cmulti
 	m := r.m
-	if cmd := r.cmd; cmd != nil && !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil {
+	if r.wrongArity() {
 		// Refused before it runs, as on Redis: "DISCARD x" or "RESET x"
 		// must not end the transaction (what follows would run outside
 		// it), and EXEC with arguments aborts it (see dispatchPinned).
@@ -393,8 +393,6 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	switch {
 	case cmd == nil:
 		return fail(errUnknownCommand(r.Args))
-	case !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil:
-		return fail(errArity(r.name))
 	case r.name == "watch":
 		return fail(errWatchInMulti)
 	case r.name == "client|unblock" || r.name == "client|kill" || sess.nsClientList(r.name):

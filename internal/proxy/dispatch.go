@@ -23,6 +23,13 @@ type request struct {
 	entry *cmdEntry
 }
 
+// wrongArity reports whether Redis would refuse r for its number of
+// arguments, before anything else (slots, routes, transactions): a known
+// command, not a container, with an arity it does not meet.
+func (r *request) wrongArity() bool {
+	return r.cmd != nil && !r.cmd.ArityOK(len(r.Args)) && r.cmd.Subcommands == nil
+}
+
 // classify looks up the session's command i and fills sess.cur with what
 // the rest of dispatch needs to know about it.
 func (sess *Session) classify(i int, req *resp.Request) *request {
@@ -200,7 +207,7 @@ func newEntry(cmd *commands.Command) *cmdEntry {
 
 // answer runs the proxy's own handling of r outside a transaction.
 func (sess *Session) answer(r *request) bool {
-	if !r.cmd.ArityOK(len(r.Args)) && r.cmd.Subcommands == nil {
+	if r.wrongArity() {
 		// Same words as Redis, so client libraries that match them work.
 		if r.name == "exec" {
 			// Redis answers an EXEC it refuses as an aborted transaction,

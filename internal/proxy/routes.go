@@ -455,7 +455,7 @@ func (sess *Session) routeBlockingBackend(r *request) (*upstream.Backend, error)
 // command inside MULTI makes EXEC fail, as a queue-time error does.
 func (sess *Session) routePinned(r *request) bool {
 	pin := &sess.pin
-	if cmd := r.cmd; cmd != nil && !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil {
+	if r.wrongArity() {
 		// Redis checks arity before slots: dispatchPinned refuses it
 		// with the arity error, not a cross-slot one.
 		return false

@@ -104,7 +104,7 @@ var (
 func (sess *Session) abortedStep(r *request) bool {
 	ab := &sess.abort
 	m := r.m
-	if cmd := r.cmd; cmd != nil && !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil {
+	if r.wrongArity() {
 		// Refused before it runs, as in dispatchPinned: "DISCARD x" or
 		// "UNWATCH x" must not end the aborted transaction (what followed
 		// ran outside it), nor "MULTI x" open one (found by review).
@@ -173,7 +173,7 @@ func (sess *Session) dispatchPinned(r *request) bool {
 		sess.unpin(false)
 		return sess.abortedStep(r)
 	}
-	if cmd := r.cmd; cmd != nil && !cmd.ArityOK(len(r.Args)) && cmd.Subcommands == nil {
+	if r.wrongArity() {
 		// Redis refuses a command of the wrong arity before it runs, so
 		// it must neither end nor start anything here: given to its
 		// handler, "RESET x" unpinned the client (what it sent next ran
