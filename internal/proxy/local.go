@@ -2,8 +2,10 @@ package proxy
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/subtle"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -166,16 +168,18 @@ func cmdClientList(sess *Session, r *request) bool {
 		}
 		keep = func(c *Session) bool { return c.clientType() == typ }
 	case len(args) > 1 && strings.EqualFold(string(args[0]), "id"):
-		ids := make(map[int64]bool, len(args)-1)
+		ids := make([]int64, 0, len(args)-1)
 		for _, a := range args[1:] {
 			id, isInt := resp.ParseInt(a)
 			if !isInt {
 				sess.replyLocal(r.m, []byte("-ERR Invalid client ID\r\n"))
 				return true
 			}
-			ids[id] = true
+			ids = append(ids, id)
 		}
-		keep = func(c *Session) bool { return ids[c.id] }
+		b, start := sess.localBuf()
+		sess.finishLocal(r.m, redcon.AppendBulkString(b, sess.srv.clientListByID(sess.effectiveNamespace(), ids)), start)
+		return true
 	case len(args) != 0:
 		sess.replyLocal(r.m, errSyntax)
 		return true
@@ -651,6 +655,26 @@ func (s *Server) clientList(ns *namespace.Namespace, keep func(*Session) bool) s
 	return b.String()
 }
 
+// clientListByID is CLIENT LIST ID's text: one line per ID in the order
+// given, an ID given twice listed twice, unknown IDs skipped, as Redis
+// answers it.
+func (s *Server) clientListByID(ns *namespace.Namespace, ids []int64) string {
+	byID := make(map[int64]*Session, len(ids))
+	for _, sess := range s.sessionList() {
+		if ns == nil || sess.lockedNamespace() == ns {
+			byID[sess.id] = sess
+		}
+	}
+	var b strings.Builder
+	for _, id := range ids {
+		if sess := byID[id]; sess != nil {
+			b.WriteString(sess.infoLine())
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}
+
 // unsubscribeNone answers an UNSUBSCRIBE family command from a client that
 // is not subscribed, as Redis does: one confirmation per channel (or one
 // with a null channel), each with a subscription count of 0. CLIENT REPLY
@@ -782,13 +806,16 @@ func (s *Server) sessionByID(id int64) *Session {
 	return nil
 }
 
+// sessionList is the proxy's clients in connection (ID) order, the order
+// Redis lists its own: a map's order changed from call to call.
 func (s *Server) sessionList() []*Session {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	out := make([]*Session, 0, len(s.sessions))
 	for sess := range s.sessions {
 		out = append(out, sess)
 	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b *Session) int { return cmp.Compare(a.id, b.id) })
 	return out
 }
 
