@@ -9,7 +9,10 @@ import (
 // reply depends on time or on server bookkeeping rather than on the key's
 // value (TTL, OBJECT, MEMORY USAGE), they read keys they do not declare
 // (SORT_RO's BY and GET patterns), or they exist for their side effect
-// (TOUCH updates the access time).
+// (TOUCH updates the access time). A stream's consumer-group state (XINFO
+// GROUPS/CONSUMERS/STREAM, XPENDING) changes with XREADGROUP, XACK, XCLAIM,
+// XAUTOCLAIM, XSETID and XGROUP, for which Redis 7.0 sends no tracking
+// invalidation, so no fence or invalidation would ever retire such a reply.
 var notCached = map[string]bool{
 	"ttl": true, "pttl": true, "expiretime": true, "pexpiretime": true,
 	"randomkey": true, "srandmember": true, "hrandfield": true, "zrandmember": true,
@@ -17,6 +20,7 @@ var notCached = map[string]bool{
 	"sort": true, "sort_ro": true, "touch": true, "memory|usage": true,
 	"object|encoding": true, "object|freq": true, "object|idletime": true, "object|refcount": true,
 	"dump": true, "debug": true,
+	"xinfo|groups": true, "xinfo|consumers": true, "xinfo|stream": true, "xpending": true,
 }
 
 // uncacheableFlags mark commands whose reply may not be reused: anything
