@@ -715,7 +715,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 		addr := string(args[0])
 		for _, sess := range s.sessionList() {
 			if remote, _ := sess.addrs(); remote == addr {
-				sess.kill()
+				sess.killFrom(self)
 				return ok
 			}
 		}
@@ -780,10 +780,24 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 			maxAge >= 0 && time.Since(time.Unix(0, sess.createdAt)) < time.Duration(maxAge)*time.Second:
 			continue
 		}
-		sess.kill()
+		sess.killFrom(self)
 		killed++
 	}
 	return redcon.AppendInt(nil, int64(killed))
+}
+
+// killFrom kills sess for CLIENT KILL sent by self. A client killing
+// itself is closed after the kill's reply, with nothing it pipelined
+// behind the kill run, as Redis does (CLOSE_AFTER_REPLY); killing the
+// connection at once lost the reply and let the rest of the batch through
+// (found by review).
+func (sess *Session) killFrom(self *Session) {
+	if sess != self {
+		sess.kill()
+		return
+	}
+	sess.closing(metrics.CloseKilled)
+	sess.quitting = true
 }
 
 // userName is the user every client of the proxy acts as upstream.
