@@ -63,6 +63,10 @@ func skipCases(t *testing.T, p *proxytest.Proxy, cases map[string][][][]string) 
 func TestReplySkipBeforeResetMatchesRedis(t *testing.T) {
 	p := proxytest.Start(t, nil, nil)
 	skipCases(t, p, map[string][][][]string{
-		"RESET": {{{"CLIENT", "REPLY", "SKIP"}, {"RESET"}, {"PING"}}},
+		"RESET":          {{{"CLIENT", "REPLY", "SKIP"}, {"RESET"}, {"PING"}}},
+		"OFF SKIP RESET": {{{"CLIENT", "REPLY", "OFF"}, {"CLIENT", "REPLY", "SKIP"}, {"RESET"}, {"PING"}}},
+		"OFF SKIP ON":    {{{"CLIENT", "REPLY", "OFF"}, {"CLIENT", "REPLY", "SKIP"}, {"CLIENT", "REPLY", "ON"}, {"PING"}}},
+		"SKIP RESET OFF": {{{"CLIENT", "REPLY", "SKIP"}, {"RESET"}, {"CLIENT", "REPLY", "OFF"}, {"PING"}, {"CLIENT", "REPLY", "ON"}, {"ECHO", "x"}}},
+		"OFF RESET":      {{{"CLIENT", "REPLY", "OFF"}, {"RESET"}, {"PING"}}},
 	})
 }
