@@ -141,6 +141,8 @@ type Cache struct {
 
 	noRESP2 sync.Map // *commands.Command -> struct{}: replies with no RESP2 form
 
+	scripts scriptWatch // scripts that may run SWAPDB (scripts.go)
+
 	hotMu  sync.Mutex
 	recent [512]hotCandidate // keys seen on warm misses and sampled hits, for /debug/hotkeys
 	hotPos int

@@ -75,7 +75,9 @@
 //     everything the affected connections filled and discard their fills in
 //     flight. A forwarded SWAPDB drops both databases again when its reply
 //     arrives (WriteDone): no invalidation will drop what a fill read
-//     between the first drop and the swap.
+//     between the first drop and the swap. A script that may run SWAPDB
+//     (its text mentions swapdb: scripts.go) is handled the same way, for
+//     every database.
 //   - Switch (SwitchUpstream, a reload that changes the upstream): every
 //     fill connection is retired before anything is dropped, so no fill
 //     sent to the old server is kept whenever its reply comes; everything,
@@ -95,8 +97,16 @@
 // (Reroute); see routes.go. The tier's counters then carry the upstream
 // (metrics.go).
 //
-// Limits: Redis 7 sends no invalidation for SWAPDB, so a SWAPDB that does not
-// pass through the proxy (which flushes on one that does) is outside C2; a
+// Limits: Redis 7 sends no invalidation for SWAPDB, so a SWAPDB the proxy
+// cannot see coming is outside C2 (and C1, C3): one that does not pass
+// through the proxy, and one run through it by a script the proxy could not
+// tell may run it. The proxy flushes on a SWAPDB command, on EVAL of a
+// script whose text mentions swapdb (any ASCII case), on EVALSHA of such a
+// script it saw sent with SCRIPT LOAD, EVAL or EVAL_RO, and on every FCALL
+// once a library mentioning swapdb was sent with FUNCTION LOAD; not on
+// EVALSHA or FCALL of a script or library loaded another way (directly,
+// through another proxy, before the proxy started, FUNCTION RESTORE), nor
+// on a script that builds the command name at run time (scripts.go). A
 // reply with no exact RESP2 form (resp2.go) is forwarded to RESP2 clients
 // instead of cached.
 //

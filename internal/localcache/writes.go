@@ -12,10 +12,10 @@ import (
 type Writes struct {
 	marks []mark
 	fence bool
-	// swapped are the databases of SWAPDBs in flight, emptied again by
-	// WriteDone: Redis (7.0) sends no invalidation for SWAPDB, so the
-	// fence alone would not drop what a fill read between WriteStart's
-	// flush and the swap.
+	// swapped are the databases of SWAPDBs in flight (-1: every one, for
+	// a script that may run SWAPDB), emptied again by WriteDone: Redis
+	// (7.0) sends no invalidation for SWAPDB, so the fence alone would not
+	// drop what a fill read between WriteStart's flush and the swap.
 	swapped []int
 }
 
@@ -39,7 +39,8 @@ func (w *Writes) Pending() bool { return len(w.marks) > 0 || w.fence || len(w.sw
 // neither served nor filled. A write whose keys cannot all be named (a
 // script, MOVE, COPY ... DB, an incomplete key spec) also asks for a fence
 // after its reply; FLUSHALL, FLUSHDB and SWAPDB flush what they empty and
-// fence too. inTx says the write is part of a transaction, which may have
+// fence too, and so does a script that may run SWAPDB (scripts.go), for
+// every database. inTx says the write is part of a transaction, which may have
 // changed database with a queued SELECT, so it is fenced as well.
 func (c *Cache) WriteStart(w *Writes, db int, cmd *commands.Command, args [][]byte, inTx bool) {
 	if cmd == nil {
@@ -61,6 +62,14 @@ func (c *Cache) WriteStart(w *Writes, db int, cmd *commands.Command, args [][]by
 				w.swapped = append(w.swapped, n)
 			}
 		}
+		w.fence = true
+		return
+	}
+	if cmd.Flags&commands.CatScripting != 0 && c.scriptSwaps(cmd, args) {
+		// A script that may run SWAPDB, on databases it may compute:
+		// handled as a SWAPDB of every database (scripts.go).
+		c.flush(-1, FlushForwarded, nil)
+		w.swapped = append(w.swapped, -1)
 		w.fence = true
 		return
 	}

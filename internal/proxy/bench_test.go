@@ -233,3 +233,32 @@ func tierHits(b *testing.B, p *proxytest.Proxy) float64 {
 func redistestEventually(b *testing.B, cond func() bool) {
 	redistest.Eventually(b, 10*time.Second, cond, "condition never met")
 }
+
+// BenchmarkTierEvalSHAPipeline16 is a hot script's cost (a rate limiter
+// sends EVALSHA on every request) with the tier off, on, and on once a
+// script mentioning swapdb was loaded through the proxy, which makes every
+// EVALSHA look its SHA1 up (localcache/scripts.go).
+func BenchmarkTierEvalSHAPipeline16(b *testing.B) {
+	const body = "redis.call('SET', KEYS[1], ARGV[1]) return 1"
+	for _, tc := range []struct {
+		name     string
+		on, swap bool
+	}{{"tier=off", false, false}, {"tier=on", true, false}, {"tier=on,swapscript=seen", true, true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			p := startBenchTier(b, tc.on)
+			c := p.Client(b)
+			sha, err := c.ScriptLoad(ctx, body).Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if tc.swap {
+				if err := c.ScriptLoad(ctx, "return redis.call('SWAPDB', 0, 1)").Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			cmd := fmt.Sprintf("*5\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n$16\r\nkey:000000012345\r\n$2\r\nvv\r\n", sha)
+			req := bytes.Repeat([]byte(cmd), 16)
+			runPipelines(b, p, func() []byte { return req }, 16*len(":1\r\n"), ":1\r\n")
+		})
+	}
+}

@@ -191,6 +191,9 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 		rw.endMulti()
 	}
 	rw.due += replies
+	if t := rw.sess.srv.tier; t != nil && !refused && cmd != nil && cmd.Flags&commands.CatScripting != 0 {
+		t.cache.NoteScript(cmd, args)
+	}
 	if refused || !mayWrite(cmd) {
 		return true
 	}

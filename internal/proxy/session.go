@@ -439,6 +439,11 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	if sess.guardRecord(r) {
 		return
 	}
+	if t := sess.srv.tier; t != nil && r.cmd != nil && r.cmd.Flags&commands.CatScripting != 0 {
+		// Before EVALSHA or FCALL can run what it loads
+		// (localcache/scripts.go).
+		t.cache.NoteScript(r.cmd, r.Args)
+	}
 	if sess.ns.w != nil && sess.nsStep(r) {
 		return
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/resp"
@@ -562,6 +563,11 @@ func txWriteArgs(cmd *commands.Command, args [][]byte) [][]byte {
 	out := make([][]byte, len(args))
 	for i, a := range args {
 		if len(a) > maxKeptTxArg && !slices.Contains(keys, i) {
+			if i == 1 && cmd != nil && cmd.Name == "eval" && localcache.MentionsSwapDB(a) {
+				// The one thing the tier looks for in a script's text
+				// (localcache/scripts.go): it is handled as a SWAPDB.
+				out[i] = []byte("swapdb")
+			}
 			continue
 		}
 		out[i] = append([]byte(nil), a...)

@@ -1,19 +1,24 @@
 package localcache_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// Review finding: a SWAPDB run by a script (EVAL, FCALL) through the proxy.
-// The proxy flushes the tier for a forwarded SWAPDB command, and for a
-// script raises a fence, which waits for invalidations; Redis 7.0 sends
-// none for SWAPDB, so the values cached from DB 0 before the script are
-// served after its reply, until max_ttl (C1, C3).
-func TestReviewTierSwapDBInScriptServedStale(t *testing.T) {
-	for _, how := range []string{"eval", "fcall"} {
+// A SWAPDB run by a script (EVAL, FCALL) through the proxy. The proxy
+// flushes the tier for a forwarded SWAPDB command, and for a script raised
+// only a fence, which waits for invalidations; Redis 7.0 sends none for
+// SWAPDB, so the values cached from DB 0 before the script were served
+// after its reply, until max_ttl (C1, C3; found by review). A script whose
+// text mentions swapdb is now handled as a SWAPDB of every database: EVAL's
+// text is in the command, a function library's is seen when it is loaded
+// through the proxy (a library loaded elsewhere is a documented limit,
+// scripts.go).
+func TestSwapDBInScriptNotServedStale(t *testing.T) {
+	for _, how := range []string{"eval", "evalsha", "eval-in-multi", "fcall"} {
 		t.Run(how, func(t *testing.T) {
 			p := startTier(t, nil)
 			direct := p.Redis.Client(t)
@@ -34,9 +39,28 @@ func TestReviewTierSwapDBInScriptServedStale(t *testing.T) {
 				if err := c.Do(ctx, "EVAL", "return redis.call('SWAPDB','0','1')", "0").Err(); err != nil {
 					t.Fatalf("EVAL SWAPDB: %v", err)
 				}
+			case "evalsha":
+				sha, err := c.Do(ctx, "SCRIPT", "LOAD", "return redis.call('swapDB','0','1')").Text()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := c.Do(ctx, "EVALSHA", sha, "0").Err(); err != nil {
+					t.Fatalf("EVALSHA SWAPDB: %v", err)
+				}
+			case "eval-in-multi":
+				// Longer than what a queued write keeps of its arguments
+				// for EXEC (proxy's txWriteArgs).
+				body := "-- " + strings.Repeat("x", 100) + "\nreturn redis.call('SWAPDB','0','1')"
+				_, err := c.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+					pipe.Do(ctx, "EVAL", body, "0")
+					return nil
+				})
+				if err != nil {
+					t.Fatalf("MULTI EVAL SWAPDB EXEC: %v", err)
+				}
 			case "fcall":
 				lib := "#!lua name=swaplib\nredis.register_function('swap', function(keys, args) return redis.call('SWAPDB', '0', '1') end)"
-				if err := direct.Do(ctx, "FUNCTION", "LOAD", lib).Err(); err != nil {
+				if err := c.Do(ctx, "FUNCTION", "LOAD", lib).Err(); err != nil {
 					t.Fatal(err)
 				}
 				if err := c.Do(ctx, "FCALL", "swap", "0").Err(); err != nil {
