@@ -53,7 +53,8 @@
 // answers only after delivering the invalidations the write caused. The
 // proxy raises it (WriteDone) before handing the reply to the client; a
 // relay whose replies it no longer counts raises one before each chunk it
-// passes on while such a write is held.
+// passes on while such a write is held (and, for a held SWAPDB, drops its
+// databases again: FlushSwapped).
 //
 // Liveness (C2, C4). Each fill connection sends a heartbeat PING every S/4.
 // A hit is served only if the latest heartbeat whose reply has arrived was

@@ -29,6 +29,19 @@ type mark struct {
 // Fenced reports whether WriteDone will raise a fence.
 func (w *Writes) Fenced() bool { return w.fence || len(w.swapped) > 0 }
 
+// Swapped returns the databases of the SWAPDBs among w's writes (-1:
+// every database), which WriteDone drops again; the caller must not keep
+// or change the slice.
+func (w *Writes) Swapped() []int { return w.swapped }
+
+// FlushSwapped drops db (-1: every database) again, as WriteDone does for
+// a SWAPDB, for a caller that cannot tell when a SWAPDB's reply arrives
+// but can call this after the SWAPDB may have run and before its reply may
+// reach the client (proxy/relayhooks.go: a relay whose replies it no
+// longer counts). Fills in flight discard their replies; fills sent after
+// it reach Redis after any swap that had run by then.
+func (c *Cache) FlushSwapped(db int) { c.flush(db, FlushForwarded, nil) }
+
 // Pending reports whether there is anything for WriteDone to do.
 func (w *Writes) Pending() bool { return len(w.marks) > 0 || w.fence || len(w.swapped) > 0 }
 

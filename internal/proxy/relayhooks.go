@@ -39,7 +39,10 @@ import (
 // protocol or mutes replies: HELLO, RESET, CLIENT REPLY), writes stay
 // marked until the relay ends or hands the client back (relayexit.go):
 // the written keys
-// are not served from the tier meanwhile. At most maxHeldRelayWrites are
+// are not served from the tier meanwhile, and before each chunk is passed
+// on a fence is raised for held writes whose keys are not named, and the
+// databases of held SWAPDBs are dropped (fenceHeld). At most
+// maxHeldRelayWrites are
 // kept that way; further writes are refused with an error rather than
 // risk a stale read.
 const maxHeldRelayWrites = 1024
@@ -75,8 +78,11 @@ type relayWrites struct {
 	// heldFences counts the held writes due a fence (a script naming its
 	// keys in ARGV, a transaction, ...): see fenceHeld.
 	heldFences int
-	subs       []subExpect // noted, not yet taken by the reader
-	subsOpen   int         // the reader's unsettled ones, as of its last chunk
+	// heldSwaps are the databases the held writes may swap (SWAPDB, a
+	// script that may run it; -1: every one), each once: see fenceHeld.
+	heldSwaps []int
+	subs      []subExpect // noted, not yet taken by the reader
+	subsOpen  int         // the reader's unsettled ones, as of its last chunk
 
 	// Reader goroutine only.
 	counter replyCounter
@@ -105,6 +111,23 @@ func (r *relayRelease) fences() int {
 		}
 	}
 	return n
+}
+
+// swaps adds the databases r's tier writes may swap to dbs, each once
+// (-1, every database, stands for all).
+func (r *relayRelease) swaps(dbs []int) []int {
+	for i := range r.tier {
+		for _, db := range r.tier[i].Swapped() {
+			switch {
+			case slices.Contains(dbs, -1), slices.Contains(dbs, db):
+			case db == -1:
+				dbs = append(dbs[:0], -1)
+			default:
+				dbs = append(dbs, db)
+			}
+		}
+	}
+	return dbs
 }
 
 func (r *relayRelease) add(o relayRelease) {
@@ -275,6 +298,7 @@ func (rw *relayWrites) sending() {
 		rw.held = append(rw.held, r)
 		rw.heldN += r.n
 		rw.heldFences += r.fences()
+		rw.heldSwaps = r.swaps(rw.heldSwaps)
 	}
 	rw.mu.Unlock()
 }
@@ -286,6 +310,7 @@ func (rw *relayWrites) uncountable() {
 		for _, r := range rw.pending {
 			rw.heldN += r.n
 			rw.heldFences += r.fences()
+			rw.heldSwaps = r.swaps(rw.heldSwaps)
 		}
 		rw.held = append(rw.held, rw.pending...)
 		rw.pending = nil
@@ -345,11 +370,38 @@ func (rw *relayWrites) received(b []byte) {
 // chunk is one raised after the write ran and before its reply is seen.
 // It runs after received's own checks, so a write moved to held while they
 // ran (uncountable, from the session) is covered too.
+//
+// A held SWAPDB (or a script that may run one) needs more: Redis sends no
+// invalidation for it, so the fence drops nothing, and what a fill read
+// from either database between the flush at WriteStart and the swap stays
+// in the tier until WriteDone drops it again, which for a held write is
+// when the relay ends: served after the client's OK for as long as the
+// relay stays open (found by review,
+// TestTierRelayedSwapDBLeavesNoPreSwapFill). So the databases of held
+// swaps are also dropped before each chunk: once the chunk carrying the
+// SWAPDB's reply arrived, the swap has run, so the drop before it is
+// passed on removes every pre-swap fill, and fills sent after it read the
+// swapped databases. That costs those databases their hits for as long as
+// the relay stays open uncounted, which is rare (MONITOR, RESP2
+// subscribers, CLIENT REPLY, ...) and simpler than holding their reads and
+// fills off in the tier until the relay ends, which would cost the same.
 func (rw *relayWrites) fenceHeld() {
+	var buf [4]int
 	rw.mu.Lock()
 	fence := !rw.countable && rw.heldFences > 0
+	swaps := buf[:0]
+	if !rw.countable {
+		swaps = append(swaps, rw.heldSwaps...)
+	}
 	rw.mu.Unlock()
-	if t := rw.sess.srv.tier; fence && t != nil {
+	t := rw.sess.srv.tier
+	if t == nil {
+		return
+	}
+	for _, db := range swaps {
+		t.cache.FlushSwapped(db)
+	}
+	if fence {
 		t.cache.Fence()
 	}
 }

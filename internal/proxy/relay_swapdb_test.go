@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,25 +13,33 @@ import (
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
-// Review finding: a SWAPDB sent by a relayed client whose replies the relay
-// cannot count (here a RESP3 tracking client, as rueidis is, that sent
-// CLIENT REPLY ON). The tier flushes both databases when the SWAPDB is
-// forwarded, but the second flush that drops what a fill read between that
-// flush and the swap (localcache.Writes.swapped, done by WriteDone) only
-// runs when the relay releases the write: for an uncounted relay, when the
-// relay ends. Redis sends no invalidation for SWAPDB and the fence raised
-// before each chunk only waits for invalidations, so the DB 0 value a fill
-// read just before the swap is served after the relayed client got its OK.
-// The counted case is a control that passes. CLIENT PAUSE WRITE, sent to
-// Redis directly, holds the SWAPDB while the fill runs, as in
-// localcache's TestSwapDBDropsFillsThatRanBeforeTheSwap.
-func TestReviewTierRelayedSwapDBLeavesPreSwapFill(t *testing.T) {
+// A SWAPDB sent by a relayed client whose replies the relay cannot count
+// (here a RESP3 tracking client, as rueidis is, that sent CLIENT REPLY ON).
+// The tier flushes both databases when the SWAPDB is forwarded, but the
+// second flush that drops what a fill read between that flush and the swap
+// (localcache.Writes.swapped, done by WriteDone) only runs when the relay
+// releases the write: for an uncounted relay, when the relay ends. Redis
+// sends no invalidation for SWAPDB and the fence raised before each chunk
+// only waits for invalidations, so the DB 0 value a fill read just before
+// the swap was served after the relayed client got its OK (found by
+// review); the relay now also drops the held swaps' databases before each
+// chunk (relayWrites.fenceHeld). The counted case is a control. CLIENT
+// PAUSE WRITE, sent to Redis directly, holds the SWAPDB while the fill
+// runs, as in localcache's TestSwapDBDropsFillsThatRanBeforeTheSwap.
+func TestTierRelayedSwapDBLeavesNoPreSwapFill(t *testing.T) {
+	swapDB := []string{"SWAPDB", "0", "1"}
+	// A script that may run SWAPDB is handled as one of every database
+	// (localcache/scripts.go).
+	swapScript := []string{"EVAL", "redis.call('SWAPDB', '0', '1') return 1", "0"}
 	for _, tc := range []struct {
 		name  string
 		start [][]string
+		swap  []string
 	}{
-		{"counted", [][]string{{"HELLO", "3"}, {"CLIENT", "TRACKING", "ON"}}},
-		{"uncounted", [][]string{{"HELLO", "3"}, {"CLIENT", "TRACKING", "ON"}, {"CLIENT", "REPLY", "ON"}}},
+		{"counted", [][]string{{"HELLO", "3"}, {"CLIENT", "TRACKING", "ON"}}, swapDB},
+		{"uncounted", [][]string{{"HELLO", "3"}, {"CLIENT", "TRACKING", "ON"}, {"CLIENT", "REPLY", "ON"}}, swapDB},
+		{"counted-script", [][]string{{"HELLO", "3"}, {"CLIENT", "TRACKING", "ON"}}, swapScript},
+		{"uncounted-script", [][]string{{"HELLO", "3"}, {"CLIENT", "TRACKING", "ON"}, {"CLIENT", "REPLY", "ON"}}, swapScript},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := proxytest.Start(t, nil, func(c *config.Config) {
@@ -60,7 +69,7 @@ func TestReviewTierRelayedSwapDBLeavesPreSwapFill(t *testing.T) {
 			if err := direct.Do(ctx, "CLIENT", "PAUSE", "2000", "WRITE").Err(); err != nil {
 				t.Fatal(err)
 			}
-			w.send([]string{"SWAPDB", "0", "1"})
+			w.send(tc.swap)
 			redistest.Eventually(t, 5*time.Second, func() bool {
 				info, err := direct.Info(ctx, "clients").Result()
 				return err == nil && strings.Contains(info, "\r\nblocked_clients:1\r\n")
@@ -70,7 +79,7 @@ func TestReviewTierRelayedSwapDBLeavesPreSwapFill(t *testing.T) {
 			if err := direct.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
 				t.Fatal(err)
 			}
-			if v := w.readNonPush(); v != "OK" {
+			if v := fmt.Sprint(w.readNonPush()); v != "OK" && v != "1" {
 				t.Fatalf("SWAPDB: %v", v)
 			}
 			if v, _ := direct.Get(ctx, "k").Result(); v != "db1-before" {
