@@ -70,3 +70,19 @@ func TestReplySkipBeforeResetMatchesRedis(t *testing.T) {
 		"OFF RESET":      {{{"CLIENT", "REPLY", "OFF"}, {"RESET"}, {"PING"}}},
 	})
 }
+
+// TestReplySkipBeforeRelayStartMatchesRedis: CLIENT REPLY SKIP before a
+// command that makes the proxy relay the client on a connection of its own
+// (MONITOR, CLIENT TRACKING ON). Redis mutes that command's +OK. The proxy
+// carries only CLIENT REPLY OFF over to the relay's connection
+// (stateful.go startRelay/relay: sess.replyOff), so the pending skip is
+// lost and Redis's +OK on the relay's connection reaches the client.
+func TestReplySkipBeforeRelayStartMatchesRedis(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	skipCases(t, p, map[string][][][]string{
+		"MONITOR": {{{"CLIENT", "REPLY", "SKIP"}, {"MONITOR"}}},
+		"CLIENT TRACKING ON": {{
+			{"CLIENT", "REPLY", "SKIP"}, {"HELLO", "3"}, {"CLIENT", "REPLY", "SKIP"}, {"CLIENT", "TRACKING", "ON"}, {"PING"},
+		}},
+	})
+}
