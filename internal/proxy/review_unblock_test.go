@@ -82,6 +82,12 @@ func TestClientUnblockByStalledClientHoldsUpTheBlockedClient(t *testing.T) {
 		if err != nil {
 			return fmt.Sprintf("no reply: %v", err), time.Since(start)
 		}
+		// Nor is its next command held up: the blocked client's session
+		// must not wait for the other client either.
+		victim.send([]string{"PING"})
+		if pong, err := readValue(victim.rd, new([]byte)); err != nil || pong != "PONG" {
+			return fmt.Sprintf("%v, then PING answered %v (%v)", v, pong, err), time.Since(start)
+		}
 		return v, time.Since(start)
 	}
 	for _, trickle := range []bool{false, true} {
@@ -90,7 +96,7 @@ func TestClientUnblockByStalledClientHoldsUpTheBlockedClient(t *testing.T) {
 			gotReply, gotTook := run(p.Addr, trickle)
 			t.Logf("redis: blocked client answered %v after %v; proxy: %v after %v", wantReply, wantTook.Round(time.Millisecond), gotReply, gotTook.Round(time.Millisecond))
 			if gotTook > time.Second {
-				t.Fatalf("through the proxy the blocked client waited %v for its reply (%v), held up by another client that does not read (client_write_timeout %v); on Redis it was answered in %v (%v)",
+				t.Fatalf("through the proxy the blocked client waited %v for its reply and a PING's (%v), held up by another client that does not read (client_write_timeout %v); on Redis it was answered in %v (%v)",
 					gotTook.Round(time.Millisecond), gotReply, writeTimeout, wantTook.Round(time.Millisecond), wantReply)
 			}
 		})

@@ -825,6 +825,19 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 		sess.replyLocal(m, zero)
 		return true
 	}
+	// Answered in order with what came before: the client's earlier
+	// commands reach Redis, and their replies the client, before the
+	// UNBLOCK is sent. Flushed before the target's lock is taken, not
+	// under it: the flush may wait client_write_timeout per chunk on a
+	// client that does not read, and the blocked client, answered by Redis
+	// meanwhile, takes that lock before it can pass its reply on (found by
+	// review: one client's full socket withheld another's reply).
+	sess.flush(time.Now())
+	// Held until Redis has answered, so that the target's connection
+	// cannot go to another client meanwhile. The UNBLOCK goes to the
+	// server that connection is on, which after a reload switched the
+	// upstream is not the one this client's commands go to: there the id
+	// names some other connection.
 	target.block.mu.Lock()
 	defer target.block.mu.Unlock()
 	rid := target.block.id.Load()
@@ -832,12 +845,6 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 		sess.replyLocal(m, zero)
 		return true
 	}
-	// Answered in order with what came before, and before the target's
-	// connection can go to another client. It goes to the server that
-	// connection is on, which after a reload switched the upstream is not
-	// the one this client's commands go to: there the id names some other
-	// connection.
-	sess.flush(time.Now())
 	raw := resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10))
 	if mode != "" {
 		raw = resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
