@@ -102,3 +102,55 @@ func TestClientUnblockByStalledClientHoldsUpTheBlockedClient(t *testing.T) {
 		})
 	}
 }
+
+// TestClientUnblockWaitingOnRedisHoldsUpTheBlockedClient: an UNBLOCK
+// holds the target's block lock until Redis has answered it, and the
+// blocked client took that lock (blockState.set) before passing on the
+// reply Redis had already given it. So while Redis did not answer the
+// UNBLOCK (paused here by CLIENT PAUSE ALL, under which a BLPOP still
+// times out; or busy), the blocked client's reply waited for another
+// client's round trip. On Redis the BLPOP's timeout answers it at once.
+func TestClientUnblockWaitingOnRedisHoldsUpTheBlockedClient(t *testing.T) {
+	const pause = 4 * time.Second
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		// The UNBLOCK's connection may be dialled during the pause, and
+		// its handshake must wait the pause out too.
+		c.Upstream.DialTimeout = units.Duration{Duration: 3 * pause}
+	})
+	direct := p.Redis.Client(t)
+	run := func(addr string) (reply any, took time.Duration) {
+		victim := dialRaw(t, addr)
+		vid := fmt.Sprint(victim.do("CLIENT", "ID"))
+		victim.send([]string{"BLPOP", "unb:none", "1"})
+		start := time.Now()
+		redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 1 }, "BLPOP never blocked")
+		pauser := dialRaw(t, p.Redis.Addr())
+		if v := pauser.do("CLIENT", "PAUSE", fmt.Sprint(pause.Milliseconds()), "ALL"); v != "OK" {
+			t.Fatalf("CLIENT PAUSE: %v", v)
+		}
+		paused := time.Now()
+		unblocker := dialRaw(t, addr)
+		unblocker.send([]string{"CLIENT", "UNBLOCK", vid})
+		victim.nc.SetReadDeadline(time.Now().Add(2 * pause))
+		v, err := readValue(victim.rd, new([]byte))
+		took = time.Since(start)
+		if err != nil {
+			v = fmt.Sprintf("no reply: %v", err)
+		}
+		// Redis answers the UNBLOCK once the pause is over: 0, the client
+		// timed out meanwhile.
+		time.Sleep(time.Until(paused.Add(pause)))
+		unblocker.nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if u, err := readValue(unblocker.rd, new([]byte)); err != nil || u != int64(0) {
+			t.Errorf("CLIENT UNBLOCK answered %v (%v), want 0", u, err)
+		}
+		return v, took
+	}
+	wantReply, wantTook := run(p.Redis.Addr())
+	gotReply, gotTook := run(p.Addr)
+	t.Logf("redis: blocked client answered %v after %v; proxy: %v after %v", wantReply, wantTook.Round(time.Millisecond), gotReply, gotTook.Round(time.Millisecond))
+	if fmt.Sprint(gotReply) != fmt.Sprint(wantReply) || gotTook > 2500*time.Millisecond {
+		t.Fatalf("through the proxy the blocked client was answered %v after %v, held up by another client's UNBLOCK waiting on a paused Redis (%v); on Redis %v after %v",
+			gotReply, gotTook.Round(time.Millisecond), pause, wantReply, wantTook.Round(time.Millisecond))
+	}
+}

@@ -740,7 +740,10 @@ func (sess *Session) blocking(r *request) {
 			}
 		}
 	}
-	sess.block.set(0, nil, nil)
+	// No UNBLOCK aims at the connection from now on; one already sent
+	// holds mu until Redis has answered it, waited for below, where the
+	// connection could go to another client.
+	sess.block.id.Store(0)
 	reply, err := call.Reply(first)
 	if err == nil {
 		sess.mirrorBlocked(r.name, args, reply, fixups) // mirror.go
@@ -774,6 +777,19 @@ func (sess *Session) blocking(r *request) {
 		}
 		call.Reset()
 	}
+	if !sess.block.mu.TryLock() {
+		// Another client's UNBLOCK is waiting for Redis's answer, which
+		// may take as long as Redis takes (paused, busy). The reply
+		// Redis already gave this client goes out first: Redis would not
+		// hold it for another client's command.
+		sess.flush(time.Now())
+		if len(sess.out) > 0 {
+			sess.writeOut(sess.out)
+		}
+		sess.block.mu.Lock()
+	}
+	sess.block.pipe, sess.block.backend = nil, nil
+	sess.block.mu.Unlock()
 	if borrowed {
 		b.ReleasePipe(pipe, sess.db, sess.resp3, clean)
 	}
@@ -785,7 +801,9 @@ func (sess *Session) blocking(r *request) {
 type blockState struct {
 	// mu is held by an UNBLOCK aimed at id until Redis has answered it, so
 	// the connection cannot be reused by another client meanwhile: the
-	// blocked client takes mu to clear id before giving it back.
+	// blocked client takes mu to clear pipe before giving it back (after
+	// passing on its reply when an UNBLOCK holds mu: never hold mu across
+	// a write to a client). id alone may be cleared without mu.
 	mu      sync.Mutex
 	id      atomic.Int64      // Redis's id of the connection; 0: not blocked
 	pipe    *upstream.Pipe    // the connection, under mu
