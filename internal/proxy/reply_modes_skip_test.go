@@ -84,5 +84,23 @@ func TestReplySkipBeforeRelayStartMatchesRedis(t *testing.T) {
 		"CLIENT TRACKING ON": {{
 			{"CLIENT", "REPLY", "SKIP"}, {"HELLO", "3"}, {"CLIENT", "REPLY", "SKIP"}, {"CLIENT", "TRACKING", "ON"}, {"PING"},
 		}},
+		// The skip in a write of its own, then the command.
+		"MONITOR apart":            {{{"CLIENT", "REPLY", "SKIP"}}, {{"MONITOR"}}},
+		"CLIENT TRACKING ON RESP2": {{{"CLIENT", "REPLY", "SKIP"}, {"CLIENT", "TRACKING", "ON"}, {"PING"}}},
+		"CLIENT TRACKING ON BCAST": {{
+			{"CLIENT", "REPLY", "SKIP"}, {"HELLO", "3"}, {"CLIENT", "REPLY", "SKIP"}, {"CLIENT", "TRACKING", "ON", "BCAST"}, {"PING"},
+		}},
+		// The skip ends with the command it muted.
+		"CLIENT TRACKING ON then ECHO": {{
+			{"CLIENT", "REPLY", "SKIP"}, {"HELLO", "3"}, {"CLIENT", "REPLY", "SKIP"}, {"CLIENT", "TRACKING", "ON"}, {"ECHO", "a"}, {"ECHO", "b"},
+		}},
+		// Pub/sub confirmations are pushes, which Redis never mutes; the
+		// skip goes with them.
+		"SUBSCRIBE":        {{{"CLIENT", "REPLY", "SKIP"}, {"SUBSCRIBE", "skip:ch"}, {"PING"}}},
+		"PSUBSCRIBE":       {{{"CLIENT", "REPLY", "SKIP"}, {"PSUBSCRIBE", "skip:*"}, {"PING"}}},
+		"SSUBSCRIBE":       {{{"CLIENT", "REPLY", "SKIP"}, {"SSUBSCRIBE", "skip:ch"}, {"PING"}}},
+		"SUBSCRIBE two":    {{{"CLIENT", "REPLY", "SKIP"}, {"SUBSCRIBE", "skip:a", "skip:b"}, {"UNSUBSCRIBE"}, {"PING"}}},
+		"SUBSCRIBE RESP3":  {{{"CLIENT", "REPLY", "SKIP"}, {"HELLO", "3"}, {"CLIENT", "REPLY", "SKIP"}, {"SUBSCRIBE", "skip:ch"}, {"PING"}}},
+		"SUBSCRIBE leaves": {{{"CLIENT", "REPLY", "SKIP"}, {"HELLO", "3"}, {"CLIENT", "REPLY", "SKIP"}, {"SUBSCRIBE", "skip:ch"}, {"UNSUBSCRIBE"}, {"SET", "skip:k", "v"}, {"GET", "skip:k"}}},
 	})
 }

@@ -152,6 +152,7 @@ var queued = []byte("+QUEUED\r\n")
 
 var (
 	cmdReplyOff  = resp.AppendCommandStrings(nil, "CLIENT", "REPLY", "OFF")
+	cmdReplySkip = resp.AppendCommandStrings(nil, "CLIENT", "REPLY", "SKIP")
 	cmdClearName = resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", "")
 	cmdDiscard   = resp.AppendCommandStrings(nil, "DISCARD")
 )
@@ -961,6 +962,14 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	if sess.replyOff {
 		// See relay: Redis mutes the client's own connection.
 		first = append(first, cmdReplyOff...)
+	} else if sess.curMute {
+		// CLIENT REPLY SKIP just before the starting command, which
+		// dispatch took for it: on Redis it mutes that command's reply
+		// (MONITOR's or CLIENT TRACKING ON's +OK; not SUBSCRIBE's
+		// confirmations, pushes Redis never mutes). Carried over like
+		// REPLY OFF, Redis's relay connection does the same (found by
+		// review: the +OK reached the client).
+		first = append(first, cmdReplySkip...)
 	}
 	first = append(first, reqs[0].Raw...)
 	for k := 1; k < len(reqs); k++ {
@@ -1056,6 +1065,12 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		if ex != nil {
 			ex.stayForGood()
 		}
+	} else if sess.curMute {
+		// A CLIENT REPLY SKIP carried over (startRelay): the starting
+		// command's reply may be missing from the stream, so replies
+		// cannot be counted, as after a CLIENT REPLY sent here. The skip
+		// ends with that command; the exit question is answered.
+		rw.uncountable()
 	}
 	var protoErr *resp.ProtocolError
 	var halfClosed bool
