@@ -202,6 +202,21 @@ func (c *clientConn) close(conn net.Conn) error {
 	return nil
 }
 
+// closeForced closes conn for someone else than its session. On TLS it
+// closes the socket under the TLS layer: tls.Conn.Close first sends a
+// close_notify alert, which a client that stopped reading makes wait up to
+// 5 s, and a Close made while another is in that wait returns at once
+// without closing anything. So a session ending by itself towards such a
+// client held a shutdown 5 s past its deadline (the session's own Close
+// was waiting, and the shutdown's Close could not cut it short). A client
+// killed or cut off sees its connection end as a TCP one would.
+func (c *clientConn) closeForced(conn net.Conn) error {
+	if tc, ok := conn.(*tls.Conn); ok {
+		return tc.NetConn().Close()
+	}
+	return c.close(conn)
+}
+
 // closeOwn closes the connection as its session ends, after the session's
 // Reader let go of it.
 func (c *clientConn) closeOwn() error {

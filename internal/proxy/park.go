@@ -607,7 +607,9 @@ func socketAddr(fd int32, getName func(int) (syscall.Sockaddr, error)) net.Addr 
 }
 
 // closeConn closes the client's connection from another goroutine than
-// the session's: a parked session's socket is closed when it resumes.
+// the session's (CLIENT KILL, a shutdown past its deadline): a parked
+// session's socket is closed when it resumes. It ends the connection at
+// once: a TLS one without the close_notify alert (closeForced).
 func (sess *Session) closeConn() {
 	cc, ok := sess.nc.(*clientConn)
 	if !ok {
@@ -624,7 +626,7 @@ func (sess *Session) closeConn() {
 		// Outside the lock: closing a TLS connection may write. A session
 		// detaching meanwhile has seen interrupted and does not stay
 		// parked (parkNow).
-		cc.close(conn)
+		cc.closeForced(conn)
 	}
 }
 
