@@ -109,8 +109,7 @@ func TestFlushes(t *testing.T) {
 	p := startTier(t, nil)
 	c, direct := p.Client(t), p.Redis.Client(t)
 	c1 := p.Client(t, func(o *redis.Options) { o.DB = 1 })
-	direct1 := redis.NewClient(&redis.Options{Addr: p.Redis.Addr(), DB: 1})
-	defer direct1.Close()
+	direct1 := p.Redis.ClientDB(t, 1)
 	waitLive(t, p, 1)
 
 	fill := func() {

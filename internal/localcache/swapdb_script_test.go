@@ -22,8 +22,7 @@ func TestSwapDBInScriptNotServedStale(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			p := startTier(t, nil)
 			direct := p.Redis.Client(t)
-			direct1 := redis.NewClient(&redis.Options{Addr: p.Redis.Addr(), DB: 1})
-			t.Cleanup(func() { direct1.Close() })
+			direct1 := p.Redis.ClientDB(t, 1)
 			if err := direct.Set(ctx, "k", "db0-before", 0).Err(); err != nil {
 				t.Fatal(err)
 			}

@@ -23,8 +23,7 @@ func TestSwapDBDropsFillsThatRanBeforeTheSwap(t *testing.T) {
 		c.Policy.Commands.Allow = append(c.Policy.Commands.Allow, "swapdb")
 	})
 	direct := p.Redis.Client(t)
-	direct1 := redis.NewClient(&redis.Options{Addr: p.Redis.Addr(), DB: 1})
-	t.Cleanup(func() { direct1.Close() })
+	direct1 := p.Redis.ClientDB(t, 1)
 	for _, e := range []error{direct.Set(ctx, "k", "db0-before", 0).Err(), direct1.Set(ctx, "k", "db1-before", 0).Err()} {
 		if e != nil {
 			t.Fatal(e)

@@ -104,10 +104,7 @@ func TestMirrorCrossDatabaseOrder(t *testing.T) {
 			}
 			ms.Thaw(t)
 			waitMirrored(t, p)
-			m1 := redis.NewClient(&redis.Options{Addr: ms.Addr(), DB: 1})
-			defer m1.Close()
-			p1 := redis.NewClient(&redis.Options{Addr: p.Redis.Addr(), DB: 1})
-			defer p1.Close()
+			m1, p1 := ms.ClientDB(t, 1), p.Redis.ClientDB(t, 1)
 			pv, _ := p1.Get(ctx, "k").Result()
 			mv, _ := m1.Get(ctx, "k").Result()
 			p0, _ := direct.Exists(ctx, "k").Result()

@@ -49,8 +49,7 @@ func TestTierRelayedSwapDBLeavesNoPreSwapFill(t *testing.T) {
 			redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
 			hits := func() float64 { return metricSum(t, p, "redproxy_localcache_hits_total") }
 			direct := p.Redis.Client(t)
-			direct1 := redis.NewClient(&redis.Options{Addr: p.Redis.Addr(), DB: 1})
-			t.Cleanup(func() { direct1.Close() })
+			direct1 := p.Redis.ClientDB(t, 1)
 			if err := direct.Set(ctx, "k", "db0-before", 0).Err(); err != nil {
 				t.Fatal(err)
 			}

@@ -113,9 +113,12 @@ func (s *Server) Port() int {
 
 // Client returns a go-redis client connected straight to this Redis (not
 // through the proxy); it is closed on cleanup.
-func (s *Server) Client(t testing.TB) *redis.Client {
+func (s *Server) Client(t testing.TB) *redis.Client { return s.ClientDB(t, 0) }
+
+// ClientDB is Client on database db.
+func (s *Server) ClientDB(t testing.TB, db int) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), DB: db})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
