@@ -1,6 +1,7 @@
 package localcache
 
 import (
+	"bytes"
 	"crypto/sha1"
 	"encoding/hex"
 	"sync"
@@ -136,12 +137,29 @@ func (c *Cache) scriptSwaps(cmd *commands.Command, args [][]byte) bool {
 }
 
 // MentionsSwapDB reports whether b contains "swapdb" in any ASCII case.
+// It looks for the rarest of the six letters in scripts, 'w', with
+// bytes.IndexByte (vectorised) in each case, and checks the letters
+// around each one found: an EVAL's text is scanned on every EVAL while the
+// tier is on (twice: NoteScript and WriteStart), and a 375-byte rate
+// limiter takes 76-90 ns where a byte-by-byte comparison took 226-282
+// (BenchmarkMentionsSwapDB and ...ByteByByte, 5 runs each).
 func MentionsSwapDB(b []byte) bool {
-	for i := 0; i+6 <= len(b); i++ {
-		if b[i]|0x20 == 's' && b[i+1]|0x20 == 'w' && b[i+2]|0x20 == 'a' &&
-			b[i+3]|0x20 == 'p' && b[i+4]|0x20 == 'd' && b[i+5]|0x20 == 'b' {
+	return mentionsSwapDBAt(b, 'w') || mentionsSwapDBAt(b, 'W')
+}
+
+// mentionsSwapDBAt finds "swapdb" in any case by its second letter, w.
+func mentionsSwapDBAt(b []byte, w byte) bool {
+	for i := 1; i+5 <= len(b); {
+		j := bytes.IndexByte(b[i:len(b)-4], w)
+		if j < 0 {
+			return false
+		}
+		i += j
+		if b[i-1]|0x20 == 's' && b[i+1]|0x20 == 'a' && b[i+2]|0x20 == 'p' &&
+			b[i+3]|0x20 == 'd' && b[i+4]|0x20 == 'b' {
 			return true
 		}
+		i++
 	}
 	return false
 }

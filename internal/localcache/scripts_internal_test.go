@@ -28,6 +28,63 @@ func TestMentionsSwapDB(t *testing.T) {
 	}
 }
 
+// mentionsSwapDBSlow is the byte-by-byte definition MentionsSwapDB must
+// agree with.
+func mentionsSwapDBSlow(b []byte) bool {
+	for i := 0; i+6 <= len(b); i++ {
+		if b[i]|0x20 == 's' && b[i+1]|0x20 == 'w' && b[i+2]|0x20 == 'a' &&
+			b[i+3]|0x20 == 'p' && b[i+4]|0x20 == 'd' && b[i+5]|0x20 == 'b' {
+			return true
+		}
+	}
+	return false
+}
+
+func FuzzMentionsSwapDB(f *testing.F) {
+	for _, s := range []string{"swapdb", "xSWAPDB", "swswapdb", "wwapdb", "swapd", "sw", "w", "SwApDbW", "redis.call('swapdb', 0, 1)"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if got, want := MentionsSwapDB(b), mentionsSwapDBSlow(b); got != want {
+			t.Fatalf("MentionsSwapDB(%q) = %v, byte by byte %v", b, got, want)
+		}
+	})
+}
+
+// A rate limiter's script, the kind sent with EVAL on every request.
+var rateLimiterScript = []byte(`local key = KEYS[1]
+local limit = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', key, 0, now - window)
+local count = redis.call('ZCARD', key)
+if count < limit then
+  redis.call('ZADD', key, now, now .. '-' .. math.random())
+  redis.call('PEXPIRE', key, window)
+  return {1, limit - count - 1}
+end
+return {0, 0}`)
+
+func BenchmarkMentionsSwapDB(b *testing.B) {
+	b.ReportAllocs()
+	b.SetBytes(int64(len(rateLimiterScript)))
+	for b.Loop() {
+		if MentionsSwapDB(rateLimiterScript) {
+			b.Fatal("found swapdb in the rate limiter")
+		}
+	}
+}
+
+func BenchmarkMentionsSwapDBByteByByte(b *testing.B) {
+	b.ReportAllocs()
+	b.SetBytes(int64(len(rateLimiterScript)))
+	for b.Loop() {
+		if mentionsSwapDBSlow(rateLimiterScript) {
+			b.Fatal("found swapdb in the rate limiter")
+		}
+	}
+}
+
 // What NoteScript saw decides which EVALSHA and FCALL are handled as a
 // SWAPDB; past maxSwapScripts remembered scripts every EVALSHA is.
 func TestScriptSwaps(t *testing.T) {
