@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -337,6 +338,11 @@ var ErrTooManyRedirects = errors.New("redproxy: too many cluster redirections")
 
 var errTooManyRedirects = []byte("-TRYAGAIN " + ErrTooManyRedirects.Error() + "\r\n")
 
+// errRanAfter answers a command redirected (or not sent) after a later
+// command of its slot in the client's batch ran: following it would run it
+// after that one.
+var errRanAfter = []byte("-TRYAGAIN redproxy: the slot is moving and a later command of it already ran\r\n")
+
 func errorFrame(err error) []byte {
 	return []byte("-ERR " + err.Error() + "\r\n")
 }
@@ -427,6 +433,7 @@ func (b *batch) reset(r *Router, resp3 bool, n int) {
 	b.open, b.groups = 0, 0
 	b.limit, b.overflow = 0, false
 	b.reads, b.onlyReads = nil, false
+	clear(b.ran)
 }
 
 // op is one command of the client's batch.
@@ -507,6 +514,9 @@ type batch struct {
 	onlyReads bool
 	timer     *time.Timer
 	mayWrite  bool // the command being planned may write
+	// ran maps a slot to the highest sub of it that ran (or may have: its
+	// reply was lost), in any round and node call of the batch.
+	ran map[int]int
 }
 
 func (b *batch) add(o *op, s sub) {
@@ -760,12 +770,18 @@ func (b *batch) run() {
 	// (nil when all is done), and a new scratch per batch allocated.
 	scratch := pending
 	defer func() { b.keys = scratch[:0] }()
+	if b.ran == nil {
+		b.ran = map[int]int{}
+	}
 	backoff := time.Duration(0)
 	for len(pending) > 0 {
 		if backoff > 0 {
 			time.Sleep(backoff)
 		}
 		next, wait := b.round(pending)
+		// A round's retries are listed node call by node call; sent in
+		// the client's order, those that meet on one node run in it.
+		slices.Sort(next)
 		pending = next
 		if wait {
 			backoff = min(max(2*backoff, retryBackoff), maxBackoff)
@@ -827,6 +843,13 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 	askedGroup := map[int]bool{}
 	for _, i := range pending {
 		s := &b.subs[i]
+		if b.ranAfter(i) {
+			// Not sent last round (its slot had no node), and a later
+			// command of its slot ran meanwhile (the others were answered
+			// when their replies were read).
+			b.finish(i, errRanAfter)
+			continue
+		}
 		addr := s.redirect
 		switch {
 		case addr != "":
@@ -927,30 +950,45 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 	// Commands of one transaction go and come back together: if one of
 	// them was redirected, EXEC failed, and the whole group is sent again.
 	groupAgain := map[int]int{} // group -> the member that must go again
+	// Which subs ran (see ranAfter), every call of the round counted
+	// before any sub is retried: calls run concurrently. A lost reply may
+	// have run; a transaction's member counts too (at worst an earlier
+	// sub is answered TRYAGAIN when its group failed).
 	for _, nc := range calls {
-		// ranAfter[k]: a later sub of the same slot in this call ran.
-		ranAfter := make([]bool, len(nc.subs))
-		ran := map[int]bool{}
-		for k := len(nc.subs) - 1; k >= 0; k-- {
-			i := nc.subs[k]
-			if i < 0 || nc.err != nil || nc.replica != nil {
+		if nc.err != nil || nc.replica != nil {
+			continue
+		}
+		for k, i := range nc.subs {
+			if i < 0 || b.subs[i].slot < 0 {
 				continue
 			}
-			ranAfter[k] = ran[b.subs[i].slot]
-			if reply, err := nc.call.Reply(k); err == nil && !retryable(reply) {
-				ran[b.subs[i].slot] = true
+			if reply, err := nc.call.Reply(k); err != nil || !retryable(reply) {
+				if j, ok := b.ran[b.subs[i].slot]; !ok || i > j {
+					b.ran[b.subs[i].slot] = i
+				}
 			}
 		}
+	}
+	for _, nc := range calls {
 		for k, i := range nc.subs {
 			if i < 0 {
 				continue
 			}
 			s := &b.subs[i]
 			s.redirect, s.asking = "", false
-			if ranAfter[k] && s.group == 0 && s.slot >= 0 {
-				// Retrying it would apply it after the later command on its
-				// slot (maybe its key) that already ran: answer as Redis did.
-				if reply, err := nc.call.Reply(k); err == nil && (bytes.HasPrefix(reply, prefixTryAgain) || bytes.HasPrefix(reply, prefixNoScript)) {
+			if b.ranAfter(i) {
+				// Sending it again would run it after that later command
+				// (maybe on its key): its answer is what it got, which
+				// clients retry, a redirection as TRYAGAIN (they never
+				// see one).
+				if nc.err != nil {
+					b.finish(i, errorFrame(nc.err))
+					continue
+				}
+				if reply, err := nc.call.Reply(k); err == nil && retryable(reply) {
+					if bytes.HasPrefix(reply, prefixMoved) || bytes.HasPrefix(reply, prefixAsk) {
+						reply = errRanAfter
+					}
 					b.finish(i, reply)
 					continue
 				}
@@ -981,6 +1019,25 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 		}
 	}
 	return retry, wait
+}
+
+// ranAfter reports whether a later sub of sub i's slot ran, in this round
+// or an earlier one, on any node. Then sub i is never sent again: the
+// client's commands of one slot (on one key, maybe) would run out of its
+// order. Keeping, for the whole batch, the highest sub of each slot that
+// ran makes that one comparison, whatever rounds and node calls the two
+// went through; holding later subs back while an earlier one is retried
+// would also keep the order, but delays them and must follow every way a
+// sub is put off. Not for a transaction's subs: a group goes again as a
+// whole (see round); nor in a batch of reads only (DoReads), which has no
+// order to keep and whose reads a failed replica puts off.
+func (b *batch) ranAfter(i int) bool {
+	s := &b.subs[i]
+	if s.group != 0 || s.slot < 0 || b.onlyReads {
+		return false
+	}
+	j, ok := b.ran[s.slot]
+	return ok && j > i
 }
 
 // classify looks at sub i's outcome, reply k of nc: it finishes the sub,
