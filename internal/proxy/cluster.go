@@ -320,15 +320,55 @@ func (sess *Session) openHeld(r *request, p heldPlacer) bool {
 			sess.replyLocal(m, refusal)
 			return true
 		}
-		b, err := p.backend(sess, target)
+		return sess.pinWatch(r, p, target)
+	}
+	return false
+}
+
+// pinWatch pins a connection on target for the WATCH r, which starts the
+// client's transaction, and sends the WATCH there.
+//
+// In cluster mode the node may answer MOVED or ASK: the proxy's map was
+// stale (a reshard between two refreshes). Redis refused that WATCH, so it
+// watches nothing, and the pin is given back clean: kept, every WATCH the
+// client retried went to the same old node and failed the same way until
+// UNWATCH, EXEC or DISCARD, and its other commands were held to the old
+// slot (CROSSSLOT) (found by review). A MOVED has updated the map
+// (Router.Redirected), so the WATCH is sent once more, pinned on the
+// slot's new owner, and the client sees it succeed; an ASK (the slot is
+// being migrated) leaves the map as it was, and the client gets the error,
+// with nothing pinned, to retry once the migration ends. For that the
+// WATCH must be answered before anything the client sent behind it goes
+// on the pin: in cluster mode it is sent at once, on its own, and a client
+// that pipelines WATCH with what follows pays one round trip more.
+func (sess *Session) pinWatch(r *request, p heldPlacer, target int) bool {
+	b, err := p.backend(sess, target)
+	for tries := 0; ; tries++ {
 		if err != nil {
-			sess.replyLocal(m, errorReply(err))
+			sess.replyLocal(r.m, errorReply(err))
 			return true
 		}
 		sess.pinForOn(r, b, target)
+		if !sess.pin.cluster || sess.pin.pipe == nil {
+			return true // routes, or answered (no connection)
+		}
+		sess.slots[len(sess.slots)-1].opens = true
+		sess.flush(time.Now())
+		refused := sess.pin.redirected
+		if refused == nil {
+			return true // watching on the slot's owner, or answered by it
+		}
+		from := b.Addr()
+		sess.unpin(true)
+		if tries == 0 {
+			if b, err = p.backend(sess, target); err == nil && b.Addr() != from {
+				continue
+			}
+		}
+		// An ASK, or moved on again: the error says to retry.
+		sess.replyLocal(r.m, refused)
 		return true
 	}
-	return false
 }
 
 // queueHeld handles a command of a held MULTI (see heldPlacer); true when
@@ -584,23 +624,30 @@ func (sess *Session) clusterWaitMarker() [][]byte {
 // an error the client can act on: the transaction cannot follow its slot
 // to another node, and Redis has already failed it (a redirected command
 // inside MULTI makes EXEC answer EXECABORT; a redirected EXEC discards
-// the transaction).
-func (sess *Session) clusterPinnedReply(reply []byte, exec bool) []byte {
+// the transaction). A command sent outside MULTI (tx false) under WATCH
+// is noted, and fails EXEC (pinState.redirected).
+func (sess *Session) clusterPinnedReply(reply []byte, exec, tx bool) []byte {
 	moved, ok := sess.srv.router.Redirected(reply, sess.pin.backend.Addr())
 	if !ok {
 		return reply
 	}
-	if exec {
-		return []byte("-EXECABORT Transaction discarded because slot " + strconv.Itoa(moved) + " moved to another node during it; retry the transaction\r\n")
-	}
-	if bytes.HasPrefix(reply, []byte("-ASK ")) {
+	var out []byte
+	switch {
+	case exec:
+		out = []byte("-EXECABORT Transaction discarded because slot " + strconv.Itoa(moved) + " moved to another node during it; retry the transaction\r\n")
+	case bytes.HasPrefix(reply, []byte("-ASK ")):
 		// The slot is being migrated and this key has left the node
 		// already. Replaying the transaction on the importing node with
 		// ASKING is not done: its other keys may still be here, where
 		// the importing node would see them missing (docs/COMPATIBILITY.md).
-		return []byte("-ERR redproxy: slot " + strconv.Itoa(moved) + " is being migrated and this key already left the transaction's node, so the transaction will fail; retry it once the migration ends\r\n")
+		out = []byte("-ERR redproxy: slot " + strconv.Itoa(moved) + " is being migrated and this key already left the transaction's node, so the transaction will fail; retry it once the migration ends\r\n")
+	default:
+		out = []byte("-ERR redproxy: slot " + strconv.Itoa(moved) + " moved to another node during the transaction, which will fail; retry the transaction\r\n")
 	}
-	return []byte("-ERR redproxy: slot " + strconv.Itoa(moved) + " moved to another node during the transaction, which will fail; retry the transaction\r\n")
+	if !exec && !tx {
+		sess.pin.redirected = out
+	}
+	return out
 }
 
 // clusterBlockedReply does the same for a blocking command's reply: a
@@ -611,7 +658,7 @@ func (sess *Session) clusterBlockedReply(reply []byte, from *upstream.Backend, b
 		return reply
 	}
 	if !borrowed {
-		return sess.clusterPinnedReply(reply, false)
+		return sess.clusterPinnedReply(reply, false, false) // under WATCH
 	}
 	moved, ok := sess.srv.router.Redirected(reply, from.Addr())
 	if !ok {

@@ -179,6 +179,7 @@ type slot struct {
 	mute   bool            // CLIENT REPLY OFF/SKIP: consume the reply, do not send it
 	info   bool            // INFO: append the proxy's section to Redis's reply (info.go)
 	held   bool            // the replay of a held command (cluster.go), whose latency its +QUEUED counted
+	opens  bool            // the WATCH that took the pin, in cluster mode: openHeld answers a redirection of it (pinWatch)
 	strip  namespace.Strip // namespace: where the reply names keys to strip
 }
 
@@ -671,7 +672,10 @@ func (sess *Session) flush(start time.Time) {
 			}
 			reply = r
 			if sess.pin.cluster && resp.IsError(r) {
-				reply = sess.clusterPinnedReply(r, sl.exec)
+				reply = sess.clusterPinnedReply(r, sl.exec, sl.tx)
+				if sl.opens && sess.pin.redirected != nil {
+					continue // pinWatch answers it, or sends it again elsewhere
+				}
 			}
 			if sl.tx {
 				if sl.strip != namespace.StripNone {

@@ -70,6 +70,11 @@ type pinState struct {
 	txWrites []txWrite
 	txSelect int  // a SELECT queued in MULTI, applied when EXEC runs (-1: none)
 	execRan  bool // the last EXEC ran its commands (not aborted)
+	// redirected is the error a command sent outside MULTI was answered
+	// in place of the node's MOVED or ASK (clusterPinnedReply): the slot
+	// has left the node, what the WATCH guards is no longer there, and
+	// the client was told the transaction will fail, so EXEC must.
+	redirected []byte
 }
 
 // txAbort is the state of a client whose transaction the proxy could not
@@ -212,7 +217,7 @@ func pinnedExec(sess *Session, r *request) bool {
 	if !pin.inMulti {
 		return false
 	}
-	if pin.watching && !pin.cluster && pin.backend.Addr() != pin.addr {
+	if pin.watching && (pin.redirected != nil || !pin.cluster && pin.backend.Addr() != pin.addr) {
 		return sess.execMovedWatch(r)
 	}
 	for _, w := range pin.txWrites {
@@ -242,6 +247,13 @@ func pinnedExec(sess *Session, r *request) bool {
 // routes a held transaction whose keys moved answers the same,
 // reroutedHeld.) A MULTI without WATCH has no such answer and commits
 // where it was opened (README "Reloading").
+//
+// In cluster mode the same goes for a transaction under WATCH whose node
+// answered MOVED or ASK to a command before MULTI (pinState.redirected):
+// its slot left the node, and the client was told the transaction will
+// fail. A transaction with a keyed command fails there anyway (EXECABORT);
+// one of keyless commands only would have run, on a node that no longer
+// holds what the WATCH guarded.
 func (sess *Session) execMovedWatch(r *request) bool {
 	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
 	sess.call.Add(cmdDiscard)
