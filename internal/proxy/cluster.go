@@ -664,7 +664,13 @@ func (sess *Session) clusterBlockedReply(reply []byte, from *upstream.Backend, b
 	if !ok {
 		return reply
 	}
-	return []byte("-TRYAGAIN redproxy: slot " + strconv.Itoa(moved) + " moved to another node; retry the command\r\n")
+	return errClusterRetry(moved)
+}
+
+// errClusterRetry answers a command a node refused with MOVED or ASK on a
+// connection that cannot follow it: it did not run, and may be sent again.
+func errClusterRetry(slot int) []byte {
+	return []byte("-TRYAGAIN redproxy: slot " + strconv.Itoa(slot) + " moved to another node; retry the command\r\n")
 }
 
 func errClusterUnsupported(name string) []byte {

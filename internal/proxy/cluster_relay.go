@@ -26,7 +26,9 @@ import (
 //     subscribers around.
 //   - SSUBSCRIBE relays to the primary owning the channels' slot; when
 //     that slot moves away, Redis itself sends the client a sunsubscribe
-//     push, which the relay passes on.
+//     push, which the relay passes on. When the slot had moved already
+//     (the proxy's map was stale), the node answers MOVED (or, during a
+//     migration, ASK): see relayRedirect.
 //   - The relay stays on its node for the client's life, or until the
 //     client has unsubscribed from everything (relayexit.go). A command on it
 //     that the node cannot serve (a sharded channel or a key of a slot
@@ -58,6 +60,31 @@ func (sess *Session) relayBackend(r *request) (*upstream.Backend, error) {
 	}
 	sess.relayNode = b.Addr()
 	return b, nil
+}
+
+// relayRedirect returns what a pub/sub relay on the cluster node at node
+// does with the node's errors (relayFramer.redirect): a MOVED or ASK, to
+// a SSUBSCRIBE (or to a keyed command of a RESP3 subscriber) that the
+// proxy's stale map sent to the wrong node, updates the map
+// (Router.Redirected) and reaches the client as TRYAGAIN, which Redis
+// Cluster clients retry. Passed on as it was, the MOVED reached the client
+// (which could not follow it), the map stayed stale until the next
+// periodic refresh, and the relay stayed on the old node with nothing
+// subscribed, refusing every SSUBSCRIBE after it (found by review). The
+// framer also makes the relay ask, before the client's next batch,
+// whether it may leave (relayexit.go): with nothing subscribed it does,
+// and the retried SSUBSCRIBE starts a relay on the slot's owner; with
+// other channels subscribed on this node it stays, and the retry is
+// refused in order (relayMisrouted), as a channel of another node is.
+func (sess *Session) relayRedirect(node string) func(reply []byte) ([]byte, bool) {
+	router := sess.srv.router
+	return func(reply []byte) ([]byte, bool) {
+		moved, ok := router.Redirected(reply, node)
+		if !ok {
+			return nil, false
+		}
+		return errClusterRetry(moved), true
+	}
 }
 
 // relayMisrouted is, for a command a relayed client sends in cluster

@@ -27,7 +27,8 @@ import (
 // once every reply before that point has reached the client may the
 // client's next command go elsewhere. So when a client that has sent an
 // unsubscribe (or that Redis Cluster unsubscribed from a sharded channel
-// whose slot moved: it will subscribe again, on the new owner) sends
+// whose slot moved, or refused with MOVED or ASK: it will subscribe again,
+// on the new owner; relayRedirect) sends
 // anything more (the rest of the write the unsubscribe came in, cut there
 // by segment, or its next batch), the relay holds it and asks Redis:
 //
@@ -83,7 +84,10 @@ type relayExit struct {
 	readerDone chan struct{}
 
 	// pushed: Redis unsubscribed the client itself (a sunsubscribe for a
-	// slot that moved); set by the reader, taken by the session.
+	// slot that moved), or refused a command with MOVED or ASK (a
+	// SSUBSCRIBE the stale slot map sent to the wrong node), after which
+	// the client may be subscribed to nothing; set by the reader, taken by
+	// the session.
 	pushed atomic.Bool
 
 	// Reader goroutine only.
@@ -112,7 +116,11 @@ func (sess *Session) newRelayExit(kind relayKind) *relayExit {
 	if kind != relayPubSub {
 		return nil
 	}
-	return &relayExit{q: relayQuestion{resp3: sess.resp3}, result: make(chan int, 1), readerDone: make(chan struct{}), framing: true}
+	ex := &relayExit{q: relayQuestion{resp3: sess.resp3}, result: make(chan int, 1), readerDone: make(chan struct{}), framing: true}
+	if sess.srv.router != nil && sess.relayNode != "" {
+		ex.framer.redirect = sess.relayRedirect(sess.relayNode) // cluster_relay.go
+	}
+	return ex
 }
 
 // note looks at one request the relay is about to send.
@@ -335,8 +343,8 @@ func (ex *relayExit) received(chunk []byte) (out []byte, found bool, answer int,
 		ex.framer.ask(&ex.q)
 	}
 	out, which, rest, err := ex.framer.feed(chunk)
-	if ex.framer.sunsubscribed {
-		ex.framer.sunsubscribed = false
+	if ex.framer.sunsubscribed || ex.framer.redirected {
+		ex.framer.sunsubscribed, ex.framer.redirected = false, false
 		ex.pushed.Store(true)
 	}
 	if err != nil || which == answerNone {
@@ -419,6 +427,13 @@ type relayFramer struct {
 	// pub/sub message or Redis's own sunsubscribe.
 	head          [24]byte
 	sunsubscribed bool
+
+	// redirect, on a relay in cluster mode, turns a MOVED or ASK from the
+	// relay's node into the error the client gets (relayRedirect), which
+	// the framer passes on in its place; redirected says it did. Errors
+	// are held back for it while no question is open (begin).
+	redirect   func(reply []byte) ([]byte, bool)
+	redirected bool
 }
 
 // ask opens a question: the framer looks for its answers from the next
@@ -443,6 +458,8 @@ func (f *relayFramer) begin(first byte) {
 	case f.stage == askTag:
 		f.hold, f.limit = first == '-', maxTagError
 	case f.stage != askPing:
+		// No question open: an error may be a MOVED or ASK to replace.
+		f.hold, f.limit = first == '-' && f.redirect != nil, maxTagError
 	case first == '-':
 		f.drop = true // only the second answer may be an error here
 	case f.q.resp3:
@@ -521,7 +538,7 @@ func (f *relayFramer) feed(chunk []byte) (out []byte, which int, rest bool, err 
 		case a >= 0:
 			which, f.stage = a, askNone
 		case f.hold:
-			out = append(out, f.held...)
+			out = append(out, f.replaced(f.held)...)
 		}
 		if f.size >= len(sunsubscribeReply) {
 			if h := string(f.head[:len(sunsubscribeReply)]); h == sunsubscribeReply || h == sunsubscribePush {
@@ -549,6 +566,21 @@ func (f *relayFramer) feed(chunk []byte) (out []byte, which int, rest bool, err 
 		}
 	}
 	return out, which, rest, nil
+}
+
+// replaced is what the client is sent for a held reply that is not an
+// answer: itself, or for a MOVED or ASK on a cluster relay the error
+// relayRedirect makes of it. A client never sees MOVED or ASK (it could
+// not follow them, and its connection would stay on the old node).
+func (f *relayFramer) replaced(held []byte) []byte {
+	if f.redirect == nil || len(held) == 0 || held[0] != '-' {
+		return held
+	}
+	if out, ok := f.redirect(held); ok {
+		f.redirected = true
+		return out
+	}
+	return held
 }
 
 // answerTag: the reply just framed is the unknown command's error.
