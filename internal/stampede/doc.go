@@ -73,5 +73,8 @@
 // so a hot key is recomputed once, shortly before it expires, instead of by
 // every reader after. β > 1 refreshes earlier, β < 1 later. This mode
 // deliberately answers nil for a key that still exists (as if it had expired
-// a little early), so it is opt-in and meant for cache keys only.
+// a little early), so it is opt-in and meant for cache keys only. Only a
+// value (a non-nil bulk string) is turned into such a miss: an error reply
+// (WRONGTYPE for a key of another type, which may have a TTL too) or any
+// other reply is passed on unchanged.
 package stampede

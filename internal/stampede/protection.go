@@ -245,7 +245,10 @@ func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owne
 			if h := p.misses.Missed(db, key, match, owner, true); h != nil {
 				return p.heldRead(h, db, key, resp3, match, owner, dst)
 			}
-		} else if p.misses.Early(db, key, match, owner, ttl) {
+		} else if isValueReply(reply) && p.misses.Early(db, key, match, owner, ttl) {
+			// Only a value may expire "a little early": an error
+			// (WRONGTYPE for a key of another type, which may well have
+			// a TTL) or any other reply passes through as Redis gave it.
 			return append(dst, nilReply(resp3)...), nil
 		}
 		return append(dst, reply...), nil
@@ -422,6 +425,10 @@ var (
 )
 
 func isNilReply(r []byte) bool { return bytes.Equal(r, nilRESP2) || bytes.Equal(r, nilRESP3) }
+
+// isValueReply reports whether r is a GET's value: a bulk string that is
+// not nil (RESP2's $-1; RESP3's nil is _, not a bulk string).
+func isValueReply(r []byte) bool { return len(r) > 0 && r[0] == '$' && !isNilReply(r) }
 
 func nilReply(resp3 bool) []byte {
 	if resp3 {
