@@ -115,7 +115,6 @@ func (g *Group) Do(key string, fetch func() ([]byte, error)) (reply []byte, shar
 // map yet), counting in m rather than the Group's Metrics: those of the
 // read's upstream (Metrics.forKey).
 func (g *Group) do(key []byte, m *Metrics, fetch func() ([]byte, error)) (reply []byte, shared bool, err error) {
-	m.read()
 	h := maphash.Bytes(g.seed, key)
 	g.mu.Lock()
 	e := g.lookup(h, key)
@@ -134,6 +133,9 @@ func (g *Group) do(key []byte, m *Metrics, fetch func() ([]byte, error)) (reply 
 		}
 		return g.join(e.next, m)
 	}
+	// Counted only now, as a leader (join counts joiners): a read past
+	// the cap above is sent alone by its caller and coalesces nothing.
+	m.read()
 	// A new entry has no fetch yet: this read leads its first one.
 	c := &e.first
 	if !fresh {
@@ -200,10 +202,12 @@ func (g *Group) remove(e *entry) {
 	}
 }
 
-// join waits for c; g.mu is held on entry.
+// join waits for c; g.mu is held on entry. A joiner is a coalesced read
+// and a fetch saved.
 func (g *Group) join(c *fetchCall, m *Metrics) ([]byte, bool, error) {
 	c.waiters++
 	g.mu.Unlock()
+	m.read()
 	m.saved()
 	c.done.Wait()
 	return c.reply, true, c.err
