@@ -51,11 +51,14 @@
 // held instead of sent. The hold ends when a write to the key passes through
 // the proxy and its reply has come back, when the filler's connection
 // closes, or when the timeout runs out, whichever comes first; the held
-// reads are then released into one fresh upstream fetch (never handed the
-// written value directly, since another write may have landed since). Every
-// held read arrived before the release and the fetch is sent after it, so
-// this too returns what Redis holds inside each reader's window; a held
-// client never waits longer than the hold timeout.
+// reads are then released into the coalescing group, as fresh reads (never
+// handed the written value directly, since another write may have landed
+// since): a fetch a released read leads or joins is sent after the release,
+// and every held read arrived before it, so this too returns what Redis
+// holds inside each reader's window. The group's cap applies to them as to
+// any read (a released read past MaxWaiters is sent alone), and they count
+// as coalesced reads. A held client never waits longer than the hold
+// timeout.
 //
 // # Early refresh (Misses, opt-in per key pattern)
 //

@@ -121,45 +121,19 @@ func missKey(db int, key []byte) string {
 	return strconv.Itoa(db) + ":" + string(key)
 }
 
-// Hold is one key's miss hold. Held reads Wait for it and then Fetch.
+// Hold is one key's miss hold. Held reads Wait for it and then read the
+// key through the coalescing group (Protection.heldRead).
 type Hold struct {
 	filler   int64
 	metrics  *Metrics // the counters of the key's upstream
 	done     chan struct{}
 	released bool // guarded by Misses.mu
 	timer    *time.Timer
-	fetches  [2]holdFetch // one per protocol (RESP2, RESP3)
-}
-
-type holdFetch struct {
-	once  sync.Once
-	reply []byte
-	err   error
-	used  atomic.Int32
 }
 
 // Wait blocks until the hold ends: a write of the key came back, the
 // filler's connection closed, or the timeout ran out.
 func (h *Hold) Wait() { <-h.done }
-
-// Fetch returns the reply of the one fetch that all reads held by h make
-// after it ended (per protocol). Every held read arrived before the end and
-// the fetch is sent after it, so the reply is from inside each reader's
-// window. Call it only after Wait.
-func (h *Hold) Fetch(resp3 bool, m *Metrics, fetch func() ([]byte, error)) ([]byte, error) {
-	f := &h.fetches[0]
-	if resp3 {
-		f = &h.fetches[1]
-	}
-	if f.used.Add(1) > 1 {
-		m.saved()
-	}
-	f.once.Do(func() {
-		f.err = ErrFetchPanicked // replaced unless fetch panics
-		f.reply, f.err = fetch()
-	})
-	return f.reply, f.err
-}
 
 // Held returns the hold on key that the read of owner must wait for, or
 // nil when there is none (or owner is its filler). A non-nil result counts

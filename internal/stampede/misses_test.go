@@ -5,7 +5,6 @@ import (
 	"math"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,52 +173,6 @@ func TestHoldTimeout(t *testing.T) {
 	}
 	if ms.Held(0, key, ms.Match(key), 2) != nil {
 		t.Fatal("a timed-out hold still holds reads")
-	}
-}
-
-// All reads held by one hold share one fetch per protocol.
-func TestHoldFetchOncePerProtocol(t *testing.T) {
-	m := NewMetrics(nil)
-	h := &Hold{done: make(chan struct{})}
-	close(h.done)
-	var fetches atomic.Int32
-	fetch := func() ([]byte, error) {
-		fetches.Add(1)
-		return []byte("$1\r\nv\r\n"), nil
-	}
-	var wg sync.WaitGroup
-	for i := range 20 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			h.Wait()
-			if r, err := h.Fetch(i%2 == 0, m, fetch); err != nil || string(r) != "$1\r\nv\r\n" {
-				t.Errorf("got %q, %v", r, err)
-			}
-		}()
-	}
-	wg.Wait()
-	if fetches.Load() != 2 {
-		t.Fatalf("%d fetches, want one per protocol", fetches.Load())
-	}
-	if counter(m.FetchesSaved) != 18 {
-		t.Fatalf("fetches saved = %v, want 18", counter(m.FetchesSaved))
-	}
-}
-
-func TestHoldFetchPanics(t *testing.T) {
-	h := &Hold{done: make(chan struct{})}
-	close(h.done)
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Fatal("the fetch's panic was swallowed")
-			}
-		}()
-		h.Fetch(false, nil, func() ([]byte, error) { panic("bug") })
-	}()
-	if _, err := h.Fetch(false, nil, nil); !errors.Is(err, ErrFetchPanicked) {
-		t.Fatalf("later reader got %v, want ErrFetchPanicked", err)
 	}
 }
 

@@ -226,12 +226,11 @@ const flightKeyBuf = 128
 func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owner int64, dst []byte) ([]byte, error) {
 	if match.Hold() {
 		if h := p.misses.Held(db, key, match, owner); h != nil {
-			return p.heldRead(h, db, key, resp3, match, owner, dst)
+			return p.heldRead(h, raw, key, db, resp3, match, owner, dst)
 		}
 	}
-	start := len(dst)
-	var kb [flightKeyBuf]byte
 	if match.Refresh() {
+		var kb [flightKeyBuf]byte
 		// The PTTL travels in the same fetch, right behind the GET on the
 		// same connection; the client never sees it.
 		both, _, err := p.group.do(appendFlightKey(kb[:0], 't', db, resp3, raw), p.metrics.forKey(key), func() ([]byte, error) {
@@ -243,7 +242,7 @@ func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owne
 		reply, ttl := splitTTL(both)
 		if isNilReply(reply) {
 			if h := p.misses.Missed(db, key, match, owner, true); h != nil {
-				return p.heldRead(h, db, key, resp3, match, owner, dst)
+				return p.heldRead(h, raw, key, db, resp3, match, owner, dst)
 			}
 		} else if isValueReply(reply) && p.misses.Early(db, key, match, owner, ttl) {
 			// Only a value may expire "a little early": an error
@@ -253,8 +252,30 @@ func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owne
 		}
 		return append(dst, reply...), nil
 	}
-	// The leader's fetch appends its reply to dst itself; a waiter gets a
-	// copy of it from the group and appends that.
+	out, reply, err := p.fetchRead(raw, key, db, resp3, dst)
+	if err != nil {
+		return nil, err
+	}
+	if !match.Any() {
+		return out, nil
+	}
+	// Hold rules only (early refresh took the branch above).
+	if isNilReply(reply) {
+		if h := p.misses.Missed(db, key, match, owner, true); h != nil {
+			return p.heldRead(h, raw, key, db, resp3, match, owner, dst)
+		}
+	}
+	return out, nil
+}
+
+// fetchRead reads raw through the group, under the flight key of a plain
+// read, and returns dst with the reply appended and the reply alone. The
+// leader's fetch appends its reply to dst itself; a waiter gets a copy of
+// it from the group and appends that. ErrTooManyWaiters: the caller sends
+// the read alone.
+func (p *Protection) fetchRead(raw, key []byte, db int, resp3 bool, dst []byte) (out, reply []byte, err error) {
+	start := len(dst)
+	var kb [flightKeyBuf]byte
 	var fetched []byte
 	reply, shared, err := p.group.do(appendFlightKey(kb[:0], 'r', db, resp3, raw), p.metrics.forKey(key), func() ([]byte, error) {
 		var err error
@@ -264,39 +285,32 @@ func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owne
 		return fetched[start:], nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := fetched
 	if shared {
-		out = append(dst, reply...)
+		return append(dst, reply...), reply, nil
 	}
-	if !match.Any() {
-		return out, nil
-	}
-	// Hold rules only (early refresh took the branch above).
-	if isNilReply(reply) {
-		if h := p.misses.Missed(db, key, match, owner, true); h != nil {
-			return p.heldRead(h, db, key, resp3, match, owner, dst)
-		}
-	}
-	return out, nil
+	return fetched, reply, nil
 }
 
-// heldRead waits for a miss hold to end and then reads the key with the
-// other reads it held, in one fetch. A read that is held once is never held
-// again: if the key is still missing it gets the nil (and may become the
-// next filler).
-func (p *Protection) heldRead(h *Hold, db int, key []byte, resp3 bool, match Match, owner int64, dst []byte) ([]byte, error) {
+// heldRead waits for a miss hold to end and then reads the key through the
+// group, as any read: the reads the hold released share fetches that are
+// all sent after the release, which keeps each reply inside its reader's
+// window, and the group applies max_waiters to them (the excess get
+// ErrTooManyWaiters and are sent alone, like any read past the cap) and
+// counts them as coalesced reads and fetches saved. A read that is held
+// once is never held again: if the key is still missing it gets the nil
+// (and may become the next filler).
+func (p *Protection) heldRead(h *Hold, raw, key []byte, db int, resp3 bool, match Match, owner int64, dst []byte) ([]byte, error) {
 	h.Wait()
-	get := resp.AppendCommandNamed(nil, "GET", key)
-	reply, err := h.Fetch(resp3, p.metrics.forKey(key), func() ([]byte, error) { return p.fetch(db, resp3, get, nil, nil) })
+	out, reply, err := p.fetchRead(raw, key, db, resp3, dst)
 	if err != nil {
 		return nil, err
 	}
 	if isNilReply(reply) {
 		p.misses.Missed(db, key, match, owner, false)
 	}
-	return append(dst, reply...), nil
+	return out, nil
 }
 
 // Fill shares a fill of the local tier with every concurrent read of the
