@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
@@ -99,10 +100,17 @@ func (sess *Session) flightStep(r *request) bool {
 	}
 	// The reply lands in the batch's local replies without a copy of its own.
 	buf, start := sess.localBuf()
-	out, handled, err := fs.Read(r.cmd, r.Args, r.Raw, sess.db, sess.resp3, sess.id, buf)
+	// sess.left lets a read held by a miss hold give up when its client
+	// leaves, as a blocking command does (Session.blocking).
+	out, handled, err := fs.Read(r.cmd, r.Args, r.Raw, sess.db, sess.resp3, sess.id, sess.left, buf)
 	switch {
 	case !handled:
 		return false // go upstream with the rest of the data path
+	case errors.Is(err, stampede.ErrClientGone):
+		// Nobody to answer: end the session now, as blocking does,
+		// rather than when the hold would have ended.
+		sess.closing(metrics.CloseClient) // or the interruption's reason
+		sess.quitting = true
 	case errors.Is(err, upstream.ErrOutputLimit):
 		// The reply was longer than the output limit (fetch): the
 		// client is closed, as for a reply of its own Call.

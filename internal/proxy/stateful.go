@@ -735,7 +735,7 @@ func (sess *Session) blocking(r *request) {
 		case <-call.Done():
 			done = true
 		case <-tick.C:
-			if sess.interrupted.Load() || clientGone(sess.nc) {
+			if sess.left() {
 				// Closing the connection makes Redis drop the blocked client,
 				// so it cannot pop an element that would reach nobody.
 				pipe.Close()
@@ -887,6 +887,12 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 	sess.replyLocal(m, reply)
 	return true
 }
+
+// left reports whether a client waiting on something else than its socket
+// (a blocking command, a read held by a miss hold) should be dropped: it
+// was interrupted (CLIENT KILL, shutdown) or closed its side. Its waiters
+// ask every 50 ms.
+func (sess *Session) left() bool { return sess.interrupted.Load() || clientGone(sess.nc) }
 
 // clientGone reports whether the client closed its side, without consuming
 // anything it may have pipelined after the blocking command.

@@ -58,7 +58,8 @@
 // holds inside each reader's window. The group's cap applies to them as to
 // any read (a released read past MaxWaiters is sent alone), and they count
 // as coalesced reads. A held client never waits longer than the hold
-// timeout.
+// timeout, and one that leaves meanwhile (Read's gone) stops waiting and
+// its session ends, as for a client blocked in BLPOP.
 //
 // # Early refresh (Misses, opt-in per key pattern)
 //

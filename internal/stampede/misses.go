@@ -135,6 +135,30 @@ type Hold struct {
 // filler's connection closed, or the timeout ran out.
 func (h *Hold) Wait() { <-h.done }
 
+// waitFor is Wait for a held read of a client that may leave: it asks
+// gone every goneEvery (nothing wakes a waiter when a client leaves: the
+// proxy notices it by asking, as for its blocking commands) and returns
+// false as soon as gone is true, true when the hold ended. A nil gone
+// waits as Wait.
+func (h *Hold) waitFor(gone func() bool) bool {
+	if gone == nil {
+		h.Wait()
+		return true
+	}
+	tick := time.NewTicker(goneEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-h.done:
+			return true
+		case <-tick.C:
+			if gone() {
+				return false
+			}
+		}
+	}
+}
+
 // Held returns the hold on key that the read of owner must wait for, or
 // nil when there is none (or owner is its filler). A non-nil result counts
 // as a held read.

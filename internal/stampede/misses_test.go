@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -344,5 +345,37 @@ func TestValidate(t *testing.T) {
 	want := "stampede.max_waiters stampede.hold[1].pattern stampede.hold[1].timeout stampede.early_refresh[0].pattern stampede.early_refresh[0].beta"
 	if got := strings.Join(keys, " "); got != want {
 		t.Fatalf("error keys:\n got %s\nwant %s", got, want)
+	}
+}
+
+// TestHoldWaitForGone shows that a held read stops waiting once its
+// client is gone (waitFor reports false, the hold still on), and that
+// without a gone check it waits for the hold's end as before. What it
+// guards: heldRead used to wait on Hold.Wait, which only the hold's end
+// wakes (see TestHeldClientThatLeavesIsDropped).
+func TestHoldWaitForGone(t *testing.T) {
+	h := &Hold{done: make(chan struct{})}
+	var left atomic.Bool
+	done := make(chan bool)
+	go func() { done <- h.waitFor(left.Load) }()
+	time.Sleep(120 * time.Millisecond) // a few polls with the client still there
+	select {
+	case <-done:
+		t.Fatal("waitFor returned while the hold was on and the client there")
+	default:
+	}
+	left.Store(true)
+	select {
+	case ok := <-done:
+		if ok {
+			t.Fatal("waitFor = true for a client that left, want false")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waitFor never noticed the client left")
+	}
+	go func() { done <- h.waitFor(nil) }()
+	close(h.done)
+	if !<-done {
+		t.Fatal("waitFor(nil) = false after the hold ended")
 	}
 }

@@ -154,6 +154,16 @@ func coalescable(cmd *commands.Command) bool {
 	return true
 }
 
+// ErrClientGone is Read's answer to a read held by a miss hold whose
+// client left meanwhile (gone reported it): nobody is left to answer, and
+// the caller ends the client's session, as for a client that leaves while
+// blocked in BLPOP.
+var ErrClientGone = errors.New("stampede: the held read's client is gone")
+
+// goneEvery is how often a held read asks whether its client is gone: as
+// often as the proxy's blocking commands do.
+const goneEvery = 50 * time.Millisecond
+
 // Read answers a read through coalescing, miss holds and early refresh.
 // The caller must send only a read that is alone in its client's batch,
 // from a client outside MULTI, WATCH and relays (see the package
@@ -163,13 +173,18 @@ func coalescable(cmd *commands.Command) bool {
 // correct. Otherwise err is the answer, or the reply is appended to dst
 // and the result returned (a lone read's reply is fetched straight into
 // it, a shared one copied). dst's bytes are never changed; on an error or
-// !handled, out is nil.
-func (p *Protection) Read(cmd *commands.Command, args [][]byte, raw []byte, db int, resp3 bool, owner int64, dst []byte) (out []byte, handled bool, err error) {
+// !handled, out is nil. gone (nil: never) reports whether the client has
+// left (hung up, or was killed or interrupted); a read held by a miss
+// hold asks it every goneEvery, and when it is true stops waiting and
+// returns ErrClientGone (handled): a hold lasts up to a minute, and a
+// client that left must not keep its session (and a hold it fills) that
+// long.
+func (p *Protection) Read(cmd *commands.Command, args [][]byte, raw []byte, db int, resp3 bool, owner int64, gone func() bool, dst []byte) (out []byte, handled bool, err error) {
 	key, match, ok := p.readKey(cmd, args)
 	if !ok || !p.coalesce && !match.Any() {
 		return nil, false, nil
 	}
-	out, err = p.read(raw, key, db, resp3, match, owner, dst)
+	out, err = p.read(raw, key, db, resp3, match, owner, gone, dst)
 	if errors.Is(err, ErrTooManyWaiters) {
 		return nil, false, nil
 	}
@@ -223,10 +238,10 @@ const flightKeyBuf = 128
 
 // read answers one read through the group, applying the miss hold and
 // early refresh rules of match, and appends the reply to dst.
-func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owner int64, dst []byte) ([]byte, error) {
+func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owner int64, gone func() bool, dst []byte) ([]byte, error) {
 	if match.Hold() {
 		if h := p.misses.Held(db, key, match, owner); h != nil {
-			return p.heldRead(h, raw, key, db, resp3, match, owner, dst)
+			return p.heldRead(h, raw, key, db, resp3, match, owner, gone, dst)
 		}
 	}
 	if match.Refresh() {
@@ -242,7 +257,7 @@ func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owne
 		reply, ttl := splitTTL(both)
 		if isNilReply(reply) {
 			if h := p.misses.Missed(db, key, match, owner, true); h != nil {
-				return p.heldRead(h, raw, key, db, resp3, match, owner, dst)
+				return p.heldRead(h, raw, key, db, resp3, match, owner, gone, dst)
 			}
 		} else if isValueReply(reply) && p.misses.Early(db, key, match, owner, ttl) {
 			// Only a value may expire "a little early": an error
@@ -262,7 +277,7 @@ func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owne
 	// Hold rules only (early refresh took the branch above).
 	if isNilReply(reply) {
 		if h := p.misses.Missed(db, key, match, owner, true); h != nil {
-			return p.heldRead(h, raw, key, db, resp3, match, owner, dst)
+			return p.heldRead(h, raw, key, db, resp3, match, owner, gone, dst)
 		}
 	}
 	return out, nil
@@ -300,9 +315,12 @@ func (p *Protection) fetchRead(raw, key []byte, db int, resp3 bool, dst []byte) 
 // ErrTooManyWaiters and are sent alone, like any read past the cap) and
 // counts them as coalesced reads and fetches saved. A read that is held
 // once is never held again: if the key is still missing it gets the nil
-// (and may become the next filler).
-func (p *Protection) heldRead(h *Hold, raw, key []byte, db int, resp3 bool, match Match, owner int64, dst []byte) ([]byte, error) {
-	h.Wait()
+// (and may become the next filler). ErrClientGone: gone said the client
+// left while the read was held (see Read).
+func (p *Protection) heldRead(h *Hold, raw, key []byte, db int, resp3 bool, match Match, owner int64, gone func() bool, dst []byte) ([]byte, error) {
+	if !h.waitFor(gone) {
+		return nil, ErrClientGone
+	}
 	out, reply, err := p.fetchRead(raw, key, db, resp3, dst)
 	if err != nil {
 		return nil, err
