@@ -106,6 +106,28 @@ func New(opt Options) *Router {
 // Map is the slot map in use, or nil before one was loaded.
 func (r *Router) Map() *Map { return r.m.Load() }
 
+// OwnerTag names the node that owns slot s in the map in use by a 32-bit
+// hash of its address (FNV-1a), never 0; 0 when no map or no owner. Two
+// tags taken at different times differ when the slot changed owner in
+// between (a failover, a reshard), bar a 1 in 2^31 collision: the proxy
+// keeps a client's in 4 bytes of its session (Session.wroteOwner).
+func (r *Router) OwnerTag(s int) uint32 {
+	m := r.m.Load()
+	if m == nil || s < 0 || s >= Slots {
+		return 0
+	}
+	addr := m.Owner(s)
+	if addr == "" {
+		return 0
+	}
+	h := uint32(2166136261)
+	for i := 0; i < len(addr); i++ {
+		h ^= uint32(addr[i])
+		h *= 16777619
+	}
+	return h | 1
+}
+
 // AnyNode is a primary of the current map, or the first seed when no map
 // is loaded.
 func (r *Router) AnyNode() string {

@@ -597,7 +597,16 @@ func (sess *Session) clusterWrote(cmd *commands.Command, args [][]byte) {
 	var buf [8]int
 	if keys := cmd.Keys(args, buf[:0]); len(keys) > 0 {
 		sess.wroteSlot = int32(cluster.Slot(args[keys[len(keys)-1]]) + 1)
+		sess.wroteMoves = 0 // its node is noted when its reply is in
 	}
+}
+
+// clusterWriteAnswered notes which node owned the slot of the client's
+// last write when its reply came in: the node that took it, as a MOVED
+// the router followed has updated the map by then. A WAIT after the slot
+// changed owner is answered by the proxy (waitAfterMove).
+func (sess *Session) clusterWriteAnswered() {
+	sess.wroteMoves = sess.srv.router.OwnerTag(int(sess.wroteSlot) - 1)
 }
 
 // clusterWaitMarker is, for WAIT and WAITAOF on node b in cluster mode,

@@ -35,6 +35,9 @@ func (sess *Session) writeForwarded(cmd *commands.Command, args [][]byte) {
 
 // batchFlushed is called when every reply of the batch has arrived.
 func (sess *Session) batchFlushed() {
+	if sess.srv.router != nil && sess.wroteSlot > 0 && sess.wroteMoves == 0 {
+		sess.clusterWriteAnswered()
+	}
 	sess.tierBatchFlushed()
 	sess.flightBatchFlushed()
 	sess.replicaBatchFlushed()

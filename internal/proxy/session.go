@@ -75,8 +75,10 @@ type Session struct {
 	wroteSlot int32
 	// wroteMoves is, outside cluster mode, 1 + the session's backend's
 	// Moves() when the client's last write was forwarded; 0: none yet.
-	// A WAIT after the backend moved to another server (a Sentinel
-	// failover) answers 0 (waitAfterMove).
+	// In cluster mode it is the owner of wroteSlot when the write's reply
+	// came (Router.OwnerTag, batchFlushed); 0: not known. A WAIT after
+	// the backend moved to another server (a Sentinel failover), or the
+	// slot to another node, answers 0 (waitAfterMove).
 	wroteMoves uint32
 	block      blockState
 	replyOff   bool // CLIENT REPLY OFF

@@ -615,8 +615,15 @@ var (
 // connection's WAIT answers 0 (or the connection breaks); through the
 // proxy the client's connection never broke, so the proxy must say it.
 // The answer holds until the client writes again, to the new server.
+//
+// In cluster mode the same goes for a WAIT after the slot of the client's
+// last write changed owner (a failover, a reshard): Redis Cluster's WAIT
+// on the new owner counted its replicas, and the old primary, back as one
+// of them, took the marker although it had dropped the write in its
+// resync (TestClusterWaitAfterFailoverAnswersZero). After a reshard the
+// write may well have moved with its key: 0 is "not confirmed".
 func (sess *Session) waitAfterMove(cmd *commands.Command, m *metrics.Command) bool {
-	if sess.srv.router != nil || sess.wroteMoves == 0 {
+	if sess.wroteMoves == 0 {
 		return false
 	}
 	var none []byte
@@ -628,7 +635,11 @@ func (sess *Session) waitAfterMove(cmd *commands.Command, m *metrics.Command) bo
 	default:
 		return false
 	}
-	if sess.wroteMoves == sess.backend().Moves()+1 {
+	if r := sess.srv.router; r != nil {
+		if sess.wroteMoves == r.OwnerTag(int(sess.wroteSlot)-1) {
+			return false
+		}
+	} else if sess.wroteMoves == sess.backend().Moves()+1 {
 		return false
 	}
 	sess.replyLocal(m, none)
