@@ -296,13 +296,13 @@ func hasBlockOption(args [][]byte) bool {
 	for i := 1; i < len(args); i++ {
 		a := args[i]
 		switch {
-		case equalFold("block", a):
+		case optionFold("block", a):
 			return true
-		case equalFold("streams", a):
+		case optionFold("streams", a):
 			return false
-		case equalFold("group", a):
+		case optionFold("group", a):
 			i += 2 // group name and consumer name
-		case equalFold("count", a):
+		case optionFold("count", a):
 			i++
 		}
 	}

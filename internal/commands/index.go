@@ -73,9 +73,11 @@ func foldHash[T string | []byte](s T) uint32 {
 	return h
 }
 
-// EqualFold reports whether b is the lower-case ASCII word lowerKey in any
-// case, as Redis compares command and option names.
-func EqualFold(lowerKey string, b []byte) bool { return equalFold(lowerKey, b) }
+// EqualFold reports whether the argument b is the option word lowerKey as
+// Redis reads option words: without case, up to b's first NUL byte (see
+// optionFold). It is the one comparison for option words (policy, key
+// specs, namespaces, mirror); it is not for command names.
+func EqualFold(lowerKey string, b []byte) bool { return optionFold(lowerKey, b) }
 
 // equalFold reports whether b equals the lower-case ASCII string lowerKey,
 // ignoring ASCII case in b. Redis compares command names and keywords the

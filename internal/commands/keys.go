@@ -247,7 +247,9 @@ func (s *KeySpec) appendKeys(args [][]byte, dst []int) []int {
 	return dst
 }
 
-// findKeyword returns the index after the keyword, or 0 if absent. Like Redis,
+// findKeyword returns the index after the keyword, or 0 if absent. The
+// keyword is compared as Redis's key spec search does (strcasecmp: see
+// optionFold), so "STREAMS\x00" is XREAD's STREAMS. Like Redis,
 // a positive startFrom searches forwards and never matches the last argument
 // (no key could follow it); a negative one searches backwards from
 // len(args)+startFrom down to index 2.
@@ -255,32 +257,18 @@ func findKeyword(args [][]byte, keyword string, startFrom int) int {
 	n := len(args)
 	if startFrom > 0 {
 		for i := startFrom; i < n-1; i++ {
-			if equalFoldUpper(keyword, args[i]) {
+			if optionFold(keyword, args[i]) {
 				return i + 1
 			}
 		}
 		return 0
 	}
 	for i := n + startFrom; i > 1; i-- {
-		if i < n && equalFoldUpper(keyword, args[i]) {
+		if i < n && optionFold(keyword, args[i]) {
 			return i + 1
 		}
 	}
 	return 0
-}
-
-// equalFoldUpper compares case-insensitively when the keyword may be in any
-// case (Redis reports keywords in upper case).
-func equalFoldUpper(keyword string, b []byte) bool {
-	if len(keyword) != len(b) {
-		return false
-	}
-	for i := 0; i < len(b); i++ {
-		if lower(b[i]) != lower(keyword[i]) {
-			return false
-		}
-	}
-	return true
 }
 
 // parseCount parses a non-negative decimal key count. Values beyond any
@@ -320,14 +308,14 @@ func SortOptions(args [][]byte) iter.Seq2[SortOption, int] {
 		for i := 2; i < len(args); i++ {
 			var opt SortOption
 			switch a := args[i]; {
-			case equalFold("limit", a):
+			case optionFold("limit", a):
 				i += 2
 				continue
-			case equalFold("by", a):
+			case optionFold("by", a):
 				opt = SortBy
-			case equalFold("get", a):
+			case optionFold("get", a):
 				opt = SortGet
-			case equalFold("store", a):
+			case optionFold("store", a):
 				opt = SortStore
 			default:
 				continue
@@ -368,7 +356,7 @@ func sortStoreKey(args [][]byte, dst []int) []int {
 // Redis's own (georadiusGetKeys): from index 5, an option and its value.
 func georadiusStoreKeys(args [][]byte, dst []int) []int {
 	for i := 5; i < len(args)-1; i++ {
-		if equalFold("store", args[i]) || equalFold("storedist", args[i]) {
+		if optionFold("store", args[i]) || optionFold("storedist", args[i]) {
 			dst = append(dst, i+1)
 			i++
 		}
@@ -389,11 +377,11 @@ func migrateKeys(args [][]byte, dst []int) []int {
 		for i := 6; i < len(args); i++ {
 			a := args[i]
 			switch {
-			case equalFold("auth", a):
+			case optionFold("auth", a):
 				i++
-			case equalFold("auth2", a):
+			case optionFold("auth2", a):
 				i += 2
-			case equalFold("keys", a):
+			case optionFold("keys", a):
 				for j := i + 1; j < len(args); j++ {
 					dst = append(dst, j)
 				}
@@ -470,7 +458,7 @@ func variableKeyFlags(name string, args [][]byte, f KeySpecFlags) KeySpecFlags {
 	switch name {
 	case "set":
 		for i := 3; i < len(args); i++ {
-			if equalFold("get", args[i]) {
+			if optionFold("get", args[i]) {
 				return KeyRW | KeyAccess | KeyUpdate
 			}
 		}
@@ -479,11 +467,11 @@ func variableKeyFlags(name string, args [][]byte, f KeySpecFlags) KeySpecFlags {
 		for i := 2; i < len(args); i++ {
 			rem := len(args) - i - 1
 			switch {
-			case equalFold("get", args[i]) && rem >= 2:
+			case optionFold("get", args[i]) && rem >= 2:
 				i += 2
-			case (equalFold("set", args[i]) || equalFold("incrby", args[i])) && rem >= 3:
+			case (optionFold("set", args[i]) || optionFold("incrby", args[i])) && rem >= 3:
 				return KeyRW | KeyAccess | KeyUpdate
-			case equalFold("overflow", args[i]) && rem >= 1:
+			case optionFold("overflow", args[i]) && rem >= 1:
 				i++
 			}
 		}

@@ -1,6 +1,10 @@
 package policy
 
-import "math"
+import (
+	"math"
+
+	"github.com/redproxy/redproxy/internal/commands"
+)
 
 // effKind is what a command does to one key's TTL.
 type effKind uint8
@@ -355,7 +359,7 @@ func classifyXadd(args [][]byte, dst []keyEffect) []keyEffect {
 		case eqFold(a, "nomkstream"):
 			return dst
 		case eqFold(a, "maxlen"), eqFold(a, "minid"):
-			if i+1 < len(args) && (string(args[i+1]) == "=" || string(args[i+1]) == "~") {
+			if i+1 < len(args) && (eqFold(args[i+1], "=") || eqFold(args[i+1], "~")) { // Redis: next[0] == '~' && next[1] == '\0'
 				i++
 			}
 			i++
@@ -467,22 +471,13 @@ func classifyExpire(unit ttlUnit) classifier {
 	}
 }
 
-// eqFold reports whether a equals the lower-case ASCII word w, ignoring case.
-func eqFold(a []byte, w string) bool {
-	if len(a) != len(w) {
-		return false
-	}
-	for i := range len(a) {
-		c := a[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != w[i] {
-			return false
-		}
-	}
-	return true
-}
+// eqFold reports whether the argument a is the lower-case option word w
+// as Redis reads it: without case and up to a's first NUL, so "STORE\x00"
+// is SORT's STORE. Redis parses option words with strcasecmp; a compare of
+// the whole argument missed SORT's STORE\x00, COPY's DB\x00 and GETEX's
+// PERSIST\x00, which Redis acts on (found by review). commands.EqualFold is
+// the one option comparison the proxy uses; see there.
+func eqFold(a []byte, w string) bool { return commands.EqualFold(w, a) }
 
 // parseInt parses a decimal integer argument the way Redis does (optional
 // '-', no '+', no spaces) without allocating.

@@ -554,8 +554,10 @@ func streamTrimOptions(args [][]byte, i int) (next int, approx bool) {
 			i++
 		case commands.EqualFold("maxlen", a), commands.EqualFold("minid", a):
 			i++
-			if i < len(args) && (string(args[i]) == "~" || string(args[i]) == "=") {
-				approx = approx || string(args[i]) == "~"
+			// Redis tests next[0] == '~' && next[1] == '\0': up to a NUL,
+			// as every option word (commands.EqualFold).
+			if i < len(args) && (commands.EqualFold("~", args[i]) || commands.EqualFold("=", args[i])) {
+				approx = approx || commands.EqualFold("~", args[i])
 				i++
 			}
 			i++ // the threshold
