@@ -256,6 +256,13 @@ func TestTTLLookahead(t *testing.T) {
 		{"clamped expire counts", []string{"HSET s:k f v", "EXPIRE s:k 99999999"}, []string{"", "fixed:ttl_max args=[EXPIRE s:k 604800]"}},
 		{"mset partly covered", []string{"MSET s:a 1 s:b 2", "EXPIRE s:a 10"}, []string{"fixed:ttl expire=[s:b 86400]", ""}},
 		{"persist then expire", []string{"PERSIST l:k", "EXPIRE l:k 10"}, []string{"", ""}},
+		// Redis refuses a number with a leading zero (string2ll): it gives
+		// no TTL (found by review).
+		{"leading zero does not count", []string{"HSET s:k f v", "EXPIRE s:k 0100"}, []string{"fixed:ttl expire=[s:k 86400]", ""}},
+		{"leading zero lock refused", []string{"SET l:k me NX", "EXPIRE l:k 030"}, []string{"refused:ttl", ""}},
+		{"plus sign does not count", []string{"HSET s:k f v", "EXPIRE s:k +100"}, []string{"fixed:ttl expire=[s:k 86400]", ""}},
+		// A 19-digit number Redis takes is still checked against max.
+		{"19 digits checked", []string{"PEXPIREAT s:k 1000000000000000000"}, []string{"fixed:ttl_max args=[PEXPIREAT s:k " + strconv.FormatInt(nowMs+7*24*3600*1000, 10) + "]"}},
 		{"tag invalidation", []string{"MULTI", "SETEX s:p 3600 data", "SADD s:tag s:p", "EXPIRE s:tag 3600", "EXEC"}, []string{"", "", "", "", ""}},
 	}
 	runBatchCases(t, p, cases)
@@ -346,13 +353,17 @@ func TestEffectsShortArgs(t *testing.T) {
 }
 
 func TestParseInt(t *testing.T) {
-	cases := map[string]int64{"0": 0, "42": 42, "-7": -7, "9223372036854775807": 1<<63 - 1}
+	// As Redis's string2ll (EXPIRE k <n> on redis-server 7.0.15 refuses
+	// every rejected case).
+	cases := map[string]int64{"0": 0, "42": 42, "-7": -7, "100": 100, "-100": -100, "10": 10,
+		"9223372036854775807": 1<<63 - 1, "-9223372036854775808": -1 << 63, "1000000000000000000": 1e18}
 	for s, want := range cases {
 		if n, ok := parseInt([]byte(s)); !ok || n != want {
 			t.Errorf("parseInt(%q) = %d, %v", s, n, ok)
 		}
 	}
-	for _, s := range []string{"", "-", "+1", "1.5", " 1", "9223372036854775808", "12345678901234567890", "1e3"} {
+	for _, s := range []string{"", "-", "+1", "1.5", " 1", "1 ", "9223372036854775808", "-9223372036854775809", "12345678901234567890",
+		"1e3", "0100", "030", "00", "-0", "-01", "+0", "0x10", "100\x00", "18446744073709551616", "99999999999999999999999"} {
 		if _, ok := parseInt([]byte(s)); ok {
 			t.Errorf("parseInt(%q) accepted", s)
 		}
