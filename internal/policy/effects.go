@@ -292,14 +292,31 @@ func classifySet(args [][]byte, dst []keyEffect) []keyEffect {
 
 // classifyGetex: GETEX key [EX|PX|EXAT|PXAT n|PERSIST]; it never creates,
 // and fails on a key that holds no string, so its TTL is conditional.
+// Redis (7.0.15) takes a repeated TTL option of the same unit and applies
+// the last, as SET does, so the last is the one checked against a rule's
+// max: checking the first let GETEX k EX 100 EX 99999999 escape it (found
+// by review). Redis refuses with a syntax error TTL options of different
+// units, PERSIST with a TTL option, an option without its value and
+// unknown options; as in classifySet such a GETEX is still classified by
+// what it would do (PERSIST first, as the refused effect, else the last
+// TTL), so a parse that disagrees with Redis cannot open a hole.
 func classifyGetex(args [][]byte, dst []keyEffect) []keyEffect {
+	ttl, unit, persist := 0, ttlUnit(0), false
 	for i := 2; i < len(args); i++ {
 		if u, ok := ttlOption(args[i]); ok && i+1 < len(args) {
-			return append(dst, keyEffect{key: 1, kind: effSetTTL, ttl: i + 1, unit: u, conditional: true})
+			ttl, unit = i+1, u
+			i++
+			continue
 		}
 		if eqFold(args[i], "persist") {
-			return append(dst, keyEffect{key: 1, kind: effPersist})
+			persist = true
 		}
+	}
+	switch {
+	case persist:
+		return append(dst, keyEffect{key: 1, kind: effPersist})
+	case ttl > 0:
+		return append(dst, keyEffect{key: 1, kind: effSetTTL, ttl: ttl, unit: unit, conditional: true})
 	}
 	return dst
 }

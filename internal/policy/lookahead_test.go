@@ -296,3 +296,22 @@ func TestUnclassifiableCommandsReported(t *testing.T) {
 		t.Errorf("without key rules: %q", summary(out[0]))
 	}
 }
+
+// TestGetexLastTTLOptionChecked: Redis's GETEX, like SET, applies the last
+// of repeated TTL options, so that is the one max applies to (found by
+// review: the first was checked). Mixed units and PERSIST with a TTL are
+// syntax errors to Redis; they are classified by what they would do.
+func TestGetexLastTTLOptionChecked(t *testing.T) {
+	p := compileDoc(t, ttlDoc)
+	runBatchCases(t, p, []batchCase{
+		{"last ex clamped", []string{"GETEX s:k EX 10 EX 99999999"}, []string{"fixed:ttl_max args=[GETEX s:k EX 10 EX 604800]"}},
+		{"last ex refused", []string{"GETEX l:k EX 30 EX 99999"}, []string{"refused:ttl_max"}},
+		{"last px refused", []string{"GETEX l:k PX 30000 PX 99999999"}, []string{"refused:ttl_max"}},
+		{"first over, last within", []string{"GETEX l:k EX 99999 EX 30"}, []string{""}},
+		{"mixed units: the last", []string{"GETEX l:k EX 30 PX 99999999"}, []string{"refused:ttl_max"}},
+		{"persist after ttl", []string{"GETEX s:k EX 100 PERSIST"}, []string{"refused:ttl"}},
+		{"persist before ttl", []string{"GETEX s:k PERSIST EX 100"}, []string{"refused:ttl"}},
+		{"persist twice", []string{"GETEX s:k PERSIST PERSIST"}, []string{"refused:ttl"}},
+		{"trailing ex", []string{"GETEX l:k EX 30 EX"}, []string{""}},
+	})
+}
