@@ -318,6 +318,9 @@ var connStateCommands = []string{
 	"monitor",
 	"client|setname", "client|setinfo", "client|tracking", "client|caching", "client|reply",
 	"client|no-evict", "client|no-touch",
+	// SCRIPT DEBUG YES|SYNC makes the connection's next EVAL run in the
+	// Lua debugger.
+	"script|debug",
 }
 
 // alwaysBlocking lists commands that block without carrying Redis's

@@ -123,6 +123,8 @@ var proxyCommands = map[string]cmdHandler{
 	"client|kill":         cmdClientKill,
 	"client|unblock":      cmdClientUnblock,
 
+	"script|debug": cmdScriptDebug,
+
 	// Answered by Redis; harmless on a standalone server.
 	"readonly":  cmdForward,
 	"readwrite": cmdForward,

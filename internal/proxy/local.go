@@ -74,6 +74,46 @@ func cmdReplication(sess *Session, r *request) bool {
 	return true
 }
 
+// cmdScriptDebug refuses SCRIPT DEBUG YES and SYNC (scriptDebugRefusal)
+// and answers SCRIPT DEBUG NO itself: no connection of the proxy's ever
+// has the debugger on, so NO changes nothing and is answered +OK, as
+// Redis answers it (refusing it would only break clients that reset the
+// mode out of habit). Any other mode gets Redis's error. The command is
+// one of the connection-state commands (commands.connStateCommands), so
+// inside MULTI it is refused as they are (queueInMulti, clusterPlacer);
+// on a relay relayDenied refuses YES and SYNC.
+func cmdScriptDebug(sess *Session, r *request) bool {
+	switch mode := string(r.Args[2]); {
+	case strings.EqualFold(mode, "no"):
+		sess.replyLocal(r.m, ok)
+	case scriptDebugRefusal(r.Args) != "":
+		sess.replyLocal(r.m, []byte("-"+scriptDebugRefusal(r.Args)+"\r\n"))
+	default:
+		sess.replyLocal(r.m, []byte("-ERR Use SCRIPT DEBUG YES/SYNC/NO\r\n"))
+	}
+	return true
+}
+
+// scriptDebugRefusal is the refusal of SCRIPT DEBUG YES or SYNC (args are
+// the client's, in any case), "" for any other command. Either sets a
+// flag on the Redis connection it arrives on, and the next EVAL on that
+// connection runs in the Lua debugger: YES forks a child that then owns
+// the socket, SYNC blocks the whole server while the session lasts.
+// Through the proxy that connection is a shared one, or a pinned one that
+// goes back to the pool, so another client's EVAL was run in the debugger
+// and answered with its output (found by review); on a relay the
+// debugger's conversation cannot work through the proxy either. A
+// debugging session needs a connection of its own to Redis.
+func scriptDebugRefusal(args [][]byte) string {
+	if len(args) != 3 || !strings.EqualFold(string(args[0]), "script") || !strings.EqualFold(string(args[1]), "debug") {
+		return ""
+	}
+	if mode := string(args[2]); !strings.EqualFold(mode, "yes") && !strings.EqualFold(mode, "sync") {
+		return ""
+	}
+	return "ERR redproxy: SCRIPT DEBUG is not supported through the proxy: it would start the Lua debugger on a Redis connection other clients share; debug scripts against Redis directly (redis-cli --ldb -h <redis host> -p <redis port> --eval script.lua)"
+}
+
 func cmdSelect(sess *Session, r *request) bool {
 	n, isInt := resp.ParseInt(r.Args[1])
 	db := int(n)

@@ -277,7 +277,13 @@ func (sess *Session) aclDenied(cmd *commands.Command, args [][]byte) string {
 // its default user, which may need no password and may reach what the
 // upstream credential's ACL, the backstop for scripts, does not (found by
 // review: a script run after RESET wrote outside the user's keys).
+//
+// SCRIPT DEBUG YES and SYNC are refused on every connection (local.go,
+// scriptDebugRefusal), on a relay here.
 func (sess *Session) relayDenied(args [][]byte) string {
+	if msg := scriptDebugRefusal(args); msg != "" {
+		return msg
+	}
 	if msg := sess.routeRelayDenied(args); msg != "" {
 		return msg
 	}

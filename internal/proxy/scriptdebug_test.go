@@ -1,0 +1,114 @@
+package proxy_test
+
+// SCRIPT DEBUG YES|SYNC changes the connection it is sent on: Redis runs
+// that connection's next EVAL in the Lua debugger (YES forks a child that
+// then owns the socket; SYNC blocks the whole server). The proxy forwarded
+// it (it was not among the commands the proxy knows change connection
+// state), on a shared connection, or on a pinned one that UNWATCH gave back
+// to the pool as clean: another client's plain EVAL, which happened to
+// travel on that connection, ran in the debugger and was answered with the
+// debugger's output instead of its result (found by review). The proxy now
+// refuses SCRIPT DEBUG YES/SYNC everywhere (shared, under WATCH, inside
+// MULTI, on a relay) and answers SCRIPT DEBUG NO itself.
+
+import (
+	"strings"
+	"testing"
+)
+
+// wantScriptDebugRefused checks the proxy's refusal of SCRIPT DEBUG: an
+// error that says to debug against Redis directly.
+func wantScriptDebugRefused(t *testing.T, got string) {
+	t.Helper()
+	if !strings.HasPrefix(got, "-ERR redproxy: SCRIPT DEBUG") || !strings.Contains(got, "redis-cli --ldb") {
+		t.Fatalf("SCRIPT DEBUG YES through the proxy answered %q, want a refusal that points to redis-cli --ldb", got)
+	}
+}
+
+func TestScriptDebugReachesOtherClients(t *testing.T) {
+	c, p, _ := newDirectPair(t)
+	d, pr := c.do(t, "SCRIPT", "DEBUG", "YES")
+	if d != "+OK\r\n" {
+		t.Fatalf("SCRIPT DEBUG YES: Redis %q", d)
+	}
+	wantScriptDebugRefused(t, pr)
+	if got := rawDo(t, c.proxied, "SCRIPT", "DEBUG", "SYNC"); !strings.HasPrefix(got, "-ERR redproxy: SCRIPT DEBUG") {
+		t.Errorf("SCRIPT DEBUG SYNC through the proxy answered %q, want the refusal", got)
+	}
+	// Another client, which never asked for a debugger.
+	for _, side := range []struct {
+		name, addr string
+	}{{"Redis", c.direct.RemoteAddr().String()}, {"proxy", p.Addr}} {
+		other := dialAddr(t, side.addr)
+		for i := range 4 { // round-robin over the shared connections
+			if got := rawDo(t, other, "EVAL", "return 1", "0"); got != ":1\r\n" {
+				t.Errorf("%s: another client's EVAL #%d answered %q, want :1", side.name, i, replyHead(got))
+				break
+			}
+		}
+	}
+}
+
+// The same through the pool of pinned connections: SCRIPT DEBUG under
+// WATCH went to the pinned connection, which UNWATCH gave back to the pool
+// as clean; the next client to WATCH got it, and its EVAL ran in the
+// debugger.
+func TestScriptDebugReachesNextPinnedClient(t *testing.T) {
+	c, p, direct := newDirectPair(t)
+	c.do(t, "WATCH", "k")
+	if d, pr := c.do(t, "SCRIPT", "DEBUG", "YES"); d != "+OK\r\n" {
+		t.Fatalf("SCRIPT DEBUG YES under WATCH: Redis %q", d)
+	} else {
+		wantScriptDebugRefused(t, pr)
+	}
+	if d, pr := c.do(t, "UNWATCH"); d != pr {
+		t.Fatalf("UNWATCH: Redis %q, proxy %q", d, pr)
+	}
+	for _, side := range []struct{ name, addr string }{{"Redis", direct.Addr()}, {"proxy", p.Addr}} {
+		other := dialAddr(t, side.addr)
+		rawDo(t, other, "WATCH", "k")
+		if got := rawDo(t, other, "EVAL", "return 1", "0"); got != ":1\r\n" {
+			t.Errorf("%s: another client's EVAL under WATCH answered %q, want :1", side.name, replyHead(got))
+		}
+	}
+}
+
+// Inside MULTI and on a relay (tracking, RESP3 subscribed) SCRIPT DEBUG
+// YES is refused too: queued, EXEC would set the flag on the pinned
+// connection (Redis refuses it there only while EXEC has replies pending,
+// which CLIENT REPLY OFF avoids); on a relay it would reach Redis and
+// SYNC would block the server. SCRIPT DEBUG NO, the state of every
+// connection the proxy has, is answered +OK as Redis does, and a bad
+// mode gets Redis's error.
+func TestScriptDebugNeverReachesRedis(t *testing.T) {
+	c, _, _ := newDirectPair(t)
+	for _, cmd := range [][]string{{"SCRIPT", "DEBUG", "NO"}, {"SCRIPT", "DEBUG", "no"}, {"SCRIPT", "DEBUG", "maybe"}, {"SCRIPT", "DEBUG"}} {
+		if d, p := c.do(t, cmd...); d != p {
+			t.Errorf("%q: Redis %q, proxy %q", cmd, d, p)
+		}
+	}
+
+	tx := c.proxied
+	rawDo(t, tx, "MULTI")
+	// Refused as every connection-state command is inside MULTI.
+	if got := rawDo(t, tx, "SCRIPT", "DEBUG", "YES"); got != "-ERR redproxy: 'SCRIPT DEBUG' inside MULTI is not supported\r\n" {
+		t.Errorf("SCRIPT DEBUG YES inside MULTI answered %q, want the refusal", got)
+	}
+	if got := rawDo(t, tx, "EXEC"); !strings.HasPrefix(got, "-EXECABORT") {
+		t.Errorf("EXEC after a refused SCRIPT DEBUG answered %q, want EXECABORT", got)
+	}
+
+	for _, start := range [][]string{{"CLIENT", "TRACKING", "ON"}, {"SUBSCRIBE", "ch"}} {
+		t.Run(strings.Join(start, "_"), func(t *testing.T) {
+			c, _, _ := newDirectPair(t)
+			c.do(t, "HELLO", "3")
+			c.do(t, start...)
+			if _, p := c.do(t, "SCRIPT", "DEBUG", "YES"); !strings.Contains(p, "redproxy: SCRIPT DEBUG") {
+				t.Errorf("SCRIPT DEBUG YES on a relay (%s) answered %q, want the refusal", strings.Join(start, " "), p)
+			}
+			if _, p := c.do(t, "EVAL", "return 1", "0"); p != ":1\r\n" {
+				t.Errorf("EVAL on the relay after SCRIPT DEBUG YES answered %q, want :1", replyHead(p))
+			}
+		})
+	}
+}
