@@ -116,7 +116,13 @@ func (sess *Session) appendInfoReply(dst, redisInfo []byte) []byte {
 		}
 		text = append(text, "\r\n"...)
 	}
-	text = sess.srv.appendProxySection(text)
+	return sess.appendText(dst, sess.srv.appendProxySection(text))
+}
+
+// appendText appends text as Redis sends its human-readable text replies
+// (INFO, CLIENT INFO, CLIENT LIST, ...): a verbatim string ("txt:") in
+// RESP3, a bulk string in RESP2.
+func (sess *Session) appendText(dst, text []byte) []byte {
 	if sess.resp3 {
 		dst = append(dst, '=')
 		dst = strconv.AppendInt(dst, int64(len(text)+4), 10)

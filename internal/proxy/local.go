@@ -196,7 +196,7 @@ func cmdClientID(sess *Session, r *request) bool {
 
 func cmdClientInfo(sess *Session, r *request) bool {
 	b, start := sess.localBuf()
-	sess.finishLocal(r.m, redcon.AppendBulkString(b, sess.infoLine()+"\n"), start)
+	sess.finishLocal(r.m, sess.appendText(b, []byte(sess.infoLine()+"\n")), start)
 	return true
 }
 
@@ -224,14 +224,14 @@ func cmdClientList(sess *Session, r *request) bool {
 			ids = append(ids, id)
 		}
 		b, start := sess.localBuf()
-		sess.finishLocal(r.m, redcon.AppendBulkString(b, sess.srv.clientListByID(sess.effectiveNamespace(), ids)), start)
+		sess.finishLocal(r.m, sess.appendText(b, []byte(sess.srv.clientListByID(sess.effectiveNamespace(), ids))), start)
 		return true
 	case len(args) != 0:
 		sess.replyLocal(r.m, errSyntax)
 		return true
 	}
 	b, start := sess.localBuf()
-	sess.finishLocal(r.m, redcon.AppendBulkString(b, sess.srv.clientList(sess.effectiveNamespace(), keep)), start)
+	sess.finishLocal(r.m, sess.appendText(b, []byte(sess.srv.clientList(sess.effectiveNamespace(), keep))), start)
 	return true
 }
 
