@@ -359,7 +359,11 @@ func cmdClientTrackinginfo(sess *Session, r *request) bool {
 		b = redcon.AppendArray(b, 6)
 	}
 	b = redcon.AppendBulkString(b, "flags")
-	b = redcon.AppendArray(b, 1)
+	if sess.resp3 {
+		b = append(b, "~1\r\n"...) // a set, as Redis sends it
+	} else {
+		b = redcon.AppendArray(b, 1)
+	}
 	b = redcon.AppendBulkString(b, "off")
 	b = redcon.AppendBulkString(b, "redirect")
 	b = redcon.AppendInt(b, -1)
