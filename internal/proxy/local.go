@@ -504,17 +504,18 @@ func (sess *Session) auth(m *metrics.Command, args [][]byte) {
 func (sess *Session) hello(m *metrics.Command, args [][]byte) {
 	proto := 0
 	if len(args) > 1 {
+		// Any int64 is a version, if not a supported one (NOPROTO), as
+		// on Redis; a 19-digit one was "not an integer" (resp.ParseInt).
 		n, isInt := resp.ParseInt(args[1])
-		v := int(n)
 		if !isInt {
 			sess.replyLocal(m, []byte("-ERR Protocol version is not an integer or out of range\r\n"))
 			return
 		}
-		if v != 2 && v != 3 {
+		if n != 2 && n != 3 {
 			sess.replyLocal(m, []byte("-NOPROTO unsupported protocol version\r\n"))
 			return
 		}
-		proto = v
+		proto = int(n)
 	}
 	var name []byte
 	setName := false

@@ -317,8 +317,38 @@ func Integer(reply []byte) (int64, bool) {
 // (SELECT, HELLO, CLIENT UNBLOCK): optional '-', digits, no '+', no
 // leading zero but in "0" itself, no "-0". strconv.Atoi takes "01" and
 // "+1", which Redis refuses; the proxy then disagreed with Redis on what
-// the client asked (SELECT 01 answered OK).
-func ParseInt(b []byte) (int64, bool) { return parseInt(b) }
+// the client asked (SELECT 01 answered OK). It takes all of int64, as
+// string2ll does: stopping at 18 digits, as parseInt does, answered
+// "not an integer" where Redis took a 19-digit number (HELLO
+// 1000000000000000000 is -NOPROTO on Redis, SELECT of it "out of range").
+func ParseInt(b []byte) (int64, bool) {
+	if n, ok := parseInt(b); ok {
+		return n, true
+	}
+	// Up to 18 digits parseInt's refusal stands; over 19 cannot fit.
+	neg := len(b) > 0 && b[0] == '-'
+	d := b
+	if neg {
+		d = d[1:]
+	}
+	if len(d) != 19 || d[0] == '0' {
+		return 0, false
+	}
+	var u uint64 // 19 digits fit in a uint64
+	for _, c := range d {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		u = u*10 + uint64(c-'0')
+	}
+	switch {
+	case neg && u <= 1<<63:
+		return int64(-u), true // -(1<<63) wraps to math.MinInt64
+	case !neg && u <= 1<<63-1:
+		return int64(u), true
+	}
+	return 0, false
+}
 
 // parseInt parses a decimal integer as RESP writes it: optional '-', digits,
 // nothing else, at most 18 digits so it cannot overflow.
