@@ -111,7 +111,9 @@ func (sess *Session) clusterStep(r *request) bool {
 	if cmd.Name == "select" && len(args) == 2 {
 		// Also while pinned: the node would refuse it, but the session
 		// would take note of the database (pinnedSelect).
-		if db, isInt := resp.ParseInt(args[1]); isInt && db != 0 {
+		// An index outside a C int is refused as such first, as Redis
+		// does (cmdSelect).
+		if db, isInt := resp.ParseInt(args[1]); isInt && db != 0 && db == int64(int32(db)) {
 			sess.refusedInMulti()
 			sess.replyLocal(m, errClusterSelect)
 			return true

@@ -120,6 +120,10 @@ func cmdSelect(sess *Session, r *request) bool {
 	switch {
 	case !isInt:
 		sess.replyLocal(r.m, errNotInteger)
+	case n != int64(int32(n)):
+		// Redis reads the index as a C int before it checks it as a
+		// database (found by review: the proxy answered errDBRange).
+		sess.replyLocal(r.m, errIntRange)
 	case db < 0 || db >= sess.srv.cfg.Upstream.Databases:
 		sess.replyLocal(r.m, errDBRange)
 	default:
@@ -437,6 +441,7 @@ var (
 	errNotInteger = []byte("-ERR value is not an integer or out of range\r\n")
 	errSyntax     = []byte("-ERR syntax error\r\n")
 	errDBRange    = []byte("-ERR DB index is out of range\r\n")
+	errIntRange   = []byte("-ERR value is out of range, value must between -2147483648 and 2147483647\r\n") // sic, Redis 7.0's text
 	errWrongPass  = []byte("-WRONGPASS invalid username-password pair or user is disabled.\r\n")
 	errNoPassword = []byte("-ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?\r\n")
 )
