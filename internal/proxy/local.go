@@ -505,6 +505,34 @@ func (sess *Session) auth(m *metrics.Command, args [][]byte) {
 	sess.replyLocal(m, ok)
 }
 
+// helloNoAuth is HELLO's refusal before the client authenticated, in the
+// words of the upstream's Redis version (found by review: the proxy sent
+// 7.2's text in front of a 7.0 server, and clients and tests match it).
+// The version is the one the proxy learnt at startup (UpstreamVersion,
+// "7.0.0" when it never learnt one): 7.2 and later name "HELLO <proto>
+// AUTH", 7.0 "HELLO AUTH".
+func helloNoAuth(version string) []byte {
+	if versionAtLeast(version, 7, 2) {
+		return []byte("-NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time\r\n")
+	}
+	return []byte("-NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time\r\n")
+}
+
+// versionAtLeast reports whether the Redis version v ("7.2.4") is at
+// least major.minor; a version it cannot read is taken as older.
+func versionAtLeast(v string, major, minor int) bool {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	maj, err1 := strconv.Atoi(parts[0])
+	mnr, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return maj > major || maj == major && mnr >= minor
+}
+
 // hello implements HELLO [protover [AUTH user pass] [SETNAME name]].
 func (sess *Session) hello(m *metrics.Command, args [][]byte) {
 	proto := 0
@@ -546,7 +574,7 @@ func (sess *Session) hello(m *metrics.Command, args [][]byte) {
 		}
 	}
 	if !sess.authed {
-		sess.replyLocal(m, []byte("-NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time\r\n"))
+		sess.replyLocal(m, helloNoAuth(sess.srv.UpstreamVersion()))
 		return
 	}
 	if proto != 0 && (proto == 3) != sess.resp3 {
