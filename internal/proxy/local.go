@@ -829,6 +829,10 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 		case "laddr":
 			laddr = v
 		case "user":
+			if !s.userExists(v) {
+				// As Redis, at the filter, before any later one is read.
+				return redcon.AppendError(nil, "ERR No such user '"+v+"'")
+			}
 			user = v
 		case "type":
 			var known bool
@@ -885,6 +889,20 @@ func (sess *Session) killFrom(self *Session) {
 	}
 	sess.closing(metrics.CloseKilled)
 	sess.quitting = true
+}
+
+// userExists reports whether name is a user CLIENT KILL USER may name;
+// Redis refuses one its ACL does not have ("No such user"), where the
+// proxy answered :0 (found by review). The users that exist for the
+// proxy are the names its clients can have (Session.userName, CLIENT
+// LIST's user=): the configured [[users]], and for a client with no proxy
+// user (none configured, or not yet authenticated) the upstream
+// credential's user, or "default" without one. "default" exists always,
+// as on Redis, whose default user cannot be deleted. A [[users]]
+// upstream_user is a name on Redis, never one a proxy client shows, so it
+// is not one. Names compare exactly, as Redis's do.
+func (s *Server) userExists(name string) bool {
+	return name == "default" || name == s.userName() || s.users != nil && s.users.users.Get(name) != nil
 }
 
 // userName is the user every client of the proxy acts as upstream.
