@@ -1,9 +1,8 @@
 package policy
 
 import (
-	"math"
-
 	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/resp"
 )
 
 // effKind is what a command does to one key's TTL.
@@ -498,44 +497,8 @@ func eqFold(a []byte, w string) bool { return commands.EqualFold(w, a) }
 
 // parseInt parses a decimal integer argument exactly as Redis's string2ll
 // does (EXPIRE, SET EX, GETEX EX, RESTORE, ... read their numbers with
-// it): an optional '-', then "0" alone or a digit 1-9 followed by digits,
-// within int64 (so "-9223372036854775808" is taken); no '+', no spaces, no
-// leading zero ("0100", "-0", "00"), nothing after the digits. It must
-// take no more and no less than Redis: taking "0100" trusted EXPIRE k 0100
-// to give k its TTL, which Redis refuses (found by review), and refusing a
-// number Redis takes would skip a rule's max for it. resp.ParseInt is not
-// reused: it stops at 18 digits, and PEXPIREAT k 1000000000000000000 is a
-// TTL Redis accepts.
-func parseInt(b []byte) (int64, bool) {
-	neg := len(b) > 0 && b[0] == '-'
-	if neg {
-		b = b[1:]
-	}
-	switch {
-	case len(b) == 0:
-		return 0, false
-	case b[0] == '0':
-		return 0, len(b) == 1 && !neg // "0"; not "00", "0100" or "-0"
-	}
-	var u uint64 // the magnitude; -(MinInt64) fits in uint64
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		d := uint64(c - '0')
-		if u > (math.MaxUint64-d)/10 {
-			return 0, false
-		}
-		u = u*10 + d
-	}
-	if neg {
-		if u > 1<<63 {
-			return 0, false
-		}
-		return int64(-u), true
-	}
-	if u > math.MaxInt64 {
-		return 0, false
-	}
-	return int64(u), true
-}
+// it): resp.ParseInt. It must take no more and no less than Redis: taking
+// "0100" trusted EXPIRE k 0100 to give k its TTL, which Redis refuses
+// (found by review), and refusing a number Redis takes (a 19-digit
+// PEXPIREAT) would skip a rule's max for it.
+func parseInt(b []byte) (int64, bool) { return resp.ParseInt(b) }
