@@ -40,3 +40,18 @@ func TestClientKillUnknownUserWithProxyUsers(t *testing.T) {
 		}
 	}
 }
+
+// A client type (or CLIENT SETINFO or HELLO option) named with a line
+// break: Redis turns the break into spaces in its error, as every error it
+// formats. The proxy put the client's text into its error as it came, so
+// "a\r\n+OK" answered a second, forged reply the client had not asked for.
+func TestClientUnknownTypeErrorKeepsOneReply(t *testing.T) {
+	_, p, direct := newDirectPair(t)
+	compareWithRedis(t, direct.Addr(), p.Addr, [][]string{
+		{"CLIENT", "LIST", "TYPE", "a\r\n+OK"},
+		{"CLIENT", "KILL", "TYPE", "a\r\n+OK"},
+		{"CLIENT", "LIST", "TYPE", "x\ny"},
+		{"CLIENT", "SETINFO", "a\r\n+OK", "v"},
+		{"HELLO", "3", "a\r\n+OK"},
+	})
+}

@@ -213,7 +213,9 @@ func cmdClientList(sess *Session, r *request) bool {
 	case len(args) == 2 && strings.EqualFold(string(args[0]), "type"):
 		typ, known := clientType(string(args[1]))
 		if !known {
-			sess.replyLocal(r.m, []byte("-ERR Unknown client type '"+string(args[1])+"'\r\n"))
+			// AppendError turns line breaks into spaces, as Redis does:
+			// the client's text must not end the error early.
+			sess.replyLocal(r.m, redcon.AppendError(nil, "ERR Unknown client type '"+string(args[1])+"'"))
 			return true
 		}
 		keep = func(c *Session) bool { return c.clientType() == typ }
@@ -272,7 +274,7 @@ func cmdClientSetinfo(sess *Session, r *request) bool {
 		sess.libVer = string(r.Args[3])
 		sess.mu.Unlock()
 	default:
-		sess.replyLocal(r.m, []byte("-ERR Unrecognized option '"+string(r.Args[2])+"'\r\n"))
+		sess.replyLocal(r.m, redcon.AppendError(nil, "ERR Unrecognized option '"+string(r.Args[2])+"'"))
 		return true
 	}
 	sess.replyLocal(r.m, ok)
@@ -569,7 +571,7 @@ func (sess *Session) hello(m *metrics.Command, args [][]byte) {
 			}
 			i++
 		default:
-			sess.replyLocal(m, []byte("-ERR Syntax error in HELLO option '"+string(args[i])+"'\r\n"))
+			sess.replyLocal(m, redcon.AppendError(nil, "ERR Syntax error in HELLO option '"+string(args[i])+"'"))
 			return
 		}
 	}
@@ -837,7 +839,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 		case "type":
 			var known bool
 			if typ, known = clientType(v); !known {
-				return []byte("-ERR Unknown client type '" + v + "'\r\n")
+				return redcon.AppendError(nil, "ERR Unknown client type '"+v+"'")
 			}
 		case "skipme":
 			switch strings.ToLower(v) {
