@@ -12,6 +12,7 @@ package commands
 //go:generate go run ./gen -o builtin_gen.go
 
 import (
+	"bytes"
 	"strconv"
 	"strings"
 	"sync"
@@ -388,7 +389,8 @@ func finish(c *Command) {
 // any case. For container commands (CLIENT, CONFIG, OBJECT, ...) it resolves
 // the subcommand from args[1]; when args[1] is missing or not a known
 // subcommand it returns the container itself, whose Subcommands field is
-// non-nil, so callers can still forward and let Redis report the error.
+// non-nil, so callers can still forward and let Redis report the error,
+// unless NULName finds a NUL byte in the name it did not know.
 // It returns nil for unknown commands and never allocates.
 func (t *Table) Lookup(args [][]byte) *Command {
 	if t == nil || len(args) == 0 {
@@ -403,6 +405,41 @@ func (t *Table) Lookup(args [][]byte) *Command {
 	}
 	return c
 }
+
+// NULName reports which name of args holds a NUL byte, given cmd, what
+// Lookup found for args: 0 for the command name (cmd is nil: unknown), 1
+// for the subcommand name of a container (cmd is the container: the
+// subcommand is unknown); -1 when neither does, which is the case for
+// every name Lookup found, since no command is named with a NUL.
+//
+// Such a command must never reach Redis. Redis finds a command by hashing
+// its whole name, NUL bytes included, but compares the names in the
+// hash's bucket with strcasecmp, which stops at the first NUL: so
+// "KEYS\x00<suffix>" runs as KEYS whenever the whole name happens to hash
+// into KEYS's bucket (about one suffix in 256; for a subcommand, whose
+// dict is small, "CONFIG SET\x00<suffix>" runs as CONFIG SET about one
+// time in 8), and otherwise is an unknown command. Lookup, like the
+// proxy's policy and handlers, compares whole names and cannot tell which
+// command Redis will run, so the caller answers it as Redis does when the
+// name misses (an unknown command or subcommand error) and forwards
+// nothing. It never allocates.
+func NULName(cmd *Command, args [][]byte) int {
+	switch {
+	case len(args) == 0:
+		return -1
+	case cmd == nil:
+		if hasNUL(args[0]) {
+			return 0
+		}
+	case cmd.Subcommands != nil && len(args) > 1:
+		if hasNUL(args[1]) {
+			return 1
+		}
+	}
+	return -1
+}
+
+func hasNUL(b []byte) bool { return bytes.IndexByte(b, 0) >= 0 }
 
 // Get finds a command by name, any case; "client|setname" (or "client
 // setname") names a subcommand. For configuration and tests, not the hot path.

@@ -701,38 +701,6 @@ func errClusterInTx(name string) []byte {
 	return []byte("-ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + " inside a transaction is not supported in cluster mode\r\n")
 }
 
-// errUnknownCommand is Redis's reply to a command it does not know.
-func errUnknownCommand(args [][]byte) []byte {
-	clean := func(b []byte) string {
-		if len(b) > 128 {
-			b = b[:128]
-		}
-		return strings.Map(func(c rune) rune {
-			if c == '\r' || c == '\n' {
-				return ' '
-			}
-			return c
-		}, string(b))
-	}
-	var sb strings.Builder
-	sb.WriteString("-ERR unknown command '")
-	if len(args) > 0 {
-		sb.WriteString(clean(args[0]))
-	}
-	sb.WriteString("', with args beginning with: ")
-	for i, a := range args {
-		if i == 0 {
-			continue
-		}
-		if sb.Len() > 1024 {
-			break
-		}
-		sb.WriteString("'" + clean(a) + "' ")
-	}
-	sb.WriteString("\r\n")
-	return []byte(sb.String())
-}
-
 // registerClusterMetrics exposes the redirections the router followed for
 // clients: a steady stream means the proxy's map keeps going stale.
 func (s *Server) registerClusterMetrics() {

@@ -425,6 +425,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	sess.curMute = sess.replyOff || sess.replySkip
 	sess.replySkip = false
 	sess.curStrip = namespace.StripNone
+	if sess.nulNameStep(r) {
+		return
+	}
 	if !sess.authed && !isAuthExempt(r.cmd) {
 		sess.replyLocal(r.m, errNoAuth)
 		return

@@ -280,7 +280,15 @@ func (sess *Session) aclDenied(cmd *commands.Command, args [][]byte) string {
 //
 // SCRIPT DEBUG YES and SYNC are refused on every connection (local.go,
 // scriptDebugRefusal), on a relay here.
+//
+// A command whose name or subcommand name has a NUL byte is refused with
+// Redis's unknown command error (nulNameStep): on a relay it would still
+// bypass the guard's deny list, and a SELECT spelled so would move the
+// relay's connection to a database the proxy does not know of.
 func (sess *Session) relayDenied(args [][]byte) string {
+	if msg := nulNameMsg(sess.srv.table.Lookup(args), args); msg != "" {
+		return msg
+	}
 	if msg := scriptDebugRefusal(args); msg != "" {
 		return msg
 	}
