@@ -1402,8 +1402,8 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 		// Proxy client ids and addresses cannot be translated in flight
 		// on a relay; forwarded, they would name unrelated Redis
 		// connections.
-		for _, sub := range [...]string{"UNBLOCK", "KILL", "LIST"} {
-			if strings.EqualFold(string(r.Args[1]), sub) && (sub != "LIST" || sess.ns.w != nil) {
+		for _, sub := range [...]string{"UNBLOCK", "KILL"} {
+			if strings.EqualFold(string(r.Args[1]), sub) {
 				return refuse(out, "ERR redproxy: CLIENT "+sub+" is not supported on a connection in subscribed, tracking or MONITOR mode")
 			}
 		}
@@ -1411,6 +1411,9 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 	if d != nil && d.Refuse != nil {
 		sess.recordViolations(d)
 		return refuse(out, d.Refuse.Msg)
+	}
+	if b, done := sess.appendRelayAnswer(out, sess.clientArgs(i, r.Args), r.Raw); done {
+		return b
 	}
 	if len(r.Args) > 0 {
 		switch name := string(r.Args[0]); {
@@ -1433,6 +1436,112 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 		return append(out, sess.guard.Encode(d.Args)...)
 	}
 	return append(out, r.Raw...)
+}
+
+// appendRelayAnswer appends, for a command the proxy answers about its
+// own clients (CLIENT ID, INFO, LIST), what makes Redis answer the proxy's own reply in order on the relay's
+// stream, and reports whether it did; otherwise the command is forwarded
+// as any other.
+//
+// Forwarded, these answered for the relay's Redis connection (found by
+// review): CLIENT ID changed from the client's proxy id to the relay's
+// Redis id, which names nothing the proxy knows (CLIENT KILL ID of it
+// answered 0), and CLIENT LIST listed the proxy's upstream connections.
+// On a connection where Redis runs scripts (tracking, RESP3 subscribed)
+// the proxy's reply is computed by its own handler now and sent as a
+// script that returns it (appendAnswerScript); inside MULTI Redis queues
+// the script like the command, and EXEC carries the reply. Where Redis
+// runs no script: in RESP2's subscribed mode the command is forwarded, so
+// that Redis answers its own "only (P|S)SUBSCRIBE ... are allowed" error,
+// as it would to the client directly (CLIENT LIST in a namespace is
+// refused, as before); in MONITOR mode, where Redis would answer for its
+// own connection, CLIENT ID, INFO and LIST are refused.
+func (sess *Session) appendRelayAnswer(out []byte, args [][]byte, raw []byte) ([]byte, bool) {
+	if len(args) < 2 || !strings.EqualFold(string(args[0]), "client") {
+		return out, false
+	}
+	cmd := sess.srv.table.Lookup(args)
+	if cmd == nil || !cmd.ArityOK(len(args)) {
+		return out, false // forwarded: Redis answers the error
+	}
+	switch cmd.Name {
+	case "client|id", "client|info", "client|list":
+	default:
+		return out, false
+	}
+	if !sess.relayRunsScripts() {
+		switch {
+		case relayKind(sess.list.relay.Load()-1) == relayMonitor || cmd.Name == "client|list" && sess.ns.w != nil:
+			return appendQueueRefusal(out, "ERR redproxy: "+strings.ToUpper(strings.ReplaceAll(cmd.Name, "|", " "))+" is not supported on a connection in MONITOR mode or RESP2 subscribed mode"), true
+		}
+		return out, false
+	}
+	e := sess.srv.handlers[cmd]
+	if e == nil || e.answer == nil {
+		return out, false
+	}
+	// The handler records its reply as the session's next local reply;
+	// it is taken back out, so the relay's flush-free path sees nothing.
+	local, slots := len(sess.local), len(sess.slots)
+	e.answer(sess, &request{Request: &resp.Request{Raw: raw, Args: args}, cmd: cmd, name: cmd.Name})
+	var reply []byte
+	if len(sess.slots) == slots+1 && sess.slots[slots].kind == slotLocal {
+		reply = sess.local[sess.slots[slots].i:sess.slots[slots].end]
+	}
+	b, done := appendAnswerScript(out, reply)
+	clear(sess.slots[slots:])
+	sess.local, sess.slots = sess.local[:local], sess.slots[:slots]
+	return b, done
+}
+
+// Scripts that make Redis answer a reply of the proxy's (appendAnswerScript).
+const (
+	scriptInteger  = "return tonumber(ARGV[1])"
+	scriptStatus   = "return redis.status_reply(ARGV[1])"
+	scriptVerbatim = "return {verbatim_string={format=ARGV[2], string=ARGV[1]}}"
+)
+
+// appendAnswerScript appends a script that makes Redis answer reply, one
+// reply of the proxy's own: an integer, a status, an error, or a bulk or
+// verbatim string, which is returned as a verbatim string (CLIENT INFO
+// and LIST, the only strings it is given, are verbatim strings on
+// Redis): Redis frames it in the relay connection's protocol, '=' on
+// RESP3 and '$' on RESP2, as it frames its own. It reports false for
+// anything else.
+func appendAnswerScript(out, reply []byte) ([]byte, bool) {
+	nl := bytes.Index(reply, []byte("\r\n"))
+	if nl < 1 {
+		return out, false
+	}
+	head := string(reply[1:nl])
+	switch reply[0] {
+	case ':':
+		return resp.AppendCommandStrings(out, "EVAL", scriptInteger, "0", head), true
+	case '+':
+		return resp.AppendCommandStrings(out, "EVAL", scriptStatus, "0", head), true
+	case '-':
+		return appendErrorScript(out, head), true
+	case '$', '=':
+		n, err := strconv.Atoi(head)
+		body := reply[nl+2:]
+		if err != nil || n < 0 || len(body) != n+2 {
+			return out, false
+		}
+		body, format := body[:n], "txt"
+		if reply[0] == '=' {
+			if n < 4 || body[3] != ':' {
+				return out, false
+			}
+			body, format = body[4:], string(body[:3])
+		}
+		out = redcon.AppendArray(out, 5)
+		out = redcon.AppendBulkString(out, "EVAL")
+		out = redcon.AppendBulkString(out, scriptVerbatim)
+		out = redcon.AppendBulkString(out, "0")
+		out = redcon.AppendBulk(out, body)
+		return redcon.AppendBulkString(out, format), true
+	}
+	return out, false
 }
 
 // recordRelayed records d's violations for a request sent on a relay,
