@@ -78,6 +78,34 @@ func TestClientIDStableAcrossRelay(t *testing.T) {
 	}
 }
 
+// A client that names itself after turning tracking on (rueidis-style
+// handshakes pipeline CLIENT TRACKING ON and CLIENT SETNAME) is listed by
+// Redis under that name, in the database it selected. What went wrong
+// (found by review): both commands went to the relay and the proxy's own
+// CLIENT LIST, which answers for its clients, never learnt of them: the
+// client's line kept name= (empty) and db=0 for life.
+func TestNameSetOnRelayInClientList(t *testing.T) {
+	c, p, direct := newRelayStatePair(t)
+	c.do(t, "HELLO", "3")
+	dID, pID := c.do(t, "CLIENT", "ID")
+	c.do(t, "CLIENT", "TRACKING", "ON")
+	c.do(t, "CLIENT", "SETNAME", "review-worker")
+	c.do(t, "SELECT", "3")
+	for _, side := range []struct{ name, addr, id string }{{"Redis", direct.Addr(), dID}, {"proxy", p.Addr, pID}} {
+		other := dialAddr(t, side.addr)
+		list := rawDo(t, other, "CLIENT", "LIST")
+		var line string
+		for _, l := range strings.Split(list, "\n") {
+			if strings.Contains(l, "id="+strings.Trim(side.id, ":\r\n")+" ") {
+				line = l
+			}
+		}
+		if !strings.Contains(line, " name=review-worker ") || !strings.Contains(line, " db=3 ") {
+			t.Errorf("%s: CLIENT LIST from another client: the tracking client's line has not name=review-worker and db=3:\n%s", side.name, line)
+		}
+	}
+}
+
 // The proxy's answers on a relay have the shape Redis gives them: CLIENT
 // ID an integer, CLIENT INFO a bulk string on RESP2 and a verbatim string
 // on RESP3, both queued inside MULTI and answered by EXEC; on a RESP2
@@ -138,5 +166,90 @@ func TestClientAnswersOnRelayKeepTheirShape(t *testing.T) {
 				t.Errorf("%s on MONITOR: %q", strings.Join(cmd, " "), got)
 			}
 		}
+	})
+}
+
+// What a relayed client does to its name and database shows in the
+// proxy's CLIENT LIST only when Redis accepts it, as Redis's own CLIENT
+// LIST shows it: a refused SELECT or SETNAME changes nothing, a RESP2
+// subscriber's (refused by Redis) neither, MULTI's count at EXEC and not
+// after DISCARD, RESET clears both; CLIENT SETINFO on the relay is the
+// proxy's, as elsewhere. Checks the fix of TestNameSetOnRelayInClientList
+// beyond its case.
+func TestRelayedNameAndDBFollowRedis(t *testing.T) {
+	_, p, _ := newRelayStatePair(t)
+	line := func(t *testing.T, id string) string {
+		t.Helper()
+		other := dialAddr(t, p.Addr)
+		for _, l := range strings.Split(rawDo(t, other, "CLIENT", "LIST"), "\n") {
+			if strings.HasPrefix(l, "id="+strings.Trim(id, ":\r\n")+" ") || strings.HasPrefix(l, "$") && strings.Contains(l, "\r\nid="+strings.Trim(id, ":\r\n")+" ") {
+				return l
+			}
+		}
+		t.Fatalf("client %s not listed", id)
+		return ""
+	}
+	want := func(t *testing.T, id, name, db string) {
+		t.Helper()
+		l := line(t, id)
+		if !strings.Contains(l, " name="+name+" ") || !strings.Contains(l, " db="+db+" ") {
+			t.Errorf("want name=%s db=%s in:\n%s", name, db, l)
+		}
+	}
+	t.Run("tracking", func(t *testing.T) {
+		nc := dialAddr(t, p.Addr)
+		id := rawDo(t, nc, "CLIENT", "ID")
+		rawDo(t, nc, "CLIENT", "TRACKING", "ON")
+		rawDo(t, nc, "CLIENT", "SETNAME", "w1")
+		rawDo(t, nc, "SELECT", "2")
+		for _, cmd := range [][]string{{"SELECT", "99"}, {"SELECT", "01"}, {"SELECT", "x"}, {"CLIENT", "SETNAME", "has space"}} {
+			if got := rawDo(t, nc, cmd...); !strings.HasPrefix(got, "-") {
+				t.Fatalf("%v: %q, want Redis's error", cmd, got)
+			}
+		}
+		want(t, id, "w1", "2")
+		rawDo(t, nc, "MULTI")
+		rawDo(t, nc, "SELECT", "4")
+		rawDo(t, nc, "CLIENT", "SETNAME", "w2")
+		want(t, id, "w1", "2") // queued, not run
+		rawDo(t, nc, "DISCARD")
+		want(t, id, "w1", "2")
+		rawDo(t, nc, "MULTI")
+		rawDo(t, nc, "SELECT", "5")
+		rawDo(t, nc, "CLIENT", "SETNAME", "w3")
+		rawDo(t, nc, "EXEC")
+		want(t, id, "w3", "5")
+		// CLIENT SETINFO is in the command table only with Redis 7.2 or
+		// later (see TestParkedClientKeepsItsState); before, Redis answers
+		// "unknown subcommand" through the proxy everywhere.
+		switch got := rawDo(t, nc, "CLIENT", "SETINFO", "lib-name", "mylib"); {
+		case got == "+OK\r\n":
+			if l := line(t, id); !strings.Contains(l, " lib-name=mylib ") {
+				t.Errorf("CLIENT SETINFO lib-name on the relay not listed:\n%s", l)
+			}
+		case strings.Contains(got, "unknown subcommand"):
+			t.Log("upstream Redis has no CLIENT SETINFO (before 7.2): lib-name not checked")
+		default:
+			t.Errorf("CLIENT SETINFO on the relay: %q", got)
+		}
+		rawDo(t, nc, "RESET")
+		want(t, id, "", "0")
+	})
+	t.Run("RESP2 subscribed", func(t *testing.T) {
+		nc := dialAddr(t, p.Addr)
+		id := rawDo(t, nc, "CLIENT", "ID")
+		rawDo(t, nc, "SUBSCRIBE", "ch")
+		rawDo(t, nc, "SELECT", "3")             // refused by Redis
+		rawDo(t, nc, "CLIENT", "SETNAME", "s1") // refused by Redis
+		want(t, id, "", "0")
+	})
+	t.Run("RESP3 subscribed", func(t *testing.T) {
+		nc := dialAddr(t, p.Addr)
+		rawDo(t, nc, "HELLO", "3")
+		id := rawDo(t, nc, "CLIENT", "ID")
+		rawDo(t, nc, "SUBSCRIBE", "ch")
+		rawDo(t, nc, "SELECT", "3")
+		rawDo(t, nc, "CLIENT", "SETNAME", "s3")
+		want(t, id, "s3", "3")
 	})
 }

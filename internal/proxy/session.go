@@ -160,6 +160,9 @@ type sessionBatch struct {
 	// not in Session, which must stay in its size class (a relayed client
 	// never parks, so this state is never dropped under it).
 	protoErrAnswered bool
+	// relayTx is what a relayed client's MULTI queued that its CLIENT
+	// LIST line shows (relayStateStep); here for the same reason.
+	relayTx relayTxState
 	// resumed is the batch a relay held when it handed the client back to
 	// the shared connections (relayexit.go), served before the next read.
 	resumed []resp.Request

@@ -1415,6 +1415,7 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 	if b, done := sess.appendRelayAnswer(out, sess.clientArgs(i, r.Args), r.Raw); done {
 		return b
 	}
+	sess.relayStateStep(sess.clientArgs(i, r.Args))
 	if len(r.Args) > 0 {
 		switch name := string(r.Args[0]); {
 		case strings.EqualFold(name, "multi"):
@@ -1439,7 +1440,8 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 }
 
 // appendRelayAnswer appends, for a command the proxy answers about its
-// own clients (CLIENT ID, INFO, LIST), what makes Redis answer the proxy's own reply in order on the relay's
+// own clients (CLIENT ID, INFO, LIST) or keeps for itself (CLIENT
+// SETINFO's lib-name and lib-ver, which its CLIENT LIST shows), what makes Redis answer the proxy's own reply in order on the relay's
 // stream, and reports whether it did; otherwise the command is forwarded
 // as any other.
 //
@@ -1455,7 +1457,8 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 // that Redis answers its own "only (P|S)SUBSCRIBE ... are allowed" error,
 // as it would to the client directly (CLIENT LIST in a namespace is
 // refused, as before); in MONITOR mode, where Redis would answer for its
-// own connection, CLIENT ID, INFO and LIST are refused.
+// own connection, CLIENT ID, INFO and LIST are refused. CLIENT SETINFO is
+// forwarded there, as before, and not seen by the proxy's CLIENT LIST.
 func (sess *Session) appendRelayAnswer(out []byte, args [][]byte, raw []byte) ([]byte, bool) {
 	if len(args) < 2 || !strings.EqualFold(string(args[0]), "client") {
 		return out, false
@@ -1465,12 +1468,14 @@ func (sess *Session) appendRelayAnswer(out []byte, args [][]byte, raw []byte) ([
 		return out, false // forwarded: Redis answers the error
 	}
 	switch cmd.Name {
-	case "client|id", "client|info", "client|list":
+	case "client|id", "client|info", "client|list", "client|setinfo":
 	default:
 		return out, false
 	}
 	if !sess.relayRunsScripts() {
 		switch {
+		case cmd.Name == "client|setinfo":
+			return out, false
 		case relayKind(sess.list.relay.Load()-1) == relayMonitor || cmd.Name == "client|list" && sess.ns.w != nil:
 			return appendQueueRefusal(out, "ERR redproxy: "+strings.ToUpper(strings.ReplaceAll(cmd.Name, "|", " "))+" is not supported on a connection in MONITOR mode or RESP2 subscribed mode"), true
 		}
@@ -1492,6 +1497,97 @@ func (sess *Session) appendRelayAnswer(out []byte, args [][]byte, raw []byte) ([
 	clear(sess.slots[slots:])
 	sess.local, sess.slots = sess.local[:local], sess.slots[:slots]
 	return b, done
+}
+
+// relayTxState is what a relayed client's MULTI queued that changes what
+// the proxy's CLIENT LIST shows of it (relayStateStep), applied at EXEC.
+type relayTxState struct {
+	selected, named bool
+	db              int
+	name            string
+}
+
+// relayStateStep keeps what the proxy's CLIENT LIST shows of a relayed
+// client, its name and database, in step with what args, about to be
+// forwarded on its relay, do to the relay's connection. Found by review:
+// CLIENT SETNAME and SELECT sent on a relay were forwarded but never seen,
+// so a client that named itself after CLIENT TRACKING ON (rueidis
+// pipelines the two in its handshake) stayed unnamed, in DB 0, in the
+// proxy's CLIENT LIST for life.
+//
+// The relay does not read their replies, so a command counts when sent,
+// if Redis accepts it: its arguments are checked as Redis checks them (a
+// SELECT's index in range, and 0 in cluster mode; a name without spaces or
+// special characters), and neither counts on a RESP2 subscribed
+// connection, where Redis refuses both. Inside the client's MULTI they
+// count at EXEC (an EXEC that a WATCH aborts is not told apart); RESET,
+// which Redis runs at once even inside MULTI, gives the client DB 0 and
+// no name, as on Redis.
+func (sess *Session) relayStateStep(args [][]byte) {
+	cmd := sess.srv.table.Lookup(args)
+	if cmd == nil || !cmd.ArityOK(len(args)) {
+		return
+	}
+	tx := &sess.relayTx
+	switch cmd.Name {
+	case "reset":
+		*tx = relayTxState{}
+		sess.mu.Lock()
+		sess.name, sess.db = "", 0
+		sess.mu.Unlock()
+		return
+	case "multi":
+		if !sess.relayInMulti {
+			*tx = relayTxState{}
+		}
+		return
+	case "discard":
+		*tx = relayTxState{}
+		return
+	case "exec":
+		if sess.relayInMulti {
+			sess.mu.Lock()
+			if tx.selected {
+				sess.db = tx.db
+			}
+			if tx.named {
+				sess.name = tx.name
+			}
+			sess.mu.Unlock()
+		}
+		*tx = relayTxState{}
+		return
+	case "select", "client|setname":
+	default:
+		return
+	}
+	if relayKind(sess.list.relay.Load()-1) == relayPubSub && !sess.resp3 {
+		return // Redis answers "only (P|S)SUBSCRIBE ... are allowed"
+	}
+	if cmd.Name == "select" {
+		n, isInt := resp.ParseInt(args[1])
+		if !isInt || n < 0 || n >= int64(sess.srv.Config().Upstream.Databases) || sess.srv.router != nil && n != 0 {
+			return
+		}
+		if sess.relayInMulti {
+			tx.selected, tx.db = true, int(n)
+			return
+		}
+		sess.mu.Lock()
+		sess.db = int(n)
+		sess.mu.Unlock()
+		return
+	}
+	if !validClientName(args[2]) {
+		return
+	}
+	if sess.relayInMulti {
+		tx.named, tx.name = true, string(args[2])
+		return
+	}
+	sess.mu.Lock()
+	sess.name = string(args[2])
+	sess.mu.Unlock()
 }
 
 // Scripts that make Redis answer a reply of the proxy's (appendAnswerScript).
