@@ -25,3 +25,15 @@ func BenchmarkCheckBatchDefault(b *testing.B) {
 		out = p.CheckBatch(reqs, out)
 	}
 }
+
+// BenchmarkCheckBatchLoneGet is the batch of a client at redis-benchmark's
+// default -P 1: one read, default policy.
+func BenchmarkCheckBatchLoneGet(b *testing.B) {
+	p := compileDoc(b, "")
+	reqs := batch("GET key:000000012345")
+	var out []Decision
+	b.ReportAllocs()
+	for b.Loop() {
+		out = p.CheckBatch(reqs, out)
+	}
+}

@@ -43,8 +43,13 @@ var checkers = sync.Pool{New: func() any { return new(checker) }}
 
 func (c *checker) release() {
 	c.p, c.reqs, c.out = nil, nil, nil
-	clear(c.pending) // drop pointers into the policy, so a replaced one can be freed
-	clear(c.pendingBuf[:])
+	// Drop pointers into the policy, so a replaced one can be freed. Only
+	// what was used: clearing all of pendingBuf on every batch was 1.5 % of
+	// the proxy's CPU at GET -P 1 (one command a batch, none pending).
+	if cap(c.pending) > len(c.pendingBuf) {
+		clear(c.pendingBuf[:]) // grown past it: all of it was filled first
+	}
+	clear(c.pending)
 	c.pending, c.setters = nil, nil
 	c.mapBuilt = false
 	if len(c.setterMap) > 1024 {
