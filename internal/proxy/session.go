@@ -403,8 +403,13 @@ func (sess *Session) serveBatch(reqs []resp.Request) {
 	}
 	sess.flush(start)
 	sess.endLead(nil, errLeadDropped) // normally nothing: flush has sent the read or ended its lead
-	if took := time.Since(start); took >= sess.srv.slow.threshold && !sess.slowExempt && !sess.directInFlight() {
-		sess.noteSlow(reqs, start, took, sess.upstreamWait)
+	// A batch whose reply went direct is timed by the pipe's reader
+	// (direct.go); asking first spares a lone read a clock read (about
+	// 50 ns here, 1 % of a GET at -P 1).
+	if !sess.directInFlight() {
+		if took := time.Since(start); took >= sess.srv.slow.threshold && !sess.slowExempt {
+			sess.noteSlow(reqs, start, took, sess.upstreamWait)
+		}
 	}
 	sess.upstreamWait, sess.slowExempt = 0, false
 	sess.cur = request{} // holds nothing of the batch while the client idles
