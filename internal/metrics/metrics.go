@@ -128,12 +128,16 @@ const (
 	// REPLY) wrote more than the relay can keep track of, and would not
 	// have seen the refusal.
 	CloseHeldWrites = "held_writes"
+	// CloseCrossProtocol: the client sent POST or Host: as a command, an
+	// HTTP request aimed at the port (cross-protocol scripting); Redis
+	// closes such a connection too.
+	CloseCrossProtocol = "cross_protocol"
 )
 
 // CloseReasons lists every reason label value.
 var CloseReasons = []string{CloseQuit, CloseClient, CloseProtocolError, CloseIdleTimeout,
 	CloseShutdown, CloseKilled, CloseWriteError, CloseReadError, ClosePanic, CloseOutputLimit, CloseWriteTimeout,
-	CloseUpstreamLost, CloseHeldWrites}
+	CloseUpstreamLost, CloseHeldWrites, CloseCrossProtocol}
 
 // ClientClosed counts one closed client connection. reason is one of
 // CloseReasons. It is called once per connection, not per command, so the

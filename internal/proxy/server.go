@@ -89,6 +89,9 @@ type Server struct {
 	tlsRejecting atomic.Int32
 	version      atomic.Pointer[string]
 	started      time.Time // for INFO's proxy_uptime_in_seconds
+	// crossProtocolLog limits the warning for POST and Host: commands
+	// (crossProtocolStep), which anyone who can reach the port can send.
+	crossProtocolLog logLimiter
 }
 
 // SetUpstreamVersion records the Redis version HELLO reports, so clients

@@ -433,6 +433,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	sess.curMute = sess.replyOff || sess.replySkip
 	sess.replySkip = false
 	sess.curStrip = namespace.StripNone
+	if sess.crossProtocolStep(r) {
+		return
+	}
 	if sess.nulNameStep(r) {
 		return
 	}

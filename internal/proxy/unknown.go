@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/metrics"
 )
 
 // Redis's replies to a command it does not know, as redis-server 7.0
@@ -114,4 +115,34 @@ func (sess *Session) nulNameStep(r *request) bool {
 	sess.refusedInMulti()
 	sess.replyLocal(r.m, []byte("-"+msg+"\r\n"))
 	return true
+}
+
+// crossProtocolStep closes the client, without a reply and without running
+// anything it sent after, when it sends a command named POST or Host: (up
+// to a NUL byte, case-insensitive): the first line or a header of an HTTP
+// request, which a web page can make a browser send to any address
+// (cross-protocol scripting). Redis does the same (securityWarningCommand,
+// before the auth check); the proxy forwarded the name as an unknown
+// command, so the rest of an HTTP body ran as Redis commands, and on a
+// shared upstream connection Redis's close failed other clients' requests
+// in flight on it (found by review). What the client sent before it in
+// the same batch runs and is answered.
+func (sess *Session) crossProtocolStep(r *request) bool {
+	if r.cmd != nil || len(r.Args) == 0 || !isCrossProtocolName(r.Args[0]) {
+		return false
+	}
+	if n, ok := sess.srv.crossProtocolLog.allow(); ok {
+		sess.logger().Warn("closing client: POST or Host: sent as a command, likely an HTTP request aimed at this port (cross-protocol scripting)",
+			"reason", metrics.CloseCrossProtocol, "suppressed", n)
+	}
+	sess.closing(metrics.CloseCrossProtocol)
+	sess.quitting = true
+	return true
+}
+
+// isCrossProtocolName reports whether name is POST or Host: as Redis
+// compares it (strcasecmp: up to the first NUL byte).
+func isCrossProtocolName(name []byte) bool {
+	name = cString(name, len(name))
+	return bytes.EqualFold(name, []byte("post")) || bytes.EqualFold(name, []byte("host:"))
 }
