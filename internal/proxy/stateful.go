@@ -1390,6 +1390,9 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 	if msg := sess.relayDenied(sess.clientArgs(i, r.Args)); msg != "" {
 		return refuse(out, msg)
 	}
+	if b, done := sess.appendRelayAuth(out, r.Args, refuse); done {
+		return b
+	}
 	if msg := sess.nsRelayRefusal(i); msg != "" {
 		return refuse(out, msg)
 	}
@@ -1588,6 +1591,63 @@ func (sess *Session) relayStateStep(args [][]byte) {
 	sess.mu.Lock()
 	sess.name = string(args[2])
 	sess.mu.Unlock()
+}
+
+// appendRelayAuth answers AUTH on a relay as on any other connection of
+// the proxy's, and refuses HELLO with AUTH there; it reports whether it
+// did. It is for the modes without [[users]] (relayDenied refuses both
+// with them). Forwarded, AUTH reached Redis (found by review): guesses at
+// any Redis user's password ran unlimited and uncounted by the failed-AUTH
+// limit, and a right guess made the relay's connection a Redis user the
+// proxy never lets a client become. The proxy's answer (authenticate, as
+// on a plain connection) goes back as a script that returns it
+// (appendAnswerScript); inside the client's MULTI, AUTH is refused as on a
+// plain connection (Redis would queue it and run it at EXEC); in MONITOR
+// mode, where Redis runs AUTH but no script, it is refused. In RESP2's
+// subscribed mode it is forwarded: Redis refuses it there ("only
+// (P|S)SUBSCRIBE ... are allowed"), as it would directly.
+func (sess *Session) appendRelayAuth(out []byte, args [][]byte, refuse func([]byte, string) []byte) ([]byte, bool) {
+	if len(args) == 0 || sess.srv.usersOn() {
+		return out, false
+	}
+	cmd := sess.srv.table.Lookup(args)
+	if cmd == nil {
+		return out, false
+	}
+	switch {
+	case cmd.Name == "hello" && helloHasAuth(args):
+		return refuse(out, "ERR redproxy: HELLO with AUTH is not supported on a connection in subscribed, tracking or MONITOR mode"), true
+	case cmd.Name != "auth" || len(args) < 2 || len(args) > 3:
+		return out, false // Redis answers a wrong arity or syntax error without authenticating
+	case sess.relayInMulti:
+		return appendQueueRefusal(out, "ERR redproxy: 'AUTH' inside MULTI is not supported"), true
+	case relayKind(sess.list.relay.Load()-1) == relayMonitor:
+		return appendQueueRefusal(out, "ERR redproxy: AUTH is not supported on a connection in MONITOR mode"), true
+	case !sess.relayRunsScripts():
+		return out, false
+	}
+	var user []byte
+	if len(args) == 3 {
+		user = args[1]
+	}
+	reply := sess.authenticate(user, args[len(args)-1])
+	if reply == nil {
+		reply = ok
+	}
+	return appendAnswerScript(out, reply)
+}
+
+// helloHasAuth reports whether HELLO's arguments carry the AUTH option.
+func helloHasAuth(args [][]byte) bool {
+	for i := 2; i < len(args); i++ {
+		switch {
+		case strings.EqualFold(string(args[i]), "auth"):
+			return true
+		case strings.EqualFold(string(args[i]), "setname"):
+			i++ // its value may be any word
+		}
+	}
+	return false
 }
 
 // Scripts that make Redis answer a reply of the proxy's (appendAnswerScript).
