@@ -325,7 +325,7 @@ func IsLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// ExposureError says why c must not start: a client listener that is not
+// ExposureError says why c must not start, or be reloaded: a client listener that is not
 // loopback with neither [[users]] nor an upstream password (anyone who
 // reaches it could use Redis), unless server.allow_unauthenticated is set.
 func ExposureError(c *Config) error {
@@ -338,7 +338,7 @@ func ExposureError(c *Config) error {
 		if IsLoopback(l.Listen) || l.TLS && l.ClientCAFile != "" {
 			continue
 		}
-		return &Error{Key: listenerKey(c, l.Name), Msg: fmt.Sprintf("refusing to start: listener %q at %q is not a loopback address, and with no [[users]] and no upstream.password anyone who reaches it could use Redis through the proxy; configure [[users]] or upstream.password, listen on 127.0.0.1, or set server.allow_unauthenticated = true (--allow-unauthenticated, REDPROXY_ALLOW_UNAUTHENTICATED=true) to accept that", l.Name, l.Listen)}
+		return &Error{Key: listenerKey(c, l.Name), Msg: fmt.Sprintf("listener %q at %q is not a loopback address, and with no [[users]] and no upstream.password anyone who reaches it could use Redis through the proxy; configure [[users]] or upstream.password, listen on 127.0.0.1, or set server.allow_unauthenticated = true (--allow-unauthenticated, REDPROXY_ALLOW_UNAUTHENTICATED=true) to accept that", l.Name, l.Listen)}
 	}
 	return nil
 }

@@ -105,6 +105,12 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	if s.draining.Load() {
 		return nil, ErrShuttingDown
 	}
+	// What start refuses, a reload must too: dropping client_ca_file, the
+	// last [[users]] or upstream.password on a listener that is not
+	// loopback opened it to anyone (found by review).
+	if err := config.ExposureError(next); err != nil {
+		return nil, fmt.Errorf("reload refused, the configuration in force stays: %w", err)
+	}
 	cur := s.Config()
 	changed := config.Changed(cur, next)
 	var refused []error

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"time"
 
@@ -29,7 +30,7 @@ type userState struct {
 
 func initUsers(s *Server) error {
 	if err := config.ExposureError(s.cfg); err != nil {
-		return err
+		return fmt.Errorf("refusing to start: %w", err)
 	}
 	us, err := auth.New(s.cfg.Users, s.table)
 	if err != nil {
