@@ -264,6 +264,13 @@ func (sess *Session) clientType() string {
 }
 
 func cmdClientSetinfo(sess *Session, r *request) bool {
+	// As Redis 7.2 checks them: a space or newline in a value would forge
+	// fields, or whole lines, in other clients' CLIENT LIST (found by
+	// review; SETNAME was checked, SETINFO was not).
+	if !validClientName(r.Args[3]) {
+		sess.replyLocal(r.m, redcon.AppendError(nil, "ERR "+string(r.Args[2])+" cannot contain spaces, newlines or special characters."))
+		return true
+	}
 	switch strings.ToLower(string(r.Args[2])) {
 	case "lib-name":
 		sess.mu.Lock()
