@@ -41,7 +41,7 @@ func (sess *Session) noteSlow(reqs []resp.Request, start time.Time, took, upstre
 		UpstreamMicros: min(upstreamWait, took).Microseconds(),
 		Batch:          len(reqs),
 		Client:         sess.nc.RemoteAddr().String(),
-		User:           sess.srv.userName(),
+		User:           sess.lockedUserName(), // the proxy user (was the upstream credential's; found by review)
 		Listener:       sess.listenerName(),
 	}
 	e.ProxyMicros = e.TotalMicros - e.UpstreamMicros
