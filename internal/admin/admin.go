@@ -6,7 +6,6 @@ package admin
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +19,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/redproxy/redproxy/internal/auth"
 )
 
 // Server is the admin HTTP server.
@@ -85,7 +86,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if tok := s.token.Load(); tok != nil && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
 		scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 		// The scheme is case-insensitive (RFC 9110); "bearer" was refused.
-		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(got), *tok) != 1 {
+		if !strings.EqualFold(scheme, "Bearer") || !auth.SecretEqual([]byte(got), *tok) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="redproxy admin"`)
 			http.Error(w, "unauthorized: this endpoint needs the admin token (Authorization: Bearer <admin.token_file>)", http.StatusUnauthorized)
 			return

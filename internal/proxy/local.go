@@ -3,7 +3,7 @@ package proxy
 import (
 	"bytes"
 	"cmp"
-	"crypto/subtle"
+	"github.com/redproxy/redproxy/internal/auth"
 	"net"
 	"slices"
 	"strconv"
@@ -490,7 +490,7 @@ func (sess *Session) checkUpstreamAuth(user, pass []byte) []byte {
 	if wantUser == "" {
 		wantUser = "default"
 	}
-	if string(user) != wantUser || subtle.ConstantTimeCompare(pass, []byte(up.Password)) != 1 {
+	if string(user) != wantUser || !auth.SecretEqual(pass, []byte(up.Password)) {
 		return errWrongPass
 	}
 	sess.setAuthed(true)
