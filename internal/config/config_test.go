@@ -192,6 +192,7 @@ write_ratio = 0.5
 include = ["product:*"]
 exclude = ["product:secret:*"]
 negative_caching = true
+touch_interval = "2s"
 
 [[localcache.stale_if_error]]
 pattern = "product:*"
@@ -289,6 +290,7 @@ queue_bytes = "1MB"
 			Exclude:         []string{"product:secret:*"},
 			NegativeCaching: true,
 			StaleIfError:    []localcache.StaleRule{{Pattern: "product:*", MaxAge: dur(20 * time.Second)}},
+			TouchInterval:   dur(2 * time.Second),
 		},
 	}
 	doc = strings.NewReplacer("SERVER_CERT", certs.ServerCert, "SERVER_KEY", certs.ServerKey, "CA_FILE", certs.CAFile,

@@ -178,6 +178,12 @@ max_age = "0s"
 	if _, err := config.Parse([]byte("[localcache]\nwrite_ratio = nan\n"), "t.toml"); err == nil || !strings.Contains(err.Error(), "t.toml:2: localcache.write_ratio:") {
 		t.Errorf("write_ratio = nan: %v, want refused", err)
 	}
+	for in, ok := range map[string]bool{`"0s"`: true, `"1s"`: true, `"100ms"`: true, `"50ms"`: false, `"2h"`: false} {
+		_, err := config.Parse([]byte("[localcache]\ntouch_interval = "+in+"\n"), "t.toml")
+		if (err == nil) != ok || err != nil && !strings.Contains(err.Error(), "t.toml:2: localcache.touch_interval:") {
+			t.Errorf("touch_interval = %s: %v, want accepted %v", in, err, ok)
+		}
+	}
 
 	base := config.Default()
 	on, err := base.Apply(config.Overrides{LocalTier: "on"})

@@ -119,6 +119,8 @@ type Cache struct {
 	nentries  atomic.Int64
 	evictNext atomic.Uint32
 	maxEntry  int64
+	// touchEvery is cfg.TouchInterval in nanoseconds (touch.go).
+	touchEvery int64
 
 	reads, writes *sketch
 	halveNow      chan struct{} // a sketch filled up before its window ended
@@ -216,6 +218,7 @@ type keyRec struct {
 	since     int64        // when the key got its first entry
 	hits      atomic.Int64 // served from the tier (sampled, scaled)
 	aside     *aside       // last values kept for stale-if-error
+	touched   int64        // nanotime the key was last queued for TOUCH
 }
 
 type entry struct {
@@ -248,7 +251,8 @@ func New(cfg Config, opt Options) (*Cache, error) {
 		stop:    make(chan struct{}),
 		// One value may take at most an eighth of the budget, so a single
 		// huge reply cannot flush everything hot.
-		maxEntry: int64(cfg.MaxBytes) / 8,
+		maxEntry:   int64(cfg.MaxBytes) / 8,
+		touchEvery: int64(cfg.TouchInterval.Duration),
 	}
 	// Sketch width: the sightings between halvings (see sketch); a key must
 	// be among the hottest few thousandths of a percent of that traffic to
@@ -448,6 +452,10 @@ func (c *Cache) Get(db int, resp3 bool, raw, key []byte) ([]byte, Status) {
 			if live && e.epoch == fc.epoch.Load() && now < e.expire {
 				val := e.val
 				s.hits[fc.up.idx].Add(1)
+				if c.touchEvery > 0 && now-rec.touched >= c.touchEvery {
+					rec.touched = now
+					fc.queueTouch(rec.key)
+				}
 				s.mu.Unlock()
 				// Count hits in the sketch too, or a cached key would look
 				// cold next to keys still missing; sampling keeps the hit

@@ -42,6 +42,10 @@ type Config struct {
 	NegativeCaching bool `toml:"negative_caching"`
 	// StaleIfError rules, first match wins.
 	StaleIfError []StaleRule `toml:"stale_if_error"`
+	// TouchInterval: a key served from the tier is sent to Redis as a
+	// TOUCH at most this often, so that Redis's LRU and LFU see it used;
+	// 0 turns that off.
+	TouchInterval units.Duration `toml:"touch_interval"`
 }
 
 // StaleRule lets reads of matching keys be answered from the last value the
@@ -60,6 +64,9 @@ const (
 	DefaultAdmitMinReads = 8
 	DefaultAdmitWindow   = time.Second
 	DefaultWriteRatio    = 0.1
+	// Redis's LRU clock ticks once a second (LRU_CLOCK_RESOLUTION): a key
+	// touched as often looks as recently used as any.
+	DefaultTouchInterval = time.Second
 )
 
 // maxAdmitMinReads stays below what the sketch's 8-bit counters can count.
@@ -74,6 +81,7 @@ func DefaultConfig() Config {
 		AdmitMinReads: DefaultAdmitMinReads,
 		AdmitWindow:   units.Duration{Duration: DefaultAdmitWindow},
 		WriteRatio:    DefaultWriteRatio,
+		TouchInterval: units.Duration{Duration: DefaultTouchInterval},
 		Include:       []string{},
 		Exclude:       []string{},
 	}
@@ -116,6 +124,9 @@ func (c Config) Validate() error {
 		// NaN compared false with every ratio, silently turning the
 		// write-heavy exclusion off (found by review).
 		bad("write_ratio", "must be a number ≥ 0, got %v", c.WriteRatio)
+	}
+	if d := c.TouchInterval.Duration; d != 0 && (d < 100*time.Millisecond || d > time.Hour) {
+		bad("touch_interval", "must be 0 (off) or between 100ms and 1h, got %v", c.TouchInterval)
 	}
 	for i, p := range c.Include {
 		if err := checkGlob(p); err != nil {

@@ -50,6 +50,9 @@ type fillConn struct {
 	demoted atomic.Bool
 	// roleRefused is set once the node answered ROLE with an error.
 	roleRefused atomic.Bool
+
+	touchMu sync.Mutex
+	touches []string // keys served from the tier, to TOUCH (touch.go)
 }
 
 // conn returns db's fill connection, starting it on first use. It returns
@@ -183,6 +186,7 @@ func (fc *fillConn) heartbeat() {
 	t := time.NewTicker(max(fc.c.cfg.Staleness.Duration/4, time.Millisecond))
 	defer t.Stop()
 	call := upstream.NewCall()
+	touchCall, touched := upstream.NewCall(), []string(nil)
 	probe := resp.Ping
 	if fc.clusterNode() {
 		// A cluster node is asked its role instead: its reply is as much a
@@ -221,6 +225,7 @@ func (fc *fillConn) heartbeat() {
 			fc.ackSent.Store(sent)
 		}
 		fc.mu.Unlock()
+		touched = fc.sendTouches(touchCall, touched)
 	}
 }
 

@@ -50,21 +50,26 @@ type cacheMetrics struct {
 	rejections  *prometheus.CounterVec
 	evictions   *prometheus.CounterVec
 	staleServes *prometheus.CounterVec
+	touches     *prometheus.CounterVec
 	fences      prometheus.Counter
 }
 
 // upstreamMetrics are the counters of one upstream (of the only one
 // without routes), resolved once so the data path does no label hashing.
 type upstreamMetrics struct {
-	vecs         *cacheMetrics
-	label        []string // the upstream label's value, none without routes
-	invalidated  prometheus.Counter
-	admissions   prometheus.Counter
-	evictions    prometheus.Counter
-	staleServes  prometheus.Counter
-	missByReason map[string]prometheus.Counter
-	fillByResult map[string]prometheus.Counter
-	rejByReason  map[string]prometheus.Counter
+	vecs        *cacheMetrics
+	label       []string // the upstream label's value, none without routes
+	invalidated prometheus.Counter
+	admissions  prometheus.Counter
+	evictions   prometheus.Counter
+	staleServes prometheus.Counter
+	// touches counts keys sent back to Redis as TOUCH, touchesDropped
+	// those a full queue left for their next hit (touch.go).
+	touches        prometheus.Counter
+	touchesDropped prometheus.Counter
+	missByReason   map[string]prometheus.Counter
+	fillByResult   map[string]prometheus.Counter
+	rejByReason    map[string]prometheus.Counter
 }
 
 // newMetrics makes the vectors, with an upstream label when labelled.
@@ -100,6 +105,9 @@ func newMetrics(labelled bool) *cacheMetrics {
 		staleServes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "redproxy_localcache_stale_serves_total", Help: "Reads answered with a stale value because Redis was unreachable (stale_if_error).",
 		}, labels()),
+		touches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redproxy_localcache_touches_total", Help: "Keys served from the tier and sent back to Redis as TOUCH (sent), or left for their next hit by a full queue (dropped), so Redis's LRU/LFU sees them used.",
+		}, labels("result")),
 		fences: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "redproxy_localcache_fences_total", Help: "Fences: writes with keys the proxy cannot know, after which no hit is served until every fill connection answered a PING.",
 		}),
@@ -115,15 +123,17 @@ func (m *cacheMetrics) forUpstream(name string) *upstreamMetrics {
 	}
 	with := func(l ...string) []string { return append(append([]string(nil), label...), l...) }
 	u := &upstreamMetrics{
-		vecs:         m,
-		label:        label,
-		invalidated:  m.invalidated.WithLabelValues(label...),
-		admissions:   m.admissions.WithLabelValues(label...),
-		evictions:    m.evictions.WithLabelValues(label...),
-		staleServes:  m.staleServes.WithLabelValues(label...),
-		missByReason: map[string]prometheus.Counter{},
-		fillByResult: map[string]prometheus.Counter{},
-		rejByReason:  map[string]prometheus.Counter{},
+		vecs:           m,
+		label:          label,
+		invalidated:    m.invalidated.WithLabelValues(label...),
+		admissions:     m.admissions.WithLabelValues(label...),
+		evictions:      m.evictions.WithLabelValues(label...),
+		staleServes:    m.staleServes.WithLabelValues(label...),
+		touches:        m.touches.WithLabelValues(with("sent")...),
+		touchesDropped: m.touches.WithLabelValues(with("dropped")...),
+		missByReason:   map[string]prometheus.Counter{},
+		fillByResult:   map[string]prometheus.Counter{},
+		rejByReason:    map[string]prometheus.Counter{},
 	}
 	for _, r := range []string{missFill, missCold, missPattern, missWrites, missNotLive, missInFlight, missOther} {
 		u.missByReason[r] = m.misses.WithLabelValues(with(r)...)
@@ -153,7 +163,7 @@ func (m *upstreamMetrics) flushed(reason string) {
 func (c *Cache) register(reg prometheus.Registerer) {
 	m := c.m
 	reg.MustRegister(m.misses, m.fills, m.invalidated, m.flushes, m.admissions,
-		m.rejections, m.evictions, m.staleServes, m.fences,
+		m.rejections, m.evictions, m.staleServes, m.touches, m.fences,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "redproxy_localcache_bytes", Help: "Bytes charged against localcache.max_bytes.",
 		}, func() float64 { return float64(c.used.Load()) }),
