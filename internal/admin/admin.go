@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -83,7 +84,14 @@ func (s *Server) SetToken(token string) {
 func (s *Server) Handler() http.Handler { return s.http.Handler }
 
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
-	if tok := s.token.Load(); tok != nil && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
+	health := r.URL.Path == "/healthz" || r.URL.Path == "/readyz"
+	if tok := s.token.Load(); tok == nil && !health {
+		if msg := browserRefusal(r); msg != "" {
+			http.Error(w, "forbidden: "+msg, http.StatusForbidden)
+			return
+		}
+	}
+	if tok := s.token.Load(); tok != nil && !health {
 		scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 		// The scheme is case-insensitive (RFC 9110); "bearer" was refused.
 		if !strings.EqualFold(scheme, "Bearer") || !auth.SecretEqual([]byte(got), *tok) {
@@ -93,6 +101,50 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// browserRefusal says why a request to the endpoint without a token (it is
+// then on a loopback address, Token) is refused, "" when it is not. A web
+// page can make a browser send requests to a loopback address: by DNS
+// rebinding (a name of the page's that resolves to 127.0.0.1, whose
+// requests then carry that name as Host), which reads /metrics,
+// /debug/hotkeys (key names are data) or profiles; or by a cross-site form
+// POST, which needs no answer to reload the policy or the configuration
+// (noted by the security review). So the Host must be a loopback address
+// or "localhost", and a request that changes something must not come from
+// another site.
+func browserRefusal(r *http.Request) string {
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	if !loopbackName(host) {
+		return fmt.Sprintf("Host %q is not a loopback address; the admin endpoint without admin.token_file answers only requests addressed to localhost or a loopback IP (a guard against DNS rebinding)", r.Host)
+	}
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		return ""
+	}
+	if r.Header.Get("Sec-Fetch-Site") == "cross-site" {
+		return "a cross-site request may not change anything"
+	}
+	if o := r.Header.Get("Origin"); o != "" {
+		u, err := url.Parse(o)
+		if err != nil || !loopbackName(u.Hostname()) {
+			return fmt.Sprintf("Origin %q is another site, which may not change anything", o)
+		}
+	}
+	return ""
+}
+
+// loopbackName reports whether host (no port; an IPv6 address may be in
+// brackets) is "localhost" or a loopback IP.
+func loopbackName(host string) bool {
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // ErrTokenRequired is returned by Token when the admin endpoint is bound

@@ -20,6 +20,7 @@ import (
 func get(t *testing.T, h http.Handler, path, token string) int {
 	t.Helper()
 	r := httptest.NewRequest("GET", path, nil)
+	r.Host = "127.0.0.1:9121"
 	if token != "" {
 		r.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -119,5 +120,56 @@ func TestAdminIdleConnectionsCloseAndBearerCase(t *testing.T) {
 	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := br.ReadByte(); err != io.EOF {
 		t.Fatalf("an idle keep-alive connection: %v, want it closed (EOF) after the idle timeout", err)
+	}
+}
+
+// Without a token (a loopback address), a request a web page could make a
+// browser send is refused: by DNS rebinding (a Host that is not loopback)
+// or, for what changes something, from another site.
+func TestAdminWithoutTokenRefusesBrowserRequests(t *testing.T) {
+	s := newTestServer()
+	s.Handle("POST /policy/reload", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("reloaded")) }))
+	h := s.Handler()
+	for _, c := range []struct {
+		method, host, origin, site string
+		want                       int
+	}{
+		{"GET", "127.0.0.1:9121", "", "", 200},
+		{"GET", "localhost:9121", "", "", 200},
+		{"GET", "LOCALHOST", "", "", 200},
+		{"GET", "[::1]:9121", "", "", 200},
+		{"GET", "attacker.example:9121", "", "", http.StatusForbidden},
+		{"GET", "10.0.0.5:9121", "", "", http.StatusForbidden},
+		{"POST", "127.0.0.1:9121", "", "", 200},
+		{"POST", "127.0.0.1:9121", "http://localhost:3000", "same-site", 200},
+		{"POST", "127.0.0.1:9121", "https://attacker.example", "", http.StatusForbidden},
+		{"POST", "127.0.0.1:9121", "", "cross-site", http.StatusForbidden},
+		{"POST", "127.0.0.1:9121", "null", "", http.StatusForbidden},
+	} {
+		path := "/metrics"
+		if c.method == "POST" {
+			path = "/policy/reload"
+		}
+		r := httptest.NewRequest(c.method, path, nil)
+		r.Host = c.host
+		if c.origin != "" {
+			r.Header.Set("Origin", c.origin)
+		}
+		if c.site != "" {
+			r.Header.Set("Sec-Fetch-Site", c.site)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != c.want {
+			t.Errorf("%s %s Host %s Origin %q Sec-Fetch-Site %q: %d, want %d (%s)", c.method, path, c.host, c.origin, c.site, w.Code, c.want, w.Body)
+		}
+	}
+	// Health checks stay open to any Host (probes address the pod's IP).
+	r := httptest.NewRequest("GET", "/healthz", nil)
+	r.Host = "10.0.0.5:9121"
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != 200 {
+		t.Errorf("/healthz with a Host that is not loopback: %d", w.Code)
 	}
 }
