@@ -403,7 +403,9 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 			sess.replyLocal(m, emptyExec)
 			return true
 		}
-		if cm.routes != nil && cm.routes != sess.srv.routes.table.Load() {
+		if cm.routes != nil {
+			// Routes: a reload since the MULTI, or since the WATCH under
+			// it, may have moved its keys.
 			if reply := sess.reroutedHeld(); reply != nil {
 				sess.endHeld()
 				sess.replyLocal(m, reply)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -405,6 +406,9 @@ func (sess *Session) routeStep(r *request) bool {
 		return sess.routePinned(r)
 	}
 	if sess.openHeld(r, routePlacer{}) {
+		if r.name == "watch" && sess.pin.pipe != nil {
+			sess.noteWatch(r) // the WATCH that pinned the connection
+		}
 		return true
 	}
 	switch r.name {
@@ -473,6 +477,9 @@ func (sess *Session) routePinned(r *request) bool {
 		}
 		if cross == nil && (pin.slot < 0 || up == pin.slot) {
 			pin.slot = up
+			if r.name == "watch" {
+				sess.noteWatch(r) // a later WATCH on the same connection
+			}
 			return false
 		}
 		if reply = cross; reply == nil {
@@ -835,18 +842,65 @@ func (sess *Session) placeRouteGroups(b *routeBatch, groups int) {
 	}
 }
 
+// noteWatch keeps the keys of a WATCH sent on the client's pinned
+// connection, and the routes that placed the first one there, for
+// watchMoved.
+func (sess *Session) noteWatch(r *request) {
+	pin := &sess.pin
+	if pin.watchRoutes == nil {
+		pin.watchRoutes = sess.srv.routes.table.Load()
+	}
+	for _, k := range r.cmd.Keys(r.Args, nil) {
+		pin.watchKeys = append(pin.watchKeys, bytes.Clone(r.Args[k]))
+	}
+}
+
+// watchMoved reports whether a reload since the client's first WATCH
+// routes one of its WATCHed keys to another upstream than the one the
+// WATCH is on (pin.slot). The WATCH then guards a key where it no longer
+// lives: writes to it go to its new upstream, which the WATCH never
+// hears of, and an EXEC that ran committed over them (found by review:
+// only the queued keys were checked, a moved WATCHed key let EXEC run).
+func (sess *Session) watchMoved(t *route.Table) bool {
+	pin := &sess.pin
+	if pin.watchRoutes == nil || pin.watchRoutes == t {
+		return false
+	}
+	for _, k := range pin.watchKeys {
+		if up, _ := t.Key(k); up != pin.slot {
+			return true
+		}
+	}
+	return false
+}
+
+// failedWatch is EXEC's reply when a WATCH failed: a null array.
+func failedWatch(resp3 bool) []byte {
+	if resp3 {
+		return []byte("_\r\n")
+	}
+	return []byte("*-1\r\n")
+}
+
 // reroutedHeld places again, by the routes in force now, a held
-// transaction whose routes were reloaded after its MULTI: nothing of it
-// has been sent, so it goes where its keys live now, and the client's
-// reads after EXEC find its writes (sent by the old routes, they did
-// not: found by review). It returns the reply ending the transaction
-// instead when that cannot be: its keys now live on two upstreams
-// (EXECABORT), or under a WATCH on another upstream than the WATCH's
-// (a null reply, as for a WATCH that failed: the WATCH guarded keys
-// that are no longer there, and a client retries).
+// transaction whose routes were reloaded after its MULTI (or, under a
+// WATCH, after the WATCH): nothing of it has been sent, so it goes where
+// its keys live now, and the client's reads after EXEC find its writes
+// (sent by the old routes, they did not: found by review). It returns the
+// reply ending the transaction instead when that cannot be: its keys now
+// live on two upstreams (EXECABORT), or under a WATCH whose keys, or the
+// transaction's, now live on another upstream than the WATCH's (a null
+// reply, as for a WATCH that failed: the WATCH guarded keys that are no
+// longer there, and a client retries). nil when the routes did not change.
 func (sess *Session) reroutedHeld() []byte {
 	cm := &sess.cmulti
 	t := sess.srv.routes.table.Load()
+	if cm.watched && sess.watchMoved(t) {
+		return failedWatch(sess.resp3)
+	}
+	if cm.routes == t {
+		return nil
+	}
 	cm.routes = t
 	target := -1
 	var args [][]byte
@@ -868,10 +922,7 @@ func (sess *Session) reroutedHeld() []byte {
 		target = up
 	}
 	if cm.watched && target >= 0 && target != cm.target {
-		if sess.resp3 {
-			return []byte("_\r\n")
-		}
-		return []byte("*-1\r\n")
+		return failedWatch(sess.resp3)
 	}
 	if target >= 0 {
 		cm.target = target

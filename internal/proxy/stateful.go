@@ -75,6 +75,12 @@ type pinState struct {
 	// has left the node, what the WATCH guards is no longer there, and
 	// the client was told the transaction will fail, so EXEC must.
 	redirected []byte
+	// With routes: the keys the client WATCHed on this connection (copies)
+	// and the route table in force at the first WATCH, which placed it on
+	// slot's upstream. A reload that moves one of them elsewhere makes
+	// EXEC answer the null of a failed WATCH (watchMoved).
+	watchKeys   [][]byte
+	watchRoutes *route.Table
 }
 
 // txAbort is the state of a client whose transaction the proxy could not

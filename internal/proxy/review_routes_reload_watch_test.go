@@ -1,0 +1,79 @@
+package proxy_test
+
+import (
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/config"
+)
+
+// TestReviewRoutesReloadMovesWatchedKey: a reload moves a WATCHed key to
+// another upstream, and another client then changes that key (on its new
+// upstream). The WATCH stays on the old upstream's connection, where the
+// key no longer changes, so the watcher's EXEC of a transaction whose own
+// keys did not move runs, although the key it guarded was modified after
+// its WATCH: a lost update. (reroutedHeld answers the null of a failed
+// WATCH only when the transaction's queued keys moved, not the watched
+// ones; docs/COMPATIBILITY.md, Routes, "Reload": "the WATCH guarded keys
+// that are no longer there".)
+func TestReviewRoutesReloadMovesWatchedKey(t *testing.T) {
+	r := startRouted(t, nil)
+	conn := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }).Conn()
+	t.Cleanup(func() { conn.Close() })
+	if err := r.c.Set(ctx, "queue:balance", "100", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Do(ctx, "WATCH", "queue:balance").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := conn.Get(ctx, "queue:balance").Result(); err != nil || v != "100" {
+		t.Fatalf("GET under WATCH = %q, %v", v, err)
+	}
+	// The operator moves queue:balance* to the cache upstream (having
+	// copied the key there).
+	if err := r.cach.Client(t).Set(ctx, "queue:balance", "100", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.p.Reload(reloaded(t, r.p, func(c *config.Config) {
+		c.Routes = []config.Route{{Pattern: "queue:balance*", Upstream: "cache"}, {Pattern: "queue:*", Upstream: "queue"}, {Pattern: "cache:*", Upstream: "cache"}}
+	})); err != nil {
+		t.Fatal(err)
+	}
+	// Another client changes the watched key, through the proxy.
+	if err := r.c.Set(ctx, "queue:balance", "0", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := conn.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "queue:withdrawn", "100", 0)
+		return nil
+	})
+	// go-redis's TxPipelined reports EXEC's null reply as TxFailedErr
+	// (conn.Do("EXEC") would give redis.Nil).
+	if err != redis.TxFailedErr {
+		t.Fatalf("EXEC after the watched key queue:balance was changed by another client = %v, %v; want the null reply of a failed WATCH (queue:withdrawn is now on %q)", res, err, r.holds(t, "queue:withdrawn"))
+	}
+	if where := r.holds(t, "queue:withdrawn"); where != "" {
+		t.Fatalf("a failed transaction wrote queue:withdrawn on %q", where)
+	}
+	// The WATCH is over, as after any EXEC: the connection is a plain one,
+	// and the client's retry, by the new routes, runs.
+	if v, err := conn.Get(ctx, "queue:balance").Result(); err != nil || v != "0" {
+		t.Fatalf("GET queue:balance after the failed EXEC = %q, %v; want 0 from its new upstream", v, err)
+	}
+	if err := conn.Do(ctx, "WATCH", "queue:balance").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "queue:balance", "-100", 0)
+		return nil
+	}); err != nil {
+		t.Fatalf("the retried transaction, WATCHed on the key's new upstream: %v", err)
+	}
+	if where := r.holds(t, "queue:balance"); where != "queue,cache" {
+		t.Fatalf("queue:balance is on %q", where)
+	}
+	if v, _ := r.cach.Client(t).Get(ctx, "queue:balance").Result(); v != "-100" {
+		t.Fatalf("queue:balance on cache = %q, want the retry's -100", v)
+	}
+}
