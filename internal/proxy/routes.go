@@ -364,18 +364,18 @@ func (sess *Session) routeKeys(r *request) (up int, keyed bool, cross []byte) {
 // routeChannels is the upstream of a SUBSCRIBE's channels (or
 // PSUBSCRIBE's patterns, routed as if they were channel names, and
 // refused when they may match channels routed elsewhere: route.Pattern).
+// A keyspace notification channel goes where its key does, and keyevent
+// channels are refused when keys live on several upstreams
+// (route.Table.Subscribe): a relay is one connection to one upstream,
+// and would never hear the other upstreams' notifications (found by
+// review).
 func (sess *Session) routeChannels(r *request) (int, []byte) {
 	t := sess.srv.routes.table.Load()
 	up := -1
 	for _, ch := range r.Args[1:] {
-		var u int
-		if r.name == "psubscribe" {
-			var err error
-			if u, err = t.Pattern(ch); err != nil {
-				return u, route.ErrorReply(err)
-			}
-		} else {
-			u = t.Channel(ch)
+		u, err := subscribeUpstream(t, r.name, ch)
+		if err != nil {
+			return u, route.ErrorReply(err)
 		}
 		if up >= 0 && u != up {
 			return up, []byte("-ERR redproxy: the channels of '" + strings.ToUpper(r.name) + "' go to different upstreams ('" + t.Name(up) + "' and '" + t.Name(u) + "'); subscribe to them on separate connections\r\n")
@@ -383,6 +383,18 @@ func (sess *Session) routeChannels(r *request) (int, []byte) {
 		up = u
 	}
 	return max(up, route.Default), nil
+}
+
+// subscribeUpstream is where the channel (or pattern) ch of a subscribe
+// command named name subscribes, or why it cannot be.
+func subscribeUpstream(t *route.Table, name string, ch []byte) (int, error) {
+	switch name {
+	case "psubscribe":
+		return t.Pattern(ch)
+	case "subscribe":
+		return t.Subscribe(ch)
+	}
+	return t.Channel(ch), nil // SSUBSCRIBE: Redis publishes no notification there
 }
 
 // routeStep decides, with routes, where the commands that need a
@@ -561,14 +573,13 @@ func (sess *Session) routeRelayDenied(args [][]byte) string {
 		return "" // nothing of another upstream's is subscribed here
 	case isSubscribe(cmd.Name) || cmd.Name == "publish" || cmd.Name == "spublish":
 		for _, ch := range args[1:] {
-			if cmd.Name == "psubscribe" {
-				if _, err := t.Pattern(ch); err != nil {
-					return err.Error()
-				}
+			u, err := subscribeUpstream(t, cmd.Name, ch)
+			if err != nil {
+				return err.Error()
 			}
-			if t.Channel(ch) != up {
+			if u != up {
 				// (The channel is the client's bytes: not echoed in an error line.)
-				return "ERR redproxy: a channel of this command goes to upstream '" + t.Name(t.Channel(ch)) + "', this connection's subscriptions are on '" + t.Name(up) + "'; subscribe on another connection"
+				return "ERR redproxy: a channel of this command goes to upstream '" + t.Name(u) + "', this connection's subscriptions are on '" + t.Name(up) + "'; subscribe on another connection"
 			}
 			if cmd.Name == "publish" || cmd.Name == "spublish" {
 				break

@@ -89,10 +89,92 @@ func (t *Table) Name(i int) string { return t.names[i] }
 // (-1: no route matched; the default upstream).
 func (t *Table) Key(key []byte) (up, rule int) { return match(t.keys, key) }
 
-// Channel is the upstream of a pub/sub channel.
+// Channel is the upstream of a pub/sub channel: the first
+// [[channel_route]] matching it, except for Redis's keyspace notification
+// channels (notification), which no channel route moves.
 func (t *Table) Channel(ch []byte) int {
-	up, _ := match(t.channels, ch)
+	up, _, _ := t.channel(ch)
 	return up
+}
+
+// channel is ch's upstream and the index of the rule that chose it (-1:
+// none, the default upstream), a key route when byKey, else a channel
+// route.
+//
+// Redis publishes "__keyspace@<db>__:<key>" itself, on the server holding
+// <key>: the channel goes where the key does, by the key routes, or a
+// subscriber through the proxy never hears of the key's changes (found
+// by review: routed as any channel name, SUBSCRIBE __keyspace@0__:queue:a
+// subscribed on [upstream] while queue:a's notifications were published
+// on 'queue'). A [[channel_route]] cannot send it elsewhere, where Redis
+// never publishes it. "__keyevent@<db>__:<event>" is published by every
+// upstream holding keys; it goes to [upstream] (a client's PUBLISH to it
+// included), and subscribing to it is refused when keys live on other
+// upstreams too (Subscribe, Pattern).
+func (t *Table) channel(ch []byte) (up, rule int, byKey bool) {
+	if space, at, ok := notification(ch); ok {
+		if !space {
+			return Default, -1, false
+		}
+		up, rule = t.Key(ch[at:])
+		return up, rule, true
+	}
+	up, rule = match(t.channels, ch)
+	return up, rule, false
+}
+
+// Keyspace notification channels, as Redis names them.
+const (
+	keyspacePrefix = "__keyspace@"
+	keyeventPrefix = "__keyevent@"
+	notifySep      = "__:"
+)
+
+// notification reports whether ch is a keyspace ("__keyspace@<db>__:<key>",
+// space) or keyevent ("__keyevent@<db>__:<event>") notification channel,
+// <db> a number, and where its key or event starts. Read as a pattern, a
+// channel that parses so matches only such channels: its prefix up to at
+// holds no glob metacharacter.
+func notification(ch []byte) (space bool, at int, ok bool) {
+	var rest []byte
+	switch {
+	case bytes.HasPrefix(ch, []byte(keyspacePrefix)):
+		space, rest = true, ch[len(keyspacePrefix):]
+	case bytes.HasPrefix(ch, []byte(keyeventPrefix)):
+		rest = ch[len(keyeventPrefix):]
+	default:
+		return false, 0, false
+	}
+	i := 0
+	for i < len(rest) && rest[i] >= '0' && rest[i] <= '9' {
+		i++
+	}
+	if i == 0 || !bytes.HasPrefix(rest[i:], []byte(notifySep)) {
+		return false, 0, false
+	}
+	return space, len(ch) - len(rest) + i + len(notifySep), true
+}
+
+// keysSpread reports whether some key route sends keys to another upstream
+// than [upstream]: keyspace notifications are then published on several.
+func (t *Table) keysSpread() bool {
+	for _, r := range t.keys {
+		if r.up != Default {
+			return true
+		}
+	}
+	return false
+}
+
+// Subscribe is the upstream a SUBSCRIBE of channel ch subscribes on
+// (Channel), or a Refusal for a "__keyevent@<db>__:<event>" channel when
+// keys live on several upstreams: each publishes the events of its own
+// keys, and one subscribed connection hears one upstream.
+func (t *Table) Subscribe(ch []byte) (int, error) {
+	if space, _, ok := notification(ch); ok && !space && t.keysSpread() {
+		return Default, errNotifySpread
+	}
+	return t.Channel(ch), nil
 }
 
 // Pattern is the upstream a PSUBSCRIBE pattern subscribes on: the one it
@@ -107,14 +189,62 @@ func (t *Table) Channel(ch []byte) int {
 // routes (a route "p*" whose p starts the pattern's prefix, or the very
 // same pattern): channels no route matches go to [upstream]. A pattern
 // without metacharacters matches one channel, routed like it.
+//
+// Keyspace notification patterns (found by review) are checked against
+// the key routes instead, since their channels go by key (channel): a
+// pattern "__keyspace@<db>__:<keys>" (<db> a number) as <keys> would be
+// against [[channel_route]]s; "__keyevent@<db>__:<events>" is [upstream]'s
+// and refused when keys live on several upstreams (Subscribe); and any
+// other pattern that may match notification channels ("*", "__key*",
+// "__keyspace@*__:*"), when keys live on several upstreams, is refused
+// too, or subscribed on [upstream] only, where every notification then is.
 func (t *Table) Pattern(pat []byte) (up int, err error) {
-	up = t.Channel(pat)
-	lit, exact := literalPrefix(string(pat))
-	if exact {
+	if space, at, ok := notification(pat); ok {
+		if !space {
+			if t.keysSpread() {
+				return Default, errNotifySpread
+			}
+			return Default, nil
+		}
+		up, _ = t.Key(pat[at:])
+		if who, why := within(t.keys, pat[at:], up, "route "); who >= 0 {
+			if why == "" {
+				why = "the keys no route matches"
+			}
+			return up, errKeyspacePattern(t.names[who], why, t.names[up])
+		}
 		return up, nil
 	}
+	up, _, _ = t.channel(pat)
+	if mayNotify(pat) {
+		if t.keysSpread() {
+			return up, errNotifySpread
+		}
+		// Every notification is [upstream]'s: the pattern must be too.
+		if up != Default {
+			return up, errPattern(t.names[Default], "keyspace notifications", t.names[up])
+		}
+	}
+	if who, why := within(t.channels, pat, up, "channel_route "); who >= 0 {
+		if why == "" {
+			why = "the channels no channel_route matches"
+		}
+		return up, errPattern(t.names[who], why, t.names[up])
+	}
+	return up, nil
+}
+
+// within checks that what glob pattern pat matches, among names routed
+// by rules, all goes to upstream up (see Pattern). It returns -1 if so,
+// else the upstream some of it may go to, and the rule sending it there
+// (kind and pattern; "" for the default route).
+func within(rules []rule, pat []byte, up int, kind string) (int, string) {
+	lit, exact := literalPrefix(string(pat))
+	if exact {
+		return -1, ""
+	}
 	covered := up == Default
-	for _, r := range t.channels {
+	for _, r := range rules {
 		src := r.pat.String()
 		q, _ := literalPrefix(src)
 		if r.up == up {
@@ -122,13 +252,31 @@ func (t *Table) Pattern(pat []byte) (up int, err error) {
 			continue
 		}
 		if strings.HasPrefix(lit, q) || strings.HasPrefix(q, lit) {
-			return up, errPattern(t.names[r.up], "channel_route "+strconv.Quote(src), t.names[up])
+			return r.up, kind + strconv.Quote(src)
 		}
 	}
 	if !covered {
-		return up, errPattern(t.names[Default], "the channels no channel_route matches", t.names[up])
+		return Default, ""
 	}
-	return up, nil
+	return -1, ""
+}
+
+// mayNotify reports whether glob pattern pat, which notification does not
+// parse, may still match keyspace or keyevent notification channels: its
+// literal prefix and theirs are one a prefix of the other ("*", "__k*",
+// "__keyspace@*__:*", "__keyspace@0[__:]*"). Without metacharacters it is
+// one channel, and not a notification one.
+func mayNotify(pat []byte) bool {
+	lit, exact := literalPrefix(string(pat))
+	if exact {
+		return false
+	}
+	for _, p := range []string{keyspacePrefix, keyeventPrefix} {
+		if strings.HasPrefix(p, lit) || strings.HasPrefix(lit, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // literalPrefix is p up to its first glob metacharacter; exact when it
@@ -147,6 +295,19 @@ func errPattern(other, why, on string) error {
 	return &Refusal{[]byte("-ERR redproxy: a pattern of this PSUBSCRIBE may match channels of upstream '" + other + "' (" + why + ") but would subscribe on '" + on + "', and never hear them; subscribe to patterns within one channel_route, or to channels\r\n")}
 }
 
+// errKeyspacePattern refuses a PSUBSCRIBE keyspace notification pattern
+// that may match keys of upstream other (by why), whose notifications are
+// published there, while it subscribes on upstream on.
+func errKeyspacePattern(other, why, on string) error {
+	return &Refusal{[]byte("-ERR redproxy: a keyspace pattern of this PSUBSCRIBE may match keys of upstream '" + other + "' (" + why + "), whose notifications Redis publishes there, but would subscribe on '" + on + "', and never hear them; subscribe to keyspace patterns within one route, or to __keyspace@<db>__:<key> channels\r\n")}
+}
+
+// errNotifySpread refuses a subscription to keyevent notifications, or a
+// pattern that may match notification channels, while keys live on
+// several upstreams: each publishes its own keys' notifications, and a
+// subscribed connection is on one upstream.
+var errNotifySpread error = &Refusal{[]byte("-ERR redproxy: with routes each upstream publishes the keyspace notifications of its own keys, and one subscribed connection hears one upstream: __keyevent@ channels and patterns that may match notification channels of several upstreams are refused; subscribe to __keyspace@<db>__:<key> channels, or keyspace patterns within one route\r\n")}
+
 func match(rs []rule, s []byte) (int, int) {
 	for i := range rs {
 		if rs[i].pat.Match(s) {
@@ -164,8 +325,12 @@ func (t *Table) describe(up, rule int) string {
 	return "route " + strconv.Quote(t.keys[rule].pat.String()) + " -> " + t.names[up]
 }
 
-// describeChannel names the channel route that chose rule's upstream.
-func (t *Table) describeChannel(up, rule int) string {
+// describeChannel names the channel route (the key route, byKey, for a
+// keyspace notification channel) that chose rule's upstream.
+func (t *Table) describeChannel(up, rule int, byKey bool) string {
+	if byKey {
+		return t.describe(up, rule)
+	}
 	if rule < 0 {
 		return "the default route -> " + t.names[up]
 	}
@@ -188,10 +353,10 @@ func (t *Table) Channels(name string, args [][]byte) (up int, ok bool, err error
 		if len(args) < 3 {
 			return Default, false, nil
 		}
-		up, r0 := match(t.channels, args[2])
+		up, r0, k0 := t.channel(args[2])
 		for _, ch := range args[3:] {
-			if u, r := match(t.channels, ch); u != up {
-				return up, true, &CrossError{Command: name, Channels: true, A: t.describeChannel(up, r0), B: t.describeChannel(u, r)}
+			if u, r, k := t.channel(ch); u != up {
+				return up, true, &CrossError{Command: name, Channels: true, A: t.describeChannel(up, r0, k0), B: t.describeChannel(u, r, k)}
 			}
 		}
 		return up, true, nil

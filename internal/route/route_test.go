@@ -182,10 +182,116 @@ func TestPatternOverlap(t *testing.T) {
 			t.Errorf("Pattern(%q) = %d, %v; want a refusal with %q", c.pat, up, err, c.err)
 		}
 	}
-	// Without channel routes every pattern is [upstream]'s.
+	// Without channel routes every pattern is [upstream]'s, but for those
+	// that may match keyspace notifications of keys on other upstreams:
+	// "*" matches __keyspace@0__:q:x, published on queue.
 	plain, _ := New([]string{"default", "queue"}, []Rule{{"q:*", "queue"}}, nil)
-	if up, err := plain.Pattern([]byte("*")); up != Default || err != nil {
+	if up, err := plain.Pattern([]byte("news.*")); up != Default || err != nil {
 		t.Errorf("no channel routes: %d %v", up, err)
+	}
+	if _, err := plain.Pattern([]byte("*")); err == nil {
+		t.Errorf("no channel routes, key routes to queue: PSUBSCRIBE * accepted")
+	}
+	// Without key routes either, every notification is [upstream]'s.
+	none, _ := New([]string{"default", "queue"}, nil, nil)
+	if up, err := none.Pattern([]byte("*")); up != Default || err != nil {
+		t.Errorf("no routes: %d %v", up, err)
+	}
+}
+
+// TestNotificationChannels: keyspace notification channels go where their
+// key does, whatever the channel routes say (Redis publishes them on the
+// key's server; found by review); keyevent channels, published by every
+// upstream holding keys, and patterns that may match notifications of
+// several upstreams are refused when keys live on several upstreams.
+func TestNotificationChannels(t *testing.T) {
+	// A channel route that would catch notification channels, to show it
+	// does not.
+	tb, err := New([]string{"default", "cache", "queue"},
+		[]Rule{{"queue:*", "queue"}, {"cache:*", "cache"}},
+		[]Rule{{"jobs.*", "queue"}, {"__keyspace@0__:cache:*", "queue"}, {"__keyevent@*", "cache"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ch, want := range map[string]int{
+		"__keyspace@0__:queue:a":   2,
+		"__keyspace@12__:queue:a":  2,
+		"__keyspace@0__:cache:a":   1, // not the channel route's queue
+		"__keyspace@0__:plain":     Default,
+		"__keyspace@0__:jobs.x":    Default, // the key jobs.x is [upstream]'s
+		"__keyevent@0__:set":       Default, // not the channel route's cache
+		"__keyspace@x__:queue:a":   Default, // not a notification channel
+		"__keyspace@__:queue:a":    Default,
+		"__keyspace@0_:queue:a":    Default,
+		"jobs.x":                   2,
+		"__keyspace@0__:queue:a__": 2,
+	} {
+		if got := tb.Channel([]byte(ch)); got != want {
+			t.Errorf("Channel(%q) = %d, want %d", ch, got, want)
+		}
+	}
+	// PUBLISH and PUBSUB NUMSUB go the same way; NUMSUB over two keys'
+	// upstreams names their key routes.
+	if up, ok, err := tb.Channels("publish", args("PUBLISH", "__keyspace@0__:queue:a", "m")); !ok || err != nil || up != 2 {
+		t.Errorf("PUBLISH __keyspace@0__:queue:a: %d %v %v", up, ok, err)
+	}
+	if _, _, err := tb.Channels("pubsub|numsub", args("PUBSUB", "NUMSUB", "__keyspace@0__:queue:a", "__keyspace@0__:cache:a")); err == nil || !strings.Contains(err.Error(), `route "queue:*" -> queue`) {
+		t.Errorf("NUMSUB over two keys' upstreams: %v", err)
+	}
+	if up, err := tb.Subscribe([]byte("__keyspace@0__:queue:a")); up != 2 || err != nil {
+		t.Errorf("Subscribe(__keyspace@0__:queue:a) = %d %v", up, err)
+	}
+	if _, err := tb.Subscribe([]byte("__keyevent@0__:set")); err == nil {
+		t.Errorf("Subscribe(__keyevent@0__:set) accepted with keys on three upstreams")
+	}
+	for _, c := range []struct {
+		pat string
+		up  int
+		err string
+	}{
+		{"__keyspace@0__:queue:*", 2, ""},
+		{"__keyspace@0__:queue:a?", 2, ""},
+		{"__keyspace@3__:cache:[ab]", 1, ""},
+		{"__keyspace@0__:queue:a", 2, ""},
+		{"__keyspace@0__:plain:*", Default, ""},
+		{"__keyspace@0__:*", Default, "keys of upstream 'queue' (route \"queue:*\")"},
+		{"__keyspace@0__:q*", Default, "upstream 'queue'"},
+		{"__keyspace@0__:c*", Default, "upstream 'cache'"},
+		{"__keyevent@0__:*", Default, "__keyevent@"},
+		{"__keyevent@0__:set", Default, "__keyevent@"},
+		{"__keyspace@*__:queue:*", Default, "__keyevent@"},
+		{"__keyspace@0[__:]*", Default, "__keyevent@"},
+		{"__key*", Default, "__keyevent@"},
+		{"_*", Default, "__keyevent@"},
+		{"?*", Default, "__keyevent@"},
+		{"*", Default, "__keyevent@"},
+		{"news.*", Default, ""},
+		{"jobs.*", 2, ""},
+		{"__keyspace@0__", Default, ""}, // one channel, not a notification one
+	} {
+		up, err := tb.Pattern([]byte(c.pat))
+		switch {
+		case c.err == "" && err != nil:
+			t.Errorf("Pattern(%q) refused: %v", c.pat, err)
+		case c.err == "" && up != c.up:
+			t.Errorf("Pattern(%q) = %d, want %d", c.pat, up, c.up)
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("Pattern(%q) = %d, %v; want a refusal with %q", c.pat, up, err, c.err)
+		}
+	}
+	// Keys all on [upstream]: every notification is there. A pattern that
+	// may match them must subscribe there too.
+	def, _ := New([]string{"default", "queue"}, nil, []Rule{{"jobs.*", "queue"}, {"__k*", "queue"}})
+	for _, pat := range []string{"__keyevent@0__:*", "__keyspace@0__:*", "__keyevent@0__:set"} {
+		if up, err := def.Pattern([]byte(pat)); up != Default || err != nil {
+			t.Errorf("no key routes: Pattern(%q) = %d %v", pat, up, err)
+		}
+	}
+	if _, err := def.Pattern([]byte("__k*")); err == nil || !strings.Contains(err.Error(), "keyspace notifications") {
+		t.Errorf("no key routes: Pattern(__k*), channel-routed to queue while notifications are default's: %v", err)
+	}
+	if up, err := def.Subscribe([]byte("__keyevent@0__:set")); up != Default || err != nil {
+		t.Errorf("no key routes: Subscribe(__keyevent@0__:set) = %d %v", up, err)
 	}
 }
 
