@@ -9,6 +9,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -141,6 +142,9 @@ func (sess *Session) tierStep(r *request) bool {
 		sess.replyLocal(m, reply)
 		return true
 	case localcache.Fill:
+		if sess.tierHeldFill(t, r, key) {
+			return true
+		}
 		reply, err := sess.tierFill(t, cmd, req.Raw, key)
 		if err != nil {
 			return false // forwarded like any read; Redis answers or the error shows
@@ -167,6 +171,42 @@ func (sess *Session) tierFill(t *tierState, cmd *commands.Command, raw, key []by
 		return fill()
 	}
 	return fs.Fill(db, resp3, raw, fill)
+}
+
+// tierHeldFill fills an admitted miss of a read that miss holds may apply
+// to (a lone read, as flightStep takes them, whose key a hold or early
+// refresh rule matches) through stampede.Protection.FillRead, which
+// applies the hold protocol to the fill: it reports false, leaving the
+// read to tierFill, for any other read. Found by review: the tier keeps no
+// nil reply, so every read of an admitted key that is missing is a fill,
+// and fills never applied the hold, so the hold never covered exactly the
+// hot keys it exists for. The hold is applied here, in the fill, rather
+// than by stepping the tier aside for these keys: stepping aside on every
+// Fill would keep hold keys out of the tier for good, and a hit (a value)
+// needs no hold anyway. Outcomes are answered as flightStep answers them.
+func (sess *Session) tierHeldFill(t *tierState, r *request, key []byte) bool {
+	fs := sess.srv.flight.Load()
+	if fs == nil || sess.srv.router != nil || len(sess.batchReqs) != 1 || r.blocking || !fs.HoldsOrRefreshes(r.cmd, r.Args) {
+		return false
+	}
+	db, resp3 := sess.db, sess.resp3
+	cmd, raw := r.cmd, r.Raw
+	fill := func() ([]byte, error) { return t.cache.Fill(db, resp3, cmd, raw, key) }
+	reply, err := fs.FillRead(cmd, r.Args, raw, db, resp3, sess.id, sess.left, fill)
+	switch {
+	case errors.Is(err, stampede.ErrTooManyWaiters):
+		sess.forwardCommand(r) // as Read's caller does past max_waiters
+	case errors.Is(err, stampede.ErrClientGone):
+		sess.closing(metrics.CloseClient)
+		sess.quitting = true
+	case errors.Is(err, upstream.ErrOutputLimit):
+		sess.overLimit()
+	case err != nil:
+		sess.replyLocal(r.m, errorReply(err))
+	default:
+		sess.replyLocal(r.m, reply)
+	}
+	return true
 }
 
 // tierStale handles a read the tier holds a stale-if-error value for while

@@ -350,6 +350,59 @@ func (p *Protection) Fill(db int, resp3 bool, raw []byte, fill func() ([]byte, e
 	return reply, err
 }
 
+// FillRead is Fill for a read that may be held: a lone read (the same
+// contract as Read about which reads may come here) by client owner,
+// which gone reports gone as for Read. When a miss hold rule matches its
+// key, the hold protocol applies as it does to Read: a read of a key
+// another client is filling waits for that client's write (or the hold's
+// timeout) and then reads Redis through the group; a fill that returns nil
+// makes owner the filler (it gets the nil) or, when someone else already
+// fills the key, holds owner like any read. Found by review: the local
+// tier's fills went through Fill, which never looked at the hold rules,
+// and the tier keeps no nil reply, so once a key was admitted every read
+// of it while missing was a fill and the hold never applied; in a
+// cache-aside stampede the stampede's own reads admitted the key midway
+// and most clients got the nil and recomputed. A read held here is not
+// filled after its release: it reads Redis through the group (heldRead),
+// as any held read, and the tier fills the key on a later read.
+//
+// Early refresh is not applied here: a value the tier fills is answered
+// as Redis gave it, and hits are answered without Redis at all (see the
+// README, "Early refresh"). A nil still counts as the miss that starts the
+// δ measurement, so δ is measured the same with the tier on.
+func (p *Protection) FillRead(cmd *commands.Command, args [][]byte, raw []byte, db int, resp3 bool, owner int64, gone func() bool, fill func() ([]byte, error)) ([]byte, error) {
+	key, match, ok := p.readKey(cmd, args)
+	if !ok || !match.Any() {
+		return p.Fill(db, resp3, raw, fill)
+	}
+	if match.Hold() {
+		if h := p.misses.Held(db, key, match, owner); h != nil {
+			return p.heldRead(h, raw, key, db, resp3, match, owner, gone, nil)
+		}
+	}
+	reply, err := p.Fill(db, resp3, raw, fill)
+	if err != nil {
+		return nil, err
+	}
+	if isNilReply(reply) {
+		if h := p.misses.Missed(db, key, match, owner, true); h != nil {
+			return p.heldRead(h, raw, key, db, resp3, match, owner, gone, nil)
+		}
+	}
+	return reply, nil
+}
+
+// HoldsOrRefreshes reports whether a hold or early refresh rule applies
+// to the read cmd args (a GET of a matching key): the reads FillRead must
+// be used for.
+func (p *Protection) HoldsOrRefreshes(cmd *commands.Command, args [][]byte) bool {
+	if p.misses == nil {
+		return false
+	}
+	_, match, ok := p.readKey(cmd, args)
+	return ok && match.Any()
+}
+
 // Writes are one client's writes of keys under a hold or early refresh
 // rule, from WriteStart until their replies are in (Done): only then
 // may held reads fetch again and see them. The zero value is empty. A
