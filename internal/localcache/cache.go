@@ -145,6 +145,8 @@ type Cache struct {
 
 	scripts scriptWatch // scripts that may run SWAPDB (scripts.go)
 
+	notes atomic.Int64 // records holding a notKept (maxNotKept)
+
 	hotMu  sync.Mutex
 	recent [512]hotCandidate // keys seen on warm misses and sampled hits, for /debug/hotkeys
 	hotPos int
@@ -219,7 +221,39 @@ type keyRec struct {
 	hits      atomic.Int64 // served from the tier (sampled, scaled)
 	aside     *aside       // last values kept for stale-if-error
 	touched   int64        // nanotime the key was last queued for TOUCH
+	note      *notKept     // a fill of the key whose reply was not kept; nil: none
 }
+
+// notKept notes that a fill of one command of a key (protocol and exact
+// bytes) read a reply the tier did not keep: nothing there with
+// negative_caching off, an error, or a value refused as too_big or
+// victim_hotter. Until it ends, that command is passed to Redis (one
+// command) instead of filled again (CLIENT CACHING YES, the read and
+// PTTL, three) only to be thrown away once more. Found by review: with
+// negative caching off (as config.example.toml ships it) every read of a
+// hot missing key was such a fill, three times the upstream commands of
+// no tier. The note only ever sends reads to Redis, never answers one, so
+// it cannot serve anything the tier did not get through tracking; it is
+// still dropped as soon as the key may have changed: it holds for the
+// record's generation it was taken in (an invalidation, which Redis sends
+// for the key the fill read on the tracking connection, a flush or a write
+// through the proxy bumps it) and the fill connection's epoch, so a key
+// that appears is filled at its next read.
+type notKept struct {
+	raw   string
+	proto int
+	gen   uint64
+	epoch uint64
+	until int64 // nanotime
+}
+
+// Bounds on notes: each lasts notKeptFor (the sweep and the next read
+// drop it afterwards), and at most maxNotKept records hold one, so a flood
+// of hot missing keys cannot grow the tier's memory without bound.
+const (
+	notKeptFor = time.Second
+	maxNotKept = 10000
+)
 
 type entry struct {
 	val    []byte
@@ -481,6 +515,16 @@ func (c *Cache) Get(db int, resp3 bool, raw, key []byte) ([]byte, Status) {
 			s.mu.Unlock()
 			return nil, Stale
 		}
+		if n := rec.note; n != nil {
+			if n.gen != rec.gen || now >= n.until || n.epoch != fc.epoch.Load() {
+				c.dropNote(rec)
+				c.maybeForget(s, rec)
+			} else if live && n.proto == p && n.raw == string(raw) {
+				s.mu.Unlock()
+				m.miss(missNotKept)
+				return nil, Pass
+			}
+		}
 	} else if live && s.writeInFlight(h) {
 		s.mu.Unlock()
 		m.miss(missInFlight)
@@ -660,10 +704,43 @@ func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte)
 	if keep {
 		c.store(s, rec, gen, epoch, fc, proto(resp3), raw, out, expire)
 	} else {
-		c.unpend(s, rec)
+		c.unpendNoting(s, rec, gen, epoch, fc, proto(resp3), raw)
 		m.fill(fillSkipped)
 	}
 	return out, nil
+}
+
+// unpendNoting ends a fill that stores nothing, and notes (notKept) that
+// its command of the key is not worth filling while the key stays as the
+// fill read it: while no invalidation, flush or write touched it since
+// the fill was sent, and on the same fill connection.
+func (c *Cache) unpendNoting(s *shard, rec *keyRec, gen, epoch uint64, fc *fillConn, p int, raw []byte) {
+	s.mu.Lock()
+	rec.pending--
+	if rec.gen == gen && rec.inflight == 0 && fc.epoch.Load() == epoch && !fc.retired.Load() {
+		n := rec.note
+		if n == nil && c.notes.Load() < maxNotKept {
+			n = &notKept{}
+			rec.note = n
+			c.notes.Add(1)
+		}
+		if n != nil {
+			if n.raw != string(raw) {
+				n.raw = string(raw)
+			}
+			n.proto, n.gen, n.epoch, n.until = p, gen, epoch, nanotime()+int64(notKeptFor)
+		}
+	}
+	c.maybeForget(s, rec)
+	s.mu.Unlock()
+}
+
+// dropNote drops rec's notKept; s.mu is held.
+func (c *Cache) dropNote(rec *keyRec) {
+	if rec.note != nil {
+		rec.note = nil
+		c.notes.Add(-1)
+	}
 }
 
 // unpend ends a fill that stores nothing.
@@ -681,7 +758,7 @@ func (c *Cache) store(s *shard, rec *keyRec, gen, epoch uint64, fc *fillConn, p 
 	m := fc.up.m
 	size := int64(len(raw)+len(val)) + entryOverhead
 	if size > c.maxEntry {
-		c.unpend(s, rec)
+		c.unpendNoting(s, rec, gen, epoch, fc, p, raw)
 		m.fill(fillSkipped)
 		m.reject("too_big")
 		return
@@ -690,7 +767,7 @@ func (c *Cache) store(s *shard, rec *keyRec, gen, epoch uint64, fc *fillConn, p 
 	// key's own charge is reserved too and given back if already held.
 	charge := size + rec.keyCharge()
 	if !c.reserve(charge, c.reads.estimate(rec.h)) {
-		c.unpend(s, rec)
+		c.unpendNoting(s, rec, gen, epoch, fc, p, raw)
 		m.fill(fillSkipped)
 		m.reject("victim_hotter")
 		return
@@ -731,6 +808,7 @@ func (c *Cache) store(s *shard, rec *keyRec, gen, epoch uint64, fc *fillConn, p 
 	rec.size += size
 	c.nentries.Add(1)
 	c.dropAside(rec) // a fresh value supersedes a stale one
+	c.dropNote(rec)
 	if !rec.inLRU {
 		s.lru.Add(rec.h, rec)
 		rec.inLRU = true
@@ -779,8 +857,13 @@ func (c *Cache) dropEntries(s *shard, rec *keyRec) {
 }
 
 // maybeForget deletes a record nothing refers to any more; s.mu is held.
+// A note (notKept) keeps its record only while it holds, that is for the
+// generation it was taken in.
 func (c *Cache) maybeForget(s *shard, rec *keyRec) {
-	if rec.n == 0 && rec.pending == 0 && rec.inflight == 0 && rec.aside == nil && s.recs[rec.h] == rec {
+	if rec.note != nil && rec.note.gen != rec.gen {
+		c.dropNote(rec)
+	}
+	if rec.n == 0 && rec.pending == 0 && rec.inflight == 0 && rec.aside == nil && rec.note == nil && s.recs[rec.h] == rec {
 		delete(s.recs, rec.h)
 	}
 }
@@ -974,6 +1057,10 @@ func (c *Cache) sweep(s *shard) {
 		}
 		if rec.aside != nil && now >= rec.aside.until {
 			c.dropAside(rec)
+			c.maybeForget(s, rec)
+		}
+		if rec.note != nil && now >= rec.note.until {
+			c.dropNote(rec)
 			c.maybeForget(s, rec)
 		}
 	}

@@ -16,6 +16,7 @@ const (
 	missNotLive  = "not_live"        // no fresh heartbeat, a fence, or no connection
 	missInFlight = "write_in_flight" // a write to the key is in flight through this proxy
 	missOther    = "other"
+	missNotKept  = "not_kept" // a fill of it just read a reply the tier did not keep (notKept)
 
 	// Flushes: why entries were dropped in bulk.
 	FlushDisconnect = "disconnect"      // the fill connection was lost
@@ -135,7 +136,7 @@ func (m *cacheMetrics) forUpstream(name string) *upstreamMetrics {
 		fillByResult:   map[string]prometheus.Counter{},
 		rejByReason:    map[string]prometheus.Counter{},
 	}
-	for _, r := range []string{missFill, missCold, missPattern, missWrites, missNotLive, missInFlight, missOther} {
+	for _, r := range []string{missFill, missCold, missPattern, missWrites, missNotLive, missInFlight, missOther, missNotKept} {
 		u.missByReason[r] = m.misses.WithLabelValues(with(r)...)
 	}
 	for _, r := range []string{fillStored, fillDiscarded, fillSkipped, fillError} {

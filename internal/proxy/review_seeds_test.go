@@ -6,6 +6,8 @@ package proxy_test
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -146,5 +148,51 @@ func TestReviewMissHoldCacheAside100ClientsWithTier(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReviewTierTriplesUpstreamCommandsForHotMissingKey: with the local
+// tier on as config.example.toml ships it (negative_caching off), a key
+// that does not exist but is read often (cache-aside lookups of an id the
+// database does not have either, "cache penetration") is admitted like any
+// hot key, and every read of it is then a tier fill: CLIENT CACHING YES,
+// GET and PTTL on the tracking connection, whose nil reply is not kept. So
+// the tier sends Redis three commands (and a tracking-table entry) per read
+// where the proxy without it sends one.
+func TestReviewTierTriplesUpstreamCommandsForHotMissingKey(t *testing.T) {
+	calls := func(t *testing.T, tier bool) int {
+		p := proxytest.Start(t, nil, func(c *config.Config) { c.LocalCache.Enabled = tier })
+		if tier {
+			redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
+		}
+		direct := p.Redis.Client(t)
+		if err := direct.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		app := p.Client(t)
+		for range 200 {
+			if err := app.Get(ctx, "product:404").Err(); err != redis.Nil {
+				t.Fatalf("GET: %v", err)
+			}
+		}
+		info, err := direct.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, line := range strings.Split(info, "\r\n") {
+			for _, c := range []string{"cmdstat_get:", "cmdstat_pttl:", "cmdstat_client|caching:"} {
+				if rest, ok := strings.CutPrefix(line, c+"calls="); ok {
+					v, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+					n += v
+				}
+			}
+		}
+		return n
+	}
+	off := calls(t, false)
+	on := calls(t, true)
+	if on > off+off/10 {
+		t.Fatalf("200 GETs of a missing key cost Redis %d commands with the local tier on, %d with it off", on, off)
 	}
 }
