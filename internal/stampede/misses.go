@@ -25,6 +25,20 @@ type Misses struct {
 	holds      map[string]*Hold
 	refreshing map[string]refreshState
 	missed     map[string]missMark // misses handed out, for measuring δ
+
+	// written are the holds a write ended lately, by key, and seq numbers
+	// those ends (incremented under mu, read without it by Seq): a read
+	// takes Seq before its fetch is sent, and a nil it gets for a key whose
+	// hold a write ended after that was read by Redis before the write, so
+	// it must not make a new filler (MissedSince). Bounded as missed is.
+	written map[string]writtenMark
+	seq     atomic.Uint64
+}
+
+type writtenMark struct {
+	h   *Hold
+	seq uint64
+	at  time.Time
 }
 
 type holdRule struct {
@@ -84,6 +98,7 @@ func NewMisses(c Config, m *Metrics) *Misses {
 		holds:      map[string]*Hold{},
 		refreshing: map[string]refreshState{},
 		missed:     map[string]missMark{},
+		written:    map[string]writtenMark{},
 	}
 	for _, r := range c.Hold {
 		ms.holdRules = append(ms.holdRules, holdRule{pat: compilePattern(r.Pattern), timeout: r.Timeout.Duration})
@@ -176,13 +191,32 @@ func (m *Misses) Held(db int, key []byte, r Match, owner int64) *Hold {
 	return nil
 }
 
-// Missed is told that owner's GET of key returned nil and is about to be
-// answered. When a hold rule applies and another client already fills the
+// Seq is the token a read whose nil may reach MissedSince takes before its
+// fetch is sent.
+func (m *Misses) Seq() uint64 { return m.seq.Load() }
+
+// Missed is MissedSince for a nil known to be read after every hold on key
+// that has ended.
+func (m *Misses) Missed(db int, key []byte, r Match, owner int64, mayHold bool) *Hold {
+	return m.MissedSince(db, key, r, owner, mayHold, math.MaxUint64)
+}
+
+// MissedSince is told that owner's GET of key returned nil and is about to be
+// answered; since is Seq as it was before that GET's fetch was sent. When a hold rule applies and another client already fills the
 // key, it returns that hold (if mayHold) and owner must wait and fetch
 // again; otherwise owner gets the nil and, if no hold is active, becomes the
 // filler of a new one. mayHold is false for a read that has already been
 // held once, so that no client waits longer than one hold timeout.
-func (m *Misses) Missed(db int, key []byte, r Match, owner int64, mayHold bool) *Hold {
+//
+// A nil whose fetch was sent before a write ended key's last hold (since
+// is older than that end) was read by Redis before the filler's write, and
+// only handled after the hold ended: it is answered as the held reads
+// were, with the ended hold (if mayHold), so the read fetches again and
+// gets the filler's value, rather than making its client a second filler
+// that recomputes what was just written. Found by review: without this a
+// 100-client stampede made 2 or 3 fillers, groupcache-style re-checking
+// inside the flight fixes it.
+func (m *Misses) MissedSince(db int, key []byte, r Match, owner int64, mayHold bool, since uint64) *Hold {
 	if !r.Any() {
 		return nil
 	}
@@ -196,6 +230,9 @@ func (m *Misses) Missed(db int, key []byte, r Match, owner int64, mayHold bool) 
 				m.metrics.forKey(key).held()
 				return h
 			}
+		} else if w, ok := m.written[k]; ok && mayHold && w.seq > since {
+			m.metrics.forKey(key).held()
+			return w.h // ended: the read fetches again at once
 		} else {
 			h := &Hold{filler: owner, metrics: m.metrics.forKey(key), done: make(chan struct{})}
 			m.holds[k] = h
@@ -226,6 +263,22 @@ func (m *Misses) markMiss(k string, rule int, now time.Time, overwrite bool) {
 		}
 	}
 	m.missed[k] = missMark{at: now, rule: rule}
+}
+
+// noteWritten remembers that a write ended k's hold h (MissedSince);
+// m.mu is held.
+func (m *Misses) noteWritten(k string, h *Hold, now time.Time) {
+	if _, ok := m.written[k]; !ok && len(m.written) >= missMaxKeys {
+		for wk, w := range m.written {
+			if now.Sub(w.at) > missMaxAge {
+				delete(m.written, wk)
+			}
+		}
+		if len(m.written) >= missMaxKeys {
+			return // a nil read before this write may make a second filler, as before
+		}
+	}
+	m.written[k] = writtenMark{h: h, seq: m.seq.Add(1), at: now}
 }
 
 // release ends h if it is still k's hold; m.mu must not be held.
@@ -296,6 +349,7 @@ func (m *Misses) Written(db int, key []byte, r Match) {
 	defer m.mu.Unlock()
 	if h := m.holds[k]; h != nil {
 		m.releaseLocked(k, h, false)
+		m.noteWritten(k, h, now)
 	}
 	delete(m.refreshing, k)
 	if mk, ok := m.missed[k]; ok {

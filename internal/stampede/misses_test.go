@@ -140,6 +140,35 @@ func TestHoldLifecycle(t *testing.T) {
 	}
 }
 
+// A nil whose fetch was sent before a write ended the key's hold is
+// answered with the ended hold (fetch again), not made a new filler; one
+// sent after the end, or already held once, may fill. Found by review
+// (TestReviewHoldEndedBeforeNilHandledMakesSecondFiller).
+func TestMissedBeforeHoldEndedFetchesAgain(t *testing.T) {
+	ms, _, _ := newMisses(t, Config{Hold: []HoldRule{{Pattern: "cache:*", Timeout: dur(time.Hour)}}})
+	key := []byte("cache:k")
+	r := ms.Match(key)
+	early := ms.Seq() // a read sent now, before the filler writes
+	if ms.MissedSince(0, key, r, 1, true, early) != nil {
+		t.Fatal("the first client to miss was held")
+	}
+	h := ms.Held(0, key, r, 9)
+	ms.Written(0, key, r)
+	if got := ms.MissedSince(0, key, r, 2, true, early); got != h || !closed(got) {
+		t.Fatal("a nil fetched before the filler's write, handled after the hold ended, did not fetch again")
+	}
+	if ms.Held(0, key, r, 3) != nil {
+		t.Fatal("fetching again started a hold")
+	}
+	if ms.MissedSince(0, key, r, 2, false, early) != nil || ms.Held(0, key, r, 3) == nil {
+		t.Fatal("a read held once that still finds nil did not become the filler")
+	}
+	ms.Written(0, key, r)
+	if ms.MissedSince(0, key, r, 4, true, ms.Seq()) != nil || ms.Held(0, key, r, 5) == nil {
+		t.Fatal("a nil fetched after the last hold ended did not make a new filler")
+	}
+}
+
 func TestHoldEndsWhenFillerCloses(t *testing.T) {
 	ms, _, _ := newMisses(t, Config{Hold: []HoldRule{{Pattern: "*", Timeout: dur(time.Hour)}}})
 	key := []byte("k")

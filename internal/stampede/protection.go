@@ -239,7 +239,9 @@ const flightKeyBuf = 128
 // read answers one read through the group, applying the miss hold and
 // early refresh rules of match, and appends the reply to dst.
 func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owner int64, gone func() bool, dst []byte) ([]byte, error) {
+	var since uint64 // before the fetch is sent (Misses.MissedSince)
 	if match.Hold() {
+		since = p.misses.Seq()
 		if h := p.misses.Held(db, key, match, owner); h != nil {
 			return p.heldRead(h, raw, key, db, resp3, match, owner, gone, dst)
 		}
@@ -256,7 +258,7 @@ func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owne
 		}
 		reply, ttl := splitTTL(both)
 		if isNilReply(reply) {
-			if h := p.misses.Missed(db, key, match, owner, true); h != nil {
+			if h := p.misses.MissedSince(db, key, match, owner, true, since); h != nil {
 				return p.heldRead(h, raw, key, db, resp3, match, owner, gone, dst)
 			}
 		} else if isValueReply(reply) && p.misses.Early(db, key, match, owner, ttl) {
@@ -276,7 +278,7 @@ func (p *Protection) read(raw, key []byte, db int, resp3 bool, match Match, owne
 	}
 	// Hold rules only (early refresh took the branch above).
 	if isNilReply(reply) {
-		if h := p.misses.Missed(db, key, match, owner, true); h != nil {
+		if h := p.misses.MissedSince(db, key, match, owner, true, since); h != nil {
 			return p.heldRead(h, raw, key, db, resp3, match, owner, gone, dst)
 		}
 	}
@@ -375,7 +377,9 @@ func (p *Protection) FillRead(cmd *commands.Command, args [][]byte, raw []byte, 
 	if !ok || !match.Any() {
 		return p.Fill(db, resp3, raw, fill)
 	}
+	var since uint64 // before the fill is sent (Misses.MissedSince)
 	if match.Hold() {
+		since = p.misses.Seq()
 		if h := p.misses.Held(db, key, match, owner); h != nil {
 			return p.heldRead(h, raw, key, db, resp3, match, owner, gone, nil)
 		}
@@ -385,7 +389,7 @@ func (p *Protection) FillRead(cmd *commands.Command, args [][]byte, raw []byte, 
 		return nil, err
 	}
 	if isNilReply(reply) {
-		if h := p.misses.Missed(db, key, match, owner, true); h != nil {
+		if h := p.misses.MissedSince(db, key, match, owner, true, since); h != nil {
 			return p.heldRead(h, raw, key, db, resp3, match, owner, gone, nil)
 		}
 	}
