@@ -301,7 +301,7 @@ func (c *clusterReads) Replica(primary string) (*upstream.Backend, []byte) {
 	}
 	sh := c.shard(set)
 	now := time.Now()
-	node := set.pick(&sh.rr, c.sess.id, now)
+	node, _ := set.pick(&sh.rr, c.sess.id, now)
 	if node == nil {
 		if set.mode == config.ReadReplica && sh.rr.needEpoch == 0 && set.usable(now) == 0 {
 			set.failed.Inc()
@@ -329,7 +329,7 @@ func (c *clusterReads) Failed(b *upstream.Backend, err error) bool {
 		if p.b != b {
 			continue
 		}
-		p.node.failed.Store(p.set.started.Load())
+		p.node.markFailed(p.set.started.Load())
 		if rr := &c.shard(p.set).rr; rr.last == p.node {
 			rr.last = nil
 		}

@@ -51,6 +51,16 @@ import (
 // within upstream.reply_timeout, is sent again to the primary (reads change
 // nothing, so running one twice is harmless), and the replica is skipped
 // until a poll started after the failure has heard from it.
+//
+// Restarted: a replica's connection that is lost (the server closed it,
+// it broke or timed out) marks the replica failed the same way, whether or
+// not a read was on it. The pools redial at once, and the process they
+// reach may be a restarted one serving an old dataset (its last RDB, while
+// its full sync is pending) that the last poll's offset and link state
+// say nothing about: found by review, a client read a restarted replica
+// that lacked its own acknowledged write until the next poll. A read
+// picked from a view before such a loss and answered after it is not
+// trusted either (replicaNode.failedSince).
 
 // replicaSet is one upstream's replicas and what the last poll learned:
 // [upstream]'s, and with routes each named upstream's that reads from
@@ -123,7 +133,8 @@ type replicaNode struct {
 	own    map[*upstream.Backend]*upstream.Backend
 	closed bool
 	// failed is the poll epoch current when a read on the node last
-	// failed: it is skipped until a poll that started later heard from it.
+	// failed, or one of its connections was lost (connLost): it is
+	// skipped until a poll that started later heard from it.
 	failed atomic.Uint64
 	// pending is the poll's INFO still unanswered, if any: a stalled
 	// replica gets no new one until it answers.
@@ -199,6 +210,10 @@ var (
 	// errNoReplica answers reads with read_from = "replica" when no
 	// replica may serve them.
 	errNoReplica = errors.New(`redproxy: no replica is available for reads (upstream.read_from = "replica")`)
+
+	// errReplicaReconnected fails a read answered by a replica whose
+	// connection was lost after it was picked (readOnReplica).
+	errReplicaReconnected = errors.New("redproxy: the replica's connection was lost and redialled during the read")
 )
 
 // noReadYourWrites turns the read-your-writes floor off, so tests can
@@ -365,7 +380,7 @@ func (n *replicaNode) backendFor(rs *replicaSet, primary *upstream.Backend) *ups
 		}
 		return b
 	}
-	o := rs.nodeOptions(n.addr)
+	o := rs.optionsFor(n)
 	po := primary.Options(0, false)
 	o.Username, o.Password = po.Username, po.Password
 	b := upstream.NewBackend(o)
@@ -375,6 +390,41 @@ func (n *replicaNode) backendFor(rs *replicaSet, primary *upstream.Backend) *ups
 	n.own[primary] = b
 	return b
 }
+
+// optionsFor are the options of n's pools: nodeOptions, and a lost
+// connection marks n failed (connLost).
+func (rs *replicaSet) optionsFor(n *replicaNode) upstream.BackendOptions {
+	o := rs.nodeOptions(n.addr)
+	o.OnConnLost = func() { rs.connLost(n) }
+	return o
+}
+
+// connLost: a connection to n was lost, so the pools' next one may reach a
+// restarted server whose dataset the last poll did not see (found by
+// review: it served its old RDB, without the client's acknowledged write,
+// until the next poll). n is skipped until a poll started after now has
+// found it replicating and in sync again.
+func (rs *replicaSet) connLost(n *replicaNode) {
+	n.markFailed(rs.started.Load())
+}
+
+// markFailed makes n unusable in views of polls started up to epoch. It
+// never lowers failed: a read's failure noted late must not undo a later
+// connection loss.
+func (n *replicaNode) markFailed(epoch uint64) {
+	for {
+		old := n.failed.Load()
+		if old >= epoch || n.failed.CompareAndSwap(old, epoch) {
+			return
+		}
+	}
+}
+
+// failedSince reports whether n failed (a read, or a lost connection)
+// since it was picked from the view of poll epoch: a read picked just
+// before a connection was lost may have been sent on its replacement, to
+// a restarted server.
+func (n *replicaNode) failedSince(epoch uint64) bool { return n.failed.Load() >= epoch }
 
 // close closes the node's pools, its users' included.
 func (n *replicaNode) close() {
@@ -449,10 +499,10 @@ func (rs *replicaSet) switchNodes() {
 	}
 	rs.nodesGen = g
 	for _, n := range rs.nodes {
-		n.backend.Switch(rs.nodeOptions(n.addr))
+		n.backend.Switch(rs.optionsFor(n))
 		n.ownMu.Lock()
 		for primary, b := range n.own {
-			o := rs.nodeOptions(n.addr)
+			o := rs.optionsFor(n)
 			po := primary.Options(0, false)
 			o.Username, o.Password = po.Username, po.Password
 			b.Switch(o)
@@ -728,7 +778,9 @@ func (rs *replicaSet) sync(addrs []string) {
 		if rs.nodes[a] != nil || a == rs.primary.Addr() {
 			continue
 		}
-		rs.nodes[a] = &replicaNode{addr: a, backend: upstream.NewBackend(rs.nodeOptions(a))}
+		n := &replicaNode{addr: a}
+		n.backend = upstream.NewBackend(rs.optionsFor(n))
+		rs.nodes[a] = n
 		rs.log.Info("replica found", "replica", a)
 	}
 	for a, n := range rs.nodes {
@@ -807,12 +859,14 @@ func (rs *replicaSet) fresh(v *replicaView, vn *viewNode, now time.Time) bool {
 }
 
 // pick chooses the replica for a read of the session, or nil for the
-// primary. The session's last replica is kept while it qualifies; a new
-// one is chosen by the session's id, spreading clients over the replicas.
-func (rs *replicaSet) pick(rr *replicaReads, id int64, now time.Time) *replicaNode {
+// primary, and returns the epoch of the view it was chosen from
+// (replicaNode.failedSince). The session's last replica is kept while it
+// qualifies; a new one is chosen by the session's id, spreading clients
+// over the replicas.
+func (rs *replicaSet) pick(rr *replicaReads, id int64, now time.Time) (*replicaNode, uint64) {
 	v := rs.view.Load()
 	if v == nil {
-		return nil
+		return nil, 0
 	}
 	if rr.gen != v.gen {
 		// The upstream's address changed since the client's floor was
@@ -823,7 +877,7 @@ func (rs *replicaSet) pick(rr *replicaReads, id int64, now time.Time) *replicaNo
 	}
 	if rr.needEpoch != 0 {
 		if v.epoch < rr.needEpoch {
-			return nil // the primary's offset after the write is not known yet
+			return nil, 0 // the primary's offset after the write is not known yet
 		}
 		rr.floor = max(rr.floor, v.primary)
 		rr.needEpoch = 0
@@ -838,13 +892,13 @@ func (rs *replicaSet) pick(rr *replicaReads, id int64, now time.Time) *replicaNo
 		vn := &v.nodes[i]
 		if ok(vn) {
 			if vn.node == rr.last {
-				return vn.node
+				return vn.node, v.epoch
 			}
 			count++
 		}
 	}
 	if count == 0 {
-		return nil
+		return nil, 0
 	}
 	k := int(uint64(id) % uint64(count))
 	for i := range v.nodes {
@@ -852,12 +906,12 @@ func (rs *replicaSet) pick(rr *replicaReads, id int64, now time.Time) *replicaNo
 		if ok(vn) {
 			if k == 0 {
 				rr.last = vn.node
-				return vn.node
+				return vn.node, v.epoch
 			}
 			k--
 		}
 	}
-	return nil
+	return nil, 0
 }
 
 // replicaCommand reports whether a replica may answer cmd: a read-only
@@ -978,7 +1032,7 @@ func (sess *Session) sendUpstream(call *upstream.Call, primary *upstream.Backend
 // replica's connections must have.
 func (sess *Session) readOnReplica(rs *replicaSet, rr *replicaReads, call *upstream.Call, primary *upstream.Backend) bool {
 	now := time.Now()
-	node := rs.pick(rr, sess.id, now)
+	node, epoch := rs.pick(rr, sess.id, now)
 	if node == nil {
 		// read_from = "replica" keeps reads off the primary, except those
 		// read-your-writes sends there.
@@ -1021,6 +1075,13 @@ func (sess *Session) readOnReplica(rs *replicaSet, rr *replicaReads, call *upstr
 			err = upstream.ErrTimeout
 		}
 	}
+	if err == nil && node.failedSince(epoch) {
+		// A connection to the replica was lost after it was picked: the
+		// read may have gone on the redialled one, to a restarted server
+		// serving an old dataset (found by review). Its replies are not
+		// used; the primary answers.
+		err = errReplicaReconnected
+	}
 	if err == nil {
 		copyReplies(call, rc.call)
 	}
@@ -1035,7 +1096,7 @@ func (sess *Session) readOnReplica(rs *replicaSet, rr *replicaReads, call *upstr
 		rs.onReplica.Inc()
 		return true
 	}
-	node.failed.Store(rs.started.Load())
+	node.markFailed(rs.started.Load())
 	if rr.last == node {
 		rr.last = nil
 	}

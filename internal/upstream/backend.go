@@ -36,6 +36,14 @@ type BackendOptions struct {
 	// backend: the primary has become a replica (Sentinel mode watches
 	// for it). Nil ignores it.
 	OnReadOnly func()
+	// OnConnLost runs (on a pipe goroutine) each time a connection of the
+	// backend ends other than by the proxy closing it (Close, a drained
+	// generation): the server closed it, it broke or timed out. Its
+	// replacement may reach another process on the same address (a
+	// restart), so what was learnt over the old one is stale: replica
+	// reads stop trusting the last poll (proxy/replicas.go). Nil ignores
+	// it.
+	OnConnLost func()
 	// Handshake holds extra commands every connection sends after
 	// AUTH/HELLO/SELECT (READONLY for a cluster replica's reads).
 	Handshake [][]string
@@ -380,6 +388,14 @@ func (g *backendGen) options(db int, resp3 bool) Options { return g.opt.ConnOpti
 // to database db: for connections made outside any Backend (the local
 // tier's to the nodes of a cluster) with the same settings.
 func (o BackendOptions) ConnOptions(db int, resp3 bool) Options {
+	var onDown func(error)
+	if lost := o.OnConnLost; lost != nil {
+		onDown = func(err error) {
+			if err != ErrClosed {
+				lost()
+			}
+		}
+	}
 	return Options{
 		Addr: o.Addr, Username: o.Username, Password: o.Password,
 		TLS: o.TLS, DB: db, RESP3: resp3,
@@ -388,6 +404,7 @@ func (o BackendOptions) ConnOptions(db int, resp3 bool) Options {
 		Name:       "redproxy",
 		Logger:     o.Logger,
 		OnReadOnly: o.OnReadOnly,
+		OnDown:     onDown,
 		Handshake:  o.Handshake,
 		ReplyLimit: o.ReplyLimit,
 	}
