@@ -47,8 +47,9 @@ import (
 // behind as that poll is old; past max_replica_lag it is skipped, and so is
 // every replica when the last poll is itself older than that.
 //
-// Down or stalled: a read sent to a replica that fails, or has no reply
-// within upstream.reply_timeout, is sent again to the primary (reads change
+// Down or stalled: a read sent to a replica that fails, has no reply
+// within upstream.reply_timeout, or is answered -LOADING or -MASTERDOWN
+// (the replica is not serving), is sent again to the primary (reads change
 // nothing, so running one twice is harmless), and the replica is skipped
 // until a poll started after the failure has heard from it.
 //
@@ -214,6 +215,9 @@ var (
 	// errReplicaReconnected fails a read answered by a replica whose
 	// connection was lost after it was picked (readOnReplica).
 	errReplicaReconnected = errors.New("redproxy: the replica's connection was lost and redialled during the read")
+	// errReplicaNotServing marks a read a replica answered -LOADING or
+	// -MASTERDOWN (readOnReplica).
+	errReplicaNotServing = errors.New("the replica answered -LOADING or -MASTERDOWN")
 )
 
 // noReadYourWrites turns the read-your-writes floor off, so tests can
@@ -1082,8 +1086,19 @@ func (sess *Session) readOnReplica(rs *replicaSet, rr *replicaReads, call *upstr
 		// used; the primary answers.
 		err = errReplicaReconnected
 	}
-	if err == nil {
+	// A replica loading its dataset (-LOADING) or cut off from its primary
+	// with replica-serve-stale-data no (-MASTERDOWN) is not serving: the
+	// read failed there, as in cluster mode (cluster/router.go,
+	// replicaFailed). Before, its error reached the client as the read's
+	// reply, though the primary held the value (found by review). With
+	// read_from = "replica" the client gets the replica's replies, that
+	// error among them, as it gets a failed read's error.
+	refused := err == nil && replicaNotServing(rc.call)
+	if err == nil && (!refused || rs.mode == config.ReadReplica) {
 		copyReplies(call, rc.call)
+	}
+	if refused {
+		err = errReplicaNotServing
 	}
 	if done || err != upstream.ErrTimeout {
 		rc.call.Reset()
@@ -1103,10 +1118,29 @@ func (sess *Session) readOnReplica(rs *replicaSet, rr *replicaReads, call *upstr
 	sess.logger().Debug("read on a replica failed; the primary answers it", "replica", node.addr, "err", err)
 	if rs.mode == config.ReadReplica {
 		rs.failed.Inc()
-		call.Fail(err)
+		if !refused {
+			call.Fail(err)
+		}
 		return true
 	}
 	rs.fellBack.Inc()
+	return false
+}
+
+var (
+	replyLoading    = []byte("-LOADING")
+	replyMasterDown = []byte("-MASTERDOWN")
+)
+
+// replicaNotServing reports whether a reply of c, answered by a replica,
+// says the replica does not serve reads now: -LOADING or -MASTERDOWN.
+func replicaNotServing(c *upstream.Call) bool {
+	for i := range c.Len() {
+		r, err := c.Reply(i)
+		if err == nil && len(r) > 0 && r[0] == '-' && (bytes.HasPrefix(r, replyLoading) || bytes.HasPrefix(r, replyMasterDown)) {
+			return true
+		}
+	}
 	return false
 }
 
