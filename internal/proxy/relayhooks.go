@@ -52,6 +52,11 @@ type relayWrites struct {
 	sess *Session
 	// active: the local tier or miss holds are on, so writes matter.
 	active bool
+	// replicaWrote: a command that may write was relayed (session
+	// goroutine only). Replica reads hear of it when the relay ends
+	// (end): then every reply of the relay is in, and a client handed
+	// back to the shared path reads as after a shared-path write.
+	replicaWrote bool
 
 	// Session goroutine only.
 	resp3 bool
@@ -150,6 +155,11 @@ const errHeldWrites = "ERR redproxy: too many writes on a connection in MONITOR 
 // instead). It marks the request's writes in flight and counts the
 // replies due. It returns false when the request must be refused.
 func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) bool {
+	if !refused && (cmd == nil || mayWrite(cmd)) {
+		// Read-your-writes counts it as a shared-path write, which a
+		// command the table does not know may be (replicaForwarded).
+		rw.replicaWrote = true
+	}
 	if !rw.active {
 		return true
 	}
@@ -407,7 +417,17 @@ func (rw *relayWrites) fenceHeld() {
 }
 
 // end releases everything still marked: the relay's connection is closed.
+// A relay that carried a write makes the client's reads wait for a poll
+// started after now, as after a shared-path batch with a write
+// (replicaRelayWrote): a subscriber that unsubscribed from everything is
+// handed back to the shared path, where its reads go to replicas again
+// (found by review: its GET right after UNSUBSCRIBE was read from a
+// replica that had not applied the SET it made while subscribed).
 func (rw *relayWrites) end() {
+	if rw.replicaWrote {
+		rw.replicaWrote = false
+		rw.sess.replicaRelayWrote()
+	}
 	rw.mu.Lock()
 	rest := append(rw.pending, rw.held...)
 	rest = append(rest, rw.batch, rw.tx)

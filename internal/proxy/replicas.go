@@ -1011,6 +1011,20 @@ func (sess *Session) replicaBatchFlushed() {
 	}
 }
 
+// replicaRelayWrote: the client's relay, which carried a command that may
+// write, has ended with every reply in (relayWrites.end). Its reads wait
+// for a poll started after now, as after a shared-path batch with a write:
+// on every upstream with routes and every shard in cluster mode, since the
+// relay's connection may have been any of them's.
+func (sess *Session) replicaRelayWrote() {
+	srv := sess.srv
+	if srv.replicas == nil && srv.creplicas == nil && (srv.routes == nil || !srv.routes.replicas) {
+		return
+	}
+	sess.reads.wrote = true
+	sess.replicaBatchFlushed()
+}
+
 // sendUpstream sends the batch's Call on the shared connections of
 // primary and waits for its replies; or, when every command in it is a
 // read a replica may serve and read_from and read-your-writes allow, to
