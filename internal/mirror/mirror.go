@@ -51,7 +51,8 @@ const (
 
 var dropReasons = []string{DropQueueFull, DropTooLarge, DropUnavailable, DropDBRange, DropShutdown, DropNoScript, DropCrossSlot}
 
-// Reasons a write was not mirrored at all (redproxy_mirror_skipped_total).
+// Reasons a write was not mirrored at all, or a sampled read not compared
+// (redproxy_mirror_skipped_total).
 const (
 	// SkipTransaction: a transaction that did not run on the primary (EXEC
 	// answered EXECABORT, an error, or a null for a failed WATCH): nothing
@@ -76,9 +77,14 @@ const (
 	// those clients' writes says so (found by review: they were lost
 	// without a trace).
 	SkipRelayed = "relayed"
+	// SkipReplicaRead: a sampled read to compare that a replica answered
+	// (upstream.read_from): it is mirrored, but not compared, since the
+	// replica may lag the primary (found by review: its stale reply was
+	// counted as the mirror's mismatch). One per read.
+	SkipReplicaRead = "replica_read"
 )
 
-var skipReasons = []string{SkipTransaction, SkipBlocking, SkipPrimaryError, SkipNondeterministic, SkipRelayed}
+var skipReasons = []string{SkipTransaction, SkipBlocking, SkipPrimaryError, SkipNondeterministic, SkipRelayed, SkipReplicaRead}
 
 // Kinds of mirror errors (redproxy_mirror_errors_total).
 const (
@@ -136,7 +142,7 @@ type Mirror struct {
 type stats struct {
 	sent, sampled, compared, mismatches atomic.Int64
 	dropped                             [7]atomic.Int64 // by dropReasons
-	skipped                             [5]atomic.Int64 // by skipReasons
+	skipped                             [6]atomic.Int64 // by skipReasons
 	errors                              [2]atomic.Int64 // by errorKinds
 }
 
@@ -184,7 +190,8 @@ func (m *Mirror) SampleRead() bool {
 	return true
 }
 
-// Skipped counts a write that is not mirrored, for reason (a Skip* value).
+// Skipped counts a write that is not mirrored, or a sampled read not
+// compared, for reason (a Skip* value).
 func (m *Mirror) Skipped(reason string) { m.stats.skipped[indexOf(skipReasons, reason)].Add(1) }
 
 // Dropped counts n commands the session could not hand to the queue, for

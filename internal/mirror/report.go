@@ -162,7 +162,7 @@ func (m *Mirror) RegisterMetrics(reg prometheus.Registerer) {
 		cs = append(cs, counter("dropped_total", "Commands not mirrored: the queue was full, the mirror unreachable, a script unknown to it, keys across a cluster mirror's slots, by reason.", prometheus.Labels{"reason": k}, m.stats.dropped[i].Load))
 	}
 	for i, k := range skipReasons {
-		cs = append(cs, counter("skipped_total", "Writes not mirrored by design (transactions that did not run, blocking XREADGROUP, writes the primary refused, nondeterministic writes not rebuilt, writes of relayed clients), by reason.", prometheus.Labels{"reason": k}, m.stats.skipped[i].Load))
+		cs = append(cs, counter("skipped_total", "Writes not mirrored by design (transactions that did not run, blocking XREADGROUP, writes the primary refused, nondeterministic writes not rebuilt, writes of relayed clients), and sampled reads not compared because a replica answered them, by reason.", prometheus.Labels{"reason": k}, m.stats.skipped[i].Load))
 	}
 	for i, k := range errorKinds {
 		cs = append(cs, counter("errors_total", "Mirrored commands that failed on the mirror, by kind.", prometheus.Labels{"kind": k}, m.stats.errors[i].Load))

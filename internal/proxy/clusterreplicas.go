@@ -252,6 +252,9 @@ func (sess *Session) clusterDo(call *upstream.Call) {
 	c := sess.clusterReads()
 	c.sync()
 	sess.srv.router.DoReads(call, sess.resp3, c, reads)
+	// A replica was picked for some read (its reply may be the primary's
+	// after a fallback, which the mirror then need not compare either).
+	sess.reads.answered = sess.reads.answered || len(c.picked) > 0
 	c.batchDone()
 }
 

@@ -175,6 +175,13 @@ type replicaReads struct {
 	// wrote: a command that may write was forwarded and its reply is not
 	// in yet (writeForwarded, or a Call with more than reads).
 	wrote bool
+	// answered: a replica answered the batch's Call, or part of it: the
+	// mirror does not compare those replies with its own as the
+	// primary's. readOnReplica sets it on the state it was given; with
+	// routes, whose shares are read on goroutines of their own, routedDo
+	// gathers the upstreams' into sess.reads once all are in
+	// (routeReplicaAnswered). flush resets sess.reads's.
+	answered bool
 	// gen is the replicaSet.gen of the views floor and last come from:
 	// after an address change they are the old upstream's, meaningless
 	// for the new one's offsets. (Small fields first: the Session, which
@@ -1110,6 +1117,7 @@ func (sess *Session) readOnReplica(rs *replicaSet, rr *replicaReads, call *upstr
 	refused := err == nil && replicaNotServing(rc.call)
 	if err == nil && (!refused || rs.mode == config.ReadReplica) {
 		copyReplies(call, rc.call)
+		rr.answered = true
 	}
 	if refused {
 		err = errReplicaNotServing

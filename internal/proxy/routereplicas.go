@@ -78,6 +78,21 @@ func (sess *Session) routeWritesAnswered(b *routeBatch) {
 	}
 }
 
+// routeReplicaAnswered: the batch's shares are in; if a replica answered
+// any, the mirror must not compare the batch's replies as the primaries'
+// (replicaReads.answered).
+func (sess *Session) routeReplicaAnswered() {
+	if sess.route.reads == nil {
+		return
+	}
+	for i := range *sess.route.reads {
+		if rr := &(*sess.route.reads)[i]; rr.answered {
+			rr.answered = false
+			sess.reads.answered = true
+		}
+	}
+}
+
 // replicaRead reports whether a replica may serve cmd with args, as
 // replicaCandidate decides for a command without routes: XREAD only
 // without BLOCK.

@@ -773,6 +773,7 @@ func (sess *Session) routedDo(call *upstream.Call) {
 	wg.Wait()
 	if rs.replicas {
 		sess.routeWritesAnswered(b)
+		sess.routeReplicaAnswered()
 	}
 	overflow := false
 	for i := range n {

@@ -598,6 +598,7 @@ func (sess *Session) flush(start time.Time) {
 	now := time.Now()
 	if call.Len() > 0 {
 		call.SetReplyLimit(sess.replyLimit())
+		sess.reads.answered = false // set by the replica paths below
 		sent := now
 		if sess.pin.pipe != nil {
 			if err := sess.pin.pipe.Send(call); err != nil {
