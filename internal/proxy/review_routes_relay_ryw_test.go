@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -23,23 +24,7 @@ import (
 func TestReviewRelayedWriteNotReadYourWrites(t *testing.T) {
 	r := startRoutedReplicas(t, 10*time.Second)
 	nc := r.p.Dial(t)
-	br := bufio.NewReader(nc)
-	roundTrip := func(want int, cmds ...[]string) []string {
-		t.Helper()
-		nc.SetDeadline(time.Now().Add(5 * time.Second))
-		if _, err := nc.Write(rawCmds(cmds...)); err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for range want {
-			f, err := readDiffFrame(br, nil)
-			if err != nil {
-				t.Fatalf("%v: read: %v (so far %q)", cmds, err, out)
-			}
-			out = append(out, string(f))
-		}
-		return out
-	}
+	roundTrip := rawRoundTrip(t, nc)
 	roundTrip(1, []string{"HELLO", "3"})
 	for _, k := range []string{"a:rw", "b:rw"} {
 		roundTrip(1, []string{"SET", k, "old"})
@@ -92,23 +77,7 @@ func TestReviewRelayedWriteNotReadYourWritesNoRoutes(t *testing.T) {
 	})
 	redistest.Eventually(t, 10*time.Second, func() bool { return p.UsableReplicas() == 1 }, "replica never usable")
 	nc := p.Dial(t)
-	br := bufio.NewReader(nc)
-	roundTrip := func(want int, cmds ...[]string) []string {
-		t.Helper()
-		nc.SetDeadline(time.Now().Add(5 * time.Second))
-		if _, err := nc.Write(rawCmds(cmds...)); err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for range want {
-			f, err := readDiffFrame(br, nil)
-			if err != nil {
-				t.Fatalf("%v: read: %v (so far %q)", cmds, err, out)
-			}
-			out = append(out, string(f))
-		}
-		return out
-	}
+	roundTrip := rawRoundTrip(t, nc)
 	roundTrip(1, []string{"HELLO", "3"})
 	roundTrip(1, []string{"SET", "k", "old"})
 	before := calls(t, g.replicas[0], "get")
@@ -142,4 +111,26 @@ func rawCmds(cmds ...[]string) []byte {
 		b = resp.AppendCommandStrings(b, c...)
 	}
 	return b
+}
+
+// rawRoundTrip returns a function that writes cmds on nc in one write and
+// reads want replies, as raw frames.
+func rawRoundTrip(t *testing.T, nc net.Conn) func(want int, cmds ...[]string) []string {
+	br := bufio.NewReader(nc)
+	return func(want int, cmds ...[]string) []string {
+		t.Helper()
+		nc.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := nc.Write(rawCmds(cmds...)); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for range want {
+			f, err := readDiffFrame(br, nil)
+			if err != nil {
+				t.Fatalf("%v: read: %v (so far %q)", cmds, err, out)
+			}
+			out = append(out, string(f))
+		}
+		return out
+	}
 }
