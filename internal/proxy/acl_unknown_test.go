@@ -1,17 +1,12 @@
 package proxy_test
 
 import (
-	"context"
-	"log/slog"
-	"net"
 	"testing"
-	"time"
 
 	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
-	"github.com/redproxy/redproxy/internal/metrics"
-	"github.com/redproxy/redproxy/internal/proxy"
+	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
@@ -28,35 +23,14 @@ func TestUnknownCommandNeedsEveryKey(t *testing.T) {
 			cmds = append(cmds, c)
 		}
 	}
-	cfg := config.Default()
-	cfg.Server.Listen = "127.0.0.1:0"
-	cfg.Server.Admin = ""
-	cfg.Upstream.Address = rs.Addr()
-	cfg.Upstream.Connections = 2
-	cfg.Users = []auth.UserConfig{user("cacheonly", nsPass, "+@all ~cache:*"), user("everykey", nsPass, "+@all ~*")}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: commands.NewTable(cmds), Logger: slog.New(slog.DiscardHandler), Metrics: metrics.New()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.ServeListener(config.ListenerPlain, ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
+	p := proxytest.StartWithTable(t, rs, commands.NewTable(cmds), func(cfg *config.Config) {
+		cfg.Users = []auth.UserConfig{user("cacheonly", nsPass, "+@all ~cache:*"), user("everykey", nsPass, "+@all ~*")}
 	})
-	redistest.Eventually(t, 5*time.Second, srv.Ready, "proxy never ready")
 
 	direct := rs.Client(t)
 	must(t, direct.Set(ctx, "secret", "S3CRET", 0).Err())
 	must(t, direct.Set(ctx, "cache:x", "X", 0).Err())
-	c := dialRaw(t, ln.Addr().String())
+	c := dialRaw(t, p.Addr)
 	if got := c.do("AUTH", "cacheonly", nsPass); got != "OK" {
 		t.Fatalf("AUTH: %v", got)
 	}

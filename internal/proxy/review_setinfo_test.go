@@ -1,19 +1,12 @@
 package proxy_test
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
-	"net"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
-	"github.com/redproxy/redproxy/internal/config"
-	"github.com/redproxy/redproxy/internal/metrics"
-	"github.com/redproxy/redproxy/internal/proxy"
-	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/proxytest"
 )
 
 // tableWithSetinfo is the built-in table (Redis 7.0's) plus CLIENT SETINFO
@@ -48,30 +41,8 @@ func tableWithSetinfo() *commands.Table {
 // LIST (another id, address, name and user=), which monitoring and CLIENT
 // KILL scripts parse.
 func TestReviewClientSetinfoInjectsClientListLines(t *testing.T) {
-	rs := redistest.Start(t)
-	cfg := config.Default()
-	cfg.Server.Listen = "127.0.0.1:0"
-	cfg.Server.Admin = ""
-	cfg.Upstream.Address = rs.Addr()
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: tableWithSetinfo(), Logger: slog.New(slog.DiscardHandler), Metrics: metrics.New()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.ServeListener(config.ListenerPlain, ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-	})
-	redistest.Eventually(t, 5*time.Second, srv.Ready, "proxy never connected")
-	addr := ln.Addr().String()
+	p := proxytest.StartWithTable(t, nil, tableWithSetinfo(), nil)
+	addr := p.Addr
 
 	evil := dialRaw(t, addr)
 	if v := fmt.Sprint(evil.do("CLIENT", "SETNAME", "a\nb")); !strings.Contains(v, "cannot contain") {

@@ -36,18 +36,31 @@ type Proxy struct {
 // the test ends.
 func Start(t testing.TB, rs *redistest.Server, mutate func(*config.Config)) *Proxy {
 	t.Helper()
-	if rs == nil {
-		rs = redistest.Start(t)
-	}
-	p := StartUnready(t, rs, mutate)
-	redistest.Eventually(t, 5*time.Second, p.Ready, "proxy never connected to redis at %s", rs.Addr())
-	return p
+	return StartWithTable(t, rs, commands.Builtin(), mutate)
 }
 
 // StartUnready is Start without waiting for the proxy to reach Redis,
 // which it may never do (a refused TLS handshake, a Sentinel that names no
 // primary). rs may be nil: the configuration then says where Redis is.
 func StartUnready(t testing.TB, rs *redistest.Server, mutate func(*config.Config)) *Proxy {
+	t.Helper()
+	return startUnready(t, rs, commands.Builtin(), mutate)
+}
+
+// StartWithTable is Start with the command table table instead of the
+// built-in one: the table the proxy would load from another Redis (a newer
+// one, or one with modules).
+func StartWithTable(t testing.TB, rs *redistest.Server, table *commands.Table, mutate func(*config.Config)) *Proxy {
+	t.Helper()
+	if rs == nil {
+		rs = redistest.Start(t)
+	}
+	p := startUnready(t, rs, table, mutate)
+	redistest.Eventually(t, 5*time.Second, p.Ready, "proxy never connected to redis at %s", rs.Addr())
+	return p
+}
+
+func startUnready(t testing.TB, rs *redistest.Server, table *commands.Table, mutate func(*config.Config)) *Proxy {
 	t.Helper()
 	cfg := config.Default()
 	cfg.Server.Listen = "127.0.0.1:0"
@@ -71,7 +84,7 @@ func StartUnready(t testing.TB, rs *redistest.Server, mutate func(*config.Config
 		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	reg := metrics.New()
-	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: commands.Builtin(), Logger: log, Metrics: reg})
+	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg})
 	if err != nil {
 		t.Fatalf("proxytest: %v", err)
 	}
