@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/redproxy/redproxy/internal/auth"
+	"github.com/redproxy/redproxy/internal/config"
 )
 
 // Server is the admin HTTP server.
@@ -136,15 +137,10 @@ func browserRefusal(r *http.Request) string {
 	return ""
 }
 
-// loopbackName reports whether host (no port; an IPv6 address may be in
-// brackets) is "localhost" or a loopback IP.
+// loopbackName is config.LoopbackHost for a Host header's host, where an
+// IPv6 address without a port keeps its brackets.
 func loopbackName(host string) bool {
-	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return config.LoopbackHost(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))
 }
 
 // ErrTokenRequired is returned by Token when the admin endpoint is bound

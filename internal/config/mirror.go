@@ -138,10 +138,12 @@ func sameAddress(a, b string) bool {
 	if err1 != nil || err2 != nil || pa != pb {
 		return false
 	}
-	return strings.EqualFold(ha, hb) || loopbackHost(ha) && loopbackHost(hb)
+	return strings.EqualFold(ha, hb) || LoopbackHost(ha) && LoopbackHost(hb)
 }
 
-func loopbackHost(h string) bool {
+// LoopbackHost reports whether h, a host without a port, names this host
+// only: "localhost" in any case, or a loopback IP.
+func LoopbackHost(h string) bool {
 	if strings.EqualFold(h, "localhost") {
 		return true
 	}
