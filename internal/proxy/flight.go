@@ -106,6 +106,19 @@ func (sess *Session) flightStep(r *request) bool {
 	switch {
 	case !handled:
 		return false // go upstream with the rest of the data path
+	case err != nil:
+		sess.flightFailed(r, err)
+	default:
+		sess.finishLocal(r.m, out, start)
+		sess.mirrorNote(r)
+	}
+	return true
+}
+
+// flightFailed answers a read stampede protection took (flightStep, and
+// tierHeldFill for the tier's fills) and could not answer with a reply.
+func (sess *Session) flightFailed(r *request, err error) {
+	switch {
 	case errors.Is(err, stampede.ErrClientGone):
 		// Nobody to answer: end the session now, as blocking does,
 		// rather than when the hold would have ended.
@@ -115,13 +128,9 @@ func (sess *Session) flightStep(r *request) bool {
 		// The reply was longer than the output limit (fetch): the
 		// client is closed, as for a reply of its own Call.
 		sess.overLimit()
-	case err != nil:
-		sess.replyLocal(r.m, errorReply(err))
 	default:
-		sess.finishLocal(r.m, out, start)
-		sess.mirrorNote(r)
+		sess.replyLocal(r.m, errorReply(err))
 	}
-	return true
 }
 
 // flightWriteForwarded remembers writes of keys under a hold or early

@@ -196,13 +196,8 @@ func (sess *Session) tierHeldFill(t *tierState, r *request, key []byte) bool {
 	switch {
 	case errors.Is(err, stampede.ErrTooManyWaiters):
 		sess.forwardCommand(r) // as Read's caller does past max_waiters
-	case errors.Is(err, stampede.ErrClientGone):
-		sess.closing(metrics.CloseClient)
-		sess.quitting = true
-	case errors.Is(err, upstream.ErrOutputLimit):
-		sess.overLimit()
 	case err != nil:
-		sess.replyLocal(r.m, errorReply(err))
+		sess.flightFailed(r, err)
 	default:
 		sess.replyLocal(r.m, reply)
 	}
