@@ -18,15 +18,7 @@ import (
 // knows the proxy's password can guess any other Redis user's password at
 // full speed through the proxy.
 func TestReviewRelayAuthEscapesFailedAuthLimit(t *testing.T) {
-	rs := redistest.Start(t)
-	rc := rs.Client(t)
-	if err := rc.Do(ctx, "acl", "setuser", "admin", "on", ">admin-secret", "~*", "&*", "+@all").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rc.ConfigSet(ctx, "requirepass", "up-pass-123").Err(); err != nil {
-		t.Fatal(err)
-	}
-	p := proxytest.Start(t, rs, func(c *config.Config) { c.Upstream.Password = "up-pass-123" })
+	p := startPasswordOnlyWithAdmin(t)
 
 	c := dialRaw(t, p.Addr)
 	if v := c.do("AUTH", "up-pass-123"); v != "OK" {
@@ -71,15 +63,7 @@ func TestReviewRelayAuthEscapesFailedAuthLimit(t *testing.T) {
 // mode (where Redis runs AUTH) it is refused, in RESP2's subscribed mode
 // Redis refuses it itself; HELLO with AUTH is refused on any relay.
 func TestRelayAuthInEveryRelayKind(t *testing.T) {
-	rs := redistest.Start(t)
-	rc := rs.Client(t)
-	if err := rc.Do(ctx, "acl", "setuser", "admin", "on", ">admin-secret", "~*", "&*", "+@all").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rc.ConfigSet(ctx, "requirepass", "up-pass-123").Err(); err != nil {
-		t.Fatal(err)
-	}
-	p := proxytest.Start(t, rs, func(c *config.Config) { c.Upstream.Password = "up-pass-123" })
+	p := startPasswordOnlyWithAdmin(t)
 	login := func(t *testing.T) *rawConn {
 		c := dialRaw(t, p.Addr)
 		if v := c.do("AUTH", "up-pass-123"); v != "OK" {
@@ -143,4 +127,20 @@ func TestRelayAuthInEveryRelayKind(t *testing.T) {
 			t.Errorf("AUTH while subscribed = %v, want Redis's refusal", v)
 		}
 	})
+}
+
+// startPasswordOnlyWithAdmin starts Redis with requirepass up-pass-123 and
+// a Redis user admin (password admin-secret) the proxy never logs in as,
+// and a proxy in password mode (no [[users]]) in front of it.
+func startPasswordOnlyWithAdmin(t *testing.T) *proxytest.Proxy {
+	t.Helper()
+	rs := redistest.Start(t)
+	rc := rs.Client(t)
+	if err := rc.Do(ctx, "acl", "setuser", "admin", "on", ">admin-secret", "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.ConfigSet(ctx, "requirepass", "up-pass-123").Err(); err != nil {
+		t.Fatal(err)
+	}
+	return proxytest.Start(t, rs, func(c *config.Config) { c.Upstream.Password = "up-pass-123" })
 }
