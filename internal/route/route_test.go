@@ -172,15 +172,7 @@ func TestPatternOverlap(t *testing.T) {
 		{"e*", Default, "upstream 'cache'"},
 		{"ev.*", 1, "channels no channel_route matches"}, // ev.ab goes to default
 	} {
-		up, err := tb.Pattern([]byte(c.pat))
-		switch {
-		case c.err == "" && err != nil:
-			t.Errorf("Pattern(%q) refused: %v", c.pat, err)
-		case c.err == "" && up != c.up:
-			t.Errorf("Pattern(%q) = %d, want %d", c.pat, up, c.up)
-		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
-			t.Errorf("Pattern(%q) = %d, %v; want a refusal with %q", c.pat, up, err, c.err)
-		}
+		checkPattern(t, tb, c.pat, c.up, c.err)
 	}
 	// Without channel routes every pattern is [upstream]'s, but for those
 	// that may match keyspace notifications of keys on other upstreams:
@@ -269,15 +261,7 @@ func TestNotificationChannels(t *testing.T) {
 		{"jobs.*", 2, ""},
 		{"__keyspace@0__", Default, ""}, // one channel, not a notification one
 	} {
-		up, err := tb.Pattern([]byte(c.pat))
-		switch {
-		case c.err == "" && err != nil:
-			t.Errorf("Pattern(%q) refused: %v", c.pat, err)
-		case c.err == "" && up != c.up:
-			t.Errorf("Pattern(%q) = %d, want %d", c.pat, up, c.up)
-		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
-			t.Errorf("Pattern(%q) = %d, %v; want a refusal with %q", c.pat, up, err, c.err)
-		}
+		checkPattern(t, tb, c.pat, c.up, c.err)
 	}
 	// Keys all on [upstream]: every notification is there. A pattern that
 	// may match them must subscribe there too.
@@ -292,6 +276,21 @@ func TestNotificationChannels(t *testing.T) {
 	}
 	if up, err := def.Subscribe([]byte("__keyevent@0__:set")); up != Default || err != nil {
 		t.Errorf("no key routes: Subscribe(__keyevent@0__:set) = %d %v", up, err)
+	}
+}
+
+// checkPattern checks tb.Pattern(pat): subscribed on upstream up when
+// errWant is "", else refused with an error containing errWant.
+func checkPattern(t *testing.T, tb *Table, pat string, up int, errWant string) {
+	t.Helper()
+	got, err := tb.Pattern([]byte(pat))
+	switch {
+	case errWant == "" && err != nil:
+		t.Errorf("Pattern(%q) refused: %v", pat, err)
+	case errWant == "" && got != up:
+		t.Errorf("Pattern(%q) = %d, want %d", pat, got, up)
+	case errWant != "" && (err == nil || !strings.Contains(err.Error(), errWant)):
+		t.Errorf("Pattern(%q) = %d, %v; want a refusal with %q", pat, got, err, errWant)
 	}
 }
 
