@@ -77,3 +77,43 @@ func TestReviewRoutesReloadMovesWatchedKey(t *testing.T) {
 		t.Fatalf("queue:balance on cache = %q, want the retry's -100", v)
 	}
 }
+
+// TestRoutesWatchedKeyMovedAwayAndBack: two reloads between WATCH and
+// EXEC move a WATCHed key to another upstream and back. Another client's
+// write to it in between went to the other upstream, where the WATCH never
+// hears of it; the table in force at EXEC routes the key where the WATCH
+// is again, so comparing only that table with the WATCH's let EXEC commit
+// over an acknowledged write the client's WATCH was there to see.
+func TestRoutesWatchedKeyMovedAwayAndBack(t *testing.T) {
+	r := startRouted(t, nil)
+	conn := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }).Conn()
+	t.Cleanup(func() { conn.Close() })
+	if err := r.c.Set(ctx, "queue:balance", "100", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Do(ctx, "WATCH", "queue:balance").Err(); err != nil {
+		t.Fatal(err)
+	}
+	original := r.p.Config().Routes
+	if _, err := r.p.Reload(reloaded(t, r.p, func(c *config.Config) {
+		c.Routes = []config.Route{{Pattern: "queue:balance*", Upstream: "cache"}, {Pattern: "queue:*", Upstream: "queue"}, {Pattern: "cache:*", Upstream: "cache"}}
+	})); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.c.Set(ctx, "queue:balance", "0", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.p.Reload(reloaded(t, r.p, func(c *config.Config) { c.Routes = original })); err != nil {
+		t.Fatal(err)
+	}
+	res, err := conn.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "queue:withdrawn", "100", 0)
+		return nil
+	})
+	if err != redis.TxFailedErr {
+		t.Fatalf("EXEC after the watched key was written while routed elsewhere = %v, %v; want the null reply of a failed WATCH", res, err)
+	}
+	if where := r.holds(t, "queue:withdrawn"); where != "" {
+		t.Fatalf("a failed transaction wrote queue:withdrawn on %q", where)
+	}
+}

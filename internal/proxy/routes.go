@@ -45,7 +45,11 @@ import (
 // routeState is the routes' part of a Server; nil when none are
 // configured.
 type routeState struct {
-	table   atomic.Pointer[route.Table]
+	table atomic.Pointer[route.Table]
+	// recent are the last routeHistory tables put in force, oldest first,
+	// for watchMoved; swapped whole, and before table, so that a table
+	// read from table is in the recent read after it.
+	recent  atomic.Pointer[[]*route.Table]
 	targets []*routeTarget // by upstream index; targets[0] is [upstream]
 	routed  *prometheus.CounterVec
 	failed  *prometheus.CounterVec
@@ -109,6 +113,7 @@ func initRoutes(s *Server) error {
 	if err != nil {
 		return err
 	}
+	rs.recent.Store(&[]*route.Table{tbl})
 	rs.table.Store(tbl)
 	rs.keyRules = slices.Clone(cfg.Routes)
 	return nil
@@ -307,6 +312,11 @@ func (s *Server) reloadRoutes(next *config.Config) {
 		s.log.Error("route: reloaded routes do not compile; keeping the routes in force", "err", err)
 		return
 	}
+	recent := append(slices.Clone(*s.routes.recent.Load()), t)
+	if len(recent) > routeHistory {
+		recent = recent[len(recent)-routeHistory:]
+	}
+	s.routes.recent.Store(&recent)
 	if s.tier != nil && !slices.Equal(s.routes.keyRules, next.Routes) {
 		// Keys may move to another upstream: the tier must not serve what
 		// it filled from their old one (localcache/routes.go).
@@ -316,6 +326,10 @@ func (s *Server) reloadRoutes(next *config.Config) {
 	}
 	s.routes.keyRules = slices.Clone(next.Routes)
 }
+
+// routeHistory is how many route tables watchMoved can look back on: a
+// WATCH older than that many reloads fails its EXEC.
+const routeHistory = 16
 
 // backendFor is upstream up's pools for the client's credential, or an
 // error for a cluster upstream (which routes commands itself).
@@ -868,19 +882,31 @@ func (sess *Session) noteWatch(r *request) {
 }
 
 // watchMoved reports whether a reload since the client's first WATCH
-// routes one of its WATCHed keys to another upstream than the one the
-// WATCH is on (pin.slot). The WATCH then guards a key where it no longer
-// lives: writes to it go to its new upstream, which the WATCH never
-// hears of, and an EXEC that ran committed over them (found by review:
-// only the queued keys were checked, a moved WATCHed key let EXEC run).
+// routed one of its WATCHed keys to another upstream than the one the
+// WATCH is on (pin.slot), now or at any time in between. The WATCH then
+// missed writes to the key: they went to its other upstream, which the
+// WATCH never hears of, and an EXEC that ran committed over them (found by
+// review: only the queued keys were checked, a moved WATCHed key let EXEC
+// run). Every table in force since the WATCH is checked, not only t: a
+// key moved away and back by two reloads took its writes elsewhere in
+// between (TestRoutesWatchedKeyMovedAwayAndBack).
 func (sess *Session) watchMoved(t *route.Table) bool {
 	pin := &sess.pin
 	if pin.watchRoutes == nil || pin.watchRoutes == t {
 		return false
 	}
-	for _, k := range pin.watchKeys {
-		if up, _ := t.Key(k); up != pin.slot {
-			return true
+	recent := *sess.srv.routes.recent.Load()
+	i := slices.Index(recent, pin.watchRoutes)
+	if i < 0 {
+		// More reloads since the WATCH than are kept: say it failed, an
+		// answer a WATCH may always give and its client retries.
+		return true
+	}
+	for _, tbl := range recent[i+1:] {
+		for _, k := range pin.watchKeys {
+			if up, _ := tbl.Key(k); up != pin.slot {
+				return true
+			}
 		}
 	}
 	return false
