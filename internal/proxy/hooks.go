@@ -23,9 +23,12 @@ import "github.com/redproxy/redproxy/internal/commands"
 
 // writeForwarded is called for every write before it is sent upstream.
 func (sess *Session) writeForwarded(cmd *commands.Command, args [][]byte) {
-	if sess.srv.router != nil {
+	switch {
+	case sess.srv.router != nil:
 		sess.clusterWrote(cmd, args)
-	} else {
+	case sess.srv.routes != nil:
+		sess.routeWriteForwarded(cmd, args)
+	default:
 		sess.wroteMoves = sess.backend().Moves() + 1
 	}
 	sess.tierWriteForwarded(cmd, args)

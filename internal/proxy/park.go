@@ -662,7 +662,7 @@ func (sess *Session) releaseBuffers() {
 	sess.out, sess.local, sess.slots, sess.batchReqs, sess.aclKeys = nil, nil, nil, nil, nil
 	// The per-batch scratch of routes, the mirror and namespaces: empty
 	// between batches, where a session parks.
-	sess.route.keys = nil
+	sess.routeKeyPos = nil
 	sess.mirrorS = nil
 	if sess.ns.w != nil {
 		*sess.ns.b = nsBatch{}

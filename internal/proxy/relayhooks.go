@@ -159,6 +159,9 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 		// Read-your-writes counts it as a shared-path write, which a
 		// command the table does not know may be (replicaForwarded).
 		rw.replicaWrote = true
+		if rw.sess.srv.routes != nil {
+			rw.sess.routeWrote(rw.sess.route.relay) // a WAIT after the relay waits there too
+		}
 	}
 	if !rw.active {
 		return true

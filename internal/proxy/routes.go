@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"strings"
 	"sync"
@@ -354,7 +355,19 @@ type routeSession struct {
 	// relay is the upstream the client's relay (SUBSCRIBE, MONITOR) runs
 	// on; its later commands must route there too (routeRelayDenied).
 	relay int
-	keys  []int
+	// wrote is the upstreams (bit i: upstream i; there are at most 64)
+	// the client has written to since its connection began, where WAIT
+	// and WAITAOF must wait (routewait.go). Never cleared: a WAIT that
+	// confirmed a write on N replicas says nothing of the next WAIT's
+	// numreplicas, and a client that wrote to an upstream once is rarely
+	// done with it.
+	wrote uint64
+	// moves is, once the client has written to two upstreams or more,
+	// 1 + each one's Moves() at the client's last write to it, by index
+	// (for one upstream, Session.wroteMoves): a WAIT after one of them
+	// moved to another server answers 0 (waitAfterMove). nil until then,
+	// so a client of one upstream allocates nothing.
+	moves *[]uint32
 	// reads is the client's read-your-writes state per upstream, by
 	// index, once some upstream reads from replicas (routeReads); a
 	// pointer, so a session without replica reads carries one word.
@@ -368,7 +381,7 @@ var errRouteInTx = func(name string) []byte {
 // routeKeys is the upstream of r's keys (see route.Table.Keys).
 func (sess *Session) routeKeys(r *request) (up int, keyed bool, cross []byte) {
 	t := sess.srv.routes.table.Load()
-	up, keyed, err := t.Keys(r.cmd, r.Args, &sess.route.keys)
+	up, keyed, err := t.Keys(r.cmd, r.Args, &sess.routeKeyPos)
 	if err != nil {
 		return up, true, route.ErrorReply(err)
 	}
@@ -473,9 +486,14 @@ func (sess *Session) routeStep(r *request) bool {
 
 // routeBlockingBackend is where a blocking command borrows its connection
 // with routes: the upstream of its keys (routeStep checked they share
-// one); a keyless one (WAIT) the default upstream.
+// one); WAIT and WAITAOF the one upstream the client wrote to (one that
+// wrote to several waits on each, waitEveryUpstream), [upstream] when it
+// wrote nowhere.
 func (sess *Session) routeBlockingBackend(r *request) (*upstream.Backend, error) {
-	up, _, _ := sess.routeKeys(r)
+	up, keyed, _ := sess.routeKeys(r)
+	if !keyed && sess.route.wrote != 0 && (r.name == "wait" || r.name == "waitaof") {
+		up = bits.TrailingZeros64(sess.route.wrote)
+	}
 	return sess.backendFor(up)
 }
 
@@ -540,7 +558,7 @@ func (routePlacer) target(sess *Session, r *request) (int, bool, []byte) {
 	// of it; PUBSUB NUMSUB counts them there, and one over several
 	// upstreams is refused (split, it is not one command of the
 	// transaction's upstream).
-	up, keyed, err := sess.srv.routes.table.Load().Upstream(r.cmd, r.Args, &sess.route.keys)
+	up, keyed, err := sess.srv.routes.table.Load().Upstream(r.cmd, r.Args, &sess.routeKeyPos)
 	if err != nil {
 		return up, true, route.ErrorReply(err)
 	}
@@ -610,7 +628,7 @@ func (sess *Session) routeRelayDenied(args [][]byte) string {
 	case route.FansOut(cmd.Name):
 		return "ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(cmd.Name, "|", " ")) + " is not supported on a subscribed connection with routes"
 	}
-	u, keyed, err := t.Keys(cmd, args, &sess.route.keys)
+	u, keyed, err := t.Keys(cmd, args, &sess.routeKeyPos)
 	if keyed && (err != nil || u != up) {
 		return "ERR redproxy: keys of this command go to another upstream than this subscribed connection's ('" + t.Name(up) + "')"
 	}
@@ -665,9 +683,10 @@ func (sess *Session) routedDo(call *upstream.Call) {
 			continue
 		}
 		cmd := sess.srv.table.Lookup(b.args)
+		// A command the table does not know may write (a module's).
+		b.mayWrite[i] = cmd == nil || mayWrite(cmd)
 		if rs.replicas {
 			b.notRead[i] = !replicaRead(cmd, b.args)
-			b.mayWrite[i] = cmd == nil || mayWrite(cmd) // a command the table does not know may write
 		}
 		if group == 0 && cmd != nil && cmd.Name == "multi" {
 			groups++
@@ -735,6 +754,11 @@ func (sess *Session) routedDo(call *upstream.Call) {
 				raw = call.Part(i)
 			}
 			c.Add(raw)
+		}
+	}
+	for up, wrote := range b.mayWrites {
+		if wrote {
+			sess.routeWrote(up) // where WAIT must wait (routewait.go)
 		}
 	}
 	b.errs = append(b.errs[:0], make([]error, len(b.calls))...)

@@ -76,9 +76,11 @@ type Session struct {
 	// wroteMoves is, outside cluster mode, 1 + the session's backend's
 	// Moves() when the client's last write was forwarded; 0: none yet.
 	// In cluster mode it is the owner of wroteSlot when the write's reply
-	// came (Router.OwnerTag, batchFlushed); 0: not known. A WAIT after
-	// the backend moved to another server (a Sentinel failover), or the
-	// slot to another node, answers 0 (waitAfterMove).
+	// came (Router.OwnerTag, batchFlushed); 0: not known. With routes it
+	// is the same for the upstream of the client's last write, and for
+	// the one upstream it wrote to that of each (routeSession.moves). A
+	// WAIT after the backend moved to another server (a Sentinel
+	// failover), or the slot to another node, answers 0 (waitAfterMove).
 	wroteMoves uint32
 	block      blockState
 	replyOff   bool // CLIENT REPLY OFF
@@ -166,6 +168,10 @@ type sessionBatch struct {
 	// resumed is the batch a relay held when it handed the client back to
 	// the shared connections (relayexit.go), served before the next read.
 	resumed []resp.Request
+	// routeKeyPos is the routes' scratch for key positions (routes.go),
+	// here and not in routeSession to leave Session room for what the
+	// client wrote where (routeSession.wrote).
+	routeKeyPos []int
 }
 
 // newSessionBatch is a session's batch state when it starts or resumes.

@@ -641,11 +641,16 @@ func (sess *Session) waitAfterMove(cmd *commands.Command, m *metrics.Command) bo
 	default:
 		return false
 	}
-	if r := sess.srv.router; r != nil {
+	switch r := sess.srv.router; {
+	case r != nil:
 		if sess.wroteMoves == r.OwnerTag(int(sess.wroteSlot)-1) {
 			return false
 		}
-	} else if sess.wroteMoves == sess.backend().Moves()+1 {
+	case sess.srv.routes != nil:
+		if !sess.routeWritesMoved() {
+			return false
+		}
+	case sess.wroteMoves == sess.backend().Moves()+1:
 		return false
 	}
 	sess.replyLocal(m, none)
@@ -663,6 +668,10 @@ func (sess *Session) blocking(r *request) {
 		sess.writeForwarded(cmd, r.Args)
 	}
 	if sess.waitAfterMove(cmd, m) {
+		return
+	}
+	if sess.waitsOnSeveral(cmd) {
+		sess.waitEveryUpstream(r)
 		return
 	}
 	pipe, b := sess.pin.pipe, sess.pin.backend
@@ -838,12 +847,26 @@ type blockState struct {
 	id      atomic.Int64      // Redis's id of the connection; 0: not blocked
 	pipe    *upstream.Pipe    // the connection, under mu
 	backend *upstream.Backend // where pipe came from, under mu
+	// more are, for a WAIT on several upstreams (waitEveryUpstream), the
+	// connections of the others, under mu; nil otherwise.
+	more *[]blockedConn
+}
+
+// blockedConn is one more connection a client is blocked on.
+type blockedConn struct {
+	id      int64
+	pipe    *upstream.Pipe
+	backend *upstream.Backend
 }
 
 func (b *blockState) set(id int64, pipe *upstream.Pipe, from *upstream.Backend) {
+	b.setEvery(id, pipe, from, nil)
+}
+
+func (b *blockState) setEvery(id int64, pipe *upstream.Pipe, from *upstream.Backend, more *[]blockedConn) {
 	b.mu.Lock()
 	b.id.Store(id)
-	b.pipe, b.backend = pipe, from
+	b.pipe, b.backend, b.more = pipe, from, more
 	b.mu.Unlock()
 }
 
@@ -893,13 +916,26 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 		sess.replyLocal(m, zero)
 		return true
 	}
-	raw := resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10))
-	if mode != "" {
-		raw = resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
+	unblockOn := func(rid int64, b *upstream.Backend, p *upstream.Pipe) []byte {
+		raw := resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10))
+		if mode != "" {
+			raw = resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
+		}
+		reply, err := b.RoundTripBeside(p, raw)
+		if err != nil {
+			reply = errorReply(err)
+		}
+		return reply
 	}
-	reply, err := target.block.backend.RoundTripBeside(target.block.pipe, raw)
-	if err != nil {
-		reply = errorReply(err)
+	reply := unblockOn(rid, target.block.backend, target.block.pipe)
+	if more := target.block.more; more != nil {
+		// A WAIT on several upstreams: the client is unblocked when all
+		// of them are; the first one's answer is the UNBLOCK's.
+		for _, c := range *more {
+			if c.id != 0 {
+				unblockOn(c.id, c.backend, c.pipe)
+			}
+		}
 	}
 	sess.replyLocal(m, reply)
 	return true

@@ -123,3 +123,45 @@ func AppendArray(dst []byte, n int) []byte {
 	dst = strconv.AppendInt(dst, int64(n), 10)
 	return append(dst, '\r', '\n')
 }
+
+// MergeMin is the least of the parts' integers, or of arrays of integers
+// element by element (WAIT and WAITAOF over several upstreams: a write
+// is on N replicas only if every part of it is).
+func MergeMin(replies [][]byte, unexpected func([]byte) []byte) []byte {
+	if len(replies) == 0 {
+		return unexpected(nil)
+	}
+	if least, ok := Integer(replies[0]); ok {
+		for _, r := range replies[1:] {
+			n, ok := Integer(r)
+			if !ok {
+				return unexpected(r)
+			}
+			least = min(least, n)
+		}
+		return append(strconv.AppendInt([]byte{':'}, least, 10), '\r', '\n')
+	}
+	var least []int64
+	for k, r := range replies {
+		e, ok := ArrayElements(r)
+		if !ok || k > 0 && len(e) != len(least) {
+			return unexpected(r)
+		}
+		for j, el := range e {
+			n, ok := Integer(el)
+			switch {
+			case !ok:
+				return unexpected(r)
+			case k == 0:
+				least = append(least, n)
+			default:
+				least[j] = min(least[j], n)
+			}
+		}
+	}
+	out := AppendArray(nil, len(least))
+	for _, n := range least {
+		out = append(strconv.AppendInt(append(out, ':'), n, 10), '\r', '\n')
+	}
+	return out
+}
