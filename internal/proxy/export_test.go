@@ -41,3 +41,25 @@ func (s *Server) BatchCap() int { return int(s.batchLoad.cap.Load()) }
 // ParkArmed is the pause before the sweeper's next regular look, as its
 // last look armed it.
 func (s *Server) ParkArmed() time.Duration { return time.Duration(s.park.armed.Load()) }
+
+// ClusterReplicaViewStarted is, in cluster mode with replica reads, when
+// the oldest of the shards' current replica views started (zero before
+// every shard was polled once): the cluster twin of ReplicaViewStarted,
+// since the shards are polled together but each keeps its own view.
+func (s *Server) ClusterReplicaViewStarted() time.Time {
+	cr := s.creplicas
+	if cr == nil {
+		return time.Time{}
+	}
+	var oldest time.Time
+	for _, rs := range *cr.sets.Load() {
+		v := rs.view.Load()
+		if v == nil {
+			return time.Time{}
+		}
+		if oldest.IsZero() || v.at.Before(oldest) {
+			oldest = v.at
+		}
+	}
+	return oldest
+}
