@@ -380,6 +380,11 @@ type Reads interface {
 	// ReplyTimeout. toPrimary says to send it to the slot's primary;
 	// otherwise its reply is the error.
 	Failed(replica *upstream.Backend, err error) (toPrimary bool)
+	// Reconnected reports whether a connection to replica was lost since
+	// Replica picked it for the batch: the read may have been sent on the
+	// redialled one, to a restarted server serving an old dataset, so its
+	// replies are not used (a failed read).
+	Reconnected(replica *upstream.Backend) bool
 	// Wrote: a command that may write was sent to primary.
 	Wrote(primary string)
 	// ReplyTimeout bounds the wait for a replica's replies.
@@ -1107,13 +1112,26 @@ func (b *batch) classify(i int, nc *nodeCall, k int) (again, slow bool) {
 	return again, slow
 }
 
+// errReplicaReconnected fails a read whose replica's connection was lost
+// after the replica was picked (Reads.Reconnected).
+var errReplicaReconnected = errors.New("redproxy: the replica's connection was lost and redialled during the read")
+
 // replicaFailed handles sub i's outcome on a replica when the replica
-// failed it: it was not sent, was lost or late, or the replica is not
-// serving (loading, or cut off from its primary). A read changes nothing,
-// so the primary may run it again. done is false when the reply is to be
-// classified as any other (a MOVED included).
+// failed it: it was not sent, was lost or late, its connection was lost
+// since it was picked, or the replica is not serving (loading, or cut off
+// from its primary). A read changes nothing, so the primary may run it
+// again. done is false when the reply is to be classified as any other
+// (a MOVED included).
 func (b *batch) replicaFailed(i int, nc *nodeCall, k int) (again, done bool) {
 	err := nc.err
+	if err == nil && b.reads.Reconnected(nc.replica) {
+		// Whatever the replica answered, it may be a restarted server's
+		// old dataset (the standalone path's replicaNode.failedSince).
+		err = errReplicaReconnected
+	}
+	// notServing is the replica's -LOADING or -MASTERDOWN, when that is
+	// how it failed.
+	var notServing []byte
 	if err == nil {
 		reply, rerr := nc.call.Reply(k)
 		switch {
@@ -1121,6 +1139,7 @@ func (b *batch) replicaFailed(i int, nc *nodeCall, k int) (again, done bool) {
 			err = rerr
 		case rerr == nil && (bytes.HasPrefix(reply, prefixLoading) || bytes.HasPrefix(reply, prefixMasterDown)):
 			err = errors.New(string(bytes.TrimSpace(reply[1:])))
+			notServing = reply
 		default:
 			return false, false
 		}
@@ -1128,6 +1147,13 @@ func (b *batch) replicaFailed(i int, nc *nodeCall, k int) (again, done bool) {
 	if b.reads.Failed(nc.replica, err) {
 		b.subs[i].primaryOnly = true
 		return true, true
+	}
+	if notServing != nil {
+		// The client gets the replica's error as Redis sent it, as in
+		// standalone mode: its code (LOADING, MASTERDOWN) is what clients
+		// decide on, and "-ERR MASTERDOWN ..." hid it.
+		b.finish(i, notServing)
+		return false, true
 	}
 	b.finish(i, errorFrame(err))
 	return false, true

@@ -25,7 +25,8 @@ import (
 // Router.DoReads, which sends each keyed command to a replica of its
 // slot's primary, chosen by the client's read-your-writes state for that
 // shard (clusterReads); a replica that fails, is late (reply_timeout),
-// loads or lost its primary sends the read back to the primary
+// loads or lost its primary, or whose connection was lost since it was
+// picked (Reconnected), sends the read back to the primary
 // (replica_preferred) or fails it (replica); a MOVED from a replica is
 // followed to the node it names, a primary. Any other batch goes to the
 // primaries, and the router names each primary a command went to
@@ -231,6 +232,9 @@ type pickedReplica struct {
 	b    *upstream.Backend
 	node *replicaNode
 	set  *replicaSet
+	// epoch is the poll epoch of the view the node was first picked from
+	// in the batch (Reconnected).
+	epoch uint64
 }
 
 func (sess *Session) clusterReads() *clusterReads {
@@ -304,7 +308,7 @@ func (c *clusterReads) Replica(primary string) (*upstream.Backend, []byte) {
 	}
 	sh := c.shard(set)
 	now := time.Now()
-	node, _ := set.pick(&sh.rr, c.sess.id, now)
+	node, epoch := set.pick(&sh.rr, c.sess.id, now)
 	if node == nil {
 		if set.mode == config.ReadReplica && sh.rr.needEpoch == 0 && set.usable(now) == 0 {
 			set.failed.Inc()
@@ -315,13 +319,37 @@ func (c *clusterReads) Replica(primary string) (*upstream.Backend, []byte) {
 	}
 	b := node.backend
 	set.onReplica.Inc()
+	if h := testClusterPicked.Load(); h != nil {
+		(*h)(node.addr)
+	}
 	for _, p := range c.picked {
 		if p.b == b {
+			// The first pick's view is the oldest: a loss since then
+			// counts for every read of the batch on b.
 			return b, nil
 		}
 	}
-	c.picked = append(c.picked, pickedReplica{b: b, node: node, set: set})
+	c.picked = append(c.picked, pickedReplica{b: b, node: node, set: set, epoch: epoch})
 	return b, nil
+}
+
+// testClusterPicked, when set (tests only, SetTestClusterPicked), runs
+// in Replica after a replica is picked for a read, before the read is
+// sent: a test can lose the replica's connection in between.
+var testClusterPicked atomic.Pointer[func(replica string)]
+
+// Reconnected reports whether a connection to b was lost since b was
+// picked for the batch (cluster.Reads): as in standalone mode
+// (readOnReplica, replicaNode.failedSince), the read may have gone on the
+// redialled connection, to a restarted replica serving an old dataset
+// without the client's writes, so the router sends it to the primary.
+func (c *clusterReads) Reconnected(b *upstream.Backend) bool {
+	for _, p := range c.picked {
+		if p.b == b {
+			return p.node.failedSince(p.epoch)
+		}
+	}
+	return false
 }
 
 var errNoReplicaReply = redcon.AppendError(nil, "ERR "+errNoReplica.Error())

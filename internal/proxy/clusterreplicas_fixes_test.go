@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/proxy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -116,6 +118,79 @@ func TestClusterReplicaRestartServesOldDataset(t *testing.T) {
 	}
 }
 
+// TestClusterReplicaReconnectedDuringReadNotUsed: the other half of the
+// lost-connection fix, a read picked before the loss: the shard's replica
+// is picked for the client's GET (the view says it has the client's SET),
+// then restarts with its old dataset and the proxy's connection to it is
+// redialled, and only then is the GET sent, on the new connection. Its
+// reply (nil) must not be used: the primary answers (standalone:
+// readOnReplica's failedSince check; cluster: Reads.Reconnected).
+func TestClusterReplicaReconnectedDuringReadNotUsed(t *testing.T) {
+	p, cl, replica := clusterShardBeforeRestart(t)
+	ctx := context.Background()
+	dialsBefore, up, ok := p.ClusterReplicaConn(replica.Addr())
+	if !ok || !up {
+		t.Fatalf("the proxy has no connection to %s (known: %v, up: %v)", replica.Addr(), ok, up)
+	}
+	picked, goOn := make(chan struct{}), make(chan struct{})
+	// The session's read is let go however the test ends, so the proxy
+	// can shut down.
+	letGo := sync.OnceFunc(func() { close(goOn) })
+	defer letGo()
+	var once sync.Once
+	restore := proxy.SetTestClusterPicked(func(addr string) {
+		if addr != replica.Addr() {
+			return
+		}
+		once.Do(func() {
+			close(picked)
+			<-goOn // the session's read waits here, picked and unsent
+		})
+	})
+	defer restore()
+	type result struct {
+		v   string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := cl.Get(ctx, "k").Result()
+		done <- result{v, err}
+	}()
+	select {
+	case <-picked:
+	case r := <-done:
+		t.Fatalf("GET k = %q, %v without picking the replica", r.v, r.err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the replica was never picked for the GET")
+	}
+	replica.Restart(t)
+	restartedWithOldDataset(t, replica)
+	// The proxy's connection the GET goes on (its RESP2 pool's one,
+	// Connections = 1, which the polls share) is redialled and up: until
+	// then the GET would fail to send and go to the primary without
+	// meeting the restarted replica.
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		dials, up, _ := p.ClusterReplicaConn(replica.Addr())
+		return dials > dialsBefore && up
+	}, "the proxy never reconnected to the restarted replica")
+	letGo()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the GET never finished")
+	}
+	if r.v != "v" || r.err != nil {
+		t.Fatalf("GET k = %q, %v; want \"v\", the client's acknowledged SET (a read picked before the replica restarted was answered by its old dataset)", r.v, errString(r.err))
+	}
+	// The GET did reach the restarted replica (its first GET was the
+	// test's own), so the primary's answer is the fix's doing.
+	if n := calls(t, replica, "get"); n < 2 {
+		t.Fatalf("the restarted replica ran %d GETs: the proxy's never reached it, so this test checked nothing", n)
+	}
+}
+
 // clusterShardBeforeRestart starts a 3+3 cluster and a proxy reading
 // replica_preferred with polls 2 s apart, has a client SET k v and read it
 // back from k's replica, then makes that replica's next start need a
@@ -201,6 +276,30 @@ func TestClusterReplicaMasterDownFallsBack(t *testing.T) {
 	}
 	if n := rejectedCalls(t, replica, "get"); n == 0 {
 		t.Fatal("the cut-off replica refused no GET: the poll saw it first, so this test checked nothing")
+	}
+}
+
+// TestClusterReplicaOnlyMasterDownKeepsCode: with read_from = "replica"
+// a read the replica answered -MASTERDOWN fails, and the client gets the
+// replica's error as Redis sent it, as in standalone mode
+// (docs/COMPATIBILITY.md, "Failures"): its error code is what a client
+// decides on (retry later, another node), and the router used to answer
+// "-ERR MASTERDOWN ..." instead.
+func TestClusterReplicaOnlyMasterDownKeepsCode(t *testing.T) {
+	primary, replica, cl := cutOffClusterReplica(t, config.ReadReplica)
+	ctx := context.Background()
+	resetStats(t, primary)
+	// The first read meets the cut-off replica, which is then skipped
+	// (no other replica: the later reads are refused).
+	err := cl.Get(ctx, "k").Err()
+	if err == nil || !strings.HasPrefix(err.Error(), "MASTERDOWN ") {
+		t.Fatalf("GET k on the cut-off replica: %v; want the replica's -MASTERDOWN as Redis sent it", errString(err))
+	}
+	if n := rejectedCalls(t, replica, "get"); n != 1 {
+		t.Fatalf("the replica refused %d GETs, want 1", n)
+	}
+	if n := calls(t, primary, "get"); n != 0 {
+		t.Fatalf("the primary ran %d GETs with read_from = replica", n)
 	}
 }
 

@@ -63,3 +63,38 @@ func (s *Server) ClusterReplicaViewStarted() time.Time {
 	}
 	return oldest
 }
+
+// ClusterReplicaConn is, for the cluster replica at addr, how many times
+// the RESP2 pool its reads and polls share has dialled, and whether it is
+// connected now; ok is false when no shard's current view has the
+// replica.
+func (s *Server) ClusterReplicaConn(addr string) (dials uint64, up, ok bool) {
+	if s.creplicas == nil {
+		return 0, false, false
+	}
+	for _, rs := range *s.creplicas.sets.Load() {
+		v := rs.view.Load()
+		if v == nil {
+			continue
+		}
+		for _, vn := range v.nodes {
+			if vn.node.addr == addr {
+				st, n := vn.node.backend.Pool(0, false).Stats()
+				return st.Dials, n > 0, true
+			}
+		}
+	}
+	return 0, false, false
+}
+
+// SetTestClusterPicked makes f run each time a cluster replica is picked
+// for a read, before the read is sent (clusterReads.Replica); nil turns
+// it off. It returns a restore.
+func SetTestClusterPicked(f func(replica string)) (restore func()) {
+	var p *func(string)
+	if f != nil {
+		p = &f
+	}
+	old := testClusterPicked.Swap(p)
+	return func() { testClusterPicked.Store(old) }
+}
