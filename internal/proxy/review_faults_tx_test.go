@@ -1,0 +1,42 @@
+package proxy_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/proxytest"
+)
+
+// WATCH, then the pinned connection is killed and the key changed by
+// another client: EXEC must never succeed.
+func TestReviewFaultsWatchKilledThenExec(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	direct := p.Redis.Client(t)
+	other := p.Client(t)
+	ctx := context.Background()
+	for i := range 20 {
+		nc := p.Dial(t)
+		rfSend(t, nc, "WATCH", "wk")
+		out, _ := rfReadAll(nc, 50*time.Millisecond)
+		if out != "+OK\r\n" {
+			t.Fatalf("WATCH: %q", out)
+		}
+		rfKillNamed(t, direct, " name=redproxy-pinned")
+		rfKillNamed(t, direct, " cmd=watch ")
+		other.Set(ctx, "wk", "other"+strconv.Itoa(i), 0)
+		rfSend(t, nc, "MULTI")
+		rfSend(t, nc, "SET", "wk", "mine")
+		rfSend(t, nc, "EXEC")
+		out, _ = rfReadAll(nc, 200*time.Millisecond)
+		if strings.Contains(out, "*1\r\n+OK") || !strings.HasPrefix(out, "-") {
+			t.Errorf("iteration %d: MULTI, SET, EXEC after the WATCH's connection was lost and the key changed = %q; want errors, nothing run", i, out)
+		}
+		if v := direct.Get(ctx, "wk").Val(); v != "other"+strconv.Itoa(i) {
+			t.Errorf("iteration %d: wk = %q after the failed transaction, want the other client's write", i, v)
+		}
+		nc.Close()
+	}
+}
