@@ -122,7 +122,10 @@ const (
 	// server.client_write_timeout.
 	CloseWriteTimeout = "write_timeout"
 	// CloseUpstreamLost: the client's own upstream connection ended under
-	// it (a relay's connection closed by Redis, or SHUTDOWN).
+	// it (a relay's connection closed by Redis, the connection a blocking
+	// command or WAIT was waiting on lost, or SHUTDOWN), or a relay could
+	// not get one because the upstream is down (the client is told, then
+	// closed, so that it reconnects and subscribes again).
 	CloseUpstreamLost = "upstream_lost"
 	// CloseHeldWrites: a relayed client whose replies may be muted (CLIENT
 	// REPLY) wrote more than the relay can keep track of, and would not

@@ -190,6 +190,9 @@ func (sess *Session) clusterMonitor(r *request) bool {
 		if err != nil {
 			release()
 			sess.replyLocal(m, errorReply(err))
+			if upstreamDown(err) || netLost(err) {
+				sess.closeUpstreamLost() // as startRelay (upstreamlost.go)
+			}
 			return true
 		}
 	}

@@ -199,29 +199,65 @@ func (sess *Session) waitEveryUpstream(r *request) {
 	}
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
-	for i := 0; sendErr == nil && i < len(waits); {
+	// done says whose Call has completed (its Done taken); lost, that
+	// one's connection was lost under its WAIT.
+	done := make([]bool, len(waits))
+	lost := false
+	finished := func(k int) {
+		done[k] = true
+		_, err := waits[k].call.Reply(first)
+		lost = lost || dedicatedLost(err)
+	}
+	// end closes every connection, which drops the client's WAITs on
+	// every upstream, and waits for their Calls.
+	end := func() {
+		for _, w := range waits {
+			w.pipe.Close()
+		}
+		for k, w := range waits {
+			if w.sent && !done[k] {
+				<-w.call.Done()
+			}
+		}
+		sess.block.setEvery(0, nil, nil, nil)
+		release(false)
+	}
+	for i := 0; sendErr == nil && i < len(waits) && !lost; {
+		if done[i] {
+			i++
+			continue
+		}
 		select {
 		case <-waits[i].call.Done():
-			i++
+			finished(i)
 		case <-tick.C:
 			if sess.left() {
-				// As blocking does: closed, the connections drop the
-				// client's WAITs on every upstream.
-				for _, w := range waits {
-					w.pipe.Close()
-				}
-				for _, w := range waits {
-					if w.sent {
-						<-w.call.Done()
-					}
-				}
-				sess.block.setEvery(0, nil, nil, nil)
-				release(false)
+				// As blocking does.
+				end()
 				sess.closing(metrics.CloseClient)
 				sess.quitting = true
 				return
 			}
+			// A connection lost on another upstream ends the WAIT now,
+			// not when the first one's WAIT is answered.
+			for k := i + 1; k < len(waits); k++ {
+				if !done[k] {
+					select {
+					case <-waits[k].call.Done():
+						finished(k)
+					default:
+					}
+				}
+			}
 		}
+	}
+	if lost {
+		// Whether every upstream's WAIT ran is unknown, as on a lost
+		// connection to Redis: the client's closes with no reply, as in
+		// blocking (upstreamlost.go).
+		end()
+		sess.closeUpstreamLost()
+		return
 	}
 	if sendErr != nil {
 		// Not sent everywhere: the connections that got the WAIT are not

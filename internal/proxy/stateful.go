@@ -787,6 +787,25 @@ func (sess *Session) blocking(r *request) {
 	if err == nil {
 		sess.mirrorBlocked(r.name, args, reply, fixups) // mirror.go
 	}
+	if dedicatedLost(err) {
+		// The connection went while the command was in Redis (a restart,
+		// a failover, CLIENT KILL): whether it ran is unknown. Closed with
+		// no reply, as Redis's end would close the client, so that the
+		// library resends it (upstreamlost.go). The replies to what the
+		// client sent before it went out when it was sent (or go out
+		// before the close).
+		sess.block.mu.Lock() // an UNBLOCK aimed at the connection is done with it
+		sess.block.pipe, sess.block.backend = nil, nil
+		sess.block.mu.Unlock()
+		if borrowed {
+			b.ReleasePipe(pipe, sess.db, sess.resp3, false)
+		} else {
+			sess.unpin(false)
+		}
+		call.Reset()
+		sess.closeUpstreamLost()
+		return
+	}
 	if err != nil {
 		reply = errorReply(err)
 	} else if sess.srv.router != nil {
@@ -1007,6 +1026,11 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 		// which it would turn into a subscriber (or worse, in RESP3, make
 		// it answer with a push the pipe drops, shifting later replies).
 		sess.replyLocal(m, errorReply(err))
+		if upstreamDown(err) {
+			// Then closed, as Redis being down would close it: the library
+			// reconnects and subscribes again (upstreamlost.go).
+			sess.closeUpstreamLost()
+		}
 		return true
 	}
 	if sess.pin.pipe != nil {

@@ -103,6 +103,10 @@ func TestRelayThatCannotStartIsNotForwarded(t *testing.T) {
 }
 
 // The same when Redis refuses the relay's connection (maxclients reached).
+// The refusal is an outage, as Redis down is: the error, then the client's
+// connection closes as Redis closes a connection it refuses for its client
+// limit, without answering (or forwarding) what was pipelined after it
+// (upstreamlost.go); the library reconnects and subscribes again.
 func TestRelayWhoseDialFailsIsNotForwarded(t *testing.T) {
 	p := proxytest.Start(t, nil, func(c *config.Config) { c.Upstream.Connections = 1 })
 	direct := dialRaw(t, p.Redis.Addr())
@@ -113,7 +117,14 @@ func TestRelayWhoseDialFailsIsNotForwarded(t *testing.T) {
 	connected := strings.TrimSpace(strings.Split(strings.Split(info, "connected_clients:")[1], "\n")[0])
 	wantReplies(t, direct, []string{"CONFIG", "SET", "maxclients", connected}, "OK")
 	for _, start := range [][]string{{"SUBSCRIBE", "ch"}, {"CLIENT", "TRACKING", "ON"}} {
-		wantReplies(t, c, start, []string{"GET", "k"}, respError("ERR redproxy: upstream unavailable"), "v")
+		c := dialRaw(t, p.Addr)
+		wantReplies(t, c, start, []string{"GET", "k"}, respError("ERR redproxy: upstream unavailable"))
+		if !connClosed(c.nc) {
+			t.Fatalf("%v refused for maxclients: the connection stays open", start)
+		}
+		// The shared connection is in order: nothing of the refused
+		// command reached it.
+		wantReplies(t, dialRaw(t, p.Addr), []string{"GET", "k"}, "v")
 	}
 	wantReplies(t, direct, []string{"CONFIG", "SET", "maxclients", "10000"}, "OK")
 	if n := pubsubSubscribers(t, p, "ch"); n != 0 {

@@ -210,7 +210,7 @@ func dialCurrent[C any](b *Backend, dial func(*backendGen) (C, error), drop func
 		g := b.gen.Load()
 		c, err := dial(g)
 		if err != nil {
-			return zero, fmt.Errorf("%w: %v", ErrUnavailable, err)
+			return zero, fmt.Errorf("%w: %w", ErrUnavailable, err) // both: the proxy tells a refused handshake from an outage
 		}
 		b.idleMu.Lock()
 		if b.gen.Load() != g {
