@@ -153,6 +153,10 @@ func (w *pinClient) subscribe(ctx context.Context, c *client) {
 		if isPinRefusal(v) {
 			s.pinRefused.Add(1)
 		}
+		if isUnavailable(v) {
+			checkClosedAfterRefusal(s, c, w.id, "SUBSCRIBE "+channel)
+			return
+		}
 		w.checkPlain(c, "SUBSCRIBE "+channel)
 		return
 	case !isSubscribeConfirm(v, channel):

@@ -172,7 +172,14 @@ func (w *subscriber) session(ctx context.Context, c *client, epoch int) {
 		if isPinRefusal(v) {
 			s.pinRefused.Add(1)
 		}
-		// A refused SUBSCRIBE must leave an ordinary connection behind.
+		if isUnavailable(v) {
+			// Redis down: the refusal closes the connection, so that the
+			// client reconnects and subscribes again.
+			checkClosedAfterRefusal(s, c, w.id, "SUBSCRIBE "+w.book.name)
+			return
+		}
+		// Any other refused SUBSCRIBE must leave an ordinary connection
+		// behind.
 		checkPlainAfterRefusal(s, c, w.id, w.key, w.keyVal(), "SUBSCRIBE "+w.book.name)
 		return
 	}
@@ -312,6 +319,28 @@ func checkPlainAfterRefusal(s *suite, c *client, id int64, key, val, refused str
 			s.wrongReply(id, v, "%s was refused, then reply %d of [ECHO %s, GET %s]: want %q", refused, i+1, tag, key, want)
 			return
 		}
+	}
+}
+
+// isUnavailable reports whether v refuses a command because the upstream
+// could not be reached.
+func isUnavailable(v value) bool {
+	return v.isErr() && strings.Contains(v.str, "redproxy: upstream unavailable")
+}
+
+// checkClosedAfterRefusal checks that a relay refused because Redis is
+// down closed the client's connection after the refusal: a reply after
+// it is wrong, and so is a connection left open.
+func checkClosedAfterRefusal(s *suite, c *client, id int64, refused string) {
+	if err := c.send([]string{"ECHO", fmt.Sprintf("c%d:closed", id)}); err != nil {
+		return // closed already
+	}
+	v, err := c.read()
+	switch {
+	case err == nil:
+		s.wrongReply(id, v, "%s was refused for upstream unavailability, then a reply: want the connection closed", refused)
+	case isTimeout(err):
+		s.fail(&s.hangs, "hangs", "client c%d: %s was refused for upstream unavailability and the connection stayed open", id, refused)
 	}
 }
 
