@@ -2,7 +2,6 @@ package proxy_test
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -65,28 +64,7 @@ func readOnlyClient(t *testing.T, s *redistest.Server) *redis.Client {
 // ran (-MASTERDOWN among them), which calls does not count.
 func rejectedCalls(t *testing.T, s *redistest.Server, cmd string) int {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
-	defer c.Close()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatalf("INFO commandstats on %s: %v", s.Addr(), err)
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if !strings.HasPrefix(line, "cmdstat_"+cmd+":") {
-			continue
-		}
-		_, rest, ok := strings.Cut(line, "rejected_calls=")
-		if !ok {
-			t.Fatalf("no rejected_calls in %q", line)
-		}
-		rest, _, _ = strings.Cut(rest, ",")
-		n, err := strconv.Atoi(rest)
-		if err != nil {
-			t.Fatalf("rejected_calls in %q: %v", line, err)
-		}
-		return n
-	}
-	return 0
+	return commandStat(t, s, cmd, "rejected_calls")
 }
 
 // TestClusterReplicaRestartServesOldDataset: the cluster twin of

@@ -62,6 +62,13 @@ func (g *replicated) proxy(t testing.TB, readFrom string, mutate func(*config.Co
 // calls is INFO commandstats' count of cmd on s (0 if never called).
 func calls(t *testing.T, s *redistest.Server, cmd string) int {
 	t.Helper()
+	return commandStat(t, s, cmd, "calls")
+}
+
+// commandStat is field (calls, rejected_calls, ...) of cmd in s's INFO
+// commandstats; 0 if cmd never ran.
+func commandStat(t *testing.T, s *redistest.Server, cmd, field string) int {
+	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 	defer c.Close()
 	info, err := c.Info(context.Background(), "commandstats").Result()
@@ -69,10 +76,20 @@ func calls(t *testing.T, s *redistest.Server, cmd string) int {
 		t.Fatalf("INFO commandstats on %s: %v", s.Addr(), err)
 	}
 	for _, line := range strings.Split(info, "\r\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
-			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-			return n
+		rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":")
+		if !ok {
+			continue
 		}
+		for _, kv := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(kv, field+"="); ok {
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					t.Fatalf("%s in %q: %v", field, line, err)
+				}
+				return n
+			}
+		}
+		t.Fatalf("no %s in %q", field, line)
 	}
 	return 0
 }
