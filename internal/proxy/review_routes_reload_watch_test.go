@@ -18,15 +18,7 @@ import (
 // ones; docs/COMPATIBILITY.md, Routes, "Reload": "the WATCH guarded keys
 // that are no longer there".)
 func TestReviewRoutesReloadMovesWatchedKey(t *testing.T) {
-	r := startRouted(t, nil)
-	conn := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }).Conn()
-	t.Cleanup(func() { conn.Close() })
-	if err := r.c.Set(ctx, "queue:balance", "100", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := conn.Do(ctx, "WATCH", "queue:balance").Err(); err != nil {
-		t.Fatal(err)
-	}
+	r, conn := watchBalance(t)
 	if v, err := conn.Get(ctx, "queue:balance").Result(); err != nil || v != "100" {
 		t.Fatalf("GET under WATCH = %q, %v", v, err)
 	}
@@ -85,15 +77,7 @@ func TestReviewRoutesReloadMovesWatchedKey(t *testing.T) {
 // is again, so comparing only that table with the WATCH's let EXEC commit
 // over an acknowledged write the client's WATCH was there to see.
 func TestRoutesWatchedKeyMovedAwayAndBack(t *testing.T) {
-	r := startRouted(t, nil)
-	conn := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }).Conn()
-	t.Cleanup(func() { conn.Close() })
-	if err := r.c.Set(ctx, "queue:balance", "100", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := conn.Do(ctx, "WATCH", "queue:balance").Err(); err != nil {
-		t.Fatal(err)
-	}
+	r, conn := watchBalance(t)
 	original := r.p.Config().Routes
 	if _, err := r.p.Reload(reloaded(t, r.p, func(c *config.Config) {
 		c.Routes = []config.Route{{Pattern: "queue:balance*", Upstream: "cache"}, {Pattern: "queue:*", Upstream: "queue"}, {Pattern: "cache:*", Upstream: "cache"}}
@@ -116,4 +100,20 @@ func TestRoutesWatchedKeyMovedAwayAndBack(t *testing.T) {
 	if where := r.holds(t, "queue:withdrawn"); where != "" {
 		t.Fatalf("a failed transaction wrote queue:withdrawn on %q", where)
 	}
+}
+
+// watchBalance starts the routed proxy with queue:balance = 100 and a
+// client connection that has WATCHed it.
+func watchBalance(t *testing.T) (*routed, *redis.Conn) {
+	t.Helper()
+	r := startRouted(t, nil)
+	conn := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }).Conn()
+	t.Cleanup(func() { conn.Close() })
+	if err := r.c.Set(ctx, "queue:balance", "100", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Do(ctx, "WATCH", "queue:balance").Err(); err != nil {
+		t.Fatal(err)
+	}
+	return r, conn
 }
