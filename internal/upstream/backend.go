@@ -554,7 +554,9 @@ func (b *Backend) CutDedicated() { b.cutDedicated(nil) }
 
 // cutDedicated severs the dedicated pipes and relays in use that were
 // dialled before the generation cur. Their users see ErrConnLost (pipes) or
-// a closed connection (relays) and release them as usual.
+// a closed connection (relays) and release them as usual. The pipes are
+// dead when it returns (a Send fails); only their closing is left to
+// goroutines.
 func (b *Backend) cutDedicated(cur *backendGen) {
 	var pipes []*Pipe
 	var conns []net.Conn
@@ -571,7 +573,11 @@ func (b *Backend) cutDedicated(cur *backendGen) {
 	}
 	b.idleMu.Unlock()
 	for _, p := range pipes {
-		go p.Abandon()
+		// Dead before this returns, so no command of their clients
+		// (an EXEC, a write under WATCH) goes to the old server after
+		// the failover was adopted; closed in the background, as a
+		// frozen server's connection may take a while.
+		p.AbandonAsync()
 	}
 	for _, nc := range conns {
 		nc.Close()

@@ -275,17 +275,44 @@ func (p *Pipe) Close() { p.closeWith(ErrClosed) }
 // longer the one to talk to (a failover).
 func (p *Pipe) Abandon() { p.closeWith(ErrConnLost) }
 
+// AbandonAsync is Abandon without waiting: the pipe is closed for good
+// before it returns (every later Send fails with ErrConnLost and nothing
+// still queued is written), and its connection is closed and its
+// goroutines waited for in the background. For many pipes cut at once
+// (Backend.Failover), which must not wait on each other's goroutines but
+// must not carry one more command either.
+func (p *Pipe) AbandonAsync() {
+	if lc, ok := p.markClosed(ErrConnLost); ok {
+		go p.finishClose(lc, ErrConnLost)
+	}
+}
+
 func (p *Pipe) closeWith(err error) {
+	if lc, ok := p.markClosed(err); ok {
+		p.finishClose(lc, err)
+	}
+}
+
+// markClosed closes the pipe for good with err, under p.mu: from then on
+// Send fails and the writer takes nothing more from the queue. It reports
+// false if the pipe was closed already.
+func (p *Pipe) markClosed(err error) (*liveConn, bool) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return
+		return nil, false
 	}
 	p.closed = true
 	p.closeErr = err
 	lc := p.live
 	p.mu.Unlock()
 	close(p.stop)
+	return lc, true
+}
+
+// finishClose closes the connection of a pipe markClosed closed and waits
+// for its goroutines; the reader fails what is still pending with err.
+func (p *Pipe) finishClose(lc *liveConn, err error) {
 	if lc != nil {
 		lc.closeWith(err)
 	}
@@ -378,6 +405,15 @@ func (p *Pipe) writer(lc *liveConn) {
 		runtime.Gosched()
 		for {
 			p.mu.Lock()
+			if p.closed {
+				// Closed for good (Close, Abandon): nothing queued is
+				// written now, not even what came before, which the
+				// reader fails with the close's error when the
+				// connection ends. After a failover no command goes to
+				// the old server once the cut returned.
+				p.mu.Unlock()
+				break
+			}
 			batch := p.wq
 			p.wq = spare
 			p.queued.Store(false)
