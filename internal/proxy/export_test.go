@@ -98,3 +98,18 @@ func SetTestClusterPicked(f func(replica string)) (restore func()) {
 	old := testClusterPicked.Swap(p)
 	return func() { testClusterPicked.Store(old) }
 }
+
+// SentinelPrimaryOf returns the primary the named Sentinel upstream's
+// watcher knows (after it told the data path), "" if none or no such
+// upstream.
+func (s *Server) SentinelPrimaryOf(name string) string {
+	if s.routes == nil {
+		return ""
+	}
+	for _, t := range s.routes.targets {
+		if t.name == name && t.sentinel != nil {
+			return t.sentinel.Primary()
+		}
+	}
+	return ""
+}

@@ -223,16 +223,21 @@ func (s *Server) targetFailover(t *routeTarget, addr string, opts func(addr, use
 			b.Failover(opts(addr, cred.User, cred.Password))
 		}
 	}
+	// reloadMu keeps this apart from a reload's or another failover's
+	// switch of the tier and of the coalescing group.
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
 	if s.tier != nil {
 		// As for [upstream] (Server.failover): nothing read from the old
-		// primary is served again (C4). reloadMu keeps this apart from a
-		// reload's or another failover's switch of the tier.
-		s.reloadMu.Lock()
+		// primary is served again (C4).
 		s.tier.cache.SwitchUpstreamOf(t.name, switchBackend)
-		s.reloadMu.Unlock()
 	} else {
 		switchBackend()
 	}
+	// As for [upstream]: the group is shared by every upstream, so reads
+	// of the others' keys simply stop coalescing behind fetches already
+	// sent.
+	s.newFlightGroup(s.Config())
 	s.log.Warn("upstream switched to the new primary", "upstream", t.name, "primary", addr)
 }
 

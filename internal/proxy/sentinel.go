@@ -157,11 +157,21 @@ func (s *Server) failover(addr string) {
 	} else {
 		switchBackend()
 	}
+	s.newFlightGroup(cfg)
+	s.log.Warn("upstream switched to the new primary", "upstream", addr)
+}
+
+// newFlightGroup starts a new coalescing group after a failover, keeping
+// the miss holds (they are about keys, not the upstream). The caller holds
+// reloadMu. No read joins a fetch already sent in any case (the join rule,
+// package stampede: a read arriving while one is in flight collects behind
+// it and fetches anew, from the upstream in force then); with a new group
+// it does not even wait behind a fetch to the old primary.
+func (s *Server) newFlightGroup(cfg *config.Config) {
 	old := s.flight.Load()
 	fs := s.newFlight(cfg.Stampede, old.Metrics())
-	fs.KeepMisses(old) // holds are about keys, not the upstream
+	fs.KeepMisses(old)
 	s.flight.Store(fs)
-	s.log.Warn("upstream switched to the new primary", "upstream", addr)
 }
 
 // SentinelPrimary returns the primary the Sentinel watcher knows, or ""
