@@ -55,8 +55,10 @@ type routeState struct {
 	routed  *prometheus.CounterVec
 	failed  *prometheus.CounterVec
 	// keyRules are the key routes in force, to tell whether a reload
-	// changes them (the tier is flushed then).
-	keyRules []config.Route
+	// changes them (the tier is flushed then); channelRules the channel
+	// routes. A reload that changes neither keeps the table in force.
+	keyRules     []config.Route
+	channelRules []config.Route
 	// replicas: some upstream reads from replicas (routeTarget.replicas).
 	replicas bool
 }
@@ -117,6 +119,7 @@ func initRoutes(s *Server) error {
 	rs.recent.Store(&[]*route.Table{tbl})
 	rs.table.Store(tbl)
 	rs.keyRules = slices.Clone(cfg.Routes)
+	rs.channelRules = slices.Clone(cfg.ChannelRoutes)
 	return nil
 }
 
@@ -312,6 +315,13 @@ func (s *Server) reloadRoutes(next *config.Config) {
 	if s.routes == nil {
 		return
 	}
+	if slices.Equal(s.routes.keyRules, next.Routes) && slices.Equal(s.routes.channelRules, next.ChannelRoutes) {
+		// The same routes: the table in force stays, so a WATCH taken
+		// before a reload that changed something else (a timeout, a
+		// pool size) does not age out of recent and fail its EXEC
+		// (found by review: 17 such reloads aborted a WATCH).
+		return
+	}
 	t, err := newRouteTable(next)
 	if err != nil {
 		// Validated already (config.checkRoutes); keep the routes in force.
@@ -331,6 +341,7 @@ func (s *Server) reloadRoutes(next *config.Config) {
 		s.routes.table.Store(t)
 	}
 	s.routes.keyRules = slices.Clone(next.Routes)
+	s.routes.channelRules = slices.Clone(next.ChannelRoutes)
 }
 
 // routeHistory is how many route tables watchMoved can look back on: a
@@ -449,9 +460,18 @@ func (sess *Session) routeStep(r *request) bool {
 		}
 		return sess.routePinned(r)
 	}
+	var placedBy *route.Table
+	if r.name == "watch" {
+		// The table the WATCH is placed by is this one or a later one;
+		// noteWatch records this one. Loaded after the connection was
+		// pinned (a dial may come in between), a reload between the
+		// placing and the load went unseen, and EXEC ran over a write to
+		// the key on its new upstream (found by review).
+		placedBy = sess.srv.routes.table.Load()
+	}
 	if sess.openHeld(r, routePlacer{}) {
 		if r.name == "watch" && sess.pin.pipe != nil {
-			sess.noteWatch(r) // the WATCH that pinned the connection
+			sess.noteWatch(r, placedBy) // the WATCH that pinned the connection
 		}
 		return true
 	}
@@ -527,7 +547,7 @@ func (sess *Session) routePinned(r *request) bool {
 		if cross == nil && (pin.slot < 0 || up == pin.slot) {
 			pin.slot = up
 			if r.name == "watch" {
-				sess.noteWatch(r) // a later WATCH on the same connection
+				sess.noteWatch(r, nil) // a later WATCH on the same connection
 			}
 			return false
 		}
@@ -898,12 +918,15 @@ func (sess *Session) placeRouteGroups(b *routeBatch, groups int) {
 }
 
 // noteWatch keeps the keys of a WATCH sent on the client's pinned
-// connection, and the routes that placed the first one there, for
-// watchMoved.
-func (sess *Session) noteWatch(r *request) {
+// connection, and the routes that placed the first one there (placedBy,
+// loaded before it was placed; nil: the routes now), for watchMoved.
+func (sess *Session) noteWatch(r *request, placedBy *route.Table) {
 	pin := &sess.pin
 	if pin.watchRoutes == nil {
-		pin.watchRoutes = sess.srv.routes.table.Load()
+		pin.watchRoutes = placedBy
+		if placedBy == nil {
+			pin.watchRoutes = sess.srv.routes.table.Load()
+		}
 	}
 	for _, k := range r.cmd.Keys(r.Args, nil) {
 		pin.watchKeys = append(pin.watchKeys, bytes.Clone(r.Args[k]))
