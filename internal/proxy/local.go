@@ -447,6 +447,7 @@ func isUnsubscribe(name string) bool {
 var (
 	ok            = []byte("+OK\r\n")
 	zero          = []byte(":0\r\n")
+	one           = []byte(":1\r\n")
 	errNotInteger = []byte("-ERR value is not an integer or out of range\r\n")
 	errSyntax     = []byte("-ERR syntax error\r\n")
 	errDBRange    = []byte("-ERR DB index is out of range\r\n")

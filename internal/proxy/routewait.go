@@ -200,13 +200,21 @@ func (sess *Session) waitEveryUpstream(r *request) {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	// done says whose Call has completed (its Done taken); lost, that
-	// one's connection was lost under its WAIT.
+	// one's connection was lost under its WAIT; refused, the error an
+	// upstream answered, which is the WAIT's answer whatever the others
+	// count: waiting on for them (a WAIT 1 0 may never end) only kept the
+	// client blocked (found by review: a -READONLY upstream and a WAIT
+	// 1 0 hung the client).
 	done := make([]bool, len(waits))
 	lost := false
+	var refused []byte
 	finished := func(k int) {
 		done[k] = true
-		_, err := waits[k].call.Reply(first)
+		reply, err := waits[k].call.Reply(first)
 		lost = lost || dedicatedLost(err)
+		if refused == nil && err == nil && resp.IsError(reply) {
+			refused = bytes.Clone(reply)
+		}
 	}
 	// end closes every connection, which drops the client's WAITs on
 	// every upstream, and waits for their Calls.
@@ -222,7 +230,7 @@ func (sess *Session) waitEveryUpstream(r *request) {
 		sess.block.setEvery(0, nil, nil, nil)
 		release(false)
 	}
-	for i := 0; sendErr == nil && i < len(waits) && !lost; {
+	for i := 0; sendErr == nil && i < len(waits) && !lost && refused == nil; {
 		if done[i] {
 			i++
 			continue
@@ -257,6 +265,12 @@ func (sess *Session) waitEveryUpstream(r *request) {
 		// blocking (upstreamlost.go).
 		end()
 		sess.closeUpstreamLost()
+		return
+	}
+	if refused != nil {
+		// The others' WAITs are dropped with their connections.
+		end()
+		sess.replyLocal(m, refused)
 		return
 	}
 	if sendErr != nil {

@@ -949,10 +949,14 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 	reply := unblockOn(rid, target.block.backend, target.block.pipe)
 	if more := target.block.more; more != nil {
 		// A WAIT on several upstreams: the client is unblocked when all
-		// of them are; the first one's answer is the UNBLOCK's.
+		// of them are, and it was blocked if any part still was: a part
+		// answered already makes its upstream say 0, another's 1 is the
+		// answer (found by review: :0 for a WAIT the UNBLOCK ended).
 		for _, c := range *more {
 			if c.id != 0 {
-				unblockOn(c.id, c.backend, c.pipe)
+				if r := unblockOn(c.id, c.backend, c.pipe); !bytes.Equal(reply, one) && bytes.Equal(r, one) {
+					reply = r
+				}
 			}
 		}
 	}
