@@ -36,7 +36,10 @@ func startClusterReplicaProxy(t testing.TB, readFrom string, mutate func(*config
 			mutate(cfg)
 		}
 	})
-	redistest.Eventually(t, 10*time.Second, func() bool { return p.UsableReplicas() == 3 },
+	// 30 s, as seedCluster waits for Redis's own replication: a replica
+	// still in its first sync is not usable, and under the race run's load
+	// (CI, 2026-12-03) one took longer than 10 s.
+	redistest.Eventually(t, 30*time.Second, func() bool { return p.UsableReplicas() == 3 },
 		"the proxy never found the 3 replicas (usable: %v)", lazyInt(p.UsableReplicas))
 	return c, p
 }

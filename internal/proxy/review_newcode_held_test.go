@@ -188,64 +188,6 @@ func TestReviewNewcodeLostBlockedUnderWatchFreesPin(t *testing.T) {
 	}, "WATCH after the pinned client was closed: %q (pin leaked?)", got)
 }
 
-// CLIENT UNBLOCK racing the loss of the blocked client's connection: the
-// UNBLOCK is answered, the blocked client is either answered or closed, and
-// no dedicated connection leaks (max_pinned = 1).
-func TestReviewNewcodeUnblockRacingLoss(t *testing.T) {
-	rs := redistest.Start(t)
-	p := proxytest.Start(t, rs, func(c *config.Config) { c.Upstream.MaxPinned = 1 })
-	for i := 0; i < 15; i++ {
-		c := dialAddr(t, p.Addr)
-		id := rvClientID(t, c, func() string { return rawDo(t, c, "CLIENT", "ID") })
-		rawSend(t, c, "BLPOP", "rv:q", "0")
-		blockedOn(t, rs, 1)
-		other := dialAddr(t, p.Addr)
-		done := make(chan string, 1)
-		go func() {
-			other.Write(resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", id, "ERROR"))
-			other.SetReadDeadline(time.Now().Add(10 * time.Second))
-			buf := make([]byte, 256)
-			n, _ := other.Read(buf)
-			done <- string(buf[:n])
-		}()
-		if i%3 != 0 {
-			time.Sleep(time.Duration(i%4) * time.Millisecond)
-		}
-		rc := rs.Client(t)
-		list, _ := rc.ClientList(ctx).Result()
-		for _, line := range strings.Split(list, "\n") {
-			if strings.Contains(line, "cmd=blpop ") {
-				for _, f := range strings.Fields(line) {
-					if strings.HasPrefix(f, "id=") {
-						rc.Do(ctx, "CLIENT", "KILL", "ID", f[3:])
-					}
-				}
-			}
-		}
-		select {
-		case got := <-done:
-			if got != ":1\r\n" && got != ":0\r\n" {
-				t.Fatalf("round %d: CLIENT UNBLOCK racing the loss: %q", i, got)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("round %d: CLIENT UNBLOCK never answered", i)
-		}
-		got, _ := readToClose(t, c, 3*time.Second)
-		if got != "" && !strings.HasPrefix(got, "-UNBLOCKED") {
-			t.Fatalf("round %d: blocked client got %q", i, got)
-		}
-		c.Close()
-		other.Close()
-		blockedOn(t, rs, 0)
-	}
-	d := dialAddr(t, p.Addr)
-	var got string
-	redistest.Eventually(t, 5*time.Second, func() bool {
-		got = rawDo(t, d, "WATCH", "rv:w2")
-		return got == "+OK\r\n"
-	}, "WATCH after the races: %q (a dedicated connection leaked?)", got)
-}
-
 // Reloads that move a key and back, concurrent with WATCH/MULTI/EXEC
 // clients (-race): no data race, and every EXEC answers.
 func TestReviewNewcodeReloadsAndExecsRace(t *testing.T) {
