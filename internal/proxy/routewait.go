@@ -313,17 +313,7 @@ func (sess *Session) waitEveryUpstream(r *request) {
 		})
 	}
 	sess.replyLocal(m, reply)
-	if !sess.block.mu.TryLock() {
-		// An UNBLOCK is waiting for Redis's answer: this reply goes out
-		// first (see blocking).
-		sess.flush(time.Now())
-		if len(sess.out) > 0 {
-			sess.writeOut(sess.out)
-		}
-		sess.block.mu.Lock()
-	}
-	sess.block.pipe, sess.block.backend, sess.block.more = nil, nil, nil
-	sess.block.mu.Unlock()
+	sess.unblocked()
 	release(true)
 	sess.flush(time.Now())
 }

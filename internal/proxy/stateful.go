@@ -794,9 +794,7 @@ func (sess *Session) blocking(r *request) {
 		// library resends it (upstreamlost.go). The replies to what the
 		// client sent before it went out when it was sent (or go out
 		// before the close).
-		sess.block.mu.Lock() // an UNBLOCK aimed at the connection is done with it
-		sess.block.pipe, sess.block.backend = nil, nil
-		sess.block.mu.Unlock()
+		sess.block.set(0, nil, nil) // after any UNBLOCK aimed at the connection
 		if borrowed {
 			b.ReleasePipe(pipe, sess.db, sess.resp3, false)
 		} else {
@@ -835,23 +833,28 @@ func (sess *Session) blocking(r *request) {
 		}
 		call.Reset()
 	}
+	sess.unblocked()
+	if borrowed {
+		b.ReleasePipe(pipe, sess.db, sess.resp3, clean)
+	}
+	sess.flush(time.Now())
+}
+
+// unblocked forgets the connection(s) the client was blocked on, once its
+// reply is recorded. Another client's UNBLOCK waiting for Redis's answer
+// holds mu, which may take as long as Redis takes (paused, busy): the
+// reply Redis already gave this client goes out first, as Redis would not
+// hold it for another client's command.
+func (sess *Session) unblocked() {
 	if !sess.block.mu.TryLock() {
-		// Another client's UNBLOCK is waiting for Redis's answer, which
-		// may take as long as Redis takes (paused, busy). The reply
-		// Redis already gave this client goes out first: Redis would not
-		// hold it for another client's command.
 		sess.flush(time.Now())
 		if len(sess.out) > 0 {
 			sess.writeOut(sess.out)
 		}
 		sess.block.mu.Lock()
 	}
-	sess.block.pipe, sess.block.backend = nil, nil
+	sess.block.pipe, sess.block.backend, sess.block.more = nil, nil, nil
 	sess.block.mu.Unlock()
-	if borrowed {
-		b.ReleasePipe(pipe, sess.db, sess.resp3, clean)
-	}
-	sess.flush(time.Now())
 }
 
 // blockState says which dedicated connection the client is blocked on, for
