@@ -1,6 +1,7 @@
 package localcache_test
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -60,19 +61,20 @@ func TestLinearizabilityCheckCatchesBrokenTier(t *testing.T) {
 // directly; reads start S earlier than they really did (C2). Clients of
 // the first proxy only read, so every value it serves that another writer
 // replaced must have been invalidated for the check to pass.
-func twoProxiesHistory(t *testing.T, rs *redistest.Server, p1, p2 *proxytest.Proxy) []porcupine.Operation {
+// keys is the key prefix: a history's model starts from missing keys.
+func twoProxiesHistory(t *testing.T, rs *redistest.Server, p1, p2 *proxytest.Proxy, keys string) []porcupine.Operation {
 	// Pacing keeps the number of operations overlapping a shifted read
 	// small: checking a history is exponential in that number.
 	var workers []lintest.Worker
 	one := func(o *redis.Options) { o.PoolSize = 1 }
 	for range 3 {
-		workers = append(workers, lintest.Worker{C: p1.Client(t, one), ReadShift: linS, ReadsOnly: true, Every: 4 * time.Millisecond})
-		workers = append(workers, lintest.Worker{C: p2.Client(t, one), ReadShift: linS, WritePct: 10, Every: 4 * time.Millisecond})
+		workers = append(workers, lintest.Worker{C: p1.Client(t, one), ReadShift: linS, ReadsOnly: true, Every: 4 * time.Millisecond, Keys: keys})
+		workers = append(workers, lintest.Worker{C: p2.Client(t, one), ReadShift: linS, WritePct: 10, Every: 4 * time.Millisecond, Keys: keys})
 	}
 	for range 2 {
 		c := redis.NewClient(&redis.Options{Addr: rs.Addr(), PoolSize: 1, MaxRetries: -1})
 		t.Cleanup(func() { c.Close() })
-		workers = append(workers, lintest.Worker{C: c, WritesOnly: true, Every: 4 * time.Millisecond})
+		workers = append(workers, lintest.Worker{C: c, WritesOnly: true, Every: 4 * time.Millisecond, Keys: keys})
 	}
 	return lintest.RecordFor(t, workers, 8, 0, 1500*time.Millisecond)
 }
@@ -88,12 +90,22 @@ func startLin(t *testing.T, rs *redistest.Server) *proxytest.Proxy {
 func TestStalenessBoundAcrossProxies(t *testing.T) {
 	rs := redistest.Start(t)
 	p1, p2 := startLin(t, rs), startLin(t, rs)
-	hist := twoProxiesHistory(t, rs, p1, p2)
-	if res := lintest.Check(t, hist); res != porcupine.Ok {
-		t.Fatalf("history through two proxies and direct writers violates the S bound (%v)", res)
-	}
-	if h := hits(t, p1); h < 300 {
-		t.Fatalf("only %v hits on the reading proxy: the history did not exercise the tier", h)
+	// A history lasts a fixed time, so a loaded machine (CI runs test
+	// processes side by side) gets fewer reads into it: another history is
+	// recorded, and checked in turn, until the reading proxy's tier has
+	// served enough of them (seen in CI: 179 hits in one).
+	for attempt := 1; ; attempt++ {
+		hist := twoProxiesHistory(t, rs, p1, p2, "lin"+strconv.Itoa(attempt)+":")
+		if res := lintest.Check(t, hist); res != porcupine.Ok {
+			t.Fatalf("history %d through two proxies and direct writers violates the S bound (%v)", attempt, res)
+		}
+		h := hits(t, p1)
+		if h >= 300 {
+			break
+		}
+		if attempt == 4 {
+			t.Fatalf("only %v hits on the reading proxy in %d histories: they did not exercise the tier", h, attempt)
+		}
 	}
 }
 
@@ -103,7 +115,7 @@ func TestStalenessCheckCatchesIgnoredInvalidations(t *testing.T) {
 	withHooks(t, &localcache.TestHooks{IgnorePushes: true})
 	rs := redistest.Start(t)
 	p1, p2 := startLin(t, rs), startLin(t, rs)
-	hist := twoProxiesHistory(t, rs, p1, p2)
+	hist := twoProxiesHistory(t, rs, p1, p2, "")
 	if res := lintest.Check(t, hist); res == porcupine.Ok {
 		t.Fatal("a tier ignoring invalidations passed the staleness check")
 	}
@@ -114,7 +126,7 @@ func TestStalenessCheckCatchesIgnoredInvalidations(t *testing.T) {
 func TestSmallTrackingTable(t *testing.T) {
 	rs := redistest.Start(t, "--tracking-table-max-keys", "2")
 	p1, p2 := startLin(t, rs), startLin(t, rs)
-	hist := twoProxiesHistory(t, rs, p1, p2)
+	hist := twoProxiesHistory(t, rs, p1, p2, "")
 	if res := lintest.Check(t, hist); res != porcupine.Ok {
 		t.Fatalf("history with a 2-key tracking table violates the S bound (%v)", res)
 	}
