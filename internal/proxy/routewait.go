@@ -155,25 +155,12 @@ func (sess *Session) waitEveryUpstream(r *request) {
 	// The borrowed connections carry the client's name while it waits, as
 	// blocking's does.
 	named := sess.name != ""
-	first := 1 // the marker's reply comes first
-	if named {
-		first++
-	}
+	var first int
 	more := make([]blockedConn, 0, len(waits)-1)
 	var id int64
 	for i := range waits {
 		w := &waits[i]
-		c := w.call
-		c.NoTimeout = true
-		c.SetReplyLimit(sess.replyLimit())
-		if named {
-			c.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", sess.name))
-		}
-		c.Add(cmdWaitMarker)
-		c.Add(raw)
-		if named {
-			c.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", upstream.PinnedName))
-		}
+		first = sess.fillBlockedCall(w.call, named, waitMarkers, raw)
 		rid, _ := w.backend.PipeID(w.pipe)
 		if i == 0 {
 			id = rid
@@ -191,11 +178,8 @@ func (sess *Session) waitEveryUpstream(r *request) {
 		}
 		w.sent = true
 	}
-	if sendErr == nil && len(sess.out) > 0 {
-		// What came before goes out now, as blocking sends it.
-		if _, err := sess.nc.Write(sess.out); err == nil {
-			sess.out = sess.out[:0]
-		}
+	if sendErr == nil {
+		sess.sendEarlierReplies()
 	}
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -297,9 +281,8 @@ func (sess *Session) waitEveryUpstream(r *request) {
 			reply = errorReply(err)
 			w.dirty = true
 		}
-		if named {
-			r, rerr := w.call.Reply(first + 1)
-			w.dirty = w.dirty || rerr != nil || !bytes.Equal(r, ok)
+		if named && !namedBack(w.call, first) {
+			w.dirty = true
 		}
 		if failed == nil && resp.IsError(reply) {
 			failed = reply

@@ -707,36 +707,22 @@ func (sess *Session) blocking(r *request) {
 			fixups = sess.guard.Fixups(d.Expires)
 		}
 	}
-	call := sess.call
-	call.Reset()
-	call.NoTimeout = true
-	call.SetReplyLimit(sess.replyLimit())
-	first := 0
-	if named {
-		call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", sess.name))
-		first++
-	}
+	var markers [][]byte
 	if cmd.Name == "wait" || cmd.Name == "waitaof" {
 		// Redis waits for the calling connection's last write to reach the
 		// replicas (or the AOF). The client's writes went over other
 		// connections, so first make this connection's last write one that
 		// Redis propagates after all of them: a PUBLISH to a proxy channel.
 		if sess.srv.router == nil {
-			call.Add(cmdWaitMarker)
-			first++
+			markers = waitMarkers
 		} else if borrowed {
 			// (A pinned connection under WATCH carries the client's
 			// writes itself; a MULTI of the marker's would end the WATCH.)
-			for _, mark := range sess.clusterWaitMarker() {
-				call.Add(mark)
-				first++
-			}
+			markers = sess.clusterWaitMarker()
 		}
 	}
-	call.Add(raw)
-	if named {
-		call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", upstream.PinnedName))
-	}
+	call := sess.call
+	first := sess.fillBlockedCall(call, named, markers, raw)
 	sess.block.set(rid, pipe, b)
 	if err := pipe.Send(call); err != nil {
 		sess.block.set(0, nil, nil)
@@ -747,13 +733,7 @@ func (sess *Session) blocking(r *request) {
 		call.Reset()
 		return
 	}
-	// Replies to what came before the blocking command go out now, as
-	// Redis would send them, not when the block ends.
-	if len(sess.out) > 0 {
-		if _, err := sess.nc.Write(sess.out); err == nil {
-			sess.out = sess.out[:0]
-		}
-	}
+	sess.sendEarlierReplies()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for done := false; !done; {
@@ -813,11 +793,7 @@ func (sess *Session) blocking(r *request) {
 	if errors.Is(err, upstream.ErrOutputLimit) {
 		sess.overLimit() // as for a reply of the client's batch
 	}
-	clean := err == nil
-	if named {
-		r, rerr := call.Reply(first + 1)
-		clean = clean && rerr == nil && bytes.Equal(r, ok)
-	}
+	clean := err == nil && (!named || namedBack(call, first))
 	call.Reset()
 	if err == nil && len(fixups) > 0 {
 		for _, f := range fixups {
@@ -838,6 +814,54 @@ func (sess *Session) blocking(r *request) {
 		b.ReleasePipe(pipe, sess.db, sess.resp3, clean)
 	}
 	sess.flush(time.Now())
+}
+
+// waitMarkers is the wait marker as fillBlockedCall takes it.
+var waitMarkers = [][]byte{cmdWaitMarker}
+
+// fillBlockedCall makes call (reset first) a blocking command's trip on a
+// connection of the client's own, borrowed or pinned: markers (the wait
+// marker before WAIT, or none), then raw, without the proxy's reply
+// timeout (the command's own applies). Named, the connection carries the
+// client's name around them, as Redis would show the client blocked
+// there, and its own again after (namedBack). It returns the index of
+// raw's reply.
+func (sess *Session) fillBlockedCall(call *upstream.Call, named bool, markers [][]byte, raw []byte) (first int) {
+	call.Reset()
+	call.NoTimeout = true
+	call.SetReplyLimit(sess.replyLimit())
+	if named {
+		call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", sess.name))
+		first++
+	}
+	for _, mark := range markers {
+		call.Add(mark)
+		first++
+	}
+	call.Add(raw)
+	if named {
+		call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", upstream.PinnedName))
+	}
+	return first
+}
+
+// namedBack reports whether a named call of fillBlockedCall gave its
+// connection its own name back: one that did not is not to be reused.
+func namedBack(call *upstream.Call, first int) bool {
+	r, err := call.Reply(first + 1)
+	return err == nil && bytes.Equal(r, ok)
+}
+
+// sendEarlierReplies writes the replies to what the client sent before
+// its blocking command now, once that command is sent, as Redis would
+// send them, not when the block ends. A write that fails leaves them to
+// the flush after the block, which meets the same error.
+func (sess *Session) sendEarlierReplies() {
+	if len(sess.out) > 0 {
+		if _, err := sess.nc.Write(sess.out); err == nil {
+			sess.out = sess.out[:0]
+		}
+	}
 }
 
 // unblocked forgets the connection(s) the client was blocked on, once its
