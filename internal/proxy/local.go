@@ -85,12 +85,45 @@ func cmdReplication(sess *Session, r *request) bool {
 func cmdScriptDebug(sess *Session, r *request) bool {
 	switch mode := string(r.Args[2]); {
 	case strings.EqualFold(mode, "no"):
+		sess.scriptDebug = false
 		sess.replyLocal(r.m, ok)
 	case scriptDebugRefusal(r.Args) != "":
+		sess.scriptDebug = true
 		sess.replyLocal(r.m, []byte("-"+scriptDebugRefusal(r.Args)+"\r\n"))
 	default:
 		sess.replyLocal(r.m, []byte("-ERR Use SCRIPT DEBUG YES/SYNC/NO\r\n"))
 	}
+	return true
+}
+
+// scriptDebugStep answers, for a client whose SCRIPT DEBUG YES or SYNC
+// was refused, the scripts Redis would have run in the debugger: EVAL and
+// EVAL_RO are refused (the debugging session they would start ends the
+// mode, on Redis too), EVALSHA and EVALSHA_RO get Redis's own error in that
+// mode, which keeps it. Found by review: redis-cli --ldb throws SCRIPT
+// DEBUG's reply away and sends the EVAL, so through the proxy the script
+// ran for real and kept its writes, where Redis's debugging session rolls
+// them back (and each "restart" ran it again). Inside MULTI the refusal is
+// at queue time and EXEC aborts (on Redis the EVAL is queued and EXEC
+// starts the debugger).
+func (sess *Session) scriptDebugStep(r *request) bool {
+	var msg string
+	switch r.name {
+	case "eval", "eval_ro":
+		msg = "ERR redproxy: the script was not run: this connection turned the Lua debugger on (SCRIPT DEBUG), which is not supported through the proxy, and the script would have run in it; the debugger mode is off again. Debug scripts against Redis directly (redis-cli --ldb -h <redis host> -p <redis port> --eval script.lua)"
+	case "evalsha", "evalsha_ro":
+		msg = "ERR Please use EVAL instead of EVALSHA for debugging"
+	default:
+		return false
+	}
+	if r.wrongArity() {
+		return false // Redis's arity error comes first
+	}
+	if r.name == "eval" || r.name == "eval_ro" {
+		sess.scriptDebug = false
+	}
+	sess.refusedInMulti()
+	sess.replyLocal(r.m, redcon.AppendError(nil, msg))
 	return true
 }
 

@@ -112,3 +112,64 @@ func TestScriptDebugNeverReachesRedis(t *testing.T) {
 		})
 	}
 }
+
+// TestScriptDebugModeRefusesItsScripts: after a refused SCRIPT DEBUG YES,
+// the proxy keeps the mode Redis would be in. EVALSHA, EVALSHA_RO and an
+// EVAL of the wrong arity answer as on Redis in that mode (compared with a
+// Redis connection in it), RESET keeps the mode as Redis does, and SCRIPT
+// DEBUG NO ends it; the next EVAL, which Redis would run in the debugger,
+// is refused and ends the mode, inside MULTI at queue time.
+func TestScriptDebugModeRefusesItsScripts(t *testing.T) {
+	c, _, _ := newDirectPair(t)
+	d, p := c.do(t, "SCRIPT", "LOAD", "return 1")
+	if d != p || !strings.HasPrefix(d, "$40\r\n") {
+		t.Fatalf("SCRIPT LOAD: Redis %q, proxy %q", d, p)
+	}
+	sha := strings.TrimSpace(d[len("$40\r\n"):])
+	same := func(args ...string) string {
+		t.Helper()
+		d, p := c.do(t, args...)
+		if d != p {
+			t.Errorf("%q: Redis %q, proxy %q", args, d, replyHead(p))
+		}
+		return d
+	}
+	c.do(t, "SCRIPT", "DEBUG", "YES")
+	if got := same("EVALSHA", sha, "0"); !strings.Contains(got, "Please use EVAL instead of EVALSHA for debugging") {
+		t.Fatalf("EVALSHA in debugger mode on Redis answered %q: is this Redis's debugger different?", got)
+	}
+	same("EVALSHA_RO", sha, "0")
+	same("EVAL", "return 1")
+	same("RESET")
+	same("EVALSHA", sha, "0") // RESET leaves the mode on
+
+	proxied := c.proxied
+	refused := func(args ...string) {
+		t.Helper()
+		if got := rawDo(t, proxied, args...); !strings.Contains(got, "redproxy: the script was not run") {
+			t.Errorf("%q in debugger mode answered %q, want the refusal", args, replyHead(got))
+		}
+	}
+	refused("EVAL", "redis.call('set', KEYS[1], 'ran') return 1", "1", "dbg:key")
+	if got := rawDo(t, proxied, "EVAL", "return 1", "0"); got != ":1\r\n" {
+		t.Errorf("the EVAL after the refused one answered %q, want :1 (the mode ends with the refusal)", got)
+	}
+	rawDo(t, proxied, "SCRIPT", "DEBUG", "SYNC")
+	refused("EVAL_RO", "return 1", "0")
+
+	rawDo(t, proxied, "SCRIPT", "DEBUG", "YES")
+	same("SCRIPT", "DEBUG", "NO")
+	if got := same("EVALSHA", sha, "0"); got != ":1\r\n" {
+		t.Errorf("EVALSHA after SCRIPT DEBUG NO answered %q, want :1", got)
+	}
+
+	rawDo(t, proxied, "SCRIPT", "DEBUG", "YES")
+	rawDo(t, proxied, "MULTI")
+	refused("EVAL", "redis.call('set', KEYS[1], 'ran') return 1", "1", "dbg:key")
+	if got := rawDo(t, proxied, "EXEC"); !strings.HasPrefix(got, "-EXECABORT") {
+		t.Errorf("EXEC after the refused EVAL answered %q, want EXECABORT", got)
+	}
+	if got := rawDo(t, proxied, "EXISTS", "dbg:key"); got != ":0\r\n" {
+		t.Errorf("a refused script's write reached Redis: EXISTS dbg:key = %q", got)
+	}
+}

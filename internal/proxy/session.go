@@ -87,6 +87,11 @@ type Session struct {
 	replySkip  bool // CLIENT REPLY SKIP: mute the next command
 	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
 	relayInMulti bool
+	// scriptDebug: the client asked for the Lua debugger (SCRIPT DEBUG
+	// YES or SYNC, refused), which on Redis would run its next EVAL in a
+	// debugging session; until SCRIPT DEBUG NO or that EVAL it is refused
+	// as Redis would be in that mode (scriptDebugStep).
+	scriptDebug bool
 	interrupted  atomic.Bool
 	park         sessionPark // parking while idle (park.go)
 
@@ -460,6 +465,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	// blocking commands, transactions) are reported and refused like any
 	// other.
 	if sess.guardRecord(r) {
+		return
+	}
+	if sess.scriptDebug && sess.scriptDebugStep(r) {
 		return
 	}
 	if t := sess.srv.tier; t != nil && r.cmd != nil && r.cmd.Flags&commands.CatScripting != 0 {
