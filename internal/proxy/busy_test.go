@@ -64,6 +64,7 @@ func rawRead(t *testing.T, nc net.Conn) string {
 	var out []byte
 	one := make([]byte, 1)
 	readLine := func() string {
+		t.Helper() // a failure names the test's line, not this one
 		start := len(out)
 		for !bytes.HasSuffix(out[start:], []byte("\r\n")) {
 			if _, err := nc.Read(one); err != nil {

@@ -164,44 +164,56 @@ func runDifferential(t *testing.T, v diffVariant, seed uint64, rounds int, budge
 	if v.tier {
 		redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) }, "local tier never became live")
 	}
-	var deadline time.Time
-	if budget > 0 {
-		deadline = time.Now().Add(budget)
-	}
-	timeBase := time.Now().Unix()
 	var (
-		wg                 sync.WaitGroup
 		mu                 sync.Mutex
 		pipelines, command int
 		failed             []*diffClient
 	)
-	for i := range v.clients {
-		proto := v.proto
-		if proto == 0 {
-			proto = 2 + i%2
+	// pass runs every client's stream once, for the budget (or rounds).
+	pass := func(seed uint64) {
+		var deadline time.Time
+		if budget > 0 {
+			deadline = time.Now().Add(budget)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			g := newDiffGen(seed, i, v.clients, proto, timeBase)
-			cl := &diffClient{t: t, v: v, seed: seed, id: i, addrA: direct.Addr(), addrB: p.Addr, addrBDirect: behind.Addr(), prefix: g.prefix, proto: proto}
-			np, nc, err := cl.run(g, rounds, deadline)
-			mu.Lock()
-			pipelines += np
-			command += nc
-			mu.Unlock()
-			if err != nil {
-				t.Error(err)
-				if n, _ := strconv.Atoi(os.Getenv("REDPROXY_DIFF_HISTORY")); n > 0 {
-					t.Logf("client %d, its last pipelines before the failing one:\n%s", cl.id, cl.lastPipelines(n))
-				}
-				mu.Lock()
-				failed = append(failed, cl)
-				mu.Unlock()
+		timeBase := time.Now().Unix()
+		var wg sync.WaitGroup
+		for i := range v.clients {
+			proto := v.proto
+			if proto == 0 {
+				proto = 2 + i%2
 			}
-		}()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				g := newDiffGen(seed, i, v.clients, proto, timeBase)
+				cl := &diffClient{t: t, v: v, seed: seed, id: i, addrA: direct.Addr(), addrB: p.Addr, addrBDirect: behind.Addr(), prefix: g.prefix, proto: proto}
+				np, nc, err := cl.run(g, rounds, deadline)
+				mu.Lock()
+				pipelines += np
+				command += nc
+				mu.Unlock()
+				if err != nil {
+					t.Error(err)
+					if n, _ := strconv.Atoi(os.Getenv("REDPROXY_DIFF_HISTORY")); n > 0 {
+						t.Logf("client %d, its last pipelines before the failing one:\n%s", cl.id, cl.lastPipelines(n))
+					}
+					mu.Lock()
+					failed = append(failed, cl)
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
 	}
-	wg.Wait()
+	pass(seed)
+	// A budgeted run on a loaded machine (CI runs test processes side by
+	// side) may end before the tier served anything, which would leave
+	// the variant comparing nothing it answers (seen in CI: 547 commands,
+	// no hit): further passes, with the next seeds, until it has.
+	for extra := uint64(1); v.tier && budget > 0 && extra <= 3 && !t.Failed() && metricSum(t, p, "redproxy_localcache_hits_total") == 0; extra++ {
+		t.Logf("%s: no tier hit yet; pass %d with seed %d", v.name, extra+1, seed+extra)
+		pass(seed + extra)
+	}
 	if os.Getenv("REDPROXY_DIFF_MINIMIZE") != "" {
 		// One at a time, once every client is done: a replay empties
 		// both servers.

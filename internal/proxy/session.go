@@ -92,8 +92,8 @@ type Session struct {
 	// debugging session; until SCRIPT DEBUG NO or that EVAL it is refused
 	// as Redis would be in that mode (scriptDebugStep).
 	scriptDebug bool
-	interrupted  atomic.Bool
-	park         sessionPark // parking while idle (park.go)
+	interrupted atomic.Bool
+	park        sessionPark // parking while idle (park.go)
 
 	route routeSession // with routes (routes.go)
 	// reads is where the client's reads may go with replica reads on
