@@ -108,8 +108,10 @@ func cmdScriptDebug(sess *Session, r *request) bool {
 // starts the debugger).
 func (sess *Session) scriptDebugStep(r *request) bool {
 	var msg string
+	ends := false // the EVAL that Redis would debug ends the mode
 	switch r.name {
 	case "eval", "eval_ro":
+		ends = true
 		msg = "ERR redproxy: the script was not run: this connection turned the Lua debugger on (SCRIPT DEBUG), which is not supported through the proxy, and the script would have run in it; the debugger mode is off again. Debug scripts against Redis directly (redis-cli --ldb -h <redis host> -p <redis port> --eval script.lua)"
 	case "evalsha", "evalsha_ro":
 		msg = "ERR Please use EVAL instead of EVALSHA for debugging"
@@ -119,7 +121,7 @@ func (sess *Session) scriptDebugStep(r *request) bool {
 	if r.wrongArity() {
 		return false // Redis's arity error comes first
 	}
-	if r.name == "eval" || r.name == "eval_ro" {
+	if ends {
 		sess.scriptDebug = false
 	}
 	sess.refusedInMulti()

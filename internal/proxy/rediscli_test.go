@@ -3,7 +3,6 @@ package proxy_test
 import (
 	"bytes"
 	"fmt"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,20 +12,15 @@ import (
 	"github.com/redproxy/redproxy/internal/proxytest"
 )
 
-// redisCLI runs redis-cli against the proxy and returns its output.
+// redisCLI runs redis-cli against the proxy and returns its output, and
+// an error if it exited other than with 0 (cliAt).
 func redisCLI(t *testing.T, p *proxytest.Proxy, stdin []byte, args ...string) (string, error) {
 	t.Helper()
-	bin, err := exec.LookPath("redis-cli")
-	if err != nil {
-		t.Skip("redis-cli not installed (Debian/Ubuntu: apt-get install redis-tools)")
+	out, code := cliAt(t, p.Addr, stdin, args...)
+	if code != 0 {
+		return out, fmt.Errorf("redis-cli exited with %d", code)
 	}
-	host, port, _ := strings.Cut(p.Addr, ":")
-	cmd := exec.Command(bin, append([]string{"-h", host, "-p", port}, args...)...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	out, err := cmd.CombinedOutput()
-	return strings.TrimSpace(string(out)), err
+	return out, nil
 }
 
 // TestRedisCLI drives the proxy with redis-cli as an operator does: single

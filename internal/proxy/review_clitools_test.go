@@ -57,7 +57,7 @@ func cliAt(t *testing.T, addr string, stdin []byte, args ...string) (string, int
 
 // clientCount is the number of connections Redis has, and how many of them
 // are in MONITOR mode.
-func clientCount(t *testing.T, direct *redis.Client) (all, monitors int) {
+func clientCount(t testing.TB, direct *redis.Client) (all, monitors int) {
 	t.Helper()
 	list, err := direct.ClientList(ctx).Result()
 	if err != nil {
