@@ -323,10 +323,31 @@ func (m *Misses) Early(db int, key []byte, r Match, owner int64, ttl time.Durati
 	if st, ok := m.refreshing[k]; ok && now.Before(st.until) {
 		return false
 	}
+	if !m.roomToRefresh(k, now) {
+		return false
+	}
 	m.refreshing[k] = refreshState{owner: owner, until: now.Add(ttl)}
 	m.markMiss(k, r.refresh-1, now, true)
 	m.metrics.forKey(key).earlyRefresh()
 	return true
+}
+
+// roomToRefresh reports whether k may start an early refresh without the
+// bookkeeping passing missMaxKeys. A reader that keeps its connection and
+// never writes what it was asked to refresh leaves its entries here until
+// their keys would have expired, so a full map first drops those; still
+// full, the read is answered as usual (an early refresh is only an
+// optimisation). m.mu is held.
+func (m *Misses) roomToRefresh(k string, now time.Time) bool {
+	if _, ok := m.refreshing[k]; ok || len(m.refreshing) < missMaxKeys {
+		return true
+	}
+	for rk, st := range m.refreshing {
+		if !now.Before(st.until) {
+			delete(m.refreshing, rk)
+		}
+	}
+	return len(m.refreshing) < missMaxKeys
 }
 
 // xfetch is the XFetch test: refresh when now − δ·β·ln(u) ≥ expiry, i.e.

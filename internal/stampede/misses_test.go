@@ -307,6 +307,41 @@ func TestMissedBookkeepingIsBounded(t *testing.T) {
 	}
 }
 
+// A reader that is handed early refreshes of many keys and never writes
+// them, on a connection that stays open (a pooled connection of an app that
+// decided not to refill), must not grow the refresh bookkeeping without
+// bound: entries end with their key's TTL.
+func TestEarlyRefreshBookkeepingIsBounded(t *testing.T) {
+	ms, _, clk := newMisses(t, Config{EarlyRefresh: []RefreshRule{{Pattern: "*"}}})
+	ms.rand = func() float64 { return 1e-9 } // a roll that always refreshes once δ is known
+	k0 := []byte("seed")
+	ms.Missed(0, k0, ms.Match(k0), 1, true)
+	clk.Add(50 * time.Millisecond)
+	ms.Written(0, k0, ms.Match(k0))
+	refreshed := 0
+	for i := range missMaxKeys + 10 {
+		k := []byte("k" + itoa(i))
+		if ms.Early(0, k, ms.Match(k), 7, time.Second) {
+			refreshed++
+		}
+	}
+	if refreshed < missMaxKeys {
+		t.Fatalf("only %d of %d keys refreshed early", refreshed, missMaxKeys+10)
+	}
+	if len(ms.refreshing) > missMaxKeys {
+		t.Fatalf("%d early refreshes kept for an owner that never writes, bound is %d", len(ms.refreshing), missMaxKeys)
+	}
+	// Once their keys' TTLs have run out, the old entries make room.
+	clk.Add(2 * time.Second)
+	k := []byte("late")
+	if !ms.Early(0, k, ms.Match(k), 7, time.Second) {
+		t.Fatal("no early refresh once every earlier one's key had expired")
+	}
+	if len(ms.refreshing) != 1 {
+		t.Fatalf("expired early refreshes not swept: %d kept", len(ms.refreshing))
+	}
+}
+
 func itoa(i int) string {
 	const digits = "0123456789"
 	if i == 0 {
