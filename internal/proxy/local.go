@@ -83,13 +83,14 @@ func cmdReplication(sess *Session, r *request) bool {
 // inside MULTI it is refused as they are (queueInMulti, clusterPlacer);
 // on a relay relayDenied refuses YES and SYNC.
 func cmdScriptDebug(sess *Session, r *request) bool {
-	switch mode := string(r.Args[2]); {
-	case strings.EqualFold(mode, "no"):
+	refusal := scriptDebugRefusal(r.Args)
+	switch {
+	case strings.EqualFold(string(r.Args[2]), "no"):
 		sess.scriptDebug = false
 		sess.replyLocal(r.m, ok)
-	case scriptDebugRefusal(r.Args) != "":
+	case refusal != "":
 		sess.scriptDebug = true
-		sess.replyLocal(r.m, []byte("-"+scriptDebugRefusal(r.Args)+"\r\n"))
+		sess.replyLocal(r.m, redcon.AppendError(nil, refusal))
 	default:
 		sess.replyLocal(r.m, []byte("-ERR Use SCRIPT DEBUG YES/SYNC/NO\r\n"))
 	}
@@ -112,7 +113,7 @@ func (sess *Session) scriptDebugStep(r *request) bool {
 	switch r.name {
 	case "eval", "eval_ro":
 		ends = true
-		msg = "ERR redproxy: the script was not run: this connection turned the Lua debugger on (SCRIPT DEBUG), which is not supported through the proxy, and the script would have run in it; the debugger mode is off again. Debug scripts against Redis directly (redis-cli --ldb -h <redis host> -p <redis port> --eval script.lua)"
+		msg = "ERR redproxy: the script was not run: this connection turned the Lua debugger on (SCRIPT DEBUG), which is not supported through the proxy, and the script would have run in it; the debugger mode is off again. Debug scripts against Redis directly (" + ldbCommand + ")"
 	case "evalsha", "evalsha_ro":
 		msg = "ERR Please use EVAL instead of EVALSHA for debugging"
 	default:
@@ -139,6 +140,9 @@ func (sess *Session) scriptDebugStep(r *request) bool {
 // and answered with its output (found by review); on a relay the
 // debugger's conversation cannot work through the proxy either. A
 // debugging session needs a connection of its own to Redis.
+// ldbCommand is how both refusals tell the user to debug a script.
+const ldbCommand = "redis-cli --ldb -h <redis host> -p <redis port> --eval script.lua"
+
 func scriptDebugRefusal(args [][]byte) string {
 	if len(args) != 3 || !strings.EqualFold(string(args[0]), "script") || !strings.EqualFold(string(args[1]), "debug") {
 		return ""
@@ -146,7 +150,7 @@ func scriptDebugRefusal(args [][]byte) string {
 	if mode := string(args[2]); !strings.EqualFold(mode, "yes") && !strings.EqualFold(mode, "sync") {
 		return ""
 	}
-	return "ERR redproxy: SCRIPT DEBUG is not supported through the proxy: it would start the Lua debugger on a Redis connection other clients share; debug scripts against Redis directly (redis-cli --ldb -h <redis host> -p <redis port> --eval script.lua)"
+	return "ERR redproxy: SCRIPT DEBUG is not supported through the proxy: it would start the Lua debugger on a Redis connection other clients share; debug scripts against Redis directly (" + ldbCommand + ")"
 }
 
 func cmdSelect(sess *Session, r *request) bool {
