@@ -21,6 +21,15 @@ func moveEmptySlot(t *testing.T, c *redistest.Cluster, p *proxytest.Proxy, s int
 	t.Helper()
 	ctx := context.Background()
 	src := nodeAt(t, c, p.Router().Map().Owner(s))
+	// The proxy's map may be stale (that is what the callers test), but
+	// the cluster itself must not have moved the slot: a failover nobody
+	// asked for (a node that missed cluster-node-timeout on a loaded
+	// machine) would make the SETSLOTs below fail ("I'm already the owner
+	// of hash slot N", seen once in CI), so say so plainly.
+	if owner := slotOwnerSeenBy(t, src, s); owner != src.Addr() {
+		nodes, _ := src.Client(t).ClusterNodes(ctx).Result()
+		t.Fatalf("moveEmptySlot: the proxy's map has slot %d on %s, the cluster has it on %s (a failover the test did not make?); CLUSTER NODES:\n%s", s, src.Addr(), owner, nodes)
+	}
 	var dst *redistest.Server
 	for _, n := range c.Primaries(t) {
 		if n != src {
@@ -51,6 +60,22 @@ func moveEmptySlot(t *testing.T, c *redistest.Cluster, p *proxytest.Proxy, s int
 		}
 	}
 	return dst.Addr()
+}
+
+// slotOwnerSeenBy is the address of slot s's primary in n's own view of
+// the cluster ("" if n knows of no owner).
+func slotOwnerSeenBy(t *testing.T, n *redistest.Server, s int) string {
+	t.Helper()
+	slots, err := n.Client(t).ClusterSlots(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range slots {
+		if r.Start <= s && s <= r.End && len(r.Nodes) > 0 {
+			return r.Nodes[0].Addr
+		}
+	}
+	return ""
 }
 
 // TestClusterPinned drives transactions and blocking commands through the
