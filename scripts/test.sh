@@ -2,8 +2,10 @@
 # Runs every test of redproxy: go vet, the whole suite under the race
 # detector, and a short run of each fuzz target. Behaviour tests start real
 # redis-server processes on free loopback ports, so this installs Debian's
-# redis-server and redis-tools first when they are missing, and Debian's
-# prometheus for promtool, which checks the /metrics exposition.
+# redis-server and redis-tools first when they are missing, Debian's
+# prometheus for promtool, which checks the /metrics exposition, and
+# Debian's nutcracker (twemproxy), whose key distribution a [[route]] over
+# several upstreams must reproduce.
 #
 # Environment: FUZZTIME (default 10s per fuzz target; 0 skips fuzzing).
 set -euo pipefail
@@ -13,6 +15,7 @@ need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v nutcracker >/dev/null 2>&1 || [ -x /usr/sbin/nutcracker ] || need+=(nutcracker)
 if [ ${#need[@]} -gt 0 ]; then
 	echo "installing ${need[*]} from Debian's packages"
 	sudo=""
@@ -25,9 +28,13 @@ fi
 if command -v service >/dev/null 2>&1 && pgrep -x redis-server >/dev/null 2>&1; then
 	service redis-server stop >/dev/null 2>&1 || true
 fi
-# Only promtool is wanted from the prometheus package, never its server.
+# Only promtool is wanted from the prometheus package, never its server;
+# the tests start nutcracker themselves.
 if command -v service >/dev/null 2>&1 && pgrep -x prometheus >/dev/null 2>&1; then
 	service prometheus stop >/dev/null 2>&1 || true
+fi
+if command -v service >/dev/null 2>&1 && pgrep -x nutcracker >/dev/null 2>&1; then
+	service nutcracker stop >/dev/null 2>&1 || true
 fi
 
 echo "== go vet"

@@ -58,12 +58,14 @@ func (c *Config) mirrorErrors() []*Error {
 	// route names. A mirror that is one of them runs every write twice.
 	served := map[string]Upstream{DefaultUpstream: c.Upstream}
 	for _, r := range slices.Concat(c.Routes, c.ChannelRoutes) {
-		if r.Upstream == name {
-			bad("%s is where a [[route]] or [[channel_route]] (pattern %q) sends clients' commands: mirroring to it would run every write twice", section, r.Pattern)
-			return errs
-		}
-		if up, ok := c.Upstreams[r.Upstream]; ok {
-			served[r.Upstream] = withUpstreamDefaults(up)
+		for _, target := range r.Targets() {
+			if target == name {
+				bad("%s is where a [[route]] or [[channel_route]] (pattern %q) sends clients' commands: mirroring to it would run every write twice", section, r.Pattern)
+				return errs
+			}
+			if up, ok := c.Upstreams[target]; ok {
+				served[target] = withUpstreamDefaults(up)
+			}
 		}
 	}
 	for _, other := range slices.Sorted(maps.Keys(served)) {

@@ -2,19 +2,66 @@ package config
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/glob"
+	"github.com/redproxy/redproxy/internal/route"
 )
 
 // Route sends the keys ([[route]]) or channels ([[channel_route]])
 // matching Pattern, a glob as in SCAN MATCH, to the named upstream
 // Upstream. Routes are tried in the order written; the first match wins.
+//
+// A [[route]] may instead spread its keys over several upstreams
+// (Upstreams), by a hash of the key as twemproxy does, so that a
+// twemproxy pool can be replaced with every key found where it was: the
+// same Hash, Distribution, HashTag, per-upstream Weights and
+// ServerNames (the names twemproxy hashes its servers under; by default
+// each upstream's "host:port", as twemproxy's default).
 type Route struct {
-	Pattern  string `toml:"pattern"`
-	Upstream string `toml:"upstream"`
+	Pattern      string   `toml:"pattern"`
+	Upstream     string   `toml:"upstream,omitempty"`
+	Upstreams    []string `toml:"upstreams,omitempty"`
+	Distribution string   `toml:"distribution,omitempty"`
+	Hash         string   `toml:"hash,omitempty"`
+	HashTag      string   `toml:"hash_tag,omitempty"`
+	Weights      []int    `toml:"weights,omitempty"`
+	ServerNames  []string `toml:"server_names,omitempty"`
+}
+
+// Equal reports whether r and o route the same way.
+func (r Route) Equal(o Route) bool {
+	return r.Pattern == o.Pattern && r.Upstream == o.Upstream && slices.Equal(r.Upstreams, o.Upstreams) &&
+		r.Distribution == o.Distribution && r.Hash == o.Hash && r.HashTag == o.HashTag &&
+		slices.Equal(r.Weights, o.Weights) && slices.Equal(r.ServerNames, o.ServerNames)
+}
+
+// Targets are the upstreams r sends keys to.
+func (r Route) Targets() []string {
+	if len(r.Upstreams) > 0 {
+		return r.Upstreams
+	}
+	return []string{r.Upstream}
+}
+
+// RingNames are the names each of r's Upstreams is hashed under: its
+// ServerNames, or else each upstream's address (its name when it has no
+// address, as a Sentinel or cluster upstream).
+func (c *Config) RingNames(r Route) []string {
+	if len(r.ServerNames) > 0 {
+		return r.ServerNames
+	}
+	names := make([]string, len(r.Upstreams))
+	for i, n := range r.Upstreams {
+		names[i] = n
+		if u := c.NamedUpstream(n); u.Mode == ModeStandalone && u.Address != "" {
+			names[i] = u.Address
+		}
+	}
+	return names
 }
 
 // DefaultUpstream is the name under which routes and metrics refer to
@@ -173,6 +220,15 @@ func (c *Config) checkRoutes() []*Error {
 			} else if err := glob.Check(r.Pattern); err != nil {
 				bad(key+".pattern", "%v", err)
 			}
+			spread := len(r.Upstreams) > 0 || r.Distribution != "" || r.Hash != "" || r.HashTag != "" || len(r.Weights) > 0 || len(r.ServerNames) > 0
+			switch {
+			case spread && section == "channel_route":
+				bad(key, "a channel route sends its channels to one upstream: upstreams, distribution, hash, hash_tag, weights and server_names are for [[route]]")
+				continue
+			case spread:
+				c.checkRing(key, r, bad)
+				continue
+			}
 			if _, ok := c.Upstreams[r.Upstream]; !ok && r.Upstream != DefaultUpstream {
 				bad(key+".upstream", "no [upstreams.%s] is configured (named upstreams: %s)", r.Upstream, strings.Join(c.UpstreamNames(), ", "))
 			}
@@ -181,6 +237,63 @@ func (c *Config) checkRoutes() []*Error {
 	checkList("route", c.Routes)
 	checkList("channel_route", c.ChannelRoutes)
 	return errs
+}
+
+// checkRing checks a [[route]] that spreads its keys over upstreams.
+func (c *Config) checkRing(key string, r Route, bad func(key, format string, args ...any)) {
+	if r.Upstream != "" {
+		bad(key, "give either upstream (one upstream) or upstreams (keys spread over several), not both")
+	}
+	if len(r.Upstreams) < 2 {
+		bad(key+".upstreams", "list at least two upstreams to spread keys over (or use upstream = \"NAME\")")
+		return
+	}
+	seen := map[string]bool{}
+	for _, n := range r.Upstreams {
+		if _, ok := c.Upstreams[n]; !ok && n != DefaultUpstream {
+			bad(key+".upstreams", "no [upstreams.%s] is configured (named upstreams: %s)", n, strings.Join(c.UpstreamNames(), ", "))
+		}
+		if seen[n] {
+			bad(key+".upstreams", "%q is listed twice", n)
+		}
+		seen[n] = true
+	}
+	switch r.Distribution {
+	case "", "ketama", "modula":
+	default:
+		bad(key+".distribution", "unknown distribution %q: want \"ketama\" (the default) or \"modula\", as twemproxy's", r.Distribution)
+	}
+	if r.Hash != "" && !slices.Contains(route.HashNames(), r.Hash) {
+		bad(key+".hash", "unknown hash %q: want one of %s (twemproxy's names; default fnv1a_64)", r.Hash, strings.Join(route.HashNames(), ", "))
+	}
+	if r.HashTag != "" && len(r.HashTag) != 2 {
+		bad(key+".hash_tag", "want two characters, as \"{}\", or none")
+	}
+	if r.Weights != nil && len(r.Weights) != len(r.Upstreams) {
+		bad(key+".weights", "%d weights for %d upstreams", len(r.Weights), len(r.Upstreams))
+	}
+	for _, w := range r.Weights {
+		if w < 1 || w > 1000 {
+			bad(key+".weights", "weight %d: want 1 to 1000", w)
+		}
+	}
+	if r.ServerNames != nil {
+		if len(r.ServerNames) != len(r.Upstreams) {
+			bad(key+".server_names", "%d names for %d upstreams", len(r.ServerNames), len(r.Upstreams))
+		}
+		for i, n := range r.ServerNames {
+			if n == "" || slices.Contains(r.ServerNames[:i], n) {
+				bad(key+".server_names", "names must be non-empty and distinct (%q)", n)
+			}
+		}
+	} else {
+		names := c.RingNames(r)
+		for i, n := range names {
+			if slices.Contains(names[:i], n) {
+				bad(key+".upstreams", "two upstreams have the address %s, which each is hashed under; give server_names", n)
+			}
+		}
+	}
 }
 
 // tlsErrorList flattens an error of ClientTLS into *Errors.

@@ -145,6 +145,10 @@ func newRouteTable(cfg *config.Config) (*route.Table, error) {
 		out := make([]route.Rule, len(rs))
 		for i, r := range rs {
 			out[i] = route.Rule{Pattern: r.Pattern, Upstream: r.Upstream}
+			if len(r.Upstreams) > 0 {
+				out[i].Upstreams = r.Upstreams
+				out[i].Ring = route.RingConfig{Distribution: r.Distribution, Hash: r.Hash, HashTag: r.HashTag, Weights: r.Weights, Names: cfg.RingNames(r)}
+			}
 		}
 		return out
 	}
@@ -315,7 +319,7 @@ func (s *Server) reloadRoutes(next *config.Config) {
 	if s.routes == nil {
 		return
 	}
-	if slices.Equal(s.routes.keyRules, next.Routes) && slices.Equal(s.routes.channelRules, next.ChannelRoutes) {
+	if slices.EqualFunc(s.routes.keyRules, next.Routes, config.Route.Equal) && slices.EqualFunc(s.routes.channelRules, next.ChannelRoutes, config.Route.Equal) {
 		// The same routes: the table in force stays, so a WATCH taken
 		// before a reload that changed something else (a timeout, a
 		// pool size) does not age out of recent and fail its EXEC
@@ -333,7 +337,7 @@ func (s *Server) reloadRoutes(next *config.Config) {
 		recent = recent[len(recent)-routeHistory:]
 	}
 	s.routes.recent.Store(&recent)
-	if s.tier != nil && !slices.Equal(s.routes.keyRules, next.Routes) {
+	if s.tier != nil && !slices.EqualFunc(s.routes.keyRules, next.Routes, config.Route.Equal) {
 		// Keys may move to another upstream: the tier must not serve what
 		// it filled from their old one (localcache/routes.go).
 		s.tier.cache.Reroute(func() { s.routes.table.Store(t) })

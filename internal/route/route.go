@@ -26,15 +26,27 @@ import (
 // Default is the index of the default upstream, [upstream].
 const Default = 0
 
-// Rule sends what matches Pattern to the upstream named Upstream.
+// Rule sends what matches Pattern to the upstream named Upstream, or, for
+// a key rule with Upstreams, spreads it over those by Ring.
 type Rule struct {
-	Pattern  string
-	Upstream string
+	Pattern   string
+	Upstream  string
+	Upstreams []string
+	Ring      RingConfig
 }
 
 type rule struct {
-	pat glob.Pattern
-	up  int
+	pat  glob.Pattern
+	up   int
+	ring *Ring // non-nil: the key's upstream is ring.Pick(key), not up
+}
+
+// pick is the upstream of s, which matched r.
+func (r *rule) pick(s []byte) int {
+	if r.ring != nil {
+		return r.ring.Pick(s)
+	}
+	return r.up
 }
 
 // Table is a compiled set of routes over a fixed list of upstreams.
@@ -55,25 +67,46 @@ func New(names []string, keyRules, channelRules []Rule) (*Table, error) {
 	for i, n := range names {
 		index[n] = i
 	}
-	compile := func(rs []Rule) ([]rule, error) {
+	compile := func(rs []Rule, rings bool) ([]rule, error) {
 		out := make([]rule, 0, len(rs))
 		for _, r := range rs {
-			i, ok := index[r.Upstream]
-			if !ok {
-				return nil, fmt.Errorf("%w %q (pattern %q)", ErrUnknownUpstream, r.Upstream, r.Pattern)
-			}
 			if err := glob.Check(r.Pattern); err != nil {
 				return nil, fmt.Errorf("route: pattern %q: %w", r.Pattern, err)
 			}
-			out = append(out, rule{pat: glob.Compile(r.Pattern), up: i})
+			c := rule{pat: glob.Compile(r.Pattern)}
+			if len(r.Upstreams) > 0 {
+				if !rings {
+					return nil, fmt.Errorf("route: pattern %q: only key routes spread over several upstreams", r.Pattern)
+				}
+				ups := make([]int, len(r.Upstreams))
+				for j, n := range r.Upstreams {
+					i, ok := index[n]
+					if !ok {
+						return nil, fmt.Errorf("%w %q (pattern %q)", ErrUnknownUpstream, n, r.Pattern)
+					}
+					ups[j] = i
+				}
+				ring, err := NewRing(ups, r.Ring)
+				if err != nil {
+					return nil, fmt.Errorf("pattern %q: %w", r.Pattern, err)
+				}
+				c.up, c.ring = ups[0], ring
+			} else {
+				i, ok := index[r.Upstream]
+				if !ok {
+					return nil, fmt.Errorf("%w %q (pattern %q)", ErrUnknownUpstream, r.Upstream, r.Pattern)
+				}
+				c.up = i
+			}
+			out = append(out, c)
 		}
 		return out, nil
 	}
 	var err error
-	if t.keys, err = compile(keyRules); err != nil {
+	if t.keys, err = compile(keyRules, true); err != nil {
 		return nil, err
 	}
-	if t.channels, err = compile(channelRules); err != nil {
+	if t.channels, err = compile(channelRules, false); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -159,7 +192,7 @@ func notification(ch []byte) (space bool, at int, ok bool) {
 // than [upstream]: keyspace notifications are then published on several.
 func (t *Table) keysSpread() bool {
 	for _, r := range t.keys {
-		if r.up != Default {
+		if r.up != Default || r.ring != nil {
 			return true
 		}
 	}
@@ -247,6 +280,21 @@ func within(rules []rule, pat []byte, up int, kind string) (int, string) {
 	for _, r := range rules {
 		src := r.pat.String()
 		q, _ := literalPrefix(src)
+		if r.ring != nil {
+			// Its keys are spread over several upstreams: a pattern
+			// that may match one of them hears only part of them.
+			if strings.HasPrefix(lit, q) || strings.HasPrefix(q, lit) {
+				other := r.up
+				for _, u := range r.ring.Upstreams() {
+					if u != up {
+						other = u
+						break
+					}
+				}
+				return other, kind + strconv.Quote(src)
+			}
+			continue
+		}
 		if r.up == up {
 			covered = covered || src == string(pat) || len(q) == len(src)-1 && src[len(q)] == '*' && strings.HasPrefix(lit, q)
 			continue
@@ -311,7 +359,7 @@ var errNotifySpread error = &Refusal{[]byte("-ERR redproxy: with routes each ups
 func match(rs []rule, s []byte) (int, int) {
 	for i := range rs {
 		if rs[i].pat.Match(s) {
-			return rs[i].up, i
+			return rs[i].pick(s), i
 		}
 	}
 	return Default, -1

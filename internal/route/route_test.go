@@ -16,8 +16,8 @@ var table = commands.Builtin()
 func newTestTable(t testing.TB) *Table {
 	t.Helper()
 	tb, err := New([]string{"default", "cache", "queue"},
-		[]Rule{{"queue:*", "queue"}, {"cache:*", "cache"}, {"q?:*", "queue"}},
-		[]Rule{{"jobs.*", "queue"}})
+		[]Rule{{Pattern: "queue:*", Upstream: "queue"}, {Pattern: "cache:*", Upstream: "cache"}, {Pattern: "q?:*", Upstream: "queue"}},
+		[]Rule{{Pattern: "jobs.*", Upstream: "queue"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestFirstMatchWins(t *testing.T) {
 	if tb.Channel([]byte("jobs.a")) != 2 || tb.Channel([]byte("news")) != Default {
 		t.Error("channel routes")
 	}
-	if _, err := New([]string{"default"}, []Rule{{"a*", "nope"}}, nil); err == nil {
+	if _, err := New([]string{"default"}, []Rule{{Pattern: "a*", Upstream: "nope"}}, nil); err == nil {
 		t.Error("a rule naming an unknown upstream compiled")
 	}
 }
@@ -147,7 +147,7 @@ func TestPlanPubsub(t *testing.T) {
 // channels no route matches.
 func TestPatternOverlap(t *testing.T) {
 	tb, err := New([]string{"default", "cache", "queue"}, nil,
-		[]Rule{{"jobs.*", "queue"}, {"ev.?", "cache"}, {"exact", "cache"}})
+		[]Rule{{Pattern: "jobs.*", Upstream: "queue"}, {Pattern: "ev.?", Upstream: "cache"}, {Pattern: "exact", Upstream: "cache"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestPatternOverlap(t *testing.T) {
 	// Without channel routes every pattern is [upstream]'s, but for those
 	// that may match keyspace notifications of keys on other upstreams:
 	// "*" matches __keyspace@0__:q:x, published on queue.
-	plain, _ := New([]string{"default", "queue"}, []Rule{{"q:*", "queue"}}, nil)
+	plain, _ := New([]string{"default", "queue"}, []Rule{{Pattern: "q:*", Upstream: "queue"}}, nil)
 	if up, err := plain.Pattern([]byte("news.*")); up != Default || err != nil {
 		t.Errorf("no channel routes: %d %v", up, err)
 	}
@@ -200,8 +200,8 @@ func TestNotificationChannels(t *testing.T) {
 	// A channel route that would catch notification channels, to show it
 	// does not.
 	tb, err := New([]string{"default", "cache", "queue"},
-		[]Rule{{"queue:*", "queue"}, {"cache:*", "cache"}},
-		[]Rule{{"jobs.*", "queue"}, {"__keyspace@0__:cache:*", "queue"}, {"__keyevent@*", "cache"}})
+		[]Rule{{Pattern: "queue:*", Upstream: "queue"}, {Pattern: "cache:*", Upstream: "cache"}},
+		[]Rule{{Pattern: "jobs.*", Upstream: "queue"}, {Pattern: "__keyspace@0__:cache:*", Upstream: "queue"}, {Pattern: "__keyevent@*", Upstream: "cache"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func TestNotificationChannels(t *testing.T) {
 	}
 	// Keys all on [upstream]: every notification is there. A pattern that
 	// may match them must subscribe there too.
-	def, _ := New([]string{"default", "queue"}, nil, []Rule{{"jobs.*", "queue"}, {"__k*", "queue"}})
+	def, _ := New([]string{"default", "queue"}, nil, []Rule{{Pattern: "jobs.*", Upstream: "queue"}, {Pattern: "__k*", Upstream: "queue"}})
 	for _, pat := range []string{"__keyevent@0__:*", "__keyspace@0__:*", "__keyevent@0__:set"} {
 		if up, err := def.Pattern([]byte(pat)); up != Default || err != nil {
 			t.Errorf("no key routes: Pattern(%q) = %d %v", pat, up, err)
@@ -336,7 +336,7 @@ func FuzzPlan(f *testing.F) {
 	f.Add("*", "[a-", "a b c")
 	f.Add("a?b", "\\*", "* a?b axb")
 	f.Fuzz(func(t *testing.T, p1, p2, keys string) {
-		tb, err := New([]string{"default", "one", "two"}, []Rule{{p1, "one"}, {p2, "two"}}, nil)
+		tb, err := New([]string{"default", "one", "two"}, []Rule{{Pattern: p1, Upstream: "one"}, {Pattern: p2, Upstream: "two"}}, nil)
 		if err != nil {
 			return // a pattern glob.Check refuses
 		}
@@ -384,4 +384,37 @@ func FuzzPlan(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A ring route spreads its keys, and so their keyspace notifications,
+// over several upstreams: subscriptions that would hear only some are
+// refused, a single key's channel goes to that key's upstream.
+func TestRingRouteSubscriptions(t *testing.T) {
+	tb, err := New([]string{"default", "a", "b"}, []Rule{{Pattern: "s:*", Upstreams: []string{"default", "a", "b"}, Ring: RingConfig{Names: []string{"x", "y", "z"}}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	for i := range 200 {
+		k := []byte("s:" + strconv.Itoa(i*2654435761))
+		up, _ := tb.Key(k)
+		seen[up] = true
+		if got, err := tb.Subscribe([]byte("__keyspace@0__:" + string(k))); err != nil || got != up {
+			t.Fatalf("SUBSCRIBE to %s's notifications: upstream %d, %v; the key is on %d", k, got, err, up)
+		}
+	}
+	if len(seen) != 3 {
+		t.Fatalf("200 keys over 3 upstreams landed on %d", len(seen))
+	}
+	for _, pat := range []string{"__keyspace@0__:s:*", "__keyspace@0__:*", "__keyevent@0__:set"} {
+		if _, err := tb.Pattern([]byte(pat)); err == nil {
+			t.Errorf("PSUBSCRIBE %s hears one upstream of three: not refused", pat)
+		}
+	}
+	if _, err := tb.Subscribe([]byte("__keyevent@0__:set")); err == nil {
+		t.Error("SUBSCRIBE __keyevent@0__:set with keys on three upstreams: not refused")
+	}
+	if up, err := tb.Pattern([]byte("__keyspace@0__:other:*")); err != nil || up != Default {
+		t.Errorf("PSUBSCRIBE to notifications of keys no route spreads: %d, %v", up, err)
+	}
 }
