@@ -438,8 +438,12 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	case cmd == nil:
 		return fail(errUnknownCommand(r.Args))
 	case r.name == "watch":
-		return fail(errWatchInMulti)
-	case r.name == "client|unblock" || r.name == "client|kill" || sess.nsClientList(r.name):
+		// Redis answers WATCH inside MULTI at once with an error that,
+		// unlike a queue-time error, leaves the transaction to run (found
+		// by review: the held transaction aborted).
+		sess.replyLocal(m, errWatchInMulti)
+		return true
+	case namesConnections(r.name) || sess.nsClientList(r.name):
 		// See queueInMulti.
 		return fail([]byte("-ERR redproxy: '" + strings.ToUpper(strings.ReplaceAll(r.name, "|", " ")) + "' inside MULTI is not supported\r\n"))
 	}
@@ -525,6 +529,7 @@ func (sess *Session) placeHeld(r *request, target int, p heldPlacer) bool {
 	sess.forwardHidden(cmdMulti)
 	pin.inMulti = true
 	pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect = 0, pin.txHidden[:0], pin.txWrites[:0], -1
+	pin.txName, pin.txNamed = "", false
 	for _, q := range cm.queued {
 		// Answered +QUEUED already: the replay's replies are muted, but
 		// count in the transaction's queue like the client's own, and its

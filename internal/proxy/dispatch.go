@@ -164,6 +164,8 @@ var pinnedCommands = map[string]cmdHandler{
 	"quit":    cmdQuit,
 	"reset":   pinnedReset,
 	"select":  pinnedSelect,
+
+	"client|setname": pinnedClientSetname,
 }
 
 // blockingEntry handles a command the table does not flag, which blocks

@@ -68,7 +68,9 @@ type pinState struct {
 	// Writes queued in MULTI take effect at EXEC; the write hooks hear of
 	// them then, not when they are queued.
 	txWrites []txWrite
-	txSelect int  // a SELECT queued in MULTI, applied when EXEC runs (-1: none)
+	txSelect int    // a SELECT queued in MULTI, applied when EXEC runs (-1: none)
+	txName   string // a CLIENT SETNAME's name queued in MULTI (txNamed), the client's when EXEC runs
+	txNamed  bool
 	execRan  bool // the last EXEC ran its commands (not aborted)
 	// redirected is the error a command sent outside MULTI was answered
 	// in place of the node's MOVED or ASK (clusterPinnedReply): the slot
@@ -234,9 +236,14 @@ func pinnedExec(sess *Session, r *request) bool {
 	sess.mirrorExecQueued() // mirror.go
 	sess.unnamePin()
 	sess.flush(time.Now())
-	if pin.txSelect >= 0 && pin.execRan {
+	if pin.execRan && (pin.txSelect >= 0 || pin.txNamed) {
 		sess.mu.Lock()
-		sess.db = pin.txSelect
+		if pin.txSelect >= 0 {
+			sess.db = pin.txSelect
+		}
+		if pin.txNamed {
+			sess.name = pin.txName
+		}
 		sess.mu.Unlock()
 	}
 	sess.unpin(true)
@@ -300,6 +307,7 @@ func pinnedMulti(sess *Session, r *request) bool {
 	if !pin.inMulti {
 		pin.inMulti = true
 		pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect = 0, pin.txHidden[:0], pin.txWrites[:0], -1
+		pin.txName, pin.txNamed = "", false
 		sess.list.multi.Store(1)
 	}
 	sess.forward(r.Raw, r.m)
@@ -384,9 +392,7 @@ func (sess *Session) dispatchWatched(r *request) {
 func (sess *Session) queueInMulti(r *request) {
 	pin := &sess.pin
 	name := r.name
-	if name == "client|unblock" || name == "client|kill" || sess.nsClientList(name) {
-		// Their arguments name proxy clients (ids, addresses): run by EXEC
-		// they would name unrelated Redis connections.
+	if namesConnections(name) || sess.nsClientList(name) {
 		sess.refuseInMulti(name, r.m)
 		return
 	}
@@ -417,6 +423,35 @@ func (sess *Session) queueInMulti(r *request) {
 	sess.call.Add(r.Raw)
 	sess.list.multi.Add(1)
 	sess.mirrorNote(r) // kept for EXEC (mirror.go)
+}
+
+// namesConnections reports whether the CLIENT subcommand name names or
+// describes client connections: the proxy answers it for its own clients,
+// and run by EXEC on the client's pinned connection it would name or
+// describe the proxy's connections to Redis instead. CLIENT KILL and
+// UNBLOCK take proxy clients' IDs and addresses; CLIENT ID, INFO and LIST
+// would answer the Redis ID of the pinned connection (found by review:
+// an ID learnt so can be another proxy client's, whom a later CLIENT KILL
+// ID would reach) and list the proxy's upstream connections. Inside MULTI
+// they are refused, and EXEC aborts, as for a queue-time error.
+func namesConnections(name string) bool {
+	switch name {
+	case "client|unblock", "client|kill", "client|id", "client|info", "client|list":
+		return true
+	}
+	return false
+}
+
+// pinnedClientSetname notes the name a CLIENT SETNAME queued in MULTI
+// gives the client when EXEC runs it (pinnedExec); it is queued as
+// usual. Found by review: Redis renamed the pinned connection while the
+// proxy's record of the client's name, which CLIENT GETNAME, LIST and
+// INFO answer, kept the old one.
+func pinnedClientSetname(sess *Session, r *request) bool {
+	if pin := &sess.pin; pin.inMulti && len(r.Args) == 3 && validClientName(r.Args[2]) {
+		pin.txName, pin.txNamed = string(r.Args[2]), true
+	}
+	return false
 }
 
 // txNameStep comes before a command named name is queued in the client's

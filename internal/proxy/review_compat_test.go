@@ -1,0 +1,138 @@
+package proxy_test
+
+// Differences from Redis found by the compatibility review of
+// docs/COMPATIBILITY.md (branch review-compat). Each test runs the same
+// commands against a real redis-server directly and through the proxy and
+// expects the proxy to answer as Redis does; they fail until fixed.
+
+import (
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+func compatDial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	nc, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	return nc
+}
+
+// CLIENT SETNAME queued inside MULTI names the connection when EXEC runs
+// it, on Redis. Through the proxy it is queued on the pinned connection,
+// but the proxy's own record of the client's name (which answers CLIENT
+// GETNAME, CLIENT LIST and CLIENT INFO outside the transaction) is never
+// updated: after EXEC, CLIENT GETNAME answers the name from before the
+// transaction (null here), and the name set is lost.
+func TestCompatReviewClientSetnameInsideMultiIsKept(t *testing.T) {
+	rs := redistest.Start(t)
+	p := proxytest.Start(t, rs, nil)
+
+	run := func(addr string) (exec, getname string) {
+		nc := compatDial(t, addr)
+		if got := rawDo(t, nc, "MULTI"); got != "+OK\r\n" {
+			t.Fatalf("MULTI: %q", got)
+		}
+		if got := rawDo(t, nc, "CLIENT", "SETNAME", "inner"); got != "+QUEUED\r\n" {
+			t.Fatalf("CLIENT SETNAME in MULTI: %q", got)
+		}
+		exec = rawDo(t, nc, "EXEC")
+		getname = rawDo(t, nc, "CLIENT", "GETNAME")
+		return exec, getname
+	}
+	rExec, rName := run(rs.Addr())
+	pExec, pName := run(p.Addr)
+	if rExec != pExec {
+		t.Errorf("EXEC: redis %q, proxy %q", rExec, pExec)
+	}
+	if rName != "$5\r\ninner\r\n" {
+		t.Fatalf("redis itself answered CLIENT GETNAME %q", rName)
+	}
+	if pName != rName {
+		t.Errorf("CLIENT GETNAME after MULTI / CLIENT SETNAME inner / EXEC: redis %q, proxy %q", rName, pName)
+	}
+}
+
+// A client's ID is the same for its connection's life on Redis, inside
+// MULTI too. Through the proxy, CLIENT ID inside MULTI was queued on the
+// pinned connection and EXEC answered that Redis connection's ID, which
+// may be the proxy ID of some other client (so a CLIENT UNBLOCK or CLIENT
+// KILL ID built from it reached the wrong client); CLIENT INFO described
+// the proxy's upstream connection and CLIENT LIST listed every upstream
+// connection of the proxy (found by review). They are refused inside
+// MULTI now, as CLIENT KILL and UNBLOCK are, and EXEC aborts: the proxy
+// never answers another connection's identity for the client's.
+func TestClientIdentityRefusedInsideMulti(t *testing.T) {
+	rs := redistest.Start(t)
+	p := proxytest.Start(t, rs, nil)
+	for _, sub := range []string{"ID", "INFO", "LIST"} {
+		nc := compatDial(t, p.Addr)
+		before := rawDo(t, nc, "CLIENT", "ID")
+		rawDo(t, nc, "MULTI")
+		if got, want := rawDo(t, nc, "CLIENT", sub), "-ERR redproxy: 'CLIENT "+sub+"' inside MULTI is not supported\r\n"; got != want {
+			t.Fatalf("CLIENT %s in MULTI: %q, want %q", sub, got, want)
+		}
+		if got := rawDo(t, nc, "EXEC"); !strings.HasPrefix(got, "-EXECABORT") {
+			t.Fatalf("EXEC after a refused CLIENT %s: %q", sub, got)
+		}
+		if after := rawDo(t, nc, "CLIENT", "ID"); after != before {
+			t.Fatalf("CLIENT ID %q before the transaction, %q after", before, after)
+		}
+	}
+}
+
+// WATCH inside MULTI: Redis (7.0.15, standalone or a cluster node) answers
+// "-ERR WATCH inside MULTI is not allowed" and does NOT flag the
+// transaction, so EXEC still runs it (the proxy's ordinary pinned path
+// does the same). A transaction the proxy holds itself (with routes until
+// EXEC, in cluster mode until the first keyed command) takes that error for
+// a queue-time error and answers EXEC with -EXECABORT, discarding a
+// transaction Redis would have run. (TestRoutesTxQueueTimeErrors asserts
+// the abort, and COMPATIBILITY.md's routes table lists "WATCH inside MULTI
+// (Redis's errors)" among the checks that fail the transaction.)
+func TestCompatReviewWatchInsideHeldMultiDoesNotAbort(t *testing.T) {
+	seq := [][]string{{"MULTI"}, {"WATCH", "queue:w"}, {"SET", "queue:a", "1"}, {"EXEC"}}
+	run := func(addr string) []string {
+		nc := compatDial(t, addr)
+		var out []string
+		for _, c := range seq {
+			out = append(out, rawDo(t, nc, c...))
+		}
+		return out
+	}
+	direct := redistest.Start(t)
+	want := run(direct.Addr())
+	if want[3] != "*1\r\n+OK\r\n" {
+		t.Fatalf("redis itself answered EXEC %q", want[3])
+	}
+
+	t.Run("routes", func(t *testing.T) {
+		r := startRouted(t, nil)
+		got := run(r.p.Addr)
+		for i := range seq {
+			if got[i] != want[i] {
+				t.Errorf("%v: redis %q, proxy with routes %q", seq[i], want[i], got[i])
+			}
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		_, p := startClusterProxy(t)
+		// A keyless transaction: the proxy holds it until EXEC.
+		seq := [][]string{{"MULTI"}, {"WATCH", "x"}, {"PING"}, {"EXEC"}}
+		nc := compatDial(t, p.Addr)
+		dn := compatDial(t, direct.Addr())
+		for _, c := range seq {
+			w, g := rawDo(t, dn, c...), rawDo(t, nc, c...)
+			if w != g {
+				t.Errorf("%v: redis %q, proxy in cluster mode %q", c, w, g)
+			}
+		}
+	})
+}
