@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/redproxy/redproxy/internal/admin"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/policy"
 )
@@ -18,9 +19,12 @@ const (
 
 const checkUsage = `usage: redproxy check --config FILE [--listen ADDR] [--upstream ADDR] [--admin ADDR]
                       [--log-level LEVEL] [--local-tier on|off]
+                      [--allow-unauthenticated] [--admin-token-file FILE]
 
-Validates FILE (and the given flags, which override it as they do when the
-proxy runs) without starting anything, and prints the effective settings,
+Validates FILE (and the given flags and REDPROXY_* variables, which
+override it as they do when the proxy runs), and what the proxy would
+refuse to start with (an exposed listener or admin port without
+authentication), without starting anything, and prints the effective settings,
 every default filled in, as TOML on stdout; upstream.password is shown as
 "<redacted>". Nothing is dialled or bound: an address in use or an
 unreachable Redis is not detected.
@@ -43,6 +47,14 @@ func runCheck(argv []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(argv); err != nil {
 		return checkBad
 	}
+	// The REDPROXY_* variables stand in for the flags here as when the
+	// proxy runs (found by review: in the image, which sets
+	// REDPROXY_LISTEN and REDPROXY_ADMIN, check printed addresses the
+	// proxy did not use).
+	if _, err := applyEnv(fs, lookupEnv); err != nil {
+		fmt.Fprintf(stderr, "redproxy check: %v\n", err)
+		return checkBad
+	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "redproxy check: unexpected argument %q\n", fs.Arg(0))
 		return checkBad
@@ -60,6 +72,12 @@ func runCheck(argv []string, stdout, stderr io.Writer) int {
 		// Validate checks the section; compiling catches what only the
 		// guard would notice at startup.
 		_, err = policy.Compile(cfg.Policy)
+	}
+	if err == nil {
+		// What the proxy refuses to start with (found by review: check
+		// passed an exposed listener with no users, or an exposed admin
+		// port with no token, which the proxy then refused).
+		err = startRefusal(cfg)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%v\nredproxy check: %s: configuration is invalid\n", err, *configPath)
@@ -93,4 +111,20 @@ func overrideFlags(fs *flag.FlagSet) *config.Overrides {
 	fs.BoolVar(&ov.AllowUnauthenticated, "allow-unauthenticated", false, "let a listener that is not loopback start with no [[users]] and no upstream password (server.allow_unauthenticated)")
 	fs.StringVar(&ov.AdminTokenFile, "admin-token-file", "", "file with the bearer token the admin endpoint requires (admin.token_file)")
 	return &ov
+}
+
+// startRefusal is why the proxy would refuse to start with cfg, nil if it
+// would start: a client listener exposed without authentication, an admin
+// endpoint exposed without its token (read from admin.token_file, as at
+// start).
+func startRefusal(cfg *config.Config) error {
+	if err := config.ExposureError(cfg); err != nil {
+		return fmt.Errorf("the proxy would refuse to start: %w", err)
+	}
+	if cfg.Server.Admin != "" {
+		if _, err := admin.Token(cfg.Server.Admin, cfg.Admin.TokenFile, config.IsLoopback(cfg.Server.Admin)); err != nil {
+			return fmt.Errorf("the proxy would refuse to start: %w", err)
+		}
+	}
+	return nil
 }

@@ -271,9 +271,27 @@ wait:
 	// down gracefully first, so a CPU profile in flight (30s) kept the
 	// client listener accepting until the timeout, which then left the
 	// clients no time at all (found by review).
+	// A SIGHUP while clients drain is refused (Server.Reload answers
+	// ErrShuttingDown) and logged so, as README "Reloading" says, rather
+	// than left unread (found by review).
+	stopHups := make(chan struct{})
+	hupsDone := make(chan struct{})
+	go func() {
+		defer close(hupsDone)
+		for {
+			select {
+			case <-hups:
+				rl.reloadAndLog()
+			case <-stopHups:
+				return
+			}
+		}
+	}()
 	if err := srv.Shutdown(ctx); err != nil {
 		log.Warn("clients still busy at the shutdown timeout were closed", "err", err)
 	}
+	close(stopHups)
+	<-hupsDone
 	if adm != nil {
 		adm.Close()
 	}

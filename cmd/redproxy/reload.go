@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,11 +87,18 @@ func (r *reloader) applied(next *config.Config, changed []string) []string {
 	// had reverted it left the guard on the other (found by review: KEYS
 	// stayed allowed after the file denied it again and /reload said OK).
 	p := next.Policy
+	inForce := r.guard.LoadedConfig()
 	r.staged.Store(&p)
 	if err := r.guard.Reload(); err != nil {
 		// Compiled by Reload already; only a file changed under us gets
 		// here, and the guard kept its policy.
 		r.log.Warn("policy not reloaded", "err", err)
+	} else if !reflect.DeepEqual(inForce, p) && !slices.ContainsFunc(changed, func(c string) bool { return strings.HasPrefix(c, "policy") }) {
+		// Changed compares with the last full reload's snapshot; a POST
+		// /policy/reload since may have put another policy in force, which
+		// this reload replaced: say so (found by review: the reply said
+		// "nothing changed" while the naming rules went back to report).
+		changed = append(changed, "policy (in force since POST /policy/reload)")
 	}
 	r.level.Set(logLevel(next.Server.LogLevel))
 	return changed

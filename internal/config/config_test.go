@@ -240,7 +240,7 @@ queue_bytes = "1MB"
 			ProxyProtocol:        true,
 		},
 		Admin:     Admin{TokenFile: "/etc/redproxy/admin.token"},
-		Upstreams: map[string]Upstream{"new": withUpstreamDefaults(Upstream{Address: "10.0.0.9:6379", Password: "m1rror"})},
+		Upstreams: map[string]Upstream{"new": withUpstreamDefaults(Upstream{Address: "10.0.0.9:6379", Password: "m1rror", Databases: 1})},
 		Mirror:    mirror.Config{Upstream: "new", ReadsSample: 0.25, Compare: true, Queue: 500, QueueBytes: units.MB},
 		Users: []auth.UserConfig{{
 			Name: "app", PasswordSHA256: "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b",

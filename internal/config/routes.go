@@ -111,6 +111,12 @@ func (c *Config) fillUpstreamDefaults() {
 	}
 	filled := make(map[string]Upstream, len(c.Upstreams))
 	for name, u := range c.Upstreams {
+		if u.Databases == 0 {
+			// Every upstream has [upstream]'s databases (one database
+			// index means one thing whatever the route); shown so by
+			// check. A different value is an error (checkRoutes).
+			u.Databases = c.Upstream.Databases
+		}
 		filled[name] = withUpstreamDefaults(u)
 	}
 	c.Upstreams = filled
@@ -177,6 +183,10 @@ func (c *Config) checkRoutes() []*Error {
 			continue
 		}
 		u := c.NamedUpstream(name)
+		if d := c.Upstreams[name].Databases; d != 0 && d != c.Upstream.Databases {
+			// Found by review: accepted, shown by check, then ignored.
+			bad(prefix+".databases", "every upstream has [upstream]'s databases (%d), which a client's SELECT is checked against; remove it here or set upstream.databases", c.Upstream.Databases)
+		}
 		if u.Address == EmbeddedAddress {
 			bad(prefix+".address", "the embedded store can only be [upstream]")
 		}

@@ -71,6 +71,7 @@ type Guard struct {
 
 	mu           sync.Mutex // serializes loads, reloads and forced-mode changes
 	loaded       *policy.Policy
+	loadedConf   policy.Config // loaded's configuration
 	forced       policy.Action
 	loadedAt     time.Time
 	lastErr      string
@@ -132,15 +133,16 @@ func New(c policy.Config, o Options) (*Guard, error) {
 	}
 	now := o.Now()
 	g := &Guard{
-		log:      o.Logger,
-		now:      o.Now,
-		source:   o.Source,
-		loaded:   p,
-		forced:   policy.Enforce,
-		loadedAt: now,
-		logLimit: newLimiter(o.LogRate, o.LogBurst),
-		fixLimit: newLimiter(o.LogRate, o.LogBurst),
-		table:    newTable(o.MaxRows, now),
+		log:        o.Logger,
+		now:        o.Now,
+		source:     o.Source,
+		loaded:     p,
+		loadedConf: c,
+		forced:     policy.Enforce,
+		loadedAt:   now,
+		logLimit:   newLimiter(o.LogRate, o.LogBurst),
+		fixLimit:   newLimiter(o.LogRate, o.LogBurst),
+		table:      newTable(o.MaxRows, now),
 		vec: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "redproxy_policy_violations_total",
 			Help: "Policy violations, by rule and by the action the rule had (enforce: refused or fixed; report: forwarded unchanged).",
@@ -225,7 +227,18 @@ func (g *Guard) Reload() error {
 	if err == nil {
 		p, err = policy.Compile(c)
 	}
-	return g.swapLocked(p, err)
+	if err = g.swapLocked(p, err); err == nil {
+		g.loadedConf = c
+	}
+	return err
+}
+
+// LoadedConfig is the configuration of the policy in force (before any
+// --policy-mode cap): the one the guard started with or last reloaded.
+func (g *Guard) LoadedConfig() policy.Config {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.loadedConf
 }
 
 // ReloadFailed records a policy reload that failed outside Reload: a full
