@@ -42,7 +42,9 @@ func New(reg *prometheus.Registry, ready func() bool, log *slog.Logger) *Server 
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !ready() {
-			http.Error(w, "upstream unreachable", http.StatusServiceUnavailable)
+			// Redis unreachable or busy (a long script), no primary known,
+			// or the proxy draining: proxy.Server.Ready.
+			http.Error(w, "not ready: Redis unreachable or busy, or the proxy is shutting down", http.StatusServiceUnavailable)
 			return
 		}
 		w.Write([]byte("ok\n"))
