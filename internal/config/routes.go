@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net"
 	"slices"
 	"sort"
 	"strings"
@@ -59,10 +60,20 @@ func (c *Config) RingNames(r Route) []string {
 		names[i] = n
 		if u := c.NamedUpstream(n); u.Mode == ModeStandalone && u.Address != "" {
 			names[i] = u.Address
+			// As twemproxy (for libmemcached's sake): a server on port
+			// 11211 is hashed under its host alone (found by review).
+			if host, port, err := net.SplitHostPort(u.Address); err == nil && port == "11211" {
+				names[i] = host
+			}
 		}
 	}
 	return names
 }
+
+// maxRingName is the longest server name a ring hashes: nutcracker builds
+// each ketama point's name in a fixed buffer, and longer names were placed
+// differently from it (found by review, from 270 bytes).
+const maxRingName = 255
 
 // DefaultUpstream is the name under which routes and metrics refer to
 // [upstream], where every key no route matches goes.
@@ -294,6 +305,9 @@ func (c *Config) checkRing(key string, r Route, bad func(key, format string, arg
 		for i, n := range r.ServerNames {
 			if n == "" || slices.Contains(r.ServerNames[:i], n) {
 				bad(key+".server_names", "names must be non-empty and distinct (%q)", n)
+			}
+			if len(n) > maxRingName {
+				bad(key+".server_names", "a name of %d bytes: at most %d (twemproxy hashes longer names differently)", len(n), maxRingName)
 			}
 		}
 	} else {

@@ -118,9 +118,24 @@ func initRoutes(s *Server) error {
 	}
 	rs.recent.Store(&[]*route.Table{tbl})
 	rs.table.Store(tbl)
-	rs.keyRules = slices.Clone(cfg.Routes)
+	rs.keyRules = resolvedRoutes(cfg)
 	rs.channelRules = slices.Clone(cfg.ChannelRoutes)
 	return nil
+}
+
+// resolvedRoutes are cfg's key routes with each ring's server names filled
+// in (config.RingNames): a ring without server_names hashes its upstreams
+// under their addresses, so a reload of upstream.address changes the ring
+// though the [[route]] itself does not (found by review: the reload kept
+// the old placement, a restart with the same file took the new one).
+func resolvedRoutes(cfg *config.Config) []config.Route {
+	out := slices.Clone(cfg.Routes)
+	for i, r := range out {
+		if len(r.Upstreams) > 0 {
+			out[i].ServerNames = cfg.RingNames(r)
+		}
+	}
+	return out
 }
 
 // stampedeMetrics are stampede protection's counters with routes, labelled
@@ -319,7 +334,9 @@ func (s *Server) reloadRoutes(next *config.Config) {
 	if s.routes == nil {
 		return
 	}
-	if slices.EqualFunc(s.routes.keyRules, next.Routes, config.Route.Equal) && slices.EqualFunc(s.routes.channelRules, next.ChannelRoutes, config.Route.Equal) {
+	nextKeys := resolvedRoutes(next)
+	sameKeys := slices.EqualFunc(s.routes.keyRules, nextKeys, config.Route.Equal)
+	if sameKeys && slices.EqualFunc(s.routes.channelRules, next.ChannelRoutes, config.Route.Equal) {
 		// The same routes: the table in force stays, so a WATCH taken
 		// before a reload that changed something else (a timeout, a
 		// pool size) does not age out of recent and fail its EXEC
@@ -337,14 +354,14 @@ func (s *Server) reloadRoutes(next *config.Config) {
 		recent = recent[len(recent)-routeHistory:]
 	}
 	s.routes.recent.Store(&recent)
-	if s.tier != nil && !slices.EqualFunc(s.routes.keyRules, next.Routes, config.Route.Equal) {
+	if s.tier != nil && !sameKeys {
 		// Keys may move to another upstream: the tier must not serve what
 		// it filled from their old one (localcache/routes.go).
 		s.tier.cache.Reroute(func() { s.routes.table.Store(t) })
 	} else {
 		s.routes.table.Store(t)
 	}
-	s.routes.keyRules = slices.Clone(next.Routes)
+	s.routes.keyRules = nextKeys
 	s.routes.channelRules = slices.Clone(next.ChannelRoutes)
 }
 

@@ -185,7 +185,10 @@ func floor32(f float32) float32 { return float32(uint64(f)) }
 
 // Pick is the upstream of key.
 func (r *Ring) Pick(key []byte) int {
-	h := r.hash(r.tagged(key))
+	var h uint32 // nutcracker hashes an empty key as 0, without the hash function (found by review)
+	if k := r.tagged(key); len(k) > 0 {
+		h = r.hash(k)
+	}
 	if !r.ketama {
 		return r.points[h%uint32(len(r.points))].up
 	}
