@@ -242,15 +242,9 @@ func (s *syncBuffer) String() string {
 func TestSIGHUPReloadsPolicy(t *testing.T) {
 	rs := redistest.Start(t)
 	bin := binary(t)
-	example, err := os.ReadFile(examplePath)
-	check(t, err)
 	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
 	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
-	doc := strings.NewReplacer(
-		`listen = "127.0.0.1:6380"`, `listen = "`+listen+`"`,
-		`admin = "127.0.0.1:9121"`, `admin = "`+adminAddr+`"`,
-		`address = "127.0.0.1:6379"`, `address = "`+rs.Addr()+`"`,
-	).Replace(string(example))
+	doc := exampleConfig(t, listen, adminAddr, rs.Addr())
 	path := filepath.Join(t.TempDir(), "redproxy.toml")
 	check(t, os.WriteFile(path, []byte(doc), 0o600))
 
@@ -301,4 +295,20 @@ func check(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// exampleConfig is config.example.toml with the proxy listening on listen
+// and adminAddr and, unless redisAddr is "", [upstream] at redisAddr.
+func exampleConfig(t *testing.T, listen, adminAddr, redisAddr string) string {
+	t.Helper()
+	example, err := os.ReadFile(examplePath)
+	check(t, err)
+	pairs := []string{
+		`listen = "127.0.0.1:6380"`, `listen = "` + listen + `"`,
+		`admin = "127.0.0.1:9121"`, `admin = "` + adminAddr + `"`,
+	}
+	if redisAddr != "" {
+		pairs = append(pairs, `address = "127.0.0.1:6379"`, `address = "`+redisAddr+`"`)
+	}
+	return strings.NewReplacer(pairs...).Replace(string(example))
 }

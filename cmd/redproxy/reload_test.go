@@ -34,14 +34,9 @@ func postReload(t *testing.T, adminAddr, path string) (int, string) {
 func TestReloadEndpointAndSIGHUP(t *testing.T) {
 	a, b := redistest.Start(t), redistest.Start(t)
 	bin := binary(t)
-	example, err := os.ReadFile(examplePath)
-	check(t, err)
 	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
 	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
-	base := strings.NewReplacer(
-		`listen = "127.0.0.1:6380"`, `listen = "`+listen+`"`,
-		`admin = "127.0.0.1:9121"`, `admin = "`+adminAddr+`"`,
-	).Replace(string(example))
+	base := exampleConfig(t, listen, adminAddr, "")
 	if !strings.Contains(base, "\n[localcache]") || !strings.Contains(base, "\nenabled = true") {
 		t.Fatal("the example config no longer turns the local tier on; this test means to reload with it on")
 	}

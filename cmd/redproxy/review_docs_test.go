@@ -100,15 +100,9 @@ func TestDocsCheckPassesAConfigTheProxyRefusesToStart(t *testing.T) {
 func TestDocsReloadReplyNamesThePolicyItChanged(t *testing.T) {
 	rs := redistest.Start(t)
 	bin := binary(t)
-	example, err := os.ReadFile(examplePath)
-	check(t, err)
 	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
 	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
-	base := strings.NewReplacer(
-		`listen = "127.0.0.1:6380"`, `listen = "`+listen+`"`,
-		`admin = "127.0.0.1:9121"`, `admin = "`+adminAddr+`"`,
-		`address = "127.0.0.1:6379"`, `address = "`+rs.Addr()+`"`,
-	).Replace(string(example))
+	base := exampleConfig(t, listen, adminAddr, rs.Addr())
 	const namesReport = "[policy.names]\n# Action of the naming rules."
 	if !strings.Contains(base, namesReport) {
 		t.Fatal("the example's [policy.names] moved; adjust the test")
