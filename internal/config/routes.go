@@ -279,9 +279,7 @@ func (c *Config) checkRing(key string, r Route, bad func(key, format string, arg
 		}
 		seen[n] = true
 	}
-	switch r.Distribution {
-	case "", "ketama", "modula":
-	default:
+	if r.Distribution != "" && !slices.Contains(route.Distributions, r.Distribution) {
 		bad(key+".distribution", "unknown distribution %q: want \"ketama\" (the default) or \"modula\", as twemproxy's", r.Distribution)
 	}
 	if r.Hash != "" && !slices.Contains(route.HashNames(), r.Hash) {

@@ -443,9 +443,9 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 		// by review: the held transaction aborted).
 		sess.replyLocal(m, errWatchInMulti)
 		return true
-	case namesConnections(r.name) || sess.nsClientList(r.name):
+	case namesConnections(r.name):
 		// See queueInMulti.
-		return fail([]byte("-ERR redproxy: '" + strings.ToUpper(strings.ReplaceAll(r.name, "|", " ")) + "' inside MULTI is not supported\r\n"))
+		return fail(errInMulti(r.name))
 	}
 	if refusal := p.wholeRefusal(r.name); refusal != nil {
 		return fail(refusal)

@@ -140,9 +140,6 @@ func (sess *Session) scriptDebugStep(r *request) bool {
 // and answered with its output (found by review); on a relay the
 // debugger's conversation cannot work through the proxy either. A
 // debugging session needs a connection of its own to Redis.
-// ldbCommand is how both refusals tell the user to debug a script.
-const ldbCommand = "redis-cli --ldb -h <redis host> -p <redis port> --eval script.lua"
-
 func scriptDebugRefusal(args [][]byte) string {
 	if len(args) != 3 || !strings.EqualFold(string(args[0]), "script") || !strings.EqualFold(string(args[1]), "debug") {
 		return ""
@@ -152,6 +149,9 @@ func scriptDebugRefusal(args [][]byte) string {
 	}
 	return "ERR redproxy: SCRIPT DEBUG is not supported through the proxy: it would start the Lua debugger on a Redis connection other clients share; debug scripts against Redis directly (" + ldbCommand + ")"
 }
+
+// ldbCommand is how both refusals tell the user to debug a script.
+const ldbCommand = "redis-cli --ldb -h <redis host> -p <redis port> --eval script.lua"
 
 func cmdSelect(sess *Session, r *request) bool {
 	n, isInt := resp.ParseInt(r.Args[1])

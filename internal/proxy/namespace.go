@@ -305,15 +305,6 @@ const maxKeptTxStrips = 256
 // nsRelayRefusal is why request i of a relayed (subscribed) client cannot
 // run in its namespace, or "": a raw relay cannot strip key names from a
 // command's reply, nor run FLUSHDB or RANDOMKEY as scripts.
-// nsClientList reports whether name is CLIENT LIST from a client in a
-// namespace where Redis would answer it: inside MULTI (run by EXEC) or on
-// a relay. Redis's list is every connection of the proxy's, with other
-// namespaces' client names and last commands (found by review); the
-// proxy's own answer, elsewhere, shows only the namespace's clients.
-func (sess *Session) nsClientList(name string) bool {
-	return name == "client|list" && sess.ns.w != nil
-}
-
 func (sess *Session) nsRelayRefusal(i int) string {
 	if sess.ns.w == nil || i >= len(sess.ns.b.notes) {
 		return ""

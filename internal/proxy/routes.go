@@ -112,13 +112,14 @@ func initRoutes(s *Server) error {
 			return err
 		}
 	}
-	tbl, err := newRouteTable(cfg)
+	keys := resolvedRoutes(cfg)
+	tbl, err := newRouteTable(cfg, keys)
 	if err != nil {
 		return err
 	}
 	rs.recent.Store(&[]*route.Table{tbl})
 	rs.table.Store(tbl)
-	rs.keyRules = resolvedRoutes(cfg)
+	rs.keyRules = keys
 	rs.channelRules = slices.Clone(cfg.ChannelRoutes)
 	return nil
 }
@@ -155,19 +156,21 @@ func (rs *routeState) stampedeMetrics(reg prometheus.Registerer) *stampede.Metri
 	})
 }
 
-func newRouteTable(cfg *config.Config) (*route.Table, error) {
+// newRouteTable compiles cfg's routes; keys are its key routes as
+// resolvedRoutes gives them, so a ring's names are worked out once.
+func newRouteTable(cfg *config.Config, keys []config.Route) (*route.Table, error) {
 	conv := func(rs []config.Route) []route.Rule {
 		out := make([]route.Rule, len(rs))
 		for i, r := range rs {
 			out[i] = route.Rule{Pattern: r.Pattern, Upstream: r.Upstream}
 			if len(r.Upstreams) > 0 {
 				out[i].Upstreams = r.Upstreams
-				out[i].Ring = route.RingConfig{Distribution: r.Distribution, Hash: r.Hash, HashTag: r.HashTag, Weights: r.Weights, Names: cfg.RingNames(r)}
+				out[i].Ring = route.RingConfig{Distribution: r.Distribution, Hash: r.Hash, HashTag: r.HashTag, Weights: r.Weights, Names: r.ServerNames}
 			}
 		}
 		return out
 	}
-	return route.New(cfg.UpstreamNames(), conv(cfg.Routes), conv(cfg.ChannelRoutes))
+	return route.New(cfg.UpstreamNames(), conv(keys), conv(cfg.ChannelRoutes))
 }
 
 // startTarget dials named upstream t, set up as u says.
@@ -343,7 +346,7 @@ func (s *Server) reloadRoutes(next *config.Config) {
 		// (found by review: 17 such reloads aborted a WATCH).
 		return
 	}
-	t, err := newRouteTable(next)
+	t, err := newRouteTable(next, nextKeys)
 	if err != nil {
 		// Validated already (config.checkRoutes); keep the routes in force.
 		s.log.Error("route: reloaded routes do not compile; keeping the routes in force", "err", err)
@@ -631,7 +634,7 @@ func (routePlacer) full(count, size int) []byte {
 }
 
 func (routePlacer) stateRefusal(name string) []byte {
-	return []byte("-ERR redproxy: '" + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + "' inside MULTI is not supported\r\n")
+	return errInMulti(name)
 }
 
 // routeRelayDenied refuses a command of a relayed client whose keys or

@@ -392,7 +392,7 @@ func (sess *Session) dispatchWatched(r *request) {
 func (sess *Session) queueInMulti(r *request) {
 	pin := &sess.pin
 	name := r.name
-	if namesConnections(name) || sess.nsClientList(name) {
+	if namesConnections(name) {
 		sess.refuseInMulti(name, r.m)
 		return
 	}
@@ -432,8 +432,9 @@ func (sess *Session) queueInMulti(r *request) {
 // UNBLOCK take proxy clients' IDs and addresses; CLIENT ID, INFO and LIST
 // would answer the Redis ID of the pinned connection (found by review:
 // an ID learnt so can be another proxy client's, whom a later CLIENT KILL
-// ID would reach) and list the proxy's upstream connections. Inside MULTI
-// they are refused, and EXEC aborts, as for a queue-time error.
+// ID would reach) and list the proxy's upstream connections, with other
+// namespaces' client names and last commands. Inside MULTI they are
+// refused, and EXEC aborts, as for a queue-time error.
 func namesConnections(name string) bool {
 	switch name {
 	case "client|unblock", "client|kill", "client|id", "client|info", "client|list":
@@ -476,7 +477,13 @@ func (sess *Session) txNameStep(name string) {
 // queue-time error would.
 func (sess *Session) refuseInMulti(name string, m *metrics.Command) {
 	sess.forwardRefusal()
-	sess.replyLocal(m, []byte("-ERR redproxy: '"+strings.ToUpper(strings.ReplaceAll(name, "|", " "))+"' inside MULTI is not supported\r\n"))
+	sess.replyLocal(m, errInMulti(name))
+}
+
+// errInMulti is the refusal of command name (table name, "client|list"
+// for CLIENT LIST) inside MULTI.
+func errInMulti(name string) []byte {
+	return []byte("-ERR redproxy: '" + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + "' inside MULTI is not supported\r\n")
 }
 
 // namePin gives the pinned connection the client's name, behind what is

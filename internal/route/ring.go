@@ -104,9 +104,7 @@ func NewRing(ups []int, c RingConfig) (*Ring, error) {
 	if r.hash = ringHashes[hashName]; r.hash == nil {
 		return nil, fmt.Errorf("%w %q", ErrRingHash, c.Hash)
 	}
-	switch c.HashTag {
-	case "":
-	default:
+	if c.HashTag != "" {
 		if len(c.HashTag) != 2 {
 			return nil, fmt.Errorf("route: hash_tag %q: want two characters, as \"{}\"", c.HashTag)
 		}
@@ -229,7 +227,8 @@ func (r *Ring) tagged(key []byte) []byte {
 	return key
 }
 
-// Upstreams are the ring's upstreams, each once, in the order given.
+// Upstreams are the ring's upstreams that hold at least one point, each
+// once, in the order of the points.
 func (r *Ring) Upstreams() []int {
 	var out []int
 	for _, p := range r.points {
