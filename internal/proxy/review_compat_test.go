@@ -1,29 +1,18 @@
 package proxy_test
 
 // Differences from Redis found by the compatibility review of
-// docs/COMPATIBILITY.md (branch review-compat). Each test runs the same
+// docs/COMPATIBILITY.md, each failing before its fix. Most run the same
 // commands against a real redis-server directly and through the proxy and
-// expects the proxy to answer as Redis does; they fail until fixed.
+// expect the proxy to answer as Redis does; CLIENT ID/INFO/LIST inside
+// MULTI are refused instead (TestClientIdentityRefusedInsideMulti).
 
 import (
-	"net"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
-
-func compatDial(t *testing.T, addr string) net.Conn {
-	t.Helper()
-	nc, err := net.DialTimeout("tcp", addr, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nc.Close() })
-	return nc
-}
 
 // CLIENT SETNAME queued inside MULTI names the connection when EXEC runs
 // it, on Redis. Through the proxy it is queued on the pinned connection,
@@ -36,7 +25,7 @@ func TestCompatReviewClientSetnameInsideMultiIsKept(t *testing.T) {
 	p := proxytest.Start(t, rs, nil)
 
 	run := func(addr string) (exec, getname string) {
-		nc := compatDial(t, addr)
+		nc := dialAddr(t, addr)
 		if got := rawDo(t, nc, "MULTI"); got != "+OK\r\n" {
 			t.Fatalf("MULTI: %q", got)
 		}
@@ -73,7 +62,7 @@ func TestClientIdentityRefusedInsideMulti(t *testing.T) {
 	rs := redistest.Start(t)
 	p := proxytest.Start(t, rs, nil)
 	for _, sub := range []string{"ID", "INFO", "LIST"} {
-		nc := compatDial(t, p.Addr)
+		nc := dialAddr(t, p.Addr)
 		before := rawDo(t, nc, "CLIENT", "ID")
 		rawDo(t, nc, "MULTI")
 		if got, want := rawDo(t, nc, "CLIENT", sub), "-ERR redproxy: 'CLIENT "+sub+"' inside MULTI is not supported\r\n"; got != want {
@@ -100,7 +89,7 @@ func TestClientIdentityRefusedInsideMulti(t *testing.T) {
 func TestCompatReviewWatchInsideHeldMultiDoesNotAbort(t *testing.T) {
 	seq := [][]string{{"MULTI"}, {"WATCH", "queue:w"}, {"SET", "queue:a", "1"}, {"EXEC"}}
 	run := func(addr string) []string {
-		nc := compatDial(t, addr)
+		nc := dialAddr(t, addr)
 		var out []string
 		for _, c := range seq {
 			out = append(out, rawDo(t, nc, c...))
@@ -126,8 +115,8 @@ func TestCompatReviewWatchInsideHeldMultiDoesNotAbort(t *testing.T) {
 		_, p := startClusterProxy(t)
 		// A keyless transaction: the proxy holds it until EXEC.
 		seq := [][]string{{"MULTI"}, {"WATCH", "x"}, {"PING"}, {"EXEC"}}
-		nc := compatDial(t, p.Addr)
-		dn := compatDial(t, direct.Addr())
+		nc := dialAddr(t, p.Addr)
+		dn := dialAddr(t, direct.Addr())
 		for _, c := range seq {
 			w, g := rawDo(t, dn, c...), rawDo(t, nc, c...)
 			if w != g {
