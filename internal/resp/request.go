@@ -9,12 +9,14 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/redproxy/redproxy/internal/bufpool"
 	"github.com/tidwall/redcon"
 )
 
 // Limits caps what one client may declare or send. Every cap is checked on
 // the declared size, before any memory is committed to it, and the read
-// buffer only grows as bytes actually arrive.
+// buffer grows as bytes actually arrive, at most 256 KB ahead of them
+// (eagerMax).
 type Limits struct {
 	MaxArgs    int   // arguments in one multibulk request
 	MaxBulk    int64 // bytes in one argument (Redis: proto-max-bulk-len)
@@ -116,6 +118,11 @@ type Reader struct {
 	readFirst bool
 	buf       []byte
 	pooled    *[minBuffer]byte // the pool buffer behind buf, if it is one
+	large     bool             // buf came from bufpool (grow), and goes back there
+	// need is how many bytes, from its first, the request being parsed
+	// needs buffered before its argument being read is whole: grow
+	// makes room for that at once (up to eagerMax) rather than doubling.
+	need int
 	// idleBytes, set by WaitSmall, is what an idle client's wait reads
 	// into when there is no socket to wait on.
 	idleBytes []byte
@@ -454,12 +461,22 @@ func (r *Reader) takeBuffer() {
 // releaseBuffer drops the buffer, which must hold nothing: a pool buffer
 // goes back to the pool, one grown for a large request to the collector.
 func (r *Reader) releaseBuffer() {
+	r.dropBuffer()
+	r.buf = nil
+	r.r, r.w = 0, 0
+}
+
+// dropBuffer gives buf back to the pool it came from, if any; the caller
+// replaces buf.
+func (r *Reader) dropBuffer() {
 	if r.pooled != nil {
 		bufPool.Put(r.pooled)
 		r.pooled = nil
 	}
-	r.buf = nil
-	r.r, r.w = 0, 0
+	if r.large {
+		bufpool.Put(r.buf)
+		r.large = false
+	}
 }
 
 // compact moves unread bytes to the front, and gives back a buffer that a
@@ -481,9 +498,13 @@ func (r *Reader) compact() {
 	n := copy(r.buf, r.buf[r.r:r.w])
 	r.r, r.w = 0, n
 	if len(r.buf) > 4*minBuffer && n <= minBuffer {
-		large := r.buf
+		large, fromPool := r.buf, r.large
+		r.large = false
 		r.takeBuffer()
 		copy(r.buf, large[:n])
+		if fromPool {
+			bufpool.Put(large)
+		}
 	}
 }
 
@@ -491,6 +512,13 @@ func (r *Reader) compact() {
 // takes a buffer if there is none. The parser has already checked the
 // request's declared sizes against the limits, so this growth is bounded by
 // MaxRequest (or MaxInline).
+//
+// A request waiting for the rest of a large argument gets room for all of
+// it at once, up to eagerMax: one allocation (from bufpool) and one copy
+// instead of a doubling per 16 KB, 32 KB, 64 KB... read, and the rest of
+// the argument arrives in as few reads as the socket allows. Past
+// eagerMax the buffer doubles as bytes arrive, so a client that declares
+// a huge argument and sends little makes the proxy hold little.
 func (r *Reader) grow() {
 	if r.buf == nil {
 		// On a socket, readRaw takes one once there are bytes to read;
@@ -506,14 +534,20 @@ func (r *Reader) grow() {
 			return
 		}
 	}
-	nb := make([]byte, 2*len(r.buf))
-	copy(nb, r.buf[:r.w])
-	if r.pooled != nil {
-		bufPool.Put(r.pooled)
-		r.pooled = nil
+	size := 2 * len(r.buf)
+	if r.need > size {
+		size = min(r.need, max(size, eagerMax))
 	}
-	r.buf = nb
+	nb := bufpool.Get(size)
+	copy(nb, r.buf[:r.w])
+	r.dropBuffer()
+	r.buf, r.large = nb, bufpool.Pooled(cap(nb))
 }
+
+// eagerMax is the most grow allocates ahead of the bytes that have come:
+// the size of large cached values (HTML, serialized objects) that the
+// doubling served worst.
+const eagerMax = 256 << 10
 
 // SetUnauthenticated applies Redis's limits for a client that has yet to
 // authenticate: at most 10 arguments and 16 KB per argument, a protocol
@@ -542,6 +576,7 @@ var (
 func (r *Reader) SetBatchCap(c *atomic.Int32) { r.batchCap = c }
 
 func (r *Reader) parseAll() error {
+	r.need = 0
 	limit := r.lim.MaxBatch
 	if r.batchCap != nil {
 		if c := int(r.batchCap.Load()); c > 0 && (limit <= 0 || c < limit) {
@@ -624,6 +659,7 @@ func (r *Reader) parseMultibulk(b []byte) (int, error) {
 			return 0, &ProtocolError{"request exceeds " + strconv.FormatInt(r.lim.MaxRequest, 10) + " bytes (server.max_request_bytes)"}
 		}
 		if end+2 > int64(len(b)) {
+			r.need = int(end + 2)
 			return 0, nil
 		}
 		if b[end] != '\r' || b[end+1] != '\n' {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"runtime"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -161,8 +162,8 @@ func TestReaderDeliversRequestsBeforeError(t *testing.T) {
 }
 
 // A client declaring a huge argument and then sending it slowly must not make
-// the reader allocate for the declaration, and the buffer never exceeds what
-// has actually arrived (rounded up to a power of two).
+// the reader allocate for the declaration: the buffer never exceeds what has
+// actually arrived by more than eagerMax (rounded up to a power of two).
 func TestReaderHugeDeclaredLengthDoesNotPreallocate(t *testing.T) {
 	lim := DefaultLimits
 	hdr := "*2\r\n$3\r\nSET\r\n$500000000\r\n"
@@ -173,6 +174,42 @@ func TestReaderHugeDeclaredLengthDoesNotPreallocate(t *testing.T) {
 	}
 	if len(rd.buf) > 256<<10 {
 		t.Fatalf("buffer grew to %d bytes for 100 kB received", len(rd.buf))
+	}
+}
+
+// A large argument gets room for all of it at once, from bufpool, and the
+// buffer goes back there once the request is served: reading a 200 KB SET
+// allocated 480 KB each time (32, 64, 128 and 256 KB) before; now the
+// pool's buffer serves request after request. Two clients take turns, each
+// request's bytes its own, so a buffer handed from one to the other with
+// the first's bytes still in use would show.
+func TestReaderLargeArgumentsReusePooledBuffers(t *testing.T) {
+	const size, rounds = 200_000, 20
+	inputs := make([][]byte, rounds)
+	for i := range inputs {
+		v := bytes.Repeat([]byte{byte('a' + i%26)}, size)
+		inputs[i] = []byte("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$200000\r\n" + string(v) + "\r\n")
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i, in := range inputs {
+		rd := NewReader(&chunkReader{data: in, n: 4096}, DefaultLimits)
+		reqs, err := rd.ReadBatch()
+		if err != nil || len(reqs) != 1 || len(reqs[0].Args) != 3 || !bytes.Equal(reqs[0].Args[2], in[len(in)-size-2:len(in)-2]) || !bytes.Equal(reqs[0].Raw, in) {
+			t.Fatalf("request %d: %d requests, %v", i, len(reqs), err)
+		}
+		if _, err := rd.ReadBatch(); err != io.EOF {
+			t.Fatalf("request %d: after it %v, want EOF", i, err)
+		}
+		if cap(rd.buf) > 4*minBuffer {
+			t.Fatalf("request %d: the reader kept its %d byte buffer after the request", i, cap(rd.buf))
+		}
+	}
+	runtime.ReadMemStats(&after)
+	per := (after.TotalAlloc - before.TotalAlloc) / rounds
+	t.Logf("%d bytes allocated per %d byte request", per, size)
+	if per > 100<<10 {
+		t.Errorf("reading a %d byte request allocated %d bytes; want under 100 KB (the pooled buffer reused)", size, per)
 	}
 }
 
