@@ -22,6 +22,8 @@ import (
 	"slices"
 	"strconv"
 	"sync/atomic"
+
+	"github.com/redproxy/redproxy/internal/bufpool"
 )
 
 // Errors a Call can end with. Their text goes to clients after "-ERR ", so
@@ -108,22 +110,32 @@ func (c *Call) Reset() {
 	c.onDone = nil
 	if cap(c.out) > 1<<20 {
 		// Do not keep a huge reply buffer alive for an idle client.
-		c.out = nil
+		c.dropOut()
 	}
+}
+
+// dropOut gives the reply buffer up, to bufpool when it is of a pooled
+// size. Only between uses: replies read from the Call (Reply, Digest)
+// are valid until its next Reset, Trim or Release, as they always were
+// (the next use overwrites them).
+func (c *Call) dropOut() {
+	bufpool.Put(c.out)
+	c.out = nil
 }
 
 // Trim drops the reply buffer if it grew past keep bytes, for a client
 // going idle. Only between uses, like Reset.
 func (c *Call) Trim(keep int) {
 	if cap(c.out) > keep {
-		c.out = nil
+		c.dropOut()
 	}
 }
 
 // Release drops every buffer the Call keeps for reuse, for a client that
 // is parked (idle for a while). Only between uses, like Reset.
 func (c *Call) Release() {
-	c.parts, c.out, c.ends, c.digests = nil, nil, nil, nil
+	c.dropOut()
+	c.parts, c.ends, c.digests = nil, nil, nil
 }
 
 // Add appends one raw RESP command. The bytes must stay unchanged until Wait
@@ -205,6 +217,21 @@ func (c *Call) addReply(frame []byte) {
 		c.out = append(c.out, frame...)
 	}
 	c.ends = append(c.ends, len(c.out))
+}
+
+// reserve returns the reply buffer with room for n more bytes, grown into
+// one from bufpool if it lacked it: a client at -P 1 goes idle after
+// every reply and drops a buffer this large each time (Trim), and the next
+// reply finds it in the pool. Only the Pipe's reader calls it, before the
+// Call completes, so the old buffer holds only replies nobody has read.
+func (c *Call) reserve(n int) []byte {
+	if cap(c.out)-len(c.out) >= n {
+		return c.out
+	}
+	out := bufpool.Get(len(c.out) + n)[:len(c.out)]
+	copy(out, c.out)
+	bufpool.Put(c.out)
+	return out
 }
 
 // over reports whether n more bytes pass the reply limit, counting them
