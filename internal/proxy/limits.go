@@ -280,9 +280,16 @@ func (c *clientConn) SyscallConn() (syscall.RawConn, error) {
 
 // emit appends one reply to the client's output, writing the output out
 // once it passes outSpill; a large reply is written from where it is
-// rather than copied.
+// rather than copied, and so is one past idleKeep with nothing before it:
+// copied, it would grow the output past what an idle client keeps, and a
+// client reading 100 KB values at -P 1 (a RESP3 one, which gets no direct
+// reply) had its output made, copied into and dropped for every value.
 func (sess *Session) emit(reply []byte) {
 	if sess.outDead {
+		return
+	}
+	if len(sess.out) == 0 && len(reply) > idleKeep {
+		sess.writeOut(reply)
 		return
 	}
 	if len(sess.out)+len(reply) < outSpill {
