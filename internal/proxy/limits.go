@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/bufpool"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/rawio"
 	"github.com/redproxy/redproxy/internal/upstream"
@@ -72,10 +73,16 @@ const idleKeep = 64 << 10
 // calls it (on the session goroutine, from ReadBatch) when the client has
 // nothing more to send; no batch is in progress then.
 func (sess *Session) idle() {
+	// Both are the session's alone between batches (a waiter of a shared
+	// fetch got its copy before the leader's read returned), so a large
+	// one goes back to bufpool, where stampede protection's fetch takes
+	// its next large buffer.
 	if cap(sess.out) > idleKeep {
+		bufpool.Put(sess.out)
 		sess.out = nil
 	}
 	if cap(sess.local) > idleKeep {
+		bufpool.Put(sess.local)
 		sess.local = nil
 	}
 	sess.call.Trim(idleKeep)
@@ -280,15 +287,19 @@ func (c *clientConn) SyscallConn() (syscall.RawConn, error) {
 
 // emit appends one reply to the client's output, writing the output out
 // once it passes outSpill; a large reply is written from where it is
-// rather than copied, and so is one past idleKeep with nothing before it:
-// copied, it would grow the output past what an idle client keeps, and a
-// client reading 100 KB values at -P 1 (a RESP3 one, which gets no direct
-// reply) had its output made, copied into and dropped for every value.
+// rather than copied, and so is the reply of a batch of one request when
+// it is past idleKeep: copied, it would grow the output past what an idle
+// client keeps, and a client reading 100 KB values at -P 1 (a RESP3 one,
+// which gets no direct reply) had its output made, copied into and
+// dropped for every value. Only a batch of one: with more, a reply
+// written early no longer counts against client_output_limit with the
+// batch's later replies (TestLocalReplyOverOutputLimitCloses: two 160 KB
+// tier hits in one batch under a 256 KB limit reached the client).
 func (sess *Session) emit(reply []byte) {
 	if sess.outDead {
 		return
 	}
-	if len(sess.out) == 0 && len(reply) > idleKeep {
+	if len(sess.out) == 0 && len(reply) > idleKeep && len(sess.batchReqs) == 1 {
 		sess.writeOut(reply)
 		return
 	}
