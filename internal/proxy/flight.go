@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/redproxy/redproxy/internal/bufpool"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/stampede"
@@ -61,6 +62,13 @@ func (s *Server) fetch(db int, resp3 bool, cmd, then, dst []byte) ([]byte, error
 		r, err := c.Reply(i)
 		if err != nil {
 			return nil, err
+		}
+		if n := len(dst) + len(r); n > cap(dst) && n > idleKeep {
+			// A large value: a buffer from bufpool, which Session.idle
+			// gives back (a RESP3 client reading 100 KB values at -P 1
+			// made and dropped one per read). The old one is left to the
+			// collector: what else points into it is not known here.
+			dst = append(bufpool.Get(n)[:0], dst...)
 		}
 		dst = append(dst, r...)
 	}
