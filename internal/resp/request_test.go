@@ -162,8 +162,8 @@ func TestReaderDeliversRequestsBeforeError(t *testing.T) {
 }
 
 // A client declaring a huge argument and then sending it slowly must not make
-// the reader allocate for the declaration: the buffer never exceeds what has
-// actually arrived by more than eagerMax (rounded up to a power of two).
+// the reader allocate for the declaration: the buffer never exceeds
+// eagerFactor times what has actually arrived (rounded up to a power of two).
 func TestReaderHugeDeclaredLengthDoesNotPreallocate(t *testing.T) {
 	lim := DefaultLimits
 	hdr := "*2\r\n$3\r\nSET\r\n$500000000\r\n"

@@ -15,7 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redproxy/redproxy/internal/bufpool"
 	"github.com/redproxy/redproxy/internal/rawio"
 	"github.com/redproxy/redproxy/internal/resp"
 )
@@ -804,17 +803,18 @@ func (rr *replyReader) startFill() {
 	if total < fillMin || len(b) >= total || (c.maxReply > 0 && total > c.maxReply) || c.over(total) {
 		return
 	}
-	c.out = c.reserve(max(len(b), min(total, fillAhead)))
+	c.out = c.reserve(min(total, max(fillMin*2, fillFactor*len(b))))
 	c.out = append(c.out, b...)
 	rr.r = rr.w
 	rr.fill = total - len(b)
 }
 
-// fillAhead is the most of a filling reply the reply buffer is sized for
-// before its bytes come: past it the buffer doubles as they do, as the
-// read buffer did, so a reply that claims a large size and never sends it
-// (a broken upstream) holds little.
-const fillAhead = bufpool.MaxSize
+// fillFactor bounds the room the reply buffer gets ahead of a filling
+// reply's bytes: at most this many times what has come (64 KB at least),
+// so a reply that claims a large size and never sends it (a broken
+// upstream) holds little (found by review: sized to the declaration up to
+// 4 MB, 16 pipes each sent 64 KB of a declared 4 MB reply held 65 MB).
+const fillFactor = 4
 
 // maxBulkHeader bounds the "$N\r\n" line startFill reads: '$', 19
 // digits at most, CRLF.
@@ -825,7 +825,7 @@ const maxBulkHeader = 22
 func (rr *replyReader) fillSpace() []byte {
 	c := rr.cur
 	if len(c.out) == cap(c.out) {
-		c.out = c.reserve(min(rr.fill, len(c.out)))
+		c.out = c.reserve(min(rr.fill, (fillFactor-1)*len(c.out)))
 	}
 	return c.out[len(c.out):min(len(c.out)+rr.fill, cap(c.out))]
 }
