@@ -30,17 +30,8 @@ func largeRoundTrip(t *testing.T, nc net.Conn, rd *bufio.Reader, cmd []byte, buf
 		t.Fatal(err)
 	}
 	if !bytes.Equal(buf[:len(want)], want) {
-		t.Fatalf("reply differs from the value at byte %d", firstDifference(buf[:len(want)], want))
+		t.Fatalf("reply differs from the value at byte %d", redistest.FirstDifference(buf[:len(want)], want))
 	}
-}
-
-func firstDifference(a, b []byte) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return min(len(a), len(b))
 }
 
 // A client that writes and reads 100 KB values at -P 1 costs the proxy no

@@ -20,19 +20,6 @@ import (
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
-// reviewValue is n bytes naming key and n at both ends, CRLFs and '$'
-// inside, so a reply shifted, cut or another client's shows.
-func reviewValue(rng *rand.Rand, key string, n int) []byte {
-	v := make([]byte, n)
-	for i := range v {
-		v[i] = "\r\n$*ab"[rng.IntN(6)]
-	}
-	tag := key + ":" + strconv.Itoa(n) + ";"
-	copy(v, tag)
-	copy(v[n-len(tag):], tag)
-	return v
-}
-
 func reviewBulk(v []byte) []byte { return fmt.Appendf(nil, "$%d\r\n%s\r\n", len(v), v) }
 
 func reviewCmd(args ...[]byte) []byte {
@@ -73,7 +60,7 @@ func TestReviewLargeValuesNoCrossTalkThroughProxy(t *testing.T) {
 			rc := rs.Client(t)
 			for _, n := range reviewSizes {
 				k := "shared:" + strconv.Itoa(n)
-				shared[k] = reviewValue(rng, k, n)
+				shared[k] = redistest.TaggedValue(rng, k, n)
 				if err := rc.Set(context.Background(), k, shared[k], 0).Err(); err != nil {
 					t.Fatal(err)
 				}
@@ -132,7 +119,7 @@ func reviewClient(p *proxytest.Proxy, ci int, shared map[string][]byte, deadline
 			case 0: // SET own key
 				k := ownKey()
 				n := reviewSizes[rng.IntN(len(reviewSizes))]
-				v := reviewValue(rng, k+"#"+strconv.Itoa(round), n)
+				v := redistest.TaggedValue(rng, k+"#"+strconv.Itoa(round), n)
 				own[k] = v
 				req = append(req, reviewCmd([]byte("SET"), []byte(k), v)...)
 				want = append(want, []byte("+OK\r\n"))
@@ -167,7 +154,7 @@ func reviewClient(p *proxytest.Proxy, ci int, shared map[string][]byte, deadline
 				return fmt.Errorf("client %d round %d reply %d: %v", ci, round, i, err)
 			}
 			if !bytes.Equal(got, w) {
-				d := firstDifference(got, w)
+				d := redistest.FirstDifference(got, w)
 				return fmt.Errorf("client %d round %d reply %d (%d bytes): differs at %d: got %q want %q", ci, round, i, len(w), d, got[d:min(d+40, len(got))], w[d:min(d+40, len(w))])
 			}
 		}

@@ -20,22 +20,6 @@ import (
 // class, whose buffers are made and collected rather than pooled.
 var fillSizes = []int{0, 5, fillMin - 20, fillMin - 14, fillMin - 13, fillMin, 32 << 10, 100_000, 1 << 20, 1<<20 - 13, bufpool.MaxSize - 13, bufpool.MaxSize + 100_000}
 
-// fillValue is a value of n random bytes, CRLFs and '$' among them, that
-// names its key and size at both ends, so a reply cut short, shifted or
-// swapped with another shows.
-func fillValue(rng *rand.Rand, key string, n int) []byte {
-	v := make([]byte, n)
-	for i := range v {
-		v[i] = "\r\n$*ab"[rng.IntN(6)]
-	}
-	tag := key + ":" + strconv.Itoa(n) + ";"
-	copy(v, tag)
-	if n >= 2*len(tag) {
-		copy(v[n-len(tag):], tag)
-	}
-	return v
-}
-
 // loadFillValues stores one value of each of fillSizes under prefix.
 func loadFillValues(t *testing.T, srv *redistest.Server, prefix string, seed uint64) map[string][]byte {
 	t.Helper()
@@ -44,7 +28,7 @@ func loadFillValues(t *testing.T, srv *redistest.Server, prefix string, seed uin
 	vals := map[string][]byte{}
 	for _, n := range fillSizes {
 		k := fmt.Sprintf("%s:%d", prefix, n)
-		vals[k] = fillValue(rng, k, n)
+		vals[k] = redistest.TaggedValue(rng, k, n)
 		if err := rc.Set(context.Background(), k, vals[k], 0).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -74,21 +58,12 @@ func checkFillCall(t *testing.T, pool *Pool, c *Call, keys []string, vals map[st
 		want := "$" + strconv.Itoa(len(vals[k])) + "\r\n" + string(vals[k]) + "\r\n"
 		r, err := c.Reply(3*i + 1)
 		if err != nil || string(r) != want {
-			t.Fatalf("GET %s: %d bytes, %v; want %d bytes (first difference at %d)", k, len(r), err, len(want), firstDiff(r, []byte(want)))
+			t.Fatalf("GET %s: %d bytes, %v; want %d bytes (first difference at %d)", k, len(r), err, len(want), redistest.FirstDifference(r, []byte(want)))
 		}
 		if r, err := c.Reply(3*i + 2); err != nil || string(r) != null {
 			t.Fatalf("GET of a missing key after GET %s: %q, %v", k, r, err)
 		}
 	}
-}
-
-func firstDiff(a, b []byte) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return min(len(a), len(b))
 }
 
 // A large bulk reply is read straight into its Call (startFill), and the
