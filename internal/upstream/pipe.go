@@ -896,7 +896,7 @@ func (rr *replyReader) readRaw(raw syscall.RawConn) error {
 				rr.err = ErrConnLost
 				return true
 			}
-			into := rr.buf[rr.w:]
+			var into []byte
 			if rr.fill > 0 {
 				into = rr.fillSpace()
 			} else {
