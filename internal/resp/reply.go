@@ -305,6 +305,25 @@ func indexCRLF(b []byte, from int) int {
 	return i
 }
 
+// BulkHeader reads the "$N\r\n" line at the start of b: the bulk string's
+// length N and the line's length. ok is false when b does not start with
+// a complete header of a bulk string of length 0 or more (a null "$-1",
+// another type, a line not yet whole, or one ScanReply refuses).
+func BulkHeader(b []byte) (size int64, header int, ok bool) {
+	if len(b) < 4 || b[0] != '$' {
+		return 0, 0, false
+	}
+	nl := indexCRLF(b[:min(len(b), maxStreamedHeader)], 1)
+	if nl < 0 {
+		return 0, 0, false
+	}
+	size, ok = parseInt(b[1:nl])
+	if !ok || size < 0 {
+		return 0, 0, false
+	}
+	return size, nl + 2, true
+}
+
 // Integer returns the value of a framed integer reply (":N\r\n").
 func Integer(reply []byte) (int64, bool) {
 	if len(reply) < 4 || reply[0] != ':' {

@@ -268,3 +268,26 @@ func TestConsumeHoldsLittle(t *testing.T) {
 		}
 	}
 }
+
+func TestBulkHeader(t *testing.T) {
+	for _, c := range []struct {
+		in           string
+		size, header int
+		ok           bool
+	}{
+		{"$5\r\nhello\r\n", 5, 4, true},
+		{"$100000\r\nxx", 100000, 9, true},
+		{"$0\r\n\r\n", 0, 4, true},
+		{"$-1\r\n", 0, 0, false},
+		{"$12", 0, 0, false},
+		{"$12\r", 0, 0, false},
+		{"+OK\r\n", 0, 0, false},
+		{"$05\r\nhello\r\n", 0, 0, false},
+		{"$1\rx\n", 0, 0, false},
+	} {
+		size, header, ok := BulkHeader([]byte(c.in))
+		if int(size) != c.size || header != c.header || ok != c.ok {
+			t.Errorf("BulkHeader(%q) = %d, %d, %v; want %d, %d, %v", c.in, size, header, ok, c.size, c.header, c.ok)
+		}
+	}
+}

@@ -777,29 +777,14 @@ func (rr *replyReader) startFill() {
 	// Without a limit (a Call not sent by a Pipe) nothing is filled: the
 	// limit bounds the sizes read below. A shared budget is charged by
 	// addReply; here over charges nothing, so the check is made once.
-	if c == nil || c.overflow || c.budget != nil || c.limit <= 0 || len(b) < 4 || b[0] != '$' {
+	if c == nil || c.overflow || c.budget != nil || c.limit <= 0 {
 		return
 	}
-	size, hdr := 0, 0
-	for i := 1; i < len(b) && i < maxBulkHeader; i++ {
-		ch := b[i]
-		if ch == '\r' {
-			if i+1 < len(b) && b[i+1] == '\n' && i > 1 {
-				hdr = i + 2
-			}
-			break
-		}
-		if ch < '0' || ch > '9' {
-			return // "$-1" and anything odd: the scanner's business
-		}
-		if size = size*10 + int(ch-'0'); size > c.limit {
-			return // not kept: startStream drops it once enough has come
-		}
+	size, hdr, ok := resp.BulkHeader(b)
+	if !ok || size > int64(c.limit) {
+		return // not kept if over the limit: startStream drops it once enough has come
 	}
-	if hdr == 0 {
-		return
-	}
-	total := hdr + size + 2
+	total := hdr + int(size) + 2
 	if total < fillMin || len(b) >= total || (c.maxReply > 0 && total > c.maxReply) || c.over(total) {
 		return
 	}
@@ -815,10 +800,6 @@ func (rr *replyReader) startFill() {
 // upstream) holds little (found by review: sized to the declaration up to
 // 4 MB, 16 pipes each sent 64 KB of a declared 4 MB reply held 65 MB).
 const fillFactor = 4
-
-// maxBulkHeader bounds the "$N\r\n" line startFill reads: '$', 19
-// digits at most, CRLF.
-const maxBulkHeader = 22
 
 // fillSpace is where the next read of a filling reply goes: the rest of
 // the reply, and nothing after it, so the next reply is read into buf.
