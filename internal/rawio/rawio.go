@@ -30,12 +30,16 @@ type Writer struct {
 	mu   sync.Mutex
 	conn net.Conn
 	raw  syscall.RawConn
-	// w.writeFD and w.tryFD, bound once: a write allocates nothing.
+	// w.writeFD, w.tryFD and w.writeVecFD, bound once: a write
+	// allocates nothing.
 	fn    func(fd uintptr) bool
 	tryFn func(fd uintptr)
+	vecFn func(fd uintptr) bool
 
 	// The write in progress, under mu.
 	b     []byte
+	vec   [][]byte // WriteVec's buffers, consumed as written
+	iov   []iovec  // writev's array, kept between writes
 	n     int
 	errno error
 	full  bool // tryFD found the socket full
@@ -72,7 +76,7 @@ func NewWriter(c net.Conn) *Writer {
 		return nil
 	}
 	w := &Writer{conn: c, raw: raw}
-	w.fn, w.tryFn = w.writeFD, w.tryFD
+	w.fn, w.tryFn, w.vecFn = w.writeFD, w.tryFD, w.writeVecFD
 	return w
 }
 
@@ -85,6 +89,20 @@ func (w *Writer) Write(b []byte) (int, error) {
 	w.mu.Lock()
 	w.b, w.n, w.errno = b, 0, nil
 	err := w.raw.Write(w.fn)
+	return w.done(err)
+}
+
+// WriteVec writes every buffer of bufs in order, as Write writes one,
+// with writev(2): a large buffer goes to the socket from where it is
+// rather than being copied beside the others first. bufs is consumed: its
+// elements are resliced as they are written, so the caller must not rely
+// on them afterwards. Where raw calls are off (race detector, other
+// systems) the buffers are written one write(2) at a time.
+func (w *Writer) WriteVec(bufs [][]byte) (int, error) {
+	w.mu.Lock()
+	w.vec, w.n, w.errno = bufs, 0, nil
+	err := w.raw.Write(w.vecFn)
+	w.vec = nil
 	return w.done(err)
 }
 
@@ -159,4 +177,35 @@ func (w *Writer) writeFD(fd uintptr) bool {
 		w.n += m
 	}
 	return true
+}
+
+// writeVecFD writes what is left of w.vec; false: the socket is full.
+func (w *Writer) writeVecFD(fd uintptr) bool {
+	for {
+		for len(w.vec) > 0 && len(w.vec[0]) == 0 {
+			w.vec = w.vec[1:]
+		}
+		if len(w.vec) == 0 {
+			return true
+		}
+		m, e := writevFD(fd, w.vec, &w.iov)
+		switch {
+		case e == syscall.EINTR:
+			continue
+		case e == syscall.EAGAIN:
+			return false
+		case e != nil:
+			w.errno = e
+			return true
+		}
+		w.n += m
+		for m > 0 {
+			if m < len(w.vec[0]) {
+				w.vec[0] = w.vec[0][m:]
+				break
+			}
+			m -= len(w.vec[0])
+			w.vec = w.vec[1:]
+		}
+	}
 }

@@ -209,3 +209,88 @@ func bigMessageReadBy(r io.Reader) ([]byte, <-chan []byte) {
 	}()
 	return msg, got
 }
+
+// WriteVec writes its buffers in order, whatever their number (more than
+// writev takes at once) and sizes (empty ones, ones the socket takes only
+// in part while the peer reads slowly).
+func TestWriteVecWritesEveryBufferInOrder(t *testing.T) {
+	a, b := pair(t)
+	w := rawio.NewWriter(a)
+	var want []byte
+	var bufs [][]byte
+	for i := range 3000 {
+		n := (i * 7919) % 97
+		if i%500 == 3 {
+			n = 300 << 10 // more than the socket takes at once
+		}
+		buf := bytes.Repeat([]byte{byte('a' + i%26)}, n)
+		bufs = append(bufs, buf)
+		want = append(want, buf...)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		var all []byte
+		chunk := make([]byte, 4096)
+		for len(all) < len(want) {
+			n, err := b.Read(chunk)
+			all = append(all, chunk[:n]...)
+			if err != nil {
+				break
+			}
+			time.Sleep(time.Microsecond)
+		}
+		got <- all
+	}()
+	n, err := w.WriteVec(bufs)
+	if err != nil || n != len(want) {
+		t.Fatalf("WriteVec = %d, %v; want %d, nil", n, err, len(want))
+	}
+	if g := <-got; !bytes.Equal(g, want) {
+		t.Fatalf("the reader got %d bytes, not the %d written in order", len(g), len(want))
+	}
+}
+
+// A WriteVec to a peer that reads nothing ends at the write deadline, as
+// Write does; a WriteVec after close reports net.ErrClosed.
+func TestWriteVecHonoursTheDeadline(t *testing.T) {
+	a, _ := pair(t)
+	w := rawio.NewWriter(a)
+	// The buffer is made before the deadline is set, and the deadline is a
+	// second away, so that the first writev starts before it even on a
+	// loaded machine: CI once spent the whole 50 ms this test used to allow
+	// before WriteVec ran, and it wrote nothing.
+	big := make([]byte, 32<<20)
+	a.SetWriteDeadline(time.Now().Add(time.Second))
+	n, err := w.WriteVec([][]byte{[]byte("*3\r\n"), big, big})
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("err = %v; want the deadline", err)
+	}
+	if n <= 0 || n >= 64<<20 {
+		t.Fatalf("wrote %d bytes before the deadline; want some, not all", n)
+	}
+	a.Close()
+	if _, err := w.WriteVec([][]byte{[]byte("x"), []byte("y")}); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("WriteVec after close: err = %v; want net.ErrClosed", err)
+	}
+}
+
+// A WriteVec allocates nothing once its array has grown.
+func TestWriteVecAllocatesNothing(t *testing.T) {
+	a, b := pair(t)
+	w := rawio.NewWriter(a)
+	head, body := []byte("$5\r\n"), []byte("hello\r\n")
+	bufs := make([][]byte, 2)
+	buf := make([]byte, len(head)+len(body))
+	allocs := testing.AllocsPerRun(100, func() {
+		bufs[0], bufs[1] = head, body
+		if _, err := w.WriteVec(bufs); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(b, buf); err != nil || string(buf) != "$5\r\nhello\r\n" {
+			t.Fatal(string(buf), err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per WriteVec and read; want 0", allocs)
+	}
+}

@@ -61,7 +61,8 @@ type Call struct {
 	out  []byte
 	ends []int
 	err  error
-	sent int64 // monotonic nanoseconds when queued, for the reply timeout
+	sent int64  // monotonic nanoseconds when queued, for the reply timeout
+	seq  uint64 // its place in its Pipe's write order (Pipe.written)
 	done chan struct{}
 
 	// NoTimeout exempts the Call from the reply timeout: a blocking command
