@@ -26,6 +26,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -164,16 +165,18 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	reg := metrics.New()
 	// The embedded store's COMMAND reply is its own approximation; the
 	// built-in table describes the Redis it stands in for.
-	table := commands.Builtin()
+	table, answered := commands.Builtin(), false
 	if !embedded && upstreamAddr != "" {
-		table = loadCommandTable(cfg, upstreamAddr, log)
+		table, answered = loadCommandTable(cfg, upstreamAddr, log)
 	}
 	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr})
 	if err != nil {
 		fmt.Fprintf(stderr, "redproxy: %v\n", err)
 		return 2
 	}
-	if upstreamAddr != "" {
+	// A Redis that did not answer COMMAND is not asked its version: that
+	// would hold the listener back by another dial timeout.
+	if upstreamAddr != "" && (answered || embedded) {
 		if v := upstreamVersion(cfg, upstreamAddr); v != "" {
 			srv.SetUpstreamVersion(v)
 		}
@@ -354,7 +357,12 @@ func controlClient(cfg *config.Config, addr string) *redis.Client {
 		Addr: addr, Username: cfg.Upstream.Username, Password: cfg.Upstream.Password,
 		TLSConfig:   upstreamTLS(cfg),
 		DialTimeout: cfg.Upstream.DialTimeout.Duration, MaxRetries: -1, PoolSize: 1,
-		Protocol: 2, DisableIdentity: true,
+		// One dial: go-redis's default of five, with its pool's back-off,
+		// held the listener back by about 4 s at start when Redis was not
+		// up yet (a container started before Redis); the proxy's own
+		// connections keep redialing after it listens.
+		DialerRetries: 1,
+		Protocol:      2, DisableIdentity: true,
 	})
 }
 
@@ -391,8 +399,8 @@ func redisAnswers(addr string) bool {
 
 // loadCommandTable asks the upstream for its command table, so commands of
 // a newer Redis or of modules are classified correctly, and falls back to
-// the built-in table when that fails.
-func loadCommandTable(cfg *config.Config, addr string, log *slog.Logger) *commands.Table {
+// the built-in table when that fails (answered false).
+func loadCommandTable(cfg *config.Config, addr string, log *slog.Logger) (t *commands.Table, answered bool) {
 	c := controlClient(cfg, addr)
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*cfg.Upstream.DialTimeout.Duration)
@@ -400,9 +408,12 @@ func loadCommandTable(cfg *config.Config, addr string, log *slog.Logger) *comman
 	t, err := commands.Load(ctx, c)
 	if err != nil {
 		log.Warn("using the built-in command table", "reason", err, "builtin_version", commands.BuiltinRedisVersion)
-		return commands.Builtin()
+		// An error reply (an ACL without COMMAND) or one the table could
+		// not be read from is an answer.
+		var reply redis.Error
+		return commands.Builtin(), errors.As(err, &reply) || errors.Is(err, commands.ErrBadReply)
 	}
-	return t
+	return t, true
 }
 
 func upstreamVersion(cfg *config.Config, addr string) string {

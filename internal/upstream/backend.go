@@ -365,8 +365,12 @@ func NewBackend(opt BackendOptions) *Backend {
 		b.pins.SetMax(opt.MaxPinned)
 	}
 	b.gen.Store(newGen(opt))
-	b.Pool(0, false)
-	b.Pool(0, true)
+	// Both dialled at once: waiting for each in turn made a start with
+	// Redis unreachable take twice the dial timeout.
+	resp2, resp3 := b.pool(0, false, false), b.pool(0, true, false)
+	deadline := time.Now().Add(opt.DialTimeout)
+	resp2.WaitDialed(opt.DialTimeout)
+	resp3.WaitDialed(time.Until(deadline))
 	return b
 }
 
@@ -411,7 +415,10 @@ func (o BackendOptions) ConnOptions(db int, resp3 bool) Options {
 }
 
 // Pool returns the shared pool for db and protocol, creating it if needed.
-func (b *Backend) Pool(db int, resp3 bool) *Pool {
+func (b *Backend) Pool(db int, resp3 bool) *Pool { return b.pool(db, resp3, true) }
+
+// pool is Pool; wait: a pool made here waits for its first dials.
+func (b *Backend) pool(db int, resp3, wait bool) *Pool {
 	i := db * 2
 	if resp3 {
 		i++
@@ -431,8 +438,11 @@ func (b *Backend) Pool(db int, resp3 bool) *Pool {
 	p := NewPool(g.opt.Connections, g.options(db, resp3))
 	// The first client of a database or protocol should not fail just
 	// because its connections are still being dialled; later outages fail
-	// fast instead, since the pipes reconnect in the background.
-	p.WaitUp(g.opt.DialTimeout)
+	// fast instead, since the pipes reconnect in the background. Nor
+	// should it wait for a Redis that refused every dial.
+	if wait {
+		p.WaitDialed(g.opt.DialTimeout)
+	}
 	g.pools[i].Store(p)
 	return p
 }

@@ -377,16 +377,23 @@ func (p *Pipe) redial() {
 			lc := &liveConn{nc: nc, w: rawio.NewWriter(nc), done: make(chan struct{}), writerDone: make(chan struct{})}
 			p.live = lc
 			p.redialing = false
+			p.dialFailed.Store(false)
 			p.workers.Add(2)
 			p.mu.Unlock()
 			go p.writer(lc)
 			go p.reader(lc)
+			dialLogs.restored(p.opt.Logger, p.opt.Addr)
 			if p.opt.OnUp != nil {
 				p.opt.OnUp()
 			}
 			return
 		}
-		p.opt.Logger.Warn("upstream dial failed", "addr", p.opt.Addr, "db", p.opt.DB, "err", err, "retry_in", backoff)
+		dialLogs.failed(p.opt.Logger, p.opt.Addr, p.opt.DB, err, backoff)
+		// Only a connection that could not be made: a handshake Redis
+		// refused (maxclients, -BUSY on SELECT, -LOADING) may clear in a
+		// moment, and a pool's first client is worth waiting for then
+		// (found by review).
+		p.dialFailed.Store(!errors.Is(err, ErrHandshake))
 		select {
 		case <-p.stop:
 			p.mu.Lock()

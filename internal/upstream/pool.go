@@ -80,17 +80,37 @@ func (p *Pool) Do(c *Call) {
 }
 
 // WaitUp waits until at least one pipe is up or the timeout passes.
-func (p *Pool) WaitUp(timeout time.Duration) bool {
+func (p *Pool) WaitUp(timeout time.Duration) bool { return p.waitUp(timeout, false) }
+
+// WaitDialed is WaitUp that also stops once every pipe's dial has failed
+// (they go on redialing in the background): for a pool's first use, which
+// should not fail while its connections are being dialled, but need not
+// wait out the timeout for a Redis that refused them. Backend.Pool's
+// WaitUp held the proxy's start back by twice the dial timeout when Redis
+// was not up yet (a container started before Redis's).
+func (p *Pool) WaitDialed(timeout time.Duration) bool { return p.waitUp(timeout, true) }
+
+func (p *Pool) waitUp(timeout time.Duration, untilFailed bool) bool {
 	deadline := time.Now().Add(timeout)
 	for {
 		if p.Up() {
 			return true
 		}
-		if time.Now().After(deadline) {
+		if untilFailed && p.allDialsFailed() || time.Now().After(deadline) {
 			return false
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// allDialsFailed reports whether every pipe's last dial failed.
+func (p *Pool) allDialsFailed() bool {
+	for _, pp := range p.pipes {
+		if !pp.dialFailed.Load() {
+			return false
+		}
+	}
+	return true
 }
 
 // Up reports whether any pipe is connected.

@@ -2,11 +2,15 @@ package upstream
 
 import (
 	"bytes"
+	"context"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -81,5 +85,92 @@ func TestReviewEarlyReplyPartReadAfterCallCompleted(t *testing.T) {
 	if n := <-seen; n > 0 {
 		t.Fatalf("%d bytes of the request, overwritten after its Call completed, were written upstream: "+
 			"WriteVec read the part after the Call returned", n)
+	}
+}
+
+// Review of 0ea31aa: WaitDialed gives up on the first failed dial of every
+// pipe, even when the failure is not "Redis is down" but a refusal that
+// ends a moment later. The first client of a database (a pool made on
+// first use) then fails at once with ErrUnavailable, where WaitUp waited
+// up to the dial timeout and the redial, 50-200 ms later, served it.
+func TestReviewWaitDialedFirstClientOfDBTransientRefusal(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name           string
+		refuse, accept func(t *testing.T, srv *redistest.Server, admin *redis.Client)
+	}{
+		{
+			// Redis at maxclients: the dial is answered "-ERR max number
+			// of clients reached"; a client leaves 200 ms later.
+			name: "maxclients",
+			refuse: func(t *testing.T, srv *redistest.Server, admin *redis.Client) {
+				info, _ := admin.Info(ctx, "clients").Result()
+				n := 0
+				for _, l := range strings.Split(info, "\n") {
+					if v, ok := strings.CutPrefix(strings.TrimSpace(l), "connected_clients:"); ok {
+						n, _ = strconv.Atoi(v)
+					}
+				}
+				if err := admin.ConfigSet(ctx, "maxclients", strconv.Itoa(n)).Err(); err != nil {
+					t.Fatal(err)
+				}
+			},
+			accept: func(t *testing.T, srv *redistest.Server, admin *redis.Client) {
+				if err := admin.ConfigSet(ctx, "maxclients", "10000").Err(); err != nil {
+					t.Error(err)
+				}
+			},
+		},
+		{
+			// A 300 ms script past busy-reply-threshold: SELECT answers
+			// -BUSY, which fails the dial (ErrHandshake) of a DB 1 pipe.
+			name: "busy-script",
+			refuse: func(t *testing.T, srv *redistest.Server, admin *redis.Client) {
+				if err := admin.ConfigSet(ctx, "busy-reply-threshold", "20").Err(); err != nil {
+					t.Fatal(err)
+				}
+				go srv.Client(t).Eval(ctx, "while true do end", nil).Err()
+				time.Sleep(100 * time.Millisecond)
+			},
+			accept: func(t *testing.T, srv *redistest.Server, admin *redis.Client) {
+				admin.ScriptKill(ctx)
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			b := NewBackend(BackendOptions{Addr: srv.Addr(), Connections: 1, Databases: 2,
+				DialTimeout: 2 * time.Second, ReplyTimeout: 2 * time.Second,
+				ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
+			defer b.Close()
+			if !b.Pool(0, false).Up() {
+				t.Fatal("DB 0 not up")
+			}
+			// One connection, made now: it must still get in once Redis
+			// refuses new ones.
+			admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 1})
+			defer admin.Close()
+			if err := admin.Ping(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			tc.refuse(t, srv, admin)
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			wg.Go(func() {
+				time.Sleep(200 * time.Millisecond)
+				tc.accept(t, srv, admin)
+			})
+			start := time.Now()
+			p := b.Pool(1, false) // the first client of DB 1
+			c := NewCall()
+			c.Add(cmd("PING"))
+			p.Do(c)
+			r, err := c.Reply(0)
+			t.Logf("first command on DB 1 after %v: %q, %v", time.Since(start).Round(time.Millisecond), r, err)
+			if err != nil {
+				t.Fatalf("first client of DB 1 failed with %v after %v, though Redis took connections again %v after it "+
+					"came, well within dial_timeout (2 s)", err, time.Since(start).Round(time.Millisecond), 200*time.Millisecond)
+			}
+		})
 	}
 }

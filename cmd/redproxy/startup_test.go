@@ -1,0 +1,88 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// A proxy started before its Redis (containers started together) listens
+// at once, answers errors meanwhile, and serves once Redis is up. It used
+// to wait out the dial timeout twice (once per protocol's connections)
+// before it listened, and a Redis that did not answer COMMAND was then
+// asked its version too: with the timeout set to 20 s here, 40 s and more.
+func TestStartsBeforeRedis(t *testing.T) {
+	bin := binary(t)
+	rs := redistest.Start(t)
+	rs.Kill(t) // its port is now free and refuses connections
+	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	conf := filepath.Join(t.TempDir(), "redproxy.toml")
+	const dialTimeout = 20 * time.Second
+	check(t, os.WriteFile(conf, []byte(fmt.Sprintf(
+		"[server]\nlisten = %q\nadmin = %q\n\n[upstream]\naddress = %q\ndial_timeout = %q\n",
+		listen, adminAddr, rs.Addr(), dialTimeout.String())), 0o644))
+	logs := &syncBuffer{}
+	cmd := exec.Command(bin, "--config", conf)
+	cmd.Env = childEnv()
+	cmd.Stderr = logs
+	started := time.Now()
+	check(t, cmd.Start())
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	for {
+		nc, err := net.DialTimeout("tcp", listen, time.Second)
+		if err == nil {
+			nc.Close()
+			break
+		}
+		if time.Since(started) > dialTimeout {
+			t.Fatalf("not listening %v after start with Redis down (the dial timeout: it waited for dials Redis refused); log:\n%s", time.Since(started), logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("listening %v after start, Redis down", time.Since(started).Round(time.Millisecond))
+
+	c := redis.NewClient(&redis.Options{Addr: listen, MaxRetries: -1})
+	defer c.Close()
+	if err := c.Set(ctx, "startup:k", "v", time.Minute).Err(); err == nil {
+		t.Fatal("SET with Redis down succeeded")
+	}
+	// 0 until the admin listener answers (it may bind after the
+	// client listener).
+	ready := func() int {
+		res, err := http.Get("http://" + adminAddr + "/readyz")
+		if err != nil {
+			return 0
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool { return ready() != 0 }, "the admin listener never answered")
+	if code := ready(); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz with Redis down: %d, want 503", code)
+	}
+	rs.Restart(t)
+	redistest.Eventually(t, 15*time.Second, func() bool { return ready() == http.StatusOK },
+		"/readyz never 200 after Redis came up")
+	redistest.Eventually(t, 15*time.Second, func() bool {
+		return c.Set(ctx, "startup:k", "v", time.Minute).Err() == nil
+	}, "SET through the proxy never succeeded after Redis came up; log:\n%s", logs.String())
+	if v, err := c.Get(ctx, "startup:k").Result(); err != nil || v != "v" {
+		t.Fatalf("GET after Redis came up: %q, %v", v, err)
+	}
+	if v, err := rs.Client(t).Get(ctx, "startup:k").Result(); err != nil || v != "v" {
+		t.Fatalf("the SET did not reach Redis: %q, %v", v, err)
+	}
+}

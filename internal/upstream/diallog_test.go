@@ -1,0 +1,53 @@
+package upstream
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// Eight pipes redialling an unreachable Redis every 10-50 ms log one
+// failure line for the outage (the next would be due dialLogEvery later),
+// and one line when Redis is back; each line says how long it has been
+// down. Before, every failed dial of every pipe was a line.
+func TestDialFailuresLoggedOncePerOutage(t *testing.T) {
+	rs := redistest.Start(t)
+	var logs redistest.LogBuffer
+	opt := testOpts(rs.Addr())
+	opt.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	p := NewPool(8, opt)
+	t.Cleanup(p.Close)
+	waitUp(t, p)
+	rs.Kill(t)
+	// Lines from here on: while the killed process exits, a redial can
+	// still connect to its closing listener (and be reset at once), which
+	// honestly logs a dial that worked and a new outage after it. Once Kill
+	// has returned, the port refuses every dial. CI saw that window once.
+	mark := len(logs.String())
+	since := func() string { return logs.String()[mark:] }
+	count := func(s string) int { return strings.Count(since(), s) }
+	dials := func() int64 { s, _ := p.Stats(); return int64(s.Dials) }
+	before := dials()
+	redistest.Eventually(t, 10*time.Second, func() bool { return dials()-before >= 40 },
+		"the pipes did not redial")
+	if n := count(`msg="upstream dial failed"`); n > 1 {
+		t.Fatalf("%d dial-failure lines for %d failed dials in one outage, want at most 1:\n%s", n, dials()-before, since())
+	}
+	if n := strings.Count(logs.String(), `msg="upstream dial failed"`); n == 0 {
+		t.Fatalf("no dial-failure line for the outage:\n%s", logs.String())
+	}
+	rs.Restart(t)
+	waitUp(t, p)
+	redistest.Eventually(t, 5*time.Second, func() bool { return count(`msg="upstream reachable again"`) == 1 },
+		"no line when Redis was reachable again")
+	if !strings.Contains(since(), "down_for=") {
+		t.Fatalf("the lines do not say how long Redis was down:\n%s", logs.String())
+	}
+	time.Sleep(100 * time.Millisecond) // the other pipes reconnect meanwhile
+	if n := count(`msg="upstream reachable again"`); n != 1 {
+		t.Fatalf("%d reachable-again lines, want 1:\n%s", n, since())
+	}
+}
