@@ -7,6 +7,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -61,6 +62,11 @@ func TestMaxPinnedIsTotalAcrossCredentials(t *testing.T) {
 	}
 	if n := p.Backend().PinnedTotal(); n != 2 {
 		t.Errorf("PinnedTotal = %d, want 2", n)
+	}
+	// The refusals are counted (a user's trial found neither a metric nor
+	// a log line for them).
+	if got, found, err := metrics.CounterSum(p.Metrics.Registry, "redproxy_upstream_dedicated_refused_total"); err != nil || !found || got != 3 {
+		t.Errorf("redproxy_upstream_dedicated_refused_total = %v (found %v, %v), want 3", got, found, err)
 	}
 	// Redis itself sees no more dedicated connections than the limit.
 	list, err := rc.ClientList(ctx).Result()

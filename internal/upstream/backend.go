@@ -115,7 +115,16 @@ const maxIdlePerKey = 16
 type PinLimit struct {
 	max  atomic.Int64
 	used atomic.Int64
+	// refused counts the clients turned away at the limit; loggedAt
+	// (nanotime) keeps the warning to one line per pinRefusalLogEvery.
+	refused  atomic.Int64
+	loggedAt atomic.Int64
 }
+
+// pinRefusalLogEvery: a client refused at max_pinned is logged at most
+// this often (a burst of MULTI or BLPOP clients would otherwise flood the
+// log); the count is in redproxy_upstream_dedicated_refused_total.
+const pinRefusalLogEvery = 10 * time.Second
 
 // NewPinLimit returns a limit of n dedicated connections.
 func NewPinLimit(n int) *PinLimit {
@@ -128,9 +137,20 @@ func NewPinLimit(n int) *PinLimit {
 func (l *PinLimit) take() bool {
 	if l.used.Add(1) > l.max.Load() {
 		l.used.Add(-1)
+		l.refused.Add(1)
 		return false
 	}
 	return true
+}
+
+// Refused is how many requests for a dedicated connection the limit
+// turned away.
+func (l *PinLimit) Refused() int64 { return l.refused.Load() }
+
+// shouldLog reports whether a refusal now is due a log line.
+func (l *PinLimit) shouldLog() bool {
+	now, last := nanotime(), l.loggedAt.Load()
+	return (last == 0 || now-last >= int64(pinRefusalLogEvery)) && l.loggedAt.CompareAndSwap(last, now)
 }
 
 func (l *PinLimit) give() { l.used.Add(-1) }
@@ -148,6 +168,10 @@ func (l *PinLimit) Used() int64 { return l.used.Load() }
 // takePin reserves a dedicated connection under the (shared) limit.
 func (b *Backend) takePin() bool {
 	if !b.pins.take() {
+		if log := b.gen.Load().opt.Logger; log != nil && b.pins.shouldLog() {
+			log.Warn("dedicated upstream connections exhausted: refusing a transaction, blocking command or subscription (raise upstream.max_pinned?)",
+				"max_pinned", b.pins.Max(), "refused_total", b.pins.Refused())
+		}
 		return false
 	}
 	b.pinned.Add(1)
@@ -688,6 +712,7 @@ type backendCollector struct{ b *Backend }
 // node as well in cluster mode (NodeMetrics), where a backend is a node.
 type backendDescs struct {
 	up, pending, failures, timeouts, overdue, dials, pinned, commands *prometheus.Desc
+	refused                                                           *prometheus.Desc // the shared limit's, so not per node: nil there
 }
 
 func newBackendDescs(node bool) *backendDescs {
@@ -696,7 +721,12 @@ func newBackendDescs(node bool) *backendDescs {
 		first = []string{"node"}
 	}
 	labels := append(first, "db", "protocol")
+	var refused *prometheus.Desc
+	if !node {
+		refused = prometheus.NewDesc("redproxy_upstream_dedicated_refused_total", "Clients refused a dedicated upstream connection (a transaction, blocking command, pub/sub, MONITOR) because upstream.max_pinned were in use.", nil, nil)
+	}
 	return &backendDescs{
+		refused:  refused,
 		up:       prometheus.NewDesc("redproxy_upstream_connections_up", "Shared upstream connections currently established.", labels, nil),
 		pending:  prometheus.NewDesc("redproxy_upstream_queue_depth", "Client batches sent or queued on shared upstream connections and not yet answered.", labels, nil),
 		failures: prometheus.NewDesc("redproxy_upstream_connection_failures_total", "Shared upstream connections lost (errors, timeouts, Redis going away).", labels, nil),
@@ -722,8 +752,10 @@ var (
 )
 
 func (d *backendDescs) describe(ch chan<- *prometheus.Desc) {
-	for _, desc := range []*prometheus.Desc{d.pinned, d.up, d.pending, d.failures, d.timeouts, d.overdue, d.dials, d.commands} {
-		ch <- desc
+	for _, desc := range []*prometheus.Desc{d.pinned, d.up, d.pending, d.failures, d.timeouts, d.overdue, d.dials, d.commands, d.refused} {
+		if desc != nil {
+			ch <- desc
+		}
 	}
 }
 
@@ -747,6 +779,9 @@ func (b *Backend) collect(ch chan<- prometheus.Metric, d *backendDescs, node ...
 		pinned = b.pins.Used()
 	}
 	ch <- prometheus.MustNewConstMetric(d.pinned, prometheus.GaugeValue, float64(pinned), node...)
+	if d.refused != nil {
+		ch <- prometheus.MustNewConstMetric(d.refused, prometheus.CounterValue, float64(b.pins.Refused()))
+	}
 	g := b.gen.Load()
 	for i := range g.pools {
 		p := g.pools[i].Load()
