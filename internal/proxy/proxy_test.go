@@ -4,7 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-
+	"errors"
 	"fmt"
 	"io"
 	"math/rand"
@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -584,4 +585,111 @@ func TestIntegerArgumentsParsedAsRedis(t *testing.T) {
 	if n, err := p.Redis.Client(t).Exists(ctx, "after-select-01").Result(); err != nil || n != 1 {
 		t.Fatalf("SET after a refused SELECT 01 under WATCH: in database 0 %d, %v; want it there", n, err)
 	}
+}
+
+// A frozen Redis (SIGSTOP) does not hold the exit past shutdown_timeout:
+// the clients still waiting at the timeout are closed, and so are the
+// upstream connections their commands wait on. (Found by a user's trial:
+// the clients were closed at the timeout, but the process exited only at
+// the upstream's dead_timeout, 30 s by default, when their Calls failed.)
+func TestShutdownTimeoutBoundsAFrozenRedis(t *testing.T) {
+	rs := redistest.Start(t)
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.Upstream.ReplyTimeout = units.Duration{Duration: 50 * time.Second}
+		c.Upstream.DeadTimeout = units.Duration{Duration: 60 * time.Second}
+	})
+	c := p.Client(t, func(o *redis.Options) { o.PoolSize = 1; o.MaxRetries = -1 })
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rs.Freeze(t)
+	t.Cleanup(func() { rs.Thaw(t) })
+	res := make(chan error, 1)
+	go func() { res <- c.Get(ctx, "k").Err() }()
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		s2, _ := p.Backend().Pool(0, false).Stats()
+		s3, _ := p.Backend().Pool(0, true).Stats()
+		return s2.Pending+s3.Pending > 0
+	}, "the GET never reached the upstream connection")
+	sctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := p.Shutdown(sctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("shutdown with a client waiting on a frozen Redis: %v; want the timeout", err)
+	}
+	// Anything far below the 60 s dead timeout shows the upstream was not
+	// waited for.
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("shutdown took %v with shutdown_timeout 500ms: it waited for the frozen Redis", took)
+	}
+	if err := <-res; err == nil {
+		t.Fatal("the GET to a frozen Redis succeeded")
+	}
+}
+
+// Closing the upstreams at the shutdown timeout happens while sessions
+// still run: clients in every kind of session (plain reads and writes
+// through the local tier, coalesced reads, blocked BLPOP, subscribers,
+// MULTI) are cut mid-command without a panic or a hang, and each ends
+// with an error or its reply, never another's.
+func TestShutdownTimeoutClosesUpstreamsUnderTraffic(t *testing.T) {
+	rs := redistest.Start(t, "--enable-debug-command", "local")
+	p := proxytest.Start(t, rs, func(c *config.Config) { c.LocalCache.Enabled = true })
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var wrong sync.Map
+	for i := range 12 {
+		c := p.Client(t, func(o *redis.Options) { o.MaxRetries = -1; o.PoolSize = 2 })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprint("k", i%3)
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var err error
+				switch i % 6 {
+				case 0:
+					want := fmt.Sprint("v", i, "-", n)
+					if err = c.Set(ctx, fmt.Sprint("own", i), want, 0).Err(); err == nil {
+						if got, gerr := c.Get(ctx, fmt.Sprint("own", i)).Result(); gerr == nil && got != want {
+							wrong.Store(i, got)
+						}
+					}
+				case 1:
+					err = c.Get(ctx, key).Err()
+				case 2:
+					err = c.BLPop(ctx, 0, fmt.Sprint("list", i)).Err()
+				case 3:
+					ps := c.Subscribe(ctx, "ch")
+					_, err = ps.Receive(ctx)
+					ps.Close()
+				case 4:
+					_, err = c.TxPipelined(ctx, func(tx redis.Pipeliner) error {
+						tx.Incr(ctx, key)
+						tx.Get(ctx, key)
+						return nil
+					})
+				case 5:
+					err = c.Do(ctx, "DEBUG", "SLEEP", "0.2").Err()
+				}
+				if err != nil && err != redis.Nil {
+					return // the proxy is going
+				}
+			}
+		}()
+	}
+	time.Sleep(500 * time.Millisecond)
+	sctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	p.Shutdown(sctx)
+	close(stop)
+	wg.Wait()
+	wrong.Range(func(k, v any) bool {
+		t.Errorf("client %v read %v, not its own last write", k, v)
+		return true
+	})
 }

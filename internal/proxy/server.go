@@ -402,6 +402,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	var err error
 	select {
 	case <-done:
+		s.stopParking()
+		s.closeUpstreams()
 	case <-ctx.Done():
 		err = ctx.Err()
 		s.mu.Lock()
@@ -409,9 +411,20 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			sess.closeConn()
 		}
 		s.mu.Unlock()
+		// A session waiting for a reply notices its closed client only
+		// when the reply comes; with Redis frozen or cut off that is the
+		// dead timeout (30 s by default), past a Kubernetes grace period.
+		// Closing the upstream connections fails those Calls now.
+		s.closeUpstreams()
 		<-done
+		s.stopParking()
 	}
-	s.stopParking()
+	return err
+}
+
+// closeUpstreams closes every connection to Redis the server holds, and
+// stops what watches them, failing any Call still waiting.
+func (s *Server) closeUpstreams() {
 	if s.sentinel != nil {
 		s.sentinel.Close()
 	}
@@ -425,7 +438,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.backend.Close()
 	s.closeUsers()
 	s.closeRoutes()
-	return err
 }
 
 // Clients returns the number of connected clients.
