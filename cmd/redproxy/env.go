@@ -36,6 +36,10 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) (string, bool), only ...stri
 		}
 		if serr := fs.Set(f.Name, v); serr != nil {
 			err = fmt.Errorf("%s=%q (for --%s): %v", envName(f.Name), v, f.Name, serr)
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+				// flag's own error for a bool is a bare "parse error".
+				err = fmt.Errorf("%s=%q (for --%s): want true or false (or 1 or 0)", envName(f.Name), v, f.Name)
+			}
 			return
 		}
 		fromEnv[f.Name] = true

@@ -35,6 +35,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -48,6 +49,19 @@ import (
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxy"
 )
+
+const mainUsage = `usage: redproxy [flags]              run the proxy
+       redproxy check --config FILE  check a configuration, print it with defaults filled in
+       redproxy healthcheck          ask a running proxy's /healthz (--ready: /readyz), for a container
+       redproxy audit --upstream ADDR   scan a Redis for keys the policy would flag
+
+Each subcommand takes --help. Every flag below can also be set in the environment as
+REDPROXY_<FLAG> (REDPROXY_UPSTREAM, REDPROXY_LOG_LEVEL, ...); a flag on the command
+line wins. Without --config or --upstream the proxy tries 127.0.0.1:6379, then the
+in-process demo store.
+
+flags:
+`
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -71,8 +85,20 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	ovp := overrideFlags(fs)
 	policyMode := fs.String("policy-mode", "enforce", "cap every policy rule: enforce (rules act as configured), report (log and count, refuse nothing) or off")
 	requireUpstream := fs.Bool("require-upstream", false, `refuse to start without --upstream or --config instead of trying 127.0.0.1:6379 and then the embedded store`)
+	version := fs.Bool("version", false, "print the version and exit")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), mainUsage)
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(argv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
+	}
+	if *version {
+		fmt.Fprintf(stdout, "redproxy %s (%s)\n", proxy.BuildVersion(), runtime.Version())
+		return 0
 	}
 	if _, err := applyEnv(fs, lookupEnv); err != nil {
 		fmt.Fprintf(stderr, "redproxy: %v\n", err)

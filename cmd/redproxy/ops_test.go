@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/proxy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 	"github.com/redproxy/redproxy/internal/slowlog"
@@ -67,8 +68,26 @@ func TestEnvironmentStandsInForFlags(t *testing.T) {
 	fs2.Bool("require-upstream", false, "")
 	fs2.Parse(nil)
 	_, err = applyEnv(fs2, func(k string) (string, bool) { return "maybe", k == "REDPROXY_REQUIRE_UPSTREAM" })
-	if err == nil || !strings.Contains(err.Error(), `REDPROXY_REQUIRE_UPSTREAM="maybe"`) {
-		t.Fatalf("bad value: %v", err)
+	if err == nil || !strings.Contains(err.Error(), `REDPROXY_REQUIRE_UPSTREAM="maybe"`) || !strings.Contains(err.Error(), "want true or false") {
+		t.Fatalf("bad value: %v; want the variable named and the values it takes", err)
+	}
+}
+
+// --help lists the subcommands and the environment variables and exits 0;
+// --version prints the version INFO reports.
+func TestHelpAndVersion(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"--help"}, &out, &errOut); code != 0 {
+		t.Fatalf("--help: exit %d", code)
+	}
+	for _, want := range []string{"redproxy check", "redproxy healthcheck", "redproxy audit", "REDPROXY_<FLAG>", "-upstream"} {
+		if !strings.Contains(errOut.String(), want) {
+			t.Errorf("--help does not mention %q:\n%s", want, errOut.String())
+		}
+	}
+	out.Reset()
+	if code := run([]string{"--version"}, &out, io.Discard); code != 0 || !strings.HasPrefix(out.String(), "redproxy "+proxy.BuildVersion()+" (go") {
+		t.Fatalf("--version: exit %d, %q", code, out.String())
 	}
 }
 
@@ -268,7 +287,7 @@ func TestDockerfile(t *testing.T) {
 // proxyFlags returns the names of the proxy's flags, from its usage text.
 func proxyFlags(t *testing.T) map[string]bool {
 	var usage bytes.Buffer
-	if code := run([]string{"-h"}, io.Discard, &usage); code != 2 {
+	if code := run([]string{"-h"}, io.Discard, &usage); code != 0 {
 		t.Fatalf("-h: exit %d", code)
 	}
 	flags := map[string]bool{}

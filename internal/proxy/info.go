@@ -21,6 +21,9 @@ import (
 // or its VCS revision.
 var Version = ""
 
+// BuildVersion is the version INFO reports, for --version.
+func BuildVersion() string { return buildVersion() }
+
 var buildVersion = sync.OnceValue(func() string {
 	if Version != "" {
 		return Version
