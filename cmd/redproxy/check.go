@@ -77,7 +77,7 @@ func runCheck(argv []string, stdout, stderr io.Writer) int {
 		// What the proxy refuses to start with (found by review: check
 		// passed an exposed listener with no users, or an exposed admin
 		// port with no token, which the proxy then refused).
-		err = startRefusal(cfg)
+		err = startRefusal(cfg, *configPath)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%v\nredproxy check: %s: configuration is invalid\n", err, *configPath)
@@ -117,13 +117,14 @@ func overrideFlags(fs *flag.FlagSet) *config.Overrides {
 // would start: a client listener exposed without authentication, an admin
 // endpoint exposed without its token (read from admin.token_file, as at
 // start).
-func startRefusal(cfg *config.Config) error {
+func startRefusal(cfg *config.Config, path string) error {
 	if err := config.ExposureError(cfg); err != nil {
-		return fmt.Errorf("the proxy would refuse to start: %w", err)
+		// file:line: key: reason, as every other problem check reports.
+		return fmt.Errorf("%w (the proxy would refuse to start)", config.Locate(err, path))
 	}
 	if cfg.Server.Admin != "" {
 		if _, err := admin.Token(cfg.Server.Admin, cfg.Admin.TokenFile, config.IsLoopback(cfg.Server.Admin)); err != nil {
-			return fmt.Errorf("the proxy would refuse to start: %w", err)
+			return fmt.Errorf("%s: %w (the proxy would refuse to start)", path, err)
 		}
 	}
 	return nil

@@ -92,6 +92,9 @@ func TestCheckInvalid(t *testing.T) {
 		{"unit", "[upstream]\ndial_timeout = 5\n", []string{`FILE:2: upstream.dial_timeout: invalid value 5: write it as a string with a unit (e.g. "500ms", "2s")`}, nil},
 		{"policy", "[[policy.ttl]]\npattern = \"a:*\"\nmax = \"forever\"\n", []string{"FILE:3: policy.ttl.max: invalid duration"}, nil},
 		{"flag", "", []string{"server.listen (--listen)"}, []string{"--listen", "nowhere"}},
+		// What the proxy would refuse to start with is located too.
+		{"exposed listener", "[server]\nadmin = \"\"\nlisten = \"0.0.0.0:6380\"\n", []string{
+			`FILE:3: server.listen: listener "plain" at "0.0.0.0:6380" is not a loopback address`}, nil},
 		{"tls files", "[server.tls]\nlisten = \"127.0.0.1:6390\"\ncert_file = \"/nonexistent/server.crt\"\nkey_file = \"/nonexistent/server.key\"\nmin_version = \"1.0\"\n[upstream.tls]\nca_file = \"/nonexistent/ca.crt\"\n", []string{
 			`FILE:3: server.tls.cert_file: cannot open "/nonexistent/server.crt": no such file or directory`,
 			`FILE:4: server.tls.key_file: cannot open "/nonexistent/server.key"`,

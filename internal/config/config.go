@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -275,14 +276,25 @@ func Parse(data []byte, name string) (*Config, error) {
 			return cfg, nil
 		}
 	}
+	text := strings.Split(string(data), "\n")
 	for _, e := range errs {
 		e.File = name
 		if e.Line == 0 {
 			e.Line = lines.find(e.Key)
+			// Found at a table's header, the key is not in the file (keys
+			// of inline tables are found at their line, not a header): the
+			// value at fault is a default (lowering max_request_bytes alone
+			// trips max_bulk_bytes's; found by a user's trial).
+			if _, set := lines[e.Key]; !set && e.Key != "" && e.Line > 0 && e.Line <= len(text) &&
+				strings.HasPrefix(strings.TrimSpace(text[e.Line-1]), "[") && strings.Contains(e.Msg, "got ") && !strings.HasSuffix(e.Msg, defaultNote) {
+				e.Msg += defaultNote
+			}
 		}
 	}
 	return nil, join(errs)
 }
+
+const defaultNote = " (its default: the file does not set it)"
 
 // decodeError converts go-toml's errors into *Error values. The decoder stops
 // at the first type or syntax error, but reports all unknown keys at once.
@@ -303,14 +315,57 @@ func decodeError(err error, name string) error {
 	return &Error{File: name, Msg: err.Error()}
 }
 
+// Locate points an error about the configuration read from path (an
+// *Error with no file, such as ExposureError's) at path and the line that
+// sets its key, or the key's table; other errors pass unchanged.
+func Locate(err error, path string) error {
+	var e *Error
+	if !errors.As(err, &e) || e.File != "" {
+		return err
+	}
+	located := *e
+	located.File = path
+	if data, rerr := os.ReadFile(path); rerr == nil {
+		if idx, _ := scan(data); idx != nil {
+			located.Line = idx.find(e.Key)
+		}
+	}
+	return &located
+}
+
 func fromDecodeError(de *toml.DecodeError, name string) *Error {
 	line, _ := de.Position()
 	return &Error{
 		File: name,
 		Line: line,
 		Key:  strings.Join(de.Key(), "."),
-		Msg:  strings.TrimPrefix(de.Error(), "toml: "),
+		Msg:  plainTypeError(strings.TrimPrefix(de.Error(), "toml: ")),
 	}
+}
+
+// wrongType is the TOML decoder's message for a value of the wrong type,
+// which names Go's struct fields and types ("cannot decode TOML integer
+// into struct field config.Server.Listen of type string").
+var wrongType = regexp.MustCompile(`^cannot decode TOML (\w+) into (?:struct field \S+ of type|a Go value of type) (\S+)$`)
+
+// plainTypeError says what a wrong-typed value should have been, in the
+// file's terms; other messages pass unchanged.
+func plainTypeError(msg string) string {
+	m := wrongType.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	want := map[string]string{
+		"string": `a string (in quotes)`,
+		"bool":   "true or false",
+		"int":    "an integer", "int64": "an integer", "uint": "an integer", "uint64": "an integer",
+		"float64":  "a number",
+		"[]string": `an array of strings, e.g. ["a", "b"]`,
+	}[m[2]]
+	if want == "" {
+		return msg
+	}
+	return fmt.Sprintf("want %s, got a TOML %s", want, m[1])
 }
 
 // join orders errors by line so they read like the file, then combines them.

@@ -407,7 +407,11 @@ func TestParseErrors(t *testing.T) {
 		{"redis 1000-based suffix rejected", "[server]\nmax_inline_bytes = \"64k\"\n",
 			[]wantErr{{2, "server.max_inline_bytes", "invalid size"}}},
 		{"wrong type", "[server]\nmax_clients = \"many\"\n",
-			[]wantErr{{2, "server.max_clients", "cannot decode TOML string"}}},
+			[]wantErr{{2, "server.max_clients", "want an integer, got a TOML string"}}},
+		{"number for a string", "[server]\nlisten = 6380\n",
+			[]wantErr{{2, "server.listen", "want a string (in quotes), got a TOML integer"}}},
+		{"string for a bool", "[localcache]\nenabled = \"yes\"\n",
+			[]wantErr{{2, "localcache.enabled", "want true or false, got a TOML string"}}},
 		{"syntax error", "[server\nlisten = 1\n",
 			[]wantErr{{1, "", "expected ']'"}}},
 		{"max_clients zero", "[server]\nmax_clients = 0\n",
@@ -418,8 +422,9 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{2, "server.max_request_bytes", "got 5GB"}}},
 		{"bulk above request", "[server]\nmax_request_bytes = \"1MB\"\nmax_inline_bytes = \"1KB\"\n",
 			// max_bulk_bytes keeps its default, so the error points at the
-			// section header where the operator would add it.
-			[]wantErr{{1, "server.max_bulk_bytes", "<= server.max_request_bytes (1MB), got 512MB"}}},
+			// section header where the operator would add it, and says
+			// the value is the default.
+			[]wantErr{{1, "server.max_bulk_bytes", "<= server.max_request_bytes (1MB), got 512MB (its default: the file does not set it)"}}},
 		{"max_args zero", "[server]\nmax_args = 0\n",
 			[]wantErr{{2, "server.max_args", "must be between 1"}}},
 		{"inline zero", "[server]\nmax_inline_bytes = 0\n",
@@ -853,5 +858,25 @@ func TestClusterReplicaReadsAccepted(t *testing.T) {
 	}
 	if c.Upstream.ReadFrom != ReadReplica {
 		t.Fatalf("read_from = %q", c.Upstream.ReadFrom)
+	}
+}
+
+// A value the file sets is never called the default, in a table or an
+// inline table (where keys are found at the table's line).
+func TestErrorsCallOnlyUnsetValuesDefaults(t *testing.T) {
+	for _, doc := range []string{
+		"[server]\nmax_request_bytes = \"1MB\"\nmax_inline_bytes = \"1KB\"\nmax_bulk_bytes = \"2MB\"\n",
+		"[server]\nmax_request_bytes = \"1MB\"\nmax_inline_bytes = \"1KB\"\nmax_bulk_bytes = \"2MB\"\n[upstreams]\nq = { address = \"127.0.0.1:1\", connections = 100 }\n",
+	} {
+		_, err := Parse([]byte(doc), "config.toml")
+		if err == nil || !strings.Contains(err.Error(), "got 2MB") {
+			t.Fatalf("%q: %v; want max_bulk_bytes refused", doc, err)
+		}
+		if strings.Contains(doc, "upstreams") && !strings.Contains(err.Error(), "upstreams.q.connections: must be between 1 and 64, got 100") {
+			t.Fatalf("%q: %v; want the inline table's connections refused", doc, err)
+		}
+		if strings.Contains(err.Error(), "default") {
+			t.Errorf("%q: a value the file sets called a default:\n%v", doc, err)
+		}
 	}
 }
