@@ -361,19 +361,32 @@ func (rs *ruleset) denied(req *Request) (bool, string) {
 
 // denyHints name the safe alternative for each command commonly denied.
 var denyHints = map[string]string{
-	"keys":           "use SCAN 0 MATCH pattern COUNT 100",
-	"flushall":       "delete by pattern with SCAN 0 MATCH prefix:* COUNT 100 and UNLINK",
-	"flushdb":        "delete by pattern with SCAN 0 MATCH prefix:* COUNT 100 and UNLINK",
-	"debug":          "run it with redis-cli against the server itself",
-	"shutdown":       "stop Redis through its service manager",
-	"config|set":     "change the Redis configuration through your operators, not the application",
-	"monitor":        "use SLOWLOG GET or the proxy's metrics; MONITOR slows Redis down",
-	"swapdb":         "use separate key prefixes instead of swapping databases",
-	"replicaof":      "replication is changed by operators, not through the proxy",
-	"slaveof":        "replication is changed by operators, not through the proxy",
-	"cluster|reset":  "reset cluster nodes with redis-cli against the node itself",
-	"script|flush":   "loaded scripts cost little; load once with SCRIPT LOAD and call EVALSHA",
-	"function|flush": "remove one library with FUNCTION DELETE",
+	"keys":             "use SCAN 0 MATCH pattern COUNT 100",
+	"flushall":         "delete by pattern with SCAN 0 MATCH prefix:* COUNT 100 and UNLINK",
+	"flushdb":          "delete by pattern with SCAN 0 MATCH prefix:* COUNT 100 and UNLINK",
+	"debug":            "run it with redis-cli against the server itself",
+	"shutdown":         "stop Redis through its service manager",
+	"config|set":       "change the Redis configuration through your operators, not the application",
+	"monitor":          "use SLOWLOG GET or the proxy's metrics; MONITOR slows Redis down",
+	"swapdb":           "use separate key prefixes instead of swapping databases",
+	"replicaof":        "replication is changed by operators, not through the proxy",
+	"slaveof":          "replication is changed by operators, not through the proxy",
+	"cluster|reset":    "reset cluster nodes with redis-cli against the node itself",
+	"failover":         "fail over through your operators or Sentinel, not the application",
+	"cluster|failover": "fail over through your operators, with redis-cli against the replica",
+	"config|resetstat": "read the counters as deltas; reset them through your operators",
+	"config|rewrite":   "change the Redis configuration through your operators, not the application",
+	"client|pause":     "CLIENT PAUSE stops every client of Redis; pause writers in the application instead",
+	"save":             "SAVE blocks Redis for every client; persistence is for operators (BGSAVE)",
+	"acl|setuser":      "manage Redis users through your operators, not the application",
+	"acl|deluser":      "manage Redis users through your operators, not the application",
+	"acl|load":         "manage Redis users through your operators, not the application",
+	"acl|save":         "manage Redis users through your operators, not the application",
+	"module|load":      "load modules in the Redis configuration",
+	"module|loadex":    "load modules in the Redis configuration",
+	"module|unload":    "unload modules through your operators",
+	"script|flush":     "loaded scripts cost little; load once with SCRIPT LOAD and call EVALSHA",
+	"function|flush":   "remove one library with FUNCTION DELETE",
 }
 
 // commandName is the lower-case name for violations.
@@ -442,26 +455,32 @@ func (c *checker) checkMax(d *Decision, i int, rs *ruleset, rule *ttlRule, e key
 		return false // Redis rejects it or deletes the key: no long TTL either way
 	}
 	// Compare in the command's own unit: converting n to a Duration could
-	// overflow. secs is only for the message.
+	// overflow. ttl is only for the message, in the command's unit where a
+	// whole number of seconds would hide the excess (PX 3600001 against a
+	// max of 3600s read "TTL of 3600s").
 	var over bool
-	var secs, clamped int64
+	var left, clamped int64 // left: the TTL asked for, in the command's unit
 	switch e.unit {
 	case unitSec:
-		over, secs, clamped = n > rule.max, n, rule.max
+		over, left, clamped = n > rule.max, n, rule.max
 	case unitMs:
-		over, secs, clamped = n > rule.max*1000, n/1000, rule.max*1000
+		over, left, clamped = n > rule.max*1000, n, rule.max*1000
 	case unitUnixSec:
 		now := c.p.now().Unix()
-		over, secs, clamped = n-now > rule.max, n-now, now+rule.max
+		over, left, clamped = n-now > rule.max, n-now, now+rule.max
 	case unitUnixMs:
 		now := c.p.now().UnixMilli()
-		over, secs, clamped = n-now > rule.max*1000, (n-now)/1000, now+rule.max*1000
+		over, left, clamped = n-now > rule.max*1000, n-now, now+rule.max*1000
 	}
 	if !over {
 		return false
 	}
+	ttl := secsText(left)
+	if e.unit == unitMs || e.unit == unitUnixMs {
+		ttl = msText(left)
+	}
 	key := req.Args[e.key]
-	msg := fmt.Sprintf("%sTTL of %ds for key %s exceeds the maximum of %ds (rule %q)", msgPrefix, secs, quoteKey(key), rule.max, rule.String())
+	msg := fmt.Sprintf("%sTTL of %s for key %s exceeds the maximum of %ds (rule %q)", msgPrefix, ttl, quoteKey(key), rule.max, rule.String())
 	a := c.act(rule.action)
 	v := Violation{Rule: RuleTTLMax, Pattern: rule.String(), Scope: rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg}
 	if c.violate(d, a, !rule.maxRefuse, v) {
@@ -506,7 +525,7 @@ func (c *checker) resolvePending() {
 		if pt.eff.kind == effPersist {
 			msg = fmt.Sprintf("%skey %s must keep its TTL (rule %q); %s would remove it", msgPrefix, quoteKey(key), rule.String(), displayName(req.Cmd.Name))
 		} else {
-			msg = fmt.Sprintf("%skey %s needs a TTL (rule %q); set EX on the write or EXPIRE the key in the same MULTI or pipeline", msgPrefix, quoteKey(key), rule.String())
+			msg = fmt.Sprintf("%skey %s needs a TTL (rule %q); set EX on the write or EXPIRE the key in the same pipeline or MULTI, sent in one write", msgPrefix, quoteKey(key), rule.String())
 			fixable = rule.def > 0
 		}
 		v := Violation{Rule: RuleTTL, Pattern: rule.String(), Scope: pt.rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg}
@@ -569,4 +588,14 @@ func (c *checker) ttlSetLater(req, seg int, key []byte) (int, bool) {
 	}
 	last, ok := c.setterMap[segKey{seg, string(key)}]
 	return last, ok && last > req
+}
+
+func secsText(n int64) string { return strconv.FormatInt(n, 10) + "s" }
+
+// msText writes a TTL in milliseconds as seconds when it is whole seconds.
+func msText(n int64) string {
+	if n%1000 == 0 {
+		return secsText(n / 1000)
+	}
+	return strconv.FormatInt(n, 10) + "ms"
 }

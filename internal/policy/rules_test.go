@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -393,5 +394,28 @@ max_key_length = 100
 	allocs := testing.AllocsPerRun(100, func() { out = p.CheckBatch(reqs, out) })
 	if allocs != 0 {
 		t.Errorf("CheckBatch allocated %.1f times per clean batch", allocs)
+	}
+}
+
+// Every command the example denies is refused with a hint that names what
+// to do instead, not the bare "is disabled".
+func TestExampleDeniesWithHints(t *testing.T) {
+	doc, err := os.ReadFile("testdata/policy.example.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := parseConfig(t, string(doc))
+	if len(cfg.Commands.Deny) < 10 {
+		t.Fatalf("the example denies %v", cfg.Commands.Deny)
+	}
+	p := examplePolicy(t)
+	for _, name := range cfg.Commands.Deny {
+		words := strings.Fields(strings.ToUpper(strings.ReplaceAll(name, "|", " ")))
+		out := checkBatch(t, p, []Request{cmd(append(words, "x")...)})
+		r := out[0].Refuse
+		prefix := "ERR redproxy policy: " + strings.Join(words, " ") + " is disabled; "
+		if r == nil || !strings.HasPrefix(r.Msg, prefix) || len(r.Msg) < len(prefix)+10 {
+			t.Errorf("%s: refusal %+v, want %q and a hint", name, r, prefix)
+		}
 	}
 }
