@@ -14,7 +14,9 @@ import (
 	"net/http/pprof"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,6 +33,9 @@ type Server struct {
 	http  *http.Server
 	log   *slog.Logger
 	token atomic.Pointer[[]byte] // bearer token; nil: open
+
+	mu        sync.Mutex
+	endpoints []string // patterns registered, for the index at /
 }
 
 // New builds the admin server. ready reports whether Redis is reachable.
@@ -56,7 +61,11 @@ func New(reg *prometheus.Registry, ready func() bool, log *slog.Logger) *Server 
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	s := &Server{mux: mux, log: log}
+	s := &Server{mux: mux, log: log,
+		endpoints: []string{"GET /metrics", "GET /healthz", "GET /readyz", "GET /debug/pprof/"}}
+	// A bare 404 at / left a user guessing the endpoints (found by a
+	// user's trial).
+	mux.HandleFunc("GET /{$}", s.index)
 	// An idle keep-alive connection had no deadline at all, and neither
 	// had headers' size beyond net/http's 1 MB: a peer that sent one
 	// request (even a refused one) could hold a connection, and a file
@@ -171,7 +180,25 @@ func Token(addr, tokenFile string, loopback bool) (string, error) {
 }
 
 // Handle registers another endpoint (pattern as for http.ServeMux).
-func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+func (s *Server) Handle(pattern string, h http.Handler) {
+	s.mu.Lock()
+	s.endpoints = append(s.endpoints, pattern)
+	s.mu.Unlock()
+	s.mux.Handle(pattern, h)
+}
+
+// index lists the endpoints.
+func (s *Server) index(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	eps := slices.Clone(s.endpoints)
+	s.mu.Unlock()
+	slices.Sort(eps)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	fmt.Fprintf(w, "redproxy admin endpoints:\n")
+	for _, e := range eps {
+		fmt.Fprintf(w, "  %s\n", e)
+	}
+}
 
 // Serve serves on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {

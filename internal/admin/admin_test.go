@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,5 +172,26 @@ func TestAdminWithoutTokenRefusesBrowserRequests(t *testing.T) {
 	h.ServeHTTP(w, r)
 	if w.Code != 200 {
 		t.Errorf("/healthz with a Host that is not loopback: %d", w.Code)
+	}
+}
+
+// GET / lists the endpoints, the ones registered later included; other
+// unknown paths stay 404.
+func TestAdminIndexListsEndpoints(t *testing.T) {
+	s := newTestServer()
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Host = "127.0.0.1:9121"
+	w := httptest.NewRecorder()
+	s.http.Handler.ServeHTTP(w, r)
+	if w.Code != http.StatusOK {
+		t.Fatalf("GET /: %d", w.Code)
+	}
+	for _, want := range []string{"GET /metrics", "GET /readyz", "GET /policy/report", "GET /debug/hotkeys"} {
+		if !strings.Contains(w.Body.String(), want) {
+			t.Errorf("GET / does not list %q:\n%s", want, w.Body.String())
+		}
+	}
+	if code := get(t, s.http.Handler, "/nothing", ""); code != http.StatusNotFound {
+		t.Errorf("GET /nothing: %d, want 404", code)
 	}
 }
