@@ -287,6 +287,8 @@ func (c *Config) checkRing(key string, r Route, bad func(key, format string, arg
 	}
 	if r.HashTag != "" && len(r.HashTag) != 2 {
 		bad(key+".hash_tag", "want two characters, as \"{}\", or none")
+	} else if strings.IndexByte(r.HashTag, 0) >= 0 {
+		bad(key+".hash_tag", "%q: a NUL byte cannot delimit a hash tag (twemproxy copies the tag as a C string, so a pool with it places keys by whatever memory follows)", r.HashTag)
 	}
 	if r.Weights != nil && len(r.Weights) != len(r.Upstreams) {
 		bad(key+".weights", "%d weights for %d upstreams", len(r.Weights), len(r.Upstreams))

@@ -192,6 +192,8 @@ func TestRingRouteConfigErrors(t *testing.T) {
 		{config.Route{Pattern: "*", Upstreams: []string{"default", "s1"}, Weights: []int{1}}, "1 weights for 2 upstreams"},
 		{config.Route{Pattern: "*", Upstreams: []string{"default", "s1"}, ServerNames: []string{"a", "a"}}, "distinct"},
 		{config.Route{Pattern: "*", Upstreams: []string{"default", "s1"}, HashTag: "{"}, "two characters"},
+		{config.Route{Pattern: "*", Upstreams: []string{"default", "s1"}, HashTag: "\x00}"}, "NUL byte"},
+		{config.Route{Pattern: "*", Upstreams: []string{"default", "s1"}, HashTag: "{\x00"}, "NUL byte"},
 		{config.Route{Pattern: "*", Upstreams: []string{"default", "s1"}, ServerNames: []string{"a", strings.Repeat("b", 256)}}, "at most 255"},
 	} {
 		c := config.Default()

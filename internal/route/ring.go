@@ -108,6 +108,12 @@ func NewRing(ups []int, c RingConfig) (*Ring, error) {
 		if len(c.HashTag) != 2 {
 			return nil, fmt.Errorf("route: hash_tag %q: want two characters, as \"{}\"", c.HashTag)
 		}
+		// A NUL would also read as "no tag" in r.tag, and twemproxy copies
+		// the tag as a C string and delimits with whatever byte follows
+		// its copy: no placement could match one, so none is offered.
+		if strings.IndexByte(c.HashTag, 0) >= 0 {
+			return nil, fmt.Errorf("route: hash_tag %q: a NUL byte cannot delimit a hash tag", c.HashTag)
+		}
 		r.tag = [2]byte{c.HashTag[0], c.HashTag[1]}
 	}
 	weight := func(i int) int {

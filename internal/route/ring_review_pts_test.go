@@ -83,20 +83,3 @@ func itoa(i int) string {
 	}
 	return string(b)
 }
-
-// TestRingReviewNulHashTag: hash_tag "\x00}" passes the configuration
-// check (two bytes) and NewRing takes tag[0] == 0 for "no tag"; nutcracker
-// too spreads such keys (TestRingReviewNulHashTagNutcracker), so this only
-// logs what happens.
-func TestRingReviewNulHashTag(t *testing.T) {
-	names := []string{"a:1", "b:2", "c:3"}
-	r, err := NewRing([]int{0, 1, 2}, RingConfig{Hash: "md5", HashTag: "\x00}", Names: names})
-	if err != nil {
-		t.Fatalf("NewRing refused it: %v", err)
-	}
-	seen := map[int]bool{}
-	for i := range 50 {
-		seen[r.Pick([]byte("\x00t}"+itoa(i)))] = true
-	}
-	t.Logf("keys of tag \\x00t} on %d shards", len(seen))
-}
