@@ -8,7 +8,6 @@ package redistest
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -53,7 +52,7 @@ type Server struct {
 	tlsPort int
 	cmd     *exec.Cmd
 	done    chan struct{} // closed when the current process has exited
-	out     *syncBuffer
+	out     *LogBuffer    // the process output; the exec copier writes while failure paths read
 }
 
 // Start launches redis-server on a free 127.0.0.1 port with a temp dir;
@@ -191,7 +190,7 @@ func (s *Server) launch() error {
 		args = append(args, s.tlsArgs(s.tlsPort)...)
 	}
 	args = append(args, s.extra...)
-	out := &syncBuffer{}
+	out := &LogBuffer{}
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout = out
 	cmd.Stderr = out
@@ -341,29 +340,6 @@ func freePortRange() (lo, hi int) {
 		lo, hi = 1024, ephemeralLow
 	}
 	return lo, hi
-}
-
-// syncBuffer collects process output; the exec copier goroutine writes while
-// failure paths read.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) tail(n int) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	data := b.buf.Bytes()
-	if len(data) > n {
-		data = data[len(data)-n:]
-	}
-	return string(data)
 }
 
 // LoopScript busy-loops inside Redis for ARGV[1] milliseconds, reading the

@@ -1,7 +1,6 @@
 package sentinel
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"slices"
@@ -29,7 +28,7 @@ func TestAdoptedPromotionConfirmed(t *testing.T) {
 	old := g.Nodes[0]
 	var mu sync.Mutex
 	var switches []string
-	var log lockedBuffer
+	var log redistest.LogBuffer
 	w := New(Options{
 		Sentinels: g.SentinelAddrs(), MasterName: g.Name, DialTimeout: 500 * time.Millisecond,
 		Role: roleFunc(2 * time.Second), Logger: slog.New(slog.NewTextHandler(&log, nil)),
@@ -88,22 +87,4 @@ func TestAdoptedPromotionConfirmed(t *testing.T) {
 	if !sawFailingOver.Load() {
 		t.Error("no Sentinel ever reported failover_in_progress during the failover")
 	}
-}
-
-// lockedBuffer is a log's output, written by the watcher's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
