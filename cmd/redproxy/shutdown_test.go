@@ -114,9 +114,10 @@ func TestShutdownReadyzWhileDraining(t *testing.T) {
 	busy := redis.NewClient(&redis.Options{Addr: listen, MaxRetries: -1, ReadTimeout: 10 * time.Second})
 	defer busy.Close()
 	check(t, busy.Ping(ctx).Err())
-	// A batch in flight for 1.5s: Redis holds writes back (CLIENT PAUSE
-	// WRITE; PING, the readiness check, still answers).
-	check(t, rs.Client(t).Do(ctx, "CLIENT", "PAUSE", "1500", "WRITE").Err())
+	// A batch in flight for 3s (within the 4s shutdown_timeout, and long
+	// enough for the checks below on a loaded machine): Redis holds writes
+	// back (CLIENT PAUSE WRITE; PING, the readiness check, still answers).
+	check(t, rs.Client(t).Do(ctx, "CLIENT", "PAUSE", "3000", "WRITE").Err())
 	blocked := make(chan error, 1)
 	go func() { blocked <- busy.Set(ctx, "k", "v", 0).Err() }()
 	redistest.Eventually(t, 5*time.Second, func() bool {
@@ -124,7 +125,7 @@ func TestShutdownReadyzWhileDraining(t *testing.T) {
 	}, "the SET never reached Redis")
 
 	check(t, proc.Signal(syscall.SIGTERM))
-	redistest.Eventually(t, time.Second, func() bool { return status(base+"/readyz") == http.StatusServiceUnavailable },
+	redistest.Eventually(t, 2*time.Second, func() bool { return status(base+"/readyz") == http.StatusServiceUnavailable },
 		"/readyz not 503 while clients drain")
 	if code := status(base + "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz while clients drain: %d, want 200", code)

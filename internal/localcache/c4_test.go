@@ -20,11 +20,13 @@ import (
 
 // readsAfter reads key through c until `until` and fails the test if a read
 // that started at or after `from` returned anything but want (errors
-// included: the tier must answer or step aside, not fail).
+// included: the tier must answer or step aside, not fail). It checks at
+// least one read, past `until` if need be: on a loaded machine the caller
+// can reach it after the window has closed.
 func readsAfter(t *testing.T, c *redis.Client, key, want string, from, until time.Time) {
 	t.Helper()
 	checked := 0
-	for time.Now().Before(until) {
+	for time.Now().Before(until) || checked == 0 {
 		start := time.Now()
 		v, err := c.Get(ctx, key).Result()
 		if err == redis.Nil {
@@ -40,9 +42,6 @@ func readsAfter(t *testing.T, c *redis.Client, key, want string, from, until tim
 		if v != want {
 			t.Fatalf("read started %v after the deadline returned %q, want %q", start.Sub(from), v, want)
 		}
-	}
-	if checked == 0 {
-		t.Fatal("no read was checked")
 	}
 }
 

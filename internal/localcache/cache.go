@@ -250,10 +250,11 @@ type notKept struct {
 // Bounds on notes: each lasts notKeptFor (the sweep and the next read
 // drop it afterwards), and at most maxNotKept records hold one, so a flood
 // of hot missing keys cannot grow the tier's memory without bound.
-const (
-	notKeptFor = time.Second
-	maxNotKept = 10000
-)
+const maxNotKept = 10000
+
+// notKeptFor is a variable only so that a test can lengthen it (see
+// export_test.go); nothing else writes it.
+var notKeptFor = time.Second
 
 type entry struct {
 	val    []byte

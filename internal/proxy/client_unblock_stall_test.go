@@ -95,7 +95,9 @@ func TestClientUnblockByStalledClientHoldsUpTheBlockedClient(t *testing.T) {
 			wantReply, wantTook := run(p.Redis.Addr(), trickle)
 			gotReply, gotTook := run(p.Addr, trickle)
 			t.Logf("redis: blocked client answered %v after %v; proxy: %v after %v", wantReply, wantTook.Round(time.Millisecond), gotReply, gotTook.Round(time.Millisecond))
-			if gotTook > time.Second {
+			// The bug shows as the 4 s write timeout; 2.5 s leaves a -race
+			// build on a loaded machine room to move the 16 MB reply.
+			if gotTook > 2500*time.Millisecond {
 				t.Fatalf("through the proxy the blocked client waited %v for its reply and a PING's (%v), held up by another client that does not read (client_write_timeout %v); on Redis it was answered in %v (%v)",
 					gotTook.Round(time.Millisecond), gotReply, writeTimeout, wantTook.Round(time.Millisecond), wantReply)
 			}

@@ -217,10 +217,12 @@ func TestParkedClientResetsConnection(t *testing.T) {
 	rawDo(t, other, "PING") // the proxy is still up
 }
 
-// server.idle_timeout closes a parked client when it is due.
+// server.idle_timeout closes a parked client when it is due. (Two
+// seconds, so that the check that it parked first has room on a loaded
+// machine.)
 func TestParkedClientIdleTimeout(t *testing.T) {
 	p := parkingProxy(t, func(c *config.Config) {
-		c.Server.IdleTimeout = units.Duration{Duration: 500 * time.Millisecond}
+		c.Server.IdleTimeout = units.Duration{Duration: 2 * time.Second}
 	})
 	nc := p.Dial(t)
 	r := bufio.NewReader(nc)

@@ -450,13 +450,15 @@ func TestGracefulShutdownFinishesInFlight(t *testing.T) {
 		}
 	}
 	res := make(chan error, 1)
-	go func() { res <- c.Do(ctx, "DEBUG", "SLEEP", "0.3").Err() }()
-	redistest.Eventually(t, 2*time.Second, func() bool {
+	// A second's sleep, so that the poll below sees it pending even on a
+	// loaded machine.
+	go func() { res <- c.Do(ctx, "DEBUG", "SLEEP", "1").Err() }()
+	redistest.Eventually(t, 5*time.Second, func() bool {
 		s2, _ := p.Backend().Pool(0, false).Stats()
 		s3, _ := p.Backend().Pool(0, true).Stats()
 		return s2.Pending+s3.Pending > 0
 	}, "DEBUG SLEEP never reached Redis")
-	sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := p.Shutdown(sctx); err != nil {
 		t.Fatalf("shutdown: %v", err)

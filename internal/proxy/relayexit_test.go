@@ -383,13 +383,18 @@ func TestRelayAsksAgainAfterBusy(t *testing.T) {
 	c.readReply()
 	c.send([]string{"UNSUBSCRIBE"})
 	c.readReply()
-	done := startLoop(t, rs.Addr(), false, 1500)
+	// A long script, killed once both refusals are read (not one that ends
+	// on its own, which a loaded machine could outlast).
+	done := startLoop(t, rs.Addr(), false, 20000)
 	redistest.Eventually(t, 5*time.Second, func() bool { return redisBusy(t, rs) }, "Redis never busy")
 	c.send([]string{"GET", "k"}, []string{"PING", "during"})
 	for i := range 2 {
 		if v, _ := c.readReply(); !strings.HasPrefix(fmt.Sprint(v), "BUSY") {
 			t.Fatalf("reply %d while Redis is busy: %v", i, v)
 		}
+	}
+	if err := rc.ScriptKill(ctx).Err(); err != nil {
+		t.Fatal(err)
 	}
 	<-done
 	if n := relayConns(t, rc); n != 1 {

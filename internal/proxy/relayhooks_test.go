@@ -342,13 +342,18 @@ func TestRefusedResp3SubscribeKeepsWritesMarked(t *testing.T) {
 	w.do("HELLO", "3")
 	w.send([]string{"SUBSCRIBE", "a"})
 	w.readReply()
-	done := startLoop(t, rs.Addr(), false, 500)
+	// A long script, killed once both refusals are read: a short one could
+	// end before a loaded machine sent the SUBSCRIBEs.
+	done := startLoop(t, rs.Addr(), false, 20000)
 	redistest.Eventually(t, 5*time.Second, func() bool { return redisBusy(t, rs) }, "Redis never busy")
 	w.send([]string{"SUBSCRIBE", "c1"}, []string{"SUBSCRIBE", "c2"})
 	for range 2 {
 		if v, _ := w.readReply(); !strings.HasPrefix(fmt.Sprint(v), "BUSY") {
 			t.Fatalf("SUBSCRIBE while Redis is busy: %v", v)
 		}
+	}
+	if err := rc.ScriptKill(ctx).Err(); err != nil {
+		t.Fatal(err)
 	}
 	<-done
 	w.send([]string{"BLPOP", "l", "0"}, []string{"SET", "k", "new"})

@@ -661,14 +661,13 @@ func TestReviewLeaksRelayAndHoldDepartures(t *testing.T) {
 	const maxConns = 120
 	p, rc := lkProxy(t, maxConns, nil)
 	timeouts := lkCounter(t, p, "redproxy_stampede_hold_timeouts_total")
-	start := time.Now()
+	// Whether a held read waited for the hold's timeout is the timeout
+	// counter's to say (checked below), not the wall clock's: the two
+	// rounds' settling alone can take seconds on a loaded machine.
 	lkCheck(t, p, rc, []lkDeparture{
 		{"held-client-leaves", 200, lkHeld(50, true)},
 		{"filler-leaves", 200, lkHeld(50, false)},
 	})
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("the miss-hold departures took %v: held reads waited for the hold timeout", d)
-	}
 	const n = 100
 	lkCheck(t, p, rc, []lkDeparture{
 		{"subscribe-resp2", n, lkOneByOne(lkSubscribeThenClose(false, "SUBSCRIBE", "ch"))},

@@ -244,8 +244,10 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 	redistest.Eventually(t, time.Second, func() bool { return p.SentinelPrimary() == next.Addr() },
 		"the proxy did not follow to %s within a second of the Sentinels (it has %q)", next.Addr(), p.SentinelPrimary())
 	followed := time.Now()
-	redistest.Eventually(t, time.Second, func() bool { return l.recoveredAfter(agreed) },
-		"not every client worked again within a second of the failover")
+	// Three seconds for eight clients to finish a round each through a
+	// -race build on a loaded machine; the log line gives the real time.
+	redistest.Eventually(t, 3*time.Second, func() bool { return l.recoveredAfter(agreed) },
+		"not every client worked again within three seconds of the failover")
 	recovered := time.Now()
 	lost := l.end(p, next)
 	t.Logf("SENTINEL FAILOVER: Sentinels agreed on %s after %v; proxy followed %v later; every client recovered %v after the Sentinels agreed; first client error %v after the failover began; %d rounds, %d acknowledged writes, %d lost by Redis; %s",
@@ -270,8 +272,10 @@ func TestSentinelKilledPrimaryUnderLoad(t *testing.T) {
 	redistest.Eventually(t, time.Second, func() bool { return p.SentinelPrimary() == next.Addr() },
 		"the proxy did not follow to %s within a second of the Sentinels (it has %q)", next.Addr(), p.SentinelPrimary())
 	followed := time.Now()
-	redistest.Eventually(t, time.Second, func() bool { return l.recoveredAfter(agreed) },
-		"not every client worked again within a second of the failover")
+	// Three seconds for eight clients to finish a round each through a
+	// -race build on a loaded machine; the log line gives the real time.
+	redistest.Eventually(t, 3*time.Second, func() bool { return l.recoveredAfter(agreed) },
+		"not every client worked again within three seconds of the failover")
 	recovered := time.Now()
 	redistest.Eventually(t, 5*time.Second, p.Ready, "the proxy never became ready on the new primary")
 	lost := l.end(p, next)

@@ -15,8 +15,11 @@ import (
 // fresh connection's PING with -BUSY, so it is alive; the script's caller
 // and the commands queued behind it get their replies when it ends.
 func TestSlowScriptDelaysQueuedClients(t *testing.T) {
-	p, rs := busyRedis(t, 1, 400*time.Millisecond)
-	loop := startLoop(t, p.Addr, false, 1500)
+	// dead_timeout a second (about six probes of 150 ms each, any one of
+	// which keeps the connection; with 400 ms, two late probes on a loaded
+	// machine closed it), the script well past it.
+	p, rs := busyRedis(t, 1, time.Second)
+	loop := startLoop(t, p.Addr, false, 2500)
 	waitBusy(t, rs)
 	c := dialAddr(t, p.Addr)
 	if got := rawDo(t, c, "SET", "slow:k", "v"); got != "+OK\r\n" {

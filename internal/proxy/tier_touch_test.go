@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -28,7 +29,14 @@ func TestTierHitsKeepHotKeysRecentForLRU(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			rs := redistest.Start(t, "--maxmemory-policy", "allkeys-lru", "--maxmemory-samples", "64")
-			p := proxytest.Start(t, rs, func(c *config.Config) { c.LocalCache.Enabled = tier })
+			p := proxytest.Start(t, rs, func(c *config.Config) {
+				c.LocalCache.Enabled = tier
+				// The shortest interval, so that the hot key's last touch is
+				// far more recent than the other keys' one read even when a
+				// loaded machine delays the heartbeat (CI once saw both idle
+				// for 1 s with the default of 1 s and 1.5 s between them).
+				c.LocalCache.TouchInterval = units.Duration{Duration: 100 * time.Millisecond}
+			})
 			direct := rs.Client(t)
 			app := p.Client(t)
 			val := strings.Repeat("x", 20000)
@@ -40,10 +48,11 @@ func TestTierHitsKeepHotKeysRecentForLRU(t *testing.T) {
 			}
 			const hot = "cache:item:v1:0"
 			// The application reads the hot key all the time, through the
-			// proxy, for 3 s; every other key is read once, halfway. Redis's
-			// LRU clock has a 1 s resolution, so with Redis seeing every
-			// read the hot key is the most recently used and the others
-			// 1.5 s older.
+			// proxy, for 4 s; every other key is read once, after 1 s.
+			// Redis's LRU clock has a 1 s resolution, so with Redis seeing
+			// every read (or its touch) the hot key is the most recently
+			// used and the others about 3 s older; without, the hot key's
+			// last access is its fill, before the others' read.
 			start := time.Now()
 			othersRead := false
 			redistest.Eventually(t, 10*time.Second, func() bool {
@@ -52,13 +61,13 @@ func TestTierHitsKeepHotKeysRecentForLRU(t *testing.T) {
 						t.Fatalf("GET %s: %v", hot, err)
 					}
 				}
-				if !othersRead && time.Since(start) > 1500*time.Millisecond {
+				if !othersRead && time.Since(start) > time.Second {
 					othersRead = true
 					for i := 1; i < n; i++ {
 						app.Get(ctx, fmt.Sprintf("cache:item:v1:%d", i))
 					}
 				}
-				return time.Since(start) > 3*time.Second
+				return time.Since(start) > 4*time.Second
 			}, "never done")
 			idle := direct.ObjectIdleTime(ctx, hot).Val()
 			otherIdle := direct.ObjectIdleTime(ctx, "cache:item:v1:1").Val()

@@ -71,8 +71,11 @@ func TestWriteWaitsForRoomAndWritesAll(t *testing.T) {
 func TestWriteHonoursTheDeadline(t *testing.T) {
 	a, _ := pair(t)
 	w := rawio.NewWriter(a)
-	a.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
-	n, err := w.Write(make([]byte, 64<<20))
+	// Made before the deadline is set, a second away: see
+	// TestWriteVecHonoursTheDeadline.
+	big := make([]byte, 64<<20)
+	a.SetWriteDeadline(time.Now().Add(time.Second))
+	n, err := w.Write(big)
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("err = %v; want the deadline", err)
 	}

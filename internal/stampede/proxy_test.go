@@ -613,15 +613,18 @@ func TestMissHoldFillerDisconnects(t *testing.T) {
 func TestMissHoldTimeout(t *testing.T) {
 	p := proxytest.Start(t, nil, func(c *config.Config) {
 		c.Stampede.Hold = []stampede.HoldRule{
-			{Pattern: "cache:*", Timeout: units.Duration{Duration: 300 * time.Millisecond}},
+			{Pattern: "cache:*", Timeout: units.Duration{Duration: time.Second}},
 			{Pattern: "long:*", Timeout: units.Duration{Duration: 20 * time.Second}},
 		}
 	})
+	// The readers connect before the filler's miss starts the hold, so that
+	// all of them are held by it: one that came after it timed out would
+	// start a second hold (and count a second timeout).
+	cs := conns(t, p, 5)
 	filler := p.Dial(t)
 	if got := rawGet(t, filler, bufio.NewReader(filler), "cache:slow"); got != "$-1\r\n" {
 		t.Fatalf("filler got %q", got)
 	}
-	cs := conns(t, p, 5)
 	var wg sync.WaitGroup
 	for _, c := range cs {
 		wg.Add(1)

@@ -48,11 +48,13 @@ func slowForwarder(t *testing.T, target string, delay time.Duration) string {
 }
 
 // failoverDuringDial starts a Backend on a (behind a forwarder that makes
-// each dial take 300 ms) and returns failover, which waits until a dial
-// begun just before it is under way and fails the Backend over to b.
+// each dial take a second) and returns failover, which waits until a dial
+// begun just before it is under way and fails the Backend over to b. (The
+// second leaves 900 ms for a late timer on a loaded machine: with 300 ms a
+// dial could finish before the failover, whose cut then failed the test.)
 func failoverDuringDial(t *testing.T) (a, b *redistest.Server, be *Backend, failover func()) {
 	a, b = redistest.Start(t), redistest.Start(t)
-	opt := BackendOptions{Addr: slowForwarder(t, a.Addr(), 300*time.Millisecond), Connections: 1, Databases: 1, MaxPinned: 4, DialTimeout: 2 * time.Second,
+	opt := BackendOptions{Addr: slowForwarder(t, a.Addr(), time.Second), Connections: 1, Databases: 1, MaxPinned: 4, DialTimeout: 5 * time.Second,
 		ReplyTimeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	be = NewBackend(opt)
 	t.Cleanup(be.Close)

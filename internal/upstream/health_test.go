@@ -53,8 +53,11 @@ func wantReply(t *testing.T, c *Call, i int, want string) {
 // get their own replies when it ends, as on Redis itself.
 func TestPipeWaitsForLongScript(t *testing.T) {
 	srv := redistest.Start(t, "--busy-reply-threshold", "50")
-	p := startedPipe(t, healthOpts(srv.Addr(), 400*time.Millisecond))
-	script := sendCall(t, p, cmd("EVAL", redistest.LoopScript, "0", "1200"))
+	// A dead timeout of a second holds about six probes, any one of which
+	// keeps the connection (with 400 ms two late probes on a loaded machine
+	// would close it); the script runs well past it.
+	p := startedPipe(t, healthOpts(srv.Addr(), time.Second))
+	script := sendCall(t, p, cmd("EVAL", redistest.LoopScript, "0", "2500"))
 	behind := sendCall(t, p, cmd("SET", "after-script", "1"), cmd("ECHO", "behind"))
 	script.Wait()
 	behind.Wait()
