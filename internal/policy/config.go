@@ -128,53 +128,11 @@ func (d Duration) String() string {
 }
 
 func parseDuration(s string) (time.Duration, error) {
-	bad := fmt.Errorf("invalid duration %q (use e.g. \"90s\", \"15m\", \"24h\", \"7d\", \"1w\")", s)
-	if s == "" || s[0] == '-' || s[0] == '+' {
-		return 0, bad
+	d, err := units.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("invalid duration %q (use e.g. \"90s\", \"15m\", \"24h\", \"7d\", \"1w\")", s)
 	}
-	if s == "0" {
-		return 0, nil
-	}
-	var total time.Duration
-	for s != "" {
-		i := 0
-		for i < len(s) && (s[i] >= '0' && s[i] <= '9' || s[i] == '.') {
-			i++
-		}
-		j := i
-		for j < len(s) && (s[j] < '0' || s[j] > '9') && s[j] != '.' {
-			j++
-		}
-		if i == 0 || j == i {
-			return 0, bad // a number without unit or a unit without number
-		}
-		num, unit := s[:i], s[i:j]
-		s = s[j:]
-		var part time.Duration
-		switch unit {
-		case "d", "w":
-			n, err := strconv.ParseInt(num, 10, 64)
-			mult := 24 * time.Hour
-			if unit == "w" {
-				mult *= 7
-			}
-			if err != nil || n > int64((1<<63-1)/mult) {
-				return 0, bad
-			}
-			part = time.Duration(n) * mult
-		default:
-			v, err := time.ParseDuration(num + unit)
-			if err != nil {
-				return 0, bad
-			}
-			part = v
-		}
-		if total > (1<<63-1)-part {
-			return 0, bad
-		}
-		total += part
-	}
-	return total, nil
+	return d, nil
 }
 
 // Error is one invalid setting; Validate returns several joined with

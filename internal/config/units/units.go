@@ -7,6 +7,7 @@
 package units
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -21,11 +22,17 @@ import (
 // (package config also catches that case before decoding, to report the line.)
 type Duration struct{ time.Duration }
 
-// UnmarshalText implements encoding.TextUnmarshaler.
+// UnmarshalText implements encoding.TextUnmarshaler. It reads what
+// ParseDuration reads; a sign is kept for the range checks to refuse with
+// their own message ("must not be negative").
 func (d *Duration) UnmarshalText(text []byte) error {
-	v, err := time.ParseDuration(string(text))
+	s, neg := strings.CutPrefix(string(text), "-")
+	v, err := ParseDuration(s)
 	if err != nil {
 		return fmt.Errorf("invalid duration %q (use e.g. \"500ms\", \"2s\")", text)
+	}
+	if neg {
+		v = -v
 	}
 	d.Duration = v
 	return nil
@@ -34,6 +41,61 @@ func (d *Duration) UnmarshalText(text []byte) error {
 // MarshalText implements encoding.TextMarshaler so a Config can be written
 // back out (e.g. to show the effective configuration).
 func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// ParseDuration reads an unsigned duration: Go's units ("500ms", "90s",
+// "1h30m") plus "d" (24h) and "w" (7d), alone or combined ("1d12h"), or
+// "0". Every duration in the configuration takes the same spellings (the
+// policy's TTLs took "7d" while the upstream's timeouts refused "1d":
+// found by a user's trial).
+func ParseDuration(s string) (time.Duration, error) {
+	bad := errors.New("invalid duration")
+	if s == "" || s[0] == '-' || s[0] == '+' {
+		return 0, bad
+	}
+	if s == "0" {
+		return 0, nil
+	}
+	var total time.Duration
+	for s != "" {
+		i := 0
+		for i < len(s) && (s[i] >= '0' && s[i] <= '9' || s[i] == '.') {
+			i++
+		}
+		j := i
+		for j < len(s) && (s[j] < '0' || s[j] > '9') && s[j] != '.' {
+			j++
+		}
+		if i == 0 || j == i {
+			return 0, bad // a number without unit or a unit without number
+		}
+		num, unit := s[:i], s[i:j]
+		s = s[j:]
+		var part time.Duration
+		switch unit {
+		case "d", "w":
+			n, err := strconv.ParseInt(num, 10, 64)
+			mult := 24 * time.Hour
+			if unit == "w" {
+				mult *= 7
+			}
+			if err != nil || n > int64(math.MaxInt64/mult) {
+				return 0, bad
+			}
+			part = time.Duration(n) * mult
+		default:
+			v, err := time.ParseDuration(num + unit)
+			if err != nil {
+				return 0, bad
+			}
+			part = v
+		}
+		if total > math.MaxInt64-part {
+			return 0, bad
+		}
+		total += part
+	}
+	return total, nil
+}
 
 // ByteSize is a size in bytes, written in TOML either as an integer (bytes)
 // or as a string with a unit: "512", "100KB", "64MB", "1GiB".

@@ -43,3 +43,24 @@ func TestDurationText(t *testing.T) {
 		t.Fatalf("MarshalText = %q", b)
 	}
 }
+
+// Every duration in the configuration takes days and weeks, as the
+// policy's TTLs do; a sign is kept for the range checks, which refuse it
+// with their own message.
+func TestDurationDaysWeeksAndSigns(t *testing.T) {
+	for in, want := range map[string]time.Duration{
+		"1d": 24 * time.Hour, "1w": 7 * 24 * time.Hour, "1d12h": 36 * time.Hour,
+		"2w3d": 17 * 24 * time.Hour, "1.5h": 90 * time.Minute, "0": 0, "-1s": -time.Second, "-1d": -24 * time.Hour,
+	} {
+		var d Duration
+		if err := d.UnmarshalText([]byte(in)); err != nil || d.Duration != want {
+			t.Errorf("%q -> %v, %v; want %v", in, d.Duration, err, want)
+		}
+	}
+	for _, in := range []string{"+1s", "--1s", "d", "1.5d", "1x", "99999999999w", "106751d106751d", "1d-1h"} {
+		var d Duration
+		if err := d.UnmarshalText([]byte(in)); err == nil {
+			t.Errorf("%q accepted as %v", in, d.Duration)
+		}
+	}
+}
