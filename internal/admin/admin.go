@@ -35,7 +35,8 @@ type Server struct {
 	token atomic.Pointer[[]byte] // bearer token; nil: open
 
 	mu        sync.Mutex
-	endpoints []string // patterns registered, for the index at /
+	endpoints []string            // patterns registered, for the index at /
+	methods   map[string][]string // path -> methods registered by Handle
 }
 
 // New builds the admin server. ready reports whether Redis is reachable.
@@ -183,8 +184,36 @@ func Token(addr, tokenFile string, loopback bool) (string, error) {
 func (s *Server) Handle(pattern string, h http.Handler) {
 	s.mu.Lock()
 	s.endpoints = append(s.endpoints, pattern)
+	method, path, hasMethod := strings.Cut(pattern, " ")
+	first := false
+	if hasMethod {
+		if s.methods == nil {
+			s.methods = map[string][]string{}
+		}
+		first = s.methods[path] == nil
+		s.methods[path] = append(s.methods[path], method)
+	}
 	s.mu.Unlock()
 	s.mux.Handle(pattern, h)
+	if first {
+		// net/http's own 405 says "Method Not Allowed" and no more: a
+		// user's GET /reload did not learn it wants POST.
+		s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) { s.wrongMethod(w, r, path) })
+	}
+}
+
+// wrongMethod answers a request for path with a method none of its
+// endpoints takes, naming the ones it does.
+func (s *Server) wrongMethod(w http.ResponseWriter, r *http.Request, path string) {
+	s.mu.Lock()
+	allowed := slices.Clone(s.methods[path])
+	s.mu.Unlock()
+	if slices.Contains(allowed, http.MethodGet) && !slices.Contains(allowed, http.MethodHead) {
+		allowed = append(allowed, http.MethodHead)
+	}
+	w.Header().Set("Allow", strings.Join(allowed, ", "))
+	http.Error(w, fmt.Sprintf("%s %s: method not allowed; use %s (e.g. curl -X %s)", r.Method, path,
+		strings.Join(allowed, " or "), allowed[0]), http.StatusMethodNotAllowed)
 }
 
 // index lists the endpoints.

@@ -195,3 +195,39 @@ func TestAdminIndexListsEndpoints(t *testing.T) {
 		t.Errorf("GET /nothing: %d, want 404", code)
 	}
 }
+
+// A method an endpoint does not take is answered 405 with the methods it
+// does take, in the body and in Allow; the endpoint itself still answers.
+func TestAdminWrongMethodNamesTheRightOne(t *testing.T) {
+	s := newTestServer()
+	s.Handle("POST /reload", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("reloaded")) }))
+	s.Handle("GET /debug/slowlog", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("log")) }))
+	s.Handle("DELETE /debug/slowlog", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("emptied")) }))
+	do := func(method, path string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(method, path, nil)
+		r.Host = "127.0.0.1:9121"
+		w := httptest.NewRecorder()
+		s.Handler().ServeHTTP(w, r)
+		return w
+	}
+	for _, c := range []struct{ method, path, allow, body string }{
+		{"GET", "/reload", "POST", "GET /reload: method not allowed; use POST (e.g. curl -X POST)"},
+		{"PUT", "/debug/slowlog", "GET, DELETE, HEAD", "use GET or DELETE or HEAD"},
+		{"POST", "/debug/hotkeys", "GET, HEAD", "use GET or HEAD"},
+	} {
+		w := do(c.method, c.path)
+		if w.Code != http.StatusMethodNotAllowed || w.Header().Get("Allow") != c.allow || !strings.Contains(w.Body.String(), c.body) {
+			t.Errorf("%s %s: %d, Allow %q, %q; want 405, Allow %q and %q", c.method, c.path, w.Code, w.Header().Get("Allow"), w.Body.String(), c.allow, c.body)
+		}
+	}
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/reload", "reloaded"}, {"GET", "/debug/slowlog", "log"}, {"DELETE", "/debug/slowlog", "emptied"}, {"GET", "/debug/hotkeys", "keys"},
+	} {
+		if w := do(c.method, c.path); w.Code != 200 || w.Body.String() != c.body {
+			t.Errorf("%s %s: %d %q; want 200 %q", c.method, c.path, w.Code, w.Body.String(), c.body)
+		}
+	}
+	if w := do("GET", "/"); strings.Contains(w.Body.String(), "  /reload") {
+		t.Errorf("the index lists the wrong-method answer:\n%s", w.Body.String())
+	}
+}
