@@ -193,9 +193,9 @@ func TestAuditBinaryExitCodes(t *testing.T) {
 // environment), waits until it answers PING on listen, and returns the
 // process, a client of listen with no retries, and the process's stderr.
 // The process is killed when the test ends.
-func startProxy(t *testing.T, bin, listen string, env []string, args ...string) (*exec.Cmd, *redis.Client, *syncBuffer) {
+func startProxy(t *testing.T, bin, listen string, env []string, args ...string) (*exec.Cmd, *redis.Client, *redistest.LogBuffer) {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &redistest.LogBuffer{}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = env
 	cmd.Stderr = logs
@@ -216,24 +216,6 @@ func startProxy(t *testing.T, bin, listen string, env []string, args ...string) 
 		time.Sleep(20 * time.Millisecond)
 	}
 	return cmd, c, logs
-}
-
-// syncBuffer collects a child's stderr while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestSIGHUPReloadsPolicy runs the proxy binary with the example config,
@@ -266,12 +248,15 @@ func TestSIGHUPReloadsPolicy(t *testing.T) {
 	check(t, cmd.Process.Signal(syscall.SIGHUP))
 	redistest.Eventually(t, 5*time.Second, func() bool { return c.Keys(ctx, "*").Err() == nil }, "SIGHUP did not reload; log:\n%s", logs)
 
-	check(t, os.WriteFile(path, []byte(doc+"\n[policy.bogus]\n"), 0o600))
+	check(t, os.WriteFile(path, []byte(doc+"\n[policy.bogus]\n[policy.bogus2]\n"), 0o600))
 	check(t, cmd.Process.Signal(syscall.SIGHUP))
-	redistest.Eventually(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), "configuration not reloaded") },
-		"bad file not reported; log:\n%s", logs)
-	if !strings.Contains(logs.String(), path+":") || !strings.Contains(logs.String(), "policy.bogus") {
+	redistest.Eventually(t, 5*time.Second, func() bool { return strings.Count(logs.String(), "configuration not reloaded") == 2 },
+		"bad file not reported, a line per problem; log:\n%s", logs)
+	if !strings.Contains(logs.String(), path+":") || !strings.Contains(logs.String(), "policy.bogus:") || !strings.Contains(logs.String(), "policy.bogus2:") {
 		t.Errorf("log does not say where:\n%s", logs.String())
+	}
+	if strings.Contains(logs.String(), `\n`) {
+		t.Errorf("the problems are joined in one line with escaped newlines:\n%s", logs.String())
 	}
 	if err := c.Keys(ctx, "*").Err(); err != nil {
 		t.Fatalf("a bad file replaced the policy: %v", err)

@@ -111,7 +111,7 @@ func (r *reloader) reloadAndLog() {
 	case errors.Is(err, errNoConfigFile), errors.Is(err, proxy.ErrShuttingDown):
 		r.log.Warn("SIGHUP ignored: " + err.Error())
 	case err != nil:
-		r.log.Error("configuration not reloaded; the configuration in force stays", "file", r.path, "err", err)
+		r.logRefused(err)
 	default:
 		r.log.Info("configuration reloaded", "file", r.path, "changed", strings.Join(changed, ","))
 	}
@@ -130,7 +130,7 @@ func (r *reloader) handler() http.Handler {
 		case errors.Is(err, proxy.ErrShuttingDown):
 			http.Error(w, "configuration not reloaded: "+err.Error(), http.StatusServiceUnavailable)
 		case err != nil:
-			r.log.Error("configuration not reloaded; the configuration in force stays", "file", r.path, "err", err)
+			r.logRefused(err)
 			http.Error(w, "configuration not reloaded; the configuration in force stays:\n"+err.Error(), http.StatusUnprocessableEntity)
 		case len(changed) == 0 && usesTLS(r.srv.Config()):
 			fmt.Fprintln(w, "configuration reloaded: no setting changed; TLS certificate files were read again")
@@ -141,6 +141,17 @@ func (r *reloader) handler() http.Handler {
 			fmt.Fprintf(w, "configuration reloaded; changed:\n%s\n", strings.Join(changed, "\n"))
 		}
 	})
+}
+
+// logRefused logs a reload that was refused, a line per problem: the
+// problems of a file come joined by newlines, which a log handler escapes
+// into one long line (found by a user's trial).
+func (r *reloader) logRefused(err error) {
+	problems := strings.Split(strings.TrimSpace(err.Error()), "\n")
+	for i, p := range problems {
+		r.log.Error("configuration not reloaded; the configuration in force stays", "file", r.path,
+			"problem", p, "problem_no", i+1, "problems", len(problems))
+	}
 }
 
 func usesTLS(c *config.Config) bool { return c.Server.TLS.Enabled() || c.Upstream.TLS != nil }
