@@ -153,7 +153,7 @@ func TestEmptyAdminFlagTurnsAdminOff(t *testing.T) {
 		{nil, true},
 	} {
 		listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
-		var logs syncBuffer
+		var logs redistest.LogBuffer
 		cmd := exec.Command(bin, append([]string{"--config", path, "--listen", listen, "--upstream", rs.Addr()}, tc.args...)...)
 		cmd.Stderr = &logs
 		check(t, cmd.Start())

@@ -184,7 +184,7 @@ func TestContainerEnvironmentAndHealthcheck(t *testing.T) {
 	// REDPROXY_UPSTREAM=embedded asks for the demo store explicitly.
 	cmd = exec.Command(bin)
 	cmd.Env = childEnv("REDPROXY_REQUIRE_UPSTREAM=1", "REDPROXY_UPSTREAM=embedded", "REDPROXY_LISTEN="+listen, "REDPROXY_ADMIN=")
-	var logs2 syncBuffer
+	var logs2 redistest.LogBuffer
 	cmd.Stderr = &logs2
 	check(t, cmd.Start())
 	t.Cleanup(func() {

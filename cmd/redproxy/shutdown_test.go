@@ -19,7 +19,7 @@ import (
 // startShutdownProxy starts the binary with an admin endpoint and
 // shutdown_timeout = "4s" in front of rs; it returns the process, a
 // channel closed at its exit, the client and admin addresses and the log.
-func startShutdownProxy(t *testing.T, rs *redistest.Server) (proc *os.Process, exited <-chan struct{}, listen, adminAddr string, logs *syncBuffer) {
+func startShutdownProxy(t *testing.T, rs *redistest.Server) (proc *os.Process, exited <-chan struct{}, listen, adminAddr string, logs *redistest.LogBuffer) {
 	t.Helper()
 	listen = fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
 	adminAddr = fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))

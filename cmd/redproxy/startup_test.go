@@ -31,7 +31,7 @@ func TestStartsBeforeRedis(t *testing.T) {
 	check(t, os.WriteFile(conf, []byte(fmt.Sprintf(
 		"[server]\nlisten = %q\nadmin = %q\n\n[upstream]\naddress = %q\ndial_timeout = %q\n",
 		listen, adminAddr, rs.Addr(), dialTimeout.String())), 0o644))
-	logs := &syncBuffer{}
+	logs := &redistest.LogBuffer{}
 	cmd := exec.Command(bin, "--config", conf)
 	cmd.Env = childEnv()
 	cmd.Stderr = logs

@@ -63,7 +63,7 @@ insecure_skip_verify = true
 	path := filepath.Join(dir, "redproxy.toml")
 	check(t, os.WriteFile(path, []byte(conf), 0o600))
 
-	logs := &syncBuffer{}
+	logs := &redistest.LogBuffer{}
 	cmd := exec.Command(bin, "--config", path)
 	cmd.Stderr = logs
 	check(t, cmd.Start())

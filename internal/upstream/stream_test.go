@@ -220,24 +220,6 @@ func TestPipeHostileReplyBounded(t *testing.T) {
 	}
 }
 
-// syncBuffer collects a Pipe's log for a test to read.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // sendEnd sends c and waits for it to end, however it ends.
 func sendEnd(t *testing.T, pool *Pool, c *Call) {
 	t.Helper()
@@ -278,7 +260,7 @@ func TestPipeHostilePushBounded(t *testing.T) {
 		opts.ReplyTimeout, opts.DeadTimeout = 200*time.Millisecond, time.Second
 		var pushes atomic.Int64
 		opts.OnPush = func([]byte) { pushes.Add(1) }
-		var logs syncBuffer
+		var logs redistest.LogBuffer
 		opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		pool := NewPool(1, opts)
 		waitUp(t, pool)
@@ -470,7 +452,7 @@ func TestPipeUnsolicitedReplyClosesAtOnce(t *testing.T) {
 	} {
 		answer := h.answer
 		opts := testOpts(hostileUpTo(t, srv.Addr(), "HOSTILE", []byte(answer), []byte(h.filler), hostileFill))
-		var logs syncBuffer
+		var logs redistest.LogBuffer
 		opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		pipe := NewPipe(opts)
 		redistest.Eventually(t, 5*time.Second, pipe.Up, "pipe not up")
