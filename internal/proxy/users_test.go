@@ -4,13 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,7 +18,6 @@ import (
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/metrics"
-	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
@@ -395,17 +392,6 @@ func grepLines(s, sub string) string {
 	return strings.Join(out, "\n")
 }
 
-var (
-	_ = context.Background
-	_ = io.Discard
-	_ = slog.New
-	_ sync.Mutex
-	_ = commands.Builtin
-	_ = policy.Compile
-	_ = proxy.NewServer
-	_ = redistest.Start
-)
-
 // Each user's traffic runs with its own upstream credential: Redis sees
 // the right ACL user on shared, pinned (WATCH) and relayed connections,
 // and its own ACL refuses what that credential may not do.
@@ -473,7 +459,7 @@ func TestUserUpstreamCredential(t *testing.T) {
 // Passwords never appear in logs, metrics, the policy report, CLIENT LIST
 // or SLOWLOG passed through.
 func TestPasswordsNeverShown(t *testing.T) {
-	var logs syncBuffer
+	var logs redistest.LogBuffer
 	rs := redistest.Start(t)
 	cfg := config.Default()
 	cfg.Server.Listen, cfg.Server.Admin, cfg.Upstream.Address = "127.0.0.1:0", "", rs.Addr()
@@ -520,23 +506,6 @@ func TestPasswordsNeverShown(t *testing.T) {
 	if !strings.Contains(list, "user=app") {
 		t.Errorf("CLIENT LIST does not name the user: %s", list)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func fmtAny(v any) string { return fmt.Sprint(v) }
