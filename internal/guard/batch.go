@@ -103,6 +103,18 @@ func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Req
 	}
 }
 
+// CutOff reports whether a write of the batch would get a TTL fix-up or
+// a refusal only because the batch ended: what the client sent after it
+// may set the TTL (policy.Decision.CutOff).
+func (b *Batch) CutOff() bool {
+	for i := range b.dec {
+		if b.dec[i].CutOff {
+			return true
+		}
+	}
+	return false
+}
+
 // Command returns request i's command as Prepare looked it up in its table
 // (nil: not a known command); ok is false when the batch has no request i.
 func (b *Batch) Command(i int) (cmd *commands.Command, ok bool) {

@@ -71,6 +71,7 @@ func resetDecisions(out []Decision, n int) []Decision {
 		d.Args = nil
 		d.Expires = d.Expires[:0]
 		d.TTLFrom = 0
+		d.CutOff = false
 	}
 	return out
 }
@@ -518,6 +519,7 @@ func (c *checker) resolvePending() {
 				continue
 			}
 		}
+		d.CutOff = pt.eff.db == 0 && pt.seg == c.seg
 		rule := pt.rule
 		a := c.act(rule.action)
 		var msg string

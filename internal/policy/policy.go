@@ -176,6 +176,11 @@ type Decision struct {
 	// fix-up. The two must reach Redis together: if the connection ended
 	// between them, the key would keep no TTL.
 	TTLFrom int
+	// CutOff: the write's key found no later command setting its TTL,
+	// and none of the batch's boundaries (SELECT, MULTI, EXEC...) came
+	// after it, so the batch's end alone cut the look-ahead short: what
+	// the client sent next may set the TTL (resp.Reader.Extend).
+	CutOff bool
 }
 
 // Policy is a compiled, immutable policy, safe for concurrent use. Reload

@@ -322,7 +322,7 @@ func (sess *Session) run() (parked bool) {
 		}
 		var reqs []resp.Request
 		var err error
-		parkable := false
+		parkable, fromReader := false, false
 		if sess.resumed != nil {
 			// Read already, by a relay that has left (relayexit.go).
 			reqs, sess.resumed = sess.resumed, nil
@@ -339,6 +339,7 @@ func (sess *Session) run() (parked bool) {
 			// (SetReadFirst).
 			sess.rd.SetReadFirst(!parkable || sess.srv.Config().Server.IdleParkAfter.Duration <= 0)
 			reqs, err = sess.rd.ReadBatch()
+			fromReader = true
 		}
 		if parkable && !sess.park.state.CompareAndSwap(parkWaiting, parkBusy) {
 			// The sweeper asked this idle session to park (park.go). A
@@ -357,7 +358,7 @@ func (sess *Session) run() (parked bool) {
 		}
 		if len(reqs) > 0 {
 			sess.srv.metrics.BatchRequests.Observe(float64(len(reqs)))
-			sess.serveBatch(reqs)
+			sess.serveBatch(reqs, fromReader && err == nil)
 		}
 		if err != nil {
 			sess.readEnded(err)
@@ -387,19 +388,67 @@ func (sess *Session) run() (parked bool) {
 	}
 }
 
+// lookAheadBytes bounds how far past a batch's first byte the look-ahead
+// reads for a write's TTL (Session.extendBatch); a pipeline longer than
+// that is decided in parts, as before.
+const lookAheadBytes = 1 << 20
+
+// lookAheadWait bounds the wait for more of the client's bytes: the rest
+// of a request cut by a read comes at once from a client in mid-write,
+// and a read that merely filled the buffer may have left nothing.
+const (
+	lookAheadWaitPartial = 200 * time.Millisecond
+	lookAheadWaitFull    = 2 * time.Millisecond
+)
+
+// extendBatch reads on past the batch for the look-ahead
+// (resp.Reader.Extend); a nil reqs leaves the batch as it is.
+func (sess *Session) extendBatch() (reqs []resp.Request, grew bool) {
+	wait := lookAheadWaitFull
+	if sess.rd.Buffered() {
+		wait = lookAheadWaitPartial
+	}
+	sess.nc.SetReadDeadline(time.Now().Add(wait))
+	reqs, grew = sess.rd.Extend(lookAheadBytes)
+	// The session's own deadline again at once: a relay that the batch
+	// starts reads the socket before the loop sets it.
+	sess.park.clearDead = true
+	sess.readDeadline(sess.park.idle)
+	return reqs, grew
+}
+
 // serveBatch answers every request of one batch and appends the replies to
-// sess.out in request order.
-func (sess *Session) serveBatch(reqs []resp.Request) {
+// sess.out in request order. extendable: reqs is what the Reader last
+// returned, and nothing has read the connection since.
+func (sess *Session) serveBatch(reqs []resp.Request, extendable bool) {
 	sess.srv.batchLoad.enter()
 	defer sess.srv.batchLoad.leave()
 	sess.waitDirect()
 	start := time.Now()
-	sess.batchReqs = reqs
-	sess.list.active.Store(start.UnixNano())
-	if sess.ns.w != nil {
-		sess.nsRewriteBatch(reqs)
+	for {
+		sess.batchReqs = reqs
+		sess.list.active.Store(start.UnixNano())
+		if sess.ns.w != nil {
+			sess.nsRewriteBatch(reqs)
+		}
+		sess.prepareBatch(reqs)
+		if !extendable || !sess.guard.CutOff() {
+			break
+		}
+		// A write would get a fix-up or a refusal because the batch ended
+		// before the EXPIRE the client sent after it in the same write
+		// (found by a user's trial: INCR and EXPIRE NX 16 KB into a
+		// pipeline left a limiter's key with the rule's default of an
+		// hour). Take what follows and decide again.
+		more, grew := sess.extendBatch()
+		if more == nil {
+			break
+		}
+		reqs = more
+		if !grew {
+			extendable = false // parsed anew, nothing added: decide once more, then go
+		}
 	}
-	sess.prepareBatch(reqs)
 	for i := range reqs {
 		if i > 0 && !sess.guard.Joined(i) && sess.outputDue() {
 			// Answer what the batch owes before forwarding more of it;

@@ -140,6 +140,10 @@ type Reader struct {
 	args      [][]byte
 	reqs      []Request
 	inlineRaw []byte
+
+	// batchStart is where in buf the batch ReadBatch last returned
+	// begins, for Extend to parse it again with what follows it.
+	batchStart int
 }
 
 // NewReader returns a Reader with the given limits. When rd is a
@@ -229,11 +233,13 @@ func (r *Reader) ReadBatch() ([]Request, error) {
 	r.inlineRaw = r.inlineRaw[:0]
 	// Compact only when more must be read: a buffer holding many batches
 	// would otherwise be copied once per batch.
+	r.batchStart = r.r
 	if err := r.parseAll(); len(r.reqs) > 0 || err != nil {
 		return r.reqs, err
 	}
 	r.compact()
 	for {
+		r.batchStart = r.r
 		err := r.parseAll()
 		if len(r.reqs) > 0 || err != nil {
 			return r.reqs, err
@@ -245,6 +251,58 @@ func (r *Reader) ReadBatch() ([]Request, error) {
 			return nil, err
 		}
 	}
+}
+
+// Extend is for a caller whose decisions about a batch depend on what the
+// client sent after it (the policy's look-ahead, which trusts a later
+// EXPIRE for an earlier write's TTL): one write of a client can be split
+// over batches wherever a read ends, and a pipeline past the read buffer's
+// 16 KB always is. When the client has sent more than the last batch that
+// ReadBatch or Extend returned (part of a request is buffered, or the last
+// read filled the buffer), Extend reads once more and returns that batch
+// again with the requests that follow it, all parsed anew; more reports
+// whether there are any. A nil reqs means nothing was done and the batch
+// stands: no sign of more, or the batch already holds maxBytes or as many
+// requests as a batch may. Otherwise the slices returned before are
+// invalidated, as by ReadBatch, and reqs replaces them. A read that ends
+// in an error, or at the read deadline the caller sets to bound the wait,
+// adds nothing (the error comes again at the next read). Only right after
+// ReadBatch or Extend, before anything else reads the connection.
+func (r *Reader) Extend(maxBytes int) (reqs []Request, more bool) {
+	if r.r == r.w && r.w < len(r.buf) || r.w-r.batchStart >= maxBytes || r.batchFull() {
+		return nil, false
+	}
+	// The batch again from its first byte: its requests are parsed anew
+	// once the buffer has more, and a request cut short is parsed from its
+	// start rather than resumed.
+	n := len(r.reqs)
+	clear(r.reqs)
+	clear(r.args)
+	r.reqs, r.args, r.inlineRaw = r.reqs[:0], r.args[:0], r.inlineRaw[:0]
+	r.r = r.batchStart
+	r.partial, r.nargs, r.pos, r.offs = false, 0, 0, r.offs[:0]
+	if r.w == len(r.buf) {
+		r.grow() // compacts first: the batch moves to the front
+	}
+	r.batchStart = r.r
+	_ = r.fill()     // an error adds nothing, and comes again
+	_ = r.parseAll() // so does a protocol error, at the next ReadBatch
+	return r.reqs, len(r.reqs) > n
+}
+
+// Buffered reports whether the Reader holds bytes it has not returned as
+// requests: part of a request, or requests past a batch's limit.
+func (r *Reader) Buffered() bool { return r.r < r.w }
+
+// batchFull reports whether the batch holds as many requests as one may.
+func (r *Reader) batchFull() bool {
+	limit := r.lim.MaxBatch
+	if r.batchCap != nil {
+		if c := int(r.batchCap.Load()); c > 0 && (limit <= 0 || c < limit) {
+			limit = c
+		}
+	}
+	return limit > 0 && len(r.reqs) >= limit || r.unauth
 }
 
 // fill reads once from the connection into buf[w:]. It returns an error
