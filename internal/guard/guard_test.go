@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pelletier/go-toml/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -474,4 +475,34 @@ func seriesCount(t testing.TB, reg prometheus.Gatherer, name string) int {
 		}
 	}
 	return 0
+}
+
+// An unknown command's name is whatever a client sent: the text report
+// quotes it where it holds control or non-ASCII bytes and cuts a long one,
+// so no escape sequence reaches an operator's terminal and random bytes do
+// not widen the table.
+func TestReportTextEscapesCommandNames(t *testing.T) {
+	g, _, _ := newTestGuard(t, policy.DefaultConfig(), Options{Now: func() time.Time { return t0 }})
+	client := &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5555}
+	garbage := string([]byte{0xff, 0xfe, 0x00, 0x07}) + strings.Repeat("\x9b", 200)
+	for _, name := range []string{"\x1b[31mred!", garbage, "set"} {
+		g.Record(violation(policy.RuleUnclassified, name, "", policy.Reported), client, "app")
+	}
+	var b strings.Builder
+	r := g.Report()
+	if err := r.WriteText(&b, t0); err != nil {
+		t.Fatal(err)
+	}
+	text := b.String()
+	if strings.ContainsAny(text, "\x1b\x00\x07\x9b") || !utf8.ValidString(text) {
+		t.Errorf("the report holds raw control or invalid bytes:\n%q", text)
+	}
+	if !strings.Contains(text, `"\x1b[31mred!"`) {
+		t.Errorf("the escape sequence is not shown quoted:\n%s", text)
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if len(line) > 200 {
+			t.Errorf("a line of %d bytes: %q", len(line), line)
+		}
+	}
 }

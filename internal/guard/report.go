@@ -166,7 +166,7 @@ func (r *Report) WriteText(w io.Writer, now time.Time) error {
 			rule += " (" + row.Scope + ")"
 		}
 		lines = append(lines, []string{
-			strconv.FormatInt(row.Count, 10), rule, outcomes(&row), row.Command,
+			strconv.FormatInt(row.Count, 10), rule, outcomes(&row), commandColumn(row.Command),
 			dash(row.KeyPattern), dash(quoteIfNeeded(row.ExampleKey)), age(now, row.Last) + " ago",
 		})
 	}
@@ -275,6 +275,20 @@ func exampleKey(key []byte) string {
 
 // quoteIfNeeded keeps ordinary keys readable and makes odd ones (spaces,
 // binary) unambiguous in the text table.
+// commandColumn is a command's name for the text report. An unknown
+// command's name is whatever a client sent: quoted when it holds bytes a
+// terminal would act on, and cut, so that neither an escape sequence nor
+// 200 random bytes reach an operator's terminal or widen the table (found
+// by a user's trial).
+func commandColumn(name string) string {
+	const most = 40
+	q := quoteIfNeeded(name)
+	if len(q) > most {
+		q = q[:most-3] + "..."
+	}
+	return q
+}
+
 func quoteIfNeeded(s string) string {
 	for _, c := range s {
 		if c <= ' ' || c == '"' || c > '~' {
