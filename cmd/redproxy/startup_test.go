@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,4 +86,18 @@ func TestStartsBeforeRedis(t *testing.T) {
 	if v, err := rs.Client(t).Get(ctx, "startup:k").Result(); err != nil || v != "v" {
 		t.Fatalf("the SET did not reach Redis: %q, %v", v, err)
 	}
+	// The version INFO and HELLO report is Redis's once it is up, not the
+	// stand-in the proxy started with.
+	info, err := rs.Client(t).Info(ctx, "server").Result()
+	check(t, err)
+	want := ""
+	for _, l := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "redis_version:"); ok {
+			want = v
+		}
+	}
+	redistest.Eventually(t, 15*time.Second, func() bool {
+		got, _ := c.Info(ctx, "proxy").Result()
+		return strings.Contains(got, "upstream_redis_version:"+want+"\r")
+	}, "INFO proxy never reported Redis's version %s", want)
 }
