@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net"
 	"strings"
 
 	"github.com/redproxy/redproxy/internal/namespace"
@@ -166,7 +167,47 @@ func (c *Config) checkListeners() []*Error {
 		}
 		addrs[l.Listen] = l.Name
 	}
+	// Two mistakes a port typo makes, which otherwise show only at run
+	// time and misleadingly (found by a user's trial): the admin endpoint
+	// on a client listener's port failed to bind with "address already
+	// in use", as if another process held it; an upstream that is the
+	// proxy itself passed the check, then every command waited for its
+	// reply timeout while the log said the upstream was reachable.
+	for _, l := range c.ClientListeners() {
+		if l.Listen == "" || strings.HasSuffix(l.Listen, ":0") {
+			continue
+		}
+		if sameEndpoint(c.Server.Admin, l.Listen) {
+			errs = append(errs, &Error{Key: "server.admin", Msg: fmt.Sprintf("%q is also the address of client listener %q (the admin endpoint needs a port of its own)", c.Server.Admin, l.Name)})
+		}
+		if c.Upstream.Address != "" && sameEndpoint(c.Upstream.Address, l.Listen) {
+			errs = append(errs, &Error{Key: "upstream.address", Msg: fmt.Sprintf("%q is the proxy's own client listener %q: the upstream must be Redis", c.Upstream.Address, l.Name)})
+		}
+	}
 	return errs
+}
+
+// sameEndpoint reports whether a and b (host:port) name the same socket
+// as far as a configuration can tell: the same port, and the same host, or
+// a host that is unspecified (listening on every address) or loopback on
+// either side.
+func sameEndpoint(a, b string) bool {
+	ha, pa, err1 := net.SplitHostPort(a)
+	hb, pb, err2 := net.SplitHostPort(b)
+	if err1 != nil || err2 != nil || pa != pb || pa == "0" {
+		return false
+	}
+	if ha == hb {
+		return true
+	}
+	// Every local address: "" or 0.0.0.0 or ::; the usual names of this
+	// host's loopback. (127.0.0.2 is another socket than 127.0.0.1.)
+	anyAddr := func(h string) bool {
+		ip := net.ParseIP(h)
+		return h == "" || ip != nil && ip.IsUnspecified()
+	}
+	self := func(h string) bool { return h == "localhost" || h == "127.0.0.1" || h == "::1" }
+	return (anyAddr(ha) || self(ha)) && (anyAddr(hb) || self(hb))
 }
 
 // listenerKey is the dotted key of a listener's listen setting.

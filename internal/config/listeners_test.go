@@ -90,3 +90,28 @@ listeners = ["127.0.0.1:7000", "internal", "127.0.0.1:7001"]
 		t.Errorf("ClientListeners = %+v", ls)
 	}
 }
+
+// The admin endpoint on a client listener's port, or an upstream that is
+// the proxy's own listener, are refused with what is wrong; a Redis on
+// another host that happens to use the listener's port number is not.
+func TestListenerAddressesClashWithAdminOrUpstream(t *testing.T) {
+	for _, tc := range []struct {
+		doc, want string
+	}{
+		{"[server]\nlisten = \"127.0.0.1:7000\"\nadmin = \"127.0.0.1:7000\"\n", "server.admin: \"127.0.0.1:7000\" is also the address of client listener"},
+		{"[server]\nlisten = \"0.0.0.0:7000\"\nadmin = \"localhost:7000\"\nallow_unauthenticated = true\n", "server.admin:"},
+		{"[server]\nlisten = \"127.0.0.1:7000\"\n[upstream]\naddress = \"127.0.0.1:7000\"\n", "upstream.address: \"127.0.0.1:7000\" is the proxy's own client listener \"plain\""},
+		{"[server]\nlisten = \"127.0.0.1:7000\"\n[upstream]\naddress = \"localhost:7000\"\n", "upstream.address:"},
+		{"[server]\nlisten = \"127.0.0.1:7000\"\n[upstream]\naddress = \"10.0.0.5:7000\"\n", ""},
+		{"[server]\nlisten = \"127.0.0.1:7000\"\n[upstream]\naddress = \"127.0.0.2:7000\"\n", ""},
+		{"[server]\nlisten = \"127.0.0.1:7000\"\n[upstream]\naddress = \"127.0.0.1:7001\"\n", ""},
+	} {
+		_, err := Parse([]byte(tc.doc), "c.toml")
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q: %v; want it accepted", tc.doc, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q: %v; want %q", tc.doc, err, tc.want)
+		}
+	}
+}
