@@ -343,6 +343,7 @@ func newAdmin(srv *proxy.Server, reg *metrics.Metrics, reload http.Handler, log 
 	g := srv.Guard()
 	adm := admin.New(reg.Registry, srv.Ready, log)
 	adm.Handle("GET /policy/report", g.ReportHandler())
+	adm.Handle("DELETE /policy/report", g.ReportHandler())
 	adm.Handle("POST /policy/reload", g.ReloadHandler())
 	adm.Handle("POST /reload", reload)
 	adm.Handle("GET /debug/hotkeys", srv.HotKeysHandler())

@@ -360,6 +360,11 @@ func addrString(a net.Addr) string {
 	return a.String()
 }
 
+// ResetReport empties the report: the staging workflow (fix, reload,
+// check again) needs a report of what came after the fix, not since the
+// start (found by a user's trial). The metrics' counters are not reset.
+func (g *Guard) ResetReport() { g.table.reset(g.now()) }
+
 // Report returns the violations recorded since start, most frequent first.
 func (g *Guard) Report() Report {
 	r := g.table.snapshot()

@@ -506,3 +506,30 @@ func TestReportTextEscapesCommandNames(t *testing.T) {
 		}
 	}
 }
+
+// DELETE /policy/report empties the report and starts its period anew;
+// GET then shows only what came after.
+func TestReportResetByDelete(t *testing.T) {
+	now := t0
+	g, _, _ := newTestGuard(t, policy.DefaultConfig(), Options{Now: func() time.Time { return now }})
+	client := &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5555}
+	for range 3 {
+		g.Record(violation(policy.RuleCommand, "keys", "", policy.Refused), client, "app")
+	}
+	now = now.Add(time.Hour)
+	h := g.ReportHandler()
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("DELETE", "/policy/report", nil))
+	if w.Code != 200 || !strings.Contains(w.Body.String(), "emptied") {
+		t.Fatalf("DELETE: %d %q", w.Code, w.Body.String())
+	}
+	if r := g.Report(); r.Total != 0 || len(r.Rows) != 0 || !r.Since.Equal(now) {
+		t.Fatalf("after DELETE: total %d, %d rows, since %v; want an empty report since %v", r.Total, len(r.Rows), r.Since, now)
+	}
+	g.Record(violation(policy.RuleTTL, "set", "session:1", policy.Fixed), client, "app")
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/policy/report", nil))
+	if body := w.Body.String(); !strings.Contains(body, "1 violations") || strings.Contains(body, "keys") {
+		t.Fatalf("GET after DELETE and one violation:\n%s", body)
+	}
+}

@@ -8,9 +8,16 @@ import (
 )
 
 // ReportHandler serves GET /policy/report: a text table by default (for
-// curl), JSON with ?format=json or an Accept header asking for JSON.
+// curl), JSON with ?format=json or an Accept header asking for JSON; and
+// DELETE /policy/report, which empties it.
 func (g *Guard) ReportHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodDelete {
+			g.ResetReport()
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Write([]byte("policy report emptied\n"))
+			return
+		}
 		rep := g.Report()
 		if r.URL.Query().Get("format") == "json" || strings.Contains(r.Header.Get("Accept"), "application/json") {
 			w.Header().Set("Content-Type", "application/json")

@@ -88,6 +88,14 @@ func (t *table) add(v *policy.Violation, now time.Time) {
 	r.Last = now
 }
 
+// reset empties the table and starts its period at now.
+func (t *table) reset(now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	clear(t.rows)
+	t.total, t.untracked, t.since = 0, 0, now
+}
+
 func (t *table) evictSmallest() {
 	var minKey string
 	var minRow *Row
