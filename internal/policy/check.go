@@ -180,7 +180,13 @@ func (c *checker) checkOne(i int) {
 		if idx := c.oversizeArg(req, rs.values.max); idx > 0 {
 			msg := fmt.Sprintf("%svalue of %d bytes exceeds %d (rule %q); store large objects elsewhere and keep a reference in Redis",
 				msgPrefix, len(req.Args[idx]), rs.values.max, RuleValueSize)
-			if c.violate(d, a, false, Violation{Rule: RuleValueSize, Scope: rs.scope, Command: req.Cmd.Name, Msg: msg}) {
+			// The write's first key, so the report shows which keys carry
+			// the blobs (a row without one left a user's trial guessing).
+			var key []byte
+			if ks := c.keys(req); len(ks) > 0 {
+				key = slices.Clone(req.Args[ks[0]])
+			}
+			if c.violate(d, a, false, Violation{Rule: RuleValueSize, Scope: rs.scope, Command: req.Cmd.Name, Key: key, Msg: msg}) {
 				return
 			}
 		}
