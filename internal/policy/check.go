@@ -533,7 +533,16 @@ func (c *checker) resolvePending() {
 		if pt.eff.kind == effPersist {
 			msg = fmt.Sprintf("%skey %s must keep its TTL (rule %q); %s would remove it", msgPrefix, quoteKey(key), rule.String(), displayName(req.Cmd.Name))
 		} else {
-			msg = fmt.Sprintf("%skey %s needs a TTL (rule %q); set EX on the write or EXPIRE the key in the same pipeline or MULTI, sent in one write", msgPrefix, quoteKey(key), rule.String())
+			// "set EX on the write" only where the command takes EX: an
+			// HSET or INCR does not (a user's trial).
+			how := "EXPIRE the key in the same pipeline or MULTI, sent in one write"
+			switch pt.eff.fix {
+			case fixAppendEX:
+				how = "set EX on the write or " + how
+			case fixRestoreTTL:
+				how = "give RESTORE a ttl or " + how
+			}
+			msg = fmt.Sprintf("%skey %s needs a TTL (rule %q); %s", msgPrefix, quoteKey(key), rule.String(), how)
 			fixable = rule.def > 0
 		}
 		v := Violation{Rule: RuleTTL, Pattern: rule.String(), Scope: pt.rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg}
