@@ -453,11 +453,7 @@ func TestGracefulShutdownFinishesInFlight(t *testing.T) {
 	// A second's sleep, so that the poll below sees it pending even on a
 	// loaded machine.
 	go func() { res <- c.Do(ctx, "DEBUG", "SLEEP", "1").Err() }()
-	redistest.Eventually(t, 5*time.Second, func() bool {
-		s2, _ := p.Backend().Pool(0, false).Stats()
-		s3, _ := p.Backend().Pool(0, true).Stats()
-		return s2.Pending+s3.Pending > 0
-	}, "DEBUG SLEEP never reached Redis")
+	waitPending(t, p, "DEBUG SLEEP never reached Redis")
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := p.Shutdown(sctx); err != nil {
@@ -608,11 +604,7 @@ func TestShutdownTimeoutBoundsAFrozenRedis(t *testing.T) {
 	t.Cleanup(func() { rs.Thaw(t) })
 	res := make(chan error, 1)
 	go func() { res <- c.Get(ctx, "k").Err() }()
-	redistest.Eventually(t, 5*time.Second, func() bool {
-		s2, _ := p.Backend().Pool(0, false).Stats()
-		s3, _ := p.Backend().Pool(0, true).Stats()
-		return s2.Pending+s3.Pending > 0
-	}, "the GET never reached the upstream connection")
+	waitPending(t, p, "the GET never reached the upstream connection")
 	sctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -694,4 +686,15 @@ func TestShutdownTimeoutClosesUpstreamsUnderTraffic(t *testing.T) {
 		t.Errorf("client %v read %v, not its own last write", k, v)
 		return true
 	})
+}
+
+// waitPending waits until a command waits for Redis's reply on database
+// 0's shared connections (either protocol).
+func waitPending(t *testing.T, p *proxytest.Proxy, msg string) {
+	t.Helper()
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		s2, _ := p.Backend().Pool(0, false).Stats()
+		s3, _ := p.Backend().Pool(0, true).Stats()
+		return s2.Pending+s3.Pending > 0
+	}, "%s", msg)
 }

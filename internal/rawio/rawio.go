@@ -165,17 +165,24 @@ func (w *Writer) tryFD(fd uintptr) { w.full = !w.writeFD(fd) }
 func (w *Writer) writeFD(fd uintptr) bool {
 	for w.n < len(w.b) {
 		m, e := WriteFD(fd, w.b[w.n:])
-		switch {
-		case e == syscall.EINTR:
-			continue
-		case e == syscall.EAGAIN:
-			return false
-		case e != nil:
-			w.errno = e
-			return true
+		if e != nil {
+			if e == syscall.EINTR {
+				continue
+			}
+			return w.stopOn(e)
 		}
 		w.n += m
 	}
+	return true
+}
+
+// stopOn ends a raw write on errno e (not EINTR): false, wait for room,
+// on EAGAIN; true, done, on any other, kept in w.errno.
+func (w *Writer) stopOn(e error) bool {
+	if e == syscall.EAGAIN {
+		return false
+	}
+	w.errno = e
 	return true
 }
 
@@ -189,14 +196,11 @@ func (w *Writer) writeVecFD(fd uintptr) bool {
 			return true
 		}
 		m, e := writevFD(fd, w.vec, &w.iov)
-		switch {
-		case e == syscall.EINTR:
-			continue
-		case e == syscall.EAGAIN:
-			return false
-		case e != nil:
-			w.errno = e
-			return true
+		if e != nil {
+			if e == syscall.EINTR {
+				continue
+			}
+			return w.stopOn(e)
 		}
 		w.n += m
 		for m > 0 {
