@@ -33,7 +33,7 @@ import (
 
 // ErrNoSource is returned by Reload when the guard has no configuration
 // file to re-read (the proxy was started without --config).
-var ErrNoSource = errors.New("guard: no configuration file to reload (start redproxy with --config)")
+var ErrNoSource = errors.New("no configuration file to reload the policy from (start redproxy with --config)")
 
 // Options tune a Guard; zero values mean the defaults.
 type Options struct {
