@@ -393,6 +393,13 @@ func (sess *Session) run() (parked bool) {
 // that is decided in parts, as before.
 const lookAheadBytes = 1 << 20
 
+// maxLookAheadPasses bounds how often one batch is extended and decided
+// again: a client that trickles a request per write, each ending with the
+// start of the next, would otherwise have the whole batch re-parsed and
+// re-decided once per request (found by review). A pipeline read in 16 KB
+// and then doubling reads reaches lookAheadBytes in fewer.
+const maxLookAheadPasses = 16
+
 // lookAheadWait bounds the wait for more of the client's bytes: the rest
 // of a request cut by a read comes at once from a client in mid-write,
 // and a read that merely filled the buffer may have left nothing.
@@ -411,9 +418,15 @@ func (sess *Session) extendBatch() (reqs []resp.Request, grew bool) {
 	sess.nc.SetReadDeadline(time.Now().Add(wait))
 	reqs, grew = sess.rd.Extend(lookAheadBytes)
 	// The session's own deadline again at once: a relay that the batch
-	// starts reads the socket before the loop sets it.
+	// starts reads the socket before the loop sets it. Unless interrupt
+	// (shutdown, CLIENT KILL) set one meanwhile, which this would erase:
+	// a relay with no idle timeout then waited for its client past the
+	// shutdown timeout (found by review).
 	sess.park.clearDead = true
 	sess.readDeadline(sess.park.idle)
+	if sess.interrupted.Load() {
+		sess.nc.SetReadDeadline(time.Now())
+	}
 	return reqs, grew
 }
 
@@ -425,14 +438,14 @@ func (sess *Session) serveBatch(reqs []resp.Request, extendable bool) {
 	defer sess.srv.batchLoad.leave()
 	sess.waitDirect()
 	start := time.Now()
-	for {
+	for pass := 0; ; pass++ {
 		sess.batchReqs = reqs
 		sess.list.active.Store(start.UnixNano())
 		if sess.ns.w != nil {
 			sess.nsRewriteBatch(reqs)
 		}
 		sess.prepareBatch(reqs)
-		if !extendable || !sess.guard.CutOff() {
+		if !extendable || pass == maxLookAheadPasses || !sess.guard.CutOff() || sess.interrupted.Load() {
 			break
 		}
 		// A write would get a fix-up or a refusal because the batch ended
@@ -445,6 +458,9 @@ func (sess *Session) serveBatch(reqs []resp.Request, extendable bool) {
 			break
 		}
 		reqs = more
+		// The wait was the client's, not the proxy's: the slow log and
+		// the latency metrics start from here.
+		start = time.Now()
 		if !grew {
 			extendable = false // parsed anew, nothing added: decide once more, then go
 		}

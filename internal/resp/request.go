@@ -272,15 +272,19 @@ func (r *Reader) Extend(maxBytes int) (reqs []Request, more bool) {
 	if r.r == r.w && r.w < len(r.buf) || r.w-r.batchStart >= maxBytes || r.batchFull() {
 		return nil, false
 	}
-	// The batch again from its first byte: its requests are parsed anew
-	// once the buffer has more, and a request cut short is parsed from its
-	// start rather than resumed.
+	// The batch again from its first byte, with what complete requests
+	// are buffered after it (a batch cut by a load cap that has lifted
+	// since): a read would wait for a client that is waiting for its
+	// replies (found by review).
 	n := len(r.reqs)
-	clear(r.reqs)
-	clear(r.args)
-	r.reqs, r.args, r.inlineRaw = r.reqs[:0], r.args[:0], r.inlineRaw[:0]
-	r.r = r.batchStart
-	r.partial, r.nargs, r.pos, r.offs = false, 0, 0, r.offs[:0]
+	r.rewind()
+	if _ = r.parseAll(); len(r.reqs) > n {
+		return r.reqs, true
+	}
+	// Nothing complete after it: read more, and parse the batch again from
+	// its first byte (a request cut short is parsed from its start rather
+	// than resumed).
+	r.rewind()
 	if r.w == len(r.buf) {
 		r.grow() // compacts first: the batch moves to the front
 	}
@@ -288,6 +292,15 @@ func (r *Reader) Extend(maxBytes int) (reqs []Request, more bool) {
 	_ = r.fill()     // an error adds nothing, and comes again
 	_ = r.parseAll() // so does a protocol error, at the next ReadBatch
 	return r.reqs, len(r.reqs) > n
+}
+
+// rewind undoes the parse of the batch that starts at batchStart.
+func (r *Reader) rewind() {
+	clear(r.reqs)
+	clear(r.args)
+	r.reqs, r.args, r.inlineRaw = r.reqs[:0], r.args[:0], r.inlineRaw[:0]
+	r.r = r.batchStart
+	r.partial, r.nargs, r.pos, r.offs = false, 0, 0, r.offs[:0]
 }
 
 // Buffered reports whether the Reader holds bytes it has not returned as
