@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
@@ -119,15 +118,14 @@ func (d *Duration) UnmarshalText(text []byte) error {
 // MarshalText writes whole days as "Nd" so a round trip reads like the input.
 func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
 
-func (d Duration) String() string {
-	const day = 24 * time.Hour
-	if d.Duration > 0 && d.Duration%day == 0 {
-		return strconv.FormatInt(int64(d.Duration/day), 10) + "d"
-	}
-	return d.Duration.String()
-}
+func (d Duration) String() string { return units.FormatDuration(d.Duration) }
 
 func parseDuration(s string) (time.Duration, error) {
+	if strings.HasPrefix(s, "-") {
+		// As the other sections say it (a user's trial read "invalid
+		// duration" for a plain "-5s").
+		return 0, fmt.Errorf("must not be negative, got %s", s)
+	}
 	d, err := units.ParseDuration(s)
 	if err != nil {
 		return 0, fmt.Errorf("invalid duration %q (use e.g. \"90s\", \"15m\", \"24h\", \"7d\", \"1w\")", s)

@@ -39,8 +39,28 @@ func (d *Duration) UnmarshalText(text []byte) error {
 }
 
 // MarshalText implements encoding.TextMarshaler so a Config can be written
-// back out (e.g. to show the effective configuration).
-func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+// back out (e.g. to show the effective configuration), as an operator
+// would write it (FormatDuration).
+func (d Duration) MarshalText() ([]byte, error) { return []byte(FormatDuration(d.Duration)), nil }
+
+// FormatDuration writes d as ParseDuration reads it and an operator would
+// write it: whole days as "7d", and without Go's trailing zero units
+// ("1h", "1h30m", not "1h0m0s", "1h30m0s"; "1d" read back printed as
+// "24h0m0s": found by a user's trial).
+func FormatDuration(d time.Duration) string {
+	const day = 24 * time.Hour
+	if d > 0 && d%day == 0 {
+		return strconv.FormatInt(int64(d/day), 10) + "d"
+	}
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
 
 // ParseDuration reads an unsigned duration: Go's units ("500ms", "90s",
 // "1h30m") plus "d" (24h) and "w" (7d), alone or combined ("1d12h"), or

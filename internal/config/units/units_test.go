@@ -64,3 +64,22 @@ func TestDurationDaysWeeksAndSigns(t *testing.T) {
 		}
 	}
 }
+
+// Durations are written back as an operator writes them, and read back
+// as the same value.
+func TestFormatDurationRoundTrips(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		24 * time.Hour: "1d", 7 * 24 * time.Hour: "7d", time.Hour: "1h", 90 * time.Minute: "1h30m",
+		2 * time.Minute: "2m", 90 * time.Second: "1m30s", 1500 * time.Millisecond: "1.5s", 500 * time.Millisecond: "500ms",
+		0: "0s", 25 * time.Hour: "25h", time.Hour + time.Second: "1h0m1s", 60500 * time.Millisecond: "1m0.5s", -time.Hour: "-1h",
+	} {
+		got := FormatDuration(d)
+		if got != want {
+			t.Errorf("FormatDuration(%v) = %q, want %q", time.Duration(d), got, want)
+		}
+		var back Duration
+		if err := back.UnmarshalText([]byte(got)); err != nil || back.Duration != d {
+			t.Errorf("%q read back as %v, %v; want %v", got, back.Duration, err, time.Duration(d))
+		}
+	}
+}
