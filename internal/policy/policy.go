@@ -223,6 +223,7 @@ type nameRules struct {
 	namespaces map[string]bool
 	nsList     string // for messages
 	re         *regexp.Regexp
+	reText     string // the configured pattern, for messages (re is anchored)
 	maxLen     int
 	version    []glob
 }
@@ -339,6 +340,7 @@ func compileRules(scope string, mode Action, global, local *CommandRules, ttl []
 	}
 	if names.Regex != "" {
 		n.re = regexp.MustCompile(`^(?:` + names.Regex + `)$`)
+		n.reText = names.Regex
 	}
 	n.maxLen = names.MaxKeyLength
 	for _, g := range names.RequireVersion {
@@ -473,8 +475,10 @@ func (n *nameRules) check(key []byte) (rule, pattern, msg string) {
 		}
 	}
 	if n.re != nil && !n.re.Match(key) {
-		return RuleRegex, "", fmt.Sprintf("%skey %s does not match naming rule %q (%s)",
-			msgPrefix, quoteKey(key), RuleRegex, n.re.String())
+		// The pattern as configured: the anchored form read
+		// "(^(?:^[a-z:]+$)$)" to a user's trial.
+		return RuleRegex, "", fmt.Sprintf("%skey %s does not match naming rule %q: the whole key must match %s",
+			msgPrefix, quoteKey(key), RuleRegex, n.reText)
 	}
 	for i := range n.version {
 		if n.version[i].Match(key) && !hasVersionSegment(key) {

@@ -200,6 +200,12 @@ func TestNameRegex(t *testing.T) {
 			t.Errorf("%s: got %q, want %q", c.cmd, got, c.want)
 		}
 	}
+	// The message shows the pattern as configured, not its anchored form.
+	out := checkBatch(t, p, []Request{line("SET A:1 v")})
+	want := `ERR redproxy policy: key "A:1" does not match naming rule "regex": the whole key must match [a-z]+:[0-9]+`
+	if vs := out[0].Violations; len(vs) != 1 || vs[0].Msg != want {
+		t.Errorf("violations %+v, want the message %q", vs, want)
+	}
 }
 
 func TestCheckKeyNameAndTTLRule(t *testing.T) {
