@@ -99,6 +99,11 @@ func TestReloadEndpointAndSIGHUP(t *testing.T) {
 	if code != http.StatusUnprocessableEntity || !strings.Contains(body, "server.listen: the client listener is bound once at start") {
 		t.Fatalf("POST /reload with a new listen address = %d %q", code, body)
 	}
+	// Said once, and what to do (a user's trial read "the configuration
+	// in force stays" twice in one reply).
+	if strings.Count(body, "in force stays") != 1 || !strings.Contains(body, "restart redproxy to apply them") {
+		t.Errorf("POST /reload with a restart-only change: %q", body)
+	}
 	writeLandsOn("product:refused", directB, directA)
 
 	// A broken file: POST /reload and SIGHUP both keep the configuration.

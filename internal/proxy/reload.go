@@ -154,7 +154,7 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		refused = append(refused, err)
 	}
 	if len(refused) > 0 {
-		return nil, fmt.Errorf("%w (the configuration in force stays):\n%w", ErrRestartRequired, errors.Join(refused...))
+		return nil, fmt.Errorf("%w (restart redproxy to apply them):\n%w", ErrRestartRequired, errors.Join(refused...))
 	}
 	// Checked before anything is applied, so a bad policy keeps the old
 	// configuration as a whole; the guard compiles it again when applying.
