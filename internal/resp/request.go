@@ -259,9 +259,10 @@ func (r *Reader) ReadBatch() ([]Request, error) {
 // over batches wherever a read ends, and a pipeline past the read buffer's
 // 16 KB always is. When the client has sent more than the last batch that
 // ReadBatch or Extend returned (part of a request is buffered, or the last
-// read filled the buffer), Extend reads once more and returns that batch
-// again with the requests that follow it, all parsed anew; more reports
-// whether there are any. A nil reqs means nothing was done and the batch
+// read filled the buffer), Extend returns that batch again with the
+// requests that follow it, all parsed anew: those already buffered if
+// there are any, else those one more read brings; more reports whether
+// there are any. A nil reqs means nothing was done and the batch
 // stands: no sign of more, or the batch already holds maxBytes or as many
 // requests as a batch may. Otherwise the slices returned before are
 // invalidated, as by ReadBatch, and reqs replaces them. A read that ends
