@@ -19,9 +19,24 @@ import (
 // Decision beyond the next call must copy it. It does not allocate unless it
 // finds a violation (or a batch has more than a few TTL writes).
 func (p *Policy) CheckBatch(reqs []Request, out []Decision) []Decision {
+	out, _ = p.CheckTx(reqs, out, nil, nil)
+	return out
+}
+
+// CheckTx is CheckBatch for a batch that goes on with a client's
+// transaction, whose earlier batches left the TTL requirements open
+// (Decision.Open; the Violations, with their keys). It sets settled[j]
+// when a request of this batch, before its first boundary (in the same
+// database and transaction as the write), certainly gives open[j]'s key
+// a TTL. closed reports that the batch has a boundary, past which no
+// later request can settle what is left: EXEC, a SELECT, a DISCARD.
+// settled must be as long as open. A requirement is checked against the
+// policy in force when its write was queued; a policy that is off
+// settles nothing.
+func (p *Policy) CheckTx(reqs []Request, out []Decision, open []Violation, settled []bool) (decs []Decision, closed bool) {
 	out = resetDecisions(out, len(reqs))
 	if p == nil || p.ceiling == Off {
-		return out
+		return out, len(open) > 0 && anyBoundary(reqs)
 	}
 	c := checkers.Get().(*checker)
 	c.p, c.reqs, c.out = p, reqs, out
@@ -32,8 +47,22 @@ func (p *Policy) CheckBatch(reqs []Request, out []Decision) []Decision {
 		c.checkOne(i)
 	}
 	c.resolvePending()
+	for j := range open {
+		// Request -1: every request of the batch comes after the write.
+		_, settled[j] = c.ttlSetLater(-1, 0, open[j].Key)
+	}
+	closed = c.seg > 0
 	c.release()
-	return out
+	return out, closed
+}
+
+func anyBoundary(reqs []Request) bool {
+	for i := range reqs {
+		if len(reqs[i].Args) > 0 && boundary(&reqs[i]) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkers recycles checker state: it holds buffers that would otherwise be
@@ -72,6 +101,7 @@ func resetDecisions(out []Decision, n int) []Decision {
 		d.Expires = d.Expires[:0]
 		d.TTLFrom = 0
 		d.CutOff = false
+		d.Open = d.Open[:0]
 	}
 	return out
 }
@@ -328,9 +358,27 @@ func (c *checker) violate(d *Decision, a Action, fixable bool, v Violation) bool
 		d.Refuse = &v
 		d.Args = nil
 		d.Expires = d.Expires[:0]
+		d.Open = d.Open[:0] // refused whatever follows
 		return true
 	}
 	return false
+}
+
+// violateOpen records v, a TTL requirement the batch's end left unmet
+// (Decision.Open), with action a and no fix: refused under enforce, but
+// a transaction may still set the TTL in a later batch. Unlike violate it
+// keeps the fixes of the request's other keys, which the request needs
+// if it is forwarded.
+func (c *checker) violateOpen(d *Decision, a Action, v Violation) {
+	v.Action = a
+	v.Outcome = Reported
+	if a == Enforce {
+		v.Outcome = Refused
+		refuse := v
+		d.Refuse = &refuse
+	}
+	d.Open = append(d.Open, len(d.Violations))
+	d.Violations = append(d.Violations, v)
 }
 
 // denied applies the command lists: the exact name first, then for a
@@ -512,8 +560,8 @@ func (c *checker) setArg(d *Decision, req *Request, i int, val []byte) {
 func (c *checker) resolvePending() {
 	for _, pt := range c.pending {
 		d := &c.out[pt.req]
-		if d.Refuse != nil {
-			continue
+		if d.Refuse != nil && len(d.Open) == 0 {
+			continue // refused already, for a reason no later batch changes
 		}
 		req := &c.reqs[pt.req]
 		key := req.Args[pt.eff.key]
@@ -525,7 +573,8 @@ func (c *checker) resolvePending() {
 				continue
 			}
 		}
-		d.CutOff = pt.eff.db == 0 && pt.seg == c.seg
+		cutOff := pt.eff.db == 0 && pt.seg == c.seg
+		d.CutOff = d.CutOff || cutOff
 		rule := pt.rule
 		a := c.act(rule.action)
 		var msg string
@@ -546,6 +595,10 @@ func (c *checker) resolvePending() {
 			fixable = rule.def > 0
 		}
 		v := Violation{Rule: RuleTTL, Pattern: rule.String(), Scope: pt.rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg}
+		if cutOff && (a == Report || !fixable) {
+			c.violateOpen(d, a, v)
+			continue
+		}
 		if c.violate(d, a, fixable, v) || a != Enforce {
 			continue
 		}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -108,8 +109,23 @@ func checkBatch(t testing.TB, p *Policy, reqs []Request) []Decision {
 		t.Fatalf("got %d decisions for %d requests", len(out), len(reqs))
 	}
 	for i, d := range out {
+		for _, j := range d.Open {
+			if v := d.Violations[j]; v.Rule != RuleTTL || v.Outcome == Fixed {
+				t.Errorf("request %d: open violation %d is %s:%s", i, j, v.Outcome, v.Rule)
+			}
+		}
+		if d.Refuse != nil && len(d.Open) > 0 {
+			// Deferrable: every refusal is an open one.
+			for j, v := range d.Violations {
+				if v.Outcome == Refused && !slices.Contains(d.Open, j) {
+					t.Errorf("request %d: refused by %s yet open: %s", i, v.Rule, summary(d))
+				}
+			}
+		}
 		if d.Refuse != nil {
-			if d.Args != nil || len(d.Expires) > 0 {
+			// An open refusal keeps the other keys' fixes, for a
+			// transaction that forwards the write (Decision.Open).
+			if len(d.Open) == 0 && (d.Args != nil || len(d.Expires) > 0) {
 				t.Errorf("request %d refused but has fixes: %s", i, summary(d))
 			}
 			if d.Refuse.Outcome != Refused || !strings.HasPrefix(d.Refuse.Msg, "ERR redproxy policy: ") {

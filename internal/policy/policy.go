@@ -181,6 +181,15 @@ type Decision struct {
 	// after it, so the batch's end alone cut the look-ahead short: what
 	// the client sent next may set the TTL (resp.Reader.Extend).
 	CutOff bool
+	// Open indexes the Violations that are such cut-off TTL requirements
+	// refused or reported, not fixed (no default, or report mode). Inside
+	// a client's transaction a later batch of it may still set the TTL, so
+	// the session may forward the write and leave them to CheckTx and EXEC
+	// (a MULTI typed command by command). Empty when anything else refuses
+	// the request: Refuse is then the only answer. With Open set, Refuse is
+	// still the answer outside a transaction, and Args and Expires carry
+	// what the request's other keys need when it is forwarded.
+	Open []int
 }
 
 // Policy is a compiled, immutable policy, safe for concurrent use. Reload

@@ -1,0 +1,91 @@
+package policy
+
+import (
+	"slices"
+	"testing"
+)
+
+// A TTL requirement that only the batch's end left unmet, refused (no
+// default) or reported, is open (Decision.Open): a transaction typed
+// command by command may still settle it. Anything else refusing the
+// request, or a boundary after the write, closes it.
+func TestOpenRequirements(t *testing.T) {
+	p := compileDoc(t, ttlDoc+`
+[policy.names]
+max_key_length = 10
+`)
+	cases := []struct {
+		name  string
+		batch []string
+		req   int
+		open  []string // the open violations' keys
+		sum   string
+	}{
+		{"alone", []string{"SET l:1 v"}, 0, []string{"l:1"}, "refused:ttl"},
+		{"after multi", []string{"MULTI", "HSET l:1 f v"}, 1, []string{"l:1"}, "refused:ttl"},
+		{"a boundary after it", []string{"SET l:1 v", "SELECT 0"}, 0, nil, "refused:ttl"},
+		{"exec after it", []string{"MULTI", "SET l:1 v", "EXEC"}, 1, nil, "refused:ttl"},
+		{"two keys", []string{"MSET l:1 v l:2 v"}, 0, []string{"l:1", "l:2"}, "refused:ttl refused:ttl"},
+		// The default key's fix is kept with the open refusal: forwarded
+		// in a transaction, the write needs it.
+		{"beside a fixed key", []string{"MSET s:1 v l:1 v"}, 0, []string{"l:1"}, "fixed:ttl refused:ttl expire=[s:1 86400]"},
+		{"a default fixes", []string{"SET s:1 v"}, 0, nil, "fixed:ttl args=[SET s:1 v EX 86400]"},
+		{"report mode", []string{"HSET r:1 f v"}, 0, []string{"r:1"}, "reported:ttl"},
+		{"a name refusal first", []string{"SET l:toolongname v"}, 0, nil, "refused:max_key_length"},
+		{"a name refusal after", []string{"MSET l:1 v l:toolongname v"}, 0, nil, "refused:max_key_length"},
+		{"settled in the batch", []string{"SET l:1 v", "EXPIRE l:1 30"}, 0, nil, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := checkBatch(t, p, batch(c.batch...))[c.req]
+			var open []string
+			for _, j := range d.Open {
+				open = append(open, string(d.Violations[j].Key))
+			}
+			if !slices.Equal(open, c.open) || summary(d) != c.sum {
+				t.Fatalf("open %q %q, want %q %q", open, summary(d), c.open, c.sum)
+			}
+			if len(c.open) > 0 && !d.CutOff {
+				t.Errorf("open but not CutOff")
+			}
+		})
+	}
+}
+
+// CheckTx settles a requirement carried from an earlier batch of the
+// transaction with a request of this one that certainly sets the key's
+// TTL before any boundary, and closes the rest at a boundary.
+func TestCheckTxSettles(t *testing.T) {
+	p := compileDoc(t, ttlDoc)
+	open := []Violation{{Rule: RuleTTL, Key: []byte("l:1")}, {Rule: RuleTTL, Key: []byte("l:2")}}
+	cases := []struct {
+		name    string
+		batch   []string
+		settled []bool
+		closed  bool
+	}{
+		{"expire", []string{"EXPIRE l:1 30"}, []bool{true, false}, false},
+		{"both", []string{"PEXPIRE l:2 30000", "SET l:1 v EX 30"}, []bool{true, true}, false},
+		{"then exec", []string{"EXPIRE l:2 30", "EXEC"}, []bool{false, true}, true},
+		{"exec alone", []string{"EXEC"}, []bool{false, false}, true},
+		{"behind a select", []string{"SELECT 0", "EXPIRE l:1 30"}, []bool{false, false}, true},
+		{"xx may set nothing", []string{"EXPIRE l:1 30 XX"}, []bool{false, false}, false},
+		{"zero deletes", []string{"EXPIRE l:1 0"}, []bool{false, false}, false},
+		{"over the max, refused", []string{"EXPIRE l:1 3600"}, []bool{false, false}, false},
+		{"another key", []string{"EXPIRE l:3 30"}, []bool{false, false}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			settled := make([]bool, len(open))
+			_, closed := p.CheckTx(batch(c.batch...), nil, open, settled)
+			if !slices.Equal(settled, c.settled) || closed != c.closed {
+				t.Fatalf("settled %v closed %v, want %v %v", settled, closed, c.settled, c.closed)
+			}
+		})
+	}
+	var nilPolicy *Policy
+	settled := make([]bool, len(open))
+	if _, closed := nilPolicy.CheckTx(batch("EXPIRE l:1 30", "EXEC"), nil, open, settled); !closed || settled[0] {
+		t.Errorf("no policy: settled %v closed %v", settled, closed)
+	}
+}
