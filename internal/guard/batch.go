@@ -54,6 +54,14 @@ func (b *Batch) Trim() {
 // trust a TTL from a command that will not run. The requests' bytes must
 // stay valid while the decisions are used.
 func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Request, user, listener string, denied func(i int, cmd *commands.Command, args [][]byte) bool) {
+	b.PrepareTx(p, table, reqs, user, listener, denied, nil, nil)
+}
+
+// PrepareTx is Prepare for a batch that goes on with a client's
+// transaction, whose earlier batches left the TTL requirements open open
+// (policy.CheckTx): it sets settled[j] where this batch settles open[j],
+// and reports whether the batch closes what is left.
+func (b *Batch) PrepareTx(p *policy.Policy, table *commands.Table, reqs []resp.Request, user, listener string, denied func(i int, cmd *commands.Command, args [][]byte) bool, open []policy.Violation, settled []bool) (closed bool) {
 	if cap(b.reqs) > keepRequests && len(reqs) <= keepRequests {
 		b.reqs, b.keys, b.dec, b.joined, b.cmds = nil, nil, nil, nil, nil
 	}
@@ -87,7 +95,7 @@ func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Req
 		b.reqs = append(b.reqs, policy.Request{Cmd: cmd, Args: args, Keys: keys, User: user, Listener: listener, Denied: no})
 		b.cmds = append(b.cmds, cmd)
 	}
-	b.dec = p.CheckBatch(b.reqs, b.dec)
+	b.dec, closed = p.CheckTx(b.reqs, b.dec, open, settled)
 	clear(b.reqs) // keep no references to the client's buffer past its use
 	b.joined = b.joined[:0]
 	reach := 0 // the furthest request an earlier write's TTL comes from
@@ -101,6 +109,7 @@ func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Req
 		}
 		reach = max(reach, b.dec[i].TTLFrom)
 	}
+	return closed
 }
 
 // CutOff reports whether a write of the batch would get a TTL fix-up or

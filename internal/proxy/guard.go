@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"bytes"
+	"slices"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/guard"
@@ -64,7 +67,123 @@ func (sess *Session) prepareBatch(reqs []resp.Request) {
 		denied = sess.aclDeny
 	}
 	// Scopes select on the listener's name (config.Config.ClientListeners).
-	sess.guardBatch().Prepare(sg.Policy(), sess.srv.table, reqs, sess.userName(), sess.listenerName(), denied)
+	b := sess.guardBatch()
+	tx := sess.pin.txOpen
+	if tx == nil || len(tx.open) == 0 || !sess.pin.inMulti {
+		b.Prepare(sg.Policy(), sess.srv.table, reqs, sess.userName(), sess.listenerName(), denied)
+		return
+	}
+	tx.settled = slices.Grow(tx.settled[:0], len(tx.open))[:len(tx.open)]
+	closed := b.PrepareTx(sg.Policy(), sess.srv.table, reqs, sess.userName(), sess.listenerName(), denied, tx.open, tx.settled)
+	tx.settle(closed)
+}
+
+// txOpenTTL is what the policy left open in the client's transaction on
+// its pinned connection: TTL requirements of writes queued in it that a
+// later batch of it may still meet (policy.Decision.Open), as when a
+// MULTI is typed command by command. At EXEC what is left is recorded,
+// and a refused one discards the transaction (execOpenTTL). Behind a
+// pointer in pinState: few transactions ever need it.
+type txOpenTTL struct {
+	open []policy.Violation // a later request of the transaction may settle these
+	due  []policy.Violation // a boundary came: nothing can settle these now
+	// settled is CheckTx's answer for open, reused.
+	settled []bool
+}
+
+// settle drops the requirements the batch just prepared settles, and
+// makes the rest due if it closes them. Preparing a batch again (the
+// look-ahead's Extend) settles the same or more, so it may run twice.
+func (tx *txOpenTTL) settle(closed bool) {
+	kept := tx.open[:0]
+	for j := range tx.open {
+		switch {
+		case tx.settled[j]:
+		case closed:
+			tx.due = append(tx.due, tx.open[j])
+		default:
+			kept = append(kept, tx.open[j])
+		}
+	}
+	clear(tx.open[len(kept):])
+	tx.open = kept
+}
+
+func (tx *txOpenTTL) reset() {
+	clear(tx.open)
+	clear(tx.due)
+	tx.open, tx.due = tx.open[:0], tx.due[:0]
+}
+
+// txDefers reports whether d's open TTL requirements wait for the rest of
+// the client's transaction instead of refusing (or reporting) the write
+// now: the client is in MULTI on its pinned connection to the one
+// upstream, where the write is queued. In cluster mode and with routes,
+// which place a transaction's commands themselves, the write is refused
+// at queue time as before (docs/COMPATIBILITY.md).
+func (sess *Session) txDefers(d *policy.Decision) bool {
+	return len(d.Open) > 0 && sess.pin.inMulti && sess.pin.pipe != nil && sess.srv.router == nil && sess.srv.routes == nil
+}
+
+// deferOpen keeps d's open requirements for the rest of the transaction.
+func (sess *Session) deferOpen(d *policy.Decision) {
+	pin := &sess.pin
+	if pin.txOpen == nil {
+		pin.txOpen = new(txOpenTTL)
+	}
+	for _, j := range d.Open {
+		pin.txOpen.open = append(pin.txOpen.open, d.Violations[j])
+	}
+}
+
+// execOpenTTL is EXEC of a transaction whose writes left TTL requirements
+// open: each is recorded now, as it would have been at the write, and if
+// one is refused the transaction is discarded on Redis and EXEC answers
+// EXECABORT with its message, as for a queue-time error. It reports
+// false when EXEC goes ahead (nothing left, or only reported).
+func (sess *Session) execOpenTTL(r *request) bool {
+	tx := sess.pin.txOpen
+	if tx == nil || len(tx.open)+len(tx.due) == 0 {
+		return false
+	}
+	sg := sess.srv.guard
+	var refused *policy.Violation
+	for _, list := range [2][]policy.Violation{tx.due, tx.open} {
+		for j := range list {
+			sg.Record(&list[j], sess.nc.RemoteAddr(), sess.userName())
+			if refused == nil && list[j].Outcome == policy.Refused {
+				refused = &list[j]
+			}
+		}
+	}
+	if refused == nil {
+		tx.reset()
+		return false
+	}
+	reply := appendExecAbort(nil, refused.Msg)
+	tx.reset()
+	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
+	sess.call.Add(cmdDiscard)
+	sess.replyLocal(r.m, reply)
+	sess.unnamePin()
+	sess.flush(time.Now())
+	sess.unpin(true)
+	return true
+}
+
+// appendExecAbort is EXEC's answer to a transaction the policy refused:
+// Redis's form for an error found at EXEC ("EXECABORT Transaction
+// discarded because of: ..."), with the policy's message after it.
+func appendExecAbort(dst []byte, msg string) []byte {
+	dst = append(dst, "-EXECABORT Transaction discarded because of: "...)
+	start := len(dst)
+	dst = append(dst, strings.TrimPrefix(msg, "ERR ")...)
+	for i := start; i < len(dst); i++ {
+		if dst[i] == '\r' || dst[i] == '\n' {
+			dst[i] = ' '
+		}
+	}
+	return append(dst, '\r', '\n')
 }
 
 // guardStep applies the guard's decision for request i: a refusal is
@@ -77,10 +196,15 @@ func (sess *Session) guardStep(r *request) bool {
 	if d == nil {
 		return false
 	}
-	// Recorded already (guardRecord).
-	if d.Refuse != nil {
+	// Recorded already (guardRecord), but for open requirements that wait
+	// for the transaction's end.
+	deferred := sess.txDefers(d)
+	if d.Refuse != nil && !deferred {
 		sess.refuse(d, m)
 		return true
+	}
+	if deferred {
+		sess.deferOpen(d)
 	}
 	if d.Args == nil && len(d.Expires) == 0 {
 		return false // only reported
@@ -136,6 +260,13 @@ func (sess *Session) guardRecord(r *request) bool {
 	if d == nil {
 		return false
 	}
+	if sess.txDefers(d) {
+		// A later batch of the transaction may still set the TTL: the
+		// write is queued (guardStep), its open requirements recorded, or
+		// refused, at EXEC (execOpenTTL).
+		sess.recordViolationsExcept(d, d.Open)
+		return false
+	}
 	sess.recordViolations(d)
 	if d.Refuse == nil {
 		return false
@@ -144,10 +275,16 @@ func (sess *Session) guardRecord(r *request) bool {
 	return true
 }
 
-func (sess *Session) recordViolations(d *policy.Decision) {
+func (sess *Session) recordViolations(d *policy.Decision) { sess.recordViolationsExcept(d, nil) }
+
+// recordViolationsExcept records d's violations but those at the indexes
+// skip.
+func (sess *Session) recordViolationsExcept(d *policy.Decision, skip []int) {
 	sg := sess.srv.guard
 	for j := range d.Violations {
-		sg.Record(&d.Violations[j], sess.nc.RemoteAddr(), sess.userName())
+		if !slices.Contains(skip, j) {
+			sg.Record(&d.Violations[j], sess.nc.RemoteAddr(), sess.userName())
+		}
 	}
 }
 

@@ -77,6 +77,9 @@ type pinState struct {
 	// has left the node, what the WATCH guards is no longer there, and
 	// the client was told the transaction will fail, so EXEC must.
 	redirected []byte
+	// txOpen: TTL requirements the policy left to the rest of the
+	// transaction (guard.go); nil until one.
+	txOpen *txOpenTTL
 	// With routes: the keys the client WATCHed on this connection (copies)
 	// and the route table in force at the first WATCH, which placed it on
 	// slot's upstream. A reload that moves one of them elsewhere makes
@@ -225,6 +228,9 @@ func pinnedExec(sess *Session, r *request) bool {
 	if !pin.inMulti {
 		return false
 	}
+	if sess.execOpenTTL(r) {
+		return true
+	}
 	if pin.watching && (pin.redirected != nil || !pin.cluster && pin.backend.Addr() != pin.addr) {
 		return sess.execMovedWatch(r)
 	}
@@ -308,6 +314,9 @@ func pinnedMulti(sess *Session, r *request) bool {
 		pin.inMulti = true
 		pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect = 0, pin.txHidden[:0], pin.txWrites[:0], -1
 		pin.txName, pin.txNamed = "", false
+		if pin.txOpen != nil {
+			pin.txOpen.reset()
+		}
 		sess.list.multi.Store(1)
 	}
 	sess.forward(r.Raw, r.m)
@@ -561,7 +570,10 @@ func (sess *Session) unpin(clean bool) {
 	sess.nsTxEnd()
 	sess.mirrorTxEnded() // mirror.go
 	clear(pin.txWrites)
-	*pin = pinState{txHidden: pin.txHidden[:0], txWrites: pin.txWrites[:0]}
+	if pin.txOpen != nil {
+		pin.txOpen.reset()
+	}
+	*pin = pinState{txHidden: pin.txHidden[:0], txWrites: pin.txWrites[:0], txOpen: pin.txOpen}
 }
 
 // noteQueued is called by flush for every reply to a command sent inside
