@@ -51,10 +51,12 @@ func runCheck(argv []string, stdout, stderr io.Writer) int {
 	// proxy runs (found by review: in the image, which sets
 	// REDPROXY_LISTEN and REDPROXY_ADMIN, check printed addresses the
 	// proxy did not use).
-	if _, err := applyEnv(fs, lookupEnv); err != nil {
+	fromEnv, err := applyEnv(fs, lookupEnv)
+	if err != nil {
 		fmt.Fprintf(stderr, "redproxy check: %v\n", err)
 		return checkBad
 	}
+	ov.Sources = envSources(fromEnv)
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "redproxy check: unexpected argument %q\n", fs.Arg(0))
 		return checkBad

@@ -49,3 +49,12 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) (string, bool), only ...stri
 
 // lookupEnv is where applyEnv reads variables; tests replace it.
 var lookupEnv = os.LookupEnv
+
+// envSources is config.Overrides.Sources for the flags applyEnv set.
+func envSources(fromEnv map[string]bool) map[string]string {
+	m := make(map[string]string, len(fromEnv))
+	for name := range fromEnv {
+		m["--"+name] = envName(name)
+	}
+	return m
+}

@@ -100,13 +100,20 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "redproxy %s (%s)\n", proxy.BuildVersion(), runtime.Version())
 		return 0
 	}
-	if _, err := applyEnv(fs, lookupEnv); err != nil {
+	fromEnv, err := applyEnv(fs, lookupEnv)
+	if err != nil {
 		fmt.Fprintf(stderr, "redproxy: %v\n", err)
 		return 2
 	}
 	forced, err := policy.ParseAction(*policyMode)
 	if err != nil {
-		fmt.Fprintf(stderr, "redproxy: --policy-mode: %v\n", err)
+		// Named as the operator set it (a user's trial set the variable
+		// and was told of a flag it never gave).
+		what := "--policy-mode"
+		if fromEnv["policy-mode"] {
+			what = envName("policy-mode")
+		}
+		fmt.Fprintf(stderr, "redproxy: %s: %v\n", what, err)
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -122,6 +129,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		}
 	}
 	ov := *ovp
+	ov.Sources = envSources(fromEnv)
 	cfg, err = cfg.Apply(ov)
 	if err != nil {
 		fmt.Fprintf(stderr, "redproxy: bad configuration:\n%v\n", err)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -735,5 +736,41 @@ func TestJSONLogHasNoPlainLines(t *testing.T) {
 		case <-timeout:
 			t.Fatalf("after 20 s: go-redis line seen %v, command table warning seen %v", fromGoRedis, tableWarning)
 		}
+	}
+}
+
+// A bad value from a REDPROXY_ variable is named as the variable, not as
+// the flag the operator never gave (a user's trial); a bad flag as the
+// flag. Both for the proxy and for `redproxy check`.
+func TestBadValueNamesItsVariable(t *testing.T) {
+	env := map[string]string{}
+	old := lookupEnv
+	lookupEnv = func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	t.Cleanup(func() { lookupEnv = old })
+	cases := []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{map[string]string{"REDPROXY_POLICY_MODE": "bogus"}, nil, `redproxy: REDPROXY_POLICY_MODE: invalid action "bogus"`},
+		{nil, []string{"--policy-mode", "bogus"}, `redproxy: --policy-mode: invalid action "bogus"`},
+		{map[string]string{"REDPROXY_LOG_LEVEL": "loud"}, nil, `server.log_level (REDPROXY_LOG_LEVEL): invalid level "loud"`},
+		{nil, []string{"--log-level", "loud"}, `server.log_level (--log-level): invalid level "loud"`},
+		{map[string]string{"REDPROXY_LOCAL_TIER": "maybe"}, nil, `localcache.enabled (REDPROXY_LOCAL_TIER): invalid value "maybe"`},
+		{map[string]string{"REDPROXY_LISTEN": "nope"}, nil, `server.listen (REDPROXY_LISTEN): invalid address "nope"`},
+	}
+	for _, c := range cases {
+		clear(env)
+		maps.Copy(env, c.env)
+		var errOut bytes.Buffer
+		if code := run(c.args, io.Discard, &errOut); code != 2 || !strings.Contains(errOut.String(), c.want) {
+			t.Errorf("env %v args %q: exit %d, stderr %q; want 2 and %q", c.env, c.args, code, errOut.String(), c.want)
+		}
+	}
+	clear(env)
+	env["REDPROXY_LOG_LEVEL"] = "loud"
+	var errOut bytes.Buffer
+	if code := runCheck([]string{"--config", examplePath}, io.Discard, &errOut); code != checkBad || !strings.Contains(errOut.String(), "(REDPROXY_LOG_LEVEL)") {
+		t.Errorf("check with REDPROXY_LOG_LEVEL=loud: exit %d, stderr %q", code, errOut.String())
 	}
 }

@@ -397,6 +397,18 @@ type Overrides struct {
 	// server.allow_unauthenticated (only ever turns it on).
 	AllowUnauthenticated bool
 	AdminTokenFile       string // --admin-token-file -> admin.token_file
+	// Sources names where a flag's value came from when not the command
+	// line, by the flag as errors name it ("--log-level" ->
+	// "REDPROXY_LOG_LEVEL"): an error then names what the operator set.
+	Sources map[string]string
+}
+
+// source is how an error names flag: where its value came from.
+func (o *Overrides) source(flag string) string {
+	if s, ok := o.Sources[flag]; ok {
+		return s
+	}
+	return flag
 }
 
 // Apply returns a new snapshot with the overrides applied and validated; c is
@@ -412,7 +424,7 @@ func (c *Config) Apply(o Overrides) (*Config, error) {
 	set := func(dst *string, val, key, flag string) {
 		if val != "" {
 			*dst = val
-			flags[key] = flag
+			flags[key] = o.source(flag)
 		}
 	}
 	set(&n.Server.Listen, o.Listen, "server.listen", "--listen")
@@ -432,7 +444,7 @@ func (c *Config) Apply(o Overrides) (*Config, error) {
 	case "on", "off":
 		n.LocalCache.Enabled = o.LocalTier == "on"
 	default:
-		tierErr = &Error{Key: "localcache.enabled (--local-tier)", Msg: fmt.Sprintf("invalid value %q (use on or off)", o.LocalTier)}
+		tierErr = &Error{Key: "localcache.enabled (" + o.source("--local-tier") + ")", Msg: fmt.Sprintf("invalid value %q (use on or off)", o.LocalTier)}
 	}
 	// --listen may change which listener a scope's address names.
 	n.Policy.Scopes = slices.Clone(c.Policy.Scopes)

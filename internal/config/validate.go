@@ -30,12 +30,12 @@ func (c *Config) check() []*Error {
 		bad("server.listen", "is empty and neither server.tls.listen nor [[server.listeners]] is set: no client could connect")
 	case s.Listen != "":
 		if err := checkHostPort(s.Listen, false); err != nil {
-			bad("server.listen", "%v (use \"\" to accept TLS clients only)", err)
+			bad("server.listen", "%v; \"\" accepts TLS clients only", err)
 		}
 	}
 	if s.Admin != "" {
 		if err := checkHostPort(s.Admin, false); err != nil {
-			bad("server.admin", "%v (use \"\" to disable the admin server)", err)
+			bad("server.admin", "%v; \"\" turns the admin server off", err)
 		}
 	}
 	switch s.LogLevel {
