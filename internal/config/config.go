@@ -264,10 +264,9 @@ func Load(path string) (*Config, error) {
 func Parse(data []byte, name string) (*Config, error) {
 	lines, errs := scan(data)
 	if len(errs) == 0 {
-		cfg := Default()
-		dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
-		if err := dec.Decode(cfg); err != nil {
-			return nil, decodeError(err, name)
+		cfg, derrs := decodeAll(data, name)
+		if len(derrs) > 0 {
+			return nil, join(derrs)
 		}
 		cfg.bindUserScopes()
 		cfg.fillUpstreamDefaults()
@@ -296,23 +295,78 @@ func Parse(data []byte, name string) (*Config, error) {
 
 const defaultNote = " (its default: the file does not set it)"
 
-// decodeError converts go-toml's errors into *Error values. The decoder stops
-// at the first type or syntax error, but reports all unknown keys at once.
-func decodeError(err error, name string) error {
-	var strict *toml.StrictMissingError
-	if errors.As(err, &strict) {
-		errs := make([]*Error, len(strict.Errors))
-		for i := range strict.Errors {
-			errs[i] = fromDecodeError(&strict.Errors[i], name)
-			errs[i].Msg = "unknown key"
+// maxDecodeErrors bounds how many wrong-typed values decodeAll reports,
+// each costing a decode of the whole file.
+const maxDecodeErrors = 20
+
+// decodeAll decodes data over the defaults and returns every wrong-typed
+// value and unknown key it finds, not only the first: the decoder stops at
+// the first type error, so an operator fixed a file one run at a time (a
+// user's trial). After a type error the offending line is blanked and the
+// file decoded again; a value spanning lines then fails to parse, which
+// ends the search with what was found.
+func decodeAll(data []byte, name string) (*Config, []*Error) {
+	var errs []*Error
+	for range maxDecodeErrors {
+		cfg := Default()
+		err := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields().Decode(cfg)
+		if err == nil {
+			if len(errs) == 0 {
+				return cfg, nil
+			}
+			return nil, errs
 		}
-		return join(errs)
+		var strict *toml.StrictMissingError
+		var de *toml.DecodeError
+		switch {
+		case errors.As(err, &strict):
+			// Reported once the rest decoded, all together.
+			for i := range strict.Errors {
+				e := fromDecodeError(&strict.Errors[i], name)
+				e.Msg = "unknown key"
+				errs = append(errs, e)
+			}
+			return nil, errs
+		case !errors.As(err, &de):
+			return nil, append(errs, &Error{File: name, Msg: err.Error()})
+		}
+		line, _ := de.Position()
+		if len(errs) > 0 && (len(de.Key()) == 0 || line < 1) {
+			// Blanking a line broke the file's syntax: what is left was
+			// a value spanning lines.
+			return nil, errs
+		}
+		errs = append(errs, fromDecodeError(de, name))
+		if len(de.Key()) == 0 {
+			return nil, errs // a syntax error: nothing after it can be read
+		}
+		data = blankLine(data, line)
 	}
-	var de *toml.DecodeError
-	if errors.As(err, &de) {
-		return fromDecodeError(de, name)
+	return nil, errs
+}
+
+// blankLine returns a copy of data with line n (1-based) replaced by
+// spaces; lines keep their numbers.
+func blankLine(data []byte, n int) []byte {
+	out := slices.Clone(data)
+	start := 0
+	for i := 1; i < n; i++ {
+		nl := bytes.IndexByte(out[start:], '\n')
+		if nl < 0 {
+			return out
+		}
+		start += nl + 1
 	}
-	return &Error{File: name, Msg: err.Error()}
+	end := bytes.IndexByte(out[start:], '\n')
+	if end < 0 {
+		end = len(out) - start
+	}
+	for i := start; i < start+end; i++ {
+		if out[i] != '\r' {
+			out[i] = ' '
+		}
+	}
+	return out
 }
 
 // Locate points an error about the configuration read from path (an

@@ -412,6 +412,20 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{2, "server.listen", "want a string (in quotes), got a TOML integer"}}},
 		{"string for a bool", "[localcache]\nenabled = \"yes\"\n",
 			[]wantErr{{2, "localcache.enabled", "want true or false, got a TOML string"}}},
+		// Every wrong-typed value and unknown key in one run, not the
+		// first alone (a user's trial fixed a file one run at a time).
+		{"several wrong types", "[server]\nlisten = 6380\nadmin = true\nbogus = 1\n[upstream]\nconnections = \"four\"\nnonsense = 2\n",
+			[]wantErr{{2, "server.listen", "want a string (in quotes), got a TOML integer"}, {3, "server.admin", "want a string (in quotes), got a TOML boolean"},
+				{4, "server.bogus", "unknown key"}, {6, "upstream.connections", "want an integer, got a TOML string"}, {7, "upstream.nonsense", "unknown key"}}},
+		// Elements of an array spanning lines are found at their own
+		// lines, so blanking one leaves the array whole.
+		{"wrong type spanning lines", "[policy.commands]\ndeny = [\n  1,\n  2,\n]\n[upstream]\nconnections = \"four\"\n",
+			[]wantErr{{3, "policy.commands.deny", "want a string (in quotes), got a TOML integer"}, {4, "policy.commands.deny", "want a string (in quotes), got a TOML integer"},
+				{7, "upstream.connections", "want an integer, got a TOML string"}}},
+		// A wrong value whose text spans lines ends the search there:
+		// blanked, its first line leaves the rest unparsable.
+		{"wrong type in a multi-line string", "[upstream]\nconnections = \"\"\"\nfour\n\"\"\"\n[server]\nlisten = 6380\n",
+			[]wantErr{{2, "upstream.connections", "want an integer, got a TOML string"}}},
 		{"syntax error", "[server\nlisten = 1\n",
 			[]wantErr{{1, "", "expected ']'"}}},
 		{"max_clients zero", "[server]\nmax_clients = 0\n",
@@ -517,8 +531,10 @@ databases = 0
 func TestErrorFormat(t *testing.T) {
 	_, err := Parse([]byte("[upstream]\nread = 1\n\n\n\n\n\n\n\n\n\n\n"+
 		"[server]\nidle_timeout = \"2x\"\n"), "config.toml")
-	// The decoder stops at the first type error, so only that one is reported.
-	const want = `config.toml:14: server.idle_timeout: invalid duration "2x" (use e.g. "500ms", "2s")`
+	// Both, in the file's order, although the decoder stops at the type
+	// error before it sees the unknown key (decodeAll).
+	const want = "config.toml:2: upstream.read: unknown key\n" +
+		`config.toml:14: server.idle_timeout: invalid duration "2x" (use e.g. "500ms", "2s")`
 	if err == nil || err.Error() != want {
 		t.Fatalf("got  %v\nwant %s", err, want)
 	}
