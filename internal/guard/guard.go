@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -227,10 +228,19 @@ func (g *Guard) Reload() error {
 	if err == nil {
 		p, err = policy.Compile(c)
 	}
-	if err = g.swapLocked(p, err); err == nil {
-		g.loadedConf = c
+	if err = g.swapLocked(p, err); err != nil {
+		return err
 	}
-	return err
+	// Every full reload (SIGHUP) reloads the policy too: a line for each
+	// said "policy loaded" whether or not anything in it changed (a
+	// user's trial read it as a change).
+	if reflect.DeepEqual(c, g.loadedConf) {
+		g.log.Debug("policy reloaded, unchanged")
+	} else {
+		g.log.Info("policy loaded", "policy_mode", g.forced.String())
+	}
+	g.loadedConf = c
+	return nil
 }
 
 // LoadedConfig is the configuration of the policy in force (before any
@@ -262,7 +272,6 @@ func (g *Guard) swapLocked(p *policy.Policy, err error) error {
 	g.loaded, g.loadedAt, g.lastErr = p, g.now(), ""
 	g.cur.Store(p.ForcedMode(g.forced))
 	g.reloads.WithLabelValues("ok").Inc()
-	g.log.Info("policy loaded", "policy_mode", g.forced.String())
 	return nil
 }
 

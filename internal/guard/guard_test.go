@@ -235,7 +235,7 @@ func keysRefused(g *Guard) bool {
 // one replaces it; --policy-mode applies to what is loaded later.
 func TestReload(t *testing.T) {
 	var src func() (policy.Config, error)
-	g, reg, _ := newTestGuard(t, policy.DefaultConfig(), Options{})
+	g, reg, sink := newTestGuard(t, policy.DefaultConfig(), Options{})
 	if err := g.Reload(); !errors.Is(err, ErrNoSource) {
 		t.Fatalf("reload without source: %v", err)
 	}
@@ -271,6 +271,17 @@ func TestReload(t *testing.T) {
 	}
 	if e, ok := metricValue(t, reg, "redproxy_policy_reloads_total", "result", "error"), metricValue(t, reg, "redproxy_policy_reloads_total", "result", "ok"); e != 2 || ok != 1 {
 		t.Fatalf("reloads: %v errors, %v ok", e, ok)
+	}
+	// Reloaded again unchanged (every SIGHUP reloads the policy): counted,
+	// but not logged as a policy loaded.
+	if err := g.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(sink.String(), `"msg":"policy loaded"`); n != 1 {
+		t.Fatalf("%d 'policy loaded' lines for one change and one unchanged reload:\n%s", n, sink.String())
+	}
+	if ok := metricValue(t, reg, "redproxy_policy_reloads_total", "result", "ok"); ok != 2 {
+		t.Fatalf("unchanged reload not counted: %v ok", ok)
 	}
 
 	// --policy-mode=report survives a reload.
