@@ -1,6 +1,7 @@
 package guard_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
 )
 
 // step is one command sent on its own (its own batch) and the reply it
@@ -159,5 +161,88 @@ func TestTransactionByStepReportsAtExec(t *testing.T) {
 	row := findRow(reportJSON(t, p.Guard()), policy.RuleTTL, "set")
 	if row == nil || row.Reported != 1 || row.Count != 1 || row.ExampleKey != "l:r2" {
 		t.Fatalf("report row: %+v", row)
+	}
+}
+
+// An upstream user whose ACL refuses MULTI: Redis answers -NOPERM and runs
+// what the client sends next at once, so a write left open there would be
+// written without its TTL. The write waits for EXEC only once Redis has
+// opened the transaction; otherwise it is refused as outside one, also
+// when MULTI and the write come in one write (found by review).
+func TestTransactionByStepNeedsRedisToOpenIt(t *testing.T) {
+	rs := redistest.Start(t)
+	admin := rs.Client(t)
+	check(t, "ACL SETUSER", admin.Do(ctx, "ACL", "SETUSER", "nomulti", "on", ">pw", "~*", "&*", "+@all", "-multi").Err())
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.Policy = holesPolicy()
+		c.Upstream.Username, c.Upstream.Password = "nomulti", "pw"
+	})
+	refused := `-ERR redproxy policy: key "l:m" needs a TTL...`
+	steps(t, p,
+		step{[]string{"AUTH", "nomulti", "pw"}, "+OK"},
+		step{[]string{"MULTI"}, "-NOPERM..."},
+		step{[]string{"SET", "l:m", "v"}, refused},
+		step{[]string{"EXEC"}, "-ERR EXEC without MULTI"})
+	nc := p.Dial(t)
+	equalReplies(t, roundTrip(t, nc, []string{"AUTH", "nomulti", "pw"}), []string{"+OK"})
+	got := roundTrip(t, nc, []string{"MULTI"}, []string{"SET", "l:m", "v"})
+	if !strings.HasPrefix(got[0], "-NOPERM") || !strings.HasPrefix(got[1], strings.TrimSuffix(refused, "...")) {
+		t.Errorf("MULTI and SET in one write: %q", got)
+	}
+	if n := admin.Exists(ctx, "l:m").Val(); n != 0 {
+		t.Errorf("l:m written with PTTL %v", pttl(t, admin, "l:m"))
+	}
+
+	// With MULTI allowed, MULTI and the write in one write, the TTL in
+	// the next: the proxy learns Redis opened the transaction first.
+	p2 := proxytest.Start(t, nil, func(c *config.Config) { c.Policy = holesPolicy() })
+	nc = p2.Dial(t)
+	equalReplies(t, roundTrip(t, nc, []string{"MULTI"}, []string{"SET", "l:m2", "v"}), []string{"+OK", "+QUEUED"})
+	equalReplies(t, roundTrip(t, nc, []string{"EXPIRE", "l:m2", "60"}, []string{"EXEC"}), []string{"+QUEUED", "*[+OK :1]"})
+	wantTTL(t, dbClient(t, p2.Redis, 0), "l:m2", time.Minute)
+}
+
+// A batch checked with the policy off settles nothing: what an earlier
+// batch settled must not carry over to it (found by review: l:b was
+// committed without a TTL after --policy-mode went off and on again
+// within the transaction).
+func TestTransactionByStepPolicyOffSettlesNothing(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Policy = holesPolicy() })
+	db0 := dbClient(t, p.Redis, 0)
+	nc := p.Dial(t)
+	for _, s := range []step{
+		{[]string{"MULTI"}, "+OK"},
+		{[]string{"SET", "l:a", "v"}, "+QUEUED"},
+		{[]string{"SET", "l:b", "v"}, "+QUEUED"},
+		{[]string{"EXPIRE", "l:a", "60"}, "+QUEUED"},
+	} {
+		equalReplies(t, roundTrip(t, nc, s.cmd), []string{s.reply})
+	}
+	p.Guard().SetForcedMode(policy.Off)
+	equalReplies(t, roundTrip(t, nc, []string{"PING"}), []string{"+QUEUED"})
+	p.Guard().SetForcedMode(policy.Enforce)
+	if got := roundTrip(t, nc, []string{"EXEC"})[0]; !strings.HasPrefix(got, `-EXECABORT Transaction discarded because of: redproxy policy: key "l:b" needs a TTL`) {
+		t.Errorf("EXEC: %q", got)
+	}
+	if n := db0.Exists(ctx, "l:b").Val(); n != 0 {
+		t.Errorf("l:b committed with PTTL %v", pttl(t, db0, "l:b"))
+	}
+}
+
+// At most maxOpenTTL (128) requirements wait in one transaction: each
+// later batch checks them all. Past that a write is refused at queue time
+// and EXEC fails as for any queue-time error.
+func TestTransactionByStepOpenCap(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Policy = holesPolicy() })
+	nc := p.Dial(t)
+	equalReplies(t, roundTrip(t, nc, []string{"MULTI"}), []string{"+OK"})
+	for i := range 128 {
+		equalReplies(t, roundTrip(t, nc, []string{"SET", fmt.Sprintf("l:cap%d", i), "v"}), []string{"+QUEUED"})
+	}
+	if got := roundTrip(t, nc, []string{"SET", "l:cap128", "v"})[0]; !strings.HasPrefix(got, `-ERR redproxy policy: key "l:cap128" needs a TTL`) {
+		t.Fatalf("129th open write: %q", got)
+	}
+	if got := roundTrip(t, nc, []string{"EXEC"})[0]; !strings.HasPrefix(got, "-EXECABORT Transaction discarded because of") {
+		t.Errorf("EXEC: %q", got)
 	}
 }

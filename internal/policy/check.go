@@ -36,6 +36,7 @@ func (p *Policy) CheckBatch(reqs []Request, out []Decision) []Decision {
 func (p *Policy) CheckTx(reqs []Request, out []Decision, open []Violation, settled []bool) (decs []Decision, closed bool) {
 	out = resetDecisions(out, len(reqs))
 	if p == nil || p.ceiling == Off {
+		clear(settled)
 		return out, len(open) > 0 && anyBoundary(reqs)
 	}
 	c := checkers.Get().(*checker)

@@ -196,6 +196,7 @@ type slot struct {
 	info   bool            // INFO: append the proxy's section to Redis's reply (info.go)
 	held   bool            // the replay of a held command (cluster.go), whose latency its +QUEUED counted
 	opens  bool            // the WATCH that took the pin, in cluster mode: openHeld answers a redirection of it (pinWatch)
+	multi  bool            // the MULTI that opens the client's transaction: its reply says whether Redis opened it (pinState.txOpened)
 	strip  namespace.Strip // namespace: where the reply names keys to strip
 }
 
@@ -767,6 +768,9 @@ func (sess *Session) flush(start time.Time) {
 				continue
 			}
 			reply = r
+			if sl.multi {
+				sess.pin.txOpened = string(r) == "+OK\r\n"
+			}
 			if sess.pin.cluster && resp.IsError(r) {
 				reply = sess.clusterPinnedReply(r, sl.exec, sl.tx)
 				if sl.opens && sess.pin.redirected != nil {

@@ -60,6 +60,11 @@ type pinState struct {
 	watching bool
 	dirty    bool // the connection's state differs from a fresh one
 	named    bool // it carries the client's name, to be undone before reuse
+	// txOpened: Redis answered the client's MULTI +OK, so what follows
+	// is queued there, not run (txDefers). inMulti is set when MULTI is
+	// sent: an upstream user without +multi answers -NOPERM and runs
+	// what follows at once (found by review).
+	txOpened bool
 
 	// Positions, in the transaction's queue, of commands the proxy added
 	// (policy fix-ups); their results are removed from EXEC's reply.
@@ -318,8 +323,12 @@ func pinnedMulti(sess *Session, r *request) bool {
 			pin.txOpen.reset()
 		}
 		sess.list.multi.Store(1)
+		pin.txOpened = false
+		sess.forward(r.Raw, r.m)
+		sess.slots[len(sess.slots)-1].multi = true
+		return true
 	}
-	sess.forward(r.Raw, r.m)
+	sess.forward(r.Raw, r.m) // nested: Redis refuses it, the transaction goes on
 	return true
 }
 
@@ -556,6 +565,7 @@ func (sess *Session) pinForOn(r *request, b *upstream.Backend, keySlot int) {
 		sess.pin.watching = true
 	}
 	sess.forward(r.Raw, m)
+	sess.slots[len(sess.slots)-1].multi = cmd.Name == "multi"
 }
 
 // unpin gives the pinned connection back; clean says the transaction ended
