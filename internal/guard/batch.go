@@ -58,10 +58,10 @@ func (b *Batch) Prepare(p *policy.Policy, table *commands.Table, reqs []resp.Req
 }
 
 // PrepareTx is Prepare for a batch that goes on with a client's
-// transaction, whose earlier batches left the TTL requirements open open
-// (policy.CheckTx): it sets settled[j] where this batch settles open[j],
-// and reports whether the batch closes what is left.
-func (b *Batch) PrepareTx(p *policy.Policy, table *commands.Table, reqs []resp.Request, user, listener string, denied func(i int, cmd *commands.Command, args [][]byte) bool, open []policy.Violation, settled []bool) (closed bool) {
+// transaction, whose earlier batches left TTL requirements open for the
+// keys open (policy.CheckTx): it sets settled[j] where this batch settles
+// open[j], and reports whether the batch closes what is left.
+func (b *Batch) PrepareTx(p *policy.Policy, table *commands.Table, reqs []resp.Request, user, listener string, denied func(i int, cmd *commands.Command, args [][]byte) bool, open [][]byte, settled []bool) (closed bool) {
 	if cap(b.reqs) > keepRequests && len(reqs) <= keepRequests {
 		b.reqs, b.keys, b.dec, b.joined, b.cmds = nil, nil, nil, nil, nil
 	}

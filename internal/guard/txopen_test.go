@@ -117,16 +117,6 @@ func TestTransactionByStepSettlesTTL(t *testing.T) {
 			step{[]string{"SET", "l:g", "w"}, "+QUEUED"},
 			step{[]string{"EXEC"}, abort + `l:g" needs a TTL...`})
 	})
-	t.Run("a default still fixes at once", func(t *testing.T) {
-		// Documented: under a rule with a default the fix-up is queued
-		// right behind the write, so a later EXPIRE NX sets nothing.
-		steps(t, p,
-			step{[]string{"MULTI"}, "+OK"},
-			step{[]string{"INCR", "s:h"}, "+QUEUED"},
-			step{[]string{"EXPIRE", "s:h", "60"}, "+QUEUED"},
-			step{[]string{"EXEC"}, "*[:1 :1]"})
-		wantTTL(t, db0, "s:h", time.Minute)
-	})
 	t.Run("under watch, split across writes", func(t *testing.T) {
 		nc := p.Dial(t)
 		equalReplies(t, roundTrip(t, nc, []string{"WATCH", "l:i"}, []string{"MULTI"}, []string{"SET", "l:i", "v"}), []string{"+OK", "+OK", "+QUEUED"})
@@ -138,6 +128,54 @@ func TestTransactionByStepSettlesTTL(t *testing.T) {
 			step{[]string{"SET", "l:j", "v"}, `-ERR redproxy policy: key "l:j" needs a TTL...`},
 			step{[]string{"EXPIRE", "l:j", "60"}, ":0"})
 	})
+}
+
+// Under a rule with a default the fix-up waits for the transaction's end
+// too: a limiter typed as MULTI, INCR, EXPIRE ... NX, EXEC keeps its own
+// window, as on Redis (a user's trial: the window became the default's
+// hour). Left unset, the key gets the default from a fix-up queued before
+// EXEC, or before the SELECT that ends its stretch of the transaction, so
+// that it runs in the key's database.
+func TestTransactionByStepDefaults(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Policy = holesPolicy() })
+	db0, db1 := dbClient(t, p.Redis, 0), dbClient(t, p.Redis, 1)
+	steps(t, p,
+		step{[]string{"MULTI"}, "+OK"},
+		step{[]string{"INCR", "s:limit"}, "+QUEUED"},
+		step{[]string{"EXPIRE", "s:limit", "60", "NX"}, "+QUEUED"},
+		step{[]string{"EXEC"}, "*[:1 :1]"})
+	wantTTL(t, db0, "s:limit", time.Minute)
+	if row := findRow(reportJSON(t, p.Guard()), policy.RuleTTL, "incr"); row != nil {
+		t.Errorf("a transaction that set its TTL was recorded: %+v", row)
+	}
+
+	steps(t, p,
+		step{[]string{"MULTI"}, "+OK"},
+		step{[]string{"HSET", "s:d1", "f", "v"}, "+QUEUED"},
+		step{[]string{"GET", "plain:x"}, "+QUEUED"},
+		step{[]string{"EXEC"}, "*[:1 $(nil)]"})
+	wantTTL(t, db0, "s:d1", 24*time.Hour)
+	if row := findRow(reportJSON(t, p.Guard()), policy.RuleTTL, "hset"); row == nil || row.Fixed != 1 {
+		t.Errorf("the fix at EXEC was not recorded once: %+v", row)
+	}
+
+	steps(t, p,
+		step{[]string{"MULTI"}, "+OK"},
+		step{[]string{"HSET", "s:d2", "f", "v"}, "+QUEUED"},
+		step{[]string{"SELECT", "1"}, "+QUEUED"},
+		step{[]string{"HSET", "s:d2", "f", "w"}, "+QUEUED"},
+		step{[]string{"SELECT", "0"}, "+QUEUED"},
+		step{[]string{"EXEC"}, "*[:1 +OK :1 +OK]"})
+	wantTTL(t, db0, "s:d2", 24*time.Hour)
+	wantTTL(t, db1, "s:d2", 24*time.Hour)
+
+	// SET gains no EX in the transaction; its fix is the EXPIRE ... NX.
+	steps(t, p,
+		step{[]string{"MULTI"}, "+OK"},
+		step{[]string{"SET", "s:d3", "v"}, "+QUEUED"},
+		step{[]string{"PEXPIRE", "s:d3", "90000"}, "+QUEUED"},
+		step{[]string{"EXEC"}, "*[+OK :1]"})
+	wantTTL(t, db0, "s:d3", 90*time.Second)
 }
 
 // Under report mode the same transaction is reported only if EXEC comes

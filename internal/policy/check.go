@@ -24,16 +24,15 @@ func (p *Policy) CheckBatch(reqs []Request, out []Decision) []Decision {
 }
 
 // CheckTx is CheckBatch for a batch that goes on with a client's
-// transaction, whose earlier batches left the TTL requirements open
-// (Decision.Open; the Violations, with their keys). It sets settled[j]
-// when a request of this batch, before its first boundary (in the same
-// database and transaction as the write), certainly gives open[j]'s key
-// a TTL. closed reports that the batch has a boundary, past which no
+// transaction, whose earlier batches left TTL requirements open
+// (Decision.Open) for the keys open. It sets settled[j] when a request of
+// this batch, before its first boundary (in the same database and
+// transaction as the write), certainly gives key open[j] a TTL. closed reports that the batch has a boundary, past which no
 // later request can settle what is left: EXEC, a SELECT, a DISCARD.
 // settled must be as long as open. A requirement is checked against the
 // policy in force when its write was queued; a policy that is off
 // settles nothing.
-func (p *Policy) CheckTx(reqs []Request, out []Decision, open []Violation, settled []bool) (decs []Decision, closed bool) {
+func (p *Policy) CheckTx(reqs []Request, out []Decision, open [][]byte, settled []bool) (decs []Decision, closed bool) {
 	out = resetDecisions(out, len(reqs))
 	if p == nil || p.ceiling == Off {
 		clear(settled)
@@ -50,7 +49,7 @@ func (p *Policy) CheckTx(reqs []Request, out []Decision, open []Violation, settl
 	c.resolvePending()
 	for j := range open {
 		// Request -1: every request of the batch comes after the write.
-		_, settled[j] = c.ttlSetLater(-1, 0, open[j].Key)
+		_, settled[j] = c.ttlSetLater(-1, 0, open[j])
 	}
 	closed = c.seg > 0
 	c.release()
@@ -378,7 +377,7 @@ func (c *checker) violateOpen(d *Decision, a Action, v Violation) {
 		refuse := v
 		d.Refuse = &refuse
 	}
-	d.Open = append(d.Open, len(d.Violations))
+	d.Open = append(d.Open, OpenTTL{V: len(d.Violations)})
 	d.Violations = append(d.Violations, v)
 }
 
@@ -603,6 +602,15 @@ func (c *checker) resolvePending() {
 		if c.violate(d, a, fixable, v) || a != Enforce {
 			continue
 		}
+		if cutOff {
+			// Fixed now outside a transaction; inside one, a later batch
+			// may still set the TTL, and the fix waits for its end.
+			fix := []Expire{{Key: key, Seconds: rule.def}}
+			if pt.eff.inherits && rule.max > 0 {
+				fix = append(fix, Expire{Key: key, Seconds: rule.max, LT: true})
+			}
+			d.Open = append(d.Open, OpenTTL{V: len(d.Violations) - 1, Fix: fix})
+		}
 		switch pt.eff.fix {
 		case fixExpire:
 			e := Expire{Key: key, Seconds: rule.def}
@@ -628,6 +636,13 @@ func (c *checker) resolvePending() {
 				ms += c.p.now().UnixMilli()
 			}
 			c.setArg(d, req, pt.eff.ttl, strconv.AppendInt(nil, ms, 10))
+		}
+	}
+	for _, pt := range c.pending {
+		// A fixed requirement stays open only with nothing else on the
+		// request: forwarded as sent, it would lose the other fixes.
+		if d := &c.out[pt.req]; len(d.Open) > 0 && !d.AllOpen() {
+			d.Open = slices.DeleteFunc(d.Open, func(o OpenTTL) bool { return o.Fix != nil })
 		}
 	}
 }

@@ -109,15 +109,19 @@ func checkBatch(t testing.TB, p *Policy, reqs []Request) []Decision {
 		t.Fatalf("got %d decisions for %d requests", len(out), len(reqs))
 	}
 	for i, d := range out {
-		for _, j := range d.Open {
-			if v := d.Violations[j]; v.Rule != RuleTTL || v.Outcome == Fixed {
-				t.Errorf("request %d: open violation %d is %s:%s", i, j, v.Outcome, v.Rule)
+		isOpen := func(j int) bool { return slices.ContainsFunc(d.Open, func(o OpenTTL) bool { return o.V == j }) }
+		for _, o := range d.Open {
+			if v := d.Violations[o.V]; v.Rule != RuleTTL || (v.Outcome == Fixed) != (o.Fix != nil) {
+				t.Errorf("request %d: open violation %d is %s:%s with fix %v", i, o.V, v.Outcome, v.Rule, o.Fix)
+			}
+			if o.Fix != nil && !d.AllOpen() {
+				t.Errorf("request %d: a fixed requirement open beside others: %s", i, summary(d))
 			}
 		}
 		if d.Refuse != nil && len(d.Open) > 0 {
 			// Deferrable: every refusal is an open one.
 			for j, v := range d.Violations {
-				if v.Outcome == Refused && !slices.Contains(d.Open, j) {
+				if v.Outcome == Refused && !isOpen(j) {
 					t.Errorf("request %d: refused by %s yet open: %s", i, v.Rule, summary(d))
 				}
 			}

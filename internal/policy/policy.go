@@ -181,16 +181,34 @@ type Decision struct {
 	// after it, so the batch's end alone cut the look-ahead short: what
 	// the client sent next may set the TTL (resp.Reader.Extend).
 	CutOff bool
-	// Open indexes the Violations that are such cut-off TTL requirements
-	// refused or reported, not fixed (no default, or report mode). Inside
-	// a client's transaction a later batch of it may still set the TTL, so
-	// the session may forward the write and leave them to CheckTx and EXEC
-	// (a MULTI typed command by command). Empty when anything else refuses
-	// the request: Refuse is then the only answer. With Open set, Refuse is
-	// still the answer outside a transaction, and Args and Expires carry
-	// what the request's other keys need when it is forwarded.
-	Open []int
+	// Open lists the Violations that are such cut-off TTL requirements.
+	// Inside a client's transaction a later batch of it may still set
+	// the TTL, so the session may forward the write as sent and leave
+	// them to CheckTx and the transaction's end (a MULTI typed command by
+	// command). Refused (no default) and reported ones are listed unless
+	// anything else refuses the request: Refuse is then the only answer.
+	// Fixed ones (a default) are listed only when every violation of the
+	// request is open (AllOpen), so that forwarding the request as sent
+	// loses no other fix. With Open set, Refuse, Args and Expires are
+	// still the answer outside a transaction; with AllOpen, Args and
+	// Expires hold only the open ones' fixes, which a forwarded write
+	// leaves for later (OpenTTL.Fix).
+	Open []OpenTTL
 }
+
+// OpenTTL is one open TTL requirement (Decision.Open).
+type OpenTTL struct {
+	V int // the index of its Violation
+	// Fix, for one fixed under enforce with a default, is what to send
+	// once nothing later in the transaction can set the TTL: EXPIRE key
+	// default NX, and for a key that took another's TTL EXPIRE key max
+	// LT. The keys alias the request's args.
+	Fix []Expire
+}
+
+// AllOpen reports whether every violation of d is open: the request may
+// be forwarded as sent, its requirements carried (Decision.Open).
+func (d *Decision) AllOpen() bool { return len(d.Open) > 0 && len(d.Open) == len(d.Violations) }
 
 // Policy is a compiled, immutable policy, safe for concurrent use. Reload
 // builds a new one and swaps the pointer. A nil *Policy allows everything.

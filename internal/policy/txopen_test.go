@@ -28,8 +28,11 @@ max_key_length = 10
 		{"two keys", []string{"MSET l:1 v l:2 v"}, 0, []string{"l:1", "l:2"}, "refused:ttl refused:ttl"},
 		// The default key's fix is kept with the open refusal: forwarded
 		// in a transaction, the write needs it.
-		{"beside a fixed key", []string{"MSET s:1 v l:1 v"}, 0, []string{"l:1"}, "fixed:ttl refused:ttl expire=[s:1 86400]"},
-		{"a default fixes", []string{"SET s:1 v"}, 0, nil, "fixed:ttl args=[SET s:1 v EX 86400]"},
+		{"beside a fixed key", []string{"MSET s:1 v l:1 v"}, 0, []string{"s:1", "l:1"}, "fixed:ttl refused:ttl expire=[s:1 86400]"},
+		// Fixed at once outside a transaction; open in one.
+		{"a default", []string{"SET s:1 v"}, 0, []string{"s:1"}, "fixed:ttl args=[SET s:1 v EX 86400]"},
+		{"a default behind a boundary", []string{"SET s:1 v", "SELECT 0"}, 0, nil, "fixed:ttl args=[SET s:1 v EX 86400]"},
+		{"an explicit ttl clamped is no requirement", []string{"SET s:1 v EX 999999999"}, 0, nil, "fixed:ttl_max args=[SET s:1 v EX 604800]"},
 		{"report mode", []string{"HSET r:1 f v"}, 0, []string{"r:1"}, "reported:ttl"},
 		{"a name refusal first", []string{"SET l:toolongname v"}, 0, nil, "refused:max_key_length"},
 		{"a name refusal after", []string{"MSET l:1 v l:toolongname v"}, 0, nil, "refused:max_key_length"},
@@ -39,8 +42,8 @@ max_key_length = 10
 		t.Run(c.name, func(t *testing.T) {
 			d := checkBatch(t, p, batch(c.batch...))[c.req]
 			var open []string
-			for _, j := range d.Open {
-				open = append(open, string(d.Violations[j].Key))
+			for _, o := range d.Open {
+				open = append(open, string(d.Violations[o.V].Key))
 			}
 			if !slices.Equal(open, c.open) || summary(d) != c.sum {
 				t.Fatalf("open %q %q, want %q %q", open, summary(d), c.open, c.sum)
@@ -52,12 +55,30 @@ max_key_length = 10
 	}
 }
 
+// A fixed requirement is open only when everything on the request is:
+// forwarded as sent, the request would lose any other fix or report.
+func TestOpenFixedOnlyAlone(t *testing.T) {
+	p := compileDoc(t, ttlDoc+`
+[policy.names]
+action = "report"
+max_key_length = 10
+`)
+	d := checkBatch(t, p, batch("MSET s:1 v s:toolongname v"))[0]
+	if len(d.Open) != 0 || summary(d) != "reported:max_key_length fixed:ttl fixed:ttl expire=[s:1 86400] expire=[s:toolongname 86400]" {
+		t.Fatalf("open %v, %s", d.Open, summary(d))
+	}
+	d = checkBatch(t, p, batch("MSET s:1 v l:1 v s:toolongname v"))[0]
+	if len(d.Open) != 1 || string(d.Violations[d.Open[0].V].Key) != "l:1" || d.Refuse == nil {
+		t.Fatalf("a refused requirement beside a report: open %v, %s", d.Open, summary(d))
+	}
+}
+
 // CheckTx settles a requirement carried from an earlier batch of the
 // transaction with a request of this one that certainly sets the key's
 // TTL before any boundary, and closes the rest at a boundary.
 func TestCheckTxSettles(t *testing.T) {
 	p := compileDoc(t, ttlDoc)
-	open := []Violation{{Rule: RuleTTL, Key: []byte("l:1")}, {Rule: RuleTTL, Key: []byte("l:2")}}
+	open := [][]byte{[]byte("l:1"), []byte("l:2")}
 	cases := []struct {
 		name    string
 		batch   []string

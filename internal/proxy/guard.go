@@ -73,23 +73,40 @@ func (sess *Session) prepareBatch(reqs []resp.Request) {
 		b.Prepare(sg.Policy(), sess.srv.table, reqs, sess.userName(), sess.listenerName(), denied)
 		return
 	}
+	tx.keys = tx.keys[:0]
+	for i := range tx.open {
+		tx.keys = append(tx.keys, tx.open[i].v.Key)
+	}
 	tx.settled = slices.Grow(tx.settled[:0], len(tx.open))[:len(tx.open)]
 	clear(tx.settled) // what the last batch settled is no answer for this one (found by review)
-	closed := b.PrepareTx(sg.Policy(), sess.srv.table, reqs, sess.userName(), sess.listenerName(), denied, tx.open, tx.settled)
+	closed := b.PrepareTx(sg.Policy(), sess.srv.table, reqs, sess.userName(), sess.listenerName(), denied, tx.keys, tx.settled)
 	tx.settle(closed)
 }
 
 // txOpenTTL is what the policy left open in the client's transaction on
 // its pinned connection: TTL requirements of writes queued in it that a
 // later batch of it may still meet (policy.Decision.Open), as when a
-// MULTI is typed command by command. At EXEC what is left is recorded,
-// and a refused one discards the transaction (execOpenTTL). Behind a
-// pointer in pinState: few transactions ever need it.
+// MULTI is typed command by command. A boundary (a SELECT, EXEC...) in a
+// later batch closes them: the fix-ups of those with a default are sent
+// then, before anything of that batch (fixDue), and at EXEC the rest are
+// recorded, a refused one discarding the transaction (execOpenTTL).
+// Behind a pointer in pinState: few transactions ever need it.
 type txOpenTTL struct {
-	open []policy.Violation // a later request of the transaction may settle these
-	due  []policy.Violation // a boundary came: nothing can settle these now
-	// settled is CheckTx's answer for open, reused.
+	open []openTTL // a later request of the transaction may settle these
+	due  []openTTL // a boundary came: nothing can settle these now
+	// fixesDue: due holds fix-ups not sent yet.
+	fixesDue bool
+	// keys and settled are CheckTx's question and answer for open,
+	// reused.
+	keys    [][]byte
 	settled []bool
+}
+
+// openTTL is one open requirement: its violation (whose Key is a copy)
+// and, for one fixed under enforce, its fix-ups (keys copied too).
+type openTTL struct {
+	v   policy.Violation
+	fix []policy.Expire
 }
 
 // settle drops the requirements the batch just prepared settles, and
@@ -102,6 +119,7 @@ func (tx *txOpenTTL) settle(closed bool) {
 		case tx.settled[j]:
 		case closed:
 			tx.due = append(tx.due, tx.open[j])
+			tx.fixesDue = tx.fixesDue || tx.open[j].fix != nil
 		default:
 			kept = append(kept, tx.open[j])
 		}
@@ -113,7 +131,8 @@ func (tx *txOpenTTL) settle(closed bool) {
 func (tx *txOpenTTL) reset() {
 	clear(tx.open)
 	clear(tx.due)
-	tx.open, tx.due = tx.open[:0], tx.due[:0]
+	clear(tx.keys)
+	tx.open, tx.due, tx.keys, tx.fixesDue = tx.open[:0], tx.due[:0], tx.keys[:0], false
 }
 
 // txDefers reports whether d's open TTL requirements wait for the rest of
@@ -154,29 +173,73 @@ func (sess *Session) deferOpen(d *policy.Decision) {
 	if pin.txOpen == nil {
 		pin.txOpen = new(txOpenTTL)
 	}
-	for _, j := range d.Open {
-		pin.txOpen.open = append(pin.txOpen.open, d.Violations[j])
+	for _, o := range d.Open {
+		e := openTTL{v: d.Violations[o.V]}
+		for _, f := range o.Fix {
+			f.Key = slices.Clone(f.Key) // it aliased the client's read buffer
+			e.fix = append(e.fix, f)
+		}
+		pin.txOpen.open = append(pin.txOpen.open, e)
 	}
 }
 
+// fixDue queues, inside the client's MULTI, the fix-ups of requirements a
+// boundary of this batch closed, before anything else of the batch: they
+// run right after their writes' stretch of the transaction, in its
+// database, before the SELECT, MOVE or EXEC that ends it. (Queued just
+// before EXEC instead, behind a SELECT or a COPY ... DB, they ran in
+// another database: TestTxFixup*.) Each is recorded now, as fixed.
+func (sess *Session) fixDue() {
+	tx := sess.pin.txOpen
+	tx.fixesDue = false
+	kept := tx.due[:0]
+	for j := range tx.due {
+		o := &tx.due[j]
+		if o.fix == nil {
+			kept = append(kept, *o)
+			continue
+		}
+		for _, f := range sess.guard.Fixups(o.fix) {
+			sess.forwardHidden(f)
+			sess.mirrorQueuedFixup(f) // mirror.go
+		}
+		sess.srv.guard.Record(&o.v, sess.nc.RemoteAddr(), sess.userName())
+	}
+	clear(tx.due[len(kept):])
+	tx.due = kept
+}
+
 // execOpenTTL is EXEC of a transaction whose writes left TTL requirements
-// open: each is recorded now, as it would have been at the write, and if
-// one is refused the transaction is discarded on Redis and EXEC answers
+// open: EXEC closes them, so fix-ups are queued before it (fixDue), and
+// the rest recorded now, as they would have been at the write; if one is
+// refused the transaction is discarded on Redis and EXEC answers
 // EXECABORT with its message, as for a queue-time error. It reports
-// false when EXEC goes ahead (nothing left, or only reported).
+// false when EXEC goes ahead.
 func (sess *Session) execOpenTTL(r *request) bool {
 	tx := sess.pin.txOpen
 	if tx == nil || len(tx.open)+len(tx.due) == 0 {
 		return false
 	}
-	sg := sess.srv.guard
+	for _, o := range tx.open {
+		tx.due = append(tx.due, o)
+		tx.fixesDue = tx.fixesDue || o.fix != nil
+	}
+	clear(tx.open)
+	tx.open = tx.open[:0]
 	var refused *policy.Violation
-	for _, list := range [2][]policy.Violation{tx.due, tx.open} {
-		for j := range list {
-			sg.Record(&list[j], sess.nc.RemoteAddr(), sess.userName())
-			if refused == nil && list[j].Outcome == policy.Refused {
-				refused = &list[j]
-			}
+	for j := range tx.due {
+		if v := &tx.due[j].v; v.Outcome == policy.Refused {
+			refused = v
+			break
+		}
+	}
+	if refused == nil && tx.fixesDue {
+		sess.fixDue()
+	}
+	sg := sess.srv.guard
+	for j := range tx.due {
+		if tx.due[j].fix == nil { // (a fix not sent: discarded below)
+			sg.Record(&tx.due[j].v, sess.nc.RemoteAddr(), sess.userName())
 		}
 	}
 	if refused == nil {
@@ -228,6 +291,9 @@ func (sess *Session) guardStep(r *request) bool {
 	}
 	if deferred {
 		sess.deferOpen(d)
+		if d.AllOpen() {
+			return false // queued as sent: its fixes wait (fixDue)
+		}
 	}
 	if d.Args == nil && len(d.Expires) == 0 {
 		return false // only reported
@@ -288,7 +354,7 @@ func (sess *Session) guardRecord(r *request) bool {
 		// A later batch of the transaction may still set the TTL: the
 		// write is queued (guardStep), its open requirements recorded, or
 		// refused, at EXEC (execOpenTTL).
-		sess.recordViolationsExcept(d, d.Open)
+		sess.recordOutsideOpen(d)
 		return false
 	}
 	sess.recordViolations(d)
@@ -299,14 +365,19 @@ func (sess *Session) guardRecord(r *request) bool {
 	return true
 }
 
-func (sess *Session) recordViolations(d *policy.Decision) { sess.recordViolationsExcept(d, nil) }
-
-// recordViolationsExcept records d's violations but those at the indexes
-// skip.
-func (sess *Session) recordViolationsExcept(d *policy.Decision, skip []int) {
+func (sess *Session) recordViolations(d *policy.Decision) {
 	sg := sess.srv.guard
 	for j := range d.Violations {
-		if !slices.Contains(skip, j) {
+		sg.Record(&d.Violations[j], sess.nc.RemoteAddr(), sess.userName())
+	}
+}
+
+// recordOutsideOpen records d's violations but its open ones, which are
+// recorded when the transaction closes them (fixDue, execOpenTTL).
+func (sess *Session) recordOutsideOpen(d *policy.Decision) {
+	sg := sess.srv.guard
+	for j := range d.Violations {
+		if !slices.ContainsFunc(d.Open, func(o policy.OpenTTL) bool { return o.V == j }) {
 			sg.Record(&d.Violations[j], sess.nc.RemoteAddr(), sess.userName())
 		}
 	}

@@ -330,6 +330,25 @@ func (sess *Session) mirrorQueuedCmd(name string, cmd *commands.Command) {
 	tx.crossDB = tx.crossDB || mirror.CrossesDatabases(name)
 }
 
+// mirrorQueuedFixup notes a policy fix-up queued in the client's MULTI
+// apart from the write it fixes (fixDue), for the mirror's copy of the
+// transaction.
+func (sess *Session) mirrorQueuedFixup(raw []byte) {
+	mr := sess.srv.mirror
+	if mr == nil || !mr.Writes() {
+		return
+	}
+	tx := &sess.mirrorState().tx
+	switch {
+	case tx.over:
+	case len(tx.buf)+len(raw) > mr.MaxBytes():
+		tx.over, tx.buf, tx.ends = true, nil, nil
+	default:
+		tx.buf = append(tx.buf, raw...)
+		tx.ends = append(tx.ends, len(tx.buf))
+	}
+}
+
 // mirrorExecQueued notes the client's EXEC, just added to the batch, for
 // the mirror when its transaction has writes: whether they are mirrored
 // depends on EXEC's reply (mirrorExec).
