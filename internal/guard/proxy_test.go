@@ -258,7 +258,7 @@ var antiPatterns = []struct {
 }{
 	{"KEYS *", []any{"KEYS", "*"}, "ERR redproxy policy: KEYS is disabled; use SCAN 0 MATCH pattern COUNT 100", "command", ""},
 	{"key without TTL", []any{"SET", "lock:nightly-job", "worker-1", "NX"},
-		`ERR redproxy policy: key "lock:nightly-job" needs a TTL (rule "lock:*"); set EX on the write or EXPIRE the key in the same pipeline or MULTI, sent in one write`, "ttl", "lock:nightly-job"},
+		`ERR redproxy policy: key "lock:nightly-job" needs a TTL (rule "lock:*"); set EX on the write, or EXPIRE the key in the same MULTI, or in the same pipeline sent in one write`, "ttl", "lock:nightly-job"},
 	{"large blob", []any{"SETEX", "product:1", "3600", strings.Repeat("x", 200<<10)},
 		`ERR redproxy policy: value of 204800 bytes exceeds 102400 (rule "value_size"); store large objects elsewhere and keep a reference in Redis`, "value_size", "product:1"},
 	{"unnamed key", []any{"SET", "foo", "bar", "EX", "60"},

@@ -584,12 +584,19 @@ func (c *checker) resolvePending() {
 		} else {
 			// "set EX on the write" only where the command takes EX: an
 			// HSET or INCR does not (a user's trial).
-			how := "EXPIRE the key in the same pipeline or MULTI, sent in one write"
-			switch pt.eff.fix {
-			case fixAppendEX:
-				how = "set EX on the write or " + how
-			case fixRestoreTTL:
-				how = "give RESTORE a ttl or " + how
+			// A MULTI may set it in a later command (a transaction typed
+			// command by command is carried to its end); a pipeline only
+			// within what the proxy reads at once.
+			how := "EXPIRE the key in the same MULTI, or in the same pipeline sent in one write"
+			switch {
+			case req.Cmd.Name == "setnx":
+				how = "use SET key value NX EX <seconds> instead, or " + how
+			case req.Cmd.Name == "getset":
+				how = "use SET key value GET EX <seconds> instead, or " + how
+			case pt.eff.fix == fixAppendEX:
+				how = "set EX on the write, or " + how
+			case pt.eff.fix == fixRestoreTTL:
+				how = "give RESTORE a ttl, or " + how
 			}
 			msg = fmt.Sprintf("%skey %s needs a TTL (rule %q); %s", msgPrefix, quoteKey(key), rule.String(), how)
 			fixable = rule.def > 0

@@ -218,11 +218,16 @@ func TestTTLWithoutDefault(t *testing.T) {
 func TestTTLMessages(t *testing.T) {
 	p := compileDoc(t, ttlDoc)
 	cases := []struct{ cmd, msg string }{
-		{"SET l:1 v", `ERR redproxy policy: key "l:1" needs a TTL (rule "l:*"); set EX on the write or EXPIRE the key in the same pipeline or MULTI, sent in one write`},
+		{"SET l:1 v", `ERR redproxy policy: key "l:1" needs a TTL (rule "l:*"); set EX on the write, or EXPIRE the key in the same MULTI, or in the same pipeline sent in one write`},
 		// Only SET takes EX: an HSET or INCR is told to EXPIRE.
-		{"HSET l:1 f v", `ERR redproxy policy: key "l:1" needs a TTL (rule "l:*"); EXPIRE the key in the same pipeline or MULTI, sent in one write`},
-		{"INCR l:1", `ERR redproxy policy: key "l:1" needs a TTL (rule "l:*"); EXPIRE the key in the same pipeline or MULTI, sent in one write`},
-		{"SET l:1 v KEEPTTL", `ERR redproxy policy: key "l:1" needs a TTL (rule "l:*"); EXPIRE the key in the same pipeline or MULTI, sent in one write`},
+		{"HSET l:1 f v", `ERR redproxy policy: key "l:1" needs a TTL (rule "l:*"); EXPIRE the key in the same MULTI, or in the same pipeline sent in one write`},
+		{"INCR l:1", `ERR redproxy policy: key "l:1" needs a TTL (rule "l:*"); EXPIRE the key in the same MULTI, or in the same pipeline sent in one write`},
+		{"SET l:1 v KEEPTTL", `ERR redproxy policy: key "l:1" needs a TTL (rule "l:*"); EXPIRE the key in the same MULTI, or in the same pipeline sent in one write`},
+		// Commands with a SET form that takes EX are pointed at it (a
+		// user's trial: SETNX was told to EXPIRE).
+		{"SETNX l:1 v", `ERR redproxy policy: key "l:1" needs a TTL (rule "l:*"); use SET key value NX EX <seconds> instead, or EXPIRE the key in the same MULTI, or in the same pipeline sent in one write`},
+		{"GETSET l:1 v", `ERR redproxy policy: key "l:1" needs a TTL (rule "l:*"); use SET key value GET EX <seconds> instead, or EXPIRE the key in the same MULTI, or in the same pipeline sent in one write`},
+		{"RESTORE l:1 0 payload", `ERR redproxy policy: key "l:1" needs a TTL (rule "l:*"); give RESTORE a ttl, or EXPIRE the key in the same MULTI, or in the same pipeline sent in one write`},
 		{"SET l:1 v EX 120", `ERR redproxy policy: TTL of 120s for key "l:1" exceeds the maximum of 60s (rule "l:*")`},
 		// In the command's unit where seconds would hide the excess.
 		{"SET l:1 v PX 60001", `ERR redproxy policy: TTL of 60001ms for key "l:1" exceeds the maximum of 60s (rule "l:*")`},
