@@ -378,7 +378,11 @@ func (g *Guard) ResetReport() { g.table.reset(g.now()) }
 func (g *Guard) Report() Report {
 	r := g.table.snapshot()
 	g.mu.Lock()
-	r.Policy = PolicyInfo{ForcedMode: g.forced.String(), LoadedAt: g.loadedAt, LastReloadError: g.lastErr}
+	mode := g.loadedConf.Mode
+	if mode == "" {
+		mode = policy.Enforce.String()
+	}
+	r.Policy = PolicyInfo{Mode: mode, ForcedMode: g.forced.String(), LoadedAt: g.loadedAt, LastReloadError: g.lastErr}
 	g.mu.Unlock()
 	return r
 }

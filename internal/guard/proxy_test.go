@@ -384,6 +384,14 @@ func TestAntiPatternsForwardedUnderReport(t *testing.T) {
 	if rep.Policy.ForcedMode != "report" {
 		t.Errorf("report says forced mode %q", rep.Policy.ForcedMode)
 	}
+	// What enforce would do, which the message alone does not say (a
+	// user's trial): the lock without a TTL is refused (no default),
+	// FLUSHALL too.
+	for _, c := range []struct{ rule, cmd, want string }{{"ttl", "set", "refused"}, {"command", "flushall", "refused"}} {
+		if row := findRow(rep, c.rule, c.cmd); row == nil || row.UnderEnforce != c.want {
+			t.Errorf("%s %s row: under enforce %+v, want %s", c.rule, c.cmd, row, c.want)
+		}
+	}
 
 	t.Run("mode = report in the file", func(t *testing.T) {
 		pol := examplePolicy(t)
@@ -394,6 +402,24 @@ func TestAntiPatternsForwardedUnderReport(t *testing.T) {
 		}
 		if got := metricValue(t, p.Metrics.Registry, "redproxy_policy_violations_total", "rule", "command", "action", "report"); got != 1 {
 			t.Fatalf("counter %v", got)
+		}
+		// A forgotten session TTL: enforce gives it the default.
+		check(t, "HSET", c.HSet(ctx, "session:forgot", "f", "v").Err())
+		rep := reportJSON(t, p.Guard())
+		if rep.Policy.Mode != "report" || rep.Policy.ForcedMode != "enforce" {
+			t.Errorf("report's policy: %+v, want mode report, forced_mode enforce", rep.Policy)
+		}
+		if row := findRow(rep, "ttl", "hset"); row == nil || row.UnderEnforce != "fixed" || row.Reported != 1 {
+			t.Errorf("hset row %+v, want reported=1 under_enforce fixed", row)
+		}
+		var text strings.Builder
+		if err := rep.WriteText(&text, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"; policy mode report", "reported=1 (enforce: fixed)", "reported=1 (enforce: refused)"} {
+			if !strings.Contains(text.String(), want) {
+				t.Errorf("text report lacks %q:\n%s", want, text.String())
+			}
 		}
 	})
 }

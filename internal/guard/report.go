@@ -39,13 +39,19 @@ type Row struct {
 	KeyPattern string `json:"key_pattern,omitempty"` // the key with its variable segments as "*"
 	ExampleKey string `json:"example_key,omitempty"`
 	// Message is what the client got (refused), or would get under enforce.
-	Message  string    `json:"message"`
-	Count    int64     `json:"count"`
-	Refused  int64     `json:"refused"`
-	Fixed    int64     `json:"fixed"`
-	Reported int64     `json:"reported"`
-	First    time.Time `json:"first_seen"`
-	Last     time.Time `json:"last_seen"`
+	Message  string `json:"message"`
+	Count    int64  `json:"count"`
+	Refused  int64  `json:"refused"`
+	Fixed    int64  `json:"fixed"`
+	Reported int64  `json:"reported"`
+	// UnderEnforce is what enforce does with such a command: "refused",
+	// "fixed" (a default TTL given, a TTL clamped), or "reported" for a
+	// finding no mode acts on. In report mode it tells a fix from a
+	// refusal, which Message alone does not: Message is the error a
+	// refused command gets.
+	UnderEnforce string    `json:"under_enforce"`
+	First        time.Time `json:"first_seen"`
+	Last         time.Time `json:"last_seen"`
 }
 
 func newTable(max int, now time.Time) *table {
@@ -77,6 +83,9 @@ func (t *table) add(v *policy.Violation, now time.Time) {
 		t.rows[string(b)] = r
 	}
 	r.Count++
+	if v.UnderEnforce != 0 {
+		r.UnderEnforce = v.UnderEnforce.String()
+	}
 	switch v.Outcome {
 	case policy.Refused:
 		r.Refused++
@@ -123,6 +132,9 @@ type Report struct {
 
 // PolicyInfo says which policy is in force.
 type PolicyInfo struct {
+	// Mode is policy.mode as loaded; rules may lower it, --policy-mode
+	// caps it (ForcedMode).
+	Mode string `json:"mode"`
 	// ForcedMode is --policy-mode ("enforce" means as configured).
 	ForcedMode      string    `json:"forced_mode"`
 	LoadedAt        time.Time `json:"loaded_at"`
@@ -148,6 +160,11 @@ func (r *Report) WriteText(w io.Writer, now time.Time) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "redproxy policy report: %d violations since %s (%s ago)", r.Total,
 		r.Since.UTC().Format(time.RFC3339), age(now, r.Since))
+	// Which mode is on, when it is not enforce (a user's trial, with mode
+	// = "report" in the file, found it said nowhere).
+	if r.Policy.Mode != "" && r.Policy.Mode != policy.Enforce.String() {
+		fmt.Fprintf(&b, "; policy mode %s", r.Policy.Mode)
+	}
 	if r.Policy.ForcedMode != "" && r.Policy.ForcedMode != policy.Enforce.String() {
 		fmt.Fprintf(&b, "; --policy-mode=%s", r.Policy.ForcedMode)
 	}
@@ -211,7 +228,13 @@ func outcomes(r *Row) string {
 			parts = append(parts, o.name+"="+strconv.FormatInt(o.n, 10))
 		}
 	}
-	return strings.Join(parts, ",")
+	out := strings.Join(parts, ",")
+	// What only reported commands would get under enforce: a fix and a
+	// refusal read the same otherwise.
+	if r.Reported > 0 && r.UnderEnforce != "" && r.UnderEnforce != policy.Reported.String() {
+		out += " (enforce: " + r.UnderEnforce + ")"
+	}
+	return out
 }
 
 func dash(s string) string {

@@ -192,7 +192,7 @@ func (c *checker) checkOne(i int) {
 			if hint != "" {
 				msg += "; " + hint
 			}
-			if c.violate(d, a, false, Violation{Rule: RuleCommand, Scope: rs.scope, Command: name, Msg: msg}) {
+			if c.violate(d, a, rs.cmdWould, false, Violation{Rule: RuleCommand, Scope: rs.scope, Command: name, Msg: msg}) {
 				return
 			}
 		}
@@ -216,7 +216,7 @@ func (c *checker) checkOne(i int) {
 			if ks := c.keys(req); len(ks) > 0 {
 				key = slices.Clone(req.Args[ks[0]])
 			}
-			if c.violate(d, a, false, Violation{Rule: RuleValueSize, Scope: rs.scope, Command: req.Cmd.Name, Key: key, Msg: msg}) {
+			if c.violate(d, a, rs.values.would, false, Violation{Rule: RuleValueSize, Scope: rs.scope, Command: req.Cmd.Name, Key: key, Msg: msg}) {
 				return
 			}
 		}
@@ -314,7 +314,7 @@ func (c *checker) unclassified(d *Decision, rs *ruleset, req *Request, why strin
 		name = name[:maxKeyInMessage]
 	}
 	msg := fmt.Sprintf("%scommand %s %s; TTL and naming rules cannot be fully checked for it", msgPrefix, displayName(name), why)
-	c.violate(d, Report, false, Violation{Rule: RuleUnclassified, Scope: rs.scope, Command: name, Msg: msg})
+	c.violate(d, Report, Report, false, Violation{Rule: RuleUnclassified, Scope: rs.scope, Command: name, Msg: msg})
 }
 
 // ttlCertain reports whether a TTL argument certainly gives a key a TTL: a
@@ -340,11 +340,13 @@ func (c *checker) ttlCertain(arg []byte, unit ttlUnit) bool {
 	return false
 }
 
-// violate records v on d with action a. fixable says the caller can apply a
-// fix under enforce (it does so only if violate returns false). It returns
-// true when the request is refused.
-func (c *checker) violate(d *Decision, a Action, fixable bool, v Violation) bool {
+// violate records v on d with action a; would is the rule's action under
+// policy.mode enforce (Violation.UnderEnforce). fixable says the caller
+// can apply a fix under enforce (it does so only if violate returns
+// false). It returns true when the request is refused.
+func (c *checker) violate(d *Decision, a, would Action, fixable bool, v Violation) bool {
 	v.Action = a
+	v.UnderEnforce = underEnforce(would, fixable)
 	switch {
 	case a == Report:
 		v.Outcome = Reported
@@ -364,13 +366,26 @@ func (c *checker) violate(d *Decision, a Action, fixable bool, v Violation) bool
 	return false
 }
 
+// underEnforce is Violation.UnderEnforce for a rule whose action with
+// policy.mode enforce would be would.
+func underEnforce(would Action, fixable bool) Outcome {
+	switch {
+	case would != Enforce:
+		return Reported // a rule whose own action is report stays so
+	case fixable:
+		return Fixed
+	}
+	return Refused
+}
+
 // violateOpen records v, a TTL requirement the batch's end left unmet
 // (Decision.Open), with action a and no fix: refused under enforce, but
 // a transaction may still set the TTL in a later batch. Unlike violate it
 // keeps the fixes of the request's other keys, which the request needs
 // if it is forwarded.
-func (c *checker) violateOpen(d *Decision, a Action, v Violation) {
+func (c *checker) violateOpen(d *Decision, a, would Action, fixable bool, v Violation) {
 	v.Action = a
+	v.UnderEnforce = underEnforce(would, fixable)
 	v.Outcome = Reported
 	if a == Enforce {
 		v.Outcome = Refused
@@ -498,7 +513,7 @@ func (c *checker) checkName(d *Decision, rs *ruleset, a Action, req *Request, ke
 	if rule == "" {
 		return false
 	}
-	return c.violate(d, a, false, Violation{Rule: rule, Pattern: pattern, Scope: rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg})
+	return c.violate(d, a, rs.names.would, false, Violation{Rule: rule, Pattern: pattern, Scope: rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg})
 }
 
 // checkMax applies a rule's max to an explicit TTL. It returns true when the
@@ -538,7 +553,7 @@ func (c *checker) checkMax(d *Decision, i int, rs *ruleset, rule *ttlRule, e key
 	msg := fmt.Sprintf("%sTTL of %s for key %s exceeds the maximum of %ds (rule %q)", msgPrefix, ttl, quoteKey(key), rule.max, rule.String())
 	a := c.act(rule.action)
 	v := Violation{Rule: RuleTTLMax, Pattern: rule.String(), Scope: rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg}
-	if c.violate(d, a, !rule.maxRefuse, v) {
+	if c.violate(d, a, rule.would, !rule.maxRefuse, v) {
 		return true
 	}
 	if a == Enforce {
@@ -603,10 +618,10 @@ func (c *checker) resolvePending() {
 		}
 		v := Violation{Rule: RuleTTL, Pattern: rule.String(), Scope: pt.rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg}
 		if cutOff && (a == Report || !fixable) {
-			c.violateOpen(d, a, v)
+			c.violateOpen(d, a, rule.would, fixable, v)
 			continue
 		}
-		if c.violate(d, a, fixable, v) || a != Enforce {
+		if c.violate(d, a, rule.would, fixable, v) || a != Enforce {
 			continue
 		}
 		if cutOff {

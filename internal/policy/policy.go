@@ -122,8 +122,13 @@ type Violation struct {
 	Scope   string // the scope whose rules applied, "" for the global rules
 	Action  Action // Report or Enforce
 	Outcome Outcome
-	Command string // lower-case command name, subcommands as "config|set"
-	Key     []byte // a copy of the key involved, nil for command and value rules
+	// UnderEnforce is what enforce does about it: Refused or Fixed, or
+	// Reported for a finding no mode acts on (RuleUnclassified). Under
+	// enforce it is Outcome; under report mode the policy report shows
+	// it, so that staging says what turning enforce on will change.
+	UnderEnforce Outcome
+	Command      string // lower-case command name, subcommands as "config|set"
+	Key          []byte // a copy of the key involved, nil for command and value rules
 	// Msg is the client-facing error text without the leading '-', starting
 	// with "ERR redproxy policy: ". For reported and fixed violations it is
 	// what enforce mode without a fix would have answered.
@@ -230,11 +235,15 @@ type scopeRules struct {
 type ruleset struct {
 	scope     string
 	cmdAction Action
-	cmd       map[string]bool // command name -> denied
-	ttl       []ttlRule
-	names     nameRules
-	values    valueRules
-	keyRules  bool // any TTL or naming rule is on: classify keys
+	// cmdWould, and would in each rule, is the action with policy.mode
+	// enforce and no --policy-mode cap: what the policy report says
+	// enforce will do (Violation.UnderEnforce).
+	cmdWould Action
+	cmd      map[string]bool // command name -> denied
+	ttl      []ttlRule
+	names    nameRules
+	values   valueRules
+	keyRules bool // any TTL or naming rule is on: classify keys
 }
 
 type ttlRule struct {
@@ -243,10 +252,12 @@ type ttlRule struct {
 	def, max  int64 // seconds; 0 = none
 	maxRefuse bool
 	action    Action
+	would     Action
 }
 
 type nameRules struct {
 	action     Action
+	would      Action
 	namespaces map[string]bool
 	nsList     string // for messages
 	re         *regexp.Regexp
@@ -261,6 +272,7 @@ func (n *nameRules) on() bool {
 
 type valueRules struct {
 	action Action
+	would  Action
 	max    int
 }
 
@@ -275,15 +287,16 @@ func Compile(c Config) (*Policy, error) {
 	}
 	mode := resolve(mustAction(c.Mode), Enforce)
 	p := &Policy{mode: mode, ceiling: Enforce, now: time.Now}
-	p.global = compileRules("", mode, &c.Commands, nil, c.TTL, &c.Names, c.Values)
+	p.global = compileRules("", mode, Enforce, &c.Commands, nil, c.TTL, &c.Names, c.Values)
 	for i, s := range c.Scopes {
 		name := s.Name
 		if name == "" {
 			name = fmt.Sprintf("scope[%d]", i)
 		}
-		smode := mode
+		smode, would := mode, Enforce
 		if s.Mode != "" {
 			smode = mustAction(s.Mode)
+			would = smode
 		}
 		ttl := c.TTL
 		if s.TTL != nil {
@@ -300,7 +313,7 @@ func Compile(c Config) (*Policy, error) {
 		p.scopes = append(p.scopes, scopeRules{
 			users:     s.Users,
 			listeners: s.Listeners,
-			rs:        compileRules(name, smode, &c.Commands, s.Commands, ttl, names, values),
+			rs:        compileRules(name, smode, would, &c.Commands, s.Commands, ttl, names, values),
 		})
 	}
 	return p, nil
@@ -323,7 +336,7 @@ func resolve(a, mode Action) Action {
 	return a
 }
 
-func compileRules(scope string, mode Action, global, local *CommandRules, ttl []TTLRule, names *NameRules, values *ValueRules) *ruleset {
+func compileRules(scope string, mode, enforceMode Action, global, local *CommandRules, ttl []TTLRule, names *NameRules, values *ValueRules) *ruleset {
 	rs := &ruleset{scope: scope, cmd: map[string]bool{}}
 	for _, n := range builtinDeny {
 		rs.cmd[n] = true
@@ -344,6 +357,7 @@ func compileRules(scope string, mode Action, global, local *CommandRules, ttl []
 		}
 	}
 	rs.cmdAction = resolve(cmdAction, mode)
+	rs.cmdWould = resolve(cmdAction, enforceMode)
 
 	for _, r := range ttl {
 		rs.ttl = append(rs.ttl, ttlRule{
@@ -353,11 +367,13 @@ func compileRules(scope string, mode Action, global, local *CommandRules, ttl []
 			max:       int64(r.Max.Duration / time.Second),
 			maxRefuse: r.MaxAction == "refuse",
 			action:    resolve(mustAction(r.Action), mode),
+			would:     resolve(mustAction(r.Action), enforceMode),
 		})
 	}
 
 	n := &rs.names
 	n.action = resolve(mustAction(names.Action), mode)
+	n.would = resolve(mustAction(names.Action), enforceMode)
 	if len(names.Namespaces) > 0 {
 		n.namespaces = map[string]bool{}
 		for _, ns := range names.Namespaces {
@@ -376,6 +392,7 @@ func compileRules(scope string, mode Action, global, local *CommandRules, ttl []
 
 	if values != nil {
 		rs.values.action = resolve(mustAction(values.Action), mode)
+		rs.values.would = resolve(mustAction(values.Action), enforceMode)
 		rs.values.max = int(values.MaxValueBytes)
 		if rs.values.max == 0 {
 			rs.values.max = int(DefaultMaxValueBytes)
@@ -463,7 +480,11 @@ func (p *Policy) CheckKeyName(key []byte) *Violation {
 	if rule == "" {
 		return nil
 	}
-	return &Violation{Rule: rule, Pattern: pattern, Action: a, Outcome: Reported, Key: slices.Clone(key), Msg: msg}
+	under := Refused
+	if p.global.names.would != Enforce {
+		under = Reported
+	}
+	return &Violation{Rule: rule, Pattern: pattern, Action: a, Outcome: Reported, UnderEnforce: under, Key: slices.Clone(key), Msg: msg}
 }
 
 func (rs *ruleset) ttlFor(key []byte) *ttlRule {

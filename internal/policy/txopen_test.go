@@ -110,3 +110,50 @@ func TestCheckTxSettles(t *testing.T) {
 		t.Errorf("no policy: settled %v closed %v", settled, closed)
 	}
 }
+
+// UnderEnforce says what enforce does with a violation only reported now:
+// the rule's own action with policy.mode enforce and no --policy-mode cap.
+// A rule whose own action is report, or a scope whose own mode is, keeps
+// reporting; a default or a clamp fixes; the rest refuse.
+func TestUnderEnforce(t *testing.T) {
+	doc := `
+[policy]
+mode = "report"
+[[policy.ttl]]
+pattern = "s:*"
+required = true
+default = "1h"
+max = "2h"
+[[policy.ttl]]
+pattern = "l:*"
+required = true
+[[policy.ttl]]
+pattern = "r:*"
+required = true
+action = "report"
+[[policy.scope]]
+name = "batch"
+users = ["batch"]
+mode = "report"
+`
+	p := compileDoc(t, doc)
+	cases := []struct {
+		cmd, user string
+		want      Outcome
+	}{
+		{"HSET s:1 f v", "", Fixed},
+		{"SET s:1 v EX 99999", "", Fixed},
+		{"HSET l:1 f v", "", Refused},
+		{"HSET r:1 f v", "", Reported},
+		{"KEYS *", "", Refused},
+		{"HSET l:1 f v", "batch", Reported},
+	}
+	for _, c := range cases {
+		req := line(c.cmd)
+		req.User = c.user
+		d := checkBatch(t, p, []Request{req})[0]
+		if len(d.Violations) != 1 || d.Violations[0].Outcome != Reported || d.Violations[0].UnderEnforce != c.want {
+			t.Errorf("%s (user %q): %+v, want one reported, %s under enforce", c.cmd, c.user, d.Violations, c.want)
+		}
+	}
+}
