@@ -93,7 +93,7 @@ func (r *reloader) applied(next *config.Config, changed []string) []string {
 		// Compiled by Reload already; only a file changed under us gets
 		// here, and the guard kept its policy.
 		r.log.Warn("policy not reloaded", "err", err)
-	} else if !reflect.DeepEqual(inForce, p) && !slices.ContainsFunc(changed, func(c string) bool { return strings.HasPrefix(c, "policy") }) {
+	} else if !reflect.DeepEqual(inForce, p) && !policyChanged(changed) {
 		// Changed compares with the last full reload's snapshot; a POST
 		// /policy/reload since may have put another policy in force, which
 		// this reload replaced: say so (found by review: the reply said
@@ -114,7 +114,16 @@ func (r *reloader) reloadAndLog() {
 		r.logRefused(err)
 	default:
 		r.log.Info("configuration reloaded", "file", r.path, "changed", strings.Join(changed, ","))
+		if note := r.guard.CapNote(); note != "" && policyChanged(changed) {
+			r.log.Warn(note)
+		}
 	}
+}
+
+// policyChanged reports whether a reload's changed settings include the
+// policy's.
+func policyChanged(changed []string) bool {
+	return slices.ContainsFunc(changed, func(c string) bool { return strings.HasPrefix(c, "policy") })
 }
 
 // handler serves POST /reload: 200 with the changed settings; 409 without
@@ -139,6 +148,9 @@ func (r *reloader) handler() http.Handler {
 		default:
 			r.log.Info("configuration reloaded", "file", r.path, "changed", strings.Join(changed, ","))
 			fmt.Fprintf(w, "configuration reloaded; changed:\n%s\n", strings.Join(changed, "\n"))
+			if note := r.guard.CapNote(); note != "" && policyChanged(changed) {
+				fmt.Fprintln(w, note)
+			}
 		}
 	})
 }

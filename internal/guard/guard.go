@@ -207,6 +207,19 @@ func (g *Guard) SetForcedMode(a policy.Action) {
 	g.cur.Store(g.loaded.ForcedMode(a))
 }
 
+// CapNote is what a reload's answer adds while --policy-mode caps the
+// rules: a file switched to enforce and reloaded stays capped until a
+// restart without the flag, which nothing said (a user's trial). "" when
+// nothing is capped.
+func (g *Guard) CapNote() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.forced == policy.Enforce {
+		return ""
+	}
+	return "note: --policy-mode=" + g.forced.String() + " caps every policy rule until redproxy restarts without it"
+}
+
 // SetSource sets where Reload reads the policy from.
 func (g *Guard) SetSource(src func() (policy.Config, error)) {
 	g.mu.Lock()

@@ -336,9 +336,18 @@ func TestHandlers(t *testing.T) {
 
 	rec = httptest.NewRecorder()
 	g.ReloadHandler().ServeHTTP(rec, httptest.NewRequest("POST", "/policy/reload", nil))
-	if rec.Code != http.StatusOK {
-		t.Fatalf("reload: %d %s", rec.Code, rec.Body.String())
+	if rec.Code != http.StatusOK || rec.Body.String() != "policy reloaded\n" {
+		t.Fatalf("reload: %d %q", rec.Code, rec.Body.String())
 	}
+	// Under --policy-mode=report the answer says the cap stays (a user's
+	// trial switched the file to enforce and reloaded, to no effect).
+	g.SetForcedMode(policy.Report)
+	rec = httptest.NewRecorder()
+	g.ReloadHandler().ServeHTTP(rec, httptest.NewRequest("POST", "/policy/reload", nil))
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "--policy-mode=report caps every policy rule until redproxy restarts without it") {
+		t.Fatalf("reload under --policy-mode=report: %d %q", rec.Code, rec.Body.String())
+	}
+	g.SetForcedMode(policy.Enforce)
 	srcErr = errors.New("p.toml:9: policy.ttl[0].max: must be >= default")
 	rec = httptest.NewRecorder()
 	g.ReloadHandler().ServeHTTP(rec, httptest.NewRequest("POST", "/policy/reload", nil))

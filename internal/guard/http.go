@@ -41,6 +41,9 @@ func (g *Guard) ReloadHandler() http.Handler {
 		switch {
 		case err == nil:
 			w.Write([]byte("policy reloaded\n"))
+			if note := g.CapNote(); note != "" {
+				w.Write([]byte(note + "\n"))
+			}
 		case errors.Is(err, ErrNoSource):
 			http.Error(w, err.Error(), http.StatusConflict)
 		default:
