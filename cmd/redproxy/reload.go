@@ -160,9 +160,17 @@ func (r *reloader) handler() http.Handler {
 // into one long line (found by a user's trial).
 func (r *reloader) logRefused(err error) {
 	problems := strings.Split(strings.TrimSpace(err.Error()), "\n")
+	attrs := []any{"file", r.path}
+	if len(problems) > 1 && strings.HasSuffix(problems[0], ":") {
+		// A heading ("settings that need a restart changed ...:") goes
+		// with each problem under it, not in a line of its own as
+		// problem 1 (a user's trial).
+		attrs = append(attrs, "reason", strings.TrimSuffix(problems[0], ":"))
+		problems = problems[1:]
+	}
 	for i, p := range problems {
-		r.log.Error("configuration not reloaded; the configuration in force stays", "file", r.path,
-			"problem", p, "problem_no", i+1, "problems", len(problems))
+		r.log.Error("configuration not reloaded; the configuration in force stays",
+			append(attrs, "problem", p, "problem_no", i+1, "problems", len(problems))...)
 	}
 }
 

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redproxy/redproxy/internal/proxy"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
@@ -130,5 +133,24 @@ func TestReloadEndpointAndSIGHUP(t *testing.T) {
 	check(t, cmd.Process.Signal(syscall.SIGTERM))
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("exit: %v\n%s", err, logs.String())
+	}
+}
+
+// A refused reload is logged a line per problem; a heading above them
+// (the restart-only settings') goes with each as its reason, not as a
+// problem of its own (a user's trial).
+func TestReloadRefusedLogsEachProblemWithItsHeading(t *testing.T) {
+	var logs redistest.LogBuffer
+	r := &reloader{path: "redproxy.toml", log: slog.New(slog.NewTextHandler(&logs, nil))}
+	r.logRefused(fmt.Errorf("%w (restart redproxy to apply them):\n%w", proxy.ErrRestartRequired,
+		errors.Join(errors.New("server.listen: changed"), errors.New("upstream.mode: changed"))))
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d lines, want one per problem:\n%s", len(lines), logs.String())
+	}
+	for i, want := range []string{"problem=\"server.listen: changed\" problem_no=1 problems=2", "problem=\"upstream.mode: changed\" problem_no=2 problems=2"} {
+		if !strings.Contains(lines[i], want) || !strings.Contains(lines[i], `reason="settings that need a restart changed (restart redproxy to apply them)"`) {
+			t.Errorf("line %d: %s\nwant %s and the heading as reason", i, lines[i], want)
+		}
 	}
 }
