@@ -284,3 +284,37 @@ func TestTransactionByStepOpenCap(t *testing.T) {
 		t.Errorf("EXEC: %q", got)
 	}
 }
+
+// Every requirement of a typed transaction is recorded once, whatever
+// ends the transaction, as the same transaction sent in one write is
+// recorded at queue time: under enforce and under report mode alike
+// (found by review: a DISCARD left it out under report mode while
+// enforce counted the fix it had queued).
+func TestTransactionByStepRecordedOnceHoweverItEnds(t *testing.T) {
+	for _, mode := range []string{"enforce", "report"} {
+		t.Run(mode, func(t *testing.T) {
+			pol := holesPolicy()
+			pol.Mode = mode
+			p := proxytest.Start(t, nil, func(c *config.Config) { c.Policy = pol })
+			for _, end := range [][]string{{"DISCARD"}, {"RESET"}, {"EXEC"}} {
+				want := map[string]string{"DISCARD": "+OK", "RESET": "+RESET", "EXEC": "*[:1 +OK :1]"}[end[0]]
+				steps(t, p,
+					step{[]string{"MULTI"}, "+OK"},
+					step{[]string{"HSET", "s:e1", "f", "v"}, "+QUEUED"},
+					step{[]string{"SET", "l:end", "v"}, "+QUEUED"},
+					step{[]string{"HSET", "s:e2", "f", "v"}, "+QUEUED"},
+					step{end, map[bool]string{true: want, false: `-EXECABORT Transaction discarded because of: redproxy policy: key "l:end" needs a TTL...`}[end[0] != "EXEC" || mode == "report"]})
+			}
+			// Three transactions, each with two HSETs and a SET.
+			rep := reportJSON(t, p.Guard())
+			hset, set := findRow(rep, policy.RuleTTL, "hset"), findRow(rep, policy.RuleTTL, "set")
+			if hset == nil || set == nil || hset.Count != 6 || set.Count != 3 {
+				t.Fatalf("rows hset %+v set %+v, want 6 and 3", hset, set)
+			}
+			if mode == "report" && (hset.Reported != 6 || set.Reported != 3) ||
+				mode == "enforce" && (hset.Fixed != 6 || set.Refused != 3) {
+				t.Errorf("outcomes: hset %+v set %+v", hset, set)
+			}
+		})
+	}
+}

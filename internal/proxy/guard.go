@@ -144,14 +144,16 @@ func (tx *txOpenTTL) reset() {
 func (sess *Session) txDefers(d *policy.Decision) bool {
 	pin := &sess.pin
 	return len(d.Open) > 0 && pin.inMulti && pin.txOpened && pin.pipe != nil && sess.srv.router == nil && sess.srv.routes == nil &&
-		(pin.txOpen == nil || len(pin.txOpen.open)+len(pin.txOpen.due)+len(d.Open) <= maxOpenTTL)
+		(pin.txOpen == nil || len(pin.txOpen.open)+len(d.Open) <= maxOpenTTL)
 }
 
-// maxOpenTTL bounds the requirements one transaction carries: each later
+// maxOpenTTL bounds the requirements a transaction keeps open: each later
 // batch checks every open one, so a client queuing thousands of writes
 // without their TTLs made each command cost more than the last (found by
 // review: 125 µs a round trip at the start of 40,000, 490 µs at the end).
-// Past it a write is refused at queue time, as in a single batch.
+// Past it a write is fixed or refused at once, as in a single batch. Only
+// open ones count, which fixDue never changes: guardRecord and guardStep
+// must decide alike for one request, fixDue running between them.
 const maxOpenTTL = 128
 
 // txOpenedKnown makes sure, for a write the policy left open in the
@@ -209,6 +211,26 @@ func (sess *Session) fixDue() {
 	tx.due = kept
 }
 
+// recordOpenLeft records the requirements a transaction still holds when
+// it ends other than by EXEC (DISCARD, RESET, a lost connection, the
+// client gone), as each would have been recorded at its write: the same
+// transaction sent in one write is recorded whatever ends it, and under
+// enforce a fix already queued was recorded when queued (fixDue), so
+// report mode must not leave out what enforce counts (found by review).
+func (sess *Session) recordOpenLeft() {
+	tx := sess.pin.txOpen
+	if tx == nil {
+		return
+	}
+	sg := sess.srv.guard
+	for _, list := range [2][]openTTL{tx.due, tx.open} {
+		for j := range list {
+			sg.Record(&list[j].v, sess.nc.RemoteAddr(), sess.userName())
+		}
+	}
+	tx.reset()
+}
+
 // execOpenTTL is EXEC of a transaction whose writes left TTL requirements
 // open: EXEC closes them, so fix-ups are queued before it (fixDue), and
 // the rest recorded now, as they would have been at the write; if one is
@@ -226,28 +248,20 @@ func (sess *Session) execOpenTTL(r *request) bool {
 	}
 	clear(tx.open)
 	tx.open = tx.open[:0]
-	var refused *policy.Violation
+	var reply []byte
 	for j := range tx.due {
 		if v := &tx.due[j].v; v.Outcome == policy.Refused {
-			refused = v
+			reply = appendExecAbort(nil, v.Msg)
 			break
 		}
 	}
-	if refused == nil && tx.fixesDue {
+	if reply == nil && tx.fixesDue {
 		sess.fixDue()
 	}
-	sg := sess.srv.guard
-	for j := range tx.due {
-		if tx.due[j].fix == nil { // (a fix not sent: discarded below)
-			sg.Record(&tx.due[j].v, sess.nc.RemoteAddr(), sess.userName())
-		}
-	}
-	if refused == nil {
-		tx.reset()
+	sess.recordOpenLeft()
+	if reply == nil {
 		return false
 	}
-	reply := appendExecAbort(nil, refused.Msg)
-	tx.reset()
 	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
 	sess.call.Add(cmdDiscard)
 	sess.replyLocal(r.m, reply)

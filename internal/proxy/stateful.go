@@ -583,9 +583,7 @@ func (sess *Session) unpin(clean bool) {
 	sess.nsTxEnd()
 	sess.mirrorTxEnded() // mirror.go
 	clear(pin.txWrites)
-	if pin.txOpen != nil {
-		pin.txOpen.reset()
-	}
+	sess.recordOpenLeft() // guard.go
 	*pin = pinState{txHidden: pin.txHidden[:0], txWrites: pin.txWrites[:0], txOpen: pin.txOpen}
 }
 
