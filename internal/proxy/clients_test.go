@@ -40,6 +40,8 @@ type rawConn struct {
 	t  *testing.T
 	nc net.Conn
 	rd *bufio.Reader
+	// wait is how long a reply may take (next); 5 s when zero.
+	wait time.Duration
 }
 
 func dialRaw(t *testing.T, addr string) *rawConn {
@@ -92,7 +94,11 @@ func (c *rawConn) next(types *[]byte) (any, error) {
 	if types == nil {
 		types = new([]byte)
 	}
-	c.nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	wait := c.wait
+	if wait == 0 {
+		wait = 5 * time.Second
+	}
+	c.nc.SetReadDeadline(time.Now().Add(wait))
 	return readValue(c.rd, types)
 }
 
