@@ -318,3 +318,25 @@ func TestTransactionByStepRecordedOnceHoweverItEnds(t *testing.T) {
 		})
 	}
 }
+
+// Requirements closed by a boundary are recorded then and not kept (only
+// EXEC's answer to the first refused one is): a client typing write and
+// SELECT in turn holds no more than one batch's worth, however long its
+// transaction, and EXEC still names the first write.
+func TestTransactionByStepClosedAreNotKept(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Policy = holesPolicy() })
+	nc := p.Dial(t)
+	equalReplies(t, roundTrip(t, nc, []string{"MULTI"}), []string{"+OK"})
+	const n = 300 // more than the 128 that may be open at once
+	for i := range n {
+		equalReplies(t, roundTrip(t, nc, []string{"SET", fmt.Sprintf("l:closed%d", i), "v"}), []string{"+QUEUED"})
+		equalReplies(t, roundTrip(t, nc, []string{"SELECT", "0"}), []string{"+QUEUED"})
+	}
+	if got := roundTrip(t, nc, []string{"EXEC"})[0]; !strings.HasPrefix(got, `-EXECABORT Transaction discarded because of: redproxy policy: key "l:closed0" needs a TTL`) {
+		t.Fatalf("EXEC: %q", got)
+	}
+	rep := reportJSON(t, p.Guard())
+	if row := findRow(rep, policy.RuleTTL, "set"); row == nil || row.Refused != n {
+		t.Fatalf("set row %+v, want %d refused", row, n)
+	}
+}

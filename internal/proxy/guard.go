@@ -81,6 +81,9 @@ func (sess *Session) prepareBatch(reqs []resp.Request) {
 	clear(tx.settled) // what the last batch settled is no answer for this one (found by review)
 	closed := b.PrepareTx(sg.Policy(), sess.srv.table, reqs, sess.userName(), sess.listenerName(), denied, tx.keys, tx.settled)
 	tx.settle(closed)
+	if closed {
+		sess.recordClosed()
+	}
 }
 
 // txOpenTTL is what the policy left open in the client's transaction on
@@ -93,9 +96,12 @@ func (sess *Session) prepareBatch(reqs []resp.Request) {
 // Behind a pointer in pinState: few transactions ever need it.
 type txOpenTTL struct {
 	open []openTTL // a later request of the transaction may settle these
-	due  []openTTL // a boundary came: nothing can settle these now
+	due  []openTTL // a boundary came: fix-ups to send (fixDue)
 	// fixesDue: due holds fix-ups not sent yet.
 	fixesDue bool
+	// refusal is EXEC's answer once a boundary closed a refused
+	// requirement (recordClosed); nil while none was.
+	refusal []byte
 	// keys and settled are CheckTx's question and answer for open,
 	// reused.
 	keys    [][]byte
@@ -132,7 +138,7 @@ func (tx *txOpenTTL) reset() {
 	clear(tx.open)
 	clear(tx.due)
 	clear(tx.keys)
-	tx.open, tx.due, tx.keys, tx.fixesDue = tx.open[:0], tx.due[:0], tx.keys[:0], false
+	tx.open, tx.due, tx.keys, tx.fixesDue, tx.refusal = tx.open[:0], tx.due[:0], tx.keys[:0], false, nil
 }
 
 // txDefers reports whether d's open TTL requirements wait for the rest of
@@ -211,6 +217,30 @@ func (sess *Session) fixDue() {
 	tx.due = kept
 }
 
+// recordClosed records the requirements a boundary just closed that need
+// no fix-up, and keeps of them only EXEC's answer to the first refused
+// one: what a transaction holds stays bounded however many writes and
+// boundaries a client types (at most maxOpenTTL open, and the fix-ups of
+// one batch, which fixDue sends before the batch goes on).
+func (sess *Session) recordClosed() {
+	tx := sess.pin.txOpen
+	sg := sess.srv.guard
+	kept := tx.due[:0]
+	for j := range tx.due {
+		o := &tx.due[j]
+		if o.fix != nil {
+			kept = append(kept, *o)
+			continue
+		}
+		sg.Record(&o.v, sess.nc.RemoteAddr(), sess.userName())
+		if o.v.Outcome == policy.Refused && tx.refusal == nil {
+			tx.refusal = appendExecAbort(nil, o.v.Msg)
+		}
+	}
+	clear(tx.due[len(kept):])
+	tx.due = kept
+}
+
 // recordOpenLeft records the requirements a transaction still holds when
 // it ends other than by EXEC (DISCARD, RESET, a lost connection, the
 // client gone), as each would have been recorded at its write: the same
@@ -239,7 +269,7 @@ func (sess *Session) recordOpenLeft() {
 // false when EXEC goes ahead.
 func (sess *Session) execOpenTTL(r *request) bool {
 	tx := sess.pin.txOpen
-	if tx == nil || len(tx.open)+len(tx.due) == 0 {
+	if tx == nil || len(tx.open)+len(tx.due) == 0 && tx.refusal == nil {
 		return false
 	}
 	for _, o := range tx.open {
@@ -248,13 +278,8 @@ func (sess *Session) execOpenTTL(r *request) bool {
 	}
 	clear(tx.open)
 	tx.open = tx.open[:0]
-	var reply []byte
-	for j := range tx.due {
-		if v := &tx.due[j].v; v.Outcome == policy.Refused {
-			reply = appendExecAbort(nil, v.Msg)
-			break
-		}
-	}
+	sess.recordClosed()
+	reply := tx.refusal
 	if reply == nil && tx.fixesDue {
 		sess.fixDue()
 	}
