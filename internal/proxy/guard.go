@@ -91,9 +91,10 @@ func (sess *Session) prepareBatch(reqs []resp.Request) {
 // later batch of it may still meet (policy.Decision.Open), as when a
 // MULTI is typed command by command. A boundary (a SELECT, EXEC...) in a
 // later batch closes them: the fix-ups of those with a default are sent
-// then, before anything of that batch (fixDue), and at EXEC the rest are
-// recorded, a refused one discarding the transaction (execOpenTTL).
-// Behind a pointer in pinState: few transactions ever need it.
+// then, before anything of that batch (fixDue), the rest recorded
+// (recordClosed), and a refused one discards the transaction at EXEC
+// (execOpenTTL). Behind a pointer in pinState: few transactions ever
+// need it.
 type txOpenTTL struct {
 	open []openTTL // a later request of the transaction may settle these
 	due  []openTTL // a boundary came: fix-ups to send (fixDue)
