@@ -230,10 +230,13 @@ func (b *Batch) reserve(n int) {
 // violation's message (which starts with "ERR redproxy policy: "). Line
 // breaks, which would end the reply early, cannot come from a client's key
 // (keys are quoted) but are replaced to be sure.
-func AppendRefusal(dst []byte, v *policy.Violation) []byte {
+func AppendRefusal(dst []byte, v *policy.Violation) []byte { return AppendError(dst, v.Msg) }
+
+// AppendError appends msg as an error reply, line breaks replaced.
+func AppendError(dst []byte, msg string) []byte {
 	dst = append(dst, '-')
 	start := len(dst)
-	dst = append(dst, v.Msg...)
+	dst = append(dst, msg...)
 	for i := start; i < len(dst); i++ {
 		if dst[i] == '\r' || dst[i] == '\n' {
 			dst[i] = ' '

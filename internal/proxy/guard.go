@@ -80,28 +80,23 @@ func (sess *Session) prepareBatch(reqs []resp.Request) {
 	tx.settled = slices.Grow(tx.settled[:0], len(tx.open))[:len(tx.open)]
 	clear(tx.settled) // what the last batch settled is no answer for this one (found by review)
 	closed := b.PrepareTx(sg.Policy(), sess.srv.table, reqs, sess.userName(), sess.listenerName(), denied, tx.keys, tx.settled)
-	tx.settle(closed)
-	if closed {
-		sess.recordClosed()
-	}
+	sess.settleOpen(closed)
 }
 
 // txOpenTTL is what the policy left open in the client's transaction on
 // its pinned connection: TTL requirements of writes queued in it that a
 // later batch of it may still meet (policy.Decision.Open), as when a
 // MULTI is typed command by command. A boundary (a SELECT, EXEC...) in a
-// later batch closes them: the fix-ups of those with a default are sent
-// then, before anything of that batch (fixDue), the rest recorded
-// (recordClosed), and a refused one discards the transaction at EXEC
+// later batch closes them (closeOpen): the fix-ups of those with a
+// default are sent then, before anything of that batch (fixDue), the rest
+// recorded, and a refused one discards the transaction at EXEC
 // (execOpenTTL). Behind a pointer in pinState: few transactions ever
 // need it.
 type txOpenTTL struct {
 	open []openTTL // a later request of the transaction may settle these
-	due  []openTTL // a boundary came: fix-ups to send (fixDue)
-	// fixesDue: due holds fix-ups not sent yet.
-	fixesDue bool
+	due  []openTTL // closed with a fix-up not sent yet (fixDue)
 	// refusal is EXEC's answer once a boundary closed a refused
-	// requirement (recordClosed); nil while none was.
+	// requirement (closeOpen); nil while none was.
 	refusal []byte
 	// keys and settled are CheckTx's question and answer for open,
 	// reused.
@@ -116,17 +111,18 @@ type openTTL struct {
 	fix []policy.Expire
 }
 
-// settle drops the requirements the batch just prepared settles, and
-// makes the rest due if it closes them. Preparing a batch again (the
-// look-ahead's Extend) settles the same or more, so it may run twice.
-func (tx *txOpenTTL) settle(closed bool) {
+// settleOpen drops the requirements the batch just prepared settles, and
+// closes the rest if it has a boundary. Preparing a batch again (the
+// look-ahead's Extend) finds nothing more to close, and settles the same
+// or more, so it may run twice.
+func (sess *Session) settleOpen(closed bool) {
+	tx := sess.pin.txOpen
 	kept := tx.open[:0]
 	for j := range tx.open {
 		switch {
 		case tx.settled[j]:
 		case closed:
-			tx.due = append(tx.due, tx.open[j])
-			tx.fixesDue = tx.fixesDue || tx.open[j].fix != nil
+			sess.closeOpen(&tx.open[j])
 		default:
 			kept = append(kept, tx.open[j])
 		}
@@ -135,11 +131,28 @@ func (tx *txOpenTTL) settle(closed bool) {
 	tx.open = kept
 }
 
+// closeOpen deals with a requirement nothing can settle any more: its
+// fix-up waits in due for fixDue; any other is recorded now, and the
+// first refused one gives EXEC its answer. Nothing else is kept, so what
+// a transaction holds stays bounded however many writes and boundaries a
+// client types (at most maxOpenTTL open, and one batch's fix-ups).
+func (sess *Session) closeOpen(o *openTTL) {
+	tx := sess.pin.txOpen
+	if o.fix != nil {
+		tx.due = append(tx.due, *o)
+		return
+	}
+	sess.srv.guard.Record(&o.v, sess.nc.RemoteAddr(), sess.userName())
+	if o.v.Outcome == policy.Refused && tx.refusal == nil {
+		tx.refusal = appendExecAbort(nil, o.v.Msg)
+	}
+}
+
 func (tx *txOpenTTL) reset() {
 	clear(tx.open)
 	clear(tx.due)
 	clear(tx.keys)
-	tx.open, tx.due, tx.keys, tx.fixesDue, tx.refusal = tx.open[:0], tx.due[:0], tx.keys[:0], false, nil
+	tx.open, tx.due, tx.keys, tx.refusal = tx.open[:0], tx.due[:0], tx.keys[:0], nil
 }
 
 // txDefers reports whether d's open TTL requirements wait for the rest of
@@ -150,8 +163,14 @@ func (tx *txOpenTTL) reset() {
 // at queue time as before (docs/COMPATIBILITY.md).
 func (sess *Session) txDefers(d *policy.Decision) bool {
 	pin := &sess.pin
-	return len(d.Open) > 0 && pin.inMulti && pin.txOpened && pin.pipe != nil && sess.srv.router == nil && sess.srv.routes == nil &&
+	return len(d.Open) > 0 && sess.pinnedMultiAlone() && pin.txOpened &&
 		(pin.txOpen == nil || len(pin.txOpen.open)+len(d.Open) <= maxOpenTTL)
+}
+
+// pinnedMultiAlone reports whether the client is in MULTI on its pinned
+// connection to the one upstream, where open requirements may wait.
+func (sess *Session) pinnedMultiAlone() bool {
+	return sess.pin.inMulti && sess.pin.pipe != nil && sess.srv.router == nil && sess.srv.routes == nil
 }
 
 // maxOpenTTL bounds the requirements a transaction keeps open: each later
@@ -169,9 +188,7 @@ const maxOpenTTL = 128
 // batch so far is flushed. Not where the write is joined to what came
 // before it (guard.Batch.Joined): that must reach Redis in one part.
 func (sess *Session) txOpenedKnown(r *request, d *policy.Decision) {
-	pin := &sess.pin
-	if len(d.Open) > 0 && pin.inMulti && !pin.txOpened && pin.pipe != nil && !sess.guard.Joined(r.i) &&
-		sess.srv.router == nil && sess.srv.routes == nil {
+	if len(d.Open) > 0 && sess.pinnedMultiAlone() && !sess.pin.txOpened && !sess.guard.Joined(r.i) {
 		sess.flush(time.Now())
 	}
 }
@@ -200,46 +217,16 @@ func (sess *Session) deferOpen(d *policy.Decision) {
 // another database: TestTxFixup*.) Each is recorded now, as fixed.
 func (sess *Session) fixDue() {
 	tx := sess.pin.txOpen
-	tx.fixesDue = false
-	kept := tx.due[:0]
 	for j := range tx.due {
 		o := &tx.due[j]
-		if o.fix == nil {
-			kept = append(kept, *o)
-			continue
-		}
 		for _, f := range sess.guard.Fixups(o.fix) {
 			sess.forwardHidden(f)
 			sess.mirrorQueuedFixup(f) // mirror.go
 		}
 		sess.srv.guard.Record(&o.v, sess.nc.RemoteAddr(), sess.userName())
 	}
-	clear(tx.due[len(kept):])
-	tx.due = kept
-}
-
-// recordClosed records the requirements a boundary just closed that need
-// no fix-up, and keeps of them only EXEC's answer to the first refused
-// one: what a transaction holds stays bounded however many writes and
-// boundaries a client types (at most maxOpenTTL open, and the fix-ups of
-// one batch, which fixDue sends before the batch goes on).
-func (sess *Session) recordClosed() {
-	tx := sess.pin.txOpen
-	sg := sess.srv.guard
-	kept := tx.due[:0]
-	for j := range tx.due {
-		o := &tx.due[j]
-		if o.fix != nil {
-			kept = append(kept, *o)
-			continue
-		}
-		sg.Record(&o.v, sess.nc.RemoteAddr(), sess.userName())
-		if o.v.Outcome == policy.Refused && tx.refusal == nil {
-			tx.refusal = appendExecAbort(nil, o.v.Msg)
-		}
-	}
-	clear(tx.due[len(kept):])
-	tx.due = kept
+	clear(tx.due)
+	tx.due = tx.due[:0]
 }
 
 // recordOpenLeft records the requirements a transaction still holds when
@@ -273,15 +260,13 @@ func (sess *Session) execOpenTTL(r *request) bool {
 	if tx == nil || len(tx.open)+len(tx.due) == 0 && tx.refusal == nil {
 		return false
 	}
-	for _, o := range tx.open {
-		tx.due = append(tx.due, o)
-		tx.fixesDue = tx.fixesDue || o.fix != nil
+	for j := range tx.open {
+		sess.closeOpen(&tx.open[j])
 	}
 	clear(tx.open)
 	tx.open = tx.open[:0]
-	sess.recordClosed()
 	reply := tx.refusal
-	if reply == nil && tx.fixesDue {
+	if reply == nil {
 		sess.fixDue()
 	}
 	sess.recordOpenLeft()
@@ -301,15 +286,7 @@ func (sess *Session) execOpenTTL(r *request) bool {
 // Redis's form for an error found at EXEC ("EXECABORT Transaction
 // discarded because of: ..."), with the policy's message after it.
 func appendExecAbort(dst []byte, msg string) []byte {
-	dst = append(dst, "-EXECABORT Transaction discarded because of: "...)
-	start := len(dst)
-	dst = append(dst, strings.TrimPrefix(msg, "ERR ")...)
-	for i := start; i < len(dst); i++ {
-		if dst[i] == '\r' || dst[i] == '\n' {
-			dst[i] = ' '
-		}
-	}
-	return append(dst, '\r', '\n')
+	return guard.AppendError(dst, "EXECABORT Transaction discarded because of: "+strings.TrimPrefix(msg, "ERR "))
 }
 
 // guardStep applies the guard's decision for request i: a refusal is

@@ -81,6 +81,19 @@ func (tx *mirrorTx) part(i int) []byte {
 	return tx.buf[start:tx.ends[i]]
 }
 
+// add keeps one command of the transaction, as sent; past max bytes the
+// queue could never take the transaction, and nothing more is kept.
+func (tx *mirrorTx) add(raw []byte, max int) {
+	switch {
+	case tx.over:
+	case len(tx.buf)+len(raw) > max:
+		tx.over, tx.buf, tx.ends = true, nil, nil
+	default:
+		tx.buf = append(tx.buf, raw...)
+		tx.ends = append(tx.ends, len(tx.buf))
+	}
+}
+
 func (tx *mirrorTx) reset() {
 	if cap(tx.buf) > 64<<10 {
 		tx.buf = nil // a large transaction's copy is not kept for an idle client
@@ -317,14 +330,10 @@ func (sess *Session) mirrorQueuedCmd(name string, cmd *commands.Command) {
 		return
 	}
 	for p := sess.slots[slot].i; p < sess.call.Len(); p++ {
-		part := sess.call.Part(p)
-		if len(tx.buf)+len(part) > mr.MaxBytes() {
-			// The queue could never take it: keep nothing more.
-			tx.over, tx.buf, tx.ends = true, nil, nil
-			return
-		}
-		tx.buf = append(tx.buf, part...)
-		tx.ends = append(tx.ends, len(tx.buf))
+		tx.add(sess.call.Part(p), mr.MaxBytes())
+	}
+	if tx.over {
+		return
 	}
 	tx.selected = tx.selected || name == "select"
 	tx.crossDB = tx.crossDB || mirror.CrossesDatabases(name)
@@ -338,15 +347,7 @@ func (sess *Session) mirrorQueuedFixup(raw []byte) {
 	if mr == nil || !mr.Writes() {
 		return
 	}
-	tx := &sess.mirrorState().tx
-	switch {
-	case tx.over:
-	case len(tx.buf)+len(raw) > mr.MaxBytes():
-		tx.over, tx.buf, tx.ends = true, nil, nil
-	default:
-		tx.buf = append(tx.buf, raw...)
-		tx.ends = append(tx.ends, len(tx.buf))
-	}
+	sess.mirrorState().tx.add(raw, mr.MaxBytes())
 }
 
 // mirrorExecQueued notes the client's EXEC, just added to the batch, for

@@ -211,7 +211,7 @@ func (sess *Session) dispatchPinned(r *request) bool {
 		sess.forward(r.Raw, r.m)
 		return true
 	}
-	if pin.inMulti && pin.txOpen != nil && pin.txOpen.fixesDue {
+	if pin.inMulti && pin.txOpen != nil && len(pin.txOpen.due) > 0 {
 		sess.fixDue() // before anything of this batch (guard.go)
 	}
 	if r.entry != nil && r.entry.pinned != nil && r.entry.pinned(sess, r) {
