@@ -391,11 +391,8 @@ func (g *Guard) ResetReport() { g.table.reset(g.now()) }
 func (g *Guard) Report() Report {
 	r := g.table.snapshot()
 	g.mu.Lock()
-	mode := g.loadedConf.Mode
-	if mode == "" {
-		mode = policy.Enforce.String()
-	}
-	r.Policy = PolicyInfo{Mode: mode, ForcedMode: g.forced.String(), LoadedAt: g.loadedAt, LastReloadError: g.lastErr}
+	// loaded is the policy before the --policy-mode cap: its own mode.
+	r.Policy = PolicyInfo{Mode: g.loaded.Mode().String(), ForcedMode: g.forced.String(), LoadedAt: g.loadedAt, LastReloadError: g.lastErr}
 	g.mu.Unlock()
 	return r
 }

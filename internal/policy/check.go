@@ -27,8 +27,9 @@ func (p *Policy) CheckBatch(reqs []Request, out []Decision) []Decision {
 // transaction, whose earlier batches left TTL requirements open
 // (Decision.Open) for the keys open. It sets settled[j] when a request of
 // this batch, before its first boundary (in the same database and
-// transaction as the write), certainly gives key open[j] a TTL. closed reports that the batch has a boundary, past which no
-// later request can settle what is left: EXEC, a SELECT, a DISCARD.
+// transaction as the write), certainly gives key open[j] a TTL. closed
+// reports that the batch has a boundary, past which no later request can
+// settle what is left: EXEC, a SELECT, a DISCARD.
 // settled must be as long as open. A requirement is checked against the
 // policy in force when its write was queued; a policy that is off
 // settles nothing.
@@ -347,14 +348,7 @@ func (c *checker) ttlCertain(arg []byte, unit ttlUnit) bool {
 func (c *checker) violate(d *Decision, a, would Action, fixable bool, v Violation) bool {
 	v.Action = a
 	v.UnderEnforce = underEnforce(would, fixable)
-	switch {
-	case a == Report:
-		v.Outcome = Reported
-	case fixable:
-		v.Outcome = Fixed
-	default:
-		v.Outcome = Refused
-	}
+	v.Outcome = outcome(a, fixable)
 	d.Violations = append(d.Violations, v)
 	if v.Outcome == Refused {
 		d.Refuse = &v
@@ -366,16 +360,25 @@ func (c *checker) violate(d *Decision, a, would Action, fixable bool, v Violatio
 	return false
 }
 
-// underEnforce is Violation.UnderEnforce for a rule whose action with
-// policy.mode enforce would be would.
-func underEnforce(would Action, fixable bool) Outcome {
+// outcome is what action a does with a violation: reports it, or under
+// enforce fixes it where it can and refuses it otherwise.
+func outcome(a Action, fixable bool) Outcome {
 	switch {
-	case would != Enforce:
-		return Reported // a rule whose own action is report stays so
+	case a == Report:
+		return Reported
 	case fixable:
 		return Fixed
 	}
 	return Refused
+}
+
+// underEnforce is Violation.UnderEnforce for a rule whose action with
+// policy.mode enforce would be would.
+func underEnforce(would Action, fixable bool) Outcome {
+	if would != Enforce {
+		return Reported // a rule whose own action is report stays so
+	}
+	return outcome(Enforce, fixable)
 }
 
 // violateOpen records v, a TTL requirement the batch's end left unmet
@@ -386,9 +389,8 @@ func underEnforce(would Action, fixable bool) Outcome {
 func (c *checker) violateOpen(d *Decision, a, would Action, fixable bool, v Violation) {
 	v.Action = a
 	v.UnderEnforce = underEnforce(would, fixable)
-	v.Outcome = Reported
-	if a == Enforce {
-		v.Outcome = Refused
+	v.Outcome = outcome(a, false)
+	if v.Outcome == Refused {
 		refuse := v
 		d.Refuse = &refuse
 	}
@@ -627,10 +629,7 @@ func (c *checker) resolvePending() {
 		if cutOff {
 			// Fixed now outside a transaction; inside one, a later batch
 			// may still set the TTL, and the fix waits for its end.
-			fix := []Expire{{Key: key, Seconds: rule.def}}
-			if pt.eff.inherits && rule.max > 0 {
-				fix = append(fix, Expire{Key: key, Seconds: rule.max, LT: true})
-			}
+			fix := expireFixups(nil, Expire{Key: key, Seconds: rule.def}, rule, pt.eff.inherits)
 			d.Open = append(d.Open, OpenTTL{V: len(d.Violations) - 1, Fix: fix})
 		}
 		switch pt.eff.fix {
@@ -639,14 +638,7 @@ func (c *checker) resolvePending() {
 			if pt.eff.db != 0 {
 				e.DB = req.Args[pt.eff.db]
 			}
-			d.Expires = append(d.Expires, e)
-			if pt.eff.inherits && rule.max > 0 {
-				// The TTL it took from the other key may be above max:
-				// lowered after the NX fix-up has made sure it has one.
-				lt := e
-				lt.Seconds, lt.LT = rule.max, true
-				d.Expires = append(d.Expires, lt)
-			}
+			d.Expires = expireFixups(d.Expires, e, rule, pt.eff.inherits)
 		case fixAppendEX:
 			if d.Args == nil {
 				d.Args = slices.Clone(req.Args)
@@ -667,6 +659,20 @@ func (c *checker) resolvePending() {
 			d.Open = slices.DeleteFunc(d.Open, func(o OpenTTL) bool { return o.Fix != nil })
 		}
 	}
+}
+
+// expireFixups appends the fix-up e (EXPIRE key default NX) and, for a key
+// that took another's TTL (inherits), EXPIRE key max LT: the TTL it took
+// may be above the rule's max, lowered once the NX fix-up has made sure
+// it has one.
+func expireFixups(dst []Expire, e Expire, rule *ttlRule, inherits bool) []Expire {
+	dst = append(dst, e)
+	if inherits && rule.max > 0 {
+		lt := e
+		lt.Seconds, lt.LT = rule.max, true
+		dst = append(dst, lt)
+	}
+	return dst
 }
 
 // ttlSetLater reports whether a request after req in the same stretch of
