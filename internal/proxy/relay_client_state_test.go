@@ -234,6 +234,30 @@ func TestRelayedNameAndDBFollowRedis(t *testing.T) {
 		}
 		rawDo(t, nc, "RESET")
 		want(t, id, "", "0")
+		rawDo(t, nc, "CLIENT", "TRACKING", "ON")
+
+		// "EXEC x" is refused and discards the transaction: what it
+		// queued does not count, and what follows runs outside MULTI.
+		rawDo(t, nc, "MULTI")
+		rawDo(t, nc, "SELECT", "6")
+		if got := rawDo(t, nc, "EXEC", "x"); !strings.HasPrefix(got, "-EXECABORT") {
+			t.Fatalf("EXEC x: %q, want Redis's EXECABORT", got)
+		}
+		rawDo(t, nc, "SELECT", "7")
+		want(t, id, "", "7")
+		// "MULTI x" opens nothing, "DISCARD x" and "RESET x" end nothing.
+		rawDo(t, nc, "MULTI", "x")
+		rawDo(t, nc, "SELECT", "8")
+		want(t, id, "", "8")
+		rawDo(t, nc, "MULTI")
+		rawDo(t, nc, "DISCARD", "x")
+		rawDo(t, nc, "RESET", "x")
+		rawDo(t, nc, "SELECT", "9")
+		want(t, id, "", "8")
+		if got := rawDo(t, nc, "EXEC"); !strings.HasPrefix(got, "-EXECABORT") {
+			t.Fatalf("EXEC after refused commands in MULTI: %q, want EXECABORT", got)
+		}
+		want(t, id, "", "8") // aborted: its SELECT never ran
 	})
 	t.Run("RESP2 subscribed", func(t *testing.T) {
 		nc := dialAddr(t, p.Addr)

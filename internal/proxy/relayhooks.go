@@ -171,9 +171,15 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 		name = cmd.Name
 	}
 	replies := int64(1)
+	// MULTI, DISCARD and RESET with an argument are refused for their
+	// arity and open or end nothing: "DISCARD x" inside MULTI leaves the
+	// transaction queued, and releasing its writes' marks there would let
+	// a read fill the tier before a later EXEC ran them. "EXEC x" is
+	// refused too, but Redis discards the transaction with it.
+	bare := len(args) == 1
 	switch {
 	case refused:
-	case name == "reset":
+	case name == "reset" && bare:
 		// Redis leaves MULTI and goes back to DB 0. What was queued never
 		// runs; its marks are released with this batch.
 		rw.uncountable()
@@ -206,13 +212,13 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 			rw.dbs = append(rw.dbs[:0], db)
 			rw.selectQueued = rw.selectQueued || rw.inMulti
 		}
-	case name == "multi":
+	case name == "multi" && bare:
 		if !rw.inMulti {
 			rw.dbsAtMulti = append(rw.dbsAtMulti[:0], rw.dbs...)
 			rw.selectQueued = false
 		}
 		rw.inMulti = true
-	case name == "discard" && rw.inMulti:
+	case name == "discard" && bare && rw.inMulti:
 		rw.dbs = append(rw.dbs[:0], rw.dbsAtMulti...)
 		rw.endMulti()
 	case name == "exec" && rw.inMulti:

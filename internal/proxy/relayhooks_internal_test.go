@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -272,6 +273,62 @@ func TestRelayCountsSubscribeAnswers(t *testing.T) {
 			if !again.countable || again.counter.got != rw.due {
 				t.Fatalf("%v cut at %d: counted %d (still counting: %v), want %d", cmds, cut, again.counter.got, again.countable, rw.due)
 			}
+		}
+	}
+}
+
+// The relay takes a client as inside MULTI exactly when Redis does:
+// MULTI, EXEC, DISCARD and RESET with an argument are refused for their
+// arity and change nothing. Each case is checked against Redis by the
+// answer to a closing PING (+QUEUED inside MULTI). Taking "EXEC x" as the
+// end released the queued writes' marks before they ran; taking
+// "MULTI x" as a start held a relayed client's writes' marks forever.
+func TestRelayTransactionStateFollowsArity(t *testing.T) {
+	rs := redistest.Start(t)
+	for _, cmds := range [][]string{
+		{"MULTI x"},
+		{"MULTI", "EXEC x"},
+		{"MULTI", "DISCARD x"},
+		{"MULTI", "RESET x"},
+		{"MULTI", "MULTI x"},
+		{"MULTI", "EXEC"},
+		{"MULTI", "DISCARD"},
+		{"MULTI", "RESET"},
+		{"MULTI", "EXEC x", "EXEC"},
+	} {
+		var noted [][]string
+		var raw []byte
+		for _, c := range append(cmds, "PING") {
+			args := strings.Fields(c)
+			noted = append(noted, args)
+			raw = redcon.AppendArray(raw, len(args))
+			for _, a := range args {
+				raw = redcon.AppendBulkString(raw, a)
+			}
+		}
+		rw := relayNoted(noted[:len(cmds)])
+
+		nc, err := net.DialTimeout("tcp", rs.Addr(), 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := nc.Write(raw); err != nil {
+			t.Fatal(err)
+		}
+		var stream []byte
+		buf := make([]byte, 4096)
+		for !bytes.HasSuffix(stream, []byte("+PONG\r\n")) && !bytes.HasSuffix(stream, []byte("+QUEUED\r\n")) {
+			k, err := nc.Read(buf)
+			if err != nil {
+				t.Fatalf("%q: reading Redis's replies (have %q): %v", cmds, stream, err)
+			}
+			stream = append(stream, buf[:k]...)
+		}
+		nc.Close()
+		redisInMulti := bytes.HasSuffix(stream, []byte("+QUEUED\r\n"))
+		if rw.inMulti != redisInMulti {
+			t.Errorf("%q: relay takes the client as in MULTI: %v; Redis: %v (%q)", cmds, rw.inMulti, redisInMulti, stream)
 		}
 	}
 }

@@ -1581,17 +1581,17 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 		return b
 	}
 	sess.relayStateStep(sess.clientArgs(i, r.Args))
-	// Only as Redis takes them: "MULTI x", "EXEC x" and the like are
+	// Only as Redis takes them: "MULTI x", "DISCARD x" and "RESET x" are
 	// refused for their arity and open or end nothing (the differential
 	// test's seed 1796408348893467102: after "MULTI x" the proxy refused
-	// the client's AUTH as inside MULTI).
-	if len(r.Args) == 1 {
-		switch name := string(r.Args[0]); {
-		case strings.EqualFold(name, "multi"):
-			sess.relayInMulti = true
-		case strings.EqualFold(name, "exec"), strings.EqualFold(name, "discard"), strings.EqualFold(name, "reset"):
-			sess.relayInMulti = false
-		}
+	// the client's AUTH as inside MULTI); "EXEC x" is refused too, but
+	// Redis discards the transaction with it.
+	switch name := string(r.Args[0]); {
+	case len(r.Args) == 1 && strings.EqualFold(name, "multi"):
+		sess.relayInMulti = true
+	case strings.EqualFold(name, "exec"),
+		len(r.Args) == 1 && (strings.EqualFold(name, "discard") || strings.EqualFold(name, "reset")):
+		sess.relayInMulti = false
 	}
 	if sess.srv.mirror != nil && sess.relayRunsScripts() {
 		// Forwarded, and Redis runs it (not a MONITOR or RESP2
@@ -1672,8 +1672,11 @@ func (sess *Session) appendRelayAnswer(out []byte, args [][]byte, raw []byte) ([
 // the proxy's CLIENT LIST shows of it (relayStateStep), applied at EXEC.
 type relayTxState struct {
 	selected, named bool
-	db              int
-	name            string
+	// refused: a command Redis refuses for its arity was queued, so EXEC
+	// aborts the transaction.
+	refused bool
+	db      int
+	name    string
 }
 
 // relayStateStep keeps what the proxy's CLIENT LIST shows of a relayed
@@ -1689,15 +1692,22 @@ type relayTxState struct {
 // SELECT's index in range, and 0 in cluster mode; a name without spaces or
 // special characters), and neither counts on a RESP2 subscribed
 // connection, where Redis refuses both. Inside the client's MULTI they
-// count at EXEC (an EXEC that a WATCH aborts is not told apart); RESET,
+// count at EXEC (not after a command refused for its arity was queued;
+// an EXEC that a WATCH aborts is not told apart); RESET,
 // which Redis runs at once even inside MULTI, gives the client DB 0 and
 // no name, as on Redis.
 func (sess *Session) relayStateStep(args [][]byte) {
 	cmd := sess.srv.table.Lookup(args)
-	if cmd == nil || !cmd.ArityOK(len(args)) {
+	if cmd == nil {
 		return
 	}
 	tx := &sess.relayTx
+	if !cmd.ArityOK(len(args)) {
+		// Redis refuses it; inside MULTI that makes EXEC abort (and
+		// "EXEC x" discards at once: appendRelayed).
+		tx.refused = tx.refused || sess.relayInMulti
+		return
+	}
 	switch cmd.Name {
 	case "reset":
 		*tx = relayTxState{}
@@ -1714,7 +1724,7 @@ func (sess *Session) relayStateStep(args [][]byte) {
 		*tx = relayTxState{}
 		return
 	case "exec":
-		if sess.relayInMulti {
+		if sess.relayInMulti && !tx.refused {
 			sess.mu.Lock()
 			if tx.selected {
 				sess.db = tx.db
