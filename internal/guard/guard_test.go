@@ -557,3 +557,58 @@ func TestReportResetByDelete(t *testing.T) {
 		t.Fatalf("GET after DELETE and one violation:\n%s", body)
 	}
 }
+
+// Identifiers of letters alone ("user:alice") cannot be told from words by
+// their look: each keeps a row of its own until maxLiteralRows of one
+// shape have been seen, then new ones share the starred row, so a stream
+// of user names no longer fills the report and evicts the frequent rows.
+// A few words of the application's own keep their rows.
+func TestTableCollapsesLetterIdentifiers(t *testing.T) {
+	tb := newTable(1000, t0)
+	name := func(i int) string { // letters only: "a", "b", ..., "ba", ...
+		s := ""
+		for {
+			s = string(rune('a'+i%26)) + s
+			if i /= 26; i == 0 {
+				return s
+			}
+		}
+	}
+	const users = 500
+	for i := range users {
+		tb.add(violation(policy.RuleTTL, "hset", "user:"+name(i)+":profile", policy.Fixed), t0)
+	}
+	for _, w := range []string{"profile", "feed", "settings", "cart"} {
+		for range 3 {
+			tb.add(violation(policy.RuleTTL, "set", "cache:"+w, policy.Fixed), t0)
+		}
+	}
+	r := tb.snapshot()
+	var hsetRows, starred int64
+	for _, row := range r.Rows {
+		switch {
+		case row.Command == "hset" && row.KeyPattern == "user:*:profile":
+			starred = row.Count
+			hsetRows++
+		case row.Command == "hset":
+			hsetRows++
+			if row.Count != 1 {
+				t.Errorf("literal row %+v", row)
+			}
+		case row.Command == "set" && row.Count != 3:
+			t.Errorf("a word's row lost counts: %+v", row)
+		}
+	}
+	if hsetRows != maxLiteralRows+1 || starred != users-maxLiteralRows {
+		t.Errorf("%d hset rows, the starred one counting %d; want %d and %d", hsetRows, starred, maxLiteralRows+1, users-maxLiteralRows)
+	}
+	if len(r.Rows) != int(hsetRows)+4 || r.Untracked != 0 || r.Total != users+12 {
+		t.Errorf("%d rows, untracked %d, total %d", len(r.Rows), r.Untracked, r.Total)
+	}
+	// Reset starts the count of shapes again.
+	tb.reset(t0)
+	tb.add(violation(policy.RuleTTL, "hset", "user:zed:profile", policy.Fixed), t0)
+	if r := tb.snapshot(); len(r.Rows) != 1 || r.Rows[0].KeyPattern != "user:zed:profile" {
+		t.Errorf("after reset: %+v", r.Rows)
+	}
+}

@@ -27,7 +27,21 @@ type table struct {
 	untracked int64
 	since     time.Time
 	buf       []byte // row key scratch, under mu
+	// shapes counts, for each row key with one literal segment of its
+	// key pattern starred, the rows created that share it: past
+	// maxLiteralRows, a new key of that shape joins the starred row
+	// (collapse). Cleared when it outgrows maxShapes.
+	shapes    map[string]int
+	maxShapes int
 }
+
+// maxLiteralRows is how many rows of one shape that differ in a segment of
+// letters alone ("user:alice", "user:bob") the report keeps before that
+// segment counts as an identifier for new keys ("user:*"): a word of the
+// application's own ("cache:profile", "cache:feed") seldom comes in more
+// than a few dozen, names of users and tenants do, and filled the report
+// (a user's trial: 1000 rows of "user:<name>", the frequent ones evicted).
+const maxLiteralRows = 32
 
 // Row is one line of the report: the violations of one rule by one command
 // on keys of one shape.
@@ -55,7 +69,42 @@ type Row struct {
 }
 
 func newTable(max int, now time.Time) *table {
-	return &table{max: max, rows: map[string]*Row{}, since: now}
+	return &table{max: max, rows: map[string]*Row{}, since: now, shapes: map[string]int{}, maxShapes: 8 * max}
+}
+
+// collapse returns the key of the row that a new row key b (its key
+// pattern from kp) joins instead, when one of its literal segments has
+// been seen with more than maxLiteralRows values; nil when none has. Else
+// it counts b in each of its shapes.
+func (t *table) collapse(b []byte, kp int) []byte {
+	pattern := b[kp:]
+	var shapes [8]string
+	n := 0
+	for start := 0; start <= len(pattern) && n < len(shapes); {
+		end := bytes.IndexByte(pattern[start:], ':')
+		if end < 0 {
+			end = len(pattern)
+		} else {
+			end += start
+		}
+		if seg := pattern[start:end]; len(seg) > 0 && string(seg) != "*" && string(seg) != "v*" {
+			shape := make([]byte, 0, len(b))
+			shape = append(append(append(shape, b[:kp+start]...), '*'), pattern[end:]...)
+			if t.shapes[string(shape)] >= maxLiteralRows {
+				return shape
+			}
+			shapes[n] = string(shape)
+			n++
+		}
+		start = end + 1
+	}
+	if len(t.shapes)+n > t.maxShapes {
+		clear(t.shapes)
+	}
+	for _, sh := range shapes[:n] {
+		t.shapes[sh]++
+	}
+	return nil
 }
 
 func (t *table) add(v *policy.Violation, now time.Time) {
@@ -72,6 +121,12 @@ func (t *table) add(v *policy.Violation, now time.Time) {
 	b = appendKeyPattern(b, v.Key)
 	t.buf = b
 	r := t.rows[string(b)] // no allocation for the lookup
+	if r == nil {
+		if starred := t.collapse(b, kp); starred != nil {
+			b = starred
+			r = t.rows[string(b)]
+		}
+	}
 	if r == nil {
 		if len(t.rows) >= t.max {
 			t.evictSmallest()
@@ -102,6 +157,7 @@ func (t *table) reset(now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	clear(t.rows)
+	clear(t.shapes)
 	t.total, t.untracked, t.since = 0, 0, now
 }
 
@@ -266,8 +322,8 @@ const (
 // missed in the report. Segments are not split further: the words of one
 // that holds an identifier ("secret-token-9", "john-smith-42") would put
 // parts of keys in the log, which key patterns keep out. Identifiers made
-// of letters alone ("user:alice") cannot be told from words and keep rows
-// of their own.
+// of letters alone ("user:alice") cannot be told from words: they keep
+// rows of their own until their number shows them (table.collapse).
 func appendKeyPattern(dst, key []byte) []byte {
 	if len(key) == 0 {
 		return dst
