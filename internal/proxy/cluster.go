@@ -92,6 +92,10 @@ type clusterQueued struct {
 	// fixups are the guard's TTL fix-ups, queued right behind raw; their
 	// results are cut from EXEC's reply, as for a pinned transaction.
 	fixups [][]byte
+	// closed are the fix-ups of TTL requirements that earlier writes of
+	// the transaction left open and the next command closed (heldFixDue),
+	// sent right behind fixups.
+	closed [][]byte
 	strip  namespace.Strip // where its result in EXEC's reply names keys (namespace.go)
 }
 
@@ -378,6 +382,23 @@ func (sess *Session) pinWatch(r *request, p heldPlacer, target int) bool {
 func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	cm := &sess.cmulti
 	m := r.m
+	if tx := sess.pin.txOpen; tx != nil && len(tx.due) > 0 {
+		sess.heldFixDue() // before anything of this batch (guard.go)
+	}
+	// A write whose TTL requirements wait for the rest of the transaction
+	// (txDefers) is kept as sent, and they with it; answered here without
+	// being kept, they are recorded now, as guardRecord did not.
+	d := sess.guard.Decision(r.i) // recorded by dispatch
+	if d != nil && !sess.txDefers(d) {
+		d = nil
+	}
+	if d != nil {
+		defer func() {
+			if d != nil {
+				sess.recordOpen(d)
+			}
+		}()
+	}
 	if r.wrongArity() {
 		// Refused before it runs, as on Redis: "DISCARD x" or "RESET x"
 		// must not end the transaction (what follows would run outside
@@ -411,6 +432,11 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 				sess.replyLocal(m, reply)
 				return true
 			}
+		}
+		if reply := sess.heldExecOpen(); reply != nil {
+			sess.endHeld()
+			sess.replyLocal(m, reply)
+			return true
 		}
 		target := cm.target
 		if target < 0 {
@@ -461,6 +487,9 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 		sess.replyLocal(m, queued)
 		return true
 	case keyed && !p.toExec():
+		// Placed: from here on it is the pinned transaction's command
+		// (guardStep keeps its requirements).
+		d = nil
 		return sess.placeHeld(r, target, p)
 	case keyed:
 		cm.target = target
@@ -474,7 +503,7 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	// kept now, as the pinned path would send it (guardStep).
 	raw := r.Raw
 	var fixups [][]byte
-	if d := sess.guard.Decision(r.i); d != nil { // recorded by dispatch
+	if d := sess.guard.Decision(r.i); d != nil && (!sess.txDefers(d) || !d.AllOpen()) {
 		if d.Args != nil {
 			raw = sess.guard.Encode(d.Args)
 		}
@@ -488,6 +517,10 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 		clear(cm.queued)
 		cm.queued, cm.size = cm.queued[:0], 0
 		return fail(reply)
+	}
+	if d != nil {
+		sess.deferOpen(d)
+		d = nil // kept
 	}
 	cm.queued = append(cm.queued, clusterQueued{raw: append([]byte(nil), raw...), m: m, cmd: cmd, fixups: fixups, strip: sess.curStrip})
 	cm.size += len(raw)
@@ -527,7 +560,11 @@ func (sess *Session) placeHeld(r *request, target int, p heldPlacer) bool {
 	}
 	pin := &sess.pin
 	sess.forwardHidden(cmdMulti)
-	pin.inMulti = true
+	// Taken as opened until Redis says otherwise: the write that placed
+	// the transaction was decided as held (txDefers), and is decided again
+	// as pinned.
+	sess.slots[len(sess.slots)-1].multi = true
+	pin.inMulti, pin.txOpened = true, true
 	pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect = 0, pin.txHidden[:0], pin.txWrites[:0], -1
 	pin.txName, pin.txNamed = "", false
 	for _, q := range cm.queued {
@@ -542,6 +579,10 @@ func (sess *Session) placeHeld(r *request, target int, p heldPlacer) bool {
 		}
 		if sess.srv.mirror != nil {
 			sess.mirrorQueuedCmd(q.cmd.Name, q.cmd) // kept for EXEC (mirror.go)
+		}
+		for _, f := range q.closed {
+			sess.forwardHidden(f)
+			sess.mirrorQueuedFixup(f)
 		}
 		if mayWrite(q.cmd) {
 			if args, err := resp.SplitCommand(q.raw, nil); err == nil {
@@ -575,6 +616,7 @@ func (sess *Session) endHeld() {
 
 // endClusterMulti forgets a held MULTI.
 func (sess *Session) endClusterMulti() {
+	sess.recordOpenLeft() // a held transaction's (guard.go)
 	clear(sess.cmulti.queued)
 	sess.cmulti = clusterMulti{queued: sess.cmulti.queued[:0]}
 	sess.list.multi.Store(0)

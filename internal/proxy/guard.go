@@ -69,7 +69,7 @@ func (sess *Session) prepareBatch(reqs []resp.Request) {
 	// Scopes select on the listener's name (config.Config.ClientListeners).
 	b := sess.guardBatch()
 	tx := sess.pin.txOpen
-	if tx == nil || len(tx.open) == 0 || !sess.pin.inMulti {
+	if tx == nil || len(tx.open) == 0 || !sess.pin.inMulti && !sess.cmulti.open {
 		b.Prepare(sg.Policy(), sess.srv.table, reqs, sess.userName(), sess.listenerName(), denied)
 		return
 	}
@@ -157,20 +157,24 @@ func (tx *txOpenTTL) reset() {
 
 // txDefers reports whether d's open TTL requirements wait for the rest of
 // the client's transaction instead of refusing (or reporting) the write
-// now: the client is in MULTI on its pinned connection to the one
-// upstream, where the write is queued. In cluster mode and with routes,
-// which place a transaction's commands themselves, the write is refused
-// at queue time as before (docs/COMPATIBILITY.md).
+// now: the client is in MULTI on its pinned connection, where the write
+// is queued, or in a MULTI the proxy holds (cluster mode before its first
+// keyed command, routes until EXEC: cluster.go), where it is kept.
+//
+// In cluster mode the write that places a held transaction is decided
+// held (guardRecord) and then pinned (guardStep): placeHeld takes the
+// MULTI it sends as opened, so both say the same.
 func (sess *Session) txDefers(d *policy.Decision) bool {
 	pin := &sess.pin
-	return len(d.Open) > 0 && sess.pinnedMultiAlone() && pin.txOpened &&
+	return len(d.Open) > 0 && (sess.cmulti.open || sess.pinnedMulti() && pin.txOpened) &&
 		(pin.txOpen == nil || len(pin.txOpen.open)+len(d.Open) <= maxOpenTTL)
 }
 
-// pinnedMultiAlone reports whether the client is in MULTI on its pinned
-// connection to the one upstream, where open requirements may wait.
-func (sess *Session) pinnedMultiAlone() bool {
-	return sess.pin.inMulti && sess.pin.pipe != nil && sess.srv.router == nil && sess.srv.routes == nil
+// pinnedMulti reports whether the client is in MULTI on its pinned
+// connection, where open requirements may wait. With routes a MULTI is
+// only ever pinned at its EXEC, which closes them all.
+func (sess *Session) pinnedMulti() bool {
+	return sess.pin.inMulti && sess.pin.pipe != nil && sess.srv.routes == nil
 }
 
 // maxOpenTTL bounds the requirements a transaction keeps open: each later
@@ -188,7 +192,7 @@ const maxOpenTTL = 128
 // batch so far is flushed. Not where the write is joined to what came
 // before it (guard.Batch.Joined): that must reach Redis in one part.
 func (sess *Session) txOpenedKnown(r *request, d *policy.Decision) {
-	if len(d.Open) > 0 && sess.pinnedMultiAlone() && !sess.pin.txOpened && !sess.guard.Joined(r.i) {
+	if len(d.Open) > 0 && sess.pinnedMulti() && !sess.pin.txOpened && !sess.guard.Joined(r.i) {
 		sess.flush(time.Now())
 	}
 }
@@ -227,6 +231,60 @@ func (sess *Session) fixDue() {
 	}
 	clear(tx.due)
 	tx.due = tx.due[:0]
+}
+
+// heldFixDue is fixDue for a transaction the proxy holds (cluster.go):
+// the fix-ups go behind the last command held so far, so that placeHeld
+// sends them before anything of this batch, as fixDue would. With
+// nothing held (what opened them was not kept: the transaction fails at
+// EXEC), they are only recorded.
+func (sess *Session) heldFixDue() {
+	tx, cm := sess.pin.txOpen, &sess.cmulti
+	for j := range tx.due {
+		o := &tx.due[j]
+		if n := len(cm.queued); n > 0 && !cm.failed {
+			q := &cm.queued[n-1]
+			for _, f := range sess.guard.Fixups(o.fix) {
+				q.closed = append(q.closed, slices.Clone(f))
+			}
+		}
+		sess.srv.guard.Record(&o.v, sess.nc.RemoteAddr(), sess.userName())
+	}
+	clear(tx.due)
+	tx.due = tx.due[:0]
+}
+
+// heldExecOpen is execOpenTTL for a transaction the proxy holds, at its
+// EXEC: the fix-ups of the requirements still open go behind the last
+// command held, the rest are recorded, and a refused one is EXEC's
+// answer (nil: EXEC goes ahead). Nothing of the transaction has been
+// sent, so nothing needs discarding.
+func (sess *Session) heldExecOpen() []byte {
+	tx := sess.pin.txOpen
+	if tx == nil || len(tx.open)+len(tx.due) == 0 && tx.refusal == nil {
+		return nil
+	}
+	for j := range tx.open {
+		sess.closeOpen(&tx.open[j])
+	}
+	clear(tx.open)
+	tx.open = tx.open[:0]
+	reply := tx.refusal
+	if reply == nil {
+		sess.heldFixDue()
+	}
+	sess.recordOpenLeft()
+	return reply
+}
+
+// recordOpen records d's open violations: guardRecord left them to the
+// transaction (txDefers), and the command carrying them was answered
+// without being kept (a held transaction's queue-time refusal), so no
+// later step will.
+func (sess *Session) recordOpen(d *policy.Decision) {
+	for _, o := range d.Open {
+		sess.srv.guard.Record(&d.Violations[o.V], sess.nc.RemoteAddr(), sess.userName())
+	}
 }
 
 // recordOpenLeft records the requirements a transaction still holds when

@@ -305,6 +305,7 @@ func (sess *Session) run() (parked bool) {
 	defer func() {
 		if !parked {
 			sess.unpin(false)
+			sess.recordOpenLeft() // a transaction the proxy held (cluster.go)
 		}
 	}()
 	// First of all on the way out: the pipe's reader may still be writing
@@ -733,6 +734,10 @@ func (sess *Session) flush(start time.Time) {
 			continue
 		case slotHidden:
 			r, err := call.Reply(sl.i)
+			if sl.multi {
+				// The MULTI of a transaction the proxy held (placeHeld).
+				sess.pin.txOpened = err == nil && string(r) == "+OK\r\n"
+			}
 			if sl.tx && err == nil {
 				sess.noteQueued(r, true)
 			} else if (err != nil || resp.IsError(r)) && !errors.Is(err, upstream.ErrOutputLimit) {

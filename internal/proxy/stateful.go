@@ -541,7 +541,7 @@ func (sess *Session) pinOn(b *upstream.Backend, keySlot int) error {
 	if err != nil {
 		return err
 	}
-	sess.pin = pinState{pipe: p, backend: b, addr: addr, cluster: sess.srv.router != nil, slot: keySlot, db: sess.db, resp3: sess.resp3, txHidden: sess.pin.txHidden[:0], txWrites: sess.pin.txWrites[:0], txSelect: -1}
+	sess.pin = pinState{pipe: p, backend: b, addr: addr, cluster: sess.srv.router != nil, slot: keySlot, db: sess.db, resp3: sess.resp3, txHidden: sess.pin.txHidden[:0], txWrites: sess.pin.txWrites[:0], txSelect: -1, txOpen: sess.pin.txOpen}
 	if sess.name != "" {
 		sess.namePin(sess.name)
 	}
