@@ -1,6 +1,7 @@
 package guard_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -203,4 +204,99 @@ func transactionByStepPlaced(t *testing.T, pp placedProxy) {
 	equalReplies(t, roundTrip(t, nc, []string{"MULTI"}, []string{"INCR", "s:one"}, []string{"EXPIRE", "s:one", "90", "NX"}, []string{"EXEC"}),
 		[]string{"+OK", "+QUEUED", "+QUEUED", "*[:1 :1]"})
 	pp.wantTTL(t, "s:one", 90*time.Second)
+}
+
+// Found by review of the cluster's typed transactions, against a real
+// cluster: a write whose requirement was left to the transaction and then
+// not kept is recorded all the same, and a write after a MULTI Redis
+// refused is not left open.
+func TestTransactionByStepPlacedFaults(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	start := func(mutate func(*config.Config)) *proxytest.Proxy {
+		return proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+			cfg.Upstream.Mode = config.ModeCluster
+			cfg.Upstream.Seeds = c.Seeds()
+			cfg.Policy = holesPolicy()
+			if mutate != nil {
+				mutate(cfg)
+			}
+		})
+	}
+	direct := c.ClusterClient(t)
+	setRows := func(p *proxytest.Proxy) (n int64) {
+		for _, r := range reportJSON(t, p.Guard()).Rows {
+			if r.Rule == policy.RuleTTL && r.Command == "set" {
+				n += r.Count
+			}
+		}
+		return n
+	}
+
+	t.Run("MULTI refused by the upstream user's ACL", func(t *testing.T) {
+		// The placing SET was taken as inside the MULTI the proxy sent
+		// and left open; Redis ran it at once, without its TTL.
+		for _, n := range c.Nodes {
+			check(t, "ACL SETUSER", n.Client(t).Do(ctx, "ACL", "SETUSER", "nomulti", "on", ">pw", "~*", "&*", "+@all", "-multi").Err())
+		}
+		p := start(func(cfg *config.Config) { cfg.Upstream.Username, cfg.Upstream.Password = "nomulti", "pw" })
+		steps(t, p,
+			step{[]string{"AUTH", "nomulti", "pw"}, "+OK"},
+			step{[]string{"MULTI"}, "+OK"},
+			step{[]string{"SET", "l:m", "v"}, `-ERR redproxy policy: key "l:m" needs a TTL...`},
+			step{[]string{"EXEC"}, "-ERR EXEC without MULTI"})
+		if n := direct.Exists(ctx, "l:m").Val(); n != 0 {
+			t.Errorf("l:m written, PTTL %v", direct.PTTL(ctx, "l:m").Val())
+		}
+		if n := setRows(p); n != 1 {
+			t.Errorf("%d set violations recorded, want 1", n)
+		}
+	})
+
+	p := start(nil)
+	t.Run("CROSSSLOT", func(t *testing.T) {
+		// Refused by the placed transaction before guardStep kept it.
+		steps(t, p,
+			step{[]string{"MULTI"}, "+OK"},
+			step{[]string{"SET", "l:{a}x", "v"}, "+QUEUED"},
+			step{[]string{"SET", "l:{b}y", "v"}, "-CROSSSLOT..."},
+			step{[]string{"EXEC"}, "-EXECABORT..."})
+		if n := setRows(p); n != 2 {
+			t.Errorf("%d set violations recorded, want 2 (as for the same transaction in one write)", n)
+		}
+	})
+
+	t.Run("the slot's node down", func(t *testing.T) {
+		// placeHeld finds no connection: the placing write is answered
+		// with the error and its requirement recorded.
+		owner := func(key string) *redistest.Server {
+			slot := direct.ClusterKeySlot(ctx, key).Val()
+			for _, s := range direct.ClusterSlots(ctx).Val() {
+				if int64(s.Start) <= slot && slot <= int64(s.End) {
+					for _, n := range c.Nodes {
+						if n.Addr() == s.Nodes[0].Addr {
+							return n
+						}
+					}
+				}
+			}
+			t.Fatalf("no owner of %s", key)
+			return nil
+		}
+		var key string
+		for i := 0; key == ""; i++ {
+			k := fmt.Sprintf("l:{%d}", i)
+			if o := owner(k); o != c.Nodes[0] {
+				o.Kill(t)
+				key = k
+			}
+		}
+		before := setRows(p)
+		steps(t, p,
+			step{[]string{"MULTI"}, "+OK"},
+			step{[]string{"SET", key, "v"}, "-..."},
+			step{[]string{"EXEC"}, "-EXECABORT..."})
+		if n := setRows(p) - before; n != 1 {
+			t.Errorf("%d set violations recorded, want 1", n)
+		}
+	})
 }

@@ -385,20 +385,6 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	if tx := sess.pin.txOpen; tx != nil && len(tx.due) > 0 {
 		sess.heldFixDue() // before anything of this batch (guard.go)
 	}
-	// A write whose TTL requirements wait for the rest of the transaction
-	// (txDefers) is kept as sent, and they with it; answered here without
-	// being kept, they are recorded now, as guardRecord did not.
-	d := sess.guard.Decision(r.i) // recorded by dispatch
-	if d != nil && !sess.txDefers(d) {
-		d = nil
-	}
-	if d != nil {
-		defer func() {
-			if d != nil {
-				sess.recordOpen(d)
-			}
-		}()
-	}
 	if r.wrongArity() {
 		// Refused before it runs, as on Redis: "DISCARD x" or "RESET x"
 		// must not end the transaction (what follows would run outside
@@ -487,10 +473,19 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 		sess.replyLocal(m, queued)
 		return true
 	case keyed && !p.toExec():
-		// Placed: from here on it is the pinned transaction's command
-		// (guardStep keeps its requirements).
-		d = nil
-		return sess.placeHeld(r, target, p)
+		if sess.placeHeld(r, target, p) {
+			return true
+		}
+		// Placed: from here on it is the pinned transaction's command,
+		// whose open requirements wait only in a transaction Redis
+		// opened (txDefers): flushed, the MULTI placeHeld sent is
+		// answered first. Taken as opened, a write after a MULTI an
+		// upstream ACL refused ran at once without its TTL (found by
+		// review).
+		if tx := sess.pin.txOpen; tx != nil && tx.unkept != nil {
+			sess.flush(time.Now())
+		}
+		return false
 	case keyed:
 		cm.target = target
 	}
@@ -503,7 +498,9 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 	// kept now, as the pinned path would send it (guardStep).
 	raw := r.Raw
 	var fixups [][]byte
-	if d := sess.guard.Decision(r.i); d != nil && (!sess.txDefers(d) || !d.AllOpen()) {
+	d := sess.guard.Decision(r.i) // recorded by dispatch
+	deferred := d != nil && sess.txDefers(d)
+	if d != nil && (!deferred || !d.AllOpen()) {
 		if d.Args != nil {
 			raw = sess.guard.Encode(d.Args)
 		}
@@ -518,9 +515,8 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 		cm.queued, cm.size = cm.queued[:0], 0
 		return fail(reply)
 	}
-	if d != nil {
+	if deferred {
 		sess.deferOpen(d)
-		d = nil // kept
 	}
 	cm.queued = append(cm.queued, clusterQueued{raw: append([]byte(nil), raw...), m: m, cmd: cmd, fixups: fixups, strip: sess.curStrip})
 	cm.size += len(raw)
@@ -560,11 +556,8 @@ func (sess *Session) placeHeld(r *request, target int, p heldPlacer) bool {
 	}
 	pin := &sess.pin
 	sess.forwardHidden(cmdMulti)
-	// Taken as opened until Redis says otherwise: the write that placed
-	// the transaction was decided as held (txDefers), and is decided again
-	// as pinned.
-	sess.slots[len(sess.slots)-1].multi = true
-	pin.inMulti, pin.txOpened = true, true
+	sess.slots[len(sess.slots)-1].multi = true // its answer sets txOpened
+	pin.inMulti = true
 	pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect = 0, pin.txHidden[:0], pin.txWrites[:0], -1
 	pin.txName, pin.txNamed = "", false
 	for _, q := range cm.queued {

@@ -102,6 +102,12 @@ type txOpenTTL struct {
 	// reused.
 	keys    [][]byte
 	settled []bool
+	// unkept is the decision of the request being dispatched whose open
+	// requirements guardRecord left to the transaction, until deferOpen
+	// keeps them; a step that answers the request without keeping it (a
+	// CROSSSLOT, a held transaction's refusal, a node that cannot be
+	// reached) leaves them to recordUnkept. Not cleared by reset.
+	unkept *policy.Decision
 }
 
 // openTTL is one open requirement: its violation (whose Key is a copy)
@@ -203,6 +209,7 @@ func (sess *Session) deferOpen(d *policy.Decision) {
 	if pin.txOpen == nil {
 		pin.txOpen = new(txOpenTTL)
 	}
+	pin.txOpen.unkept = nil
 	for _, o := range d.Open {
 		e := openTTL{v: d.Violations[o.V]}
 		for _, f := range o.Fix {
@@ -277,11 +284,18 @@ func (sess *Session) heldExecOpen() []byte {
 	return reply
 }
 
-// recordOpen records d's open violations: guardRecord left them to the
-// transaction (txDefers), and the command carrying them was answered
-// without being kept (a held transaction's queue-time refusal), so no
-// later step will.
-func (sess *Session) recordOpen(d *policy.Decision) {
+// recordUnkept records the open violations of the request just
+// dispatched if no step kept them (txOpenTTL.unkept): guardRecord left
+// them to the transaction, and the request was answered some other way,
+// so no later step will (found by review: a write refused CROSSSLOT in a
+// cluster transaction went unrecorded).
+func (sess *Session) recordUnkept() {
+	tx := sess.pin.txOpen
+	if tx == nil || tx.unkept == nil {
+		return
+	}
+	d := tx.unkept
+	tx.unkept = nil
 	for _, o := range d.Open {
 		sess.srv.guard.Record(&d.Violations[o.V], sess.nc.RemoteAddr(), sess.userName())
 	}
@@ -428,8 +442,13 @@ func (sess *Session) guardRecord(r *request) bool {
 	if sess.txDefers(d) {
 		// A later batch of the transaction may still set the TTL: the
 		// write is queued (guardStep), its open requirements recorded, or
-		// refused, at EXEC (execOpenTTL).
+		// refused, at EXEC (execOpenTTL); or recorded once dispatch is
+		// done with it, if nothing kept it (recordUnkept).
 		sess.recordOutsideOpen(d)
+		if sess.pin.txOpen == nil {
+			sess.pin.txOpen = new(txOpenTTL)
+		}
+		sess.pin.txOpen.unkept = d
 		return false
 	}
 	sess.recordViolations(d)

@@ -534,6 +534,9 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	if sess.guardRecord(r) {
 		return
 	}
+	if tx := sess.pin.txOpen; tx != nil && tx.unkept != nil {
+		defer sess.recordUnkept() // guard.go
+	}
 	if sess.scriptDebug && sess.scriptDebugStep(r) {
 		return
 	}
