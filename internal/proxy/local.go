@@ -851,7 +851,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 		addr := string(args[0])
 		for _, sess := range s.sessionList() {
 			if remote, _ := sess.addrs(); remote == addr {
-				sess.killFrom(self)
+				s.awaitEnd(sess.killFrom(self))
 				return ok
 			}
 		}
@@ -908,6 +908,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 		}
 	}
 	killed := 0
+	var ends []<-chan struct{}
 	for _, sess := range s.sessionList() {
 		remote, local := sess.addrs()
 		switch {
@@ -920,24 +921,77 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 			maxAge >= 0 && time.Since(time.Unix(0, sess.createdAt)) < time.Duration(maxAge)*time.Second:
 			continue
 		}
-		sess.killFrom(self)
+		if end := sess.killFrom(self); end != nil {
+			ends = append(ends, end)
+		}
 		killed++
 	}
+	s.awaitEnd(ends...)
 	return redcon.AppendInt(nil, int64(killed))
 }
 
-// killFrom kills sess for CLIENT KILL sent by self. A client killing
-// itself is closed after the kill's reply, with nothing it pipelined
-// behind the kill run, as Redis does (CLOSE_AFTER_REPLY); killing the
-// connection at once lost the reply and let the rest of the batch through
-// (found by review).
-func (sess *Session) killFrom(self *Session) {
-	if sess != self {
-		sess.kill()
+// killFrom kills sess for CLIENT KILL sent by self, and returns what is
+// closed once sess has ended (nil: it has already, or it is self). A
+// client killing itself is closed after the kill's reply, with nothing it
+// pipelined behind the kill run, as Redis does (CLOSE_AFTER_REPLY);
+// killing the connection at once lost the reply and let the rest of the
+// batch through (found by review).
+func (sess *Session) killFrom(self *Session) <-chan struct{} {
+	if sess == self {
+		sess.closing(metrics.CloseKilled)
+		sess.quitting = true
+		return nil
+	}
+	end := sess.srv.endNotice(sess)
+	sess.kill()
+	return end
+}
+
+// killWait bounds how long CLIENT KILL waits for the clients it killed to
+// end. Redis frees a killed client before it answers, so a client that
+// reconnects on the kill's reply finds its user's max_connections place
+// free (it found it taken while a blocked client's goroutine had not yet
+// noticed: up to 50 ms). A client whose goroutine waits on Redis (a
+// command on a shared connection behind a slow script) ends when that
+// reply comes; the kill does not wait longer than this for it.
+const killWait = time.Second
+
+// endNotice returns a channel closed when sess ends (sessionEnded), nil
+// when it has already.
+func (s *Server) endNotice(sess *Session) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, alive := s.sessions[sess]; !alive {
+		return nil
+	}
+	ch := s.endNotices[sess]
+	if ch == nil {
+		if s.endNotices == nil {
+			s.endNotices = map[*Session]chan struct{}{}
+		}
+		ch = make(chan struct{})
+		s.endNotices[sess] = ch
+	}
+	return ch
+}
+
+// awaitEnd waits, up to killWait in all, for the channels of endNotice.
+func (s *Server) awaitEnd(ends ...<-chan struct{}) {
+	if len(ends) == 0 || len(ends) == 1 && ends[0] == nil {
 		return
 	}
-	sess.closing(metrics.CloseKilled)
-	sess.quitting = true
+	timer := time.NewTimer(killWait)
+	defer timer.Stop()
+	for _, end := range ends {
+		if end == nil {
+			continue
+		}
+		select {
+		case <-end:
+		case <-timer.C:
+			return
+		}
+	}
 }
 
 // userExists reports whether name is a user CLIENT KILL USER may name;
@@ -991,5 +1045,6 @@ func (s *Server) sessionList() []*Session {
 func (sess *Session) kill() {
 	sess.interrupted.Store(true)
 	sess.closeConn()
-	sess.wake() // a parked one has no goroutine to notice
+	sess.block.interrupt() // a blocked one waits on Redis, not on its client
+	sess.wake()            // a parked one has no goroutine to notice
 }

@@ -78,7 +78,10 @@ type Server struct {
 	mu       sync.Mutex
 	lns      []net.Listener // the client listeners served
 	sessions map[*Session]struct{}
-	closing  bool
+	// endNotices are closed when their session ends (CLIENT KILL waits on
+	// them: endNotice), under mu.
+	endNotices map[*Session]chan struct{}
+	closing    bool
 	// draining is closing for Ready, which must not wait on mu.
 	draining atomic.Bool
 	active   sync.WaitGroup
@@ -370,6 +373,10 @@ func (s *Server) startSession(nc net.Conn, l *listener) {
 func (s *Server) sessionEnded(sess *Session) {
 	s.mu.Lock()
 	delete(s.sessions, sess)
+	if ch := s.endNotices[sess]; ch != nil {
+		close(ch)
+		delete(s.endNotices, sess)
+	}
 	s.mu.Unlock()
 	s.clients.Add(-1)
 	s.metrics.ClientsConnected.Dec()

@@ -806,11 +806,23 @@ func (sess *Session) blocking(r *request) {
 		case <-call.Done():
 			done = true
 		case <-tick.C:
+		}
+		// Done also when CLIENT KILL closed the connection
+		// (blockState.interrupt): then the client has left. (A reply
+		// that came is still passed on, as before a kill or shutdown.)
+		killed := false
+		if done && sess.interrupted.Load() {
+			_, err := call.Reply(first)
+			killed = err != nil
+		}
+		if !done || killed {
 			if sess.left() {
 				// Closing the connection makes Redis drop the blocked client,
 				// so it cannot pop an element that would reach nobody.
 				pipe.Close()
-				<-call.Done()
+				if !done {
+					<-call.Done() // (one signal: taken above when done)
+				}
 				sess.block.set(0, nil, nil)
 				if !borrowed {
 					sess.unpin(false)
@@ -968,6 +980,23 @@ type blockedConn struct {
 	id      int64
 	pipe    *upstream.Pipe
 	backend *upstream.Backend
+}
+
+// interrupt closes the connections a killed client is blocked on, so
+// that its goroutine wakes at once (blocking, waitEveryUpstream) instead
+// of at its next look at the client; Redis drops the block with them.
+// Under mu, while they are still the client's.
+func (b *blockState) interrupt() {
+	b.mu.Lock()
+	if b.pipe != nil {
+		b.pipe.Close()
+	}
+	if b.more != nil {
+		for _, c := range *b.more {
+			c.pipe.Close()
+		}
+	}
+	b.mu.Unlock()
 }
 
 func (b *blockState) set(id int64, pipe *upstream.Pipe, from *upstream.Backend) {

@@ -111,3 +111,65 @@ func TestUserMaxConnections(t *testing.T) {
 func containsField(line, field string) bool {
 	return slices.Contains(strings.Fields(line), field)
 }
+
+// CLIENT KILL answers once the clients it killed have ended, as Redis
+// frees a killed client before it answers: a client that reconnects on
+// the kill's reply finds its user's max_connections place free. Before,
+// a client blocked in BLPOP ended at its next look at its connection (up
+// to 50 ms later), and the reconnecting AUTH was refused meanwhile. Each
+// kind of client: idle, blocked (its Redis connection closed, so Redis
+// drops the block) and blocked in a WAIT.
+func TestClientKillFreesThePlaceBeforeItAnswers(t *testing.T) {
+	p := usersProxy(t, func(c *config.Config) {
+		app := user("app", appPass, "+@all ~*")
+		app.MaxConnections = 1
+		c.Users = []auth.UserConfig{app, user("admin", roPass, "+@all ~*")}
+	})
+	admin := p.Dial(t)
+	ar := newReplyReader(admin)
+	admin.Write([]byte("AUTH admin " + roPass + "\r\n"))
+	if got := ar.line(t); got != "+OK" {
+		t.Fatalf("AUTH admin: %q", got)
+	}
+	direct := p.Redis.Client(t)
+	for _, tc := range []struct {
+		name  string
+		start string // sent after AUTH; "" stays idle
+		cmd   string // what Redis shows the blocked command as
+	}{
+		{"idle", "", ""},
+		{"blocked", "BLPOP kill:nothing 0\r\n", "blpop"},
+		{"blocked in WAIT", "SET kill:k v\r\nWAIT 1 0\r\n", "wait"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			victim := p.Dial(t)
+			vr := newReplyReader(victim)
+			victim.Write([]byte("AUTH app " + appPass + "\r\nCLIENT ID\r\n"))
+			if got := vr.line(t); got != "+OK" {
+				t.Fatalf("AUTH app: %q", got)
+			}
+			id := strings.TrimPrefix(vr.line(t), ":")
+			if tc.start != "" {
+				victim.Write([]byte(tc.start))
+				redistest.Eventually(t, 5*time.Second, func() bool {
+					list, _ := direct.Do(ctx, "CLIENT", "LIST").Text()
+					return strings.Contains(list, "cmd="+tc.cmd+" ")
+				}, "%s never reached Redis", tc.cmd)
+			}
+			admin.Write([]byte("CLIENT KILL ID " + id + "\r\n"))
+			if got := ar.line(t); got != ":1" {
+				t.Fatalf("CLIENT KILL: %q", got)
+			}
+			again := p.Dial(t)
+			again.Write([]byte("AUTH app " + appPass + "\r\n"))
+			if got := newReplyReader(again).line(t); got != "+OK" {
+				t.Fatalf("AUTH right after CLIENT KILL's reply: %q", got)
+			}
+			again.Close()
+			redistest.Eventually(t, 5*time.Second, func() bool {
+				list, _ := direct.Do(ctx, "CLIENT", "LIST").Text()
+				return tc.cmd == "" || !strings.Contains(list, "cmd="+tc.cmd+" ")
+			}, "Redis still holds the killed client's %s", tc.cmd)
+		})
+	}
+}
