@@ -266,7 +266,13 @@ func (sess *Session) heldFixDue() {
 // command held, the rest are recorded, and a refused one is EXEC's
 // answer (nil: EXEC goes ahead). Nothing of the transaction has been
 // sent, so nothing needs discarding.
-func (sess *Session) heldExecOpen() []byte {
+func (sess *Session) heldExecOpen() []byte { return sess.closeAtExec(true) }
+
+// closeAtExec closes, at EXEC, every requirement still open: unless one
+// was refused, the fix-ups are queued (behind the last command held, for
+// a held transaction; else fixDue), and everything is recorded. It
+// returns EXEC's refusal; nil when EXEC goes ahead.
+func (sess *Session) closeAtExec(held bool) []byte {
 	tx := sess.pin.txOpen
 	if tx == nil || len(tx.open)+len(tx.due) == 0 && tx.refusal == nil {
 		return nil
@@ -277,8 +283,12 @@ func (sess *Session) heldExecOpen() []byte {
 	clear(tx.open)
 	tx.open = tx.open[:0]
 	reply := tx.refusal
-	if reply == nil {
+	switch {
+	case reply != nil:
+	case held:
 		sess.heldFixDue()
+	default:
+		sess.fixDue()
 	}
 	sess.recordOpenLeft()
 	return reply
@@ -328,20 +338,7 @@ func (sess *Session) recordOpenLeft() {
 // EXECABORT with its message, as for a queue-time error. It reports
 // false when EXEC goes ahead.
 func (sess *Session) execOpenTTL(r *request) bool {
-	tx := sess.pin.txOpen
-	if tx == nil || len(tx.open)+len(tx.due) == 0 && tx.refusal == nil {
-		return false
-	}
-	for j := range tx.open {
-		sess.closeOpen(&tx.open[j])
-	}
-	clear(tx.open)
-	tx.open = tx.open[:0]
-	reply := tx.refusal
-	if reply == nil {
-		sess.fixDue()
-	}
-	sess.recordOpenLeft()
+	reply := sess.closeAtExec(false)
 	if reply == nil {
 		return false
 	}
