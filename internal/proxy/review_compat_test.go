@@ -4,7 +4,7 @@ package proxy_test
 // docs/COMPATIBILITY.md, each failing before its fix. Most run the same
 // commands against a real redis-server directly and through the proxy and
 // expect the proxy to answer as Redis does; CLIENT ID/INFO/LIST inside
-// MULTI are refused instead (TestClientIdentityRefusedInsideMulti).
+// MULTI answer the proxy's own (TestClientIdentityInsideMulti).
 
 import (
 	"strings"
@@ -55,25 +55,51 @@ func TestCompatReviewClientSetnameInsideMultiIsKept(t *testing.T) {
 // may be the proxy ID of some other client (so a CLIENT UNBLOCK or CLIENT
 // KILL ID built from it reached the wrong client); CLIENT INFO described
 // the proxy's upstream connection and CLIENT LIST listed every upstream
-// connection of the proxy (found by review). They are refused inside
-// MULTI now, as CLIENT KILL and UNBLOCK are, and EXEC aborts: the proxy
-// never answers another connection's identity for the client's.
-func TestClientIdentityRefusedInsideMulti(t *testing.T) {
+// connection of the proxy (found by review). They were then refused
+// inside MULTI, which a client running them in a transaction, as it may
+// on Redis, took for an error; now EXEC carries the proxy's own answers
+// (queued as a script returning them, as on a relay), in RESP2 and
+// RESP3, and never another connection's identity.
+func TestClientIdentityInsideMulti(t *testing.T) {
 	rs := redistest.Start(t)
 	p := proxytest.Start(t, rs, nil)
-	for _, sub := range []string{"ID", "INFO", "LIST"} {
+	for _, proto := range []string{"2", "3"} {
 		nc := dialAddr(t, p.Addr)
-		before := rawDo(t, nc, "CLIENT", "ID")
+		rawDo(t, nc, "HELLO", proto)
+		rawDo(t, nc, "CLIENT", "SETNAME", "tx-"+proto)
+		id := strings.Trim(rawDo(t, nc, "CLIENT", "ID"), ":\r\n")
 		rawDo(t, nc, "MULTI")
-		if got, want := rawDo(t, nc, "CLIENT", sub), "-ERR redproxy: 'CLIENT "+sub+"' inside MULTI is not supported\r\n"; got != want {
-			t.Fatalf("CLIENT %s in MULTI: %q, want %q", sub, got, want)
+		for _, sub := range []string{"ID", "INFO", "LIST"} {
+			if got := rawDo(t, nc, "CLIENT", sub); got != "+QUEUED\r\n" {
+				t.Fatalf("RESP%s: CLIENT %s in MULTI: %q", proto, sub, got)
+			}
 		}
-		if got := rawDo(t, nc, "EXEC"); !strings.HasPrefix(got, "-EXECABORT") {
-			t.Fatalf("EXEC after a refused CLIENT %s: %q", sub, got)
+		rawDo(t, nc, "SET", "k", "v")
+		exec := rawDo(t, nc, "EXEC")
+		if !strings.HasPrefix(exec, "*4\r\n:"+id+"\r\n") || !strings.HasSuffix(exec, "+OK\r\n") {
+			t.Fatalf("RESP%s: EXEC %q, want CLIENT ID's :%s first and SET's +OK last", proto, exec, id)
 		}
-		if after := rawDo(t, nc, "CLIENT", "ID"); after != before {
-			t.Fatalf("CLIENT ID %q before the transaction, %q after", before, after)
+		// INFO and LIST: this client as the proxy knows it, no upstream
+		// connection of the proxy's.
+		if n := strings.Count(exec, "\nid="+id+" ") + strings.Count(exec, "\rid="+id+" ") + strings.Count(exec, ":id="+id+" "); n != 2 || !strings.Contains(exec, " name=tx-"+proto+" ") || strings.Contains(exec, "name=redproxy") {
+			t.Fatalf("RESP%s: EXEC's INFO and LIST: %q", proto, exec)
 		}
+		if proto == "3" && strings.Count(exec, "txt:id=") != 2 {
+			t.Errorf("RESP3: INFO and LIST not verbatim strings: %q", exec)
+		}
+		if after := rawDo(t, nc, "CLIENT", "ID"); strings.Trim(after, ":\r\n") != id {
+			t.Fatalf("CLIENT ID %s before the transaction, %q after", id, after)
+		}
+	}
+	// CLIENT KILL and UNBLOCK stay refused: they would act at EXEC on
+	// what the proxy knew when they were queued.
+	nc := dialAddr(t, p.Addr)
+	rawDo(t, nc, "MULTI")
+	if got, want := rawDo(t, nc, "CLIENT", "KILL", "ID", "999"), "-ERR redproxy: 'CLIENT KILL' inside MULTI is not supported\r\n"; got != want {
+		t.Fatalf("CLIENT KILL in MULTI: %q, want %q", got, want)
+	}
+	if got := rawDo(t, nc, "EXEC"); !strings.HasPrefix(got, "-EXECABORT") {
+		t.Fatalf("EXEC after a refused CLIENT KILL: %q", got)
 	}
 }
 

@@ -414,7 +414,20 @@ func (sess *Session) queueInMulti(r *request) {
 	pin := &sess.pin
 	name := r.name
 	if namesConnections(name) {
-		sess.refuseInMulti(name, r.m)
+		// CLIENT ID, INFO and LIST answer as outside MULTI, at EXEC: the
+		// proxy's answer now, queued as a script that returns it, as on a
+		// relay (appendRelayAnswer). CLIENT KILL and UNBLOCK are refused.
+		script, ok := []byte(nil), false
+		if name == "client|id" || name == "client|info" || name == "client|list" {
+			script, ok = sess.appendProxyAnswer(nil, r.cmd, r.Args, r.Raw)
+		}
+		if !ok {
+			sess.refuseInMulti(name, r.m)
+			return
+		}
+		sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: r.m, tx: true, mute: sess.curMute})
+		sess.call.Add(script)
+		sess.list.multi.Add(1)
 		return
 	}
 	sess.txNameStep(name)
@@ -454,8 +467,11 @@ func (sess *Session) queueInMulti(r *request) {
 // would answer the Redis ID of the pinned connection (found by review:
 // an ID learnt so can be another proxy client's, whom a later CLIENT KILL
 // ID would reach) and list the proxy's upstream connections, with other
-// namespaces' client names and last commands. Inside MULTI they are
-// refused, and EXEC aborts, as for a queue-time error.
+// namespaces' client names and last commands. Inside a MULTI on the
+// pinned connection, ID, INFO and LIST are queued as a script returning
+// the proxy's answer (queueInMulti); KILL and UNBLOCK, and all five in a
+// transaction the proxy holds (cluster mode, routes), are refused, and
+// EXEC aborts, as for a queue-time error.
 func namesConnections(name string) bool {
 	switch name {
 	case "client|unblock", "client|kill", "client|id", "client|info", "client|list":
@@ -1679,6 +1695,13 @@ func (sess *Session) appendRelayAnswer(out []byte, args [][]byte, raw []byte) ([
 		}
 		return out, false
 	}
+	return sess.appendProxyAnswer(out, cmd, args, raw)
+}
+
+// appendProxyAnswer appends a script that makes Redis answer what the
+// proxy's own handler answers cmd with args now (appendAnswerScript),
+// and reports whether it did.
+func (sess *Session) appendProxyAnswer(out []byte, cmd *commands.Command, args [][]byte, raw []byte) ([]byte, bool) {
 	e := sess.srv.handlers[cmd]
 	if e == nil || e.answer == nil {
 		return out, false
