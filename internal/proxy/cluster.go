@@ -456,8 +456,30 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 		sess.replyLocal(m, errWatchInMulti)
 		return true
 	case namesConnections(r.name):
-		// See queueInMulti.
-		return fail(errInMulti(r.name))
+		// See queueInMulti: CLIENT ID, INFO and LIST are held as a script
+		// returning the proxy's answer (keyless: any node or upstream
+		// runs it); KILL and UNBLOCK are refused.
+		script, ok := []byte(nil), false
+		if r.name == "client|id" || r.name == "client|info" || r.name == "client|list" {
+			script, ok = sess.appendProxyAnswer(nil, cmd, r.Args, r.Raw)
+		}
+		switch {
+		case !ok:
+			return fail(errInMulti(r.name))
+		case cm.failed:
+			sess.replyLocal(m, queued)
+			return true
+		}
+		if reply := p.full(len(cm.queued), cm.size+len(script)); reply != nil {
+			clear(cm.queued)
+			cm.queued, cm.size = cm.queued[:0], 0
+			return fail(reply)
+		}
+		cm.queued = append(cm.queued, clusterQueued{raw: script, m: m, cmd: cmd})
+		cm.size += len(script)
+		sess.list.multi.Add(1)
+		sess.replyLocal(m, queued)
+		return true
 	}
 	if refusal := p.wholeRefusal(r.name); refusal != nil {
 		return fail(refusal)

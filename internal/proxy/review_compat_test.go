@@ -103,6 +103,37 @@ func TestClientIdentityInsideMulti(t *testing.T) {
 	}
 }
 
+// The same in a transaction the proxy holds (routes until EXEC, cluster
+// mode until its first keyed command): CLIENT ID, INFO and LIST are held
+// as the script returning the proxy's answer, and EXEC carries it.
+func TestClientIdentityInsideHeldMulti(t *testing.T) {
+	check := func(t *testing.T, addr string, cmds ...[]string) {
+		nc := dialAddr(t, addr)
+		id := strings.Trim(rawDo(t, nc, "CLIENT", "ID"), ":\r\n")
+		rawDo(t, nc, "MULTI")
+		for _, c := range cmds {
+			if got := rawDo(t, nc, c...); got != "+QUEUED\r\n" {
+				t.Fatalf("%v in MULTI: %q", c, got)
+			}
+		}
+		exec := rawDo(t, nc, "EXEC")
+		if !strings.HasPrefix(exec, "*3\r\n:"+id+"\r\n$") || !strings.Contains(exec, "\nid="+id+" ") || !strings.HasSuffix(exec, "+OK\r\n") {
+			t.Fatalf("EXEC: %q, want CLIENT ID's :%s, its CLIENT INFO line, then SET's +OK", exec, id)
+		}
+	}
+	t.Run("routes", func(t *testing.T) {
+		r := startRouted(t, nil)
+		check(t, r.p.Addr, []string{"CLIENT", "ID"}, []string{"CLIENT", "INFO"}, []string{"SET", "queue:id", "1"})
+		if got := r.holds(t, "queue:id"); got != "queue" {
+			t.Errorf("queue:id on %q", got)
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		_, p := startClusterProxy(t)
+		check(t, p.Addr, []string{"CLIENT", "ID"}, []string{"CLIENT", "INFO"}, []string{"SET", "k", "1"})
+	})
+}
+
 // WATCH inside MULTI: Redis (7.0.15, standalone or a cluster node) answers
 // "-ERR WATCH inside MULTI is not allowed" and does NOT flag the
 // transaction, so EXEC still runs it (the proxy's ordinary pinned path

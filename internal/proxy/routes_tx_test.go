@@ -126,7 +126,7 @@ func TestRoutesTxQueueTimeErrors(t *testing.T) {
 		{[]string{"SET", "queue:a"}, "-ERR wrong number of arguments"},
 		// (WATCH inside MULTI is Redis's error but no queue-time error:
 		// TestCompatReviewWatchInsideHeldMultiDoesNotAbort.)
-		{[]string{"CLIENT", "ID"}, "-ERR redproxy: 'CLIENT ID' inside MULTI is not supported"},
+		{[]string{"CLIENT", "KILL", "ID", "999"}, "-ERR redproxy: 'CLIENT KILL' inside MULTI is not supported"},
 		{[]string{"DBSIZE"}, "-ERR redproxy: DBSIZE inside a transaction is not supported with routes"},
 		{[]string{"SET", "plain:a", "1"}, "-CROSSROUTE redproxy: the keys of 'SET' go to upstream 'default', the transaction's are on 'queue'"},
 		{[]string{"MSETNX", "queue:x", "1", "plain:x", "1"}, "-CROSSROUTE"},
