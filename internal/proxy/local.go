@@ -851,7 +851,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 		addr := string(args[0])
 		for _, sess := range s.sessionList() {
 			if remote, _ := sess.addrs(); remote == addr {
-				s.awaitEnd(sess.killFrom(self))
+				s.awaitEnd(self, sess.killFrom(self))
 				return ok
 			}
 		}
@@ -926,7 +926,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 		}
 		killed++
 	}
-	s.awaitEnd(ends...)
+	s.awaitEnd(self, ends...)
 	return redcon.AppendInt(nil, int64(killed))
 }
 
@@ -975,24 +975,37 @@ func (s *Server) endNotice(sess *Session) <-chan struct{} {
 	return ch
 }
 
-// awaitEnd waits, up to killWait in all, for the channels of endNotice.
-func (s *Server) awaitEnd(ends ...<-chan struct{}) {
+// awaitEnd waits, up to killWait in all, for the channels of endNotice;
+// and no longer once self is killed: two clients killing each other at
+// once each waited for the other until killWait, both holding their
+// places (found by review).
+func (s *Server) awaitEnd(self *Session, ends ...<-chan struct{}) {
 	if len(ends) == 0 || len(ends) == 1 && ends[0] == nil {
 		return
 	}
 	timer := time.NewTimer(killWait)
 	defer timer.Stop()
+	look := time.NewTicker(killLook)
+	defer look.Stop()
 	for _, end := range ends {
-		if end == nil {
-			continue
-		}
-		select {
-		case <-end:
-		case <-timer.C:
-			return
+		for waiting := end != nil; waiting; {
+			select {
+			case <-end:
+				waiting = false
+			case <-look.C:
+				if self.interrupted.Load() {
+					return
+				}
+			case <-timer.C:
+				return
+			}
 		}
 	}
 }
+
+// killLook is how often a CLIENT KILL waiting for its victims looks
+// whether it was killed itself.
+const killLook = 5 * time.Millisecond
 
 // userExists reports whether name is a user CLIENT KILL USER may name;
 // Redis refuses one its ACL does not have ("No such user"), where the

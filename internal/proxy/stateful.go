@@ -854,8 +854,12 @@ func (sess *Session) blocking(r *request) {
 	}
 	// No UNBLOCK aims at the connection from now on; one already sent
 	// holds mu until Redis has answered it, waited for below, where the
-	// connection could go to another client.
+	// connection could go to another client. Cleared under mu so that a
+	// CLIENT KILL from now on leaves the connection to the fix-ups below
+	// (blockState.interrupt).
+	sess.block.mu.Lock()
 	sess.block.id.Store(0)
+	sess.block.mu.Unlock()
 	reply, err := call.Reply(first)
 	if err == nil {
 		sess.mirrorBlocked(r.name, args, reply, fixups) // mirror.go
@@ -1002,14 +1006,21 @@ type blockedConn struct {
 // that its goroutine wakes at once (blocking, waitEveryUpstream) instead
 // of at its next look at the client; Redis drops the block with them.
 // Under mu, while they are still the client's.
+//
+// Only while the command is still blocked (id set): once its reply is in,
+// the client's goroutine clears id under mu (blocking) and may still send
+// the command's TTL fix-ups on the connection; closed then, the fix-up was
+// lost and the key kept no TTL (found by review).
 func (b *blockState) interrupt() {
 	b.mu.Lock()
-	if b.pipe != nil {
-		b.pipe.Close()
-	}
-	if b.more != nil {
-		for _, c := range *b.more {
-			c.pipe.Close()
+	if b.id.Load() != 0 {
+		if b.pipe != nil {
+			b.pipe.Close()
+		}
+		if b.more != nil {
+			for _, c := range *b.more {
+				c.pipe.Close()
+			}
 		}
 	}
 	b.mu.Unlock()

@@ -9,6 +9,8 @@ import (
 
 	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
@@ -172,4 +174,64 @@ func TestClientKillFreesThePlaceBeforeItAnswers(t *testing.T) {
 			}, "Redis still holds the killed client's %s", tc.cmd)
 		})
 	}
+}
+
+// A CLIENT KILL of a client whose blocking command Redis has served, while
+// the command's TTL fix-up is still on its way (held here by a CLIENT
+// PAUSE WRITE on Redis), leaves the fix-up to run: closing the blocked
+// client's connection at the kill lost it, and fx:dst kept no TTL (found
+// by review).
+func TestClientKillKeepsABlockedCommandsFixup(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Policy.TTL = []policy.TTLRule{{Pattern: "fx:*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
+	})
+	direct := p.Redis.Client(t)
+	victim := p.Dial(t)
+	vr := newReplyReader(victim)
+	victim.Write([]byte("CLIENT ID\r\nBLMOVE fx:src fx:dst LEFT RIGHT 0\r\n"))
+	id := strings.TrimPrefix(vr.line(t), ":")
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		list, _ := direct.Do(ctx, "CLIENT", "LIST").Text()
+		return strings.Contains(list, "cmd=blmove ")
+	}, "BLMOVE never reached Redis")
+	raw := dialAddr(t, p.Redis.Addr())
+	raw.Write([]byte("RPUSH fx:src v\r\nCLIENT PAUSE 1500 WRITE\r\n"))
+	rr := newReplyReader(raw)
+	rr.line(t)
+	rr.line(t)
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		n, _ := direct.LLen(ctx, "fx:dst").Result()
+		return n == 1
+	}, "BLMOVE not served")
+	admin := p.Dial(t)
+	admin.Write([]byte("CLIENT KILL ID " + id + "\r\n"))
+	if got := newReplyReader(admin).line(t); got != ":1" {
+		t.Fatalf("CLIENT KILL: %q", got)
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		ttl, _ := direct.TTL(ctx, "fx:dst").Result()
+		return ttl > 0
+	}, "fx:dst has no TTL: the BLMOVE's fix-up was lost to the kill")
+}
+
+// Two clients killing each other at once both end, and neither waits on
+// the other for good (each waited until killWait, holding its place,
+// found by review; how long is not asserted here).
+func TestClientKillEachOther(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	a, b := p.Dial(t), p.Dial(t)
+	ar, br := newReplyReader(a), newReplyReader(b)
+	a.Write([]byte("CLIENT ID\r\n"))
+	b.Write([]byte("CLIENT ID\r\n"))
+	ida, idb := strings.TrimPrefix(ar.line(t), ":"), strings.TrimPrefix(br.line(t), ":")
+	go a.Write([]byte("CLIENT KILL ID " + idb + "\r\n"))
+	b.Write([]byte("CLIENT KILL ID " + ida + "\r\n"))
+	c := p.Dial(t)
+	cr := newReplyReader(c)
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		c.Write([]byte("CLIENT LIST\r\n"))
+		cr.line(t)
+		l := cr.line(t)
+		return !strings.Contains(l, "id="+ida+" ") && !strings.Contains(l, "id="+idb+" ")
+	}, "clients that killed each other are still listed")
 }
