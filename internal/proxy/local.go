@@ -1058,6 +1058,5 @@ func (s *Server) sessionList() []*Session {
 func (sess *Session) kill() {
 	sess.interrupted.Store(true)
 	sess.closeConn()
-	sess.block.interrupt() // a blocked one waits on Redis, not on its client
-	sess.wake()            // a parked one has no goroutine to notice
+	sess.wake() // a parked one has no goroutine to notice
 }

@@ -822,23 +822,11 @@ func (sess *Session) blocking(r *request) {
 		case <-call.Done():
 			done = true
 		case <-tick.C:
-		}
-		// Done also when CLIENT KILL closed the connection
-		// (blockState.interrupt): then the client has left. (A reply
-		// that came is still passed on, as before a kill or shutdown.)
-		killed := false
-		if done && sess.interrupted.Load() {
-			_, err := call.Reply(first)
-			killed = err != nil
-		}
-		if !done || killed {
 			if sess.left() {
 				// Closing the connection makes Redis drop the blocked client,
 				// so it cannot pop an element that would reach nobody.
 				pipe.Close()
-				if !done {
-					<-call.Done() // (one signal: taken above when done)
-				}
+				<-call.Done()
 				sess.block.set(0, nil, nil)
 				if !borrowed {
 					sess.unpin(false)
@@ -854,12 +842,8 @@ func (sess *Session) blocking(r *request) {
 	}
 	// No UNBLOCK aims at the connection from now on; one already sent
 	// holds mu until Redis has answered it, waited for below, where the
-	// connection could go to another client. Cleared under mu so that a
-	// CLIENT KILL from now on leaves the connection to the fix-ups below
-	// (blockState.interrupt).
-	sess.block.mu.Lock()
+	// connection could go to another client.
 	sess.block.id.Store(0)
-	sess.block.mu.Unlock()
 	reply, err := call.Reply(first)
 	if err == nil {
 		sess.mirrorBlocked(r.name, args, reply, fixups) // mirror.go
@@ -1000,30 +984,6 @@ type blockedConn struct {
 	id      int64
 	pipe    *upstream.Pipe
 	backend *upstream.Backend
-}
-
-// interrupt closes the connections a killed client is blocked on, so
-// that its goroutine wakes at once (blocking, waitEveryUpstream) instead
-// of at its next look at the client; Redis drops the block with them.
-// Under mu, while they are still the client's.
-//
-// Only while the command is still blocked (id set): once its reply is in,
-// the client's goroutine clears id under mu (blocking) and may still send
-// the command's TTL fix-ups on the connection; closed then, the fix-up was
-// lost and the key kept no TTL (found by review).
-func (b *blockState) interrupt() {
-	b.mu.Lock()
-	if b.id.Load() != 0 {
-		if b.pipe != nil {
-			b.pipe.Close()
-		}
-		if b.more != nil {
-			for _, c := range *b.more {
-				c.pipe.Close()
-			}
-		}
-	}
-	b.mu.Unlock()
 }
 
 func (b *blockState) set(id int64, pipe *upstream.Pipe, from *upstream.Backend) {
