@@ -419,7 +419,7 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 				return true
 			}
 		}
-		if reply := sess.heldExecOpen(); reply != nil {
+		if reply := sess.closeAtExec(true); reply != nil {
 			sess.endHeld()
 			sess.replyLocal(m, reply)
 			return true
@@ -459,10 +459,7 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 		// See queueInMulti: CLIENT ID, INFO and LIST are held as a script
 		// returning the proxy's answer (keyless: any node or upstream
 		// runs it); KILL and UNBLOCK are refused.
-		script, ok := []byte(nil), false
-		if r.name == "client|id" || r.name == "client|info" || r.name == "client|list" {
-			script, ok = sess.appendProxyAnswer(nil, cmd, r.Args, r.Raw)
-		}
+		script, ok := sess.identityInMulti(r)
 		switch {
 		case !ok:
 			return fail(errInMulti(r.name))

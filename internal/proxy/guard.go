@@ -168,8 +168,10 @@ func (tx *txOpenTTL) reset() {
 // keyed command, routes until EXEC: cluster.go), where it is kept.
 //
 // In cluster mode the write that places a held transaction is decided
-// held (guardRecord) and then pinned (guardStep): placeHeld takes the
-// MULTI it sends as opened, so both say the same.
+// held (guardRecord) and then pinned (guardStep), after queueHeld has
+// flushed to learn whether Redis opened the MULTI placeHeld sent; where
+// the two differ, what guardStep did not keep is recorded by
+// recordUnkept.
 func (sess *Session) txDefers(d *policy.Decision) bool {
 	pin := &sess.pin
 	return len(d.Open) > 0 && (sess.cmulti.open || sess.pinnedMulti() && pin.txOpened) &&
@@ -261,17 +263,11 @@ func (sess *Session) heldFixDue() {
 	tx.due = tx.due[:0]
 }
 
-// heldExecOpen is execOpenTTL for a transaction the proxy holds, at its
-// EXEC: the fix-ups of the requirements still open go behind the last
-// command held, the rest are recorded, and a refused one is EXEC's
-// answer (nil: EXEC goes ahead). Nothing of the transaction has been
-// sent, so nothing needs discarding.
-func (sess *Session) heldExecOpen() []byte { return sess.closeAtExec(true) }
-
 // closeAtExec closes, at EXEC, every requirement still open: unless one
 // was refused, the fix-ups are queued (behind the last command held, for
-// a held transaction; else fixDue), and everything is recorded. It
-// returns EXEC's refusal; nil when EXEC goes ahead.
+// a held transaction: nothing of it has been sent, so a refusal needs no
+// DISCARD; else fixDue), and everything is recorded. It returns EXEC's
+// refusal; nil when EXEC goes ahead.
 func (sess *Session) closeAtExec(held bool) []byte {
 	tx := sess.pin.txOpen
 	if tx == nil || len(tx.open)+len(tx.due) == 0 && tx.refusal == nil {

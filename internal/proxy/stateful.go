@@ -417,10 +417,7 @@ func (sess *Session) queueInMulti(r *request) {
 		// CLIENT ID, INFO and LIST answer as outside MULTI, at EXEC: the
 		// proxy's answer now, queued as a script that returns it, as on a
 		// relay (appendRelayAnswer). CLIENT KILL and UNBLOCK are refused.
-		script, ok := []byte(nil), false
-		if name == "client|id" || name == "client|info" || name == "client|list" {
-			script, ok = sess.appendProxyAnswer(nil, r.cmd, r.Args, r.Raw)
-		}
+		script, ok := sess.identityInMulti(r)
 		if !ok {
 			sess.refuseInMulti(name, r.m)
 			return
@@ -467,17 +464,28 @@ func (sess *Session) queueInMulti(r *request) {
 // would answer the Redis ID of the pinned connection (found by review:
 // an ID learnt so can be another proxy client's, whom a later CLIENT KILL
 // ID would reach) and list the proxy's upstream connections, with other
-// namespaces' client names and last commands. Inside a MULTI on the
-// pinned connection, ID, INFO and LIST are queued as a script returning
-// the proxy's answer (queueInMulti); KILL and UNBLOCK, and all five in a
-// transaction the proxy holds (cluster mode, routes), are refused, and
-// EXEC aborts, as for a queue-time error.
+// namespaces' client names and last commands. Inside MULTI, pinned or
+// held (cluster mode, routes), ID, INFO and LIST are queued as a script
+// returning the proxy's answer (identityInMulti); KILL and UNBLOCK are
+// refused, and EXEC aborts, as for a queue-time error.
 func namesConnections(name string) bool {
 	switch name {
 	case "client|unblock", "client|kill", "client|id", "client|info", "client|list":
 		return true
 	}
 	return false
+}
+
+// identityInMulti is what a MULTI queues for r, one of the commands
+// namesConnections names: for CLIENT ID, INFO and LIST the script that
+// returns the proxy's answer (appendProxyAnswer); ok is false for the
+// others, which are refused.
+func (sess *Session) identityInMulti(r *request) (script []byte, ok bool) {
+	switch r.name {
+	case "client|id", "client|info", "client|list":
+		return sess.appendProxyAnswer(nil, r.cmd, r.Args, r.Raw)
+	}
+	return nil, false
 }
 
 // pinnedClientSetname notes the name a CLIENT SETNAME queued in MULTI
