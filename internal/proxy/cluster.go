@@ -467,15 +467,10 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 			sess.replyLocal(m, queued)
 			return true
 		}
-		if reply := p.full(len(cm.queued), cm.size+len(script)); reply != nil {
-			clear(cm.queued)
-			cm.queued, cm.size = cm.queued[:0], 0
+		if reply := sess.heldOverCap(p, len(script)); reply != nil {
 			return fail(reply)
 		}
-		cm.queued = append(cm.queued, clusterQueued{raw: script, m: m, cmd: cmd})
-		cm.size += len(script)
-		sess.list.multi.Add(1)
-		sess.replyLocal(m, queued)
+		sess.hold(clusterQueued{raw: script, m: m, cmd: cmd})
 		return true
 	}
 	if refusal := p.wholeRefusal(r.name); refusal != nil {
@@ -529,19 +524,36 @@ func (sess *Session) queueHeld(r *request, p heldPlacer) bool {
 			}
 		}
 	}
-	if reply := p.full(len(cm.queued), cm.size+len(raw)); reply != nil {
-		clear(cm.queued)
-		cm.queued, cm.size = cm.queued[:0], 0
+	if reply := sess.heldOverCap(p, len(raw)); reply != nil {
 		return fail(reply)
 	}
 	if deferred {
 		sess.deferOpen(d)
 	}
-	cm.queued = append(cm.queued, clusterQueued{raw: append([]byte(nil), raw...), m: m, cmd: cmd, fixups: fixups, strip: sess.curStrip})
-	cm.size += len(raw)
-	sess.list.multi.Add(1)
-	sess.replyLocal(m, queued)
+	sess.hold(clusterQueued{raw: append([]byte(nil), raw...), m: m, cmd: cmd, fixups: fixups, strip: sess.curStrip})
 	return true
+}
+
+// heldOverCap empties the held transaction and returns the refusal EXEC
+// will answer when a command of n more bytes would take it past its caps
+// (heldPlacer.full); nil when the command fits.
+func (sess *Session) heldOverCap(p heldPlacer, n int) []byte {
+	cm := &sess.cmulti
+	reply := p.full(len(cm.queued), cm.size+n)
+	if reply != nil {
+		clear(cm.queued)
+		cm.queued, cm.size = cm.queued[:0], 0
+	}
+	return reply
+}
+
+// hold keeps q in the held transaction and answers QUEUED.
+func (sess *Session) hold(q clusterQueued) {
+	cm := &sess.cmulti
+	cm.queued = append(cm.queued, q)
+	cm.size += len(q.raw)
+	sess.list.multi.Add(1)
+	sess.replyLocal(q.m, queued)
 }
 
 // placeHeld pins the transaction on target (unless it is under a WATCH,

@@ -171,15 +171,13 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 		name = cmd.Name
 	}
 	replies := int64(1)
-	// MULTI, DISCARD and RESET with an argument are refused for their
-	// arity and open or end nothing: "DISCARD x" inside MULTI leaves the
+	// As Redis takes them (txStepOf): "DISCARD x" inside MULTI leaves the
 	// transaction queued, and releasing its writes' marks there would let
-	// a read fill the tier before a later EXEC ran them. "EXEC x" is
-	// refused too, but Redis discards the transaction with it.
-	bare := len(args) == 1
+	// a read fill the tier before a later EXEC ran them.
+	step := txStepOf(args)
 	switch {
 	case refused:
-	case name == "reset" && bare:
+	case step == txReset:
 		// Redis leaves MULTI and goes back to DB 0. What was queued never
 		// runs; its marks are released with this batch.
 		rw.uncountable()
@@ -212,16 +210,16 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 			rw.dbs = append(rw.dbs[:0], db)
 			rw.selectQueued = rw.selectQueued || rw.inMulti
 		}
-	case name == "multi" && bare:
+	case step == txOpen:
 		if !rw.inMulti {
 			rw.dbsAtMulti = append(rw.dbsAtMulti[:0], rw.dbs...)
 			rw.selectQueued = false
 		}
 		rw.inMulti = true
-	case name == "discard" && bare && rw.inMulti:
+	case step == txDiscard && rw.inMulti:
 		rw.dbs = append(rw.dbs[:0], rw.dbsAtMulti...)
 		rw.endMulti()
-	case name == "exec" && rw.inMulti:
+	case step == txExec && rw.inMulti:
 		if rw.selectQueued {
 			// Run: the SELECT's database; aborted: the one before MULTI.
 			for _, db := range rw.dbsAtMulti {

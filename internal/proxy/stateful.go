@@ -1605,16 +1605,12 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 		return b
 	}
 	sess.relayStateStep(sess.clientArgs(i, r.Args))
-	// Only as Redis takes them: "MULTI x", "DISCARD x" and "RESET x" are
-	// refused for their arity and open or end nothing (the differential
-	// test's seed 1796408348893467102: after "MULTI x" the proxy refused
-	// the client's AUTH as inside MULTI); "EXEC x" is refused too, but
-	// Redis discards the transaction with it.
-	switch name := string(r.Args[0]); {
-	case len(r.Args) == 1 && strings.EqualFold(name, "multi"):
+	// The differential test's seed 1796408348893467102: after "MULTI x"
+	// the proxy refused the client's AUTH as inside MULTI (txStepOf).
+	switch txStepOf(r.Args) {
+	case txOpen:
 		sess.relayInMulti = true
-	case strings.EqualFold(name, "exec"),
-		len(r.Args) == 1 && (strings.EqualFold(name, "discard") || strings.EqualFold(name, "reset")):
+	case txExec, txDiscard, txReset:
 		sess.relayInMulti = false
 	}
 	if sess.srv.mirror != nil && sess.relayRunsScripts() {
@@ -1699,6 +1695,43 @@ func (sess *Session) appendProxyAnswer(out []byte, cmd *commands.Command, args [
 	return b, done
 }
 
+// txStep is what a command does to the client's transaction on Redis, as
+// Redis takes it: "MULTI x", "DISCARD x" and "RESET x" are refused for
+// their arity and open or end nothing, but "EXEC x", refused too, discards
+// the transaction. The relay's write tracking (relayWrites.note), its
+// MULTI state (appendRelayed) and its CLIENT LIST state (relayStateStep)
+// each follow it; written out in each, they drifted apart (27b9980).
+type txStep uint8
+
+const (
+	txNone    txStep = iota
+	txOpen           // MULTI: opens one (inside one, Redis refuses it)
+	txExec           // EXEC: runs what was queued, unless aborted
+	txDiscard        // DISCARD, or EXEC with arguments
+	txReset          // RESET: discards, and resets the connection
+)
+
+func txStepOf(args [][]byte) txStep {
+	if len(args) == 0 {
+		return txNone
+	}
+	bare := len(args) == 1
+	switch name := args[0]; {
+	case bare && strings.EqualFold(string(name), "multi"):
+		return txOpen
+	case strings.EqualFold(string(name), "exec"):
+		if bare {
+			return txExec
+		}
+		return txDiscard
+	case bare && strings.EqualFold(string(name), "discard"):
+		return txDiscard
+	case bare && strings.EqualFold(string(name), "reset"):
+		return txReset
+	}
+	return txNone
+}
+
 // relayTxState is what a relayed client's MULTI queued that changes what
 // the proxy's CLIENT LIST shows of it (relayStateStep), applied at EXEC.
 type relayTxState struct {
@@ -1733,28 +1766,22 @@ func (sess *Session) relayStateStep(args [][]byte) {
 		return
 	}
 	tx := &sess.relayTx
-	if !cmd.ArityOK(len(args)) {
-		// Redis refuses it; inside MULTI that makes EXEC abort (and
-		// "EXEC x" discards at once: appendRelayed).
-		tx.refused = tx.refused || sess.relayInMulti
-		return
-	}
-	switch cmd.Name {
-	case "reset":
+	switch txStepOf(args) {
+	case txReset:
 		*tx = relayTxState{}
 		sess.mu.Lock()
 		sess.name, sess.db = "", 0
 		sess.mu.Unlock()
 		return
-	case "multi":
+	case txOpen:
 		if !sess.relayInMulti {
 			*tx = relayTxState{}
 		}
 		return
-	case "discard":
+	case txDiscard:
 		*tx = relayTxState{}
 		return
-	case "exec":
+	case txExec:
 		if sess.relayInMulti && !tx.refused {
 			sess.mu.Lock()
 			if tx.selected {
@@ -1767,6 +1794,13 @@ func (sess *Session) relayStateStep(args [][]byte) {
 		}
 		*tx = relayTxState{}
 		return
+	}
+	if !cmd.ArityOK(len(args)) {
+		// Redis refuses it; inside MULTI that makes EXEC abort.
+		tx.refused = tx.refused || sess.relayInMulti
+		return
+	}
+	switch cmd.Name {
 	case "select", "client|setname":
 	default:
 		return
