@@ -45,25 +45,3 @@ func TestReportModeRecordsProxyHandledCommands(t *testing.T) {
 		}
 	}
 }
-
-// On a relay (CLIENT TRACKING, RESP3 pub/sub) no TTL fix-up is sent: its
-// reply would reach the client (documented). The relay recorded the write's
-// violation as the decision had it, "fixed", so /policy/report said
-// fixed=1 while the key had no TTL. It is reported, not fixed.
-func TestRelayWriteNotReportedAsFixed(t *testing.T) {
-	p := proxytest.Start(t, nil, func(c *config.Config) { c.Policy = holesPolicy() })
-	direct := p.Redis.Client(t)
-	nc := p.Dial(t)
-	equalReplies(t, roundTrip(t, nc, []string{"CLIENT", "TRACKING", "ON"}), []string{"+OK"})
-	equalReplies(t, roundTrip(t, nc, []string{"HSET", "s:r", "f", "v"}), []string{":1"})
-	if d := pttl(t, direct, "s:r"); d != -1 {
-		t.Fatalf("PTTL s:r = %v: a fix-up was sent on a relay", d)
-	}
-	row := findRow(reportJSON(t, p.Guard()), policy.RuleTTL, "hset")
-	if row == nil {
-		t.Fatalf("no ttl row for hset")
-	}
-	if row.Fixed != 0 || row.Reported != 1 || row.Count != 1 {
-		t.Errorf("s:r has no TTL, yet /policy/report counts the HSET as %+v; want reported=1, fixed=0", *row)
-	}
-}

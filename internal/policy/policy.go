@@ -430,6 +430,32 @@ func (p *Policy) Mode() Action {
 	return min(p.mode, p.ceiling)
 }
 
+// FixesTTL reports whether a request may be given a TTL fix-up under p
+// (Decision.Expires): some TTL rule, global or scoped, has a default and
+// is enforced.
+func (p *Policy) FixesTTL() bool {
+	if p == nil || p.ceiling < Enforce {
+		return false
+	}
+	fixes := func(rs *ruleset) bool {
+		for i := range rs.ttl {
+			if rs.ttl[i].def > 0 && rs.ttl[i].action == Enforce {
+				return true
+			}
+		}
+		return false
+	}
+	if fixes(p.global) {
+		return true
+	}
+	for _, s := range p.scopes {
+		if fixes(s.rs) {
+			return true
+		}
+	}
+	return false
+}
+
 // MaxValueBytes is the global value-size limit, 0 when that rule is off.
 func (p *Policy) MaxValueBytes() int64 {
 	if p == nil || p.global.values.action == Off {

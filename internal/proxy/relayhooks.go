@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"slices"
 	"strconv"
 	"sync"
@@ -33,6 +34,13 @@ import (
 // that writes (rueidis multiplexes its subscriptions on the connection it
 // tracks keys on) keeps its writes counted.
 //
+// The same count lets a relay send a write's TTL fix-ups (EXPIRE ... NX,
+// which the policy adds on a shared connection too) right behind it:
+// their replies are numbered when sent (hide) and cut from the stream
+// before the client sees it (feedCut), so a tracking client (rueidis,
+// redis-py's client-side caching) gets its keys' TTLs and exactly Redis's
+// replies to what it sent.
+//
 // Once the stream cannot be counted (MONITOR, a RESP2 subscription, a
 // subscribe command inside MULTI: see note, Redis Cluster's own sunsubscribe,
 // pushes the counter did not expect, or a command that changes the
@@ -52,6 +60,10 @@ type relayWrites struct {
 	sess *Session
 	// active: the local tier or miss holds are on, so writes matter.
 	active bool
+	// fixes: the policy may give a write a TTL fix-up (Policy.FixesTTL),
+	// sent behind it on the relay with its reply cut from the stream
+	// (hide). counting: replies are counted, for either.
+	fixes, counting bool
 	// replicaWrote: a command that may write was relayed (session
 	// goroutine only). Replica reads hear of it when the relay ends
 	// (end): then every reply of the relay is in, and a client handed
@@ -88,6 +100,11 @@ type relayWrites struct {
 	heldSwaps []int
 	subs      []subExpect // noted, not yet taken by the reader
 	subsOpen  int         // the reader's unsettled ones, as of its last chunk
+	// hidden are the numbers of the replies to cut (fix-ups), noted, not
+	// yet taken by the reader; hiddenOpen the reader's, as of its last
+	// chunk.
+	hidden     []int64
+	hiddenOpen int
 
 	// Reader goroutine only.
 	counter replyCounter
@@ -144,7 +161,35 @@ func (r *relayRelease) add(o relayRelease) {
 func newRelayWrites(sess *Session) *relayWrites {
 	fs := sess.srv.flight.Load()
 	active := sess.srv.tier != nil || fs != nil && fs.TracksWrites()
-	return &relayWrites{sess: sess, active: active, countable: active, resp3: sess.resp3, dbs: []int{sess.db}}
+	fixes := sess.srv.guard != nil && sess.srv.guard.Policy().FixesTTL()
+	counting := active || fixes
+	return &relayWrites{sess: sess, active: active, fixes: fixes, counting: counting, countable: counting, resp3: sess.resp3, dbs: []int{sess.db}}
+}
+
+// maxHiddenReplies bounds the fix-up replies a relay has outstanding at
+// once (a client pipelining writes faster than Redis answers); past it a
+// write's fix-up is not sent and its violation is reported instead.
+const maxHiddenReplies = 1 << 16
+
+// hide notes that n fix-ups follow the request just noted, whose replies
+// the reader must cut from the stream before the client sees it, and
+// reports whether they may be sent. Only while the stream is counted,
+// outside the client's MULTI (there Redis would answer QUEUED and put the
+// fix-ups' replies inside EXEC's), and at most maxHiddenReplies at once.
+func (rw *relayWrites) hide(n int) bool {
+	if !rw.fixes || rw.inMulti || n == 0 {
+		return false
+	}
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if !rw.countable || len(rw.hidden)+rw.hiddenOpen+n > maxHiddenReplies {
+		return false
+	}
+	for k := range int64(n) {
+		rw.hidden = append(rw.hidden, rw.due+k)
+	}
+	rw.due += int64(n)
+	return true
 }
 
 // errHeldWrites refuses a write the relay could no longer track.
@@ -163,7 +208,7 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 			rw.sess.routeWrote(rw.sess.route.relay) // a WAIT after the relay waits there too
 		}
 	}
-	if !rw.active {
+	if !rw.counting {
 		return true
 	}
 	name := ""
@@ -234,7 +279,7 @@ func (rw *relayWrites) note(cmd *commands.Command, args [][]byte, refused bool) 
 	if t := rw.sess.srv.tier; t != nil && !refused && cmd != nil && cmd.Flags&commands.CatScripting != 0 {
 		t.cache.NoteScript(cmd, args)
 	}
-	if refused || !mayWrite(cmd) {
+	if refused || !mayWrite(cmd) || !rw.active {
 		return true
 	}
 	rw.mu.Lock()
@@ -335,34 +380,55 @@ func (rw *relayWrites) uncountable() {
 	rw.mu.Unlock()
 }
 
+// errFixupReplyLost: the stream stopped being RESP the counter follows
+// while a fix-up's reply was still to be cut from it, so which reply is
+// the client's can no longer be told; the client is closed rather than
+// given a reply that is not its own.
+var errFixupReplyLost = errors.New("relayed stream lost count with a TTL fix-up's reply still to remove")
+
 // received is called by the relay's reader with every chunk Redis sent,
-// before it is passed on to the client.
-func (rw *relayWrites) received(b []byte) {
-	if !rw.active {
-		return
+// before it is passed on to the client. It returns the chunk without the
+// replies to the fix-ups (hide), in b's storage.
+//
+// Once the stream is no longer counted (uncountable: a HELLO, RESET,
+// CLIENT REPLY, MONITOR, ... was sent), replies are still counted up to
+// the last fix-up's: every fix-up was sent while the stream was counted,
+// so before the command that ended the count, and so is its reply. The
+// rest of the stream, which may be what the counter cannot follow (RESP2
+// after HELLO 2, MONITOR's feed), is passed on unread.
+func (rw *relayWrites) received(b []byte) ([]byte, error) {
+	if !rw.counting {
+		return b, nil
 	}
 	defer rw.fenceHeld()
+	c := &rw.counter
 	rw.mu.Lock()
 	countable, waiting := rw.countable, len(rw.pending) > 0
-	if countable {
+	hiding := len(rw.hidden) > 0 || len(c.hide) > 0 || c.hiding
+	if countable || hiding {
 		// Noted before they were sent, so before any byte of their answers.
-		rw.counter.subs = append(rw.counter.subs, rw.subs...)
+		c.subs = append(c.subs, rw.subs...)
 		rw.subs = rw.subs[:0]
+		c.hide = append(c.hide, rw.hidden...)
+		rw.hidden = rw.hidden[:0]
 	}
 	rw.mu.Unlock()
-	if !countable {
-		return
+	if !countable && !hiding {
+		return b, nil
 	}
-	_, ok := rw.counter.feed(b)
+	b, ok := c.feedCut(b, !countable)
 	rw.mu.Lock()
-	rw.subsOpen = len(rw.counter.subs)
+	rw.subsOpen, rw.hiddenOpen = len(c.subs), len(c.hide)
 	rw.mu.Unlock()
 	if !ok {
+		if len(c.hide) > 0 || c.hiding {
+			return b, errFixupReplyLost
+		}
 		rw.uncountable()
-		return
+		return b, nil
 	}
-	if !waiting {
-		return
+	if !countable || !waiting {
+		return b, nil
 	}
 	var done []relayRelease
 	rw.mu.Lock()
@@ -374,6 +440,7 @@ func (rw *relayWrites) received(b []byte) {
 	for i := range done {
 		rw.release(&done[i])
 	}
+	return b, nil
 }
 
 // fenceHeld raises the tier's fence before a chunk of an uncounted stream
@@ -470,6 +537,12 @@ type replyCounter struct {
 	got   int64 // replies counted so far
 	lost  bool  // the stream no longer matches what was expected
 
+	// hide are the numbers of the replies to cut (fix-ups), ascending;
+	// hiding: the reply being read is hide[0]'s; hid: it just ended.
+	hide   []int64
+	hiding bool
+	hid    bool
+
 	// Of the top-level push being read: its length, its first element
 	// (the kind, when a short bulk string) and its third (a count).
 	pushLen  int64
@@ -539,37 +612,66 @@ func (pc *pubsubCounts) confirm(kind string, n int64) (before int64, ok bool) {
 // the subscribe commands as expected (it stays false).
 func (c *replyCounter) feed(b []byte) (n int64, ok bool) {
 	before := c.got
-	for len(b) > 0 && !c.lost {
+	_, ok = c.feedCut(b, false)
+	return c.got - before, ok
+}
+
+// feedCut is feed that also cuts the replies numbered in hide out of b,
+// returning what is left (in b's storage). With stop it reads no further
+// than the end of the last reply to cut, and passes the rest on unread.
+func (c *replyCounter) feedCut(b []byte, stop bool) ([]byte, bool) {
+	// b[:w] is kept so far; b[keep:p] is kept unless a cut starts (keep
+	// is -1 inside a cut).
+	w, keep, p := 0, 0, 0
+	if c.hiding {
+		keep = -1
+	}
+	for p < len(b) && !c.lost && !(stop && !c.hiding && len(c.hide) == 0) {
 		if c.skip > 0 {
-			k := min(c.skip, int64(len(b)))
+			k := int(min(c.skip, int64(len(b)-p)))
 			if c.kindLeft > 0 {
-				m := min(c.kindLeft, k)
-				c.kind = append(c.kind, b[:m]...)
-				c.kindLeft -= m
+				m := min(int(c.kindLeft), k)
+				c.kind = append(c.kind, b[p:p+m]...)
+				c.kindLeft -= int64(m)
 			}
-			c.skip -= k
-			b = b[k:]
+			c.skip -= int64(k)
+			p += k
 			if c.skip == 0 {
 				c.finish()
 			}
-			continue
+		} else {
+			if len(c.line) == 0 && len(c.stack) == 0 && !c.hiding && len(c.hide) > 0 && c.hide[0] == c.got && b[p] != '>' {
+				// A top-level reply, not a push, whose number is a
+				// fix-up's.
+				if keep >= 0 {
+					w += copy(b[w:], b[keep:p])
+				}
+				keep, c.hiding = -1, true
+			}
+			i := p
+			for i < len(b) && b[i] != '\n' {
+				i++
+			}
+			if len(c.line) < 64 {
+				c.line = append(c.line, b[p:min(i, p+64-len(c.line))]...)
+			}
+			if i == len(b) {
+				p = i
+				break
+			}
+			p = i + 1
+			if !c.header() {
+				c.lost = true
+			}
 		}
-		i := 0
-		for i < len(b) && b[i] != '\n' {
-			i++
-		}
-		if len(c.line) < 64 {
-			c.line = append(c.line, b[:min(i, 64-len(c.line))]...)
-		}
-		if i == len(b) {
-			break
-		}
-		b = b[i+1:]
-		if !c.header() {
-			c.lost = true
+		if c.hid {
+			c.hid, keep = false, p
 		}
 	}
-	return c.got - before, !c.lost
+	if keep >= 0 {
+		w += copy(b[w:], b[keep:])
+	}
+	return b[:w], !c.lost
 }
 
 // maxKind is the longest push kind kept: "punsubscribe".
@@ -663,6 +765,15 @@ func (c *replyCounter) frame() {
 		head = &c.subs[0] // everything before it is answered: its turn
 	}
 	if !c.push {
+		switch {
+		case c.hiding:
+			c.hiding, c.hid = false, true
+			c.hide = c.hide[1:]
+		case len(c.hide) > 0 && c.hide[0] <= c.got:
+			// A fix-up's reply was not recognised where it began.
+			c.lost = true
+			return
+		}
 		if head != nil {
 			if head.seen {
 				// Confirmed in part, then a reply: the counts were wrong.

@@ -1186,10 +1186,6 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 		// review: the +OK reached the client).
 		first = append(first, cmdReplySkip...)
 	}
-	first = append(first, reqs[0].Raw...)
-	for k := 1; k < len(reqs); k++ {
-		first = sess.appendRelayed(first, r.i+k, &reqs[k], sess.guard.Decision(r.i+k))
-	}
 	held := sess.relay(kind, up, reqs, r.i, first, limit)
 	b.ReleaseConn(up)
 	if held == nil {
@@ -1247,8 +1243,9 @@ func trackingRedirect(args [][]byte) bool {
 // are queued for the client in a bounded queue: a client that stops
 // reading while Redis keeps publishing is cut off at limit, so the proxy's
 // memory stays bounded and other clients are unaffected. reqs are the
-// requests first holds (the one that started the relay and the rest of
-// its batch), base the index of the first of them in the batch.
+// requests sent first, behind first (the command that started the relay
+// and the rest of its batch), base the index of the first of them in the
+// batch.
 //
 // server.idle_timeout: as in Redis, pub/sub and MONITOR clients are never
 // closed for idleness; a tracking client is idle only when nothing moves
@@ -1297,6 +1294,11 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		}
 		cmd := sess.srv.table.Lookup(reqs[k].Args)
 		rw.note(cmd, args, d != nil && d.Refuse != nil)
+		if k == 0 {
+			first = append(first, reqs[0].Raw...) // checked by startRelay
+		} else {
+			first = sess.appendRelayed(first, base+k, &reqs[k], d, rw)
+		}
 		mayMute = relayMayMute(mayMute, cmd, args, sess.resp3 || kind != relayPubSub)
 		if ex != nil {
 			ex.note(cmd)
@@ -1333,16 +1335,23 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := up.Read(buf)
-			if n > 0 {
-				// Writes whose replies this completes are released before
-				// the client can see the replies.
-				rw.received(buf[:n])
-			}
 			// Copy: queueing buf[:n] of a fresh 32 KB buffer per read would
 			// keep 32 KB alive per small message, far beyond the limit.
 			chunk := buf[:n]
+			if n > 0 {
+				// Writes whose replies this completes are released before
+				// the client can see the replies; the fix-ups' replies are
+				// cut.
+				var cerr error
+				if chunk, cerr = rw.received(chunk); cerr != nil {
+					sess.closeFor(metrics.CloseUpstreamLost, "relayed stream from Redis lost count of the replies", "err", cerr)
+					sess.nc.Close()
+					up.Close()
+					return
+				}
+			}
 			found, answer := false, answerNone
-			if ex != nil && n > 0 {
+			if ex != nil && len(chunk) > 0 {
 				var ferr error
 				if chunk, found, answer, ferr = ex.received(chunk); ferr != nil {
 					sess.closeFor(metrics.CloseUpstreamLost, "relayed stream from Redis is not RESP", "err", ferr)
@@ -1351,7 +1360,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 					return
 				}
 			}
-			if filter != nil && n > 0 {
+			if filter != nil && len(chunk) > 0 {
 				// The namespace's view: channel names without the prefix,
 				// other namespaces' keyevent notifications dropped.
 				var ferr error
@@ -1474,7 +1483,7 @@ reading:
 					out = appendErrorScript(out, errHeldWrites)
 					continue
 				}
-				out = sess.appendRelayed(out, k, &reqs[k], d)
+				out = sess.appendRelayed(out, k, &reqs[k], d, rw)
 				mayMute = relayMayMute(mayMute, cmd, args, sess.resp3 || kind != relayPubSub)
 			}
 			rw.sending()
@@ -1555,9 +1564,10 @@ const relayDrainWait = 2 * time.Second
 // client: the request, the guard's rewrite of it, or, for a refusal, a
 // script that makes Redis answer with the refusal's text, so the error
 // reaches the client in order with every other reply on the raw stream.
-// TTL fix-ups are not added on a relay: their replies would reach the
-// client; the violation is reported, not fixed (recordRelayed), and the
-// keyspace audit finds keys left without a TTL.
+// A write's TTL fix-ups follow it where rw can cut their replies from the
+// stream (relayWrites.hide: a counted stream, outside MULTI; not for a
+// key in another database); elsewhere the violation is reported, not fixed
+// (recordRelayed), and the keyspace audit finds keys left without a TTL.
 //
 // Inside the client's MULTI a refusal is sent as a command Redis rejects at
 // queue time, so that EXEC fails with EXECABORT as it does for a refusal
@@ -1565,7 +1575,7 @@ const relayDrainWait = 2 * time.Second
 // rest of the transaction.
 //
 // i is r's index in its batch (for the namespace's notes).
-func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy.Decision) []byte {
+func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy.Decision, rw *relayWrites) []byte {
 	refuse := appendErrorScript
 	if sess.relayInMulti || !sess.relayRunsScripts() {
 		refuse = appendQueueRefusal
@@ -1621,11 +1631,26 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 	if d == nil || len(d.Violations) == 0 && d.Args == nil {
 		return append(out, r.Raw...)
 	}
-	sess.recordRelayed(d)
 	if d.Args != nil {
-		return append(out, sess.guard.Encode(d.Args)...)
+		out = append(out, sess.guard.Encode(d.Args)...)
+	} else {
+		out = append(out, r.Raw...)
 	}
-	return append(out, r.Raw...)
+	var fixups [][]byte
+	if rw != nil && len(d.Expires) > 0 {
+		// db -1: a fix-up for a key in another database (COPY ... DB n)
+		// is left out; it would need SELECTs in the relay's database,
+		// which the relay does not always know (relayWrites.dbs).
+		fixups = sess.guard.FixupsIn(d.Expires, -1, 0)
+		if !rw.hide(len(fixups)) {
+			fixups = nil
+		}
+	}
+	sess.recordRelayed(d, fixups != nil)
+	for _, f := range fixups {
+		out = append(out, f...)
+	}
+	return out
 }
 
 // appendRelayAnswer appends, for a command the proxy answers about its
@@ -1942,10 +1967,11 @@ func appendAnswerScript(out, reply []byte) ([]byte, bool) {
 }
 
 // recordRelayed records d's violations for a request sent on a relay,
-// where its rewrite is sent but its TTL fix-ups are not: a violation the
-// decision fixes with an EXPIRE fix-up is recorded as reported, so that
-// /policy/report does not count a key left without its TTL as fixed.
-func (sess *Session) recordRelayed(d *policy.Decision) {
+// where its rewrite is sent and its TTL fix-ups only when sent (those for
+// a key in the client's database): a violation the decision fixes with an
+// EXPIRE fix-up not sent is recorded as reported, so that /policy/report
+// does not count a key left without its TTL as fixed.
+func (sess *Session) recordRelayed(d *policy.Decision, sent bool) {
 	if len(d.Expires) == 0 {
 		sess.recordViolations(d)
 		return
@@ -1953,17 +1979,19 @@ func (sess *Session) recordRelayed(d *policy.Decision) {
 	sg := sess.srv.guard
 	for j := range d.Violations {
 		v := d.Violations[j]
-		if v.Outcome == policy.Fixed && v.Rule == policy.RuleTTL && fixedByExpire(d.Expires, v.Key) {
+		if v.Outcome == policy.Fixed && v.Rule == policy.RuleTTL && fixedByExpire(d.Expires, v.Key, false) &&
+			!(sent && fixedByExpire(d.Expires, v.Key, true)) {
 			v.Outcome = policy.Reported
 		}
 		sg.Record(&v, sess.nc.RemoteAddr(), sess.userName())
 	}
 }
 
-// fixedByExpire reports whether one of the fix-ups expires key.
-func fixedByExpire(expires []policy.Expire, key []byte) bool {
+// fixedByExpire reports whether one of the fix-ups expires key (with
+// sameDB, one in the client's own database).
+func fixedByExpire(expires []policy.Expire, key []byte, sameDB bool) bool {
 	for _, e := range expires {
-		if string(e.Key) == string(key) {
+		if string(e.Key) == string(key) && (!sameDB || e.DB == nil) {
 			return true
 		}
 	}
