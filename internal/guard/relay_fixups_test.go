@@ -182,10 +182,9 @@ func TestRelayWriteGetsItsFixup(t *testing.T) {
 }
 
 // Where a fix-up's reply could not be cut, none is sent and the violation
-// is reported: inside the client's MULTI (Redis would answer QUEUED and put
-// the reply inside EXEC's), and after a command that ends the counting of
-// replies (CLIENT REPLY, HELLO): fix-ups sent before such a command in the
-// same write are cut from what comes before its reply.
+// is reported: after a command that ends the counting of replies (CLIENT
+// REPLY, HELLO); fix-ups sent before such a command in the same write are
+// cut from what comes before its reply.
 func TestRelayFixupOnlyWhereItsReplyIsCut(t *testing.T) {
 	p := proxytest.Start(t, nil, func(c *config.Config) { c.Policy = holesPolicy() })
 	direct := p.Redis.Client(t)
@@ -193,14 +192,9 @@ func TestRelayFixupOnlyWhereItsReplyIsCut(t *testing.T) {
 	c := dialRelay(t, p)
 	c.do(1, []string{"HELLO", "3"})
 	c.do(1, []string{"CLIENT", "TRACKING", "ON"})
-	got := c.do(3, []string{"MULTI"}, []string{"HSET", "s:m", "f", "v"}, []string{"EXEC"})
-	equalReplies(t, got, []string{"+OK", "+QUEUED", "*[:1]"})
-	if d := pttl(t, direct, "s:m"); d != -1 {
-		t.Errorf("PTTL s:m = %v after MULTI on a relay", d)
-	}
 
 	// HELLO 2 after a fixed write, then a write after it.
-	got = c.do(3, []string{"HSET", "s:b", "f", "v"}, []string{"HELLO", "2"}, []string{"HSET", "s:c", "f", "v"})
+	got := c.do(3, []string{"HSET", "s:b", "f", "v"}, []string{"HELLO", "2"}, []string{"HSET", "s:c", "f", "v"})
 	if got[0] != ":1" || !strings.HasPrefix(got[1], "*[$server $redis") || got[2] != ":1" {
 		t.Fatalf("replies %q", got)
 	}
@@ -227,8 +221,50 @@ func TestRelayFixupOnlyWhereItsReplyIsCut(t *testing.T) {
 		t.Errorf("PTTL s:e = %v", ttl)
 	}
 
-	if fixed, reported := ttlOutcomes(t, p, "hset"); fixed != 2 || reported != 3 {
-		t.Errorf("report says fixed=%d reported=%d, want fixed=2 (s:b, s:d) reported=3 (s:m, s:c, s:e)", fixed, reported)
+	if fixed, reported := ttlOutcomes(t, p, "hset"); fixed != 2 || reported != 2 {
+		t.Errorf("report says fixed=%d reported=%d, want fixed=2 (s:b, s:d) reported=2 (s:c, s:e)", fixed, reported)
+	}
+}
+
+// A write queued in a relayed client's MULTI gets its fix-up right behind
+// the EXEC (queued with it, Redis would answer QUEUED and put its reply
+// inside EXEC's), whether the transaction came in one write or typed
+// command by command; the client reads exactly Redis's replies. Not
+// after DISCARD, and not when the transaction queued a SELECT (after EXEC
+// the connection's database depends on whether EXEC ran).
+func TestRelayTransactionFixupsFollowExec(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Policy = holesPolicy() })
+	direct := p.Redis.Client(t)
+	c := dialRelay(t, p)
+	c.do(1, []string{"HELLO", "3"})
+	c.do(1, []string{"CLIENT", "TRACKING", "ON"})
+
+	got := c.do(4, []string{"MULTI"}, []string{"HSET", "s:m", "f", "v"}, []string{"INCR", "s:m2"}, []string{"EXEC"})
+	equalReplies(t, got, []string{"+OK", "+QUEUED", "+QUEUED", "*[:1 :1]"})
+	equalReplies(t, c.do(1, []string{"MULTI"}), []string{"+OK"})
+	equalReplies(t, c.do(1, []string{"RPUSH", "s:typed", "a"}), []string{"+QUEUED"})
+	equalReplies(t, c.do(2, []string{"EXEC"}, []string{"PING"}), []string{"*[:1]", "+PONG"})
+	for _, k := range []string{"s:m", "s:m2", "s:typed"} {
+		if d := pttl(t, direct, k); d <= 0 {
+			t.Errorf("PTTL %s = %v: no fix-up behind EXEC", k, d)
+		}
+	}
+
+	got = c.do(4, []string{"MULTI"}, []string{"HSET", "s:gone", "f", "v"}, []string{"DISCARD"}, []string{"PING"})
+	equalReplies(t, got, []string{"+OK", "+QUEUED", "+OK", "+PONG"})
+	got = c.do(5, []string{"MULTI"}, []string{"SELECT", "0"}, []string{"HSET", "s:sel", "f", "v"}, []string{"EXEC"}, []string{"PING"})
+	equalReplies(t, got, []string{"+OK", "+QUEUED", "+QUEUED", "*[+OK :1]", "+PONG"})
+	if d := pttl(t, direct, "s:sel"); d != -1 {
+		t.Errorf("PTTL s:sel = %v: a fix-up was sent behind a transaction that SELECTed", d)
+	}
+	if n, _ := direct.Exists(ctx, "s:gone").Result(); n != 0 {
+		t.Errorf("s:gone exists after DISCARD")
+	}
+	if fixed, reported := ttlOutcomes(t, p, "hset"); fixed != 1 || reported != 2 {
+		t.Errorf("hset: report says fixed=%d reported=%d, want fixed=1 (s:m) reported=2 (s:gone, s:sel)", fixed, reported)
+	}
+	if fixed, _ := ttlOutcomes(t, p, "rpush"); fixed != 1 {
+		t.Errorf("rpush: report says fixed=%d", fixed)
 	}
 }
 
@@ -279,6 +315,9 @@ func TestRelayFixupsUnderConcurrency(t *testing.T) {
 						want = append(want, "$"+k, "")
 					}
 				}
+				tx := fmt.Sprintf("s:tx:%d:%d", id, r)
+				cmds = append(cmds, []string{"MULTI"}, []string{"HSET", tx, "f", "v"}, []string{"EXEC"})
+				want = append(want, "+OK", "+QUEUED", "*[:1]")
 				got := c.do(len(cmds), cmds...)
 				for i := range got {
 					if want[i] != "" && got[i] != want[i] {
@@ -300,9 +339,10 @@ func TestRelayFixupsUnderConcurrency(t *testing.T) {
 	}
 	direct := p.Redis.Client(t)
 	for id := range clients {
-		k := fmt.Sprintf("s:%d:%d:%d", id, rounds-1, 1)
-		if d := pttl(t, direct, k); d <= 0 {
-			t.Errorf("PTTL %s = %v", k, d)
+		for _, k := range []string{fmt.Sprintf("s:%d:%d:%d", id, rounds-1, 1), fmt.Sprintf("s:tx:%d:%d", id, rounds-1)} {
+			if d := pttl(t, direct, k); d <= 0 {
+				t.Errorf("PTTL %s = %v", k, d)
+			}
 		}
 	}
 }

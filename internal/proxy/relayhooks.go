@@ -8,6 +8,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/localcache"
+	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/stampede"
 )
@@ -86,6 +87,9 @@ type relayWrites struct {
 	due          int64        // replies due for everything sent so far
 	tx           relayRelease // writes queued in MULTI, released after EXEC
 	batch        relayRelease // writes of the batch being built
+	// txFix are the fix-ups of the writes queued in the client's MULTI
+	// (holdTx), sent behind its EXEC.
+	txFix relayTxFixups
 
 	mu        sync.Mutex
 	countable bool
@@ -166,6 +170,73 @@ func newRelayWrites(sess *Session) *relayWrites {
 	return &relayWrites{sess: sess, active: active, fixes: fixes, counting: counting, countable: counting, resp3: sess.resp3, dbs: []int{sess.db}}
 }
 
+// relayTxFixups are the fix-ups of the writes a relayed client queued in
+// its MULTI. Queued with them, Redis would answer QUEUED for each and put
+// their replies inside EXEC's; so they are sent right behind the EXEC
+// instead, as ordinary hidden replies (hide). Run there, a fix-up gives
+// its key the rule's default TTL, NX, even when the EXEC was aborted
+// (WATCH, a queue-time error) and the write did not run: a key the rule
+// requires a TTL on gets one, which the rule asks anyway. Not when the
+// transaction queued a SELECT, SWAPDB or MOVE (blocked): after EXEC the
+// connection's database, and the keys in it, depend on whether EXEC ran.
+type relayTxFixups struct {
+	fixups  [][]byte // copies
+	records []relayRecord
+	blocked bool
+}
+
+// holdTx keeps the fix-ups of a write queued in the client's MULTI, and its
+// violations, for endTx; false when none can be sent (the policy fixes
+// nothing, or the stream is no longer counted).
+func (rw *relayWrites) holdTx(fixups [][]byte, recs []relayRecord) bool {
+	rw.mu.Lock()
+	countable := rw.countable
+	rw.mu.Unlock()
+	if !rw.fixes || !countable {
+		return false
+	}
+	for _, f := range fixups {
+		rw.txFix.fixups = append(rw.txFix.fixups, append([]byte(nil), f...))
+	}
+	rw.txFix.records = append(rw.txFix.records, recs...)
+	return true
+}
+
+// endTx ends the client's transaction: by EXEC (exec), its held fix-ups
+// are appended to out, behind the EXEC, when their replies can be cut; the
+// violations are recorded, fixed only if they were sent.
+func (rw *relayWrites) endTx(out []byte, exec bool) []byte {
+	tf := &rw.txFix
+	if len(tf.records) == 0 && len(tf.fixups) == 0 {
+		tf.blocked = false
+		return out
+	}
+	sent := exec && !tf.blocked && rw.hide(len(tf.fixups))
+	if sent {
+		for _, f := range tf.fixups {
+			out = append(out, f...)
+		}
+	}
+	rw.recordTx(sent)
+	return out
+}
+
+// recordTx records the held violations, and forgets what was held.
+func (rw *relayWrites) recordTx(sent bool) {
+	tf := &rw.txFix
+	sess := rw.sess
+	for i := range tf.records {
+		r := &tf.records[i]
+		if r.bySend && !sent {
+			r.v.Outcome = policy.Reported
+		}
+		sess.srv.guard.Record(&r.v, sess.nc.RemoteAddr(), sess.userName())
+	}
+	clear(tf.fixups)
+	clear(tf.records)
+	*tf = relayTxFixups{fixups: tf.fixups[:0], records: tf.records[:0]}
+}
+
 // maxHiddenReplies bounds the fix-up replies a relay has outstanding at
 // once (a client pipelining writes faster than Redis answers); past it a
 // write's fix-up is not sent and its violation is reported instead.
@@ -175,9 +246,10 @@ const maxHiddenReplies = 1 << 16
 // the reader must cut from the stream before the client sees it, and
 // reports whether they may be sent. Only while the stream is counted,
 // outside the client's MULTI (there Redis would answer QUEUED and put the
-// fix-ups' replies inside EXEC's), and at most maxHiddenReplies at once.
+// fix-ups' replies inside EXEC's: see relayTxFixups), and at most
+// maxHiddenReplies at once.
 func (rw *relayWrites) hide(n int) bool {
-	if !rw.fixes || rw.inMulti || n == 0 {
+	if !rw.fixes || rw.inMulti || rw.sess.relayInMulti || n == 0 {
 		return false
 	}
 	rw.mu.Lock()
@@ -498,6 +570,9 @@ func (rw *relayWrites) fenceHeld() {
 // (found by review: its GET right after UNSUBSCRIBE was read from a
 // replica that had not applied the SET it made while subscribed).
 func (rw *relayWrites) end() {
+	if len(rw.txFix.records) > 0 {
+		rw.recordTx(false) // the transaction never ended
+	}
 	if rw.replicaWrote {
 		rw.replicaWrote = false
 		rw.sess.replicaRelayWrote()

@@ -1576,6 +1576,31 @@ const relayDrainWait = 2 * time.Second
 //
 // i is r's index in its batch (for the namespace's notes).
 func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy.Decision, rw *relayWrites) []byte {
+	inMulti := sess.relayInMulti
+	out = sess.appendRelayedCmd(out, i, r, d, rw)
+	if rw != nil && inMulti {
+		switch {
+		case sess.relayInMulti && isDBMove(sess.srv.table.Lookup(r.Args)):
+			rw.txFix.blocked = true
+		case !sess.relayInMulti:
+			// The transaction ended here, as Redis takes this command.
+			out = rw.endTx(out, txStepOf(r.Args) == txExec)
+		}
+	}
+	return out
+}
+
+// isDBMove reports whether cmd may leave the connection in another
+// database, or move keys between databases: queued in a transaction, it
+// keeps the transaction's fix-ups from being sent behind EXEC
+// (relayWrites.endTx), where they would run in a database EXEC may not
+// have left the connection in.
+func isDBMove(cmd *commands.Command) bool {
+	return cmd != nil && (cmd.Name == "select" || cmd.Name == "swapdb" || cmd.Name == "move")
+}
+
+// appendRelayedCmd is appendRelayed for the command alone.
+func (sess *Session) appendRelayedCmd(out []byte, i int, r *resp.Request, d *policy.Decision, rw *relayWrites) []byte {
 	refuse := appendErrorScript
 	if sess.relayInMulti || !sess.relayRunsScripts() {
 		refuse = appendQueueRefusal
@@ -1642,6 +1667,9 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 		// is left out; it would need SELECTs in the relay's database,
 		// which the relay does not always know (relayWrites.dbs).
 		fixups = sess.guard.FixupsIn(d.Expires, -1, 0)
+		if sess.relayInMulti && len(fixups) > 0 && rw.holdTx(fixups, sess.relayRecords(d)) {
+			return out // recorded when the transaction ends
+		}
 		if !rw.hide(len(fixups)) {
 			fixups = nil
 		}
@@ -1651,6 +1679,31 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 		out = append(out, f...)
 	}
 	return out
+}
+
+// relayRecord is a violation of a write queued in a relayed client's
+// MULTI, recorded when the transaction ends: bySend, it is fixed if the
+// transaction's fix-ups are sent behind its EXEC, else reported.
+type relayRecord struct {
+	v      policy.Violation
+	bySend bool
+}
+
+// relayRecords returns d's violations to record at the end of the
+// transaction (relayWrites.endTx).
+func (sess *Session) relayRecords(d *policy.Decision) []relayRecord {
+	recs := make([]relayRecord, 0, len(d.Violations))
+	for _, v := range d.Violations {
+		r := relayRecord{v: v}
+		if v.Outcome == policy.Fixed && v.Rule == policy.RuleTTL && fixedByExpire(d.Expires, v.Key, false) {
+			r.bySend = fixedByExpire(d.Expires, v.Key, true)
+			if !r.bySend {
+				r.v.Outcome = policy.Reported
+			}
+		}
+		recs = append(recs, r)
+	}
+	return recs
 }
 
 // appendRelayAnswer appends, for a command the proxy answers about its
