@@ -743,7 +743,10 @@ func (c *replyCounter) feedCut(b []byte, stop bool) ([]byte, bool) {
 			c.hid, keep = false, p
 		}
 	}
-	if keep >= 0 {
+	switch {
+	case keep == w:
+		w = len(b) // nothing cut since w: no copy onto itself
+	case keep >= 0:
 		w += copy(b[w:], b[keep:])
 	}
 	return b[:w], !c.lost
