@@ -7,6 +7,7 @@ package proxy_test
 // the TTL defaults stay applied.
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"strings"
@@ -209,4 +210,45 @@ func TestExampleConfigRedisBenchmark(t *testing.T) {
 	if errs != 0 {
 		t.Errorf("redproxy_command_errors_total = %v, want 0", errs)
 	}
+}
+
+// TestExampleConfigSeedPatternsTracking runs every seed pattern under the
+// shipped configuration from a client whose every connection has sent
+// CLIENT TRACKING ON, as rueidis and redis-py's client-side caching do: each
+// is a relay (a raw stream to its own Redis connection), where the TTL
+// defaults are applied by fix-ups whose replies the relay cuts from the
+// stream. The session write without a TTL gets the default as on a shared
+// connection.
+func TestExampleConfigSeedPatternsTracking(t *testing.T) {
+	p := startExample(t)
+	tracking := func(o *redis.Options) {
+		o.Protocol = 3
+		o.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
+			return cn.Do(ctx, "CLIENT", "TRACKING", "ON").Err()
+		}
+	}
+	e := &seedEnv{p: p, direct: p.Redis.Client(t)}
+	e.c = p.Client(t, func(o *redis.Options) { o.PoolSize = 8 }, tracking)
+	e.client = func(t testing.TB, mutate ...func(*redis.Options)) *redis.Client {
+		return p.Client(t, append(mutate, tracking)...)
+	}
+	e.runPatterns(t)
+	t.Run("KeyExamples", e.keyExamples)
+	wantNoRefusals(t, p)
+	// The proxy's CLIENT LIST marks a tracking client with flag t.
+	list, err := e.c.ClientList(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(list, "flags=t") {
+		t.Fatalf("no connection is tracking, so none was relayed:\n%s", list)
+	}
+	if err := e.c.Set(ctx, "session:no-ttl-tracked", "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	wantTTL(t, e.direct, "session:no-ttl-tracked", 24*time.Hour)
+	if err := e.c.HSet(ctx, "session:hash-tracked", "f", "v").Err(); err != nil {
+		t.Fatal(err)
+	}
+	wantTTL(t, e.direct, "session:hash-tracked", 24*time.Hour)
 }
