@@ -3,6 +3,7 @@ package guard_test
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
 )
 
 // relayConn is a raw client connection that reads RESP2 and RESP3 replies
@@ -73,6 +75,15 @@ func (c *relayConn) read() (s string, push bool, err error) {
 	switch line[0] {
 	case '+', '-', ':', '_', ',', '#':
 		return line, false, nil
+	case '|': // an attribute, then the value it describes
+		n, _ := strconv.Atoi(line[1:])
+		for range 2 * n {
+			if _, _, err := c.read(); err != nil {
+				return "", false, err
+			}
+		}
+		s, push, err := c.read()
+		return "|" + s, push, err
 	case '$', '=':
 		n, _ := strconv.Atoi(line[1:])
 		if n < 0 {
@@ -366,5 +377,58 @@ func TestRelaySubscriberWriteGetsItsFixup(t *testing.T) {
 	equalReplies(t, c.do(1, []string{"PING"}), []string{"+PONG"})
 	if c.pushes != 3 {
 		t.Errorf("%d pushes, want 3 (two confirmations, one message)", c.pushes)
+	}
+}
+
+// A fix-up Redis refuses (here the upstream user may not run EXPIRE) is
+// cut like any other; the write ran without its TTL, which is counted in
+// redproxy_policy_fixup_failures_total and logged, as a failed fix-up in a
+// client's own MULTI is. (On a shared connection the write and its fix-up
+// go in one MULTI and fail together.) Found by review: the error was cut
+// without a trace.
+func TestRelayFixupFailureIsCounted(t *testing.T) {
+	rs := redistest.Start(t)
+	admin := rs.Client(t)
+	if err := admin.Do(ctx, "ACL", "SETUSER", "noexpire", "on", ">pw", "~*", "&*", "+@all", "-expire").Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.Policy = holesPolicy()
+		c.Upstream.Username, c.Upstream.Password = "noexpire", "pw"
+	})
+	c := dialRelay(t, p)
+	equalReplies(t, c.do(1, []string{"AUTH", "noexpire", "pw"}), []string{"+OK"})
+	c.do(1, []string{"HELLO", "3"})
+	equalReplies(t, c.do(1, []string{"CLIENT", "TRACKING", "ON"}), []string{"+OK"})
+	equalReplies(t, c.do(3, []string{"HSET", "s:a", "f", "v"}, []string{"HGET", "s:a", "f"}, []string{"PING"}), []string{":1", "$v", "+PONG"})
+	if d := pttl(t, admin, "s:a"); d != -1 {
+		t.Errorf("PTTL s:a = %v: the test's upstream user was to refuse EXPIRE", d)
+	}
+	if n := metricValue(t, p.Metrics.Registry, "redproxy_policy_fixup_failures_total"); n != 1 {
+		t.Errorf("redproxy_policy_fixup_failures_total = %v, want 1", n)
+	}
+}
+
+// A RESP3 attribute (DEBUG PROTOCOL attrib) is part of the reply it
+// precedes: the relay keeps counting through it, and a fix-up behind it is
+// cut as any other. Found by review: the counter took it for bytes it could
+// not follow and closed the client, which lost its replies.
+func TestRelayFixupBehindAttribute(t *testing.T) {
+	rs := redistest.Start(t, "--enable-debug-command", "yes")
+	p := proxytest.Start(t, rs, func(c *config.Config) { c.Policy = holesPolicy() })
+	c := dialRelay(t, p)
+	c.do(1, []string{"HELLO", "3"})
+	c.do(1, []string{"CLIENT", "TRACKING", "ON"})
+	got := c.do(4, []string{"DEBUG", "PROTOCOL", "attrib"}, []string{"HSET", "s:a", "f", "v"}, []string{"HGET", "s:a", "f"}, []string{"PING"})
+	if !strings.HasPrefix(got[0], "|$Some real reply") {
+		t.Errorf("DEBUG PROTOCOL attrib answered %q", got[0])
+	}
+	equalReplies(t, got[1:], []string{":1", "$v", "+PONG"})
+	if d := pttl(t, rs.Client(t), "s:a"); d <= 0 {
+		t.Errorf("PTTL s:a = %v", d)
+	}
+	c.nc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := c.r.ReadByte(); err == nil || err == io.EOF {
+		t.Errorf("after the replies: %v, want nothing more and the connection open", err)
 	}
 }

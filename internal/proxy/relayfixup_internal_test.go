@@ -25,6 +25,8 @@ func TestReplyCounterCutsFixupRepliesAnySplit(t *testing.T) {
 		{">2\r\n$7\r\nmessage\r\n$1\r\ny\r\n", false},
 		{":0\r\n", true}, // reply 6
 		{"+OK\r\n", false},
+		{"|1\r\n+ttl\r\n:3\r\n:1\r\n", true},            // reply 8, an attribute first
+		{"|1\r\n+a\r\n*1\r\n|0\r\n:1\r\n*1\r\n:2\r\n", false}, // reply 9, one inside too
 	}
 	var stream, want strings.Builder
 	for _, p := range parts {
@@ -35,7 +37,7 @@ func TestReplyCounterCutsFixupRepliesAnySplit(t *testing.T) {
 	}
 	s := stream.String()
 	for step := 1; step <= len(s); step++ {
-		c := replyCounter{hide: []int64{1, 3, 4, 6}}
+		c := replyCounter{hide: []int64{1, 3, 4, 6, 8}}
 		var got strings.Builder
 		for i := 0; i < len(s); i += step {
 			out, ok := c.feedCut([]byte(s[i:min(i+step, len(s))]), false)
@@ -47,7 +49,7 @@ func TestReplyCounterCutsFixupRepliesAnySplit(t *testing.T) {
 		if got.String() != want.String() {
 			t.Fatalf("step %d: passed on %q, want %q", step, got.String(), want.String())
 		}
-		if len(c.hide) != 0 || c.hiding || c.got != 8 {
+		if len(c.hide) != 0 || c.hiding || c.got != 10 {
 			t.Fatalf("step %d: hide %v hiding %v got %d", step, c.hide, c.hiding, c.got)
 		}
 	}
@@ -80,11 +82,24 @@ func TestReplyCounterStopsAfterLastCut(t *testing.T) {
 // it a reply that is not its own.
 func TestReplyCounterLostWithCutOutstanding(t *testing.T) {
 	c := replyCounter{hide: []int64{1}}
-	if _, ok := c.feedCut([]byte(":1\r\n|1\r\n"), false); ok {
-		t.Fatal("an attribute (never sent to the proxy's clients) was followed")
+	if _, ok := c.feedCut([]byte(":1\r\n?x\r\n"), false); ok {
+		t.Fatal("a frame of no RESP type was followed")
 	}
 	if len(c.hide) != 1 {
 		t.Fatalf("hide %v", c.hide)
+	}
+}
+
+// The errors a cut reply carried are kept for the relay to count as failed
+// fix-ups (the write ran without its TTL).
+func TestReplyCounterKeepsCutErrors(t *testing.T) {
+	c := replyCounter{hide: []int64{1, 2}}
+	out, ok := c.feedCut([]byte(":1\r\n-NOPERM this user has no permissions to run the 'expire' command\r\n:1\r\n-ERR x\r\n"), false)
+	if !ok || string(out) != ":1\r\n-ERR x\r\n" {
+		t.Fatalf("passed %q, ok %v", out, ok)
+	}
+	if len(c.failed) != 1 || !strings.HasPrefix(string(c.failed[0]), "-NOPERM this user") {
+		t.Fatalf("failed %q", c.failed)
 	}
 }
 
@@ -107,6 +122,8 @@ func FuzzReplyCounterCut(f *testing.F) {
 		{">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n", true},
 		{">3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$3\r\n:1\n\r\n", true},
 		{"$0\r\n\r\n", false},
+		{"|1\r\n+key-popularity\r\n%0\r\n:5\r\n", false},
+		{"*2\r\n|1\r\n+a\r\n:1\r\n:2\r\n:3\r\n", false},
 	}
 	f.Add([]byte{0, 0x80, 8, 3, 0x81, 9, 0x82}, []byte{3, 1, 7})
 	f.Add([]byte{7, 0x87, 8, 0x80}, []byte{1})

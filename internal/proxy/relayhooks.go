@@ -492,11 +492,22 @@ func (rw *relayWrites) received(b []byte) ([]byte, error) {
 	rw.mu.Lock()
 	rw.subsOpen, rw.hiddenOpen = len(c.subs), len(c.hide)
 	rw.mu.Unlock()
+	for i, f := range c.failed {
+		// The write ran; its fix-up did not (an upstream ACL without
+		// EXPIRE, a script that started between them: -BUSY). Counted and
+		// logged as a failed fix-up in a client's own MULTI is.
+		rw.sess.hiddenFailed(f, nil)
+		c.failed[i] = nil
+	}
+	c.failed = c.failed[:0]
 	if !ok {
-		if len(c.hide) > 0 || c.hiding {
+		rw.uncountable()
+		rw.mu.Lock()
+		late := len(rw.hidden) > 0 // noted before uncountable took effect
+		rw.mu.Unlock()
+		if len(c.hide) > 0 || c.hiding || late {
 			return b, errFixupReplyLost
 		}
-		rw.uncountable()
 		return b, nil
 	}
 	if !countable || !waiting {
@@ -614,9 +625,11 @@ type replyCounter struct {
 
 	// hide are the numbers of the replies to cut (fix-ups), ascending;
 	// hiding: the reply being read is hide[0]'s; hid: it just ended.
+	// failed are the errors cut (their first 64 bytes), for the caller.
 	hide   []int64
 	hiding bool
 	hid    bool
+	failed [][]byte
 
 	// Of the top-level push being read: its length, its first element
 	// (the kind, when a short bulk string) and its third (a count).
@@ -767,6 +780,9 @@ func (c *replyCounter) header() bool {
 		return false
 	}
 	typ := line[0]
+	if typ == '-' && c.hiding && len(c.stack) == 0 {
+		c.failed = append(c.failed, slices.Clone(line))
+	}
 	elem := int64(-1) // index in the top-level push
 	if len(c.stack) == 0 {
 		c.push = typ == '>'
@@ -797,16 +813,21 @@ func (c *replyCounter) header() bool {
 		return true
 	case '*', '%', '~', '>', '|':
 		size, err := strconv.ParseInt(string(line[1:]), 10, 64)
-		if err != nil || size < -1 || typ == '|' {
-			return false // attributes are never sent to the proxy's clients
+		if err != nil || size < -1 || typ == '|' && size < 0 {
+			return false
 		}
-		if typ == '%' {
+		if typ == '%' || typ == '|' {
 			size *= 2
 		}
 		if len(c.stack) == 0 && c.push {
 			c.pushLen, c.kind, c.kindLeft, c.hasCount = size, c.kind[:0], 0, false
 		}
-		inside := typ == '>' && len(c.stack) > 0
+		// An attribute (DEBUG PROTOCOL attrib, a module) comes before the
+		// value it describes and is not one itself: like a push inside a
+		// reply, it completes nothing. (Found by review: taken as bytes
+		// the counter could not follow, it closed a client with a fix-up
+		// pending.)
+		inside := typ == '>' && len(c.stack) > 0 || typ == '|'
 		if size <= 0 {
 			if !inside {
 				c.finish()
@@ -841,6 +862,12 @@ func (c *replyCounter) frame() {
 	var head *subExpect
 	if len(c.subs) > 0 && c.subs[0].slot == c.got {
 		head = &c.subs[0] // everything before it is answered: its turn
+	}
+	if c.push && c.hiding {
+		// A cut began at an attribute, and a push followed it: not a
+		// reply Redis sends, and the push must not be cut.
+		c.lost = true
+		return
 	}
 	if !c.push {
 		switch {
