@@ -25,7 +25,7 @@ func TestReplyCounterCutsFixupRepliesAnySplit(t *testing.T) {
 		{">2\r\n$7\r\nmessage\r\n$1\r\ny\r\n", false},
 		{":0\r\n", true}, // reply 6
 		{"+OK\r\n", false},
-		{"|1\r\n+ttl\r\n:3\r\n:1\r\n", true},            // reply 8, an attribute first
+		{"|1\r\n+ttl\r\n:3\r\n:1\r\n", true},                  // reply 8, an attribute first
 		{"|1\r\n+a\r\n*1\r\n|0\r\n:1\r\n*1\r\n:2\r\n", false}, // reply 9, one inside too
 	}
 	var stream, want strings.Builder
