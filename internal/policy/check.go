@@ -404,11 +404,11 @@ func (rs *ruleset) denied(req *Request) (bool, string) {
 	var name string
 	if req.Cmd != nil {
 		name = req.Cmd.Name
-		if d, ok := rs.cmd[name]; ok {
+		if d, ok := rs.listed(name); ok {
 			return d, denyHints[name]
 		}
 		if req.Cmd.Parent != nil {
-			if d, ok := rs.cmd[req.Cmd.Parent.Name]; ok {
+			if d, ok := rs.listed(req.Cmd.Parent.Name); ok {
 				return d, denyHints[name]
 			}
 		}
@@ -427,8 +427,31 @@ func (rs *ruleset) denied(req *Request) (bool, string) {
 		}
 		buf[i] = ch
 	}
-	d := rs.cmd[string(buf[:len(arg)])]
+	d, _ := rs.listed(string(buf[:len(arg)]))
 	return d, ""
+}
+
+// listed looks name up in the command lists. The lookup by name was 1.2 %
+// of the proxy's CPU at SET -P 16 (pprof), for commands that are in no
+// list; a name whose length or first letter no listed name has is not.
+func (rs *ruleset) listed(name string) (denied, ok bool) {
+	l, f := nameBits(name)
+	if rs.cmdLens&l == 0 || rs.cmdFirst&f == 0 {
+		return false, false
+	}
+	denied, ok = rs.cmd[name]
+	return denied, ok
+}
+
+// nameBits returns a bit for name's length (names of 63 bytes or more share
+// one) and one for its first byte (a to z; any other shares one).
+func nameBits(name string) (length uint64, first uint32) {
+	length = 1 << min(len(name), 63)
+	first = 1 << 31
+	if len(name) > 0 && 'a' <= name[0] && name[0] <= 'z' {
+		first = 1 << (name[0] - 'a')
+	}
+	return length, first
 }
 
 // denyHints name the safe alternative for each command commonly denied.

@@ -240,6 +240,10 @@ type ruleset struct {
 	// enforce will do (Violation.UnderEnforce).
 	cmdWould Action
 	cmd      map[string]bool // command name -> denied
+	// cmdLens and cmdFirst are the lengths and first letters of cmd's
+	// names (nameBits): most commands match neither, and skip the map.
+	cmdLens  uint64
+	cmdFirst uint32
 	ttl      []ttlRule
 	names    nameRules
 	values   valueRules
@@ -355,6 +359,11 @@ func compileRules(scope string, mode, enforceMode Action, global, local *Command
 		if layer.Action != "" {
 			cmdAction = mustAction(layer.Action)
 		}
+	}
+	for n := range rs.cmd {
+		l, f := nameBits(n)
+		rs.cmdLens |= l
+		rs.cmdFirst |= f
 	}
 	rs.cmdAction = resolve(cmdAction, mode)
 	rs.cmdWould = resolve(cmdAction, enforceMode)
