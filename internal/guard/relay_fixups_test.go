@@ -268,6 +268,10 @@ func TestRelayTransactionFixupsFollowExec(t *testing.T) {
 	if d := pttl(t, direct, "s:sel"); d != -1 {
 		t.Errorf("PTTL s:sel = %v: a fix-up was sent behind a transaction that SELECTed", d)
 	}
+	// Renamed in the transaction: the fix-up would name a key that is
+	// gone; reported instead.
+	got = c.do(5, []string{"MULTI"}, []string{"SADD", "s:tmp", "m"}, []string{"RENAME", "s:tmp", "s:final"}, []string{"EXEC"}, []string{"PING"})
+	equalReplies(t, got, []string{"+OK", "+QUEUED", "+QUEUED", "*[:1 +OK]", "+PONG"})
 	if n, _ := direct.Exists(ctx, "s:gone").Result(); n != 0 {
 		t.Errorf("s:gone exists after DISCARD")
 	}
@@ -276,6 +280,9 @@ func TestRelayTransactionFixupsFollowExec(t *testing.T) {
 	}
 	if fixed, _ := ttlOutcomes(t, p, "rpush"); fixed != 1 {
 		t.Errorf("rpush: report says fixed=%d", fixed)
+	}
+	if fixed, _ := ttlOutcomes(t, p, "sadd"); fixed != 0 {
+		t.Errorf("sadd: report says fixed=%d for a fix-up not sent", fixed)
 	}
 }
 

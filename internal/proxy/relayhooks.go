@@ -177,8 +177,10 @@ func newRelayWrites(sess *Session) *relayWrites {
 // its key the rule's default TTL, NX, even when the EXEC was aborted
 // (WATCH, a queue-time error) and the write did not run: a key the rule
 // requires a TTL on gets one, which the rule asks anyway. Not when the
-// transaction queued a SELECT, SWAPDB or MOVE (blocked): after EXEC the
-// connection's database, and the keys in it, depend on whether EXEC ran.
+// transaction queued a command that moves keys or the connection
+// (blocked, movesKeys): after EXEC the connection's database, and the
+// keys in it, depend on whether EXEC ran, and a renamed key would not be
+// the one the fix-up names.
 type relayTxFixups struct {
 	fixups  [][]byte // copies
 	records []relayRecord

@@ -1580,7 +1580,7 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 	out = sess.appendRelayedCmd(out, i, r, d, rw)
 	if rw != nil && inMulti {
 		switch {
-		case sess.relayInMulti && isDBMove(sess.srv.table.Lookup(r.Args)):
+		case sess.relayInMulti && movesKeys(sess.srv.table.Lookup(r.Args)):
 			rw.txFix.blocked = true
 		case !sess.relayInMulti:
 			// The transaction ended here, as Redis takes this command.
@@ -1590,13 +1590,23 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 	return out
 }
 
-// isDBMove reports whether cmd may leave the connection in another
-// database, or move keys between databases: queued in a transaction, it
-// keeps the transaction's fix-ups from being sent behind EXEC
-// (relayWrites.endTx), where they would run in a database EXEC may not
-// have left the connection in.
-func isDBMove(cmd *commands.Command) bool {
-	return cmd != nil && (cmd.Name == "select" || cmd.Name == "swapdb" || cmd.Name == "move")
+// movesKeys reports whether cmd may leave the connection in another
+// database, or move a key elsewhere: queued in a transaction, it keeps the
+// transaction's fix-ups from being sent behind EXEC (relayWrites.endTx).
+// They would run in a database EXEC may not have left the connection in,
+// or on a key a later command of the transaction renamed or copied, whose
+// new name the policy took to inherit the fix-up's TTL ("MULTI, SADD tmp,
+// RENAME tmp final, EXEC": queued right behind the SADD, as on a shared
+// connection, the fix-up's TTL goes with the rename).
+func movesKeys(cmd *commands.Command) bool {
+	if cmd == nil {
+		return false
+	}
+	switch cmd.Name {
+	case "select", "swapdb", "move", "rename", "renamenx", "copy":
+		return true
+	}
+	return false
 }
 
 // appendRelayedCmd is appendRelayed for the command alone.
