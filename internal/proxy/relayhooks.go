@@ -166,7 +166,9 @@ func newRelayWrites(sess *Session) *relayWrites {
 	fs := sess.srv.flight.Load()
 	active := sess.srv.tier != nil || fs != nil && fs.TracksWrites()
 	fixes := sess.srv.guard != nil && sess.srv.guard.Policy().FixesTTL()
-	counting := active || fixes
+	// With proxy users an EXEC their ACL refuses is answered with a reply
+	// cut from the stream too (appendRelayExecRefused).
+	counting := active || fixes || sess.srv.usersOn()
 	return &relayWrites{sess: sess, active: active, fixes: fixes, counting: counting, countable: counting, resp3: sess.resp3, dbs: []int{sess.db}}
 }
 
@@ -194,7 +196,8 @@ func (rw *relayWrites) holdTx(fixups [][]byte, recs []relayRecord) bool {
 	rw.mu.Lock()
 	countable := rw.countable
 	rw.mu.Unlock()
-	if !rw.fixes || !countable {
+	if !rw.fixes || !countable || len(rw.txFix.fixups)+len(fixups) > maxHiddenReplies {
+		// Past maxHiddenReplies endTx could not send them anyway.
 		return false
 	}
 	for _, f := range fixups {
@@ -263,6 +266,21 @@ func (rw *relayWrites) hide(n int) bool {
 		rw.hidden = append(rw.hidden, rw.due+k)
 	}
 	rw.due += int64(n)
+	return true
+}
+
+// hideNoted cuts the reply of the command just noted, which is sent as
+// something else whose reply the client must not see, and counts one more
+// reply for what is sent behind it in its place (appendRelayExecRefused).
+// False when the stream is not counted.
+func (rw *relayWrites) hideNoted() bool {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if !rw.countable || len(rw.hidden)+rw.hiddenOpen >= maxHiddenReplies {
+		return false
+	}
+	rw.hidden = append(rw.hidden, rw.due-1)
+	rw.due++
 	return true
 }
 

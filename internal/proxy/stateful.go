@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/metrics"
@@ -1576,6 +1577,9 @@ const relayDrainWait = 2 * time.Second
 //
 // i is r's index in its batch (for the namespace's notes).
 func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy.Decision, rw *relayWrites) []byte {
+	if b, done := sess.appendRelayExecRefused(out, i, r, rw); done {
+		return b
+	}
 	inMulti := sess.relayInMulti
 	out = sess.appendRelayedCmd(out, i, r, d, rw)
 	if rw != nil && inMulti {
@@ -1588,6 +1592,39 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 		}
 	}
 	return out
+}
+
+// appendRelayExecRefused handles an EXEC the client's user may not run on
+// a relay as execRefused does elsewhere, and reports whether it did: Redis
+// discards the transaction and any WATCH and answers EXECABORT quoting the
+// refusal. Refused as any other command (appendQueueRefusal inside MULTI),
+// the transaction stayed open and the client's next commands were queued
+// where Redis runs them (found by review). So the relay sends DISCARD (or
+// UNWATCH outside MULTI), cuts its reply, and sends the script answering
+// EXECABORT. Only where replies are counted and scripts run; elsewhere the
+// EXEC is refused as before.
+func (sess *Session) appendRelayExecRefused(out []byte, i int, r *resp.Request, rw *relayWrites) ([]byte, bool) {
+	if rw == nil || txStepOf(r.Args) != txExec || !sess.srv.usersOn() || !sess.relayRunsScripts() {
+		return out, false
+	}
+	args := sess.clientArgs(i, r.Args)
+	cmd := sess.srv.table.Lookup(args)
+	if sess.aclCheck(cmd, args) == auth.Allowed || !rw.hideNoted() {
+		return out, false
+	}
+	msg := sess.aclDenied(cmd, args)
+	end := cmdUnwatch
+	if sess.relayInMulti {
+		end = cmdDiscard
+	}
+	out = append(out, end...)
+	out = appendErrorScript(out, execAbortPrefix+strings.TrimPrefix(msg, "-"))
+	if sess.relayInMulti {
+		sess.relayInMulti = false
+		sess.relayTx = relayTxState{}
+		out = rw.endTx(out, false)
+	}
+	return out, true
 }
 
 // movesKeys reports whether cmd may leave the connection in another

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -217,15 +218,53 @@ func (sess *Session) deauthenticate() {
 // whether it did. Inside MULTI the refusal also makes EXEC fail, as
 // Redis's does.
 func (sess *Session) aclRefused(r *request) bool {
+	if r.name == "exec" && r.wrongArity() {
+		return false // Redis checks the arity first: EXECABORT for it
+	}
 	msg := sess.aclDenied(r.cmd, sess.clientArgs(r.i, r.Args))
 	if msg == "" {
 		return false
+	}
+	if r.name == "exec" {
+		sess.execRefused(r, msg)
+		return true
 	}
 	sess.refusedInMulti()
 	b, start := sess.localBuf()
 	sess.finishLocal(r.m, redcon.AppendError(b, msg), start)
 	return true
 }
+
+// execRefused answers an EXEC the client's user may not run as Redis does:
+// the transaction is discarded, and with it any WATCH, and EXEC answers
+// EXECABORT quoting the refusal, in MULTI or not. Answered NOPERM with the
+// transaction kept open (found by review), the client's next commands were
+// answered QUEUED where Redis runs them, and a DISCARD +OK where Redis
+// says there is no MULTI.
+func (sess *Session) execRefused(r *request, msg string) {
+	reply := redcon.AppendError(nil, execAbortPrefix+strings.TrimPrefix(msg, "-"))
+	pin := &sess.pin
+	switch {
+	case sess.cmulti.open:
+		sess.endHeld()
+	case pin.pipe != nil:
+		end := cmdUnwatch
+		if pin.inMulti {
+			end = cmdDiscard
+		}
+		sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
+		sess.call.Add(end)
+		sess.replyLocal(r.m, reply)
+		sess.unnamePin()
+		sess.flush(time.Now())
+		sess.unpin(true)
+		return
+	}
+	sess.replyLocal(r.m, reply)
+}
+
+// execAbortPrefix is how Redis answers an EXEC it refuses before it runs.
+const execAbortPrefix = "EXECABORT Transaction discarded because of: "
 
 // aclRefuses reports whether the user's ACL refuses request i of the batch
 // (cmd with args, as the guard sees them), as aclRefused will, without
@@ -308,6 +347,9 @@ func (sess *Session) relayDenied(args [][]byte) string {
 	}
 	if cmd != nil && (cmd.Name == "auth" || cmd.Name == "hello") {
 		return "ERR redproxy: " + cmd.Name + " is not supported on a connection in subscribed, tracking or MONITOR mode"
+	}
+	if cmd != nil && cmd.Name == "exec" && !cmd.ArityOK(len(args)) {
+		return "" // Redis checks the arity first, and discards (aclRefused)
 	}
 	return sess.aclDenied(cmd, args)
 }
