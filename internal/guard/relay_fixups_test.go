@@ -31,6 +31,14 @@ func dialRelay(t *testing.T, p *proxytest.Proxy) *relayConn {
 	return &relayConn{t: t, nc: nc, r: bufio.NewReader(nc)}
 }
 
+// dialTracking is a RESP3 client that turned tracking on: a relay.
+func dialTracking(t *testing.T, p *proxytest.Proxy) *relayConn {
+	c := dialRelay(t, p)
+	c.do(1, []string{"HELLO", "3"})
+	equalReplies(t, c.do(1, []string{"CLIENT", "TRACKING", "ON"}), []string{"+OK"})
+	return c
+}
+
 // do sends cmds in one write and returns one rendered reply per command
 // that answers (skip: how many of them Redis answers nothing, from the
 // end), with the pushes that came among them counted in c.pushes.
@@ -200,9 +208,7 @@ func TestRelayFixupOnlyWhereItsReplyIsCut(t *testing.T) {
 	p := proxytest.Start(t, nil, func(c *config.Config) { c.Policy = holesPolicy() })
 	direct := p.Redis.Client(t)
 
-	c := dialRelay(t, p)
-	c.do(1, []string{"HELLO", "3"})
-	c.do(1, []string{"CLIENT", "TRACKING", "ON"})
+	c := dialTracking(t, p)
 
 	// HELLO 2 after a fixed write, then a write after it.
 	got := c.do(3, []string{"HSET", "s:b", "f", "v"}, []string{"HELLO", "2"}, []string{"HSET", "s:c", "f", "v"})
@@ -246,9 +252,7 @@ func TestRelayFixupOnlyWhereItsReplyIsCut(t *testing.T) {
 func TestRelayTransactionFixupsFollowExec(t *testing.T) {
 	p := proxytest.Start(t, nil, func(c *config.Config) { c.Policy = holesPolicy() })
 	direct := p.Redis.Client(t)
-	c := dialRelay(t, p)
-	c.do(1, []string{"HELLO", "3"})
-	c.do(1, []string{"CLIENT", "TRACKING", "ON"})
+	c := dialTracking(t, p)
 
 	got := c.do(4, []string{"MULTI"}, []string{"HSET", "s:m", "f", "v"}, []string{"INCR", "s:m2"}, []string{"EXEC"})
 	equalReplies(t, got, []string{"+OK", "+QUEUED", "+QUEUED", "*[:1 :1]"})
@@ -310,9 +314,7 @@ func TestRelayFixupsUnderConcurrency(t *testing.T) {
 	errs := make(chan error, clients)
 	for id := range clients {
 		wg.Go(func() {
-			c := dialRelay(t, p)
-			c.do(1, []string{"HELLO", "3"})
-			c.do(1, []string{"CLIENT", "TRACKING", "ON"})
+			c := dialTracking(t, p)
 			for r := range rounds {
 				var cmds [][]string
 				var want []string
@@ -423,9 +425,7 @@ func TestRelayFixupFailureIsCounted(t *testing.T) {
 func TestRelayFixupBehindAttribute(t *testing.T) {
 	rs := redistest.Start(t, "--enable-debug-command", "yes")
 	p := proxytest.Start(t, rs, func(c *config.Config) { c.Policy = holesPolicy() })
-	c := dialRelay(t, p)
-	c.do(1, []string{"HELLO", "3"})
-	c.do(1, []string{"CLIENT", "TRACKING", "ON"})
+	c := dialTracking(t, p)
 	got := c.do(4, []string{"DEBUG", "PROTOCOL", "attrib"}, []string{"HSET", "s:a", "f", "v"}, []string{"HGET", "s:a", "f"}, []string{"PING"})
 	if !strings.HasPrefix(got[0], "|$Some real reply") {
 		t.Errorf("DEBUG PROTOCOL attrib answered %q", got[0])

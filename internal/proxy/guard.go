@@ -338,12 +338,7 @@ func (sess *Session) execOpenTTL(r *request) bool {
 	if reply == nil {
 		return false
 	}
-	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
-	sess.call.Add(cmdDiscard)
-	sess.replyLocal(r.m, reply)
-	sess.unnamePin()
-	sess.flush(time.Now())
-	sess.unpin(true)
+	sess.discardPin(cmdDiscard, r.m, reply)
 	return true
 }
 

@@ -283,17 +283,24 @@ func pinnedExec(sess *Session, r *request) bool {
 // one of keyless commands only would have run, on a node that no longer
 // holds what the WATCH guarded.
 func (sess *Session) execMovedWatch(r *request) bool {
-	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
-	sess.call.Add(cmdDiscard)
+	null := []byte("*-1\r\n")
 	if sess.resp3 {
-		sess.replyLocal(r.m, []byte("_\r\n"))
-	} else {
-		sess.replyLocal(r.m, []byte("*-1\r\n"))
+		null = []byte("_\r\n")
 	}
+	sess.discardPin(cmdDiscard, r.m, null)
+	return true
+}
+
+// discardPin ends the client's pinned transaction or WATCH on Redis with
+// end (DISCARD or UNWATCH), whose reply the client does not see, answers
+// reply in place of the client's EXEC, and gives the clean connection back.
+func (sess *Session) discardPin(end []byte, m *metrics.Command, reply []byte) {
+	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
+	sess.call.Add(end)
+	sess.replyLocal(m, reply)
 	sess.unnamePin()
 	sess.flush(time.Now())
 	sess.unpin(true)
-	return true
 }
 
 // pinnedDiscard ends a transaction (inside MULTI) and pinnedUnwatch a

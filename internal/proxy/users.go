@@ -252,12 +252,7 @@ func (sess *Session) execRefused(r *request, msg string) {
 		if pin.inMulti {
 			end = cmdDiscard
 		}
-		sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
-		sess.call.Add(end)
-		sess.replyLocal(r.m, reply)
-		sess.unnamePin()
-		sess.flush(time.Now())
-		sess.unpin(true)
+		sess.discardPin(end, r.m, reply)
 		return
 	}
 	sess.replyLocal(r.m, reply)
