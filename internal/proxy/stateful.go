@@ -1573,9 +1573,10 @@ const relayDrainWait = 2 * time.Second
 // script that makes Redis answer with the refusal's text, so the error
 // reaches the client in order with every other reply on the raw stream.
 // A write's TTL fix-ups follow it where rw can cut their replies from the
-// stream (relayWrites.hide: a counted stream, outside MULTI; not for a
-// key in another database); elsewhere the violation is reported, not fixed
-// (recordRelayed), and the keyspace audit finds keys left without a TTL.
+// stream (relayWrites.hide: a counted stream; not for a key in another
+// database), inside the client's MULTI behind its EXEC (relayTxFixups);
+// elsewhere the violation is reported, not fixed (recordRelayed), and the
+// keyspace audit finds keys left without a TTL.
 //
 // Inside the client's MULTI a refusal is sent as a command Redis rejects at
 // queue time, so that EXEC fails with EXECABORT as it does for a refusal
