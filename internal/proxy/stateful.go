@@ -1311,6 +1311,9 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		if ex != nil {
 			ex.note(cmd)
 		}
+		if sess.quitting {
+			break // killed itself (CLIENT KILL): nothing after it runs
+		}
 	}
 	rw.sending()
 	idle := sess.srv.Config().Server.IdleTimeout.Duration
@@ -1425,6 +1428,12 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 	}
 reading:
 	for {
+		if sess.quitting {
+			// Killed itself in the first batch: as below, what it sent is
+			// answered, then the connection closes.
+			halfClosed = true
+			break
+		}
 		active()
 		all, err := sess.rd.ReadBatch()
 		// A subscriber's batch is sent in segments, each ending at an
@@ -1493,6 +1502,9 @@ reading:
 				}
 				out = sess.appendRelayed(out, k, &reqs[k], d, rw)
 				mayMute = relayMayMute(mayMute, cmd, args, sess.resp3 || kind != relayPubSub)
+				if sess.quitting {
+					break // killed itself: Redis reads nothing after it
+				}
 			}
 			rw.sending()
 			if len(out) > 0 {
@@ -1501,7 +1513,7 @@ reading:
 					break reading
 				}
 			}
-			if clientLeft {
+			if clientLeft || sess.quitting {
 				halfClosed = true
 				break reading
 			}
@@ -1677,10 +1689,23 @@ func (sess *Session) appendRelayedCmd(out []byte, i int, r *resp.Request, d *pol
 		// RESP2's subscribed one (where a script would not run).
 		return appendQueueRefusal(out, msg)
 	}
+	if len(r.Args) > 2 && strings.EqualFold(string(r.Args[0]), "client") && strings.EqualFold(string(r.Args[1]), "kill") &&
+		!sess.relayInMulti && sess.relayRunsScripts() {
+		// The proxy's own CLIENT KILL, done now and answered in order by
+		// a script, as CLIENT ID is (appendRelayAnswer). Killing this
+		// client itself ends the relay once Redis has answered what came
+		// before (relay: quitting), as Redis closes a client after the
+		// reply to the CLIENT KILL that killed it.
+		args := sess.clientArgs(i, r.Args)
+		if b, done := appendAnswerScript(out, sess.srv.clientKill(sess, args[2:])); done {
+			return b
+		}
+	}
 	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") {
 		// Proxy client ids and addresses cannot be translated in flight
 		// on a relay; forwarded, they would name unrelated Redis
-		// connections.
+		// connections. (CLIENT KILL is the proxy's, above, but inside
+		// MULTI and where Redis runs no script.)
 		for _, sub := range [...]string{"UNBLOCK", "KILL"} {
 			if strings.EqualFold(string(r.Args[1]), sub) {
 				return refuse(out, "ERR redproxy: CLIENT "+sub+" is not supported on a connection in subscribed, tracking or MONITOR mode")

@@ -1,0 +1,72 @@
+package proxy_test
+
+import (
+	"errors"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/proxytest"
+)
+
+// CLIENT KILL from a relayed client (CLIENT TRACKING: rueidis and
+// redis-py's client-side caching track on every connection) is the
+// proxy's own, as on a shared connection: it was refused there. Killing
+// another client answers its count in order on the relay's stream; a
+// client that kills itself gets the reply to what it sent before and to
+// the kill, then the close, and nothing after the kill runs, as on Redis.
+func TestRelayedClientKill(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	for _, proto := range []string{"2", "3"} {
+		victim := dialRaw(t, p.Addr)
+		vid := victim.do("CLIENT", "ID").(int64)
+		old := dialRaw(t, p.Addr)
+		old.do("PING")
+
+		c := dialRaw(t, p.Addr)
+		c.do("HELLO", proto)
+		wantReplies(t, c, []string{"CLIENT", "TRACKING", "ON"}, []string{"SET", "rk:a", "1"},
+			[]string{"CLIENT", "KILL", "ID", strconv.FormatInt(vid, 10)}, []string{"GET", "rk:a"},
+			"OK", "OK", int64(1), "1")
+		if err := closedSoon(victim.nc); err != nil {
+			t.Fatalf("RESP%s: the killed client: %v", proto, err)
+		}
+		// The old form names the address and answers OK.
+		wantReplies(t, c, []string{"CLIENT", "KILL", old.nc.LocalAddr().String()}, "OK")
+		if err := closedSoon(old.nc); err != nil {
+			t.Fatalf("RESP%s: the client killed by address: %v", proto, err)
+		}
+		wantReplies(t, c, []string{"CLIENT", "KILL", "ADDR", "127.0.0.1:1"}, int64(0))
+
+		self := c.do("CLIENT", "ID").(int64)
+		wantReplies(t, c, []string{"INCR", "rk:n"}, []string{"CLIENT", "KILL", "ID", strconv.FormatInt(self, 10), "SKIPME", "no"},
+			[]string{"INCR", "rk:n"}, int64(1), int64(1))
+		if err := closedSoon(c.nc); err != nil {
+			t.Fatalf("RESP%s: the client that killed itself: %v", proto, err)
+		}
+		if n, err := p.Redis.Client(t).Get(ctx, "rk:n").Int(); err != nil || n != 1 {
+			t.Fatalf("RESP%s: rk:n = %d, %v: the INCR after the kill ran", proto, n, err)
+		}
+		p.Redis.Client(t).Del(ctx, "rk:n")
+	}
+}
+
+// closedSoon waits for the proxy to close nc: EOF (or a reset) within 5 s.
+func closedSoon(nc net.Conn) error {
+	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var b [64]byte
+	for {
+		n, err := nc.Read(b[:])
+		if err == nil {
+			if n > 0 {
+				return errors.New("sent more bytes: " + strconv.Quote(string(b[:n])))
+			}
+			continue
+		}
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			return errors.New("still open after 5 s")
+		}
+		return nil // EOF, or a reset
+	}
+}
