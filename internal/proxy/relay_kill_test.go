@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 )
 
@@ -50,6 +52,21 @@ func TestRelayedClientKill(t *testing.T) {
 		}
 		p.Redis.Client(t).Del(ctx, "rk:n")
 	}
+}
+
+// A policy that denies CLIENT KILL holds on a relay too: the proxy's own
+// handling there comes after the guard's refusal.
+func TestRelayedClientKillDeniedByPolicy(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Policy = policy.Config{Commands: policy.CommandRules{Deny: []string{"client|kill"}}}
+	})
+	victim := dialRaw(t, p.Addr)
+	vid := victim.do("CLIENT", "ID").(int64)
+	c := dialRaw(t, p.Addr)
+	c.do("HELLO", "3")
+	wantReplies(t, c, []string{"CLIENT", "TRACKING", "ON"}, []string{"CLIENT", "KILL", "ID", strconv.FormatInt(vid, 10)},
+		"OK", respError("ERR redproxy policy: CLIENT KILL is disabled"))
+	wantReplies(t, victim, []string{"PING"}, "PONG")
 }
 
 // closedSoon waits for the proxy to close nc: EOF (or a reset) within 5 s.

@@ -1689,23 +1689,18 @@ func (sess *Session) appendRelayedCmd(out []byte, i int, r *resp.Request, d *pol
 		// RESP2's subscribed one (where a script would not run).
 		return appendQueueRefusal(out, msg)
 	}
-	if len(r.Args) > 2 && strings.EqualFold(string(r.Args[0]), "client") && strings.EqualFold(string(r.Args[1]), "kill") &&
-		!sess.relayInMulti && sess.relayRunsScripts() {
-		// The proxy's own CLIENT KILL, done now and answered in order by
-		// a script, as CLIENT ID is (appendRelayAnswer). Killing this
-		// client itself ends the relay once Redis has answered what came
-		// before (relay: quitting), as Redis closes a client after the
-		// reply to the CLIENT KILL that killed it.
-		args := sess.clientArgs(i, r.Args)
-		if b, done := appendAnswerScript(out, sess.srv.clientKill(sess, args[2:])); done {
-			return b
-		}
-	}
-	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") {
+	// The proxy's own CLIENT KILL, done when read and answered in order
+	// by a script, as CLIENT ID is (appendRelayAnswer), where Redis runs
+	// scripts and not inside MULTI. Killing this client itself ends the
+	// relay once Redis has answered what came before (relay: quitting),
+	// as Redis closes a client after the reply to the CLIENT KILL that
+	// killed it.
+	killHere := len(r.Args) > 2 && strings.EqualFold(string(r.Args[0]), "client") && strings.EqualFold(string(r.Args[1]), "kill") &&
+		!sess.relayInMulti && sess.relayRunsScripts()
+	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") && !killHere {
 		// Proxy client ids and addresses cannot be translated in flight
 		// on a relay; forwarded, they would name unrelated Redis
-		// connections. (CLIENT KILL is the proxy's, above, but inside
-		// MULTI and where Redis runs no script.)
+		// connections.
 		for _, sub := range [...]string{"UNBLOCK", "KILL"} {
 			if strings.EqualFold(string(r.Args[1]), sub) {
 				return refuse(out, "ERR redproxy: CLIENT "+sub+" is not supported on a connection in subscribed, tracking or MONITOR mode")
@@ -1715,6 +1710,15 @@ func (sess *Session) appendRelayedCmd(out []byte, i int, r *resp.Request, d *pol
 	if d != nil && d.Refuse != nil {
 		sess.recordViolations(d)
 		return refuse(out, d.Refuse.Msg)
+	}
+	if killHere {
+		// After the guard's refusal: a policy that denies CLIENT KILL
+		// holds on a relay too.
+		args := sess.clientArgs(i, r.Args)
+		if b, done := appendAnswerScript(out, sess.srv.clientKill(sess, args[2:])); done {
+			return b
+		}
+		return appendErrorScript(out, "ERR redproxy: CLIENT KILL's answer could not be sent on this connection")
 	}
 	if b, done := sess.appendRelayAnswer(out, sess.clientArgs(i, r.Args), r.Raw); done {
 		return b
