@@ -98,7 +98,7 @@ func (c *relayConn) read() (s string, push bool, err error) {
 			return "$(nil)", false, nil
 		}
 		buf := make([]byte, n+2)
-		if _, err := readFull(c.r, buf); err != nil {
+		if _, err := io.ReadFull(c.r, buf); err != nil {
 			return "", false, err
 		}
 		return "$" + string(buf[:n]), false, nil
@@ -122,18 +122,6 @@ func (c *relayConn) read() (s string, push bool, err error) {
 		return "*[" + strings.Join(parts, " ") + "]", line[0] == '>', nil
 	}
 	return "", false, fmt.Errorf("unexpected %q", line)
-}
-
-func readFull(r *bufio.Reader, buf []byte) (int, error) {
-	n := 0
-	for n < len(buf) {
-		m, err := r.Read(buf[n:])
-		n += m
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
 }
 
 // A relayed client (CLIENT TRACKING: rueidis and redis-py's client-side

@@ -715,19 +715,13 @@ func (pc *pubsubCounts) confirm(kind string, n int64) (before int64, ok bool) {
 	return before, ok && *own >= 0
 }
 
-// feed consumes b and returns the replies it completed; ok is false for
-// bytes that are not RESP the counter understands, or that do not answer
-// the subscribe commands as expected (it stays false).
-func (c *replyCounter) feed(b []byte) (n int64, ok bool) {
-	before := c.got
-	_, ok = c.feedCut(b, false)
-	return c.got - before, ok
-}
-
-// feedCut is feed that also cuts the replies numbered in hide out of b,
-// returning what is left (in b's storage). With stop it reads no further
-// than the end of the last reply to cut, and passes the rest on unread.
-func (c *replyCounter) feedCut(b []byte, stop bool) ([]byte, bool) {
+// feedCut consumes b, counting the replies it completes (got), and cuts
+// the replies numbered in hide out of it, returning what is left (in b's
+// storage). With stop it reads no further than the end of the last reply
+// to cut, and passes the rest on unread. ok is false for bytes that are not
+// RESP the counter understands, or that do not answer the subscribe
+// commands as expected (it stays false).
+func (c *replyCounter) feedCut(b []byte, stop bool) (_ []byte, ok bool) {
 	// b[:w] is kept so far; b[keep:p] is kept unless a cut starts (keep
 	// is -1 inside a cut).
 	w, keep, p := 0, 0, 0

@@ -31,7 +31,9 @@ func TestReplyCounterAnySplit(t *testing.T) {
 		var c replyCounter
 		var got int64
 		for i := 0; i < len(stream); i += step {
-			n, ok := c.feed([]byte(stream[i:min(i+step, len(stream))]))
+			before := c.got
+			_, ok := c.feedCut([]byte(stream[i:min(i+step, len(stream))]), false)
+			n := c.got - before
 			if !ok {
 				t.Fatalf("step %d: not understood at %d", step, i)
 			}
@@ -199,7 +201,8 @@ func relayStream(t *testing.T, rs *redistest.Server, cmds [][]string) (*relayWri
 		if err != nil {
 			t.Fatal(err)
 		}
-		n, _ = hello.feed(buf[:k])
+		hello.feedCut(buf[:k], false)
+		n = hello.got
 	}
 	if _, err := nc.Write(raw); err != nil {
 		t.Fatal(err)
