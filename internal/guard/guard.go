@@ -356,6 +356,7 @@ func (g *Guard) Record(v *policy.Violation, client net.Addr, user string) {
 // then have been left without its TTL, which the keyspace audit will find.
 func (g *Guard) FixupFailed(reply []byte, err error, client net.Addr) {
 	g.fixFails.Inc()
+	g.table.fixupFailed()
 	ok, suppressed := g.fixLimit.allow(g.now())
 	if !ok {
 		g.suppressed.Inc()

@@ -227,6 +227,19 @@ func TestRecord(t *testing.T) {
 	if !strings.Contains(sink.String(), `"reason":"ERR syntax error"`) || !strings.Contains(sink.String(), `"reason":"connection reset"`) {
 		t.Errorf("fix-up failures not logged:\n%s", sink.String())
 	}
+	// The report's rows count fixes as sent; it says how many failed.
+	rep = g.Report()
+	if rep.FixupFailures != 2 {
+		t.Errorf("report fixup_failures = %d, want 2", rep.FixupFailures)
+	}
+	var text strings.Builder
+	if err := rep.WriteText(&text, time.Now()); err != nil || !strings.Contains(text.String(), "2 TTL fix-ups failed") {
+		t.Errorf("report text (%v):\n%s", err, text.String())
+	}
+	g.ResetReport()
+	if rep := g.Report(); rep.FixupFailures != 0 {
+		t.Errorf("after ResetReport: fixup_failures = %d", rep.FixupFailures)
+	}
 }
 
 func keysRefused(g *Guard) bool {

@@ -404,6 +404,9 @@ func TestRelayFixupFailureIsCounted(t *testing.T) {
 	if n := metricValue(t, p.Metrics.Registry, "redproxy_policy_fixup_failures_total"); n != 1 {
 		t.Errorf("redproxy_policy_fixup_failures_total = %v, want 1", n)
 	}
+	if rep := p.Guard().Report(); rep.FixupFailures != 1 {
+		t.Errorf("report fixup_failures = %d, want 1", rep.FixupFailures)
+	}
 }
 
 // A RESP3 attribute (DEBUG PROTOCOL attrib) is part of the reply it

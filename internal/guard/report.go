@@ -25,8 +25,13 @@ type table struct {
 	rows      map[string]*Row
 	total     int64
 	untracked int64
-	since     time.Time
-	buf       []byte // row key scratch, under mu
+	// fixupFailures counts TTL fix-ups Redis refused or never answered
+	// (Guard.FixupFailed): their rows say "fixed", which the fix-up was
+	// sent to do, not what it did, since a failure is learnt only from a
+	// reply that no longer names its row.
+	fixupFailures int64
+	since         time.Time
+	buf           []byte // row key scratch, under mu
 	// shapes counts, for each row key with one literal segment of its
 	// key pattern starred, the rows created that share it: past
 	// maxLiteralRows, a new key of that shape joins the starred row
@@ -158,7 +163,13 @@ func (t *table) reset(now time.Time) {
 	defer t.mu.Unlock()
 	clear(t.rows)
 	clear(t.shapes)
-	t.total, t.untracked, t.since = 0, 0, now
+	t.total, t.untracked, t.fixupFailures, t.since = 0, 0, 0, now
+}
+
+func (t *table) fixupFailed() {
+	t.mu.Lock()
+	t.fixupFailures++
+	t.mu.Unlock()
 }
 
 func (t *table) evictSmallest() {
@@ -180,10 +191,15 @@ type Report struct {
 	Since time.Time `json:"since"`
 	// Total counts every violation; Untracked those in rows evicted to keep
 	// the table bounded.
-	Total     int64      `json:"total"`
-	Untracked int64      `json:"untracked"`
-	Policy    PolicyInfo `json:"policy"`
-	Rows      []Row      `json:"rows"` // most frequent first
+	Total     int64 `json:"total"`
+	Untracked int64 `json:"untracked"`
+	// FixupFailures counts the TTL fix-ups since Since that Redis refused
+	// (an upstream user without EXPIRE, a key gone wrong type) or that a
+	// lost connection left unanswered: the keys may have no TTL although
+	// their rows count them fixed. The log names each (rate-limited).
+	FixupFailures int64      `json:"fixup_failures"`
+	Policy        PolicyInfo `json:"policy"`
+	Rows          []Row      `json:"rows"` // most frequent first
 }
 
 // PolicyInfo says which policy is in force.
@@ -200,7 +216,7 @@ type PolicyInfo struct {
 func (t *table) snapshot() Report {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	r := Report{Since: t.since, Total: t.total, Untracked: t.untracked, Rows: make([]Row, 0, len(t.rows))}
+	r := Report{Since: t.since, Total: t.total, Untracked: t.untracked, FixupFailures: t.fixupFailures, Rows: make([]Row, 0, len(t.rows))}
 	for _, row := range t.rows {
 		r.Rows = append(r.Rows, *row)
 	}
@@ -230,6 +246,10 @@ func (r *Report) WriteText(w io.Writer, now time.Time) error {
 	}
 	if r.Untracked > 0 {
 		fmt.Fprintf(&b, "%d violations were in rows dropped to bound memory\n", r.Untracked)
+	}
+	if r.FixupFailures > 0 {
+		fmt.Fprintf(&b, "%d TTL fix-ups failed (refused by Redis or lost with a connection; see the log): "+
+			"keys counted fixed below may have no TTL, which `redproxy audit` finds\n", r.FixupFailures)
 	}
 	if len(r.Rows) == 0 {
 		b.WriteString("no violations\n")
