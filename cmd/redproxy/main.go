@@ -203,7 +203,11 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	if !embedded && upstreamAddr != "" {
 		table, answered = loadCommandTable(cfg, upstreamAddr, log)
 	}
-	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr})
+	// A Redis that did not answer (refused, or accepted and stayed silent)
+	// is not waited for again by the pools: the proxy listens at once and
+	// is not ready until Redis answers.
+	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr,
+		UpstreamSilent: upstreamAddr != "" && !embedded && !answered})
 	if err != nil {
 		fmt.Fprintf(stderr, "redproxy: %v\n", err)
 		return 2
@@ -406,7 +410,11 @@ func controlClient(cfg *config.Config, addr string) *redis.Client {
 		// up yet (a container started before Redis); the proxy's own
 		// connections keep redialing after it listens.
 		DialerRetries: 1,
-		Protocol:      2, DisableIdentity: true,
+		// Its replies are small or come at once (COMMAND's 200 KB from a
+		// live Redis within milliseconds): a Redis that accepted and
+		// stays silent held the listener back by go-redis's 3 s default.
+		ReadTimeout: min(cfg.Upstream.DialTimeout.Duration, probeReplyTimeout),
+		Protocol:    2, DisableIdentity: true,
 	})
 }
 
@@ -424,6 +432,11 @@ func upstreamTLS(cfg *config.Config) *tls.Config {
 	}
 	return c
 }
+
+// probeReplyTimeout bounds the wait for a reply to the start's probes
+// (COMMAND, INFO) when dial_timeout is longer: a WAN's dial timeout need
+// not be a silent Redis's delay of the listener.
+const probeReplyTimeout = 2 * time.Second
 
 func redisAnswers(addr string) bool {
 	nc, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)

@@ -50,26 +50,30 @@ type Server struct {
 	// upstreamAddr is the address dialled, which differs from
 	// cfg.Upstream.Address for the embedded store.
 	upstreamAddr string
-	table        *commands.Table
-	handlers     map[*commands.Command]*cmdEntry // what the proxy does itself, per command (dispatch.go)
-	log          *slog.Logger
-	metrics      *metrics.Metrics
-	backend      *upstream.Backend
-	router       *cluster.Router                     // cluster mode only (cluster.go)
-	guard        *serverGuard                        // the policy guard (guard.go)
-	flight       atomic.Pointer[stampede.Protection] // stampede protection (flight.go); a reload replaces it
-	tier         *tierState                          // the local tier (tier.go)
-	sentinel     *sentinel.Watcher                   // upstream.mode = "sentinel" (sentinel.go); nil otherwise
-	replicas     *replicaSet                         // upstream.read_from = replica*: reads from replicas (replicas.go); nil otherwise
-	creplicas    *clusterReplicas                    // the same in cluster mode (clusterreplicas.go)
-	park         serverPark                          // idle clients parked without a goroutine (park.go)
-	slow         slowState                           // the slow log (slowlog.go)
-	tls          tlsState                            // TLS on both sides (tls.go)
-	listeners    listenerState                       // the client listeners by name (listeners.go)
-	users        *userState                          // proxy users and their upstream pools (users.go)
-	proxyProto   proxyProtoState                     // PROXY protocol headers on the client listeners (proxyproto.go)
-	routes       *routeState                         // named upstreams and [[route]] (routes.go); nil without routes
-	mirror       *mirror.Mirror                      // [mirror] (mirror.go); nil when off
+	// startSilent is Options.UpstreamSilent, for the pools built at start
+	// to the upstream found silent (the main one, users'); others wait
+	// for their dials as usual.
+	startSilent bool
+	table       *commands.Table
+	handlers    map[*commands.Command]*cmdEntry // what the proxy does itself, per command (dispatch.go)
+	log         *slog.Logger
+	metrics     *metrics.Metrics
+	backend     *upstream.Backend
+	router      *cluster.Router                     // cluster mode only (cluster.go)
+	guard       *serverGuard                        // the policy guard (guard.go)
+	flight      atomic.Pointer[stampede.Protection] // stampede protection (flight.go); a reload replaces it
+	tier        *tierState                          // the local tier (tier.go)
+	sentinel    *sentinel.Watcher                   // upstream.mode = "sentinel" (sentinel.go); nil otherwise
+	replicas    *replicaSet                         // upstream.read_from = replica*: reads from replicas (replicas.go); nil otherwise
+	creplicas   *clusterReplicas                    // the same in cluster mode (clusterreplicas.go)
+	park        serverPark                          // idle clients parked without a goroutine (park.go)
+	slow        slowState                           // the slow log (slowlog.go)
+	tls         tlsState                            // TLS on both sides (tls.go)
+	listeners   listenerState                       // the client listeners by name (listeners.go)
+	users       *userState                          // proxy users and their upstream pools (users.go)
+	proxyProto  proxyProtoState                     // PROXY protocol headers on the client listeners (proxyproto.go)
+	routes      *routeState                         // named upstreams and [[route]] (routes.go); nil without routes
+	mirror      *mirror.Mirror                      // [mirror] (mirror.go); nil when off
 	// pins is upstream.max_pinned, shared by every backend (the proxy's,
 	// each user credential's, each cluster node's): the bound is on all
 	// dedicated connections to Redis together.
@@ -119,6 +123,11 @@ type Options struct {
 	// store, whose address is only known once it runs). In Sentinel mode
 	// it is the primary the caller found, if any.
 	UpstreamAddr string
+	// UpstreamSilent says the caller's probe found Redis connected but
+	// silent (COMMAND timed out): the pools are built without waiting for
+	// their first dials, which would time out too, so the listeners open
+	// at once and the proxy starts not ready, as for a Redis that refuses.
+	UpstreamSilent bool
 }
 
 // NewServer builds a server and its upstream connection pools.
@@ -137,6 +146,7 @@ func NewServer(o Options) (*Server, error) {
 	s := &Server{
 		cfg:          cfg,
 		upstreamAddr: addr,
+		startSilent:  o.UpstreamSilent,
 		table:        o.Table,
 		handlers:     newHandlers(o.Table),
 		log:          o.Logger,
@@ -164,7 +174,9 @@ func NewServer(o Options) (*Server, error) {
 		addr = s.newSentinelWatcher(cfg, o.UpstreamAddr)
 		s.upstreamAddr = addr
 	}
-	s.backend = upstream.NewBackend(s.backendOptions(cfg, addr))
+	bo := s.backendOptions(cfg, addr)
+	bo.NoDialWait = s.startSilent
+	s.backend = upstream.NewBackend(bo)
 	switch {
 	case s.router != nil:
 		// Per node, labelled with it; the admin backend above is not

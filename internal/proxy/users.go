@@ -51,6 +51,7 @@ func initUsers(s *Server) error {
 		}
 		o := s.backendOptions(s.cfg, s.upstreamAddr)
 		o.Username, o.Password = u.Upstream.User, u.Upstream.Password
+		o.NoDialWait = s.startSilent // one silent dial each held the start back
 		st.backends[u.Upstream] = upstream.NewBackend(o)
 	}
 	s.users = st

@@ -50,6 +50,11 @@ type BackendOptions struct {
 	// ReplyLimit is every connection's Options.ReplyLimit (0: the
 	// default).
 	ReplyLimit int
+	// NoDialWait makes NewBackend return without waiting for DB 0's first
+	// dials: Redis was just found silent (it accepted a connection and
+	// did not answer), so those dials would only time out, each holding
+	// the proxy's start back by DialTimeout.
+	NoDialWait bool
 }
 
 // Backend owns the shared upstream pools: one per database and protocol,
@@ -392,6 +397,9 @@ func NewBackend(opt BackendOptions) *Backend {
 	// Both dialled at once: waiting for each in turn made a start with
 	// Redis unreachable take twice the dial timeout.
 	resp2, resp3 := b.pool(0, false, false), b.pool(0, true, false)
+	if opt.NoDialWait {
+		return b
+	}
 	deadline := time.Now().Add(opt.DialTimeout)
 	resp2.WaitDialed(opt.DialTimeout)
 	resp3.WaitDialed(time.Until(deadline))
