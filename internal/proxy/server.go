@@ -85,7 +85,10 @@ type Server struct {
 	// endNotices are closed when their session ends (CLIENT KILL waits on
 	// them: endNotice), under mu.
 	endNotices map[*Session]chan struct{}
-	closing    bool
+	// relays are the relayed clients' upstream connections, for CLIENT
+	// UNBLOCK from other clients (relayOf), under mu.
+	relays  map[*Session]relayUpstream
+	closing bool
 	// draining is closing for Ready, which must not wait on mu.
 	draining atomic.Bool
 	active   sync.WaitGroup

@@ -1014,39 +1014,54 @@ func (b *blockState) setEvery(id int64, pipe *upstream.Pipe, from *upstream.Back
 }
 
 // unblock implements CLIENT UNBLOCK id [TIMEOUT|ERROR] for the proxy's
-// clients: a blocked client's command runs on a dedicated connection, so
-// its proxy id is translated to that connection's Redis id and the command
-// forwarded. An id of no blocked client answers 0, as on Redis.
+// clients (clientUnblock). Answered in order with what came before: the
+// client's earlier commands reach Redis, and their replies the client,
+// before the UNBLOCK is sent. Flushed before the target's lock is taken,
+// not under it: the flush may wait client_write_timeout per chunk on a
+// client that does not read, and the blocked client, answered by Redis
+// meanwhile, takes that lock before it can pass its reply on (found by
+// review: one client's full socket withheld another's reply).
 func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 	if len(args) > 4 {
 		return false // Redis answers the syntax error
+	}
+	sess.flush(time.Now())
+	sess.replyLocal(m, sess.srv.clientUnblock(sess, args))
+	return true
+}
+
+// clientUnblock answers CLIENT UNBLOCK id [TIMEOUT|ERROR] (args from
+// CLIENT) sent by self. A blocked client's command runs on a dedicated
+// connection, so its proxy id is translated to that connection's Redis id
+// and the command sent there; a relayed client (tracking, pub/sub) blocks
+// on its relay's connection, whose id its handshake learnt. An id of no
+// blocked client answers 0, as on Redis. nil: too many arguments, which
+// Redis answers itself without acting.
+func (s *Server) clientUnblock(self *Session, args [][]byte) []byte {
+	if len(args) > 4 {
+		return nil
 	}
 	var mode string
 	if len(args) == 4 {
 		mode = strings.ToUpper(string(args[3]))
 		if mode != "TIMEOUT" && mode != "ERROR" {
-			sess.replyLocal(m, []byte("-ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR\r\n"))
-			return true
+			return []byte("-ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR\r\n")
 		}
 	}
 	id, isInt := resp.ParseInt(args[2])
 	if !isInt {
-		sess.replyLocal(m, errNotInteger)
-		return true
+		return errNotInteger
 	}
-	target := sess.srv.sessionByID(id)
-	if target == nil || target == sess {
-		sess.replyLocal(m, zero)
-		return true
+	target := s.sessionByID(id)
+	if target == nil || target == self {
+		return zero
 	}
-	// Answered in order with what came before: the client's earlier
-	// commands reach Redis, and their replies the client, before the
-	// UNBLOCK is sent. Flushed before the target's lock is taken, not
-	// under it: the flush may wait client_write_timeout per chunk on a
-	// client that does not read, and the blocked client, answered by Redis
-	// meanwhile, takes that lock before it can pass its reply on (found by
-	// review: one client's full socket withheld another's reply).
-	sess.flush(time.Now())
+	unblockCmd := func(rid int64) []byte {
+		if mode != "" {
+			return resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
+		}
+		return resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10))
+	}
 	// Held until Redis has answered, so that the target's connection
 	// cannot go to another client meanwhile. The UNBLOCK goes to the
 	// server that connection is on, which after a reload switched the
@@ -1056,15 +1071,24 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 	defer target.block.mu.Unlock()
 	rid := target.block.id.Load()
 	if rid == 0 {
-		sess.replyLocal(m, zero)
-		return true
+		// Not blocked on a connection the proxy lent it; perhaps on its
+		// relay's, which is never reused, so its id names no one else.
+		// Redis answers 0 if the relayed client is not blocked.
+		b, nc := s.relayOf(target)
+		if b == nil {
+			return zero
+		}
+		if rid = b.RelayID(nc); rid == 0 {
+			return zero
+		}
+		reply, err := b.RoundTripBesideConn(nc, unblockCmd(rid))
+		if err != nil {
+			return errorReply(err)
+		}
+		return reply
 	}
 	unblockOn := func(rid int64, b *upstream.Backend, p *upstream.Pipe) []byte {
-		raw := resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10))
-		if mode != "" {
-			raw = resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
-		}
-		reply, err := b.RoundTripBeside(p, raw)
+		reply, err := b.RoundTripBeside(p, unblockCmd(rid))
 		if err != nil {
 			reply = errorReply(err)
 		}
@@ -1084,8 +1108,36 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 			}
 		}
 	}
-	sess.replyLocal(m, reply)
-	return true
+	return reply
+}
+
+// relayUpstream is a relayed client's connection to Redis.
+type relayUpstream struct {
+	b  *upstream.Backend
+	nc net.Conn
+}
+
+// setRelay records sess's relay connection for the time it relays
+// (b nil: the relay ended).
+func (s *Server) setRelay(sess *Session, b *upstream.Backend, nc net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b == nil {
+		delete(s.relays, sess)
+		return
+	}
+	if s.relays == nil {
+		s.relays = make(map[*Session]relayUpstream)
+	}
+	s.relays[sess] = relayUpstream{b, nc}
+}
+
+// relayOf returns sess's relay connection, if it relays.
+func (s *Server) relayOf(sess *Session) (*upstream.Backend, net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.relays[sess]
+	return r.b, r.nc
 }
 
 // left reports whether a client waiting on something else than its socket
@@ -1194,7 +1246,9 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 		// review: the +OK reached the client).
 		first = append(first, cmdReplySkip...)
 	}
+	sess.srv.setRelay(sess, b, up)
 	held := sess.relay(kind, up, reqs, r.i, first, limit)
+	sess.srv.setRelay(sess, nil, nil)
 	b.ReleaseConn(up)
 	if held == nil {
 		sess.quitting = true // relay recorded why
@@ -1695,9 +1749,14 @@ func (sess *Session) appendRelayedCmd(out []byte, i int, r *resp.Request, d *pol
 	// relay once Redis has answered what came before (relay: quitting),
 	// as Redis closes a client after the reply to the CLIENT KILL that
 	// killed it.
-	killHere := len(r.Args) > 2 && strings.EqualFold(string(r.Args[0]), "client") && strings.EqualFold(string(r.Args[1]), "kill") &&
-		!sess.relayInMulti && sess.relayRunsScripts()
-	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") && !killHere {
+	// CLIENT UNBLOCK likewise: it names proxy clients, and the one it
+	// unblocks is blocked on a connection of its own.
+	killHere, unblockHere := false, false
+	if len(r.Args) > 2 && strings.EqualFold(string(r.Args[0]), "client") && !sess.relayInMulti && sess.relayRunsScripts() {
+		killHere = strings.EqualFold(string(r.Args[1]), "kill")
+		unblockHere = strings.EqualFold(string(r.Args[1]), "unblock")
+	}
+	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") && !killHere && !unblockHere {
 		// Proxy client ids and addresses cannot be translated in flight
 		// on a relay; forwarded, they would name unrelated Redis
 		// connections.
@@ -1719,6 +1778,18 @@ func (sess *Session) appendRelayedCmd(out []byte, i int, r *resp.Request, d *pol
 			return b
 		}
 		return appendErrorScript(out, "ERR redproxy: CLIENT KILL's answer could not be sent on this connection")
+	}
+	if unblockHere {
+		reply := sess.srv.clientUnblock(sess, r.Args)
+		if reply == nil {
+			// Too many arguments: Redis answers its syntax error, and
+			// does nothing else.
+			return append(out, r.Raw...)
+		}
+		if b, done := appendAnswerScript(out, reply); done {
+			return b
+		}
+		return appendErrorScript(out, "ERR redproxy: CLIENT UNBLOCK's answer could not be sent on this connection")
 	}
 	if b, done := sess.appendRelayAnswer(out, sess.clientArgs(i, r.Args), r.Raw); done {
 		return b

@@ -93,9 +93,9 @@ type Backend struct {
 	// dialled records the generation each dedicated pipe in use was dialled
 	// in, so one from before a switch is closed on release, never reused.
 	dialled map[*Pipe]*backendGen
-	// relays records the generation of each relayed connection in use, so
-	// a failover can cut the ones to the old primary.
-	relays map[net.Conn]*backendGen
+	// relays records each relayed connection in use: its generation, so a
+	// failover can cut the ones to the old primary, and its Redis id.
+	relays map[net.Conn]relayConn
 	closed bool
 	drains sync.WaitGroup
 	stop   chan struct{} // closed by Close: drains end at once
@@ -342,30 +342,64 @@ func (b *Backend) RoundTripBeside(p *Pipe, raw []byte) ([]byte, error) {
 	return g.roundTrip(false, true, raw)
 }
 
+// relayConn is a relayed connection in use.
+type relayConn struct {
+	gen *backendGen
+	id  int64 // Redis's CLIENT ID of it; 0: not known
+}
+
 // AcquireConn dials a raw dedicated connection for relaying (pub/sub,
 // MONITOR, client-side tracking). It is never reused, so it carries the
-// client's name, if it has one, for Redis's CLIENT LIST and SLOWLOG.
+// client's name, if it has one, for Redis's CLIENT LIST and SLOWLOG. Its
+// handshake learns its Redis id (RelayID), in the same round trip.
 func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error) {
 	if !b.takePin() {
 		return nil, ErrTooManyPinned
 	}
-	nc, err := dialCurrent(b, func(g *backendGen) (net.Conn, error) {
+	type dialled struct {
+		nc net.Conn
+		id int64
+	}
+	d, err := dialCurrent(b, func(g *backendGen) (dialled, error) {
 		o := g.options(db, resp3)
 		o.Name = "redproxy-relay"
 		if name != "" {
 			o.Name = name
 		}
-		return Dial(o)
-	}, func(nc net.Conn) { nc.Close() }, func(nc net.Conn, g *backendGen) {
+		nc, id, err := dial(o, true)
+		return dialled{nc, id}, err
+	}, func(d dialled) { d.nc.Close() }, func(d dialled, g *backendGen) {
 		if b.relays == nil {
-			b.relays = make(map[net.Conn]*backendGen)
+			b.relays = make(map[net.Conn]relayConn)
 		}
-		b.relays[nc] = g
+		b.relays[d.nc] = relayConn{gen: g, id: d.id}
 	})
 	if err != nil {
 		b.givePin()
 	}
-	return nc, err
+	return d.nc, err
+}
+
+// RelayID returns Redis's id of a relayed connection in use (0 when not
+// known: Redis refused CLIENT ID, or nc is not one).
+func (b *Backend) RelayID(nc net.Conn) int64 {
+	b.idleMu.Lock()
+	defer b.idleMu.Unlock()
+	return b.relays[nc].id
+}
+
+// RoundTripBesideConn sends raw on a connection of its own to the server
+// the relayed connection nc is on, and returns the reply: a command about
+// nc (CLIENT UNBLOCK of its id) that must not queue behind what nc waits
+// for, nor go to another server after a switch.
+func (b *Backend) RoundTripBesideConn(nc net.Conn, raw []byte) ([]byte, error) {
+	b.idleMu.Lock()
+	g := b.relays[nc].gen
+	b.idleMu.Unlock()
+	if g == nil {
+		g = b.gen.Load()
+	}
+	return g.roundTrip(false, true, raw)
 }
 
 // ReleaseConn closes a relayed connection.
@@ -608,8 +642,8 @@ func (b *Backend) cutDedicated(cur *backendGen) {
 			pipes = append(pipes, p)
 		}
 	}
-	for nc, g := range b.relays {
-		if g != cur {
+	for nc, r := range b.relays {
+		if r.gen != cur {
 			conns = append(conns, nc)
 		}
 	}

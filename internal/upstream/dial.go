@@ -17,6 +17,14 @@ import (
 // for RESP3) or AUTH, SELECT, CLIENT SETNAME, then opt.Handshake. The whole
 // handshake is one write and must finish within DialTimeout.
 func Dial(opt Options) (net.Conn, error) {
+	nc, _, err := dial(opt, false)
+	return nc, err
+}
+
+// dial is Dial; with wantID the handshake also asks CLIENT ID and returns
+// it (0 when Redis refuses it, as an ACL without client|id does: the id
+// only lets other clients' CLIENT UNBLOCK reach the connection).
+func dial(opt Options, wantID bool) (net.Conn, int64, error) {
 	opt.defaults()
 	// Keepalive bounds how long a connection whose peer vanished without a
 	// word (host gone, middlebox dropped the flow) can look open while it
@@ -26,19 +34,20 @@ func Dial(opt Options) (net.Conn, error) {
 	}}
 	nc, err := DialConn(&d, opt.Addr, opt.TLS)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	if err := handshake(nc, opt); err != nil {
+	id, err := handshake(nc, opt, wantID)
+	if err != nil {
 		nc.Close()
 		if c := opt.TLS; c != nil && len(c.Certificates) == 0 && c.GetClientCertificate == nil && !errors.Is(err, ErrHandshake) {
 			// With TLS 1.3 the client's handshake ends before Redis has
 			// checked for a client certificate; its refusal only shows as
 			// the connection closing under the first command.
-			return nil, fmt.Errorf("%w (the connection closed right after the TLS handshake: if Redis requires client certificates, set upstream.tls.cert_file and key_file)", err)
+			return nil, 0, fmt.Errorf("%w (the connection closed right after the TLS handshake: if Redis requires client certificates, set upstream.tls.cert_file and key_file)", err)
 		}
-		return nil, err
+		return nil, 0, err
 	}
-	return nc, nil
+	return nc, id, nil
 }
 
 // DialConn connects to addr with d and, when tlsConf is not nil, runs the
@@ -91,7 +100,7 @@ func DialConn(d *net.Dialer, addr string, tlsConf *tls.Config) (net.Conn, error)
 // client certificate.
 var ErrTLSHandshake = errors.New("TLS handshake failed")
 
-func handshake(nc net.Conn, opt Options) error {
+func handshake(nc net.Conn, opt Options, wantID bool) (id int64, err error) {
 	var cmds [][]string
 	if opt.RESP3 {
 		hello := []string{"HELLO", "3"}
@@ -119,8 +128,13 @@ func handshake(nc net.Conn, opt Options) error {
 		cmds = append(cmds, []string{"CLIENT", "SETNAME", opt.Name})
 	}
 	cmds = append(cmds, opt.Handshake...)
+	askID := -1
+	if wantID {
+		askID = len(cmds)
+		cmds = append(cmds, []string{"CLIENT", "ID"})
+	}
 	if len(cmds) == 0 {
-		return nil
+		return 0, nil
 	}
 	var out []byte
 	for _, c := range cmds {
@@ -129,14 +143,17 @@ func handshake(nc net.Conn, opt Options) error {
 	nc.SetDeadline(time.Now().Add(opt.DialTimeout))
 	defer nc.SetDeadline(time.Time{})
 	if _, err := nc.Write(out); err != nil {
-		return err
+		return 0, err
 	}
 	var buf []byte
 	for i := range cmds {
 		var reply []byte
-		var err error
 		if reply, buf, err = readReply(nc, buf, maxHandshakeReply); err != nil {
-			return err
+			return 0, err
+		}
+		if i == askID {
+			id, _ = resp.Integer(reply) // an error reply: 0, not a failed dial
+			continue
 		}
 		if resp.IsError(reply) && !(i == setName && bytes.HasPrefix(reply, busyPrefix)) {
 			// The name is only for operators; a Redis that refuses it
@@ -144,10 +161,10 @@ func handshake(nc net.Conn, opt Options) error {
 			// reconnecting. Any other refusal (-ERR max number of clients
 			// reached, sent before Redis closes the connection) fails the
 			// dial: the connection is unusable.
-			return fmt.Errorf("%s: %w: %s", cmds[i][0], ErrHandshake, trimReply(reply))
+			return 0, fmt.Errorf("%s: %w: %s", cmds[i][0], ErrHandshake, trimReply(reply))
 		}
 	}
-	return nil
+	return id, nil
 }
 
 var busyPrefix = []byte("-BUSY")
