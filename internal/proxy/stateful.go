@@ -1078,10 +1078,10 @@ func (s *Server) clientUnblock(self *Session, args [][]byte) []byte {
 		if b == nil {
 			return zero
 		}
-		if rid = b.RelayID(nc); rid == 0 {
-			return zero
+		reply, err := b.RoundTripAboutRelay(nc, unblockCmd)
+		if errors.Is(err, upstream.ErrRelayGone) {
+			return zero // its relay just ended, or Redis refused it CLIENT ID
 		}
-		reply, err := b.RoundTripBesideConn(nc, unblockCmd(rid))
 		if err != nil {
 			return errorReply(err)
 		}

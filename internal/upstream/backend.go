@@ -351,7 +351,8 @@ type relayConn struct {
 // AcquireConn dials a raw dedicated connection for relaying (pub/sub,
 // MONITOR, client-side tracking). It is never reused, so it carries the
 // client's name, if it has one, for Redis's CLIENT LIST and SLOWLOG. Its
-// handshake learns its Redis id (RelayID), in the same round trip.
+// handshake learns its Redis id (RoundTripAboutRelay), in the same round
+// trip.
 func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error) {
 	if !b.takePin() {
 		return nil, ErrTooManyPinned
@@ -380,26 +381,22 @@ func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error)
 	return d.nc, err
 }
 
-// RelayID returns Redis's id of a relayed connection in use (0 when not
-// known: Redis refused CLIENT ID, or nc is not one).
-func (b *Backend) RelayID(nc net.Conn) int64 {
-	b.idleMu.Lock()
-	defer b.idleMu.Unlock()
-	return b.relays[nc].id
-}
+// ErrRelayGone is RoundTripAboutRelay's answer for a connection that is no
+// longer relayed (released, or never learnt its id).
+var ErrRelayGone = errors.New("redproxy: relayed connection gone")
 
-// RoundTripBesideConn sends raw on a connection of its own to the server
-// the relayed connection nc is on, and returns the reply: a command about
-// nc (CLIENT UNBLOCK of its id) that must not queue behind what nc waits
-// for, nor go to another server after a switch.
-func (b *Backend) RoundTripBesideConn(nc net.Conn, raw []byte) ([]byte, error) {
+// RoundTripAboutRelay sends cmd(id), a command about the relayed
+// connection nc whose Redis id is id (CLIENT UNBLOCK), on a connection of
+// its own to the server nc is on, and returns the reply. Never to another
+// server: after a switch the id would name some other connection there.
+func (b *Backend) RoundTripAboutRelay(nc net.Conn, cmd func(id int64) []byte) ([]byte, error) {
 	b.idleMu.Lock()
-	g := b.relays[nc].gen
+	r, ok := b.relays[nc]
 	b.idleMu.Unlock()
-	if g == nil {
-		g = b.gen.Load()
+	if !ok || r.id == 0 {
+		return nil, ErrRelayGone
 	}
-	return g.roundTrip(false, true, raw)
+	return r.gen.roundTrip(false, true, cmd(r.id))
 }
 
 // ReleaseConn closes a relayed connection.
