@@ -22,53 +22,16 @@ import (
 // before it listened, and a Redis that did not answer COMMAND was then
 // asked its version too: with the timeout set to 20 s here, 40 s and more.
 func TestStartsBeforeRedis(t *testing.T) {
-	bin := binary(t)
 	rs := redistest.Start(t)
 	rs.Kill(t) // its port is now free and refuses connections
-	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
-	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
-	conf := filepath.Join(t.TempDir(), "redproxy.toml")
-	const dialTimeout = 20 * time.Second
-	check(t, os.WriteFile(conf, []byte(fmt.Sprintf(
-		"[server]\nlisten = %q\nadmin = %q\n\n[upstream]\naddress = %q\ndial_timeout = %q\n",
-		listen, adminAddr, rs.Addr(), dialTimeout.String())), 0o644))
-	logs := &redistest.LogBuffer{}
-	cmd := exec.Command(bin, "--config", conf)
-	cmd.Env = childEnv()
-	cmd.Stderr = logs
-	started := time.Now()
-	check(t, cmd.Start())
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	for {
-		nc, err := net.DialTimeout("tcp", listen, time.Second)
-		if err == nil {
-			nc.Close()
-			break
-		}
-		if time.Since(started) > dialTimeout {
-			t.Fatalf("not listening %v after start with Redis down (the dial timeout: it waited for dials Redis refused); log:\n%s", time.Since(started), logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Logf("listening %v after start, Redis down", time.Since(started).Round(time.Millisecond))
+	e := startEarly(t, rs.Addr(), "it waited for dials Redis refused")
+	listen, ready, logs := e.listen, e.ready, e.logs
+	t.Logf("listening %v after start, Redis down", e.listeningAfter.Round(time.Millisecond))
 
 	c := redis.NewClient(&redis.Options{Addr: listen, MaxRetries: -1})
 	defer c.Close()
 	if err := c.Set(ctx, "startup:k", "v", time.Minute).Err(); err == nil {
 		t.Fatal("SET with Redis down succeeded")
-	}
-	// 0 until the admin listener answers (it may bind after the
-	// client listener).
-	ready := func() int {
-		res, err := http.Get("http://" + adminAddr + "/readyz")
-		if err != nil {
-			return 0
-		}
-		res.Body.Close()
-		return res.StatusCode
 	}
 	redistest.Eventually(t, 10*time.Second, func() bool { return ready() != 0 }, "the admin listener never answered")
 	if code := ready(); code != http.StatusServiceUnavailable {
@@ -108,7 +71,6 @@ func TestStartsBeforeRedis(t *testing.T) {
 // it again (before: about 7 s with the defaults, 23 s with this
 // dial_timeout). The proxy is not ready until Redis answers, then serves.
 func TestStartsBeforeASilentRedis(t *testing.T) {
-	bin := binary(t)
 	rs := redistest.Start(t)
 	rs.Freeze(t)
 	thawed := false
@@ -117,44 +79,9 @@ func TestStartsBeforeASilentRedis(t *testing.T) {
 			rs.Thaw(t)
 		}
 	})
-	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
-	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
-	conf := filepath.Join(t.TempDir(), "redproxy.toml")
-	const dialTimeout = 20 * time.Second
-	check(t, os.WriteFile(conf, []byte(fmt.Sprintf(
-		"[server]\nlisten = %q\nadmin = %q\n\n[upstream]\naddress = %q\ndial_timeout = %q\n",
-		listen, adminAddr, rs.Addr(), dialTimeout.String())), 0o644))
-	logs := &redistest.LogBuffer{}
-	cmd := exec.Command(bin, "--config", conf)
-	cmd.Env = childEnv()
-	cmd.Stderr = logs
-	started := time.Now()
-	check(t, cmd.Start())
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	for {
-		nc, err := net.DialTimeout("tcp", listen, time.Second)
-		if err == nil {
-			nc.Close()
-			break
-		}
-		if time.Since(started) > dialTimeout {
-			t.Fatalf("not listening %v after start with Redis silent (the dial timeout: the pools waited for dials that could not finish); log:\n%s",
-				time.Since(started), logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Logf("listening %v after start, Redis silent", time.Since(started).Round(time.Millisecond))
-	ready := func() int {
-		res, err := http.Get("http://" + adminAddr + "/readyz")
-		if err != nil {
-			return 0
-		}
-		res.Body.Close()
-		return res.StatusCode
-	}
+	e := startEarly(t, rs.Addr(), "the pools waited for dials that could not finish")
+	listen, ready, logs := e.listen, e.ready, e.logs
+	t.Logf("listening %v after start, Redis silent", e.listeningAfter.Round(time.Millisecond))
 	redistest.Eventually(t, 10*time.Second, func() bool { return ready() != 0 }, "the admin listener never answered")
 	if code := ready(); code != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz with Redis silent: %d, want 503", code)
@@ -171,4 +98,65 @@ func TestStartsBeforeASilentRedis(t *testing.T) {
 	if v, err := rs.Client(t).Get(ctx, "startup:silent").Result(); err != nil || v != "v" {
 		t.Fatalf("the SET did not reach Redis: %q, %v", v, err)
 	}
+}
+
+// earlyStart is a proxy process started on upstream with dial_timeout
+// 20 s, and what its start-up tests look at.
+type earlyStart struct {
+	listen, admin string
+	logs          *redistest.LogBuffer
+	// listeningAfter is how long after the start the client listener took
+	// connections.
+	listeningAfter time.Duration
+}
+
+const earlyDialTimeout = 20 * time.Second
+
+// startEarly starts the proxy on upstream and waits for its client
+// listener; listening only after the dial timeout fails the test, saying
+// why (what the process waited for).
+func startEarly(t *testing.T, upstream, why string) *earlyStart {
+	bin := binary(t)
+	e := &earlyStart{
+		listen: fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t)),
+		admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t)),
+		logs:   &redistest.LogBuffer{},
+	}
+	conf := filepath.Join(t.TempDir(), "redproxy.toml")
+	check(t, os.WriteFile(conf, []byte(fmt.Sprintf(
+		"[server]\nlisten = %q\nadmin = %q\n\n[upstream]\naddress = %q\ndial_timeout = %q\n",
+		e.listen, e.admin, upstream, earlyDialTimeout.String())), 0o644))
+	cmd := exec.Command(bin, "--config", conf)
+	cmd.Env = childEnv()
+	cmd.Stderr = e.logs
+	started := time.Now()
+	check(t, cmd.Start())
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	for {
+		nc, err := net.DialTimeout("tcp", e.listen, time.Second)
+		if err == nil {
+			nc.Close()
+			break
+		}
+		if time.Since(started) > earlyDialTimeout {
+			t.Fatalf("not listening %v after start (the dial timeout: %s); log:\n%s", time.Since(started), why, e.logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.listeningAfter = time.Since(started)
+	return e
+}
+
+// ready is /readyz's status code, 0 until the admin listener answers (it
+// may bind after the client listener).
+func (e *earlyStart) ready() int {
+	res, err := http.Get("http://" + e.admin + "/readyz")
+	if err != nil {
+		return 0
+	}
+	res.Body.Close()
+	return res.StatusCode
 }
