@@ -1031,16 +1031,12 @@ func (sess *Session) unblock(args [][]byte, m *metrics.Command) bool {
 }
 
 // clientUnblock answers CLIENT UNBLOCK id [TIMEOUT|ERROR] (args from
-// CLIENT) sent by self. A blocked client's command runs on a dedicated
-// connection, so its proxy id is translated to that connection's Redis id
-// and the command sent there; a relayed client (tracking, pub/sub) blocks
-// on its relay's connection, whose id its handshake learnt. An id of no
-// blocked client answers 0, as on Redis. nil: too many arguments, which
-// Redis answers itself without acting.
+// CLIENT, at most 4) sent by self. A blocked client's command runs on a
+// dedicated connection, so its proxy id is translated to that connection's
+// Redis id and the command sent there; a relayed client (tracking,
+// pub/sub) blocks on its relay's connection, whose id its handshake
+// learnt. An id of no blocked client answers 0, as on Redis.
 func (s *Server) clientUnblock(self *Session, args [][]byte) []byte {
-	if len(args) > 4 {
-		return nil
-	}
 	var mode string
 	if len(args) == 4 {
 		mode = strings.ToUpper(string(args[3]))
@@ -1749,17 +1745,17 @@ func (sess *Session) appendRelayedCmd(out []byte, i int, r *resp.Request, d *pol
 	// relay once Redis has answered what came before (relay: quitting),
 	// as Redis closes a client after the reply to the CLIENT KILL that
 	// killed it.
-	// CLIENT UNBLOCK likewise: it names proxy clients, and the one it
-	// unblocks is blocked on a connection of its own.
-	killHere, unblockHere := false, false
-	if len(r.Args) > 2 && strings.EqualFold(string(r.Args[0]), "client") && !sess.relayInMulti && sess.relayRunsScripts() {
-		killHere = strings.EqualFold(string(r.Args[1]), "kill")
-		unblockHere = strings.EqualFold(string(r.Args[1]), "unblock")
-	}
-	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") && !killHere && !unblockHere {
+	killHere := len(r.Args) > 2 && strings.EqualFold(string(r.Args[0]), "client") && strings.EqualFold(string(r.Args[1]), "kill") &&
+		!sess.relayInMulti && sess.relayRunsScripts()
+	if len(r.Args) > 1 && strings.EqualFold(string(r.Args[0]), "client") && !killHere {
 		// Proxy client ids and addresses cannot be translated in flight
 		// on a relay; forwarded, they would name unrelated Redis
-		// connections.
+		// connections. CLIENT UNBLOCK is not done when read either, as
+		// KILL is: it would act before the commands sent ahead of it have
+		// run ("LPUSH q job, CLIENT UNBLOCK worker" in one write left the
+		// worker with a timeout and the job in the list; found by review),
+		// and waiting for their replies needs the relay's reply count,
+		// which not every relay keeps.
 		for _, sub := range [...]string{"UNBLOCK", "KILL"} {
 			if strings.EqualFold(string(r.Args[1]), sub) {
 				return refuse(out, "ERR redproxy: CLIENT "+sub+" is not supported on a connection in subscribed, tracking or MONITOR mode")
@@ -1778,18 +1774,6 @@ func (sess *Session) appendRelayedCmd(out []byte, i int, r *resp.Request, d *pol
 			return b
 		}
 		return appendErrorScript(out, "ERR redproxy: CLIENT KILL's answer could not be sent on this connection")
-	}
-	if unblockHere {
-		reply := sess.srv.clientUnblock(sess, r.Args)
-		if reply == nil {
-			// Too many arguments: Redis answers its syntax error, and
-			// does nothing else.
-			return append(out, r.Raw...)
-		}
-		if b, done := appendAnswerScript(out, reply); done {
-			return b
-		}
-		return appendErrorScript(out, "ERR redproxy: CLIENT UNBLOCK's answer could not be sent on this connection")
 	}
 	if b, done := sess.appendRelayAnswer(out, sess.clientArgs(i, r.Args), r.Raw); done {
 		return b

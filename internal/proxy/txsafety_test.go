@@ -358,11 +358,11 @@ func TestClientUnblockReachesTheBlockedClient(t *testing.T) {
 	for id := int64(1); id <= rid; id++ {
 		wantReplies(t, admin, unblock(id), int64(0))
 	}
-	// A relayed client's commands go to Redis raw; its UNBLOCK is the
-	// proxy's there too (relay_unblock_test.go), and names no Redis id.
+	// A relayed client's commands go to Redis raw; UNBLOCK is refused there.
 	relayed := dialRaw(t, p.Addr)
 	relayed.do("HELLO", "3")
-	wantReplies(t, relayed, []string{"CLIENT", "TRACKING", "ON"}, unblock(rid), "OK", int64(0))
+	wantReplies(t, relayed, []string{"CLIENT", "TRACKING", "ON"}, unblock(rid), "OK",
+		respError("ERR redproxy: CLIENT UNBLOCK is not supported on a connection in subscribed, tracking or MONITOR mode"))
 	direct.RPush(ctx, "ub:d", "x")
 	if got, _ := other.readReply(); !reflect.DeepEqual(got, []any{"ub:d", "x"}) {
 		t.Fatalf("a Redis connection blocked directly was unblocked through the proxy: %#v", got)
