@@ -203,11 +203,16 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	if !embedded && upstreamAddr != "" {
 		table, answered = loadCommandTable(cfg, upstreamAddr, log)
 	}
-	// A Redis that did not answer (refused, or accepted and stayed silent)
-	// is not waited for again by the pools: the proxy listens at once and
-	// is not ready until Redis answers.
+	// A Redis that did not answer COMMAND, and does not answer a PING
+	// either (refused, or accepted and stayed silent), is not waited for
+	// again by the pools: the proxy listens at once and is not ready until
+	// Redis answers. One that answers PING was only slow with COMMAND's
+	// 200 KB (a slow link, a fork): its pools are waited for as usual, or
+	// the first clients would be told it is unavailable (found by review).
+	// PING goes in plaintext, so behind TLS the pools are always waited for.
+	silent := upstreamAddr != "" && !embedded && !answered && cfg.Upstream.TLS == nil && !redisAnswers(upstreamAddr)
 	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr,
-		UpstreamSilent: upstreamAddr != "" && !embedded && !answered})
+		UpstreamSilent: silent})
 	if err != nil {
 		fmt.Fprintf(stderr, "redproxy: %v\n", err)
 		return 2
@@ -410,10 +415,11 @@ func controlClient(cfg *config.Config, addr string) *redis.Client {
 		// up yet (a container started before Redis); the proxy's own
 		// connections keep redialing after it listens.
 		DialerRetries: 1,
-		// Its replies are small or come at once (COMMAND's 200 KB from a
-		// live Redis within milliseconds): a Redis that accepted and
-		// stays silent held the listener back by go-redis's 3 s default.
-		ReadTimeout: min(cfg.Upstream.DialTimeout.Duration, probeReplyTimeout),
+		// go-redis's default, written out: how long a Redis that accepted
+		// and stays silent holds the listener back (COMMAND), and how long
+		// a slow one has to send COMMAND's 200 KB before the built-in
+		// table is used instead.
+		ReadTimeout: probeReplyTimeout,
 		Protocol:    2, DisableIdentity: true,
 	})
 }
@@ -434,9 +440,8 @@ func upstreamTLS(cfg *config.Config) *tls.Config {
 }
 
 // probeReplyTimeout bounds the wait for a reply to the start's probes
-// (COMMAND, INFO) when dial_timeout is longer: a WAN's dial timeout need
-// not be a silent Redis's delay of the listener.
-const probeReplyTimeout = 2 * time.Second
+// (COMMAND, INFO).
+const probeReplyTimeout = 3 * time.Second
 
 func redisAnswers(addr string) bool {
 	nc, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)

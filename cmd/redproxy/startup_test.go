@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -98,6 +99,75 @@ func TestStartsBeforeASilentRedis(t *testing.T) {
 	if v, err := rs.Client(t).Get(ctx, "startup:silent").Result(); err != nil || v != "v" {
 		t.Fatalf("the SET did not reach Redis: %q, %v", v, err)
 	}
+}
+
+// A Redis that answers slowly is not a silent one: COMMAND's 200 KB
+// taking longer than the probe's timeout (a slow link, a fork) makes the
+// proxy use its built-in table, but the pools are still waited for, so the
+// proxy is ready and serves as soon as it listens. Found by review: taken
+// for silent, its pools were not waited for, and the first clients were
+// told the upstream was unavailable. The link here delays every 4 KB from
+// Redis by 250 ms: PING and the pools' handshakes take 250 ms, COMMAND
+// about 12 s.
+func TestStartsBeforeASlowRedis(t *testing.T) {
+	rs := redistest.Start(t)
+	link := slowLink(t, rs.Addr(), 4096, 250*time.Millisecond)
+	e := startEarly(t, link, "it waited for COMMAND")
+	redistest.Eventually(t, 10*time.Second, func() bool { return e.ready() != 0 }, "the admin listener never answered")
+	if code := e.ready(); code != http.StatusOK {
+		t.Fatalf("/readyz once listening: %d, want 200 (the pools were not waited for); log:\n%s", code, e.logs.String())
+	}
+	c := redis.NewClient(&redis.Options{Addr: e.listen, MaxRetries: -1})
+	defer c.Close()
+	if err := c.Set(ctx, "startup:slow", "v", time.Minute).Err(); err != nil {
+		t.Fatalf("first SET: %v", err)
+	}
+	if !strings.Contains(e.logs.String(), "using the built-in command table") {
+		t.Errorf("COMMAND was answered within the probe's timeout: the link is not slow enough to test this; log:\n%s", e.logs.String())
+	}
+}
+
+// slowLink forwards connections to addr, and Redis's replies back in
+// pieces of at most chunk bytes, each delay late.
+func slowLink(t *testing.T, addr string, chunk int, delay time.Duration) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			down, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", addr)
+			if err != nil {
+				down.Close()
+				continue
+			}
+			t.Cleanup(func() { down.Close(); up.Close() })
+			go func() {
+				io.Copy(up, down)
+				up.Close()
+			}()
+			go func() {
+				defer down.Close()
+				buf := make([]byte, chunk)
+				for {
+					n, err := up.Read(buf)
+					if n > 0 {
+						time.Sleep(delay)
+						if _, werr := down.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // earlyStart is a proxy process started on upstream with dial_timeout

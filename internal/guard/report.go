@@ -249,7 +249,7 @@ func (r *Report) WriteText(w io.Writer, now time.Time) error {
 	}
 	if r.FixupFailures > 0 {
 		fmt.Fprintf(&b, "%d TTL fix-ups failed (refused by Redis or lost with a connection; see the log): "+
-			"keys counted fixed below may have no TTL, which `redproxy audit` finds\n", r.FixupFailures)
+			"their keys may have no TTL, which `redproxy audit` finds\n", r.FixupFailures)
 	}
 	if len(r.Rows) == 0 {
 		b.WriteString("no violations\n")
