@@ -71,26 +71,57 @@ func TestRelayedClientUnblockIsRefused(t *testing.T) {
 		[]any{"subscribe", "ub:ch", int64(1)}, queueRefused)
 }
 
-// The relay's handshake asks CLIENT ID; an upstream user Redis does not
-// let run it still relays (the id only serves UNBLOCK), and an UNBLOCK of
-// such a client answers 0 without reaching Redis with a made-up id.
+// The relay's id comes from HELLO's reply on a RESP3 connection and from
+// CLIENT ID on a RESP2 one. An upstream user Redis does not let run CLIENT
+// ID still relays over RESP2 (the id only serves UNBLOCK), an UNBLOCK of
+// such a client answers 0 without reaching Redis with a made-up id, and
+// each such dial leaves a NOPERM entry in Redis's ACL LOG; a RESP3 relay
+// leaves none, and is unblocked.
 func TestRelayWithoutClientIDPermission(t *testing.T) {
 	rs := redistest.Start(t)
-	if err := rs.Client(t).Do(ctx, "ACL", "SETUSER", "noid", "on", ">pw", "~*", "&*", "+@all", "-client|id").Err(); err != nil {
+	direct := rs.Client(t)
+	if err := direct.Do(ctx, "ACL", "SETUSER", "noid", "on", ">pw", "~*", "&*", "+@all", "-client|id").Err(); err != nil {
 		t.Fatal(err)
 	}
 	p := proxytest.Start(t, rs, func(c *config.Config) {
 		c.Upstream.Username, c.Upstream.Password = "noid", "pw"
 	})
-	blocked := dialRaw(t, p.Addr)
-	wantReplies(t, blocked, []string{"AUTH", "noid", "pw"}, []string{"CLIENT", "TRACKING", "ON"}, []string{"SET", "ub:k", "v"}, []string{"GET", "ub:k"}, "OK", "OK", "OK", "v")
-	id := blocked.do("CLIENT", "ID").(int64)
-	blocked.send([]string{"BLPOP", "ub:q", "0"})
-	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(rs.Client(t)) == 1 }, "BLPOP never blocked")
 	admin := dialRaw(t, p.Addr)
-	wantReplies(t, admin, []string{"AUTH", "noid", "pw"}, []string{"CLIENT", "UNBLOCK", strconv.FormatInt(id, 10)}, "OK", int64(0))
-	rs.Client(t).RPush(ctx, "ub:q", "x")
-	if got, _ := blocked.readReply(); !reflect.DeepEqual(got, []any{"ub:q", "x"}) {
-		t.Fatalf("BLPOP answered %#v", got)
+	wantReplies(t, admin, []string{"AUTH", "noid", "pw"}, "OK")
+	aclLog := func() int64 {
+		entries, err := direct.Do(ctx, "ACL", "LOG").Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int64(len(entries))
+	}
+	for _, tc := range []struct {
+		proto   string
+		unblock int64 // CLIENT UNBLOCK's answer
+		logged  int64 // ACL LOG entries the relay's dial added
+	}{{"2", 0, 1}, {"3", 1, 0}} {
+		if err := direct.Do(ctx, "ACL", "LOG", "RESET").Err(); err != nil {
+			t.Fatal(err)
+		}
+		blocked := dialRaw(t, p.Addr)
+		wantReplies(t, blocked, []string{"HELLO", tc.proto, "AUTH", "noid", "pw"})
+		blocked.readReply()
+		wantReplies(t, blocked, []string{"CLIENT", "TRACKING", "ON"}, []string{"SET", "ub:k", "v"}, []string{"GET", "ub:k"}, "OK", "OK", "v")
+		if n := aclLog(); n != tc.logged {
+			t.Errorf("RESP%s: %d ACL LOG entries after the relay's dial, want %d", tc.proto, n, tc.logged)
+		}
+		id := blocked.do("CLIENT", "ID").(int64)
+		blocked.send([]string{"BLPOP", "ub:q", "0"})
+		redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 1 }, "BLPOP never blocked")
+		wantReplies(t, admin, []string{"CLIENT", "UNBLOCK", strconv.FormatInt(id, 10)}, tc.unblock)
+		if tc.unblock == 0 {
+			direct.RPush(ctx, "ub:q", "x")
+			if got, _ := blocked.readReply(); !reflect.DeepEqual(got, []any{"ub:q", "x"}) {
+				t.Fatalf("RESP%s: BLPOP answered %#v", tc.proto, got)
+			}
+		} else if got, _ := blocked.readReply(); got != nil {
+			t.Fatalf("RESP%s: unblocked BLPOP answered %#v", tc.proto, got)
+		}
+		blocked.nc.Close()
 	}
 }

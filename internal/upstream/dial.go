@@ -128,8 +128,11 @@ func handshake(nc net.Conn, opt Options, wantID bool) (id int64, err error) {
 		cmds = append(cmds, []string{"CLIENT", "SETNAME", opt.Name})
 	}
 	cmds = append(cmds, opt.Handshake...)
+	// HELLO's reply carries the id; only a RESP2 connection asks for it,
+	// which an upstream user without client|id leaves in Redis's ACL LOG
+	// on every dial.
 	askID := -1
-	if wantID {
+	if wantID && !opt.RESP3 {
 		askID = len(cmds)
 		cmds = append(cmds, []string{"CLIENT", "ID"})
 	}
@@ -155,6 +158,9 @@ func handshake(nc net.Conn, opt Options, wantID bool) (id int64, err error) {
 			id, _ = resp.Integer(reply) // an error reply: 0, not a failed dial
 			continue
 		}
+		if wantID && opt.RESP3 && i == 0 {
+			id = helloID(reply)
+		}
 		if resp.IsError(reply) && !(i == setName && bytes.HasPrefix(reply, busyPrefix)) {
 			// The name is only for operators; a Redis that refuses it
 			// because a script runs (-BUSY) must not keep the proxy from
@@ -168,6 +174,23 @@ func handshake(nc net.Conn, opt Options, wantID bool) (id int64, err error) {
 }
 
 var busyPrefix = []byte("-BUSY")
+
+// helloID returns the id field of HELLO's reply (a map whose fourth key is
+// "id": server, version, proto, id, ...), 0 if it has none.
+func helloID(reply []byte) int64 {
+	const key = "$2\r\nid\r\n"
+	i := bytes.Index(reply, []byte(key))
+	if i < 0 {
+		return 0
+	}
+	rest := reply[i+len(key):]
+	end := bytes.Index(rest, []byte("\r\n"))
+	if end < 0 {
+		return 0
+	}
+	id, _ := resp.Integer(rest[:end+2])
+	return id
+}
 
 // maxHandshakeReply caps what a handshake reads: HELLO's map is the
 // largest reply, a few hundred bytes.
