@@ -204,13 +204,16 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		table, answered = loadCommandTable(cfg, upstreamAddr, log)
 	}
 	// A Redis that did not answer COMMAND, and does not answer a PING
-	// either (refused, or accepted and stayed silent), is not waited for
-	// again by the pools: the proxy listens at once and is not ready until
-	// Redis answers. One that answers PING was only slow with COMMAND's
-	// 200 KB (a slow link, a fork): its pools are waited for as usual, or
-	// the first clients would be told it is unavailable (found by review).
-	// PING goes in plaintext, so behind TLS the pools are always waited for.
-	silent := upstreamAddr != "" && !embedded && !answered && cfg.Upstream.TLS == nil && !redisAnswers(upstreamAddr)
+	// within the dial timeout either (refused, or accepted and stayed
+	// silent), is not waited for again by the pools: the proxy listens
+	// and is not ready until Redis answers. One that answers PING was only
+	// slow with COMMAND's 200 KB (a slow link) or busy for a while (a
+	// fork, a long command at start: DEBUG SLEEP 4 was taken for silence
+	// with a 500 ms PING, found by review): its pools are waited for as
+	// usual, or the first clients would be told it is unavailable. PING
+	// goes in plaintext, so behind TLS the pools are always waited for.
+	silent := upstreamAddr != "" && !embedded && !answered && cfg.Upstream.TLS == nil &&
+		!redisAnswersWithin(upstreamAddr, min(cfg.Upstream.DialTimeout.Duration, silentPingWait))
 	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr,
 		UpstreamSilent: silent})
 	if err != nil {
@@ -443,13 +446,22 @@ func upstreamTLS(cfg *config.Config) *tls.Config {
 // (COMMAND, INFO).
 const probeReplyTimeout = 3 * time.Second
 
-func redisAnswers(addr string) bool {
+// silentPingWait bounds the PING that tells a silent Redis from a busy one
+// after COMMAND timed out (or dial_timeout, if shorter): with it a silent
+// Redis holds the listener back about 5 s, and a Redis busy for less than
+// that at start is waited for.
+const silentPingWait = 2 * time.Second
+
+func redisAnswers(addr string) bool { return redisAnswersWithin(addr, 500*time.Millisecond) }
+
+// redisAnswersWithin is redisAnswers giving the reply wait time.
+func redisAnswersWithin(addr string, wait time.Duration) bool {
 	nc, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
 	if err != nil {
 		return false
 	}
 	defer nc.Close()
-	nc.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	nc.SetDeadline(time.Now().Add(wait))
 	if _, err := nc.Write([]byte("*1\r\n$4\r\nPING\r\n")); err != nil {
 		return false
 	}

@@ -68,9 +68,10 @@ func TestStartsBeforeRedis(t *testing.T) {
 
 // A Redis that accepts connections and never answers (stopped, or a
 // blackholed path behind a load balancer) holds the listener back only by
-// the probe's reply timeout: the pools do not wait their dial timeout for
-// it again (before: about 7 s with the defaults, 23 s with this
-// dial_timeout). The proxy is not ready until Redis answers, then serves.
+// the probes' reply timeouts (COMMAND 3 s, PING 2 s): the pools do not
+// wait their dial timeout for it again (before: about 7 s with the
+// defaults, 23 s with this dial_timeout). The proxy is not ready until
+// Redis answers, then serves.
 func TestStartsBeforeASilentRedis(t *testing.T) {
 	rs := redistest.Start(t)
 	rs.Freeze(t)
@@ -124,6 +125,44 @@ func TestStartsBeforeASlowRedis(t *testing.T) {
 	}
 	if !strings.Contains(e.logs.String(), "using the built-in command table") {
 		t.Errorf("COMMAND was answered within the probe's timeout: the link is not slow enough to test this; log:\n%s", e.logs.String())
+	}
+}
+
+// A Redis busy at start (a long command, a fork) for longer than the
+// COMMAND probe's 3 s is not a silent one: the PING that follows waits up
+// to 2 s, Redis answers it, and the pools are waited for, so the proxy is
+// ready and serves once it listens. Found by review: with a 500 ms PING,
+// DEBUG SLEEP 4 was taken for silence and the first clients were told the
+// upstream was unavailable. (DEBUG SLEEP 4.5: past COMMAND's 3 s and a
+// 500 ms PING, within a 2 s one.)
+func TestStartsBeforeABusyRedis(t *testing.T) {
+	binary(t) // built before the sleep: the proxy must start while Redis sleeps
+	rs := redistest.Start(t, "--enable-debug-command", "yes")
+	sleeping := make(chan error, 1)
+	go func() { sleeping <- rs.Client(t).Do(ctx, "DEBUG", "SLEEP", "4.5").Err() }()
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		nc, err := net.Dial("tcp", rs.Addr())
+		if err != nil {
+			return false
+		}
+		defer nc.Close()
+		nc.SetDeadline(time.Now().Add(100 * time.Millisecond))
+		nc.Write([]byte("PING\r\n"))
+		_, err = nc.Read(make([]byte, 8))
+		return err != nil // no answer: the sleep has begun
+	}, "DEBUG SLEEP never began")
+	e := startEarly(t, rs.Addr(), "it waited for COMMAND")
+	redistest.Eventually(t, 10*time.Second, func() bool { return e.ready() != 0 }, "the admin listener never answered")
+	if code := e.ready(); code != http.StatusOK {
+		t.Fatalf("/readyz once listening (%v after start): %d, want 200 (taken for silent); log:\n%s", e.listeningAfter, code, e.logs.String())
+	}
+	c := redis.NewClient(&redis.Options{Addr: e.listen, MaxRetries: -1})
+	defer c.Close()
+	if err := c.Set(ctx, "startup:busy", "v", time.Minute).Err(); err != nil {
+		t.Fatalf("first SET: %v", err)
+	}
+	if err := <-sleeping; err != nil {
+		t.Fatalf("DEBUG SLEEP: %v", err)
 	}
 }
 
