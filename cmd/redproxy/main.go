@@ -204,7 +204,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		table, answered = loadCommandTable(cfg, upstreamAddr, log)
 	}
 	// A Redis that did not answer COMMAND, and does not answer a PING
-	// within the dial timeout either (refused, or accepted and stayed
+	// within silentPingWait either (refused, or accepted and stayed
 	// silent), is not waited for again by the pools: the proxy listens
 	// and is not ready until Redis answers. One that answers PING was only
 	// slow with COMMAND's 200 KB (a slow link) or busy for a while (a

@@ -21,9 +21,11 @@ func Dial(opt Options) (net.Conn, error) {
 	return nc, err
 }
 
-// dial is Dial; with wantID the handshake also asks CLIENT ID and returns
-// it (0 when Redis refuses it, as an ACL without client|id does: the id
-// only lets other clients' CLIENT UNBLOCK reach the connection).
+// dial is Dial; with wantID it also returns the connection's Redis id,
+// from HELLO's reply (RESP3) or a CLIENT ID in the same handshake (RESP2),
+// 0 when Redis refuses that (an ACL without client|id, -BUSY during a
+// script): the id only lets other clients' CLIENT UNBLOCK reach the
+// connection.
 func dial(opt Options, wantID bool) (net.Conn, int64, error) {
 	opt.defaults()
 	// Keepalive bounds how long a connection whose peer vanished without a
