@@ -252,27 +252,32 @@ func TestClusterPubSub(t *testing.T) {
 func replicaOf(t *testing.T, c *redistest.Cluster, addr string) *redistest.Server {
 	t.Helper()
 	// Asked until one answers: a replica still syncing, or one just
-	// thawed whose pooled connection timed out, may fail one ROLE.
+	// thawed whose pooled connection timed out, may fail one ROLE. Every
+	// node is asked, so that a failure says what each one was (a CI run
+	// under load listed two replicas of three for 10 s, without the
+	// third's answer); 30 s, as a loaded machine may take that long.
 	var found *redistest.Server
 	var seen []string
-	redistest.Eventually(t, 10*time.Second, func() bool {
+	redistest.Eventually(t, 30*time.Second, func() bool {
 		seen = seen[:0]
-		for _, r := range c.Replicas(t) {
+		for _, r := range c.Nodes {
 			rc := redis.NewClient(&redis.Options{Addr: r.Addr(), MaxRetries: -1})
-			role, err := rc.Do(context.Background(), "ROLE").Slice()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			role, err := rc.Do(ctx, "ROLE").Slice()
+			cancel()
 			_ = rc.Close()
 			if err != nil || len(role) < 3 {
 				seen = append(seen, fmt.Sprintf("%s: %v %v", r.Addr(), role, err))
 				continue
 			}
 			seen = append(seen, fmt.Sprintf("%s: %v", r.Addr(), role[:3]))
-			if fmt.Sprintf("%v:%v", role[1], role[2]) == addr {
+			if role[0] == "slave" && fmt.Sprintf("%v:%v", role[1], role[2]) == addr {
 				found = r
 				return true
 			}
 		}
 		return false
-	}, "no replica of %s; the replicas said %v", addr, &seen)
+	}, "no replica of %s; the nodes said %v", addr, &seen)
 	return found
 }
 
