@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -169,44 +170,33 @@ func TestStartsBeforeABusyRedis(t *testing.T) {
 // slowLink forwards connections to addr, and Redis's replies back in
 // pieces of at most chunk bytes, each delay late.
 func slowLink(t *testing.T, addr string, chunk int, delay time.Duration) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	check(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			down, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", addr)
-			if err != nil {
-				down.Close()
-				continue
-			}
-			t.Cleanup(func() { down.Close(); up.Close() })
-			go func() {
-				io.Copy(up, down)
-				up.Close()
-			}()
-			go func() {
-				defer down.Close()
-				buf := make([]byte, chunk)
-				for {
-					n, err := up.Read(buf)
-					if n > 0 {
-						time.Sleep(delay)
-						if _, werr := down.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
+	return redistest.ServeLoopback(t, func(wg *sync.WaitGroup, down net.Conn) {
+		up, err := net.Dial("tcp", addr)
+		if err != nil {
+			down.Close()
+			return
+		}
+		wg.Go(func() {
+			io.Copy(up, down)
+			up.Close()
+		})
+		wg.Go(func() {
+			defer down.Close()
+			buf := make([]byte, chunk)
+			for {
+				n, err := up.Read(buf)
+				if n > 0 {
+					time.Sleep(delay)
+					if _, werr := down.Write(buf[:n]); werr != nil {
 						return
 					}
 				}
-			}()
-		}
-	}()
-	return ln.Addr().String()
+				if err != nil {
+					return
+				}
+			}
+		})
+	})
 }
 
 // earlyStart is a proxy process started on upstream with dial_timeout
