@@ -126,10 +126,11 @@ type Options struct {
 	// store, whose address is only known once it runs). In Sentinel mode
 	// it is the primary the caller found, if any.
 	UpstreamAddr string
-	// UpstreamSilent says the caller's probe found Redis connected but
-	// silent (COMMAND timed out): the pools are built without waiting for
-	// their first dials, which would time out too, so the listeners open
-	// at once and the proxy starts not ready, as for a Redis that refuses.
+	// UpstreamSilent says the caller's probes got no answer from Redis
+	// (neither COMMAND nor a PING: refused, or accepted and silent): the
+	// pools are built without waiting for their first dials, which would
+	// time out too, so the listeners open at once and the proxy starts
+	// not ready.
 	UpstreamSilent bool
 }
 

@@ -51,9 +51,9 @@ type BackendOptions struct {
 	// default).
 	ReplyLimit int
 	// NoDialWait makes NewBackend return without waiting for DB 0's first
-	// dials: Redis was just found silent (it accepted a connection and
-	// did not answer), so those dials would only time out, each holding
-	// the proxy's start back by DialTimeout.
+	// dials: Redis was just found not answering (refused, or accepted and
+	// silent), so those dials would only fail or time out, each holding
+	// the proxy's start back by up to DialTimeout.
 	NoDialWait bool
 }
 
