@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,4 +125,52 @@ func TestRelayWithoutClientIDPermission(t *testing.T) {
 		}
 		blocked.nc.Close()
 	}
+}
+
+// A RESP2 relay dialled while a script runs gets -BUSY to the CLIENT ID in
+// its handshake. It used to keep id 0 for its life, so CLIENT UNBLOCK of
+// its client answered 0 and left it blocked (found by review); its id is
+// now looked up in CLIENT LIST by the relay's address, once the script
+// has ended. While it runs, the UNBLOCK gets Redis's -BUSY, as on Redis.
+func TestRelayDialledDuringAScriptIsUnblocked(t *testing.T) {
+	rs := redistest.Start(t, "--busy-reply-threshold", "50")
+	direct := rs.Client(t)
+	p := proxytest.Start(t, rs, nil)
+	admin := dialRaw(t, p.Addr)
+	wantReplies(t, admin, []string{"PING"}, "PONG")
+
+	script := rs.Client(t)
+	done := make(chan error, 1)
+	go func() { done <- script.Eval(ctx, redistest.LoopScript, nil, 20000).Err() }()
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		err := direct.Ping(ctx).Err()
+		return err != nil && strings.HasPrefix(err.Error(), "BUSY")
+	}, "the script never made Redis busy")
+	blocked := dialRaw(t, p.Addr)
+	id := blocked.do("CLIENT", "ID").(int64) // the proxy's answer, before the relay
+	// The relay is dialled now; its CLIENT TRACKING ON meets the script.
+	blocked.send([]string{"CLIENT", "TRACKING", "ON"})
+	if got, _ := blocked.readReply(); !isBusy(got) {
+		t.Fatalf("CLIENT TRACKING ON during the script answered %#v", got)
+	}
+	if got := admin.do("CLIENT", "UNBLOCK", strconv.FormatInt(id, 10)); !isBusy(got) {
+		t.Fatalf("CLIENT UNBLOCK during the script answered %#v, want Redis's -BUSY", got)
+	}
+	if err := direct.Do(ctx, "SCRIPT", "KILL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	wantReplies(t, blocked, []string{"CLIENT", "TRACKING", "ON"}, "OK")
+	blocked.send([]string{"BLPOP", "ub:q", "0"})
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 1 }, "BLPOP never blocked")
+	wantReplies(t, admin, []string{"CLIENT", "UNBLOCK", strconv.FormatInt(id, 10)}, int64(1))
+	if got, _ := blocked.readReply(); got != nil {
+		t.Fatalf("unblocked BLPOP answered %#v", got)
+	}
+	wantReplies(t, admin, []string{"CLIENT", "UNBLOCK", strconv.FormatInt(id, 10)}, int64(0))
+}
+
+func isBusy(reply any) bool {
+	e, ok := reply.(respError)
+	return ok && strings.HasPrefix(string(e), "BUSY")
 }

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -345,7 +346,7 @@ func (b *Backend) RoundTripBeside(p *Pipe, raw []byte) ([]byte, error) {
 // relayConn is a relayed connection in use.
 type relayConn struct {
 	gen *backendGen
-	id  int64 // Redis's CLIENT ID of it; 0: not known
+	id  int64 // Redis's CLIENT ID of it; 0: not known; idAfterBusy: ask CLIENT LIST
 }
 
 // AcquireConn dials a raw dedicated connection for relaying (pub/sub,
@@ -396,7 +397,59 @@ func (b *Backend) RoundTripAboutRelay(nc net.Conn, cmd func(id int64) []byte) ([
 	if !ok || r.id == 0 {
 		return nil, ErrRelayGone
 	}
+	if r.id == idAfterBusy {
+		id, busy := relayIDFromList(r.gen, nc)
+		if busy != nil {
+			return busy, nil // Redis's own answer to an UNBLOCK now
+		}
+		b.idleMu.Lock()
+		if cur, ok := b.relays[nc]; ok && cur.gen == r.gen {
+			cur.id = id
+			b.relays[nc] = cur
+		}
+		b.idleMu.Unlock()
+		if id == 0 {
+			return nil, ErrRelayGone
+		}
+		r.id = id
+	}
 	return r.gen.roundTrip(false, true, cmd(r.id))
+}
+
+var cmdClientList = resp.AppendCommandStrings(nil, "CLIENT", "LIST", "TYPE", "normal")
+
+// relayIDFromList finds the Redis id of the relayed connection nc, whose
+// handshake's CLIENT ID met a script (-BUSY), in CLIENT LIST: the line
+// whose addr is nc's local address (unique while nc is open). 0 when
+// Redis refuses CLIENT LIST, lists no such address (a NAT between the
+// proxy and Redis) or cannot be asked; the -BUSY reply itself while the
+// script still runs.
+func relayIDFromList(g *backendGen, nc net.Conn) (id int64, busy []byte) {
+	reply, err := g.roundTrip(false, true, cmdClientList)
+	if err != nil {
+		return 0, nil
+	}
+	if bytes.HasPrefix(reply, busyPrefix) {
+		return 0, reply
+	}
+	size, header, ok := resp.BulkHeader(reply)
+	if !ok || int64(len(reply)) < int64(header)+size {
+		return 0, nil
+	}
+	addr := []byte(" addr=" + nc.LocalAddr().String() + " ")
+	for line := range bytes.SplitSeq(reply[header:int64(header)+size], []byte("\n")) {
+		rest, ok := bytes.CutPrefix(line, []byte("id="))
+		if !ok || !bytes.Contains(line, addr) {
+			continue
+		}
+		digits, _, _ := bytes.Cut(rest, []byte(" "))
+		id, err := strconv.ParseInt(string(digits), 10, 64)
+		if err != nil || id <= 0 {
+			return 0, nil
+		}
+		return id, nil
+	}
+	return 0, nil
 }
 
 // ReleaseConn closes a relayed connection.

@@ -23,9 +23,9 @@ func Dial(opt Options) (net.Conn, error) {
 
 // dial is Dial; with wantID it also returns the connection's Redis id,
 // from HELLO's reply (RESP3) or a CLIENT ID in the same handshake (RESP2),
-// 0 when Redis refuses that (an ACL without client|id, -BUSY during a
-// script): the id only lets other clients' CLIENT UNBLOCK reach the
-// connection.
+// 0 when Redis refuses that (an ACL without client|id), idAfterBusy when
+// Redis answered -BUSY (a script ran): the id only lets other clients'
+// CLIENT UNBLOCK reach the connection.
 func dial(opt Options, wantID bool) (net.Conn, int64, error) {
 	opt.defaults()
 	// Keepalive bounds how long a connection whose peer vanished without a
@@ -157,7 +157,12 @@ func handshake(nc net.Conn, opt Options, wantID bool) (id int64, err error) {
 			return 0, err
 		}
 		if i == askID {
-			id, _ = resp.Integer(reply) // an error reply: 0, not a failed dial
+			// An error reply is 0, not a failed dial. -BUSY says nothing
+			// of the ACL: the id can be looked up once the script ends.
+			id, _ = resp.Integer(reply)
+			if bytes.HasPrefix(reply, busyPrefix) {
+				id = idAfterBusy
+			}
 			continue
 		}
 		if wantID && opt.RESP3 && i == 0 {
@@ -176,6 +181,11 @@ func handshake(nc net.Conn, opt Options, wantID bool) (id int64, err error) {
 }
 
 var busyPrefix = []byte("-BUSY")
+
+// idAfterBusy is dial's id for a RESP2 connection whose CLIENT ID Redis
+// answered -BUSY: a relay dialled while a script ran would otherwise keep
+// id 0, unreachable by CLIENT UNBLOCK, for its whole life.
+const idAfterBusy = -1
 
 // helloID returns the id field of HELLO's reply (a map whose fourth key is
 // "id": server, version, proto, id, ...), 0 if it has none.
