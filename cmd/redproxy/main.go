@@ -212,8 +212,14 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	// with a 500 ms PING, found by review): its pools are waited for as
 	// usual, or the first clients would be told it is unavailable. PING
 	// goes in plaintext, so behind TLS the pools are always waited for.
+	// In cluster mode every seed is asked (at once): one that answers
+	// gives the router its slot map, which is then waited for as usual.
+	probed := []string{upstreamAddr}
+	if cfg.Upstream.Mode == config.ModeCluster {
+		probed = cfg.Upstream.Seeds
+	}
 	silent := upstreamAddr != "" && !embedded && !answered && cfg.Upstream.TLS == nil &&
-		!redisAnswersWithin(upstreamAddr, min(cfg.Upstream.DialTimeout.Duration, silentPingWait))
+		!anyAnswersWithin(probed, min(cfg.Upstream.DialTimeout.Duration, silentPingWait))
 	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr,
 		UpstreamSilent: silent})
 	if err != nil {
@@ -469,6 +475,21 @@ func redisAnswersWithin(addr string, wait time.Duration) bool {
 	n, _ := nc.Read(buf)
 	// Any RESP reply (even -NOAUTH) means a Redis is there.
 	return n > 0 && (buf[0] == '+' || buf[0] == '-')
+}
+
+// anyAnswersWithin is redisAnswersWithin asking every address at once,
+// true when one answers.
+func anyAnswersWithin(addrs []string, wait time.Duration) bool {
+	answered := make(chan bool, len(addrs))
+	for _, a := range addrs {
+		go func() { answered <- redisAnswersWithin(a, wait) }()
+	}
+	for range addrs {
+		if <-answered {
+			return true
+		}
+	}
+	return false
 }
 
 // loadCommandTable asks the upstream for its command table, so commands of

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -26,7 +27,7 @@ import (
 func TestStartsBeforeRedis(t *testing.T) {
 	rs := redistest.Start(t)
 	rs.Kill(t) // its port is now free and refuses connections
-	e := startEarly(t, rs.Addr(), "it waited for dials Redis refused")
+	e := startEarly(t, upstreamAt(rs.Addr()), "it waited for dials Redis refused")
 	listen, ready, logs := e.listen, e.ready, e.logs
 	t.Logf("listening %v after start, Redis down", e.listeningAfter.Round(time.Millisecond))
 
@@ -82,7 +83,7 @@ func TestStartsBeforeASilentRedis(t *testing.T) {
 			rs.Thaw(t)
 		}
 	})
-	e := startEarly(t, rs.Addr(), "the pools waited for dials that could not finish")
+	e := startEarly(t, upstreamAt(rs.Addr()), "the pools waited for dials that could not finish")
 	listen, ready, logs := e.listen, e.ready, e.logs
 	t.Logf("listening %v after start, Redis silent", e.listeningAfter.Round(time.Millisecond))
 	redistest.Eventually(t, 10*time.Second, func() bool { return ready() != 0 }, "the admin listener never answered")
@@ -103,6 +104,51 @@ func TestStartsBeforeASilentRedis(t *testing.T) {
 	}
 }
 
+// The same in cluster mode, every seed silent: the router's first slot
+// map is loaded in the background, where it waited for each seed's reply
+// up to reply_timeout (here as long as the dial timeout, so that the test
+// fails without the change: about 25 s before listening). Once the nodes
+// answer, the map loads and a SET reaches the cluster.
+func TestStartsBeforeASilentCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	nodes := cl.Primaries(t)
+	for _, n := range nodes {
+		n.Freeze(t)
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			for _, n := range nodes {
+				n.Thaw(t)
+			}
+		}
+	}
+	t.Cleanup(thaw)
+	seeds := make([]string, len(nodes))
+	for i, n := range nodes {
+		seeds[i] = strconv.Quote(n.Addr())
+	}
+	e := startEarly(t, fmt.Sprintf("mode = \"cluster\"\nseeds = [%s]\nreply_timeout = %q\n", strings.Join(seeds, ", "), earlyDialTimeout.String()),
+		"the router waited for the seeds' slot maps")
+	t.Logf("listening %v after start, every seed silent", e.listeningAfter.Round(time.Millisecond))
+	redistest.Eventually(t, 10*time.Second, func() bool { return e.ready() != 0 }, "the admin listener never answered")
+	if code := e.ready(); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz with the cluster silent: %d, want 503", code)
+	}
+	thaw()
+	redistest.Eventually(t, 3*earlyDialTimeout, func() bool { return e.ready() == http.StatusOK },
+		"/readyz never 200 after the cluster answered; log:\n%s", e.logs.String())
+	c := redis.NewClient(&redis.Options{Addr: e.listen, MaxRetries: -1})
+	defer c.Close()
+	if err := c.Set(ctx, "startup:silent-cluster", "v", time.Minute).Err(); err != nil {
+		t.Fatalf("SET once ready: %v; log:\n%s", err, e.logs.String())
+	}
+	if v, err := cl.ClusterClient(t).Get(ctx, "startup:silent-cluster").Result(); err != nil || v != "v" {
+		t.Fatalf("the SET did not reach the cluster: %q, %v", v, err)
+	}
+}
+
 // A Redis that answers slowly is not a silent one: COMMAND's 200 KB
 // taking longer than the probe's timeout (a slow link, a fork) makes the
 // proxy use its built-in table, but the pools are still waited for, so the
@@ -114,7 +160,7 @@ func TestStartsBeforeASilentRedis(t *testing.T) {
 func TestStartsBeforeASlowRedis(t *testing.T) {
 	rs := redistest.Start(t)
 	link := slowLink(t, rs.Addr(), 4096, 250*time.Millisecond)
-	e := startEarly(t, link, "it waited for COMMAND")
+	e := startEarly(t, upstreamAt(link), "it waited for COMMAND")
 	redistest.Eventually(t, 10*time.Second, func() bool { return e.ready() != 0 }, "the admin listener never answered")
 	if code := e.ready(); code != http.StatusOK {
 		t.Fatalf("/readyz once listening: %d, want 200 (the pools were not waited for); log:\n%s", code, e.logs.String())
@@ -152,7 +198,7 @@ func TestStartsBeforeABusyRedis(t *testing.T) {
 		_, err = nc.Read(make([]byte, 8))
 		return err != nil // no answer: the sleep has begun
 	}, "DEBUG SLEEP never began")
-	e := startEarly(t, rs.Addr(), "it waited for COMMAND")
+	e := startEarly(t, upstreamAt(rs.Addr()), "it waited for COMMAND")
 	redistest.Eventually(t, 10*time.Second, func() bool { return e.ready() != 0 }, "the admin listener never answered")
 	if code := e.ready(); code != http.StatusOK {
 		t.Fatalf("/readyz once listening (%v after start): %d, want 200 (taken for silent); log:\n%s", e.listeningAfter, code, e.logs.String())
@@ -211,7 +257,8 @@ type earlyStart struct {
 
 const earlyDialTimeout = 20 * time.Second
 
-// startEarly starts the proxy on upstream and waits for its client
+// startEarly starts the proxy with upstream as its [upstream] section
+// (upstreamAt; dial_timeout is earlyDialTimeout) and waits for its client
 // listener; listening only after the dial timeout fails the test, saying
 // why (what the process waited for).
 func startEarly(t *testing.T, upstream, why string) *earlyStart {
@@ -223,7 +270,7 @@ func startEarly(t *testing.T, upstream, why string) *earlyStart {
 	}
 	conf := filepath.Join(t.TempDir(), "redproxy.toml")
 	check(t, os.WriteFile(conf, []byte(fmt.Sprintf(
-		"[server]\nlisten = %q\nadmin = %q\n\n[upstream]\naddress = %q\ndial_timeout = %q\n",
+		"[server]\nlisten = %q\nadmin = %q\n\n[upstream]\n%sdial_timeout = %q\n",
 		e.listen, e.admin, upstream, earlyDialTimeout.String())), 0o644))
 	cmd := exec.Command(bin, "--config", conf)
 	cmd.Env = childEnv()
@@ -248,6 +295,9 @@ func startEarly(t *testing.T, upstream, why string) *earlyStart {
 	e.listeningAfter = time.Since(started)
 	return e
 }
+
+// upstreamAt is startEarly's [upstream] section for one Redis at addr.
+func upstreamAt(addr string) string { return fmt.Sprintf("address = %q\n", addr) }
 
 // ready is /readyz's status code, 0 until the admin listener answers (it
 // may bind after the client listener).

@@ -31,6 +31,11 @@ type Options struct {
 	// RefreshInterval is how often the slot map is reloaded when nothing
 	// (MOVED, a lost connection) asked for it sooner.
 	RefreshInterval time.Duration
+	// NoStartWait makes New return without loading the slot map: the
+	// refresher loads it at once, in the background. For seeds the caller
+	// found silent (accepting, never answering), which would hold the
+	// start back by reply_timeout.
+	NoStartWait bool
 }
 
 // Router executes client batches against a Redis Cluster. It is safe for
@@ -95,7 +100,9 @@ func New(opt Options) *Router {
 		refreshReq: make(chan struct{}, 1),
 		stop:       make(chan struct{}),
 	}
-	if err := r.Refresh(); err != nil {
+	if opt.NoStartWait {
+		r.refreshSoon()
+	} else if err := r.Refresh(); err != nil {
 		r.log.Warn("cluster: no slot map at start; retrying in the background", "seeds", opt.Seeds, "err", err)
 	}
 	r.workers.Add(1)

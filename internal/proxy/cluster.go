@@ -27,6 +27,8 @@ func newRouter(s *Server, cfg *config.Config) *cluster.Router {
 		Backend: s.backendOptions(cfg, ""),
 		Table:   s.table,
 		Logger:  s.log,
+		// Seeds found silent are not waited for again (Options.UpstreamSilent).
+		NoStartWait: s.startSilent,
 	})
 }
 
