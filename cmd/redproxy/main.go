@@ -151,8 +151,15 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	// --require-upstream makes a missing upstream an error.
 	upstreamAddr := cfg.Upstream.Address
 	if cfg.Upstream.Mode == config.ModeCluster {
-		// The command table and version come from a seed node.
+		// The command table and version come from a seed node: the first
+		// that answers, so that a first seed down or hung does not leave
+		// the proxy on the built-in table (and hold the start back by
+		// COMMAND's timeout) while the others could tell.
+		// The PING goes in plaintext: behind TLS the first seed is asked.
 		upstreamAddr = cfg.Upstream.Seeds[0]
+		if cfg.Upstream.TLS == nil {
+			upstreamAddr = firstAnswering(cfg.Upstream.Seeds, 500*time.Millisecond)
+		}
 	}
 	if *configPath == "" && ov.Upstream == "" {
 		if *requireUpstream {
@@ -480,16 +487,36 @@ func redisAnswersWithin(addr string, wait time.Duration) bool {
 // anyAnswersWithin is redisAnswersWithin asking every address at once,
 // true when one answers.
 func anyAnswersWithin(addrs []string, wait time.Duration) bool {
-	answered := make(chan bool, len(addrs))
+	return answering(addrs, wait) != ""
+}
+
+// firstAnswering is the address of addrs that answers a PING first, or the
+// first address when none answers within wait.
+func firstAnswering(addrs []string, wait time.Duration) string {
+	if a := answering(addrs, wait); a != "" {
+		return a
+	}
+	return addrs[0]
+}
+
+// answering asks every address at once and returns the first to answer,
+// "" when none does within wait.
+func answering(addrs []string, wait time.Duration) string {
+	answers := make(chan string, len(addrs))
 	for _, a := range addrs {
-		go func() { answered <- redisAnswersWithin(a, wait) }()
+		go func() {
+			if !redisAnswersWithin(a, wait) {
+				a = ""
+			}
+			answers <- a
+		}()
 	}
 	for range addrs {
-		if <-answered {
-			return true
+		if a := <-answers; a != "" {
+			return a
 		}
 	}
-	return false
+	return ""
 }
 
 // loadCommandTable asks the upstream for its command table, so commands of

@@ -129,7 +129,8 @@ func TestStartsBeforeASilentCluster(t *testing.T) {
 	for i, n := range nodes {
 		seeds[i] = strconv.Quote(n.Addr())
 	}
-	e := startEarly(t, fmt.Sprintf("mode = \"cluster\"\nseeds = [%s]\nreply_timeout = %q\n", strings.Join(seeds, ", "), earlyDialTimeout.String()),
+	e := startEarly(t, fmt.Sprintf("mode = \"cluster\"\nseeds = [%s]\ndial_timeout = %q\nreply_timeout = %q\n",
+		strings.Join(seeds, ", "), earlyDialTimeout.String(), earlyDialTimeout.String()),
 		"the router waited for the seeds' slot maps")
 	t.Logf("listening %v after start, every seed silent", e.listeningAfter.Round(time.Millisecond))
 	redistest.Eventually(t, 10*time.Second, func() bool { return e.ready() != 0 }, "the admin listener never answered")
@@ -146,6 +147,28 @@ func TestStartsBeforeASilentCluster(t *testing.T) {
 	}
 	if v, err := cl.ClusterClient(t).Get(ctx, "startup:silent-cluster").Result(); err != nil || v != "v" {
 		t.Fatalf("the SET did not reach the cluster: %q, %v", v, err)
+	}
+}
+
+// In cluster mode the command table comes from the first seed that
+// answers: with the first seed down or hung, the proxy used to fall back
+// to its built-in table (and, hung, waited COMMAND's 3 s for it), though
+// the next seed could answer.
+func TestClusterCommandTableFromAnAnsweringSeed(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	hung := redistest.Start(t)
+	hung.Freeze(t)
+	t.Cleanup(func() { hung.Thaw(t) })
+	down := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	for _, first := range []string{down, hung.Addr()} {
+		// dial_timeout as by default: the slot map's first load waits
+		// that long for the hung seed's handshake.
+		e := startEarly(t, fmt.Sprintf("mode = \"cluster\"\nseeds = [%q, %q]\ndial_timeout = \"2s\"\n", first, cl.Seeds()[0]), "it waited for the first seed")
+		redistest.Eventually(t, 30*time.Second, func() bool { return e.ready() == http.StatusOK },
+			"first seed %s: /readyz never 200; log:\n%s", first, e.logs.String())
+		if strings.Contains(e.logs.String(), "using the built-in command table") {
+			t.Errorf("first seed %s: the built-in command table, though the second seed answers; log:\n%s", first, e.logs.String())
+		}
 	}
 }
 
@@ -258,9 +281,9 @@ type earlyStart struct {
 const earlyDialTimeout = 20 * time.Second
 
 // startEarly starts the proxy with upstream as its [upstream] section
-// (upstreamAt; dial_timeout is earlyDialTimeout) and waits for its client
-// listener; listening only after the dial timeout fails the test, saying
-// why (what the process waited for).
+// (upstreamAt; dial_timeout earlyDialTimeout unless it says otherwise) and
+// waits for its client listener; listening only after earlyDialTimeout
+// fails the test, saying why (what the process waited for).
 func startEarly(t *testing.T, upstream, why string) *earlyStart {
 	bin := binary(t)
 	e := &earlyStart{
@@ -270,8 +293,8 @@ func startEarly(t *testing.T, upstream, why string) *earlyStart {
 	}
 	conf := filepath.Join(t.TempDir(), "redproxy.toml")
 	check(t, os.WriteFile(conf, []byte(fmt.Sprintf(
-		"[server]\nlisten = %q\nadmin = %q\n\n[upstream]\n%sdial_timeout = %q\n",
-		e.listen, e.admin, upstream, earlyDialTimeout.String())), 0o644))
+		"[server]\nlisten = %q\nadmin = %q\n\n[upstream]\n%s",
+		e.listen, e.admin, upstream)), 0o644))
 	cmd := exec.Command(bin, "--config", conf)
 	cmd.Env = childEnv()
 	cmd.Stderr = e.logs
@@ -297,7 +320,9 @@ func startEarly(t *testing.T, upstream, why string) *earlyStart {
 }
 
 // upstreamAt is startEarly's [upstream] section for one Redis at addr.
-func upstreamAt(addr string) string { return fmt.Sprintf("address = %q\n", addr) }
+func upstreamAt(addr string) string {
+	return fmt.Sprintf("address = %q\ndial_timeout = %q\n", addr, earlyDialTimeout.String())
+}
 
 // ready is /readyz's status code, 0 until the admin listener answers (it
 // may bind after the client listener).
