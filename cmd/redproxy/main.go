@@ -152,10 +152,10 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	upstreamAddr := cfg.Upstream.Address
 	if cfg.Upstream.Mode == config.ModeCluster {
 		// The command table and version come from a seed node: the first
-		// that answers, so that a first seed down or hung does not leave
-		// the proxy on the built-in table (and hold the start back by
-		// COMMAND's timeout) while the others could tell.
-		// The PING goes in plaintext: behind TLS the first seed is asked.
+		// to answer a PING, so that a first seed down or hung does not
+		// leave the proxy on the built-in table (and hold the start back
+		// by COMMAND's timeout) while the others could tell. The PING goes
+		// in plaintext: behind TLS the first seed is asked.
 		upstreamAddr = cfg.Upstream.Seeds[0]
 		if cfg.Upstream.TLS == nil {
 			upstreamAddr = firstAnswering(cfg.Upstream.Seeds, 500*time.Millisecond)
