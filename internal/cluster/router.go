@@ -231,6 +231,11 @@ func (r *Router) backend(addr string) *upstream.Backend {
 	n.once.Do(func() {
 		o := r.opt.Backend
 		o.Addr = addr
+		// A node that stopped answering (hung, its host frozen or cut
+		// off) sends no MOVED and drops no connection: only a reload
+		// finds that its replica took over. Without this, the periodic
+		// one (RefreshInterval) was the only one.
+		o.OnOverdue = r.refreshSoon
 		n.b.Store(upstream.NewBackend(o))
 	})
 	return n.b.Load()

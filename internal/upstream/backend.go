@@ -45,6 +45,10 @@ type BackendOptions struct {
 	// reads stop trusting the last poll (proxy/replicas.go). Nil ignores
 	// it.
 	OnConnLost func()
+	// OnOverdue is every connection's Options.OnOverdue: a reply of the
+	// backend overdue by ReplyTimeout (again every ReplyTimeout while it
+	// stays overdue). Nil ignores it.
+	OnOverdue func()
 	// Handshake holds extra commands every connection sends after
 	// AUTH/HELLO/SELECT (READONLY for a cluster replica's reads).
 	Handshake [][]string
@@ -524,6 +528,7 @@ func (o BackendOptions) ConnOptions(db int, resp3 bool) Options {
 		Name:       "redproxy",
 		Logger:     o.Logger,
 		OnReadOnly: o.OnReadOnly,
+		OnOverdue:  o.OnOverdue,
 		OnDown:     onDown,
 		Handshake:  o.Handshake,
 		ReplyLimit: o.ReplyLimit,

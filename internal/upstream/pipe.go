@@ -71,6 +71,10 @@ type Options struct {
 	// OnReadOnly runs (on the reader goroutine) for each -READONLY reply:
 	// the server is a replica now, so a primary's address is stale.
 	OnReadOnly func()
+	// OnOverdue runs (on the watchdog goroutine) each time a reply
+	// ReplyTimeout overdue makes the pipe probe Redis: at ReplyTimeout,
+	// then every ReplyTimeout while it stays overdue.
+	OnOverdue func()
 
 	Logger *slog.Logger
 
@@ -1112,6 +1116,9 @@ func (p *Pipe) watchdog() {
 		}
 		if !probing && now-probeStart >= replyLimit {
 			probing, probeStart, stallProbe = true, now, lc
+			if p.opt.OnOverdue != nil {
+				p.opt.OnOverdue()
+			}
 			deadline := time.Now().Add(p.opt.ReplyTimeout)
 			p.workers.Add(1)
 			go func() {

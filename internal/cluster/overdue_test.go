@@ -1,0 +1,80 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/upstream"
+)
+
+// A primary that stops answering (hung, its host frozen or cut off) sends
+// no MOVED and drops no connection, so nothing but the periodic reload
+// used to tell the router that its replica took over: with the default
+// 10 s interval, writes to its slots kept going to the hung node for up
+// to 10 s after the failover. A reply overdue by reply_timeout now asks
+// for a reload. The interval here is an hour, so only that can find the
+// new owner.
+func TestOverdueNodeReloadsTheSlotMap(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 1)
+	r := New(Options{
+		Seeds: c.Seeds(),
+		Backend: upstream.BackendOptions{Connections: 1, MaxPinned: 16, DialTimeout: time.Second,
+			ReplyTimeout: 300 * time.Millisecond, DeadTimeout: time.Minute},
+		Table:           commands.Builtin(),
+		RefreshInterval: time.Hour,
+	})
+	t.Cleanup(r.Close)
+	key := "overdue:k"
+	slot := Slot([]byte(key))
+	// The node's connections are up before it hangs: a first dial to a
+	// hung node fails, and a failed dial asks for a reload by itself.
+	first := upstream.NewCall()
+	first.Add(resp.AppendCommandStrings(nil, "SET", key, "before"))
+	r.Do(first, false)
+	if reply, err := first.Reply(0); err != nil || string(reply) != "+OK\r\n" {
+		t.Fatalf("SET before the node hung: %q, %v", reply, err)
+	}
+	oldAddr := r.Map().Owner(slot)
+	var old, replica *redistest.Server
+	redistest.Eventually(t, 30*time.Second, func() bool {
+		for _, n := range c.Nodes {
+			rc := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
+			role, err := rc.Do(context.Background(), "ROLE").Slice()
+			rc.Close()
+			switch {
+			case n.Addr() == oldAddr:
+				old = n
+			case err == nil && len(role) >= 3 && role[0] == "slave" && fmt.Sprintf("%v:%v", role[1], role[2]) == oldAddr:
+				replica = n
+			}
+		}
+		return old != nil && replica != nil
+	}, "no replica of %s", oldAddr)
+
+	old.Freeze(t)
+	t.Cleanup(func() { old.Thaw(t) })
+	rr := redis.NewClient(&redis.Options{Addr: replica.Addr(), MaxRetries: -1})
+	defer rr.Close()
+	if err := rr.Do(context.Background(), "CLUSTER", "FAILOVER", "TAKEOVER").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// A write on the hung node: its reply is overdue from here on.
+	stuck := upstream.NewCall()
+	stuck.Add(resp.AppendCommandStrings(nil, "SET", key, "to-the-hung-node"))
+	go r.Do(stuck, false)
+	redistest.Eventually(t, 30*time.Second, func() bool { return r.Map().Owner(slot) == replica.Addr() },
+		"the slot map still says %s owns slot %d (the hung node); the new owner is %s", r.Map().Owner(slot), slot, replica.Addr())
+	next := upstream.NewCall()
+	next.Add(resp.AppendCommandStrings(nil, "SET", key, "to-the-new-owner"))
+	r.Do(next, false)
+	if reply, err := next.Reply(0); err != nil || string(reply) != "+OK\r\n" {
+		t.Fatalf("SET after the reload: %q, %v", reply, err)
+	}
+}
