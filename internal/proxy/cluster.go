@@ -360,8 +360,7 @@ func (sess *Session) pinWatch(r *request, p heldPlacer, target int) bool {
 		if !sess.pin.cluster || sess.pin.pipe == nil {
 			return true // routes, or answered (no connection)
 		}
-		sess.slots[len(sess.slots)-1].opens = true
-		sess.flush(time.Now())
+		sess.flush(time.Now()) // the WATCH's slot says opens (pinForOn)
 		refused := sess.pin.redirected
 		if refused == nil {
 			return true // watching on the slot's owner, or answered by it

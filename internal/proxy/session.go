@@ -195,7 +195,7 @@ type slot struct {
 	mute   bool            // CLIENT REPLY OFF/SKIP: consume the reply, do not send it
 	info   bool            // INFO: append the proxy's section to Redis's reply (info.go)
 	held   bool            // the replay of a held command (cluster.go), whose latency its +QUEUED counted
-	opens  bool            // the WATCH that took the pin, in cluster mode: openHeld answers a redirection of it (pinWatch)
+	opens  bool            // the WATCH that took the pin: lost unanswered, it leaves the client unpinned (flush); in cluster mode openHeld answers a redirection of it (pinWatch)
 	multi  bool            // the MULTI that opens the client's transaction: its reply says whether Redis opened it (pinState.txOpened)
 	strip  namespace.Strip // namespace: where the reply names keys to strip
 }
@@ -730,6 +730,7 @@ func (sess *Session) flush(start time.Time) {
 	}
 	elapsed := now.Sub(start).Seconds()
 	var lat latencyRun
+	watchLost := false
 	for _, sl := range sess.slots {
 		var reply []byte
 		switch sl.kind {
@@ -769,6 +770,7 @@ func (sess *Session) flush(start time.Time) {
 				if !sl.mute && !sess.outDead {
 					sess.out = redcon.AppendError(sess.out, "ERR "+err.Error())
 				}
+				watchLost = watchLost || sl.opens
 				sl.metric.Errors.Inc()
 				if !sl.held {
 					lat.note(sl.metric, elapsed)
@@ -820,6 +822,20 @@ func (sess *Session) flush(start time.Time) {
 		}
 	}
 	lat.flush(elapsed)
+	if watchLost && !sess.pin.inMulti {
+		// The WATCH that took the pin got an error in place of its reply:
+		// its connection was lost, with whatever it watched. The client
+		// was told so before it had anything to guard, as for a WATCH
+		// refused at max_pinned, and everything it sent behind the WATCH
+		// went on that connection and failed too. Kept, the pin put the
+		// client in txAbort at its next command, which only UNWATCH, EXEC
+		// or DISCARD ends, and a client whose WATCH failed sends none of
+		// them (go-redis sends UNWATCH only after a WATCH that succeeded):
+		// found by review, one CLIENT KILL on Redis left such a go-redis
+		// connection failing every command. Under MULTI the abort stays:
+		// the client may queue more behind it (txAbort).
+		sess.unpin(false)
+	}
 	if sess.mirrorS != nil && len(sess.mirrorS.marks) > 0 {
 		sess.mirrorFlushed(call)
 	}

@@ -601,6 +601,7 @@ func (sess *Session) pinForOn(r *request, b *upstream.Backend, keySlot int) {
 	}
 	sess.forward(r.Raw, m)
 	sess.slots[len(sess.slots)-1].multi = cmd.Name == "multi"
+	sess.slots[len(sess.slots)-1].opens = cmd.Name != "multi"
 }
 
 // unpin gives the pinned connection back; clean says the transaction ended

@@ -6,9 +6,14 @@ package proxy_test
 // only on connections that are its own.
 
 import (
+	"bytes"
+	"io"
+	"net"
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -584,4 +589,91 @@ func TestClientKillNeverReachesRedisWithProxyIDs(t *testing.T) {
 		}
 	}
 	wantReplies(t, victim, []string{"PING"}, "PONG")
+}
+
+// A WATCH whose connection is lost before it is answered (a kept pinned
+// connection Redis had closed, CLIENT KILL or a restart, taken before the
+// proxy noticed) is answered with the error and leaves nothing behind:
+// the client was told before it had anything to guard, and what it sent
+// behind the WATCH went on that connection and failed too. The pin was
+// kept, and the client's next command put it in the aborted state, which
+// only UNWATCH, EXEC or DISCARD ends; go-redis sends UNWATCH only after a
+// WATCH that succeeded, so one CLIENT KILL left a go-redis connection
+// failing every command (found by review). Under MULTI the abort stays
+// (TestLostPinnedConnectionAbortsTheTransaction).
+func TestWatchLostBeforeItsReplyLeavesNoTransaction(t *testing.T) {
+	rs := redistest.Start(t)
+	var armed atomic.Bool
+	fwd := cutOnWatch(t, rs.Addr(), &armed)
+	p := proxytest.Start(t, rs, func(c *config.Config) { c.Upstream.Address = fwd })
+	lost := respError("ERR redproxy: upstream connection lost")
+
+	c := dialRaw(t, p.Addr)
+	armed.Store(true)
+	wantReplies(t, c, []string{"WATCH", "wl"}, lost)
+	wantReplies(t, c, []string{"SET", "wl", "1"}, []string{"PING"}, "OK", "PONG")
+	// With what followed it in the same write: that failed too.
+	wantReplies(t, c, []string{"WATCH", "wl"}, []string{"GET", "wl"}, lost, lost)
+	wantReplies(t, c, []string{"GET", "wl"}, "1")
+	// MULTI behind it in the same write: the transaction stays aborted.
+	wantReplies(t, c, []string{"WATCH", "wl"}, []string{"MULTI"}, lost, lost)
+	wantReplies(t, c, []string{"INCR", "wl"}, []string{"EXEC"}, []string{"GET", "wl"},
+		respError("ERR redproxy: transaction aborted"), respError("EXECABORT"), "1")
+
+	// go-redis: Watch fails, and the connection it goes back to the pool
+	// with serves what comes next.
+	rc := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+	err := rc.Watch(ctx, func(tx *redis.Tx) error { return nil }, "wl")
+	if err == nil || !strings.Contains(err.Error(), "upstream connection lost") {
+		t.Fatalf("Watch on a lost connection: %v", err)
+	}
+	armed.Store(false)
+	if v, err := rc.Get(ctx, "wl").Result(); err != nil || v != "1" {
+		t.Fatalf("GET after the failed Watch: %q, %v", v, err)
+	}
+	err = rc.Watch(ctx, func(tx *redis.Tx) error {
+		_, err := tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error { return pipe.Incr(ctx, "wl").Err() })
+		return err
+	}, "wl")
+	if err != nil {
+		t.Fatalf("Watch once the connection is good: %v", err)
+	}
+	if v := rs.Client(t).Get(ctx, "wl").Val(); v != "2" {
+		t.Fatalf("wl = %q after the transaction, want 2", v)
+	}
+}
+
+// cutOnWatch forwards connections to addr and, while armed, closes any
+// that carries a WATCH instead of forwarding it.
+func cutOnWatch(t *testing.T, addr string, armed *atomic.Bool) string {
+	return redistest.ServeLoopback(t, func(wg *sync.WaitGroup, down net.Conn) {
+		up, err := net.Dial("tcp", addr)
+		if err != nil {
+			down.Close()
+			return
+		}
+		wg.Go(func() {
+			io.Copy(down, up)
+			down.Close()
+		})
+		wg.Go(func() {
+			defer up.Close()
+			defer down.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := down.Read(buf)
+				if n > 0 {
+					if armed.Load() && bytes.Contains(bytes.ToUpper(buf[:n]), []byte("\r\nWATCH\r\n")) {
+						return
+					}
+					if _, err := up.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		})
+	})
 }
