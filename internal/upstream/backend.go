@@ -209,7 +209,7 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*Pipe, error) {
 		b.idle[key] = b.idle[key][:n-1]
 		// A switch empties the idle list only after it swapped the
 		// generation: one left in between talks to the old upstream.
-		if p.Up() && b.dialled[p] == b.gen.Load() {
+		if b.dialled[p] == b.gen.Load() && p.upNow() {
 			b.idleMu.Unlock()
 			return p, nil
 		}

@@ -47,3 +47,52 @@ func TestIdlePipeFromBeforeSwitchIsNotReused(t *testing.T) {
 		t.Fatal("a dedicated pipe acquired after the switch wrote to the old upstream")
 	}
 }
+
+// A kept dedicated connection that Redis closed a moment before it is
+// lent again (CLIENT KILL, a restart; the pipe's reader not yet woken) is
+// dropped and another dialled: lent, the client's WATCH or MULTI failed
+// with "upstream connection lost" where a fresh connection would have
+// served it (found by review; the race hit 2 WATCHes in 5 there). Each
+// round closes the kept connection from Redis's side and at once asks
+// for one.
+func TestKeptPipeClosedByRedisIsNotLent(t *testing.T) {
+	srv := redistest.Start(t)
+	be := NewBackend(BackendOptions{Addr: srv.Addr(), Connections: 1, Databases: 1, MaxPinned: 4, DialTimeout: 2 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	t.Cleanup(be.Close)
+	admin := srv.Client(t)
+	failed := 0
+	for range 50 {
+		p, err := be.AcquirePipe(0, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := be.PipeID(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		be.ReleasePipe(p, 0, false, true) // clean: kept for reuse
+		if err := admin.Do(context.Background(), "CLIENT", "KILL", "ID", id).Err(); err != nil {
+			t.Fatal(err)
+		}
+		q, err := be.AcquirePipe(0, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := NewCall()
+		c.Add([]byte("*1\r\n$4\r\nPING\r\n"))
+		if err := q.Send(c); err == nil {
+			c.Wait()
+		} else {
+			c.Fail(err)
+		}
+		if r, err := c.Reply(0); err != nil || string(r) != "+PONG\r\n" {
+			failed++
+			t.Logf("reply %q err %v", r, err)
+		}
+		be.ReleasePipe(q, 0, false, err == nil)
+	}
+	if failed > 0 {
+		t.Fatalf("%d of 50 PINGs on a kept connection Redis had just closed failed", failed)
+	}
+}

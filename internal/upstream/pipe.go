@@ -273,6 +273,17 @@ func (p *Pipe) Up() bool {
 	return p.live != nil
 }
 
+// upNow is Up that also looks at the socket for a close Redis sent that
+// the reader has not taken yet (peekGone): for a kept dedicated connection
+// about to be lent. A WATCH or MULTI sent on one that Redis had just
+// closed failed, where a fresh connection would have served it.
+func (p *Pipe) upNow() bool {
+	p.mu.Lock()
+	lc := p.live
+	p.mu.Unlock()
+	return lc != nil && !peekGone(lc.nc)
+}
+
 // Stats returns a snapshot for metrics.
 func (p *Pipe) Stats() PipeStats {
 	p.mu.Lock()

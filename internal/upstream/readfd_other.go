@@ -15,3 +15,5 @@ func readFD(uintptr, []byte) (int, error) { return 0, syscall.EINVAL }
 
 // peekEOF: only readRaw can miss a FIN (see Pipe.watchdog).
 func peekEOF(net.Conn) bool { return false }
+
+func peekGone(net.Conn) bool { return false }

@@ -31,3 +31,24 @@ func peekEOF(nc net.Conn) bool {
 	})
 	return eof
 }
+
+// peekGone reports whether nc's bare socket says the peer is gone: its FIN
+// (EOF) or a reset waits unread. For a kept idle connection about to be
+// lent: Redis may have closed it (CLIENT KILL, a restart) a moment before,
+// and the pipe's reader not have seen it yet, or have seen it and closed
+// the socket without having marked the pipe down yet. False for TLS.
+func peekGone(nc net.Conn) bool {
+	raw := rawSocket(nc)
+	if raw == nil {
+		return false
+	}
+	gone := false
+	if err := raw.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		gone = err == nil && n == 0 || err != nil && err != syscall.EAGAIN && err != syscall.EWOULDBLOCK && err != syscall.EINTR
+	}); err != nil {
+		return true // closed already
+	}
+	return gone
+}
