@@ -197,6 +197,7 @@ type slot struct {
 	held   bool            // the replay of a held command (cluster.go), whose latency its +QUEUED counted
 	opens  bool            // the WATCH that took the pin: lost unanswered, it leaves the client unpinned (flush); in cluster mode openHeld answers a redirection of it (pinWatch)
 	multi  bool            // the MULTI that opens the client's transaction: its reply says whether Redis opened it (pinState.txOpened)
+	selDB  int             // a SELECT under WATCH, on the pinned connection: 1 + its database, which the session takes if Redis answers +OK (pinnedSelect)
 	strip  namespace.Strip // namespace: where the reply names keys to strip
 }
 
@@ -780,6 +781,11 @@ func (sess *Session) flush(start time.Time) {
 			reply = r
 			if sl.multi {
 				sess.pin.txOpened = string(r) == "+OK\r\n"
+			}
+			if sl.selDB > 0 && string(r) == "+OK\r\n" {
+				sess.mu.Lock()
+				sess.db = sl.selDB - 1
+				sess.mu.Unlock()
 			}
 			if sess.pin.cluster && resp.IsError(r) {
 				reply = sess.clusterPinnedReply(r, sl.exec, sl.tx)

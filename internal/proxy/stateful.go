@@ -374,11 +374,13 @@ func pinnedSelect(sess *Session, r *request) bool {
 	if !valid {
 		return false
 	}
+	// The session moves to db only if Redis did: a SELECT sent behind a
+	// WATCH whose connection was lost before either was answered fails,
+	// and the client, told so, goes on in its database (found by reading
+	// back 286f33e, which leaves such a client unpinned).
 	sess.forward(r.Raw, r.m)
+	sess.slots[len(sess.slots)-1].selDB = db + 1
 	sess.flush(time.Now())
-	sess.mu.Lock()
-	sess.db = db
-	sess.mu.Unlock()
 	return true
 }
 

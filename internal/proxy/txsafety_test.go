@@ -615,6 +615,13 @@ func TestWatchLostBeforeItsReplyLeavesNoTransaction(t *testing.T) {
 	// With what followed it in the same write: that failed too.
 	wantReplies(t, c, []string{"WATCH", "wl"}, []string{"GET", "wl"}, lost, lost)
 	wantReplies(t, c, []string{"GET", "wl"}, "1")
+	// SELECT behind it: it failed too, and the client stays in its
+	// database.
+	wantReplies(t, c, []string{"WATCH", "wl"}, []string{"SELECT", "3"}, lost, lost)
+	wantReplies(t, c, []string{"SET", "wl:db", "0"}, "OK")
+	if n := rs.Client(t).Exists(ctx, "wl:db").Val(); n != 1 {
+		t.Fatalf("the SET after a failed SELECT 3 went to another database")
+	}
 	// MULTI behind it in the same write: the transaction stays aborted.
 	wantReplies(t, c, []string{"WATCH", "wl"}, []string{"MULTI"}, lost, lost)
 	wantReplies(t, c, []string{"INCR", "wl"}, []string{"EXEC"}, []string{"GET", "wl"},
