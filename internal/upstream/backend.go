@@ -402,9 +402,12 @@ func (b *Backend) RoundTripAboutRelay(nc net.Conn, cmd func(id int64) []byte) ([
 		return nil, ErrRelayGone
 	}
 	if r.id == idAfterBusy {
-		id, busy := relayIDFromList(r.gen, nc)
+		id, busy, asked := relayIDFromList(r.gen, nc)
 		if busy != nil {
 			return busy, nil // Redis's own answer to an UNBLOCK now
+		}
+		if !asked {
+			return nil, ErrRelayGone // unknown this time; asked again next time
 		}
 		b.idleMu.Lock()
 		if cur, ok := b.relays[nc]; ok && cur.gen == r.gen {
@@ -425,20 +428,21 @@ var cmdClientList = resp.AppendCommandStrings(nil, "CLIENT", "LIST", "TYPE", "no
 // relayIDFromList finds the Redis id of the relayed connection nc, whose
 // handshake's CLIENT ID met a script (-BUSY), in CLIENT LIST: the line
 // whose addr is nc's local address (unique while nc is open). 0 when
-// Redis refuses CLIENT LIST, lists no such address (a NAT between the
-// proxy and Redis) or cannot be asked; the -BUSY reply itself while the
-// script still runs.
-func relayIDFromList(g *backendGen, nc net.Conn) (id int64, busy []byte) {
+// Redis refuses CLIENT LIST or lists no such address (a NAT between the
+// proxy and Redis): the relay keeps 0. Not asked (asked false) when Redis
+// cannot be reached or its reply is too long to read; the -BUSY reply
+// itself while the script still runs.
+func relayIDFromList(g *backendGen, nc net.Conn) (id int64, busy []byte, asked bool) {
 	reply, err := g.roundTrip(false, true, cmdClientList)
 	if err != nil {
-		return 0, nil
+		return 0, nil, false
 	}
 	if bytes.HasPrefix(reply, busyPrefix) {
-		return 0, reply
+		return 0, reply, false
 	}
 	size, header, ok := resp.BulkHeader(reply)
 	if !ok || int64(len(reply)) < int64(header)+size {
-		return 0, nil
+		return 0, nil, true
 	}
 	addr := []byte(" addr=" + nc.LocalAddr().String() + " ")
 	for line := range bytes.SplitSeq(reply[header:int64(header)+size], []byte("\n")) {
@@ -449,11 +453,11 @@ func relayIDFromList(g *backendGen, nc net.Conn) (id int64, busy []byte) {
 		digits, _, _ := bytes.Cut(rest, []byte(" "))
 		id, err := strconv.ParseInt(string(digits), 10, 64)
 		if err != nil || id <= 0 {
-			return 0, nil
+			return 0, nil, true
 		}
-		return id, nil
+		return id, nil, true
 	}
-	return 0, nil
+	return 0, nil, true
 }
 
 // ReleaseConn closes a relayed connection.
