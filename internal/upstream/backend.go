@@ -423,7 +423,7 @@ func (b *Backend) RoundTripAboutRelay(nc net.Conn, cmd func(id int64) []byte) ([
 	return r.gen.roundTrip(false, true, cmd(r.id))
 }
 
-var cmdClientList = resp.AppendCommandStrings(nil, "CLIENT", "LIST", "TYPE", "normal")
+var cmdClientList = resp.AppendCommandStrings(nil, "CLIENT", "LIST")
 
 // relayIDFromList finds the Redis id of the relayed connection nc, whose
 // handshake's CLIENT ID met a script (-BUSY), in CLIENT LIST: the line
