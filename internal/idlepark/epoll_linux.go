@@ -12,6 +12,9 @@ import (
 type poller struct {
 	epfd int
 	wake [2]int // pipe: Close writes to wake[1]
+	// hangupsOnly: sockets are added for the peer's hang-up alone
+	// (NewHangups), not for bytes to read.
+	hangupsOnly bool
 
 	// fdmu keeps the descriptors open while add or remove use them, so
 	// that the goroutine's exit cannot close them under a late Park (and
@@ -52,6 +55,10 @@ func tokenOf(ev *syscall.EpollEvent) uint64 {
 // triggered: bytes already queued when it is added are reported at once.
 func (p *poller) add(fd uintptr, token uint64) error {
 	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | syscall.EPOLLONESHOT}
+	if p.hangupsOnly {
+		// EPOLLHUP and EPOLLERR (a reset) are reported whatever the mask.
+		ev.Events = syscall.EPOLLRDHUP | syscall.EPOLLONESHOT
+	}
 	setToken(&ev, token)
 	p.fdmu.RLock()
 	defer p.fdmu.RUnlock()

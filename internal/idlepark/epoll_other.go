@@ -3,7 +3,7 @@
 package idlepark
 
 // poller is absent: New fails with ErrUnsupported and nothing parks.
-type poller struct{}
+type poller struct{ hangupsOnly bool }
 
 func (p *poller) open() error                        { return ErrUnsupported }
 func (p *poller) add(fd uintptr, token uint64) error { return ErrUnsupported }

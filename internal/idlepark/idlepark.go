@@ -56,8 +56,18 @@ type Parker struct {
 }
 
 // New starts a Parker and its goroutine.
-func New() (*Parker, error) {
+func New() (*Parker, error) { return start(false) }
+
+// NewHangups starts a Parker that resumes a connection only when its peer
+// hangs up (its FIN, or a reset), not when it sends bytes: for a client
+// waiting on something else (a blocking command) whose leaving must be
+// seen at once, though it may have pipelined more behind what it waits
+// for.
+func NewHangups() (*Parker, error) { return start(true) }
+
+func start(hangupsOnly bool) (*Parker, error) {
 	p := &Parker{waiting: make(map[uint64]Conn)}
+	p.impl.hangupsOnly = hangupsOnly
 	if err := p.impl.open(); err != nil {
 		return nil, err
 	}

@@ -157,3 +157,59 @@ func TestParkErrors(t *testing.T) {
 		t.Fatalf("Park after Close = %v, want ErrClosed", err)
 	}
 }
+
+// A hang-ups parker resumes a connection when its peer closes, not when
+// it sends bytes: a client blocked in BLPOP may pipeline more behind it,
+// and must still be seen leaving at once.
+func TestHangupsResumeOnCloseNotOnData(t *testing.T) {
+	p, err := NewHangups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	server, client := pair(t)
+	resumed := make(chan struct{})
+	if err := p.Park(1, parkee{rawOf(t, server), func() { close(resumed) }}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Write([]byte("PING\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	// Once the bytes are in the socket, a second connection parked and
+	// closed: epoll reports every socket ready by then in the same wait,
+	// in the order they became ready, so had the bytes resumed the first,
+	// that happened before the second's hang-up did.
+	waitReadable(t, server)
+	otherServer, otherClient := pair(t)
+	otherResumed := make(chan struct{})
+	if err := p.Park(2, parkee{rawOf(t, otherServer), func() { close(otherResumed) }}); err != nil {
+		t.Fatal(err)
+	}
+	otherClient.Close()
+	waitResumed(t, otherResumed, "the other peer closed")
+	select {
+	case <-resumed:
+		t.Fatal("resumed for bytes, not a hang-up")
+	default:
+	}
+	client.Close()
+	waitResumed(t, resumed, "the peer closed")
+}
+
+// waitReadable waits until bytes wait unread on c's socket.
+func waitReadable(t *testing.T, c net.Conn) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		n := 0
+		rawOf(t, c).Control(func(fd uintptr) {
+			var b [8]byte
+			n, _, _ = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		})
+		if n > 0 {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("the bytes never arrived")
+}

@@ -75,6 +75,9 @@ type sessionPark struct {
 // serverPark is the server's parker and its sweeper.
 type serverPark struct {
 	parker *idlepark.Parker // nil: parking unsupported
+	// hangups watches clients blocked in a command for their leaving
+	// (watchHangup); nil where parking is unsupported.
+	hangups *idlepark.Parker
 	// started is parker for readers that may run while startParking
 	// does (ParkedClients): sessions read parker itself, safely, since
 	// they start after it.
@@ -136,6 +139,11 @@ func (s *Server) startParking() {
 			return
 		}
 		s.park.parker = p
+		if h, err := idlepark.NewHangups(); err == nil {
+			s.park.hangups = h
+		} else {
+			s.log.Warn("clients blocked in a command will be checked for leaving every 50 ms", "err", err)
+		}
 		s.park.started.Store(p)
 		s.park.stop = make(chan struct{})
 		s.park.done = make(chan struct{})
@@ -164,6 +172,9 @@ func (s *Server) stopParking() {
 		close(s.park.stop)
 		<-s.park.done
 		s.park.parker.Close()
+		if s.park.hangups != nil {
+			s.park.hangups.Close()
+		}
 	})
 }
 
@@ -676,4 +687,43 @@ func (s *Server) ParkedClients() int {
 		return p.Len()
 	}
 	return 0
+}
+
+// hangupWatch is a blocked client's socket in the server's hang-ups
+// parker: Resume (the parker's, on the client's FIN or a reset) closes
+// gone.
+type hangupWatch struct {
+	syscall.RawConn
+	gone chan struct{}
+}
+
+func (w *hangupWatch) Resume() { close(w.gone) }
+
+// watchHangup puts the client's socket in the server's hang-ups parker
+// while it waits on a blocking command, and returns a channel closed when
+// the client leaves (nil where that cannot be watched: the 50 ms check
+// alone then sees it) and what takes the socket out again. Redis sees a
+// blocked client leave at once and drops its block; checked every 50 ms
+// only, the proxy's connection stayed blocked meanwhile and popped the
+// next element pushed for a client that was gone (found by review: 8
+// pushes in 10 lost when sent right after the worker closed).
+func (sess *Session) watchHangup() (gone <-chan struct{}, stop func()) {
+	h := sess.srv.park.hangups
+	if h == nil {
+		return nil, func() {}
+	}
+	sc, ok := socketOf(sess.nc).(syscall.Conn)
+	if !ok {
+		return nil, func() {}
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil, func() {}
+	}
+	w := &hangupWatch{RawConn: rc, gone: make(chan struct{})}
+	key := uint64(sess.id)
+	if err := h.Park(key, w); err != nil {
+		return nil, func() {}
+	}
+	return w.gone, func() { h.Unpark(key) }
 }

@@ -196,6 +196,13 @@ func (lc *liveConn) write(b []byte) (int, error) {
 
 func (lc *liveConn) closeWith(err error) {
 	lc.reason.CompareAndSwap(nil, &err)
+	if tc, ok := lc.nc.(*net.TCPConn); ok {
+		// The FIN goes now: Close sends it only once the reader, which
+		// holds the socket in its read, has let go. A client blocked in
+		// BLPOP that left must have its block dropped by Redis before
+		// the next push reaches it.
+		tc.CloseWrite()
+	}
 	lc.nc.Close()
 }
 
@@ -300,6 +307,24 @@ func (p *Pipe) Stats() PipeStats {
 // Close fails pending Calls with ErrClosed and waits for every goroutine of
 // the pipe to exit.
 func (p *Pipe) Close() { p.closeWith(ErrClosed) }
+
+// CloseWrite ends the connection's stream towards Redis (a FIN) and keeps
+// reading: Redis finishes what it had begun, its reply still reaches the
+// pending Call, and then, having read the end, it closes the connection,
+// which fails what is left pending. False (nothing done) when the pipe has
+// no connection or it is not a bare TCP one (TLS): then only Close ends it.
+// For a client blocked in a pop that left: what Redis popped for it in the
+// meantime must be read, to be put back.
+func (p *Pipe) CloseWrite() bool {
+	p.mu.Lock()
+	lc := p.live
+	p.mu.Unlock()
+	if lc == nil {
+		return false
+	}
+	tc, ok := lc.nc.(*net.TCPConn)
+	return ok && tc.CloseWrite() == nil
+}
 
 // Abandon closes the pipe for good as if its connection had been lost:
 // pending Calls fail with ErrConnLost (their commands may or may not have
