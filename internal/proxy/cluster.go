@@ -361,6 +361,18 @@ func (sess *Session) pinWatch(r *request, p heldPlacer, target int) bool {
 			return true // routes, or answered (no connection)
 		}
 		sess.flush(time.Now()) // the WATCH's slot says opens (pinForOn)
+		if sess.pin.pipe == nil {
+			// The WATCH's connection was lost before its reply, and flush
+			// let the pin go (a client told of a failed WATCH has nothing
+			// to guard). Sent alone, unlike on a standalone upstream,
+			// where what followed it in the client's write went on the
+			// same connection and failed with it; so the rest of this
+			// write fails here, and with MULTI in it the transaction
+			// stays aborted until EXEC or DISCARD (found by review: a
+			// MULTI, INCR, EXEC behind it committed unguarded).
+			sess.abort = txAbort{reason: errTxConnLost, batchOnly: true}
+			return true
+		}
 		refused := sess.pin.redirected
 		if refused == nil {
 			return true // watching on the slot's owner, or answered by it

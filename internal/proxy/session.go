@@ -481,6 +481,9 @@ func (sess *Session) serveBatch(reqs []resp.Request, extendable bool) {
 		sess.dispatch(i, &reqs[i])
 	}
 	sess.flush(start)
+	if sess.abort.batchOnly && !sess.abort.multi {
+		sess.abort = txAbort{} // pinWatch: the lost WATCH's batch is over
+	}
 	sess.endLead(nil, errLeadDropped) // normally nothing: flush has sent the read or ended its lead
 	// A batch whose reply went direct is timed by the pipe's reader
 	// (direct.go); asking first spares a lone read a clock read (about

@@ -113,6 +113,9 @@ type pinState struct {
 type txAbort struct {
 	reason []byte // the error reply; nil when no transaction is aborted
 	multi  bool   // the client has sent MULTI
+	// batchOnly: the state ends with the client's batch unless MULTI
+	// came in it (pinWatch, a WATCH lost before its reply).
+	batchOnly bool
 }
 
 var (
