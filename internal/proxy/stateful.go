@@ -875,21 +875,7 @@ func (sess *Session) blocking(r *request) {
 			// ACL) is the connection half-closed instead, and Redis may
 			// then drop a reply it had not yet written when it read the
 			// end (found measuring: 11 of 40 pushes still lost that way).
-			if !done && rid != 0 {
-				un, err := b.RoundTripBeside(pipe, resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10)))
-				if err == nil && (string(un) == ":1\r\n" || string(un) == ":0\r\n") {
-					wait := time.NewTimer(sess.srv.Config().Upstream.ReplyTimeout.Duration)
-					select {
-					case <-call.Done():
-						done = true
-					case <-wait.C: // a Redis that does not answer
-					}
-					wait.Stop()
-				}
-			}
-			if !done && pipe.CloseWrite() {
-				// Redis drops the block on reading the end, or has just
-				// popped: its reply comes before its close.
+			awaitReply := func() {
 				wait := time.NewTimer(sess.srv.Config().Upstream.ReplyTimeout.Duration)
 				select {
 				case <-call.Done():
@@ -897,6 +883,17 @@ func (sess *Session) blocking(r *request) {
 				case <-wait.C: // a Redis that does not answer
 				}
 				wait.Stop()
+			}
+			if !done && rid != 0 {
+				un, err := b.RoundTripBeside(pipe, resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10)))
+				if err == nil && (string(un) == ":1\r\n" || string(un) == ":0\r\n") {
+					awaitReply()
+				}
+			}
+			if !done && pipe.CloseWrite() {
+				// Redis drops the block on reading the end, or has just
+				// popped: its reply comes before its close.
+				awaitReply()
 			}
 			pipe.Close()
 			if !done {
