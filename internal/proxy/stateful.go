@@ -863,37 +863,21 @@ func (sess *Session) blocking(r *request) {
 			left = sess.left()
 		}
 		if left {
-			// Closing the connection makes Redis drop the blocked client,
-			// so it cannot pop an element that would reach nobody; one
-			// pushed in the moment between the client's leaving and Redis
-			// reading this close is put back (requeue.go).
-			// (Done is signalled once: received at most once here.)
-			// CLIENT UNBLOCK of the connection first: Redis then answers
-			// the blocked command at once, with its timeout's reply, or
-			// with what it popped just before; nothing is lost in
-			// between. Only where Redis refuses it (the upstream user's
-			// ACL) is the connection half-closed instead, and Redis may
-			// then drop a reply it had not yet written when it read the
-			// end (found measuring: 11 of 40 pushes still lost that way).
-			awaitReply := func() {
-				wait := time.NewTimer(sess.srv.Config().Upstream.ReplyTimeout.Duration)
-				select {
-				case <-call.Done():
-					done = true
-				case <-wait.C: // a Redis that does not answer
-				}
-				wait.Stop()
-			}
-			if !done && rid != 0 {
-				un, err := b.RoundTripBeside(pipe, resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10)))
-				if err == nil && (string(un) == ":1\r\n" || string(un) == ":0\r\n") {
-					awaitReply()
-				}
-			}
-			if !done && pipe.CloseWrite() {
-				// Redis drops the block on reading the end, or has just
-				// popped: its reply comes before its close.
-				awaitReply()
+			// End the block before closing the connection, and read what
+			// Redis answers: its timeout's reply, or what it popped in the
+			// moment between the client's leaving and this (a push right
+			// behind it), which is put back (requeue.go). Closed at once,
+			// the connection left Redis to pop for nobody until it read
+			// the close; half-closed, Redis could drop a reply it had not
+			// written yet when it read the end (found measuring: 22 and
+			// 11 pushes in 40 lost). So CLIENT UNBLOCK of the connection,
+			// half-closing only where Redis refuses that (the upstream
+			// user's ACL), waited for reply_timeout at most (a frozen
+			// Redis). Not for an interruption (CLIENT KILL, shutdown):
+			// closed at once, as before, so that a frozen Redis does not
+			// hold the exit. (Done is signalled once: received once.)
+			if !done && !sess.interrupted.Load() {
+				done = sess.endBlock(call, pipe, b, rid)
 			}
 			pipe.Close()
 			if !done {
@@ -971,6 +955,47 @@ func (sess *Session) blocking(r *request) {
 		b.ReleasePipe(pipe, sess.db, sess.resp3, clean)
 	}
 	sess.flush(time.Now())
+}
+
+// endBlock ends the blocked command of call on pipe, whose Redis id is
+// rid (0: not known), for a client that left, and reports whether call
+// got its answer: from CLIENT UNBLOCK of the connection, or else from
+// half-closing it, within reply_timeout in all.
+func (sess *Session) endBlock(call *upstream.Call, pipe *upstream.Pipe, b *upstream.Backend, rid int64) bool {
+	wait := time.NewTimer(sess.srv.Config().Upstream.ReplyTimeout.Duration)
+	defer wait.Stop()
+	if rid != 0 {
+		unblocked := make(chan bool, 1)
+		go func() {
+			un, err := b.RoundTripBeside(pipe, resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10)))
+			unblocked <- err == nil && (string(un) == ":1\r\n" || string(un) == ":0\r\n")
+		}()
+		select {
+		case ok := <-unblocked:
+			if !ok {
+				break
+			}
+			select {
+			case <-call.Done():
+				return true
+			case <-wait.C:
+				return false
+			}
+		case <-call.Done():
+			return true
+		case <-wait.C:
+			return false
+		}
+	}
+	if !pipe.CloseWrite() {
+		return false
+	}
+	select {
+	case <-call.Done():
+		return true
+	case <-wait.C:
+		return false
+	}
 }
 
 // waitMarkers is the wait marker as fillBlockedCall takes it.
