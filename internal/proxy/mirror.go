@@ -747,25 +747,35 @@ func blockingEquivalent(dst []byte, name string, args [][]byte, reply []byte) (c
 	case "bzpopmax":
 		return resp.AppendCommandNamed(dst, "ZPOPMAX", key), "zpopmax"
 	case "blmpop", "bzmpop":
-		// BLMPOP timeout numkeys key [key ...] LEFT|RIGHT [COUNT count]
-		if len(args) < 5 {
-			return nil, ""
-		}
-		numkeys, err := strconv.Atoi(string(args[2]))
-		if err != nil || numkeys < 1 || 3+numkeys >= len(args) {
+		dir, ok := mpopWhere(args)
+		if !ok {
 			return nil, ""
 		}
 		popped, ok := resp.ArrayElements(el[1])
 		if !ok || len(popped) == 0 {
 			return nil, ""
 		}
-		dir, count := args[3+numkeys], strconv.AppendInt(nil, int64(len(popped)), 10)
+		count := strconv.AppendInt(nil, int64(len(popped)), 10)
 		if name == "blmpop" {
 			return resp.AppendCommandNamed(dst, "LMPOP", []byte("1"), key, dir, []byte("COUNT"), count), "lmpop"
 		}
 		return resp.AppendCommandNamed(dst, "ZMPOP", []byte("1"), key, dir, []byte("COUNT"), count), "zmpop"
 	}
 	return nil, ""
+}
+
+// mpopWhere is the LEFT|RIGHT (BLMPOP) or MIN|MAX (BZMPOP) of a blocking
+// multi-pop's args: "BLMPOP timeout numkeys key [key ...] LEFT|RIGHT
+// [COUNT count]".
+func mpopWhere(args [][]byte) ([]byte, bool) {
+	if len(args) < 5 {
+		return nil, false
+	}
+	numkeys, err := strconv.Atoi(string(args[2]))
+	if err != nil || numkeys < 1 || 3+numkeys >= len(args) {
+		return nil, false
+	}
+	return args[3+numkeys], true
 }
 
 // bulkString returns the contents of a bulk string reply (a key in a

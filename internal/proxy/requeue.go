@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"bytes"
-	"strconv"
 	"strings"
 
 	"github.com/redproxy/redproxy/internal/resp"
@@ -25,15 +23,18 @@ import (
 // destination list, where a reliable queue's reaper finds it, and XREAD
 // consumes nothing (XREADGROUP's entries wait in the pending list).
 func requeueCmd(name string, args [][]byte, reply []byte) []byte {
-	top, ok := arrayElems(reply)
-	if !ok {
+	top, ok := resp.ArrayElements(reply)
+	if !ok || len(top) < 2 {
 		return nil // null: nothing was popped
+	}
+	key, ok := bulkString(top[0])
+	if !ok {
+		return nil
 	}
 	switch name {
 	case "blpop", "brpop":
-		key, ok1 := bulk(top, 0)
-		elem, ok2 := bulk(top, 1)
-		if !ok1 || !ok2 || len(top) != 2 {
+		elem, ok := bulkString(top[1])
+		if !ok || len(top) != 2 {
 			return nil
 		}
 		push := "LPUSH"
@@ -42,31 +43,29 @@ func requeueCmd(name string, args [][]byte, reply []byte) []byte {
 		}
 		return resp.AppendCommand(nil, []byte(push), key, elem)
 	case "bzpopmin", "bzpopmax":
-		key, ok1 := bulk(top, 0)
-		member, ok2 := bulk(top, 1)
-		score, ok3 := bulk(top, 2)
-		if !ok1 || !ok2 || !ok3 || len(top) != 3 {
+		if len(top) != 3 {
+			return nil
+		}
+		member, ok1 := bulkString(top[1])
+		score, ok2 := scoreString(top[2])
+		if !ok1 || !ok2 {
 			return nil
 		}
 		return resp.AppendCommand(nil, []byte("ZADD"), key, []byte("NX"), score, member)
 	case "blmpop", "bzmpop":
-		key, ok1 := bulk(top, 0)
-		if !ok1 || len(top) != 2 {
-			return nil
-		}
-		elems, ok := arrayElems(top[1])
-		if !ok || len(elems) == 0 {
+		elems, ok := resp.ArrayElements(top[1])
+		if !ok || len(top) != 2 || len(elems) == 0 {
 			return nil
 		}
 		if name == "bzmpop" {
 			cmd := [][]byte{[]byte("ZADD"), key, []byte("NX")}
 			for _, pair := range elems {
-				ms, ok := arrayElems(pair)
+				ms, ok := resp.ArrayElements(pair)
 				if !ok || len(ms) != 2 {
 					return nil
 				}
-				member, ok1 := bulk(ms, 0)
-				score, ok2 := bulk(ms, 1)
+				member, ok1 := bulkString(ms[0])
+				score, ok2 := scoreString(ms[1])
 				if !ok1 || !ok2 {
 					return nil
 				}
@@ -76,13 +75,17 @@ func requeueCmd(name string, args [][]byte, reply []byte) []byte {
 		}
 		// Taken from the LEFT or RIGHT end, first popped first: pushed
 		// back last first, so that the first is at that end again.
+		where, ok := mpopWhere(args)
+		if !ok {
+			return nil
+		}
 		push := []byte("LPUSH")
-		if blmpopFromRight(args) {
+		if strings.EqualFold(string(where), "right") {
 			push = []byte("RPUSH")
 		}
 		cmd := [][]byte{push, key}
 		for i := len(elems) - 1; i >= 0; i-- {
-			e, ok := bulk(elems, i)
+			e, ok := bulkString(elems[i])
 			if !ok {
 				return nil
 			}
@@ -91,19 +94,6 @@ func requeueCmd(name string, args [][]byte, reply []byte) []byte {
 		return resp.AppendCommand(nil, cmd...)
 	}
 	return nil
-}
-
-// blmpopFromRight reports whether BLMPOP's args (name first) pop from the
-// right: "BLMPOP timeout numkeys key... LEFT|RIGHT [COUNT n]".
-func blmpopFromRight(args [][]byte) bool {
-	if len(args) < 4 {
-		return false
-	}
-	n, ok := resp.ParseInt(args[2])
-	if !ok || n < 1 || int(n)+3 >= len(args) {
-		return false
-	}
-	return strings.EqualFold(string(args[3+n]), "right")
 }
 
 // requeue sends requeueCmd's command for a pop whose client left, on a
@@ -123,52 +113,11 @@ func (sess *Session) requeue(b *upstream.Backend, name string, args [][]byte, re
 	}
 }
 
-// arrayElems splits an array reply (RESP2 or RESP3 "*") into its framed
-// elements; false for a null or anything else.
-func arrayElems(reply []byte) ([][]byte, bool) {
-	if len(reply) < 4 || reply[0] != '*' || reply[1] == '-' {
-		return nil, false
-	}
-	nl := bytes.IndexByte(reply, '\n')
-	if nl < 0 {
-		return nil, false
-	}
-	n, err := strconv.Atoi(string(reply[1 : nl-1]))
-	if err != nil || n < 0 {
-		return nil, false
-	}
-	out := make([][]byte, 0, n)
-	rest := reply[nl+1:]
-	for range n {
-		k, err := resp.ScanReply(rest)
-		if err != nil || k == 0 {
-			return nil, false
-		}
-		out = append(out, rest[:k])
-		rest = rest[k:]
-	}
-	return out, true
-}
-
-// bulk is element i of elems as a string: a bulk string's bytes, or a
-// RESP3 double's or integer's digits (a score).
-func bulk(elems [][]byte, i int) ([]byte, bool) {
-	if i >= len(elems) {
-		return nil, false
-	}
-	e := elems[i]
-	if len(e) < 3 {
-		return nil, false
-	}
-	switch e[0] {
-	case '$':
-		size, header, ok := resp.BulkHeader(e)
-		if !ok || int64(len(e)) < int64(header)+size {
-			return nil, false
-		}
-		return e[header : int64(header)+size], true
-	case ',', ':':
+// scoreString is a sorted-set score in a pop's reply as ZADD takes it: a
+// bulk string (RESP2) or a RESP3 double.
+func scoreString(e []byte) ([]byte, bool) {
+	if len(e) > 3 && e[0] == ',' {
 		return e[1 : len(e)-2], true
 	}
-	return nil, false
+	return bulkString(e)
 }
