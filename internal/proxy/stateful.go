@@ -18,6 +18,7 @@ import (
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/rawio"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/route"
 	"github.com/redproxy/redproxy/internal/upstream"
@@ -1242,17 +1243,14 @@ func clientGone(nc net.Conn) bool {
 		return false
 	}
 	gone := false
-	var buf [1]byte
 	// Control, not Read: the session's Reader may hold the socket's read
 	// side between batches (resp.Reader.reads), and a peek needs no wait.
 	rc.Control(func(fd uintptr) {
-		n, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		gone = n == 0 && err == nil || err != nil && !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EINTR)
 		// A client that pipelined more after the blocking command and
 		// then closed has data before its FIN, which the peek sees
 		// first; Redis reads on to the end and frees it (found by
 		// review: the next push was popped for a closed socket).
-		gone = gone || peerClosed(fd)
+		gone = rawio.PeerGoneFD(fd) || peerClosed(fd)
 	})
 	return gone
 }

@@ -43,11 +43,7 @@ func peekGone(nc net.Conn) bool {
 		return false
 	}
 	gone := false
-	if err := raw.Control(func(fd uintptr) {
-		var b [1]byte
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		gone = err == nil && n == 0 || err != nil && err != syscall.EAGAIN && err != syscall.EWOULDBLOCK && err != syscall.EINTR
-	}); err != nil {
+	if err := raw.Control(func(fd uintptr) { gone = rawio.PeerGoneFD(fd) }); err != nil {
 		return true // closed already
 	}
 	return gone
