@@ -43,6 +43,8 @@ type Server struct {
 	// come from Config, the snapshot in force.
 	cfg  *config.Config
 	live atomic.Pointer[config.Config]
+	// waitShardedMark: WAIT's marker is an SPUBLISH (stateful.go).
+	waitShardedMark atomic.Bool
 	// batchLoad caps clients' batches while many are answered at once
 	// (limits.go).
 	batchLoad batchLoad
@@ -160,6 +162,7 @@ func NewServer(o Options) (*Server, error) {
 		pins:         upstream.NewPinLimit(cfg.Upstream.MaxPinned),
 	}
 	s.live.Store(cfg)
+	s.waitShardedMark.Store(o.Table.Get("spublish") != nil)
 	// TLS first: the backend dials as soon as it exists.
 	if err := initTLS(s); err != nil {
 		return nil, err

@@ -183,9 +183,15 @@ var (
 	cmdDiscard   = resp.AppendCommandStrings(nil, "DISCARD")
 )
 
-// cmdWaitMarker is the write that WAIT and WAITAOF wait for on a dedicated
-// connection (see blocking).
-var cmdWaitMarker = []byte("*3\r\n$7\r\nPUBLISH\r\n$22\r\n__redproxy__:wait-mark\r\n$0\r\n\r\n")
+// The writes WAIT and WAITAOF wait for on a dedicated connection (see
+// blocking), as fillBlockedCall takes them. Redis 7's SPUBLISH is
+// replicated in standalone mode like PUBLISH, but no PSUBSCRIBE pattern
+// matches a shard channel, so a client's PSUBSCRIBE * does not see the
+// proxy's marker; PUBLISH serves Redis before 7 (waitMarkers).
+var (
+	waitMarkersSharded = [][]byte{resp.AppendCommandStrings(nil, "SPUBLISH", "__redproxy__:wait-mark", "")}
+	waitMarkersClassic = [][]byte{resp.AppendCommandStrings(nil, "PUBLISH", "__redproxy__:wait-mark", "")}
+)
 
 // dispatchPinned handles a command while the client holds a pinned
 // connection. It reports true when it handled the command; false sends it
@@ -818,7 +824,7 @@ func (sess *Session) blocking(r *request) {
 		// connections, so first make this connection's last write one that
 		// Redis propagates after all of them: a PUBLISH to a proxy channel.
 		if sess.srv.router == nil {
-			markers = waitMarkers
+			markers = sess.srv.waitMarkers()
 		} else if borrowed {
 			// (A pinned connection under WATCH carries the client's
 			// writes itself; a MULTI of the marker's would end the WATCH.)
@@ -907,6 +913,9 @@ func (sess *Session) blocking(r *request) {
 	sess.block.id.Store(0)
 	reply, err := call.Reply(first)
 	if err == nil {
+		if refused := sess.srv.waitMarkRefused(call, first, markers); refused != nil {
+			reply = refused
+		}
 		sess.mirrorBlocked(r.name, args, reply, fixups) // mirror.go
 	}
 	if dedicatedLost(err) {
@@ -999,8 +1008,36 @@ func (sess *Session) endBlock(call *upstream.Call, pipe *upstream.Pipe, b *upstr
 	}
 }
 
-// waitMarkers is the wait marker as fillBlockedCall takes it.
-var waitMarkers = [][]byte{cmdWaitMarker}
+// waitMarkers is the standalone wait marker: SPUBLISH where the command
+// table, Redis's own answer to COMMAND, has it and no upstream refused it
+// as unknown (a table built in while Redis was down at start).
+func (s *Server) waitMarkers() [][]byte {
+	if s.waitShardedMark.Load() {
+		return waitMarkersSharded
+	}
+	return waitMarkersClassic
+}
+
+// waitMarkRefused is what the client gets when Redis refused the wait
+// marker sent before its WAIT at index first of call (nil: it did not).
+// WAIT's own count is then no answer: Redis counted the replicas that
+// have a write of the connection's that was not the client's last. An
+// unknown SPUBLISH (Redis before 7) switches the marker to PUBLISH for
+// every WAIT after it, so a retry counts right.
+func (s *Server) waitMarkRefused(call *upstream.Call, first int, markers [][]byte) []byte {
+	if len(markers) == 0 {
+		return nil // none sent (cluster mode before any write)
+	}
+	mark, err := call.Reply(first - 1)
+	if err != nil || !resp.IsError(mark) {
+		return nil
+	}
+	if bytes.HasPrefix(mark, []byte("-ERR unknown command")) && s.waitShardedMark.CompareAndSwap(true, false) {
+		s.log.Warn("Redis does not know SPUBLISH; WAIT's marker is a PUBLISH from now on, which PSUBSCRIBE * subscribers see")
+	}
+	msg := strings.TrimRight(strings.TrimPrefix(string(mark), "-"), "\r\n")
+	return []byte("-ERR redproxy: Redis refused the write of the proxy's that WAIT counts from (" + msg + "); retry\r\n")
+}
 
 // fillBlockedCall makes call (reset first) a blocking command's trip on a
 // connection of the client's own, borrowed or pinned: markers (the wait
