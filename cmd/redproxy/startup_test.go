@@ -239,12 +239,7 @@ func TestStartsBeforeABusyRedis(t *testing.T) {
 // slowLink forwards connections to addr, and Redis's replies back in
 // pieces of at most chunk bytes, each delay late.
 func slowLink(t *testing.T, addr string, chunk int, delay time.Duration) string {
-	return redistest.ServeLoopback(t, func(wg *sync.WaitGroup, down net.Conn) {
-		up, err := net.Dial("tcp", addr)
-		if err != nil {
-			down.Close()
-			return
-		}
+	return redistest.Forward(t, addr, func(wg *sync.WaitGroup, down, up net.Conn) {
 		wg.Go(func() {
 			io.Copy(up, down)
 			up.Close()

@@ -653,12 +653,7 @@ func TestWatchLostBeforeItsReplyLeavesNoTransaction(t *testing.T) {
 // cutOnWatch forwards connections to addr and, while armed, closes any
 // that carries a WATCH instead of forwarding it.
 func cutOnWatch(t *testing.T, addr string, armed *atomic.Bool) string {
-	return redistest.ServeLoopback(t, func(wg *sync.WaitGroup, down net.Conn) {
-		up, err := net.Dial("tcp", addr)
-		if err != nil {
-			down.Close()
-			return
-		}
+	return redistest.Forward(t, addr, func(wg *sync.WaitGroup, down, up net.Conn) {
 		wg.Go(func() {
 			io.Copy(down, up)
 			down.Close()

@@ -56,6 +56,23 @@ func ServeLoopback(t testing.TB, serve func(wg *sync.WaitGroup, c net.Conn)) str
 	return ln.Addr().String()
 }
 
+// Forward listens on loopback and, for every connection c it accepts,
+// dials target (u) and runs serve(wg, c, u), which forwards as it likes on
+// goroutines started with wg and closes u once c is done; a failed dial
+// closes c. The plumbing of fault injectors that cut, delay or trickle a
+// real Redis's traffic (ServeLoopback's cleanup closes them).
+func Forward(t testing.TB, target string, serve func(wg *sync.WaitGroup, c, u net.Conn)) string {
+	t.Helper()
+	return ServeLoopback(t, func(wg *sync.WaitGroup, c net.Conn) {
+		u, err := net.Dial("tcp", target)
+		if err != nil {
+			c.Close()
+			return
+		}
+		serve(wg, c, u)
+	})
+}
+
 // FrozenAfterHandshake listens on loopback and answers +OK to every
 // command (so a connection's handshake, AUTH, HELLO or CLIENT SETNAME,
 // succeeds) until one named freezeOn, to which it never answers: a

@@ -18,7 +18,7 @@ import (
 // a middlebox does: the data and the FIN arrive back to back.
 func closer(t *testing.T, target, marker string, part []byte) string {
 	t.Helper()
-	return forwarder(t, target, func(wg *sync.WaitGroup, c, u net.Conn) {
+	return redistest.Forward(t, target, func(wg *sync.WaitGroup, c, u net.Conn) {
 		wg.Go(func() {
 			io.Copy(c, u)
 			c.Close()

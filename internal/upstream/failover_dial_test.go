@@ -12,29 +12,12 @@ import (
 	"github.com/redproxy/redproxy/internal/resp"
 )
 
-// forwarder listens on loopback and, for every connection c it accepts,
-// dials target (u) and runs serve(c, u), which forwards as it likes on
-// goroutines started with wg and closes u once c is done. The test's
-// cleanup closes the listener and every accepted connection, then waits
-// for those goroutines (redistest.ServeLoopback).
-func forwarder(t *testing.T, target string, serve func(wg *sync.WaitGroup, c, u net.Conn)) string {
-	t.Helper()
-	return redistest.ServeLoopback(t, func(wg *sync.WaitGroup, c net.Conn) {
-		u, err := net.Dial("tcp", target)
-		if err != nil {
-			c.Close()
-			return
-		}
-		serve(wg, c, u)
-	})
-}
-
 // slowForwarder forwards to target, holding what the client sends for
 // delay first: a slow network path, so a dial through it (its handshake)
 // takes delay.
 func slowForwarder(t *testing.T, target string, delay time.Duration) string {
 	t.Helper()
-	return forwarder(t, target, func(wg *sync.WaitGroup, c, u net.Conn) {
+	return redistest.Forward(t, target, func(wg *sync.WaitGroup, c, u net.Conn) {
 		wg.Go(func() {
 			time.Sleep(delay)
 			io.Copy(u, c)

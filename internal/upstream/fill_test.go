@@ -81,7 +81,7 @@ func TestPipeFillsLargeRepliesExactly(t *testing.T) {
 	for _, n := range fillSizes {
 		keys = append(keys, fmt.Sprintf("fill:%d", n))
 	}
-	trickle := forwarder(t, srv.Addr(), func(wg *sync.WaitGroup, c, u net.Conn) {
+	trickle := redistest.Forward(t, srv.Addr(), func(wg *sync.WaitGroup, c, u net.Conn) {
 		wg.Go(func() {
 			copyAll(u, c)
 			u.Close() // the pipe has gone: so has its Redis connection

@@ -30,7 +30,7 @@ func TestReviewEarlyReplyPartReadAfterCallCompleted(t *testing.T) {
 	srv := redistest.Start(t, "--proto-max-bulk-len", "1mb")
 	const head = 256 << 10 // forwarded before the forwarder pauses
 	seen := make(chan int, 1)
-	addr := forwarder(t, srv.Addr(), func(wg *sync.WaitGroup, c, u net.Conn) {
+	addr := redistest.Forward(t, srv.Addr(), func(wg *sync.WaitGroup, c, u net.Conn) {
 		wg.Go(func() { copyAll(c, u) }) // Redis's replies; c stays open
 		wg.Go(func() {
 			buf := make([]byte, 64<<10)

@@ -150,7 +150,7 @@ func hostile(t *testing.T, target, marker string, answer, filler []byte) string 
 // it take the machine's memory.
 func hostileUpTo(t *testing.T, target, marker string, answer, filler []byte, total int) string {
 	t.Helper()
-	return forwarder(t, target, func(wg *sync.WaitGroup, c, u net.Conn) {
+	return redistest.Forward(t, target, func(wg *sync.WaitGroup, c, u net.Conn) {
 		wg.Go(func() { io.Copy(c, u) })
 		wg.Go(func() {
 			defer u.Close()

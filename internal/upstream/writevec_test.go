@@ -29,7 +29,7 @@ var vecSizes = []int{0, 7, vecPart - 40, vecPart - 31, vecPart - 30, vecPart, ve
 // would reach Redis as garbage.
 func TestPipeWritesLongPartsInPlace(t *testing.T) {
 	srv := redistest.Start(t)
-	slow := forwarder(t, srv.Addr(), func(wg *sync.WaitGroup, c, u net.Conn) {
+	slow := redistest.Forward(t, srv.Addr(), func(wg *sync.WaitGroup, c, u net.Conn) {
 		wg.Go(func() {
 			defer u.Close()
 			rng := rand.New(rand.NewPCG(5, 5))
