@@ -150,6 +150,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	// guess is wrong (a container, where 127.0.0.1 is the container itself),
 	// --require-upstream makes a missing upstream an error.
 	upstreamAddr := cfg.Upstream.Address
+	seedAnswered := false // a cluster seed answered the PING below
 	if cfg.Upstream.Mode == config.ModeCluster {
 		// The command table and version come from a seed node: the first
 		// to answer a PING, so that a first seed down or hung does not
@@ -158,7 +159,9 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		// in plaintext: behind TLS the first seed is asked.
 		upstreamAddr = cfg.Upstream.Seeds[0]
 		if cfg.Upstream.TLS == nil {
-			upstreamAddr = firstAnswering(cfg.Upstream.Seeds, 500*time.Millisecond)
+			if a := answering(cfg.Upstream.Seeds, 500*time.Millisecond); a != "" {
+				upstreamAddr, seedAnswered = a, true
+			}
 		}
 	}
 	if *configPath == "" && ov.Upstream == "" {
@@ -219,13 +222,14 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	// with a 500 ms PING, found by review): its pools are waited for as
 	// usual, or the first clients would be told it is unavailable. PING
 	// goes in plaintext, so behind TLS the pools are always waited for.
-	// In cluster mode every seed is asked (at once): one that answers
-	// gives the router its slot map, which is then waited for as usual.
+	// In cluster mode every seed is asked (at once), unless one answered
+	// the PING that chose the seed: one that answers gives the router its
+	// slot map, which is then waited for as usual.
 	probed := []string{upstreamAddr}
 	if cfg.Upstream.Mode == config.ModeCluster {
 		probed = cfg.Upstream.Seeds
 	}
-	silent := upstreamAddr != "" && !embedded && !answered && cfg.Upstream.TLS == nil &&
+	silent := upstreamAddr != "" && !embedded && !answered && cfg.Upstream.TLS == nil && !seedAnswered &&
 		!anyAnswersWithin(probed, min(cfg.Upstream.DialTimeout.Duration, silentPingWait))
 	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr,
 		UpstreamSilent: silent})
@@ -488,15 +492,6 @@ func redisAnswersWithin(addr string, wait time.Duration) bool {
 // true when one answers.
 func anyAnswersWithin(addrs []string, wait time.Duration) bool {
 	return answering(addrs, wait) != ""
-}
-
-// firstAnswering is the address of addrs that answers a PING first, or the
-// first address when none answers within wait.
-func firstAnswering(addrs []string, wait time.Duration) string {
-	if a := answering(addrs, wait); a != "" {
-		return a
-	}
-	return addrs[0]
 }
 
 // answering asks every address at once and returns the first to answer,
