@@ -98,3 +98,33 @@ func TestClientListShowsLastCommand(t *testing.T) {
 		t.Fatalf("CLIENT INFO: cmd=%q (%v), want client|info", info.LastCmd, err)
 	}
 }
+
+// The same on a relay (a RESP3 subscriber, whose CLIENT INFO the proxy
+// answers through Redis): the relay's commands are the client's last
+// ones, where the field said "subscribe" for the rest of its life (found
+// by the differential sweep).
+func TestClientListShowsLastCommandOnARelay(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	sub := dialRaw(t, p.Addr)
+	wantReplies(t, sub, []string{"HELLO", "3"})
+	sub.readReply()
+	wantReplies(t, sub, []string{"SUBSCRIBE", "lc:ch"}, []any{"subscribe", "lc:ch", int64(1)})
+	info, _ := sub.do("CLIENT", "INFO").(string)
+	if !strings.Contains(info, " cmd=client|info ") {
+		t.Fatalf("CLIENT INFO of a subscriber: %q, want cmd=client|info", info)
+	}
+	wantReplies(t, sub, []string{"PING"}, "PONG")
+	list, err := p.Client(t).ClientList(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(list, "\n") {
+		if strings.Contains(line, "flags=P") {
+			if !strings.Contains(line, " cmd=ping ") {
+				t.Fatalf("the subscriber after PING in CLIENT LIST: %q, want cmd=ping", line)
+			}
+			return
+		}
+	}
+	t.Fatalf("no subscriber in CLIENT LIST:\n%s", list)
+}

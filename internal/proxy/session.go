@@ -500,17 +500,23 @@ func (sess *Session) serveBatch(reqs []resp.Request, extendable bool) {
 	}
 }
 
+// noteLastCmd records cmd as the client's last command, for CLIENT INFO
+// and LIST, in dispatch and on a relay. Stored only when it changes: the
+// session's goroutine is its only writer, and the store (a pointer, with
+// the GC's write barrier) was 2 % of the proxy's CPU on pipelines of one
+// command.
+func (sess *Session) noteLastCmd(cmd *commands.Command) {
+	if sess.lastCmd.Load() != cmd {
+		sess.lastCmd.Store(cmd)
+	}
+}
+
 // dispatch decides where one command goes. It is the seam where the guard,
 // policy, stampede and local-tier steps sit between client and Redis; the
 // command is classified once (classify) and the steps share that.
 func (sess *Session) dispatch(i int, req *resp.Request) {
 	r := sess.classify(i, req)
-	// Stored only when it changes: this goroutine is its only writer, and
-	// the store (a pointer, with the GC's write barrier) was 2 % of the
-	// proxy's CPU on pipelines of one command.
-	if sess.lastCmd.Load() != r.cmd {
-		sess.lastCmd.Store(r.cmd)
-	}
+	sess.noteLastCmd(r.cmd)
 	r.m.Calls.Inc()
 	sess.curMute = sess.replyOff || sess.replySkip
 	sess.replySkip = false

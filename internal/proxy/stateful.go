@@ -1471,6 +1471,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 			args = d.Args
 		}
 		cmd := sess.srv.table.Lookup(reqs[k].Args)
+		sess.noteLastCmd(cmd)
 		rw.note(cmd, args, d != nil && d.Refuse != nil)
 		if k == 0 {
 			first = append(first, reqs[0].Raw...) // checked by startRelay
@@ -1649,6 +1650,7 @@ reading:
 					args = d.Args
 				}
 				cmd := sess.srv.table.Lookup(reqs[k].Args)
+				sess.noteLastCmd(cmd) // before the proxy's CLIENT INFO answer is made
 				if ex != nil {
 					ex.note(cmd)
 				}
