@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -114,5 +115,42 @@ func TestBlockedClientThatLeftLosesNoPush(t *testing.T) {
 	}
 	if lost > 0 {
 		t.Fatalf("%d of 40 elements pushed right after their worker left were popped for nobody", lost)
+	}
+}
+
+// Where the upstream user may not run CLIENT UNBLOCK, the block of a
+// client that left still ends at once (the refusal read, the connection
+// half-closed, then closed), not at reply_timeout or never: an element
+// pushed after that stays in the list. (One pushed in the same moment can
+// be lost there, docs/COMPATIBILITY.md; the UNBLOCK path is
+// TestBlockedClientThatLeftLosesNoPush.)
+func TestBlockedClientThatLeftWithoutUnblockRight(t *testing.T) {
+	rs := redistest.Start(t)
+	direct := rs.Client(t)
+	if err := direct.Do(ctx, "ACL", "SETUSER", "nounblock", "on", ">pw", "~*", "&*", "+@all", "-client|unblock").Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.Upstream.Username, c.Upstream.Password = "nounblock", "pw"
+	})
+	for i := range 5 {
+		key := fmt.Sprintf("gone:halfclose:%d", i)
+		c := dialRaw(t, p.Addr)
+		wantReplies(t, c, []string{"AUTH", "nounblock", "pw"}, "OK")
+		c.send([]string{"BLPOP", key, "0"})
+		redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 1 }, "the BLPOP never blocked")
+		c.nc.Close()
+		redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 0 }, "the block of the client that left was not ended")
+		if err := direct.RPush(ctx, key, "job").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := direct.LRange(ctx, key, 0, -1).Result(); err != nil || len(v) != 1 {
+			t.Fatalf("%s after the block ended: %q, %v", key, v, err)
+		}
+	}
+	// The proxy asked and was refused: Redis logged it.
+	entries, err := direct.Do(ctx, "ACL", "LOG").Slice()
+	if err != nil || len(entries) == 0 {
+		t.Fatalf("ACL LOG after the refused CLIENT UNBLOCKs: %v %v, want entries", entries, err)
 	}
 }
