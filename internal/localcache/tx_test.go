@@ -189,3 +189,47 @@ func TestWatchIncrementLoops(t *testing.T) {
 		t.Fatal("the readers were never served from the tier")
 	}
 }
+
+// A transaction's writes are marked in the session's database when EXEC
+// is sent; a SELECT queued before them moves them to another, where only
+// a fence keeps the tier from serving what they replaced until the (slow)
+// invalidation arrives. Without a SELECT the keys named are enough, and
+// no fence pauses every client's hits.
+func TestTransactionFencesOnlyWithASelect(t *testing.T) {
+	withHooks(t, slowInvalidations())
+	p := startTier(t, nil)
+	db1 := p.Client(t, func(o *redis.Options) { o.DB = 1 })
+	writer := p.Client(t)
+	fences := func() float64 { return metric(t, p.Metrics.Registry, "redproxy_localcache_fences_total") }
+	for i := range 10 {
+		want := "v" + strconv.Itoa(i)
+		db1.Set(ctx, "k", "old", 0)
+		cacheIt(t, p, db1, "k")
+		_, err := writer.TxPipelined(ctx, func(tx redis.Pipeliner) error {
+			tx.Select(ctx, 1)
+			tx.Set(ctx, "k", want, 0)
+			tx.Select(ctx, 0)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := mustGet(t, db1, "k"); got != want {
+			t.Fatalf("round %d: db 1 read %q after a transaction selecting it wrote %q", i, got, want)
+		}
+	}
+	writer.Set(ctx, "k0", "0", 0)
+	before := fences()
+	for i := range 10 {
+		cacheIt(t, p, writer, "k0")
+		if _, err := writer.TxPipelined(ctx, func(tx redis.Pipeliner) error { tx.Incr(ctx, "k0"); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if got := mustGet(t, writer, "k0"); got != strconv.Itoa(i+1) {
+			t.Fatalf("round %d: read %q after INCR in MULTI, want %d", i, got, i+1)
+		}
+	}
+	if n := fences() - before; n != 0 {
+		t.Fatalf("10 transactions without SELECT raised %v fences, want 0", n)
+	}
+}

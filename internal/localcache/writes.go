@@ -53,8 +53,8 @@ func (w *Writes) Pending() bool { return len(w.marks) > 0 || w.fence || len(w.sw
 // script, MOVE, COPY ... DB, an incomplete key spec) also asks for a fence
 // after its reply; FLUSHALL, FLUSHDB and SWAPDB flush what they empty and
 // fence too, and so does a script that may run SWAPDB (scripts.go), for
-// every database. inTx says the write is part of a transaction, which may have
-// changed database with a queued SELECT, so it is fenced as well.
+// every database. inTx says a SELECT queued in the write's transaction may
+// have moved it to another database than db, so it is fenced as well.
 func (c *Cache) WriteStart(w *Writes, db int, cmd *commands.Command, args [][]byte, inTx bool) {
 	if cmd == nil {
 		return

@@ -602,13 +602,14 @@ func (sess *Session) placeHeld(r *request, target int, p heldPlacer) bool {
 	sess.forwardHidden(cmdMulti)
 	sess.slots[len(sess.slots)-1].multi = true // its answer sets txOpened
 	pin.inMulti = true
-	pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect = 0, pin.txHidden[:0], pin.txWrites[:0], -1
+	pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect, pin.txSelected = 0, pin.txHidden[:0], pin.txWrites[:0], -1, false
 	pin.txName, pin.txNamed = "", false
 	for _, q := range cm.queued {
 		// Answered +QUEUED already: the replay's replies are muted, but
 		// count in the transaction's queue like the client's own, and its
 		// writes reach the write hooks at EXEC (pinnedExec).
 		sess.txNameStep(q.cmd.Name)
+		pin.txSelected = pin.txSelected || q.cmd.Name == "select"
 		sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: q.m, tx: true, mute: true, held: true, strip: q.strip})
 		sess.call.Add(q.raw)
 		for _, f := range q.fixups {

@@ -79,6 +79,10 @@ type pinState struct {
 	txName   string // a CLIENT SETNAME's name queued in MULTI (txNamed), the client's when EXEC runs
 	txNamed  bool
 	execRan  bool // the last EXEC ran its commands (not aborted)
+	// txSelected: a SELECT, valid or not, is queued in this MULTI, so
+	// the writes after it may run in another database than the one they
+	// are marked in (tierWriteForwarded).
+	txSelected bool
 	// redirected is the error a command sent outside MULTI was answered
 	// in place of the node's MOVED or ASK (clusterPinnedReply): the slot
 	// has left the node, what the WATCH guards is no longer there, and
@@ -338,7 +342,7 @@ func pinnedMulti(sess *Session, r *request) bool {
 	pin := &sess.pin
 	if !pin.inMulti {
 		pin.inMulti = true
-		pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect = 0, pin.txHidden[:0], pin.txWrites[:0], -1
+		pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect, pin.txSelected = 0, pin.txHidden[:0], pin.txWrites[:0], -1, false
 		pin.txName, pin.txNamed = "", false
 		if pin.txOpen != nil {
 			pin.txOpen.reset()
@@ -376,6 +380,7 @@ func pinnedSelect(sess *Session, r *request) bool {
 	pin.dirty = true
 	if pin.inMulti {
 		// Takes effect at EXEC, on this connection.
+		pin.txSelected = true
 		if valid {
 			pin.txSelect = db
 		}
