@@ -827,7 +827,7 @@ func (sess *Session) blocking(r *request) {
 		// Redis waits for the calling connection's last write to reach the
 		// replicas (or the AOF). The client's writes went over other
 		// connections, so first make this connection's last write one that
-		// Redis propagates after all of them: a PUBLISH to a proxy channel.
+		// Redis propagates after all of them: a publish to a proxy channel.
 		if sess.srv.router == nil {
 			markers = sess.srv.waitMarkers()
 		} else if borrowed {
