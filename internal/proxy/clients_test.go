@@ -1322,6 +1322,28 @@ func TestClientKillID(t *testing.T) {
 	}
 }
 
+// A client killed while it waits on a slow reply (a script running for
+// longer than CLIENT KILL waits for it to end) is gone for every later
+// kill, as Redis frees a client at its kill: the second CLIENT KILL ID in
+// one pipeline answered 1 where Redis answers 0 (found by review), and a
+// kill by address after it must not count it either.
+func TestClientKilledTwiceCountsOnce(t *testing.T) {
+	p := proxytest.Start(t, redistest.Start(t, "--busy-reply-threshold", "50"), nil)
+	victim := dialRaw(t, p.Addr)
+	id, ok := victim.do("CLIENT", "ID").(int64)
+	if !ok {
+		t.Fatal("CLIENT ID did not answer an integer")
+	}
+	addr := victim.nc.LocalAddr().String()
+	victim.send([]string{"EVAL", redistest.LoopScript, "0", "3000"})
+	redistest.Eventually(t, 5*time.Second, func() bool { return redisBusy(t, p.Redis) }, "the script never ran")
+	admin := dialRaw(t, p.Addr)
+	ids := strconv.FormatInt(id, 10)
+	wantReplies(t, admin, []string{"CLIENT", "KILL", "ID", ids}, []string{"CLIENT", "KILL", "ID", ids},
+		[]string{"CLIENT", "KILL", "ADDR", addr}, []string{"CLIENT", "KILL", addr},
+		int64(1), int64(0), int64(0), respError("ERR No such client"))
+}
+
 // The foundation's cross-talk check, with transactions, blocking pops with
 // short timeouts and subscribers running at the same time: every reply must
 // answer its own request.

@@ -850,6 +850,9 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 	if len(args) == 1 {
 		addr := string(args[0])
 		for _, sess := range s.sessionList() {
+			if sess.interrupted.Load() {
+				continue // killed already, ending: gone for Redis (see below)
+			}
 			if remote, _ := sess.addrs(); remote == addr {
 				s.awaitEnd(self, sess.killFrom(self))
 				return ok
@@ -912,7 +915,11 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 	for _, sess := range s.sessionList() {
 		remote, local := sess.addrs()
 		switch {
-		case skipMe && sess == self,
+		// A client killed before and still ending (waiting on a slow
+		// reply) is not there for Redis, which frees a client at the kill:
+		// a second CLIENT KILL ID of it answered 1 (found by review).
+		case sess.interrupted.Load() && sess != self,
+			skipMe && sess == self,
 			id >= 0 && sess.id != id,
 			addr != "" && remote != addr,
 			laddr != "" && local != laddr,
