@@ -127,6 +127,20 @@ type FindKeys struct {
 // Every returned index i satisfies 1 <= i < len(args). Keys does not allocate
 // as long as dst has room.
 func (c *Command) Keys(args [][]byte, dst []int) []int {
+	return c.keysAtMost(args, dst, int(^uint(0)>>1))
+}
+
+// KeysAtMost is Keys stopping once dst holds n indices more than it came
+// with, for a caller that needs only the first key or to know whether
+// there is exactly one: Keys of an MGET of a million keys built a list of
+// a million indices for each (found by review: 580 MB allocated for one
+// 7 MB request). MIGRATE, SORT and GEORADIUS may still append more.
+func (c *Command) KeysAtMost(args [][]byte, dst []int, n int) []int {
+	return c.keysAtMost(args, dst, len(dst)+n)
+}
+
+// keysAtMost appends key indices to dst while len(dst) < limit.
+func (c *Command) keysAtMost(args [][]byte, dst []int, limit int) []int {
 	if c == nil {
 		return dst
 	}
@@ -140,17 +154,23 @@ func (c *Command) Keys(args [][]byte, dst []int) []int {
 		if len(c.KeySpecs) > 0 {
 			dst = c.KeySpecs[0].appendKeys(args, dst)
 		} else {
-			dst = c.legacyKeys(args, dst)
+			dst = c.legacyKeys(args, dst, limit)
 		}
 		return georadiusStoreKeys(args, dst)
 	}
 	if len(c.KeySpecs) > 0 {
-		return c.specKeys(args, dst)
+		for i := range c.KeySpecs {
+			if len(dst) >= limit {
+				break
+			}
+			dst = c.KeySpecs[i].appendKeysAtMost(args, dst, limit)
+		}
+		return dst
 	}
-	return c.legacyKeys(args, dst)
+	return c.legacyKeys(args, dst, limit)
 }
 
-func (c *Command) legacyKeys(args [][]byte, dst []int) []int {
+func (c *Command) legacyKeys(args [][]byte, dst []int, limit int) []int {
 	if c.FirstKey <= 0 {
 		return dst
 	}
@@ -159,7 +179,7 @@ func (c *Command) legacyKeys(args [][]byte, dst []int) []int {
 		last += len(args)
 	}
 	step := max(c.KeyStep, 1)
-	for i := c.FirstKey; i <= last && i < len(args); i += step {
+	for i := c.FirstKey; i <= last && i < len(args) && len(dst) < limit; i += step {
 		dst = append(dst, i)
 	}
 	return dst
@@ -195,6 +215,11 @@ func (c *Command) specKeys(args [][]byte, dst []int) []int {
 // would rather know some keys of a malformed call than none (Redis will
 // reject the call anyway).
 func (s *KeySpec) appendKeys(args [][]byte, dst []int) []int {
+	return s.appendKeysAtMost(args, dst, int(^uint(0)>>1))
+}
+
+// appendKeysAtMost is appendKeys stopping once len(dst) is limit.
+func (s *KeySpec) appendKeysAtMost(args [][]byte, dst []int, limit int) []int {
 	if s.Flags&KeyNotKey != 0 {
 		return dst
 	}
@@ -221,7 +246,7 @@ func (s *KeySpec) appendKeys(args [][]byte, dst []int) []int {
 		default:
 			last = n + s.Find.LastKey
 		}
-		for i := first; i <= last && i < n; i += step {
+		for i := first; i <= last && i < n && len(dst) < limit; i += step {
 			dst = append(dst, i)
 		}
 	case FindKeynum:
@@ -239,7 +264,7 @@ func (s *KeySpec) appendKeys(args [][]byte, dst []int) []int {
 		}
 		// Counting rather than computing the last index keeps a huge count
 		// from overflowing.
-		for ; count > 0 && i < n; count-- {
+		for ; count > 0 && i < n && len(dst) < limit; count-- {
 			dst = append(dst, i)
 			i += step
 		}
@@ -424,7 +449,7 @@ func (c *Command) KeyRefs(args [][]byte, dst []KeyRef) []KeyRef {
 		if len(c.KeySpecs) > 0 {
 			add(c.KeySpecs[0].appendKeys(args, idx[:0]), c.KeySpecs[0].Flags)
 		} else {
-			add(c.legacyKeys(args, idx[:0]), KeyRO|KeyAccess)
+			add(c.legacyKeys(args, idx[:0], len(args)), KeyRO|KeyAccess)
 		}
 		add(georadiusStoreKeys(args, idx[:0]), KeyOW|KeyUpdate)
 		return dst
@@ -446,7 +471,7 @@ func (c *Command) KeyRefs(args [][]byte, dst []KeyRef) []KeyRef {
 	if c.Flags&Write != 0 {
 		f = KeyRW | KeyAccess | KeyUpdate
 	}
-	add(c.legacyKeys(args, idx[:0]), f)
+	add(c.legacyKeys(args, idx[:0], len(args)), f)
 	return dst
 }
 

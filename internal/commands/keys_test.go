@@ -304,3 +304,42 @@ func TestSortOptions(t *testing.T) {
 		}
 	}
 }
+
+// KeysAtMost finds what Keys finds, cut at n, for every command of the
+// table; and on a million-key MGET it stops at n without allocating.
+func TestKeysAtMost(t *testing.T) {
+	argSets := [][]string{
+		{"k1", "k2", "k3", "k4"},
+		{"2", "k1", "k2", "STREAMS", "s1", "s2", "0", "0"},
+		{"k1", "v", "k2", "v", "STORE", "dst"},
+	}
+	for _, c := range Builtin().Commands() {
+		for _, set := range argSets {
+			args := [][]byte{[]byte(c.Name)}
+			for _, a := range set {
+				args = append(args, []byte(a))
+			}
+			all := c.Keys(args, nil)
+			for n := range 3 {
+				got := c.KeysAtMost(args, nil, n)
+				want := all[:min(n, len(all))]
+				if len(got) < len(want) || !slices.Equal(got[:len(want)], want) || len(got) > n && c.keysProc == procSpecs {
+					t.Fatalf("%s %v: KeysAtMost %d = %v, Keys = %v", c.Name, set, n, got, all)
+				}
+			}
+		}
+	}
+	mget := [][]byte{[]byte("mget")}
+	for range 1_000_000 {
+		mget = append(mget, []byte("k"))
+	}
+	cmd := Builtin().Get("mget")
+	var buf [2]int
+	if allocs := testing.AllocsPerRun(10, func() {
+		if keys := cmd.KeysAtMost(mget, buf[:0], 2); len(keys) != 2 {
+			t.Fatalf("KeysAtMost 2 of a million-key MGET: %d keys", len(keys))
+		}
+	}); allocs != 0 {
+		t.Fatalf("KeysAtMost allocated %v times", allocs)
+	}
+}

@@ -57,7 +57,7 @@ func CacheableKey(cmd *commands.Command, args [][]byte) (key []byte, ok bool) {
 		return nil, false
 	}
 	var buf [2]int
-	idx := cmd.Keys(args, buf[:0])
+	idx := cmd.KeysAtMost(args, buf[:0], 2) // one, or more than one
 	if len(idx) != 1 {
 		return nil, false
 	}

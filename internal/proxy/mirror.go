@@ -270,8 +270,8 @@ func (sess *Session) mirrorNote(r *request) {
 		mk.script = r.cmd.Parent == nil && r.cmd.Is(commands.CatScripting) // EVAL, EVALSHA, FCALL
 		mk.nondet = r.cmd.Is(commands.Nondeterministic)
 	case r.cmd.Is(commands.ReadOnly):
-		var kb [4]int
-		keys := r.cmd.Keys(r.Args, kb[:0])
+		var kb [1]int
+		keys := r.cmd.KeysAtMost(r.Args, kb[:0], 1)
 		if len(keys) == 0 || !mr.SampleRead() {
 			return
 		}

@@ -50,7 +50,7 @@ func (sess *Session) noteSlow(reqs []resp.Request, start time.Time, took, upstre
 	if cmd := sess.srv.table.Lookup(reqs[0].Args); cmd != nil {
 		name = cmd.Name
 		var kb [2]int
-		if keys := cmd.Keys(reqs[0].Args, kb[:0]); len(keys) > 0 {
+		if keys := cmd.KeysAtMost(reqs[0].Args, kb[:0], 1); len(keys) > 0 {
 			e.KeyPattern = slowlog.KeyPattern(reqs[0].Args[keys[0]])
 		}
 	}

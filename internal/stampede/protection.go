@@ -199,7 +199,7 @@ func (p *Protection) readKey(cmd *commands.Command, args [][]byte) (key []byte, 
 		return nil, Match{}, false
 	}
 	var kb [2]int
-	keys := cmd.Keys(args, kb[:0])
+	keys := cmd.KeysAtMost(args, kb[:0], 2) // one, or more than one
 	if len(keys) != 1 {
 		return nil, Match{}, false
 	}
