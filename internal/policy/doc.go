@@ -19,7 +19,9 @@
 // KEYS, FLUSHALL and FLUSHDB are refused unless listed in [policy.commands]
 // allow: they are the seeds' anti-patterns (KEYS blocks Redis, FLUSHALL wipes
 // it, FLUSHDB wipes a database), and no application needs them in
-// production. Each refusal names the safe alternative, e.g.
+// production. So are SHUTDOWN, REPLICAOF, SLAVEOF, FAILOVER, CLUSTER RESET,
+// CLUSTER FAILOVER and MODULE LOAD, LOADEX and UNLOAD, which stop Redis or
+// change what it is. Each refusal names the safe alternative, e.g.
 //
 //	ERR redproxy policy: KEYS is disabled; use SCAN 0 MATCH pattern COUNT 100
 //

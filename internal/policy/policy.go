@@ -281,8 +281,16 @@ type valueRules struct {
 }
 
 // builtinDeny are refused unless allowed: the seeds' KEYS * and FLUSHALL
-// anti-patterns, and FLUSHDB which does the same to one database.
-var builtinDeny = []string{"keys", "flushall", "flushdb"}
+// anti-patterns, FLUSHDB which does the same to one database, and the
+// commands that stop Redis or change what it is (replication, cluster
+// membership, loaded modules), which no application sends through a proxy
+// in front of it: a client of the quick start, with no policy, stopped
+// its Redis with SHUTDOWN NOSAVE by accident (found by review). The rest of
+// the admin commands (DEBUG, CONFIG SET, which some libraries send at
+// start, MONITOR, ...) are left to the deny list.
+var builtinDeny = []string{"keys", "flushall", "flushdb",
+	"shutdown", "replicaof", "slaveof", "failover", "cluster|reset", "cluster|failover",
+	"module|load", "module|loadex", "module|unload"}
 
 // Compile validates c and builds the policy.
 func Compile(c Config) (*Policy, error) {

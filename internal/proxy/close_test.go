@@ -199,7 +199,9 @@ func TestEveryCloseRecordsOneReason(t *testing.T) {
 	})
 
 	t.Run("shutdown of Redis", func(t *testing.T) {
-		own := proxytest.Start(t, redistest.Start(t), nil)
+		own := proxytest.Start(t, redistest.Start(t), func(c *config.Config) {
+			c.Policy.Commands.Allow = append(c.Policy.Commands.Allow, "shutdown") // refused by default
+		})
 		nc := own.Dial(t)
 		nc.SetDeadline(time.Now().Add(20 * time.Second))
 		r := bufio.NewReader(nc)
