@@ -47,6 +47,7 @@ func (s *Server) backendOptions(c *config.Config, addr string) upstream.BackendO
 		ReconnectMax: c.Upstream.ReconnectMax.Duration,
 		Logger:       s.log,
 		OnReadOnly:   s.readOnlyHook(),
+		WantPrimary:  s.sentinel != nil,
 		// No Call on a connection keeps more replies than a client may
 		// be sent, nor does its reader hold a longer push: see
 		// upstream.Options.ReplyLimit.

@@ -285,7 +285,7 @@ func makeReplicaSet(s *Server, u config.Upstream, primary *upstream.Backend, w *
 	rs.replyTimeout.Store(int64(u.ReplyTimeout.Duration))
 	rs.nodeOptions = func(addr string) upstream.BackendOptions {
 		o := opts(addr)
-		o.OnReadOnly = nil
+		o.OnReadOnly, o.WantPrimary = nil, false
 		o.MaxPinned = 1 // nothing is pinned on a replica
 		o.Pins = nil
 		return o

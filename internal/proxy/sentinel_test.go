@@ -485,3 +485,41 @@ func TestSentinelNotReadyWithoutPrimary(t *testing.T) {
 		t.Fatalf("primary known = %q with the only candidate a replica", got)
 	}
 }
+
+// A primary turned into a replica whose connections are then closed (as
+// Sentinel's +convert-to-slave does, CLIENT KILL TYPE normal) is not
+// dialled again as the primary: the redialled connections served reads
+// from it, with the data of the primary it now follows, not what the
+// proxy had acknowledged (found by review of an aborted failover). Here
+// the only Sentinel still names it, so the proxy has no primary: reads
+// fail rather than return the replica's data.
+func TestSentinelDemotedPrimaryIsNotRedialled(t *testing.T) {
+	primary := redistest.Start(t)
+	other := redistest.Start(t)
+	g := &redistest.SentinelGroup{Name: "solo"}
+	s := redistest.StartSentinel(t, redistest.SentinelOptions{Name: g.Name}, primary.Port(), 1)
+	p := proxytest.Start(t, primary, sentinelConfig(g, []string{s.Addr()}))
+	c := p.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	if err := c.Set(ctx, "dm:k", "acknowledged", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	direct := primary.Client(t)
+	if err := direct.Do(ctx, "REPLICAOF", "127.0.0.1", strconv.Itoa(other.Port())).Err(); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		info, _ := direct.Info(ctx, "replication").Result()
+		n, _ := direct.DBSize(ctx).Result()
+		return strings.Contains(info, "master_link_status:up") && n == 0
+	}, "the demoted primary never took the other server's (empty) data")
+	if err := direct.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		v, err := c.Get(ctx, "dm:k").Result()
+		if err == nil || err == redis.Nil {
+			t.Fatalf("GET %d after the demotion: %q %v, served by a replica (want an error: no primary)", i, v, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

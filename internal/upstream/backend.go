@@ -37,6 +37,8 @@ type BackendOptions struct {
 	// backend: the primary has become a replica (Sentinel mode watches
 	// for it). Nil ignores it.
 	OnReadOnly func()
+	// WantPrimary is every connection's Options.WantPrimary.
+	WantPrimary bool
 	// OnConnLost runs (on a pipe goroutine) each time a connection of the
 	// backend ends other than by the proxy closing it (Close, a drained
 	// generation): the server closed it, it broke or timed out. Its
@@ -529,13 +531,14 @@ func (o BackendOptions) ConnOptions(db int, resp3 bool) Options {
 		TLS: o.TLS, DB: db, RESP3: resp3,
 		DialTimeout: o.DialTimeout, ReplyTimeout: o.ReplyTimeout, DeadTimeout: o.DeadTimeout,
 		ReconnectMin: o.ReconnectMin, ReconnectMax: o.ReconnectMax,
-		Name:       "redproxy",
-		Logger:     o.Logger,
-		OnReadOnly: o.OnReadOnly,
-		OnOverdue:  o.OnOverdue,
-		OnDown:     onDown,
-		Handshake:  o.Handshake,
-		ReplyLimit: o.ReplyLimit,
+		Name:        "redproxy",
+		Logger:      o.Logger,
+		OnReadOnly:  o.OnReadOnly,
+		OnOverdue:   o.OnOverdue,
+		WantPrimary: o.WantPrimary,
+		OnDown:      onDown,
+		Handshake:   o.Handshake,
+		ReplyLimit:  o.ReplyLimit,
 	}
 }
 

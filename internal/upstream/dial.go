@@ -121,6 +121,16 @@ func handshake(nc net.Conn, opt Options, wantID bool) (id int64, err error) {
 			cmds = append(cmds, []string{"AUTH", opt.Password})
 		}
 	}
+	// HELLO's reply says the server's role; RESP2 asks it only for that,
+	// and ignores a refusal (Redis before 6 has no HELLO).
+	roleAt, roleOptional := -1, false
+	if opt.WantPrimary {
+		roleAt = 0
+		if !opt.RESP3 {
+			roleAt, roleOptional = len(cmds), true
+			cmds = append(cmds, []string{"HELLO", "2"})
+		}
+	}
 	if opt.DB != 0 {
 		cmds = append(cmds, []string{"SELECT", strconv.Itoa(opt.DB)})
 	}
@@ -168,6 +178,17 @@ func handshake(nc net.Conn, opt Options, wantID bool) (id int64, err error) {
 		if wantID && opt.RESP3 && i == 0 {
 			id = helloID(reply)
 		}
+		if i == roleAt {
+			if resp.IsError(reply) && roleOptional {
+				continue
+			}
+			if role := helloRole(reply); role != "" && role != "master" {
+				if opt.OnReadOnly != nil {
+					opt.OnReadOnly()
+				}
+				return 0, fmt.Errorf("%w: HELLO says role %q", ErrNotPrimary, role)
+			}
+		}
 		if resp.IsError(reply) && !(i == setName && bytes.HasPrefix(reply, busyPrefix)) {
 			// The name is only for operators; a Redis that refuses it
 			// because a script runs (-BUSY) must not keep the proxy from
@@ -202,6 +223,22 @@ func helloID(reply []byte) int64 {
 	}
 	id, _ := resp.Integer(rest[:end+2])
 	return id
+}
+
+// helloRole returns the role field of HELLO's reply ("master",
+// "replica"), "" if it has none.
+func helloRole(reply []byte) string {
+	const key = "$4\r\nrole\r\n"
+	i := bytes.Index(reply, []byte(key))
+	if i < 0 {
+		return ""
+	}
+	rest := reply[i+len(key):]
+	size, header, ok := resp.BulkHeader(rest)
+	if !ok || int64(len(rest)) < int64(header)+size {
+		return ""
+	}
+	return string(rest[header : header+int(size)])
 }
 
 // maxHandshakeReply caps what a handshake reads: HELLO's map is the
@@ -245,6 +282,10 @@ func readReply(nc net.Conn, buf []byte, max int) (reply, rest []byte, err error)
 // ErrHandshake wraps an error reply to a handshake command (bad password,
 // unknown DB, ...). It is not retried faster than the reconnect backoff.
 var ErrHandshake = errors.New("handshake refused")
+
+// ErrNotPrimary wraps a dial refused because the server said it is a
+// replica where Options.WantPrimary asked for a primary.
+var ErrNotPrimary = errors.New("server is not a primary")
 
 func trimReply(b []byte) string {
 	if len(b) > 200 {

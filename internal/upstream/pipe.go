@@ -69,8 +69,16 @@ type Options struct {
 	OnUp   func()
 	OnDown func(err error)
 	// OnReadOnly runs (on the reader goroutine) for each -READONLY reply:
-	// the server is a replica now, so a primary's address is stale.
+	// the server is a replica now, so a primary's address is stale. With
+	// WantPrimary it also runs for a dial refused as a replica's.
 	OnReadOnly func()
+	// WantPrimary: the server must say it is a primary (HELLO's role) for
+	// a dial to succeed; a replica's is refused with ErrNotPrimary. For
+	// Sentinel mode, where the address in use may have been turned into a
+	// replica: its connections closed, a redial reached it again and the
+	// proxy served reads from it, older than what it had acknowledged
+	// (found by review of an aborted failover).
+	WantPrimary bool
 	// OnOverdue runs (on the watchdog goroutine) each time a reply
 	// ReplyTimeout overdue makes the pipe probe Redis: at ReplyTimeout,
 	// then every ReplyTimeout while it stays overdue.
