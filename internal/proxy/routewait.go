@@ -156,12 +156,19 @@ func (sess *Session) waitEveryUpstream(r *request) {
 	// blocking's does.
 	named := sess.name != ""
 	var first int
-	markers := sess.srv.waitMarkers()
+	for i := range waits {
+		w := &waits[i]
+		if refused := sess.markForWait(w.call, w.pipe, sess.srv.waitMarkers()); refused != nil {
+			release(false)
+			sess.replyLocal(m, refused)
+			return
+		}
+	}
 	more := make([]blockedConn, 0, len(waits)-1)
 	var id int64
 	for i := range waits {
 		w := &waits[i]
-		first = sess.fillBlockedCall(w.call, named, markers, raw)
+		first = sess.fillBlockedCall(w.call, named, raw)
 		rid, _ := w.backend.PipeID(w.pipe)
 		if i == 0 {
 			id = rid
@@ -197,12 +204,8 @@ func (sess *Session) waitEveryUpstream(r *request) {
 		done[k] = true
 		reply, err := waits[k].call.Reply(first)
 		lost = lost || dedicatedLost(err)
-		if refused == nil && err == nil {
-			if mark := sess.srv.waitMarkRefused(waits[k].call, first, markers); mark != nil {
-				refused = mark
-			} else if resp.IsError(reply) {
-				refused = bytes.Clone(reply)
-			}
+		if refused == nil && err == nil && resp.IsError(reply) {
+			refused = bytes.Clone(reply)
 		}
 	}
 	// end closes every connection, which drops the client's WAITs on

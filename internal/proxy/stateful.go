@@ -837,7 +837,16 @@ func (sess *Session) blocking(r *request) {
 		}
 	}
 	call := sess.call
-	first := sess.fillBlockedCall(call, named, markers, raw)
+	if len(markers) > 0 {
+		if refused := sess.markForWait(call, pipe, markers); refused != nil {
+			if borrowed {
+				b.ReleasePipe(pipe, sess.db, sess.resp3, false)
+			}
+			sess.replyLocal(m, refused)
+			return
+		}
+	}
+	first := sess.fillBlockedCall(call, named, raw)
 	sess.block.set(rid, pipe, b)
 	if err := pipe.Send(call); err != nil {
 		sess.block.set(0, nil, nil)
@@ -918,9 +927,6 @@ func (sess *Session) blocking(r *request) {
 	sess.block.id.Store(0)
 	reply, err := call.Reply(first)
 	if err == nil {
-		if refused := sess.srv.waitMarkRefused(call, first, markers); refused != nil {
-			reply = refused
-		}
 		sess.mirrorBlocked(r.name, args, reply, fixups) // mirror.go
 	}
 	if dedicatedLost(err) {
@@ -1014,8 +1020,7 @@ func (sess *Session) endBlock(call *upstream.Call, pipe *upstream.Pipe, b *upstr
 }
 
 // waitMarkers is the standalone wait marker: SPUBLISH where the command
-// table, Redis's own answer to COMMAND, has it and no upstream refused it
-// as unknown (a table built in while Redis was down at start).
+// table has it and Redis never refused it (markForWait).
 func (s *Server) waitMarkers() [][]byte {
 	if s.waitShardedMark.Load() {
 		return waitMarkersSharded
@@ -1023,44 +1028,62 @@ func (s *Server) waitMarkers() [][]byte {
 	return waitMarkersClassic
 }
 
-// waitMarkRefused is what the client gets when Redis refused the wait
-// marker sent before its WAIT at index first of call (nil: it did not).
-// WAIT's own count is then no answer: Redis counted the replicas that
-// have a write of the connection's that was not the client's last. An
-// unknown SPUBLISH (Redis before 7) switches the marker to PUBLISH for
-// every WAIT after it, so a retry counts right.
-func (s *Server) waitMarkRefused(call *upstream.Call, first int, markers [][]byte) []byte {
-	if len(markers) == 0 {
-		return nil // none sent (cluster mode before any write)
+// markForWait sends markers, the write WAIT is to count from, on pipe
+// ahead of the WAIT, using call, and waits for their replies. It returns
+// nil once Redis took them, else what the client gets instead of WAIT's
+// answer: WAIT's count would take none of the client's writes into
+// account (Redis counted from whatever the connection wrote last). An
+// SPUBLISH Redis refuses (unknown before Redis 7, or an upstream user
+// allowed PUBLISH only) is sent again as a PUBLISH, and so is every later
+// WAIT's marker (found by review: with +publish -spublish every WAIT was
+// refused, and the embedded store's first). In its own round trip rather
+// than in WAIT's write, so that a refusal costs no WAIT.
+func (sess *Session) markForWait(call *upstream.Call, pipe *upstream.Pipe, markers [][]byte) []byte {
+	s := sess.srv
+	for {
+		call.Reset()
+		for _, mark := range markers {
+			call.Add(mark)
+		}
+		if err := pipe.Send(call); err != nil {
+			call.Reset()
+			return errorReply(err)
+		}
+		call.Wait()
+		last, err := call.Reply(len(markers) - 1) // a transaction's: EXEC's
+		if err != nil {
+			call.Reset()
+			return errorReply(err)
+		}
+		if !resp.IsError(last) {
+			call.Reset()
+			return nil
+		}
+		if len(markers) == 1 && bytes.Equal(markers[0], waitMarkersSharded[0]) {
+			if s.waitShardedMark.CompareAndSwap(true, false) {
+				s.log.Warn("Redis refused SPUBLISH; WAIT's marker is a PUBLISH from now on, which PSUBSCRIBE * subscribers see", "reply", trimErr(last))
+			}
+			markers = waitMarkersClassic
+			continue
+		}
+		msg := strings.TrimRight(strings.TrimPrefix(string(last), "-"), "\r\n")
+		call.Reset()
+		return []byte("-ERR redproxy: Redis refused the write of the proxy's that WAIT counts from (" + msg + ")\r\n")
 	}
-	mark, err := call.Reply(first - 1)
-	if err != nil || !resp.IsError(mark) {
-		return nil
-	}
-	if bytes.HasPrefix(mark, []byte("-ERR unknown command")) && s.waitShardedMark.CompareAndSwap(true, false) {
-		s.log.Warn("Redis does not know SPUBLISH; WAIT's marker is a PUBLISH from now on, which PSUBSCRIBE * subscribers see")
-	}
-	msg := strings.TrimRight(strings.TrimPrefix(string(mark), "-"), "\r\n")
-	return []byte("-ERR redproxy: Redis refused the write of the proxy's that WAIT counts from (" + msg + "); retry\r\n")
 }
 
 // fillBlockedCall makes call (reset first) a blocking command's trip on a
-// connection of the client's own, borrowed or pinned: markers (the wait
-// marker before WAIT, or none), then raw, without the proxy's reply
-// timeout (the command's own applies). Named, the connection carries the
-// client's name around them, as Redis would show the client blocked
-// there, and its own again after (namedBack). It returns the index of
-// raw's reply.
-func (sess *Session) fillBlockedCall(call *upstream.Call, named bool, markers [][]byte, raw []byte) (first int) {
+// connection of the client's own, borrowed or pinned: raw, without the
+// proxy's reply timeout (the command's own applies). Named, the
+// connection carries the client's name around it, as Redis would show the
+// client blocked there, and its own again after (namedBack). It returns
+// the index of raw's reply.
+func (sess *Session) fillBlockedCall(call *upstream.Call, named bool, raw []byte) (first int) {
 	call.Reset()
 	call.NoTimeout = true
 	call.SetReplyLimit(sess.replyLimit())
 	if named {
 		call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", sess.name))
-		first++
-	}
-	for _, mark := range markers {
-		call.Add(mark)
 		first++
 	}
 	call.Add(raw)

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -75,4 +76,33 @@ func TestWaitMarkerRefusedIsNoCount(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "refused the write of the proxy's that WAIT counts from") || !strings.Contains(err.Error(), "NOPERM") {
 		t.Fatalf("WAIT whose marker Redis refused: %d %v, want the refusal", n, err)
 	}
+}
+
+// An upstream user allowed PUBLISH but not SPUBLISH (an ACL written
+// before the marker changed) still gets WAIT's count: the refused
+// SPUBLISH is sent again as a PUBLISH (found by review: every WAIT was
+// refused). The frozen replica shows the PUBLISH is what WAIT counted
+// from.
+func TestWaitMarkerFallsBackToPublish(t *testing.T) {
+	rs := redistest.Start(t)
+	if err := rs.Client(t).Do(ctx, "ACL", "SETUSER", "nospub", "on", ">pw", "~*", "&*", "+@all", "-spublish").Err(); err != nil {
+		t.Fatal(err)
+	}
+	replica := onlineReplica(t, rs)
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.Upstream.Username, c.Upstream.Password = "nospub", "pw"
+	})
+	c := p.Client(t, func(o *redis.Options) { o.Username, o.Password = "nospub", "pw" })
+	for i := range 2 {
+		if err := c.Set(ctx, "wm:1", "v", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		wait(t, c, 1, 5*time.Second, 1, "live replica, round "+strconv.Itoa(i))
+	}
+	replica.Freeze(t)
+	defer replica.Thaw(t)
+	if err := c.Set(ctx, "wm:2", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	wait(t, c, 1, 300*time.Millisecond, 0, "frozen replica")
 }
