@@ -1326,7 +1326,8 @@ func TestClientKillID(t *testing.T) {
 // longer than CLIENT KILL waits for it to end) is gone for every later
 // kill, as Redis frees a client at its kill: the second CLIENT KILL ID in
 // one pipeline answered 1 where Redis answers 0 (found by review), and a
-// kill by address after it must not count it either.
+// kill by address, CLIENT LIST and CLIENT UNBLOCK after it do not find it
+// either.
 func TestClientKilledTwiceCountsOnce(t *testing.T) {
 	p := proxytest.Start(t, redistest.Start(t, "--busy-reply-threshold", "50"), nil)
 	victim := dialRaw(t, p.Addr)
@@ -1341,7 +1342,8 @@ func TestClientKilledTwiceCountsOnce(t *testing.T) {
 	ids := strconv.FormatInt(id, 10)
 	wantReplies(t, admin, []string{"CLIENT", "KILL", "ID", ids}, []string{"CLIENT", "KILL", "ID", ids},
 		[]string{"CLIENT", "KILL", "ADDR", addr}, []string{"CLIENT", "KILL", addr},
-		int64(1), int64(0), int64(0), respError("ERR No such client"))
+		[]string{"CLIENT", "LIST", "ID", ids}, []string{"CLIENT", "UNBLOCK", ids},
+		int64(1), int64(0), int64(0), respError("ERR No such client"), "", int64(0))
 }
 
 // The foundation's cross-talk check, with transactions, blocking pops with

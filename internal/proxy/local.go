@@ -850,9 +850,6 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 	if len(args) == 1 {
 		addr := string(args[0])
 		for _, sess := range s.sessionList() {
-			if sess.interrupted.Load() {
-				continue // killed already, ending: gone for Redis (see below)
-			}
 			if remote, _ := sess.addrs(); remote == addr {
 				s.awaitEnd(self, sess.killFrom(self))
 				return ok
@@ -915,11 +912,7 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 	for _, sess := range s.sessionList() {
 		remote, local := sess.addrs()
 		switch {
-		// A client killed before and still ending (waiting on a slow
-		// reply) is not there for Redis, which frees a client at the kill:
-		// a second CLIENT KILL ID of it answered 1 (found by review).
-		case sess.interrupted.Load() && sess != self,
-			skipMe && sess == self,
+		case skipMe && sess == self,
 			id >= 0 && sess.id != id,
 			addr != "" && remote != addr,
 			laddr != "" && local != laddr,
@@ -1036,12 +1029,13 @@ func (s *Server) userName() string {
 	return "default"
 }
 
-// sessionByID returns the client with the proxy id, or nil.
+// sessionByID returns the client with the proxy id, or nil (also for one
+// ending: see sessionList).
 func (s *Server) sessionByID(id int64) *Session {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for sess := range s.sessions {
-		if sess.id == id {
+		if sess.id == id && !sess.interrupted.Load() {
 			return sess
 		}
 	}
@@ -1049,12 +1043,18 @@ func (s *Server) sessionByID(id int64) *Session {
 }
 
 // sessionList is the proxy's clients in connection (ID) order, the order
-// Redis lists its own: a map's order changed from call to call.
+// Redis lists its own: a map's order changed from call to call. A client
+// killed (or interrupted by shutdown) and still ending, held by a slow
+// reply, is left out: Redis frees a client at its kill, and a second
+// CLIENT KILL ID of it answered 1, CLIENT LIST still showed it (found by
+// review).
 func (s *Server) sessionList() []*Session {
 	s.mu.Lock()
 	out := make([]*Session, 0, len(s.sessions))
 	for sess := range s.sessions {
-		out = append(out, sess)
+		if !sess.interrupted.Load() {
+			out = append(out, sess)
+		}
 	}
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b *Session) int { return cmp.Compare(a.id, b.id) })
