@@ -292,6 +292,22 @@ var builtinDeny = []string{"keys", "flushall", "flushdb",
 	"shutdown", "replicaof", "slaveof", "failover", "cluster|reset", "cluster|failover",
 	"module|load", "module|loadex", "module|unload"}
 
+// denied reports whether one of layers (nil ones skipped) lists name in
+// its deny list.
+func denied(name string, layers ...*CommandRules) bool {
+	for _, l := range layers {
+		if l == nil {
+			continue
+		}
+		for _, d := range l.Deny {
+			if normalizeCommand(d) == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Compile validates c and builds the policy.
 func Compile(c Config) (*Policy, error) {
 	if err := c.Validate(); err != nil {
@@ -362,7 +378,16 @@ func compileRules(scope string, mode, enforceMode Action, global, local *Command
 			rs.cmd[normalizeCommand(n)] = true
 		}
 		for _, n := range layer.Allow {
-			rs.cmd[normalizeCommand(n)] = false
+			n = normalizeCommand(n)
+			rs.cmd[n] = false
+			// Allowing a container allows the subcommands refused by
+			// default (allow = ["module"] lets MODULE LOAD through, as it
+			// did before they were), not those the configuration denies.
+			for _, b := range builtinDeny {
+				if parent, _, sub := strings.Cut(b, "|"); sub && parent == n && !denied(b, global, local) {
+					rs.cmd[b] = false
+				}
+			}
 		}
 		if layer.Action != "" {
 			cmdAction = mustAction(layer.Action)
