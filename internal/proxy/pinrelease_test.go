@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -132,6 +133,9 @@ func TestBlockedClientThatLeftWithoutUnblockRight(t *testing.T) {
 	}
 	p := proxytest.Start(t, rs, func(c *config.Config) {
 		c.Upstream.Username, c.Upstream.Password = "nounblock", "pw"
+		// Far above the 5 s the test waits: an end that waited for
+		// reply_timeout would fail it.
+		c.Upstream.ReplyTimeout = units.Duration{Duration: time.Minute}
 	})
 	for i := range 5 {
 		key := fmt.Sprintf("gone:halfclose:%d", i)

@@ -702,11 +702,12 @@ func (r *Reader) parseMultibulk(b []byte) (int, error) {
 	}
 	if left := 2*r.nargs - len(r.offs); cap(r.offs)-len(r.offs) < left {
 		// Grown for the arguments the buffered bytes can hold (each takes
-		// six bytes at least), never for what the header only claims:
-		// appending one pair at a time reallocated 5 times the final size
-		// on a million-argument request (an MGET of 7 MB cost 200 MB).
-		// At least doubled, so a request arriving in many reads is not
-		// copied once per read.
+		// six bytes at least), or to twice what it holds, never past what
+		// the header claims: appending one pair at a time reallocated 5
+		// times the final size on a million-argument request (an MGET of
+		// 7 MB cost 200 MB). Doubling keeps a request arriving in many
+		// reads from being copied once per read; what a connection kept
+		// from an earlier request bounds what doubling it costs.
 		r.offs = slices.Grow(r.offs, min(left, max(2*((len(b)-r.pos)/6+1), cap(r.offs))))
 	}
 	for len(r.offs) < 2*r.nargs {
