@@ -2,7 +2,6 @@ package proxy_test
 
 import (
 	"bufio"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -96,29 +95,10 @@ func TestRelayedClientIsStillGuarded(t *testing.T) {
 // dedicated connection WAIT runs on.
 func TestWaitCoversWritesOnSharedConnections(t *testing.T) {
 	p := proxytest.Start(t, nil, nil)
-	replica := redistest.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(p.Redis.Port()))
-	primary := p.Redis.Client(t)
-	redistest.Eventually(t, 10*time.Second, func() bool {
-		info, _ := primary.Info(ctx, "replication").Result()
-		return strings.Contains(info, "connected_slaves:1") && strings.Contains(info, "state=online")
-	}, "replica never came online")
-	c := p.Client(t)
-	if err := c.Set(ctx, "w:1", "v", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := c.Wait(ctx, 1, 5*time.Second).Result(); err != nil || n != 1 {
-		t.Fatalf("WAIT with a live replica: %d %v", n, err)
-	}
+	replica := onlineReplica(t, p.Redis)
 	// A frozen replica acknowledges nothing: WAIT for a write made after
 	// the freeze must time out with 0, not report the replica as caught up.
-	replica.Freeze(t)
-	defer replica.Thaw(t)
-	if err := c.Set(ctx, "w:2", "v", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := c.Wait(ctx, 1, 300*time.Millisecond).Result(); err != nil || n != 0 {
-		t.Fatalf("WAIT with a frozen replica: %d %v, want 0", n, err)
-	}
+	waitCountsWrites(t, p.Client(t), replica)
 }
 
 // lineExpecter opens a raw connection to p and returns a function that

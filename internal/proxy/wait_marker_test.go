@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,21 +24,10 @@ func TestWaitMarkerUnseenByPatternSubscribers(t *testing.T) {
 	if _, err := watcher.Receive(ctx); err != nil { // the subscription's confirmation
 		t.Fatal(err)
 	}
-	c := p.Client(t)
-	if err := c.Set(ctx, "wm:1", "v", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	wait(t, c, 1, 5*time.Second, 1, "live replica")
-	// The marker still makes WAIT wait for the client's writes (as in
-	// TestWaitCoversWritesOnSharedConnections): a marker Redis did not
-	// replicate would leave the connection's offset at 0, and WAIT would
-	// count the frozen replica.
-	replica.Freeze(t)
-	defer replica.Thaw(t)
-	if err := c.Set(ctx, "wm:2", "v", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	wait(t, c, 1, 300*time.Millisecond, 0, "frozen replica")
+	// The marker still makes WAIT wait for the client's writes: a
+	// marker Redis did not replicate would leave the connection's offset
+	// at 0, and WAIT would count the frozen replica.
+	waitCountsWrites(t, p.Client(t), replica)
 	// Whatever the WAITs published came before this fence.
 	if err := p.Redis.Client(t).Publish(ctx, "wm:fence", "x").Err(); err != nil {
 		t.Fatal(err)
@@ -93,15 +81,25 @@ func TestWaitMarkerFallsBackToPublish(t *testing.T) {
 		c.Upstream.Username, c.Upstream.Password = "nospub", "pw"
 	})
 	c := p.Client(t, func(o *redis.Options) { o.Username, o.Password = "nospub", "pw" })
-	for i := range 2 {
-		if err := c.Set(ctx, "wm:1", "v", 0).Err(); err != nil {
-			t.Fatal(err)
-		}
-		wait(t, c, 1, 5*time.Second, 1, "live replica, round "+strconv.Itoa(i))
+	if err := c.Set(ctx, "wm:0", "v", 0).Err(); err != nil {
+		t.Fatal(err)
 	}
+	wait(t, c, 1, 5*time.Second, 1, "live replica, the first WAIT")
+	waitCountsWrites(t, c, replica)
+}
+
+// waitCountsWrites checks that WAIT through c counts from c's writes: one
+// replica has a write made while replica is live, none a write made once
+// it is frozen (it stays frozen until the test ends).
+func waitCountsWrites(t *testing.T, c *redis.Client, replica *redistest.Server) {
+	t.Helper()
+	if err := c.Set(ctx, "wm:live", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	wait(t, c, 1, 5*time.Second, 1, "live replica")
 	replica.Freeze(t)
-	defer replica.Thaw(t)
-	if err := c.Set(ctx, "wm:2", "v", 0).Err(); err != nil {
+	t.Cleanup(func() { replica.Thaw(t) })
+	if err := c.Set(ctx, "wm:frozen", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	wait(t, c, 1, 300*time.Millisecond, 0, "frozen replica")
