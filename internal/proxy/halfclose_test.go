@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bytes"
 	"io"
 	"net"
 	"testing"
@@ -68,5 +69,36 @@ func TestClientHalfCloseBehindLastCommandClosed(t *testing.T) {
 				t.Fatalf("%d of %d connections half-closed behind their last command were still open 5 s later", open, conns)
 			}
 		})
+	}
+}
+
+// The same behind a pipeline longer than the read buffer, with the
+// session nowhere near parking: the last short read after reads that
+// filled the buffer left the FIN that came with its bytes unread, and the
+// client waited for its session to park (2 s by default; here never) for
+// the end (found by review: 1,200 commands or more).
+func TestClientHalfCloseBehindLongPipelineClosed(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Server.IdleParkAfter = units.Duration{Duration: time.Hour}
+	})
+	const pings = 5000 // 70 KB, past the read buffer
+	for round := range 3 {
+		nc := dialAddr(t, p.Addr)
+		for range 4 { // past the reader's first reads, as above
+			if got := rawDo(t, nc, "PING"); got != "+PONG\r\n" {
+				t.Fatalf("PING: %q", got)
+			}
+		}
+		if _, err := nc.Write(bytes.Repeat([]byte("*1\r\n$4\r\nPING\r\n"), pings)); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		rest, err := io.ReadAll(nc)
+		if len(rest) != pings*len("+PONG\r\n") || err != nil {
+			t.Fatalf("round %d: %d bytes of %d replies after the half-close, then %v (want the end within 5 s)", round, len(rest), pings, err)
+		}
 	}
 }
