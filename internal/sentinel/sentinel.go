@@ -439,78 +439,18 @@ func (w *Watcher) isPrimary(addr string) (bool, error) {
 	return true, nil
 }
 
-// parseRole reads the server's role ("master", "slave" or "replica",
-// "sentinel") from its reply to ROLE (an array whose first element is the
-// role) or to HELLO (a map, or in RESP2 a flat array of field names and
-// values, with "role" and "mode" fields). An error reply is returned as
-// errRoleRefused with the server's text, so the log says why.
+// parseRole reads the server's role and mode from its reply to ROLE or
+// HELLO (resp.ServerRole). An error reply is returned as errRoleRefused
+// with the server's text, so the log says why.
 func parseRole(r []byte) (role, mode string, err error) {
 	if resp.IsError(r) {
 		return "", "", fmt.Errorf("%w: %s", errRoleRefused, bytes.TrimSpace(r[1:]))
 	}
-	el, ok := elements(r)
-	if !ok || len(el) == 0 {
-		return "", "", fmt.Errorf("%w: unexpected reply %q", errNotPrimary, trim(r))
-	}
-	first, _ := simpleString(el[0])
-	switch first {
-	case "master", "slave", "sentinel":
-		return first, "", nil // ROLE
-	}
-	for i := 0; i+1 < len(el); i += 2 { // HELLO
-		k, _ := simpleString(el[i])
-		v, _ := simpleString(el[i+1])
-		switch k {
-		case "role":
-			role = v
-		case "mode":
-			mode = v
-		}
-	}
-	if role == "" {
+	role, mode, ok := resp.ServerRole(r)
+	if !ok {
 		return "", "", fmt.Errorf("%w: no role in reply %q", errNotPrimary, trim(r))
 	}
 	return role, mode, nil
-}
-
-// elements splits an array or map reply into its framed elements (a map's
-// keys and values alternating).
-func elements(r []byte) ([][]byte, bool) {
-	nl := bytes.IndexByte(r, '\n')
-	if nl < 2 || r[0] != '*' && r[0] != '%' {
-		return nil, false
-	}
-	n, ok := resp.ParseInt(r[1 : nl-1])
-	if !ok || n < 0 || n > 1024 {
-		return nil, false
-	}
-	if r[0] == '%' {
-		n *= 2
-	}
-	out := make([][]byte, 0, n)
-	pos := nl + 1
-	for range n {
-		k, err := resp.ScanReply(r[pos:])
-		if err != nil || k == 0 {
-			return nil, false
-		}
-		out = append(out, r[pos:pos+k])
-		pos += k
-	}
-	return out, true
-}
-
-// simpleString returns the text of a bulk or simple string reply.
-func simpleString(r []byte) (string, bool) {
-	switch {
-	case len(r) >= 3 && r[0] == '+':
-		return string(r[1 : len(r)-2]), true
-	case len(r) >= 4 && r[0] == '$':
-		if nl := bytes.IndexByte(r, '\n'); nl > 0 && nl+1 <= len(r)-2 {
-			return string(r[nl+1 : len(r)-2]), true
-		}
-	}
-	return "", false
 }
 
 func trim(r []byte) []byte {

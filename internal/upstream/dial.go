@@ -182,7 +182,7 @@ func handshake(nc net.Conn, opt Options, wantID bool) (id int64, err error) {
 			if resp.IsError(reply) && roleOptional {
 				continue
 			}
-			if role := helloRole(reply); role != "" && role != "master" {
+			if role, _, ok := resp.ServerRole(reply); ok && role != "master" {
 				if opt.OnReadOnly != nil {
 					opt.OnReadOnly()
 				}
@@ -223,22 +223,6 @@ func helloID(reply []byte) int64 {
 	}
 	id, _ := resp.Integer(rest[:end+2])
 	return id
-}
-
-// helloRole returns the role field of HELLO's reply ("master",
-// "replica"), "" if it has none.
-func helloRole(reply []byte) string {
-	const key = "$4\r\nrole\r\n"
-	i := bytes.Index(reply, []byte(key))
-	if i < 0 {
-		return ""
-	}
-	rest := reply[i+len(key):]
-	size, header, ok := resp.BulkHeader(rest)
-	if !ok || int64(len(rest)) < int64(header)+size {
-		return ""
-	}
-	return string(rest[header : header+int(size)])
 }
 
 // maxHandshakeReply caps what a handshake reads: HELLO's map is the

@@ -1,0 +1,73 @@
+package resp
+
+import "bytes"
+
+// ServerRole reads a server's role ("master", "slave" or "replica",
+// "sentinel") and mode ("standalone", "cluster", "sentinel"; "" from ROLE)
+// from its reply to ROLE (an array whose first element is the role) or to
+// HELLO (a map, or in RESP2 a flat array of field names and values). ok is
+// false for any other reply, an error among them. The one reading of it
+// for Sentinel's candidate checks and for the handshake of a connection
+// that must reach a primary.
+func ServerRole(r []byte) (role, mode string, ok bool) {
+	el, ok := fields(r)
+	if !ok || len(el) == 0 {
+		return "", "", false
+	}
+	first, _ := simpleText(el[0])
+	switch first {
+	case "master", "slave", "sentinel":
+		return first, "", true // ROLE
+	}
+	for i := 0; i+1 < len(el); i += 2 { // HELLO
+		k, _ := simpleText(el[i])
+		v, _ := simpleText(el[i+1])
+		switch k {
+		case "role":
+			role = v
+		case "mode":
+			mode = v
+		}
+	}
+	return role, mode, role != ""
+}
+
+// fields splits an array or map reply into its framed elements (a map's
+// keys and values alternating); at most 1024 of them.
+func fields(r []byte) ([][]byte, bool) {
+	nl := bytes.IndexByte(r, '\n')
+	if nl < 2 || r[0] != '*' && r[0] != '%' {
+		return nil, false
+	}
+	n, ok := parseInt(r[1 : nl-1])
+	if !ok || n < 0 || n > 1024 {
+		return nil, false
+	}
+	if r[0] == '%' {
+		n *= 2
+	}
+	out := make([][]byte, 0, n)
+	pos := nl + 1
+	for range n {
+		k, err := ScanReply(r[pos:])
+		if err != nil || k == 0 {
+			return nil, false
+		}
+		out = append(out, r[pos:pos+k])
+		pos += k
+	}
+	return out, true
+}
+
+// simpleText is a simple or bulk string reply's text.
+func simpleText(r []byte) (string, bool) {
+	switch {
+	case len(r) >= 3 && r[0] == '+':
+		return string(r[1 : len(r)-2]), true
+	case len(r) >= 4 && r[0] == '$':
+		if nl := bytes.IndexByte(r, '\n'); nl > 0 && nl+1 <= len(r)-2 {
+			return string(r[nl+1 : len(r)-2]), true
+		}
+	}
+	return "", false
+}
