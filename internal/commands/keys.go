@@ -2,6 +2,7 @@ package commands
 
 import (
 	"iter"
+	"math"
 	"strings"
 )
 
@@ -127,7 +128,7 @@ type FindKeys struct {
 // Every returned index i satisfies 1 <= i < len(args). Keys does not allocate
 // as long as dst has room.
 func (c *Command) Keys(args [][]byte, dst []int) []int {
-	return c.keysAtMost(args, dst, int(^uint(0)>>1))
+	return c.keysAtMost(args, dst, math.MaxInt)
 }
 
 // KeysAtMost is Keys stopping once dst holds n indices more than it came
@@ -148,7 +149,7 @@ func (c *Command) keysAtMost(args [][]byte, dst []int, limit int) []int {
 	case procMigrate:
 		return migrateKeys(args, dst)
 	case procSort:
-		dst = c.specKeys(args, dst)
+		dst = c.specKeys(args, dst, limit)
 		return sortStoreKey(args, dst)
 	case procGeoradius:
 		if len(c.KeySpecs) > 0 {
@@ -159,13 +160,7 @@ func (c *Command) keysAtMost(args [][]byte, dst []int, limit int) []int {
 		return georadiusStoreKeys(args, dst)
 	}
 	if len(c.KeySpecs) > 0 {
-		for i := range c.KeySpecs {
-			if len(dst) >= limit {
-				break
-			}
-			dst = c.KeySpecs[i].appendKeysAtMost(args, dst, limit)
-		}
-		return dst
+		return c.specKeys(args, dst, limit)
 	}
 	return c.legacyKeys(args, dst, limit)
 }
@@ -203,9 +198,12 @@ func (s *KeySpec) Complete() bool {
 // finds, like Keys does for all of a command's specs.
 func (s *KeySpec) AppendKeys(args [][]byte, dst []int) []int { return s.appendKeys(args, dst) }
 
-func (c *Command) specKeys(args [][]byte, dst []int) []int {
+func (c *Command) specKeys(args [][]byte, dst []int, limit int) []int {
 	for i := range c.KeySpecs {
-		dst = c.KeySpecs[i].appendKeys(args, dst)
+		if len(dst) >= limit {
+			break
+		}
+		dst = c.KeySpecs[i].appendKeysAtMost(args, dst, limit)
 	}
 	return dst
 }
@@ -215,7 +213,7 @@ func (c *Command) specKeys(args [][]byte, dst []int) []int {
 // would rather know some keys of a malformed call than none (Redis will
 // reject the call anyway).
 func (s *KeySpec) appendKeys(args [][]byte, dst []int) []int {
-	return s.appendKeysAtMost(args, dst, int(^uint(0)>>1))
+	return s.appendKeysAtMost(args, dst, math.MaxInt)
 }
 
 // appendKeysAtMost is appendKeys stopping once len(dst) is limit.
