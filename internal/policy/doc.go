@@ -22,7 +22,8 @@
 // production. So are SHUTDOWN, REPLICAOF, SLAVEOF, FAILOVER, CLUSTER RESET,
 // CLUSTER FAILOVER and MODULE LOAD, LOADEX and UNLOAD, which stop Redis or
 // change what it is; allowing a container (allow = ["module"]) allows its
-// subcommands refused by default, unless the deny list names them. Each refusal names the safe alternative, e.g.
+// subcommands refused by default, unless the deny list names them. Each
+// refusal names the safe alternative, e.g.
 //
 //	ERR redproxy policy: KEYS is disabled; use SCAN 0 MATCH pattern COUNT 100
 //

@@ -156,6 +156,8 @@ func (sess *Session) waitEveryUpstream(r *request) {
 	// blocking's does.
 	named := sess.name != ""
 	var first int
+	more := make([]blockedConn, 0, len(waits)-1)
+	var id int64
 	for i := range waits {
 		w := &waits[i]
 		if refused := sess.markForWait(w.call, w.pipe, sess.srv.waitMarkers()); refused != nil {
@@ -163,11 +165,6 @@ func (sess *Session) waitEveryUpstream(r *request) {
 			sess.replyLocal(m, refused)
 			return
 		}
-	}
-	more := make([]blockedConn, 0, len(waits)-1)
-	var id int64
-	for i := range waits {
-		w := &waits[i]
 		first = sess.fillBlockedCall(w.call, named, raw)
 		rid, _ := w.backend.PipeID(w.pipe)
 		if i == 0 {

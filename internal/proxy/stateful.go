@@ -188,7 +188,7 @@ var (
 )
 
 // The writes WAIT and WAITAOF wait for on a dedicated connection (see
-// blocking), as fillBlockedCall takes them. Redis 7's SPUBLISH is
+// blocking), as markForWait takes them. Redis 7's SPUBLISH is
 // replicated in standalone mode like PUBLISH, but no PSUBSCRIBE pattern
 // matches a shard channel, so a client's PSUBSCRIBE * does not see the
 // proxy's marker; PUBLISH serves Redis before 7 (waitMarkers).
@@ -1066,7 +1066,7 @@ func (sess *Session) markForWait(call *upstream.Call, pipe *upstream.Pipe, marke
 			markers = waitMarkersClassic
 			continue
 		}
-		msg := strings.TrimRight(strings.TrimPrefix(string(last), "-"), "\r\n")
+		msg := trimErr(last)
 		call.Reset()
 		return []byte("-ERR redproxy: Redis refused the write of the proxy's that WAIT counts from (" + msg + ")\r\n")
 	}
