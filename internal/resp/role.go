@@ -46,17 +46,8 @@ func fields(r []byte) ([][]byte, bool) {
 	if r[0] == '%' {
 		n *= 2
 	}
-	out := make([][]byte, 0, n)
-	pos := nl + 1
-	for range n {
-		k, err := ScanReply(r[pos:])
-		if err != nil || k == 0 {
-			return nil, false
-		}
-		out = append(out, r[pos:pos+k])
-		pos += k
-	}
-	return out, true
+	out, _, ok := scanElements(r, nl+1, int(n))
+	return out, ok
 }
 
 // simpleText is a simple or bulk string reply's text.

@@ -59,17 +59,23 @@ func ArrayElements(r []byte) ([][]byte, bool) {
 	if err != nil || n < 0 {
 		return nil, false
 	}
+	out, pos, ok := scanElements(r, nl+1, n)
+	return out, ok && pos == len(r)
+}
+
+// scanElements frames the n elements of an aggregate reply r that start
+// at pos, and returns them and where they end.
+func scanElements(r []byte, pos, n int) ([][]byte, int, bool) {
 	out := make([][]byte, 0, min(n, 1024))
-	pos := nl + 1
 	for range n {
 		k, err := ScanReply(r[pos:])
 		if err != nil || k == 0 {
-			return nil, false
+			return nil, pos, false
 		}
 		out = append(out, r[pos:pos+k])
 		pos += k
 	}
-	return out, pos == len(r)
+	return out, pos, true
 }
 
 // IsNull reports whether r is a null reply of either protocol.
