@@ -103,13 +103,10 @@ const (
 
 // Request is one command as the guard sees it.
 type Request struct {
-	Cmd  *commands.Command // nil for commands the table does not know
-	Args [][]byte          // Args[0] is the command name
-	// Keys are the indices of the key arguments (Cmd.Keys). When nil the
-	// policy computes them itself.
-	Keys     []int
-	User     string // authenticated user, "" before AUTH ("default" after AUTH without a user name)
-	Listener string // listener name
+	Cmd      *commands.Command // nil for commands the table does not know
+	Args     [][]byte          // Args[0] is the command name
+	User     string            // authenticated user, "" before AUTH ("default" after AUTH without a user name)
+	Listener string            // listener name
 	// Denied says the proxy refuses the request before it runs (the user's
 	// ACL): it gives no key a TTL, so the look-ahead does not trust it.
 	Denied bool
