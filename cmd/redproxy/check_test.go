@@ -38,11 +38,11 @@ func TestCheckValidPrintsEffective(t *testing.T) {
 	}
 	out := stdout.String()
 	for _, want := range []string{
-		`address = '10.0.0.7:6390'`,   // from the file
-		`max_clients = 50`,            // from the file
-		`listen = '0.0.0.0:7000'`,     // from the flag
-		`dial_timeout = '2s'`,         // default
-		`max_request_bytes = '512MB'`, // default
+		`address = '10.0.0.7:6390'`, // from the file
+		`max_clients = 50`,          // from the file
+		`listen = '0.0.0.0:7000'`,   // from the flag
+		`dial_timeout = '2s'`,       // default
+		`max_request_bytes = '1GB'`, // default
 		"[stampede]", "[localcache]", "[policy]",
 	} {
 		if !strings.Contains(out, want) {

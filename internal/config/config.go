@@ -187,7 +187,7 @@ func Default() *Config {
 			LogLevel:           "info",
 			LogFormat:          "text",
 			MaxClients:         10000,
-			MaxRequestBytes:    512 * units.MB,
+			MaxRequestBytes:    units.GB,
 			MaxBulkBytes:       512 * units.MB,
 			MaxArgs:            1 << 20,
 			MaxInlineBytes:     64 * units.KB,

@@ -63,7 +63,7 @@ func TestDefaults(t *testing.T) {
 	if err := d.Validate(); err != nil {
 		t.Fatalf("Default() is invalid: %v", err)
 	}
-	if d.Server.Listen != "127.0.0.1:6380" || d.Server.MaxRequestBytes != 512<<20 ||
+	if d.Server.Listen != "127.0.0.1:6380" || d.Server.MaxRequestBytes != 1<<30 ||
 		d.Server.MaxInlineBytes != 64<<10 || d.Upstream.ReconnectMin.Duration != 50*time.Millisecond ||
 		d.Upstream.Databases != 16 {
 		t.Fatalf("unexpected defaults: %+v", d)
@@ -91,7 +91,7 @@ admin = ""
 log_level = "debug"
 log_format = "json"
 max_clients = 5
-max_request_bytes = "1GiB"
+max_request_bytes = "768MiB"
 max_bulk_bytes = "256mb"
 max_args = 1000
 max_inline_bytes = 4096
@@ -217,7 +217,7 @@ queue_bytes = "1MB"
 			LogLevel:           "debug",
 			LogFormat:          "json",
 			MaxClients:         5,
-			MaxRequestBytes:    1 << 30,
+			MaxRequestBytes:    768 << 20,
 			MaxBulkBytes:       256 << 20,
 			MaxArgs:            1000,
 			MaxInlineBytes:     4096,

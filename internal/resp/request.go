@@ -29,11 +29,13 @@ type Limits struct {
 	MaxBatch int
 }
 
-// DefaultLimits mirror Redis's own defaults.
+// DefaultLimits mirror Redis's own defaults: proto-max-bulk-len for an
+// argument, client-query-buffer-limit for a request, which must hold the
+// largest argument and the rest of its command.
 var DefaultLimits = Limits{
 	MaxArgs:    1024 * 1024,
 	MaxBulk:    512 << 20,
-	MaxRequest: 512 << 20,
+	MaxRequest: 1 << 30,
 	MaxInline:  64 << 10,
 	MaxBatch:   DefaultMaxBatch,
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -312,5 +313,22 @@ func TestInlineVerticalTabAndFormFeed(t *testing.T) {
 		if err != nil || len(got) != 1 || strings.Join(got[0], "|") != want {
 			t.Errorf("%q: %q, %v; want %q", in, got, err, want)
 		}
+	}
+}
+
+// The default limits take the largest value Redis takes: a SET whose value
+// is proto-max-bulk-len bytes long. With the request capped at that size
+// too, its header alone pushed it over and the proxy refused a write Redis
+// runs (Redis caps a client's query buffer at 1 GB). Only the header is
+// sent: the check is made when the bulk's length is read.
+func TestDefaultLimitsTakeTheLargestValue(t *testing.T) {
+	head := "*3\r\n$3\r\nSET\r\n$3\r\nkey\r\n$" + strconv.FormatInt(DefaultLimits.MaxBulk, 10) + "\r\n"
+	rd := NewReader(strings.NewReader(head), DefaultLimits)
+	_, err := rd.ReadBatch()
+	if errors.Is(err, ErrProtocol) {
+		t.Fatalf("a SET of a %d-byte value was refused: %v", DefaultLimits.MaxBulk, err)
+	}
+	if err == nil {
+		t.Fatal("a request cut short in its value read without an error")
 	}
 }
