@@ -988,7 +988,7 @@ func (sess *Session) endBlock(call *upstream.Call, pipe *upstream.Pipe, b *upstr
 	if rid != 0 {
 		unblocked := make(chan bool, 1)
 		go func() {
-			un, err := b.RoundTripBeside(pipe, resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10)))
+			un, err := b.RoundTripBeside(pipe, resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10)), nil)
 			unblocked <- err == nil && (string(un) == ":1\r\n" || string(un) == ":0\r\n")
 		}()
 		select {
@@ -1225,7 +1225,7 @@ func (s *Server) clientUnblock(self *Session, args [][]byte) []byte {
 		if b == nil {
 			return zero
 		}
-		reply, err := b.RoundTripAboutRelay(nc, unblockCmd)
+		reply, err := b.RoundTripAboutRelay(nc, unblockCmd, self.backendBeside(b))
 		if errors.Is(err, upstream.ErrRelayGone) {
 			return zero // its relay just ended, or Redis refused it CLIENT ID
 		}
@@ -1235,7 +1235,7 @@ func (s *Server) clientUnblock(self *Session, args [][]byte) []byte {
 		return reply
 	}
 	unblockOn := func(rid int64, b *upstream.Backend, p *upstream.Pipe) []byte {
-		reply, err := b.RoundTripBeside(p, unblockCmd(rid))
+		reply, err := b.RoundTripBeside(p, unblockCmd(rid), self.backendBeside(b))
 		if err != nil {
 			reply = errorReply(err)
 		}
@@ -1256,6 +1256,44 @@ func (s *Server) clientUnblock(self *Session, args [][]byte) []byte {
 		}
 	}
 	return reply
+}
+
+// backendBeside returns the pools sess's own commands use on the upstream
+// whose pools b are (b itself, or those of another upstream credential
+// there), so that a command sess sends about a connection of b's (CLIENT
+// UNBLOCK) runs with sess's Redis rights, as on Redis. Before, it ran with
+// those of the client it named: a user Redis forbids CLIENT UNBLOCK
+// unblocked others, and an admin could not unblock a restricted user's
+// client (found by review). nil when b is not a standalone upstream's
+// (a cluster node's or a replica's: no per-user credentials there).
+func (sess *Session) backendBeside(b *upstream.Backend) *upstream.Backend {
+	srv := sess.srv
+	if srv.routes != nil {
+		for i, t := range srv.routes.targets {
+			if t.backend == b || t.backend != nil && credentialPools(t.users, b) {
+				mine, err := sess.backendFor(i)
+				if err != nil {
+					return nil
+				}
+				return mine
+			}
+		}
+		return nil
+	}
+	if b == srv.backend || srv.users != nil && credentialPools(srv.users.backends, b) {
+		return sess.backend()
+	}
+	return nil
+}
+
+// credentialPools reports whether b is one of pools.
+func credentialPools(pools map[auth.Credential]*upstream.Backend, b *upstream.Backend) bool {
+	for _, p := range pools {
+		if p == b {
+			return true
+		}
+	}
+	return false
 }
 
 // relayUpstream is a relayed client's connection to Redis.

@@ -339,14 +339,34 @@ func (b *Backend) PipeID(p *Pipe) (int64, error) {
 // server the dedicated pipe p is connected to: after a switch, a pipe
 // dialled before it still talks to the old upstream, and a command about
 // that connection (CLIENT UNBLOCK of its Redis id) must go there too.
-func (b *Backend) RoundTripBeside(p *Pipe, raw []byte) ([]byte, error) {
+// It authenticates as the connections of as do (nil: as b's): a command
+// one client sends about another's connection runs with the sender's
+// Redis rights, as on Redis, not with those of the connection it names.
+func (b *Backend) RoundTripBeside(p *Pipe, raw []byte, as *Backend) ([]byte, error) {
 	b.idleMu.Lock()
 	g := b.dialled[p]
 	b.idleMu.Unlock()
 	if g == nil {
 		g = b.gen.Load()
 	}
-	return g.roundTrip(false, true, raw)
+	return g.roundTripAs(as, raw)
+}
+
+// roundTripAs is roundTrip (on a kept connection) with g's own
+// credential, or on a connection of its own to g's server, closed after,
+// with the credential as's connections use.
+func (g *backendGen) roundTripAs(as *Backend, raw []byte) ([]byte, error) {
+	if as == nil {
+		return g.roundTrip(false, true, raw)
+	}
+	o := g.options(0, false)
+	theirs := as.gen.Load().opt
+	if o.Username == theirs.Username && o.Password == theirs.Password {
+		return g.roundTrip(false, true, raw)
+	}
+	o.Username, o.Password = theirs.Username, theirs.Password
+	o.Name = "redproxy-alone"
+	return RoundTrip(o, raw)
 }
 
 // relayConn is a relayed connection in use.
@@ -394,9 +414,11 @@ var ErrRelayGone = errors.New("redproxy: relayed connection gone")
 
 // RoundTripAboutRelay sends cmd(id), a command about the relayed
 // connection nc whose Redis id is id (CLIENT UNBLOCK), on a connection of
-// its own to the server nc is on, and returns the reply. Never to another
-// server: after a switch the id would name some other connection there.
-func (b *Backend) RoundTripAboutRelay(nc net.Conn, cmd func(id int64) []byte) ([]byte, error) {
+// its own to the server nc is on, authenticated as as's connections are
+// (nil: as b's; see RoundTripBeside), and returns the reply. Never to
+// another server: after a switch the id would name some other connection
+// there.
+func (b *Backend) RoundTripAboutRelay(nc net.Conn, cmd func(id int64) []byte, as *Backend) ([]byte, error) {
 	b.idleMu.Lock()
 	r, ok := b.relays[nc]
 	b.idleMu.Unlock()
@@ -422,7 +444,7 @@ func (b *Backend) RoundTripAboutRelay(nc net.Conn, cmd func(id int64) []byte) ([
 		}
 		r.id = id
 	}
-	return r.gen.roundTrip(false, true, cmd(r.id))
+	return r.gen.roundTripAs(as, cmd(r.id))
 }
 
 var cmdClientList = resp.AppendCommandStrings(nil, "CLIENT", "LIST")
