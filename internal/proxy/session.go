@@ -195,7 +195,8 @@ type slot struct {
 	mute   bool            // CLIENT REPLY OFF/SKIP: consume the reply, do not send it
 	info   bool            // INFO: append the proxy's section to Redis's reply (info.go)
 	held   bool            // the replay of a held command (cluster.go), whose latency its +QUEUED counted
-	opens  bool            // the WATCH that took the pin: lost unanswered, it leaves the client unpinned (flush); in cluster mode openHeld answers a redirection of it (pinWatch)
+	opens  bool            // the WATCH that took the pin: lost unanswered or refused, it leaves the client unpinned (flush); in cluster mode openHeld answers a redirection of it (pinWatch)
+	watch  bool            // a later WATCH on the pin: answered +OK, the pin holds what it watches
 	multi  bool            // the MULTI that opens the client's transaction: its reply says whether Redis opened it (pinState.txOpened)
 	selDB  int             // a SELECT under WATCH, on the pinned connection: 1 + its database, which the session takes if Redis answers +OK (pinnedSelect)
 	strip  namespace.Strip // namespace: where the reply names keys to strip
@@ -741,6 +742,7 @@ func (sess *Session) flush(start time.Time) {
 	elapsed := now.Sub(start).Seconds()
 	var lat latencyRun
 	watchLost := false
+	watchRefused := false // the WATCH that took the pin, and none after it, was refused
 	for _, sl := range sess.slots {
 		var reply []byte
 		switch sl.kind {
@@ -802,6 +804,9 @@ func (sess *Session) flush(start time.Time) {
 					continue // pinWatch answers it, or sends it again elsewhere
 				}
 			}
+			if sl.opens || sl.watch {
+				watchRefused = sl.opens && resp.IsError(r) || watchRefused && resp.IsError(r)
+			}
 			if sl.tx {
 				if sl.strip != namespace.StripNone {
 					sess.nsQueued(r, sl.strip)
@@ -837,7 +842,7 @@ func (sess *Session) flush(start time.Time) {
 		}
 	}
 	lat.flush(elapsed)
-	if watchLost && !sess.pin.inMulti {
+	if (watchLost || watchRefused) && !sess.pin.inMulti {
 		// The WATCH that took the pin got an error in place of its reply:
 		// its connection was lost, with whatever it watched. The client
 		// was told so before it had anything to guard, as for a WATCH
@@ -849,6 +854,13 @@ func (sess *Session) flush(start time.Time) {
 		// found by review, one CLIENT KILL on Redis left such a go-redis
 		// connection failing every command. Under MULTI the abort stays:
 		// the client may queue more behind it (txAbort).
+		//
+		// Refused by Redis (-CLUSTERDOWN, -NOPERM, -BUSY, ...), the WATCH
+		// left no state there either. Kept, the pin held a dedicated
+		// connection for as long as the client stayed (max_pinned then
+		// refused others), and in cluster mode bound every later command
+		// to the WATCH's slot (-CROSSSLOT; found by the cluster soak,
+		// after failovers).
 		sess.unpin(false)
 	}
 	if sess.mirrorS != nil && len(sess.mirrorS.marks) > 0 {

@@ -430,6 +430,9 @@ func (sess *Session) dispatchWatched(r *request) {
 		return
 	}
 	sess.forwardCommand(r)
+	if r.name == "watch" && len(sess.slots) > 0 {
+		sess.slots[len(sess.slots)-1].watch = true
+	}
 }
 
 // queueInMulti sends a command inside the client's MULTI: everything is
