@@ -102,6 +102,21 @@ func (c *Config) UpstreamNames() []string {
 	return append([]string{DefaultUpstream}, names...)
 }
 
+// RoutedUpstreams are UpstreamNames without the one [mirror] sends to:
+// the upstreams clients' commands may reach, by route index, and those a
+// command about every upstream (DBSIZE, SCAN, FLUSHALL, WAIT, ...) goes
+// to. No route may name the mirror's (mirrorErrors), and counted among
+// them it doubled DBSIZE and SCAN's keys, showed keys only the mirror has,
+// and made readiness, SCAN and WAIT wait for a mirror that was down
+// (found by review).
+func (c *Config) RoutedUpstreams() []string {
+	names := c.UpstreamNames()
+	if c.Mirror.Enabled() {
+		names = slices.DeleteFunc(names, func(n string) bool { return n == c.Mirror.Upstream })
+	}
+	return names
+}
+
 // NamedUpstream is the settings of upstream name (DefaultUpstream is
 // [upstream]).
 func (c *Config) NamedUpstream(name string) Upstream {

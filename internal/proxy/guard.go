@@ -28,7 +28,7 @@ func initGuard(s *Server) error {
 	if rs := s.routes; rs != nil {
 		// Violations count under their key's upstream, as the stampede and
 		// local tier counters do.
-		o.Upstreams = s.cfg.UpstreamNames()
+		o.Upstreams = s.cfg.RoutedUpstreams()
 		o.UpstreamOf = func(key []byte) int {
 			up, _ := rs.table.Load().Key(key)
 			return up

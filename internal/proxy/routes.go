@@ -101,7 +101,7 @@ func initRoutes(s *Server) error {
 		return err
 	}
 	s.routes = rs
-	for i, name := range cfg.UpstreamNames() {
+	for i, name := range cfg.RoutedUpstreams() {
 		t := &routeTarget{name: name, routed: rs.routed.WithLabelValues(name), failed: rs.failed.WithLabelValues(name)}
 		rs.targets = append(rs.targets, t)
 		if i == route.Default {
@@ -170,7 +170,7 @@ func newRouteTable(cfg *config.Config, keys []config.Route) (*route.Table, error
 		}
 		return out
 	}
-	return route.New(cfg.UpstreamNames(), conv(keys), conv(cfg.ChannelRoutes))
+	return route.New(cfg.RoutedUpstreams(), conv(keys), conv(cfg.ChannelRoutes))
 }
 
 // startTarget dials named upstream t, set up as u says.
