@@ -159,7 +159,7 @@ func (s *Server) appendProxySection(b []byte) []byte {
 	if b0.Ready() {
 		state = "up"
 	}
-	st, up := b0.Pool(0, false).Stats()
+	st, up, _ := b0.PoolStats(0, false)
 	line("upstream_0", "addr="+b0.Addr()+",state="+state+
 		",connections_up="+strconv.Itoa(up)+",connections="+strconv.Itoa(b0.Connections())+
 		",pinned="+strconv.FormatInt(b0.Pinned(), 10)+

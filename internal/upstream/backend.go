@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -106,6 +107,16 @@ type Backend struct {
 	closed bool
 	drains sync.WaitGroup
 	stop   chan struct{} // closed by Close: drains end at once
+
+	// statsMu guards retiring, the generations a switch left that still
+	// drain, and retired, the counters of those closed, by pool index: a
+	// scrape adds them to the current generation's, so the counters never
+	// go back. They did at every reload that changed an [upstream]
+	// setting, and the dials and commands of the switch itself were never
+	// seen (found by review).
+	statsMu  sync.Mutex
+	retiring []*backendGen
+	retired  []PipeStats
 }
 
 // backendGen is one generation of upstream options and the pools dialled
@@ -673,6 +684,9 @@ func (b *Backend) switchGen(opt BackendOptions, failover bool) {
 		return
 	}
 	old := b.gen.Swap(next)
+	b.statsMu.Lock()
+	b.retiring = append(b.retiring, old)
+	b.statsMu.Unlock()
 	if failover || old.opt.Addr != opt.Addr {
 		// After the swap: whoever reads the new count sends on the new
 		// generation (Moves).
@@ -699,6 +713,7 @@ func (b *Backend) switchGen(opt BackendOptions, failover bool) {
 	if failover {
 		b.cutDedicated(next)
 		old.abandon()
+		b.fold(old)
 		b.drains.Done()
 	} else {
 		go b.drain(old)
@@ -751,6 +766,7 @@ func (b *Backend) cutDedicated(cur *backendGen) {
 // paused or running a script, and would answer it.)
 func (b *Backend) drain(g *backendGen) {
 	defer b.drains.Done()
+	defer b.fold(g)
 	defer g.close()
 	wait := func(d time.Duration) bool {
 		t := time.NewTimer(d)
@@ -775,6 +791,68 @@ func (b *Backend) drain(g *backendGen) {
 			return
 		}
 	}
+}
+
+// fold adds the counters of g, a generation a switch left that is done,
+// to the backend's retired ones.
+func (b *Backend) fold(g *backendGen) {
+	b.statsMu.Lock()
+	defer b.statsMu.Unlock()
+	if len(b.retired) < len(g.pools) {
+		b.retired = append(b.retired, make([]PipeStats, len(g.pools)-len(b.retired))...)
+	}
+	for i := range g.pools {
+		if p := g.pools[i].Load(); p != nil {
+			s, _ := p.Stats()
+			addCounters(&b.retired[i], s)
+		}
+	}
+	b.retiring = slices.DeleteFunc(b.retiring, func(r *backendGen) bool { return r == g })
+}
+
+func addCounters(to *PipeStats, s PipeStats) {
+	to.Dials += s.Dials
+	to.Failures += s.Failures
+	to.Timeouts += s.Timeouts
+	to.Overdue += s.Overdue
+	to.Commands += s.Commands
+}
+
+// PoolStats is the shared pool of database db and protocol's state now
+// (Up, Pending, up: connections up) and its counters since the backend
+// was made, over every generation: those a switch left count on. ok is
+// false when no generation has made that pool.
+func (b *Backend) PoolStats(db int, resp3 bool) (s PipeStats, up int, ok bool) {
+	i := db * 2
+	if resp3 {
+		i++
+	}
+	return b.poolStats(b.gen.Load(), i)
+}
+
+func (b *Backend) poolStats(g *backendGen, i int) (s PipeStats, up int, ok bool) {
+	if i < len(g.pools) {
+		if p := g.pools[i].Load(); p != nil {
+			s, up = p.Stats()
+			ok = true
+		}
+	}
+	b.statsMu.Lock()
+	defer b.statsMu.Unlock()
+	for _, old := range b.retiring {
+		if i < len(old.pools) {
+			if p := old.pools[i].Load(); p != nil {
+				os, _ := p.Stats()
+				addCounters(&s, os)
+				ok = true
+			}
+		}
+	}
+	if i < len(b.retired) && b.retired[i] != (PipeStats{}) {
+		addCounters(&s, b.retired[i])
+		ok = true
+	}
+	return s, up, ok
 }
 
 func (g *backendGen) pending() int64 {
@@ -910,8 +988,8 @@ func (b *Backend) collect(ch chan<- prometheus.Metric, d *backendDescs, node ...
 	}
 	g := b.gen.Load()
 	for i := range g.pools {
-		p := g.pools[i].Load()
-		if p == nil {
+		s, up, ok := b.poolStats(g, i)
+		if !ok {
 			continue
 		}
 		proto := "resp2"
@@ -919,7 +997,6 @@ func (b *Backend) collect(ch chan<- prometheus.Metric, d *backendDescs, node ...
 			proto = "resp3"
 		}
 		labels := append(node[:len(node):len(node)], strconv.Itoa(i/2), proto)
-		s, up := p.Stats()
 		ch <- prometheus.MustNewConstMetric(d.up, prometheus.GaugeValue, float64(up), labels...)
 		ch <- prometheus.MustNewConstMetric(d.pending, prometheus.GaugeValue, float64(s.Pending), labels...)
 		ch <- prometheus.MustNewConstMetric(d.failures, prometheus.CounterValue, float64(s.Failures), labels...)
