@@ -250,7 +250,14 @@ func (g *Guard) Reload() error {
 	if reflect.DeepEqual(c, g.loadedConf) {
 		g.log.Debug("policy reloaded, unchanged")
 	} else {
-		g.log.Info("policy loaded", "policy_mode", g.forced.String())
+		// The mode in force, as INFO reports it: the loaded policy's,
+		// capped by --policy-mode. The cap alone was logged, so a switch to
+		// report or off read "enforce" (found by review).
+		attrs := []any{"policy_mode", g.cur.Load().Mode().String()}
+		if g.forced != policy.Enforce {
+			attrs = append(attrs, "forced_mode", g.forced.String())
+		}
+		g.log.Info("policy loaded", attrs...)
 	}
 	g.loadedConf = c
 	return nil

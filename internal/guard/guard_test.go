@@ -656,3 +656,35 @@ func TestHugeReadCostsTheGuardNothing(t *testing.T) {
 		t.Fatalf("deciding an MGET of %d keys allocated %d bytes", n, alloc)
 	}
 }
+
+// The "policy loaded" line names the mode in force, as INFO does: the
+// loaded policy's, capped by --policy-mode. It named the cap alone, so a
+// reload to mode = "report" or "off" logged policy_mode=enforce (found by
+// review).
+func TestReloadLogsTheModeInForce(t *testing.T) {
+	g, _, sink := newTestGuard(t, policy.DefaultConfig(), Options{})
+	var mode string
+	g.SetSource(func() (policy.Config, error) {
+		c := policy.DefaultConfig()
+		c.Mode = mode
+		return c, nil
+	})
+	for _, mode = range []string{"report", "off", "enforce"} {
+		sink.Reset()
+		if err := g.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		if want := `"policy_mode":"` + mode + `"`; !strings.Contains(sink.String(), want) {
+			t.Fatalf("reload to mode %q logged:\n%s", mode, sink.String())
+		}
+	}
+	g.SetForcedMode(policy.Report)
+	mode = "off"
+	sink.Reset()
+	if err := g.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(sink.String(), `"policy_mode":"off","forced_mode":"report"`) {
+		t.Fatalf("reload under --policy-mode=report logged:\n%s", sink.String())
+	}
+}
