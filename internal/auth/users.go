@@ -176,17 +176,48 @@ func New(cfg []UserConfig, table *commands.Table) (*Users, error) {
 		if c.UpstreamUser != "" {
 			u.Upstream.User = c.UpstreamUser
 			if c.UpstreamPasswordFile != "" {
-				b, err := os.ReadFile(c.UpstreamPasswordFile)
+				pass, err := readPasswordFile(c.UpstreamPasswordFile)
 				if err != nil {
 					return nil, &Error{Key: fmt.Sprintf("users[%d].upstream_password_file", i), Msg: err.Error()}
 				}
-				u.Upstream.Password = strings.TrimRight(string(b), "\r\n")
+				u.Upstream.Password = pass
 			}
 		}
 		us.byName[u.Name] = u
 		us.list = append(us.list, u)
 	}
 	return us, nil
+}
+
+func readPasswordFile(name string) (string, error) {
+	b, err := os.ReadFile(name)
+	return strings.TrimRight(string(b), "\r\n"), err
+}
+
+// RotatedPasswords checks the upstream password files of cfg, a
+// configuration about to be reloaded, against the passwords us read at
+// start: an error for each file that no longer holds its user's password
+// or cannot be read. A reload cannot apply a rotated password (a user's
+// upstream connections are set up at start) and must not report success
+// as if it had: it was silently ignored, and the user's commands failed
+// with WRONGPASS once Redis dropped the old password (found by review).
+func (us *Users) RotatedPasswords(cfg []UserConfig) []error {
+	var errs []error
+	for i, c := range cfg {
+		u := us.Get(c.Name)
+		if c.UpstreamPasswordFile == "" || u == nil || u.Upstream.User != c.UpstreamUser {
+			continue // not the same user: a change of [[users]] itself
+		}
+		key := fmt.Sprintf("users[%d].upstream_password_file", i)
+		pass, err := readPasswordFile(c.UpstreamPasswordFile)
+		switch {
+		case err != nil:
+			errs = append(errs, &Error{Key: key, Msg: err.Error()})
+		case pass != u.Upstream.Password:
+			errs = append(errs, &Error{Key: key, Msg: "the file holds another password than the one read at start; a user's upstream credential is set up at start"})
+		}
+	}
+	return errs
 }
 
 // Len returns the number of users; a nil set has none.

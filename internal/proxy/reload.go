@@ -154,6 +154,9 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	if err := s.checkRouteReload(next); err != nil {
 		refused = append(refused, err)
 	}
+	if s.users != nil {
+		refused = append(refused, s.users.users.RotatedPasswords(next.Users)...)
+	}
 	if len(refused) > 0 {
 		return nil, fmt.Errorf("%w (restart redproxy to apply them):\n%w", ErrRestartRequired, errors.Join(refused...))
 	}

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"errors"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/proxy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -80,5 +82,40 @@ func TestClientUnblockRunsWithTheCallersRights(t *testing.T) {
 		}
 		blocked.nc.Close()
 		redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 0 }, "a client stayed blocked")
+	}
+}
+
+// A reload after an upstream_password_file was rotated is refused, as a
+// change of upstream.password is: it cannot apply (a user's upstream
+// connections are set up at start), and it reported success while the
+// proxy went on with the old password, which failed with WRONGPASS once
+// Redis dropped it (found by review). The file back as it was, the reload
+// goes through.
+func TestReloadRefusesARotatedPasswordFile(t *testing.T) {
+	rs := redistest.Start(t)
+	if err := rs.Client(t).Do(ctx, "ACL", "SETUSER", "redis-rot", "on", ">old-pw", ">new-pw", "~*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "rot")
+	if err := writeFileT(file, "old-pw\n"); err != nil {
+		t.Fatal(err)
+	}
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		u := user("rot", appPass, "+@all ~*")
+		u.UpstreamUser, u.UpstreamPasswordFile = "redis-rot", file
+		c.Users = []auth.UserConfig{u}
+	})
+	if err := writeFileT(file, "new-pw\n"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := p.Reload(p.Config())
+	if !errors.Is(err, proxy.ErrRestartRequired) || !strings.Contains(err.Error(), "users[0].upstream_password_file") {
+		t.Fatalf("Reload after the password file changed: %v; want ErrRestartRequired naming the file", err)
+	}
+	if err := writeFileT(file, "old-pw"); err != nil { // no newline: the same password
+		t.Fatal(err)
+	}
+	if _, err := p.Reload(p.Config()); err != nil {
+		t.Fatalf("Reload with the file as at start: %v", err)
 	}
 }
