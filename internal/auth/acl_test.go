@@ -2,6 +2,7 @@ package auth
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -378,5 +379,38 @@ func TestACLChannelRules(t *testing.T) {
 	}
 	if got := NoPermError("u", nil, "publish", DeniedChannel); got != "NOPERM No permissions to access a channel" {
 		t.Errorf("NoPermError = %q", got)
+	}
+}
+
+// ScriptsBeyondRules names exactly the users whose scripts can run what
+// their rules deny: scripting allowed, some command denied, and no
+// upstream_user of their own for Redis's ACL to check the script's calls.
+func TestScriptsBeyondRules(t *testing.T) {
+	dir := t.TempDir()
+	f := dir + "/pw"
+	if err := writeFile(f, "pw"); err != nil {
+		t.Fatal(err)
+	}
+	u := func(name, acl string) UserConfig {
+		return UserConfig{Name: name, PasswordSHA256: HashPassword("x"), ACL: acl}
+	}
+	own := u("own", "+@all -@dangerous ~*")
+	own.UpstreamUser, own.UpstreamPasswordFile = "redis-own", f
+	table := commands.Builtin()
+	us, err := New([]UserConfig{
+		u("everything", "+@all ~*"),
+		u("no-dangerous", "+@all -@dangerous ~*"),
+		u("no-config-set", "+@all -config|set ~*"),
+		u("reader", "+@read ~*"),
+		u("fcall-only", "+@read +fcall ~*"),
+		u("no-scripts", "+@all -@scripting ~*"),
+		own,
+	}, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := us.ScriptsBeyondRules(table)
+	if want := []string{"no-dangerous", "no-config-set", "fcall-only"}; !slices.Equal(got, want) {
+		t.Fatalf("ScriptsBeyondRules = %v, want %v", got, want)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 
@@ -218,6 +219,47 @@ func (us *Users) RotatedPasswords(cfg []UserConfig) []error {
 		}
 	}
 	return errs
+}
+
+// scriptCommands run code that calls Redis commands itself.
+var scriptCommands = []string{"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"}
+
+// ScriptsBeyondRules names the users whose scripts run commands their
+// command rules deny: users on the proxy's own upstream credential (no
+// upstream_user) whose acl allows a scripting command and denies some
+// other command. The proxy checks the script call itself and its declared
+// keys; the commands the script calls reach Redis under the upstream
+// credential, whose Redis ACL is all that applies inside it (Redis checks
+// them against the caller's: found by review, EVAL "return
+// redis.call('flushall')" ran for a user with -@dangerous). With an
+// upstream_user holding the same rules in Redis's ACL, Redis refuses them
+// as it would to the user directly.
+func (us *Users) ScriptsBeyondRules(table *commands.Table) []string {
+	var names []string
+	for _, u := range us.List() {
+		scripts := slices.ContainsFunc(scriptCommands, func(n string) bool {
+			c := table.Get(n)
+			return c != nil && u.ACL.CommandAllowed(c)
+		})
+		if u.Upstream.User != "" || !scripts {
+			continue
+		}
+		denies := false
+		for _, c := range table.Commands() {
+			if !u.ACL.CommandAllowed(c) {
+				denies = true
+			}
+			for _, s := range c.Subcommands {
+				if !u.ACL.CommandAllowed(s) {
+					denies = true
+				}
+			}
+		}
+		if denies {
+			names = append(names, u.Name)
+		}
+	}
+	return names
 }
 
 // Len returns the number of users; a nil set has none.

@@ -45,6 +45,11 @@ func initUsers(s *Server) error {
 		denied:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redproxy_acl_denied_total", Help: "Commands refused by a proxy user's ACL, by kind (command, key, channel)."}, []string{"kind"}),
 	}
 	s.metrics.Registry.MustRegister(st.failures, st.denied)
+	for _, name := range us.ScriptsBeyondRules(s.table) {
+		s.log.Warn("users: this user may run scripts, whose calls Redis checks against [upstream]'s credential, not against the user's acl; "+
+			"give it an upstream_user whose Redis ACL has the same rules, or deny it @scripting",
+			"user", name)
+	}
 	for _, u := range us.List() {
 		if u.Upstream.User == "" || st.backends[u.Upstream] != nil {
 			continue
