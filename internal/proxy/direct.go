@@ -195,7 +195,7 @@ func (d *directReply) done(c *upstream.Call) {
 		// session waited for is. The session's db and the command cannot
 		// change until it has waited for this reply.
 		if args, err := resp.SplitCommand(d.cmd, nil); err == nil && len(args) > 0 {
-			d.sess.noteSlow([]resp.Request{{Args: args, Raw: d.cmd}}, d.start, d.took, d.took-d.sent.Sub(d.start))
+			d.sess.noteSlow([]resp.Request{{Args: args, Raw: d.cmd}}, d.start, d.took, d.took-d.sent.Sub(d.start), d.sess.lockedBatchStart())
 		}
 	}
 	n, full, _, werr := d.cc.tryWrite(r)

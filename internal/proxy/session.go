@@ -442,6 +442,7 @@ func (sess *Session) serveBatch(reqs []resp.Request, extendable bool) {
 	defer sess.srv.batchLoad.leave()
 	sess.waitDirect()
 	start := time.Now()
+	at := batchStart{sess.user, sess.db} // for the slow log: this goroutine alone writes them
 	for pass := 0; ; pass++ {
 		sess.batchReqs = reqs
 		sess.list.active.Store(start.UnixNano())
@@ -491,7 +492,7 @@ func (sess *Session) serveBatch(reqs []resp.Request, extendable bool) {
 	// 50 ns here, 1 % of a GET at -P 1).
 	if !sess.directInFlight() {
 		if took := time.Since(start); took >= sess.srv.slow.threshold && !sess.slowExempt {
-			sess.noteSlow(reqs, start, took, sess.upstreamWait)
+			sess.noteSlow(reqs, start, took, sess.upstreamWait, at)
 		}
 	}
 	sess.upstreamWait, sess.slowExempt = 0, false

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/slowlog"
 )
@@ -33,19 +34,40 @@ func (s *Server) SlowlogHandler() http.Handler { return s.slow.log.Handler() }
 func (s *Server) Slowlog() *slowlog.Log { return s.slow.log }
 
 // noteSlow enters a batch that took took in the slow log. It runs only for
-// slow batches, so it may allocate.
-func (sess *Session) noteSlow(reqs []resp.Request, start time.Time, took, upstreamWait time.Duration) {
+// slow batches, so it may allocate. The entry names the batch's first
+// command, with the user and database it ran as, at: a batch's AUTH or
+// SELECT must not lend the entry another user or database (found by
+// review: AUTH alice, a slow EVAL, AUTH bob was logged as bob's EVAL).
+// batchStart is who a batch's first command ran as.
+type batchStart struct {
+	user *auth.User
+	db   int
+}
+
+// lockedBatchStart is the session's batchStart now, for another goroutine
+// than the session's (a direct reply's).
+func (sess *Session) lockedBatchStart() batchStart {
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	return batchStart{sess.user, sess.db}
+}
+
+func (sess *Session) noteSlow(reqs []resp.Request, start time.Time, took, upstreamWait time.Duration, at batchStart) {
+	user := sess.srv.userName() // the proxy user, else the upstream credential's (found by review)
+	if at.user != nil {
+		user = at.user.Name
+	}
 	e := slowlog.Entry{
 		Time:           start,
 		TotalMicros:    took.Microseconds(),
 		UpstreamMicros: min(upstreamWait, took).Microseconds(),
 		Batch:          len(reqs),
 		Client:         sess.nc.RemoteAddr().String(),
-		User:           sess.lockedUserName(), // the proxy user (was the upstream credential's; found by review)
+		User:           user,
 		Listener:       sess.listenerName(),
+		DB:             at.db,
 	}
 	e.ProxyMicros = e.TotalMicros - e.UpstreamMicros
-	e.DB = sess.db // only this goroutine writes it
 	name := "unknown"
 	if cmd := sess.srv.table.Lookup(reqs[0].Args); cmd != nil {
 		name = cmd.Name
