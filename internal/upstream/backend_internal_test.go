@@ -10,6 +10,13 @@ import (
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
+// testOptions are a backend's options in these tests: one connection to
+// addr per pool, database 0 only, a quiet log.
+func testOptions(addr string) BackendOptions {
+	return BackendOptions{Addr: addr, Connections: 1, Databases: 1, MaxPinned: 4, DialTimeout: 2 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+}
+
 // A switch swaps the generation, then empties the idle dedicated pipes. A
 // pipe taken from the idle list between the two is from before the switch
 // and talks to the old upstream: a transaction or blocking command begun
@@ -17,8 +24,7 @@ import (
 // doing the swap, Switch's first step, alone.
 func TestIdlePipeFromBeforeSwitchIsNotReused(t *testing.T) {
 	a, b := redistest.Start(t), redistest.Start(t)
-	opt := BackendOptions{Addr: a.Addr(), Connections: 1, Databases: 1, MaxPinned: 4, DialTimeout: 2 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	opt := testOptions(a.Addr())
 	be := NewBackend(opt)
 	t.Cleanup(be.Close)
 	p, err := be.AcquirePipe(0, false)
@@ -57,8 +63,7 @@ func TestIdlePipeFromBeforeSwitchIsNotReused(t *testing.T) {
 // for one.
 func TestKeptPipeClosedByRedisIsNotLent(t *testing.T) {
 	srv := redistest.Start(t)
-	be := NewBackend(BackendOptions{Addr: srv.Addr(), Connections: 1, Databases: 1, MaxPinned: 4, DialTimeout: 2 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	be := NewBackend(testOptions(srv.Addr()))
 	t.Cleanup(be.Close)
 	admin := srv.Client(t)
 	failed := 0

@@ -2,8 +2,6 @@ package upstream
 
 import (
 	"errors"
-	"io"
-	"log/slog"
 	"runtime"
 	"testing"
 	"time"
@@ -42,8 +40,9 @@ func pinnedInMulti(t *testing.T, be *Backend, key string) *Pipe {
 // those goroutines from running before the Send, as a loaded machine may.
 func TestCutDedicatedRefusesSendsAtOnce(t *testing.T) {
 	old := redistest.Start(t)
-	be := NewBackend(BackendOptions{Addr: old.Addr(), Connections: 1, Databases: 1, MaxPinned: 4,
-		DialTimeout: 2 * time.Second, ReplyTimeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	opt := testOptions(old.Addr())
+	opt.ReplyTimeout = 5 * time.Second
+	be := NewBackend(opt)
 	t.Cleanup(be.Close)
 	p := pinnedInMulti(t, be, "k")
 
@@ -70,8 +69,8 @@ func TestCutDedicatedRefusesSendsAtOnce(t *testing.T) {
 // to the old primary fails and commits on neither server.
 func TestFailoverRefusesOldPinsAtOnce(t *testing.T) {
 	old, next := redistest.Start(t), redistest.Start(t)
-	opt := BackendOptions{Addr: old.Addr(), Connections: 1, Databases: 1, MaxPinned: 4,
-		DialTimeout: 2 * time.Second, ReplyTimeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	opt := testOptions(old.Addr())
+	opt.ReplyTimeout = 5 * time.Second
 	be := NewBackend(opt)
 	t.Cleanup(be.Close)
 	p := pinnedInMulti(t, be, "k")

@@ -2,8 +2,6 @@ package upstream
 
 import (
 	"errors"
-	"io"
-	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -19,9 +17,9 @@ func TestBackendReportsReadOnly(t *testing.T) {
 	primary := redistest.Start(t)
 	replica := redistest.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))
 	var readOnly atomic.Int64
-	be := NewBackend(BackendOptions{Addr: replica.Addr(), Connections: 1, Databases: 1, MaxPinned: 4,
-		DialTimeout: 2 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OnReadOnly: func() { readOnly.Add(1) }})
+	opt := testOptions(replica.Addr())
+	opt.OnReadOnly = func() { readOnly.Add(1) }
+	be := NewBackend(opt)
 	t.Cleanup(be.Close)
 	c := NewCall()
 	c.Add(resp.AppendCommandStrings(nil, "GET", "k"))
@@ -41,8 +39,8 @@ func TestBackendReportsReadOnly(t *testing.T) {
 // never resent), and requests from then on go to the new server.
 func TestBackendFailoverFailsPendingWithConnLost(t *testing.T) {
 	a, b := redistest.Start(t), redistest.Start(t)
-	opt := BackendOptions{Addr: a.Addr(), Connections: 1, Databases: 1, MaxPinned: 4, DialTimeout: 2 * time.Second,
-		ReplyTimeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	opt := testOptions(a.Addr())
+	opt.ReplyTimeout = 5 * time.Second
 	be := NewBackend(opt)
 	t.Cleanup(be.Close)
 	slow := NewCall()
@@ -82,8 +80,7 @@ func TestBackendFailoverFailsPendingWithConnLost(t *testing.T) {
 // but not a Switch that only changes options.
 func TestBackendMoves(t *testing.T) {
 	a, b := redistest.Start(t), redistest.Start(t)
-	opt := BackendOptions{Addr: a.Addr(), Connections: 1, Databases: 1, MaxPinned: 4, DialTimeout: 2 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	opt := testOptions(a.Addr())
 	be := NewBackend(opt)
 	t.Cleanup(be.Close)
 	for _, step := range []struct {

@@ -1,8 +1,6 @@
 package upstream
 
 import (
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -17,8 +15,8 @@ import (
 // dials each). Prometheus counters must not go back.
 func TestPoolCountersSurviveSwitches(t *testing.T) {
 	a, b := redistest.Start(t), redistest.Start(t)
-	opt := BackendOptions{Addr: a.Addr(), Connections: 2, Databases: 1, MaxPinned: 4, DialTimeout: 2 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	opt := testOptions(a.Addr())
+	opt.Connections = 2
 	be := NewBackend(opt)
 	t.Cleanup(be.Close)
 	ping := func(n int) {
