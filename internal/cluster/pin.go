@@ -26,8 +26,8 @@ func (r *Router) BackendFor(slot int) (*upstream.Backend, error) {
 	var addr string
 	if slot >= 0 {
 		addr = m.Owner(slot)
-	} else if ps := m.Primaries(); len(ps) > 0 {
-		addr = ps[0]
+	} else {
+		addr = r.keylessNode(m)
 	}
 	if addr == "" {
 		r.refreshSoon()

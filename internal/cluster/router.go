@@ -57,6 +57,9 @@ type Router struct {
 
 	scripts scriptCache
 
+	// keyless is the node keyless commands go to (keylessNode).
+	keyless atomic.Pointer[string]
+
 	// Counters, for tests and metrics.
 	moved, asked, retried atomic.Uint64
 }
@@ -139,11 +142,33 @@ func (r *Router) OwnerTag(s int) uint32 {
 // is loaded.
 func (r *Router) AnyNode() string {
 	if m := r.m.Load(); m != nil {
-		if ps := m.Primaries(); len(ps) > 0 {
-			return ps[0]
+		if addr := r.keylessNode(m); addr != "" {
+			return addr
 		}
 	}
 	return r.opt.Seeds[0]
+}
+
+// keylessNode is where commands of no key go (PUBLISH, PUBSUB, a classic
+// SUBSCRIBE's relay, PING, ...): the primary chosen the first time, for as
+// long as m has it serving slots, else the primary of the lowest slot,
+// chosen anew. Following the lowest slot's owner itself moved classic
+// PUBLISH away from the subscribers' node whenever slot 0 was resharded:
+// PUBLISH and PUBSUB NUMSUB counted none of them, and one publisher's
+// messages could be reordered at the move, one over the cluster bus and
+// the next straight to the subscribers' node (found by the cluster soak).
+// "" when m has no primary.
+func (r *Router) keylessNode(m *Map) string {
+	ps := m.Primaries()
+	if cur := r.keyless.Load(); cur != nil && slices.Contains(ps, *cur) {
+		return *cur
+	}
+	if len(ps) == 0 {
+		return ""
+	}
+	addr := ps[0]
+	r.keyless.Store(&addr)
+	return addr
 }
 
 // Refresh reloads the slot map now from the nodes of the current map and
@@ -897,9 +922,7 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 		case s.slot >= 0:
 			addr = m.Owner(s.slot)
 		default:
-			if ps := m.Primaries(); len(ps) > 0 {
-				addr = ps[0]
-			}
+			addr = r.keylessNode(m)
 		}
 		if addr == "" {
 			if s.retries++; s.retries > maxRetries {
