@@ -683,8 +683,11 @@ func (b *Backend) switchGen(opt BackendOptions, failover bool) {
 		b.mu.Unlock()
 		return
 	}
-	old := b.gen.Swap(next)
+	// Swapped and listed at once, under statsMu: a scrape in between
+	// would count the old generation twice or not at all, and a counter
+	// read higher once must never read lower after.
 	b.statsMu.Lock()
+	old := b.gen.Swap(next)
 	b.retiring = append(b.retiring, old)
 	b.statsMu.Unlock()
 	if failover || old.opt.Addr != opt.Addr {
@@ -827,18 +830,18 @@ func (b *Backend) PoolStats(db int, resp3 bool) (s PipeStats, up int, ok bool) {
 	if resp3 {
 		i++
 	}
-	return b.poolStats(b.gen.Load(), i)
+	return b.poolStats(i)
 }
 
-func (b *Backend) poolStats(g *backendGen, i int) (s PipeStats, up int, ok bool) {
-	if i < len(g.pools) {
+func (b *Backend) poolStats(i int) (s PipeStats, up int, ok bool) {
+	b.statsMu.Lock()
+	defer b.statsMu.Unlock()
+	if g := b.gen.Load(); i < len(g.pools) {
 		if p := g.pools[i].Load(); p != nil {
 			s, up = p.Stats()
 			ok = true
 		}
 	}
-	b.statsMu.Lock()
-	defer b.statsMu.Unlock()
 	for _, old := range b.retiring {
 		if i < len(old.pools) {
 			if p := old.pools[i].Load(); p != nil {
@@ -988,7 +991,7 @@ func (b *Backend) collect(ch chan<- prometheus.Metric, d *backendDescs, node ...
 	}
 	g := b.gen.Load()
 	for i := range g.pools {
-		s, up, ok := b.poolStats(g, i)
+		s, up, ok := b.poolStats(i)
 		if !ok {
 			continue
 		}
