@@ -241,25 +241,26 @@ func (us *Users) ScriptsBeyondRules(table *commands.Table) []string {
 			c := table.Get(n)
 			return c != nil && u.ACL.CommandAllowed(c)
 		})
-		if u.Upstream.User != "" || !scripts {
-			continue
-		}
-		denies := false
-		for _, c := range table.Commands() {
-			if !u.ACL.CommandAllowed(c) {
-				denies = true
-			}
-			for _, s := range c.Subcommands {
-				if !u.ACL.CommandAllowed(s) {
-					denies = true
-				}
-			}
-		}
-		if denies {
+		if u.Upstream.User == "" && scripts && deniesSome(u.ACL, table) {
 			names = append(names, u.Name)
 		}
 	}
 	return names
+}
+
+// deniesSome reports whether acl denies a command or subcommand of table.
+func deniesSome(acl *ACL, table *commands.Table) bool {
+	for _, c := range table.Commands() {
+		if !acl.CommandAllowed(c) {
+			return true
+		}
+		for _, s := range c.Subcommands {
+			if !acl.CommandAllowed(s) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Len returns the number of users; a nil set has none.

@@ -33,11 +33,6 @@ func (s *Server) SlowlogHandler() http.Handler { return s.slow.log.Handler() }
 // Slowlog returns the slow log.
 func (s *Server) Slowlog() *slowlog.Log { return s.slow.log }
 
-// noteSlow enters a batch that took took in the slow log. It runs only for
-// slow batches, so it may allocate. The entry names the batch's first
-// command, with the user and database it ran as, at: a batch's AUTH or
-// SELECT must not lend the entry another user or database (found by
-// review: AUTH alice, a slow EVAL, AUTH bob was logged as bob's EVAL).
 // batchStart is who a batch's first command ran as.
 type batchStart struct {
 	user *auth.User
@@ -52,18 +47,19 @@ func (sess *Session) lockedBatchStart() batchStart {
 	return batchStart{sess.user, sess.db}
 }
 
+// noteSlow enters a batch that took took in the slow log. It runs only for
+// slow batches, so it may allocate. The entry names the batch's first
+// command, with the user and database it ran as, at: a batch's AUTH or
+// SELECT must not lend the entry another user or database (found by
+// review: AUTH alice, a slow EVAL, AUTH bob was logged as bob's EVAL).
 func (sess *Session) noteSlow(reqs []resp.Request, start time.Time, took, upstreamWait time.Duration, at batchStart) {
-	user := sess.srv.userName() // the proxy user, else the upstream credential's (found by review)
-	if at.user != nil {
-		user = at.user.Name
-	}
 	e := slowlog.Entry{
 		Time:           start,
 		TotalMicros:    took.Microseconds(),
 		UpstreamMicros: min(upstreamWait, took).Microseconds(),
 		Batch:          len(reqs),
 		Client:         sess.nc.RemoteAddr().String(),
-		User:           user,
+		User:           sess.srv.nameOf(at.user), // the proxy user, not the upstream credential's (found by review)
 		Listener:       sess.listenerName(),
 		DB:             at.db,
 	}

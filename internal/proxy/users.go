@@ -122,11 +122,15 @@ func (sess *Session) sharesUpstream() bool {
 
 // userName is who the client is, for CLIENT LIST, CLIENT KILL USER and the
 // policy's scopes: its proxy user, else the upstream's user.
-func (sess *Session) userName() string {
-	if sess.user != nil {
-		return sess.user.Name
+func (sess *Session) userName() string { return sess.srv.nameOf(sess.user) }
+
+// nameOf is the name of a client authenticated as u (nil: as no proxy
+// user): u's, else the upstream's user.
+func (s *Server) nameOf(u *auth.User) string {
+	if u != nil {
+		return u.Name
 	}
-	return sess.srv.userName()
+	return s.userName()
 }
 
 var errAuthRateLimited = []byte("-ERR redproxy: too many failed AUTH attempts from this address; try again later\r\n")
