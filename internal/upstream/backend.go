@@ -527,9 +527,8 @@ func NewBackend(opt BackendOptions) *Backend {
 	if opt.NoDialWait {
 		return b
 	}
-	deadline := time.Now().Add(opt.DialTimeout)
-	resp2.WaitDialed(opt.DialTimeout)
-	resp3.WaitDialed(time.Until(deadline))
+	resp2.settle()
+	resp3.settle()
 	return b
 }
 
@@ -578,33 +577,36 @@ func (o BackendOptions) ConnOptions(db int, resp3 bool) Options {
 // Pool returns the shared pool for db and protocol, creating it if needed.
 func (b *Backend) Pool(db int, resp3 bool) *Pool { return b.pool(db, resp3, true) }
 
-// pool is Pool; wait: a pool made here waits for its first dials.
+// pool is Pool; wait: wait while the pool's first dials are under way.
 func (b *Backend) pool(db int, resp3, wait bool) *Pool {
 	i := db * 2
 	if resp3 {
 		i++
 	}
 	g := b.gen.Load()
-	if p := g.pools[i].Load(); p != nil {
-		return p
+	p := g.pools[i].Load()
+	if p == nil {
+		b.mu.Lock()
+		// A switch may have happened meanwhile: never add a pool to a
+		// generation that is draining.
+		g = b.gen.Load()
+		if p = g.pools[i].Load(); p == nil {
+			p = NewPool(g.opt.Connections, g.options(db, resp3))
+			p.startSettling(g.opt.DialTimeout)
+			g.pools[i].Store(p)
+		}
+		// Not held while the dials go on: an upstream that does not
+		// answer held every other database's first client, and a
+		// reload's switch, behind this one for a whole dial timeout.
+		b.mu.Unlock()
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	// A switch may have happened meanwhile: never add a pool to a
-	// generation that is draining.
-	g = b.gen.Load()
-	if p := g.pools[i].Load(); p != nil {
-		return p
-	}
-	p := NewPool(g.opt.Connections, g.options(db, resp3))
-	// The first client of a database or protocol should not fail just
+	// The first clients of a database or protocol should not fail just
 	// because its connections are still being dialled; later outages fail
 	// fast instead, since the pipes reconnect in the background. Nor
-	// should it wait for a Redis that refused every dial.
+	// should they wait for a Redis that refused every dial.
 	if wait {
-		p.WaitDialed(g.opt.DialTimeout)
+		p.settle()
 	}
-	g.pools[i].Store(p)
 	return p
 }
 
@@ -721,8 +723,12 @@ func (b *Backend) switchGen(opt BackendOptions, failover bool) {
 	} else {
 		go b.drain(old)
 	}
-	b.Pool(0, false)
-	b.Pool(0, true)
+	// Both dialled at once, as at start: one after the other held the
+	// reload for twice the dial timeout when the new upstream did not
+	// answer.
+	resp2, resp3 := b.pool(0, false, false), b.pool(0, true, false)
+	resp2.settle()
+	resp3.settle()
 }
 
 // CutDedicated severs every dedicated pipe and relay in use, as Failover

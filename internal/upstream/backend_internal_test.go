@@ -4,6 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -100,4 +103,83 @@ func TestKeptPipeClosedByRedisIsNotLent(t *testing.T) {
 	if failed > 0 {
 		t.Fatalf("%d of 50 PINGs on a kept connection Redis had just closed failed", failed)
 	}
+}
+
+// silentUpstream accepts connections and never answers: a server that
+// is frozen or blackholed past the TCP handshake. It counts what it
+// accepted; closing it drops every connection, failing their dials.
+type silentUpstream struct {
+	ln       net.Listener
+	accepted atomic.Int32
+	mu       sync.Mutex
+	conns    []net.Conn
+}
+
+func startSilentUpstream(t *testing.T) *silentUpstream {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &silentUpstream{ln: ln}
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.conns = append(s.conns, nc)
+			s.mu.Unlock()
+			s.accepted.Add(1)
+		}
+	}()
+	t.Cleanup(s.close)
+	return s
+}
+
+func (s *silentUpstream) close() {
+	s.ln.Close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, nc := range s.conns {
+		nc.Close()
+	}
+	s.conns = nil
+}
+
+// A reload to an upstream that does not answer dials the new generation's
+// pools together, and a database's first client meanwhile dials its own
+// without waiting for them: one at a time, under the Backend's lock, held
+// the reload for twice the dial timeout and every other first client
+// behind it.
+func TestSwitchToASilentUpstreamDialsPoolsTogether(t *testing.T) {
+	srv := redistest.Start(t)
+	opt := testOptions(srv.Addr())
+	opt.Databases = 2
+	be := NewBackend(opt)
+	t.Cleanup(be.Close)
+
+	silent := startSilentUpstream(t)
+	opt.Addr = silent.ln.Addr().String()
+	opt.DialTimeout = time.Minute // far beyond the waits below
+	switched := make(chan struct{})
+	go func() {
+		be.Switch(opt)
+		close(switched)
+	}()
+	redistest.Eventually(t, 10*time.Second, func() bool { return silent.accepted.Load() >= 2 },
+		"the switch did not dial DB 0's two pools together")
+	firstOfDB1 := make(chan *Pool, 1)
+	go func() { firstOfDB1 <- be.Pool(1, false) }()
+	redistest.Eventually(t, 10*time.Second, func() bool { return silent.accepted.Load() >= 3 },
+		"DB 1's first client did not dial while the switch waited")
+	select {
+	case <-switched:
+		t.Fatal("the switch returned before the new upstream's dials ended")
+	default:
+	}
+
+	silent.close() // every dial fails now: both waits end
+	<-switched
+	<-firstOfDB1
 }

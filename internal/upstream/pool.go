@@ -12,6 +12,10 @@ import (
 type Pool struct {
 	pipes []*Pipe
 	next  atomic.Uint32
+	// settling is set while the pool's first dials are under way, until
+	// settleBy at the latest (see settle).
+	settling atomic.Bool
+	settleBy time.Time
 }
 
 // NewPool starts n pipes with the same options.
@@ -101,6 +105,25 @@ func (p *Pool) waitUp(timeout time.Duration, untilFailed bool) bool {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// startSettling marks a pool not yet published as having its first dials
+// under way for at most timeout.
+func (p *Pool) startSettling(timeout time.Duration) {
+	p.settleBy = time.Now().Add(timeout)
+	p.settling.Store(true)
+}
+
+// settle waits, while the pool's first dials are under way, until a pipe
+// is up, every dial has failed or the dial timeout has passed: every
+// caller meanwhile, not only the one that made the pool, since a command
+// sent before the first dial ends would fail with ErrUnavailable.
+func (p *Pool) settle() {
+	if !p.settling.Load() {
+		return
+	}
+	p.WaitDialed(time.Until(p.settleBy))
+	p.settling.Store(false)
 }
 
 // allDialsFailed reports whether every pipe's last dial failed.
