@@ -38,7 +38,8 @@ func reloaded(t *testing.T, p *proxytest.Proxy, mutate func(*config.Config)) *co
 // drains and switches while clients keep working. Both servers hold the
 // same read-only data, so every reply of the load loop is checkable
 // whichever server answers it; writes after the reload land on the new
-// server; a client inside MULTI or subscribed keeps its connection.
+// server; a client inside MULTI keeps its connection, and a subscriber's
+// is closed, so that it resubscribes on the new server.
 func TestReloadSwitchesUpstream(t *testing.T) {
 	a, b := redistest.Start(t), redistest.Start(t)
 	for _, rs := range []*redistest.Server{a, b} {
@@ -52,7 +53,7 @@ func TestReloadSwitchesUpstream(t *testing.T) {
 	p := proxytest.Start(t, a, nil)
 	directA, directB := a.Client(t), b.Client(t)
 
-	// A subscriber from before the switch stays on A's connection.
+	// A subscriber from before the switch.
 	sub := p.Client(t).Subscribe(ctx, "news")
 	t.Cleanup(func() { sub.Close() })
 	if _, err := sub.Receive(ctx); err != nil {
@@ -177,12 +178,21 @@ func TestReloadSwitchesUpstream(t *testing.T) {
 	if directA.Get(ctx, "tx:key").Val() != "in-multi" || directB.Exists(ctx, "tx:key").Val() != 0 {
 		t.Error("the transaction begun before the switch did not stay on the old upstream")
 	}
-	// The subscriber still hears A.
-	if err := directA.Publish(ctx, "news", "still-here").Err(); err != nil {
-		t.Fatal(err)
+	// The subscriber's relay to A was closed: go-redis reconnects at its
+	// next receive and subscribes again, now on B, where PUBLISH goes.
+	// Left on A, it heard nothing published after the switch.
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		sub.ReceiveTimeout(ctx, 50*time.Millisecond) // drives the reconnection
+		return directB.PubSubNumSub(ctx, "news").Val()["news"] == 1
+	}, "the subscriber never subscribed again on the new upstream")
+	if n := directA.PubSubNumSub(ctx, "news").Val()["news"]; n != 0 {
+		t.Errorf("%d subscribers left on the old upstream", n)
+	}
+	if n, err := p.Client(t).Publish(ctx, "news", "on-b").Result(); err != nil || n != 1 {
+		t.Fatalf("PUBLISH through the proxy after the switch = %d, %v", n, err)
 	}
 	msg, err := sub.ReceiveMessage(ctx)
-	if err != nil || msg.Payload != "still-here" {
+	if err != nil || msg.Payload != "on-b" {
 		t.Fatalf("subscriber after the switch: %v, %v", msg, err)
 	}
 }

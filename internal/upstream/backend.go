@@ -661,9 +661,14 @@ const drainGrace = time.Second
 // timeouts). Commands sent after it returns use connections dialled with
 // opt; the old generation's pools are closed in the background once every
 // request sent on them has been answered (or failed by upstream.dead_timeout),
-// and no sooner than drainGrace. Dedicated connections in use (MULTI,
-// blocking commands, pub/sub relays) keep their old upstream until their
-// clients release them; released ones are closed, not reused. The pools of
+// and no sooner than drainGrace. Dedicated pipes in use (MULTI, WATCH,
+// blocking commands) keep their old upstream until their clients release
+// them; released ones are closed, not reused. Relays
+// (subscribers, CLIENT TRACKING clients, MONITOR) are closed when the
+// address changes, as by Failover: left on the old server, a subscriber
+// hears nothing published on the new one and a tracking client reads the
+// old server's values, with no sign of either; a closed connection is one
+// every client library reconnects from (and resubscribes). The pools of
 // the new generation are dialled before Switch returns for DB 0, as at
 // start, so readiness reflects the new upstream.
 func (b *Backend) Switch(opt BackendOptions) { b.switchGen(opt, false) }
@@ -721,6 +726,9 @@ func (b *Backend) switchGen(opt BackendOptions, failover bool) {
 		b.fold(old)
 		b.drains.Done()
 	} else {
+		if old.opt.Addr != opt.Addr {
+			b.cutRelays(next)
+		}
 		go b.drain(old)
 	}
 	// Both dialled at once, as at start: one after the other held the
@@ -743,16 +751,10 @@ func (b *Backend) CutDedicated() { b.cutDedicated(nil) }
 // goroutines.
 func (b *Backend) cutDedicated(cur *backendGen) {
 	var pipes []*Pipe
-	var conns []net.Conn
 	b.idleMu.Lock()
 	for p, g := range b.dialled {
 		if g != cur {
 			pipes = append(pipes, p)
-		}
-	}
-	for nc, r := range b.relays {
-		if r.gen != cur {
-			conns = append(conns, nc)
 		}
 	}
 	b.idleMu.Unlock()
@@ -763,6 +765,20 @@ func (b *Backend) cutDedicated(cur *backendGen) {
 		// frozen server's connection may take a while.
 		p.AbandonAsync()
 	}
+	b.cutRelays(cur)
+}
+
+// cutRelays closes the relays in use that were dialled before the
+// generation cur; their clients see the connection closed.
+func (b *Backend) cutRelays(cur *backendGen) {
+	var conns []net.Conn
+	b.idleMu.Lock()
+	for nc, r := range b.relays {
+		if r.gen != cur {
+			conns = append(conns, nc)
+		}
+	}
+	b.idleMu.Unlock()
 	for _, nc := range conns {
 		nc.Close()
 	}
