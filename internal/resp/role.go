@@ -32,6 +32,24 @@ func ServerRole(r []byte) (role, mode string, ok bool) {
 	return role, mode, role != ""
 }
 
+// HelloID returns the id field of a HELLO reply (RESP3 map or RESP2
+// array: server, version, proto, id, ...), 0 for any other reply. Read by
+// the same walk over the fields as ServerRole: a search for the key's
+// bytes would take a value spelled like it for the key.
+func HelloID(r []byte) int64 {
+	el, ok := fields(r)
+	if !ok {
+		return 0
+	}
+	for i := 0; i+1 < len(el); i += 2 {
+		if k, _ := simpleText(el[i]); k == "id" {
+			id, _ := Integer(el[i+1])
+			return id
+		}
+	}
+	return 0
+}
+
 // fields splits an array or map reply into its framed elements (a map's
 // keys and values alternating); at most 1024 of them.
 func fields(r []byte) ([][]byte, bool) {

@@ -176,7 +176,7 @@ func handshake(nc net.Conn, opt Options, wantID bool) (id int64, err error) {
 			continue
 		}
 		if wantID && opt.RESP3 && i == 0 {
-			id = helloID(reply)
+			id = resp.HelloID(reply)
 		}
 		if i == roleAt {
 			if resp.IsError(reply) && roleOptional {
@@ -207,23 +207,6 @@ var busyPrefix = []byte("-BUSY")
 // answered -BUSY: a relay dialled while a script ran would otherwise keep
 // id 0, unreachable by CLIENT UNBLOCK, for its whole life.
 const idAfterBusy = -1
-
-// helloID returns the id field of HELLO's reply (a map whose fourth key is
-// "id": server, version, proto, id, ...), 0 if it has none.
-func helloID(reply []byte) int64 {
-	const key = "$2\r\nid\r\n"
-	i := bytes.Index(reply, []byte(key))
-	if i < 0 {
-		return 0
-	}
-	rest := reply[i+len(key):]
-	end := bytes.Index(rest, []byte("\r\n"))
-	if end < 0 {
-		return 0
-	}
-	id, _ := resp.Integer(rest[:end+2])
-	return id
-}
 
 // maxHandshakeReply caps what a handshake reads: HELLO's map is the
 // largest reply, a few hundred bytes.
