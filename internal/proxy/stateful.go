@@ -991,7 +991,7 @@ func (sess *Session) endBlock(call *upstream.Call, pipe *upstream.Pipe, b *upstr
 	if rid != 0 {
 		unblocked := make(chan bool, 1)
 		go func() {
-			un, err := b.RoundTripBeside(pipe, resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10)), nil)
+			un, err := b.UnblockBeside(pipe, rid, "", nil)
 			unblocked <- err == nil && (string(un) == ":1\r\n" || string(un) == ":0\r\n")
 		}()
 		select {
@@ -1206,12 +1206,6 @@ func (s *Server) clientUnblock(self *Session, args [][]byte) []byte {
 	if target == nil || target == self {
 		return zero
 	}
-	unblockCmd := func(rid int64) []byte {
-		if mode != "" {
-			return resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
-		}
-		return resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10))
-	}
 	// Held until Redis has answered, so that the target's connection
 	// cannot go to another client meanwhile. The UNBLOCK goes to the
 	// server that connection is on, which after a reload switched the
@@ -1228,7 +1222,7 @@ func (s *Server) clientUnblock(self *Session, args [][]byte) []byte {
 		if b == nil {
 			return zero
 		}
-		reply, err := b.RoundTripAboutRelay(nc, unblockCmd, self.backendBeside(b))
+		reply, err := b.UnblockRelay(nc, mode, self.backendBeside(b))
 		if errors.Is(err, upstream.ErrRelayGone) {
 			return zero // its relay just ended, or Redis refused it CLIENT ID
 		}
@@ -1238,7 +1232,7 @@ func (s *Server) clientUnblock(self *Session, args [][]byte) []byte {
 		return reply
 	}
 	unblockOn := func(rid int64, b *upstream.Backend, p *upstream.Pipe) []byte {
-		reply, err := b.RoundTripBeside(p, unblockCmd(rid), self.backendBeside(b))
+		reply, err := b.UnblockBeside(p, rid, mode, self.backendBeside(b))
 		if err != nil {
 			reply = errorReply(err)
 		}

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/redproxy/redproxy/internal/resp"
 )
 
 // ErrNoReply: Redis closed the connection without answering (as it does
@@ -34,18 +36,39 @@ func RoundTrip(opt Options, raw []byte) ([]byte, error) {
 	return reply, err
 }
 
-// exchange sends raw on nc and reads its reply, within opt.DeadTimeout.
-// clean is false when the connection must not carry another command.
+// exchange sends raw, one or more commands, on nc and reads their replies,
+// within opt.DeadTimeout, returning the last. clean is false when the
+// connection must not carry another command.
 func exchange(opt Options, nc net.Conn, raw []byte) (reply []byte, clean bool, err error) {
 	nc.SetDeadline(time.Now().Add(opt.DeadTimeout))
 	if _, err := nc.Write(raw); err != nil {
 		return nil, false, err
 	}
-	reply, rest, err := readReply(nc, nil, maxAloneReply)
-	if errors.Is(err, io.EOF) && len(rest) == 0 {
-		return nil, false, ErrNoReply
+	var rest []byte
+	for range commandCount(raw) {
+		reply, rest, err = readReply(nc, rest, maxAloneReply)
+		if err != nil {
+			if errors.Is(err, io.EOF) && len(rest) == 0 {
+				return nil, false, ErrNoReply
+			}
+			return reply, false, err
+		}
 	}
-	return reply, err == nil && len(rest) == 0, err
+	return reply, len(rest) == 0, nil
+}
+
+// commandCount is the number of commands in raw (at least 1).
+func commandCount(raw []byte) int {
+	n := 0
+	for len(raw) > 0 {
+		size, err := resp.ScanReply(raw)
+		if err != nil || size == 0 {
+			break
+		}
+		raw = raw[size:]
+		n++
+	}
+	return max(n, 1)
 }
 
 // aloneConns keeps one connection of roundTrip's per protocol for the

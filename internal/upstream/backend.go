@@ -346,21 +346,58 @@ func (b *Backend) PipeID(p *Pipe) (int64, error) {
 	return id, nil
 }
 
-// RoundTripBeside runs one command on a connection of its own to the
-// server the dedicated pipe p is connected to: after a switch, a pipe
-// dialled before it still talks to the old upstream, and a command about
-// that connection (CLIENT UNBLOCK of its Redis id) must go there too.
-// It authenticates as the connections of as do (nil: as b's): a command
-// one client sends about another's connection runs with the sender's
-// Redis rights, as on Redis, not with those of the connection it names.
-func (b *Backend) RoundTripBeside(p *Pipe, raw []byte, as *Backend) ([]byte, error) {
+// UnblockBeside sends CLIENT UNBLOCK rid [mode] (mode "", "TIMEOUT" or
+// "ERROR"), about the connection of the dedicated pipe p whose Redis id is
+// rid, on a connection of its own to the server p is connected to: after
+// a switch, a pipe dialled before it still talks to the old upstream, and
+// the id names that server's connection. It authenticates as the
+// connections of as do (nil: as b's): a command one client sends about
+// another's connection runs with the sender's Redis rights, as on Redis,
+// not with those of the connection it names. It returns Redis's reply to
+// the UNBLOCK (see gen.unblock).
+func (b *Backend) UnblockBeside(p *Pipe, rid int64, mode string, as *Backend) ([]byte, error) {
 	b.idleMu.Lock()
 	g := b.dialled[p]
 	b.idleMu.Unlock()
 	if g == nil {
 		g = b.gen.Load()
 	}
-	return g.roundTripAs(as, raw)
+	return g.unblock(as, rid, mode)
+}
+
+// unblockGate is a command Redis holds back while clients are paused for
+// writes (CLIENT PAUSE WRITE or ALL, FAILOVER), as it holds the blocking
+// commands that arrive meanwhile: EVAL is "may-replicate". It has no keys
+// (no cluster redirection), writes nothing and publishes nothing.
+var unblockGate = resp.AppendCommandStrings(nil, "EVAL", "return 0", "0")
+
+// unblock sends CLIENT UNBLOCK rid [mode] to g's server (see roundTripAs
+// for as) inside MULTI, behind unblockGate. Redis 7.0 crashes when CLIENT
+// UNBLOCK names a client whose blocking command a pause holds back
+// ("Unknown btype in replyToBlockedClientTimedOut"; fixed in later
+// releases), and a client that leaves while its BLPOP is held so is
+// ordinary during a failover's pause (found by review: Redis died). Such
+// an EXEC is held back too, behind the held command, which Redis runs
+// first when the pause ends: the UNBLOCK then finds it blocked on its keys,
+// or answered. Where Redis refuses the transaction (an upstream user
+// without EVAL or MULTI, -BUSY) the UNBLOCK is sent alone, as before.
+func (g *backendGen) unblock(as *Backend, rid int64, mode string) ([]byte, error) {
+	un := resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10))
+	if mode != "" {
+		un = resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
+	}
+	tx := resp.AppendCommandStrings(nil, "MULTI")
+	tx = append(tx, unblockGate...)
+	tx = append(tx, un...)
+	tx = resp.AppendCommandStrings(tx, "EXEC")
+	reply, err := g.roundTripAs(as, tx)
+	if err != nil {
+		return nil, err
+	}
+	if el, ok := resp.ArrayElements(reply); ok && len(el) == 2 {
+		return el[1], nil
+	}
+	return g.roundTripAs(as, un)
 }
 
 // roundTripAs is roundTrip (on a kept connection) with g's own
@@ -389,7 +426,7 @@ type relayConn struct {
 // AcquireConn dials a raw dedicated connection for relaying (pub/sub,
 // MONITOR, client-side tracking). It is never reused, so it carries the
 // client's name, if it has one, for Redis's CLIENT LIST and SLOWLOG. Its
-// handshake learns its Redis id (RoundTripAboutRelay), in the same round
+// handshake learns its Redis id (UnblockRelay), in the same round
 // trip.
 func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error) {
 	if !b.takePin() {
@@ -419,17 +456,14 @@ func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error)
 	return d.nc, err
 }
 
-// ErrRelayGone is RoundTripAboutRelay's answer for a connection that is no
+// ErrRelayGone is UnblockRelay's answer for a connection that is no
 // longer relayed (released, or never learnt its id).
 var ErrRelayGone = errors.New("redproxy: relayed connection gone")
 
-// RoundTripAboutRelay sends cmd(id), a command about the relayed
-// connection nc whose Redis id is id (CLIENT UNBLOCK), on a connection of
-// its own to the server nc is on, authenticated as as's connections are
-// (nil: as b's; see RoundTripBeside), and returns the reply. Never to
-// another server: after a switch the id would name some other connection
-// there.
-func (b *Backend) RoundTripAboutRelay(nc net.Conn, cmd func(id int64) []byte, as *Backend) ([]byte, error) {
+// UnblockRelay sends CLIENT UNBLOCK [mode] about the relayed connection
+// nc (see UnblockBeside), to the server nc is on, never another: after a
+// switch the id would name some other connection.
+func (b *Backend) UnblockRelay(nc net.Conn, mode string, as *Backend) ([]byte, error) {
 	b.idleMu.Lock()
 	r, ok := b.relays[nc]
 	b.idleMu.Unlock()
@@ -455,7 +489,7 @@ func (b *Backend) RoundTripAboutRelay(nc net.Conn, cmd func(id int64) []byte, as
 		}
 		r.id = id
 	}
-	return r.gen.roundTripAs(as, cmd(r.id))
+	return r.gen.unblock(as, r.id, mode)
 }
 
 var cmdClientList = resp.AppendCommandStrings(nil, "CLIENT", "LIST")
