@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -71,4 +73,27 @@ func TestUnblockDuringAPauseLeavesRedisUp(t *testing.T) {
 			t.Fatalf("PING after the UNBLOCK: %v", err)
 		}
 	})
+}
+
+// A CLIENT UNBLOCK that cannot reach Redis answers in the proxy's words
+// for an upstream that does not answer, as every other command does, not
+// with Go's text of the failure ("-ERR read tcp 127.0.0.1:53782->...: i/o
+// timeout", found by review).
+func TestUnblockOfAFrozenRedisAnswersAnUpstreamError(t *testing.T) {
+	rs := redistest.Start(t)
+	direct := rs.Client(t)
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.Upstream.DialTimeout = units.Duration{Duration: 100 * time.Millisecond}
+	})
+	blocked := dialRaw(t, p.Addr)
+	id := blocked.do("CLIENT", "ID").(int64)
+	blocked.send([]string{"BLPOP", "frozen:q", "0"})
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 1 }, "BLPOP never blocked")
+	other := dialRaw(t, p.Addr)
+	rs.Freeze(t)
+	got := other.do("CLIENT", "UNBLOCK", itoa64(id))
+	rs.Thaw(t)
+	if e, ok := got.(respError); !ok || !strings.HasPrefix(string(e), "ERR redproxy: upstream ") {
+		t.Fatalf("CLIENT UNBLOCK of a frozen Redis = %#v", got)
+	}
 }

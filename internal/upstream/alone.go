@@ -29,11 +29,36 @@ func RoundTrip(opt Options, raw []byte) ([]byte, error) {
 	opt.defaults()
 	nc, err := Dial(opt)
 	if err != nil {
-		return nil, err
+		return nil, aloneError(err, false)
 	}
 	defer nc.Close()
 	reply, _, err := exchange(opt, nc, raw)
-	return reply, err
+	return reply, aloneError(err, true)
+}
+
+// aloneError is what the caller, and so a client, is told of err from a
+// connection of its own: the proxy's words for an upstream that cannot be
+// reached, does not answer or dropped the connection
+// (ErrUnavailable, ErrTimeout, ErrConnLost), not Go's ("read tcp
+// 127.0.0.1:53782->127.0.0.1:6379: i/o timeout" answered a CLIENT UNBLOCK,
+// found by review). Redis's refusal of the handshake and ErrNoReply are
+// kept: they say more. connected: err came after the dial.
+func aloneError(err error, connected bool) error {
+	if err == nil || errors.Is(err, ErrHandshake) || errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrNoReply) {
+		return err
+	}
+	var ne net.Error
+	isNet := errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+	switch {
+	case !isNet:
+		return err
+	case !connected:
+		return ErrUnavailable
+	case ne != nil && ne.Timeout():
+		return ErrTimeout
+	}
+	return ErrConnLost
 }
 
 // exchange sends raw, one or more commands, on nc and reads their replies,
@@ -92,6 +117,12 @@ func (a *aloneConns) roundTrip(opt Options, resp3, keep bool, raw []byte) ([]byt
 	if !keep {
 		return RoundTrip(opt, raw)
 	}
+	reply, connected, err := a.keptRoundTrip(opt, resp3, raw)
+	return reply, aloneError(err, connected)
+}
+
+// keptRoundTrip is roundTrip with keep; connected: err came after a dial.
+func (a *aloneConns) keptRoundTrip(opt Options, resp3 bool, raw []byte) (reply []byte, connected bool, err error) {
 	i := 0
 	if resp3 {
 		i = 1
@@ -101,18 +132,18 @@ func (a *aloneConns) roundTrip(opt Options, resp3, keep bool, raw []byte) ([]byt
 		reply, clean, err := exchange(opt, c.nc, raw)
 		if clean {
 			a.keep(i, c)
-			return reply, err
+			return reply, true, err
 		}
 		c.nc.Close()
 		if !closedIdle(err) {
-			return reply, err
+			return reply, true, err
 		}
 		// Closed while it was kept (Redis's timeout, CLIENT KILL, a
 		// restart): the command did not reach Redis; send it on a new one.
 	}
 	nc, err := Dial(opt)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	reply, clean, err := exchange(opt, nc, raw)
 	if clean {
@@ -120,7 +151,7 @@ func (a *aloneConns) roundTrip(opt Options, resp3, keep bool, raw []byte) ([]byt
 	} else {
 		nc.Close()
 	}
-	return reply, err
+	return reply, true, err
 }
 
 // closedIdle reports whether err says a kept connection had been closed
