@@ -83,6 +83,15 @@ func cmdReplication(sess *Session, r *request) bool {
 // inside MULTI it is refused as they are (queueInMulti, clusterPlacer);
 // on a relay relayDenied refuses YES and SYNC.
 func cmdScriptDebug(sess *Session, r *request) bool {
+	if sess.repliesPending() {
+		// Redis refuses SCRIPT DEBUG, whatever its mode, while replies to
+		// the client's earlier commands are still to be written, and the
+		// mode stays as it was: with YES refused here instead, the EVAL
+		// behind it, which Redis runs, was refused as one the debugger
+		// would have run (found by review).
+		sess.replyLocal(r.m, []byte("-ERR SCRIPT DEBUG must be called outside a pipeline\r\n"))
+		return true
+	}
 	refusal := scriptDebugRefusal(r.Args)
 	switch {
 	case strings.EqualFold(string(r.Args[2]), "no"):
@@ -95,6 +104,21 @@ func cmdScriptDebug(sess *Session, r *request) bool {
 		sess.replyLocal(r.m, []byte("-ERR Use SCRIPT DEBUG YES/SYNC/NO\r\n"))
 	}
 	return true
+}
+
+// repliesPending reports whether the batch holds a reply the client is
+// still to be sent (Redis's clientHasPendingReplies, for a client whose
+// earlier commands came in the same read).
+func (sess *Session) repliesPending() bool {
+	if len(sess.out) > 0 {
+		return true
+	}
+	for _, sl := range sess.slots {
+		if !sl.mute && sl.kind != slotHidden && sl.kind != slotRefusal {
+			return true
+		}
+	}
+	return false
 }
 
 // scriptDebugStep answers, for a client whose SCRIPT DEBUG YES or SYNC

@@ -12,8 +12,11 @@ package proxy_test
 // MULTI, on a relay) and answers SCRIPT DEBUG NO itself.
 
 import (
+	"net"
 	"strings"
 	"testing"
+
+	"github.com/redproxy/redproxy/internal/resp"
 )
 
 // wantScriptDebugRefused checks the proxy's refusal of SCRIPT DEBUG: an
@@ -171,5 +174,40 @@ func TestScriptDebugModeRefusesItsScripts(t *testing.T) {
 	}
 	if got := rawDo(t, proxied, "EXISTS", "dbg:key"); got != ":0\r\n" {
 		t.Errorf("a refused script's write reached Redis: EXISTS dbg:key = %q", got)
+	}
+}
+
+// SCRIPT DEBUG behind another command in one write is refused by Redis
+// ("must be called outside a pipeline"), whatever its mode, and the
+// connection stays out of the debugger: the EVAL after it runs. The proxy
+// refused YES as one it does not support and then the EVAL as one the
+// debugger would have run, so the script and its write silently did not
+// happen (found by review).
+func TestScriptDebugInAPipelineAnswersAsRedis(t *testing.T) {
+	for _, mode := range []string{"YES", "SYNC", "NO", "maybe"} {
+		t.Run(mode, func(t *testing.T) {
+			c, _, _ := newDirectPair(t)
+			key := "dbgpipe:" + mode
+			cmds := [][]string{
+				{"PING"},
+				{"SCRIPT", "DEBUG", mode},
+				{"EVAL", "return redis.call('SET', KEYS[1], 'ran')", "1", key},
+				{"GET", key},
+			}
+			var raw []byte
+			for _, cmd := range cmds {
+				raw = resp.AppendCommandStrings(raw, cmd...)
+			}
+			for _, nc := range []net.Conn{c.direct, c.proxied} {
+				if _, err := nc.Write(raw); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, cmd := range cmds {
+				if d, p := rawRead(t, c.direct), rawRead(t, c.proxied); d != p {
+					t.Errorf("%q: Redis %q, proxy %q", cmd, d, replyHead(p))
+				}
+			}
+		})
 	}
 }
