@@ -86,6 +86,13 @@ func (sess *Session) flightStep(r *request) bool {
 	if fs == nil || len(sess.batchReqs) != 1 || sess.pin.pipe != nil || r.cmd == nil || r.blocking {
 		return false
 	}
+	if sess.curMute {
+		// CLIENT REPLY OFF or SKIP: the client never sees this read's
+		// nil, so it must not become a miss hold's filler (every other
+		// reader then waited the hold's timeout out, found by review),
+		// and has nothing to gain from a shared fetch.
+		return false
+	}
 	if sess.replicaCandidate(r) {
 		return false // a replica may answer it (replicas.go); fetches go to the primary
 	}

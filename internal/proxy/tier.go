@@ -186,7 +186,8 @@ func (sess *Session) tierFill(t *tierState, cmd *commands.Command, raw, key []by
 // needs no hold anyway. Outcomes are answered as flightStep answers them.
 func (sess *Session) tierHeldFill(t *tierState, r *request, key []byte) bool {
 	fs := sess.srv.flight.Load()
-	if fs == nil || sess.srv.router != nil || len(sess.batchReqs) != 1 || r.blocking || !fs.HoldsOrRefreshes(r.cmd, r.Args) {
+	// A muted read (CLIENT REPLY OFF or SKIP) is no filler: flightStep.
+	if fs == nil || sess.srv.router != nil || len(sess.batchReqs) != 1 || r.blocking || sess.curMute || !fs.HoldsOrRefreshes(r.cmd, r.Args) {
 		return false
 	}
 	db, resp3 := sess.db, sess.resp3
