@@ -530,7 +530,7 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 		return
 	}
 	if !sess.authed && !isAuthExempt(r.cmd) {
-		sess.replyLocal(r.m, errNoAuth)
+		sess.replyLocal(r.m, noAuthReply(r))
 		return
 	}
 	if sess.abort.reason != nil && sess.abortedStep(r) {
@@ -905,6 +905,28 @@ func (sess *Session) metricFor(cmd *commands.Command) *metrics.Command {
 var (
 	errNoAuth = []byte("-NOAUTH Authentication required.\r\n")
 )
+
+// noAuthReply is Redis's refusal of r from a client that has not
+// authenticated: Redis looks the command up and checks its arity first,
+// and refuses EXEC with an EXECABORT (found by review: the proxy answered
+// NOAUTH to all). A command the proxy's table does not know is answered
+// as unknown, which Redis would only say of one it does not know either.
+func noAuthReply(r *request) []byte {
+	switch {
+	case r.cmd == nil:
+		return errUnknownCommand(r.Args)
+	case r.wrongArity():
+		if r.cmd.Name == "exec" {
+			return errExecArity
+		}
+		return errArity(r.cmd.Name)
+	case r.cmd.Name == "exec":
+		return errExecNoAuth
+	}
+	return errNoAuth
+}
+
+var errExecNoAuth = []byte("-EXECABORT Transaction discarded because of: NOAUTH Authentication required.\r\n")
 
 func isAuthExempt(cmd *commands.Command) bool {
 	if cmd == nil {

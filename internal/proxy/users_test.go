@@ -56,19 +56,29 @@ func loggedIn(t *testing.T, p *proxytest.Proxy, name, pass string) *redis.Client
 }
 
 // Without credentials every command but AUTH, HELLO, QUIT (and RESET) is
-// refused with Redis's NOAUTH, before anything reaches Redis.
+// refused as Redis with requirepass refuses it, before anything reaches
+// Redis: NOAUTH, except that Redis checks the command's existence and
+// arity first, and EXEC's refusal is an EXECABORT (found by review: the
+// proxy answered NOAUTH to all).
 func TestUsersNoAuthForEveryCommand(t *testing.T) {
 	p := usersProxy(t, nil)
 	nc := p.Dial(t)
 	rd := newReplyReader(nc)
+	locked := redistest.Start(t)
+	if err := locked.Client(t).ConfigSet(ctx, "requirepass", "locked-pass").Err(); err != nil {
+		t.Fatal(err)
+	}
+	dnc := dialAddr(t, locked.Addr())
+	drd := newReplyReader(dnc)
 	for _, c := range []string{
 		"PING", "GET cache:a", "SET cache:a 1", "EVAL \"return 1\" 0", "MULTI", "EXEC", "WATCH k", "SUBSCRIBE ch",
 		"MONITOR", "CLIENT LIST", "CLIENT SETNAME x", "INFO", "ECHO hi", "SELECT 1", "COMMAND COUNT", "BLPOP q 1",
-		"CLIENT TRACKING ON", "FLUSHALL", "NOSUCHCOMMAND", "ACL WHOAMI",
+		"CLIENT TRACKING ON", "FLUSHALL", "NOSUCHCOMMAND", "NOSUCH with args", "ACL WHOAMI", "GET", "EXEC now",
 	} {
 		nc.Write([]byte(c + "\r\n"))
-		if got := rd.line(t); got != "-NOAUTH Authentication required." {
-			t.Errorf("%s: %q, want NOAUTH", c, got)
+		dnc.Write([]byte(c + "\r\n"))
+		if got, want := rd.line(t), drd.line(t); got != want {
+			t.Errorf("%s: %q, Redis %q", c, got, want)
 		}
 	}
 	if n, _ := p.Redis.Client(t).Exists(ctx, "cache:a").Result(); n != 0 {
