@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -286,5 +287,36 @@ func TestReloadRefusedWhileShuttingDown(t *testing.T) {
 	}
 	if !strings.Contains(info, "connected_clients:1\r\n") {
 		t.Errorf("the new upstream has connections other than the test's own:\n%s", info)
+	}
+}
+
+// A client blocked (BLPOP 0) when a reload moves the upstream to another
+// server has its connection closed, as after a failover, and blocks again
+// where the pushes now go. Left on the old server, it waited for ever for
+// pushes that went to the new one.
+func TestReloadMovesBlockedClients(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	p := proxytest.Start(t, a, nil)
+	directA, directB := a.Client(t), b.Client(t)
+	blocked := dialRaw(t, p.Addr)
+	blocked.send([]string{"BLPOP", "moved:q", "0"})
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(directA) == 1 }, "BLPOP never blocked on A")
+
+	if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Upstream.Address = b.Addr() })); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := blocked.next(nil); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the client blocked on the old upstream got %#v, %v; want its connection closed", v, err)
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(directA) == 0 }, "the BLPOP stayed blocked on A")
+
+	again := dialRaw(t, p.Addr)
+	again.send([]string{"BLPOP", "moved:q", "0"})
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(directB) == 1 }, "the new BLPOP never blocked on B")
+	if err := directB.RPush(ctx, "moved:q", "job").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := again.readReply(); fmt.Sprint(got) != "[moved:q job]" {
+		t.Fatalf("BLPOP after the switch = %#v", got)
 	}
 }

@@ -861,9 +861,11 @@ func (sess *Session) blocking(r *request) {
 		return
 	}
 	sess.sendEarlierReplies()
+	moves := b.Moves()
 	// The client's leaving is seen at once where its socket can be
 	// watched (watchHangup), and by the 50 ms check otherwise; the check
-	// also sees an interruption (CLIENT KILL, shutdown).
+	// also sees an interruption (CLIENT KILL, shutdown), and a reload
+	// that moved the upstream to another server.
 	hangup, unwatch := sess.watchHangup()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -885,6 +887,19 @@ func (sess *Session) blocking(r *request) {
 			left, hangup = true, nil
 		case <-tick.C:
 			left = sess.left()
+			if !left && b.Moves() != moves {
+				moves = b.Moves()
+				if b.DialledBefore(pipe) {
+					// A reload moved the upstream to another server:
+					// blocked on the old one, the client would wait for
+					// pushes that now go to the new one, forever with a
+					// timeout of 0. Cut as a failover cuts it: the
+					// client's connection closes (below), and its
+					// library reconnects and blocks again where the
+					// pushes go.
+					pipe.AbandonAsync()
+				}
+			}
 		}
 		if left {
 			// End the block before closing the connection, and read what

@@ -1075,6 +1075,16 @@ func (b *Backend) collect(ch chan<- prometheus.Metric, d *backendDescs, node ...
 // of the n-th move or a later one, never to one left before.
 func (b *Backend) Moves() uint32 { return b.moves.Load() }
 
+// DialledBefore reports whether the dedicated pipe p, in use, was dialled
+// before the current generation: to the server before a switch or a
+// failover.
+func (b *Backend) DialledBefore(p *Pipe) bool {
+	b.idleMu.Lock()
+	g, ok := b.dialled[p]
+	b.idleMu.Unlock()
+	return ok && g != b.gen.Load()
+}
+
 // Addr is the address the current generation dials.
 func (b *Backend) Addr() string { return b.gen.Load().opt.Addr }
 
