@@ -907,14 +907,20 @@ var (
 )
 
 // noAuthReply is Redis's refusal of r from a client that has not
-// authenticated: Redis looks the command up and checks its arity first,
-// and refuses EXEC with an EXECABORT (found by review: the proxy answered
-// NOAUTH to all). A command the proxy's table does not know is answered
-// as unknown, which Redis would only say of one it does not know either.
+// authenticated: Redis looks the command (and a container's subcommand) up
+// and checks its arity first, and refuses EXEC with an EXECABORT (found by
+// review: the proxy answered NOAUTH to all). A command the proxy's table
+// does not know is answered as unknown, which Redis would only say of one
+// it does not know either.
 func noAuthReply(r *request) []byte {
 	switch {
 	case r.cmd == nil:
 		return errUnknownCommand(r.Args)
+	case r.cmd.Subcommands != nil: // a container Lookup found no subcommand of
+		if len(r.Args) < 2 {
+			return errArity(r.cmd.Name)
+		}
+		return []byte("-" + unknownSubcommandMsg(r.Args) + "\r\n")
 	case r.wrongArity():
 		if r.cmd.Name == "exec" {
 			return errExecArity

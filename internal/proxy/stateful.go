@@ -1056,8 +1056,11 @@ func (sess *Session) endBlock(call *upstream.Call, pipe *upstream.Pipe, b *upstr
 // let Redis pop a push that arrived meanwhile for the connection, then
 // drop the reply when it read the end (found by review: 4 of 5 pushes
 // lost across a 3 s stall). Left open, the connection gets the reply,
-// which the proxy puts back (requeue.go). An error reply (the upstream
-// user may not UNBLOCK) is final.
+// which the proxy puts back (requeue.go). Any other failure is final: an
+// error reply (the upstream user may not UNBLOCK), a refused handshake (a
+// rotated password: retried, it dialled Redis 20 times a second until
+// dead_timeout, found by review), a refused gate (ErrUnblockUngated: a
+// bare UNBLOCK could crash a paused Redis); the caller half-closes.
 func unblockLeft(b *upstream.Backend, pipe *upstream.Pipe, rid int64, stop <-chan struct{}) bool {
 	retry := time.NewTimer(0)
 	defer retry.Stop()
@@ -1067,9 +1070,13 @@ func unblockLeft(b *upstream.Backend, pipe *upstream.Pipe, rid int64, stop <-cha
 			return false
 		case <-retry.C:
 		}
-		un, err := b.UnblockBeside(pipe, rid, "", nil)
-		if err == nil {
+		un, err := b.UnblockBeside(pipe, rid, "", nil, false)
+		switch {
+		case err == nil:
 			return string(un) == ":1\r\n" || string(un) == ":0\r\n"
+		case !errors.Is(err, upstream.ErrUnavailable) && !errors.Is(err, upstream.ErrTimeout) &&
+			!errors.Is(err, upstream.ErrConnLost) && !errors.Is(err, upstream.ErrNoReply):
+			return false
 		}
 		retry.Reset(50 * time.Millisecond)
 	}
@@ -1275,7 +1282,7 @@ func (s *Server) clientUnblock(self *Session, args [][]byte) []byte {
 		if b == nil {
 			return zero
 		}
-		reply, err := b.UnblockRelay(nc, mode, self.backendBeside(b))
+		reply, err := b.UnblockRelay(nc, mode, self.backendBeside(b), true)
 		if errors.Is(err, upstream.ErrRelayGone) {
 			return zero // its relay just ended, or Redis refused it CLIENT ID
 		}
@@ -1285,7 +1292,7 @@ func (s *Server) clientUnblock(self *Session, args [][]byte) []byte {
 		return reply
 	}
 	unblockOn := func(rid int64, b *upstream.Backend, p *upstream.Pipe) []byte {
-		reply, err := b.UnblockBeside(p, rid, mode, self.backendBeside(b))
+		reply, err := b.UnblockBeside(p, rid, mode, self.backendBeside(b), true)
 		if err != nil {
 			reply = errorReply(err)
 		}

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/proxytest"
@@ -22,13 +24,7 @@ func TestUnblockDuringAPauseLeavesRedisUp(t *testing.T) {
 	rs := redistest.Start(t)
 	direct := rs.Client(t)
 	p := proxytest.Start(t, rs, nil)
-	heldBLPOPs := func() int {
-		list, err := direct.ClientList(ctx).Result()
-		if err != nil {
-			t.Fatalf("CLIENT LIST: %v (Redis down?)", err)
-		}
-		return strings.Count(list, "cmd=blpop")
-	}
+	heldBLPOPs := func() int { return heldCommands(t, direct, "blpop") }
 	pause := func() {
 		if err := direct.Do(ctx, "CLIENT", "PAUSE", "1500", "WRITE").Err(); err != nil {
 			t.Fatal(err)
@@ -96,4 +92,119 @@ func TestUnblockOfAFrozenRedisAnswersAnUpstreamError(t *testing.T) {
 	if e, ok := got.(respError); !ok || !strings.HasPrefix(string(e), "ERR redproxy: upstream ") {
 		t.Fatalf("CLIENT UNBLOCK of a frozen Redis = %#v", got)
 	}
+}
+
+// The transaction around the proxy's CLIENT UNBLOCK meets upstream users
+// that may not run all of it (found by review of the change that added it):
+//   - without MULTI, the gate and the UNBLOCK run on their own, and the
+//     UNBLOCK's :1 is the answer (the proxy answered the :0 of a second
+//     UNBLOCK it sent after);
+//   - without EVAL, the proxy does not send a bare UNBLOCK for a client
+//     that left (during a pause that crashed Redis) but half-closes its
+//     connection, as where the user may not UNBLOCK;
+//   - with a password rotated on Redis, a client that left is let go at
+//     once (its UNBLOCK's refused handshake was retried until dead_timeout).
+func TestUnblockWithARestrictedUpstreamUser(t *testing.T) {
+	rs := redistest.Start(t)
+	direct := rs.Client(t)
+	for _, u := range [][]string{
+		{"nomulti", "on", ">pw", "~*", "&*", "+@all", "-multi"},
+		{"noeval", "on", ">pw", "~*", "&*", "+@all", "-eval"},
+		{"rotated", "on", ">pw", "~*", "&*", "+@all"},
+	} {
+		args := append([]any{"ACL", "SETUSER"}, toAny(u)...)
+		if err := direct.Do(ctx, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxyAs := func(name string) *proxytest.Proxy {
+		return proxytest.Start(t, rs, func(c *config.Config) {
+			c.Upstream.Username, c.Upstream.Password = name, "pw"
+		})
+	}
+	// Clients log in with the upstream's credential, as on Redis.
+	login := func(t *testing.T, p *proxytest.Proxy, name string) *rawConn {
+		c := dialRaw(t, p.Addr)
+		wantReplies(t, c, []string{"AUTH", name, "pw"}, "OK")
+		return c
+	}
+
+	t.Run("without MULTI", func(t *testing.T) {
+		p := proxyAs("nomulti")
+		blocked := login(t, p, "nomulti")
+		v := blocked.do("CLIENT", "ID")
+		id, ok := v.(int64)
+		if !ok {
+			t.Fatalf("CLIENT ID = %#v", v)
+		}
+		blocked.send([]string{"BLPOP", "nomulti:q", "0"})
+		redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 1 }, "BLPOP never blocked")
+		if got := login(t, p, "nomulti").do("CLIENT", "UNBLOCK", itoa64(id)); got != int64(1) {
+			t.Fatalf("CLIENT UNBLOCK = %#v, want 1", got)
+		}
+		if got, _ := blocked.readReply(); got != nil {
+			t.Fatalf("the unblocked BLPOP answered %#v", got)
+		}
+	})
+
+	t.Run("without EVAL, during a pause", func(t *testing.T) {
+		p := proxyAs("noeval")
+		c := login(t, p, "noeval")
+		if err := direct.Do(ctx, "CLIENT", "PAUSE", "1500", "WRITE").Err(); err != nil {
+			t.Fatal(err)
+		}
+		c.send([]string{"BLPOP", "noeval:q", "0"})
+		redistest.Eventually(t, 5*time.Second, func() bool { return heldCommands(t, direct, "blpop") == 1 }, "BLPOP never reached Redis")
+		c.nc.Close()
+		redistest.Eventually(t, 10*time.Second, func() bool { return heldCommands(t, direct, "blpop") == 0 }, "the BLPOP of the client that left was never ended")
+		if err := direct.Ping(ctx).Err(); err != nil {
+			t.Fatalf("PING: %v", err)
+		}
+	})
+
+	t.Run("password rotated", func(t *testing.T) {
+		p := proxyAs("rotated")
+		c := login(t, p, "rotated")
+		c.send([]string{"BLPOP", "rotated:q", "0"})
+		redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 1 }, "BLPOP never blocked")
+		if err := direct.Do(ctx, "ACL", "SETUSER", "rotated", "resetpass", ">new").Err(); err != nil {
+			t.Fatal(err)
+		}
+		c.nc.Close()
+		// dead_timeout is 30 s: the retried handshake held it that long.
+		redistest.Eventually(t, 10*time.Second, func() bool { return blockedClients(direct) == 0 }, "the block of the client that left was not ended")
+	})
+}
+
+// heldCommands counts Redis's clients blocked in the command name, or
+// held back in it by a pause (flag b either way); it fails the test if
+// Redis is down.
+func heldCommands(t *testing.T, direct *redis.Client, name string) int {
+	list, err := direct.ClientList(ctx).Result()
+	if err != nil {
+		t.Fatalf("CLIENT LIST: %v (Redis down?)", err)
+	}
+	n := 0
+	for _, line := range strings.Split(list, "\n") {
+		var flags, cmd string
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "flags="); ok {
+				flags = v
+			} else if v, ok := strings.CutPrefix(f, "cmd="); ok {
+				cmd = v
+			}
+		}
+		if cmd == name && strings.Contains(flags, "b") {
+			n++
+		}
+	}
+	return n
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
 }

@@ -74,6 +74,7 @@ func TestUsersNoAuthForEveryCommand(t *testing.T) {
 		"PING", "GET cache:a", "SET cache:a 1", "EVAL \"return 1\" 0", "MULTI", "EXEC", "WATCH k", "SUBSCRIBE ch",
 		"MONITOR", "CLIENT LIST", "CLIENT SETNAME x", "INFO", "ECHO hi", "SELECT 1", "COMMAND COUNT", "BLPOP q 1",
 		"CLIENT TRACKING ON", "FLUSHALL", "NOSUCHCOMMAND", "NOSUCH with args", "ACL WHOAMI", "GET", "EXEC now",
+		"CLIENT FOO", "CLIENT", "OBJECT NOPE x", "XINFO FOO", "COMMAND FOO", "CLIENT KILL",
 	} {
 		nc.Write([]byte(c + "\r\n"))
 		dnc.Write([]byte(c + "\r\n"))

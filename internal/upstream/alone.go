@@ -26,14 +26,29 @@ const maxAloneReply = 1 << 20
 // connections are waiting for. The connection's handshake (AUTH or HELLO,
 // SELECT when opt.DB is not 0) runs first; CLIENT SETNAME may be refused.
 func RoundTrip(opt Options, raw []byte) ([]byte, error) {
+	replies, err := roundTripAll(opt, raw)
+	return lastReply(replies), err
+}
+
+// roundTripAll is RoundTrip for raw holding one or more commands: it
+// returns every reply, in order.
+func roundTripAll(opt Options, raw []byte) ([][]byte, error) {
 	opt.defaults()
 	nc, err := Dial(opt)
 	if err != nil {
 		return nil, aloneError(err, false)
 	}
 	defer nc.Close()
-	reply, _, err := exchange(opt, nc, raw)
-	return reply, aloneError(err, true)
+	replies, _, err := exchange(opt, nc, raw)
+	return replies, aloneError(err, true)
+}
+
+// lastReply is the last of replies, nil if there is none.
+func lastReply(replies [][]byte) []byte {
+	if len(replies) == 0 {
+		return nil
+	}
+	return replies[len(replies)-1]
 }
 
 // aloneError is what the caller, and so a client, is told of err from a
@@ -62,24 +77,26 @@ func aloneError(err error, connected bool) error {
 }
 
 // exchange sends raw, one or more commands, on nc and reads their replies,
-// within opt.DeadTimeout, returning the last. clean is false when the
-// connection must not carry another command.
-func exchange(opt Options, nc net.Conn, raw []byte) (reply []byte, clean bool, err error) {
+// within opt.DeadTimeout. clean is false when the connection must not
+// carry another command.
+func exchange(opt Options, nc net.Conn, raw []byte) (replies [][]byte, clean bool, err error) {
 	nc.SetDeadline(time.Now().Add(opt.DeadTimeout))
 	if _, err := nc.Write(raw); err != nil {
 		return nil, false, err
 	}
 	var rest []byte
 	for range commandCount(raw) {
+		var reply []byte
 		reply, rest, err = readReply(nc, rest, maxAloneReply)
 		if err != nil {
 			if errors.Is(err, io.EOF) && len(rest) == 0 {
-				return nil, false, ErrNoReply
+				return replies, false, ErrNoReply
 			}
-			return reply, false, err
+			return replies, false, err
 		}
+		replies = append(replies, reply)
 	}
-	return reply, len(rest) == 0, nil
+	return replies, len(rest) == 0, nil
 }
 
 // commandCount is the number of commands in raw (at least 1).
@@ -113,30 +130,31 @@ type aloneConn struct{ nc net.Conn }
 // roundTrip is RoundTrip on a kept connection when there is one. A
 // command that must see its connection closed (SHUTDOWN) passes keep
 // false and gets a connection of its own, closed after.
-func (a *aloneConns) roundTrip(opt Options, resp3, keep bool, raw []byte) ([]byte, error) {
+// It returns the reply of every command in raw.
+func (a *aloneConns) roundTrip(opt Options, resp3, keep bool, raw []byte) ([][]byte, error) {
 	if !keep {
-		return RoundTrip(opt, raw)
+		return roundTripAll(opt, raw)
 	}
-	reply, connected, err := a.keptRoundTrip(opt, resp3, raw)
-	return reply, aloneError(err, connected)
+	replies, connected, err := a.keptRoundTrip(opt, resp3, raw)
+	return replies, aloneError(err, connected)
 }
 
 // keptRoundTrip is roundTrip with keep; connected: err came after a dial.
-func (a *aloneConns) keptRoundTrip(opt Options, resp3 bool, raw []byte) (reply []byte, connected bool, err error) {
+func (a *aloneConns) keptRoundTrip(opt Options, resp3 bool, raw []byte) (replies [][]byte, connected bool, err error) {
 	i := 0
 	if resp3 {
 		i = 1
 	}
 	opt.defaults()
 	if c := a.kept[i].Swap(nil); c != nil {
-		reply, clean, err := exchange(opt, c.nc, raw)
+		replies, clean, err := exchange(opt, c.nc, raw)
 		if clean {
 			a.keep(i, c)
-			return reply, true, err
+			return replies, true, err
 		}
 		c.nc.Close()
-		if !closedIdle(err) {
-			return reply, true, err
+		if !closedIdle(err) || len(replies) > 0 {
+			return replies, true, err
 		}
 		// Closed while it was kept (Redis's timeout, CLIENT KILL, a
 		// restart): the command did not reach Redis; send it on a new one.
@@ -145,13 +163,13 @@ func (a *aloneConns) keptRoundTrip(opt Options, resp3 bool, raw []byte) (reply [
 	if err != nil {
 		return nil, false, err
 	}
-	reply, clean, err := exchange(opt, nc, raw)
+	replies, clean, err := exchange(opt, nc, raw)
 	if clean {
 		a.keep(i, &aloneConn{nc: nc})
 	} else {
 		nc.Close()
 	}
-	return reply, true, err
+	return replies, true, err
 }
 
 // closedIdle reports whether err says a kept connection had been closed

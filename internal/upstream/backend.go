@@ -354,16 +354,22 @@ func (b *Backend) PipeID(p *Pipe) (int64, error) {
 // connections of as do (nil: as b's): a command one client sends about
 // another's connection runs with the sender's Redis rights, as on Redis,
 // not with those of the connection it names. It returns Redis's reply to
-// the UNBLOCK (see gen.unblock).
-func (b *Backend) UnblockBeside(p *Pipe, rid int64, mode string, as *Backend) ([]byte, error) {
+// the UNBLOCK; bare says what to do where Redis refuses the gate (see
+// gen.unblock).
+func (b *Backend) UnblockBeside(p *Pipe, rid int64, mode string, as *Backend, bare bool) ([]byte, error) {
 	b.idleMu.Lock()
 	g := b.dialled[p]
 	b.idleMu.Unlock()
 	if g == nil {
 		g = b.gen.Load()
 	}
-	return g.unblock(as, rid, mode)
+	return g.unblock(as, rid, mode, bare)
 }
+
+// ErrUnblockUngated is UnblockBeside's and UnblockRelay's answer, without
+// bare, where Redis refused the transaction that gates the UNBLOCK (see
+// gen.unblock): nothing was sent about the connection.
+var ErrUnblockUngated = errors.New("redproxy: Redis refused the transaction around CLIENT UNBLOCK")
 
 // unblockGate is a command Redis holds back while clients are paused for
 // writes (CLIENT PAUSE WRITE or ALL, FAILOVER), as it holds the blocking
@@ -379,9 +385,17 @@ var unblockGate = resp.AppendCommandStrings(nil, "EVAL", "return 0", "0")
 // ordinary during a failover's pause (found by review: Redis died). Such
 // an EXEC is held back too, behind the held command, which Redis runs
 // first when the pause ends: the UNBLOCK then finds it blocked on its keys,
-// or answered. Where Redis refuses the transaction (an upstream user
-// without EVAL or MULTI, -BUSY) the UNBLOCK is sent alone, as before.
-func (g *backendGen) unblock(as *Backend, rid int64, mode string) ([]byte, error) {
+// or answered. The price: during a pause, the UNBLOCK of a client that was
+// blocked before it waits for the pause to end, where Redis would answer
+// at once, since the proxy cannot tell the two apart.
+//
+// Where Redis refuses the transaction (EXECABORT: an upstream user
+// without EVAL, or without CLIENT UNBLOCK; -BUSY), the UNBLOCK is sent
+// bare with bare, as Redis would run a client's own, and otherwise not at
+// all (ErrUnblockUngated). Where it refuses MULTI alone (an upstream user
+// without it), the gate and the UNBLOCK have run outside it, and the
+// UNBLOCK's reply is returned.
+func (g *backendGen) unblock(as *Backend, rid int64, mode string, bare bool) ([]byte, error) {
 	un := resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10))
 	if mode != "" {
 		un = resp.AppendCommandStrings(nil, "CLIENT", "UNBLOCK", strconv.FormatInt(rid, 10), mode)
@@ -390,31 +404,41 @@ func (g *backendGen) unblock(as *Backend, rid int64, mode string) ([]byte, error
 	tx = append(tx, unblockGate...)
 	tx = append(tx, un...)
 	tx = resp.AppendCommandStrings(tx, "EXEC")
-	reply, err := g.roundTripAs(as, tx)
+	replies, err := g.roundTripAs(as, tx)
 	if err != nil {
 		return nil, err
 	}
-	if el, ok := resp.ArrayElements(reply); ok && len(el) == 2 {
+	if len(replies) != 4 {
+		return nil, errMismatch
+	}
+	if resp.IsError(replies[0]) {
+		return replies[2], nil // MULTI refused: the UNBLOCK ran on its own
+	}
+	if el, ok := resp.ArrayElements(replies[3]); ok && len(el) == 2 {
 		return el[1], nil
 	}
-	return g.roundTripAs(as, un)
+	if !bare {
+		return nil, ErrUnblockUngated
+	}
+	replies, err = g.roundTripAs(as, un)
+	return lastReply(replies), err
 }
 
-// roundTripAs is roundTrip (on a kept connection) with g's own
+// roundTripAs is roundTripAll (on a kept connection) with g's own
 // credential, or on a connection of its own to g's server, closed after,
 // with the credential as's connections use.
-func (g *backendGen) roundTripAs(as *Backend, raw []byte) ([]byte, error) {
+func (g *backendGen) roundTripAs(as *Backend, raw []byte) ([][]byte, error) {
 	if as == nil {
-		return g.roundTrip(false, true, raw)
+		return g.roundTripAll(false, true, raw)
 	}
 	o := g.options(0, false)
 	theirs := as.gen.Load().opt
 	if o.Username == theirs.Username && o.Password == theirs.Password {
-		return g.roundTrip(false, true, raw)
+		return g.roundTripAll(false, true, raw)
 	}
 	o.Username, o.Password = theirs.Username, theirs.Password
 	o.Name = "redproxy-alone"
-	return RoundTrip(o, raw)
+	return roundTripAll(o, raw)
 }
 
 // relayConn is a relayed connection in use.
@@ -463,7 +487,7 @@ var ErrRelayGone = errors.New("redproxy: relayed connection gone")
 // UnblockRelay sends CLIENT UNBLOCK [mode] about the relayed connection
 // nc (see UnblockBeside), to the server nc is on, never another: after a
 // switch the id would name some other connection.
-func (b *Backend) UnblockRelay(nc net.Conn, mode string, as *Backend) ([]byte, error) {
+func (b *Backend) UnblockRelay(nc net.Conn, mode string, as *Backend, bare bool) ([]byte, error) {
 	b.idleMu.Lock()
 	r, ok := b.relays[nc]
 	b.idleMu.Unlock()
@@ -489,7 +513,7 @@ func (b *Backend) UnblockRelay(nc net.Conn, mode string, as *Backend) ([]byte, e
 		}
 		r.id = id
 	}
-	return r.gen.unblock(as, r.id, mode)
+	return r.gen.unblock(as, r.id, mode, bare)
 }
 
 var cmdClientList = resp.AppendCommandStrings(nil, "CLIENT", "LIST")
@@ -652,6 +676,13 @@ func (b *Backend) RoundTrip(resp3, keep bool, raw []byte) ([]byte, error) {
 // roundTrip runs one command on a connection of its own to g's upstream,
 // one kept from the last such command unless keep is false (aloneConns).
 func (g *backendGen) roundTrip(resp3, keep bool, raw []byte) ([]byte, error) {
+	replies, err := g.roundTripAll(resp3, keep, raw)
+	return lastReply(replies), err
+}
+
+// roundTripAll is roundTrip for raw holding one or more commands: it
+// returns every reply, in order.
+func (g *backendGen) roundTripAll(resp3, keep bool, raw []byte) ([][]byte, error) {
 	o := g.options(0, resp3)
 	o.Name = "redproxy-alone"
 	return g.alone.roundTrip(o, resp3, keep, raw)
