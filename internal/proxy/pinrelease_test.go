@@ -5,6 +5,7 @@ package proxy_test
 // noticed (found by a review of transactions and blocking commands).
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -226,4 +227,32 @@ func closedTowards(t *testing.T, port int) int {
 		}
 	}
 	return n
+}
+
+// A blocking command Redis has not answered dead_timeout past its own
+// timeout (Redis frozen, here) ends with the client's connection closed,
+// as a lost connection's command does, rather than waiting as long as
+// Redis stays frozen (found by review: BLPOP 1 answered 51 s later, after
+// a 50 s SIGSTOP, where a GET failed at dead_timeout). Other clients are
+// answered once Redis is back.
+func TestBlockedClientOfAFrozenRedisIsToldAfterItsTimeout(t *testing.T) {
+	rs := redistest.Start(t)
+	direct := rs.Client(t)
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.Upstream.DeadTimeout = units.Duration{Duration: 300 * time.Millisecond}
+	})
+	blocked := dialRaw(t, p.Addr)
+	blocked.wait = 20 * time.Second // far past the 2.3 s the proxy waits
+	// Frozen well within the 2 s, so that Redis's own answer cannot come
+	// first.
+	blocked.send([]string{"BLPOP", "frozen:jobs", "2"})
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 1 }, "the BLPOP never blocked")
+	rs.Freeze(t)
+	v, err := blocked.next(nil)
+	rs.Thaw(t)
+	if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("BLPOP 2 on a frozen Redis: %#v, %v; want the connection closed", v, err)
+	}
+	other := dialRaw(t, p.Addr)
+	wantReplies(t, other, []string{"PING"}, "PONG")
 }

@@ -775,9 +775,10 @@ func (sess *Session) waitAfterMove(cmd *commands.Command, m *metrics.Command) bo
 	return true
 }
 
-// blocking runs a blocking command on a dedicated connection with no proxy
-// timeout (the command's own timeout, possibly forever, applies), after
-// everything the client sent before it has been answered.
+// blocking runs a blocking command on a dedicated connection, after
+// everything the client sent before it has been answered, with the
+// command's own timeout (possibly for ever) plus dead_timeout for Redis to
+// answer.
 func (sess *Session) blocking(r *request) {
 	cmd, m := r.cmd, r.m
 	sess.slowExempt = true
@@ -862,6 +863,18 @@ func (sess *Session) blocking(r *request) {
 	}
 	sess.sendEarlierReplies()
 	moves := b.Moves()
+	// Redis answers a blocking command by its timeout; one it has not
+	// answered dead_timeout after that is frozen or stuck, as a shared
+	// connection's request unanswered for dead_timeout is, and the client
+	// is told so rather than left waiting on it (found by review: BLPOP 1
+	// answered 51 s later, after a 50 s SIGSTOP, where a GET failed at
+	// 30 s). Not for a timeout of 0, which waits for ever on Redis too.
+	var overdue <-chan time.Time
+	if d, ok := cmd.BlockTimeout(args); ok && d > 0 {
+		t := time.NewTimer(d + sess.srv.Config().Upstream.DeadTimeout.Duration)
+		defer t.Stop()
+		overdue = t.C
+	}
 	// The client's leaving is seen at once where its socket can be
 	// watched (watchHangup), and by the 50 ms check otherwise; the check
 	// also sees an interruption (CLIENT KILL, shutdown), and a reload
@@ -885,6 +898,11 @@ func (sess *Session) blocking(r *request) {
 			}
 		case <-hangup:
 			left, hangup = true, nil
+		case <-overdue:
+			// Cut as a lost connection: whether the command ran is
+			// unknown, so the client's connection closes (below).
+			overdue = nil
+			pipe.AbandonAsync()
 		case <-tick.C:
 			left = sess.left()
 			if !left && b.Moves() != moves {
