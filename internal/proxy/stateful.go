@@ -795,11 +795,17 @@ func (sess *Session) blocking(r *request) {
 	}
 	pipe, b := sess.pin.pipe, sess.pin.backend
 	borrowed := false
-	if pipe == nil {
+	// The upstream's moves before the connection is taken: a reload that
+	// moves it after that cuts a connection taken before (below).
+	var moves uint32
+	if pipe != nil {
+		moves = b.Moves()
+	} else {
 		var p *upstream.Pipe
 		var err error
 		b, err = sess.dedicatedBackend(r)
 		if err == nil {
+			moves = b.Moves()
 			p, err = b.AcquirePipe(sess.db, sess.resp3)
 		}
 		if err != nil {
@@ -862,7 +868,6 @@ func (sess *Session) blocking(r *request) {
 		return
 	}
 	sess.sendEarlierReplies()
-	moves := b.Moves()
 	// Redis answers a blocking command by its timeout; one it has not
 	// answered dead_timeout after that is frozen or stuck, as a shared
 	// connection's request unanswered for dead_timeout is, and the client
