@@ -390,9 +390,9 @@ var unblockGate = resp.AppendCommandStrings(nil, "EVAL", "return 0", "0")
 // at once, since the proxy cannot tell the two apart.
 //
 // Where Redis refuses the transaction (EXECABORT: an upstream user
-// without EVAL, or without CLIENT UNBLOCK; -BUSY), the UNBLOCK is sent
-// bare with bare, as Redis would run a client's own, and otherwise not at
-// all (ErrUnblockUngated). Where it refuses MULTI alone (an upstream user
+// without EVAL, or without CLIENT UNBLOCK; -BUSY), the UNBLOCK is then
+// sent on its own if bare is set, as Redis would run a client's own, and
+// otherwise not at all (ErrUnblockUngated). Where it refuses MULTI alone (an upstream user
 // without it), the gate and the UNBLOCK have run outside it, and the
 // UNBLOCK's reply is returned.
 func (g *backendGen) unblock(as *Backend, rid int64, mode string, bare bool) ([]byte, error) {
