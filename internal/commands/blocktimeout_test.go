@@ -1,7 +1,6 @@
 package commands
 
 import (
-	"strings"
 	"testing"
 	"time"
 )
@@ -30,7 +29,7 @@ func TestBlockTimeout(t *testing.T) {
 		{"WAIT 1", 0, false},
 		{"GET a", 0, false},
 	} {
-		args := bytesArgs(strings.Fields(tc.cmd))
+		args := argv(tc.cmd)
 		c := tab.Lookup(args)
 		if c == nil {
 			t.Fatalf("%s: not in the table", tc.cmd)
@@ -41,15 +40,7 @@ func TestBlockTimeout(t *testing.T) {
 	}
 	// WAITAOF is Redis 7.2's, not in the built-in 7.0 table.
 	waitaof := &Command{Name: "waitaof"}
-	if got, ok := waitaof.BlockTimeout(bytesArgs([]string{"WAITAOF", "1", "0", "100"})); got != 100*time.Millisecond || !ok {
+	if got, ok := waitaof.BlockTimeout(argv("WAITAOF 1 0 100")); got != 100*time.Millisecond || !ok {
 		t.Errorf("WAITAOF 1 0 100: BlockTimeout = %v, %v", got, ok)
 	}
-}
-
-func bytesArgs(ss []string) [][]byte {
-	out := make([][]byte, len(ss))
-	for i, s := range ss {
-		out[i] = []byte(s)
-	}
-	return out
 }

@@ -107,13 +107,12 @@ func TestUnblockOfAFrozenRedisAnswersAnUpstreamError(t *testing.T) {
 func TestUnblockWithARestrictedUpstreamUser(t *testing.T) {
 	rs := redistest.Start(t)
 	direct := rs.Client(t)
-	for _, u := range [][]string{
-		{"nomulti", "on", ">pw", "~*", "&*", "+@all", "-multi"},
-		{"noeval", "on", ">pw", "~*", "&*", "+@all", "-eval"},
-		{"rotated", "on", ">pw", "~*", "&*", "+@all"},
+	for _, u := range [][]any{
+		{"ACL", "SETUSER", "nomulti", "on", ">pw", "~*", "&*", "+@all", "-multi"},
+		{"ACL", "SETUSER", "noeval", "on", ">pw", "~*", "&*", "+@all", "-eval"},
+		{"ACL", "SETUSER", "rotated", "on", ">pw", "~*", "&*", "+@all"},
 	} {
-		args := append([]any{"ACL", "SETUSER"}, toAny(u)...)
-		if err := direct.Do(ctx, args...).Err(); err != nil {
+		if err := direct.Do(ctx, u...).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -186,25 +185,9 @@ func heldCommands(t *testing.T, direct *redis.Client, name string) int {
 	}
 	n := 0
 	for _, line := range strings.Split(list, "\n") {
-		var flags, cmd string
-		for _, f := range strings.Fields(line) {
-			if v, ok := strings.CutPrefix(f, "flags="); ok {
-				flags = v
-			} else if v, ok := strings.CutPrefix(f, "cmd="); ok {
-				cmd = v
-			}
-		}
-		if cmd == name && strings.Contains(flags, "b") {
+		if infoValue(line, "cmd") == name && strings.Contains(infoValue(line, "flags"), "b") {
 			n++
 		}
 	}
 	return n
-}
-
-func toAny(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, s := range ss {
-		out[i] = s
-	}
-	return out
 }
