@@ -304,7 +304,11 @@ func (c *clusterReads) shard(set *replicaSet) *shardReads {
 func (c *clusterReads) Replica(primary string) (*upstream.Backend, []byte) {
 	set := (*c.cr.sets.Load())[primary]
 	if set == nil {
-		return nil, nil // a primary the poller has not seen yet
+		// A primary the poller has not seen yet (a failover's new
+		// primary, until the next poll): no replica is known, which is
+		// the metric's "primary".
+		c.cr.onPrimary.Inc()
+		return nil, nil
 	}
 	sh := c.shard(set)
 	now := time.Now()

@@ -311,13 +311,29 @@ func TestClusterReplicaFailover(t *testing.T) {
 	// way to the new primary; let the readers finish some more first.
 	mark := l.ok.Load()
 	redistest.Eventually(t, 10*time.Second, func() bool { return l.ok.Load() > mark+100 }, "reads stopped after the failover")
+	// From here on the new primary may still run a read the proxy sent
+	// it on purpose: one whose replica view went stale (a poll slower
+	// than max_replica_lag) or whose replica failed, or a MOVED a replica
+	// answered. (A race run in CI saw 2121 of them here, when this
+	// wanted none; which of these sent them was not recorded then.) The proxy counts each; a read it sent to a replica that
+	// landed on the new primary (a replica set left over from before the
+	// failover) it does not, and that is what this window looks for.
 	resetStats(t, oldPrimary, replica)
+	reads0 := replicaReadsByResult(t, p)
+	moved0, _, _ := p.Router().Stats()
 	before := l.ok.Load()
 	redistest.Eventually(t, 10*time.Second, func() bool { return l.ok.Load() > before+100 && calls(t, oldPrimary, "get") > 50 },
 		"the old primary, now a replica, never served the shard's reads")
 	l.end()
-	if n := calls(t, replica, "get"); n != 0 {
-		t.Errorf("the new primary ran %d GETs after the proxy saw the failover; want 0", n)
+	reads1 := replicaReadsByResult(t, p)
+	moved1, _, _ := p.Router().Stats()
+	meant := int(reads1["primary"]-reads0["primary"]) + int(reads1["fallback"]-reads0["fallback"]) + int(moved1-moved0)
+	if n := calls(t, replica, "get"); n > meant {
+		t.Errorf("the new primary ran %d GETs after the proxy saw the failover, %d more than the proxy sent to a primary (read results before %v, after %v; MOVED followed %d)",
+			n, n-meant, reads0, reads1, moved1-moved0)
+	} else {
+		t.Logf("after the proxy saw the failover: the new primary ran %d GETs, all sent to it as a primary (read results before %v, after %v; MOVED followed %d)",
+			n, reads0, reads1, moved1-moved0)
 	}
 	if n := l.failed.Load(); n != 0 {
 		t.Errorf("%d reads failed across the failover (first: %s); want none", n, *l.firstErr.Load())
@@ -372,4 +388,28 @@ func BenchmarkReplicaReadsPipeline16(b *testing.B) {
 func rarePolls(c *config.Config) {
 	c.Upstream.ReplicaPollInterval = units.Duration{Duration: time.Second}
 	c.Upstream.MaxReplicaLag = units.Duration{Duration: time.Hour}
+}
+
+// replicaReadsByResult is redproxy_replica_reads_total by its result
+// label.
+func replicaReadsByResult(t *testing.T, p *proxytest.Proxy) map[string]float64 {
+	t.Helper()
+	fams, err := p.Metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() != "redproxy_replica_reads_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" {
+					out[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return out
 }
