@@ -33,6 +33,13 @@ func runsAlone(cmd *commands.Command) bool {
 func (sess *Session) runAlone(r *request) {
 	cmd, m := r.cmd, r.m
 	sess.flush(time.Now())
+	if scriptEverywhere(cmd.Name) {
+		servers := sess.scriptServers()
+		if len(servers) > 1 {
+			sess.replyLocal(m, sess.runEverywhere(cmd.Name, r.Raw, servers))
+			return
+		}
+	}
 	// SHUTDOWN's success is its connection closing: never a kept one.
 	reply, err := sess.backend().RoundTrip(sess.resp3, cmd.Name != "shutdown", r.Raw)
 	switch {

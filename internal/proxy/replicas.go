@@ -98,6 +98,11 @@ type replicaSet struct {
 	// once that poll is done.
 	kick chan chan struct{}
 
+	// known is nodes as of the last change, for sessions: SCRIPT KILL
+	// goes to every replica, usable or not (a replica busy with a script
+	// fails its poll and leaves the view).
+	known atomic.Pointer[[]*replicaNode]
+
 	// Only the poller goroutine touches these.
 	nodes   map[string]*replicaNode
 	samples []offsetSample // recent primary offsets, oldest first
@@ -794,12 +799,22 @@ func (rs *replicaSet) sync(addrs []string) {
 		rs.nodes[a] = n
 		rs.log.Info("replica found", "replica", a)
 	}
+	changed := false
 	for a, n := range rs.nodes {
 		if !seen[a] || a == rs.primary.Addr() {
 			delete(rs.nodes, a)
 			rs.log.Info("replica gone", "replica", a)
 			go n.close()
+			changed = true
 		}
+	}
+	if k := rs.known.Load(); changed || k == nil || len(*k) != len(rs.nodes) {
+		known := make([]*replicaNode, 0, len(rs.nodes))
+		for _, n := range rs.nodes {
+			known = append(known, n)
+		}
+		slices.SortFunc(known, func(a, b *replicaNode) int { return strings.Compare(a.addr, b.addr) })
+		rs.known.Store(&known)
 	}
 }
 

@@ -50,6 +50,22 @@ func HelloID(r []byte) int64 {
 	return 0
 }
 
+// FunctionStatsRunning reports whether r, a reply to FUNCTION STATS (a
+// map, or in RESP2 a flat array of field names and values), names a
+// running script: its running_script field is not null.
+func FunctionStatsRunning(r []byte) bool {
+	el, ok := fields(r)
+	if !ok {
+		return false
+	}
+	for i := 0; i+1 < len(el); i += 2 {
+		if k, _ := simpleText(el[i]); k == "running_script" {
+			return !IsNull(el[i+1])
+		}
+	}
+	return false
+}
+
 // fields splits an array or map reply into its framed elements (a map's
 // keys and values alternating); at most 1024 of them.
 func fields(r []byte) ([][]byte, bool) {

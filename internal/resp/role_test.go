@@ -23,3 +23,26 @@ func TestHelloID(t *testing.T) {
 		}
 	}
 }
+
+// Replies of Redis 7.0.15 to FUNCTION STATS, idle and while a function
+// runs, in both protocols.
+func TestFunctionStatsRunning(t *testing.T) {
+	const engines2 = "$7\r\nengines\r\n*2\r\n$3\r\nLUA\r\n*4\r\n$15\r\nlibraries_count\r\n:1\r\n$15\r\nfunctions_count\r\n:1\r\n"
+	const engines3 = "$7\r\nengines\r\n%1\r\n$3\r\nLUA\r\n%2\r\n$15\r\nlibraries_count\r\n:1\r\n$15\r\nfunctions_count\r\n:1\r\n"
+	const running = "$4\r\nname\r\n$4\r\nspin\r\n$7\r\ncommand\r\n*3\r\n$5\r\nFCALL\r\n$4\r\nspin\r\n$1\r\n0\r\n$11\r\nduration_ms\r\n:300\r\n"
+	for _, tc := range []struct {
+		name, reply string
+		want        bool
+	}{
+		{"RESP2 idle", "*4\r\n$14\r\nrunning_script\r\n$-1\r\n" + engines2, false},
+		{"RESP3 idle", "%2\r\n$14\r\nrunning_script\r\n_\r\n" + engines3, false},
+		{"RESP2 running", "*4\r\n$14\r\nrunning_script\r\n*6\r\n" + running + engines2, true},
+		{"RESP3 running", "%2\r\n$14\r\nrunning_script\r\n%3\r\n" + running + engines3, true},
+		{"busy", "-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.\r\n", false},
+		{"truncated", "*4\r\n$14\r\nrunning_script\r\n*6\r\n$4\r\nname\r\n", false},
+	} {
+		if got := FunctionStatsRunning([]byte(tc.reply)); got != tc.want {
+			t.Errorf("%s: FunctionStatsRunning = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,164 @@
+package proxy
+
+import (
+	"bytes"
+	"slices"
+
+	"github.com/redproxy/redproxy/internal/cluster"
+	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/upstream"
+)
+
+// A runaway script runs on whichever server its keys led to: any primary
+// of a cluster, any upstream of the routes, or, with read_from, a replica
+// (EVAL_RO and FCALL_RO are reads). SCRIPT KILL, FUNCTION KILL and
+// FUNCTION STATS sent to one server (the startup node, the default
+// upstream) answered NOTBUSY from a server that was not running it, and
+// the client's one way out through the proxy failed (found by review: a
+// cluster node stayed busy until SCRIPT KILL was sent to it directly).
+// So they go to every server a client's script can be running on, each
+// on a connection of its own, as Redis Cluster's own tips ask of a client
+// (request_policy:all_shards; KILL's response_policy:one_succeeded).
+
+// scriptEverywhere reports whether the command named name asks about a
+// running script, and so goes to every server a script can run on.
+func scriptEverywhere(name string) bool {
+	switch name {
+	case "script|kill", "function|kill", "function|stats":
+		return true
+	}
+	return false
+}
+
+// scriptServers are the pools of every server a script of sess's may be
+// running on, with the credential sess's commands use there; the server
+// runAlone would use alone comes first.
+func (sess *Session) scriptServers() []*upstream.Backend {
+	var out []*upstream.Backend
+	add := func(b *upstream.Backend) {
+		if b != nil && !slices.Contains(out, b) {
+			out = append(out, b)
+		}
+	}
+	addReplicas := func(rs *replicaSet, primary *upstream.Backend) {
+		if rs == nil {
+			return
+		}
+		if k := rs.known.Load(); k != nil {
+			for _, n := range *k {
+				add(n.backendFor(rs, primary))
+			}
+		}
+	}
+	addCluster := func(r *cluster.Router) {
+		if m := r.Map(); m != nil {
+			for _, p := range m.Primaries() {
+				add(r.NodeBackend(p))
+			}
+		}
+	}
+	srv := sess.srv
+	add(sess.backend())
+	switch {
+	case srv.routes != nil:
+		for _, t := range srv.routes.targets {
+			if t.router != nil {
+				addCluster(t.router)
+				continue
+			}
+			b := t.backend
+			if sess.user != nil && sess.user.Upstream.User != "" && t.users[sess.user.Upstream] != nil {
+				b = t.users[sess.user.Upstream]
+			}
+			add(b)
+			addReplicas(t.replicas, b)
+		}
+	case srv.router != nil:
+		addCluster(srv.router)
+		if cr := srv.creplicas; cr != nil {
+			for _, rs := range *cr.sets.Load() {
+				addReplicas(rs, rs.primary)
+			}
+		}
+	default:
+		addReplicas(srv.replicas, sess.backend())
+	}
+	return out
+}
+
+// killRank ranks one server's answer to a kill: the lower, the more it
+// tells the client.
+func killRank(reply []byte) int {
+	switch {
+	case bytes.Equal(reply, replyOKBytes):
+		return 0
+	case bytes.HasPrefix(reply, []byte("-NOTBUSY")):
+		// Said by a server that is surely not running it: any other
+		// answer says more.
+		return 3
+	case bytes.HasPrefix(reply, []byte("-ERR redproxy:")):
+		// The proxy could not reach the server (errorReply of an
+		// upstream error): a script may be running there.
+		return 2
+	}
+	return 1 // UNKILLABLE, or another refusal of Redis's
+}
+
+var replyOKBytes = []byte("+OK\r\n")
+
+// statsRank ranks one server's answer to FUNCTION STATS the same way.
+func statsRank(reply []byte) int {
+	switch {
+	case resp.FunctionStatsRunning(reply):
+		return 0
+	case bytes.HasPrefix(reply, []byte("-BUSY")):
+		// Redis's answer while an EVAL (not a function) runs there.
+		return 1
+	case reply[0] != '-':
+		return 2
+	}
+	return 3
+}
+
+// runEverywhere sends raw to every server of servers at once, each on a
+// connection of its own, and answers as one server would: the answer
+// that says most (killRank, statsRank), first server first, and a kill's
+// OK or a running script's stats as soon as one server gives it.
+func (sess *Session) runEverywhere(name string, raw []byte, servers []*upstream.Backend) []byte {
+	rank := killRank
+	if name == "function|stats" {
+		rank = statsRank
+	}
+	type answer struct {
+		i     int
+		reply []byte
+	}
+	// Buffered for every server: once the answer is known the rest finish
+	// into it without anyone waiting for them (a frozen server's answer
+	// comes only at its reply timeout).
+	answers := make(chan answer, len(servers))
+	for i, b := range servers {
+		go func() {
+			reply, err := b.RoundTrip(sess.resp3, true, raw)
+			if err != nil || len(reply) == 0 {
+				reply = errorReply(err)
+			}
+			answers <- answer{i, reply}
+		}()
+	}
+	got := make([][]byte, len(servers))
+	for range servers {
+		a := <-answers
+		if rank(a.reply) == 0 {
+			return a.reply
+		}
+		got[a.i] = a.reply
+	}
+	best := 0
+	for i, r := range got {
+		if rank(r) < rank(got[best]) {
+			best = i
+		}
+	}
+	return got[best]
+}
