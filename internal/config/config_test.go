@@ -464,7 +464,10 @@ func TestParseErrors(t *testing.T) {
 		{"reconnect order", "[upstream]\nreconnect_min = \"3s\"\n",
 			[]wantErr{{1, "upstream.reconnect_max", ">= upstream.reconnect_min (3s), got 2s"}}},
 		{"databases zero", "[upstream]\ndatabases = 0\n",
-			[]wantErr{{2, "upstream.databases", "must be > 0"}}},
+			[]wantErr{{2, "upstream.databases", "must be between 1 and 10000, got 0"}}},
+		// Passed the check and ran the proxy out of memory at start.
+		{"databases huge", "[upstream]\ndatabases = 1000000000000\n",
+			[]wantErr{{2, "upstream.databases", "must be between 1 and 10000, got 1000000000000"}}},
 		{"unknown mode", "[upstream]\nmode = \"sentinal\"\n",
 			[]wantErr{{2, "upstream.mode", `invalid mode "sentinal" (use "standalone", "sentinel" or "cluster")`}}},
 		{"cluster mode needs seeds", "[upstream]\nmode = \"cluster\"\n",
@@ -501,7 +504,7 @@ databases = 0
 			{3, "server.max_clients", "must be > 0"},
 			{4, "server.log_level", "invalid level"},
 			{7, "upstream.connections", "between 1 and 64"},
-			{8, "upstream.databases", "must be > 0"},
+			{8, "upstream.databases", "must be between 1 and 10000"},
 		}},
 	}
 	for _, tt := range tests {

@@ -106,6 +106,10 @@ func (c *Config) check() []*Error {
 
 // checkUpstream checks the settings of one upstream, [upstream] or a named
 // one (checkRoutes rewrites the keys of the latter).
+// MaxDatabases bounds upstream.databases. Redis's default is 16; a
+// deployment with thousands of databases is far past what anyone runs.
+const MaxDatabases = 10000
+
 func checkUpstream(u *Upstream) []*Error {
 	var errs []*Error
 	bad := func(key, format string, args ...any) {
@@ -181,8 +185,11 @@ func checkUpstream(u *Upstream) []*Error {
 	if u.ReconnectMax.Duration < u.ReconnectMin.Duration {
 		bad("upstream.reconnect_max", "must be >= upstream.reconnect_min (%v), got %v", u.ReconnectMin, u.ReconnectMax)
 	}
-	if u.Databases < 1 {
-		bad("upstream.databases", "must be > 0, got %d", u.Databases)
+	if u.Databases < 1 || u.Databases > MaxDatabases {
+		// The proxy keeps connection state per database and upstream
+		// (twice, one per protocol); found by review, 10^12 passed the
+		// check and ran the proxy out of memory at start.
+		bad("upstream.databases", "must be between 1 and %d, got %d", MaxDatabases, u.Databases)
 	}
 	errs = append(errs, checkReplicaReads("upstream", u)...)
 	return errs
