@@ -183,3 +183,130 @@ func TestSwitchToASilentUpstreamDialsPoolsTogether(t *testing.T) {
 	<-switched
 	<-firstOfDB1
 }
+
+// Closing a pipe ends a dial in progress, without waiting out the dial
+// timeout: a failover's switch closes the old server's pipes, and every
+// client waited on the dead server while one of them was still dialling
+// a frozen one (found by review: 9.7 s with a 5 s dial_timeout).
+func TestCloseEndsADialIntoASilentServer(t *testing.T) {
+	const never = 10 * time.Minute // the dial timeout; the waits below are far shorter
+	returns := func(t *testing.T, what string, f func()) {
+		t.Helper()
+		done := make(chan struct{})
+		go func() {
+			f()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s still waiting after 30 s on a dial whose timeout is %v", what, never)
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		close func(*Pipe)
+	}{{"Close", (*Pipe).Close}, {"Abandon", (*Pipe).Abandon}} {
+		t.Run(tc.name, func(t *testing.T) {
+			silent := startSilentUpstream(t)
+			// RESP3: the handshake's HELLO waits for an answer (a RESP2
+			// dial with nothing to set up sends no command).
+			p := NewPipe(Options{Addr: silent.ln.Addr().String(), DialTimeout: never, RESP3: true,
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			redistest.Eventually(t, 10*time.Second, func() bool { return silent.accepted.Load() >= 1 },
+				"the pipe never dialled")
+			returns(t, tc.name, func() { tc.close(p) })
+		})
+	}
+	t.Run("Backend.Failover", func(t *testing.T) {
+		// The Backend's pools first reach a Redis through a forwarder,
+		// which then drops them and goes silent: they redial into it,
+		// as into a frozen primary, and the failover, which abandons
+		// them, must not wait.
+		redis := redistest.Start(t)
+		fw := startForwarder(t, redis.Addr())
+		opt := testOptions(fw.ln.Addr().String())
+		opt.DialTimeout = never
+		opt.WantPrimary = true // both protocols' dials ask for the role, and wait (Sentinel mode)
+		be := NewBackend(opt)
+		t.Cleanup(func() {
+			fw.close() // first: without the fix, Close too waits on the dial
+			be.Close()
+		})
+		fw.silence()
+		redistest.Eventually(t, 10*time.Second, func() bool { return fw.silent.Load() >= 2 },
+			"the pools never redialled")
+		other := redistest.Start(t)
+		opt.Addr = other.Addr()
+		opt.DialTimeout = 2 * time.Second
+		returns(t, "the failover", func() { be.Failover(opt) })
+		if reply, err := be.RoundTrip(false, true, []byte("*1\r\n$4\r\nPING\r\n")); err != nil || string(reply) != "+PONG\r\n" {
+			t.Fatalf("PING after the failover: %q, %v", reply, err)
+		}
+	})
+}
+
+// forwarder passes connections on to a server until silence, which
+// drops them all; from then on it accepts connections and never answers,
+// counting them in silent.
+type forwarder struct {
+	ln     net.Listener
+	quiet  atomic.Bool
+	silent atomic.Int32
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func startForwarder(t *testing.T, to string) *forwarder {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &forwarder{ln: ln}
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			f.mu.Lock()
+			f.conns = append(f.conns, nc)
+			f.mu.Unlock()
+			if f.quiet.Load() {
+				f.silent.Add(1)
+				continue
+			}
+			up, err := net.Dial("tcp", to)
+			if err != nil {
+				nc.Close()
+				continue
+			}
+			f.mu.Lock()
+			f.conns = append(f.conns, up)
+			f.mu.Unlock()
+			go io.Copy(up, nc)
+			go io.Copy(nc, up)
+		}
+	}()
+	t.Cleanup(f.close)
+	return f
+}
+
+func (f *forwarder) close() {
+	f.ln.Close()
+	f.dropAll()
+}
+
+func (f *forwarder) silence() {
+	f.quiet.Store(true)
+	f.dropAll()
+}
+
+func (f *forwarder) dropAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, nc := range f.conns {
+		nc.Close()
+	}
+	f.conns = nil
+}

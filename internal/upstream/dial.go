@@ -34,11 +34,32 @@ func dial(opt Options, wantID bool) (net.Conn, int64, error) {
 	d := net.Dialer{Timeout: opt.DialTimeout, KeepAliveConfig: net.KeepAliveConfig{
 		Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3,
 	}}
-	nc, err := DialConn(&d, opt.Addr, opt.TLS)
+	ctx := context.Background()
+	if opt.cancel != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			select {
+			case <-opt.cancel:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	nc, err := DialConnContext(ctx, &d, opt.Addr, opt.TLS)
 	if err != nil {
 		return nil, 0, err
 	}
+	// The handshake's reads and writes end with the dial's cancellation:
+	// closing the connection under them (a deadline would be overwritten
+	// by the handshake's own).
+	unwatch := context.AfterFunc(ctx, func() { nc.Close() })
 	id, err := handshake(nc, opt, wantID)
+	if !unwatch() && err == nil {
+		// Cancelled as the handshake ended: the connection is closed.
+		err = ErrClosed
+	}
 	if err != nil {
 		nc.Close()
 		if c := opt.TLS; c != nil && len(c.Certificates) == 0 && c.GetClientCertificate == nil && !errors.Is(err, ErrHandshake) {
@@ -59,7 +80,12 @@ func dial(opt Options, wantID bool) (net.Conn, int64, error) {
 // mode that dials other nodes: sentinels, cluster nodes) speaks TLS alike.
 // Without a server name in tlsConf, the host of addr is verified.
 func DialConn(d *net.Dialer, addr string, tlsConf *tls.Config) (net.Conn, error) {
-	nc, err := d.Dial("tcp", addr)
+	return DialConnContext(context.Background(), d, addr, tlsConf)
+}
+
+// DialConnContext is DialConn, ended early when ctx is.
+func DialConnContext(ctx context.Context, d *net.Dialer, addr string, tlsConf *tls.Config) (net.Conn, error) {
+	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +100,6 @@ func DialConn(d *net.Dialer, addr string, tlsConf *tls.Config) (net.Conn, error)
 		tlsConf = tlsConf.Clone()
 		tlsConf.ServerName = host
 	}
-	ctx := context.Background()
 	deadline := d.Deadline
 	if d.Timeout > 0 && (deadline.IsZero() || time.Now().Add(d.Timeout).Before(deadline)) {
 		deadline = time.Now().Add(d.Timeout)
