@@ -1,6 +1,8 @@
 package upstream
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -65,3 +67,24 @@ func TestPoolCountersSurviveSwitches(t *testing.T) {
 		t.Fatalf("after the old generations closed: %+v, before %+v", third, second)
 	}
 }
+
+// A connection Redis drops counts as a failure; one the proxy closes on
+// purpose (a reload's drain, shutdown) does not.
+func TestFailuresCountLostConnectionsOnly(t *testing.T) {
+	srv := redistest.Start(t)
+	p := NewPipe(Options{Addr: srv.Addr(), ReconnectMin: 10 * time.Millisecond})
+	redistest.Eventually(t, 5*time.Second, p.Up, "pipe not up")
+	if err := srv.Client(t).Do(context.Background(), "CLIENT", "KILL", "SKIPME", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool { return p.Stats().Failures == 1 && p.Up() },
+		"a connection Redis closed was not counted, or not redialled: %+v", lazyStats{p})
+	p.Close()
+	if s := p.Stats(); s.Failures != 1 {
+		t.Fatalf("after Close: %d failures, want 1 (the close counted)", s.Failures)
+	}
+}
+
+type lazyStats struct{ p *Pipe }
+
+func (l lazyStats) String() string { return fmt.Sprintf("%+v", l.p.Stats()) }
