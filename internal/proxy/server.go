@@ -104,6 +104,9 @@ type Server struct {
 	// crossProtocolLog limits the warning for POST and Host: commands
 	// (crossProtocolStep), which anyone who can reach the port can send.
 	crossProtocolLog logLimiter
+	// closeLog limits the warning for clients the proxy closes itself
+	// (closeFor: output limit, write timeout).
+	closeLog logLimiter
 }
 
 // SetUpstreamVersion records the Redis version HELLO reports, so clients

@@ -1,0 +1,73 @@
+package proxy_test
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/proxy"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// Clients the proxy closes for their output limit are each counted, but
+// logged at most about once a second with the count of lines left out:
+// before, each wrote a warning (found by review: 1,000 lines in 2 s from
+// clients fetching one key past the limit).
+func TestClosedClientsLogRateLimited(t *testing.T) {
+	var logs redistest.LogBuffer
+	rs := redistest.Start(t)
+	if err := rs.Client(t).Set(ctx, "big", strings.Repeat("b", 200<<10), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.Server.Listen, cfg.Server.Admin, cfg.Upstream.Address = "127.0.0.1:0", "", rs.Addr()
+	cfg.Server.ClientOutputLimit = 64 << 10
+	reg := metrics.New()
+	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: commands.Builtin(), Logger: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(c)
+	})
+	const clients = 100
+	start := time.Now()
+	for range clients {
+		c := dialRaw(t, ln.Addr().String())
+		c.send([]string{"GET", "big"})
+		if !connClosed(c.nc) {
+			t.Fatal("a client past its output limit was not closed")
+		}
+	}
+	closed := func() float64 { return testutil.ToFloat64(reg.ClientsClosed.WithLabelValues(metrics.CloseOutputLimit)) }
+	redistest.Eventually(t, 10*time.Second, func() bool { return closed() == clients },
+		"%v clients counted as closed for their output limit, want %d", lazyFloat(closed), clients)
+	elapsed := time.Since(start)
+	lines := strings.Count(logs.String(), "closing client: replies exceed server.client_output_limit")
+	if lines == 0 || lines > int(elapsed/time.Second)+2 {
+		t.Fatalf("%d warnings for %d closed clients in %v, want one a second", lines, clients, elapsed.Round(time.Millisecond))
+	}
+	t.Logf("%d warnings for %d closed clients in %v", lines, clients, elapsed.Round(time.Millisecond))
+}
+
+type lazyFloat func() float64
+
+func (f lazyFloat) String() string { return fmtFloat(f()) }
+
+func fmtFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
