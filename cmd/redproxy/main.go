@@ -238,20 +238,15 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	// A Redis that did not answer COMMAND is not asked its version: that
-	// would hold the listener back by another dial timeout.
-	versionKnown := false
+	// would hold the listener back by another dial timeout. Otherwise
+	// (started before Redis) the pools' first dials that reach it tell
+	// the version (proxy.Server.mainBackendOptions), as they do after a
+	// reload or failover; until then HELLO and INFO say the built-in
+	// table's.
 	if upstreamAddr != "" && (answered || embedded) {
 		if v := upstreamVersion(cfg, upstreamAddr); v != "" {
 			srv.SetUpstreamVersion(v)
-			versionKnown = true
 		}
-	}
-	stopVersion := make(chan struct{})
-	defer close(stopVersion)
-	if upstreamAddr != "" && !versionKnown {
-		// Started before Redis: HELLO and INFO would go on saying the
-		// stand-in version (found by a user's trial). Ask until it answers.
-		go learnUpstreamVersion(cfg, upstreamAddr, srv, stopVersion)
 	}
 	g := srv.Guard()
 	g.SetForcedMode(forced)
@@ -532,26 +527,6 @@ func loadCommandTable(cfg *config.Config, addr string, log *slog.Logger) (t *com
 	}
 	return t, true
 }
-
-// learnUpstreamVersion asks addr its version every versionRetry until it
-// answers or stop closes, and records it.
-func learnUpstreamVersion(cfg *config.Config, addr string, srv *proxy.Server, stop <-chan struct{}) {
-	t := time.NewTicker(versionRetry)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
-		if v := upstreamVersion(cfg, addr); v != "" {
-			srv.SetUpstreamVersion(v)
-			return
-		}
-	}
-}
-
-const versionRetry = time.Second
 
 func upstreamVersion(cfg *config.Config, addr string) string {
 	c := controlClient(cfg, addr)

@@ -55,6 +55,25 @@ func (s *Server) backendOptions(c *config.Config, addr string) upstream.BackendO
 	}
 }
 
+// mainBackendOptions are backendOptions for [upstream]'s shared pools at
+// addr (Server.backend). Their dials also learn HELLO's version, so that
+// HELLO and INFO name the server the proxy talks to after a reload to
+// another address or a failover as after a start (found by review: a
+// reload from a 6.2.99 to a 7.0.15 kept saying 6.2.99), and once a Redis
+// down at the start comes up. The version is taken from addr's dials only
+// while addr is the upstream: a dial of the old server that ends after a
+// switch does not count.
+func (s *Server) mainBackendOptions(c *config.Config, addr string) upstream.BackendOptions {
+	s.versionFrom.Store(&addr)
+	o := s.backendOptions(c, addr)
+	o.OnVersion = func(v string) {
+		if cur := s.versionFrom.Load(); cur != nil && *cur == addr {
+			s.SetUpstreamVersion(v)
+		}
+	}
+	return o
+}
+
 // ErrRestartRequired is returned (wrapped, with the settings and reasons)
 // by Reload when the new configuration changes a setting that only takes
 // effect on a restart. Nothing of that configuration is applied.
@@ -182,7 +201,7 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		moved := addr != s.upstreamAddr
 		s.upstreamAddr = addr
 		switchBackend := func() {
-			s.backend.Switch(s.backendOptions(next, addr))
+			s.backend.Switch(s.mainBackendOptions(next, addr))
 			s.switchUserBackends(next, addr, false)
 		}
 		if s.tier != nil {

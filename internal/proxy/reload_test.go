@@ -320,3 +320,34 @@ func TestReloadMovesBlockedClients(t *testing.T) {
 		t.Fatalf("BLPOP after the switch = %#v", got)
 	}
 }
+
+// After a reload to another Redis, HELLO and INFO name the new server's
+// version: it is learned from the new pools' dials (found by review:
+// after a reload from a Redis 6.2.99 to a 7.0.15 they kept saying
+// 6.2.99). The old server's version is set by hand here, as both servers
+// of the test run the same build.
+func TestReloadLearnsTheNewUpstreamsVersion(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	p := proxytest.Start(t, a, nil)
+	serverInfo, err := b.Client(t).Info(ctx, "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := infoField(serverInfo, "redis_version")
+	p.SetUpstreamVersion("6.2.99")
+	if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Upstream.Address = b.Addr() })); err != nil {
+		t.Fatal(err)
+	}
+	c := p.Client(t)
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		info, _ := c.Info(ctx, "proxy").Result()
+		return strings.Contains(info, "upstream_redis_version:"+want+"\r")
+	}, "INFO proxy never named the new upstream's version %s (HELLO: %v)", want, lazyHello{p})
+	if v := p.UpstreamVersion(); v != want {
+		t.Fatalf("HELLO's version after the reload: %q, want %q", v, want)
+	}
+}
+
+type lazyHello struct{ p *proxytest.Proxy }
+
+func (l lazyHello) String() string { return l.p.UpstreamVersion() }

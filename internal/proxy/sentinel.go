@@ -146,7 +146,7 @@ func (s *Server) failover(addr string) {
 	cfg := s.Config()
 	s.upstreamAddr = addr
 	switchBackend := func() {
-		s.backend.Failover(s.backendOptions(cfg, addr))
+		s.backend.Failover(s.mainBackendOptions(cfg, addr))
 		// Users with their own upstream credential have pools of their
 		// own; left behind, their writes were acknowledged by the old
 		// primary and lost, then failed for good (found by review).

@@ -107,6 +107,9 @@ type Server struct {
 	// closeLog limits the warning for clients the proxy closes itself
 	// (closeFor: output limit, write timeout).
 	closeLog logLimiter
+	// versionFrom is the address whose dials tell the version HELLO and
+	// INFO report (mainBackendOptions).
+	versionFrom atomic.Pointer[string]
 }
 
 // SetUpstreamVersion records the Redis version HELLO reports, so clients
@@ -184,7 +187,7 @@ func NewServer(o Options) (*Server, error) {
 		addr = s.newSentinelWatcher(cfg, o.UpstreamAddr)
 		s.upstreamAddr = addr
 	}
-	bo := s.backendOptions(cfg, addr)
+	bo := s.mainBackendOptions(cfg, addr)
 	bo.NoDialWait = s.startSilent
 	s.backend = upstream.NewBackend(bo)
 	switch {

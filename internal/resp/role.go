@@ -50,6 +50,22 @@ func HelloID(r []byte) int64 {
 	return 0
 }
 
+// HelloVersion returns the version field of a HELLO reply, "" for any
+// other reply.
+func HelloVersion(r []byte) string {
+	el, ok := fields(r)
+	if !ok {
+		return ""
+	}
+	for i := 0; i+1 < len(el); i += 2 {
+		if k, _ := simpleText(el[i]); k == "version" {
+			v, _ := simpleText(el[i+1])
+			return v
+		}
+	}
+	return ""
+}
+
 // FunctionStatsRunning reports whether r, a reply to FUNCTION STATS (a
 // map, or in RESP2 a flat array of field names and values), names a
 // running script: its running_script field is not null.

@@ -1,6 +1,9 @@
 package resp
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestHelloID(t *testing.T) {
 	const tail = "$5\r\nproto\r\n:3\r\n$2\r\nid\r\n:42\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster\r\n$7\r\nmodules\r\n*0\r\n"
@@ -20,6 +23,13 @@ func TestHelloID(t *testing.T) {
 	} {
 		if got := HelloID([]byte(tc.reply)); got != tc.want {
 			t.Errorf("%s: HelloID = %d, want %d", tc.name, got, tc.want)
+		}
+		wantVersion := ""
+		if strings.Contains(tc.reply, "$7\r\nversion\r\n$5\r\n7.0.0\r\n") {
+			wantVersion = "7.0.0"
+		}
+		if got := HelloVersion([]byte(tc.reply)); got != wantVersion {
+			t.Errorf("%s: HelloVersion = %q, want %q", tc.name, got, wantVersion)
 		}
 	}
 }

@@ -38,6 +38,10 @@ type BackendOptions struct {
 	// backend: the primary has become a replica (Sentinel mode watches
 	// for it). Nil ignores it.
 	OnReadOnly func()
+	// OnVersion is every connection's Options.OnVersion: the server's
+	// version, learned on each dial of a RESP3 connection (a Backend
+	// always has one for DB 0).
+	OnVersion func(version string)
 	// WantPrimary is every connection's Options.WantPrimary.
 	WantPrimary bool
 	// OnConnLost runs (on a pipe goroutine) each time a connection of the
@@ -625,6 +629,7 @@ func (o BackendOptions) ConnOptions(db int, resp3 bool) Options {
 		Logger:      o.Logger,
 		OnReadOnly:  o.OnReadOnly,
 		OnOverdue:   o.OnOverdue,
+		OnVersion:   o.OnVersion,
 		WantPrimary: o.WantPrimary,
 		OnDown:      onDown,
 		Handshake:   o.Handshake,

@@ -203,6 +203,11 @@ func handshake(nc net.Conn, opt Options, wantID bool) (id int64, err error) {
 		if wantID && opt.RESP3 && i == 0 {
 			id = resp.HelloID(reply)
 		}
+		if opt.OnVersion != nil && (opt.RESP3 && i == 0 || i == roleAt && !opt.RESP3) {
+			if v := resp.HelloVersion(reply); v != "" {
+				opt.OnVersion(v)
+			}
+		}
 		if i == roleAt {
 			if resp.IsError(reply) && roleOptional {
 				continue

@@ -83,6 +83,10 @@ type Options struct {
 	// ReplyTimeout overdue makes the pipe probe Redis: at ReplyTimeout,
 	// then every ReplyTimeout while it stays overdue.
 	OnOverdue func()
+	// OnVersion runs (on the dialling goroutine) with the server's
+	// version from HELLO's reply, on each dial whose handshake sends
+	// HELLO (RESP3, or WantPrimary).
+	OnVersion func(version string)
 
 	Logger *slog.Logger
 
