@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/sentinel"
@@ -36,6 +38,11 @@ func (s *Server) newSentinelWatcher(cfg *config.Config, known string) string {
 	o := sentinelOptions(cfg, s.log)
 	o.OnSwitch = s.failover
 	s.sentinel = sentinel.New(o)
+	w := s.sentinel
+	s.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "redproxy_sentinels_answering",
+		Help: "Sentinels of [upstream] that answered the last check (counting stops at a majority; -1 before the first). 0: a failover cannot be followed.",
+	}, func() float64 { return float64(w.Answering()) }))
 	if known != "" {
 		return known
 	}

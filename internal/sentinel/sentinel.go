@@ -43,6 +43,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -112,6 +113,12 @@ type Watcher struct {
 	// promoting is the replica whose promotion is being watched, if any.
 	promoting string
 
+	// answering is how many Sentinels answered the last check (a check
+	// stops counting at a majority); -1 before the first. unreachable:
+	// none answered the last check, which was logged.
+	answering   atomic.Int32
+	unreachable atomic.Bool
+
 	recheck   chan struct{}
 	stop      chan struct{}
 	closeOnce sync.Once
@@ -133,6 +140,7 @@ func New(o Options) *Watcher {
 		o.Logger = slog.Default()
 	}
 	w := &Watcher{opt: o, epoch: -1, newest: -1, recheck: make(chan struct{}, 1), stop: make(chan struct{})}
+	w.answering.Store(-1)
 	for _, addr := range o.Sentinels {
 		w.clients = append(w.clients, redis.NewSentinelClient(w.clientOptions(addr)))
 	}
@@ -261,6 +269,7 @@ gather:
 			break gather
 		}
 	}
+	w.noteAnswering(answered, asked)
 	answers := make([]*answer, 0, len(byAddr))
 	newest := int64(-1)
 	for _, a := range byAddr {
@@ -327,6 +336,26 @@ gather:
 	}
 	return found{epoch: -1, named: named}, fmt.Errorf("%w: %w", ErrNoPrimary, errors.Join(asked...))
 }
+
+// noteAnswering records how many Sentinels answered a check, and says
+// when none did, and when one does again. With the primary healthy the
+// proxy keeps serving without them, but could not follow a failover: an
+// operator learnt of it only when the primary died (found by review:
+// nothing above debug level, /readyz 200, no metric).
+func (w *Watcher) noteAnswering(answered int, errs []error) {
+	w.answering.Store(int32(answered))
+	switch {
+	case answered == 0 && w.unreachable.CompareAndSwap(false, true):
+		w.opt.Logger.Warn("sentinel: no Sentinel answered; a failover cannot be followed until one does",
+			"master_name", w.opt.MasterName, "sentinels", len(w.clients), "err", errors.Join(errs...))
+	case answered > 0 && w.unreachable.CompareAndSwap(true, false):
+		w.opt.Logger.Info("sentinel: Sentinels answer again", "master_name", w.opt.MasterName, "answered", answered)
+	}
+}
+
+// Answering is how many Sentinels answered the last check; a check stops
+// counting once a majority has answered. -1 before the first check.
+func (w *Watcher) Answering() int { return int(w.answering.Load()) }
 
 // provisionalFor is how long an adopted promotion no Sentinel names is
 // kept against the Sentinels (discover): twice the poll interval, and at
