@@ -1,11 +1,14 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 
 	"github.com/redproxy/redproxy/internal/admin"
+	"github.com/redproxy/redproxy/internal/auth"
+	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/policy"
 )
@@ -128,6 +131,15 @@ func startRefusal(cfg *config.Config, path string) error {
 		if _, err := admin.Token(cfg.Server.Admin, cfg.Admin.TokenFile, config.IsLoopback(cfg.Server.Admin)); err != nil {
 			return fmt.Errorf("%s: %w (the proxy would refuse to start)", path, err)
 		}
+	}
+	// The users' upstream password files are read at start (found by
+	// review: check passed a file that did not exist).
+	if _, err := auth.New(cfg.Users, commands.Builtin()); err != nil {
+		var ae *auth.Error
+		if errors.As(err, &ae) {
+			err = config.Locate(&config.Error{Key: ae.Key, Msg: ae.Msg}, path)
+		}
+		return fmt.Errorf("%w (the proxy would refuse to start)", err)
 	}
 	return nil
 }

@@ -101,6 +101,9 @@ func TestCheckInvalid(t *testing.T) {
 			`FILE:5: server.tls.min_version: invalid version "1.0"`,
 			`FILE:7: upstream.tls.ca_file: cannot open "/nonexistent/ca.crt"`,
 		}, nil},
+		// Read at start (found by review: check passed it).
+		{"upstream password file", "[[users]]\nname = \"app\"\npassword_sha256 = \"" + strings.Repeat("ab", 32) + "\"\nacl = \"+@all\"\nupstream_user = \"app\"\nupstream_password_file = \"/nonexistent/app.pw\"\n", []string{
+			`FILE:6: users[0].upstream_password_file: open /nonexistent/app.pw: no such file or directory (the proxy would refuse to start)`}, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
