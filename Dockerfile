@@ -2,14 +2,23 @@
 # no package manager), running as a non-root user.
 #
 #   docker build -t redproxy .
-#   docker run -e REDPROXY_UPSTREAM=redis:6379 -p 6380:6380 redproxy
+#   docker run -e REDPROXY_UPSTREAM=redis:6379 -e REDPROXY_CONFIG=/etc/redproxy/redproxy.toml \
+#     -v /etc/redproxy:/etc/redproxy:ro -p 6380:6380 redproxy
+#
+# The image listens on every interface, so it refuses to start open to
+# anyone: the mounted file must give [[users]] or upstream.password (or set
+# REDPROXY_ALLOW_UNAUTHENTICATED=true where the network is the boundary),
+# and admin.token_file (REDPROXY_ADMIN_TOKEN_FILE) for the admin port.
+# README "Docker" has the details.
 #
 # Configuration comes from the environment (or the same flags after the
 # image name): REDPROXY_UPSTREAM (host:port, or "embedded" for the demo
 # store), REDPROXY_CONFIG (a TOML file, e.g. mounted at
 # /etc/redproxy/redproxy.toml), and REDPROXY_<FLAG> for every other flag. A
 # flag wins over its variable, and both win over the file.
-FROM golang:1.26 AS build
+# The go.mod toolchain exactly: official images set GOTOOLCHAIN=local, so
+# an older cached 1.26.x image would refuse the module.
+FROM golang:1.26.8 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
