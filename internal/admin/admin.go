@@ -173,7 +173,10 @@ func Token(addr, tokenFile string, loopback bool) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("admin.token_file: %w", err)
 	}
-	tok := strings.TrimRight(string(b), "\r\n")
+	// Surrounding whitespace is never part of a token: an editor's
+	// trailing space made every request 401, where Prometheus's
+	// credentials_file, reading the same file, strips it (found by review).
+	tok := strings.TrimSpace(string(b))
 	if len(tok) < 16 {
 		return "", fmt.Errorf("admin.token_file %s: the token is shorter than 16 characters", tokenFile)
 	}

@@ -83,6 +83,10 @@ func TestAdminToken(t *testing.T) {
 	if tok, err := Token("0.0.0.0:9121", f, false); err != nil || tok != "0123456789abcdef-token" {
 		t.Errorf("token file: %q %v", tok, err)
 	}
+	os.WriteFile(f, []byte(" 0123456789abcdef-token \t\r\n"), 0o600)
+	if tok, err := Token("0.0.0.0:9121", f, false); err != nil || tok != "0123456789abcdef-token" {
+		t.Errorf("token file with surrounding whitespace: %q %v", tok, err)
+	}
 	os.WriteFile(f, []byte("short\n"), 0o600)
 	if _, err := Token("0.0.0.0:9121", f, false); err == nil {
 		t.Error("a short token was accepted")
