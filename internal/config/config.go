@@ -259,9 +259,15 @@ func Load(path string) (*Config, error) {
 	return Parse(data, path)
 }
 
+// withoutBOM drops a UTF-8 byte order mark, which some Windows editors
+// write first and the TOML decoder refuses ("invalid character at start
+// of key: U+00EF", found by review).
+func withoutBOM(data []byte) []byte { return bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")) }
+
 // Parse decodes a TOML document over the defaults and validates the result.
 // name labels errors, normally the file path.
 func Parse(data []byte, name string) (*Config, error) {
+	data = withoutBOM(data)
 	lines, errs := scan(data)
 	if len(errs) == 0 {
 		cfg, derrs := decodeAll(data, name)
@@ -380,7 +386,7 @@ func Locate(err error, path string) error {
 	located := *e
 	located.File = path
 	if data, rerr := os.ReadFile(path); rerr == nil {
-		if idx, _ := scan(data); idx != nil {
+		if idx, _ := scan(withoutBOM(data)); idx != nil {
 			located.Line = idx.find(e.Key)
 		}
 	}

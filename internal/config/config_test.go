@@ -899,3 +899,21 @@ func TestErrorsCallOnlyUnsetValuesDefaults(t *testing.T) {
 		}
 	}
 }
+
+// A UTF-8 byte order mark, which some Windows editors write first, is not
+// part of the document: it was refused as "invalid character at start of
+// key: U+00EF" (found by review). Errors keep their lines.
+func TestParseIgnoresByteOrderMark(t *testing.T) {
+	const bom = "\xef\xbb\xbf"
+	cfg, err := Parse([]byte(bom+"[server]\nlisten = \"127.0.0.1:7000\"\n"), "bom.toml")
+	if err != nil {
+		t.Fatalf("a document starting with a BOM: %v", err)
+	}
+	if cfg.Server.Listen != "127.0.0.1:7000" {
+		t.Fatalf("server.listen = %q", cfg.Server.Listen)
+	}
+	_, err = Parse([]byte(bom+"[server]\nmax_clients = -1\n"), "bom.toml")
+	if err == nil || !strings.Contains(err.Error(), "bom.toml:2: server.max_clients") {
+		t.Fatalf("error in a document starting with a BOM: %v, want it on line 2", err)
+	}
+}
