@@ -27,7 +27,7 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) (string, bool), only ...stri
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	fromEnv = map[string]bool{}
 	fs.VisitAll(func(f *flag.Flag) {
-		if err != nil || given[f.Name] || len(only) > 0 && !slices.Contains(only, f.Name) {
+		if err != nil || given[f.Name] || len(only) > 0 && !slices.Contains(only, f.Name) || notFromEnv[f.Name] {
 			return
 		}
 		v, ok := getenv(envName(f.Name))
@@ -46,6 +46,12 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) (string, bool), only ...stri
 	})
 	return fromEnv, err
 }
+
+// notFromEnv are flags that ask for something other than running the
+// proxy: REDPROXY_VERSION=1.4.2, a common convention in images, made the
+// proxy exit 2, and REDPROXY_VERSION=true would print the version instead
+// of running (found by review).
+var notFromEnv = map[string]bool{"version": true, "help": true}
 
 // lookupEnv is where applyEnv reads variables; tests replace it.
 var lookupEnv = os.LookupEnv

@@ -55,7 +55,7 @@ const mainUsage = `usage: redproxy [flags]              run the proxy
        redproxy healthcheck          ask a running proxy's /healthz (--ready: /readyz), for a container
        redproxy audit --upstream ADDR   scan a Redis for keys the policy would flag
 
-Each subcommand takes --help. Every flag below can also be set in the environment as
+Each subcommand takes --help. Every flag below but --version can also be set in the environment as
 REDPROXY_<FLAG> (REDPROXY_UPSTREAM, REDPROXY_LOG_LEVEL, ...); a flag on the command
 line wins. Without --config or --upstream the proxy tries 127.0.0.1:6379, then the
 in-process demo store.

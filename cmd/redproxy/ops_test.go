@@ -65,6 +65,16 @@ func TestEnvironmentStandsInForFlags(t *testing.T) {
 		t.Errorf("an unset variable set a flag: %q", *logLevel)
 	}
 
+	// REDPROXY_VERSION is an image's own convention, never --version.
+	fs3 := flag.NewFlagSet("t", flag.ContinueOnError)
+	version := fs3.Bool("version", false, "")
+	fs3.Parse(nil)
+	for _, v := range []string{"1.4.2", "true"} {
+		if set, err := applyEnv(fs3, func(k string) (string, bool) { return v, k == "REDPROXY_VERSION" }); err != nil || *version || set["version"] {
+			t.Fatalf("REDPROXY_VERSION=%s: %v, version %v", v, err, *version)
+		}
+	}
+
 	fs2 := flag.NewFlagSet("t", flag.ContinueOnError)
 	fs2.Bool("require-upstream", false, "")
 	fs2.Parse(nil)
