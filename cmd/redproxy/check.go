@@ -48,6 +48,9 @@ func runCheck(argv []string, stdout, stderr io.Writer) int {
 	configPath := fs.String("config", "", "TOML configuration file to check (required)")
 	ov := overrideFlags(fs)
 	if err := fs.Parse(argv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0 // as redproxy --help
+		}
 		return checkBad
 	}
 	// The REDPROXY_* variables stand in for the flags here as when the

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -29,6 +30,9 @@ func runHealthcheck(argv []string, stdout, stderr io.Writer) int {
 	ready := fs.Bool("ready", false, "check /readyz (the proxy reaches Redis) instead of /healthz (the proxy runs)")
 	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
 	if err := fs.Parse(argv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0 // as redproxy --help
+		}
 		return 2
 	}
 	if fs.NArg() > 0 {

@@ -96,6 +96,13 @@ func TestHelpAndVersion(t *testing.T) {
 			t.Errorf("--help does not mention %q:\n%s", want, errOut.String())
 		}
 	}
+	// Each subcommand's --help exits 0 as well (found by review: 2).
+	for _, sub := range []string{"check", "healthcheck", "audit"} {
+		errOut.Reset()
+		if code := run([]string{sub, "--help"}, &out, &errOut); code != 0 || !strings.Contains(errOut.String(), "redproxy "+sub) {
+			t.Errorf("%s --help: exit %d, want 0; output:\n%s", sub, code, errOut.String())
+		}
+	}
 	out.Reset()
 	if code := run([]string{"--version"}, &out, io.Discard); code != 0 || !strings.HasPrefix(out.String(), "redproxy "+proxy.BuildVersion()+" (go") {
 		t.Fatalf("--version: exit %d, %q", code, out.String())
