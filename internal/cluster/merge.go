@@ -71,14 +71,16 @@ func (b *batch) scanReply(o *op, r []byte) []byte {
 	case nodeCursor > maxNodeCursor:
 		return []byte("-ERR redproxy: a node's SCAN cursor is too large to carry the node in cluster mode\r\n")
 	case nodeCursor != 0:
-		cursor = nodeCursor<<cursorSlotBits | uint64(o.scanSlot)
+		cursor = scanCursor(o.scanMap, o.scanSlot, nodeCursor)
 	default:
-		m := b.r.m.Load()
+		// The next node in the order of the map the walk was planned
+		// with: a cursor of another map's order would skip nodes.
+		m := o.scanMap
 		addr := b.subs[o.first].sentTo
 		ps := m.Primaries()
 		for k, p := range ps {
 			if p == addr && k+1 < len(ps) {
-				cursor = uint64(m.lowestSlot(ps[k+1]))
+				cursor = scanCursor(m, m.lowestSlot(ps[k+1]), 0)
 			}
 		}
 	}

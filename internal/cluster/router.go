@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"errors"
+	"hash/fnv"
 	"log/slog"
 	"net"
 	"slices"
@@ -62,6 +63,9 @@ type Router struct {
 
 	// Counters, for tests and metrics.
 	moved, asked, retried atomic.Uint64
+	// scanRestarts counts SCAN cursors made with another slot map, whose
+	// walk started again (planScan).
+	scanRestarts atomic.Uint64
 }
 
 // node is one cluster node's shared connections, dialled on first use.
@@ -380,6 +384,10 @@ func (r *Router) Stats() (moved, asked, retried uint64) {
 	return r.moved.Load(), r.asked.Load(), r.retried.Load()
 }
 
+// ScanRestarts is how many SCAN walks started again because the slot map
+// changed since their cursor was made.
+func (r *Router) ScanRestarts() uint64 { return r.scanRestarts.Load() }
+
 // Errors the Router answers with itself, in Redis Cluster's words where
 // Redis Cluster has them.
 var (
@@ -509,8 +517,10 @@ type op struct {
 	merge    mergeKind
 	// pos[k] locates key k's element of a split MGET: sub, element.
 	pos [][2]int
-	// scanSlot is the slot naming the node a SCAN walks.
+	// scanSlot is the slot naming the node a SCAN walks, in scanMap, the
+	// slot map the SCAN was planned with.
 	scanSlot int
+	scanMap  *Map
 }
 
 type mergeKind uint8
@@ -778,13 +788,36 @@ func (b *batch) split(o *op, k mergeKind, stride int) {
 	}
 }
 
-// Scan cursors carry the node in their low bits: the lowest slot that node
-// owned when the cursor was made (so a failover's new primary resumes it),
-// and the node's own cursor above that.
+// Scan cursors carry, from the low bits up: the lowest slot of the node
+// being walked (14 bits), a hash of the slot map the walk order came from
+// (10 bits), and the node's own cursor (40 bits).
+//
+// A cursor made with another map than the one in force starts the walk
+// again from the first node. Walking on would skip or mix up nodes: a
+// moved slot reorders the primaries by lowest slot, so one not yet walked
+// fell before the one being walked and was skipped with all its keys;
+// and a failover's new primary was given the old one's cursor, a position
+// in another process's hash table (found by review: 9,992 and 1,592 of
+// 30,000 keys that never moved were missed). Starting again returns keys
+// twice, which SCAN allows; it never misses one that stayed put.
 const (
 	cursorSlotBits = 14
-	maxNodeCursor  = 1<<(64-cursorSlotBits) - 1
+	cursorMapBits  = 10
+	cursorNodeLow  = cursorSlotBits + cursorMapBits
+	maxNodeCursor  = 1<<(64-cursorNodeLow) - 1
 )
+
+// scanMapHash is the hash of m a SCAN cursor carries.
+func scanMapHash(m *Map) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(m.Fingerprint()))
+	return h.Sum64() & (1<<cursorMapBits - 1)
+}
+
+// scanCursor is the cursor naming slot's node in m at nodeCursor.
+func scanCursor(m *Map, slot int, nodeCursor uint64) uint64 {
+	return nodeCursor<<cursorNodeLow | scanMapHash(m)<<cursorSlotBits | uint64(slot)
+}
 
 func (b *batch) planScan(o *op, raw []byte) {
 	o.merge = mergeScan
@@ -802,6 +835,11 @@ func (b *batch) planScan(o *op, raw []byte) {
 		o.local = errorFrame(ErrNoTopology)
 		return
 	}
+	if cursor != 0 && cursor>>cursorSlotBits&(1<<cursorMapBits-1) != scanMapHash(m) {
+		b.r.scanRestarts.Add(1)
+		cursor = 0 // the map changed since the cursor was made: start again
+	}
+	o.scanMap = m
 	var addr string
 	if cursor == 0 {
 		ps := m.Primaries()
@@ -818,7 +856,7 @@ func (b *batch) planScan(o *op, raw []byte) {
 			return
 		}
 	}
-	args := append([][]byte{b.args[0], strconv.AppendUint(nil, cursor>>cursorSlotBits, 10)}, b.args[2:]...)
+	args := append([][]byte{b.args[0], strconv.AppendUint(nil, cursor>>cursorNodeLow, 10)}, b.args[2:]...)
 	b.add(o, sub{raw: resp.AppendCommand(nil, args...), slot: -1, to: addr})
 }
 

@@ -803,4 +803,8 @@ func (s *Server) registerClusterMetrics() {
 			ConstLabels: prometheus.Labels{"kind": kind},
 		}, func() float64 { return float64(read()) }))
 	}
+	s.metrics.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "redproxy_cluster_scan_restarts_total",
+		Help: "SCAN walks started again from the first primary because the slot map changed since their cursor was made.",
+	}, func() float64 { return float64(r.ScanRestarts()) }))
 }
