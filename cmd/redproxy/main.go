@@ -232,7 +232,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	silent := upstreamAddr != "" && !embedded && !answered && cfg.Upstream.TLS == nil && !seedAnswered &&
 		!anyAnswersWithin(probed, min(cfg.Upstream.DialTimeout.Duration, silentPingWait))
 	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr,
-		UpstreamSilent: silent})
+		UpstreamSilent: silent, SentinelsAsked: cfg.Upstream.Mode == config.ModeSentinel})
 	if err != nil {
 		fmt.Fprintf(stderr, "redproxy: %v\n", err)
 		return 2

@@ -34,7 +34,7 @@ var (
 // when none is known yet; the proxy then starts anyway, not ready (/readyz
 // 503, clients get "upstream unavailable"), and switches as soon as the
 // watcher finds one.
-func (s *Server) newSentinelWatcher(cfg *config.Config, known string) string {
+func (s *Server) newSentinelWatcher(cfg *config.Config, known string, asked bool) string {
 	o := sentinelOptions(cfg, s.log)
 	o.OnSwitch = s.failover
 	s.sentinel = sentinel.New(o)
@@ -43,7 +43,7 @@ func (s *Server) newSentinelWatcher(cfg *config.Config, known string) string {
 		Name: "redproxy_sentinels_answering",
 		Help: "Sentinels of [upstream] that answered the last check (counting stops at a majority; -1 before the first). 0: a failover cannot be followed.",
 	}, func() float64 { return float64(w.Answering()) }))
-	if known != "" {
+	if known != "" || asked {
 		return known
 	}
 	return discoverAtStart(s.sentinel, cfg, s.log)

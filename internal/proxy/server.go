@@ -140,6 +140,11 @@ type Options struct {
 	// time out too, so the listeners open at once and the proxy starts
 	// not ready.
 	UpstreamSilent bool
+	// SentinelsAsked says the caller asked the Sentinels at start
+	// (FindSentinelPrimary), so an empty UpstreamAddr means they named no
+	// primary then: they are not asked again before the listeners open,
+	// which waited their timeouts twice and logged the warning twice.
+	SentinelsAsked bool
 }
 
 // NewServer builds a server and its upstream connection pools.
@@ -184,7 +189,7 @@ func NewServer(o Options) (*Server, error) {
 		s.registerClusterMetrics()
 	}
 	if cfg.Upstream.Mode == config.ModeSentinel {
-		addr = s.newSentinelWatcher(cfg, o.UpstreamAddr)
+		addr = s.newSentinelWatcher(cfg, o.UpstreamAddr, o.SentinelsAsked)
 		s.upstreamAddr = addr
 	}
 	bo := s.mainBackendOptions(cfg, addr)

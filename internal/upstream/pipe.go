@@ -461,7 +461,12 @@ func (p *Pipe) redial() {
 			return
 		default:
 		}
-		dialLogs.failed(p.opt.Logger, p.opt.Addr, p.opt.DB, err, backoff)
+		if p.opt.Addr != "" {
+			// No address: Sentinel mode while no primary is known, said
+			// in the Sentinel log; "dial tcp: missing address" said
+			// nothing more (found by review).
+			dialLogs.failed(p.opt.Logger, p.opt.Addr, p.opt.DB, err, backoff)
+		}
 		// Only a connection that could not be made: a handshake Redis
 		// refused (maxclients, -BUSY on SELECT, -LOADING) may clear in a
 		// moment, and a pool's first client is worth waiting for then
