@@ -90,7 +90,7 @@ func TestCheckInvalid(t *testing.T) {
 		}, nil},
 		{"unknown key", "[upstream]\nadress = \"x:1\"\n", []string{"FILE:2: upstream.adress: unknown key"}, nil},
 		{"unit", "[upstream]\ndial_timeout = 5\n", []string{`FILE:2: upstream.dial_timeout: invalid value 5: write it as a string with a unit (e.g. "500ms", "2s")`}, nil},
-		{"policy", "[[policy.ttl]]\npattern = \"a:*\"\nmax = \"forever\"\n", []string{"FILE:3: policy.ttl.max: invalid duration"}, nil},
+		{"policy", "[[policy.ttl]]\npattern = \"a:*\"\nmax = \"forever\"\n", []string{"FILE:3: policy.ttl[0].max: invalid duration"}, nil},
 		{"flag", "", []string{"server.listen (--listen)"}, []string{"--listen", "nowhere"}},
 		// What the proxy would refuse to start with is located too.
 		{"exposed listener", "[server]\nadmin = \"\"\nlisten = \"0.0.0.0:6380\"\n", []string{

@@ -272,6 +272,9 @@ func Parse(data []byte, name string) (*Config, error) {
 	if len(errs) == 0 {
 		cfg, derrs := decodeAll(data, name)
 		if len(derrs) > 0 {
+			for _, e := range derrs {
+				e.Key = lines.indexed(e.Key, e.Line)
+			}
 			return nil, join(derrs)
 		}
 		cfg.bindUserScopes()

@@ -381,7 +381,7 @@ func TestParseErrors(t *testing.T) {
 		{"integer duration", "[upstream]\nreply_timeout = 5\n",
 			[]wantErr{{2, "upstream.reply_timeout", "invalid value 5: write it as a string with a unit"}}},
 		{"integer policy duration", "[[policy.ttl]]\npattern = \"a:*\"\nrequired = true\ndefault = 5\n",
-			[]wantErr{{4, "policy.ttl.default", "invalid value 5: write it as a string with a unit"}}},
+			[]wantErr{{4, "policy.ttl[0].default", "invalid value 5: write it as a string with a unit"}}},
 		{"dotted integer duration", "server.idle_timeout = 30\n",
 			[]wantErr{{1, "server.idle_timeout", "invalid value 30: write it as a string with a unit"}}},
 		{"negative duration", "[server]\nshutdown_timeout = \"-1s\"\n",
@@ -915,5 +915,18 @@ func TestParseIgnoresByteOrderMark(t *testing.T) {
 	_, err = Parse([]byte(bom+"[server]\nmax_clients = -1\n"), "bom.toml")
 	if err == nil || !strings.Contains(err.Error(), "bom.toml:2: server.max_clients") {
 		t.Fatalf("error in a document starting with a BOM: %v, want it on line 2", err)
+	}
+}
+
+// A value of the wrong type in an array table is named with its index,
+// as validation names the keys there (found by review: "users.enabled").
+func TestDecodeErrorsNameTheArrayIndex(t *testing.T) {
+	_, err := Parse([]byte("[[policy.ttl]]\npattern = \"a:*\"\n[[policy.ttl]]\npattern = \"b:*\"\nmax = 5\n"), "c.toml")
+	if err == nil || !strings.Contains(err.Error(), "c.toml:5: policy.ttl[1].max:") {
+		t.Fatalf("got %v, want the error at c.toml:5 on policy.ttl[1].max", err)
+	}
+	_, err = Parse([]byte("[[users]]\nname = \"a\"\n[[users]]\nname = \"b\"\nenabled = \"yes\"\n"), "c.toml")
+	if err == nil || !strings.Contains(err.Error(), "c.toml:5: users[1].enabled:") {
+		t.Fatalf("got %v, want the error at c.toml:5 on users[1].enabled", err)
 	}
 }

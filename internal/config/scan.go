@@ -17,6 +17,39 @@ import (
 // after decoding (validation) can still point into the file.
 type lineIndex map[string]int
 
+// indexed is key, as the decoder names it ("users.enabled"), in the form
+// validation errors use ("users[1].enabled"): the key of line that reads
+// as key once its array indexes are dropped. key itself if none does.
+// (Found by review: a decoding error in the second [[users]] named no
+// index, while a validation error there did.)
+func (idx lineIndex) indexed(key string, line int) string {
+	for k, l := range idx {
+		if l == line && strings.Contains(k, "[") && withoutIndexes(k) == key {
+			return k
+		}
+	}
+	return key
+}
+
+// withoutIndexes drops every "[n]" of key.
+func withoutIndexes(key string) string {
+	var b strings.Builder
+	for {
+		i := strings.IndexByte(key, '[')
+		if i < 0 {
+			b.WriteString(key)
+			return b.String()
+		}
+		b.WriteString(key[:i])
+		j := strings.IndexByte(key[i:], ']')
+		if j < 0 {
+			b.WriteString(key[i:])
+			return b.String()
+		}
+		key = key[i+j+1:]
+	}
+}
+
 // find returns the line of key, or of its nearest enclosing table (keys set
 // inside an inline table are not indexed individually), or 0. An array
 // element ("deny[3]") is found at the line of its array.
@@ -161,7 +194,7 @@ func scan(data []byte) (lineIndex, []*Error) {
 		}
 		if rule, ok := unitKeys[key]; ok && expr.Kind == unstable.KeyValue {
 			if v := expr.Value(); !slices.Contains(rule.kinds, v.Kind) {
-				errs = append(errs, &Error{Line: line, Key: key,
+				errs = append(errs, &Error{Line: line, Key: ikey,
 					Msg: fmt.Sprintf("invalid value %s: %s", v.Data, rule.hint)})
 			}
 		}

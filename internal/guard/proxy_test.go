@@ -624,7 +624,7 @@ func TestReloadThroughProxy(t *testing.T) {
 	check(t, "write", os.WriteFile(path, []byte(bad), 0o600))
 	rec := reload()
 	if rec.Code != http.StatusUnprocessableEntity || !strings.Contains(rec.Body.String(), path+":") ||
-		!strings.Contains(rec.Body.String(), "policy.ttl.default") {
+		!strings.Contains(rec.Body.String(), "policy.ttl[0].default") {
 		t.Fatalf("bad file: %d %s", rec.Code, rec.Body.String())
 	}
 	if err := c.Keys(ctx, "*").Err(); err == nil {
