@@ -104,12 +104,12 @@ func (c *Config) check() []*Error {
 	return errs
 }
 
-// checkUpstream checks the settings of one upstream, [upstream] or a named
-// one (checkRoutes rewrites the keys of the latter).
 // MaxDatabases bounds upstream.databases. Redis's default is 16; a
 // deployment with thousands of databases is far past what anyone runs.
 const MaxDatabases = 10000
 
+// checkUpstream checks the settings of one upstream, [upstream] or a named
+// one (checkRoutes rewrites the keys of the latter).
 func checkUpstream(u *Upstream) []*Error {
 	var errs []*Error
 	bad := func(key, format string, args ...any) {

@@ -82,9 +82,20 @@ func (sess *Session) closeFor(reason, msg string, attrs ...any) {
 	// many clients fetching one big key, would otherwise write a line per
 	// connection (found by review: 1,000 lines in 2 s). The metric counts
 	// every close.
-	if n, ok := sess.srv.closeLog.allow(); ok {
+	if n, ok := sess.srv.closeLogFor(reason).allow(); ok {
 		sess.logger().Warn("closing client: "+msg, append([]any{"reason", reason, "suppressed", n}, attrs...)...)
 	}
+}
+
+// closeLogFor is the limiter of closeFor's warning for reason: one per
+// reason, so that a flood of one kind (output limits) does not hide
+// another (a relayed stream that is not RESP).
+func (s *Server) closeLogFor(reason string) *logLimiter {
+	if l, ok := s.closeLogs.Load(reason); ok {
+		return l.(*logLimiter)
+	}
+	l, _ := s.closeLogs.LoadOrStore(reason, new(logLimiter))
+	return l.(*logLimiter)
 }
 
 // interruptReason tells a shutdown from a CLIENT KILL; both interrupt.

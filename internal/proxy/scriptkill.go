@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"slices"
+	"time"
 
 	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/resp"
@@ -58,7 +59,6 @@ func (sess *Session) scriptServers() []*upstream.Backend {
 		}
 	}
 	srv := sess.srv
-	add(sess.backend())
 	switch {
 	case srv.routes != nil:
 		for _, t := range srv.routes.targets {
@@ -74,6 +74,8 @@ func (sess *Session) scriptServers() []*upstream.Backend {
 			addReplicas(t.replicas, b)
 		}
 	case srv.router != nil:
+		// Not Server.backend: a node chosen at start, which may have
+		// left the cluster since (found by review).
 		addCluster(srv.router)
 		if cr := srv.creplicas; cr != nil {
 			for _, rs := range *cr.sets.Load() {
@@ -81,6 +83,7 @@ func (sess *Session) scriptServers() []*upstream.Backend {
 			}
 		}
 	default:
+		add(sess.backend())
 		addReplicas(srv.replicas, sess.backend())
 	}
 	return out
@@ -93,13 +96,15 @@ func killRank(reply []byte) int {
 	case bytes.Equal(reply, replyOKBytes):
 		return 0
 	case bytes.HasPrefix(reply, []byte("-NOTBUSY")):
-		// Said by a server that is surely not running it: any other
-		// answer says more.
-		return 3
+		return 2
 	case bytes.HasPrefix(reply, []byte("-ERR redproxy:")):
 		// The proxy could not reach the server (errorReply of an
-		// upstream error): a script may be running there.
-		return 2
+		// upstream error). A busy Redis answers a kill at once, so one
+		// that cannot be reached runs no script the kill could stop:
+		// another server's NOTBUSY says more (found by review: a dead
+		// replica, still listed by its primary, turned NOTBUSY into
+		// "upstream unavailable").
+		return 3
 	}
 	return 1 // UNKILLABLE, or another refusal of Redis's
 }
@@ -133,32 +138,65 @@ func (sess *Session) runEverywhere(name string, raw []byte, servers []*upstream.
 		i     int
 		reply []byte
 	}
+	// The goroutines outlive this call (below), so they get a copy of the
+	// command: raw is in the client's read buffer, which its next batch,
+	// or another client, reuses (found by review: a late server got
+	// another client's DEL instead of the kill).
+	raw = bytes.Clone(raw)
+	resp3 := sess.resp3
 	// Buffered for every server: once the answer is known the rest finish
 	// into it without anyone waiting for them (a frozen server's answer
 	// comes only at its reply timeout).
 	answers := make(chan answer, len(servers))
 	for i, b := range servers {
 		go func() {
-			reply, err := b.RoundTrip(sess.resp3, true, raw)
+			reply, err := b.RoundTrip(resp3, true, raw)
 			if err != nil || len(reply) == 0 {
 				reply = errorReply(err)
 			}
 			answers <- answer{i, reply}
 		}()
 	}
+	// A busy Redis answers these at once (they are allow_busy); one that
+	// has not answered within scriptAnswerWait is frozen, gone or far
+	// away, and running no script it could stop for us: the client is
+	// answered from the others rather than held for a dead_timeout
+	// (found by review: 30 s for a NOTBUSY with a frozen replica).
+	wait := time.NewTimer(min(scriptAnswerWait, sess.srv.Config().Upstream.ReplyTimeout.Duration))
+	defer wait.Stop()
 	got := make([][]byte, len(servers))
 	for range servers {
-		a := <-answers
+		var a answer
+		select {
+		case a = <-answers:
+		case <-wait.C:
+			return bestAnswer(got, rank, errScriptNoAnswer)
+		}
 		if rank(a.reply) == 0 {
 			return a.reply
 		}
 		got[a.i] = a.reply
 	}
-	best := 0
-	for i, r := range got {
-		if rank(r) < rank(got[best]) {
-			best = i
+	return bestAnswer(got, rank, errScriptNoAnswer)
+}
+
+// scriptAnswerWait bounds runEverywhere's wait for servers that do not
+// answer.
+const scriptAnswerWait = time.Second
+
+var errScriptNoAnswer = errorReply(upstream.ErrTimeout)
+
+// bestAnswer is the answer of got ranked lowest, first server first;
+// none when no server answered.
+func bestAnswer(got [][]byte, rank func([]byte) int, none []byte) []byte {
+	var best []byte
+	for _, r := range got {
+		if r != nil && (best == nil || rank(r) < rank(best)) {
+			best = r
 		}
 	}
-	return got[best]
+	if best == nil {
+		return none
+	}
+	return best
 }

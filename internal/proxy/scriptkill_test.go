@@ -2,8 +2,11 @@ package proxy_test
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -158,5 +161,135 @@ func TestScriptKillReachesAReplicaRunningEvalRO(t *testing.T) {
 	killThrough(t, p.Addr, replica, loop, "SCRIPT", "KILL")
 	if redisBusy(t, primary) {
 		t.Fatal("the primary is busy: the EVAL_RO did not run on the replica")
+	}
+}
+
+// delayedForwarder passes connections on to a server; once armed, each
+// new connection waits before it is passed on: a server far away or
+// slow to accept.
+type delayedForwarder struct {
+	ln    net.Listener
+	armed atomic.Bool
+}
+
+func startDelayedForwarder(t *testing.T, to string, delay time.Duration) *delayedForwarder {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &delayedForwarder{ln: ln}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			armed := f.armed.Load()
+			go func() {
+				if armed {
+					time.Sleep(delay)
+				}
+				up, err := net.Dial("tcp", to)
+				if err != nil {
+					nc.Close()
+					return
+				}
+				mu.Lock()
+				conns = append(conns, nc, up)
+				mu.Unlock()
+				go io.Copy(up, nc)
+				io.Copy(nc, up)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return f
+}
+
+// A server that answers the kill late (here one whose new connections
+// are delayed) gets the kill itself, not what the client's read buffer
+// holds by then: the kill answers at the first OK and the other sends go
+// on, and they sent the buffer the client, or another, had reused (found
+// by review: the late upstream received another client's DEL).
+func TestScriptKillSentLateIsStillTheKill(t *testing.T) {
+	var queue, cache *redistest.Server
+	var fw *delayedForwarder
+	r := startRoutedAfter(t, func(r *routed) {
+		queue = redistest.Start(t, "--busy-reply-threshold", "50")
+		r.queue = queue
+		cache = r.cach
+		fw = startDelayedForwarder(t, cache.Addr(), 1500*time.Millisecond)
+	}, func(c *config.Config) {
+		u := c.Upstreams["cache"]
+		u.Address = fw.ln.Addr().String()
+		c.Upstreams["cache"] = u
+	})
+	loop := startLoopOn(t, r.p.Addr, "queue:loop", false, false, 20000)
+	fw.armed.Store(true) // the kill's connection of its own to cache comes late
+	killThrough(t, r.p.Addr, queue, loop, "SCRIPT", "KILL")
+	// Other clients read requests meanwhile, into buffers the kill's
+	// may have been.
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := dialRaw(t, r.p.Addr)
+			for range 50 {
+				c.send([]string{"DEL", "plain:y", strings.Repeat("x", i)})
+				c.readReply()
+			}
+		}()
+	}
+	wg.Wait()
+	redistest.Eventually(t, 10*time.Second, func() bool { return calls(t, cache, "script|kill") >= 1 },
+		"no SCRIPT KILL reached the cache upstream (DELs it ran: %v)", lazyInt(func() int { return calls(t, cache, "del") }))
+	if n := calls(t, cache, "del"); n != 0 {
+		t.Fatalf("the cache upstream ran %d DELs, which no client sent it: the late kill sent another client's request", n)
+	}
+	if n := calls(t, cache, "script|kill"); n != 1 {
+		t.Fatalf("the cache upstream ran SCRIPT KILL %d times, want 1", n)
+	}
+}
+
+// A replica that is frozen or gone, which its primary still lists (up to
+// repl-timeout), does not hold the kill or turn NOTBUSY into an error: a
+// busy Redis answers a kill at once, so the proxy answers from the
+// servers that did within a second (found by review: "upstream reply
+// timeout" after dead_timeout, 30 s, with a frozen replica; "upstream
+// unavailable" with a dead one).
+func TestScriptKillWithAnUnreachableReplica(t *testing.T) {
+	for _, how := range []string{"frozen", "killed"} {
+		t.Run(how, func(t *testing.T) {
+			g := startReplicated(t, 1)
+			p := g.proxy(t, config.ReadReplica, func(c *config.Config) {
+				c.Upstream.DeadTimeout = units.Duration{Duration: 30 * time.Second}
+				c.Upstream.ReplyTimeout = units.Duration{Duration: 5 * time.Second}
+			})
+			const notBusy = "-NOTBUSY No scripts in execution right now.\r\n"
+			if got := rawDo(t, dialAddr(t, p.Addr), "SCRIPT", "KILL"); got != notBusy {
+				t.Fatalf("SCRIPT KILL, nothing running: %q", got)
+			}
+			if how == "frozen" {
+				g.replicas[0].Freeze(t)
+				t.Cleanup(func() { g.replicas[0].Thaw(t) })
+			} else {
+				g.replicas[0].Kill(t)
+			}
+			for range 2 {
+				if got := rawDo(t, dialAddr(t, p.Addr), "SCRIPT", "KILL"); got != notBusy {
+					t.Fatalf("SCRIPT KILL with the replica %s: %q, want the primary's NOTBUSY", how, got)
+				}
+			}
+		})
 	}
 }

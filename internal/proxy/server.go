@@ -104,9 +104,10 @@ type Server struct {
 	// crossProtocolLog limits the warning for POST and Host: commands
 	// (crossProtocolStep), which anyone who can reach the port can send.
 	crossProtocolLog logLimiter
-	// closeLog limits the warning for clients the proxy closes itself
-	// (closeFor: output limit, write timeout).
-	closeLog logLimiter
+	// closeLogs limit the warning for clients the proxy closes itself
+	// (closeFor: output limit, write timeout, ...), a *logLimiter per
+	// reason (closeLogFor).
+	closeLogs sync.Map
 	// versionFrom is the address whose dials tell the version HELLO and
 	// INFO report (mainBackendOptions).
 	versionFrom atomic.Pointer[string]

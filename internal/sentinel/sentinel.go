@@ -343,6 +343,11 @@ gather:
 // operator learnt of it only when the primary died (found by review:
 // nothing above debug level, /readyz 200, no metric).
 func (w *Watcher) noteAnswering(answered int, errs []error) {
+	select {
+	case <-w.stop:
+		return // a check Close cut short says nothing of the Sentinels
+	default:
+	}
 	w.answering.Store(int32(answered))
 	switch {
 	case answered == 0 && w.unreachable.CompareAndSwap(false, true):
