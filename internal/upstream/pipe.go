@@ -451,20 +451,11 @@ func (p *Pipe) redial() {
 			}
 			return
 		}
-		select {
-		case <-p.stop:
-			// Closed during the dial, which the close cut short: not a
-			// failure of the server's.
-			p.mu.Lock()
-			p.redialing = false
-			p.mu.Unlock()
-			return
-		default:
-		}
-		if p.opt.Addr != "" {
-			// No address: Sentinel mode while no primary is known, said
-			// in the Sentinel log; "dial tcp: missing address" said
-			// nothing more (found by review).
+		// Not logged: a dial the pipe's close cut short, no failure of
+		// the server's; and one with no address (Sentinel mode while no
+		// primary is known, said in the Sentinel log), whose "dial tcp:
+		// missing address" said nothing more (found by review).
+		if !isClosed(p.stop) && p.opt.Addr != "" {
 			dialLogs.failed(p.opt.Logger, p.opt.Addr, p.opt.DB, err, backoff)
 		}
 		// Only a connection that could not be made: a handshake Redis
@@ -484,6 +475,16 @@ func (p *Pipe) redial() {
 		if backoff > p.opt.ReconnectMax {
 			backoff = p.opt.ReconnectMax
 		}
+	}
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
