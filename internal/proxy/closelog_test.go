@@ -32,20 +32,7 @@ func TestClosedClientsLogRateLimited(t *testing.T) {
 	cfg.Server.Listen, cfg.Server.Admin, cfg.Upstream.Address = "127.0.0.1:0", "", rs.Addr()
 	cfg.Server.ClientOutputLimit = 64 << 10
 	reg := metrics.New()
-	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: commands.Builtin(), Logger: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() {
-		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(c)
-	})
+	_, ln := serveLogged(t, cfg, reg, slog.NewTextHandler(&logs, nil))
 	const clients = 100
 	start := time.Now()
 	for range clients {
@@ -71,3 +58,24 @@ type lazyFloat func() float64
 func (f lazyFloat) String() string { return fmtFloat(f()) }
 
 func fmtFloat(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+
+// serveLogged starts a proxy with cfg whose log goes to h, where
+// proxytest's would go to the test's output, and stops it at the end.
+func serveLogged(t *testing.T, cfg *config.Config, reg *metrics.Metrics, h slog.Handler) (*proxy.Server, net.Listener) {
+	t.Helper()
+	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: commands.Builtin(), Logger: slog.New(h), Metrics: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(c)
+	})
+	return srv, ln
+}

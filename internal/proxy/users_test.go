@@ -2,7 +2,6 @@ package proxy_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -476,20 +475,7 @@ func TestPasswordsNeverShown(t *testing.T) {
 	cfg.Server.Listen, cfg.Server.Admin, cfg.Upstream.Address = "127.0.0.1:0", "", rs.Addr()
 	cfg.Users = []auth.UserConfig{user("app", appPass, "+@all -keys ~*")}
 	reg := metrics.New()
-	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: commands.Builtin(), Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Metrics: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() {
-		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(c)
-	})
+	srv, ln := serveLogged(t, cfg, reg, slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	rs.Client(t).ConfigSet(ctx, "slowlog-log-slower-than", "0")
 	c := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), Username: "app", Password: appPass, MaxRetries: -1})
 	defer c.Close()
