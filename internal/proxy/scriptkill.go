@@ -32,8 +32,9 @@ func scriptEverywhere(name string) bool {
 }
 
 // scriptServers are the pools of every server a script of sess's may be
-// running on, with the credential sess's commands use there; the server
-// runAlone would use alone comes first.
+// running on, with the credential sess's commands use there: the
+// upstream's (each routed upstream's, each cluster primary's) first, then
+// its replicas.
 func (sess *Session) scriptServers() []*upstream.Backend {
 	var out []*upstream.Backend
 	add := func(b *upstream.Backend) {
