@@ -30,6 +30,11 @@ type Map struct {
 	// ordered caches Primaries, which keyless commands ask for often.
 	orderedOnce sync.Once
 	ordered     []string
+	// fp caches fingerprint, which every map refresh, every replica poll
+	// (cluster mode with read_from) and every SCAN call ask for: it walks
+	// all 16384 slots. A Map is not changed once built.
+	fpOnce sync.Once
+	fp     string
 }
 
 // newMap returns a map with no slot assigned.
@@ -146,6 +151,12 @@ func (m *Map) addReplica(primary, addr string) {
 // fingerprint is a canonical text of the map's slot ranges and owners, so
 // that views from different nodes can be compared and counted.
 func (m *Map) fingerprint() string {
+	m.fpOnce.Do(func() { m.fp = m.slotRanges() })
+	return m.fp
+}
+
+// slotRanges is fingerprint, uncached.
+func (m *Map) slotRanges() string {
 	var b strings.Builder
 	start := 0
 	for s := 1; s <= Slots; s++ {
