@@ -789,6 +789,7 @@ func (rs *replicaSet) discover(primaryInfo []byte) []string {
 // primary.
 func (rs *replicaSet) sync(addrs []string) {
 	seen := make(map[string]bool, len(addrs))
+	changed := false
 	for _, a := range addrs {
 		seen[a] = true
 		if rs.nodes[a] != nil || a == rs.primary.Addr() {
@@ -798,8 +799,8 @@ func (rs *replicaSet) sync(addrs []string) {
 		n.backend = upstream.NewBackend(rs.optionsFor(n))
 		rs.nodes[a] = n
 		rs.log.Info("replica found", "replica", a)
+		changed = true
 	}
-	changed := false
 	for a, n := range rs.nodes {
 		if !seen[a] || a == rs.primary.Addr() {
 			delete(rs.nodes, a)
@@ -808,7 +809,7 @@ func (rs *replicaSet) sync(addrs []string) {
 			changed = true
 		}
 	}
-	if k := rs.known.Load(); changed || k == nil || len(*k) != len(rs.nodes) {
+	if changed || rs.known.Load() == nil {
 		known := make([]*replicaNode, 0, len(rs.nodes))
 		for _, n := range rs.nodes {
 			known = append(known, n)
