@@ -121,12 +121,27 @@ func redisBusy(t *testing.T, rs *redistest.Server) bool {
 // its own proxy connection; the returned channel gets its reply.
 func startLoop(t *testing.T, addr string, function bool, ms int) <-chan string {
 	t.Helper()
+	return startLoopOn(t, addr, "", function, false, ms)
+}
+
+// startLoopOn is startLoop for a loop whose one key is key ("" for none),
+// so that a cluster or the routes send it where key lives; ro runs it as
+// EVAL_RO.
+func startLoopOn(t *testing.T, addr, key string, function, ro bool, ms int) <-chan string {
+	t.Helper()
 	nc := dialAddr(t, addr)
-	if function {
-		rawSend(t, nc, "FCALL", "busyloop", "0", fmt.Sprint(ms))
-	} else {
-		rawSend(t, nc, "EVAL", redistest.LoopScript, "0", fmt.Sprint(ms))
+	name, body := "EVAL", redistest.LoopScript
+	switch {
+	case function:
+		name, body = "FCALL", "busyloop"
+	case ro:
+		name = "EVAL_RO"
 	}
+	args := []string{name, body, "0"}
+	if key != "" {
+		args = []string{name, body, "1", key}
+	}
+	rawSend(t, nc, append(args, fmt.Sprint(ms))...)
 	done := make(chan string, 1)
 	go func() {
 		nc.SetReadDeadline(time.Now().Add(30 * time.Second))

@@ -16,43 +16,6 @@ import (
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
-// startLoopOn is startLoop for a loop whose one key is key, so that a
-// cluster or the routes send it where key lives; ro runs it as EVAL_RO.
-func startLoopOn(t *testing.T, addr, key string, function, ro bool, ms int) <-chan string {
-	t.Helper()
-	nc := dialAddr(t, addr)
-	switch {
-	case function:
-		rawSend(t, nc, "FCALL", "busyloop", "1", key, fmt.Sprint(ms))
-	case ro:
-		rawSend(t, nc, "EVAL_RO", redistest.LoopScript, "1", key, fmt.Sprint(ms))
-	default:
-		rawSend(t, nc, "EVAL", redistest.LoopScript, "1", key, fmt.Sprint(ms))
-	}
-	done := make(chan string, 1)
-	go func() {
-		done <- readOneReply(nc, 30*time.Second)
-	}()
-	return done
-}
-
-// readOneReply reads one reply from nc (an error's text if the read fails).
-func readOneReply(nc net.Conn, d time.Duration) string {
-	nc.SetReadDeadline(time.Now().Add(d))
-	var buf []byte
-	tmp := make([]byte, 512)
-	for {
-		n, err := nc.Read(tmp)
-		buf = append(buf, tmp[:n]...)
-		if err != nil {
-			return string(buf) + "(read: " + err.Error() + ")"
-		}
-		if strings.HasSuffix(string(buf), "\r\n") {
-			return string(buf)
-		}
-	}
-}
-
 // killThrough sends kill through the proxy at addr while s is busy, and
 // checks that the proxy answers OK, that the loop's caller was told it
 // was killed, and that s answers again.
