@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"strconv"
 
@@ -49,9 +50,10 @@ func (b *batch) reply(i int) []byte {
 	return replies[0]
 }
 
-// scanReply rewrites a node's SCAN reply so its cursor names the node:
-// the node's next cursor, or, when the node is done, the next primary in
-// slot order from its start, or 0 when every primary has been walked.
+// scanReply rewrites a node's SCAN reply so its cursor names the walk:
+// the node's next cursor, or, when the node is done, the start of the
+// walk's next part, or 0 when it was the last. In run mode the keys of
+// slots outside the run are left out.
 func (b *batch) scanReply(o *op, r []byte) []byte {
 	if resp.IsError(r) {
 		return r
@@ -66,27 +68,51 @@ func (b *batch) scanReply(o *op, r []byte) []byte {
 	if err != nil || perr != nil {
 		return errUnexpected(r)
 	}
+	keys := e[1]
+	if o.scan.end >= 0 {
+		if keys, ok = o.scan.filter(keys); !ok {
+			return errUnexpected(r)
+		}
+	}
 	var cursor uint64
 	switch {
 	case nodeCursor > maxNodeCursor:
 		return []byte("-ERR redproxy: a node's SCAN cursor is too large to carry the node in cluster mode\r\n")
 	case nodeCursor != 0:
-		cursor = scanCursor(o.scanMap, o.scanSlot, nodeCursor)
+		cursor = o.scan.cursor(nodeCursor)
 	default:
-		// The next node in the order of the map the walk was planned
-		// with: a cursor of another map's order would skip nodes.
-		m := o.scanMap
-		addr := b.subs[o.first].sentTo
-		ps := m.Primaries()
-		for k, p := range ps {
-			if p == addr && k+1 < len(ps) {
-				cursor = scanCursor(m, m.lowestSlot(ps[k+1]), 0)
-			}
-		}
+		cursor = o.scan.next(b.subs[o.first].sentTo)
 	}
 	out := redcon.AppendArray(nil, 2)
 	out = redcon.AppendBulkString(out, strconv.FormatUint(cursor, 10))
-	return append(out, e[1]...)
+	return append(out, keys...)
+}
+
+// filter is the array of keys a node's SCAN page holds, less those w
+// does not keep; false if it is not an array of bulk strings.
+func (w scanWalk) filter(page []byte) ([]byte, bool) {
+	keys, ok := resp.ArrayElements(page)
+	if !ok {
+		return nil, false
+	}
+	kept := keys[:0]
+	for _, k := range keys {
+		nl := bytes.IndexByte(k, '\n')
+		if k[0] != '$' || nl < 0 || len(k) < nl+3 {
+			return nil, false
+		}
+		if w.keeps(k[nl+1 : len(k)-2]) {
+			kept = append(kept, k)
+		}
+	}
+	if len(kept) == len(keys) {
+		return page, true
+	}
+	out := redcon.AppendArray(nil, len(kept))
+	for _, k := range kept {
+		out = append(out, k...)
+	}
+	return out, true
 }
 
 func errUnexpected(r []byte) []byte {

@@ -63,8 +63,8 @@ type Router struct {
 
 	// Counters, for tests and metrics.
 	moved, asked, retried atomic.Uint64
-	// scanRestarts counts SCAN cursors made with another slot map, whose
-	// walk started again (planScan).
+	// scanRestarts counts SCAN cursors made with another slot map whose
+	// node's (or run's) walk started again (planScan).
 	scanRestarts atomic.Uint64
 }
 
@@ -384,8 +384,8 @@ func (r *Router) Stats() (moved, asked, retried uint64) {
 	return r.moved.Load(), r.asked.Load(), r.retried.Load()
 }
 
-// ScanRestarts is how many SCAN walks started again because the slot map
-// changed since their cursor was made.
+// ScanRestarts is how many SCAN walks of a node, or of a run of slots,
+// started again because the slot map changed since their cursor was made.
 func (r *Router) ScanRestarts() uint64 { return r.scanRestarts.Load() }
 
 // Errors the Router answers with itself, in Redis Cluster's words where
@@ -517,10 +517,8 @@ type op struct {
 	merge    mergeKind
 	// pos[k] locates key k's element of a split MGET: sub, element.
 	pos [][2]int
-	// scanSlot is the slot naming the node a SCAN walks, in scanMap, the
-	// slot map the SCAN was planned with.
-	scanSlot int
-	scanMap  *Map
+	// scan is the part of a SCAN walk the command makes.
+	scan scanWalk
 }
 
 type mergeKind uint8
@@ -788,35 +786,141 @@ func (b *batch) split(o *op, k mergeKind, stride int) {
 	}
 }
 
-// Scan cursors carry, from the low bits up: the lowest slot of the node
-// being walked (14 bits), a hash of the slot map the walk order came from
-// (10 bits), and the node's own cursor (40 bits).
+// Scan cursors carry, from the low bits up: a slot (14 bits), a hash
+// (10 bits), a mode bit and the node's own cursor (39 bits).
 //
-// A cursor made with another map than the one in force starts the walk
-// again from the first node. Walking on would skip or mix up nodes: a
-// moved slot reorders the primaries by lowest slot, so one not yet walked
-// fell before the one being walked and was skipped with all its keys;
-// and a failover's new primary was given the old one's cursor, a position
-// in another process's hash table (found by review: 9,992 and 1,592 of
-// 30,000 keys that never moved were missed). Starting again returns keys
-// twice, which SCAN allows; it never misses one that stayed put.
+// A walk starts in whole-node mode: the primaries in the order of their
+// lowest slots, each walked whole, the cursor's slot naming the node by
+// its lowest slot and the hash being the slot map's. While the map holds
+// still this walks each primary once. When the map changes, the order the
+// walk followed is gone: a moved slot can put a primary not yet walked
+// before the one being walked, and a failover's new primary cannot take
+// the old one's cursor, a position in another process's hash table (found
+// by review: 9,992 and 1,592 of 30,000 keys that never moved were missed).
+// What still holds is that every slot below the cursor's was walked. So
+// the walk goes on in run mode: from that slot, one run of slots at a
+// time (a run: consecutive slots one primary serves), each walked on its
+// primary with the keys of other slots left out, the hash being that of
+// the run's primary and end. A run whose primary or end changed is walked
+// again from its start; runs already walked stay walked, so a map that
+// keeps changing (a long resharding) costs a restart of the run it
+// touches, not of the whole walk. The walk returns to whole-node mode at
+// a slot from which that covers exactly the slots left (walksWholeNodesFrom).
+// Keys may come twice, which SCAN allows; a key that stayed on its node
+// is never missed.
 const (
 	cursorSlotBits = 14
-	cursorMapBits  = 10
-	cursorNodeLow  = cursorSlotBits + cursorMapBits
+	cursorHashBits = 10
+	cursorRunBit   = cursorSlotBits + cursorHashBits
+	cursorNodeLow  = cursorRunBit + 1
 	maxNodeCursor  = 1<<(64-cursorNodeLow) - 1
+	cursorSlotMask = 1<<cursorSlotBits - 1
+	cursorHashMask = 1<<cursorHashBits - 1
 )
 
-// scanMapHash is the hash of m a SCAN cursor carries.
+// scanMapHash is the hash of m a whole-node cursor carries.
 func scanMapHash(m *Map) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(m.Fingerprint()))
-	return h.Sum64() & (1<<cursorMapBits - 1)
+	return h.Sum64() & cursorHashMask
 }
 
-// scanCursor is the cursor naming slot's node in m at nodeCursor.
-func scanCursor(m *Map, slot int, nodeCursor uint64) uint64 {
-	return nodeCursor<<cursorNodeLow | scanMapHash(m)<<cursorSlotBits | uint64(slot)
+// scanRunHash is the hash a run-mode cursor carries: the run's primary
+// and last slot.
+func scanRunHash(addr string, end int) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(addr))
+	h.Write([]byte{byte(end >> 8), byte(end)})
+	return h.Sum64() & cursorHashMask
+}
+
+// scanWalk is the part of a SCAN walk one call makes: slot's primary in
+// map, walked whole (end < 0) or only for the keys of slots slot..end.
+type scanWalk struct {
+	m    *Map
+	slot int
+	end  int
+}
+
+// cursor is the cursor of w at the node's cursor nodeCursor.
+func (w scanWalk) cursor(nodeCursor uint64) uint64 {
+	c := nodeCursor<<cursorNodeLow | uint64(w.slot)
+	if w.end < 0 {
+		return c | scanMapHash(w.m)<<cursorSlotBits
+	}
+	addr, _ := w.m.runFrom(w.slot)
+	return c | 1<<cursorRunBit | scanRunHash(addr, w.end)<<cursorSlotBits
+}
+
+// next is the cursor that starts the walk's next part once addr's walk
+// has ended, or 0 when it was the last.
+func (w scanWalk) next(addr string) uint64 {
+	m := w.m
+	if w.end < 0 {
+		// The next node in the order of the map the walk was planned
+		// with: a cursor of another map's order would skip nodes.
+		ps := m.Primaries()
+		for k, p := range ps {
+			if p == addr && k+1 < len(ps) {
+				return scanWalk{m: m, slot: m.lowestSlot(ps[k+1]), end: -1}.cursor(0)
+			}
+		}
+		return 0
+	}
+	t := -1
+	if w.end+1 < Slots {
+		t = m.nextServed(w.end + 1)
+	}
+	switch {
+	case t < 0:
+		return 0
+	case m.walksWholeNodesFrom(t):
+		return scanWalk{m: m, slot: t, end: -1}.cursor(0)
+	}
+	_, end := m.runFrom(t)
+	return scanWalk{m: m, slot: t, end: end}.cursor(0)
+}
+
+// keeps reports whether the walk returns key: in run mode, only keys of
+// the run's slots.
+func (w scanWalk) keeps(key []byte) bool {
+	if w.end < 0 {
+		return true
+	}
+	s := Slot(key)
+	return s >= w.slot && s <= w.end
+}
+
+// planScanWalk is the walk a SCAN with cursor makes in map m: which part,
+// on which primary ("" if the slot to walk has none), from which of the
+// node's cursors, and whether a walk under way was started again.
+func planScanWalk(m *Map, cursor uint64) (w scanWalk, addr string, nodeCursor uint64, restarted bool) {
+	w = scanWalk{m: m, end: -1}
+	if cursor == 0 {
+		if w.slot = m.nextServed(0); w.slot < 0 {
+			return w, "", 0, false
+		}
+		return w, m.Owner(w.slot), 0, false
+	}
+	nodeCursor = cursor >> cursorNodeLow
+	w.slot = int(cursor & cursorSlotMask)
+	hash := cursor >> cursorSlotBits & cursorHashMask
+	addr, runEnd := m.runFrom(w.slot)
+	if addr == "" {
+		return w, "", 0, false
+	}
+	runs := cursor>>cursorRunBit&1 == 1
+	if runs && hash != scanRunHash(addr, runEnd) || !runs && hash != scanMapHash(m) {
+		// The map changed since the cursor was made: every slot below
+		// the cursor's was walked, nothing more is known. Walk on from
+		// that slot, whole nodes if the new map allows.
+		restarted = nodeCursor != 0
+		nodeCursor, runs = 0, !m.walksWholeNodesFrom(w.slot)
+	}
+	if runs {
+		w.end = runEnd
+	}
+	return w, addr, nodeCursor, restarted
 }
 
 func (b *batch) planScan(o *op, raw []byte) {
@@ -835,28 +939,16 @@ func (b *batch) planScan(o *op, raw []byte) {
 		o.local = errorFrame(ErrNoTopology)
 		return
 	}
-	if cursor != 0 && cursor>>cursorSlotBits&(1<<cursorMapBits-1) != scanMapHash(m) {
+	w, addr, nodeCursor, restarted := planScanWalk(m, cursor)
+	if addr == "" {
+		o.local = errSlotUnserved
+		return
+	}
+	if restarted {
 		b.r.scanRestarts.Add(1)
-		cursor = 0 // the map changed since the cursor was made: start again
 	}
-	o.scanMap = m
-	var addr string
-	if cursor == 0 {
-		ps := m.Primaries()
-		if len(ps) == 0 {
-			o.local = errSlotUnserved
-			return
-		}
-		addr = ps[0]
-		o.scanSlot = m.lowestSlot(addr)
-	} else {
-		o.scanSlot = int(cursor & (1<<cursorSlotBits - 1))
-		if addr = m.Owner(o.scanSlot); addr == "" {
-			o.local = errSlotUnserved
-			return
-		}
-	}
-	args := append([][]byte{b.args[0], strconv.AppendUint(nil, cursor>>cursorNodeLow, 10)}, b.args[2:]...)
+	o.scan = w
+	args := append([][]byte{b.args[0], strconv.AppendUint(nil, nodeCursor, 10)}, b.args[2:]...)
 	b.add(o, sub{raw: resp.AppendCommand(nil, args...), slot: -1, to: addr})
 }
 

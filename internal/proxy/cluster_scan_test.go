@@ -39,7 +39,8 @@ func scanThrough(t *testing.T, rc *redis.Client, cursor uint64, seen map[string]
 // being walked. Before (found by review), the first skipped a whole
 // primary not yet walked, the second gave the old primary's cursor to the
 // new one; both missed keys that never moved. Now a cursor of an older
-// map starts the walk again: keys may come twice, none is missed.
+// map starts the node's walk again, and walks on from there: keys may
+// come twice, none is missed.
 func TestClusterScanAcrossMapChanges(t *testing.T) {
 	for _, change := range []string{"slot move", "failover"} {
 		t.Run(change, func(t *testing.T) {
@@ -67,7 +68,7 @@ func TestClusterScanAcrossMapChanges(t *testing.T) {
 			// Walk into the second primary: its first cursor's slot is
 			// not the first's lowest, 0.
 			seen := map[string]int{}
-			cursor := scanThrough(t, rc, 0, seen, func(cur uint64) bool { return cur&(1<<14-1) != 0 && cur>>24 != 0 })
+			cursor := scanThrough(t, rc, 0, seen, func(cur uint64) bool { return cur&(1<<14-1) != 0 && cur>>25 != 0 })
 			if cursor == 0 {
 				t.Fatal("the scan ended before the second primary's walk began")
 			}
@@ -102,4 +103,66 @@ func TestClusterScanAcrossMapChanges(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A SCAN under a resharding that goes on all through it ends, and misses
+// nothing: slot 0, walked first, moves between two primaries after every
+// page. The first change starts the walk of the node under way again;
+// later ones are behind the walk and cost nothing. Before, every change
+// started the whole walk again from the first primary: 120 restarts in
+// 120 moves, and a scan that ended only when the moves stopped.
+func TestClusterScanDuringResharding(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+	})
+	rc := p.Client(t)
+	const n = 6000
+	pipe := rc.Pipeline()
+	for i := range n {
+		pipe.Set(ctx, fmt.Sprintf("scan:%d", i), "v", 0)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	order := p.Router().Map().Primaries()
+	first, third := nodeAt(t, c, order[0]), nodeAt(t, c, order[2])
+	seen := map[string]int{}
+	cursor := scanThrough(t, rc, 0, seen, func(cur uint64) bool { return cur&(1<<14-1) != 0 && cur>>25 != 0 })
+	restarts := p.Router().ScanRestarts()
+	const maxMoves = 120
+	moves := 0
+	for cursor != 0 {
+		if moves < maxMoves {
+			from, to := first, third
+			if moves%2 == 1 {
+				from, to = third, first
+			}
+			before := p.Router().Map().Fingerprint()
+			moveSlot(t, c, 0, from, to)
+			moves++
+			p.Router().RefreshSoon()
+			redistest.Eventually(t, 10*time.Second, func() bool { return p.Router().Map().Fingerprint() != before },
+				"the proxy never saw slot 0 move")
+		}
+		cursor = scanThrough(t, rc, cursor, seen, func(uint64) bool { return true })
+	}
+	missed, twice := 0, 0
+	for i := range n {
+		switch seen[fmt.Sprintf("scan:%d", i)] {
+		case 0:
+			missed++
+		case 1:
+		default:
+			twice++
+		}
+	}
+	if missed > 0 {
+		t.Fatalf("the scan missed %d of %d keys across %d slot moves", missed, n, moves)
+	}
+	if got := p.Router().ScanRestarts(); got != restarts+1 {
+		t.Fatalf("scan restarts %d -> %d across %d slot moves, want one", restarts, got, moves)
+	}
+	t.Logf("%d slot moves during the scan; %d keys returned more than once", moves, twice)
 }
