@@ -13,7 +13,7 @@
 #
 # Configuration comes from the environment (or the same flags after the
 # image name): REDPROXY_UPSTREAM (host:port, or "embedded" for the demo
-# store), REDPROXY_CONFIG (a TOML file, e.g. mounted at
+# store; not with a file in Sentinel or cluster mode), REDPROXY_CONFIG (a TOML file, e.g. mounted at
 # /etc/redproxy/redproxy.toml), and REDPROXY_<FLAG> for every other flag. A
 # flag wins over its variable, and both win over the file.
 # The go.mod toolchain exactly: official images set GOTOOLCHAIN=local, so

@@ -107,7 +107,7 @@ func runCheck(argv []string, stdout, stderr io.Writer) int {
 func overrideFlags(fs *flag.FlagSet) *config.Overrides {
 	var ov config.Overrides
 	fs.StringVar(&ov.Listen, "listen", "", "client address to listen on (default from config: 127.0.0.1:6380)")
-	fs.StringVar(&ov.Upstream, "upstream", "", `Redis address host:port, or "embedded" for the in-process demo store`)
+	fs.StringVar(&ov.Upstream, "upstream", "", `Redis address host:port, or "embedded" for the in-process demo store (upstream.mode = "standalone" only)`)
 	// A Func flag, because an explicitly empty --admin ("" turns the admin
 	// server off) must differ from no --admin at all.
 	fs.Func("admin", `admin HTTP address for /metrics, /healthz, /readyz (default 127.0.0.1:9121); "" turns it off`, func(s string) error {

@@ -509,12 +509,25 @@ func (c *Config) Apply(o Overrides) (*Config, error) {
 	default:
 		tierErr = &Error{Key: "localcache.enabled (" + o.source("--local-tier") + ")", Msg: fmt.Sprintf("invalid value %q (use on or off)", o.LocalTier)}
 	}
+	// upstream.address is not used in the other modes: --upstream there
+	// would be accepted and do nothing, while its user believes the proxy
+	// talks to that Redis (found by review).
+	var modeErr *Error
+	if o.Upstream != "" && (n.Upstream.Mode == ModeSentinel || n.Upstream.Mode == ModeCluster) {
+		from := map[string]string{ModeSentinel: "upstream.sentinels", ModeCluster: "upstream.seeds"}[n.Upstream.Mode]
+		modeErr = &Error{Key: "upstream.address (" + o.source("--upstream") + ")", Msg: fmt.Sprintf(
+			"%q is not used with upstream.mode = %q, which finds Redis from %s: remove %s, or set upstream.mode = %q to use that address",
+			o.Upstream, n.Upstream.Mode, from, o.source("--upstream"), ModeStandalone)}
+	}
 	// --listen may change which listener a scope's address names.
 	n.Policy.Scopes = slices.Clone(c.Policy.Scopes)
 	n.bindListenerScopes()
-	if errs := n.check(); len(errs) > 0 || tierErr != nil {
+	if errs := n.check(); len(errs) > 0 || tierErr != nil || modeErr != nil {
 		if tierErr != nil {
 			errs = append(errs, tierErr)
+		}
+		if modeErr != nil {
+			errs = append(errs, modeErr)
 		}
 		for _, e := range errs {
 			if flag, ok := flags[e.Key]; ok {
