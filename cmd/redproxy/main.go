@@ -199,11 +199,13 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		}
 	}
 
+	var sentinels *proxy.SentinelStart
 	if cfg.Upstream.Mode == config.ModeSentinel {
 		// The command table and version are read from the primary; if
 		// none is known yet, the proxy starts not ready and follows the
-		// Sentinels from there.
-		upstreamAddr = proxy.FindSentinelPrimary(cfg, log)
+		// Sentinels from there, with the watcher that asked them now.
+		sentinels = proxy.FindSentinelPrimary(cfg, log)
+		upstreamAddr = sentinels.Primary
 	}
 
 	reg := metrics.New()
@@ -232,7 +234,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	silent := upstreamAddr != "" && !embedded && !answered && cfg.Upstream.TLS == nil && !seedAnswered &&
 		!anyAnswersWithin(probed, min(cfg.Upstream.DialTimeout.Duration, silentPingWait))
 	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr,
-		UpstreamSilent: silent, SentinelsAsked: cfg.Upstream.Mode == config.ModeSentinel})
+		UpstreamSilent: silent, Sentinel: sentinels})
 	if err != nil {
 		fmt.Fprintf(stderr, "redproxy: %v\n", err)
 		return 2

@@ -28,35 +28,60 @@ var (
 	cmdRole = resp.AppendCommandStrings(nil, "ROLE")
 )
 
-// newSentinelWatcher builds the watcher of upstream.mode = "sentinel" and
-// finds the primary to start with: known, if the caller found it already
-// (FindSentinelPrimary), else asked of the Sentinels now. It returns ""
-// when none is known yet; the proxy then starts anyway, not ready (/readyz
-// 503, clients get "upstream unavailable"), and switches as soon as the
-// watcher finds one.
-func (s *Server) newSentinelWatcher(cfg *config.Config, known string, asked bool) string {
-	o := sentinelOptions(cfg, s.log)
-	o.OnSwitch = s.failover
-	s.sentinel = sentinel.New(o)
+// newSentinelWatcher sets up the watcher of upstream.mode = "sentinel"
+// and returns the primary to start with: the one start found, when the
+// caller asked the Sentinels already (FindSentinelPrimary), its watcher
+// kept; else they are asked now. It returns "" when none is known yet;
+// the proxy then starts anyway, not ready (/readyz 503, clients get
+// "upstream unavailable"), and switches as soon as the watcher finds one.
+func (s *Server) newSentinelWatcher(cfg *config.Config, start *SentinelStart) string {
+	if start == nil {
+		start = FindSentinelPrimary(cfg, s.log)
+	}
+	start.onSwitch = s.failover
+	s.sentinel = start.w
 	w := s.sentinel
 	s.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "redproxy_sentinels_answering",
 		Help: "Sentinels of [upstream] that answered the last check (counting stops at a majority; -1 before the first). 0: a failover cannot be followed.",
 	}, func() float64 { return float64(w.Answering()) }))
-	if known != "" || asked {
-		return known
+	return start.Primary
+}
+
+// SentinelStart is what FindSentinelPrimary found: the primary, and the
+// watcher that asked for it, which the server keeps (Options.Sentinel)
+// instead of building another. What the first question learnt so carries
+// over: with no Sentinel answering, the warning saying so is logged once,
+// where a second watcher said it again at its first check (found by
+// review).
+type SentinelStart struct {
+	// Primary is the primary the Sentinels named, "" if none is known.
+	Primary string
+	w       *sentinel.Watcher
+	// onSwitch is the watcher's OnSwitch, set by NewServer before the
+	// watcher starts (no switch is made before Start).
+	onSwitch func(addr string)
+}
+
+// Close stops the watcher, for a caller that gives it to no server;
+// NewServer takes it over, and closes it when it fails.
+func (st *SentinelStart) Close() {
+	if st != nil {
+		st.w.Close()
 	}
-	return discoverAtStart(s.sentinel, cfg, s.log)
 }
 
 // FindSentinelPrimary asks the Sentinels of cfg (upstream.mode =
 // "sentinel") for the primary, for what the caller must read from Redis
-// before the proxy starts (its command table and version); "" if none is
-// known now.
-func FindSentinelPrimary(cfg *config.Config, log *slog.Logger) string {
-	w := sentinel.New(sentinelOptions(cfg, log))
-	defer w.Close()
-	return discoverAtStart(w, cfg, log)
+// before the proxy starts (its command table and version). The answer
+// goes to NewServer (Options.Sentinel), or is closed.
+func FindSentinelPrimary(cfg *config.Config, log *slog.Logger) *SentinelStart {
+	st := &SentinelStart{}
+	o := sentinelOptions(cfg, log)
+	o.OnSwitch = func(addr string) { st.onSwitch(addr) }
+	st.w = sentinel.New(o)
+	st.Primary = discoverAtStart(st.w, cfg, log)
+	return st
 }
 
 func discoverAtStart(w *sentinel.Watcher, cfg *config.Config, log *slog.Logger) string {

@@ -132,8 +132,8 @@ type Options struct {
 	Logger  *slog.Logger
 	Metrics *metrics.Metrics
 	// UpstreamAddr overrides cfg.Upstream.Address (used for the embedded
-	// store, whose address is only known once it runs). In Sentinel mode
-	// it is the primary the caller found, if any.
+	// store, whose address is only known once it runs). Not used in
+	// Sentinel mode: the primary is Sentinel's, or asked for.
 	UpstreamAddr string
 	// UpstreamSilent says the caller's probes got no answer from Redis
 	// (neither COMMAND nor a PING: refused, or accepted and silent): the
@@ -141,11 +141,12 @@ type Options struct {
 	// time out too, so the listeners open at once and the proxy starts
 	// not ready.
 	UpstreamSilent bool
-	// SentinelsAsked says the caller asked the Sentinels at start
-	// (FindSentinelPrimary), so an empty UpstreamAddr means they named no
-	// primary then: they are not asked again before the listeners open,
-	// which waited their timeouts twice and logged the warning twice.
-	SentinelsAsked bool
+	// Sentinel is the caller's question to the Sentinels at start
+	// (FindSentinelPrimary), whose watcher the server keeps: they are not
+	// asked again before the listeners open, which waited their timeouts
+	// twice and logged the warnings twice. NewServer takes it over, and
+	// closes it if it fails. Nil: NewServer asks them (Sentinel mode).
+	Sentinel *SentinelStart
 }
 
 // NewServer builds a server and its upstream connection pools.
@@ -175,8 +176,12 @@ func NewServer(o Options) (*Server, error) {
 	}
 	s.live.Store(cfg)
 	s.waitShardedMark.Store(o.Table.Get("spublish") != nil)
+	if cfg.Upstream.Mode != config.ModeSentinel {
+		o.Sentinel.Close()
+	}
 	// TLS first: the backend dials as soon as it exists.
 	if err := initTLS(s); err != nil {
+		o.Sentinel.Close()
 		return nil, err
 	}
 	if cfg.Upstream.Mode == config.ModeCluster {
@@ -190,7 +195,7 @@ func NewServer(o Options) (*Server, error) {
 		s.registerClusterMetrics()
 	}
 	if cfg.Upstream.Mode == config.ModeSentinel {
-		addr = s.newSentinelWatcher(cfg, o.UpstreamAddr, o.SentinelsAsked)
+		addr = s.newSentinelWatcher(cfg, o.Sentinel)
 		s.upstreamAddr = addr
 	}
 	bo := s.mainBackendOptions(cfg, addr)
