@@ -218,6 +218,13 @@ func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 		so := sentinelOptions(&config.Config{Upstream: u}, s.log.With("upstream", t.name))
 		so.OnSwitch = func(primary string) { s.targetFailover(t, primary, opts) }
 		t.sentinel = sentinel.New(so)
+		// As [upstream]'s, under the upstream's name (found by review:
+		// a named upstream whose Sentinels were all down only logged it).
+		if err := reg.Register(sentinelsAnswering(t.sentinel)); err != nil {
+			t.sentinel.Close()
+			t.sentinel = nil
+			return err
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*u.DialTimeout.Duration*time.Duration(len(u.Sentinels)))
 		found, _, err := t.sentinel.Discover(ctx, "", -1)
 		cancel()

@@ -40,12 +40,26 @@ func (s *Server) newSentinelWatcher(cfg *config.Config, start *SentinelStart) st
 	}
 	start.onSwitch = s.failover
 	s.sentinel = start.w
-	w := s.sentinel
-	s.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "redproxy_sentinels_answering",
-		Help: "Sentinels of [upstream] that answered the last check (counting stops at a majority; -1 before the first). 0: a failover cannot be followed.",
-	}, func() float64 { return float64(w.Answering()) }))
+	// With routes every upstream's metrics carry its name, [upstream]'s
+	// too (as its connection metrics: NewServer); without, no label, as
+	// before named upstreams had the gauge.
+	reg := prometheus.Registerer(s.metrics.Registry)
+	if cfg.Routed() {
+		reg = prometheus.WrapRegistererWith(prometheus.Labels{"upstream": config.DefaultUpstream}, reg)
+	}
+	reg.MustRegister(sentinelsAnswering(s.sentinel))
 	return start.Primary
+}
+
+// sentinelsAnswering is the gauge of how many of an upstream's Sentinels
+// answered w's last check; registered labelled with the upstream's name
+// when routes are configured ([upstream] and each named Sentinel
+// upstream: routes.go).
+func sentinelsAnswering(w *sentinel.Watcher) prometheus.GaugeFunc {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "redproxy_sentinels_answering",
+		Help: "Sentinels of an upstream in Sentinel mode that answered the last check (counting stops at a majority; -1 before the first). 0: a failover cannot be followed.",
+	}, func() float64 { return float64(w.Answering()) })
 }
 
 // SentinelStart is what FindSentinelPrimary found: the primary, and the
