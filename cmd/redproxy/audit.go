@@ -48,7 +48,7 @@ func runAudit(argv []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, auditUsage)
 		fs.PrintDefaults()
 	}
-	upstream := fs.String("upstream", "", "Redis address host:port (default: upstream.address of --config)")
+	upstream := fs.String("upstream", "", "Redis address host:port (default: upstream.address of --config, in standalone mode)")
 	configPath := fs.String("config", "", "redproxy TOML configuration: its [policy] rules and upstream credentials")
 	db := fs.Int("db", 0, "database to audit")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
@@ -83,6 +83,13 @@ func runAudit(argv []string, stdout, stderr io.Writer) int {
 	}
 	addr := *upstream
 	if addr == "" && *configPath != "" {
+		if m := cfg.Upstream.Mode; m != config.ModeStandalone {
+			// upstream.address is not used in these modes: the audit
+			// walked whatever it said, or the default 127.0.0.1:6379,
+			// not the Redis the proxy serves (found by review).
+			fmt.Fprintf(stderr, "redproxy audit: %s has upstream.mode = %q, which names no single Redis: give --upstream ADDR (the primary, or one node of a cluster)\n", *configPath, m)
+			return auditFailed
+		}
 		addr = cfg.Upstream.Address
 	}
 	if addr == "" || addr == config.EmbeddedAddress {

@@ -297,3 +297,27 @@ func exampleConfig(t *testing.T, listen, adminAddr, redisAddr string) string {
 	}
 	return strings.NewReplacer(pairs...).Replace(string(example))
 }
+
+// TestAuditNeedsUpstreamOutsideStandalone: without --upstream the audit
+// walks upstream.address of --config, which Sentinel and cluster mode do
+// not use: it audited a Redis the proxy does not serve (here one the file
+// names but ignores), or the default 127.0.0.1:6379 (found by review). It
+// now asks for --upstream.
+func TestAuditNeedsUpstreamOutsideStandalone(t *testing.T) {
+	rs := redistest.Start(t)
+	for _, section := range []string{
+		fmt.Sprintf("mode = \"sentinel\"\naddress = %q\nsentinels = [\"127.0.0.1:1\"]\nmaster_name = \"mymaster\"\n", rs.Addr()),
+		fmt.Sprintf("mode = \"cluster\"\naddress = %q\nseeds = [\"127.0.0.1:1\"]\n", rs.Addr()),
+	} {
+		path := writeConfig(t, "[upstream]\n"+section)
+		var stderr bytes.Buffer
+		code := runAudit([]string{"--config", path}, io.Discard, &stderr)
+		if code != auditFailed || !strings.Contains(stderr.String(), "give --upstream ADDR") {
+			t.Errorf("%s: exit %d, stderr %q; want %d and a request for --upstream", section, code, stderr.String(), auditFailed)
+		}
+		// With --upstream it walks that Redis.
+		if code := runAudit([]string{"--config", path, "--upstream", rs.Addr()}, io.Discard, &stderr); code != auditClean {
+			t.Errorf("%s with --upstream: exit %d, stderr %q", section, code, stderr.String())
+		}
+	}
+}
