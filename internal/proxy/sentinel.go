@@ -29,11 +29,12 @@ var (
 )
 
 // newSentinelWatcher sets up the watcher of upstream.mode = "sentinel"
-// and returns the primary to start with: the one start found, when the
-// caller asked the Sentinels already (FindSentinelPrimary), its watcher
-// kept; else they are asked now. It returns "" when none is known yet;
-// the proxy then starts anyway, not ready (/readyz 503, clients get
-// "upstream unavailable"), and switches as soon as the watcher finds one.
+// and returns the primary to start with. When the caller asked the
+// Sentinels already (start, from FindSentinelPrimary), that answer and the
+// watcher that got it are kept; else they are asked now. "" when none is
+// known yet: the proxy then starts anyway, not ready (/readyz 503, clients
+// get "upstream unavailable"), and switches as soon as the watcher finds
+// one.
 func (s *Server) newSentinelWatcher(cfg *config.Config, start *SentinelStart) string {
 	if start == nil {
 		start = FindSentinelPrimary(cfg, s.log)

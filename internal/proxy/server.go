@@ -133,7 +133,7 @@ type Options struct {
 	Metrics *metrics.Metrics
 	// UpstreamAddr overrides cfg.Upstream.Address (used for the embedded
 	// store, whose address is only known once it runs). Not used in
-	// Sentinel mode: the primary is Sentinel's, or asked for.
+	// Sentinel mode: the primary is Options.Sentinel's, or asked for.
 	UpstreamAddr string
 	// UpstreamSilent says the caller's probes got no answer from Redis
 	// (neither COMMAND nor a PING: refused, or accepted and silent): the
