@@ -52,8 +52,8 @@ func (b *batch) reply(i int) []byte {
 
 // scanReply rewrites a node's SCAN reply so its cursor names the walk:
 // the node's next cursor, or, when the node is done, the start of the
-// walk's next part, or 0 when it was the last. In run mode the keys of
-// slots outside the run are left out.
+// next node's, or 0 when it was the last. With a base, the keys of slots
+// below it are left out.
 func (b *batch) scanReply(o *op, r []byte) []byte {
 	if resp.IsError(r) {
 		return r
@@ -69,7 +69,7 @@ func (b *batch) scanReply(o *op, r []byte) []byte {
 		return errUnexpected(r)
 	}
 	keys := e[1]
-	if o.scan.end >= 0 {
+	if o.scan.base > 0 {
 		if keys, ok = o.scan.filter(keys); !ok {
 			return errUnexpected(r)
 		}
@@ -81,7 +81,7 @@ func (b *batch) scanReply(o *op, r []byte) []byte {
 	case nodeCursor != 0:
 		cursor = o.scan.cursor(nodeCursor)
 	default:
-		cursor = o.scan.next(b.subs[o.first].sentTo)
+		cursor = o.scan.next()
 	}
 	out := redcon.AppendArray(nil, 2)
 	out = redcon.AppendBulkString(out, strconv.FormatUint(cursor, 10))

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
@@ -35,6 +36,8 @@ type Map struct {
 	// all 16384 slots. A Map is not changed once built.
 	fpOnce sync.Once
 	fp     string
+	// scanHashes caches scanHash per SCAN base (1<<63 set once computed).
+	scanHashes [1 << cursorBaseBits]atomic.Uint64
 }
 
 // newMap returns a map with no slot assigned.
@@ -441,20 +444,6 @@ func beats(n int, complete bool, fp string, bestN int, bestComplete bool, best s
 	return fp < best
 }
 
-// runFrom is the owner of slot s and the last slot of the run of slots
-// from s that it serves without a break; "" and -1 when s has no owner.
-func (m *Map) runFrom(s int) (addr string, end int) {
-	i := m.owner[s]
-	if i < 0 {
-		return "", -1
-	}
-	end = s
-	for end+1 < Slots && m.owner[end+1] == i {
-		end++
-	}
-	return m.primaries[i], end
-}
-
 // nextServed is the lowest slot from s on that has an owner, or -1.
 func (m *Map) nextServed(s int) int {
 	for ; s < Slots; s++ {
@@ -463,27 +452,4 @@ func (m *Map) nextServed(s int) int {
 		}
 	}
 	return -1
-}
-
-// walksWholeNodesFrom reports whether every slot from t on belongs to a
-// primary whose lowest slot is t or above: then walking those primaries
-// whole, in the order of their lowest slots, covers the slots from t on
-// and nothing below t.
-func (m *Map) walksWholeNodesFrom(t int) bool {
-	lowest := make([]int, len(m.primaries))
-	for i := range lowest {
-		lowest[i] = -1
-	}
-	for s, i := range m.owner {
-		if i < 0 {
-			continue
-		}
-		if lowest[i] < 0 {
-			lowest[i] = s
-		}
-		if s >= t && lowest[i] < t {
-			return false
-		}
-	}
-	return true
 }

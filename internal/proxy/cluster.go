@@ -805,6 +805,6 @@ func (s *Server) registerClusterMetrics() {
 	}
 	s.metrics.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "redproxy_cluster_scan_restarts_total",
-		Help: "SCAN walks of a node, or of a run of slots, started again because the slot map changed since their cursor was made.",
+		Help: "SCAN walks started again from the node under way because the slot map changed since their cursor was made.",
 	}, func() float64 { return float64(r.ScanRestarts()) }))
 }

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"fmt"
+	"hash/fnv"
 	"testing"
 	"time"
 
@@ -68,7 +69,7 @@ func TestClusterScanAcrossMapChanges(t *testing.T) {
 			// Walk into the second primary: its first cursor's slot is
 			// not the first's lowest, 0.
 			seen := map[string]int{}
-			cursor := scanThrough(t, rc, 0, seen, func(cur uint64) bool { return cur&(1<<14-1) != 0 && cur>>25 != 0 })
+			cursor := scanThrough(t, rc, 0, seen, func(cur uint64) bool { return cur&(1<<14-1) != 0 && cur>>30 != 0 })
 			if cursor == 0 {
 				t.Fatal("the scan ended before the second primary's walk began")
 			}
@@ -107,7 +108,7 @@ func TestClusterScanAcrossMapChanges(t *testing.T) {
 
 // A SCAN under a resharding that goes on all through it ends, and misses
 // nothing: slot 0, walked first, moves between two primaries after every
-// page. The first change starts the walk of the node under way again;
+// page. The first change starts the walk again from the node under way;
 // later ones are behind the walk and cost nothing. Before, every change
 // started the whole walk again from the first primary: 120 restarts in
 // 120 moves, and a scan that ended only when the moves stopped.
@@ -129,7 +130,7 @@ func TestClusterScanDuringResharding(t *testing.T) {
 	order := p.Router().Map().Primaries()
 	first, third := nodeAt(t, c, order[0]), nodeAt(t, c, order[2])
 	seen := map[string]int{}
-	cursor := scanThrough(t, rc, 0, seen, func(cur uint64) bool { return cur&(1<<14-1) != 0 && cur>>25 != 0 })
+	cursor := scanThrough(t, rc, 0, seen, func(cur uint64) bool { return cur&(1<<14-1) != 0 && cur>>30 != 0 })
 	restarts := p.Router().ScanRestarts()
 	const maxMoves = 120
 	moves := 0
@@ -165,4 +166,60 @@ func TestClusterScanDuringResharding(t *testing.T) {
 		t.Fatalf("scan restarts %d -> %d across %d slot moves, want one", restarts, got, moves)
 	}
 	t.Logf("%d slot moves during the scan; %d keys returned more than once", moves, twice)
+}
+
+// A client mid-scan across a proxy upgrade hands this version a cursor
+// the previous one made: the slot (14 bits), the fingerprint's hash (10
+// bits) and the node's cursor from bit 24 on. With the map unchanged the
+// walk may start the node again, but must miss nothing. Found by review:
+// an even node cursor read as a cursor of this format whose hash matched,
+// and the node was sent another cursor than its own (108 of 6,000 keys
+// missed).
+func TestClusterScanPreviousVersionCursor(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+	})
+	rc := p.Client(t)
+	const n = 6000
+	pipe := rc.Pipeline()
+	for i := range n {
+		pipe.Set(ctx, fmt.Sprintf("scan:%d", i), "v", 0)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Walk to the start of the second primary, then one bucket at a time
+	// to a node cursor that would read as base 0 from bit 24 on: Redis's
+	// cursors count in reversed bits, so the first steps are multiples of
+	// 64 in a table of 2,048.
+	seen := map[string]int{}
+	cursor := scanThrough(t, rc, 0, seen, func(cur uint64) bool { return cur&(1<<14-1) != 0 })
+	for cursor>>30 == 0 || cursor>>30%64 != 0 {
+		if cursor == 0 {
+			t.Fatal("the scan ended before the second primary's walk reached a node cursor that is a multiple of 64")
+		}
+		keys, next, err := rc.Scan(ctx, cursor, "scan:*", 1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			seen[k]++
+		}
+		cursor = next
+	}
+	h := fnv.New64a()
+	h.Write([]byte(p.Router().Map().Fingerprint()))
+	old := cursor>>30<<24 | h.Sum64()&(1<<10-1)<<14 | cursor&(1<<14-1)
+	scanThrough(t, rc, old, seen, nil)
+	missed := 0
+	for i := range n {
+		if seen[fmt.Sprintf("scan:%d", i)] == 0 {
+			missed++
+		}
+	}
+	if missed > 0 {
+		t.Fatalf("the scan missed %d of %d keys after a previous version's cursor %d (node cursor %d)", missed, n, old, cursor>>30)
+	}
 }
