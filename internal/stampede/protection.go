@@ -35,6 +35,8 @@ type Protection struct {
 	metrics  *Metrics
 	coalesce bool
 	misses   *Misses // nil when no hold or early refresh rule is configured
+	// eligible is coalescable for every top-level command of New's table
+	// (subcommands never are: OBJECT ..., MEMORY USAGE).
 	eligible map[*commands.Command]bool
 	fetch    Fetcher
 
@@ -65,9 +67,7 @@ func New(c Config, table *commands.Table, m *Metrics, fetch Fetcher) *Protection
 		fetch:    fetch,
 	}
 	for _, cmd := range table.Commands() {
-		if coalescable(cmd) {
-			p.eligible[cmd] = true
-		}
+		p.eligible[cmd] = coalescable(cmd)
 	}
 	return p
 }
@@ -195,7 +195,14 @@ func (p *Protection) Read(cmd *commands.Command, args [][]byte, raw []byte, db i
 // coalescable command with one key) and the hold and early refresh rules
 // it matches, which apply to GET alone; ok is false for any other read.
 func (p *Protection) readKey(cmd *commands.Command, args [][]byte) (key []byte, match Match, ok bool) {
-	if !p.eligible[cmd] {
+	eligible, known := p.eligible[cmd]
+	if !known {
+		// A command of another table than p's: the proxy's follows its
+		// upstream, and a table read after p was built has commands of
+		// its own.
+		eligible = cmd.Parent == nil && coalescable(cmd)
+	}
+	if !eligible {
 		return nil, Match{}, false
 	}
 	var kb [2]int
