@@ -27,6 +27,10 @@ type SentinelOptions struct {
 	// FailoverTimeout is Sentinel's failover-timeout (3s if 0); it also
 	// spaces out two failovers of the same primary (twice this).
 	FailoverTimeout time.Duration
+	// ReplicaArgs are extra redis-server arguments for the replicas (a
+	// rename-command, so that a failover lands on a server whose command
+	// table differs from the primary's).
+	ReplicaArgs []string
 }
 
 // SentinelGroup is a primary, its replicas and the Sentinels monitoring it,
@@ -53,7 +57,7 @@ func StartSentinelGroup(t testing.TB, o SentinelOptions) *SentinelGroup {
 	primary := Start(t)
 	g.Nodes = append(g.Nodes, primary)
 	for range o.Replicas {
-		r := Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))
+		r := Start(t, append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(primary.Port())}, o.ReplicaArgs...)...)
 		g.Nodes = append(g.Nodes, r)
 	}
 	ctx := context.Background()
