@@ -93,7 +93,7 @@ func (sess *Session) relayMisrouted(args [][]byte) string {
 	if sess.relayNode == "" || len(args) == 0 {
 		return ""
 	}
-	cmd := sess.srv.table.Lookup(args)
+	cmd := sess.cmds.table.Lookup(args)
 	if cmd == nil {
 		return ""
 	}

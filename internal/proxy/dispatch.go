@@ -37,7 +37,7 @@ func (sess *Session) classify(i int, req *resp.Request) *request {
 	// (prepareBatch), after any namespace rewrite.
 	cmd, ok := sess.guard.Command(i)
 	if !ok {
-		cmd = sess.srv.table.Lookup(req.Args)
+		cmd = sess.cmds.table.Lookup(req.Args)
 	}
 	// A pipeline mostly repeats one command: its metric and handler entry
 	// are those of the one before (both fixed per command for the Server's
@@ -46,7 +46,7 @@ func (sess *Session) classify(i int, req *resp.Request) *request {
 	if cmd != c.cmd || c.m == nil {
 		*c = classMemo{cmd: cmd, m: sess.metricFor(cmd)}
 		if cmd != nil {
-			c.entry = sess.srv.handlers[cmd]
+			c.entry = sess.cmds.handlers[cmd]
 		}
 	}
 	r := &sess.cur

@@ -28,7 +28,7 @@ func initFlight(s *Server) error {
 // newFlight builds stampede protection for c. A reload builds a new one
 // with the same metrics.
 func (s *Server) newFlight(c stampede.Config, m *stampede.Metrics) *stampede.Protection {
-	return stampede.New(c, s.table, m, s.fetch)
+	return stampede.New(c, s.cmdSet().table, m, s.fetch)
 }
 
 // fetchCalls are the Calls of stampede protection's fetches.

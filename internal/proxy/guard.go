@@ -70,7 +70,7 @@ func (sess *Session) prepareBatch(reqs []resp.Request) {
 	b := sess.guardBatch()
 	tx := sess.pin.txOpen
 	if tx == nil || len(tx.open) == 0 || !sess.pin.inMulti && !sess.cmulti.open {
-		b.Prepare(sg.Policy(), sess.srv.table, reqs, sess.userName(), sess.listenerName(), denied)
+		b.Prepare(sg.Policy(), sess.cmds.table, reqs, sess.userName(), sess.listenerName(), denied)
 		return
 	}
 	tx.keys = tx.keys[:0]
@@ -79,7 +79,7 @@ func (sess *Session) prepareBatch(reqs []resp.Request) {
 	}
 	tx.settled = slices.Grow(tx.settled[:0], len(tx.open))[:len(tx.open)]
 	clear(tx.settled) // what the last batch settled is no answer for this one (found by review)
-	closed := b.PrepareTx(sg.Policy(), sess.srv.table, reqs, sess.userName(), sess.listenerName(), denied, tx.keys, tx.settled)
+	closed := b.PrepareTx(sg.Policy(), sess.cmds.table, reqs, sess.userName(), sess.listenerName(), denied, tx.keys, tx.settled)
 	sess.settleOpen(closed)
 }
 

@@ -158,7 +158,7 @@ func mirrorTarget(s *Server, name string, u config.Upstream) (func(stop <-chan s
 	}
 	switch u.Mode {
 	case config.ModeCluster:
-		table := s.table
+		table := s.cmdSet().table
 		return func(<-chan struct{}) mirror.Target {
 			r := cluster.New(cluster.Options{Seeds: u.Seeds, Backend: opt(""), Table: table, Logger: log})
 			return mirror.RouterTarget(r, table)

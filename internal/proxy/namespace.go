@@ -166,7 +166,7 @@ func (sess *Session) nsRewriteBatch(reqs []resp.Request) {
 }
 
 func (sess *Session) nsRewrite(req *resp.Request) namespace.Result {
-	cmd := sess.srv.table.Lookup(req.Args)
+	cmd := sess.cmds.table.Lookup(req.Args)
 	args, res := sess.ns.w.Rewrite(cmd, req.Args)
 	if res.Action == namespace.Forward && !sameArgs(args, req.Args) {
 		req.Args = args

@@ -221,7 +221,9 @@ func relayStream(t *testing.T, rs *redistest.Server, cmds [][]string) (*relayWri
 // relayNoted returns a fresh RESP3 relay's write hooks with cmds noted.
 func relayNoted(cmds [][]string) *relayWrites {
 	table := commands.Builtin()
-	sess := &Session{srv: &Server{table: table, tier: &tierState{}}, resp3: true, sessionBatch: &sessionBatch{}}
+	srv := &Server{tier: &tierState{}}
+	srv.initCommands(table, "")
+	sess := &Session{srv: srv, cmds: srv.cmdSet(), resp3: true, sessionBatch: &sessionBatch{}}
 	rw := newRelayWrites(sess)
 	for _, c := range cmds {
 		args := make([][]byte, len(c))

@@ -60,15 +60,17 @@ func (s *Server) backendOptions(c *config.Config, addr string) upstream.BackendO
 // HELLO and INFO name the server the proxy talks to after a reload to
 // another address or a failover as after a start (found by review: a
 // reload from a 6.2.99 to a 7.0.15 kept saying 6.2.99), and once a Redis
-// down at the start comes up. The version is taken from addr's dials only
-// while addr is the upstream: a dial of the old server that ends after a
-// switch does not count.
+// down at the start comes up; a server other than the one the command
+// table was read from has its table read (upstreamSeen). The version is
+// taken from addr's dials only while addr is the upstream: a dial of the
+// old server that ends after a switch does not count.
 func (s *Server) mainBackendOptions(c *config.Config, addr string) upstream.BackendOptions {
 	s.versionFrom.Store(&addr)
 	o := s.backendOptions(c, addr)
 	o.OnVersion = func(v string) {
 		if cur := s.versionFrom.Load(); cur != nil && *cur == addr {
 			s.SetUpstreamVersion(v)
+			s.upstreamSeen(addr, v) // the command table follows (cmdtable.go)
 		}
 	}
 	return o
@@ -101,7 +103,8 @@ var ErrShuttingDown = errors.New("the proxy is shutting down")
 //     pools are switched to the new options and reply_timeout, by a poll
 //     waited for the same way (replicaSet.reconfigure); a client's WATCH
 //     taken before an address change makes its EXEC answer a null reply
-//     (execMovedWatch);
+//     (execMovedWatch); the new server's command table is read once its
+//     dials report it, in the background (upstreamSeen, cmdtable.go);
 //   - in cluster mode only max_pinned of [upstream] reloads; a certificate
 //     rotated in an [upstream.tls] file is logged as needing a restart,
 //     and the rest of the reload is applied;

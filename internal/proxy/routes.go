@@ -206,7 +206,7 @@ func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 	opts := t.opts
 	if u.Mode == config.ModeCluster {
 		o := opts("", u.Username, u.Password)
-		t.router = cluster.New(cluster.Options{Seeds: u.Seeds, Backend: o, Table: s.table, Logger: s.log.With("upstream", t.name)})
+		t.router = cluster.New(cluster.Options{Seeds: u.Seeds, Backend: o, Table: s.cmdSet().table, Logger: s.log.With("upstream", t.name)})
 		// No connection metrics: the router's are per node (a "node"
 		// label), and one metric name cannot carry a label in some series
 		// and not in others ([upstream]'s and standalone upstreams' have
@@ -650,7 +650,7 @@ func (sess *Session) routeRelayDenied(args [][]byte) string {
 	if sess.srv.routes == nil || len(args) == 0 {
 		return ""
 	}
-	cmd := sess.srv.table.Lookup(args)
+	cmd := sess.cmds.table.Lookup(args)
 	if cmd == nil {
 		return ""
 	}
@@ -738,7 +738,7 @@ func (sess *Session) routedDo(call *upstream.Call) {
 			b.notRead[i] = true
 			continue
 		}
-		cmd := sess.srv.table.Lookup(b.args)
+		cmd := sess.cmds.table.Lookup(b.args)
 		// A command the table does not know may write (a module's).
 		b.mayWrite[i] = cmd == nil || mayWrite(cmd)
 		if rs.replicas {
@@ -1063,7 +1063,7 @@ func (s *Server) routedFetch(c *upstream.Call, db int, resp3 bool, cmd []byte) {
 	args, err := resp.SplitCommand(cmd, nil)
 	up := route.Default
 	if err == nil && len(args) > 0 {
-		if command := s.table.Lookup(args); command != nil {
+		if command := s.cmdSet().table.Lookup(args); command != nil {
 			if u, _, kerr := s.routes.table.Load().Keys(command, args, nil); kerr == nil {
 				up = u
 			}

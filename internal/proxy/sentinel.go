@@ -186,7 +186,9 @@ func (s *Server) readOnlyHook() func() {
 //     (localcache.Cache.SwitchUpstream): after the switch no read is
 //     answered with a value read from the old primary (C4);
 //   - a new coalescing group, so no read joins a fetch sent to the old
-//     primary.
+//     primary;
+//   - the new primary's command table, read once its dials report it, in
+//     the background (upstreamSeen, cmdtable.go).
 func (s *Server) failover(addr string) {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()

@@ -56,26 +56,28 @@ type Server struct {
 	// to the upstream found silent (the main one, users'); others wait
 	// for their dials as usual.
 	startSilent bool
-	table       *commands.Table
-	handlers    map[*commands.Command]*cmdEntry // what the proxy does itself, per command (dispatch.go)
-	log         *slog.Logger
-	metrics     *metrics.Metrics
-	backend     *upstream.Backend
-	router      *cluster.Router                     // cluster mode only (cluster.go)
-	guard       *serverGuard                        // the policy guard (guard.go)
-	flight      atomic.Pointer[stampede.Protection] // stampede protection (flight.go); a reload replaces it
-	tier        *tierState                          // the local tier (tier.go)
-	sentinel    *sentinel.Watcher                   // upstream.mode = "sentinel" (sentinel.go); nil otherwise
-	replicas    *replicaSet                         // upstream.read_from = replica*: reads from replicas (replicas.go); nil otherwise
-	creplicas   *clusterReplicas                    // the same in cluster mode (clusterreplicas.go)
-	park        serverPark                          // idle clients parked without a goroutine (park.go)
-	slow        slowState                           // the slow log (slowlog.go)
-	tls         tlsState                            // TLS on both sides (tls.go)
-	listeners   listenerState                       // the client listeners by name (listeners.go)
-	users       *userState                          // proxy users and their upstream pools (users.go)
-	proxyProto  proxyProtoState                     // PROXY protocol headers on the client listeners (proxyproto.go)
-	routes      *routeState                         // named upstreams and [[route]] (routes.go); nil without routes
-	mirror      *mirror.Mirror                      // [mirror] (mirror.go); nil when off
+	// cmds is the command table in force and the handlers resolved for
+	// it, swapped as a whole when the upstream changes (cmdtable.go).
+	cmds       atomic.Pointer[commandSet]
+	tables     tableFollow // the table's reads from the upstream (cmdtable.go)
+	log        *slog.Logger
+	metrics    *metrics.Metrics
+	backend    *upstream.Backend
+	router     *cluster.Router                     // cluster mode only (cluster.go)
+	guard      *serverGuard                        // the policy guard (guard.go)
+	flight     atomic.Pointer[stampede.Protection] // stampede protection (flight.go); a reload replaces it
+	tier       *tierState                          // the local tier (tier.go)
+	sentinel   *sentinel.Watcher                   // upstream.mode = "sentinel" (sentinel.go); nil otherwise
+	replicas   *replicaSet                         // upstream.read_from = replica*: reads from replicas (replicas.go); nil otherwise
+	creplicas  *clusterReplicas                    // the same in cluster mode (clusterreplicas.go)
+	park       serverPark                          // idle clients parked without a goroutine (park.go)
+	slow       slowState                           // the slow log (slowlog.go)
+	tls        tlsState                            // TLS on both sides (tls.go)
+	listeners  listenerState                       // the client listeners by name (listeners.go)
+	users      *userState                          // proxy users and their upstream pools (users.go)
+	proxyProto proxyProtoState                     // PROXY protocol headers on the client listeners (proxyproto.go)
+	routes     *routeState                         // named upstreams and [[route]] (routes.go); nil without routes
+	mirror     *mirror.Mirror                      // [mirror] (mirror.go); nil when off
 	// pins is upstream.max_pinned, shared by every backend (the proxy's,
 	// each user credential's, each cluster node's): the bound is on all
 	// dedicated connections to Redis together.
@@ -127,7 +129,11 @@ func (s *Server) UpstreamVersion() string {
 
 // Options are what a Server needs beyond its configuration.
 type Options struct {
-	Config  *config.Config
+	Config *config.Config
+	// Table is the command table read from the upstream at start, or
+	// the built-in one standing in for it. It follows the upstream from
+	// then on: another server behind the main pools (a reload, a
+	// failover) has its own table read (cmdtable.go).
 	Table   *commands.Table
 	Logger  *slog.Logger
 	Metrics *metrics.Metrics
@@ -166,8 +172,6 @@ func NewServer(o Options) (*Server, error) {
 		cfg:          cfg,
 		upstreamAddr: addr,
 		startSilent:  o.UpstreamSilent,
-		table:        o.Table,
-		handlers:     newHandlers(o.Table),
 		log:          o.Logger,
 		metrics:      o.Metrics,
 		sessions:     make(map[*Session]struct{}),
@@ -175,7 +179,7 @@ func NewServer(o Options) (*Server, error) {
 		pins:         upstream.NewPinLimit(cfg.Upstream.MaxPinned),
 	}
 	s.live.Store(cfg)
-	s.waitShardedMark.Store(o.Table.Get("spublish") != nil)
+	s.initCommands(o.Table, addr)
 	if cfg.Upstream.Mode != config.ModeSentinel {
 		o.Sentinel.Close()
 	}
@@ -192,6 +196,7 @@ func NewServer(o Options) (*Server, error) {
 		s.router = newRouter(s, cfg)
 		addr = s.router.AnyNode()
 		s.upstreamAddr = addr
+		s.tables.off = true // the router keeps the table it was built with
 		s.registerClusterMetrics()
 	}
 	if cfg.Upstream.Mode == config.ModeSentinel {
@@ -468,6 +473,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // closeUpstreams closes every connection to Redis the server holds, and
 // stops what watches them, failing any Call still waiting.
 func (s *Server) closeUpstreams() {
+	s.stopTables()
 	if s.sentinel != nil {
 		s.sentinel.Close()
 	}

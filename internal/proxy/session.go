@@ -57,6 +57,12 @@ type Session struct {
 	// it is parked (park.go), so that an idle client does not carry it.
 	*sessionBatch
 
+	// cmds is the command set the session's batch is looked up in: the
+	// server's, taken at the start of each batch read (serveBatch, a
+	// relay's reads), so that a batch's commands and their handlers come
+	// from one table even while a new one is swapped in (cmdtable.go).
+	cmds *commandSet
+
 	// Output limits (limits.go).
 	outLimit  int64 // server.client_output_limit
 	replySize int64 // recent bytes per upstream reply, to split batches
@@ -216,6 +222,7 @@ func newSession(s *Server, nc net.Conn) *Session {
 	cfg := s.Config()
 	sess := &Session{
 		srv:          s,
+		cmds:         s.cmdSet(),
 		id:           s.nextID.Add(1),
 		sessionBatch: newSessionBatch(),
 		createdAt:    time.Now().UnixNano(),
@@ -443,6 +450,7 @@ func (sess *Session) serveBatch(reqs []resp.Request, extendable bool) {
 	sess.waitDirect()
 	start := time.Now()
 	at := batchStart{sess.user, sess.db} // for the slow log: this goroutine alone writes them
+	sess.cmds = sess.srv.cmdSet()
 	for pass := 0; ; pass++ {
 		sess.batchReqs = reqs
 		sess.list.active.Store(start.UnixNano())

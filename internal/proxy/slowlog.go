@@ -65,7 +65,7 @@ func (sess *Session) noteSlow(reqs []resp.Request, start time.Time, took, upstre
 	}
 	e.ProxyMicros = e.TotalMicros - e.UpstreamMicros
 	name := "unknown"
-	if cmd := sess.srv.table.Lookup(reqs[0].Args); cmd != nil {
+	if cmd := sess.cmds.table.Lookup(reqs[0].Args); cmd != nil {
 		name = cmd.Name
 		var kb [2]int
 		if keys := cmd.KeysAtMost(reqs[0].Args, kb[:0], 1); len(keys) > 0 {

@@ -1616,7 +1616,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		if d != nil && d.Args != nil {
 			args = d.Args
 		}
-		cmd := sess.srv.table.Lookup(reqs[k].Args)
+		cmd := sess.cmds.table.Lookup(reqs[k].Args)
 		sess.noteLastCmd(cmd)
 		rw.note(cmd, args, d != nil && d.Refuse != nil)
 		if k == 0 {
@@ -1753,6 +1753,7 @@ reading:
 		}
 		active()
 		all, err := sess.rd.ReadBatch()
+		sess.cmds = sess.srv.cmdSet() // a relay's batches follow the table too (cmdtable.go)
 		// A subscriber's batch is sent in segments, each ending at an
 		// unsubscribe (relayExit.segment): what the client sent behind its
 		// last one is held and served on the shared connections, as Redis
@@ -1760,7 +1761,7 @@ reading:
 		for start := 0; start < len(all) || start == 0; {
 			reqs := all[start:]
 			if ex != nil && err == nil {
-				reqs = reqs[:ex.segment(sess.srv.table, reqs)]
+				reqs = reqs[:ex.segment(sess.cmds.table, reqs)]
 			}
 			clientLeft := false
 			if ex != nil && len(reqs) > 0 && err == nil && ex.wantsToLeave() {
@@ -1795,7 +1796,7 @@ reading:
 				if d != nil && d.Args != nil {
 					args = d.Args
 				}
-				cmd := sess.srv.table.Lookup(reqs[k].Args)
+				cmd := sess.cmds.table.Lookup(reqs[k].Args)
 				sess.noteLastCmd(cmd) // before the proxy's CLIENT INFO answer is made
 				if ex != nil {
 					ex.note(cmd)
@@ -1922,7 +1923,7 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 	out = sess.appendRelayedCmd(out, i, r, d, rw)
 	if rw != nil && inMulti {
 		switch {
-		case sess.relayInMulti && movesKeys(sess.srv.table.Lookup(r.Args)):
+		case sess.relayInMulti && movesKeys(sess.cmds.table.Lookup(r.Args)):
 			rw.txFix.blocked = true
 		case !sess.relayInMulti:
 			// The transaction ended here, as Redis takes this command.
@@ -1946,7 +1947,7 @@ func (sess *Session) appendRelayExecRefused(out []byte, i int, r *resp.Request, 
 		return out, false
 	}
 	args := sess.clientArgs(i, r.Args)
-	cmd := sess.srv.table.Lookup(args)
+	cmd := sess.cmds.table.Lookup(args)
 	if sess.aclCheck(cmd, args) == auth.Allowed || !rw.hideNoted() {
 		return out, false
 	}
@@ -2058,7 +2059,7 @@ func (sess *Session) appendRelayedCmd(out []byte, i int, r *resp.Request, d *pol
 	if sess.srv.mirror != nil && sess.relayRunsScripts() {
 		// Forwarded, and Redis runs it (not a MONITOR or RESP2
 		// subscribed connection, where it refuses every write).
-		sess.mirrorSkipRelayed(sess.srv.table.Lookup(r.Args))
+		sess.mirrorSkipRelayed(sess.cmds.table.Lookup(r.Args))
 	}
 	if d == nil || len(d.Violations) == 0 && d.Args == nil {
 		return append(out, r.Raw...)
@@ -2137,7 +2138,7 @@ func (sess *Session) appendRelayAnswer(out []byte, args [][]byte, raw []byte) ([
 	if len(args) < 2 || !strings.EqualFold(string(args[0]), "client") {
 		return out, false
 	}
-	cmd := sess.srv.table.Lookup(args)
+	cmd := sess.cmds.table.Lookup(args)
 	if cmd == nil || !cmd.ArityOK(len(args)) {
 		return out, false // forwarded: Redis answers the error
 	}
@@ -2162,7 +2163,7 @@ func (sess *Session) appendRelayAnswer(out []byte, args [][]byte, raw []byte) ([
 // proxy's own handler answers cmd with args now (appendAnswerScript),
 // and reports whether it did.
 func (sess *Session) appendProxyAnswer(out []byte, cmd *commands.Command, args [][]byte, raw []byte) ([]byte, bool) {
-	e := sess.srv.handlers[cmd]
+	e := sess.cmds.handlers[cmd]
 	if e == nil || e.answer == nil {
 		return out, false
 	}
@@ -2246,7 +2247,7 @@ type relayTxState struct {
 // which Redis runs at once even inside MULTI, gives the client DB 0 and
 // no name, as on Redis.
 func (sess *Session) relayStateStep(args [][]byte) {
-	cmd := sess.srv.table.Lookup(args)
+	cmd := sess.cmds.table.Lookup(args)
 	if cmd == nil {
 		return
 	}
@@ -2336,7 +2337,7 @@ func (sess *Session) appendRelayAuth(out []byte, args [][]byte, refuse func([]by
 	if len(args) == 0 || sess.srv.usersOn() {
 		return out, false
 	}
-	cmd := sess.srv.table.Lookup(args)
+	cmd := sess.cmds.table.Lookup(args)
 	if cmd == nil {
 		return out, false
 	}

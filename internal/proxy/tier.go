@@ -17,9 +17,6 @@ import (
 // own writes in flight (Session.tierWrites).
 type tierState struct {
 	cache *localcache.Cache
-	// cacheable holds localcache.CacheableCommand for every command of the
-	// table, so the hot path does a pointer lookup instead of a name lookup.
-	cacheable map[*commands.Command]bool
 }
 
 func initTier(s *Server) error {
@@ -67,18 +64,7 @@ func initTier(s *Server) error {
 			}
 		}
 	}
-	t := &tierState{cache: c, cacheable: map[*commands.Command]bool{}}
-	for _, cmd := range s.table.Commands() {
-		if localcache.CacheableCommand(cmd) {
-			t.cacheable[cmd] = true
-		}
-		for _, sub := range cmd.Subcommands {
-			if localcache.CacheableCommand(sub) {
-				t.cacheable[sub] = true
-			}
-		}
-	}
-	s.tier = t
+	s.tier = &tierState{cache: c}
 	return nil
 }
 
@@ -124,7 +110,7 @@ func (sess *Session) tierStep(r *request) bool {
 	if t == nil || cmd == nil || sess.pin.pipe != nil {
 		return false
 	}
-	if !t.cacheable[cmd] {
+	if !sess.cmds.cacheable[cmd] {
 		return false
 	}
 	if sess.pendingUpstream() {

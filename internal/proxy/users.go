@@ -33,7 +33,7 @@ func initUsers(s *Server) error {
 	if err := config.ExposureError(s.cfg); err != nil {
 		return fmt.Errorf("refusing to start: %w", err)
 	}
-	us, err := auth.New(s.cfg.Users, s.table)
+	us, err := auth.New(s.cfg.Users, s.cmdSet().table)
 	if err != nil {
 		return err
 	}
@@ -45,7 +45,7 @@ func initUsers(s *Server) error {
 		denied:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "redproxy_acl_denied_total", Help: "Commands refused by a proxy user's ACL, by kind (command, key, channel)."}, []string{"kind"}),
 	}
 	s.metrics.Registry.MustRegister(st.failures, st.denied)
-	for _, name := range us.ScriptsBeyondRules(s.table) {
+	for _, name := range us.ScriptsBeyondRules(s.cmdSet().table) {
 		s.log.Warn("users: this user may run scripts, whose calls Redis checks against [upstream]'s credential, not against the user's acl; "+
 			"give it an upstream_user whose Redis ACL has the same rules, or deny it @scripting",
 			"user", name)
@@ -331,7 +331,7 @@ func (sess *Session) aclDenied(cmd *commands.Command, args [][]byte) string {
 // bypass the guard's deny list, and a SELECT spelled so would move the
 // relay's connection to a database the proxy does not know of.
 func (sess *Session) relayDenied(args [][]byte) string {
-	if msg := nulNameMsg(sess.srv.table.Lookup(args), args); msg != "" {
+	if msg := nulNameMsg(sess.cmds.table.Lookup(args), args); msg != "" {
 		return msg
 	}
 	if msg := scriptDebugRefusal(args); msg != "" {
@@ -343,7 +343,7 @@ func (sess *Session) relayDenied(args [][]byte) string {
 	if !sess.srv.needsAuth() && sess.srv.cfg.Upstream.Username == "" {
 		return ""
 	}
-	cmd := sess.srv.table.Lookup(args)
+	cmd := sess.cmds.table.Lookup(args)
 	if cmd != nil && cmd.Name == "reset" {
 		return "ERR redproxy: RESET is not supported on a connection in subscribed, tracking or MONITOR mode when Redis needs credentials; close the connection instead"
 	}

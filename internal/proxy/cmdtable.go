@@ -1,0 +1,205 @@
+package proxy
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/localcache"
+)
+
+// The command table follows the upstream. It is read from Redis at start
+// (cmd/redproxy); when the main pools' dials report another server than
+// the one it was read from (a reload of upstream.address, a Sentinel
+// failover, a Redis upgraded in place: another address or another
+// version), it is read again from that server in the background and
+// swapped in as a whole, so commands the new server has and the old one
+// lacked are classified (keys, flags, arity), and those it lacks are no
+// longer taken for known. Until the new table is in, the old one
+// classifies; if it cannot be read (COMMAND refused, a timeout), the old
+// one stays, the failure is logged once per server, and the read is tried
+// again on a later dial at most every tableRetryEvery.
+//
+// In cluster mode the table stays the one read from a seed at start: the
+// router and its nodes' handling keep the table they were built with.
+
+// commandSet is a command table and what the proxy derived from it, an
+// immutable snapshot swapped as a whole (Server.cmds). A session takes the
+// set in force at the start of each batch it reads (Session.cmds) and
+// looks every command of that batch up in it, so a command and its
+// handler entry always come from the same table.
+type commandSet struct {
+	table    *commands.Table
+	handlers map[*commands.Command]*cmdEntry // what the proxy does itself, per command (dispatch.go)
+	// cacheable holds localcache.CacheableCommand for every command of
+	// the table, so the local tier's hot path does a pointer lookup
+	// instead of a name lookup (tier.go).
+	cacheable map[*commands.Command]bool
+	// from is the address of the upstream the table describes, and
+	// version that server's version as its dials reported it ("" until
+	// one did).
+	from, version string
+}
+
+func newCommandSet(t *commands.Table, from, version string) *commandSet {
+	cs := &commandSet{table: t, handlers: newHandlers(t), cacheable: map[*commands.Command]bool{}, from: from, version: version}
+	for _, cmd := range t.Commands() {
+		if localcache.CacheableCommand(cmd) {
+			cs.cacheable[cmd] = true
+		}
+		for _, sub := range cmd.Subcommands {
+			if localcache.CacheableCommand(sub) {
+				cs.cacheable[sub] = true
+			}
+		}
+	}
+	return cs
+}
+
+// tableRetryEvery bounds how often a table that could not be read is asked
+// for again (on a later dial of the same server).
+const tableRetryEvery = 10 * time.Second
+
+// tableFollow is the state of the table's reads from the upstream, under
+// mu.
+type tableFollow struct {
+	mu sync.Mutex
+	// off: the table never follows (cluster mode), or the server shut down.
+	off bool
+	// reading is the server a read runs for ("" when none does); want the
+	// one the last dial reported, read next if it differs.
+	reading, want tableSource
+	// failed is the last server a read failed for, and when.
+	failed   tableSource
+	failedAt time.Time
+	stop     context.CancelFunc // cancels a read running; set with ctx
+	ctx      context.Context
+	wg       sync.WaitGroup
+}
+
+type tableSource struct{ addr, version string }
+
+// cmdSet returns the command set in force.
+func (s *Server) cmdSet() *commandSet { return s.cmds.Load() }
+
+// initCommands sets the table the server starts with, read from (or
+// standing in for) the upstream at addr.
+func (s *Server) initCommands(t *commands.Table, addr string) {
+	s.cmds.Store(newCommandSet(t, addr, ""))
+	s.waitShardedMark.Store(t.Get("spublish") != nil)
+	s.tables.ctx, s.tables.stop = context.WithCancel(context.Background())
+}
+
+// upstreamSeen is told the version a dial of the main pools' upstream at
+// addr reported (mainBackendOptions): when that is not the server the
+// table describes, the table is read again from it, in the background.
+func (s *Server) upstreamSeen(addr, version string) {
+	if cur := s.cmdSet(); cur.from == addr && cur.version == version {
+		return // the common case: another dial of the same server
+	}
+	f := &s.tables
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.off {
+		return
+	}
+	cur := s.cmdSet()
+	if cur.from == addr && cur.version == "" {
+		// The first version heard of the server the table was read
+		// from (at start): the table is that server's.
+		next := *cur
+		next.version = version
+		s.cmds.Store(&next)
+		return
+	}
+	if cur.from == addr && cur.version == version {
+		return
+	}
+	src := tableSource{addr, version}
+	f.want = src
+	if f.reading != (tableSource{}) {
+		return // read next, once the running read ends (readTable)
+	}
+	if f.failed == src && time.Since(f.failedAt) < tableRetryEvery {
+		return
+	}
+	f.reading = src
+	f.wg.Add(1)
+	go s.readTable(src)
+}
+
+// readTable reads the command table of the upstream src and swaps it in,
+// if src is still the upstream then; it then reads the one a dial asked
+// for meanwhile, if any.
+func (s *Server) readTable(src tableSource) {
+	f := &s.tables
+	defer f.wg.Done()
+	for {
+		t, err := s.loadTable(f.ctx, src.addr)
+		f.mu.Lock()
+		current := false
+		if cur := s.versionFrom.Load(); cur != nil && *cur == src.addr {
+			current = true
+		}
+		switch {
+		case f.off:
+		case err != nil:
+			if f.failed != src {
+				s.log.Warn("cannot read the new upstream's command table; the one in force stays", "upstream", src.addr, "version", src.version, "err", err)
+			} else {
+				s.log.Debug("cannot read the upstream's command table yet", "upstream", src.addr, "err", err)
+			}
+			f.failed, f.failedAt = src, time.Now()
+		case current:
+			old := s.cmdSet()
+			s.cmds.Store(newCommandSet(t, src.addr, src.version))
+			s.waitShardedMark.Store(t.Get("spublish") != nil)
+			s.log.Info("command table read from the upstream", "upstream", src.addr, "version", src.version,
+				"commands", t.Len(), "previous_commands", old.table.Len())
+		}
+		f.reading = tableSource{}
+		next := f.want
+		cur := s.cmdSet()
+		if f.off || next == src || next == (tableSource{}) || cur.from == next.addr && cur.version == next.version ||
+			f.failed == next && time.Since(f.failedAt) < tableRetryEvery {
+			f.mu.Unlock()
+			return
+		}
+		f.reading, src = next, next
+		f.mu.Unlock()
+	}
+}
+
+// loadTable asks the Redis at addr for its command table, with the
+// upstream's credentials and TLS, as the start does (cmd/redproxy).
+func (s *Server) loadTable(ctx context.Context, addr string) (*commands.Table, error) {
+	cfg := s.Config()
+	c := redis.NewClient(&redis.Options{
+		Addr: addr, Username: cfg.Upstream.Username, Password: cfg.Upstream.Password,
+		TLSConfig:   s.tls.upstream.Load(),
+		DialTimeout: cfg.Upstream.DialTimeout.Duration, MaxRetries: -1, PoolSize: 1,
+		DialerRetries: 1,
+		ReadTimeout:   3 * time.Second,
+		Protocol:      2, DisableIdentity: true,
+	})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 3*cfg.Upstream.DialTimeout.Duration+3*time.Second)
+	defer cancel()
+	return commands.Load(ctx, c)
+}
+
+// stopTables ends the table's reads: one running is cancelled and waited
+// for, and none starts after.
+func (s *Server) stopTables() {
+	f := &s.tables
+	f.mu.Lock()
+	f.off = true
+	f.mu.Unlock()
+	if f.stop != nil {
+		f.stop()
+	}
+	f.wg.Wait()
+}

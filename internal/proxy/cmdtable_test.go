@@ -1,0 +1,143 @@
+package proxy_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/auth"
+	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// TestReloadReadsTheNewUpstreamsCommandTable: after a reload that points
+// the proxy at another Redis, the command table is that server's, read
+// from it in the background, not the one read at start. old stands for an
+// older Redis: GETDEL is missing from its COMMAND reply (disabled with
+// rename-command); cur has it. A client confined to a namespace shows
+// which table is in force: a command the table does not know cannot have
+// its keys prefixed and is refused by the proxy, while one it knows runs
+// on the prefixed key. Before, the table read at start stayed until a
+// restart: after the move to cur, GETDEL stayed refused; after the move
+// back, it was forwarded with its prefixed key and Redis's error named
+// the key outside the client's namespace.
+func TestReloadReadsTheNewUpstreamsCommandTable(t *testing.T) {
+	old := redistest.Start(t, "--rename-command", "GETDEL", "")
+	cur := redistest.Start(t)
+	oldTable, err := commands.Load(ctx, old.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if oldTable.Get("getdel") != nil {
+		t.Fatal("the server with GETDEL disabled still lists it in COMMAND")
+	}
+	app := user("app", nsPass, "+@all ~* allchannels")
+	app.Namespace = "app:"
+	p := proxytest.StartWithTable(t, old, oldTable, func(c *config.Config) { c.Users = []auth.UserConfig{app} })
+	c := nsClient(t, p, "app", func(o *redis.Options) { o.PoolSize = 1 })
+
+	const refused = "cannot be confined to a namespace"
+	if _, err := c.GetDel(ctx, "k").Result(); err == nil || !strings.Contains(err.Error(), refused) {
+		t.Fatalf("GETDEL through a table without it: %v, want the proxy's refusal (%q)", err, refused)
+	}
+
+	if err := cur.Client(t).Set(ctx, "app:k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Another client pipelines while the tables are swapped, for -race:
+	// its batches take the table in force as they start.
+	load := nsClient(t, p, "app")
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			pipe := load.Pipeline()
+			pipe.Set(ctx, "load", "x", 0)
+			pipe.Get(ctx, "load")
+			pipe.GetDel(ctx, "load")
+			pipe.Exec(ctx) // GETDEL's answer depends on the table in force
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Upstream.Address = cur.Addr() })); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		got, err = c.GetDel(ctx, "k").Result()
+		return err == nil
+	}, "GETDEL was never taken for a command once the upstream was a server that has it (last answer: %v)", lazyErr{&err})
+	if got != "v" {
+		t.Fatalf("GETDEL k after the reload: %q, want %q (the namespaced key app:k)", got, "v")
+	}
+	if n, err := cur.Client(t).Exists(ctx, "app:k").Result(); err != nil || n != 0 {
+		t.Fatalf("app:k on the new upstream after GETDEL: exists=%d (%v), want gone", n, err)
+	}
+
+	// And back: a server that lacks a command has it refused again, by
+	// the proxy, rather than forwarded with the prefixed key.
+	if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Upstream.Address = old.Addr() })); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		_, err = c.GetDel(ctx, "k").Result()
+		return err != nil && strings.Contains(err.Error(), refused)
+	}, "GETDEL was still taken for a command once the upstream was a server without it (last answer: %v)", lazyErr{&err})
+	if _, err := c.Set(ctx, "k", "w", 0).Result(); err != nil {
+		t.Fatalf("SET after the move back: %v", err)
+	}
+	if v, err := old.Client(t).Get(ctx, "app:k").Result(); err != nil || v != "w" {
+		t.Fatalf("app:k on the old server: %q (%v), want %q", v, err, "w")
+	}
+}
+
+// lazyErr prints the error *e holds when the message is made.
+type lazyErr struct{ e *error }
+
+func (l lazyErr) String() string {
+	if *l.e == nil {
+		return "<nil>"
+	}
+	return (*l.e).Error()
+}
+
+// TestSentinelFailoverReadsTheNewPrimarysCommandTable: after a failover
+// the command table is the new primary's. The replica promoted stands for
+// a server of another version: GETDEL is missing from its COMMAND reply.
+// Before, the proxy kept the old primary's table, which has GETDEL: a
+// namespaced client's GETDEL was forwarded with its prefixed key, and
+// Redis's "unknown command" error named the key outside its namespace.
+func TestSentinelFailoverReadsTheNewPrimarysCommandTable(t *testing.T) {
+	g := redistest.StartSentinelGroup(t, redistest.SentinelOptions{Replicas: 1, ReplicaArgs: []string{"--rename-command", "GETDEL", ""}})
+	old := g.Nodes[0]
+	app := user("app", nsPass, "+@all ~* allchannels")
+	app.Namespace = "app:"
+	p := proxytest.Start(t, old, func(c *config.Config) {
+		sentinelConfig(g, g.SentinelAddrs())(c)
+		c.Users = []auth.UserConfig{app}
+	})
+	c := nsClient(t, p, "app", func(o *redis.Options) { o.PoolSize = 1 })
+	if err := c.GetDel(ctx, "k").Err(); err != redis.Nil {
+		t.Fatalf("GETDEL of a missing key on the first primary: %v, want a nil reply", err)
+	}
+
+	g.Failover(t)
+	next := g.WaitNewPrimary(t, old, 30*time.Second)
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.SentinelPrimary() == next.Addr() },
+		"the proxy did not follow to %s", next.Addr())
+	const refused = "cannot be confined to a namespace"
+	var err error
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		err = c.GetDel(ctx, "k").Err()
+		return err != nil && strings.Contains(err.Error(), refused)
+	}, "GETDEL was still taken for a command on a primary without it (last answer: %v)", lazyErr{&err})
+}
