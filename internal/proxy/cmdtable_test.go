@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -140,4 +142,52 @@ func TestSentinelFailoverReadsTheNewPrimarysCommandTable(t *testing.T) {
 		err = c.GetDel(ctx, "k").Err()
 		return err != nil && strings.Contains(err.Error(), refused)
 	}, "GETDEL was still taken for a command on a primary without it (last answer: %v)", lazyErr{&err})
+}
+
+// TestUnreadableCommandTableKeepsTheOldOne: a new upstream whose table
+// cannot be read (COMMAND disabled, as an ACL may deny it) leaves the
+// table in force as it was, and says so once, however many connections
+// to it are dialled. The old table (which has GETDEL) still classifies: a
+// namespaced client's GETDEL goes on to Redis, which does not know it.
+func TestUnreadableCommandTableKeepsTheOldOne(t *testing.T) {
+	var logs redistest.LogBuffer
+	a := redistest.Start(t)
+	b := redistest.Start(t, "--rename-command", "COMMAND", "", "--rename-command", "GETDEL", "")
+	cfg := config.Default()
+	cfg.Server.Listen, cfg.Server.Admin, cfg.Upstream.Address = "127.0.0.1:0", "", a.Addr()
+	cfg.Upstream.Connections = 4
+	app := user("app", nsPass, "+@all ~* allchannels")
+	app.Namespace = "app:"
+	cfg.Users = []auth.UserConfig{app}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	srv, ln := serveLogged(t, cfg, metrics.New(), slog.NewTextHandler(&logs, nil))
+	redistest.Eventually(t, 5*time.Second, srv.Ready, "the proxy never reached %s", a.Addr())
+	next := *cfg
+	next.Upstream.Address = b.Addr()
+	if _, err := srv.Reload(&next); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), Username: "app", Password: nsPass, MaxRetries: -1, PoolSize: 1})
+	defer c.Close()
+	// Connections of both protocols and two databases: more dials of b.
+	c3 := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), Username: "app", Password: nsPass, MaxRetries: -1, PoolSize: 1, Protocol: 3, DB: 1})
+	defer c3.Close()
+	if err := c3.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const warning = "cannot read the new upstream's command table"
+	redistest.Eventually(t, 10*time.Second, func() bool { return strings.Contains(logs.String(), warning) },
+		"no warning that the new upstream's table could not be read; log:\n%s", &logs)
+	err := c.GetDel(ctx, "k").Err()
+	if err == nil || !strings.Contains(err.Error(), "unknown command 'getdel'") {
+		t.Fatalf("GETDEL with the old table kept: %v, want Redis's unknown command error", err)
+	}
+	if v, err := c3.Get(ctx, "k").Result(); err != nil || v != "v" {
+		t.Fatalf("GET after the failed read: %q, %v", v, err)
+	}
+	if n := strings.Count(logs.String(), warning); n != 1 {
+		t.Fatalf("%d warnings that the table could not be read, want 1; log:\n%s", n, &logs)
+	}
 }
