@@ -138,8 +138,10 @@ type Options struct {
 	Logger  *slog.Logger
 	Metrics *metrics.Metrics
 	// UpstreamAddr overrides cfg.Upstream.Address (used for the embedded
-	// store, whose address is only known once it runs). Not used in
-	// Sentinel mode: the primary is Options.Sentinel's, or asked for.
+	// store, whose address is only known once it runs). In Sentinel mode
+	// it is the primary the caller read Table from, which says whose
+	// table it is (cmdtable.go); the primary served is
+	// Options.Sentinel's, or asked for.
 	UpstreamAddr string
 	// UpstreamSilent says the caller's probes got no answer from Redis
 	// (neither COMMAND nor a PING: refused, or accepted and silent): the
