@@ -368,7 +368,7 @@ func (sess *Session) resume() {
 	}
 	sess.reattach()
 	sess.rd = sess.newReader()
-	sess.sessionBatch = newSessionBatch()
+	sess.sessionBatch = newSessionBatch(sess.srv.cmdSet())
 	sess.serve()
 }
 

@@ -223,7 +223,7 @@ func relayNoted(cmds [][]string) *relayWrites {
 	table := commands.Builtin()
 	srv := &Server{tier: &tierState{}}
 	srv.initCommands(table, "")
-	sess := &Session{srv: srv, cmds: srv.cmdSet(), resp3: true, sessionBatch: &sessionBatch{}}
+	sess := &Session{srv: srv, resp3: true, sessionBatch: &sessionBatch{cmds: srv.cmdSet()}}
 	rw := newRelayWrites(sess)
 	for _, c := range cmds {
 		args := make([][]byte, len(c))

@@ -57,12 +57,6 @@ type Session struct {
 	// it is parked (park.go), so that an idle client does not carry it.
 	*sessionBatch
 
-	// cmds is the command set the session's batch is looked up in: the
-	// server's, taken at the start of each batch read (serveBatch, a
-	// relay's reads), so that a batch's commands and their handlers come
-	// from one table even while a new one is swapped in (cmdtable.go).
-	cmds *commandSet
-
 	// Output limits (limits.go).
 	outLimit  int64 // server.client_output_limit
 	replySize int64 // recent bytes per upstream reply, to split batches
@@ -123,6 +117,12 @@ type Session struct {
 // session drops it and a resumed one starts from a fresh one, and what an
 // idle client costs is the rest of the Session.
 type sessionBatch struct {
+	// cmds is the command set the batch is looked up in: the server's,
+	// taken at the start of each batch read (serveBatch, a relay's reads),
+	// so that a batch's commands and their handlers come from one table
+	// even while a new one is swapped in (cmdtable.go). Here rather than
+	// in Session, which must fit its size class (session_size_internal_test.go).
+	cmds *commandSet
 	// The batch being answered: forwarded commands are collected into one
 	// Call; slots remember, for every command, where its reply comes from.
 	call      *upstream.Call
@@ -186,8 +186,8 @@ type sessionBatch struct {
 }
 
 // newSessionBatch is a session's batch state when it starts or resumes.
-func newSessionBatch() *sessionBatch {
-	return &sessionBatch{call: upstream.NewCall()}
+func newSessionBatch(cmds *commandSet) *sessionBatch {
+	return &sessionBatch{call: upstream.NewCall(), cmds: cmds}
 }
 
 // slot says where one command's reply comes from.
@@ -222,9 +222,8 @@ func newSession(s *Server, nc net.Conn) *Session {
 	cfg := s.Config()
 	sess := &Session{
 		srv:          s,
-		cmds:         s.cmdSet(),
 		id:           s.nextID.Add(1),
-		sessionBatch: newSessionBatch(),
+		sessionBatch: newSessionBatch(s.cmdSet()),
 		createdAt:    time.Now().UnixNano(),
 		authed:       !s.needsAuth(),
 		outLimit:     int64(cfg.Server.ClientOutputLimit),
