@@ -181,7 +181,15 @@ func NewServer(o Options) (*Server, error) {
 		pins:         upstream.NewPinLimit(cfg.Upstream.MaxPinned),
 	}
 	s.live.Store(cfg)
-	s.initCommands(o.Table, addr)
+	// The server the table describes: in Sentinel mode the primary the
+	// caller read it from, never upstream.address, which that mode does
+	// not use (a primary at that address had the built-in table kept as
+	// its own).
+	from := addr
+	if cfg.Upstream.Mode == config.ModeSentinel {
+		from = o.UpstreamAddr
+	}
+	s.initCommands(o.Table, from)
 	if cfg.Upstream.Mode != config.ModeSentinel {
 		o.Sentinel.Close()
 	}
