@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -8,7 +9,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/auth"
+	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/proxy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -44,4 +48,45 @@ func TestReviewSentinelTableNotTakenFromUpstreamAddress(t *testing.T) {
 		err = c.GetDel(ctx, "k").Err()
 		return err != nil && strings.Contains(err.Error(), refused)
 	}, "GETDEL still taken for a command: the primary's table was never read (last answer: %v)", lazyErr{&err})
+}
+
+// TestReviewFailedNewServerReadsNoTable: a NewServer that fails (here
+// initUsers, on a listener open to all) leaves nothing running. Its main
+// pools had dialled the primary already, and a dial of a server other
+// than the one the table describes starts the table's read in the
+// background (upstreamSeen); the failure path closed the backend and the
+// watcher but not the read (stopTables): it went on after NewServer had
+// returned its error, and swapped a table into a server nobody holds.
+// Whether the read is still running when NewServer returns is a race (it
+// often ends first), so NewServer is tried ten times.
+func TestReviewFailedNewServerReadsNoTable(t *testing.T) {
+	primary := redistest.Start(t)
+	sen := redistest.StartSentinel(t, redistest.SentinelOptions{Sentinels: 1}, primary.Port(), 1)
+	cfg := config.Default()
+	cfg.Server.Listen, cfg.Server.Admin = "0.0.0.0:0", "" // refused by initUsers: no [[users]], no password
+	cfg.Upstream.Mode, cfg.Upstream.Sentinels, cfg.Upstream.MasterName = config.ModeSentinel, []string{sen.Addr()}, "mymaster"
+	cfg.Upstream.Address = ""
+	cfg.Upstream.Connections = 1 // NewServer goes on as soon as the first dials are in
+	const tries = 10
+	logs := make([]redistest.LogBuffer, tries)
+	atReturn := make([]string, tries)
+	for i := range tries {
+		_, err := proxy.NewServer(proxy.Options{Config: cfg, Table: commands.Builtin(), Logger: slog.New(slog.NewTextHandler(&logs[i], nil)), Metrics: metrics.New()})
+		atReturn[i] = logs[i].String()
+		if err == nil {
+			t.Fatal("NewServer did not fail")
+		}
+	}
+	time.Sleep(time.Second)
+	leaked := 0
+	var last string
+	for i := range tries {
+		if after := strings.TrimPrefix(logs[i].String(), atReturn[i]); strings.Contains(after, "command table") {
+			leaked++
+			last = after
+		}
+	}
+	if leaked > 0 {
+		t.Fatalf("in %d of %d failed NewServers a table read ran on after it returned; logged after one returned:\n%s", leaked, tries, last)
+	}
 }
