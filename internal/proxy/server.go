@@ -246,6 +246,9 @@ func NewServer(o Options) (*Server, error) {
 		initTier,          // the local tier, when enabled (tier.go)
 	} {
 		if err := build(s); err != nil {
+			// The pools' first dials may have started a read of the
+			// command table (upstreamSeen): it must not outlive us.
+			s.stopTables()
 			if s.sentinel != nil {
 				s.sentinel.Close()
 			}
