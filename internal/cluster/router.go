@@ -806,10 +806,12 @@ func (b *batch) split(o *op, k mergeKind, stride int) {
 // every slot below the cursor's was walked, so the walk starts again with
 // its base at that slot (rounded down to 256): the node under way and
 // those after it are walked again, keys already returned may come again
-// (SCAN allows it), and none that stayed put is missed. Changes below the
-// base cost nothing, so a scan across a long resharding ends, and one
-// change costs at most one more walk of each primary, however many
-// separate slot ranges each serves.
+// (SCAN allows it), and none that stayed put is missed (but for slots the
+// walk went past while no primary served them: see COMPATIBILITY.md).
+// Changes below the base cost nothing; each change from the base on starts
+// the node under way again, so a resharding moving slots ahead of the walk
+// holds it there. One change costs at most one more walk of each primary,
+// however many separate slot ranges each serves.
 const (
 	cursorSlotBits = 14
 	cursorHashBits = 10
