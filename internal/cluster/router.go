@@ -788,99 +788,142 @@ func (b *batch) split(o *op, k mergeKind, stride int) {
 }
 
 // Scan cursors carry, from the low bits up: a slot (14 bits), a hash
-// (10 bits), a base (6 bits, in steps of 256 slots) and the node's own
-// cursor (34 bits).
+// (10 bits), a base (6 bits, in steps of 256 slots), a holes bit and the
+// node's own cursor (33 bits).
 //
 // A walk with base b visits the primaries serving slots from b on, in the
 // order of the lowest such slot each serves, and keeps each one's keys of
 // slots from b on; the cursor's slot is the node's lowest from b on, so it
-// names the node and says that every slot below it is walked. A walk
-// starts with base 0: every primary walked whole, once. The hash is that
-// of who serves which slot from b on (scanHash), so while that part of
-// the map holds still, the order holds and nothing is skipped or walked
-// twice. When it changes, the order the walk followed is gone: a moved
-// slot can put a primary not yet walked before the one being walked, and
-// a failover's new primary cannot take the old one's cursor, a position
-// in another process's hash table (found by review: 9,992 and 1,592 of
+// names the node and says that every slot below it is walked, but for
+// slots no primary served when the walk went past them (the holes bit
+// says there were some). A walk starts with base 0: every primary walked
+// whole, once.
+//
+// The hash is that of what the cursor relies on (scanHash): which slots
+// from b on the primaries already walked, and the one under way, serve,
+// and which have no primary. While that holds, nothing is skipped or
+// walked twice; moves among primaries not yet walked (a resharding ahead
+// of the walk) change nothing it relies on and cost nothing, nor do moves
+// below the base. When it changes, the order the walk followed is gone: a
+// slot moved to a primary already walked would be skipped, and a
+// failover's new primary cannot take the old one's cursor, a position in
+// another process's hash table (found by review: 9,992 and 1,592 of
 // 30,000 keys that never moved were missed). What still holds is that
 // every slot below the cursor's was walked, so the walk starts again with
-// its base at that slot (rounded down to 256): the node under way and
-// those after it are walked again, keys already returned may come again
-// (SCAN allows it), and none that stayed put is missed (but for slots the
-// walk went past while no primary served them: see COMPATIBILITY.md).
-// Changes below the base cost nothing; each change from the base on starts
-// the node under way again, so a resharding moving slots ahead of the walk
-// holds it there. One change costs at most one more walk of each primary,
-// however many separate slot ranges each serves.
+// its base at that slot (rounded down to 256), or at its base if it went
+// past holes, which may be served now: the node under way and those after
+// it are walked again, keys already returned may come again (SCAN allows
+// it), and none that stayed put is missed. One change costs at most one
+// more walk of each primary, however many separate slot ranges each
+// serves.
 const (
 	cursorSlotBits = 14
 	cursorHashBits = 10
 	cursorBaseBits = 6
 	cursorBaseLow  = cursorSlotBits + cursorHashBits
-	cursorNodeLow  = cursorBaseLow + cursorBaseBits
+	cursorHolesBit = cursorBaseLow + cursorBaseBits
+	cursorNodeLow  = cursorHolesBit + 1
 	scanBaseStep   = Slots >> cursorBaseBits
 	maxNodeCursor  = 1<<(64-cursorNodeLow) - 1
 	cursorSlotMask = 1<<cursorSlotBits - 1
 	cursorHashMask = 1<<cursorHashBits - 1
 	cursorBaseMask = 1<<cursorBaseBits - 1
+	// scanHashesCached bounds the hashes a map keeps (scanHash), which
+	// cursors a client makes up could otherwise grow without end.
+	scanHashesCached = 1024
 )
 
-// scanHash is the hash a cursor of base b carries: who serves which slot
-// from b on in m, cached in m per base. It is not the hash of the cursors
-// before bases (the fingerprint's alone): such a cursor, handed over by a
-// client mid-scan across an upgrade, has the node's cursor from bit 24 on,
-// which read as a cursor of this format with a matching hash would send
-// the node another cursor than its own (found by review: 108 of 6,000
-// keys missed). With the salt it does not match (but one time in 1,024),
-// and the walk starts again at its slot.
-func scanHash(m *Map, b int) uint64 {
-	cached := &m.scanHashes[b/scanBaseStep]
-	if h := cached.Load(); h != 0 {
-		return h & cursorHashMask
+// scanHash is the hash a cursor of base b at slot carries: for each slot
+// from b on, the primary serving it if that primary's lowest slot from b
+// on is at most slot (walked, or under way), else whether any serves it.
+// Cached in m per base and slot. It is not the hash of the cursors before
+// bases (the fingerprint's alone): such a cursor, handed over by a client
+// mid-scan across an upgrade, has the node's cursor from bit 24 on, which
+// read as a cursor of this format with a matching hash would send the
+// node another cursor than its own (found by review: 108 of 6,000 keys
+// missed). With the salt it does not match (but one time in 1,024), and
+// the walk starts again.
+func scanHash(m *Map, b, slot int) uint64 {
+	key := uint32(b)<<cursorSlotBits | uint32(slot)
+	if h, ok := m.scanHashes.Load(key); ok {
+		return h.(uint64)
 	}
-	h := fnv.New64a()
-	fmt.Fprintf(h, "scan/3 %d;", b)
-	start := b
-	for s := b + 1; s <= Slots; s++ {
-		if s == Slots || m.owner[s] != m.owner[start] {
-			fmt.Fprintf(h, "%d-%d=%s;", start, s-1, m.Owner(start))
-			start = s
+	lowest := make([]int, len(m.primaries))
+	for i := range lowest {
+		lowest[i] = Slots
+	}
+	for s := Slots - 1; s >= b; s-- {
+		if i := m.owner[s]; i >= 0 {
+			lowest[i] = s
 		}
 	}
-	sum := h.Sum64()&cursorHashMask | 1<<63
-	cached.Store(sum)
-	return sum & cursorHashMask
+	label := func(s int) string {
+		switch i := m.owner[s]; {
+		case i < 0:
+			return "-"
+		case lowest[i] <= slot:
+			return m.primaries[i]
+		}
+		return "+"
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "scan/4 %d %d;", b, slot)
+	start, l := b, label(b)
+	for s := b + 1; s <= Slots; s++ {
+		var next string
+		if s < Slots {
+			next = label(s)
+		}
+		if s == Slots || next != l {
+			fmt.Fprintf(h, "%d-%d=%s;", start, s-1, l)
+			start, l = s, next
+		}
+	}
+	sum := h.Sum64() & cursorHashMask
+	if m.scanHashesN.Add(1) <= scanHashesCached {
+		m.scanHashes.Store(key, sum)
+	}
+	return sum
 }
 
 // scanWalk is the part of a SCAN walk one call makes: the walk of base in
-// map m at slot's primary, slot being its lowest slot from base on.
+// map m at slot's primary, slot being its lowest slot from base on; holes
+// says the walk went past slots no primary served.
 type scanWalk struct {
-	m    *Map
-	base int
-	slot int
+	m     *Map
+	base  int
+	slot  int
+	holes bool
 }
 
 // cursor is the cursor of w at the node's cursor nodeCursor.
 func (w scanWalk) cursor(nodeCursor uint64) uint64 {
-	return nodeCursor<<cursorNodeLow | uint64(w.base/scanBaseStep)<<cursorBaseLow |
-		scanHash(w.m, w.base)<<cursorSlotBits | uint64(w.slot)
+	c := nodeCursor<<cursorNodeLow | uint64(w.base/scanBaseStep)<<cursorBaseLow |
+		scanHash(w.m, w.base, w.slot)<<cursorSlotBits | uint64(w.slot)
+	if w.holes {
+		c |= 1 << cursorHolesBit
+	}
+	return c
 }
 
-// next is the cursor that starts the next primary's walk once addr's has
-// ended, or 0 when it was the last: the primary whose lowest slot from the
-// base on comes next, in the map the walk was planned with (the next call
-// checks that it still holds).
+// next is the cursor that starts the next primary's walk once this one's
+// has ended, or 0 when it was the last: the primary whose lowest slot from
+// the base on comes next, in the map the walk was planned with (the next
+// call checks that it still holds).
 func (w scanWalk) next() uint64 {
 	m := w.m
 	seen := make([]bool, len(m.primaries))
 	for s := w.base; s < Slots; s++ {
 		i := m.owner[s]
-		if i < 0 || seen[i] {
-			continue
-		}
-		seen[i] = true
-		if s > w.slot {
-			return scanWalk{m: m, base: w.base, slot: s}.cursor(0)
+		switch {
+		case i < 0:
+			w.holes = w.holes || s > w.slot
+		case !seen[i]:
+			seen[i] = true
+			if s > w.slot {
+				w.slot = s
+				return w.cursor(0)
+			}
 		}
 	}
 	return 0
@@ -901,18 +944,23 @@ func planScanWalk(m *Map, cursor uint64) (w scanWalk, addr string, nodeCursor ui
 	if cursor != 0 {
 		w.slot = int(cursor & cursorSlotMask)
 		w.base = int(cursor>>cursorBaseLow&cursorBaseMask) * scanBaseStep
-		if w.base <= w.slot && cursor>>cursorSlotBits&cursorHashMask == scanHash(m, w.base) {
-			return w, m.Owner(w.slot), nodeCursor, false
+		w.holes = cursor>>cursorHolesBit&1 == 1
+		if addr = m.Owner(w.slot); addr != "" && w.base <= w.slot &&
+			cursor>>cursorSlotBits&cursorHashMask == scanHash(m, w.base, w.slot) {
+			return w, addr, nodeCursor, false
 		}
-		// Who serves the slots from the base on changed since the cursor
-		// was made: every slot below the cursor's was walked, nothing
+		// What the cursor relied on changed since it was made: every
+		// slot below the cursor's was walked but for holes, nothing
 		// more is known. Start again from there.
 		restarted = nodeCursor != 0
-		w.base = w.slot / scanBaseStep * scanBaseStep
+		if !w.holes || w.base > w.slot {
+			w.base = w.slot / scanBaseStep * scanBaseStep
+		}
 	}
 	if w.slot = m.nextServed(w.base); w.slot < 0 {
 		return w, "", 0, false
 	}
+	w.holes = w.slot > w.base
 	return w, m.Owner(w.slot), 0, restarted
 }
 

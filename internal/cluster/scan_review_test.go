@@ -98,29 +98,34 @@ func TestReviewScanWalkSlotsUnservedForAMoment(t *testing.T) {
 	}
 }
 
-// docs/COMPATIBILITY.md: "changes below the base cost nothing, so a scan
-// across a long resharding ends". A resharding moves slots ahead of the
-// walk as often as behind it: here slot 16383 moves between the second
-// and third primaries after every page while the first is walked. Each
-// move changes who serves the slots from base 0 on, so the first
-// primary's walk starts again at every call and the scan never ends while
-// the moves go on.
+// A resharding ahead of the walk, among primaries not yet walked, costs
+// nothing: here slot 16383 moves between the fourth and fifth primaries
+// after every page while the first three are walked. Found by review: the
+// hash covered who serves every slot from the base on, so each such move
+// started the node under way again and the scan did not end while the
+// moves went on (200 restarts in 200 calls).
 func TestReviewScanWalkReshardingAheadOfTheWalkEnds(t *testing.T) {
-	sm := newScanModel(3)
+	sm := newScanModel(5)
+	third := sm.m.lowestSlot(sm.addrs[2])
 	var cursor uint64
 	made := sm.m
-	restarts := 0
+	restarts, moves := 0, 0
+	seen := map[string]bool{}
 	for calls := 0; ; calls++ {
-		if calls > 0 {
-			sm.owner[Slots-1] = 1 + calls%2
+		if calls > 0 && int(cursor&cursorSlotMask) <= third {
+			sm.owner[Slots-1] = 3 + calls%2
 			sm.build()
+			moves++
 			if _, _, _, again := planScanWalk(sm.m, cursor); again {
 				restarts++
 			}
 		}
-		_, next, collided := sm.call(cursor, made)
+		keys, next, collided := sm.call(cursor, made)
 		if collided {
 			t.Skip("a hash collision")
+		}
+		for _, k := range keys {
+			seen[k] = true
 		}
 		if cursor, made = next, sm.m; cursor == 0 {
 			break
@@ -128,5 +133,8 @@ func TestReviewScanWalkReshardingAheadOfTheWalkEnds(t *testing.T) {
 		if calls > 200 {
 			t.Fatalf("no end after %d calls under a resharding ahead of the walk: %d node walks started again", calls, restarts)
 		}
+	}
+	if restarts != 0 || len(seen) != Slots {
+		t.Fatalf("%d moves ahead of the walk: %d node walks started again, %d of %d keys returned", moves, restarts, len(seen), Slots)
 	}
 }

@@ -36,8 +36,10 @@ type Map struct {
 	// all 16384 slots. A Map is not changed once built.
 	fpOnce sync.Once
 	fp     string
-	// scanHashes caches scanHash per SCAN base (1<<63 set once computed).
-	scanHashes [1 << cursorBaseBits]atomic.Uint64
+	// scanHashes caches scanHash per SCAN base and slot (uint32 to
+	// uint64), at most scanHashesCached of them (counted in scanHashesN).
+	scanHashes  sync.Map
+	scanHashesN atomic.Int64
 }
 
 // newMap returns a map with no slot assigned.

@@ -69,7 +69,7 @@ func TestClusterScanAcrossMapChanges(t *testing.T) {
 			// Walk into the second primary: its first cursor's slot is
 			// not the first's lowest, 0.
 			seen := map[string]int{}
-			cursor := scanThrough(t, rc, 0, seen, func(cur uint64) bool { return cur&(1<<14-1) != 0 && cur>>30 != 0 })
+			cursor := scanThrough(t, rc, 0, seen, func(cur uint64) bool { return cur&(1<<14-1) != 0 && cur>>31 != 0 })
 			if cursor == 0 {
 				t.Fatal("the scan ended before the second primary's walk began")
 			}
@@ -130,7 +130,7 @@ func TestClusterScanDuringResharding(t *testing.T) {
 	order := p.Router().Map().Primaries()
 	first, third := nodeAt(t, c, order[0]), nodeAt(t, c, order[2])
 	seen := map[string]int{}
-	cursor := scanThrough(t, rc, 0, seen, func(cur uint64) bool { return cur&(1<<14-1) != 0 && cur>>30 != 0 })
+	cursor := scanThrough(t, rc, 0, seen, func(cur uint64) bool { return cur&(1<<14-1) != 0 && cur>>31 != 0 })
 	restarts := p.Router().ScanRestarts()
 	const maxMoves = 120
 	moves := 0
@@ -196,7 +196,7 @@ func TestClusterScanPreviousVersionCursor(t *testing.T) {
 	// 64 in a table of 2,048.
 	seen := map[string]int{}
 	cursor := scanThrough(t, rc, 0, seen, func(cur uint64) bool { return cur&(1<<14-1) != 0 })
-	for cursor>>30 == 0 || cursor>>30%64 != 0 {
+	for cursor>>31 == 0 || cursor>>31%64 != 0 {
 		if cursor == 0 {
 			t.Fatal("the scan ended before the second primary's walk reached a node cursor that is a multiple of 64")
 		}
@@ -211,7 +211,7 @@ func TestClusterScanPreviousVersionCursor(t *testing.T) {
 	}
 	h := fnv.New64a()
 	h.Write([]byte(p.Router().Map().Fingerprint()))
-	old := cursor>>30<<24 | h.Sum64()&(1<<10-1)<<14 | cursor&(1<<14-1)
+	old := cursor>>31<<24 | h.Sum64()&(1<<10-1)<<14 | cursor&(1<<14-1)
 	scanThrough(t, rc, old, seen, nil)
 	missed := 0
 	for i := range n {
@@ -220,6 +220,6 @@ func TestClusterScanPreviousVersionCursor(t *testing.T) {
 		}
 	}
 	if missed > 0 {
-		t.Fatalf("the scan missed %d of %d keys after a previous version's cursor %d (node cursor %d)", missed, n, old, cursor>>30)
+		t.Fatalf("the scan missed %d of %d keys after a previous version's cursor %d (node cursor %d)", missed, n, old, cursor>>31)
 	}
 }

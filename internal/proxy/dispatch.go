@@ -40,8 +40,9 @@ func (sess *Session) classify(i int, req *resp.Request) *request {
 		cmd = sess.cmds.table.Lookup(req.Args)
 	}
 	// A pipeline mostly repeats one command: its metric and handler entry
-	// are those of the one before (both fixed per command for the Server's
-	// life), which saves a lookup by name and one by pointer.
+	// are those of the one before (both fixed per *Command, and a table
+	// read later has Commands of its own: cmdtable.go), which saves a
+	// lookup by name and one by pointer.
 	c := &sess.lastClass
 	if cmd != c.cmd || c.m == nil {
 		*c = classMemo{cmd: cmd, m: sess.metricFor(cmd)}
