@@ -828,8 +828,9 @@ const (
 	cursorSlotMask = 1<<cursorSlotBits - 1
 	cursorHashMask = 1<<cursorHashBits - 1
 	cursorBaseMask = 1<<cursorBaseBits - 1
-	// scanHashesCached bounds the hashes a map keeps (scanHash), which
-	// cursors a client makes up could otherwise grow without end.
+	// scanHashesCached bounds the hashes a map keeps (scanHash): one per
+	// base and primary's lowest slot from it, which cursors a client
+	// makes up could otherwise multiply.
 	scanHashesCached = 1024
 )
 
@@ -880,7 +881,11 @@ func scanHash(m *Map, b, slot int) uint64 {
 		}
 	}
 	sum := h.Sum64() & cursorHashMask
-	if m.scanHashesN.Add(1) <= scanHashesCached {
+	// Only a slot that is its primary's lowest from b on can come from a
+	// walk (cursor and next make no other); a cursor a client made up
+	// with another is hashed but not kept, so that it cannot fill the
+	// cache (found by review).
+	if i := m.owner[slot]; i >= 0 && lowest[i] == slot && m.scanHashesN.Add(1) <= scanHashesCached {
 		m.scanHashes.Store(key, sum)
 	}
 	return sum
