@@ -34,6 +34,41 @@ func scanThrough(t *testing.T, rc *redis.Client, cursor uint64, seen map[string]
 	}
 }
 
+// scanKeysN keys scan:0 ... are written by startScanCluster.
+const scanKeysN = 6000
+
+// startScanCluster starts a cluster of 3 primaries (with replicas each),
+// a proxy in front of it and a client of the proxy, and writes scanKeysN
+// keys through it.
+func startScanCluster(t *testing.T, replicas int) (*redistest.Cluster, *proxytest.Proxy, *redis.Client) {
+	t.Helper()
+	c := redistest.StartCluster(t, 3, replicas)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+	})
+	rc := p.Client(t)
+	pipe := rc.Pipeline()
+	for i := range scanKeysN {
+		pipe.Set(ctx, fmt.Sprintf("scan:%d", i), "v", 0)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c, p, rc
+}
+
+// scanMissed is how many of startScanCluster's keys seen does not hold.
+func scanMissed(seen map[string]int) int {
+	missed := 0
+	for i := range scanKeysN {
+		if seen[fmt.Sprintf("scan:%d", i)] == 0 {
+			missed++
+		}
+	}
+	return missed
+}
+
 // A full SCAN through the proxy returns every key that stayed on its node
 // even when the slot map changes during the walk: a moved slot reorders
 // the primaries by their lowest slot, and a failover replaces the node
@@ -49,20 +84,7 @@ func TestClusterScanAcrossMapChanges(t *testing.T) {
 			if change == "failover" {
 				replicas = 1
 			}
-			c := redistest.StartCluster(t, 3, replicas)
-			p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
-				cfg.Upstream.Mode = config.ModeCluster
-				cfg.Upstream.Seeds = c.Seeds()
-			})
-			rc := p.Client(t)
-			const n = 6000
-			pipe := rc.Pipeline()
-			for i := range n {
-				pipe.Set(ctx, fmt.Sprintf("scan:%d", i), "v", 0)
-			}
-			if _, err := pipe.Exec(ctx); err != nil {
-				t.Fatal(err)
-			}
+			c, p, rc := startScanCluster(t, replicas)
 			m := p.Router().Map()
 			order := m.Primaries()
 			first, second := nodeAt(t, c, order[0]), nodeAt(t, c, order[1])
@@ -90,14 +112,8 @@ func TestClusterScanAcrossMapChanges(t *testing.T) {
 			redistest.Eventually(t, 10*time.Second, func() bool { return p.Router().Map().Fingerprint() != m.Fingerprint() },
 				"the proxy never saw the map change")
 			scanThrough(t, rc, cursor, seen, nil)
-			missed := 0
-			for i := range n {
-				if seen[fmt.Sprintf("scan:%d", i)] == 0 {
-					missed++
-				}
-			}
-			if missed > 0 {
-				t.Fatalf("the scan missed %d of %d keys after the %s", missed, n, change)
+			if missed := scanMissed(seen); missed > 0 {
+				t.Fatalf("the scan missed %d of %d keys after the %s", missed, scanKeysN, change)
 			}
 			if got := p.Router().ScanRestarts(); got != restarts+1 {
 				t.Fatalf("scan restarts %d -> %d, want one", restarts, got)
@@ -113,20 +129,7 @@ func TestClusterScanAcrossMapChanges(t *testing.T) {
 // started the whole walk again from the first primary: 120 restarts in
 // 120 moves, and a scan that ended only when the moves stopped.
 func TestClusterScanDuringResharding(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 0)
-	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
-		cfg.Upstream.Mode = config.ModeCluster
-		cfg.Upstream.Seeds = c.Seeds()
-	})
-	rc := p.Client(t)
-	const n = 6000
-	pipe := rc.Pipeline()
-	for i := range n {
-		pipe.Set(ctx, fmt.Sprintf("scan:%d", i), "v", 0)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c, p, rc := startScanCluster(t, 0)
 	order := p.Router().Map().Primaries()
 	first, third := nodeAt(t, c, order[0]), nodeAt(t, c, order[2])
 	seen := map[string]int{}
@@ -150,7 +153,7 @@ func TestClusterScanDuringResharding(t *testing.T) {
 		cursor = scanThrough(t, rc, cursor, seen, func(uint64) bool { return true })
 	}
 	missed, twice := 0, 0
-	for i := range n {
+	for i := range scanKeysN {
 		switch seen[fmt.Sprintf("scan:%d", i)] {
 		case 0:
 			missed++
@@ -160,7 +163,7 @@ func TestClusterScanDuringResharding(t *testing.T) {
 		}
 	}
 	if missed > 0 {
-		t.Fatalf("the scan missed %d of %d keys across %d slot moves", missed, n, moves)
+		t.Fatalf("the scan missed %d of %d keys across %d slot moves", missed, scanKeysN, moves)
 	}
 	if got := p.Router().ScanRestarts(); got != restarts+1 {
 		t.Fatalf("scan restarts %d -> %d across %d slot moves, want one", restarts, got, moves)
@@ -176,20 +179,7 @@ func TestClusterScanDuringResharding(t *testing.T) {
 // and the node was sent another cursor than its own (108 of 6,000 keys
 // missed).
 func TestClusterScanPreviousVersionCursor(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 0)
-	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
-		cfg.Upstream.Mode = config.ModeCluster
-		cfg.Upstream.Seeds = c.Seeds()
-	})
-	rc := p.Client(t)
-	const n = 6000
-	pipe := rc.Pipeline()
-	for i := range n {
-		pipe.Set(ctx, fmt.Sprintf("scan:%d", i), "v", 0)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, p, rc := startScanCluster(t, 0)
 	// Walk to the start of the second primary, then one bucket at a time
 	// to a node cursor that would read as base 0 from bit 24 on: Redis's
 	// cursors count in reversed bits, so the first steps are multiples of
@@ -213,13 +203,7 @@ func TestClusterScanPreviousVersionCursor(t *testing.T) {
 	h.Write([]byte(p.Router().Map().Fingerprint()))
 	old := cursor>>31<<24 | h.Sum64()&(1<<10-1)<<14 | cursor&(1<<14-1)
 	scanThrough(t, rc, old, seen, nil)
-	missed := 0
-	for i := range n {
-		if seen[fmt.Sprintf("scan:%d", i)] == 0 {
-			missed++
-		}
-	}
-	if missed > 0 {
-		t.Fatalf("the scan missed %d of %d keys after a previous version's cursor %d (node cursor %d)", missed, n, old, cursor>>31)
+	if missed := scanMissed(seen); missed > 0 {
+		t.Fatalf("the scan missed %d of %d keys after a previous version's cursor %d (node cursor %d)", missed, scanKeysN, old, cursor>>31)
 	}
 }
