@@ -423,22 +423,7 @@ func logLevel(name string) slog.Level {
 }
 
 func controlClient(cfg *config.Config, addr string) *redis.Client {
-	return redis.NewClient(&redis.Options{
-		Addr: addr, Username: cfg.Upstream.Username, Password: cfg.Upstream.Password,
-		TLSConfig:   upstreamTLS(cfg),
-		DialTimeout: cfg.Upstream.DialTimeout.Duration, MaxRetries: -1, PoolSize: 1,
-		// One dial: go-redis's default of five, with its pool's back-off,
-		// held the listener back by about 4 s at start when Redis was not
-		// up yet (a container started before Redis); the proxy's own
-		// connections keep redialing after it listens.
-		DialerRetries: 1,
-		// go-redis's default, written out: how long a Redis that accepted
-		// and stays silent holds the listener back (COMMAND), and how long
-		// a slow one has to send COMMAND's 200 KB before the built-in
-		// table is used instead.
-		ReadTimeout: probeReplyTimeout,
-		Protocol:    2, DisableIdentity: true,
-	})
+	return proxy.ControlClient(cfg, addr, upstreamTLS(cfg))
 }
 
 // upstreamTLS is [upstream.tls] for the go-redis clients main and audit
@@ -458,7 +443,7 @@ func upstreamTLS(cfg *config.Config) *tls.Config {
 
 // probeReplyTimeout bounds the wait for a reply to the start's probes
 // (COMMAND, INFO).
-const probeReplyTimeout = 3 * time.Second
+const probeReplyTimeout = proxy.ControlReplyTimeout
 
 // silentPingWait bounds the PING that tells a silent Redis from a busy one
 // after COMMAND timed out (or dial_timeout, if shorter): with it a silent

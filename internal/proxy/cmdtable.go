@@ -2,12 +2,14 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/commands"
+	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/localcache"
 )
 
@@ -177,18 +179,38 @@ func (s *Server) readTable(src tableSource) {
 // upstream's credentials and TLS, as the start does (cmd/redproxy).
 func (s *Server) loadTable(ctx context.Context, addr string) (*commands.Table, error) {
 	cfg := s.Config()
-	c := redis.NewClient(&redis.Options{
-		Addr: addr, Username: cfg.Upstream.Username, Password: cfg.Upstream.Password,
-		TLSConfig:   s.tls.upstream.Load(),
-		DialTimeout: cfg.Upstream.DialTimeout.Duration, MaxRetries: -1, PoolSize: 1,
-		DialerRetries: 1,
-		ReadTimeout:   3 * time.Second,
-		Protocol:      2, DisableIdentity: true,
-	})
+	c := ControlClient(cfg, addr, s.tls.upstream.Load())
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, 3*cfg.Upstream.DialTimeout.Duration+3*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 3*cfg.Upstream.DialTimeout.Duration+ControlReplyTimeout)
 	defer cancel()
 	return commands.Load(ctx, c)
+}
+
+// ControlReplyTimeout bounds the wait for a reply to a ControlClient's
+// commands (COMMAND, INFO).
+const ControlReplyTimeout = 3 * time.Second
+
+// ControlClient is a go-redis client of the upstream at addr, with its
+// credentials and tlsConf, for the one-off questions the proxy asks
+// outside its own connections: the command table and version at start
+// (cmd/redproxy) and the table of a new upstream (loadTable).
+func ControlClient(cfg *config.Config, addr string, tlsConf *tls.Config) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr: addr, Username: cfg.Upstream.Username, Password: cfg.Upstream.Password,
+		TLSConfig:   tlsConf,
+		DialTimeout: cfg.Upstream.DialTimeout.Duration, MaxRetries: -1, PoolSize: 1,
+		// One dial: go-redis's default of five, with its pool's back-off,
+		// held the listener back by about 4 s at start when Redis was not
+		// up yet (a container started before Redis); the proxy's own
+		// connections keep redialing after it listens.
+		DialerRetries: 1,
+		// go-redis's default, written out: how long a Redis that accepted
+		// and stays silent holds the listener back (COMMAND), and how long
+		// a slow one has to send COMMAND's 200 KB before the built-in
+		// table is used instead.
+		ReadTimeout: ControlReplyTimeout,
+		Protocol:    2, DisableIdentity: true,
+	})
 }
 
 // stopTables ends the table's reads: one running is cancelled and waited
