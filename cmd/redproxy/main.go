@@ -233,8 +233,14 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	}
 	silent := upstreamAddr != "" && !embedded && !answered && cfg.Upstream.TLS == nil && !seedAnswered &&
 		!anyAnswersWithin(probed, min(cfg.Upstream.DialTimeout.Duration, silentPingWait))
-	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg, UpstreamAddr: upstreamAddr,
-		UpstreamSilent: silent, Sentinel: sentinels})
+	// A Redis that did not answer COMMAND (down, silent, too slow) has its
+	// table read once a dial reaches it; one that answered with an error
+	// (an ACL without COMMAND) would answer the same again. Before, the
+	// built-in table was taken for its own for good: a proxy started
+	// before its Redis (a container started first) never read the table.
+	standIn := upstreamAddr != "" && !embedded && !answered
+	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, TableStandIn: standIn, Logger: log, Metrics: reg,
+		UpstreamAddr: upstreamAddr, UpstreamSilent: silent, Sentinel: sentinels})
 	if err != nil {
 		fmt.Fprintf(stderr, "redproxy: %v\n", err)
 		return 2

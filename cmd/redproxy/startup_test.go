@@ -66,6 +66,12 @@ func TestStartsBeforeRedis(t *testing.T) {
 		got, _ := c.Info(ctx, "proxy").Result()
 		return strings.Contains(got, "upstream_redis_version:"+want+"\r")
 	}, "INFO proxy never reported Redis's version %s", want)
+	// And the command table is Redis's too, not the built-in one that
+	// stood in for it (internal/proxy's TestStandInTableReplaced... shows
+	// what that changes for clients).
+	redistest.Eventually(t, 15*time.Second, func() bool {
+		return strings.Contains(logs.String(), "command table read from the upstream")
+	}, "the command table was never read from Redis once it was up; log:\n%s", logs)
 }
 
 // A Redis that accepts connections and never answers (stopped, or a

@@ -25,6 +25,10 @@ import (
 // one stays, the failure is logged once per server, and the read is tried
 // again on a later dial at most every tableRetryEvery.
 //
+// A table that stood in for the upstream's at start (the built-in one,
+// Options.TableStandIn) describes no server: the first dial that reaches
+// one has that server's table read.
+//
 // In cluster mode the table stays the one read from a seed at start: the
 // router and its nodes' handling keep the table they were built with.
 

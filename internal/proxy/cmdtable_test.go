@@ -102,6 +102,41 @@ func TestReloadReadsTheNewUpstreamsCommandTable(t *testing.T) {
 	}
 }
 
+// A proxy started before its Redis stands in the built-in table for the
+// one Redis did not give (cmd/redproxy). Once a dial reaches Redis, that
+// server's table is read: before, the stand-in was taken for its own, and
+// a command the built-in table lacks (here GETDEL, as for a command of a
+// newer Redis or a module) stayed unknown for good.
+func TestStandInTableReplacedByTheUpstreamsOnceItAnswers(t *testing.T) {
+	without := redistest.Start(t, "--rename-command", "GETDEL", "")
+	standIn, err := commands.Load(ctx, without.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if standIn.Get("getdel") != nil {
+		t.Fatal("the server with GETDEL disabled still lists it in COMMAND")
+	}
+	rs := redistest.Start(t)
+	app := user("app", nsPass, "+@all ~* allchannels")
+	app.Namespace = "app:"
+	p := proxytest.StartStandIn(t, rs, standIn, func(c *config.Config) { c.Users = []auth.UserConfig{app} })
+	c := nsClient(t, p, "app")
+	if err := rs.Client(t).Set(ctx, "app:k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		got, err = c.GetDel(ctx, "k").Result()
+		return err == nil
+	}, "GETDEL was never taken for a command although the upstream has it (last answer: %v)", lazyErr{&err})
+	if got != "v" {
+		t.Fatalf("GETDEL k: %q, want %q (the namespaced key app:k)", got, "v")
+	}
+	if n, err := rs.Client(t).Exists(ctx, "app:k").Result(); err != nil || n != 0 {
+		t.Fatalf("app:k after GETDEL: exists=%d (%v), want gone", n, err)
+	}
+}
+
 // lazyErr prints the error *e holds when the message is made.
 type lazyErr struct{ e *error }
 

@@ -134,9 +134,14 @@ type Options struct {
 	// the built-in one standing in for it. It follows the upstream from
 	// then on: another server behind the main pools (a reload, a
 	// failover) has its own table read (cmdtable.go).
-	Table   *commands.Table
-	Logger  *slog.Logger
-	Metrics *metrics.Metrics
+	Table *commands.Table
+	// TableStandIn says Table is the built-in one standing in for a
+	// table the upstream did not give at start (down, silent, too slow):
+	// it is read from the upstream once a dial reaches it, as for another
+	// server, instead of being taken for that server's own.
+	TableStandIn bool
+	Logger       *slog.Logger
+	Metrics      *metrics.Metrics
 	// UpstreamAddr overrides cfg.Upstream.Address (used for the embedded
 	// store, whose address is only known once it runs). In Sentinel mode
 	// it is the primary the caller read Table from, which says whose
@@ -188,6 +193,9 @@ func NewServer(o Options) (*Server, error) {
 	from := addr
 	if cfg.Upstream.Mode == config.ModeSentinel {
 		from = o.UpstreamAddr
+	}
+	if o.TableStandIn {
+		from = "" // no server's: the first one dialled has its table read
 	}
 	s.initCommands(o.Table, from)
 	if cfg.Upstream.Mode != config.ModeSentinel {

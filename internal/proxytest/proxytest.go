@@ -60,7 +60,22 @@ func StartWithTable(t testing.TB, rs *redistest.Server, table *commands.Table, m
 	return p
 }
 
+// StartStandIn is StartWithTable where table stands in for a table the
+// upstream did not give (proxy.Options.TableStandIn), as when the proxy
+// starts before its Redis.
+func StartStandIn(t testing.TB, rs *redistest.Server, table *commands.Table, mutate func(*config.Config)) *Proxy {
+	t.Helper()
+	p := start(t, rs, table, true, mutate)
+	redistest.Eventually(t, 5*time.Second, p.Ready, "proxy never connected to redis at %s", rs.Addr())
+	return p
+}
+
 func startUnready(t testing.TB, rs *redistest.Server, table *commands.Table, mutate func(*config.Config)) *Proxy {
+	t.Helper()
+	return start(t, rs, table, false, mutate)
+}
+
+func start(t testing.TB, rs *redistest.Server, table *commands.Table, standIn bool, mutate func(*config.Config)) *Proxy {
 	t.Helper()
 	cfg := config.Default()
 	cfg.Server.Listen = "127.0.0.1:0"
@@ -84,7 +99,7 @@ func startUnready(t testing.TB, rs *redistest.Server, table *commands.Table, mut
 		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	reg := metrics.New()
-	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, Logger: log, Metrics: reg})
+	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, TableStandIn: standIn, Logger: log, Metrics: reg})
 	if err != nil {
 		t.Fatalf("proxytest: %v", err)
 	}
