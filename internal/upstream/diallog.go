@@ -10,47 +10,77 @@ import (
 // connections, both protocols, every database, each with its own backoff.
 // Logged per pipe, a four-second outage wrote about sixty identical lines
 // (found by a user's trial) and nothing said when it ended. dialLogs keeps
-// it to one line per address per dialLogEvery, with the count of those
-// left out, and one line when a dial to the address succeeds again.
-var dialLogs = dialLog{byAddr: map[string]*dialLogState{}}
+// it to one line per address per logEvery, with the count of those left
+// out, and one line when a dial to the address succeeds again.
+//
+// lossLogs does the same for established connections lost: a Redis
+// restart ends every pipe's connection at once, one line each (65 for a
+// proxy whose clients used 8 databases over both protocols, found by
+// review). The lines left out go to the debug level.
+var (
+	dialLogs = addrLog{byAddr: map[string]*addrLogState{}}
+	lossLogs = addrLog{byAddr: map[string]*addrLogState{}}
+)
 
-const dialLogEvery = 10 * time.Second
+const logEvery = 10 * time.Second
 
-type dialLog struct {
+// addrLog limits a warning to one line per address per logEvery.
+type addrLog struct {
 	mu     sync.Mutex
-	byAddr map[string]*dialLogState
+	byAddr map[string]*addrLogState
 }
 
-type dialLogState struct {
-	since      time.Time // first failure of this outage
+type addrLogState struct {
+	since      time.Time // first event of this run of them
 	last       time.Time // last line logged
-	suppressed int       // failures not logged since last
+	suppressed int       // events not logged since last
+}
+
+// allow reports whether an event for addr is logged now, and if so how
+// many were left out since the last line and since when they run.
+func (d *addrLog) allow(addr string) (ok bool, suppressed int, since time.Time) {
+	now := time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := d.byAddr[addr]
+	switch {
+	case st == nil:
+		st = &addrLogState{since: now}
+		d.byAddr[addr] = st
+	case now.Sub(st.last) < logEvery:
+		st.suppressed++
+		return false, 0, st.since
+	}
+	suppressed = st.suppressed
+	st.last, st.suppressed = now, 0
+	return true, suppressed, st.since
 }
 
 // failed logs a failed dial to addr, unless one was logged less than
-// dialLogEvery ago.
-func (d *dialLog) failed(log *slog.Logger, addr string, db int, err error, retry time.Duration) {
-	now := time.Now()
-	d.mu.Lock()
-	st := d.byAddr[addr]
-	if st == nil {
-		st = &dialLogState{since: now}
-		d.byAddr[addr] = st
-	} else if now.Sub(st.last) < dialLogEvery {
-		st.suppressed++
-		d.mu.Unlock()
+// logEvery ago.
+func (d *addrLog) failed(log *slog.Logger, addr string, db int, err error, retry time.Duration) {
+	ok, suppressed, since := d.allow(addr)
+	if !ok {
 		return
 	}
-	suppressed := st.suppressed
-	st.last, st.suppressed = now, 0
-	since := st.since
-	d.mu.Unlock()
 	log.Warn("upstream dial failed", "addr", addr, "db", db, "err", err, "retry_in", retry,
-		"down_for", now.Sub(since).Round(time.Millisecond), "failures_not_logged", suppressed)
+		"down_for", time.Since(since).Round(time.Millisecond), "failures_not_logged", suppressed)
+}
+
+// lost logs a connection to addr lost, unless one was logged less than
+// logEvery ago (then at the debug level).
+func (d *addrLog) lost(log *slog.Logger, addr string, db int, resp3 bool, err error, failedCalls int) {
+	ok, suppressed, _ := d.allow(addr)
+	if !ok {
+		log.Debug("upstream connection lost", "addr", addr, "db", db, "resp3", resp3, "err", err, "failed_calls", failedCalls)
+		return
+	}
+	log.Warn("upstream connection lost", "addr", addr, "db", db, "resp3", resp3, "err", err, "failed_calls", failedCalls,
+		"losses_not_logged", suppressed)
 }
 
 // restored logs, once per outage, that a dial to addr succeeded again.
-func (d *dialLog) restored(log *slog.Logger, addr string) {
+func (d *addrLog) restored(log *slog.Logger, addr string) {
 	d.mu.Lock()
 	st := d.byAddr[addr]
 	delete(d.byAddr, addr)

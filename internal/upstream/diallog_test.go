@@ -10,7 +10,7 @@ import (
 )
 
 // Eight pipes redialling an unreachable Redis every 10-50 ms log one
-// failure line for the outage (the next would be due dialLogEvery later),
+// failure line for the outage (the next would be due logEvery later),
 // and one line when Redis is back; each line says how long it has been
 // down. Before, every failed dial of every pipe was a line.
 func TestDialFailuresLoggedOncePerOutage(t *testing.T) {
@@ -49,5 +49,32 @@ func TestDialFailuresLoggedOncePerOutage(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // the other pipes reconnect meanwhile
 	if n := count(`msg="upstream reachable again"`); n != 1 {
 		t.Fatalf("%d reachable-again lines, want 1:\n%s", n, since())
+	}
+}
+
+// TestConnectionLossLoggedOncePerOutage: a Redis
+// restart under eight established pipes logs one "upstream dial failed"
+// line for the outage (TestDialFailuresLoggedOncePerOutage: a user's trial
+// found sixty identical lines for a four-second outage), but still one
+// "upstream connection lost" WARN per pipe: every pool of every database
+// and protocol in use, 65 identical lines in a proxy whose clients used 8
+// databases over RESP2 and RESP3 (pipe.go, readLoop's end). The lines do
+// not even tell the pipes apart (no protocol, no pipe). One line per
+// address and outage, with how many connections were lost, tells the
+// operator as much.
+func TestConnectionLossLoggedOncePerOutage(t *testing.T) {
+	rs := redistest.Start(t)
+	var logs redistest.LogBuffer
+	opt := testOpts(rs.Addr())
+	opt.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	p := NewPool(8, opt)
+	t.Cleanup(p.Close)
+	redistest.Eventually(t, 5*time.Second, func() bool { _, up := p.Stats(); return up == 8 }, "the 8 pipes never came up")
+	mark := len(logs.String())
+	since := func() string { return logs.String()[mark:] }
+	rs.Kill(t)
+	redistest.Eventually(t, 10*time.Second, func() bool { _, up := p.Stats(); return up == 0 }, "the pipes did not notice the loss")
+	if n := strings.Count(since(), `msg="upstream connection lost"`); n > 1 {
+		t.Errorf("%d connection-lost lines for one Redis going away, want at most 1:\n%s", n, since())
 	}
 }

@@ -655,7 +655,7 @@ func (p *Pipe) reader(lc *liveConn) {
 		// shutdown) lost nothing: counted, every routine reload showed
 		// on the dashboards as an upstream incident (found by review).
 		p.failures.Add(1)
-		p.opt.Logger.Warn("upstream connection lost", "addr", p.opt.Addr, "db", p.opt.DB, "err", err, "failed_calls", len(failed))
+		lossLogs.lost(p.opt.Logger, p.opt.Addr, p.opt.DB, p.opt.RESP3, err, len(failed))
 	}
 	if p.opt.OnDown != nil {
 		p.opt.OnDown(err)
