@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 
 	"github.com/redproxy/redproxy/internal/admin"
 	"github.com/redproxy/redproxy/internal/auth"
@@ -116,7 +117,8 @@ func overrideFlags(fs *flag.FlagSet) *config.Overrides {
 	})
 	fs.StringVar(&ov.LogLevel, "log-level", "", "debug, info, warn or error")
 	fs.StringVar(&ov.LocalTier, "local-tier", "", "on or off: override localcache.enabled (the local tier of hot keys)")
-	fs.BoolVar(&ov.AllowUnauthenticated, "allow-unauthenticated", false, "let a listener that is not loopback start with no [[users]] and no upstream password (server.allow_unauthenticated)")
+	fs.Var(explicitBool{&ov.AllowUnauthenticated, &ov.NoAllowUnauthenticated}, "allow-unauthenticated",
+		"let a listener that is not loopback start with no [[users]] and no upstream password (server.allow_unauthenticated); =false turns it off whatever the file says")
 	fs.StringVar(&ov.AdminTokenFile, "admin-token-file", "", "file with the bearer token the admin endpoint requires (admin.token_file)")
 	return &ov
 }
@@ -144,5 +146,27 @@ func startRefusal(cfg *config.Config, path string) error {
 		}
 		return fmt.Errorf("%w (the proxy would refuse to start)", err)
 	}
+	return nil
+}
+
+// explicitBool is a boolean flag that records an explicit false apart from
+// its absence: --allow-unauthenticated=false must override the file's true.
+type explicitBool struct{ on, off *bool }
+
+func (b explicitBool) IsBoolFlag() bool { return true }
+
+func (b explicitBool) String() string {
+	if b.on != nil && *b.on {
+		return "true"
+	}
+	return "false"
+}
+
+func (b explicitBool) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	*b.on, *b.off = v, !v
 	return nil
 }

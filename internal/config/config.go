@@ -346,12 +346,24 @@ func decodeAll(data []byte, name string) (*Config, []*Error) {
 			return nil, errs
 		}
 		errs = append(errs, fromDecodeError(de, name))
-		if len(de.Key()) == 0 {
-			return nil, errs // a syntax error: nothing after it can be read
+		if len(de.Key()) == 0 || isTableHeader(data, line) {
+			// A syntax error: nothing after it can be read. Or a table
+			// header at fault ("table server already exists as defined
+			// by a dotted key"): blanked, the keys under it would move
+			// to the table above and be reported as made-up errors, in
+			// Go's terms (found by review).
+			return nil, errs
 		}
 		data = blankLine(data, line)
 	}
 	return nil, errs
+}
+
+// isTableHeader reports whether line n (1-based) of data is a table header
+// ([server], [[users]]).
+func isTableHeader(data []byte, n int) bool {
+	lines := bytes.SplitN(data, []byte("\n"), n+1)
+	return n >= 1 && n <= len(lines) && bytes.HasPrefix(bytes.TrimSpace(lines[n-1]), []byte("["))
 }
 
 // blankLine returns a copy of data with line n (1-based) replaced by
@@ -457,9 +469,12 @@ type Overrides struct {
 	// LocalTier is --local-tier: "on" or "off" -> localcache.enabled.
 	LocalTier string
 	// AllowUnauthenticated is --allow-unauthenticated ->
-	// server.allow_unauthenticated (only ever turns it on).
-	AllowUnauthenticated bool
-	AdminTokenFile       string // --admin-token-file -> admin.token_file
+	// server.allow_unauthenticated; NoAllowUnauthenticated is an explicit
+	// --allow-unauthenticated=false (REDPROXY_ALLOW_UNAUTHENTICATED=false),
+	// which turns it off whatever the file says.
+	AllowUnauthenticated   bool
+	NoAllowUnauthenticated bool
+	AdminTokenFile         string // --admin-token-file -> admin.token_file
 	// Sources names where a flag's value came from when not the command
 	// line, by the flag as errors name it ("--log-level" ->
 	// "REDPROXY_LOG_LEVEL"): an error then names what the operator set.
@@ -498,8 +513,14 @@ func (c *Config) Apply(o Overrides) (*Config, error) {
 	}
 	set(&n.Server.LogLevel, o.LogLevel, "server.log_level", "--log-level")
 	set(&n.Admin.TokenFile, o.AdminTokenFile, "admin.token_file", "--admin-token-file")
-	if o.AllowUnauthenticated {
+	// An explicit false wins over the file as every override does (found
+	// by review: it was accepted and ignored, so a fleet that set
+	// REDPROXY_ALLOW_UNAUTHENTICATED=false still ran open proxies).
+	switch {
+	case o.AllowUnauthenticated:
 		n.Server.AllowUnauthenticated = true
+	case o.NoAllowUnauthenticated:
+		n.Server.AllowUnauthenticated = false
 	}
 	var tierErr *Error
 	switch o.LocalTier {
