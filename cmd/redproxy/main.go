@@ -304,6 +304,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		}
 		adm = newAdmin(srv, reg, rl.handler(), log)
 		adm.SetToken(token)
+		rl.setAdmin(adm, token)
 		go adm.Serve(aln)
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}

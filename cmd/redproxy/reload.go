@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/redproxy/redproxy/internal/admin"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/policy"
@@ -32,6 +33,34 @@ type reloader struct {
 	level  *slog.LevelVar
 	log    *slog.Logger
 	staged atomic.Pointer[policy.Config] // the policy a full reload hands the guard
+	// adm is the admin server (nil while it is off or not yet up), token
+	// the token it requires ("" for none): a reload reads
+	// admin.token_file again, so that a token rewritten in place (leaked,
+	// or rotated on a schedule) is replaced without a restart. Before, the
+	// reload said "nothing changed" and the old token kept working (found
+	// by the operations review).
+	adm   *admin.Server
+	token string
+}
+
+// setAdmin tells the reloader the admin server and the token it started
+// with.
+func (r *reloader) setAdmin(adm *admin.Server, token string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.adm, r.token = adm, token
+}
+
+// nextToken reads the admin token next's admin.token_file holds, when it
+// is the file in force (another path, or another admin address, is a
+// restart-only change Server.Reload refuses). A file that cannot be read
+// or holds too short a token refuses the reload, as at start.
+func (r *reloader) nextToken(next *config.Config) (string, error) {
+	cur := r.srv.Config()
+	if r.adm == nil || next.Admin.TokenFile != cur.Admin.TokenFile || next.Server.Admin != cur.Server.Admin {
+		return r.token, nil
+	}
+	return admin.Token(cur.Server.Admin, next.Admin.TokenFile, config.IsLoopback(cur.Server.Admin))
 }
 
 // policySource is the guard's source: POST /policy/reload re-reads the
@@ -61,9 +90,18 @@ func (r *reloader) reload() ([]string, error) {
 	if err == nil {
 		next, err = next.Apply(r.ov)
 	}
+	var token string
+	if err == nil {
+		token, err = r.nextToken(next)
+	}
 	if err == nil {
 		var changed []string
 		if changed, err = r.srv.Reload(next); err == nil {
+			if token != r.token {
+				r.adm.SetToken(token)
+				r.token = token
+				changed = append(changed, "admin.token_file (the token it holds)")
+			}
 			return r.applied(next, changed), nil
 		}
 	}

@@ -6,9 +6,78 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/redproxy/redproxy/internal/redistest"
 )
+
+// TestOpsAdminTokenRotatedInPlace: the admin token is a secret an operator
+// rotates (a leak, a schedule) by rewriting admin.token_file and reloading,
+// as README "Rotating certificates" teaches for the TLS files. README
+// "Reloading" says a reload that changes a restart-only setting ("everything
+// in [admin]") is refused, and for the other secret file it reads at start,
+// a [[users]] upstream_password_file, "a file rotated since start refuses the
+// reload until a restart reads it". For admin.token_file the reload instead
+// answers 200 "configuration reloaded: nothing changed" while the old token
+// keeps working and the new one is refused: the operator believes the old
+// token revoked. A reload now reads the file again and puts its token in
+// force; a file that would not do at start refuses the reload.
+func TestOpsAdminTokenRotatedInPlace(t *testing.T) {
+	rs := redistest.Start(t)
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "admin.token")
+	oldTok, newTok := "old-token-0123456789", "new-token-0123456789"
+	check(t, os.WriteFile(tokenFile, []byte(oldTok+"\n"), 0o600))
+	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	path := filepath.Join(dir, "redproxy.toml")
+	check(t, os.WriteFile(path, []byte(fmt.Sprintf("[server]\nlisten = %q\nadmin = %q\n[upstream]\naddress = %q\n[admin]\ntoken_file = %q\n",
+		listen, adminAddr, rs.Addr(), tokenFile)), 0o600))
+	_, _, logs := startProxy(t, binary(t), listen, nil, "--config", path)
+
+	do := func(method, p, tok string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, "http://"+adminAddr+p, nil)
+		check(t, err)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		res, err := http.DefaultClient.Do(req)
+		check(t, err)
+		defer res.Body.Close()
+		var b bytes.Buffer
+		b.ReadFrom(res.Body)
+		return res.StatusCode, b.String()
+	}
+	if code, _ := do("GET", "/metrics", oldTok); code != http.StatusOK {
+		t.Fatalf("/metrics with the token in force: %d", code)
+	}
+
+	// A token too short is refused, as at start, and the one in force
+	// stays.
+	check(t, os.WriteFile(tokenFile, []byte("short\n"), 0o600))
+	if code, body := do("POST", "/reload", oldTok); code == http.StatusOK || !strings.Contains(body, "admin.token_file") {
+		t.Errorf("reload with a token file holding a short token: %d %q, want it refused naming admin.token_file", code, strings.TrimSpace(body))
+	}
+	if code, _ := do("GET", "/metrics", oldTok); code != http.StatusOK {
+		t.Errorf("/metrics with the token in force after a refused reload: %d, want 200", code)
+	}
+
+	check(t, os.WriteFile(tokenFile, []byte(newTok+"\n"), 0o600))
+	code, body := do("POST", "/reload", oldTok)
+	if code != http.StatusOK || !strings.Contains(body, "admin.token_file") {
+		t.Errorf("POST /reload after rewriting admin.token_file: %d %q, want 200 naming admin.token_file", code, strings.TrimSpace(body))
+	}
+	oldCode, _ := do("GET", "/metrics", oldTok)
+	newCode, _ := do("GET", "/metrics", newTok)
+	if oldCode != http.StatusUnauthorized || newCode != http.StatusOK {
+		t.Errorf("after the reload the old token gets %d (want 401) and the new one %d (want 200); log:\n%s",
+			oldCode, newCode, logs.String())
+	}
+}
 
 // TestOpsAllowUnauthenticatedFalseOverridesFile: README "Running it" says
 // every flag can be set as REDPROXY_<FLAG>, and "a flag on the command line
