@@ -129,3 +129,38 @@ func TestOpsCheckReportsOnlyRealProblems(t *testing.T) {
 		t.Errorf("check reports a problem on line 3, which is fine, in Go's terms:\n%s", stderr.String())
 	}
 }
+
+// TestOpsSentinelModeReloadOfUnusedAddress: config.example.toml says of
+// upstream.address that in "sentinel" mode "address is not used", and the
+// proxy accepts the key there without a word. A reload of a file that sets
+// or changes it (a leftover from standalone days, edited by a colleague)
+// answers 200 "changed: upstream.address" and drains and switches every
+// upstream connection to the same primary (with the local tier on it also
+// drops everything it holds): the reply tells the operator an address took
+// effect that is not used, and the switch costs a redial of every pool.
+// proxy/reload.go compared the whole [upstream] section (onlyMaxPinned),
+// address included, in every mode; now an address the mode does not use
+// is no change (config.Changed, TestChangedIgnoresAnAddressTheModeDoesNotUse
+// for cluster mode).
+func TestOpsSentinelModeReloadOfUnusedAddress(t *testing.T) {
+	primary := redistest.Start(t)
+	sen := redistest.StartSentinel(t, redistest.SentinelOptions{Sentinels: 1}, primary.Port(), 1)
+	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	doc := fmt.Sprintf("[server]\nlisten = %q\nadmin = %q\n[upstream]\nmode = \"sentinel\"\nsentinels = [%q]\nmaster_name = \"mymaster\"\n",
+		listen, adminAddr, sen.Addr())
+	path := filepath.Join(t.TempDir(), "redproxy.toml")
+	check(t, os.WriteFile(path, []byte(doc), 0o600))
+	_, c, logs := startProxy(t, binary(t), listen, nil, "--config", path)
+	check(t, c.Set(ctx, "k", "v", 0).Err())
+
+	check(t, os.WriteFile(path, []byte(doc+"address = \"10.9.9.9:6379\"\n"), 0o600))
+	code, body := postReload(t, adminAddr, "/reload")
+	if code != http.StatusOK || strings.Contains(body, "upstream.address") || strings.Contains(logs.String(), "upstream switched") {
+		t.Errorf("reload of an upstream.address that sentinel mode does not use: %d %q, want 200 and nothing changed, no switch; log:\n%s",
+			code, strings.TrimSpace(body), logs.String())
+	}
+	if v, err := c.Get(ctx, "k").Result(); err != nil || v != "v" {
+		t.Errorf("GET k after the reload: %q, %v", v, err)
+	}
+}

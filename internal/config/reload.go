@@ -2,6 +2,7 @@ package config
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/redproxy/redproxy/internal/config/units"
@@ -59,6 +60,13 @@ func RestartOnly(key string) string {
 func Changed(a, b *Config) []string {
 	var keys []string
 	walkSettings(reflect.ValueOf(*a), reflect.ValueOf(*b), "", &keys)
+	if a.Upstream.Mode == b.Upstream.Mode && !a.Upstream.UsesAddress() {
+		// Not used in this mode (the primary comes from the Sentinels, the
+		// nodes from the seeds): a leftover address edited was reported
+		// as changed, and switched every pool to the same primary, or
+		// refused the reload in cluster mode (found by review).
+		keys = slices.DeleteFunc(keys, func(k string) bool { return k == "upstream.address" })
+	}
 	return keys
 }
 

@@ -29,6 +29,27 @@ func TestChanged(t *testing.T) {
 	}
 }
 
+// TestChangedIgnoresAnAddressTheModeDoesNotUse: in Sentinel and cluster
+// modes upstream.address is not used; editing a leftover one is no change
+// (before: "changed: upstream.address", and every pool switched to the
+// same primary, or the reload refused in cluster mode). Switching modes
+// still names it, with the mode.
+func TestChangedIgnoresAnAddressTheModeDoesNotUse(t *testing.T) {
+	for _, mode := range []string{ModeSentinel, ModeCluster} {
+		a, b := Default(), Default()
+		a.Upstream.Mode, b.Upstream.Mode = mode, mode
+		b.Upstream.Address = "10.9.9.9:6379"
+		if got := Changed(a, b); len(got) != 0 {
+			t.Errorf("%s mode, only upstream.address edited: Changed = %v, want none", mode, got)
+		}
+	}
+	a, b := Default(), Default()
+	b.Upstream.Mode, b.Upstream.Address = ModeSentinel, "10.9.9.9:6379"
+	if got, want := Changed(a, b), []string{"upstream.mode", "upstream.address"}; !slices.Equal(got, want) {
+		t.Errorf("standalone to sentinel with another address: Changed = %v, want %v", got, want)
+	}
+}
+
 // TestRestartOnly: the settings a reload refuses, and a few it applies.
 func TestRestartOnly(t *testing.T) {
 	for _, key := range []string{"server.listen", "server.admin", "server.log_format", "upstream.password", "upstream.username", "upstream.databases", "localcache.enabled", "localcache.max_bytes"} {

@@ -286,12 +286,16 @@ func tlsFiles(t *config.UpstreamTLS) []string {
 }
 
 // onlyMaxPinned reports whether the upstream sections differ at most in
-// max_pinned, which needs no new connections. (Credentials and databases
+// max_pinned, which needs no new connections, or in an address their mode
+// does not use. (Credentials and databases
 // are restart-only, refused before this matters.) [upstream.tls] is
 // compared by value; what its files hold, by reloadTLS.
 func onlyMaxPinned(a, b *config.Config) bool {
 	x, y := a.Upstream, b.Upstream
 	x.MaxPinned, y.MaxPinned = 0, 0
+	if x.Mode == y.Mode && !x.UsesAddress() {
+		x.Address, y.Address = "", "" // not used (config.Changed)
+	}
 	// Seeds are restart-only, refused before this.
 	return reflect.DeepEqual(x, y)
 }
