@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -162,5 +163,37 @@ func TestOpsSentinelModeReloadOfUnusedAddress(t *testing.T) {
 	}
 	if v, err := c.Get(ctx, "k").Result(); err != nil || v != "v" {
 		t.Errorf("GET k after the reload: %q, %v", v, err)
+	}
+}
+
+// TestOpsOneRouteDownKeepsTheProxyReady: README "Routes" says "One upstream
+// down fails only its own keys", and the point of routes is keeping queues,
+// caches and the rest apart. But /readyz answers 503 as soon as any named
+// upstream is down (proxy/routes.go, routesReady), while keys of
+// [upstream] are served fine. Behind a load balancer or a Kubernetes
+// Service, which take unready instances out of rotation, every proxy
+// instance is then withdrawn at once, and the outage of the queue Redis
+// becomes an outage of every key. README "Running it" describes /readyz
+// as "503 unless Redis answers PING", without saying that with routes it
+// means every upstream.
+func TestOpsOneRouteDownKeepsTheProxyReady(t *testing.T) {
+	main, queue := redistest.Start(t), redistest.Start(t)
+	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	path := writeConfig(t, fmt.Sprintf("[server]\nlisten = %q\nadmin = %q\n[upstream]\naddress = %q\n[upstreams.queue]\naddress = %q\n[[route]]\npattern = \"queue:*\"\nupstream = \"queue\"\n",
+		listen, adminAddr, main.Addr(), queue.Addr()))
+	_, c, logs := startProxy(t, binary(t), listen, nil, "--config", path)
+	redistest.Eventually(t, 5*time.Second, func() bool { return status("http://"+adminAddr+"/readyz") == http.StatusOK },
+		"never ready; log:\n%s", logs)
+
+	queue.Kill(t)
+	redistest.Eventually(t, 5*time.Second, func() bool { return c.Set(ctx, "queue:1", "x", 0).Err() != nil },
+		"queue:1 still written with its upstream down")
+	if err := c.Set(ctx, "user:1", "x", 0).Err(); err != nil {
+		t.Fatalf("user:1, on the upstream that is up: %v", err)
+	}
+	if code := status("http://" + adminAddr + "/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz = %d with only the queue upstream down and [upstream] serving: a load balancer would withdraw every instance; log:\n%s",
+			code, logs.String())
 	}
 }

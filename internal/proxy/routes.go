@@ -309,8 +309,10 @@ func (s *Server) closeRoutes() {
 	}
 }
 
-// routesReady reports whether every named upstream can serve.
-func (s *Server) routesReady() bool {
+// NamedUpstreamsReady reports whether every named upstream can serve
+// (true without routes). Not part of Ready (/readyz): see there. Tests
+// wait for it at start.
+func (s *Server) NamedUpstreamsReady() bool {
 	if s.routes == nil {
 		return true
 	}

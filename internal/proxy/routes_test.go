@@ -439,8 +439,8 @@ func TestRoutesUpstreamDownFault(t *testing.T) {
 	if err := r.c.MGet(ctx, "queue:1", "cache:k").Err(); err == nil {
 		t.Fatal("MGET touching the dead upstream succeeded")
 	}
-	if r.p.Ready() {
-		t.Error("the proxy says ready with an upstream down")
+	if !r.p.Ready() {
+		t.Error("the proxy says not ready with only a named upstream down: load balancers would withdraw every instance")
 	}
 	r.cach.Restart(t)
 	redistest.Eventually(t, 10*time.Second, func() bool { return r.c.Set(ctx, "cache:k", "2", 0).Err() == nil }, "the cache upstream never came back")

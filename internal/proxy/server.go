@@ -280,7 +280,8 @@ func NewServer(o Options) (*Server, error) {
 // Backend returns the upstream connection pools.
 func (s *Server) Backend() *upstream.Backend { return s.backend }
 
-// Ready reports whether Redis is reachable (DB 0 has a connection up); in
+// Ready reports whether [upstream]'s Redis is reachable (DB 0 has a
+// connection up), whatever the named upstreams' state; in
 // Sentinel mode, whether a primary is known; in cluster mode, whether the
 // router has a slot map and its nodes. From the start of Shutdown it is
 // false: the listeners are closed, so a load balancer probing /readyz must
@@ -295,7 +296,12 @@ func (s *Server) Ready() bool {
 	if s.sentinel != nil && s.sentinel.Primary() == "" {
 		return false
 	}
-	return s.backend.Ready() && s.routesReady()
+	// [upstream]'s alone: a named upstream down fails only its own keys,
+	// and every instance of the proxy sees it down alike, so /readyz
+	// going 503 for it had load balancers withdraw every instance and
+	// fail every key (found by the operations review). Named upstreams
+	// show in redproxy_upstream_connections_up{upstream=...}.
+	return s.backend.Ready()
 }
 
 // Serve accepts plaintext clients on ln, as the "plain" listener

@@ -56,7 +56,7 @@ func StartWithTable(t testing.TB, rs *redistest.Server, table *commands.Table, m
 		rs = redistest.Start(t)
 	}
 	p := startUnready(t, rs, table, mutate)
-	redistest.Eventually(t, 5*time.Second, p.Ready, "proxy never connected to redis at %s", rs.Addr())
+	redistest.Eventually(t, 5*time.Second, p.allReady, "proxy never connected to redis at %s, or to a named upstream", rs.Addr())
 	return p
 }
 
@@ -66,7 +66,7 @@ func StartWithTable(t testing.TB, rs *redistest.Server, table *commands.Table, m
 func StartStandIn(t testing.TB, rs *redistest.Server, table *commands.Table, mutate func(*config.Config)) *Proxy {
 	t.Helper()
 	p := start(t, rs, table, true, mutate)
-	redistest.Eventually(t, 5*time.Second, p.Ready, "proxy never connected to redis at %s", rs.Addr())
+	redistest.Eventually(t, 5*time.Second, p.allReady, "proxy never connected to redis at %s, or to a named upstream", rs.Addr())
 	return p
 }
 
@@ -133,6 +133,10 @@ func (p *Proxy) Client(t testing.TB, mutate ...func(*redis.Options)) *redis.Clie
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// allReady is Ready and every named upstream ready: a test's first
+// command to one of them must not race its connections.
+func (p *Proxy) allReady() bool { return p.Ready() && p.NamedUpstreamsReady() }
 
 // DialErr opens a raw TCP connection to the proxy; the caller closes it.
 func (p *Proxy) DialErr() (net.Conn, error) {
