@@ -784,10 +784,14 @@ func (r *Reader) parseMultibulk(b []byte) (int, error) {
 // parseInline parses a telnet-style line such as `SET k "v 1"`, following
 // the quoting rules of redis-cli and Redis's own inline parser.
 func (r *Reader) parseInline(b []byte) (int, error) {
+	// As Redis (processInlineBuffer): refused once more than MaxInline
+	// bytes are buffered with no newline among them, so a line of
+	// MaxInline bytes before its '\n' is taken (found by review: the
+	// newline at byte 65,537 was refused, which Redis always accepts).
 	nl := -1
 	limit := len(b)
-	if limit > r.lim.MaxInline {
-		limit = r.lim.MaxInline
+	if limit > r.lim.MaxInline+1 {
+		limit = r.lim.MaxInline + 1
 	}
 	for i := 0; i < limit; i++ {
 		if b[i] == '\n' {
@@ -801,7 +805,7 @@ func (r *Reader) parseInline(b []byte) (int, error) {
 		}
 	}
 	if nl < 0 {
-		if len(b) >= r.lim.MaxInline {
+		if len(b) > r.lim.MaxInline {
 			return 0, errInlineLen
 		}
 		return 0, nil

@@ -101,6 +101,7 @@ func TestReaderErrors(t *testing.T) {
 		{"*1\r\n+PING\r\n", "expected '$', got '+'"},
 		{"*4\r\n$10\r\n0123456789\r\n$10\r\n0123456789\r\n$10\r\n0123456789\r\n$10\r\n", "request exceeds 64 bytes"},
 		{"0123456789012345678", "too big inline request"},
+		{"01234567890123456", "too big inline request"}, // 17 > MaxInline without a newline
 		{"set \"abc\n", "unbalanced quotes"},
 		{"set 'a'b\n", "unbalanced quotes"},
 		// Redis looks for an inline line's end with strchr, which stops at
@@ -127,6 +128,20 @@ func TestReaderErrors(t *testing.T) {
 		if !errors.As(err, &pe) || !strings.Contains(err.Error(), c.want) || !errors.Is(err, ErrProtocol) {
 			t.Errorf("%q: err %v, want protocol error containing %q", c.in, err, c.want)
 		}
+	}
+}
+
+// An inline line of MaxInline bytes before its newline is taken and one
+// byte more is refused, as Redis does with PROTO_INLINE_MAX_SIZE (it
+// refuses once more than that is buffered with no newline).
+func TestReaderInlineAtTheLimit(t *testing.T) {
+	lim := Limits{MaxArgs: 4, MaxBulk: 10, MaxRequest: 64, MaxInline: 16}
+	got, _, err := readAll(t, NewReader(strings.NewReader("echo 01234567890\n"), lim))
+	if err != nil || len(got) != 1 || strings.Join(got[0], " ") != "echo 01234567890" {
+		t.Errorf("16 bytes before the newline: %q, %v; want the ECHO", got, err)
+	}
+	if _, _, err := readAll(t, NewReader(strings.NewReader("echo 012345678901\n"), lim)); !errors.Is(err, ErrProtocol) {
+		t.Errorf("17 bytes before the newline: %v, want too big inline request", err)
 	}
 }
 
