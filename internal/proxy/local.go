@@ -922,6 +922,12 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 				return errSyntax
 			}
 		case "maxage":
+			if !versionAtLeast(s.UpstreamVersion(), 7, 4) {
+				// Redis 7.4's filter: an older Redis refuses it as any
+				// unknown filter, and kills nobody (found by review: the
+				// proxy killed every client older than the age).
+				return errSyntax
+			}
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
 				return errNotInteger
