@@ -70,14 +70,21 @@ type Guard struct {
 	cur    atomic.Pointer[policy.Policy] // what CheckBatch runs: the loaded policy capped by forced
 	source func() (policy.Config, error)
 
-	mu           sync.Mutex // serializes loads, reloads and forced-mode changes
-	loaded       *policy.Policy
-	loadedConf   policy.Config // loaded's configuration
-	forced       policy.Action
-	loadedAt     time.Time
-	lastErr      string
-	violations   map[counterKey]prometheus.Counter
-	vec          *prometheus.CounterVec
+	mu         sync.Mutex // serializes loads, reloads and forced-mode changes
+	loaded     *policy.Policy
+	loadedConf policy.Config // loaded's configuration
+	forced     policy.Action
+	loadedAt   time.Time
+	lastErr    string
+	violations map[counterKey]prometheus.Counter
+	vec        *prometheus.CounterVec
+	// refused counts the violations whose command was refused (the
+	// client got an error), per rule (and upstream): violations_total's
+	// action=enforce mixes them with those fixed and forwarded, so no
+	// alert could say "clients refused by the policy" (found by the
+	// operations review).
+	refused      map[counterKey]prometheus.Counter
+	refusedVec   *prometheus.CounterVec
 	upstreams    []string
 	upstreamOf   func(key []byte) int
 	fixFails     prometheus.Counter
@@ -97,6 +104,15 @@ func violationLabels(upstreams []string) []string {
 		return []string{"rule", "action", "upstream"}
 	}
 	return []string{"rule", "action"}
+}
+
+// refusalLabels are the refusal counter's labels: rule, and the upstream
+// with routes.
+func refusalLabels(upstreams []string) []string {
+	if len(upstreams) > 0 {
+		return []string{"rule", "upstream"}
+	}
+	return []string{"rule"}
 }
 
 type counterKey struct {
@@ -148,6 +164,11 @@ func New(c policy.Config, o Options) (*Guard, error) {
 			Name: "redproxy_policy_violations_total",
 			Help: "Policy violations, by rule and by the action the rule had (enforce: refused or fixed; report: forwarded unchanged).",
 		}, violationLabels(o.Upstreams)),
+		refusedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redproxy_policy_refusals_total",
+			Help: "Commands the policy refused (the client got an error; nothing was forwarded), by rule: the violations of action enforce that could not be fixed.",
+		}, refusalLabels(o.Upstreams)),
+		refused:    map[counterKey]prometheus.Counter{},
 		upstreams:  o.Upstreams,
 		upstreamOf: o.UpstreamOf,
 		fixFails: prometheus.NewCounter(prometheus.CounterOpts{
@@ -179,11 +200,20 @@ func New(c policy.Config, o Options) (*Guard, error) {
 			}
 		}
 	}
+	for _, r := range allRules {
+		if len(g.upstreams) == 0 {
+			g.refused[counterKey{r, policy.Enforce, 0}] = g.refusedVec.WithLabelValues(r)
+			continue
+		}
+		for i, up := range g.upstreams {
+			g.refused[counterKey{r, policy.Enforce, i}] = g.refusedVec.WithLabelValues(r, up)
+		}
+	}
 	g.reloads.WithLabelValues("ok")
 	g.reloads.WithLabelValues("error")
 	g.cur.Store(p)
 	if o.Registerer != nil {
-		for _, c := range []prometheus.Collector{g.vec, g.fixFails, g.unclassified, g.reloads, g.suppressed} {
+		for _, c := range []prometheus.Collector{g.vec, g.refusedVec, g.fixFails, g.unclassified, g.reloads, g.suppressed} {
 			if err := o.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("guard: registering metrics: %w", err)
 			}
@@ -324,6 +354,17 @@ func (g *Guard) Record(v *policy.Violation, client net.Addr, user string) {
 			c = g.vec.WithLabelValues(labels...)
 		}
 		c.Inc()
+		if v.Outcome == policy.Refused {
+			r := g.refused[counterKey{v.Rule, policy.Enforce, up}]
+			if r == nil {
+				labels := []string{v.Rule}
+				if len(g.upstreams) > 0 {
+					labels = append(labels, g.upstreams[up])
+				}
+				r = g.refusedVec.WithLabelValues(labels...)
+			}
+			r.Inc()
+		}
 	}
 	now := g.now()
 	g.table.add(v, now)

@@ -188,6 +188,16 @@ func TestRecord(t *testing.T) {
 	if n := metricValue(t, reg, "redproxy_policy_violations_total", "rule", "value_size", "action", "report"); n != 1 {
 		t.Errorf("value_size/report counter = %v", n)
 	}
+	// Refused apart: of the six enforce violations, five were fixed.
+	if n := metricValue(t, reg, "redproxy_policy_refusals_total", "rule", "command"); n != 1 {
+		t.Errorf("command refusals = %v, want 1", n)
+	}
+	if n := metricValue(t, reg, "redproxy_policy_refusals_total", "rule", "ttl"); n != 0 {
+		t.Errorf("ttl refusals = %v, want 0 (the five were fixed)", n)
+	}
+	if n := seriesCount(t, reg, "redproxy_policy_refusals_total"); n != len(allRules) {
+		t.Errorf("refusal series = %d; want one per rule from the start", n)
+	}
 	if n := seriesCount(t, reg, "redproxy_policy_violations_total"); n != 2*len(allRules) {
 		t.Errorf("violation series = %d; want every rule x {enforce, report}", n)
 	}
