@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
@@ -78,4 +79,36 @@ func serveLogged(t *testing.T, cfg *config.Config, reg *metrics.Metrics, h slog.
 		srv.Shutdown(c)
 	})
 	return srv, ln
+}
+
+// Clients refused at server.max_clients are logged, at most about once a
+// second with the count left out: before, they were only counted, while
+// max_pinned's refusals were logged (found by the operations review).
+func TestMaxClientsRefusalsLogged(t *testing.T) {
+	var logs redistest.LogBuffer
+	rs := redistest.Start(t)
+	cfg := config.Default()
+	cfg.Server.Listen, cfg.Server.Admin, cfg.Upstream.Address = "127.0.0.1:0", "", rs.Addr()
+	cfg.Server.MaxClients = 1
+	reg := metrics.New()
+	_, ln := serveLogged(t, cfg, reg, slog.NewTextHandler(&logs, nil))
+	in := dialRaw(t, ln.Addr().String())
+	if got := in.do("PING"); got != "PONG" {
+		t.Fatalf("PING of the one client allowed: %v", got)
+	}
+	const refused = 20
+	start := time.Now()
+	for range refused {
+		c := dialRaw(t, ln.Addr().String())
+		if got, _ := c.readReply(); got == nil || !strings.Contains(fmt.Sprint(got), "max number of clients reached") {
+			t.Fatalf("a client over max_clients: %v", got)
+		}
+	}
+	elapsed := time.Since(start)
+	const msg = "client refused: server.max_clients reached"
+	redistest.Eventually(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), msg) },
+		"no warning for %d clients refused at max_clients; log:\n%s", refused, &logs)
+	if lines := strings.Count(logs.String(), msg); lines > int(elapsed/time.Second)+2 {
+		t.Fatalf("%d warnings for %d refused clients in %v, want one a second", lines, refused, elapsed.Round(time.Millisecond))
+	}
 }

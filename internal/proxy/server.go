@@ -101,8 +101,13 @@ type Server struct {
 	// tlsRejecting counts the TLS connections over max_clients being told
 	// so (rejectTLS), which wait for a handshake: see maxTLSRejecting.
 	tlsRejecting atomic.Int32
-	version      atomic.Pointer[string]
-	started      time.Time // for INFO's proxy_uptime_in_seconds
+	// maxClientsLog limits the warning for clients refused at
+	// server.max_clients to one a second (they were only counted, in
+	// redproxy_client_connections_rejected_total: found by the
+	// operations review, as max_pinned's refusals are logged).
+	maxClientsLog logLimiter
+	version       atomic.Pointer[string]
+	started       time.Time // for INFO's proxy_uptime_in_seconds
 	// crossProtocolLog limits the warning for POST and Host: commands
 	// (crossProtocolStep), which anyone who can reach the port can send.
 	crossProtocolLog logLimiter
@@ -373,6 +378,10 @@ func (s *Server) startSession(nc net.Conn, l *listener) {
 	}
 	if s.clients.Load() >= int64(s.Config().Server.MaxClients) {
 		s.metrics.ClientsRejected.Inc()
+		if suppressed, ok := s.maxClientsLog.allow(); ok {
+			s.log.Warn("client refused: server.max_clients reached", "max_clients", s.Config().Server.MaxClients,
+				"client", nc.RemoteAddr().String(), "listener", l.cfg.Name, "refused_not_logged", suppressed)
+		}
 		if tc != nil && s.tlsRejecting.Add(1) <= maxTLSRejecting {
 			go func() {
 				defer s.tlsRejecting.Add(-1)
