@@ -44,6 +44,15 @@ func runHealthcheck(argv []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	addr := *adminAddr
+	explicit := false
+	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "admin" })
+	if addr == "" && explicit {
+		// --admin "" (REDPROXY_ADMIN=) is how the proxy's admin server is
+		// turned off; it asked the default address instead, and failed
+		// with "connection refused" (found by the operations review).
+		fmt.Fprintln(stderr, "redproxy healthcheck: the admin server is off (--admin \"\"); nothing to ask")
+		return 1
+	}
 	if addr == "" {
 		cfg := config.Default()
 		if *configPath != "" {

@@ -179,6 +179,11 @@ func TestContainerEnvironmentAndHealthcheck(t *testing.T) {
 	if code, _ := healthcheck(t, env, "--admin", fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))); code != 1 {
 		t.Fatalf("--admin did not win over REDPROXY_ADMIN: %d", code)
 	}
+	// The admin server turned off the way the proxy's own variable does
+	// it: said so, not asked at the default address.
+	if code, out := healthcheck(t, childEnv("REDPROXY_ADMIN=")); code != 1 || !strings.Contains(out, "admin server is off") {
+		t.Fatalf("healthcheck with REDPROXY_ADMIN empty: %d %s", code, out)
+	}
 	cfgFile := filepath.Join(t.TempDir(), "redproxy.toml")
 	check(t, os.WriteFile(cfgFile, []byte("[server]\nadmin = \""+adminAddr+"\"\n"), 0o600))
 	if code, out := healthcheck(t, childEnv("REDPROXY_CONFIG="+cfgFile)); code != 0 {
