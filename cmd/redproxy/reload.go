@@ -151,7 +151,11 @@ func (r *reloader) reloadAndLog() {
 	case err != nil:
 		r.logRefused(err)
 	default:
-		r.log.Info("configuration reloaded", "file", r.path, "changed", strings.Join(changed, ","))
+		what := strings.Join(changed, ",")
+		if what == "" {
+			what = "nothing" // as POST /reload's reply says; it logged changed=""
+		}
+		r.log.Info("configuration reloaded", "file", r.path, "changed", what)
 		if note := r.guard.CapNote(); note != "" && policyChanged(changed) {
 			r.log.Warn(note)
 		}
@@ -184,7 +188,11 @@ func (r *reloader) handler() http.Handler {
 		case len(changed) == 0:
 			fmt.Fprintln(w, "configuration reloaded: nothing changed")
 		default:
-			r.log.Info("configuration reloaded", "file", r.path, "changed", strings.Join(changed, ","))
+			what := strings.Join(changed, ",")
+		if what == "" {
+			what = "nothing" // as POST /reload's reply says; it logged changed=""
+		}
+		r.log.Info("configuration reloaded", "file", r.path, "changed", what)
 			fmt.Fprintf(w, "configuration reloaded; changed:\n%s\n", strings.Join(changed, "\n"))
 			if note := r.guard.CapNote(); note != "" && policyChanged(changed) {
 				fmt.Fprintln(w, note)
