@@ -16,6 +16,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/proxy"
+	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
@@ -111,4 +112,27 @@ func TestMaxClientsRefusalsLogged(t *testing.T) {
 	if lines := strings.Count(logs.String(), msg); lines > int(elapsed/time.Second)+2 {
 		t.Fatalf("%d warnings for %d refused clients in %v, want one a second", lines, refused, elapsed.Round(time.Millisecond))
 	}
+}
+
+// A Redis that refuses the proxy's handshake (here: it wants a password
+// the proxy was not given) answers every command "upstream unavailable";
+// the error now says why, as it did only for MULTI and BLPOP, which dial
+// their own connection (found by review with redis-cli: the cause was in
+// the proxy's log only).
+func TestUnavailableNamesARefusedHandshake(t *testing.T) {
+	rs := redistest.Start(t)
+	if err := rs.Client(t).ConfigSet(ctx, "requirepass", "s3cret-pw").Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := proxytest.StartUnready(t, rs, nil)
+	c := p.Client(t)
+	var err error
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		err = c.Get(ctx, "k").Err()
+		return err != nil && strings.Contains(err.Error(), "NOAUTH")
+	}, "GET with Redis refusing the handshake: %v, want upstream unavailable naming NOAUTH", lazyErr{&err})
+	if !strings.Contains(err.Error(), "upstream unavailable") {
+		t.Errorf("GET: %v, want it to say upstream unavailable", err)
+	}
+	t.Logf("GET: %v", err)
 }

@@ -178,6 +178,10 @@ type Pipe struct {
 	// TLS) and the pipe is waiting to redial (Pool.WaitDialed stops
 	// waiting for a pipe that cannot connect).
 	dialFailed atomic.Bool
+	// refused is the handshake error of the last dial when Redis refused
+	// it (NOAUTH, WRONGPASS, maxclients), nil otherwise: a Pool with no
+	// pipe up names it in the error its clients get (Pool.Send).
+	refused atomic.Pointer[error]
 
 	// seq numbers Calls in write order (under mu); written is the seq of
 	// the last Call whose bytes the writer has handed to the socket, and
@@ -441,6 +445,7 @@ func (p *Pipe) redial() {
 			p.live = lc
 			p.redialing = false
 			p.dialFailed.Store(false)
+			p.refused.Store(nil)
 			p.workers.Add(2)
 			p.mu.Unlock()
 			go p.writer(lc)
@@ -463,6 +468,11 @@ func (p *Pipe) redial() {
 		// moment, and a pool's first client is worth waiting for then
 		// (found by review).
 		p.dialFailed.Store(!errors.Is(err, ErrHandshake))
+		if errors.Is(err, ErrHandshake) {
+			p.refused.Store(&err)
+		} else {
+			p.refused.Store(nil)
+		}
 		select {
 		case <-p.stop:
 			p.mu.Lock()

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"fmt"
 	"sync/atomic"
 	"time"
 )
@@ -68,6 +69,15 @@ func (p *Pool) Send(c *Call) error {
 		}
 		if err := pp.Send(c); err != ErrUnavailable {
 			return err
+		}
+	}
+	// No pipe up. When Redis refused their handshake (a password missing
+	// or wrong, maxclients), say why: a bare "upstream unavailable" left
+	// the cause in the proxy's log only, while a MULTI or BLPOP, which
+	// dial their own connection, named it (found by review).
+	for _, pp := range p.pipes {
+		if refused := pp.refused.Load(); refused != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, *refused)
 		}
 	}
 	return ErrUnavailable
