@@ -136,3 +136,29 @@ func TestUnavailableNamesARefusedHandshake(t *testing.T) {
 	}
 	t.Logf("GET: %v", err)
 }
+
+// Review of fb98596: behind a load balancer (server.proxy_protocol), a
+// client over max_clients is refused in acceptProxied (proxyproto.go),
+// which still only counts it: the warning added for max_clients refusals
+// is never logged there, the case where connection storms come from.
+func TestMaxClientsRefusalsLoggedWithProxyProtocol(t *testing.T) {
+	var logs redistest.LogBuffer
+	rs := redistest.Start(t)
+	cfg := config.Default()
+	cfg.Server.Listen, cfg.Server.Admin, cfg.Upstream.Address = "127.0.0.1:0", "", rs.Addr()
+	cfg.Server.MaxClients = 1
+	cfg.Server.ProxyProtocol = true
+	reg := metrics.New()
+	_, ln := serveLogged(t, cfg, reg, slog.NewTextHandler(&logs, nil))
+	// The one place: a connection waiting for its PROXY header.
+	dialRaw(t, ln.Addr().String())
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		c := dialRaw(t, ln.Addr().String())
+		c.nc.SetReadDeadline(time.Now().Add(time.Second))
+		_, err := c.nc.Read(make([]byte, 1))
+		return err != nil && testutil.ToFloat64(reg.ClientsRejected) > 0
+	}, "no client was refused at max_clients")
+	const msg = "client refused: server.max_clients reached"
+	redistest.Eventually(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), msg) },
+		"%v clients refused at max_clients behind proxy_protocol, no warning; log:\n%s", testutil.ToFloat64(reg.ClientsRejected), &logs)
+}

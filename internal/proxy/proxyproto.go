@@ -82,6 +82,12 @@ func (s *Server) acceptProxied(nc net.Conn, l *listener) {
 		// load balancer relays is not read yet.
 		s.mu.Unlock()
 		s.metrics.ClientsRejected.Inc()
+		if suppressed, ok := s.maxClientsLog.allow(); ok {
+			// As startSession's (the address is the load balancer's:
+			// the header naming the client is not read).
+			s.log.Warn("client refused: server.max_clients reached", "max_clients", s.Config().Server.MaxClients,
+				"client", nc.RemoteAddr().String(), "listener", l.cfg.Name, "refused_not_logged", suppressed)
+		}
 		nc.Close()
 		return
 	}
