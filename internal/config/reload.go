@@ -1,6 +1,7 @@
 package config
 
 import (
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -58,6 +59,20 @@ func RestartOnly(key string) string {
 // snapshots, in schema order. Lists and optional tables are compared
 // whole, under their own key ("policy.ttl", "stampede.hold").
 func Changed(a, b *Config) []string {
+	if len(a.Upstreams) > 0 && len(b.Upstreams) > 0 {
+		// The same for a named upstream: its unused address edited was a
+		// change of "upstreams", which refused the reload (found by
+		// review, TestChangedIgnoresAnUnusedAddressOfANamedUpstream).
+		ac, bc := *a, *b
+		ac.Upstreams, bc.Upstreams = maps.Clone(a.Upstreams), maps.Clone(b.Upstreams)
+		for name, x := range ac.Upstreams {
+			if y, ok := bc.Upstreams[name]; ok && x.Mode == y.Mode && !x.UsesAddress() {
+				x.Address, y.Address = "", ""
+				ac.Upstreams[name], bc.Upstreams[name] = x, y
+			}
+		}
+		a, b = &ac, &bc
+	}
 	var keys []string
 	walkSettings(reflect.ValueOf(*a), reflect.ValueOf(*b), "", &keys)
 	if a.Upstream.Mode == b.Upstream.Mode && !a.Upstream.UsesAddress() {

@@ -74,3 +74,23 @@ func TestRestartOnly(t *testing.T) {
 		}
 	}
 }
+
+// Review of 6b7d187: a named upstream in Sentinel or cluster mode does not
+// use its address either (config.example.toml), but a leftover address
+// edited there is still a change of "upstreams", which a reload refuses
+// as a whole (restart-only), where the same edit in [upstream] is none.
+func TestChangedIgnoresAnUnusedAddressOfANamedUpstream(t *testing.T) {
+	for _, u := range []Upstream{
+		{Mode: ModeSentinel, Sentinels: []string{"127.0.0.1:26379"}, MasterName: "mymaster"},
+		{Mode: ModeCluster, Seeds: []string{"127.0.0.1:7000"}},
+	} {
+		a, b := Default(), Default()
+		a.Upstreams = map[string]Upstream{"queue": u}
+		u.Address = "10.9.9.9:6379"
+		b.Upstreams = map[string]Upstream{"queue": u}
+		if got := Changed(a, b); len(got) != 0 {
+			t.Errorf("%s named upstream, only its unused address edited: Changed = %v (restart-only: %q), want none",
+				u.Mode, got, RestartOnly(got[0]))
+		}
+	}
+}
