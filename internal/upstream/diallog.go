@@ -79,8 +79,9 @@ func (d *addrLog) lost(log *slog.Logger, addr string, db int, resp3 bool, err er
 		"losses_not_logged", suppressed)
 }
 
-// restored logs, once per outage, that a dial to addr succeeded again.
-func (d *addrLog) restored(log *slog.Logger, addr string) {
+// restored logs, once per outage, that a dial to addr succeeded again, and
+// reports whether it did (an outage of d's events ended).
+func (d *addrLog) restored(log *slog.Logger, addr string) bool {
 	d.mu.Lock()
 	st := d.byAddr[addr]
 	delete(d.byAddr, addr)
@@ -88,4 +89,12 @@ func (d *addrLog) restored(log *slog.Logger, addr string) {
 	if st != nil {
 		log.Info("upstream reachable again", "addr", addr, "down_for", time.Since(st.since).Round(time.Millisecond))
 	}
+	return st != nil
+}
+
+// forget starts addr's limit again: the next event is logged.
+func (d *addrLog) forget(addr string) {
+	d.mu.Lock()
+	delete(d.byAddr, addr)
+	d.mu.Unlock()
 }

@@ -450,7 +450,12 @@ func (p *Pipe) redial() {
 			p.mu.Unlock()
 			go p.writer(lc)
 			go p.reader(lc)
-			dialLogs.restored(p.opt.Logger, p.opt.Addr)
+			if dialLogs.restored(p.opt.Logger, p.opt.Addr) {
+				// An outage ended: the next loss is another one's, logged
+				// (found by review: a second restart within 10 s logged
+				// no loss, TestConnectionLossLoggedForEachOutage).
+				lossLogs.forget(p.opt.Addr)
+			}
 			if p.opt.OnUp != nil {
 				p.opt.OnUp()
 			}
