@@ -188,11 +188,7 @@ func (r *reloader) handler() http.Handler {
 		case len(changed) == 0:
 			fmt.Fprintln(w, "configuration reloaded: nothing changed")
 		default:
-			what := strings.Join(changed, ",")
-		if what == "" {
-			what = "nothing" // as POST /reload's reply says; it logged changed=""
-		}
-		r.log.Info("configuration reloaded", "file", r.path, "changed", what)
+			r.log.Info("configuration reloaded", "file", r.path, "changed", strings.Join(changed, ","))
 			fmt.Fprintf(w, "configuration reloaded; changed:\n%s\n", strings.Join(changed, "\n"))
 			if note := r.guard.CapNote(); note != "" && policyChanged(changed) {
 				fmt.Fprintln(w, note)
