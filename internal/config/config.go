@@ -177,12 +177,12 @@ const EmbeddedAddress = "embedded"
 
 func dur(d time.Duration) units.Duration { return units.Duration{Duration: d} }
 
-// Default returns the built-in configuration, used for every key a file does
-// not set.
 // UsesAddress reports whether u's mode dials Address (standalone);
 // Sentinel and cluster modes find their servers elsewhere.
 func (u Upstream) UsesAddress() bool { return u.Mode == ModeStandalone || u.Mode == "" }
 
+// Default returns the built-in configuration, used for every key a file does
+// not set.
 func Default() *Config {
 	c := &Config{
 		Server: Server{
