@@ -211,9 +211,9 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	reg := metrics.New()
 	// The embedded store's COMMAND reply is its own approximation; the
 	// built-in table describes the Redis it stands in for.
-	table, answered := commands.Builtin(), false
+	table, answered, standIn := commands.Builtin(), false, false
 	if !embedded && upstreamAddr != "" {
-		table, answered = loadCommandTable(cfg, upstreamAddr, log)
+		table, answered, standIn = loadCommandTable(cfg, upstreamAddr, log)
 	}
 	// A Redis that did not answer COMMAND, and does not answer a PING
 	// within silentPingWait either (refused, or accepted and stayed
@@ -233,12 +233,12 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	}
 	silent := upstreamAddr != "" && !embedded && !answered && cfg.Upstream.TLS == nil && !seedAnswered &&
 		!anyAnswersWithin(probed, min(cfg.Upstream.DialTimeout.Duration, silentPingWait))
-	// A Redis that did not answer COMMAND (down, silent, too slow) has its
-	// table read once a dial reaches it; one that answered with an error
-	// (an ACL without COMMAND) would answer the same again. Before, the
-	// built-in table was taken for its own for good: a proxy started
-	// before its Redis (a container started first) never read the table.
-	standIn := upstreamAddr != "" && !embedded && !answered
+	// A Redis that did not answer COMMAND (down, silent, too slow) or
+	// refused it for a while (BUSY with a script, LOADING) has its table
+	// read once a dial reaches it; one that refused it otherwise (an ACL
+	// without COMMAND) would answer the same again. Before, the built-in
+	// table was taken for its own for good: a proxy started before its
+	// Redis (a container started first) never read the table.
 	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, TableStandIn: standIn, Logger: log, Metrics: reg,
 		UpstreamAddr: upstreamAddr, UpstreamSilent: silent, Sentinel: sentinels})
 	if err != nil {
@@ -506,7 +506,11 @@ func answering(addrs []string, wait time.Duration) string {
 // loadCommandTable asks the upstream for its command table, so commands of
 // a newer Redis or of modules are classified correctly, and falls back to
 // the built-in table when that fails (answered false).
-func loadCommandTable(cfg *config.Config, addr string, log *slog.Logger) (t *commands.Table, answered bool) {
+//
+// standIn says the built-in table stands in for one Redis would give later
+// (proxy.Options.TableStandIn): no answer, or a refusal that may pass
+// (BUSY, LOADING: proxy.TableErrorPasses).
+func loadCommandTable(cfg *config.Config, addr string, log *slog.Logger) (t *commands.Table, answered, standIn bool) {
 	c := controlClient(cfg, addr)
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*cfg.Upstream.DialTimeout.Duration)
@@ -517,9 +521,9 @@ func loadCommandTable(cfg *config.Config, addr string, log *slog.Logger) (t *com
 		// An error reply (an ACL without COMMAND) or one the table could
 		// not be read from is an answer.
 		var reply redis.Error
-		return commands.Builtin(), errors.As(err, &reply) || errors.Is(err, commands.ErrBadReply)
+		return commands.Builtin(), errors.As(err, &reply) || errors.Is(err, commands.ErrBadReply), proxy.TableErrorPasses(err)
 	}
-	return t, true
+	return t, true, false
 }
 
 func upstreamVersion(cfg *config.Config, addr string) string {

@@ -335,3 +335,39 @@ func (e *earlyStart) ready() int {
 	res.Body.Close()
 	return res.StatusCode
 }
+
+// Review of 5be1636: a Redis that answers COMMAND with an error at start
+// is taken to answer the same for good ("an ACL without COMMAND"), and the
+// built-in table for that server's own. But -BUSY (a script running past
+// busy-reply-threshold, as a proxy restarted beside a busy Redis meets)
+// passes: once the script ends, COMMAND is answered, yet the built-in
+// table stays for good, the case the commit set out to fix.
+func TestStartsBeforeAScriptBusyRedis(t *testing.T) {
+	binary(t)
+	rs := redistest.Start(t, "--busy-reply-threshold", "50")
+	busy := make(chan error, 1)
+	go func() {
+		busy <- rs.Client(t).Eval(ctx, `local function ms() local t = redis.call('TIME') return t[1]*1000 + t[2]/1000 end
+local t0 = ms() while ms() - t0 < 3000 do end return 1`, nil).Err()
+	}()
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		pc := redis.NewClient(&redis.Options{Addr: rs.Addr(), MaxRetries: -1})
+		defer pc.Close()
+		err := pc.Ping(ctx).Err()
+		return err != nil && strings.HasPrefix(err.Error(), "BUSY")
+	}, "the script never made Redis answer BUSY")
+	e := startEarly(t, upstreamAt(rs.Addr()), "it waited for the script")
+	if !strings.Contains(e.logs.String(), "BUSY") {
+		t.Logf("start-up did not meet BUSY (the script ended first?); log:\n%s", e.logs.String())
+	}
+	if err := <-busy; err != nil {
+		t.Fatalf("the script: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: e.listen, MaxRetries: -1})
+	defer c.Close()
+	redistest.Eventually(t, 15*time.Second, func() bool { return c.Set(ctx, "startup:busy", "v", time.Minute).Err() == nil },
+		"SET through the proxy never succeeded after the script ended")
+	redistest.Eventually(t, 15*time.Second, func() bool {
+		return strings.Contains(e.logs.String(), "command table read from the upstream")
+	}, "the command table was never read from Redis once its script ended; log:\n%s", e.logs)
+}

@@ -3,6 +3,8 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,9 +23,11 @@ import (
 // swapped in as a whole, so commands the new server has and the old one
 // lacked are classified (keys, flags, arity), and those it lacks are no
 // longer taken for known. Until the new table is in, the old one
-// classifies; if it cannot be read (COMMAND refused, a timeout), the old
-// one stays, the failure is logged once per server, and the read is tried
-// again on a later dial at most every tableRetryEvery.
+// classifies; if it cannot be read, the old one stays and the failure is
+// logged once per server. A failure that may pass (a timeout, BUSY,
+// LOADING: TableErrorPasses) is asked again on a timer, from 0.5 s
+// doubling up to tableRetryEvery, while that server is the upstream; any
+// other (COMMAND refused) on a later dial at most every tableRetryEvery.
 //
 // A table that stood in for the upstream's at start (the built-in one,
 // Options.TableStandIn) describes no server: the first dial that reaches
@@ -143,6 +147,7 @@ func (s *Server) upstreamSeen(addr, version string) {
 func (s *Server) readTable(src tableSource) {
 	f := &s.tables
 	defer f.wg.Done()
+	wait := tableRetry
 	for {
 		t, err := s.loadTable(f.ctx, src.addr)
 		f.mu.Lock()
@@ -150,21 +155,47 @@ func (s *Server) readTable(src tableSource) {
 		if cur := s.versionFrom.Load(); cur != nil && *cur == src.addr {
 			current = true
 		}
+		retry := false
 		switch {
 		case f.off:
 		case err != nil:
 			if f.failed != src {
-				s.log.Warn("cannot read the new upstream's command table; the one in force stays", "upstream", src.addr, "version", src.version, "err", err)
+				s.log.Warn("cannot read the upstream's command table; the one in force stays", "upstream", src.addr, "version", src.version, "err", err)
 			} else {
 				s.log.Debug("cannot read the upstream's command table yet", "upstream", src.addr, "err", err)
 			}
 			f.failed, f.failedAt = src, time.Now()
+			// A failure that may pass (Redis busy with a script, loading)
+			// is asked again on a timer: the pools' connections, once up,
+			// dial no more, and the table waited for a dial that never
+			// came (found by review: a proxy started beside a Redis busy
+			// with a script kept the built-in table for good).
+			retry = current && TableErrorPasses(err) && (f.want == src || f.want == tableSource{})
 		case current:
 			old := s.cmdSet()
 			s.cmds.Store(newCommandSet(t, src.addr, src.version))
 			s.waitShardedMark.Store(t.Get("spublish") != nil)
 			s.log.Info("command table read from the upstream", "upstream", src.addr, "version", src.version,
 				"commands", t.Len(), "previous_commands", old.table.Len())
+		}
+		if retry {
+			f.mu.Unlock() // f.reading stays src: a dial meanwhile only sets f.want
+			select {
+			case <-f.ctx.Done():
+				f.mu.Lock()
+				f.reading = tableSource{}
+				f.mu.Unlock()
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, tableRetryEvery)
+			f.mu.Lock()
+			if next := f.want; next != src && next != (tableSource{}) {
+				src, wait = next, tableRetry // another server was dialled meanwhile
+				f.reading = src
+			}
+			f.mu.Unlock()
+			continue
 		}
 		f.reading = tableSource{}
 		next := f.want
@@ -174,10 +205,37 @@ func (s *Server) readTable(src tableSource) {
 			f.mu.Unlock()
 			return
 		}
-		f.reading, src = next, next
+		f.reading, src, wait = next, next, tableRetry
 		f.mu.Unlock()
 	}
 }
+
+// TableErrorPasses reports whether a failure to read the command table
+// may pass: no answer (down, a timeout) or a state Redis leaves by itself
+// (BUSY with a script, LOADING its dataset, MASTERDOWN, TRYAGAIN,
+// CLUSTERDOWN). The table is then asked for again. Any other refusal (an
+// ACL without COMMAND, COMMAND renamed away, a reply that is not a table)
+// would answer the same again.
+func TableErrorPasses(err error) bool {
+	if err == nil || errors.Is(err, commands.ErrBadReply) {
+		return false
+	}
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return true
+	}
+	msg := reply.Error()
+	for _, p := range []string{"BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// tableRetry is how long readTable waits before asking again after a
+// failure that may pass, doubled up to tableRetryEvery.
+const tableRetry = 500 * time.Millisecond
 
 // loadTable asks the Redis at addr for its command table, with the
 // upstream's credentials and TLS, as the start does (cmd/redproxy).

@@ -212,7 +212,7 @@ func TestUnreadableCommandTableKeepsTheOldOne(t *testing.T) {
 	if err := c3.Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	const warning = "cannot read the new upstream's command table"
+	const warning = "cannot read the upstream's command table"
 	redistest.Eventually(t, 10*time.Second, func() bool { return strings.Contains(logs.String(), warning) },
 		"no warning that the new upstream's table could not be read; log:\n%s", &logs)
 	err := c.GetDel(ctx, "k").Err()
