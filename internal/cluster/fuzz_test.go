@@ -13,7 +13,9 @@ func FuzzTopologyReply(f *testing.F) {
 	f.Add([]byte("*1\r\n%2\r\n$5\r\nslots\r\n*2\r\n:5\r\n:1\r\n$5\r\nnodes\r\n*0\r\n"))
 	f.Add([]byte("-ERR unknown subcommand\r\n"))
 	f.Fuzz(func(t *testing.T, reply []byte) {
-		for _, parse := range []func([]byte, string) (*Map, error){parseShards, parseSlots} {
+		shardsTLS := func(reply []byte, from string) (*Map, error) { return parseShards(reply, from, true) }
+		shards := func(reply []byte, from string) (*Map, error) { return parseShards(reply, from, false) }
+		for _, parse := range []func([]byte, string) (*Map, error){shards, shardsTLS, parseSlots} {
 			m, err := parse(reply, "10.0.0.1:7000")
 			if err != nil {
 				continue

@@ -196,7 +196,7 @@ func askView(opt upstream.Options) (*Map, error) {
 		return nil, err
 	}
 	if !resp.IsError(reply) {
-		return parseShards(reply, opt.Addr)
+		return parseShards(reply, opt.Addr, opt.TLS != nil)
 	}
 	reply, err = upstream.RoundTrip(opt, cmdSlots)
 	if err != nil {
@@ -206,8 +206,9 @@ func askView(opt upstream.Options) (*Map, error) {
 }
 
 // parseShards reads CLUSTER SHARDS: per shard, its slot ranges and nodes,
-// each node a map with ip, endpoint, port, role, health.
-func parseShards(reply []byte, from string) (*Map, error) {
+// each node a map with ip, endpoint, port, tls-port, role, health. Over TLS
+// (useTLS) a node is dialled at its tls-port.
+func parseShards(reply []byte, from string, useTLS bool) (*Map, error) {
 	v, err := parseValue(reply)
 	if err != nil {
 		return nil, err
@@ -225,7 +226,7 @@ func parseShards(reply []byte, from string) (*Map, error) {
 		var shardReplicas []string
 		for _, n := range nodes {
 			nf := pairs(n)
-			addr := nodeAddr(nf, from)
+			addr := nodeAddr(nf, from, useTLS)
 			if addr == "" {
 				continue
 			}
@@ -281,9 +282,23 @@ func pairs(v any) map[string]any {
 
 // nodeAddr is where to dial a node of CLUSTER SHARDS: its endpoint, or its
 // ip when the endpoint is unknown ("?") or empty; an empty endpoint means
-// "the address you asked", as in CLUSTER SLOTS.
-func nodeAddr(f map[string]any, from string) string {
-	port, _ := f["port"].(int64)
+// "the address you asked", as in CLUSTER SLOTS. Over TLS the port is the
+// node's tls-port: Redis lists "port" for the plaintext one (absent when
+// that is off) and "tls-port" apart. Reading "port" alone dropped every
+// node of a TLS-only cluster and dialled the plaintext port of the others
+// with TLS, so a cluster behind [upstream.tls] never served (found by
+// review). CLUSTER SLOTS and MOVED over TLS already name the TLS port.
+func nodeAddr(f map[string]any, from string, useTLS bool) string {
+	key := "port"
+	if useTLS {
+		key = "tls-port"
+	}
+	port, _ := f[key].(int64)
+	if port == 0 && useTLS {
+		// No TLS port listed: TLS is the network's (a sidecar at the
+		// node's port), not the node's.
+		port, _ = f["port"].(int64)
+	}
 	if port == 0 {
 		return ""
 	}

@@ -92,7 +92,7 @@ func TestMapReplicasOf(t *testing.T) {
 	}
 	shards := "*1\r\n*4\r\n$5\r\nslots\r\n*2\r\n:0\r\n:16383\r\n$5\r\nnodes\r\n*3\r\n" +
 		node(7011, "replica", "loading") + node(7010, "master", "online") + node(7012, "replica", "fail")
-	m, err = parseShards([]byte(shards), "127.0.0.1:7010")
+	m, err = parseShards([]byte(shards), "127.0.0.1:7010", false)
 	if err != nil {
 		t.Fatal(err)
 	}
