@@ -47,8 +47,9 @@ var buildVersion = sync.OnceValue(func() string {
 // well as Redis: the proxy's "# Proxy" section is appended to Redis's reply
 // when INFO is given no section, "all", "everything", "default" or "proxy"
 // among others, and answered alone, without asking Redis, for "INFO proxy".
-// Any other section list is Redis's reply unchanged. It reports false when
-// the command is simply forwarded.
+// Any other section list is Redis's reply unchanged, but in cluster mode,
+// where it says standalone (asStandalone). It reports false when the
+// command is simply forwarded.
 func (sess *Session) info(args [][]byte, raw []byte, m *metrics.Command) bool {
 	proxyOnly, withProxy := len(args) > 1, len(args) == 1
 	for _, a := range args[1:] {
@@ -65,23 +66,42 @@ func (sess *Session) info(args [][]byte, raw []byte, m *metrics.Command) bool {
 	case proxyOnly:
 		b, start := sess.localBuf()
 		sess.finishLocal(m, sess.appendInfoReply(b, nil), start)
-	case withProxy:
+	case withProxy || sess.srv.router != nil:
 		sess.forward(raw, m)
-		sess.slots[len(sess.slots)-1].info = true
+		sl := &sess.slots[len(sess.slots)-1]
+		sl.info, sl.infoPx = true, withProxy
 	default:
 		return false
 	}
 	return true
 }
 
-// withProxyInfo returns Redis's INFO reply with the proxy's section
-// appended. An error or an unexpected reply is returned unchanged.
-func (sess *Session) withProxyInfo(reply []byte) []byte {
+// withProxyInfo returns Redis's INFO reply, with the proxy's section
+// appended when withProxy, and in cluster mode saying standalone. An error
+// or an unexpected reply is returned unchanged.
+func (sess *Session) withProxyInfo(reply []byte, withProxy bool) []byte {
 	body, ok := infoBody(reply)
 	if !ok {
 		return reply
 	}
+	if sess.srv.router != nil {
+		body = asStandalone(body)
+	}
+	if !withProxy {
+		return sess.appendText(nil, body)
+	}
 	return sess.appendInfoReply(nil, body)
+}
+
+// asStandalone rewrites a cluster node's INFO to say what the proxy is to
+// its clients in cluster mode: one ordinary Redis (HELLO answers mode
+// standalone, CLUSTER INFO "cluster support disabled"). Forwarded as it
+// was, redis_mode:cluster and cluster_enabled:1 made tools that detect a
+// cluster from INFO (exporters, GUIs) switch to CLUSTER commands the proxy
+// refuses (found by review).
+func asStandalone(body []byte) []byte {
+	body = bytes.Replace(body, []byte("\r\nredis_mode:cluster\r\n"), []byte("\r\nredis_mode:standalone\r\n"), 1)
+	return bytes.Replace(body, []byte("\r\ncluster_enabled:1\r\n"), []byte("\r\ncluster_enabled:0\r\n"), 1)
 }
 
 // infoBody returns the text of a bulk (RESP2) or verbatim (RESP3) string.

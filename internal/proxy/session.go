@@ -199,7 +199,8 @@ type slot struct {
 	tx     bool            // sent inside MULTI: its reply is +QUEUED or a queue-time error
 	exec   bool            // EXEC of a transaction: strip the proxy's own commands' results
 	mute   bool            // CLIENT REPLY OFF/SKIP: consume the reply, do not send it
-	info   bool            // INFO: append the proxy's section to Redis's reply (info.go)
+	info   bool            // INFO: Redis's reply is rewritten (info.go withProxyInfo)
+	infoPx bool            // INFO: with the proxy's section appended
 	held   bool            // the replay of a held command (cluster.go), whose latency its +QUEUED counted
 	opens  bool            // the WATCH that took the pin: lost unanswered or refused, it leaves the client unpinned (flush); in cluster mode openHeld answers a redirection of it (pinWatch)
 	watch  bool            // a later WATCH on the pin: answered +OK, the pin holds what it watches
@@ -821,7 +822,7 @@ func (sess *Session) flush(start time.Time) {
 				}
 				sess.noteQueued(r, false)
 			} else if sl.info {
-				reply = sess.withProxyInfo(r)
+				reply = sess.withProxyInfo(r, sl.infoPx)
 			} else if sl.strip != namespace.StripNone {
 				reply = sess.nsStripped(sl.strip, reply)
 			}
