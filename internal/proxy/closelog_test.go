@@ -82,17 +82,25 @@ func serveLogged(t *testing.T, cfg *config.Config, reg *metrics.Metrics, h slog.
 	return srv, ln
 }
 
-// Clients refused at server.max_clients are logged, at most about once a
-// second with the count left out: before, they were only counted, while
-// max_pinned's refusals were logged (found by the operations review).
-func TestMaxClientsRefusalsLogged(t *testing.T) {
-	var logs redistest.LogBuffer
+// oneClientProxy serves a proxy with server.max_clients = 1 (and
+// proxy_protocol as asked) whose log the test reads.
+func oneClientProxy(t *testing.T, proxyProtocol bool) (*metrics.Metrics, net.Listener, *redistest.LogBuffer) {
+	logs := &redistest.LogBuffer{}
 	rs := redistest.Start(t)
 	cfg := config.Default()
 	cfg.Server.Listen, cfg.Server.Admin, cfg.Upstream.Address = "127.0.0.1:0", "", rs.Addr()
 	cfg.Server.MaxClients = 1
+	cfg.Server.ProxyProtocol = proxyProtocol
 	reg := metrics.New()
-	_, ln := serveLogged(t, cfg, reg, slog.NewTextHandler(&logs, nil))
+	_, ln := serveLogged(t, cfg, reg, slog.NewTextHandler(logs, nil))
+	return reg, ln, logs
+}
+
+// Clients refused at server.max_clients are logged, at most about once a
+// second with the count left out: before, they were only counted, while
+// max_pinned's refusals were logged (found by the operations review).
+func TestMaxClientsRefusalsLogged(t *testing.T) {
+	_, ln, logs := oneClientProxy(t, false)
 	in := dialRaw(t, ln.Addr().String())
 	if got := in.do("PING"); got != "PONG" {
 		t.Fatalf("PING of the one client allowed: %v", got)
@@ -108,7 +116,7 @@ func TestMaxClientsRefusalsLogged(t *testing.T) {
 	elapsed := time.Since(start)
 	const msg = "client refused: server.max_clients reached"
 	redistest.Eventually(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), msg) },
-		"no warning for %d clients refused at max_clients; log:\n%s", refused, &logs)
+		"no warning for %d clients refused at max_clients; log:\n%s", refused, logs)
 	if lines := strings.Count(logs.String(), msg); lines > int(elapsed/time.Second)+2 {
 		t.Fatalf("%d warnings for %d refused clients in %v, want one a second", lines, refused, elapsed.Round(time.Millisecond))
 	}
@@ -142,14 +150,7 @@ func TestUnavailableNamesARefusedHandshake(t *testing.T) {
 // which still only counts it: the warning added for max_clients refusals
 // is never logged there, the case where connection storms come from.
 func TestMaxClientsRefusalsLoggedWithProxyProtocol(t *testing.T) {
-	var logs redistest.LogBuffer
-	rs := redistest.Start(t)
-	cfg := config.Default()
-	cfg.Server.Listen, cfg.Server.Admin, cfg.Upstream.Address = "127.0.0.1:0", "", rs.Addr()
-	cfg.Server.MaxClients = 1
-	cfg.Server.ProxyProtocol = true
-	reg := metrics.New()
-	_, ln := serveLogged(t, cfg, reg, slog.NewTextHandler(&logs, nil))
+	reg, ln, logs := oneClientProxy(t, true)
 	// The one place: a connection waiting for its PROXY header.
 	dialRaw(t, ln.Addr().String())
 	redistest.Eventually(t, 5*time.Second, func() bool {
@@ -160,5 +161,5 @@ func TestMaxClientsRefusalsLoggedWithProxyProtocol(t *testing.T) {
 	}, "no client was refused at max_clients")
 	const msg = "client refused: server.max_clients reached"
 	redistest.Eventually(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), msg) },
-		"%v clients refused at max_clients behind proxy_protocol, no warning; log:\n%s", testutil.ToFloat64(reg.ClientsRejected), &logs)
+		"%v clients refused at max_clients behind proxy_protocol, no warning; log:\n%s", testutil.ToFloat64(reg.ClientsRejected), logs)
 }
