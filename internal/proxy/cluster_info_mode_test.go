@@ -2,8 +2,13 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
 )
 
 // TestClusterInfoSaysStandalone: in cluster mode the proxy presents one
@@ -45,4 +50,40 @@ func line(text, prefix string) string {
 		}
 	}
 	return ""
+}
+
+// TestClusterOverTLS: a cluster whose nodes talk TLS (tls-cluster yes)
+// behind [upstream.tls], seeded at their TLS ports. CLUSTER SHARDS names a
+// node's TLS port "tls-port" and its plaintext one "port"; the map read
+// "port" and dialled it with TLS, so no command was ever served (found by
+// review).
+func TestClusterOverTLS(t *testing.T) {
+	certs := redistest.NewCerts(t)
+	c := redistest.StartTLSCluster(t, certs, 3)
+	var seeds []string
+	for _, n := range c.Nodes {
+		seeds = append(seeds, n.TLSAddr())
+	}
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = seeds
+		cfg.Upstream.TLS = &config.UpstreamTLS{CAFile: certs.CAFile}
+	})
+	rc := p.Client(t)
+	ctx := context.Background()
+	for i := range 100 {
+		k := fmt.Sprintf("tls:%d", i)
+		if err := rc.Set(ctx, k, i, 0).Err(); err != nil {
+			t.Fatalf("SET %s through the proxy: %v", k, err)
+		}
+	}
+	if v, err := rc.MGet(ctx, "tls:1", "tls:2", "tls:3").Result(); err != nil || fmt.Sprint(v) != "[1 2 3]" {
+		t.Fatalf("MGET across slots: %v, %v", v, err)
+	}
+	// Every node got some of the keys (read on its plaintext port).
+	for _, n := range c.Nodes {
+		if size := n.Client(t).DBSize(ctx).Val(); size == 0 {
+			t.Errorf("node %s holds no key of 100", n.Addr())
+		}
+	}
 }

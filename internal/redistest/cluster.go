@@ -73,6 +73,46 @@ func StartCluster(t testing.TB, primaries, replicas int, extra ...string) *Clust
 	return c
 }
 
+// StartTLSCluster is StartCluster (no replicas) with nodes that also
+// listen on TLS (Server.TLSAddr, certs' server certificate, no client
+// certificates required of clients) and talk to each other over TLS
+// (tls-cluster yes): CLUSTER SHARDS then names each node's "tls-port"
+// apart from its plaintext "port", which stays open for the test's own
+// checks. The cluster bus always asks for a client certificate, whatever
+// tls-auth-clients says, so the nodes present certs' client certificate
+// there (the server one, for servers only, left the nodes unable to meet).
+func StartTLSCluster(t testing.TB, certs *Certs, primaries int) *Cluster {
+	t.Helper()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Fatalf("redistest: redis-cli not found in PATH: %v", err)
+	}
+	c := &Cluster{Nodes: make([]*Server, primaries)}
+	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
+		"--tls-cluster", "yes", "--tls-replication", "yes",
+		"--tls-client-cert-file", certs.ClientCert, "--tls-client-key-file", certs.ClientKey}
+	for i := range c.Nodes {
+		if c.Nodes[i] = StartTLS(t, certs, "no", args...); c.Nodes[i] == nil {
+			t.FailNow()
+		}
+	}
+	create := []string{"--tls", "--cacert", certs.CAFile, "--cluster", "create"}
+	for _, s := range c.Nodes {
+		create = append(create, s.TLSAddr())
+	}
+	create = append(create, "--cluster-replicas", "0", "--cluster-yes")
+	ctx, cancel := context.WithTimeout(context.Background(), clusterReadyTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cli, create...)
+	cmd.WaitDelay = time.Second // redis-cli's output pipe must not hold the test
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("redistest: redis-cli --cluster create over TLS: %v\n%s", err, out)
+	}
+	c.WaitHealthy(t)
+	return c
+}
+
 // Seeds are the addresses of every node.
 func (c *Cluster) Seeds() []string {
 	addrs := make([]string, len(c.Nodes))
