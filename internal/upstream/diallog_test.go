@@ -9,17 +9,24 @@ import (
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
+// loggedPool starts a Redis and a pool of eight pipes to it whose log the
+// test reads.
+func loggedPool(t *testing.T) (*redistest.Server, *Pool, *redistest.LogBuffer) {
+	rs := redistest.Start(t)
+	logs := &redistest.LogBuffer{}
+	opt := testOpts(rs.Addr())
+	opt.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	p := NewPool(8, opt)
+	t.Cleanup(p.Close)
+	return rs, p, logs
+}
+
 // Eight pipes redialling an unreachable Redis every 10-50 ms log one
 // failure line for the outage (the next would be due logEvery later),
 // and one line when Redis is back; each line says how long it has been
 // down. Before, every failed dial of every pipe was a line.
 func TestDialFailuresLoggedOncePerOutage(t *testing.T) {
-	rs := redistest.Start(t)
-	var logs redistest.LogBuffer
-	opt := testOpts(rs.Addr())
-	opt.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	p := NewPool(8, opt)
-	t.Cleanup(p.Close)
+	rs, p, logs := loggedPool(t)
 	waitUp(t, p)
 	rs.Kill(t)
 	// Lines from here on: while the killed process exits, a redial can
@@ -61,12 +68,7 @@ func TestDialFailuresLoggedOncePerOutage(t *testing.T) {
 // 10 s the limit spans (found by review: the loss limit never started
 // again, so the second restart logged no loss at all).
 func TestConnectionLossLoggedForEachOutage(t *testing.T) {
-	rs := redistest.Start(t)
-	var logs redistest.LogBuffer
-	opt := testOpts(rs.Addr())
-	opt.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	p := NewPool(8, opt)
-	t.Cleanup(p.Close)
+	rs, p, logs := loggedPool(t)
 	up := func(n int) func() bool { return func() bool { _, u := p.Stats(); return u == n } }
 	redistest.Eventually(t, 5*time.Second, up(8), "the 8 pipes never came up")
 	const msg = `msg="upstream connection lost"`
