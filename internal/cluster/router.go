@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -317,6 +318,48 @@ func (r *Router) Nodes() []string {
 			out = append(out, a)
 		}
 	}
+	return out
+}
+
+// NodeBackend is one node's connections, as Backends lists them.
+type NodeBackend struct {
+	Addr    string
+	Primary bool // it owns slots in the map in force
+	Backend *upstream.Backend
+}
+
+// Backends are the nodes the Router has connections for: the primaries in
+// the order of the lowest slot each owns, then the others by address.
+func (r *Router) Backends() []NodeBackend {
+	var out []NodeBackend
+	r.nodesMu.Lock()
+	for a, n := range r.nodes {
+		if b := n.b.Load(); b != nil {
+			out = append(out, NodeBackend{Addr: a, Backend: b})
+		}
+	}
+	r.nodesMu.Unlock()
+	rank := map[string]int{}
+	if m := r.m.Load(); m != nil {
+		for i, a := range m.Primaries() {
+			rank[a] = i + 1
+		}
+	}
+	for i := range out {
+		out[i].Primary = rank[out[i].Addr] > 0
+	}
+	slices.SortFunc(out, func(x, y NodeBackend) int {
+		rx, ry := rank[x.Addr], rank[y.Addr]
+		switch {
+		case rx > 0 && ry > 0:
+			return rx - ry
+		case rx > 0:
+			return -1
+		case ry > 0:
+			return 1
+		}
+		return strings.Compare(x.Addr, y.Addr)
+	})
 	return out
 }
 

@@ -43,6 +43,38 @@ func TestClusterInfoSaysStandalone(t *testing.T) {
 	}
 }
 
+// TestClusterInfoProxyListsNodes: INFO proxy in cluster mode showed one
+// line, upstream_0, for the backend the proxy keeps for admin round trips:
+// one node's pool, which carries no client's command, so a node down showed
+// nowhere and the connections of the others were not counted (found by
+// review, 2026-12-06). Each node the proxy has connections for has a line.
+func TestClusterInfoProxyListsNodes(t *testing.T) {
+	c, p := startClusterProxy(t)
+	rc := p.Client(t)
+	ctx := context.Background()
+	for i := range 30 { // a key on every primary: each gets its connections
+		if err := rc.Set(ctx, fmt.Sprintf("infonodes:%d", i), i, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := rc.Info(ctx, "proxy").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	primaries := c.Primaries(t)
+	for _, n := range primaries {
+		if !strings.Contains(info, ":addr="+n.Addr()+",state=up,role=primary,") {
+			t.Errorf("INFO proxy has no line for primary %s:\n%s", n.Addr(), info)
+		}
+	}
+	if got := strings.Count(info, "role=primary"); got != len(primaries) {
+		t.Errorf("%d lines say role=primary, want %d:\n%s", got, len(primaries), info)
+	}
+	if !strings.Contains(info, fmt.Sprintf("upstream_%d:", len(primaries)-1)) {
+		t.Errorf("the lines are not numbered upstream_0..%d:\n%s", len(primaries)-1, info)
+	}
+}
+
 func line(text, prefix string) string {
 	for _, l := range strings.Split(text, "\n") {
 		if strings.HasPrefix(l, prefix) {

@@ -8,7 +8,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/route"
+	"github.com/redproxy/redproxy/internal/upstream"
 	"github.com/tidwall/redcon"
 )
 
@@ -173,17 +176,26 @@ func (s *Server) appendProxySection(b []byte) []byte {
 	line("proxy_connected_clients", strconv.FormatInt(s.clients.Load(), 10))
 	line("proxy_max_clients", strconv.Itoa(s.Config().Server.MaxClients)) // reloadable: the snapshot in force
 
-	// One upstream node today; the numbering leaves room for several.
-	b0 := s.backend
-	state := "down"
-	if b0.Ready() {
-		state = "up"
+	// One line per upstream node: the server (or Sentinel's primary), each
+	// cluster node the proxy has connections for (not the admin backend,
+	// which carries no client's command), and with named upstreams each of
+	// theirs, its name last.
+	for i, u := range s.infoUpstreams() {
+		v := "addr=" + u.addr + ",state=" + u.state
+		if u.role != "" {
+			v += ",role=" + u.role
+		}
+		st, up, _ := u.b.PoolStats(0, false)
+		v += ",connections_up=" + strconv.Itoa(up) + ",connections=" + strconv.Itoa(u.b.Connections()) +
+			",pinned=" + strconv.FormatInt(u.b.Pinned(), 10) +
+			",dials=" + strconv.FormatUint(st.Dials, 10) + // climbs while Redis cannot be reached
+			",failures=" + strconv.FormatUint(st.Failures, 10) // connections lost once up
+		if u.name != "" {
+			v += ",upstream=" + u.name
+		}
+		line("upstream_"+strconv.Itoa(i), v)
 	}
-	st, up, _ := b0.PoolStats(0, false)
-	line("upstream_0", "addr="+b0.Addr()+",state="+state+
-		",connections_up="+strconv.Itoa(up)+",connections="+strconv.Itoa(b0.Connections())+
-		",pinned="+strconv.FormatInt(b0.Pinned(), 10)+
-		",failures="+strconv.FormatUint(st.Failures, 10))
+	b0 := s.backend
 	line("upstream_redis_version", s.UpstreamVersion())
 	line("pinned_connections", strconv.FormatInt(b0.PinnedTotal(), 10))
 	line("max_pinned_connections", strconv.FormatInt(b0.MaxPinned(), 10))
@@ -210,4 +222,56 @@ func (s *Server) appendProxySection(b []byte) []byte {
 	line("policy_forced_mode", s.guard.Report().Policy.ForcedMode)
 	line("slowlog_entries", strconv.FormatUint(s.slow.log.Total(), 10))
 	return b
+}
+
+// infoUpstream is one line of INFO proxy's upstreams.
+type infoUpstream struct {
+	name, addr, role, state string
+	b                       *upstream.Backend
+}
+
+// infoUpstreams lists the upstream nodes with their state, probed at once:
+// a PING each (Backend.Ready), in parallel, so that one hung node of a
+// cluster costs INFO a second, not a second per node.
+func (s *Server) infoUpstreams() []infoUpstream {
+	var out []infoUpstream
+	addCluster := func(name string, r *cluster.Router) {
+		for _, n := range r.Backends() {
+			role := "replica"
+			if n.Primary {
+				role = "primary"
+			}
+			out = append(out, infoUpstream{name: name, addr: n.Addr, role: role, b: n.Backend})
+		}
+	}
+	switch {
+	case s.routes != nil:
+		for i, t := range s.routes.targets {
+			switch {
+			case i == route.Default && s.router != nil:
+				addCluster(t.name, s.router)
+			case t.router != nil:
+				addCluster(t.name, t.router)
+			case t.backend != nil:
+				out = append(out, infoUpstream{name: t.name, addr: t.backend.Addr(), b: t.backend})
+			}
+		}
+	case s.router != nil:
+		addCluster("", s.router)
+	default:
+		out = append(out, infoUpstream{addr: s.backend.Addr(), b: s.backend})
+	}
+	var wg sync.WaitGroup
+	for i := range out {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i].state = "down"
+			if out[i].b.Ready() {
+				out[i].state = "up"
+			}
+		}()
+	}
+	wg.Wait()
+	return out
 }

@@ -160,6 +160,25 @@ func TestInfoProxySection(t *testing.T) {
 		s, err := c.Info(ctx, "proxy").Result()
 		return err == nil && strings.Contains(s, ",state=down,")
 	}, "INFO proxy never reported the upstream down")
+	// failures counts connections lost once up, so it stays put while the
+	// proxy cannot reach Redis; dials climb (found by review: INFO said
+	// failures=0 through an outage that began at start).
+	dials := func() int {
+		s, err := c.Info(ctx, "proxy").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := line(s, "upstream_0:")
+		i := strings.Index(v, ",dials=")
+		if i < 0 {
+			t.Fatalf("upstream_0 has no dials: %s", v)
+		}
+		n, _ := strconv.Atoi(strings.SplitN(v[i+len(",dials="):], ",", 2)[0])
+		return n
+	}
+	before := dials()
+	redistest.Eventually(t, 20*time.Second, func() bool { return dials() > before },
+		"INFO proxy's dials did not climb while Redis was down")
 }
 
 // A batch slower than the threshold is in the slow log with the time it

@@ -733,3 +733,29 @@ func BenchmarkRoutedPipeline16(b *testing.B) {
 		round()
 	}
 }
+
+// TestRoutesInfoProxyListsEachUpstream: INFO proxy showed upstream_0 only,
+// [upstream]'s server, so a named upstream down showed nowhere (found by
+// review, 2026-12-06). Each upstream has a line that names it.
+func TestRoutesInfoProxyListsEachUpstream(t *testing.T) {
+	r := startRouted(t, nil)
+	r.queue.Kill(t)
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		info, err := r.c.Info(ctx, "proxy").Result()
+		return err == nil && strings.Contains(info, ":addr="+r.queue.Addr()+",state=down,")
+	}, "INFO proxy never said the queue upstream is down")
+	info, err := r.c.Info(ctx, "proxy").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"upstream_0:addr=" + r.def.Addr() + ",state=up,",
+		":addr=" + r.queue.Addr() + ",state=down,",
+		":addr=" + r.cach.Addr() + ",state=up,",
+		",upstream=" + config.DefaultUpstream + "\r\n", ",upstream=queue\r\n", ",upstream=cache\r\n",
+	} {
+		if !strings.Contains(info, want) {
+			t.Errorf("INFO proxy lacks %q:\n%s", want, info)
+		}
+	}
+}
