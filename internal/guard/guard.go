@@ -383,6 +383,13 @@ func (g *Guard) Record(v *policy.Violation, client net.Addr, user string) {
 		slog.String("outcome", v.Outcome.String()),
 		slog.String("command", v.Command),
 	}
+	if v.Outcome == policy.Reported && (v.UnderEnforce == policy.Refused || v.UnderEnforce == policy.Fixed) {
+		// Staging's question (report mode, or --policy-mode=report over an
+		// enforcing file): what turning enforce on does to this command.
+		// The report showed it; the log line, which is what most read,
+		// did not (found by review).
+		attrs = append(attrs, slog.String("under_enforce", v.UnderEnforce.String()))
+	}
 	if v.Pattern != "" {
 		attrs = append(attrs, slog.String("pattern", v.Pattern))
 	}

@@ -698,3 +698,29 @@ func TestReloadLogsTheModeInForce(t *testing.T) {
 		t.Fatalf("reload under --policy-mode=report logged:\n%s", sink.String())
 	}
 }
+
+// TestRecordSaysWhatEnforceWouldDo: under --policy-mode=report a command
+// an enforcing policy refuses is logged as reported, and the line says it
+// would be refused under enforce; one a report rule only reports says
+// nothing more.
+func TestRecordSaysWhatEnforceWouldDo(t *testing.T) {
+	g, _, sink := newTestGuard(t, policy.DefaultConfig(), Options{})
+	g.SetForcedMode(policy.Report)
+	args := [][]byte{[]byte("KEYS"), []byte("*")}
+	d := g.Policy().CheckBatch([]policy.Request{{Cmd: commands.Builtin().Lookup(args), Args: args}}, nil)
+	if d[0].Refuse != nil || len(d[0].Violations) != 1 {
+		t.Fatalf("KEYS under --policy-mode=report: %+v", d[0])
+	}
+	g.Record(&d[0].Violations[0], nil, "app")
+	g.Record(violation(policy.RuleValueSize, "set", "", policy.Reported), nil, "app") // UnderEnforce unset: Reported
+	lines := strings.Split(strings.TrimSpace(sink.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("want 2 lines:\n%s", sink.String())
+	}
+	if !strings.Contains(lines[0], `"outcome":"reported","command":"keys","under_enforce":"refused"`) {
+		t.Errorf("the KEYS line does not say enforce refuses it: %s", lines[0])
+	}
+	if strings.Contains(lines[1], "under_enforce") {
+		t.Errorf("a report rule's line says what enforce does: %s", lines[1])
+	}
+}
