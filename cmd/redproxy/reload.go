@@ -151,15 +151,23 @@ func (r *reloader) reloadAndLog() {
 	case err != nil:
 		r.logRefused(err)
 	default:
-		what := strings.Join(changed, ",")
-		if what == "" {
-			what = "nothing" // as POST /reload's reply says; it logged changed=""
-		}
-		r.log.Info("configuration reloaded", "file", r.path, "changed", what)
+		r.logApplied(changed, "SIGHUP")
 		if note := r.guard.CapNote(); note != "" && policyChanged(changed) {
 			r.log.Warn(note)
 		}
 	}
+}
+
+// logApplied logs an accepted reload, whichever way it came and whether or
+// not it changed anything: an operator who reloaded and finds no line
+// cannot tell a reload that changed nothing from one that never arrived
+// (found by review: POST /reload logged only changes, SIGHUP changed="").
+func (r *reloader) logApplied(changed []string, via string) {
+	what := strings.Join(changed, ",")
+	if what == "" {
+		what = "nothing"
+	}
+	r.log.Info("configuration reloaded", "file", r.path, "via", via, "changed", what)
 }
 
 // policyChanged reports whether a reload's changed settings include the
@@ -184,11 +192,13 @@ func (r *reloader) handler() http.Handler {
 			r.logRefused(err)
 			http.Error(w, "configuration not reloaded; the configuration in force stays:\n"+err.Error(), http.StatusUnprocessableEntity)
 		case len(changed) == 0 && usesTLS(r.srv.Config()):
+			r.logApplied(changed, "POST /reload")
 			fmt.Fprintln(w, "configuration reloaded: no setting changed; TLS certificate files were read again")
 		case len(changed) == 0:
+			r.logApplied(changed, "POST /reload")
 			fmt.Fprintln(w, "configuration reloaded: nothing changed")
 		default:
-			r.log.Info("configuration reloaded", "file", r.path, "changed", strings.Join(changed, ","))
+			r.logApplied(changed, "POST /reload")
 			fmt.Fprintf(w, "configuration reloaded; changed:\n%s\n", strings.Join(changed, "\n"))
 			if note := r.guard.CapNote(); note != "" && policyChanged(changed) {
 				fmt.Fprintln(w, note)

@@ -164,6 +164,12 @@ func TestOpsSentinelModeReloadOfUnusedAddress(t *testing.T) {
 	if v, err := c.Get(ctx, "k").Result(); err != nil || v != "v" {
 		t.Errorf("GET k after the reload: %q, %v", v, err)
 	}
+	// A reload that changed nothing is logged as SIGHUP's is: POST /reload
+	// logged only changes, so an operator could not tell it from a reload
+	// that never arrived.
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return strings.Contains(logs.String(), `msg="configuration reloaded"`) && strings.Contains(logs.String(), `via="POST /reload" changed=nothing`)
+	}, "POST /reload that changed nothing was not logged:\n%s", logs)
 }
 
 // TestOpsOneRouteDownKeepsTheProxyReady: README "Routes" says "One upstream
