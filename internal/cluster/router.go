@@ -44,8 +44,10 @@ type Options struct {
 // Router executes client batches against a Redis Cluster. It is safe for
 // concurrent use by every session.
 type Router struct {
-	opt   Options
-	table *commands.Table
+	opt Options
+	// table classifies the commands batches plan; the proxy swaps it
+	// when it reads another from the cluster (SetTable).
+	table atomic.Pointer[commands.Table]
 	log   *slog.Logger
 
 	m atomic.Pointer[Map]
@@ -103,12 +105,12 @@ func New(opt Options) *Router {
 	opt.Backend.Databases = 1
 	r := &Router{
 		opt:        opt,
-		table:      opt.Table,
 		log:        opt.Logger,
 		nodes:      map[string]*node{},
 		refreshReq: make(chan struct{}, 1),
 		stop:       make(chan struct{}),
 	}
+	r.table.Store(opt.Table)
 	if opt.NoStartWait {
 		r.refreshSoon()
 	} else if err := r.Refresh(); err != nil {
@@ -118,6 +120,11 @@ func New(opt Options) *Router {
 	go r.refresher()
 	return r
 }
+
+// SetTable puts t in force for the commands planned from now on: a table
+// read from the cluster after one that stood in at start, or after the
+// nodes were upgraded.
+func (r *Router) SetTable(t *commands.Table) { r.table.Store(t) }
 
 // Map is the slot map in use, or nil before one was loaded.
 func (r *Router) Map() *Map { return r.m.Load() }
@@ -656,7 +663,7 @@ func (b *batch) plan(i int, raw []byte) {
 		o.local = errorFrame(resp.ErrProtocol)
 		return
 	}
-	cmd := b.r.table.Lookup(b.args)
+	cmd := b.r.table.Load().Lookup(b.args)
 	b.mayWrite = mayWrite(cmd)
 	if cmd == nil {
 		// Unknown to the proxy: let a node say what it makes of it.

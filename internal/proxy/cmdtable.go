@@ -33,8 +33,12 @@ import (
 // Options.TableStandIn) describes no server: the first dial that reaches
 // one has that server's table read.
 //
-// In cluster mode the table stays the one read from a seed at start: the
-// router and its nodes' handling keep the table they were built with.
+// In cluster mode the server followed is the node the proxy's own backend
+// was pointed at when it started (Router.AnyNode); the router's table is
+// swapped with the sessions' (Router.SetTable). It stayed the one read at
+// start, so a proxy started while the cluster was down kept the built-in
+// table for good (found by review). Named upstreams are classified with
+// [upstream]'s table.
 
 // commandSet is a command table and what the proxy derived from it, an
 // immutable snapshot swapped as a whole (Server.cmds). A session takes the
@@ -77,7 +81,7 @@ const tableRetryEvery = 10 * time.Second
 // mu.
 type tableFollow struct {
 	mu sync.Mutex
-	// off: the table never follows (cluster mode), or the server shut down.
+	// off: the server shut down; the table no longer follows.
 	off bool
 	// reading is the server a read runs for ("" when none does); want the
 	// one the last dial reported, read next if it differs.
@@ -174,6 +178,9 @@ func (s *Server) readTable(src tableSource) {
 		case current:
 			old := s.cmdSet()
 			s.cmds.Store(newCommandSet(t, src.addr, src.version))
+			if s.router != nil {
+				s.router.SetTable(t)
+			}
 			s.waitShardedMark.Store(t.Get("spublish") != nil)
 			s.log.Info("command table read from the upstream", "upstream", src.addr, "version", src.version,
 				"commands", t.Len(), "previous_commands", old.table.Len())

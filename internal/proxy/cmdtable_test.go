@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -224,5 +225,62 @@ func TestUnreadableCommandTableKeepsTheOldOne(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), warning); n != 1 {
 		t.Fatalf("%d warnings that the table could not be read, want 1; log:\n%s", n, &logs)
+	}
+}
+
+// TestClusterStandInTableReplacedOnceTheClusterAnswers: in cluster mode the
+// table stayed the one the proxy started with, for the sessions and for
+// the router: a proxy started while the cluster could not be asked kept the
+// built-in table for good (found by review). The stand-in here lacks
+// GETDEL, as an older Redis's would; the cluster has it.
+func TestClusterStandInTableReplacedOnceTheClusterAnswers(t *testing.T) {
+	without := redistest.Start(t, "--rename-command", "GETDEL", "")
+	standIn, err := commands.Load(ctx, without.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if standIn.Get("getdel") != nil {
+		t.Fatal("the server with GETDEL disabled still lists it in COMMAND")
+	}
+	cl := redistest.StartCluster(t, 3, 0)
+	app := user("app", nsPass, "+@all ~* allchannels")
+	app.Namespace = "app:"
+	p := proxytest.StartStandIn(t, cl.Nodes[0], standIn, func(c *config.Config) {
+		c.Upstream.Mode = config.ModeCluster
+		c.Upstream.Seeds = cl.Seeds()
+		c.Users = []auth.UserConfig{app}
+	})
+	c := nsClient(t, p, "app")
+	direct := cl.ClusterClient(t)
+	if err := direct.Set(ctx, "app:k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		got, err = c.GetDel(ctx, "k").Result()
+		return err == nil
+	}, "GETDEL was never taken for a command although the cluster has it (last answer: %v)", lazyErr{&err})
+	if got != "v" {
+		t.Fatalf("GETDEL k: %q, want %q (the namespaced key app:k)", got, "v")
+	}
+	if n, err := direct.Exists(ctx, "app:k").Result(); err != nil || n != 0 {
+		t.Fatalf("app:k after GETDEL: exists=%d (%v), want gone", n, err)
+	}
+	// The router plans with the new table too: a command it does not know
+	// goes to any node and is redirected (MOVED) wherever its key lives
+	// elsewhere; one it knows goes to its key's node.
+	for i := range 30 {
+		if err := direct.Set(ctx, fmt.Sprintf("app:k%d", i), "v", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	moved0, _, _ := p.Router().Stats()
+	for i := range 30 {
+		if v, err := c.GetDel(ctx, fmt.Sprintf("k%d", i)).Result(); err != nil || v != "v" {
+			t.Fatalf("GETDEL k%d: %q, %v", i, v, err)
+		}
+	}
+	if moved, _, _ := p.Router().Stats(); moved != moved0 {
+		t.Errorf("%d GETDELs were redirected: the router plans with the stand-in table, which lacks GETDEL", moved-moved0)
 	}
 }

@@ -219,7 +219,6 @@ func NewServer(o Options) (*Server, error) {
 		s.router = newRouter(s, cfg)
 		addr = s.router.AnyNode()
 		s.upstreamAddr = addr
-		s.tables.off = true // the router keeps the table it was built with
 		s.registerClusterMetrics()
 	}
 	if cfg.Upstream.Mode == config.ModeSentinel {
