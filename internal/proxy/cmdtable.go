@@ -181,6 +181,13 @@ func (s *Server) readTable(src tableSource) {
 			if s.router != nil {
 				s.router.SetTable(t)
 			}
+			if s.routes != nil {
+				for _, rt := range s.routes.targets {
+					if rt.router != nil {
+						rt.router.SetTable(t) // a named cluster upstream plans with it too
+					}
+				}
+			}
 			s.waitShardedMark.Store(t.Get("spublish") != nil)
 			s.log.Info("command table read from the upstream", "upstream", src.addr, "version", src.version,
 				"commands", t.Len(), "previous_commands", old.table.Len())

@@ -284,3 +284,42 @@ func TestClusterStandInTableReplacedOnceTheClusterAnswers(t *testing.T) {
 		t.Errorf("%d GETDELs were redirected: the router plans with the stand-in table, which lacks GETDEL", moved-moved0)
 	}
 }
+
+// TestRoutesStandInTableReachesANamedCluster: a named cluster upstream's
+// router plans with the table the sessions classify with, the one read
+// from [upstream] once it answers, not the one in force when the router
+// was built.
+func TestRoutesStandInTableReachesANamedCluster(t *testing.T) {
+	without := redistest.Start(t, "--rename-command", "GETDEL", "")
+	standIn, err := commands.Load(ctx, without.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := redistest.StartCluster(t, 3, 0)
+	def := redistest.Start(t)
+	p := proxytest.StartStandIn(t, def, standIn, func(c *config.Config) {
+		u := namedUpstream("")
+		u.Mode, u.Address, u.Seeds = config.ModeCluster, "", cl.Seeds()
+		c.Upstreams = map[string]config.Upstream{"big": u}
+		c.Routes = []config.Route{{Pattern: "big:*", Upstream: "big"}}
+	})
+	c := p.Client(t)
+	direct := cl.ClusterClient(t)
+	for i := range 30 {
+		if err := direct.Set(ctx, fmt.Sprintf("big:k%d", i), "v", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.CommandTable().Get("getdel") != nil },
+		"the table of [upstream] was never read")
+	r := p.NamedRouter("big")
+	moved0, _, _ := r.Stats()
+	for i := range 30 {
+		if v, err := c.GetDel(ctx, fmt.Sprintf("big:k%d", i)).Result(); err != nil || v != "v" {
+			t.Fatalf("GETDEL big:k%d: %q, %v", i, v, err)
+		}
+	}
+	if moved, _, _ := r.Stats(); moved != moved0 {
+		t.Errorf("%d GETDELs were redirected: the named cluster's router plans with the stand-in table, which lacks GETDEL", moved-moved0)
+	}
+}

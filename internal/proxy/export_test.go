@@ -1,6 +1,11 @@
 package proxy
 
-import "time"
+import (
+	"time"
+
+	"github.com/redproxy/redproxy/internal/cluster"
+	"github.com/redproxy/redproxy/internal/commands"
+)
 
 // ParkedClientsKeepingAWriter counts the parked clients whose connection
 // still holds a raw writer, which refers to the net.Conn the client gave up
@@ -113,3 +118,19 @@ func (s *Server) SentinelPrimaryOf(name string) string {
 	}
 	return ""
 }
+
+// NamedRouter is the cluster router of the named upstream name, or nil.
+func (s *Server) NamedRouter(name string) *cluster.Router {
+	if s.routes == nil {
+		return nil
+	}
+	for _, t := range s.routes.targets {
+		if t.name == name {
+			return t.router
+		}
+	}
+	return nil
+}
+
+// CommandTable is the command table in force.
+func (s *Server) CommandTable() *commands.Table { return s.cmdSet().table }
