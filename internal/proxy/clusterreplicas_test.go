@@ -288,7 +288,8 @@ func TestClusterReplicaFailover(t *testing.T) {
 	ctx := context.Background()
 	seedCluster(t, c, 10)
 	oldPrimary, replica := shardOf(t, c, "k1")
-	l := startReads(t, p, 4, "k1", "v1")
+	const readers = 4
+	l := startReads(t, p, readers, "k1", "v1")
 	if err := redistest.PromoteReplica(t, replica); err != nil {
 		t.Fatal(err)
 	}
@@ -318,9 +319,9 @@ func TestClusterReplicaFailover(t *testing.T) {
 	// wanted none; which of these sent them was not recorded then.) The proxy counts each; a read it sent to a replica that
 	// landed on the new primary (a replica set left over from before the
 	// failover) it does not, and that is what this window looks for.
-	resetStats(t, oldPrimary, replica)
 	reads0 := replicaReadsByResult(t, p)
 	moved0, _, _ := p.Router().Stats()
+	resetStats(t, oldPrimary, replica)
 	before := l.ok.Load()
 	redistest.Eventually(t, 10*time.Second, func() bool { return l.ok.Load() > before+100 && calls(t, oldPrimary, "get") > 50 },
 		"the old primary, now a replica, never served the shard's reads")
@@ -328,7 +329,14 @@ func TestClusterReplicaFailover(t *testing.T) {
 	reads1 := replicaReadsByResult(t, p)
 	moved1, _, _ := p.Router().Stats()
 	meant := int(reads1["primary"]-reads0["primary"]) + int(reads1["fallback"]-reads0["fallback"]) + int(moved1-moved0)
-	if n := calls(t, replica, "get"); n > meant {
+	// A read is counted when the proxy picks its node, before it is sent:
+	// one a reader had in flight when reads0 was taken may run on the new
+	// primary after the reset, which comes after. Each reader has at most
+	// one (both CI runs of 1349757 saw exactly 4 over, with 4 readers,
+	// when the reset came first); a leftover replica set sends hundreds.
+	// (Reads picked between reads0 and the reset count for meant though
+	// they may have run before the reset: a few more of slack.)
+	if n := calls(t, replica, "get"); n > meant+readers {
 		t.Errorf("the new primary ran %d GETs after the proxy saw the failover, %d more than the proxy sent to a primary (read results before %v, after %v; MOVED followed %d)",
 			n, n-meant, reads0, reads1, moved1-moved0)
 	} else {
