@@ -29,8 +29,14 @@ type Options struct {
 	// Backend is the template for every node's connections; Addr is set
 	// per node, Databases is 1 (a cluster has only DB 0).
 	Backend upstream.BackendOptions
-	Table   *commands.Table
-	Logger  *slog.Logger
+	// Table classifies the commands batches plan, or Tables, when set,
+	// is asked for the table in force at each command: the proxy's
+	// follows its upstream, and a router built before it read the
+	// upstream's (a stand-in at start, the cluster upgraded since) must
+	// plan with the one the sessions classify with.
+	Table  *commands.Table
+	Tables func() *commands.Table
+	Logger *slog.Logger
 	// RefreshInterval is how often the slot map is reloaded when nothing
 	// (MOVED, a lost connection) asked for it sooner.
 	RefreshInterval time.Duration
@@ -44,10 +50,8 @@ type Options struct {
 // Router executes client batches against a Redis Cluster. It is safe for
 // concurrent use by every session.
 type Router struct {
-	opt Options
-	// table classifies the commands batches plan; the proxy swaps it
-	// when it reads another from the cluster (SetTable).
-	table atomic.Pointer[commands.Table]
+	opt   Options
+	table func() *commands.Table // Options.Tables, or one returning Options.Table
 	log   *slog.Logger
 
 	m atomic.Pointer[Map]
@@ -110,7 +114,11 @@ func New(opt Options) *Router {
 		refreshReq: make(chan struct{}, 1),
 		stop:       make(chan struct{}),
 	}
-	r.table.Store(opt.Table)
+	r.table = opt.Tables
+	if r.table == nil {
+		t := opt.Table
+		r.table = func() *commands.Table { return t }
+	}
 	if opt.NoStartWait {
 		r.refreshSoon()
 	} else if err := r.Refresh(); err != nil {
@@ -121,10 +129,12 @@ func New(opt Options) *Router {
 	return r
 }
 
-// SetTable puts t in force for the commands planned from now on: a table
-// read from the cluster after one that stood in at start, or after the
-// nodes were upgraded.
-func (r *Router) SetTable(t *commands.Table) { r.table.Store(t) }
+// Seeds are the nodes asked for the slot map when the map's own cannot
+// answer (Options.Seeds).
+func (r *Router) Seeds() []string { return slices.Clone(r.opt.Seeds) }
+
+// Table is the command table in force for the commands planned now.
+func (r *Router) Table() *commands.Table { return r.table() }
 
 // Map is the slot map in use, or nil before one was loaded.
 func (r *Router) Map() *Map { return r.m.Load() }
@@ -663,7 +673,7 @@ func (b *batch) plan(i int, raw []byte) {
 		o.local = errorFrame(resp.ErrProtocol)
 		return
 	}
-	cmd := b.r.table.Load().Lookup(b.args)
+	cmd := b.r.table().Lookup(b.args)
 	b.mayWrite = mayWrite(cmd)
 	if cmd == nil {
 		// Unknown to the proxy: let a node say what it makes of it.

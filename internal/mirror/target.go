@@ -5,7 +5,6 @@ import (
 	"sync"
 
 	"github.com/redproxy/redproxy/internal/cluster"
-	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
@@ -54,15 +53,14 @@ func (t *backendTarget) Close() {
 // owning its key's slot, multi-key commands split where Redis Cluster
 // splits them (MGET, MSET, DEL, UNLINK, EXISTS, TOUCH), MOVED and ASK
 // followed, NOSCRIPT answered with the script the router saw. A cluster
-// has database 0 only (Options.Databases = 1). table parses commands for
-// the slot check of transactions.
-func RouterTarget(r *cluster.Router, table *commands.Table) Target {
-	return &routerTarget{r: r, table: table}
+// has database 0 only (Options.Databases = 1). The router's table
+// (Router.Table) parses commands for the slot check of transactions.
+func RouterTarget(r *cluster.Router) Target {
+	return &routerTarget{r: r}
 }
 
 type routerTarget struct {
-	r     *cluster.Router
-	table *commands.Table
+	r *cluster.Router
 
 	args [][]byte // scratch, sender goroutine only
 	keys []int
@@ -89,7 +87,7 @@ func (t *routerTarget) crossSlot(e *entry, first, n int) bool {
 		if err != nil || len(t.args) == 0 {
 			continue
 		}
-		cmd := t.table.Lookup(t.args)
+		cmd := t.r.Table().Lookup(t.args)
 		if cmd == nil {
 			continue
 		}

@@ -25,7 +25,7 @@ func newRouter(s *Server, cfg *config.Config) *cluster.Router {
 	return cluster.New(cluster.Options{
 		Seeds:   cfg.Upstream.Seeds,
 		Backend: s.backendOptions(cfg, ""),
-		Table:   s.cmdSet().table,
+		Tables:  s.tableInForce,
 		Logger:  s.log,
 		// Seeds found silent are not waited for again (Options.UpstreamSilent).
 		NoStartWait: s.startSilent,

@@ -119,3 +119,24 @@ func TestClusterOverTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterInfoProxyBeforeAnyNodeAnswers: with no slot map (every seed
+// down since the start) the proxy has no node's connections to list, and
+// INFO proxy had no upstream line at all (found by review): each seed has
+// one, down.
+func TestClusterInfoProxyBeforeAnyNodeAnswers(t *testing.T) {
+	seeds := []string{fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))}
+	p := proxytest.StartUnready(t, nil, func(c *config.Config) {
+		c.Upstream.Mode = config.ModeCluster
+		c.Upstream.Seeds = seeds
+	})
+	info, err := p.Client(t).Info(context.Background(), "proxy").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, seed := range seeds {
+		if want := fmt.Sprintf("upstream_%d:addr=%s,state=down,role=seed", i, seed); !strings.Contains(info, want) {
+			t.Errorf("INFO proxy lacks %q:\n%s", want, info)
+		}
+	}
+}

@@ -34,8 +34,9 @@ import (
 // one has that server's table read.
 //
 // In cluster mode the server followed is the node the proxy's own backend
-// was pointed at when it started (Router.AnyNode); the router's table is
-// swapped with the sessions' (Router.SetTable). It stayed the one read at
+// was pointed at when it started (Router.AnyNode), and the routers (the
+// cluster's, a named cluster upstream's, a mirror's) plan with the set in
+// force (cluster.Options.Tables, tableInForce). It stayed the one read at
 // start, so a proxy started while the cluster was down kept the built-in
 // table for good (found by review). Named upstreams are classified with
 // [upstream]'s table.
@@ -98,6 +99,12 @@ type tableSource struct{ addr, version string }
 
 // cmdSet returns the command set in force.
 func (s *Server) cmdSet() *commandSet { return s.cmds.Load() }
+
+// tableInForce is the table of the set in force, for the cluster routers
+// (cluster.Options.Tables): asked at each command, so a router never keeps
+// a table the sessions no longer classify with, however its start and a
+// table read interleave.
+func (s *Server) tableInForce() *commands.Table { return s.cmds.Load().table }
 
 // initCommands sets the table the server starts with, read from (or
 // standing in for) the upstream at addr.
@@ -178,16 +185,6 @@ func (s *Server) readTable(src tableSource) {
 		case current:
 			old := s.cmdSet()
 			s.cmds.Store(newCommandSet(t, src.addr, src.version))
-			if s.router != nil {
-				s.router.SetTable(t)
-			}
-			if s.routes != nil {
-				for _, rt := range s.routes.targets {
-					if rt.router != nil {
-						rt.router.SetTable(t) // a named cluster upstream plans with it too
-					}
-				}
-			}
 			s.waitShardedMark.Store(t.Get("spublish") != nil)
 			s.log.Info("command table read from the upstream", "upstream", src.addr, "version", src.version,
 				"commands", t.Len(), "previous_commands", old.table.Len())

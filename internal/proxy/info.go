@@ -185,11 +185,13 @@ func (s *Server) appendProxySection(b []byte) []byte {
 		if u.role != "" {
 			v += ",role=" + u.role
 		}
-		st, up, _ := u.b.PoolStats(0, false)
-		v += ",connections_up=" + strconv.Itoa(up) + ",connections=" + strconv.Itoa(u.b.Connections()) +
-			",pinned=" + strconv.FormatInt(u.b.Pinned(), 10) +
-			",dials=" + strconv.FormatUint(st.Dials, 10) + // climbs while Redis cannot be reached
-			",failures=" + strconv.FormatUint(st.Failures, 10) // connections lost once up
+		if u.b != nil {
+			st, up, _ := u.b.PoolStats(0, false)
+			v += ",connections_up=" + strconv.Itoa(up) + ",connections=" + strconv.Itoa(u.b.Connections()) +
+				",pinned=" + strconv.FormatInt(u.b.Pinned(), 10) +
+				",dials=" + strconv.FormatUint(st.Dials, 10) + // climbs while Redis cannot be reached
+				",failures=" + strconv.FormatUint(st.Failures, 10) // connections lost once up
+		}
 		if u.name != "" {
 			v += ",upstream=" + u.name
 		}
@@ -235,13 +237,28 @@ type infoUpstream struct {
 // cluster costs INFO a second, not a second per node.
 func (s *Server) infoUpstreams() []infoUpstream {
 	var out []infoUpstream
-	addCluster := func(name string, r *cluster.Router) {
-		for _, n := range r.Backends() {
+	// admin is the backend of the proxy's own round trips in cluster
+	// mode, pointed at a seed while no node is known.
+	addCluster := func(name string, r *cluster.Router, admin *upstream.Backend) {
+		nodes := r.Backends()
+		for _, n := range nodes {
 			role := "replica"
 			if n.Primary {
 				role = "primary"
 			}
 			out = append(out, infoUpstream{name: name, addr: n.Addr, role: role, b: n.Backend})
+		}
+		if len(nodes) > 0 {
+			return
+		}
+		// No slot map yet (the cluster down since the start): its seeds,
+		// down, so that the upstream has a line and says so.
+		for _, seed := range r.Seeds() {
+			u := infoUpstream{name: name, addr: seed, role: "seed", state: "down"}
+			if admin != nil && admin.Addr() == seed {
+				u.b, u.state = admin, ""
+			}
+			out = append(out, u)
 		}
 	}
 	switch {
@@ -249,20 +266,23 @@ func (s *Server) infoUpstreams() []infoUpstream {
 		for i, t := range s.routes.targets {
 			switch {
 			case i == route.Default && s.router != nil:
-				addCluster(t.name, s.router)
+				addCluster(t.name, s.router, s.backend)
 			case t.router != nil:
-				addCluster(t.name, t.router)
+				addCluster(t.name, t.router, nil)
 			case t.backend != nil:
 				out = append(out, infoUpstream{name: t.name, addr: t.backend.Addr(), b: t.backend})
 			}
 		}
 	case s.router != nil:
-		addCluster("", s.router)
+		addCluster("", s.router, s.backend)
 	default:
 		out = append(out, infoUpstream{addr: s.backend.Addr(), b: s.backend})
 	}
 	var wg sync.WaitGroup
 	for i := range out {
+		if out[i].state != "" {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -158,10 +158,9 @@ func mirrorTarget(s *Server, name string, u config.Upstream) (func(stop <-chan s
 	}
 	switch u.Mode {
 	case config.ModeCluster:
-		table := s.cmdSet().table
 		return func(<-chan struct{}) mirror.Target {
-			r := cluster.New(cluster.Options{Seeds: u.Seeds, Backend: opt(""), Table: table, Logger: log})
-			return mirror.RouterTarget(r, table)
+			r := cluster.New(cluster.Options{Seeds: u.Seeds, Backend: opt(""), Tables: s.tableInForce, Logger: log})
+			return mirror.RouterTarget(r)
 		}, nil
 	case config.ModeSentinel:
 		return func(stop <-chan struct{}) mirror.Target {
