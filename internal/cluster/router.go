@@ -346,8 +346,15 @@ type NodeBackend struct {
 }
 
 // Backends are the nodes the Router has connections for: the primaries in
-// the order of the lowest slot each owns, then the others by address.
+// the order of the lowest slot each owns, then the others by address. A
+// primary of the map without connections yet (no command has gone to it)
+// has them made, as Ready does, so that every primary is listed.
 func (r *Router) Backends() []NodeBackend {
+	if m := r.m.Load(); m != nil {
+		for _, a := range m.Primaries() {
+			r.backend(a)
+		}
+	}
 	var out []NodeBackend
 	r.nodesMu.Lock()
 	for a, n := range r.nodes {
@@ -520,6 +527,7 @@ func (r *Router) DoReads(c *upstream.Call, resp3 bool, reads Reads, onlyReads bo
 	// are counted there again as they are added to it.)
 	b.limit = c.ReplyLimit()
 	b.budget.Store(0)
+	b.table = r.table()
 	for i := range b.ops {
 		b.plan(i, c.Part(i))
 	}
@@ -548,7 +556,7 @@ var batchPool = sync.Pool{New: func() any { return new(batch) }}
 const maxKeptArena = 1 << 20
 
 func (b *batch) reset(r *Router, resp3 bool, n int) {
-	b.r, b.resp3 = r, resp3
+	b.r, b.resp3, b.table = r, resp3, nil
 	if cap(b.ops) < n {
 		b.ops = make([]op, n)
 	} else {
@@ -624,6 +632,7 @@ type sub struct {
 
 type batch struct {
 	r     *Router
+	table *commands.Table // the router's table when the batch began: one per batch
 	resp3 bool
 	ops   []op
 	subs  []sub
@@ -673,7 +682,7 @@ func (b *batch) plan(i int, raw []byte) {
 		o.local = errorFrame(resp.ErrProtocol)
 		return
 	}
-	cmd := b.r.table().Lookup(b.args)
+	cmd := b.table.Lookup(b.args)
 	b.mayWrite = mayWrite(cmd)
 	if cmd == nil {
 		// Unknown to the proxy: let a node say what it makes of it.

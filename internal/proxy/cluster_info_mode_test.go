@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/proxytest"
@@ -138,5 +139,26 @@ func TestClusterInfoProxyBeforeAnyNodeAnswers(t *testing.T) {
 		if want := fmt.Sprintf("upstream_%d:addr=%s,state=down,role=seed", i, seed); !strings.Contains(info, want) {
 			t.Errorf("INFO proxy lacks %q:\n%s", want, info)
 		}
+	}
+}
+
+// TestClusterInfoProxyBeforeAnyCommand: a node's connections are made when
+// the first command (or a readiness probe) goes to it, so a proxy that had
+// loaded its slot map but served nothing yet listed no node, and showed
+// its seeds as down (found by review). Every primary of the map is listed.
+func TestClusterInfoProxyBeforeAnyCommand(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	p := proxytest.StartUnready(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+	})
+	redistest.Eventually(t, 10*time.Second, func() bool { m := p.Router().Map(); return m != nil && len(m.Primaries()) == 3 },
+		"the proxy never loaded the slot map")
+	info, err := p.Client(t).Info(context.Background(), "proxy").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(info, "role=seed") || strings.Count(info, "role=primary") != 3 {
+		t.Errorf("INFO proxy with the slot map loaded does not list its 3 primaries:\n%s", info)
 	}
 }
