@@ -162,3 +162,21 @@ func TestClusterInfoProxyBeforeAnyCommand(t *testing.T) {
 		t.Errorf("INFO proxy with the slot map loaded does not list its 3 primaries:\n%s", info)
 	}
 }
+
+// TestClusterInfoProxyListsReplicas: with read_from in cluster mode each
+// primary's line is followed by its replicas', as the poll found them.
+func TestClusterInfoProxyListsReplicas(t *testing.T) {
+	c, p := startClusterReplicaProxy(t, config.ReadReplicaPreferred, nil)
+	info, err := p.Client(t).Info(context.Background(), "proxy").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range c.Replicas(t) {
+		if !strings.Contains(info, ":addr="+r.Addr()+",state=up,role=replica,") {
+			t.Errorf("INFO proxy has no line for replica %s:\n%s", r.Addr(), info)
+		}
+	}
+	if n := strings.Count(info, "role=primary"); n != 3 {
+		t.Errorf("%d primaries listed, want 3:\n%s", n, info)
+	}
+}

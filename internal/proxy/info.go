@@ -247,6 +247,11 @@ func (s *Server) infoUpstreams() []infoUpstream {
 				role = "primary"
 			}
 			out = append(out, infoUpstream{name: name, addr: n.Addr, role: role, b: n.Backend})
+			if n.Primary && s.creplicas != nil && r == s.router {
+				if sets := s.creplicas.sets.Load(); sets != nil {
+					out = appendReplicaLines(out, name, (*sets)[n.Addr])
+				}
+			}
 		}
 		if len(nodes) > 0 {
 			return
@@ -271,12 +276,17 @@ func (s *Server) infoUpstreams() []infoUpstream {
 				addCluster(t.name, t.router, nil)
 			case t.backend != nil:
 				out = append(out, infoUpstream{name: t.name, addr: t.backend.Addr(), b: t.backend})
+				out = appendReplicaLines(out, t.name, t.replicas)
 			}
 		}
 	case s.router != nil:
 		addCluster("", s.router, s.backend)
 	default:
 		out = append(out, infoUpstream{addr: s.backend.Addr(), b: s.backend})
+		if s.replicas != nil {
+			out[0].role = "primary"
+			out = appendReplicaLines(out, "", s.replicas)
+		}
 	}
 	var wg sync.WaitGroup
 	for i := range out {
@@ -293,5 +303,37 @@ func (s *Server) infoUpstreams() []infoUpstream {
 		}()
 	}
 	wg.Wait()
+	return out
+}
+
+// appendReplicaLines adds the replicas rs reads from (read_from), each with
+// the state its last poll found, not probed: up (reads may go there),
+// lagging (answering but behind max_replica_lag, or failed a read since the
+// poll) or down (the last poll did not reach it).
+func appendReplicaLines(out []infoUpstream, name string, rs *replicaSet) []infoUpstream {
+	if rs == nil {
+		return out
+	}
+	known := rs.known.Load()
+	if known == nil {
+		return out
+	}
+	v := rs.view.Load()
+	now := time.Now()
+	for _, n := range *known {
+		state := "down"
+		if v != nil {
+			for i := range v.nodes {
+				if v.nodes[i].node == n {
+					state = "lagging"
+					if rs.fresh(v, &v.nodes[i], now) {
+						state = "up"
+					}
+					break
+				}
+			}
+		}
+		out = append(out, infoUpstream{name: name, addr: n.addr, role: "replica", state: state, b: n.backend})
+	}
 	return out
 }

@@ -547,3 +547,38 @@ func TestReplicaLaggingIsSkipped(t *testing.T) {
 	}
 	redistest.Eventually(t, 5*time.Second, func() bool { return p.UsableReplicas() == 1 }, "the replica never came back after catching up")
 }
+
+// TestInfoProxyListsReplicas: with read_from, INFO proxy lists the
+// replicas reads may go to, with what the last poll found: it listed the
+// primary only, so a replica down or lagging (every read then on the
+// primary) showed only in the metrics (found by review, 2026-12-06).
+func TestInfoProxyListsReplicas(t *testing.T) {
+	g := startReplicated(t, 2)
+	p := g.proxy(t, config.ReadReplicaPreferred, nil)
+	c := p.Client(t)
+	info, err := c.Info(ctx, "proxy").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"upstream_0:addr=" + g.primary.Addr() + ",state=up,role=primary,",
+		":addr=" + g.replicas[0].Addr() + ",state=up,role=replica,",
+		":addr=" + g.replicas[1].Addr() + ",state=up,role=replica,",
+	} {
+		if !strings.Contains(info, want) {
+			t.Errorf("INFO proxy lacks %q:\n%s", want, info)
+		}
+	}
+	// A replica killed is down until the primary stops naming it, then
+	// no longer listed; either way it is not up.
+	g.replicas[1].Kill(t)
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		info, err = c.Info(ctx, "proxy").Result()
+		return err == nil && !strings.Contains(info, ":addr="+g.replicas[1].Addr()+",state=up,") &&
+			strings.Contains(info, ":addr="+g.replicas[0].Addr()+",state=up,role=replica,")
+	}, "INFO proxy still shows the killed replica up:\n%s", lazyInfo{&info})
+}
+
+type lazyInfo struct{ s *string }
+
+func (l lazyInfo) String() string { return *l.s }
