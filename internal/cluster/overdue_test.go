@@ -78,3 +78,39 @@ func TestOverdueNodeReloadsTheSlotMap(t *testing.T) {
 		t.Fatalf("SET after the reload: %q, %v", reply, err)
 	}
 }
+
+// TestNoMapAtStartIsAskedForAgainSoon: a router that found no node
+// answering at the start serves nothing until it has a map, and asked again
+// only every RefreshInterval (10 s by default): a proxy started before its
+// cluster served nothing for up to that long after the cluster answered.
+// The interval here is an hour; the map must come anyway.
+func TestNoMapAtStartIsAskedForAgainSoon(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	for _, n := range c.Nodes {
+		n.Freeze(t)
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			for _, n := range c.Nodes {
+				n.Thaw(t)
+			}
+		}
+	}
+	t.Cleanup(thaw)
+	r := New(Options{
+		Seeds: c.Seeds(),
+		Backend: upstream.BackendOptions{Connections: 1, MaxPinned: 16, DialTimeout: 200 * time.Millisecond,
+			ReplyTimeout: 200 * time.Millisecond, DeadTimeout: time.Minute},
+		Table:           commands.Builtin(),
+		RefreshInterval: time.Hour,
+	})
+	t.Cleanup(r.Close)
+	if r.Map() != nil {
+		t.Fatal("a map was loaded from frozen nodes")
+	}
+	thaw()
+	redistest.Eventually(t, 30*time.Second, func() bool { return r.Map() != nil },
+		"no slot map loaded after the nodes answered (the next periodic reload is an hour away)")
+}

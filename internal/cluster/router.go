@@ -40,6 +40,10 @@ type Options struct {
 	// RefreshInterval is how often the slot map is reloaded when nothing
 	// (MOVED, a lost connection) asked for it sooner.
 	RefreshInterval time.Duration
+	// OnMap, when set, is called with each slot map a refresh loads (not
+	// the single owner changes a MOVED records), on the goroutine of the
+	// refresh, before the next one: it must not block.
+	OnMap func(*Map)
 	// NoStartWait makes New return without loading the slot map: the
 	// refresher loads it at once, in the background. For seeds the caller
 	// found silent (accepting, never answering), which would hold the
@@ -214,6 +218,9 @@ func (r *Router) Refresh() error {
 	}
 	r.m.Store(m)
 	r.dropDeparted(m)
+	if r.opt.OnMap != nil {
+		r.opt.OnMap(m)
+	}
 	return nil
 }
 
@@ -246,14 +253,25 @@ func (r *Router) refreshSoon() {
 
 func (r *Router) refresher() {
 	defer r.workers.Done()
-	t := time.NewTicker(r.opt.RefreshInterval)
-	defer t.Stop()
+	retry := noMapRetry
 	for {
+		// With no map yet (the cluster down or silent at the start) the
+		// router serves nothing: it asks again soon, backing off, not a
+		// whole RefreshInterval after the cluster came up (found by
+		// review: a proxy started before its cluster served nothing for
+		// up to 10 s after it answered).
+		wait := r.opt.RefreshInterval
+		if r.m.Load() == nil {
+			wait, retry = min(retry, wait), min(2*retry, wait)
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-r.stop:
+			t.Stop()
 			return
 		case <-t.C:
 		case <-r.refreshReq:
+			t.Stop()
 		}
 		if err := r.Refresh(); err != nil {
 			r.log.Warn("cluster: slot map refresh failed; keeping the current one", "err", err)
@@ -266,6 +284,10 @@ func (r *Router) refresher() {
 		}
 	}
 }
+
+// noMapRetry is the first wait before the slot map is asked for again
+// while none was loaded; it doubles up to RefreshInterval.
+const noMapRetry = 100 * time.Millisecond
 
 // backend returns addr's connections, dialling them the first time.
 func (r *Router) backend(addr string) *upstream.Backend {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,7 +30,27 @@ func newRouter(s *Server, cfg *config.Config) *cluster.Router {
 		Logger:  s.log,
 		// Seeds found silent are not waited for again (Options.UpstreamSilent).
 		NoStartWait: s.startSilent,
+		OnMap:       s.followCluster,
 	})
+}
+
+// followCluster keeps the proxy's own connections in cluster mode (the
+// admin backend: SCRIPT KILL, SHUTDOWN, the server whose command table and
+// version the proxy follows) on a primary of the map m. They are pointed
+// at a node once, at the start: with no map then (every seed down or
+// silent) that is the first seed, and a cluster that came up without it,
+// or a node that left the map since, left them dialling an address that
+// never answers, and the command table the built-in one for good (found
+// by review, 2026-12-06).
+func (s *Server) followCluster(m *cluster.Map) {
+	b := s.clusterAdmin.Load() // nil until NewServer made it: the map of New's own refresh
+	primaries := m.Primaries()
+	if b == nil || len(primaries) == 0 || slices.Contains(primaries, b.Addr()) {
+		return
+	}
+	from, to := b.Addr(), primaries[0]
+	s.log.Info("cluster: the proxy's own connections move to a primary of the slot map", "from", from, "to", to)
+	b.Switch(s.mainBackendOptions(s.Config(), to))
 }
 
 // Router is the cluster router, or nil in standalone mode.

@@ -12,6 +12,7 @@ import (
 	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
@@ -321,5 +322,61 @@ func TestRoutesStandInTableReachesANamedCluster(t *testing.T) {
 	}
 	if moved, _, _ := r.Stats(); moved != moved0 {
 		t.Errorf("%d GETDELs were redirected: the named cluster's router plans with the stand-in table, which lacks GETDEL", moved-moved0)
+	}
+}
+
+// TestClusterStartedWithoutItsFirstSeedFollowsTheCluster: every node down
+// at the start (here frozen) points the proxy's own connections at the
+// first seed, which here never comes up; once the rest of the cluster
+// answers, they move to a primary of its map, whose command table is then
+// read. Before, they dialled the dead seed for good and the stand-in table
+// stayed (found by review, 2026-12-06).
+func TestClusterStartedWithoutItsFirstSeedFollowsTheCluster(t *testing.T) {
+	without := redistest.Start(t, "--rename-command", "GETDEL", "")
+	standIn, err := commands.Load(ctx, without.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := redistest.StartCluster(t, 3, 0)
+	dead := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	for _, n := range cl.Nodes {
+		n.Freeze(t)
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			for _, n := range cl.Nodes {
+				n.Thaw(t)
+			}
+		}
+	}
+	t.Cleanup(thaw)
+	app := user("app", nsPass, "+@all ~* allchannels")
+	app.Namespace = "app:"
+	p := proxytest.StartUnreadyStandIn(t, standIn, func(c *config.Config) {
+		c.Upstream.Mode = config.ModeCluster
+		c.Upstream.Seeds = append([]string{dead}, cl.Seeds()...)
+		c.Upstream.ReplyTimeout = units.Duration{Duration: 200 * time.Millisecond}
+		c.Upstream.DialTimeout = units.Duration{Duration: 200 * time.Millisecond}
+		c.Users = []auth.UserConfig{app}
+	})
+	if got := p.Backend().Addr(); got != dead {
+		t.Fatalf("with no map at the start the proxy's own connections went to %s, want the first seed %s", got, dead)
+	}
+	thaw()
+	redistest.Eventually(t, 30*time.Second, func() bool { return p.Backend().Addr() != dead },
+		"the proxy's own connections stayed on the first seed, which never came up")
+	c := nsClient(t, p, "app")
+	if err := cl.ClusterClient(t).Set(ctx, "app:k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		got, err = c.GetDel(ctx, "k").Result()
+		return err == nil
+	}, "GETDEL was never taken for a command although the cluster has it (last answer: %v)", lazyErr{&err})
+	if got != "v" {
+		t.Fatalf("GETDEL k: %q, want %q", got, "v")
 	}
 }

@@ -52,6 +52,9 @@ type Server struct {
 	// upstreamAddr is the address dialled, which differs from
 	// cfg.Upstream.Address for the embedded store.
 	upstreamAddr string
+	// clusterAdmin is backend in cluster mode once made, for the router's
+	// refresher (followCluster), which runs from before NewServer set it.
+	clusterAdmin atomic.Pointer[upstream.Backend]
 	// startSilent is Options.UpstreamSilent, for the pools built at start
 	// to the upstream found silent (the main one, users'); others wait
 	// for their dials as usual.
@@ -228,6 +231,9 @@ func NewServer(o Options) (*Server, error) {
 	bo := s.mainBackendOptions(cfg, addr)
 	bo.NoDialWait = s.startSilent
 	s.backend = upstream.NewBackend(bo)
+	if s.router != nil {
+		s.clusterAdmin.Store(s.backend) // followCluster may move it from now on
+	}
 	switch {
 	case s.router != nil:
 		// Per node, labelled with it; the admin backend above is not

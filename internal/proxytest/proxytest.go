@@ -70,6 +70,13 @@ func StartStandIn(t testing.TB, rs *redistest.Server, table *commands.Table, mut
 	return p
 }
 
+// StartUnreadyStandIn is StartUnready with table standing in for the
+// upstream's until one answers (StartStandIn).
+func StartUnreadyStandIn(t testing.TB, table *commands.Table, mutate func(*config.Config)) *Proxy {
+	t.Helper()
+	return start(t, nil, table, true, mutate)
+}
+
 func startUnready(t testing.TB, rs *redistest.Server, table *commands.Table, mutate func(*config.Config)) *Proxy {
 	t.Helper()
 	return start(t, rs, table, false, mutate)
