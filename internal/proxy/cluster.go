@@ -42,15 +42,34 @@ func newRouter(s *Server, cfg *config.Config) *cluster.Router {
 // or a node that left the map since, left them dialling an address that
 // never answers, and the command table the built-in one for good (found
 // by review, 2026-12-06).
+//
+// The move runs on a goroutine of its own: OnMap must not block, and a
+// Switch waits for the new connections' first dials. It takes reloadMu, as
+// Reload and a Sentinel failover do, so that it neither undoes a reload
+// (the options it switches to are the snapshot in force) nor switches
+// after Shutdown began (draining): Shutdown takes reloadMu after setting
+// draining, and closes the backend after that.
 func (s *Server) followCluster(m *cluster.Map) {
 	b := s.clusterAdmin.Load() // nil until NewServer made it: the map of New's own refresh
 	primaries := m.Primaries()
 	if b == nil || len(primaries) == 0 || slices.Contains(primaries, b.Addr()) {
 		return
 	}
-	from, to := b.Addr(), primaries[0]
-	s.log.Info("cluster: the proxy's own connections move to a primary of the slot map", "from", from, "to", to)
-	b.Switch(s.mainBackendOptions(s.Config(), to))
+	if !s.adminMoving.CompareAndSwap(false, true) {
+		return // one move at a time; the next map looks again
+	}
+	go func() {
+		defer s.adminMoving.Store(false)
+		s.reloadMu.Lock()
+		defer s.reloadMu.Unlock()
+		from := b.Addr()
+		if s.draining.Load() || slices.Contains(primaries, from) {
+			return
+		}
+		to := primaries[0]
+		s.log.Info("cluster: the proxy's own connections move to a primary of the slot map", "from", from, "to", to)
+		b.Switch(s.mainBackendOptions(s.Config(), to))
+	}()
 }
 
 // Router is the cluster router, or nil in standalone mode.

@@ -50,11 +50,14 @@ type Server struct {
 	batchLoad batchLoad
 	reloadMu  sync.Mutex
 	// upstreamAddr is the address dialled, which differs from
-	// cfg.Upstream.Address for the embedded store.
+	// cfg.Upstream.Address for the embedded store; in cluster mode the
+	// admin backend's at the start (followCluster moves the backend, and
+	// nothing reads upstreamAddr there after the start).
 	upstreamAddr string
 	// clusterAdmin is backend in cluster mode once made, for the router's
 	// refresher (followCluster), which runs from before NewServer set it.
 	clusterAdmin atomic.Pointer[upstream.Backend]
+	adminMoving  atomic.Bool // a followCluster move is under way
 	// startSilent is Options.UpstreamSilent, for the pools built at start
 	// to the upstream found silent (the main one, users'); others wait
 	// for their dials as usual.
@@ -233,6 +236,9 @@ func NewServer(o Options) (*Server, error) {
 	s.backend = upstream.NewBackend(bo)
 	if s.router != nil {
 		s.clusterAdmin.Store(s.backend) // followCluster may move it from now on
+		// A map loaded between the router's start and here went by
+		// followCluster unseen: have the next one soon.
+		s.router.RefreshSoon()
 	}
 	switch {
 	case s.router != nil:

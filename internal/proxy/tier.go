@@ -34,6 +34,10 @@ func initTier(s *Server) error {
 		opt.Cluster = clusterTier(r, func(addr string) upstream.Options {
 			o := s.backend.Options(0, true)
 			o.Addr = addr
+			// The admin backend's reports the version of the server the
+			// table follows; a node's tracking dial is another server
+			// (in a cluster mid-upgrade, another version each time).
+			o.OnVersion = nil
 			return o
 		})
 	}
