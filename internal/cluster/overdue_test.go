@@ -86,19 +86,7 @@ func TestOverdueNodeReloadsTheSlotMap(t *testing.T) {
 // The interval here is an hour; the map must come anyway.
 func TestNoMapAtStartIsAskedForAgainSoon(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
-	for _, n := range c.Nodes {
-		n.Freeze(t)
-	}
-	thawed := false
-	thaw := func() {
-		if !thawed {
-			thawed = true
-			for _, n := range c.Nodes {
-				n.Thaw(t)
-			}
-		}
-	}
-	t.Cleanup(thaw)
+	thaw := redistest.FreezeAll(t, c.Nodes...)
 	r := New(Options{
 		Seeds: c.Seeds(),
 		Backend: upstream.BackendOptions{Connections: 1, MaxPinned: 16, DialTimeout: 200 * time.Millisecond,

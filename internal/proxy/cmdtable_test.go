@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/auth"
+	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
@@ -110,14 +112,7 @@ func TestReloadReadsTheNewUpstreamsCommandTable(t *testing.T) {
 // a command the built-in table lacks (here GETDEL, as for a command of a
 // newer Redis or a module) stayed unknown for good.
 func TestStandInTableReplacedByTheUpstreamsOnceItAnswers(t *testing.T) {
-	without := redistest.Start(t, "--rename-command", "GETDEL", "")
-	standIn, err := commands.Load(ctx, without.Client(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if standIn.Get("getdel") != nil {
-		t.Fatal("the server with GETDEL disabled still lists it in COMMAND")
-	}
+	standIn := tableWithoutGETDEL(t)
 	rs := redistest.Start(t)
 	app := user("app", nsPass, "+@all ~* allchannels")
 	app.Namespace = "app:"
@@ -126,14 +121,7 @@ func TestStandInTableReplacedByTheUpstreamsOnceItAnswers(t *testing.T) {
 	if err := rs.Client(t).Set(ctx, "app:k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	var got string
-	redistest.Eventually(t, 10*time.Second, func() bool {
-		got, err = c.GetDel(ctx, "k").Result()
-		return err == nil
-	}, "GETDEL was never taken for a command although the upstream has it (last answer: %v)", lazyErr{&err})
-	if got != "v" {
-		t.Fatalf("GETDEL k: %q, want %q (the namespaced key app:k)", got, "v")
-	}
+	getDelOnceKnown(t, c, "upstream")
 	if n, err := rs.Client(t).Exists(ctx, "app:k").Result(); err != nil || n != 0 {
 		t.Fatalf("app:k after GETDEL: exists=%d (%v), want gone", n, err)
 	}
@@ -235,14 +223,7 @@ func TestUnreadableCommandTableKeepsTheOldOne(t *testing.T) {
 // built-in table for good (found by review). The stand-in here lacks
 // GETDEL, as an older Redis's would; the cluster has it.
 func TestClusterStandInTableReplacedOnceTheClusterAnswers(t *testing.T) {
-	without := redistest.Start(t, "--rename-command", "GETDEL", "")
-	standIn, err := commands.Load(ctx, without.Client(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if standIn.Get("getdel") != nil {
-		t.Fatal("the server with GETDEL disabled still lists it in COMMAND")
-	}
+	standIn := tableWithoutGETDEL(t)
 	cl := redistest.StartCluster(t, 3, 0)
 	app := user("app", nsPass, "+@all ~* allchannels")
 	app.Namespace = "app:"
@@ -256,14 +237,7 @@ func TestClusterStandInTableReplacedOnceTheClusterAnswers(t *testing.T) {
 	if err := direct.Set(ctx, "app:k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	var got string
-	redistest.Eventually(t, 10*time.Second, func() bool {
-		got, err = c.GetDel(ctx, "k").Result()
-		return err == nil
-	}, "GETDEL was never taken for a command although the cluster has it (last answer: %v)", lazyErr{&err})
-	if got != "v" {
-		t.Fatalf("GETDEL k: %q, want %q (the namespaced key app:k)", got, "v")
-	}
+	getDelOnceKnown(t, c, "cluster")
 	if n, err := direct.Exists(ctx, "app:k").Result(); err != nil || n != 0 {
 		t.Fatalf("app:k after GETDEL: exists=%d (%v), want gone", n, err)
 	}
@@ -275,14 +249,8 @@ func TestClusterStandInTableReplacedOnceTheClusterAnswers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	moved0, _, _ := p.Router().Stats()
-	for i := range 30 {
-		if v, err := c.GetDel(ctx, fmt.Sprintf("k%d", i)).Result(); err != nil || v != "v" {
-			t.Fatalf("GETDEL k%d: %q, %v", i, v, err)
-		}
-	}
-	if moved, _, _ := p.Router().Stats(); moved != moved0 {
-		t.Errorf("%d GETDELs were redirected: the router plans with the stand-in table, which lacks GETDEL", moved-moved0)
+	if n := redirectedGetDels(t, p.Router(), c, "k"); n != 0 {
+		t.Errorf("%d GETDELs were redirected: the router plans with the stand-in table, which lacks GETDEL", n)
 	}
 }
 
@@ -291,11 +259,7 @@ func TestClusterStandInTableReplacedOnceTheClusterAnswers(t *testing.T) {
 // from [upstream] once it answers, not the one in force when the router
 // was built.
 func TestRoutesStandInTableReachesANamedCluster(t *testing.T) {
-	without := redistest.Start(t, "--rename-command", "GETDEL", "")
-	standIn, err := commands.Load(ctx, without.Client(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	standIn := tableWithoutGETDEL(t)
 	cl := redistest.StartCluster(t, 3, 0)
 	def := redistest.Start(t)
 	p := proxytest.StartStandIn(t, def, standIn, func(c *config.Config) {
@@ -313,15 +277,8 @@ func TestRoutesStandInTableReachesANamedCluster(t *testing.T) {
 	}
 	redistest.Eventually(t, 10*time.Second, func() bool { return p.CommandTable().Get("getdel") != nil },
 		"the table of [upstream] was never read")
-	r := p.NamedRouter("big")
-	moved0, _, _ := r.Stats()
-	for i := range 30 {
-		if v, err := c.GetDel(ctx, fmt.Sprintf("big:k%d", i)).Result(); err != nil || v != "v" {
-			t.Fatalf("GETDEL big:k%d: %q, %v", i, v, err)
-		}
-	}
-	if moved, _, _ := r.Stats(); moved != moved0 {
-		t.Errorf("%d GETDELs were redirected: the named cluster's router plans with the stand-in table, which lacks GETDEL", moved-moved0)
+	if n := redirectedGetDels(t, p.UpstreamRouter("big"), c, "big:k"); n != 0 {
+		t.Errorf("%d GETDELs were redirected: the named cluster's router plans with the stand-in table, which lacks GETDEL", n)
 	}
 }
 
@@ -332,26 +289,10 @@ func TestRoutesStandInTableReachesANamedCluster(t *testing.T) {
 // read. Before, they dialled the dead seed for good and the stand-in table
 // stayed (found by review, 2026-12-06).
 func TestClusterStartedWithoutItsFirstSeedFollowsTheCluster(t *testing.T) {
-	without := redistest.Start(t, "--rename-command", "GETDEL", "")
-	standIn, err := commands.Load(ctx, without.Client(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	standIn := tableWithoutGETDEL(t)
 	cl := redistest.StartCluster(t, 3, 0)
 	dead := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
-	for _, n := range cl.Nodes {
-		n.Freeze(t)
-	}
-	thawed := false
-	thaw := func() {
-		if !thawed {
-			thawed = true
-			for _, n := range cl.Nodes {
-				n.Thaw(t)
-			}
-		}
-	}
-	t.Cleanup(thaw)
+	thaw := redistest.FreezeAll(t, cl.Nodes...)
 	app := user("app", nsPass, "+@all ~* allchannels")
 	app.Namespace = "app:"
 	p := proxytest.StartUnreadyStandIn(t, standIn, func(c *config.Config) {
@@ -371,12 +312,55 @@ func TestClusterStartedWithoutItsFirstSeedFollowsTheCluster(t *testing.T) {
 	if err := cl.ClusterClient(t).Set(ctx, "app:k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	var got string
+	getDelOnceKnown(t, c, "cluster")
+}
+
+// tableWithoutGETDEL is the command table of a Redis with GETDEL disabled,
+// standing for an older Redis's: a table that stands in for the upstream's
+// at the start and lacks one of its commands.
+func tableWithoutGETDEL(t *testing.T) *commands.Table {
+	t.Helper()
+	without := redistest.Start(t, "--rename-command", "GETDEL", "")
+	table, err := commands.Load(ctx, without.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if table.Get("getdel") != nil {
+		t.Fatal("the server with GETDEL disabled still lists it in COMMAND")
+	}
+	return table
+}
+
+// redirectedGetDels counts the MOVED redirections r followed for a GETDEL
+// of each key (prefix0 .. prefix29, holding "v" on the cluster): none when
+// r plans GETDEL with a table that knows it, one for each key of another
+// node than the one a command it does not know is sent to.
+func redirectedGetDels(t *testing.T, r *cluster.Router, c *redis.Client, prefix string) uint64 {
+	t.Helper()
+	moved0, _, _ := r.Stats()
+	for i := range 30 {
+		if v, err := c.GetDel(ctx, prefix+strconv.Itoa(i)).Result(); err != nil || v != "v" {
+			t.Fatalf("GETDEL %s%d: %q, %v", prefix, i, v, err)
+		}
+	}
+	moved, _, _ := r.Stats()
+	return moved - moved0
+}
+
+// getDelOnceKnown waits until the namespaced client c's GETDEL k is taken
+// for a command (the table in force has it, as the upstream does) and
+// checks that it returned app:k's "v".
+func getDelOnceKnown(t *testing.T, c *redis.Client, upstream string) {
+	t.Helper()
+	var (
+		got string
+		err error
+	)
 	redistest.Eventually(t, 10*time.Second, func() bool {
 		got, err = c.GetDel(ctx, "k").Result()
 		return err == nil
-	}, "GETDEL was never taken for a command although the cluster has it (last answer: %v)", lazyErr{&err})
+	}, "GETDEL was never taken for a command although the %s has it (last answer: %v)", upstream, lazyErr{&err})
 	if got != "v" {
-		t.Fatalf("GETDEL k: %q, want %q", got, "v")
+		t.Fatalf("GETDEL k: %q, want %q (the namespaced key app:k)", got, "v")
 	}
 }

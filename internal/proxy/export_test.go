@@ -3,7 +3,6 @@ package proxy
 import (
 	"time"
 
-	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/commands"
 )
 
@@ -117,19 +116,6 @@ func (s *Server) SentinelPrimaryOf(name string) string {
 		}
 	}
 	return ""
-}
-
-// NamedRouter is the cluster router of the named upstream name, or nil.
-func (s *Server) NamedRouter(name string) *cluster.Router {
-	if s.routes == nil {
-		return nil
-	}
-	for _, t := range s.routes.targets {
-		if t.name == name {
-			return t.router
-		}
-	}
-	return nil
 }
 
 // CommandTable is the command table in force.

@@ -137,6 +137,26 @@ func (s *Server) Freeze(t testing.TB) { s.signal(t, syscall.SIGSTOP) }
 // Thaw resumes a frozen server with SIGCONT.
 func (s *Server) Thaw(t testing.TB) { s.signal(t, syscall.SIGCONT) }
 
+// FreezeAll freezes servers and returns what thaws them all, which is also
+// a cleanup of t, so a test that fails first leaves none frozen; it does
+// something the first time only.
+func FreezeAll(t testing.TB, servers ...*Server) (thaw func()) {
+	t.Helper()
+	for _, s := range servers {
+		s.Freeze(t)
+	}
+	var once sync.Once
+	thaw = func() {
+		once.Do(func() {
+			for _, s := range servers {
+				s.Thaw(t)
+			}
+		})
+	}
+	t.Cleanup(thaw)
+	return thaw
+}
+
 func (s *Server) signal(t testing.TB, sig syscall.Signal) {
 	t.Helper()
 	s.mu.Lock()
