@@ -220,7 +220,9 @@ func NewServer(o Options) (*Server, error) {
 	if cfg.Upstream.Mode == config.ModeCluster {
 		// The router has its own connections per node; this backend
 		// only serves what has no node of its own (admin round trips),
-		// and is pointed at a node that answered, not a seed that is down.
+		// and is pointed at a node that answered, not a seed that is down
+		// (with none answering, the first seed; followCluster moves it to
+		// a primary once a map is loaded).
 		// After initTLS: the nodes are dialled with [upstream.tls].
 		s.router = newRouter(s, cfg)
 		addr = s.router.AnyNode()
