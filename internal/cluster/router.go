@@ -367,46 +367,29 @@ type NodeBackend struct {
 	Backend *upstream.Backend
 }
 
-// Backends are the nodes the Router has connections for: the primaries in
-// the order of the lowest slot each owns, then the others by address. A
-// primary of the map without connections yet (no command has gone to it)
+// Backends are the nodes the Router has connections for: the primaries of
+// the map in the order of the lowest slot each owns, then the others by
+// address. A primary without connections yet (no command has gone to it)
 // has them made, as Ready does, so that every primary is listed.
 func (r *Router) Backends() []NodeBackend {
+	var primaries []string
 	if m := r.m.Load(); m != nil {
-		for _, a := range m.Primaries() {
-			r.backend(a)
-		}
+		primaries = m.Primaries()
 	}
-	var out []NodeBackend
+	out := make([]NodeBackend, 0, len(primaries))
+	for _, a := range primaries {
+		out = append(out, NodeBackend{Addr: a, Primary: true, Backend: r.backend(a)})
+	}
+	var others []NodeBackend
 	r.nodesMu.Lock()
 	for a, n := range r.nodes {
-		if b := n.b.Load(); b != nil {
-			out = append(out, NodeBackend{Addr: a, Backend: b})
+		if b := n.b.Load(); b != nil && !slices.Contains(primaries, a) {
+			others = append(others, NodeBackend{Addr: a, Backend: b})
 		}
 	}
 	r.nodesMu.Unlock()
-	rank := map[string]int{}
-	if m := r.m.Load(); m != nil {
-		for i, a := range m.Primaries() {
-			rank[a] = i + 1
-		}
-	}
-	for i := range out {
-		out[i].Primary = rank[out[i].Addr] > 0
-	}
-	slices.SortFunc(out, func(x, y NodeBackend) int {
-		rx, ry := rank[x.Addr], rank[y.Addr]
-		switch {
-		case rx > 0 && ry > 0:
-			return rx - ry
-		case rx > 0:
-			return -1
-		case ry > 0:
-			return 1
-		}
-		return strings.Compare(x.Addr, y.Addr)
-	})
-	return out
+	slices.SortFunc(others, func(x, y NodeBackend) int { return strings.Compare(x.Addr, y.Addr) })
+	return append(out, others...)
 }
 
 // Describe and Collect make the Router a Prometheus collector of every

@@ -119,4 +119,4 @@ func (s *Server) SentinelPrimaryOf(name string) string {
 }
 
 // CommandTable is the command table in force.
-func (s *Server) CommandTable() *commands.Table { return s.cmdSet().table }
+func (s *Server) CommandTable() *commands.Table { return s.tableInForce() }

@@ -576,9 +576,5 @@ func TestInfoProxyListsReplicas(t *testing.T) {
 		info, err = c.Info(ctx, "proxy").Result()
 		return err == nil && !strings.Contains(info, ":addr="+g.replicas[1].Addr()+",state=up,") &&
 			strings.Contains(info, ":addr="+g.replicas[0].Addr()+",state=up,role=replica,")
-	}, "INFO proxy still shows the killed replica up:\n%s", lazyInfo{&info})
+	}, "INFO proxy still shows the killed replica up:\n%s", lazy(func() string { return info }))
 }
-
-type lazyInfo struct{ s *string }
-
-func (l lazyInfo) String() string { return *l.s }
