@@ -1049,8 +1049,8 @@ func (b *batch) planScan(o *op, raw []byte) {
 		o.local = []byte("-ERR wrong number of arguments for 'scan' command\r\n")
 		return
 	}
-	cursor, err := strconv.ParseUint(string(b.args[1]), 10, 64)
-	if err != nil {
+	cursor, ok := commands.ParseScanCursor(b.args[1])
+	if !ok {
 		o.local = errBadCursor
 		return
 	}

@@ -323,8 +323,33 @@ func TestClusterMode(t *testing.T) {
 				t.Fatalf("SCAN returned %s %d times", k, times)
 			}
 		}
-		if err := rc.Do(ctx, "SCAN", "notanumber").Err(); err == nil || err.Error() != "ERR invalid cursor" {
-			t.Fatalf("SCAN notanumber: %v", err)
+		for _, c := range []string{"notanumber", " 0", "18446744073709551616"} {
+			if err := rc.Do(ctx, "SCAN", c).Err(); err == nil || err.Error() != "ERR invalid cursor" {
+				t.Fatalf("SCAN %q: %v; want Redis's ERR invalid cursor", c, err)
+			}
+		}
+		// Cursors Redis reads with strtoul: "+0" is 0, so a whole walk
+		// from it; "-1" is 2^64-1, a made-up cursor whose walk ends.
+		plus := 0
+		for cursor, calls := "+0", 0; ; calls++ {
+			page, err := rc.Do(ctx, "SCAN", cursor, "MATCH", "scan:*", "COUNT", 500).Slice()
+			if err != nil || len(page) != 2 || calls > n {
+				t.Fatalf("SCAN %s = %v, %v after %d calls", cursor, page, err, calls)
+			}
+			plus += len(page[1].([]any))
+			if cursor = page[0].(string); cursor == "0" {
+				break
+			}
+		}
+		if plus < n {
+			t.Fatalf("SCAN from +0 returned %d keys, want %d", plus, n)
+		}
+		for cursor, calls := "-1", 0; cursor != "0"; calls++ {
+			page, err := rc.Do(ctx, "SCAN", cursor).Slice()
+			if err != nil || len(page) != 2 || calls > n {
+				t.Fatalf("SCAN %s = %v, %v after %d calls", cursor, page, err, calls)
+			}
+			cursor = page[0].(string)
 		}
 		if err := rc.FlushDB(ctx).Err(); err != nil {
 			t.Fatal(err)

@@ -342,8 +342,19 @@ func TestRoutesScanDBSizeKeys(t *testing.T) {
 	if err != nil || len(keys) != 90 {
 		t.Fatalf("KEYS * = %d keys, %v", len(keys), err)
 	}
-	if _, err := r.c.Do(ctx, "SCAN", "63").Result(); err == nil || !strings.Contains(err.Error(), "invalid cursor") {
-		t.Fatalf("SCAN with a cursor naming no upstream: %v", err)
+	// Redis answers any integer cursor with a page (SCAN -1 reads as
+	// 2^64-1); one naming no upstream ends the walk.
+	for _, c := range []string{"63", "-1"} {
+		page, err := r.c.Do(ctx, "SCAN", c).Slice()
+		if err != nil || len(page) != 2 || page[0] != "0" {
+			t.Fatalf("SCAN %s = %v, %v; want cursor 0", c, page, err)
+		}
+		if keys, ok := page[1].([]any); !ok || len(keys) != 0 {
+			t.Fatalf("SCAN %s keys = %#v; want none", c, page[1])
+		}
+	}
+	if _, err := r.c.Do(ctx, "SCAN", " 1").Result(); err == nil || err.Error() != "ERR invalid cursor" {
+		t.Fatalf("SCAN ' 1': %v; want Redis's ERR invalid cursor", err)
 	}
 }
 

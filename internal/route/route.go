@@ -706,19 +706,25 @@ const (
 	maxInnerCursor = 1<<(64-cursorBits) - 1
 )
 
-var errBadCursor = []byte("-ERR invalid cursor\r\n")
+var (
+	errBadCursor = []byte("-ERR invalid cursor\r\n")
+	scanDone     = []byte("*2\r\n$1\r\n0\r\n*0\r\n")
+)
 
 func (t *Table) planScan(args [][]byte) Plan {
 	if len(args) < 2 {
 		return Plan{Local: []byte("-ERR wrong number of arguments for 'scan' command\r\n")}
 	}
-	cursor, err := strconv.ParseUint(string(args[1]), 10, 64)
-	if err != nil {
+	cursor, ok := commands.ParseScanCursor(args[1])
+	if !ok {
 		return Plan{Local: errBadCursor}
 	}
 	up := int(cursor & (1<<cursorBits - 1))
 	if up >= t.Len() {
-		return Plan{Local: errBadCursor}
+		// Made up (SCAN -1, which Redis reads as 2^64-1) or from before a
+		// reload that removed upstreams: Redis answers any cursor with a
+		// page, never an error, and the walk it ends is the client's.
+		return Plan{Local: scanDone}
 	}
 	inner := append([][]byte{args[0], strconv.AppendUint(nil, cursor>>cursorBits, 10)}, args[2:]...)
 	return Plan{Merge: Scan, one: true, single: Part{Upstream: up, Raw: resp.AppendCommand(nil, inner...)}, upstreams: t.Len()}

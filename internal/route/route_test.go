@@ -323,8 +323,18 @@ func TestScanCursor(t *testing.T) {
 	if got := strings.Join(visited, " "); got != "0:0 0:17 1:0 1:17 2:0 2:17" {
 		t.Fatalf("visited %s", got)
 	}
-	if p := plan(tb, "SCAN", "3"); !bytes.Contains(p.Local, []byte("invalid cursor")) {
-		t.Fatalf("a cursor naming no upstream: %+v", p)
+	for _, c := range []string{"3", "-1"} {
+		if p := plan(tb, "SCAN", c); string(p.Local) != "*2\r\n$1\r\n0\r\n*0\r\n" {
+			t.Fatalf("SCAN %s, naming no upstream: %+v; want the walk's end", c, p)
+		}
+	}
+	if p := plan(tb, "SCAN", "+1"); p.Local != nil || p.single.Upstream != 1 {
+		t.Fatalf("SCAN +1: %+v; want upstream 1 from its cursor 0", p)
+	}
+	for _, c := range []string{" 1", "1x", "18446744073709551616"} {
+		if p := plan(tb, "SCAN", c); !bytes.Contains(p.Local, []byte("invalid cursor")) {
+			t.Fatalf("SCAN %q: %+v; want invalid cursor", c, p)
+		}
 	}
 }
 
