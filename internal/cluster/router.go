@@ -184,17 +184,28 @@ func (r *Router) AnyNode() string {
 // PUBLISH and PUBSUB NUMSUB counted none of them, and one publisher's
 // messages could be reordered at the move, one over the cluster bus and
 // the next straight to the subscribers' node (found by the cluster soak).
-// "" when m has no primary.
+// A primary the cluster flagged as failed is left for the first that is
+// not (or ps[0] if all are): it keeps its slots while no replica takes
+// over, and PING, PUBLISH and every keyless command failed for as long
+// as it stayed in the map. "" when m has no primary.
 func (r *Router) keylessNode(m *Map) string {
 	ps := m.Primaries()
-	if cur := r.keyless.Load(); cur != nil && slices.Contains(ps, *cur) {
+	if cur := r.keyless.Load(); cur != nil && slices.Contains(ps, *cur) && !m.Failed(*cur) {
 		return *cur
 	}
 	if len(ps) == 0 {
 		return ""
 	}
 	addr := ps[0]
-	r.keyless.Store(&addr)
+	for _, p := range ps {
+		if !m.Failed(p) {
+			addr = p
+			break
+		}
+	}
+	if cur := r.keyless.Load(); cur == nil || *cur != addr {
+		r.keyless.Store(&addr)
+	}
 	return addr
 }
 

@@ -27,6 +27,11 @@ type Map struct {
 	// replicasOf[i] are the replicas of primaries[i] the answering node
 	// named (reads from replicas); nil for a primary added by MOVED.
 	replicasOf [][]string
+	// failed are the primaries the answering view (or another view of the
+	// same slot map) flagged as failed: CLUSTER SHARDS's health "fail",
+	// the cluster's consensus. They keep their slots until a replica takes
+	// over or an operator moves them; CLUSTER SLOTS says nothing of it.
+	failed []string
 
 	// ordered caches Primaries, which keyless commands ask for often.
 	orderedOnce sync.Once
@@ -69,6 +74,11 @@ func (m *Map) ReplicasOf(addr string) []string {
 	return nil
 }
 
+// Failed reports whether the cluster flagged the primary at addr as failed
+// (see Map.failed): it still owns its slots, but nothing it is sent is
+// answered.
+func (m *Map) Failed(addr string) bool { return slices.Contains(m.failed, addr) }
+
 // Fingerprint is a canonical text of who serves which slots: equal for
 // two maps that route every slot alike.
 func (m *Map) Fingerprint() string { return m.fingerprint() }
@@ -109,7 +119,7 @@ func (m *Map) nodes() []string {
 
 // withOwner returns a copy of m in which addr serves slot s (after a MOVED).
 func (m *Map) withOwner(s int, addr string) *Map {
-	n := &Map{owner: m.owner, primaries: m.primaries, replicas: m.replicas, replicasOf: m.replicasOf}
+	n := &Map{owner: m.owner, primaries: m.primaries, replicas: m.replicas, replicasOf: m.replicasOf, failed: m.failed}
 	i := slices.Index(n.primaries, addr)
 	if i < 0 {
 		n.primaries = append(slices.Clone(n.primaries), addr)
@@ -233,6 +243,9 @@ func parseShards(reply []byte, from string, useTLS bool) (*Map, error) {
 			switch {
 			case nf["role"] == "master":
 				primary = addr
+				if nf["health"] == "fail" {
+					m.failed = append(m.failed, addr)
+				}
 			case nf["health"] != "fail":
 				// ("loading" also means "no offset gossiped yet", as for
 				// a synced replica of an idle primary: whether it can
@@ -420,8 +433,17 @@ func loadMap(base upstream.Options, addrs []string, current *Map) (*Map, error) 
 	}
 	if 2*bestVotes > answered || current == nil {
 		m := views[best]
-		// Every node named by any view is worth asking next time.
+		// Every node named by any view is worth asking next time. A
+		// primary flagged failed in any view of the same map is taken as
+		// failed: the flag reaches the nodes by gossip, one after another.
 		for _, a := range answers {
+			if a.m != nil && a.m != m && a.m.fingerprint() == best {
+				for _, f := range a.m.failed {
+					if !slices.Contains(m.failed, f) {
+						m.failed = append(m.failed, f)
+					}
+				}
+			}
 			if a.m != nil {
 				for _, n := range a.m.nodes() {
 					if !slices.Contains(m.primaries, n) && !slices.Contains(m.replicas, n) {

@@ -36,7 +36,8 @@ func newRouter(s *Server, cfg *config.Config) *cluster.Router {
 
 // followCluster keeps the proxy's own connections in cluster mode (the
 // admin backend: SCRIPT KILL, SHUTDOWN, the server whose command table and
-// version the proxy follows) on a primary of the map m. They are pointed
+// version the proxy follows) on a primary of the map m, one the cluster
+// has not flagged as failed (adminTarget). They are pointed
 // at a node once, at the start: with no map then (every seed down or
 // silent) that is the first seed, and a cluster that came up without it,
 // or a node that left the map since, left them dialling an address that
@@ -51,8 +52,8 @@ func newRouter(s *Server, cfg *config.Config) *cluster.Router {
 // draining, and closes the backend after that.
 func (s *Server) followCluster(m *cluster.Map) {
 	b := s.clusterAdmin.Load() // nil until NewServer made it: the map of New's own refresh
-	primaries := m.Primaries()
-	if b == nil || len(primaries) == 0 || slices.Contains(primaries, b.Addr()) {
+	to := adminTarget(m, b)
+	if to == "" {
 		return
 	}
 	if !s.adminMoving.CompareAndSwap(false, true) {
@@ -63,13 +64,35 @@ func (s *Server) followCluster(m *cluster.Map) {
 		s.reloadMu.Lock()
 		defer s.reloadMu.Unlock()
 		from := b.Addr()
-		if s.draining.Load() || slices.Contains(primaries, from) {
+		if s.draining.Load() || adminTarget(m, b) == "" {
 			return
 		}
-		to := primaries[0]
-		s.log.Info("cluster: the proxy's own connections move to a primary of the slot map", "from", from, "to", to)
+		s.log.Info("cluster: the proxy's own connections move to a primary of the slot map",
+			"from", from, "to", to, "from_failed", m.Failed(from))
 		b.Switch(s.mainBackendOptions(s.Config(), to))
 	}()
+}
+
+// adminTarget is the primary of m the admin backend b should move to, or ""
+// to stay: it stays on a primary of the map the cluster has not flagged as
+// failed, and moves to the first such primary otherwise. A failed primary
+// keeps its slots while no replica takes over (none, or
+// cluster-require-full-coverage no keeps the rest serving), and the
+// backend would keep dialling it.
+func adminTarget(m *cluster.Map, b *upstream.Backend) string {
+	if b == nil {
+		return ""
+	}
+	primaries := m.Primaries()
+	if from := b.Addr(); slices.Contains(primaries, from) && !m.Failed(from) {
+		return ""
+	}
+	for _, p := range primaries {
+		if !m.Failed(p) {
+			return p
+		}
+	}
+	return ""
 }
 
 // Router is the cluster router, or nil in standalone mode.
