@@ -229,6 +229,7 @@ func (r *Router) Refresh() error {
 	}
 	r.m.Store(m)
 	r.dropDeparted(m)
+	r.cutNewlyFailed(cur, m)
 	if r.opt.OnMap != nil {
 		r.opt.OnMap(m)
 	}
@@ -357,6 +358,34 @@ func (r *Router) dropDeparted(m *Map) {
 	}
 }
 
+// cutNewlyFailed severs the dedicated connections and relays of the
+// primaries m flags as failed and cur did not: the node stays in the map
+// (it keeps its slots while no replica takes over), so dropDeparted does
+// not cut them, and a node that hangs without closing its sockets (a host
+// frozen or cut off) left classic subscribers relayed to it hearing
+// nothing, their connection open, while PUBLISH had moved to a live
+// primary (keylessNode). Cut, their clients see the connection lost, as
+// when a node dies, and subscribe again where the keyless node now is.
+// Shared connections stay: their commands fail on their own timeouts, and
+// those of a node that comes back are served again.
+func (r *Router) cutNewlyFailed(cur, m *Map) {
+	for _, a := range m.failed {
+		if cur != nil && cur.Failed(a) {
+			continue
+		}
+		r.nodesMu.Lock()
+		n := r.nodes[a]
+		r.nodesMu.Unlock()
+		if n == nil {
+			continue
+		}
+		if b := n.b.Load(); b != nil {
+			r.log.Warn("cluster: the cluster flagged a primary as failed; cutting its dedicated connections and relays", "node", a)
+			b.CutDedicated()
+		}
+	}
+}
+
 // Nodes are the addresses of the nodes the Router has connections for,
 // in no particular order.
 func (r *Router) Nodes() []string {
@@ -429,18 +458,29 @@ func (r *Router) Collect(ch chan<- prometheus.Metric) {
 }
 
 // Ready reports whether a complete slot map is loaded and every primary in
-// it has a connection up.
+// it has a connection up, but for those the cluster flagged as failed, of
+// which there must be fewer than all. A failed primary keeps its slots
+// while no replica takes over, and every instance of the proxy sees it
+// down alike: counted, it made /readyz answer 503 on all of them, and a
+// load balancer withdrew every instance, failing the slots still served
+// too (cluster-require-full-coverage no), as named upstreams do not
+// (Server.Ready).
 func (r *Router) Ready() bool {
 	m := r.m.Load()
 	if m == nil || !m.complete() {
 		return false
 	}
+	live := 0
 	for _, a := range m.Primaries() {
+		if m.Failed(a) {
+			continue
+		}
 		if !r.backend(a).Pool(0, false).Up() {
 			return false
 		}
+		live++
 	}
-	return true
+	return live > 0
 }
 
 // Close stops the refresher and closes every node's connections.

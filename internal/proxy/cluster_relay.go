@@ -155,13 +155,19 @@ var (
 // in that node's order; lines of different nodes are not ordered by time).
 // Primaries that join later are not watched, and when any watched node
 // goes away the client's connection is closed: a monitor that silently
-// lost a node would show a partial picture as if it were whole.
+// lost a node would show a partial picture as if it were whole. Primaries
+// the cluster flagged as failed are not watched: they run nothing, and
+// dialling them refused MONITOR for as long as they stayed in the map.
 func (sess *Session) clusterMonitor(r *request) bool {
 	m := r.m
 	router := sess.srv.router
 	var primaries []string
 	if cm := router.Map(); cm != nil {
-		primaries = cm.Primaries()
+		for _, a := range cm.Primaries() {
+			if !cm.Failed(a) {
+				primaries = append(primaries, a)
+			}
+		}
 	}
 	if len(primaries) == 0 {
 		sess.replyLocal(m, errorReply(cluster.ErrSlotUnserved))

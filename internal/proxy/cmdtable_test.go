@@ -3,7 +3,6 @@ package proxy_test
 import (
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -363,65 +362,5 @@ func getDelOnceKnown(t *testing.T, c *redis.Client, upstream string) {
 	}, "GETDEL was never taken for a command although the %s has it (last answer: %v)", upstream, lazyErr{&err})
 	if got != "v" {
 		t.Fatalf("GETDEL k: %q, want %q (the namespaced key app:k)", got, "v")
-	}
-}
-
-// TestClusterAdminLeavesAFailedPrimary: the proxy's own connections leave a
-// primary the cluster flagged as failed although it keeps its slots (no
-// replica to take over; cluster-require-full-coverage no keeps the other
-// slots served). They stayed on it, dialling a dead address, as long as it
-// was in the map: the command table and version were then never read
-// again, and SCRIPT KILL had nowhere to go. Keyless commands (PING,
-// PUBLISH) stayed on it too.
-func TestClusterAdminLeavesAFailedPrimary(t *testing.T) {
-	cl := redistest.StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
-	p := proxytest.Start(t, nil, func(c *config.Config) {
-		c.Upstream.Mode = config.ModeCluster
-		c.Upstream.Seeds = cl.Seeds()
-		c.Upstream.ReplyTimeout = units.Duration{Duration: 500 * time.Millisecond}
-		c.Upstream.DialTimeout = units.Duration{Duration: 500 * time.Millisecond}
-	})
-	admin := p.Backend().Addr()
-	var victim *redistest.Server
-	for _, n := range cl.Nodes {
-		if n.Addr() == admin {
-			victim = n
-		}
-	}
-	if victim == nil {
-		t.Fatalf("the admin backend is on %s, not a node of the cluster", admin)
-	}
-	c := p.Client(t)
-	if err := c.Ping(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if keyless := p.Router().AnyNode(); keyless != admin {
-		t.Fatalf("keyless commands go to %s, not to the admin backend's %s: the test kills the node of both", keyless, admin)
-	}
-	victim.Kill(t)
-	redistest.Eventually(t, 60*time.Second, func() bool {
-		// Commands keep asking for the map (a lost node does) until the
-		// cluster's failure flag is in it.
-		c.Ping(ctx)
-		return p.Backend().Addr() != admin
-	}, "the proxy's own connections stayed on %s, a primary the cluster flagged as failed", admin)
-	to := p.Backend().Addr()
-	m := p.Router().Map()
-	if !m.Failed(admin) || m.Failed(to) || !slices.Contains(m.Primaries(), to) {
-		t.Fatalf("moved from %s (failed: %v) to %s (failed: %v, primaries %v)",
-			admin, m.Failed(admin), to, m.Failed(to), m.Primaries())
-	}
-	// Keyless commands stuck to the failed node too: PING failed for as
-	// long as it was in the map.
-	var err error
-	redistest.Eventually(t, 30*time.Second, func() bool {
-		err = c.Ping(ctx).Err()
-		return err == nil
-	}, "PING kept failing once the cluster flagged %s as failed: %v", admin, lazyErr{&err})
-	if keyless := p.Router().AnyNode(); keyless == admin {
-		t.Fatalf("keyless commands still go to the failed %s", admin)
-	}
-	if err := c.Do(ctx, "SCRIPT", "KILL").Err(); err == nil || !strings.Contains(err.Error(), "NOTBUSY") {
-		t.Fatalf("SCRIPT KILL after the move: %v, want the live primary's NOTBUSY", err)
 	}
 }
