@@ -27,9 +27,9 @@ type Map struct {
 	// replicasOf[i] are the replicas of primaries[i] the answering node
 	// named (reads from replicas); nil for a primary added by MOVED.
 	replicasOf [][]string
-	// failed are the primaries the answering view (or another view of the
-	// same slot map) flagged as failed: CLUSTER SHARDS's health "fail",
-	// the cluster's consensus. They keep their slots until a replica takes
+	// failed are the primaries most views of the slot map flagged as
+	// failed (loadMap): CLUSTER SHARDS's health "fail", the cluster's
+	// consensus. They keep their slots until a replica takes
 	// over or an operator moves them; CLUSTER SLOTS says nothing of it.
 	failed []string
 
@@ -433,17 +433,21 @@ func loadMap(base upstream.Options, addrs []string, current *Map) (*Map, error) 
 	}
 	if 2*bestVotes > answered || current == nil {
 		m := views[best]
-		// Every node named by any view is worth asking next time. A
-		// primary flagged failed in any view of the same map is taken as
-		// failed: the flag reaches the nodes by gossip, one after another.
+		// A primary is taken as failed when most views of the chosen map
+		// flag it: a node clears the flag only once it hears from the
+		// primary itself, so one node with a bad link to it can hold the
+		// flag long after it came back, and believed, it would have the
+		// primary's connections cut each time that node's answer made it
+		// into a refresh (cutNewlyFailed; found by review).
+		same := make([]*Map, 0, bestVotes)
 		for _, a := range answers {
-			if a.m != nil && a.m != m && a.m.fingerprint() == best {
-				for _, f := range a.m.failed {
-					if !slices.Contains(m.failed, f) {
-						m.failed = append(m.failed, f)
-					}
-				}
+			if a.m != nil && a.m.fingerprint() == best {
+				same = append(same, a.m)
 			}
+		}
+		m.failed = failedByMost(same)
+		// Every node named by any view is worth asking next time.
+		for _, a := range answers {
 			if a.m != nil {
 				for _, n := range a.m.nodes() {
 					if !slices.Contains(m.primaries, n) && !slices.Contains(m.replicas, n) {
@@ -455,6 +459,25 @@ func loadMap(base upstream.Options, addrs []string, current *Map) (*Map, error) 
 		return m, nil
 	}
 	return nil, fmt.Errorf("%w: no view is held by a majority of the %d nodes that answered", ErrNoTopology, answered)
+}
+
+// failedByMost are the primaries more than half of views flag as failed,
+// sorted.
+func failedByMost(views []*Map) []string {
+	flags := map[string]int{}
+	for _, v := range views {
+		for _, f := range v.failed {
+			flags[f]++
+		}
+	}
+	var out []string
+	for f, n := range flags {
+		if 2*n > len(views) {
+			out = append(out, f)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func dedupe(a []string) []string {

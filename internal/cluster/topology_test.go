@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,5 +146,37 @@ func TestLoadMapFrozenNodeBoundedByReplyTimeout(t *testing.T) {
 	}
 	if took > 5*time.Second {
 		t.Fatalf("loadMap took %v with a frozen node and reply_timeout 500ms", took)
+	}
+}
+
+// TestFailedByMost: a primary is taken as failed only when most views of
+// the map flag it. A node clears the flag only when it hears from the
+// primary again, so one node with a bad link to it can hold the flag
+// alone long after the primary came back; believed, its answer would have
+// the primary's connections cut at every refresh it made it into.
+func TestFailedByMost(t *testing.T) {
+	view := func(failed ...string) *Map {
+		m := newMap()
+		m.failed = failed
+		return m
+	}
+	for _, c := range []struct {
+		views []*Map
+		want  string
+	}{
+		{[]*Map{view("x"), view(), view()}, ""},
+		{[]*Map{view("x"), view("x"), view()}, "x"},
+		{[]*Map{view("x", "y"), view("y"), view("x")}, "x y"},
+		{[]*Map{view("x"), view()}, ""},
+		{[]*Map{view("x")}, "x"},
+		{nil, ""},
+	} {
+		if got := strings.Join(failedByMost(c.views), " "); got != c.want {
+			var flags [][]string
+			for _, v := range c.views {
+				flags = append(flags, v.failed)
+			}
+			t.Errorf("failedByMost of views flagging %v = %q, want %q", flags, got, c.want)
+		}
 	}
 }

@@ -84,13 +84,19 @@ func adminTarget(m *cluster.Map, b *upstream.Backend) string {
 		return ""
 	}
 	primaries := m.Primaries()
-	if from := b.Addr(); slices.Contains(primaries, from) && !m.Failed(from) {
+	from := b.Addr()
+	if slices.Contains(primaries, from) && !m.Failed(from) {
 		return ""
 	}
 	for _, p := range primaries {
 		if !m.Failed(p) {
 			return p
 		}
+	}
+	// Every primary flagged: one of the map is still better than an
+	// address that is not in it.
+	if len(primaries) > 0 && !slices.Contains(primaries, from) {
+		return primaries[0]
 	}
 	return ""
 }

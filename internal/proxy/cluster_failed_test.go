@@ -131,7 +131,7 @@ func TestClusterSubscriberOfAFailedNodeIsCut(t *testing.T) {
 // made /readyz 503 for as long as it stayed in the map (every instance
 // alike, so a load balancer withdrew them all while two thirds of the
 // slots were served), and MONITOR, which dialled it, was refused (found by
-// review).
+// review). A monitor started without it is closed once it serves again.
 func TestClusterReadyAndMonitorWithAFailedPrimary(t *testing.T) {
 	cl, p := startClusterWithoutReplicas(t)
 	c := p.Client(t)
@@ -146,7 +146,8 @@ func TestClusterReadyAndMonitorWithAFailedPrimary(t *testing.T) {
 			break
 		}
 	}
-	nodeAt(t, cl, victim).Kill(t)
+	victimNode := nodeAt(t, cl, victim)
+	victimNode.Kill(t)
 	redistest.Eventually(t, 60*time.Second, func() bool {
 		c.Ping(ctx)
 		return p.Router().Map().Failed(victim)
@@ -170,5 +171,30 @@ func TestClusterReadyAndMonitorWithAFailedPrimary(t *testing.T) {
 		if strings.Contains(strings.ToLower(fmt.Sprint(line)), `"ping"`) {
 			break
 		}
+	}
+	// Back, the node serves its slots again: a monitor without it would
+	// show a partial picture as a whole one, so it is closed (found by
+	// review: it went on without the node for good).
+	victimNode.Restart(t)
+	redistest.Eventually(t, 60*time.Second, func() bool {
+		c.Ping(ctx)
+		m := p.Router().Map()
+		return slices.Contains(m.Primaries(), victim) && !m.Failed(victim)
+	}, "%s never served again unflagged", victim)
+	mon.wait = 10 * time.Second
+	for {
+		_, err := mon.next(nil)
+		if err == nil {
+			continue
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("the monitor stayed open without %s, which serves again", victim)
+		}
+		break
+	}
+	again := dialRaw(t, p.Addr)
+	if got := again.do("MONITOR"); got != "OK" {
+		t.Fatalf("MONITOR with every primary back: %v", got)
 	}
 }

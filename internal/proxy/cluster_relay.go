@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -153,11 +154,12 @@ var (
 // of the slot map in MONITOR mode, their lines merged into the client's
 // stream as whole frames, in the order they arrive (each node's lines stay
 // in that node's order; lines of different nodes are not ordered by time).
-// Primaries that join later are not watched, and when any watched node
-// goes away the client's connection is closed: a monitor that silently
-// lost a node would show a partial picture as if it were whole. Primaries
-// the cluster flagged as failed are not watched: they run nothing, and
-// dialling them refused MONITOR for as long as they stayed in the map.
+// When any watched node goes away, or a primary not watched serves slots
+// (watchMonitorMap), the client's connection is closed: a monitor that
+// silently lost or lacked a node would show a partial picture as if it
+// were whole. Primaries the cluster flagged as failed are not watched:
+// they run nothing, and dialling them refused MONITOR for as long as they
+// stayed in the map.
 func (sess *Session) clusterMonitor(r *request) bool {
 	m := r.m
 	router := sess.srv.router
@@ -271,6 +273,15 @@ func (sess *Session) clusterMonitor(r *request) bool {
 			}
 		}()
 	}
+	done := make(chan struct{})
+	wg.Add(1)
+	go func() { // the map -> close when a primary serves unwatched
+		defer wg.Done()
+		if sess.watchMonitorMap(primaries, done) {
+			stop(metrics.CloseUpstreamLost)
+			q.close()
+		}
+	}()
 	wg.Add(1)
 	go func() { // queue -> client
 		defer wg.Done()
@@ -306,10 +317,46 @@ func (sess *Session) clusterMonitor(r *request) bool {
 	}
 	stop(metrics.CloseClient)
 	q.close()
+	close(done)
 	wg.Wait()
 	release()
 	sess.quitting = true
 	return true
+}
+
+// monitorMapCheck is how often a cluster MONITOR looks at the slot map for
+// a primary it does not watch.
+const monitorMapCheck = 500 * time.Millisecond
+
+// watchMonitorMap reports true once the slot map has a primary serving
+// that watched does not hold and the cluster has not flagged as failed
+// (one that joined, was promoted, or came back from failure), false when
+// done is closed first. The monitor is then closed, as when a watched node
+// goes away: one that went on without that node would show a partial
+// picture as if it were whole (found by review: a primary skipped while
+// flagged failed was never watched once it served again).
+func (sess *Session) watchMonitorMap(watched []string, done <-chan struct{}) bool {
+	t := time.NewTicker(monitorMapCheck)
+	defer t.Stop()
+	var seen *cluster.Map
+	for {
+		select {
+		case <-done:
+			return false
+		case <-t.C:
+		}
+		m := sess.srv.router.Map()
+		if m == nil || m == seen {
+			continue
+		}
+		seen = m
+		for _, a := range m.Primaries() {
+			if !m.Failed(a) && !slices.Contains(watched, a) {
+				sess.logger().Info("cluster MONITOR: a primary it does not watch serves slots; closing it", "node", a)
+				return true
+			}
+		}
+	}
 }
 
 // startMonitor sends MONITOR on nc and reads its +OK; it returns what the
