@@ -22,14 +22,19 @@ func FirstError(replies [][]byte) []byte {
 // key k's part and element.
 func MergeMGET(replies [][]byte, pos [][2]int, unexpected func([]byte) []byte) []byte {
 	elems := make([][][]byte, len(replies))
+	size := 24 // the array's header, at most
 	for k, r := range replies {
 		e, ok := ArrayElements(r)
 		if !ok {
 			return unexpected(r)
 		}
 		elems[k] = e
+		size += len(r)
 	}
-	out := AppendArray(nil, len(pos))
+	// Sized once: grown by appends (by a quarter each time past 256
+	// elements' worth), a large MGET's reply was allocated about five
+	// times over (BenchmarkMergeMGET: 70 MB for an 11 MB reply).
+	out := AppendArray(make([]byte, 0, size), len(pos))
 	for _, p := range pos {
 		if p[1] >= len(elems[p[0]]) {
 			return unexpected(replies[p[0]])
@@ -55,14 +60,16 @@ func MergeSum(replies [][]byte, unexpected func([]byte) []byte) []byte {
 // MergeConcat puts the parts' array elements one after the other (KEYS).
 func MergeConcat(replies [][]byte, unexpected func([]byte) []byte) []byte {
 	var all [][]byte
+	size := 24
 	for _, r := range replies {
 		e, ok := ArrayElements(r)
 		if !ok {
 			return unexpected(r)
 		}
 		all = append(all, e...)
+		size += len(r)
 	}
-	out := AppendArray(nil, len(all))
+	out := AppendArray(make([]byte, 0, size), len(all)) // sized once, as MergeMGET's
 	for _, e := range all {
 		out = append(out, e...)
 	}
