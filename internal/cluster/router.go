@@ -875,12 +875,12 @@ var fanOut = map[string]mergeKind{
 	"function|restore": mergeAllOK,
 }
 
-// split sends one command per slot of a multi-key command whose keys are
-// args[1], args[1+stride], ... (with stride-1 values after each key), in
-// the order each slot first appears.
 // splitScanGroups is how many groups split finds a key's among by a scan.
 const splitScanGroups = 16
 
+// split sends one command per slot of a multi-key command whose keys are
+// args[1], args[1+stride], ... (with stride-1 values after each key), in
+// the order each slot first appears.
 func (b *batch) split(o *op, k mergeKind, stride int) {
 	o.merge = k
 	if (len(b.args)-1)%stride != 0 {
@@ -1616,17 +1616,28 @@ func parseRedirect(reply []byte, from string) (slot int, addr string, ok bool) {
 	if err != nil || slot < 0 || slot >= Slots {
 		return 0, "", false
 	}
-	addr = string(f[2])
-	if addr[0] == ':' {
+	// Redis writes host:port with no brackets around an IPv6 host
+	// ("-MOVED 3999 ::1:6381"), which is not an address to dial nor the
+	// map's spelling of the node ("[::1]:6381"): the port is what follows
+	// the last colon.
+	target := f[2]
+	i := bytes.LastIndexByte(target, ':')
+	if i < 0 || i == len(target)-1 {
+		return 0, "", false
+	}
+	host, port := string(target[:i]), string(target[i+1:])
+	if len(host) > 1 && host[0] == '[' && host[len(host)-1] == ']' {
+		host = host[1 : len(host)-1]
+	}
+	if host == "" {
 		// "-MOVED 3999 :6381": the node does not know its hostname;
 		// clients use the host of the node that answered.
-		host, _, err := net.SplitHostPort(from)
-		if err != nil {
+		var err error
+		if host, _, err = net.SplitHostPort(from); err != nil {
 			return 0, "", false
 		}
-		addr = net.JoinHostPort(host, addr[1:])
 	}
-	return slot, addr, true
+	return slot, net.JoinHostPort(host, port), true
 }
 
 // finish records sub i's final reply, copied: the node call's buffer is

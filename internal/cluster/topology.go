@@ -32,6 +32,9 @@ type Map struct {
 	// consensus. They keep their slots until a replica takes
 	// over or an operator moves them; CLUSTER SLOTS says nothing of it.
 	failed []string
+	// health: the view came from CLUSTER SHARDS, which says which nodes
+	// failed; a CLUSTER SLOTS view (Redis before 7.0) cannot tell.
+	health bool
 
 	// ordered caches Primaries, which keyless commands ask for often.
 	orderedOnce sync.Once
@@ -228,6 +231,7 @@ func parseShards(reply []byte, from string, useTLS bool) (*Map, error) {
 		return nil, fmt.Errorf("%w: %v", errBadReply, v)
 	}
 	m := newMap()
+	m.health = true
 	for _, sh := range shards {
 		fields := pairs(sh)
 		slots, _ := fields["slots"].([]any)
@@ -461,18 +465,24 @@ func loadMap(base upstream.Options, addrs []string, current *Map) (*Map, error) 
 	return nil, fmt.Errorf("%w: no view is held by a majority of the %d nodes that answered", ErrNoTopology, answered)
 }
 
-// failedByMost are the primaries more than half of views flag as failed,
-// sorted.
+// failedByMost are the primaries more than half of the views that can
+// tell (CLUSTER SHARDS's) flag as failed, sorted: in a cluster upgraded
+// node by node, CLUSTER SLOTS views, which never flag, would otherwise
+// outvote those that do (found by review).
 func failedByMost(views []*Map) []string {
 	flags := map[string]int{}
+	telling := 0
 	for _, v := range views {
+		if v.health {
+			telling++
+		}
 		for _, f := range v.failed {
 			flags[f]++
 		}
 	}
 	var out []string
 	for f, n := range flags {
-		if 2*n > len(views) {
+		if 2*n > telling {
 			out = append(out, f)
 		}
 	}

@@ -153,13 +153,16 @@ func TestLoadMapFrozenNodeBoundedByReplyTimeout(t *testing.T) {
 // the map flag it. A node clears the flag only when it hears from the
 // primary again, so one node with a bad link to it can hold the flag
 // alone long after the primary came back; believed, its answer would have
-// the primary's connections cut at every refresh it made it into.
+// the primary's connections cut at every refresh it made it into. Views
+// of CLUSTER SLOTS (Redis before 7.0, in a cluster upgraded node by node)
+// cannot flag, and do not count.
 func TestFailedByMost(t *testing.T) {
 	view := func(failed ...string) *Map {
 		m := newMap()
-		m.failed = failed
+		m.failed, m.health = failed, true
 		return m
 	}
+	slotsView := newMap() // CLUSTER SLOTS: no health to tell
 	for _, c := range []struct {
 		views []*Map
 		want  string
@@ -170,6 +173,9 @@ func TestFailedByMost(t *testing.T) {
 		{[]*Map{view("x"), view()}, ""},
 		{[]*Map{view("x")}, "x"},
 		{nil, ""},
+		{[]*Map{view("x"), view("x"), slotsView, slotsView, slotsView}, "x"},
+		{[]*Map{view("x"), view(), slotsView}, ""},
+		{[]*Map{slotsView, slotsView}, ""},
 	} {
 		if got := strings.Join(failedByMost(c.views), " "); got != c.want {
 			var flags [][]string
@@ -177,6 +183,35 @@ func TestFailedByMost(t *testing.T) {
 				flags = append(flags, v.failed)
 			}
 			t.Errorf("failedByMost of views flagging %v = %q, want %q", flags, got, c.want)
+		}
+	}
+}
+
+// TestParseRedirect: MOVED and ASK name the node as Redis writes it,
+// host:port with no brackets around an IPv6 host; the address must be the
+// map's spelling of the node, which dials.
+func TestParseRedirect(t *testing.T) {
+	for _, c := range []struct{ reply, want string }{
+		{"-MOVED 3999 127.0.0.1:6381\r\n", "127.0.0.1:6381"},
+		{"-ASK 3999 127.0.0.1:6381\r\n", "127.0.0.1:6381"},
+		{"-MOVED 3999 ::1:6381\r\n", "[::1]:6381"},
+		{"-MOVED 3999 fe80::1:2:6381\r\n", "[fe80::1:2]:6381"},
+		{"-MOVED 3999 [::1]:6381\r\n", "[::1]:6381"},
+		{"-MOVED 3999 redis-0.redis:6381\r\n", "redis-0.redis:6381"},
+		{"-MOVED 3999 :6381\r\n", "10.0.0.7:6381"},
+		{"-MOVED 3999 6381\r\n", ""},
+		{"-MOVED 3999 host:\r\n", ""},
+		{"-MOVED 16384 127.0.0.1:6381\r\n", ""},
+	} {
+		slot, addr, ok := parseRedirect([]byte(c.reply), "10.0.0.7:7000")
+		if c.want == "" {
+			if ok {
+				t.Errorf("parseRedirect(%q) = %d %q, want not ok", c.reply, slot, addr)
+			}
+			continue
+		}
+		if !ok || slot != 3999 || addr != c.want {
+			t.Errorf("parseRedirect(%q) = %d %q %v, want 3999 %q", c.reply, slot, addr, ok, c.want)
 		}
 	}
 }
