@@ -154,6 +154,10 @@ func TestClusterReadyAndMonitorWithAFailedPrimary(t *testing.T) {
 	}, "%s was never flagged failed", victim)
 	redistest.Eventually(t, 30*time.Second, p.Ready,
 		"not ready with %s flagged failed while the other primaries serve", victim)
+	info, err := c.Info(ctx, "proxy").Result()
+	if err != nil || !strings.Contains(info, "addr="+victim+",state=failed,role=primary") {
+		t.Fatalf("INFO proxy does not say %s failed: %v\n%s", victim, err, info)
+	}
 	mon := dialRaw(t, p.Addr)
 	if got := mon.do("MONITOR"); got != "OK" {
 		t.Fatalf("MONITOR with %s flagged failed: %v", victim, got)

@@ -241,12 +241,18 @@ func (s *Server) infoUpstreams() []infoUpstream {
 	// mode, pointed at a seed while no node is known.
 	addCluster := func(name string, r *cluster.Router, admin *upstream.Backend) {
 		nodes := r.Backends()
+		m := r.Map()
 		for _, n := range nodes {
-			role := "replica"
+			role, state := "replica", ""
 			if n.Primary {
 				role = "primary"
+				if m != nil && m.Failed(n.Addr) {
+					// The cluster's word, not probed: a PING to a hung
+					// node would cost INFO its timeout.
+					state = "failed"
+				}
 			}
-			out = append(out, infoUpstream{name: name, addr: n.Addr, role: role, b: n.Backend})
+			out = append(out, infoUpstream{name: name, addr: n.Addr, role: role, state: state, b: n.Backend})
 			if n.Primary && s.creplicas != nil && r == s.router {
 				if sets := s.creplicas.sets.Load(); sets != nil {
 					out = appendReplicaLines(out, name, (*sets)[n.Addr])
