@@ -14,6 +14,13 @@ func CounterSum(g prometheus.Gatherer, name string, labels ...string) (sum float
 	return sum, found, err
 }
 
+// GaugeSum adds up the gauge series called name whose labels include
+// every given (name, value) pair, as CounterSum.
+func GaugeSum(g prometheus.Gatherer, name string, labels ...string) (sum float64, found bool, err error) {
+	err = eachSeries(g, name, labels, func(m *dto.Metric) { sum += m.GetGauge().GetValue(); found = true })
+	return sum, found, err
+}
+
 // HistogramCount adds up the sample counts of the histogram series called
 // name whose labels include every given (name, value) pair, as CounterSum.
 func HistogramCount(g prometheus.Gatherer, name string, labels ...string) (count uint64, found bool, err error) {

@@ -876,4 +876,20 @@ func (s *Server) registerClusterMetrics() {
 		Name: "redproxy_cluster_scan_restarts_total",
 		Help: "SCAN walks started again from the node under way because the slot map changed since their cursor was made.",
 	}, func() float64 { return float64(r.ScanRestarts()) }))
+	s.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "redproxy_cluster_primaries_failed",
+		Help: "Primaries of the slot map the cluster flags as failed (CLUSTER SHARDS): they keep their slots, whose commands fail, until a replica or an operator takes them over.",
+	}, func() float64 {
+		m := r.Map()
+		if m == nil {
+			return 0
+		}
+		n := 0
+		for _, a := range m.Primaries() {
+			if m.Failed(a) {
+				n++
+			}
+		}
+		return float64(n)
+	}))
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -154,6 +155,9 @@ func TestClusterReadyAndMonitorWithAFailedPrimary(t *testing.T) {
 	}, "%s was never flagged failed", victim)
 	redistest.Eventually(t, 30*time.Second, p.Ready,
 		"not ready with %s flagged failed while the other primaries serve", victim)
+	if got, _, err := metrics.GaugeSum(p.Metrics.Registry, "redproxy_cluster_primaries_failed"); err != nil || got != 1 {
+		t.Fatalf("redproxy_cluster_primaries_failed = %v, %v; want 1", got, err)
+	}
 	info, err := c.Info(ctx, "proxy").Result()
 	if err != nil || !strings.Contains(info, "addr="+victim+",state=failed,role=primary") {
 		t.Fatalf("INFO proxy does not say %s failed: %v\n%s", victim, err, info)
