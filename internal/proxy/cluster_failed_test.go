@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/metrics"
@@ -23,7 +25,16 @@ import (
 // (CLUSTER SHARDS health "fail", Map.Failed), and the other slots keep
 // being served. Whatever the proxy had chosen that node for must move.
 
-func startClusterWithoutReplicas(t *testing.T) (*redistest.Cluster, *proxytest.Proxy) {
+// failedPrimaryCluster is such a cluster behind a proxy, with a client of
+// the proxy that has sent a PING, so that the keyless node is chosen.
+type failedPrimaryCluster struct {
+	cl      *redistest.Cluster
+	p       *proxytest.Proxy
+	c       *redis.Client
+	keyless string // where PING went
+}
+
+func startClusterWithoutReplicas(t *testing.T) failedPrimaryCluster {
 	t.Helper()
 	cl := redistest.StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
 	p := proxytest.Start(t, nil, func(c *config.Config) {
@@ -32,7 +43,11 @@ func startClusterWithoutReplicas(t *testing.T) (*redistest.Cluster, *proxytest.P
 		c.Upstream.ReplyTimeout = units.Duration{Duration: 500 * time.Millisecond}
 		c.Upstream.DialTimeout = units.Duration{Duration: 500 * time.Millisecond}
 	})
-	return cl, p
+	c := p.Client(t)
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return failedPrimaryCluster{cl: cl, p: p, c: c, keyless: p.Router().AnyNode()}
 }
 
 // TestClusterAdminLeavesAFailedPrimary: the proxy's own connections leave a
@@ -43,15 +58,12 @@ func startClusterWithoutReplicas(t *testing.T) (*redistest.Cluster, *proxytest.P
 // again, and SCRIPT KILL had nowhere to go. Keyless commands (PING,
 // PUBLISH) stayed on it too.
 func TestClusterAdminLeavesAFailedPrimary(t *testing.T) {
-	cl, p := startClusterWithoutReplicas(t)
+	f := startClusterWithoutReplicas(t)
+	p, c := f.p, f.c
 	admin := p.Backend().Addr()
-	victim := nodeAt(t, cl, admin)
-	c := p.Client(t)
-	if err := c.Ping(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if keyless := p.Router().AnyNode(); keyless != admin {
-		t.Fatalf("keyless commands go to %s, not to the admin backend's %s: the test kills the node of both", keyless, admin)
+	victim := nodeAt(t, f.cl, admin)
+	if f.keyless != admin {
+		t.Fatalf("keyless commands go to %s, not to the admin backend's %s: the test kills the node of both", f.keyless, admin)
 	}
 	victim.Kill(t)
 	redistest.Eventually(t, 60*time.Second, func() bool {
@@ -89,13 +101,9 @@ func TestClusterAdminLeavesAFailedPrimary(t *testing.T) {
 // subscribed again (found by review). Now its connection is closed, as
 // when a node dies, and a new subscription gets what is published.
 func TestClusterSubscriberOfAFailedNodeIsCut(t *testing.T) {
-	cl, p := startClusterWithoutReplicas(t)
-	pub := p.Client(t)
-	if err := pub.Ping(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	keyless := p.Router().AnyNode()
-	victim := nodeAt(t, cl, keyless)
+	f := startClusterWithoutReplicas(t)
+	p, pub, keyless := f.p, f.c, f.keyless
+	victim := nodeAt(t, f.cl, keyless)
 	sub := dialRaw(t, p.Addr)
 	sub.send([]string{"SUBSCRIBE", "news"})
 	if got := readMessage(t, sub); got != "[subscribe news 1]" {
@@ -134,20 +142,16 @@ func TestClusterSubscriberOfAFailedNodeIsCut(t *testing.T) {
 // slots were served), and MONITOR, which dialled it, was refused (found by
 // review). A monitor started without it is closed once it serves again.
 func TestClusterReadyAndMonitorWithAFailedPrimary(t *testing.T) {
-	cl, p := startClusterWithoutReplicas(t)
-	c := p.Client(t)
-	if err := c.Ping(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	keyless := p.Router().AnyNode()
+	f := startClusterWithoutReplicas(t)
+	p, c := f.p, f.c
 	var victim string
 	for _, a := range p.Router().Map().Primaries() {
-		if a != keyless {
+		if a != f.keyless {
 			victim = a
 			break
 		}
 	}
-	victimNode := nodeAt(t, cl, victim)
+	victimNode := nodeAt(t, f.cl, victim)
 	victimNode.Kill(t)
 	redistest.Eventually(t, 60*time.Second, func() bool {
 		c.Ping(ctx)
