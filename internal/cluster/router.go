@@ -72,6 +72,9 @@ type Router struct {
 
 	// keyless is the node keyless commands go to (keylessNode).
 	keyless atomic.Pointer[string]
+	// asking: the nodes a refresh asked whose answer is still due
+	// (loadMap).
+	asking sync.Map
 
 	// Counters, for tests and metrics.
 	moved, asked, retried atomic.Uint64
@@ -220,7 +223,7 @@ func (r *Router) Refresh() error {
 		addrs = cur.nodes()
 	}
 	addrs = append(addrs, r.opt.Seeds...)
-	m, err := loadMap(r.baseOptions(), addrs, cur)
+	m, err := loadMap(r.baseOptions(), addrs, cur, &r.asking)
 	if err != nil {
 		return err
 	}

@@ -386,7 +386,12 @@ const maxAsked = 16
 // routing. With no majority, the most common complete view is returned
 // only when current is nil (there is nothing better to route with), so a
 // proxy can start while the cluster is in flux; otherwise ErrNoTopology.
-func loadMap(base upstream.Options, addrs []string, current *Map) (*Map, error) {
+//
+// asking, when not nil, holds the nodes asked by an earlier call whose
+// answer is still due (loadMap does not wait for them all): those are not
+// asked again until it comes, so that refreshes every 100 ms do not pile
+// up connections on a hung node, each held for reply_timeout.
+func loadMap(base upstream.Options, addrs []string, current *Map, asking *sync.Map) (*Map, error) {
 	addrs = dedupe(addrs)
 	if len(addrs) > maxAsked {
 		addrs = addrs[:maxAsked]
@@ -395,20 +400,44 @@ func loadMap(base upstream.Options, addrs []string, current *Map) (*Map, error) 
 		m   *Map
 		err error
 	}
-	answers := make([]answer, len(addrs))
-	var wg sync.WaitGroup
-	for i, a := range addrs {
-		wg.Add(1)
+	// Buffered: an ask still under way when loadMap returns ends on its
+	// own (its reply_timeout at most) without blocking.
+	results := make(chan answer, len(addrs))
+	for _, a := range addrs {
+		if asking != nil {
+			if _, due := asking.LoadOrStore(a, struct{}{}); due {
+				results <- answer{err: fmt.Errorf("%s: still asked by an earlier refresh", a)}
+				continue
+			}
+		}
 		go func() {
-			defer wg.Done()
+			if asking != nil {
+				defer asking.Delete(a)
+			}
 			o := base
 			o.Addr = a
 			o.Name = "redproxy-topology"
 			m, err := askView(o)
-			answers[i] = answer{m, err}
+			results <- answer{m, err}
 		}()
 	}
-	wg.Wait()
+	// Once one view is held by most of the nodes asked, no answer still
+	// due can outvote it: the map is known. Waiting for every node held a
+	// refresh for reply_timeout on a hung one (a frozen host), so a
+	// failover's new primary was adopted only then, its slots' clients
+	// waiting on the old one meanwhile (found by a fault probe).
+	var answers []answer
+	agree := map[string]int{}
+	for range addrs {
+		a := <-results
+		answers = append(answers, a)
+		if a.err == nil {
+			fp := a.m.fingerprint()
+			if agree[fp]++; 2*agree[fp] > len(addrs) {
+				break
+			}
+		}
+	}
 	votes := map[string]int{}
 	views := map[string]*Map{}
 	answered := 0

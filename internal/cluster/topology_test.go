@@ -3,8 +3,10 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,11 +27,11 @@ func TestLoadMapMajority(t *testing.T) {
 	}
 	base := upstream.Options{DialTimeout: time.Second, ReplyTimeout: time.Second}
 	seeds := append([]string{rogue.Addr()}, c.Seeds()...)
-	m, err := loadMap(base, seeds, nil)
+	m, err := loadMap(base, seeds, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	truth, err := loadMap(base, c.Seeds()[:1], nil)
+	truth, err := loadMap(base, c.Seeds()[:1], nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,11 +47,11 @@ func TestLoadMapMajority(t *testing.T) {
 		t.Fatalf("primaries %v, complete %v", m.Primaries(), m.complete())
 	}
 	// One against one, with a map in use: neither is believed.
-	if _, err := loadMap(base, []string{rogue.Addr(), c.Seeds()[0]}, m); !errors.Is(err, ErrNoTopology) {
+	if _, err := loadMap(base, []string{rogue.Addr(), c.Seeds()[0]}, m, nil); !errors.Is(err, ErrNoTopology) {
 		t.Fatalf("a split vote gave %v, want ErrNoTopology", err)
 	}
 	// Nobody to ask.
-	if _, err := loadMap(base, []string{"127.0.0.1:1"}, nil); !errors.Is(err, ErrNoTopology) {
+	if _, err := loadMap(base, []string{"127.0.0.1:1"}, nil, nil); !errors.Is(err, ErrNoTopology) {
 		t.Fatalf("no node answering gave %v", err)
 	}
 }
@@ -131,15 +133,16 @@ func TestViewTieBreakIsOrderFree(t *testing.T) {
 // TestLoadMapFrozenNodeBoundedByReplyTimeout: a node that takes the
 // connection's handshake and then never answers CLUSTER SHARDS holds a
 // refresh for upstream.reply_timeout, not dead_timeout (30 s by
-// default): every node's answer is waited for, and RoundTrip's deadline
-// was the dead timeout.
+// default), when no view is held by most of the nodes asked without it
+// (one live node of two here), and RoundTrip's deadline was the dead
+// timeout.
 func TestLoadMapFrozenNodeBoundedByReplyTimeout(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	frozen := redistest.FrozenAfterHandshake(t, "CLUSTER")
 	r := &Router{opt: Options{Backend: upstream.BackendOptions{DialTimeout: time.Second,
 		ReplyTimeout: 500 * time.Millisecond, DeadTimeout: 20 * time.Second}}}
 	start := time.Now()
-	m, err := loadMap(r.baseOptions(), append([]string{frozen}, c.Seeds()...), nil)
+	m, err := loadMap(r.baseOptions(), []string{frozen, c.Seeds()[0]}, nil, nil)
 	took := time.Since(start)
 	if err != nil || len(m.Primaries()) != 3 {
 		t.Fatalf("loadMap with a frozen node: %v", err)
@@ -147,6 +150,46 @@ func TestLoadMapFrozenNodeBoundedByReplyTimeout(t *testing.T) {
 	if took > 5*time.Second {
 		t.Fatalf("loadMap took %v with a frozen node and reply_timeout 500ms", took)
 	}
+}
+
+// TestLoadMapDoesNotWaitForAHungNodeOnceMostAgree: with three of the four
+// nodes asked agreeing, the map is known, and the hung fourth (it takes
+// the handshake and never answers CLUSTER SHARDS) is not waited for:
+// before, every refresh waited reply_timeout on it, and a failover's new
+// primary was adopted only then (found by a fault probe). A refresh while
+// its answer is still due does not ask it again.
+func TestLoadMapDoesNotWaitForAHungNodeOnceMostAgree(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	hung := redistest.FrozenAfterHandshake(t, "CLUSTER")
+	// A reply_timeout far past the test's bound below: a loadMap that
+	// waits for the hung node cannot end in time.
+	r := &Router{opt: Options{Backend: upstream.BackendOptions{DialTimeout: time.Second,
+		ReplyTimeout: time.Hour, DeadTimeout: time.Hour}}}
+	var asking sync.Map
+	load := func() {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() {
+			m, err := loadMap(r.baseOptions(), append([]string{hung}, c.Seeds()...), nil, &asking)
+			if err == nil && len(m.Primaries()) != 3 {
+				err = fmt.Errorf("%d primaries", len(m.Primaries()))
+			}
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(2 * time.Minute):
+			t.Fatal("loadMap waited for the hung node although three of four agreed")
+		}
+	}
+	load()
+	if _, due := asking.Load(hung); !due {
+		t.Fatal("the hung node's answer is due but not recorded")
+	}
+	load() // answers without asking it again (it would leave a second connection)
 }
 
 // TestFailedByMost: a primary is taken as failed only when most views of
