@@ -192,23 +192,18 @@ func (r *Router) AnyNode() string {
 // over, and PING, PUBLISH and every keyless command failed for as long
 // as it stayed in the map. "" when m has no primary.
 func (r *Router) keylessNode(m *Map) string {
-	ps := m.Primaries()
-	if cur := r.keyless.Load(); cur != nil && slices.Contains(ps, *cur) && !m.Failed(*cur) {
+	live := m.LivePrimaries()
+	if cur := r.keyless.Load(); cur != nil && slices.Contains(live, *cur) {
 		return *cur
 	}
-	if len(ps) == 0 {
+	if len(live) == 0 {
+		live = m.Primaries()
+	}
+	if len(live) == 0 {
 		return ""
 	}
-	addr := ps[0]
-	for _, p := range ps {
-		if !m.Failed(p) {
-			addr = p
-			break
-		}
-	}
-	if cur := r.keyless.Load(); cur == nil || *cur != addr {
-		r.keyless.Store(&addr)
-	}
+	addr := live[0]
+	r.keyless.Store(&addr)
 	return addr
 }
 
@@ -473,17 +468,13 @@ func (r *Router) Ready() bool {
 	if m == nil || !m.complete() {
 		return false
 	}
-	live := 0
-	for _, a := range m.Primaries() {
-		if m.Failed(a) {
-			continue
-		}
+	live := m.LivePrimaries()
+	for _, a := range live {
 		if !r.backend(a).Pool(0, false).Up() {
 			return false
 		}
-		live++
 	}
-	return live > 0
+	return len(live) > 0
 }
 
 // Close stops the refresher and closes every node's connections.

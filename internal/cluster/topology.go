@@ -36,9 +36,12 @@ type Map struct {
 	// failed; a CLUSTER SLOTS view (Redis before 7.0) cannot tell.
 	health bool
 
-	// ordered caches Primaries, which keyless commands ask for often.
+	// ordered caches Primaries, which keyless commands ask for often, and
+	// live LivePrimaries.
 	orderedOnce sync.Once
 	ordered     []string
+	liveOnce    sync.Once
+	live        []string
 	// fp caches fingerprint, which every map refresh, every replica poll
 	// (cluster mode with read_from) and every SCAN call ask for: it walks
 	// all 16384 slots. A Map is not changed once built.
@@ -91,6 +94,20 @@ func (m *Map) Fingerprint() string { return m.fingerprint() }
 func (m *Map) Primaries() []string {
 	m.orderedOnce.Do(func() { m.ordered = m.primariesBySlot() })
 	return m.ordered
+}
+
+// LivePrimaries are Primaries but those the cluster flagged as failed
+// (Failed): where keyless commands, the proxy's own connections and MONITOR
+// may go, and what readiness asks for. The slice must not be changed.
+func (m *Map) LivePrimaries() []string {
+	m.liveOnce.Do(func() {
+		for _, a := range m.Primaries() {
+			if !m.Failed(a) {
+				m.live = append(m.live, a)
+			}
+		}
+	})
+	return m.live
 }
 
 func (m *Map) primariesBySlot() []string {
@@ -427,22 +444,13 @@ func loadMap(base upstream.Options, addrs []string, current *Map, asking *sync.M
 	// failover's new primary was adopted only then, its slots' clients
 	// waiting on the old one meanwhile (found by a fault probe).
 	var answers []answer
-	agree := map[string]int{}
-	for range addrs {
-		a := <-results
-		answers = append(answers, a)
-		if a.err == nil {
-			fp := a.m.fingerprint()
-			if agree[fp]++; 2*agree[fp] > len(addrs) {
-				break
-			}
-		}
-	}
 	votes := map[string]int{}
 	views := map[string]*Map{}
 	answered := 0
 	var lastErr error
-	for _, a := range answers {
+	for range addrs {
+		a := <-results
+		answers = append(answers, a)
 		if a.err != nil {
 			lastErr = a.err
 			continue
@@ -451,6 +459,9 @@ func loadMap(base upstream.Options, addrs []string, current *Map, asking *sync.M
 		fp := a.m.fingerprint()
 		votes[fp]++
 		views[fp] = a.m
+		if 2*votes[fp] > len(addrs) {
+			break
+		}
 	}
 	if answered == 0 {
 		if lastErr == nil {

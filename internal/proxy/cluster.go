@@ -83,19 +83,15 @@ func adminTarget(m *cluster.Map, b *upstream.Backend) string {
 	if b == nil {
 		return ""
 	}
-	primaries := m.Primaries()
-	from := b.Addr()
-	if slices.Contains(primaries, from) && !m.Failed(from) {
+	from, live := b.Addr(), m.LivePrimaries()
+	switch primaries := m.Primaries(); {
+	case slices.Contains(live, from):
 		return ""
-	}
-	for _, p := range primaries {
-		if !m.Failed(p) {
-			return p
-		}
-	}
-	// Every primary flagged: one of the map is still better than an
-	// address that is not in it.
-	if len(primaries) > 0 && !slices.Contains(primaries, from) {
+	case len(live) > 0:
+		return live[0]
+	case len(primaries) > 0 && !slices.Contains(primaries, from):
+		// Every primary flagged: one of the map is still better than an
+		// address that is not in it.
 		return primaries[0]
 	}
 	return ""
@@ -884,12 +880,6 @@ func (s *Server) registerClusterMetrics() {
 		if m == nil {
 			return 0
 		}
-		n := 0
-		for _, a := range m.Primaries() {
-			if m.Failed(a) {
-				n++
-			}
-		}
-		return float64(n)
+		return float64(len(m.Primaries()) - len(m.LivePrimaries()))
 	}))
 }

@@ -165,11 +165,7 @@ func (sess *Session) clusterMonitor(r *request) bool {
 	router := sess.srv.router
 	var primaries []string
 	if cm := router.Map(); cm != nil {
-		for _, a := range cm.Primaries() {
-			if !cm.Failed(a) {
-				primaries = append(primaries, a)
-			}
-		}
+		primaries = cm.LivePrimaries()
 	}
 	if len(primaries) == 0 {
 		sess.replyLocal(m, errorReply(cluster.ErrSlotUnserved))
@@ -350,8 +346,8 @@ func (sess *Session) watchMonitorMap(watched []string, done <-chan struct{}) boo
 			continue
 		}
 		seen = m
-		for _, a := range m.Primaries() {
-			if !m.Failed(a) && !slices.Contains(watched, a) {
+		for _, a := range m.LivePrimaries() {
+			if !slices.Contains(watched, a) {
 				sess.logger().Info("cluster MONITOR: a primary it does not watch serves slots; closing it", "node", a)
 				return true
 			}
