@@ -277,6 +277,15 @@ func parseShards(reply []byte, from string, useTLS bool) (*Map, error) {
 			}
 		}
 		if len(slots) == 0 {
+			// A primary with no slots is still a node of the cluster: one
+			// just added, or one a failover demoted, as a node that has
+			// not yet heard which primary it now replicates sees it. Left
+			// out, it was no node of the map, so dropDeparted closed its
+			// connections with commands still pending on them (a SET
+			// answered "upstream closed" in TestClusterFailover).
+			if primary != "" {
+				m.replicas = append(m.replicas, primary)
+			}
 			m.replicas = append(m.replicas, shardReplicas...)
 			continue
 		}

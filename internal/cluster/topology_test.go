@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -256,5 +257,38 @@ func TestParseRedirect(t *testing.T) {
 		if !ok || slot != 3999 || addr != c.want {
 			t.Errorf("parseRedirect(%q) = %d %q %v, want 3999 %q", c.reply, slot, addr, ok, c.want)
 		}
+	}
+}
+
+// TestSlotlessPrimaryIsANodeOfTheMap: a primary that serves no slot (one
+// just added, or one a failover demoted, as a node that has not yet heard
+// which primary it now replicates sees it) is a node of the map. It was
+// left out, so a refresh that loaded such a view had dropDeparted close
+// its connections with commands pending on them: a SET answered
+// "upstream closed" during a coordinated failover (TestClusterFailover,
+// seen in CI).
+func TestSlotlessPrimaryIsANodeOfTheMap(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	empty := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	ctx := context.Background()
+	seed := c.Nodes[0]
+	if err := seed.Client(t).Do(ctx, "CLUSTER", "MEET", "127.0.0.1", empty.Port()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	base := upstream.Options{Addr: seed.Addr(), DialTimeout: time.Second, ReplyTimeout: time.Second}
+	var m *Map
+	redistest.Eventually(t, 30*time.Second, func() bool {
+		reply, err := upstream.RoundTrip(base, cmdShards)
+		if err != nil || !strings.Contains(string(reply), strconv.Itoa(empty.Port())) {
+			return false // the seed has not met it yet
+		}
+		m, err = parseShards(reply, seed.Addr(), false)
+		return err == nil
+	}, "the seed never listed the new node in CLUSTER SHARDS")
+	if slices.Contains(m.Primaries(), empty.Addr()) {
+		t.Fatalf("the slotless node is taken for a primary serving slots: %v", m.Primaries())
+	}
+	if !slices.Contains(m.nodes(), empty.Addr()) {
+		t.Fatalf("the slotless primary %s is no node of the map: %v", empty.Addr(), m.nodes())
 	}
 }
