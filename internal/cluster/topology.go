@@ -499,6 +499,7 @@ func loadMap(base upstream.Options, addrs []string, current *Map, asking *sync.M
 			}
 		}
 		m.failed = failedByMost(same)
+		m.mergeReplicas(same, current)
 		// Every node named by any view is worth asking next time.
 		for _, a := range answers {
 			if a.m != nil {
@@ -512,6 +513,72 @@ func loadMap(base upstream.Options, addrs []string, current *Map, asking *sync.M
 		return m, nil
 	}
 	return nil, fmt.Errorf("%w: no view is held by a majority of the %d nodes that answered", ErrNoTopology, answered)
+}
+
+// mergeReplicas makes each primary's replicas those any of the agreeing
+// views lists with it, and those current listed with it that no view
+// places elsewhere (with another primary, or as a primary of slots). One
+// view's list alone flapped: a node that has not yet heard that a replica
+// follows its primary (gossip takes a moment after CLUSTER REPLICATE or
+// cluster create) lists it as a primary of no slots, or marks it failed
+// on a slow link, so as answers alternated the replica left the proxy's
+// replica set and came back with new connections, and read_from =
+// "replica" refused reads of that shard meanwhile
+// (TestClusterReplicaReadsGoToReplicas in CI). Listing too many is
+// harmless: a replica serves reads only once its own INFO says it
+// replicates that primary's history (replicaSet.checkReplica).
+func (m *Map) mergeReplicas(views []*Map, current *Map) {
+	serving := map[string]bool{}
+	for _, p := range m.Primaries() {
+		serving[p] = true
+	}
+	for _, v := range views {
+		if v == m {
+			continue
+		}
+		for i, p := range v.primaries {
+			if i >= len(v.replicasOf) || !serving[p] {
+				continue
+			}
+			for _, r := range v.replicasOf[i] {
+				m.addReplica(p, r)
+			}
+		}
+	}
+	if current == nil {
+		return
+	}
+	elsewhere := func(r, p string) bool {
+		if serving[r] {
+			return true
+		}
+		for _, v := range views {
+			for i, q := range v.primaries {
+				if q != p && i < len(v.replicasOf) && slices.Contains(v.replicasOf[i], r) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	named := map[string]bool{}
+	for _, v := range views {
+		for _, a := range v.nodes() {
+			named[a] = true
+		}
+	}
+	for i, p := range current.primaries {
+		if i >= len(current.replicasOf) || !serving[p] {
+			continue
+		}
+		for _, r := range current.replicasOf[i] {
+			// A replica no view names at all left the cluster (CLUSTER
+			// FORGET), or the answering nodes never met it.
+			if named[r] && !elsewhere(r, p) {
+				m.addReplica(p, r)
+			}
+		}
+	}
 }
 
 // failedByMost are the primaries more than half of the views that can

@@ -292,3 +292,60 @@ func TestSlotlessPrimaryIsANodeOfTheMap(t *testing.T) {
 		t.Fatalf("the slotless primary %s is no node of the map: %v", empty.Addr(), m.nodes())
 	}
 }
+
+// TestMergeReplicas: a primary's replicas are those of every agreeing view
+// and those of the current map no view places elsewhere, so a view from a
+// node that has not yet heard of a replica does not take it out of the
+// proxy's replica set (which failed read_from = "replica" reads in CI).
+func TestMergeReplicas(t *testing.T) {
+	// view builds a map of two primaries, a (slots 0-8191) and b (the
+	// rest), with the replicas given as "a:r1" (r1 follows a) and the
+	// other nodes it names.
+	view := func(replicas []string, others ...string) *Map {
+		m := newMap()
+		if err := m.assign(0, Slots/2-1, "a"); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.assign(Slots/2, Slots-1, "b"); err != nil {
+			t.Fatal(err)
+		}
+		for _, pr := range replicas {
+			p, r, _ := strings.Cut(pr, ":")
+			m.addReplica(p, r)
+		}
+		m.replicas = append(m.replicas, others...)
+		return m
+	}
+	for _, c := range []struct {
+		name    string
+		chosen  *Map
+		others  []*Map
+		current *Map
+		want    string // a's replicas; b's replicas
+	}{
+		{"one view", view([]string{"a:r1", "b:r2"}), nil, nil, "r1;r2"},
+		{"a lagging chosen view", view([]string{"b:r2"}, "r1"), []*Map{view([]string{"a:r1", "b:r2"})}, nil, "r1;r2"},
+		{"every answer lags, the current map knew", view([]string{"b:r2"}, "r1"), nil, view([]string{"a:r1", "b:r2"}), "r1;r2"},
+		{"moved to b by an answer", view(nil, "r1"), []*Map{view([]string{"b:r1"})}, view([]string{"a:r1"}), ";r1"},
+		{"promoted", func() *Map {
+			m := view(nil)
+			if err := m.assign(0, 10, "r1"); err != nil {
+				t.Fatal(err)
+			}
+			return m
+		}(), nil, view([]string{"a:r1"}), ";"},
+		{"forgotten by every answer", view(nil), nil, view([]string{"a:r1"}), ";"},
+		{"a primary of the current map that left", view(nil, "r1", "r2"), nil, func() *Map {
+			m := view([]string{"b:r2"})
+			m.addReplica("c", "r1")
+			return m
+		}(), ";r2"},
+	} {
+		views := append([]*Map{c.chosen}, c.others...)
+		c.chosen.mergeReplicas(views, c.current)
+		got := strings.Join(c.chosen.ReplicasOf("a"), ",") + ";" + strings.Join(c.chosen.ReplicasOf("b"), ",")
+		if got != c.want {
+			t.Errorf("%s: replicas of a;b = %q, want %q", c.name, got, c.want)
+		}
+	}
+}
