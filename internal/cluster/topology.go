@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
@@ -27,6 +28,12 @@ type Map struct {
 	// replicasOf[i] are the replicas of primaries[i] the answering node
 	// named (reads from replicas); nil for a primary added by MOVED.
 	replicasOf [][]string
+	// downReplicas are the replicas the answering node flagged as failed
+	// (CLUSTER SHARDS's health "fail"); carried are the replicas listed
+	// with a primary only because the previous map did, by "primary
+	// replica", since when (mergeReplicas).
+	downReplicas []string
+	carried      map[string]time.Time
 	// failed are the primaries most views of the slot map flagged as
 	// failed (loadMap): CLUSTER SHARDS's health "fail", the cluster's
 	// consensus. They keep their slots until a replica takes
@@ -139,7 +146,7 @@ func (m *Map) nodes() []string {
 
 // withOwner returns a copy of m in which addr serves slot s (after a MOVED).
 func (m *Map) withOwner(s int, addr string) *Map {
-	n := &Map{owner: m.owner, primaries: m.primaries, replicas: m.replicas, replicasOf: m.replicasOf, failed: m.failed}
+	n := &Map{owner: m.owner, primaries: m.primaries, replicas: m.replicas, replicasOf: m.replicasOf, failed: m.failed, carried: m.carried}
 	i := slices.Index(n.primaries, addr)
 	if i < 0 {
 		n.primaries = append(slices.Clone(n.primaries), addr)
@@ -274,6 +281,7 @@ func parseShards(reply []byte, from string, useTLS bool) (*Map, error) {
 				shardReplicas = append(shardReplicas, addr)
 			default:
 				m.replicas = append(m.replicas, addr)
+				m.downReplicas = append(m.downReplicas, addr)
 			}
 		}
 		if len(slots) == 0 {
@@ -499,7 +507,7 @@ func loadMap(base upstream.Options, addrs []string, current *Map, asking *sync.M
 			}
 		}
 		m.failed = failedByMost(same)
-		m.mergeReplicas(same, current)
+		m.mergeReplicas(same, current, time.Now())
 		// Every node named by any view is worth asking next time.
 		for _, a := range answers {
 			if a.m != nil {
@@ -516,18 +524,21 @@ func loadMap(base upstream.Options, addrs []string, current *Map, asking *sync.M
 }
 
 // mergeReplicas makes each primary's replicas those any of the agreeing
-// views lists with it, and those current listed with it that no view
-// places elsewhere (with another primary, or as a primary of slots). One
-// view's list alone flapped: a node that has not yet heard that a replica
-// follows its primary (gossip takes a moment after CLUSTER REPLICATE or
-// cluster create) lists it as a primary of no slots, or marks it failed
-// on a slow link, so as answers alternated the replica left the proxy's
-// replica set and came back with new connections, and read_from =
-// "replica" refused reads of that shard meanwhile
-// (TestClusterReplicaReadsGoToReplicas in CI). Listing too many is
-// harmless: a replica serves reads only once its own INFO says it
-// replicates that primary's history (replicaSet.checkReplica).
-func (m *Map) mergeReplicas(views []*Map, current *Map) {
+// views lists with it, and, for up to replicaCarryFor, those current
+// listed with it that no view lists with it now but none places
+// elsewhere either (with another primary, as a primary of slots, or
+// failed). One view's list alone flapped: a node that has not yet heard
+// that a replica follows its primary (gossip takes a moment after
+// CLUSTER REPLICATE or cluster create) lists it as a primary of no
+// slots, so as answers alternated the replica left the proxy's replica
+// set and came back with new connections, and read_from = "replica"
+// refused reads of that shard meanwhile (TestClusterReplicaReadsGoTo-
+// Replicas in CI). The carry is bounded so that a replica reset into an
+// empty primary, which every view then shows as a primary of no slots,
+// leaves (found by review). Listing too many is harmless: a replica
+// serves reads only once its own INFO says it replicates that primary's
+// history (replicaSet.checkReplica).
+func (m *Map) mergeReplicas(views []*Map, current *Map, now time.Time) {
 	serving := map[string]bool{}
 	for _, p := range m.Primaries() {
 		serving[p] = true
@@ -553,6 +564,9 @@ func (m *Map) mergeReplicas(views []*Map, current *Map) {
 			return true
 		}
 		for _, v := range views {
+			if slices.Contains(v.downReplicas, r) {
+				return true
+			}
 			for i, q := range v.primaries {
 				if q != p && i < len(v.replicasOf) && slices.Contains(v.replicasOf[i], r) {
 					return true
@@ -572,14 +586,35 @@ func (m *Map) mergeReplicas(views []*Map, current *Map) {
 			continue
 		}
 		for _, r := range current.replicasOf[i] {
+			if slices.Contains(m.ReplicasOf(p), r) {
+				continue // listed with p now
+			}
 			// A replica no view names at all left the cluster (CLUSTER
 			// FORGET), or the answering nodes never met it.
-			if named[r] && !elsewhere(r, p) {
-				m.addReplica(p, r)
+			if !named[r] || elsewhere(r, p) {
+				continue
 			}
+			key := p + " " + r
+			since, ok := current.carried[key]
+			if !ok {
+				since = now
+			}
+			if now.Sub(since) >= replicaCarryFor {
+				continue
+			}
+			if m.carried == nil {
+				m.carried = map[string]time.Time{}
+			}
+			m.carried[key] = since
+			m.addReplica(p, r)
 		}
 	}
 }
+
+// replicaCarryFor bounds how long a replica no view lists with its
+// primary stays listed (mergeReplicas): gossip tells every node of a new
+// replica within a few cluster-node-timeout pings.
+const replicaCarryFor = 10 * time.Second
 
 // failedByMost are the primaries more than half of the views that can
 // tell (CLUSTER SHARDS's) flag as failed, sorted: in a cluster upgraded

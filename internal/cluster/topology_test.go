@@ -316,6 +316,7 @@ func TestMergeReplicas(t *testing.T) {
 		m.replicas = append(m.replicas, others...)
 		return m
 	}
+	now := time.Now()
 	for _, c := range []struct {
 		name    string
 		chosen  *Map
@@ -340,12 +341,38 @@ func TestMergeReplicas(t *testing.T) {
 			m.addReplica("c", "r1")
 			return m
 		}(), ";r2"},
+		{"flagged failed by an answer", view(nil, "r1"), []*Map{func() *Map {
+			m := view(nil, "r1")
+			m.downReplicas = []string{"r1"}
+			return m
+		}()}, view([]string{"a:r1"}), ";"},
+		{"carried for a while already", view(nil, "r1"), nil, func() *Map {
+			m := view([]string{"a:r1"})
+			m.carried = map[string]time.Time{"a r1": now.Add(-replicaCarryFor / 2)}
+			return m
+		}(), "r1;"},
+		{"carried for too long (a replica reset into an empty primary)", view(nil, "r1"), nil, func() *Map {
+			m := view([]string{"a:r1"})
+			m.carried = map[string]time.Time{"a r1": now.Add(-replicaCarryFor)}
+			return m
+		}(), ";"},
 	} {
 		views := append([]*Map{c.chosen}, c.others...)
-		c.chosen.mergeReplicas(views, c.current)
+		c.chosen.mergeReplicas(views, c.current, now)
 		got := strings.Join(c.chosen.ReplicasOf("a"), ",") + ";" + strings.Join(c.chosen.ReplicasOf("b"), ",")
 		if got != c.want {
 			t.Errorf("%s: replicas of a;b = %q, want %q", c.name, got, c.want)
 		}
+	}
+
+	// A carried replica keeps the time its carry began, map after map.
+	cur := view([]string{"a:r1"})
+	for i := range 3 {
+		next := view(nil, "r1")
+		next.mergeReplicas([]*Map{next}, cur, now.Add(time.Duration(i)*time.Second))
+		if since, ok := next.carried["a r1"]; !ok || !since.Equal(now) {
+			t.Fatalf("refresh %d: carried since %v (%v), want %v", i, since, ok, now)
+		}
+		cur = next
 	}
 }
