@@ -316,6 +316,13 @@ func (r *Router) backend(addr string) *upstream.Backend {
 		// finds that its replica took over. Without this, the periodic
 		// one (RefreshInterval) was the only one.
 		o.OnOverdue = r.refreshSoon
+		if o.Pins != nil {
+			// Each node may hold upstream.max_pinned dedicated
+			// connections: with one limit for all, a node that hangs
+			// let its waiting transactions take every one, and the
+			// other nodes' were refused (PinLimit.Child).
+			o.Pins = o.Pins.Child()
+		}
 		n.b.Store(upstream.NewBackend(o))
 	})
 	return n.b.Load()
@@ -434,7 +441,14 @@ func (r *Router) Backends() []NodeBackend {
 // node's upstream metrics, labelled with the node: the nodes of the slot
 // map only, so the series are bounded by the cluster's size, and a
 // departed node's series end with it (dropDeparted).
-func (r *Router) Describe(ch chan<- *prometheus.Desc) { upstream.DescribeNodeMetrics(ch) }
+// With a shared limit of dedicated connections (Options.Backend.Pins),
+// the clients every node refused at it are counted unlabelled.
+func (r *Router) Describe(ch chan<- *prometheus.Desc) {
+	upstream.DescribeNodeMetrics(ch)
+	if r.opt.Backend.Pins != nil {
+		upstream.DescribeRefused(ch)
+	}
+}
 
 // Collect: see Describe.
 func (r *Router) Collect(ch chan<- prometheus.Metric) {
@@ -452,6 +466,9 @@ func (r *Router) Collect(ch chan<- prometheus.Metric) {
 	r.nodesMu.Unlock()
 	for _, n := range nodes {
 		n.b.CollectNodeMetrics(ch, n.addr)
+	}
+	if p := r.opt.Backend.Pins; p != nil {
+		p.CollectRefused(ch)
 	}
 }
 

@@ -199,7 +199,17 @@ func (s *Server) appendProxySection(b []byte) []byte {
 	}
 	b0 := s.backend
 	line("upstream_redis_version", s.UpstreamVersion())
-	line("pinned_connections", strconv.FormatInt(b0.PinnedTotal(), 10))
+	pinned := b0.PinnedTotal()
+	if s.router != nil {
+		// max_pinned bounds each node (PinLimit.Child): the busiest
+		// one's count is what compares with it (each node's is on its
+		// upstream line), not the sum, which may pass it.
+		pinned = b0.Pinned()
+		for _, nb := range s.router.Backends() {
+			pinned = max(pinned, nb.Backend.Pinned())
+		}
+	}
+	line("pinned_connections", strconv.FormatInt(pinned, 10))
 	line("max_pinned_connections", strconv.FormatInt(b0.MaxPinned(), 10))
 
 	if s.tier == nil {

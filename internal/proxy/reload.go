@@ -234,7 +234,7 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		}
 		s.log.Info("upstream switched; requests already sent finish on the old connections", "upstream", addr)
 	} else {
-		s.pins.SetMax(next.Upstream.MaxPinned) // every backend's: the limit is shared
+		s.pins.SetMax(next.Upstream.MaxPinned) // every backend's, cluster nodes' (Child) too
 	}
 	// After an upstream switch, a new flight group too: a read started
 	// after Reload returns must not join a coalesced fetch (or tier fill)

@@ -185,7 +185,8 @@ func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 	}
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"upstream": t.name}, s.metrics.Registry)
 	// The upstream's max_pinned bounds its dedicated connections of every
-	// credential (and node) together, as [upstream]'s does.
+	// credential together, and a cluster upstream's per node, as
+	// [upstream]'s does.
 	pins := upstream.NewPinLimit(u.MaxPinned)
 	t.opts = func(addr, user, pass string) upstream.BackendOptions {
 		return upstream.BackendOptions{

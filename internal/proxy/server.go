@@ -84,9 +84,10 @@ type Server struct {
 	proxyProto proxyProtoState                     // PROXY protocol headers on the client listeners (proxyproto.go)
 	routes     *routeState                         // named upstreams and [[route]] (routes.go); nil without routes
 	mirror     *mirror.Mirror                      // [mirror] (mirror.go); nil when off
-	// pins is upstream.max_pinned, shared by every backend (the proxy's,
-	// each user credential's, each cluster node's): the bound is on all
-	// dedicated connections to Redis together.
+	// pins is upstream.max_pinned, shared by every backend of one server
+	// (the proxy's, each user credential's): the bound is on all their
+	// dedicated connections together. A cluster node's backend takes from
+	// a Child of it, a bound of the same size per node.
 	pins *upstream.PinLimit
 
 	mu       sync.Mutex

@@ -24,9 +24,10 @@ type BackendOptions struct {
 	Connections, Databases   int
 	MaxPinned                int
 	// Pins, when set, is the limit of dedicated connections shared with
-	// other backends (every upstream credential's pools, every cluster
-	// node's), so that upstream.max_pinned bounds them all together; nil
-	// gives the backend a limit of its own. MaxPinned sets its size.
+	// other backends of the same server (every upstream credential's
+	// pools; a cluster node's takes from a Child of it), so that
+	// upstream.max_pinned bounds them together; nil gives the backend a
+	// limit of its own. MaxPinned sets its size.
 	Pins         *PinLimit
 	DialTimeout  time.Duration
 	ReplyTimeout time.Duration
@@ -139,13 +140,26 @@ const maxIdlePerKey = 16
 
 // PinLimit bounds the dedicated connections of one or more backends
 // together. Its zero value allows none until SetMax.
+//
+// A cluster's nodes each take from a Child of one limit: every node may
+// hold max at once, so a node that hangs holds up its own transactions
+// and blocking commands, not the other nodes' (one limit for all let a
+// frozen node's waiting transactions take every one, and the other
+// nodes' were refused: found by a fault probe). The parent counts what
+// its children hold and refuse, for the metrics, and carries the max.
 type PinLimit struct {
-	max  atomic.Int64
-	used atomic.Int64
-	// refused counts the clients turned away at the limit; loggedAt
-	// (nanotime) keeps the warning to one line per pinRefusalLogEvery.
+	max atomic.Int64
+	// held is what was taken under this limit itself (what max bounds);
+	// total is held plus what its children hold (Used).
+	held, total atomic.Int64
+	// refused counts the clients turned away at the limit (a parent's
+	// counts its children's too); loggedAt (nanotime) keeps the warning
+	// to one line per pinRefusalLogEvery.
 	refused  atomic.Int64
 	loggedAt atomic.Int64
+	// parent, for a Child: the limit whose max applies and whose totals
+	// count this one's.
+	parent *PinLimit
 }
 
 // pinRefusalLogEvery: a client refused at max_pinned is logged at most
@@ -160,44 +174,82 @@ func NewPinLimit(n int) *PinLimit {
 	return l
 }
 
+// Child returns a limit of l's size (as l's changes) for one server of
+// several that share l's setting (a cluster's nodes), counted in l's
+// Used and Refused.
+func (l *PinLimit) Child() *PinLimit { return &PinLimit{parent: l} }
+
 // take reserves one dedicated connection, or reports that all are in use.
 func (l *PinLimit) take() bool {
-	if l.used.Add(1) > l.max.Load() {
-		l.used.Add(-1)
-		l.refused.Add(1)
+	if l.held.Add(1) > l.Max() {
+		l.held.Add(-1)
+		for x := l; x != nil; x = x.parent {
+			x.refused.Add(1)
+		}
 		return false
+	}
+	for x := l; x != nil; x = x.parent {
+		x.total.Add(1)
 	}
 	return true
 }
 
 // Refused is how many requests for a dedicated connection the limit
-// turned away.
+// turned away (its children's included).
 func (l *PinLimit) Refused() int64 { return l.refused.Load() }
 
-// shouldLog reports whether a refusal now is due a log line.
+// shouldLog reports whether a refusal now is due a log line: one per
+// pinRefusalLogEvery for a limit and its children together.
 func (l *PinLimit) shouldLog() bool {
+	if l.parent != nil {
+		return l.parent.shouldLog()
+	}
 	now, last := nanotime(), l.loggedAt.Load()
 	return (last == 0 || now-last >= int64(pinRefusalLogEvery)) && l.loggedAt.CompareAndSwap(last, now)
 }
 
-func (l *PinLimit) give() { l.used.Add(-1) }
+func (l *PinLimit) give() {
+	l.held.Add(-1)
+	for x := l; x != nil; x = x.parent {
+		x.total.Add(-1)
+	}
+}
 
-// SetMax changes the limit. Connections already in use beyond a lowered
-// limit stay until released.
-func (l *PinLimit) SetMax(n int) { l.max.Store(int64(n)) }
+// SetMax changes the limit, and its children's. Connections already in
+// use beyond a lowered limit stay until released. On a Child it does
+// nothing: the parent's max applies.
+func (l *PinLimit) SetMax(n int) {
+	if l.parent == nil {
+		l.max.Store(int64(n))
+	}
+}
 
 // Max is the limit in force.
-func (l *PinLimit) Max() int64 { return l.max.Load() }
+func (l *PinLimit) Max() int64 {
+	if l.parent != nil {
+		return l.parent.Max()
+	}
+	return l.max.Load()
+}
 
-// Used is the number of dedicated connections taken under the limit.
-func (l *PinLimit) Used() int64 { return l.used.Load() }
+// root is the limit whose totals count l's: its parent's, or its own.
+func (l *PinLimit) root() *PinLimit {
+	for l.parent != nil {
+		l = l.parent
+	}
+	return l
+}
+
+// Used is the number of dedicated connections taken under the limit and
+// its children.
+func (l *PinLimit) Used() int64 { return l.total.Load() }
 
 // takePin reserves a dedicated connection under the (shared) limit.
 func (b *Backend) takePin() bool {
 	if !b.pins.take() {
 		if log := b.gen.Load().opt.Logger; log != nil && b.pins.shouldLog() {
 			log.Warn("dedicated upstream connections exhausted: refusing a transaction, blocking command or subscription (raise upstream.max_pinned?)",
-				"max_pinned", b.pins.Max(), "refused_total", b.pins.Refused())
+				"upstream", b.Addr(), "max_pinned", b.pins.Max(), "refused_total", b.pins.root().Refused())
 		}
 		return false
 	}
@@ -1038,10 +1090,10 @@ func newBackendDescs(node bool) *backendDescs {
 }
 
 // pinnedHelp: a backend's gauge shows the total upstream.max_pinned bounds
-// (shared by every credential's and node's backends); a node's series
-// show that node's share.
+// (shared by every credential's backends); a cluster node's series show
+// that node's, which it bounds per node.
 var pinnedHelp = map[bool]string{
-	false: "Dedicated upstream connections in use (transactions, blocking commands, pub/sub, MONITOR), all upstream credentials and cluster nodes together: what upstream.max_pinned bounds.",
+	false: "Dedicated upstream connections in use (transactions, blocking commands, pub/sub, MONITOR), all upstream credentials together: what upstream.max_pinned bounds.",
 	true:  "Dedicated upstream connections in use on this node (transactions, blocking commands, pub/sub, MONITOR).",
 }
 
@@ -1066,6 +1118,16 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) { c.b.collect(ch
 // the backends of a cluster's nodes, the metrics of RegisterMetrics with
 // the node's address as the first label.
 func DescribeNodeMetrics(ch chan<- *prometheus.Desc) { nodeDescs.describe(ch) }
+
+// DescribeRefused and CollectRefused are, for a collector over a
+// cluster's nodes, redproxy_upstream_dedicated_refused_total of the limit
+// the nodes' limits are Children of: every node's refusals.
+func DescribeRefused(ch chan<- *prometheus.Desc) { ch <- plainDescs.refused }
+
+// CollectRefused: see DescribeRefused.
+func (l *PinLimit) CollectRefused(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(plainDescs.refused, prometheus.CounterValue, float64(l.Refused()))
+}
 
 // CollectNodeMetrics: see DescribeNodeMetrics.
 func (b *Backend) CollectNodeMetrics(ch chan<- prometheus.Metric, node string) {
