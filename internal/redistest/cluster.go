@@ -16,6 +16,9 @@ import (
 // its slots; on loopback it takes about a second.
 const clusterReadyTimeout = 20 * time.Second
 
+// clusterCreateTimeout bounds redis-cli --cluster create.
+const clusterCreateTimeout = 2 * time.Minute
+
 // Cluster is a Redis Cluster of real redis-servers owned by a test: every
 // node is a Server, so Kill, Freeze and Restart work on them as usual.
 type Cluster struct {
@@ -65,7 +68,12 @@ func StartCluster(t testing.TB, primaries, replicas int, extra ...string) *Clust
 		create = append(create, s.Addr())
 	}
 	create = append(create, "--cluster-replicas", fmt.Sprint(replicas), "--cluster-yes")
-	out, err := exec.Command(cli, create...).CombinedOutput()
+	// Bounded: a create whose nodes never agree waits for the cluster to
+	// join for ever, and the package's 20-minute timeout was the first
+	// to end it (CI).
+	ctx, cancel := context.WithTimeout(context.Background(), clusterCreateTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, cli, create...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
 	}

@@ -9,6 +9,7 @@ package redistest
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -241,8 +242,17 @@ func (s *Server) launch() error {
 			return fmt.Errorf("redis-server on port %d exited before answering PING; output tail:\n%s", port, out.tail(logTail))
 		default:
 		}
-		if ping(addr) {
-			return nil
+		if pid, ok := pingPID(addr); ok {
+			if pid == cmd.Process.Pid {
+				return nil
+			}
+			// Another test's server holds the port (its FreePort drew
+			// the same one): ours cannot bind it and is about to exit.
+			// Taking the other for ours handed a test a node of another
+			// test's cluster ("node is not empty" from redis-cli
+			// --cluster create, or a create waiting for ever: CI).
+			s.stop()
+			return fmt.Errorf("port %d is served by another process (pid %d)", port, pid)
 		}
 		if time.Now().After(deadline) {
 			s.stop()
@@ -263,6 +273,42 @@ func (s *Server) stop() {
 	}
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	<-done
+}
+
+// pingPID is ping, and the process id the server's INFO gives.
+func pingPID(addr string) (int, bool) {
+	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return 0, false
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(time.Second))
+	if _, err := conn.Write([]byte("*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")); err != nil {
+		return 0, false
+	}
+	rd := bufio.NewReader(conn)
+	if line, err := rd.ReadString('\n'); err != nil || strings.TrimSpace(line) != "+PONG" {
+		return 0, false
+	}
+	head, err := rd.ReadString('\n')
+	if err != nil || !strings.HasPrefix(head, "$") {
+		return 0, false
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(head[1:]))
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	body := make([]byte, n+2)
+	if _, err := io.ReadFull(rd, body); err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(body), "\r\n") {
+		if v, ok := strings.CutPrefix(line, "process_id:"); ok {
+			pid, err := strconv.Atoi(v)
+			return pid, err == nil
+		}
+	}
+	return 0, false
 }
 
 // ping reports whether addr answers a RESP PING with +PONG. It speaks raw RESP

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -161,4 +162,24 @@ func TestSentinelGroupFailover(t *testing.T) {
 	p.Kill(t)
 	q := g.WaitNewPrimary(t, p, 30*time.Second)
 	t.Logf("killed primary: %s is primary after %v", q.Addr(), time.Since(start))
+}
+
+// TestLaunchOnAPortAnotherServerHolds: a redis-server started on a port
+// another one already serves cannot bind it; launch must not take the
+// other, which answers PING, for it (two tests whose FreePort drew the
+// same port shared one node of a cluster in CI).
+func TestLaunchOnAPortAnotherServerHolds(t *testing.T) {
+	other := Start(t)
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{bin: bin, dir: t.TempDir(), port: other.Port()}
+	t.Cleanup(s.stop)
+	if err := s.launch(); err == nil {
+		t.Fatalf("launch on %s, which another redis-server serves, reported success", other.Addr())
+	}
+	if !ping(other.Addr()) {
+		t.Fatal("the other server stopped answering")
+	}
 }
