@@ -6,8 +6,40 @@ import (
 	"strconv"
 
 	"github.com/redproxy/redproxy/internal/resp"
+	"github.com/redproxy/redproxy/internal/upstream"
 	"github.com/tidwall/redcon"
 )
+
+// addReply adds command i's reply, built from its sub-commands' replies,
+// to c. MGET's and KEYS's, which may be large, are written straight into
+// c (resp.Merged).
+func (b *batch) addReply(c *upstream.Call, i int) {
+	o := &b.ops[i]
+	if o.local == nil && (o.merge == mergeMGET || o.merge == mergeConcat && o.n > 1) {
+		replies := make([][]byte, o.n)
+		for k := range replies {
+			replies[k] = b.subReply(o.first + k)
+		}
+		if err := resp.FirstError(replies); err != nil {
+			c.AddReply(err)
+			return
+		}
+		var m resp.Merged
+		var bad []byte
+		if o.merge == mergeMGET {
+			m, bad = resp.PlanMGET(replies, o.pos)
+		} else {
+			m, bad = resp.PlanConcat(replies)
+		}
+		if bad != nil {
+			c.AddReply(errUnexpected(bad))
+			return
+		}
+		c.AddReplyAppend(m.Len(), m.AppendTo)
+		return
+	}
+	c.AddReply(b.reply(i))
+}
 
 // reply builds command i's reply from its sub-commands' replies.
 //

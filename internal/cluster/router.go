@@ -609,7 +609,7 @@ func (r *Router) DoReads(c *upstream.Call, resp3 bool, reads Reads, onlyReads bo
 			c.AddReply(nil) // dropped: no need to merge it
 			continue
 		}
-		c.AddReply(b.reply(i))
+		b.addReply(c, i)
 	}
 	b.reset(nil, false, 0)
 	batchPool.Put(b)
@@ -1363,6 +1363,19 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 				}
 			}
 		}
+	}
+	// finish copies the round's replies into the arena: room for them all
+	// is made at once, not append by append, which for a large split
+	// reply allocated about five times its size (Go grows a large slice
+	// by a quarter; a 1,000,000-key MGET's 110 MB of replies cost 630 MB).
+	if !b.overflow {
+		need := 0
+		for _, nc := range calls {
+			if nc.err == nil && !nc.abandoned {
+				need += nc.call.ReplyBytes()
+			}
+		}
+		b.arena = slices.Grow(b.arena, need)
 	}
 	for _, nc := range calls {
 		for k, i := range nc.subs {

@@ -900,7 +900,11 @@ func (sess *Session) routedDo(call *upstream.Call) {
 		if overflow {
 			call.Overflow()
 		}
-		call.AddReply(p.Reply(b.parts))
+		if m, ok := p.Merged(b.parts); ok {
+			call.AddReplyAppend(m.Len(), m.AppendTo)
+		} else {
+			call.AddReply(p.Reply(b.parts))
+		}
 	}
 	for _, c := range b.calls {
 		if c != nil {

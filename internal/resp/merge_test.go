@@ -52,3 +52,46 @@ func BenchmarkMergeMGET(b *testing.B) {
 		MergeMGET(replies, pos, func(r []byte) []byte { b.Fatalf("unexpected %q", r); return nil })
 	}
 }
+
+// PlanMGET and PlanConcat: Len is the length AppendTo writes, AppendTo
+// appends to what dst holds, and a part that is not an array (or is one
+// too short for its keys) is named as bad.
+func TestPlanMergedLength(t *testing.T) {
+	parts := [][]byte{
+		[]byte("*2\r\n$1\r\na\r\n$-1\r\n"),
+		[]byte("*3\r\n$2\r\nbb\r\n$3\r\nccc\r\n:7\r\n"),
+	}
+	pos := [][2]int{{1, 2}, {0, 0}, {1, 0}, {0, 1}, {1, 1}}
+	m, bad := PlanMGET(parts, pos)
+	if bad != nil {
+		t.Fatalf("PlanMGET: bad %q", bad)
+	}
+	got := m.AppendTo([]byte("x"))
+	if want := "x*5\r\n:7\r\n$1\r\na\r\n$2\r\nbb\r\n$-1\r\n$3\r\nccc\r\n"; string(got) != want || m.Len() != len(want)-1 {
+		t.Errorf("MGET: %q (Len %d), want %q", got, m.Len(), want)
+	}
+	c, bad := PlanConcat(parts)
+	if bad != nil {
+		t.Fatalf("PlanConcat: bad %q", bad)
+	}
+	got = c.AppendTo(nil)
+	if want := "*5\r\n$1\r\na\r\n$-1\r\n$2\r\nbb\r\n$3\r\nccc\r\n:7\r\n"; string(got) != want || c.Len() != len(want) {
+		t.Errorf("Concat: %q (Len %d), want %q", got, c.Len(), want)
+	}
+	// Ten or more elements: a two-digit header.
+	many := AppendArray(nil, 12)
+	var manyPos [][2]int
+	for i := range 12 {
+		many = append(many, ":1\r\n"...)
+		manyPos = append(manyPos, [2]int{0, i})
+	}
+	if m, _ := PlanMGET([][]byte{many}, manyPos); m.Len() != len(m.AppendTo(nil)) {
+		t.Errorf("12 elements: Len %d, wrote %d", m.Len(), len(m.AppendTo(nil)))
+	}
+	if _, bad := PlanMGET(parts, [][2]int{{0, 2}}); string(bad) != string(parts[0]) {
+		t.Errorf("a position past part 0's elements: bad %q", bad)
+	}
+	if _, bad := PlanConcat([][]byte{parts[0], []byte("-ERR x\r\n")}); string(bad) != "-ERR x\r\n" {
+		t.Errorf("a part that is not an array: bad %q", bad)
+	}
+}

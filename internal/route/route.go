@@ -766,6 +766,23 @@ func (p *Plan) Reply(replies [][]byte) []byte {
 	return replies[0]
 }
 
+// Merged is Reply of a split MGET or KEYS, planned rather than built
+// (resp.Merged), for the caller to write where the client's replies are
+// kept; ok is false for any other plan, or replies Reply answers with an
+// error, whose reply Reply builds.
+func (p *Plan) Merged(replies [][]byte) (m resp.Merged, ok bool) {
+	if p.Local != nil || !(p.Merge == MGET || p.Merge == Concat && len(replies) > 1) || resp.FirstError(replies) != nil {
+		return m, false
+	}
+	var bad []byte
+	if p.Merge == MGET {
+		m, bad = resp.PlanMGET(replies, p.Pos)
+	} else {
+		m, bad = resp.PlanConcat(replies)
+	}
+	return m, bad == nil
+}
+
 // scanReply rewrites upstream up's SCAN reply so its cursor names the
 // upstream: its next cursor, or when it is done the next upstream's
 // start, or 0 after the last upstream.

@@ -168,6 +168,10 @@ func (c *Call) SetOnDone(f func(*Call)) { c.onDone = f }
 // Len is the number of commands in the Call.
 func (c *Call) Len() int { return len(c.parts) }
 
+// ReplyBytes is the length of the replies kept so far, all together: for
+// a router that copies them on, to make room for them at once.
+func (c *Call) ReplyBytes() int { return len(c.out) }
+
 // Wait blocks until every reply has arrived or the Call failed.
 func (c *Call) Wait() { <-c.done }
 
@@ -223,8 +227,9 @@ func (c *Call) addReply(frame []byte) {
 // reserve returns the reply buffer with room for n more bytes, grown into
 // one from bufpool if it lacked it: a client at -P 1 goes idle after
 // every reply and drops a buffer this large each time (Trim), and the next
-// reply finds it in the pool. Only the Pipe's reader calls it, before the
-// Call completes, so the old buffer holds only replies nobody has read.
+// reply finds it in the pool. Only the Pipe's reader, or a router adding
+// the Call's replies (AddReplyAppend), calls it, before the Call
+// completes, so the old buffer holds only replies nobody has read.
 func (c *Call) reserve(n int) []byte {
 	if cap(c.out)-len(c.out) >= n {
 		return c.out
@@ -354,6 +359,24 @@ func (c *Call) Part(i int) []byte { return c.parts[i] }
 // the reply limit like a reply read from Redis. Only for a Call that is not
 // sent on a Pipe, whose replies its owner fills in itself.
 func (c *Call) AddReply(frame []byte) { c.addReply(frame) }
+
+// AddReplyAppend is AddReply of a frame of n bytes that appendTo appends
+// to the buffer it is given, so a large reply a router merges (a split
+// MGET's, resp.Merged) is written once, where it is kept, rather than
+// built apart and copied in.
+func (c *Call) AddReplyAppend(n int, appendTo func(dst []byte) []byte) {
+	if c.maxReply > 0 && n > c.maxReply {
+		c.addReply(appendTo(nil)) // digested (the mirror's comparisons): rare
+		return
+	}
+	if !c.overflow && c.limit > 0 && c.over(n) {
+		c.overflow, c.dropped = true, len(c.ends)
+	}
+	if !c.overflow {
+		c.out = appendTo(c.reserve(n))
+	}
+	c.ends = append(c.ends, len(c.out))
+}
 
 // SetReplyBudget makes the Call count the bytes it keeps in b as well,
 // shared with the other Calls a router split one client's Call into: its

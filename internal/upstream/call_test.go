@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"bytes"
+	"sync/atomic"
 	"testing"
 )
 
@@ -59,5 +60,57 @@ func TestCallDigestsLongReplies(t *testing.T) {
 	c.AddReply(long)
 	if r, err := c.Reply(0); err != nil || !bytes.Equal(r, long) {
 		t.Fatalf("after Reset, no SetMaxReply: %q, %v", r, err)
+	}
+}
+
+// AddReplyAppend keeps, digests, counts and drops a reply exactly as
+// AddReply of the same frame: the same replies, errors and digests from a
+// Call filled either way, around the reply limit, the shared budget and
+// SetMaxReply.
+func TestCallAddReplyAppendIsAddReply(t *testing.T) {
+	long := append([]byte("$200\r\n"), bytes.Repeat([]byte("y"), 200)...)
+	long = append(long, "\r\n"...)
+	frames := [][]byte{[]byte("+OK\r\n"), long, []byte(":1\r\n"), long, []byte("+x\r\n")}
+	for _, c := range []struct {
+		name           string
+		limit, maxRepl int
+		budget         bool
+	}{
+		{"no limits", 0, 0, false},
+		{"reply limit", 300, 0, false},
+		{"reply limit and budget", 300, 0, true},
+		{"digests", 100, 100, false},
+	} {
+		fill := func(byAppend bool) *Call {
+			call := NewCall()
+			if c.maxRepl > 0 {
+				call.SetMaxReply(c.maxRepl)
+			}
+			if c.limit > 0 {
+				call.SetReplyLimit(c.limit)
+			}
+			if c.budget {
+				call.SetReplyBudget(new(atomic.Int64))
+			}
+			for _, f := range frames {
+				if byAppend {
+					call.AddReplyAppend(len(f), func(dst []byte) []byte { return append(dst, f...) })
+				} else {
+					call.AddReply(f)
+				}
+			}
+			return call
+		}
+		want, got := fill(false), fill(true)
+		for i := range frames {
+			wr, werr := want.Reply(i)
+			gr, gerr := got.Reply(i)
+			wd, wok := want.Digest(i)
+			gd, gok := got.Digest(i)
+			if !bytes.Equal(wr, gr) || werr != gerr || wok != gok || wd.Sum != gd.Sum || wd.Len != gd.Len {
+				t.Errorf("%s: reply %d: AddReply %q, %v, digest %v %+v; AddReplyAppend %q, %v, digest %v %+v",
+					c.name, i, wr, werr, wok, wd, gr, gerr, gok, gd)
+			}
+		}
 	}
 }
