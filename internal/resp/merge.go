@@ -36,10 +36,11 @@ func MergeMGET(replies [][]byte, pos [][2]int, unexpected func([]byte) []byte) [
 // replies, merged, and in the client's Call. It refers to the parts'
 // replies and to pos, which must stay unchanged until it is written.
 type Merged struct {
-	parts [][][]byte // each part's array elements
-	pos   [][2]int   // MGET: key k's part and element; nil: parts in order
-	n     int        // elements
-	size  int        // the merged reply's length
+	parts  [][][]byte // each part's array elements
+	pos    [][2]int   // MGET: key k's part and element
+	concat bool       // the parts' elements in order (KEYS), not pos's
+	n      int        // elements
+	size   int        // the merged reply's length
 }
 
 // PlanMGET plans MergeMGET; bad is the reply of a part that is not an
@@ -66,7 +67,7 @@ func PlanMGET(replies [][]byte, pos [][2]int) (m Merged, bad []byte) {
 
 // PlanConcat plans MergeConcat; bad as for PlanMGET.
 func PlanConcat(replies [][]byte) (m Merged, bad []byte) {
-	m.parts = make([][][]byte, len(replies))
+	m.parts, m.concat = make([][][]byte, len(replies)), true
 	for k, r := range replies {
 		e, ok := ArrayElements(r)
 		if !ok {
@@ -88,7 +89,7 @@ func (m *Merged) Len() int { return m.size }
 // AppendTo appends the merged reply to dst.
 func (m *Merged) AppendTo(dst []byte) []byte {
 	dst = AppendArray(dst, m.n)
-	if m.pos != nil {
+	if !m.concat {
 		for _, p := range m.pos {
 			dst = append(dst, m.parts[p[0]][p[1]]...)
 		}

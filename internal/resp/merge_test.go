@@ -88,6 +88,9 @@ func TestPlanMergedLength(t *testing.T) {
 	if m, _ := PlanMGET([][]byte{many}, manyPos); m.Len() != len(m.AppendTo(nil)) {
 		t.Errorf("12 elements: Len %d, wrote %d", m.Len(), len(m.AppendTo(nil)))
 	}
+	if m, _ := PlanMGET(parts, nil); string(m.AppendTo(nil)) != "*0\r\n" || m.Len() != 4 {
+		t.Errorf("MGET of no keys: %q (Len %d), want *0", m.AppendTo(nil), m.Len())
+	}
 	if _, bad := PlanMGET(parts, [][2]int{{0, 2}}); string(bad) != string(parts[0]) {
 		t.Errorf("a position past part 0's elements: bad %q", bad)
 	}

@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"bytes"
+	"runtime"
 	"sync/atomic"
 	"testing"
 )
@@ -112,5 +113,29 @@ func TestCallAddReplyAppendIsAddReply(t *testing.T) {
 					c.name, i, wr, werr, wok, wd, gr, gerr, gok, gd)
 			}
 		}
+	}
+}
+
+// AddReplyAppend grows the reply buffer with room to spare, as append
+// does: grown by each reply alone, a pipeline of large merged replies
+// copied everything kept for each one (past bufpool.MaxSize the buffer
+// is exact), allocating 30 times what they hold here.
+func TestCallAddReplyAppendGrowsGeometrically(t *testing.T) {
+	reply := append([]byte("$200000\r\n"), bytes.Repeat([]byte("z"), 200000)...)
+	reply = append(reply, "\r\n"...)
+	const replies = 60
+	c := NewCall()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range replies {
+		c.AddReplyAppend(len(reply), func(dst []byte) []byte { return append(dst, reply...) })
+	}
+	runtime.ReadMemStats(&after)
+	kept := replies * len(reply)
+	if got, _ := c.Reply(replies - 1); !bytes.Equal(got, reply) {
+		t.Fatalf("last reply: %d bytes, want %d", len(got), len(reply))
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > uint64(10*kept) {
+		t.Fatalf("%d replies of %d bytes allocated %d bytes (%.1f times what they hold)", replies, len(reply), alloc, float64(alloc)/float64(kept))
 	}
 }
