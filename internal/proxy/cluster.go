@@ -664,7 +664,7 @@ func (sess *Session) placeHeld(r *request, target int, p heldPlacer) bool {
 		}
 	}
 	pin := &sess.pin
-	sess.forwardHidden(cmdMulti)
+	sess.forwardOwn(cmdMulti)
 	sess.slots[len(sess.slots)-1].multi = true // its answer sets txOpened
 	pin.inMulti = true
 	pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect, pin.txSelected = 0, pin.txHidden[:0], pin.txWrites[:0], -1, false
@@ -711,7 +711,7 @@ func (sess *Session) endHeld() {
 		sess.unpin(false)
 		return
 	}
-	sess.forwardHidden(cmdUnwatch)
+	sess.forwardOwn(cmdUnwatch)
 	sess.unnamePin()
 	sess.flush(time.Now())
 	sess.unpin(true)

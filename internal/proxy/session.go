@@ -205,6 +205,7 @@ type slot struct {
 	opens  bool            // the WATCH that took the pin: lost unanswered or refused, it leaves the client unpinned (flush); in cluster mode openHeld answers a redirection of it (pinWatch)
 	watch  bool            // a later WATCH on the pin: answered +OK, the pin holds what it watches
 	multi  bool            // the MULTI that opens the client's transaction: its reply says whether Redis opened it (pinState.txOpened)
+	own    bool            // slotHidden: the proxy's own bookkeeping (a held MULTI, a pin's CLIENT SETNAME, DISCARD, UNWATCH), not a policy fix-up: its failure is none of the policy's (forwardOwn)
 	selDB  int             // a SELECT under WATCH, on the pinned connection: 1 + its database, which the session takes if Redis answers +OK (pinnedSelect)
 	strip  namespace.Strip // namespace: where the reply names keys to strip
 }
@@ -214,7 +215,7 @@ type slotKind uint8
 const (
 	slotUpstream slotKind = iota // reply i of the batch's Call
 	slotLocal                    // local[i:end]
-	slotHidden                   // reply i of the Call, which the client must not see (a policy fix-up)
+	slotHidden                   // reply i of the Call, which the client must not see (a policy fix-up, or the proxy's own: slot.own)
 	slotWrapped                  // a command wrapped in MULTI/EXEC with fix-ups: i is its queue reply, end is EXEC's
 	slotRefusal                  // reply i of the Call to guard.RefusedInMulti, an error by design: dropped
 )
@@ -615,6 +616,15 @@ func (sess *Session) forwardHidden(raw []byte) {
 	sess.call.Add(raw)
 }
 
+// forwardOwn is forwardHidden for a command of the proxy's own
+// bookkeeping on the client's connection, no policy fix-up: one that
+// failed was counted and logged as a failed TTL fix-up, with the policy
+// off too (found by a fault probe).
+func (sess *Session) forwardOwn(raw []byte) {
+	sess.forwardHidden(raw)
+	sess.slots[len(sess.slots)-1].own = true
+}
+
 // forwardRefusal queues guard.RefusedInMulti in place of a command refused
 // inside MULTI, so that Redis fails the client's EXEC with EXECABORT. Its
 // error reply is the point, so it is dropped and never counted as a failed
@@ -764,8 +774,8 @@ func (sess *Session) flush(start time.Time) {
 				sess.pin.txOpened = err == nil && string(r) == "+OK\r\n"
 			}
 			if sl.tx && err == nil {
-				sess.noteQueued(r, true)
-			} else if (err != nil || resp.IsError(r)) && !errors.Is(err, upstream.ErrOutputLimit) {
+				sess.noteQueued(r, true, !sl.own)
+			} else if !sl.own && (err != nil || resp.IsError(r)) && !errors.Is(err, upstream.ErrOutputLimit) {
 				// (A fix-up whose reply was dropped with the client's ran.)
 				sess.hiddenFailed(r, err)
 			}
@@ -820,7 +830,7 @@ func (sess *Session) flush(start time.Time) {
 				if sl.strip != namespace.StripNone {
 					sess.nsQueued(r, sl.strip)
 				}
-				sess.noteQueued(r, false)
+				sess.noteQueued(r, false, false)
 			} else if sl.info {
 				reply = sess.withProxyInfo(r, sl.infoPx)
 			} else if sl.strip != namespace.StripNone {

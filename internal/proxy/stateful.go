@@ -309,7 +309,7 @@ func (sess *Session) execMovedWatch(r *request) bool {
 // end (DISCARD or UNWATCH), whose reply the client does not see, answers
 // reply in place of the client's EXEC, and gives the clean connection back.
 func (sess *Session) discardPin(end []byte, m *metrics.Command, reply []byte) {
-	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
+	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len(), own: true})
 	sess.call.Add(end)
 	sess.replyLocal(m, reply)
 	sess.unnamePin()
@@ -539,7 +539,7 @@ func (sess *Session) txNameStep(name string) {
 	pin := &sess.pin
 	switch {
 	case name == "client|getname" && !pin.named:
-		sess.forwardHidden(cmdClearName)
+		sess.forwardOwn(cmdClearName)
 		pin.named = true
 	case name == "client|setname":
 		pin.named = true
@@ -566,7 +566,7 @@ func (sess *Session) namePin(name string) {
 	if name == "" {
 		name = upstream.PinnedName
 	}
-	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len()})
+	sess.slots = append(sess.slots, slot{kind: slotHidden, i: sess.call.Len(), own: true})
 	sess.call.Add(resp.AppendCommandStrings(nil, "CLIENT", "SETNAME", name))
 	sess.pin.named = name != upstream.PinnedName
 }
@@ -641,10 +641,11 @@ func (sess *Session) unpin(clean bool) {
 }
 
 // noteQueued is called by flush for every reply to a command sent inside
-// MULTI, in order, to track positions in the transaction's queue.
-func (sess *Session) noteQueued(reply []byte, hidden bool) {
+// MULTI, in order, to track positions in the transaction's queue; a hidden
+// one's refusal is reported as a failed fix-up if it is one (fixup).
+func (sess *Session) noteQueued(reply []byte, hidden, fixup bool) {
 	if !bytes.Equal(reply, queued) {
-		if hidden {
+		if fixup {
 			sess.hiddenFailed(reply, nil)
 		}
 		return // refused at queue time; not part of the transaction
