@@ -12,36 +12,32 @@ import (
 
 // addReply adds command i's reply, built from its sub-commands' replies,
 // to c. MGET's and KEYS's, which may be large, are written straight into
-// c (resp.Merged).
+// c (resp.Merged); every other reply is built by reply.
 func (b *batch) addReply(c *upstream.Call, i int) {
 	o := &b.ops[i]
-	if o.local == nil && (o.merge == mergeMGET || o.merge == mergeConcat && o.n > 1) {
-		replies := make([][]byte, o.n)
-		for k := range replies {
-			replies[k] = b.subReply(o.first + k)
-		}
-		if err := resp.FirstError(replies); err != nil {
-			c.AddReply(err)
-			return
-		}
-		var m resp.Merged
-		var bad []byte
-		if o.merge == mergeMGET {
-			m, bad = resp.PlanMGET(replies, o.pos)
-		} else {
-			m, bad = resp.PlanConcat(replies)
-		}
-		if bad != nil {
-			c.AddReply(errUnexpected(bad))
-			return
-		}
-		c.AddReplyAppend(m.Len(), m.AppendTo)
+	if o.local != nil || !(o.merge == mergeMGET || o.merge == mergeConcat && o.n > 1) {
+		c.AddReply(b.reply(i))
 		return
 	}
-	c.AddReply(b.reply(i))
+	m, reply := resp.PlanArrays(b.subReplies(o), o.pos, o.merge == mergeConcat, errUnexpected)
+	if reply != nil {
+		c.AddReply(reply)
+		return
+	}
+	c.AddReplyAppend(m.Len(), m.AppendTo)
 }
 
-// reply builds command i's reply from its sub-commands' replies.
+// subReplies are op o's sub-commands' replies, in order.
+func (b *batch) subReplies(o *op) [][]byte {
+	replies := make([][]byte, o.n)
+	for k := range replies {
+		replies[k] = b.subReply(o.first + k)
+	}
+	return replies
+}
+
+// reply builds command i's reply from its sub-commands' replies, but a
+// split MGET's or KEYS's (addReply).
 //
 // Split commands fail as a whole with the first error (in the client's key
 // order) any part got, though the other parts ran: docs/COMPATIBILITY.md.
@@ -50,27 +46,20 @@ func (b *batch) reply(i int) []byte {
 	if o.local != nil {
 		return o.local
 	}
-	if o.merge == mergeOne || o.n == 1 && o.merge != mergeScan && o.merge != mergeMGET {
+	if o.merge == mergeOne || o.n == 1 && o.merge != mergeScan {
 		return b.subReply(o.first)
 	}
-	replies := make([][]byte, o.n)
-	for k := range replies {
-		replies[k] = b.subReply(o.first + k)
-	}
+	replies := b.subReplies(o)
 	if o.merge != mergeFirstNonNull {
 		if err := resp.FirstError(replies); err != nil {
 			return err
 		}
 	}
 	switch o.merge {
-	case mergeMGET:
-		return resp.MergeMGET(replies, o.pos, errUnexpected)
 	case mergeSum:
 		return resp.MergeSum(replies, errUnexpected)
 	case mergeAllOK:
 		return replies[0]
-	case mergeConcat:
-		return resp.MergeConcat(replies, errUnexpected)
 	case mergeFirstNonNull:
 		// A random start: RANDOMKEY should not favour the first node.
 		return resp.MergeFirstNonNull(replies, rand.IntN(len(replies)))

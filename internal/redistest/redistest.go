@@ -277,19 +277,11 @@ func (s *Server) stop() {
 
 // pingPID is ping, and the process id the server's INFO gives.
 func pingPID(addr string) (int, bool) {
-	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-	if err != nil {
+	conn, rd, ok := dialPing(addr, "*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")
+	if !ok {
 		return 0, false
 	}
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(time.Second))
-	if _, err := conn.Write([]byte("*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")); err != nil {
-		return 0, false
-	}
-	rd := bufio.NewReader(conn)
-	if line, err := rd.ReadString('\n'); err != nil || strings.TrimSpace(line) != "+PONG" {
-		return 0, false
-	}
 	head, err := rd.ReadString('\n')
 	if err != nil || !strings.HasPrefix(head, "$") {
 		return 0, false
@@ -314,17 +306,32 @@ func pingPID(addr string) (int, bool) {
 // ping reports whether addr answers a RESP PING with +PONG. It speaks raw RESP
 // so readiness does not depend on client retry/backoff behaviour.
 func ping(addr string) bool {
+	conn, _, ok := dialPing(addr, "")
+	if ok {
+		conn.Close()
+	}
+	return ok
+}
+
+// dialPing connects to addr, sends PING and then more, and reads +PONG;
+// the caller reads what more brings and closes the connection (only when
+// ok: it is closed otherwise).
+func dialPing(addr, more string) (net.Conn, *bufio.Reader, bool) {
 	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 	if err != nil {
-		return false
+		return nil, nil, false
 	}
-	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(time.Second))
-	if _, err := conn.Write([]byte("*1\r\n$4\r\nPING\r\n")); err != nil {
-		return false
+	rd := bufio.NewReader(conn)
+	if _, err := conn.Write([]byte("*1\r\n$4\r\nPING\r\n" + more)); err != nil {
+		conn.Close()
+		return nil, nil, false
 	}
-	line, err := bufio.NewReader(conn).ReadString('\n')
-	return err == nil && strings.TrimSpace(line) == "+PONG"
+	if line, err := rd.ReadString('\n'); err != nil || strings.TrimSpace(line) != "+PONG" {
+		conn.Close()
+		return nil, nil, false
+	}
+	return conn, rd, true
 }
 
 // Eventually polls cond every 5ms until it returns true; if timeout passes

@@ -43,6 +43,27 @@ type Merged struct {
 	size   int        // the merged reply's length
 }
 
+// PlanArrays plans the merged reply of a split MGET (key order by pos) or
+// KEYS (concat: the parts' elements one after the other), for writing
+// where the client's replies are kept; reply, when not nil, is the reply
+// instead: the first part's error (FirstError), or unexpected's for a
+// part not of the shape.
+func PlanArrays(replies [][]byte, pos [][2]int, concat bool, unexpected func([]byte) []byte) (m Merged, reply []byte) {
+	if err := FirstError(replies); err != nil {
+		return m, err
+	}
+	var bad []byte
+	if concat {
+		m, bad = PlanConcat(replies)
+	} else {
+		m, bad = PlanMGET(replies, pos)
+	}
+	if bad != nil {
+		return m, unexpected(bad)
+	}
+	return m, nil
+}
+
 // PlanMGET plans MergeMGET; bad is the reply of a part that is not an
 // array long enough, or nil.
 func PlanMGET(replies [][]byte, pos [][2]int) (m Merged, bad []byte) {

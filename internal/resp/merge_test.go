@@ -97,4 +97,15 @@ func TestPlanMergedLength(t *testing.T) {
 	if _, bad := PlanConcat([][]byte{parts[0], []byte("-ERR x\r\n")}); string(bad) != "-ERR x\r\n" {
 		t.Errorf("a part that is not an array: bad %q", bad)
 	}
+	// PlanArrays answers a part's error, or unexpected's reply, instead.
+	unexpected := func(r []byte) []byte { return append([]byte("bad:"), r...) }
+	if _, r := PlanArrays([][]byte{parts[0], []byte("-ERR x\r\n")}, pos, false, unexpected); string(r) != "-ERR x\r\n" {
+		t.Errorf("PlanArrays with a failed part: %q", r)
+	}
+	if _, r := PlanArrays([][]byte{parts[0], []byte(":1\r\n")}, nil, true, unexpected); string(r) != "bad::1\r\n" {
+		t.Errorf("PlanArrays with a part not an array: %q", r)
+	}
+	if m, r := PlanArrays(parts, pos, false, unexpected); r != nil || m.Len() != len(m.AppendTo(nil)) {
+		t.Errorf("PlanArrays of good parts: reply %q, Len %d", r, m.Len())
+	}
 }

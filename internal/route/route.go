@@ -771,16 +771,11 @@ func (p *Plan) Reply(replies [][]byte) []byte {
 // kept; ok is false for any other plan, or replies Reply answers with an
 // error, whose reply Reply builds.
 func (p *Plan) Merged(replies [][]byte) (m resp.Merged, ok bool) {
-	if p.Local != nil || !(p.Merge == MGET || p.Merge == Concat && len(replies) > 1) || resp.FirstError(replies) != nil {
+	if p.Local != nil || !(p.Merge == MGET || p.Merge == Concat && len(replies) > 1) {
 		return m, false
 	}
-	var bad []byte
-	if p.Merge == MGET {
-		m, bad = resp.PlanMGET(replies, p.Pos)
-	} else {
-		m, bad = resp.PlanConcat(replies)
-	}
-	return m, bad == nil
+	m, reply := resp.PlanArrays(replies, p.Pos, p.Merge == Concat, errUnexpected)
+	return m, reply == nil
 }
 
 // scanReply rewrites upstream up's SCAN reply so its cursor names the
