@@ -76,6 +76,10 @@ type Router struct {
 	// (loadMap).
 	asking sync.Map
 
+	// askedAt is, per slot, when (UnixNano) a node last answered ASK for
+	// it: the slot is being migrated (see migrating).
+	askedAt [Slots]atomic.Int64
+
 	// Counters, for tests and metrics.
 	moved, asked, retried atomic.Uint64
 	// scanRestarts counts SCAN cursors made with another slot map whose
@@ -1267,7 +1271,7 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 			continue
 		}
 		if b.reads != nil && s.redirect == "" && s.to == "" && s.slot >= 0 {
-			if b.onlyReads && !s.primaryOnly && !s.asking && s.preload == nil {
+			if b.onlyReads && !s.primaryOnly && !s.asking && s.preload == nil && !r.migrating(s.slot) {
 				replica, refusal := b.reads.Replica(addr)
 				if refusal != nil {
 					b.finish(i, refusal)
@@ -1560,6 +1564,25 @@ var (
 	prefixClusterDown = []byte("-CLUSTERDOWN")
 )
 
+// askHold is how long after a node's last ASK for a slot its reads stay
+// off the replicas. Only the migrating primary knows that a slot is
+// migrating: its READONLY replicas serve the keys already moved away as
+// missing, where the primary answers ASK, and a client's own write of the
+// slot taken by the importing node is not on them at all. So a read of a
+// slot that met an ASK goes to its primary, which answers or sends it on
+// with ASK (renewing the hold), until the migration has been quiet this
+// long: a reshard's pause between two keys is far shorter, and once the
+// slot has moved the primary answers MOVED instead (found by a probe: a
+// client's own SET, taken by the importing node, read back nil from the
+// old owner's replica for as long as the slot stayed MIGRATING).
+const askHold = 10 * time.Second
+
+// migrating reports whether a node answered ASK for slot within askHold.
+func (r *Router) migrating(slot int) bool {
+	at := r.askedAt[slot].Load()
+	return at != 0 && time.Now().UnixNano()-at < int64(askHold)
+}
+
 // redirected reports whether sub i must be sent again because of its
 // reply, and whether after a wait. It records where MOVED and ASK point.
 func (b *batch) redirected(i int, reply []byte) (again, wait bool) {
@@ -1580,6 +1603,7 @@ func (b *batch) redirected(i int, reply []byte) (again, wait bool) {
 		}
 		if ask {
 			r.asked.Add(1)
+			r.askedAt[slot].Store(time.Now().UnixNano())
 			s.asking = true
 		} else {
 			r.moved.Add(1)

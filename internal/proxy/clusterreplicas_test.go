@@ -11,6 +11,7 @@ import (
 	"github.com/anishathalye/porcupine"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/lintest"
@@ -420,4 +421,78 @@ func replicaReadsByResult(t *testing.T, p *proxytest.Proxy) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// TestClusterReplicaReadsDuringMigration: with replica_preferred, while a
+// slot is MIGRATING a client reads back its own write that the importing
+// node took (ASK) and its key already moved away. The old owner's replica
+// knows nothing of the migration and answers both as missing, where its
+// primary answers ASK (found by a probe: nil for as long as the slot
+// stayed MIGRATING).
+func TestClusterReplicaReadsDuringMigration(t *testing.T) {
+	c, p := startClusterReplicaProxy(t, config.ReadReplicaPreferred, nil)
+	ctx := context.Background()
+	// One connection: read-your-writes is the client connection's.
+	rc := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	const moved, created = "{mig}:moved", "{mig}:created"
+	slot := cluster.Slot([]byte(moved))
+	src := nodeAt(t, c, p.Router().Map().Owner(slot))
+	replica := replicaOf(t, c, src.Addr())
+	// probe: a key of another slot of the same shard, whose reads show
+	// when this client's reads of the shard are on its replica.
+	probe := ""
+	for i := 0; probe == ""; i++ {
+		k := fmt.Sprintf("probe:%d", i)
+		if s := cluster.Slot([]byte(k)); s != slot && p.Router().Map().Owner(s) == src.Addr() {
+			probe = k
+		}
+	}
+	must(rc.Set(ctx, moved, "before", 0).Err())
+	must(rc.Set(ctx, probe, "p", 0).Err())
+	rr := replica.Client(t).Conn()
+	defer rr.Close()
+	must(rr.ReadOnly(ctx).Err())
+	redistest.Eventually(t, 10*time.Second, func() bool { return rr.Get(ctx, moved).Val() == "before" },
+		"the replica never got %s", moved)
+
+	var dst *redistest.Server
+	for _, n := range c.Primaries(t) {
+		if n != src {
+			dst = n
+			break
+		}
+	}
+	must(dst.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", redistest.NodeID(t, src)).Err())
+	must(src.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", redistest.NodeID(t, dst)).Err())
+	must(src.Client(t).Do(ctx, "MIGRATE", "127.0.0.1", dst.Port(), "", 0, 5000, "KEYS", moved).Err())
+	redistest.Eventually(t, 10*time.Second, func() bool { return rr.Exists(ctx, moved).Val() == 0 },
+		"the replica never saw %s leave", moved)
+
+	_, asked0, _ := p.Router().Stats()
+	must(rc.Set(ctx, created, "during", 0).Err()) // taken by dst, after ASK
+	if _, asked, _ := p.Router().Stats(); asked <= asked0 {
+		t.Fatalf("the SET of a new key in a MIGRATING slot met no ASK (asked %d -> %d)", asked0, asked)
+	}
+	// Until this client's reads of the shard are on the replica again (the
+	// SET went to src first, which holds them back until the next poll).
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		before := calls(t, replica, "get")
+		return rc.Get(ctx, probe).Val() == "p" && calls(t, replica, "get") > before
+	}, "the client's reads of %s's shard never went to its replica", src.Addr())
+
+	for k, want := range map[string]string{moved: "before", created: "during"} {
+		if v, err := rc.Get(ctx, k).Result(); err != nil || v != want {
+			t.Errorf("GET %s while its slot is MIGRATING = %q, %v; want %q", k, v, err, want)
+		}
+	}
+	vals, err := rc.MGet(ctx, moved, created).Result()
+	if err != nil || len(vals) != 2 || vals[0] != "before" || vals[1] != "during" {
+		t.Errorf("MGET %s %s while their slot is MIGRATING = %v, %v", moved, created, vals, err)
+	}
 }
