@@ -1073,8 +1073,13 @@ func (sess *Session) endBlock(call *upstream.Call, pipe *upstream.Pipe, b *upstr
 }
 
 // unblockLeft sends CLIENT UNBLOCK rid about pipe's connection until Redis
-// answers it or stop is closed, and reports whether Redis took it (:1, or
-// :0 for a command answered meanwhile). A dial or a read that fails is
+// unblocks it (:1) or stop is closed, and reports whether Redis did. A :0
+// (not blocked) is asked again: the command was answered meanwhile, and
+// the caller stops this on its reply; or Redis has not read it yet, the
+// UNBLOCK on its own connection having overtaken it (found by a probe: a
+// client that sent BLPOP 0 and hung up at once left it blocked, and its
+// connection held, until dead_timeout, 2 to 7 clients in 300; taking :0
+// for an answer made the caller wait for one). A dial or a read that fails is
 // tried again: Redis stalled (DEBUG SLEEP, a long fork) answers nothing,
 // and half-closing the blocked connection then, as the first version did,
 // let Redis pop a push that arrived meanwhile for the connection, then
@@ -1096,8 +1101,11 @@ func unblockLeft(b *upstream.Backend, pipe *upstream.Pipe, rid int64, stop <-cha
 		}
 		un, err := b.UnblockBeside(pipe, rid, "", nil, false)
 		switch {
+		case err == nil && string(un) == ":0\r\n":
+			retry.Reset(unblockAgain)
+			continue
 		case err == nil:
-			return string(un) == ":1\r\n" || string(un) == ":0\r\n"
+			return string(un) == ":1\r\n"
 		case !errors.Is(err, upstream.ErrUnavailable) && !errors.Is(err, upstream.ErrTimeout) &&
 			!errors.Is(err, upstream.ErrConnLost) && !errors.Is(err, upstream.ErrNoReply):
 			return false
@@ -1105,6 +1113,10 @@ func unblockLeft(b *upstream.Backend, pipe *upstream.Pipe, rid int64, stop <-cha
 		retry.Reset(50 * time.Millisecond)
 	}
 }
+
+// unblockAgain is how soon CLIENT UNBLOCK is sent again after a :0 (see
+// unblockLeft): the blocked command is at most a write away from Redis.
+const unblockAgain = 5 * time.Millisecond
 
 // waitMarkers is the standalone wait marker: SPUBLISH where the command
 // table has it and Redis never refused it (markForWait).
