@@ -79,6 +79,16 @@ func run(argv []string, stdout, stderr io.Writer) int {
 			return runHealthcheck(argv[1:], stdout, stderr)
 		}
 	}
+	// Registered first: a SIGHUP's default action is to exit, and a
+	// config manager may send one as soon as the process exists (found by
+	// a probe: a SIGHUP within 20 ms of the start, before this was
+	// registered after the upstream probe, killed the proxy). One sent
+	// before the proxy serves waits in the channel and reloads once it
+	// does, which picks up a file rewritten meanwhile.
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	defer signal.Stop(hups)
+
 	fs := flag.NewFlagSet("redproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	configPath := fs.String("config", "", "TOML configuration file (see config.example.toml)")
@@ -265,12 +275,6 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	if forced != policy.Enforce {
 		log.Warn("--policy-mode caps every policy rule", "policy_mode", forced.String())
 	}
-	// Registered before anything listens, so a SIGHUP sent once the proxy
-	// answers never hits the default action (exit).
-	hups := make(chan os.Signal, 1)
-	signal.Notify(hups, syscall.SIGHUP)
-	defer signal.Stop(hups)
-
 	// Every client listener: server.listen ("plain"), server.tls.listen
 	// ("tls") and [[server.listeners]]; config.Validate makes sure there is
 	// at least one.

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -152,5 +154,89 @@ func TestReloadRefusedLogsEachProblemWithItsHeading(t *testing.T) {
 		if !strings.Contains(lines[i], want) || !strings.Contains(lines[i], `reason="settings that need a restart changed (restart redproxy to apply them)"`) {
 			t.Errorf("line %d: %s\nwant %s and the heading as reason", i, lines[i], want)
 		}
+	}
+}
+
+// TestSIGHUPDuringStartup: a SIGHUP sent while the proxy starts (here
+// while it waits for an upstream that accepts and stays silent) does not
+// end the process, whose default action for SIGHUP is to exit: it starts,
+// serves, and stops on SIGTERM with status 0 (found by a probe: a SIGHUP
+// within 20 ms of the start killed it, exit 129).
+func TestSIGHUPDuringStartup(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	check(t, err)
+	defer silent.Close()
+	accepted := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c // held open, never answered
+		}
+	}()
+	defer func() {
+		for {
+			select {
+			case c := <-accepted:
+				c.Close()
+			default:
+				return
+			}
+		}
+	}()
+	bin := binary(t)
+	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	path := filepath.Join(t.TempDir(), "redproxy.toml")
+	check(t, os.WriteFile(path, []byte(exampleConfig(t, listen, adminAddr, silent.Addr().String())), 0o600))
+
+	logs := &redistest.LogBuffer{}
+	cmd := exec.Command(bin, "--config", path)
+	cmd.Stderr = logs
+	check(t, cmd.Start())
+	var exitErr error
+	exited := make(chan struct{})
+	go func() { exitErr = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+	})
+	// The proxy dials its upstream only after reading its flags and file:
+	// it is starting, not yet serving.
+	select {
+	case <-accepted:
+	case <-exited:
+		t.Fatalf("the proxy exited before dialling its upstream: %v\n%s", exitErr, logs)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the proxy never dialled its upstream; log:\n%s", logs)
+	}
+	check(t, cmd.Process.Signal(syscall.SIGHUP))
+	// It goes on to listen (after the silent upstream's probe times out).
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		select {
+		case <-exited:
+			t.Fatalf("a SIGHUP during startup ended the proxy: %v\n%s", exitErr, logs)
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", listen, time.Second); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy never listened; log:\n%s", logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	check(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-exited:
+		if exitErr != nil {
+			t.Fatalf("exit after SIGTERM: %v\n%s", exitErr, logs)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no exit 30 s after SIGTERM; log:\n%s", logs)
 	}
 }
