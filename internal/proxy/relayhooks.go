@@ -162,13 +162,14 @@ func (r *relayRelease) add(o relayRelease) {
 	r.n += o.n
 }
 
-func newRelayWrites(sess *Session) *relayWrites {
+func newRelayWrites(sess *Session, kind relayKind) *relayWrites {
 	fs := sess.srv.flight.Load()
 	active := sess.srv.tier != nil || fs != nil && fs.TracksWrites()
 	fixes := sess.srv.guard != nil && sess.srv.guard.Policy().FixesTTL()
 	// With proxy users an EXEC their ACL refuses is answered with a reply
-	// cut from the stream too (appendRelayExecRefused).
-	counting := active || fixes || sess.srv.usersOn()
+	// cut from the stream too (appendRelayExecRefused), and on a tracking
+	// relay a CLIENT CACHING sent again (keepCaching).
+	counting := active || fixes || sess.srv.usersOn() || kind == relayTracking
 	return &relayWrites{sess: sess, active: active, fixes: fixes, counting: counting, countable: counting, resp3: sess.resp3, dbs: []int{sess.db}}
 }
 
@@ -254,7 +255,17 @@ const maxHiddenReplies = 1 << 16
 // fix-ups' replies inside EXEC's: see relayTxFixups), and at most
 // maxHiddenReplies at once.
 func (rw *relayWrites) hide(n int) bool {
-	if !rw.fixes || rw.inMulti || rw.sess.relayInMulti || n == 0 {
+	if !rw.fixes {
+		return false
+	}
+	return rw.hideNext(n)
+}
+
+// hideNext cuts the replies of the next n commands sent, which the proxy
+// sends for itself outside a transaction; false when it cannot (inside
+// MULTI, or the stream is not counted), and then they must not be sent.
+func (rw *relayWrites) hideNext(n int) bool {
+	if rw.inMulti || rw.sess.relayInMulti || n == 0 {
 		return false
 	}
 	rw.mu.Lock()

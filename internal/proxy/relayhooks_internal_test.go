@@ -224,7 +224,7 @@ func relayNoted(cmds [][]string) *relayWrites {
 	srv := &Server{tier: &tierState{}}
 	srv.initCommands(table, "")
 	sess := &Session{srv: srv, resp3: true, sessionBatch: &sessionBatch{cmds: srv.cmdSet()}}
-	rw := newRelayWrites(sess)
+	rw := newRelayWrites(sess, relayPubSub)
 	for _, c := range cmds {
 		args := make([][]byte, len(c))
 		for i, a := range c {

@@ -1593,7 +1593,8 @@ func trackingRedirect(args [][]byte) bool {
 // (relayexit.go): relay then returns the client's batch it held meanwhile,
 // not yet served; otherwise nil.
 func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, base int, first []byte, limit int64) (held []resp.Request) {
-	rw := newRelayWrites(sess)
+	rw := newRelayWrites(sess, kind)
+	sess.relayCaching = nil
 	defer rw.end()
 	ex := sess.newRelayExit(kind)
 	// A relay never parks, so nothing else would notice a FIN that came
@@ -1933,7 +1934,11 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 		return b
 	}
 	inMulti := sess.relayInMulti
+	start := len(out)
 	out = sess.appendRelayedCmd(out, i, r, d, rw)
+	if !inMulti && !sess.relayInMulti {
+		out = sess.keepCaching(out, out[start:], r, rw)
+	}
 	if rw != nil && inMulti {
 		switch {
 		case sess.relayInMulti && movesKeys(sess.cmds.table.Lookup(r.Args)):
@@ -1942,6 +1947,34 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 			// The transaction ended here, as Redis takes this command.
 			out = rw.endTx(out, txStepOf(r.Args) == txExec)
 		}
+	}
+	return out
+}
+
+// keepCaching keeps a tracking relay's CLIENT CACHING in force as Redis
+// would, for the client's command r outside MULTI, sent as sent. Redis
+// ends the CACHING flag after the next command but a CLIENT subcommand;
+// where the proxy sends a script in a CLIENT subcommand's place (its
+// answer to CLIENT ID, INFO, LIST or KILL, a refusal), the script ended
+// it, and the read behind it was tracked against OPTIN, or not tracked
+// against OPTOUT (found by a probe: after CLIENT CACHING yes, CLIENT ID,
+// GET k, another client's SET k sent no invalidation). So the CACHING is
+// sent again behind the script, its reply cut from the stream; where the
+// stream is no longer counted it is not (then the flag is lost, as
+// before).
+func (sess *Session) keepCaching(out, sent []byte, r *resp.Request, rw *relayWrites) []byte {
+	if len(r.Args) < 2 || !strings.EqualFold(string(r.Args[0]), "client") {
+		sess.relayCaching = nil
+		return out
+	}
+	if bytes.Equal(sent, r.Raw) {
+		if strings.EqualFold(string(r.Args[1]), "caching") {
+			sess.relayCaching = append(sess.relayCaching[:0], r.Raw...)
+		}
+		return out
+	}
+	if sess.relayCaching != nil && rw != nil && rw.hideNext(1) {
+		out = append(out, sess.relayCaching...)
 	}
 	return out
 }
