@@ -349,7 +349,11 @@ func decodeAll(data []byte, name string) (*Config, []*Error) {
 			// a value spanning lines.
 			return nil, errs
 		}
-		errs = append(errs, fromDecodeError(de, name))
+		e := fromDecodeError(de, name)
+		if strings.HasSuffix(e.Msg, "is already defined") {
+			e.Key = qualifyKey(data, line, e.Key)
+		}
+		errs = append(errs, e)
 		if len(de.Key()) == 0 || isTableHeader(data, line) {
 			// A syntax error: nothing after it can be read. Or a table
 			// header at fault ("table server already exists as defined
@@ -361,6 +365,27 @@ func decodeAll(data []byte, name string) (*Config, []*Error) {
 		data = blankLine(data, line)
 	}
 	return nil, errs
+}
+
+// qualifyKey names key, which the TOML parser reports relative to its
+// table for a key defined twice ("listen"), by its full name
+// ("server.listen"): the table is the last header above line n.
+func qualifyKey(data []byte, n int, key string) string {
+	lines := bytes.Split(data, []byte("\n"))
+	for i := min(n, len(lines)) - 2; i >= 0; i-- {
+		l := bytes.TrimSpace(lines[i])
+		if !bytes.HasPrefix(l, []byte("[")) {
+			continue
+		}
+		if end := bytes.IndexByte(l, ']'); end > 0 {
+			table := strings.TrimSpace(strings.Trim(string(l[:end]), "[]"))
+			if table != "" && !strings.HasPrefix(key, table+".") {
+				return table + "." + key
+			}
+		}
+		return key
+	}
+	return key
 }
 
 // isTableHeader reports whether line n (1-based) of data is a table header
@@ -441,7 +466,15 @@ func plainTypeError(msg string) string {
 		"float64":  "a number",
 		"[]string": `an array of strings, e.g. ["a", "b"]`,
 	}[m[2]]
-	if want == "" {
+	switch {
+	case want != "":
+	case strings.HasPrefix(m[2], "map["):
+		want = "a table"
+	case strings.HasPrefix(m[2], "[]") && strings.Contains(m[2], "."):
+		want = "an array of tables ([[name]] sections)"
+	case strings.Contains(m[2], "."):
+		want = "a table (a [name] section)" // a struct of the configuration
+	default:
 		return msg
 	}
 	return fmt.Sprintf("want %s, got a TOML %s", want, m[1])

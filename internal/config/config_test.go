@@ -412,6 +412,15 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{2, "server.listen", "want a string (in quotes), got a TOML integer"}}},
 		{"string for a bool", "[localcache]\nenabled = \"yes\"\n",
 			[]wantErr{{2, "localcache.enabled", "want true or false, got a TOML string"}}},
+		// Said in the file's terms, not Go's ("struct field
+		// config.Config.Server of type config.Server"; found by a probe).
+		{"string for a table", "server = \"yes\"\n",
+			[]wantErr{{1, "server", "want a table (a [name] section), got a TOML string"}}},
+		{"string for an array of tables", "users = \"x\"\n",
+			[]wantErr{{1, "users", "want an array of tables ([[name]] sections), got a TOML string"}}},
+		// A key defined twice is named in full (it was "listen").
+		{"key defined twice", "[server]\nlisten = \"127.0.0.1:1\"\nlisten = \"127.0.0.1:2\"\n",
+			[]wantErr{{3, "server.listen", "already defined"}}},
 		// Every wrong-typed value and unknown key in one run, not the
 		// first alone (a user's trial fixed a file one run at a time).
 		{"several wrong types", "[server]\nlisten = 6380\nadmin = true\nbogus = 1\n[upstream]\nconnections = \"four\"\nnonsense = 2\n",
