@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 
 	"github.com/redproxy/redproxy/internal/admin"
 	"github.com/redproxy/redproxy/internal/auth"
@@ -128,14 +129,8 @@ func overrideFlags(fs *flag.FlagSet) *config.Overrides {
 // endpoint exposed without its token (read from admin.token_file, as at
 // start).
 func startRefusal(cfg *config.Config, path string) error {
-	if err := config.ExposureError(cfg); err != nil {
-		// file:line: key: reason, as every other problem check reports.
-		return fmt.Errorf("%w (the proxy would refuse to start)", config.Locate(err, path))
-	}
-	if cfg.Server.Admin != "" {
-		if _, err := admin.Token(cfg.Server.Admin, cfg.Admin.TokenFile, config.IsLoopback(cfg.Server.Admin)); err != nil {
-			return fmt.Errorf("%s: %w (the proxy would refuse to start)", path, err)
-		}
+	if err := exposureRefusal(cfg, path); err != nil {
+		return fmt.Errorf("%w (the proxy would refuse to start)", err)
 	}
 	// The users' upstream password files are read at start (found by
 	// review: check passed a file that did not exist).
@@ -145,6 +140,36 @@ func startRefusal(cfg *config.Config, path string) error {
 			err = config.Locate(&config.Error{Key: ae.Key, Msg: ae.Msg}, path)
 		}
 		return fmt.Errorf("%w (the proxy would refuse to start)", err)
+	}
+	return nil
+}
+
+// exposureRefusal is why cfg, read from path ("" for flags alone), must
+// not start for what it exposes: a client listener without
+// authentication, an admin endpoint without its token. With a file it
+// reads file:line: key: reason, as every other problem does.
+func exposureRefusal(cfg *config.Config, path string) error {
+	if err := config.ExposureError(cfg); err != nil {
+		if path != "" {
+			err = config.Locate(err, path)
+		}
+		return err
+	}
+	if cfg.Server.Admin != "" {
+		if _, err := admin.Token(cfg.Server.Admin, cfg.Admin.TokenFile, config.IsLoopback(cfg.Server.Admin)); err != nil {
+			if path != "" {
+				key, msg := "admin.token_file", err.Error()
+				if errors.Is(err, admin.ErrTokenRequired) {
+					key = "server.admin"
+				} else if m, ok := strings.CutPrefix(msg, key+": "); ok {
+					msg = m
+				} else {
+					msg = strings.TrimPrefix(msg, key+" ")
+				}
+				err = config.Locate(&config.Error{Key: key, Msg: msg}, path)
+			}
+			return err
+		}
 	}
 	return nil
 }

@@ -101,6 +101,10 @@ func TestCheckInvalid(t *testing.T) {
 			`FILE:5: server.tls.min_version: invalid version "1.0"`,
 			`FILE:7: upstream.tls.ca_file: cannot open "/nonexistent/ca.crt"`,
 		}, nil},
+		{"admin token file", "[server]\nadmin = \"127.0.0.1:9121\"\n[admin]\ntoken_file = \"/nonexistent/token\"\n", []string{
+			`FILE:4: admin.token_file: open /nonexistent/token: no such file or directory (the proxy would refuse to start)`}, nil},
+		{"exposed admin", "[server]\nadmin = \"0.0.0.0:9121\"\n", []string{
+			`FILE:2: server.admin: the admin endpoint is not on a loopback address`}, nil},
 		// Read at start (found by review: check passed it).
 		{"upstream password file", "[[users]]\nname = \"app\"\npassword_sha256 = \"" + strings.Repeat("ab", 32) + "\"\nacl = \"+@all\"\nupstream_user = \"app\"\nupstream_password_file = \"/nonexistent/app.pw\"\n", []string{
 			`FILE:6: users[0].upstream_password_file: open /nonexistent/app.pw: no such file or directory (the proxy would refuse to start)`}, nil},
@@ -120,6 +124,34 @@ func TestCheckInvalid(t *testing.T) {
 				if w = strings.ReplaceAll(w, "FILE", path); !strings.Contains(stderr.String(), w) {
 					t.Errorf("stderr lacks %q:\n%s", w, stderr.String())
 				}
+			}
+		})
+	}
+}
+
+// TestStartRefusalIsLocatedAndFirst: the proxy refuses to start with an
+// exposed or tokenless admin endpoint saying file:line: key, as check
+// does, and before it dials its upstream, whose warnings came first and
+// buried the reason (found by a probe: "token_missing.toml:
+// admin.token_file: open ...", after the upstream's warnings).
+func TestStartRefusalIsLocatedAndFirst(t *testing.T) {
+	for _, tc := range []struct{ name, doc, want string }{
+		{"token file", "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n[admin]\ntoken_file = \"/nonexistent/token\"\n[upstream]\naddress = \"127.0.0.1:1\"\n",
+			"refusing to start: FILE:5: admin.token_file: open /nonexistent/token: no such file or directory"},
+		{"exposed admin", "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"0.0.0.0:0\"\n[upstream]\naddress = \"127.0.0.1:1\"\n",
+			"refusing to start: FILE:3: server.admin: the admin endpoint is not on a loopback address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeConfig(t, tc.doc)
+			var stdout, stderr bytes.Buffer
+			if code := run([]string{"--config", path}, &stdout, &stderr); code != 2 {
+				t.Fatalf("exit %d, want 2; stderr:\n%s", code, stderr.String())
+			}
+			if w := strings.ReplaceAll(tc.want, "FILE", path); !strings.Contains(stderr.String(), w) {
+				t.Errorf("stderr lacks %q:\n%s", w, stderr.String())
+			}
+			if strings.Contains(stderr.String(), "level=") {
+				t.Errorf("the proxy logged before refusing (it went on to its upstream):\n%s", stderr.String())
 			}
 		})
 	}

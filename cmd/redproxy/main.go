@@ -145,6 +145,13 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "redproxy: bad configuration:\n%v\n", err)
 		return 2
 	}
+	// Refused before anything is dialled, with the file and line: the
+	// upstream's warnings came first and buried the reason, which named
+	// no line (found by a probe).
+	if err := exposureRefusal(cfg, *configPath); err != nil {
+		fmt.Fprintf(stderr, "redproxy: refusing to start: %v\n", err)
+		return 2
+	}
 	level := new(slog.LevelVar)
 	level.Set(logLevel(cfg.Server.LogLevel))
 	log := newLogger(cfg, level, stderr)
