@@ -276,6 +276,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	g := srv.Guard()
 	g.SetForcedMode(forced)
 	rl := &reloader{path: *configPath, ov: ov, srv: srv, guard: g, level: level, log: log}
+	rl.registerMetrics(reg.Registry)
 	if *configPath != "" {
 		g.SetSource(rl.policySource)
 	}

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/redproxy/redproxy/internal/admin"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/guard"
@@ -41,6 +43,50 @@ type reloader struct {
 	// by the operations review).
 	adm   *admin.Server
 	token string
+
+	// Outcomes of full reloads (SIGHUP, POST /reload), for alerting on a
+	// configuration push that did not take: before, only the policy's own
+	// reloads were counted (found by a probe).
+	reloads        *prometheus.CounterVec // result: applied, refused
+	lastSuccessful prometheus.Gauge       // 1 once the last one applied
+	lastSuccessAt  prometheus.Gauge       // Unix time of the last applied (or the start)
+}
+
+// registerMetrics registers the reload metrics in reg.
+func (r *reloader) registerMetrics(reg prometheus.Registerer) {
+	r.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "redproxy_config_reloads_total",
+		Help: "Full configuration reloads (SIGHUP, POST /reload) by result: applied, or refused with the configuration in force kept.",
+	}, []string{"result"})
+	r.lastSuccessful = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "redproxy_config_last_reload_successful",
+		Help: "1 if the last full configuration reload was applied (or none was tried since the start), 0 if it was refused.",
+	})
+	r.lastSuccessAt = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "redproxy_config_last_reload_success_timestamp_seconds",
+		Help: "Unix time of the last applied full configuration reload, or of the start.",
+	})
+	r.reloads.WithLabelValues("applied")
+	r.reloads.WithLabelValues("refused")
+	r.lastSuccessful.Set(1)
+	r.lastSuccessAt.SetToCurrentTime()
+	reg.MustRegister(r.reloads, r.lastSuccessful, r.lastSuccessAt)
+}
+
+// counted records a reload's outcome; nothing was tried without a file or
+// while shutting down.
+func (r *reloader) counted(err error) {
+	if r.reloads == nil || errors.Is(err, errNoConfigFile) || errors.Is(err, proxy.ErrShuttingDown) {
+		return
+	}
+	if err != nil {
+		r.reloads.WithLabelValues("refused").Inc()
+		r.lastSuccessful.Set(0)
+		return
+	}
+	r.reloads.WithLabelValues("applied").Inc()
+	r.lastSuccessful.Set(1)
+	r.lastSuccessAt.SetToCurrentTime()
 }
 
 // setAdmin tells the reloader the admin server and the token it started
@@ -80,9 +126,10 @@ func (r *reloader) policySource() (policy.Config, error) {
 // reload reads the file and applies it. On any error the configuration in
 // force stays whole: a bad file, a restart-only change and a bad policy
 // are all refused before anything is applied.
-func (r *reloader) reload() ([]string, error) {
+func (r *reloader) reload() (changed []string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer func() { r.counted(err) }()
 	if r.path == "" {
 		return nil, errNoConfigFile
 	}
@@ -95,7 +142,6 @@ func (r *reloader) reload() ([]string, error) {
 		token, err = r.nextToken(next)
 	}
 	if err == nil {
-		var changed []string
 		if changed, err = r.srv.Reload(next); err == nil {
 			if token != r.token {
 				r.adm.SetToken(token)

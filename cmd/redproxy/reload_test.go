@@ -123,6 +123,16 @@ func TestReloadEndpointAndSIGHUP(t *testing.T) {
 		"SIGHUP with a broken file not reported; log:\n%s", logs)
 	writeLandsOn("product:broken", directB, directA)
 
+	// Counted for alerting: one applied (the switch), three refused (the
+	// listen change, the broken file by POST and by SIGHUP), the last one
+	// refused.
+	for _, want := range []string{`redproxy_config_reloads_total{result="applied"} 1`, `redproxy_config_reloads_total{result="refused"} 3`,
+		"redproxy_config_last_reload_successful 0"} {
+		if _, text, _ := get(t, "GET", "http://"+adminAddr+"/metrics"); !strings.Contains(text, want+"\n") {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+
 	// POST /policy/reload still re-reads [policy] alone.
 	check(t, os.WriteFile(path, []byte(strings.Replace(next, "allow = []", `allow = ["keys"]`, 1)), 0o600))
 	if code, body := postReload(t, adminAddr, "/policy/reload"); code != http.StatusOK {
