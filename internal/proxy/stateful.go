@@ -1938,6 +1938,10 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 	out = sess.appendRelayedCmd(out, i, r, d, rw)
 	if !inMulti && !sess.relayInMulti {
 		out = sess.keepCaching(out, out[start:], r, rw)
+	} else {
+		// Redis keeps the flag through MULTI and ends it with the
+		// transaction (EXEC and DISCARD are no CLIENT subcommands).
+		sess.relayCaching = nil
 	}
 	if rw != nil && inMulti {
 		switch {
