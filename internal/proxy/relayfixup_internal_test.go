@@ -103,6 +103,20 @@ func TestReplyCounterKeepsCutErrors(t *testing.T) {
 	}
 }
 
+// A cut reply of the proxy's own bookkeeping (a CLIENT CACHING sent
+// again, an EXEC refusal's DISCARD) is cut like a fix-up's, but its error
+// is no failed fix-up: it was logged and counted as one (found by review).
+func TestReplyCounterOwnCutErrorsAreNotFixups(t *testing.T) {
+	c := replyCounter{hide: []int64{1, 3}, own: []int64{1}}
+	out, ok := c.feedCut([]byte(":1\r\n-BUSY Redis is busy running a script\r\n:2\r\n-NOPERM no expire\r\n:3\r\n"), false)
+	if !ok || string(out) != ":1\r\n:2\r\n:3\r\n" {
+		t.Fatalf("passed %q, ok %v", out, ok)
+	}
+	if len(c.failed) != 1 || !strings.HasPrefix(string(c.failed[0]), "-NOPERM") || len(c.own) != 0 {
+		t.Fatalf("failed %q, own left %v", c.failed, c.own)
+	}
+}
+
 // FuzzReplyCounterCut: for any sequence of replies and pushes, any choice
 // of replies to cut, and any split into reads, the counter passes on
 // exactly the frames not cut, in order.

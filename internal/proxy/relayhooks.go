@@ -109,6 +109,9 @@ type relayWrites struct {
 	// chunk.
 	hidden     []int64
 	hiddenOpen int
+	// ownHidden are those of hidden that are the proxy's own commands (a
+	// CLIENT CACHING sent again, an EXEC refusal's DISCARD), not fix-ups.
+	ownHidden []int64
 
 	// Reader goroutine only.
 	counter replyCounter
@@ -258,13 +261,14 @@ func (rw *relayWrites) hide(n int) bool {
 	if !rw.fixes {
 		return false
 	}
-	return rw.hideNext(n)
+	return rw.hideNext(n, false)
 }
 
-// hideNext cuts the replies of the next n commands sent, which the proxy
-// sends for itself outside a transaction; false when it cannot (inside
-// MULTI, or the stream is not counted), and then they must not be sent.
-func (rw *relayWrites) hideNext(n int) bool {
+// hideNext cuts the replies of the next n commands sent outside a
+// transaction, the policy's fix-ups or (own) the proxy's bookkeeping,
+// whose refusal is no failed fix-up; false when it cannot (inside MULTI,
+// or the stream is not counted), and then they must not be sent.
+func (rw *relayWrites) hideNext(n int, own bool) bool {
 	if rw.inMulti || rw.sess.relayInMulti || n == 0 {
 		return false
 	}
@@ -275,6 +279,9 @@ func (rw *relayWrites) hideNext(n int) bool {
 	}
 	for k := range int64(n) {
 		rw.hidden = append(rw.hidden, rw.due+k)
+		if own {
+			rw.ownHidden = append(rw.ownHidden, rw.due+k)
+		}
 	}
 	rw.due += int64(n)
 	return true
@@ -291,6 +298,7 @@ func (rw *relayWrites) hideNoted() bool {
 		return false
 	}
 	rw.hidden = append(rw.hidden, rw.due-1)
+	rw.ownHidden = append(rw.ownHidden, rw.due-1)
 	rw.due++
 	return true
 }
@@ -514,6 +522,8 @@ func (rw *relayWrites) received(b []byte) ([]byte, error) {
 		rw.subs = rw.subs[:0]
 		c.hide = append(c.hide, rw.hidden...)
 		rw.hidden = rw.hidden[:0]
+		c.own = append(c.own, rw.ownHidden...)
+		rw.ownHidden = rw.ownHidden[:0]
 	}
 	rw.mu.Unlock()
 	if !countable && !hiding {
@@ -661,6 +671,9 @@ type replyCounter struct {
 	hiding bool
 	hid    bool
 	failed [][]byte
+	// own are those of hide whose errors are not a fix-up's failure
+	// (relayWrites.ownHidden): not put in failed.
+	own []int64
 
 	// Of the top-level push being read: its length, its first element
 	// (the kind, when a short bulk string) and its third (a count).
@@ -805,7 +818,7 @@ func (c *replyCounter) header() bool {
 		return false
 	}
 	typ := line[0]
-	if typ == '-' && c.hiding && len(c.stack) == 0 {
+	if typ == '-' && c.hiding && len(c.stack) == 0 && !(len(c.own) > 0 && len(c.hide) > 0 && c.own[0] == c.hide[0]) {
 		c.failed = append(c.failed, slices.Clone(line))
 	}
 	elem := int64(-1) // index in the top-level push
@@ -898,6 +911,9 @@ func (c *replyCounter) frame() {
 		switch {
 		case c.hiding:
 			c.hiding, c.hid = false, true
+			if len(c.own) > 0 && c.own[0] == c.hide[0] {
+				c.own = c.own[1:]
+			}
 			c.hide = c.hide[1:]
 		case len(c.hide) > 0 && c.hide[0] <= c.got:
 			// A fix-up's reply was not recognised where it began.

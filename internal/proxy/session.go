@@ -87,9 +87,9 @@ type Session struct {
 	replySkip  bool // CLIENT REPLY SKIP: mute the next command
 	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
 	relayInMulti bool
-	// relayCaching: the CLIENT CACHING a tracking relay forwarded, while
-	// Redis keeps it in force (keepCaching).
-	relayCaching []byte
+	// relayTrack is what Redis holds of a tracking relay's CLIENT
+	// TRACKING mode and CLIENT CACHING flag (keepCaching).
+	relayTrack trackingState
 	// scriptDebug: the client asked for the Lua debugger (SCRIPT DEBUG
 	// YES or SYNC, refused), which on Redis would run its next EVAL in a
 	// debugging session; until SCRIPT DEBUG NO or that EVAL it is refused

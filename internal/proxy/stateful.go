@@ -1594,7 +1594,10 @@ func trackingRedirect(args [][]byte) bool {
 // not yet served; otherwise nil.
 func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, base int, first []byte, limit int64) (held []resp.Request) {
 	rw := newRelayWrites(sess, kind)
-	sess.relayCaching = nil
+	sess.relayTrack = trackingState{}
+	if len(reqs) > 0 {
+		sess.relayTrack.note(reqs[0].Args) // forwarded as sent (startRelay)
+	}
 	defer rw.end()
 	ex := sess.newRelayExit(kind)
 	// A relay never parks, so nothing else would notice a FIN that came
@@ -1931,6 +1934,7 @@ const relayDrainWait = 2 * time.Second
 // i is r's index in its batch (for the namespace's notes).
 func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy.Decision, rw *relayWrites) []byte {
 	if b, done := sess.appendRelayExecRefused(out, i, r, rw); done {
+		sess.relayTrack.caching = false // ended by the EXEC on Redis
 		return b
 	}
 	inMulti := sess.relayInMulti
@@ -1941,7 +1945,7 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 	} else {
 		// Redis keeps the flag through MULTI and ends it with the
 		// transaction (EXEC and DISCARD are no CLIENT subcommands).
-		sess.relayCaching = nil
+		sess.relayTrack.caching = false
 	}
 	if rw != nil && inMulti {
 		switch {
@@ -1967,20 +1971,105 @@ func (sess *Session) appendRelayed(out []byte, i int, r *resp.Request, d *policy
 // stream is no longer counted it is not (then the flag is lost, as
 // before).
 func (sess *Session) keepCaching(out, sent []byte, r *resp.Request, rw *relayWrites) []byte {
+	ts := &sess.relayTrack
 	if len(r.Args) < 2 || !strings.EqualFold(string(r.Args[0]), "client") {
-		sess.relayCaching = nil
+		ts.caching = false
 		return out
 	}
 	if bytes.Equal(sent, r.Raw) {
-		if strings.EqualFold(string(r.Args[1]), "caching") {
-			sess.relayCaching = append(sess.relayCaching[:0], r.Raw...)
-		}
+		ts.note(r.Args)
 		return out
 	}
-	if sess.relayCaching != nil && rw != nil && rw.hideNext(1) {
-		out = append(out, sess.relayCaching...)
+	// A CACHING Redis takes in the mode in force: one the client sent that
+	// Redis refused (CACHING no under OPTIN) left the flag as it was, and
+	// sent again it would be refused again (found by review).
+	if again := ts.again(); again != nil && rw != nil && rw.hideNext(1, true) {
+		out = append(out, again...)
 	}
 	return out
+}
+
+// trackingState is what Redis holds of a tracking relay's tracking mode
+// and CACHING flag, followed through the CLIENT TRACKING and CLIENT
+// CACHING commands the relay forwarded as the client sent them, as Redis
+// 7 takes them (clientCommand, enableTracking): a command Redis refuses
+// changes nothing.
+type trackingState struct {
+	on, bcast bool
+	mode      byte // 'i': OPTIN, 'o': OPTOUT, 0: neither
+	caching   bool // the CACHING flag
+}
+
+var (
+	cmdCachingYes = resp.AppendCommandStrings(nil, "CLIENT", "CACHING", "yes")
+	cmdCachingNo  = resp.AppendCommandStrings(nil, "CLIENT", "CACHING", "no")
+)
+
+// again is the CLIENT CACHING that sets the flag again in the mode in
+// force, or nil when the flag is off or no mode takes one.
+func (ts *trackingState) again() []byte {
+	switch {
+	case !ts.on || !ts.caching:
+		return nil
+	case ts.mode == 'i':
+		return cmdCachingYes
+	case ts.mode == 'o':
+		return cmdCachingNo
+	}
+	return nil
+}
+
+// note follows a CLIENT subcommand Redis was sent as the client sent it.
+// The flag itself outlives TRACKING OFF and ON, as on Redis, until a
+// command other than CLIENT's.
+func (ts *trackingState) note(args [][]byte) {
+	if len(args) < 3 || !strings.EqualFold(string(args[0]), "client") {
+		return
+	}
+	switch strings.ToLower(string(args[1])) {
+	case "caching":
+		if len(args) != 3 || !ts.on {
+			return
+		}
+		switch v := strings.ToLower(string(args[2])); {
+		case v == "yes" && ts.mode == 'i', v == "no" && ts.mode == 'o':
+			ts.caching = true
+		}
+	case "tracking":
+		if !trackingSyntaxOK(args) || trackingRedirect(args) {
+			return // refused by Redis, or by the proxy before it
+		}
+		if strings.EqualFold(string(args[2]), "off") {
+			ts.on, ts.bcast, ts.mode = false, false, 0
+			return
+		}
+		var optin, optout, bcast, prefix bool
+		for i := 3; i < len(args); i++ {
+			switch strings.ToLower(string(args[i])) {
+			case "optin":
+				optin = true
+			case "optout":
+				optout = true
+			case "bcast":
+				bcast = true
+			case "prefix":
+				prefix = true
+				i++
+			}
+		}
+		switch {
+		case optin && optout, bcast && (optin || optout), prefix && !bcast,
+			ts.on && ts.bcast != bcast,
+			ts.on && (optin && ts.mode == 'o' || optout && ts.mode == 'i'):
+			return // Redis refuses these
+		}
+		ts.on, ts.bcast, ts.mode = true, bcast, 0
+		if optin {
+			ts.mode = 'i'
+		} else if optout {
+			ts.mode = 'o'
+		}
+	}
 }
 
 // appendRelayExecRefused handles an EXEC the client's user may not run on

@@ -72,3 +72,45 @@ func TestTrackingCachingKeptAcrossProxyAnswers(t *testing.T) {
 		}
 	}
 }
+
+// TestTrackingCachingRefusedKeepsTheFlag: a CLIENT CACHING Redis refuses
+// (no under OPTIN, yes under OPTOUT, a bad argument) leaves the flag an
+// earlier one set; the relay sends again the one Redis took, not the last
+// one the client sent (found by review: sent again, the refused one was
+// refused again, the flag lost and the read behind it left untracked).
+func TestTrackingCachingRefusedKeepsTheFlag(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	for _, tc := range []struct{ mode, ok, bad string }{{"OPTIN", "yes", "no"}, {"OPTOUT", "no", "yes"}, {"OPTIN", "yes", "maybe"}} {
+		t.Run(tc.mode+"/"+tc.bad, func(t *testing.T) {
+			key := "caching:refused:" + tc.mode + ":" + tc.bad
+			pushes := map[string]string{}
+			for target, addr := range map[string]string{"redis": p.Redis.Addr(), "proxy": p.Addr} {
+				c := dialRaw(t, addr)
+				c.do("HELLO", "3")
+				c.do("CLIENT", "TRACKING", "ON", tc.mode)
+				if v := c.do("CLIENT", "CACHING", tc.ok); v != "OK" {
+					t.Fatalf("%s: CLIENT CACHING %s = %v", target, tc.ok, v)
+				}
+				if v, ok := c.do("CLIENT", "CACHING", tc.bad).(respError); !ok {
+					t.Fatalf("%s: CLIENT CACHING %s = %v, want an error", target, tc.bad, v)
+				}
+				c.do("CLIENT", "ID")
+				c.do("GET", key)
+				dialRaw(t, addr).do("SET", key, "changed")
+				c.send([]string{"PING"})
+				var got []string
+				for {
+					v, types := c.readReply()
+					if types[0] != '>' {
+						break
+					}
+					got = append(got, fmt.Sprint(v))
+				}
+				pushes[target] = fmt.Sprint(got)
+			}
+			if pushes["proxy"] != pushes["redis"] {
+				t.Fatalf("pushes after another client's SET: proxy %s, Redis %s", pushes["proxy"], pushes["redis"])
+			}
+		})
+	}
+}
