@@ -65,6 +65,7 @@ func (r *Router) Redirected(reply []byte, from string) (slot int, ok bool) {
 		r.refreshSoon()
 	} else {
 		r.asked.Add(1)
+		r.noteAsk(slot, from)
 	}
 	return slot, true
 }

@@ -76,9 +76,9 @@ type Router struct {
 	// (loadMap).
 	asking sync.Map
 
-	// askedAt is, per slot, when (UnixNano) a node last answered ASK for
-	// it: the slot is being migrated (see migrating).
-	askedAt [Slots]atomic.Int64
+	// asks is, per slot, the last ASK a node answered for it: the slot is
+	// being migrated away from that node (see migrating).
+	asks [Slots]atomic.Pointer[askMark]
 
 	// Counters, for tests and metrics.
 	moved, asked, retried atomic.Uint64
@@ -1271,7 +1271,7 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 			continue
 		}
 		if b.reads != nil && s.redirect == "" && s.to == "" && s.slot >= 0 {
-			if b.onlyReads && !s.primaryOnly && !s.asking && s.preload == nil && !r.migrating(s.slot) {
+			if b.onlyReads && !s.primaryOnly && !s.asking && s.preload == nil && !r.migrating(s.slot, addr) {
 				replica, refusal := b.reads.Replica(addr)
 				if refusal != nil {
 					b.finish(i, refusal)
@@ -1564,23 +1564,39 @@ var (
 	prefixClusterDown = []byte("-CLUSTERDOWN")
 )
 
-// askHold is how long after a node's last ASK for a slot its reads stay
-// off the replicas. Only the migrating primary knows that a slot is
-// migrating: its READONLY replicas serve the keys already moved away as
-// missing, where the primary answers ASK, and a client's own write of the
-// slot taken by the importing node is not on them at all. So a read of a
-// slot that met an ASK goes to its primary, which answers or sends it on
-// with ASK (renewing the hold), until the migration has been quiet this
-// long: a reshard's pause between two keys is far shorter, and once the
-// slot has moved the primary answers MOVED instead (found by a probe: a
-// client's own SET, taken by the importing node, read back nil from the
-// old owner's replica for as long as the slot stayed MIGRATING).
-const askHold = 10 * time.Second
+// askMark is a node's ASK for a slot: from is the node, at when (UnixNano).
+type askMark struct {
+	from string
+	at   int64
+}
 
-// migrating reports whether a node answered ASK for slot within askHold.
-func (r *Router) migrating(slot int) bool {
-	at := r.askedAt[slot].Load()
-	return at != 0 && time.Now().UnixNano()-at < int64(askHold)
+// askHold bounds how long after a node's last ASK for a slot that node's
+// replicas serve none of its reads. Only the migrating primary knows that
+// a slot is migrating: its READONLY replicas serve the keys already moved
+// away as missing, where the primary answers ASK, and a client's own write
+// of the slot taken by the importing node is not on them at all (found by
+// a probe: a client's own SET read back nil from the old owner's replica
+// for as long as the slot stayed MIGRATING). So a read of a slot that met
+// an ASK goes to the primary, which answers it or sends it on with ASK,
+// until the slot has another owner in the map (the migration's end: the
+// primary answers MOVED, which updates the map) or until no ASK has come
+// for this long. Not a few seconds: reads on the primary meet no ASK for
+// keys not moved yet, and a hold that lapsed while the slot stayed
+// MIGRATING served nil again (found by review, after 10 s). A migration
+// abandoned without SETSLOT STABLE keeps the slot's reads on its primary
+// that long, which costs load, not answers.
+const askHold = 10 * time.Minute
+
+// noteAsk records that the node at from answered ASK for slot.
+func (r *Router) noteAsk(slot int, from string) {
+	r.asks[slot].Store(&askMark{from: from, at: time.Now().UnixNano()})
+}
+
+// migrating reports whether slot, owned by owner in the map, is being
+// migrated away from it: owner answered ASK for it within askHold.
+func (r *Router) migrating(slot int, owner string) bool {
+	a := r.asks[slot].Load()
+	return a != nil && a.from == owner && time.Now().UnixNano()-a.at < int64(askHold)
 }
 
 // redirected reports whether sub i must be sent again because of its
@@ -1603,7 +1619,7 @@ func (b *batch) redirected(i int, reply []byte) (again, wait bool) {
 		}
 		if ask {
 			r.asked.Add(1)
-			r.askedAt[slot].Store(time.Now().UnixNano())
+			r.noteAsk(slot, s.sentTo)
 			s.asking = true
 		} else {
 			r.moved.Add(1)
