@@ -639,3 +639,45 @@ func TestRoutesTxPublishOnItsChannelsUpstream(t *testing.T) {
 		t.Fatalf("transaction across the default upstream and jobs.*'s: %v, want EXECABORT", err)
 	}
 }
+
+// TestRoutesNamespacedSubscriberRoutesByStoredNames: on a namespaced
+// client's subscribed connection, routes match keys and channels as Redis
+// stores them, prefix included, as on every other path. They matched the
+// client's own names: its GET of a key stored on another upstream was
+// answered nil from the relay's, its SET stored the key there, and a
+// channel that goes to the relay's upstream was refused (found by a
+// probe).
+func TestRoutesNamespacedSubscriberRoutesByStoredNames(t *testing.T) {
+	r := startRouted(t, func(c *config.Config) {
+		a := user("tenant-a", nsPass, "+@all ~* allchannels")
+		a.Namespace = "a:"
+		c.Users = []auth.UserConfig{a}
+		c.Routes = append([]config.Route{{Pattern: "a:*", Upstream: "cache"}}, c.Routes...)
+	})
+	if err := nsClient(t, r.p, "tenant-a").Set(ctx, "k1", "on-cache", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if where := r.holds(t, "a:k1"); where != "cache" {
+		t.Fatalf("a:k1 is on %q, want cache", where)
+	}
+	s := dialRaw(t, r.p.Addr)
+	if v, ok := s.do("HELLO", "3", "AUTH", "tenant-a", nsPass).([]any); !ok {
+		t.Fatalf("HELLO 3 AUTH = %v", v)
+	}
+	// a:other.x and a:jobs.x: no channel route matches either (jobs.* does
+	// not), so both go to the default upstream, the relay's.
+	for i, ch := range []string{"other.x", "jobs.x"} {
+		if v := fmt.Sprint(s.do("SUBSCRIBE", ch)); v != fmt.Sprintf("[subscribe %s %d]", ch, i+1) {
+			t.Fatalf("SUBSCRIBE %s = %s", ch, v)
+		}
+	}
+	// k1 is a:k1, on cache: not the relay's upstream.
+	for _, cmd := range [][]string{{"GET", "k1"}, {"SET", "newkey", "x"}} {
+		if v, ok := s.do(cmd...).(respError); !ok || !strings.Contains(string(v), "another upstream") {
+			t.Errorf("%v on the subscribed connection = %v, want the other-upstream refusal", cmd, v)
+		}
+	}
+	if where := r.holds(t, "a:newkey"); where != "" {
+		t.Errorf("the refused SET stored a:newkey on %s", where)
+	}
+}

@@ -2133,7 +2133,7 @@ func (sess *Session) appendRelayedCmd(out []byte, i int, r *resp.Request, d *pol
 	if trackingRedirect(r.Args) {
 		return refuse(out, errTrackingRedirect)
 	}
-	if msg := sess.relayDenied(sess.clientArgs(i, r.Args)); msg != "" {
+	if msg := sess.relayDenied(sess.clientArgs(i, r.Args), r.Args); msg != "" {
 		return refuse(out, msg)
 	}
 	if b, done := sess.appendRelayAuth(out, r.Args, refuse); done {

@@ -330,14 +330,20 @@ func (sess *Session) aclDenied(cmd *commands.Command, args [][]byte) string {
 // Redis's unknown command error (nulNameStep): on a relay it would still
 // bypass the guard's deny list, and a SELECT spelled so would move the
 // relay's connection to a database the proxy does not know of.
-func (sess *Session) relayDenied(args [][]byte) string {
+//
+// args are the command as the client sent it, which the ACL checks; sent
+// is as Redis gets it, with a namespace's prefix, which routes match (as
+// on every other path: routed by the client's names, a namespaced
+// subscriber's GET went to another upstream than the one its keys are on,
+// and its SET stored a key there; found by a probe).
+func (sess *Session) relayDenied(args, sent [][]byte) string {
 	if msg := nulNameMsg(sess.cmds.table.Lookup(args), args); msg != "" {
 		return msg
 	}
 	if msg := scriptDebugRefusal(args); msg != "" {
 		return msg
 	}
-	if msg := sess.routeRelayDenied(args); msg != "" {
+	if msg := sess.routeRelayDenied(sent); msg != "" {
 		return msg
 	}
 	if !sess.srv.needsAuth() && sess.srv.cfg.Upstream.Username == "" {
