@@ -87,7 +87,7 @@ func runCheck(argv []string, stdout, stderr io.Writer) int {
 		// What the proxy refuses to start with (found by review: check
 		// passed an exposed listener with no users, or an exposed admin
 		// port with no token, which the proxy then refused).
-		err = startRefusal(cfg, *configPath)
+		err = startRefusal(cfg, *configPath, ov)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%v\nredproxy check: %s: configuration is invalid\n", err, *configPath)
@@ -128,8 +128,8 @@ func overrideFlags(fs *flag.FlagSet) *config.Overrides {
 // would start: a client listener exposed without authentication, an admin
 // endpoint exposed without its token (read from admin.token_file, as at
 // start).
-func startRefusal(cfg *config.Config, path string) error {
-	if err := exposureRefusal(cfg, path); err != nil {
+func startRefusal(cfg *config.Config, path string, ov *config.Overrides) error {
+	if err := exposureRefusal(cfg, path, ov); err != nil {
 		return fmt.Errorf("%w (the proxy would refuse to start)", err)
 	}
 	// The users' upstream password files are read at start (found by
@@ -144,31 +144,41 @@ func startRefusal(cfg *config.Config, path string) error {
 	return nil
 }
 
-// exposureRefusal is why cfg, read from path ("" for flags alone), must
-// not start for what it exposes: a client listener without
-// authentication, an admin endpoint without its token. With a file it
-// reads file:line: key: reason, as every other problem does.
-func exposureRefusal(cfg *config.Config, path string) error {
+// exposureRefusal is why cfg, read from path ("" for flags alone) with
+// the overrides ov, must not start for what it exposes: a client listener
+// without authentication, an admin endpoint without its token. It reads
+// file:line: key: reason, as every other problem does, or names the flag
+// that set the key (a file line would point at a value not in force).
+func exposureRefusal(cfg *config.Config, path string, ov *config.Overrides) error {
+	locate := func(e *config.Error) error {
+		if f := ov.FlagFor(e.Key); f != "" {
+			flagged := *e
+			flagged.Key += " (" + f + ")"
+			return &flagged
+		}
+		if path == "" {
+			return e
+		}
+		return config.Locate(e, path)
+	}
 	if err := config.ExposureError(cfg); err != nil {
-		if path != "" {
-			err = config.Locate(err, path)
+		var e *config.Error
+		if errors.As(err, &e) {
+			return locate(e)
 		}
 		return err
 	}
 	if cfg.Server.Admin != "" {
 		if _, err := admin.Token(cfg.Server.Admin, cfg.Admin.TokenFile, config.IsLoopback(cfg.Server.Admin)); err != nil {
-			if path != "" {
-				key, msg := "admin.token_file", err.Error()
-				if errors.Is(err, admin.ErrTokenRequired) {
-					key = "server.admin"
-				} else if m, ok := strings.CutPrefix(msg, key+": "); ok {
-					msg = m
-				} else {
-					msg = strings.TrimPrefix(msg, key+" ")
-				}
-				err = config.Locate(&config.Error{Key: key, Msg: msg}, path)
+			key, msg := "admin.token_file", err.Error()
+			if errors.Is(err, admin.ErrTokenRequired) {
+				key = "server.admin"
+			} else if m, ok := strings.CutPrefix(msg, key+": "); ok {
+				msg = m
+			} else {
+				msg = strings.TrimPrefix(msg, key+" ")
 			}
-			return err
+			return locate(&config.Error{Key: key, Msg: msg})
 		}
 	}
 	return nil

@@ -105,6 +105,12 @@ func TestCheckInvalid(t *testing.T) {
 			`FILE:4: admin.token_file: open /nonexistent/token: no such file or directory (the proxy would refuse to start)`}, nil},
 		{"exposed admin", "[server]\nadmin = \"0.0.0.0:9121\"\n", []string{
 			`FILE:2: server.admin: the admin endpoint is not on a loopback address`}, nil},
+		// Set by a flag: named, not located at the file's line, whose value
+		// is not the one in force (found by review).
+		{"exposed admin by flag", "[server]\nadmin = \"127.0.0.1:9121\"\n", []string{
+			`server.admin (--admin): the admin endpoint is not on a loopback address`}, []string{"--admin", "0.0.0.0:9121"}},
+		{"token file by flag", "[server]\nadmin = \"127.0.0.1:9121\"\n[admin]\ntoken_file = \"/etc/hosts\"\n", []string{
+			`admin.token_file (--admin-token-file): open /nonexistent/tok: no such file or directory`}, []string{"--admin-token-file", "/nonexistent/tok"}},
 		// Read at start (found by review: check passed it).
 		{"upstream password file", "[[users]]\nname = \"app\"\npassword_sha256 = \"" + strings.Repeat("ab", 32) + "\"\nacl = \"+@all\"\nupstream_user = \"app\"\nupstream_password_file = \"/nonexistent/app.pw\"\n", []string{
 			`FILE:6: users[0].upstream_password_file: open /nonexistent/app.pw: no such file or directory (the proxy would refuse to start)`}, nil},

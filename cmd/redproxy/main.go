@@ -148,7 +148,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	// Refused before anything is dialled, with the file and line: the
 	// upstream's warnings came first and buried the reason, which named
 	// no line (found by a probe).
-	if err := exposureRefusal(cfg, *configPath); err != nil {
+	if err := exposureRefusal(cfg, *configPath, &ov); err != nil {
 		fmt.Fprintf(stderr, "redproxy: refusing to start: %v\n", err)
 		return 2
 	}

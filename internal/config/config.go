@@ -526,6 +526,27 @@ func (o *Overrides) source(flag string) string {
 	return flag
 }
 
+// FlagFor names the flag (or the environment variable) that set key, ""
+// when the file's value, or the default, is in force: an error about key
+// then names it instead of the file's line.
+func (o *Overrides) FlagFor(key string) string {
+	switch {
+	case key == "server.listen" && o.Listen != "":
+		return o.source("--listen")
+	case key == "upstream.address" && o.Upstream != "":
+		return o.source("--upstream")
+	case key == "server.admin" && (o.Admin != "" || o.NoAdmin):
+		return o.source("--admin")
+	case key == "server.log_level" && o.LogLevel != "":
+		return o.source("--log-level")
+	case key == "admin.token_file" && o.AdminTokenFile != "":
+		return o.source("--admin-token-file")
+	case key == "server.allow_unauthenticated" && (o.AllowUnauthenticated || o.NoAllowUnauthenticated):
+		return o.source("--allow-unauthenticated")
+	}
+	return ""
+}
+
 // Apply returns a new snapshot with the overrides applied and validated; c is
 // left untouched. Errors name the flag as well as the key.
 func (c *Config) Apply(o Overrides) (*Config, error) {
