@@ -373,20 +373,33 @@ func decodeAll(data []byte, name string) (*Config, []*Error) {
 func qualifyKey(data []byte, n int, key string) string {
 	lines := bytes.Split(data, []byte("\n"))
 	for i := min(n, len(lines)) - 2; i >= 0; i-- {
-		l := bytes.TrimSpace(lines[i])
-		if !bytes.HasPrefix(l, []byte("[")) {
-			continue
+		m := tableHeader.FindSubmatch(bytes.TrimSpace(lines[i]))
+		if m == nil {
+			continue // a key, or a line of a value spanning lines ("  [1, 2],")
 		}
-		if end := bytes.IndexByte(l, ']'); end > 0 {
-			table := strings.TrimSpace(strings.Trim(string(l[:end]), "[]"))
-			if table != "" && !strings.HasPrefix(key, table+".") {
-				return table + "." + key
+		table := string(m[2])
+		if len(m[1]) > 0 {
+			// [[users]]: the how-manyth, as the other errors name it
+			// (users[1].name).
+			nth := 0
+			for _, l := range lines[:i] {
+				if h := tableHeader.FindSubmatch(bytes.TrimSpace(l)); h != nil && len(h[1]) > 0 && string(h[2]) == table {
+					nth++
+				}
 			}
+			table = fmt.Sprintf("%s[%d]", table, nth)
 		}
-		return key
+		if strings.HasPrefix(key, table+".") {
+			return key
+		}
+		return table + "." + key
 	}
 	return key
 }
+
+// tableHeader is a TOML table header line, [name] or [[name]] (m[1]), of
+// bare dotted names (m[2]), as the configuration's tables are.
+var tableHeader = regexp.MustCompile(`^\[(\[?)\s*([A-Za-z0-9_\-]+(?:\s*\.\s*[A-Za-z0-9_\-]+)*)\s*\]\]?\s*(?:#.*)?$`)
 
 // isTableHeader reports whether line n (1-based) of data is a table header
 // ([server], [[users]]).

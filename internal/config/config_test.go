@@ -421,6 +421,8 @@ func TestParseErrors(t *testing.T) {
 		// A key defined twice is named in full (it was "listen").
 		{"key defined twice", "[server]\nlisten = \"127.0.0.1:1\"\nlisten = \"127.0.0.1:2\"\n",
 			[]wantErr{{3, "server.listen", "already defined"}}},
+		{"key defined twice in an array of tables", "[[users]]\nname = \"a\"\n[[users]]\nname = \"b\"\nname = \"c\"\n",
+			[]wantErr{{5, "users[1].name", "already defined"}}},
 		// Every wrong-typed value and unknown key in one run, not the
 		// first alone (a user's trial fixed a file one run at a time).
 		{"several wrong types", "[server]\nlisten = 6380\nadmin = true\nbogus = 1\n[upstream]\nconnections = \"four\"\nnonsense = 2\n",
@@ -937,5 +939,18 @@ func TestDecodeErrorsNameTheArrayIndex(t *testing.T) {
 	_, err = Parse([]byte("[[users]]\nname = \"a\"\n[[users]]\nname = \"b\"\nenabled = \"yes\"\n"), "c.toml")
 	if err == nil || !strings.Contains(err.Error(), "c.toml:5: users[1].enabled:") {
 		t.Fatalf("got %v, want the error at c.toml:5 on users[1].enabled", err)
+	}
+}
+
+// TestQualifyKey: the table of a key defined twice is the last header
+// above it, not a line of a value spanning lines that starts with "["
+// (found by review: "1, 2.listen").
+func TestQualifyKey(t *testing.T) {
+	doc := "[server]\nlisten = \"a\"\nx = [\n [1, 2],\n]\nlisten = \"b\"\n"
+	if got := qualifyKey([]byte(doc), 6, "listen"); got != "server.listen" {
+		t.Fatalf("qualifyKey = %q, want server.listen", got)
+	}
+	if got := qualifyKey([]byte("listen = 1\nlisten = 2\n"), 2, "listen"); got != "listen" {
+		t.Fatalf("qualifyKey at the top level = %q", got)
 	}
 }
