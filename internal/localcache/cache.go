@@ -42,6 +42,11 @@ const (
 	// value allowed by stale_if_error. Send the read to Redis; only if that
 	// fails with a connection error, answer StaleValue.
 	Stale
+	// PassToPrimary: forward the read as Pass does, but to the primary,
+	// never a replica (read_from): a write to the key is in flight, so the
+	// tier neither serves nor fills it, and a replica may be behind the
+	// value this client had from the tier a moment ago.
+	PassToPrimary
 )
 
 // Options are what the cache needs besides its configuration.
@@ -475,7 +480,7 @@ func (c *Cache) Get(db int, resp3 bool, raw, key []byte) ([]byte, Status) {
 		if rec.inflight > 0 {
 			s.mu.Unlock()
 			m.miss(missInFlight)
-			return nil, Pass
+			return nil, PassToPrimary
 		}
 		e := rec.last
 		if e == nil || rec.lastProto != p || rec.lastRaw != string(raw) {
@@ -529,7 +534,7 @@ func (c *Cache) Get(db int, resp3 bool, raw, key []byte) ([]byte, Status) {
 	} else if live && s.writeInFlight(h) {
 		s.mu.Unlock()
 		m.miss(missInFlight)
-		return nil, Pass
+		return nil, PassToPrimary
 	}
 	s.mu.Unlock()
 	if !live {

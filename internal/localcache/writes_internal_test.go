@@ -54,8 +54,8 @@ func TestWriteToUnknownKeyHoldsFills(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("the write made %d records; want none for a key the tier does not know", n)
 	}
-	if _, st := c.Get(0, false, raw, key); st != Pass {
-		t.Fatalf("read during the write: %v, want Pass", st)
+	if _, st := c.Get(0, false, raw, key); st != PassToPrimary {
+		t.Fatalf("read during the write: %v, want PassToPrimary", st)
 	}
 	if _, err := c.Fill(0, false, get, raw, key); !errors.Is(err, ErrNotNow) {
 		t.Fatalf("fill during the write: %v, want ErrNotNow", err)

@@ -18,6 +18,9 @@ type request struct {
 	// blocking: the command blocks when run outside MULTI (BLPOP, WAIT,
 	// XREAD with BLOCK), so it must not share a pipelined connection.
 	blocking bool
+	// toPrimary: no replica may answer it (read_from), as the local tier
+	// decided (tierStep).
+	toPrimary bool
 	// entry is how the proxy handles the command itself; nil for the
 	// commands it just forwards (GET, SET, ...), which is most of them.
 	entry *cmdEntry

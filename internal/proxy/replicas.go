@@ -963,7 +963,7 @@ func replicaCommand(cmd *commands.Command) bool {
 // A user with an upstream credential of its own reads replicas too, on
 // pools with its credential (replicaNode.backendFor).
 func (sess *Session) replicaCandidate(r *request) bool {
-	if sess.pin.pipe != nil || r.blocking || r.cmd == nil {
+	if sess.pin.pipe != nil || r.blocking || r.cmd == nil || r.toPrimary {
 		return false
 	}
 	if sess.srv.replicas == nil && sess.srv.creplicas == nil && !sess.routeToReplicas(r) {

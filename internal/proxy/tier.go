@@ -143,6 +143,12 @@ func (sess *Session) tierStep(r *request) bool {
 		return true
 	case localcache.Stale:
 		return sess.tierStale(t, req.Raw, key, m)
+	case localcache.PassToPrimary:
+		// Not to a replica: one behind the primary would answer a value
+		// older than the one the tier served this client before the write
+		// began (found by a probe with read_from = "replica_preferred":
+		// 100 reads in 103,491 went back in time).
+		r.toPrimary = true
 	}
 	return false
 }
