@@ -87,9 +87,6 @@ type Session struct {
 	replySkip  bool // CLIENT REPLY SKIP: mute the next command
 	// relayInMulti: a relayed client has sent MULTI (appendRelayed).
 	relayInMulti bool
-	// relayTrack is what Redis holds of a tracking relay's CLIENT
-	// TRACKING mode and CLIENT CACHING flag (keepCaching).
-	relayTrack trackingState
 	// scriptDebug: the client asked for the Lua debugger (SCRIPT DEBUG
 	// YES or SYNC, refused), which on Redis would run its next EVAL in a
 	// debugging session; until SCRIPT DEBUG NO or that EVAL it is refused
@@ -120,6 +117,11 @@ type Session struct {
 // session drops it and a resumed one starts from a fresh one, and what an
 // idle client costs is the rest of the Session.
 type sessionBatch struct {
+	// relayTrack is what Redis holds of a tracking relay's CLIENT
+	// TRACKING mode and CLIENT CACHING flag (keepCaching); here, not in
+	// Session, which must stay in its size class (a relay never parks, so
+	// its sessionBatch stays).
+	relayTrack trackingState
 	// cmds is the command set the batch is looked up in: the server's,
 	// taken at the start of each batch read (serveBatch, a relay's reads),
 	// so that a batch's commands and their handlers come from one table
