@@ -88,6 +88,13 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	hups := make(chan os.Signal, 1)
 	signal.Notify(hups, syscall.SIGHUP)
 	defer signal.Stop(hups)
+	// SIGINT and SIGTERM too: registered once the listeners served, a
+	// SIGTERM sent as soon as the port answered killed the process
+	// outright instead of shutting it down (found by a test in CI). One
+	// sent while starting shuts the proxy down once it serves.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
 
 	fs := flag.NewFlagSet("redproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -337,8 +344,6 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		go func() { served <- srv.ServeListener(b.cfg.Name, b.ln) }()
 	}
 
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 wait:
 	for {
 		select {

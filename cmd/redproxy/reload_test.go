@@ -171,7 +171,9 @@ func TestReloadRefusedLogsEachProblemWithItsHeading(t *testing.T) {
 // while it waits for an upstream that accepts and stays silent) does not
 // end the process, whose default action for SIGHUP is to exit: it starts,
 // serves, and stops on SIGTERM with status 0 (found by a probe: a SIGHUP
-// within 20 ms of the start killed it, exit 129).
+// within 20 ms of the start killed it, exit 129). The SIGTERM is sent as
+// soon as the port answers, which once killed the proxy outright: SIGTERM
+// was taken only after the listeners started (this test, in CI).
 func TestSIGHUPDuringStartup(t *testing.T) {
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	check(t, err)
