@@ -129,7 +129,7 @@ func overrideFlags(fs *flag.FlagSet) *config.Overrides {
 // endpoint exposed without its token (read from admin.token_file, as at
 // start).
 func startRefusal(cfg *config.Config, path string, ov *config.Overrides) error {
-	if err := exposureRefusal(cfg, path, ov); err != nil {
+	if _, err := exposureRefusal(cfg, path, ov); err != nil {
 		return fmt.Errorf("%w (the proxy would refuse to start)", err)
 	}
 	// The users' upstream password files are read at start (found by
@@ -149,7 +149,9 @@ func startRefusal(cfg *config.Config, path string, ov *config.Overrides) error {
 // without authentication, an admin endpoint without its token. It reads
 // file:line: key: reason, as every other problem does, or names the flag
 // that set the key (a file line would point at a value not in force).
-func exposureRefusal(cfg *config.Config, path string, ov *config.Overrides) error {
+// Otherwise it returns the admin endpoint's token, read from
+// admin.token_file ("" for none).
+func exposureRefusal(cfg *config.Config, path string, ov *config.Overrides) (adminToken string, err error) {
 	locate := func(e *config.Error) error {
 		if f := ov.FlagFor(e.Key); f != "" {
 			flagged := *e
@@ -164,12 +166,13 @@ func exposureRefusal(cfg *config.Config, path string, ov *config.Overrides) erro
 	if err := config.ExposureError(cfg); err != nil {
 		var e *config.Error
 		if errors.As(err, &e) {
-			return locate(e)
+			return "", locate(e)
 		}
-		return err
+		return "", err
 	}
 	if cfg.Server.Admin != "" {
-		if _, err := admin.Token(cfg.Server.Admin, cfg.Admin.TokenFile, config.IsLoopback(cfg.Server.Admin)); err != nil {
+		token, err := admin.Token(cfg.Server.Admin, cfg.Admin.TokenFile, config.IsLoopback(cfg.Server.Admin))
+		if err != nil {
 			key, msg := "admin.token_file", err.Error()
 			if errors.Is(err, admin.ErrTokenRequired) {
 				key = "server.admin"
@@ -178,10 +181,11 @@ func exposureRefusal(cfg *config.Config, path string, ov *config.Overrides) erro
 			} else {
 				msg = strings.TrimPrefix(msg, key+" ")
 			}
-			return locate(&config.Error{Key: key, Msg: msg})
+			return "", locate(&config.Error{Key: key, Msg: msg})
 		}
+		return token, nil
 	}
-	return nil
+	return "", nil
 }
 
 // explicitBool is a boolean flag that records an explicit false apart from

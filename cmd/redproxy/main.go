@@ -155,7 +155,8 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	// Refused before anything is dialled, with the file and line: the
 	// upstream's warnings came first and buried the reason, which named
 	// no line (found by a probe).
-	if err := exposureRefusal(cfg, *configPath, &ov); err != nil {
+	adminToken, err := exposureRefusal(cfg, *configPath, &ov)
+	if err != nil {
 		fmt.Fprintf(stderr, "redproxy: refusing to start: %v\n", err)
 		return 2
 	}
@@ -311,19 +312,14 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	}
 	var adm *admin.Server
 	if cfg.Server.Admin != "" {
-		token, err := admin.Token(cfg.Server.Admin, cfg.Admin.TokenFile, config.IsLoopback(cfg.Server.Admin))
-		if err != nil {
-			fmt.Fprintf(stderr, "redproxy: refusing to start: %v\n", err)
-			return 2
-		}
 		aln, err := net.Listen("tcp", cfg.Server.Admin)
 		if err != nil {
 			fmt.Fprintf(stderr, "redproxy: cannot listen on %s (server.admin): %v\n", cfg.Server.Admin, err)
 			return 1
 		}
 		adm = newAdmin(srv, reg, rl.handler(), log)
-		adm.SetToken(token)
-		rl.setAdmin(adm, token)
+		adm.SetToken(adminToken)
+		rl.setAdmin(adm, adminToken)
 		go adm.Serve(aln)
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}

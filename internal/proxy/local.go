@@ -379,19 +379,36 @@ func cmdClientTracking(sess *Session, r *request) bool {
 // which the proxy answers itself (it answered +OK to "CLIENT TRACKING
 // maybe", found by the differential test).
 func trackingSyntaxOK(args [][]byte) bool {
+	_, ok := trackingOptions(args)
+	return ok
+}
+
+// trackingOpts are the options of a CLIENT TRACKING that parses.
+type trackingOpts struct{ optin, optout, bcast, prefix bool }
+
+// trackingOptions parses CLIENT TRACKING's arguments as Redis does (see
+// trackingSyntaxOK); ok is false when Redis answers a syntax error.
+func trackingOptions(args [][]byte) (o trackingOpts, ok bool) {
 	for i := 3; i < len(args); i++ {
 		switch strings.ToLower(string(args[i])) {
 		case "redirect", "prefix":
+			o.prefix = o.prefix || strings.EqualFold(string(args[i]), "prefix")
 			i++
 			if i == len(args) {
-				return false
+				return o, false
 			}
-		case "bcast", "optin", "optout", "noloop":
+		case "bcast":
+			o.bcast = true
+		case "optin":
+			o.optin = true
+		case "optout":
+			o.optout = true
+		case "noloop":
 		default:
-			return false
+			return o, false
 		}
 	}
-	return onOff(args[2])
+	return o, onOff(args[2])
 }
 
 func onOff(arg []byte) bool {

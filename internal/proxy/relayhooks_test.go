@@ -248,19 +248,7 @@ func TestHeldReadReleasedByRelayedWrite(t *testing.T) {
 
 func metricSum(t *testing.T, p *proxytest.Proxy, name string) float64 {
 	t.Helper()
-	fams, err := p.Metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, f := range fams {
-		if f.GetName() == name {
-			for _, m := range f.GetMetric() {
-				total += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return total
+	return counterSum(t, p, name, "", "")
 }
 
 // Writes on a relay whose replies cannot be counted (here a RESP2 client

@@ -636,7 +636,7 @@ func TestTierAndReplicaReadsDoNotGoBack(t *testing.T) {
 	}
 	// The reader gets 2, from the tier or the primary.
 	redistest.Eventually(t, 10*time.Second, func() bool {
-		return reader.do("GET", key) == "2" && counterSum(t, p, "redproxy_localcache_hits_total", "", "") > 0
+		return reader.do("GET", key) == "2" && metricSum(t, p, "redproxy_localcache_hits_total") > 0
 	}, "the reader never had 2 from the tier")
 	// A write held in Redis by a pause of the primary is in flight: the
 	// tier passes reads of the key on meanwhile.

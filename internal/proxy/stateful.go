@@ -2036,37 +2036,24 @@ func (ts *trackingState) note(args [][]byte) {
 			ts.caching = true
 		}
 	case "tracking":
-		if !trackingSyntaxOK(args) || trackingRedirect(args) {
+		o, ok := trackingOptions(args)
+		if !ok || trackingRedirect(args) {
 			return // refused by Redis, or by the proxy before it
 		}
 		if strings.EqualFold(string(args[2]), "off") {
 			ts.on, ts.bcast, ts.mode = false, false, 0
 			return
 		}
-		var optin, optout, bcast, prefix bool
-		for i := 3; i < len(args); i++ {
-			switch strings.ToLower(string(args[i])) {
-			case "optin":
-				optin = true
-			case "optout":
-				optout = true
-			case "bcast":
-				bcast = true
-			case "prefix":
-				prefix = true
-				i++
-			}
-		}
 		switch {
-		case optin && optout, bcast && (optin || optout), prefix && !bcast,
-			ts.on && ts.bcast != bcast,
-			ts.on && (optin && ts.mode == 'o' || optout && ts.mode == 'i'):
+		case o.optin && o.optout, o.bcast && (o.optin || o.optout), o.prefix && !o.bcast,
+			ts.on && ts.bcast != o.bcast,
+			ts.on && (o.optin && ts.mode == 'o' || o.optout && ts.mode == 'i'):
 			return // Redis refuses these
 		}
-		ts.on, ts.bcast, ts.mode = true, bcast, 0
-		if optin {
+		ts.on, ts.bcast, ts.mode = true, o.bcast, 0
+		if o.optin {
 			ts.mode = 'i'
-		} else if optout {
+		} else if o.optout {
 			ts.mode = 'o'
 		}
 	}
