@@ -645,7 +645,16 @@ func TestTierAndReplicaReadsDoNotGoBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer primary.ClientUnpause(ctx)
+	overdue := counterSum(t, p, "redproxy_upstream_overdue_replies_total", "", "")
 	writer.send([]string{"SET", key, "3"})
+	// Reads start once the held SET is overdue, when the pool passes its
+	// connection over: before, a GET may share that connection (joining the
+	// write its writer is about to make, as the race detector's slower
+	// scheduling showed in CI) and wait behind the paused SET, as behind
+	// any slow command on a shared connection.
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		return counterSum(t, p, "redproxy_upstream_overdue_replies_total", "", "") > overdue
+	}, "the held SET never became overdue")
 	inFlight := counterSum(t, p, "redproxy_localcache_misses_total", "reason", "write_in_flight")
 	redistest.Eventually(t, 10*time.Second, func() bool {
 		if v := reader.do("GET", key); v != "2" {
