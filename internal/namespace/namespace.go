@@ -93,6 +93,10 @@ const (
 	StripStreams        // [[stream, entries] ...] or {stream: entries} (XREAD)
 	StripChannels       // [channel ...] (PUBSUB CHANNELS)
 	StripPairs          // [channel, n, ...] or {channel: n} (PUBSUB NUMSUB)
+	// StripGroupError: a reply that names no key unless it is NOGROUP's
+	// error, which quotes the stream's name (XPENDING, XCLAIM, XAUTOCLAIM,
+	// XGROUP's subcommands, XINFO CONSUMERS).
+	StripGroupError
 )
 
 // Result is the outcome of rewriting one command.

@@ -210,6 +210,9 @@ func (w *Rewriter) Rewrite(cmd *commands.Command, args [][]byte) ([][]byte, Resu
 			res.Strip = StripFirst
 		case "xread", "xreadgroup":
 			res.Strip = StripStreams
+		case "xpending", "xclaim", "xautoclaim", "xinfo|consumers",
+			"xgroup|setid", "xgroup|destroy", "xgroup|createconsumer", "xgroup|delconsumer":
+			res.Strip = StripGroupError
 		}
 	}
 	if !w.confined(cmd, out) {

@@ -14,6 +14,12 @@ import (
 // another shape (errors, nulls, anything unexpected) are appended as they
 // are: stripping only ever shortens a name the namespace itself created.
 func (ns *Namespace) StripReply(dst []byte, kind Strip, reply []byte) []byte {
+	if len(reply) > 0 && reply[0] == '-' {
+		if kind == StripNone {
+			return append(dst, reply...)
+		}
+		return ns.stripGroupError(dst, reply)
+	}
 	switch kind {
 	case StripBulk:
 		return ns.appendName(dst, reply, false)
@@ -68,6 +74,35 @@ func (ns *Namespace) StripReply(dst []byte, kind Strip, reply []byte) []byte {
 		}
 	}
 	return append(dst, reply...)
+}
+
+// Where a NOGROUP error quotes the stream's name: first in XREADGROUP's,
+// XPENDING's, XCLAIM's and XAUTOCLAIM's ("No such key 'K' or consumer
+// group 'G'"), after the group in XGROUP's and XINFO CONSUMERS' ("No such
+// consumer group 'G' for key name 'K'").
+var (
+	noGroupKeyFirst = []byte("-NOGROUP No such key '")
+	noGroupKeyAfter = []byte("' for key name '")
+)
+
+// stripGroupError appends a NOGROUP error with the prefix taken off the
+// stream's name, so the client reads the name it sent; any other error
+// is appended as it is (Redis's other errors about streams quote no key).
+func (ns *Namespace) stripGroupError(dst, reply []byte) []byte {
+	at := -1
+	switch {
+	case bytes.HasPrefix(reply, noGroupKeyFirst):
+		at = len(noGroupKeyFirst)
+	case bytes.HasPrefix(reply, []byte("-NOGROUP ")):
+		if i := bytes.Index(reply, noGroupKeyAfter); i >= 0 {
+			at = i + len(noGroupKeyAfter)
+		}
+	}
+	if at < 0 || !bytes.HasPrefix(reply[at:], []byte(ns.prefix)) {
+		return append(dst, reply...)
+	}
+	dst = append(dst, reply[:at]...)
+	return append(dst, reply[at+len(ns.prefix):]...)
 }
 
 // stripEach strips every every-th element of an aggregate (maps count

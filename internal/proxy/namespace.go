@@ -246,7 +246,7 @@ func (sess *Session) nsStep(r *request) bool {
 // nsStripped returns reply with the namespace's prefix taken off where
 // kind says keys are, in a buffer valid until the next call.
 func (sess *Session) nsStripped(kind namespace.Strip, reply []byte) []byte {
-	if kind == namespace.StripNone || sess.ns.w == nil || resp.IsError(reply) {
+	if kind == namespace.StripNone || sess.ns.w == nil {
 		return reply
 	}
 	sess.ns.b.scratch = sess.ns.w.Namespace().StripReply(sess.ns.b.scratch[:0], kind, reply)

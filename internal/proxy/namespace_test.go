@@ -483,3 +483,69 @@ func containsAll(s string, parts []string) bool {
 	}
 	return true
 }
+
+// TestNamespaceNoGroupErrorsNameTheClientsKey: NOGROUP's error quotes the
+// stream's name; a namespaced client reads the name it sent, the error
+// otherwise Redis's own (it showed "a:s" before), alone, pipelined and
+// inside MULTI.
+func TestNamespaceNoGroupErrorsNameTheClientsKey(t *testing.T) {
+	p := nsProxy(t)
+	a := nsClient(t, p, "tenant-a")
+	direct := p.Redis.Client(t)
+	// Each stream exists in the namespace and, unprefixed, straight on
+	// Redis, so the errors are about the missing group, except the last
+	// command's stream, missing in both.
+	for _, c := range []*redis.Client{a, direct} {
+		must(t, c.XAdd(ctx, &redis.XAddArgs{Stream: "s", ID: "1-1", Values: []string{"f", "v"}}).Err())
+		must(t, c.XGroupCreate(ctx, "s", "g", "0").Err())
+	}
+	cmds := [][]any{
+		{"XREADGROUP", "GROUP", "nog", "c", "STREAMS", "s", ">"},
+		{"XPENDING", "s", "nog"},
+		{"XPENDING", "s", "nog", "-", "+", "10"},
+		{"XCLAIM", "s", "nog", "c", "0", "1-1"},
+		{"XAUTOCLAIM", "s", "nog", "c", "0", "0"},
+		{"XGROUP", "SETID", "s", "nog", "0"},
+		{"XGROUP", "CREATECONSUMER", "s", "nog", "c"},
+		{"XGROUP", "DELCONSUMER", "s", "nog", "c"},
+		{"XINFO", "CONSUMERS", "s", "nog"},
+		{"XREADGROUP", "GROUP", "g", "c", "STREAMS", "missing", ">"},
+	}
+	for _, args := range cmds {
+		want := direct.Do(ctx, args...).Err()
+		if want == nil || !strings.HasPrefix(want.Error(), "NOGROUP ") {
+			t.Fatalf("%v straight on Redis: %v, want a NOGROUP error", args, want)
+		}
+		if got := a.Do(ctx, args...).Err(); got == nil || got.Error() != want.Error() {
+			t.Errorf("%v in a: %v, Redis answers the same command %q", args, got, want)
+		}
+	}
+	pipe := a.Pipeline()
+	for _, args := range cmds {
+		pipe.Do(ctx, args...)
+	}
+	got, _ := pipe.Exec(ctx)
+	tx := a.TxPipeline()
+	for _, args := range cmds {
+		tx.Do(ctx, args...)
+	}
+	inTx, _ := tx.Exec(ctx)
+	for i, args := range cmds {
+		want := direct.Do(ctx, args...).Err()
+		if err := got[i].Err(); err == nil || err.Error() != want.Error() {
+			t.Errorf("%v pipelined in a: %v, want %q", args, err, want)
+		}
+		if err := inTx[i].Err(); err == nil || err.Error() != want.Error() {
+			t.Errorf("%v inside MULTI in a: %v, want %q", args, err, want)
+		}
+	}
+	// Another error of the same commands, and a group whose name starts
+	// with the prefix, are left as Redis wrote them.
+	if err := a.Do(ctx, "XGROUP", "CREATE", "s", "g", "0").Err(); err == nil || !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		t.Errorf("XGROUP CREATE of an existing group in a: %v", err)
+	}
+	want := direct.Do(ctx, "XPENDING", "s", "a:x").Err()
+	if err := a.Do(ctx, "XPENDING", "s", "a:x").Err(); err == nil || want == nil || err.Error() != want.Error() {
+		t.Errorf("XPENDING s a:x in a: %v, Redis answers %v", err, want)
+	}
+}
