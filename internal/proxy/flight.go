@@ -156,6 +156,14 @@ func (sess *Session) flightWriteForwarded(cmd *commands.Command, args [][]byte) 
 	}
 }
 
+// flightWriteRefused is told of a write the proxy refused: the holds and
+// early refreshes this client fills on its keys end with the batch.
+func (sess *Session) flightWriteRefused(cmd *commands.Command, args [][]byte) {
+	if fs := sess.srv.flight.Load(); fs != nil && mayWrite(cmd) {
+		fs.WriteRefused(&sess.flightWrites, sess.db, cmd, args, sess.id)
+	}
+}
+
 // flightBatchFlushed tells the rules about the writes whose replies are
 // now in: only then may held reads fetch again and see them.
 func (sess *Session) flightBatchFlushed() {

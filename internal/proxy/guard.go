@@ -364,6 +364,7 @@ func (sess *Session) guardStep(r *request) bool {
 	deferred := sess.txDefers(d)
 	if d.Refuse != nil && !deferred {
 		sess.refuse(d, m)
+		sess.flightWriteRefused(cmd, r.Args)
 		return true
 	}
 	if deferred {
@@ -444,6 +445,7 @@ func (sess *Session) guardRecord(r *request) bool {
 		return false
 	}
 	sess.refuse(d, r.m)
+	sess.flightWriteRefused(r.cmd, r.Args)
 	return true
 }
 

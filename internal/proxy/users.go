@@ -242,6 +242,7 @@ func (sess *Session) aclRefused(r *request) bool {
 	sess.refusedInMulti()
 	b, start := sess.localBuf()
 	sess.finishLocal(r.m, redcon.AppendError(b, msg), start)
+	sess.flightWriteRefused(r.cmd, r.Args)
 	return true
 }
 

@@ -381,6 +381,24 @@ func (m *Misses) Written(db int, key []byte, r Match) {
 	}
 }
 
+// FillerRefused is told that owner's write of key was refused before it
+// reached Redis: a hold or early refresh owner fills on key ends, as
+// OwnerClosed ends all of them, with no δ sample (nothing was written).
+func (m *Misses) FillerRefused(db int, key []byte, r Match, owner int64) {
+	if !r.Any() {
+		return
+	}
+	k := missKey(db, key)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if h := m.holds[k]; h != nil && h.filler == owner {
+		m.releaseLocked(k, h, false)
+	}
+	if st, ok := m.refreshing[k]; ok && st.owner == owner {
+		delete(m.refreshing, k)
+	}
+}
+
 // sample folds one recompute time into δ. Only Written calls it, under
 // Misses.mu, so the load and store do not race with each other.
 func (r *refreshRule) sample(d time.Duration) {

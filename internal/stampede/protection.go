@@ -427,6 +427,9 @@ type writeMark struct {
 	db     int
 	key    []byte
 	match  Match
+	// refusedBy is the client whose write of key the proxy refused
+	// (WriteRefused), 0 for a write sent to Redis.
+	refusedBy int64
 }
 
 // Pending reports whether w holds writes whose replies are not yet in.
@@ -456,10 +459,42 @@ func (p *Protection) WriteStart(w *Writes, db int, cmd *commands.Command, args [
 	}
 }
 
+// WriteRefused is told of a write of cmd with args in DB db that the
+// proxy refused (the policy, the user's ACL): it never reaches Redis, so
+// its client, if it fills a hold or an early refresh of one of its keys,
+// will not fill it. Once the batch's replies are in (Done) those end, as
+// when the client closes, and the held reads fetch again at once rather
+// than wait out the hold's timeout (found by a probe: a filler whose SET
+// the policy refused for its size kept 100 readers waiting 2 s). Another
+// client's refused write ends nothing: Redis's value did not change.
+func (p *Protection) WriteRefused(w *Writes, db int, cmd *commands.Command, args [][]byte, owner int64) {
+	retired := p.forwarding()
+	if p.misses == nil && len(retired) == 0 {
+		return
+	}
+	var kb [8]int
+	for _, i := range cmd.Keys(args, kb[:0]) {
+		if p.misses != nil {
+			if match := p.misses.Match(args[i]); match.Any() {
+				w.marks = append(w.marks, writeMark{misses: p.misses, db: db, key: bytes.Clone(args[i]), match: match, refusedBy: owner})
+			}
+		}
+		for _, m := range retired {
+			if match := m.Match(args[i]); match.Hold() {
+				w.marks = append(w.marks, writeMark{misses: m, db: db, key: bytes.Clone(args[i]), match: Match{hold: match.hold}, refusedBy: owner})
+			}
+		}
+	}
+}
+
 // Done is told that the replies of every write in w are in: holds on
 // their keys end and early refresh samples δ. w is empty afterwards.
 func (w *Writes) Done() {
 	for _, m := range w.marks {
+		if m.refusedBy != 0 {
+			m.misses.FillerRefused(m.db, m.key, m.match, m.refusedBy)
+			continue
+		}
 		m.misses.Written(m.db, m.key, m.match)
 	}
 	clear(w.marks)
