@@ -45,9 +45,11 @@ func (s *Server) fetch(db int, resp3 bool, cmd, then, dst []byte) ([]byte, error
 		c.Reset()
 		fetchCalls.Put(c)
 	}()
-	c.Add(cmd)
+	// Fetches are coalescable reads, and PTTL: Redis answers them during
+	// CLIENT PAUSE WRITE.
+	c.AddRead(cmd)
 	if then != nil {
-		c.Add(then)
+		c.AddRead(then)
 	}
 	// The replies go to clients, none of which may be sent more than
 	// client_output_limit: a longer reply is dropped as it arrives, not

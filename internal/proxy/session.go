@@ -604,14 +604,32 @@ func (sess *Session) forwardCommand(r *request) {
 		sess.writeForwarded(r.cmd, r.Args)
 	}
 	sess.replicaForwarded(r)
-	sess.forward(r.Raw, r.m)
+	if readDuringPause(r.cmd) {
+		sess.slots = append(sess.slots, sess.upstreamSlot(r.m))
+		sess.call.AddRead(r.Raw)
+	} else {
+		sess.forward(r.Raw, r.m)
+	}
 	sess.mirrorNote(r)
+}
+
+// readDuringPause reports whether Redis answers cmd while CLIENT PAUSE
+// WRITE holds writes: its table flags it readonly, and neither write nor
+// blocking. PFCOUNT is left out: it may rewrite its key's encoding, and
+// Redis from 7.2 pauses it.
+func readDuringPause(cmd *commands.Command) bool {
+	return cmd != nil && cmd.Flags&(commands.ReadOnly|commands.Write|commands.Blocking) == commands.ReadOnly && cmd.Name != "pfcount"
 }
 
 // forward adds a command to the batch's upstream Call.
 func (sess *Session) forward(raw []byte, m *metrics.Command) {
-	sess.slots = append(sess.slots, slot{kind: slotUpstream, i: sess.call.Len(), metric: m, mute: sess.curMute, tx: sess.pin.inMulti, strip: sess.curStrip})
+	sess.slots = append(sess.slots, sess.upstreamSlot(m))
 	sess.call.Add(raw)
+}
+
+// upstreamSlot is the slot of the command about to be added to the Call.
+func (sess *Session) upstreamSlot(m *metrics.Command) slot {
+	return slot{kind: slotUpstream, i: sess.call.Len(), metric: m, mute: sess.curMute, tx: sess.pin.inMulti, strip: sess.curStrip}
 }
 
 // forwardHidden adds a command whose reply is dropped: a fix-up the proxy

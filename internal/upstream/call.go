@@ -57,6 +57,7 @@ var (
 // read the replies, repeat.
 type Call struct {
 	parts [][]byte // raw RESP commands; they may point into the client's read buffer
+	reads int      // how many of parts came through AddRead
 	// out holds the replies back to back; ends[i] is where reply i ends.
 	out  []byte
 	ends []int
@@ -100,6 +101,7 @@ func NewCall() *Call {
 func (c *Call) Reset() {
 	clear(c.parts)
 	c.parts = c.parts[:0]
+	c.reads = 0
 	c.out = c.out[:0]
 	c.ends = c.ends[:0]
 	c.err = nil
@@ -142,6 +144,17 @@ func (c *Call) Release() {
 // Add appends one raw RESP command. The bytes must stay unchanged until Wait
 // returns.
 func (c *Call) Add(raw []byte) { c.parts = append(c.parts, raw) }
+
+// AddRead is Add for a command that only reads, which Redis answers during
+// CLIENT PAUSE WRITE (its table flags it readonly, not write): a Call of
+// nothing else may go to a pool's spare connection (Pool.Send).
+func (c *Call) AddRead(raw []byte) {
+	c.parts = append(c.parts, raw)
+	c.reads++
+}
+
+// onlyReads reports whether every command of c came through AddRead.
+func (c *Call) onlyReads() bool { return len(c.parts) > 0 && c.reads == len(c.parts) }
 
 // CopyParts copies the commands into buf (from its length on) and points
 // the Call at the copies, for a caller that will change the bytes it added

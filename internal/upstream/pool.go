@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -17,6 +18,20 @@ type Pool struct {
 	// settleBy at the latest (see settle).
 	settling atomic.Bool
 	settleBy time.Time
+
+	// spare takes Calls of reads only (Call.AddRead) while every pipe
+	// lags; dialled the first time that happens. Under CLIENT PAUSE WRITE
+	// Redis holds each connection at its first write and still answers
+	// reads on the others, but with writers on every pipe a read had
+	// nowhere to go but behind a paused write (found by a probe: a client
+	// that only read waited out a 3 s pause, and a 34 s one failed its GET
+	// at dead_timeout, where Redis answered it in 8 ms). A write never goes
+	// there, so the spare lags only when Redis answers nobody.
+	opt     Options
+	spareMu sync.Mutex
+	spare   atomic.Pointer[Pipe]
+	spareBy atomic.Int64 // nanotime by which the spare's first dial is done
+	closed  bool         // guarded by spareMu: no spare is dialled after Close
 }
 
 // NewPool starts n pipes with the same options.
@@ -24,7 +39,7 @@ func NewPool(n int, opt Options) *Pool {
 	if n < 1 {
 		n = 1
 	}
-	p := &Pool{pipes: make([]*Pipe, n)}
+	p := &Pool{pipes: make([]*Pipe, n), opt: opt}
 	for i := range p.pipes {
 		p.pipes[i] = NewPipe(opt)
 	}
@@ -62,6 +77,13 @@ func (p *Pool) Send(c *Call) error {
 			return err
 		}
 	}
+	if c.onlyReads() {
+		if sp := p.sparePipe(); sp != nil && !sp.lagging.Load() && p.spareUp(sp) {
+			if err := sp.Send(c); err != ErrUnavailable {
+				return err
+			}
+		}
+	}
 	for i := uint32(0); i < n; i++ {
 		pp := p.pipes[(start+i)%n]
 		if !pp.lagging.Load() {
@@ -81,6 +103,38 @@ func (p *Pool) Send(c *Call) error {
 		}
 	}
 	return ErrUnavailable
+}
+
+// sparePipe returns the spare pipe, started on first use (see waitDialed).
+// After Close it returns nil.
+func (p *Pool) sparePipe() *Pipe {
+	if sp := p.spare.Load(); sp != nil {
+		return sp
+	}
+	p.spareMu.Lock()
+	defer p.spareMu.Unlock()
+	if sp := p.spare.Load(); sp != nil || p.closed {
+		return sp
+	}
+	sp := NewPipe(p.opt)
+	p.spareBy.Store(nanotime() + int64(sp.opt.DialTimeout))
+	p.spare.Store(sp)
+	return sp
+}
+
+// spareUp reports whether sp, the spare, is up, waiting for it while its
+// first dial may still be under way: a spare dialled on need is up a
+// moment later unless Redis answers no one, and reads that came meanwhile
+// would otherwise go behind the held writes. Later, while it redials, it
+// is passed over.
+func (p *Pool) spareUp(sp *Pipe) bool {
+	for !sp.Up() {
+		if nanotime() > p.spareBy.Load() {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
 }
 
 // Do sends c and waits for it. A Send that fails completes nothing, so the
@@ -156,11 +210,12 @@ func (p *Pool) Up() bool {
 	return false
 }
 
-// Stats sums the pipes' counters.
+// Stats sums the pipes' counters, the spare's included; up counts the
+// pipes up, not the spare.
 func (p *Pool) Stats() (s PipeStats, up int) {
-	for _, pp := range p.pipes {
+	for i, pp := range p.all() {
 		ps := pp.Stats()
-		if ps.Up {
+		if ps.Up && i < len(p.pipes) {
 			up++
 		}
 		s.Pending += ps.Pending
@@ -174,16 +229,32 @@ func (p *Pool) Stats() (s PipeStats, up int) {
 	return s, up
 }
 
+// all is the pipes and, if dialled, the spare (last).
+func (p *Pool) all() []*Pipe {
+	if sp := p.spare.Load(); sp != nil {
+		return append(p.pipes[:len(p.pipes):len(p.pipes)], sp)
+	}
+	return p.pipes
+}
+
+// markClosed stops sparePipe dialling and returns every pipe to close.
+func (p *Pool) markClosed() []*Pipe {
+	p.spareMu.Lock()
+	p.closed = true
+	p.spareMu.Unlock()
+	return p.all()
+}
+
 // Close closes every pipe and waits for their goroutines.
 func (p *Pool) Close() {
-	for _, pp := range p.pipes {
+	for _, pp := range p.markClosed() {
 		pp.Close()
 	}
 }
 
 // Abandon closes every pipe as lost (Pipe.Abandon).
 func (p *Pool) Abandon() {
-	for _, pp := range p.pipes {
+	for _, pp := range p.markClosed() {
 		pp.Abandon()
 	}
 }

@@ -1,0 +1,74 @@
+package proxy_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/config/units"
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// TestReadsAnsweredDuringAPauseOfWrites: under CLIENT PAUSE WRITE Redis
+// answers reads on every connection not held at a write. With a write held
+// on every shared connection (here the only one), a client that only reads
+// waited for the pause to end, and past dead_timeout failed (found by a
+// probe: a 3 s pause delayed its GETs 3 s, where Redis answered in 8 ms).
+// Batches of reads now go to the pool's spare connection meanwhile; a
+// batch with a write still waits for the pause, as on Redis.
+func TestReadsAnsweredDuringAPauseOfWrites(t *testing.T) {
+	rs := redistest.Start(t)
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.Upstream.Connections = 1
+		c.Upstream.ReplyTimeout = units.Duration{Duration: 200 * time.Millisecond}
+		c.Upstream.DeadTimeout = units.Duration{Duration: 5 * time.Minute}
+	})
+	setup := dialRaw(t, p.Addr)
+	for _, k := range []string{"k1", "k2"} {
+		if v := setup.do("SET", k, "v-"+k); v != "OK" {
+			t.Fatalf("SET %s = %v", k, v)
+		}
+	}
+	direct := rs.Client(t)
+	if err := direct.Do(ctx, "CLIENT", "PAUSE", "120000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer direct.ClientUnpause(ctx)
+	overdue := counterSum(t, p, "redproxy_upstream_overdue_replies_total", "", "")
+	writer := dialRaw(t, p.Addr)
+	writer.send([]string{"INCR", "n"})
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		return counterSum(t, p, "redproxy_upstream_overdue_replies_total", "", "") > overdue
+	}, "the paused INCR never became overdue")
+
+	reader := dialRaw(t, p.Addr)
+	for i := range 20 {
+		if v := reader.do("GET", "k1"); v != "v-k1" {
+			t.Fatalf("GET %d during the pause = %v", i, v)
+		}
+	}
+	reader.send([]string{"MGET", "k1", "k2"}, []string{"EXISTS", "k1", "k2"}, []string{"STRLEN", "k2"})
+	if v, _ := reader.readReply(); len(v.([]any)) != 2 {
+		t.Fatalf("MGET during the pause = %v", v)
+	}
+	if v, _ := reader.readReply(); v != int64(2) {
+		t.Fatalf("EXISTS during the pause = %v", v)
+	}
+	if v, _ := reader.readReply(); v != int64(4) {
+		t.Fatalf("STRLEN during the pause = %v", v)
+	}
+	// The write is still held: Redis has not run it.
+	if n, err := direct.Exists(ctx, "n").Result(); err != nil || n != 0 {
+		t.Fatalf("EXISTS n straight on Redis = %d, %v: the INCR ran during the pause", n, err)
+	}
+	if err := direct.ClientUnpause(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := writer.readReply(); v != int64(1) {
+		t.Fatalf("the held INCR = %v", v)
+	}
+	if v := reader.do("GET", "n"); v != "1" {
+		t.Fatalf("GET n after the INCR's reply = %v", v)
+	}
+}
