@@ -424,3 +424,32 @@ func TestCommandsSentAloneReuseTheirConnection(t *testing.T) {
 		t.Fatalf("FUNCTION STATS after its kept connection was killed: %s", e)
 	}
 }
+
+// TestScriptKillBeforeTheBusyThreshold: Redis reads nothing while a script
+// runs until busy-reply-threshold, then answers SCRIPT KILL. Sent through
+// the proxy before then, it went on a connection of its own whose
+// handshake (CLIENT SETNAME) timed out at the dial timeout: "upstream
+// unavailable", and the script ran on (found by a probe). The handshake
+// of a command sent alone now waits as long as the command may.
+func TestScriptKillBeforeTheBusyThreshold(t *testing.T) {
+	rs := redistest.Start(t, "--busy-reply-threshold", "1500")
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.Upstream.DialTimeout = units.Duration{Duration: 300 * time.Millisecond}
+		c.Upstream.ReplyTimeout = units.Duration{Duration: 100 * time.Millisecond}
+		c.Upstream.DeadTimeout = units.Duration{Duration: 30 * time.Second}
+	})
+	overdue := counterSum(t, p, "redproxy_upstream_overdue_replies_total", "", "")
+	loop := startLoop(t, p.Addr, false, 20000)
+	// Overdue: the script runs (Redis reads nothing more until 1.5 s).
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return counterSum(t, p, "redproxy_upstream_overdue_replies_total", "", "") > overdue
+	}, "the script's reply never became overdue")
+	c := dialAddr(t, p.Addr)
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if got := rawDo(t, c, "SCRIPT", "KILL"); got != "+OK\r\n" {
+		t.Fatalf("SCRIPT KILL before the busy threshold: %q", got)
+	}
+	if r := <-loop; !strings.HasPrefix(r, "-ERR Script killed by user") {
+		t.Fatalf("the killed loop's caller got %q", r)
+	}
+}

@@ -33,7 +33,7 @@ func RoundTrip(opt Options, raw []byte) ([]byte, error) {
 // roundTripAll is RoundTrip for raw holding one or more commands: it
 // returns every reply, in order.
 func roundTripAll(opt Options, raw []byte) ([][]byte, error) {
-	opt.defaults()
+	opt = aloneOptions(opt)
 	nc, err := Dial(opt)
 	if err != nil {
 		return nil, aloneError(err, false)
@@ -41,6 +41,19 @@ func roundTripAll(opt Options, raw []byte) ([][]byte, error) {
 	defer nc.Close()
 	replies, _, err := exchange(opt, nc, raw)
 	return replies, aloneError(err, true)
+}
+
+// aloneOptions is opt with defaults for a connection of its own, whose
+// handshake may wait as long as its command (DeadTimeout) once connected:
+// a script keeps Redis from reading anything until busy-reply-threshold,
+// and a SCRIPT KILL sent before then, which Redis answers once the
+// threshold passes, failed "upstream unavailable" at the dial timeout
+// with the script left running (found by a probe: sent 1 s into a 12 s
+// script, with Redis's threshold at 5 s).
+func aloneOptions(opt Options) Options {
+	opt.defaults()
+	opt.handshakeTimeout = opt.DeadTimeout
+	return opt
 }
 
 // lastReply is the last of replies, nil if there is none.
@@ -145,7 +158,7 @@ func (a *aloneConns) keptRoundTrip(opt Options, resp3 bool, raw []byte) (replies
 	if resp3 {
 		i = 1
 	}
-	opt.defaults()
+	opt = aloneOptions(opt)
 	if c := a.kept[i].Swap(nil); c != nil {
 		replies, clean, err := exchange(opt, c.nc, raw)
 		if clean {

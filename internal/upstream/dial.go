@@ -180,7 +180,7 @@ func handshake(nc net.Conn, opt Options, wantID bool) (id int64, err error) {
 	for _, c := range cmds {
 		out = resp.AppendCommandStrings(out, c...)
 	}
-	nc.SetDeadline(time.Now().Add(opt.DialTimeout))
+	nc.SetDeadline(time.Now().Add(max(opt.DialTimeout, opt.handshakeTimeout)))
 	defer nc.SetDeadline(time.Time{})
 	if _, err := nc.Write(out); err != nil {
 		return 0, err

@@ -98,6 +98,10 @@ type Options struct {
 	// pipe it is for was closed): the dial and its handshake end then,
 	// instead of at DialTimeout (dial).
 	cancel <-chan struct{}
+	// handshakeTimeout, when longer than DialTimeout, bounds the handshake
+	// once connected: a command sent alone waits for Redis as long as its
+	// reply may take (aloneOptions).
+	handshakeTimeout time.Duration
 }
 
 func (o *Options) defaults() {
