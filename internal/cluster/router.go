@@ -592,6 +592,7 @@ func (r *Router) DoReads(c *upstream.Call, resp3 bool, reads Reads, onlyReads bo
 	b := batchPool.Get().(*batch)
 	b.reset(r, resp3, c.Len())
 	b.reads, b.onlyReads = reads, onlyReads && reads != nil
+	b.pauseReads = c.OnlyReads()
 	// The node calls share the client's Call's limit (one budget), so a
 	// client's replies cannot grow past a few times its output limit here.
 	// (Not the Call's own budget, when routes split it first: the replies
@@ -644,7 +645,7 @@ func (b *batch) reset(r *Router, resp3 bool, n int) {
 	}
 	b.open, b.groups = 0, 0
 	b.limit, b.overflow = 0, false
-	b.reads, b.onlyReads = nil, false
+	b.reads, b.onlyReads, b.pauseReads = nil, false, false
 	clear(b.ran)
 }
 
@@ -725,8 +726,13 @@ type batch struct {
 	// replicas.
 	reads     Reads
 	onlyReads bool
-	timer     *time.Timer
-	mayWrite  bool // the command being planned may write
+	// pauseReads: every command of the client's Call is one Redis answers
+	// during CLIENT PAUSE WRITE (upstream.Call.AddRead), and so is each
+	// node's share of it, which may then go to a node pool's spare
+	// connection while its shared ones wait.
+	pauseReads bool
+	timer      *time.Timer
+	mayWrite   bool // the command being planned may write
 	// ran maps a slot to the highest sub of it that ran (or may have: its
 	// reply was lost), in any round and node call of the batch.
 	ran map[int]int
@@ -1306,7 +1312,11 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 			nc.call.Add(cmdAsking)
 			nc.subs = append(nc.subs, -1)
 		}
-		nc.call.Add(s.raw)
+		if b.pauseReads {
+			nc.call.AddRead(s.raw)
+		} else {
+			nc.call.Add(s.raw)
+		}
 		nc.subs = append(nc.subs, i)
 	}
 	calls := b.calls

@@ -72,3 +72,62 @@ func TestReadsAnsweredDuringAPauseOfWrites(t *testing.T) {
 		t.Fatalf("GET n after the INCR's reply = %v", v)
 	}
 }
+
+// TestClusterReadsAnsweredDuringAPauseOfWrites is
+// TestReadsAnsweredDuringAPauseOfWrites in cluster mode, where a failover
+// (CLUSTER FAILOVER, FAILOVER) pauses the old primary's writes: reads of
+// its keys, alone or in a batch split over nodes, go to its pool's spare
+// connection while its shared one waits.
+func TestClusterReadsAnsweredDuringAPauseOfWrites(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	p := proxytest.Start(t, c.Nodes[0], func(cfg *config.Config) {
+		cfg.Upstream.Mode = config.ModeCluster
+		cfg.Upstream.Seeds = c.Seeds()
+		cfg.Upstream.Connections = 1
+		cfg.Upstream.ReplyTimeout = units.Duration{Duration: 200 * time.Millisecond}
+		cfg.Upstream.DeadTimeout = units.Duration{Duration: 5 * time.Minute}
+	})
+	setup := dialRaw(t, p.Addr)
+	keys := []string{"p:{t}1", "p:{u}1", "p:{v}1", "p:{w}1"}
+	for _, k := range keys {
+		if v := setup.do("SET", k, "v"); v != "OK" {
+			t.Fatalf("SET %s = %v", k, v)
+		}
+	}
+	var paused *redistest.Server
+	for _, n := range c.Primaries(t) {
+		if n.Client(t).Exists(ctx, "p:{t}1").Val() == 1 {
+			paused = n
+		}
+	}
+	if paused == nil {
+		t.Fatal("no primary holds p:{t}1")
+	}
+	direct := paused.Client(t)
+	if err := direct.Do(ctx, "CLIENT", "PAUSE", "120000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer direct.ClientUnpause(ctx)
+	overdue := counterSum(t, p, "redproxy_upstream_overdue_replies_total", "", "")
+	writer := dialRaw(t, p.Addr)
+	writer.send([]string{"INCR", "p:{t}n"})
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		return counterSum(t, p, "redproxy_upstream_overdue_replies_total", "", "") > overdue
+	}, "the paused INCR never became overdue")
+
+	reader := dialRaw(t, p.Addr)
+	for i := range 10 {
+		if v := reader.do("GET", "p:{t}1"); v != "v" {
+			t.Fatalf("GET %d during the pause = %v", i, v)
+		}
+	}
+	if v, ok := reader.do(append([]string{"MGET"}, keys...)...).([]any); !ok || len(v) != len(keys) {
+		t.Fatalf("MGET over the nodes during the pause = %v", v)
+	}
+	if err := direct.ClientUnpause(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := writer.readReply(); v != int64(1) {
+		t.Fatalf("the held INCR = %v", v)
+	}
+}

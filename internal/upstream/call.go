@@ -153,8 +153,8 @@ func (c *Call) AddRead(raw []byte) {
 	c.reads++
 }
 
-// onlyReads reports whether every command of c came through AddRead.
-func (c *Call) onlyReads() bool { return len(c.parts) > 0 && c.reads == len(c.parts) }
+// OnlyReads reports whether every command of c came through AddRead.
+func (c *Call) OnlyReads() bool { return len(c.parts) > 0 && c.reads == len(c.parts) }
 
 // CopyParts copies the commands into buf (from its length on) and points
 // the Call at the copies, for a caller that will change the bytes it added

@@ -77,7 +77,7 @@ func (p *Pool) Send(c *Call) error {
 			return err
 		}
 	}
-	if c.onlyReads() {
+	if c.OnlyReads() {
 		if sp := p.sparePipe(); sp != nil && !sp.lagging.Load() && p.spareUp(sp) {
 			if err := sp.Send(c); err != ErrUnavailable {
 				return err
