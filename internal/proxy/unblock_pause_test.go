@@ -74,12 +74,15 @@ func TestUnblockDuringAPauseLeavesRedisUp(t *testing.T) {
 // A CLIENT UNBLOCK that cannot reach Redis answers in the proxy's words
 // for an upstream that does not answer, as every other command does, not
 // with Go's text of the failure ("-ERR read tcp 127.0.0.1:53782->...: i/o
-// timeout", found by review).
+// timeout", found by review). Its connection's handshake waits for a
+// frozen Redis as long as its command would, dead_timeout.
 func TestUnblockOfAFrozenRedisAnswersAnUpstreamError(t *testing.T) {
 	rs := redistest.Start(t)
 	direct := rs.Client(t)
 	p := proxytest.Start(t, rs, func(c *config.Config) {
 		c.Upstream.DialTimeout = units.Duration{Duration: 100 * time.Millisecond}
+		c.Upstream.ReplyTimeout = units.Duration{Duration: 500 * time.Millisecond}
+		c.Upstream.DeadTimeout = units.Duration{Duration: time.Second}
 	})
 	blocked := dialRaw(t, p.Addr)
 	id := blocked.do("CLIENT", "ID").(int64)
