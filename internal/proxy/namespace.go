@@ -313,7 +313,9 @@ func (sess *Session) nsRelayRefusal(i int) string {
 	switch {
 	case res.Action == namespace.Refuse:
 		return res.Err
-	case res.Action != namespace.Forward || res.Strip != namespace.StripNone:
+	case res.Action != namespace.Forward || (res.Strip != namespace.StripNone && res.Strip != namespace.StripGroupError):
+		// (A NOGROUP error on a relay keeps the prefix: its replies are
+		// forwarded raw, and the command's others name no key.)
 		return "ERR redproxy: this command is not supported on a subscribed connection in a namespace"
 	}
 	return ""

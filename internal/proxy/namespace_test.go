@@ -549,3 +549,31 @@ func TestNamespaceNoGroupErrorsNameTheClientsKey(t *testing.T) {
 		t.Errorf("XPENDING s a:x in a: %v, Redis answers %v", err, want)
 	}
 }
+
+// TestNamespaceSubscribedGroupCommands: on a RESP3 subscribed connection,
+// whose replies the proxy forwards raw, the stream group commands that
+// only NOGROUP's error names a key with still run (found by review: the
+// change that strips that error had them refused there); their NOGROUP
+// error keeps the prefix there.
+func TestNamespaceSubscribedGroupCommands(t *testing.T) {
+	p := nsProxy(t)
+	c := dialRaw(t, p.Addr)
+	if v, ok := c.do("HELLO", "3", "AUTH", "tenant-a", nsPass).([]any); !ok || len(v) == 0 {
+		t.Fatalf("HELLO 3 AUTH = %v", v)
+	}
+	c.send([]string{"SUBSCRIBE", "ch"})
+	c.readReply()
+	if v := c.do("XGROUP", "CREATE", "rs", "g", "0", "MKSTREAM"); v != "OK" {
+		t.Fatalf("XGROUP CREATE while subscribed = %v", v)
+	}
+	for _, args := range [][]string{
+		{"XPENDING", "rs", "g"},
+		{"XINFO", "CONSUMERS", "rs", "g"},
+		{"XGROUP", "CREATECONSUMER", "rs", "g", "c"},
+		{"XGROUP", "SETID", "rs", "g", "0"},
+	} {
+		if e, ok := c.do(args...).(respError); ok {
+			t.Errorf("%v while subscribed: %v", args, e)
+		}
+	}
+}
