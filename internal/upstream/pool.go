@@ -68,16 +68,20 @@ func (p *Pool) Send(c *Call) error {
 		}
 	}
 	start := p.next.Add(1)
+	lagging := false
 	for i := uint32(0); i < n; i++ {
 		pp := p.pipes[(start+i)%n]
 		if pp.lagging.Load() {
+			lagging = true
 			continue
 		}
 		if err := pp.Send(c); err != ErrUnavailable {
 			return err
 		}
 	}
-	if c.OnlyReads() {
+	// Only lagging pipes are up (lagging is only ever set on a pipe up):
+	// not a Redis that is down, where the Call fails at once below.
+	if lagging && c.OnlyReads() {
 		if sp := p.sparePipe(); sp != nil && !sp.lagging.Load() && p.spareUp(sp) {
 			if err := sp.Send(c); err != ErrUnavailable {
 				return err
@@ -129,7 +133,7 @@ func (p *Pool) sparePipe() *Pipe {
 // is passed over.
 func (p *Pool) spareUp(sp *Pipe) bool {
 	for !sp.Up() {
-		if nanotime() > p.spareBy.Load() {
+		if nanotime() > p.spareBy.Load() || sp.dialFailed.Load() || sp.refused.Load() != nil {
 			return false
 		}
 		time.Sleep(time.Millisecond)

@@ -83,3 +83,25 @@ func TestPoolSendsPastAWriterStuckInAWrite(t *testing.T) {
 		c.Wait()
 	}
 }
+
+// The spare connection is for reads while every pipe is up and waiting
+// on a slow reply, never for a Redis that is down: a read then fails at
+// once, as a write does, and no spare is dialled (found by review: the
+// first read waited the whole dial timeout for a spare that could not
+// connect, and left one more connection behind after the outage).
+func TestPoolSpareNotDialledForARedisThatIsDown(t *testing.T) {
+	srv := redistest.Start(t)
+	pool := NewPool(2, testOpts(srv.Addr()))
+	defer pool.Close()
+	waitUp(t, pool)
+	srv.Kill(t)
+	redistest.Eventually(t, 10*time.Second, func() bool { return !pool.Up() }, "the pool still up after Redis was killed")
+	read := NewCall()
+	read.AddRead(cmd("GET", "k"))
+	if err := pool.Send(read); err != ErrUnavailable {
+		t.Fatalf("a read sent to a pool whose Redis is down: %v, want ErrUnavailable", err)
+	}
+	if pool.spare.Load() != nil {
+		t.Fatal("a spare connection was dialled for a Redis that is down")
+	}
+}
