@@ -2,10 +2,12 @@ package proxy_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -451,5 +453,57 @@ func TestScriptKillBeforeTheBusyThreshold(t *testing.T) {
 	}
 	if r := <-loop; !strings.HasPrefix(r, "-ERR Script killed by user") {
 		t.Fatalf("the killed loop's caller got %q", r)
+	}
+}
+
+// establishedTowards counts this host's established TCP connections to
+// port on 127.0.0.1.
+func establishedTowards(t *testing.T, port int) int {
+	data, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Skipf("no /proc/net/tcp: %v", err)
+	}
+	remote := fmt.Sprintf("0100007F:%04X", port)
+	n := 0
+	for _, line := range strings.Split(string(data), "\n")[1:] {
+		if f := strings.Fields(line); len(f) > 3 && f[2] == remote && f[3] == "01" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestShutdownEndsACommandSentAloneInItsHandshake: the handshake of a
+// command sent alone may wait for Redis up to dead_timeout (see
+// TestScriptKillBeforeTheBusyThreshold); a shutdown past its deadline
+// closes it rather than wait that long (found by review: a SCRIPT KILL to
+// a frozen Redis held the shutdown for dead_timeout, past a container's
+// grace period).
+func TestShutdownEndsACommandSentAloneInItsHandshake(t *testing.T) {
+	rs := redistest.Start(t)
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.Upstream.DialTimeout = units.Duration{Duration: 300 * time.Millisecond}
+		c.Upstream.DeadTimeout = units.Duration{Duration: 5 * time.Minute}
+	})
+	c := dialAddr(t, p.Addr)
+	rs.Freeze(t)
+	defer rs.Thaw(t)
+	before := establishedTowards(t, rs.Port())
+	rawSend(t, c, "SCRIPT", "KILL")
+	// Connected: the kernel accepts for a frozen Redis, which never
+	// answers the handshake.
+	redistest.Eventually(t, 5*time.Second, func() bool { return establishedTowards(t, rs.Port()) > before },
+		"SCRIPT KILL's connection never reached Redis")
+	done := make(chan struct{})
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		p.Shutdown(ctx)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the shutdown still waits for SCRIPT KILL's handshake (dead_timeout is 5 minutes)")
 	}
 }

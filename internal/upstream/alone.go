@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -39,6 +40,7 @@ func roundTripAll(opt Options, raw []byte) ([][]byte, error) {
 		return nil, aloneError(err, false)
 	}
 	defer nc.Close()
+	defer closeOnCancel(nc, opt.cancel)()
 	replies, _, err := exchange(opt, nc, raw)
 	return replies, aloneError(err, true)
 }
@@ -136,7 +138,16 @@ func commandCount(raw []byte) int {
 type aloneConns struct {
 	kept   [2]atomic.Pointer[aloneConn]
 	closed atomic.Bool
+	// stop is closed by close: a connection being dialled or used that is
+	// not kept yet is closed then, so its command ends. Its handshake may
+	// wait for a busy Redis up to DeadTimeout (aloneOptions), and a
+	// shutdown waited that long for a SCRIPT KILL sent to a frozen Redis
+	// (found by review).
+	stop     chan struct{}
+	stopOnce sync.Once
 }
+
+func newAloneConns() *aloneConns { return &aloneConns{stop: make(chan struct{})} }
 
 type aloneConn struct{ nc net.Conn }
 
@@ -145,6 +156,7 @@ type aloneConn struct{ nc net.Conn }
 // false and gets a connection of its own, closed after.
 // It returns the reply of every command in raw.
 func (a *aloneConns) roundTrip(opt Options, resp3, keep bool, raw []byte) ([][]byte, error) {
+	opt.cancel = a.stop
 	if !keep {
 		return roundTripAll(opt, raw)
 	}
@@ -160,7 +172,9 @@ func (a *aloneConns) keptRoundTrip(opt Options, resp3 bool, raw []byte) (replies
 	}
 	opt = aloneOptions(opt)
 	if c := a.kept[i].Swap(nil); c != nil {
+		unwatch := closeOnCancel(c.nc, opt.cancel)
 		replies, clean, err := exchange(opt, c.nc, raw)
+		unwatch()
 		if clean {
 			a.keep(i, c)
 			return replies, true, err
@@ -176,8 +190,10 @@ func (a *aloneConns) keptRoundTrip(opt Options, resp3 bool, raw []byte) (replies
 	if err != nil {
 		return nil, false, err
 	}
+	unwatch := closeOnCancel(nc, opt.cancel)
 	replies, clean, err := exchange(opt, nc, raw)
-	if clean {
+	unwatch()
+	if clean && !isClosed(a.stop) {
 		a.keep(i, &aloneConn{nc: nc})
 	} else {
 		nc.Close()
@@ -203,7 +219,29 @@ func (a *aloneConns) keep(i int, c *aloneConn) {
 	}
 }
 
+// closeOnCancel closes nc when cancel (nil: never) is closed, until the
+// function it returns is called.
+func closeOnCancel(nc net.Conn, cancel <-chan struct{}) (unwatch func()) {
+	if cancel == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-cancel:
+			nc.Close()
+		case <-done:
+		}
+	}()
+	return func() { close(done) }
+}
+
 func (a *aloneConns) close() {
+	a.stopOnce.Do(func() {
+		if a.stop != nil {
+			close(a.stop)
+		}
+	})
 	a.closed.Store(true)
 	for i := range a.kept {
 		if c := a.kept[i].Swap(nil); c != nil {

@@ -129,7 +129,7 @@ type Backend struct {
 type backendGen struct {
 	opt   BackendOptions
 	pools []atomic.Pointer[Pool] // index db*2 + resp3
-	alone aloneConns             // RoundTrip's
+	alone *aloneConns            // RoundTrip's
 }
 
 // ErrTooManyPinned is returned when upstream.max_pinned dedicated
@@ -494,6 +494,7 @@ func (g *backendGen) roundTripAs(as *Backend, raw []byte) ([][]byte, error) {
 	}
 	o.Username, o.Password = theirs.Username, theirs.Password
 	o.Name = "redproxy-alone"
+	o.cancel = g.alone.stop
 	return roundTripAll(o, raw)
 }
 
@@ -650,7 +651,7 @@ func newGen(opt BackendOptions) *backendGen {
 	if opt.Databases < 1 {
 		opt.Databases = 1
 	}
-	return &backendGen{opt: opt, pools: make([]atomic.Pointer[Pool], 2*opt.Databases)}
+	return &backendGen{opt: opt, pools: make([]atomic.Pointer[Pool], 2*opt.Databases), alone: newAloneConns()}
 }
 
 // Options returns the upstream options for a connection to db.
