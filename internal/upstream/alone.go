@@ -34,7 +34,7 @@ func RoundTrip(opt Options, raw []byte) ([]byte, error) {
 // roundTripAll is RoundTrip for raw holding one or more commands: it
 // returns every reply, in order.
 func roundTripAll(opt Options, raw []byte) ([][]byte, error) {
-	opt = aloneOptions(opt)
+	opt.defaults()
 	nc, err := Dial(opt)
 	if err != nil {
 		return nil, aloneError(err, false)
@@ -45,16 +45,19 @@ func roundTripAll(opt Options, raw []byte) ([][]byte, error) {
 	return replies, aloneError(err, true)
 }
 
-// aloneOptions is opt with defaults for a connection of its own, whose
-// handshake may wait as long as its command (DeadTimeout) once connected:
-// a script keeps Redis from reading anything until busy-reply-threshold,
-// and a SCRIPT KILL sent before then, which Redis answers once the
-// threshold passes, failed "upstream unavailable" at the dial timeout
-// with the script left running (found by a probe: sent 1 s into a 12 s
-// script, with Redis's threshold at 5 s).
-func aloneOptions(opt Options) Options {
+// aloneOptions is opt for a command a client sent alone (SCRIPT KILL,
+// FUNCTION KILL/STATS, CLIENT UNBLOCK, SHUTDOWN), whose handshake may wait
+// as long as its command (DeadTimeout) once connected, until stop: a
+// script keeps Redis from reading anything until busy-reply-threshold, and
+// a SCRIPT KILL sent before then, which Redis answers once the threshold
+// passes, failed "upstream unavailable" at the dial timeout with the
+// script left running (found by a probe: sent 1 s into a 12 s script,
+// with Redis's threshold at 5 s). The proxy's own probes (RoundTrip:
+// Sentinel's role check, the cluster's slot map) keep the dial timeout.
+func aloneOptions(opt Options, stop <-chan struct{}) Options {
 	opt.defaults()
 	opt.handshakeTimeout = opt.DeadTimeout
+	opt.cancel = stop
 	return opt
 }
 
@@ -156,7 +159,7 @@ type aloneConn struct{ nc net.Conn }
 // false and gets a connection of its own, closed after.
 // It returns the reply of every command in raw.
 func (a *aloneConns) roundTrip(opt Options, resp3, keep bool, raw []byte) ([][]byte, error) {
-	opt.cancel = a.stop
+	opt = aloneOptions(opt, a.stop)
 	if !keep {
 		return roundTripAll(opt, raw)
 	}
@@ -170,7 +173,6 @@ func (a *aloneConns) keptRoundTrip(opt Options, resp3 bool, raw []byte) (replies
 	if resp3 {
 		i = 1
 	}
-	opt = aloneOptions(opt)
 	if c := a.kept[i].Swap(nil); c != nil {
 		unwatch := closeOnCancel(c.nc, opt.cancel)
 		replies, clean, err := exchange(opt, c.nc, raw)

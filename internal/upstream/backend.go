@@ -494,8 +494,7 @@ func (g *backendGen) roundTripAs(as *Backend, raw []byte) ([][]byte, error) {
 	}
 	o.Username, o.Password = theirs.Username, theirs.Password
 	o.Name = "redproxy-alone"
-	o.cancel = g.alone.stop
-	return roundTripAll(o, raw)
+	return roundTripAll(aloneOptions(o, g.alone.stop), raw)
 }
 
 // relayConn is a relayed connection in use.
