@@ -109,7 +109,7 @@ func (p *Pool) Send(c *Call) error {
 	return ErrUnavailable
 }
 
-// sparePipe returns the spare pipe, started on first use (see waitDialed).
+// sparePipe returns the spare pipe, started on first use (see spareUp).
 // After Close it returns nil.
 func (p *Pool) sparePipe() *Pipe {
 	if sp := p.spare.Load(); sp != nil {
