@@ -178,6 +178,11 @@ type Pipe struct {
 	// is queued but not writing, to join the write about to be made
 	// (Pool.Send).
 	queued, writing atomic.Bool
+	// writes counts the pending Calls with a command other than a read
+	// (Call.OnlyReads): a Pool keeps Calls of reads off a pipe where one
+	// waits, which Redis may be holding (CLIENT PAUSE WRITE), with the
+	// whole connection behind it.
+	writes atomic.Int32
 	// dialFailed: the last dial could not connect (refused, unreachable,
 	// TLS) and the pipe is waiting to redial (Pool.WaitDialed stops
 	// waiting for a pipe that cannot connect).
@@ -286,6 +291,10 @@ func (p *Pipe) Send(c *Call) error {
 	c.sent = now
 	p.seq++
 	c.seq = p.seq
+	c.write = !c.OnlyReads()
+	if c.write {
+		p.writes.Add(1)
+	}
 	p.pending = append(p.pending, c)
 	p.wq = append(p.wq, c)
 	p.queued.Store(true)
@@ -658,6 +667,7 @@ func (p *Pipe) reader(lc *liveConn) {
 	p.live = nil
 	failed := p.pending[p.head:]
 	p.pending, p.head = nil, 0
+	p.writes.Store(0)
 	p.wq = nil
 	p.queued.Store(false)
 	p.writing.Store(false)
@@ -882,6 +892,9 @@ wait:
 	p.head++
 	if p.head == len(p.pending) {
 		p.pending, p.head = p.pending[:0], 0
+	}
+	if rr.cur.write {
+		p.writes.Add(-1)
 	}
 	p.mu.Unlock()
 	rr.cur.complete(nil)

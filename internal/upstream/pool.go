@@ -19,14 +19,15 @@ type Pool struct {
 	settling atomic.Bool
 	settleBy time.Time
 
-	// spare takes Calls of reads only (Call.AddRead) while every pipe
-	// lags; dialled the first time that happens. Under CLIENT PAUSE WRITE
-	// Redis holds each connection at its first write and still answers
-	// reads on the others, but with writers on every pipe a read had
-	// nowhere to go but behind a paused write (found by a probe: a client
-	// that only read waited out a 3 s pause, and a 34 s one failed its GET
-	// at dead_timeout, where Redis answered it in 8 ms). A write never goes
-	// there, so the spare lags only when Redis answers nobody.
+	// spare takes Calls of reads only (Call.AddRead) while every pipe has
+	// a write pending or lags (sendReads); dialled the first time that
+	// happens. Under CLIENT PAUSE WRITE Redis holds each connection at its
+	// first write and still answers reads on the others, but with writers
+	// on every pipe a read had nowhere to go but behind a paused write
+	// (found by a probe: a client that only read waited out a 3 s pause,
+	// and a 34 s one failed its GET at dead_timeout, where Redis answered
+	// it in 8 ms). A write never goes there, so the spare lags only when
+	// Redis answers nobody.
 	opt     Options
 	spareMu sync.Mutex
 	spare   atomic.Pointer[Pipe]
@@ -52,6 +53,11 @@ func NewPool(n int, opt Options) *Pool {
 // script), and so should the proxy. It returns ErrUnavailable only when no
 // pipe is up.
 func (p *Pool) Send(c *Call) error {
+	if c.OnlyReads() {
+		if sent, err := p.sendReads(c); sent {
+			return err
+		}
+	}
 	n := uint32(len(p.pipes))
 	if n > 1 {
 		// Join the write the last pipe's writer is about to make rather
@@ -68,24 +74,13 @@ func (p *Pool) Send(c *Call) error {
 		}
 	}
 	start := p.next.Add(1)
-	lagging := false
 	for i := uint32(0); i < n; i++ {
 		pp := p.pipes[(start+i)%n]
 		if pp.lagging.Load() {
-			lagging = true
 			continue
 		}
 		if err := pp.Send(c); err != ErrUnavailable {
 			return err
-		}
-	}
-	// Only lagging pipes are up (lagging is only ever set on a pipe up):
-	// not a Redis that is down, where the Call fails at once below.
-	if lagging && c.OnlyReads() {
-		if sp := p.sparePipe(); sp != nil && !sp.lagging.Load() && p.spareUp(sp) {
-			if err := sp.Send(c); err != ErrUnavailable {
-				return err
-			}
 		}
 	}
 	for i := uint32(0); i < n; i++ {
@@ -107,6 +102,47 @@ func (p *Pool) Send(c *Call) error {
 		}
 	}
 	return ErrUnavailable
+}
+
+// sendReads is Send for a Call of reads (Call.OnlyReads): it goes to a
+// pipe up with no write pending and not lagging, joining the write its
+// writer is about to make as Send does; else, when a pipe is up but has a
+// write pending or lags, to the spare. Under CLIENT PAUSE WRITE Redis holds
+// a connection at its first write, and everything sent behind it waits
+// for the pause; reads on another connection are answered. sent is false
+// when neither applies (no pipe up, or the spare is not up): the Call then
+// goes where any Call goes.
+func (p *Pool) sendReads(c *Call) (sent bool, err error) {
+	n := uint32(len(p.pipes))
+	free := func(pp *Pipe) bool { return pp.writes.Load() == 0 && !pp.lagging.Load() }
+	if n > 1 {
+		if pp := p.pipes[p.next.Load()%n]; pp.queued.Load() && !pp.writing.Load() && free(pp) {
+			if err := pp.Send(c); err != ErrUnavailable {
+				return true, err
+			}
+		}
+	}
+	start := p.next.Add(1)
+	busy := false
+	for i := uint32(0); i < n; i++ {
+		pp := p.pipes[(start+i)%n]
+		if !free(pp) {
+			busy = true // (writes and lagging are only ever set on a pipe up)
+			continue
+		}
+		if err := pp.Send(c); err != ErrUnavailable {
+			return true, err
+		}
+	}
+	if !busy {
+		return false, nil
+	}
+	if sp := p.sparePipe(); sp != nil && !sp.lagging.Load() && p.spareUp(sp) {
+		if err := sp.Send(c); err != ErrUnavailable {
+			return true, err
+		}
+	}
+	return false, nil
 }
 
 // sparePipe returns the spare pipe, started on first use (see spareUp).

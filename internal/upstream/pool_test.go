@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -103,5 +104,51 @@ func TestPoolSpareNotDialledForARedisThatIsDown(t *testing.T) {
 	}
 	if pool.spare.Load() != nil {
 		t.Fatal("a spare connection was dialled for a Redis that is down")
+	}
+}
+
+// A pipe's count of pending writes, which keeps reads off it, goes back
+// to 0 when they are answered and when the connection is lost with them
+// pending: a count left behind would send every later read to the spare.
+func TestPoolPendingWritesCounted(t *testing.T) {
+	srv := redistest.Start(t)
+	pool := NewPool(1, testOpts(srv.Addr()))
+	defer pool.Close()
+	waitUp(t, pool)
+	pp := pool.pipes[0]
+	for i := range 50 {
+		c := NewCall()
+		c.Add(cmd("INCR", "n"))
+		if i%2 == 0 {
+			c.AddRead(cmd("GET", "n"))
+		}
+		if err := pool.Send(c); err != nil {
+			t.Fatal(err)
+		}
+		c.Wait()
+	}
+	if n := pp.writes.Load(); n != 0 {
+		t.Fatalf("pending writes after every reply came: %d", n)
+	}
+	// Held by a pause, then lost with the connection.
+	direct := srv.Client(t)
+	if err := direct.Do(context.Background(), "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	held := NewCall()
+	held.Add(cmd("INCR", "n"))
+	if err := pool.Send(held); err != nil {
+		t.Fatal(err)
+	}
+	if n := pp.writes.Load(); n != 1 {
+		t.Fatalf("pending writes with one INCR held: %d, want 1", n)
+	}
+	srv.Kill(t)
+	held.Wait()
+	if held.Err() == nil {
+		t.Fatal("the held INCR did not fail when Redis was killed")
+	}
+	if n := pp.writes.Load(); n != 0 {
+		t.Fatalf("pending writes after the connection was lost: %d", n)
 	}
 }
