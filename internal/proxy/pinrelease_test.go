@@ -213,7 +213,6 @@ func TestBlockedClientThatLeftDuringAStallLosesNoPush(t *testing.T) {
 		"the job pushed after the worker left was popped for nobody")
 }
 
-
 // A blocking command Redis has not answered dead_timeout past its own
 // timeout (Redis frozen, here) ends with the client's connection closed,
 // as a lost connection's command does, rather than waiting as long as
