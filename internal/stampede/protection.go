@@ -438,25 +438,7 @@ func (w *Writes) Pending() bool { return len(w.marks) > 0 }
 // WriteStart is told of a write of cmd with args in DB db before it is
 // sent upstream; it remembers in w the keys under a rule.
 func (p *Protection) WriteStart(w *Writes, db int, cmd *commands.Command, args [][]byte) {
-	retired := p.forwarding()
-	if p.misses == nil && len(retired) == 0 {
-		return
-	}
-	var kb [8]int
-	for _, i := range cmd.Keys(args, kb[:0]) {
-		if p.misses != nil {
-			if match := p.misses.Match(args[i]); match.Any() {
-				w.marks = append(w.marks, writeMark{misses: p.misses, db: db, key: bytes.Clone(args[i]), match: match})
-			}
-		}
-		for _, m := range retired {
-			// Only the hold: the retired early refresh rules sample
-			// nothing any more.
-			if match := m.Match(args[i]); match.Hold() {
-				w.marks = append(w.marks, writeMark{misses: m, db: db, key: bytes.Clone(args[i]), match: Match{hold: match.hold}})
-			}
-		}
-	}
+	p.mark(w, db, cmd, args, 0)
 }
 
 // WriteRefused is told of a write of cmd with args in DB db that the
@@ -468,6 +450,12 @@ func (p *Protection) WriteStart(w *Writes, db int, cmd *commands.Command, args [
 // the policy refused for its size kept 100 readers waiting 2 s). Another
 // client's refused write ends nothing: Redis's value did not change.
 func (p *Protection) WriteRefused(w *Writes, db int, cmd *commands.Command, args [][]byte, owner int64) {
+	p.mark(w, db, cmd, args, owner)
+}
+
+// mark remembers in w the keys of cmd with args under a rule, as written
+// (refusedBy 0) or as refused to client refusedBy.
+func (p *Protection) mark(w *Writes, db int, cmd *commands.Command, args [][]byte, refusedBy int64) {
 	retired := p.forwarding()
 	if p.misses == nil && len(retired) == 0 {
 		return
@@ -476,12 +464,14 @@ func (p *Protection) WriteRefused(w *Writes, db int, cmd *commands.Command, args
 	for _, i := range cmd.Keys(args, kb[:0]) {
 		if p.misses != nil {
 			if match := p.misses.Match(args[i]); match.Any() {
-				w.marks = append(w.marks, writeMark{misses: p.misses, db: db, key: bytes.Clone(args[i]), match: match, refusedBy: owner})
+				w.marks = append(w.marks, writeMark{misses: p.misses, db: db, key: bytes.Clone(args[i]), match: match, refusedBy: refusedBy})
 			}
 		}
 		for _, m := range retired {
+			// Only the hold: the retired early refresh rules sample
+			// nothing any more.
 			if match := m.Match(args[i]); match.Hold() {
-				w.marks = append(w.marks, writeMark{misses: m, db: db, key: bytes.Clone(args[i]), match: Match{hold: match.hold}, refusedBy: owner})
+				w.marks = append(w.marks, writeMark{misses: m, db: db, key: bytes.Clone(args[i]), match: Match{hold: match.hold}, refusedBy: refusedBy})
 			}
 		}
 	}
