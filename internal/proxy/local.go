@@ -391,8 +391,10 @@ type trackingOpts struct{ optin, optout, bcast, prefix bool }
 func trackingOptions(args [][]byte) (o trackingOpts, ok bool) {
 	for i := 3; i < len(args); i++ {
 		switch strings.ToLower(string(args[i])) {
-		case "redirect", "prefix":
-			o.prefix = o.prefix || strings.EqualFold(string(args[i]), "prefix")
+		case "prefix":
+			o.prefix = true
+			fallthrough
+		case "redirect":
 			i++
 			if i == len(args) {
 				return o, false

@@ -604,11 +604,11 @@ func (sess *Session) forwardCommand(r *request) {
 		sess.writeForwarded(r.cmd, r.Args)
 	}
 	sess.replicaForwarded(r)
+	sess.slots = append(sess.slots, sess.upstreamSlot(r.m))
 	if readDuringPause(r.cmd) {
-		sess.slots = append(sess.slots, sess.upstreamSlot(r.m))
 		sess.call.AddRead(r.Raw)
 	} else {
-		sess.forward(r.Raw, r.m)
+		sess.call.Add(r.Raw)
 	}
 	sess.mirrorNote(r)
 }

@@ -139,10 +139,10 @@ func commandCount(raw []byte) int {
 // is one connection: commands sent alone by several clients at once dial
 // the others, as before.
 type aloneConns struct {
-	kept   [2]atomic.Pointer[aloneConn]
-	closed atomic.Bool
+	kept [2]atomic.Pointer[aloneConn]
 	// stop is closed by close: a connection being dialled or used that is
-	// not kept yet is closed then, so its command ends. Its handshake may
+	// not kept yet is closed then, so its command ends, and none is kept
+	// after. Its handshake may
 	// wait for a busy Redis up to DeadTimeout (aloneOptions), and a
 	// shutdown waited that long for a SCRIPT KILL sent to a frozen Redis
 	// (found by review).
@@ -195,7 +195,7 @@ func (a *aloneConns) keptRoundTrip(opt Options, resp3 bool, raw []byte) (replies
 	unwatch := closeOnCancel(nc, opt.cancel)
 	replies, clean, err := exchange(opt, nc, raw)
 	unwatch()
-	if clean && !isClosed(a.stop) {
+	if clean {
 		a.keep(i, &aloneConn{nc: nc})
 	} else {
 		nc.Close()
@@ -216,7 +216,7 @@ func (a *aloneConns) keep(i int, c *aloneConn) {
 		c.nc.Close()
 		return
 	}
-	if a.closed.Load() {
+	if isClosed(a.stop) {
 		a.close() // close raced with the store
 	}
 }
@@ -239,12 +239,7 @@ func closeOnCancel(nc net.Conn, cancel <-chan struct{}) (unwatch func()) {
 }
 
 func (a *aloneConns) close() {
-	a.stopOnce.Do(func() {
-		if a.stop != nil {
-			close(a.stop)
-		}
-	})
-	a.closed.Store(true)
+	a.stopOnce.Do(func() { close(a.stop) })
 	for i := range a.kept {
 		if c := a.kept[i].Swap(nil); c != nil {
 			c.nc.Close()

@@ -58,7 +58,6 @@ var (
 type Call struct {
 	parts [][]byte // raw RESP commands; they may point into the client's read buffer
 	reads int      // how many of parts came through AddRead
-	write bool     // counted in its Pipe's writes (set by Pipe.Send)
 	// out holds the replies back to back; ends[i] is where reply i ends.
 	out  []byte
 	ends []int

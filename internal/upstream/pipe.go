@@ -291,8 +291,7 @@ func (p *Pipe) Send(c *Call) error {
 	c.sent = now
 	p.seq++
 	c.seq = p.seq
-	c.write = !c.OnlyReads()
-	if c.write {
+	if !c.OnlyReads() {
 		p.writes.Add(1)
 	}
 	p.pending = append(p.pending, c)
@@ -893,7 +892,7 @@ wait:
 	if p.head == len(p.pending) {
 		p.pending, p.head = p.pending[:0], 0
 	}
-	if rr.cur.write {
+	if !rr.cur.OnlyReads() { // (its commands are as they were at Send)
 		p.writes.Add(-1)
 	}
 	p.mu.Unlock()

@@ -50,39 +50,32 @@ func NewPool(n int, opt Options) *Pool {
 // Send hands c to the next pipe that is up, passing over pipes stuck
 // behind a slow reply (a long script, CLIENT PAUSE) while another pipe is
 // not: Redis answers other connections meanwhile (with -BUSY during a
-// script), and so should the proxy. It returns ErrUnavailable only when no
-// pipe is up.
+// script), and so should the proxy. A Call of reads (Call.OnlyReads) also
+// passes over pipes with a write pending, and goes to the spare when every
+// pipe up has one or lags: under CLIENT PAUSE WRITE Redis holds a
+// connection at its first write, and everything sent behind it waits for
+// the pause, while reads on another connection are answered. It returns
+// ErrUnavailable only when no pipe is up.
 func (p *Pool) Send(c *Call) error {
-	if c.OnlyReads() {
-		if sent, err := p.sendReads(c); sent {
+	reads := c.OnlyReads()
+	sent, busy, err := p.sendFree(c, reads)
+	if sent {
+		return err
+	}
+	if reads && busy {
+		if sp := p.sparePipe(); sp != nil && !sp.lagging.Load() && p.spareUp(sp) {
+			if err := sp.Send(c); err != ErrUnavailable {
+				return err
+			}
+		}
+		// The spare is not up: a pipe with a write pending takes it as
+		// any Call.
+		if sent, _, err := p.sendFree(c, false); sent {
 			return err
 		}
 	}
 	n := uint32(len(p.pipes))
-	if n > 1 {
-		// Join the write the last pipe's writer is about to make rather
-		// than start another: Redis reads and answers one write's
-		// commands together, so fewer, fuller writes cost it (and the
-		// proxy) less per command (GET -P 1, 50 clients: 15 commands per
-		// upstream write instead of 5). Sends spread out again once the
-		// writer takes them, and never pile up behind a write in
-		// progress, which may be waiting for a Redis that reads nothing.
-		if pp := p.pipes[p.next.Load()%n]; pp.queued.Load() && !pp.writing.Load() && !pp.lagging.Load() {
-			if err := pp.Send(c); err != ErrUnavailable {
-				return err
-			}
-		}
-	}
-	start := p.next.Add(1)
-	for i := uint32(0); i < n; i++ {
-		pp := p.pipes[(start+i)%n]
-		if pp.lagging.Load() {
-			continue
-		}
-		if err := pp.Send(c); err != ErrUnavailable {
-			return err
-		}
-	}
+	start := p.next.Load()
 	for i := uint32(0); i < n; i++ {
 		pp := p.pipes[(start+i)%n]
 		if !pp.lagging.Load() {
@@ -104,45 +97,40 @@ func (p *Pool) Send(c *Call) error {
 	return ErrUnavailable
 }
 
-// sendReads is Send for a Call of reads (Call.OnlyReads): it goes to a
-// pipe up with no write pending and not lagging, joining the write its
-// writer is about to make as Send does; else, when a pipe is up but has a
-// write pending or lags, to the spare. Under CLIENT PAUSE WRITE Redis holds
-// a connection at its first write, and everything sent behind it waits
-// for the pause; reads on another connection are answered. sent is false
-// when neither applies (no pipe up, or the spare is not up): the Call then
-// goes where any Call goes.
-func (p *Pool) sendReads(c *Call) (sent bool, err error) {
+// sendFree hands c to a pipe up that does not lag and, when reads, has no
+// write pending: the next in turn, unless it can join the write a pipe's
+// writer is about to make. sent is false when no pipe took it; busy, when
+// a pipe was passed over for lagging or a pending write (both are only
+// ever set on a pipe up).
+func (p *Pool) sendFree(c *Call, reads bool) (sent, busy bool, err error) {
 	n := uint32(len(p.pipes))
-	free := func(pp *Pipe) bool { return pp.writes.Load() == 0 && !pp.lagging.Load() }
+	free := func(pp *Pipe) bool { return !pp.lagging.Load() && (!reads || pp.writes.Load() == 0) }
 	if n > 1 {
+		// Join the write the last pipe's writer is about to make rather
+		// than start another: Redis reads and answers one write's
+		// commands together, so fewer, fuller writes cost it (and the
+		// proxy) less per command (GET -P 1, 50 clients: 15 commands per
+		// upstream write instead of 5). Sends spread out again once the
+		// writer takes them, and never pile up behind a write in
+		// progress, which may be waiting for a Redis that reads nothing.
 		if pp := p.pipes[p.next.Load()%n]; pp.queued.Load() && !pp.writing.Load() && free(pp) {
 			if err := pp.Send(c); err != ErrUnavailable {
-				return true, err
+				return true, false, err
 			}
 		}
 	}
 	start := p.next.Add(1)
-	busy := false
 	for i := uint32(0); i < n; i++ {
 		pp := p.pipes[(start+i)%n]
 		if !free(pp) {
-			busy = true // (writes and lagging are only ever set on a pipe up)
+			busy = true
 			continue
 		}
 		if err := pp.Send(c); err != ErrUnavailable {
-			return true, err
+			return true, busy, err
 		}
 	}
-	if !busy {
-		return false, nil
-	}
-	if sp := p.sparePipe(); sp != nil && !sp.lagging.Load() && p.spareUp(sp) {
-		if err := sp.Send(c); err != ErrUnavailable {
-			return true, err
-		}
-	}
-	return false, nil
+	return false, busy, nil
 }
 
 // sparePipe returns the spare pipe, started on first use (see spareUp).
