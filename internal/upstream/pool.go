@@ -20,7 +20,7 @@ type Pool struct {
 	settleBy time.Time
 
 	// spare takes Calls of reads only (Call.AddRead) while every pipe has
-	// a write pending or lags (sendReads); dialled the first time that
+	// a write pending or lags (Send); dialled the first time that
 	// happens. Under CLIENT PAUSE WRITE Redis holds each connection at its
 	// first write and still answers reads on the others, but with writers
 	// on every pipe a read had nowhere to go but behind a paused write
