@@ -313,30 +313,41 @@ func TestFailLimiter(t *testing.T) {
 	now := time.Unix(1000, 0)
 	l := NewFailLimiter()
 	l.SetClock(func() time.Time { return now })
-	for i := 0; i < DefaultFailBurst; i++ {
-		if !l.Allowed("1.2.3.4") {
+	const burst = DefaultFailBurst
+	for i := 0; i < burst; i++ {
+		if !l.Allowed("1.2.3.4", burst) {
 			t.Fatalf("refused after %d failures", i)
 		}
-		l.Failed("1.2.3.4")
+		l.Failed("1.2.3.4", burst)
 	}
-	if l.Allowed("1.2.3.4") {
+	if l.Allowed("1.2.3.4", burst) {
 		t.Fatal("allowed past the burst")
 	}
-	if !l.Allowed("5.6.7.8") {
+	if !l.Allowed("5.6.7.8", burst) {
 		t.Fatal("another address is limited too")
 	}
 	now = now.Add(time.Second)
-	if !l.Allowed("1.2.3.4") {
+	if !l.Allowed("1.2.3.4", burst) {
 		t.Fatal("not refilled after a second")
 	}
-	l.Failed("1.2.3.4")
-	if l.Allowed("1.2.3.4") {
+	l.Failed("1.2.3.4", burst)
+	if l.Allowed("1.2.3.4", burst) {
 		t.Fatal("one refill allows one attempt")
+	}
+	// A smaller burst (a reload) caps a bucket filled under the larger.
+	now = now.Add(time.Hour)
+	if !l.Allowed("1.2.3.4", 2) {
+		t.Fatal("refused after an hour")
+	}
+	l.Failed("1.2.3.4", 2)
+	l.Failed("1.2.3.4", 2)
+	if l.Allowed("1.2.3.4", 2) {
+		t.Fatal("a bucket refilled for an hour allowed more than the new burst of 2")
 	}
 	// Memory stays bounded under an address spray.
 	l.MaxAddrs = 100
 	for i := 0; i < 1000; i++ {
-		l.Failed(string(rune('a'+i%26)) + time.Duration(i).String())
+		l.Failed(string(rune('a'+i%26))+time.Duration(i).String(), burst)
 	}
 	if n := l.Tracked(); n > 100 {
 		t.Fatalf("%d addresses tracked, cap 100", n)

@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"regexp"
 	"slices"
@@ -115,6 +116,56 @@ type Server struct {
 	// connection, as a load balancer sends it; the address in it is the
 	// client's. A connection without one is closed.
 	ProxyProtocol bool `toml:"proxy_protocol"`
+
+	// AuthFailureLimit is how many failed AUTHs in a row a client address
+	// may make before it may try only once a second; 0 turns the limit
+	// off. AuthLimitExempt lists addresses and CIDR prefixes it never
+	// applies to: behind a sidecar or a local balancer every client has
+	// the same address, and one client with a wrong password would lock
+	// out the others' right ones.
+	AuthFailureLimit int      `toml:"auth_failure_limit"`
+	AuthLimitExempt  []string `toml:"auth_limit_exempt"`
+}
+
+// AuthLimited reports whether the failed-AUTH limit applies to a client at
+// host (an IP address, as the connection or its PROXY header gives it).
+// The exemptions were checked by Validate.
+func (s *Server) AuthLimited(host string) bool {
+	if s.AuthFailureLimit == 0 {
+		return false
+	}
+	if len(s.AuthLimitExempt) == 0 {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return true
+	}
+	ip = ip.Unmap()
+	for _, e := range s.AuthLimitExempt {
+		if p, err := parsePrefix(e); err == nil && p.Contains(ip) {
+			return false
+		}
+	}
+	return true
+}
+
+// parsePrefix reads an address ("10.0.0.5", "::1") as the prefix of that
+// one address, or a CIDR prefix ("127.0.0.0/8").
+func parsePrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return p, err
+		}
+		return p.Masked(), nil
+	}
+	ip, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	ip = ip.Unmap()
+	return netip.PrefixFrom(ip, ip.BitLen()), nil
 }
 
 // Admin configures access to the admin HTTP endpoint.
@@ -204,6 +255,8 @@ func Default() *Config {
 			SlowlogMaxLen:      128,
 			ClientWriteTimeout: dur(10 * time.Second),
 			TLS:                ServerTLS{MinVersion: "1.2", HandshakeTimeout: dur(DefaultHandshakeTimeout)},
+			AuthFailureLimit:   auth.DefaultFailBurst,
+			AuthLimitExempt:    []string{},
 		},
 		Upstream: Upstream{
 			Mode:         ModeStandalone,

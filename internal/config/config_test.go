@@ -105,6 +105,8 @@ slowlog_threshold = "2ms"
 slowlog_max_len = 16
 allow_unauthenticated = true
 proxy_protocol = true
+auth_failure_limit = 3
+auth_limit_exempt = ["127.0.0.1", "fd00::/8"]
 
 [admin]
 token_file = "/etc/redproxy/admin.token"
@@ -238,6 +240,8 @@ queue_bytes = "1MB"
 
 			AllowUnauthenticated: true,
 			ProxyProtocol:        true,
+			AuthFailureLimit:     3,
+			AuthLimitExempt:      []string{"127.0.0.1", "fd00::/8"},
 		},
 		Admin:     Admin{TokenFile: "/etc/redproxy/admin.token"},
 		Upstreams: map[string]Upstream{"new": withUpstreamDefaults(Upstream{Address: "10.0.0.9:6379", Password: "m1rror", Databases: 1})},
@@ -388,6 +392,11 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{2, "server.shutdown_timeout", "must not be negative"}}},
 		{"slow log too long", "[server]\nslowlog_max_len = 1000000\n",
 			[]wantErr{{2, "server.slowlog_max_len", "must be between 0 (off) and 10000"}}},
+		{"negative auth failure limit", "[server]\nauth_failure_limit = -1\n",
+			[]wantErr{{2, "server.auth_failure_limit", "must be between 0 (no limit) and 1000000"}}},
+		{"bad auth limit exemption", "[server]\n\nauth_limit_exempt = [\"127.0.0.1\", \"10.0.0.0/33\", \"localhost\"]\n",
+			[]wantErr{{3, "server.auth_limit_exempt[1]", `"10.0.0.0/33" is neither an IP address nor a CIDR prefix`},
+				{3, "server.auth_limit_exempt[2]", `"localhost" is neither`}}},
 		{"bad read_from", "[upstream]\nread_from = \"replicas\"\n",
 			[]wantErr{{2, "upstream.read_from", `invalid value "replicas" (use "primary", "replica" or "replica_preferred")`}}},
 		{"zero replica lag", "[upstream]\nmax_replica_lag = \"0s\"\n",

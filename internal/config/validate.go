@@ -16,6 +16,10 @@ import (
 // maxSlowlogLen caps the slow log's memory: an entry is a few hundred bytes.
 const maxSlowlogLen = 10000
 
+// maxAuthFailureLimit bounds server.auth_failure_limit: past it the limit
+// no longer slows guessing; 0 is how to turn it off.
+const maxAuthFailureLimit = 1000000
+
 // check collects every invalid setting rather than stopping at the first, so
 // an operator fixes a config in one pass.
 func (c *Config) check() []*Error {
@@ -79,6 +83,14 @@ func (c *Config) check() []*Error {
 	nonNegative("server.client_write_timeout", s.ClientWriteTimeout)
 	nonNegative("server.shutdown_timeout", s.ShutdownTimeout)
 	nonNegative("server.slowlog_threshold", s.SlowlogThreshold)
+	if s.AuthFailureLimit < 0 || s.AuthFailureLimit > maxAuthFailureLimit {
+		bad("server.auth_failure_limit", "must be between 0 (no limit) and %d, got %d", maxAuthFailureLimit, s.AuthFailureLimit)
+	}
+	for i, e := range s.AuthLimitExempt {
+		if _, err := parsePrefix(e); err != nil {
+			bad(fmt.Sprintf("server.auth_limit_exempt[%d]", i), "%q is neither an IP address nor a CIDR prefix (use e.g. \"127.0.0.1\", \"10.0.0.0/8\", \"::1\")", e)
+		}
+	}
 	if s.SlowlogMaxLen < 0 || s.SlowlogMaxLen > maxSlowlogLen {
 		bad("server.slowlog_max_len", "must be between 0 (off) and %d, got %d", maxSlowlogLen, s.SlowlogMaxLen)
 	}

@@ -151,15 +151,24 @@ func (sess *Session) clientHost() string {
 func (sess *Session) authenticate(user, pass []byte) []byte {
 	st := sess.srv.users
 	host := sess.clientHost()
-	if !st.limiter.Allowed(host) {
+	// The snapshot in force now: a reload of the limit or its exemptions
+	// applies to the next AUTH.
+	sc := &sess.srv.Config().Server
+	limited := sc.AuthLimited(host)
+	if limited && !st.limiter.Allowed(host, sc.AuthFailureLimit) {
 		st.failures.WithLabelValues("ratelimited").Inc()
 		return errAuthRateLimited
+	}
+	failed := func() {
+		if limited {
+			st.limiter.Failed(host, sc.AuthFailureLimit)
+		}
+		st.failures.WithLabelValues("wrongpass").Inc()
 	}
 	if !sess.srv.usersOn() {
 		e := sess.checkUpstreamAuth(user, pass)
 		if e != nil && !bytes.Equal(e, errNoPassword) {
-			st.limiter.Failed(host)
-			st.failures.WithLabelValues("wrongpass").Inc()
+			failed()
 		}
 		return e
 	}
@@ -168,8 +177,7 @@ func (sess *Session) authenticate(user, pass []byte) []byte {
 	}
 	u := st.users.Authenticate(user, pass)
 	if u == nil {
-		st.limiter.Failed(host)
-		st.failures.WithLabelValues("wrongpass").Inc()
+		failed()
 		return errWrongPass
 	}
 	if u != sess.user && sess.pin.pipe != nil {

@@ -161,6 +161,55 @@ func TestUsersFailedAuthRateLimited(t *testing.T) {
 	}
 }
 
+// TestAuthLimitExemptAndOff: behind a sidecar every client comes from
+// 127.0.0.1, so one worker with a wrong password locked the others' right
+// ones out. An exempt address is never limited, auth_failure_limit = 0
+// turns the limit off, and a reload to either unlocks an address already
+// limited, at its next AUTH; failures are still counted.
+func TestAuthLimitExemptAndOff(t *testing.T) {
+	authAfterFailures := func(t *testing.T, p *proxytest.Proxy, failures int) string {
+		t.Helper()
+		nc := p.Dial(t)
+		rd := newReplyReader(nc)
+		for range failures {
+			nc.Write([]byte("AUTH app wrong\r\n"))
+			rd.line(t)
+		}
+		nc.Write([]byte("AUTH app " + appPass + "\r\n"))
+		return rd.line(t)
+	}
+	for _, tt := range []struct {
+		name   string
+		mutate func(*config.Config)
+	}{
+		{"exempt address", func(c *config.Config) { c.Server.AuthLimitExempt = []string{"10.0.0.0/8", "127.0.0.1"} }},
+		{"exempt prefix", func(c *config.Config) { c.Server.AuthLimitExempt = []string{"127.0.0.0/8"} }},
+		{"limit off", func(c *config.Config) { c.Server.AuthFailureLimit = 0 }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := usersProxy(t, tt.mutate)
+			if got := authAfterFailures(t, p, 3*auth.DefaultFailBurst); got != "+OK" {
+				t.Fatalf("right password after %d wrong ones: %q, want +OK", 3*auth.DefaultFailBurst, got)
+			}
+			if n := counterSum(t, p, "redproxy_auth_failures_total", "reason", "wrongpass"); n != 3*auth.DefaultFailBurst {
+				t.Errorf("redproxy_auth_failures_total = %v, want %d", n, 3*auth.DefaultFailBurst)
+			}
+		})
+	}
+	t.Run("reload unlocks", func(t *testing.T) {
+		p := usersProxy(t, func(c *config.Config) { c.Server.AuthFailureLimit = 2 })
+		if got := authAfterFailures(t, p, 2); !strings.Contains(got, "too many failed AUTH") {
+			t.Fatalf("right password after 2 wrong ones with a limit of 2: %q, want the rate-limit error", got)
+		}
+		if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Server.AuthLimitExempt = []string{"::1", "127.0.0.1"} })); err != nil {
+			t.Fatal(err)
+		}
+		if got := authAfterFailures(t, p, 0); got != "+OK" {
+			t.Fatalf("right password after the reload exempted the address: %q, want +OK", got)
+		}
+	})
+}
+
 func TestReadOnlyUserCannotWrite(t *testing.T) {
 	p := usersProxy(t, nil)
 	p.Redis.Client(t).Set(ctx, "cache:a", "orig", 0)
