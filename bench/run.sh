@@ -65,8 +65,8 @@ Flags:
   --targets LIST   comma-separated subset of targets (e.g. direct,twemproxy)
   --tests LIST     comma-separated subset of tests (e.g. get_p16,set_p16)
   --extra-proxy 'NAME=PATH [ARGS]'
-                   one more proxy target named NAME (passthrough, large and
-                   idle scenarios; repeatable): PATH is a binary, or a directory
+                   one more proxy target named NAME (passthrough, large,
+                   mixed and idle scenarios; repeatable): PATH is a binary, or a directory
                    holding a Go main package (built), started as
                    PATH --listen ADDR --upstream ADDR [ARGS]
   --check          exit 1 when a goal listed under "Checks" is missed
@@ -394,12 +394,21 @@ bench_once() {
 
 	local attempt cmds_before cmds_after cpu rps p50 p99 kv other redis_cmds
 	local client_us redis_us proxy_us wall_us busy_us
+	# A test whose arguments start with @mixed:T1,T2 runs those
+	# redis-benchmark tests at once, sharing the clients and requests
+	# (benchtool mixed); its record is the combined row.
+	local args=${TEST_ARGS[$test]} bench=(redis-benchmark)
+	if [[ $args == @mixed:* ]]; then
+		local tests=${args%% *}
+		bench=("$TMP/bin/benchtool" mixed -tests "${tests#@mixed:}" -- redis-benchmark)
+		args=${args#"$tests"}
+	fi
 	for ((attempt = 0; ; attempt++)); do
 		cmds_before=$(redis_commands)
-		# shellcheck disable=SC2086 # TEST_ARGS is a word list on purpose
+		# shellcheck disable=SC2086 # args is a word list on purpose
 		run_fg taskset -c "$CPU_CLIENT" "$TMP/bin/benchtool" measure "${pidargs[@]}" -out "$base.csv" -- \
-			redis-benchmark -p "$port" -c "$CLIENTS" -n "$n" -r "$KEYSPACE" -d "$DATASIZE" \
-			--csv ${TEST_ARGS[$test]} >"$base.cpu" 2>"$base.err" ||
+			"${bench[@]}" -p "$port" -c "$CLIENTS" -n "$n" -r "$KEYSPACE" -d "$DATASIZE" \
+			--csv $args >"$base.cpu" 2>"$base.err" ||
 			{ cat "$base.err" >&2; die "redis-benchmark failed: $test against $target"; }
 		cpu=$(<"$base.cpu")
 		cmds_after=$(redis_commands)
@@ -594,6 +603,20 @@ scenario_passthrough() {
 	add_tests "get_p1|GET -P 1|$N_P1|-t get -P 1" "set_p1|SET -P 1|$N_P1|-t set -P 1" \
 		"get_p16|GET -P 16|$N_P16|-t get -P 16" "set_p16|SET -P 16|$N_P16|-t set -P 16"
 
+	run_matrix
+	report
+}
+
+# mixed: GET and SET at once, half the clients each, at -P 1 and -P 16:
+# reads and writes share the proxy's upstream connections, as an
+# application's do (a read goes to a connection with no write pending, or
+# to the spare one, docs/ARCHITECTURE.md), which the one-command runs do not
+# show. The test names carry no _p1/_p16 suffix: the issue 10 checks are
+# about single-command runs.
+scenario_mixed() {
+	passthrough_targets
+	add_tests "mixed_1|GET+SET at once -P 1|$N_P1|@mixed:get,set -P 1" \
+		"mixed_16|GET+SET at once -P 16|$N_P16|@mixed:get,set -P 16"
 	run_matrix
 	report
 }

@@ -4,6 +4,7 @@
 //	benchtool freeport [N]                 print N free loopback TCP ports
 //	benchtool measure [-pid NAME=PID]... -out FILE -- CMD ARGS...
 //	benchtool idle -addr HOST:PORT -pid PID -conns N [flags]
+//	benchtool mixed -tests get,set -- redis-benchmark ARGS...
 //
 // measure runs CMD, writes its stdout to FILE, and prints one line on stdout
 //
@@ -55,6 +56,8 @@ func main() {
 		err = measure(os.Args[2:])
 	case "idle":
 		err = idle(os.Args[2:])
+	case "mixed":
+		err = mixed(os.Args[2:])
 	default:
 		usage()
 	}
@@ -65,7 +68,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: benchtool freeport [N] | benchtool measure [-pid NAME=PID]... -out FILE -- CMD ARGS... | benchtool idle -addr HOST:PORT -pid PID -conns N [flags]")
+	fmt.Fprintln(os.Stderr, "usage: benchtool freeport [N] | benchtool measure [-pid NAME=PID]... -out FILE -- CMD ARGS... | benchtool idle -addr HOST:PORT -pid PID -conns N [flags] | benchtool mixed -tests T1,T2 -- redis-benchmark ARGS...")
 	os.Exit(2)
 }
 

@@ -93,3 +93,30 @@ func TestParseVmRSS(t *testing.T) {
 		t.Fatalf("vmRSS(self) = %d, %v", kb, err)
 	}
 }
+
+func TestMixedRow(t *testing.T) {
+	// GET ran 1,000 requests at 10,000/s (0.1 s), SET 1,000 at 5,000/s
+	// (0.2 s): 2,000 requests in the slowest's 0.2 s, and the worse
+	// latency of each column.
+	rows := [][]string{
+		{"GET", "10000.00", "0.500", "0.100", "0.400", "0.900", "1.200", "3.000"},
+		{"SET", "5000.00", "0.700", "0.080", "0.600", "1.100", "1.000", "2.500"},
+	}
+	got, err := mixedRow("get+set", 1000, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "get+set,10000.00,0.700,0.100,0.600,1.100,1.200,3.000"
+	if s := strings.Join(got, ","); s != want {
+		t.Fatalf("mixedRow = %s, want %s", s, want)
+	}
+	if _, err := mixedRow("x", 10, [][]string{{"GET", "0", "1"}}); err == nil {
+		t.Error("an rps of 0 accepted")
+	}
+	if a := setFlag([]string{"rb", "-c", "50", "-n", "9"}, "-c", 25); strings.Join(a, " ") != "rb -c 25 -n 9" {
+		t.Errorf("setFlag: %v", a)
+	}
+	if v, err := flagValue([]string{"rb", "-n", "9"}, "-n"); v != 9 || err != nil {
+		t.Errorf("flagValue: %d %v", v, err)
+	}
+}
