@@ -105,7 +105,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if tok := s.token.Load(); tok != nil && !health {
-		scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		scheme, got := bearerToken(r.Header.Get("Authorization"))
 		// The scheme is case-insensitive (RFC 9110); "bearer" was refused.
 		if !strings.EqualFold(scheme, "Bearer") || !auth.SecretEqual([]byte(got), *tok) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="redproxy admin"`)
@@ -114,6 +114,17 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// bearerToken splits an Authorization header into its scheme and
+// credentials. RFC 9110 separates them by one or more spaces; a token
+// after two spaces, or a tab, was refused (found by a probe).
+func bearerToken(h string) (scheme, token string) {
+	i := strings.IndexAny(h, " \t")
+	if i < 0 {
+		return h, ""
+	}
+	return h[:i], strings.TrimLeft(h[i:], " \t")
 }
 
 // browserRefusal says why a request to the endpoint without a token (it is

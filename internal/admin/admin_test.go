@@ -128,6 +128,37 @@ func TestAdminIdleConnectionsCloseAndBearerCase(t *testing.T) {
 	}
 }
 
+// The token may follow the scheme after any number of spaces (RFC 9110's
+// 1*SP) or a tab; a wrong or missing token is still refused.
+func TestAdminBearerSeparators(t *testing.T) {
+	const token = "0123456789abcdef-token"
+	s := newTestServer()
+	s.SetToken(token)
+	h := s.Handler()
+	for _, c := range []struct {
+		header string
+		want   int
+	}{
+		{"Bearer " + token, http.StatusOK},
+		{"Bearer  " + token, http.StatusOK},
+		{"Bearer\t" + token, http.StatusOK},
+		{"BEARER \t " + token, http.StatusOK},
+		{"Bearer", http.StatusUnauthorized},
+		{"Bearer ", http.StatusUnauthorized},
+		{"Bearer  x" + token, http.StatusUnauthorized},
+		{"Basic " + token, http.StatusUnauthorized},
+		{token, http.StatusUnauthorized},
+	} {
+		r := httptest.NewRequest("GET", "/policy/report", nil)
+		r.Header.Set("Authorization", c.header)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != c.want {
+			t.Errorf("Authorization %q: %d, want %d", c.header, w.Code, c.want)
+		}
+	}
+}
+
 // Without a token (a loopback address), a request a web page could make a
 // browser send is refused: by DNS rebinding (a Host that is not loopback)
 // or, for what changes something, from another site.
