@@ -21,6 +21,7 @@ import (
 	"github.com/redproxy/redproxy/internal/proxy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/resp"
 )
 
 // nodeAt finds the cluster node listening at addr.
@@ -570,4 +571,59 @@ func startClusterTTLProxy(t *testing.T) (*redistest.Cluster, *proxytest.Proxy) {
 		cfg.Policy.TTL = []policy.TTLRule{{Pattern: "sess:*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
 	})
 	return c, p
+}
+
+// TestClusterPolicyFixupsOfASplitMSET: an MSET over several slots is split
+// by slot, and with a TTL rule its fix-ups follow each slot's part to its
+// node. Wrapped in one MULTI of the proxy's own, it was refused CROSSSLOT
+// as a whole and nothing was written, where the same MSET without the rule
+// was split and written (found by a cluster probe).
+func TestClusterPolicyFixupsOfASplitMSET(t *testing.T) {
+	c, p := startClusterTTLProxy(t)
+	nc := p.Dial(t)
+	direct := c.ClusterClient(t)
+	keys := []string{"sess:a", "sess:b", "sess:c", "plain:x", "sess:d"}
+	slots := map[int]bool{}
+	for _, k := range keys {
+		slots[cluster.Slot([]byte(k))] = true
+	}
+	if len(slots) < 3 {
+		t.Fatalf("keys %v fall in %d slots; the test needs them spread", keys, len(slots))
+	}
+	// One key had a TTL of its own: MSET clears it, and the fix-up gives
+	// the rule's default again, as for a key written without one.
+	if err := direct.Set(ctx, "sess:c", "old", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"MSET"}
+	for i, k := range keys {
+		args = append(args, k, fmt.Sprint("v", i))
+	}
+	// Pipelined with reads of the keys behind it, in one write.
+	batch := resp.AppendCommandStrings(nil, args...)
+	batch = resp.AppendCommandStrings(batch, "GET", "sess:a")
+	batch = resp.AppendCommandStrings(batch, "MGET", "sess:d", "plain:x", "sess:b")
+	if _, err := nc.Write(batch); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"+OK\r\n", "$2\r\nv0\r\n", "*3\r\n$2\r\nv4\r\n$2\r\nv3\r\n$2\r\nv1\r\n"} {
+		if got := rawRead(t, nc); got != want {
+			t.Fatalf("reply %d = %q, want %q", i, got, want)
+		}
+	}
+	for i, k := range keys {
+		if v := direct.Get(ctx, k).Val(); v != fmt.Sprint("v", i) {
+			t.Errorf("%s = %q on its node, want v%d", k, v, i)
+		}
+		ttl := direct.TTL(ctx, k).Val()
+		switch {
+		case strings.HasPrefix(k, "sess:") && (ttl <= time.Minute || ttl > time.Hour):
+			t.Errorf("%s has TTL %v on its node, want the rule's hour", k, ttl)
+		case !strings.HasPrefix(k, "sess:") && ttl != -1:
+			t.Errorf("%s has TTL %v, want none (no rule)", k, ttl)
+		}
+	}
+	if n := counterSum(t, p, "redproxy_policy_fixup_failures_total", "", ""); n != 0 {
+		t.Errorf("%v fix-ups failed", n)
+	}
 }

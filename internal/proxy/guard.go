@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/cluster"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/metrics"
@@ -395,12 +396,39 @@ func (sess *Session) guardStep(r *request) bool {
 		fixups = b.FixupsIn(d.Expires, sess.fixupDB(), sess.srv.cfg.Upstream.Databases)
 	}
 	if len(fixups) > 0 {
-		sess.forwardWithFixups(raw, fixups, m)
+		sess.forwardWithFixups(raw, fixups, m, sess.splitWrite(cmd, args))
 	} else {
 		sess.forward(raw, m)
 	}
 	sess.mirrorNote(r)
 	return true
+}
+
+// splitWrite reports whether cmd is an MSET whose keys the cluster router
+// or the routes split over several slots or upstreams. Its TTL fix-ups
+// cannot share a MULTI with it: a transaction stays on one node (or
+// upstream), and one wrapping a split MSET was refused CROSSSLOT (or
+// CROSSROUTE) as a whole, nothing written, where the same MSET without a
+// TTL rule was split and written (found by a cluster probe). The other
+// commands split are reads and deletes, which need no fix-up; a cross-slot
+// write that is not split is refused either way.
+func (sess *Session) splitWrite(cmd *commands.Command, args [][]byte) bool {
+	if cmd == nil || cmd.Name != "mset" || len(args) < 5 {
+		return false
+	}
+	switch {
+	case sess.srv.router != nil:
+		slot := cluster.Slot(args[1])
+		for i := 3; i < len(args); i += 2 {
+			if cluster.Slot(args[i]) != slot {
+				return true
+			}
+		}
+	case sess.srv.routes != nil:
+		_, _, err := sess.srv.routes.table.Load().Keys(cmd, args, nil)
+		return err != nil
+	}
+	return false
 }
 
 // fixupDB is the database the command being dispatched runs in, which a

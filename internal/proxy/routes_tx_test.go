@@ -443,6 +443,43 @@ func TestRoutesTxGuardFixups(t *testing.T) {
 	}
 }
 
+// TestRoutesSplitMSETWithFixups: an MSET over two routes is split, and
+// with a TTL rule each upstream's part gets its fix-ups behind it there.
+// Wrapped in one MULTI of the proxy's own it was refused CROSSROUTE and
+// nothing was written (found by a cluster probe, in cluster mode's twin).
+func TestRoutesSplitMSETWithFixups(t *testing.T) {
+	r := startRouted(t, func(c *config.Config) {
+		c.Policy.TTL = []policy.TTLRule{
+			{Pattern: "queue:ttl*", Required: true, Default: policy.Duration{Duration: time.Hour}},
+			{Pattern: "cache:ttl*", Required: true, Default: policy.Duration{Duration: 2 * time.Hour}},
+		}
+	})
+	nc := dialAddr(t, r.p.Addr)
+	rawSend(t, nc, "MSET", "queue:ttl1", "a", "cache:ttl2", "b", "plain", "c", "cache:no", "d")
+	if got := rawRead(t, nc); got != "+OK\r\n" {
+		t.Fatalf("MSET over three routes: %q, want +OK", got)
+	}
+	for _, k := range []struct {
+		rs       *redistest.Server
+		key, val string
+		ttl      time.Duration // the rule's; 0: none
+	}{
+		{r.queue, "queue:ttl1", "a", time.Hour},
+		{r.cach, "cache:ttl2", "b", 2 * time.Hour},
+		{r.def, "plain", "c", 0},
+		{r.cach, "cache:no", "d", 0},
+	} {
+		c := k.rs.Client(t)
+		if v := c.Get(ctx, k.key).Val(); v != k.val {
+			t.Errorf("%s = %q on its upstream, want %q", k.key, v, k.val)
+		}
+		ttl := c.TTL(ctx, k.key).Val()
+		if k.ttl == 0 && ttl != -1 || k.ttl != 0 && (ttl <= k.ttl-time.Minute || ttl > k.ttl) {
+			t.Errorf("%s has TTL %v, want %v (0: none)", k.key, ttl, k.ttl)
+		}
+	}
+}
+
 // TestRoutesTxNamespace: in a namespace, FLUSHDB (a script of the
 // namespace's, fanned out over the upstreams) is refused inside a held
 // transaction instead of running ahead of it, and EXEC then answers

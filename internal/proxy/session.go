@@ -674,8 +674,15 @@ func (sess *Session) refusedInMulti() {
 // transaction the three travel as MULTI/command/fix-ups/EXEC in one Call on
 // one shared connection, so they run atomically; the client gets its
 // command's own reply (its queue-time error, or the first element of EXEC).
-func (sess *Session) forwardWithFixups(raw []byte, fixups [][]byte, m *metrics.Command) {
-	if sess.pin.pipe != nil {
+//
+// A command split over several nodes or upstreams (split, see splitWrite)
+// cannot be in one MULTI: its fix-ups follow it in the same Call, each to
+// its key's node behind that node's part of the command, as on a pinned
+// connection. Each node runs its part and the fix-ups of its keys from one
+// write, in order; they are not one transaction, as the split command
+// itself is not.
+func (sess *Session) forwardWithFixups(raw []byte, fixups [][]byte, m *metrics.Command, split bool) {
+	if sess.pin.pipe != nil || split {
 		// Inside the client's MULTI the fix-ups are queued right behind the
 		// command and their results are cut from EXEC's reply; under WATCH
 		// a MULTI of our own would consume the client's WATCH, so they just
