@@ -76,6 +76,9 @@ type Router struct {
 	// (loadMap).
 	asking sync.Map
 
+	// departed, when set, hears of the nodes dropDeparted dropped.
+	departed atomic.Pointer[func(addrs []string)]
+
 	// asks is, per slot, the last ASK a node answered for it: the slot is
 	// being migrated away from that node (see migrating).
 	asks [Slots]atomic.Pointer[askMark]
@@ -356,6 +359,9 @@ func (r *Router) dropDeparted(m *Map) {
 		return
 	}
 	r.log.Info("cluster: nodes left the slot map; closing their connections", "nodes", addrs)
+	if f := r.departed.Load(); f != nil {
+		(*f)(addrs)
+	}
 	for _, n := range gone {
 		n.once.Do(func() {})
 		if b := n.b.Load(); b != nil {
@@ -366,6 +372,12 @@ func (r *Router) dropDeparted(m *Map) {
 		}
 	}
 }
+
+// OnDeparted makes f hear of the nodes that left the slot map, after the
+// router closed its own connections to them, on the goroutine of the
+// refresh: it must not block. Connections others keep to the nodes (the
+// local tier's) would dial a removed node for as long as the proxy runs.
+func (r *Router) OnDeparted(f func(addrs []string)) { r.departed.Store(&f) }
 
 // cutNewlyFailed severs the dedicated connections and relays of the
 // primaries m flags as failed and cur did not: the node stays in the map

@@ -105,6 +105,40 @@ func (c *Cache) ConnectNode(addr string) {
 	}
 }
 
+// DropNodes closes the fill connections of the nodes addrs of the cluster
+// that is [upstream] (name "") or the upstream of routes called name:
+// they left the cluster's slot map. Without it the tier dialled a node
+// removed and shut down for as long as the proxy ran, logging each failed
+// dial, its loss flushed the whole tier, and Live stayed false (found by
+// a cluster probe). Nothing is flushed: what a node filled is served only
+// through its connection in the epoch it was filled in, which retire ends,
+// and the map names no slot of a departed node. A node that comes back is
+// dialled again on the next read of one of its keys.
+func (c *Cache) DropNodes(name string, addrs []string) {
+	u := c.ups[0]
+	if name != "" {
+		u = c.upstreamNamed(name)
+	}
+	if u == nil || u.cluster == nil {
+		return
+	}
+	var gone []*fillConn
+	c.connMu.Lock()
+	for _, a := range addrs {
+		k := ownerKey{u.idx, a, 0}
+		if v, ok := c.nodes.LoadAndDelete(k); ok {
+			fc := v.(*fillConn)
+			fc.retire()
+			gone = append(gone, fc)
+		}
+	}
+	c.connMu.Unlock()
+	for _, fc := range gone {
+		fc.pipe.Close()
+		c.log.Info("local tier: closed the tracking connection of a node that left the cluster", "upstream", u.name, "node", fc.node)
+	}
+}
+
 // LiveNode reports whether hits from node addr of [upstream]'s cluster may
 // be served now.
 func (c *Cache) LiveNode(addr string) bool { return c.live(ownerKey{0, addr, 0}) }

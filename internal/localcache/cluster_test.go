@@ -2,6 +2,7 @@ package localcache_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -341,5 +342,110 @@ func TestClusterTierNeedsROLE(t *testing.T) {
 	}
 	if p.LocalTier().Live(0) {
 		t.Fatal("the tier says it is live")
+	}
+}
+
+// TestClusterTierDropsANodeThatLeft: a primary emptied of its slots and
+// forgotten by the cluster (redis-cli --cluster del-node) loses the tier's
+// tracking connection too, and its shutdown then flushes nothing nor makes
+// the tier less than live. Before, the connection stayed: once the node
+// was shut down the tier redialled it for as long as the proxy ran (a
+// warning every few seconds), its loss flushed the whole tier, and Live
+// stayed false (found by a cluster probe).
+func TestClusterTierDropsANodeThatLeft(t *testing.T) {
+	c, p := startClusterTier(t, 0)
+	m := p.Router().Map()
+	ps := m.Primaries()
+	var victim, dst *redistest.Server
+	for _, n := range c.Nodes {
+		switch n.Addr() {
+		case ps[2]:
+			victim = n
+		case ps[1]:
+			dst = n
+		}
+	}
+	reader := p.Client(t)
+	byNode := spreadKeys(t, p, "left", 1)
+	for _, ks := range byNode {
+		if err := reader.Set(ctx, ks[0], "v", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		cacheIt(t, p, reader, ks[0])
+	}
+	tierConns := func(s *redistest.Server) int {
+		list, err := s.Client(t).ClientList(ctx).Result()
+		if err != nil {
+			return -1
+		}
+		return strings.Count(list, " name="+localcache.ConnName+" ")
+	}
+	if tierConns(victim) == 0 {
+		t.Fatal("no tracking connection on the node before it leaves")
+	}
+
+	// Its slots go to dst (with the keys: none of the test's is left
+	// there but the one cached), then every node forgets it.
+	dc, vc := dst.Client(t), victim.Client(t)
+	for _, k := range byNode[victim.Addr()] {
+		if err := vc.Del(ctx, k).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := dc.Do(ctx, "CLUSTER", "BUMPEPOCH").Err(); err != nil {
+		t.Fatal(err)
+	}
+	dstID, victimID := redistest.NodeID(t, dst), redistest.NodeID(t, victim)
+	var slots []int
+	for s := range cluster.Slots {
+		if m.Owner(s) == victim.Addr() {
+			slots = append(slots, s)
+		}
+	}
+	order := []*redistest.Server{dst, victim}
+	for _, n := range c.Nodes {
+		if n != dst && n != victim {
+			order = append(order, n)
+		}
+	}
+	for _, n := range order {
+		pipe := n.Client(t).Pipeline()
+		for _, s := range slots {
+			pipe.Do(ctx, "CLUSTER", "SETSLOT", s, "NODE", dstID)
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !(n == victim && strings.Contains(err.Error(), "only with masters")) {
+			t.Fatalf("SETSLOT on %s: %v", n.Addr(), err)
+		}
+	}
+	c.WaitHealthy(t)
+	if err := vc.Do(ctx, "CLUSTER", "RESET", "HARD").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.Nodes {
+		if n != victim {
+			if err := n.Client(t).Do(ctx, "CLUSTER", "FORGET", victimID).Err(); err != nil {
+				t.Fatalf("FORGET on %s: %v", n.Addr(), err)
+			}
+		}
+	}
+	redistest.Eventually(t, 15*time.Second, func() bool {
+		p.Router().Refresh()
+		return !slices.Contains(p.Router().Nodes(), victim.Addr()) && tierConns(victim) == 0
+	}, "the tier keeps its tracking connection to a node that left the cluster (%d on it)", tierConns(victim))
+
+	before := metric(t, p.Metrics.Registry, "redproxy_localcache_flushes_total", "reason="+localcache.FlushDisconnect)
+	victim.Kill(t)
+	redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().Live(0) },
+		"the tier is not live after a node that had left the cluster was shut down")
+	if n := metric(t, p.Metrics.Registry, "redproxy_localcache_flushes_total", "reason="+localcache.FlushDisconnect); n != before {
+		t.Errorf("the departed node's shutdown flushed the tier: %v disconnect flushes, %v before", n, before)
+	}
+	// The keys of the remaining nodes are still served from the tier.
+	for a, ks := range byNode {
+		if a != victim.Addr() {
+			if v := cacheIt(t, p, reader, ks[0]); v != "v" {
+				t.Fatalf("GET %s = %q", ks[0], v)
+			}
+		}
 	}
 }

@@ -49,6 +49,17 @@ func initTier(s *Server) error {
 		return err
 	}
 	c.Connect(0) // most clients use DB 0: have it live before they come
+	if s.router != nil {
+		s.router.OnDeparted(func(addrs []string) { c.DropNodes("", addrs) })
+	}
+	if s.routes != nil {
+		for _, t := range s.routes.targets {
+			if t.router != nil {
+				name := t.name
+				t.router.OnDeparted(func(addrs []string) { c.DropNodes(name, addrs) })
+			}
+		}
+	}
 	if m := s.routerMap(); m != nil {
 		for _, a := range m.Primaries() {
 			c.ConnectNode(a)
