@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -470,6 +471,21 @@ func TestClusterReloadUpstreamRefused(t *testing.T) {
 	next.Upstream.Connections++
 	if _, err := p.Reload(&next); !errors.Is(err, proxy.ErrRestartRequired) {
 		t.Fatalf("Reload changing upstream.connections in cluster mode: %v", err)
+	}
+	// Seeds (restart-only in every mode) with another setting: each key
+	// named once, seeds with its own reason (it was listed twice, found by
+	// a probe).
+	next = *p.Config()
+	next.Upstream.Connections++
+	next.Upstream.Seeds = append(slices.Clone(next.Upstream.Seeds), "127.0.0.1:1")
+	_, err := p.Reload(&next)
+	if !errors.Is(err, proxy.ErrRestartRequired) || strings.Count(err.Error(), "upstream.seeds") != 1 || !strings.Contains(err.Error(), "upstream.connections") {
+		t.Fatalf("Reload changing seeds and connections in cluster mode: %v; want each named once", err)
+	}
+	next = *p.Config()
+	next.Upstream.Seeds = append(slices.Clone(next.Upstream.Seeds), "127.0.0.1:1")
+	if _, err := p.Reload(&next); !errors.Is(err, proxy.ErrRestartRequired) || strings.Count(err.Error(), "upstream") != 1 {
+		t.Fatalf("Reload changing only seeds in cluster mode: %v; want upstream.seeds named once", err)
 	}
 	next = *p.Config()
 	next.Upstream.MaxPinned++

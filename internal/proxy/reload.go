@@ -160,8 +160,10 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		// it started with; it has no switch of generations yet.
 		switch {
 		case settingsChanged:
-			refused = append(refused, fmt.Errorf("%s: changing the upstream settings (other than max_pinned) needs a restart in cluster mode",
-				strings.Join(upstreamKeys(changed), ", ")))
+			if keys := upstreamKeys(changed); len(keys) > 0 {
+				refused = append(refused, fmt.Errorf("%s: changing the upstream settings (other than max_pinned) needs a restart in cluster mode",
+					strings.Join(keys, ", ")))
+			}
 		case upstreamTLSChanged:
 			// Only what the [upstream.tls] files hold changed (a
 			// certificate rotated in place): refusing would refuse every
@@ -258,15 +260,23 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	return changed, nil
 }
 
-// upstreamKeys are the changed keys under [upstream], for an error.
+// upstreamKeys are the changed keys under [upstream], for an error; the
+// restart-only ones are left out, refused with their own reason already
+// (upstream.seeds was listed twice, found by a probe).
 func upstreamKeys(changed []string) []string {
 	var keys []string
+	restartOnly := false
 	for _, k := range changed {
-		if strings.HasPrefix(k, "upstream.") && k != "upstream.max_pinned" {
+		if !strings.HasPrefix(k, "upstream.") || k == "upstream.max_pinned" {
+			continue
+		}
+		if config.RestartOnly(k) != "" {
+			restartOnly = true
+		} else {
 			keys = append(keys, k)
 		}
 	}
-	if len(keys) == 0 {
+	if len(keys) == 0 && !restartOnly {
 		keys = []string{"upstream"}
 	}
 	return keys
