@@ -643,3 +643,148 @@ func TestClusterPolicyFixupsOfASplitMSET(t *testing.T) {
 		t.Errorf("%v fix-ups failed", n)
 	}
 }
+
+// TestRoutesClusterUpstreamSplitMSETWithFixups: an MSET whose keys all
+// route to one named upstream that is a cluster, over several of its
+// slots, is split by slot with a TTL rule as without one. splitWrite first
+// looked at the routes only, and wrapped it in one MULTI: CROSSSLOT,
+// nothing written (found by review).
+func TestRoutesClusterUpstreamSplitMSETWithFixups(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	def := redistest.Start(t)
+	withRule := func(rule bool) *proxytest.Proxy {
+		return proxytest.Start(t, def, func(c *config.Config) {
+			u := namedUpstream("")
+			u.Mode, u.Address, u.Seeds = config.ModeCluster, "", cl.Seeds()
+			c.Upstreams = map[string]config.Upstream{"big": u}
+			c.Routes = []config.Route{{Pattern: "big:*", Upstream: "big"}}
+			if rule {
+				c.Policy.TTL = []policy.TTLRule{{Pattern: "big:sess*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
+			}
+		})
+	}
+	keys := []string{"big:sess1", "big:sess2", "big:sess3", "big:other"}
+	slots := map[int]bool{}
+	for _, k := range keys {
+		slots[cluster.Slot([]byte(k))] = true
+	}
+	t.Logf("%d slots", len(slots))
+	for _, rule := range []bool{false, true} {
+		p := withRule(rule)
+		nc := dialAddr(t, p.Addr)
+		args := []string{"MSET"}
+		for i, k := range keys {
+			args = append(args, k, fmt.Sprint("v", i, rule))
+		}
+		rawSend(t, nc, args...)
+		got := rawRead(t, nc)
+		t.Logf("TTL rule %v: MSET -> %q", rule, got)
+		if got != "+OK\r\n" {
+			t.Errorf("TTL rule %v: MSET over the cluster route's slots: %q, want +OK", rule, got)
+		}
+		cc := cl.ClusterClient(t)
+		for i, k := range keys {
+			v := cc.Get(ctx, k).Val()
+			ttl := cc.TTL(ctx, k).Val()
+			t.Logf("  %s = %q ttl %v", k, v, ttl)
+			if v != fmt.Sprint("v", i, rule) {
+				t.Errorf("TTL rule %v: %s = %q", rule, k, v)
+			}
+			if rule && strings.HasPrefix(k, "big:sess") && ttl <= 0 {
+				t.Errorf("%s has no TTL", k)
+			}
+		}
+	}
+}
+
+// TestClusterSplitMSETPartRefusedRunsNoFixup: a split MSET whose part on
+// one node is refused (OOM) runs none of that part's fix-ups: the key
+// keeps its old value and no TTL, as with one slot, where the proxy's
+// MULTI aborts. Sent unwrapped behind the part, the fix-up gave the old
+// value the rule's TTL (found by review).
+func TestClusterSplitMSETPartRefusedRunsNoFixup(t *testing.T) {
+	c, p := startClusterTTLProxy(t)
+	direct := c.ClusterClient(t)
+	for _, split := range []bool{false, true} {
+		keys := []string{"{a}sess:1", "{a}sess:2"}
+		if split {
+			keys = []string{"sess:a", "sess:b", "sess:c", "sess:d"}
+		}
+		victim := keys[0]
+		if err := direct.Set(ctx, victim, "old", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		owner := nodeAt(t, c, p.Router().Map().Owner(cluster.Slot([]byte(victim))))
+		oc := owner.Client(t)
+		if err := oc.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+			t.Fatal(err)
+		}
+		nc := p.Dial(t)
+		args := []string{"MSET"}
+		for _, k := range keys {
+			args = append(args, k, "new")
+		}
+		rawSend(t, nc, args...)
+		got := rawRead(t, nc)
+		oc.ConfigSet(ctx, "maxmemory", "0")
+		v := direct.Get(ctx, victim).Val()
+		ttl := direct.TTL(ctx, victim).Val()
+		t.Logf("split %v: MSET -> %q; %s = %q, TTL %v", split, got, victim, v, ttl)
+		if v == "old" && ttl > 0 {
+			t.Errorf("split %v: the MSET failed on %s's node (%q), its value is the old one, and yet it was given the rule's TTL (%v)", split, victim, got, ttl)
+		}
+		direct.Del(ctx, victim)
+	}
+}
+
+// TestClusterSplitMSETTryAgainRunsNoFixup: during a slot migration, a
+// split MSET's part with two keys of the migrating slot, one still on the
+// source and one not, is answered TRYAGAIN; the fix-up of the key still on
+// the source must not run there on its old value (it did, unwrapped;
+// found by review).
+func TestClusterSplitMSETTryAgainRunsNoFixup(t *testing.T) {
+	c, p := startClusterTTLProxy(t)
+	direct := c.ClusterClient(t)
+	m := p.Router().Map()
+	x, y := "sess:{t}x", "sess:{t}y"
+	slot := cluster.Slot([]byte(x))
+	src := nodeAt(t, c, m.Owner(slot))
+	var dst *redistest.Server
+	for _, n := range c.Nodes {
+		if n != src {
+			dst = n
+			break
+		}
+	}
+	other := ""
+	for i := 0; ; i++ {
+		k := fmt.Sprint("sess:o", i)
+		if cluster.Slot([]byte(k)) != slot {
+			other = k
+			break
+		}
+	}
+	if err := direct.Set(ctx, x, "old", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	srcID, dstID := redistest.NodeID(t, src), redistest.NodeID(t, dst)
+	if err := dst.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		src.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "STABLE")
+		dst.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "STABLE")
+	})
+	nc := p.Dial(t)
+	rawSend(t, nc, "MSET", x, "new", y, "new", other, "new")
+	got := rawRead(t, nc)
+	v := src.Client(t).Get(ctx, x).Val()
+	ttl := src.Client(t).TTL(ctx, x).Val()
+	t.Logf("MSET -> %q; %s = %q TTL %v on the source", got, x, v, ttl)
+	if v == "old" && ttl > 0 {
+		t.Errorf("the MSET's part was not applied (%q), and the old value of %s got the rule's TTL %v", got, x, ttl)
+	}
+}

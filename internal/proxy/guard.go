@@ -396,7 +396,7 @@ func (sess *Session) guardStep(r *request) bool {
 		fixups = b.FixupsIn(d.Expires, sess.fixupDB(), sess.srv.cfg.Upstream.Databases)
 	}
 	if len(fixups) > 0 {
-		sess.forwardWithFixups(raw, fixups, m, sess.splitWrite(cmd, args))
+		sess.forwardWithFixups(raw, fixups, m, sess.splitWrite(cmd, args, fixups))
 	} else {
 		sess.forward(raw, m)
 	}
@@ -404,31 +404,77 @@ func (sess *Session) guardStep(r *request) bool {
 	return true
 }
 
-// splitWrite reports whether cmd is an MSET whose keys the cluster router
-// or the routes split over several slots or upstreams. Its TTL fix-ups
-// cannot share a MULTI with it: a transaction stays on one node (or
-// upstream), and one wrapping a split MSET was refused CROSSSLOT (or
-// CROSSROUTE) as a whole, nothing written, where the same MSET without a
-// TTL rule was split and written (found by a cluster probe). The other
-// commands split are reads and deletes, which need no fix-up; a cross-slot
-// write that is not split is refused either way.
-func (sess *Session) splitWrite(cmd *commands.Command, args [][]byte) bool {
-	if cmd == nil || cmd.Name != "mset" || len(args) < 5 {
-		return false
+// splitWrite returns the parts of an MSET whose keys the cluster router or
+// the routes would send to several nodes or upstreams (nil for any other
+// command, or an MSET of one place), with the fix-ups of each part's keys.
+// The fix-ups cannot share one MULTI with the whole MSET: a transaction
+// stays on one node (or upstream), and one wrapping a split MSET was
+// refused CROSSSLOT (or CROSSROUTE) as a whole, nothing written, where the
+// same MSET without a TTL rule was split and written (found by a cluster
+// probe). Each part goes in a MULTI of its own with its keys' fix-ups
+// (forwardWithFixups): a part Redis refuses (-OOM, -TRYAGAIN during a
+// migration) aborts its own fix-ups too, which, sent unwrapped behind the
+// part, gave a key the client failed to overwrite the rule's TTL (found by
+// review). The other commands split are reads and deletes, which need no
+// fix-up; a cross-slot write that is not split is refused either way.
+func (sess *Session) splitWrite(cmd *commands.Command, args [][]byte, fixups [][]byte) []writePart {
+	if cmd == nil || cmd.Name != "mset" || len(args) < 5 || len(args)%2 == 0 {
+		return nil
 	}
-	switch {
-	case sess.srv.router != nil:
-		slot := cluster.Slot(args[1])
-		for i := 3; i < len(args); i += 2 {
-			if cluster.Slot(args[i]) != slot {
-				return true
-			}
+	if sess.srv.router == nil && sess.srv.routes == nil {
+		return nil
+	}
+	var parts []writePart
+	index := map[[2]int]int{}
+	partOf := func(key []byte) int {
+		g := sess.writePlace(key)
+		i, ok := index[g]
+		if !ok {
+			i = len(parts)
+			index[g] = i
+			parts = append(parts, writePart{args: [][]byte{args[0]}})
 		}
-	case sess.srv.routes != nil:
-		_, _, err := sess.srv.routes.table.Load().Keys(cmd, args, nil)
-		return err != nil
+		return i
 	}
-	return false
+	for i := 1; i+1 < len(args); i += 2 {
+		p := &parts[partOf(args[i])]
+		p.args = append(p.args, args[i], args[i+1])
+	}
+	if len(parts) < 2 {
+		return nil
+	}
+	var fargs [][]byte
+	for _, f := range fixups {
+		var err error
+		fargs, err = resp.SplitCommand(f, fargs[:0])
+		if err != nil || len(fargs) < 2 {
+			return nil // not an EXPIRE of one key: keep the whole in one MULTI
+		}
+		p := &parts[partOf(fargs[1])]
+		p.fixups = append(p.fixups, f)
+	}
+	return parts
+}
+
+// writePart is one node's or upstream's part of a split MSET, with the
+// fix-ups of its keys.
+type writePart struct {
+	args   [][]byte
+	fixups [][]byte
+}
+
+// writePlace is where key goes: its route's upstream (0 without routes)
+// and, on a cluster, its slot (-1 elsewhere).
+func (sess *Session) writePlace(key []byte) [2]int {
+	if sess.srv.router != nil {
+		return [2]int{0, cluster.Slot(key)}
+	}
+	rs := sess.srv.routes
+	up, _ := rs.table.Load().Key(key)
+	if up >= 0 && up < len(rs.targets) && rs.targets[up].router != nil {
+		return [2]int{up, cluster.Slot(key)}
+	}
+	return [2]int{up, -1}
 }
 
 // fixupDB is the database the command being dispatched runs in, which a

@@ -213,6 +213,7 @@ type slot struct {
 	own    bool            // slotHidden: the proxy's own bookkeeping (a held MULTI, a pin's CLIENT SETNAME, DISCARD, UNWATCH), not a policy fix-up: its failure is none of the policy's (forwardOwn)
 	selDB  int             // a SELECT under WATCH, on the pinned connection: 1 + its database, which the session takes if Redis answers +OK (pinnedSelect)
 	strip  namespace.Strip // namespace: where the reply names keys to strip
+	part   bool            // slotWrapped: a part of a split command that more parts follow; its reply is merged into the last part's (forwardWithFixups)
 }
 
 type slotKind uint8
@@ -675,14 +676,13 @@ func (sess *Session) refusedInMulti() {
 // one shared connection, so they run atomically; the client gets its
 // command's own reply (its queue-time error, or the first element of EXEC).
 //
-// A command split over several nodes or upstreams (split, see splitWrite)
-// cannot be in one MULTI: its fix-ups follow it in the same Call, each to
-// its key's node behind that node's part of the command, as on a pinned
-// connection. Each node runs its part and the fix-ups of its keys from one
-// write, in order; they are not one transaction, as the split command
-// itself is not.
-func (sess *Session) forwardWithFixups(raw []byte, fixups [][]byte, m *metrics.Command, split bool) {
-	if sess.pin.pipe != nil || split {
+// A command split over several nodes or upstreams (parts, see splitWrite)
+// cannot be in one MULTI: each part goes in its own, with its keys'
+// fix-ups, to its node; the client gets one reply, the first part's error
+// or the last part's (slot.part). Each part is atomic with its fix-ups;
+// the parts are not one transaction, as the split command itself is not.
+func (sess *Session) forwardWithFixups(raw []byte, fixups [][]byte, m *metrics.Command, parts []writePart) {
+	if sess.pin.pipe != nil {
 		// Inside the client's MULTI the fix-ups are queued right behind the
 		// command and their results are cut from EXEC's reply; under WATCH
 		// a MULTI of our own would consume the client's WATCH, so they just
@@ -693,13 +693,25 @@ func (sess *Session) forwardWithFixups(raw []byte, fixups [][]byte, m *metrics.C
 		}
 		return
 	}
+	if parts == nil {
+		sess.forwardWrapped(raw, fixups, m, false)
+		return
+	}
+	for i, p := range parts {
+		sess.forwardWrapped(resp.AppendCommand(nil, p.args...), p.fixups, m, i < len(parts)-1)
+	}
+}
+
+// forwardWrapped sends raw and its fix-ups in a MULTI of the proxy's own;
+// part: more parts of the same client command follow (forwardWithFixups).
+func (sess *Session) forwardWrapped(raw []byte, fixups [][]byte, m *metrics.Command, part bool) {
 	sess.forwardHidden(cmdMulti)
 	first := sess.call.Len()
 	sess.call.Add(raw)
 	for _, f := range fixups {
 		sess.forwardHidden(f)
 	}
-	sess.slots = append(sess.slots, slot{kind: slotWrapped, i: first, end: sess.call.Len(), metric: m, mute: sess.curMute})
+	sess.slots = append(sess.slots, slot{kind: slotWrapped, i: first, end: sess.call.Len(), metric: m, mute: sess.curMute, part: part})
 	sess.call.Add(cmdExec)
 }
 
@@ -790,6 +802,8 @@ func (sess *Session) flush(start time.Time) {
 	}
 	elapsed := now.Sub(start).Seconds()
 	var lat latencyRun
+	var partErr []byte // the first error among a split command's parts so far
+	sawPart := false   // a part of a split command was seen, its last not yet
 	watchLost := false
 	watchRefused := false // the WATCH that took the pin, and none after it, was refused
 	for _, sl := range sess.slots {
@@ -821,6 +835,21 @@ func (sess *Session) flush(start time.Time) {
 			}
 			if err != nil {
 				r = errorReply(err)
+			}
+			// The parts of a split command answer once: the first part's
+			// error, else the last part's reply.
+			if partErr == nil && resp.IsError(r) && (sl.part || sawPart) {
+				partErr = r
+			}
+			if sl.part {
+				sawPart = true
+				continue
+			}
+			if sawPart {
+				if partErr != nil {
+					r = partErr
+				}
+				partErr, sawPart = nil, false
 			}
 			reply = r
 		case slotLocal:
