@@ -233,7 +233,7 @@ func (r *Router) Refresh() error {
 		r.log.Info("cluster: slot map loaded", "primaries", m.Primaries())
 	}
 	r.m.Store(m)
-	r.dropDeparted(m)
+	r.dropDeparted(cur, m)
 	r.cutNewlyFailed(cur, m)
 	if r.opt.OnMap != nil {
 		r.opt.OnMap(m)
@@ -338,8 +338,10 @@ func (r *Router) backend(addr string) *upstream.Backend {
 // dropDeparted closes the connections of the nodes m no longer names
 // (removed with CLUSTER FORGET, or gone from every node's view), so the
 // proxy stops dialling them and their metrics go away. A node that comes
-// back is dialled afresh when a map or a redirection names it again.
-func (r *Router) dropDeparted(m *Map) {
+// back is dialled afresh when a map or a redirection names it again. The
+// OnDeparted listener hears of those nodes and of any other the previous
+// map cur named: the tier may track a node the router never dialled.
+func (r *Router) dropDeparted(cur, m *Map) {
 	keep := map[string]bool{}
 	for _, a := range m.nodes() {
 		keep[a] = true
@@ -355,13 +357,21 @@ func (r *Router) dropDeparted(m *Map) {
 		}
 	}
 	r.nodesMu.Unlock()
+	left := slices.Clone(addrs)
+	if cur != nil {
+		for _, a := range cur.nodes() {
+			if !keep[a] && !slices.Contains(left, a) {
+				left = append(left, a)
+			}
+		}
+	}
+	if f := r.departed.Load(); f != nil && len(left) > 0 {
+		(*f)(left)
+	}
 	if len(gone) == 0 {
 		return
 	}
 	r.log.Info("cluster: nodes left the slot map; closing their connections", "nodes", addrs)
-	if f := r.departed.Load(); f != nil {
-		(*f)(addrs)
-	}
 	for _, n := range gone {
 		n.once.Do(func() {})
 		if b := n.b.Load(); b != nil {
@@ -373,9 +383,9 @@ func (r *Router) dropDeparted(m *Map) {
 	}
 }
 
-// OnDeparted makes f hear of the nodes that left the slot map, after the
-// router closed its own connections to them, on the goroutine of the
-// refresh: it must not block. Connections others keep to the nodes (the
+// OnDeparted makes f hear of the nodes that left the slot map, once the
+// router has forgotten them (before it closes its own connections to
+// them), on the goroutine of the refresh: it must not block. Connections others keep to the nodes (the
 // local tier's) would dial a removed node for as long as the proxy runs.
 func (r *Router) OnDeparted(f func(addrs []string)) { r.departed.Store(&f) }
 

@@ -117,9 +117,10 @@ type Server struct {
 	// client's. A connection without one is closed.
 	ProxyProtocol bool `toml:"proxy_protocol"`
 
-	// AuthFailureLimit is how many failed AUTHs in a row a client address
-	// may make before it may try only once a second; 0 turns the limit
-	// off. AuthLimitExempt lists addresses and CIDR prefixes it never
+	// AuthFailureLimit is how many failed AUTHs a client address may make
+	// at once before it may try only once a second (a bucket of that many,
+	// refilled at one a second; a right AUTH gives none back); 0 turns the
+	// limit off. AuthLimitExempt lists addresses and CIDR prefixes it never
 	// applies to: behind a sidecar or a local balancer every client has
 	// the same address, and one client with a wrong password would lock
 	// out the others' right ones.
@@ -141,7 +142,10 @@ func (s *Server) AuthLimited(host string) bool {
 	if err != nil {
 		return true
 	}
-	ip = ip.Unmap()
+	// A zone ("fe80::1%eth0") never matches a prefix, and a v4-mapped
+	// client is compared as the IPv4 address it is (parsePrefix unmaps
+	// the prefixes too).
+	ip = ip.Unmap().WithZone("")
 	for _, e := range s.AuthLimitExempt {
 		if p, err := parsePrefix(e); err == nil && p.Contains(ip) {
 			return false
@@ -158,13 +162,20 @@ func parsePrefix(s string) (netip.Prefix, error) {
 		if err != nil {
 			return p, err
 		}
+		if a := p.Addr(); a.Is4In6() {
+			// "::ffff:10.0.0.0/104" is 10.0.0.0/8: clients are unmapped.
+			if p.Bits() < 96 {
+				return netip.Prefix{}, fmt.Errorf("%q: a v4-mapped prefix must be at least /96", s)
+			}
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		}
 		return p.Masked(), nil
 	}
 	ip, err := netip.ParseAddr(s)
 	if err != nil {
 		return netip.Prefix{}, err
 	}
-	ip = ip.Unmap()
+	ip = ip.Unmap().WithZone("")
 	return netip.PrefixFrom(ip, ip.BitLen()), nil
 }
 

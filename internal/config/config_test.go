@@ -963,3 +963,37 @@ func TestQualifyKey(t *testing.T) {
 		t.Fatalf("qualifyKey at the top level = %q", got)
 	}
 }
+
+// TestAuthLimited: which client addresses the failed-AUTH limit applies
+// to. v4-mapped prefixes and zoned IPv6 clients never matched (found by
+// review).
+func TestAuthLimited(t *testing.T) {
+	s := Server{AuthFailureLimit: 10, AuthLimitExempt: []string{"127.0.0.1", "10.0.0.0/8", "::1", "::ffff:192.168.0.0/112", "fe80::/10"}}
+	for host, limited := range map[string]bool{
+		"127.0.0.1":        false,
+		"127.0.0.2":        true,
+		"10.1.2.3":         false,
+		"::ffff:10.1.2.3":  false, // a v4-mapped client is its IPv4 address
+		"11.0.0.1":         true,
+		"::1":              false,
+		"::2":              true,
+		"192.168.4.5":      false, // by the v4-mapped prefix
+		"192.169.0.1":      true,
+		"fe80::1%eth0":     false, // a zone does not hide the address
+		"fe80::1":          false,
+		"2001:db8::1":      true,
+		"not an address":   true,
+		"[::1]":            true,
+		"10.0.0.1%weird00": true,
+	} {
+		if got := s.AuthLimited(host); got != limited {
+			t.Errorf("AuthLimited(%q) = %v, want %v", host, got, limited)
+		}
+	}
+	if (&Server{AuthFailureLimit: 0}).AuthLimited("1.2.3.4") {
+		t.Error("a limit of 0 still limits")
+	}
+	if _, err := parsePrefix("::ffff:10.0.0.0/64"); err == nil {
+		t.Error("a v4-mapped prefix shorter than /96 accepted")
+	}
+}

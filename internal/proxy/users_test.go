@@ -196,18 +196,23 @@ func TestAuthLimitExemptAndOff(t *testing.T) {
 			}
 		})
 	}
-	t.Run("reload unlocks", func(t *testing.T) {
-		p := usersProxy(t, func(c *config.Config) { c.Server.AuthFailureLimit = 2 })
-		if got := authAfterFailures(t, p, 2); !strings.Contains(got, "too many failed AUTH") {
-			t.Fatalf("right password after 2 wrong ones with a limit of 2: %q, want the rate-limit error", got)
-		}
-		if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Server.AuthLimitExempt = []string{"::1", "127.0.0.1"} })); err != nil {
-			t.Fatal(err)
-		}
-		if got := authAfterFailures(t, p, 0); got != "+OK" {
-			t.Fatalf("right password after the reload exempted the address: %q, want +OK", got)
-		}
-	})
+	for name, unlock := range map[string]func(*config.Config){
+		"reload exempts": func(c *config.Config) { c.Server.AuthLimitExempt = []string{"::1", "127.0.0.1"} },
+		"reload to 0":    func(c *config.Config) { c.Server.AuthFailureLimit = 0 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := usersProxy(t, func(c *config.Config) { c.Server.AuthFailureLimit = 2 })
+			if got := authAfterFailures(t, p, 2); !strings.Contains(got, "too many failed AUTH") {
+				t.Fatalf("right password after 2 wrong ones with a limit of 2: %q, want the rate-limit error", got)
+			}
+			if _, err := p.Reload(reloaded(t, p, unlock)); err != nil {
+				t.Fatal(err)
+			}
+			if got := authAfterFailures(t, p, 0); got != "+OK" {
+				t.Fatalf("right password after the reload: %q, want +OK", got)
+			}
+		})
+	}
 }
 
 func TestReadOnlyUserCannotWrite(t *testing.T) {
