@@ -386,48 +386,19 @@ func TestClusterTierDropsANodeThatLeft(t *testing.T) {
 
 	// Its slots go to dst (with the keys: none of the test's is left
 	// there but the one cached), then every node forgets it.
-	dc, vc := dst.Client(t), victim.Client(t)
+	vc := victim.Client(t)
 	for _, k := range byNode[victim.Addr()] {
 		if err := vc.Del(ctx, k).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := dc.Do(ctx, "CLUSTER", "BUMPEPOCH").Err(); err != nil {
-		t.Fatal(err)
-	}
-	dstID, victimID := redistest.NodeID(t, dst), redistest.NodeID(t, victim)
 	var slots []int
 	for s := range cluster.Slots {
 		if m.Owner(s) == victim.Addr() {
 			slots = append(slots, s)
 		}
 	}
-	order := []*redistest.Server{dst, victim}
-	for _, n := range c.Nodes {
-		if n != dst && n != victim {
-			order = append(order, n)
-		}
-	}
-	for _, n := range order {
-		pipe := n.Client(t).Pipeline()
-		for _, s := range slots {
-			pipe.Do(ctx, "CLUSTER", "SETSLOT", s, "NODE", dstID)
-		}
-		if _, err := pipe.Exec(ctx); err != nil && !(n == victim && strings.Contains(err.Error(), "only with masters")) {
-			t.Fatalf("SETSLOT on %s: %v", n.Addr(), err)
-		}
-	}
-	c.WaitHealthy(t)
-	if err := vc.Do(ctx, "CLUSTER", "RESET", "HARD").Err(); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range c.Nodes {
-		if n != victim {
-			if err := n.Client(t).Do(ctx, "CLUSTER", "FORGET", victimID).Err(); err != nil {
-				t.Fatalf("FORGET on %s: %v", n.Addr(), err)
-			}
-		}
-	}
+	c.RemovePrimary(t, victim, dst, slots)
 	redistest.Eventually(t, 15*time.Second, func() bool {
 		p.Router().Refresh()
 		return !slices.Contains(p.Router().Nodes(), victim.Addr()) && tierConns(victim) == 0

@@ -88,46 +88,13 @@ func TestClusterNodeLeaves(t *testing.T) {
 	}
 
 	// Its (empty) slots go to dst, then everyone forgets it.
-	dstID, victimID := redistest.NodeID(t, dst), redistest.NodeID(t, victim)
 	var slots []int
 	for s := range 16384 {
 		if m.Owner(s) == victim.Addr() {
 			slots = append(slots, s)
 		}
 	}
-	// dst takes the highest config epoch first, so that its claim on the
-	// slots wins over the victim's in gossip (redis-cli does the same).
-	if err := dst.Client(t).Do(ctx, "CLUSTER", "BUMPEPOCH").Err(); err != nil {
-		t.Fatal(err)
-	}
-	order := []*redistest.Server{dst, victim}
-	for _, n := range c.Primaries(t) {
-		if n != dst && n != victim {
-			order = append(order, n)
-		}
-	}
-	for _, n := range order {
-		pipe := n.Client(t).Pipeline()
-		for _, s := range slots {
-			pipe.Do(ctx, "CLUSTER", "SETSLOT", s, "NODE", dstID)
-		}
-		if _, err := pipe.Exec(ctx); err != nil && !(n == victim && strings.Contains(err.Error(), "only with masters")) {
-			// (The victim may have lost its last slot to dst's claim
-			// already, and become its replica.)
-			t.Fatalf("SETSLOT on %s: %v", n.Addr(), err)
-		}
-	}
-	c.WaitHealthy(t)
-	if err := victim.Client(t).Do(ctx, "CLUSTER", "RESET", "HARD").Err(); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range c.Nodes {
-		if n != victim {
-			if err := n.Client(t).Do(ctx, "CLUSTER", "FORGET", victimID).Err(); err != nil {
-				t.Fatalf("FORGET on %s: %v", n.Addr(), err)
-			}
-		}
-	}
+	c.RemovePrimary(t, victim, dst, slots)
 
 	redistest.Eventually(t, 15*time.Second, func() bool {
 		p.Router().Refresh()

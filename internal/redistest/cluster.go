@@ -282,6 +282,49 @@ func PromoteReplica(t testing.TB, replica *Server) error {
 	return fmt.Errorf("the replica %s never became primary", replica.Addr())
 }
 
+// RemovePrimary takes primary victim out of the cluster as redis-cli
+// --cluster del-node does once a node is empty: its slots (given, as the
+// caller's map shows them; their keys are not moved) go to dst, then the
+// victim is reset and every other node forgets it. dst takes the highest
+// config epoch first, so that its claim on the slots wins over the
+// victim's in gossip (redis-cli does the same).
+func (c *Cluster) RemovePrimary(t testing.TB, victim, dst *Server, slots []int) {
+	t.Helper()
+	ctx := context.Background()
+	if err := dst.Client(t).Do(ctx, "CLUSTER", "BUMPEPOCH").Err(); err != nil {
+		t.Fatal(err)
+	}
+	dstID, victimID := NodeID(t, dst), NodeID(t, victim)
+	order := []*Server{dst, victim}
+	for _, n := range c.Primaries(t) {
+		if n != dst && n != victim {
+			order = append(order, n)
+		}
+	}
+	for _, n := range order {
+		pipe := n.Client(t).Pipeline()
+		for _, s := range slots {
+			pipe.Do(ctx, "CLUSTER", "SETSLOT", s, "NODE", dstID)
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !(n == victim && strings.Contains(err.Error(), "only with masters")) {
+			// (The victim may have lost its last slot to dst's claim
+			// already, and become its replica.)
+			t.Fatalf("SETSLOT on %s: %v", n.Addr(), err)
+		}
+	}
+	c.WaitHealthy(t)
+	if err := victim.Client(t).Do(ctx, "CLUSTER", "RESET", "HARD").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.Nodes {
+		if n != victim {
+			if err := n.Client(t).Do(ctx, "CLUSTER", "FORGET", victimID).Err(); err != nil {
+				t.Fatalf("FORGET on %s: %v", n.Addr(), err)
+			}
+		}
+	}
+}
+
 // NodeID is s's cluster node ID (CLUSTER MYID).
 func NodeID(t testing.TB, s *Server) string {
 	t.Helper()
