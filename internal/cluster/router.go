@@ -385,8 +385,9 @@ func (r *Router) dropDeparted(cur, m *Map) {
 
 // OnDeparted makes f hear of the nodes that left the slot map, once the
 // router has forgotten them (before it closes its own connections to
-// them), on the goroutine of the refresh: it must not block. Connections others keep to the nodes (the
-// local tier's) would dial a removed node for as long as the proxy runs.
+// them), on the goroutine of the refresh: it must not block. Connections
+// others keep to the nodes (the local tier's) would dial a removed node
+// for as long as the proxy runs.
 func (r *Router) OnDeparted(f func(addrs []string)) { r.departed.Store(&f) }
 
 // cutNewlyFailed severs the dedicated connections and relays of the

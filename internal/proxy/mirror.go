@@ -349,6 +349,28 @@ func (sess *Session) mirrorQueuedFixup(raw []byte) {
 	sess.mirrorState().tx.add(raw, mr.MaxBytes())
 }
 
+// mirrorWrapped mirrors one MULTI/command/fix-ups/EXEC group of the
+// proxy's own (slot sl) if its EXEC ran and the command succeeded.
+func (sess *Session) mirrorWrapped(call *upstream.Call, sl slot, mk mirrorMark) {
+	ms, mr := sess.mirrorS, sess.srv.mirror
+	exec, err := call.Reply(sl.end)
+	if err != nil || !execRan(exec) || resp.IsError(firstElement(exec)) {
+		mr.Skipped(mirror.SkipPrimaryError)
+		return
+	}
+	ms.parts = ms.parts[:0]
+	for p := sl.i - 1; p <= sl.end; p++ {
+		ms.parts = append(ms.parts, call.Part(p))
+	}
+	if mk.nondet {
+		// Inside the same MULTI and EXEC: the command's reply is EXEC's
+		// first element.
+		ms.writeEffect(&ms.batch, mr, mk.name, 1, firstElement(exec))
+		return
+	}
+	ms.batch.Write(mk.name, false, ms.parts...)
+}
+
 // mirrorExecQueued notes the client's EXEC, just added to the batch, for
 // the mirror when its transaction has writes: whether they are mirrored
 // depends on EXEC's reply (mirrorExec).
@@ -414,23 +436,23 @@ func (sess *Session) mirrorFlushed(call *upstream.Call) {
 			raw, reply = mk.raw, sess.local[sl.i:sl.end]
 		case slotWrapped:
 			// MULTI, the command, its fix-ups, EXEC: mirrored the same way,
-			// so the mirror's keys get the same TTLs.
-			exec, err := call.Reply(sl.end)
-			if err != nil || !execRan(exec) || resp.IsError(firstElement(exec)) {
-				mr.Skipped(mirror.SkipPrimaryError)
-				continue
+			// so the mirror's keys get the same TTLs. A command split in
+			// parts (forwardWithFixups) is marked at its last part; each
+			// part that ran is mirrored (only the last one was, found in
+			// the read-back of the change that split it).
+			first := mk.slot
+			for j := mk.slot - 1; j >= 0; j-- {
+				if ps := sess.slots[j]; ps.kind == slotWrapped && ps.part {
+					first = j
+				} else if ps.kind != slotHidden {
+					break
+				}
 			}
-			ms.parts = ms.parts[:0]
-			for p := sl.i - 1; p <= sl.end; p++ {
-				ms.parts = append(ms.parts, call.Part(p))
+			for j := first; j <= mk.slot; j++ {
+				if ps := sess.slots[j]; ps.kind == slotWrapped {
+					sess.mirrorWrapped(call, ps, mk)
+				}
 			}
-			if mk.nondet {
-				// Inside the same MULTI and EXEC: the command's reply is
-				// EXEC's first element.
-				ms.writeEffect(b, mr, mk.name, 1, firstElement(exec))
-				continue
-			}
-			b.Write(mk.name, false, ms.parts...)
 			continue
 		default:
 			continue

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
@@ -69,5 +71,27 @@ func scanAll(t *testing.T, c *redis.Client) []string {
 		if i == 10000 {
 			t.Fatal("SCAN never ended")
 		}
+	}
+}
+
+// TestRoutesMirrorsEveryPartOfASplitMSET: an MSET split over two routes
+// with a TTL rule runs as one MULTI per part; the mirror gets every part
+// that ran, with its fix-ups, not only the last (found in the read-back
+// of the change that split it).
+func TestRoutesMirrorsEveryPartOfASplitMSET(t *testing.T) {
+	mir := redistest.Start(t)
+	r := startRouted(t, func(c *config.Config) {
+		c.Upstreams["mir"] = namedUpstream(mir.Addr())
+		c.Mirror.Upstream = "mir"
+		c.Policy.TTL = []policy.TTLRule{{Pattern: "queue:ttl*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
+	})
+	if err := r.c.MSet(ctx, "queue:ttl1", "a", "plain", "b", "cache:x", "c").Err(); err != nil {
+		t.Fatal(err)
+	}
+	mc := mir.Client(t)
+	redistest.Eventually(t, 5*time.Second, func() bool { return mc.Exists(ctx, "queue:ttl1", "plain", "cache:x").Val() == 3 },
+		"the mirror holds %s of the MSET's 3 keys", lazy(func() string { return fmt.Sprint(mc.Exists(ctx, "queue:ttl1", "plain", "cache:x").Val()) }))
+	if ttl := mc.TTL(ctx, "queue:ttl1").Val(); ttl <= 0 {
+		t.Errorf("queue:ttl1 on the mirror has TTL %v, want the rule's", ttl)
 	}
 }
