@@ -836,16 +836,16 @@ func (sess *Session) flush(start time.Time) {
 			if err != nil {
 				r = errorReply(err)
 			}
-			// The parts of a split command answer once: the first part's
-			// error, else the last part's reply.
-			if partErr == nil && resp.IsError(r) && (sl.part || sawPart) {
-				partErr = r
-			}
-			if sl.part {
-				sawPart = true
-				continue
-			}
-			if sawPart {
+			if sl.part || sawPart {
+				// The parts of a split command answer once: the first
+				// part's error, else the last part's reply.
+				if partErr == nil && resp.IsError(r) {
+					partErr = r
+				}
+				if sl.part {
+					sawPart = true
+					continue
+				}
 				if partErr != nil {
 					r = partErr
 				}
