@@ -300,6 +300,8 @@ type Error struct {
 	Line int    // 0 when unknown
 	Key  string // dotted key such as "upstream.dial_timeout"; "" for syntax errors
 	Msg  string
+
+	column int // where the decoder found it, to name a key of an inline table
 }
 
 func (e *Error) Error() string {
@@ -336,12 +338,16 @@ func withoutBOM(data []byte) []byte { return bytes.TrimPrefix(data, []byte("\xef
 // name labels errors, normally the file path.
 func Parse(data []byte, name string) (*Config, error) {
 	data = withoutBOM(data)
-	lines, errs := scan(data)
+	lines, inline, errs := scan(data)
 	if len(errs) == 0 {
 		cfg, derrs := decodeAll(data, name)
 		if len(derrs) > 0 {
 			for _, e := range derrs {
-				e.Key = lines.indexed(e.Key, e.Line)
+				if full, ok := inline[[2]int{e.Line, e.column}]; ok {
+					e.Key = full
+				} else {
+					e.Key = lines.indexed(e.Key, e.Line)
+				}
 			}
 			return nil, join(derrs)
 		}
@@ -507,7 +513,7 @@ func Locate(err error, path string) error {
 	located := *e
 	located.File = path
 	if data, rerr := os.ReadFile(path); rerr == nil {
-		if idx, _ := scan(withoutBOM(data)); idx != nil {
+		if idx, _, _ := scan(withoutBOM(data)); idx != nil {
 			located.Line = idx.find(e.Key)
 		}
 	}
@@ -515,12 +521,13 @@ func Locate(err error, path string) error {
 }
 
 func fromDecodeError(de *toml.DecodeError, name string) *Error {
-	line, _ := de.Position()
+	line, column := de.Position()
 	return &Error{
-		File: name,
-		Line: line,
-		Key:  strings.Join(de.Key(), "."),
-		Msg:  plainTypeError(strings.TrimPrefix(de.Error(), "toml: ")),
+		File:   name,
+		Line:   line,
+		column: column,
+		Key:    strings.Join(de.Key(), "."),
+		Msg:    plainTypeError(strings.TrimPrefix(de.Error(), "toml: ")),
 	}
 }
 

@@ -74,7 +74,7 @@ func comparable(c *Config) string {
 
 func mustScan(t *testing.T, data []byte) lineIndex {
 	t.Helper()
-	idx, errs := scan(data)
+	idx, _, errs := scan(data)
 	if len(errs) > 0 {
 		t.Fatalf("scan: %v", errs)
 	}
