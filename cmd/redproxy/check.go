@@ -23,7 +23,7 @@ const (
 )
 
 const checkUsage = `usage: redproxy check --config FILE [--listen ADDR] [--upstream ADDR] [--admin ADDR]
-                      [--log-level LEVEL] [--local-tier on|off]
+                      [--log-level LEVEL] [--policy-mode MODE] [--local-tier on|off]
                       [--allow-unauthenticated] [--admin-token-file FILE]
 
 Validates FILE (and the given flags and REDPROXY_* variables, which
@@ -49,6 +49,10 @@ func runCheck(argv []string, stdout, stderr io.Writer) int {
 	}
 	configPath := fs.String("config", "", "TOML configuration file to check (required)")
 	ov := overrideFlags(fs)
+	// Checked as the proxy checks it (found by a probe: check passed
+	// REDPROXY_POLICY_MODE=bogus, which the proxy then refused to start
+	// with, and refused --policy-mode as an unknown flag).
+	policyMode := policyModeFlag(fs)
 	if err := fs.Parse(argv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0 // as redproxy --help
@@ -65,6 +69,10 @@ func runCheck(argv []string, stdout, stderr io.Writer) int {
 		return checkBad
 	}
 	ov.Sources = envSources(fromEnv)
+	if _, err := parsePolicyMode(*policyMode, fromEnv); err != nil {
+		fmt.Fprintf(stderr, "redproxy check: %v\n", err)
+		return checkBad
+	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "redproxy check: unexpected argument %q\n", fs.Arg(0))
 		return checkBad
@@ -122,6 +130,26 @@ func overrideFlags(fs *flag.FlagSet) *config.Overrides {
 		"let a listener that is not loopback start with no [[users]] and no upstream password (server.allow_unauthenticated); =false turns it off whatever the file says")
 	fs.StringVar(&ov.AdminTokenFile, "admin-token-file", "", "file with the bearer token the admin endpoint requires (admin.token_file)")
 	return &ov
+}
+
+// policyModeFlag registers --policy-mode, for the proxy and for check.
+func policyModeFlag(fs *flag.FlagSet) *string {
+	return fs.String("policy-mode", "enforce", "cap every policy rule: enforce (rules act as configured), report (log and count, refuse nothing) or off")
+}
+
+// parsePolicyMode reads --policy-mode's value; an error names the flag or
+// the variable, as the operator set it (a user's trial set the variable
+// and was told of a flag it never gave).
+func parsePolicyMode(mode string, fromEnv map[string]bool) (policy.Action, error) {
+	forced, err := policy.ParseAction(mode)
+	if err != nil {
+		what := "--policy-mode"
+		if fromEnv["policy-mode"] {
+			what = envName("policy-mode")
+		}
+		return forced, fmt.Errorf("%s: %w", what, err)
+	}
+	return forced, nil
 }
 
 // startRefusal is why the proxy would refuse to start with cfg, nil if it

@@ -100,7 +100,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	configPath := fs.String("config", "", "TOML configuration file (see config.example.toml)")
 	ovp := overrideFlags(fs)
-	policyMode := fs.String("policy-mode", "enforce", "cap every policy rule: enforce (rules act as configured), report (log and count, refuse nothing) or off")
+	policyMode := policyModeFlag(fs)
 	requireUpstream := fs.Bool("require-upstream", false, `refuse to start without --upstream or --config instead of trying 127.0.0.1:6379 and then the embedded store`)
 	version := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
@@ -122,15 +122,9 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "redproxy: %v\n", err)
 		return 2
 	}
-	forced, err := policy.ParseAction(*policyMode)
+	forced, err := parsePolicyMode(*policyMode, fromEnv)
 	if err != nil {
-		// Named as the operator set it (a user's trial set the variable
-		// and was told of a flag it never gave).
-		what := "--policy-mode"
-		if fromEnv["policy-mode"] {
-			what = envName("policy-mode")
-		}
-		fmt.Fprintf(stderr, "redproxy: %s: %v\n", what, err)
+		fmt.Fprintf(stderr, "redproxy: %v\n", err)
 		return 2
 	}
 	if fs.NArg() > 0 {

@@ -795,4 +795,23 @@ func TestBadValueNamesItsVariable(t *testing.T) {
 	if code := runCheck([]string{"--config", examplePath}, io.Discard, &errOut); code != checkBad || !strings.Contains(errOut.String(), "(REDPROXY_LOG_LEVEL)") {
 		t.Errorf("check with REDPROXY_LOG_LEVEL=loud: exit %d, stderr %q", code, errOut.String())
 	}
+	// check takes --policy-mode and REDPROXY_POLICY_MODE as the proxy does
+	// (found by a probe: it passed the variable's bad value, which the
+	// proxy then refused to start with, and refused the flag as unknown).
+	clear(env)
+	env["REDPROXY_POLICY_MODE"] = "bogus"
+	errOut.Reset()
+	if code := runCheck([]string{"--config", examplePath}, io.Discard, &errOut); code != checkBad || !strings.Contains(errOut.String(), `REDPROXY_POLICY_MODE: invalid action "bogus"`) {
+		t.Errorf("check with REDPROXY_POLICY_MODE=bogus: exit %d, stderr %q", code, errOut.String())
+	}
+	clear(env)
+	for _, c := range []struct {
+		mode string
+		code int
+	}{{"report", checkOK}, {"off", checkOK}, {"sometimes", checkBad}} {
+		errOut.Reset()
+		if code := runCheck([]string{"--config", examplePath, "--policy-mode", c.mode}, io.Discard, &errOut); code != c.code {
+			t.Errorf("check --policy-mode %s: exit %d, want %d; stderr %q", c.mode, code, c.code, errOut.String())
+		}
+	}
 }
