@@ -1042,12 +1042,13 @@ func firstElement(reply []byte) []byte {
 // mayWrite reports whether cmd may write keys, for the write hooks (local
 // tier invalidation, stampede hold release). Redis flags scripts and
 // functions (EVAL, EVALSHA, FCALL) as neither read-only nor write, yet they
-// may write any key, so they count as writes.
+// may write any key, so they count as writes. So does DEBUG, flagged as
+// neither: DEBUG RELOAD and LOADAOF replace the whole dataset.
 func mayWrite(cmd *commands.Command) bool {
 	if cmd == nil {
 		return false
 	}
-	if cmd.Flags&commands.Write != 0 {
+	if cmd.Flags&commands.Write != 0 || cmd.Name == "debug" {
 		return true
 	}
 	return cmd.Parent == nil && cmd.Flags&commands.CatScripting != 0 && cmd.Flags&commands.ReadOnly == 0
