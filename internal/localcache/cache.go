@@ -365,13 +365,22 @@ func (c *Cache) SwitchUpstream(switchUpstream func()) {
 }
 
 // SwitchUpstreamOf is SwitchUpstream for a failover of the named upstream
-// of routes (the flush is counted under its name).
+// of routes: only what was read from it is dropped, and only its
+// connections are replaced (the flush is counted under its name). Its
+// keys are read and tracked through its own connections alone, so the
+// other upstreams' entries are still coherent. (It used to drop the whole
+// tier and redial every connection, whose reconnections flushed it again,
+// counted under [upstream]; found by a probe.)
 func (c *Cache) SwitchUpstreamOf(name string, switchUpstream func()) {
 	by := c.ups[0]
 	for _, u := range c.ups {
 		if name != "" && u.name == name {
 			by = u
 		}
+	}
+	if by != c.ups[0] {
+		c.switchRouted(by, switchUpstream)
+		return
 	}
 	c.connMu.Lock()
 	c.switching = true
@@ -415,6 +424,39 @@ func (c *Cache) SwitchUpstreamOf(name string, switchUpstream func()) {
 		}
 	}
 	c.log.Info("local tier: tracking connections moved to the new upstream", "databases", len(old))
+}
+
+// switchRouted is SwitchUpstreamOf for the upstream of routes up, which is
+// not [upstream]: a Sentinel upstream, so its connections are one per
+// database (nodeConn), none of a cluster.
+func (c *Cache) switchRouted(up *upstreamTier, switchUpstream func()) {
+	c.connMu.Lock()
+	c.switching = true
+	var old []*fillConn
+	for _, fc := range c.nodeConns() {
+		if fc.up != up {
+			continue
+		}
+		// Retired before the flush, as in SwitchUpstreamOf.
+		c.nodes.Delete(fc.key())
+		fc.retire()
+		old = append(old, fc)
+	}
+	c.connMu.Unlock()
+	c.flushOwn(-1, FlushSwitch, up, false)
+	for _, fc := range old {
+		fc.pipe.Close()
+	}
+	switchUpstream()
+	c.connMu.Lock()
+	c.switching = false
+	c.connMu.Unlock()
+	for _, fc := range old {
+		if !fc.clusterNode() {
+			c.nodeConn(fc.up, fc.node, fc.db)
+		}
+	}
+	c.log.Info("local tier: tracking connections moved to the new upstream", "upstream", up.name, "databases", len(old))
 }
 
 // Config returns the configuration the cache was built with.
@@ -947,6 +989,23 @@ func (c *Cache) flush(db int, reason string, by *upstreamTier) {
 // flushKeeping is flush, with keepAside saying whether stale_if_error
 // values are moved aside (only ever on a lost connection).
 func (c *Cache) flushKeeping(db int, reason string, by *upstreamTier, keepAside bool) {
+	c.drop(db, reason, by, nil, keepAside)
+}
+
+// flushOwn is flushKeeping of only what was read from upstream up, for the
+// events of up's own connections (lost, reconnected, switched). With
+// routes, a key is filled, tracked and served through the connections of
+// its route's upstream alone (and a route change flushes everything), so
+// the other upstreams' entries are not touched: a lost connection or a
+// failover of one upstream used to drop every upstream's (found by a
+// probe).
+func (c *Cache) flushOwn(db int, reason string, up *upstreamTier, keepAside bool) {
+	c.drop(db, reason, up, up, keepAside)
+}
+
+// drop is flushKeeping of the keys last filled from only (nil: of any
+// upstream).
+func (c *Cache) drop(db int, reason string, by, only *upstreamTier, keepAside bool) {
 	if by == nil {
 		by = c.ups[0]
 	}
@@ -957,7 +1016,7 @@ func (c *Cache) flushKeeping(db int, reason string, by *upstreamTier, keepAside 
 		s := &c.shards[i]
 		s.mu.Lock()
 		for _, rec := range s.recs {
-			if db >= 0 && rec.db != db {
+			if db >= 0 && rec.db != db || only != nil && c.ups[rec.up] != only {
 				continue
 			}
 			rec.gen++

@@ -157,7 +157,7 @@ func (fc *fillConn) onDown(err error) {
 	// invalidations had not come yet.
 	fenceClear := fc.ackSent.Load() >= fc.c.fenceAt.Load()
 	fc.newEpoch()
-	fc.c.flushKeeping(fc.db, FlushDisconnect, fc.up, fenceClear)
+	fc.c.flushOwn(fc.db, FlushDisconnect, fc.up, fenceClear)
 	if fc.c.closed.Load() {
 		return
 	}
@@ -172,7 +172,7 @@ func (fc *fillConn) onUp() {
 		return
 	}
 	fc.newEpoch()
-	fc.c.flush(fc.db, FlushReconnect, fc.up)
+	fc.c.flushOwn(fc.db, FlushReconnect, fc.up, false)
 	fc.wake()
 }
 

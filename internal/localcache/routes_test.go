@@ -114,6 +114,10 @@ func TestRoutesTierCoherent(t *testing.T) {
 			cacheIt(t, p, reader, k)
 		}
 		// Only q's tracking connection is killed.
+		defFills := func() float64 {
+			return metric(t, p.Metrics.Registry, "redproxy_localcache_fills_total", "upstream="+config.DefaultUpstream)
+		}
+		fillsBefore := defFills()
 		if n := killTierConns(t, qDirect); n == 0 {
 			t.Fatal("no tracking connection on q")
 		}
@@ -129,6 +133,18 @@ func TestRoutesTierCoherent(t *testing.T) {
 		}
 		readsAfter(t, reader, "q:1", "v4", acked.Add(testS), acked.Add(2*testS))
 		redistest.Eventually(t, 10*time.Second, func() bool { return p.LocalTier().LiveOwner("q", 0) }, "q never live again")
+		// [upstream]'s keys were not read from q: their entries stay
+		// (the loss and the reconnection of q's connection each dropped
+		// every upstream's; found by a probe).
+		for _, k := range []string{"d:1", "d:2"} {
+			before := hits(t, p)
+			if v := mustGet(t, reader, k); v != "v3" || hits(t, p) == before {
+				t.Errorf("GET %s after q's connection was lost = %q, a hit: %v; want v3 from the tier", k, v, hits(t, p) > before)
+			}
+		}
+		if n := defFills() - fillsBefore; n != 0 {
+			t.Errorf("%v fills of [upstream]'s keys after q's connection was lost: its entries were dropped", n)
+		}
 		for _, k := range keys {
 			want := "v3"
 			if k == "q:1" {
@@ -298,6 +314,23 @@ func TestRoutesTierSentinelFailover(t *testing.T) {
 		return metric(t, p.Metrics.Registry, "redproxy_localcache_flushes_total", "reason="+localcache.FlushSwitch)
 	}
 	before := switches()
+	// A key of [upstream], which does not fail over: its entry stays, and
+	// nothing is flushed under [upstream] (the failover used to drop the
+	// whole tier and redial every connection, whose reconnection flushed
+	// it again, counted under default; found by a probe).
+	if err := def.Client(t).Set(ctx, "d:1", "from-def", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v := cacheIt(t, p, c, "d:1"); v != "from-def" {
+		t.Fatalf("GET d:1 = %q", v)
+	}
+	defFlushes := func() float64 {
+		return metric(t, p.Metrics.Registry, "redproxy_localcache_flushes_total", "upstream="+config.DefaultUpstream)
+	}
+	defFills := func() float64 {
+		return metric(t, p.Metrics.Registry, "redproxy_localcache_fills_total", "upstream="+config.DefaultUpstream)
+	}
+	flushesBefore := defFlushes()
 
 	g.Failover(t)
 	next := g.WaitNewPrimary(t, old, 30*time.Second)
@@ -329,6 +362,16 @@ func TestRoutesTierSentinelFailover(t *testing.T) {
 	}, "the tier never served hits from the new primary")
 	if switches() == before {
 		t.Fatal("the tier was not switched to the new primary")
+	}
+	fillsBefore, hitsBefore := defFills(), hits(t, p)
+	if v := mustGet(t, c, "d:1"); v != "from-def" {
+		t.Fatalf("GET d:1 after the other upstream's failover = %q", v)
+	}
+	if hits(t, p) == hitsBefore || defFills() != fillsBefore {
+		t.Error("d:1, of the upstream that did not fail over, was not served from the tier after the failover: it was dropped")
+	}
+	if n := defFlushes(); n != flushesBefore {
+		t.Errorf("%v flushes counted under [upstream] during the q upstream's failover", n-flushesBefore)
 	}
 }
 
