@@ -304,6 +304,21 @@ type Error struct {
 	column int // where the decoder found it, to name a key of an inline table
 }
 
+// elide shortens a message longer than maxErrorMsg around its middle,
+// where a value it quotes would be: a 50 MB server.listen made a 50 MB
+// error line (found by a probe). The start (what is wrong) and the end
+// (what to write instead) stay.
+func elide(msg string) string {
+	if len(msg) <= maxErrorMsg {
+		return msg
+	}
+	head, tail := msg[:maxErrorMsg*2/3], msg[len(msg)-maxErrorMsg/3:]
+	return fmt.Sprintf("%s...(%d bytes)...%s", strings.ToValidUTF8(head, ""), len(msg)-len(head)-len(tail), strings.ToValidUTF8(tail, ""))
+}
+
+// maxErrorMsg bounds the message of an Error, in bytes.
+const maxErrorMsg = 512
+
 func (e *Error) Error() string {
 	var b strings.Builder
 	if e.File != "" {
@@ -316,7 +331,7 @@ func (e *Error) Error() string {
 	if e.Key != "" {
 		b.WriteString(e.Key + ": ")
 	}
-	b.WriteString(e.Msg)
+	b.WriteString(elide(e.Msg))
 	return b.String()
 }
 

@@ -1045,3 +1045,18 @@ func TestPositions(t *testing.T) {
 		}
 	}
 }
+
+// A huge value is not echoed whole in its error (a probe's 50 MB
+// server.listen made a 50 MB error line); the start and the hint stay.
+func TestHugeValueErrorIsShort(t *testing.T) {
+	doc := "[server]\nlisten = \"" + strings.Repeat("x", 1<<20) + "\"\n"
+	_, err := Parse([]byte(doc), "big.toml")
+	if err == nil {
+		t.Fatal("a listen address of 1 MB of x passed")
+	}
+	msg := err.Error()
+	if len(msg) > 1024 || !strings.HasPrefix(msg, "big.toml:2: server.listen: ") || !strings.Contains(msg, "bytes)...") {
+		t.Fatalf("error of %d bytes: %.300q", len(msg), msg)
+	}
+	t.Log(msg)
+}

@@ -362,6 +362,21 @@ func TestHandlers(t *testing.T) {
 		t.Fatalf("json report %+v", rep)
 	}
 
+	// ?format=text forces text over Accept; an unknown format is refused
+	// (a probe's ?format=xml got the text report silently).
+	req := httptest.NewRequest("GET", "/policy/report?format=text", nil)
+	req.Header.Set("Accept", "application/json")
+	rec = httptest.NewRecorder()
+	g.ReportHandler().ServeHTTP(rec, req)
+	if !strings.HasPrefix(rec.Body.String(), "redproxy policy report:") {
+		t.Errorf("?format=text with Accept: application/json: %q", rec.Body.String())
+	}
+	rec = httptest.NewRecorder()
+	g.ReportHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/policy/report?format=xml", nil))
+	if rec.Code != http.StatusBadRequest {
+		t.Errorf("?format=xml: %d %q, want 400", rec.Code, rec.Body.String())
+	}
+
 	rec = httptest.NewRecorder()
 	g.ReloadHandler().ServeHTTP(rec, httptest.NewRequest("POST", "/policy/reload", nil))
 	if rec.Code != http.StatusOK || rec.Body.String() != "policy reloaded\n" {

@@ -19,7 +19,12 @@ func (g *Guard) ReportHandler() http.Handler {
 			return
 		}
 		rep := g.Report()
-		if r.URL.Query().Get("format") == "json" || strings.Contains(r.Header.Get("Accept"), "application/json") {
+		format := r.URL.Query().Get("format")
+		if format != "" && format != "json" && format != "text" {
+			http.Error(w, "format: want json or text", http.StatusBadRequest)
+			return
+		}
+		if format == "json" || format == "" && strings.Contains(r.Header.Get("Accept"), "application/json") {
 			w.Header().Set("Content-Type", "application/json")
 			enc := json.NewEncoder(w)
 			enc.SetIndent("", "  ")

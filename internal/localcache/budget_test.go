@@ -3,6 +3,7 @@ package localcache_test
 import (
 	"encoding/json"
 	"errors"
+	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
@@ -139,6 +140,15 @@ func TestHotKeys(t *testing.T) {
 	}
 	if g := metric(t, p.Metrics.Registry, "redproxy_localcache_hot_key_reads", "rank=1"); g == 0 {
 		t.Fatal("hot key gauge is 0")
+	}
+	// A bad ?n= is refused, as /debug/mirror's ?top= is (a probe's ?n=abc
+	// got the default 20 keys).
+	for _, q := range []string{"abc", "0", "-1"} {
+		rec := httptest.NewRecorder()
+		p.HotKeysHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/hotkeys?n="+q, nil))
+		if rec.Code != http.StatusBadRequest {
+			t.Errorf("?n=%s: %d, want 400", q, rec.Code)
+		}
 	}
 }
 

@@ -97,9 +97,15 @@ func (c *Cache) HotKeysHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := 20
 		if v := r.URL.Query().Get("n"); v != "" {
-			if k, err := strconv.Atoi(v); err == nil && k > 0 {
-				n = min(k, 1000)
+			// Refused as /debug/mirror's ?top= and /debug/slowlog's
+			// ?limit= are, not taken for the default (a probe's ?n=abc got
+			// 20 keys and no word of it).
+			k, err := strconv.Atoi(v)
+			if err != nil || k < 1 {
+				http.Error(w, "n: want a number of keys from 1 to 1000, e.g. ?n=50", http.StatusBadRequest)
+				return
 			}
+			n = min(k, 1000)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
