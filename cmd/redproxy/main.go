@@ -77,6 +77,12 @@ func run(argv []string, stdout, stderr io.Writer) int {
 			return runCheck(argv[1:], stdout, stderr)
 		case "healthcheck":
 			return runHealthcheck(argv[1:], stdout, stderr)
+		case "help":
+			// What people type first, as with go or git (a probe's
+			// "redproxy help" got "unexpected argument").
+			return run([]string{"--help"}, stdout, stderr)
+		case "version":
+			return run([]string{"--version"}, stdout, stderr)
 		}
 	}
 	// Registered first: a SIGHUP's default action is to exit, and a
@@ -341,7 +347,7 @@ wait:
 			rl.reloadAndLog()
 		case sig := <-sigs:
 			cfg = srv.Config() // shutdown_timeout may have been reloaded
-			log.Info("shutting down", "signal", sig.String(), "timeout", cfg.Server.ShutdownTimeout.Duration)
+			log.Info("shutting down", "signal", sig.String(), "timeout", cfg.Server.ShutdownTimeout.Duration.String()) // "10s" in JSON logs too, not nanoseconds
 			break wait
 		case err := <-served:
 			log.Error("listener failed", "err", err)

@@ -103,9 +103,16 @@ func TestHelpAndVersion(t *testing.T) {
 			t.Errorf("%s --help: exit %d, want 0; output:\n%s", sub, code, errOut.String())
 		}
 	}
-	out.Reset()
-	if code := run([]string{"--version"}, &out, io.Discard); code != 0 || !strings.HasPrefix(out.String(), "redproxy "+proxy.BuildVersion()+" (go") {
-		t.Fatalf("--version: exit %d, %q", code, out.String())
+	for _, v := range []string{"--version", "version"} {
+		out.Reset()
+		if code := run([]string{v}, &out, io.Discard); code != 0 || !strings.HasPrefix(out.String(), "redproxy "+proxy.BuildVersion()+" (go") {
+			t.Fatalf("%s: exit %d, %q", v, code, out.String())
+		}
+	}
+	// "redproxy help" as --help (it was "unexpected argument").
+	errOut.Reset()
+	if code := run([]string{"help"}, &out, &errOut); code != 0 || !strings.Contains(errOut.String(), "--config") {
+		t.Errorf("help: exit %d; output:\n%s", code, errOut.String())
 	}
 }
 

@@ -85,6 +85,7 @@ func TestInfoProxySection(t *testing.T) {
 		"proxy_version:", "proxy_uptime_in_seconds:", "proxy_connected_clients:1\r\n",
 		"upstream_0:addr=" + p.Redis.Addr() + ",state=up,", ",pinned=0,",
 		"pinned_connections:0\r\n", "localtier_enabled:1\r\n", "localtier_hit_ratio:", "policy_mode:enforce\r\n",
+		"slowlog_entries:0\r\n", "slowlog_total:0\r\n",
 	} {
 		if !strings.Contains(all[i:], want) {
 			t.Errorf("# Proxy lacks %q:\n%s", want, all[i:])

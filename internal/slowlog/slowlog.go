@@ -100,6 +100,13 @@ func (l *Log) Total() uint64 {
 	return l.total
 }
 
+// Len returns how many entries are kept, as SLOWLOG LEN.
+func (l *Log) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.ring)
+}
+
 // Reset drops every entry (IDs keep increasing).
 func (l *Log) Reset() {
 	l.mu.Lock()

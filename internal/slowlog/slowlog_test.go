@@ -49,11 +49,14 @@ func TestRingKeepsLastAndSortsSlowestFirst(t *testing.T) {
 	if len(got) != 3 || us[0] != 40 || us[1] != 30 || us[2] != 20 || ids[0] != 2 || ids[2] != 4 {
 		t.Fatalf("entries %v ids %v", us, ids)
 	}
-	if l.Total() != 5 {
-		t.Fatalf("total %d", l.Total())
+	if l.Total() != 5 || l.Len() != 3 {
+		t.Fatalf("total %d, len %d", l.Total(), l.Len())
 	}
 	// After a reset the oldest entry is still the one replaced.
 	l.Reset()
+	if l.Len() != 0 || l.Total() != 5 {
+		t.Fatalf("after a reset: len %d, total %d", l.Len(), l.Total())
+	}
 	for _, us := range []int64{1, 2, 3, 4} {
 		l.Add(Entry{TotalMicros: us})
 	}
