@@ -347,7 +347,8 @@ wait:
 			rl.reloadAndLog()
 		case sig := <-sigs:
 			cfg = srv.Config() // shutdown_timeout may have been reloaded
-			log.Info("shutting down", "signal", sig.String(), "timeout", cfg.Server.ShutdownTimeout.Duration.String()) // "10s" in JSON logs too, not nanoseconds
+			// As text: JSON logs showed a Duration in nanoseconds.
+			log.Info("shutting down", "signal", sig.String(), "timeout", cfg.Server.ShutdownTimeout.Duration.String())
 			break wait
 		case err := <-served:
 			log.Error("listener failed", "err", err)
