@@ -127,6 +127,9 @@ func parseDuration(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("must not be negative, got %s", s)
 	}
 	d, err := units.ParseDuration(s)
+	if errors.Is(err, units.ErrDurationTooLong) {
+		return 0, fmt.Errorf("duration %q is too long: %w", s, err)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("invalid duration %q (use e.g. \"90s\", \"15m\", \"24h\", \"7d\", \"1w\")", s)
 	}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +29,9 @@ type Duration struct{ time.Duration }
 func (d *Duration) UnmarshalText(text []byte) error {
 	s, neg := strings.CutPrefix(string(text), "-")
 	v, err := ParseDuration(s)
+	if errors.Is(err, ErrDurationTooLong) {
+		return fmt.Errorf("duration %q is too long: %w", text, err)
+	}
 	if err != nil {
 		return fmt.Errorf("invalid duration %q (use e.g. \"500ms\", \"2s\")", text)
 	}
@@ -69,6 +73,15 @@ func FormatDuration(d time.Duration) string {
 // found by a user's trial).
 func ParseDuration(s string) (time.Duration, error) {
 	bad := errors.New("invalid duration")
+	// A well-formed duration past what a time.Duration holds is said to
+	// be that, not "invalid" (a probe's "100000000d" was told to write it
+	// like "500ms").
+	tooLong := func(num, unit string) error {
+		if _, err := strconv.ParseFloat(num, 64); err == nil && slices.Contains([]string{"d", "w", "h", "m", "s", "ms", "us", "µs", "ns"}, unit) {
+			return ErrDurationTooLong
+		}
+		return bad
+	}
 	if s == "" || s[0] == '-' || s[0] == '+' {
 		return 0, bad
 	}
@@ -98,24 +111,31 @@ func ParseDuration(s string) (time.Duration, error) {
 			if unit == "w" {
 				mult *= 7
 			}
-			if err != nil || n > int64(math.MaxInt64/mult) {
-				return 0, bad
+			if err != nil {
+				return 0, tooLong(num, "x")
+			}
+			if n > int64(math.MaxInt64/mult) {
+				return 0, ErrDurationTooLong
 			}
 			part = time.Duration(n) * mult
 		default:
 			v, err := time.ParseDuration(num + unit)
 			if err != nil {
-				return 0, bad
+				return 0, tooLong(num, unit)
 			}
 			part = v
 		}
 		if total > math.MaxInt64-part {
-			return 0, bad
+			return 0, ErrDurationTooLong
 		}
 		total += part
 	}
 	return total, nil
 }
+
+// ErrDurationTooLong is ParseDuration's error for a duration longer than
+// a time.Duration holds.
+var ErrDurationTooLong = errors.New("the longest is about 106,751 days (292 years)")
 
 // ByteSize is a size in bytes, written in TOML either as an integer (bytes)
 // or as a string with a unit: "512", "100KB", "64MB", "1GiB".

@@ -1,6 +1,7 @@
 package units
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -61,6 +62,24 @@ func TestDurationDaysWeeksAndSigns(t *testing.T) {
 		var d Duration
 		if err := d.UnmarshalText([]byte(in)); err == nil {
 			t.Errorf("%q accepted as %v", in, d.Duration)
+		}
+	}
+}
+
+// A well-formed duration too long for a time.Duration says so; a malformed
+// one stays "invalid".
+func TestDurationTooLong(t *testing.T) {
+	for _, in := range []string{"100000000d", "99999999999w", "106751d106751d", "9999999999999h"} {
+		var d Duration
+		err := d.UnmarshalText([]byte(in))
+		if err == nil || !strings.Contains(err.Error(), "too long") {
+			t.Errorf("%q: %v, want \"too long\"", in, err)
+		}
+	}
+	for _, in := range []string{"1.5d", "1x", "d", "9999999999999x"} {
+		var d Duration
+		if err := d.UnmarshalText([]byte(in)); err == nil || strings.Contains(err.Error(), "too long") {
+			t.Errorf("%q: %v, want \"invalid duration\"", in, err)
 		}
 	}
 }
