@@ -1,6 +1,7 @@
 package localcache
 
 import (
+	"bytes"
 	"github.com/redproxy/redproxy/internal/commands"
 )
 
@@ -101,18 +102,19 @@ func unknownKeys(cmd *commands.Command, args [][]byte) bool {
 	return false
 }
 
-// flushKind says whether a write empties whole databases. DEBUG counts as
-// FLUSHALL: DEBUG RELOAD and DEBUG LOADAOF replace every database with the
+// flushKind says whether a write empties whole databases. DEBUG RELOAD and
+// DEBUG LOADAOF count as FLUSHALL: they replace every database with the
 // file's, and Redis's own invalidation of them arrived a moment after the
 // reply, through which hits answered the values from before (found by a
-// probe). Its other subcommands cost a flush, for a command the guard
-// refuses by default.
-func flushKind(cmd *commands.Command) string {
+// probe). DEBUG's other subcommands (SLEEP, OBJECT, ...) write nothing.
+func flushKind(cmd *commands.Command, args [][]byte) string {
 	switch cmd.Name {
 	case "flushall", "flushdb", "swapdb":
 		return cmd.Name
 	case "debug":
-		return "flushall"
+		if len(args) > 1 && (bytes.EqualFold(args[1], []byte("reload")) || bytes.EqualFold(args[1], []byte("loadaof"))) {
+			return "flushall"
+		}
 	}
 	return ""
 }

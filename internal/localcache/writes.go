@@ -59,7 +59,7 @@ func (c *Cache) WriteStart(w *Writes, db int, cmd *commands.Command, args [][]by
 	if cmd == nil {
 		return
 	}
-	switch flushKind(cmd) {
+	switch flushKind(cmd, args) {
 	case "flushall":
 		c.flush(-1, FlushForwarded, nil)
 		w.fence = true

@@ -232,9 +232,12 @@ func (s *Server) closeMirror() {
 
 // mirrorsAsWrite: the commands mirrored as writes. Scripts and functions
 // may write any key (mayWrite); SCRIPT LOAD goes too, so that the
-// application's EVALSHA finds its script on the mirror.
+// application's EVALSHA finds its script on the mirror. DEBUG, which
+// mayWrite counts for the local tier (DEBUG RELOAD), does not: the mirror
+// must not sleep, reload its own file or crash on the primary's account
+// (found by review).
 func mirrorsAsWrite(cmd *commands.Command) bool {
-	return mayWrite(cmd) || cmd.Name == "script|load"
+	return mayWrite(cmd) && cmd.Name != "debug" || cmd.Name == "script|load"
 }
 
 // uncomparable are reads whose replies legitimately differ between two
@@ -669,7 +672,7 @@ func (sess *Session) mirrorExec(call *upstream.Call, sl slot) {
 // Redis refuses every write, are not counted (a second review found them
 // counted as missed).
 func (sess *Session) mirrorSkipRelayed(cmd *commands.Command) {
-	if cmd != nil && mayWrite(cmd) {
+	if cmd != nil && mirrorsAsWrite(cmd) && cmd.Name != "script|load" {
 		sess.srv.mirror.Skipped(mirror.SkipRelayed)
 	}
 }

@@ -430,3 +430,41 @@ func BenchmarkForwardPipeline16Mirrored(b *testing.B) {
 	}
 	b.ReportMetric(float64(rep.Dropped[mirror.DropQueueFull])/float64(b.N*16), "dropped/op")
 }
+
+// DEBUG is not mirrored: the write hooks count it (DEBUG RELOAD replaces
+// the dataset, for the local tier), and mirrored it made the mirror sleep
+// (stalling its queue), reload its own file or crash on the primary's
+// account (found by review).
+func TestMirrorLeavesDebugOut(t *testing.T) {
+	ms := redistest.Start(t, "--enable-debug-command", "yes")
+	rs := redistest.Start(t, "--enable-debug-command", "yes")
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.Upstreams = map[string]config.Upstream{"new": {Address: ms.Addr()}}
+		c.Mirror = mirror.DefaultConfig()
+		c.Mirror.Upstream = "new"
+		c.Policy.Commands.Allow = append(c.Policy.Commands.Allow, "debug") // refused by default
+	})
+	c := p.Client(t)
+	if err := c.Set(ctx, "before", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Do(ctx, "DEBUG", "SLEEP", "0").Err(); err != nil {
+		t.Fatalf("DEBUG SLEEP 0: %v", err)
+	}
+	if err := c.Set(ctx, "after", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitMirrored(t, p)
+	rep := p.Mirror().Report(10)
+	if rep.Sent != 2 || rep.Errors[mirror.ErrReply] != 0 {
+		t.Errorf("report = %+v, want the two SETs sent and nothing else", rep)
+	}
+	for reason, n := range rep.Skipped {
+		if n != 0 {
+			t.Errorf("skipped %s = %d", reason, n)
+		}
+	}
+	if n, _ := ms.Client(t).Exists(ctx, "before", "after").Result(); n != 2 {
+		t.Errorf("%d of the two SETs on the mirror", n)
+	}
+}

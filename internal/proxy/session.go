@@ -1043,7 +1043,9 @@ func firstElement(reply []byte) []byte {
 // tier invalidation, stampede hold release). Redis flags scripts and
 // functions (EVAL, EVALSHA, FCALL) as neither read-only nor write, yet they
 // may write any key, so they count as writes. So does DEBUG, flagged as
-// neither: DEBUG RELOAD and LOADAOF replace the whole dataset.
+// neither: DEBUG RELOAD and LOADAOF replace the whole dataset, and the
+// local tier flushes on them (its other subcommands change nothing there;
+// the mirror leaves DEBUG out, mirrorsAsWrite).
 func mayWrite(cmd *commands.Command) bool {
 	if cmd == nil {
 		return false
