@@ -328,13 +328,14 @@ func (c *checker) ttlCertain(arg []byte, unit ttlUnit) bool {
 		return false
 	}
 	nowMs := c.p.now().UnixMilli()
+	if beyondRedis(n, unit, nowMs) {
+		return false
+	}
 	switch unit {
-	case unitSec:
-		return n <= (math.MaxInt64-nowMs)/1000
-	case unitMs:
-		return n <= math.MaxInt64-nowMs
+	case unitSec, unitMs:
+		return true
 	case unitUnixSec:
-		return n <= math.MaxInt64/1000 && n*1000 > nowMs
+		return n*1000 > nowMs
 	case unitUnixMs:
 		return n > nowMs
 	}
@@ -545,8 +546,12 @@ func (c *checker) checkName(d *Decision, rs *ruleset, a Action, req *Request, ke
 func (c *checker) checkMax(d *Decision, i int, rs *ruleset, rule *ttlRule, e keyEffect) bool {
 	req := &c.reqs[i]
 	n, ok := parseInt(req.Args[e.ttl])
-	if !ok || n <= 0 {
-		return false // Redis rejects it or deletes the key: no long TTL either way
+	if !ok || n <= 0 || beyondRedis(n, e.unit, c.p.now().UnixMilli()) {
+		// Redis rejects it (or deletes the key, or, for RESTORE, creates
+		// none): no long TTL either way. Clamped, a TTL past Redis's range
+		// (EX 9223372036854775) became a valid hour and the write Redis
+		// refuses ran (found by a probe).
+		return false
 	}
 	// Compare in the command's own unit: converting n to a Duration could
 	// overflow. ttl is only for the message, in the command's unit where a
@@ -582,6 +587,22 @@ func (c *checker) checkMax(d *Decision, i int, rs *ruleset, rule *ttlRule, e key
 	}
 	if a == Enforce {
 		c.setArg(d, req, e.ttl, strconv.AppendInt(nil, clamped, 10))
+	}
+	return false
+}
+
+// beyondRedis reports whether Redis refuses a TTL of n in unit as out of
+// range at nowMs ("invalid expire time"): seconds it cannot turn into
+// milliseconds, and relative times whose deadline overflows. (For RESTORE's
+// relative TTL Redis creates no key instead: the same overflow.)
+func beyondRedis(n int64, unit ttlUnit, nowMs int64) bool {
+	switch unit {
+	case unitSec:
+		return n > (math.MaxInt64-nowMs)/1000
+	case unitMs:
+		return n > math.MaxInt64-nowMs
+	case unitUnixSec:
+		return n > math.MaxInt64/1000
 	}
 	return false
 }

@@ -56,9 +56,17 @@ func TestLookaheadTrustsOnlyCertainTTLs(t *testing.T) {
 		{"expire not a number", []string{"HSET s:k f v", "EXPIRE s:k abc"}, []string{fix, ""}},
 		{"expire zero", []string{"HSET s:k f v", "EXPIRE s:k 0"}, []string{fix, ""}},
 		{"expire negative", []string{"HSET s:k f v", "EXPIRE s:k -5"}, []string{fix, ""}},
-		{"expire overflows", []string{"HSET r:k f v", "EXPIRE r:k 9223372036854775807"}, []string{"reported:ttl", "reported:ttl_max"}},
-		{"pexpire overflows", []string{"HSET r:k f v", "PEXPIRE r:k 9223372036854775807"}, []string{"reported:ttl", "reported:ttl_max"}},
-		{"overflow clamped to max", []string{"HSET s:k f v", "EXPIRE s:k 9223372036854775807"}, []string{"", "fixed:ttl_max args=[EXPIRE s:k 604800]"}},
+		// A TTL past Redis's range is Redis's error to answer: neither a
+		// TTL the write can count on nor one to clamp or report as too
+		// long (clamped, it became a valid TTL and the write Redis
+		// refuses ran; found by a probe).
+		{"expire overflows", []string{"HSET r:k f v", "EXPIRE r:k 9223372036854775807"}, []string{"reported:ttl", ""}},
+		{"pexpire overflows", []string{"HSET r:k f v", "PEXPIRE r:k 9223372036854775807"}, []string{"reported:ttl", ""}},
+		{"overflow not clamped", []string{"HSET s:k f v", "EXPIRE s:k 9223372036854775807"}, []string{fix, ""}},
+		{"set ex overflow not clamped", []string{"SET s:k v EX 9223372036854775"}, []string{""}},
+		{"psetex overflow not clamped", []string{"PSETEX s:k 9223372036854775807 v"}, []string{""}},
+		{"getex overflow not clamped", []string{"GETEX s:k EX 9223372036854775"}, []string{""}},
+		{"expireat overflow not clamped", []string{"HSET s:k f v", "EXPIREAT s:k 9223372036854775807"}, []string{fix, ""}},
 		{"expireat past", []string{"HSET s:k f v", "EXPIREAT s:k " + past}, []string{fix, ""}},
 		{"pexpireat past", []string{"HSET s:k f v", "PEXPIREAT s:k " + pastMs}, []string{fix, ""}},
 		{"set ex zero", []string{"HSET s:k f v", "SET s:k v EX 0"}, []string{fix, ""}},
