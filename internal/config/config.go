@@ -312,8 +312,9 @@ func elide(msg string) string {
 	if len(msg) <= maxErrorMsg {
 		return msg
 	}
-	head, tail := msg[:maxErrorMsg*2/3], msg[len(msg)-maxErrorMsg/3:]
-	return fmt.Sprintf("%s...(%d bytes)...%s", strings.ToValidUTF8(head, ""), len(msg)-len(head)-len(tail), strings.ToValidUTF8(tail, ""))
+	head := strings.ToValidUTF8(msg[:maxErrorMsg*2/3], "")
+	tail := strings.ToValidUTF8(msg[len(msg)-maxErrorMsg/3:], "")
+	return fmt.Sprintf("%s...(%d bytes)...%s", head, len(msg)-len(head)-len(tail), tail)
 }
 
 // maxErrorMsg bounds the message of an Error, in bytes.
@@ -329,7 +330,7 @@ func (e *Error) Error() string {
 		b.WriteString(": ")
 	}
 	if e.Key != "" {
-		b.WriteString(e.Key + ": ")
+		b.WriteString(elide(e.Key) + ": ") // a made-up key may be as long
 	}
 	b.WriteString(elide(e.Msg))
 	return b.String()

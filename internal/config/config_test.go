@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/localcache"
@@ -450,6 +451,12 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{2, "server.tls.min_version", "want a string (in quotes), got a TOML integer"}}},
 		{"wrong type in an inline table of an array", "[stampede]\nhold = [{pattern=\"c:*\", timeout=\"1s\"}, {pattern=5, timeout=\"1s\"}]\n",
 			[]wantErr{{2, "stampede.hold[1].pattern", "want a string (in quotes), got a TOML integer"}}},
+		// A value inside an inline table's array, and an array where a
+		// string belongs there (found by review).
+		{"wrong type in an array of an inline table", "[policy]\ncommands = { deny = [1, 2] }\n",
+			[]wantErr{{2, "policy.commands.deny", "want a string (in quotes), got a TOML integer"}}},
+		{"array for a string in an inline table", "[stampede]\nhold = [{pattern  =  [1], timeout=\"1s\"}]\n",
+			[]wantErr{{2, "stampede.hold[0].pattern", "want a string (in quotes), got a TOML array"}}},
 		// A duration written as a number inside an inline table is caught
 		// by scan, as outside one (it was "invalid duration", no line).
 		{"number for a duration in an inline table", "[stampede]\nhold = [{pattern=\"c:*\", timeout=5}]\n",
@@ -1058,5 +1065,18 @@ func TestHugeValueErrorIsShort(t *testing.T) {
 	if len(msg) > 1024 || !strings.HasPrefix(msg, "big.toml:2: server.listen: ") || !strings.Contains(msg, "bytes)...") {
 		t.Fatalf("error of %d bytes: %.300q", len(msg), msg)
 	}
-	t.Log(msg)
+	// A made-up key as long (found by review: a 1 MB unknown key made a
+	// 1 MB line).
+	_, err = Parse([]byte("[server]\n"+strings.Repeat("k", 1<<20)+" = 1\n"), "big.toml")
+	if err == nil || len(err.Error()) > 2048 || !strings.Contains(err.Error(), "unknown key") {
+		t.Fatalf("unknown 1 MB key: error of %d bytes: %.300v", len(fmt.Sprint(err)), err)
+	}
+	// The count of bytes left out is exact, multi-byte characters cut at
+	// either end included.
+	long := strings.Repeat("é", 1000) // 2000 bytes
+	out := elide(long)
+	var n int
+	if _, err := fmt.Sscanf(out[strings.Index(out, "...(")+4:], "%d", &n); err != nil || !utf8.ValidString(out) || len(long)-n != len(out)-len(fmt.Sprintf("...(%d bytes)...", n)) {
+		t.Fatalf("elide: %d bytes elided, %q", n, out)
+	}
 }

@@ -238,6 +238,24 @@ func (p *positions) at(offset uint32) (line, column int) {
 	return p.line + 1, off - p.starts + 1
 }
 
+// valueStart returns the offset of the value after a key ending at off:
+// past blanks, "=" and blanks. ok is false if data does not read so.
+func valueStart(data []byte, off uint32) (uint32, bool) {
+	i := int(off)
+	skip := func() {
+		for i < len(data) && (data[i] == ' ' || data[i] == '\t') {
+			i++
+		}
+	}
+	skip()
+	if i >= len(data) || data[i] != '=' {
+		return 0, false
+	}
+	i++
+	skip()
+	return uint32(i), i < len(data)
+}
+
 // inlineKeys names the keys set inside inline tables (server = { listen =
 // "...", ... }, hold = [{ pattern = "...", ... }]) by where each starts
 // (line, column): the decoder names an unknown key there by its last part
@@ -258,18 +276,26 @@ func (in inlineKeys) walk(value *unstable.Node, key string, pos *positions, errs
 			}
 			name := key
 			var at [2]int
+			var keyEnd uint32
 			for k := kv.Key(); k.Next(); {
 				n := k.Node()
 				if at[0] == 0 {
 					at[0], at[1] = pos.at(n.Raw.Offset)
 				}
+				keyEnd = n.Raw.Offset + n.Raw.Length
 				name += "." + string(n.Data)
 			}
 			in[at] = name
 			v := kv.Value()
-			if v.Raw.Length > 0 {
-				// A value of the wrong type is reported where it starts.
-				vl, vc := pos.at(v.Raw.Offset)
+			// A value of the wrong type is reported where it starts; an
+			// array, which has no position in the parser, at its "[",
+			// found after the key's "=".
+			start, known := v.Raw.Offset, v.Raw.Length > 0
+			if !known && v.Kind == unstable.Array {
+				start, known = valueStart(pos.data, keyEnd)
+			}
+			if known {
+				vl, vc := pos.at(start)
 				in[[2]int{vl, vc}] = name
 			}
 			if rule, ok := unitKeys[withoutIndexes(name)]; ok && !slices.Contains(rule.kinds, v.Kind) {
@@ -281,7 +307,17 @@ func (in inlineKeys) walk(value *unstable.Node, key string, pos *positions, errs
 	case unstable.Array:
 		i := 0
 		for it := value.Children(); it.Next(); i++ {
-			errs = in.walk(it.Node(), key+"["+strconv.Itoa(i)+"]", pos, errs)
+			elem := it.Node()
+			if elem.Kind != unstable.InlineTable && elem.Kind != unstable.Array && elem.Raw.Length > 0 {
+				// A scalar of the wrong type is reported where it starts,
+				// named by its array, as outside inline tables
+				// (policy.commands.deny). Arrays have no position of their
+				// own in the parser (found by review).
+				l, c := pos.at(elem.Raw.Offset)
+				in[[2]int{l, c}] = key
+				continue
+			}
+			errs = in.walk(elem, key+"["+strconv.Itoa(i)+"]", pos, errs)
 		}
 	}
 	return errs

@@ -142,7 +142,10 @@ type Cache struct {
 	epochs atomic.Uint64              // source of fill connection epochs
 	// switching is set (under connMu) while SwitchUpstream has retired the
 	// fill connections and not yet dialled new ones: no connection is
-	// created meanwhile, so the tier neither serves nor fills.
+	// created meanwhile, so the tier neither serves nor fills (for a
+	// named upstream's switch, switchRouted, the other upstreams'
+	// existing connections go on serving; reads that would dial one pass
+	// through until it ends).
 	switching bool
 	fenceAt   atomic.Int64 // hits need a heartbeat sent at or after this
 

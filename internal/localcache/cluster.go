@@ -34,7 +34,8 @@ import (
 //     a primary) and asks the router for a new map. Hits from a node stop
 //     within S of its demotion, and a primary that fails stops them at
 //     once when its connection drops (C4).
-//   - A lost node connection flushes the whole tier, not only what that
+//   - A lost node connection flushes the whole tier (with routes, the
+//     whole of that cluster upstream's part of it), not only what that
 //     node served: the connection's epoch change already makes its own
 //     entries unservable at once, and a flush, which happens rarely, is
 //     simpler to reason about than a per-node one.

@@ -16,9 +16,12 @@ package localcache
 // fill is never read from another upstream. From that:
 //
 //   - A lost connection to one upstream starts a new epoch on it, so
-//     nothing it filled is served again, and flushes the database (as
+//     nothing it filled is served again, and drops that upstream's
+//     entries of the database (all of its nodes' for a cluster, as
 //     cluster mode flushes on a lost node): nothing of that upstream is
-//     served until a heartbeat on a new connection is answered.
+//     served until a heartbeat on a new connection is answered. The
+//     other upstreams' entries stay (flushOwn): their keys are filled,
+//     tracked and served through their own connections only.
 //   - A route change (Reroute, on a reload that changes the key routes)
 //     moves keys to another upstream. An entry filled from the old owner
 //     carries the old owner's epoch, which never matches the new owner's
@@ -27,9 +30,11 @@ package localcache
 //     nothing filled under the old routes is kept at all: simpler to reason
 //     about than entries of several owners for one key, for a rare event.
 //     Hits resume one heartbeat later.
-//   - A failover of a Sentinel upstream, named or [upstream], switches
-//     the tier as [upstream]'s failover does (SwitchUpstream): every
-//     connection is retired and everything dropped.
+//   - A failover of [upstream] (Sentinel) switches the whole tier
+//     (SwitchUpstream): every connection is retired and everything
+//     dropped. A failover of a named Sentinel upstream retires that
+//     upstream's connections and drops what was read from it only
+//     (switchRouted).
 //
 // Connections to standalone and Sentinel upstreams are probed with PING,
 // not ROLE: ROLE is in @admin, and a Sentinel upstream's demotion is
