@@ -79,7 +79,11 @@ func run(argv []string, stdout, stderr io.Writer) int {
 			return runHealthcheck(argv[1:], stdout, stderr)
 		case "help":
 			// What people type first, as with go or git (a probe's
-			// "redproxy help" got "unexpected argument").
+			// "redproxy help" got "unexpected argument"); "help check"
+			// is "check --help".
+			if len(argv) > 1 && argv[1] != "help" {
+				return run([]string{argv[1], "--help"}, stdout, stderr)
+			}
 			return run([]string{"--help"}, stdout, stderr)
 		case "version":
 			return run([]string{"--version"}, stdout, stderr)

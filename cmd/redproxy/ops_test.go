@@ -114,6 +114,10 @@ func TestHelpAndVersion(t *testing.T) {
 	if code := run([]string{"help"}, &out, &errOut); code != 0 || !strings.Contains(errOut.String(), "--config") {
 		t.Errorf("help: exit %d; output:\n%s", code, errOut.String())
 	}
+	errOut.Reset()
+	if code := run([]string{"help", "check"}, &out, &errOut); code != 0 || !strings.Contains(errOut.String(), "usage: redproxy check") {
+		t.Errorf("help check: exit %d; output:\n%s", code, errOut.String())
+	}
 }
 
 // childEnv is this process's environment without REDPROXY_ variables,

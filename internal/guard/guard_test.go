@@ -372,6 +372,11 @@ func TestHandlers(t *testing.T) {
 		t.Errorf("?format=text with Accept: application/json: %q", rec.Body.String())
 	}
 	rec = httptest.NewRecorder()
+	g.ReportHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/policy/report?format=JSON", nil))
+	if rec.Header().Get("Content-Type") != "application/json" {
+		t.Errorf("?format=JSON: %q", rec.Body.String())
+	}
+	rec = httptest.NewRecorder()
 	g.ReportHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/policy/report?format=xml", nil))
 	if rec.Code != http.StatusBadRequest {
 		t.Errorf("?format=xml: %d %q, want 400", rec.Code, rec.Body.String())

@@ -19,7 +19,7 @@ func (g *Guard) ReportHandler() http.Handler {
 			return
 		}
 		rep := g.Report()
-		format := r.URL.Query().Get("format")
+		format := strings.ToLower(r.URL.Query().Get("format"))
 		if format != "" && format != "json" && format != "text" {
 			http.Error(w, "format: want json or text", http.StatusBadRequest)
 			return

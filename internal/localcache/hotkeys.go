@@ -102,7 +102,7 @@ func (c *Cache) HotKeysHandler() http.Handler {
 			// 20 keys and no word of it).
 			k, err := strconv.Atoi(v)
 			if err != nil || k < 1 {
-				http.Error(w, "n: want a number of keys from 1 to 1000, e.g. ?n=50", http.StatusBadRequest)
+				http.Error(w, "n: want a number of keys, 1 or more (at most 1000 are listed), e.g. ?n=50", http.StatusBadRequest)
 				return
 			}
 			n = min(k, 1000)

@@ -111,8 +111,11 @@ func ParseDuration(s string) (time.Duration, error) {
 			if unit == "w" {
 				mult *= 7
 			}
+			if errors.Is(err, strconv.ErrRange) {
+				return 0, ErrDurationTooLong
+			}
 			if err != nil {
-				return 0, tooLong(num, "x")
+				return 0, bad
 			}
 			if n > int64(math.MaxInt64/mult) {
 				return 0, ErrDurationTooLong
