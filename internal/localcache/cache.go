@@ -407,26 +407,35 @@ func (c *Cache) SwitchUpstreamOf(name string, switchUpstream func()) {
 	}
 	c.connMu.Unlock()
 	c.flush(-1, FlushSwitch, by)
-	for _, fc := range old {
+	c.closeAndSwitch(switchUpstream, old, oldNodes)
+	c.log.Info("local tier: tracking connections moved to the new upstream", "databases", len(old))
+}
+
+// closeAndSwitch ends a switch whose connections were retired: conns,
+// [upstream]'s per database, and nodes, those of cluster nodes and of the
+// upstreams of routes. It closes them, calls switchUpstream, and redials
+// conns and the routes' (the upstreams of routes stay the same ones;
+// cluster nodes' connections are dialled again by the next read of one of
+// their keys).
+func (c *Cache) closeAndSwitch(switchUpstream func(), conns, nodes []*fillConn) {
+	for _, fc := range conns {
 		fc.pipe.Close()
 	}
-	for _, fc := range oldNodes {
+	for _, fc := range nodes {
 		fc.pipe.Close()
 	}
 	switchUpstream()
 	c.connMu.Lock()
 	c.switching = false
 	c.connMu.Unlock()
-	for _, fc := range old {
+	for _, fc := range conns {
 		c.conn(fc.db)
 	}
-	// The upstreams of routes stay the same ones: redial each at once.
-	for _, fc := range oldNodes {
+	for _, fc := range nodes {
 		if !fc.clusterNode() {
 			c.nodeConn(fc.up, fc.node, fc.db)
 		}
 	}
-	c.log.Info("local tier: tracking connections moved to the new upstream", "databases", len(old))
 }
 
 // switchRouted is SwitchUpstreamOf for the upstream of routes up, which is
@@ -447,18 +456,7 @@ func (c *Cache) switchRouted(up *upstreamTier, switchUpstream func()) {
 	}
 	c.connMu.Unlock()
 	c.flushOwn(-1, FlushSwitch, up, false)
-	for _, fc := range old {
-		fc.pipe.Close()
-	}
-	switchUpstream()
-	c.connMu.Lock()
-	c.switching = false
-	c.connMu.Unlock()
-	for _, fc := range old {
-		if !fc.clusterNode() {
-			c.nodeConn(fc.up, fc.node, fc.db)
-		}
-	}
+	c.closeAndSwitch(switchUpstream, nil, old)
 	c.log.Info("local tier: tracking connections moved to the new upstream", "upstream", up.name, "databases", len(old))
 }
 
