@@ -15,6 +15,20 @@ import (
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
+// holdTierPushes makes the tier's tracking connections wait before taking
+// each invalidation push while the returned pointer holds a channel, until
+// that channel is closed: pushes as late as a loaded machine may make them.
+func holdTierPushes(t *testing.T) *atomic.Pointer[chan struct{}] {
+	var hold atomic.Pointer[chan struct{}]
+	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() {
+		if ch := hold.Load(); ch != nil {
+			<-*ch
+		}
+	}})
+	t.Cleanup(func() { localcache.SetTestHooks(prev) })
+	return &hold
+}
+
 // A write whose keys the proxy cannot name (a script writing a key it gets
 // in ARGV) is fenced: no tier hit until the tracking connection answered a
 // PING sent after the write's reply. The fence must be up before any byte
@@ -31,13 +45,7 @@ import (
 // batch's last reply (after the spill wrote the script's reply), and the
 // invalidation pushes are held back, as a loaded machine may delay them.
 func TestTierFenceIsUpBeforeTheScriptsReplyIsWritten(t *testing.T) {
-	var holdPushes atomic.Pointer[chan struct{}]
-	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() {
-		if ch := holdPushes.Load(); ch != nil {
-			<-*ch
-		}
-	}})
-	t.Cleanup(func() { localcache.SetTestHooks(prev) })
+	holdPushes := holdTierPushes(t)
 	p := proxytest.Start(t, nil, func(c *config.Config) {
 		eagerTier(c, 5*time.Second)
 	})
@@ -156,13 +164,7 @@ func TestTierFenceForAnUncountedRelaysScript(t *testing.T) {
 // by a probe: 96 of 200 reads right after the reload's OK). Here the
 // invalidation pushes are held back, as a loaded machine may delay them.
 func TestTierFlushedByDebugReload(t *testing.T) {
-	var holdPushes atomic.Pointer[chan struct{}]
-	prev := localcache.SetTestHooks(&localcache.TestHooks{BeforePush: func() {
-		if ch := holdPushes.Load(); ch != nil {
-			<-*ch
-		}
-	}})
-	t.Cleanup(func() { localcache.SetTestHooks(prev) })
+	holdPushes := holdTierPushes(t)
 	rs := redistest.Start(t, "--enable-debug-command", "yes")
 	p := proxytest.Start(t, rs, func(c *config.Config) {
 		eagerTier(c, 5*time.Second)
