@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -78,5 +79,36 @@ func TestConnectionLossLoggedForEachOutage(t *testing.T) {
 		if n := strings.Count(logs.String(), msg); n != outage {
 			t.Fatalf("after %d Redis restarts, %d connection-lost warnings, want one per restart:\n%s", outage, n, logs.String())
 		}
+	}
+}
+
+// A dial that failed but had begun before another pipe's dial to the same
+// address succeeded is of the outage that ended: it neither logs a failure
+// nor begins an outage whose end would be logged again. CI, under load,
+// saw two "reachable again" lines for one restart under eight pipes.
+func TestDialFailureBegunBeforeTheRecoveryIsNotANewOutage(t *testing.T) {
+	var d addrLog
+	d.byAddr = map[string]*addrLogState{}
+	logs := &redistest.LogBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	const addr = "127.0.0.1:1"
+	d.failed(log, addr, 0, errors.New("refused"), time.Second, time.Now())
+	begun := time.Now() // a second pipe's dial, in flight across the recovery
+	for !time.Now().After(begun) {
+	}
+	if !d.restored(log, addr) {
+		t.Fatal("the outage's end was not seen")
+	}
+	d.failed(log, addr, 0, errors.New("refused"), time.Second, begun)
+	if d.restored(log, addr) {
+		t.Errorf("a dial begun before the recovery began a new outage:\n%s", logs.String())
+	}
+	if n := strings.Count(logs.String(), "reachable again"); n != 1 {
+		t.Errorf("%d reachable-again lines, want 1:\n%s", n, logs.String())
+	}
+	// A dial begun after the recovery that fails is a new outage.
+	d.failed(log, addr, 0, errors.New("refused"), time.Second, time.Now())
+	if !d.restored(log, addr) {
+		t.Errorf("a new outage after the recovery was not seen:\n%s", logs.String())
 	}
 }

@@ -461,6 +461,7 @@ func (p *Pipe) redial() {
 	opt.cancel = p.stop
 	for {
 		p.dials.Add(1)
+		started := time.Now()
 		nc, err := Dial(opt)
 		tried := time.Now() // a dial that timed out waits its backoff from its end
 		if err == nil {
@@ -495,7 +496,7 @@ func (p *Pipe) redial() {
 		// primary is known, said in the Sentinel log), whose "dial tcp:
 		// missing address" said nothing more (found by review).
 		if !isClosed(p.stop) && p.opt.Addr != "" {
-			dialLogs.failed(p.opt.Logger, p.opt.Addr, p.opt.DB, err, backoff)
+			dialLogs.failed(p.opt.Logger, p.opt.Addr, p.opt.DB, err, backoff, started)
 		}
 		// Only a connection that could not be made: a handshake Redis
 		// refused (maxclients, -BUSY on SELECT, -LOADING) may clear in a
