@@ -464,6 +464,12 @@ func (p *Pipe) redial() {
 		started := time.Now()
 		nc, err := Dial(opt)
 		tried := time.Now() // a dial that timed out waits its backoff from its end
+		gate := dialGateOf(p.opt.Addr)
+		if err == nil {
+			gate.succeeded(tried)
+		} else {
+			gate.failed(started, tried)
+		}
 		if err == nil {
 			p.mu.Lock()
 			if p.closed {
@@ -508,7 +514,7 @@ func (p *Pipe) redial() {
 		} else {
 			p.refused.Store(nil)
 		}
-		if !p.waitRedial(tried, backoff) {
+		if !p.waitRedial(tried, backoff, gate) {
 			p.mu.Lock()
 			p.redialing = false
 			p.mu.Unlock()
@@ -524,18 +530,27 @@ func (p *Pipe) redial() {
 // waitRedial waits until the reconnect loop should dial again: backoff
 // after its last try (at tried), or ReconnectMin after it once a client
 // wanted the connection (wanted). False: the pipe was closed.
-func (p *Pipe) waitRedial(tried time.Time, backoff time.Duration) bool {
+func (p *Pipe) waitRedial(tried time.Time, backoff time.Duration, gate *dialGate) bool {
 	t := time.NewTimer(time.Until(tried.Add(backoff)))
 	defer t.Stop()
-	select {
-	case <-p.wanted:
-	default:
+	for {
 		select {
 		case <-p.stop:
 			return false
 		case <-t.C:
 			return true
 		case <-p.wanted:
+		}
+		if gate.admit(time.Now(), p.opt.ReconnectMin) {
+			break
+		}
+		// Another connection to the address is trying for its clients:
+		// this one waits for its own backoff or the next client.
+	}
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
 		}
 	}
 	t.Reset(time.Until(tried.Add(p.opt.ReconnectMin)))
@@ -545,6 +560,51 @@ func (p *Pipe) waitRedial(tried time.Time, backoff time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// dialGate is what the connections to one address know of each other's
+// dials, so that redials asked for by clients (Pipe.wanted) are about one
+// per ReconnectMin for the address while it is down, not one per
+// connection: a proxy's pools to one Redis (each database and protocol in
+// use, Options.Connections each, the local tier's) dialled a dead Redis
+// 700-1050 times a second under load, 15-26 times as often as on their
+// backoff alone (found by a probe).
+type dialGate struct {
+	failedAt  atomic.Int64 // end of the last failed dial begun after okAt
+	okAt      atomic.Int64 // end of the last dial that succeeded
+	claimedAt atomic.Int64 // when a client-asked redial was last let through
+}
+
+var dialGates sync.Map // address -> *dialGate
+
+func dialGateOf(addr string) *dialGate {
+	if g, ok := dialGates.Load(addr); ok {
+		return g.(*dialGate)
+	}
+	g, _ := dialGates.LoadOrStore(addr, &dialGate{})
+	return g.(*dialGate)
+}
+
+func (g *dialGate) succeeded(at time.Time) { g.okAt.Store(at.UnixNano()) }
+
+// failed records a failed dial begun at started and ended at ended; one
+// begun before another dial succeeded says nothing of now.
+func (g *dialGate) failed(started, ended time.Time) {
+	if started.UnixNano() > g.okAt.Load() {
+		g.failedAt.Store(ended.UnixNano())
+	}
+}
+
+// admit says whether a connection a client asked for may dial now: at
+// once when the last dial to the address succeeded (Redis is back; the
+// other connections follow), else if no client-asked redial was let
+// through within min.
+func (g *dialGate) admit(now time.Time, min time.Duration) bool {
+	if g.okAt.Load() > g.failedAt.Load() {
+		return true
+	}
+	last := g.claimedAt.Load()
+	return now.UnixNano()-last >= int64(min) && g.claimedAt.CompareAndSwap(last, now.UnixNano())
 }
 
 // isClosed reports whether ch is closed.
