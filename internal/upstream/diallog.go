@@ -28,13 +28,6 @@ const logEvery = 10 * time.Second
 type addrLog struct {
 	mu     sync.Mutex
 	byAddr map[string]*addrLogState
-	// back is when a dial to each address last succeeded after an outage
-	// (restored): a dial that failed but had begun before then is of the
-	// outage that ended, not a new one. Logged as one, it began another
-	// outage whose end was logged again once that pipe reconnected: two
-	// "reachable again" lines for one restart under eight pipes (found by
-	// CI, under load).
-	back map[string]time.Time
 }
 
 type addrLogState struct {
@@ -63,15 +56,10 @@ func (d *addrLog) allow(addr string) (ok bool, suppressed int, since time.Time) 
 	return true, suppressed, st.since
 }
 
-// failed logs a failed dial to addr begun at started, unless one was
-// logged less than logEvery ago, or a dial begun after it succeeded.
-func (d *addrLog) failed(log *slog.Logger, addr string, db int, err error, retry time.Duration, started time.Time) {
-	d.mu.Lock()
-	back, ok := d.back[addr]
-	d.mu.Unlock()
-	if ok && started.Before(back) {
-		return
-	}
+// failed logs a failed dial to addr, unless one was logged less than
+// logEvery ago. The pipe does not call it for a dial that failed but had
+// begun before another to the address succeeded (dialGate.failed).
+func (d *addrLog) failed(log *slog.Logger, addr string, db int, err error, retry time.Duration) {
 	ok, suppressed, since := d.allow(addr)
 	if !ok {
 		return
@@ -101,12 +89,6 @@ func (d *addrLog) restored(log *slog.Logger, addr string) bool {
 	d.mu.Lock()
 	st := d.byAddr[addr]
 	delete(d.byAddr, addr)
-	if st != nil {
-		if d.back == nil {
-			d.back = map[string]time.Time{}
-		}
-		d.back[addr] = time.Now()
-	}
 	d.mu.Unlock()
 	if st != nil {
 		log.Info("upstream reachable again", "addr", addr, "down_for", time.Since(st.since).Round(time.Millisecond))

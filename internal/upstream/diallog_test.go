@@ -85,21 +85,30 @@ func TestConnectionLossLoggedForEachOutage(t *testing.T) {
 // A dial that failed but had begun before another pipe's dial to the same
 // address succeeded is of the outage that ended: it neither logs a failure
 // nor begins an outage whose end would be logged again. CI, under load,
-// saw two "reachable again" lines for one restart under eight pipes.
+// saw two "reachable again" lines for one restart under eight pipes. The
+// pipe logs a failure only when the address's dialGate says it is of now
+// (redial).
 func TestDialFailureBegunBeforeTheRecoveryIsNotANewOutage(t *testing.T) {
 	var d addrLog
 	d.byAddr = map[string]*addrLogState{}
+	var g dialGate
 	logs := &redistest.LogBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	const addr = "127.0.0.1:1"
-	d.failed(log, addr, 0, errors.New("refused"), time.Second, time.Now())
-	begun := time.Now() // a second pipe's dial, in flight across the recovery
-	for !time.Now().After(begun) {
+	failed := func(started, ended time.Time) { // as redial does
+		if g.failed(started, ended) {
+			d.failed(log, addr, 0, errors.New("refused"), time.Second)
+		}
 	}
+	t0 := time.Now()
+	ms := time.Millisecond
+	failed(t0, t0.Add(ms))
+	begun := t0.Add(2 * ms) // a second pipe's dial, in flight across the recovery
+	g.succeeded(t0.Add(3 * ms))
 	if !d.restored(log, addr) {
 		t.Fatal("the outage's end was not seen")
 	}
-	d.failed(log, addr, 0, errors.New("refused"), time.Second, begun)
+	failed(begun, t0.Add(4*ms))
 	if d.restored(log, addr) {
 		t.Errorf("a dial begun before the recovery began a new outage:\n%s", logs.String())
 	}
@@ -107,7 +116,7 @@ func TestDialFailureBegunBeforeTheRecoveryIsNotANewOutage(t *testing.T) {
 		t.Errorf("%d reachable-again lines, want 1:\n%s", n, logs.String())
 	}
 	// A dial begun after the recovery that fails is a new outage.
-	d.failed(log, addr, 0, errors.New("refused"), time.Second, time.Now())
+	failed(t0.Add(5*ms), t0.Add(6*ms))
 	if !d.restored(log, addr) {
 		t.Errorf("a new outage after the recovery was not seen:\n%s", logs.String())
 	}
