@@ -230,14 +230,19 @@ func (s *Server) closeMirror() {
 	}
 }
 
-// mirrorsAsWrite: the commands mirrored as writes. Scripts and functions
-// may write any key (mayWrite); SCRIPT LOAD goes too, so that the
-// application's EVALSHA finds its script on the mirror. DEBUG, which
-// mayWrite counts for the local tier (DEBUG RELOAD), does not: the mirror
-// must not sleep, reload its own file or crash on the primary's account
-// (found by review).
+// mirrorsAsWrite: the commands mirrored as writes, mirroredWrite's and
+// SCRIPT LOAD, so that the application's EVALSHA finds its script on the
+// mirror.
 func mirrorsAsWrite(cmd *commands.Command) bool {
-	return mayWrite(cmd) && cmd.Name != "debug" || cmd.Name == "script|load"
+	return mirroredWrite(cmd) || cmd.Name == "script|load"
+}
+
+// mirroredWrite: the writes the mirror copies. Scripts and functions may
+// write any key (mayWrite). DEBUG, which mayWrite counts for the local
+// tier (DEBUG RELOAD), is not: the mirror must not sleep, reload its own
+// file or crash on the primary's account (found by review).
+func mirroredWrite(cmd *commands.Command) bool {
+	return mayWrite(cmd) && cmd.Name != "debug"
 }
 
 // uncomparable are reads whose replies legitimately differ between two
@@ -672,7 +677,7 @@ func (sess *Session) mirrorExec(call *upstream.Call, sl slot) {
 // Redis refuses every write, are not counted (a second review found them
 // counted as missed).
 func (sess *Session) mirrorSkipRelayed(cmd *commands.Command) {
-	if cmd != nil && mirrorsAsWrite(cmd) && cmd.Name != "script|load" {
+	if cmd != nil && mirroredWrite(cmd) {
 		sess.srv.mirror.Skipped(mirror.SkipRelayed)
 	}
 }
