@@ -172,6 +172,13 @@ type Pipe struct {
 	// clients were told "unavailable" for up to reconnect_max (2 s) after
 	// Redis was back (found by a probe: 0.3-1.6 s after a restart).
 	wanted chan struct{}
+	// dialDue, while set, is closed when the pipe's dial under way, or the
+	// one a client's Send was let through for (Send, dialGate.admit), has
+	// ended: Pool.Send waits on it for the first command after an outage,
+	// which Redis back and idle connections waiting out their backoff
+	// answered "upstream unavailable" while the dial it asked for went
+	// through (a client of Redis itself dials and is served).
+	dialDue atomic.Pointer[chan struct{}]
 
 	wake    chan struct{}
 	stop    chan struct{}
@@ -292,10 +299,7 @@ func (p *Pipe) Send(c *Call) error {
 		if p.opt.noReconnect {
 			return ErrConnLost
 		}
-		select {
-		case p.wanted <- struct{}{}:
-		default:
-		}
+		p.askRedial()
 		return ErrUnavailable
 	}
 	if c.limit == 0 {
@@ -316,6 +320,48 @@ func (p *Pipe) Send(c *Call) error {
 	default:
 	}
 	return nil
+}
+
+// askRedial asks the reconnect loop of a pipe that is down to dial again
+// without waiting out its backoff, when the address's dialGate lets a
+// client-asked redial through. Admitted here rather than in the loop so
+// that dialDue is set before Send returns, for Pool.Send to wait on.
+func (p *Pipe) askRedial() {
+	if p.dialDue.Load() != nil {
+		return // a dial is under way or due already
+	}
+	if !dialGateOf(p.opt.Addr).admit(time.Now(), p.opt.ReconnectMin) {
+		return
+	}
+	due := make(chan struct{})
+	if !p.dialDue.CompareAndSwap(nil, &due) {
+		return
+	}
+	select {
+	case p.wanted <- struct{}{}:
+	default:
+	}
+	if isClosed(p.stop) || p.Up() {
+		// A close that came in between ended the loop that would have
+		// dialled, or a dial that came in between succeeded.
+		p.endDial()
+	}
+}
+
+// beginDial marks a dial as under way for Pool.Send to wait on, unless one
+// a client was let through for is marked already.
+func (p *Pipe) beginDial() {
+	if p.dialDue.Load() == nil {
+		due := make(chan struct{})
+		p.dialDue.CompareAndSwap(nil, &due)
+	}
+}
+
+// endDial says the dial under way or due has ended (or will not happen).
+func (p *Pipe) endDial() {
+	if due := p.dialDue.Swap(nil); due != nil {
+		close(*due)
+	}
 }
 
 // Up reports whether the connection is established.
@@ -459,9 +505,11 @@ func (p *Pipe) redial() {
 	// dial_timeout and the local tier on).
 	opt := p.opt
 	opt.cancel = p.stop
+	defer p.endDial()
 	for {
 		p.dials.Add(1)
 		started := time.Now()
+		p.beginDial()
 		nc, err := Dial(opt)
 		tried := time.Now() // a dial that timed out waits its backoff from its end
 		gate := dialGateOf(p.opt.Addr)
@@ -484,6 +532,14 @@ func (p *Pipe) redial() {
 			p.mu.Unlock()
 			go p.writer(lc)
 			go p.reader(lc)
+			// A client's ask that came while this dial was under way is
+			// answered by it; left queued, it made the next outage's
+			// first redial skip its backoff.
+			select {
+			case <-p.wanted:
+			default:
+			}
+			p.endDial()
 			if dialLogs.restored(p.opt.Logger, p.opt.Addr) {
 				// An outage ended: the next loss is another one's, logged
 				// (found by review: a second restart within 10 s logged
@@ -518,7 +574,8 @@ func (p *Pipe) redial() {
 		} else {
 			p.refused.Store(nil)
 		}
-		if !p.waitRedial(tried, backoff, gate) {
+		p.endDial()
+		if !p.waitRedial(tried, backoff) {
 			p.mu.Lock()
 			p.redialing = false
 			p.mu.Unlock()
@@ -533,23 +590,18 @@ func (p *Pipe) redial() {
 
 // waitRedial waits until the reconnect loop should dial again: backoff
 // after its last try (at tried), or ReconnectMin after it once a client
-// wanted the connection (wanted). False: the pipe was closed.
-func (p *Pipe) waitRedial(tried time.Time, backoff time.Duration, gate *dialGate) bool {
+// wanted the connection (wanted, signalled only when the address's
+// dialGate let the client's ask through: askRedial). False: the pipe was
+// closed.
+func (p *Pipe) waitRedial(tried time.Time, backoff time.Duration) bool {
 	t := time.NewTimer(time.Until(tried.Add(backoff)))
 	defer t.Stop()
-	for {
-		select {
-		case <-p.stop:
-			return false
-		case <-t.C:
-			return true
-		case <-p.wanted:
-		}
-		if gate.admit(time.Now(), p.opt.ReconnectMin) {
-			break
-		}
-		// Another connection to the address is trying for its clients:
-		// this one waits for its own backoff or the next client.
+	select {
+	case <-p.stop:
+		return false
+	case <-t.C:
+		return true
+	case <-p.wanted:
 	}
 	if !t.Stop() {
 		select {

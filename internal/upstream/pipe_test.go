@@ -495,3 +495,33 @@ func TestDialGate(t *testing.T) {
 		t.Fatal("down again: want one redial per 50ms")
 	}
 }
+
+// The first command after an outage is served once Redis is back, not
+// told "upstream unavailable" while the redial it asked for goes through:
+// an idle proxy's connections wait out a backoff of up to reconnect_max,
+// and a client of Redis itself would have dialled and been served.
+func TestFirstSendAfterAnOutageWaitsForItsRedial(t *testing.T) {
+	srv := redistest.Start(t)
+	opt := testOpts(srv.Addr())
+	opt.ReconnectMax = time.Hour
+	opt.firstBackoff = time.Hour
+	pool := NewPool(2, opt)
+	defer pool.Close()
+	waitUp(t, pool)
+	srv.Kill(t)
+	dials := func() uint64 { s, _ := pool.Stats(); return s.Dials }
+	redistest.Eventually(t, 5*time.Second, func() bool { _, up := pool.Stats(); return up == 0 && dials() >= 4 }, "the pipes never all failed a redial")
+	srv.Restart(t)
+	if err := srv.Client(t).Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := NewCall()
+	c.Add(cmd("PING"))
+	if err := pool.Send(c); err != nil {
+		t.Fatalf("the first PING with Redis back: %v", err)
+	}
+	c.Wait()
+	if r, err := c.Reply(0); err != nil || string(r) != "+PONG\r\n" {
+		t.Fatalf("the first PING with Redis back: %q, %v", r, err)
+	}
+}

@@ -85,7 +85,15 @@ func (p *Pool) Send(c *Call) error {
 			return err
 		}
 	}
-	// No pipe up. When Redis refused their handshake (a password missing
+	// No pipe up. A dial under way, or one the Sends above asked for, may
+	// bring one up in a moment: Redis back while the connections wait out
+	// their backoff (an idle proxy's are up to reconnect_max apart).
+	if p.awaitDial() {
+		if sent, _, err := p.sendFree(c, false); sent {
+			return err
+		}
+	}
+	// When Redis refused their handshake (a password missing
 	// or wrong, maxclients), say why: a bare "upstream unavailable" left
 	// the cause in the proxy's log only, while a MULTI or BLPOP, which
 	// dial their own connection, named it (found by review).
@@ -95,6 +103,44 @@ func (p *Pool) Send(c *Call) error {
 		}
 	}
 	return ErrUnavailable
+}
+
+// redialWaitMax bounds how long a Send waits for a dial beyond the
+// connection's ReconnectMin: a Redis that is back answers a dial within
+// milliseconds, and while its address is unreachable (each dial waiting
+// out dial_timeout) clients are told at once rather than each held for
+// seconds.
+const redialWaitMax = 250 * time.Millisecond
+
+// awaitDial waits, while no pipe is up, for the dials under way or due
+// (Pipe.dialDue) to end, for at most ReconnectMin and redialWaitMax. It
+// reports whether a pipe is up.
+func (p *Pool) awaitDial() bool {
+	var t *time.Timer
+	for {
+		var due chan struct{}
+		for _, pp := range p.pipes {
+			if pp.Up() {
+				return true
+			}
+			if d := pp.dialDue.Load(); d != nil && due == nil {
+				due = *d
+			}
+		}
+		if due == nil {
+			return false
+		}
+		if t == nil {
+			opt := &p.pipes[0].opt // with its defaults, which p.opt lacks
+			t = time.NewTimer(opt.ReconnectMin + min(opt.DialTimeout, redialWaitMax))
+			defer t.Stop()
+		}
+		select {
+		case <-due:
+		case <-t.C:
+			return p.Up()
+		}
+	}
 }
 
 // sendFree hands c to a pipe up that does not lag and, when reads, has no
