@@ -251,6 +251,12 @@ func parseShards(reply []byte, from string, useTLS bool) (*Map, error) {
 		return nil, err
 	}
 	shards, ok := v.([]any)
+	if e, isErr := v.(replyError); isErr {
+		// Redis's own refusal (LOADING after a restart, a node still
+		// joining): logged as "malformed" it hid what to wait for
+		// (found by a probe).
+		return nil, e
+	}
 	if !ok {
 		return nil, fmt.Errorf("%w: %v", errBadReply, v)
 	}
@@ -371,6 +377,12 @@ func parseSlots(reply []byte, from string) (*Map, error) {
 		return nil, err
 	}
 	ranges, ok := v.([]any)
+	if e, isErr := v.(replyError); isErr {
+		// Redis's own refusal (LOADING after a restart, a node still
+		// joining): logged as "malformed" it hid what to wait for
+		// (found by a probe).
+		return nil, e
+	}
 	if !ok {
 		return nil, fmt.Errorf("%w: %v", errBadReply, v)
 	}

@@ -376,3 +376,20 @@ func TestMergeReplicas(t *testing.T) {
 		cur = next
 	}
 }
+
+// A node that refuses the slot map (LOADING after a restart) is named with
+// Redis's own error, not taken for a malformed reply (found by a probe:
+// "malformed cluster topology reply: LOADING Redis is loading the dataset
+// in memory" in the refresh log).
+func TestSlotMapRefusalIsRedisError(t *testing.T) {
+	refusal := []byte("-LOADING Redis is loading the dataset in memory\r\n")
+	for name, parse := range map[string]func() error{
+		"SHARDS": func() error { _, err := parseShards(refusal, "127.0.0.1:7000", false); return err },
+		"SLOTS":  func() error { _, err := parseSlots(refusal, "127.0.0.1:7000"); return err },
+	} {
+		err := parse()
+		if err == nil || errors.Is(err, errBadReply) || !strings.HasPrefix(err.Error(), "LOADING ") {
+			t.Errorf("%s refused with LOADING: %v, want Redis's error as it is", name, err)
+		}
+	}
+}
