@@ -146,4 +146,3 @@ func TestReloadKeepsWhatTheOldUpstreamPopped(t *testing.T) {
 		t.Fatalf("the SET after the move went to A, not B (B has %q)", got)
 	}
 }
-

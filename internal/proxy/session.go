@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"os"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -340,6 +341,7 @@ func (sess *Session) run() (parked bool) {
 		}
 		var reqs []resp.Request
 		var err error
+		var received uint64
 		parkable, fromReader := false, false
 		if sess.resumed != nil {
 			// Read already, by a relay that has left (relayexit.go).
@@ -356,6 +358,7 @@ func (sess *Session) run() (parked bool) {
 			// only pressure parks) reads again before it waits
 			// (SetReadFirst).
 			sess.rd.SetReadFirst(!parkable || sess.srv.Config().Server.IdleParkAfter.Duration <= 0)
+			received = sess.rd.Received()
 			reqs, err = sess.rd.ReadBatch()
 			fromReader = true
 		}
@@ -373,6 +376,16 @@ func (sess *Session) run() (parked bool) {
 			if retry {
 				continue
 			}
+		}
+		if fromReader && len(reqs) == 0 && idle > 0 && errors.Is(err, os.ErrDeadlineExceeded) &&
+			!sess.interrupted.Load() && sess.rd.Received() != received {
+			// idle_timeout ended a wait in which part of a request came:
+			// the client is sending (a large value over a slow link, a
+			// request in small pieces), and Redis's timeout counts every
+			// byte read as activity. The wait starts again, with a new
+			// idle_timeout (found by a probe: a 16 MB SET sent at 2 MB/s
+			// was cut at 5 s, where Redis with timeout 5 answered +OK).
+			continue
 		}
 		if len(reqs) > 0 {
 			sess.srv.metrics.BatchRequests.Observe(float64(len(reqs)))

@@ -134,7 +134,9 @@ type Reader struct {
 	// into when there is no socket to wait on.
 	idleBytes []byte
 	r, w      int // unread bytes are buf[r:w]
-	onIdle    func()
+	// received counts the bytes read from the connection (Received).
+	received uint64
+	onIdle   func()
 
 	// State of a multibulk request whose arguments are not all buffered yet.
 	// Offsets are relative to the request's first byte, so they survive the
@@ -311,6 +313,11 @@ func (r *Reader) rewind() {
 	r.partial, r.nargs, r.pos, r.offs = false, 0, 0, r.offs[:0]
 }
 
+// Received is how many bytes the Reader has read from its connection: a
+// caller whose read ended at a deadline tells a client that sent nothing
+// from one still sending a request.
+func (r *Reader) Received() uint64 { return r.received }
+
 // Buffered reports whether the Reader holds bytes it has not returned as
 // requests: part of a request, or requests past a batch's limit.
 func (r *Reader) Buffered() bool { return r.r < r.w }
@@ -335,6 +342,7 @@ func (r *Reader) fill() error {
 		}
 		n, err := r.rd.Read(r.buf[r.w:])
 		r.w += n
+		r.received += uint64(n)
 		if n == 0 && err != nil {
 			return err
 		}
@@ -350,6 +358,7 @@ func (r *Reader) fill() error {
 	}
 	r.nextRead()
 	r.w += r.readN
+	r.received += uint64(r.readN)
 	if r.readN == 0 {
 		return r.readErr
 	}
@@ -377,6 +386,7 @@ func (r *Reader) fillPlain() error {
 		return err // a deadline or close ended the wait: nothing was read
 	}
 	r.w += r.readN
+	r.received += uint64(r.readN)
 	if r.readN == 0 {
 		return r.readErr
 	}
@@ -482,6 +492,7 @@ func (r *Reader) fillIdle() error {
 	}
 	r.takeBuffer()
 	r.w = copy(r.buf, r.idleBytes[:n])
+	r.received += uint64(n)
 	return nil
 }
 
