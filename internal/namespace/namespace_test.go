@@ -92,6 +92,12 @@ func TestRewrite(t *testing.T) {
 			t.Errorf("%s: %+v, want a refusal", in, res)
 		}
 	}
+	// The reason says what the client would get: invalidations naming the
+	// keys as Redis knows them, prefix and all (it said "unprefixed",
+	// found by a probe).
+	if _, res := w.Rewrite(table.Lookup(words("CLIENT TRACKING ON")), words("CLIENT TRACKING ON")); !strings.Contains(res.Err, "prefixed key names") || strings.Contains(res.Err, "unprefixed") {
+		t.Errorf("CLIENT TRACKING ON refused with %q", res.Err)
+	}
 	if _, res := w.Rewrite(nil, words("JSON.SET k $ 1")); res.Action != Refuse || !strings.Contains(res.Err, "unknown command 'JSON.SET'") {
 		t.Errorf("a command the table does not know: %+v, want a refusal", res)
 	}
