@@ -120,3 +120,11 @@ func (s *Server) SentinelPrimaryOf(name string) string {
 
 // CommandTable is the command table in force.
 func (s *Server) CommandTable() *commands.Table { return s.tableInForce() }
+
+// SetFileLimit stands in for the process's file descriptor limit, which
+// bounds max_clients (0: none known).
+func (s *Server) SetFileLimit(n int) { s.fileLimit.Store(int64(n)) }
+
+// FDReserve is how many descriptors the limit keeps past one per client
+// and upstream.max_pinned.
+const FDReserve = fdReserve

@@ -174,7 +174,7 @@ func (s *Server) appendProxySection(b []byte) []byte {
 	line("proxy_version", buildVersion())
 	line("proxy_uptime_in_seconds", strconv.FormatInt(int64(time.Since(s.started)/time.Second), 10))
 	line("proxy_connected_clients", strconv.FormatInt(s.clients.Load(), 10))
-	line("proxy_max_clients", strconv.Itoa(s.Config().Server.MaxClients)) // reloadable: the snapshot in force
+	line("proxy_max_clients", strconv.Itoa(s.maxClients())) // reloadable: the snapshot in force, within the file limit
 
 	// One line per upstream node: the server (or Sentinel's primary), each
 	// cluster node the proxy has connections for (not the admin backend,

@@ -75,7 +75,7 @@ func (s *Server) acceptProxied(nc net.Conn, l *listener) {
 		nc.Close()
 		return
 	}
-	if int64(len(s.proxyProto.pending))+s.clients.Load() >= int64(s.Config().Server.MaxClients) {
+	if int64(len(s.proxyProto.pending))+s.clients.Load() >= int64(s.maxClients()) {
 		// Connections waiting for their header count against max_clients
 		// too, or a flood of silent ones could hold every descriptor for
 		// proxyHeaderTimeout. Nothing can be said to them: whatever the
@@ -85,7 +85,7 @@ func (s *Server) acceptProxied(nc net.Conn, l *listener) {
 		if suppressed, ok := s.maxClientsLog.allow(); ok {
 			// As startSession's (the address is the load balancer's:
 			// the header naming the client is not read).
-			s.log.Warn("client refused: server.max_clients reached", "max_clients", s.Config().Server.MaxClients,
+			s.log.Warn("client refused: server.max_clients reached", "max_clients", s.maxClients(),
 				"client", nc.RemoteAddr().String(), "listener", l.cfg.Name, "refused_not_logged", suppressed)
 		}
 		nc.Close()

@@ -105,6 +105,9 @@ type Server struct {
 	active   sync.WaitGroup
 	nextID   atomic.Int64
 	clients  atomic.Int64
+	// fileLimit is the process's file descriptor limit at start (0:
+	// unknown), which bounds max_clients (maxClients).
+	fileLimit atomic.Int64
 	// tlsRejecting counts the TLS connections over max_clients being told
 	// so (rejectTLS), which wait for a handshake: see maxTLSRejecting.
 	tlsRejecting atomic.Int32
@@ -198,6 +201,11 @@ func NewServer(o Options) (*Server, error) {
 		pins:         upstream.NewPinLimit(cfg.Upstream.MaxPinned),
 	}
 	s.live.Store(cfg)
+	s.fileLimit.Store(int64(fileLimit()))
+	if n := s.maxClients(); n < cfg.Server.MaxClients {
+		s.log.Warn("server.max_clients is more than the file descriptor limit allows: clients past the lower number are refused as at max_clients; raise the limit (ulimit -n, LimitNOFILE) or lower max_clients",
+			"max_clients", cfg.Server.MaxClients, "file_limit", s.fileLimit.Load(), "clients_allowed", n)
+	}
 	// The server the table describes: in Sentinel mode the primary the
 	// caller read it from, never upstream.address, which that mode does
 	// not use (a primary at that address had the built-in table kept as
@@ -366,6 +374,35 @@ func (s *Server) serve(ln net.Listener, l *listener) error {
 
 var maxClientsReply = []byte("-ERR max number of clients reached\r\n")
 
+// fdReserve is how many file descriptors past one per client maxClients
+// keeps for the proxy's own: listeners, the admin endpoint, its shared
+// connections to Redis (upstream.connections per database and protocol in
+// use, the local tier's), beside upstream.max_pinned dedicated ones.
+const fdReserve = 128
+
+// maxClients is server.max_clients, lowered to what the file descriptor
+// limit leaves room for, as Redis lowers its maxclients: past the limit
+// accept failed (EMFILE) and was retried, the client left with no reply
+// at all (found by a probe: ulimit -n 256 with max_clients 10000), where
+// it is now told "max number of clients reached".
+func (s *Server) maxClients() int {
+	cfg := s.Config()
+	n := cfg.Server.MaxClients
+	if limit := int(s.fileLimit.Load()); limit > 0 {
+		// A client uses one descriptor, and one more while it holds a
+		// dedicated connection, which at most max_pinned do at once.
+		room, pinned := limit-fdReserve, cfg.Upstream.MaxPinned
+		fit := room - pinned
+		if room < 2*pinned {
+			fit = room / 2
+		}
+		if fit < n {
+			n = max(fit, 1)
+		}
+	}
+	return n
+}
+
 func (s *Server) accept(nc net.Conn, l *listener) {
 	s.metrics.ClientsTotal.Inc()
 	l.accepted.Inc()
@@ -390,10 +427,10 @@ func (s *Server) startSession(nc net.Conn, l *listener) {
 		tc = tls.Server(nc, l.conf)
 		nc = tc
 	}
-	if s.clients.Load() >= int64(s.Config().Server.MaxClients) {
+	if s.clients.Load() >= int64(s.maxClients()) {
 		s.metrics.ClientsRejected.Inc()
 		if suppressed, ok := s.maxClientsLog.allow(); ok {
-			s.log.Warn("client refused: server.max_clients reached", "max_clients", s.Config().Server.MaxClients,
+			s.log.Warn("client refused: server.max_clients reached", "max_clients", s.maxClients(),
 				"client", nc.RemoteAddr().String(), "listener", l.cfg.Name, "refused_not_logged", suppressed)
 		}
 		if tc != nil && s.tlsRejecting.Add(1) <= maxTLSRejecting {
