@@ -84,7 +84,13 @@ type Server struct {
 	MaxInlineBytes    units.ByteSize `toml:"max_inline_bytes"`
 	ClientOutputLimit units.ByteSize `toml:"client_output_limit"`
 	PubSubOutputLimit units.ByteSize `toml:"pubsub_output_limit"`
-	IdleTimeout       units.Duration `toml:"idle_timeout"` // 0 = never close idle clients
+	// PubSubOutputSoftLimit and PubSubOutputSoftTime: a subscriber whose
+	// unsent messages stay above the soft limit for the soft time is
+	// closed, as by Redis's client-output-buffer-limit pubsub soft limit;
+	// a soft limit of 0 turns it off.
+	PubSubOutputSoftLimit units.ByteSize `toml:"pubsub_output_soft_limit"`
+	PubSubOutputSoftTime  units.Duration `toml:"pubsub_output_soft_time"`
+	IdleTimeout           units.Duration `toml:"idle_timeout"` // 0 = never close idle clients
 	// IdleParkAfter: a plain client idle this long gives up its goroutine
 	// and buffers until it sends again (internal/idlepark); 0 never parks.
 	IdleParkAfter   units.Duration `toml:"idle_park_after"`
@@ -248,26 +254,29 @@ func (u Upstream) UsesAddress() bool { return u.Mode == ModeStandalone || u.Mode
 func Default() *Config {
 	c := &Config{
 		Server: Server{
-			Listen:             "127.0.0.1:6380",
-			Admin:              "127.0.0.1:9121",
-			LogLevel:           "info",
-			LogFormat:          "text",
-			MaxClients:         10000,
-			MaxRequestBytes:    units.GB,
-			MaxBulkBytes:       512 * units.MB,
-			MaxArgs:            1 << 20,
-			MaxInlineBytes:     64 * units.KB,
-			ClientOutputLimit:  64 * units.MB,
-			PubSubOutputLimit:  32 * units.MB,
-			IdleTimeout:        dur(0),
-			IdleParkAfter:      dur(2 * time.Second),
-			ShutdownTimeout:    dur(10 * time.Second),
-			SlowlogThreshold:   dur(10 * time.Millisecond),
-			SlowlogMaxLen:      128,
-			ClientWriteTimeout: dur(10 * time.Second),
-			TLS:                ServerTLS{MinVersion: "1.2", HandshakeTimeout: dur(DefaultHandshakeTimeout)},
-			AuthFailureLimit:   auth.DefaultFailBurst,
-			AuthLimitExempt:    []string{},
+			Listen:            "127.0.0.1:6380",
+			Admin:             "127.0.0.1:9121",
+			LogLevel:          "info",
+			LogFormat:         "text",
+			MaxClients:        10000,
+			MaxRequestBytes:   units.GB,
+			MaxBulkBytes:      512 * units.MB,
+			MaxArgs:           1 << 20,
+			MaxInlineBytes:    64 * units.KB,
+			ClientOutputLimit: 64 * units.MB,
+			PubSubOutputLimit: 32 * units.MB,
+			// Redis's default: client-output-buffer-limit pubsub 32mb 8mb 60.
+			PubSubOutputSoftLimit: 8 * units.MB,
+			PubSubOutputSoftTime:  dur(60 * time.Second),
+			IdleTimeout:           dur(0),
+			IdleParkAfter:         dur(2 * time.Second),
+			ShutdownTimeout:       dur(10 * time.Second),
+			SlowlogThreshold:      dur(10 * time.Millisecond),
+			SlowlogMaxLen:         128,
+			ClientWriteTimeout:    dur(10 * time.Second),
+			TLS:                   ServerTLS{MinVersion: "1.2", HandshakeTimeout: dur(DefaultHandshakeTimeout)},
+			AuthFailureLimit:      auth.DefaultFailBurst,
+			AuthLimitExempt:       []string{},
 		},
 		Upstream: Upstream{
 			Mode:         ModeStandalone,

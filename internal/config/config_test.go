@@ -98,6 +98,8 @@ max_args = 1000
 max_inline_bytes = 4096
 client_output_limit = "1GB"
 pubsub_output_limit = "8 MB"
+pubsub_output_soft_limit = "2MB"
+pubsub_output_soft_time = "30s"
 idle_timeout = "5m"
 idle_park_after = "3s"
 shutdown_timeout = "1s"
@@ -215,23 +217,25 @@ queue_bytes = "1MB"
 `
 	want := &Config{
 		Server: Server{
-			Listen:             "0.0.0.0:7000",
-			Admin:              "",
-			LogLevel:           "debug",
-			LogFormat:          "json",
-			MaxClients:         5,
-			MaxRequestBytes:    768 << 20,
-			MaxBulkBytes:       256 << 20,
-			MaxArgs:            1000,
-			MaxInlineBytes:     4096,
-			ClientOutputLimit:  1 << 30,
-			PubSubOutputLimit:  8 << 20,
-			IdleTimeout:        dur(5 * time.Minute),
-			IdleParkAfter:      dur(3 * time.Second),
-			ShutdownTimeout:    dur(time.Second),
-			SlowlogThreshold:   dur(2 * time.Millisecond),
-			SlowlogMaxLen:      16,
-			ClientWriteTimeout: dur(7 * time.Second),
+			Listen:                "0.0.0.0:7000",
+			Admin:                 "",
+			LogLevel:              "debug",
+			LogFormat:             "json",
+			MaxClients:            5,
+			MaxRequestBytes:       768 << 20,
+			MaxBulkBytes:          256 << 20,
+			MaxArgs:               1000,
+			MaxInlineBytes:        4096,
+			ClientOutputLimit:     1 << 30,
+			PubSubOutputLimit:     8 << 20,
+			PubSubOutputSoftLimit: 2 << 20,
+			PubSubOutputSoftTime:  units.Duration{Duration: 30 * time.Second},
+			IdleTimeout:           dur(5 * time.Minute),
+			IdleParkAfter:         dur(3 * time.Second),
+			ShutdownTimeout:       dur(time.Second),
+			SlowlogThreshold:      dur(2 * time.Millisecond),
+			SlowlogMaxLen:         16,
+			ClientWriteTimeout:    dur(7 * time.Second),
 			TLS: ServerTLS{Listen: "0.0.0.0:7001", CertFile: certs.ServerCert, KeyFile: certs.ServerKey,
 				ClientCAFile: certs.CAFile, MinVersion: "1.3", HandshakeTimeout: dur(3 * time.Second)},
 			Listeners: []Listener{
@@ -487,8 +491,9 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{2, "server.max_args", "must be between 1"}}},
 		{"inline zero", "[server]\nmax_inline_bytes = 0\n",
 			[]wantErr{{2, "server.max_inline_bytes", "must be > 0"}}},
-		{"output limits", "[server]\nclient_output_limit = 0\npubsub_output_limit = -1\n",
-			[]wantErr{{2, "server.client_output_limit", "must be > 0"}, {3, "server.pubsub_output_limit", "must be > 0"}}},
+		{"output limits", "[server]\nclient_output_limit = 0\npubsub_output_limit = -1\npubsub_output_soft_limit = -1\npubsub_output_soft_time = \"-1s\"\n",
+			[]wantErr{{2, "server.client_output_limit", "must be > 0"}, {3, "server.pubsub_output_limit", "must be > 0"},
+				{4, "server.pubsub_output_soft_limit", "must be >= 0"}, {5, "server.pubsub_output_soft_time", "must not be negative"}}},
 		{"log level", "[server]\nlog_level = \"verbose\"\n",
 			[]wantErr{{2, "server.log_level", `invalid level "verbose"`}}},
 		{"log format", "[server]\nlog_format = \"xml\"\n",

@@ -73,6 +73,12 @@ func (c *Config) check() []*Error {
 	if s.PubSubOutputLimit <= 0 {
 		bad("server.pubsub_output_limit", "must be > 0, got %v", s.PubSubOutputLimit)
 	}
+	if s.PubSubOutputSoftLimit < 0 {
+		bad("server.pubsub_output_soft_limit", "must be >= 0 (0 turns it off), got %v", s.PubSubOutputSoftLimit)
+	}
+	if s.PubSubOutputSoftTime.Duration < 0 {
+		bad("server.pubsub_output_soft_time", "must not be negative, got %v", s.PubSubOutputSoftTime)
+	}
 	nonNegative := func(key string, d units.Duration) {
 		if d.Duration < 0 {
 			bad(key, "must not be negative, got %v", d)
