@@ -6,8 +6,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/redproxy/redproxy/internal/resp"
@@ -68,6 +70,13 @@ func dial(opt Options, wantID bool) (net.Conn, int64, error) {
 			// the connection closing under the first command.
 			return nil, 0, fmt.Errorf("%w (the connection closed right after the TLS handshake: if Redis requires client certificates, set upstream.tls.cert_file and key_file)", err)
 		}
+		if opt.TLS == nil && !errors.Is(err, ErrHandshake) && !errors.Is(err, ErrClosed) && connDropped(err) {
+			// A Redis that speaks only TLS on the port reads the first
+			// command as a bad ClientHello and closes: said as a bare
+			// "connection reset by peer", where the opposite mistake was
+			// named (found by a probe).
+			return nil, 0, fmt.Errorf("%w (the connection closed under the first command: if that port speaks TLS, set [upstream.tls])", err)
+		}
 		return nil, 0, err
 	}
 	return nc, id, nil
@@ -120,6 +129,12 @@ func DialConnContext(ctx context.Context, d *net.Dialer, addr string, tlsConf *t
 		return nil, fmt.Errorf("%w with %s: %w", ErrTLSHandshake, addr, err)
 	}
 	return tc, nil
+}
+
+// connDropped reports whether err says the peer closed or reset the
+// connection.
+func connDropped(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // ErrTLSHandshake wraps a failed TLS handshake with Redis: a certificate

@@ -77,6 +77,8 @@ func TestDialTLS(t *testing.T) {
 			o.TLS.Certificates = nil
 		}, "set upstream.tls.cert_file"},
 		"plaintext port": {func(o *Options) { o.Addr = rs.Addr() }, "does that port speak TLS?"},
+		// The opposite mistake: plaintext to the TLS port.
+		"TLS port without TLS": {func(o *Options) { o.TLS = nil }, "if that port speaks TLS, set [upstream.tls]"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			o := opt
