@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/redproxy/redproxy/internal/config"
@@ -192,6 +193,12 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	applyTLS(!keepUpstreamTLS)
 	if len(changed) == 0 && !upstreamChanged {
 		return nil, nil
+	}
+	if upstreamTLSChanged && !keepUpstreamTLS && !slices.ContainsFunc(changed, func(k string) bool { return strings.HasPrefix(k, "upstream.tls") }) {
+		// What the files hold changed, not the settings: said, or a
+		// reload that switched the upstream logged changed=nothing
+		// (found by a probe).
+		changed = append(changed, "upstream.tls (the files it names)")
 	}
 
 	s.live.Store(next)
