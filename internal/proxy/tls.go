@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"sync/atomic"
@@ -54,15 +55,16 @@ const (
 	tlsFailNotTLS  = "not_tls"   // plaintext sent to the TLS port
 	tlsFailTimeout = "timeout"   // no complete handshake within server.tls.handshake_timeout
 	tlsFailRefused = "handshake" // version, cipher or certificate refused (by either side)
+	tlsFailClosed  = "closed"    // closed before sending a byte: a TCP health check
 )
 
 func initTLS(s *Server) error {
 	t := &s.tls
 	t.failures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "redproxy_client_tls_handshake_failures_total",
-		Help: "Client TLS handshakes that failed, by reason: not_tls (plaintext sent to the TLS port), timeout, handshake (refused certificate, version or cipher).",
+		Help: "Client TLS handshakes that failed, by reason: not_tls (plaintext sent to the TLS port), timeout, handshake (refused certificate, version or cipher), closed (closed before sending anything, as a TCP health check does).",
 	}, []string{"reason"})
-	for _, r := range []string{tlsFailNotTLS, tlsFailTimeout, tlsFailRefused} {
+	for _, r := range []string{tlsFailNotTLS, tlsFailTimeout, tlsFailRefused, tlsFailClosed} {
 		t.failures.WithLabelValues(r)
 	}
 	if err := s.metrics.Registry.Register(t.failures); err != nil {
@@ -189,6 +191,13 @@ func (s *Server) tlsHandshake(sess *Session, tc *tls.Conn) bool {
 		rhe.Conn.Write(notTLSReply)
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		reason = tlsFailTimeout
+	case err == io.EOF:
+		// Connected and closed with nothing sent: a load balancer's TCP
+		// health check, no failure of anyone's TLS. Counted apart and not
+		// logged, where it was counted and logged as a refused handshake
+		// (found by a probe).
+		s.tls.failures.WithLabelValues(tlsFailClosed).Inc()
+		return false
 	}
 	s.tls.failures.WithLabelValues(reason).Inc()
 	if n, ok := s.tls.logLimit.allow(); ok {

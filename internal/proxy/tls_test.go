@@ -319,6 +319,19 @@ func TestTLSClientFailures(t *testing.T) {
 	}
 	stillFine("plaintext sent to the TLS port")
 
+	// Connected and closed with nothing sent (a TCP health check): no
+	// refused handshake, counted apart.
+	refusedBefore := tlsFailures(t, mutual, "handshake")
+	probeConn, err := net.DialTimeout("tcp", mutual.TLSAddr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probeConn.Close()
+	redistest.Eventually(t, 5*time.Second, func() bool { return tlsFailures(t, mutual, "closed") == 1 }, "a connection closed at once was not counted as closed")
+	if n := tlsFailures(t, mutual, "handshake"); n != refusedBefore {
+		t.Fatalf("a connection closed at once counted as a refused handshake (%v -> %v)", refusedBefore, n)
+	}
+
 	// TLS to the plaintext port: the client cannot mistake it for TLS.
 	err = tlsClient(t, mutual.Addr, certs.ClientConfig(t, true)).Ping(ctx).Err()
 	wantErr("TLS to the plaintext port", err, "first record does not look like a TLS handshake")
