@@ -622,22 +622,44 @@ func TestTLSUpstreamReload(t *testing.T) {
 		t.Fatalf("a reload with the same TLS files dialled Redis again (%s -> %s connections received)", before, d)
 	}
 
+	// A CA that does not sign Redis's certificate is refused, and the
+	// configuration in force stays: applied, it failed every request
+	// until the next reload (found by a probe).
 	copyFile(t, certs.OtherCAFile, caFile)
-	// The reload says what changed: the files, not the settings (it said
-	// nothing while switching the upstream, found by a probe).
+	if changed, err := p.Reload(p.Config()); err == nil || !strings.Contains(err.Error(), "do not verify") {
+		t.Fatalf("Reload with a CA that does not sign Redis's certificate: changed %q, %v; want it refused", changed, err)
+	}
+	if v, err := p.Client(t).Get(ctx, "up:k").Result(); err != nil || v != "v" {
+		t.Fatalf("GET after the refused reload: %q, %v", v, err)
+	}
+
+	// One that does (here the same CA, and the other, in one file) is
+	// applied: the upstream is switched, and the reload says what changed,
+	// the files rather than the settings (it said nothing while switching
+	// the upstream, found by a probe).
+	both := append(readFile(t, certs.CAFile), readFile(t, certs.OtherCAFile)...)
+	if err := os.WriteFile(caFile, both, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before = dials()
 	if changed, err := p.Reload(p.Config()); err != nil || !slices.Contains(changed, "upstream.tls (the files it names)") {
 		t.Fatalf("Reload with the CA file rotated: changed %q, %v", changed, err)
 	}
-	redistest.Eventually(t, 10*time.Second, func() bool { return !p.Ready() }, "still ready after the upstream CA was replaced by one that does not sign Redis's certificate")
+	if v, err := p.Client(t).Get(ctx, "up:k").Result(); err != nil || v != "v" {
+		t.Fatalf("GET after the CA was rotated: %q, %v", v, err)
+	}
+	if d := dials(); d == before {
+		t.Fatalf("the rotated CA file did not switch the upstream: no new connection (%s)", d)
+	}
+}
 
-	copyFile(t, certs.CAFile, caFile)
-	if _, err := p.Reload(p.Config()); err != nil {
+func readFile(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
 		t.Fatal(err)
 	}
-	redistest.Eventually(t, 10*time.Second, p.Ready, "not ready again after the right CA came back")
-	if v, err := p.Client(t).Get(ctx, "up:k").Result(); err != nil || v != "v" {
-		t.Fatalf("GET after the CA came back: %q, %v", v, err)
-	}
+	return b
 }
 
 // TestTLSMaxClients: a TLS client over server.max_clients is told why, over
