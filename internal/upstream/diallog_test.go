@@ -96,7 +96,7 @@ func TestDialFailureBegunBeforeTheRecoveryIsNotANewOutage(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	const addr = "127.0.0.1:1"
 	failed := func(started, ended time.Time) { // as redial does
-		if g.failed(started, ended) {
+		if g.failed(started, ended, false) {
 			d.failed(log, addr, 0, errors.New("refused"), time.Second)
 		}
 	}

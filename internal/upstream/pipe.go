@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"errors"
 	"hash/maphash"
@@ -340,13 +341,15 @@ func (p *Pipe) askRedial() {
 	if p.dialDue.Load() != nil {
 		return // a dial is under way or due already
 	}
-	if !dialGateOf(p.opt.Addr).admit(time.Now(), p.opt.ReconnectMin) {
+	gate := dialGateOf(p.opt.Addr)
+	if !gate.admit(time.Now(), p.opt.ReconnectMin) {
 		return
 	}
 	due := make(chan struct{})
 	if !p.dialDue.CompareAndSwap(nil, &due) {
 		return
 	}
+	gate.due.Store(&due)
 	select {
 	case p.wanted <- struct{}{}:
 	default:
@@ -370,6 +373,7 @@ func (p *Pipe) beginDial() {
 // endDial says the dial under way or due has ended (or will not happen).
 func (p *Pipe) endDial() {
 	if due := p.dialDue.Swap(nil); due != nil {
+		dialGateOf(p.opt.Addr).due.CompareAndSwap(due, nil)
 		close(*due)
 	}
 }
@@ -571,7 +575,7 @@ func (p *Pipe) redial() {
 		// whose end was logged again once its pipe reconnected, two
 		// "reachable again" lines for one restart under eight pipes (found
 		// by CI, under load).
-		if gate.failed(started, tried) && !isClosed(p.stop) && p.opt.Addr != "" {
+		if gate.failed(started, tried, isTimeout(err)) && !isClosed(p.stop) && p.opt.Addr != "" {
 			dialLogs.failed(p.opt.Logger, p.opt.Addr, p.opt.DB, err, backoff)
 		}
 		// Only a connection that could not be made: a handshake Redis
@@ -639,6 +643,15 @@ type dialGate struct {
 	failedAt  atomic.Int64 // end of the last failed dial begun after okAt
 	okAt      atomic.Int64 // end of the last dial that succeeded
 	claimedAt atomic.Int64 // when a client-asked redial was last let through
+	// due is the dialDue of the pipe whose client-asked redial was let
+	// through last, until that dial ends: a Pool whose own pipes were
+	// not let through waits on it (Pool.awaitDial).
+	due atomic.Pointer[chan struct{}]
+	// unreachable: the last failed dial timed out (a host that answers
+	// nothing, a frozen Redis). Pool.Send does not wait for dials then:
+	// each would wait out dial_timeout (found by review: 300 ms per
+	// command).
+	unreachable atomic.Bool
 }
 
 var dialGates sync.Map // address -> *dialGate
@@ -651,17 +664,27 @@ func dialGateOf(addr string) *dialGate {
 	return g.(*dialGate)
 }
 
-func (g *dialGate) succeeded(at time.Time) { g.okAt.Store(at.UnixNano()) }
+func (g *dialGate) succeeded(at time.Time) {
+	g.okAt.Store(at.UnixNano())
+	g.unreachable.Store(false)
+}
 
 // failed records a failed dial begun at started and ended at ended, and
 // reports whether it says anything of now: one begun before another dial
 // to the address succeeded is of an outage that has ended.
-func (g *dialGate) failed(started, ended time.Time) bool {
+func (g *dialGate) failed(started, ended time.Time, timedOut bool) bool {
 	if started.UnixNano() <= g.okAt.Load() {
 		return false
 	}
 	g.failedAt.Store(ended.UnixNano())
+	g.unreachable.Store(timedOut)
 	return true
+}
+
+// isTimeout reports whether a dial's err says it ran out of time.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // admit says whether a connection a client asked for may dial now: at

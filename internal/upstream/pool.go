@@ -88,10 +88,24 @@ func (p *Pool) Send(c *Call) error {
 	// No pipe up. A dial under way, or one the Sends above asked for, may
 	// bring one up in a moment: Redis back while the connections wait out
 	// their backoff (an idle proxy's are up to reconnect_max apart).
-	if p.awaitDial() {
+	//
+	// Sent again after each dial ends: a Send to pipes Redis is back for
+	// asks them to dial (Pipe.askRedial), at once once another dial to
+	// the address succeeded, and then waits for their dial, a moment.
+	var wait *time.Timer
+	for range 3 {
+		if !p.awaitDial(&wait) {
+			break
+		}
 		if sent, _, err := p.sendFree(c, false); sent {
+			if wait != nil {
+				wait.Stop()
+			}
 			return err
 		}
+	}
+	if wait != nil {
+		wait.Stop()
 	}
 	// When Redis refused their handshake (a password missing
 	// or wrong, maxclients), say why: a bare "upstream unavailable" left
@@ -107,16 +121,20 @@ func (p *Pool) Send(c *Call) error {
 
 // redialWaitMax bounds how long a Send waits for a dial beyond the
 // connection's ReconnectMin: a Redis that is back answers a dial within
-// milliseconds, and while its address is unreachable (each dial waiting
-// out dial_timeout) clients are told at once rather than each held for
-// seconds.
+// milliseconds. (While its address is unreachable, each dial waiting out
+// dial_timeout, no Send waits: dialGate.unreachable.)
 const redialWaitMax = 250 * time.Millisecond
 
-// awaitDial waits, while no pipe is up, for the dials under way or due
-// (Pipe.dialDue) to end, for at most ReconnectMin and redialWaitMax. It
-// reports whether a pipe is up.
-func (p *Pool) awaitDial() bool {
-	var t *time.Timer
+// awaitDial waits, while no pipe is up, for a dial under way or due to
+// end: one of the pool's pipes' (Pipe.dialDue), or the one another pool's
+// pipe to the address was let through for (dialGate.due). All the waits
+// of one Send together last at most ReconnectMin and redialWaitMax (the
+// timer *t, started by the first). Not while the address is unreachable
+// (dialGate.unreachable): a dial then lasts dial_timeout. It reports
+// whether a dial ended with the time left.
+func (p *Pool) awaitDial(t **time.Timer) bool {
+	opt := &p.pipes[0].opt // with its defaults, which p.opt lacks
+	gate := dialGateOf(opt.Addr)
 	for {
 		var due chan struct{}
 		for _, pp := range p.pipes {
@@ -127,18 +145,25 @@ func (p *Pool) awaitDial() bool {
 				due = *d
 			}
 		}
+		if gate.unreachable.Load() {
+			return false
+		}
+		if due == nil {
+			if d := gate.due.Load(); d != nil {
+				due = *d
+			}
+		}
 		if due == nil {
 			return false
 		}
-		if t == nil {
-			opt := &p.pipes[0].opt // with its defaults, which p.opt lacks
-			t = time.NewTimer(opt.ReconnectMin + min(opt.DialTimeout, redialWaitMax))
-			defer t.Stop()
+		if *t == nil {
+			*t = time.NewTimer(opt.ReconnectMin + min(opt.DialTimeout, redialWaitMax))
 		}
 		select {
 		case <-due:
-		case <-t.C:
-			return p.Up()
+			return true
+		case <-(*t).C:
+			return false
 		}
 	}
 }
