@@ -2,8 +2,11 @@ package proxy_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"github.com/redis/go-redis/v9"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -144,5 +147,98 @@ func TestReloadKeepsWhatTheOldUpstreamPopped(t *testing.T) {
 	}
 	if got, _ := b.Client(t).Get(ctx, "after:move").Result(); got != "1" {
 		t.Fatalf("the SET after the move went to A, not B (B has %q)", got)
+	}
+}
+
+// A WAIT blocked when a reload moves the upstream is cut, as before the
+// block was ended for a pop: Redis answers the UNBLOCK with its count so
+// far, which a WAIT 1 0 never answers below 1 (found by review: it got
+// :0).
+func TestReloadCutsABlockedWait(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	p := proxytest.Start(t, a, nil)
+	directA := a.Client(t)
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"SET", "waited", "1"})
+	if v, _ := c.readReply(); v != "OK" {
+		t.Fatalf("SET: %#v", v)
+	}
+	c.send([]string{"WAIT", "1", "0"})
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(directA) == 1 }, "WAIT never blocked on A")
+	if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Upstream.Address = b.Addr() })); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.next(nil); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the WAIT on the old upstream got %#v, %v; want its connection closed", v, err)
+	}
+}
+
+// A client blocked on its pinned connection (under WATCH) gets what the
+// old upstream popped for it, and then its connection is closed, as a
+// move closed it before: kept, it stayed pinned to the old server, where
+// its next BLPOP blocked for ever (found by review).
+func TestReloadAnswersAPinnedPopThenCuts(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	fw := startHoldingForwarder(t, a.Addr())
+	p := proxytest.Start(t, a, func(c *config.Config) { c.Upstream.Address = fw.ln.Addr().String() })
+	directA := a.Client(t)
+	blocked := dialRaw(t, p.Addr)
+	blocked.send([]string{"WATCH", "watched"})
+	if v, _ := blocked.readReply(); v != "OK" {
+		t.Fatalf("WATCH: %#v", v)
+	}
+	blocked.send([]string{"BLPOP", "moved:q", "0"})
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(directA) == 1 }, "BLPOP never blocked on A")
+	fw.hold.Store(true)
+	if err := directA.RPush(ctx, "moved:q", "job").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Upstream.Address = b.Addr() })); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool { return fw.sawUnblock.Load() || fw.closed.Load() },
+		"the blocked client's connection was neither unblocked nor cut after the move")
+	close(fw.release)
+	if v, err := blocked.next(nil); err != nil || fmt.Sprint(v) != "[moved:q job]" {
+		t.Fatalf("the pinned blocked client got %#v, %v; want the element A popped for it", v, err)
+	}
+	if v, err := blocked.next(nil); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("after the pop, the pinned client got %#v, %v; want its connection closed", v, err)
+	}
+}
+
+// A client that leaves while a move's block is being ended has what the
+// old upstream popped for it put back, as one that leaves while blocked
+// (found by review: it was written to the closed socket). Put back on the
+// upstream in force, where the queue's consumers now look.
+func TestReloadPutsBackAPopForAClientThatLeft(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	fw := startHoldingForwarder(t, a.Addr())
+	p := proxytest.Start(t, a, func(c *config.Config) { c.Upstream.Address = fw.ln.Addr().String() })
+	directA, directB := a.Client(t), b.Client(t)
+	blocked := dialRaw(t, p.Addr)
+	blocked.send([]string{"BLPOP", "moved:q", "0"})
+	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(directA) == 1 }, "BLPOP never blocked on A")
+	fw.hold.Store(true)
+	if err := directA.RPush(ctx, "moved:q", "job").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Reload(reloaded(t, p, func(c *config.Config) { c.Upstream.Address = b.Addr() })); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 5*time.Second, fw.sawUnblock.Load, "the move did not end the block with CLIENT UNBLOCK")
+	blocked.nc.Close()
+	close(fw.release)
+	where := func() string {
+		for name, c := range map[string]*redis.Client{"A": directA, "B": directB} {
+			if v, _ := c.LRange(ctx, "moved:q", 0, -1).Result(); len(v) == 1 && v[0] == "job" {
+				return name
+			}
+		}
+		return ""
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool { return where() != "" }, "the element popped for the client that left was lost")
+	if got := where(); got != "B" {
+		t.Fatalf("the element was put back on %s, want B, the upstream in force", got)
 	}
 }

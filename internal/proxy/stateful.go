@@ -888,7 +888,8 @@ func (sess *Session) blocking(r *request) {
 	hangup, unwatch := sess.watchHangup()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
-	moved := false // cut for a reload's move, with nothing popped
+	moved := false    // cut for a reload's move, with nothing popped
+	cutAfter := false // a pinned connection's pop answered before a move's cut
 	for done := false; !done; {
 		left := false
 		select {
@@ -931,14 +932,32 @@ func (sess *Session) blocking(r *request) {
 					// one Redis). An UNBLOCK's own answer (null: nothing
 					// popped) is not passed on: a BLPOP 0 never
 					// answers null.
+					// WAIT and WAITAOF answer an UNBLOCK with their count
+					// so far, which a WAIT n 0 never answers below n: cut
+					// too (found by review). A pinned connection (under
+					// WATCH) stays on the old server: the pop is
+					// answered, and then the client's connection closed,
+					// as before (its EXEC would fail anyway).
 					if !sess.interrupted.Load() && sess.endBlock(call, pipe, b, rid) {
-						if reply, err := call.Reply(first); err == nil && resp.IsNull(reply) {
+						reply, err := call.Reply(first)
+						if err == nil && (resp.IsNull(reply) || cmd.Name == "wait" || cmd.Name == "waitaof") {
 							moved = true
+						} else if !borrowed {
+							cutAfter = true
 						}
 						done = true
-						continue
+						// A client that left meanwhile has what was
+						// popped put back (below), as one that leaves
+						// while blocked (found by review).
+						select {
+						case <-hangup:
+							left = true
+						default:
+							left = sess.left()
+						}
+					} else {
+						pipe.AbandonAsync()
 					}
-					pipe.AbandonAsync()
 				}
 			}
 		}
@@ -1033,6 +1052,10 @@ func (sess *Session) blocking(r *request) {
 	sess.unblocked()
 	if borrowed {
 		b.ReleasePipe(pipe, sess.db, sess.resp3, clean)
+	}
+	if cutAfter {
+		sess.unpin(false)
+		sess.closeUpstreamLost()
 	}
 	sess.flush(time.Now())
 }
