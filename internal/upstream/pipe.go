@@ -179,7 +179,7 @@ type Pipe struct {
 	// which Redis back and idle connections waiting out their backoff
 	// answered "upstream unavailable" while the dial it asked for went
 	// through (a client of Redis itself dials and is served).
-	dialDue atomic.Pointer[chan struct{}]
+	dialDue atomic.Pointer[dialWait]
 
 	wake    chan struct{}
 	stop    chan struct{}
@@ -345,11 +345,11 @@ func (p *Pipe) askRedial() {
 	if !gate.admit(time.Now(), p.opt.ReconnectMin) {
 		return
 	}
-	due := make(chan struct{})
-	if !p.dialDue.CompareAndSwap(nil, &due) {
+	due := newDialWait(p.opt)
+	if !p.dialDue.CompareAndSwap(nil, due) {
 		return
 	}
-	gate.due.Store(&due)
+	gate.due.Store(due)
 	select {
 	case p.wanted <- struct{}{}:
 	default:
@@ -365,8 +365,7 @@ func (p *Pipe) askRedial() {
 // a client was let through for is marked already.
 func (p *Pipe) beginDial() {
 	if p.dialDue.Load() == nil {
-		due := make(chan struct{})
-		p.dialDue.CompareAndSwap(nil, &due)
+		p.dialDue.CompareAndSwap(nil, newDialWait(p.opt))
 	}
 }
 
@@ -374,8 +373,25 @@ func (p *Pipe) beginDial() {
 func (p *Pipe) endDial() {
 	if due := p.dialDue.Swap(nil); due != nil {
 		dialGateOf(p.opt.Addr).due.CompareAndSwap(due, nil)
-		close(*due)
+		close(due.done)
 	}
+}
+
+// dialWait is a dial that Sends may wait for (Pool.awaitDial): done is
+// closed when it ends, and no Send waits for it past until. One deadline
+// per dial, not per Send: a client's pipeline is sent in one Send per
+// batch read, and coalesced reads one behind another, and with a wait
+// per Send a pipeline of 1,000 waited 22 s for one dial (found by a probe).
+type dialWait struct {
+	done  chan struct{}
+	until int64 // nanotime
+}
+
+// newDialWait is a dial due now: waited for at most ReconnectMin (before
+// it begins) and redialWaitMax (a Redis that is back answers a dial
+// within milliseconds), or DialTimeout if shorter.
+func newDialWait(opt Options) *dialWait {
+	return &dialWait{done: make(chan struct{}), until: nanotime() + int64(opt.ReconnectMin+min(opt.DialTimeout, redialWaitMax))}
 }
 
 // Up reports whether the connection is established.
@@ -646,7 +662,7 @@ type dialGate struct {
 	// due is the dialDue of the pipe whose client-asked redial was let
 	// through last, until that dial ends: a Pool whose own pipes were
 	// not let through waits on it (Pool.awaitDial).
-	due atomic.Pointer[chan struct{}]
+	due atomic.Pointer[dialWait]
 	// unreachable: the last failed dial timed out (a host that answers
 	// nothing, a frozen Redis). Pool.Send does not wait for dials then:
 	// each would wait out dial_timeout (found by review: 300 ms per

@@ -33,6 +33,8 @@ type Pool struct {
 	spare   atomic.Pointer[Pipe]
 	spareBy atomic.Int64 // nanotime by which the spare's first dial is done
 	closed  bool         // guarded by spareMu: no spare is dialled after Close
+
+	dialWaits atomic.Uint64 // Sends that waited for a dial (awaitDial)
 }
 
 // NewPool starts n pipes with the same options.
@@ -92,20 +94,13 @@ func (p *Pool) Send(c *Call) error {
 	// Sent again after each dial ends: a Send to pipes Redis is back for
 	// asks them to dial (Pipe.askRedial), at once once another dial to
 	// the address succeeded, and then waits for their dial, a moment.
-	var wait *time.Timer
 	for range 3 {
-		if !p.awaitDial(&wait) {
+		if !p.awaitDial() {
 			break
 		}
 		if sent, _, err := p.sendFree(c, false); sent {
-			if wait != nil {
-				wait.Stop()
-			}
 			return err
 		}
-	}
-	if wait != nil {
-		wait.Stop()
 	}
 	// When Redis refused their handshake (a password missing
 	// or wrong, maxclients), say why: a bare "upstream unavailable" left
@@ -119,52 +114,50 @@ func (p *Pool) Send(c *Call) error {
 	return ErrUnavailable
 }
 
-// redialWaitMax bounds how long a Send waits for a dial beyond the
-// connection's ReconnectMin: a Redis that is back answers a dial within
-// milliseconds. (While its address is unreachable, each dial waiting out
-// dial_timeout, no Send waits: dialGate.unreachable.)
+// redialWaitMax bounds how long Sends wait for a dial beyond the
+// connection's ReconnectMin (dialWait): a Redis that is back answers a
+// dial within milliseconds. (While its address is unreachable, each dial
+// waiting out dial_timeout, no Send waits: dialGate.unreachable.)
 const redialWaitMax = 250 * time.Millisecond
 
 // awaitDial waits, while no pipe is up, for a dial under way or due to
 // end: one of the pool's pipes' (Pipe.dialDue), or the one another pool's
-// pipe to the address was let through for (dialGate.due). All the waits
-// of one Send together last at most ReconnectMin and redialWaitMax (the
-// timer *t, started by the first). Not while the address is unreachable
-// (dialGate.unreachable): a dial then lasts dial_timeout. It reports
-// whether a dial ended with the time left.
-func (p *Pool) awaitDial(t **time.Timer) bool {
-	opt := &p.pipes[0].opt // with its defaults, which p.opt lacks
-	gate := dialGateOf(opt.Addr)
-	for {
-		var due chan struct{}
-		for _, pp := range p.pipes {
-			if pp.Up() {
-				return true
-			}
-			if d := pp.dialDue.Load(); d != nil && due == nil {
-				due = *d
-			}
-		}
-		if gate.unreachable.Load() {
-			return false
-		}
-		if due == nil {
-			if d := gate.due.Load(); d != nil {
-				due = *d
-			}
-		}
-		if due == nil {
-			return false
-		}
-		if *t == nil {
-			*t = time.NewTimer(opt.ReconnectMin + min(opt.DialTimeout, redialWaitMax))
-		}
-		select {
-		case <-due:
+// pipe to the address was let through for (dialGate.due); each until its
+// own deadline (dialWait.until), shared by every Send that waits for it.
+// Not while the address is unreachable (dialGate.unreachable): a dial
+// then lasts dial_timeout. It reports whether a dial ended in time.
+func (p *Pool) awaitDial() bool {
+	gate := dialGateOf(p.pipes[0].opt.Addr)
+	var due *dialWait
+	for _, pp := range p.pipes {
+		if pp.Up() {
 			return true
-		case <-(*t).C:
-			return false
 		}
+		if d := pp.dialDue.Load(); d != nil && (due == nil || d.until > due.until) {
+			due = d
+		}
+	}
+	if gate.unreachable.Load() {
+		return false
+	}
+	if due == nil {
+		due = gate.due.Load()
+	}
+	if due == nil {
+		return false
+	}
+	left := due.until - nanotime()
+	if left <= 0 {
+		return false
+	}
+	p.dialWaits.Add(1)
+	t := time.NewTimer(time.Duration(left))
+	defer t.Stop()
+	select {
+	case <-due.done:
+		return true
+	case <-t.C:
+		return false
 	}
 }
 
