@@ -617,6 +617,11 @@ func (c *Cache) CountRead(db int, cmd *commands.Command, args [][]byte) {
 	if c.reads.add(c.hash(db, key), countReadSample) {
 		c.wantHalve()
 	}
+	// Each is a miss too: left out, a client pipelining cold reads made
+	// the hit ratio 0.84 where it was 0.02 (found by a probe).
+	if fc := c.connFor(db, key); fc != nil {
+		fc.up.m.missByReason[missPipelined].Add(countReadSample)
+	}
 }
 
 // countReadSample: CountRead counts one read in this many.

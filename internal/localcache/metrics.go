@@ -17,6 +17,9 @@ const (
 	missInFlight = "write_in_flight" // a write to the key is in flight through this proxy
 	missOther    = "other"
 	missNotKept  = "not_kept" // a fill of it just read a reply the tier did not keep (notKept)
+	// missPipelined: behind commands of its batch still to be sent, it was
+	// not asked (CountRead); counted by sampling, countReadSample at a time.
+	missPipelined = "pipelined"
 
 	// Flushes: why entries were dropped in bulk.
 	FlushDisconnect = "disconnect"      // the fill connection was lost
@@ -83,7 +86,7 @@ func newMetrics(labelled bool) *cacheMetrics {
 	}
 	return &cacheMetrics{
 		misses: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "redproxy_localcache_misses_total", Help: "Cacheable reads not answered from the local tier, by reason.",
+			Name: "redproxy_localcache_misses_total", Help: "Cacheable reads not answered from the local tier, by reason (pipelined: behind commands of their batch still to be sent, counted by sampling).",
 		}, labels("reason")),
 		fills: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "redproxy_localcache_fills_total", Help: "Reads sent on a tracking connection to fill the tier, by result.",
@@ -136,7 +139,7 @@ func (m *cacheMetrics) forUpstream(name string) *upstreamMetrics {
 		fillByResult:   map[string]prometheus.Counter{},
 		rejByReason:    map[string]prometheus.Counter{},
 	}
-	for _, r := range []string{missFill, missCold, missPattern, missWrites, missNotLive, missInFlight, missOther, missNotKept} {
+	for _, r := range []string{missFill, missCold, missPattern, missWrites, missNotLive, missInFlight, missOther, missNotKept, missPipelined} {
 		u.missByReason[r] = m.misses.WithLabelValues(with(r)...)
 	}
 	for _, r := range []string{fillStored, fillDiscarded, fillSkipped, fillError} {
