@@ -365,7 +365,7 @@ func Parse(data []byte, name string) (*Config, error) {
 	data = withoutBOM(data)
 	lines, inline, errs := scan(data)
 	if len(errs) == 0 {
-		cfg, derrs := decodeAll(data, name)
+		cfg, partial, derrs := decodeAll(data, name)
 		if len(derrs) > 0 {
 			for _, e := range derrs {
 				if full, ok := inline[[2]int{e.Line, e.column}]; ok {
@@ -374,13 +374,30 @@ func Parse(data []byte, name string) (*Config, error) {
 					e.Key = lines.indexed(e.Key, e.Line)
 				}
 			}
-			return nil, join(derrs)
-		}
-		cfg.bindUserScopes()
-		cfg.fillUpstreamDefaults()
-		cfg.bindListenerScopes()
-		if errs = cfg.check(); len(errs) == 0 {
-			return cfg, nil
+			errs = derrs
+			if partial != nil {
+				// The rest of the file, checked as well: an operator
+				// fixed a file one run at a time, the values it checks
+				// coming up only once every wrong-typed value and unknown
+				// key was fixed (found by a probe). The keys at fault
+				// hold their defaults here; what is said of them is left
+				// to their own errors.
+				partial.bindUserScopes()
+				partial.fillUpstreamDefaults()
+				partial.bindListenerScopes()
+				for _, e := range partial.check() {
+					if !slices.ContainsFunc(derrs, func(d *Error) bool { return d.Key == e.Key }) {
+						errs = append(errs, e)
+					}
+				}
+			}
+		} else {
+			cfg.bindUserScopes()
+			cfg.fillUpstreamDefaults()
+			cfg.bindListenerScopes()
+			if errs = cfg.check(); len(errs) == 0 {
+				return cfg, nil
+			}
 		}
 	}
 	text := strings.Split(string(data), "\n")
@@ -413,16 +430,19 @@ const maxDecodeErrors = 20
 // user's trial). After a type error the offending line is blanked and the
 // file decoded again; a value spanning lines then fails to parse, which
 // ends the search with what was found.
-func decodeAll(data []byte, name string) (*Config, []*Error) {
-	var errs []*Error
+//
+// With errors, partial is the file decoded without the lines at fault,
+// when that decoded (and with unknown keys, the rest of the file), for
+// the values' checks; nil otherwise.
+func decodeAll(data []byte, name string) (cfg, partial *Config, errs []*Error) {
 	for range maxDecodeErrors {
 		cfg := Default()
 		err := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields().Decode(cfg)
 		if err == nil {
 			if len(errs) == 0 {
-				return cfg, nil
+				return cfg, nil, nil
 			}
-			return nil, errs
+			return nil, cfg, errs
 		}
 		var strict *toml.StrictMissingError
 		var de *toml.DecodeError
@@ -434,15 +454,15 @@ func decodeAll(data []byte, name string) (*Config, []*Error) {
 				e.Msg = "unknown key"
 				errs = append(errs, e)
 			}
-			return nil, errs
+			return nil, cfg, errs
 		case !errors.As(err, &de):
-			return nil, append(errs, &Error{File: name, Msg: err.Error()})
+			return nil, nil, append(errs, &Error{File: name, Msg: err.Error()})
 		}
 		line, _ := de.Position()
 		if len(errs) > 0 && (len(de.Key()) == 0 || line < 1) {
 			// Blanking a line broke the file's syntax: what is left was
 			// a value spanning lines.
-			return nil, errs
+			return nil, nil, errs
 		}
 		e := fromDecodeError(de, name)
 		if strings.HasSuffix(e.Msg, "is already defined") {
@@ -455,11 +475,11 @@ func decodeAll(data []byte, name string) (*Config, []*Error) {
 			// by a dotted key"): blanked, the keys under it would move
 			// to the table above and be reported as made-up errors, in
 			// Go's terms (found by review).
-			return nil, errs
+			return nil, nil, errs
 		}
 		data = blankLine(data, line)
 	}
-	return nil, errs
+	return nil, nil, errs
 }
 
 // qualifyKey names key, which the TOML parser reports relative to its

@@ -385,6 +385,12 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{3, "polcy", "unknown key"}}},
 		{"unknown keys all reported", "typo = 1\n[upstream]\nadress = \"x:1\"\npasword = \"p\"\n",
 			[]wantErr{{1, "typo", "unknown key"}, {3, "upstream.adress", "unknown key"}, {4, "upstream.pasword", "unknown key"}}},
+		// With a wrong-typed value or an unknown key, the values the rest
+		// of the file sets are checked too: they came up only once those
+		// were fixed (found by a probe).
+		{"decode and check errors together", "[server]\nlog_level = \"loud\"\nmax_clients = -1\n[upstream]\nreply_timeout = \"1q\"\nconnections = 0\nadress = \"x:1\"\n",
+			[]wantErr{{2, "server.log_level", "loud"}, {3, "server.max_clients", "got -1"}, {5, "upstream.reply_timeout", "invalid duration"},
+				{6, "upstream.connections", "got 0"}, {7, "upstream.adress", "unknown key"}}},
 		{"bad duration", "[upstream]\n\ndial_timeout = \"2x\"\n",
 			[]wantErr{{3, "upstream.dial_timeout", `invalid duration "2x" (use e.g. "500ms", "2s")`}}},
 		{"integer duration", "[upstream]\nreply_timeout = 5\n",
@@ -435,8 +441,8 @@ func TestParseErrors(t *testing.T) {
 		// A key defined twice is named in full (it was "listen").
 		{"key defined twice", "[server]\nlisten = \"127.0.0.1:1\"\nlisten = \"127.0.0.1:2\"\n",
 			[]wantErr{{3, "server.listen", "already defined"}}},
-		{"key defined twice in an array of tables", "[[users]]\nname = \"a\"\n[[users]]\nname = \"b\"\nname = \"c\"\n",
-			[]wantErr{{5, "users[1].name", "already defined"}}},
+		{"key defined twice in an array of tables", "[[users]]\nname = \"a\"\npassword_sha256 = \"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\"\n[[users]]\nname = \"b\"\nname = \"c\"\npassword_sha256 = \"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\"\n",
+			[]wantErr{{6, "users[1].name", "already defined"}}},
 		// Every wrong-typed value and unknown key in one run, not the
 		// first alone (a user's trial fixed a file one run at a time).
 		{"several wrong types", "[server]\nlisten = 6380\nadmin = true\nbogus = 1\n[upstream]\nconnections = \"four\"\nnonsense = 2\n",
@@ -449,7 +455,7 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{1, "server.bogus", "unknown key"}}},
 		{"unknown key in an inline table of an array", "[stampede]\nhold = [{pattern=\"c:*\", timeout=\"1s\"}, {pattern=\"d:*\", timeout=\"1s\", bogus=2}]\n",
 			[]wantErr{{2, "stampede.hold[1].bogus", "unknown key"}}},
-		{"unknown key in an inline array of tables", "users = [{name=\"a\", password=\"x\", bogus=1}]\n",
+		{"unknown key in an inline array of tables", "users = [{name=\"a\", password_sha256=\"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\", bogus=1}]\n",
 			[]wantErr{{1, "users[0].bogus", "unknown key"}}},
 		{"wrong type in an inline table", "[server]\ntls = { listen = \"x\", min_version = 5 }\n",
 			[]wantErr{{2, "server.tls.min_version", "want a string (in quotes), got a TOML integer"}}},
