@@ -831,7 +831,7 @@ func (sess *Session) flush(start time.Time) {
 				sess.pin.txOpened = err == nil && string(r) == "+OK\r\n"
 			}
 			if sl.tx && err == nil {
-				sess.noteQueued(r, true, !sl.own)
+				sess.noteQueued(r, true, !sl.own, nil)
 			} else if !sl.own && (err != nil || resp.IsError(r)) && !errors.Is(err, upstream.ErrOutputLimit) {
 				// (A fix-up whose reply was dropped with the client's ran.)
 				sess.hiddenFailed(r, err)
@@ -902,7 +902,7 @@ func (sess *Session) flush(start time.Time) {
 				if sl.strip != namespace.StripNone {
 					sess.nsQueued(r, sl.strip)
 				}
-				sess.noteQueued(r, false, false)
+				sess.noteQueued(r, false, false, sl.metric)
 			} else if sl.info {
 				reply = sess.withProxyInfo(r, sl.infoPx)
 			} else if sl.strip != namespace.StripNone {
@@ -921,6 +921,7 @@ func (sess *Session) flush(start time.Time) {
 		if sl.exec {
 			sess.pin.execRan = len(reply) > 1 && reply[0] == '*' && reply[1] != '-'
 			sess.txFixupResults(reply, sess.pin.txHidden)
+			sess.countExecErrors(reply)
 		}
 		switch {
 		case sl.mute:

@@ -72,6 +72,11 @@ type pinState struct {
 	// (policy fix-ups); their results are removed from EXEC's reply.
 	txPos    int
 	txHidden []int
+	// txMetrics are the queued commands' metrics in queue order (nil for
+	// the proxy's own): errors in EXEC's reply are counted against them,
+	// as Redis counts each failed command (found by a probe: WRONGTYPE
+	// inside EXEC counted nowhere).
+	txMetrics []*metrics.Command
 	// Writes queued in MULTI take effect at EXEC; the write hooks hear of
 	// them then, not when they are queued.
 	txWrites []txWrite
@@ -343,6 +348,8 @@ func pinnedMulti(sess *Session, r *request) bool {
 	if !pin.inMulti {
 		pin.inMulti = true
 		pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect, pin.txSelected = 0, pin.txHidden[:0], pin.txWrites[:0], -1, false
+		clear(pin.txMetrics)
+		pin.txMetrics = pin.txMetrics[:0]
 		pin.txName, pin.txNamed = "", false
 		if pin.txOpen != nil {
 			pin.txOpen.reset()
@@ -593,7 +600,7 @@ func (sess *Session) pinOn(b *upstream.Backend, keySlot int) error {
 	if err != nil {
 		return err
 	}
-	sess.pin = pinState{pipe: p, backend: b, addr: addr, cluster: sess.srv.router != nil, slot: keySlot, db: sess.db, resp3: sess.resp3, txHidden: sess.pin.txHidden[:0], txWrites: sess.pin.txWrites[:0], txSelect: -1, txOpen: sess.pin.txOpen}
+	sess.pin = pinState{pipe: p, backend: b, addr: addr, cluster: sess.srv.router != nil, slot: keySlot, db: sess.db, resp3: sess.resp3, txHidden: sess.pin.txHidden[:0], txWrites: sess.pin.txWrites[:0], txMetrics: sess.pin.txMetrics[:0], txSelect: -1, txOpen: sess.pin.txOpen}
 	if sess.name != "" {
 		sess.namePin(sess.name)
 	}
@@ -637,13 +644,14 @@ func (sess *Session) unpin(clean bool) {
 	sess.mirrorTxEnded() // mirror.go
 	clear(pin.txWrites)
 	sess.recordOpenLeft() // guard.go
-	*pin = pinState{txHidden: pin.txHidden[:0], txWrites: pin.txWrites[:0], txOpen: pin.txOpen}
+	clear(pin.txMetrics)
+	*pin = pinState{txHidden: pin.txHidden[:0], txWrites: pin.txWrites[:0], txMetrics: pin.txMetrics[:0], txOpen: pin.txOpen}
 }
 
 // noteQueued is called by flush for every reply to a command sent inside
 // MULTI, in order, to track positions in the transaction's queue; a hidden
 // one's refusal is reported as a failed fix-up if it is one (fixup).
-func (sess *Session) noteQueued(reply []byte, hidden, fixup bool) {
+func (sess *Session) noteQueued(reply []byte, hidden, fixup bool, m *metrics.Command) {
 	if !bytes.Equal(reply, queued) {
 		if fixup {
 			sess.hiddenFailed(reply, nil)
@@ -652,8 +660,21 @@ func (sess *Session) noteQueued(reply []byte, hidden, fixup bool) {
 	}
 	if hidden {
 		sess.pin.txHidden = append(sess.pin.txHidden, sess.pin.txPos)
+		m = nil
 	}
+	sess.pin.txMetrics = append(sess.pin.txMetrics, m)
 	sess.pin.txPos++
+}
+
+// countExecErrors counts each error in EXEC's reply against the queued
+// command it answers.
+func (sess *Session) countExecErrors(exec []byte) {
+	ms := sess.pin.txMetrics
+	execElements(exec, func(i int, elem []byte) {
+		if i < len(ms) && ms[i] != nil && resp.IsError(elem) {
+			ms[i].Errors.Inc()
+		}
+	})
 }
 
 // stripExec removes the results of proxy-added commands from EXEC's reply.
