@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -1841,7 +1842,14 @@ reading:
 			break
 		}
 		active()
+		received := sess.rd.Received()
 		all, err := sess.rd.ReadBatch()
+		if len(all) == 0 && idle > 0 && kind == relayTracking && errors.Is(err, os.ErrDeadlineExceeded) &&
+			!ending.Load() && !sess.interrupted.Load() && sess.rd.Received() != received {
+			// Part of a request came: the client is sending, which is
+			// activity (as Session.run's wait, found by review).
+			continue
+		}
 		sess.cmds = sess.srv.cmdSet() // a relay's batches follow the table too (cmdtable.go)
 		// A subscriber's batch is sent in segments, each ending at an
 		// unsubscribe (relayExit.segment): what the client sent behind its
