@@ -117,7 +117,14 @@ func runAudit(argv []string, stdout, stderr io.Writer) int {
 	err = rdb.Ping(pingCtx).Err()
 	cancel()
 	if err != nil {
-		fmt.Fprintf(stderr, "redproxy audit: cannot reach Redis at %s: %v\n", addr, err)
+		var refused redis.Error
+		if errors.As(err, &refused) {
+			// Reached, and refused: a database out of range, a password
+			// (it said "cannot reach" for --db 99, found by a probe).
+			fmt.Fprintf(stderr, "redproxy audit: Redis at %s refused the connection (--db %d): %v\n", addr, *db, err)
+		} else {
+			fmt.Fprintf(stderr, "redproxy audit: cannot reach Redis at %s: %v\n", addr, err)
+		}
 		return auditFailed
 	}
 

@@ -187,6 +187,13 @@ func TestAuditBinaryExitCodes(t *testing.T) {
 	if err := cmd.Run(); !errors.As(err, &ee) || ee.ExitCode() != 2 {
 		t.Fatalf("unreachable: %v", err)
 	}
+	// Reached and refused is said as such, not as unreachable (it said
+	// "cannot reach" for a database out of range, found by a probe).
+	cmd = exec.Command(bin, "audit", "--upstream", rs.Addr(), "--db", "99")
+	stderr, err := cmd.CombinedOutput()
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(stderr), "refused the connection (--db 99)") {
+		t.Fatalf("--db 99: %v, %s", err, stderr)
+	}
 }
 
 // startProxy runs bin with args (and env, when not nil, as its whole
