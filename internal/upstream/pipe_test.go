@@ -621,3 +621,85 @@ func TestSendDoesNotWaitForAnUnreachableAddress(t *testing.T) {
 		t.Fatalf("a Send waited for a dial to an unreachable address (%d waits)", pool.dialWaits.Load())
 	}
 }
+
+// A Send waits for one dial that fails, not for the next ones its own ask
+// lets through: with dials that take longer than reconnect_min to fail
+// (a refusal over a slow link), every Send waited for three in a row
+// (found by review: 452 ms each for dials of 100 ms). Here each dial is
+// refused 100 ms after it connects.
+func TestSendWaitsForOneFailedDialOnly(t *testing.T) {
+	addr := redistest.ServeLoopback(t, func(wg *sync.WaitGroup, c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, 512)
+		if _, err := c.Read(buf); err != nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+		c.Write([]byte("-ERR not now\r\n"))
+	})
+	opt := testOpts(addr)
+	opt.Name = "slow-refusal" // a handshake to answer
+	opt.ReconnectMin = 50 * time.Millisecond
+	opt.ReconnectMax = time.Hour
+	opt.firstBackoff = time.Hour
+	pool := NewPool(1, opt)
+	defer pool.Close()
+	redistest.Eventually(t, 5*time.Second, func() bool { return pool.pipes[0].refused.Load() != nil },
+		"the first dial was never refused")
+	const sends = 5
+	for range sends {
+		c := NewCall()
+		c.Add(cmd("PING"))
+		if err := pool.Send(c); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("Send to a Redis that refuses every connection: %v", err)
+		}
+	}
+	if n := pool.dialWaits.Load(); n > sends {
+		t.Fatalf("%d Sends waited for %d dials, want one each at most", sends, n)
+	}
+}
+
+// The Sends that come while one dial is under way share its deadline: a
+// Send after it does not wait again (found by a probe: a pipeline sent
+// one Send per batch read waited 300 ms per batch, 22 s for 1,000 SETs).
+// The dial here lasts dial_timeout, 2 s, against a host that never
+// answers; the deadline is reconnect_min + 250 ms from its start.
+func TestSendsShareADialsDeadline(t *testing.T) {
+	silent := startSilentUpstream(t)
+	opt := testOpts(silent.ln.Addr().String())
+	opt.Name = "shared-deadline" // a handshake to answer, which never comes
+	opt.DialTimeout = 2 * time.Second
+	pool := NewPool(1, opt)
+	defer pool.Close()
+	for range 2 {
+		c := NewCall()
+		c.Add(cmd("PING"))
+		if err := pool.Send(c); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("Send during the first dial to a silent host: %v", err)
+		}
+	}
+	if n := pool.dialWaits.Load(); n > 1 {
+		t.Fatalf("two Sends during one dial waited %d times, want once at most", n)
+	}
+}
+
+// A dial that a pipe's close cut short says nothing of the address: it
+// made the gate take a silent host for a reachable one, and Sends of
+// other pools to it waited again (found by review: a reload's drain or a
+// failover's cut closing a pipe mid-dial). The pipe closed here dials
+// back to back, so its close cuts a dial.
+func TestClosingADialDoesNotMakeAnAddressReachable(t *testing.T) {
+	silent := startSilentUpstream(t)
+	addr := silent.ln.Addr().String()
+	opt := testOpts(addr)
+	opt.Name = "cut-dial" // a handshake to answer, which never comes
+	opt.DialTimeout = 300 * time.Millisecond
+	opt.ReconnectMin, opt.ReconnectMax = time.Millisecond, time.Millisecond
+	pool := NewPool(1, opt)
+	gate := dialGateOf(addr)
+	redistest.Eventually(t, 10*time.Second, gate.unreachable.Load, "the dials never timed out")
+	pool.Close()
+	if !gate.unreachable.Load() {
+		t.Fatal("closing a pipe mid-dial made the silent address count as reachable")
+	}
+}

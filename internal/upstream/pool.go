@@ -125,7 +125,7 @@ const redialWaitMax = 250 * time.Millisecond
 // pipe to the address was let through for (dialGate.due); each until its
 // own deadline (dialWait.until), shared by every Send that waits for it.
 // Not while the address is unreachable (dialGate.unreachable): a dial
-// then lasts dial_timeout. It reports whether a dial ended in time.
+// then lasts dial_timeout. It reports whether a dial connected in time.
 func (p *Pool) awaitDial() bool {
 	gate := dialGateOf(p.pipes[0].opt.Addr)
 	var due *dialWait
@@ -155,7 +155,7 @@ func (p *Pool) awaitDial() bool {
 	defer t.Stop()
 	select {
 	case <-due.done:
-		return true
+		return due.ok.Load()
 	case <-t.C:
 		return false
 	}
