@@ -380,13 +380,17 @@ func Parse(data []byte, name string) (*Config, error) {
 				// fixed a file one run at a time, the values it checks
 				// coming up only once every wrong-typed value and unknown
 				// key was fixed (found by a probe). The keys at fault
-				// hold their defaults here; what is said of them is left
-				// to their own errors.
+				// hold their defaults here, which other values of their
+				// table may be checked against (reconnect_max against
+				// reconnect_min, an address against the mode): that
+				// table's checks wait for them to be fixed (found by
+				// review: "must be >= upstream.reconnect_min (50ms)",
+				// the default's).
 				partial.bindUserScopes()
 				partial.fillUpstreamDefaults()
 				partial.bindListenerScopes()
 				for _, e := range partial.check() {
-					if !slices.ContainsFunc(derrs, func(d *Error) bool { return d.Key == e.Key }) {
+					if !slices.ContainsFunc(derrs, func(d *Error) bool { return tableOf(d.Key) == tableOf(e.Key) }) {
 						errs = append(errs, e)
 					}
 				}
@@ -419,6 +423,14 @@ func Parse(data []byte, name string) (*Config, error) {
 }
 
 const defaultNote = " (its default: the file does not set it)"
+
+// tableOf is the top-level table a dotted key is in ("upstream" for
+// "upstream.tls.ca_file", "users[1]" for "users[1].name"); a key at the
+// top level is its own.
+func tableOf(key string) string {
+	t, _, _ := strings.Cut(key, ".")
+	return t
+}
 
 // maxDecodeErrors bounds how many wrong-typed values decodeAll reports,
 // each costing a decode of the whole file.

@@ -668,6 +668,8 @@ func (sess *Session) placeHeld(r *request, target int, p heldPlacer) bool {
 	sess.slots[len(sess.slots)-1].multi = true // its answer sets txOpened
 	pin.inMulti = true
 	pin.txPos, pin.txHidden, pin.txWrites, pin.txSelect, pin.txSelected = 0, pin.txHidden[:0], pin.txWrites[:0], -1, false
+	clear(pin.txMetrics)
+	pin.txMetrics = pin.txMetrics[:0]
 	pin.txName, pin.txNamed = "", false
 	for _, q := range cm.queued {
 		// Answered +QUEUED already: the replay's replies are muted, but
