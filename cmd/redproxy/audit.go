@@ -121,7 +121,7 @@ func runAudit(argv []string, stdout, stderr io.Writer) int {
 		if errors.As(err, &refused) {
 			// Reached, and refused: a database out of range, a password
 			// (it said "cannot reach" for --db 99, found by a probe).
-			fmt.Fprintf(stderr, "redproxy audit: Redis at %s refused the connection (--db %d): %v\n", addr, *db, err)
+			fmt.Fprintf(stderr, "redproxy audit: Redis at %s refused the connection: %v\n", addr, err)
 		} else {
 			fmt.Fprintf(stderr, "redproxy audit: cannot reach Redis at %s: %v\n", addr, err)
 		}

@@ -191,7 +191,7 @@ func TestAuditBinaryExitCodes(t *testing.T) {
 	// "cannot reach" for a database out of range, found by a probe).
 	cmd = exec.Command(bin, "audit", "--upstream", rs.Addr(), "--db", "99")
 	stderr, err := cmd.CombinedOutput()
-	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(stderr), "refused the connection (--db 99)") {
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(stderr), "refused the connection: ERR DB index is out of range") {
 		t.Fatalf("--db 99: %v, %s", err, stderr)
 	}
 }

@@ -58,14 +58,14 @@ const (
 	tlsFailNotTLS  = "not_tls"   // plaintext sent to the TLS port
 	tlsFailTimeout = "timeout"   // no complete handshake within server.tls.handshake_timeout
 	tlsFailRefused = "handshake" // version, cipher or certificate refused (by either side)
-	tlsFailClosed  = "closed"    // closed before sending a byte: a TCP health check
+	tlsFailClosed  = "closed"    // closed or reset by the client mid-handshake: a TCP health check
 )
 
 func initTLS(s *Server) error {
 	t := &s.tls
 	t.failures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "redproxy_client_tls_handshake_failures_total",
-		Help: "Client TLS handshakes that failed, by reason: not_tls (plaintext sent to the TLS port), timeout, handshake (refused certificate, version or cipher), closed (closed before sending anything, as a TCP health check does).",
+		Help: "Client TLS handshakes that failed, by reason: not_tls (plaintext sent to the TLS port), timeout, handshake (refused certificate, version or cipher), closed (the client closed or reset the connection before the handshake finished, as a TCP health check does).",
 	}, []string{"reason"})
 	for _, r := range []string{tlsFailNotTLS, tlsFailTimeout, tlsFailRefused, tlsFailClosed} {
 		t.failures.WithLabelValues(r)
@@ -226,9 +226,9 @@ func (s *Server) tlsHandshake(sess *Session, tc *tls.Conn) bool {
 		rhe.Conn.Write(notTLSReply)
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		reason = tlsFailTimeout
-	case err == io.EOF:
-		// Connected and closed with nothing sent: a load balancer's TCP
-		// health check, no failure of anyone's TLS. Counted apart and not
+	case err == io.EOF || errors.Is(err, syscall.ECONNRESET):
+		// Connected and closed (or reset) with nothing sent: a load
+		// balancer's TCP health check, no failure of anyone's TLS. Counted apart and not
 		// logged, where it was counted and logged as a refused handshake
 		// (found by a probe).
 		s.tls.failures.WithLabelValues(tlsFailClosed).Inc()
