@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -49,4 +50,45 @@ func TestSubscriberOverTheSoftLimitIsClosed(t *testing.T) {
 		n, _ := direct.PubSubNumSub(ctx, "lagging").Result()
 		return n["lagging"] == 0
 	}, "the subscriber's connection to Redis stayed subscribed")
+}
+
+// A RESP3 client that turned tracking on and then subscribed is in
+// Redis's pub/sub class: never closed for idleness, and under the pub/sub
+// output limits (found by a probe: its relay, a tracking one, closed it at
+// idle_timeout and had no soft limit).
+func TestTrackingClientThatSubscribesIsASubscriber(t *testing.T) {
+	srv := redistest.Start(t)
+	p := proxytest.Start(t, srv, func(c *config.Config) {
+		c.Server.IdleTimeout.Duration = 300 * time.Millisecond
+		c.Server.PubSubOutputSoftLimit = 256 * units.KB
+		c.Server.PubSubOutputSoftTime.Duration = 200 * time.Millisecond
+	})
+	sub := dialRaw(t, p.Addr)
+	sub.send([]string{"HELLO", "3"})
+	sub.readReply()
+	sub.send([]string{"CLIENT", "TRACKING", "ON"})
+	if v, _ := sub.readReply(); v != "OK" {
+		t.Fatalf("CLIENT TRACKING ON: %#v", v)
+	}
+	sub.send([]string{"SUBSCRIBE", "tracked:ch"})
+	sub.readReply()
+	time.Sleep(time.Second) // idle for three idle_timeouts, as a quiet subscriber is
+	direct := srv.Client(t)
+	if n, err := direct.Publish(ctx, "tracked:ch", "still there").Result(); err != nil || n != 1 {
+		t.Fatalf("PUBLISH after the subscriber was quiet for 1 s: %d receivers, %v (closed for idleness?)", n, err)
+	}
+	if v, _ := sub.readReply(); fmt.Sprint(v) != "[message tracked:ch still there]" {
+		t.Fatalf("the quiet subscriber got %#v", v)
+	}
+	// And it reads nothing more: the soft limit closes it.
+	msg := strings.Repeat("m", 64<<10)
+	for range 256 {
+		if err := direct.Publish(ctx, "tracked:ch", msg).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	redistest.Eventually(t, 20*time.Second, func() bool {
+		direct.Publish(ctx, "tracked:ch", "tick")
+		return closeCounts(p)[metrics.CloseOutputLimit] == 1
+	}, "the lagging subscriber was not closed for its output: closes %v", closeCounts(p))
 }

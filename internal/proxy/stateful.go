@@ -1689,6 +1689,10 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 	}
 	var protoErr *resp.ProtocolError
 	var halfClosed bool
+	// subscribed: a tracking relay (RESP3) whose client subscribed is in
+	// Redis's pub/sub class: never idle, and the pub/sub output limits
+	// (found by a probe: closed for idleness, no soft limit).
+	var subscribed atomic.Bool
 	for k := range reqs {
 		d := sess.guard.Decision(base + k)
 		args := reqs[k].Args
@@ -1697,6 +1701,9 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		}
 		cmd := sess.cmds.table.Lookup(reqs[k].Args)
 		sess.noteLastCmd(cmd)
+		if kind == relayTracking && subscribes(cmd) {
+			subscribed.Store(true)
+		}
 		rw.note(cmd, args, d != nil && d.Refuse != nil)
 		if k == 0 {
 			first = append(first, reqs[0].Raw...) // checked by startRelay
@@ -1720,21 +1727,24 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		}
 	}
 	active := func() {
-		if idle > 0 && kind == relayTracking {
+		if idle > 0 && kind == relayTracking && !subscribed.Load() {
 			sess.nc.SetReadDeadline(time.Now().Add(idle))
 			wake() // an end or interrupt that raced the refresh is not lost
 		}
 	}
-	if idle > 0 && kind != relayTracking {
+	if idle > 0 && (kind != relayTracking || subscribed.Load()) {
 		sess.nc.SetReadDeadline(time.Time{})
 		wake()
 	}
 	q := newOutQueue(limit)
-	if kind == relayPubSub {
+	pubsubClass := func() {
 		// Redis's pubsub class; MONITOR and tracking connections are of
 		// its normal class, which has no soft limit by default.
 		srv := sess.srv.Config().Server
-		q.soft, q.softFor = int64(srv.PubSubOutputSoftLimit), srv.PubSubOutputSoftTime.Duration
+		q.setClass(int64(srv.PubSubOutputLimit), int64(srv.PubSubOutputSoftLimit), srv.PubSubOutputSoftTime.Duration)
+	}
+	if kind == relayPubSub || subscribed.Load() {
+		pubsubClass()
 	}
 	filter := sess.nsRelayFilter(limit)
 	var wg sync.WaitGroup
@@ -1785,11 +1795,11 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 				}
 			}
 			if len(chunk) > 0 && !q.push(append([]byte(nil), chunk...)) {
-				if q.closedBySoft() {
+				if hard, soft, softFor, bySoft := q.limits(); bySoft {
 					sess.closeFor(metrics.CloseOutputLimit, "subscriber stayed behind by more than its soft limit",
-						"soft_limit_bytes", q.soft, "for", q.softFor.String())
+						"soft_limit_bytes", soft, "for", softFor.String())
 				} else {
-					sess.closeFor(metrics.CloseOutputLimit, "relayed output exceeds its limit", "limit_bytes", limit)
+					sess.closeFor(metrics.CloseOutputLimit, "relayed output exceeds its limit", "limit_bytes", hard)
 				}
 				sess.nc.Close()
 				up.Close()
@@ -1895,6 +1905,13 @@ reading:
 				}
 				cmd := sess.cmds.table.Lookup(reqs[k].Args)
 				sess.noteLastCmd(cmd) // before the proxy's CLIENT INFO answer is made
+				if kind == relayTracking && subscribes(cmd) && !subscribed.Swap(true) {
+					pubsubClass()
+					if idle > 0 {
+						sess.nc.SetReadDeadline(time.Time{})
+						wake()
+					}
+				}
 				if ex != nil {
 					ex.note(cmd)
 				}
@@ -2722,11 +2739,32 @@ type outQueue struct {
 	softHit bool // closed by the soft limit
 }
 
-// closedBySoft reports whether the soft limit closed the queue.
-func (q *outQueue) closedBySoft() bool {
+// setClass sets the queue's hard limit and its soft limit, for a relay
+// that turns out to be of Redis's pub/sub class.
+func (q *outQueue) setClass(limit, soft int64, softFor time.Duration) {
+	q.mu.Lock()
+	q.limit, q.soft, q.softFor = limit, soft, softFor
+	q.mu.Unlock()
+}
+
+// subscribes reports whether cmd is one that puts a connection in Redis's
+// pub/sub class (a subscription).
+func subscribes(cmd *commands.Command) bool {
+	if cmd == nil {
+		return false
+	}
+	switch cmd.Name {
+	case "subscribe", "psubscribe", "ssubscribe":
+		return true
+	}
+	return false
+}
+
+// limits are the queue's limits, and whether the soft one closed it.
+func (q *outQueue) limits() (hard, soft int64, softFor time.Duration, bySoft bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.softHit
+	return q.limit, q.soft, q.softFor, q.softHit
 }
 
 func newOutQueue(limit int64) *outQueue {
