@@ -912,6 +912,15 @@ func (sess *Session) blocking(r *request) {
 	defer tick.Stop()
 	moved := false    // cut for a reload's move, with nothing popped
 	cutAfter := false // a pinned connection's pop answered before a move's cut
+	// leftNow: the client's hang-up was seen, or it has left by now.
+	leftNow := func() bool {
+		select {
+		case <-hangup:
+			return true
+		default:
+			return sess.left()
+		}
+	}
 	for done := false; !done; {
 		left := false
 		select {
@@ -920,12 +929,7 @@ func (sess *Session) blocking(r *request) {
 			// client left, before the hang-up was seen: Redis, which
 			// sees the close first, would not have popped it.
 			done = true
-			select {
-			case <-hangup:
-				left = true
-			default:
-				left = sess.left()
-			}
+			left = leftNow()
 		case <-hangup:
 			left, hangup = true, nil
 		case <-overdue:
@@ -954,6 +958,7 @@ func (sess *Session) blocking(r *request) {
 					// one Redis). An UNBLOCK's own answer (null: nothing
 					// popped) is not passed on: a BLPOP 0 never
 					// answers null.
+					//
 					// WAIT and WAITAOF answer an UNBLOCK with their count
 					// so far, which a WAIT n 0 never answers below n: cut
 					// too (found by review). A pinned connection (under
@@ -971,12 +976,7 @@ func (sess *Session) blocking(r *request) {
 						// A client that left meanwhile has what was
 						// popped put back (below), as one that leaves
 						// while blocked (found by review).
-						select {
-						case <-hangup:
-							left = true
-						default:
-							left = sess.left()
-						}
+						left = leftNow()
 					} else {
 						pipe.AbandonAsync()
 					}
