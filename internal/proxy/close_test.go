@@ -182,18 +182,7 @@ func TestEveryCloseRecordsOneReason(t *testing.T) {
 		nc := idle.Dial(t)
 		nc.SetDeadline(time.Now().Add(20 * time.Second))
 		r := bufio.NewReader(nc)
-		if got := send(t, nc, r, "HELLO 3"); got != "%7" {
-			t.Fatalf("HELLO 3: %q", got)
-		}
-		for line := ""; line != "*0\r\n"; { // the rest of HELLO's map, up to modules' empty array
-			var err error
-			if line, err = r.ReadString('\n'); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if got := send(t, nc, r, "CLIENT TRACKING ON"); got != "+OK" {
-			t.Fatalf("CLIENT TRACKING ON: %q", got)
-		}
+		trackingOn(t, nc, r)
 		waitEOF(t, nc, r)
 		waitCloses(t, idle, map[string]float64{metrics.CloseIdleTimeout: 1})
 	})

@@ -41,18 +41,7 @@ func TestIdleTimeoutSparesATrackingClientStillSending(t *testing.T) {
 	nc := p.Dial(t)
 	nc.SetDeadline(time.Now().Add(30 * time.Second))
 	r := bufio.NewReader(nc)
-	if got := send(t, nc, r, "HELLO 3"); got != "%7" {
-		t.Fatalf("HELLO 3: %q", got)
-	}
-	for line := ""; line != "*0\r\n"; { // the rest of HELLO's map, up to modules' empty array
-		var err error
-		if line, err = r.ReadString('\n'); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if got := send(t, nc, r, "CLIENT TRACKING ON"); got != "+OK" {
-		t.Fatalf("CLIENT TRACKING ON: %q", got)
-	}
+	trackingOn(t, nc, r)
 	sendSlowly(t, nc)
 	waitEOF(t, nc, r)
 	waitCloses(t, p, map[string]float64{metrics.CloseIdleTimeout: 1})
@@ -88,5 +77,22 @@ func sendSlowly(t *testing.T, nc net.Conn) {
 	}
 	if string(line) != "+OK\r\n" {
 		t.Fatalf("SET sent over 3.2 s with idle_timeout 1s: %q; want +OK", line)
+	}
+}
+
+// trackingOn makes nc a RESP3 client with CLIENT TRACKING ON, a relay.
+func trackingOn(t *testing.T, nc net.Conn, r *bufio.Reader) {
+	t.Helper()
+	if got := send(t, nc, r, "HELLO 3"); got != "%7" {
+		t.Fatalf("HELLO 3: %q", got)
+	}
+	for line := ""; line != "*0\r\n"; { // the rest of HELLO's map, up to modules' empty array
+		var err error
+		if line, err = r.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := send(t, nc, r, "CLIENT TRACKING ON"); got != "+OK" {
+		t.Fatalf("CLIENT TRACKING ON: %q", got)
 	}
 }
