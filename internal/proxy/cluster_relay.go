@@ -194,7 +194,7 @@ func (sess *Session) clusterMonitor(r *request) bool {
 		if err != nil {
 			release()
 			sess.replyLocal(m, errorReply(err))
-			if upstreamDown(err) || netLost(err) {
+			if upstreamDown(err) || upstream.PeerClosed(err) {
 				sess.closeUpstreamLost() // as startRelay (upstreamlost.go)
 			}
 			return true

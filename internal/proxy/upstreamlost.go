@@ -2,9 +2,7 @@ package proxy
 
 import (
 	"errors"
-	"io"
 	"strings"
-	"syscall"
 
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/upstream"
@@ -53,13 +51,6 @@ func upstreamDown(err error) bool {
 		return strings.Contains(err.Error(), "max number of clients")
 	}
 	return true
-}
-
-// netLost reports whether err, from a raw connection to Redis, says the
-// connection closed or was reset under the proxy.
-func netLost(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // closeUpstreamLost ends the session after its batch's replies so far

@@ -81,8 +81,7 @@ func aloneError(err error, connected bool) error {
 		return err
 	}
 	var ne net.Error
-	isNet := errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+	isNet := errors.As(err, &ne) || PeerClosed(err)
 	switch {
 	case !isNet:
 		return err

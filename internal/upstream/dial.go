@@ -70,7 +70,7 @@ func dial(opt Options, wantID bool) (net.Conn, int64, error) {
 			// the connection closing under the first command.
 			return nil, 0, fmt.Errorf("%w (the connection closed right after the TLS handshake: if Redis requires client certificates, set upstream.tls.cert_file and key_file)", err)
 		}
-		if opt.TLS == nil && !errors.Is(err, ErrHandshake) && !errors.Is(err, ErrClosed) && connDropped(err) {
+		if opt.TLS == nil && !errors.Is(err, ErrHandshake) && !errors.Is(err, ErrClosed) && PeerClosed(err) {
 			// A Redis that speaks only TLS on the port reads the first
 			// command as a bad ClientHello and closes: said as a bare
 			// "connection reset by peer", where the opposite mistake was
@@ -131,9 +131,9 @@ func DialConnContext(ctx context.Context, d *net.Dialer, addr string, tlsConf *t
 	return tc, nil
 }
 
-// connDropped reports whether err says the peer closed or reset the
-// connection.
-func connDropped(err error) bool {
+// PeerClosed reports whether err, from a connection's read or write, says
+// the other side closed or reset it.
+func PeerClosed(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
