@@ -242,6 +242,19 @@ func askView(opt upstream.Options) (*Map, error) {
 	return parseSlots(reply, opt.Addr)
 }
 
+// topArray is a topology reply's top-level array. Redis's own refusal
+// (LOADING after a restart, a node still joining) is returned as it is:
+// logged as "malformed" it hid what to wait for (found by a probe).
+func topArray(v any) ([]any, error) {
+	switch a := v.(type) {
+	case []any:
+		return a, nil
+	case replyError:
+		return nil, a
+	}
+	return nil, fmt.Errorf("%w: %v", errBadReply, v)
+}
+
 // parseShards reads CLUSTER SHARDS: per shard, its slot ranges and nodes,
 // each node a map with ip, endpoint, port, tls-port, role, health. Over TLS
 // (useTLS) a node is dialled at its tls-port.
@@ -250,15 +263,9 @@ func parseShards(reply []byte, from string, useTLS bool) (*Map, error) {
 	if err != nil {
 		return nil, err
 	}
-	shards, ok := v.([]any)
-	if e, isErr := v.(replyError); isErr {
-		// Redis's own refusal (LOADING after a restart, a node still
-		// joining): logged as "malformed" it hid what to wait for
-		// (found by a probe).
-		return nil, e
-	}
-	if !ok {
-		return nil, fmt.Errorf("%w: %v", errBadReply, v)
+	shards, err := topArray(v)
+	if err != nil {
+		return nil, err
 	}
 	m := newMap()
 	m.health = true
@@ -376,15 +383,9 @@ func parseSlots(reply []byte, from string) (*Map, error) {
 	if err != nil {
 		return nil, err
 	}
-	ranges, ok := v.([]any)
-	if e, isErr := v.(replyError); isErr {
-		// Redis's own refusal (LOADING after a restart, a node still
-		// joining): logged as "malformed" it hid what to wait for
-		// (found by a probe).
-		return nil, e
-	}
-	if !ok {
-		return nil, fmt.Errorf("%w: %v", errBadReply, v)
+	ranges, err := topArray(v)
+	if err != nil {
+		return nil, err
 	}
 	m := newMap()
 	fromHost, _, _ := net.SplitHostPort(from)
