@@ -377,15 +377,8 @@ func (sess *Session) run() (parked bool) {
 				continue
 			}
 		}
-		if fromReader && len(reqs) == 0 && idle > 0 && errors.Is(err, os.ErrDeadlineExceeded) &&
-			!sess.interrupted.Load() && sess.rd.Received() != received {
-			// idle_timeout ended a wait in which part of a request came:
-			// the client is sending (a large value over a slow link, a
-			// request in small pieces), and Redis's timeout counts every
-			// byte read as activity. The wait starts again, with a new
-			// idle_timeout (found by a probe: a 16 MB SET sent at 2 MB/s
-			// was cut at 5 s, where Redis with timeout 5 answered +OK).
-			continue
+		if fromReader && idle > 0 && sess.sendingAtDeadline(len(reqs), err, received) {
+			continue // the wait starts again, with a new idle_timeout
 		}
 		if len(reqs) > 0 {
 			sess.srv.metrics.BatchRequests.Observe(float64(len(reqs)))
@@ -417,6 +410,18 @@ func (sess *Session) run() (parked bool) {
 			return false
 		}
 	}
+}
+
+// sendingAtDeadline reports whether a read that returned got requests and
+// err ended at the idle_timeout deadline while part of a request came
+// (the Reader's Received moved from received): the client is sending (a
+// large value over a slow link, a request in small pieces), and Redis's
+// timeout counts every byte read as activity (found by a probe: a 16 MB
+// SET sent at 2 MB/s was cut at 5 s, where Redis with timeout 5 answered
+// +OK). Not when an interruption (CLIENT KILL, shutdown) moved the
+// deadline.
+func (sess *Session) sendingAtDeadline(got int, err error, received uint64) bool {
+	return got == 0 && errors.Is(err, os.ErrDeadlineExceeded) && !sess.interrupted.Load() && sess.rd.Received() != received
 }
 
 // lookAheadBytes bounds how far past a batch's first byte the look-ahead

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -1854,11 +1853,8 @@ reading:
 		active()
 		received := sess.rd.Received()
 		all, err := sess.rd.ReadBatch()
-		if len(all) == 0 && idle > 0 && kind == relayTracking && errors.Is(err, os.ErrDeadlineExceeded) &&
-			!ending.Load() && !sess.interrupted.Load() && sess.rd.Received() != received {
-			// Part of a request came: the client is sending, which is
-			// activity (as Session.run's wait, found by review).
-			continue
+		if idle > 0 && kind == relayTracking && !ending.Load() && sess.sendingAtDeadline(len(all), err, received) {
+			continue // the client is sending: activity (as Session.run's wait, found by review)
 		}
 		sess.cmds = sess.srv.cmdSet() // a relay's batches follow the table too (cmdtable.go)
 		// A subscriber's batch is sent in segments, each ending at an
