@@ -619,8 +619,8 @@ func (c *Cache) CountRead(db int, cmd *commands.Command, args [][]byte) {
 	}
 	// Each is a miss too: left out, a client pipelining cold reads made
 	// the hit ratio 0.84 where it was 0.02 (found by a probe).
-	if fc := c.connFor(db, key); fc != nil {
-		fc.up.m.missByReason[missPipelined].Add(countReadSample)
+	if u, _, ok := c.keyOwner(db, key); ok {
+		u.m.missByReason[missPipelined].Add(countReadSample)
 	}
 }
 

@@ -353,27 +353,35 @@ func (c *Cache) connFor(db int, key []byte) *fillConn {
 	if !c.owned() {
 		return c.conn(db)
 	}
-	if db < 0 || db >= len(c.conns) {
+	u, node, ok := c.keyOwner(db, key)
+	if !ok {
 		return nil
 	}
-	u := c.ups[0]
+	return c.nodeConn(u, node, db)
+}
+
+// keyOwner is where connFor finds key of db, without dialling: its
+// upstream and, on a cluster, the node owning its slot now ("" otherwise).
+// ok is false when there is none.
+func (c *Cache) keyOwner(db int, key []byte) (u *upstreamTier, node string, ok bool) {
+	if db < 0 || db >= len(c.conns) {
+		return nil, "", false
+	}
+	u = c.ups[0]
 	if r := c.opt.Routes; r != nil {
 		i := r.Route(key)
 		if i < 0 || i >= len(c.ups) {
-			return nil
+			return nil, "", false
 		}
 		u = c.ups[i]
 	}
 	if u.cluster == nil {
-		return c.nodeConn(u, "", db)
+		return u, "", true
 	}
 	// A cluster has database 0 only.
 	if db != 0 {
-		return nil
+		return nil, "", false
 	}
-	node := u.cluster.Owner(key)
-	if node == "" {
-		return nil
-	}
-	return c.nodeConn(u, node, 0)
+	node = u.cluster.Owner(key)
+	return u, node, node != ""
 }
