@@ -145,7 +145,7 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	}
 	// The certificate files are read again whatever changed: rotating a
 	// certificate in place is a reload that changes no setting.
-	applyTLS, upstreamTLSChanged, err := s.reloadTLS(next)
+	applyTLS, upstreamTLS, upstreamTLSChanged, err := s.reloadTLS(next)
 	if err != nil {
 		return nil, err
 	}
@@ -189,6 +189,14 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 	// configuration as a whole; the guard compiles it again when applying.
 	if _, err := policy.Compile(next.Policy); err != nil {
 		return nil, err
+	}
+	// Dialled only for a reload that is otherwise accepted: a refused one
+	// need not wait on Redis. (Not in cluster mode, whose connections
+	// keep the files they started with.)
+	if upstreamTLSChanged && s.router == nil {
+		if err := s.verifiesUpstream(next, upstreamTLS); err != nil {
+			return nil, err
+		}
 	}
 	applyTLS(!keepUpstreamTLS)
 	if len(changed) == 0 && !upstreamChanged {

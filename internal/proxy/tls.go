@@ -97,37 +97,35 @@ func warnInsecureUpstream(s *Server, c *config.Config) {
 // apply once the rest of the reload is accepted: a rotated certificate is
 // a reload even when no setting changed. apply(false) leaves the upstream
 // TLS configuration as it is (cluster mode cannot switch it).
-func (s *Server) reloadTLS(next *config.Config) (apply func(upstream bool), upstreamChanged bool, err error) {
+func (s *Server) reloadTLS(next *config.Config) (apply func(upstream bool), up *tls.Config, upstreamChanged bool, err error) {
 	applyListeners, err := s.reloadListenerTLS(next)
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
-	up, err := next.Upstream.ClientTLS()
+	up, err = next.Upstream.ClientTLS()
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
 	upstreamChanged = !sameClientTLS(s.tls.upstream.Load(), up)
-	if upstreamChanged && up != nil && s.router == nil {
-		if err := s.verifiesUpstream(next, up); err != nil {
-			return nil, false, err
-		}
-	}
 	return func(upstream bool) {
 		applyListeners()
 		if upstream {
 			s.tls.upstream.Store(up)
 			warnInsecureUpstream(s, next)
 		}
-	}, upstreamChanged, nil
+	}, up, upstreamChanged, nil
 }
 
 // verifiesUpstream dials the upstream next names with the TLS
-// configuration up and refuses it when Redis's certificate does not
-// verify: applied, a CA file rotated to one that does not sign Redis's
+// configuration up (nil: no TLS, nothing to verify) and refuses it when
+// Redis's certificate does not verify: applied, a CA file rotated to one that does not sign Redis's
 // certificate failed every request until the next reload (found by a
 // probe: 19,728 "upstream unavailable" in a run). A Redis that cannot be
 // reached says nothing of the files, and the reload goes on.
 func (s *Server) verifiesUpstream(next *config.Config, up *tls.Config) error {
+	if up == nil {
+		return nil
+	}
 	addr := next.Upstream.Address
 	if next.Upstream.Mode == config.ModeSentinel || addr == config.EmbeddedAddress {
 		addr = s.upstreamAddr
@@ -228,9 +226,9 @@ func (s *Server) tlsHandshake(sess *Session, tc *tls.Conn) bool {
 		reason = tlsFailTimeout
 	case err == io.EOF || errors.Is(err, syscall.ECONNRESET):
 		// Connected and closed (or reset) with nothing sent: a load
-		// balancer's TCP health check, no failure of anyone's TLS. Counted apart and not
-		// logged, where it was counted and logged as a refused handshake
-		// (found by a probe).
+		// balancer's TCP health check, no failure of anyone's TLS.
+		// Counted apart and not logged, where it was counted and logged
+		// as a refused handshake (found by a probe).
 		s.tls.failures.WithLabelValues(tlsFailClosed).Inc()
 		return false
 	}
