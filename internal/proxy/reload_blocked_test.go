@@ -23,85 +23,64 @@ import (
 // a CLIENT UNBLOCK went through it and whether the blocked connection's
 // client closed it.
 type holdingForwarder struct {
-	ln                 net.Listener
+	addr               string
 	hold               atomic.Bool
 	release            chan struct{}
 	sawUnblock, closed atomic.Bool
 }
 
 func startHoldingForwarder(t *testing.T, to string) *holdingForwarder {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &holdingForwarder{ln: ln, release: make(chan struct{})}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", to)
-			if err != nil {
-				nc.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, nc, up)
-			mu.Unlock()
-			var blocker atomic.Bool
-			go func() { // client to server, watched
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := nc.Read(buf)
-					if n > 0 {
-						if bytes.Contains(buf[:n], []byte("BLPOP")) {
-							blocker.Store(true)
-						}
-						if bytes.Contains(buf[:n], []byte("UNBLOCK")) {
-							f.sawUnblock.Store(true)
-						}
-						up.Write(buf[:n])
+	f := &holdingForwarder{release: make(chan struct{})}
+	stop := make(chan struct{})
+	f.addr = redistest.Forward(t, to, func(wg *sync.WaitGroup, c, up net.Conn) {
+		var blocker atomic.Bool
+		wg.Go(func() { // client to server, watched
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					if bytes.Contains(buf[:n], []byte("BLPOP")) {
+						blocker.Store(true)
 					}
-					if err != nil {
-						if blocker.Load() {
-							f.closed.Store(true)
-						}
-						up.Close()
+					if bytes.Contains(buf[:n], []byte("UNBLOCK")) {
+						f.sawUnblock.Store(true)
+					}
+					up.Write(buf[:n])
+				}
+				if err != nil {
+					if blocker.Load() {
+						f.closed.Store(true)
+					}
+					up.Close()
+					return
+				}
+			}
+		})
+		wg.Go(func() { // server to client, held while asked
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := up.Read(buf)
+				if n > 0 && blocker.Load() && f.hold.Load() {
+					select {
+					case <-f.release:
+					case <-stop:
+					}
+				}
+				if n > 0 {
+					if _, werr := c.Write(buf[:n]); werr != nil {
 						return
 					}
 				}
-			}()
-			go func() { // server to client, held while asked
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := up.Read(buf)
-					if n > 0 && blocker.Load() && f.hold.Load() {
-						<-f.release
-					}
-					if n > 0 {
-						if _, werr := nc.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						nc.Close()
-						return
-					}
+				if err != nil {
+					c.Close()
+					return
 				}
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
+			}
+		})
 	})
+	// Runs before Forward's cleanup, which waits for the goroutines: a
+	// reply still held (a test that failed first) lets go.
+	t.Cleanup(func() { close(stop) })
 	return f
 }
 
@@ -114,7 +93,7 @@ func poppedAcrossMove(t *testing.T, watch bool) (blocked *rawConn, fw *holdingFo
 	t.Helper()
 	a, b := redistest.Start(t), redistest.Start(t)
 	fw = startHoldingForwarder(t, a.Addr())
-	p := proxytest.Start(t, a, func(c *config.Config) { c.Upstream.Address = fw.ln.Addr().String() })
+	p := proxytest.Start(t, a, func(c *config.Config) { c.Upstream.Address = fw.addr })
 	directA, directB = a.Client(t), b.Client(t)
 	blocked = dialRaw(t, p.Addr)
 	if watch {
