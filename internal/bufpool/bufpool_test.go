@@ -1,6 +1,11 @@
 package bufpool
 
-import "testing"
+import (
+	"bytes"
+	"runtime"
+	"sync/atomic"
+	"testing"
+)
 
 func TestGetSizes(t *testing.T) {
 	for _, c := range []struct{ n, want int }{
@@ -46,5 +51,46 @@ func TestPutGetReuses(t *testing.T) {
 	Put(b[:0]) // the whole buffer, by its capacity
 	if c := Get(MinSize * 2); cap(c) != MinSize*2 {
 		t.Fatalf("Get after Put: cap %d", cap(c))
+	}
+}
+
+func TestCopy(t *testing.T) {
+	src := make([]byte, 3*copyPiece+17)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	for _, c := range []struct{ dst, src int }{
+		{0, 10}, {10, 0}, {5, 10}, {copyPiece, copyPiece}, {len(src), len(src)},
+		{len(src) + 5, len(src)}, {2*copyPiece + 1, len(src)}, {len(src), copyPiece + 3},
+	} {
+		dst := make([]byte, c.dst)
+		n := Copy(dst, src[:c.src])
+		want := min(c.dst, c.src)
+		if n != want || !bytes.Equal(dst[:n], src[:want]) {
+			t.Errorf("Copy(%d bytes, %d bytes) = %d, want %d and the same bytes", c.dst, c.src, n, want)
+		}
+	}
+}
+
+// Copy lets other goroutines run while it copies a large buffer: with one
+// P, a goroutine started before the copy runs before it ends. A plain
+// copy keeps the P for the whole copy (the runtime cannot stop a goroutine
+// inside memmove), which stalled every client of the proxy while one
+// 256 MB request was copied.
+func TestCopyLetsOthersRun(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	src := make([]byte, 8*copyPiece)
+	dst := make([]byte, len(src))
+	var ran atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		ran.Store(true)
+		close(done)
+	}()
+	Copy(dst, src)
+	ranDuring := ran.Load()
+	<-done
+	if !ranDuring {
+		t.Fatal("no other goroutine ran during a copy of 2 MB")
 	}
 }

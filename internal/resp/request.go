@@ -595,7 +595,7 @@ func (r *Reader) compact() {
 		}
 		return
 	}
-	n := copy(r.buf, r.buf[r.r:r.w])
+	n := bufpool.Copy(r.buf, r.buf[r.r:r.w])
 	r.r, r.w = 0, n
 	if len(r.buf) > 4*minBuffer && n <= minBuffer {
 		large, fromPool := r.buf, r.large
@@ -617,7 +617,8 @@ func (r *Reader) compact() {
 // eagerFactor times the bytes buffered, or all it needs if less: a 100 KB
 // argument takes two steps (64 KB, then its size) instead of a doubling
 // per 16, 32, 64 KB... read, from bufpool, and arrives in fewer reads.
-// Room is never more than eagerFactor times what the client has sent, so
+// Room is never more than eagerFactor (and a quarter) times what the
+// client has sent, so
 // a client declaring a huge argument and sending little holds little
 // (found by review: sized to the declaration up to 256 KB, 200 clients
 // that each sent 20 KB of a declared 10 MB made the proxy hold 52 MB).
@@ -637,11 +638,18 @@ func (r *Reader) grow() {
 		}
 	}
 	size := 2 * len(r.buf)
-	if r.need > size {
-		size = min(r.need, max(size, eagerFactor*r.w))
+	if r.need > 0 {
+		// Room for the argument being read and no more: doubling a
+		// full 256 MB buffer for the last 35 bytes of a 256 MB SET
+		// took 512 MB. Nor a step that leaves a sliver to grow for
+		// again (another copy of all that came).
+		size = max(size, eagerFactor*r.w)
+		if r.need < size+size/4 {
+			size = r.need
+		}
 	}
 	nb := bufpool.Get(size)
-	copy(nb, r.buf[:r.w])
+	bufpool.Copy(nb, r.buf[:r.w])
 	r.dropBuffer()
 	r.buf, r.large = nb, bufpool.Pooled(cap(nb))
 }

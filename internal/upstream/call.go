@@ -248,7 +248,7 @@ func (c *Call) reserve(n int) []byte {
 		return c.out
 	}
 	out := bufpool.Get(len(c.out) + n)[:len(c.out)]
-	copy(out, c.out)
+	bufpool.Copy(out, c.out)
 	bufpool.Put(c.out)
 	return out
 }

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redproxy/redproxy/internal/bufpool"
 	"github.com/redproxy/redproxy/internal/rawio"
 	"github.com/redproxy/redproxy/internal/resp"
 )
@@ -1176,7 +1177,7 @@ func (rr *replyReader) makeRoom() {
 			rr.r = 0
 		} else {
 			nb := make([]byte, 2*len(rr.buf))
-			copy(nb, rr.buf[:rr.w])
+			bufpool.Copy(nb, rr.buf[:rr.w])
 			rr.buf = nb
 		}
 	}
