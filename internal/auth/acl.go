@@ -36,6 +36,7 @@ import (
 
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/glob"
+	"github.com/redproxy/redproxy/internal/resp"
 )
 
 // ErrBadACL is wrapped by every ACL parse error.
@@ -83,6 +84,8 @@ const (
 	DeniedKey            // a key argument matches no pattern with the needed permission
 	DeniedUnauth         // the client has not authenticated (the proxy's NOAUTH)
 	DeniedChannel        // a pub/sub channel or pattern the user's channel rules do not allow
+	DeniedSortBy         // SORT's BY with a pattern, for a user who may not read every key
+	DeniedSortGet        // SORT's GET, likewise
 )
 
 // maxACLLen caps a rule string: it comes from the configuration, but the
@@ -359,19 +362,6 @@ func (a *ACL) readsAllKeys() bool {
 	return false
 }
 
-// sortReadsByPattern reports whether a SORT reads keys named by patterns:
-// a BY whose pattern has a "*" (without one Redis does not sort and reads
-// nothing), or any GET (even "#", as Redis counts it). Option values are
-// skipped as Redis's parser does.
-func sortReadsByPattern(args [][]byte) bool {
-	for opt, i := range commands.SortOptions(args) {
-		if opt == commands.SortGet || opt == commands.SortBy && bytes.IndexByte(args[i], '*') >= 0 {
-			return true
-		}
-	}
-	return false
-}
-
 // AllKeys reports whether every key is allowed with every permission.
 func (a *ACL) AllKeys() bool { return a.allKeys }
 
@@ -410,12 +400,6 @@ func (a *ACL) Check(cmd *commands.Command, args [][]byte, scratch []commands.Key
 		// ~cache:* for a user with +@all (found by review).
 		return DeniedKey, scratch
 	}
-	if (cmd.Name == "sort" || cmd.Name == "sort_ro") && sortReadsByPattern(args) && !a.readsAllKeys() {
-		// As Redis 7: BY with a pattern and GET read keys no spec names,
-		// so they need read access to every key. Redis would refuse them
-		// itself, but the proxy's own credential may read every key.
-		return DeniedKey, scratch
-	}
 	scratch = cmd.KeyRefs(args, scratch[:0])
 	for _, k := range scratch {
 		if k.Flags&commands.KeyNotKey != 0 {
@@ -425,7 +409,48 @@ func (a *ACL) Check(cmd *commands.Command, args [][]byte, scratch []commands.Key
 			return DeniedKey, scratch
 		}
 	}
+	if (cmd.Name == "sort" || cmd.Name == "sort_ro") && !a.readsAllKeys() {
+		// As Redis 7: BY with a pattern and GET read keys no spec names,
+		// so they need read access to every key. Redis would refuse them
+		// itself, but the proxy's own credential may read every key.
+		// Redis checks them after the key specs, as it reads the options.
+		return sortPatternDenial(args, cmd.Name == "sort_ro"), scratch
+	}
 	return Allowed, scratch
+}
+
+// sortPatternDenial walks SORT's options as Redis's sortCommandGeneric
+// does, and returns the denial of the first that reads keys by pattern:
+// a BY whose pattern has a "*" (without one Redis does not sort and reads
+// nothing), or any GET (even "#"). An option Redis answers with a syntax
+// error before that is left to Redis, which reads nothing for it.
+func sortPatternDenial(args [][]byte, readonly bool) Denial {
+	for j := 2; j < len(args); j++ {
+		left := len(args) - j - 1
+		switch a := args[j]; {
+		case commands.EqualFold("asc", a), commands.EqualFold("desc", a), commands.EqualFold("alpha", a):
+		case commands.EqualFold("limit", a) && left >= 2:
+			if _, ok := resp.ParseInt(args[j+1]); !ok {
+				return Allowed
+			}
+			if _, ok := resp.ParseInt(args[j+2]); !ok {
+				return Allowed
+			}
+			j += 2
+		case !readonly && commands.EqualFold("store", a) && left >= 1:
+			j++
+		case commands.EqualFold("by", a) && left >= 1:
+			if bytes.IndexByte(args[j+1], '*') >= 0 {
+				return DeniedSortBy
+			}
+			j++
+		case commands.EqualFold("get", a) && left >= 1:
+			return DeniedSortGet
+		default:
+			return Allowed
+		}
+	}
+	return Allowed
 }
 
 // NoPermError is the text of Redis's error for a denial (without the
@@ -439,6 +464,10 @@ func NoPermError(user string, cmd *commands.Command, name string, d Denial) stri
 		return "NOPERM No permissions to access a key"
 	case DeniedChannel:
 		return "NOPERM No permissions to access a channel"
+	case DeniedSortBy:
+		return "ERR BY option of SORT denied due to insufficient ACL permissions."
+	case DeniedSortGet:
+		return "ERR GET option of SORT denied due to insufficient ACL permissions."
 	case DeniedUnauth:
 		return "NOAUTH Authentication required."
 	}

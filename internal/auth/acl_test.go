@@ -137,6 +137,16 @@ func TestACLKeyRules(t *testing.T) {
 		{"+@all ~cache:*", "sort cache:l store cache:x", Allowed},
 		{"+@all %R~cache:*", "sort cache:l store cache:x", DeniedKey},
 		{"+@all %R~cache:* %W~out:*", "sort cache:l by nosort store out:x", Allowed},
+		// SORT's BY patterns and GET read keys no argument names: the
+		// first of them in Redis's option order, after the sorted key.
+		{"+@all ~cache:*", "sort cache:l by cache:w_*", DeniedSortBy},
+		{"+@all ~cache:*", "sort cache:l get # by cache:w_*", DeniedSortGet},
+		{"+@all ~cache:*", "sort_ro cache:l limit 0 1 by cache:w_*", DeniedSortBy},
+		{"+@all ~cache:*", "sort session:l by cache:w_*", DeniedKey},
+		{"+@all ~cache:*", "sort cache:l nosuch get #", Allowed},     // Redis's syntax error first
+		{"+@all ~cache:*", "sort cache:l limit 0 x get #", Allowed},  // Redis's "not an integer" first
+		{"+@all ~cache:*", "sort_ro cache:l store x get #", Allowed}, // no STORE for SORT_RO
+		{"+@all %R~*", "sort l by w_* get #", Allowed},
 		// Glob syntax is Redis's.
 		{"+@all ~user:[ab]?", "get user:a1", Allowed},
 		{"+@all ~user:[ab]?", "get user:c1", DeniedKey},

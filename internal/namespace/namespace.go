@@ -143,7 +143,7 @@ var refused = map[string]string{
 	"client|unblock":   "may name another namespace's clients",
 	"client|pause":     "pauses every namespace",
 	"client|unpause":   "pauses every namespace",
-	"client|tracking":  "its invalidations would carry prefixed key names",
+	"client|tracking":  "would send invalidations that carry prefixed key names",
 	"acl|setuser":      "manages the whole server",
 	"acl|deluser":      "manages the whole server",
 	"acl|load":         "manages the whole server",

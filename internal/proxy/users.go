@@ -308,7 +308,7 @@ func (sess *Session) aclDenied(cmd *commands.Command, args [][]byte) string {
 	u := sess.user
 	kind := "command"
 	switch d {
-	case auth.DeniedKey:
+	case auth.DeniedKey, auth.DeniedSortBy, auth.DeniedSortGet:
 		kind = "key"
 	case auth.DeniedChannel:
 		kind = "channel"
