@@ -58,6 +58,10 @@ var (
 type Call struct {
 	parts [][]byte // raw RESP commands; they may point into the client's read buffer
 	reads int      // how many of parts came through AddRead
+	size  int      // bytes of parts
+	// heavy: its commands or a reply of it are large (heavyMin), counted
+	// in its Pipe's heavy while it is pending.
+	heavy bool
 	// out holds the replies back to back; ends[i] is where reply i ends.
 	out  []byte
 	ends []int
@@ -101,7 +105,7 @@ func NewCall() *Call {
 func (c *Call) Reset() {
 	clear(c.parts)
 	c.parts = c.parts[:0]
-	c.reads = 0
+	c.reads, c.size, c.heavy = 0, 0, false
 	c.out = c.out[:0]
 	c.ends = c.ends[:0]
 	c.err = nil
@@ -143,13 +147,17 @@ func (c *Call) Release() {
 
 // Add appends one raw RESP command. The bytes must stay unchanged until Wait
 // returns.
-func (c *Call) Add(raw []byte) { c.parts = append(c.parts, raw) }
+func (c *Call) Add(raw []byte) {
+	c.parts = append(c.parts, raw)
+	c.size += len(raw)
+}
 
 // AddRead is Add for a command that only reads, which Redis answers during
 // CLIENT PAUSE WRITE (its table flags it readonly, not write): a Call of
 // nothing else may go to a pool's spare connection (Pool.Send).
 func (c *Call) AddRead(raw []byte) {
 	c.parts = append(c.parts, raw)
+	c.size += len(raw)
 	c.reads++
 }
 

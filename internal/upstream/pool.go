@@ -80,7 +80,7 @@ func (p *Pool) Send(c *Call) error {
 	start := p.next.Load()
 	for i := uint32(0); i < n; i++ {
 		pp := p.pipes[(start+i)%n]
-		if !pp.lagging.Load() {
+		if !pp.lagging.Load() && pp.heavy.Load() == 0 {
 			continue
 		}
 		if err := pp.Send(c); err != ErrUnavailable {
@@ -168,7 +168,9 @@ func (p *Pool) awaitDial() bool {
 // ever set on a pipe up).
 func (p *Pool) sendFree(c *Call, reads bool) (sent, busy bool, err error) {
 	n := uint32(len(p.pipes))
-	free := func(pp *Pipe) bool { return !pp.lagging.Load() && (!reads || pp.writes.Load() == 0) }
+	free := func(pp *Pipe) bool {
+		return !pp.lagging.Load() && pp.heavy.Load() == 0 && (!reads || pp.writes.Load() == 0)
+	}
 	if n > 1 {
 		// Join the write the last pipe's writer is about to make rather
 		// than start another: Redis reads and answers one write's

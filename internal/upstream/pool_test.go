@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/resp"
 )
 
 // A Send joins the write a pipe's writer is about to make (Pool.Send), but
@@ -150,5 +151,73 @@ func TestPoolPendingWritesCounted(t *testing.T) {
 	}
 	if n := pp.writes.Load(); n != 0 {
 		t.Fatalf("pending writes after the connection was lost: %d", n)
+	}
+}
+
+// Others' commands avoid a pipe carrying a large request (or reply) while
+// another is free: round robin put one in four behind a 512 MB SET, and
+// every client stalled on it (found by a probe: 565-877 ms, where Redis's
+// own clients waited at most 5 ms). Redis is paused so that every Call
+// stays pending and where each went can be counted.
+func TestPoolSendsAroundAHeavyCall(t *testing.T) {
+	srv := redistest.Start(t)
+	opt := testOpts(srv.Addr())
+	opt.ReplyTimeout = time.Minute // no pipe lags during the pause
+	pool := NewPool(2, opt)
+	defer pool.Close()
+	redistest.Eventually(t, 5*time.Second, func() bool { _, up := pool.Stats(); return up == 2 }, "pipes not up")
+	direct := srv.Client(t)
+	// (Redis holds a CLIENT UNPAUSE too: the pause runs out by itself.)
+	if err := direct.Do(context.Background(), "CLIENT", "PAUSE", "3000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	heavy := NewCall()
+	heavy.Add(resp.AppendCommandStrings(nil, "SET", "heavy", strings.Repeat("h", 2<<20)))
+	if err := pool.Send(heavy); err != nil {
+		t.Fatal(err)
+	}
+	var light []*Call
+	for range 10 {
+		c := NewCall()
+		c.Add(cmd("PING"))
+		if err := pool.Send(c); err != nil {
+			t.Fatal(err)
+		}
+		light = append(light, c)
+	}
+	pending := []int{pool.pipes[0].Stats().Pending, pool.pipes[1].Stats().Pending}
+	if !(pending[0] == 1 && pending[1] == 10 || pending[0] == 10 && pending[1] == 1) {
+		t.Errorf("pending per pipe %v: want the SET of 2 MB alone on its pipe and the 10 PINGs on the other", pending)
+	}
+	heavy.Wait()
+	if r, err := heavy.Reply(0); err != nil || string(r) != "+OK\r\n" {
+		t.Fatalf("SET: %q, %v", r, err)
+	}
+	for _, c := range light {
+		c.Wait()
+		if r, err := c.Reply(0); err != nil || string(r) != "+PONG\r\n" {
+			t.Fatalf("PING: %q, %v", r, err)
+		}
+	}
+	// Large replies, filled (a bulk string) and grown (an aggregate), are
+	// counted while read and no longer once answered.
+	for i := range 300 {
+		if err := direct.RPush(context.Background(), "heavy:list", strings.Repeat("e", 8<<10), i).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, command := range []string{"GET heavy", "LRANGE heavy:list 0 -1"} {
+		c := NewCall()
+		c.Add(resp.AppendCommandStrings(nil, strings.Fields(command)...))
+		pool.Do(c)
+		if r, err := c.Reply(0); err != nil || len(r) < 2<<20 {
+			t.Fatalf("%s: %d bytes, %v", command, len(r), err)
+		}
+		if !c.heavy {
+			t.Errorf("%s: its reply of %d bytes was not counted as heavy", command, len(c.out))
+		}
+	}
+	if n := pool.pipes[0].heavy.Load() + pool.pipes[1].heavy.Load(); n != 0 {
+		t.Fatalf("%d heavy Calls still counted once all were answered", n)
 	}
 }
