@@ -1181,10 +1181,7 @@ func (rr *replyReader) makeRoom() {
 		return
 	}
 	if rr.r == rr.w {
-		rr.r, rr.w = 0, 0
-		if len(rr.buf) > 1<<20 {
-			rr.buf = make([]byte, 32<<10)
-		}
+		rr.shrink()
 	} else if rr.w == len(rr.buf) {
 		if rr.r > 0 {
 			rr.w = copy(rr.buf, rr.buf[rr.r:rr.w])
@@ -1214,6 +1211,17 @@ func (rr *replyReader) markHeavy() {
 		p.heavy.Add(1)
 	}
 	p.mu.Unlock()
+}
+
+// shrink empties the buffer, which holds nothing unread, and gives back
+// one a large reply grew. Done before each read and before waiting for
+// Redis: a pipe that went quiet after a 256 MB reply it streamed past the
+// client's output limit kept a 128 MB buffer (heap profile).
+func (rr *replyReader) shrink() {
+	rr.r, rr.w = 0, 0
+	if len(rr.buf) > 1<<20 {
+		rr.buf = make([]byte, 32<<10)
+	}
 }
 
 // fillMin is the shortest bulk reply read straight into its Call's reply
@@ -1328,6 +1336,9 @@ func (rr *replyReader) readRaw(raw syscall.RawConn) error {
 		for {
 			if waitFirst {
 				waitFirst = false
+				if rr.r == rr.w && rr.fill == 0 {
+					rr.shrink()
+				}
 				return false
 			}
 			if rr.lc.reason.Load() != nil {

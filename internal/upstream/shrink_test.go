@@ -1,0 +1,51 @@
+package upstream
+
+import (
+	"context"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// A pipe gives back the buffer a large aggregate reply grew once the reply
+// is read, not at its next read: a pipe that went quiet after a 256 MB
+// reply kept a 128 MB buffer (heap profile).
+func TestPipeGivesBackTheBufferALargeReplyGrew(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client(t)
+	value := strings.Repeat("v", 1<<20)
+	for i := 0; i < 64; i++ {
+		if err := rc.RPush(context.Background(), "big", value).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opt := testOpts(srv.Addr())
+	opt.ReplyLimit = 256 << 20
+	pipe := NewPipe(opt)
+	defer pipe.Close()
+	redistest.Eventually(t, 5*time.Second, pipe.Up, "pipe not up")
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	before := heap()
+	c := NewCall()
+	c.Add(cmd("LRANGE", "big", "0", "-1"))
+	if err := pipe.Send(c); err != nil {
+		t.Fatal(err)
+	}
+	c.Wait()
+	if r, err := c.Reply(0); err != nil || len(r) < 64<<20 {
+		t.Fatalf("LRANGE: %d bytes, %v", len(r), err)
+	}
+	c.Release()
+	// The pipe is idle now, waiting for Redis.
+	if grew := int64(heap()) - int64(before); grew > 16<<20 {
+		t.Fatalf("the heap holds %d MB more after a 64 MB reply than before it", grew>>20)
+	}
+}
