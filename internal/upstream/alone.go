@@ -55,9 +55,22 @@ func roundTripAll(opt Options, raw []byte) ([][]byte, error) {
 // with Redis's threshold at 5 s). The proxy's own probes (RoundTrip:
 // Sentinel's role check, the cluster's slot map) keep the dial timeout.
 func aloneOptions(opt Options, stop <-chan struct{}) Options {
+	opt = patientHandshake(opt)
+	opt.cancel = stop
+	return opt
+}
+
+// patientHandshake is opt with a handshake that, once connected, waits
+// for Redis as long as a command's reply may take (DeadTimeout): Redis
+// paused (CLIENT PAUSE, DEBUG SLEEP, a script, a stopped process) reads
+// nothing until it resumes, and a client's dedicated connection (WATCH,
+// MULTI, BLPOP, SUBSCRIBE) dialled meanwhile failed "upstream
+// unavailable" at the dial timeout where Redis directly answers once the
+// pause ends (found by a probe: 2 s into a 5 s pause). Reaching Redis
+// keeps the dial timeout.
+func patientHandshake(opt Options) Options {
 	opt.defaults()
 	opt.handshakeTimeout = opt.DeadTimeout
-	opt.cancel = stop
 	return opt
 }
 

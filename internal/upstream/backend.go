@@ -287,7 +287,8 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*Pipe, error) {
 	}
 	b.idleMu.Unlock()
 	p, err := dialCurrent(b, func(g *backendGen) (*Pipe, error) {
-		o := g.options(db, resp3)
+		o := patientHandshake(g.options(db, resp3))
+		o.cancel = g.alone.stop // a switch or Close ends the wait
 		o.Name = PinnedName
 		return DialPipe(o)
 	}, func(p *Pipe) { go p.Close() }, func(p *Pipe, g *backendGen) {
@@ -517,7 +518,8 @@ func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error)
 		id int64
 	}
 	d, err := dialCurrent(b, func(g *backendGen) (dialled, error) {
-		o := g.options(db, resp3)
+		o := patientHandshake(g.options(db, resp3))
+		o.cancel = g.alone.stop // a switch or Close ends the wait
 		o.Name = "redproxy-relay"
 		if name != "" {
 			o.Name = name
