@@ -682,14 +682,28 @@ func (sess *Session) mirrorSkipRelayed(cmd *commands.Command) {
 	}
 }
 
-var noScript = []byte("-NOSCRIPT")
-
 // scriptRefusals are the errors Redis answers a script with before running
 // it (processCommand's checks): the script wrote nothing. A review found
 // a script refused with -BUSY by the primary run on the mirror alone.
 // -OOM is not one: a script without flags meets it at its first write,
-// after what it wrote before.
-var scriptRefusals = [][]byte{noScript, []byte("-BUSY "), []byte("-LOADING "), []byte("-MASTERDOWN "), []byte("-NOPERM "), []byte("-MISCONF "), []byte("-READONLY "), []byte("-NOREPLICAS ")}
+// after what it wrote before. They are Redis's texts (7.0 and 7.2), not
+// just their codes: a script that wrote and then returned an error of its
+// own with one of these codes (redis.error_reply("BUSY ...")) was not
+// mirrored (found by a probe).
+var scriptRefusals = [][]byte{
+	[]byte("-NOSCRIPT No matching script"),
+	[]byte("-BUSY Redis is busy running a script"),
+	[]byte("-BUSY Redis is busy running a module command"),
+	[]byte("-LOADING Redis is loading the dataset in memory"),
+	[]byte("-MASTERDOWN Link with MASTER is down"),
+	[]byte("-NOPERM this user has no permissions to"), // 7.0
+	[]byte("-NOPERM User "),                           // 7.2: "User app has no permissions to run ..."
+	[]byte("-NOPERM No permissions to access a"),      // 7.2: a key, a channel
+	[]byte("-MISCONF Redis is configured to save RDB snapshots"),
+	[]byte("-MISCONF Errors writing to the AOF file"),
+	[]byte("-READONLY You can't write against a read only replica."),
+	[]byte("-NOREPLICAS Not enough good replicas to write."),
+}
 
 // scriptNotRun reports whether a script's error reply says it never ran.
 func scriptNotRun(reply []byte) bool {
