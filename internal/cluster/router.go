@@ -1588,13 +1588,17 @@ func (b *batch) startTimer() {
 }
 
 var (
-	prefixLoading     = []byte("-LOADING")
-	prefixMasterDown  = []byte("-MASTERDOWN")
-	prefixMoved       = []byte("-MOVED ")
-	prefixAsk         = []byte("-ASK ")
-	prefixTryAgain    = []byte("-TRYAGAIN")
-	prefixNoScript    = []byte("-NOSCRIPT")
-	prefixClusterDown = []byte("-CLUSTERDOWN")
+	prefixLoading    = []byte("-LOADING")
+	prefixMasterDown = []byte("-MASTERDOWN")
+	prefixMoved      = []byte("-MOVED ")
+	prefixAsk        = []byte("-ASK ")
+	prefixTryAgain   = []byte("-TRYAGAIN Multiple keys request during rehashing of slot")
+	// The retried errors by Redis's own texts: a script may return an
+	// error of its own that starts "NOSCRIPT" or "TRYAGAIN", after it ran
+	// (and wrote); taken for Redis's, it ran up to maxRetries times.
+	prefixNoScript    = []byte("-NOSCRIPT No matching script")
+	prefixClusterDown = []byte("-CLUSTERDOWN The cluster is down")
+	prefixNotServed   = []byte("-CLUSTERDOWN Hash slot not served")
 )
 
 // askMark is a node's ASK for a slot: from is the node, at when (UnixNano).
@@ -1680,7 +1684,7 @@ func (b *batch) redirected(i int, reply []byte) (again, wait bool) {
 		s.redirect = s.sentTo
 		r.retried.Add(1)
 		return true, false
-	case bytes.HasPrefix(reply, prefixTryAgain), bytes.HasPrefix(reply, prefixClusterDown):
+	case bytes.HasPrefix(reply, prefixTryAgain), bytes.HasPrefix(reply, prefixClusterDown), bytes.HasPrefix(reply, prefixNotServed):
 		if s.retries++; s.retries > maxRetries {
 			return false, false
 		}
@@ -1695,7 +1699,7 @@ func (b *batch) redirected(i int, reply []byte) (again, wait bool) {
 
 // retryable: a reply the router may send again (redirect or retry).
 func retryable(reply []byte) bool {
-	for _, p := range [][]byte{prefixMoved, prefixAsk, prefixTryAgain, prefixNoScript, prefixClusterDown} {
+	for _, p := range [][]byte{prefixMoved, prefixAsk, prefixTryAgain, prefixNoScript, prefixClusterDown, prefixNotServed} {
 		if bytes.HasPrefix(reply, p) {
 			return true
 		}

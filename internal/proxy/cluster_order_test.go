@@ -182,3 +182,31 @@ func startSlotMigration(t *testing.T, c *redistest.Cluster, p *proxytest.Proxy, 
 	}
 	return m
 }
+
+// TestClusterScriptReturningNoScriptRunsOnce: a script that wrote and
+// then returned an error of its own starting "NOSCRIPT" (or TRYAGAIN,
+// CLUSTERDOWN) ran; taken for Redis's, the router ran it again up to its
+// retry limit, and its INCR happened 9 times. The router knows Redis's
+// errors by their texts.
+func TestClusterScriptReturningNoScriptRunsOnce(t *testing.T) {
+	_, p := startClusterProxy(t)
+	rc := p.Client(t)
+	ctx := context.Background()
+	for _, code := range []string{"NOSCRIPT", "TRYAGAIN", "CLUSTERDOWN"} {
+		body := "redis.call('INCR', KEYS[1]); return redis.error_reply('" + code + " of its own')"
+		sha, err := rc.ScriptLoad(ctx, body).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Raw: go-redis reports any error starting NOSCRIPT as its ErrNoScript.
+		c := dialRaw(t, p.Addr)
+		key := "once:" + code
+		c.send([]string{"EVALSHA", sha, "1", key})
+		if v, _ := c.readReply(); v != respError(code+" of its own") {
+			t.Fatalf("EVALSHA: %v, want the script's own error", v)
+		}
+		if v := rc.Get(ctx, key).Val(); v != "1" {
+			t.Errorf("after one EVALSHA of a script that INCRs once and returns %s, the counter is %q", code, v)
+		}
+	}
+}
