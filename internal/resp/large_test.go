@@ -2,6 +2,7 @@ package resp
 
 import (
 	"bytes"
+	"slices"
 	"strconv"
 	"testing"
 )
@@ -27,5 +28,48 @@ func TestLargeArgumentGetsABufferOfItsSize(t *testing.T) {
 	}
 	if got := r.BufferCap(); got != len(req) {
 		t.Errorf("buffer of %d bytes for a request of %d; want its size", got, len(req))
+	}
+}
+
+// Extend after a request larger than the read buffer, with a long
+// pipeline behind it: every request comes back once, in order. Found by
+// review: grow took the size of the request cut short as counted from
+// the batch's start, made a buffer smaller than what it held, and the
+// slice past its end panicked (a 50 KB SET and 2,000 SETs of 1 KB).
+func TestExtendAfterALargeRequest(t *testing.T) {
+	var wire []byte
+	var want []string
+	add := func(key string, size int) {
+		wire = AppendCommandStrings(wire, "SET", key, string(bytes.Repeat([]byte("v"), size)))
+		want = append(want, key)
+	}
+	add("large", 50<<10)
+	for i := 0; i < 2000; i++ {
+		add("k"+strconv.Itoa(i), 1<<10)
+	}
+	r := NewReader(&chunkReader{data: wire, n: 64 << 10}, DefaultLimits)
+	defer r.Close()
+	var got []string
+	for len(got) < len(want) {
+		reqs, err := r.ReadBatch()
+		if err != nil {
+			t.Fatalf("ReadBatch after %d requests: %v", len(got), err)
+		}
+		for {
+			more, ok := r.Extend(1 << 20)
+			if more == nil {
+				break
+			}
+			reqs = more
+			if !ok {
+				break
+			}
+		}
+		for _, q := range reqs {
+			got = append(got, string(q.Args[1]))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("%d requests read, want %d in order", len(got), len(want))
 	}
 }

@@ -306,6 +306,13 @@ func (r *Reader) Extend(maxBytes int) (reqs []Request, more bool) {
 
 // rewind undoes the parse of the batch that starts at batchStart.
 func (r *Reader) rewind() {
+	if r.need > 0 {
+		// need counts from where the parse stopped, the start of the
+		// request cut short; grow reads it from the batch's start (found
+		// by review: taken as is, Extend grew the buffer smaller than
+		// what it held, and the session panicked).
+		r.need += r.r - r.batchStart
+	}
 	clear(r.reqs)
 	clear(r.args)
 	r.reqs, r.args, r.inlineRaw = r.reqs[:0], r.args[:0], r.inlineRaw[:0]
@@ -617,8 +624,8 @@ func (r *Reader) compact() {
 // eagerFactor times the bytes buffered, or all it needs if less: a 100 KB
 // argument takes two steps (64 KB, then its size) instead of a doubling
 // per 16, 32, 64 KB... read, from bufpool, and arrives in fewer reads.
-// Room is never more than eagerFactor (and a quarter) times what the
-// client has sent, so
+// Room is never more than eagerFactor times what the client has sent (and
+// a quarter more past bufpool's classes), so
 // a client declaring a huge argument and sending little holds little
 // (found by review: sized to the declaration up to 256 KB, 200 clients
 // that each sent 20 KB of a declared 10 MB made the proxy hold 52 MB).
@@ -638,13 +645,14 @@ func (r *Reader) grow() {
 		}
 	}
 	size := 2 * len(r.buf)
-	if r.need > 0 {
+	if r.need > r.w {
 		// Room for the argument being read and no more: doubling a
 		// full 256 MB buffer for the last 35 bytes of a 256 MB SET
-		// took 512 MB. Nor a step that leaves a sliver to grow for
+		// took 512 MB. Past bufpool's classes (whose rounding up would
+		// double it again) nor a step that leaves a sliver to grow for
 		// again (another copy of all that came).
 		size = max(size, eagerFactor*r.w)
-		if r.need < size+size/4 {
+		if r.need < size || r.need > bufpool.MaxSize && r.need < size+size/4 {
 			size = r.need
 		}
 	}
