@@ -53,3 +53,36 @@ func TestDedicatedConnectionsDialledDuringAPauseWaitForIt(t *testing.T) {
 		}
 	}
 }
+
+// A dedicated connection waiting in its handshake on a paused Redis stops
+// waiting when the upstream switches, and is dialled on the new one: a
+// client's WATCH is served by the new Redis, where it waited for the old
+// one's pause and then failed "upstream unavailable" at dead_timeout
+// (found by review of the patient handshake; a failover from a frozen
+// primary is the same case).
+func TestDedicatedDialWaitingOnAPauseMovesWithASwitch(t *testing.T) {
+	old, next := redistest.Start(t), redistest.Start(t)
+	p := proxytest.Start(t, old, func(c *config.Config) {
+		c.Upstream.DialTimeout = units.Duration{Duration: 200 * time.Millisecond}
+		c.Upstream.DeadTimeout = units.Duration{Duration: 2 * time.Second}
+	})
+	if err := old.Client(t).Do(ctx, "CLIENT", "PAUSE", "60000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, p.Addr)
+	c.wait = 20 * time.Second
+	base := establishedTowards(t, old.Port())
+	c.send([]string{"WATCH", "k"})
+	// The WATCH's connection is in its handshake with the paused Redis.
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return establishedTowards(t, old.Port()) > base
+	}, "no dedicated dial to the paused Redis")
+	cfg := *p.Config()
+	cfg.Upstream.Address = next.Addr()
+	if _, err := p.Reload(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := c.readReply(); v != "OK" {
+		t.Fatalf("WATCH dialled during a pause, then the upstream switched: %v, want OK from the new Redis", v)
+	}
+}

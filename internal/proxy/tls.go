@@ -142,8 +142,9 @@ func (s *Server) verifiesUpstream(next *config.Config, up *tls.Config) error {
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "remote error" {
 		// A TLS alert from Redis: it refused the client certificate
-		// (unknown CA, expired, none where tls-auth-clients is yes).
-		return &config.Error{Key: "upstream.tls", Msg: fmt.Sprintf("Redis at %s refused the new files' client certificate, so every connection would fail; the configuration in force stays: %v", addr, err)}
+		// (unknown CA, expired, none where tls-auth-clients is yes), or
+		// the connection (no protocol version in common).
+		return &config.Error{Key: "upstream.tls", Msg: fmt.Sprintf("Redis at %s refused a TLS connection made with the new files (its client certificate, or the TLS version), so every connection would fail; the configuration in force stays: %v", addr, err)}
 	}
 	var verify *tls.CertificateVerificationError
 	var hostname x509.HostnameError

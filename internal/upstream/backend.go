@@ -130,7 +130,15 @@ type backendGen struct {
 	opt   BackendOptions
 	pools []atomic.Pointer[Pool] // index db*2 + resp3
 	alone *aloneConns            // RoundTrip's
+	// retired is closed once the generation is no longer the current
+	// one (a switch, a failover, Close): a dedicated connection still
+	// in its handshake stops waiting then (patientHandshake), and
+	// dialCurrent dials the new one.
+	retired    chan struct{}
+	retireOnce sync.Once
 }
+
+func (g *backendGen) retire() { g.retireOnce.Do(func() { close(g.retired) }) }
 
 // ErrTooManyPinned is returned when upstream.max_pinned dedicated
 // connections are already in use.
@@ -288,7 +296,7 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*Pipe, error) {
 	b.idleMu.Unlock()
 	p, err := dialCurrent(b, func(g *backendGen) (*Pipe, error) {
 		o := patientHandshake(g.options(db, resp3))
-		o.cancel = g.alone.stop // a switch or Close ends the wait
+		o.cancel = g.retired // a switch, a failover or Close ends the wait
 		o.Name = PinnedName
 		return DialPipe(o)
 	}, func(p *Pipe) { go p.Close() }, func(p *Pipe, g *backendGen) {
@@ -313,6 +321,9 @@ func dialCurrent[C any](b *Backend, dial func(*backendGen) (C, error), drop func
 	for range maxDialsAcrossSwitches {
 		g := b.gen.Load()
 		c, err := dial(g)
+		if err != nil && b.gen.Load() != g {
+			continue // ended by the switch (retired): dial the new upstream
+		}
 		if err != nil {
 			return zero, fmt.Errorf("%w: %w", ErrUnavailable, err) // both: the proxy tells a refused handshake from an outage
 		}
@@ -519,7 +530,7 @@ func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error)
 	}
 	d, err := dialCurrent(b, func(g *backendGen) (dialled, error) {
 		o := patientHandshake(g.options(db, resp3))
-		o.cancel = g.alone.stop // a switch or Close ends the wait
+		o.cancel = g.retired // a switch, a failover or Close ends the wait
 		o.Name = "redproxy-relay"
 		if name != "" {
 			o.Name = name
@@ -652,7 +663,7 @@ func newGen(opt BackendOptions) *backendGen {
 	if opt.Databases < 1 {
 		opt.Databases = 1
 	}
-	return &backendGen{opt: opt, pools: make([]atomic.Pointer[Pool], 2*opt.Databases), alone: newAloneConns()}
+	return &backendGen{opt: opt, pools: make([]atomic.Pointer[Pool], 2*opt.Databases), alone: newAloneConns(), retired: make(chan struct{})}
 }
 
 // Options returns the upstream options for a connection to db.
@@ -821,6 +832,7 @@ func (b *Backend) switchGen(opt BackendOptions, failover bool) {
 	old := b.gen.Swap(next)
 	b.retiring = append(b.retiring, old)
 	b.statsMu.Unlock()
+	old.retire()
 	if failover || old.opt.Addr != opt.Addr {
 		// After the swap: whoever reads the new count sends on the new
 		// generation (Moves).
@@ -1024,6 +1036,7 @@ func (g *backendGen) abandon() {
 }
 
 func (g *backendGen) close() {
+	g.retire()
 	g.alone.close()
 	for i := range g.pools {
 		if p := g.pools[i].Load(); p != nil {
