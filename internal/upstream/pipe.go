@@ -1153,6 +1153,9 @@ func (rr *replyReader) startStream() bool {
 	}
 	rr.stream = true
 	copy(rr.head[:], rr.buf[rr.r:rr.w])
+	if partial >= heavyMin {
+		rr.markHeavy() // a reply too large to keep is large to wait behind
+	}
 	return true
 }
 
@@ -1184,7 +1187,7 @@ func (rr *replyReader) makeRoom() {
 		rr.shrink()
 	} else if rr.w == len(rr.buf) {
 		if rr.r > 0 {
-			rr.w = copy(rr.buf, rr.buf[rr.r:rr.w])
+			rr.w = bufpool.Copy(rr.buf, rr.buf[rr.r:rr.w])
 			rr.r = 0
 		} else {
 			nb := make([]byte, 2*len(rr.buf))
