@@ -9,7 +9,6 @@ import (
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
-	"github.com/tidwall/redcon"
 )
 
 // A direct reply: when a batch is one plain forwarded command (what a
@@ -187,7 +186,7 @@ func (d *directReply) done(c *upstream.Call) {
 		return
 	}
 	if err != nil {
-		d.errBuf = redcon.AppendError(d.errBuf[:0], "ERR "+err.Error())
+		d.errBuf = appendErrorReply(d.errBuf[:0], err)
 		r = d.errBuf
 	}
 	if d.took >= d.sess.srv.slow.threshold {

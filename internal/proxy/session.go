@@ -876,7 +876,7 @@ func (sess *Session) flush(start time.Time) {
 			r, err := call.Reply(sl.i)
 			if err != nil {
 				if !sl.mute && !sess.outDead {
-					sess.out = redcon.AppendError(sess.out, "ERR "+err.Error())
+					sess.out = appendErrorReply(sess.out, err)
 				}
 				watchLost = watchLost || sl.opens
 				sl.metric.Errors.Inc()

@@ -736,12 +736,24 @@ func txWriteArgs(cmd *commands.Command, args [][]byte) [][]byte {
 
 const maxKeptTxArg = 64
 
-func errorReply(err error) []byte {
+func errorReply(err error) []byte { return appendErrorReply(nil, err) }
+
+// appendErrorReply appends the reply for err, a failure to reach Redis:
+// Redis's own refusal where a connection's handshake met a state of Redis
+// that the client's command would have met too (-BUSY, -LOADING:
+// upstream.HandshakeRefusal.StateReply), else "ERR " and the error.
+func appendErrorReply(b []byte, err error) []byte {
+	var refusal *upstream.HandshakeRefusal
+	if errors.As(err, &refusal) {
+		if r := refusal.StateReply(); r != nil {
+			return append(b, r...)
+		}
+	}
 	msg := err.Error()
 	if !strings.HasPrefix(msg, "ERR ") {
 		msg = "ERR " + msg
 	}
-	return redcon.AppendError(nil, msg)
+	return redcon.AppendError(b, msg)
 }
 
 var (

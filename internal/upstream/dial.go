@@ -240,7 +240,7 @@ func handshake(nc net.Conn, opt Options, wantID bool) (id int64, err error) {
 			// reconnecting. Any other refusal (-ERR max number of clients
 			// reached, sent before Redis closes the connection) fails the
 			// dial: the connection is unusable.
-			return 0, fmt.Errorf("%s: %w: %s", cmds[i][0], ErrHandshake, trimReply(reply))
+			return 0, &HandshakeRefusal{Cmd: cmds[i][0], Reply: bytes.Clone(reply)}
 		}
 	}
 	return id, nil
@@ -294,6 +294,38 @@ func readReply(nc net.Conn, buf []byte, max int) (reply, rest []byte, err error)
 // ErrHandshake wraps an error reply to a handshake command (bad password,
 // unknown DB, ...). It is not retried faster than the reconnect backoff.
 var ErrHandshake = errors.New("handshake refused")
+
+// HandshakeRefusal is ErrHandshake with the command Redis refused and
+// its reply.
+type HandshakeRefusal struct {
+	Cmd   string
+	Reply []byte // as Redis sent it
+}
+
+func (e *HandshakeRefusal) Error() string {
+	return e.Cmd + ": " + ErrHandshake.Error() + ": " + trimReply(e.Reply)
+}
+
+func (e *HandshakeRefusal) Is(target error) bool { return target == ErrHandshake }
+
+// StateReply is the refusal when it says what state Redis is in (a
+// script running past busy-reply-threshold, loading its dataset, a
+// replica whose link is down), and nil for any other: the client's own
+// command would have met the same state, and on Redis directly gets that
+// reply. Answered "upstream unavailable: SELECT: handshake refused:
+// -BUSY ...", a client that retries on -BUSY did not know it (found by a
+// probe: a GET in a database the proxy had no connection to yet, during
+// a long script).
+func (e *HandshakeRefusal) StateReply() []byte {
+	for _, p := range stateRefusals {
+		if bytes.HasPrefix(e.Reply, p) {
+			return e.Reply
+		}
+	}
+	return nil
+}
+
+var stateRefusals = [][]byte{[]byte("-BUSY "), []byte("-LOADING "), []byte("-MASTERDOWN ")}
 
 // ErrNotPrimary wraps a dial refused because the server said it is a
 // replica where Options.WantPrimary asked for a primary.

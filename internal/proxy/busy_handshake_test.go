@@ -1,0 +1,49 @@
+package proxy_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
+)
+
+// A command in a database the proxy has no connection to yet, while a
+// script runs past busy-reply-threshold: the new connection's handshake
+// (SELECT) is refused with -BUSY, and the client gets that -BUSY, as from
+// Redis directly, not "upstream unavailable: SELECT: handshake refused:
+// -BUSY ..." (found by a probe: a client that retries on BUSY did not
+// recognise it).
+func TestHandshakeRefusedBusyAnswersBusy(t *testing.T) {
+	rs := redistest.Start(t, "--busy-reply-threshold", "100")
+	p := proxytest.Start(t, rs, nil)
+	direct := rs.Client(t)
+	done := make(chan error, 1)
+	go func() {
+		done <- direct.Eval(ctx, `local t = redis.call('TIME')
+while true do
+  local n = redis.call('TIME')
+  if (n[1]-t[1])*1000000 + (n[2]-t[2]) > 3000000 then break end
+end
+return 1`, nil).Err()
+	}()
+	probe := rs.Client(t)
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		err := probe.Ping(ctx).Err()
+		return err != nil && strings.HasPrefix(err.Error(), "BUSY")
+	}, "Redis never answered BUSY")
+	c := dialRaw(t, p.Addr)
+	c.wait = 10 * time.Second
+	c.send([]string{"SELECT", "7"}, []string{"GET", "k"})
+	if v, _ := c.readReply(); v != "OK" {
+		t.Fatalf("SELECT 7: %v", v)
+	}
+	v, _ := c.readReply()
+	if e, ok := v.(respError); !ok || !strings.HasPrefix(string(e), "BUSY Redis is busy running a script") {
+		t.Fatalf("GET in a new database during a busy script: %q, want Redis's -BUSY", v)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
