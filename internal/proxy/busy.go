@@ -35,7 +35,7 @@ func (sess *Session) runAlone(r *request) {
 	sess.flush(time.Now())
 	if scriptEverywhere(cmd.Name) {
 		servers := sess.scriptServers()
-		if len(servers) > 1 {
+		if len(servers) > 1 || len(servers) == 1 && len(servers[0].DrainingRoundTrips()) > 0 {
 			sess.replyLocal(m, sess.runEverywhere(cmd.Name, r.Raw, servers))
 			return
 		}

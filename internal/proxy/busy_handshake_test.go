@@ -47,3 +47,32 @@ return 1`, nil).Err()
 		t.Fatal(err)
 	}
 }
+
+// SCRIPT KILL reaches a script still running on the server a reload moved
+// the upstream away from: that server drains (the script's caller waits
+// for its reply there), and the kill went to the new server alone, which
+// answered NOTBUSY while the old one stayed busy (found by a probe).
+func TestScriptKillReachesTheServerAReloadLeft(t *testing.T) {
+	old, next := redistest.Start(t, "--busy-reply-threshold", "100"), redistest.Start(t)
+	p := proxytest.Start(t, old, nil)
+	loop := startLoop(t, p.Addr, false, 20000)
+	probe := old.Client(t)
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		err := probe.Ping(ctx).Err()
+		return err != nil && strings.HasPrefix(err.Error(), "BUSY")
+	}, "the script never made Redis busy")
+	cfg := *p.Config()
+	cfg.Upstream.Address = next.Addr()
+	if _, err := p.Reload(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, p.Addr)
+	c.wait = 10 * time.Second
+	c.send([]string{"SCRIPT", "KILL"})
+	if v, _ := c.readReply(); v != "OK" {
+		t.Fatalf("SCRIPT KILL after a reload moved the upstream: %v, want OK from the old server", v)
+	}
+	if r := <-loop; !strings.HasPrefix(r, "-ERR Script killed by user") {
+		t.Fatalf("the killed loop's caller got %q", r)
+	}
+}

@@ -130,7 +130,17 @@ func statsRank(reply []byte) int {
 // connection of its own, and answers as one server would: the answer
 // that says most (killRank, statsRank), first server first, and a kill's
 // OK or a running script's stats as soon as one server gives it.
-func (sess *Session) runEverywhere(name string, raw []byte, servers []*upstream.Backend) []byte {
+func (sess *Session) runEverywhere(name string, raw []byte, backends []*upstream.Backend) []byte {
+	resp3 := sess.resp3
+	var servers []func(bool, []byte) ([]byte, error)
+	for _, b := range backends {
+		servers = append(servers, func(resp3 bool, raw []byte) ([]byte, error) { return b.RoundTrip(resp3, true, raw) })
+	}
+	for _, b := range backends {
+		// After a reload moved an address, the old server until it has
+		// drained: a script may still run there.
+		servers = append(servers, b.DrainingRoundTrips()...)
+	}
 	rank := killRank
 	if name == "function|stats" {
 		rank = statsRank
@@ -144,14 +154,13 @@ func (sess *Session) runEverywhere(name string, raw []byte, servers []*upstream.
 	// or another client, reuses (found by review: a late server got
 	// another client's DEL instead of the kill).
 	raw = bytes.Clone(raw)
-	resp3 := sess.resp3
 	// Buffered for every server: once the answer is known the rest finish
 	// into it without anyone waiting for them (a frozen server's answer
 	// comes only at its reply timeout).
 	answers := make(chan answer, len(servers))
-	for i, b := range servers {
+	for i, roundTrip := range servers {
 		go func() {
-			reply, err := b.RoundTrip(resp3, true, raw)
+			reply, err := roundTrip(resp3, raw)
 			if err != nil || len(reply) == 0 {
 				reply = errorReply(err)
 			}

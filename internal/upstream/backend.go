@@ -743,6 +743,28 @@ func (b *Backend) RoundTrip(resp3, keep bool, raw []byte) ([]byte, error) {
 	return b.gen.Load().roundTrip(resp3, keep, raw)
 }
 
+// DrainingRoundTrips are, for each upstream a switch left for another
+// address that is still draining (commands in flight there, a client's
+// long script among them), a RoundTrip on a connection of its own to it:
+// SCRIPT KILL and FUNCTION KILL must reach the script wherever it runs,
+// and after a reload moved the address they answered NOTBUSY from the new
+// server while the old one stayed busy (found by a probe).
+func (b *Backend) DrainingRoundTrips() []func(resp3 bool, raw []byte) ([]byte, error) {
+	cur := b.gen.Load()
+	b.statsMu.Lock()
+	defer b.statsMu.Unlock()
+	var out []func(bool, []byte) ([]byte, error)
+	addrs := []string{cur.opt.Addr}
+	for _, g := range b.retiring {
+		if slices.Contains(addrs, g.opt.Addr) {
+			continue
+		}
+		addrs = append(addrs, g.opt.Addr)
+		out = append(out, func(resp3 bool, raw []byte) ([]byte, error) { return g.roundTrip(resp3, false, raw) })
+	}
+	return out
+}
+
 // roundTrip runs one command on a connection of its own to g's upstream,
 // one kept from the last such command unless keep is false (aloneConns).
 func (g *backendGen) roundTrip(resp3, keep bool, raw []byte) ([]byte, error) {
