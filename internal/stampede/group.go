@@ -150,12 +150,30 @@ func (g *Group) do(key []byte, m *Metrics, fetch func() ([]byte, error)) (reply 
 		prev.done.Wait()
 		g.mu.Lock()
 		e.inflight, e.next = c, nil
+		if err := prev.err; unanswered(err) {
+			// The upstream did not answer the fetch in flight within
+			// its time: ours would wait as long again behind it, and its
+			// callers, who came while that one waited, fail with its
+			// error (found by a probe: coalesced GETs of a frozen Redis
+			// failed at twice dead_timeout).
+			g.mu.Unlock()
+			g.end(e, c, nil, err, true)
+			return nil, false, err
+		}
 	} else {
 		e.inflight = c
 	}
 	g.mu.Unlock()
 	reply, err = g.run(key, e, c, fetch)
 	return reply, false, err
+}
+
+// unanswered reports whether a fetch's error is a timeout (its Timeout
+// method, as net's errors and the upstream's reply timeout have): the
+// upstream gave no answer in its time.
+func unanswered(err error) bool {
+	var t interface{ Timeout() bool }
+	return err != nil && errors.As(err, &t) && t.Timeout()
 }
 
 // lookup returns key's entry, or nil; g.mu is held.
@@ -240,6 +258,8 @@ func (g *Group) end(e *entry, c *fetchCall, reply []byte, err error, finished bo
 	// a fetch not yet sent), so c.waiters is final here.
 	if c.waiters > 0 {
 		c.reply, c.err = bytes.Clone(reply), err
+	} else if unanswered(err) {
+		c.err = err // for the fetch collecting behind it (do)
 	}
 	if e.inflight == c {
 		e.inflight = nil

@@ -609,3 +609,62 @@ func TestGroupHashCollisions(t *testing.T) {
 		t.Fatalf("map holds %d hashes after every key was removed", len(g.keys))
 	}
 }
+
+// timeoutErr is an error that is a timeout, as the upstream's reply
+// timeout is.
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string { return "no reply in time" }
+func (timeoutErr) Timeout() bool { return true }
+
+// A fetch in flight that ends in a timeout (the upstream answered nothing
+// in its time) ends the fetch collecting behind it with the same error,
+// unsent: sent, it waited as long again on the same silent upstream
+// (found by a probe: coalesced GETs of a frozen Redis failed at twice
+// dead_timeout). Any other error leaves it to be sent (TestLeadCollects
+// ReadsBehindIt: the lead's own error).
+func TestTimeoutEndsTheFetchCollectingBehindIt(t *testing.T) {
+	for _, lead := range []bool{false, true} {
+		m := NewMetrics(nil)
+		g := NewGroup(Options{Metrics: m})
+		var fetches atomic.Int32
+		gt := newGates()
+		first := gt.fetch(func(int) ([]byte, error) { return nil, fmt.Errorf("wrapped: %w", timeoutErr{}) })
+		var a chan result
+		var l Lead
+		if lead {
+			l, _ = g.begin([]byte("k"), m)
+		} else {
+			a = doAsync(g, "k", first)
+			gt.waitStarted(t, 1)
+		}
+		f := func() ([]byte, error) { fetches.Add(1); return []byte("sent"), nil }
+		b := doAsync(g, "k", f)
+		redistest.Eventually(t, 5*time.Second, func() bool { _, next, _, _ := g.state("k"); return next }, "B never became the next leader")
+		c := doAsync(g, "k", f)
+		redistest.Eventually(t, 5*time.Second, func() bool { _, _, _, w := g.state("k"); return w == 1 }, "C never joined the next fetch")
+		if lead {
+			l.End(nil, fmt.Errorf("wrapped: %w", timeoutErr{}))
+		} else {
+			gt.release(1)
+			if r := <-a; !errors.As(r.err, new(timeoutErr)) {
+				t.Fatalf("the first fetch's caller got %+v", r)
+			}
+		}
+		for name, ch := range map[string]chan result{"B": b, "C": c} {
+			if r := <-ch; !errors.As(r.err, new(timeoutErr)) {
+				t.Fatalf("lead %v: %s = %+v, want the timeout of the fetch it collected behind", lead, name, r)
+			}
+		}
+		if n := fetches.Load(); n != 0 {
+			t.Fatalf("lead %v: %d fetches sent behind a timeout", lead, n)
+		}
+		if g.size() != 0 {
+			t.Fatal("the group keeps state after its fetches returned")
+		}
+		// The next read is sent.
+		if r, _, err := g.Do("k", f); err != nil || string(r) != "sent" {
+			t.Fatalf("after the timeout: %q, %v", r, err)
+		}
+	}
+}

@@ -26,6 +26,11 @@ import (
 	"github.com/redproxy/redproxy/internal/bufpool"
 )
 
+type timeoutError struct{}
+
+func (timeoutError) Error() string { return "redproxy: upstream reply timeout" }
+func (timeoutError) Timeout() bool { return true }
+
 // Errors a Call can end with. Their text goes to clients after "-ERR ", so
 // it says what happened in Redis's own style.
 var (
@@ -35,8 +40,9 @@ var (
 	// may not have been executed.
 	ErrConnLost = errors.New("redproxy: upstream connection lost")
 	// ErrTimeout: no reply within the reply timeout; the connection was closed
-	// because its reply order could no longer be trusted.
-	ErrTimeout = errors.New("redproxy: upstream reply timeout")
+	// because its reply order could no longer be trusted. It is a timeout
+	// (its Timeout method), as net's are.
+	ErrTimeout error = timeoutError{}
 	// ErrClosed: the proxy is shutting down.
 	ErrClosed = errors.New("redproxy: upstream closed")
 	// ErrOutputLimit: the Call's replies exceeded its reply limit; this
