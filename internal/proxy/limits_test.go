@@ -235,10 +235,19 @@ func TestRepliesBeyondOutputLimitCloseClient(t *testing.T) {
 		cmds[i] = []string{"GET", "big"}
 	}
 	c.send(cmds...)
+	// Read: the replies that fit in the limit are the client's
+	// (TestRepliesThatFitTheOutputLimitAreSent).
+	drained := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, c.nc)
+		close(drained)
+	}()
 	redistest.Eventually(t, 10*time.Second, func() bool { return closedFor(p, metrics.CloseOutputLimit) == 1 },
 		"the client was never closed for its output limit")
 	_, heapGrowth := mem.finish()
-	if !connClosed(c.nc) {
+	select {
+	case <-drained:
+	case <-time.After(10 * time.Second):
 		t.Fatal("the output limit was counted but the connection stayed open")
 	}
 	t.Logf("live Go heap +%d MB for a client limited to %d MB", heapGrowth>>20, limit>>20)
@@ -560,5 +569,39 @@ func TestClusterSplitMGETHoldsAboutTheLimit(t *testing.T) {
 		if v != val {
 			t.Fatalf("MGET's value %d: %.20v", i, v)
 		}
+	}
+}
+
+// The replies that fit in the output limit are the client's, up to the
+// first one dropped for it, and then the client is closed: four pipelined
+// reads of 2.5 MB on a new connection (forwarded together: 1 MB each is
+// assumed) with an 8 MB limit get three replies. Found by a probe: four
+// 20 MB reads at the 64 MB default got nothing (Redis, which has no such
+// limit, sends all four).
+func TestRepliesThatFitTheOutputLimitAreSent(t *testing.T) {
+	const limit = 8 << 20
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Server.ClientOutputLimit = limit })
+	value := strings.Repeat("v", 2500<<10)
+	if err := p.Redis.Client(t).Set(ctx, "big", value, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"GET", "big"}, []string{"GET", "big"}, []string{"GET", "big"}, []string{"GET", "big"})
+	got := 0
+	for {
+		v, err := c.next(nil)
+		if err != nil {
+			break
+		}
+		if v != value {
+			t.Fatalf("reply %d is not the value", got)
+		}
+		got++
+	}
+	if got != 3 {
+		t.Fatalf("%d replies before the close, want the 3 that fit in the limit", got)
+	}
+	if closedFor(p, metrics.CloseOutputLimit) != 1 {
+		t.Fatal("not closed for its output limit")
 	}
 }
