@@ -1115,6 +1115,16 @@ wait:
 	if p.head == len(p.pending) {
 		p.pending, p.head = p.pending[:0], 0
 	}
+	if p.lagging.Load() && (p.head == len(p.pending) || nanotime()-p.pending[p.head].sent <= int64(p.opt.ReplyTimeout)/10) {
+		// No longer lagging once its late replies are in, not at the
+		// watchdog's next tick: until then every pipe of a pool that
+		// Redis had kept waiting looked lagging, and Sends went round
+		// robin, some onto the pipe behind a running script (found by a
+		// probe: with busy-reply-threshold 1000, the commands sent in
+		// the 100 ms after Redis began answering -BUSY waited for the
+		// script's end, 5 s, where directly they got -BUSY at once).
+		p.lagging.Store(false)
+	}
 	if !rr.cur.OnlyReads() { // (its commands are as they were at Send)
 		p.writes.Add(-1)
 	}

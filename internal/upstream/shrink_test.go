@@ -49,3 +49,31 @@ func TestPipeGivesBackTheBufferALargeReplyGrew(t *testing.T) {
 		t.Fatalf("the heap holds %d MB more after a 64 MB reply than before it", grew>>20)
 	}
 }
+
+// A pipe stops lagging as soon as its late replies are in, not at the
+// watchdog's next tick: until then a pool whose pipes Redis had all kept
+// waiting (a script before busy-reply-threshold) sent round robin, some
+// commands onto the pipe behind the script, where they waited for its end
+// (found by a probe: 5 s, where directly they got -BUSY at once).
+func TestPipeStopsLaggingWhenItsRepliesAreIn(t *testing.T) {
+	srv := redistest.Start(t, "--enable-debug-command", "local")
+	opt := testOpts(srv.Addr())
+	opt.ReplyTimeout = 2 * time.Second // lagging past 200 ms
+	opt.DeadTimeout = 10 * time.Second
+	pipe := NewPipe(opt)
+	defer pipe.Close()
+	redistest.Eventually(t, 5*time.Second, pipe.Up, "pipe not up")
+	c := NewCall()
+	c.Add(cmd("DEBUG", "SLEEP", "0.6"))
+	if err := pipe.Send(c); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 5*time.Second, pipe.lagging.Load, "the pipe never lagged behind DEBUG SLEEP")
+	c.Wait()
+	if _, err := c.Reply(0); err != nil {
+		t.Fatal(err)
+	}
+	if pipe.lagging.Load() {
+		t.Fatal("the pipe still lags once its late reply is in")
+	}
+}
