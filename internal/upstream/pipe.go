@@ -1115,7 +1115,7 @@ wait:
 	if p.head == len(p.pending) {
 		p.pending, p.head = p.pending[:0], 0
 	}
-	if p.lagging.Load() && (p.head == len(p.pending) || nanotime()-p.pending[p.head].sent <= int64(p.opt.ReplyTimeout)/10) {
+	if p.lagging.Load() && (p.head == len(p.pending) || p.pending[p.head].NoTimeout || nanotime()-p.pending[p.head].sent <= int64(p.opt.ReplyTimeout)/10) {
 		// No longer lagging once its late replies are in, not at the
 		// watchdog's next tick: until then every pipe of a pool that
 		// Redis had kept waiting looked lagging, and Sends went round
