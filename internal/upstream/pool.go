@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -284,12 +285,22 @@ func (p *Pool) settle() {
 	p.settling.Store(false)
 }
 
-// allDialsFailed reports whether every pipe's last dial failed.
+// allDialsFailed reports whether every pipe's last dial failed, or was
+// refused for a state of Redis's (-BUSY, -LOADING: HandshakeRefusal's
+// StateReply), which the first client is answered with at once, as by
+// Redis directly; other refusals (maxclients) may clear in a moment and
+// are waited for (found by a probe: a GET in a new database during a
+// script past busy-reply-threshold waited the dial timeout, 2 s).
 func (p *Pool) allDialsFailed() bool {
 	for _, pp := range p.pipes {
-		if !pp.dialFailed.Load() {
-			return false
+		if pp.dialFailed.Load() {
+			continue
 		}
+		var refusal *HandshakeRefusal
+		if r := pp.refused.Load(); r != nil && errors.As(*r, &refusal) && refusal.StateReply() != nil {
+			continue
+		}
+		return false
 	}
 	return true
 }

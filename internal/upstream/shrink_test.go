@@ -77,3 +77,30 @@ func TestPipeStopsLaggingWhenItsRepliesAreIn(t *testing.T) {
 		t.Fatal("the pipe still lags once its late reply is in")
 	}
 }
+
+// A pool's first client stops waiting for its dials once Redis refused
+// them for its state (-BUSY, -LOADING), which the client is then answered
+// with, as by Redis directly; other refusals may clear in a moment and
+// are waited for (found by a probe: a GET in a new database during a
+// script past busy-reply-threshold waited the dial timeout).
+func TestFirstClientWaitsNotForAStateRefusal(t *testing.T) {
+	p := &Pool{pipes: []*Pipe{{}, {}}}
+	refuse := func(reply string) {
+		for _, pp := range p.pipes {
+			err := error(&HandshakeRefusal{Cmd: "SELECT", Reply: []byte(reply)})
+			pp.refused.Store(&err)
+		}
+	}
+	refuse("-ERR max number of clients reached\r\n")
+	if p.allDialsFailed() {
+		t.Fatal("a maxclients refusal ended the first client's wait")
+	}
+	refuse("-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.\r\n")
+	if !p.allDialsFailed() {
+		t.Fatal("a -BUSY refusal did not end the first client's wait")
+	}
+	refuse("-LOADING Redis is loading the dataset in memory\r\n")
+	if !p.allDialsFailed() {
+		t.Fatal("a -LOADING refusal did not end the first client's wait")
+	}
+}
