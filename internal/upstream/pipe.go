@@ -607,9 +607,10 @@ func (p *Pipe) redial() {
 			dialLogs.failed(p.opt.Logger, p.opt.Addr, p.opt.DB, err, backoff)
 		}
 		// Only a connection that could not be made: a handshake Redis
-		// refused (maxclients, -BUSY on SELECT, -LOADING) may clear in a
-		// moment, and a pool's first client is worth waiting for then
-		// (found by review).
+		// refused (maxclients) may clear in a moment, and a pool's first
+		// client is worth waiting for then (found by review); one refused
+		// for Redis's state (-BUSY on SELECT, -LOADING) is answered with
+		// that at once (Pool.allDialsFailed).
 		p.dialFailed.Store(!errors.Is(err, ErrHandshake))
 		if errors.Is(err, ErrHandshake) {
 			p.refused.Store(&err)
