@@ -184,7 +184,7 @@ func (sess *Session) clusterMonitor(r *request) bool {
 	}
 	for _, addr := range primaries {
 		b := router.NodeBackend(addr)
-		nc, err := b.AcquireConn(0, sess.resp3, sess.name)
+		nc, err := b.AcquireConnFor(0, sess.resp3, sess.name, sess.left)
 		if err == nil {
 			nodes = append(nodes, watched{b: b, nc: nc})
 			var rest []byte

@@ -86,3 +86,53 @@ func TestDedicatedDialWaitingOnAPauseMovesWithASwitch(t *testing.T) {
 		t.Fatalf("WATCH dialled during a pause, then the upstream switched: %v, want OK from the new Redis", v)
 	}
 }
+
+// A client that leaves while its dedicated connection waits out a pause
+// ends that wait: its max_pinned slot is free again, and the transaction
+// it had sent does not run when the pause ends, as Redis frees a departed
+// client's commands (found by a probe: MULTI INCR EXEC of a client gone
+// during a 4 s pause ran after it). The wait goes on past the dial
+// timeout only while the client is there.
+func TestDedicatedDialEndsWhenItsClientLeaves(t *testing.T) {
+	rs := redistest.Start(t)
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.Upstream.DialTimeout = units.Duration{Duration: 200 * time.Millisecond}
+		c.Upstream.DeadTimeout = units.Duration{Duration: 30 * time.Second}
+	})
+	direct := rs.Client(t)
+	// Far longer than the dial's end takes once the client has left.
+	if err := direct.Do(ctx, "CLIENT", "PAUSE", "8000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"MULTI"}, []string{"INCR", "left:tx"}, []string{"EXEC"})
+	redistest.Eventually(t, 5*time.Second, func() bool { return p.Backend().Pinned() == 1 }, "the MULTI took no dedicated connection")
+	c.nc.Close()
+	redistest.Eventually(t, 4*time.Second, func() bool { return p.Backend().Pinned() == 0 },
+		"the departed client's dial kept its max_pinned slot during the pause")
+	// Past the pause: nothing of the client's ran.
+	redistest.Eventually(t, 15*time.Second, func() bool { return direct.Ping(ctx).Err() == nil }, "Redis never resumed")
+	if n, err := direct.Exists(ctx, "left:tx").Result(); err != nil || n != 0 {
+		t.Fatalf("the departed client's transaction ran after the pause (EXISTS %d, %v)", n, err)
+	}
+}
+
+// A dedicated connection's handshake that a frozen Redis never answers
+// fails as a reply past dead_timeout does, not with Go's "read tcp ...:
+// i/o timeout" (found by a probe).
+func TestDedicatedDialPastDeadTimeoutSaysReplyTimeout(t *testing.T) {
+	rs := redistest.Start(t)
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.Upstream.DialTimeout = units.Duration{Duration: 200 * time.Millisecond}
+		c.Upstream.ReplyTimeout = units.Duration{Duration: 200 * time.Millisecond}
+		c.Upstream.DeadTimeout = units.Duration{Duration: 500 * time.Millisecond}
+	})
+	if err := rs.Client(t).Do(ctx, "CLIENT", "PAUSE", "3000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"WATCH", "k"})
+	if v, _ := c.readReply(); v != respError("ERR redproxy: upstream reply timeout") {
+		t.Fatalf("WATCH whose connection's handshake passed dead_timeout: %v", v)
+	}
+}

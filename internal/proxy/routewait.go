@@ -139,7 +139,7 @@ func (sess *Session) waitEveryUpstream(r *request) {
 		b, err := sess.backendFor(bits.TrailingZeros64(ups))
 		var p *upstream.Pipe
 		if err == nil {
-			p, err = b.AcquirePipe(sess.db, sess.resp3)
+			p, err = b.AcquirePipeFor(sess.db, sess.resp3, sess.left)
 		}
 		if err != nil {
 			release(true)

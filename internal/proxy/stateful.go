@@ -596,7 +596,7 @@ func (sess *Session) pinOn(b *upstream.Backend, keySlot int) error {
 	// a WATCH on the new one is taken for one on the old (its EXEC
 	// fails, pinnedExec), never the other way round.
 	addr := b.Addr()
-	p, err := b.AcquirePipe(sess.db, sess.resp3)
+	p, err := b.AcquirePipeFor(sess.db, sess.resp3, sess.left)
 	if err != nil {
 		return err
 	}
@@ -840,7 +840,7 @@ func (sess *Session) blocking(r *request) {
 		b, err = sess.dedicatedBackend(r)
 		if err == nil {
 			moves = b.Moves()
-			p, err = b.AcquirePipe(sess.db, sess.resp3)
+			p, err = b.AcquirePipeFor(sess.db, sess.resp3, sess.left)
 		}
 		if err != nil {
 			sess.replyLocal(m, errorReply(err))
@@ -1547,7 +1547,7 @@ func (sess *Session) startRelay(kind relayKind, r *request) bool {
 	b, err := sess.relayBackend(r)
 	var up net.Conn
 	if err == nil {
-		up, err = b.AcquireConn(sess.db, sess.resp3, sess.name)
+		up, err = b.AcquireConnFor(sess.db, sess.resp3, sess.name, sess.left)
 	}
 	if err != nil {
 		// Answered: the command must not also go to a shared connection,

@@ -276,6 +276,17 @@ const PinnedName = "redproxy-pinned"
 
 // AcquirePipe returns a dedicated pipelined connection for one client.
 func (b *Backend) AcquirePipe(db int, resp3 bool) (*Pipe, error) {
+	return b.AcquirePipeFor(db, resp3, nil)
+}
+
+// AcquirePipeFor is AcquirePipe for a client that may leave while its
+// connection is dialled: left, asked every leftPoll while the handshake
+// waits, ends the dial (ErrClosed). The handshake may wait up to
+// DeadTimeout on a paused Redis (patientHandshake); a client that hung
+// up meanwhile held its max_pinned slot all that time, and the commands
+// it had queued (MULTI ... EXEC) ran once Redis resumed, where Redis
+// frees a departed client's transaction (found by a probe).
+func (b *Backend) AcquirePipeFor(db int, resp3 bool, left func() bool) (*Pipe, error) {
 	if !b.takePin() {
 		return nil, ErrTooManyPinned
 	}
@@ -296,8 +307,12 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*Pipe, error) {
 	b.idleMu.Unlock()
 	p, err := dialCurrent(b, func(g *backendGen) (*Pipe, error) {
 		o := patientHandshake(g.options(db, resp3))
-		o.cancel = g.retired // a switch, a failover or Close ends the wait
 		o.Name = PinnedName
+		// A switch, a failover or Close ends the wait, and so does the
+		// client leaving.
+		cancel, stop := untilLeft(g.retired, left, o.DialTimeout)
+		defer stop()
+		o.cancel = cancel
 		return DialPipe(o)
 	}, func(p *Pipe) { go p.Close() }, func(p *Pipe, g *backendGen) {
 		if b.dialled == nil {
@@ -324,6 +339,9 @@ func dialCurrent[C any](b *Backend, dial func(*backendGen) (C, error), drop func
 		if err != nil && b.gen.Load() != g {
 			continue // ended by the switch (retired): dial the new upstream
 		}
+		if errors.Is(err, ErrTimeout) {
+			return zero, err // connected, and Redis answered nothing in time
+		}
 		if err != nil {
 			return zero, fmt.Errorf("%w: %w", ErrUnavailable, err) // both: the proxy tells a refused handshake from an outage
 		}
@@ -339,6 +357,52 @@ func dialCurrent[C any](b *Backend, dial func(*backendGen) (C, error), drop func
 	}
 	return zero, errSwitchedWhileDialling
 }
+
+// untilLeft is a channel closed once retired is, or, from after the
+// dial timeout, once left (nil: never) reports true, asked every
+// leftPoll; stop ends the watch. Not before: within the dial timeout the
+// dial goes on as it always did, so a client that half-closes right
+// behind its MULTI ... EXEC has it run, as Redis runs what it read before
+// the end of the stream; past it the dial waits only because Redis is
+// paused, which on Redis would free the departed client's commands.
+func untilLeft(retired chan struct{}, left func() bool, after time.Duration) (<-chan struct{}, func()) {
+	if left == nil {
+		return retired, func() {}
+	}
+	out, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		wait := time.NewTimer(after)
+		defer wait.Stop()
+		select {
+		case <-done:
+			return
+		case <-retired:
+			close(out)
+			return
+		case <-wait.C:
+		}
+		t := time.NewTicker(leftPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-retired:
+			case <-t.C:
+				if !left() {
+					continue
+				}
+			}
+			close(out)
+			return
+		}
+	}()
+	return out, func() { close(done) }
+}
+
+// leftPoll is how often a dial asks whether its client has left: as the
+// proxy's blocked clients are asked.
+const leftPoll = 50 * time.Millisecond
 
 // maxDialsAcrossSwitches bounds the dials of a dedicated connection when
 // the upstream keeps switching while it dials.
@@ -521,6 +585,12 @@ type relayConn struct {
 // handshake learns its Redis id (UnblockRelay), in the same round
 // trip.
 func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error) {
+	return b.AcquireConnFor(db, resp3, name, nil)
+}
+
+// AcquireConnFor is AcquireConn for a client that may leave while its
+// connection is dialled (AcquirePipeFor).
+func (b *Backend) AcquireConnFor(db int, resp3 bool, name string, left func() bool) (net.Conn, error) {
 	if !b.takePin() {
 		return nil, ErrTooManyPinned
 	}
@@ -530,7 +600,9 @@ func (b *Backend) AcquireConn(db int, resp3 bool, name string) (net.Conn, error)
 	}
 	d, err := dialCurrent(b, func(g *backendGen) (dialled, error) {
 		o := patientHandshake(g.options(db, resp3))
-		o.cancel = g.retired // a switch, a failover or Close ends the wait
+		cancel, stop := untilLeft(g.retired, left, o.DialTimeout)
+		defer stop()
+		o.cancel = cancel
 		o.Name = "redproxy-relay"
 		if name != "" {
 			o.Name = name

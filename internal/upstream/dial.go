@@ -64,6 +64,14 @@ func dial(opt Options, wantID bool) (net.Conn, int64, error) {
 	}
 	if err != nil {
 		nc.Close()
+		var ne net.Error
+		if opt.handshakeTimeout > 0 && errors.As(err, &ne) && ne.Timeout() {
+			// A patient handshake (a dedicated connection, a command sent
+			// alone) that Redis did not answer in DeadTimeout: as a
+			// reply past it, not Go's "read tcp ...: i/o timeout" (found
+			// by a probe, WATCH on a frozen Redis).
+			return nil, 0, ErrTimeout
+		}
 		if c := opt.TLS; c != nil && len(c.Certificates) == 0 && c.GetClientCertificate == nil && !errors.Is(err, ErrHandshake) {
 			// With TLS 1.3 the client's handshake ends before Redis has
 			// checked for a client certificate; its refusal only shows as
