@@ -41,6 +41,13 @@ func TestStaleValueNeverPredatesAFencedWrite(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitLive(t, p, 0)
+		// The shared connections too, which the first run's CLIENT KILL
+		// cut while maxclients refused them: one still backing off when
+		// maxclients drops again below could not carry the script
+		// (seen failing on a quiet machine).
+		redistest.Eventually(t, 10*time.Second, func() bool {
+			return p.Backend().Pool(0, true).Up() && p.Backend().Pool(0, false).Up()
+		}, "the shared connections never came back")
 		if v := cacheIt(t, p, c, "k"); v != "before" {
 			t.Fatalf("GET k = %q", v)
 		}
