@@ -357,6 +357,19 @@ func (sess *Session) overLimit() {
 	sess.closeFor(metrics.CloseOutputLimit, "replies exceed server.client_output_limit", "limit_bytes", sess.outLimit)
 }
 
+// overLimitAfterOwed is overLimit for a client owed the replies gathered
+// so far, which it gets first. Closed for the limit before they are
+// written (the reason, the log), so that a client that does not read them
+// is cut at the write timeout, as any client is, counted as output_limit.
+func (sess *Session) overLimitAfterOwed() {
+	owed := sess.out
+	sess.out = nil
+	sess.overLimit()
+	if len(owed) > 0 {
+		sess.writeOut(owed)
+	}
+}
+
 // noteReplySize updates the client's recent reply size from a Call that
 // completed: its largest reply, or a quarter of the previous size if
 // larger.

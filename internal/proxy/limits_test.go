@@ -26,6 +26,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/metrics"
+	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -603,5 +604,38 @@ func TestRepliesThatFitTheOutputLimitAreSent(t *testing.T) {
 	}
 	if closedFor(p, metrics.CloseOutputLimit) != 1 {
 		t.Fatal("not closed for its output limit")
+	}
+}
+
+// The same when the reply that passes the limit is a command the guard
+// wrapped in a MULTI with its TTL fix-up: the replies before it are
+// written first (found by review: the check looked at the wrapped
+// command's QUEUED, not its EXEC, and the reply that fit was lost).
+func TestRepliesThatFitTheOutputLimitAreSentBeforeAWrappedOne(t *testing.T) {
+	const limit = 8 << 20
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Server.ClientOutputLimit = limit
+		c.Policy.TTL = []policy.TTLRule{{Pattern: "h:*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
+	})
+	direct := p.Redis.Client(t)
+	small := strings.Repeat("s", 100<<10)
+	if err := direct.Set(ctx, "small", small, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := direct.Set(ctx, "h:big", strings.Repeat("b", 9<<20), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"GET", "small"}, []string{"GETSET", "h:big", "v"})
+	var got []any
+	for {
+		v, err := c.next(nil)
+		if err != nil {
+			break
+		}
+		got = append(got, v)
+	}
+	if len(got) != 1 || got[0] != small {
+		t.Fatalf("%d replies before the close (first %.20v), want the GET's alone", len(got), got)
 	}
 }

@@ -827,21 +827,17 @@ func (sess *Session) flush(start time.Time) {
 	watchRefused := false // the WATCH that took the pin, and none after it, was refused
 	for _, sl := range sess.slots {
 		if overflowed && !sess.outDead && sl.kind != slotLocal && sl.kind != slotRefusal {
-			if _, err := call.Reply(sl.i); errors.Is(err, upstream.ErrOutputLimit) {
+			last := sl.i // the slot's last reply in the Call
+			if sl.kind == slotWrapped {
+				last = sl.end // its EXEC's, which carries its reply
+			}
+			if last >= call.Dropped() {
 				// The replies before the first one dropped for the
 				// limit are the client's, and it is closed after them
 				// (found by a probe: four pipelined 20 MB reads on a new
 				// connection got nothing, though three fit in the
 				// limit; Redis sends all four).
-				// Closed for the limit first (the reason, the log), so
-				// that a client that does not read them is cut at the
-				// write timeout as such.
-				owed := sess.out
-				sess.out = nil
-				sess.overLimit()
-				if len(owed) > 0 {
-					sess.writeOut(owed)
-				}
+				sess.overLimitAfterOwed()
 			}
 		}
 		var reply []byte
@@ -959,7 +955,7 @@ func (sess *Session) flush(start time.Time) {
 	}
 	lat.flush(elapsed)
 	if overflowed && !sess.outDead {
-		sess.overLimit()
+		sess.overLimitAfterOwed()
 	}
 	if (watchLost || watchRefused) && !sess.pin.inMulti {
 		// The WATCH that took the pin got an error in place of its reply:

@@ -44,6 +44,13 @@ func dedicatedLost(err error) bool {
 // handshake Redis refused for credentials or a DB, upstream.max_pinned,
 // routing, the guard) are not: the client keeps its connection.
 func upstreamDown(err error) bool {
+	if errors.Is(err, upstream.ErrTimeout) {
+		// A dedicated connection's handshake Redis did not answer within
+		// dead_timeout (paused, frozen): as unreachable (found by review:
+		// a subscriber told "upstream reply timeout" kept its connection,
+		// unsubscribed).
+		return true
+	}
 	if !errors.Is(err, upstream.ErrUnavailable) {
 		return false
 	}

@@ -155,9 +155,10 @@ func (g *Group) do(key []byte, m *Metrics, fetch func() ([]byte, error)) (reply 
 			// its time: ours would wait as long again behind it, and its
 			// callers, who came while that one waited, fail with its
 			// error (found by a probe: coalesced GETs of a frozen Redis
-			// failed at twice dead_timeout).
-			g.mu.Unlock()
-			g.end(e, c, nil, err, true)
+			// failed at twice dead_timeout). Ended under the same lock,
+			// and not as a fetch that timed out itself: a read that
+			// comes after this one is sent (found by review).
+			g.endLocked(e, c, nil, err, true, false)
 			return nil, false, err
 		}
 	} else {
@@ -167,6 +168,15 @@ func (g *Group) do(key []byte, m *Metrics, fetch func() ([]byte, error)) (reply 
 	reply, err = g.run(key, e, c, fetch)
 	return reply, false, err
 }
+
+// errNotSent is the error of a fetch ended unsent behind one that timed
+// out: its callers get that timeout, and a fetch collecting behind it is
+// sent (unanswered reports false for it).
+type errNotSent struct{ err error }
+
+func (e errNotSent) Error() string { return e.err.Error() }
+func (e errNotSent) Unwrap() error { return e.err }
+func (errNotSent) Timeout() bool   { return false }
 
 // unanswered reports whether a fetch's error is a timeout (its Timeout
 // method, as net's errors and the upstream's reply timeout have): the
@@ -254,11 +264,21 @@ func (g *Group) run(key []byte, e *entry, c *fetchCall, fetch func() ([]byte, er
 // fetch collecting behind it, and frees e when nothing else uses it.
 func (g *Group) end(e *entry, c *fetchCall, reply []byte, err error, finished bool) {
 	g.mu.Lock()
+	g.endLocked(e, c, reply, err, finished, true)
+}
+
+// endLocked is end with g.mu held, which it releases. sent is false for a
+// fetch ended without being sent (do, behind one that timed out): its
+// error is its waiters' only, not passed to a fetch collecting behind it.
+func (g *Group) endLocked(e *entry, c *fetchCall, reply []byte, err error, finished, sent bool) {
 	// Joins happen under g.mu (and, but for the unsafe test mode, only to
 	// a fetch not yet sent), so c.waiters is final here.
 	if c.waiters > 0 {
 		c.reply, c.err = bytes.Clone(reply), err
-	} else if unanswered(err) {
+	}
+	if !sent && c.waiters > 0 {
+		c.err = errNotSent{err}
+	} else if c.waiters == 0 && sent && unanswered(err) {
 		c.err = err // for the fetch collecting behind it (do)
 	}
 	if e.inflight == c {

@@ -281,7 +281,7 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*Pipe, error) {
 
 // AcquirePipeFor is AcquirePipe for a client that may leave while its
 // connection is dialled: left, asked every leftPoll while the handshake
-// waits, ends the dial (ErrClosed). The handshake may wait up to
+// waits past the dial timeout, ends the dial (ErrClientLeft). The handshake may wait up to
 // DeadTimeout on a paused Redis (patientHandshake); a client that hung
 // up meanwhile held its max_pinned slot all that time, and the commands
 // it had queued (MULTI ... EXEC) ran once Redis resumed, where Redis
@@ -311,9 +311,12 @@ func (b *Backend) AcquirePipeFor(db int, resp3 bool, left func() bool) (*Pipe, e
 		// A switch, a failover or Close ends the wait, and so does the
 		// client leaving.
 		cancel, stop := untilLeft(g.retired, left, o.DialTimeout)
-		defer stop()
 		o.cancel = cancel
-		return DialPipe(o)
+		p, err := DialPipe(o)
+		if stop() && err != nil {
+			return nil, ErrClientLeft
+		}
+		return p, err
 	}, func(p *Pipe) { go p.Close() }, func(p *Pipe, g *backendGen) {
 		if b.dialled == nil {
 			b.dialled = make(map[*Pipe]*backendGen)
@@ -339,8 +342,8 @@ func dialCurrent[C any](b *Backend, dial func(*backendGen) (C, error), drop func
 		if err != nil && b.gen.Load() != g {
 			continue // ended by the switch (retired): dial the new upstream
 		}
-		if errors.Is(err, ErrTimeout) {
-			return zero, err // connected, and Redis answered nothing in time
+		if errors.Is(err, ErrTimeout) || err == ErrClientLeft {
+			return zero, err // connected, and Redis answered nothing in time; or no one waits
 		}
 		if err != nil {
 			return zero, fmt.Errorf("%w: %w", ErrUnavailable, err) // both: the proxy tells a refused handshake from an outage
@@ -360,17 +363,20 @@ func dialCurrent[C any](b *Backend, dial func(*backendGen) (C, error), drop func
 
 // untilLeft is a channel closed once retired is, or, from after the
 // dial timeout, once left (nil: never) reports true, asked every
-// leftPoll; stop ends the watch. Not before: within the dial timeout the
+// leftPoll; stop ends the watch, once it has (no left call runs after
+// it), and reports whether left ended it. Not before: within the dial timeout the
 // dial goes on as it always did, so a client that half-closes right
 // behind its MULTI ... EXEC has it run, as Redis runs what it read before
 // the end of the stream; past it the dial waits only because Redis is
 // paused, which on Redis would free the departed client's commands.
-func untilLeft(retired chan struct{}, left func() bool, after time.Duration) (<-chan struct{}, func()) {
+func untilLeft(retired chan struct{}, left func() bool, after time.Duration) (<-chan struct{}, func() bool) {
 	if left == nil {
-		return retired, func() {}
+		return retired, func() bool { return false }
 	}
-	out, done := make(chan struct{}), make(chan struct{})
+	out, done, exited := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var sawLeft bool
 	go func() {
+		defer close(exited)
 		wait := time.NewTimer(after)
 		defer wait.Stop()
 		select {
@@ -392,12 +398,17 @@ func untilLeft(retired chan struct{}, left func() bool, after time.Duration) (<-
 				if !left() {
 					continue
 				}
+				sawLeft = true
 			}
 			close(out)
 			return
 		}
 	}()
-	return out, func() { close(done) }
+	return out, func() bool {
+		close(done)
+		<-exited
+		return sawLeft
+	}
 }
 
 // leftPoll is how often a dial asks whether its client has left: as the
@@ -601,13 +612,15 @@ func (b *Backend) AcquireConnFor(db int, resp3 bool, name string, left func() bo
 	d, err := dialCurrent(b, func(g *backendGen) (dialled, error) {
 		o := patientHandshake(g.options(db, resp3))
 		cancel, stop := untilLeft(g.retired, left, o.DialTimeout)
-		defer stop()
 		o.cancel = cancel
 		o.Name = "redproxy-relay"
 		if name != "" {
 			o.Name = name
 		}
 		nc, id, err := dial(o, true)
+		if stop() && err != nil {
+			return dialled{}, ErrClientLeft
+		}
 		return dialled{nc, id}, err
 	}, func(d dialled) { d.nc.Close() }, func(d dialled, g *backendGen) {
 		if b.relays == nil {

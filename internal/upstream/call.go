@@ -17,6 +17,7 @@
 package upstream
 
 import (
+	"math"
 	"errors"
 	"hash/maphash"
 	"slices"
@@ -43,6 +44,9 @@ var (
 	// because its reply order could no longer be trusted. It is a timeout
 	// (its Timeout method), as net's are.
 	ErrTimeout error = timeoutError{}
+	// ErrClientLeft: the client left while its dedicated connection was
+	// being dialled (Backend.AcquirePipeFor); nobody is told.
+	ErrClientLeft = errors.New("redproxy: the client left while its connection was dialled")
 	// ErrClosed: the proxy is shutting down.
 	ErrClosed = errors.New("redproxy: upstream closed")
 	// ErrOutputLimit: the Call's replies exceeded its reply limit; this
@@ -224,6 +228,15 @@ func (c *Call) SetMaxReply(n int) { c.maxReply = max(n, 0) }
 
 // Overflowed reports whether replies were dropped for the reply limit.
 func (c *Call) Overflowed() bool { return c.overflow }
+
+// Dropped is the index of the first reply dropped for the reply limit,
+// past every reply's when none was.
+func (c *Call) Dropped() int {
+	if !c.overflow {
+		return math.MaxInt
+	}
+	return c.dropped
+}
 
 // MaxReply is the size of the largest reply the Call holds.
 func (c *Call) MaxReply() int {
