@@ -17,9 +17,9 @@
 package upstream
 
 import (
-	"math"
 	"errors"
 	"hash/maphash"
+	"math"
 	"slices"
 	"strconv"
 	"sync/atomic"
