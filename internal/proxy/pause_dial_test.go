@@ -117,46 +117,35 @@ func TestDedicatedDialEndsWhenItsClientLeaves(t *testing.T) {
 	}
 }
 
-// A dedicated connection's handshake that a frozen Redis never answers
+// A dedicated connection's handshake that a paused Redis never answers
 // fails as a reply past dead_timeout does, not with Go's "read tcp ...:
-// i/o timeout" (found by a probe).
+// i/o timeout" (found by a probe). A subscriber is then closed too, as
+// when Redis cannot be reached, so that its library reconnects and
+// subscribes again (found by review: told "upstream reply timeout", it
+// kept its connection, subscribed to nothing).
 func TestDedicatedDialPastDeadTimeoutSaysReplyTimeout(t *testing.T) {
-	rs := redistest.Start(t)
-	p := proxytest.Start(t, rs, func(c *config.Config) {
-		c.Upstream.DialTimeout = units.Duration{Duration: 200 * time.Millisecond}
-		c.Upstream.ReplyTimeout = units.Duration{Duration: 200 * time.Millisecond}
-		c.Upstream.DeadTimeout = units.Duration{Duration: 500 * time.Millisecond}
-	})
-	if err := rs.Client(t).Do(ctx, "CLIENT", "PAUSE", "3000", "ALL").Err(); err != nil {
-		t.Fatal(err)
-	}
-	c := dialRaw(t, p.Addr)
-	c.send([]string{"WATCH", "k"})
-	if v, _ := c.readReply(); v != respError("ERR redproxy: upstream reply timeout") {
-		t.Fatalf("WATCH whose connection's handshake passed dead_timeout: %v", v)
-	}
-}
-
-// A subscriber whose relay connection's handshake passes dead_timeout is
-// told so and closed, as when Redis cannot be reached, so that its
-// library reconnects and subscribes again (found by review: told "upstream
-// reply timeout", it kept its connection, subscribed to nothing).
-func TestSubscriberWhoseDialPassesDeadTimeoutIsClosed(t *testing.T) {
-	rs := redistest.Start(t)
-	p := proxytest.Start(t, rs, func(c *config.Config) {
-		c.Upstream.DialTimeout = units.Duration{Duration: 200 * time.Millisecond}
-		c.Upstream.ReplyTimeout = units.Duration{Duration: 200 * time.Millisecond}
-		c.Upstream.DeadTimeout = units.Duration{Duration: 500 * time.Millisecond}
-	})
-	if err := rs.Client(t).Do(ctx, "CLIENT", "PAUSE", "3000", "ALL").Err(); err != nil {
-		t.Fatal(err)
-	}
-	c := dialRaw(t, p.Addr)
-	c.send([]string{"SUBSCRIBE", "ch"})
-	if v, _ := c.readReply(); v != respError("ERR redproxy: upstream reply timeout") {
-		t.Fatalf("SUBSCRIBE whose connection's handshake passed dead_timeout: %v", v)
-	}
-	if !connClosed(c.nc) {
-		t.Fatal("the subscriber's connection stayed open")
+	for _, c := range []struct {
+		cmd    string
+		closed bool
+	}{{"WATCH", false}, {"SUBSCRIBE", true}} {
+		t.Run(c.cmd, func(t *testing.T) {
+			rs := redistest.Start(t)
+			p := proxytest.Start(t, rs, func(c *config.Config) {
+				c.Upstream.DialTimeout = units.Duration{Duration: 200 * time.Millisecond}
+				c.Upstream.ReplyTimeout = units.Duration{Duration: 200 * time.Millisecond}
+				c.Upstream.DeadTimeout = units.Duration{Duration: 500 * time.Millisecond}
+			})
+			if err := rs.Client(t).Do(ctx, "CLIENT", "PAUSE", "3000", "ALL").Err(); err != nil {
+				t.Fatal(err)
+			}
+			conn := dialRaw(t, p.Addr)
+			conn.send([]string{c.cmd, "k"})
+			if v, _ := conn.readReply(); v != respError("ERR redproxy: upstream reply timeout") {
+				t.Fatalf("%s whose connection's handshake passed dead_timeout: %v", c.cmd, v)
+			}
+			if c.closed && !connClosed(conn.nc) {
+				t.Fatal("the subscriber's connection stayed open")
+			}
+		})
 	}
 }
