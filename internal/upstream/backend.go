@@ -281,11 +281,12 @@ func (b *Backend) AcquirePipe(db int, resp3 bool) (*Pipe, error) {
 
 // AcquirePipeFor is AcquirePipe for a client that may leave while its
 // connection is dialled: left, asked every leftPoll while the handshake
-// waits past the dial timeout, ends the dial (ErrClientLeft). The handshake may wait up to
-// DeadTimeout on a paused Redis (patientHandshake); a client that hung
-// up meanwhile held its max_pinned slot all that time, and the commands
-// it had queued (MULTI ... EXEC) ran once Redis resumed, where Redis
-// frees a departed client's transaction (found by a probe).
+// waits past the dial timeout, ends the dial (ErrClientLeft). The
+// handshake may wait up to DeadTimeout on a paused Redis
+// (patientHandshake); a client that hung up meanwhile held its max_pinned
+// slot all that time, and the commands it had queued (MULTI ... EXEC) ran
+// once Redis resumed, where Redis frees a departed client's transaction
+// (found by a probe).
 func (b *Backend) AcquirePipeFor(db int, resp3 bool, left func() bool) (*Pipe, error) {
 	if !b.takePin() {
 		return nil, ErrTooManyPinned
@@ -364,11 +365,12 @@ func dialCurrent[C any](b *Backend, dial func(*backendGen) (C, error), drop func
 // untilLeft is a channel closed once retired is, or, from after the
 // dial timeout, once left (nil: never) reports true, asked every
 // leftPoll; stop ends the watch, once it has (no left call runs after
-// it), and reports whether left ended it. Not before: within the dial timeout the
-// dial goes on as it always did, so a client that half-closes right
-// behind its MULTI ... EXEC has it run, as Redis runs what it read before
-// the end of the stream; past it the dial waits only because Redis is
-// paused, which on Redis would free the departed client's commands.
+// it), and reports whether left ended it. Not before: within the dial
+// timeout the dial goes on as it always did, so a client that
+// half-closes right behind its MULTI ... EXEC has it run, as Redis runs
+// what it read before the end of the stream; past it the dial waits only
+// because Redis is paused, which on Redis would free the departed
+// client's commands.
 func untilLeft(retired chan struct{}, left func() bool, after time.Duration) (<-chan struct{}, func() bool) {
 	if left == nil {
 		return retired, func() bool { return false }
