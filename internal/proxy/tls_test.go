@@ -686,31 +686,3 @@ func TestTLSMaxClients(t *testing.T) {
 		t.Fatalf("the first client after the refusal: %v", err)
 	}
 }
-
-// A reload whose [upstream.tls] client certificate Redis refuses is
-// refused, and the configuration in force stays. With TLS 1.3 the client
-// finishes its handshake before Redis checks the certificate, so the
-// check makes a round trip: applied, the certificate failed every request
-// until the next reload (found by a probe).
-func TestTLSUpstreamReloadRefusesACertificateRedisRefuses(t *testing.T) {
-	certs := redistest.NewCerts(t)
-	rs := redistest.StartTLS(t, certs, "yes")
-	certFile, keyFile := filepath.Join(t.TempDir(), "client.crt"), filepath.Join(t.TempDir(), "client.key")
-	copyFile(t, certs.ClientCert, certFile)
-	copyFile(t, certs.ClientKey, keyFile)
-	p := tlsProxy(t, certs, rs, false, func(c *config.Config) {
-		c.Upstream.TLS = &config.UpstreamTLS{CAFile: certs.CAFile, CertFile: certFile, KeyFile: keyFile}
-	})
-	if err := p.Client(t).Set(ctx, "up:k", "v", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	// A certificate of a CA Redis does not trust.
-	copyFile(t, certs.OtherServerCert, certFile)
-	copyFile(t, certs.OtherServerKey, keyFile)
-	if changed, err := p.Reload(p.Config()); err == nil || !strings.Contains(err.Error(), "refused") {
-		t.Fatalf("Reload with a client certificate Redis refuses: changed %q, %v; want it refused", changed, err)
-	}
-	if v, err := p.Client(t).Get(ctx, "up:k").Result(); err != nil || v != "v" {
-		t.Fatalf("GET after the refused reload: %q, %v", v, err)
-	}
-}
