@@ -18,21 +18,8 @@ import (
 func TestHandshakeRefusedBusyAnswersBusy(t *testing.T) {
 	rs := redistest.Start(t, "--busy-reply-threshold", "100")
 	p := proxytest.Start(t, rs, nil)
-	direct := rs.Client(t)
-	done := make(chan error, 1)
-	go func() {
-		done <- direct.Eval(ctx, `local t = redis.call('TIME')
-while true do
-  local n = redis.call('TIME')
-  if (n[1]-t[1])*1000000 + (n[2]-t[2]) > 3000000 then break end
-end
-return 1`, nil).Err()
-	}()
-	probe := rs.Client(t)
-	redistest.Eventually(t, 5*time.Second, func() bool {
-		err := probe.Ping(ctx).Err()
-		return err != nil && strings.HasPrefix(err.Error(), "BUSY")
-	}, "Redis never answered BUSY")
+	loop := startLoop(t, rs.Addr(), false, 3000) // on Redis directly: DB 7 has no proxy connection yet
+	waitBusy(t, rs)
 	c := dialRaw(t, p.Addr)
 	c.wait = 10 * time.Second
 	c.send([]string{"SELECT", "7"}, []string{"GET", "k"})
@@ -43,8 +30,8 @@ return 1`, nil).Err()
 	if e, ok := v.(respError); !ok || !strings.HasPrefix(string(e), "BUSY Redis is busy running a script") {
 		t.Fatalf("GET in a new database during a busy script: %q, want Redis's -BUSY", v)
 	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	if r := <-loop; r != "$4\r\ndone\r\n" {
+		t.Fatalf("the loop's caller got %q", r)
 	}
 }
 
@@ -56,11 +43,7 @@ func TestScriptKillReachesTheServerAReloadLeft(t *testing.T) {
 	old, next := redistest.Start(t, "--busy-reply-threshold", "100"), redistest.Start(t)
 	p := proxytest.Start(t, old, nil)
 	loop := startLoop(t, p.Addr, false, 20000)
-	probe := old.Client(t)
-	redistest.Eventually(t, 5*time.Second, func() bool {
-		err := probe.Ping(ctx).Err()
-		return err != nil && strings.HasPrefix(err.Error(), "BUSY")
-	}, "the script never made Redis busy")
+	waitBusy(t, old)
 	cfg := *p.Config()
 	cfg.Upstream.Address = next.Addr()
 	if _, err := p.Reload(&cfg); err != nil {
