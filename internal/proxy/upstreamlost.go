@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"errors"
-	"strings"
 
 	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/upstream"
@@ -54,8 +53,8 @@ func upstreamDown(err error) bool {
 	if !errors.Is(err, upstream.ErrUnavailable) {
 		return false
 	}
-	if errors.Is(err, upstream.ErrHandshake) {
-		return strings.Contains(err.Error(), "max number of clients")
+	if refusal, ok := errors.AsType[*upstream.HandshakeRefusal](err); ok {
+		return refusal.ClientLimit()
 	}
 	return true
 }

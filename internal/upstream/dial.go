@@ -335,6 +335,15 @@ func (e *HandshakeRefusal) StateReply() []byte {
 
 var stateRefusals = [][]byte{[]byte("-BUSY "), []byte("-LOADING "), []byte("-MASTERDOWN ")}
 
+// ClientLimit reports whether Redis refused the connection for its
+// maxclients: it sends the error on accept and closes, so the first
+// handshake command reads it.
+func (e *HandshakeRefusal) ClientLimit() bool {
+	return bytes.HasPrefix(e.Reply, clientLimitReply)
+}
+
+var clientLimitReply = []byte("-ERR max number of clients reached")
+
 // ErrNotPrimary wraps a dial refused because the server said it is a
 // replica where Options.WantPrimary asked for a primary.
 var ErrNotPrimary = errors.New("server is not a primary")
