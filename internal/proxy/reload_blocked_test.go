@@ -18,7 +18,8 @@ import (
 )
 
 // holdingForwarder passes connections on to a server. The connection
-// whose client sent a BLPOP can have what the server sends it held back
+// whose client sent the blocking command named (BLPOP, BLMOVE) can have
+// what the server sends it held back
 // (hold), as a reply still on its way is; the forwarder records whether
 // a CLIENT UNBLOCK went through it and whether the blocked connection's
 // client closed it.
@@ -29,7 +30,7 @@ type holdingForwarder struct {
 	sawUnblock, closed atomic.Bool
 }
 
-func startHoldingForwarder(t *testing.T, to string) *holdingForwarder {
+func startHoldingForwarder(t *testing.T, to, blocking string) *holdingForwarder {
 	f := &holdingForwarder{release: make(chan struct{})}
 	stop := make(chan struct{})
 	f.addr = redistest.Forward(t, to, func(wg *sync.WaitGroup, c, up net.Conn) {
@@ -39,7 +40,7 @@ func startHoldingForwarder(t *testing.T, to string) *holdingForwarder {
 			for {
 				n, err := c.Read(buf)
 				if n > 0 {
-					if bytes.Contains(buf[:n], []byte("BLPOP")) {
+					if bytes.Contains(buf[:n], []byte(blocking)) {
 						blocker.Store(true)
 					}
 					if bytes.Contains(buf[:n], []byte("UNBLOCK")) {
@@ -92,7 +93,7 @@ func startHoldingForwarder(t *testing.T, to string) *holdingForwarder {
 func poppedAcrossMove(t *testing.T, watch bool) (blocked *rawConn, fw *holdingForwarder, directA, directB *redis.Client) {
 	t.Helper()
 	a, b := redistest.Start(t), redistest.Start(t)
-	fw = startHoldingForwarder(t, a.Addr())
+	fw = startHoldingForwarder(t, a.Addr(), "BLPOP")
 	p := proxytest.Start(t, a, func(c *config.Config) { c.Upstream.Address = fw.addr })
 	directA, directB = a.Client(t), b.Client(t)
 	blocked = dialRaw(t, p.Addr)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"strings"
 
+	"github.com/redproxy/redproxy/internal/guard"
 	"github.com/redproxy/redproxy/internal/resp"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
@@ -22,7 +23,7 @@ import (
 // BLMOVE and BRPOPLPUSH are left alone: the element is in the
 // destination list, where a reliable queue's reaper finds it, and XREAD
 // consumes nothing (XREADGROUP's entries wait in the pending list).
-func requeueCmd(name string, args [][]byte, reply []byte) []byte {
+func requeueCmd(name string, args [][]byte, reply []byte) [][]byte {
 	top, ok := resp.ArrayElements(reply)
 	if !ok || len(top) < 2 {
 		return nil // null: nothing was popped
@@ -41,7 +42,7 @@ func requeueCmd(name string, args [][]byte, reply []byte) []byte {
 		if name == "brpop" {
 			push = "RPUSH"
 		}
-		return resp.AppendCommand(nil, []byte(push), key, elem)
+		return [][]byte{[]byte(push), key, elem}
 	case "bzpopmin", "bzpopmax":
 		if len(top) != 3 {
 			return nil
@@ -51,7 +52,7 @@ func requeueCmd(name string, args [][]byte, reply []byte) []byte {
 		if !ok1 || !ok2 {
 			return nil
 		}
-		return resp.AppendCommand(nil, []byte("ZADD"), key, []byte("NX"), score, member)
+		return [][]byte{[]byte("ZADD"), key, []byte("NX"), score, member}
 	case "blmpop", "bzmpop":
 		elems, ok := resp.ArrayElements(top[1])
 		if !ok || len(top) != 2 || len(elems) == 0 {
@@ -71,7 +72,7 @@ func requeueCmd(name string, args [][]byte, reply []byte) []byte {
 				}
 				cmd = append(cmd, score, member)
 			}
-			return resp.AppendCommand(nil, cmd...)
+			return cmd
 		}
 		// Taken from the LEFT or RIGHT end, first popped first: pushed
 		// back last first, so that the first is at that end again.
@@ -91,25 +92,55 @@ func requeueCmd(name string, args [][]byte, reply []byte) []byte {
 			}
 			cmd = append(cmd, e)
 		}
-		return resp.AppendCommand(nil, cmd...)
+		return cmd
 	}
 	return nil
 }
 
-// requeue sends requeueCmd's command for a pop whose client left, on a
-// shared connection of b in the client's database.
-func (sess *Session) requeue(b *upstream.Backend, name string, args [][]byte, reply []byte) {
-	cmd := requeueCmd(name, args, reply)
-	if cmd == nil {
-		return
+// leftBlockRan finishes, for a client that left (or was killed) while
+// blocked, a blocking command Redis had already served: what a pop took
+// is put back (requeueCmd), and whatever the command or the putting back
+// wrote gets its policy TTL. The pushed-back key may be one the pop had
+// emptied and so deleted with its TTL; BLMOVE's destination is left as
+// it is, and its fix-up was unsent. Either way a key the policy requires
+// a TTL on was left without one (found by review: a CLIENT KILL right
+// after Redis served a BLMOVE). fixups are the command's own, sent on a
+// shared connection of b in the client's database, after the command,
+// whose reply is in.
+func (sess *Session) leftBlockRan(b *upstream.Backend, name string, args [][]byte, reply []byte, fixups [][]byte) {
+	if resp.IsError(reply) || resp.IsNull(reply) {
+		return // nothing ran, or nothing was popped
 	}
 	call := upstream.NewCall()
-	call.Add(cmd)
+	back := requeueCmd(name, args, reply)
+	if back != nil {
+		call.Add(resp.AppendCommand(nil, back...))
+		// A batch of its own: the session's holds fixups.
+		var g guard.Batch
+		g.Prepare(sess.srv.guard.Policy(), sess.cmds.table, []resp.Request{{Args: back}}, sess.userName(), sess.listenerName(), nil)
+		if d := g.Decision(0); d != nil && len(d.Expires) > 0 {
+			for _, f := range g.Fixups(d.Expires) {
+				call.Add(f)
+			}
+		}
+	} else {
+		for _, f := range fixups {
+			call.Add(f)
+		}
+		// What the command did stays: the mirror is told, as for an
+		// answered one.
+		sess.mirrorBlocked(name, args, reply, fixups)
+	}
+	if call.Len() == 0 {
+		return
+	}
 	b.Pool(sess.db, false).Do(call)
-	r, err := call.Reply(0)
-	if err != nil || resp.IsError(r) {
-		sess.srv.log.Warn("an element popped for a client that had left could not be put back",
-			"command", name, "reply", string(r), "err", err)
+	for i := range call.Len() {
+		if r, err := call.Reply(i); err != nil || resp.IsError(r) {
+			sess.srv.log.Warn("what a blocking command did for a client that had left could not be finished",
+				"command", name, "reply", string(r), "err", err)
+			return
+		}
 	}
 }
 

@@ -35,7 +35,11 @@ func TestRequeueCmd(t *testing.T) {
 			want("ZADD", "z", "NX", "1", "a", "2", "b")},
 		{"blmove", args("BLMOVE", "s", "d", "LEFT", "RIGHT", "0"), "$1\r\na\r\n", ""},
 	} {
-		if got := string(requeueCmd(tc.name, tc.args, []byte(tc.reply))); got != tc.want {
+		got := ""
+		if back := requeueCmd(tc.name, tc.args, []byte(tc.reply)); back != nil {
+			got = string(resp.AppendCommand(nil, back...))
+		}
+		if got != tc.want {
 			t.Errorf("%s %q: %q, want %q", tc.name, tc.reply, got, tc.want)
 		}
 	}
