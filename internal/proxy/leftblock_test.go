@@ -6,11 +6,26 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/policy"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
+
+// startTTLBehindHolder starts a proxy whose policy requires a TTL on fx:*
+// keys (an hour by default), in front of a Redis behind a forwarder that
+// can hold the replies to the connection that sent blocking.
+func startTTLBehindHolder(t *testing.T, blocking string) (*proxytest.Proxy, *holdingForwarder, *redis.Client) {
+	r := redistest.Start(t)
+	fw := startHoldingForwarder(t, r.Addr(), blocking)
+	p := proxytest.Start(t, r, func(c *config.Config) {
+		c.Upstream.Address = fw.addr
+		c.Policy.TTL = []policy.TTLRule{{Pattern: "fx:*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
+	})
+	return p, fw, r.Client(t)
+}
 
 // A client killed (CLIENT KILL) after Redis served its BLMOVE, with the
 // reply still on its way to the proxy: the block is ended as for a client
@@ -19,13 +34,7 @@ import (
 // with it the fix-up: a key the policy requires a TTL on lived for ever
 // (seen in CI, where the kill came before the proxy had read the reply).
 func TestClientKillAfterRedisServedABlockedMoveKeepsItsTTL(t *testing.T) {
-	r := redistest.Start(t)
-	fw := startHoldingForwarder(t, r.Addr(), "BLMOVE")
-	p := proxytest.Start(t, r, func(c *config.Config) {
-		c.Upstream.Address = fw.addr
-		c.Policy.TTL = []policy.TTLRule{{Pattern: "fx:*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
-	})
-	direct := r.Client(t)
+	p, fw, direct := startTTLBehindHolder(t, "BLMOVE")
 	victim := dialRaw(t, p.Addr)
 	victim.send([]string{"CLIENT", "ID"})
 	id, _ := victim.readReply()
@@ -61,13 +70,7 @@ func TestClientKillAfterRedisServedABlockedMoveKeepsItsTTL(t *testing.T) {
 // it gets the policy's TTL as any write through the proxy does. Without
 // it, the key the policy requires a TTL on lived for ever.
 func TestPopPutBackForAClientThatLeftGetsItsTTL(t *testing.T) {
-	r := redistest.Start(t)
-	fw := startHoldingForwarder(t, r.Addr(), "BLPOP")
-	p := proxytest.Start(t, r, func(c *config.Config) {
-		c.Upstream.Address = fw.addr
-		c.Policy.TTL = []policy.TTLRule{{Pattern: "fx:*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
-	})
-	direct := r.Client(t)
+	p, fw, direct := startTTLBehindHolder(t, "BLPOP")
 	worker := dialRaw(t, p.Addr)
 	worker.send([]string{"BLPOP", "fx:q", "0"})
 	redistest.Eventually(t, 5*time.Second, func() bool { return blockedClients(direct) == 1 }, "BLPOP never blocked")
