@@ -64,3 +64,67 @@ func TestLookaheadSeesAWriteSplitByReads(t *testing.T) {
 		}
 	}
 }
+
+// The same with a large value between a write and its EXPIRE: the value
+// comes over several reads, and the look-ahead reads on until it is whole
+// (found by a probe: with 70 KB and more between them the lock's SET NX
+// was refused and the counter got the rule's default, where Redis answers
+// each as sent). Up to the look-ahead's 1 MB.
+func TestLookaheadReadsALargeRequestBetween(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Policy = holesPolicy() })
+	db0 := dbClient(t, p.Redis, 0)
+	for _, size := range []int{70 << 10, 300 << 10, 600 << 10} {
+		counter, lock := fmt.Sprintf("s:rl:big:%d", size), fmt.Sprintf("l:lock:big:%d", size)
+		value := strings.Repeat("v", size)
+		nc := p.Dial(t)
+		got := roundTrip(t, nc,
+			[]string{"INCR", counter}, []string{"SET", lock, "owner", "NX"},
+			[]string{"SET", "free:payload", value},
+			[]string{"EXPIRE", counter, "60", "NX"}, []string{"PEXPIRE", lock, "5000"})
+		nc.Close()
+		if want := []string{":1", "+OK", "+OK", ":1", ":1"}; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%d bytes between: replies %q, want %q", size, got, want)
+			continue
+		}
+		if d := pttl(t, db0, counter); d > 60*time.Second || d <= 0 {
+			t.Errorf("%d bytes between: the counter's TTL is %v, want the 60 s its EXPIRE NX set", size, d)
+		}
+		if d := pttl(t, db0, lock); d > 5*time.Second || d <= 0 {
+			t.Errorf("%d bytes between: the lock's TTL is %v, want its 5 s", size, d)
+		}
+	}
+}
+
+// A write and its EXPIRE on either side of the batch's cap of 1,024
+// requests, in one small write: the look-ahead takes the batch past the
+// cap (found by a probe: INCR as the 1,024th request got the rule's
+// default and its EXPIRE NX :0; a lock's SET NX was refused).
+func TestLookaheadCrossesTheBatchCap(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Policy = holesPolicy() })
+	db0 := dbClient(t, p.Redis, 0)
+	for _, before := range []int{1022, 1023, 1024, 2046, 2047} {
+		counter, lock := fmt.Sprintf("s:rl:cap:%d", before), fmt.Sprintf("l:lock:cap:%d", before)
+		var cmds [][]string
+		var want []string
+		for range before {
+			cmds = append(cmds, []string{"PING"})
+			want = append(want, "+PONG")
+		}
+		cmds = append(cmds, []string{"INCR", counter}, []string{"EXPIRE", counter, "60", "NX"},
+			[]string{"SET", lock, "owner", "NX"}, []string{"PEXPIRE", lock, "5000"})
+		want = append(want, ":1", ":1", "+OK", ":1")
+		nc := p.Dial(t)
+		got := roundTrip(t, nc, cmds...)
+		nc.Close()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%d PINGs before: replies %q, want %q", before, got[before:], want[before:])
+			continue
+		}
+		if d := pttl(t, db0, counter); d > 60*time.Second || d <= 0 {
+			t.Errorf("%d PINGs before: the counter's TTL is %v, want the 60 s its EXPIRE NX set", before, d)
+		}
+		if d := pttl(t, db0, lock); d > 5*time.Second || d <= 0 {
+			t.Errorf("%d PINGs before: the lock's TTL is %v, want its 5 s", before, d)
+		}
+	}
+}

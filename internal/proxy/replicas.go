@@ -175,7 +175,7 @@ type offsetSample struct {
 type replicaReads struct {
 	// forwarded counts the commands of the batch's Call that a replica
 	// may serve; the Call goes to one only if that is all of them. A
-	// batch holds at most resp.DefaultMaxBatch (1024) requests.
+	// batch holds at most resp.MaxExtendedBatch (2048) requests.
 	forwarded int16
 	// wrote: a command that may write was forwarded and its reply is not
 	// in yet (writeForwarded, or a Call with more than reads).
@@ -205,8 +205,8 @@ type replicaReads struct {
 }
 
 // replicaReads.forwarded is an int16: a batch must fit in it (this stops
-// the build if resp.DefaultMaxBatch ever outgrows it).
-const _ = uint16(1<<15 - 1 - resp.DefaultMaxBatch)
+// the build if resp.MaxExtendedBatch ever outgrows it).
+const _ = uint16(1<<15 - 1 - resp.MaxExtendedBatch)
 
 // replicaCall is a Call of the replica path with a copy of its commands:
 // a Call given up on after reply_timeout may still be written later, when

@@ -429,6 +429,15 @@ func (sess *Session) sendingAtDeadline(got int, err error, received uint64) bool
 // that is decided in parts, as before.
 const lookAheadBytes = 1 << 20
 
+// lookAheadRequests is how many requests one look-ahead pass may add to
+// a batch past its cap (resp.DefaultMaxBatch): a write and the EXPIRE
+// after it on either side of the cap were decided apart (found by a
+// probe: INCR as the 1,024th request and EXPIRE NX as the 1,025th got the
+// rule's default and :0, where Redis answers :1). Small, so that a pass
+// ends soon after the cut it was for, where the batch's new end is
+// likely not another cut.
+const lookAheadRequests = 64
+
 // maxLookAheadPasses bounds how often one batch is extended and decided
 // again: a client that trickles a request per write, each ending with the
 // start of the next, would otherwise have the whole batch re-parsed and
@@ -452,7 +461,11 @@ func (sess *Session) extendBatch() (reqs []resp.Request, grew bool) {
 		wait = lookAheadWaitPartial
 	}
 	sess.nc.SetReadDeadline(time.Now().Add(wait))
-	reqs, grew = sess.rd.Extend(lookAheadBytes)
+	extra := lookAheadRequests
+	if sess.srv.batchLoad.cap.Load() > 0 {
+		extra = 0 // loaded: every client's batches stay small (batchLoad)
+	}
+	reqs, grew = sess.rd.Extend(lookAheadBytes, extra)
 	// The session's own deadline again at once: a relay that the batch
 	// starts reads the socket before the loop sets it. Unless interrupt
 	// (shutdown, CLIENT KILL) set one meanwhile, which this would erase:

@@ -1,6 +1,7 @@
 package resp
 
 import (
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -34,12 +35,82 @@ func TestReaderExtendTakesBufferedRequestsWithoutReading(t *testing.T) {
 		t.Fatal(err)
 	}
 	server.SetReadDeadline(time.Now().Add(10 * time.Second))
-	more, grew := r.Extend(1 << 20)
+	more, grew := r.Extend(1<<20, 0)
 	if len(more) != 5 || !grew {
 		t.Fatalf("Extend: %d requests, grew %v; want the 5 buffered, and no read for the sixth", len(more), grew)
 	}
 	reqs, err = r.ReadBatch()
 	if err != nil || len(reqs) != 1 || string(reqs[0].Args[1]) != "later" {
 		t.Fatalf("the next ReadBatch: %d requests, %v; want the ECHO", len(reqs), err)
+	}
+}
+
+// A request that arrives over several reads, after a batch, is read whole
+// by one Extend: the look-ahead stopped at the first read that brought
+// only part of it (found by a probe: a 70 KB value between a write and
+// its EXPIRE ended the look-ahead, and the write was refused).
+func TestReaderExtendReadsARequestThatComesInPieces(t *testing.T) {
+	big := strings.Repeat("v", 70<<10)
+	stream := "*3\r\n$3\r\nSET\r\n$1\r\na\r\n$1\r\n1\r\n" +
+		"*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n$" + strconv.Itoa(len(big)) + "\r\n" + big + "\r\n" +
+		"*3\r\n$7\r\nPEXPIRE\r\n$1\r\na\r\n$4\r\n5000\r\n"
+	r := NewReader(&chunkReader{data: []byte(stream), n: 4096}, DefaultLimits)
+	defer r.Close()
+	reqs, err := r.ReadBatch()
+	if err != nil || len(reqs) != 1 {
+		t.Fatalf("ReadBatch: %d requests, %v; want the first SET alone", len(reqs), err)
+	}
+	more, grew := r.Extend(1<<20, 0)
+	if !grew || len(more) < 2 || len(more[1].Args[2]) != len(big) {
+		t.Fatalf("Extend: %d requests, grew %v; want the large SET read whole", len(more), grew)
+	}
+	if len(more) == 2 {
+		more, grew = r.Extend(1<<20, 0)
+	}
+	if !grew || len(more) != 3 || string(more[2].Args[0]) != "PEXPIRE" {
+		t.Fatalf("Extend: %d requests, grew %v; want the PEXPIRE too", len(more), grew)
+	}
+}
+
+// A batch at its cap grows past it by the extra requests Extend is given,
+// and no further than MaxExtendedBatch; with none it stays at the cap.
+func TestReaderExtendGrowsPastTheCapByExtra(t *testing.T) {
+	ping := "*1\r\n$4\r\nPING\r\n"
+	lim := DefaultLimits
+	lim.MaxBatch = 4
+	read := func() *Reader {
+		r := NewReader(&chunkReader{data: []byte(strings.Repeat(ping, 10)), n: 1 << 20}, lim)
+		t.Cleanup(r.Close)
+		if reqs, err := r.ReadBatch(); err != nil || len(reqs) != 4 {
+			t.Fatalf("ReadBatch: %d requests, %v; want the cap's 4", len(reqs), err)
+		}
+		return r
+	}
+	if more, grew := read().Extend(1<<20, 0); more != nil || grew {
+		t.Fatalf("Extend with no extra: %d requests, grew %v; want the batch left at its cap", len(more), grew)
+	}
+	r := read()
+	if more, grew := r.Extend(1<<20, 3); !grew || len(more) != 7 {
+		t.Fatalf("Extend by 3: %d requests, grew %v; want 7", len(more), grew)
+	}
+	if reqs, err := r.ReadBatch(); err != nil || len(reqs) != 3 {
+		t.Fatalf("the next ReadBatch: %d requests, %v; want the 3 left", len(reqs), err)
+	}
+	// Extended again and again, it stops at MaxExtendedBatch.
+	r = NewReader(&chunkReader{data: []byte(strings.Repeat(ping, MaxExtendedBatch+10)), n: 1 << 20}, lim)
+	defer r.Close()
+	reqs, err := r.ReadBatch()
+	if err != nil || len(reqs) != 4 {
+		t.Fatalf("ReadBatch: %d requests, %v", len(reqs), err)
+	}
+	for range MaxExtendedBatch {
+		more, _ := r.Extend(1<<20, 1<<20)
+		if more == nil {
+			break
+		}
+		reqs = more
+	}
+	if len(reqs) != MaxExtendedBatch {
+		t.Fatalf("extended to %d requests, want MaxExtendedBatch (%d)", len(reqs), MaxExtendedBatch)
 	}
 }

@@ -44,6 +44,9 @@ var DefaultLimits = Limits{
 // amortised; beyond it a batch only costs memory.
 const DefaultMaxBatch = 1024
 
+// MaxExtendedBatch bounds a batch that Extend grew past its cap.
+const MaxExtendedBatch = 2 * DefaultMaxBatch
+
 // ProtocolError is a request the proxy cannot frame. As in Redis, the client
 // gets "-ERR Protocol error: ..." and the connection is closed, because the
 // rest of the stream can no longer be split into requests reliably.
@@ -100,6 +103,9 @@ type Reader struct {
 	// batchCap, when set, lowers lim.MaxBatch while it holds a smaller
 	// positive value (SetBatchCap).
 	batchCap *atomic.Int32
+	// extendTo, while Extend parses, is the batch's cap in its place
+	// (0: the usual one).
+	extendTo int
 	// raw is rd's socket, read directly so that the wait for an idle
 	// client needs no buffer; nil when rd has none, and then the buffer is
 	// kept once taken.
@@ -265,20 +271,31 @@ func (r *Reader) ReadBatch() ([]Request, error) {
 // Extend is for a caller whose decisions about a batch depend on what the
 // client sent after it (the policy's look-ahead, which trusts a later
 // EXPIRE for an earlier write's TTL): one write of a client can be split
-// over batches wherever a read ends, and a pipeline past the read buffer's
-// 16 KB always is. When the client has sent more than the last batch that
-// ReadBatch or Extend returned (part of a request is buffered, or the last
-// read filled the buffer), Extend returns that batch again with the
-// requests that follow it, all parsed anew: those already buffered if
-// there are any, else those one more read brings; more reports whether
-// there are any. A nil reqs means nothing was done and the batch
-// stands: no sign of more, or the batch already holds maxBytes or as many
-// requests as a batch may. Otherwise the slices returned before are
+// over batches wherever a read ends or the batch's cap falls, and a
+// pipeline past the read buffer's 16 KB always is. When the client has
+// sent more than the last batch that ReadBatch or Extend returned (part of
+// a request is buffered, or the last read filled the buffer), Extend
+// returns that batch again with the requests that follow it, all parsed
+// anew: those already buffered if there are any, else those that reads
+// bring, read until at least one request is whole (a large argument
+// arrives over several reads: found by a probe, whose 70 KB value between
+// a write and its EXPIRE ended the look-ahead at the first read); more
+// reports whether there are any. The batch may grow past its cap by
+// extra requests (0: not past it), to MaxExtendedBatch at most: a write
+// and its EXPIRE on either side of the cap's boundary were decided apart
+// (found by the same probe). A nil reqs means nothing was done and the
+// batch stands: no sign of more, or the batch already holds maxBytes or
+// as many requests as it may. Otherwise the slices returned before are
 // invalidated, as by ReadBatch, and reqs replaces them. A read that ends
 // in an error, or at the read deadline the caller sets to bound the wait,
-// adds nothing (the error comes again at the next read). Only right after
-// ReadBatch or Extend, before anything else reads the connection.
-func (r *Reader) Extend(maxBytes int) (reqs []Request, more bool) {
+// ends the reading (the error comes again at the next read). Only right
+// after ReadBatch or Extend, before anything else reads the connection.
+func (r *Reader) Extend(maxBytes, extra int) (reqs []Request, more bool) {
+	n := len(r.reqs)
+	if limit := r.batchLimit(); extra > 0 && limit > 0 {
+		r.extendTo = min(max(limit, n+extra), MaxExtendedBatch)
+		defer func() { r.extendTo = 0 }()
+	}
 	if r.r == r.w && r.w < len(r.buf) || r.w-r.batchStart >= maxBytes || r.batchFull() {
 		return nil, false
 	}
@@ -286,7 +303,6 @@ func (r *Reader) Extend(maxBytes int) (reqs []Request, more bool) {
 	// are buffered after it (a batch cut by a load cap that has lifted
 	// since): a read would wait for a client that is waiting for its
 	// replies (found by review).
-	n := len(r.reqs)
 	r.rewind()
 	if _ = r.parseAll(); len(r.reqs) > n {
 		return r.reqs, true
@@ -294,14 +310,19 @@ func (r *Reader) Extend(maxBytes int) (reqs []Request, more bool) {
 	// Nothing complete after it: read more, and parse the batch again from
 	// its first byte (a request cut short is parsed from its start rather
 	// than resumed).
-	r.rewind()
-	if r.w == len(r.buf) {
-		r.grow() // compacts first: the batch moves to the front
+	for {
+		r.rewind()
+		if r.w == len(r.buf) {
+			r.grow() // compacts first: the batch moves to the front
+		}
+		r.batchStart = r.r
+		err := r.fill() // an error ends the reading, and comes again
+		perr := r.parseAll()
+		if err != nil || perr != nil || len(r.reqs) > n || r.w-r.batchStart >= maxBytes {
+			// (A protocol error, too, comes again at the next ReadBatch.)
+			return r.reqs, len(r.reqs) > n
+		}
 	}
-	r.batchStart = r.r
-	_ = r.fill()     // an error adds nothing, and comes again
-	_ = r.parseAll() // so does a protocol error, at the next ReadBatch
-	return r.reqs, len(r.reqs) > n
 }
 
 // rewind undoes the parse of the batch that starts at batchStart.
@@ -331,13 +352,22 @@ func (r *Reader) Buffered() bool { return r.r < r.w }
 
 // batchFull reports whether the batch holds as many requests as one may.
 func (r *Reader) batchFull() bool {
+	limit := r.batchLimit()
+	return limit > 0 && len(r.reqs) >= limit || r.unauth
+}
+
+// batchLimit is how many requests a batch may hold now (0: no cap).
+func (r *Reader) batchLimit() int {
+	if r.extendTo > 0 {
+		return r.extendTo
+	}
 	limit := r.lim.MaxBatch
 	if r.batchCap != nil {
 		if c := int(r.batchCap.Load()); c > 0 && (limit <= 0 || c < limit) {
 			limit = c
 		}
 	}
-	return limit > 0 && len(r.reqs) >= limit || r.unauth
+	return limit
 }
 
 // fill reads once from the connection into buf[w:]. It returns an error
@@ -693,12 +723,7 @@ func (r *Reader) SetBatchCap(c *atomic.Int32) { r.batchCap = c }
 
 func (r *Reader) parseAll() error {
 	r.need = 0
-	limit := r.lim.MaxBatch
-	if r.batchCap != nil {
-		if c := int(r.batchCap.Load()); c > 0 && (limit <= 0 || c < limit) {
-			limit = c
-		}
-	}
+	limit := r.batchLimit()
 	for r.r < r.w && (limit <= 0 || len(r.reqs) < limit) && !(r.unauth && len(r.reqs) > 0) {
 		b := r.buf[r.r:r.w]
 		var n int
