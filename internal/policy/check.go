@@ -207,6 +207,14 @@ func (c *checker) checkOne(i int) {
 		return
 	}
 
+	if !req.Cmd.ArityOK(len(req.Args)) && req.Cmd.Subcommands == nil {
+		// Redis refuses it for its argument count before it does anything,
+		// and in MULTI at queue time: its error is the client's, not a
+		// policy refusal (found by a probe: SETEX k 7200 without a value
+		// was refused as exceeding a rule's max TTL).
+		return
+	}
+
 	if a := c.act(rs.values.action); a != Off && req.Cmd.Is(commands.Write) && !carriesCode(req.Cmd) {
 		if idx := c.oversizeArg(req, rs.values.max); idx > 0 {
 			msg := fmt.Sprintf("%svalue of %d bytes exceeds %d (rule %q); store large objects elsewhere and keep a reference in Redis",

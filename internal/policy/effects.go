@@ -246,18 +246,25 @@ func ttlOption(a []byte) (ttlUnit, bool) {
 // Options are parsed the way Redis parses them only to decide whether the
 // SET certainly sets the TTL (for the look-ahead); whether it creates a key
 // without a TTL depends on nothing but the absence of a TTL option, so a
-// parse that disagrees with Redis cannot open a hole.
+// parse that disagrees with Redis cannot open a hole. Options that
+// conflict (NX with XX, two TTL units, KEEPTTL with a TTL) Redis refuses
+// with a syntax error in every version, and in MULTI at EXEC, where the
+// transaction's other commands still run: such a SET has no effect, so
+// the client gets Redis's error (found by a probe: "needs a TTL", and
+// inside MULTI an EXECABORT that ran nothing). An option Redis 7.0 does
+// not know may be one a later Redis does: that SET is classified by what
+// it would do.
 func classifySet(args [][]byte, dst []keyEffect) []keyEffect {
 	if len(args) < 3 {
 		return dst
 	}
-	var nx, xx, get, keep, bad bool
+	var nx, xx, get, keep, unknown, conflict bool
 	ttl, unit := 0, ttlUnit(0)
 	for i := 3; i < len(args); i++ {
 		a := args[i]
 		if u, ok := ttlOption(a); ok && i+1 < len(args) {
 			if keep || (ttl > 0 && u != unit) {
-				bad = true
+				conflict = true
 			}
 			ttl, unit = i+1, u
 			i++
@@ -265,20 +272,24 @@ func classifySet(args [][]byte, dst []keyEffect) []keyEffect {
 		}
 		switch {
 		case eqFold(a, "nx"):
-			bad = bad || xx
+			conflict = conflict || xx
 			nx = true
 		case eqFold(a, "xx"):
-			bad = bad || nx
+			conflict = conflict || nx
 			xx = true
 		case eqFold(a, "get"):
 			get = true
 		case eqFold(a, "keepttl"):
-			bad = bad || ttl > 0
+			conflict = conflict || ttl > 0
 			keep = true
 		default:
-			bad = true
+			unknown = true
 		}
 	}
+	if conflict {
+		return dst
+	}
+	bad := unknown
 	if ttl > 0 {
 		return append(dst, keyEffect{key: 1, kind: effSetTTL, creates: true, ttl: ttl, unit: unit, conditional: nx || xx || get || bad})
 	}
@@ -296,20 +307,28 @@ func classifySet(args [][]byte, dst []keyEffect) []keyEffect {
 // max: checking the first let GETEX k EX 100 EX 99999999 escape it (found
 // by review). Redis refuses with a syntax error TTL options of different
 // units, PERSIST with a TTL option, an option without its value and
-// unknown options; as in classifySet such a GETEX is still classified by
-// what it would do (PERSIST first, as the refused effect, else the last
-// TTL), so a parse that disagrees with Redis cannot open a hole.
+// unknown options. The conflicts (two units, PERSIST with a TTL) it
+// refuses in every version, so such a GETEX has no effect and the client
+// gets Redis's error (found by a probe: "must keep its TTL"); one with an
+// option Redis 7.0 does not know is still classified by what it would do
+// (PERSIST first, as the refused effect, else the last TTL), so a parse
+// that disagrees with a later Redis cannot open a hole.
 func classifyGetex(args [][]byte, dst []keyEffect) []keyEffect {
-	ttl, unit, persist := 0, ttlUnit(0), false
+	ttl, unit, persist, conflict := 0, ttlUnit(0), false, false
 	for i := 2; i < len(args); i++ {
 		if u, ok := ttlOption(args[i]); ok && i+1 < len(args) {
+			conflict = conflict || persist || ttl > 0 && u != unit
 			ttl, unit = i+1, u
 			i++
 			continue
 		}
 		if eqFold(args[i], "persist") {
+			conflict = conflict || ttl > 0
 			persist = true
 		}
+	}
+	if conflict {
+		return dst
 	}
 	switch {
 	case persist:
@@ -482,7 +501,12 @@ func classifyExpire(unit ttlUnit) classifier {
 				bad = true
 			}
 		}
-		bad = bad || nx && (xx || gt || lt) || gt && lt
+		if nx && (xx || gt || lt) || gt && lt {
+			// Refused by Redis in every version ("not compatible"): the
+			// client gets that error, not a policy refusal (found by a
+			// probe).
+			return dst
+		}
 		return append(dst, keyEffect{key: 1, kind: effSetTTL, ttl: 2, unit: unit, conditional: xx || gt || bad})
 	}
 }

@@ -308,7 +308,9 @@ func TestUnclassifiableCommandsReported(t *testing.T) {
 // TestGetexLastTTLOptionChecked: Redis's GETEX, like SET, applies the last
 // of repeated TTL options, so that is the one max applies to (found by
 // review: the first was checked). Mixed units and PERSIST with a TTL are
-// syntax errors to Redis; they are classified by what they would do.
+// syntax errors to Redis in every version: the client gets Redis's error,
+// not a policy refusal (found by a probe). An option Redis does not know
+// is classified by what the rest would do.
 func TestGetexLastTTLOptionChecked(t *testing.T) {
 	p := compileDoc(t, ttlDoc)
 	runBatchCases(t, p, []batchCase{
@@ -316,10 +318,39 @@ func TestGetexLastTTLOptionChecked(t *testing.T) {
 		{"last ex refused", []string{"GETEX l:k EX 30 EX 99999"}, []string{"refused:ttl_max"}},
 		{"last px refused", []string{"GETEX l:k PX 30000 PX 99999999"}, []string{"refused:ttl_max"}},
 		{"first over, last within", []string{"GETEX l:k EX 99999 EX 30"}, []string{""}},
-		{"mixed units: the last", []string{"GETEX l:k EX 30 PX 99999999"}, []string{"refused:ttl_max"}},
-		{"persist after ttl", []string{"GETEX s:k EX 100 PERSIST"}, []string{"refused:ttl"}},
-		{"persist before ttl", []string{"GETEX s:k PERSIST EX 100"}, []string{"refused:ttl"}},
+		{"mixed units: Redis's syntax error", []string{"GETEX l:k EX 30 PX 99999999"}, []string{""}},
+		{"persist after ttl: Redis's syntax error", []string{"GETEX s:k EX 100 PERSIST"}, []string{""}},
+		{"persist before ttl: Redis's syntax error", []string{"GETEX s:k PERSIST EX 100"}, []string{""}},
+		{"unknown option: what PERSIST would do", []string{"GETEX s:k PERSIST BOGUS"}, []string{"refused:ttl"}},
 		{"persist twice", []string{"GETEX s:k PERSIST PERSIST"}, []string{"refused:ttl"}},
 		{"trailing ex", []string{"GETEX l:k EX 30 EX"}, []string{""}},
+	})
+}
+
+// A command Redis refuses in every version, for its argument count or for
+// options that conflict, has no effect the policy acts on: the client
+// gets Redis's error, and inside MULTI the transaction's other commands
+// still run at EXEC, as on Redis. Refused by the policy ("needs a TTL",
+// "exceeds the maximum"), a MULTI was discarded with EXECABORT (found by
+// a probe). An option Redis does not know is still classified by what
+// the rest of the command would do, as a later Redis may accept it.
+func TestCommandsRedisRefusesAreLeftToRedis(t *testing.T) {
+	p := compileDoc(t, ttlDoc)
+	runBatchCases(t, p, []batchCase{
+		{"set nx xx", []string{"SET l:k v NX XX"}, []string{""}},
+		{"set two units", []string{"SET l:k v EX 99999 PX 5"}, []string{""}},
+		{"set keepttl with ex", []string{"SET l:k v KEEPTTL EX 5"}, []string{""}},
+		{"set ex then keepttl", []string{"SET l:k v EX 99999 KEEPTTL"}, []string{""}},
+		{"set ex nx xx", []string{"SET l:k v EX 99999 NX XX"}, []string{""}},
+		{"set unknown option", []string{"SET l:k v BOGUS"}, []string{"refused:ttl"}},
+		{"set without a ttl still", []string{"SET l:k v NX"}, []string{"refused:ttl"}},
+		{"expire nx xx", []string{"EXPIRE l:k 99999 NX XX"}, []string{""}},
+		{"expire gt lt", []string{"EXPIRE l:k 99999 GT LT"}, []string{""}},
+		{"expire nx gt", []string{"PEXPIRE l:k 99999999 NX GT"}, []string{""}},
+		{"expire xx gt over max still", []string{"EXPIRE l:k 99999 XX GT"}, []string{"refused:ttl_max"}},
+		{"setex without a value", []string{"SETEX l:k 99999"}, []string{""}},
+		{"setex too many", []string{"SETEX l:k 99999 v w"}, []string{""}},
+		{"persist with an extra", []string{"PERSIST s:k extra"}, []string{""}},
+		{"persist", []string{"PERSIST s:k"}, []string{"refused:ttl"}},
 	})
 }
