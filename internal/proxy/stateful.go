@@ -1540,6 +1540,12 @@ const (
 	relayPubSub relayKind = iota
 	relayMonitor
 	relayTracking
+	// relayPlain: a pub/sub or tracking relay whose connection the client
+	// RESET, so neither subscribed nor tracking, until it subscribes or
+	// turns tracking on again (relayStateStep). A relay stays for good
+	// after RESET; CLIENT LIST showed it a subscriber, and CLIENT KILL
+	// TYPE pubsub killed it (found by a probe).
+	relayPlain
 )
 
 // startRelay turns the rest of the client's life into a raw relay to a
@@ -2496,8 +2502,13 @@ func (sess *Session) relayStateStep(args [][]byte) {
 	case txReset:
 		*tx = relayTxState{}
 		sess.mu.Lock()
-		sess.name, sess.db = "", 0
+		// RESET also ends subscriptions and tracking, and goes back to
+		// RESP2: CLIENT INFO showed resp=3 and flags=P after it.
+		sess.name, sess.db, sess.resp3 = "", 0, false
 		sess.mu.Unlock()
+		if k := relayKind(sess.list.relay.Load() - 1); k == relayPubSub || k == relayTracking {
+			sess.list.relay.Store(uint32(relayPlain) + 1)
+		}
 		return
 	case txOpen:
 		if !sess.relayInMulti {
@@ -2528,6 +2539,11 @@ func (sess *Session) relayStateStep(args [][]byte) {
 	}
 	switch cmd.Name {
 	case "select", "client|setname":
+	case "subscribe", "psubscribe", "ssubscribe", "client|tracking", "hello":
+		if !sess.relayInMulti {
+			sess.relayModeStep(cmd.Name, args)
+		}
+		return
 	default:
 		return
 	}
@@ -2558,6 +2574,45 @@ func (sess *Session) relayStateStep(args [][]byte) {
 	sess.mu.Lock()
 	sess.name = string(args[2])
 	sess.mu.Unlock()
+}
+
+// relayModeStep follows, for CLIENT INFO and LIST and CLIENT KILL TYPE, a
+// relayed command that changes the connection's mode: a subscribe or
+// CLIENT TRACKING ON after a RESET (relayPlain) makes the relay a
+// subscriber or a tracking one again, and HELLO 2 or 3 changes its
+// protocol (HELLO with AUTH never reaches Redis here: appendRelayAuth;
+// one with any option but a valid SETNAME is left alone, as Redis may
+// refuse it).
+func (sess *Session) relayModeStep(name string, args [][]byte) {
+	kind := relayKind(sess.list.relay.Load() - 1)
+	switch name {
+	case "subscribe", "psubscribe", "ssubscribe":
+		if kind == relayPlain {
+			sess.list.relay.Store(uint32(relayPubSub) + 1)
+		}
+	case "client|tracking":
+		if kind == relayPlain && len(args) > 2 && strings.EqualFold(string(args[2]), "on") {
+			sess.list.relay.Store(uint32(relayTracking) + 1)
+		}
+	case "hello":
+		if len(args) < 2 || kind == relayPubSub && !sess.resp3 {
+			return // no change; or refused in RESP2's subscribed mode
+		}
+		proto, ok := resp.ParseInt(args[1])
+		if !ok || proto != 2 && proto != 3 {
+			return
+		}
+		rest := args[2:]
+		if len(rest) != 0 && (len(rest) != 2 || !strings.EqualFold(string(rest[0]), "setname") || !validClientName(rest[1])) {
+			return
+		}
+		sess.mu.Lock()
+		sess.resp3 = proto == 3
+		if len(rest) == 2 {
+			sess.name = string(rest[1])
+		}
+		sess.mu.Unlock()
+	}
 }
 
 // appendRelayAuth answers AUTH on a relay as on any other connection of

@@ -1,0 +1,78 @@
+package proxy_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/redproxy/redproxy/internal/proxytest"
+)
+
+// clientInfoField is field k of a CLIENT INFO line.
+func clientInfoField(info any, k string) string {
+	s, _ := info.(string)
+	for _, f := range strings.Fields(s) {
+		if v, ok := strings.CutPrefix(f, k+"="); ok {
+			return v
+		}
+	}
+	return "<" + k + " missing in " + s + ">"
+}
+
+// A subscriber or tracking client that RESETs its connection is a normal
+// RESP2 client again, as on Redis, although the proxy keeps it on its
+// relay: CLIENT INFO's flags and resp say so, and CLIENT KILL TYPE pubsub
+// leaves it alone; subscribing again makes it a subscriber again. HELLO on
+// a relay changes its protocol. Before, the proxy listed it flags=P resp=3
+// for ever, and a CLIENT KILL TYPE pubsub killed it (found by a probe).
+func TestRelayAfterResetIsANormalClient(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	for _, target := range []struct{ name, addr string }{{"redis", p.Redis.Addr()}, {"proxy", p.Addr}} {
+		for _, start := range [][][]string{
+			{{"HELLO", "3"}, {"SUBSCRIBE", "ch"}},
+			{{"SUBSCRIBE", "ch"}},
+			{{"HELLO", "3"}, {"PSUBSCRIBE", "x*"}},
+			{{"HELLO", "3"}, {"CLIENT", "TRACKING", "ON"}},
+		} {
+			name := target.name + " " + strings.Join(start[len(start)-1], " ")
+			c := dialRaw(t, target.addr)
+			for _, cmd := range start {
+				c.send(cmd)
+				c.readReply()
+			}
+			if v := c.do("RESET"); v != "RESET" {
+				t.Fatalf("%s: RESET = %#v", name, v)
+			}
+			info := c.do("CLIENT", "INFO")
+			if f, r := clientInfoField(info, "flags"), clientInfoField(info, "resp"); f != "N" || r != "2" {
+				t.Errorf("%s: after RESET flags=%s resp=%s, want N and 2", name, f, r)
+			}
+			admin := dialRaw(t, target.addr)
+			if v := admin.do("CLIENT", "KILL", "TYPE", "pubsub"); v != int64(0) {
+				t.Errorf("%s: CLIENT KILL TYPE pubsub after RESET = %#v, want 0", name, v)
+			}
+			if v := c.do("PING"); v != "PONG" {
+				t.Fatalf("%s: PING after the kill = %#v", name, v)
+			}
+			// Subscribed again, it is a subscriber again.
+			c.send([]string{"SUBSCRIBE", "again"})
+			c.readReply()
+			if v := admin.do("CLIENT", "KILL", "TYPE", "pubsub"); v != int64(1) {
+				t.Errorf("%s: CLIENT KILL TYPE pubsub once subscribed again = %#v, want 1", name, v)
+			}
+		}
+		// HELLO on a tracking relay changes its protocol.
+		c := dialRaw(t, target.addr)
+		c.do("HELLO", "3")
+		c.do("CLIENT", "TRACKING", "ON")
+		c.do("HELLO", "2")
+		info := c.do("CLIENT", "INFO")
+		if r := clientInfoField(info, "resp"); r != "2" {
+			t.Errorf("%s: HELLO 2 on a tracking client: resp=%s, want 2", target.name, r)
+		}
+		c.do("HELLO", "3", "SETNAME", "again3")
+		info = c.do("CLIENT", "INFO")
+		if r, n := clientInfoField(info, "resp"), clientInfoField(info, "name"); r != "3" || n != "again3" {
+			t.Errorf("%s: HELLO 3 SETNAME on a tracking client: resp=%s name=%s, want 3 and again3", target.name, r, n)
+		}
+	}
+}
