@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -44,11 +45,21 @@ func TestPipeGivesBackTheBufferALargeReplyGrew(t *testing.T) {
 		t.Fatalf("LRANGE: %d bytes, %v", len(r), err)
 	}
 	c.Release()
-	// The pipe is idle now, waiting for Redis.
-	if grew := int64(heap()) - int64(before); grew > 16<<20 {
-		t.Fatalf("the heap holds %d MB more after a 64 MB reply than before it", grew>>20)
-	}
+	// The pipe's reader gives the buffer back once it has delivered the
+	// reply and before it waits for Redis again: the Call's end may come
+	// before the reader gets there (seen in CI under load).
+	var grew int64
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		grew = int64(heap()) - int64(before)
+		return grew <= 16<<20
+	}, "the heap holds %v MB more after a 64 MB reply than before it", lazyMB{&grew})
 }
+
+// lazyMB formats *p in MB when printed, so a failure message shows the
+// last value an Eventually condition saw.
+type lazyMB struct{ p *int64 }
+
+func (m lazyMB) String() string { return strconv.FormatInt(*m.p>>20, 10) }
 
 // A pipe stops lagging as soon as its late replies are in, not at the
 // watchdog's next tick: until then a pool whose pipes Redis had all kept
