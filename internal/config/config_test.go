@@ -779,6 +779,9 @@ max_action = "sometimes"
 	want := []wantErr{
 		{11, "policy.ttl[1].max", "whole number of seconds"},
 		{14, "policy.commands.deny[1]", `unknown command "flushal"`},
+		// No [[users]]: every client is the upstream's user, "default",
+		// so a scope for "admin" would never apply.
+		{18, "policy.scope[0].users[0]", `no user is named "admin" (users: default)`},
 		{26, "policy.scope[1].ttl[0].max_action", `invalid value "sometimes"`},
 	}
 	if len(got) != len(want) {
@@ -790,7 +793,7 @@ max_action = "sometimes"
 		}
 	}
 
-	good := strings.NewReplacer(`max = "1.5s"`, `max = "15m"`, `, "flushal"`, "", `"sometimes"`, `"refuse"`).Replace(doc)
+	good := strings.NewReplacer(`max = "1.5s"`, `max = "15m"`, `, "flushal"`, "", `"sometimes"`, `"refuse"`, `users = ["admin"]`, `users = ["default"]`).Replace(doc)
 	c, err := Parse([]byte(good), "p.toml")
 	if err != nil {
 		t.Fatal(err)

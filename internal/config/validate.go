@@ -270,6 +270,7 @@ func (c *Config) securityErrors() []*Error {
 		})...)
 	}
 	errs = append(errs, c.scopeListenerErrors()...)
+	errs = append(errs, c.scopeUserErrors()...)
 	errs = append(errs, c.overlappingNamespaces()...)
 	for i, u := range c.Users {
 		if u.Scope != "" && !c.hasScope(u.Scope) {
@@ -302,6 +303,30 @@ func (c *Config) overlappingNamespaces() []*Error {
 		for _, b := range all[:i] {
 			if a.ns != b.ns && (strings.HasPrefix(a.ns, b.ns) || strings.HasPrefix(b.ns, a.ns)) {
 				errs = append(errs, &Error{Key: a.key, Msg: fmt.Sprintf("%q overlaps %s %q: one namespace's keys would include the other's; end each with a separator such as \":\"", a.ns, b.key, b.ns)})
+			}
+		}
+	}
+	return errs
+}
+
+// scopeUserErrors reports scope entries that name no user a client can
+// be: such a scope would never apply, silently (found by a probe, where
+// the listener and users[].scope cases were errors). A client is one of
+// the [[users]], or, where it authenticates as none of them, the upstream
+// credential's user ("default" without one).
+func (c *Config) scopeUserErrors() []*Error {
+	names := []string{c.Upstream.Username}
+	if names[0] == "" {
+		names[0] = "default"
+	}
+	for _, u := range c.Users {
+		names = append(names, u.Name)
+	}
+	var errs []*Error
+	for i, s := range c.Policy.Scopes {
+		for j, u := range s.Users {
+			if !slices.Contains(names, u) {
+				errs = append(errs, &Error{Key: fmt.Sprintf("policy.scope[%d].users[%d]", i, j), Msg: fmt.Sprintf("no user is named %q (users: %s)", u, strings.Join(names, ", "))})
 			}
 		}
 	}
