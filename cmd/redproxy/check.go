@@ -69,7 +69,8 @@ func runCheck(argv []string, stdout, stderr io.Writer) int {
 		return checkBad
 	}
 	ov.Sources = envSources(fromEnv)
-	if _, err := parsePolicyMode(*policyMode, fromEnv); err != nil {
+	forced, err := parsePolicyMode(*policyMode, fromEnv)
+	if err != nil {
 		fmt.Fprintf(stderr, "redproxy check: %v\n", err)
 		return checkBad
 	}
@@ -107,6 +108,12 @@ func runCheck(argv []string, stdout, stderr io.Writer) int {
 		return checkBad
 	}
 	fmt.Fprintf(stdout, "# Effective configuration of %s, every default filled in.\n", *configPath)
+	if forced != policy.Enforce {
+		// The cap is no setting of the file's, so it is said here: the
+		// output showed the file's mode alone, as if it were in force
+		// (found by a probe).
+		fmt.Fprintf(stdout, "# --policy-mode %s caps every policy rule below: %s.\n", forced, policyCapMeaning[forced])
+	}
 	stdout.Write(out)
 	fmt.Fprintf(stderr, "redproxy check: %s: configuration is valid\n", *configPath)
 	return checkOK
@@ -130,6 +137,12 @@ func overrideFlags(fs *flag.FlagSet) *config.Overrides {
 		"let a listener that is not loopback start with no [[users]] and no upstream password (server.allow_unauthenticated); =false turns it off whatever the file says")
 	fs.StringVar(&ov.AdminTokenFile, "admin-token-file", "", "file with the bearer token the admin endpoint requires (admin.token_file)")
 	return &ov
+}
+
+// policyCapMeaning says what a --policy-mode below enforce does.
+var policyCapMeaning = map[policy.Action]string{
+	policy.Report: "violations are logged and counted, nothing is refused or fixed",
+	policy.Off:    "no rule acts",
 }
 
 // policyModeFlag registers --policy-mode, for the proxy and for check.

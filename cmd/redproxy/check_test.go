@@ -65,6 +65,31 @@ func TestCheckValidPrintsEffective(t *testing.T) {
 	}
 }
 
+// TestCheckSaysThePolicyCap: --policy-mode (or REDPROXY_POLICY_MODE) below
+// enforce caps every rule; check says so above the settings, which show
+// the file's mode (found by a probe: the output said mode = 'enforce'
+// alone under --policy-mode off). At enforce there is nothing to say.
+func TestCheckSaysThePolicyCap(t *testing.T) {
+	path := writeConfig(t, "[upstream]\naddress = \"10.0.0.7:6390\"\n")
+	for _, tc := range []struct{ mode, want string }{
+		{"off", "# --policy-mode off caps every policy rule below: no rule acts."},
+		{"report", "# --policy-mode report caps every policy rule below: violations are logged and counted"},
+		{"enforce", ""},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{"check", "--config", path, "--policy-mode", tc.mode}, &stdout, &stderr); code != 0 {
+			t.Fatalf("%s: exit %d, stderr:\n%s", tc.mode, code, stderr.String())
+		}
+		out := stdout.String()
+		if tc.want == "" && strings.Contains(out, "caps every policy rule") || tc.want != "" && !strings.Contains(out, tc.want) {
+			t.Errorf("--policy-mode %s: output begins %.300q; want %q", tc.mode, out, tc.want)
+		}
+		if _, err := config.Parse(stdout.Bytes(), "stdout"); err != nil {
+			t.Errorf("--policy-mode %s: output does not parse: %v", tc.mode, err)
+		}
+	}
+}
+
 // TestCheckExample: the shipped example passes.
 func TestCheckExample(t *testing.T) {
 	var stdout, stderr bytes.Buffer

@@ -17,6 +17,9 @@ const RedactedPassword = "<redacted>"
 // the output gives back the same configuration.
 func (c *Config) Effective() ([]byte, error) {
 	shown := *c
+	// 0 stands for the default: shown as the value in force (found by a
+	// probe: check printed '0s' for a 10 s timeout).
+	shown.Server.TLS.HandshakeTimeout.Duration = c.Server.TLS.Handshake()
 	if shown.Upstream.Password != "" {
 		shown.Upstream.Password = RedactedPassword
 	}

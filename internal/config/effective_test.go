@@ -80,3 +80,23 @@ func mustScan(t *testing.T, data []byte) lineIndex {
 	}
 	return idx
 }
+
+// TestEffectiveShowsTheHandshakeTimeoutInForce: handshake_timeout 0 means
+// the default, and the effective configuration says what that is (found
+// by a probe: '0s', where 10 s applied).
+func TestEffectiveShowsTheHandshakeTimeoutInForce(t *testing.T) {
+	c, err := Parse([]byte("[server.tls]\nhandshake_timeout = \"0s\"\n"), "t.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.Effective()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "handshake_timeout = '10s'"; !strings.Contains(string(out), want) {
+		t.Fatalf("effective configuration lacks %q:\n%s", want, out)
+	}
+	if c.Server.TLS.HandshakeTimeout.Duration != 0 {
+		t.Fatal("Effective modified the snapshot")
+	}
+}
