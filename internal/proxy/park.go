@@ -118,8 +118,8 @@ type serverPark struct {
 // and for pressureLinger after the last look that found that many (so the
 // end of a burst parks early too, but a trickle of new clients after it
 // does not keep the pressure on); and a client that comes back before
-// idle_park_after is not parked early again (cameBack): at most one early
-// parking per connection.
+// idle_park_after is not parked early again (cameBack), while one whose
+// requests come further apart than that may be, once per idle spell.
 const (
 	parkPressure      = 1024
 	pressureParkAfter = 100 * time.Millisecond
