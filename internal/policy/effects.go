@@ -248,12 +248,14 @@ func ttlOption(a []byte) (ttlUnit, bool) {
 // without a TTL depends on nothing but the absence of a TTL option, so a
 // parse that disagrees with Redis cannot open a hole. Options that
 // conflict (NX with XX, two TTL units, KEEPTTL with a TTL) Redis refuses
-// with a syntax error in every version, and in MULTI at EXEC, where the
-// transaction's other commands still run: such a SET has no effect, so
-// the client gets Redis's error (found by a probe: "needs a TTL", and
-// inside MULTI an EXECABORT that ran nothing). An option Redis 7.0 does
-// not know may be one a later Redis does: that SET is classified by what
-// it would do.
+// with a syntax error, and in MULTI at EXEC, where the transaction's
+// other commands still run: a SET of such options alone has no effect,
+// so the client gets Redis's error (found by a probe: "needs a TTL", and
+// inside MULTI an EXECABORT that ran nothing). Not beside an option
+// Redis 7.0 does not know, which may be one a later Redis has: Redis
+// 8.4's IFEQ takes the next argument as its value, so SET k v IFEQ
+// KEEPTTL EX n sets a TTL of n (found by review); such a SET is
+// classified by what it would do.
 func classifySet(args [][]byte, dst []keyEffect) []keyEffect {
 	if len(args) < 3 {
 		return dst
@@ -286,10 +288,10 @@ func classifySet(args [][]byte, dst []keyEffect) []keyEffect {
 			unknown = true
 		}
 	}
-	if conflict {
+	if conflict && !unknown {
 		return dst
 	}
-	bad := unknown
+	bad := unknown || conflict
 	if ttl > 0 {
 		return append(dst, keyEffect{key: 1, kind: effSetTTL, creates: true, ttl: ttl, unit: unit, conditional: nx || xx || get || bad})
 	}
@@ -307,14 +309,16 @@ func classifySet(args [][]byte, dst []keyEffect) []keyEffect {
 // max: checking the first let GETEX k EX 100 EX 99999999 escape it (found
 // by review). Redis refuses with a syntax error TTL options of different
 // units, PERSIST with a TTL option, an option without its value and
-// unknown options. The conflicts (two units, PERSIST with a TTL) it
-// refuses in every version, so such a GETEX has no effect and the client
-// gets Redis's error (found by a probe: "must keep its TTL"); one with an
-// option Redis 7.0 does not know is still classified by what it would do
+// unknown options. For the conflicts (two units, PERSIST with a TTL)
+// such a GETEX has no effect and the client
+// gets Redis's error (found by a probe: "must keep its TTL"), unless an
+// option Redis 7.0 does not know comes with them (as for SET, a later
+// Redis's option may take the next argument); such a GETEX, and any with
+// an option Redis 7.0 does not know, is still classified by what it would do
 // (PERSIST first, as the refused effect, else the last TTL), so a parse
 // that disagrees with a later Redis cannot open a hole.
 func classifyGetex(args [][]byte, dst []keyEffect) []keyEffect {
-	ttl, unit, persist, conflict := 0, ttlUnit(0), false, false
+	ttl, unit, persist, conflict, unknown := 0, ttlUnit(0), false, false, false
 	for i := 2; i < len(args); i++ {
 		if u, ok := ttlOption(args[i]); ok && i+1 < len(args) {
 			conflict = conflict || persist || ttl > 0 && u != unit
@@ -325,9 +329,11 @@ func classifyGetex(args [][]byte, dst []keyEffect) []keyEffect {
 		if eqFold(args[i], "persist") {
 			conflict = conflict || ttl > 0
 			persist = true
+		} else {
+			unknown = true
 		}
 	}
-	if conflict {
+	if conflict && !unknown {
 		return dst
 	}
 	switch {

@@ -343,6 +343,8 @@ func TestCommandsRedisRefusesAreLeftToRedis(t *testing.T) {
 		{"set ex then keepttl", []string{"SET l:k v EX 99999 KEEPTTL"}, []string{""}},
 		{"set ex nx xx", []string{"SET l:k v EX 99999 NX XX"}, []string{""}},
 		{"set unknown option", []string{"SET l:k v BOGUS"}, []string{"refused:ttl"}},
+		// Redis 8.4's IFEQ takes KEEPTTL as its value, and sets EX's TTL.
+		{"set conflict beside an unknown option", []string{"SET l:k v IFEQ KEEPTTL EX 99999"}, []string{"refused:ttl_max"}},
 		{"set without a ttl still", []string{"SET l:k v NX"}, []string{"refused:ttl"}},
 		{"expire nx xx", []string{"EXPIRE l:k 99999 NX XX"}, []string{""}},
 		{"expire gt lt", []string{"EXPIRE l:k 99999 GT LT"}, []string{""}},

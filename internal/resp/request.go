@@ -106,6 +106,9 @@ type Reader struct {
 	// extendTo, while Extend parses, is the batch's cap in its place
 	// (0: the usual one).
 	extendTo int
+	// parses counts parseAll's runs, for tests of how often a batch is
+	// parsed again.
+	parses int
 	// raw is rd's socket, read directly so that the wait for an idle
 	// client needs no buffer; nil when rd has none, and then the buffer is
 	// kept once taken.
@@ -309,19 +312,26 @@ func (r *Reader) Extend(maxBytes, extra int) (reqs []Request, more bool) {
 	}
 	// Nothing complete after it: read more, and parse the batch again from
 	// its first byte (a request cut short is parsed from its start rather
-	// than resumed).
+	// than resumed), once the argument being read can be whole: parsed
+	// again after every read, a value trickled in tiny pieces cost a parse
+	// of the whole batch per piece (found by review: 1.6 s of CPU for
+	// 20 KB sent a byte at a time behind 1,000 requests).
+	r.rewind()
 	for {
-		r.rewind()
 		if r.w == len(r.buf) {
 			r.grow() // compacts first: the batch moves to the front
 		}
 		r.batchStart = r.r
 		err := r.fill() // an error ends the reading, and comes again
+		if err == nil && r.w-r.batchStart < min(r.need, maxBytes) {
+			continue // need counts from the batch's start (rewind)
+		}
 		perr := r.parseAll()
 		if err != nil || perr != nil || len(r.reqs) > n || r.w-r.batchStart >= maxBytes {
 			// (A protocol error, too, comes again at the next ReadBatch.)
 			return r.reqs, len(r.reqs) > n
 		}
+		r.rewind()
 	}
 }
 
@@ -722,6 +732,7 @@ var (
 func (r *Reader) SetBatchCap(c *atomic.Int32) { r.batchCap = c }
 
 func (r *Reader) parseAll() error {
+	r.parses++
 	r.need = 0
 	limit := r.batchLimit()
 	for r.r < r.w && (limit <= 0 || len(r.reqs) < limit) && !(r.unauth && len(r.reqs) > 0) {
