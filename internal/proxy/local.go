@@ -320,7 +320,7 @@ func clientType(name string) (typ string, known bool) {
 // pubsub while subscribed (relayed), normal otherwise (a MONITOR or
 // tracking client too). The proxy has no master or replica clients.
 func (sess *Session) clientType() string {
-	if sess.list.relay.Load() == uint32(relayPubSub)+1 {
+	if sess.list.subscribed() {
 		return "pubsub"
 	}
 	return "normal"
@@ -723,6 +723,22 @@ type listState struct {
 	active atomic.Int64  // when the last batch began, Unix nanoseconds
 	multi  atomic.Int32  // commands queued in MULTI, plus one; 0: not in MULTI
 	relay  atomic.Uint32 // relayKind plus one; 0: not a relay
+	// alsoPubSub: a tracking relay whose client subscribed; alsoTracking:
+	// a RESP3 pub/sub relay whose client turned tracking on. Redis shows
+	// such a client flags=Pt, of TYPE pubsub (found by a probe: the proxy
+	// showed t alone, and CLIENT KILL TYPE pubsub left it).
+	alsoPubSub, alsoTracking atomic.Bool
+}
+
+// subscribed reports whether the client is a subscriber, for CLIENT
+// LIST's P flag and TYPE pubsub.
+func (l *listState) subscribed() bool {
+	return l.relay.Load() == uint32(relayPubSub)+1 || l.alsoPubSub.Load()
+}
+
+// tracking reports whether the client has tracking on, for the t flag.
+func (l *listState) tracking() bool {
+	return l.relay.Load() == uint32(relayTracking)+1 || l.alsoTracking.Load()
 }
 
 // infoLine renders the session like a line of Redis's CLIENT LIST, with
@@ -746,14 +762,13 @@ func (sess *Session) infoLine() string {
 	if c := sess.lastCmd.Load(); c != nil {
 		last = c.Name
 	}
+	// In Redis's order: O, P, x, b, t.
 	flags := ""
-	switch sess.list.relay.Load() {
-	case uint32(relayPubSub) + 1:
-		flags += "P"
-	case uint32(relayMonitor) + 1:
+	if sess.list.relay.Load() == uint32(relayMonitor)+1 {
 		flags += "O"
-	case uint32(relayTracking) + 1:
-		flags += "t"
+	}
+	if sess.list.subscribed() {
+		flags += "P"
 	}
 	multi := int(sess.list.multi.Load()) - 1
 	if multi >= 0 {
@@ -761,6 +776,9 @@ func (sess *Session) infoLine() string {
 	}
 	if sess.block.id.Load() != 0 {
 		flags += "b"
+	}
+	if sess.list.tracking() {
+		flags += "t"
 	}
 	if flags == "" {
 		flags = "N"

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -73,6 +74,44 @@ func TestRelayAfterResetIsANormalClient(t *testing.T) {
 		info = c.do("CLIENT", "INFO")
 		if r, n := clientInfoField(info, "resp"), clientInfoField(info, "name"); r != "3" || n != "again3" {
 			t.Errorf("%s: HELLO 3 SETNAME on a tracking client: resp=%s name=%s, want 3 and again3", target.name, r, n)
+		}
+	}
+}
+
+// A tracking client that subscribes, or a RESP3 subscriber that turns
+// tracking on, is both to Redis: flags=Pt, of TYPE pubsub. The proxy
+// showed t alone and CLIENT KILL TYPE pubsub left it (found by a probe).
+// Flags come in Redis's order (a tracking client in MULTI is xt).
+func TestRelayThatSubscribesAndTracksShowsBoth(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	for _, target := range []struct{ name, addr string }{{"redis", p.Redis.Addr()}, {"proxy", p.Addr}} {
+		for _, tc := range []struct {
+			steps [][]string
+			flags string
+		}{
+			{[][]string{{"HELLO", "3"}, {"CLIENT", "TRACKING", "ON"}, {"SUBSCRIBE", "x"}}, "Pt"},
+			{[][]string{{"HELLO", "3"}, {"SUBSCRIBE", "x"}, {"CLIENT", "TRACKING", "ON"}}, "Pt"},
+			{[][]string{{"HELLO", "3"}, {"SUBSCRIBE", "x"}, {"CLIENT", "TRACKING", "ON"}, {"CLIENT", "TRACKING", "OFF"}}, "P"},
+			{[][]string{{"HELLO", "3"}, {"CLIENT", "TRACKING", "ON"}, {"MULTI"}}, "xt"},
+		} {
+			name := fmt.Sprintf("%s %v", target.name, tc.steps)
+			c := dialRaw(t, target.addr)
+			id := fmt.Sprint(c.do("CLIENT", "ID"))
+			for _, cmd := range tc.steps {
+				c.send(cmd)
+				c.readReply() // SUBSCRIBE's is a push
+			}
+			admin := dialRaw(t, target.addr)
+			if f := clientInfoField(admin.do("CLIENT", "LIST", "ID", id), "flags"); f != tc.flags {
+				t.Errorf("%s: flags=%s, want %s", name, f, tc.flags)
+			}
+			want := int64(0)
+			if tc.flags[0] == 'P' {
+				want = 1
+			}
+			if v := admin.do("CLIENT", "KILL", "TYPE", "pubsub"); v != want {
+				t.Errorf("%s: CLIENT KILL TYPE pubsub = %#v, want %d", name, v, want)
+			}
 		}
 	}
 }

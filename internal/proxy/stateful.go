@@ -2296,11 +2296,18 @@ func (sess *Session) appendRelayedCmd(out []byte, i int, r *resp.Request, d *pol
 	sess.relayStateStep(sess.clientArgs(i, r.Args))
 	// The differential test's seed 1796408348893467102: after "MULTI x"
 	// the proxy refused the client's AUTH as inside MULTI (txStepOf).
-	switch txStepOf(r.Args) {
-	case txOpen:
+	// CLIENT LIST's x flag and multi= follow a relayed transaction too.
+	switch step := txStepOf(r.Args); {
+	case step == txOpen:
+		if !sess.relayInMulti {
+			sess.list.multi.Store(1)
+		}
 		sess.relayInMulti = true
-	case txExec, txDiscard, txReset:
+	case step == txExec || step == txDiscard || step == txReset:
 		sess.relayInMulti = false
+		sess.list.multi.Store(0)
+	case sess.relayInMulti:
+		sess.list.multi.Add(1)
 	}
 	if sess.srv.mirror != nil && sess.relayRunsScripts() {
 		// Forwarded, and Redis runs it (not a MONITOR or RESP2
@@ -2509,6 +2516,8 @@ func (sess *Session) relayStateStep(args [][]byte) {
 		if k := relayKind(sess.list.relay.Load() - 1); k == relayPubSub || k == relayTracking {
 			sess.list.relay.Store(uint32(relayPlain) + 1)
 		}
+		sess.list.alsoPubSub.Store(false)
+		sess.list.alsoTracking.Store(false)
 		return
 	case txOpen:
 		if !sess.relayInMulti {
@@ -2587,12 +2596,22 @@ func (sess *Session) relayModeStep(name string, args [][]byte) {
 	kind := relayKind(sess.list.relay.Load() - 1)
 	switch name {
 	case "subscribe", "psubscribe", "ssubscribe":
-		if kind == relayPlain {
+		switch kind {
+		case relayPlain:
 			sess.list.relay.Store(uint32(relayPubSub) + 1)
+		case relayTracking:
+			sess.list.alsoPubSub.Store(true) // stays one, as the relay treats it
 		}
 	case "client|tracking":
-		if kind == relayPlain && len(args) > 2 && strings.EqualFold(string(args[2]), "on") {
+		if len(args) < 3 {
+			return
+		}
+		on := strings.EqualFold(string(args[2]), "on")
+		switch {
+		case kind == relayPlain && on:
 			sess.list.relay.Store(uint32(relayTracking) + 1)
+		case kind == relayPubSub && sess.resp3:
+			sess.list.alsoTracking.Store(on)
 		}
 	case "hello":
 		if len(args) < 2 || kind == relayPubSub && !sess.resp3 {
