@@ -255,6 +255,40 @@ func TestListenerProxyProtocol(t *testing.T) {
 	}
 }
 
+// Connections waiting for their PROXY header count against max_clients
+// on every listener, not only on their own: two silent ones on lb left
+// the plain listener serving two more clients at max_clients 2 (found by
+// a probe: 40 pending and 40 served at 40).
+func TestProxyHeaderWaitersCountOnEveryListener(t *testing.T) {
+	on := true
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Server.MaxClients = 2
+		c.Server.Listeners = []config.Listener{{Name: "lb", Listen: "127.0.0.1:0", ProxyProtocol: &on}}
+	})
+	var silent []net.Conn
+	for range 2 {
+		nc, err := net.DialTimeout("tcp", p.Addrs["lb"], 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		silent = append(silent, nc)
+	}
+	plainRefused := func() bool {
+		c := dialRaw(t, p.Addr)
+		defer c.nc.Close()
+		c.send([]string{"PING"})
+		v, err := c.next(nil)
+		return err == nil && v == respError("ERR max number of clients reached")
+	}
+	redistest.Eventually(t, 5*time.Second, plainRefused, "a plain client was served beside two connections waiting for their PROXY header, at max_clients 2")
+	for _, nc := range silent {
+		nc.Close()
+	}
+	redistest.Eventually(t, 5*time.Second, func() bool { return p.Client(t).Ping(ctx).Err() == nil },
+		"no plain client was served once the waiting connections left")
+}
+
 // A reload re-reads the certificate of every TLS listener: the one it
 // shares with [server.tls] and one of its own.
 func TestListenerCertReload(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -51,6 +52,12 @@ type proxyProtoState struct {
 	// pending are the connections whose header is being read; Shutdown
 	// closes them. Guarded by Server.mu.
 	pending map[net.Conn]struct{}
+	// waiting is len(pending), read without Server.mu by startSession:
+	// they count against max_clients on every listener, or a flood of
+	// silent ones on a PROXY-protocol port held max_clients descriptors
+	// while as many clients again were served on the others (found by a
+	// probe).
+	waiting atomic.Int64
 }
 
 func initProxyProtocol(s *Server) error {
@@ -92,6 +99,7 @@ func (s *Server) acceptProxied(nc net.Conn, l *listener) {
 		return
 	}
 	s.proxyProto.pending[nc] = struct{}{}
+	s.proxyProto.waiting.Add(1)
 	s.active.Add(1)
 	s.mu.Unlock()
 	go func() {
@@ -99,6 +107,7 @@ func (s *Server) acceptProxied(nc net.Conn, l *listener) {
 		pc, err := s.readProxyHeader(nc)
 		s.mu.Lock()
 		delete(s.proxyProto.pending, nc)
+		s.proxyProto.waiting.Add(-1)
 		closing := s.closing
 		s.mu.Unlock()
 		if err != nil || closing {

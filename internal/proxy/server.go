@@ -428,7 +428,7 @@ func (s *Server) startSession(nc net.Conn, l *listener) {
 		tc = tls.Server(nc, l.conf)
 		nc = tc
 	}
-	if s.clients.Load() >= int64(s.maxClients()) {
+	if s.clients.Load()+s.proxyProto.waiting.Load() >= int64(s.maxClients()) {
 		s.metrics.ClientsRejected.Inc()
 		if suppressed, ok := s.maxClientsLog.allow(); ok {
 			s.log.Warn("client refused: server.max_clients reached", "max_clients", s.maxClients(),
