@@ -239,9 +239,18 @@ func (sess *Session) aclRefused(r *request) bool {
 	if r.name == "exec" && r.wrongArity() {
 		return false // Redis checks the arity first: EXECABORT for it
 	}
-	msg := sess.aclDenied(r.cmd, sess.clientArgs(r.i, r.Args))
+	args := sess.clientArgs(r.i, r.Args)
+	msg := sess.aclDenied(r.cmd, args)
 	if msg == "" {
 		return false
+	}
+	// Redis looks a command up and checks its arity before its ACL: an
+	// unknown command or subcommand, or a wrong argument count, gets that
+	// error (found by a probe: NOPERM for NOSUCHCMD, CLIENT FOO, SET k).
+	// Answered here, never forwarded: the table may lack a command Redis
+	// has (a module's), which the user must not reach.
+	if early := redisRefusesFirst(r.cmd, args); early != "" {
+		msg = early
 	}
 	if r.name == "exec" {
 		sess.execRefused(r, msg)
@@ -252,6 +261,23 @@ func (sess *Session) aclRefused(r *request) bool {
 	sess.finishLocal(r.m, redcon.AppendError(b, msg), start)
 	sess.flightWriteRefused(r.cmd, r.Args)
 	return true
+}
+
+// redisRefusesFirst is the error Redis answers cmd (Lookup's for args)
+// with before it checks the ACL, or "": unknown command, unknown
+// subcommand of a container, wrong number of arguments.
+func redisRefusesFirst(cmd *commands.Command, args [][]byte) string {
+	switch {
+	case len(args) == 0:
+		return ""
+	case cmd == nil:
+		return unknownCommandMsg(args)
+	case cmd.Subcommands != nil && len(args) > 1:
+		return unknownSubcommandMsg(args)
+	case !cmd.ArityOK(len(args)):
+		return strings.TrimSuffix(strings.TrimPrefix(string(errArity(cmd.Name)), "-"), "\r\n")
+	}
+	return ""
 }
 
 // execRefused answers an EXEC the client's user may not run as Redis does:

@@ -1,0 +1,71 @@
+package proxy_test
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/redproxy/redproxy/internal/auth"
+	"github.com/redproxy/redproxy/internal/config"
+	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/resp"
+)
+
+// Redis looks a command up and checks its arity before its ACL: a user
+// who may not run a command still gets "unknown command", "unknown
+// subcommand" or "wrong number of arguments" for one that fails those
+// checks, byte for byte as Redis answers the same user (found by a probe:
+// the proxy answered NOPERM). Commands the ACL allows, and refusals of
+// well-formed commands, are compared too.
+func TestACLRefusalComesAfterRedisOwnChecks(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Users = []auth.UserConfig{{Name: "app", PasswordSHA256: auth.HashPassword("pw"), ACL: "+@read ~app:*"}}
+	})
+	if err := p.Redis.Client(t).Do(ctx, "ACL", "SETUSER", "app", "on", ">pw", "+@read", "~app:*").Err(); err != nil {
+		t.Fatal(err)
+	}
+	cmds := [][]string{
+		{"NOSUCHCMD", "a", "b"},
+		{"CLIENT", "FOO"},
+		{"CONFIG", "NOPE"},
+		{"OBJECT", "NOPE", "x"},
+		{"CLIENT"},
+		{"CLIENT", "NO-EVICT"},
+		{"SET", "app:1"},
+		{"XADD", "secret"},
+		{"GET", "secret", "x"},
+		{"GET", "secret"},
+		{"SET", "app:1", "v"},
+		{"GET", "app:1"},
+	}
+	wire := resp.AppendCommandStrings(nil, "AUTH", "app", "pw")
+	for _, c := range cmds {
+		wire = resp.AppendCommandStrings(wire, c...)
+	}
+	var got [2][][]byte
+	for side, addr := range []string{p.Redis.Addr(), p.Addr} {
+		c, err := dialDiff(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.nc.Close()
+		f, err := c.exchange(wire, len(cmds)+1)
+		if err != nil {
+			t.Fatalf("side %d: %v (have %q)", side, err, f)
+		}
+		got[side] = f
+	}
+	for i := range got[0] {
+		// Redis 7.0 words NOPERM its way, the proxy as Redis 7.2: only
+		// that the reply is a NOPERM is compared for those.
+		if bytes.HasPrefix(got[0][i], []byte("-NOPERM")) && bytes.HasPrefix(got[1][i], []byte("-NOPERM")) {
+			continue
+		}
+		if !bytes.Equal(got[0][i], got[1][i]) {
+			what := []string{"AUTH"}
+			if i > 0 {
+				what = cmds[i-1]
+			}
+			t.Errorf("%q: Redis %q, proxy %q", what, got[0][i], got[1][i])
+		}
+	}
+}
