@@ -20,7 +20,7 @@ func TestCutOffActsOnlyWhereTheClientNotices(t *testing.T) {
 		cmd  []string
 		acts bool
 	}{
-		{"enforce", []string{"INCR", "s:c"}, true},       // fix-up
+		{"enforce", []string{"INCR", "s:c"}, true},        // fix-up
 		{"enforce", []string{"SET", "l:lock", "v"}, true}, // refusal
 		{"report", []string{"INCR", "s:c"}, false},
 		{"enforce", []string{"GET", "s:c"}, false},
