@@ -1,13 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,7 +36,10 @@ const auditUsage = `usage: redproxy audit --upstream ADDR [--config FILE] [--db 
 Walks a Redis keyspace with SCAN (never KEYS), a bounded COUNT per batch and a
 pause between batches, and reports keys without a TTL, keys breaking the
 [policy] rules of --config (a TTL rule requiring a TTL, a TTL above a rule's
-max, the naming rules) and big keys (MEMORY USAGE above --big-bytes).
+max, the naming rules; the global rules, not a scope's) and big keys (MEMORY
+USAGE above --big-bytes). Given a node of a Redis Cluster, it walks every
+primary in turn, one report each (JSON: {"cluster": true, "nodes": [...]}).
+SIGINT or SIGTERM stops the walk; the partial report is printed.
 
 Exit status: 0 no findings; 1 findings (keys without TTL count only where a
 TTL rule requires one); 2 usage, configuration or connection error, or the
@@ -68,8 +76,11 @@ func runAudit(argv []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "redproxy audit: unexpected argument %q\n", fs.Arg(0))
 		return auditFailed
 	}
-	if *count <= 0 || *pause < 0 || bigBytes < 0 || *db < 0 {
-		fmt.Fprintln(stderr, "redproxy audit: --count must be > 0, --pause, --big-bytes and --db must not be negative")
+	if *count <= 0 || *count > maxAuditCount || *pause < 0 || bigBytes < 0 || *db < 0 {
+		// COUNT is bounded: SCAN COUNT 100000000 held Redis for 2 s in one
+		// call, and each batch is a pipeline of two commands a key (found
+		// by a probe).
+		fmt.Fprintf(stderr, "redproxy audit: --count must be 1..%d, --pause, --big-bytes and --db must not be negative\n", maxAuditCount)
 		return auditFailed
 	}
 
@@ -87,7 +98,7 @@ func runAudit(argv []string, stdout, stderr io.Writer) int {
 			// upstream.address is not used in these modes: the audit
 			// walked whatever it said, or the default 127.0.0.1:6379,
 			// not the Redis the proxy serves (found by review).
-			fmt.Fprintf(stderr, "redproxy audit: %s has upstream.mode = %q, which names no single Redis: give --upstream ADDR (the primary, or one node of a cluster)\n", *configPath, m)
+			fmt.Fprintf(stderr, "redproxy audit: %s has upstream.mode = %q, which names no single Redis: give --upstream ADDR (the primary, or any node of a cluster: every primary is walked)\n", *configPath, m)
 			return auditFailed
 		}
 		addr = cfg.Upstream.Address
@@ -101,17 +112,27 @@ func runAudit(argv []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "redproxy audit: bad policy:\n%v\n", err)
 		return auditFailed
 	}
+	if p.Mode() == policy.Off {
+		// Every rule is off: nothing judges the keys (found by a probe:
+		// a clean report, exit 0, for 50,000 keys its rules would flag).
+		fmt.Fprintf(stderr, "redproxy audit: [policy] mode is \"off\" in %s: no TTL or naming rule is checked; only keys without a TTL and big keys are reported\n", *configPath)
+	}
 
 	// go-redis logs dial retries itself; the audit reports the error once.
 	redis.SetLogger(quietLogger{})
-	rdb := redis.NewClient(&redis.Options{
-		Addr: addr, Username: cfg.Upstream.Username, Password: cfg.Upstream.Password, DB: *db,
-		TLSConfig:   upstreamTLS(cfg),
-		DialTimeout: cfg.Upstream.DialTimeout.Duration, ReadTimeout: 30 * time.Second,
-		MaxRetries: 2, PoolSize: 1, Protocol: 2, DisableIdentity: true,
-	})
+	client := func(addr string) *redis.Client {
+		return redis.NewClient(&redis.Options{
+			Addr: addr, Username: cfg.Upstream.Username, Password: cfg.Upstream.Password, DB: *db,
+			TLSConfig:   upstreamTLS(cfg),
+			DialTimeout: cfg.Upstream.DialTimeout.Duration, ReadTimeout: 30 * time.Second,
+			MaxRetries: 2, PoolSize: 1, Protocol: 2, DisableIdentity: true,
+		})
+	}
+	rdb := client(addr)
 	defer rdb.Close()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	// SIGTERM too: what timeout(1), Kubernetes and CI runners send; the
+	// partial report was lost to it (found by a probe).
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	pingCtx, cancel := context.WithTimeout(ctx, cfg.Upstream.DialTimeout.Duration+time.Second)
 	err = rdb.Ping(pingCtx).Err()
@@ -136,25 +157,117 @@ func runAudit(argv []string, stdout, stderr io.Writer) int {
 	if isTerminal(stderr) {
 		progress = stderr
 	}
-	rep, walkErr := audit.Run(ctx, rdb, p, opts, progress)
-	if *asJSON {
-		b, err := rep.JSON()
+	// A cluster node holds only its slots' keys: every primary is walked,
+	// one report each (found by a probe: one node of three audited, and
+	// the report said complete).
+	primaries, err := clusterPrimaries(ctx, rdb)
+	if err != nil {
+		fmt.Fprintf(stderr, "redproxy audit: Redis at %s is a cluster node, and its primaries could not be listed: %v\n", addr, err)
+		return auditFailed
+	}
+	type nodeReport struct {
+		Address string        `json:"address"`
+		Report  *audit.Report `json:"report"`
+	}
+	var reports []nodeReport
+	var walkErr error
+	if primaries == nil {
+		rep, err := audit.Run(ctx, rdb, p, opts, progress)
+		reports, walkErr = []nodeReport{{addr, rep}}, err
+	} else {
+		for _, node := range primaries {
+			nc := client(node)
+			rep, err := audit.Run(ctx, nc, p, opts, progress)
+			nc.Close()
+			reports = append(reports, nodeReport{node, rep})
+			if err != nil {
+				walkErr = fmt.Errorf("primary %s: %w", node, err)
+				break
+			}
+		}
+	}
+	var out bytes.Buffer
+	switch {
+	case *asJSON && primaries == nil:
+		b, err := reports[0].Report.JSON()
 		if err != nil {
 			fmt.Fprintf(stderr, "redproxy audit: %v\n", err)
 			return auditFailed
 		}
-		stdout.Write(append(b, '\n'))
-	} else {
-		rep.WriteText(stdout)
+		out.Write(append(b, '\n'))
+	case *asJSON:
+		b, err := json.MarshalIndent(struct {
+			Cluster bool         `json:"cluster"`
+			Nodes   []nodeReport `json:"nodes"`
+		}{true, reports}, "", "  ")
+		if err != nil {
+			fmt.Fprintf(stderr, "redproxy audit: %v\n", err)
+			return auditFailed
+		}
+		out.Write(append(b, '\n'))
+	default:
+		for _, r := range reports {
+			if primaries != nil {
+				fmt.Fprintf(&out, "== cluster primary %s (%d of %d primaries)\n", r.Address, len(reports), len(primaries))
+			}
+			r.Report.WriteText(&out)
+		}
+	}
+	if _, err := stdout.Write(out.Bytes()); err != nil {
+		// A report that could not be written is no clean run (found by
+		// a probe: > /dev/full exited 0).
+		fmt.Fprintf(stderr, "redproxy audit: writing the report: %v\n", err)
+		return auditFailed
 	}
 	if walkErr != nil {
 		fmt.Fprintf(stderr, "redproxy audit: the walk stopped early: %v\n", walkErr)
 		return auditFailed
 	}
-	if hasFindings(rep) {
-		return auditViolations
+	if primaries != nil && len(reports) < len(primaries) {
+		return auditFailed
+	}
+	for _, r := range reports {
+		if hasFindings(r.Report) {
+			return auditViolations
+		}
 	}
 	return auditClean
+}
+
+// maxAuditCount bounds --count.
+const maxAuditCount = 10000
+
+// clusterPrimaries lists the addresses of the primaries of the cluster rdb
+// is a node of, nil when it is not a cluster node.
+func clusterPrimaries(ctx context.Context, rdb *redis.Client) ([]string, error) {
+	info, err := rdb.Info(ctx, "cluster").Result()
+	if err != nil || !strings.Contains(info, "cluster_enabled:1") {
+		return nil, nil // not a cluster node (or INFO refused: walked as one)
+	}
+	nodes, err := rdb.ClusterNodes(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, line := range strings.Split(nodes, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 8 || !strings.Contains(f[2], "master") || strings.Contains(f[2], "fail") || strings.Contains(f[2], "noaddr") {
+			continue
+		}
+		a := f[1]
+		if i := strings.IndexAny(a, "@,"); i >= 0 {
+			a = a[:i]
+		}
+		if len(f) == 8 {
+			continue // a primary without slots holds no keys
+		}
+		out = append(out, a)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("CLUSTER NODES lists no primary with slots")
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // hasFindings: keys without any TTL alone are not findings, because

@@ -328,3 +328,58 @@ func TestAuditNeedsUpstreamOutsideStandalone(t *testing.T) {
 		}
 	}
 }
+
+// Pointed at one node of a cluster, the audit walks every primary, one
+// report each, and counts every key (found by a probe: one node of three
+// audited, 998 keys of 3,000, and the report said complete). Also: a
+// --count past the bound is refused, and a report that cannot be written
+// is a failure.
+func TestAuditWalksEveryClusterPrimary(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	cc := c.ClusterClient(t)
+	const n = 600
+	for i := range n {
+		check(t, cc.Set(ctx, fmt.Sprintf("misc:%d", i), "v", 0).Err())
+	}
+	node := c.Primaries(t)[1].Addr()
+	var stdout, stderr bytes.Buffer
+	code := runAudit([]string{"--upstream", node, "--json", "--pause", "0"}, &stdout, &stderr)
+	if code != auditClean {
+		t.Fatalf("exit %d, stderr %s", code, stderr.String())
+	}
+	var out struct {
+		Cluster bool
+		Nodes   []struct {
+			Address string
+			Report  audit.Report
+		}
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
+		t.Fatalf("%v\n%s", err, stdout.String())
+	}
+	var keys int64
+	for _, nr := range out.Nodes {
+		if !nr.Report.Complete {
+			t.Errorf("%s: incomplete", nr.Address)
+		}
+		keys += nr.Report.Keys
+	}
+	if !out.Cluster || len(out.Nodes) != 3 || keys != n {
+		t.Fatalf("cluster %v, %d nodes, %d keys; want 3 primaries and %d keys:\n%s", out.Cluster, len(out.Nodes), keys, n, stdout.String())
+	}
+	stdout.Reset()
+	if code := runAudit([]string{"--upstream", node, "--pause", "0"}, &stdout, &stderr); code != auditClean ||
+		strings.Count(stdout.String(), "== cluster primary") != 3 {
+		t.Errorf("text: exit %d\n%s", code, stdout.String())
+	}
+	if code := runAudit([]string{"--upstream", node, "--count", "100000000"}, io.Discard, io.Discard); code != auditFailed {
+		t.Errorf("--count 100000000: exit %d, want it refused", code)
+	}
+	if code := runAudit([]string{"--upstream", node, "--pause", "0"}, failingWriter{}, io.Discard); code != auditFailed {
+		t.Errorf("report not written: exit %d, want %d", code, auditFailed)
+	}
+}
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("no space left on device") }

@@ -29,19 +29,25 @@ func runHealthcheck(argv []string, stdout, stderr io.Writer) int {
 	configPath := fs.String("config", "", "the proxy's configuration file, to find its admin address")
 	ready := fs.Bool("ready", false, "check /readyz (the proxy reaches Redis) instead of /healthz (the proxy runs)")
 	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
+	// Usage errors exit 1 too: a container HEALTHCHECK reserves 2 (found
+	// by a probe).
 	if err := fs.Parse(argv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0 // as redproxy --help
 		}
-		return 2
+		return 1
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "redproxy healthcheck: unexpected argument %q\n", fs.Arg(0))
-		return 2
+		return 1
+	}
+	if *timeout <= 0 {
+		fmt.Fprintf(stderr, "redproxy healthcheck: --timeout must be > 0, got %v\n", *timeout)
+		return 1
 	}
 	if _, err := applyEnv(fs, lookupEnv, "admin", "config"); err != nil {
 		fmt.Fprintf(stderr, "redproxy healthcheck: %v\n", err)
-		return 2
+		return 1
 	}
 	addr := *adminAddr
 	explicit := false

@@ -826,3 +826,15 @@ func TestBadValueNamesItsVariable(t *testing.T) {
 		}
 	}
 }
+
+// A container HEALTHCHECK reserves exit status 2: healthcheck's usage
+// errors exit 1, as an unhealthy proxy does (found by a probe: 2), and a
+// --timeout that cannot succeed is a usage error.
+func TestHealthcheckUsageErrorsExitOne(t *testing.T) {
+	for _, args := range [][]string{{"--bogus"}, {"extra"}, {"--timeout", "-1s"}, {"--timeout", "0s"}} {
+		var errOut bytes.Buffer
+		if code := run(append([]string{"healthcheck"}, args...), io.Discard, &errOut); code != 1 || errOut.Len() == 0 {
+			t.Errorf("healthcheck %q: exit %d, stderr %q; want 1 and a message", args, code, errOut.String())
+		}
+	}
+}
