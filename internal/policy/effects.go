@@ -91,9 +91,9 @@ var effectTable = map[string]classifier{
 	"bitfield":    classifyBitfield,
 	"bitop":       createAt(2),
 	// hashes
-	"hset":         createAt(1),
+	"hset":         fieldPairs,
 	"hsetnx":       createAt(1),
-	"hmset":        createAt(1),
+	"hmset":        fieldPairs,
 	"hincrby":      createAt(1),
 	"hincrbyfloat": createAt(1),
 	// lists (LPUSHX/RPUSHX/LINSERT/LSET need an existing key)
@@ -214,11 +214,27 @@ func classifySetex(unit ttlUnit) classifier {
 	}
 }
 
+// createPairs: MSET/MSETNX key value [key value ...]. A key without its
+// value Redis refuses ("wrong number of arguments") before it writes
+// anything: no effect, so the client gets that error, not a policy
+// refusal (found by a probe).
 func createPairs(args [][]byte, dst []keyEffect) []keyEffect {
+	if len(args)%2 == 0 {
+		return dst
+	}
 	for i := 1; i+1 < len(args); i += 2 {
 		dst = append(dst, keyEffect{key: i, kind: effCreate, creates: true})
 	}
 	return dst
+}
+
+// fieldPairs: HSET/HMSET key field value [field value ...], refused by
+// Redis with a field without its value, as createPairs.
+func fieldPairs(args [][]byte, dst []keyEffect) []keyEffect {
+	if len(args)%2 == 1 {
+		return dst
+	}
+	return appendCreate(args, dst, 1)
 }
 
 // ttlOption recognises the TTL options shared by SET and GETEX.

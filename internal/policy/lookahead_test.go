@@ -354,5 +354,11 @@ func TestCommandsRedisRefusesAreLeftToRedis(t *testing.T) {
 		{"setex too many", []string{"SETEX l:k 99999 v w"}, []string{""}},
 		{"persist with an extra", []string{"PERSIST s:k extra"}, []string{""}},
 		{"persist", []string{"PERSIST s:k"}, []string{"refused:ttl"}},
+		{"mset without a value", []string{"MSET l:a v l:b"}, []string{""}},
+		{"msetnx without a value", []string{"MSETNX l:a v l:b"}, []string{""}},
+		{"mset", []string{"MSET l:a v l:b w"}, []string{"refused:ttl refused:ttl"}},
+		{"hset without a value", []string{"HSET l:h f v g"}, []string{""}},
+		{"hmset without a value", []string{"HMSET l:h f v g"}, []string{""}},
+		{"hset", []string{"HSET l:h f v g w"}, []string{"refused:ttl"}},
 	})
 }
