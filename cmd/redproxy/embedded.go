@@ -39,10 +39,29 @@ func startEmbedded() (*miniredis.Miniredis, error) {
 			// by a server without them, which redis-cli falls back from.
 			c.WriteError(fmt.Sprintf("ERR unknown subcommand '%s'. Try COMMAND HELP.", args[0]))
 			return true
+		case !mr.Server().IsRegisteredCommand(cmd):
+			// The proxy's table is Redis's, so it forwards commands the
+			// store lacks (FUNCTION, SORT, ...), which answered them in
+			// its own words (backquotes) and never said why, while INFO
+			// says Redis 7.0 (found by a probe). Redis's words, and why.
+			c.WriteError(embeddedUnknown(cmd, args))
+			return true
 		}
 		return false
 	})
 	return mr, nil
+}
+
+// embeddedUnknown is Redis's unknown-command error for a command the
+// embedded store lacks, with the reason.
+func embeddedUnknown(cmd string, args []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "ERR unknown command '%s', with args beginning with: ", strings.ToLower(cmd))
+	for _, a := range args[:min(len(args), 3)] {
+		fmt.Fprintf(&b, "'%s' ", strings.NewReplacer("\r", " ", "\n", " ").Replace(a))
+	}
+	b.WriteString("(redproxy's embedded demo store lacks this command; run redproxy with --upstream pointing at a Redis)")
+	return b.String()
 }
 
 func embeddedServerInfo(port string, started time.Time) string {

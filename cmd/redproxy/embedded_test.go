@@ -58,4 +58,11 @@ func TestEmbeddedFallbackQuickStart(t *testing.T) {
 	if out, err := cli.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "hello" {
 		t.Fatalf("redis-cli with commands on stdin: %q, %v", out, err)
 	}
+	// A command the store lacks gets Redis's unknown-command error and
+	// the reason (it answered in its own words, without one).
+	err = c.Do(ctx, "FUNCTION", "LIST").Err()
+	if err == nil || !strings.HasPrefix(err.Error(), "ERR unknown command 'function', with args beginning with: 'LIST' ") ||
+		!strings.Contains(err.Error(), "embedded demo store lacks this command") {
+		t.Fatalf("FUNCTION LIST on the embedded store: %v", err)
+	}
 }
