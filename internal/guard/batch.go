@@ -107,18 +107,6 @@ func (b *Batch) CutOff() bool {
 	return false
 }
 
-// CutOffActs is CutOff for decisions the client would notice: a write
-// cut off from its EXPIRE that is refused, rewritten or followed by a
-// fix-up (enforce), not one only reported.
-func (b *Batch) CutOffActs() bool {
-	for i := range b.dec {
-		if d := &b.dec[i]; d.CutOff && (d.Refuse != nil || d.Args != nil || len(d.Expires) > 0) {
-			return true
-		}
-	}
-	return false
-}
-
 // Command returns request i's command as Prepare looked it up in its table
 // (nil: not a known command); ok is false when the batch has no request i.
 func (b *Batch) Command(i int) (cmd *commands.Command, ok bool) {

@@ -451,39 +451,21 @@ const maxLookAheadPasses = 16
 const (
 	lookAheadWaitPartial = 200 * time.Millisecond
 	lookAheadWaitFull    = 2 * time.Millisecond
-	lookAheadWaitPieces  = 200 * time.Microsecond
 )
-
-// lookAheadPiecesBytes is the batch size from which a batch that ended
-// between requests may be a write that came in pieces (extendBatch): a
-// TLS record holds 16 KB, a TCP segment on a network 1.4 KB, a pipeline
-// of a few small commands arrives whole.
-const lookAheadPiecesBytes = 8 << 10
 
 // extendBatch reads on past the batch for the look-ahead
 // (resp.Reader.Extend); a nil reqs leaves the batch as it is.
 func (sess *Session) extendBatch() (reqs []resp.Request, grew bool) {
 	wait := lookAheadWaitFull
-	// A batch that ended between two requests, the last read short of
-	// the buffer: the client may be waiting for replies, or the rest of
-	// its write may be a segment or TLS record behind. Waited for
-	// briefly where the client would notice the cut (a refusal or a
-	// fix-up, not a report) and the batch is large enough to have come
-	// in pieces: a small request answered alone pays nothing.
-	mayWait := false
-	switch {
-	case sess.rd.Buffered():
+	if sess.rd.Buffered() {
 		wait = lookAheadWaitPartial
-	case !sess.rd.Filled():
-		mayWait = sess.rd.BatchBytes() >= lookAheadPiecesBytes && sess.guard.CutOffActs()
-		wait = lookAheadWaitPieces
 	}
 	sess.nc.SetReadDeadline(time.Now().Add(wait))
 	extra := lookAheadRequests
 	if sess.srv.batchLoad.cap.Load() > 0 {
 		extra = 0 // loaded: every client's batches stay small (batchLoad)
 	}
-	reqs, grew = sess.rd.Extend(lookAheadBytes, extra, mayWait)
+	reqs, grew = sess.rd.Extend(lookAheadBytes, extra)
 	// The session's own deadline again at once: a relay that the batch
 	// starts reads the socket before the loop sets it. Unless interrupt
 	// (shutdown, CLIENT KILL) set one meanwhile, which this would erase:

@@ -36,7 +36,7 @@ func TestReaderExtendTakesBufferedRequestsWithoutReading(t *testing.T) {
 		t.Fatal(err)
 	}
 	server.SetReadDeadline(time.Now().Add(10 * time.Second))
-	more, grew := r.Extend(1<<20, 0, false)
+	more, grew := r.Extend(1<<20, 0)
 	if len(more) != 5 || !grew {
 		t.Fatalf("Extend: %d requests, grew %v; want the 5 buffered, and no read for the sixth", len(more), grew)
 	}
@@ -61,12 +61,12 @@ func TestReaderExtendReadsARequestThatComesInPieces(t *testing.T) {
 	if err != nil || len(reqs) != 1 {
 		t.Fatalf("ReadBatch: %d requests, %v; want the first SET alone", len(reqs), err)
 	}
-	more, grew := r.Extend(1<<20, 0, false)
+	more, grew := r.Extend(1<<20, 0)
 	if !grew || len(more) < 2 || len(more[1].Args[2]) != len(big) {
 		t.Fatalf("Extend: %d requests, grew %v; want the large SET read whole", len(more), grew)
 	}
 	if len(more) == 2 {
-		more, grew = r.Extend(1<<20, 0, false)
+		more, grew = r.Extend(1<<20, 0)
 	}
 	if !grew || len(more) != 3 || string(more[2].Args[0]) != "PEXPIRE" {
 		t.Fatalf("Extend: %d requests, grew %v; want the PEXPIRE too", len(more), grew)
@@ -87,11 +87,11 @@ func TestReaderExtendGrowsPastTheCapByExtra(t *testing.T) {
 		}
 		return r
 	}
-	if more, grew := read().Extend(1<<20, 0, false); more != nil || grew {
+	if more, grew := read().Extend(1<<20, 0); more != nil || grew {
 		t.Fatalf("Extend with no extra: %d requests, grew %v; want the batch left at its cap", len(more), grew)
 	}
 	r := read()
-	if more, grew := r.Extend(1<<20, 3, false); !grew || len(more) != 7 {
+	if more, grew := r.Extend(1<<20, 3); !grew || len(more) != 7 {
 		t.Fatalf("Extend by 3: %d requests, grew %v; want 7", len(more), grew)
 	}
 	if reqs, err := r.ReadBatch(); err != nil || len(reqs) != 3 {
@@ -105,7 +105,7 @@ func TestReaderExtendGrowsPastTheCapByExtra(t *testing.T) {
 		t.Fatalf("ReadBatch: %d requests, %v", len(reqs), err)
 	}
 	for range MaxExtendedBatch {
-		more, _ := r.Extend(1<<20, 1<<20, false)
+		more, _ := r.Extend(1<<20, 1<<20)
 		if more == nil {
 			break
 		}
@@ -147,49 +147,11 @@ func TestReaderExtendParsesATrickledValueOnce(t *testing.T) {
 		t.Fatalf("ReadBatch: %d requests, %v", len(reqs), err)
 	}
 	before := r.parses
-	more, grew := r.Extend(1<<20, 64, false)
+	more, grew := r.Extend(1<<20, 64)
 	if !grew || len(more) != 1001 || len(more[1000].Args[1]) != len(value) {
 		t.Fatalf("Extend: %d requests, grew %v; want the ECHO read whole", len(more), grew)
 	}
 	if n := r.parses - before; n > 4 {
 		t.Fatalf("the batch was parsed %d times while 20,002 bytes came one at a time", n)
-	}
-}
-
-// piecesReader returns each of its pieces in one read.
-type piecesReader struct{ pieces [][]byte }
-
-func (c *piecesReader) Read(p []byte) (int, error) {
-	if len(c.pieces) == 0 {
-		return 0, io.EOF
-	}
-	n := copy(p, c.pieces[0])
-	if c.pieces[0] = c.pieces[0][n:]; len(c.pieces[0]) == 0 {
-		c.pieces = c.pieces[1:]
-	}
-	return n, nil
-}
-
-// A batch that ended between two requests, the buffer not full, shows no
-// sign of more; with mayWait Extend reads on all the same, for a write
-// that came in pieces ending there (a TLS record between INCR and its
-// EXPIRE NX, found by a probe).
-func TestReaderExtendMayWaitReadsPastABoundary(t *testing.T) {
-	first := strings.Repeat("*1\r\n$4\r\nPING\r\n", 700) + "*2\r\n$4\r\nINCR\r\n$1\r\nc\r\n"
-	second := "*4\r\n$6\r\nEXPIRE\r\n$1\r\nc\r\n$2\r\n60\r\n$2\r\nNX\r\n"
-	for _, mayWait := range []bool{false, true} {
-		r := NewReader(&piecesReader{pieces: [][]byte{[]byte(first), []byte(second)}}, DefaultLimits)
-		reqs, err := r.ReadBatch()
-		if err != nil || len(reqs) != 701 || r.Filled() || r.BatchBytes() != len(first) {
-			t.Fatalf("ReadBatch: %d requests, %v, filled %v, %d bytes", len(reqs), err, r.Filled(), r.BatchBytes())
-		}
-		more, grew := r.Extend(1<<20, 64, mayWait)
-		switch {
-		case !mayWait && (more != nil || grew):
-			t.Errorf("without mayWait: Extend read on (%d requests)", len(more))
-		case mayWait && (!grew || len(more) != 702 || string(more[701].Args[0]) != "EXPIRE"):
-			t.Errorf("with mayWait: %d requests, grew %v; want the EXPIRE", len(more), grew)
-		}
-		r.Close()
 	}
 }

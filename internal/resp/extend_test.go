@@ -87,7 +87,7 @@ func readAllExtending(t *testing.T, stream []byte, n int, seed uint64, extend bo
 		}
 		for extend {
 			server.SetReadDeadline(time.Now().Add(5 * time.Millisecond))
-			more, grew := r.Extend(64<<10, 0, false)
+			more, grew := r.Extend(64<<10, 0)
 			if more == nil {
 				break
 			}

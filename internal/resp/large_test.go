@@ -56,7 +56,7 @@ func TestExtendAfterALargeRequest(t *testing.T) {
 			t.Fatalf("ReadBatch after %d requests: %v", len(got), err)
 		}
 		for {
-			more, ok := r.Extend(1<<20, 0, false)
+			more, ok := r.Extend(1<<20, 0)
 			if more == nil {
 				break
 			}

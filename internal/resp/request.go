@@ -291,20 +291,15 @@ func (r *Reader) ReadBatch() ([]Request, error) {
 // as many requests as it may. Otherwise the slices returned before are
 // invalidated, as by ReadBatch, and reqs replaces them. A read that ends
 // in an error, or at the read deadline the caller sets to bound the wait,
-// ends the reading (the error comes again at the next read). mayWait
-// reads even when nothing buffered shows more to come: a client's write
-// can reach the proxy in pieces (TCP segments, TLS records) that end
-// between two requests, so that a batch ends where the write did not
-// (found by a probe: a TLS record ending between INCR and its EXPIRE NX).
-// Only right after ReadBatch or Extend, before anything else reads the
-// connection.
-func (r *Reader) Extend(maxBytes, extra int, mayWait bool) (reqs []Request, more bool) {
+// ends the reading (the error comes again at the next read). Only right
+// after ReadBatch or Extend, before anything else reads the connection.
+func (r *Reader) Extend(maxBytes, extra int) (reqs []Request, more bool) {
 	n := len(r.reqs)
 	if limit := r.batchLimit(); extra > 0 && limit > 0 {
 		r.extendTo = min(max(limit, n+extra), MaxExtendedBatch)
 		defer func() { r.extendTo = 0 }()
 	}
-	if !mayWait && r.r == r.w && r.w < len(r.buf) || r.w-r.batchStart >= maxBytes || r.batchFull() {
+	if r.r == r.w && r.w < len(r.buf) || r.w-r.batchStart >= maxBytes || r.batchFull() {
 		return nil, false
 	}
 	// The batch again from its first byte, with what complete requests
@@ -364,13 +359,6 @@ func (r *Reader) Received() uint64 { return r.received }
 // Buffered reports whether the Reader holds bytes it has not returned as
 // requests: part of a request, or requests past a batch's limit.
 func (r *Reader) Buffered() bool { return r.r < r.w }
-
-// Filled reports whether the last read filled the buffer: the client
-// likely sent more than one read took.
-func (r *Reader) Filled() bool { return r.buf != nil && r.w == len(r.buf) }
-
-// BatchBytes is the size of the batch ReadBatch or Extend last returned.
-func (r *Reader) BatchBytes() int { return r.r - r.batchStart }
 
 // batchFull reports whether the batch holds as many requests as one may.
 func (r *Reader) batchFull() bool {
