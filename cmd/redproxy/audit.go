@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"slices"
@@ -160,8 +161,11 @@ func runAudit(argv []string, stdout, stderr io.Writer) int {
 	// A cluster node holds only its slots' keys: every primary is walked,
 	// one report each (found by a probe: one node of three audited, and
 	// the report said complete).
-	primaries, err := clusterPrimaries(ctx, rdb)
-	if err != nil {
+	primaries, err := clusterPrimaries(ctx, rdb, addr)
+	switch {
+	case errors.Is(err, errInfoRefused):
+		fmt.Fprintf(stderr, "redproxy audit: INFO is refused at %s, so whether it is a cluster node is unknown: only its own keys are walked\n", addr)
+	case err != nil:
 		fmt.Fprintf(stderr, "redproxy audit: Redis at %s is a cluster node, and its primaries could not be listed: %v\n", addr, err)
 		return auditFailed
 	}
@@ -206,9 +210,9 @@ func runAudit(argv []string, stdout, stderr io.Writer) int {
 		}
 		out.Write(append(b, '\n'))
 	default:
-		for _, r := range reports {
+		for i, r := range reports {
 			if primaries != nil {
-				fmt.Fprintf(&out, "== cluster primary %s (%d of %d primaries)\n", r.Address, len(reports), len(primaries))
+				fmt.Fprintf(&out, "== cluster primary %s (%d of %d primaries)\n", r.Address, i+1, len(primaries))
 			}
 			r.Report.WriteText(&out)
 		}
@@ -238,30 +242,49 @@ func runAudit(argv []string, stdout, stderr io.Writer) int {
 const maxAuditCount = 10000
 
 // clusterPrimaries lists the addresses of the primaries of the cluster rdb
-// is a node of, nil when it is not a cluster node.
-func clusterPrimaries(ctx context.Context, rdb *redis.Client) ([]string, error) {
+// (at addr) is a node of, nil when it is not a cluster node. Every primary
+// that holds slots is listed, whatever else its flags say (nofailover,
+// fail?): one that cannot be walked fails the audit rather than leaving
+// its keys out of a report that looks complete (found by review: "fail"
+// matched nofailover). Redis prints an IPv6 node without brackets, and a
+// node that has met no peer without its host (rdb's is used then).
+func clusterPrimaries(ctx context.Context, rdb *redis.Client, addr string) ([]string, error) {
 	info, err := rdb.Info(ctx, "cluster").Result()
-	if err != nil || !strings.Contains(info, "cluster_enabled:1") {
-		return nil, nil // not a cluster node (or INFO refused: walked as one)
+	if err != nil {
+		return nil, errInfoRefused
+	}
+	if !strings.Contains(info, "cluster_enabled:1") {
+		return nil, nil
 	}
 	nodes, err := rdb.ClusterNodes(ctx).Result()
 	if err != nil {
 		return nil, err
 	}
+	ownHost, _, _ := net.SplitHostPort(addr)
+	return primariesIn(nodes, ownHost)
+}
+
+// primariesIn is clusterPrimaries's reading of a CLUSTER NODES reply.
+func primariesIn(nodes, ownHost string) ([]string, error) {
 	var out []string
 	for _, line := range strings.Split(nodes, "\n") {
 		f := strings.Fields(line)
-		if len(f) < 8 || !strings.Contains(f[2], "master") || strings.Contains(f[2], "fail") || strings.Contains(f[2], "noaddr") {
-			continue
+		if len(f) < 9 || !slices.Contains(strings.Split(f[2], ","), "master") {
+			continue // a replica, or a primary without slots: no keys of its own
 		}
 		a := f[1]
 		if i := strings.IndexAny(a, "@,"); i >= 0 {
 			a = a[:i]
 		}
-		if len(f) == 8 {
-			continue // a primary without slots holds no keys
+		i := strings.LastIndexByte(a, ':')
+		if i < 0 {
+			return nil, fmt.Errorf("CLUSTER NODES lists a primary at %q", f[1])
 		}
-		out = append(out, a)
+		host, port := strings.Trim(a[:i], "[]"), a[i+1:]
+		if host == "" {
+			host = ownHost
+		}
+		out = append(out, net.JoinHostPort(host, port))
 	}
 	if len(out) == 0 {
 		return nil, errors.New("CLUSTER NODES lists no primary with slots")
@@ -269,6 +292,10 @@ func clusterPrimaries(ctx context.Context, rdb *redis.Client) ([]string, error) 
 	slices.Sort(out)
 	return out, nil
 }
+
+// errInfoRefused: INFO cluster was refused (the audit user's ACL), so
+// whether the node is one of a cluster is unknown.
+var errInfoRefused = errors.New("INFO cluster refused")
 
 // hasFindings: keys without any TTL alone are not findings, because
 // without a rule nothing says they need one (streams, for example).

@@ -369,7 +369,8 @@ func TestAuditWalksEveryClusterPrimary(t *testing.T) {
 	}
 	stdout.Reset()
 	if code := runAudit([]string{"--upstream", node, "--pause", "0"}, &stdout, &stderr); code != auditClean ||
-		strings.Count(stdout.String(), "== cluster primary") != 3 {
+		strings.Count(stdout.String(), "== cluster primary") != 3 || !strings.Contains(stdout.String(), "(1 of 3 primaries)") ||
+		!strings.Contains(stdout.String(), "(3 of 3 primaries)") {
 		t.Errorf("text: exit %d\n%s", code, stdout.String())
 	}
 	if code := runAudit([]string{"--upstream", node, "--count", "100000000"}, io.Discard, io.Discard); code != auditFailed {
@@ -383,3 +384,27 @@ func TestAuditWalksEveryClusterPrimary(t *testing.T) {
 type failingWriter struct{}
 
 func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("no space left on device") }
+
+// CLUSTER NODES as Redis prints it: every primary holding slots is walked,
+// whatever its other flags (found by review: "nofailover" matched "fail"
+// and its slots were skipped); an IPv6 address comes without brackets and
+// a node that met no peer without its host.
+func TestAuditReadsClusterNodes(t *testing.T) {
+	nodes := strings.Join([]string{
+		"a1 10.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460",
+		"a2 ::1:7001@17001 master,nofailover - 0 0 2 connected 5461-10922 [5461->-a3]",
+		"a3 :7002@17002 master,fail? - 0 0 3 connected 10923-16383",
+		"a4 10.0.0.4:7003@17003,redis-4.example master - 0 0 4 connected 100",
+		"r1 10.0.0.5:7004@17004 slave a1 0 0 1 connected",
+		"e1 10.0.0.6:7005@17005 master - 0 0 5 connected",
+		"",
+	}, "\n")
+	got, err := primariesIn(nodes, "192.0.2.9")
+	want := []string{"10.0.0.1:7000", "10.0.0.4:7003", "192.0.2.9:7002", "[::1]:7001"}
+	if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("primaries %q, %v; want %q", got, err, want)
+	}
+	if _, err := primariesIn("r1 10.0.0.5:7004@17004 slave a1 0 0 1 connected\n", ""); err == nil {
+		t.Error("no primary with slots, and no error")
+	}
+}
