@@ -18,9 +18,9 @@ import (
 // well-formed commands, are compared too.
 func TestACLRefusalComesAfterRedisOwnChecks(t *testing.T) {
 	p := proxytest.Start(t, nil, func(c *config.Config) {
-		c.Users = []auth.UserConfig{{Name: "app", PasswordSHA256: auth.HashPassword("pw"), ACL: "+@read ~app:*"}}
+		c.Users = []auth.UserConfig{{Name: "app", PasswordSHA256: auth.HashPassword("pw"), ACL: "+@read +client|tracking ~app:*"}}
 	})
-	if err := p.Redis.Client(t).Do(ctx, "ACL", "SETUSER", "app", "on", ">pw", "+@read", "~app:*").Err(); err != nil {
+	if err := p.Redis.Client(t).Do(ctx, "ACL", "SETUSER", "app", "on", ">pw", "+@read", "+client|tracking", "~app:*").Err(); err != nil {
 		t.Fatal(err)
 	}
 	cmds := [][]string{
@@ -37,7 +37,23 @@ func TestACLRefusalComesAfterRedisOwnChecks(t *testing.T) {
 		{"SET", "app:1", "v"},
 		{"GET", "app:1"},
 	}
+	for _, relayed := range []bool{false, true} {
+		compareACLOrder(t, p, cmds, relayed)
+	}
+}
+
+// compareACLOrder sends cmds as the user app to Redis and to the proxy,
+// on a tracking connection (a relay, through the proxy) when relayed, and
+// compares the replies.
+func compareACLOrder(t *testing.T, p *proxytest.Proxy, cmds [][]string, relayed bool) {
+	t.Helper()
 	wire := resp.AppendCommandStrings(nil, "AUTH", "app", "pw")
+	n := len(cmds) + 1
+	if relayed {
+		wire = resp.AppendCommandStrings(wire, "HELLO", "3")
+		wire = resp.AppendCommandStrings(wire, "CLIENT", "TRACKING", "ON")
+		n += 2
+	}
 	for _, c := range cmds {
 		wire = resp.AppendCommandStrings(wire, c...)
 	}
@@ -48,11 +64,11 @@ func TestACLRefusalComesAfterRedisOwnChecks(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.nc.Close()
-		f, err := c.exchange(wire, len(cmds)+1)
+		f, err := c.exchange(wire, n)
 		if err != nil {
 			t.Fatalf("side %d: %v (have %q)", side, err, f)
 		}
-		got[side] = f
+		got[side] = f[n-len(cmds):]
 	}
 	for i := range got[0] {
 		// Redis 7.0 words NOPERM its way, the proxy as Redis 7.2: only
@@ -61,11 +77,7 @@ func TestACLRefusalComesAfterRedisOwnChecks(t *testing.T) {
 			continue
 		}
 		if !bytes.Equal(got[0][i], got[1][i]) {
-			what := []string{"AUTH"}
-			if i > 0 {
-				what = cmds[i-1]
-			}
-			t.Errorf("%q: Redis %q, proxy %q", what, got[0][i], got[1][i])
+			t.Errorf("relayed %v, %q: Redis %q, proxy %q", relayed, cmds[i], got[0][i], got[1][i])
 		}
 	}
 }

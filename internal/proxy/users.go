@@ -239,18 +239,9 @@ func (sess *Session) aclRefused(r *request) bool {
 	if r.name == "exec" && r.wrongArity() {
 		return false // Redis checks the arity first: EXECABORT for it
 	}
-	args := sess.clientArgs(r.i, r.Args)
-	msg := sess.aclDenied(r.cmd, args)
+	msg := sess.aclDenied(r.cmd, sess.clientArgs(r.i, r.Args))
 	if msg == "" {
 		return false
-	}
-	// Redis looks a command up and checks its arity before its ACL: an
-	// unknown command or subcommand, or a wrong argument count, gets that
-	// error (found by a probe: NOPERM for NOSUCHCMD, CLIENT FOO, SET k).
-	// Answered here, never forwarded: the table may lack a command Redis
-	// has (a module's), which the user must not reach.
-	if early := redisRefusesFirst(r.cmd, args); early != "" {
-		msg = early
 	}
 	if r.name == "exec" {
 		sess.execRefused(r, msg)
@@ -324,12 +315,20 @@ func (sess *Session) aclCheck(cmd *commands.Command, args [][]byte) auth.Denial 
 	return d
 }
 
-// aclDenied returns the NOPERM error text for a command the client's user
-// may not run, or "".
+// aclDenied returns the error text for a command the client's user may
+// not run, or "": NOPERM, or, as Redis looks a command up and checks its
+// arity before its ACL, the unknown-command, unknown-subcommand or
+// arity error where the command fails those (found by a probe: NOPERM for
+// NOSUCHCMD, CLIENT FOO, SET k; not counted as an ACL refusal). Answered
+// by the proxy, never forwarded: the table may lack a command Redis has
+// (a module's), which the user must not reach.
 func (sess *Session) aclDenied(cmd *commands.Command, args [][]byte) string {
 	d := sess.aclCheck(cmd, args)
 	if d == auth.Allowed {
 		return ""
+	}
+	if early := redisRefusesFirst(cmd, args); early != "" {
+		return early
 	}
 	u := sess.user
 	kind := "command"
