@@ -677,6 +677,12 @@ func (sess *Session) routeRelayDenied(args [][]byte) string {
 			}
 		}
 		return ""
+	case (cmd.Name == "client|tracking" || cmd.Name == "client|no-touch") && len(args) > 2 && strings.EqualFold(string(args[2]), "on"):
+		// As on a connection of its own (routeStep): tracking on a
+		// subscribed relay heard one upstream's writes, and kept a value
+		// the client cached after a reload routed its key elsewhere
+		// (found by a probe: stale after an acknowledged write).
+		return "ERR redproxy: " + strings.ToUpper(strings.ReplaceAll(cmd.Name, "|", " ")) + " ON is not supported with routes yet"
 	case cmd.Name == "pubsub|numsub" || cmd.Name == "pubsub|shardnumsub":
 		// Counted on the relay's upstream, another upstream's channels
 		// would read 0.

@@ -214,3 +214,28 @@ func TestRoutesAfterUnsubscribeAllInOneWrite(t *testing.T) {
 		t.Fatalf("GET plain:a behind UNSUBSCRIBE (all): %q", l)
 	}
 }
+
+// CLIENT TRACKING ON (and NO-TOUCH ON) are refused with routes on a
+// subscribed connection too, as on a connection of its own: a RESP3
+// subscriber turned tracking on, heard only its relay's upstream, and
+// kept a value it had cached after a reload routed the key elsewhere and
+// another client's acknowledged write went there (found by a probe).
+func TestRoutesRefuseTrackingOnASubscribedConnection(t *testing.T) {
+	r := startRouted(t, nil)
+	c := dialRaw(t, r.p.Addr)
+	c.do("HELLO", "3")
+	c.send([]string{"SUBSCRIBE", "news"})
+	c.readReply() // the subscription's push
+	// (CLIENT NO-TOUCH is Redis 7.2's: 7.0 answers it "unknown subcommand".)
+	for _, cmd := range [][]string{{"CLIENT", "TRACKING", "ON"}, {"CLIENT", "TRACKING", "ON", "BCAST"}} {
+		c.send(cmd)
+		v := c.readNonPush()
+		if e, ok := v.(respError); !ok || !strings.Contains(string(e), "ON is not supported with routes yet") {
+			t.Errorf("%q on a subscribed connection with routes: %#v, want the refusal", cmd, v)
+		}
+	}
+	c.send([]string{"CLIENT", "TRACKINGINFO"})
+	if v := fmt.Sprint(c.readNonPush()); !strings.Contains(v, "off") {
+		t.Errorf("CLIENT TRACKINGINFO after the refusals: %s, want tracking off", v)
+	}
+}
