@@ -57,19 +57,8 @@ func compareACLOrder(t *testing.T, p *proxytest.Proxy, cmds [][]string, relayed 
 	for _, c := range cmds {
 		wire = resp.AppendCommandStrings(wire, c...)
 	}
-	var got [2][][]byte
-	for side, addr := range []string{p.Redis.Addr(), p.Addr} {
-		c, err := dialDiff(addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.nc.Close()
-		f, err := c.exchange(wire, n)
-		if err != nil {
-			t.Fatalf("side %d: %v (have %q)", side, err, f)
-		}
-		got[side] = f[n-len(cmds):]
-	}
+	got := exchangeWithBoth(t, p, wire, n)
+	got[0], got[1] = got[0][n-len(cmds):], got[1][n-len(cmds):]
 	for i := range got[0] {
 		// Redis 7.0 words NOPERM its way, the proxy as Redis 7.2: only
 		// that the reply is a NOPERM is compared for those.
@@ -80,4 +69,25 @@ func compareACLOrder(t *testing.T, p *proxytest.Proxy, cmds [][]string, relayed 
 			t.Errorf("relayed %v, %q: Redis %q, proxy %q", relayed, cmds[i], got[0][i], got[1][i])
 		}
 	}
+}
+
+// exchangeWithBoth sends wire, one write, to Redis and to the proxy on a
+// fresh connection each, and returns the n replies of each: [0] Redis's,
+// [1] the proxy's.
+func exchangeWithBoth(t *testing.T, p *proxytest.Proxy, wire []byte, n int) [2][][]byte {
+	t.Helper()
+	var got [2][][]byte
+	for side, addr := range []string{p.Redis.Addr(), p.Addr} {
+		c, err := dialDiff(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := c.exchange(wire, n)
+		c.nc.Close()
+		if err != nil {
+			t.Fatalf("side %d: %v (have %q)", side, err, f)
+		}
+		got[side] = f
+	}
+	return got
 }

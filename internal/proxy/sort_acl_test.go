@@ -50,19 +50,7 @@ func TestSortByPatternRefusedAsRedisDoes(t *testing.T) {
 	for _, c := range cmds {
 		wire = resp.AppendCommandStrings(wire, c...)
 	}
-	var got [2][][]byte
-	for side, addr := range []string{p.Redis.Addr(), p.Addr} {
-		c, err := dialDiff(addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.nc.Close()
-		f, err := c.exchange(wire, len(cmds)+1)
-		if err != nil {
-			t.Fatalf("side %d: %v (have %q)", side, err, f)
-		}
-		got[side] = f
-	}
+	got := exchangeWithBoth(t, p, wire, len(cmds)+1)
 	// Redis 7.0 words a key refusal "this user has no permissions to
 	// access one of the keys used as arguments"; the proxy as Redis 7.2.
 	key := regexp.MustCompile(`NOPERM (this user has no permissions to access one of the keys used as arguments|No permissions to access a key)`)
