@@ -722,23 +722,46 @@ func validClientName(name []byte) bool {
 type listState struct {
 	active atomic.Int64  // when the last batch began, Unix nanoseconds
 	multi  atomic.Int32  // commands queued in MULTI, plus one; 0: not in MULTI
-	relay  atomic.Uint32 // relayKind plus one; 0: not a relay
-	// alsoPubSub: a tracking relay whose client subscribed; alsoTracking:
-	// a RESP3 pub/sub relay whose client turned tracking on. Redis shows
-	// such a client flags=Pt, of TYPE pubsub (found by a probe: the proxy
-	// showed t alone, and CLIENT KILL TYPE pubsub left it).
-	alsoPubSub, alsoTracking atomic.Bool
+	// relay is relayKind plus one (0: not a relay) in its low byte, and
+	// the alsoPubSub and alsoTracking bits (one word: the Session keeps to
+	// its size class).
+	relay atomic.Uint32
+}
+
+// The bits of listState.relay past its kind: alsoPubSub, a tracking relay
+// whose client subscribed; alsoTracking, a RESP3 pub/sub relay whose
+// client turned tracking on. Redis shows such a client flags=Pt, of TYPE
+// pubsub (found by a probe: the proxy showed t alone, and CLIENT KILL
+// TYPE pubsub left it).
+const (
+	relayKindBits uint32 = 0xff
+	alsoPubSub    uint32 = 1 << 8
+	alsoTracking  uint32 = 1 << 9
+)
+
+// relayOf is the relay's kind plus one, 0 when the client is no relay.
+func (l *listState) relayOf() uint32 { return l.relay.Load() & relayKindBits }
+
+// setAlso sets or clears bit (alsoPubSub, alsoTracking).
+func (l *listState) setAlso(bit uint32, on bool) {
+	if on {
+		l.relay.Or(bit)
+	} else {
+		l.relay.And(^bit)
+	}
 }
 
 // subscribed reports whether the client is a subscriber, for CLIENT
 // LIST's P flag and TYPE pubsub.
 func (l *listState) subscribed() bool {
-	return l.relay.Load() == uint32(relayPubSub)+1 || l.alsoPubSub.Load()
+	r := l.relay.Load()
+	return r&relayKindBits == uint32(relayPubSub)+1 || r&alsoPubSub != 0
 }
 
 // tracking reports whether the client has tracking on, for the t flag.
 func (l *listState) tracking() bool {
-	return l.relay.Load() == uint32(relayTracking)+1 || l.alsoTracking.Load()
+	r := l.relay.Load()
+	return r&relayKindBits == uint32(relayTracking)+1 || r&alsoTracking != 0
 }
 
 // infoLine renders the session like a line of Redis's CLIENT LIST, with
@@ -764,7 +787,7 @@ func (sess *Session) infoLine() string {
 	}
 	// In Redis's order: O, P, x, b, t.
 	flags := ""
-	if sess.list.relay.Load() == uint32(relayMonitor)+1 {
+	if sess.list.relayOf() == uint32(relayMonitor)+1 {
 		flags += "O"
 	}
 	if sess.list.subscribed() {

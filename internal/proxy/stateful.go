@@ -2404,7 +2404,7 @@ func (sess *Session) appendRelayAnswer(out []byte, args [][]byte, raw []byte) ([
 		switch {
 		case cmd.Name == "client|setinfo":
 			return out, false
-		case relayKind(sess.list.relay.Load()-1) == relayMonitor || cmd.Name == "client|list" && sess.ns.w != nil:
+		case relayKind(sess.list.relayOf()-1) == relayMonitor || cmd.Name == "client|list" && sess.ns.w != nil:
 			return appendQueueRefusal(out, "ERR redproxy: "+strings.ToUpper(strings.ReplaceAll(cmd.Name, "|", " "))+" is not supported on a connection in MONITOR mode or RESP2 subscribed mode"), true
 		}
 		return out, false
@@ -2513,11 +2513,10 @@ func (sess *Session) relayStateStep(args [][]byte) {
 		// RESP2: CLIENT INFO showed resp=3 and flags=P after it.
 		sess.name, sess.db, sess.resp3 = "", 0, false
 		sess.mu.Unlock()
-		if k := relayKind(sess.list.relay.Load() - 1); k == relayPubSub || k == relayTracking {
+		if k := relayKind(sess.list.relayOf() - 1); k == relayPubSub || k == relayTracking {
 			sess.list.relay.Store(uint32(relayPlain) + 1)
 		}
-		sess.list.alsoPubSub.Store(false)
-		sess.list.alsoTracking.Store(false)
+		sess.list.setAlso(alsoPubSub|alsoTracking, false)
 		return
 	case txOpen:
 		if !sess.relayInMulti {
@@ -2556,7 +2555,7 @@ func (sess *Session) relayStateStep(args [][]byte) {
 	default:
 		return
 	}
-	if relayKind(sess.list.relay.Load()-1) == relayPubSub && !sess.resp3 {
+	if relayKind(sess.list.relayOf()-1) == relayPubSub && !sess.resp3 {
 		return // Redis answers "only (P|S)SUBSCRIBE ... are allowed"
 	}
 	if cmd.Name == "select" {
@@ -2593,14 +2592,14 @@ func (sess *Session) relayStateStep(args [][]byte) {
 // one with any option but a valid SETNAME is left alone, as Redis may
 // refuse it).
 func (sess *Session) relayModeStep(name string, args [][]byte) {
-	kind := relayKind(sess.list.relay.Load() - 1)
+	kind := relayKind(sess.list.relayOf() - 1)
 	switch name {
 	case "subscribe", "psubscribe", "ssubscribe":
 		switch kind {
 		case relayPlain:
 			sess.list.relay.Store(uint32(relayPubSub) + 1)
 		case relayTracking:
-			sess.list.alsoPubSub.Store(true) // stays one, as the relay treats it
+			sess.list.setAlso(alsoPubSub, true) // stays one, as the relay treats it
 		}
 	case "client|tracking":
 		if len(args) < 3 {
@@ -2611,7 +2610,7 @@ func (sess *Session) relayModeStep(name string, args [][]byte) {
 		case kind == relayPlain && on:
 			sess.list.relay.Store(uint32(relayTracking) + 1)
 		case kind == relayPubSub && sess.resp3:
-			sess.list.alsoTracking.Store(on)
+			sess.list.setAlso(alsoTracking, on)
 		}
 	case "hello":
 		if len(args) < 2 || kind == relayPubSub && !sess.resp3 {
@@ -2662,7 +2661,7 @@ func (sess *Session) appendRelayAuth(out []byte, args [][]byte, refuse func([]by
 		return out, false // Redis answers a wrong arity or syntax error without authenticating
 	case sess.relayInMulti:
 		return appendQueueRefusal(out, "ERR redproxy: 'AUTH' inside MULTI is not supported"), true
-	case relayKind(sess.list.relay.Load()-1) == relayMonitor:
+	case relayKind(sess.list.relayOf()-1) == relayMonitor:
 		return appendQueueRefusal(out, "ERR redproxy: AUTH is not supported on a connection in MONITOR mode"), true
 	case !sess.relayRunsScripts():
 		return out, false
@@ -2781,7 +2780,7 @@ func fixedByExpire(expires []policy.Expire, key []byte, sameDB bool) bool {
 // refusal is the unknown command of appendQueueRefusal, which Redis
 // refuses in any context, quoting the text.
 func (sess *Session) relayRunsScripts() bool {
-	switch relayKind(sess.list.relay.Load() - 1) {
+	switch relayKind(sess.list.relayOf() - 1) {
 	case relayMonitor:
 		return false
 	case relayPubSub:
