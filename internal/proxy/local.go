@@ -720,8 +720,8 @@ func validClientName(name []byte) bool {
 // listState is what CLIENT INFO/LIST show of a session that only its own
 // goroutine knows otherwise; other sessions read it without locks.
 type listState struct {
-	active atomic.Int64  // when the last batch began, Unix nanoseconds
-	multi  atomic.Int32  // commands queued in MULTI, plus one; 0: not in MULTI
+	active atomic.Int64 // when the last batch began, Unix nanoseconds
+	multi  atomic.Int32 // commands queued in MULTI, plus one; 0: not in MULTI
 	// relay is relayKind plus one (0: not a relay) in its low byte, and
 	// the alsoPubSub and alsoTracking bits (one word: the Session keeps to
 	// its size class).
