@@ -708,9 +708,14 @@ func (c *Cache) Fill(db int, resp3 bool, cmd *commands.Command, raw, key []byte)
 	if err == nil {
 		var ack []byte
 		ack, _ = call.Reply(0)
-		val, _ = call.Reply(1)
+		// The value's own error: a reply past the fill connection's
+		// limit (ErrOutputLimit) came as nil, which then failed the
+		// RESP2 conversion and marked the command as having no RESP2
+		// form: one large GET turned the tier off for every RESP2 GET
+		// for good (found by a probe).
+		val, err = call.Reply(1)
 		ttlReply, _ = call.Reply(2)
-		if resp.IsError(ack) {
+		if err == nil && resp.IsError(ack) {
 			err = errors.New("localcache: CLIENT CACHING refused: " + string(ack))
 		}
 	}
