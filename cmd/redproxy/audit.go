@@ -65,7 +65,7 @@ func runAudit(argv []string, stdout, stderr io.Writer) int {
 	pause := fs.Duration("pause", audit.DefaultPause, "pause between batches (0 for none)")
 	skipMemory := fs.Bool("skip-memory", false, "skip MEMORY USAGE (no big-key detection), e.g. when an ACL forbids it")
 	var bigBytes units.ByteSize
-	fs.Func("big-bytes", `big-key threshold, bytes or with a unit ("100KB"); default: the policy's max_value_bytes, else 100KB`,
+	fs.Func("big-bytes", `big-key threshold, bytes or with a unit ("100KB"); default (or 0): the policy's max_value_bytes, else 100KB`,
 		func(s string) error { return bigBytes.UnmarshalText([]byte(s)) })
 	if err := fs.Parse(argv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

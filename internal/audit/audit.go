@@ -52,7 +52,8 @@ type Options struct {
 	// AllSamples = SAMPLES 0 (exact, but O(elements) per key).
 	MemorySamples int
 	// MaxTracked bounds the keys remembered to drop SCAN's duplicates
-	// (default 10 million, about 16 bytes each). Past it, counts may include
+	// (default 10 million; a map entry of a 64-bit hash, about 70 bytes of
+	// the process each as measured at 1M keys, 87 MB). Past it, counts may include
 	// duplicates and Report.Exact is false.
 	MaxTracked int
 	// ProgressEvery is the minimum interval between progress lines (default
