@@ -186,7 +186,7 @@ func (s *Server) appendProxySection(b []byte) []byte {
 			v += ",role=" + u.role
 		}
 		if u.b != nil {
-			st, up, _ := u.b.PoolStats(0, false)
+			st, up := u.b.AllPoolStats()
 			v += ",connections_up=" + strconv.Itoa(up) + ",connections=" + strconv.Itoa(u.b.Connections()) +
 				",pinned=" + strconv.FormatInt(u.b.Pinned(), 10) +
 				",dials=" + strconv.FormatUint(st.Dials, 10) + // climbs while Redis cannot be reached
