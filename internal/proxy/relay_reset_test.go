@@ -81,7 +81,8 @@ func TestRelayAfterResetIsANormalClient(t *testing.T) {
 // A tracking client that subscribes, or a RESP3 subscriber that turns
 // tracking on, is both to Redis: flags=Pt, of TYPE pubsub. The proxy
 // showed t alone and CLIENT KILL TYPE pubsub left it (found by a probe).
-// Flags come in Redis's order (a tracking client in MULTI is xt).
+// Flags come in Redis's order (a tracking client in MULTI is xt), and
+// multi= counts its queued commands.
 func TestRelayThatSubscribesAndTracksShowsBoth(t *testing.T) {
 	p := proxytest.Start(t, nil, nil)
 	for _, target := range []struct{ name, addr string }{{"redis", p.Redis.Addr()}, {"proxy", p.Addr}} {
@@ -92,7 +93,7 @@ func TestRelayThatSubscribesAndTracksShowsBoth(t *testing.T) {
 			{[][]string{{"HELLO", "3"}, {"CLIENT", "TRACKING", "ON"}, {"SUBSCRIBE", "x"}}, "Pt"},
 			{[][]string{{"HELLO", "3"}, {"SUBSCRIBE", "x"}, {"CLIENT", "TRACKING", "ON"}}, "Pt"},
 			{[][]string{{"HELLO", "3"}, {"SUBSCRIBE", "x"}, {"CLIENT", "TRACKING", "ON"}, {"CLIENT", "TRACKING", "OFF"}}, "P"},
-			{[][]string{{"HELLO", "3"}, {"CLIENT", "TRACKING", "ON"}, {"MULTI"}}, "xt"},
+			{[][]string{{"HELLO", "3"}, {"CLIENT", "TRACKING", "ON"}, {"MULTI"}, {"CLIENT", "ID"}, {"SET", "k", "v"}}, "xt"},
 		} {
 			name := fmt.Sprintf("%s %v", target.name, tc.steps)
 			c := dialRaw(t, target.addr)
@@ -102,8 +103,14 @@ func TestRelayThatSubscribesAndTracksShowsBoth(t *testing.T) {
 				c.readReply() // SUBSCRIBE's is a push
 			}
 			admin := dialRaw(t, target.addr)
-			if f := clientInfoField(admin.do("CLIENT", "LIST", "ID", id), "flags"); f != tc.flags {
+			line := admin.do("CLIENT", "LIST", "ID", id)
+			if f := clientInfoField(line, "flags"); f != tc.flags {
 				t.Errorf("%s: flags=%s, want %s", name, f, tc.flags)
+			}
+			// multi= counts what is queued, a CLIENT command answered by
+			// the proxy too (found by a probe: 1 of 2 on a relay).
+			if m := clientInfoField(line, "multi"); tc.flags == "xt" && m != "2" {
+				t.Errorf("%s: multi=%s, want 2", name, m)
 			}
 			want := int64(0)
 			if tc.flags[0] == 'P' {

@@ -2296,6 +2296,12 @@ func (sess *Session) appendRelayedCmd(out []byte, i int, r *resp.Request, d *pol
 		return appendErrorScript(out, "ERR redproxy: CLIENT KILL's answer could not be sent on this connection")
 	}
 	if b, done := sess.appendRelayAnswer(out, sess.clientArgs(i, r.Args), r.Raw); done {
+		if sess.relayInMulti {
+			// Queued as a script: counted in multi= as Redis counts the
+			// CLIENT command (found by a probe), after its own answer,
+			// which counts those queued before it.
+			sess.list.multi.Add(1)
+		}
 		return b
 	}
 	sess.relayStateStep(sess.clientArgs(i, r.Args))
