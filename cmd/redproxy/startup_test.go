@@ -284,10 +284,25 @@ const earlyDialTimeout = 20 * time.Second
 // startEarly starts the proxy with upstream as its [upstream] section
 // (upstreamAt; dial_timeout earlyDialTimeout unless it says otherwise) and
 // waits for its client listener; listening only after earlyDialTimeout
-// fails the test, saying why (what the process waited for).
+// fails the test, saying why (what the process waited for). A port that
+// another test package's process took between FreePort and the proxy's
+// bind (seen in CI: "address already in use" for the admin port) is no
+// finding: the proxy is started again on fresh ports.
 func startEarly(t *testing.T, upstream, why string) *earlyStart {
+	for attempt := 1; ; attempt++ {
+		e, taken := startEarlyOnce(t, upstream, why)
+		if !taken {
+			return e
+		}
+		if attempt == 3 {
+			t.Fatalf("three starts found a port taken; log:\n%s", e.logs.String())
+		}
+	}
+}
+
+func startEarlyOnce(t *testing.T, upstream, why string) (e *earlyStart, portTaken bool) {
 	bin := binary(t)
-	e := &earlyStart{
+	e = &earlyStart{
 		listen: fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t)),
 		admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t)),
 		logs:   &redistest.LogBuffer{},
@@ -301,9 +316,14 @@ func startEarly(t *testing.T, upstream, why string) *earlyStart {
 	cmd.Stderr = e.logs
 	started := time.Now()
 	check(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(exited)
+	}()
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		cmd.Wait()
+		<-exited
 	})
 	for {
 		nc, err := net.DialTimeout("tcp", e.listen, time.Second)
@@ -311,13 +331,21 @@ func startEarly(t *testing.T, upstream, why string) *earlyStart {
 			nc.Close()
 			break
 		}
+		select {
+		case <-exited:
+			if strings.Contains(e.logs.String(), "address already in use") {
+				return e, true
+			}
+			t.Fatalf("the proxy exited before listening; log:\n%s", e.logs.String())
+		default:
+		}
 		if time.Since(started) > earlyDialTimeout {
 			t.Fatalf("not listening %v after start (the dial timeout: %s); log:\n%s", time.Since(started), why, e.logs.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	e.listeningAfter = time.Since(started)
-	return e
+	return e, false
 }
 
 // upstreamAt is startEarly's [upstream] section for one Redis at addr.
