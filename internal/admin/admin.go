@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -243,9 +244,21 @@ func (s *Server) index(w http.ResponseWriter, _ *http.Request) {
 	}
 }
 
-// Serve serves on ln until Shutdown.
+// maxConns caps the admin endpoint's open connections; a variable for
+// tests. Its file descriptors come out of the few the proxy keeps beside
+// one per client (proxy.fdReserve, 128): with no cap, a peer opening
+// connections without end took descriptors the Redis listener and the
+// upstream pools need (found by a probe). Scrapers, health checks and an
+// operator's profile need a handful.
+var maxConns = 64
+
+// busyResponse is what a connection past maxConns is told before it is
+// closed, so a scraper logs why rather than a reset.
+const busyResponse = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: 62\r\n\r\ntoo many connections to the admin endpoint; try again shortly\n"
+
+// Serve serves on ln until Shutdown, at most maxConns connections at once.
 func (s *Server) Serve(ln net.Listener) error {
-	err := s.http.Serve(ln)
+	err := s.http.Serve(&connLimitListener{Listener: ln, slots: make(chan struct{}, maxConns)})
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -258,3 +271,46 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.http.Shutdown(ct
 // Close stops the server at once: its listener and every connection,
 // requests in flight (a CPU profile, a trace) included, are closed.
 func (s *Server) Close() error { return s.http.Close() }
+
+// connLimitListener accepts at most cap(slots) connections open at once.
+// One past that is answered 503 and closed at once instead of being left
+// in the backlog, where it would hold the peer (a Prometheus scrape) until
+// its own timeout with no word of why.
+type connLimitListener struct {
+	net.Listener
+	slots chan struct{}
+}
+
+func (l *connLimitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return &limitedConn{Conn: c, slots: l.slots}, nil
+		default:
+			// The reply fits the socket's send buffer; the deadline only
+			// keeps a peer with a full window from holding Accept.
+			c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			io.WriteString(c, busyResponse)
+			c.Close()
+		}
+	}
+}
+
+// limitedConn gives its slot back once, however often it is closed
+// (net/http may close a connection twice).
+type limitedConn struct {
+	net.Conn
+	slots    chan struct{}
+	released atomic.Bool
+}
+
+func (c *limitedConn) Close() error {
+	if c.released.CompareAndSwap(false, true) {
+		<-c.slots
+	}
+	return c.Conn.Close()
+}

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/redproxy/redproxy/internal/redistest"
 )
 
 func get(t *testing.T, h http.Handler, path, token string) int {
@@ -265,4 +267,64 @@ func TestAdminWrongMethodNamesTheRightOne(t *testing.T) {
 	if w := do("GET", "/"); strings.Contains(w.Body.String(), "  /reload") {
 		t.Errorf("the index lists the wrong-method answer:\n%s", w.Body.String())
 	}
+}
+
+// Past maxConns open connections, one more is told 503 and closed instead
+// of taking another file descriptor; a slot given back serves again.
+// (Found by a probe: connections were unbounded, and their descriptors
+// come out of those the Redis listener and upstream pools need.)
+func TestAdminCapsOpenConnections(t *testing.T) {
+	defer func(n int) { maxConns = n }(maxConns)
+	maxConns = 3
+	s := newTestServer()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	defer s.Close()
+	addr := ln.Addr().String()
+	var held []net.Conn
+	for range maxConns {
+		nc, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		held = append(held, nc)
+	}
+	// The backlog is accepted in order, so this one is the fourth.
+	over, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer over.Close()
+	over.SetReadDeadline(time.Now().Add(5 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(over), nil)
+	if err != nil {
+		t.Fatalf("a connection past the cap: %v, want a 503", err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "too many connections") {
+		t.Fatalf("a connection past the cap: %d %q", res.StatusCode, body)
+	}
+	// Every held connection still works.
+	for i, nc := range held {
+		fmt.Fprint(nc, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		res, err := http.ReadResponse(bufio.NewReader(nc), nil)
+		if err != nil || res.StatusCode != http.StatusOK {
+			t.Fatalf("held connection %d: %v %v", i, res, err)
+		}
+		res.Body.Close()
+	}
+	held[0].Close()
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		res, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		res.Body.Close()
+		return res.StatusCode == http.StatusOK
+	}, "a freed slot was not given to a new connection")
 }
