@@ -37,7 +37,7 @@ var fetchCalls = sync.Pool{New: func() any { return upstream.NewCall() }}
 // fetch is stampede protection's way upstream (a stampede.Fetcher): cmd
 // and then go on a Call of their own, so a shared fetch depends neither on the
 // leader's connection nor on its batch, to a shared connection of the
-// upstream in force now. The replies are appended to dst (a lone read's:
+// upstream in force now (in cluster mode, of the key's node). The replies are appended to dst (a lone read's:
 // the leader's output of local replies; the group copies them for waiters).
 func (s *Server) fetch(db int, resp3 bool, cmd, then, dst []byte) ([]byte, error) {
 	c := fetchCalls.Get().(*upstream.Call)
@@ -55,9 +55,15 @@ func (s *Server) fetch(db int, resp3 bool, cmd, then, dst []byte) ([]byte, error
 	// client_output_limit: a longer reply is dropped as it arrives, not
 	// kept whole for clients that would be closed for it (flightStep).
 	c.SetReplyLimit(int(s.Config().Server.ClientOutputLimit))
-	if s.routes != nil {
+	switch {
+	case s.routes != nil:
 		s.routedFetch(c, db, resp3, cmd)
-	} else {
+	case s.router != nil:
+		// To the node of the key's slot, following MOVED and ASK as any
+		// read does. A cluster has database 0 only: SELECT of another
+		// is refused (clusterStep), so db is 0 here.
+		s.router.Do(c, resp3)
+	default:
 		s.backend.Pool(db, resp3).Do(c)
 	}
 	for i := range c.Len() {

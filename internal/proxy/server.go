@@ -237,7 +237,6 @@ func NewServer(o Options) (*Server, error) {
 		addr = s.router.AnyNode()
 		s.upstreamAddr = addr
 		s.registerClusterMetrics()
-		warnStampedeInCluster(s.log, cfg.Stampede)
 	}
 	if cfg.Upstream.Mode == config.ModeSentinel {
 		addr = s.newSentinelWatcher(cfg, o.Sentinel)
@@ -580,19 +579,3 @@ func (s *Server) closeUpstreams() {
 // Clients returns the number of connected clients.
 func (s *Server) Clients() int64 { return s.clients.Load() }
 
-// warnStampedeInCluster says at start that [stampede] does nothing in
-// cluster mode, where reads go through the slot router and never through
-// coalescing or miss holds: configured holds and early refresh rules
-// would otherwise look in force (found by a probe: a client following
-// the seeds' cache-aside advice behind a cluster was not held, and
-// nothing said so). Coalescing is on by default, so for it alone the
-// line is informational.
-func warnStampedeInCluster(log *slog.Logger, c stampede.Config) {
-	const msg = "stampede protection does not run in cluster mode: reads are neither coalesced nor held (docs/COMPATIBILITY.md, \"The local tier in cluster mode\", Limits)"
-	switch {
-	case len(c.Hold) > 0 || len(c.EarlyRefresh) > 0:
-		log.Warn(msg, "hold_rules", len(c.Hold), "early_refresh_rules", len(c.EarlyRefresh))
-	case c.Coalesce:
-		log.Info(msg)
-	}
-}

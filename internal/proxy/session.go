@@ -621,9 +621,7 @@ func (sess *Session) dispatch(i int, req *resp.Request) {
 	if sess.guardStep(r) {
 		return
 	}
-	// In cluster mode the router owns every trip upstream but the tier's
-	// (stampede protection fetches through the standalone backend).
-	if sess.pin.pipe == nil && sess.sharesUpstream() && (sess.tierStep(r) || sess.srv.router == nil && sess.flightStep(r)) {
+	if sess.pin.pipe == nil && sess.sharesUpstream() && (sess.tierStep(r) || sess.flightStep(r)) {
 		return
 	}
 	sess.forwardCommand(r)

@@ -171,10 +171,7 @@ func (sess *Session) tierFill(t *tierState, cmd *commands.Command, raw, key []by
 	db, resp3 := sess.db, sess.resp3
 	fill := func() ([]byte, error) { return t.cache.Fill(db, resp3, cmd, raw, key) }
 	fs := sess.srv.flight.Load()
-	if fs == nil || sess.srv.router != nil {
-		// In cluster mode the group's fallback fetch would go to the
-		// standalone backend, not to the key's node: a failed fill is
-		// forwarded through the router by the caller instead.
+	if fs == nil {
 		return fill()
 	}
 	return fs.Fill(db, resp3, raw, fill)
@@ -194,7 +191,7 @@ func (sess *Session) tierFill(t *tierState, cmd *commands.Command, raw, key []by
 func (sess *Session) tierHeldFill(t *tierState, r *request, key []byte) bool {
 	fs := sess.srv.flight.Load()
 	// A muted read (CLIENT REPLY OFF or SKIP) is no filler: flightStep.
-	if fs == nil || sess.srv.router != nil || len(sess.batchReqs) != 1 || r.blocking || sess.curMute || !fs.HoldsOrRefreshes(r.cmd, r.Args) {
+	if fs == nil || len(sess.batchReqs) != 1 || r.blocking || sess.curMute || !fs.HoldsOrRefreshes(r.cmd, r.Args) {
 		return false
 	}
 	db, resp3 := sess.db, sess.resp3
