@@ -578,4 +578,3 @@ func (s *Server) closeUpstreams() {
 
 // Clients returns the number of connected clients.
 func (s *Server) Clients() int64 { return s.clients.Load() }
-
