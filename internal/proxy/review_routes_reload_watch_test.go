@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -104,10 +105,10 @@ func TestRoutesWatchedKeyMovedAwayAndBack(t *testing.T) {
 
 // watchBalance starts the routed proxy with queue:balance = 100 and a
 // client connection that has WATCHed it.
-func watchBalance(t *testing.T) (*routed, *redis.Conn) {
+func watchBalance(t *testing.T, opts ...func(*redis.Options)) (*routed, *redis.Conn) {
 	t.Helper()
 	r := startRouted(t, nil)
-	conn := r.p.Client(t, func(o *redis.Options) { o.PoolSize = 1 }).Conn()
+	conn := r.p.Client(t, append([]func(*redis.Options){func(o *redis.Options) { o.PoolSize = 1 }}, opts...)...).Conn()
 	t.Cleanup(func() { conn.Close() })
 	if err := r.c.Set(ctx, "queue:balance", "100", 0).Err(); err != nil {
 		t.Fatal(err)
@@ -116,4 +117,52 @@ func watchBalance(t *testing.T) (*routed, *redis.Conn) {
 		t.Fatal(err)
 	}
 	return r, conn
+}
+
+// TestRoutesReloadMovesWatchedKeyQueuedInTransaction: the usual WATCH
+// loop (WATCH k; GET k; MULTI; SET k; EXEC) with a reload between its GET
+// and its MULTI that moves k. The SET queued after the reload routes to
+// k's new upstream, not the WATCH's; refused there as a cross-route
+// command, it made EXEC answer EXECABORT, which go-redis's Watch reports
+// as an error instead of retrying (found by a probe: 81 of 94 such
+// transactions). EXEC answers the null of a failed WATCH, as when only
+// other keys were queued, and nothing is written.
+func TestRoutesReloadMovesWatchedKeyQueuedInTransaction(t *testing.T) {
+	for _, proto := range []int{2, 3} {
+		t.Run(fmt.Sprint("RESP", proto), func(t *testing.T) {
+			r, conn := watchBalance(t, func(o *redis.Options) { o.Protocol = proto })
+			if _, err := r.p.Reload(reloaded(t, r.p, func(c *config.Config) {
+				c.Routes = []config.Route{{Pattern: "queue:balance*", Upstream: "cache"}, {Pattern: "queue:*", Upstream: "queue"}, {Pattern: "cache:*", Upstream: "cache"}}
+			})); err != nil {
+				t.Fatal(err)
+			}
+			res, err := conn.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.Set(ctx, "queue:balance", "0", 0)
+				p.Set(ctx, "queue:withdrawn", "100", 0)
+				return nil
+			})
+			if err != redis.TxFailedErr {
+				t.Fatalf("EXEC of a transaction whose WATCHed key a reload moved = %v, %v; want the null reply of a failed WATCH", res, err)
+			}
+			for _, k := range []string{"queue:balance", "queue:withdrawn"} {
+				if where := r.holds(t, k); k == "queue:withdrawn" && where != "" || k == "queue:balance" && where != "queue" {
+					t.Fatalf("after the failed transaction %s is on %q", k, where)
+				}
+			}
+			// The retry, by the new routes, runs.
+			r.cach.Client(t).Set(ctx, "queue:balance", "100", 0)
+			if err := r.p.Client(t).Watch(ctx, func(tx *redis.Tx) error {
+				_, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+					p.Set(ctx, "queue:balance", "0", 0)
+					return nil
+				})
+				return err
+			}, "queue:balance"); err != nil {
+				t.Fatalf("the retry: %v", err)
+			}
+			if v, _ := r.cach.Client(t).Get(ctx, "queue:balance").Result(); v != "0" {
+				t.Fatalf("queue:balance on cache after the retry = %q", v)
+			}
+		})
+	}
 }
