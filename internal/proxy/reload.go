@@ -199,6 +199,13 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		}
 	}
 	applyTLS(!keepUpstreamTLS)
+	if s.sentinel != nil && !keepUpstreamTLS {
+		// [upstream.tls] covers the Sentinels and the role checks of
+		// their candidates too: left on the files read at start, a
+		// rotated CA made the watcher find no primary it could verify,
+		// and the next failover was never followed (found by a probe).
+		s.sentinel.SetTLS(upstreamTLS)
+	}
 	if len(changed) == 0 && !upstreamChanged {
 		return nil, nil
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -125,8 +126,12 @@ func sentinelOptions(cfg *config.Config, log *slog.Logger) sentinel.Options {
 		log.Error("sentinel: [upstream.tls] files unreadable; no connection will verify", "err", err)
 		tlsConf = &tls.Config{RootCAs: x509.NewCertPool()}
 	}
+	// One holder for the Sentinel dials and the role checks of the
+	// candidates, which a reload updates (Watcher.SetTLS).
+	cur := new(atomic.Pointer[tls.Config])
+	cur.Store(tlsConf)
 	return sentinel.Options{
-		TLS:        tlsConf,
+		TLS:        cur,
 		Sentinels:  u.Sentinels,
 		MasterName: u.MasterName,
 		Username:   u.SentinelUsername,
@@ -138,7 +143,7 @@ func sentinelOptions(cfg *config.Config, log *slog.Logger) sentinel.Options {
 			// Discover that long; HELLO and ROLE answer at once or not at
 			// all.
 			o := upstream.Options{
-				Addr: addr, Username: u.Username, Password: u.Password, TLS: tlsConf,
+				Addr: addr, Username: u.Username, Password: u.Password, TLS: cur.Load(),
 				DialTimeout: u.DialTimeout.Duration, ReplyTimeout: u.ReplyTimeout.Duration,
 				DeadTimeout: u.ReplyTimeout.Duration, Name: "redproxy-sentinel-check", Logger: log,
 			}

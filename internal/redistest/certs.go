@@ -188,20 +188,32 @@ func StartTLS(t testing.TB, certs *Certs, authClients string, extra ...string) *
 	if err != nil {
 		t.Fatalf("redistest: redis-server not found in PATH: %v", err)
 	}
-	s := &Server{bin: bin, dir: t.TempDir(), extra: extra}
-	s.tlsArgs = func(port int) []string {
-		return []string{
-			"--tls-port", strconv.Itoa(port),
-			"--tls-cert-file", certs.ServerCert,
-			"--tls-key-file", certs.ServerKey,
-			"--tls-ca-cert-file", certs.CAFile,
-			"--tls-auth-clients", authClients,
-		}
-	}
+	s := &Server{bin: bin, dir: t.TempDir(), extra: extra, tlsArgs: certs.serverArgs(authClients, certs.CAFile)}
 	if !s.start(t) {
 		return nil
 	}
 	return s
+}
+
+// serverArgs are redis-server's arguments for a TLS port presenting the
+// server certificate and trusting caFile.
+func (c *Certs) serverArgs(authClients, caFile string) func(port int) []string {
+	return func(port int) []string {
+		return []string{
+			"--tls-port", strconv.Itoa(port),
+			"--tls-cert-file", c.ServerCert,
+			"--tls-key-file", c.ServerKey,
+			"--tls-ca-cert-file", caFile,
+			"--tls-auth-clients", authClients,
+		}
+	}
+}
+
+// TLSPort is a StartTLS server's TLS port, 0 for a plaintext server.
+func (s *Server) TLSPort() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tlsPort
 }
 
 // TLSAddr is the "127.0.0.1:PORT" of a StartTLS server's TLS port.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -31,6 +32,15 @@ type SentinelOptions struct {
 	// rename-command, so that a failover lands on a server whose command
 	// table differs from the primary's).
 	ReplicaArgs []string
+	// TLS, if set, runs the group on TLS as well: every data server and
+	// Sentinel also listens on a TLS port presenting TLS's server
+	// certificate, and with tls-replication the Sentinels monitor, and
+	// name, the data servers by their TLS addresses, as in a group
+	// reached only through TLS (Node finds a server by either address).
+	// TLSCAFile is the CA file the servers trust (replication, the
+	// Sentinels' checks); TLS.CAFile if empty.
+	TLS       *Certs
+	TLSCAFile string
 }
 
 // SentinelGroup is a primary, its replicas and the Sentinels monitoring it,
@@ -54,10 +64,16 @@ func StartSentinelGroup(t testing.TB, o SentinelOptions) *SentinelGroup {
 	t.Helper()
 	o.defaults()
 	g := &SentinelGroup{Name: o.Name, quorum: o.Sentinels/2 + 1}
-	primary := Start(t)
+	startNode := func(extra ...string) *Server {
+		if o.TLS == nil {
+			return Start(t, extra...)
+		}
+		return StartTLS(t, o.TLS, "no", append([]string{"--tls-replication", "yes", "--tls-ca-cert-file", o.tlsCA()}, extra...)...)
+	}
+	primary := startNode()
 	g.Nodes = append(g.Nodes, primary)
 	for range o.Replicas {
-		r := Start(t, append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(primary.Port())}, o.ReplicaArgs...)...)
+		r := startNode(append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(o.monitoredPort(primary))}, o.ReplicaArgs...)...)
 		g.Nodes = append(g.Nodes, r)
 	}
 	ctx := context.Background()
@@ -68,7 +84,7 @@ func StartSentinelGroup(t testing.TB, o SentinelOptions) *SentinelGroup {
 	}, "%d replicas never came online on %s", o.Replicas, primary.Addr())
 
 	for range o.Sentinels {
-		g.Sentinels = append(g.Sentinels, StartSentinel(t, o, primary.Port(), g.quorum))
+		g.Sentinels = append(g.Sentinels, StartSentinel(t, o, o.monitoredPort(primary), g.quorum))
 	}
 	for _, s := range g.Sentinels {
 		sc := s.sentinelClient(t)
@@ -97,10 +113,40 @@ func StartSentinel(t testing.TB, o SentinelOptions, primaryPort, quorum int) *Se
 		o.Name, o.DownAfter.Milliseconds(),
 		o.Name, o.FailoverTimeout.Milliseconds(),
 		o.Name, o.Replicas)
+	if o.TLS != nil {
+		text += "tls-replication yes\n"
+	}
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return start(t, conf, []string{"--sentinel"})
+	if o.TLS == nil {
+		return start(t, conf, []string{"--sentinel"})
+	}
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redistest: redis-server not found in PATH: %v", err)
+	}
+	s := &Server{bin: bin, dir: t.TempDir(), conf: conf, extra: []string{"--sentinel"}, tlsArgs: o.TLS.serverArgs("no", o.tlsCA())}
+	if !s.start(t) {
+		return nil
+	}
+	return s
+}
+
+// monitoredPort is the port the Sentinels and replicas reach n on: its
+// TLS port in a TLS group.
+func (o *SentinelOptions) monitoredPort(n *Server) int {
+	if o.TLS != nil {
+		return n.TLSPort()
+	}
+	return n.Port()
+}
+
+func (o *SentinelOptions) tlsCA() string {
+	if o.TLSCAFile != "" {
+		return o.TLSCAFile
+	}
+	return o.TLS.CAFile
 }
 
 func (o *SentinelOptions) defaults() {
@@ -139,7 +185,7 @@ func (g *SentinelGroup) SentinelAddrs() []string {
 // Node returns the data server listening on addr, or nil.
 func (g *SentinelGroup) Node(addr string) *Server {
 	for _, n := range g.Nodes {
-		if n.Addr() == addr {
+		if n.Addr() == addr || n.TLSPort() != 0 && n.TLSAddr() == addr {
 			return n
 		}
 	}
@@ -173,7 +219,9 @@ func (g *SentinelGroup) Primary(t testing.TB) *Server {
 		if node == nil || !node.running() {
 			continue
 		}
-		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+		// The plaintext address: in a TLS group the Sentinels name the
+		// TLS one.
+		c := redis.NewClient(&redis.Options{Addr: node.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 		role, err := c.Do(ctx, "ROLE").Slice()
 		_ = c.Close()
 		if err == nil && len(role) > 0 && role[0] == "master" {

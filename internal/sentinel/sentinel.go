@@ -61,8 +61,11 @@ type Options struct {
 	MasterName string
 	// Username and Password are the Sentinels' own credentials.
 	Username, Password string
-	// TLS, if set, is used for the Sentinel connections ([upstream.tls]).
-	TLS *tls.Config
+	// TLS, if set, holds the configuration of the Sentinel connections
+	// ([upstream.tls]), nil in it for plaintext; each dial reads it, so a
+	// reload that stores new files there (SetTLS) is followed by every
+	// connection dialled after it. Role should read it too.
+	TLS *atomic.Pointer[tls.Config]
 	// Role asks the server at addr for its role with Redis's credentials
 	// and returns the raw RESP reply: to HELLO (whose "role" and "mode"
 	// fields any user may read) or to ROLE (which needs @admin; see
@@ -152,7 +155,55 @@ func (w *Watcher) clientOptions(addr string) *redis.Options {
 		Addr: addr, Username: w.opt.Username, Password: w.opt.Password,
 		DialTimeout: w.opt.DialTimeout, ReadTimeout: w.opt.DialTimeout, WriteTimeout: w.opt.DialTimeout,
 		MaxRetries: -1, PoolSize: 1, Protocol: 2, DisableIdentity: true,
-		TLSConfig: w.opt.TLS,
+		Dialer: w.dial,
+	}
+}
+
+// dial connects to a Sentinel with the TLS configuration in force now:
+// go-redis's TLSConfig is fixed when the client is built, and a reload
+// that rotated [upstream.tls] left the Sentinel side on the old files
+// while the data path had the new ones (found by a probe).
+func (w *Watcher) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := net.Dialer{Timeout: w.opt.DialTimeout}
+	nc, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	conf := w.currentTLS()
+	if conf == nil {
+		return nc, nil
+	}
+	if conf.ServerName == "" && !conf.InsecureSkipVerify {
+		host, _, _ := net.SplitHostPort(addr)
+		conf = conf.Clone()
+		conf.ServerName = host
+	}
+	if w.opt.DialTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, w.opt.DialTimeout)
+		defer cancel()
+	}
+	tc := tls.Client(nc, conf)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+// currentTLS is the TLS configuration dials use now, nil for none.
+func (w *Watcher) currentTLS() *tls.Config {
+	if w.opt.TLS == nil {
+		return nil
+	}
+	return w.opt.TLS.Load()
+}
+
+// SetTLS makes dials from now on use conf (nil: plaintext); connections
+// already open keep theirs. A watcher built without Options.TLS ignores it.
+func (w *Watcher) SetTLS(conf *tls.Config) {
+	if w.opt.TLS != nil {
+		w.opt.TLS.Store(conf)
 	}
 }
 
