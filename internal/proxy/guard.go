@@ -600,10 +600,11 @@ func execElements(reply []byte, fn func(i int, elem []byte)) {
 	}
 	pos := nl + 1
 	for i := 0; i < n; i++ {
-		k, err := resp.ScanReply(reply[pos:])
+		push, k, err := resp.ScanElement(reply[pos:])
 		if err != nil || k == 0 {
 			return
 		}
+		pos += push
 		fn(i, reply[pos:pos+k])
 		pos += k
 	}

@@ -691,10 +691,14 @@ func stripExec(reply []byte, hidden []int, dst []byte) []byte {
 	pos := nl + 1
 	h := 0
 	for i := 0; i < n; i++ {
-		k, err := resp.ScanReply(reply[pos:])
+		push, k, err := resp.ScanElement(reply[pos:])
 		if err != nil || k == 0 {
 			return dst // cannot happen for a reply the pipe framed
 		}
+		// A push frame Redis wrote inside the reply goes to the client
+		// where it was, as Redis sent it.
+		dst = append(dst, reply[pos:pos+push]...)
+		pos += push
 		if h < len(hidden) && hidden[h] == i {
 			h++
 		} else {

@@ -153,7 +153,9 @@ func refElem(b []byte, pos, depth int) (int, error) {
 			}
 			p = k
 		}
-		if typ == '|' {
+		if typ == '|' || typ == '>' && pos > 0 {
+			// An attribute, or a push frame inside a reply, is followed by
+			// the element it is no part of.
 			return refElem(b, p, depth)
 		}
 		return p, nil

@@ -48,6 +48,14 @@ type ReplyScanner struct {
 	body int64
 	crlf bool
 	line bool
+	// started: the reply's first header is parsed. A push frame ('>')
+	// after it is one Redis wrote in the middle of the reply (RESP3: DEBUG
+	// PROTOCOL push queued in MULTI puts one inside EXEC's array). It is
+	// no element of the aggregate it interrupts, which still owes the
+	// element it came before; counted as one, the reply ended an element
+	// early and its last element was taken for the next request's reply
+	// (found by a probe).
+	started bool
 }
 
 // Reset prepares the scanner for a new reply.
@@ -163,7 +171,7 @@ func (s *ReplyScanner) Consume(b []byte) (n int, done bool, err error) {
 						children = 2 * n
 					}
 				}
-				if typ == '|' {
+				if typ == '|' || typ == '>' && s.started {
 					children++ // as in Scan
 				}
 			default:
@@ -171,6 +179,7 @@ func (s *ReplyScanner) Consume(b []byte) (n int, done bool, err error) {
 			}
 			s.pos = nl + 2
 		}
+		s.started = true
 		// One element parsed whole, with children elements owed for it.
 		s.pending += children - 1
 		if s.pending > maxPendingElements {
@@ -245,15 +254,17 @@ func (s *ReplyScanner) Scan(b []byte) (int, error) {
 					children = 2 * n
 				}
 			}
-			if typ == '|' {
+			if typ == '|' || typ == '>' && s.started {
 				// An attribute describes the reply that follows it and is
 				// not an element on its own: the element it is attached to
-				// is still owed.
+				// is still owed. So is the one a push frame inside the
+				// reply came before (started).
 				children++
 			}
 		default:
 			return 0, ErrProtocol
 		}
+		s.started = true
 		s.pos = next
 		s.pending += children - 1
 		if s.pending > maxPendingElements {
@@ -272,6 +283,22 @@ func (s *ReplyScanner) Scan(b []byte) (int, error) {
 func ScanReply(b []byte) (int, error) {
 	var s ReplyScanner
 	return s.Scan(b)
+}
+
+// ScanElement frames the next element of an aggregate reply at b[0:]: the
+// push frames Redis wrote before it (push bytes, out of band: no element
+// of the aggregate) and then the element itself (n bytes after them). n is
+// 0 when b holds only part of it.
+func ScanElement(b []byte) (push, n int, err error) {
+	for len(b) > push && b[push] == '>' {
+		k, err := ScanReply(b[push:])
+		if err != nil || k == 0 {
+			return push, 0, err
+		}
+		push += k
+	}
+	n, err = ScanReply(b[push:])
+	return push, n, err
 }
 
 // IsError reports whether a framed reply is an error (simple or RESP3 bulk).

@@ -31,6 +31,11 @@ var validReplies = []string{
 	">3\r\n$10\r\ninvalidate\r\n*1\r\n$3\r\nfoo\r\n$0\r\n\r\n",
 	"|1\r\n+key-popularity\r\n%1\r\n$1\r\na\r\n,0.19\r\n*2\r\n:2039123\r\n:9543892\r\n",
 	"*1\r\n|1\r\n+ttl\r\n:3600\r\n$2\r\nok\r\n",
+	// Push frames Redis writes inside a reply (RESP3, DEBUG PROTOCOL push
+	// in MULTI): no element of the array they interrupt.
+	"*1\r\n>2\r\n$16\r\nserver-cpu-usage\r\n:42\r\n$4\r\nreal\r\n",
+	"*2\r\n:1\r\n>1\r\n:7\r\n>1\r\n*1\r\n:8\r\n+two\r\n",
+	"*1\r\n*1\r\n>1\r\n:7\r\n:1\r\n",
 }
 
 func TestScanReplyComplete(t *testing.T) {
@@ -289,5 +294,20 @@ func TestBulkHeader(t *testing.T) {
 		if int(size) != c.size || header != c.header || ok != c.ok {
 			t.Errorf("BulkHeader(%q) = %d, %d, %v; want %d, %d, %v", c.in, size, header, ok, c.size, c.header, c.ok)
 		}
+	}
+}
+
+// ScanElement reports the push frames before an element apart from it.
+func TestScanElementSkipsPushFrames(t *testing.T) {
+	b := []byte(">1\r\n:7\r\n>2\r\n+a\r\n+b\r\n$4\r\nreal\r\n:9\r\n")
+	push, n, err := ScanElement(b)
+	if err != nil || push != len(">1\r\n:7\r\n>2\r\n+a\r\n+b\r\n") || string(b[push:push+n]) != "$4\r\nreal\r\n" {
+		t.Fatalf("ScanElement = %d, %d, %v", push, n, err)
+	}
+	if push, n, err := ScanElement([]byte(":1\r\n")); push != 0 || n != 4 || err != nil {
+		t.Fatalf("an element without push frames: %d, %d, %v", push, n, err)
+	}
+	if els, ok := ArrayElements([]byte("*2\r\n:1\r\n>1\r\n:7\r\n+two\r\n")); !ok || len(els) != 2 || string(els[1]) != "+two\r\n" {
+		t.Fatalf("ArrayElements with a push frame inside: %q, %v", els, ok)
 	}
 }

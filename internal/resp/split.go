@@ -68,10 +68,11 @@ func ArrayElements(r []byte) ([][]byte, bool) {
 func scanElements(r []byte, pos, n int) ([][]byte, int, bool) {
 	out := make([][]byte, 0, min(n, 1024))
 	for range n {
-		k, err := ScanReply(r[pos:])
+		push, k, err := ScanElement(r[pos:])
 		if err != nil || k == 0 {
 			return nil, pos, false
 		}
+		pos += push // a push frame inside the reply is no element (ScanElement)
 		out = append(out, r[pos:pos+k])
 		pos += k
 	}
