@@ -196,3 +196,55 @@ func TestReviewTierTriplesUpstreamCommandsForHotMissingKey(t *testing.T) {
 		t.Fatalf("200 GETs of a missing key cost Redis %d commands with the local tier on, %d with it off", on, off)
 	}
 }
+
+// TestMissHoldAppliesPastMaxWaiters: reads past max_waiters were handed
+// back to be sent alone, outside the hold: each got the nil and became
+// another filler, so a cache-aside stampede bigger than the cap queried
+// the database once per excess client (found by a probe: 86 of 100 with
+// max_waiters 5; 893 of 2000 at the default 1000). A read past the cap is
+// still fetched alone, but its nil meets the hold.
+func TestMissHoldAppliesPastMaxWaiters(t *testing.T) {
+	for _, tier := range []bool{false, true} {
+		t.Run(fmt.Sprint("tier=", tier), func(t *testing.T) {
+			p := proxytest.Start(t, nil, func(c *config.Config) {
+				c.LocalCache.Enabled = tier
+				c.Stampede.MaxWaiters = 2
+				c.Stampede.Hold = []stampede.HoldRule{{Pattern: "cache:*", Timeout: units.Duration{Duration: 5 * time.Second}}}
+			})
+			const clients = 60
+			conns := make([]*redis.Client, clients)
+			for i := range conns {
+				conns[i] = p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+				if err := conns[i].Ping(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for k := range 5 {
+				key := fmt.Sprintf("cache:overflow:%d", k)
+				var queries atomic.Int64
+				var wg sync.WaitGroup
+				gate := make(chan struct{})
+				for _, c := range conns {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						<-gate
+						if _, err := c.Get(ctx, key).Result(); err == redis.Nil {
+							queries.Add(1)
+							c.SetEx(ctx, key, "v", time.Hour)
+						}
+					}()
+				}
+				close(gate)
+				wg.Wait()
+				if n := queries.Load(); n > 3 {
+					t.Fatalf("%d of %d cache-aside clients queried the database for %s with max_waiters 2 (overflows %v)",
+						n, clients, key, metricSum(t, p, "redproxy_stampede_waiter_overflows_total"))
+				}
+			}
+			if metricSum(t, p, "redproxy_stampede_waiter_overflows_total") == 0 {
+				t.Error("no read went past max_waiters: the test did not test the cap")
+			}
+		})
+	}
+}

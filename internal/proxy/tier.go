@@ -9,7 +9,6 @@ import (
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/localcache"
 	"github.com/redproxy/redproxy/internal/metrics"
-	"github.com/redproxy/redproxy/internal/stampede"
 	"github.com/redproxy/redproxy/internal/upstream"
 )
 
@@ -198,12 +197,10 @@ func (sess *Session) tierHeldFill(t *tierState, r *request, key []byte) bool {
 	cmd, raw := r.cmd, r.Raw
 	fill := func() ([]byte, error) { return t.cache.Fill(db, resp3, cmd, raw, key) }
 	reply, err := fs.FillRead(cmd, r.Args, raw, db, resp3, sess.id, sess.left, fill)
-	switch {
-	case errors.Is(err, stampede.ErrTooManyWaiters):
-		sess.forwardCommand(r) // as Read's caller does past max_waiters
-	case err != nil:
+	// Past max_waiters FillRead fills alone, still under the rules.
+	if err != nil {
 		sess.flightFailed(r, err)
-	default:
+	} else {
 		sess.replyLocal(r.m, reply)
 	}
 	return true
