@@ -299,6 +299,17 @@ func TestMissedBookkeepingIsBounded(t *testing.T) {
 	if len(ms.missed) > missMaxKeys {
 		t.Fatalf("%d miss marks kept, bound is %d", len(ms.missed), missMaxKeys)
 	}
+	// Misses of more keys while the map is full and nothing in it is
+	// stale sweep it once, not once each (found by a probe: each walked
+	// the whole map under the lock).
+	before := ms.sweeps
+	for i := range 1000 {
+		k := []byte("more" + itoa(i))
+		ms.Missed(0, k, ms.Match(k), 1, true)
+	}
+	if n := ms.sweeps - before; n > 1 {
+		t.Fatalf("1000 misses on a full map swept it %d times", n)
+	}
 	clk.Add(missMaxAge + time.Second)
 	k := []byte("late")
 	ms.Missed(0, k, ms.Match(k), 1, true)
@@ -441,5 +452,28 @@ func TestHoldWaitForGone(t *testing.T) {
 	close(h.done)
 	if !<-done {
 		t.Fatal("waitFor(nil) = false after the hold ended")
+	}
+}
+
+// BenchmarkMissedOnFullMap: misses of new keys with the δ bookkeeping
+// full and nothing in it stale, an early refresh rule's steady state
+// under a flood of distinct missing keys.
+func BenchmarkMissedOnFullMap(b *testing.B) {
+	ms := NewMisses(Config{EarlyRefresh: []RefreshRule{{Pattern: "*"}}}, NewMetrics(nil))
+	clk := &fakeClock{now: time.Unix(1000, 0)}
+	ms.now = clk.Now
+	for i := range missMaxKeys {
+		k := []byte("k" + itoa(i))
+		ms.Missed(0, k, ms.Match(k), 1, true)
+	}
+	keys := make([][]byte, 4096)
+	for i := range keys {
+		keys[i] = []byte("new" + itoa(i))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		k := keys[i%len(keys)]
+		ms.Missed(0, k, ms.Match(k), 1, true)
 	}
 }
