@@ -477,3 +477,38 @@ func BenchmarkMissedOnFullMap(b *testing.B) {
 		ms.Missed(0, k, ms.Match(k), 1, true)
 	}
 }
+
+// A flood of misses on distinct keys under a hold rule opens at most
+// maxHolds holds; once one ends, a new miss opens one again.
+func TestHoldsAreCapped(t *testing.T) {
+	defer func(n int) { maxHolds = n }(maxHolds)
+	maxHolds = 50
+	ms, _, _ := newMisses(t, Config{Hold: []HoldRule{{Pattern: "*", Timeout: dur(time.Minute)}}})
+	open := func() int {
+		ms.mu.Lock()
+		defer ms.mu.Unlock()
+		return len(ms.holds)
+	}
+	for i := range 200 {
+		k := []byte("k" + itoa(i))
+		ms.MissedSince(0, k, ms.Match(k), 1, true, ms.Seq())
+	}
+	if n := open(); n != maxHolds {
+		t.Fatalf("%d holds open after 200 misses, cap %d", n, maxHolds)
+	}
+	k0 := []byte("k0")
+	ms.Written(0, k0, ms.Match(k0))
+	if n := open(); n != maxHolds-1 {
+		t.Fatalf("%d holds open after one was written, want %d", n, maxHolds-1)
+	}
+	k := []byte("after")
+	ms.MissedSince(0, k, ms.Match(k), 1, true, ms.Seq())
+	if h := ms.Held(0, k, ms.Match(k), 2); h == nil {
+		t.Fatal("a miss after a hold ended opened none")
+	}
+	ms.mu.Lock()
+	for _, h := range ms.holds {
+		h.timer.Stop()
+	}
+	ms.mu.Unlock()
+}
