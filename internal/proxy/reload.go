@@ -229,7 +229,7 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		s.upstreamAddr = addr
 		switchBackend := func() {
 			s.backend.Switch(s.mainBackendOptions(next, addr))
-			s.switchUserBackends(next, addr, false)
+			s.switchUserBackends(next, addr)
 		}
 		if s.tier != nil {
 			// The tier drops everything it read from the old upstream and

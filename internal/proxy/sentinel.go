@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -200,11 +201,22 @@ func (s *Server) failover(addr string) {
 	cfg := s.Config()
 	s.upstreamAddr = addr
 	switchBackend := func() {
-		s.backend.Failover(s.mainBackendOptions(cfg, addr))
+		// Every backend is cut from the old primary before any waits for
+		// its new dials (Backend.FailoverUnsettled).
+		settles := []func(){s.backend.FailoverUnsettled(s.mainBackendOptions(cfg, addr))}
 		// Users with their own upstream credential have pools of their
 		// own; left behind, their writes were acknowledged by the old
 		// primary and lost, then failed for good (found by review).
-		s.switchUserBackends(cfg, addr, true)
+		settles = append(settles, s.failoverUserBackends(cfg, addr)...)
+		var wg sync.WaitGroup
+		for _, settle := range settles {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				settle()
+			}()
+		}
+		wg.Wait()
 	}
 	if s.tier != nil {
 		s.tier.cache.SwitchUpstream(switchBackend)

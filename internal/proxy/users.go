@@ -73,22 +73,35 @@ func (s *Server) closeUsers() {
 	}
 }
 
-// switchUserBackends moves the per-credential pools to a new upstream:
-// as a reload does (Backend.Switch), or, for a failover, cutting what they
-// hold on the old primary (Backend.Failover).
-func (s *Server) switchUserBackends(next *config.Config, addr string, failover bool) {
+// switchUserBackends moves the per-credential pools to a new upstream as a
+// reload does (Backend.Switch).
+func (s *Server) switchUserBackends(next *config.Config, addr string) {
 	if s.users == nil {
 		return
 	}
 	for cred, b := range s.users.backends {
-		o := s.backendOptions(next, addr)
-		o.Username, o.Password = cred.User, cred.Password
-		if failover {
-			b.Failover(o)
-		} else {
-			b.Switch(o)
-		}
+		b.Switch(s.userBackendOptions(next, addr, cred))
 	}
+}
+
+// failoverUserBackends cuts the per-credential pools from the old primary
+// and points them at addr (Backend.FailoverUnsettled), returning the waits
+// for their new dials.
+func (s *Server) failoverUserBackends(next *config.Config, addr string) []func() {
+	if s.users == nil {
+		return nil
+	}
+	var settles []func()
+	for cred, b := range s.users.backends {
+		settles = append(settles, b.FailoverUnsettled(s.userBackendOptions(next, addr, cred)))
+	}
+	return settles
+}
+
+func (s *Server) userBackendOptions(next *config.Config, addr string, cred auth.Credential) upstream.BackendOptions {
+	o := s.backendOptions(next, addr)
+	o.Username, o.Password = cred.User, cred.Password
+	return o
 }
 
 // usersOn reports whether clients authenticate as proxy users.
