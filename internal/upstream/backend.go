@@ -934,7 +934,9 @@ func (b *Backend) Failover(opt BackendOptions) { b.switchGen(opt, true)() }
 // after the other, the k-th credential's clients wrote on to the demoted
 // primary for k dial times, and those acknowledged writes were lost (found
 // by a probe: 70-225 ms, 75 writes where the proxy's own credential lost 6).
-func (b *Backend) FailoverUnsettled(opt BackendOptions) (settle func()) { return b.switchGen(opt, true) }
+func (b *Backend) FailoverUnsettled(opt BackendOptions) (settle func()) {
+	return b.switchGen(opt, true)
+}
 
 // switchGen swaps in a generation with opt and returns the wait for its
 // first dials.
