@@ -1549,3 +1549,28 @@ func TestClientMatrixCluster(t *testing.T) {
 		return metricSum(t, p, "redproxy_localcache_hits_total") > 0
 	}, "the local tier never served a hit")
 }
+
+// CLIENT KILL ID and MAXAGE take integers as Redis's string2ll does: "0N"
+// and "+N" are refused, and nobody is killed. strconv took them, and
+// "CLIENT KILL ID 0<id>" killed that client (found by a probe).
+func TestClientKillIDIsStrictAsRedis(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	admin := p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+	victim := dialRaw(t, p.Addr)
+	id, ok := victim.do("CLIENT", "ID").(int64)
+	if !ok {
+		t.Fatal("CLIENT ID did not answer an integer")
+	}
+	for _, arg := range []string{"0" + strconv.FormatInt(id, 10), "+" + strconv.FormatInt(id, 10), "01", "+1"} {
+		err := admin.Do(ctx, "CLIENT", "KILL", "ID", arg).Err()
+		if err == nil || err.Error() != "ERR client-id should be greater than 0" {
+			t.Errorf("CLIENT KILL ID %s: %v; want Redis's client-id error", arg, err)
+		}
+		if err := admin.Do(ctx, "CLIENT", "KILL", "LADDR", "127.0.0.1:1", "ID", arg).Err(); err == nil || err.Error() != "ERR client-id should be greater than 0" {
+			t.Errorf("CLIENT KILL LADDR ... ID %s: %v; want Redis's client-id error", arg, err)
+		}
+	}
+	if got := victim.do("PING"); got != "PONG" {
+		t.Fatalf("the client whose id was given with a leading 0 or +: %v, want it alive", got)
+	}
+}

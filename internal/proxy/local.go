@@ -952,8 +952,10 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 		v := string(args[i+1])
 		switch strings.ToLower(string(args[i])) {
 		case "id":
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n <= 0 {
+			// Redis's string2ll: "01" and "+1" are no ids (strconv took
+			// them, and "ID 0<id>" killed that client: found by a probe).
+			n, isInt := resp.ParseInt(args[i+1])
+			if !isInt || n <= 0 {
 				return []byte("-ERR client-id should be greater than 0\r\n")
 			}
 			id = n
@@ -988,8 +990,8 @@ func (s *Server) clientKill(self *Session, args [][]byte) []byte {
 				// proxy killed every client older than the age).
 				return errSyntax
 			}
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
+			n, isInt := resp.ParseInt(args[i+1])
+			if !isInt {
 				return errNotInteger
 			}
 			maxAge = n
