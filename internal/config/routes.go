@@ -256,13 +256,20 @@ func (c *Config) checkRoutes() []*Error {
 			} else if err := glob.Check(r.Pattern); err != nil {
 				bad(key+".pattern", "%v", err)
 			}
-			spread := len(r.Upstreams) > 0 || r.Distribution != "" || r.Hash != "" || r.HashTag != "" || len(r.Weights) > 0 || len(r.ServerNames) > 0
+			// upstreams = [] is a spread with too few upstreams, not a
+			// route missing its upstream (found by a probe: it was told
+			// "no [upstreams.] is configured").
+			spread := r.Upstreams != nil || r.Distribution != "" || r.Hash != "" || r.HashTag != "" || len(r.Weights) > 0 || len(r.ServerNames) > 0
 			switch {
 			case spread && section == "channel_route":
 				bad(key, "a channel route sends its channels to one upstream: upstreams, distribution, hash, hash_tag, weights and server_names are for [[route]]")
 				continue
 			case spread:
 				c.checkRing(key, r, bad)
+				continue
+			}
+			if r.Upstream == "" {
+				bad(key+".upstream", "is missing: give upstream = \"NAME\" (or, in a [[route]], upstreams = [...] to spread keys over several)")
 				continue
 			}
 			if _, ok := c.Upstreams[r.Upstream]; !ok && r.Upstream != DefaultUpstream {

@@ -64,6 +64,9 @@ upstream = "queue"
 		msg            string
 	}{
 		{"unknown upstream", "[[route]]\npattern = \"a:*\"\nupstream = \"nope\"\n", "route[0].upstream", 3, "no [upstreams.nope]"},
+		// Found by a probe: both were told "no [upstreams.] is configured".
+		{"empty upstreams", "[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[route]]\npattern = \"a:*\"\nupstreams = []\n", "route[0].upstreams", 0, "at least two upstreams"},
+		{"no upstream", "[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[route]]\npattern = \"a:*\"\n", "route[0].upstream", 0, "is missing"},
 		{"unknown channel upstream", "[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[channel_route]]\npattern = \"a\"\nupstream = \"x\"\n", "channel_route[0].upstream", 5, "named upstreams: default, q"},
 		{"bad pattern", "[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[route]]\npattern = \"a[\"\nupstream = \"q\"\n", "route[0].pattern", 4, "["},
 		{"named upstream validated", "[upstreams.q]\naddress = \"nowhere\"\n", "upstreams.q.address", 2, "invalid address"},
