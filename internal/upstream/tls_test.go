@@ -2,7 +2,9 @@ package upstream
 
 import (
 	"crypto/x509"
+	"errors"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -92,6 +94,20 @@ func TestDialTLS(t *testing.T) {
 			}
 			t.Logf("%s: %v", name, err)
 		})
+	}
+
+	// A replica refused for WantPrimary (Sentinel mode) is just that: the
+	// client-certificate hint was added to it too (found by a probe).
+	replica := redistest.StartTLS(t, certs, "yes", "--replicaof", "127.0.0.1", strconv.Itoa(rs.Port()), "--masterauth", "s3cret")
+	ro := tlsOpts(t, certs, replica.TLSAddr())
+	ro.Password, ro.WantPrimary = "", true
+	ro.TLS = ro.TLS.Clone()
+	ro.TLS.Certificates = nil // as when Redis asks for none: the hint's condition
+	if err := replica.Client(t).ConfigSet(t.Context(), "tls-auth-clients", "no").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Dial(ro); !errors.Is(err, ErrNotPrimary) || strings.Contains(err.Error(), "client certificates") {
+		t.Fatalf("dial to a TLS replica with WantPrimary: %v; want ErrNotPrimary without the client-certificate hint", err)
 	}
 
 	// insecure_skip_verify dials whatever certificate Redis has.
