@@ -1,5 +1,7 @@
 package namespace
 
+import "github.com/redproxy/redproxy/internal/resp"
+
 // TxStrip is what one command queued in a transaction needs of EXEC's
 // reply: Kind applied to element Pos, its position in the transaction's
 // queue as Redis counts it (proxy-added commands included).
@@ -25,10 +27,14 @@ func (ns *Namespace) StripExec(dst, reply []byte, strips []TxStrip) []byte {
 	rest := reply[hdr:]
 	s := 0
 	for i := 0; int64(i) < n; i++ {
-		e := elemLen(rest)
-		if e <= 0 {
+		// A push frame Redis wrote inside the reply is no element; it
+		// passes as it came (resp.ScanElement).
+		push, e, err := resp.ScanElement(rest)
+		if err != nil || e <= 0 {
 			return append(dst[:start], reply...)
 		}
+		dst = append(dst, rest[:push]...)
+		rest = rest[push:]
 		for s < len(strips) && strips[s].Pos < i {
 			s++ // (positions out of order: never applied twice)
 		}

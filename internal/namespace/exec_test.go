@@ -28,6 +28,9 @@ func TestStripExec(t *testing.T) {
 			[]TxStrip{{1, StripBulk}}},
 		{"an error element", "*2\r\n-WRONGTYPE t:k\r\n$3\r\nt:k\r\n", "*2\r\n-WRONGTYPE t:k\r\n$1\r\nk\r\n",
 			[]TxStrip{{0, StripBulk}, {1, StripBulk}}},
+		// A push Redis wrote inside the reply is no element (review).
+		{"a push inside", "*2\r\n$3\r\nt:v\r\n>2\r\n$1\r\np\r\n:1\r\n$3\r\nt:k\r\n", "*2\r\n$3\r\nt:v\r\n>2\r\n$1\r\np\r\n:1\r\n$1\r\nk\r\n",
+			[]TxStrip{{1, StripBulk}}},
 		{"WATCH failed", "*-1\r\n", "*-1\r\n", []TxStrip{{0, StripBulk}}},
 		{"WATCH failed, RESP3", "_\r\n", "_\r\n", []TxStrip{{0, StripBulk}}},
 		{"EXECABORT", "-EXECABORT Transaction discarded because of previous errors.\r\n", "-EXECABORT Transaction discarded because of previous errors.\r\n", []TxStrip{{0, StripBulk}}},

@@ -18,8 +18,10 @@
 // old value.
 //
 // A cap on the waiters of one fetch (as in Vitess's query consolidator)
-// sends excess readers straight upstream (ErrTooManyWaiters). An error reply
-// or a failed fetch is handed to that fetch's waiters only and never kept.
+// sends excess readers straight upstream (ErrTooManyWaiters), each alone
+// and, when a miss hold or early refresh rule matches its key, still under
+// it. An error reply or a failed fetch is handed to that fetch's waiters
+// only and never kept.
 // The fetch runs independently of the caller that leads it, so a leader whose
 // client disconnects does not fail its waiters.
 //

@@ -264,7 +264,13 @@ func (m *Misses) MissedSince(db int, key []byte, r Match, owner int64, mayHold b
 // written. The first miss counts unless overwrite (an early refresh, whose
 // filler is the one recomputing).
 func (m *Misses) markMiss(k string, rule int, now time.Time, overwrite bool) {
-	if _, ok := m.missed[k]; ok && !overwrite {
+	if _, ok := m.missed[k]; ok {
+		// Already counted: a full map takes an update of its own entry
+		// (review: an early refresh of a key in a full map kept its older
+		// mark, and δ was measured from it).
+		if overwrite {
+			m.missed[k] = missMark{at: now, rule: rule}
+		}
 		return
 	}
 	if len(m.missed) >= missMaxKeys {

@@ -512,3 +512,22 @@ func TestHoldsAreCapped(t *testing.T) {
 	}
 	ms.mu.Unlock()
 }
+
+// An early refresh of a key already marked updates its mark also when the
+// map is full (review: the size check came first, and δ was measured
+// from the older miss).
+func TestMarkMissUpdatesItsOwnEntryInAFullMap(t *testing.T) {
+	ms, _, clk := newMisses(t, Config{EarlyRefresh: []RefreshRule{{Pattern: "*"}}})
+	for i := range missMaxKeys {
+		k := []byte("k" + itoa(i))
+		ms.Missed(0, k, ms.Match(k), 1, true)
+	}
+	clk.Add(time.Second)
+	ms.mu.Lock()
+	ms.markMiss("0:k7", 0, clk.Now(), true)
+	got := ms.missed["0:k7"].at
+	ms.mu.Unlock()
+	if !got.Equal(clk.Now()) {
+		t.Fatalf("the overwritten mark is from %v, want %v", got, clk.Now())
+	}
+}

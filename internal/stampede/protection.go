@@ -168,8 +168,9 @@ const goneEvery = 50 * time.Millisecond
 // The caller must send only a read that is alone in its client's batch,
 // from a client outside MULTI, WATCH and relays (see the package
 // documentation); owner is that client's id. handled is false when p has
-// nothing to do with the read (not coalescable, no rule applies, or too
-// many waiters): the caller sends it upstream itself, which is always
+// nothing to do with the read (not coalescable, or too many waiters for a
+// read no rule applies to: one a rule applies to is fetched alone here,
+// overflowRead): the caller sends it upstream itself, which is always
 // correct. Otherwise err is the answer, or the reply is appended to dst
 // and the result returned (a lone read's reply is fetched straight into
 // it, a shared one copied). dst's bytes are never changed; on an error or
