@@ -258,7 +258,10 @@ const busyResponse = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/pla
 
 // Serve serves on ln until Shutdown, at most maxConns connections at once.
 func (s *Server) Serve(ln net.Listener) error {
-	err := s.http.Serve(&connLimitListener{Listener: ln, slots: make(chan struct{}, maxConns)})
+	l := &connLimitListener{Listener: ln, slots: make(chan struct{}, maxConns),
+		waiting: map[*limitedConn]time.Time{}, refusing: make(chan struct{}, 8)}
+	s.http.ConnState = l.connState
+	err := s.http.Serve(l)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -273,12 +276,22 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.http.Shutdown(ct
 func (s *Server) Close() error { return s.http.Close() }
 
 // connLimitListener accepts at most cap(slots) connections open at once.
-// One past that is answered 503 and closed at once instead of being left
-// in the backlog, where it would hold the peer (a Prometheus scrape) until
-// its own timeout with no word of why.
+// When all are taken, a new connection makes room by closing the one that
+// has waited longest with no request in progress (an idle keep-alive, or
+// one that has sent nothing yet): a full set of idle connections, which a
+// peer can keep up by opening them again, must not turn the health checks
+// away and have an orchestrator restart the proxy (found by review). Only
+// when every connection is in a request is the new one answered 503 and
+// closed, rather than left in the backlog, where it would hold the peer (a
+// Prometheus scrape) until its own timeout with no word of why.
 type connLimitListener struct {
 	net.Listener
 	slots chan struct{}
+
+	mu      sync.Mutex
+	waiting map[*limitedConn]time.Time // no request in progress, since when
+	// refusing bounds the goroutines answering 503.
+	refusing chan struct{}
 }
 
 func (l *connLimitListener) Accept() (net.Conn, error) {
@@ -287,16 +300,82 @@ func (l *connLimitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		select {
-		case l.slots <- struct{}{}:
+		if l.take() {
 			return &limitedConn{Conn: c, slots: l.slots}, nil
+		}
+		select {
+		case l.refusing <- struct{}{}:
+			go l.refuse(c)
 		default:
-			// The reply fits the socket's send buffer; the deadline only
-			// keeps a peer with a full window from holding Accept.
-			c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-			io.WriteString(c, busyResponse)
 			c.Close()
 		}
+	}
+}
+
+// take takes a slot, closing the longest-waiting connection with no
+// request in progress if none is free; false when every connection is in
+// a request.
+func (l *connLimitListener) take() bool {
+	select {
+	case l.slots <- struct{}{}:
+		return true
+	default:
+	}
+	l.mu.Lock()
+	var oldest *limitedConn
+	var since time.Time
+	for c, t := range l.waiting {
+		if oldest == nil || t.Before(since) {
+			oldest, since = c, t
+		}
+	}
+	delete(l.waiting, oldest)
+	l.mu.Unlock()
+	if oldest == nil {
+		return false
+	}
+	oldest.Close() // gives its slot back; net/http's own close of it is a no-op
+	select {
+	case l.slots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// refuse answers 503 and closes c. It reads the request first: written
+// before it, the 503 could reach a Go client (Prometheus) in the moment
+// between its dial and its request, which it reports as a broken
+// connection rather than the 503 (found by review).
+func (l *connLimitListener) refuse(c net.Conn) {
+	defer func() { <-l.refusing }()
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	var head [4096]byte
+	n := 0
+	for n < len(head) && !strings.Contains(string(head[:n]), "\r\n\r\n") {
+		k, err := c.Read(head[n:])
+		n += k
+		if err != nil {
+			break
+		}
+	}
+	io.WriteString(c, busyResponse)
+}
+
+// connState keeps l.waiting: the connections with no request in progress.
+func (l *connLimitListener) connState(nc net.Conn, st http.ConnState) {
+	c, ok := nc.(*limitedConn)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch st {
+	case http.StateNew, http.StateIdle:
+		l.waiting[c] = time.Now()
+	default:
+		delete(l.waiting, c)
 	}
 }
 
@@ -313,4 +392,14 @@ func (c *limitedConn) Close() error {
 		<-c.slots
 	}
 	return c.Conn.Close()
+}
+
+// CloseWrite half-closes the connection, which net/http does before
+// closing one whose request body it did not read, so the client reads the
+// reply instead of a reset; the wrapper hid it (found by review).
+func (c *limitedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
 }

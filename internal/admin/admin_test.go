@@ -269,14 +269,24 @@ func TestAdminWrongMethodNamesTheRightOne(t *testing.T) {
 	}
 }
 
-// Past maxConns open connections, one more is told 503 and closed instead
-// of taking another file descriptor; a slot given back serves again.
-// (Found by a probe: connections were unbounded, and their descriptors
-// come out of those the Redis listener and upstream pools need.)
+// Past maxConns open connections, a new one takes the place of the one
+// that has waited longest with no request in progress; only when every
+// connection is in a request is it told 503 and closed, after its request
+// is read. A slot given back serves again. (Found by a probe: connections
+// were unbounded, and their descriptors come out of those the Redis
+// listener and upstream pools need; by review: idle connections held up to
+// the cap turned the health checks away.)
 func TestAdminCapsOpenConnections(t *testing.T) {
 	defer func(n int) { maxConns = n }(maxConns)
 	maxConns = 3
 	s := newTestServer()
+	release := make(chan struct{})
+	entered := make(chan struct{}, 8)
+	s.Handle("GET /block", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		entered <- struct{}{}
+		<-release
+		w.Write([]byte("done"))
+	}))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -284,47 +294,62 @@ func TestAdminCapsOpenConnections(t *testing.T) {
 	go s.Serve(ln)
 	defer s.Close()
 	addr := ln.Addr().String()
-	var held []net.Conn
-	for range maxConns {
+	dial := func() net.Conn {
 		nc, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer nc.Close()
-		held = append(held, nc)
+		t.Cleanup(func() { nc.Close() })
+		return nc
 	}
-	// The backlog is accepted in order, so this one is the fourth.
-	over, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
+	get := func(nc net.Conn, path string) (*http.Response, string, error) {
+		fmt.Fprintf(nc, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path)
+		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		res, err := http.ReadResponse(bufio.NewReader(nc), nil)
+		if err != nil {
+			return nil, "", err
+		}
+		body, _ := io.ReadAll(res.Body)
+		return res, string(body), nil
 	}
-	defer over.Close()
-	over.SetReadDeadline(time.Now().Add(5 * time.Second))
-	res, err := http.ReadResponse(bufio.NewReader(over), nil)
-	if err != nil {
-		t.Fatalf("a connection past the cap: %v, want a 503", err)
+
+	// Connections that send nothing fill the cap; a health check still
+	// gets through, closing the oldest of them.
+	var idle []net.Conn
+	for range maxConns {
+		idle = append(idle, dial())
 	}
-	body, _ := io.ReadAll(res.Body)
-	if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "too many connections") {
-		t.Fatalf("a connection past the cap: %d %q", res.StatusCode, body)
+	if res, _, err := get(dial(), "/healthz"); err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("a health check with the cap held by idle connections: %v %v", res, err)
 	}
-	// Every held connection still works.
-	for i, nc := range held {
-		fmt.Fprint(nc, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+	idle[0].SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := idle[0].Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("the oldest idle connection: %v, want it closed", err)
+	}
+
+	// Every connection in a request: the next is told 503.
+	var busy []net.Conn
+	for range maxConns {
+		nc := dial()
+		fmt.Fprint(nc, "GET /block HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+		busy = append(busy, nc)
+		<-entered
+	}
+	res, body, err := get(dial(), "/healthz")
+	if err != nil || res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "too many connections") {
+		t.Fatalf("a connection past the cap with every slot in a request: %v %q %v, want a 503", res, body, err)
+	}
+	close(release)
+	for i, nc := range busy {
 		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
 		res, err := http.ReadResponse(bufio.NewReader(nc), nil)
 		if err != nil || res.StatusCode != http.StatusOK {
-			t.Fatalf("held connection %d: %v %v", i, res, err)
+			t.Fatalf("blocked request %d: %v %v", i, res, err)
 		}
-		res.Body.Close()
+		nc.Close()
 	}
-	held[0].Close()
 	redistest.Eventually(t, 5*time.Second, func() bool {
-		res, err := http.Get("http://" + addr + "/healthz")
-		if err != nil {
-			return false
-		}
-		res.Body.Close()
-		return res.StatusCode == http.StatusOK
-	}, "a freed slot was not given to a new connection")
+		res, _, err := get(dial(), "/healthz")
+		return err == nil && res.StatusCode == http.StatusOK
+	}, "freed slots were not given to new connections")
 }
