@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,6 +67,14 @@ func TestSentinelFollowsAReloadedUpstreamTLS(t *testing.T) {
 		if err := n.Client(t).Do(ctx, "CONFIG", "SET", "tls-cert-file", certs.OtherServerCert, "tls-key-file", certs.OtherServerKey).Err(); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// The new CA alone verifies the data servers but not the Sentinels:
+	// refused, as the proxy could not follow a failover with it.
+	if err := os.WriteFile(proxyCA, readCA(certs.OtherCAFile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Reload(reloaded(t, p, func(*config.Config) {})); err == nil || !strings.Contains(err.Error(), "Sentinel") {
+		t.Fatalf("reload with a CA file that verifies no Sentinel: %v, want it refused", err)
 	}
 	if err := os.WriteFile(proxyCA, both, 0o600); err != nil {
 		t.Fatal(err)

@@ -134,16 +134,39 @@ func (s *Server) verifiesUpstream(next *config.Config, up *tls.Config) error {
 	nc, err := upstream.DialConn(&d, addr, up)
 	if err == nil {
 		nc.Close()
+	} else if unverified(err) {
+		return &config.Error{Key: "upstream.tls", Msg: fmt.Sprintf("Redis at %s presents a certificate the new files do not verify, so every connection would fail; the configuration in force stays: %v", addr, err)}
+	}
+	if next.Upstream.Mode != config.ModeSentinel {
 		return nil
 	}
+	// The Sentinels are dialled with the same files (Watcher.SetTLS):
+	// files that verify the data servers but no Sentinel were taken, and
+	// the next Sentinel connection dialled after the reload failed, so
+	// failovers were no longer followed (found by review). One Sentinel
+	// that verifies is enough; unreachable ones say nothing.
+	var refusal error
+	for _, sa := range next.Upstream.Sentinels {
+		nc, err := upstream.DialConn(&d, sa, up)
+		if err == nil {
+			nc.Close()
+			return nil
+		}
+		if unverified(err) && refusal == nil {
+			refusal = &config.Error{Key: "upstream.tls", Msg: fmt.Sprintf("the Sentinel at %s presents a certificate the new files do not verify (nor does any other Sentinel reached), so the proxy could not follow a failover; the configuration in force stays: %v", sa, err)}
+		}
+	}
+	return refusal
+}
+
+// unverified reports whether err is a TLS dial's failure to verify the
+// server's certificate.
+func unverified(err error) bool {
 	var verify *tls.CertificateVerificationError
 	var hostname x509.HostnameError
 	var authority x509.UnknownAuthorityError
 	var invalid x509.CertificateInvalidError
-	if errors.As(err, &verify) || errors.As(err, &hostname) || errors.As(err, &authority) || errors.As(err, &invalid) {
-		return &config.Error{Key: "upstream.tls", Msg: fmt.Sprintf("Redis at %s presents a certificate the new files do not verify, so every connection would fail; the configuration in force stays: %v", addr, err)}
-	}
-	return nil
+	return errors.As(err, &verify) || errors.As(err, &hostname) || errors.As(err, &authority) || errors.As(err, &invalid)
 }
 
 // sameClientTLS reports whether two upstream TLS configurations dial
