@@ -10,6 +10,7 @@ type Metrics struct {
 	HoldTimeouts   prometheus.Counter // holds ended by their timeout rather than a write
 	EarlyRefreshes prometheus.Counter // readers handed an early miss (XFetch)
 	Overflows      prometheus.Counter // reads sent alone because a fetch had too many waiters
+	HoldsSkipped   prometheus.Counter // misses that started no hold: maxHolds were open
 
 	// byKey, when set (NewMetricsPerUpstream), gives the counters of a
 	// key's upstream; these fields are then the first upstream's.
@@ -24,7 +25,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m := newMetrics(c)
 	if reg != nil {
-		reg.MustRegister(m.Coalesced, m.FetchesSaved, m.Held, m.HoldTimeouts, m.EarlyRefreshes, m.Overflows)
+		reg.MustRegister(m.Coalesced, m.FetchesSaved, m.Held, m.HoldTimeouts, m.EarlyRefreshes, m.Overflows, m.HoldsSkipped)
 	}
 	return m
 }
@@ -73,6 +74,7 @@ func newMetrics(c func(name, help string) prometheus.Counter) *Metrics {
 		HoldTimeouts:   c("hold_timeouts_total", "Miss holds that ended because their timeout ran out before a write."),
 		EarlyRefreshes: c("early_refreshes_total", "Readers handed a miss before the key expired, to refresh it early (XFetch)."),
 		Overflows:      c("waiter_overflows_total", "Reads sent upstream alone because the fetch they would join had max_waiters waiters."),
+		HoldsSkipped:   c("holds_skipped_total", "Misses under a hold rule that started no hold because 100,000 holds were open."),
 	}
 }
 
@@ -100,6 +102,12 @@ func (m *Metrics) saved() {
 func (m *Metrics) overflow() {
 	if m != nil {
 		m.Overflows.Inc()
+	}
+}
+
+func (m *Metrics) holdSkipped() {
+	if m != nil {
+		m.HoldsSkipped.Inc()
 	}
 }
 

@@ -252,6 +252,8 @@ func (m *Misses) MissedSince(db int, key []byte, r Match, owner int64, mayHold b
 			h := &Hold{filler: owner, metrics: m.metrics.forKey(key), done: make(chan struct{})}
 			m.holds[k] = h
 			h.timer = time.AfterFunc(m.holdRules[r.hold-1].timeout, func() { m.release(k, h, true) })
+		} else {
+			m.metrics.forKey(key).holdSkipped()
 		}
 	}
 	if r.Refresh() {

@@ -483,7 +483,7 @@ func BenchmarkMissedOnFullMap(b *testing.B) {
 func TestHoldsAreCapped(t *testing.T) {
 	defer func(n int) { maxHolds = n }(maxHolds)
 	maxHolds = 50
-	ms, _, _ := newMisses(t, Config{Hold: []HoldRule{{Pattern: "*", Timeout: dur(time.Minute)}}})
+	ms, m, _ := newMisses(t, Config{Hold: []HoldRule{{Pattern: "*", Timeout: dur(time.Minute)}}})
 	open := func() int {
 		ms.mu.Lock()
 		defer ms.mu.Unlock()
@@ -495,6 +495,9 @@ func TestHoldsAreCapped(t *testing.T) {
 	}
 	if n := open(); n != maxHolds {
 		t.Fatalf("%d holds open after 200 misses, cap %d", n, maxHolds)
+	}
+	if got := counter(m.HoldsSkipped); got != 150 {
+		t.Fatalf("holds skipped = %v, want 150", got)
 	}
 	k0 := []byte("k0")
 	ms.Written(0, k0, ms.Match(k0))
