@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -73,9 +74,38 @@ func New(reg *prometheus.Registry, ready func() bool, log *slog.Logger) *Server 
 	// request (even a refused one) could hold a connection, and a file
 	// descriptor the Redis listener also draws on, forever (found by
 	// review).
+	// ReadTimeout bounds the body too: a request that declared a body and
+	// never sent it stayed in its request for good, beyond the reach of
+	// the connection cap's eviction (review). Writes are bounded per
+	// request (serveHTTP).
 	s.http = &http.Server{Handler: http.HandlerFunc(s.serveHTTP), ReadHeaderTimeout: 5 * time.Second,
-		IdleTimeout: idleTimeout, MaxHeaderBytes: 64 << 10}
+		ReadTimeout: readTimeout, IdleTimeout: idleTimeout, MaxHeaderBytes: 64 << 10}
 	return s
+}
+
+// readTimeout bounds reading a request, body included, and writeTimeout
+// writing a reply but a profile's or trace's, which last the seconds asked
+// for; variables for tests.
+var (
+	readTimeout  = 10 * time.Second
+	writeTimeout = 30 * time.Second
+)
+
+// writeDeadline is when the reply to r must be written: a client that
+// stopped reading a reply (/metrics, a goroutine dump) held its
+// connection, and a slot of the cap, for good (review). A CPU profile or
+// trace runs the seconds asked for (30 and 1 by default) first.
+func writeDeadline(r *http.Request) time.Time {
+	d := writeTimeout
+	switch r.URL.Path {
+	case "/debug/pprof/profile", "/debug/pprof/trace":
+		secs, err := strconv.ParseInt(r.URL.Query().Get("seconds"), 10, 64)
+		if err != nil || secs <= 0 {
+			secs = 30
+		}
+		d += time.Duration(min(secs, 3600)) * time.Second
+	}
+	return time.Now().Add(d)
 }
 
 // idleTimeout closes a keep-alive connection idle this long; a variable
@@ -98,6 +128,7 @@ func (s *Server) SetToken(token string) {
 func (s *Server) Handler() http.Handler { return s.http.Handler }
 
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	http.NewResponseController(w).SetWriteDeadline(writeDeadline(r))
 	health := r.URL.Path == "/healthz" || r.URL.Path == "/readyz"
 	if tok := s.token.Load(); tok == nil && !health {
 		if msg := browserRefusal(r); msg != "" {
@@ -260,7 +291,7 @@ const busyResponse = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/pla
 func (s *Server) Serve(ln net.Listener) error {
 	l := &connLimitListener{Listener: ln, slots: make(chan struct{}, maxConns),
 		waiting: map[*limitedConn]time.Time{}, refusing: make(chan struct{}, 8)}
-	s.http.ConnState = l.connState
+	s.http.ConnState = l.connState // one Serve per Server (main's admin listener)
 	err := s.http.Serve(l)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
@@ -329,12 +360,17 @@ func (l *connLimitListener) take() bool {
 			oldest, since = c, t
 		}
 	}
-	delete(l.waiting, oldest)
+	if oldest != nil {
+		delete(l.waiting, oldest)
+		// Under l.mu, so net/http cannot mark it in a request in between
+		// (connState waits); gives its slot back, and net/http's own
+		// close of it is a no-op.
+		oldest.Close()
+	}
 	l.mu.Unlock()
 	if oldest == nil {
 		return false
 	}
-	oldest.Close() // gives its slot back; net/http's own close of it is a no-op
 	select {
 	case l.slots <- struct{}{}:
 		return true
@@ -350,7 +386,7 @@ func (l *connLimitListener) take() bool {
 func (l *connLimitListener) refuse(c net.Conn) {
 	defer func() { <-l.refusing }()
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(time.Second))
+	c.SetReadDeadline(time.Now().Add(time.Second))
 	var head [4096]byte
 	n := 0
 	for n < len(head) && !strings.Contains(string(head[:n]), "\r\n\r\n") {
@@ -360,6 +396,7 @@ func (l *connLimitListener) refuse(c net.Conn) {
 			break
 		}
 	}
+	c.SetWriteDeadline(time.Now().Add(time.Second))
 	io.WriteString(c, busyResponse)
 }
 

@@ -353,3 +353,29 @@ func TestAdminCapsOpenConnections(t *testing.T) {
 		return err == nil && res.StatusCode == http.StatusOK
 	}, "freed slots were not given to new connections")
 }
+
+// A request that declares a body and never sends it is cut by the read
+// timeout: it stayed in its request for good, beyond the connection cap's
+// eviction, so 64 of them turned every health check away (found by
+// review).
+func TestAdminRequestWithAMissingBodyIsCut(t *testing.T) {
+	defer func(d time.Duration) { readTimeout = d }(readTimeout)
+	readTimeout = 200 * time.Millisecond
+	s := newTestServer()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	defer s.Close()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	fmt.Fprint(nc, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n")
+	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(nc); err != nil {
+		t.Fatalf("a request whose body never came: %v, want its connection closed", err)
+	}
+}

@@ -256,10 +256,11 @@ func (c *Config) checkRoutes() []*Error {
 			} else if err := glob.Check(r.Pattern); err != nil {
 				bad(key+".pattern", "%v", err)
 			}
-			// upstreams = [] is a spread with too few upstreams, not a
-			// route missing its upstream (found by a probe: it was told
-			// "no [upstreams.] is configured").
-			spread := r.Upstreams != nil || r.Distribution != "" || r.Hash != "" || r.HashTag != "" || len(r.Weights) > 0 || len(r.ServerNames) > 0
+			// upstreams = [] alone is a spread with too few upstreams, not
+			// a route missing its upstream (found by a probe: it was told
+			// "no [upstreams.] is configured"); beside upstream = "NAME"
+			// it was accepted before, and still is (review).
+			spread := len(r.Upstreams) > 0 || r.Upstreams != nil && r.Upstream == "" || r.Distribution != "" || r.Hash != "" || r.HashTag != "" || len(r.Weights) > 0 || len(r.ServerNames) > 0
 			switch {
 			case spread && section == "channel_route":
 				bad(key, "a channel route sends its channels to one upstream: upstreams, distribution, hash, hash_tag, weights and server_names are for [[route]]")

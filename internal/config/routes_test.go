@@ -36,6 +36,10 @@ upstream = "big"
 pattern = "jobs.*"
 upstream = "queue"
 `
+	// upstreams = [] beside upstream was accepted before, and still is.
+	if _, err := Parse([]byte("[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\nupstreams = []\n[[channel_route]]\npattern = \"a\"\nupstream = \"q\"\nupstreams = []\n"), "r.toml"); err != nil {
+		t.Fatalf("upstream with an empty upstreams list: %v", err)
+	}
 	c, err := Parse([]byte(good), "routes.toml")
 	if err != nil {
 		t.Fatal(err)

@@ -228,8 +228,8 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		moved := addr != s.upstreamAddr
 		s.upstreamAddr = addr
 		switchBackend := func() {
-			s.backend.Switch(s.mainBackendOptions(next, addr))
-			s.switchUserBackends(next, addr)
+			settles := []func(){s.backend.SwitchUnsettled(s.mainBackendOptions(next, addr))}
+			settleAll(append(settles, s.switchUserBackends(next, addr, false)...))
 		}
 		if s.tier != nil {
 			// The tier drops everything it read from the old upstream and

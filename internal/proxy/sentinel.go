@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -207,16 +206,7 @@ func (s *Server) failover(addr string) {
 		// Users with their own upstream credential have pools of their
 		// own; left behind, their writes were acknowledged by the old
 		// primary and lost, then failed for good (found by review).
-		settles = append(settles, s.failoverUserBackends(cfg, addr)...)
-		var wg sync.WaitGroup
-		for _, settle := range settles {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				settle()
-			}()
-		}
-		wg.Wait()
+		settleAll(append(settles, s.switchUserBackends(cfg, addr, true)...))
 	}
 	if s.tier != nil {
 		s.tier.cache.SwitchUpstream(switchBackend)

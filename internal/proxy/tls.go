@@ -144,16 +144,33 @@ func (s *Server) verifiesUpstream(next *config.Config, up *tls.Config) error {
 	// files that verify the data servers but no Sentinel were taken, and
 	// the next Sentinel connection dialled after the reload failed, so
 	// failovers were no longer followed (found by review). One Sentinel
-	// that verifies is enough; unreachable ones say nothing.
-	var refusal error
+	// that verifies is enough; unreachable ones say nothing. All at once,
+	// under one deadline: the reload holds reloadMu, which a failover
+	// waits for, and one after the other unreachable Sentinels held it
+	// for twice the dial timeout each (review).
+	type result struct {
+		addr string
+		err  error
+	}
+	results := make(chan result, len(next.Upstream.Sentinels))
+	d.Deadline = time.Now().Add(2 * next.Upstream.DialTimeout.Duration)
 	for _, sa := range next.Upstream.Sentinels {
-		nc, err := upstream.DialConn(&d, sa, up)
-		if err == nil {
-			nc.Close()
+		go func() {
+			nc, err := upstream.DialConn(&d, sa, up)
+			if err == nil {
+				nc.Close()
+			}
+			results <- result{sa, err}
+		}()
+	}
+	var refusal error
+	for range next.Upstream.Sentinels {
+		r := <-results
+		if r.err == nil {
 			return nil
 		}
-		if unverified(err) && refusal == nil {
-			refusal = &config.Error{Key: "upstream.tls", Msg: fmt.Sprintf("the Sentinel at %s presents a certificate the new files do not verify (nor does any other Sentinel reached), so the proxy could not follow a failover; the configuration in force stays: %v", sa, err)}
+		if unverified(r.err) && refusal == nil {
+			refusal = &config.Error{Key: "upstream.tls", Msg: fmt.Sprintf("the Sentinel at %s presents a certificate the new files do not verify (nor does any other Sentinel reached), so the proxy could not follow a failover; the configuration in force stays: %v", r.addr, r.err)}
 		}
 	}
 	return refusal

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,29 +74,35 @@ func (s *Server) closeUsers() {
 	}
 }
 
-// switchUserBackends moves the per-credential pools to a new upstream as a
-// reload does (Backend.Switch).
-func (s *Server) switchUserBackends(next *config.Config, addr string) {
-	if s.users == nil {
-		return
-	}
-	for cred, b := range s.users.backends {
-		b.Switch(s.userBackendOptions(next, addr, cred))
-	}
-}
-
-// failoverUserBackends cuts the per-credential pools from the old primary
-// and points them at addr (Backend.FailoverUnsettled), returning the waits
-// for their new dials.
-func (s *Server) failoverUserBackends(next *config.Config, addr string) []func() {
+// switchUserBackends points the per-credential pools at addr, as a reload
+// (Backend.SwitchUnsettled) or a failover (Backend.FailoverUnsettled)
+// does, and returns the waits for their new dials: the caller switches
+// every backend before it waits for any (settleAll).
+func (s *Server) switchUserBackends(next *config.Config, addr string, failover bool) []func() {
 	if s.users == nil {
 		return nil
 	}
 	var settles []func()
 	for cred, b := range s.users.backends {
-		settles = append(settles, b.FailoverUnsettled(s.userBackendOptions(next, addr, cred)))
+		o := s.userBackendOptions(next, addr, cred)
+		if failover {
+			settles = append(settles, b.FailoverUnsettled(o))
+		} else {
+			settles = append(settles, b.SwitchUnsettled(o))
+		}
 	}
 	return settles
+}
+
+// settleAll runs the waits for new dials at once: one after the other,
+// the k-th credential waited for k dial timeouts against an upstream that
+// does not answer, under reloadMu (review).
+func settleAll(settles []func()) {
+	var wg sync.WaitGroup
+	for _, settle := range settles {
+		wg.Go(settle)
+	}
+	wg.Wait()
 }
 
 func (s *Server) userBackendOptions(next *config.Config, addr string, cred auth.Credential) upstream.BackendOptions {

@@ -938,6 +938,12 @@ func (b *Backend) FailoverUnsettled(opt BackendOptions) (settle func()) {
 	return b.switchGen(opt, true)
 }
 
+// SwitchUnsettled is Switch up to the wait for the new generation's first
+// dials, which it returns, for the same reason as FailoverUnsettled.
+func (b *Backend) SwitchUnsettled(opt BackendOptions) (settle func()) {
+	return b.switchGen(opt, false)
+}
+
 // switchGen swaps in a generation with opt and returns the wait for its
 // first dials.
 func (b *Backend) switchGen(opt BackendOptions, failover bool) (settle func()) {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -72,9 +73,11 @@ func dial(opt Options, wantID bool) (net.Conn, int64, error) {
 			// by a probe, WATCH on a frozen Redis).
 			return nil, 0, ErrTimeout
 		}
-		// Not for a server that answered (a replica refused for
+		// Only when the connection was closed or refused under the first
+		// command, not for a server that answered (a replica refused for
 		// WantPrimary got the hint too: found by a probe).
-		if c := opt.TLS; c != nil && len(c.Certificates) == 0 && c.GetClientCertificate == nil && !errors.Is(err, ErrHandshake) && !errors.Is(err, ErrNotPrimary) {
+		if c := opt.TLS; c != nil && len(c.Certificates) == 0 && c.GetClientCertificate == nil && !errors.Is(err, ErrHandshake) &&
+			!errors.Is(err, ErrClosed) && (PeerClosed(err) || strings.Contains(err.Error(), "remote error: tls:")) {
 			// With TLS 1.3 the client's handshake ends before Redis has
 			// checked for a client certificate; its refusal only shows as
 			// the connection closing under the first command.
