@@ -111,38 +111,17 @@ func TestReviewMissHoldCacheAside100ClientsWithTier(t *testing.T) {
 				c.Stampede.Hold = []stampede.HoldRule{{Pattern: "cache:*", Timeout: units.Duration{Duration: 5 * time.Second}}}
 			})
 			const clients = 100
-			conns := make([]*redis.Client, clients)
-			for i := range conns {
-				conns[i] = p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
-				if err := conns[i].Ping(ctx).Err(); err != nil {
-					t.Fatal(err)
-				}
-			}
+			conns := pooledClients(t, p, clients)
 			// Ten cold keys, one stampede each.
 			for k := range 10 {
 				key := fmt.Sprintf("cache:product:v1:%d", k)
-				var queries atomic.Int64
-				var wg sync.WaitGroup
-				gate := make(chan struct{})
-				for _, c := range conns {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						<-gate
-						if _, err := c.Get(ctx, key).Result(); err == redis.Nil {
-							queries.Add(1) // db.query(...)
-							c.SetEx(ctx, key, `{"id":123}`, time.Hour)
-						}
-					}()
-				}
-				close(gate)
-				wg.Wait()
+				queries := cacheAsideStampede(conns, key)
 				// Up to 3 happen without the tier too (a reader whose nil
 				// was fetched before the filler's write but handled after
 				// its hold ended becomes another filler:
 				// TestReviewHoldEndedBeforeNilHandledMakesSecondFiller);
 				// the tier's effect is far more than that.
-				if n := queries.Load(); n > 3 {
+				if n := queries; n > 3 {
 					t.Fatalf("%d of %d cache-aside clients queried the database for the cold key %s, want 1 (held reads so far %v)",
 						n, clients, key, metricSum(t, p, "redproxy_stampede_held_reads_total"))
 				}
@@ -212,32 +191,10 @@ func TestMissHoldAppliesPastMaxWaiters(t *testing.T) {
 				c.Stampede.Hold = []stampede.HoldRule{{Pattern: "cache:*", Timeout: units.Duration{Duration: 5 * time.Second}}}
 			})
 			const clients = 60
-			conns := make([]*redis.Client, clients)
-			for i := range conns {
-				conns[i] = p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
-				if err := conns[i].Ping(ctx).Err(); err != nil {
-					t.Fatal(err)
-				}
-			}
+			conns := pooledClients(t, p, clients)
 			for k := range 5 {
 				key := fmt.Sprintf("cache:overflow:%d", k)
-				var queries atomic.Int64
-				var wg sync.WaitGroup
-				gate := make(chan struct{})
-				for _, c := range conns {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						<-gate
-						if _, err := c.Get(ctx, key).Result(); err == redis.Nil {
-							queries.Add(1)
-							c.SetEx(ctx, key, "v", time.Hour)
-						}
-					}()
-				}
-				close(gate)
-				wg.Wait()
-				if n := queries.Load(); n > 3 {
+				if n := cacheAsideStampede(conns, key); n > 3 {
 					t.Fatalf("%d of %d cache-aside clients queried the database for %s with max_waiters 2 (overflows %v)",
 						n, clients, key, metricSum(t, p, "redproxy_stampede_waiter_overflows_total"))
 				}
@@ -247,4 +204,38 @@ func TestMissHoldAppliesPastMaxWaiters(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pooledClients are n clients of p with one connection each, connected.
+func pooledClients(t *testing.T, p *proxytest.Proxy, n int) []*redis.Client {
+	t.Helper()
+	conns := make([]*redis.Client, n)
+	for i := range conns {
+		conns[i] = p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
+		if err := conns[i].Ping(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return conns
+}
+
+// cacheAsideStampede has every client read key at once and, on a miss,
+// "query the database" and write the value back, as the seeds' cache-aside
+// pattern does; it returns how many queried.
+func cacheAsideStampede(conns []*redis.Client, key string) int64 {
+	var queries atomic.Int64
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	for _, c := range conns {
+		wg.Go(func() {
+			<-gate
+			if _, err := c.Get(ctx, key).Result(); err == redis.Nil {
+				queries.Add(1) // db.query(...)
+				c.SetEx(ctx, key, `{"id":123}`, time.Hour)
+			}
+		})
+	}
+	close(gate)
+	wg.Wait()
+	return queries.Load()
 }

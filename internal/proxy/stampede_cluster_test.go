@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,13 +34,7 @@ func TestClusterStampede(t *testing.T) {
 				cfg.Stampede.Hold = []stampede.HoldRule{{Pattern: "cache:*", Timeout: units.Duration{Duration: 5 * time.Second}}}
 			})
 			const clients = 40
-			conns := make([]*redis.Client, clients)
-			for i := range conns {
-				conns[i] = p.Client(t, func(o *redis.Options) { o.PoolSize = 1 })
-				if err := conns[i].Ping(ctx).Err(); err != nil {
-					t.Fatal(err)
-				}
-			}
+			conns := pooledClients(t, p, clients)
 
 			t.Run("MissHold", func(t *testing.T) {
 				// Cold keys on every node (their slots spread over the
@@ -54,25 +47,9 @@ func TestClusterStampede(t *testing.T) {
 						t.Fatal(err)
 					}
 					nodes[m.Options().Addr] = true
-					var queries atomic.Int64
-					var wg sync.WaitGroup
-					gate := make(chan struct{})
-					for _, cl := range conns {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							<-gate
-							if _, err := cl.Get(ctx, key).Result(); err == redis.Nil {
-								queries.Add(1) // db.query(...)
-								cl.SetEx(ctx, key, `{"id":123}`, time.Hour)
-							}
-						}()
-					}
-					close(gate)
-					wg.Wait()
 					// As in standalone mode (TestReviewMissHoldCacheAside100ClientsWithTier),
 					// up to 3 may query.
-					if n := queries.Load(); n > 3 {
+					if n := cacheAsideStampede(conns, key); n > 3 {
 						t.Fatalf("%d of %d cache-aside clients queried the database for the cold key %s, want 1 (held reads %v)",
 							n, clients, key, metricSum(t, p, "redproxy_stampede_held_reads_total"))
 					}
