@@ -274,6 +274,15 @@ func TestProxyHeaderWaitersCountOnEveryListener(t *testing.T) {
 		defer nc.Close()
 		silent = append(silent, nc)
 	}
+	// Both waiting before any plain client is tried: a plain client
+	// served before the second was accepted had that one refused, and
+	// then, once it left, every later one was served (CI, under -race).
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return counterSum(t, p, "redproxy_listener_connections_total", "listener", "lb") == 2
+	}, "the two connections were not accepted on lb")
+	if n := metricSum(t, p, "redproxy_client_connections_rejected_total"); n != 0 {
+		t.Fatalf("%v connections refused before the test began", n)
+	}
 	// The refusal is written at accept; nothing is sent, since a command
 	// reaching the closed socket draws a reset that can discard the
 	// refusal before it is read (CI, under -race). A served client says
