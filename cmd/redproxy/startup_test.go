@@ -345,7 +345,28 @@ func startEarlyOnce(t *testing.T, upstream, why string) (e *earlyStart, portTake
 		time.Sleep(20 * time.Millisecond)
 	}
 	e.listeningAfter = time.Since(started)
-	return e, false
+	// The admin listener is bound right after the client listeners; its
+	// port may be the one taken by another package's process, and the
+	// proxy then exits (CI: "the admin listener never answered").
+	for {
+		nc, err := net.DialTimeout("tcp", e.admin, time.Second)
+		if err == nil {
+			nc.Close()
+			return e, false
+		}
+		select {
+		case <-exited:
+			if strings.Contains(e.logs.String(), "address already in use") {
+				return e, true
+			}
+			t.Fatalf("the proxy exited after listening; log:\n%s", e.logs.String())
+		default:
+		}
+		if time.Since(started) > earlyDialTimeout {
+			t.Fatalf("the admin listener not up %v after start; log:\n%s", time.Since(started), e.logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // upstreamAt is startEarly's [upstream] section for one Redis at addr.
