@@ -57,9 +57,19 @@ func TestSeedPatternsCluster(t *testing.T) {
 			e := &seedEnv{p: p, c: p.Client(t, func(o *redis.Options) { o.PoolSize = 8 }), direct: direct, cluster: true}
 			e.runPatterns(t)
 			if tier {
-				if h := metricSum(t, p, "redproxy_localcache_hits_total"); h == 0 {
-					t.Fatal("the tier served no hit: the patterns did not exercise it")
-				}
+				// The patterns' own hits come from StampedeLock's 20
+				// concurrent readers and depend on how they interleave
+				// with the miss hold: 0 to 10 of them in 30 runs. A key
+				// that cache-aside left alone is a hit on a re-read,
+				// whatever the interleaving, once its node's tracking
+				// connection is live.
+				redistest.Eventually(t, 10*time.Second, func() bool {
+					v, err := e.c.Get(ctx, "product:123").Result()
+					if err != nil || v != `{"id":123,"name":"lamp","price":40}` {
+						t.Fatalf("GET product:123 after the patterns: %q, %v", v, err)
+					}
+					return metricSum(t, p, "redproxy_localcache_hits_total") > 0
+				}, "the tier served no hit in cluster mode")
 			}
 		})
 	}
