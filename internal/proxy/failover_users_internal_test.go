@@ -10,11 +10,10 @@ import (
 	"time"
 
 	"github.com/redproxy/redproxy/internal/auth"
-	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
-	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/upstream"
 )
 
 // TestFailoverCutsEveryCredentialBeforeWaiting: a failover cuts every
@@ -26,8 +25,53 @@ import (
 // 225 ms late, 75 writes lost where the proxy's credential lost 6). Here
 // the new primary accepts connections and answers nothing, so every wait
 // for a first dial lasts the dial timeout (15 s): the credentials' pools
-// must have moved long before that.
+// must have moved long before that. Both for [upstream] and for a named
+// upstream under routes, whose failover was still serial (found by
+// reading back the first fix).
 func TestFailoverCutsEveryCredentialBeforeWaiting(t *testing.T) {
+	t.Run("upstream", func(t *testing.T) {
+		s := newCredentialServer(t, nil)
+		if len(s.users.backends) != 3 {
+			t.Fatalf("%d credential backends, want 3", len(s.users.backends))
+		}
+		pools := []*upstream.Backend{s.backend}
+		for _, b := range s.users.backends {
+			pools = append(pools, b)
+		}
+		failoverToSilent(t, pools, s.failover)
+	})
+	t.Run("named upstream", func(t *testing.T) {
+		s := newCredentialServer(t, func(cfg *config.Config, addr string) {
+			u := config.Default().Upstream
+			u.Address = addr
+			u.DialTimeout = cfg.Upstream.DialTimeout
+			cfg.Upstreams = map[string]config.Upstream{"other": u}
+			cfg.Routes = []config.Route{{Pattern: "o:*", Upstream: "other"}}
+		})
+		var target *routeTarget
+		for _, rt := range s.routes.targets {
+			if rt.name == "other" {
+				target = rt
+			}
+		}
+		if target == nil || len(target.users) != 3 {
+			t.Fatalf("named upstream %v, want one with 3 credential backends", target)
+		}
+		pools := []*upstream.Backend{target.backend}
+		for _, b := range target.users {
+			pools = append(pools, b)
+		}
+		// What the upstream's Sentinel watcher calls (startTarget's
+		// OnSwitch); the upstream here is a plain server, which the
+		// switch itself does not look at.
+		failoverToSilent(t, pools, func(addr string) { s.targetFailover(target, addr, target.opts) })
+	})
+}
+
+// newCredentialServer is a Server in front of one Redis with three proxy
+// users, each with an upstream credential of its own; mutate, if set,
+// adjusts the configuration given the Redis's address.
+func newCredentialServer(t *testing.T, mutate func(cfg *config.Config, addr string)) *Server {
 	rs := redistest.Start(t)
 	dir := t.TempDir()
 	var users []auth.UserConfig
@@ -46,27 +90,19 @@ func TestFailoverCutsEveryCredentialBeforeWaiting(t *testing.T) {
 	cfg.Server.Listen, cfg.Server.Admin, cfg.Upstream.Address = "127.0.0.1:0", "", rs.Addr()
 	cfg.Upstream.DialTimeout = units.Duration{Duration: 15 * time.Second}
 	cfg.Users = users
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
+	if mutate != nil {
+		mutate(cfg, rs.Addr())
 	}
-	s, err := NewServer(Options{Config: cfg, Table: commands.Builtin(), Metrics: metrics.New()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		s.Shutdown(ctx)
-	}()
-	if len(s.users.backends) != 3 {
-		t.Fatalf("%d credential backends, want 3", len(s.users.backends))
-	}
+	return newTestServer(t, cfg)
+}
 
-	// The new primary: accepts and answers nothing.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+// failoverToSilent runs failover to a new primary that accepts connections
+// and answers nothing, and fails unless every pool of pools points there
+// within 5 s, well inside the 15 s dial timeout one wait for a first dial
+// takes. It returns once the failover has.
+func failoverToSilent(t *testing.T, pools []*upstream.Backend, failover func(addr string)) {
+	t.Helper()
+	ln := mustListen(t)
 	var mu sync.Mutex
 	var conns []net.Conn
 	go func() {
@@ -95,18 +131,18 @@ func TestFailoverCutsEveryCredentialBeforeWaiting(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.failover(silent)
+		failover(silent)
 	}()
 	var left int
 	redistest.Eventually(t, 5*time.Second, func() bool {
 		left = 0
-		for _, b := range s.users.backends {
+		for _, b := range pools {
 			if b.Addr() != silent {
 				left++
 			}
 		}
-		return left == 0 && s.backend.Addr() == silent
-	}, "credentials' pools still on the old primary while the failover waits for new dials (dial timeout 15 s)")
+		return left == 0
+	}, "pools still on the old primary while the failover waits for new dials (dial timeout 15 s)")
 	// Let the waits end: the failover then returns.
 	for {
 		unstall()

@@ -1,14 +1,11 @@
 package proxy
 
 import (
-	"context"
 	"net"
 	"testing"
 	"time"
 
-	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
-	"github.com/redproxy/redproxy/internal/metrics"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
@@ -19,18 +16,7 @@ func TestSessionCarriesListenerNamespace(t *testing.T) {
 	cfg := config.Default()
 	cfg.Server.Listen, cfg.Server.Admin, cfg.Upstream.Address = "127.0.0.1:0", "", rs.Addr()
 	cfg.Server.Listeners = []config.Listener{{Name: "tenant", Listen: "127.0.0.1:0", Namespace: "tenant-a:"}}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := NewServer(Options{Config: cfg, Table: commands.Builtin(), Metrics: metrics.New()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		s.Shutdown(ctx)
-	}()
+	s := newTestServer(t, cfg)
 	addrs := map[string]string{}
 	for _, name := range []string{config.ListenerPlain, "tenant"} {
 		ln := mustListen(t)
@@ -67,13 +53,4 @@ func TestSessionCarriesListenerNamespace(t *testing.T) {
 	if err := s.ServeListener("nosuch", mustListen(t)); err == nil {
 		t.Error("ServeListener of an unknown name served")
 	}
-}
-
-func mustListen(t *testing.T) net.Listener {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ln
 }

@@ -228,8 +228,7 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		moved := addr != s.upstreamAddr
 		s.upstreamAddr = addr
 		switchBackend := func() {
-			settles := []func(){s.backend.SwitchUnsettled(s.mainBackendOptions(next, addr))}
-			settleAll(append(settles, s.switchUserBackends(next, addr, false)...))
+			moveBackends(false, append([]backendMove{{s.backend, s.mainBackendOptions(next, addr)}}, s.userMoves(next, addr)...))
 		}
 		if s.tier != nil {
 			// The tier drops everything it read from the old upstream and

@@ -251,10 +251,13 @@ func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 func (s *Server) targetFailover(t *routeTarget, addr string, opts func(addr, user, pass string) upstream.BackendOptions) {
 	u := s.cfg.Upstreams[t.name]
 	switchBackend := func() {
-		t.backend.Failover(opts(addr, u.Username, u.Password))
+		// Every credential's pools at once, as for [upstream] (failing
+		// them over one after the other lost the later ones' writes).
+		moves := []backendMove{{t.backend, opts(addr, u.Username, u.Password)}}
 		for cred, b := range t.users {
-			b.Failover(opts(addr, cred.User, cred.Password))
+			moves = append(moves, backendMove{b, opts(addr, cred.User, cred.Password)})
 		}
+		moveBackends(true, moves)
 	}
 	// reloadMu keeps this apart from a reload's or another failover's
 	// switch of the tier and of the coalescing group.

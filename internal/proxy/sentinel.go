@@ -200,13 +200,10 @@ func (s *Server) failover(addr string) {
 	cfg := s.Config()
 	s.upstreamAddr = addr
 	switchBackend := func() {
-		// Every backend is cut from the old primary before any waits for
-		// its new dials (Backend.FailoverUnsettled).
-		settles := []func(){s.backend.FailoverUnsettled(s.mainBackendOptions(cfg, addr))}
 		// Users with their own upstream credential have pools of their
 		// own; left behind, their writes were acknowledged by the old
 		// primary and lost, then failed for good (found by review).
-		settleAll(append(settles, s.switchUserBackends(cfg, addr, true)...))
+		moveBackends(true, append([]backendMove{{s.backend, s.mainBackendOptions(cfg, addr)}}, s.userMoves(cfg, addr)...))
 	}
 	if s.tier != nil {
 		s.tier.cache.SwitchUpstream(switchBackend)
