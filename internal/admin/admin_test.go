@@ -103,13 +103,8 @@ func TestAdminIdleConnectionsCloseAndBearerCase(t *testing.T) {
 	idleTimeout = 200 * time.Millisecond
 	s := newTestServer()
 	s.SetToken("0123456789abcdef-token")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	defer s.Close()
-	nc, err := net.Dial("tcp", ln.Addr().String())
+	addr := serveTest(t, s)
+	nc, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,13 +282,7 @@ func TestAdminCapsOpenConnections(t *testing.T) {
 		<-release
 		w.Write([]byte("done"))
 	}))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	defer s.Close()
-	addr := ln.Addr().String()
+	addr := serveTest(t, s)
 	dial := func() net.Conn {
 		nc, err := net.Dial("tcp", addr)
 		if err != nil {
@@ -362,13 +351,8 @@ func TestAdminRequestWithAMissingBodyIsCut(t *testing.T) {
 	defer func(d time.Duration) { readTimeout = d }(readTimeout)
 	readTimeout = 200 * time.Millisecond
 	s := newTestServer()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	defer s.Close()
-	nc, err := net.Dial("tcp", ln.Addr().String())
+	addr := serveTest(t, s)
+	nc, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,4 +362,17 @@ func TestAdminRequestWithAMissingBodyIsCut(t *testing.T) {
 	if _, err := io.ReadAll(nc); err != nil {
 		t.Fatalf("a request whose body never came: %v, want its connection closed", err)
 	}
+}
+
+// serveTest serves s on a free loopback port until the test ends and
+// returns the port's address.
+func serveTest(t *testing.T, s *Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Close() })
+	return ln.Addr().String()
 }
