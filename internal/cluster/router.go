@@ -49,6 +49,12 @@ type Options struct {
 	// found silent (accepting, never answering), which would hold the
 	// start back by reply_timeout.
 	NoStartWait bool
+	// Unanswered, when set, counts the commands (parts of split ones
+	// each) the router answered with an error of its own because no node
+	// did: no slot map, a node it could not reach, a connection lost
+	// before the reply, a reply over the output limit. The proxy's
+	// redproxy_route_errors_total of a named cluster upstream.
+	Unanswered prometheus.Counter
 }
 
 // Router executes client batches against a Redis Cluster. It is safe for
@@ -576,6 +582,15 @@ func errorFrame(err error) []byte {
 	return []byte("-ERR " + err.Error() + "\r\n")
 }
 
+// unanswered is the reply of a command (or part) no node answered because
+// of err, counted in Options.Unanswered.
+func (b *batch) unanswered(err error) []byte {
+	if c := b.r.opt.Unanswered; c != nil {
+		c.Inc()
+	}
+	return errorFrame(err)
+}
+
 // Reads lets the reads of a batch go to replicas (DoReads). The proxy's
 // session implements it with its read-your-writes state per shard.
 type Reads interface {
@@ -813,7 +828,7 @@ func (b *batch) plan(i int, raw []byte) {
 		o.merge = k
 		m := b.r.m.Load()
 		if m == nil {
-			o.local = errorFrame(ErrNoTopology)
+			o.local = b.unanswered(ErrNoTopology)
 			return
 		}
 		for _, a := range m.Primaries() {
@@ -1172,7 +1187,7 @@ func (b *batch) planScan(o *op, raw []byte) {
 	}
 	m := b.r.m.Load()
 	if m == nil {
-		o.local = errorFrame(ErrNoTopology)
+		o.local = b.unanswered(ErrNoTopology)
 		return
 	}
 	w, addr, nodeCursor, restarted := planScanWalk(m, cursor)
@@ -1243,7 +1258,7 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 	if m == nil {
 		if err := r.Refresh(); err != nil {
 			for _, i := range pending {
-				b.finish(i, errorFrame(err))
+				b.finish(i, b.unanswered(err))
 			}
 			return nil, false
 		}
@@ -1427,7 +1442,7 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 				// clients retry, a redirection as TRYAGAIN (they never
 				// see one).
 				if nc.err != nil {
-					b.finish(i, errorFrame(nc.err))
+					b.finish(i, b.unanswered(nc.err))
 					continue
 				}
 				if reply, err := nc.call.Reply(k); err == nil && retryable(reply) {
@@ -1499,7 +1514,7 @@ func (b *batch) classify(i int, nc *nodeCall, k int) (again, slow bool) {
 		// Nothing was sent: safe to try again once the map says where
 		// the slot lives now.
 		if s.retries++; s.retries > maxRetries || !errors.Is(nc.err, upstream.ErrUnavailable) {
-			b.finish(i, errorFrame(nc.err))
+			b.finish(i, b.unanswered(nc.err))
 			return false, false
 		}
 		r.refreshSoon()
@@ -1509,14 +1524,14 @@ func (b *batch) classify(i int, nc *nodeCall, k int) (again, slow bool) {
 	reply, err := nc.call.Reply(k)
 	if errors.Is(err, upstream.ErrOutputLimit) {
 		b.overflow = true
-		b.finish(i, errorFrame(err))
+		b.finish(i, b.unanswered(err))
 		return false, false
 	}
 	if err != nil {
 		// Sent and lost: a write may have run, so it is never retried
 		// behind the client's back.
 		r.refreshSoon()
-		b.finish(i, errorFrame(err))
+		b.finish(i, b.unanswered(err))
 		return false, false
 	}
 	if again, slow = b.redirected(i, reply); !again {
@@ -1573,7 +1588,7 @@ func (b *batch) replicaFailed(i int, nc *nodeCall, k int) (again, done bool) {
 		b.finish(i, notServing)
 		return false, true
 	}
-	b.finish(i, errorFrame(err))
+	b.finish(i, b.unanswered(err))
 	return false, true
 }
 

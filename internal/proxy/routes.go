@@ -207,7 +207,10 @@ func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 	opts := t.opts
 	if u.Mode == config.ModeCluster {
 		o := opts("", u.Username, u.Password)
-		t.router = cluster.New(cluster.Options{Seeds: u.Seeds, Backend: o, Tables: s.tableInForce, Logger: s.log.With("upstream", t.name)})
+		t.router = cluster.New(cluster.Options{Seeds: u.Seeds, Backend: o, Tables: s.tableInForce, Logger: s.log.With("upstream", t.name),
+			// The router answers a command no node answered with an
+			// error reply, which the batch here cannot tell from Redis's.
+			Unanswered: t.failed})
 		// No connection metrics: the router's are per node (a "node"
 		// label), and one metric name cannot carry a label in some series
 		// and not in others ([upstream]'s and standalone upstreams' have

@@ -15,6 +15,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/config/units"
 	"github.com/redproxy/redproxy/internal/proxytest"
+	"github.com/redproxy/redproxy/internal/redistest"
 	"github.com/redproxy/redproxy/internal/stampede"
 )
 
@@ -105,5 +106,41 @@ func TestStampedeMetricsUnlabelledWithoutRoutes(t *testing.T) {
 	got := stampedeCounts(t, p, "coalesced_reads_total")
 	if len(got) != 1 || got[""] != 1 {
 		t.Fatalf("coalesced reads = %v, want one unlabelled series counting 1", got)
+	}
+}
+
+// TestRoutesClusterUpstreamErrorsAreCounted: a command to a named cluster
+// upstream that no node answers counts in redproxy_route_errors_total
+// under that upstream, as for any other upstream. The cluster's router
+// answers such a command with an error reply of its own, which the routed
+// batch took for Redis's: a cluster upstream whose every node was down
+// counted 0 while its clients got "upstream unavailable" (found by a
+// probe).
+func TestRoutesClusterUpstreamErrorsAreCounted(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		u := namedUpstream("")
+		u.Mode, u.Address, u.Seeds = config.ModeCluster, "", cl.Seeds()
+		c.Upstreams = map[string]config.Upstream{"big": u}
+		c.Routes = []config.Route{{Pattern: "big:*", Upstream: "big"}}
+	})
+	c := p.Client(t)
+	if err := c.Set(ctx, "big:k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n := counterSum(t, p, "redproxy_route_errors_total", "upstream", "big"); n != 0 {
+		t.Fatalf("%v route errors with every node up", n)
+	}
+	for _, n := range cl.Nodes {
+		n.Kill(t)
+	}
+	if err := c.Get(ctx, "big:k").Err(); err == nil || !strings.Contains(err.Error(), "redproxy") {
+		t.Fatalf("GET big:k with every node down: %v, want the proxy's error", err)
+	}
+	if n := counterSum(t, p, "redproxy_route_errors_total", "upstream", "big"); n < 1 {
+		t.Fatalf("redproxy_route_errors_total{upstream=\"big\"} = %v after a GET no node answered, want at least 1", n)
+	}
+	if n := counterSum(t, p, "redproxy_route_errors_total", "upstream", "default"); n != 0 {
+		t.Fatalf("%v route errors counted for the default upstream", n)
 	}
 }
