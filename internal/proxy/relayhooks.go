@@ -304,7 +304,7 @@ func (rw *relayWrites) hideNoted() bool {
 }
 
 // errHeldWrites refuses a write the relay could no longer track.
-const errHeldWrites = "ERR redproxy: too many writes on a connection in MONITOR or pub/sub mode; write on another connection"
+const errHeldWrites = "ERR redproxy: too many writes on a relayed connection (MONITOR, pub/sub or tracking, or one that stayed relayed after unsubscribing); write on another connection"
 
 // note is called for every request of a relayed client before it is sent,
 // with the arguments that will be sent (refused: a refusal is sent

@@ -276,7 +276,7 @@ func TestUncountedRelayWritesAreCapped(t *testing.T) {
 		}
 	}
 	v, _ := c.readReply()
-	if e, ok := v.(respError); !ok || !strings.Contains(string(e), "too many writes on a connection in MONITOR or pub/sub mode") {
+	if e, ok := v.(respError); !ok || !strings.Contains(string(e), "too many writes on a relayed connection") {
 		t.Fatalf("write 1025: %v, want the refusal", v)
 	}
 	if n, _ := p.Redis.Client(t).Exists(ctx, "u:1024").Result(); n != 0 {
