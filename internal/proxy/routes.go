@@ -173,6 +173,29 @@ func newRouteTable(cfg *config.Config, keys []config.Route) (*route.Table, error
 	return route.New(cfg.RoutedUpstreams(), conv(keys), conv(cfg.ChannelRoutes))
 }
 
+// routedCluster reports whether a named upstream of the routes is a
+// cluster, whose nodes' redproxy_upstream_* series carry a node label: the
+// other upstreams' series then carry it too, empty, since the series of
+// one name in one registry must carry the same labels.
+func routedCluster(cfg *config.Config) bool {
+	for _, name := range cfg.RoutedUpstreams() {
+		if name != config.DefaultUpstream && cfg.NamedUpstream(name).Mode == config.ModeCluster {
+			return true
+		}
+	}
+	return false
+}
+
+// registerBackendMetrics registers a standalone or Sentinel upstream's
+// connection metrics in reg, which labels them with the upstream's name.
+func registerBackendMetrics(b *upstream.Backend, reg prometheus.Registerer, cfg *config.Config) {
+	if routedCluster(cfg) {
+		b.RegisterMetricsWithNode(reg)
+	} else {
+		b.RegisterMetrics(reg)
+	}
+}
+
 // startTarget dials named upstream t, set up as u says.
 func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 	t.mode = u.Mode
@@ -211,11 +234,11 @@ func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 			// The router answers a command no node answered with an
 			// error reply, which the batch here cannot tell from Redis's.
 			Unanswered: t.failed})
-		// No connection metrics: the router's are per node (a "node"
-		// label), and one metric name cannot carry a label in some series
-		// and not in others ([upstream]'s and standalone upstreams' have
-		// none). The route counters below still count its commands.
-		return nil
+		// Its nodes' connection metrics, with a node label, which every
+		// other upstream's series then carry empty (routedCluster): it
+		// had none, and with every node down it showed nowhere (found
+		// by a probe).
+		return reg.Register(t.router)
 	}
 	addr := u.Address
 	if u.Mode == config.ModeSentinel {
@@ -238,7 +261,7 @@ func (s *Server) startTarget(t *routeTarget, u config.Upstream) error {
 		addr = found
 	}
 	t.backend = upstream.NewBackend(opts(addr, u.Username, u.Password))
-	t.backend.RegisterMetrics(reg)
+	registerBackendMetrics(t.backend, reg, s.cfg)
 	t.users = map[auth.Credential]*upstream.Backend{}
 	for cred := range s.users.backends {
 		t.users[cred] = upstream.NewBackend(opts(addr, cred.User, cred.Password))

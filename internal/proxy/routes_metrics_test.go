@@ -111,7 +111,8 @@ func TestStampedeMetricsUnlabelledWithoutRoutes(t *testing.T) {
 
 // TestRoutesClusterUpstreamErrorsAreCounted: a command to a named cluster
 // upstream that no node answers counts in redproxy_route_errors_total
-// under that upstream, as for any other upstream. The cluster's router
+// under that upstream, as for any other upstream, and its nodes'
+// connections are in redproxy_upstream_connections_up. The cluster's router
 // answers such a command with an error reply of its own, which the routed
 // batch took for Redis's: a cluster upstream whose every node was down
 // counted 0 while its clients got "upstream unavailable" (found by a
@@ -131,16 +132,68 @@ func TestRoutesClusterUpstreamErrorsAreCounted(t *testing.T) {
 	if n := counterSum(t, p, "redproxy_route_errors_total", "upstream", "big"); n != 0 {
 		t.Fatalf("%v route errors with every node up", n)
 	}
+	// The cluster's nodes have connection series of their own, labelled
+	// with the node, and the default upstream's carry an empty node label
+	// (one name's series carry the same labels); it had none.
+	up := connectionsUp(t, p)
+	var nodes int
+	for key, n := range up {
+		if key.upstream == "big" && key.node != "" && n > 0 {
+			nodes++
+		}
+	}
+	if nodes == 0 || up[upstreamNode{"default", ""}] == 0 {
+		t.Fatalf("redproxy_upstream_connections_up by upstream and node: %v; want the default upstream's and the node of big:k's", up)
+	}
 	for _, n := range cl.Nodes {
 		n.Kill(t)
 	}
 	if err := c.Get(ctx, "big:k").Err(); err == nil || !strings.Contains(err.Error(), "redproxy") {
 		t.Fatalf("GET big:k with every node down: %v, want the proxy's error", err)
 	}
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		for key, n := range connectionsUp(t, p) {
+			if key.upstream == "big" && n > 0 {
+				return false
+			}
+		}
+		return true
+	}, "connections to a cluster whose every node is down still counted up")
 	if n := counterSum(t, p, "redproxy_route_errors_total", "upstream", "big"); n < 1 {
 		t.Fatalf("redproxy_route_errors_total{upstream=\"big\"} = %v after a GET no node answered, want at least 1", n)
 	}
 	if n := counterSum(t, p, "redproxy_route_errors_total", "upstream", "default"); n != 0 {
 		t.Fatalf("%v route errors counted for the default upstream", n)
 	}
+}
+
+type upstreamNode struct{ upstream, node string }
+
+// connectionsUp sums redproxy_upstream_connections_up by upstream and node
+// labels.
+func connectionsUp(t *testing.T, p *proxytest.Proxy) map[upstreamNode]float64 {
+	t.Helper()
+	families, err := p.Metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[upstreamNode]float64{}
+	for _, f := range families {
+		if f.GetName() != "redproxy_upstream_connections_up" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var key upstreamNode
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "upstream":
+					key.upstream = l.GetValue()
+				case "node":
+					key.node = l.GetValue()
+				}
+			}
+			out[key] += m.GetGauge().GetValue()
+		}
+	}
+	return out
 }

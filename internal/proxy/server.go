@@ -258,7 +258,7 @@ func NewServer(o Options) (*Server, error) {
 		o.Metrics.Registry.MustRegister(s.router)
 	case cfg.Routed():
 		// Every upstream's connection metrics carry its name (routes.go).
-		s.backend.RegisterMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"upstream": config.DefaultUpstream}, o.Metrics.Registry))
+		registerBackendMetrics(s.backend, prometheus.WrapRegistererWith(prometheus.Labels{"upstream": config.DefaultUpstream}, o.Metrics.Registry), cfg)
 	default:
 		s.backend.RegisterMetrics(o.Metrics.Registry)
 	}

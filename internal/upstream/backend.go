@@ -1217,7 +1217,22 @@ func (b *Backend) RegisterMetrics(reg prometheus.Registerer) {
 	reg.MustRegister(&backendCollector{b: b})
 }
 
-type backendCollector struct{ b *Backend }
+// RegisterMetricsWithNode is RegisterMetrics with an empty node label on
+// the series a cluster node's have it on (DescribeNodeMetrics): for a
+// registry that also holds a cluster's nodes' series under the same
+// names, which must carry the same labels (with routes, beside a named
+// cluster upstream). Prometheus reads an empty label as no label, so
+// queries that name none see the same series.
+func (b *Backend) RegisterMetricsWithNode(reg prometheus.Registerer) {
+	reg.MustRegister(&backendCollector{b: b, node: true})
+}
+
+// backendCollector is one backend's collector; node: with an empty node
+// label (RegisterMetricsWithNode).
+type backendCollector struct {
+	b    *Backend
+	node bool
+}
 
 // backendDescs are the upstream metrics of one backend; labelled with the
 // node as well in cluster mode (NodeMetrics), where a backend is a node.
@@ -1244,18 +1259,16 @@ func newBackendDescs(node bool) *backendDescs {
 		timeouts: prometheus.NewDesc("redproxy_upstream_timeouts_total", "Shared upstream connections closed because Redis answered nothing, not even a PING on a fresh connection, for upstream.dead_timeout.", labels, nil),
 		overdue:  prometheus.NewDesc("redproxy_upstream_overdue_replies_total", "Times a shared upstream connection's oldest reply took longer than upstream.reply_timeout and Redis was probed (slow command, busy script, CLIENT PAUSE, or a dead server).", labels, nil),
 		dials:    prometheus.NewDesc("redproxy_upstream_dials_total", "Connection attempts to Redis.", labels, nil),
-		pinned:   prometheus.NewDesc("redproxy_upstream_dedicated_connections", pinnedHelp[node], first, nil),
+		pinned:   prometheus.NewDesc("redproxy_upstream_dedicated_connections", pinnedHelp, first, nil),
 		commands: prometheus.NewDesc("redproxy_upstream_commands_total", "Commands written to Redis on shared connections.", labels, nil),
 	}
 }
 
 // pinnedHelp: a backend's gauge shows the total upstream.max_pinned bounds
 // (shared by every credential's backends); a cluster node's series show
-// that node's, which it bounds per node.
-var pinnedHelp = map[bool]string{
-	false: "Dedicated upstream connections in use (transactions, blocking commands, pub/sub, MONITOR), all upstream credentials together: what upstream.max_pinned bounds.",
-	true:  "Dedicated upstream connections in use on this node (transactions, blocking commands, pub/sub, MONITOR).",
-}
+// that node's, which it bounds per node. One text for both: series of one
+// name in one registry must share it (RegisterMetricsWithNode).
+const pinnedHelp = "Dedicated upstream connections in use (transactions, blocking commands, pub/sub, MONITOR): what upstream.max_pinned bounds, all upstream credentials together, or per node of a cluster (node label)."
 
 var (
 	plainDescs = newBackendDescs(false)
@@ -1270,9 +1283,23 @@ func (d *backendDescs) describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) { plainDescs.describe(ch) }
+func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
+	if c.node {
+		nodeDescs.describe(ch)
+		DescribeRefused(ch)
+		return
+	}
+	plainDescs.describe(ch)
+}
 
-func (c *backendCollector) Collect(ch chan<- prometheus.Metric) { c.b.collect(ch, plainDescs) }
+func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.node {
+		c.b.collect(ch, nodeDescs, true, "")
+		c.b.pins.CollectRefused(ch)
+		return
+	}
+	c.b.collect(ch, plainDescs, true)
+}
 
 // DescribeNodeMetrics and CollectNodeMetrics are, for a collector over
 // the backends of a cluster's nodes, the metrics of RegisterMetrics with
@@ -1291,12 +1318,15 @@ func (l *PinLimit) CollectRefused(ch chan<- prometheus.Metric) {
 
 // CollectNodeMetrics: see DescribeNodeMetrics.
 func (b *Backend) CollectNodeMetrics(ch chan<- prometheus.Metric, node string) {
-	b.collect(ch, nodeDescs, node)
+	b.collect(ch, nodeDescs, false, node)
 }
 
-func (b *Backend) collect(ch chan<- prometheus.Metric, d *backendDescs, node ...string) {
+// collect sends b's series of d, labelled with node if given; shared: the
+// pinned gauge is the whole limit's (every credential's backends), not
+// b's own (a cluster node's).
+func (b *Backend) collect(ch chan<- prometheus.Metric, d *backendDescs, shared bool, node ...string) {
 	pinned := b.pinned.Load()
-	if len(node) == 0 {
+	if shared {
 		pinned = b.pins.Used()
 	}
 	ch <- prometheus.MustNewConstMetric(d.pinned, prometheus.GaugeValue, float64(pinned), node...)
