@@ -654,10 +654,7 @@ func TestRoutesClusterUpstreamSplitMSETWithFixups(t *testing.T) {
 	def := redistest.Start(t)
 	withRule := func(rule bool) *proxytest.Proxy {
 		return proxytest.Start(t, def, func(c *config.Config) {
-			u := namedUpstream("")
-			u.Mode, u.Address, u.Seeds = config.ModeCluster, "", cl.Seeds()
-			c.Upstreams = map[string]config.Upstream{"big": u}
-			c.Routes = []config.Route{{Pattern: "big:*", Upstream: "big"}}
+			routeBigToCluster(c, cl)
 			if rule {
 				c.Policy.TTL = []policy.TTLRule{{Pattern: "big:sess*", Required: true, Default: policy.Duration{Duration: time.Hour}}}
 			}

@@ -403,24 +403,7 @@ func rarePolls(c *config.Config) {
 // label.
 func replicaReadsByResult(t *testing.T, p *proxytest.Proxy) map[string]float64 {
 	t.Helper()
-	fams, err := p.Metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, f := range fams {
-		if f.GetName() != "redproxy_replica_reads_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" {
-					out[l.GetValue()] = m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return out
+	return metricBy(t, p, "redproxy_replica_reads_total", "result")
 }
 
 // TestClusterReplicaReadsDuringMigration: with replica_preferred, while a

@@ -263,10 +263,7 @@ func TestRoutesStandInTableReachesANamedCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	def := redistest.Start(t)
 	p := proxytest.StartStandIn(t, def, standIn, func(c *config.Config) {
-		u := namedUpstream("")
-		u.Mode, u.Address, u.Seeds = config.ModeCluster, "", cl.Seeds()
-		c.Upstreams = map[string]config.Upstream{"big": u}
-		c.Routes = []config.Route{{Pattern: "big:*", Upstream: "big"}}
+		routeBigToCluster(c, cl)
 	})
 	c := p.Client(t)
 	direct := cl.ClusterClient(t)

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -577,6 +578,32 @@ func TestInfoProxyListsReplicas(t *testing.T) {
 		return err == nil && !strings.Contains(info, ":addr="+g.replicas[1].Addr()+",state=up,") &&
 			strings.Contains(info, ":addr="+g.replicas[0].Addr()+",state=up,role=replica,")
 	}, "INFO proxy still shows the killed replica up:\n%s", lazy(func() string { return info }))
+}
+
+// metricBy sums the series of metric name (counters and gauges) by the
+// values of labels, joined with "/" ("" for a label a series lacks).
+func metricBy(t *testing.T, p *proxytest.Proxy, name string, labels ...string) map[string]float64 {
+	t.Helper()
+	fams, err := p.Metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			values := make([]string, len(labels))
+			for _, l := range m.GetLabel() {
+				if k := slices.Index(labels, l.GetName()); k >= 0 {
+					values[k] = l.GetValue()
+				}
+			}
+			out[strings.Join(values, "/")] += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return out
 }
 
 // counterSum is the sum of counter name's series whose labels include

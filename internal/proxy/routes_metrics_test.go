@@ -23,26 +23,7 @@ import (
 // by upstream label value ("" for a series with no upstream label).
 func stampedeCounts(t *testing.T, p *proxytest.Proxy, name string) map[string]float64 {
 	t.Helper()
-	families, err := p.Metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, f := range families {
-		if f.GetName() != "redproxy_stampede_"+name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			up := ""
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "upstream" {
-					up = l.GetValue()
-				}
-			}
-			out[up] = m.GetCounter().GetValue()
-		}
-	}
-	return out
+	return metricBy(t, p, "redproxy_stampede_"+name, "upstream")
 }
 
 // TestRoutesStampedeMetricsPerUpstream: with routes, stampede protection's
@@ -120,10 +101,7 @@ func TestStampedeMetricsUnlabelledWithoutRoutes(t *testing.T) {
 func TestRoutesClusterUpstreamErrorsAreCounted(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	p := proxytest.Start(t, nil, func(c *config.Config) {
-		u := namedUpstream("")
-		u.Mode, u.Address, u.Seeds = config.ModeCluster, "", cl.Seeds()
-		c.Upstreams = map[string]config.Upstream{"big": u}
-		c.Routes = []config.Route{{Pattern: "big:*", Upstream: "big"}}
+		routeBigToCluster(c, cl)
 	})
 	c := p.Client(t)
 	if err := c.Set(ctx, "big:k", "v", 0).Err(); err != nil {
@@ -135,14 +113,14 @@ func TestRoutesClusterUpstreamErrorsAreCounted(t *testing.T) {
 	// The cluster's nodes have connection series of their own, labelled
 	// with the node, and the default upstream's carry an empty node label
 	// (one name's series carry the same labels); it had none.
-	up := connectionsUp(t, p)
+	up := metricBy(t, p, "redproxy_upstream_connections_up", "upstream", "node")
 	var nodes int
 	for key, n := range up {
-		if key.upstream == "big" && key.node != "" && n > 0 {
+		if strings.HasPrefix(key, "big/") && key != "big/" && n > 0 {
 			nodes++
 		}
 	}
-	if nodes == 0 || up[upstreamNode{"default", ""}] == 0 {
+	if nodes == 0 || up["default/"] == 0 {
 		t.Fatalf("redproxy_upstream_connections_up by upstream and node: %v; want the default upstream's and the node of big:k's", up)
 	}
 	for _, n := range cl.Nodes {
@@ -152,8 +130,8 @@ func TestRoutesClusterUpstreamErrorsAreCounted(t *testing.T) {
 		t.Fatalf("GET big:k with every node down: %v, want the proxy's error", err)
 	}
 	redistest.Eventually(t, 10*time.Second, func() bool {
-		for key, n := range connectionsUp(t, p) {
-			if key.upstream == "big" && n > 0 {
+		for key, n := range metricBy(t, p, "redproxy_upstream_connections_up", "upstream", "node") {
+			if strings.HasPrefix(key, "big/") && n > 0 {
 				return false
 			}
 		}
@@ -165,35 +143,4 @@ func TestRoutesClusterUpstreamErrorsAreCounted(t *testing.T) {
 	if n := counterSum(t, p, "redproxy_route_errors_total", "upstream", "default"); n != 0 {
 		t.Fatalf("%v route errors counted for the default upstream", n)
 	}
-}
-
-type upstreamNode struct{ upstream, node string }
-
-// connectionsUp sums redproxy_upstream_connections_up by upstream and node
-// labels.
-func connectionsUp(t *testing.T, p *proxytest.Proxy) map[upstreamNode]float64 {
-	t.Helper()
-	families, err := p.Metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[upstreamNode]float64{}
-	for _, f := range families {
-		if f.GetName() != "redproxy_upstream_connections_up" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			var key upstreamNode
-			for _, l := range m.GetLabel() {
-				switch l.GetName() {
-				case "upstream":
-					key.upstream = l.GetValue()
-				case "node":
-					key.node = l.GetValue()
-				}
-			}
-			out[key] += m.GetGauge().GetValue()
-		}
-	}
-	return out
 }

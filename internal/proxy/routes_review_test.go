@@ -27,10 +27,7 @@ func TestRoutesClusterUpstreamOnlyInDatabase0(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			p := proxytest.Start(t, nil, func(c *config.Config) {
-				u := namedUpstream("")
-				u.Mode, u.Address, u.Seeds = config.ModeCluster, "", cl.Seeds()
-				c.Upstreams = map[string]config.Upstream{"big": u}
-				c.Routes = []config.Route{{Pattern: "big:*", Upstream: "big"}}
+				routeBigToCluster(c, cl)
 				c.LocalCache.Enabled = tier
 				c.LocalCache.AdmitMinReads = 0
 			})

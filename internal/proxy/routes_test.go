@@ -37,6 +37,15 @@ func namedUpstream(addr string) config.Upstream {
 	return u
 }
 
+// routeBigToCluster routes the keys big:* to a named upstream "big" that
+// is cluster cl.
+func routeBigToCluster(c *config.Config, cl *redistest.Cluster) {
+	u := namedUpstream("")
+	u.Mode, u.Address, u.Seeds = config.ModeCluster, "", cl.Seeds()
+	c.Upstreams = map[string]config.Upstream{"big": u}
+	c.Routes = []config.Route{{Pattern: "big:*", Upstream: "big"}}
+}
+
 func startRouted(t testing.TB, mutate func(*config.Config)) *routed {
 	t.Helper()
 	return startRoutedAfter(t, nil, mutate)
@@ -649,10 +658,7 @@ func TestRoutesClusterUpstream(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	def := redistest.Start(t)
 	p := proxytest.Start(t, def, func(c *config.Config) {
-		u := namedUpstream("")
-		u.Mode, u.Address, u.Seeds = config.ModeCluster, "", cl.Seeds()
-		c.Upstreams = map[string]config.Upstream{"big": u}
-		c.Routes = []config.Route{{Pattern: "big:*", Upstream: "big"}}
+		routeBigToCluster(c, cl)
 	})
 	c := p.Client(t)
 	var keys []string
