@@ -49,11 +49,12 @@ type Options struct {
 	// found silent (accepting, never answering), which would hold the
 	// start back by reply_timeout.
 	NoStartWait bool
-	// Unanswered, when set, counts the commands (parts of split ones
-	// each) the router answered with an error of its own because no node
-	// did: no slot map, a node it could not reach, a connection lost
-	// before the reply, a reply over the output limit. The proxy's
-	// redproxy_route_errors_total of a named cluster upstream.
+	// Unanswered, when set, counts the commands the router answered with
+	// an error of its own because no node did: no slot map, a node it
+	// could not reach, a connection lost before the reply. Once per
+	// command, however many slots it was split over. The proxy's
+	// redproxy_route_errors_total of a named cluster upstream, which
+	// counts a client's call over the output limit itself.
 	Unanswered prometheus.Counter
 }
 
@@ -582,13 +583,28 @@ func errorFrame(err error) []byte {
 	return []byte("-ERR " + err.Error() + "\r\n")
 }
 
-// unanswered is the reply of a command (or part) no node answered because
-// of err, counted in Options.Unanswered.
-func (b *batch) unanswered(err error) []byte {
-	if c := b.r.opt.Unanswered; c != nil {
-		c.Inc()
+// finishUnanswered answers sub i with err, the reason no node answered it,
+// for opUnanswered to count.
+func (b *batch) finishUnanswered(i int, err error) {
+	b.finish(i, errorFrame(err))
+	b.subs[i].unanswered = true
+}
+
+// opUnanswered reports whether op i's reply holds an error of the
+// router's own because no node answered (a sub of it, or the op itself):
+// counted once per command, as the proxy counts the commands it routes,
+// however many slots or nodes the command was split over or tries it took.
+func (b *batch) opUnanswered(i int) bool {
+	o := &b.ops[i]
+	if o.local != nil {
+		return o.unanswered
 	}
-	return errorFrame(err)
+	for k := o.first; k < o.first+o.n; k++ {
+		if b.subs[k].unanswered {
+			return true
+		}
+	}
+	return false
 }
 
 // Reads lets the reads of a batch go to replicas (DoReads). The proxy's
@@ -652,6 +668,9 @@ func (r *Router) DoReads(c *upstream.Call, resp3 bool, reads Reads, onlyReads bo
 			c.AddReply(nil) // dropped: no need to merge it
 			continue
 		}
+		if u := r.opt.Unanswered; u != nil && b.opUnanswered(i) {
+			u.Inc()
+		}
 		b.addReply(c, i)
 	}
 	b.reset(nil, false, 0)
@@ -690,6 +709,9 @@ func (b *batch) reset(r *Router, resp3 bool, n int) {
 // op is one command of the client's batch.
 type op struct {
 	local []byte // answered without Redis
+	// unanswered: local is the error of a command no node could be
+	// asked (no slot map), counted in Options.Unanswered.
+	unanswered bool
 	// Its commands to nodes are batch.subs[first:first+n]: an op's subs
 	// are added one after the other.
 	first, n int
@@ -738,6 +760,9 @@ type sub struct {
 	// The final reply is batch.arena[rstart:rend] once done.
 	rstart, rend int
 	done         bool
+	// unanswered: the final reply is the router's error because no node
+	// answered (batch.unanswered).
+	unanswered bool
 }
 
 type batch struct {
@@ -828,7 +853,7 @@ func (b *batch) plan(i int, raw []byte) {
 		o.merge = k
 		m := b.r.m.Load()
 		if m == nil {
-			o.local = b.unanswered(ErrNoTopology)
+			o.local, o.unanswered = errorFrame(ErrNoTopology), true
 			return
 		}
 		for _, a := range m.Primaries() {
@@ -1187,7 +1212,7 @@ func (b *batch) planScan(o *op, raw []byte) {
 	}
 	m := b.r.m.Load()
 	if m == nil {
-		o.local = b.unanswered(ErrNoTopology)
+		o.local, o.unanswered = errorFrame(ErrNoTopology), true
 		return
 	}
 	w, addr, nodeCursor, restarted := planScanWalk(m, cursor)
@@ -1258,7 +1283,7 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 	if m == nil {
 		if err := r.Refresh(); err != nil {
 			for _, i := range pending {
-				b.finish(i, b.unanswered(err))
+				b.finishUnanswered(i, err)
 			}
 			return nil, false
 		}
@@ -1442,7 +1467,7 @@ func (b *batch) round(pending []int) (retry []int, wait bool) {
 				// clients retry, a redirection as TRYAGAIN (they never
 				// see one).
 				if nc.err != nil {
-					b.finish(i, b.unanswered(nc.err))
+					b.finishUnanswered(i, nc.err)
 					continue
 				}
 				if reply, err := nc.call.Reply(k); err == nil && retryable(reply) {
@@ -1514,7 +1539,7 @@ func (b *batch) classify(i int, nc *nodeCall, k int) (again, slow bool) {
 		// Nothing was sent: safe to try again once the map says where
 		// the slot lives now.
 		if s.retries++; s.retries > maxRetries || !errors.Is(nc.err, upstream.ErrUnavailable) {
-			b.finish(i, b.unanswered(nc.err))
+			b.finishUnanswered(i, nc.err)
 			return false, false
 		}
 		r.refreshSoon()
@@ -1523,15 +1548,17 @@ func (b *batch) classify(i int, nc *nodeCall, k int) (again, slow bool) {
 	}
 	reply, err := nc.call.Reply(k)
 	if errors.Is(err, upstream.ErrOutputLimit) {
+		// Not unanswered: the client's whole call overflows, and the
+		// proxy counts that as it does for any upstream.
 		b.overflow = true
-		b.finish(i, b.unanswered(err))
+		b.finish(i, errorFrame(err))
 		return false, false
 	}
 	if err != nil {
 		// Sent and lost: a write may have run, so it is never retried
 		// behind the client's back.
 		r.refreshSoon()
-		b.finish(i, b.unanswered(err))
+		b.finishUnanswered(i, err)
 		return false, false
 	}
 	if again, slow = b.redirected(i, reply); !again {
@@ -1588,7 +1615,7 @@ func (b *batch) replicaFailed(i int, nc *nodeCall, k int) (again, done bool) {
 		b.finish(i, notServing)
 		return false, true
 	}
-	b.finish(i, b.unanswered(err))
+	b.finishUnanswered(i, err)
 	return false, true
 }
 
@@ -1766,6 +1793,7 @@ func (b *batch) finish(i int, reply []byte) {
 	}
 	s.rend = len(b.arena)
 	s.done = true
+	s.unanswered = false // a transaction sent again may be answered now
 }
 
 // recycleCalls keeps a round's node calls, every one of them complete,

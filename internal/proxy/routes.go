@@ -1123,4 +1123,13 @@ func (s *Server) routedFetch(c *upstream.Call, db int, resp3 bool, cmd []byte) {
 	default:
 		t.backend.Pool(db, resp3).Do(c)
 	}
+	// Counted as routedDo counts: a command without a reply (a cluster's
+	// router counts those it answered with an error of its own); a reply
+	// digested for its length came (found by review: a named cluster's
+	// fetches counted, the other upstreams' did not).
+	for i := range c.Len() {
+		if _, err := c.Reply(i); err != nil && !errors.Is(err, upstream.ErrDigested) {
+			t.failed.Inc()
+		}
+	}
 }

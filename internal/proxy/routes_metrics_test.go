@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
@@ -137,10 +138,44 @@ func TestRoutesClusterUpstreamErrorsAreCounted(t *testing.T) {
 		}
 		return true
 	}, "connections to a cluster whose every node is down still counted up")
-	if n := counterSum(t, p, "redproxy_route_errors_total", "upstream", "big"); n < 1 {
-		t.Fatalf("redproxy_route_errors_total{upstream=\"big\"} = %v after a GET no node answered, want at least 1", n)
+	if n := counterSum(t, p, "redproxy_route_errors_total", "upstream", "big"); n != 1 {
+		t.Fatalf("redproxy_route_errors_total{upstream=\"big\"} = %v after a GET no node answered, want 1", n)
+	}
+	// Once per command, as redproxy_route_commands_total counts, however
+	// many slots it was split over (it counted one per slot: review).
+	keys := make([]string, 20)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("big:%d", i)
+	}
+	if err := c.MGet(ctx, keys...).Err(); err == nil {
+		t.Fatal("MGET over 20 slots of a cluster whose every node is down answered")
+	}
+	if n := counterSum(t, p, "redproxy_route_errors_total", "upstream", "big"); n != 2 {
+		t.Fatalf("redproxy_route_errors_total{upstream=\"big\"} = %v after a GET and an MGET over 20 slots no node answered, want 2", n)
 	}
 	if n := counterSum(t, p, "redproxy_route_errors_total", "upstream", "default"); n != 0 {
 		t.Fatalf("%v route errors counted for the default upstream", n)
+	}
+}
+
+// TestRoutesFetchErrorsAreCounted: a read that takes stampede protection's
+// fetch path to a named upstream that does not answer counts in
+// redproxy_route_errors_total, as one sent with the client's batch does
+// (found by review: only a cluster upstream's fetches were counted).
+func TestRoutesFetchErrorsAreCounted(t *testing.T) {
+	down := redistest.Start(t)
+	p := proxytest.Start(t, nil, func(c *config.Config) {
+		c.Upstreams = map[string]config.Upstream{"down": namedUpstream(down.Addr())}
+		c.Routes = []config.Route{{Pattern: "down:*", Upstream: "down"}}
+	})
+	down.Kill(t)
+	c := p.Client(t)
+	for i := range 3 {
+		if err := c.Get(ctx, "down:k").Err(); err == nil || err == redis.Nil {
+			t.Fatalf("GET %d of an upstream that is down: %v", i, err)
+		}
+	}
+	if n := counterSum(t, p, "redproxy_route_errors_total", "upstream", "down"); n != 3 {
+		t.Fatalf("redproxy_route_errors_total{upstream=\"down\"} = %v after 3 GETs it did not answer, want 3", n)
 	}
 }
