@@ -24,9 +24,9 @@ import (
 //   - TagInvalidation: the seed's MULTI writes a product key and its tag's
 //     set, in two slots; Redis Cluster refuses such a transaction, and so
 //     does the proxy (tagInvalidationCrossSlot).
-//   - PubSubFanOut, CrossProcessInvalidation: skipped while SUBSCRIBE is not
-//     supported in cluster mode (docs/COMPATIBILITY.md); they run as soon
-//     as it is.
+//   - PubSubFanOut, CrossProcessInvalidation: as in standalone; the
+//     proxy relays SUBSCRIBE to one node, and Redis Cluster broadcasts
+//     PUBLISH to every node (cluster_relay.go).
 func TestSeedPatternsCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	direct := c.ClusterClient(t)
@@ -93,18 +93,5 @@ func (e *seedEnv) tagInvalidationCrossSlot(t *testing.T) {
 		if n, _ := e.direct.Exists(ctx, k).Result(); n != 0 {
 			t.Fatalf("%s was written by a refused transaction", k)
 		}
-	}
-}
-
-// skipWithoutPubSub skips a pattern that needs SUBSCRIBE while the proxy
-// refuses it (cluster mode, for now); any other outcome runs the pattern.
-func (e *seedEnv) skipWithoutPubSub(t *testing.T) {
-	if !e.cluster {
-		return
-	}
-	ps := e.p.Client(t).Subscribe(ctx, "seeds:probe")
-	defer ps.Close()
-	if _, err := ps.Receive(ctx); err != nil && strings.Contains(err.Error(), "not supported in cluster mode") {
-		t.Skipf("SUBSCRIBE through the proxy in cluster mode: %v", err)
 	}
 }

@@ -462,7 +462,6 @@ func (e *seedEnv) lock(t *testing.T) {
 
 // Pub/sub fan-out: three subscribers each receive every event, in order.
 func (e *seedEnv) fanOut(t *testing.T) {
-	e.skipWithoutPubSub(t)
 	const subscribers, events = 3, 20
 	var subs []*redis.PubSub
 	for i := 0; i < subscribers; i++ {
@@ -711,7 +710,6 @@ func (r *readerProcess) localLen() int {
 
 // Cross-process invalidation over pub/sub (accelerator standard).
 func (e *seedEnv) crossProcessInvalidation(t *testing.T) {
-	e.skipWithoutPubSub(t)
 	const channel, key = "cache:invalidate", "states:all:v14"
 	if err := e.direct.Set(ctx, key, "v1", time.Hour).Err(); err != nil {
 		t.Fatal(err)
