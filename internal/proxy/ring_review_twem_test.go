@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
@@ -56,12 +58,18 @@ func TestRingReviewPort11211(t *testing.T) {
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
-	time.Sleep(300 * time.Millisecond)
-	select {
-	case <-done:
-		t.Skip("redis-server on 11211 exited (port taken?)")
-	default:
-	}
+	// Ready when it answers PING, as redistest waits; gone when the port
+	// was taken (the test needs this port: it is what it is about).
+	ready := redis.NewClient(&redis.Options{Addr: "127.0.0.1:11211", MaxRetries: -1})
+	defer ready.Close()
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		select {
+		case <-done:
+			t.Skip("redis-server on 11211 exited (port taken?)")
+		default:
+		}
+		return ready.Ping(ctx).Err() == nil
+	}, "redis-server on 11211 never answered PING")
 	other := redistest.Start(t)
 	twem := redistest.StartNutcracker(t, redistest.NutcrackerPool{Servers: []string{"127.0.0.1:11211:1", other.Addr() + ":1"}, Hash: "fnv1a_64", Distribution: "ketama"})
 	const n = 100
