@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -133,7 +134,11 @@ func (s *Server) verifiesUpstream(next *config.Config, up *tls.Config) error {
 	d := net.Dialer{Timeout: next.Upstream.DialTimeout.Duration}
 	nc, err := upstream.DialConn(&d, addr, up)
 	if err == nil {
+		err = refusedAfterHandshake(nc, next.Upstream.DialTimeout.Duration)
 		nc.Close()
+		if err != nil {
+			return &config.Error{Key: "upstream.tls", Msg: fmt.Sprintf("Redis at %s refuses the client certificate of the new files, so every connection would fail; the configuration in force stays: %v", addr, err)}
+		}
 	} else if unverified(err) {
 		return &config.Error{Key: "upstream.tls", Msg: fmt.Sprintf("Redis at %s presents a certificate the new files do not verify, so every connection would fail; the configuration in force stays: %v", addr, err)}
 	}
@@ -158,6 +163,7 @@ func (s *Server) verifiesUpstream(next *config.Config, up *tls.Config) error {
 		go func() {
 			nc, err := upstream.DialConn(&d, sa, up)
 			if err == nil {
+				err = refusedAfterHandshake(nc, time.Until(d.Deadline))
 				nc.Close()
 			}
 			results <- result{sa, err}
@@ -169,11 +175,36 @@ func (s *Server) verifiesUpstream(next *config.Config, up *tls.Config) error {
 		if r.err == nil {
 			return nil
 		}
-		if unverified(r.err) && refusal == nil {
-			refusal = &config.Error{Key: "upstream.tls", Msg: fmt.Sprintf("the Sentinel at %s presents a certificate the new files do not verify (nor does any other Sentinel reached), so the proxy could not follow a failover; the configuration in force stays: %v", r.addr, r.err)}
+		if (unverified(r.err) || tlsAlert(r.err)) && refusal == nil {
+			refusal = &config.Error{Key: "upstream.tls", Msg: fmt.Sprintf("the Sentinel at %s presents a certificate the new files do not verify, or refuses their client certificate (nor does any other Sentinel reached take them), so the proxy could not follow a failover; the configuration in force stays: %v", r.addr, r.err)}
 		}
 	}
 	return refusal
+}
+
+// refusedAfterHandshake sends PING on a new TLS connection and returns the
+// TLS alert the server answers with instead, if any: under TLS 1.3 the
+// client's handshake ends before the server has checked the client's
+// certificate, so a certificate Redis refuses (signed by a CA it does not
+// trust, or none where it requires one) shows only at the first read, and
+// such files were taken by a reload (every connection then failed). Any
+// other outcome, a reply or silence, says nothing against the files.
+func refusedAfterHandshake(nc net.Conn, wait time.Duration) error {
+	nc.SetDeadline(time.Now().Add(wait))
+	_, err := nc.Write([]byte("PING\r\n"))
+	if err == nil {
+		var b [64]byte
+		_, err = nc.Read(b[:])
+	}
+	if tlsAlert(err) {
+		return err
+	}
+	return nil
+}
+
+// tlsAlert reports whether err is a TLS alert the peer sent.
+func tlsAlert(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "remote error: tls:")
 }
 
 // unverified reports whether err is a TLS dial's failure to verify the

@@ -653,6 +653,42 @@ func TestTLSUpstreamReload(t *testing.T) {
 	}
 }
 
+// TestTLSUpstreamReloadRefusesAClientCertRedisRefuses: a client
+// certificate rotated in place to one Redis does not accept (tls-auth-clients
+// yes; signed by a CA Redis does not trust) is refused by the reload, and
+// the files in force stay. Under TLS 1.3 the client's handshake ends before
+// Redis checks its certificate, so the reload's dial took such files and
+// every connection then failed.
+func TestTLSUpstreamReloadRefusesAClientCertRedisRefuses(t *testing.T) {
+	certs := redistest.NewCerts(t)
+	rs := redistest.StartTLS(t, certs, "yes")
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key")
+	copyFile(t, certs.ClientCert, certFile)
+	copyFile(t, certs.ClientKey, keyFile)
+	p := tlsProxy(t, certs, rs, false, func(c *config.Config) {
+		c.Upstream.TLS = &config.UpstreamTLS{CAFile: certs.CAFile, CertFile: certFile, KeyFile: keyFile}
+	})
+	if err := p.Client(t).Set(ctx, "up:k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// A certificate of the other CA, which Redis does not trust.
+	copyFile(t, certs.OtherServerCert, certFile)
+	copyFile(t, certs.OtherServerKey, keyFile)
+	if changed, err := p.Reload(p.Config()); err == nil || !strings.Contains(err.Error(), "refuses the client certificate") {
+		t.Fatalf("Reload with a client certificate Redis refuses: changed %q, %v; want it refused", changed, err)
+	}
+	if v, err := p.Client(t).Get(ctx, "up:k").Result(); err != nil || v != "v" {
+		t.Fatalf("GET after the refused reload: %q, %v", v, err)
+	}
+	// Back to one it accepts: nothing to refuse.
+	copyFile(t, certs.ClientCert, certFile)
+	copyFile(t, certs.ClientKey, keyFile)
+	if _, err := p.Reload(p.Config()); err != nil {
+		t.Fatalf("Reload with the client certificate Redis accepts: %v", err)
+	}
+}
+
 func readFile(t *testing.T, name string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(name)
