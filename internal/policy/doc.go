@@ -66,8 +66,10 @@
 //     hides. NX leaves an existing TTL alone, so HSET on a live session does
 //     not extend it. This needs Redis 7.0 or later;
 //   - refused when the rule has no default (a lock without TTL is a bug, not
-//     something to fix silently). PERSIST and GETEX PERSIST of such a key
-//     are always refused: removing the TTL is the point of the command.
+//     something to fix silently). PERSIST and GETEX PERSIST of a key a
+//     required rule covers are always refused, with a default or without,
+//     and whether or not the key has a TTL now: removing the TTL is the
+//     point of the command.
 //
 // Look-ahead: CheckBatch sees a whole pipeline batch or MULTI block. A write
 // followed later in it by a command that certainly gives the key a TTL
