@@ -356,7 +356,7 @@ func (l *connLimitListener) take() bool {
 	var oldest *limitedConn
 	var since time.Time
 	for c, t := range l.waiting {
-		if oldest == nil || t.Before(since) {
+		if (oldest == nil || t.Before(since)) && !c.requestStarted() {
 			oldest, since = c, t
 		}
 	}
@@ -410,6 +410,8 @@ func (l *connLimitListener) connState(nc net.Conn, st http.ConnState) {
 	defer l.mu.Unlock()
 	switch st {
 	case http.StateNew, http.StateIdle:
+		// Before net/http reads the request: it runs this hook first.
+		c.read.Store(false)
 		l.waiting[c] = time.Now()
 	default:
 		delete(l.waiting, c)
@@ -422,6 +424,33 @@ type limitedConn struct {
 	net.Conn
 	slots    chan struct{}
 	released atomic.Bool
+	// read: bytes came in since net/http last marked the connection new
+	// or idle (connState). net/http marks it active only once a request's
+	// whole head is read.
+	read atomic.Bool
+}
+
+func (c *limitedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.read.Store(true)
+	}
+	return n, err
+}
+
+// requestStarted reports whether part of a request has reached c, read
+// or still in its socket, though net/http has not marked it active: such
+// a connection is a client's request on its way (a health check whose
+// request is in but not yet read, or read only in part), not one left
+// idle, and is never closed to make room. Closed, health checks failed
+// with empty replies and resets while a peer kept re-opening idle
+// connections (found by a probe: 5 in 50, at 4,000 re-opens a second).
+func (c *limitedConn) requestStarted() bool {
+	if c.read.Load() {
+		return true
+	}
+	n, ok := unread(c.Conn)
+	return ok && n > 0
 }
 
 func (c *limitedConn) Close() error {

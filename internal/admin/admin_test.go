@@ -364,6 +364,52 @@ func TestAdminRequestWithAMissingBodyIsCut(t *testing.T) {
 	}
 }
 
+// A connection whose request has begun to arrive is not closed to make
+// room, whether net/http has read part of it (it marks a connection in a
+// request only once the whole head is in) or none yet: a peer re-opening
+// idle connections as fast as they were closed made health checks fail
+// with empty replies and resets (found by a probe: 5 in 50).
+func TestAdminKeepsARequestOnItsWay(t *testing.T) {
+	defer func(n int) { maxConns = n }(maxConns)
+	maxConns = 2
+	addr := serveTest(t, newTestServer())
+	dial := func() net.Conn {
+		nc, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		return nc
+	}
+	idle := dial()
+	check := dial()
+	// Part of the head: net/http reads it and waits for the rest, the
+	// connection still "new" to it. Then connections that send nothing
+	// keep arriving, each closing the longest-waiting one it may.
+	fmt.Fprint(check, "GET /healthz HTTP/1.1\r\nHo")
+	closed := func(nc net.Conn) error {
+		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := nc.Read(make([]byte, 1))
+		return err
+	}
+	// The idle connection is closed for the first newcomer; the check is
+	// then older than the newcomer, so the next newcomer would close it.
+	first := dial()
+	if err := closed(idle); err != io.EOF {
+		t.Fatalf("the idle connection: %v, want it closed for a newcomer", err)
+	}
+	dial()
+	if err := closed(first); err != io.EOF {
+		t.Fatalf("the first newcomer: %v, want it closed for the second (not the check, whose request had begun)", err)
+	}
+	fmt.Fprint(check, "st: x\r\n\r\n")
+	check.SetReadDeadline(time.Now().Add(5 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(check), nil)
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("a health check whose request had begun, after idle newcomers: %v, %v; want 200", res, err)
+	}
+}
+
 // serveTest serves s on a free loopback port until the test ends and
 // returns the port's address.
 func serveTest(t *testing.T, s *Server) string {
