@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/redistest"
 )
@@ -64,5 +67,76 @@ func TestEmbeddedFallbackQuickStart(t *testing.T) {
 	if err == nil || !strings.HasPrefix(err.Error(), "ERR unknown command 'function', with args beginning with: 'LIST' ") ||
 		!strings.Contains(err.Error(), "embedded demo store lacks this command") {
 		t.Fatalf("FUNCTION LIST on the embedded store: %v", err)
+	}
+}
+
+// The embedded store ages its keys' TTLs: miniredis does only when told
+// time passed, so a key set with EX 1 was there ten minutes later, and the
+// seed patterns' locks, rate limits and cache entries never expired (found
+// by a probe).
+func TestEmbeddedStoreExpiresKeys(t *testing.T) {
+	e, err := startEmbedded()
+	check(t, err)
+	defer e.Close()
+	c := redis.NewClient(&redis.Options{Addr: e.Addr()})
+	defer c.Close()
+	check(t, c.Set(ctx, "lock:order", "token", 300*time.Millisecond).Err())
+	check(t, c.Set(ctx, "kept", "v", time.Hour).Err())
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		return c.Exists(ctx, "lock:order").Val() == 0
+	}, "a key set with PX 300 still exists")
+	if ttl := c.TTL(ctx, "kept").Val(); ttl <= 0 || ttl > time.Hour {
+		t.Fatalf("TTL of a key set for an hour: %v", ttl)
+	}
+}
+
+// INFO on the embedded store answers every section Redis has that it can
+// fill, as Redis does: with no argument (the server section, which says
+// this is not Redis), "all", and several sections at once. It refused all
+// but "clients" and "stats" (found by a probe).
+func TestEmbeddedStoreInfo(t *testing.T) {
+	e, err := startEmbedded()
+	check(t, err)
+	defer e.Close()
+	c := redis.NewClient(&redis.Options{Addr: e.Addr()})
+	defer c.Close()
+	check(t, c.Set(ctx, "k", "v", 0).Err())
+	for _, args := range [][]string{nil, {"all"}, {"everything"}, {"server", "keyspace"}} {
+		info, err := c.Info(ctx, args...).Result()
+		if err != nil {
+			t.Fatalf("INFO %v: %v", args, err)
+		}
+		for _, want := range []string{"# Server\r\n", "redproxy_embedded_store:yes", "# Keyspace\r\ndb0:keys=1\r\n"} {
+			if !strings.Contains(info, want) {
+				t.Fatalf("INFO %v lacks %q:\n%s", args, want, info)
+			}
+		}
+	}
+	if info := c.Info(ctx, "clients").Val(); strings.Contains(info, "# Server") || !strings.Contains(info, "connected_clients:") {
+		t.Fatalf("INFO clients:\n%s", info)
+	}
+}
+
+// Through the proxy, the embedded store's version is the built-in table's
+// everywhere: the store's own HELLO names 8.4.0, which the proxy learned
+// from its first RESP3 dial, so HELLO said 8.4.0 where INFO server said
+// the built-in version (found by a probe).
+func TestEmbeddedVersionStaysTheBuiltIn(t *testing.T) {
+	bin := binary(t)
+	listen := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	adminAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	startProxy(t, bin, listen, nil, "--upstream", "embedded", "--listen", listen, "--admin", adminAddr)
+	c3 := redis.NewClient(&redis.Options{Addr: listen, Protocol: 3, MaxRetries: -1})
+	defer c3.Close()
+	// RESP3 commands dial the proxy's RESP3 pool (HELLO 3 to the store).
+	check(t, c3.Set(ctx, "k", "v", 0).Err())
+	if err := c3.BLPop(ctx, 100*time.Millisecond, "nolist").Err(); err != redis.Nil {
+		t.Fatalf("BLPOP of an empty list: %v", err)
+	}
+	hello, err := c3.Do(ctx, "HELLO", "3").Result()
+	check(t, err)
+	m, ok := hello.(map[any]any)
+	if !ok || m["version"] != commands.BuiltinRedisVersion {
+		t.Fatalf("HELLO 3 through the proxy on the embedded store: %v, want version %s", hello, commands.BuiltinRedisVersion)
 	}
 }

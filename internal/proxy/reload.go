@@ -68,6 +68,14 @@ func (s *Server) backendOptions(c *config.Config, addr string) upstream.BackendO
 func (s *Server) mainBackendOptions(c *config.Config, addr string) upstream.BackendOptions {
 	s.versionFrom.Store(&addr)
 	o := s.backendOptions(c, addr)
+	if c.Upstream.Address == config.EmbeddedAddress {
+		// The embedded store's HELLO names a version of its own (8.4.0)
+		// and its COMMAND reply is an approximation: the built-in table
+		// and version it stands in for stay (found by a probe: HELLO and
+		// INFO proxy said 8.4.0 after the first RESP3 dial, INFO server
+		// 7.0.15).
+		return o
+	}
 	o.OnVersion = func(v string) {
 		if cur := s.versionFrom.Load(); cur != nil && *cur == addr {
 			s.SetUpstreamVersion(v)
