@@ -107,6 +107,11 @@ func embeddedUnknown(cmd string, args []string) string {
 	for _, a := range args[:min(len(args), 3)] {
 		fmt.Fprintf(&b, "'%s' ", strings.NewReplacer("\r", " ", "\n", " ").Replace(a))
 	}
+	if commands.Builtin().Lookup([][]byte{[]byte(cmd)}) == nil {
+		// Redis lacks it too: Redis's words alone, not a hint that a
+		// Redis would run it (found by a probe).
+		return b.String()
+	}
 	b.WriteString("(redproxy's embedded demo store lacks this command; run redproxy with --upstream pointing at a Redis)")
 	return b.String()
 }

@@ -140,3 +140,15 @@ func TestEmbeddedVersionStaysTheBuiltIn(t *testing.T) {
 		t.Fatalf("HELLO 3 through the proxy on the embedded store: %v, want version %s", hello, commands.BuiltinRedisVersion)
 	}
 }
+
+// A command the store lacks is refused with Redis's words, and with the
+// reason only when Redis has it (it told of a command no Redis has that a
+// Redis would run it: found by a probe).
+func TestEmbeddedUnknownCommand(t *testing.T) {
+	if got, want := embeddedUnknown("NOSUCHCMD", []string{"a"}), "ERR unknown command 'nosuchcmd', with args beginning with: 'a' "; got != want {
+		t.Errorf("a command Redis lacks too: %q, want %q", got, want)
+	}
+	if got := embeddedUnknown("LCS", []string{"a", "b"}); !strings.Contains(got, "embedded demo store lacks this command") {
+		t.Errorf("a command only the store lacks: %q, want the reason", got)
+	}
+}
