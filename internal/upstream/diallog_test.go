@@ -105,11 +105,11 @@ func TestDialFailureBegunBeforeTheRecoveryIsNotANewOutage(t *testing.T) {
 	failed(t0, t0.Add(ms))
 	begun := t0.Add(2 * ms) // a second pipe's dial, in flight across the recovery
 	g.succeeded(t0.Add(3 * ms))
-	if !d.restored(log, addr) {
+	if !d.restored(log, addr, nil) {
 		t.Fatal("the outage's end was not seen")
 	}
 	failed(begun, t0.Add(4*ms))
-	if d.restored(log, addr) {
+	if d.restored(log, addr, nil) {
 		t.Errorf("a dial begun before the recovery began a new outage:\n%s", logs.String())
 	}
 	if n := strings.Count(logs.String(), "reachable again"); n != 1 {
@@ -117,7 +117,33 @@ func TestDialFailureBegunBeforeTheRecoveryIsNotANewOutage(t *testing.T) {
 	}
 	// A dial begun after the recovery that fails is a new outage.
 	failed(t0.Add(5*ms), t0.Add(6*ms))
-	if !d.restored(log, addr) {
+	if !d.restored(log, addr, nil) {
 		t.Errorf("a new outage after the recovery was not seen:\n%s", logs.String())
+	}
+}
+
+// The line that ends an outage counts the failed dials and lost
+// connections the outage did not log: they went with its state, so an
+// outage shorter than logEvery said failures_not_logged=0 however many
+// there were (found by a probe: dozens of dials and 8 losses in 3 s).
+func TestOutageEndCountsWhatWasNotLogged(t *testing.T) {
+	dials := addrLog{byAddr: map[string]*addrLogState{}}
+	losses := addrLog{byAddr: map[string]*addrLogState{}}
+	logs := &redistest.LogBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	const addr = "127.0.0.1:1"
+	for range 5 {
+		losses.lost(log, addr, 0, false, errors.New("reset"), 0)
+	}
+	for range 10 {
+		dials.failed(log, addr, 0, errors.New("refused"), time.Second)
+	}
+	if !dials.restored(log, addr, &losses) {
+		t.Fatal("the outage's end was not seen")
+	}
+	for _, want := range []string{"failures_not_logged=9", "losses_not_logged=4"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the reachable-again line lacks %s:\n%s", want, logs.String())
+		}
 	}
 }

@@ -578,12 +578,7 @@ func (p *Pipe) redial() {
 			default:
 			}
 			p.endDial(true)
-			if dialLogs.restored(p.opt.Logger, p.opt.Addr) {
-				// An outage ended: the next loss is another one's, logged
-				// (found by review: a second restart within 10 s logged
-				// no loss, TestConnectionLossLoggedForEachOutage).
-				lossLogs.forget(p.opt.Addr)
-			}
+			dialLogs.restored(p.opt.Logger, p.opt.Addr, &lossLogs)
 			if p.opt.OnUp != nil {
 				p.opt.OnUp()
 			}
