@@ -128,3 +128,37 @@ func TestClientListShowsLastCommandOnARelay(t *testing.T) {
 	}
 	t.Fatalf("no subscriber in CLIENT LIST:\n%s", list)
 }
+
+// Commands on a relay count in redproxy_commands_total as any client's:
+// a tracking client's (rueidis with client-side caching) and a RESP3
+// subscriber's were missing, the rest of the batch that started the relay
+// too (found by a probe). Their replies pass through raw, so they are not
+// in the duration histogram or redproxy_command_errors_total.
+func TestRelayedCommandsAreCounted(t *testing.T) {
+	p := proxytest.Start(t, nil, nil)
+	calls := func(name string) float64 {
+		n, _, err := metrics.CounterSum(p.Metrics.Registry, "redproxy_commands_total", "command", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	c := dialRaw(t, p.Addr)
+	c.send([]string{"HELLO", "3"})
+	c.readReply()
+	// The relay starts with the batch of CLIENT TRACKING ON; the GET
+	// behind it is relayed with it, then two more batches.
+	c.send([]string{"CLIENT", "TRACKING", "ON"}, []string{"GET", "a"})
+	c.readReply()
+	c.readReply()
+	c.send([]string{"GET", "b"}, []string{"SET", "c", "1"})
+	c.readReply()
+	c.readReply()
+	c.send([]string{"GET", "c"})
+	c.readReply()
+	for name, want := range map[string]float64{"client|tracking": 1, "get": 3, "set": 1} {
+		if got := calls(name); got != want {
+			t.Errorf("redproxy_commands_total{command=%q} = %v, want %v", name, got, want)
+		}
+	}
+}

@@ -1736,6 +1736,13 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 		}
 		cmd := sess.cmds.table.Lookup(reqs[k].Args)
 		sess.noteLastCmd(cmd)
+		if k > 0 {
+			// The first was counted by dispatch, which started the relay;
+			// the rest of its batch, and what comes on the relay, were
+			// counted nowhere (found by a probe: a tracking client's
+			// GETs were missing from redproxy_commands_total).
+			sess.metricFor(cmd).Calls.Inc()
+		}
 		if kind == relayTracking && subscribes(cmd) {
 			subscribed.Store(true)
 		}
@@ -1937,6 +1944,7 @@ reading:
 				}
 				cmd := sess.cmds.table.Lookup(reqs[k].Args)
 				sess.noteLastCmd(cmd) // before the proxy's CLIENT INFO answer is made
+				sess.metricFor(cmd).Calls.Inc()
 				if kind == relayTracking && subscribes(cmd) && !subscribed.Swap(true) {
 					pubsubClass()
 					if idle > 0 {
