@@ -102,3 +102,60 @@ func TestNoMapAtStartIsAskedForAgainSoon(t *testing.T) {
 	redistest.Eventually(t, 30*time.Second, func() bool { return r.Map() != nil },
 		"no slot map loaded after the nodes answered (the next periodic reload is an hour away)")
 }
+
+// A dead node fails the dials of dedicated connections (transactions,
+// blocking commands, relays), which go through no batch of the router and
+// so asked for no reload: those clients failed until the periodic one, up
+// to 10 s after the node's replica took over, where plain commands
+// recovered in under a second (found by a probe). A failed dedicated dial
+// now asks for a reload. The interval here is an hour, so only that can
+// find the new owner.
+func TestDedicatedDialFailureReloadsTheSlotMap(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 1)
+	r := New(Options{
+		Seeds: c.Seeds(),
+		Backend: upstream.BackendOptions{Connections: 1, MaxPinned: 16, DialTimeout: time.Second,
+			ReplyTimeout: time.Second, DeadTimeout: time.Minute},
+		Table:           commands.Builtin(),
+		RefreshInterval: time.Hour,
+	})
+	t.Cleanup(r.Close)
+	slot := Slot([]byte("{bk}"))
+	b, err := r.BackendFor(slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldAddr := b.Addr()
+	var old, replica *redistest.Server
+	redistest.Eventually(t, 30*time.Second, func() bool {
+		for _, n := range c.Nodes {
+			rc := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
+			role, err := rc.Do(context.Background(), "ROLE").Slice()
+			rc.Close()
+			switch {
+			case n.Addr() == oldAddr:
+				old = n
+			case err == nil && len(role) >= 3 && role[0] == "slave" && fmt.Sprintf("%v:%v", role[1], role[2]) == oldAddr:
+				replica = n
+			}
+		}
+		return old != nil && replica != nil
+	}, "no replica of %s", oldAddr)
+	old.Kill(t)
+	rr := redis.NewClient(&redis.Options{Addr: replica.Addr(), MaxRetries: -1})
+	defer rr.Close()
+	if err := rr.Do(context.Background(), "CLUSTER", "FAILOVER", "TAKEOVER").Err(); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 30*time.Second, func() bool {
+		b, err := r.BackendFor(slot)
+		if err != nil {
+			return false
+		}
+		p, err := b.AcquirePipe(0, false)
+		if err == nil {
+			b.ReleasePipe(p, 0, false, true)
+		}
+		return b.Addr() == replica.Addr() && err == nil
+	}, "a dedicated connection for slot %d still goes to %s (dead); the new owner is %s", slot, r.Map().Owner(slot), replica.Addr())
+}

@@ -57,6 +57,10 @@ type BackendOptions struct {
 	// backend overdue by ReplyTimeout (again every ReplyTimeout while it
 	// stays overdue). Nil ignores it.
 	OnOverdue func()
+	// OnDedicatedUnavailable runs when a dedicated connection (a
+	// transaction's, a blocking command's, a relay's) cannot be dialled:
+	// the server is unreachable or refused the handshake. Nil ignores it.
+	OnDedicatedUnavailable func()
 	// Handshake holds extra commands every connection sends after
 	// AUTH/HELLO/SELECT (READONLY for a cluster replica's reads).
 	Handshake [][]string
@@ -347,6 +351,9 @@ func dialCurrent[C any](b *Backend, dial func(*backendGen) (C, error), drop func
 			return zero, err // connected, and Redis answered nothing in time; or no one waits
 		}
 		if err != nil {
+			if f := g.opt.OnDedicatedUnavailable; f != nil {
+				f()
+			}
 			return zero, fmt.Errorf("%w: %w", ErrUnavailable, err) // both: the proxy tells a refused handshake from an outage
 		}
 		b.idleMu.Lock()
