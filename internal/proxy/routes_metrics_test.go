@@ -33,7 +33,10 @@ func stampedeCounts(t *testing.T, p *proxytest.Proxy, name string) map[string]fl
 // key's upstream.
 func TestRoutesStampedeMetricsPerUpstream(t *testing.T) {
 	r := startRouted(t, func(c *config.Config) {
-		c.Stampede.Hold = []stampede.HoldRule{{Pattern: "queue:h*", Timeout: units.Duration{Duration: 100 * time.Millisecond}}}
+		// Long enough for the second client's GET to come within it on a
+		// loaded machine (CI beside other work: 100 ms had passed, the
+		// hold was over, and that GET filled instead of being held).
+		c.Stampede.Hold = []stampede.HoldRule{{Pattern: "queue:h*", Timeout: units.Duration{Duration: 2 * time.Second}}}
 	})
 	for _, key := range []string{"queue:m", "queue:m", "plain:m"} {
 		if err := r.c.Get(ctx, key).Err(); err != redis.Nil {
