@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,4 +159,39 @@ func TestDedicatedDialFailureReloadsTheSlotMap(t *testing.T) {
 		}
 		return b.Addr() == replica.Addr() && err == nil
 	}, "a dedicated connection for slot %d still goes to %s (dead); the new owner is %s", slot, r.Map().Owner(slot), replica.Addr())
+}
+
+// After SCRIPT FLUSH through the router, EVALSHA of a script loaded
+// before answers NOSCRIPT, as Redis Cluster does: the router's cache of
+// script bodies loaded it on the node again and ran it, while SCRIPT
+// EXISTS said 0 (found by a probe).
+func TestScriptFlushForgetsTheCachedBodies(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	r := New(Options{Seeds: c.Seeds(), Backend: upstream.BackendOptions{Connections: 1, DialTimeout: time.Second,
+		ReplyTimeout: time.Second, DeadTimeout: time.Minute}, Table: commands.Builtin()})
+	t.Cleanup(r.Close)
+	do := func(args ...string) string {
+		call := upstream.NewCall()
+		call.Add(resp.AppendCommandStrings(nil, args...))
+		r.Do(call, false)
+		reply, err := call.Reply(0)
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		return string(reply)
+	}
+	const body = "return 'again'"
+	sha := shaOf(body)
+	if got := do("SCRIPT", "LOAD", body); !strings.Contains(got, sha) {
+		t.Fatalf("SCRIPT LOAD: %q", got)
+	}
+	if got := do("EVALSHA", sha, "1", "{q}k"); got != "$5\r\nagain\r\n" {
+		t.Fatalf("EVALSHA before the flush: %q", got)
+	}
+	if got := do("SCRIPT", "FLUSH"); got != "+OK\r\n" {
+		t.Fatalf("SCRIPT FLUSH: %q", got)
+	}
+	if got := do("EVALSHA", sha, "1", "{q}k"); !strings.HasPrefix(got, "-NOSCRIPT") {
+		t.Fatalf("EVALSHA after SCRIPT FLUSH: %q, want NOSCRIPT", got)
+	}
 }
