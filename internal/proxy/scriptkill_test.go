@@ -16,12 +16,27 @@ import (
 	"github.com/redproxy/redproxy/internal/redistest"
 )
 
+// waitLoopBusy waits for s to run the loop whose reply comes on loop, and
+// fails at once if the loop was answered instead. 15 s: on a loaded CI
+// machine 5 s passed before a busyloop FCALL had reached its node.
+func waitLoopBusy(t *testing.T, s *redistest.Server, loop <-chan string) {
+	t.Helper()
+	redistest.Eventually(t, 15*time.Second, func() bool {
+		select {
+		case r := <-loop:
+			t.Fatalf("the loop on %s was answered before it was killed: %q", s.Addr(), r)
+		default:
+		}
+		return redisBusy(t, s)
+	}, "%s never became busy", s.Addr())
+}
+
 // killThrough sends kill through the proxy at addr while s is busy, and
 // checks that the proxy answers OK, that the loop's caller was told it
 // was killed, and that s answers again.
 func killThrough(t *testing.T, addr string, s *redistest.Server, loop <-chan string, kill ...string) {
 	t.Helper()
-	redistest.Eventually(t, 5*time.Second, func() bool { return redisBusy(t, s) }, "%s never became busy", s.Addr())
+	waitLoopBusy(t, s, loop)
 	if got := rawDo(t, dialAddr(t, addr), kill...); got != "+OK\r\n" {
 		t.Fatalf("%v through the proxy while %s runs the script: %q, want +OK", kill, s.Addr(), got)
 	}
@@ -82,7 +97,7 @@ func TestScriptKillReachesEveryClusterPrimary(t *testing.T) {
 	for addr, key := range keyOf {
 		loop := startLoopOn(t, p.Addr, key, true, false, 20000)
 		s := node(addr)
-		redistest.Eventually(t, 5*time.Second, func() bool { return redisBusy(t, s) }, "%s never became busy", addr)
+		waitLoopBusy(t, s, loop)
 		stats := rawDo(t, dialAddr(t, p.Addr), "FUNCTION", "STATS")
 		if !strings.Contains(stats, "busyloop") {
 			t.Fatalf("FUNCTION STATS through the proxy while %s runs busyloop: %q", addr, stats)
