@@ -249,12 +249,27 @@ func (c *Config) checkRoutes() []*Error {
 		bad("upstream.mode", "routes need [upstream] in %q or %q mode; a cluster can be a named upstream ([upstreams.NAME])", ModeStandalone, ModeSentinel)
 	}
 	checkList := func(section string, routes []Route) {
+		seen := map[string]int{}
+		catchAll := -1
 		for i, r := range routes {
 			key := fmt.Sprintf("%s[%d]", section, i)
 			if r.Pattern == "" {
 				bad(key+".pattern", "is empty")
 			} else if err := glob.Check(r.Pattern); err != nil {
 				bad(key+".pattern", "%v", err)
+			} else {
+				// As for [[policy.ttl]]: a route after its own pattern
+				// or after "*" never matches, and was accepted without
+				// a word (found by a probe).
+				if j, dup := seen[r.Pattern]; dup {
+					bad(key+".pattern", "%q is already %s[%d]; the first match wins, so this route would never apply", r.Pattern, section, j)
+				} else if catchAll >= 0 {
+					bad(key+".pattern", "%s[%d] matches everything first (pattern \"*\"), so this route would never apply", section, catchAll)
+				}
+				seen[r.Pattern] = i
+				if r.Pattern == "*" && catchAll < 0 {
+					catchAll = i
+				}
 			}
 			// upstreams = [] alone is a spread with too few upstreams, not
 			// a route missing its upstream (found by a probe: it was told

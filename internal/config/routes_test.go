@@ -77,6 +77,9 @@ upstream = "queue"
 		{"named sentinel", "[upstreams.q]\nmode = \"sentinel\"\n", "upstreams.q.sentinels", 0, "is empty"},
 		{"reserved name", "[upstreams.default]\naddress = \"127.0.0.1:7001\"\n", "upstreams.default", 1, "[upstream]'s"},
 		{"replica reads on a named cluster", "[upstreams.q]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7001\"]\nread_from = \"replica\"\n[[route]]\npattern = \"a:*\"\nupstream = \"q\"\n", "upstreams.q.read_from", 0, "cluster"},
+		// Found by a probe: accepted, the second route never applying.
+		{"duplicate pattern", "[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[route]]\npattern = \"q:*\"\nupstream = \"q\"\n[[route]]\npattern = \"q:*\"\nupstream = \"default\"\n", "route[1].pattern", 0, "already route[0]"},
+		{"shadowed by a catch-all", "[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[channel_route]]\npattern = \"*\"\nupstream = \"q\"\n[[channel_route]]\npattern = \"a\"\nupstream = \"q\"\n", "channel_route[1].pattern", 0, "matches everything first"},
 		{"cluster default", "[upstream]\nmode = \"cluster\"\nseeds = [\"127.0.0.1:7000\"]\n[upstreams.q]\naddress = \"127.0.0.1:7001\"\n[[channel_route]]\npattern = \"a\"\nupstream = \"q\"\n", "upstream.mode", 2, "routes need [upstream]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

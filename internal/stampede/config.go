@@ -76,10 +76,17 @@ func (c Config) Validate() error {
 	if c.MaxWaiters < 1 {
 		bad("stampede.max_waiters", "must be > 0, got %d", c.MaxWaiters)
 	}
+	seen := map[string]int{}
 	for i, r := range c.Hold {
 		p := fmt.Sprintf("stampede.hold[%d]", i)
 		if err := checkGlob(r.Pattern); err != nil {
 			bad(p+".pattern", "%v", err)
+		} else if j, dup := seen[r.Pattern]; dup {
+			// The first match wins: accepted, its timeout never applied
+			// (found by a probe).
+			bad(p+".pattern", "%q is already stampede.hold[%d]; the first match wins, so this rule would never apply", r.Pattern, j)
+		} else {
+			seen[r.Pattern] = i
 		}
 		if r.Timeout.Duration <= 0 || r.Timeout.Duration > MaxHoldTimeout {
 			bad(p+".timeout", "must be between 1ms and %v (e.g. \"2s\"), got %v", MaxHoldTimeout, r.Timeout.Duration)

@@ -405,7 +405,7 @@ func TestValidate(t *testing.T) {
 	}
 	c := Config{
 		MaxWaiters:   0,
-		Hold:         []HoldRule{{Pattern: "ok:*", Timeout: dur(time.Second)}, {Pattern: "", Timeout: dur(2 * time.Minute)}},
+		Hold:         []HoldRule{{Pattern: "ok:*", Timeout: dur(time.Second)}, {Pattern: "", Timeout: dur(2 * time.Minute)}, {Pattern: "ok:*", Timeout: dur(time.Second)}},
 		EarlyRefresh: []RefreshRule{{Pattern: `bad\`, Beta: math.NaN()}},
 	}
 	err := c.Validate()
@@ -417,7 +417,7 @@ func TestValidate(t *testing.T) {
 		}
 		keys = append(keys, se.Key)
 	}
-	want := "stampede.max_waiters stampede.hold[1].pattern stampede.hold[1].timeout stampede.early_refresh[0].pattern stampede.early_refresh[0].beta"
+	want := "stampede.max_waiters stampede.hold[1].pattern stampede.hold[1].timeout stampede.hold[2].pattern stampede.early_refresh[0].pattern stampede.early_refresh[0].beta"
 	if got := strings.Join(keys, " "); got != want {
 		t.Fatalf("error keys:\n got %s\nwant %s", got, want)
 	}
