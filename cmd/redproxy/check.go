@@ -176,11 +176,7 @@ func startRefusal(cfg *config.Config, path string, ov *config.Overrides) error {
 	// The users' upstream password files are read at start (found by
 	// review: check passed a file that did not exist).
 	if _, err := auth.New(cfg.Users, commands.Builtin()); err != nil {
-		var ae *auth.Error
-		if errors.As(err, &ae) {
-			err = config.Locate(&config.Error{Key: ae.Key, Msg: ae.Msg}, path)
-		}
-		return fmt.Errorf("%w (the proxy would refuse to start)", err)
+		return fmt.Errorf("%w (the proxy would refuse to start)", usersError(err, path))
 	}
 	return nil
 }
@@ -214,19 +210,35 @@ func exposureRefusal(cfg *config.Config, path string, ov *config.Overrides) (adm
 	if cfg.Server.Admin != "" {
 		token, err := admin.Token(cfg.Server.Admin, cfg.Admin.TokenFile, config.IsLoopback(cfg.Server.Admin))
 		if err != nil {
-			key, msg := "admin.token_file", err.Error()
-			if errors.Is(err, admin.ErrTokenRequired) {
-				key = "server.admin"
-			} else if m, ok := strings.CutPrefix(msg, key+": "); ok {
-				msg = m
-			} else {
-				msg = strings.TrimPrefix(msg, key+" ")
-			}
-			return "", locate(&config.Error{Key: key, Msg: msg})
+			return "", locate(tokenError(err))
 		}
 		return token, nil
 	}
 	return "", nil
+}
+
+// tokenError is admin.Token's error as a configuration error, for
+// file:line: key: reason.
+func tokenError(err error) *config.Error {
+	key, msg := "admin.token_file", err.Error()
+	if errors.Is(err, admin.ErrTokenRequired) {
+		key = "server.admin"
+	} else if m, ok := strings.CutPrefix(msg, key+": "); ok {
+		msg = m
+	} else {
+		msg = strings.TrimPrefix(msg, key+" ")
+	}
+	return &config.Error{Key: key, Msg: msg}
+}
+
+// usersError is auth.New's error located in path, as file:line: key:
+// reason; other errors as they are.
+func usersError(err error, path string) error {
+	var ae *auth.Error
+	if errors.As(err, &ae) && path != "" {
+		return config.Locate(&config.Error{Key: ae.Key, Msg: ae.Msg}, path)
+	}
+	return err
 }
 
 // explicitBool is a boolean flag that records an explicit false apart from

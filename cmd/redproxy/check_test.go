@@ -171,6 +171,9 @@ func TestStartRefusalIsLocatedAndFirst(t *testing.T) {
 			"refusing to start: FILE:5: admin.token_file: open /nonexistent/token: no such file or directory"},
 		{"exposed admin", "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"0.0.0.0:0\"\n[upstream]\naddress = \"127.0.0.1:1\"\n",
 			"refusing to start: FILE:3: server.admin: the admin endpoint is not on a loopback address"},
+		// Found by a probe: check located it, the proxy itself did not.
+		{"upstream password file", "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"\"\n[upstream]\naddress = \"127.0.0.1:1\"\n[[users]]\nname = \"app\"\npassword_sha256 = \"" + strings.Repeat("ab", 32) + "\"\nacl = \"+@all\"\nupstream_user = \"app\"\nupstream_password_file = \"/nonexistent/app.pw\"\n",
+			"FILE:11: users[0].upstream_password_file: open /nonexistent/app.pw: no such file or directory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := writeConfig(t, tc.doc)

@@ -43,6 +43,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redproxy/redproxy/internal/admin"
+	"github.com/redproxy/redproxy/internal/auth"
 	"github.com/redproxy/redproxy/internal/commands"
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/metrics"
@@ -164,6 +165,16 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "redproxy: refusing to start: %v\n", err)
 		return 2
 	}
+	// The users' upstream password files, read again by the server: a
+	// missing one refused the start only after the upstream was dialled,
+	// its warnings first, and without the file's line (found by a probe).
+	// (Only those: the ACLs are checked against the upstream's command
+	// table, which may know commands the built-in one does not.)
+	var ae *auth.Error
+	if _, err := auth.New(cfg.Users, commands.Builtin()); errors.As(err, &ae) && strings.HasSuffix(ae.Key, ".upstream_password_file") {
+		fmt.Fprintf(stderr, "redproxy: refusing to start: %v\n", usersError(err, *configPath))
+		return 2
+	}
 	level := new(slog.LevelVar)
 	level.Set(logLevel(cfg.Server.LogLevel))
 	log := newLogger(cfg, level, stderr)
@@ -271,7 +282,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	srv, err := proxy.NewServer(proxy.Options{Config: cfg, Table: table, TableStandIn: standIn, Logger: log, Metrics: reg,
 		UpstreamAddr: upstreamAddr, UpstreamSilent: silent, Sentinel: sentinels})
 	if err != nil {
-		fmt.Fprintf(stderr, "redproxy: %v\n", err)
+		fmt.Fprintf(stderr, "redproxy: %v\n", usersError(err, *configPath))
 		return 2
 	}
 	// A Redis that did not answer COMMAND is not asked its version: that

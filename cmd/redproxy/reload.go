@@ -106,7 +106,17 @@ func (r *reloader) nextToken(next *config.Config) (string, error) {
 	if r.adm == nil || next.Admin.TokenFile != cur.Admin.TokenFile || next.Server.Admin != cur.Server.Admin {
 		return r.token, nil
 	}
-	return admin.Token(cur.Server.Admin, next.Admin.TokenFile, config.IsLoopback(cur.Server.Admin))
+	token, err := admin.Token(cur.Server.Admin, next.Admin.TokenFile, config.IsLoopback(cur.Server.Admin))
+	if err != nil {
+		// file:line: key: reason, as at start (found by a probe: the
+		// reload's refusal said neither).
+		e := tokenError(err)
+		if r.path != "" {
+			return "", config.Locate(e, r.path)
+		}
+		return "", e
+	}
+	return token, nil
 }
 
 // policySource is the guard's source: POST /policy/reload re-reads the

@@ -37,7 +37,7 @@ var restartOnly = []struct{ key, why string }{
 	{"upstream.max_replica_lag", "the replicas' offset poller is set up at start"},
 	{"upstream.replica_poll_interval", "the replicas' offset poller is set up at start"},
 	{"users", "proxy users and their upstream connections are set up at start"},
-	{"admin.", "the admin endpoint reads its token once at start"},
+	{"admin.", "the admin endpoint takes the path of its token file at start (what the file holds is read again on every reload)"},
 	{"upstreams", "named upstreams and their connections are set up at start ([[route]] and [[channel_route]] reload)"},
 	{"localcache.", "the local tier's memory, tracking connections and admission state are built at start"},
 	{"mirror.", "the mirror's queue and connections are built at start"},
