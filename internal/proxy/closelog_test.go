@@ -163,3 +163,40 @@ func TestMaxClientsRefusalsLoggedWithProxyProtocol(t *testing.T) {
 	redistest.Eventually(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), msg) },
 		"%v clients refused at max_clients behind proxy_protocol, no warning; log:\n%s", testutil.ToFloat64(reg.ClientsRejected), logs)
 }
+
+// A failed AUTH is logged with the client's address, at most about once a
+// second with the count left out, and never with the password: only a
+// counter said anything, and the AUTH never reaches Redis's ACL LOG
+// (found by a probe).
+func TestFailedAuthLogged(t *testing.T) {
+	var logs redistest.LogBuffer
+	rs := redistest.Start(t)
+	if err := rs.Client(t).ConfigSet(ctx, "requirepass", "right-secret").Err(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.Server.Listen, cfg.Server.Admin, cfg.Upstream.Address = "127.0.0.1:0", "", rs.Addr()
+	cfg.Upstream.Password = "right-secret"
+	_, ln := serveLogged(t, cfg, metrics.New(), slog.NewTextHandler(&logs, nil))
+	c := dialRaw(t, ln.Addr().String())
+	for range 5 {
+		if got := c.do("AUTH", "wrong-secret"); !strings.Contains(fmt.Sprint(got), "WRONGPASS") {
+			t.Fatalf("AUTH with a wrong password: %v", got)
+		}
+	}
+	line := ""
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, `msg="AUTH failed"`) {
+			line = l
+		}
+	}
+	if line == "" || !strings.Contains(line, "client_addr="+c.nc.LocalAddr().String()) || !strings.Contains(line, "reason=wrongpass") {
+		t.Fatalf("no AUTH-failed line with the client's address:\n%s", logs.String())
+	}
+	if n := strings.Count(logs.String(), `msg="AUTH failed"`); n > 2 {
+		t.Errorf("%d lines for 5 failed AUTHs in well under a second, want one (or two across a second)", n)
+	}
+	if strings.Contains(logs.String(), "wrong-secret") {
+		t.Errorf("the password is in the log:\n%s", logs.String())
+	}
+}

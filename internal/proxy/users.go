@@ -27,7 +27,12 @@ type userState struct {
 	backends map[auth.Credential]*upstream.Backend
 	limiter  *auth.FailLimiter
 	failures *prometheus.CounterVec // by reason: wrongpass, ratelimited
-	denied   *prometheus.CounterVec // NOPERM refusals, by kind: command, key, channel
+	// failLog limits the warning for failed AUTHs: the client's address
+	// is where an operator finds who guesses passwords, or locked itself
+	// out (Redis's ACL LOG has it; AUTH answered here never reaches
+	// Redis, and only the counter said anything: found by a probe).
+	failLog logLimiter
+	denied  *prometheus.CounterVec // NOPERM refusals, by kind: command, key, channel
 }
 
 func initUsers(s *Server) error {
@@ -188,8 +193,18 @@ func (sess *Session) authenticate(user, pass []byte) []byte {
 	// applies to the next AUTH.
 	sc := &sess.srv.Config().Server
 	limited := sc.AuthLimited(host)
+	logFailure := func(reason string) {
+		if suppressed, ok := st.failLog.allow(); ok {
+			name := "default"
+			if user != nil {
+				name = string(user[:min(len(user), 64)])
+			}
+			sess.logger().Warn("AUTH failed", "reason", reason, "user", name, "failures_not_logged", suppressed)
+		}
+	}
 	if limited && !st.limiter.Allowed(host, sc.AuthFailureLimit) {
 		st.failures.WithLabelValues("ratelimited").Inc()
+		logFailure("ratelimited")
 		return errAuthRateLimited
 	}
 	failed := func() {
@@ -197,6 +212,7 @@ func (sess *Session) authenticate(user, pass []byte) []byte {
 			st.limiter.Failed(host, sc.AuthFailureLimit)
 		}
 		st.failures.WithLabelValues("wrongpass").Inc()
+		logFailure("wrongpass")
 	}
 	if !sess.srv.usersOn() {
 		e := sess.checkUpstreamAuth(user, pass)
