@@ -65,7 +65,7 @@ func New() *Metrics {
 			Name: "redproxy_client_connections", Help: "Client connections currently open.",
 		}),
 		ClientsTotal: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "redproxy_client_connections_total", Help: "Client connections accepted.",
+			Name: "redproxy_client_connections_total", Help: "Client connections accepted, those then refused at server.max_clients included (redproxy_client_connections_rejected_total); Redis's total_connections_received leaves those out.",
 		}),
 		ClientsRejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "redproxy_client_connections_rejected_total", Help: "Client connections refused because server.max_clients was reached.",
