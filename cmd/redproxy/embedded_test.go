@@ -75,11 +75,7 @@ func TestEmbeddedFallbackQuickStart(t *testing.T) {
 // seed patterns' locks, rate limits and cache entries never expired (found
 // by a probe).
 func TestEmbeddedStoreExpiresKeys(t *testing.T) {
-	e, err := startEmbedded()
-	check(t, err)
-	defer e.Close()
-	c := redis.NewClient(&redis.Options{Addr: e.Addr()})
-	defer c.Close()
+	c := embeddedClient(t)
 	check(t, c.Set(ctx, "lock:order", "token", 300*time.Millisecond).Err())
 	check(t, c.Set(ctx, "kept", "v", time.Hour).Err())
 	redistest.Eventually(t, 10*time.Second, func() bool {
@@ -95,11 +91,7 @@ func TestEmbeddedStoreExpiresKeys(t *testing.T) {
 // this is not Redis), "all", and several sections at once. It refused all
 // but "clients" and "stats" (found by a probe).
 func TestEmbeddedStoreInfo(t *testing.T) {
-	e, err := startEmbedded()
-	check(t, err)
-	defer e.Close()
-	c := redis.NewClient(&redis.Options{Addr: e.Addr()})
-	defer c.Close()
+	c := embeddedClient(t)
 	check(t, c.Set(ctx, "k", "v", 0).Err())
 	for _, args := range [][]string{nil, {"all"}, {"everything"}, {"server", "keyspace"}} {
 		info, err := c.Info(ctx, args...).Result()
@@ -151,4 +143,15 @@ func TestEmbeddedUnknownCommand(t *testing.T) {
 	if got := embeddedUnknown("LCS", []string{"a", "b"}); !strings.Contains(got, "embedded demo store lacks this command") {
 		t.Errorf("a command only the store lacks: %q, want the reason", got)
 	}
+}
+
+// embeddedClient starts an embedded store for the test and returns a
+// client of it.
+func embeddedClient(t *testing.T) *redis.Client {
+	e, err := startEmbedded()
+	check(t, err)
+	t.Cleanup(e.Close)
+	c := redis.NewClient(&redis.Options{Addr: e.Addr()})
+	t.Cleanup(func() { c.Close() })
+	return c
 }

@@ -283,14 +283,7 @@ func TestAdminCapsOpenConnections(t *testing.T) {
 		w.Write([]byte("done"))
 	}))
 	addr := serveTest(t, s)
-	dial := func() net.Conn {
-		nc, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { nc.Close() })
-		return nc
-	}
+	dial := func() net.Conn { return dialTest(t, addr) }
 	get := func(nc net.Conn, path string) (*http.Response, string, error) {
 		fmt.Fprintf(nc, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path)
 		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -373,14 +366,7 @@ func TestAdminKeepsARequestOnItsWay(t *testing.T) {
 	defer func(n int) { maxConns = n }(maxConns)
 	maxConns = 2
 	addr := serveTest(t, newTestServer())
-	dial := func() net.Conn {
-		nc, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { nc.Close() })
-		return nc
-	}
+	dial := func() net.Conn { return dialTest(t, addr) }
 	idle := dial()
 	check := dial()
 	// Part of the head: net/http reads it and waits for the rest, the
@@ -421,4 +407,15 @@ func serveTest(t *testing.T, s *Server) string {
 	go s.Serve(ln)
 	t.Cleanup(func() { s.Close() })
 	return ln.Addr().String()
+}
+
+// dialTest connects to addr, closing the connection when the test ends.
+func dialTest(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	return nc
 }

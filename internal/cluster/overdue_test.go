@@ -43,21 +43,7 @@ func TestOverdueNodeReloadsTheSlotMap(t *testing.T) {
 		t.Fatalf("SET before the node hung: %q, %v", reply, err)
 	}
 	oldAddr := r.Map().Owner(slot)
-	var old, replica *redistest.Server
-	redistest.Eventually(t, 30*time.Second, func() bool {
-		for _, n := range c.Nodes {
-			rc := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
-			role, err := rc.Do(context.Background(), "ROLE").Slice()
-			rc.Close()
-			switch {
-			case n.Addr() == oldAddr:
-				old = n
-			case err == nil && len(role) >= 3 && role[0] == "slave" && fmt.Sprintf("%v:%v", role[1], role[2]) == oldAddr:
-				replica = n
-			}
-		}
-		return old != nil && replica != nil
-	}, "no replica of %s", oldAddr)
+	old, replica := nodeAndReplica(t, c, oldAddr)
 
 	old.Freeze(t)
 	t.Cleanup(func() { old.Thaw(t) })
@@ -127,21 +113,7 @@ func TestDedicatedDialFailureReloadsTheSlotMap(t *testing.T) {
 		t.Fatal(err)
 	}
 	oldAddr := b.Addr()
-	var old, replica *redistest.Server
-	redistest.Eventually(t, 30*time.Second, func() bool {
-		for _, n := range c.Nodes {
-			rc := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
-			role, err := rc.Do(context.Background(), "ROLE").Slice()
-			rc.Close()
-			switch {
-			case n.Addr() == oldAddr:
-				old = n
-			case err == nil && len(role) >= 3 && role[0] == "slave" && fmt.Sprintf("%v:%v", role[1], role[2]) == oldAddr:
-				replica = n
-			}
-		}
-		return old != nil && replica != nil
-	}, "no replica of %s", oldAddr)
+	old, replica := nodeAndReplica(t, c, oldAddr)
 	old.Kill(t)
 	rr := redis.NewClient(&redis.Options{Addr: replica.Addr(), MaxRetries: -1})
 	defer rr.Close()
@@ -194,4 +166,25 @@ func TestScriptFlushForgetsTheCachedBodies(t *testing.T) {
 	if got := do("EVALSHA", sha, "1", "{q}k"); !strings.HasPrefix(got, "-NOSCRIPT") {
 		t.Fatalf("EVALSHA after SCRIPT FLUSH: %q, want NOSCRIPT", got)
 	}
+}
+
+// nodeAndReplica finds the node of c at addr and a replica of it, waiting
+// for the replica to report its primary.
+func nodeAndReplica(t *testing.T, c *redistest.Cluster, addr string) (node, replica *redistest.Server) {
+	t.Helper()
+	redistest.Eventually(t, 30*time.Second, func() bool {
+		for _, n := range c.Nodes {
+			rc := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
+			role, err := rc.Do(context.Background(), "ROLE").Slice()
+			rc.Close()
+			switch {
+			case n.Addr() == addr:
+				node = n
+			case err == nil && len(role) >= 3 && role[0] == "slave" && fmt.Sprintf("%v:%v", role[1], role[2]) == addr:
+				replica = n
+			}
+		}
+		return node != nil && replica != nil
+	}, "no replica of %s", addr)
+	return node, replica
 }

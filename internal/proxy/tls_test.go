@@ -358,10 +358,7 @@ func poolOf(t *testing.T, file string) *x509.CertPool {
 func TestTLSCertReload(t *testing.T) {
 	certs := redistest.NewCerts(t)
 	rs := redistest.StartTLS(t, certs, "no")
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")
-	copyFile(t, certs.ServerCert, certFile)
-	copyFile(t, certs.ServerKey, keyFile)
+	certFile, keyFile := copiedPair(t, certs.ServerCert, certs.ServerKey)
 	p := tlsProxy(t, certs, rs, false, func(c *config.Config) {
 		c.Server.TLS.CertFile, c.Server.TLS.KeyFile = certFile, keyFile
 	})
@@ -662,10 +659,7 @@ func TestTLSUpstreamReload(t *testing.T) {
 func TestTLSUpstreamReloadRefusesAClientCertRedisRefuses(t *testing.T) {
 	certs := redistest.NewCerts(t)
 	rs := redistest.StartTLS(t, certs, "yes")
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key")
-	copyFile(t, certs.ClientCert, certFile)
-	copyFile(t, certs.ClientKey, keyFile)
+	certFile, keyFile := copiedPair(t, certs.ClientCert, certs.ClientKey)
 	p := tlsProxy(t, certs, rs, false, func(c *config.Config) {
 		c.Upstream.TLS = &config.UpstreamTLS{CAFile: certs.CAFile, CertFile: certFile, KeyFile: keyFile}
 	})
@@ -687,6 +681,16 @@ func TestTLSUpstreamReloadRefusesAClientCertRedisRefuses(t *testing.T) {
 	if _, err := p.Reload(p.Config()); err != nil {
 		t.Fatalf("Reload with the client certificate Redis accepts: %v", err)
 	}
+}
+
+// copiedPair copies a certificate and its key into files of the test's
+// own, for a test to rotate in place.
+func copiedPair(t *testing.T, cert, key string) (certFile, keyFile string) {
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	copyFile(t, cert, certFile)
+	copyFile(t, key, keyFile)
+	return certFile, keyFile
 }
 
 func readFile(t *testing.T, name string) []byte {
