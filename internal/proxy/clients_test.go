@@ -1122,9 +1122,13 @@ func TestSlowSubscriberIsCutOff(t *testing.T) {
 	t.Logf("published %d MB; stuck subscriber got %d MB before EOF; RSS +%d MB, live heap +%d MB; race detector: %v",
 		sent*int64(len(payload))>>20, n>>20, growth>>20, heapGrowth>>20, raceEnabled())
 	// The queue holds the messages the limit counts plus their slices'
-	// size-class slack and the read buffer in flight.
-	if heapGrowth > limit*3/2 {
-		t.Fatalf("live heap grew by %d MB while a subscriber stalled; want at most 1.5 times the %d MB limit", heapGrowth>>20, limit>>20)
+	// size-class slack and the read buffer in flight; the live heap is the
+	// whole process's, so the test's own publishing pipelines and the
+	// reading subscriber's backlog count too. 35-43 MB here, 51 MB once
+	// in CI beside other work (1.5 times the limit was the bound then);
+	// without the limit it would hold most of the 192 MB published.
+	if heapGrowth > limit*2 {
+		t.Fatalf("live heap grew by %d MB while a subscriber stalled; want at most twice the %d MB limit", heapGrowth>>20, limit>>20)
 	}
 	// The collector lets the heap reach twice what is live before it
 	// runs (GOGC=100), so RSS may hold the queue's garbage as well as the
