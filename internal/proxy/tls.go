@@ -132,14 +132,11 @@ func (s *Server) verifiesUpstream(next *config.Config, up *tls.Config) error {
 		addr = s.upstreamAddr
 	}
 	d := net.Dialer{Timeout: next.Upstream.DialTimeout.Duration}
-	nc, err := upstream.DialConn(&d, addr, up)
-	if err == nil {
-		err = refusedAfterHandshake(nc, next.Upstream.DialTimeout.Duration)
-		nc.Close()
-		if err != nil {
-			return &config.Error{Key: "upstream.tls", Msg: fmt.Sprintf("Redis at %s refuses the client certificate of the new files, so every connection would fail; the configuration in force stays: %v", addr, err)}
-		}
-	} else if unverified(err) {
+	err, refused := probeTLS(&d, addr, up, next.Upstream.DialTimeout.Duration)
+	if refused != nil {
+		return &config.Error{Key: "upstream.tls", Msg: fmt.Sprintf("Redis at %s refuses the client certificate of the new files, so every connection would fail; the configuration in force stays: %v", addr, refused)}
+	}
+	if err != nil && unverified(err) {
 		return &config.Error{Key: "upstream.tls", Msg: fmt.Sprintf("Redis at %s presents a certificate the new files do not verify, so every connection would fail; the configuration in force stays: %v", addr, err)}
 	}
 	if next.Upstream.Mode != config.ModeSentinel {
@@ -161,10 +158,9 @@ func (s *Server) verifiesUpstream(next *config.Config, up *tls.Config) error {
 	d.Deadline = time.Now().Add(2 * next.Upstream.DialTimeout.Duration)
 	for _, sa := range next.Upstream.Sentinels {
 		go func() {
-			nc, err := upstream.DialConn(&d, sa, up)
-			if err == nil {
-				err = refusedAfterHandshake(nc, time.Until(d.Deadline))
-				nc.Close()
+			err, refused := probeTLS(&d, sa, up, time.Until(d.Deadline))
+			if refused != nil {
+				err = refused
 			}
 			results <- result{sa, err}
 		}()
@@ -182,24 +178,57 @@ func (s *Server) verifiesUpstream(next *config.Config, up *tls.Config) error {
 	return refusal
 }
 
-// refusedAfterHandshake sends PING on a new TLS connection and returns the
-// TLS alert the server answers with instead, if any: under TLS 1.3 the
-// client's handshake ends before the server has checked the client's
-// certificate, so a certificate Redis refuses (signed by a CA it does not
-// trust, or none where it requires one) shows only at the first read, and
-// such files were taken by a reload (every connection then failed). Any
-// other outcome, a reply or silence, says nothing against the files.
-func refusedAfterHandshake(nc net.Conn, wait time.Duration) error {
+// probeTLS dials addr with up and returns the dial's error, or, for a
+// dial that worked, refused: why the server then refused the connection
+// (nil when it did not). Under TLS 1.3 the client's handshake ends before
+// the server has checked the client's certificate, so a certificate Redis
+// refuses (signed by a CA it does not trust, or none where it requires
+// one) shows only at the first read, and such files were taken by a
+// reload (every connection then failed). The probe sends PING: a reply
+// says the files do; a TLS alert says Redis refused them. Closed under the
+// PING, the reset can discard the alert (CI under -race saw the reload
+// accepted so), so a second connection sends nothing and reads: an alert
+// or a close there is a refusal; silence until wait says nothing against
+// the files.
+func probeTLS(d *net.Dialer, addr string, up *tls.Config, wait time.Duration) (err, refused error) {
+	nc, err := upstream.DialConn(d, addr, up)
+	if err != nil {
+		return err, nil
+	}
+	err = firstRead(nc, wait, true)
+	nc.Close()
+	switch {
+	case err == nil:
+		return nil, nil
+	case tlsAlert(err):
+		return nil, err
+	case !upstream.PeerClosed(err):
+		return nil, nil // silent or slow: nothing against the files
+	}
+	nc, err = upstream.DialConn(d, addr, up)
+	if err != nil {
+		return err, nil
+	}
+	err = firstRead(nc, wait, false)
+	nc.Close()
+	if tlsAlert(err) || upstream.PeerClosed(err) {
+		return nil, err
+	}
+	return nil, nil
+}
+
+// firstRead reads what the server sends first on nc within wait, after a
+// PING if ping; nil when bytes came.
+func firstRead(nc net.Conn, wait time.Duration, ping bool) error {
 	nc.SetDeadline(time.Now().Add(wait))
-	_, err := nc.Write([]byte("PING\r\n"))
-	if err == nil {
-		var b [64]byte
-		_, err = nc.Read(b[:])
+	if ping {
+		if _, err := nc.Write([]byte("PING\r\n")); err != nil {
+			return err
+		}
 	}
-	if tlsAlert(err) {
-		return err
-	}
-	return nil
+	var b [64]byte
+	_, err := nc.Read(b[:])
+	return err
 }
 
 // tlsAlert reports whether err is a TLS alert the peer sent.
