@@ -512,7 +512,11 @@ func TestFirstSendAfterAnOutageWaitsForItsRedial(t *testing.T) {
 	waitUp(t, pool)
 	srv.Kill(t)
 	dials := func() uint64 { s, _ := pool.Stats(); return s.Dials }
-	redistest.Eventually(t, 5*time.Second, func() bool { _, up := pool.Stats(); return up == 0 && dials() >= 4 }, "the pipes never all failed a redial")
+	// Both pipes down and a redial failed: the second pipe's redial may
+	// not be let through the address's dial gate right after the first
+	// one failed (then it waits its hour of backoff), which is how CI
+	// under load once saw 3 dials where this waited for 4.
+	redistest.Eventually(t, 5*time.Second, func() bool { _, up := pool.Stats(); return up == 0 && dials() >= 3 }, "the pipes never all went down with a redial failed")
 	srv.Restart(t)
 	if err := srv.Client(t).Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
