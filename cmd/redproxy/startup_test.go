@@ -325,48 +325,37 @@ func startEarlyOnce(t *testing.T, upstream, why string) (e *earlyStart, portTake
 		cmd.Process.Kill()
 		<-exited
 	})
-	for {
-		nc, err := net.DialTimeout("tcp", e.listen, time.Second)
-		if err == nil {
-			nc.Close()
-			break
-		}
-		select {
-		case <-exited:
-			if strings.Contains(e.logs.String(), "address already in use") {
-				return e, true
+	// waitFor dials addr until it answers; taken: the proxy exited because
+	// a port it was given was taken meanwhile.
+	waitFor := func(addr, exitedMsg, lateMsg string) (taken bool) {
+		for {
+			nc, err := net.DialTimeout("tcp", addr, time.Second)
+			if err == nil {
+				nc.Close()
+				return false
 			}
-			t.Fatalf("the proxy exited before listening; log:\n%s", e.logs.String())
-		default:
+			select {
+			case <-exited:
+				if strings.Contains(e.logs.String(), "address already in use") {
+					return true
+				}
+				t.Fatalf("%s; log:\n%s", exitedMsg, e.logs.String())
+			default:
+			}
+			if time.Since(started) > earlyDialTimeout {
+				t.Fatalf("%s %v after start; log:\n%s", lateMsg, time.Since(started), e.logs.String())
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		if time.Since(started) > earlyDialTimeout {
-			t.Fatalf("not listening %v after start (the dial timeout: %s); log:\n%s", time.Since(started), why, e.logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	}
+	if waitFor(e.listen, "the proxy exited before listening", "not listening (the dial timeout: "+why+")") {
+		return e, true
 	}
 	e.listeningAfter = time.Since(started)
 	// The admin listener is bound right after the client listeners; its
 	// port may be the one taken by another package's process, and the
 	// proxy then exits (CI: "the admin listener never answered").
-	for {
-		nc, err := net.DialTimeout("tcp", e.admin, time.Second)
-		if err == nil {
-			nc.Close()
-			return e, false
-		}
-		select {
-		case <-exited:
-			if strings.Contains(e.logs.String(), "address already in use") {
-				return e, true
-			}
-			t.Fatalf("the proxy exited after listening; log:\n%s", e.logs.String())
-		default:
-		}
-		if time.Since(started) > earlyDialTimeout {
-			t.Fatalf("the admin listener not up %v after start; log:\n%s", time.Since(started), e.logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return e, waitFor(e.admin, "the proxy exited after listening", "the admin listener not up")
 }
 
 // upstreamAt is startEarly's [upstream] section for one Redis at addr.
