@@ -363,7 +363,7 @@ wait:
 		case sig := <-sigs:
 			cfg = srv.Config() // shutdown_timeout may have been reloaded
 			// As text: JSON logs showed a Duration in nanoseconds.
-			log.Info("shutting down", "signal", sig.String(), "timeout", cfg.Server.ShutdownTimeout.Duration.String())
+			log.Info("shutting down", "signal", sig.String(), "timeout", cfg.Server.ShutdownTimeout.Duration)
 			break wait
 		case err := <-served:
 			log.Error("listener failed", "err", err)
@@ -429,9 +429,21 @@ func newAdmin(srv *proxy.Server, reg *metrics.Metrics, reload http.Handler, log 
 func newLogger(cfg *config.Config, level *slog.LevelVar, w io.Writer) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.Server.LogFormat == "json" {
+		opts.ReplaceAttr = durationAsText
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// durationAsText writes a duration as the text format does ("1.5s"): the
+// JSON handler's own form is an integer of nanoseconds, which a reader of
+// "down_for": 1500000000 has to know, and which lines that logged a
+// duration's text already did not use.
+func durationAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }
 
 // goRedisLogger passes go-redis's messages to the proxy's log. They are

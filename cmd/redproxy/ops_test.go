@@ -838,3 +838,19 @@ func TestHealthcheckUsageErrorsExitOne(t *testing.T) {
 		}
 	}
 }
+
+// A duration reads the same in both log formats: "1.5s", not the JSON
+// handler's own integer of nanoseconds (found by a probe: "down_for" came
+// out as 1500000000 where the shutdown line's timeout said "10s").
+func TestJSONLogDurationsAreText(t *testing.T) {
+	for _, format := range []string{"json", "text"} {
+		var buf bytes.Buffer
+		cfg := config.Default()
+		cfg.Server.LogFormat = format
+		newLogger(cfg, new(slog.LevelVar), &buf).Info("x", "down_for", 1500*time.Millisecond)
+		want := map[string]string{"json": `"down_for":"1.5s"`, "text": `down_for=1.5s`}[format]
+		if line := buf.String(); !strings.Contains(line, want) {
+			t.Errorf("%s: %q, want %s in it", format, line, want)
+		}
+	}
+}

@@ -29,7 +29,7 @@ func (sess *Session) logger() *slog.Logger {
 	if l := sess.log.Load(); l != nil {
 		return l
 	}
-	l := sess.srv.log.With("client_id", sess.id, "client_addr", sess.nc.RemoteAddr().String())
+	l := sess.srv.log.With("client_id", sess.id, "client", sess.nc.RemoteAddr().String())
 	if !sess.log.CompareAndSwap(nil, l) {
 		return sess.log.Load()
 	}

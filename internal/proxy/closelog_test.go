@@ -190,7 +190,7 @@ func TestFailedAuthLogged(t *testing.T) {
 			line = l
 		}
 	}
-	if line == "" || !strings.Contains(line, "client_addr="+c.nc.LocalAddr().String()) || !strings.Contains(line, "reason=wrongpass") {
+	if line == "" || !strings.Contains(line, "client="+c.nc.LocalAddr().String()) || !strings.Contains(line, "reason=wrongpass") {
 		t.Fatalf("no AUTH-failed line with the client's address:\n%s", logs.String())
 	}
 	if n := strings.Count(logs.String(), `msg="AUTH failed"`); n > 2 {

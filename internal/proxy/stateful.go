@@ -1839,7 +1839,7 @@ func (sess *Session) relay(kind relayKind, up net.Conn, reqs []resp.Request, bas
 			if len(chunk) > 0 && !q.push(append([]byte(nil), chunk...)) {
 				if hard, soft, softFor, bySoft := q.limits(); bySoft {
 					sess.closeFor(metrics.CloseOutputLimit, "subscriber stayed behind by more than its soft limit",
-						"soft_limit_bytes", soft, "for", softFor.String())
+						"soft_limit_bytes", soft, "for", softFor)
 				} else {
 					sess.closeFor(metrics.CloseOutputLimit, "relayed output exceeds its limit", "limit_bytes", hard)
 				}
