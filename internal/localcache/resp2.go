@@ -17,15 +17,21 @@ import (
 // numbers, booleans, verbatim strings, attributes. Which null a RESP2 reply
 // carries ($-1 or *-1) depends on the command: among the commands the tier
 // caches, GEOPOS marks a missing member with the null array *-1 (Redis's
-// addReplyNullArray), where RESP3 sends _ for both. A GEOPOS whose members
-// are all missing has no doubles to refuse, so its nulls are converted per
+// addReplyNullArray), and XRANGE and XREVRANGE answer a COUNT of 0 or
+// less with it, where RESP3 sends _ for both. A GEOPOS whose members are
+// all missing has no doubles to refuse, so its nulls are converted per
 // command (toRESP2For; TestRESP2ConversionMatchesRedis and
 // TestGeoposNullsMatchRedis compare both protocols on a real server).
 
 // toRESP2For is toRESP2 with the command's own null shape.
 func toRESP2For(cmd *commands.Command, b []byte) ([]byte, bool) {
-	if cmd != nil && cmd.Name == "geopos" {
-		return toRESP2Nulls(b, nullArrayElements)
+	if cmd != nil {
+		switch cmd.Name {
+		case "geopos":
+			return toRESP2Nulls(b, nullArrayElements)
+		case "xrange", "xrevrange":
+			return toRESP2Nulls(b, nullArrayReply)
+		}
 	}
 	return toRESP2(b)
 }
@@ -36,6 +42,7 @@ type nullShape uint8
 const (
 	nullBulk          nullShape = iota // every _ becomes $-1
 	nullArrayElements                  // an _ element of the top-level array becomes *-1
+	nullArrayReply                     // an _ reply (not within an array) becomes *-1
 )
 
 // toRESP2 rewrites one RESP3 reply; ok is false when it cannot be done
@@ -70,7 +77,7 @@ func convert2(dst, b []byte, nulls nullShape, depth int) ([]byte, int, bool) {
 	case '+', '-', ':':
 		return append(dst, b[:next]...), next, true
 	case '_':
-		if nulls == nullArrayElements && depth == 1 {
+		if nulls == nullArrayElements && depth == 1 || nulls == nullArrayReply && depth == 0 {
 			return append(dst, "*-1\r\n"...), next, true
 		}
 		return append(dst, "$-1\r\n"...), next, true
