@@ -675,7 +675,7 @@ func (sess *Session) placeHeld(r *request, target int, p heldPlacer) bool {
 		}
 		if err != nil {
 			sess.endClusterMulti()
-			sess.abort = txAbort{reason: errTxMultiRefused, multi: true}
+			sess.abort = txAbort{reason: txAbortReason(err), multi: true}
 			sess.replyLocal(r.m, errorReply(err))
 			if r.name == "exec" {
 				sess.abort = txAbort{}

@@ -12,8 +12,8 @@ import (
 
 // In cluster mode the WATCH that starts a transaction is sent alone, so a
 // WATCH whose connection is lost before its reply leaves the rest of the
-// client's write undispatched: it fails there, and a MULTI in it keeps
-// the transaction aborted until EXEC, as on a standalone upstream
+// client's write undispatched: it fails there, and a MULTI in it (answered
+// +OK) keeps the transaction aborted until EXEC, as on a standalone upstream
 // (TestWatchLostBeforeItsReplyLeavesNoTransaction). Found by review: the
 // pin dropped, a MULTI, INCR, EXEC behind the lost WATCH committed
 // unguarded. The next write is served as usual. The slot's owner
@@ -51,7 +51,7 @@ func TestClusterWatchLostBeforeItsReply(t *testing.T) {
 	wantReplies(t, raw, []string{"GET", key}, "1") // the node's shared connections are up
 	armed.Store(true)
 	wantReplies(t, raw, []string{"WATCH", key}, []string{"MULTI"}, []string{"INCR", key}, []string{"EXEC"},
-		lost, aborted, aborted, respError("EXECABORT"))
+		lost, "OK", aborted, respError("EXECABORT"))
 	wantReplies(t, raw, []string{"WATCH", key}, lost)
 	wantReplies(t, raw, []string{"GET", key}, []string{"PING"}, "1", "PONG")
 	if v := node.Client(t).Get(ctx, key).Val(); v != "1" {

@@ -902,7 +902,18 @@ func (sess *Session) flush(start time.Time) {
 			r, err := call.Reply(sl.i)
 			if err != nil {
 				if !sl.mute && !sess.outDead {
-					sess.out = appendErrorReply(sess.out, err)
+					if sl.multi && !errors.Is(err, upstream.ErrOutputLimit) {
+						// The MULTI's connection was lost (or closed as
+						// late) before its reply, taking the transaction
+						// with it. Answered +OK, as Redis answers MULTI,
+						// the failure comes with the commands after it
+						// and EXEC, as for a MULTI that got no connection
+						// (pinForOn): an error here left a client that
+						// stops reading at MULTI's error a reply behind.
+						sess.out = append(sess.out, ok...)
+					} else {
+						sess.out = appendErrorReply(sess.out, err)
+					}
 				}
 				watchLost = watchLost || sl.opens
 				sl.metric.Errors.Inc()

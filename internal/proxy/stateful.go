@@ -119,7 +119,8 @@ type pinState struct {
 //   - UNWATCH before MULTI answers +OK and ends it (after MULTI Redis would
 //     queue it, so it fails like any other command);
 //   - RESET ends it and QUIT closes, as always;
-//   - MULTI marks the transaction as opened, and fails.
+//   - MULTI answers +OK and marks the transaction as opened (a second
+//     one: Redis's nesting error).
 type txAbort struct {
 	reason []byte // the error reply; nil when no transaction is aborted
 	multi  bool   // the client has sent MULTI
@@ -129,11 +130,25 @@ type txAbort struct {
 }
 
 var (
-	errTxConnLost     = []byte("-ERR redproxy: transaction aborted: its upstream connection was lost; EXEC, DISCARD or UNWATCH ends it\r\n")
-	errTxMultiRefused = []byte("-ERR redproxy: transaction aborted: MULTI was refused; EXEC or DISCARD ends it\r\n")
-	errExecAbort      = []byte("-EXECABORT Transaction discarded because of previous errors.\r\n")
-	errExecArity      = []byte("-EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command\r\n")
+	errTxConnLost = []byte("-ERR redproxy: transaction aborted: its upstream connection was lost; EXEC, DISCARD or UNWATCH ends it\r\n")
+	errExecAbort  = []byte("-EXECABORT Transaction discarded because of previous errors.\r\n")
+	errExecArity  = []byte("-EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command\r\n")
 )
+
+// txAbortReason is the reply to the commands of a transaction whose
+// connection could not be had for err: Redis's own reply where the
+// handshake met a state of Redis (-LOADING, -BUSY) that Redis would have
+// answered each queued command with, else the proxy's error naming err.
+func txAbortReason(err error) []byte {
+	var refusal *upstream.HandshakeRefusal
+	if errors.As(err, &refusal) {
+		if r := refusal.StateReply(); r != nil {
+			return r
+		}
+	}
+	msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), "ERR "), "redproxy: ")
+	return redcon.AppendError(nil, "ERR redproxy: transaction aborted: "+msg+"; EXEC or DISCARD ends it")
+}
 
 // abortedStep answers a command of a client in the txAbort state. It
 // reports false for the commands handled as usual (RESET, QUIT).
@@ -172,7 +187,16 @@ func (sess *Session) abortedStep(r *request) bool {
 			return true
 		}
 	case "multi":
-		ab.multi = true
+		// As Redis answers MULTI: +OK opens the transaction, whose
+		// commands then fail with the reason (see pinForOn); a second one
+		// is refused and leaves it open.
+		if ab.multi {
+			sess.replyLocal(m, errNestedMulti)
+		} else {
+			ab.multi = true
+			sess.replyLocal(m, ok)
+		}
+		return true
 	}
 	sess.replyLocal(m, ab.reason)
 	return true
@@ -611,13 +635,22 @@ func (sess *Session) pinOn(b *upstream.Backend, keySlot int) error {
 func (sess *Session) pinForOn(r *request, b *upstream.Backend, keySlot int) {
 	cmd, m := r.cmd, r.m
 	if err := sess.pinOn(b, keySlot); err != nil {
-		sess.replyLocal(m, errorReply(err))
 		if cmd.Name == "multi" {
-			// What the client queues next must not run (see txAbort). A
-			// refused WATCH needs nothing: the client is told before it
-			// has anything to guard.
-			sess.abort = txAbort{reason: errTxMultiRefused, multi: true}
+			// What the client queues next must not run (see txAbort). The
+			// MULTI itself is answered +OK, as Redis always answers a
+			// first MULTI, and the failure comes with each queued command
+			// and EXEC's EXECABORT, the shape of Redis's queue-time
+			// errors: a client that stops reading at an error from MULTI
+			// (go-redis's TxPipelined) left the replies of the rest of its
+			// write unread, and a client keeping that connection (go-redis
+			// Conn) read every later reply one behind (found by a probe:
+			// a GET answered "OK"). A refused WATCH needs nothing: the
+			// client is told before it has anything to guard.
+			sess.abort = txAbort{reason: txAbortReason(err), multi: true}
+			sess.replyLocal(m, ok)
+			return
 		}
+		sess.replyLocal(m, errorReply(err))
 		return
 	}
 	if cmd.Name == "multi" {

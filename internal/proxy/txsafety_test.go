@@ -246,7 +246,7 @@ func TestLostPinnedConnectionAbortsTheTransaction(t *testing.T) {
 	// afterwards it has.
 	wantReplies(t, c, []string{"GET", "w"}, respError("ERR redproxy: "))
 	wantReplies(t, c, []string{"MULTI"}, []string{"INCR", "a"}, []string{"EXEC"},
-		respError("ERR redproxy: "), respError("ERR redproxy: "), respError("EXECABORT"))
+		"OK", respError("ERR redproxy: "), respError("EXECABORT"))
 	if n := direct.Exists(ctx, "a").Val(); n != 0 {
 		t.Fatalf("INCR a ran outside the aborted transaction")
 	}
@@ -266,17 +266,20 @@ func TestLostPinnedConnectionAbortsTheTransaction(t *testing.T) {
 	wantReplies(t, c, []string{"DISCARD"}, []string{"UNWATCH"}, []string{"INCR", "b"}, respError("ERR "), "OK", int64(2))
 }
 
-// A MULTI refused because max_pinned is reached aborts the transaction:
-// the commands queued after it fail instead of running one by one on a
-// shared connection, and EXEC answers EXECABORT.
+// A MULTI that gets no connection because max_pinned is reached aborts
+// the transaction: the commands queued after it fail, naming why, instead
+// of running one by one on a shared connection, and EXEC answers
+// EXECABORT. MULTI itself answers +OK, as Redis does, so a client that
+// stops reading at an error from MULTI is not left one reply behind.
 func TestRefusedMultiAbortsTheTransaction(t *testing.T) {
 	p := proxytest.Start(t, nil, onePinned)
 	holder := holdPinned(t, p)
 	c := dialRaw(t, p.Addr)
+	aborted := respError("ERR redproxy: transaction aborted: too many dedicated upstream connections in use (upstream.max_pinned); EXEC or DISCARD ends it")
 	wantReplies(t, c, []string{"MULTI"}, []string{"INCR", "a"}, []string{"SET", "b", "1"}, []string{"EXEC"}, []string{"GET", "a"},
-		errMaxPinned, respError("ERR redproxy: "), respError("ERR redproxy: "), respError("EXECABORT"), nil)
-	wantReplies(t, c, []string{"MULTI"}, []string{"INCR", "a"}, []string{"DISCARD"}, []string{"GET", "a"},
-		errMaxPinned, respError("ERR redproxy: "), "OK", nil)
+		"OK", aborted, aborted, respError("EXECABORT"), nil)
+	wantReplies(t, c, []string{"MULTI"}, []string{"INCR", "a"}, []string{"MULTI"}, []string{"DISCARD"}, []string{"GET", "a"},
+		"OK", aborted, respError("ERR MULTI calls can not be nested"), "OK", nil)
 	if n := p.Redis.Client(t).Exists(ctx, "a", "b").Val(); n != 0 {
 		t.Fatalf("commands of a refused MULTI ran: %d keys exist", n)
 	}
@@ -622,8 +625,10 @@ func TestWatchLostBeforeItsReplyLeavesNoTransaction(t *testing.T) {
 	if n := rs.Client(t).Exists(ctx, "wl:db").Val(); n != 1 {
 		t.Fatalf("the SET after a failed SELECT 3 went to another database")
 	}
-	// MULTI behind it in the same write: the transaction stays aborted.
-	wantReplies(t, c, []string{"WATCH", "wl"}, []string{"MULTI"}, lost, lost)
+	// MULTI behind it in the same write: answered +OK, as Redis answers
+	// MULTI (TestTxPipelinedWhileRedisIsDownKeepsConnInStep), and the
+	// transaction stays aborted.
+	wantReplies(t, c, []string{"WATCH", "wl"}, []string{"MULTI"}, lost, "OK")
 	wantReplies(t, c, []string{"INCR", "wl"}, []string{"EXEC"}, []string{"GET", "wl"},
 		respError("ERR redproxy: transaction aborted"), respError("EXECABORT"), "1")
 
@@ -678,4 +683,39 @@ func cutOnWatch(t *testing.T, addr string, armed *atomic.Bool) string {
 			}
 		})
 	})
+}
+
+// go-redis's TxPipelined stops reading at an error from MULTI, leaving the
+// replies to the rest of its write unread; on a connection it keeps
+// (Client.Conn) every later reply then came one behind: with Redis down,
+// MULTI answered the dial error, and after Redis came back SET answered
+// EXECABORT and GET "OK" (found by a probe). MULTI answers +OK now and
+// the failure comes with the queued command and EXEC, which go-redis reads.
+func TestTxPipelinedWhileRedisIsDownKeepsConnInStep(t *testing.T) {
+	p := proxytest.Start(t, nil, func(c *config.Config) { c.Upstream.ReconnectMin.Duration = 10 * time.Millisecond })
+	c := redis.NewClient(&redis.Options{Addr: p.Addr, PoolSize: 1, MaxRetries: -1}).Conn()
+	t.Cleanup(func() { c.Close() })
+	if err := c.Set(ctx, "txk", "before", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p.Redis.Kill(t)
+	_, err := c.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Set(ctx, "txk", "v1", 0)
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "EXECABORT") {
+		t.Errorf("TxPipelined with Redis down: %v, want EXECABORT", err)
+	}
+	p.Redis.Restart(t)
+	var setErr error
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		setErr = c.Set(ctx, "txk", "after", 0).Err()
+		return setErr == nil || !strings.Contains(setErr.Error(), "upstream unavailable")
+	}, "SET through the kept connection after Redis came back: %v", setErr)
+	if setErr != nil {
+		t.Fatalf("SET after Redis came back: %v", setErr)
+	}
+	if v, err := c.Get(ctx, "txk").Result(); err != nil || v != "after" {
+		t.Fatalf("GET after SET on the kept connection: %q %v, want \"after\"", v, err)
+	}
 }
