@@ -213,7 +213,7 @@ func (b *Batch) reserve(n int) {
 // violation's message (which starts with "ERR redproxy policy: "). Line
 // breaks, which would end the reply early, cannot come from a client's key
 // (keys are quoted) but are replaced to be sure.
-func AppendRefusal(dst []byte, v *policy.Violation) []byte { return AppendError(dst, v.Msg) }
+func AppendRefusal(dst []byte, v *policy.Violation) []byte { return AppendError(dst, v.Message()) }
 
 // AppendError appends msg as an error reply, line breaks replaced.
 func AppendError(dst []byte, msg string) []byte {

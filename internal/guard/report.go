@@ -138,7 +138,7 @@ func (t *table) add(v *policy.Violation, now time.Time) {
 		}
 		r = &Row{
 			Rule: v.Rule, Pattern: v.Pattern, Scope: v.Scope, Command: v.Command,
-			KeyPattern: string(b[kp:]), ExampleKey: exampleKey(v.Key), Message: v.Msg, First: now,
+			KeyPattern: string(b[kp:]), ExampleKey: exampleKey(v.Key), Message: v.Message(), First: now,
 		}
 		t.rows[string(b)] = r
 	}

@@ -542,11 +542,31 @@ func (c *checker) oversizeArg(req *Request, max int) int {
 }
 
 func (c *checker) checkName(d *Decision, rs *ruleset, a Action, req *Request, key []byte) bool {
-	rule, pattern, msg := rs.names.check(key)
+	rule, pattern := rs.names.check(key)
 	if rule == "" {
 		return false
 	}
-	return c.violate(d, a, rs.names.would, false, Violation{Rule: rule, Pattern: pattern, Scope: rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg})
+	return c.violate(d, a, rs.names.would, false, Violation{Rule: rule, Pattern: pattern, Scope: rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key),
+		names: &rs.names, build: nameMessage})
+}
+
+// What a client can do about a write that needs a TTL (Violation.how).
+const (
+	ttlHowExpire  = "EXPIRE the key in the same MULTI, or in the same pipeline sent in one write"
+	ttlHowSetNX   = "use SET key value NX EX <seconds> instead, or " + ttlHowExpire
+	ttlHowGetSet  = "use SET key value GET EX <seconds> instead, or " + ttlHowExpire
+	ttlHowEX      = "set EX on the write, or " + ttlHowExpire
+	ttlHowRestore = "give RESTORE a ttl, or " + ttlHowExpire
+)
+
+// ttlMessage and persistMessage are the texts of TTL violations
+// (Violation.build).
+func ttlMessage(v *Violation) string {
+	return fmt.Sprintf("%skey %s needs a TTL (rule %q); %s", msgPrefix, quoteKey(v.Key), v.Pattern, v.how)
+}
+
+func persistMessage(v *Violation) string {
+	return fmt.Sprintf("%skey %s must keep its TTL (rule %q); %s would remove it", msgPrefix, quoteKey(v.Key), v.Pattern, displayName(v.Command))
 }
 
 // checkMax applies a rule's max to an explicit TTL. It returns true when the
@@ -645,31 +665,29 @@ func (c *checker) resolvePending() {
 		d.CutOff = d.CutOff || cutOff
 		rule := pt.rule
 		a := c.act(rule.action)
-		var msg string
+		v := Violation{Rule: RuleTTL, Pattern: rule.String(), Scope: pt.rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key)}
 		fixable := false
 		if pt.eff.kind == effPersist {
-			msg = fmt.Sprintf("%skey %s must keep its TTL (rule %q); %s would remove it", msgPrefix, quoteKey(key), rule.String(), displayName(req.Cmd.Name))
+			v.build = persistMessage
 		} else {
 			// "set EX on the write" only where the command takes EX: an
 			// HSET or INCR does not (a user's trial).
 			// A MULTI may set it in a later command (a transaction typed
 			// command by command is carried to its end); a pipeline only
 			// within what the proxy reads at once.
-			how := "EXPIRE the key in the same MULTI, or in the same pipeline sent in one write"
+			v.how, v.build = ttlHowExpire, ttlMessage
 			switch {
 			case req.Cmd.Name == "setnx":
-				how = "use SET key value NX EX <seconds> instead, or " + how
+				v.how = ttlHowSetNX
 			case req.Cmd.Name == "getset":
-				how = "use SET key value GET EX <seconds> instead, or " + how
+				v.how = ttlHowGetSet
 			case pt.eff.fix == fixAppendEX:
-				how = "set EX on the write, or " + how
+				v.how = ttlHowEX
 			case pt.eff.fix == fixRestoreTTL:
-				how = "give RESTORE a ttl, or " + how
+				v.how = ttlHowRestore
 			}
-			msg = fmt.Sprintf("%skey %s needs a TTL (rule %q); %s", msgPrefix, quoteKey(key), rule.String(), how)
 			fixable = rule.def > 0
 		}
-		v := Violation{Rule: RuleTTL, Pattern: rule.String(), Scope: pt.rs.scope, Command: req.Cmd.Name, Key: slices.Clone(key), Msg: msg}
 		if cutOff && (a == Report || !fixable) {
 			c.violateOpen(d, a, rule.would, fixable, v)
 			continue

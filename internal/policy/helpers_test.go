@@ -132,13 +132,13 @@ func checkBatch(t testing.TB, p *Policy, reqs []Request) []Decision {
 			if len(d.Open) == 0 && (d.Args != nil || len(d.Expires) > 0) {
 				t.Errorf("request %d refused but has fixes: %s", i, summary(d))
 			}
-			if d.Refuse.Outcome != Refused || !strings.HasPrefix(d.Refuse.Msg, "ERR redproxy policy: ") {
+			if d.Refuse.Outcome != Refused || !strings.HasPrefix(d.Refuse.Message(), "ERR redproxy policy: ") {
 				t.Errorf("request %d: bad refusal %+v", i, *d.Refuse)
 			}
 		}
 		for _, v := range d.Violations {
-			if !strings.HasPrefix(v.Msg, "ERR redproxy policy: ") {
-				t.Errorf("request %d: message without prefix: %q", i, v.Msg)
+			if !strings.HasPrefix(v.Message(), "ERR redproxy policy: ") {
+				t.Errorf("request %d: message without prefix: %q", i, v.Message())
 			}
 		}
 	}

@@ -78,7 +78,7 @@ func TestCommandMessages(t *testing.T) {
 	for c, want := range cases {
 		out := checkBatch(t, p, []Request{line(c)})
 		r := out[0].Refuse
-		if r == nil || r.Msg != want {
+		if r == nil || r.Message() != want {
 			t.Errorf("%s: got %+v, want %q", c, r, want)
 			continue
 		}
@@ -185,16 +185,16 @@ func TestNameRules(t *testing.T) {
 
 	out := checkBatch(t, p, []Request{line("SET foo bar")})
 	want := `ERR redproxy policy: key "foo" does not match naming rule "namespaces"; start it with one of: session, cache, states, followed by ':'`
-	if r := out[0].Refuse; r == nil || r.Msg != want || string(r.Key) != "foo" {
+	if r := out[0].Refuse; r == nil || r.Message() != want || string(r.Key) != "foo" {
 		t.Errorf("got %+v, want %q", r, want)
 	}
 	out = checkBatch(t, p, []Request{line("SET cache:product:1 v")})
-	if r := out[0].Refuse; r == nil || r.Pattern != "cache:*" || !strings.Contains(r.Msg, `naming rule "require_version"`) {
+	if r := out[0].Refuse; r == nil || r.Pattern != "cache:*" || !strings.Contains(r.Message(), `naming rule "require_version"`) {
 		t.Errorf("version violation: %+v", r)
 	}
 	long := "session:" + strings.Repeat("a", 200)
 	out = checkBatch(t, p, []Request{cmd("SET", long, "v")})
-	if r := out[0].Refuse; r == nil || !strings.Contains(r.Msg, "is 208 bytes, longer than 40") || strings.Contains(r.Msg, long) {
+	if r := out[0].Refuse; r == nil || !strings.Contains(r.Message(), "is 208 bytes, longer than 40") || strings.Contains(r.Message(), long) {
 		t.Errorf("long key message must give the length and cut the key: %+v", r)
 	}
 }
@@ -217,7 +217,7 @@ func TestNameRegex(t *testing.T) {
 	// The message shows the pattern as configured, not its anchored form.
 	out := checkBatch(t, p, []Request{line("SET A:1 v")})
 	want := `ERR redproxy policy: key "A:1" does not match naming rule "regex": the whole key must match [a-z]+:[0-9]+`
-	if vs := out[0].Violations; len(vs) != 1 || vs[0].Msg != want {
+	if vs := out[0].Violations; len(vs) != 1 || vs[0].Message() != want {
 		t.Errorf("violations %+v, want the message %q", vs, want)
 	}
 }
@@ -281,7 +281,7 @@ func TestValueRule(t *testing.T) {
 	want := `ERR redproxy policy: value of 204800 bytes exceeds 102400 (rule "value_size"); store large objects elsewhere and keep a reference in Redis`
 	// The key names the write (for the report's key pattern); the value
 	// never reaches the message.
-	if r := out[0].Refuse; r == nil || r.Msg != want || string(r.Key) != "k" || strings.Contains(r.Msg, "xxx") {
+	if r := out[0].Refuse; r == nil || r.Message() != want || string(r.Key) != "k" || strings.Contains(r.Message(), "xxx") {
 		t.Errorf("got %+v, want %q on key k", r, want)
 	}
 
@@ -436,7 +436,7 @@ func TestExampleDeniesWithHints(t *testing.T) {
 		out := checkBatch(t, p, []Request{cmd(append(words, "x")...)})
 		r := out[0].Refuse
 		prefix := "ERR redproxy policy: " + strings.Join(words, " ") + " is disabled; "
-		if r == nil || !strings.HasPrefix(r.Msg, prefix) || len(r.Msg) < len(prefix)+10 {
+		if r == nil || !strings.HasPrefix(r.Message(), prefix) || len(r.Message()) < len(prefix)+10 {
 			t.Errorf("%s: refusal %+v, want %q and a hint", name, r, prefix)
 		}
 	}

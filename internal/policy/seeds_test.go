@@ -131,7 +131,7 @@ func TestSeedPatternsPass(t *testing.T) {
 				if s := summary(d); s != "" {
 					t.Errorf("%s: %s", strings.Join(pat.batch[i], " "), s)
 					for _, v := range d.Violations {
-						t.Logf("  %s", v.Msg)
+						t.Logf("  %s", v.Message())
 					}
 				}
 			}
@@ -170,8 +170,8 @@ func TestSeedAntiPatterns(t *testing.T) {
 			d := checkBatch(t, strict, []Request{req})[0]
 			if d.Refuse == nil || d.Refuse.Rule != ap.rule {
 				t.Errorf("enforce: got %q, want refused by %s", summary(d), ap.rule)
-			} else if strings.Contains(d.Refuse.Msg, "xxxxxxxx") {
-				t.Errorf("message contains the value: %q", d.Refuse.Msg)
+			} else if strings.Contains(d.Refuse.Message(), "xxxxxxxx") {
+				t.Errorf("message contains the value: %q", d.Refuse.Message())
 			}
 			for name, rp := range map[string]*Policy{"--policy-mode=report": p.ForcedMode(Report), "mode = report": fileReport} {
 				d := checkBatch(t, rp, []Request{req})[0]

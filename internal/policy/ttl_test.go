@@ -236,7 +236,7 @@ func TestTTLMessages(t *testing.T) {
 	}
 	for _, c := range cases {
 		out := checkBatch(t, p, []Request{line(c.cmd)})
-		if out[0].Refuse == nil || out[0].Refuse.Msg != c.msg {
+		if out[0].Refuse == nil || out[0].Refuse.Message() != c.msg {
 			t.Errorf("%s: got %+v, want message %q", c.cmd, out[0].Refuse, c.msg)
 			continue
 		}

@@ -151,7 +151,7 @@ func (sess *Session) closeOpen(o *openTTL) {
 	}
 	sess.srv.guard.Record(&o.v, sess.nc.RemoteAddr(), sess.userName())
 	if o.v.Outcome == policy.Refused && tx.refusal == nil {
-		tx.refusal = appendExecAbort(nil, o.v.Msg)
+		tx.refusal = appendExecAbort(nil, o.v.Message())
 	}
 }
 

@@ -2329,7 +2329,7 @@ func (sess *Session) appendRelayedCmd(out []byte, i int, r *resp.Request, d *pol
 	}
 	if d != nil && d.Refuse != nil {
 		sess.recordViolations(d)
-		return refuse(out, d.Refuse.Msg)
+		return refuse(out, d.Refuse.Message())
 	}
 	if killHere {
 		// After the guard's refusal: a policy that denies CLIENT KILL
