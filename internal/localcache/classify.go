@@ -57,6 +57,13 @@ func CacheableKey(cmd *commands.Command, args [][]byte) (key []byte, ok bool) {
 	if cmd.IsBlocking(args) {
 		return nil, false
 	}
+	if len(args) > 3 && (cmd.Name == "zrank" || cmd.Name == "zrevrank") {
+		// WITHSCORE (Redis 7.2): a missing member is the null array *-1
+		// for RESP2, where RESP3's _ is all a fill sees, and the plain
+		// form's null is $-1 (found by review). Not kept, so no fill has
+		// to tell them apart.
+		return nil, false
+	}
 	var buf [2]int
 	idx := cmd.KeysAtMost(args, buf[:0], 2) // one, or more than one
 	if len(idx) != 1 {

@@ -78,7 +78,7 @@ func TestRESP2ConversionMatchesRedis(t *testing.T) {
 		r2.do(c...)
 	}
 	tbl := commands.Builtin()
-	mustConvert := map[string]bool{"GET": true, "HGETALL": true, "SMEMBERS": true, "LRANGE": true, "HMGET": true, "EXISTS": true, "XRANGE": true}
+	mustConvert := map[string]bool{"GET": true, "HGETALL": true, "SMEMBERS": true, "LRANGE": true, "HMGET": true, "EXISTS": true, "XRANGE": true, "XREVRANGE": true}
 	converted := map[string]bool{}
 	for _, c := range [][]string{
 		{"GET", "s"}, {"GET", "missing"}, {"STRLEN", "s"}, {"GETRANGE", "s", "0", "2"},
@@ -147,6 +147,7 @@ func TestCacheable(t *testing.T) {
 		{"SET k v", ""}, {"GETEX k", ""}, {"GETDEL k", ""}, {"EVAL_RO x 1 k", ""}, {"FCALL_RO f 1 k", ""},
 		{"PFCOUNT h", "h"}, {"XREAD STREAMS st 0", ""}, {"BLPOP l 0", ""}, {"XINFO CONSUMERS st g", ""},
 		{"MEMORY USAGE k", ""}, {"DUMP k", ""}, {"PING", ""},
+		{"ZRANK z m", "z"}, {"ZREVRANK z m", "z"}, {"ZRANK z m WITHSCORE", ""}, {"ZREVRANK z m WITHSCORE", ""},
 	} {
 		a := args(tc.cmd)
 		key, ok := Cacheable(tbl.Lookup(a), a)
