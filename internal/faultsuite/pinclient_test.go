@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -120,12 +121,21 @@ func (w *pinClient) multi(ctx context.Context, c *client) {
 	switch {
 	case set.isErr():
 		s.noteError(set)
+		if isPinRefusal(set) {
+			// A MULTI that got no connection answers +OK; its commands
+			// carry the refusal.
+			s.pinRefused.Add(1)
+		}
 	case set.kind != '+' || set.str != "QUEUED":
 		s.wrongReply(w.id, set, "SET %s %s inside MULTI: want +QUEUED", w.key, val)
 		w.val.maybe(val, sent, now)
 		return
 	}
 	switch {
+	case exec.isErr() && strings.HasPrefix(exec.str, "EXECABORT"):
+		// Discarded, by Redis or by the proxy before anything reached
+		// Redis: the SET must never show.
+		s.noteError(exec)
 	case exec.isErr():
 		s.noteError(exec)
 		w.val.maybe(val, sent, now)

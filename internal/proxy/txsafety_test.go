@@ -658,6 +658,12 @@ func TestWatchLostBeforeItsReplyLeavesNoTransaction(t *testing.T) {
 // cutOnWatch forwards connections to addr and, while armed, closes any
 // that carries a WATCH instead of forwarding it.
 func cutOnWatch(t *testing.T, addr string, armed *atomic.Bool) string {
+	return cutOnCommand(t, addr, armed, "WATCH")
+}
+
+// cutOnCommand is cutOnWatch for the command name (upper case).
+func cutOnCommand(t *testing.T, addr string, armed *atomic.Bool, name string) string {
+	marker := []byte("\r\n" + name + "\r\n")
 	return redistest.Forward(t, addr, func(wg *sync.WaitGroup, down, up net.Conn) {
 		wg.Go(func() {
 			io.Copy(down, up)
@@ -670,7 +676,7 @@ func cutOnWatch(t *testing.T, addr string, armed *atomic.Bool) string {
 			for {
 				n, err := down.Read(buf)
 				if n > 0 {
-					if armed.Load() && bytes.Contains(bytes.ToUpper(buf[:n]), []byte("\r\nWATCH\r\n")) {
+					if armed.Load() && bytes.Contains(bytes.ToUpper(buf[:n]), marker) {
 						return
 					}
 					if _, err := up.Write(buf[:n]); err != nil {
@@ -717,5 +723,39 @@ func TestTxPipelinedWhileRedisIsDownKeepsConnInStep(t *testing.T) {
 	}
 	if v, err := c.Get(ctx, "txk").Result(); err != nil || v != "after" {
 		t.Fatalf("GET after SET on the kept connection: %q %v, want \"after\"", v, err)
+	}
+}
+
+// The same when the MULTI's own connection is lost before Redis answers
+// it (here cut as the MULTI goes by, so nothing of the transaction
+// reaches Redis): MULTI answers +OK and its command and EXEC carry the
+// loss, so go-redis's kept connection stays in step.
+func TestTxPipelinedOnALostConnectionKeepsConnInStep(t *testing.T) {
+	rs := redistest.Start(t)
+	var armed atomic.Bool
+	fwd := cutOnCommand(t, rs.Addr(), &armed, "MULTI")
+	p := proxytest.Start(t, rs, func(c *config.Config) { c.Upstream.Address = fwd })
+	c := redis.NewClient(&redis.Options{Addr: p.Addr, PoolSize: 1, MaxRetries: -1}).Conn()
+	t.Cleanup(func() { c.Close() })
+	armed.Store(true)
+	_, err := c.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Set(ctx, "txlost", "v1", 0)
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "upstream connection lost") {
+		t.Errorf("TxPipelined on a connection lost under its MULTI: %v, want the loss", err)
+	}
+	armed.Store(false)
+	for i := range 3 {
+		v := strconv.Itoa(i)
+		if err := c.Set(ctx, "txlost:canary", v, 0).Err(); err != nil {
+			t.Fatalf("SET %d on the kept connection: %v", i, err)
+		}
+		if got, err := c.Get(ctx, "txlost:canary").Result(); err != nil || got != v {
+			t.Fatalf("GET after SET %s on the kept connection: %q %v", v, got, err)
+		}
+	}
+	if n := rs.Client(t).Exists(ctx, "txlost").Val(); n != 0 {
+		t.Fatalf("the SET of the cut transaction ran")
 	}
 }
