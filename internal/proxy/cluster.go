@@ -423,6 +423,7 @@ func (sess *Session) pinWatch(r *request, p heldPlacer, target int) bool {
 	for tries := 0; ; tries++ {
 		if err != nil {
 			sess.replyLocal(r.m, errorReply(err))
+			sess.watchFailed(err)
 			return true
 		}
 		sess.pinForOn(r, b, target)

@@ -135,6 +135,19 @@ var (
 	errExecArity  = []byte("-EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command\r\n")
 )
 
+// watchFailed ends a WATCH that got no connection (err) as one whose
+// connection was lost before its reply (pinWatch, flush): the rest of the
+// client's write fails, and a MULTI in it aborts the transaction. A client
+// that pipelines WATCH ... EXEC reads the WATCH's error only after
+// sending the rest; run, it committed unguarded (found by a probe: WATCH,
+// MULTI, SET, EXEC in one write to a frozen Redis answered the WATCH
+// "upstream reply timeout" and EXEC [OK]). A client that sent the WATCH
+// alone is told before it has anything to guard, and its next write is
+// served as usual.
+func (sess *Session) watchFailed(err error) {
+	sess.abort = txAbort{reason: txAbortReason(err), batchOnly: true}
+}
+
 // txAbortReason is the reply to the commands of a transaction whose
 // connection could not be had for err: Redis's own reply where the
 // handshake met a state of Redis (-LOADING, -BUSY) that Redis would have
@@ -644,13 +657,13 @@ func (sess *Session) pinForOn(r *request, b *upstream.Backend, keySlot int) {
 			// (go-redis's TxPipelined) left the replies of the rest of its
 			// write unread, and a client keeping that connection (go-redis
 			// Conn) read every later reply one behind (found by a probe:
-			// a GET answered "OK"). A refused WATCH needs nothing: the
-			// client is told before it has anything to guard.
+			// a GET answered "OK").
 			sess.abort = txAbort{reason: txAbortReason(err), multi: true}
 			sess.replyLocal(m, ok)
 			return
 		}
 		sess.replyLocal(m, errorReply(err))
+		sess.watchFailed(err)
 		return
 	}
 	if cmd.Name == "multi" {

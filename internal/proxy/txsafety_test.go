@@ -22,6 +22,7 @@ import (
 	"github.com/redproxy/redproxy/internal/config"
 	"github.com/redproxy/redproxy/internal/proxytest"
 	"github.com/redproxy/redproxy/internal/redistest"
+	"github.com/redproxy/redproxy/internal/upstream"
 )
 
 func onePinned(c *config.Config) { c.Upstream.MaxPinned = 1 }
@@ -758,4 +759,59 @@ func TestTxPipelinedOnALostConnectionKeepsConnInStep(t *testing.T) {
 	if n := rs.Client(t).Exists(ctx, "txlost").Val(); n != 0 {
 		t.Fatalf("the SET of the cut transaction ran")
 	}
+}
+
+// A WATCH that gets no connection (here its dial's handshake goes
+// unanswered for dead_timeout) fails the rest of its write, as a WATCH
+// lost before its reply does: a client that pipelines WATCH, MULTI, SET,
+// EXEC reads the WATCH's error only after sending the rest, and the
+// transaction behind it committed unguarded (found by a probe, with Redis
+// frozen while the WATCH dialled and resumed for the MULTI's).
+func TestWatchWithoutAConnectionAbortsItsPipelinedTransaction(t *testing.T) {
+	rs := redistest.Start(t)
+	var swallowNext atomic.Bool
+	fwd := redistest.Forward(t, rs.Addr(), func(wg *sync.WaitGroup, down, up net.Conn) {
+		wg.Go(func() {
+			io.Copy(down, up)
+			down.Close()
+		})
+		wg.Go(func() {
+			defer up.Close()
+			buf := make([]byte, 64<<10)
+			n, err := down.Read(buf)
+			if n > 0 && bytes.Contains(buf[:n], []byte(upstream.PinnedName)) && swallowNext.CompareAndSwap(true, false) {
+				// A dedicated connection's handshake, never answered: as
+				// a frozen Redis.
+				io.Copy(io.Discard, down)
+				return
+			}
+			if n > 0 {
+				if _, err := up.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+			if err == nil {
+				io.Copy(up, down)
+			}
+		})
+	})
+	p := proxytest.Start(t, rs, func(c *config.Config) {
+		c.Upstream.Address = fwd
+		// A dedicated connection's handshake waits dead_timeout, at least
+		// reply_timeout and dial_timeout.
+		c.Upstream.DialTimeout.Duration = 200 * time.Millisecond
+		c.Upstream.ReplyTimeout.Duration = 200 * time.Millisecond
+		c.Upstream.DeadTimeout.Duration = 300 * time.Millisecond
+	})
+	c := dialRaw(t, p.Addr)
+	wantReplies(t, c, []string{"SET", "wk", "orig"}, "OK") // the shared connections are up
+	swallowNext.Store(true)
+	wantReplies(t, c, []string{"WATCH", "wk"}, []string{"MULTI"}, []string{"SET", "wk", "mine"}, []string{"EXEC"},
+		respError("ERR redproxy: upstream reply timeout"), "OK", respError("ERR redproxy: transaction aborted"), respError("EXECABORT"))
+	if v := rs.Client(t).Get(ctx, "wk").Val(); v != "orig" {
+		t.Fatalf("wk = %q: the transaction behind the failed WATCH ran", v)
+	}
+	// The next write is served as usual.
+	wantReplies(t, c, []string{"WATCH", "wk"}, []string{"MULTI"}, []string{"SET", "wk", "mine"}, []string{"EXEC"},
+		"OK", "OK", "QUEUED", []any{"OK"})
 }
