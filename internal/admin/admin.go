@@ -312,7 +312,7 @@ func (s *Server) Close() error { return s.http.Close() }
 // one that has sent nothing yet): a full set of idle connections, which a
 // peer can keep up by opening them again, must not turn the health checks
 // away and have an orchestrator restart the proxy (found by review). Only
-// when every connection is in a request is the new one answered 503 and
+// when every connection stays in a request (take) is the new one answered 503 and
 // closed, rather than left in the backlog, where it would hold the peer (a
 // Prometheus scrape) until its own timeout with no word of why.
 type connLimitListener struct {
@@ -345,8 +345,30 @@ func (l *connLimitListener) Accept() (net.Conn, error) {
 
 // take takes a slot, closing the longest-waiting connection with no
 // request in progress if none is free; false when every connection is in
-// a request.
+// a request for takeWait. net/http marks a connection idle a moment after
+// its response is written, so its client may already be opening the next
+// connection, which was refused 503 when that request was the cap's last
+// (found by CI: a health check answered, then the connections that fill
+// the cap, and the last of them was refused one time in a few hundred).
 func (l *connLimitListener) take() bool {
+	deadline := time.Now().Add(takeWait)
+	for {
+		if l.takeNow() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(takeWait / 20)
+	}
+}
+
+// takeWait bounds how long a new connection waits for a request to end
+// when every connection is in one.
+const takeWait = 100 * time.Millisecond
+
+// takeNow is take without waiting.
+func (l *connLimitListener) takeNow() bool {
 	select {
 	case l.slots <- struct{}{}:
 		return true

@@ -315,7 +315,13 @@ func TestAdminCapsOpenConnections(t *testing.T) {
 		nc := dial()
 		fmt.Fprint(nc, "GET /block HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
 		busy = append(busy, nc)
-		<-entered
+		select {
+		case <-entered:
+		case <-time.After(10 * time.Second):
+			// Refused (503) rather than served: the cap counted a
+			// connection as busy that was not.
+			t.Fatalf("request %d of %d filling the cap never reached its handler", len(busy), maxConns)
+		}
 	}
 	res, body, err := get(dial(), "/healthz")
 	if err != nil || res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "too many connections") {
