@@ -128,10 +128,10 @@ type Violation struct {
 	Command      string // lower-case command name, subcommands as "config|set"
 	Key          []byte // a copy of the key involved, nil for command and value rules
 	// Msg is the client-facing error text, read through Message: build
-	// makes it on first use where it names the key. Most violations are fixed or
-	// reported, and their text is wanted only for a new row of the policy
-	// report or a log line that the rate limit lets through: built for
-	// each (fmt, the key quoted), it was most of the policy's cost (found
+	// makes it on first use where it names the key. Most violations are
+	// fixed or reported, and their text is wanted only for a new row of
+	// the policy report (log lines do not carry it): built for each
+	// (fmt, the key quoted), it was most of the policy's cost (found
 	// by a probe: a reported MSET of ten keys took four times the proxy's
 	// CPU of an MSET without rules).
 	Msg   string

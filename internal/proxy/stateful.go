@@ -153,11 +153,8 @@ func (sess *Session) watchFailed(err error) {
 // handshake met a state of Redis (-LOADING, -BUSY) that Redis would have
 // answered each queued command with, else the proxy's error naming err.
 func txAbortReason(err error) []byte {
-	var refusal *upstream.HandshakeRefusal
-	if errors.As(err, &refusal) {
-		if r := refusal.StateReply(); r != nil {
-			return r
-		}
+	if r := handshakeStateReply(err); r != nil {
+		return r
 	}
 	msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), "ERR "), "redproxy: ")
 	return redcon.AppendError(nil, "ERR redproxy: transaction aborted: "+msg+"; EXEC or DISCARD ends it")
@@ -793,17 +790,25 @@ func errorReply(err error) []byte { return appendErrorReply(nil, err) }
 // that the client's command would have met too (-BUSY, -LOADING:
 // upstream.HandshakeRefusal.StateReply), else "ERR " and the error.
 func appendErrorReply(b []byte, err error) []byte {
-	var refusal *upstream.HandshakeRefusal
-	if errors.As(err, &refusal) {
-		if r := refusal.StateReply(); r != nil {
-			return append(b, r...)
-		}
+	if r := handshakeStateReply(err); r != nil {
+		return append(b, r...)
 	}
 	msg := err.Error()
 	if !strings.HasPrefix(msg, "ERR ") {
 		msg = "ERR " + msg
 	}
 	return redcon.AppendError(b, msg)
+}
+
+// handshakeStateReply is Redis's own reply where err is a connection's
+// handshake meeting a state of Redis (-BUSY, -LOADING) that the client's
+// command would have met too; nil otherwise.
+func handshakeStateReply(err error) []byte {
+	var refusal *upstream.HandshakeRefusal
+	if errors.As(err, &refusal) {
+		return refusal.StateReply()
+	}
+	return nil
 }
 
 var (
