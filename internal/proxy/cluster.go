@@ -431,6 +431,15 @@ func (sess *Session) pinWatch(r *request, p heldPlacer, target int) bool {
 			return true // routes, or answered (no connection)
 		}
 		sess.flush(time.Now()) // the WATCH's slot says opens (pinForOn)
+		if sess.pin.pipe == nil && sess.watchRefused {
+			// Redis refused the WATCH (-CLUSTERDOWN, -NOPERM): it watches
+			// nothing, and the client has its reply. What follows runs as
+			// on Redis, where it would have run after the refusal too
+			// (a queued command refused in turn aborts EXEC there and
+			// here). Taken for a lost WATCH, the rest of the write failed
+			// with "its upstream connection was lost" (found by a probe).
+			return true
+		}
 		if sess.pin.pipe == nil {
 			// The WATCH's connection was lost before its reply, and flush
 			// let the pin go (a client told of a failed WATCH has nothing

@@ -153,6 +153,9 @@ type sessionBatch struct {
 
 	pin   pinState
 	abort txAbort
+	// watchRefused: the last flush let the pin go because Redis refused
+	// the WATCH that took it (not lost: pinWatch tells them apart).
+	watchRefused bool
 	// cmulti is a MULTI in cluster mode that has no node yet (cluster.go).
 	cmulti clusterMulti
 
@@ -979,7 +982,9 @@ func (sess *Session) flush(start time.Time) {
 	if overflowed && !sess.outDead {
 		sess.overLimitAfterOwed()
 	}
+	sess.watchRefused = false
 	if (watchLost || watchRefused) && !sess.pin.inMulti {
+		sess.watchRefused = !watchLost
 		// The WATCH that took the pin got an error in place of its reply:
 		// its connection was lost, with whatever it watched. The client
 		// was told so before it had anything to guard, as for a WATCH

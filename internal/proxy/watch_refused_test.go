@@ -104,6 +104,31 @@ func TestClusterRefusedWatchLeavesNoPin(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "CLUSTERDOWN") {
 		t.Fatalf("WATCH on a failed node: %v, want CLUSTERDOWN", err)
 	}
+	// Pipelined behind the refused WATCH: a read of another node's key,
+	// and a transaction on the failed node's. Redis refused the WATCH, so
+	// what follows runs as it would on Redis: the read is answered, and
+	// the transaction's SET is refused by the node in turn, aborting EXEC.
+	// Taken for a lost WATCH, every command behind it failed with "its
+	// upstream connection was lost" (found by a probe).
+	raw := dialRaw(t, p.Addr)
+	raw.send([]string{"WATCH", watched}, []string{"GET", other}, []string{"MULTI"},
+		[]string{"SET", watched, "unguarded"}, []string{"EXEC"})
+	replies := make([]any, 5)
+	for i := range replies {
+		replies[i], _ = raw.readReply()
+	}
+	if e, ok := replies[0].(respError); !ok || !strings.HasPrefix(string(e), "CLUSTERDOWN") {
+		t.Fatalf("pipelined WATCH on the failed node answered %#v, want CLUSTERDOWN", replies[0])
+	}
+	if replies[1] != nil || replies[2] != "OK" {
+		t.Fatalf("GET and MULTI behind the refused WATCH answered %#v, %#v; want nil, OK", replies[1], replies[2])
+	}
+	if e, ok := replies[3].(respError); ok && strings.Contains(string(e), "connection was lost") {
+		t.Fatalf("SET queued behind the refused WATCH answered %q", e)
+	}
+	if _, ok := replies[4].(respError); !ok {
+		t.Fatalf("EXEC of a transaction whose SET the failed node refuses answered %#v", replies[4])
+	}
 	if err := nc.Do(ctx, "CLUSTER", "ADDSLOTS", spare).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -112,6 +137,9 @@ func TestClusterRefusedWatchLeavesNoPin(t *testing.T) {
 	}, "the node never recovered")
 	if err := cl.Set(ctx, other, "v", 0).Err(); err != nil {
 		t.Fatalf("SET %s (another node's slot) after the refused WATCH: %v", other, err)
+	}
+	if v, err := nc.Get(ctx, watched).Result(); err != redis.Nil {
+		t.Fatalf("the aborted transaction's SET ran: %q, %v", v, err)
 	}
 	if err := cl.Set(ctx, watched, "v", 0).Err(); err != nil {
 		t.Fatalf("SET %s after the node recovered: %v", watched, err)
