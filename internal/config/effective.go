@@ -5,6 +5,9 @@ import (
 	"fmt"
 
 	"github.com/pelletier/go-toml/v2"
+
+	"github.com/redproxy/redproxy/internal/policy"
+	"github.com/redproxy/redproxy/internal/stampede"
 )
 
 // RedactedPassword stands in for upstream.password in Effective's output.
@@ -20,6 +23,24 @@ func (c *Config) Effective() ([]byte, error) {
 	// 0 stands for the default: shown as the value in force (found by a
 	// probe: check printed '0s' for a 10 s timeout).
 	shown.Server.TLS.HandshakeTimeout.Duration = c.Server.TLS.Handshake()
+	// The same for the value-size limit and early refresh's beta, whose 0
+	// is not "off" (a probe: check printed '0' for a 100 KB limit in force).
+	// New values and slices: snapshots are never modified.
+	shown.Policy.Values = valuesShown(c.Policy.Values)
+	if len(c.Policy.Scopes) > 0 {
+		shown.Policy.Scopes = append([]policy.Scope(nil), c.Policy.Scopes...)
+		for i := range shown.Policy.Scopes {
+			shown.Policy.Scopes[i].Values = valuesShown(shown.Policy.Scopes[i].Values)
+		}
+	}
+	if len(c.Stampede.EarlyRefresh) > 0 {
+		shown.Stampede.EarlyRefresh = append([]stampede.RefreshRule(nil), c.Stampede.EarlyRefresh...)
+		for i := range shown.Stampede.EarlyRefresh {
+			if shown.Stampede.EarlyRefresh[i].Beta == 0 {
+				shown.Stampede.EarlyRefresh[i].Beta = stampede.DefaultBeta
+			}
+		}
+	}
 	if shown.Upstream.Password != "" {
 		shown.Upstream.Password = RedactedPassword
 	}
@@ -46,4 +67,14 @@ func (c *Config) Effective() ([]byte, error) {
 		return nil, fmt.Errorf("config: rendering the effective configuration: %w", err)
 	}
 	return buf.Bytes(), nil
+}
+
+// valuesShown is v with its limit as in force (0 stands for the default).
+func valuesShown(v *policy.ValueRules) *policy.ValueRules {
+	if v == nil || v.MaxValueBytes != 0 {
+		return v
+	}
+	shown := *v
+	shown.MaxValueBytes = policy.DefaultMaxValueBytes
+	return &shown
 }

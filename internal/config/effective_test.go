@@ -100,3 +100,43 @@ func TestEffectiveShowsTheHandshakeTimeoutInForce(t *testing.T) {
 		t.Fatal("Effective modified the snapshot")
 	}
 }
+
+// TestEffectiveShowsTheDefaultsZeroStandsFor: max_value_bytes 0 is the
+// 100 KB default, in [policy.values] and a scope's, and an early refresh
+// rule's beta 0 (or none) is 1; check printed the 0s (found by a probe).
+func TestEffectiveShowsTheDefaultsZeroStandsFor(t *testing.T) {
+	c, err := Parse([]byte(`[policy.values]
+max_value_bytes = 0
+
+[[policy.scope]]
+listeners = ["plain"]
+[policy.scope.values]
+max_value_bytes = 0
+
+[[stampede.early_refresh]]
+pattern = "cache:*"
+`), "t.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.Effective()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(out), "max_value_bytes = '100KB'"); n != 2 {
+		t.Errorf("%d value limits shown as 100KB, want 2:\n%s", n, out)
+	}
+	if !strings.Contains(string(out), "beta = 1.0") {
+		t.Errorf("early refresh's beta not shown as 1.0:\n%s", out)
+	}
+	if c.Policy.Values.MaxValueBytes != 0 || c.Policy.Scopes[0].Values.MaxValueBytes != 0 || c.Stampede.EarlyRefresh[0].Beta != 0 {
+		t.Fatal("Effective modified the snapshot")
+	}
+	back, err := Parse(out, "effective.toml")
+	if err != nil {
+		t.Fatalf("the effective configuration does not parse: %v\n%s", err, out)
+	}
+	if back.Policy.Values.MaxValueBytes != 100<<10 {
+		t.Fatalf("parsed back: %v", back.Policy.Values.MaxValueBytes)
+	}
+}

@@ -98,7 +98,7 @@ func (c Config) Validate() error {
 			bad(p+".pattern", "%v", err)
 		}
 		if r.Beta < 0 || math.IsNaN(r.Beta) || math.IsInf(r.Beta, 0) {
-			bad(p+".beta", "must be a positive number (1 is the usual choice), got %v", r.Beta)
+			bad(p+".beta", "must be a positive number (1 is the usual choice; 0 or none means 1), got %v", r.Beta)
 		}
 	}
 	return errors.Join(errs...)
