@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/redproxy/redproxy/internal/metrics"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -742,5 +743,25 @@ func TestRecordSaysWhatEnforceWouldDo(t *testing.T) {
 	}
 	if strings.Contains(lines[1], "under_enforce") {
 		t.Errorf("a report rule's line says what enforce does: %s", lines[1])
+	}
+}
+
+// BenchmarkRecord: one fixed TTL violation of a key as redis-benchmark
+// names them, the log rate-limited away as under load.
+func BenchmarkRecord(b *testing.B) {
+	g, err := New(policy.DefaultConfig(), Options{Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	client := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5555}
+	vs := make([]*policy.Violation, 64)
+	for i := range vs {
+		vs[i] = violation(policy.RuleTTL, "mset", fmt.Sprintf("key:%012d", i*7919), policy.Fixed)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		g.Record(vs[i&63], client, "default")
+		i++
 	}
 }
