@@ -117,8 +117,14 @@ insecure_skip_verify = true
 
 	install(certs.IssueServer(t, "rotated-by-post"))
 	code, body := postReload(t, adminAddr, "/reload")
-	if code != http.StatusOK || !strings.Contains(body, "certificate files were read again") {
+	if code != http.StatusOK || !strings.Contains(body, `changed:
+the certificate of listener "tls"`) {
 		t.Fatalf("POST /reload = %d %q", code, body)
+	}
+	// Again with the same files: nothing changed, and the reply says the
+	// files were read.
+	if code, body := postReload(t, adminAddr, "/reload"); code != http.StatusOK || !strings.Contains(body, "certificate files were read again") {
+		t.Fatalf("POST /reload of the same files = %d %q", code, body)
 	}
 	if cn := served(); cn != "redproxy-test-rotated-by-post" {
 		t.Fatalf("after POST /reload the proxy serves %q", cn)
@@ -130,4 +136,8 @@ insecure_skip_verify = true
 	redistest.Eventually(t, 5*time.Second, func() bool { return served() == "redproxy-test-rotated-by-hup" },
 		"SIGHUP did not rotate the certificate; log:\n%s", logs.String())
 	ping()
+	// The SIGHUP's line names the rotation (a probe: changed=nothing).
+	redistest.Eventually(t, 5*time.Second, func() bool {
+		return strings.Contains(logs.String(), `via=SIGHUP changed="the certificate of listener \"tls\" (the files it names)"`)
+	}, "the SIGHUP's reload line does not name the certificate; log:\n%s", logs.String())
 }

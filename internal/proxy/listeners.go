@@ -76,7 +76,7 @@ func (st *listenerState) add(lc config.Listener, global config.ServerTLS) (*list
 
 // reloadListenerTLS reads the certificates of every TLS listener from
 // next, and returns what installs them once the reload is accepted.
-func (s *Server) reloadListenerTLS(next *config.Config) (apply func(), err error) {
+func (s *Server) reloadListenerTLS(next *config.Config) (apply func() (rotated []string), err error) {
 	type swap struct {
 		l    *listener
 		c    *tls.Config
@@ -94,13 +94,15 @@ func (s *Server) reloadListenerTLS(next *config.Config) (apply func(), err error
 		}
 		swaps = append(swaps, swap{l, c, lc.CertFile})
 	}
-	return func() {
+	return func() (rotated []string) {
 		for _, w := range swaps {
 			if old := w.l.live.Swap(w.c); !sameCertificates(old, w.c) {
 				s.log.Info("TLS certificate reloaded; new clients get it, connected ones keep theirs",
 					"listener", w.l.cfg.Name, "cert_file", w.file, "expires", config.CertificateExpiry(w.c))
+				rotated = append(rotated, w.l.cfg.Name)
 			}
 		}
+		return rotated
 	}, nil
 }
 

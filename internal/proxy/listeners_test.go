@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -328,8 +329,10 @@ func TestListenerCertReload(t *testing.T) {
 	newCert, newKey := certs.IssueServer(t, "rotated")
 	copyFile(t, newCert, certFile)
 	copyFile(t, newKey, keyFile)
-	if _, err := p.Reload(p.Config()); err != nil {
+	if changed, err := p.Reload(p.Config()); err != nil {
 		t.Fatalf("Reload: %v", err)
+	} else if want := []string{`the certificate of listener "own" (the files it names)`}; !slices.Equal(changed, want) {
+		t.Errorf("Reload changed %q; want %q", changed, want)
 	}
 	if cn := servedCN("own"); cn != "redproxy-test-rotated" {
 		t.Errorf("own served %q after the rotation", cn)

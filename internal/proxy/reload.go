@@ -206,7 +206,12 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 			return nil, err
 		}
 	}
-	applyTLS(!keepUpstreamTLS)
+	// A listener's certificate rotated in place is a change the caller
+	// lists (a probe: the reload's log line said changed=nothing).
+	var certs []string
+	for _, name := range applyTLS(!keepUpstreamTLS) {
+		certs = append(certs, fmt.Sprintf("the certificate of listener %q (the files it names)", name))
+	}
 	if s.sentinel != nil && !keepUpstreamTLS {
 		// [upstream.tls] covers the Sentinels and the role checks of
 		// their candidates too: left on the files read at start, a
@@ -215,7 +220,7 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		s.sentinel.SetTLS(upstreamTLS)
 	}
 	if len(changed) == 0 && !upstreamChanged {
-		return nil, nil
+		return certs, nil
 	}
 	if upstreamTLSChanged && !keepUpstreamTLS && !slices.ContainsFunc(changed, func(k string) bool { return strings.HasPrefix(k, "upstream.tls") }) {
 		// What the files hold changed, not the settings: said, or a
@@ -286,7 +291,7 @@ func (s *Server) Reload(next *config.Config) ([]string, error) {
 		fs.Succeed(old, stampede.SameMissRules(cur.Stampede, next.Stampede))
 		s.flight.Store(fs)
 	}
-	return changed, nil
+	return append(changed, certs...), nil
 }
 
 // upstreamKeys are the changed keys under [upstream], for an error; the

@@ -95,10 +95,11 @@ func warnInsecureUpstream(s *Server, c *config.Config) {
 }
 
 // reloadTLS reads next's certificate files again. It returns what to
-// apply once the rest of the reload is accepted: a rotated certificate is
-// a reload even when no setting changed. apply(false) leaves the upstream
+// apply once the rest of the reload is accepted, which says the client
+// listeners whose certificate changed: a rotated certificate is a reload
+// even when no setting changed. apply(false) leaves the upstream
 // TLS configuration as it is (cluster mode cannot switch it).
-func (s *Server) reloadTLS(next *config.Config) (apply func(upstream bool), up *tls.Config, upstreamChanged bool, err error) {
+func (s *Server) reloadTLS(next *config.Config) (apply func(upstream bool) (rotated []string), up *tls.Config, upstreamChanged bool, err error) {
 	applyListeners, err := s.reloadListenerTLS(next)
 	if err != nil {
 		return nil, nil, false, err
@@ -108,12 +109,13 @@ func (s *Server) reloadTLS(next *config.Config) (apply func(upstream bool), up *
 		return nil, nil, false, err
 	}
 	upstreamChanged = !sameClientTLS(s.tls.upstream.Load(), up)
-	return func(upstream bool) {
-		applyListeners()
+	return func(upstream bool) []string {
+		rotated := applyListeners()
 		if upstream {
 			s.tls.upstream.Store(up)
 			warnInsecureUpstream(s, next)
 		}
+		return rotated
 	}, up, upstreamChanged, nil
 }
 
