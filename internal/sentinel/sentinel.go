@@ -322,17 +322,60 @@ gather:
 	}
 	w.noteAnswering(answered, asked)
 	answers := make([]*answer, 0, len(byAddr))
-	newest := int64(-1)
 	for _, a := range byAddr {
 		answers = append(answers, a)
-		newest = max(newest, a.epoch)
 	}
 	named := current != "" && byAddr[current] != nil
-	// The candidates in order of preference: the primary in use while
-	// no Sentinel names a newer epoch, then the answers, newest epoch
-	// first, then by votes (the primary in use first among equals), then
-	// by the first Sentinel that named it.
-	keep := current != "" && newest <= currentEpoch
+	overdue := provisional && time.Since(adopted) >= w.provisionalFor()
+	cands, overruled := candidates(answers, answered, current, currentEpoch, provisional, named, failingOver, overdue)
+	off := len(cands) - len(answers) // cands[off:] are the answers
+	addrs := make([]string, len(cands))
+	for i, c := range cands {
+		addrs[i] = c.addr
+	}
+	i, errs := w.firstPrimary(addrs)
+	if i >= 0 {
+		c := cands[i]
+		return found{addr: c.addr, epoch: c.epoch, named: named, overruled: overruled && i == 0}, nil
+	}
+	for j, c := range cands {
+		if j >= off { // why each server the Sentinels named is not the primary
+			asked = append(asked, fmt.Errorf("%s: %w", c.addr, errs[j]))
+		}
+	}
+	return found{epoch: -1, named: named}, fmt.Errorf("%w: %w", ErrNoPrimary, errors.Join(asked...))
+}
+
+// cand is a server discover asks for its role, and the epoch it was
+// named with.
+type cand struct {
+	addr  string
+	epoch int64
+}
+
+// candidates orders the servers discover tries, first choice first: the
+// primary in use (current, chosen at currentEpoch) while it may be kept,
+// then the Sentinels' answers, newest epoch first, then by votes (the
+// primary in use first among equals), then by the first Sentinel that
+// named it. answered Sentinels gave answers; provisional: current is an
+// adopted promotion no Sentinel has named yet, overdue once it has been
+// kept against them for provisionalFor; named: an answer names current;
+// failingOver: a Sentinel leads a failover. overruled: cands[0] is the
+// server most Sentinels name, tried before a provisional current that
+// none confirms (current stays if that one is not a primary).
+func candidates(answers []*answer, answered int, current string, currentEpoch int64, provisional, named, failingOver, overdue bool) (cands []cand, overruled bool) {
+	newest := int64(-1)
+	for _, a := range answers {
+		newest = max(newest, a.epoch)
+	}
+	// Kept while no Sentinel names a newer epoch; at the same epoch only
+	// while one names it (or it is a promotion they have not named yet,
+	// whose made-up epoch may equal theirs). Kept at an equal epoch that
+	// every Sentinel gave another server, the proxy stayed 7.5 s on a
+	// demoted primary that still answered as one, after it had taken it
+	// from an answer whose address and epoch were read at two moments
+	// around a switch (found by a probe: acknowledged writes lost there).
+	keep := current != "" && (newest < currentEpoch || newest == currentEpoch && (named || provisional))
 	slices.SortFunc(answers, func(a, b *answer) int {
 		switch {
 		case a.epoch != b.epoch:
@@ -346,15 +389,8 @@ gather:
 		}
 		return a.first - b.first
 	})
-	type cand struct {
-		addr  string
-		epoch int64
-	}
-	var cands []cand
-	// A provisional primary overruled: the server most Sentinels name is
-	// tried before it (it is kept if that one is not a primary).
 	var overrule *answer
-	if keep && provisional && !named && !failingOver && time.Since(adopted) >= w.provisionalFor() {
+	if keep && provisional && !named && !failingOver && overdue {
 		for _, a := range answers {
 			if a.votes*2 > answered && (overrule == nil || a.votes > overrule.votes) {
 				overrule = a
@@ -367,25 +403,10 @@ gather:
 	if keep {
 		cands = append(cands, cand{current, currentEpoch})
 	}
-	off := len(cands) // cands[off:] are the answers
 	for _, a := range answers {
 		cands = append(cands, cand{a.addr, a.epoch})
 	}
-	addrs := make([]string, len(cands))
-	for i, c := range cands {
-		addrs[i] = c.addr
-	}
-	i, errs := w.firstPrimary(addrs)
-	if i >= 0 {
-		c := cands[i]
-		return found{addr: c.addr, epoch: c.epoch, named: named, overruled: overrule != nil && i == 0}, nil
-	}
-	for j, c := range cands {
-		if j >= off { // why each server the Sentinels named is not the primary
-			asked = append(asked, fmt.Errorf("%s: %w", c.addr, errs[j]))
-		}
-	}
-	return found{epoch: -1, named: named}, fmt.Errorf("%w: %w", ErrNoPrimary, errors.Join(asked...))
+	return cands, overrule != nil
 }
 
 // noteAnswering records how many Sentinels answered a check, and says
@@ -481,6 +502,20 @@ type sentinelAnswer struct {
 func (w *Watcher) ask(ctx context.Context, c *redis.SentinelClient) (sentinelAnswer, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*w.opt.DialTimeout)
 	defer cancel()
+	// The epoch only orders answers; a Sentinel that cannot give it
+	// still counts, as the oldest. Asked before the address: the two are
+	// two commands, and a switch between them paired the old primary with
+	// the failover's new epoch, which made it the newest answer (found by
+	// a probe, with candidates' equal-epoch rule). Asked in this order, a
+	// switch between them pairs the new primary with the old epoch, which
+	// at worst ranks it lower until the next check.
+	a := sentinelAnswer{epoch: -1}
+	if m, err := c.Master(ctx, w.opt.MasterName).Result(); err == nil {
+		if e, err := strconv.ParseInt(m["config-epoch"], 10, 64); err == nil {
+			a.epoch = e
+		}
+		a.failingOver = slices.Contains(strings.Split(m["flags"], ","), "failover_in_progress")
+	}
 	hp, err := c.GetMasterAddrByName(ctx, w.opt.MasterName).Result()
 	if err != nil {
 		return sentinelAnswer{}, err
@@ -488,15 +523,7 @@ func (w *Watcher) ask(ctx context.Context, c *redis.SentinelClient) (sentinelAns
 	if len(hp) != 2 {
 		return sentinelAnswer{}, fmt.Errorf("unexpected reply to SENTINEL GET-MASTER-ADDR-BY-NAME: %q", hp)
 	}
-	// The epoch only orders answers; a Sentinel that cannot give it
-	// still counts, as the oldest.
-	a := sentinelAnswer{addr: net.JoinHostPort(hp[0], hp[1]), epoch: -1}
-	if m, err := c.Master(ctx, w.opt.MasterName).Result(); err == nil {
-		if e, err := strconv.ParseInt(m["config-epoch"], 10, 64); err == nil {
-			a.epoch = e
-		}
-		a.failingOver = slices.Contains(strings.Split(m["flags"], ","), "failover_in_progress")
-	}
+	a.addr = net.JoinHostPort(hp[0], hp[1])
 	return a, nil
 }
 
