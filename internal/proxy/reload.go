@@ -96,7 +96,9 @@ var ErrRestartRequired = errors.New("settings that need a restart changed")
 var ErrShuttingDown = errors.New("the proxy is shutting down")
 
 // Reload applies next, a validated snapshot, to the running server and
-// returns the dotted keys of the settings it changed. Every setting that
+// returns the dotted keys of the settings it changed, and what changed in
+// the files they name (a listener's certificate, [upstream.tls]'s files)
+// when no setting did. Every setting that
 // can change safely at run time is applied:
 //
 //   - upstream.address, connections, dial_timeout, reply_timeout,

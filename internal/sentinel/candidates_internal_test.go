@@ -32,6 +32,10 @@ func TestCandidatesKeepThePrimaryInUse(t *testing.T) {
 		{"named at its epoch", []*answer{{addr: other, epoch: 5, votes: 2}, {addr: cur, epoch: 5, votes: 1}}, 5, false, true},
 		{"no newer epoch named", []*answer{{addr: other, epoch: 4, votes: 3}}, 5, false, false},
 		{"provisional at an equal epoch", []*answer{{addr: other, epoch: 5, votes: 3}}, 5, true, false},
+		// The watcher's first check after Start runs at epoch -1; so do
+		// Sentinels that cannot be asked their epoch.
+		{"no epoch on either side", []*answer{{addr: other, epoch: -1, votes: 2}}, -1, false, false},
+		{"no answer, no epoch", nil, -1, false, false},
 	} {
 		cands, overruled := candidates(c.answers, 3, cur, c.epoch, c.provisional, c.named, false, false)
 		if len(cands) == 0 || cands[0].addr != cur || overruled {

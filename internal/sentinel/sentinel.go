@@ -18,7 +18,8 @@
 // is primary, and a demoted or dead server is never chosen.
 //
 // The primary in use is kept while it says it is one and no Sentinel names
-// another with a newer epoch; except a promotion adopted before any
+// another with a newer epoch, nor every Sentinel that gave an epoch another
+// at the same epoch; except a promotion adopted before any
 // Sentinel named it, which is provisional: if after a short while no
 // Sentinel names it, none is failing over, and most name another primary,
 // that one wins (see discover).
@@ -240,9 +241,10 @@ type answer struct {
 // Discover asks the Sentinels once and returns the primary's address and
 // the configuration epoch it was named with. current, if not "", is the
 // primary in use, chosen at epoch currentEpoch: it is kept while it still
-// says it is a primary and no Sentinel names anything with a newer epoch,
-// so a Sentinel that has not yet heard of a failover cannot move the proxy
-// back; among equally good answers it is preferred too.
+// says it is a primary and no Sentinel names anything with a newer epoch
+// (at an equal epoch, while one names it: see candidates), so a Sentinel
+// that has not yet heard of a failover cannot move the proxy back; among
+// equally good answers it is preferred too.
 //
 // The Sentinels are asked all at once, and Discover goes on as soon as
 // more than half of them have answered (or all have answered or failed).
@@ -375,7 +377,13 @@ func candidates(answers []*answer, answered int, current string, currentEpoch in
 	// demoted primary that still answered as one, after it had taken it
 	// from an answer whose address and epoch were read at two moments
 	// around a switch (found by a probe: acknowledged writes lost there).
-	keep := current != "" && (newest < currentEpoch || newest == currentEpoch && (named || provisional))
+	//
+	// No epoch known on either side (-1: the watcher's first check after
+	// Start, Sentinels that cannot be asked SENTINEL MASTER, none
+	// answering) says nothing against it: kept, as before the rule
+	// (found by review: at start with the Sentinels unreachable, a healthy
+	// primary was dropped and /readyz said 503).
+	keep := current != "" && (newest < currentEpoch || newest == currentEpoch && (named || provisional || newest < 0))
 	slices.SortFunc(answers, func(a, b *answer) int {
 		switch {
 		case a.epoch != b.epoch:
@@ -509,8 +517,13 @@ func (w *Watcher) ask(ctx context.Context, c *redis.SentinelClient) (sentinelAns
 	// a probe, with candidates' equal-epoch rule). Asked in this order, a
 	// switch between them pairs the new primary with the old epoch, which
 	// at worst ranks it lower until the next check.
+	// Half the budget at most, so that a Sentinel slow to answer it still
+	// gives its address (counted as the oldest), as when it was asked
+	// second.
 	a := sentinelAnswer{epoch: -1}
-	if m, err := c.Master(ctx, w.opt.MasterName).Result(); err == nil {
+	mctx, mcancel := context.WithTimeout(ctx, w.opt.DialTimeout)
+	defer mcancel()
+	if m, err := c.Master(mctx, w.opt.MasterName).Result(); err == nil {
 		if e, err := strconv.ParseInt(m["config-epoch"], 10, 64); err == nil {
 			a.epoch = e
 		}
