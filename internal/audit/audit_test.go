@@ -168,6 +168,10 @@ func (l *pingLoop) finish() (time.Duration, int, error) {
 	return l.max, l.count, l.err
 }
 
+// constantCost are the audit's commands whose cost does not depend on what
+// it asks for (PTTL): one in Redis's slow log was preempted.
+var constantCost = map[string]bool{"pttl": true}
+
 // TestAuditFindsSeededViolations: on 200k keys with known violations the
 // audit finds exactly those, never uses KEYS, and Redis keeps answering
 // other clients promptly while it runs.
@@ -217,6 +221,14 @@ func TestAuditFindsSeededViolations(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, e := range slow {
+		// A command of constant cost in the slow log was preempted: the
+		// log times by the clock, and CI under load saw PTTL "take" 114
+		// and 173 ms. What the audit chooses the cost of (SCAN's COUNT,
+		// MEMORY USAGE's SAMPLES) still counts.
+		if len(e.Args) > 0 && constantCost[strings.ToLower(e.Args[0])] {
+			t.Logf("a %v of constant cost took %v: the machine, not the audit", e.Args, e.Duration)
+			continue
+		}
 		t.Errorf("the audit held Redis for %v with %v", e.Duration, e.Args)
 	}
 
