@@ -36,9 +36,7 @@ func (c *Config) Effective() ([]byte, error) {
 	if len(c.Stampede.EarlyRefresh) > 0 {
 		shown.Stampede.EarlyRefresh = append([]stampede.RefreshRule(nil), c.Stampede.EarlyRefresh...)
 		for i := range shown.Stampede.EarlyRefresh {
-			if shown.Stampede.EarlyRefresh[i].Beta == 0 {
-				shown.Stampede.EarlyRefresh[i].Beta = stampede.DefaultBeta
-			}
+			shown.Stampede.EarlyRefresh[i].Beta = shown.Stampede.EarlyRefresh[i].BetaInForce()
 		}
 	}
 	if shown.Upstream.Password != "" {
@@ -75,6 +73,6 @@ func valuesShown(v *policy.ValueRules) *policy.ValueRules {
 		return v
 	}
 	shown := *v
-	shown.MaxValueBytes = policy.DefaultMaxValueBytes
+	shown.MaxValueBytes = v.LimitInForce()
 	return &shown
 }

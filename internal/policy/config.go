@@ -72,6 +72,15 @@ type ValueRules struct {
 	MaxValueBytes units.ByteSize `toml:"max_value_bytes"` // 0 = DefaultMaxValueBytes
 }
 
+// LimitInForce is the value-size limit, DefaultMaxValueBytes where the
+// table sets none: what the policy enforces and what redproxy check shows.
+func (v ValueRules) LimitInForce() units.ByteSize {
+	if v.MaxValueBytes == 0 {
+		return DefaultMaxValueBytes
+	}
+	return v.MaxValueBytes
+}
+
 // Scope is one [[policy.scope]] entry: rules for some users and/or listeners.
 // A section set here replaces the global one wholesale, except commands,
 // whose lists are layered on top of the global lists. Sections left out

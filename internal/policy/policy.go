@@ -450,10 +450,7 @@ func compileRules(scope string, mode, enforceMode Action, global, local *Command
 	if values != nil {
 		rs.values.action = resolve(mustAction(values.Action), mode)
 		rs.values.would = resolve(mustAction(values.Action), enforceMode)
-		rs.values.max = int(values.MaxValueBytes)
-		if rs.values.max == 0 {
-			rs.values.max = int(DefaultMaxValueBytes)
-		}
+		rs.values.max = int(values.LimitInForce())
 	}
 
 	rs.keyRules = n.on()

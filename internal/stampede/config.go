@@ -40,6 +40,15 @@ type RefreshRule struct {
 // is optimal for exponentially distributed request gaps.
 const DefaultBeta = 1.0
 
+// BetaInForce is the rule's β, DefaultBeta where it sets none: what the
+// refresh uses and what redproxy check shows.
+func (r RefreshRule) BetaInForce() float64 {
+	if r.Beta == 0 {
+		return DefaultBeta
+	}
+	return r.Beta
+}
+
 // MaxHoldTimeout bounds hold timeouts: a held client waits at most this long.
 const MaxHoldTimeout = time.Minute
 

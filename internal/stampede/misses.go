@@ -119,11 +119,7 @@ func NewMisses(c Config, m *Metrics) *Misses {
 		ms.holdRules = append(ms.holdRules, holdRule{pat: compilePattern(r.Pattern), timeout: r.Timeout.Duration})
 	}
 	for _, r := range c.EarlyRefresh {
-		beta := r.Beta
-		if beta == 0 {
-			beta = DefaultBeta
-		}
-		ms.refreshRules = append(ms.refreshRules, &refreshRule{pat: compilePattern(r.Pattern), beta: beta})
+		ms.refreshRules = append(ms.refreshRules, &refreshRule{pat: compilePattern(r.Pattern), beta: r.BetaInForce()})
 	}
 	return ms
 }
