@@ -142,23 +142,20 @@ func (s *Server) Kill(t testing.TB) {
 func (s *Server) Shutdown(t testing.TB) {
 	t.Helper()
 	s.mu.Lock()
-	done, port := s.done, s.port
+	done := s.done
 	s.mu.Unlock()
 	if done == nil {
 		return
 	}
-	if c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), time.Second); err == nil {
-		_ = c.SetDeadline(time.Now().Add(time.Second))
-		if _, err := c.Write([]byte("*4\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n$3\r\nNOW\r\n$5\r\nFORCE\r\n")); err == nil {
-			// A reply is a refusal; the end of the connection, the exit.
-			if n, _ := c.Read(make([]byte, 256)); n == 0 {
-				select {
-				case <-done:
-				case <-time.After(time.Second):
-				}
+	if conn, rd, ok := dialPing(s.Addr(), "*4\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n$3\r\nNOW\r\n$5\r\nFORCE\r\n"); ok {
+		// A reply is a refusal; the end of the connection, the exit.
+		if _, err := rd.ReadByte(); err != nil {
+			select {
+			case <-done:
+			case <-time.After(time.Second):
 			}
 		}
-		_ = c.Close()
+		_ = conn.Close()
 	}
 	s.stop()
 }

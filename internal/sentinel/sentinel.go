@@ -517,6 +517,7 @@ func (w *Watcher) ask(ctx context.Context, c *redis.SentinelClient) (sentinelAns
 	// a probe, with candidates' equal-epoch rule). Asked in this order, a
 	// switch between them pairs the new primary with the old epoch, which
 	// at worst ranks it lower until the next check.
+	//
 	// Half the budget at most, so that a Sentinel slow to answer it still
 	// gives its address (counted as the oldest), as when it was asked
 	// second.
