@@ -1114,6 +1114,7 @@ func addCounters(to *PipeStats, s PipeStats) {
 	to.Timeouts += s.Timeouts
 	to.Overdue += s.Overdue
 	to.Commands += s.Commands
+	to.Held += s.Held
 }
 
 // PoolStats is the shared pool of database db and protocol's state now
@@ -1244,8 +1245,8 @@ type backendCollector struct {
 // backendDescs are the upstream metrics of one backend; labelled with the
 // node as well in cluster mode (NodeMetrics), where a backend is a node.
 type backendDescs struct {
-	up, pending, failures, timeouts, overdue, dials, pinned, commands *prometheus.Desc
-	refused                                                           *prometheus.Desc // the shared limit's, so not per node: nil there
+	up, pending, failures, timeouts, overdue, dials, pinned, commands, held *prometheus.Desc
+	refused                                                                 *prometheus.Desc // the shared limit's, so not per node: nil there
 }
 
 func newBackendDescs(node bool) *backendDescs {
@@ -1268,6 +1269,7 @@ func newBackendDescs(node bool) *backendDescs {
 		dials:    prometheus.NewDesc("redproxy_upstream_dials_total", "Connection attempts to Redis.", labels, nil),
 		pinned:   prometheus.NewDesc("redproxy_upstream_dedicated_connections", pinnedHelp, first, nil),
 		commands: prometheus.NewDesc("redproxy_upstream_commands_total", "Commands written to Redis on shared connections.", labels, nil),
+		held:     prometheus.NewDesc("redproxy_upstream_backlog_waits_total", "Client batches held back because every shared upstream connection had about 64 MB of replies in Redis's hands, until one had room (at most upstream.dead_timeout).", labels, nil),
 	}
 }
 
@@ -1283,7 +1285,7 @@ var (
 )
 
 func (d *backendDescs) describe(ch chan<- *prometheus.Desc) {
-	for _, desc := range []*prometheus.Desc{d.pinned, d.up, d.pending, d.failures, d.timeouts, d.overdue, d.dials, d.commands, d.refused} {
+	for _, desc := range []*prometheus.Desc{d.pinned, d.up, d.pending, d.failures, d.timeouts, d.overdue, d.dials, d.commands, d.held, d.refused} {
 		if desc != nil {
 			ch <- desc
 		}
@@ -1358,6 +1360,7 @@ func (b *Backend) collect(ch chan<- prometheus.Metric, d *backendDescs, shared b
 		ch <- prometheus.MustNewConstMetric(d.overdue, prometheus.CounterValue, float64(s.Overdue), labels...)
 		ch <- prometheus.MustNewConstMetric(d.dials, prometheus.CounterValue, float64(s.Dials), labels...)
 		ch <- prometheus.MustNewConstMetric(d.commands, prometheus.CounterValue, float64(s.Commands), labels...)
+		ch <- prometheus.MustNewConstMetric(d.held, prometheus.CounterValue, float64(s.Held), labels...)
 	}
 }
 

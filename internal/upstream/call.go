@@ -14,6 +14,14 @@
 // writer is waited for, and the reader fails every Call still pending, so a
 // reply can never reach a Call other than the one whose command produced it,
 // and a client's buffers are never read after its Call has returned.
+//
+// A Pool spreads Calls over its pipes and bounds what Redis holds for each:
+// Redis keeps the replies the reader has not taken in the connection's
+// output buffer, without limit for a normal client, and a shared
+// connection carries every client's commands. Replies cannot be sized
+// before they come, so the Pool remembers large ones by command
+// (replySizes) and holds a Call expected to take every pipe past
+// backlogMax until one has room (Pool.Send).
 package upstream
 
 import (
@@ -72,6 +80,11 @@ type Call struct {
 	// heavy: its commands or a reply of it are large (heavyMin), counted
 	// in its Pipe's heavy while it is pending.
 	heavy bool
+	// expect is the bytes of reply its commands are expected to take,
+	// from the sizes the Pool has seen for them (replySizes); counted in
+	// its Pipe's expected while it is pending. 0 for every command not
+	// seen with a large reply.
+	expect int64
 	// out holds the replies back to back; ends[i] is where reply i ends.
 	out  []byte
 	ends []int
@@ -115,7 +128,7 @@ func NewCall() *Call {
 func (c *Call) Reset() {
 	clear(c.parts)
 	c.parts = c.parts[:0]
-	c.reads, c.size, c.heavy = 0, 0, false
+	c.reads, c.size, c.heavy, c.expect = 0, 0, false, 0
 	c.out = c.out[:0]
 	c.ends = c.ends[:0]
 	c.err = nil

@@ -107,6 +107,10 @@ type Options struct {
 	// once connected: a command sent alone waits for Redis as long as its
 	// reply may take (aloneOptions).
 	handshakeTimeout time.Duration
+	// shared is what a Pool's pipes share: the reply sizes they learn
+	// and the signal that one of them is no longer backlogged. nil
+	// outside a Pool.
+	shared *poolShared
 }
 
 func (o *Options) defaults() {
@@ -150,6 +154,7 @@ type PipeStats struct {
 	Timeouts uint64 // connections closed because Redis stayed silent for DeadTimeout
 	Overdue  uint64 // replies that took longer than ReplyTimeout (the connection was probed)
 	Commands uint64
+	Held     uint64 // a Pool's Sends that waited for a pipe to have room (Pool.sendRoom)
 }
 
 // Pipe is one shared pipelined connection to Redis that reconnects by
@@ -214,6 +219,14 @@ type Pipe struct {
 	// by a probe: 565-877 ms for others behind a 512 MB SET, where
 	// Redis's own clients waited at most 5 ms).
 	heavy atomic.Int32
+	// expected is the pending Calls' Call.expect together (under mu):
+	// the replies Redis may be holding for this connection in its output
+	// buffer until the reader takes them. A Pool sends no Call expected
+	// to be large that would take it past backlogMax (sendBounded).
+	// backlogged is set while it is past half of that, so that a Pool
+	// sends other Calls elsewhere; below, the pool's waiters are woken.
+	expected   int64
+	backlogged atomic.Bool
 	// dialFailed: the last dial could not connect (refused, unreachable,
 	// TLS) and the pipe is waiting to redial (Pool.WaitDialed stops
 	// waiting for a pipe that cannot connect).
@@ -292,7 +305,19 @@ func NewPipe(opt Options) *Pipe {
 // Send queues c on the connection. It fails at once with ErrUnavailable if
 // the connection is down, so clients get a prompt error instead of waiting
 // for a reconnect.
-func (p *Pipe) Send(c *Call) error {
+func (p *Pipe) Send(c *Call) error { return p.send(c, false) }
+
+// errBacklogged: sendBounded refused the Call; nothing was sent.
+var errBacklogged = errors.New("redproxy: upstream connection backlogged")
+
+// sendBounded is Send, but refuses (errBacklogged) a Call expected to be
+// large (Call.expect) that would take the pipe's expected replies past
+// backlogMax, unless they are at most half of it: a Call of any size
+// goes once the pipe has drained that far, so Redis holds at most half
+// of backlogMax and one Call for it.
+func (p *Pipe) sendBounded(c *Call) error { return p.send(c, true) }
+
+func (p *Pipe) send(c *Call, bounded bool) error {
 	if len(c.parts) == 0 {
 		c.complete(nil)
 		return nil
@@ -317,6 +342,10 @@ func (p *Pipe) Send(c *Call) error {
 		p.askRedial()
 		return ErrUnavailable
 	}
+	if bounded && c.expect > 0 && p.expected > backlogMax/2 && p.expected+c.expect > backlogMax {
+		p.mu.Unlock()
+		return errBacklogged
+	}
 	if c.limit == 0 {
 		c.limit = p.opt.ReplyLimit
 	}
@@ -328,6 +357,12 @@ func (p *Pipe) Send(c *Call) error {
 	}
 	if c.heavy = c.size >= heavyMin; c.heavy {
 		p.heavy.Add(1)
+	}
+	if c.expect > 0 {
+		p.expected += c.expect
+		if p.expected > backlogMax/2 && !p.backlogged.Load() {
+			p.backlogged.Store(true)
+		}
 	}
 	p.pending = append(p.pending, c)
 	p.wq = append(p.wq, c)
@@ -892,6 +927,11 @@ func (p *Pipe) reader(lc *liveConn) {
 	p.pending, p.head = nil, 0
 	p.writes.Store(0)
 	p.heavy.Store(0)
+	p.expected = 0
+	p.backlogged.Store(false)
+	// Redis dropped what it held for the connection; a Send waiting for
+	// room finds the pipe down and goes on (Pool.sendRoom).
+	p.opt.shared.signal()
 	p.wq = nil
 	p.queued.Store(false)
 	p.writing.Store(false)
@@ -1106,6 +1146,9 @@ func (rr *replyReader) replied() {
 	// returned): its owner may reuse them once it completes. Found by
 	// review: a 64 MB SET over proto-max-bulk-len, answered after its
 	// header, went on being written from a buffer its client had reused.
+	if c := rr.cur; (c.expect > 0 || len(c.out) >= bigReplyMin) && !c.overflow && len(c.digests) == 0 {
+		p.opt.shared.learn(c)
+	}
 wait:
 	for rr.cur.seq > p.written.Load() {
 		select {
@@ -1129,6 +1172,19 @@ wait:
 		// the 100 ms after Redis began answering -BUSY waited for the
 		// script's end, 5 s, where directly they got -BUSY at once).
 		p.lagging.Store(false)
+	}
+	if c := rr.cur; c.expect > 0 {
+		p.expected -= c.expect
+		if p.expected <= backlogMax/2 {
+			// Room for any Call now (sendBounded); waiters are woken
+			// while it lasts, not only as it begins: one refused for
+			// its size, or beaten to the room by another, tries again
+			// at the next reply.
+			if p.backlogged.Load() {
+				p.backlogged.Store(false)
+			}
+			p.opt.shared.signal()
+		}
 	}
 	if !rr.cur.OnlyReads() { // (its commands are as they were at Send)
 		p.writes.Add(-1)
@@ -1215,6 +1271,21 @@ func (rr *replyReader) makeRoom() {
 	}
 }
 
+// backlogMax bounds the replies a pipe lets Redis hold for it, as
+// expected from the sizes the pool has seen for the same commands
+// (replySizes). Redis builds a connection's replies as fast as it reads the
+// commands and keeps what the proxy has not read yet in that connection's
+// output buffer, with no limit for a normal client; the proxy's shared
+// connections carry every client's commands, and a client that leaves
+// does not take its replies out of them as it does on its own connection.
+// Clients that pipelined GETs of a 1 MB value and closed, 480 a second,
+// took Redis to 7 GB of output buffers and stalled it for every client
+// for tens of seconds (directly: 405 MB, no stall). Past it, Pools hold
+// new Calls until the pipe's replies come in (Pool.Send). 64 MB is
+// 50-100 ms of a loopback connection's replies: enough queued that
+// Redis never waits for the proxy.
+const backlogMax = 64 << 20
+
 // heavyMin is the size from which a Call's commands or a reply of it make
 // its pipe one that others' Calls avoid (Pipe.heavy): on loopback about a
 // millisecond of the connection's time.
@@ -1268,6 +1339,7 @@ func (rr *replyReader) startFill() {
 		return // not kept if over the limit: startStream drops it once enough has come
 	}
 	total := hdr + int(size) + 2
+	rr.learnSize(total)
 	if total < fillMin || len(b) >= total || (c.maxReply > 0 && total > c.maxReply) || c.over(total) {
 		return
 	}
@@ -1278,6 +1350,20 @@ func (rr *replyReader) startFill() {
 	c.out = append(c.out, b...)
 	rr.r = rr.w
 	rr.fill = total - len(b)
+}
+
+// learnSize tells the pool's replySizes, as soon as a reply's header is
+// read, how large the current Call's next reply is: the first reply of a
+// hot large value to come back is when more clients' commands for it
+// start to be held (Pool.Send), not when its last byte is read. Redis
+// builds every reply of the commands it has read before it sends much of
+// any (64 KB per connection per event loop round), and waiting for the
+// whole first reply let 6 GB of them pile up (the flood of
+// TestPoolHoldsCallsWhileRedisHoldsTheirReplies, 480 clients a second).
+func (rr *replyReader) learnSize(total int) {
+	if c := rr.cur; total >= bigReplyMin && len(c.ends) < len(c.parts) {
+		rr.p.opt.shared.learnReply(c.parts[len(c.ends)], total)
+	}
 }
 
 // fillFactor bounds the room the reply buffer gets ahead of a filling

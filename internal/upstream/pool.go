@@ -3,6 +3,7 @@ package upstream
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,6 +37,156 @@ type Pool struct {
 	closed  bool         // guarded by spareMu: no spare is dialled after Close
 
 	dialWaits atomic.Uint64 // Sends that waited for a dial (awaitDial)
+
+	// shared is what the pipes share (Options.shared); held counts the
+	// Sends that waited for room (sendRoom).
+	shared poolShared
+	held   atomic.Uint64
+}
+
+// poolShared is what a Pool's pipes share: the reply sizes they learn,
+// and the signal that one has room again.
+type poolShared struct {
+	room  roomSignal
+	sizes replySizes
+}
+
+// learn records the sizes of c's replies, each for its command, when
+// large or expected to be (so that a value that shrank is forgotten).
+func (s *poolShared) learn(c *Call) {
+	if s == nil {
+		return
+	}
+	start := 0
+	for i, end := range c.ends {
+		if i < len(c.parts) {
+			s.sizes.learn(c.parts[i], end-start)
+		}
+		start = end
+	}
+}
+
+// signal wakes the Sends waiting for room (a nil poolShared, a pipe
+// outside a Pool, has none).
+func (s *poolShared) signal() {
+	if s != nil {
+		s.room.signal()
+	}
+}
+
+// learnReply records that cmd's reply is size bytes (a header read).
+func (s *poolShared) learnReply(cmd []byte, size int) {
+	if s != nil {
+		s.sizes.learn(cmd, size)
+	}
+}
+
+// replySizes remembers, for commands whose last reply was large
+// (bigReplyMin), how large: the proxy cannot know a reply's size before
+// Redis sends it, but the clients that make Redis hold large replies
+// mostly ask the same commands again (a hot large value, a page of a
+// list). A Call's expected size is what it adds to its pipe's backlog
+// (backlogMax). While no command had a large reply, a Send pays an atomic
+// load for it; after, a hash and a map lookup per command.
+type replySizes struct {
+	n    atomic.Int32 // entries; read without the lock
+	mu   sync.RWMutex
+	seed maphash.Seed
+	m    map[uint64]int64
+}
+
+// bigReplyMin is the reply size from which replySizes remembers a
+// command: smaller replies never add up to backlogMax in any pipeline a
+// client can make (max_request_bytes bounds its commands).
+const bigReplyMin = 64 << 10
+
+// replySizesMax bounds the commands remembered; past it an arbitrary one
+// is forgotten for each new one.
+const replySizesMax = 4096
+
+// expect returns the bytes c's replies are expected to take.
+func (r *replySizes) expect(c *Call) int64 {
+	if r.n.Load() == 0 {
+		return 0
+	}
+	var sum int64
+	r.mu.RLock()
+	for _, part := range c.parts {
+		sum += r.m[maphash.Bytes(r.seed, part)]
+	}
+	r.mu.RUnlock()
+	return sum
+}
+
+// learn records that cmd's reply took size bytes.
+func (r *replySizes) learn(cmd []byte, size int) {
+	if size < bigReplyMin && r.n.Load() == 0 {
+		return
+	}
+	if r.n.Load() > 0 {
+		// The same value read again, as a hot one is: no write, which
+		// would make every Send's lookup (expect) wait.
+		r.mu.RLock()
+		known, ok := r.m[maphash.Bytes(r.seed, cmd)]
+		r.mu.RUnlock()
+		if ok == (size >= bigReplyMin) && (!ok || abs(known-int64(size)) <= known/8) {
+			// Within an eighth: an estimate need be no closer, and a
+			// list or hash that grows by a little each time does not
+			// take the write lock on every read of it.
+			return
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.seed, r.m = maphash.MakeSeed(), make(map[uint64]int64)
+	}
+	h := maphash.Bytes(r.seed, cmd)
+	if size < bigReplyMin {
+		delete(r.m, h)
+	} else {
+		if _, ok := r.m[h]; !ok && len(r.m) >= replySizesMax {
+			for k := range r.m {
+				delete(r.m, k)
+				break
+			}
+		}
+		r.m[h] = int64(size)
+	}
+	r.n.Store(int32(len(r.m)))
+}
+
+// roomSignal wakes every Send waiting for a pool's pipes to have room
+// (Pool.sendRoom): the channel a waiter took is closed when a pipe has
+// room. Without waiters a signal costs an atomic load.
+type roomSignal struct {
+	waiting atomic.Int32
+	mu      sync.Mutex
+	ch      chan struct{}
+}
+
+// wait returns the channel closed by the next signal; the caller counts
+// itself in waiting meanwhile.
+func (r *roomSignal) wait() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ch == nil {
+		r.ch = make(chan struct{})
+	}
+	return r.ch
+}
+
+// signal wakes the waiters, if any.
+func (r *roomSignal) signal() {
+	if r.waiting.Load() == 0 {
+		return
+	}
+	r.mu.Lock()
+	if r.ch != nil {
+		close(r.ch)
+		r.ch = nil
+	}
+	r.mu.Unlock()
 }
 
 // NewPool starts n pipes with the same options.
@@ -44,8 +195,9 @@ func NewPool(n int, opt Options) *Pool {
 		n = 1
 	}
 	p := &Pool{pipes: make([]*Pipe, n), opt: opt}
+	p.opt.shared = &p.shared
 	for i := range p.pipes {
-		p.pipes[i] = NewPipe(opt)
+		p.pipes[i] = NewPipe(p.opt)
 	}
 	return p
 }
@@ -57,16 +209,29 @@ func NewPool(n int, opt Options) *Pool {
 // passes over pipes with a write pending, and goes to the spare when every
 // pipe up has one or lags: under CLIENT PAUSE WRITE Redis holds a
 // connection at its first write, and everything sent behind it waits for
-// the pause, while reads on another connection are answered. It returns
-// ErrUnavailable only when no pipe is up.
+// the pause, while reads on another connection are answered. A Call
+// expected to have large replies (replySizes) goes only where it keeps
+// the replies Redis holds for the connection within backlogMax, and waits
+// for room, up to the dead timeout, while no pipe has it: Redis would
+// otherwise hold whatever the proxy's clients ask, at any rate, in its
+// output buffers. It returns ErrUnavailable only when no pipe is up.
 func (p *Pool) Send(c *Call) error {
+	c.expect = p.shared.sizes.expect(c)
 	reads := c.OnlyReads()
 	sent, busy, err := p.sendFree(c, reads)
 	if sent {
 		return err
 	}
+	if c.expect > 0 {
+		if sent, err := p.sendRoom(c); sent {
+			return err
+		}
+		// No room in time, or no pipe up: as any Call from here on,
+		// and counted nowhere (sendBounded refuses nothing else).
+		c.expect = 0
+	}
 	if reads && busy {
-		if sp := p.sparePipe(); sp != nil && !sp.lagging.Load() && p.spareUp(sp) {
+		if sp := p.sparePipe(); sp != nil && !sp.lagging.Load() && !sp.backlogged.Load() && p.spareUp(sp) {
 			if err := sp.Send(c); err != ErrUnavailable {
 				return err
 			}
@@ -81,7 +246,7 @@ func (p *Pool) Send(c *Call) error {
 	start := p.next.Load()
 	for i := uint32(0); i < n; i++ {
 		pp := p.pipes[(start+i)%n]
-		if !pp.lagging.Load() && pp.heavy.Load() == 0 {
+		if !pp.lagging.Load() && pp.heavy.Load() == 0 && !pp.backlogged.Load() {
 			continue
 		}
 		if err := pp.Send(c); err != ErrUnavailable {
@@ -170,7 +335,7 @@ func (p *Pool) awaitDial() bool {
 func (p *Pool) sendFree(c *Call, reads bool) (sent, busy bool, err error) {
 	n := uint32(len(p.pipes))
 	free := func(pp *Pipe) bool {
-		return !pp.lagging.Load() && pp.heavy.Load() == 0 && (!reads || pp.writes.Load() == 0)
+		return !pp.lagging.Load() && pp.heavy.Load() == 0 && !pp.backlogged.Load() && (!reads || pp.writes.Load() == 0)
 	}
 	if n > 1 {
 		// Join the write the last pipe's writer is about to make rather
@@ -181,7 +346,7 @@ func (p *Pool) sendFree(c *Call, reads bool) (sent, busy bool, err error) {
 		// writer takes them, and never pile up behind a write in
 		// progress, which may be waiting for a Redis that reads nothing.
 		if pp := p.pipes[p.next.Load()%n]; pp.queued.Load() && !pp.writing.Load() && free(pp) {
-			if err := pp.Send(c); err != ErrUnavailable {
+			if err := pp.sendBounded(c); err != ErrUnavailable && err != errBacklogged {
 				return true, false, err
 			}
 		}
@@ -193,11 +358,58 @@ func (p *Pool) sendFree(c *Call, reads bool) (sent, busy bool, err error) {
 			busy = true
 			continue
 		}
-		if err := pp.Send(c); err != ErrUnavailable {
+		if err := pp.sendBounded(c); err != ErrUnavailable && err != errBacklogged {
 			return true, busy, err
 		}
 	}
 	return false, busy, nil
+}
+
+// sendRoom sends c, a Call expected to have large replies, to a pipe it
+// keeps within backlogMax (Pipe.sendBounded), in turn among those up:
+// lagging and heavy ones too (sendFree passed them over), as Send would
+// next. While none has room it waits for one to (the pool's room signal),
+// up to the dead timeout, after which, or when no pipe is up, it reports
+// false and Send goes on as for any Call: a Redis that stopped answering
+// is the watchdog's to judge. Waiters race for the room a signal makes;
+// a pipe refuses under its lock what would take it past backlogMax, so
+// the race lets no more through than that.
+func (p *Pool) sendRoom(c *Call) (bool, error) {
+	var t *time.Timer
+	room := &p.shared.room
+	for {
+		// Taken before the pipes are tried: a pipe that makes room
+		// after they were closes this channel.
+		ch := room.wait()
+		n := uint32(len(p.pipes))
+		start := p.next.Add(1)
+		up := false
+		for i := uint32(0); i < n; i++ {
+			switch err := p.pipes[(start+i)%n].sendBounded(c); err {
+			case ErrUnavailable:
+			case errBacklogged:
+				up = true
+			default:
+				return true, err
+			}
+		}
+		if !up {
+			return false, nil
+		}
+		if t == nil {
+			p.held.Add(1)
+			room.waiting.Add(1)
+			defer room.waiting.Add(-1)
+			t = time.NewTimer(p.pipes[0].opt.DeadTimeout)
+			defer t.Stop()
+			continue // counted in waiting: a signal is no longer skipped
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return false, nil
+		}
+	}
 }
 
 // sparePipe returns the spare pipe, started on first use (see spareUp).
@@ -330,6 +542,7 @@ func (p *Pool) Stats() (s PipeStats, up int) {
 		s.Overdue += ps.Overdue
 		s.Commands += ps.Commands
 	}
+	s.Held = p.held.Load()
 	s.Up = up > 0
 	return s, up
 }
@@ -362,4 +575,11 @@ func (p *Pool) Abandon() {
 	for _, pp := range p.markClosed() {
 		pp.Abandon()
 	}
+}
+
+func abs(n int64) int64 {
+	if n < 0 {
+		return -n
+	}
+	return n
 }
