@@ -23,13 +23,10 @@ import (
 // backlogMax, so the output buffers Redis reports stay far below what was
 // asked for.
 func TestPoolHoldsCallsWhileRedisHoldsTheirReplies(t *testing.T) {
-	srv := redistest.Start(t)
+	value := strings.Repeat("v", 1<<20)
+	srv := startWith(t, "big", value)
 	rc := srv.Client(t)
 	ctx := context.Background()
-	value := strings.Repeat("v", 1<<20)
-	if err := rc.Set(ctx, "big", value, 0).Err(); err != nil {
-		t.Fatal(err)
-	}
 	opt := testOpts(srv.Addr())
 	opt.ReplyTimeout = time.Minute // a held Send waits its turn, never gives up here
 	pool := NewPool(2, opt)
@@ -38,12 +35,7 @@ func TestPoolHoldsCallsWhileRedisHoldsTheirReplies(t *testing.T) {
 	// The value was read before: the pool knows how large its reply is
 	// (replySizes), as a proxy serving it does by the time clients
 	// pile up on it.
-	first := NewCall()
-	first.AddRead(cmd("GET", "big"))
-	pool.Do(first)
-	if r, err := first.Reply(0); err != nil || string(r) != bulk(value) {
-		t.Fatalf("first GET: %.40q, %v", r, err)
-	}
+	readOnce(t, pool, "big", value)
 
 	// Redis's own account of what it holds for the pool's connections:
 	// the largest output buffer (omem) any of them had while the calls
@@ -83,10 +75,7 @@ func TestPoolHoldsCallsWhileRedisHoldsTheirReplies(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := NewCall()
-			for range 3 {
-				c.AddRead(cmd("GET", "big"))
-			}
+			c := gets("big", 3)
 			pool.Do(c)
 			for i := range 3 {
 				if r, err := c.Reply(i); err != nil || string(r) != bulk(value) {
@@ -120,21 +109,14 @@ func TestPoolHoldsCallsWhileRedisHoldsTheirReplies(t *testing.T) {
 // hold costs nothing to clients of small values. Redis is frozen
 // (SIGSTOP) so that nothing drains meanwhile.
 func TestPoolHoldsOnlyCallsExpectedToBeLarge(t *testing.T) {
-	srv := redistest.Start(t)
-	rc := srv.Client(t)
-	ctx := context.Background()
 	value := strings.Repeat("w", 1<<20)
-	if err := rc.Set(ctx, "big", value, 0).Err(); err != nil {
-		t.Fatal(err)
-	}
+	srv := startWith(t, "big", value)
 	opt := testOpts(srv.Addr())
 	opt.ReplyTimeout = time.Minute // the freeze is no stall to probe
 	pool := NewPool(2, opt)
 	defer pool.Close()
 	waitUp(t, pool)
-	first := NewCall()
-	first.AddRead(cmd("GET", "big"))
-	pool.Do(first)
+	readOnce(t, pool, "big", value)
 
 	srv.Freeze(t)
 	thawed := false
@@ -149,10 +131,7 @@ func TestPoolHoldsOnlyCallsExpectedToBeLarge(t *testing.T) {
 	calls := make([]*Call, batches)
 	sent := make(chan error, batches)
 	for i := range calls {
-		c := NewCall()
-		for range 3 {
-			c.AddRead(cmd("GET", "big"))
-		}
+		c := gets("big", 3)
 		calls[i] = c
 		go func() { sent <- pool.Send(c) }()
 	}
@@ -201,13 +180,8 @@ func TestPoolHoldsOnlyCallsExpectedToBeLarge(t *testing.T) {
 // once the replies before it are in. Redis is frozen meanwhile, so that
 // nothing drains before the checks.
 func TestPoolTakesALargeCallWhileAPipeIsAtMostHalfFull(t *testing.T) {
-	srv := redistest.Start(t)
-	rc := srv.Client(t)
-	ctx := context.Background()
 	ten, sixty := strings.Repeat("t", 10<<20), strings.Repeat("s", 60<<20)
-	if err := rc.MSet(ctx, "ten", ten, "sixty", sixty).Err(); err != nil {
-		t.Fatal(err)
-	}
+	srv := startWith(t, "ten", ten, "sixty", sixty)
 	opt := testOpts(srv.Addr())
 	opt.ReplyTimeout = 10 * time.Minute
 	opt.DeadTimeout = 10 * time.Minute
@@ -215,11 +189,8 @@ func TestPoolTakesALargeCallWhileAPipeIsAtMostHalfFull(t *testing.T) {
 	pool := NewPool(1, opt)
 	defer pool.Close()
 	waitUp(t, pool)
-	for _, k := range []string{"ten", "sixty"} {
-		c := NewCall()
-		c.AddRead(cmd("GET", k))
-		pool.Do(c)
-	}
+	readOnce(t, pool, "ten", ten)
+	readOnce(t, pool, "sixty", sixty)
 
 	srv.Freeze(t)
 	thawed := false
@@ -228,12 +199,7 @@ func TestPoolTakesALargeCallWhileAPipeIsAtMostHalfFull(t *testing.T) {
 			srv.Thaw(t)
 		}
 	}()
-	get := func(key string) *Call {
-		c := NewCall()
-		c.AddRead(cmd("GET", key))
-		return c
-	}
-	first, large, last := get("ten"), get("sixty"), get("ten")
+	first, large, last := gets("ten", 1), gets("sixty", 1), gets("ten", 1)
 	if err := pool.Send(first); err != nil {
 		t.Fatal(err)
 	}
@@ -284,13 +250,8 @@ func TestPoolTakesALargeCallWhileAPipeIsAtMostHalfFull(t *testing.T) {
 // pipe stop after 64 KB (a forwarder holds the rest) and the batches sent
 // then are held.
 func TestPoolLearnsAReplySizeFromItsHeader(t *testing.T) {
-	srv := redistest.Start(t)
-	rc := srv.Client(t)
-	ctx := context.Background()
 	value := strings.Repeat("v", 1<<20)
-	if err := rc.Set(ctx, "big", value, 0).Err(); err != nil {
-		t.Fatal(err)
-	}
+	srv := startWith(t, "big", value)
 	var armed atomic.Bool
 	gate := make(chan struct{})
 	var openGate sync.Once
@@ -332,8 +293,7 @@ func TestPoolLearnsAReplySizeFromItsHeader(t *testing.T) {
 	waitUp(t, pool)
 
 	armed.Store(true)
-	first := NewCall()
-	first.AddRead(cmd("GET", "big"))
+	first := gets("big", 1)
 	if err := pool.Send(first); err != nil {
 		t.Fatal(err)
 	}
@@ -348,10 +308,7 @@ func TestPoolLearnsAReplySizeFromItsHeader(t *testing.T) {
 	calls := make([]*Call, batches)
 	sent := make(chan error, batches)
 	for i := range calls {
-		c := NewCall()
-		for range 3 {
-			c.AddRead(cmd("GET", "big"))
-		}
+		c := gets("big", 3)
 		calls[i] = c
 		go func() { sent <- pool.Send(c) }()
 	}
@@ -385,21 +342,14 @@ func TestPoolLearnsAReplySizeFromItsHeader(t *testing.T) {
 // pending that would drain it; the GET is sent as a write would be, so
 // that the spare, which takes reads, is no way out.
 func TestPoolSendsAsBeforeWhenNoRoomCameInTime(t *testing.T) {
-	srv := redistest.Start(t)
-	rc := srv.Client(t)
-	ctx := context.Background()
 	value := strings.Repeat("v", 1<<20)
-	if err := rc.Set(ctx, "big", value, 0).Err(); err != nil {
-		t.Fatal(err)
-	}
+	srv := startWith(t, "big", value)
 	opt := testOpts(srv.Addr())
 	opt.DeadTimeout = time.Second
 	pool := NewPool(1, opt)
 	defer pool.Close()
 	waitUp(t, pool)
-	learn := NewCall()
-	learn.AddRead(cmd("GET", "big"))
-	pool.Do(learn)
+	readOnce(t, pool, "big", value)
 
 	pp := pool.pipes[0]
 	pp.mu.Lock()
@@ -417,5 +367,38 @@ func TestPoolSendsAsBeforeWhenNoRoomCameInTime(t *testing.T) {
 	}
 	if st, _ := pool.Stats(); st.Held != 1 {
 		t.Fatalf("%d Sends waited for room; want 1", st.Held)
+	}
+}
+
+// startWith starts a Redis holding the given keys and values.
+func startWith(t *testing.T, keysAndValues ...string) *redistest.Server {
+	t.Helper()
+	srv := redistest.Start(t)
+	args := make([]any, len(keysAndValues))
+	for i, a := range keysAndValues {
+		args[i] = a
+	}
+	if err := srv.Client(t).MSet(context.Background(), args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
+// gets is a Call of n GETs of key.
+func gets(key string, n int) *Call {
+	c := NewCall()
+	for range n {
+		c.AddRead(cmd("GET", key))
+	}
+	return c
+}
+
+// readOnce reads key through pool, which learns the size of its reply.
+func readOnce(t *testing.T, pool *Pool, key, value string) {
+	t.Helper()
+	c := gets(key, 1)
+	pool.Do(c)
+	if r, err := c.Reply(0); err != nil || string(r) != bulk(value) {
+		t.Fatalf("GET %s: %.40q, %v", key, r, err)
 	}
 }
