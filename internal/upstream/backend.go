@@ -814,6 +814,7 @@ func (b *Backend) pool(db int, resp3, wait bool) *Pool {
 		g = b.gen.Load()
 		if p = g.pools[i].Load(); p == nil {
 			p = NewPool(g.opt.Connections, g.options(db, resp3))
+			p.retired, p.successor = g.retired, func() *Pool { return b.Pool(db, resp3) }
 			p.startSettling(g.opt.DialTimeout)
 			g.pools[i].Store(p)
 		}

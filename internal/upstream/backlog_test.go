@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"strconv"
@@ -400,5 +401,65 @@ func readOnce(t *testing.T, pool *Pool, key, value string) {
 	pool.Do(c)
 	if r, err := c.Reply(0); err != nil || string(r) != bulk(value) {
 		t.Fatalf("GET %s: %.40q, %v", key, r, err)
+	}
+}
+
+// A Call waiting for room has not been sent: when the backend fails over
+// to another server meanwhile, it goes there, as a Send made then would
+// (before, the old primary's pipes, abandoned, failed every waiting Call
+// with "upstream unavailable"). The Calls already sent to
+// the old server fail with ErrConnLost, as any do at a failover. The old
+// server is frozen so that its pipes stay full.
+func TestPoolSendsWaitingCallsToTheServerAFailoverChose(t *testing.T) {
+	oldValue, newValue := strings.Repeat("o", 1<<20), strings.Repeat("n", 1<<20)
+	oldSrv, newSrv := startWith(t, "big", oldValue), startWith(t, "big", newValue)
+	opt := testOptions(oldSrv.Addr())
+	opt.ReplyTimeout = 10 * time.Minute
+	opt.DeadTimeout = 10 * time.Minute
+	be := NewBackend(opt)
+	t.Cleanup(be.Close)
+	readOnce(t, be.Pool(0, false), "big", oldValue)
+
+	oldSrv.Freeze(t)
+	defer oldSrv.Thaw(t)
+	const batches = 60
+	calls := make([]*Call, batches)
+	sent := make(chan error, batches)
+	for i := range calls {
+		c := gets("big", 3)
+		calls[i] = c
+		go func() { sent <- be.Pool(0, false).Send(c) }()
+	}
+	var held uint64
+	redistest.Eventually(t, 10*time.Second, func() bool {
+		st, _ := be.Pool(0, false).Stats()
+		held = st.Held
+		return held > 0 && int(held)+st.Pending == batches
+	}, "the batches past the pipes' backlog did not wait")
+
+	opt.Addr = newSrv.Addr()
+	be.Failover(opt)
+	for range batches {
+		if err := <-sent; err != nil {
+			t.Fatalf("a waiting batch failed at the failover: %v", err)
+		}
+	}
+	var lost, moved int
+	for _, c := range calls {
+		c.Wait()
+		if errors.Is(c.Err(), ErrConnLost) {
+			lost++
+			continue
+		}
+		for j := range 3 {
+			if r, err := c.Reply(j); err != nil || string(r) != bulk(newValue) {
+				t.Fatalf("reply %d: %.40q, %v", j, r, err)
+			}
+		}
+		moved++
+	}
+	t.Logf("%d batches waited; %d failed on the old server, %d answered by the new one", held, lost, moved)
+	if moved != int(held) {
+		t.Fatalf("%d batches were answered by the new server; %d had waited", moved, held)
 	}
 }

@@ -42,6 +42,13 @@ type Pool struct {
 	// Sends that waited for room (sendRoom).
 	shared poolShared
 	held   atomic.Uint64
+	// retired, closed when the Backend's generation the pool belongs to
+	// is replaced (a reload's Switch, a Sentinel failover), and
+	// successor, the pool that replaces it: a Call waiting for room
+	// (sendRoom) has not been sent, and goes where a Send would go now.
+	// Set by Backend.pool before the pool is used; nil otherwise.
+	retired   <-chan struct{}
+	successor func() *Pool
 }
 
 // poolShared is what a Pool's pipes share: the reply sizes they learn,
@@ -377,7 +384,20 @@ func (p *Pool) sendFree(c *Call, reads bool) (sent, busy bool, err error) {
 func (p *Pool) sendRoom(c *Call) (bool, error) {
 	var t *time.Timer
 	room := &p.shared.room
+	retired := p.retired
 	for {
+		select {
+		case <-retired:
+			// A Send made now goes to the new generation: held on,
+			// a Call was sent to the old server after a switch
+			// (found by review), and failed with the old primary's
+			// abandoned pipes after a failover.
+			retired = nil
+			if np := p.successor(); np != p {
+				return true, np.Send(c)
+			}
+		default:
+		}
 		// Taken before the pipes are tried: a pipe that makes room
 		// after they were closes this channel.
 		ch := room.wait()
@@ -406,6 +426,7 @@ func (p *Pool) sendRoom(c *Call) (bool, error) {
 		}
 		select {
 		case <-ch:
+		case <-retired:
 		case <-t.C:
 			return false, nil
 		}
